@@ -1,0 +1,85 @@
+#include "common/timing.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "tessera/runtime/error.hpp"
+
+namespace tessera::bench {
+
+Stats summarize(std::vector<double> t) {
+  Stats s;
+  s.reps = static_cast<int>(t.size());
+  if (t.empty()) return s;
+  std::sort(t.begin(), t.end());
+  const size_t n = t.size();
+  s.median_ms = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+  s.min_ms = t.front();
+  s.max_ms = t.back();
+  return s;
+}
+
+Stats time_on_stream(cudaStream_t stream, const std::function<void()>& body, int warmup, int reps,
+                     const std::function<void()>& between) {
+  TESSERA_CHECK(reps > 0, "time_on_stream: reps = {} must be positive", reps);
+  for (int i = 0; i < warmup; ++i) {
+    if (between) between();
+    body();
+  }
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaEvent_t start, stop;
+  TESSERA_CUDA_CHECK(cudaEventCreate(&start));
+  TESSERA_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<double> times;
+  times.reserve(reps);
+  for (int i = 0; i < reps; ++i) {
+    if (between) between();
+    TESSERA_CUDA_CHECK(cudaEventRecord(start, stream));
+    body();
+    TESSERA_CUDA_CHECK(cudaEventRecord(stop, stream));
+    TESSERA_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms);
+  }
+  TESSERA_CUDA_CHECK(cudaEventDestroy(start));
+  TESSERA_CUDA_CHECK(cudaEventDestroy(stop));
+  return summarize(std::move(times));
+}
+
+static std::vector<size_t> widths(const std::vector<std::string>& h, const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> w(h.size());
+  for (size_t i = 0; i < h.size(); ++i) w[i] = h[i].size();
+  for (auto& r : rows)
+    for (size_t i = 0; i < r.size() && i < w.size(); ++i) w[i] = std::max(w[i], r[i].size());
+  return w;
+}
+
+std::string Table::str() const {
+  auto w = widths(header_, rows_);
+  std::string out;
+  auto line = [&](const std::vector<std::string>& r) {
+    for (size_t i = 0; i < w.size(); ++i) out += fmt::format("{:>{}}  ", i < r.size() ? r[i] : "", w[i]);
+    out += '\n';
+  };
+  line(header_);
+  for (auto& r : rows_) line(r);
+  return out;
+}
+
+std::string Table::markdown() const {
+  std::string out = "|";
+  for (auto& h : header_) out += " " + h + " |";
+  out += "\n|";
+  for (size_t i = 0; i < header_.size(); ++i) out += "---|";
+  out += "\n";
+  for (auto& r : rows_) {
+    out += "|";
+    for (size_t i = 0; i < header_.size(); ++i) out += " " + (i < r.size() ? r[i] : std::string()) + " |";
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace tessera::bench

@@ -1,0 +1,45 @@
+// tessera — command-line tool: run, bench, plan, ...
+#include <cstdio>
+#include <vector>
+
+#include "command.hpp"
+#include "tessera/runtime/error.hpp"
+
+namespace tessera::tools {
+
+static std::vector<CommandAdder>& registry() {
+  static std::vector<CommandAdder> r;
+  return r;
+}
+
+bool register_command(CommandAdder add) {
+  registry().push_back(std::move(add));
+  return true;
+}
+
+CLI::App& subcommand(CLI::App& parent, const std::string& name, const std::string& description) {
+  for (CLI::App* s : parent.get_subcommands({})) {
+    if (s->get_name() == name) return *s;
+  }
+  CLI::App* s = parent.add_subcommand(name, description);
+  s->require_subcommand(1);
+  return *s;
+}
+
+}  // namespace tessera::tools
+
+int main(int argc, char** argv) {
+  CLI::App app{"tessera: tile-granular overlap of communication and computation on multi-GPU machines"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "tessera 0.1.0");
+  for (auto& add : tessera::tools::registry()) add(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const tessera::Error& e) {
+    std::fprintf(stderr, "tessera: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
