@@ -13,6 +13,12 @@
 #include <string>
 #include <string_view>
 
+#if __cplusplus >= 202002L
+#define TESSERA_UNLIKELY [[unlikely]]
+#else
+#define TESSERA_UNLIKELY
+#endif
+
 namespace tessera {
 
 class Error : public std::runtime_error {
@@ -29,6 +35,7 @@ void set_current_rank(int rank) noexcept;
 [[noreturn]] void throw_error(std::string_view file, int line, std::string_view msg);
 [[noreturn]] void throw_cuda_error(std::string_view file, int line, std::string_view expr, int code);
 [[noreturn]] void throw_nccl_error(std::string_view file, int line, std::string_view expr, int code);
+
 }  // namespace detail
 
 }  // namespace tessera
@@ -36,7 +43,7 @@ void set_current_rank(int rank) noexcept;
 /// Throws tessera::Error with a formatted message unless `cond` holds.
 #define TESSERA_CHECK(cond, ...)                                                      \
   do {                                                                                \
-    if (!(cond)) [[unlikely]]                                                         \
+    if (!(cond)) TESSERA_UNLIKELY                                                         \
       ::tessera::detail::throw_error(__FILE__, __LINE__, ::fmt::format(__VA_ARGS__)); \
   } while (0)
 
@@ -47,7 +54,7 @@ void set_current_rank(int rank) noexcept;
 #define TESSERA_CUDA_CHECK(expr)                                                       \
   do {                                                                                 \
     const int tessera_rc_ = static_cast<int>(expr);                                    \
-    if (tessera_rc_ != 0) [[unlikely]]                                                 \
+    if (tessera_rc_ != 0) TESSERA_UNLIKELY                                                 \
       ::tessera::detail::throw_cuda_error(__FILE__, __LINE__, #expr, tessera_rc_);     \
   } while (0)
 
@@ -55,6 +62,6 @@ void set_current_rank(int rank) noexcept;
 #define TESSERA_NCCL_CHECK(expr)                                                       \
   do {                                                                                 \
     const int tessera_rc_ = static_cast<int>(expr);                                    \
-    if (tessera_rc_ != 0) [[unlikely]]                                                 \
+    if (tessera_rc_ != 0) TESSERA_UNLIKELY                                                 \
       ::tessera::detail::throw_nccl_error(__FILE__, __LINE__, #expr, tessera_rc_);     \
   } while (0)

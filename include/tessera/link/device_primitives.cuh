@@ -1,0 +1,252 @@
+// tessera/link/device_primitives.cuh — TileLink's tile-centric primitives
+// (Table 3), device side.
+//
+//   producer_tile_notify(sv, map, tile, mode)   tile's data is ready: count it
+//                                               in its channel on f_R(tile)
+//                                               (p2p) or on every rank (broadcast)
+//   consumer_tile_wait(sv, map, tile_c, epoch)  wait until every channel the
+//                                               consumer tile reads is complete
+//   peer_tile_notify(sv, slot, dst_rank)        set my flag `slot` on dst_rank
+//   peer_tile_wait(sv, slot, src_rank, epoch)   wait for src_rank's flag `slot`
+//   tile_push_data / tile_pull_data             16-byte vectorized tile copies
+//                                               to / from a peer
+//
+// Memory-order contract (see memory_order.cuh):
+//  * Notify is a release. Call it from ONE thread after every thread that
+//    wrote the tile's data has passed a barrier with it (e.g. __syncthreads()
+//    or a named barrier over the writers). Scope: .gpu when the destination
+//    is this GPU, .sys when it is a peer.
+//  * Wait is an acquire at .sys scope (the notifier may be a peer or the
+//    host); have the ONE waiting thread call it and the rest of the block
+//    wait on a barrier behind it before reading the data.
+//  * Counters only grow. Epoch e (1, 2, ...) waits for e * (notifications
+//    per epoch), so back-to-back iterations need no reset.
+//  * Every wait gives up after sv.timeout_ns: it records rank, tile,
+//    channel, expected and seen value in the WaitRecord, prints them and
+//    traps (runtime::synchronize turns that into a tessera::Error).
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+
+#include "tessera/link/memory_order.cuh"
+#include "tessera/link/tile_map.hpp"
+#include "tessera/runtime/signals.hpp"
+
+namespace tessera::link {
+
+enum class NotifyMode { p2p, broadcast };
+
+namespace detail {
+
+/// Records a timed-out wait and traps. Only the first waiter to time out
+/// fills the record.
+__device__ __noinline__ inline void wait_timed_out(const runtime::SignalView& sv, runtime::WaitKind kind, int tile,
+                                                    int channel, int peer, std::uint64_t expected,
+                                                    std::uint64_t seen) {
+  runtime::WaitRecord* r = sv.diag;
+  if (r != nullptr && atomicCAS_system(&r->claimed, 0u, 1u) == 0u) {
+    // Fill the fields, then publish them with a system fence and a second
+    // store of `claimed` so the host's acquire read sees a complete record.
+    r->kind = static_cast<int>(kind);
+    r->rank = sv.rank;
+    r->tile = tile;
+    r->channel = channel;
+    r->peer = peer;
+    r->expected = expected;
+    r->seen = seen;
+    r->timeout_ns = sv.timeout_ns;
+    __threadfence_system();
+    atomicExch_system(&r->claimed, 1u);
+    __threadfence_system();
+  }
+  printf("[tessera rank %d] %s timed out: tile %d channel %d peer %d expected >= %llu saw %llu\n", sv.rank,
+         kind == runtime::WaitKind::peer_tile ? "peer_tile_wait"
+         : kind == runtime::WaitKind::consumer_tile ? "consumer_tile_wait"
+                                                    : "counter wait",
+         tile, channel, peer, static_cast<unsigned long long>(expected), static_cast<unsigned long long>(seen));
+  __trap();
+}
+
+/// Spins until *flag >= target (acquire, .sys), with exponential back-off
+/// and a timeout. Returns the value seen.
+__device__ __forceinline__ std::uint64_t wait_geq_sys(const runtime::SignalView& sv, const std::uint64_t* flag,
+                                                      std::uint64_t target, runtime::WaitKind kind, int tile,
+                                                      int channel, int peer) {
+  std::uint64_t v = mo::ld_acquire_sys(flag);
+  if (v >= target) return v;
+  const std::uint64_t start = mo::globaltimer_ns();
+  unsigned backoff = 32;
+  for (unsigned it = 1;; ++it) {
+    __nanosleep(backoff);
+    if (backoff < 256) backoff <<= 1;
+    v = mo::ld_acquire_sys(flag);
+    if (v >= target) return v;
+    if ((it & 63u) == 0 && mo::globaltimer_ns() - start > sv.timeout_ns)
+      wait_timed_out(sv, kind, tile, channel, peer, target, v);
+  }
+}
+
+__device__ __forceinline__ void check_id(const runtime::SignalView& sv, int id, int limit, int tile) {
+  if (id < 0 || id >= limit) {
+    printf("[tessera rank %d] tile %d maps to slot %d outside [0, %d)\n", sv.rank, tile, id, limit);
+    __trap();
+  }
+}
+
+/// Adds one to counter `slot` on rank dst with release semantics: .gpu for
+/// this GPU, .sys for a peer.
+__device__ __forceinline__ void notify_counter(const runtime::SignalView& sv, int dst, int slot) {
+  if (dst == sv.rank) {
+    mo::red_add_release_gpu(sv.counter(slot), 1);
+  } else {
+    mo::red_add_release_sys(sv.peer_counter(dst, slot), 1);
+  }
+}
+
+}  // namespace detail
+
+/// Announces that producer tile `tile` is complete. Counts it in channel
+/// f_C(tile) on rank f_R(tile) (p2p) or on every rank (broadcast).
+template <class Map>
+__device__ __forceinline__ void producer_tile_notify(const runtime::SignalView& sv, const Map& map, int tile,
+                                                     NotifyMode mode) {
+  detail::check_id(sv, tile, map.num_tiles(), tile);
+  const int ch = map.channel(tile);
+  detail::check_id(sv, ch, sv.slots, tile);
+  if (mode == NotifyMode::p2p) {
+    detail::notify_counter(sv, map.rank(tile), ch);
+  } else {
+    for (int r = 0; r < sv.world; ++r) detail::notify_counter(sv, r, ch);
+  }
+}
+
+/// Same, but to an explicit destination rank (e.g. the consumer that owns
+/// the rows, when f_R names the source).
+template <class Map>
+__device__ __forceinline__ void producer_tile_notify_to(const runtime::SignalView& sv, const Map& map, int tile,
+                                                        int dst_rank) {
+  detail::check_id(sv, tile, map.num_tiles(), tile);
+  const int ch = map.channel(tile);
+  detail::check_id(sv, ch, sv.slots, tile);
+  detail::notify_counter(sv, dst_rank, ch);
+}
+
+/// Waits until every channel consumer tile `tile_c` reads has received
+/// epoch * tiles_in_channel(ch) notifications. `notifiers` multiplies the
+/// per-channel count when several ranks notify the same channel (broadcast
+/// producers on every rank, reduce-scatter partials).
+template <class Map>
+__device__ __forceinline__ void consumer_tile_wait(const runtime::SignalView& sv, const Map& map, int tile_c,
+                                                   std::uint64_t epoch, int notifiers = 1) {
+  detail::check_id(sv, tile_c, map.num_consumer_tiles(), tile_c);
+  const ChannelRange cr = map.consumer_channels(tile_c);
+  for (int ch = cr.lo; ch < cr.hi; ++ch) {
+    detail::check_id(sv, ch, sv.slots, tile_c);
+    const std::uint64_t target = epoch * static_cast<std::uint64_t>(map.tiles_in_channel(ch)) * notifiers;
+    detail::wait_geq_sys(sv, sv.counter(ch), target, runtime::WaitKind::consumer_tile, tile_c, ch, -1);
+  }
+}
+
+/// Waits until this rank's counter `slot` reaches `target` (epoch-scaled by
+/// the caller). For group counters and custom schemes.
+__device__ __forceinline__ void counter_wait(const runtime::SignalView& sv, int slot, std::uint64_t target,
+                                             int tile = -1) {
+  detail::check_id(sv, slot, sv.slots, tile);
+  detail::wait_geq_sys(sv, sv.counter(slot), target, runtime::WaitKind::counter, tile, slot, -1);
+}
+
+/// Sets my flag `slot` on rank dst_rank to `value` (release; .sys for a
+/// peer, .gpu for myself). Flags are per source rank, so a plain store is
+/// race-free; use the epoch as the value.
+__device__ __forceinline__ void peer_tile_notify(const runtime::SignalView& sv, int slot, int dst_rank,
+                                                 std::uint64_t value) {
+  detail::check_id(sv, slot, sv.slots, slot);
+  detail::check_id(sv, dst_rank, sv.world, slot);
+  if (dst_rank == sv.rank) {
+    mo::st_release_gpu(sv.flag_at(dst_rank, slot), value);
+  } else {
+    mo::st_release_sys(sv.flag_at(dst_rank, slot), value);
+  }
+}
+
+/// Waits until rank src_rank's flag `slot` (on this rank) is >= value.
+__device__ __forceinline__ void peer_tile_wait(const runtime::SignalView& sv, int slot, int src_rank,
+                                               std::uint64_t value) {
+  detail::check_id(sv, slot, sv.slots, slot);
+  detail::check_id(sv, src_rank, sv.world, slot);
+  detail::wait_geq_sys(sv, sv.flag_from(src_rank, slot), value, runtime::WaitKind::peer_tile, slot, slot, src_rank);
+}
+
+// ---- data movement ---------------------------------------------------------
+
+/// Copies a rows x row_bytes tile between (possibly peer) addresses, by
+/// `nthreads` cooperating threads (thread index `tid`). 16-byte accesses when
+/// both pointers, both pitches and row_bytes are 16-byte aligned; 4-byte
+/// otherwise when possible; bytes as the last resort. Four 16-byte loads are
+/// in flight per thread before the stores, which matters when the source is
+/// remote (pull).
+__device__ __forceinline__ void copy_tile_bytes(void* dst, std::int64_t dst_pitch, const void* src,
+                                                std::int64_t src_pitch, std::int64_t rows, std::int64_t row_bytes,
+                                                int tid, int nthreads) {
+  const auto a = reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src) |
+                 static_cast<std::uintptr_t>(dst_pitch) | static_cast<std::uintptr_t>(src_pitch) |
+                 static_cast<std::uintptr_t>(row_bytes);
+  auto* d8 = static_cast<char*>(dst);
+  const auto* s8 = static_cast<const char*>(src);
+  if ((a & 15) == 0) {
+    const std::int64_t vpr = row_bytes / 16;  // vectors per row
+    const std::int64_t total = rows * vpr;
+    constexpr int U = 4;
+    std::int64_t i = tid;
+    for (; i + (U - 1) * static_cast<std::int64_t>(nthreads) < total; i += U * static_cast<std::int64_t>(nthreads)) {
+      int4 v[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const std::int64_t j = i + u * static_cast<std::int64_t>(nthreads);
+        v[u] = *reinterpret_cast<const int4*>(s8 + (j / vpr) * src_pitch + (j % vpr) * 16);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const std::int64_t j = i + u * static_cast<std::int64_t>(nthreads);
+        *reinterpret_cast<int4*>(d8 + (j / vpr) * dst_pitch + (j % vpr) * 16) = v[u];
+      }
+    }
+    for (; i < total; i += nthreads)
+      *reinterpret_cast<int4*>(d8 + (i / vpr) * dst_pitch + (i % vpr) * 16) =
+          *reinterpret_cast<const int4*>(s8 + (i / vpr) * src_pitch + (i % vpr) * 16);
+  } else if ((a & 3) == 0) {
+    const std::int64_t vpr = row_bytes / 4, total = rows * vpr;
+    for (std::int64_t i = tid; i < total; i += nthreads)
+      *reinterpret_cast<int*>(d8 + (i / vpr) * dst_pitch + (i % vpr) * 4) =
+          *reinterpret_cast<const int*>(s8 + (i / vpr) * src_pitch + (i % vpr) * 4);
+  } else {
+    const std::int64_t total = rows * row_bytes;
+    for (std::int64_t i = tid; i < total; i += nthreads)
+      d8[(i / row_bytes) * dst_pitch + i % row_bytes] = s8[(i / row_bytes) * src_pitch + i % row_bytes];
+  }
+}
+
+/// Pushes `rows` x `cols` elements starting at row `src_row` of a local
+/// source to row `dst_row` of a peer destination (row-major, leading
+/// dimensions in elements). The caller notifies after a barrier over the
+/// copying threads.
+template <class T>
+__device__ __forceinline__ void tile_push_data(T* peer_dst, std::int64_t ld_dst, std::int64_t dst_row,
+                                               const T* local_src, std::int64_t ld_src, std::int64_t src_row,
+                                               std::int64_t rows, std::int64_t cols, int tid, int nthreads) {
+  copy_tile_bytes(peer_dst + dst_row * ld_dst, ld_dst * sizeof(T), local_src + src_row * ld_src, ld_src * sizeof(T),
+                  rows, cols * sizeof(T), tid, nthreads);
+}
+
+/// Pulls `rows` x `cols` elements from row `src_row` of a peer source into
+/// row `dst_row` of a local destination. Call after the matching wait.
+template <class T>
+__device__ __forceinline__ void tile_pull_data(T* local_dst, std::int64_t ld_dst, std::int64_t dst_row,
+                                               const T* peer_src, std::int64_t ld_src, std::int64_t src_row,
+                                               std::int64_t rows, std::int64_t cols, int tid, int nthreads) {
+  copy_tile_bytes(local_dst + dst_row * ld_dst, ld_dst * sizeof(T), peer_src + src_row * ld_src, ld_src * sizeof(T),
+                  rows, cols * sizeof(T), tid, nthreads);
+}
+
+}  // namespace tessera::link

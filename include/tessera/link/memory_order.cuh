@@ -1,0 +1,68 @@
+// tessera/link/memory_order.cuh — the few PTX memory operations the link
+// primitives are built from, named by scope and order.
+//
+// Scopes (PTX memory model): `gpu` orders against every thread of this GPU;
+// `sys` against every thread of the system, peer GPUs (NVLink/P2P) and the
+// host included. Use `gpu` when producer and consumer run on the same GPU
+// and `sys` whenever the other side is a peer GPU or the host (stream
+// memory operations, copy engine).
+//
+// Release is cumulative: a release by thread T makes visible every write
+// that happens-before it, including writes of other threads of T's CTA that
+// T observed through a barrier (bar.sync). Hence the producer pattern
+//   all threads store the tile -> __syncthreads() -> one thread releases.
+// Acquire pairs with the release that wrote (or preceded, in the RMW chain)
+// the value it reads: after acquire-reading a flag >= target, the reader
+// sees every write released before the corresponding notify.
+#pragma once
+
+#include <cstdint>
+
+namespace tessera::link::mo {
+
+// ---- loads -----------------------------------------------------------------
+__device__ __forceinline__ std::uint64_t ld_acquire_gpu(const std::uint64_t* p) {
+  std::uint64_t v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ std::uint64_t ld_acquire_sys(const std::uint64_t* p) {
+  std::uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+/// Relaxed (no ordering) load at sys scope: for polling before an acquire.
+__device__ __forceinline__ std::uint64_t ld_relaxed_sys(const std::uint64_t* p) {
+  std::uint64_t v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// ---- stores ----------------------------------------------------------------
+__device__ __forceinline__ void st_release_gpu(std::uint64_t* p, std::uint64_t v) {
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void st_release_sys(std::uint64_t* p, std::uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// ---- read-modify-write (no return: `red`) ----------------------------------
+__device__ __forceinline__ void red_add_release_gpu(std::uint64_t* p, std::uint64_t v) {
+  asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void red_add_release_sys(std::uint64_t* p, std::uint64_t v) {
+  asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// ---- fences ----------------------------------------------------------------
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+__device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+
+/// Nanoseconds of the global timer (coarse, but shared by all SMs).
+__device__ __forceinline__ std::uint64_t globaltimer_ns() {
+  std::uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+}  // namespace tessera::link::mo

@@ -1,0 +1,116 @@
+// tessera/runtime/process_group.hpp — one process per GPU: rank, world,
+// device, NCCL communicator (host and device API), streams, and host-side
+// helpers over the TCP bootstrap.
+//
+// Usage:
+//   auto pg = tessera::runtime::ProcessGroup::from_environment();
+//   ... pg.nccl(), pg.dev_comm(), pg.stream() ...
+//
+// Start-up order: read the launcher's environment (torchrun / SLURM / Open
+// MPI), connect the TCP bootstrap, check that this node has a GPU for every
+// local rank, select device local_rank, exchange the NCCL unique id, create
+// the communicator and its device communicator (ncclDevCommCreate). Every
+// step fails with a tessera::Error naming the problem; a peer that never
+// arrives or dies during start-up is reported by the bootstrap's timeout.
+//
+// Limits: all ranks of the communicator must be load/store reachable (one
+// NVLink/P2P domain) for symmetric memory and the link primitives;
+// lsa_reachable() tells, and SymmetricHeap refuses otherwise.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <nccl_device.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessera/runtime/bootstrap.hpp"
+#include "tessera/runtime/launch.hpp"
+
+namespace tessera::runtime {
+
+struct ProcessGroupOptions {
+  /// Timeout of the TCP rendezvous and of host-side exchanges.
+  std::chrono::milliseconds bootstrap_timeout = default_bootstrap_timeout();
+  /// CUDA device; -1 selects local_rank.
+  int device = -1;
+  /// Number of extra (communication) streams to create.
+  int comm_streams = 2;
+};
+
+class ProcessGroup {
+ public:
+  /// Bootstraps from the launcher's environment (see runtime/launch.hpp).
+  static std::unique_ptr<ProcessGroup> from_environment(ProcessGroupOptions opts = {});
+  /// Bootstraps from an explicit LaunchInfo.
+  static std::unique_ptr<ProcessGroup> create(const LaunchInfo& info, ProcessGroupOptions opts = {});
+
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return info_.rank; }
+  int world() const { return info_.world; }
+  int local_rank() const { return info_.local_rank; }
+  int local_world() const { return info_.local_world; }
+  int device() const { return device_; }
+  const LaunchInfo& launch_info() const { return info_; }
+
+  ncclComm_t nccl() const { return comm_; }
+  /// The NCCL device communicator (symmetric-memory device API).
+  const ncclDevComm& dev_comm() const { return dev_comm_; }
+  /// True when every rank is in this rank's load/store-accessible team.
+  bool lsa_reachable() const { return lsa_size_ == info_.world; }
+  int lsa_size() const { return lsa_size_; }
+
+  /// The compute stream (non-blocking).
+  cudaStream_t stream() const { return stream_; }
+  /// Communication stream i (non-blocking), i < comm_stream_count().
+  cudaStream_t comm_stream(int i = 0) const;
+  int comm_stream_count() const { return static_cast<int>(comm_streams_.size()); }
+
+  const cudaDeviceProp& device_properties() const { return props_; }
+  int sm_count() const { return props_.multiProcessorCount; }
+
+  // ---- host-side exchanges over the bootstrap (not for the data path) ----
+  Bootstrap& bootstrap() { return *boot_; }
+  void barrier();
+  /// Maximum over ranks (e.g. of a time, so a benchmark reports the slowest rank).
+  double allreduce_max(double v);
+  /// Throws an Error naming `what` and the disagreeing ranks unless every rank
+  /// passes the same bytes (used to validate shapes/dtypes before a launch).
+  void check_same_on_all_ranks(const std::string& what, const void* data, std::size_t bytes);
+  template <class T>
+  void check_same_on_all_ranks(const std::string& what, const T& value) {
+    check_same_on_all_ranks(what, &value, sizeof(T));
+  }
+  /// Gathers one trivially-copyable value per rank.
+  template <class T>
+  std::vector<T> allgather(const T& value) {
+    std::vector<T> out(world());
+    boot_->allgather(&value, out.data(), sizeof(T));
+    return out;
+  }
+
+ private:
+  ProcessGroup() = default;
+  LaunchInfo info_;
+  int device_ = -1;
+  cudaDeviceProp props_{};
+  std::unique_ptr<Bootstrap> boot_;
+  ncclComm_t comm_ = nullptr;
+  ncclDevComm dev_comm_{};
+  bool dev_comm_created_ = false;
+  int lsa_size_ = 0;
+  cudaStream_t stream_ = nullptr;
+  std::vector<cudaStream_t> comm_streams_;
+};
+
+/// NCCL version of the loaded library, checked against the header at start-up.
+int nccl_runtime_version();
+
+}  // namespace tessera::runtime

@@ -1,0 +1,71 @@
+// tessera/runtime/wait_diagnostics.hpp — how a device-side wait that timed
+// out reports itself to the host.
+//
+// A waiting thread that exceeds its timeout claims the WaitRecord (host
+// pinned, mapped into the device), fills in what it waited for, prints the
+// same line with printf and traps. The trap kills the CUDA context; the host
+// side (WaitDiagnostics::check / synchronize) then throws a tessera::Error
+// that names the wait instead of the bare "unspecified launch failure".
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace tessera::runtime {
+
+enum class WaitKind : int {
+  none = 0,
+  consumer_tile = 1,  ///< link::consumer_tile_wait
+  peer_tile = 2,      ///< link::peer_tile_wait
+  counter = 3,        ///< a group/tile counter (GEMM prologue, signal driver)
+  host_rank = 4,      ///< link::rank_wait (stream memory operation)
+};
+
+const char* wait_kind_name(WaitKind k);
+
+/// Filled by the first device thread whose wait times out. Plain old data:
+/// lives in pinned host memory mapped into the device.
+struct WaitRecord {
+  unsigned int claimed;  ///< 0 until a waiter claims the record (atomicCAS, system scope)
+  int kind;              ///< WaitKind
+  int rank;              ///< rank of the waiting process
+  int tile;              ///< tile id (or group id for counters)
+  int channel;           ///< channel / slot waited on
+  int peer;              ///< source rank for peer waits, -1 otherwise
+  std::uint64_t expected;
+  std::uint64_t seen;
+  std::uint64_t timeout_ns;
+};
+
+/// Owns one WaitRecord in mapped pinned memory.
+class WaitDiagnostics {
+ public:
+  WaitDiagnostics();
+  ~WaitDiagnostics();
+  WaitDiagnostics(const WaitDiagnostics&) = delete;
+  WaitDiagnostics& operator=(const WaitDiagnostics&) = delete;
+
+  /// Device-side address of the record (pass to kernels).
+  WaitRecord* device_record() const { return device_; }
+  /// The diagnostic line if a wait has timed out, nullopt otherwise.
+  std::optional<std::string> describe() const;
+  /// Throws tessera::Error naming the timed-out wait, if any.
+  void check(const char* context) const;
+
+ private:
+  WaitRecord* host_ = nullptr;
+  WaitRecord* device_ = nullptr;
+};
+
+/// The wait timeout for device and host waits: TESSERA_WAIT_TIMEOUT_MS
+/// (default 5000 ms), in nanoseconds.
+std::uint64_t wait_timeout_ns();
+
+/// cudaStreamSynchronize that turns a failure into an Error naming the
+/// timed-out wait when `diag` holds one.
+void synchronize(cudaStream_t stream, const WaitDiagnostics* diag = nullptr, const char* context = "synchronize");
+
+}  // namespace tessera::runtime

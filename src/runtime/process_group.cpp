@@ -1,0 +1,135 @@
+#include "tessera/runtime/process_group.hpp"
+
+#include <unistd.h>
+
+#include <cstring>
+
+#include "tessera/runtime/error.hpp"
+
+namespace tessera::runtime {
+
+int nccl_runtime_version() {
+  int v = 0;
+  TESSERA_NCCL_CHECK(ncclGetVersion(&v));
+  return v;
+}
+
+namespace {
+
+// The header and the loaded library must be the same NCCL: the device API's
+// structs (ncclDevComm, ncclDevCommRequirements) changed between 2.28
+// patch releases, and GPU machines carry several copies.
+void check_nccl_version() {
+  const int lib = nccl_runtime_version();
+  TESSERA_CHECK(lib == NCCL_VERSION_CODE,
+                "NCCL library version {} differs from the header Tessera was built with ({}); "
+                "make the loader pick the same copy (RPATH, LD_LIBRARY_PATH) or rebuild with TESSERA_NCCL_ROOT",
+                lib, NCCL_VERSION_CODE);
+}
+
+}  // namespace
+
+std::unique_ptr<ProcessGroup> ProcessGroup::from_environment(ProcessGroupOptions opts) {
+  return create(detect_launch_info(), opts);
+}
+
+std::unique_ptr<ProcessGroup> ProcessGroup::create(const LaunchInfo& info, ProcessGroupOptions opts) {
+  std::unique_ptr<ProcessGroup> pg(new ProcessGroup());
+  pg->info_ = info;
+  detail::set_current_rank(info.rank);
+  check_nccl_version();
+
+  // GPUs first: a node with fewer GPUs than local ranks is a launch error,
+  // reported before any peer is waited for.
+  int ngpu = 0;
+  const cudaError_t cerr = cudaGetDeviceCount(&ngpu);
+  if (cerr != cudaSuccess) {
+    (void)cudaGetLastError();
+    TESSERA_FAIL("no usable CUDA device (cudaGetDeviceCount: {}); rank {} of {} needs one GPU per process",
+                 cudaGetErrorString(cerr), info.rank, info.world);
+  }
+  TESSERA_CHECK(ngpu >= info.local_world,
+                "{} local ranks were launched on this node but only {} GPU(s) are visible (world size {})",
+                info.local_world, ngpu, info.world);
+  pg->device_ = opts.device >= 0 ? opts.device : info.local_rank;
+  TESSERA_CHECK(pg->device_ < ngpu, "device {} does not exist ({} visible)", pg->device_, ngpu);
+  TESSERA_CUDA_CHECK(cudaSetDevice(pg->device_));
+  TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&pg->props_, pg->device_));
+
+  pg->boot_ = Bootstrap::connect(info, opts.bootstrap_timeout);
+
+  // Every rank must use a distinct GPU: two ranks on one device would
+  // deadlock inside NCCL. Compare (host, PCI id) across ranks.
+  struct Where {
+    char key[128];
+  } me{};
+  char host[64] = {};
+  gethostname(host, sizeof(host) - 1);
+  std::snprintf(me.key, sizeof(me.key), "%s/%04x:%02x:%02x", host, pg->props_.pciDomainID, pg->props_.pciBusID,
+                pg->props_.pciDeviceID);
+  const auto where = pg->allgather(me);
+  for (int r = 0; r < info.world; ++r) {
+    TESSERA_CHECK(r == info.rank || std::strcmp(where[r].key, me.key) != 0,
+                  "ranks {} and {} both use GPU {} (device {}): each rank needs its own GPU", r, info.rank, me.key,
+                  pg->device_);
+  }
+
+  ncclUniqueId id{};
+  if (info.rank == 0) TESSERA_NCCL_CHECK(ncclGetUniqueId(&id));
+  pg->boot_->broadcast(&id, sizeof(id), 0);
+  pg->boot_->barrier();  // a peer that died before NCCL init is reported here, not as a hang in NCCL
+
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  TESSERA_NCCL_CHECK(ncclCommInitRankConfig(&pg->comm_, info.world, id, info.rank, &cfg));
+
+  pg->lsa_size_ = ncclTeamLsa(pg->comm_).nRanks;
+  if (pg->lsa_size_ == info.world) {
+    ncclDevCommRequirements reqs{};
+    TESSERA_NCCL_CHECK(ncclDevCommCreate(pg->comm_, &reqs, &pg->dev_comm_));
+    pg->dev_comm_created_ = true;
+  }
+
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&pg->stream_, cudaStreamNonBlocking));
+  for (int i = 0; i < opts.comm_streams; ++i) {
+    cudaStream_t s;
+    TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    pg->comm_streams_.push_back(s);
+  }
+  return pg;
+}
+
+ProcessGroup::~ProcessGroup() {
+  // Destructors must not throw; errors here are reported and ignored.
+  for (cudaStream_t s : comm_streams_) (void)cudaStreamDestroy(s);
+  if (stream_) (void)cudaStreamDestroy(stream_);
+  if (dev_comm_created_) (void)ncclDevCommDestroy(comm_, &dev_comm_);
+  if (comm_) {
+    if (ncclCommFinalize(comm_) != ncclSuccess || ncclCommDestroy(comm_) != ncclSuccess) (void)ncclCommAbort(comm_);
+  }
+}
+
+cudaStream_t ProcessGroup::comm_stream(int i) const {
+  TESSERA_CHECK(i >= 0 && i < comm_stream_count(), "comm_stream({}) out of range: {} communication streams", i,
+                comm_stream_count());
+  return comm_streams_[i];
+}
+
+void ProcessGroup::barrier() { boot_->barrier(); }
+
+double ProcessGroup::allreduce_max(double v) {
+  double m = v;
+  for (double x : allgather(v)) m = x > m ? x : m;
+  return m;
+}
+
+void ProcessGroup::check_same_on_all_ranks(const std::string& what, const void* data, std::size_t bytes) {
+  // Lengths first, so ranks passing different sizes fail cleanly too.
+  const auto sizes = allgather(static_cast<std::uint64_t>(bytes));
+  for (int r = 0; r < world(); ++r) {
+    TESSERA_CHECK(sizes[r] == bytes, "{}: rank {} passed {} bytes of description, rank {} passed {}", what, r,
+                  sizes[r], rank(), bytes);
+  }
+  boot_->check_same(data, bytes, what);
+}
+
+}  // namespace tessera::runtime
