@@ -1,0 +1,76 @@
+// tessera/signal/predictive_search.hpp — choose the wave-group partition
+// (seed §4) from a latency prediction instead of online profiling.
+//
+// Model (seed Alg. 1): the GEMM, running on the SMs NCCL leaves free, has
+// finished k waves at time C(k) (measured WaveTimes). Group g (waves
+// [a, b)) starts communicating at max(C(b), end of group g-1) and takes
+// overhead + comm(a, b), where comm comes from the measured bandwidth curve
+// at the group's byte count (for All-to-All: the max over ranks). The
+// predicted latency is the end of the last group. "No overlap" is the
+// sequential GEMM on all SMs followed by one collective on the whole output.
+//
+// Searches:
+//  - best(): exact optimum of the model for any W, by dynamic programming in
+//    O(W^2): the end of group g is non-decreasing in the end of group g-1,
+//    so only the earliest end at each wave boundary matters.
+//  - pruned(a, b): the seed's enumeration with first group <= a waves and last
+//    group <= b waves. Provable bound (monotone comm): pruned <= optimum +
+//    comm(first a waves) + comm(last b waves) + 2 * overhead (split the
+//    optimum's first and last groups; each split delays every later group by
+//    at most the split-off piece's comm plus one overhead). Exponential: W <= 26.
+//  - exhaustive(): all 2^(W-1) partitions, for checking. W <= 24.
+// Each returns the overlap partition or, when the sequential prediction is
+// lower, overlap == false with a single group.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "tessera/signal/wave_model.hpp"
+
+namespace tessera::signal {
+
+struct OverlapCost {
+  WaveTimes overlapped;        ///< GEMM with NCCL's SMs taken: C(k)
+  double sequential_gemm = 0;  ///< GEMM alone on all SMs (s)
+  double comm_all = 0;         ///< one collective on the whole output (s)
+  double per_group_overhead = 0;  ///< wait + launch cost of one group (s)
+  /// Communication time of the group made of waves [first, end) (s).
+  std::function<double(int first, int end)> group_comm;
+
+  int waves() const { return overlapped.waves(); }
+
+  /// The usual construction: bytes of a group = its tiles (per `model`,
+  /// the overlapped model) x bytes_per_tile; comm_time(bytes) from a curve.
+  static OverlapCost from_tiles(const WaveModel& model, WaveTimes overlapped, double sequential_gemm,
+                                double bytes_per_tile, std::function<double(double bytes)> comm_time,
+                                double per_group_overhead);
+};
+
+struct Prediction {
+  std::vector<int> waves_per_group;  ///< the partition (one group when !overlap)
+  double latency = 0;                ///< predicted seconds
+  bool overlap = true;               ///< false: run GEMM then the collective
+  long long candidates = 0;          ///< partitions evaluated
+};
+
+class PredictiveSearch {
+ public:
+  explicit PredictiveSearch(OverlapCost cost);
+
+  /// Predicted latency of one overlapped partition.
+  double predict(const std::vector<int>& waves_per_group) const;
+  double predict_sequential() const { return cost_.sequential_gemm + cost_.comm_all; }
+
+  Prediction best() const;
+  Prediction pruned(int max_first, int max_last) const;
+  Prediction exhaustive() const;
+
+  const OverlapCost& cost() const { return cost_; }
+
+ private:
+  Prediction finish(Prediction p) const;  // compare with "no overlap"
+  OverlapCost cost_;
+};
+
+}  // namespace tessera::signal

@@ -1,0 +1,90 @@
+// tessera/tune/machine_profile.hpp — what the offline stage measures on a
+// machine (seed §4.2.1) and the online search reads: a bandwidth curve per
+// collective, the SMs an NCCL collective occupies, and per-wave GEMM times.
+//
+// Curves: time in seconds of one call vs bytes of the per-rank send buffer
+// (AllReduce: the buffer; ReduceScatter: the full input, R x recvcount;
+// AllGather: the per-rank input; All-to-All: the bytes this rank sends),
+// sampled at dense sizes. Between samples the bandwidth is interpolated
+// linearly in log(bytes); below the first sample the time is the first
+// sample's (latency floor); above the last the last bandwidth holds. The
+// predicted time is clamped between its neighbours so it never decreases
+// with size. Stored in a tune::Cache ("machine_profile") under
+// key_prefix(machine, dtype, "profile"). Nothing here is invented: every
+// figure comes from a measurement stored by the profiler.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tessera/runtime/dtype.hpp"
+#include "tessera/tune/cache.hpp"
+#include "tessera/tune/key.hpp"
+
+namespace tessera::tune {
+
+enum class Collective { AllReduce, ReduceScatter, AllGather, AllToAll };
+const char* collective_name(Collective c);
+Collective parse_collective(const std::string& name);
+
+class BandwidthCurve {
+ public:
+  struct Point {
+    double bytes = 0, seconds = 0;
+  };
+  BandwidthCurve() = default;
+  /// Points with strictly increasing bytes > 0 and non-decreasing seconds > 0.
+  explicit BandwidthCurve(std::vector<Point> points);
+
+  double time(double bytes) const;
+  double bandwidth(double bytes) const { return bytes / time(bytes); }
+  const std::vector<Point>& points() const { return points_; }
+  bool empty() const { return points_.empty(); }
+
+ private:
+  std::vector<Point> points_;
+};
+
+/// A measured GEMM: per-wave time when it runs with `sms` worker CTAs (the
+/// SMs NCCL leaves free) and its time alone on the whole GPU.
+struct GemmTiming {
+  std::int64_t m = 0, n = 0, k = 0;
+  int tile_m = 128, tile_n = 128, swizzle = 1;
+  int sms = 0;             ///< worker CTAs during overlap
+  double per_wave = 0;     ///< seconds per wave with `sms` CTAs
+  double full_gpu = 0;     ///< seconds of the whole GEMM on all SMs
+};
+
+struct MachineProfile {
+  MachineId machine;
+  DType dtype = DType::bf16;
+  int sm_count = 0;                 ///< SMs of the GPU
+  int nccl_sms = 0;                 ///< SMs a running NCCL collective occupies
+  double per_group_overhead = 0;    ///< measured wait + launch cost of one group (s)
+  std::map<Collective, BandwidthCurve> curves;
+  std::vector<GemmTiming> gemms;
+
+  int gemm_sms() const { return sm_count - nccl_sms; }
+  /// Throws naming the collective if it was not measured.
+  const BandwidthCurve& curve(Collective c) const;
+  /// The measured timing of exactly this GEMM, or nullptr.
+  const GemmTiming* find_gemm(std::int64_t m, std::int64_t n, std::int64_t k, int tile_m, int tile_n) const;
+  /// Throws unless counts are sane (0 <= nccl_sms < sm_count, ...).
+  void validate() const;
+
+  static constexpr int kCacheVersion = 1;
+  void store(Cache& cache) const;
+  static std::optional<MachineProfile> load(const Cache& cache, const MachineId& machine, DType dtype);
+};
+
+void to_json(nlohmann::json& j, const BandwidthCurve& c);
+void from_json(const nlohmann::json& j, BandwidthCurve& c);
+void to_json(nlohmann::json& j, const MachineProfile& p);
+void from_json(const nlohmann::json& j, MachineProfile& p);
+
+}  // namespace tessera::tune

@@ -1,0 +1,136 @@
+#include "tessera/signal/predictive_search.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "tessera/runtime/error.hpp"
+
+namespace tessera::signal {
+
+OverlapCost OverlapCost::from_tiles(const WaveModel& model, WaveTimes overlapped, double sequential_gemm,
+                                    double bytes_per_tile, std::function<double(double bytes)> comm_time,
+                                    double per_group_overhead) {
+  TESSERA_CHECK(overlapped.waves() == model.waves(), "OverlapCost::from_tiles: {} wave times for a model of {} waves",
+                overlapped.waves(), model.waves());
+  TESSERA_CHECK(bytes_per_tile > 0, "OverlapCost::from_tiles: bytes per tile must be > 0, got {}", bytes_per_tile);
+  OverlapCost c;
+  c.overlapped = std::move(overlapped);
+  c.sequential_gemm = sequential_gemm;
+  c.comm_all = comm_time(model.tiles() * bytes_per_tile);
+  c.per_group_overhead = per_group_overhead;
+  c.group_comm = [model, bytes_per_tile, comm_time](int first, int end) {
+    return comm_time((model.wave_begin(end) - model.wave_begin(first)) * bytes_per_tile);
+  };
+  return c;
+}
+
+PredictiveSearch::PredictiveSearch(OverlapCost cost) : cost_(std::move(cost)) {
+  cost_.overlapped.validate("PredictiveSearch");
+  TESSERA_CHECK(cost_.group_comm, "PredictiveSearch: no group communication model");
+  TESSERA_CHECK(std::isfinite(cost_.sequential_gemm) && cost_.sequential_gemm > 0,
+                "PredictiveSearch: sequential GEMM time must be > 0, got {}", cost_.sequential_gemm);
+  TESSERA_CHECK(std::isfinite(cost_.comm_all) && cost_.comm_all >= 0,
+                "PredictiveSearch: whole-output communication time must be >= 0, got {}", cost_.comm_all);
+  TESSERA_CHECK(std::isfinite(cost_.per_group_overhead) && cost_.per_group_overhead >= 0,
+                "PredictiveSearch: per-group overhead must be >= 0, got {}", cost_.per_group_overhead);
+}
+
+double PredictiveSearch::predict(const std::vector<int>& waves_per_group) const {
+  double end = 0;
+  int done = 0;
+  for (int w : waves_per_group) {
+    TESSERA_CHECK(w > 0, "PredictiveSearch::predict: group of {} waves in [{}]", w, fmt::join(waves_per_group, ","));
+    const int next = done + w;
+    TESSERA_CHECK(next <= cost_.waves(), "PredictiveSearch::predict: [{}] covers more than {} waves",
+                  fmt::join(waves_per_group, ","), cost_.waves());
+    end = std::max(cost_.overlapped.done(next), end) + cost_.per_group_overhead + cost_.group_comm(done, next);
+    done = next;
+  }
+  TESSERA_CHECK(done == cost_.waves(), "PredictiveSearch::predict: [{}] covers {} of {} waves",
+                fmt::join(waves_per_group, ","), done, cost_.waves());
+  return end;
+}
+
+Prediction PredictiveSearch::finish(Prediction p) const {
+  const double seq = predict_sequential();
+  if (seq <= p.latency) {
+    p.waves_per_group = {cost_.waves()};
+    p.latency = seq;
+    p.overlap = false;
+  }
+  return p;
+}
+
+Prediction PredictiveSearch::best() const {
+  const int W = cost_.waves();
+  std::vector<double> end(W + 1, std::numeric_limits<double>::infinity());
+  std::vector<int> from(W + 1, -1);
+  end[0] = 0;
+  for (int k = 1; k <= W; ++k)
+    for (int j = 0; j < k; ++j) {
+      const double e = std::max(cost_.overlapped.done(k), end[j]) + cost_.per_group_overhead + cost_.group_comm(j, k);
+      if (e < end[k]) { end[k] = e; from[k] = j; }
+    }
+  Prediction p;
+  for (int k = W; k > 0; k = from[k]) p.waves_per_group.insert(p.waves_per_group.begin(), k - from[k]);
+  p.latency = end[W];
+  p.candidates = static_cast<long long>(W) * (W + 1) / 2;
+  return finish(p);
+}
+
+namespace {
+// Enumerates partitions of W waves as bitmasks of "a group ends after wave
+// i" (i = 1 .. W-1); calls f(groups) for those `keep` accepts.
+template <class Keep, class F>
+long long enumerate(int W, Keep keep, F f) {
+  std::vector<int> groups;
+  long long n = 0;
+  for (unsigned long long mask = 0; mask < (1ull << (W - 1)); ++mask) {
+    groups.clear();
+    int last = 0;
+    for (int i = 1; i < W; ++i)
+      if (mask >> (i - 1) & 1) { groups.push_back(i - last); last = i; }
+    groups.push_back(W - last);
+    if (!keep(groups)) continue;
+    ++n;
+    f(groups);
+  }
+  return n;
+}
+}  // namespace
+
+Prediction PredictiveSearch::pruned(int max_first, int max_last) const {
+  const int W = cost_.waves();
+  TESSERA_CHECK(W <= 26, "PredictiveSearch::pruned: {} waves is too many to enumerate (limit 26); use best()", W);
+  TESSERA_CHECK(max_first > 0 && max_last > 0, "PredictiveSearch::pruned: bounds must be >= 1, got {} and {}",
+                max_first, max_last);
+  Prediction p;
+  p.latency = std::numeric_limits<double>::infinity();
+  p.candidates = enumerate(
+      W, [&](const std::vector<int>& g) { return g.front() <= max_first && g.back() <= max_last; },
+      [&](const std::vector<int>& g) {
+        const double t = predict(g);
+        if (t < p.latency) { p.latency = t; p.waves_per_group = g; }
+      });
+  return finish(p);
+}
+
+Prediction PredictiveSearch::exhaustive() const {
+  const int W = cost_.waves();
+  TESSERA_CHECK(W <= 24, "PredictiveSearch::exhaustive: {} waves is too many to enumerate (limit 24)", W);
+  Prediction p;
+  p.latency = std::numeric_limits<double>::infinity();
+  p.candidates = enumerate(
+      W, [](const std::vector<int>&) { return true; },
+      [&](const std::vector<int>& g) {
+        const double t = predict(g);
+        if (t < p.latency) { p.latency = t; p.waves_per_group = g; }
+      });
+  return finish(p);
+}
+
+}  // namespace tessera::signal

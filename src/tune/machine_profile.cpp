@@ -1,0 +1,146 @@
+#include "tessera/tune/machine_profile.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "tessera/runtime/error.hpp"
+
+namespace tessera::tune {
+
+const char* collective_name(Collective c) {
+  switch (c) {
+    case Collective::AllReduce: return "all_reduce";
+    case Collective::ReduceScatter: return "reduce_scatter";
+    case Collective::AllGather: return "all_gather";
+    case Collective::AllToAll: return "all_to_all";
+  }
+  return "?";
+}
+
+Collective parse_collective(const std::string& name) {
+  for (Collective c : {Collective::AllReduce, Collective::ReduceScatter, Collective::AllGather, Collective::AllToAll})
+    if (name == collective_name(c)) return c;
+  TESSERA_FAIL("tune::parse_collective: unknown collective '{}'", name);
+}
+
+BandwidthCurve::BandwidthCurve(std::vector<Point> points) : points_(std::move(points)) {
+  TESSERA_CHECK(!points_.empty(), "BandwidthCurve: needs at least one measured point");
+  for (size_t i = 0; i < points_.size(); ++i) {
+    const Point& p = points_[i];
+    TESSERA_CHECK(std::isfinite(p.bytes) && p.bytes > 0 && std::isfinite(p.seconds) && p.seconds > 0,
+                  "BandwidthCurve: point {} ({} bytes, {} s) must be finite and positive", i, p.bytes, p.seconds);
+    if (i > 0) {
+      TESSERA_CHECK(p.bytes > points_[i - 1].bytes, "BandwidthCurve: sizes must increase, point {} has {} after {}", i,
+                    p.bytes, points_[i - 1].bytes);
+      TESSERA_CHECK(p.seconds >= points_[i - 1].seconds,
+                    "BandwidthCurve: time must not decrease with size, point {} ({} bytes) takes {} s < {} s", i,
+                    p.bytes, p.seconds, points_[i - 1].seconds);
+    }
+  }
+}
+
+double BandwidthCurve::time(double bytes) const {
+  TESSERA_CHECK(!points_.empty(), "BandwidthCurve::time: empty curve");
+  TESSERA_CHECK(std::isfinite(bytes) && bytes >= 0, "BandwidthCurve::time: bytes must be >= 0, got {}", bytes);
+  if (bytes <= points_.front().bytes) return points_.front().seconds;
+  if (bytes >= points_.back().bytes) return bytes * points_.back().seconds / points_.back().bytes;
+  const auto hi = std::upper_bound(points_.begin(), points_.end(), bytes,
+                                   [](double b, const Point& p) { return b < p.bytes; });
+  const Point& b = *hi;
+  const Point& a = *(hi - 1);
+  const double f = std::log(bytes / a.bytes) / std::log(b.bytes / a.bytes);
+  const double bw = (1 - f) * (a.bytes / a.seconds) + f * (b.bytes / b.seconds);
+  return std::clamp(bytes / bw, a.seconds, b.seconds);
+}
+
+const BandwidthCurve& MachineProfile::curve(Collective c) const {
+  auto it = curves.find(c);
+  TESSERA_CHECK(it != curves.end() && !it->second.empty(), "MachineProfile {}: no {} bandwidth curve measured",
+                machine.str(), collective_name(c));
+  return it->second;
+}
+
+const GemmTiming* MachineProfile::find_gemm(std::int64_t m, std::int64_t n, std::int64_t k, int tile_m,
+                                            int tile_n) const {
+  for (const GemmTiming& g : gemms)
+    if (g.m == m && g.n == n && g.k == k && g.tile_m == tile_m && g.tile_n == tile_n) return &g;
+  return nullptr;
+}
+
+void MachineProfile::validate() const {
+  TESSERA_CHECK(machine.world > 0 && sm_count > 0 && nccl_sms >= 0 && nccl_sms < sm_count,
+                "MachineProfile {}: need world > 0 and 0 <= nccl_sms ({}) < sm_count ({})", machine.str(), nccl_sms,
+                sm_count);
+  TESSERA_CHECK(std::isfinite(per_group_overhead) && per_group_overhead >= 0,
+                "MachineProfile {}: per-group overhead must be >= 0, got {}", machine.str(), per_group_overhead);
+  for (const GemmTiming& g : gemms)
+    TESSERA_CHECK(g.m > 0 && g.n > 0 && g.k > 0 && g.tile_m > 0 && g.tile_n > 0 && g.sms > 0 && g.per_wave > 0 &&
+                      g.full_gpu > 0,
+                  "MachineProfile {}: GEMM timing {}x{}x{} has a non-positive field", machine.str(), g.m, g.n, g.k);
+}
+
+void MachineProfile::store(Cache& cache) const {
+  validate();
+  TESSERA_CHECK(cache.version() == kCacheVersion, "MachineProfile::store: cache {} has version {}, profiles use {}",
+                cache.file().string(), cache.version(), kCacheVersion);
+  cache.put(key_prefix(machine, dtype, "profile"), *this);
+}
+
+std::optional<MachineProfile> MachineProfile::load(const Cache& cache, const MachineId& machine, DType dtype) {
+  auto j = cache.get(key_prefix(machine, dtype, "profile"));
+  if (!j) return std::nullopt;
+  MachineProfile p;
+  try {
+    p = j->get<MachineProfile>();
+  } catch (const nlohmann::json::exception& e) {
+    TESSERA_FAIL("MachineProfile::load: entry {} in {} is malformed: {}", machine.str(), cache.file().string(),
+                 e.what());
+  }
+  p.validate();
+  return p;
+}
+
+void to_json(nlohmann::json& j, const BandwidthCurve& c) {
+  j = nlohmann::json::array();
+  for (const auto& p : c.points()) j.push_back({p.bytes, p.seconds});
+}
+
+void from_json(const nlohmann::json& j, BandwidthCurve& c) {
+  std::vector<BandwidthCurve::Point> pts;
+  for (const auto& p : j) pts.push_back({p.at(0).get<double>(), p.at(1).get<double>()});
+  c = BandwidthCurve(std::move(pts));
+}
+
+void to_json(nlohmann::json& j, const MachineProfile& p) {
+  j = {{"gpu_model", p.machine.gpu_model}, {"topology", p.machine.topology}, {"world", p.machine.world},
+       {"dtype", std::string(dtype_name(p.dtype))}, {"sm_count", p.sm_count}, {"nccl_sms", p.nccl_sms},
+       {"per_group_overhead", p.per_group_overhead}};
+  for (const auto& [c, curve] : p.curves) j["curves"][collective_name(c)] = curve;
+  j["gemms"] = nlohmann::json::array();
+  for (const GemmTiming& g : p.gemms)
+    j["gemms"].push_back({{"m", g.m}, {"n", g.n}, {"k", g.k}, {"tile_m", g.tile_m}, {"tile_n", g.tile_n},
+                          {"swizzle", g.swizzle}, {"sms", g.sms}, {"per_wave", g.per_wave}, {"full_gpu", g.full_gpu}});
+}
+
+void from_json(const nlohmann::json& j, MachineProfile& p) {
+  p.machine = {j.at("gpu_model").get<std::string>(), j.at("topology").get<std::string>(), j.at("world").get<int>()};
+  const std::string dt = j.at("dtype").get<std::string>();
+  bool found = false;
+  for (DType d : {DType::bf16, DType::f16, DType::f32})
+    if (dt == dtype_name(d)) { p.dtype = d; found = true; }
+  TESSERA_CHECK(found, "MachineProfile: unknown dtype '{}'", dt);
+  p.sm_count = j.at("sm_count").get<int>();
+  p.nccl_sms = j.at("nccl_sms").get<int>();
+  p.per_group_overhead = j.at("per_group_overhead").get<double>();
+  p.curves.clear();
+  if (j.contains("curves"))
+    for (auto it = j["curves"].begin(); it != j["curves"].end(); ++it)
+      p.curves[parse_collective(it.key())] = it->get<BandwidthCurve>();
+  p.gemms.clear();
+  for (const auto& g : j.at("gemms"))
+    p.gemms.push_back({g.at("m").get<std::int64_t>(), g.at("n").get<std::int64_t>(), g.at("k").get<std::int64_t>(),
+                       g.at("tile_m").get<int>(), g.at("tile_n").get<int>(), g.at("swizzle").get<int>(),
+                       g.at("sms").get<int>(), g.at("per_wave").get<double>(), g.at("full_gpu").get<double>()});
+}
+
+}  // namespace tessera::tune

@@ -1,0 +1,212 @@
+// CPU tests of the tuning layer: JSON cache (round trip, atomic write,
+// versions, corrupt files), keys and nearest-neighbour lookup, bandwidth
+// curve interpolation, machine-profile round trip, and the signal tuner.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "tessera/runtime/error.hpp"
+#include "tessera/tune/cache.hpp"
+#include "tessera/tune/key.hpp"
+#include "tessera/tune/machine_profile.hpp"
+#include "tessera/tune/signal_tuner.hpp"
+
+namespace fs = std::filesystem;
+using namespace tessera::tune;
+using tessera::DType;
+
+namespace {
+
+// A fresh directory per test, removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    path_ = fs::temp_directory_path() /
+            ("tessera_tune_test_" + std::to_string(::getpid()) + "_" + std::to_string(std::random_device{}()));
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+MachineProfile sample_profile() {
+  MachineProfile p;
+  p.machine = {"NVIDIA H200", "NV18", 2};
+  p.dtype = DType::bf16;
+  p.sm_count = 132;
+  p.nccl_sms = 16;
+  p.per_group_overhead = 4e-6;
+  // Shapes of a bandwidth curve (synthetic numbers for the test only).
+  std::vector<BandwidthCurve::Point> pts;
+  for (double mib : {0.25, 1.0, 4.0, 16.0, 64.0, 256.0}) {
+    const double bytes = mib * (1 << 20);
+    const double bw = 250e9 * bytes / (bytes + 8e6);
+    pts.push_back({bytes, 10e-6 + bytes / bw});
+  }
+  p.curves[Collective::AllReduce] = BandwidthCurve(pts);
+  p.curves[Collective::ReduceScatter] = BandwidthCurve(pts);
+  p.gemms.push_back({8192, 8192, 4096, 128, 256, 1, 116, 75e-6, 1.3e-3});
+  p.gemms.push_back({4096, 8192, 4096, 128, 256, 1, 116, 75e-6, 0.65e-3});
+  return p;
+}
+
+}  // namespace
+
+TEST(Cache, RoundTripAcrossInstancesAndAtomicWrite) {
+  TempDir dir;
+  {
+    Cache c("plans", 3, dir.path());
+    EXPECT_FALSE(c.get("a").has_value());
+    c.put("a", {{"x", 1}});
+    c.put("b", nlohmann::json::array({1, 2, 3}));
+  }
+  Cache c2("plans", 3, dir.path());
+  ASSERT_TRUE(c2.get("a").has_value());
+  EXPECT_EQ((*c2.get("a"))["x"], 1);
+  EXPECT_EQ(*c2.get("b"), nlohmann::json::array({1, 2, 3}));
+  // Another writer's entry is merged, not lost.
+  Cache c3("plans", 3, dir.path());
+  c2.put("c", 7);
+  c3.put("d", 8);
+  c3.reload();
+  EXPECT_TRUE(c3.get("c").has_value());
+  EXPECT_TRUE(c3.get("d").has_value());
+  c3.erase("c");
+  EXPECT_FALSE(Cache("plans", 3, dir.path()).get("c").has_value());
+  for (const auto& e : fs::directory_iterator(dir.path()))
+    EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << "temporary file left: " << e.path();
+}
+
+TEST(Cache, VersionMismatchIsIgnoredAndReplaced) {
+  TempDir dir;
+  Cache("plans", 1, dir.path()).put("a", 1);
+  Cache v2("plans", 2, dir.path());
+  EXPECT_FALSE(v2.get("a").has_value());
+  v2.put("b", 2);
+  EXPECT_TRUE(Cache("plans", 2, dir.path()).get("b").has_value());
+  EXPECT_FALSE(Cache("plans", 1, dir.path()).get("a").has_value());
+}
+
+TEST(Cache, CorruptFileThrowsOrIsMovedAside) {
+  TempDir dir;
+  std::ofstream(dir.path() / "plans.json") << "{ \"tessera_cache\": \"plans\", \"version\": 1, \"entries\": {";
+  EXPECT_THROW(Cache("plans", 1, dir.path(), OnCorrupt::Throw), tessera::Error);
+  try {
+    Cache("plans", 1, dir.path(), OnCorrupt::Throw);
+  } catch (const tessera::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("plans.json"), std::string::npos) << e.what();
+  }
+  Cache warn("plans", 1, dir.path(), OnCorrupt::Warn);
+  EXPECT_TRUE(warn.entries().empty());
+  warn.put("a", 1);
+  EXPECT_TRUE(fs::exists(dir.path() / "plans.json.corrupt"));
+  EXPECT_TRUE(Cache("plans", 1, dir.path(), OnCorrupt::Throw).get("a").has_value());
+  // Valid JSON that is not a cache file is corrupt too.
+  std::ofstream(dir.path() / "other.json") << "[1, 2]";
+  EXPECT_THROW(Cache("other", 1, dir.path(), OnCorrupt::Throw), tessera::Error);
+}
+
+TEST(Cache, DirectoryComesFromTheEnvironment) {
+  TempDir dir;
+  ::setenv("TESSERA_CACHE_DIR", dir.path().c_str(), 1);
+  EXPECT_EQ(cache_dir(), dir.path());
+  ::setenv("TESSERA_CACHE_DIR", "", 1);
+  EXPECT_THROW(cache_dir(), tessera::Error);
+  ::unsetenv("TESSERA_CACHE_DIR");
+  if (std::getenv("HOME")) {
+    EXPECT_EQ(cache_dir(), fs::path(std::getenv("HOME")) / ".cache" / "tessera");
+  }
+}
+
+TEST(Key, NearestNeighbourUsesLogDistanceWithinThePrefix) {
+  TempDir dir;
+  Cache c("plans", 1, dir.path());
+  const MachineId m{"NVIDIA H200", "NV18", 2};
+  const std::string p = key_prefix(m, DType::bf16, "signal.all_reduce");
+  for (std::vector<std::int64_t> s : {std::vector<std::int64_t>{1024, 8192, 4096}, {8192, 8192, 4096}, {16384, 8192, 8192}})
+    c.put(make_key(p, s), {{"shape", s}});
+  c.put(make_key(key_prefix(m, DType::f16, "signal.all_reduce"), {7000, 8192, 4096}), {{"shape", {7000, 8192, 4096}}});
+  auto nb = nearest(c, p, {7000, 8192, 4096});
+  ASSERT_TRUE(nb.has_value());
+  EXPECT_EQ(nb->key, make_key(p, {8192, 8192, 4096}));
+  nb = nearest(c, p, {2000, 8192, 4096});  // log-distance: 2000 is nearer 1024 than 8192
+  EXPECT_EQ(nb->key, make_key(p, {1024, 8192, 4096}));
+  EXPECT_FALSE(nearest(c, key_prefix(m, DType::f32, "signal.all_reduce"), {1, 2, 3}).has_value());
+  EXPECT_EQ(make_key(p, {1, 2}), "NVIDIA H200|NV18|w2|bf16|signal.all_reduce|1x2");
+}
+
+TEST(BandwidthCurve, InterpolatesLogLinearlyAndIsMonotone) {
+  const BandwidthCurve c({{1e6, 20e-6}, {4e6, 40e-6}, {16e6, 100e-6}});
+  EXPECT_DOUBLE_EQ(c.time(1e6), 20e-6);
+  EXPECT_DOUBLE_EQ(c.time(4e6), 40e-6);
+  EXPECT_DOUBLE_EQ(c.time(100), 20e-6);                 // latency floor
+  EXPECT_NEAR(c.time(32e6), 200e-6, 1e-15);             // last bandwidth holds
+  // At the geometric midpoint the bandwidth is the mean of its neighbours'.
+  EXPECT_NEAR(c.bandwidth(2e6), (1e6 / 20e-6 + 4e6 / 40e-6) / 2, 1e-3);
+  double prev = 0;
+  for (double b = 1e3; b < 1e8; b *= 1.07) {
+    EXPECT_GE(c.time(b), prev);
+    prev = c.time(b);
+  }
+  EXPECT_THROW(BandwidthCurve({{2e6, 1e-6}, {1e6, 2e-6}}), tessera::Error);
+  EXPECT_THROW(BandwidthCurve({{1e6, 2e-6}, {2e6, 1e-6}}), tessera::Error);
+  EXPECT_THROW(BandwidthCurve({{1e6, std::nan("")}}), tessera::Error);
+  EXPECT_THROW(BandwidthCurve(std::vector<BandwidthCurve::Point>{}), tessera::Error);
+}
+
+TEST(MachineProfile, JsonAndCacheRoundTrip) {
+  TempDir dir;
+  const MachineProfile p = sample_profile();
+  Cache c("machine_profile", MachineProfile::kCacheVersion, dir.path());
+  p.store(c);
+  const auto q = MachineProfile::load(Cache("machine_profile", MachineProfile::kCacheVersion, dir.path()), p.machine,
+                                      DType::bf16);
+  ASSERT_TRUE(q.has_value());
+  EXPECT_EQ(nlohmann::json(*q), nlohmann::json(p));
+  EXPECT_DOUBLE_EQ(q->curve(Collective::AllReduce).time(3e6), p.curve(Collective::AllReduce).time(3e6));
+  EXPECT_THROW(q->curve(Collective::AllToAll), tessera::Error);
+  EXPECT_FALSE(MachineProfile::load(c, p.machine, DType::f16).has_value());
+  MachineProfile bad = p;
+  bad.nccl_sms = 200;
+  EXPECT_THROW(bad.store(c), tessera::Error);
+}
+
+TEST(SignalTuner, SearchesCachesAndReusesNeighbours) {
+  TempDir dir;
+  Cache plans("signal_plans", SignalTuner::kCacheVersion, dir.path());
+  SignalTuner t(sample_profile(), plans);
+  SignalQuery q{Collective::AllReduce, 8192, 8192, 4096, 128, 256};
+  const auto first = t.choose(q);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->source, "search");
+  const auto again = t.choose(q);
+  EXPECT_EQ(again->source, "cache");
+  EXPECT_EQ(again->waves_per_group, first->waves_per_group);
+  // Unseen (never timed) shape near 8192: the neighbour's partition, rescaled.
+  SignalQuery u = q;
+  u.m = 7680;
+  const auto nb = t.choose(u);
+  ASSERT_TRUE(nb.has_value());
+  EXPECT_EQ(nb->source.rfind("neighbour", 0), 0u) << nb->source;
+  const int waves = t.overlapped_model(u).waves();
+  int sum = 0;
+  for (int w : nb->waves_per_group) sum += w;
+  EXPECT_EQ(sum, waves);
+  // No neighbour for another collective and untimed shape.
+  SignalQuery rs = u;
+  rs.op = Collective::ReduceScatter;
+  EXPECT_FALSE(t.choose(rs).has_value());
+  // The choice never predicts worse than sequential.
+  const auto cost = t.cost(q);
+  EXPECT_LE(first->predicted, cost.sequential_gemm + cost.comm_all);
+  SignalQuery untimed = q;
+  untimed.k = 1234;
+  EXPECT_THROW(t.cost(untimed), tessera::Error);
+}
