@@ -1,0 +1,766 @@
+// Lowering of an annotated CommIR grid to a per-rank Plan (rules in plan.hpp).
+#include <algorithm>
+#include <functional>
+#include <set>
+
+#include "tessera/commir/plan.hpp"
+#include "tessera/runtime/error.hpp"
+
+namespace tessera::commir {
+
+// ---------------------------------------------------------------- boxes ----
+std::int64_t Box::volume() const {
+  std::int64_t v = 1;
+  for (const auto& x : r) v *= std::max<std::int64_t>(0, x.size());
+  return v;
+}
+bool Box::contains(const Box& b) const {
+  for (std::size_t i = 0; i < r.size(); ++i)
+    if (!r[i].contains(b.r[i])) return false;
+  return true;
+}
+bool Box::intersects(const Box& b) const {
+  for (std::size_t i = 0; i < r.size(); ++i)
+    if (std::max(r[i].lo, b.r[i].lo) >= std::min(r[i].hi, b.r[i].hi)) return false;
+  return true;
+}
+Box Box::intersect(const Box& b) const {
+  Box o;
+  for (std::size_t i = 0; i < r.size(); ++i) o.r.push_back({std::max(r[i].lo, b.r[i].lo), std::min(r[i].hi, b.r[i].hi)});
+  return o;
+}
+std::int64_t volume(const Region& reg) {
+  std::int64_t v = 0;
+  for (const auto& b : reg) v += b.volume();
+  return v;
+}
+bool covers(const Region& have, const Box& b) {
+  std::int64_t v = 0;
+  for (const auto& h : have)
+    if (h.intersects(b)) v += h.intersect(b).volume();
+  return v == b.volume();
+}
+std::string box_text(const Box& b) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < b.r.size(); ++i) s += fmt::format("{}{}:{}", i ? "," : "", b.r[i].lo, b.r[i].hi);
+  return s + "]";
+}
+std::string_view coll_name(CollKind k) {
+  switch (k) {
+    case CollKind::all_gather: return "AllGather";
+    case CollKind::all_to_all: return "AllToAll";
+    case CollKind::broadcast: return "Broadcast";
+    case CollKind::all_reduce: return "AllReduce";
+    case CollKind::reduce_scatter: return "ReduceScatter";
+  }
+  return "?";
+}
+
+std::vector<int> mesh_coords(const std::vector<int>& mesh, int rank) {
+  std::vector<int> c(mesh.size());
+  for (int l = static_cast<int>(mesh.size()) - 1; l >= 0; --l) {
+    c[l] = rank % mesh[l];
+    rank /= mesh[l];
+  }
+  return c;
+}
+int mesh_rank(const std::vector<int>& mesh, const std::vector<int>& c) {
+  int r = 0;
+  for (std::size_t l = 0; l < mesh.size(); ++l) r = r * mesh[l] + c[l];
+  return r;
+}
+
+std::int64_t acc_elem(const Grid& g, const Buffer& b) { return g.kernel == "attention" ? b.elem + 2 : b.elem; }
+
+std::int64_t Plan::max_peak_bytes() const {
+  std::int64_t m = 0;
+  for (const auto& r : ranks) m = std::max(m, r.peak_bytes);
+  return m;
+}
+std::vector<double> Plan::bytes_per_level() const {
+  std::vector<double> v(grid.mesh.size(), 0.0);
+  for (const auto& r : ranks)
+    for (const auto& s : r.steps)
+      if ((s.kind == StepKind::send || s.kind == StepKind::collective) && s.level >= 0) v[s.level] += s.bytes;
+  return v;
+}
+std::map<std::string, int> Plan::counts() const {
+  std::map<std::string, int> c;
+  std::set<int> seen;
+  for (const auto& r : ranks)
+    for (const auto& s : r.steps) {
+      if (s.kind == StepKind::send) ++c["p2p"];
+      if (s.kind == StepKind::compute) ++c["compute"];
+      if (s.kind == StepKind::collective && seen.insert(s.tag).second) ++c[std::string(coll_name(s.coll))];
+    }
+  return c;
+}
+
+namespace {
+
+using Key = std::vector<std::int64_t>;
+Key key_of(const Box& b) {
+  Key k;
+  for (const auto& x : b.r) {
+    k.push_back(x.lo);
+    k.push_back(x.hi);
+  }
+  return k;
+}
+
+std::vector<Range> merge(std::vector<Range> v) {
+  std::sort(v.begin(), v.end(), [](const Range& a, const Range& b) { return a.lo < b.lo; });
+  std::vector<Range> o;
+  for (const auto& x : v) {
+    if (x.size() <= 0) continue;
+    if (!o.empty() && x.lo <= o.back().hi) o.back().hi = std::max(o.back().hi, x.hi);
+    else o.push_back(x);
+  }
+  return o;
+}
+
+struct Lowerer {
+  const Grid& g;
+  int W = 1, T = 1, L = 0;
+  std::vector<std::vector<int>> coords;
+  std::vector<int> seq;  // indices into g.loops of sequential loops, nest order
+  std::vector<std::int64_t> seq_ext;
+  std::vector<const Loop*> par;  // per level
+  Plan plan;
+  int next_tag = 1;
+  std::vector<std::vector<std::int64_t>> mem;  // [rank][t+1]
+
+  explicit Lowerer(const Grid& grid) : g(grid) {}
+
+  std::vector<std::int64_t> tvec(int t) const {
+    std::vector<std::int64_t> v(seq.size());
+    for (int i = static_cast<int>(seq.size()) - 1; i >= 0; --i) {
+      v[i] = t % seq_ext[i];
+      t = static_cast<int>(t / seq_ext[i]);
+    }
+    return v;
+  }
+  int tindex(const std::vector<std::int64_t>& v) const {
+    std::int64_t t = 0;
+    for (std::size_t i = 0; i < seq.size(); ++i) t = t * seq_ext[i] + v[i];
+    return static_cast<int>(t);
+  }
+  int level_of(const std::string& loop) const { return g.loop(loop, "lower").mesh_level; }
+
+  // Factor indices from a loop value (mixed radix, major -> minor).
+  void decompose(const Loop& l, std::int64_t v, std::map<std::pair<std::string, int>, std::int64_t>& out) const {
+    for (int i = static_cast<int>(l.factors.size()) - 1; i >= 0; --i) {
+      const auto e = g.factor_extent(l.factors[i]);
+      out[{l.factors[i].axis, l.factors[i].level}] = v % e;
+      v /= e;
+    }
+  }
+
+  // The kernel block of `rank` at time vector tv, over grid axes.
+  Box kernel_box(int rank, const std::vector<std::int64_t>& tv) const {
+    std::map<std::pair<std::string, int>, std::int64_t> idx;
+    std::size_t si = 0;
+    for (const auto& l : g.loops) {
+      std::int64_t v;
+      if (l.parallel()) {
+        v = coords[rank][l.mesh_level];
+      } else {
+        v = tv[si++];
+        if (!l.shift_by.empty()) v = (v + coords[rank][level_of(l.shift_by)]) % g.loop_extent(l);
+      }
+      decompose(l, v, idx);
+    }
+    Box b;
+    for (const auto& a : g.axes) {
+      Range r{0, a.extent};
+      auto it = g.tiling.find(a.name);
+      if (it != g.tiling.end())
+        for (std::size_t lv = 0; lv < it->second.size(); ++lv) r = part(r, it->second[lv], idx.at({a.name, static_cast<int>(lv)}));
+      b.r.push_back(r);
+    }
+    return b;
+  }
+
+  std::size_t axis_pos(const std::string& a) const {
+    for (std::size_t i = 0; i < g.axes.size(); ++i)
+      if (g.axes[i].name == a) return i;
+    TESSERA_FAIL("lower: unknown axis {}", a);
+  }
+
+  Box project(const Buffer& b, const Box& kb) const {
+    Box o;
+    for (const auto& d : b.dims) {
+      const Range r = kb.r[axis_pos(d.axis)];
+      o.r.push_back({r.lo / d.group, (r.hi + d.group - 1) / d.group});
+    }
+    return o;
+  }
+
+  std::int64_t dim_extent(const Dim& d) const { return (g.axis(d.axis).extent + d.group - 1) / d.group; }
+
+  // Region of buffer b held by `rank` when level l has placement pl[l] (nullptr = default).
+  Region holding(const Buffer& b, int rank, const std::vector<const Placement*>& pl) const {
+    std::map<std::pair<std::string, int>, std::int64_t> fixed;
+    for (int l = 0; l < L; ++l) {
+      const Placement* p = pl[l];
+      const int c = coords[rank][l];
+      if (!p) {
+        if (g.loop_indexes(*par[l], b)) decompose(*par[l], c, fixed);
+      } else if (p->kind == PlacementKind::shard && p->along_is_loop) {
+        decompose(g.loop(p->along, "lower"), c, fixed);
+      }
+    }
+    std::vector<std::vector<Range>> per_dim;
+    for (const auto& d : b.dims) {
+      // Cells of the axis consistent with the fixed factor indices.
+      std::vector<Range> cells{{0, g.axis(d.axis).extent}};
+      auto it = g.tiling.find(d.axis);
+      if (it != g.tiling.end()) {
+        for (std::size_t lv = 0; lv < it->second.size(); ++lv) {
+          std::vector<Range> next;
+          const auto n = it->second[lv];
+          auto f = fixed.find({d.axis, static_cast<int>(lv)});
+          for (const auto& c : cells)
+            for (std::int64_t i = 0; i < n; ++i)
+              if (f == fixed.end() || f->second == i) next.push_back(part(c, n, i));
+          cells = std::move(next);
+        }
+      }
+      for (auto& c : cells) c = {c.lo / d.group, (c.hi + d.group - 1) / d.group};
+      cells = merge(cells);
+      // Shards along an axis split each held range again, outer level first
+      // (nested, so the union over a level's ranks is the range before it).
+      for (int l = 0; l < L; ++l)
+        if (pl[l] && pl[l]->kind == PlacementKind::shard && !pl[l]->along_is_loop && pl[l]->along == d.axis)
+          for (auto& c : cells) c = part(c, g.mesh[l], coords[rank][l]);
+      per_dim.push_back(merge(cells));
+    }
+    Region reg{Box{}};
+    for (const auto& ranges : per_dim) {
+      Region next;
+      for (const auto& bx : reg)
+        for (const auto& r : ranges) {
+          Box nb = bx;
+          nb.r.push_back(r);
+          next.push_back(nb);
+        }
+      reg = std::move(next);
+    }
+    return reg;
+  }
+
+  std::vector<const Placement*> placements_of(const std::string& b) const {
+    std::vector<const Placement*> v(L, nullptr);
+    for (int l = 0; l < L; ++l) v[l] = g.placement(b, par[l]->name);
+    return v;
+  }
+
+  std::vector<int> group_of(int rank, int level) const {
+    std::vector<int> m;
+    auto c = coords[rank];
+    for (int i = 0; i < g.mesh[level]; ++i) {
+      c[level] = i;
+      m.push_back(mesh_rank(g.mesh, c));
+    }
+    std::sort(m.begin(), m.end());
+    return m;
+  }
+  int neighbor(int rank, int level, int delta) const {
+    auto c = coords[rank];
+    c[level] = ((c[level] + delta) % g.mesh[level] + g.mesh[level]) % g.mesh[level];
+    return mesh_rank(g.mesh, c);
+  }
+  int link_level(int a, int b) const {
+    for (int l = 0; l < L; ++l)
+      if (coords[a][l] != coords[b][l]) return l;
+    return L - 1;
+  }
+  bool is_reduction(const Loop& l) const {
+    for (const auto& f : l.factors)
+      if (g.axis(f.axis).kind == AxisKind::reduction) return true;
+    return false;
+  }
+
+  void add(int rank, Step s) { plan.ranks[rank].steps.push_back(std::move(s)); }
+  void charge(int rank, int t_from, int t_to, std::int64_t bytes) {
+    for (int t = std::max(t_from, -1); t <= std::min(t_to, T); ++t) mem[rank][t + 1] += bytes;
+  }
+
+  void p2p(int from, int to, const std::string& buf, const Box& box, int t_send, Slot send_slot, int t_recv,
+           bool partial, std::int64_t esize) {
+    const int tag = next_tag++;
+    const std::int64_t bytes = box.volume() * esize;
+    const int lvl = link_level(from, to);
+    Step s;
+    s.kind = StepKind::send;
+    s.time = t_send;
+    s.slot = send_slot;
+    s.buffer = buf;
+    s.box = box;
+    s.peer = to;
+    s.tag = tag;
+    s.partial = partial;
+    s.bytes = bytes;
+    s.level = lvl;
+    add(from, s);
+    s.kind = StepKind::recv;
+    s.time = t_recv;
+    s.slot = Slot::recv;
+    s.peer = from;
+    add(to, s);
+  }
+
+  void collective(CollKind k, const std::string& buf, int t, const std::vector<int>& group, int level, int root,
+                  const std::vector<Region>& before, const std::vector<Region>& after, std::int64_t esize) {
+    const int tag = next_tag++;
+    const double n = static_cast<double>(group.size());
+    for (std::size_t i = 0; i < group.size(); ++i) {
+      Step s;
+      s.kind = StepKind::collective;
+      s.time = t;
+      s.slot = Slot::collective;
+      s.buffer = buf;
+      s.coll = k;
+      s.tag = tag;
+      s.group = group;
+      s.root = root;
+      s.before = before[i];
+      s.after = after[i];
+      s.level = level;
+      const double va = static_cast<double>(volume(after[i])), vb = static_cast<double>(volume(before[i]));
+      double moved = 0;
+      switch (k) {
+        case CollKind::all_gather: moved = va - vb; break;
+        case CollKind::all_to_all: moved = va * (n - 1) / n; break;
+        case CollKind::broadcast: moved = va; break;
+        case CollKind::all_reduce: moved = 2.0 * va * (n - 1) / n; break;
+        case CollKind::reduce_scatter: moved = vb * (n - 1) / n; break;
+      }
+      s.bytes = static_cast<std::int64_t>(moved * static_cast<double>(esize));
+      add(group[i], s);
+    }
+  }
+
+  Plan run();
+};
+
+Plan Lowerer::run() {
+  TESSERA_CHECK(!g.kernel.empty(), "lower: grid '{}' has no kernel; apply patch(gemm|attention|add) first", g.name);
+  TESSERA_CHECK(!g.mesh.empty(), "lower: grid '{}' has no mesh", g.name);
+  L = static_cast<int>(g.mesh.size());
+  W = g.world();
+  par.assign(L, nullptr);
+  for (int l = 0; l < L; ++l) {
+    par[l] = g.parallel_loop(l);
+    TESSERA_CHECK(par[l], "lower: mesh level {} ({} devices) has no parallel loop; parallelize a loop of extent {} on it", l,
+                  g.mesh[l], g.mesh[l]);
+  }
+  for (std::size_t i = 0; i < g.loops.size(); ++i)
+    if (!g.loops[i].parallel()) {
+      seq.push_back(static_cast<int>(i));
+      seq_ext.push_back(g.loop_extent(g.loops[i]));
+    }
+  std::int64_t steps = 1;
+  for (auto e : seq_ext) steps *= e;
+  TESSERA_CHECK(steps <= 1 << 16, "lower: {} sequential steps per rank is too many for a plan", steps);
+  T = static_cast<int>(steps);
+  for (int r = 0; r < W; ++r) coords.push_back(mesh_coords(g.mesh, r));
+  plan.grid = g;
+  plan.steps_per_rank = T;
+  plan.ranks.resize(W);
+  for (int r = 0; r < W; ++r) {
+    plan.ranks[r].rank = r;
+    plan.ranks[r].coords = coords[r];
+  }
+  mem.assign(W, std::vector<std::int64_t>(T + 2, 0));
+  const std::int64_t es = static_cast<std::int64_t>(g.elem_bytes());
+
+  // ---- prologue: initial layouts and gathers --------------------------------
+  std::map<std::string, std::vector<Region>> base;
+  for (const auto& b : g.buffers) {
+    auto pl = placements_of(b.name);
+    std::vector<Region> hold(W);
+    for (int r = 0; r < W; ++r) hold[r] = holding(b, r, pl);
+    if (b.access == Access::write) {
+      plan.final[b.name] = hold;
+      continue;
+    }
+    plan.initial[b.name] = hold;
+    const std::int64_t bes = es * b.elem;
+    for (int l = L - 1; l >= 0; --l) {
+      if (!pl[l] || pl[l]->kind != PlacementKind::shard || pl[l]->along_is_loop) continue;
+      auto next = pl;
+      next[l] = nullptr;
+      const CollKind kind = g.loop_indexes(*par[l], b) ? CollKind::all_to_all : CollKind::all_gather;
+      std::set<int> done;
+      for (int r = 0; r < W; ++r) {
+        if (done.count(r)) continue;
+        auto grp = group_of(r, l);
+        std::vector<Region> before, after;
+        for (int m : grp) {
+          done.insert(m);
+          before.push_back(hold[m]);
+          after.push_back(holding(b, m, next));
+        }
+        collective(kind, b.name, -1, grp, l, -1, before, after, bes);
+        for (std::size_t i = 0; i < grp.size(); ++i) {
+          if (kind == CollKind::all_to_all) charge(grp[i], -1, -1, volume(before[i]) * bes);
+          hold[grp[i]] = after[i];
+        }
+      }
+      pl = next;
+    }
+    for (int r = 0; r < W; ++r) charge(r, -1, T, volume(hold[r]) * bes);
+    base[b.name] = hold;
+  }
+
+  // ---- main loop -------------------------------------------------------------
+  std::map<std::string, std::vector<std::vector<std::pair<Box, int>>>> resident;  // received: box, time obtained
+  std::map<std::string, std::vector<std::map<Key, std::pair<Box, int>>>> acc;     // cell -> (box, last use)
+  for (const auto& b : g.buffers) {
+    if (b.access == Access::read) resident[b.name].resize(W);
+    else acc[b.name].resize(W);
+  }
+  std::set<std::tuple<std::string, int, int>> bcast_done;  // buffer, first group rank, level (per t)
+  for (int t = 0; t < T; ++t) {
+    const auto tv = tvec(t);
+    std::vector<Box> kb(W);
+    for (int r = 0; r < W; ++r) kb[r] = kernel_box(r, tv);
+    bcast_done.clear();
+    for (const auto& b : g.buffers) {
+      const std::int64_t bes = es * b.elem;
+      if (b.access == Access::read) {
+        auto pl = placements_of(b.name);
+        std::vector<std::vector<std::pair<Box, int>>> now(W);
+        for (int r = 0; r < W; ++r) {
+          const Box need = project(b, kb[r]);
+          if (covers(base[b.name][r], need) && [&] {
+                for (const auto& h : base[b.name][r])
+                  if (h.contains(need)) return true;
+                return false;
+              }())
+            continue;
+          bool got = false;
+          for (const auto& [bx, since] : resident[b.name][r])
+            if (bx.contains(need)) {
+              now[r].push_back({bx, since});
+              got = true;
+              break;
+            }
+          for (const auto& [bx, since] : now[r])
+            if (!got && bx.contains(need)) got = true;
+          if (got) continue;
+          // R2: shifted loops, innermost first.
+          for (int si = static_cast<int>(seq.size()) - 1; si >= 0 && !got; --si) {
+            const Loop& lp = g.loops[seq[si]];
+            if (lp.shift_by.empty() || tv[si] == 0) continue;
+            const int lvl = level_of(lp.shift_by);
+            const int q = neighbor(r, lvl, +1);
+            auto tv2 = tv;
+            tv2[si] -= 1;
+            if (project(b, kernel_box(q, tv2)) != need) continue;
+            const int t2 = tindex(tv2);
+            p2p(q, r, b.name, need, t2, Slot::send, t, false, bes);
+            charge(r, t2, t, need.volume() * bes);
+            now[r].push_back({need, t});
+            got = true;
+          }
+          // R3: lockstep broadcast along a sequential, unshifted loop.
+          for (int l = 0; l < L && !got; ++l) {
+            const Placement* p = pl[l];
+            if (!p || p->kind != PlacementKind::shard || !p->along_is_loop) continue;
+            if (!g.loop(p->along, "lower").shift_by.empty()) continue;
+            const auto grp = group_of(r, l);
+            bool same = true;
+            int root = -1;
+            for (int m : grp) {
+              same &= project(b, kb[m]) == need;
+              for (const auto& h : base[b.name][m])
+                if (root < 0 && h.contains(need)) root = m;
+            }
+            if (!same || root < 0) continue;
+            if (bcast_done.insert({b.name, grp.front(), l}).second) {
+              std::vector<Region> before, after;
+              for (int m : grp) {
+                before.push_back(m == root ? Region{need} : Region{});
+                after.push_back(Region{need});
+              }
+              collective(CollKind::broadcast, b.name, t, grp, l, root, before, after, bes);
+            }
+            if (r != root) {
+              charge(r, t, t, need.volume() * bes);
+              now[r].push_back({need, t});
+            }
+            got = true;
+          }
+          // R4: fallback, fetch from the nearest owner.
+          if (!got) {
+            int owner = -1;
+            for (int l = L; l >= 0 && owner < 0; --l)
+              for (int q = 0; q < W && owner < 0; ++q) {
+                if (q == r || (l < L && link_level(q, r) < l)) continue;
+                for (const auto& h : base[b.name][q])
+                  if (h.contains(need)) {
+                    owner = q;
+                    break;
+                  }
+              }
+            TESSERA_CHECK(owner >= 0, "lower: rank {} at step {} needs {}{} which no rank holds", r, t, b.name,
+                          box_text(need));
+            const int ts = std::max(0, t - 1);
+            p2p(owner, r, b.name, need, ts, Slot::pre_send, t, false, bes);
+            charge(r, ts, t, need.volume() * bes);
+            now[r].push_back({need, t});
+          }
+        }
+        // Free received blocks not needed any more (at the end of step t-1).
+        for (int r = 0; r < W; ++r) {
+          for (const auto& [bx, since] : resident[b.name][r]) {
+            bool keep = false;
+            for (const auto& [nb, s2] : now[r]) keep |= nb == bx;
+            if (!keep) {
+              Step f;
+              f.kind = StepKind::free_block;
+              f.time = t - 1;
+              f.slot = Slot::free;
+              f.buffer = b.name;
+              f.box = bx;
+              add(r, f);
+            } else {
+              charge(r, t, t, bx.volume() * bes);
+            }
+          }
+          resident[b.name][r] = now[r];
+        }
+      } else {
+        const std::int64_t aes = es * acc_elem(g, b);
+        auto pl = placements_of(b.name);
+        for (int r = 0; r < W; ++r) {
+          const Box cell = project(b, kb[r]);
+          auto& mine = acc[b.name][r];
+          auto it = mine.find(key_of(cell));
+          if (it != mine.end()) {
+            it->second.second = t;
+            continue;
+          }
+          bool got = false;
+          for (int si = static_cast<int>(seq.size()) - 1; si >= 0 && !got; --si) {
+            const Loop& lp = g.loops[seq[si]];
+            if (lp.shift_by.empty() || tv[si] == 0) continue;
+            const int lvl = level_of(lp.shift_by);
+            const Placement* p = pl[lvl];
+            if (!p || !p->along_is_loop || p->along != lp.name) continue;
+            const int q = neighbor(r, lvl, +1);
+            auto tv2 = tv;
+            tv2[si] -= 1;
+            const int t2 = tindex(tv2);
+            auto& theirs = acc[b.name][q];
+            auto jt = theirs.find(key_of(cell));
+            if (jt == theirs.end() || jt->second.second != t2) continue;
+            p2p(q, r, b.name, cell, t2, Slot::partial_send, t, true, aes);
+            theirs.erase(jt);
+            got = true;
+          }
+          mine[key_of(cell)] = {cell, t};
+          charge(r, t, T, cell.volume() * aes);
+          (void)got;
+        }
+      }
+    }
+    for (int r = 0; r < W; ++r) {
+      Step c;
+      c.kind = StepKind::compute;
+      c.time = t;
+      c.slot = Slot::compute;
+      c.box = kb[r];
+      add(r, c);
+    }
+  }
+  // Memory of accumulators moved away: recompute exactly from final ownership is
+  // not needed; charges above are an upper bound (a moved cell stays counted).
+
+  // ---- epilogue: reductions, redistribution, fallback ------------------------
+  for (const auto& b : g.buffers) {
+    if (b.access != Access::write) continue;
+    const std::int64_t aes = es * acc_elem(g, b);
+    auto pl = placements_of(b.name);
+    std::vector<Region> cur(W);
+    for (int r = 0; r < W; ++r)
+      for (const auto& [k, v] : acc[b.name][r]) cur[r].push_back(v.first);
+    std::vector<bool> partial(W, false);
+    // (a) reduction levels, outer -> inner: shards along an axis nest outer
+    // level first, so scattering in that order lands each part on its owner.
+    std::vector<const Placement*> state(L, nullptr);  // state of the layout so far (default)
+    for (int l = 0; l < L; ++l) {
+      if (!is_reduction(*par[l])) continue;
+      const Placement* p = pl[l];
+      state[l] = p;
+      if (p && p->along_is_loop && !g.loop(p->along, "lower").shift_by.empty()) continue;  // ring already reduced
+      std::set<int> done;
+      for (int r = 0; r < W; ++r) {
+        if (done.count(r)) continue;
+        auto grp = group_of(r, l);
+        for (int m : grp) done.insert(m);
+        bool same = true;
+        for (int m : grp) {
+          auto a = cur[m], c = cur[grp[0]];
+          auto lt = [](const Box& x, const Box& y) { return key_of(x) < key_of(y); };
+          std::sort(a.begin(), a.end(), lt);
+          std::sort(c.begin(), c.end(), lt);
+          same &= a == c;
+        }
+        if (!same) {
+          for (int m : grp) partial[m] = true;
+          continue;
+        }
+        const bool scatter = p && p->kind == PlacementKind::shard;
+        std::vector<Region> before, after;
+        for (int m : grp) {
+          before.push_back(cur[m]);
+          if (!scatter) {
+            after.push_back(cur[m]);
+          } else {
+            Region tgt = holding(b, m, state), out;
+            for (const auto& x : cur[m])
+              for (const auto& y : tgt)
+                if (x.intersects(y)) out.push_back(x.intersect(y));
+            after.push_back(out);
+          }
+        }
+        collective(scatter ? CollKind::reduce_scatter : CollKind::all_reduce, b.name, T, grp, l, -1, before, after, aes);
+        for (std::size_t i = 0; i < grp.size(); ++i) cur[grp[i]] = after[i];
+      }
+    }
+    // (b) spatial levels whose final layout differs from the computed one (outer first, as in (a)).
+    for (int l = 0; l < L; ++l) {
+      if (is_reduction(*par[l]) || !pl[l]) continue;
+      const Placement* p = pl[l];
+      if (p->kind == PlacementKind::shard && p->along_is_loop) continue;
+      auto next = state;
+      next[l] = p;
+      std::set<int> done;
+      for (int r = 0; r < W; ++r) {
+        if (done.count(r)) continue;
+        auto grp = group_of(r, l);
+        Region uni;
+        for (int m : grp) {
+          done.insert(m);
+          uni.insert(uni.end(), cur[m].begin(), cur[m].end());
+        }
+        std::vector<Region> before, after;
+        for (int m : grp) {
+          before.push_back(cur[m]);
+          Region out;
+          for (const auto& y : holding(b, m, next))
+            for (const auto& x : uni)
+              if (x.intersects(y)) out.push_back(x.intersect(y));
+          after.push_back(out);
+        }
+        const CollKind k = p->kind == PlacementKind::replicate ? CollKind::all_gather : CollKind::all_to_all;
+        collective(k, b.name, T, grp, l, -1, before, after, aes);
+        for (std::size_t i = 0; i < grp.size(); ++i) {
+          charge(grp[i], T, T, volume(after[i]) * aes);
+          cur[grp[i]] = after[i];
+        }
+      }
+      state = next;
+    }
+    // (c) fallback: reduce leftover partials at one holder, then fill gaps by P2P.
+    const bool any_partial = std::find(partial.begin(), partial.end(), true) != partial.end();
+    if (any_partial) {
+      std::map<Key, std::vector<int>> holders;
+      for (int r = 0; r < W; ++r)
+        for (const auto& x : cur[r]) holders[key_of(x)].push_back(r);
+      for (auto& [k, hs] : holders) {
+        if (hs.size() < 2) continue;
+        Box cell;
+        for (const auto& x : cur[hs[0]])
+          if (key_of(x) == k) cell = x;
+        int target = hs[0];
+        for (int h : hs)
+          if (covers(plan.final[b.name][h], cell)) {
+            target = h;
+            break;
+          }
+        for (int h : hs) {
+          if (h == target) continue;
+          p2p(h, target, b.name, cell, T, Slot::partial_send, T, true, aes);
+          auto& v = cur[h];
+          v.erase(std::remove(v.begin(), v.end(), cell), v.end());
+        }
+      }
+    }
+    for (int r = 0; r < W; ++r) {
+      for (const auto& f : plan.final[b.name][r]) {
+        if (covers(cur[r], f)) continue;
+        for (int q = 0; q < W; ++q) {
+          if (q == r) continue;
+          for (const auto& x : Region(cur[q])) {
+            if (!x.intersects(f)) continue;
+            const Box piece = x.intersect(f);
+            if (covers(cur[r], piece)) continue;
+            p2p(q, r, b.name, piece, T, Slot::pre_send, T, false, aes);
+            charge(r, T, T, piece.volume() * aes);
+            cur[r].push_back(piece);
+          }
+        }
+        TESSERA_CHECK(covers(cur[r], f), "lower: rank {} must end with {}{} but no rank holds all of it", r, b.name,
+                      box_text(f));
+      }
+    }
+  }
+  for (int r = 0; r < W; ++r) {
+    Step f;
+    f.kind = StepKind::finalize;
+    f.time = T;
+    f.slot = Slot::free;
+    add(r, f);
+    auto& st = plan.ranks[r].steps;
+    std::stable_sort(st.begin(), st.end(), [](const Step& a, const Step& b) {
+      return a.time != b.time ? a.time < b.time : static_cast<int>(a.slot) < static_cast<int>(b.slot);
+    });
+    plan.ranks[r].peak_bytes = *std::max_element(mem[r].begin(), mem[r].end());
+  }
+  return std::move(plan);
+}
+
+}  // namespace
+
+Plan lower(const Grid& g) { return Lowerer(g).run(); }
+
+std::string describe(const Plan& p, int max_steps) {
+  std::string s = fmt::format("plan for {} on mesh {}: {} ranks, {} steps each, peak {:.3f} MiB per rank\n", p.grid.name,
+                              mesh_string(p.grid.mesh), p.ranks.size(), p.steps_per_rank,
+                              static_cast<double>(p.max_peak_bytes()) / (1 << 20));
+  for (const auto& [k, v] : p.counts()) s += fmt::format("  {} x{}\n", k, v);
+  for (const auto& r : p.ranks) {
+    s += fmt::format("rank {} (coords {}), peak {:.3f} MiB\n", r.rank, fmt::join(r.coords, ","),
+                     static_cast<double>(r.peak_bytes) / (1 << 20));
+    int n = 0;
+    for (const auto& st : r.steps) {
+      if (++n > max_steps) {
+        s += fmt::format("  ... {} more\n", r.steps.size() - max_steps);
+        break;
+      }
+      const std::string when = st.time < 0 ? "pro" : st.time >= p.steps_per_rank ? "epi" : fmt::format("t{}", st.time);
+      switch (st.kind) {
+        case StepKind::compute: s += fmt::format("  {:>4} compute {} {}\n", when, p.grid.kernel, box_text(st.box)); break;
+        case StepKind::send:
+          s += fmt::format("  {:>4} send{} {}{} -> {}\n", when, st.partial ? " partial" : "", st.buffer, box_text(st.box), st.peer);
+          break;
+        case StepKind::recv:
+          s += fmt::format("  {:>4} recv{} {}{} <- {}\n", when, st.partial ? " partial" : "", st.buffer, box_text(st.box), st.peer);
+          break;
+        case StepKind::collective:
+          s += fmt::format("  {:>4} {} {} group {{{}}} level {}{}\n", when, coll_name(st.coll), st.buffer, fmt::join(st.group, ","),
+                           st.level, st.root >= 0 ? fmt::format(" root {}", st.root) : "");
+          break;
+        case StepKind::free_block: s += fmt::format("  {:>4} free {}{}\n", when, st.buffer, box_text(st.box)); break;
+        case StepKind::finalize: s += fmt::format("  {:>4} finalize\n", when); break;
+      }
+    }
+  }
+  return s;
+}
+
+}  // namespace tessera::commir

@@ -1,0 +1,225 @@
+// Printer and parser of the CommIR textual form (see text.hpp).
+#include "tessera/commir/text.hpp"
+
+#include <fmt/format.h>
+
+#include <sstream>
+
+#include "tessera/runtime/error.hpp"
+
+namespace tessera::commir {
+namespace {
+
+std::string dim_text(const Dim& d) { return d.group > 1 ? fmt::format("{}/{}", d.axis, d.group) : d.axis; }
+
+// Splits a line into tokens: identifiers/numbers and the punctuation [ ] , = : ( ) * + / #.
+std::vector<std::string> tokens(const std::string& line) {
+  std::vector<std::string> out;
+  std::string cur;
+  auto flush = [&] {
+    if (!cur.empty()) out.push_back(cur);
+    cur.clear();
+  };
+  for (char c : line) {
+    if (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-') {
+      cur += c;
+    } else {
+      flush();
+      if (!std::isspace(static_cast<unsigned char>(c))) out.push_back(std::string(1, c));
+    }
+  }
+  flush();
+  return out;
+}
+
+DType parse_dtype(const std::string& s, int line) {
+  if (s == "bf16") return DType::bf16;
+  if (s == "f16") return DType::f16;
+  if (s == "f32") return DType::f32;
+  TESSERA_FAIL("parse: line {}: unknown dtype '{}' (bf16, f16, f32)", line, s);
+}
+
+}  // namespace
+
+std::string print(const Grid& g) {
+  std::string s = fmt::format("grid {} {{\n", g.name);
+  if (!g.mesh.empty()) s += fmt::format("  mesh {}\n", mesh_string(g.mesh));
+  s += fmt::format("  dtype {}\n", dtype_name(g.dtype));
+  for (const auto& a : g.axes)
+    s += fmt::format("  axis {} = {} {}\n", a.name, a.extent, a.kind == AxisKind::spatial ? "spatial" : "reduction");
+  for (const auto& b : g.buffers) {
+    std::string dims;
+    for (std::size_t i = 0; i < b.dims.size(); ++i) dims += (i ? ", " : "") + dim_text(b.dims[i]);
+    s += fmt::format("  buffer {}[{}] : {} {}\n", b.name, dims, b.elem, b.access == Access::read ? "read" : "write");
+  }
+  const Body& body = g.body;
+  if (body.kind == BodyKind::contract && body.ins.size() == 2) {
+    s += fmt::format("  body {} += {} * {}\n", body.out, body.ins[0], body.ins[1]);
+  } else if (body.kind == BodyKind::attend && body.ins.size() == 3) {
+    s += fmt::format("  body {} = attend({}, {}, {})\n", body.out, body.ins[0], body.ins[1], body.ins[2]);
+  } else if (body.kind == BodyKind::add) {
+    std::string rhs;
+    for (std::size_t i = 0; i < body.ins.size(); ++i) rhs += (i ? " + " : "") + body.ins[i];
+    s += fmt::format("  body {} = {}\n", body.out, rhs);
+  }
+  if (!g.kernel.empty()) s += fmt::format("  kernel {}\n", g.kernel);
+  for (const auto& [axis, ns] : g.tiling) {
+    s += fmt::format("  tile {}", axis);
+    for (auto n : ns) s += fmt::format(" {}", n);
+    s += "\n";
+  }
+  for (const auto& l : g.loops) {
+    s += fmt::format("  loop {} =", l.name);
+    for (std::size_t i = 0; i < l.factors.size(); ++i)
+      s += fmt::format("{} {}#{}", i ? " *" : "", l.factors[i].axis, l.factors[i].level);
+    if (l.parallel()) s += fmt::format(" parallel {}", l.mesh_level);
+    if (!l.shift_by.empty()) s += fmt::format(" shift {}", l.shift_by);
+    s += "\n";
+  }
+  for (const auto& p : g.placements) {
+    if (p.kind == PlacementKind::replicate)
+      s += fmt::format("  replicate {} {}\n", p.buffer, p.loop);
+    else
+      s += fmt::format("  shard {} {} along {} {}\n", p.buffer, p.loop, p.along, p.along_is_loop ? "loop" : "axis");
+  }
+  return s + "}\n";
+}
+
+Grid parse(const std::string& text) {
+  Grid g;
+  std::istringstream in(text);
+  std::string raw;
+  int line = 0;
+  bool open = false, closed = false;
+  while (std::getline(in, raw)) {
+    ++line;
+    if (auto h = raw.find('#'); h != std::string::npos) {
+      // '#' inside "axis#level" is part of a factor; a comment starts with "# " or at column 0 / after spaces.
+      const auto first = raw.find_first_not_of(" \t");
+      if (first == h) raw.clear();
+      else if (auto c = raw.find(" #"); c != std::string::npos && (c + 2 >= raw.size() || raw[c + 2] == ' ')) raw.resize(c);
+    }
+    auto t = tokens(raw);
+    if (t.empty()) continue;
+    auto expect = [&](bool ok, const char* what) {
+      TESSERA_CHECK(ok, "parse: line {}: expected {} in '{}'", line, what, raw);
+    };
+    auto num = [&](const std::string& s) -> std::int64_t {
+      expect(!s.empty() && s.find_first_not_of("0123456789") == std::string::npos, "a non-negative integer");
+      return std::stoll(s);
+    };
+    const std::string& kw = t[0];
+    if (!open) {
+      expect(kw == "grid" && t.size() == 3 && t[2] == "{", "'grid NAME {'");
+      g.name = t[1];
+      open = true;
+      continue;
+    }
+    expect(!closed, "nothing after the closing '}'");
+    if (kw == "}") {
+      closed = true;
+    } else if (kw == "mesh") {
+      expect(t.size() == 2, "'mesh AxB'");
+      g.mesh = parse_mesh(t[1]);
+    } else if (kw == "dtype") {
+      expect(t.size() == 2, "'dtype T'");
+      g.dtype = parse_dtype(t[1], line);
+    } else if (kw == "axis") {
+      expect(t.size() == 5 && t[2] == "=" && (t[4] == "spatial" || t[4] == "reduction"), "'axis NAME = N spatial|reduction'");
+      g.axes.push_back({t[1], num(t[3]), t[4] == "spatial" ? AxisKind::spatial : AxisKind::reduction});
+    } else if (kw == "buffer") {
+      expect(t.size() >= 7 && t[2] == "[", "'buffer NAME[dims] : ELEM read|write'");
+      Buffer b;
+      b.name = t[1];
+      std::size_t i = 3;
+      while (i < t.size() && t[i] != "]") {
+        Dim d{t[i], 1};
+        ++i;
+        if (i < t.size() && t[i] == "/") {
+          expect(i + 1 < t.size(), "a group size after '/'");
+          d.group = num(t[i + 1]);
+          i += 2;
+        }
+        b.dims.push_back(d);
+        if (i < t.size() && t[i] == ",") ++i;
+      }
+      expect(i + 4 == t.size() && t[i] == "]" && t[i + 1] == ":", "'] : ELEM read|write' to end the buffer");
+      b.elem = num(t[i + 2]);
+      expect(t[i + 3] == "read" || t[i + 3] == "write", "read or write");
+      b.access = t[i + 3] == "read" ? Access::read : Access::write;
+      g.buffers.push_back(b);
+    } else if (kw == "body") {
+      expect(t.size() >= 4, "a body");
+      Body b;
+      b.out = t[1];
+      if (t[2] == "+" && t[3] == "=") {
+        expect(t.size() == 7 && t[5] == "*", "'body C += A * B'");
+        b.kind = BodyKind::contract;
+        b.ins = {t[4], t[6]};
+      } else if (t[2] == "=" && t[3] == "attend") {
+        expect(t.size() == 11 && t[4] == "(" && t[6] == "," && t[8] == "," && t[10] == ")", "'body O = attend(Q, K, V)'");
+        b.kind = BodyKind::attend;
+        b.ins = {t[5], t[7], t[9]};
+      } else {
+        expect(t[2] == "=", "'=' or '+='");
+        b.kind = BodyKind::add;
+        for (std::size_t i = 3; i < t.size(); i += 2) {
+          b.ins.push_back(t[i]);
+          expect(i + 1 == t.size() || t[i + 1] == "+", "'+' between summands");
+        }
+      }
+      g.body = b;
+    } else if (kw == "kernel") {
+      expect(t.size() == 2, "'kernel NAME'");
+      g.kernel = t[1];
+    } else if (kw == "tile") {
+      expect(t.size() >= 3, "'tile AXIS N...'");
+      for (std::size_t i = 2; i < t.size(); ++i) g.tiling[t[1]].push_back(num(t[i]));
+    } else if (kw == "loop") {
+      expect(t.size() >= 6 && t[2] == "=", "'loop NAME = axis#level [* ...] [parallel L] [shift P]'");
+      Loop l;
+      l.name = t[1];
+      std::size_t i = 3;
+      while (i + 2 < t.size() + 0 && t[i + 1] == "#") {
+        l.factors.push_back({t[i], static_cast<int>(num(t[i + 2]))});
+        i += 3;
+        if (i < t.size() && t[i] == "*") ++i;
+        else break;
+      }
+      expect(!l.factors.empty(), "a factor axis#level");
+      while (i < t.size()) {
+        expect(i + 1 < t.size() && (t[i] == "parallel" || t[i] == "shift"), "'parallel L' or 'shift P'");
+        if (t[i] == "parallel") l.mesh_level = static_cast<int>(num(t[i + 1]));
+        else l.shift_by = t[i + 1];
+        i += 2;
+      }
+      g.loops.push_back(l);
+    } else if (kw == "shard") {
+      expect(t.size() == 6 && t[3] == "along" && (t[5] == "loop" || t[5] == "axis"), "'shard BUF LOOP along X loop|axis'");
+      g.placements.push_back({t[1], t[2], PlacementKind::shard, t[4], t[5] == "loop"});
+    } else if (kw == "replicate") {
+      expect(t.size() == 3, "'replicate BUF LOOP'");
+      g.placements.push_back({t[1], t[2], PlacementKind::replicate, "", false});
+    } else {
+      TESSERA_FAIL("parse: line {}: unknown statement '{}'", line, kw);
+    }
+  }
+  TESSERA_CHECK(open && closed, "parse: missing 'grid NAME {{' ... '}}'");
+  // Consistency: every factor of the tiling is covered by exactly one loop.
+  for (const auto& [axis, ns] : g.tiling) {
+    TESSERA_CHECK(g.find_axis(axis), "parse: tile of unknown axis '{}'", axis);
+    for (std::size_t lv = 0; lv < ns.size(); ++lv) {
+      int count = 0;
+      for (const auto& l : g.loops)
+        for (const auto& f : l.factors) count += f.axis == axis && f.level == static_cast<int>(lv);
+      TESSERA_CHECK(count == 1, "parse: factor {}#{} is covered by {} loops (expected 1)", axis, lv, count);
+    }
+  }
+  for (const auto& l : g.loops)
+    for (const auto& f : l.factors)
+      TESSERA_CHECK(g.tiling.count(f.axis) && f.level < static_cast<int>(g.tiling.at(f.axis).size()),
+                    "parse: loop {} names factor {}#{} that no tile line defines", l.name, f.axis, f.level);
+  return g;
+}
+
+}  // namespace tessera::commir
