@@ -1,0 +1,99 @@
+// tessera/kernels/gemm.hpp — host entry point of Tessera's Hopper GEMM engine.
+//
+//   D[M, N] = A[M, K] · op(B)        (f32 accumulation)
+//
+// A is row-major [M, K] (leading dimension lda, in elements). B is either
+// [N, K] row-major (BLayout::NK, the nn.Linear weight layout: D = A·Bᵀ) or
+// [K, N] row-major (BLayout::KN: D = A·B), leading dimension ldb. D is
+// row-major [M, N] with leading dimension ldd. Inputs bf16 or f16 (A and B the
+// same type); output bf16, f16 or f32.
+//
+// The kernel is a persistent, warp-specialized sm_90a kernel: one producer
+// warpgroup loads tiles with TMA into a multi-stage shared-memory ring guarded
+// by mbarriers, two consumer warpgroups multiply them with wgmma. Tile shape
+// is chosen per problem (choose_tile) unless GemmOptions::tile fixes it.
+//
+// Limits (checked by validate(), which throws tessera::Error before any
+// launch): M, N >= 1 and < 2^31; K >= 8 and K % 8 == 0; lda, ldb, ldd
+// multiples of 8 elements and >= the row length; A, B, D 16-byte aligned
+// (TMA needs 16-byte aligned bases and row strides); the running device must
+// be sm_90 (Hopper).
+//
+// Policies (a per-tile wait before the main loop, epilogue variants that
+// add a partial, store through a reorder map, notify flags, fuse bias or
+// SiLU(gate)·up, and explicit tile orders) are reached through the templated
+// entry point in tessera/kernels/gemm/launch.cuh; this header's gemm() is the
+// plain, policy-free GEMM.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "tessera/runtime/dtype.hpp"
+
+namespace tessera::kernels {
+
+enum class BLayout {
+  NK,  ///< B is [N, K] row-major (K contiguous): D = A · Bᵀ
+  KN,  ///< B is [K, N] row-major (N contiguous): D = A · B
+};
+
+struct GemmArgs {
+  const void* a = nullptr;  ///< [M, K], row stride lda
+  const void* b = nullptr;  ///< [N, K] (NK) or [K, N] (KN), row stride ldb
+  void* d = nullptr;        ///< [M, N], row stride ldd
+  int64_t m = 0, n = 0, k = 0;
+  int64_t lda = 0, ldb = 0, ldd = 0;  ///< in elements; 0 means "packed"
+  DType in = DType::bf16;             ///< type of A and B: bf16 or f16
+  DType out = DType::bf16;            ///< type of D: bf16, f16 or f32
+  BLayout b_layout = BLayout::NK;
+
+  int64_t lda_or_packed() const { return lda ? lda : k; }
+  int64_t ldb_or_packed() const { return ldb ? ldb : (b_layout == BLayout::NK ? k : n); }
+  int64_t ldd_or_packed() const { return ldd ? ldd : n; }
+};
+
+/// Output tile shapes the engine is compiled for (rows x columns of D per CTA
+/// tile). All use BK = 64 and two consumer warpgroups.
+enum class GemmTile { Auto, T128x256, T256x128, T128x128 };
+
+struct TileShape {
+  int bm, bn;
+};
+TileShape tile_shape(GemmTile t);
+std::string tile_name(GemmTile t);
+
+struct GemmOptions {
+  GemmTile tile = GemmTile::Auto;
+  /// Cap on the CTAs (one per SM) the persistent grid uses; 0 = all SMs.
+  /// Leaves the remaining SMs free for communication kernels.
+  int max_ctas = 0;
+  /// RasterScheduler settings used when no explicit scheduler is given.
+  int raster_group = 8;
+  bool raster_along_m = false;
+  int rotate_m = 0;
+};
+
+/// Throws tessera::Error naming `op` and the offending value unless `a` is a
+/// problem the engine accepts (see the header comment for the limits).
+void validate(const GemmArgs& a, const char* op = "gemm");
+
+/// The tile shape the heuristic picks for this problem on a device with
+/// `num_sms` multiprocessors (fewest wasted tile-slots over all waves,
+/// larger tiles preferred on ties).
+GemmTile choose_tile(const GemmArgs& a, int num_sms);
+
+/// Resolves GemmTile::Auto for the current device; returns `o.tile` otherwise.
+GemmTile resolve_tile(const GemmArgs& a, const GemmOptions& o);
+
+/// D = A · op(B) on `stream`. Validates first (tessera::Error on bad input).
+void gemm(const GemmArgs& a, const GemmOptions& o = {}, cudaStream_t stream = nullptr);
+
+/// cuBLASLt reference for the same problem (used by tests and `tessera bench
+/// gemm` as the baseline). Keeps one handle and a 32 MiB workspace per
+/// device; the algorithm is cuBLASLt's first heuristic choice.
+void cublaslt_gemm(const GemmArgs& a, cudaStream_t stream = nullptr);
+
+}  // namespace tessera::kernels

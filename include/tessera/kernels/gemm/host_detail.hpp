@@ -1,0 +1,33 @@
+// tessera/kernels/gemm/host_detail.hpp — host helpers shared by the GEMM
+// launch templates (launch.cuh) and src/kernels; not part of the stable API.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "tessera/kernels/gemm.hpp"
+
+namespace tessera::kernels::detail {
+
+/// Throws tessera::Error with `msg` (for CUDA translation units, which cannot
+/// use TESSERA_CHECK's fmt format strings under nvcc).
+[[noreturn]] void fail(const std::string& msg);
+/// Throws tessera::Error naming `what` unless rc == cudaSuccess.
+void cuda_check(cudaError_t rc, const char* what);
+/// validate_inputs + the instantiation matches args (layout, input type) and
+/// max_ctas >= 0.
+void check_instantiation(const GemmArgs& a, BLayout layout, DType in, int max_ctas);
+/// Validates A/B/shape only (not D): used when the epilogue owns the output.
+void validate_inputs(const GemmArgs& a, const char* op);
+/// TMA descriptors for A ([M, K], box 64 x bm) and B (box 64 x bn for NK,
+/// 64 x 64 chunks for KN), 128-byte swizzle, zero fill out of bounds.
+void make_tma_a(const GemmArgs& a, int bm, CUtensorMap* out);
+void make_tma_b(const GemmArgs& a, int bn, CUtensorMap* out);
+/// Multiprocessor count of the current device (cached per device).
+int sm_count();
+/// Throws tessera::Error naming `what` if the last launch failed.
+void check_launch(const char* what);
+
+}  // namespace tessera::kernels::detail

@@ -1,0 +1,150 @@
+// tessera/kernels/gemm/mainloop.cuh — the TMA -> shared memory -> wgmma
+// pipeline of one CTA: tile configuration, shared-memory ring layout, wgmma
+// matrix descriptors, and the producer / consumer loops over one tile's K.
+//
+// Ring protocol (kStages slots, each with a `full` and an `empty` mbarrier):
+//   producer: wait empty[s] (parity ph^1) -> arrive.expect_tx(full[s], bytes)
+//             -> TMA A and B into slot s (complete_tx on full[s])
+//   consumer: wait full[s] (parity ph) -> wgmma on slot s -> after the wgmma
+//             reading slot s has retired (wgmma.wait_group), one arrive per
+//             consumer warp on empty[s].
+// The phase bit flips each time the slot index wraps. mbarrier arrive is a
+// release and try_wait an acquire at CTA scope, so the TMA's writes are seen by
+// the wgmma and the wgmma's reads finish before the slot is overwritten.
+//
+// Shared-memory layouts (128-byte swizzle, TMA and wgmma agree on it):
+//   A slot: BM rows x 64 K-elements, row r at byte r*128 (K-major).
+//   B slot, BLayout::NK: BN rows x 64 K (K-major, like A).
+//   B slot, BLayout::KN: BN/64 chunks, each 64 K-rows x 64 N (N-major).
+#pragma once
+
+#include <cstdint>
+
+#include "tessera/kernels/gemm/ptx.cuh"
+#include "tessera/kernels/gemm/wgmma.cuh"
+
+namespace tessera::kernels::engine {
+
+/// Compile-time tile configuration. kConsumers consumer warpgroups split the
+/// BM rows; each owns BM/kConsumers rows = kMAtoms wgmma atoms of 64 rows.
+template <int BM_, int BN_, int kStages_, int kConsumers_ = 2>
+struct TileConfig {
+  static constexpr int BM = BM_, BN = BN_, BK = 64;
+  static constexpr int kStages = kStages_;
+  static constexpr int kConsumers = kConsumers_;
+  static constexpr int kRowsPerConsumer = BM / kConsumers;
+  static constexpr int kMAtoms = kRowsPerConsumer / 64;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static_assert(kRowsPerConsumer % 64 == 0, "each consumer owns whole 64-row wgmma atoms");
+  static_assert(BN % 64 == 0 && BN <= 256, "BN must be a multiple of 64, at most 256");
+  static_assert(BM <= 256, "TMA boxes are at most 256 rows");
+  // Register budget after setmaxnreg: producer 40, consumers the rest.
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 232 : 240;
+};
+
+template <class Cfg, class InT>
+struct SmemLayout {
+  static constexpr int kABytes = Cfg::BM * Cfg::BK * 2;
+  static constexpr int kBBytes = Cfg::BN * Cfg::BK * 2;
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "slots must stay 1024-byte aligned (swizzle atom)");
+  static constexpr int kBarrierOffset = Cfg::kStages * kStageBytes;
+  static constexpr int kBytes = kBarrierOffset + 2 * Cfg::kStages * 8;
+  /// Dynamic shared memory requested at launch (+1 KiB to align the base).
+  static constexpr int kLaunchBytes = kBytes + 1024;
+
+  uint8_t* base;
+  __device__ uint8_t* a(int s) const { return base + s * kStageBytes; }
+  __device__ uint8_t* b(int s) const { return base + s * kStageBytes + kABytes; }
+  __device__ uint64_t* full(int s) const { return reinterpret_cast<uint64_t*>(base + kBarrierOffset) + s; }
+  __device__ uint64_t* empty(int s) const {
+    return reinterpret_cast<uint64_t*>(base + kBarrierOffset) + Cfg::kStages + s;
+  }
+};
+
+/// wgmma shared-memory matrix descriptor for a 128-byte-swizzled operand.
+/// lbo / sbo in bytes (see the PTX ISA, "Matrix Descriptor Format").
+__device__ __forceinline__ uint64_t make_desc(const void* smem, uint32_t lbo, uint32_t sbo) {
+  const uint32_t addr = ptx::smem_addr(smem);
+  uint64_t d = 0;
+  d |= static_cast<uint64_t>((addr & 0x3FFFF) >> 4);
+  d |= static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16;
+  d |= static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32;
+  d |= 1ull << 62;  // 128-byte swizzle
+  return d;
+}
+
+/// Producer side of one tile: for each 64-wide K block, wait for a free slot
+/// and issue the TMA loads of A (rows row0..row0+BM) and B (cols col0..col0+BN).
+template <class Cfg, class InT, bool kTransB>
+__device__ __forceinline__ void produce_tile(const SmemLayout<Cfg, InT>& sm, const CUtensorMap* tma_a,
+                                             const CUtensorMap* tma_b, int row0, int col0, int k_blocks,
+                                             int& stage, uint32_t& phase) {
+  using L = SmemLayout<Cfg, InT>;
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    ptx::mbar_wait(sm.empty(stage), phase ^ 1);
+    ptx::mbar_arrive_expect_tx(sm.full(stage), L::kStageBytes);
+    const int k0 = kb * Cfg::BK;
+    ptx::tma_load_2d(sm.a(stage), tma_a, sm.full(stage), k0, row0);
+    if constexpr (!kTransB) {
+      ptx::tma_load_2d(sm.b(stage), tma_b, sm.full(stage), k0, col0);
+    } else {
+#pragma unroll
+      for (int c = 0; c < Cfg::BN / 64; ++c)
+        ptx::tma_load_2d(sm.b(stage) + c * 64 * 64 * 2, tma_b, sm.full(stage), col0 + c * 64, k0);
+    }
+    if (++stage == Cfg::kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+}
+
+/// Consumer side of one tile: accumulates the warpgroup's kMAtoms x (64 x BN)
+/// slice over all K blocks into acc, releasing each slot once the wgmma that
+/// read it has retired (one wgmma group kept in flight).
+template <class Cfg, class InT, bool kTransB>
+__device__ __forceinline__ void consume_tile(const SmemLayout<Cfg, InT>& sm, int consumer, int k_blocks,
+                                             float (&acc)[Cfg::kMAtoms][Cfg::BN / 2], int& stage,
+                                             uint32_t& phase) {
+  using Mma = Wgmma<InT, Cfg::BN, kTransB ? 1 : 0>;
+  const bool warp_leader = (threadIdx.x % 32) == 0;
+  int prev = -1;
+#pragma unroll
+  for (int a = 0; a < Cfg::kMAtoms; ++a) ptx::fence_regs(acc[a]);
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    ptx::mbar_wait(sm.full(stage), phase);
+    ptx::wgmma_fence();
+    const uint8_t* a_base = sm.a(stage) + consumer * Cfg::kRowsPerConsumer * 128;
+    const uint8_t* b_base = sm.b(stage);
+#pragma unroll
+    for (int k16 = 0; k16 < Cfg::BK / 16; ++k16) {
+      // K-major: a k16 step is 32 bytes inside the 128-byte swizzled row.
+      // N-major B: a k16 step is 16 K-rows of 128 bytes; LBO = 64x64 chunk.
+      const uint64_t db = kTransB ? make_desc(b_base + k16 * 16 * 128, 64 * 64 * 2, 1024)
+                                  : make_desc(b_base + k16 * 32, 16, 1024);
+#pragma unroll
+      for (int a = 0; a < Cfg::kMAtoms; ++a) {
+        const uint64_t da = make_desc(a_base + a * 64 * 128 + k16 * 32, 16, 1024);
+        Mma::run(acc[a], da, db, (kb | k16) != 0);
+      }
+    }
+    ptx::wgmma_commit();
+    if (prev >= 0) {
+      ptx::wgmma_wait<1>();
+      if (warp_leader) ptx::mbar_arrive(sm.empty(prev));
+    }
+    prev = stage;
+    if (++stage == Cfg::kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+  ptx::wgmma_wait<0>();
+  if (prev >= 0 && warp_leader) ptx::mbar_arrive(sm.empty(prev));
+#pragma unroll
+  for (int a = 0; a < Cfg::kMAtoms; ++a) ptx::fence_regs(acc[a]);
+}
+
+}  // namespace tessera::kernels::engine

@@ -1,0 +1,76 @@
+// tessera/kernels/gemm/scheduler.cuh — tile schedulers (the Scheduler policy).
+//
+// The GEMM runs a persistent grid: CTA b processes the tiles at positions
+// b, b + gridDim.x, b + 2*gridDim.x, ... of a schedule of length
+// tiles_m * tiles_n. A Scheduler maps a schedule position to the output tile
+// (tile_m, tile_n) it computes. Its producer and consumer warps evaluate it
+// independently, so it must be a pure function of (position, its own fields).
+//
+// Concept (all members __host__ __device__, trivially copyable):
+//   TileCoord tile(int pos, int tiles_m, int tiles_n) const;
+// The number of CTAs (the SM cap) is a launch option, not a scheduler field:
+// see GemmOptions::max_ctas.
+//
+// Every schedule must be a permutation of all tiles; the kernel does not check
+// that (PermutedScheduler's host side does — see validate_permutation()).
+#pragma once
+
+#include <cstdint>
+
+namespace tessera::kernels::engine {
+
+struct TileCoord {
+  int m;  ///< tile row index (rows [m*BM, (m+1)*BM))
+  int n;  ///< tile column index
+};
+
+/// Raster order with grouping ("swizzle") and a rotation.
+///  * along_m = false (default): tile rows are cut into bands of `group` rows;
+///    bands run top to bottom, and inside a band the schedule walks down the
+///    band's rows first, then moves one tile column right. Concurrent CTAs
+///    then share `group` A row-panels and a few B column-panels in L2.
+///    group = 1 is plain row-major order.
+///  * along_m = true: the same with the roles of rows and columns swapped.
+///  * rotate_m rotates tile rows: the schedule's row r computes tile row
+///    (r + rotate_m) % tiles_m — "my rows first" for rank-rotated AG+GEMM.
+struct RasterScheduler {
+  int group = 8;
+  bool along_m = false;
+  int rotate_m = 0;
+
+  __host__ __device__ __forceinline__ TileCoord tile(int pos, int tiles_m, int tiles_n) const {
+    // Work in a (major, minor) frame: major = the dimension cut into bands.
+    const int major_tiles = along_m ? tiles_n : tiles_m;
+    const int minor_tiles = along_m ? tiles_m : tiles_n;
+    const int per_band = group * minor_tiles;
+    const int band = pos / per_band;
+    const int first = band * group;
+    const int width = major_tiles - first < group ? major_tiles - first : group;
+    const int in_band = pos - band * per_band;
+    const int major = first + in_band % width;
+    const int minor = in_band / width;
+    TileCoord t = along_m ? TileCoord{minor, major} : TileCoord{major, minor};
+    if (rotate_m) {
+      t.m += rotate_m;
+      if (t.m >= tiles_m) t.m -= tiles_m;
+    }
+    return t;
+  }
+};
+
+/// An explicit order: order[pos] is the linear tile id tile_m * tiles_n + tile_n.
+/// `order` is device memory of tiles_m * tiles_n ints holding a permutation.
+struct PermutedScheduler {
+  const int* order = nullptr;
+
+  __host__ __device__ __forceinline__ TileCoord tile(int pos, int /*tiles_m*/, int tiles_n) const {
+#if defined(__CUDA_ARCH__)
+    const int id = __ldg(order + pos);
+#else
+    const int id = order[pos];
+#endif
+    return TileCoord{id / tiles_n, id % tiles_n};
+  }
+};
+
+}  // namespace tessera::kernels::engine

@@ -1,0 +1,426 @@
+// GPU tests of the GEMM engine against cuBLASLt (and a float64 CPU reference
+// on a small problem): fresh random data, poisoned outputs, aligned and ragged
+// shapes, both B layouts, both input types, every policy.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gemm_policy_kernels.hpp"
+#include "gemm_test_util.hpp"
+#include "support/test_support.hpp"
+#include "tessera/kernels/gemm.hpp"
+
+namespace tk = tessera::kernels;
+namespace tt = tessera::kernels::testk;
+using tessera::DType;
+using tessera::testing::relative_error;
+
+namespace {
+
+std::mt19937_64& rng() {
+  static std::mt19937_64 r(std::random_device{}());
+  return r;
+}
+
+struct Problem {
+  int64_t m, n, k;
+  DType in = DType::bf16, out = DType::bf16;
+  tk::BLayout layout = tk::BLayout::NK;
+  int64_t pad = 0;  // extra elements per row on every leading dimension
+};
+
+struct Buffers {
+  tt::DevBuf a, b, d, ref;
+  tk::GemmArgs args;
+  std::vector<double> ha, hb;
+};
+
+Buffers make(const Problem& p, bool host_copy = false) {
+  Buffers s;
+  const int64_t lda = p.k + p.pad;
+  const bool nk = p.layout == tk::BLayout::NK;
+  const int64_t brows = nk ? p.n : p.k, bcols = nk ? p.k : p.n, ldb = bcols + p.pad;
+  const int64_t ldd = p.n + p.pad;
+  s.a = tt::random_matrix(p.m, p.k, lda, p.in, rng(), host_copy ? &s.ha : nullptr);
+  s.b = tt::random_matrix(brows, bcols, ldb, p.in, rng(), host_copy ? &s.hb : nullptr);
+  s.d = tt::DevBuf(static_cast<size_t>(p.m * ldd) * tessera::dtype_size(p.out));
+  s.ref = tt::DevBuf(s.d.bytes);
+  tt::poison(s.d);
+  tt::poison(s.ref);
+  s.args = tk::GemmArgs{s.a.p, s.b.p, s.d.p, p.m, p.n, p.k, lda, ldb, ldd, p.in, p.out, p.layout};
+  return s;
+}
+
+// Runs cuBLASLt into s.ref and returns rel. error of D vs it.
+double error_vs_cublas(Buffers& s) {
+  tk::GemmArgs r = s.args;
+  r.d = s.ref.p;
+  tk::cublaslt_gemm(r);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto& a = s.args;
+  return relative_error(tt::download(a.d, a.m, a.n, a.ldd, a.out), tt::download(r.d, a.m, a.n, a.ldd, a.out));
+}
+
+double tolerance(DType out) { return out == DType::f32 ? 1e-5 : 8e-3; }
+
+std::string name(const Problem& p, tk::GemmTile t) {
+  return std::to_string(p.m) + "x" + std::to_string(p.n) + "x" + std::to_string(p.k) + " in " +
+         std::string(tessera::dtype_name(p.in)) + " out " + std::string(tessera::dtype_name(p.out)) +
+         (p.layout == tk::BLayout::NK ? " B[N,K]" : " B[K,N]") + " tile " + tk::tile_name(t) +
+         " pad " + std::to_string(p.pad);
+}
+
+}  // namespace
+
+TEST(GemmGpu, MatchesFloat64ReferenceOnSmallRaggedProblem) {
+  TESSERA_REQUIRE_GPUS(1);
+  for (auto layout : {tk::BLayout::NK, tk::BLayout::KN}) {
+    const Problem p{200, 136, 72, DType::bf16, DType::f32, layout, 8};
+    Buffers s = make(p, true);
+    tk::gemm(s.args);
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<double> ref(static_cast<size_t>(p.m * p.n));
+    const int64_t lda = s.args.lda, ldb = s.args.ldb;
+    for (int64_t i = 0; i < p.m; ++i)
+      for (int64_t j = 0; j < p.n; ++j) {
+        double acc = 0;
+        for (int64_t k = 0; k < p.k; ++k)
+          acc += s.ha[i * lda + k] * (layout == tk::BLayout::NK ? s.hb[j * ldb + k] : s.hb[k * ldb + j]);
+        ref[i * p.n + j] = acc;
+      }
+    const double err = relative_error(tt::download(s.d.p, p.m, p.n, s.args.ldd, p.out), ref);
+    EXPECT_LT(err, 1e-5) << name(p, tk::GemmTile::Auto);
+    EXPECT_LT(error_vs_cublas(s), 1e-5) << "cuBLASLt baseline disagrees: " << name(p, tk::GemmTile::Auto);
+  }
+}
+
+TEST(GemmGpu, EveryTileLayoutTypeAndShapeMatchesCublas) {
+  TESSERA_REQUIRE_GPUS(1);
+  const std::vector<std::array<int64_t, 3>> shapes = {{512, 768, 1024}, {300, 200, 72}, {129, 257, 136}, {1000, 520, 2056}};
+  for (const auto& sh : shapes)
+    for (DType in : {DType::bf16, DType::f16})
+      for (auto layout : {tk::BLayout::NK, tk::BLayout::KN})
+        for (auto tile : {tk::GemmTile::T128x256, tk::GemmTile::T256x128, tk::GemmTile::T128x128}) {
+          const Problem p{sh[0], sh[1], sh[2], in, in, layout, (sh[0] % 2) ? 8 : 0};
+          Buffers s = make(p);
+          tk::GemmOptions o;
+          o.tile = tile;
+          tk::gemm(s.args, o);
+          const double err = error_vs_cublas(s);
+          EXPECT_LT(err, tolerance(p.out)) << name(p, tile);
+        }
+}
+
+TEST(GemmGpu, MixedOutputTypesMatchCublas) {
+  TESSERA_REQUIRE_GPUS(1);
+  for (DType in : {DType::bf16, DType::f16})
+    for (DType out : {DType::bf16, DType::f16, DType::f32})
+      for (auto layout : {tk::BLayout::NK, tk::BLayout::KN}) {
+        const Problem p{384, 392, 264, in, out, layout};
+        Buffers s = make(p);
+        tk::gemm(s.args);
+        EXPECT_LT(error_vs_cublas(s), tolerance(out)) << name(p, tk::GemmTile::Auto);
+      }
+}
+
+// Every tile order must give bitwise the same D: a tile is computed the same
+// way whichever CTA takes it and when.
+TEST(GemmGpu, TileOrdersAndSmCapGiveIdenticalResults) {
+  TESSERA_REQUIRE_GPUS(1);
+  const Problem p{1100, 1300, 512};
+  Buffers s = make(p);
+  tk::GemmOptions base;
+  base.tile = tk::GemmTile::T128x256;
+  tk::gemm(s.args, base);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_LT(error_vs_cublas(s), tolerance(p.out));
+  const auto want = tt::bytes_of(s.d);
+
+  struct Variant {
+    const char* what;
+    int group;
+    bool along_m;
+    int rotate;
+    int max_ctas;
+  };
+  const Variant variants[] = {{"row-major", 1, false, 0, 0},  {"group 3", 3, false, 0, 0},
+                              {"along m, group 2", 2, true, 0, 0}, {"rotate 3", 8, false, 3, 0},
+                              {"sm cap 5", 8, false, 0, 5},   {"sm cap 1", 8, false, 0, 1}};
+  for (const auto& v : variants) {
+    tt::poison(s.d);
+    tk::GemmOptions o = base;
+    o.raster_group = v.group;
+    o.raster_along_m = v.along_m;
+    o.rotate_m = v.rotate;
+    o.max_ctas = v.max_ctas;
+    tk::gemm(s.args, o);
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_TRUE(tt::bytes_of(s.d) == want) << v.what;
+  }
+
+  // Explicit random permutation (PermutedScheduler).
+  const int tiles = static_cast<int>(((p.m + 127) / 128) * ((p.n + 255) / 256));
+  std::vector<int> order(tiles);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng());
+  tt::DevBuf d_order(tiles * sizeof(int));
+  TESSERA_CUDA_CHECK(cudaMemcpy(d_order.p, order.data(), tiles * sizeof(int), cudaMemcpyHostToDevice));
+  tt::poison(s.d);
+  tt::gemm_permuted(s.args, tk::GemmTile::T128x256, d_order.as<int>(), 7, nullptr);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_TRUE(tt::bytes_of(s.d) == want) << "random permutation, 7 CTAs";
+}
+
+// The GEMM waits for A's row chunks, which a second stream writes and
+// releases one by one after a delay. A starts as different random data, so a
+// tile loaded before its flag would be wrong.
+TEST(GemmGpu, FlagWaitReleasedBySecondStream) {
+  TESSERA_REQUIRE_GPUS(1);
+  const Problem p{1024, 768, 512};
+  Buffers s = make(p);
+  tk::GemmOptions o;
+  o.tile = tk::GemmTile::T128x256;
+  tk::gemm(s.args, o);  // reference with the final A
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto want = tt::bytes_of(s.d);
+
+  tt::DevBuf staged(s.a.bytes);
+  TESSERA_CUDA_CHECK(cudaMemcpy(staged.p, s.a.p, s.a.bytes, cudaMemcpyDeviceToDevice));
+  const int rows_per_flag = 96;  // not a multiple of BM: tiles straddle two flags
+  const int chunks = static_cast<int>((p.m + rows_per_flag - 1) / rows_per_flag);
+  tt::DevBuf flags(chunks * sizeof(uint32_t));
+  TESSERA_CUDA_CHECK(cudaMemset(flags.p, 0, flags.bytes));
+  int sms = 0;
+  TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaStream_t s1, s2;
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  for (uint32_t epoch = 1; epoch <= 2; ++epoch) {
+    std::mt19937_64 r2(rng()());
+    tt::DevBuf wrong = tt::random_matrix(p.m, p.k, s.args.lda, p.in, r2);
+    TESSERA_CUDA_CHECK(cudaMemcpy(s.a.p, wrong.p, s.a.bytes, cudaMemcpyDeviceToDevice));
+    tt::poison(s.d);
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    // GEMM first (leaving SMs for the releasing kernel), then the release.
+    tt::gemm_flag_wait(s.args, tk::GemmTile::T128x256, flags.as<uint32_t>(), rows_per_flag, epoch,
+                       5'000'000'000ull, sms - 2, s1);
+    tt::release_chunks(staged.p, s.a.p, p.m, p.k, s.args.lda, rows_per_flag, flags.as<uint32_t>(), epoch,
+                       20'000'000ull, s2);
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(s1));
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(s2));
+    EXPECT_TRUE(tt::bytes_of(s.d) == want) << "epoch " << epoch;
+  }
+  cudaStreamDestroy(s1);
+  cudaStreamDestroy(s2);
+}
+
+namespace {
+void wait_on_a_flag_never_set() {
+  const Problem p{256, 256, 128};
+  Buffers s = make(p);
+  tt::DevBuf flags(64);
+  TESSERA_CUDA_CHECK(cudaMemset(flags.p, 0, 64));
+  tt::gemm_flag_wait(s.args, tk::GemmTile::T128x256, flags.as<uint32_t>(), 128, 1, 50'000'000ull, 0, nullptr);
+  const cudaError_t e = cudaDeviceSynchronize();
+  fprintf(stderr, "gemm wait ended: %s\n", cudaGetErrorString(e));
+  if (e != cudaSuccess) std::abort();
+}
+}  // namespace
+
+// A flag that is never set: the producer times out, prints a diagnostic and
+// traps; the host sees an error. Runs in a re-executed child process
+// (threadsafe death test) because a trap ruins the CUDA context.
+TEST(GemmGpuDeathTest, FlagWaitTimesOutAndTraps) {
+  TESSERA_REQUIRE_GPUS(1);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(wait_on_a_flag_never_set(), "gemm wait ended: .*(launch failure|illegal|trap|unspecified)");
+}
+
+// Per-tile notify, observed while the GEMM runs by a kernel on another stream
+// that copies each tile as soon as its flag says it is complete: the copy must
+// equal the final D (a tile announced before its stores are visible would
+// show poison). Second epoch: flags reach 2.
+TEST(GemmGpu, NotifyObservedDuringTheGemm) {
+  TESSERA_REQUIRE_GPUS(1);
+  const Problem p{1536, 1280, 1024};
+  Buffers s = make(p);
+  const int bm = 256, bn = 128;
+  const int tiles = static_cast<int>(((p.m + bm - 1) / bm) * ((p.n + bn - 1) / bn));
+  tt::DevBuf flags(tiles * 4), copy(s.d.bytes), status(4);
+  TESSERA_CUDA_CHECK(cudaMemset(flags.p, 0, flags.bytes));
+  int sms = 0;
+  TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaStream_t s1, s2;
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  const int observers = 8;
+  for (uint32_t epoch = 1; epoch <= 2; ++epoch) {
+    tt::poison(s.d);
+    tt::poison(copy);
+    TESSERA_CUDA_CHECK(cudaMemset(status.p, 0, 4));
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    tt::observe_tiles(flags.as<uint32_t>(), epoch, s.d.p, copy.p, p.m, p.n, s.args.ldd, bm, bn, 5'000'000'000ull,
+                      status.as<int>(), observers, s2);
+    tt::gemm_notify(s.args, tk::GemmTile::T256x128, flags.as<uint32_t>(), nullptr, sms - observers, s1);
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(s1));
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(s2));
+    int st = -1;
+    TESSERA_CUDA_CHECK(cudaMemcpy(&st, status.p, 4, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(st, 0) << "observer timed out, epoch " << epoch;
+    EXPECT_TRUE(tt::bytes_of(copy) == tt::bytes_of(s.d)) << "observer saw a tile before its stores, epoch " << epoch;
+    std::vector<uint32_t> f(tiles);
+    TESSERA_CUDA_CHECK(cudaMemcpy(f.data(), flags.p, flags.bytes, cudaMemcpyDeviceToHost));
+    EXPECT_TRUE(std::all_of(f.begin(), f.end(), [&](uint32_t v) { return v == epoch; })) << "epoch " << epoch;
+  }
+  EXPECT_LT(error_vs_cublas(s), tolerance(p.out));
+  cudaStreamDestroy(s1);
+  cudaStreamDestroy(s2);
+}
+
+TEST(GemmGpu, WaveGroupCountersCountTheirTiles) {
+  TESSERA_REQUIRE_GPUS(1);
+  const Problem p{1000, 1500, 256};
+  Buffers s = make(p);
+  const int tiles_m = (1000 + 127) / 128, tiles_n = (1500 + 255) / 256, tiles = tiles_m * tiles_n;
+  const int per_group = 7, groups = (tiles + per_group - 1) / per_group;
+  std::vector<int> map(tiles);
+  for (int t = 0; t < tiles; ++t) map[t] = t / per_group;
+  tt::DevBuf d_map(tiles * 4), counters(groups * 4);
+  TESSERA_CUDA_CHECK(cudaMemcpy(d_map.p, map.data(), tiles * 4, cudaMemcpyHostToDevice));
+  TESSERA_CUDA_CHECK(cudaMemset(counters.p, 0, counters.bytes));
+  tt::gemm_notify(s.args, tk::GemmTile::T128x256, counters.as<uint32_t>(), d_map.as<int>(), 0, nullptr);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<uint32_t> c(groups);
+  TESSERA_CUDA_CHECK(cudaMemcpy(c.data(), counters.p, counters.bytes, cudaMemcpyDeviceToHost));
+  for (int g = 0; g < groups; ++g)
+    EXPECT_EQ(c[g], static_cast<uint32_t>(std::min(per_group, tiles - g * per_group))) << "group " << g;
+  EXPECT_LT(error_vs_cublas(s), tolerance(p.out));
+}
+
+// Tiles go to slot reorder[tile] of a dense group buffer; every in-range
+// element must equal the plain GEMM's.
+TEST(GemmGpu, ReorderMapStoresTilesIntoSlots) {
+  TESSERA_REQUIRE_GPUS(1);
+  for (auto tile : {tk::GemmTile::T128x256, tk::GemmTile::T256x128}) {
+    const Problem p{700, 900, 320};
+    Buffers s = make(p);
+    tk::GemmOptions o;
+    o.tile = tile;
+    tk::gemm(s.args, o);
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto plain = tt::download(s.d.p, p.m, p.n, s.args.ldd, p.out);
+    const auto sh = tk::tile_shape(tile);
+    const int tm = static_cast<int>((p.m + sh.bm - 1) / sh.bm), tn = static_cast<int>((p.n + sh.bn - 1) / sh.bn);
+    std::vector<int> slot(tm * tn);
+    std::iota(slot.begin(), slot.end(), 0);
+    std::shuffle(slot.begin(), slot.end(), rng());
+    tt::DevBuf d_slot(slot.size() * 4), group(static_cast<size_t>(tm * tn) * sh.bm * sh.bn * 2);
+    TESSERA_CUDA_CHECK(cudaMemcpy(d_slot.p, slot.data(), d_slot.bytes, cudaMemcpyHostToDevice));
+    tt::poison(group);
+    tk::GemmArgs a = s.args;
+    a.d = group.p;
+    tt::gemm_reorder(a, tile, d_slot.as<int>(), nullptr);
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto g = tt::download(group.p, 1, static_cast<int64_t>(group.bytes / 2), 0, p.out);
+    int64_t bad = 0;
+    for (int t = 0; t < tm * tn; ++t)
+      for (int r = 0; r < sh.bm; ++r)
+        for (int c = 0; c < sh.bn; ++c) {
+          const int64_t row = static_cast<int64_t>(t / tn) * sh.bm + r, col = static_cast<int64_t>(t % tn) * sh.bn + c;
+          const double v = g[static_cast<size_t>(slot[t]) * sh.bm * sh.bn + r * sh.bn + c];
+          if (row < p.m && col < p.n) {
+            if (v != plain[row * p.n + col]) ++bad;
+          } else if (!std::isnan(v)) {
+            ++bad;  // outside the problem the block must stay untouched
+          }
+        }
+    EXPECT_EQ(bad, 0) << tk::tile_name(tile);
+  }
+}
+
+namespace {
+// cuBLASLt with f32 output, as doubles.
+std::vector<double> cublas_f32(const tk::GemmArgs& a) {
+  tk::GemmArgs r = a;
+  r.out = DType::f32;
+  r.ldd = a.n + (a.n % 4 ? 4 - a.n % 4 : 0);
+  tt::DevBuf out2(static_cast<size_t>(a.m * r.ldd) * 4);
+  r.d = out2.p;
+  tk::cublaslt_gemm(r);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  return tt::download(out2.p, a.m, a.n, r.ldd, DType::f32);
+}
+}  // namespace
+
+TEST(GemmGpu, AddPartialAndBias) {
+  TESSERA_REQUIRE_GPUS(1);
+  const Problem p{520, 640, 384, DType::bf16, DType::bf16, tk::BLayout::NK, 8};
+  Buffers s = make(p);
+  const auto acc = cublas_f32(s.args);
+  std::vector<double> hc, hbias;
+  tt::DevBuf c = tt::random_matrix(p.m, p.n, s.args.ldd, DType::bf16, rng(), &hc);
+  tt::DevBuf bias = tt::random_matrix(1, p.n, p.n, DType::bf16, rng(), &hbias);
+  for (auto tile : {tk::GemmTile::T128x256, tk::GemmTile::T256x128}) {
+    std::vector<double> ref(acc.size());
+    for (int64_t i = 0; i < p.m; ++i)
+      for (int64_t j = 0; j < p.n; ++j) ref[i * p.n + j] = acc[i * p.n + j] + hc[i * s.args.ldd + j];
+    tt::poison(s.d);
+    tt::gemm_add_partial(s.args, tile, c.p, s.args.ldd, nullptr);
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_LT(relative_error(tt::download(s.d.p, p.m, p.n, s.args.ldd, p.out), ref), 8e-3) << "partial";
+    for (int64_t i = 0; i < p.m; ++i)
+      for (int64_t j = 0; j < p.n; ++j) ref[i * p.n + j] = acc[i * p.n + j] + hbias[j];
+    tt::poison(s.d);
+    tt::gemm_bias(s.args, tile, bias.p, nullptr);
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_LT(relative_error(tt::download(s.d.p, p.m, p.n, s.args.ldd, p.out), ref), 8e-3) << "bias";
+  }
+}
+
+TEST(GemmGpu, SwiGLUOfInterleavedGateAndUp) {
+  TESSERA_REQUIRE_GPUS(1);
+  const Problem p{600, 1000, 512};  // N = 2 * 500 interleaved gate/up columns
+  Buffers s = make(p);
+  const auto acc = cublas_f32(s.args);
+  const int64_t nout = p.n / 2, ldo = nout + 4;
+  tt::DevBuf out(static_cast<size_t>(p.m * ldo) * 2);
+  std::vector<double> ref(static_cast<size_t>(p.m * nout));
+  for (int64_t i = 0; i < p.m; ++i)
+    for (int64_t j = 0; j < nout; ++j) {
+      const double g = acc[i * p.n + 2 * j], u = acc[i * p.n + 2 * j + 1];
+      ref[i * nout + j] = g / (1.0 + std::exp(-g)) * u;
+    }
+  for (auto tile : {tk::GemmTile::T128x256, tk::GemmTile::T256x128}) {
+    tt::poison(out);
+    tk::GemmArgs a = s.args;
+    a.d = out.p;
+    a.ldd = ldo;
+    tt::gemm_swiglu(a, tile, nullptr);
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_LT(relative_error(tt::download(out.p, p.m, nout, ldo, DType::bf16), ref), 1e-2) << tk::tile_name(tile);
+  }
+}
+
+TEST(GemmGpu, BadInputThrowsBeforeLaunch) {
+  TESSERA_REQUIRE_GPUS(1);
+  const Problem p{256, 256, 128};
+  Buffers s = make(p);
+  tk::GemmArgs a = s.args;
+  a.k = 100;
+  a.lda = a.ldb = 128;
+  EXPECT_THROW(tk::gemm(a), tessera::Error);
+  a = s.args;
+  a.a = static_cast<const char*>(s.args.a) + 2;
+  EXPECT_THROW(tk::gemm(a), tessera::Error);
+  a = s.args;
+  a.ldd = 200;
+  EXPECT_THROW(tk::gemm(a), tessera::Error);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+}
