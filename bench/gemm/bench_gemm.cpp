@@ -1,0 +1,244 @@
+// `tessera bench gemm` — Tessera's GEMM engine against cuBLASLt, side by side
+// in one process: CUDA events, warm-up, median of --reps, inputs rotated over
+// several buffer sets so L2 never holds them, fresh random data (never zeros).
+// Prints per shape: both times, TFLOP/s, ours/cuBLASLt, the relative error of
+// ours vs cuBLASLt, and (--hooks) the time with idle hooks compiled in.
+#include <cuda_runtime_api.h>
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "command.hpp"
+#include "common/timing.hpp"
+#include "gemm/bench_gemm_kernels.hpp"
+#include "tessera/kernels/gemm.hpp"
+#include "tessera/runtime/error.hpp"
+
+namespace tessera::bench::gemm {
+namespace {
+
+struct Options {
+  int64_t m = 8192;
+  // N x K of the per-rank MLP GEMMs at TP=2 (issue 3) and 8192^3.
+  std::vector<std::string> shapes = {"5504x4096",  "4096x5504",  "7168x4096",   "4096x7168",  "7168x3584",
+                                     "3584x7168",  "18432x4608", "4608x18432",  "14336x8192", "8192x14336",
+                                     "14784x8192", "8192x14784", "8192x8192"};
+  int reps = 30;
+  int warmup = 5;
+  int sets = 3;
+  std::string dtype = "bf16";
+  std::string layout = "nk";
+  std::string tile = "auto";
+  bool hooks = true;
+  std::string results_md;
+  std::string commit = "unknown";
+  std::string device_kind = "unknown";
+  std::string command_line;
+};
+
+kernels::GemmTile parse_tile(const std::string& s) {
+  if (s == "auto") return kernels::GemmTile::Auto;
+  if (s == "128x256") return kernels::GemmTile::T128x256;
+  if (s == "256x128") return kernels::GemmTile::T256x128;
+  if (s == "128x128") return kernels::GemmTile::T128x128;
+  TESSERA_FAIL("bench gemm: unknown --tile '{}' (auto, 128x256, 256x128, 128x128)", s);
+}
+
+struct Dev {
+  void* p = nullptr;
+  explicit Dev(size_t bytes) { TESSERA_CUDA_CHECK(cudaMalloc(&p, bytes)); }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+};
+
+double rel_err_device(const void* out, const void* ref, int64_t n) {
+  std::vector<uint16_t> a(n), b(n);
+  TESSERA_CUDA_CHECK(cudaMemcpy(a.data(), out, n * 2, cudaMemcpyDeviceToHost));
+  TESSERA_CUDA_CHECK(cudaMemcpy(b.data(), ref, n * 2, cudaMemcpyDeviceToHost));
+  auto f = [](uint16_t v) {  // bf16 -> float
+    uint32_t u = static_cast<uint32_t>(v) << 16;
+    float x;
+    std::memcpy(&x, &u, 4);
+    return static_cast<double>(x);
+  };
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double x = f(a[i]), y = f(b[i]);
+    if (!std::isfinite(x) || !std::isfinite(y)) return INFINITY;
+    num += (x - y) * (x - y);
+    den += y * y;
+  }
+  return den > 0 ? std::sqrt(num / den) : INFINITY;
+}
+
+void replace_section(const std::string& path, const std::string& heading, const std::string& body) {
+  std::string text;
+  {
+    std::ifstream in(path);
+    if (in) {
+      std::stringstream ss;
+      ss << in.rdbuf();
+      text = ss.str();
+    }
+  }
+  if (text.empty()) text = "# Tessera benchmark results\n\nEvery figure a claim rests on: device kind, date, commit, command.\n";
+  const std::string h = "## " + heading + "\n";
+  const size_t start = text.find(h);
+  if (start == std::string::npos) {
+    if (!text.empty() && text.back() != '\n') text += '\n';
+    text += "\n" + h + body;
+  } else {
+    size_t end = text.find("\n## ", start + h.size());
+    end = end == std::string::npos ? text.size() : end + 1;
+    text.replace(start, end - start, h + body);
+  }
+  std::ofstream out(path);
+  TESSERA_CHECK(out.good(), "bench gemm: cannot write {}", path);
+  out << text;
+}
+
+void run(const Options& o) {
+  using namespace kernels;
+  const DType in = o.dtype == "f16" ? DType::f16 : DType::bf16;
+  TESSERA_CHECK(o.dtype == "bf16" || o.dtype == "f16", "bench gemm: --dtype {} (bf16 or f16)", o.dtype);
+  TESSERA_CHECK(o.layout == "nk" || o.layout == "kn", "bench gemm: --layout {} (nk or kn)", o.layout);
+  const BLayout layout = o.layout == "nk" ? BLayout::NK : BLayout::KN;
+  const bool hooks = o.hooks && in == DType::bf16 && layout == BLayout::NK;
+  cudaDeviceProp prop{};
+  int dev = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
+  TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  cudaStream_t stream;
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  fmt::print("bench gemm on {} ({} SMs), {} in/out, B {}, M = {}, median of {} after {} warm-up, {} input sets\n",
+             prop.name, prop.multiProcessorCount, o.dtype, layout == BLayout::NK ? "[N,K]" : "[K,N]", o.m, o.reps,
+             o.warmup, o.sets);
+
+  Table table({"M", "N", "K", "tile", "ours ms", "cuBLASLt ms", "ours TF/s", "cuBLASLt TF/s", "ours/cuBLASLt",
+               "hooks ms", "hooks cost", "rel err"});
+  std::vector<double> ratios;
+  for (const std::string& shape : o.shapes) {
+    int64_t n = 0, k = 0;
+    TESSERA_CHECK(std::sscanf(shape.c_str(), "%ldx%ld", &n, &k) == 2, "bench gemm: shape '{}' is not NxK", shape);
+    const int64_t m = o.m;
+    GemmOptions opt;
+    opt.tile = parse_tile(o.tile);
+    std::vector<std::unique_ptr<Dev>> as, bs;
+    for (int s = 0; s < o.sets; ++s) {
+      as.push_back(std::make_unique<Dev>(m * k * 2));
+      bs.push_back(std::make_unique<Dev>(n * k * 2));
+      fill_random(as.back()->p, m * k, in, 1000 + 2 * s, stream);
+      fill_random(bs.back()->p, n * k, in, 1001 + 2 * s, stream);
+    }
+    Dev d(m * n * 2), ref(m * n * 2);
+    Dev flags(((m + 127) / 128) * 4), counters(((m + 127) / 128) * ((n + 127) / 128) * 4);
+    TESSERA_CUDA_CHECK(cudaMemset(flags.p, 0xFF, ((m + 127) / 128) * 4));  // always ready (>= any epoch)
+    TESSERA_CUDA_CHECK(cudaMemset(counters.p, 0, ((m + 127) / 128) * ((n + 127) / 128) * 4));
+    auto args_for = [&](int s, void* out) {
+      GemmArgs a{as[s]->p, bs[s]->p, out, m, n, k, 0, 0, 0, in, in, layout};
+      return a;
+    };
+    // Correctness of this very configuration first.
+    TESSERA_CUDA_CHECK(cudaMemsetAsync(d.p, 0xFF, m * n * 2, stream));
+    kernels::gemm(args_for(0, d.p), opt, stream);
+    kernels::cublaslt_gemm(args_for(0, ref.p), stream);
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const double err = in == DType::bf16 ? rel_err_device(d.p, ref.p, m * n) : NAN;
+
+    int i_ours = 0, i_ref = 0, i_hooks = 0;
+    const Stats ours = time_on_stream(
+        stream, [&] { kernels::gemm(args_for(i_ours++ % o.sets, d.p), opt, stream); }, o.warmup, o.reps);
+    const Stats base = time_on_stream(
+        stream, [&] { kernels::cublaslt_gemm(args_for(i_ref++ % o.sets, ref.p), stream); }, o.warmup, o.reps);
+    Stats hk{};
+    if (hooks)
+      hk = time_on_stream(
+          stream,
+          [&] {
+            gemm_idle_hooks(args_for(i_hooks++ % o.sets, d.p), opt, static_cast<const uint32_t*>(flags.p), 1,
+                            static_cast<uint32_t*>(counters.p), stream);
+          },
+          o.warmup, o.reps);
+    const double flops = 2.0 * m * n * k;
+    const double ratio = ours.median_ms / base.median_ms;
+    ratios.push_back(ratio);
+    GemmArgs probe = args_for(0, d.p);
+    table.add({fmt::format("{}", m), fmt::format("{}", n), fmt::format("{}", k),
+               tile_name(resolve_tile(probe, opt)), fmt::format("{:.3f}", ours.median_ms),
+               fmt::format("{:.3f}", base.median_ms), fmt::format("{:.0f}", flops / ours.median_ms * 1e-9),
+               fmt::format("{:.0f}", flops / base.median_ms * 1e-9), fmt::format("{:.3f}", ratio),
+               hooks ? fmt::format("{:.3f}", hk.median_ms) : "-",
+               hooks ? fmt::format("{:+.1f}%", (hk.median_ms / ours.median_ms - 1) * 100) : "-",
+               fmt::format("{:.1e}", err)});
+    fmt::print("{}x{}x{}: ours {:.3f} ms, cuBLASLt {:.3f} ms, ratio {:.3f}\n", m, n, k, ours.median_ms,
+               base.median_ms, ratio);
+    std::fflush(stdout);
+  }
+  std::vector<double> sorted = ratios;
+  std::sort(sorted.begin(), sorted.end());
+  const double median_ratio = sorted.empty() ? NAN : sorted[sorted.size() / 2];
+  const double worst = sorted.empty() ? NAN : sorted.back();
+  fmt::print("\n{}\nmedian ours/cuBLASLt = {:.3f}, worst = {:.3f}\n", table.str(), median_ratio, worst);
+
+  if (!o.results_md.empty()) {
+    const auto now = std::chrono::system_clock::now();
+    const std::string body = fmt::format(
+        "Device kind: {} ({}, {} SMs). Date: {:%Y-%m-%d}. Commit: {}.\n"
+        "Command: `{}`\n\n"
+        "bf16 inputs unless stated, f32 accumulation, B as {}; time = median of {} CUDA-event-timed runs after {} "
+        "warm-ups, inputs rotated over {} buffer sets. ours/cuBLASLt < 1 means ours is faster. \"hooks\" = the "
+        "same GEMM with a FlagWait prologue (flags already set) and a per-tile notify epilogue compiled in.\n\n"
+        "{}\nMedian ours/cuBLASLt = {:.3f}; worst = {:.3f}.\n",
+        o.device_kind, prop.name, prop.multiProcessorCount, fmt::localtime(std::chrono::system_clock::to_time_t(now)),
+        o.commit, o.command_line, layout == BLayout::NK ? "[N, K]" : "[K, N]", o.reps, o.warmup, o.sets,
+        table.markdown(), median_ratio, worst);
+    replace_section(o.results_md, "GEMM engine", body);
+    fmt::print("wrote section \"GEMM engine\" of {}\n", o.results_md);
+  }
+  TESSERA_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+}  // namespace
+
+TESSERA_REGISTER_COMMAND([](CLI::App& root) {
+  auto& bench = tools::subcommand(root, "bench", "Benchmarks");
+  auto opts = std::make_shared<Options>();
+  auto* cmd = bench.add_subcommand("gemm", "Tessera's GEMM engine vs cuBLASLt (time, TFLOP/s, ratio per shape)");
+  cmd->add_option("--m", opts->m, "rows of A and D")->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  cmd->add_option("--shapes", opts->shapes, "NxK list")->delimiter(',');
+  cmd->add_option("--reps", opts->reps, "timed repetitions (median)")->check(CLI::Range(1, 100000));
+  cmd->add_option("--warmup", opts->warmup, "warm-up repetitions")->check(CLI::Range(0, 100000));
+  cmd->add_option("--sets", opts->sets, "input buffer sets rotated between runs")->check(CLI::Range(1, 16));
+  cmd->add_option("--dtype", opts->dtype, "bf16 or f16 (inputs and output)");
+  cmd->add_option("--layout", opts->layout, "nk (B is [N,K]) or kn (B is [K,N])");
+  cmd->add_option("--tile", opts->tile, "auto, 128x256, 256x128, 128x128");
+  cmd->add_option("--hooks", opts->hooks, "also time the GEMM with idle hooks compiled in (bf16, nk)");
+  cmd->add_option("--results-md", opts->results_md, "replace the \"GEMM engine\" section of this Markdown file");
+  cmd->add_option("--commit", opts->commit, "commit recorded in --results-md");
+  cmd->add_option("--device-kind", opts->device_kind, "device kind recorded in --results-md");
+  cmd->callback([opts, cmd] {
+    Options o = *opts;
+    o.command_line = "tessera bench gemm";
+    for (const auto* opt : cmd->get_options())
+      if (opt->count() > 0 && opt->get_name() != "--help")
+        o.command_line += " " + opt->get_name() + " " + [&] {
+          std::string v;
+          for (const auto& r : opt->results()) v += (v.empty() ? "" : ",") + r;
+          return v;
+        }();
+    run(o);
+  });
+});
+
+}  // namespace tessera::bench::gemm

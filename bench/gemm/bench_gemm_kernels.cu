@@ -1,0 +1,49 @@
+#include "gemm/bench_gemm_kernels.hpp"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "tessera/kernels/gemm/launch.cuh"
+
+namespace tessera::bench::gemm {
+namespace {
+__global__ void fill_kernel(uint16_t* p, int64_t n, bool bf16, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint64_t x = (static_cast<uint64_t>(i) + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 29;
+    const float u = static_cast<float>(x >> 40) * (2.0f / 16777216.0f) - 1.0f;
+    if (bf16) {
+      const __nv_bfloat16 h = __float2bfloat16_rn(u);
+      p[i] = *reinterpret_cast<const uint16_t*>(&h);
+    } else {
+      const __half h = __float2half_rn(u);
+      p[i] = *reinterpret_cast<const uint16_t*>(&h);
+    }
+  }
+}
+}  // namespace
+
+void fill_random(void* p, int64_t n, DType t, uint64_t seed, cudaStream_t s) {
+  fill_kernel<<<1024, 256, 0, s>>>(static_cast<uint16_t*>(p), n, t == DType::bf16, seed);
+  kernels::detail::check_launch("bench gemm: fill_random");
+}
+
+void gemm_idle_hooks(const kernels::GemmArgs& a, const kernels::GemmOptions& o, const uint32_t* ready_flags,
+                     uint32_t epoch, uint32_t* tile_counters, cudaStream_t s) {
+  using namespace kernels;
+  engine::FlagWait<uint32_t, false> w;
+  w.flags = ready_flags;
+  w.expected = epoch;
+  w.rows_per_flag = 128;
+  engine::StdEpilogue<__nv_bfloat16, engine::kEpiNotify> e;
+  e.d = static_cast<__nv_bfloat16*>(a.d);
+  e.ldd = a.ldd_or_packed();
+  e.flags = tile_counters;
+  if (a.b_layout != BLayout::NK || a.in != DType::bf16 || a.out != DType::bf16)
+    detail::fail("bench gemm --hooks: compiled for bf16, B [N, K] only");
+  gemm_with_layout<__nv_bfloat16, BLayout::NK>(resolve_tile(a, o), a, o, w, e, raster_from(o), s);
+}
+
+}  // namespace tessera::bench::gemm
