@@ -1,0 +1,453 @@
+// Bootstrap over loopback with real processes (fork): collectives with
+// contents checked on every rank, and every failure mode giving an error that
+// names the culprit rank within the timeout instead of a hang.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tessera/runtime/bootstrap.hpp"
+#include "tessera/runtime/error.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using tessera::runtime::Bootstrap;
+using tessera::runtime::LaunchInfo;
+using Clock = std::chrono::steady_clock;
+
+LaunchInfo info(int rank, int world, int port) {
+  LaunchInfo li;
+  li.rank = rank;
+  li.world = world;
+  li.local_rank = rank;
+  li.local_world = world;
+  li.master_addr = "127.0.0.1";
+  li.master_port = port;
+  li.source = "test";
+  return li;
+}
+
+/// What one forked rank reported: "" = success, otherwise its failure text.
+struct Outcome {
+  std::string text;
+  bool ok() const { return text.empty(); }
+  bool says(const std::string& s) const { return text.find(s) != std::string::npos; }
+};
+
+/// Runs body(rank) in `world` forked processes and collects what each
+/// reports (body returns "" for success or a failure description; a thrown
+/// tessera::Error becomes "Error: <what>"). Kills everything still running
+/// after `limit` and reports it as "HANG". `spawn_delay(rank)` staggers starts.
+std::vector<Outcome> run_ranks(int world, const std::function<std::string(int)>& body,
+                               std::chrono::milliseconds limit = 30s,
+                               const std::function<std::chrono::milliseconds(int)>& spawn_delay = nullptr) {
+  std::vector<pid_t> pids(world, -1);
+  std::vector<int> fds(world, -1);
+  for (int r = 0; r < world; ++r) {
+    if (spawn_delay) std::this_thread::sleep_for(spawn_delay(r));
+    int p[2];
+    if (::pipe(p) != 0) std::abort();
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::close(p[0]);
+      std::string result;
+      try {
+        result = body(r);
+      } catch (const tessera::Error& e) {
+        result = std::string("Error: ") + e.what();
+      } catch (const std::exception& e) {
+        result = std::string("std::exception: ") + e.what();
+      }
+      std::size_t off = 0;
+      while (off < result.size()) {
+        const ssize_t k = ::write(p[1], result.data() + off, result.size() - off);
+        if (k <= 0) break;
+        off += static_cast<std::size_t>(k);
+      }
+      ::_exit(result.empty() ? 0 : 1);
+    }
+    ::close(p[1]);
+    pids[r] = pid;
+    fds[r] = p[0];
+  }
+  std::vector<Outcome> out(world);
+  std::vector<bool> open(world, true);
+  const auto deadline = Clock::now() + limit;
+  for (;;) {
+    std::vector<pollfd> pf;
+    std::vector<int> who;
+    for (int r = 0; r < world; ++r)
+      if (open[r]) {
+        pf.push_back({fds[r], POLLIN, 0});
+        who.push_back(r);
+      }
+    if (pf.empty()) break;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      for (int r : who) {
+        ::kill(pids[r], SIGKILL);
+        out[r].text += "HANG (killed after the test's time limit)";
+        ::close(fds[r]);
+        open[r] = false;
+      }
+      break;
+    }
+    if (::poll(pf.data(), pf.size(), static_cast<int>(left)) <= 0) continue;
+    for (std::size_t i = 0; i < pf.size(); ++i) {
+      if (pf[i].revents == 0) continue;
+      char buf[4096];
+      const ssize_t k = ::read(fds[who[i]], buf, sizeof buf);
+      if (k > 0) {
+        out[who[i]].text.append(buf, static_cast<std::size_t>(k));
+      } else {
+        ::close(fds[who[i]]);
+        open[who[i]] = false;
+      }
+    }
+  }
+  for (int r = 0; r < world; ++r) {
+    int status = 0;
+    ::waitpid(pids[r], &status, 0);
+    if (out[r].text.empty() && !(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+      out[r].text = "died without a report (status " + std::to_string(status) + ")";
+  }
+  if (std::getenv("TESSERA_TEST_VERBOSE"))  // to read the messages themselves
+    for (int r = 0; r < world; ++r) std::fprintf(stderr, "  [process %d] %s\n", r, out[r].ok() ? "ok" : out[r].text.c_str());
+  return out;
+}
+
+std::string describe(const std::vector<Outcome>& o) {
+  std::string s;
+  for (std::size_t r = 0; r < o.size(); ++r) s += "\n  rank " + std::to_string(r) + ": " + (o[r].ok() ? "ok" : o[r].text);
+  return s;
+}
+
+/// Deterministic content: byte i of the message of (iteration, sender).
+unsigned char pattern(int iter, int sender, std::size_t i) {
+  return static_cast<unsigned char>((iter * 131 + sender * 17 + i * 7 + (i >> 8)) & 0xff);
+}
+
+std::size_t size_for(int iter) {
+  static const std::size_t sizes[] = {0, 1, 7, 64, 4096, 65537};
+  if (iter % 25 == 24) return std::size_t(1) << 20;  // large enough for partial reads and writes
+  return sizes[iter % 6];
+}
+
+/// The collectives, 100 times, checking every byte on every rank.
+std::string exercise(int rank, int world, int port) {
+  auto b = Bootstrap::connect(info(rank, world, port), 20s);
+  if (b->rank() != rank || b->world() != world) return "wrong rank/world";
+  for (int it = 0; it < 100; ++it) {
+    const std::size_t n = size_for(it);
+    const int root = it % world;
+    std::vector<unsigned char> buf(n, 0xAB);  // poisoned except on the root
+    if (rank == root)
+      for (std::size_t i = 0; i < n; ++i) buf[i] = pattern(it, root, i);
+    b->broadcast(buf.data(), n, root);
+    for (std::size_t i = 0; i < n; ++i)
+      if (buf[i] != pattern(it, root, i))
+        return "broadcast #" + std::to_string(it) + " byte " + std::to_string(i) + " wrong";
+
+    std::vector<unsigned char> in(n), all(n * world, 0xCD);
+    for (std::size_t i = 0; i < n; ++i) in[i] = pattern(it, rank, i);
+    b->allgather(in.data(), all.data(), n);
+    for (int r = 0; r < world; ++r)
+      for (std::size_t i = 0; i < n; ++i)
+        if (all[r * n + i] != pattern(it, r, i))
+          return "allgather #" + std::to_string(it) + " slot " + std::to_string(r) + " byte " + std::to_string(i) +
+                 " wrong";
+    b->barrier();
+  }
+  return "";
+}
+
+class BootstrapWorld : public ::testing::TestWithParam<int> {};
+
+TEST_P(BootstrapWorld, CollectivesRepeated100Times) {
+  const int world = GetParam();
+  const int port = tessera::runtime::find_free_tcp_port();
+  const auto o = run_ranks(world, [&](int r) { return exercise(r, world, port); }, 50s);
+  for (const auto& x : o) EXPECT_TRUE(x.ok()) << describe(o);
+}
+
+TEST_P(BootstrapWorld, BarrierWaitsForEveryRank) {
+  const int world = GetParam();
+  const int port = tessera::runtime::find_free_tcp_port();
+  const auto o = run_ranks(world, [&](int r) -> std::string {
+    auto b = Bootstrap::connect(info(r, world, port), 20s);
+    for (int round = 0; round < 3; ++round) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20 * ((r + round) % world)));
+      const std::int64_t enter = Clock::now().time_since_epoch().count();  // steady_clock: one clock per machine
+      b->barrier();
+      const std::int64_t leave = Clock::now().time_since_epoch().count();
+      std::vector<std::int64_t> enters(world), leaves(world);
+      b->allgather(&enter, enters.data(), sizeof enter);
+      b->allgather(&leave, leaves.data(), sizeof leave);
+      for (int i = 0; i < world; ++i)
+        for (int j = 0; j < world; ++j)
+          if (leaves[i] < enters[j])
+            return "rank " + std::to_string(i) + " left barrier before rank " + std::to_string(j) + " entered";
+    }
+    return "";
+  });
+  for (const auto& x : o) EXPECT_TRUE(x.ok()) << describe(o);
+}
+
+INSTANTIATE_TEST_SUITE_P(Loopback, BootstrapWorld, ::testing::Values(2, 3, 4));
+
+TEST(Bootstrap, SingleProcessUsesNoSocket) {
+  auto b = Bootstrap::connect(info(0, 1, 0), 100ms);  // port 0: nothing may listen
+  int v = 42;
+  b->broadcast(&v, sizeof v, 0);
+  EXPECT_EQ(v, 42);
+  int all = -1;
+  b->allgather(&v, &all, sizeof v);
+  EXPECT_EQ(all, 42);
+  b->barrier();
+  EXPECT_THROW(b->broadcast(&v, sizeof v, 1), tessera::Error);
+}
+
+TEST(Bootstrap, InvalidArgumentsAreRejected) {
+  EXPECT_THROW(Bootstrap::connect(info(2, 2, 1234), 1s), tessera::Error);
+  EXPECT_THROW(Bootstrap::connect(info(-1, 2, 1234), 1s), tessera::Error);
+  EXPECT_THROW(Bootstrap::connect(info(0, 0, 1234), 1s), tessera::Error);
+  EXPECT_THROW(Bootstrap::connect(info(1, 2, 0), 1s), tessera::Error);
+  EXPECT_THROW(Bootstrap::connect(info(1, 2, 70000), 1s), tessera::Error);
+  LaunchInfo no_addr = info(1, 2, 1234);
+  no_addr.master_addr.clear();
+  EXPECT_THROW(Bootstrap::connect(no_addr, 1s), tessera::Error);
+  EXPECT_THROW(Bootstrap::connect(info(0, 1, 0), 0ms), tessera::Error);
+}
+
+TEST(Bootstrap, ConnectTimesOutWhenRankZeroNeverShowsUp) {
+  const int port = tessera::runtime::find_free_tcp_port();
+  const auto t0 = Clock::now();
+  try {
+    (void)Bootstrap::connect(info(1, 2, port), 300ms);
+    FAIL() << "connected to nobody";
+  } catch (const tessera::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("could not connect to rank 0 at 127.0.0.1:" + std::to_string(port)), std::string::npos) << msg;
+    EXPECT_NE(msg.find("300 ms"), std::string::npos) << msg;
+  }
+  const auto took = Clock::now() - t0;
+  EXPECT_GE(took, 250ms);
+  EXPECT_LT(took, 3s);
+}
+
+TEST(Bootstrap, RankZeroNamesTheRanksThatNeverConnected) {
+  const int port = tessera::runtime::find_free_tcp_port();
+  // Rank 2 of 3 never starts.
+  // Rank 1 waits longer than rank 0, so what it reports is rank 0's verdict.
+  const auto o = run_ranks(
+      2, [&](int r) { Bootstrap::connect(info(r, 3, port), r == 0 ? 700ms : 5000ms); return std::string(); }, 10s);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(o[r].says("Error:") && o[r].says("rank(s) 2") && o[r].says("127.0.0.1:" + std::to_string(port)))
+        << describe(o);
+  }
+}
+
+TEST(Bootstrap, DeadPeerIsNamedInsteadOfAHang) {
+  const int world = 3, port = tessera::runtime::find_free_tcp_port();
+  const auto t0 = Clock::now();
+  const auto o = run_ranks(world, [&](int r) -> std::string {
+    auto b = Bootstrap::connect(info(r, world, port), 20s);
+    b->barrier();
+    if (r == 2) ::_exit(0);  // dies before the allgather
+    int v = r, all[3];
+    try {
+      b->allgather(&v, all, sizeof v);
+    } catch (const tessera::Error& e) {
+      std::string msg = e.what();
+      // The Bootstrap is now unusable, and says so.
+      try {
+        b->barrier();
+        msg += " | barrier after failure succeeded";
+      } catch (const tessera::Error& again) {
+        if (std::string(again.what()).find("unusable") == std::string::npos) msg += " | no 'unusable' note";
+      }
+      throw tessera::Error(msg);
+    }
+    return "allgather succeeded with a dead rank";
+  });
+  EXPECT_LT(Clock::now() - t0, 10s) << "the dead rank must be detected at once, not after the timeout";
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(o[r].says("Error:") && o[r].says("rank 2") && o[r].says("closed its connection") &&
+                !o[r].says("|"))
+        << describe(o);
+  }
+  EXPECT_TRUE(o[2].ok()) << describe(o);
+}
+
+TEST(Bootstrap, DeadRankZeroIsNamed) {
+  const int world = 3, port = tessera::runtime::find_free_tcp_port();
+  const auto o = run_ranks(world, [&](int r) -> std::string {
+    auto b = Bootstrap::connect(info(r, world, port), 20s);
+    if (r == 0) ::_exit(0);
+    std::vector<char> buf(16);
+    b->broadcast(buf.data(), buf.size(), 1);  // rank 1 sends to the dead rank 0, rank 2 waits on it
+    b->barrier();
+    return "collectives succeeded without rank 0";
+  });
+  for (int r = 1; r < world; ++r)
+    EXPECT_TRUE(o[r].says("Error:") && o[r].says("rank 0 (127.0.0.1:")) << describe(o);
+}
+
+TEST(Bootstrap, StuckPeerTimesOutNamingIt) {
+  const int world = 3, port = tessera::runtime::find_free_tcp_port();
+  const auto t0 = Clock::now();
+  const auto o = run_ranks(world, [&](int r) -> std::string {
+    // Rank 2 waits longer than rank 0, so it reports rank 0's verdict.
+    auto b = Bootstrap::connect(info(r, world, port), r == 2 ? 5000ms : 600ms);
+    if (r == 1) {
+      std::this_thread::sleep_for(3s);  // alive but never joins the barrier
+      return "";
+    }
+    b->barrier();
+    return "barrier passed without rank 1";
+  });
+  EXPECT_LT(Clock::now() - t0, 6s);
+  EXPECT_TRUE(o[0].says("timed out after 600 ms") && o[0].says("rank(s) 1")) << describe(o);
+  EXPECT_TRUE(o[2].says("Error:") && o[2].says("rank(s) 1")) << describe(o);  // forwarded by rank 0
+}
+
+TEST(Bootstrap, MismatchedWorldSizeIsRejectedAndTheJobStillAssembles) {
+  const int port = tessera::runtime::find_free_tcp_port();
+  // Rank 0 of a 2-rank job; this process first poses as rank 1 of a 3-rank job.
+  std::string stray_error;
+  const auto o = run_ranks(
+      2,
+      [&](int r) -> std::string {
+        auto b = Bootstrap::connect(info(r, 2, port), 10s);
+        int v = r * 10, all[2];
+        b->allgather(&v, all, sizeof v);
+        return all[0] == 0 && all[1] == 10 ? "" : "wrong allgather";
+      },
+      20s,
+      [&](int r) {
+        if (r == 1) {
+          try {
+            (void)Bootstrap::connect(info(1, 3, port), 5s);
+          } catch (const tessera::Error& e) {
+            stray_error = e.what();
+          }
+        }
+        return 0ms;
+      });
+  EXPECT_NE(stray_error.find("world size 2"), std::string::npos) << stray_error;
+  EXPECT_NE(stray_error.find("world size 3"), std::string::npos) << stray_error;
+  for (const auto& x : o) EXPECT_TRUE(x.ok()) << describe(o);
+}
+
+/// Connects a raw TCP socket to 127.0.0.1:port, retrying for up to 5 s.
+int raw_connect(int port) {
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return s;
+    ::close(s);
+    std::this_thread::sleep_for(50ms);
+  }
+  return -1;
+}
+
+TEST(Bootstrap, StrayConnectionsDoNotDisturbTheJob) {
+  const int port = tessera::runtime::find_free_tcp_port();
+  int garbage = -1, silent = -1;
+  const auto o = run_ranks(
+      2,
+      [&](int r) -> std::string {
+        auto b = Bootstrap::connect(info(r, 2, port), 10s);
+        b->barrier();
+        return "";
+      },
+      20s,
+      [&](int r) {
+        if (r == 1) {  // rank 0 is up: one stray speaks HTTP, one says nothing and stays open
+          garbage = raw_connect(port);
+          silent = raw_connect(port);
+          const char req[] = "GET / HTTP/1.0\r\n\r\n";
+          if (garbage >= 0) (void)!::write(garbage, req, sizeof req - 1);
+        }
+        return 0ms;
+      });
+  EXPECT_GE(garbage, 0);
+  EXPECT_GE(silent, 0);
+  for (const auto& x : o) EXPECT_TRUE(x.ok()) << describe(o);
+  ::close(garbage);
+  ::close(silent);
+}
+
+TEST(Bootstrap, DuplicateRankIsRejected) {
+  const int port = tessera::runtime::find_free_tcp_port();
+  // Processes: rank 0, rank 1, rank 1 again, then (later) rank 2 of 3.
+  const int as_rank[] = {0, 1, 1, 2};
+  const auto o = run_ranks(
+      4,
+      [&](int i) -> std::string {
+        auto b = Bootstrap::connect(info(as_rank[i], 3, port), 10s);
+        b->barrier();
+        return "";
+      },
+      20s, [](int i) { return i == 3 ? 300ms : 0ms; });
+  EXPECT_TRUE(o[0].ok() && o[3].ok()) << describe(o);
+  const int rejected = o[1].says("rank 1 is already connected") + o[2].says("rank 1 is already connected");
+  EXPECT_EQ(rejected, 1) << describe(o);
+  EXPECT_TRUE(o[1].ok() || o[2].ok()) << describe(o);
+}
+
+TEST(Bootstrap, MismatchedCollectivesAreReported) {
+  const int port = tessera::runtime::find_free_tcp_port();
+  const auto o = run_ranks(2, [&](int r) -> std::string {
+    auto b = Bootstrap::connect(info(r, 2, port), 10s);
+    std::vector<char> in(r == 0 ? 8 : 16), out(in.size() * 2);
+    b->allgather(in.data(), out.data(), in.size());
+    return "mismatched allgather succeeded";
+  });
+  EXPECT_TRUE(o[0].says("mismatched collectives: rank 1 called allgather #1 (16 bytes per rank) but rank 0 called "
+                        "allgather #1 (8 bytes per rank)"))
+      << describe(o);
+  EXPECT_TRUE(o[1].says("mismatched collectives")) << describe(o);
+
+  const int port2 = tessera::runtime::find_free_tcp_port();
+  const auto o2 = run_ranks(2, [&](int r) -> std::string {
+    auto b = Bootstrap::connect(info(r, 2, port2), 10s);
+    int v = 0;
+    if (r == 0) b->barrier();
+    else b->broadcast(&v, sizeof v, 1);
+    return "barrier matched a broadcast";
+  });
+  EXPECT_TRUE(o2[0].says("rank 1 called broadcast #1 (root 1, 4 bytes) but rank 0 called barrier #1"))
+      << describe(o2);
+}
+
+TEST(Bootstrap, CheckSameNamesTheDisagreeingRank) {
+  const int world = 3, port = tessera::runtime::find_free_tcp_port();
+  const auto o = run_ranks(world, [&](int r) -> std::string {
+    auto b = Bootstrap::connect(info(r, world, port), 10s);
+    const long shape[2] = {4096, r == 2 ? 1024 : 512};
+    b->check_same(shape, sizeof shape, "the GEMM shape");
+    return "check_same passed";
+  });
+  for (const auto& x : o) EXPECT_TRUE(x.says("the GEMM shape differs") && x.says("rank(s) 2")) << describe(o);
+}
+
+}  // namespace
