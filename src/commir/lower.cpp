@@ -283,7 +283,7 @@ struct Lowerer {
 
   void add(int rank, Step s) { plan.ranks[rank].steps.push_back(std::move(s)); }
   void charge(int rank, int t_from, int t_to, std::int64_t bytes) {
-    for (int t = std::max(t_from, -1); t <= std::min(t_to, T); ++t) mem[rank][t + 1] += bytes;
+    for (int t = std::max(t_from, -1); t <= std::min(t_to, T + 1); ++t) mem[rank][t + 1] += bytes;
   }
 
   void p2p(int from, int to, const std::string& buf, const Box& box, int t_send, Slot send_slot, int t_recv,
@@ -372,7 +372,7 @@ Plan Lowerer::run() {
     plan.ranks[r].rank = r;
     plan.ranks[r].coords = coords[r];
   }
-  mem.assign(W, std::vector<std::int64_t>(T + 2, 0));
+  mem.assign(W, std::vector<std::int64_t>(T + 3, 0));
   const std::int64_t es = static_cast<std::int64_t>(g.elem_bytes());
 
   // ---- prologue: initial layouts and gathers --------------------------------
@@ -410,7 +410,7 @@ Plan Lowerer::run() {
       }
       pl = next;
     }
-    for (int r = 0; r < W; ++r) charge(r, -1, T, volume(hold[r]) * bes);
+    for (int r = 0; r < W; ++r) charge(r, -1, T + 1, volume(hold[r]) * bes);
     base[b.name] = hold;
   }
 
@@ -562,7 +562,7 @@ Plan Lowerer::run() {
             got = true;
           }
           mine[key_of(cell)] = {cell, t};
-          charge(r, t, T, cell.volume() * aes);
+          charge(r, t, T + 1, cell.volume() * aes);
           (void)got;
         }
       }
@@ -684,7 +684,7 @@ Plan Lowerer::run() {
           }
         for (int h : hs) {
           if (h == target) continue;
-          p2p(h, target, b.name, cell, T, Slot::partial_send, T, true, aes);
+          p2p(h, target, b.name, cell, T + 1, Slot::pre_send, T + 1, true, aes);
           auto& v = cur[h];
           v.erase(std::remove(v.begin(), v.end(), cell), v.end());
         }
@@ -699,8 +699,8 @@ Plan Lowerer::run() {
             if (!x.intersects(f)) continue;
             const Box piece = x.intersect(f);
             if (covers(cur[r], piece)) continue;
-            p2p(q, r, b.name, piece, T, Slot::pre_send, T, false, aes);
-            charge(r, T, T, piece.volume() * aes);
+            p2p(q, r, b.name, piece, T + 1, Slot::pre_send, T + 1, false, aes);
+            charge(r, T + 1, T + 1, piece.volume() * aes);
             cur[r].push_back(piece);
           }
         }
@@ -712,7 +712,7 @@ Plan Lowerer::run() {
   for (int r = 0; r < W; ++r) {
     Step f;
     f.kind = StepKind::finalize;
-    f.time = T;
+    f.time = T + 1;
     f.slot = Slot::free;
     add(r, f);
     auto& st = plan.ranks[r].steps;

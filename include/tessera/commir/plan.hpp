@@ -24,7 +24,8 @@
 // Step order within time t on a rank (deadlock-free: a receive at t only
 // waits on sends posted before t, or on owner sends that wait on nothing):
 // pre-sends, collectives, receives, forward sends, compute, partial sends, frees.
-// Time -1 is the prologue, time T (steps_per_rank) the epilogue.
+// Time -1 is the prologue, time T (steps_per_rank) the epilogue collectives,
+// T + 1 the P2P fallback of the epilogue and the finalize step.
 #pragma once
 
 #include <cstdint>
