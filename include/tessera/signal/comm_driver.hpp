@@ -1,0 +1,105 @@
+// tessera/signal/comm_driver.hpp — the communication side of signal-based
+// overlap (seed §3.2, §5): on a communication stream, for each wave group
+// in order, wait until the group's counter reaches its target, then run an
+// ordinary NCCL collective on the group's contiguous span.
+//
+// Waits: WaitMode::StreamMemOp enqueues cuStreamWaitValue32(counter >=
+// target) (runtime::driver, obtained through cudaGetDriverEntryPoint — no
+// libcuda link); WaitMode::SpinKernel launches a one-thread kernel that
+// spins on ld.acquire.gpu with a timeout (TESSERA_WAIT_TIMEOUT_MS): on
+// timeout it records {rank, group, expected, seen} in a WaitDiagnostics
+// record, prints it and traps. The stream-memop wait cannot time out on the
+// device; synchronize() bounds it on the host and names the groups whose
+// counters are short.
+//
+// Counters (GroupCounters): uint32 per group in device memory, zeroed once;
+// call number `epoch` (1, 2, ...) waits for counter[g] >= epoch *
+// tiles_in(g) (GroupPlan::counter_target). The producer contract is in
+// signal/device.cuh. The caller must not let the producer of call e+1
+// overwrite a group buffer before call e's collective on it is done
+// (stream-order the next GEMM after the communication stream).
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "tessera/runtime/dtype.hpp"
+#include "tessera/runtime/wait_diagnostics.hpp"
+#include "tessera/signal/a2a.hpp"
+#include "tessera/signal/group_plan.hpp"
+#include "tessera/signal/reorder.hpp"
+
+namespace tessera::signal {
+
+enum class WaitMode { StreamMemOp, SpinKernel };
+const char* wait_mode_name(WaitMode m);
+
+/// Per-group tile counters in device memory (zeroed at construction).
+class GroupCounters {
+ public:
+  explicit GroupCounters(int groups);
+  ~GroupCounters();
+  GroupCounters(const GroupCounters&) = delete;
+  GroupCounters& operator=(const GroupCounters&) = delete;
+
+  std::uint32_t* device() const { return counters_; }
+  int groups() const { return groups_; }
+  /// Current values, read on a private stream (works while others are blocked).
+  std::vector<std::uint32_t> read() const;
+
+ private:
+  std::uint32_t* counters_ = nullptr;
+  cudaStream_t side_ = nullptr;
+  int groups_ = 0;
+};
+
+class CommDriver {
+ public:
+  /// `stream`: the communication stream (all NCCL calls and waits go there).
+  CommDriver(ncclComm_t comm, cudaStream_t stream, WaitMode mode, std::uint64_t timeout_ns = runtime::wait_timeout_ns());
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  WaitMode mode() const { return mode_; }
+  cudaStream_t stream() const { return stream_; }
+
+  /// Enqueues the wait for group g of call `epoch`.
+  void wait_group(const GroupPlan& plan, const GroupCounters& counters, int g, std::uint64_t epoch);
+
+  /// In-place AllReduce (sum) of every group's span of `buffer` (ArMap layout).
+  void all_reduce(const GroupPlan& plan, const ArMap& map, void* buffer, DType dtype, const GroupCounters& counters,
+                  std::uint64_t epoch);
+  /// ReduceScatter (sum) of each group's span of `send` into `recv` (RsMap layout).
+  void reduce_scatter(const GroupPlan& plan, const RsMap& map, const void* send, void* recv, DType dtype,
+                      const GroupCounters& counters, std::uint64_t epoch);
+  /// All-to-All per group with grouped ncclSend/ncclRecv (A2aPlan layout);
+  /// waits on this rank's plan(rank()).
+  void all_to_all(const A2aPlan& plan, const void* send, void* recv, DType dtype, const GroupCounters& counters,
+                  std::uint64_t epoch);
+
+  /// Host wait for the communication stream, bounded by the timeout; throws
+  /// a tessera::Error naming the groups whose counters are short of their
+  /// target (or the spinning waiter's diagnostic, or NCCL's error).
+  void synchronize(const GroupPlan& plan, const GroupCounters& counters, std::uint64_t epoch) const;
+
+ private:
+  void check_counters(const GroupPlan& plan, const GroupCounters& counters, const char* op) const;
+  ncclComm_t comm_;
+  cudaStream_t stream_;
+  WaitMode mode_;
+  std::uint64_t timeout_ns_;
+  int rank_ = 0, world_ = 1;
+  std::unique_ptr<runtime::WaitDiagnostics> diag_;
+};
+
+namespace detail {
+/// Launches the one-thread spinning waiter (spin_wait.cu).
+cudaError_t launch_spin_wait(const std::uint32_t* counter, std::uint32_t target, std::uint64_t timeout_ns, int rank,
+                             int group, runtime::WaitRecord* record, cudaStream_t stream);
+}  // namespace detail
+
+}  // namespace tessera::signal

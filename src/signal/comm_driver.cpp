@@ -1,0 +1,163 @@
+#include "tessera/signal/comm_driver.hpp"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "tessera/runtime/driver_api.hpp"
+#include "tessera/runtime/error.hpp"
+
+namespace tessera::signal {
+namespace {
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::bf16: return ncclBfloat16;
+    case DType::f16: return ncclFloat16;
+    case DType::f32: return ncclFloat32;
+  }
+  TESSERA_FAIL("signal::CommDriver: unsupported dtype {}", static_cast<int>(t));
+}
+
+template <class P>
+P* at(P* base, std::int64_t elems, DType t) {
+  using B = std::conditional_t<std::is_const_v<P>, const char, char>;
+  return reinterpret_cast<P*>(reinterpret_cast<B*>(base) + elems * static_cast<std::int64_t>(dtype_size(t)));
+}
+
+}  // namespace
+
+const char* wait_mode_name(WaitMode m) { return m == WaitMode::StreamMemOp ? "stream_memop" : "spin_kernel"; }
+
+GroupCounters::GroupCounters(int groups) : groups_(groups) {
+  TESSERA_CHECK(groups > 0, "GroupCounters: group count must be positive, got {}", groups);
+  TESSERA_CUDA_CHECK(cudaMalloc(&counters_, sizeof(std::uint32_t) * groups));
+  TESSERA_CUDA_CHECK(cudaMemset(counters_, 0, sizeof(std::uint32_t) * groups));
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+GroupCounters::~GroupCounters() {
+  if (side_) (void)cudaStreamDestroy(side_);
+  if (counters_) (void)cudaFree(counters_);
+}
+
+std::vector<std::uint32_t> GroupCounters::read() const {
+  std::vector<std::uint32_t> v(groups_);
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(v.data(), counters_, sizeof(std::uint32_t) * groups_, cudaMemcpyDeviceToHost, side_));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(side_));
+  return v;
+}
+
+CommDriver::CommDriver(ncclComm_t comm, cudaStream_t stream, WaitMode mode, std::uint64_t timeout_ns)
+    : comm_(comm), stream_(stream), mode_(mode), timeout_ns_(timeout_ns) {
+  TESSERA_CHECK(comm != nullptr, "signal::CommDriver: null NCCL communicator");
+  TESSERA_CHECK(timeout_ns > 0, "signal::CommDriver: timeout must be positive");
+  TESSERA_NCCL_CHECK(ncclCommUserRank(comm, &rank_));
+  TESSERA_NCCL_CHECK(ncclCommCount(comm, &world_));
+  if (mode == WaitMode::SpinKernel) diag_ = std::make_unique<runtime::WaitDiagnostics>();
+}
+
+void CommDriver::check_counters(const GroupPlan& plan, const GroupCounters& counters, const char* op) const {
+  TESSERA_CHECK(counters.groups() >= plan.groups(), "{}: plan {} has {} groups but only {} counters", op, plan.str(),
+                plan.groups(), counters.groups());
+}
+
+void CommDriver::wait_group(const GroupPlan& plan, const GroupCounters& counters, int g, std::uint64_t epoch) {
+  TESSERA_CHECK(g >= 0 && g < plan.groups(), "signal::CommDriver::wait_group: group {} outside [0, {})", g,
+                plan.groups());
+  check_counters(plan, counters, "signal::CommDriver::wait_group");
+  const std::uint32_t target = plan.counter_target(g, epoch);
+  std::uint32_t* addr = counters.device() + g;
+  if (mode_ == WaitMode::StreamMemOp) {
+    runtime::driver::stream_wait_geq_u32(stream_, addr, target);
+  } else {
+    TESSERA_CUDA_CHECK(detail::launch_spin_wait(addr, target, timeout_ns_, rank_, g, diag_->device_record(), stream_));
+  }
+}
+
+void CommDriver::all_reduce(const GroupPlan& plan, const ArMap& map, void* buffer, DType dtype,
+                            const GroupCounters& counters, std::uint64_t epoch) {
+  TESSERA_CHECK(buffer != nullptr, "signal::CommDriver::all_reduce: null buffer");
+  TESSERA_CHECK(plan.tiles() == map.order.tiles(), "signal::CommDriver::all_reduce: plan has {} tiles, map {}",
+                plan.tiles(), map.order.tiles());
+  check_counters(plan, counters, "signal::CommDriver::all_reduce");
+  for (int g = 0; g < plan.groups(); ++g) {
+    wait_group(plan, counters, g, epoch);
+    void* span = at(buffer, plan.tile_begin(g) * map.tile_elems(), dtype);
+    TESSERA_NCCL_CHECK(ncclAllReduce(span, span, static_cast<size_t>(plan.tiles_in(g) * map.tile_elems()),
+                                     nccl_type(dtype), ncclSum, comm_, stream_));
+  }
+}
+
+void CommDriver::reduce_scatter(const GroupPlan& plan, const RsMap& map, const void* send, void* recv, DType dtype,
+                                const GroupCounters& counters, std::uint64_t epoch) {
+  TESSERA_CHECK(send != nullptr && recv != nullptr, "signal::CommDriver::reduce_scatter: null buffer");
+  TESSERA_CHECK(map.ranks == world_, "signal::CommDriver::reduce_scatter: map is for {} ranks, communicator has {}",
+                map.ranks, world_);
+  TESSERA_CHECK(plan.tiles() == map.order.tiles(), "signal::CommDriver::reduce_scatter: plan has {} tiles, map {}",
+                plan.tiles(), map.order.tiles());
+  check_counters(plan, counters, "signal::CommDriver::reduce_scatter");
+  for (int g = 0; g < plan.groups(); ++g) {
+    wait_group(plan, counters, g, epoch);
+    TESSERA_NCCL_CHECK(ncclReduceScatter(at(send, plan.tile_begin(g) * map.tile_elems(), dtype),
+                                         at(recv, plan.tile_begin(g) * map.sub_elems(), dtype),
+                                         static_cast<size_t>(plan.tiles_in(g) * map.sub_elems()), nccl_type(dtype),
+                                         ncclSum, comm_, stream_));
+  }
+}
+
+void CommDriver::all_to_all(const A2aPlan& plan, const void* send, void* recv, DType dtype,
+                            const GroupCounters& counters, std::uint64_t epoch) {
+  TESSERA_CHECK(send != nullptr && recv != nullptr, "signal::CommDriver::all_to_all: null buffer");
+  TESSERA_CHECK(plan.ranks() == world_, "signal::CommDriver::all_to_all: plan is for {} ranks, communicator has {}",
+                plan.ranks(), world_);
+  const GroupPlan& mine = plan.plan(rank_);
+  check_counters(mine, counters, "signal::CommDriver::all_to_all");
+  const ncclDataType_t t = nccl_type(dtype);
+  for (int g = 0; g < plan.groups(); ++g) {
+    wait_group(mine, counters, g, epoch);
+    TESSERA_NCCL_CHECK(ncclGroupStart());
+    for (int d = 0; d < world_; ++d) {
+      const std::int64_t n = plan.send_count(rank_, g, d);
+      if (n > 0) TESSERA_NCCL_CHECK(ncclSend(at(send, plan.send_offset(rank_, g, d), dtype), size_t(n), t, d, comm_, stream_));
+    }
+    for (int q = 0; q < world_; ++q) {
+      const std::int64_t n = plan.recv_count(rank_, g, q);
+      if (n > 0) TESSERA_NCCL_CHECK(ncclRecv(at(recv, plan.recv_offset(rank_, g, q), dtype), size_t(n), t, q, comm_, stream_));
+    }
+    TESSERA_NCCL_CHECK(ncclGroupEnd());
+  }
+}
+
+void CommDriver::synchronize(const GroupPlan& plan, const GroupCounters& counters, std::uint64_t epoch) const {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns_);
+  for (;;) {
+    const cudaError_t rc = cudaStreamQuery(stream_);
+    if (rc == cudaSuccess) return;
+    if (rc != cudaErrorNotReady) {
+      if (diag_) diag_->check("signal::CommDriver::synchronize");
+      TESSERA_CUDA_CHECK(rc);
+    }
+    ncclResult_t async = ncclSuccess;
+    TESSERA_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+    TESSERA_NCCL_CHECK(async);
+    if (std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  const std::vector<std::uint32_t> seen = counters.read();
+  std::string shortfall;
+  for (int g = 0; g < plan.groups(); ++g) {
+    const std::uint32_t want = plan.counter_target(g, epoch);
+    if (seen[g] < want) shortfall += fmt::format(" group {}: expected >= {}, seen {};", g, want, seen[g]);
+  }
+  TESSERA_FAIL("signal::CommDriver::synchronize: rank {} ({} waits, epoch {}) not done after {} ms:{}", rank_,
+               wait_mode_name(mode_), epoch, timeout_ns_ / 1000000,
+               shortfall.empty() ? std::string(" every counter reached its target; an NCCL collective is stuck "
+                                               "(a peer missing or behind)")
+                                 : shortfall);
+}
+
+}  // namespace tessera::signal
