@@ -180,11 +180,61 @@ __device__ __forceinline__ void peer_tile_wait(const runtime::SignalView& sv, in
 
 // ---- data movement ---------------------------------------------------------
 
+namespace detail {
+
+/// Walks the elements of a rows x per_row grid with a fixed stride without
+/// dividing per step (a division per 16-byte access would cost more than the
+/// access at NVLink rates).
+struct GridCursor {
+  std::int64_t row, col;
+  std::int64_t per_row, drow, dcol;
+  __device__ __forceinline__ GridCursor(std::int64_t start, std::int64_t stride, std::int64_t per_row_)
+      : row(start / per_row_), col(start % per_row_), per_row(per_row_), drow(stride / per_row_),
+        dcol(stride % per_row_) {}
+  __device__ __forceinline__ void advance() {
+    row += drow;
+    col += dcol;
+    if (col >= per_row) {
+      col -= per_row;
+      ++row;
+    }
+  }
+};
+
+template <class V>
+__device__ __forceinline__ void copy_grid(char* dst, std::int64_t dst_pitch, const char* src, std::int64_t src_pitch,
+                                          std::int64_t rows, std::int64_t per_row, int tid, int nthreads) {
+  constexpr int U = 4;  // independent loads in flight per thread before the stores
+  if (rows <= 0 || per_row <= 0) return;
+  GridCursor c(tid, nthreads, per_row);
+  while (c.row < rows) {
+    V v[U];
+    std::int64_t dr[U], dc[U];
+    int n = 0;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (c.row < rows) {
+        dr[u] = c.row;
+        dc[u] = c.col;
+        v[u] = *reinterpret_cast<const V*>(src + c.row * src_pitch + c.col * sizeof(V));
+        n = u + 1;
+        c.advance();
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (u < n) *reinterpret_cast<V*>(dst + dr[u] * dst_pitch + dc[u] * sizeof(V)) = v[u];
+    }
+  }
+}
+
+}  // namespace detail
+
 /// Copies a rows x row_bytes tile between (possibly peer) addresses, by
 /// `nthreads` cooperating threads (thread index `tid`). 16-byte accesses when
 /// both pointers, both pitches and row_bytes are 16-byte aligned; 4-byte
-/// otherwise when possible; bytes as the last resort. Four 16-byte loads are
-/// in flight per thread before the stores, which matters when the source is
+/// otherwise when possible; bytes as the last resort. Four loads are in
+/// flight per thread before the stores, which matters when the source is
 /// remote (pull).
 __device__ __forceinline__ void copy_tile_bytes(void* dst, std::int64_t dst_pitch, const void* src,
                                                 std::int64_t src_pitch, std::int64_t rows, std::int64_t row_bytes,
@@ -192,38 +242,14 @@ __device__ __forceinline__ void copy_tile_bytes(void* dst, std::int64_t dst_pitc
   const auto a = reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src) |
                  static_cast<std::uintptr_t>(dst_pitch) | static_cast<std::uintptr_t>(src_pitch) |
                  static_cast<std::uintptr_t>(row_bytes);
-  auto* d8 = static_cast<char*>(dst);
-  const auto* s8 = static_cast<const char*>(src);
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
   if ((a & 15) == 0) {
-    const std::int64_t vpr = row_bytes / 16;  // vectors per row
-    const std::int64_t total = rows * vpr;
-    constexpr int U = 4;
-    std::int64_t i = tid;
-    for (; i + (U - 1) * static_cast<std::int64_t>(nthreads) < total; i += U * static_cast<std::int64_t>(nthreads)) {
-      int4 v[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const std::int64_t j = i + u * static_cast<std::int64_t>(nthreads);
-        v[u] = *reinterpret_cast<const int4*>(s8 + (j / vpr) * src_pitch + (j % vpr) * 16);
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const std::int64_t j = i + u * static_cast<std::int64_t>(nthreads);
-        *reinterpret_cast<int4*>(d8 + (j / vpr) * dst_pitch + (j % vpr) * 16) = v[u];
-      }
-    }
-    for (; i < total; i += nthreads)
-      *reinterpret_cast<int4*>(d8 + (i / vpr) * dst_pitch + (i % vpr) * 16) =
-          *reinterpret_cast<const int4*>(s8 + (i / vpr) * src_pitch + (i % vpr) * 16);
+    detail::copy_grid<int4>(d, dst_pitch, s, src_pitch, rows, row_bytes / 16, tid, nthreads);
   } else if ((a & 3) == 0) {
-    const std::int64_t vpr = row_bytes / 4, total = rows * vpr;
-    for (std::int64_t i = tid; i < total; i += nthreads)
-      *reinterpret_cast<int*>(d8 + (i / vpr) * dst_pitch + (i % vpr) * 4) =
-          *reinterpret_cast<const int*>(s8 + (i / vpr) * src_pitch + (i % vpr) * 4);
+    detail::copy_grid<int>(d, dst_pitch, s, src_pitch, rows, row_bytes / 4, tid, nthreads);
   } else {
-    const std::int64_t total = rows * row_bytes;
-    for (std::int64_t i = tid; i < total; i += nthreads)
-      d8[(i / row_bytes) * dst_pitch + i % row_bytes] = s8[(i / row_bytes) * src_pitch + i % row_bytes];
+    detail::copy_grid<char>(d, dst_pitch, s, src_pitch, rows, row_bytes, tid, nthreads);
   }
 }
 

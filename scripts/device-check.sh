@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Builds Tessera on a lent GPU machine and runs every GPU test and benchmark
+# in one call, leaving logs under $OUT (default ./device-out).
+#
+#   scripts/device-check.sh [step...]     steps: build tests comm gemm cpu (default: build tests comm gemm)
+#
+# Carry .deps (scripts/vendor-deps.sh): the GPU machines cannot install
+# packages. Multi-GPU tests run with one process per visible GPU.
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+out="${OUT:-$root/device-out}"
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export PATH="$PATH:/usr/local/cuda/bin"
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(build tests comm gemm)
+has() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+build="$root/build-dev"
+summary="$out/summary.txt"
+: >"$summary"
+note() { echo "$*" | tee -a "$summary"; }
+note "device-check $(date -u +%FT%TZ) commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null)$(git -C "$root" diff --quiet 2>/dev/null || echo '+dirty') gpus=$ngpu"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv >>"$summary" 2>&1
+
+if has build; then
+  t0=$(date +%s)
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_TEST_RANKS="$ngpu" \
+      >"$out/configure.log" 2>&1 || { note "configure FAILED"; tail -40 "$out/configure.log"; exit 1; }
+  grep -E "tessera: using NCCL|fmt header-only" "$out/configure.log" | tee -a "$summary"
+  ninja -C "$build" -j16 >"$out/build.log" 2>&1 || { note "build FAILED"; grep -E "error|FAILED" "$out/build.log" | head -40; exit 1; }
+  note "build ok in $(( $(date +%s) - t0 )) s"
+fi
+bin="$build/bin/tessera"
+
+if has cpu; then
+  (cd "$build" && ctest -LE gpu --output-on-failure -j16 >"$out/cpu-tests.log" 2>&1)
+  note "cpu tests: $(grep -E 'tests passed|tests failed' "$out/cpu-tests.log")"
+fi
+if has tests; then
+  (cd "$build" && timeout 540 ctest -L gpu --output-on-failure >"$out/gpu-tests.log" 2>&1)
+  note "gpu tests: $(grep -E 'tests passed|tests failed' "$out/gpu-tests.log")"
+  grep -E "^\s*[0-9]+/[0-9]+ Test" "$out/gpu-tests.log" | tee -a "$summary"
+fi
+if has comm; then
+  timeout 300 "$bin" run -n "$ngpu" -- "$bin" bench comm --markdown "$out/comm.md" >"$out/bench-comm.log" 2>&1
+  note "bench comm rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-comm.log" | tail -30 | tee -a "$summary"
+fi
+if has gemm; then
+  timeout 300 "$bin" bench gemm >"$out/bench-gemm.log" 2>&1
+  note "bench gemm rc=$?"; tail -25 "$out/bench-gemm.log" | tee -a "$summary"
+fi
