@@ -10,6 +10,7 @@
 
 #include "tessera/runtime/error.hpp"
 #include "tessera/signal/a2a.hpp"
+#include "tessera/signal/epilogue_tables.hpp"
 #include "tessera/signal/group_plan.hpp"
 #include "tessera/signal/reorder.hpp"
 #include "tessera/signal/wave_model.hpp"
@@ -325,4 +326,33 @@ TEST(A2aPlan, PoolsAreBijectiveAndSimulatedAllToAllMatchesReference) {
 TEST(A2aPlan, RejectsBadRouting) {
   EXPECT_THROW(A2aPlan(64, 64, 64, 4, 1, Raster::AlongN, {{0, 2}, {1, 1}}, {{1}, {1}}), tessera::Error);
   EXPECT_THROW(A2aPlan(64, 64, 64, 4, 1, Raster::AlongN, {{0, 1}, {}}, {{1}, {1}}), tessera::Error);
+}
+
+TEST(EpilogueTables, ReproduceTheMapsOffsets) {
+  for (const Shape& s : kShapes) {
+    const WaveModel wm(GemmTiling{s.m, s.n, s.bm, s.bn}, s.sms, s.swizzle, s.raster);
+    const int Nt = wm.order().tiles_n;
+    for (const GroupPlan& gp : partitions(wm)) {
+      const auto off = [&](const EpilogueTables& t, std::int64_t i, std::int64_t j) {
+        const int lin = int(i / s.bm) * Nt + int(j / s.bn);
+        const std::int64_t li = i % s.bm, lj = j % s.bn, r = li / t.sub_rows;
+        return t.tile_base[lin] + r * t.seg_stride[lin] + (li - r * t.sub_rows) * t.tile_n + lj;
+      };
+      const ArMap ar = make_ar_map(wm);
+      const EpilogueTables ta = epilogue_tables(wm, gp, ar);
+      const std::vector<int> groups = tile_groups(wm, gp);
+      ASSERT_EQ(groups, ta.tile_group);
+      for (int R : {2, 4, 8}) {
+        const RsMap rs = make_rs_map(wm, R);
+        const EpilogueTables tr = epilogue_tables(wm, gp, rs);
+        for (std::int64_t i = 0; i < s.m; i += 3)
+          for (std::int64_t j = 0; j < s.n; ++j) {
+            ASSERT_EQ(off(ta, i, j), ar.offset(i, j));
+            ASSERT_EQ(off(tr, i, j), rs.send_offset(i, j, gp.host_view()));
+            const int b = wm.order().index_of(int(i / s.bm), int(j / s.bn));
+            ASSERT_EQ(ta.tile_group[int(i / s.bm) * Nt + int(j / s.bn)], gp.group_of_tile(b));
+          }
+      }
+    }
+  }
 }
