@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -174,11 +175,18 @@ pid_t spawn(const RunOptions& o, int port, Rank& rk, int& exec_errno) {
   const Pipe out = make_pipe(), err = make_pipe(), status = make_pipe();
   const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   TESSERA_CHECK(devnull >= 0, "tessera run: open(/dev/null): {}", std::strerror(errno));
+  const pid_t launcher = ::getpid();
   const pid_t pid = ::fork();
   TESSERA_CHECK(pid >= 0, "tessera run: fork() for rank {}: {}", rk.rank, std::strerror(errno));
   if (pid == 0) {
     // Child: only async-signal-safe calls from here to exec.
+    // Own process group: the launcher signals the rank and its children together,
+    // and a terminal's Ctrl-C reaches only the launcher, which forwards it once.
     ::setpgid(0, 0);
+    // If the launcher itself is killed (SIGKILL), its ranks must not live on
+    // (SIGKILL: a rank that ignores SIGTERM would otherwise hang forever).
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != launcher) ::_exit(128 + SIGKILL);  // it died before prctl took effect
     ::dup2(devnull, STDIN_FILENO);
     ::dup2(out.wr, STDOUT_FILENO);
     ::dup2(err.wr, STDERR_FILENO);

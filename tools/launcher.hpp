@@ -5,7 +5,8 @@
 // MASTER_ADDR, MASTER_PORT (a free port unless given), and
 // NCCL_NVLS_ENABLE=0, NVSHMEM_DISABLE_NVLS=1, TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 // unless the caller already set them. stdin is /dev/null; each rank runs in
-// its own process group (so a rank's children are stopped with it).
+// its own process group (so a rank's children are stopped with it), and is
+// killed (PR_SET_PDEATHSIG) if the launcher itself dies.
 //
 // Output: every line of a rank's stdout (stderr) goes to the launcher's
 // stdout (stderr) as "[rank R] line", written whole, so lines of different

@@ -50,14 +50,14 @@ void tune_stream_socket(int fd) {
   (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-/// Waits for `events` on fd; returns poll's revents, 0 on timeout.
+/// Waits for `events` on fd; returns poll's revents, 0 once the deadline passed.
 short wait_for(int fd, short events, Deadline deadline) {
   for (;;) {
     pollfd p{fd, events, 0};
     const int rc = ::poll(&p, 1, ms_left(deadline));
     if (rc > 0) return p.revents;
-    if (rc == 0) return 0;
-    if (errno != EINTR) return POLLERR;
+    if (rc == 0 || ms_left(deadline) == 0) return 0;
+    if (errno != EINTR) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // never spin on a poll error
   }
 }
 

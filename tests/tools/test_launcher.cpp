@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <regex>
@@ -129,10 +130,21 @@ std::vector<pid_t> pids_in(const std::string& out) {
   return v;
 }
 
+/// True when `pid` no longer runs: gone, or a zombie (dead, waiting for
+/// whoever adopted it to reap it).
+bool dead(pid_t pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;
+  const auto close = line.rfind(')');  // "pid (comm) S ..."
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
+}
+
 bool all_gone(const std::vector<pid_t>& pids) {
-  for (int attempt = 0; attempt < 50; ++attempt) {
+  for (int attempt = 0; attempt < 100; ++attempt) {
     bool gone = true;
-    for (pid_t p : pids) gone &= ::kill(p, 0) != 0 && errno == ESRCH;
+    for (pid_t p : pids) gone &= dead(p);
     if (gone) return true;
     ::usleep(20 * 1000);
   }
@@ -276,6 +288,21 @@ void expect_forwarded(int sig, const std::string& name) {
 
 TEST(Launcher, ForwardsSigtermToTheRanks) { expect_forwarded(SIGTERM, "SIGTERM"); }
 TEST(Launcher, ForwardsSigintToTheRanks) { expect_forwarded(SIGINT, "SIGINT"); }
+
+TEST(Launcher, RanksDieWithAKilledLauncher) {
+  bool sent = false;
+  // Rank 5 does not exist: both ranks print their pid and sleep forever.
+  const Result r = run_cli({"run", "-n", "2", "--", kHelper, "fail", "5", "1"}, {}, 20s,
+                           [&](pid_t launcher, const std::string& out) {
+                             if (!sent && pids_in(out).size() == 2) {
+                               ::kill(launcher, SIGKILL);
+                               sent = true;
+                             }
+                           });
+  ASSERT_TRUE(sent) << show(r);
+  EXPECT_EQ(r.code, 128 + SIGKILL) << show(r);
+  EXPECT_TRUE(all_gone(pids_in(r.out))) << "ranks outlived a killed launcher" << show(r);
+}
 
 TEST(Launcher, RanksBootstrapThroughTheLauncher) {
   const Result r = run_cli({"run", "-n", "4", "--", kHelper, "bootstrap"}, {}, 30s);
