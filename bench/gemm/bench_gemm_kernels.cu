@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 
 #include "tessera/kernels/gemm/launch.cuh"
+#include "tessera/kernels/gemm/wait_diag.hpp"
 
 namespace tessera::bench::gemm {
 namespace {
@@ -30,20 +31,30 @@ void fill_random(void* p, int64_t n, DType t, uint64_t seed, cudaStream_t s) {
   kernels::detail::check_launch("bench gemm: fill_random");
 }
 
-void gemm_idle_hooks(const kernels::GemmArgs& a, const kernels::GemmOptions& o, const uint32_t* ready_flags,
-                     uint32_t epoch, uint32_t* tile_counters, cudaStream_t s) {
+void gemm_idle_hooks(Hooks which, const kernels::GemmArgs& a, const kernels::GemmOptions& o,
+                     const uint32_t* ready_flags, uint32_t epoch, uint32_t* tile_counters, cudaStream_t s) {
   using namespace kernels;
+  if (a.b_layout != BLayout::NK || a.in != DType::bf16 || a.out != DType::bf16)
+    detail::fail("bench gemm hooks: compiled for bf16, B [N, K] only");
   engine::FlagWait<uint32_t, false> w;
   w.flags = ready_flags;
   w.expected = epoch;
   w.rows_per_flag = 128;
+  w.diag = wait_diagnostics();
   engine::StdEpilogue<__nv_bfloat16, engine::kEpiNotify> e;
   e.d = static_cast<__nv_bfloat16*>(a.d);
   e.ldd = a.ldd_or_packed();
   e.flags = tile_counters;
-  if (a.b_layout != BLayout::NK || a.in != DType::bf16 || a.out != DType::bf16)
-    detail::fail("bench gemm --hooks: compiled for bf16, B [N, K] only");
-  gemm_with_layout<__nv_bfloat16, BLayout::NK>(resolve_tile(a, o), a, o, w, e, raster_from(o), s);
+  engine::StdEpilogue<__nv_bfloat16> plain;
+  plain.d = e.d;
+  plain.ldd = e.ldd;
+  const GemmTile t = resolve_tile(a, o);
+  switch (which) {
+    case Hooks::Both: return gemm_with_layout<__nv_bfloat16, BLayout::NK>(t, a, o, w, e, raster_from(o), s);
+    case Hooks::WaitOnly: return gemm_with_layout<__nv_bfloat16, BLayout::NK>(t, a, o, w, plain, raster_from(o), s);
+    case Hooks::NotifyOnly:
+      return gemm_with_layout<__nv_bfloat16, BLayout::NK>(t, a, o, engine::NoWait{}, e, raster_from(o), s);
+  }
 }
 
 }  // namespace tessera::bench::gemm

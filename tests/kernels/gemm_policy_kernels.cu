@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 
 #include "tessera/kernels/gemm/launch.cuh"
+#include "tessera/kernels/gemm/wait_diag.hpp"
 
 namespace tessera::kernels::testk {
 namespace {
@@ -43,6 +44,7 @@ void gemm_flag_wait(const GemmArgs& a, GemmTile t, const uint32_t* flags, int ro
   w.expected = expected;
   w.rows_per_flag = rows_per_flag;
   w.timeout_ns = timeout_ns;
+  w.diag = wait_diagnostics();
   run(a, t, max_ctas, w, epi_for<engine::kEpiPlain>(a), engine::RasterScheduler{}, s);
 }
 
@@ -134,6 +136,12 @@ __global__ void observe_tiles_kernel(const uint32_t* flags, uint32_t expected, c
   }
 }
 }  // namespace
+
+void preload_helpers() {
+  cudaFuncAttributes attr;
+  detail::cuda_check(cudaFuncGetAttributes(&attr, release_chunks_kernel), "preload release_chunks_kernel");
+  detail::cuda_check(cudaFuncGetAttributes(&attr, observe_tiles_kernel), "preload observe_tiles_kernel");
+}
 
 void release_chunks(const void* src, void* dst, int64_t m, int64_t k, int64_t ld, int rows, uint32_t* flags,
                     uint32_t value, uint64_t delay_ns, cudaStream_t s) {

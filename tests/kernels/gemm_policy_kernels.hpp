@@ -31,6 +31,11 @@ void gemm_swiglu(const GemmArgs& a, GemmTile t, cudaStream_t s);
 /// Peer store + .sys notify (the d pointer and flags may live on another GPU).
 void gemm_peer_notify_sys(const GemmArgs& a, GemmTile t, uint32_t* flags, cudaStream_t s);
 
+/// Loads the helper kernels' module now. With lazy loading (the CUDA 12+
+/// default) a kernel's first launch loads its module, which waits for running
+/// kernels: a helper launched first while the GEMM spins on it would deadlock.
+void preload_helpers();
+
 /// On stream s: sleeps ~delay_ns, then for each chunk c copies rows
 /// [c*rows, (c+1)*rows) of src into dst (bf16, row length k, row stride ld)
 /// and release-stores flags[c] = value (.gpu scope).

@@ -5,22 +5,31 @@
 //   static constexpr bool kNotify;     // call tile_done() after the stores
 //   static constexpr bool kSysScope;   // stores must be visible system-wide
 //                                      // (peer GPU / host) before tile_done
-//   __device__ void store_pair(const TileInfo& t, int row, int col,
-//                              float v0, float v1, bool has_v1) const;
+//   __device__ void store8(const TileInfo& t, int row, int col,
+//                          const float (&v)[8], int valid) const;
 //   __device__ void tile_done(const TileInfo& t) const;
 //
-// store_pair receives accumulator values for D[row, col] (v0) and
-// D[row, col + 1] (v1; meaningful only when has_v1, i.e. col + 1 < N). The
-// kernel has already masked row < M and col < N and guarantees col is even.
-// Every consumer thread calls it for its share of the tile.
+// store8 receives the f32 accumulators of D[row, col .. col+7]; col is a
+// multiple of 8; only the first `valid` (1..8) are inside the problem
+// (valid < 8 only in the last tile column when N % 8 != 0). The kernel has
+// already masked row < M and col < N. Consumer threads call it for their
+// share of the tile (the kernel regroups the wgmma fragments within each lane
+// quad so every call covers 8 consecutive columns: 16-byte stores for 16-bit
+// outputs).
 //
-// Visibility contract when kNotify: after its last store_pair of the tile
-// each consumer thread executes fence.acq_rel.gpu (fence.acq_rel.sys when
-// kSysScope), the consumer warpgroups meet at a named barrier, then ONE thread
-// calls tile_done(t). tile_done must publish with a release operation at the
-// matching scope (StdEpilogue uses red.release.{gpu,sys}.add). By fence
-// cumulativity, an observer that acquire-reads the flag value written by
-// tile_done sees every store of the tile.
+// Visibility contract when kNotify: after its last store8 of the tile each
+// consumer thread arrives on a named barrier (bar.arrive: no waiting); a
+// notifier warp of the producer warpgroup waits on it (bar.sync), executes
+// fence.acq_rel.gpu (fence.acq_rel.sys when kSysScope) and then calls
+// tile_done(t) on one lane. tile_done must publish with a release operation
+// at the matching scope (StdEpilogue: red.release.{gpu,sys}.add). The barrier
+// orders the consumers' stores before the notifier's fence, and the fence's
+// cumulativity makes them visible, at that scope, to any thread that
+// acquire-reads the flag value tile_done wrote. The consumers never stall
+// on the fence: the next tile's wgmma runs while the notifier waits.
+//
+// Device code reached from an Epilogue must not call functions (no printf):
+// a call anywhere in the kernel serializes its wgmma (ptxas warning C7510).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -46,6 +55,9 @@ enum EpiFeature : unsigned {
 
 template <class T>
 struct OutConv;
+// Each OutConv<T> has: Pair, pack/unpack (2 values), one/to_float (1 value),
+// store8/load8 (8 values, 16-byte aligned for 16-bit T, 32-byte for float) and
+// store4 (4 values: 8-byte / 16-byte aligned).
 template <>
 struct OutConv<__nv_bfloat16> {
   using Pair = __nv_bfloat162;
@@ -53,6 +65,31 @@ struct OutConv<__nv_bfloat16> {
   __device__ static float2 unpack(Pair p) { return __bfloat1622float2(p); }
   __device__ static __nv_bfloat16 one(float a) { return __float2bfloat16_rn(a); }
   __device__ static float to_float(__nv_bfloat16 a) { return __bfloat162float(a); }
+  __device__ static void store8(__nv_bfloat16* p, const float (&v)[8]) {
+    uint4 u;
+    u.x = bits(pack(v[0], v[1]));
+    u.y = bits(pack(v[2], v[3]));
+    u.z = bits(pack(v[4], v[5]));
+    u.w = bits(pack(v[6], v[7]));
+    *reinterpret_cast<uint4*>(p) = u;
+  }
+  __device__ static void store4(__nv_bfloat16* p, const float (&v)[4]) {
+    uint2 u;
+    u.x = bits(pack(v[0], v[1]));
+    u.y = bits(pack(v[2], v[3]));
+    *reinterpret_cast<uint2*>(p) = u;
+  }
+  __device__ static void load8(const __nv_bfloat16* p, float (&v)[8]) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = unpack(*reinterpret_cast<const Pair*>(&w[i]));
+      v[2 * i] = f.x;
+      v[2 * i + 1] = f.y;
+    }
+  }
+  __device__ static uint32_t bits(Pair p) { return *reinterpret_cast<uint32_t*>(&p); }
 };
 template <>
 struct OutConv<__half> {
@@ -61,6 +98,31 @@ struct OutConv<__half> {
   __device__ static float2 unpack(Pair p) { return __half22float2(p); }
   __device__ static __half one(float a) { return __float2half_rn(a); }
   __device__ static float to_float(__half a) { return __half2float(a); }
+  __device__ static void store8(__half* p, const float (&v)[8]) {
+    uint4 u;
+    u.x = bits(pack(v[0], v[1]));
+    u.y = bits(pack(v[2], v[3]));
+    u.z = bits(pack(v[4], v[5]));
+    u.w = bits(pack(v[6], v[7]));
+    *reinterpret_cast<uint4*>(p) = u;
+  }
+  __device__ static void store4(__half* p, const float (&v)[4]) {
+    uint2 u;
+    u.x = bits(pack(v[0], v[1]));
+    u.y = bits(pack(v[2], v[3]));
+    *reinterpret_cast<uint2*>(p) = u;
+  }
+  __device__ static void load8(const __half* p, float (&v)[8]) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = unpack(*reinterpret_cast<const Pair*>(&w[i]));
+      v[2 * i] = f.x;
+      v[2 * i + 1] = f.y;
+    }
+  }
+  __device__ static uint32_t bits(Pair p) { return *reinterpret_cast<uint32_t*>(&p); }
 };
 template <>
 struct OutConv<float> {
@@ -69,10 +131,23 @@ struct OutConv<float> {
   __device__ static float2 unpack(Pair p) { return p; }
   __device__ static float one(float a) { return a; }
   __device__ static float to_float(float a) { return a; }
+  __device__ static void store8(float* p, const float (&v)[8]) {
+    reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+  }
+  __device__ static void store4(float* p, const float (&v)[4]) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  }
+  __device__ static void load8(const float* p, float (&v)[8]) {
+    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+  }
 };
 
 /// The standard epilogue: every feature is a compile-time bit, so an unused
-/// one emits no code.
+/// one emits no code. Alignment: d, c and bias 16-byte aligned, ldd and ldc
+/// multiples of 8 elements (validate() checks D; C and bias are the caller's).
 ///
 /// Addressing: without kEpiReorder, D[row, col] lives at d + row*ldd + col
 /// (d may be a peer GPU's pointer: the stores then go over NVLink).
@@ -110,12 +185,39 @@ struct StdEpilogue {
   const int* tile_to_flag = nullptr; ///< tile -> flag index, nullptr = identity
   uint32_t notify_add = 1;
 
-  __device__ __forceinline__ void store_pair(const TileInfo& t, int row, int col, float v0, float v1,
-                                             bool has_v1) const {
+  __device__ __forceinline__ void store8(const TileInfo& t, int row, int col, const float (&acc)[8],
+                                         int valid) const {
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = acc[i];
+    const bool full = valid == 8;
     if constexpr (kBias) {
-      v0 += Conv::to_float(bias[col]);
-      if (has_v1) v1 += Conv::to_float(bias[col + 1]);
+      if (full) {
+        float b[8];
+        Conv::load8(bias + col, b);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] += b[i];
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          if (i < valid) v[i] += Conv::to_float(bias[col + i]);
+      }
     }
+    if constexpr (kAddPartial) {
+      // The partial lives at the un-reordered position in C.
+      const OutT* cp = c + static_cast<int64_t>(row) * ldc + col;
+      if (full) {
+        float p[8];
+        Conv::load8(cp, p);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] += p[i];
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          if (i < valid) v[i] += Conv::to_float(cp[i]);
+      }
+    }
+    constexpr int kOut = kSwiGLU ? 4 : 8;  // outputs per call
     int64_t offset;
     if constexpr (kReorder) {
       const int64_t slot = reorder[t.linear()];
@@ -126,25 +228,25 @@ struct StdEpilogue {
       offset = static_cast<int64_t>(row) * ldd + (kSwiGLU ? col / 2 : col);
     }
     if constexpr (kSwiGLU) {
-      // v0 = gate, v1 = up (N even is validated on the host, so has_v1 holds).
-      const float silu = v0 / (1.0f + __expf(-v0));
-      d[offset] = Conv::one(silu * v1);
-    } else {
-      if constexpr (kAddPartial) {
-        // The partial lives at the un-reordered position in C.
-        const int64_t coff = static_cast<int64_t>(row) * ldc + col;
-        if (has_v1) {
-          const float2 p = Conv::unpack(*reinterpret_cast<const Pair*>(c + coff));
-          v0 += p.x;
-          v1 += p.y;
-        } else {
-          v0 += Conv::to_float(c[coff]);
-        }
+      // v[2j] = gate, v[2j+1] = up (N even is the caller's contract).
+      float o[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) o[j] = v[2 * j] / (1.0f + __expf(-v[2 * j])) * v[2 * j + 1];
+      if (full) {
+        Conv::store4(d + offset, o);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kOut; ++j)
+          if (2 * j + 1 < valid) d[offset + j] = Conv::one(o[j]);
       }
-      if (has_v1)
-        *reinterpret_cast<Pair*>(d + offset) = Conv::pack(v0, v1);
-      else
-        d[offset] = Conv::one(v0);
+    } else {
+      if (full) {
+        Conv::store8(d + offset, v);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kOut; ++i)
+          if (i < valid) d[offset + i] = Conv::one(v[i]);
+      }
     }
   }
 

@@ -4,7 +4,8 @@
 // Block = 1 producer warpgroup + Cfg::kConsumers consumer warpgroups.
 //  * producer (warpgroup 0): drops to kProducerRegs registers; one thread walks
 //    the schedule, calls Prologue::wait (if active) before each tile and
-//    streams the tile's K blocks into the smem ring with TMA.
+//    streams the tile's K blocks into the smem ring with TMA. If the Epilogue
+//    notifies, warp 1 of this warpgroup is the notifier (see epilogue.cuh).
 //  * consumers: raise to kConsumerRegs registers; walk the same schedule,
 //    multiply with wgmma, then hand each accumulator pair to the Epilogue and,
 //    if it notifies, fence + barrier + tile_done (see epilogue.cuh).
@@ -33,6 +34,10 @@ struct KernelParams {
   Scheduler scheduler;
 };
 
+/// Named barriers 2 and 3 (alternating per tile) hand finished tiles from the
+/// consumers to the notifier warp; 0 is __syncthreads.
+constexpr int kNotifyBarrier = 2;
+
 template <class Cfg, class InT, bool kTransB, class Prologue, class Epilogue, class Scheduler>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
@@ -59,6 +64,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
+    if constexpr (Epilogue::kNotify) {
+      if (threadIdx.x / 32 == 1) {
+        // Notifier: waits until all consumer threads stored tile i, makes
+        // the stores visible at the epilogue's scope, publishes tile_done.
+        int iter = 0;
+        for (int pos = blockIdx.x; pos < num_tiles; pos += gridDim.x, ++iter) {
+          const TileCoord t = p.scheduler.tile(pos, p.tiles_m, p.tiles_n);
+          ptx::named_barrier_sync(kNotifyBarrier + (iter & 1), Cfg::kConsumers * 128 + 32);
+          if (threadIdx.x % 32 == 0) {
+            if constexpr (Epilogue::kSysScope)
+              ptx::fence_acq_rel_sys();
+            else
+              ptx::fence_acq_rel_gpu();
+            const TileInfo info{t.m, t.n, pos, t.m * Cfg::BM, t.n * Cfg::BN, Cfg::BM, Cfg::BN,
+                                p.tiles_m, p.tiles_n, p.M, p.N};
+            p.epilogue.tile_done(info);
+          }
+        }
+      }
+    }
     if (threadIdx.x == 0) {
       ptx::tma_prefetch_desc(&tma_a);
       ptx::tma_prefetch_desc(&tma_b);
@@ -78,8 +103,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int consumer = warpgroup - 1;
     const int warp = (threadIdx.x % 128) / 32;
     const int lane = threadIdx.x % 32;
+    const int q = lane & 3;  // position in the lane quad that shares a row
     float acc[Cfg::kMAtoms][Cfg::BN / 2];
-    for (int pos = blockIdx.x; pos < num_tiles; pos += gridDim.x) {
+    int iter = 0;
+    for (int pos = blockIdx.x; pos < num_tiles; pos += gridDim.x, ++iter) {
       const TileCoord t = p.scheduler.tile(pos, p.tiles_m, p.tiles_n);
       consume_tile<Cfg, InT, kTransB>(sm, consumer, k_blocks, acc, stage, phase);
 
@@ -87,28 +114,43 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                           p.tiles_m, p.tiles_n, p.M, p.N};
       // wgmma accumulator layout (m64nN, f32): register i of thread (warp w,
       // lane l) holds row 16w + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + i%2.
+      // A lane quad shares a row; for each group of 4 column blocks of 8 it
+      // holds one float2 per (lane, block). A 4x4 transpose of float2 inside
+      // the quad (3 shuffle rounds) gives lane q the 8 consecutive columns of
+      // block 4g+q, so each store is 8 contiguous elements.
 #pragma unroll
       for (int a = 0; a < Cfg::kMAtoms; ++a) {
         const int row_base = info.row0 + consumer * Cfg::kRowsPerConsumer + a * 64 + warp * 16 + lane / 4;
 #pragma unroll
-        for (int j = 0; j < Cfg::BN / 8; ++j) {
-          const int col = info.col0 + j * 8 + (lane % 4) * 2;
+        for (int h = 0; h < 2; ++h) {
+          const int row = row_base + 8 * h;
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int row = row_base + 8 * h;
-            if (row < p.M && col < p.N)
-              p.epilogue.store_pair(info, row, col, acc[a][4 * j + 2 * h], acc[a][4 * j + 2 * h + 1], col + 1 < p.N);
+          for (int g = 0; g < Cfg::BN / 32; ++g) {
+            float2 e[4], f[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+              e[j] = make_float2(acc[a][4 * (4 * g + j) + 2 * h], acc[a][4 * (4 * g + j) + 2 * h + 1]);
+#pragma unroll
+            for (int c = 0; c < 4; ++c) f[c] = e[c];  // f[q] = e[q] is the diagonal
+#pragma unroll
+            for (int r = 1; r < 4; ++r) {
+              const int send_idx = (q - r) & 3, from = (q + r) & 3;
+              float2 send = e[0];
+#pragma unroll
+              for (int j = 1; j < 4; ++j) send = send_idx == j ? e[j] : send;
+              float2 recv;
+              recv.x = __shfl_sync(0xffffffffu, send.x, (lane & ~3) | from);
+              recv.y = __shfl_sync(0xffffffffu, send.y, (lane & ~3) | from);
+#pragma unroll
+              for (int c = 0; c < 4; ++c) f[c] = c == from ? recv : f[c];
+            }
+            const float v[8] = {f[0].x, f[0].y, f[1].x, f[1].y, f[2].x, f[2].y, f[3].x, f[3].y};
+            const int col = info.col0 + 8 * (4 * g + q);
+            if (row < p.M && col < p.N) p.epilogue.store8(info, row, col, v, min(8, p.N - col));
           }
         }
       }
-      if constexpr (Epilogue::kNotify) {
-        if constexpr (Epilogue::kSysScope)
-          ptx::fence_acq_rel_sys();
-        else
-          ptx::fence_acq_rel_gpu();
-        ptx::named_barrier_sync(1, Cfg::kConsumers * 128);
-        if (threadIdx.x == 128) p.epilogue.tile_done(info);
-      }
+      if constexpr (Epilogue::kNotify) ptx::named_barrier_arrive(kNotifyBarrier + (iter & 1), Cfg::kConsumers * 128 + 32);
     }
   }
 #endif

@@ -14,12 +14,29 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdio>
 
 #include "tessera/kernels/gemm/ptx.cuh"
 #include "tessera/kernels/gemm/tile.cuh"
+#include "tessera/kernels/gemm/wait_diag.hpp"
 
 namespace tessera::kernels::engine {
+
+__device__ __forceinline__ void record_timeout(WaitDiag* d, const TileInfo& t, int flag, uint64_t expected,
+                                               uint64_t seen, uint64_t timeout_ns) {
+  if (!d) return;
+  if (atomicCAS(reinterpret_cast<unsigned int*>(&d->magic), 0u, 1u) != 0u) return;  // someone else recorded
+  volatile WaitDiag* v = d;
+  v->block = static_cast<int>(blockIdx.x);
+  v->tile_m = t.m;
+  v->tile_n = t.n;
+  v->flag = flag;
+  v->expected = expected;
+  v->seen = seen;
+  v->timeout_ns = timeout_ns;
+  __threadfence_system();
+  v->magic = WaitDiag::kMagic;
+  __threadfence_system();
+}
 
 /// No wait: the default; compiles to nothing.
 struct NoWait {
@@ -39,9 +56,15 @@ struct NoWait {
 /// (same-GPU producer) or .sys scope (peer / host producer, kSys = true).
 /// Epoch-based: callers pass the epoch they expect (>=), nothing is reset.
 ///
-/// A wait longer than timeout_ns prints block, tile, flag index, expected and
-/// seen values, then traps (the host sees cudaErrorLaunchFailure / an
-/// illegal-instruction error from the next synchronising call).
+/// A wait longer than timeout_ns records block, tile, flag index, expected and
+/// seen values in `diag` (host-mapped memory from kernels::wait_diagnostics(),
+/// readable after the context is lost; kernels::last_wait_timeout() formats
+/// it), then traps: the host sees cudaErrorLaunchFailure from the next
+/// synchronising call.
+///
+/// No printf here on purpose: any call in the kernel makes ptxas serialize
+/// every wgmma of the kernel (warning C7510), costing ~10-25%. The same
+/// holds for any Prologue/Epilogue: keep device code call-free.
 template <class FlagT = uint32_t, bool kSys = false>
 struct FlagWait {
   static constexpr bool kActive = true;
@@ -51,6 +74,7 @@ struct FlagWait {
   int rows_per_flag = 0;
   int cols_per_flag = 0;
   uint64_t timeout_ns = 10'000'000'000ull;  // 10 s
+  WaitDiag* diag = nullptr;                  // where a timeout is recorded (may be null)
 
   __device__ __forceinline__ FlagT load(int f) const {
     if constexpr (kSys)
@@ -65,10 +89,7 @@ struct FlagWait {
     const uint64_t start = ptx::globaltimer_ns();
     while ((seen = load(f)) < expected) {
       if (ptx::globaltimer_ns() - start > timeout_ns) {
-        printf("tessera gemm prologue: timeout after %llu ns in block %d waiting for tile (%d,%d): flag[%d] "
-               "expected >= %llu, seen %llu\n",
-               static_cast<unsigned long long>(timeout_ns), static_cast<int>(blockIdx.x), t.m, t.n, f,
-               static_cast<unsigned long long>(expected), static_cast<unsigned long long>(seen));
+        record_timeout(diag, t, f, static_cast<uint64_t>(expected), static_cast<uint64_t>(seen), timeout_ns);
         __trap();
       }
       __nanosleep(64);
