@@ -228,7 +228,9 @@ TEST(Launcher, OutputIsPrefixedLineByLineOnTheRightStream) {
       EXPECT_EQ(i, per_rank[r_]++) << "lines of one rank out of order";
     }
     for (int i = 0; i < n; ++i) EXPECT_EQ(per_rank[i], count) << kind << " of rank " << i;
-    if (kind == "out") EXPECT_EQ(tails, n);
+    if (kind == "out") {
+      EXPECT_EQ(tails, n);
+    }
   }
 }
 
