@@ -45,6 +45,10 @@ void check_map_tables(const ArMap&, const char*) {}
 void check_map_tables(const RsShard& s, const char* op) {
   TESSERA_CHECK(s.rank >= 0 && s.rank < s.map.ranks, "{}: rank {} outside [0, {})", op, s.rank, s.map.ranks);
 }
+void check_map_tables(const RowMajorMap& m, const char* op) {
+  TESSERA_CHECK(m.ld >= m.n && m.ld % 8 == 0, "{}: input row stride {} must be >= N = {} and a multiple of 8", op, m.ld,
+                m.n);
+}
 void check_map_tables(const A2aRecvMap& m, const char* op) {
   if (m.out_rows > 0) check_device_pointer(m.chunk_src, op, "A2aRecvMap::chunk_src table");
 }
@@ -76,12 +80,15 @@ void rmsnorm_any(const Map& map, const void* recv, const void* weight, void* out
 void unreorder(const ArMap& m, const void* r, void* o, std::int64_t ld, DType t, cudaStream_t s) { unreorder_any(m, r, o, ld, t, s); }
 void unreorder(const RsShard& m, const void* r, void* o, std::int64_t ld, DType t, cudaStream_t s) { unreorder_any(m, r, o, ld, t, s); }
 void unreorder(const A2aRecvMap& m, const void* r, void* o, std::int64_t ld, DType t, cudaStream_t s) { unreorder_any(m, r, o, ld, t, s); }
+void unreorder(const RowMajorMap& m, const void* r, void* o, std::int64_t ld, DType t, cudaStream_t s) { unreorder_any(m, r, o, ld, t, s); }
 
 void rmsnorm_unreorder(const ArMap& m, const void* r, const void* w, void* o, std::int64_t ld, float eps, DType t,
                        cudaStream_t s) { rmsnorm_any(m, r, w, o, ld, eps, t, s); }
 void rmsnorm_unreorder(const RsShard& m, const void* r, const void* w, void* o, std::int64_t ld, float eps, DType t,
                        cudaStream_t s) { rmsnorm_any(m, r, w, o, ld, eps, t, s); }
 void rmsnorm_unreorder(const A2aRecvMap& m, const void* r, const void* w, void* o, std::int64_t ld, float eps, DType t,
+                       cudaStream_t s) { rmsnorm_any(m, r, w, o, ld, eps, t, s); }
+void rmsnorm_unreorder(const RowMajorMap& m, const void* r, const void* w, void* o, std::int64_t ld, float eps, DType t,
                        cudaStream_t s) { rmsnorm_any(m, r, w, o, ld, eps, t, s); }
 
 }  // namespace tessera::signal

@@ -162,6 +162,7 @@ cudaError_t launch_rmsnorm_unreorder(const Map& map, const void* recv, const voi
 TESSERA_INSTANTIATE(ArMap)
 TESSERA_INSTANTIATE(RsShard)
 TESSERA_INSTANTIATE(A2aRecvMap)
+TESSERA_INSTANTIATE(RowMajorMap)
 #undef TESSERA_INSTANTIATE
 
 }  // namespace tessera::signal::detail

@@ -121,6 +121,11 @@ TEST(UnreorderGpu, AllReduceMap) {
   }
 }
 
+TEST(UnreorderGpu, RowMajorBaseline) {
+  TESSERA_REQUIRE_GPUS(1);
+  for (DType t : {DType::bf16, DType::f16}) check_map(RowMajorMap{300, 1024, 1040}, t, "row-major 300x1024");
+}
+
 TEST(UnreorderGpu, ReduceScatterShards) {
   TESSERA_REQUIRE_GPUS(1);
   for (int R : {2, 4, 8})

@@ -154,4 +154,15 @@ struct RsShard {
   }
 };
 
+/// The identity gather (a plain row-major M x N matrix with row stride ld):
+/// the same un-reorder/RMSNorm kernels without any reorder, as a baseline.
+struct RowMajorMap {
+  std::int64_t m = 0, n = 0, ld = 0;
+
+  TESSERA_HD std::int64_t rows() const { return m; }
+  TESSERA_HD std::int64_t cols() const { return n; }
+  TESSERA_HD int chunk_width() const { return static_cast<int>(n); }
+  TESSERA_HD std::int64_t chunk_offset(std::int64_t row, int) const { return row * ld; }
+};
+
 }  // namespace tessera::signal

@@ -28,12 +28,17 @@ void unreorder(const ArMap& map, const void* recv, void* out, std::int64_t ld_ou
 void unreorder(const RsShard& map, const void* recv, void* out, std::int64_t ld_out, DType dtype, cudaStream_t stream);
 void unreorder(const A2aRecvMap& map, const void* recv, void* out, std::int64_t ld_out, DType dtype,
                cudaStream_t stream);
+void unreorder(const RowMajorMap& map, const void* recv, void* out, std::int64_t ld_out, DType dtype,
+               cudaStream_t stream);
 
 void rmsnorm_unreorder(const ArMap& map, const void* recv, const void* weight, void* out, std::int64_t ld_out,
                        float eps, DType dtype, cudaStream_t stream);
 void rmsnorm_unreorder(const RsShard& map, const void* recv, const void* weight, void* out, std::int64_t ld_out,
                        float eps, DType dtype, cudaStream_t stream);
 void rmsnorm_unreorder(const A2aRecvMap& map, const void* recv, const void* weight, void* out, std::int64_t ld_out,
+                       float eps, DType dtype, cudaStream_t stream);
+/// Plain RMSNorm (RowMajorMap): the baseline the fused kernels are compared to.
+void rmsnorm_unreorder(const RowMajorMap& map, const void* recv, const void* weight, void* out, std::int64_t ld_out,
                        float eps, DType dtype, cudaStream_t stream);
 
 }  // namespace tessera::signal

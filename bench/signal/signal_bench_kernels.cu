@@ -1,0 +1,46 @@
+#include "signal/signal_bench_kernels.hpp"
+
+#include <cuda_bf16.h>
+
+#include "tessera/kernels/gemm/launch.cuh"
+#include "tessera/signal/epilogue.cuh"
+
+namespace tessera::bench::signalb {
+namespace {
+
+__global__ void fill_kernel(__nv_bfloat16* p, std::int64_t n, std::uint64_t seed) {
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x) {
+    std::uint64_t x = (seed + 1) * 0x9E3779B97F4A7C15ull ^ (std::uint64_t(i) * 0xBF58476D1CE4E5B9ull);
+    x ^= x >> 31;
+    x *= 0x94D049BB133111EBull;
+    x ^= x >> 29;
+    const float u = float(x >> 40) * (1.0f / float(1ull << 24));  // [0, 1)
+    p[i] = __float2bfloat16_rn(2.f * u - 1.f + 1e-3f);
+  }
+}
+
+__global__ void set_kernel(std::uint32_t* c, int n, std::uint32_t v) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) c[i] = v;
+}
+
+}  // namespace
+
+void fill_random_bf16(void* p, std::int64_t n, std::uint64_t seed, cudaStream_t s) {
+  fill_kernel<<<1024, 256, 0, s>>>(static_cast<__nv_bfloat16*>(p), n, seed);
+}
+
+void set_counters(std::uint32_t* counters, int n, std::uint32_t value, cudaStream_t s) {
+  set_kernel<<<(n + 255) / 256, 256, 0, s>>>(counters, n, value);
+}
+
+void gemm_into_groups(const kernels::GemmArgs& a, const kernels::GemmOptions& o, void* buffer,
+                      const std::int64_t* tile_base, const std::int64_t* seg_stride, const int* tile_group,
+                      int sub_rows, int tile_n, std::uint32_t* counters, cudaStream_t s) {
+  signal::GroupEpilogue<__nv_bfloat16> epi{static_cast<__nv_bfloat16*>(buffer), tile_base, seg_stride, tile_group,
+                                           counters, sub_rows, tile_n};
+  kernels::gemm_with<__nv_bfloat16>(a, o, kernels::engine::NoWait{}, epi,
+                                    kernels::engine::RasterScheduler{o.raster_group, o.raster_along_m, 0}, s);
+}
+
+}  // namespace tessera::bench::signalb
