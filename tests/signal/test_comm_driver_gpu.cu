@@ -71,23 +71,44 @@ struct Spans {
   }
 };
 
-// Runs the producer for one call on the compute stream.
-void produce(runtime::ProcessGroup* pg, const std::vector<float>& staging_host, float* dst, const Spans& spans,
-             const GroupPlan& plan, GroupCounters& counters, std::mt19937_64& g) {
-  std::vector<int> order(plan.groups()), delay(plan.groups()), tiles(plan.groups());
-  std::iota(order.begin(), order.end(), 0);
-  std::shuffle(order.begin(), order.end(), g);
-  for (auto& d : delay) d = std::uniform_int_distribution<int>(0, 200)(g);
-  for (int k = 0; k < plan.groups(); ++k) tiles[k] = plan.tiles_in(k);
-  float* staging = dev_copy(staging_host);
-  int *d_order = dev_copy(order), *d_delay = dev_copy(delay), *d_tiles = dev_copy(tiles);
-  long long *d_b = dev_copy(spans.begin), *d_o = dev_copy(spans.off), *d_l = dev_copy(spans.len);
-  fake_producer<<<1, 256, 0, pg->stream()>>>(staging, dst, d_order, d_delay, d_b, d_o, d_l, d_tiles, plan.groups(),
-                                             counters.device());
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-  EXPECT_EQ(cudaStreamSynchronize(pg->stream()), cudaSuccess);  // frees below; the comm stream may still run
-  for (void* p : {(void*)staging, (void*)d_order, (void*)d_delay, (void*)d_tiles, (void*)d_b, (void*)d_o, (void*)d_l})
-    cudaFree(p);
+// The producer of one call. Everything is allocated and copied in the
+// constructor, BEFORE the driver enqueues its waits: an allocation that
+// synchronized the device while the communication stream waits on counters
+// only this producer can bump would deadlock.
+struct Producer {
+  float* staging = nullptr;
+  int *order = nullptr, *delay = nullptr, *tiles = nullptr;
+  long long *b = nullptr, *o = nullptr, *l = nullptr;
+  int groups = 0;
+
+  Producer(const std::vector<float>& staging_host, const Spans& spans, const GroupPlan& plan, std::mt19937_64& g)
+      : groups(plan.groups()) {
+    std::vector<int> ord(groups), del(groups), til(groups);
+    std::iota(ord.begin(), ord.end(), 0);
+    std::shuffle(ord.begin(), ord.end(), g);
+    for (auto& d : del) d = std::uniform_int_distribution<int>(0, 200)(g);
+    for (int k = 0; k < groups; ++k) til[k] = plan.tiles_in(k);
+    staging = dev_copy(staging_host);
+    order = dev_copy(ord);
+    delay = dev_copy(del);
+    tiles = dev_copy(til);
+    b = dev_copy(spans.begin);
+    o = dev_copy(spans.off);
+    l = dev_copy(spans.len);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+  void launch(cudaStream_t s, float* dst, GroupCounters& counters) {
+    fake_producer<<<1, 256, 0, s>>>(staging, dst, order, delay, b, o, l, tiles, groups, counters.device());
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  }
+  ~Producer() {
+    for (void* p : {(void*)staging, (void*)order, (void*)delay, (void*)tiles, (void*)b, (void*)o, (void*)l}) cudaFree(p);
+  }
+};
+
+__global__ void set_u32(std::uint32_t* p, int n, std::uint32_t v) {
+  if (int(threadIdx.x) < n) p[threadIdx.x] = v;
 }
 
 bool skip_unless_two_ranks() {
@@ -124,8 +145,9 @@ TEST_P(CommDriverGpu, AllReduceGroupsInRandomOrder) {
       std::vector<float> staging(map.buffer_elems(), 0.f);
       for (std::int64_t i = 0; i < 1000; ++i)
         for (std::int64_t j = 0; j < 776; ++j) staging[map.offset(i, j)] = value(pg->rank(), epoch, i, j);
+      Producer prod(staging, spans, plan, g);
       drv.all_reduce(plan, map, buf, DType::f32, counters, epoch);  // enqueued before the producer runs
-      produce(pg, staging, buf, spans, plan, counters, g);
+      prod.launch(pg->stream(), buf, counters);
       drv.synchronize(plan, counters, epoch);
       unreorder(map, buf, out, 776, DType::f32, pg->comm_stream(0));
       CUDA_OK(cudaStreamSynchronize(pg->comm_stream(0)));
@@ -167,8 +189,9 @@ TEST_P(CommDriverGpu, ReduceScatterGroupsInRandomOrder) {
       for (std::int64_t i = 0; i < M; ++i)
         for (std::int64_t j = 0; j < N; ++j)
           staging[map.send_offset(i, j, plan.host_view())] = value(pg->rank(), epoch, i, j);
+      Producer prod(staging, spans, plan, g);
       drv.reduce_scatter(plan, map, send, recv, DType::f32, counters, epoch);
-      produce(pg, staging, send, spans, plan, counters, g);
+      prod.launch(pg->stream(), send, counters);
       drv.synchronize(plan, counters, epoch);
       unreorder(shard, recv, out, N, DType::f32, pg->comm_stream(0));
       CUDA_OK(cudaStreamSynchronize(pg->comm_stream(0)));
@@ -229,8 +252,9 @@ TEST_P(CommDriverGpu, AllToAllUnevenRoutingInRandomOrder) {
     std::vector<float> staging(plan.send_elems(me), 0.f);
     for (std::int64_t i = 0; i < std::int64_t(dest[me].size()); ++i)
       for (std::int64_t j = 0; j < N; ++j) staging[smap.offset(i, j)] = value(me, epoch, i, j);
+    Producer prod(staging, spans, mine, g);
     drv.all_to_all(plan, send, recv, DType::f32, counters, epoch);
-    produce(pg, staging, send, spans, mine, counters, g);
+    prod.launch(pg->stream(), send, counters);
     drv.synchronize(mine, counters, epoch);
     if (plan.out_rows(me) > 0) unreorder(rmap, recv, out, N, DType::f32, pg->comm_stream(0));
     CUDA_OK(cudaStreamSynchronize(pg->comm_stream(0)));
@@ -263,6 +287,8 @@ TEST(CommDriverGpuTimeout, StreamWaitTimeoutNamesTheGroup) {
   CommDriver drv(pg->nccl(), pg->comm_stream(0), WaitMode::StreamMemOp, 300'000'000ull);
   float* buf = nullptr;
   CUDA_OK(cudaMalloc(&buf, map.buffer_elems() * sizeof(float)));
+  cudaStream_t side;  // created before the communication stream blocks
+  CUDA_OK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
   drv.all_reduce(plan, map, buf, DType::f32, counters, 1);
   try {
     drv.synchronize(plan, counters, 1);
@@ -270,10 +296,8 @@ TEST(CommDriverGpuTimeout, StreamWaitTimeoutNamesTheGroup) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("group 0: expected >= 2, seen 0"), std::string::npos) << e.what();
   }
-  const std::vector<std::uint32_t> release{2, 2};
-  cudaStream_t side;
-  CUDA_OK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-  CUDA_OK(cudaMemcpyAsync(counters.device(), release.data(), 8, cudaMemcpyHostToDevice, side));
+  set_u32<<<1, 32, 0, side>>>(counters.device(), 2, 2u);  // release both groups
+  CUDA_OK(cudaGetLastError());
   CUDA_OK(cudaStreamSynchronize(side));
   drv.synchronize(plan, counters, 1);
   CUDA_OK(cudaStreamDestroy(side));
