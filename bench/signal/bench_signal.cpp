@@ -166,6 +166,7 @@ struct Row {
   double per_wave_meas = 0, equal2_meas = 0;
   double rel_err = 0;
   bool overlap = false;
+  tune::GemmTiming timing;  ///< for the stored machine profile
 };
 
 struct Problem {
@@ -294,6 +295,8 @@ Row measure(Problem& P, const tune::BandwidthCurve& curve, double overhead, sign
                        dt.tile_n(), cnt.device(), cs);
     }, o);
   }
+  row.timing = {sh.m, sh.n, sh.k, ts.bm, ts.bn, P.gopts.raster_group, P.gopts.max_ctas,
+                gemm_budget_ms * 1e-3 / wm.waves(), row.gemm * 1e-3};
   // Predict and search.
   const double bytes_per_tile = double(ts.bm) * ts.bn * 2;
   signal::OverlapCost cost = signal::OverlapCost::from_tiles(
@@ -398,6 +401,7 @@ void run(const Options& o) {
   for (const Shape& s : shapes) {
     Problem P{o, *pg, s, {}, {}};
     const Row r = measure(P, curve, overhead, mode);
+    timings.push_back(r.timing);
     const double err = r.overlap ? std::abs(r.predicted - r.tessera) / r.tessera * 100 : 0;
     if (r.overlap) { err_sum += err; ++err_n; }
     slower += r.tessera > r.seq * 1.005;
@@ -430,11 +434,13 @@ void run(const Options& o) {
     prof.nccl_sms = o.nccl_sms;
     prof.per_group_overhead = overhead;
     prof.curves[coll] = curve;
+    prof.gemms = timings;
     tune::Cache cache("machine_profile", tune::MachineProfile::kCacheVersion);
     if (auto old = tune::MachineProfile::load(cache, prof.machine, prof.dtype)) {
       for (const auto& [c, cv] : old->curves)
         if (!prof.curves.count(c)) prof.curves[c] = cv;
-      prof.gemms = old->gemms;
+      for (const auto& g : old->gemms)
+        if (!prof.find_gemm(g.m, g.n, g.k, g.tile_m, g.tile_n)) prof.gemms.push_back(g);
     }
     prof.store(cache);
     fmt::print("stored machine profile in {}\n", cache.file().string());
