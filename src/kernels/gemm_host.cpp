@@ -183,6 +183,14 @@ GemmTile choose_tile(const GemmArgs& a, int num_sms) {
   return best;
 }
 
+int resolve_cluster(const GemmArgs& a, const GemmOptions& o, GemmTile t) {
+  TESSERA_CHECK(o.cluster_m >= 0 && o.cluster_m <= 2, "gemm: cluster_m = {} (0 = auto, 1 or 2)", o.cluster_m);
+  if (t == GemmTile::T128x128 || t == GemmTile::Auto) return 1;
+  if (o.cluster_m) return o.cluster_m;
+  const TileShape s = tile_shape(t);
+  return (a.m + s.bm - 1) / s.bm >= 2 ? 2 : 1;
+}
+
 GemmTile resolve_tile(const GemmArgs& a, const GemmOptions& o) {
   if (o.tile != GemmTile::Auto) return o.tile;
   const int sms = o.max_ctas > 0 ? std::min(o.max_ctas, detail::sm_count()) : detail::sm_count();

@@ -24,7 +24,7 @@ void gemm_plain_out(GemmTile t, const GemmArgs& a, const GemmOptions& o, cudaStr
     if (o.tile != GemmTile::Auto && o.tile != GemmTile::T128x256)
       fail("gemm: tile " + tile_name(o.tile) + " is not compiled for " + std::string(dtype_name(a.in)) +
            " inputs with " + std::string(dtype_name(a.out)) + " output (only 128x256)");
-    gemm_with_tile<GemmTile::T128x256, InT, L>(a, o, pro, epi, sched, stream);
+    gemm_with_tile<GemmTile::T128x256, InT, L, 1>(a, o, pro, epi, sched, stream);
   }
 }
 

@@ -21,13 +21,16 @@ StdEpilogue<bf16, F> epi_for(const GemmArgs& a) {
 
 template <class Pro, class Epi, class Sched>
 void run(const GemmArgs& a, GemmTile t, int max_ctas, const Pro& pro, const Epi& epi, const Sched& sched,
-         cudaStream_t s) {
+         cudaStream_t s, int cluster = 1) {
   GemmOptions o;
   o.tile = t;
   o.max_ctas = max_ctas;
-  // Two tiles compiled for policy tests: enough to exercise 1 and 2 wgmma atoms per consumer.
+  // Two tiles compiled for policy tests: enough to exercise 1 and 2 wgmma
+  // atoms per consumer; 2-CTA clusters for the 128x256 tile.
   if (t == GemmTile::T256x128)
     gemm_with_tile<GemmTile::T256x128, bf16, BLayout::NK>(a, o, pro, epi, sched, s);
+  else if (cluster == 2)
+    gemm_with_tile<GemmTile::T128x256, bf16, BLayout::NK, 2>(a, o, pro, epi, sched, s);
   else
     gemm_with_tile<GemmTile::T128x256, bf16, BLayout::NK>(a, o, pro, epi, sched, s);
 }
@@ -38,22 +41,22 @@ void gemm_permuted(const GemmArgs& a, GemmTile t, const int* d_order, int max_ct
 }
 
 void gemm_flag_wait(const GemmArgs& a, GemmTile t, const uint32_t* flags, int rows_per_flag, uint32_t expected,
-                    uint64_t timeout_ns, int max_ctas, cudaStream_t s) {
+                    uint64_t timeout_ns, int max_ctas, cudaStream_t s, int cluster) {
   engine::FlagWait<uint32_t, false> w;
   w.flags = flags;
   w.expected = expected;
   w.rows_per_flag = rows_per_flag;
   w.timeout_ns = timeout_ns;
   w.diag = wait_diagnostics();
-  run(a, t, max_ctas, w, epi_for<engine::kEpiPlain>(a), engine::RasterScheduler{}, s);
+  run(a, t, max_ctas, w, epi_for<engine::kEpiPlain>(a), engine::RasterScheduler{}, s, cluster);
 }
 
 void gemm_notify(const GemmArgs& a, GemmTile t, uint32_t* flags, const int* tile_to_flag, int max_ctas,
-                 cudaStream_t s) {
+                 cudaStream_t s, int cluster) {
   auto e = epi_for<engine::kEpiNotify>(a);
   e.flags = flags;
   e.tile_to_flag = tile_to_flag;
-  run(a, t, max_ctas, engine::NoWait{}, e, engine::RasterScheduler{}, s);
+  run(a, t, max_ctas, engine::NoWait{}, e, engine::RasterScheduler{}, s, cluster);
 }
 
 void gemm_reorder(const GemmArgs& a, GemmTile t, const int* reorder, cudaStream_t s) {

@@ -14,12 +14,13 @@ namespace tessera::kernels::testk {
 
 /// Explicit tile order: order[pos] = tile_m * tiles_n + tile_n.
 void gemm_permuted(const GemmArgs& a, GemmTile t, const int* d_order, int max_ctas, cudaStream_t s);
-/// FlagWait over A rows (rows_per_flag) at .gpu scope.
+/// FlagWait over A rows (rows_per_flag) at .gpu scope. cluster: 1, or 2
+/// (2-CTA clusters, 128x256 tile only).
 void gemm_flag_wait(const GemmArgs& a, GemmTile t, const uint32_t* flags, int rows_per_flag, uint32_t expected,
-                    uint64_t timeout_ns, int max_ctas, cudaStream_t s);
+                    uint64_t timeout_ns, int max_ctas, cudaStream_t s, int cluster = 1);
 /// StdEpilogue with kEpiNotify (.gpu); tile_to_flag may be null (per-tile flags).
 void gemm_notify(const GemmArgs& a, GemmTile t, uint32_t* flags, const int* tile_to_flag, int max_ctas,
-                 cudaStream_t s);
+                 cudaStream_t s, int cluster = 1);
 /// StdEpilogue with kEpiReorder: tile -> slot, dense bm x bn blocks in a.d.
 void gemm_reorder(const GemmArgs& a, GemmTile t, const int* reorder, cudaStream_t s);
 /// D = A·B + C (C bf16, row stride ldc).

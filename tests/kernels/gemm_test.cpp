@@ -108,15 +108,18 @@ TEST(GemmGpu, EveryTileLayoutTypeAndShapeMatchesCublas) {
   for (const auto& sh : shapes)
     for (DType in : {DType::bf16, DType::f16})
       for (auto layout : {tk::BLayout::NK, tk::BLayout::KN})
-        for (auto tile : {tk::GemmTile::T128x256, tk::GemmTile::T256x128, tk::GemmTile::T128x128}) {
-          const Problem p{sh[0], sh[1], sh[2], in, in, layout, (sh[0] % 2) ? 8 : 0};
-          Buffers s = make(p);
-          tk::GemmOptions o;
-          o.tile = tile;
-          tk::gemm(s.args, o);
-          const double err = error_vs_cublas(s);
-          EXPECT_LT(err, tolerance(p.out)) << name(p, tile);
-        }
+        for (auto tile : {tk::GemmTile::T128x256, tk::GemmTile::T256x128, tk::GemmTile::T128x128})
+          for (int cluster : {1, 2}) {
+            if (tile == tk::GemmTile::T128x128 && cluster == 2) continue;
+            const Problem p{sh[0], sh[1], sh[2], in, in, layout, (sh[0] % 2) ? 8 : 0};
+            Buffers s = make(p);
+            tk::GemmOptions o;
+            o.tile = tile;
+            o.cluster_m = cluster;
+            tk::gemm(s.args, o);
+            const double err = error_vs_cublas(s);
+            EXPECT_LT(err, tolerance(p.out)) << name(p, tile) << " cluster " << cluster;
+          }
 }
 
 // cuBLASLt has no bf16 -> f16 (or f16 -> bf16) kernels: compare every output
@@ -145,6 +148,7 @@ TEST(GemmGpu, TileOrdersAndSmCapGiveIdenticalResults) {
   Buffers s = make(p);
   tk::GemmOptions base;
   base.tile = tk::GemmTile::T128x256;
+  base.cluster_m = 1;
   tk::gemm(s.args, base);
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_LT(error_vs_cublas(s), tolerance(p.out));
@@ -156,10 +160,14 @@ TEST(GemmGpu, TileOrdersAndSmCapGiveIdenticalResults) {
     bool along_m;
     int rotate;
     int max_ctas;
+    int cluster;
   };
-  const Variant variants[] = {{"row-major", 1, false, 0, 0},  {"group 3", 3, false, 0, 0},
-                              {"along m, group 2", 2, true, 0, 0}, {"rotate 3", 8, false, 3, 0},
-                              {"sm cap 5", 8, false, 0, 5},   {"sm cap 1", 8, false, 0, 1}};
+  const Variant variants[] = {{"row-major", 1, false, 0, 0, 1},     {"group 3", 3, false, 0, 0, 1},
+                              {"along m, group 2", 2, true, 0, 0, 1}, {"rotate 3", 8, false, 3, 0, 1},
+                              {"sm cap 5", 8, false, 0, 5, 1},      {"sm cap 1", 8, false, 0, 1, 1},
+                              {"cluster 2", 8, false, 0, 0, 2},     {"cluster 2, rotate 4", 3, false, 4, 0, 2},
+                              {"cluster 2, along m", 2, true, 0, 0, 2}, {"cluster 2, sm cap 6", 8, false, 0, 6, 2},
+                              {"cluster 2, sm cap 2", 1, false, 0, 2, 2}};
   for (const auto& v : variants) {
     tt::poison(s.d);
     tk::GemmOptions o = base;
@@ -167,6 +175,7 @@ TEST(GemmGpu, TileOrdersAndSmCapGiveIdenticalResults) {
     o.raster_along_m = v.along_m;
     o.rotate_m = v.rotate;
     o.max_ctas = v.max_ctas;
+    o.cluster_m = v.cluster;
     tk::gemm(s.args, o);
     TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_TRUE(tt::bytes_of(s.d) == want) << v.what;
@@ -218,12 +227,12 @@ TEST(GemmGpu, FlagWaitReleasedBySecondStream) {
     TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
     // GEMM first (leaving SMs for the releasing kernel), then the release.
     tt::gemm_flag_wait(s.args, tk::GemmTile::T128x256, flags.as<uint32_t>(), rows_per_flag, epoch,
-                       5'000'000'000ull, sms - 2, s1);
+                       5'000'000'000ull, sms - 2, s1, /*cluster=*/epoch == 1 ? 1 : 2);
     tt::release_chunks(staged.p, s.a.p, p.m, p.k, s.args.lda, rows_per_flag, flags.as<uint32_t>(), epoch,
                        20'000'000ull, s2);
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(s1));
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(s2));
-    EXPECT_TRUE(tt::bytes_of(s.d) == want) << "epoch " << epoch;
+    EXPECT_TRUE(tt::bytes_of(s.d) == want) << "epoch " << epoch << " cluster " << (epoch == 1 ? 1 : 2);
   }
   cudaStreamDestroy(s1);
   cudaStreamDestroy(s2);
@@ -296,21 +305,25 @@ TEST(GemmGpu, NotifyObservedDuringTheGemm) {
 
 TEST(GemmGpu, WaveGroupCountersCountTheirTiles) {
   TESSERA_REQUIRE_GPUS(1);
-  const Problem p{1000, 1500, 256};
+  const Problem p{1100, 1500, 256};  // 9 tile rows: with clusters the last pair has a phantom tile
   Buffers s = make(p);
-  const int tiles_m = (1000 + 127) / 128, tiles_n = (1500 + 255) / 256, tiles = tiles_m * tiles_n;
+  const int tiles_m = (1100 + 127) / 128, tiles_n = (1500 + 255) / 256, tiles = tiles_m * tiles_n;
   const int per_group = 7, groups = (tiles + per_group - 1) / per_group;
   std::vector<int> map(tiles);
   for (int t = 0; t < tiles; ++t) map[t] = t / per_group;
   tt::DevBuf d_map(tiles * 4), counters(groups * 4);
   TESSERA_CUDA_CHECK(cudaMemcpy(d_map.p, map.data(), tiles * 4, cudaMemcpyHostToDevice));
-  TESSERA_CUDA_CHECK(cudaMemset(counters.p, 0, counters.bytes));
-  tt::gemm_notify(s.args, tk::GemmTile::T128x256, counters.as<uint32_t>(), d_map.as<int>(), 0, nullptr);
-  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<uint32_t> c(groups);
-  TESSERA_CUDA_CHECK(cudaMemcpy(c.data(), counters.p, counters.bytes, cudaMemcpyDeviceToHost));
-  for (int g = 0; g < groups; ++g)
-    EXPECT_EQ(c[g], static_cast<uint32_t>(std::min(per_group, tiles - g * per_group))) << "group " << g;
+  for (int cluster : {1, 2}) {
+    TESSERA_CUDA_CHECK(cudaMemset(counters.p, 0, counters.bytes));
+    tt::poison(s.d);
+    tt::gemm_notify(s.args, tk::GemmTile::T128x256, counters.as<uint32_t>(), d_map.as<int>(), 0, nullptr, cluster);
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint32_t> c(groups);
+    TESSERA_CUDA_CHECK(cudaMemcpy(c.data(), counters.p, counters.bytes, cudaMemcpyDeviceToHost));
+    for (int g = 0; g < groups; ++g)
+      EXPECT_EQ(c[g], static_cast<uint32_t>(std::min(per_group, tiles - g * per_group)))
+          << "group " << g << " cluster " << cluster;
+  }
   EXPECT_LT(error_vs_cublas(s), tolerance(p.out));
 }
 

@@ -74,6 +74,10 @@ struct GemmOptions {
   int raster_group = 8;
   bool raster_along_m = false;
   int rotate_m = 0;
+  /// CTAs per thread-block cluster along M: 1, 2 (B tiles multicast to both
+  /// CTAs), or 0 = let resolve_cluster() decide. Clusters apply to the 128x256
+  /// and 256x128 tiles with the RasterScheduler; rotate_m must then be even.
+  int cluster_m = 0;
 };
 
 /// Throws tessera::Error naming `op` and the offending value unless `a` is a
@@ -87,6 +91,10 @@ GemmTile choose_tile(const GemmArgs& a, int num_sms);
 
 /// Resolves GemmTile::Auto for the current device; returns `o.tile` otherwise.
 GemmTile resolve_tile(const GemmArgs& a, const GemmOptions& o);
+
+/// Cluster size for tile `t`: o.cluster_m if set (checked: 1 or 2), else 2 for
+/// 128x256 / 256x128 when there are at least two tile rows, else 1.
+int resolve_cluster(const GemmArgs& a, const GemmOptions& o, GemmTile t);
 
 /// D = A · op(B) on `stream`. Validates first (tessera::Error on bad input).
 void gemm(const GemmArgs& a, const GemmOptions& o = {}, cudaStream_t stream = nullptr);

@@ -38,6 +38,42 @@ struct KernelParams {
 /// consumers to the notifier warp; 0 is __syncthreads.
 constexpr int kNotifyBarrier = 2;
 
+/// Walks this CTA's share of the schedule. Without clusters, CTA b takes
+/// positions b, b + gridDim.x, ... of a schedule over all tiles. With a
+/// 2-CTA cluster the Scheduler orders tile PAIRS (tile rows 2i and 2i+1 of one
+/// tile column): cluster c takes pair positions c, c + clusters, ..., and CTA
+/// rank r of the cluster computes tile row 2i + r. When tiles_m is odd the
+/// last pair's second tile does not exist: that CTA still loads (its A rows
+/// are out of bounds, TMA fills zeros) so its peer gets its half of B, but it
+/// waits for nothing, stores nothing and notifies nothing (valid == false).
+template <class Cfg, class Scheduler>
+struct TileWalk {
+  int first, stride, count, tiles_m, tiles_n;
+  uint32_t rank;
+  __device__ TileWalk(int tm, int tn) : tiles_m(tm), tiles_n(tn) {
+    if constexpr (Cfg::kClusterM == 1) {
+      first = blockIdx.x;
+      stride = gridDim.x;
+      count = tm * tn;
+      rank = 0;
+    } else {
+      first = blockIdx.x / 2;
+      stride = gridDim.x / 2;
+      count = ((tm + 1) / 2) * tn;
+      rank = ptx::cluster_ctarank();
+    }
+  }
+  __device__ __forceinline__ TileCoord at(const Scheduler& s, int pos) const {
+    if constexpr (Cfg::kClusterM == 1) {
+      return s.tile(pos, tiles_m, tiles_n);
+    } else {
+      TileCoord t = s.tile(pos, (tiles_m + 1) / 2, tiles_n);
+      t.m = 2 * t.m + static_cast<int>(rank);
+      return t;
+    }
+  }
+};
+
 template <class Cfg, class InT, bool kTransB, class Prologue, class Epilogue, class Scheduler>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
@@ -50,15 +86,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int warpgroup = threadIdx.x / 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Cfg::kStages; ++s) {
-      ptx::mbar_init(sm.full(s), 1);                      // the producer's arrive.expect_tx
-      ptx::mbar_init(sm.empty(s), Cfg::kConsumers * 4);  // one arrive per consumer warp
+      ptx::mbar_init(sm.full(s), 1);  // the local producer's arrive.expect_tx
+      // one arrive per consumer warp of every CTA that reads this slot's data
+      ptx::mbar_init(sm.empty(s), Cfg::kConsumers * 4 * Cfg::kClusterM);
     }
     ptx::fence_barrier_init();
   }
-  __syncthreads();
+  if constexpr (Cfg::kClusterM == 1)
+    __syncthreads();
+  else
+    ptx::cluster_sync();  // the peer's barriers exist before anyone multicasts or arrives remotely
 
-  const int num_tiles = p.tiles_m * p.tiles_n;
+  const TileWalk<Cfg, Scheduler> walk(p.tiles_m, p.tiles_n);
   const int k_blocks = (p.K + Cfg::BK - 1) / Cfg::BK;
+  auto info_of = [&](const TileCoord& t, int pos) {
+    return TileInfo{t.m, t.n, pos, t.m * Cfg::BM, t.n * Cfg::BN, Cfg::BM, Cfg::BN, p.tiles_m, p.tiles_n, p.M, p.N};
+  };
   int stage = 0;
   uint32_t phase = 0;
 
@@ -69,17 +112,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // Notifier: waits until all consumer threads stored tile i, makes
         // the stores visible at the epilogue's scope, publishes tile_done.
         int iter = 0;
-        for (int pos = blockIdx.x; pos < num_tiles; pos += gridDim.x, ++iter) {
-          const TileCoord t = p.scheduler.tile(pos, p.tiles_m, p.tiles_n);
+        for (int pos = walk.first; pos < walk.count; pos += walk.stride, ++iter) {
+          const TileCoord t = walk.at(p.scheduler, pos);
           ptx::named_barrier_sync(kNotifyBarrier + (iter & 1), Cfg::kConsumers * 128 + 32);
-          if (threadIdx.x % 32 == 0) {
+          if (threadIdx.x % 32 == 0 && t.m < p.tiles_m) {
             if constexpr (Epilogue::kSysScope)
               ptx::fence_acq_rel_sys();
             else
               ptx::fence_acq_rel_gpu();
-            const TileInfo info{t.m, t.n, pos, t.m * Cfg::BM, t.n * Cfg::BN, Cfg::BM, Cfg::BN,
-                                p.tiles_m, p.tiles_n, p.M, p.N};
-            p.epilogue.tile_done(info);
+            p.epilogue.tile_done(info_of(t, pos));
           }
         }
       }
@@ -87,15 +128,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (threadIdx.x == 0) {
       ptx::tma_prefetch_desc(&tma_a);
       ptx::tma_prefetch_desc(&tma_b);
-      for (int pos = blockIdx.x; pos < num_tiles; pos += gridDim.x) {
-        const TileCoord t = p.scheduler.tile(pos, p.tiles_m, p.tiles_n);
+      for (int pos = walk.first; pos < walk.count; pos += walk.stride) {
+        const TileCoord t = walk.at(p.scheduler, pos);
         if constexpr (Prologue::kActive) {
-          const TileInfo info{t.m, t.n, pos, t.m * Cfg::BM, t.n * Cfg::BN, Cfg::BM, Cfg::BN,
-                              p.tiles_m, p.tiles_n, p.M, p.N};
-          p.prologue.wait(info);
-          ptx::fence_proxy_async_global();  // acquire (generic proxy) before TMA reads (async proxy)
+          if (t.m < p.tiles_m) {
+            p.prologue.wait(info_of(t, pos));
+            ptx::fence_proxy_async_global();  // acquire (generic proxy) before TMA reads (async proxy)
+          }
         }
-        produce_tile<Cfg, InT, kTransB>(sm, &tma_a, &tma_b, t.m * Cfg::BM, t.n * Cfg::BN, k_blocks, stage, phase);
+        produce_tile<Cfg, InT, kTransB>(sm, &tma_a, &tma_b, t.m * Cfg::BM, t.n * Cfg::BN, k_blocks, stage, phase,
+                                        walk.rank);
+      }
+      if constexpr (Cfg::kClusterM > 1) {
+        // Tail: wait until every slot was released by both CTAs' consumers, so
+        // no remote arrive can target this CTA's smem after it exits.
+        for (int i = 0; i < Cfg::kStages; ++i) {
+          ptx::mbar_wait(sm.empty(stage), phase ^ 1);
+          if (++stage == Cfg::kStages) {
+            stage = 0;
+            phase ^= 1;
+          }
+        }
       }
     }
   } else {
@@ -106,12 +159,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int q = lane & 3;  // position in the lane quad that shares a row
     float acc[Cfg::kMAtoms][Cfg::BN / 2];
     int iter = 0;
-    for (int pos = blockIdx.x; pos < num_tiles; pos += gridDim.x, ++iter) {
-      const TileCoord t = p.scheduler.tile(pos, p.tiles_m, p.tiles_n);
-      consume_tile<Cfg, InT, kTransB>(sm, consumer, k_blocks, acc, stage, phase);
-
-      const TileInfo info{t.m, t.n, pos, t.m * Cfg::BM, t.n * Cfg::BN, Cfg::BM, Cfg::BN,
-                          p.tiles_m, p.tiles_n, p.M, p.N};
+    for (int pos = walk.first; pos < walk.count; pos += walk.stride, ++iter) {
+      const TileCoord t = walk.at(p.scheduler, pos);
+      consume_tile<Cfg, InT, kTransB>(sm, consumer, k_blocks, acc, stage, phase, walk.rank);
+      const TileInfo info = info_of(t, pos);
       // wgmma accumulator layout (m64nN, f32): register i of thread (warp w,
       // lane l) holds row 16w + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + i%2.
       // A lane quad shares a row; for each group of 4 column blocks of 8 it

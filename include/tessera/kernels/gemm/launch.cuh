@@ -25,6 +25,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "tessera/kernels/gemm.hpp"
@@ -34,32 +35,35 @@
 namespace tessera::kernels {
 
 
-template <GemmTile T>
+template <GemmTile T, int kClusterM>
 struct TileCfgOf;
-template <>
-struct TileCfgOf<GemmTile::T128x256> {
-  using type = engine::TileConfig<128, 256, 4>;
+template <int C>
+struct TileCfgOf<GemmTile::T128x256, C> {
+  using type = engine::TileConfig<128, 256, 4, C>;
 };
-template <>
-struct TileCfgOf<GemmTile::T256x128> {
-  using type = engine::TileConfig<256, 128, 4>;
+template <int C>
+struct TileCfgOf<GemmTile::T256x128, C> {
+  using type = engine::TileConfig<256, 128, 4, C>;
 };
-template <>
-struct TileCfgOf<GemmTile::T128x128> {
-  using type = engine::TileConfig<128, 128, 6>;
+template <int C>
+struct TileCfgOf<GemmTile::T128x128, C> {
+  using type = engine::TileConfig<128, 128, 6, C>;
 };
 
-template <GemmTile Tile, class InT, BLayout Layout, class Pro, class Epi, class Sched>
+/// One kernel: tile shape, input type, B layout and cluster size fixed.
+/// kClusterM = 2 runs 2-CTA clusters along M with B multicast; the Scheduler
+/// then orders tile pairs (see TileWalk in kernel.cuh).
+template <GemmTile Tile, class InT, BLayout Layout, int kClusterM = 1, class Pro, class Epi, class Sched>
 void gemm_with_tile(const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi, const Sched& sched,
                     cudaStream_t stream) {
   static_assert(std::is_same_v<InT, __nv_bfloat16> || std::is_same_v<InT, __half>, "InT: bf16 or f16");
-  using Cfg = typename TileCfgOf<Tile>::type;
+  using Cfg = typename TileCfgOf<Tile, kClusterM>::type;
   constexpr bool kTransB = Layout == BLayout::KN;
   detail::check_instantiation(a, Layout, std::is_same_v<InT, __half> ? DType::f16 : DType::bf16, o.max_ctas);
 
   CUtensorMap tma_a, tma_b;
   detail::make_tma_a(a, Cfg::BM, &tma_a);
-  detail::make_tma_b(a, Cfg::BN, &tma_b);
+  detail::make_tma_b(a, Cfg::BN / kClusterM, &tma_b);  // each CTA of a cluster loads its share of B
 
   engine::KernelParams<Pro, Epi, Sched> p{};
   p.M = static_cast<int>(a.m);
@@ -73,25 +77,68 @@ void gemm_with_tile(const GemmArgs& a, const GemmOptions& o, const Pro& pro, con
 
   const int sms = detail::sm_count();
   const int cap = o.max_ctas > 0 ? std::min(o.max_ctas, sms) : sms;
-  const int grid = std::min(cap, p.tiles_m * p.tiles_n);
-
   auto kernel = engine::gemm_kernel<Cfg, InT, kTransB, Pro, Epi, Sched>;
   constexpr int smem = engine::SmemLayout<Cfg, InT>::kLaunchBytes;
   // Cheap, and per device: set it every launch rather than cache it wrongly.
   detail::cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                      "cudaFuncSetAttribute(gemm kernel, max dynamic smem)");
-  kernel<<<grid, Cfg::kThreads, smem, stream>>>(tma_a, tma_b, p);
+  if constexpr (kClusterM == 1) {
+    const int grid = std::min(cap, p.tiles_m * p.tiles_n);
+    kernel<<<grid, Cfg::kThreads, smem, stream>>>(tma_a, tma_b, p);
+  } else {
+    cudaLaunchConfig_t cfg{};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = kClusterM;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.blockDim = dim3(Cfg::kThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    // Persistent grid: no more clusters than can be resident at once (not
+    // every GPC has an even number of free SMs), nor than there are pairs.
+    static int resident_clusters[64] = {};
+    int dev = 0;
+    detail::cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
+    if (dev < 64 && resident_clusters[dev] == 0) {
+      cfg.gridDim = dim3(sms / kClusterM * kClusterM);
+      int n = 0;
+      detail::cuda_check(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg), "cudaOccupancyMaxActiveClusters");
+      if (n <= 0) detail::fail("gemm: no 2-CTA cluster of this kernel fits on the device");
+      resident_clusters[dev] = n;
+    }
+    const int pairs = ((p.tiles_m + 1) / 2) * p.tiles_n;
+    const int clusters = std::max(1, std::min({cap / kClusterM, resident_clusters[dev < 64 ? dev : 0], pairs}));
+    cfg.gridDim = dim3(clusters * kClusterM);
+    detail::cuda_check(cudaLaunchKernelEx(&cfg, kernel, tma_a, tma_b, p), "cudaLaunchKernelEx(gemm kernel, cluster)");
+  }
   detail::check_launch("gemm kernel launch");
 }
 
-/// Dispatches over the tile shape `t` for one B layout.
+/// Dispatches over the tile shape `t` and cluster size (resolve_cluster) for
+/// one B layout. Clusters are used with RasterScheduler only (its rotate_m is
+/// then converted to pairs; an odd rotate_m keeps cluster 1): other
+/// schedulers see single tiles.
 template <class InT, BLayout L, class Pro, class Epi, class Sched>
 void gemm_with_layout(GemmTile t, const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi,
                       const Sched& sched, cudaStream_t stream) {
+  int cluster = 1;
+  Sched s = sched;
+  if constexpr (std::is_same_v<Sched, engine::RasterScheduler>) {
+    cluster = resolve_cluster(a, o, t);
+    if (cluster == 2 && s.rotate_m % 2 != 0) cluster = 1;
+    if (cluster == 2) s.rotate_m /= 2;
+  }
   switch (t) {
-    case GemmTile::T128x256: return gemm_with_tile<GemmTile::T128x256, InT, L>(a, o, pro, epi, sched, stream);
-    case GemmTile::T256x128: return gemm_with_tile<GemmTile::T256x128, InT, L>(a, o, pro, epi, sched, stream);
-    case GemmTile::T128x128: return gemm_with_tile<GemmTile::T128x128, InT, L>(a, o, pro, epi, sched, stream);
+    case GemmTile::T128x256:
+      if (cluster == 2) return gemm_with_tile<GemmTile::T128x256, InT, L, 2>(a, o, pro, epi, s, stream);
+      return gemm_with_tile<GemmTile::T128x256, InT, L, 1>(a, o, pro, epi, s, stream);
+    case GemmTile::T256x128:
+      if (cluster == 2) return gemm_with_tile<GemmTile::T256x128, InT, L, 2>(a, o, pro, epi, s, stream);
+      return gemm_with_tile<GemmTile::T256x128, InT, L, 1>(a, o, pro, epi, s, stream);
+    case GemmTile::T128x128: return gemm_with_tile<GemmTile::T128x128, InT, L, 1>(a, o, pro, epi, s, stream);
     default: detail::fail("gemm: unresolved tile " + tile_name(t));
   }
 }

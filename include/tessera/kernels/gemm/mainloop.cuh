@@ -27,9 +27,15 @@ namespace tessera::kernels::engine {
 
 /// Compile-time tile configuration. kConsumers consumer warpgroups split the
 /// BM rows; each owns BM/kConsumers rows = kMAtoms wgmma atoms of 64 rows.
-template <int BM_, int BN_, int kStages_, int kConsumers_ = 2>
+template <int BM_, int BN_, int kStages_, int kClusterM_ = 1, int kConsumers_ = 2>
 struct TileConfig {
   static constexpr int BM = BM_, BN = BN_, BK = 64;
+  /// CTAs per cluster along M (1 or 2). With 2, the two CTAs compute tiles
+  /// (2i, n) and (2i+1, n), each loads half of the shared B tile and
+  /// multicasts it to both (halving B's L2->SM traffic).
+  static constexpr int kClusterM = kClusterM_;
+  static_assert(kClusterM == 1 || kClusterM == 2, "cluster along M: 1 or 2 CTAs");
+  static_assert(BN % (64 * kClusterM) == 0, "B halves must be whole 64-column chunks");
   static constexpr int kStages = kStages_;
   static constexpr int kConsumers = kConsumers_;
   static constexpr int kRowsPerConsumer = BM / kConsumers;
@@ -76,28 +82,60 @@ __device__ __forceinline__ uint64_t make_desc(const void* smem, uint32_t lbo, ui
 }
 
 /// Producer side of one tile: for each 64-wide K block, wait for a free slot
-/// and issue the TMA loads of A (rows row0..row0+BM) and B (cols col0..col0+BN).
+/// and issue the TMA loads of A (rows row0..row0+BM) and B (cols col0..col0+BN;
+/// with a 2-CTA cluster, this CTA's half, multicast). With clusters a slot is
+/// free only once the consumers of BOTH CTAs released it (the peer's half is
+/// written into this CTA's slot and vice versa), so empty[s] counts the
+/// consumer warps of the whole cluster.
 template <class Cfg, class InT, bool kTransB>
 __device__ __forceinline__ void produce_tile(const SmemLayout<Cfg, InT>& sm, const CUtensorMap* tma_a,
                                              const CUtensorMap* tma_b, int row0, int col0, int k_blocks,
-                                             int& stage, uint32_t& phase) {
+                                             int& stage, uint32_t& phase, uint32_t cta_rank) {
   using L = SmemLayout<Cfg, InT>;
   for (int kb = 0; kb < k_blocks; ++kb) {
     ptx::mbar_wait(sm.empty(stage), phase ^ 1);
     ptx::mbar_arrive_expect_tx(sm.full(stage), L::kStageBytes);
     const int k0 = kb * Cfg::BK;
     ptx::tma_load_2d(sm.a(stage), tma_a, sm.full(stage), k0, row0);
-    if constexpr (!kTransB) {
-      ptx::tma_load_2d(sm.b(stage), tma_b, sm.full(stage), k0, col0);
-    } else {
+    if constexpr (Cfg::kClusterM == 1) {
+      if constexpr (!kTransB) {
+        ptx::tma_load_2d(sm.b(stage), tma_b, sm.full(stage), k0, col0);
+      } else {
 #pragma unroll
-      for (int c = 0; c < Cfg::BN / 64; ++c)
-        ptx::tma_load_2d(sm.b(stage) + c * 64 * 64 * 2, tma_b, sm.full(stage), col0 + c * 64, k0);
+        for (int c = 0; c < Cfg::BN / 64; ++c)
+          ptx::tma_load_2d(sm.b(stage) + c * 64 * 64 * 2, tma_b, sm.full(stage), col0 + c * 64, k0);
+      }
+    } else {
+      // This CTA's half of B, multicast to both CTAs of the cluster.
+      constexpr int kHalf = Cfg::BN / 2;
+      const int r = static_cast<int>(cta_rank);
+      if constexpr (!kTransB) {
+        ptx::tma_load_2d_multicast(sm.b(stage) + r * kHalf * 128, tma_b, sm.full(stage), k0, col0 + r * kHalf, 0x3);
+      } else {
+#pragma unroll
+        for (int c = 0; c < kHalf / 64; ++c) {
+          const int chunk = r * (kHalf / 64) + c;
+          ptx::tma_load_2d_multicast(sm.b(stage) + chunk * 64 * 64 * 2, tma_b, sm.full(stage), col0 + chunk * 64, k0,
+                                     0x3);
+        }
+      }
     }
     if (++stage == Cfg::kStages) {
       stage = 0;
       phase ^= 1;
     }
+  }
+}
+
+/// Frees slot s for the producers: this CTA's, and with a cluster the peer's
+/// too (its producer multicasts into our slot).
+template <class Cfg>
+__device__ __forceinline__ void release_slot(uint64_t* empty, uint32_t cta_rank) {
+  if constexpr (Cfg::kClusterM == 1) {
+    ptx::mbar_arrive(empty);
+  } else {
+    ptx::mbar_arrive(empty);
+    ptx::mbar_arrive_cluster(empty, cta_rank ^ 1u);
   }
 }
 
@@ -107,7 +145,7 @@ __device__ __forceinline__ void produce_tile(const SmemLayout<Cfg, InT>& sm, con
 template <class Cfg, class InT, bool kTransB>
 __device__ __forceinline__ void consume_tile(const SmemLayout<Cfg, InT>& sm, int consumer, int k_blocks,
                                              float (&acc)[Cfg::kMAtoms][Cfg::BN / 2], int& stage,
-                                             uint32_t& phase) {
+                                             uint32_t& phase, uint32_t cta_rank) {
   using Mma = Wgmma<InT, Cfg::BN, kTransB ? 1 : 0>;
   const bool warp_leader = (threadIdx.x % 32) == 0;
   int prev = -1;
@@ -133,7 +171,7 @@ __device__ __forceinline__ void consume_tile(const SmemLayout<Cfg, InT>& sm, int
     ptx::wgmma_commit();
     if (prev >= 0) {
       ptx::wgmma_wait<1>();
-      if (warp_leader) ptx::mbar_arrive(sm.empty(prev));
+      if (warp_leader) release_slot<Cfg>(sm.empty(prev), cta_rank);
     }
     prev = stage;
     if (++stage == Cfg::kStages) {
@@ -142,7 +180,7 @@ __device__ __forceinline__ void consume_tile(const SmemLayout<Cfg, InT>& sm, int
     }
   }
   ptx::wgmma_wait<0>();
-  if (prev >= 0 && warp_leader) ptx::mbar_arrive(sm.empty(prev));
+  if (prev >= 0 && warp_leader) release_slot<Cfg>(sm.empty(prev), cta_rank);
 #pragma unroll
   for (int a = 0; a < Cfg::kMAtoms; ++a) ptx::fence_regs(acc[a]);
 }
