@@ -35,10 +35,18 @@ SymAllocation::SymAllocation(ProcessGroup& pg, std::size_t bytes, std::size_t al
 
   TESSERA_NCCL_CHECK(ncclMemAlloc(&base_, rounded));
   bytes_ = bytes;
-  TESSERA_NCCL_CHECK(ncclCommWindowRegister(pg.nccl(), base_, rounded, &win_, NCCL_WIN_COLL_SYMMETRIC));
-  peers_ = detail::resolve_peer_pointers(win_, pg.world(), pg.stream());
-  TESSERA_CHECK(peers_[pg.rank()] == base_, "NCCL window's local address {} differs from the allocation {}",
-                peers_[pg.rank()], base_);
+  try {
+    TESSERA_NCCL_CHECK(ncclCommWindowRegister(pg.nccl(), base_, rounded, &win_, NCCL_WIN_COLL_SYMMETRIC));
+    peers_ = detail::resolve_peer_pointers(win_, pg.world(), pg.stream());
+  } catch (...) {
+    if (win_) (void)ncclCommWindowDeregister(pg.nccl(), win_);
+    (void)ncclMemFree(base_);
+    throw;
+  }
+  // NCCL maps every rank's buffer, this rank's included, into one flat
+  // window range: its address for this rank is an alias of base_ (same
+  // physical memory). Keep the allocation's own address for local use.
+  peers_[pg.rank()] = base_;
 }
 
 SymAllocation::~SymAllocation() {
