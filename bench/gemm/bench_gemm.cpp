@@ -39,6 +39,7 @@ struct Options {
   std::string dtype = "bf16";
   std::string layout = "nk";
   std::string tile = "auto";
+  int cluster = 0;
   bool hooks = true;
   std::string results_md;
   std::string commit = "unknown";
@@ -134,6 +135,7 @@ void run(const Options& o) {
     const int64_t m = o.m;
     GemmOptions opt;
     opt.tile = parse_tile(o.tile);
+    opt.cluster_m = o.cluster;
     std::vector<std::unique_ptr<Dev>> as, bs;
     for (int s = 0; s < o.sets; ++s) {
       as.push_back(std::make_unique<Dev>(m * k * 2));
@@ -180,7 +182,8 @@ void run(const Options& o) {
     ratios.push_back(ratio);
     GemmArgs probe = args_for(0, d.p);
     table.add({fmt::format("{}", m), fmt::format("{}", n), fmt::format("{}", k),
-               tile_name(resolve_tile(probe, opt)), fmt::format("{:.3f}", ours.median_ms),
+               tile_name(resolve_tile(probe, opt)) + "/c" +
+                   std::to_string(resolve_cluster(probe, opt, resolve_tile(probe, opt))), fmt::format("{:.3f}", ours.median_ms),
                fmt::format("{:.3f}", base.median_ms), fmt::format("{:.0f}", flops / ours.median_ms * 1e-9),
                fmt::format("{:.0f}", flops / base.median_ms * 1e-9), fmt::format("{:.3f}", ratio),
                wait_cost, notify_cost, both_cost,
@@ -228,6 +231,7 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   cmd->add_option("--dtype", opts->dtype, "bf16 or f16 (inputs and output)");
   cmd->add_option("--layout", opts->layout, "nk (B is [N,K]) or kn (B is [K,N])");
   cmd->add_option("--tile", opts->tile, "auto, 128x256, 256x128, 128x128");
+  cmd->add_option("--cluster", opts->cluster, "CTAs per cluster along M: 0 auto, 1, 2")->check(CLI::Range(0, 2));
   cmd->add_option("--hooks", opts->hooks, "also time the GEMM with idle hooks compiled in (bf16, nk)");
   cmd->add_option("--results-md", opts->results_md, "replace the \"GEMM engine\" section of this Markdown file");
   cmd->add_option("--commit", opts->commit, "commit recorded in --results-md");
