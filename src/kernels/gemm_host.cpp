@@ -192,6 +192,9 @@ int resolve_cluster(const GemmArgs& a, const GemmOptions& o, GemmTile t) {
 }
 
 GemmTile resolve_tile(const GemmArgs& a, const GemmOptions& o) {
+  TESSERA_CHECK(o.raster_group >= 1, "gemm: raster_group = {} must be >= 1", o.raster_group);
+  TESSERA_CHECK(o.rotate_m >= 0, "gemm: rotate_m = {} must be >= 0", o.rotate_m);
+  TESSERA_CHECK(o.max_ctas >= 0, "gemm: max_ctas = {} must be >= 0", o.max_ctas);
   if (o.tile != GemmTile::Auto) return o.tile;
   const int sms = o.max_ctas > 0 ? std::min(o.max_ctas, detail::sm_count()) : detail::sm_count();
   return choose_tile(a, sms);

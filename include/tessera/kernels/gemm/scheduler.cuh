@@ -50,10 +50,7 @@ struct RasterScheduler {
     const int major = first + in_band % width;
     const int minor = in_band / width;
     TileCoord t = along_m ? TileCoord{minor, major} : TileCoord{major, minor};
-    if (rotate_m) {
-      t.m += rotate_m;
-      if (t.m >= tiles_m) t.m -= tiles_m;
-    }
+    if (rotate_m) t.m = (t.m + rotate_m) % tiles_m;  // rotate_m >= 0
     return t;
   }
 };
