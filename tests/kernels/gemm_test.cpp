@@ -47,7 +47,7 @@ Buffers make(const Problem& p, bool host_copy = false) {
   Buffers s;
   const int64_t lda = p.k + p.pad;  // pad is a multiple of 8
   const bool nk = p.layout == tk::BLayout::NK;
-  const int64_t brows = nk ? p.n : p.k, bcols = nk ? p.k : p.n, ldb = bcols + p.pad;
+  const int64_t brows = nk ? p.n : p.k, bcols = nk ? p.k : p.n, ldb = (bcols + 7) / 8 * 8 + p.pad;
   const int64_t ldd = (p.n + 7) / 8 * 8 + p.pad;  // validate(): 16-byte rows
   s.a = tt::random_matrix(p.m, p.k, lda, p.in, rng(), host_copy ? &s.ha : nullptr);
   s.b = tt::random_matrix(brows, bcols, ldb, p.in, rng(), host_copy ? &s.hb : nullptr);
@@ -279,8 +279,12 @@ TEST(GemmGpu, NotifyObservedDuringTheGemm) {
   TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
   TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
   const int observers = 8;
-  tt::preload_helpers();  // lazy module loading would serialise the two streams
-  for (uint32_t epoch = 1; epoch <= 2; ++epoch) {
+  // Lazy module loading: a kernel's first launch waits for running kernels, so
+  // both the observer and the GEMM must be loaded before they run together.
+  tt::preload_helpers();
+  tt::gemm_notify(s.args, tk::GemmTile::T256x128, flags.as<uint32_t>(), nullptr, sms - observers, s1);  // epoch 1
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(s1));
+  for (uint32_t epoch = 2; epoch <= 3; ++epoch) {
     tt::poison(s.d);
     tt::poison(copy);
     TESSERA_CUDA_CHECK(cudaMemset(status.p, 0, 4));
@@ -351,7 +355,8 @@ TEST(GemmGpu, ReorderMapStoresTilesIntoSlots) {
     a.d = group.p;
     tt::gemm_reorder(a, tile, d_slot.as<int>(), nullptr);
     TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto g = tt::download(group.p, 1, static_cast<int64_t>(group.bytes / 2), 0, p.out);
+    const int64_t elems = static_cast<int64_t>(group.bytes / 2);
+    const auto g = tt::download(group.p, 1, elems, elems, p.out);
     int64_t bad = 0;
     for (int t = 0; t < tm * tn; ++t)
       for (int r = 0; r < sh.bm; ++r)
