@@ -13,6 +13,7 @@
 #include <cstring>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -81,6 +82,37 @@ double rel_err_device(const void* out, const void* ref, int64_t n) {
     den += y * y;
   }
   return den > 0 ? std::sqrt(num / den) : INFINITY;
+}
+
+// Times several variants interleaved (v0, v1, ..., v0, v1, ...), each run
+// bracketed by its own events, so clock and thermal drift affect all alike.
+std::vector<Stats> time_interleaved(cudaStream_t stream, const std::vector<std::function<void()>>& variants,
+                                    int warmup, int reps) {
+  for (int i = 0; i < warmup; ++i)
+    for (const auto& v : variants) v();
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const size_t nv = variants.size();
+  std::vector<cudaEvent_t> ev(2 * nv * reps);
+  for (auto& e : ev) TESSERA_CUDA_CHECK(cudaEventCreate(&e));
+  for (int r = 0; r < reps; ++r)
+    for (size_t v = 0; v < nv; ++v) {
+      TESSERA_CUDA_CHECK(cudaEventRecord(ev[2 * (r * nv + v)], stream));
+      variants[v]();
+      TESSERA_CUDA_CHECK(cudaEventRecord(ev[2 * (r * nv + v) + 1], stream));
+    }
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<Stats> out;
+  for (size_t v = 0; v < nv; ++v) {
+    std::vector<double> t;
+    for (int r = 0; r < reps; ++r) {
+      float ms = 0;
+      TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[2 * (r * nv + v)], ev[2 * (r * nv + v) + 1]));
+      t.push_back(ms);
+    }
+    out.push_back(summarize(std::move(t)));
+  }
+  for (auto& e : ev) TESSERA_CUDA_CHECK(cudaEventDestroy(e));
+  return out;
 }
 
 void replace_section(const std::string& path, const std::string& heading, const std::string& body) {
@@ -158,25 +190,29 @@ void run(const Options& o) {
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
     const double err = in == DType::bf16 ? rel_err_device(d.p, ref.p, m * n) : NAN;
 
-    int i_ours = 0, i_ref = 0;
-    const Stats ours = time_on_stream(
-        stream, [&] { kernels::gemm(args_for(i_ours++ % o.sets, d.p), opt, stream); }, o.warmup, o.reps);
-    const Stats base = time_on_stream(
-        stream, [&] { kernels::cublaslt_gemm(args_for(i_ref++ % o.sets, ref.p), stream); }, o.warmup, o.reps);
-    auto hook_cost = [&](Hooks which) -> std::string {
-      if (!hooks) return "-";
-      int i = 0;
-      const Stats h = time_on_stream(
-          stream,
-          [&] {
-            gemm_idle_hooks(which, args_for(i++ % o.sets, d.p), opt, static_cast<const uint32_t*>(flags.p), 1,
-                            static_cast<uint32_t*>(counters.p), stream);
-          },
-          o.warmup, o.reps);
-      return fmt::format("{:+.1f}%", (h.median_ms / ours.median_ms - 1) * 100);
+    int i_ours = 0, i_ref = 0, i_wait = 0, i_notify = 0, i_both = 0;
+    std::vector<std::function<void()>> variants = {
+        [&] { kernels::gemm(args_for(i_ours++ % o.sets, d.p), opt, stream); },
+        [&] { kernels::cublaslt_gemm(args_for(i_ref++ % o.sets, ref.p), stream); }};
+    auto hooked = [&](Hooks which, int& i) {
+      return [&, which] {
+        gemm_idle_hooks(which, args_for(i++ % o.sets, d.p), opt, static_cast<const uint32_t*>(flags.p), 1,
+                        static_cast<uint32_t*>(counters.p), stream);
+      };
     };
-    const std::string wait_cost = hook_cost(Hooks::WaitOnly), notify_cost = hook_cost(Hooks::NotifyOnly),
-                      both_cost = hook_cost(Hooks::Both);
+    if (hooks) {
+      variants.push_back(hooked(Hooks::WaitOnly, i_wait));
+      variants.push_back(hooked(Hooks::NotifyOnly, i_notify));
+      variants.push_back(hooked(Hooks::Both, i_both));
+    }
+    const std::vector<Stats> st = time_interleaved(stream, variants, o.warmup, o.reps);
+    const Stats& ours = st[0];
+    const Stats& base = st[1];
+    auto cost = [&](size_t v) -> std::string {
+      if (!hooks) return "-";
+      return fmt::format("{:+.1f}%", (st[v].median_ms / ours.median_ms - 1) * 100);
+    };
+    const std::string wait_cost = cost(2), notify_cost = cost(3), both_cost = cost(4);
     const double flops = 2.0 * m * n * k;
     const double ratio = ours.median_ms / base.median_ms;
     ratios.push_back(ratio);
@@ -204,7 +240,7 @@ void run(const Options& o) {
         "Device kind: {} ({}, {} SMs). Date: {:%Y-%m-%d}. Commit: {}.\n"
         "Command: `{}`\n\n"
         "bf16 inputs unless stated, f32 accumulation, B as {}; time = median of {} CUDA-event-timed runs after {} "
-        "warm-ups, inputs rotated over {} buffer sets. ours/cuBLASLt < 1 means ours is faster. \"idle wait / notify / "
+        "warm-ups (all variants interleaved run by run), inputs rotated over {} buffer sets. ours/cuBLASLt < 1 means ours is faster. \"idle wait / notify / "
         "both\" = extra time of the same GEMM with a FlagWait prologue whose flags are already set, a per-tile notify "
         "epilogue, or both, compiled in.\n\n"
         "{}\nMedian ours/cuBLASLt = {:.3f}; worst = {:.3f}.\n",
