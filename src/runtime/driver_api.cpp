@@ -9,6 +9,7 @@ namespace tessera::runtime::driver {
 namespace {
 
 using WriteValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 using WaitValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
 using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 using GetErrorString = CUresult (*)(CUresult, const char**);
@@ -16,6 +17,7 @@ using DeviceGetAttribute = CUresult (*)(int*, CUdevice_attribute, CUdevice);
 
 struct Api {
   WriteValue64 write64 = nullptr;
+  WriteValue32 write32 = nullptr;
   WaitValue64 wait64 = nullptr;
   WaitValue32 wait32 = nullptr;
   GetErrorString error_string = nullptr;
@@ -36,6 +38,7 @@ const Api& api() {
   static std::once_flag once;
   std::call_once(once, [] {
     load("cuStreamWriteValue64", a.write64);
+    load("cuStreamWriteValue32", a.write32);
     load("cuStreamWaitValue64", a.wait64);
     load("cuStreamWaitValue32", a.wait32);
     load("cuGetErrorString", a.error_string);
@@ -76,6 +79,12 @@ void stream_write_u64(cudaStream_t stream, std::uint64_t* addr, std::uint64_t va
   check(api().write64(reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(addr), value,
                       CU_STREAM_WRITE_VALUE_DEFAULT),
         "cuStreamWriteValue64");
+}
+
+void stream_write_u32(cudaStream_t stream, std::uint32_t* addr, std::uint32_t value) {
+  check(api().write32(reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(addr), value,
+                      CU_STREAM_WRITE_VALUE_DEFAULT),
+        "cuStreamWriteValue32");
 }
 
 void stream_wait_geq_u64(cudaStream_t stream, std::uint64_t* addr, std::uint64_t value) {

@@ -21,6 +21,25 @@ ncclDataType_t nccl_type(DType t) {
   TESSERA_FAIL("signal::CommDriver: unsupported dtype {}", static_cast<int>(t));
 }
 
+using Clock = std::chrono::steady_clock;
+
+// Polls `stream` until it is idle or `deadline` passes (cudaErrorNotReady),
+// never blocking in the driver; with `comm`, an asynchronous NCCL error
+// (e.g. a peer that aborted) is thrown as soon as it is seen.
+cudaError_t wait_idle(cudaStream_t stream, Clock::time_point deadline, ncclComm_t comm = nullptr) {
+  for (;;) {
+    const cudaError_t rc = cudaStreamQuery(stream);
+    if (rc != cudaErrorNotReady) return rc;
+    if (comm) {
+      ncclResult_t async = ncclSuccess;
+      TESSERA_NCCL_CHECK(ncclCommGetAsyncError(comm, &async));
+      TESSERA_NCCL_CHECK(async);
+    }
+    if (Clock::now() > deadline) return cudaErrorNotReady;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
 template <class P>
 P* at(P* base, std::int64_t elems, DType t) {
   using B = std::conditional_t<std::is_const_v<P>, const char, char>;
@@ -31,12 +50,25 @@ P* at(P* base, std::int64_t elems, DType t) {
 
 const char* wait_mode_name(WaitMode m) { return m == WaitMode::StreamMemOp ? "stream_memop" : "spin_kernel"; }
 
+void ensure_loaded(const void* fn, const char* name) {
+  TESSERA_CHECK(fn != nullptr, "signal::ensure_loaded: null kernel address for {}", name);
+  cudaFuncAttributes attr{};
+  const cudaError_t rc = cudaFuncGetAttributes(&attr, fn);
+  TESSERA_CHECK(rc == cudaSuccess, "signal::ensure_loaded: cannot load kernel {}: {} ({})", name, cudaGetErrorName(rc),
+                cudaGetErrorString(rc));
+}
+
 GroupCounters::GroupCounters(int groups) : groups_(groups) {
   TESSERA_CHECK(groups > 0, "GroupCounters: group count must be positive, got {}", groups);
-  TESSERA_CUDA_CHECK(cudaMalloc(&counters_, sizeof(std::uint32_t) * groups));
-  TESSERA_CUDA_CHECK(cudaMemset(counters_, 0, sizeof(std::uint32_t) * groups));
   TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
-  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  TESSERA_CUDA_CHECK(cudaMalloc(&counters_, sizeof(std::uint32_t) * groups));
+  // Zeroed on the private stream, not with a device-wide synchronization:
+  // other streams may already be waiting on other counters.
+  TESSERA_CUDA_CHECK(cudaMemsetAsync(counters_, 0, sizeof(std::uint32_t) * groups, side_));
+  const cudaError_t rc = wait_idle(side_, Clock::now() + std::chrono::nanoseconds(runtime::wait_timeout_ns()));
+  TESSERA_CHECK(rc != cudaErrorNotReady, "GroupCounters: zeroing {} counters did not finish within {} ms", groups,
+                runtime::wait_timeout_ns() / 1000000);
+  TESSERA_CUDA_CHECK(rc);
 }
 
 GroupCounters::~GroupCounters() {
@@ -47,8 +79,17 @@ GroupCounters::~GroupCounters() {
 std::vector<std::uint32_t> GroupCounters::read() const {
   std::vector<std::uint32_t> v(groups_);
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(v.data(), counters_, sizeof(std::uint32_t) * groups_, cudaMemcpyDeviceToHost, side_));
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(side_));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(side_));  // a copy that waits on nothing
   return v;
+}
+
+void GroupCounters::store(int g, std::uint32_t value, std::uint64_t timeout_ns) const {
+  TESSERA_CHECK(g >= 0 && g < groups_, "GroupCounters::store: group {} outside [0, {})", g, groups_);
+  runtime::driver::stream_write_u32(side_, counters_ + g, value);
+  const cudaError_t rc = wait_idle(side_, Clock::now() + std::chrono::nanoseconds(timeout_ns));
+  TESSERA_CHECK(rc != cudaErrorNotReady, "GroupCounters::store: storing counter {} did not finish within {} ms", g,
+                timeout_ns / 1000000);
+  TESSERA_CUDA_CHECK(rc);
 }
 
 CommDriver::CommDriver(ncclComm_t comm, cudaStream_t stream, WaitMode mode, std::uint64_t timeout_ns)
@@ -57,7 +98,12 @@ CommDriver::CommDriver(ncclComm_t comm, cudaStream_t stream, WaitMode mode, std:
   TESSERA_CHECK(timeout_ns > 0, "signal::CommDriver: timeout must be positive");
   TESSERA_NCCL_CHECK(ncclCommUserRank(comm, &rank_));
   TESSERA_NCCL_CHECK(ncclCommCount(comm, &world_));
-  if (mode == WaitMode::SpinKernel) diag_ = std::make_unique<runtime::WaitDiagnostics>();
+  if (mode == WaitMode::SpinKernel) {
+    diag_ = std::make_unique<runtime::WaitDiagnostics>();
+    // Loaded now: launched later behind NCCL work and next to the producer,
+    // its first launch must not wait for an idle device (lazy loading).
+    ensure_loaded(detail::spin_wait_kernel_address(), "signal spin_wait_kernel");
+  }
 }
 
 void CommDriver::check_counters(const GroupPlan& plan, const GroupCounters& counters, const char* op) const {
@@ -133,31 +179,46 @@ void CommDriver::all_to_all(const A2aPlan& plan, const void* send, void* recv, D
 }
 
 void CommDriver::synchronize(const GroupPlan& plan, const GroupCounters& counters, std::uint64_t epoch) const {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns_);
-  for (;;) {
-    const cudaError_t rc = cudaStreamQuery(stream_);
-    if (rc == cudaSuccess) return;
-    if (rc != cudaErrorNotReady) {
-      if (diag_) diag_->check("signal::CommDriver::synchronize");
-      TESSERA_CUDA_CHECK(rc);
-    }
-    ncclResult_t async = ncclSuccess;
-    TESSERA_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
-    TESSERA_NCCL_CHECK(async);
-    if (std::chrono::steady_clock::now() > deadline) break;
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  check_counters(plan, counters, "signal::CommDriver::synchronize");
+  const auto timeout = std::chrono::nanoseconds(timeout_ns_);
+  const cudaError_t rc = wait_idle(stream_, Clock::now() + timeout, comm_);
+  if (rc == cudaSuccess) return;
+  if (rc != cudaErrorNotReady) {
+    if (diag_) diag_->check("signal::CommDriver::synchronize");
+    TESSERA_CUDA_CHECK(rc);
   }
+  // Stuck. Name the short counters, then release their waits (store the
+  // target from the counters' private stream: a stream memory operation, no
+  // kernel launch that lazy loading could block) so the stream can drain
+  // instead of hanging every later device-wide synchronization (cudaFree,
+  // stream destruction, ncclCommFinalize). The collectives behind the waits
+  // then run on incomplete data; the caller gets the error below.
   const std::vector<std::uint32_t> seen = counters.read();
   std::string shortfall;
   for (int g = 0; g < plan.groups(); ++g) {
     const std::uint32_t want = plan.counter_target(g, epoch);
-    if (seen[g] < want) shortfall += fmt::format(" group {}: expected >= {}, seen {};", g, want, seen[g]);
+    if (seen[g] >= want) continue;
+    shortfall += fmt::format(" group {}: expected >= {}, seen {};", g, want, seen[g]);
+    counters.store(g, want, timeout_ns_);
   }
-  TESSERA_FAIL("signal::CommDriver::synchronize: rank {} ({} waits, epoch {}) not done after {} ms:{}", rank_,
+  // Peers that time out on their own counters release theirs within about
+  // the same timeout, so one more timeout is enough for the collectives.
+  const cudaError_t after = wait_idle(stream_, Clock::now() + timeout, comm_);
+  if (after != cudaSuccess && after != cudaErrorNotReady && diag_) diag_->check("signal::CommDriver::synchronize");
+  const std::string outcome =
+      after == cudaSuccess ? std::string(shortfall.empty() ? " the stream drained late (a peer was behind)"
+                                                          : " released the short waits; the stream drained")
+      : after == cudaErrorNotReady
+          ? fmt::format(" the stream is still busy {} ms later: an NCCL collective is waiting for a peer that did "
+                        "not post it or is behind (abort the communicator before freeing its buffers)",
+                        timeout_ns_ / 1000000)
+          : fmt::format(" CUDA error {} ({}) while draining", cudaGetErrorName(after), cudaGetErrorString(after));
+  TESSERA_FAIL("signal::CommDriver::synchronize: rank {} ({} waits, epoch {}) not done after {} ms:{}{}", rank_,
                wait_mode_name(mode_), epoch, timeout_ns_ / 1000000,
                shortfall.empty() ? std::string(" every counter reached its target; an NCCL collective is stuck "
-                                               "(a peer missing or behind)")
-                                 : shortfall);
+                                               "(a peer missing or behind);")
+                                 : shortfall,
+               outcome);
 }
 
 }  // namespace tessera::signal

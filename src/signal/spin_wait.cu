@@ -43,6 +43,8 @@ __global__ void spin_wait_kernel(const std::uint32_t* counter, std::uint32_t tar
 
 }  // namespace
 
+const void* spin_wait_kernel_address() { return reinterpret_cast<const void*>(&spin_wait_kernel); }
+
 cudaError_t launch_spin_wait(const std::uint32_t* counter, std::uint32_t target, std::uint64_t timeout_ns, int rank,
                              int group, runtime::WaitRecord* record, cudaStream_t stream) {
   spin_wait_kernel<<<1, 1, 0, stream>>>(counter, target, timeout_ns, rank, group, record);

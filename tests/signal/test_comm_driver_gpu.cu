@@ -5,13 +5,31 @@
 // ReduceScatter / grouped send-recv on each group's span; the un-reordered
 // result must equal the non-overlapped reference exactly (f32, small
 // integers). Three back-to-back calls per case: counters are never reset.
+//
+// Hang safety (a hang is a bug, in the test too):
+//  - the fake producer's module is loaded before any stream waits (lazy
+//    loading would make its first launch wait for the blocked device);
+//  - every host wait on a stream is bounded (drain_or_die); a stream that
+//    cannot drain means a stuck wait or collective, after which any cudaFree
+//    would hang, so the rank reports and ends (tessera run stops the others);
+//  - a per-test watchdog ends the process if a test outlives its limit;
+//  - every epoch ends with an exchange of every rank's outcome over the
+//    bootstrap (bounded by its timeout), so that all ranks leave a failing
+//    test at the same point and keep issuing NCCL calls in the same order.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <stdexcept>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "support/test_support.hpp"
@@ -30,6 +48,89 @@ namespace {
 runtime::ProcessGroup* group() {
   static std::unique_ptr<runtime::ProcessGroup> pg = runtime::ProcessGroup::from_environment();
   return pg.get();
+}
+
+std::chrono::milliseconds wait_timeout() {
+  return std::chrono::milliseconds(runtime::wait_timeout_ns() / 1000000);
+}
+
+// Waits for `s` to drain, at most twice the wait timeout. A stream that does
+// not drain holds a stuck wait or collective; every later device-wide
+// synchronization (cudaFree, the communicator's finalize) would hang, so the
+// rank reports it and ends the process — `tessera run` then stops the others.
+void drain_or_die(cudaStream_t s, const char* what) {
+  const auto deadline = std::chrono::steady_clock::now() + 2 * wait_timeout();
+  for (;;) {
+    const cudaError_t rc = cudaStreamQuery(s);
+    if (rc == cudaSuccess) return;
+    if (rc != cudaErrorNotReady) {
+      std::fprintf(stderr, "%s: CUDA error %s; ending the process\n", what,
+                   cudaGetErrorName(rc));
+      std::fflush(stderr);
+      std::_Exit(1);
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::fprintf(stderr, "%s: stream still busy after %lld ms (stuck wait or collective); ending the process\n",
+                   what, static_cast<long long>(2 * wait_timeout().count()));
+      std::fflush(stderr);
+      std::_Exit(1);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+// Ends the process if the current test runs longer than `limit`: the last
+// line of defence against a hang nobody foresaw (a ctest timeout would
+// report nothing useful and hold the other ranks).
+class Watchdog {
+ public:
+  explicit Watchdog(std::chrono::milliseconds limit) : thread_([this, limit] {
+    std::unique_lock lk(mu_);
+    if (cv_.wait_for(lk, limit, [this] { return done_; })) return;
+    const auto* t = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::fprintf(stderr, "test %s.%s still running after %lld ms; ending the process\n",
+                 t ? t->test_suite_name() : "?", t ? t->name() : "?", static_cast<long long>(limit.count()));
+    std::fflush(stderr);
+    std::_Exit(1);
+  }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard lk(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+// What one rank saw in one step of a test; exchanged so all ranks agree.
+struct Outcome {
+  std::int64_t bad = 0;  // wrong elements
+  int threw = 0;         // an exception (first 200 characters below)
+  char what[200] = {};
+};
+
+// Every rank learns every rank's outcome (bootstrap allgather, bounded by its
+// timeout). Returns "" when all ranks passed, else a description of each
+// failing rank; all ranks get the same verdict and leave the test together.
+std::string agree(std::int64_t bad, const std::string& error) {
+  Outcome mine;
+  mine.bad = bad;
+  mine.threw = !error.empty();
+  std::snprintf(mine.what, sizeof(mine.what), "%s", error.c_str());
+  std::string verdict;
+  const auto all = group()->allgather(mine);
+  for (int r = 0; r < static_cast<int>(all.size()); ++r) {
+    if (all[r].threw) verdict += "rank " + std::to_string(r) + " threw: " + all[r].what + "\n";
+    else if (all[r].bad != 0) verdict += "rank " + std::to_string(r) + ": " + std::to_string(all[r].bad) + " wrong elements\n";
+  }
+  return verdict;
 }
 
 // Copies each group's spans from `staging` to `dst` in the order given,
@@ -55,11 +156,14 @@ float value(int rank, int epoch, std::int64_t i, std::int64_t j) {
   return float(((rank + 1) * 7 + epoch * 13 + i * 31 + j * 17) % 1001 - 500);
 }
 
+// Device copy of `v`, uploaded on stream `s` (stream-ordered before the
+// kernels that read it there; pageable source, so the call returns once the
+// data is staged).
 template <class T>
-T* dev_copy(const std::vector<T>& v) {
+T* dev_copy(const std::vector<T>& v, cudaStream_t s) {
   T* p = nullptr;
   EXPECT_EQ(cudaMalloc(&p, std::max<std::size_t>(v.size(), 1) * sizeof(T)), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemcpyAsync(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, s), cudaSuccess);
   return p;
 }
 
@@ -74,56 +178,104 @@ struct Spans {
 // The producer of one call. Everything is allocated and copied in the
 // constructor, BEFORE the driver enqueues its waits: an allocation that
 // synchronized the device while the communication stream waits on counters
-// only this producer can bump would deadlock.
+// only this producer can bump would deadlock. Runs on stream `s`.
 struct Producer {
   float* staging = nullptr;
   int *order = nullptr, *delay = nullptr, *tiles = nullptr;
   long long *b = nullptr, *o = nullptr, *l = nullptr;
   int groups = 0;
 
-  Producer(const std::vector<float>& staging_host, const Spans& spans, const GroupPlan& plan, std::mt19937_64& g)
-      : groups(plan.groups()) {
+  cudaStream_t stream;
+
+  Producer(const std::vector<float>& staging_host, const Spans& spans, const GroupPlan& plan, std::mt19937_64& g,
+           cudaStream_t s)
+      : groups(plan.groups()), stream(s) {
     std::vector<int> ord(groups), del(groups), til(groups);
     std::iota(ord.begin(), ord.end(), 0);
     std::shuffle(ord.begin(), ord.end(), g);
     for (auto& d : del) d = std::uniform_int_distribution<int>(0, 200)(g);
     for (int k = 0; k < groups; ++k) til[k] = plan.tiles_in(k);
-    staging = dev_copy(staging_host);
-    order = dev_copy(ord);
-    delay = dev_copy(del);
-    tiles = dev_copy(til);
-    b = dev_copy(spans.begin);
-    o = dev_copy(spans.off);
-    l = dev_copy(spans.len);
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    staging = dev_copy(staging_host, s);
+    order = dev_copy(ord, s);
+    delay = dev_copy(del, s);
+    tiles = dev_copy(til, s);
+    b = dev_copy(spans.begin, s);
+    o = dev_copy(spans.off, s);
+    l = dev_copy(spans.len, s);
+    drain_or_die(s, "producer upload");
   }
-  void launch(cudaStream_t s, float* dst, GroupCounters& counters) {
-    fake_producer<<<1, 256, 0, s>>>(staging, dst, order, delay, b, o, l, tiles, groups, counters.device());
+  // The kernel only bumps counters (it waits on nothing), so its stream drains.
+  void launch(float* dst, GroupCounters& counters) {
+    fake_producer<<<1, 256, 0, stream>>>(staging, dst, order, delay, b, o, l, tiles, groups, counters.device());
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-    EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    drain_or_die(stream, "fake producer");
   }
   ~Producer() {
     for (void* p : {(void*)staging, (void*)order, (void*)delay, (void*)tiles, (void*)b, (void*)o, (void*)l}) cudaFree(p);
   }
 };
 
-__global__ void set_u32(std::uint32_t* p, int n, std::uint32_t v) {
-  if (int(threadIdx.x) < n) p[threadIdx.x] = v;
-}
-
 bool skip_unless_two_ranks() {
   return tessera::testing::launched_world_size() < 2 || tessera::testing::visible_gpus() < 1;
 }
 
-std::vector<float> download(const float* d, std::int64_t n) {
+// Copies n floats to the host on stream `s` (after the work enqueued there).
+std::vector<float> download(const float* d, std::int64_t n, cudaStream_t s) {
   std::vector<float> h(n);
-  EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  if (n > 0) EXPECT_EQ(cudaMemcpyAsync(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
+  drain_or_die(s, "download");
   return h;
 }
 
+// Frees device memory at scope exit; only ever reached with drained streams
+// (drain_or_die ends the process otherwise), so cudaFree cannot hang.
+struct DeviceBuffers {
+  std::vector<void*> ptrs;
+  template <class T>
+  T* alloc(std::int64_t elems) {
+    void* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, std::max<std::int64_t>(elems, 1) * sizeof(T)), cudaSuccess);
+    ptrs.push_back(p);
+    return static_cast<T*>(p);
+  }
+  ~DeviceBuffers() {
+    for (void* p : ptrs) cudaFree(p);
+  }
+};
+
+// Every test: the fake producer loaded before any stream waits, and a
+// watchdog.
+class Guarded : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    watchdog_ = std::make_unique<Watchdog>(std::max<std::chrono::milliseconds>(std::chrono::seconds(60), 10 * wait_timeout()));
+    if (tessera::testing::visible_gpus() > 0)
+      ensure_loaded(reinterpret_cast<const void*>(&fake_producer), "fake_producer");
+  }
+  void TearDown() override { watchdog_.reset(); }
+
+ private:
+  std::unique_ptr<Watchdog> watchdog_;
+};
+
 }  // namespace
 
-class CommDriverGpu : public ::testing::TestWithParam<WaitMode> {};
+class CommDriverGpu : public Guarded, public ::testing::WithParamInterface<WaitMode> {};
+
+// One epoch of a case: `body` enqueues, produces, synchronizes and returns
+// the number of wrong elements; exceptions are caught so that every rank
+// reaches the outcome exchange (agree) and all ranks stop together.
+template <class Body>
+std::string run_epoch(Body&& body) {
+  std::int64_t bad = 0;
+  std::string error;
+  try {
+    bad = body();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  return agree(bad, error);
+}
 
 TEST_P(CommDriverGpu, AllReduceGroupsInRandomOrder) {
   if (skip_unless_two_ranks()) GTEST_SKIP() << "needs >= 2 ranks with a GPU each";
@@ -134,35 +286,34 @@ TEST_P(CommDriverGpu, AllReduceGroupsInRandomOrder) {
   for (const GroupPlan& plan : {GroupPlan::single(wm), GroupPlan::per_wave(wm), GroupPlan(wm, {1, 3, wm.waves() - 4})}) {
     GroupCounters counters(plan.groups());
     CommDriver drv(pg->nccl(), pg->comm_stream(0), GetParam());
-    float* buf = nullptr;
-    float* out = nullptr;
-    CUDA_OK(cudaMalloc(&buf, map.buffer_elems() * sizeof(float)));
-    CUDA_OK(cudaMalloc(&out, 1000 * 776 * sizeof(float)));
+    DeviceBuffers mem;
+    float* buf = mem.alloc<float>(map.buffer_elems());
+    float* out = mem.alloc<float>(1000 * 776);
     Spans spans;
     for (int k = 0; k < plan.groups(); ++k)
       spans.add_group({{plan.tile_begin(k) * map.tile_elems(), plan.tiles_in(k) * map.tile_elems()}});
     for (int epoch = 1; epoch <= 3; ++epoch) {
-      std::vector<float> staging(map.buffer_elems(), 0.f);
-      for (std::int64_t i = 0; i < 1000; ++i)
-        for (std::int64_t j = 0; j < 776; ++j) staging[map.offset(i, j)] = value(pg->rank(), epoch, i, j);
-      Producer prod(staging, spans, plan, g);
-      drv.all_reduce(plan, map, buf, DType::f32, counters, epoch);  // enqueued before the producer runs
-      prod.launch(pg->stream(), buf, counters);
-      drv.synchronize(plan, counters, epoch);
-      unreorder(map, buf, out, 776, DType::f32, pg->comm_stream(0));
-      CUDA_OK(cudaStreamSynchronize(pg->comm_stream(0)));
-      const auto got = download(out, 1000 * 776);
-      std::int64_t bad = 0;
-      for (std::int64_t i = 0; i < 1000; ++i)
-        for (std::int64_t j = 0; j < 776; ++j) {
-          float ref = 0;
-          for (int r = 0; r < pg->world(); ++r) ref += value(r, epoch, i, j);
-          bad += got[i * 776 + j] != ref;
-        }
-      ASSERT_EQ(bad, 0) << "epoch " << epoch << " plan " << plan.str() << " " << wait_mode_name(GetParam());
+      const std::string verdict = run_epoch([&]() -> std::int64_t {
+        std::vector<float> staging(map.buffer_elems(), 0.f);
+        for (std::int64_t i = 0; i < 1000; ++i)
+          for (std::int64_t j = 0; j < 776; ++j) staging[map.offset(i, j)] = value(pg->rank(), epoch, i, j);
+        Producer prod(staging, spans, plan, g, pg->stream());
+        drv.all_reduce(plan, map, buf, DType::f32, counters, epoch);  // enqueued before the producer runs
+        prod.launch(buf, counters);
+        drv.synchronize(plan, counters, epoch);
+        unreorder(map, buf, out, 776, DType::f32, pg->comm_stream(0));
+        const auto got = download(out, 1000 * 776, pg->comm_stream(0));
+        std::int64_t bad = 0;
+        for (std::int64_t i = 0; i < 1000; ++i)
+          for (std::int64_t j = 0; j < 776; ++j) {
+            float ref = 0;
+            for (int r = 0; r < pg->world(); ++r) ref += value(r, epoch, i, j);
+            bad += !(got[i * 776 + j] == ref);  // NaN counts as wrong
+          }
+        return bad;
+      });
+      ASSERT_EQ(verdict, "") << "epoch " << epoch << " plan " << plan.str() << " " << wait_mode_name(GetParam());
     }
-    cudaFree(buf);
-    cudaFree(out);
   }
 }
 
@@ -176,38 +327,37 @@ TEST_P(CommDriverGpu, ReduceScatterGroupsInRandomOrder) {
   for (const GroupPlan& plan : {GroupPlan::single(wm), GroupPlan::equal(wm, 4)}) {
     GroupCounters counters(plan.groups());
     CommDriver drv(pg->nccl(), pg->comm_stream(0), GetParam());
-    float *send = nullptr, *recv = nullptr, *out = nullptr;
-    CUDA_OK(cudaMalloc(&send, map.send_elems() * sizeof(float)));
-    CUDA_OK(cudaMalloc(&recv, map.recv_elems() * sizeof(float)));
-    CUDA_OK(cudaMalloc(&out, M * N * sizeof(float)));
+    DeviceBuffers mem;
+    float* send = mem.alloc<float>(map.send_elems());
+    float* recv = mem.alloc<float>(map.recv_elems());
+    float* out = mem.alloc<float>(M * N);
     Spans spans;
     for (int k = 0; k < plan.groups(); ++k)
       spans.add_group({{plan.tile_begin(k) * map.tile_elems(), plan.tiles_in(k) * map.tile_elems()}});
     const RsShard shard{map, pg->rank()};
     for (int epoch = 1; epoch <= 3; ++epoch) {
-      std::vector<float> staging(map.send_elems(), 0.f);
-      for (std::int64_t i = 0; i < M; ++i)
-        for (std::int64_t j = 0; j < N; ++j)
-          staging[map.send_offset(i, j, plan.host_view())] = value(pg->rank(), epoch, i, j);
-      Producer prod(staging, spans, plan, g);
-      drv.reduce_scatter(plan, map, send, recv, DType::f32, counters, epoch);
-      prod.launch(pg->stream(), send, counters);
-      drv.synchronize(plan, counters, epoch);
-      unreorder(shard, recv, out, N, DType::f32, pg->comm_stream(0));
-      CUDA_OK(cudaStreamSynchronize(pg->comm_stream(0)));
-      const auto got = download(out, shard.rows() * N);
-      std::int64_t bad = 0;
-      for (std::int64_t l = 0; l < shard.rows(); ++l)
-        for (std::int64_t j = 0; j < N; ++j) {
-          float ref = 0;
-          for (int r = 0; r < pg->world(); ++r) ref += value(r, epoch, map.global_row(pg->rank(), l), j);
-          bad += got[l * N + j] != ref;
-        }
-      ASSERT_EQ(bad, 0) << "epoch " << epoch << " plan " << plan.str() << " " << wait_mode_name(GetParam());
+      const std::string verdict = run_epoch([&]() -> std::int64_t {
+        std::vector<float> staging(map.send_elems(), 0.f);
+        for (std::int64_t i = 0; i < M; ++i)
+          for (std::int64_t j = 0; j < N; ++j)
+            staging[map.send_offset(i, j, plan.host_view())] = value(pg->rank(), epoch, i, j);
+        Producer prod(staging, spans, plan, g, pg->stream());
+        drv.reduce_scatter(plan, map, send, recv, DType::f32, counters, epoch);
+        prod.launch(send, counters);
+        drv.synchronize(plan, counters, epoch);
+        unreorder(shard, recv, out, N, DType::f32, pg->comm_stream(0));
+        const auto got = download(out, shard.rows() * N, pg->comm_stream(0));
+        std::int64_t bad = 0;
+        for (std::int64_t l = 0; l < shard.rows(); ++l)
+          for (std::int64_t j = 0; j < N; ++j) {
+            float ref = 0;
+            for (int r = 0; r < pg->world(); ++r) ref += value(r, epoch, map.global_row(pg->rank(), l), j);
+            bad += !(got[l * N + j] == ref);
+          }
+        return bad;
+      });
+      ASSERT_EQ(verdict, "") << "epoch " << epoch << " plan " << plan.str() << " " << wait_mode_name(GetParam());
     }
-    cudaFree(send);
-    cudaFree(recv);
-    cudaFree(out);
   }
 }
 
@@ -234,11 +384,15 @@ TEST_P(CommDriverGpu, AllToAllUnevenRoutingInRandomOrder) {
   const GroupPlan& mine = plan.plan(me);
   GroupCounters counters(plan.groups());
   CommDriver drv(pg->nccl(), pg->comm_stream(0), GetParam());
-  float *send = nullptr, *recv = nullptr, *out = nullptr;
-  CUDA_OK(cudaMalloc(&send, std::max<std::int64_t>(plan.send_elems(me), 1) * sizeof(float)));
-  CUDA_OK(cudaMalloc(&recv, std::max<std::int64_t>(plan.recv_elems(me), 1) * sizeof(float)));
-  CUDA_OK(cudaMalloc(&out, std::max<std::int64_t>(plan.out_rows(me), 1) * N * sizeof(float)));
-  std::int64_t* table = dev_copy(plan.chunk_src(me));
+  DeviceBuffers mem;
+  float* send = mem.alloc<float>(plan.send_elems(me));
+  float* recv = mem.alloc<float>(plan.recv_elems(me));
+  float* out = mem.alloc<float>(plan.out_rows(me) * N);
+  const std::vector<std::int64_t> chunk_src = plan.chunk_src(me);
+  std::int64_t* table = mem.alloc<std::int64_t>(static_cast<std::int64_t>(chunk_src.size()));
+  CUDA_OK(cudaMemcpyAsync(table, chunk_src.data(), chunk_src.size() * sizeof(std::int64_t), cudaMemcpyHostToDevice,
+                          pg->comm_stream(0)));
+  drain_or_die(pg->comm_stream(0), "routing table upload");
   A2aRecvMap rmap = plan.recv_map(me);
   rmap.chunk_src = table;
   Spans spans;
@@ -249,57 +403,72 @@ TEST_P(CommDriverGpu, AllToAllUnevenRoutingInRandomOrder) {
   }
   const A2aSendMap smap = plan.send_map(me);
   for (int epoch = 1; epoch <= 3; ++epoch) {
-    std::vector<float> staging(plan.send_elems(me), 0.f);
-    for (std::int64_t i = 0; i < std::int64_t(dest[me].size()); ++i)
-      for (std::int64_t j = 0; j < N; ++j) staging[smap.offset(i, j)] = value(me, epoch, i, j);
-    Producer prod(staging, spans, mine, g);
-    drv.all_to_all(plan, send, recv, DType::f32, counters, epoch);
-    prod.launch(pg->stream(), send, counters);
-    drv.synchronize(mine, counters, epoch);
-    if (plan.out_rows(me) > 0) unreorder(rmap, recv, out, N, DType::f32, pg->comm_stream(0));
-    CUDA_OK(cudaStreamSynchronize(pg->comm_stream(0)));
-    const auto got = download(out, plan.out_rows(me) * N);
-    std::int64_t bad = 0;
-    for (std::int64_t o = 0; o < plan.out_rows(me); ++o) {
-      const RowSource src = plan.out_row_source(me, o);
-      for (std::int64_t j = 0; j < N; ++j) bad += got[o * N + j] != value(src.rank, epoch, src.row, j);
-    }
-    ASSERT_EQ(bad, 0) << "epoch " << epoch << " " << wait_mode_name(GetParam());
+    const std::string verdict = run_epoch([&]() -> std::int64_t {
+      std::vector<float> staging(plan.send_elems(me), 0.f);
+      for (std::int64_t i = 0; i < std::int64_t(dest[me].size()); ++i)
+        for (std::int64_t j = 0; j < N; ++j) staging[smap.offset(i, j)] = value(me, epoch, i, j);
+      Producer prod(staging, spans, mine, g, pg->stream());
+      drv.all_to_all(plan, send, recv, DType::f32, counters, epoch);
+      prod.launch(send, counters);
+      drv.synchronize(mine, counters, epoch);
+      if (plan.out_rows(me) > 0) unreorder(rmap, recv, out, N, DType::f32, pg->comm_stream(0));
+      const auto got = download(out, plan.out_rows(me) * N, pg->comm_stream(0));
+      std::int64_t bad = 0;
+      for (std::int64_t o = 0; o < plan.out_rows(me); ++o) {
+        const RowSource src = plan.out_row_source(me, o);
+        for (std::int64_t j = 0; j < N; ++j) bad += !(got[o * N + j] == value(src.rank, epoch, src.row, j));
+      }
+      return bad;
+    });
+    ASSERT_EQ(verdict, "") << "epoch " << epoch << " " << wait_mode_name(GetParam());
   }
-  cudaFree(send);
-  cudaFree(recv);
-  cudaFree(out);
-  cudaFree(table);
 }
 
 INSTANTIATE_TEST_SUITE_P(Waits, CommDriverGpu, ::testing::Values(WaitMode::StreamMemOp, WaitMode::SpinKernel),
                          [](const auto& info) { return std::string(wait_mode_name(info.param)); });
 
-// A counter that never arrives: the host-side bound names the group; then
-// the counter is released from the host so the stream (and NCCL) drain.
-TEST(CommDriverGpuTimeout, StreamWaitTimeoutNamesTheGroup) {
+// Counters that never arrive (no producer at all): synchronize() must name
+// the short groups within the timeout, release the waits itself so that the
+// stream (and the NCCL AllReduces behind the waits, which every rank
+// enqueued) drain, and throw. Nothing is launched by the test while the
+// stream waits: the release is the driver's own stream memory operation.
+class CommDriverGpuTimeout : public Guarded {};
+
+TEST_F(CommDriverGpuTimeout, StreamWaitTimeoutNamesTheGroupAndReleasesIt) {
   if (skip_unless_two_ranks()) GTEST_SKIP() << "needs >= 2 ranks with a GPU each";
   auto* pg = group();
   const WaveModel wm(GemmTiling{256, 256, 128, 128}, 2);
   const GroupPlan plan(wm, {1, 1});
   const ArMap map = make_ar_map(wm);
   GroupCounters counters(plan.groups());
-  CommDriver drv(pg->nccl(), pg->comm_stream(0), WaitMode::StreamMemOp, 300'000'000ull);
-  float* buf = nullptr;
-  CUDA_OK(cudaMalloc(&buf, map.buffer_elems() * sizeof(float)));
-  cudaStream_t side;  // created before the communication stream blocks
-  CUDA_OK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  constexpr std::uint64_t timeout_ns = 300'000'000ull;
+  CommDriver drv(pg->nccl(), pg->comm_stream(0), WaitMode::StreamMemOp, timeout_ns);
+  DeviceBuffers mem;
+  float* buf = mem.alloc<float>(map.buffer_elems());
+  std::string error;
+  const auto t0 = std::chrono::steady_clock::now();
   drv.all_reduce(plan, map, buf, DType::f32, counters, 1);
   try {
     drv.synchronize(plan, counters, 1);
-    ADD_FAILURE() << "synchronize returned although no counter was bumped";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("group 0: expected >= 2, seen 0"), std::string::npos) << e.what();
+  } catch (const std::exception& e) {
+    error = e.what();
   }
-  set_u32<<<1, 32, 0, side>>>(counters.device(), 2, 2u);  // release both groups
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaStreamSynchronize(side));
-  drv.synchronize(plan, counters, 1);
-  CUDA_OK(cudaStreamDestroy(side));
-  cudaFree(buf);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  // The stream must be idle now, without any help from the test.
+  const cudaError_t idle = cudaStreamQuery(pg->comm_stream(0));
+  drain_or_die(pg->comm_stream(0), "communication stream after the released timeout");
+  std::string local;
+  if (error.empty()) local += "synchronize returned although no counter was bumped; ";
+  for (const char* want : {"group 0: expected >= 2, seen 0", "group 1: expected >= 2, seen 0", "the stream drained"})
+    if (error.find(want) == std::string::npos) local += std::string("message lacks '") + want + "'; ";
+  if (idle != cudaSuccess) local += std::string("stream not idle after synchronize threw: ") + cudaGetErrorName(idle) + "; ";
+  // Two timeouts at most (the wait, then the drain), plus slack.
+  if (ms > 3 * timeout_ns / 1e6 + 2000) local += "took " + std::to_string(ms) + " ms; ";
+  if (!local.empty()) ADD_FAILURE() << local << "message: " << error;
+  const std::string verdict = agree(0, local.empty() ? "" : local + "message: " + error);
+  ASSERT_EQ(verdict, "");
+  // Released: the counters hold the targets, and a second synchronize returns.
+  const auto seen = counters.read();
+  EXPECT_EQ(seen, (std::vector<std::uint32_t>{2, 2}));
+  EXPECT_NO_THROW(drv.synchronize(plan, counters, 1));
 }

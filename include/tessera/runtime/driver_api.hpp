@@ -16,6 +16,11 @@ namespace tessera::runtime::driver {
 /// (the driver's default), i.e. a release store as seen by peers and host.
 void stream_write_u64(cudaStream_t stream, std::uint64_t* addr, std::uint64_t value);
 
+/// Same for a 32-bit value (e.g. releasing a group counter wait from the host
+/// side after a timeout: no kernel, so no module load can block on the
+/// stuck stream).
+void stream_write_u32(cudaStream_t stream, std::uint32_t* addr, std::uint32_t value);
+
 /// Enqueues a wait until *addr >= value on `stream` (no spinning kernel);
 /// followed by a flush of remote writes where the device supports it, so
 /// data written by peers before their release is visible to later work

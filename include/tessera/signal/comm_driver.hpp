@@ -9,8 +9,26 @@
 // spins on ld.acquire.gpu with a timeout (TESSERA_WAIT_TIMEOUT_MS): on
 // timeout it records {rank, group, expected, seen} in a WaitDiagnostics
 // record, prints it and traps. The stream-memop wait cannot time out on the
-// device; synchronize() bounds it on the host and names the groups whose
-// counters are short.
+// device; synchronize() bounds it on the host: after TESSERA_WAIT_TIMEOUT_MS
+// it names the groups whose counters are short, RELEASES their waits (stores
+// the target into the counter from a private stream with a stream memory
+// operation — no kernel), waits (bounded again) for the stream to drain and
+// throws. So a counter that never arrives costs one timeout, not a hang. An
+// NCCL collective whose peer never posts it cannot be released from here:
+// synchronize() then says so, and the caller must abort the communicator
+// (ncclCommAbort) before freeing buffers or destroying the stream.
+//
+// After synchronize() has thrown, the counters no longer follow the epoch
+// contract (a late producer may still add): discard them (new GroupCounters,
+// epoch 1).
+//
+// Lazy module loading (CUDA's default): the first launch of a kernel waits
+// for the whole device to go idle, so a kernel launched for the first time
+// while the communication stream waits on counters that only this kernel
+// bumps deadlocks (the producer GEMM, a test's fake producer). The driver
+// loads its own waiter at construction; call ensure_loaded() on every kernel
+// that runs while the communication stream waits, before enqueueing the waits
+// (or run with CUDA_MODULE_LOADING=EAGER).
 //
 // Counters (GroupCounters): uint32 per group in device memory, zeroed once;
 // call number `epoch` (1, 2, ...) waits for counter[g] >= epoch *
@@ -18,6 +36,10 @@
 // signal/device.cuh. The caller must not let the producer of call e+1
 // overwrite a group buffer before call e's collective on it is done
 // (stream-order the next GEMM after the communication stream).
+//
+// NCCL order: every rank must issue the same collectives in the same order
+// (same plan, same calls); the driver issues one collective (or one grouped
+// send/recv) per group, in group order.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -38,9 +60,17 @@ namespace tessera::signal {
 enum class WaitMode { StreamMemOp, SpinKernel };
 const char* wait_mode_name(WaitMode m);
 
+/// Forces the module of kernel `fn` (a __global__ function's address) to load
+/// now (cudaFuncGetAttributes), so that its first launch cannot wait for a
+/// device that a stream wait keeps busy (see the header comment). `name`
+/// appears in the error if the kernel cannot be loaded.
+void ensure_loaded(const void* fn, const char* name);
+
 /// Per-group tile counters in device memory (zeroed at construction).
 class GroupCounters {
  public:
+  /// Allocates and zeroes the counters (on a private stream, so it works
+  /// while other streams wait).
   explicit GroupCounters(int groups);
   ~GroupCounters();
   GroupCounters(const GroupCounters&) = delete;
@@ -50,6 +80,9 @@ class GroupCounters {
   int groups() const { return groups_; }
   /// Current values, read on a private stream (works while others are blocked).
   std::vector<std::uint32_t> read() const;
+  /// Stores `value` into counter g from the private stream (a stream memory
+  /// operation, no kernel) and waits for the store, bounded by `timeout_ns`.
+  void store(int g, std::uint32_t value, std::uint64_t timeout_ns) const;
 
  private:
   std::uint32_t* counters_ = nullptr;
@@ -60,7 +93,10 @@ class GroupCounters {
 class CommDriver {
  public:
   /// `stream`: the communication stream (all NCCL calls and waits go there).
+  /// Loads the spinning waiter's module (see ensure_loaded).
   CommDriver(ncclComm_t comm, cudaStream_t stream, WaitMode mode, std::uint64_t timeout_ns = runtime::wait_timeout_ns());
+  CommDriver(const CommDriver&) = delete;
+  CommDriver& operator=(const CommDriver&) = delete;
 
   int rank() const { return rank_; }
   int world() const { return world_; }
@@ -81,9 +117,13 @@ class CommDriver {
   void all_to_all(const A2aPlan& plan, const void* send, void* recv, DType dtype, const GroupCounters& counters,
                   std::uint64_t epoch);
 
-  /// Host wait for the communication stream, bounded by the timeout; throws
-  /// a tessera::Error naming the groups whose counters are short of their
-  /// target (or the spinning waiter's diagnostic, or NCCL's error).
+  /// Host wait for the communication stream, bounded by the timeout. Throws
+  /// a tessera::Error naming the spinning waiter's diagnostic or NCCL's
+  /// error; or, when the stream is still busy after the timeout, naming the
+  /// groups whose counters are short of their target — after releasing those
+  /// waits and waiting (at most one more timeout) for the stream to drain;
+  /// the message says whether it drained. Returns normally only when every
+  /// wait was satisfied by the producer and the stream drained.
   void synchronize(const GroupPlan& plan, const GroupCounters& counters, std::uint64_t epoch) const;
 
  private:
@@ -97,6 +137,8 @@ class CommDriver {
 };
 
 namespace detail {
+/// The one-thread spinning waiter kernel (spin_wait.cu), for ensure_loaded.
+const void* spin_wait_kernel_address();
 /// Launches the one-thread spinning waiter (spin_wait.cu).
 cudaError_t launch_spin_wait(const std::uint32_t* counter, std::uint32_t target, std::uint64_t timeout_ns, int rank,
                              int group, runtime::WaitRecord* record, cudaStream_t stream);
