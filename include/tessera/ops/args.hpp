@@ -1,0 +1,102 @@
+// tessera/ops/args.hpp — arguments, strategies and host-side validation of
+// the tensor-parallel MLP operators (AllGather+GEMM, GEMM+ReduceScatter, MLP).
+//
+// Row sharding over R ranks (ragged allowed): shard s holds rows
+// [s*ceil(M/R), min((s+1)*ceil(M/R), M)); every shard must be non-empty
+// (M > (R-1)*ceil(M/R)). All matrices row-major; B is always [N, K] (the
+// nn.Linear weight layout, D = A·Bᵀ). A, B, D share one dtype (bf16 or f16).
+//
+// Validation here is pure host logic (no CUDA call, no communication), so it
+// is CPU-tested; the cross-rank agreement check (same shape/dtype/strategy on
+// every rank) is done by TpContext through ProcessGroup::check_same_on_all_ranks
+// once per new shape signature.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "tessera/runtime/dtype.hpp"
+
+namespace tessera::ops {
+
+/// How an operator runs.
+///  sequential    — cuBLASLt GEMM + NCCL collective, one after the other (the baseline)
+///  decomposition — per-shard cuBLASLt GEMMs overlapped with copy-engine
+///                  transfers on a second stream (the PyTorch async-TP idea)
+///  fused_ce      — Tessera GEMM engine with a per-tile wait prologue (AG) /
+///                  peer-store epilogue (RS); transfers on the copy engine (AG)
+///  fused_sm      — AG: the same GEMM, transfers pushed by a few CTAs
+///  automatic     — the tuner's cached or measured choice
+enum class Strategy : int { automatic = 0, sequential = 1, decomposition = 2, fused_ce = 3, fused_sm = 4 };
+
+std::string_view strategy_name(Strategy s);
+/// Parses a strategy name (as printed by strategy_name); throws tessera::Error.
+Strategy parse_strategy(std::string_view name);
+
+/// D[M, N] = AllGather(A)[M, K] · Bᵀ. With swiglu, B is the fused gate/up
+/// weight with gate and up interleaved by rows (row 2j = gate_j, row 2j+1 =
+/// up_j), N even, and D[M, N/2] = SiLU(gate)·up.
+struct AgGemmArgs {
+  const void* a = nullptr;  ///< this rank's shard [m_local, K], row stride lda
+  const void* b = nullptr;  ///< [N, K], row stride ldb
+  void* d = nullptr;        ///< [M, N] (or [M, N/2] with swiglu), row stride ldd
+  std::int64_t m = 0;       ///< total (gathered) rows
+  std::int64_t m_local = 0; ///< rows of this rank's shard
+  std::int64_t n = 0, k = 0;
+  std::int64_t lda = 0, ldb = 0, ldd = 0;  ///< elements; 0 = packed
+  DType dtype = DType::bf16;
+  bool swiglu = false;
+  void* gathered_a = nullptr;  ///< optional out: the gathered A [M, K], packed
+};
+
+/// D_local[m_local, N] = rows of this rank's shard of Σ_ranks A_r[M, K] · B_rᵀ.
+struct GemmRsArgs {
+  const void* a = nullptr;  ///< [M, K] (this rank's K shard), row stride lda
+  const void* b = nullptr;  ///< [N, K], row stride ldb
+  void* d = nullptr;        ///< [m_local, N], row stride ldd
+  std::int64_t m = 0, m_local = 0, n = 0, k = 0;
+  std::int64_t lda = 0, ldb = 0, ldd = 0;
+  DType dtype = DType::bf16;
+};
+
+/// Tensor-parallel MLP: out = RS( SiLU(AG(x)·Wgᵀ) ⊙ (AG(x)·Wuᵀ) · Wdᵀ ).
+struct MlpArgs {
+  const void* x = nullptr;          ///< [m_local, H] this rank's token shard
+  const void* w_gate_up = nullptr;  ///< [2·I_local, H], gate/up interleaved by rows
+  const void* w_down = nullptr;     ///< [H, I_local]
+  void* out = nullptr;              ///< [m_local, H]
+  std::int64_t m = 0, m_local = 0;  ///< tokens (S) and this rank's share
+  std::int64_t h = 0;               ///< hidden size
+  std::int64_t i_local = 0;         ///< intermediate size per rank (I / R)
+  DType dtype = DType::bf16;
+};
+
+/// Rows of shard s (ragged: the last shards may be shorter).
+struct ShardRows {
+  std::int64_t per_rank = 0;  ///< ceil(M / R)
+  std::int64_t lo(int s) const { return s * per_rank; }
+  std::int64_t rows(std::int64_t m, int s) const;
+};
+ShardRows shard_rows(std::int64_t m, int world);
+
+/// Host checks (throw tessera::Error naming the op and the value): dtype
+/// bf16/f16, pointers non-null and 16-byte aligned (TMA), K % 8 == 0,
+/// leading dimensions multiples of 8 and >= row length, world in [1, 16],
+/// m_local equal to this rank's ragged shard, every shard non-empty,
+/// swiglu ⇒ N even.
+void validate(const AgGemmArgs& a, int rank, int world, const char* op = "ag_gemm");
+void validate(const GemmRsArgs& a, int rank, int world, const char* op = "gemm_rs");
+void validate(const MlpArgs& a, int rank, int world, const char* op = "mlp");
+
+/// What every rank must agree on (compared byte-wise across ranks).
+struct ShapeSignature {
+  std::int32_t op = 0;  ///< 1 ag_gemm, 2 gemm_rs, 3 mlp
+  std::int32_t dtype = 0;
+  std::int32_t strategy = 0;
+  std::int32_t flags = 0;  ///< swiglu, gathered_a requested
+  std::int64_t m = 0, n = 0, k = 0;
+  bool operator<(const ShapeSignature& o) const;
+};
+
+}  // namespace tessera::ops

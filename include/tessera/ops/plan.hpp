@@ -1,0 +1,72 @@
+// tessera/ops/plan.hpp — how the overlapped operators schedule their
+// communication and tiles (pure host logic, CPU-tested).
+//
+// AllGather+GEMM (push, TileLink §3.1: communication and computation choose
+// their own tile sizes and orders):
+//   step j = 1..R-1: rank r pushes its shard to rank (r - j) mod R, cut into
+//   C channels of ceil(shard/C) rows, each followed by a flag store; so rank
+//   r RECEIVES, at step j, the shard of rank (r + j) mod R. The GEMM walks
+//   tile rows starting at its own shard and wrapping (RasterScheduler
+//   rotate_m = first tile row of shard r): own rows first, then shards in
+//   the order they arrive. Its prologue waits, per tile, for the flags of
+//   every channel the tile's rows touch (remote channels only).
+// GEMM+ReduceScatter (push):
+//   rows owned by rank o are [o*ceil(M/R), ...). The GEMM walks tile rows
+//   starting at shard (r + 1) mod R: remotely-owned tiles first, own last.
+//   Each 8-wide row segment is stored into its owner's receive slab
+//   recv[src = r] (rows local to the owner); a finished tile adds 1 to
+//   counter[tile_m] on every owner its rows touch. Each owner reduces its rows
+//   once counter[tile_m] reaches R·tiles_n, summing slabs in rank order 0..R-1
+//   (fixed order: deterministic), then subtracts R·tiles_n (consumes).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tessera/link/tile_map.hpp"
+#include "tessera/ops/args.hpp"
+
+namespace tessera::ops {
+
+/// Signal slots used by the operators (control Signals object).
+enum ControlSlot : int {
+  kAgFree = 0,   ///< "my gathered-A workspace is free again" (value = AG epoch)
+  kRsFree = 1,   ///< "my receive slabs are free again" (value = RS epoch)
+  kRsData = 2,   ///< decomposition RS: "my partial for you has landed" (value = RS epoch)
+  kControlSlots = 3,
+};
+
+/// Most channels per shard (AG data flags are one Signals slot per channel).
+inline constexpr int kMaxChannels = 32;
+
+struct AgPlan {
+  int rank = 0, world = 1;
+  link::AllGatherTileMap map;   ///< producer = channel chunks, consumer = GEMM tile rows
+  ShardRows shards;
+  int channels = 1;
+  int tile_m = 128;             ///< GEMM tile rows
+  int rotate_m = 0;             ///< first tile row of this rank's shard
+  std::vector<int> push_to;     ///< push_to[j-1] = destination at step j
+  std::vector<int> recv_from;   ///< recv_from[j] = source whose shard the GEMM reads j-th (j=0: self)
+};
+/// channels in [1, kMaxChannels]; throws tessera::Error on bad parameters.
+AgPlan plan_ag(std::int64_t m, int world, int rank, int channels, int tile_m);
+
+struct RsPlan {
+  int rank = 0, world = 1;
+  ShardRows shards;
+  int tile_m = 128, tile_n = 256;
+  int tiles_m = 0, tiles_n = 0;
+  int rotate_m = 0;             ///< first tile row of shard (rank + 1) mod R
+  std::int64_t ld_recv = 0;     ///< row stride of a receive slab (N rounded up to 8)
+  /// Tile rows whose rows this rank owns (the reduce kernel's work list).
+  int own_tile_lo = 0, own_tile_hi = 0;
+  /// Per-tile-row notifications an owner waits for per call.
+  std::uint64_t expected_per_tile_row() const { return static_cast<std::uint64_t>(world) * tiles_n; }
+  /// Owners whose rows tile row t touches: [first, last].
+  int first_owner(int t) const;
+  int last_owner(int t, std::int64_t m) const;
+};
+RsPlan plan_rs(std::int64_t m, std::int64_t n, int world, int rank, int tile_m, int tile_n);
+
+}  // namespace tessera::ops

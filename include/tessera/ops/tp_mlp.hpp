@@ -1,0 +1,87 @@
+// tessera/ops/tp_mlp.hpp — overlapped tensor-parallel MLP operators.
+//
+//   ops::TpContext ctx(pg);                 // per process group; owns workspaces
+//   ops::ag_gemm(ctx, ag_args);             // AllGather(A) · Bᵀ   (column parallel)
+//   ops::gemm_rs(ctx, rs_args);             // ReduceScatter(A · Bᵀ) (row parallel)
+//   ops::mlp(ctx, mlp_args);                // both, with SiLU(gate)·up between
+//
+// Every call is collective (all ranks, same shapes, same order) and
+// stream-ordered on pg.stream(): inputs must be ready on that stream, outputs
+// are ready on it when the call returns to the host (no host sync inside,
+// except the first call of a new shape: validation across ranks, workspace
+// growth and, with Strategy::automatic, the tuner's measurements).
+//
+// Back-to-back calls need no reset: flags carry epochs, reduce counters are
+// consumed by the owner, and a rank pushes into a peer's workspace only after
+// that peer announced (kAgFree / kRsFree, one flag per call) that it is done
+// with the previous call's data.
+//
+// Limits: world <= 16, all ranks load/store reachable (NVLink/P2P); Hopper
+// (sm_90a) for the fused strategies; waits on device time out after
+// TESSERA_WAIT_TIMEOUT_MS and trap (the next synchronize reports it).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "tessera/ops/args.hpp"
+#include "tessera/ops/plan.hpp"
+#include "tessera/runtime/process_group.hpp"
+#include "tessera/runtime/signals.hpp"
+#include "tessera/runtime/symmetric_heap.hpp"
+#include "tessera/tune/key.hpp"
+
+namespace tessera::ops {
+
+struct OpOptions {
+  Strategy strategy = Strategy::automatic;
+  int channels = 4;       ///< AG: channels (flags) per shard
+  int comm_ctas = 16;     ///< fused_sm: CTAs that push; fused RS: CTAs that reduce
+  bool use_cache = true;  ///< automatic: read/write the on-disk choice cache
+};
+
+/// Per-call timing of the tuner's candidates (filled when it measured).
+struct TuneReport {
+  std::map<Strategy, double> times_ms;
+  Strategy chosen = Strategy::sequential;
+  bool from_cache = false;
+};
+
+class TpContext {
+ public:
+  explicit TpContext(runtime::ProcessGroup& pg);
+  ~TpContext();
+  TpContext(const TpContext&) = delete;
+  TpContext& operator=(const TpContext&) = delete;
+
+  runtime::ProcessGroup& group() const { return *pg_; }
+  tune::MachineId machine() const;
+
+  /// The strategy `automatic` resolves to for this call (tuning if needed).
+  /// Collective. `report` (optional) receives the measurements.
+  Strategy resolve(const AgGemmArgs& a, const OpOptions& o, TuneReport* report = nullptr);
+  Strategy resolve(const GemmRsArgs& a, const OpOptions& o, TuneReport* report = nullptr);
+
+  // ---- internals used by the operator implementations ----------------------
+  struct Impl;
+  Impl& impl() { return *impl_; }
+
+ private:
+  runtime::ProcessGroup* pg_;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// AllGather + GEMM. See AgGemmArgs.
+void ag_gemm(TpContext& ctx, const AgGemmArgs& a, const OpOptions& o = {});
+/// GEMM + ReduceScatter. See GemmRsArgs.
+void gemm_rs(TpContext& ctx, const GemmRsArgs& a, const OpOptions& o = {});
+/// Whole MLP: ag_gemm (fused gate/up, SiLU·up epilogue) then gemm_rs.
+/// `ag` / `rs` choose the halves' strategies.
+void mlp(TpContext& ctx, const MlpArgs& a, const OpOptions& ag = {}, const OpOptions& rs = {});
+
+}  // namespace tessera::ops

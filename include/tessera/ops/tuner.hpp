@@ -1,0 +1,40 @@
+// tessera/ops/tuner.hpp — per-shape strategy choice, cached on disk.
+//
+// On first use of a shape the operator measures every candidate strategy
+// (the max over ranks of each median time, so all ranks decide alike) and
+// keeps the fastest — but never one slower than sequential: a candidate must
+// beat sequential by `margin` (default 1%) to replace it. The choice is
+// stored in tune::Cache "ops" under key_prefix(machine, dtype, "ops.<op>")
+// + "|MxNxK" with the measured times, and reused by later processes. Ranks
+// that disagree about a cached choice (different cache files) re-measure.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tessera/ops/args.hpp"
+#include "tessera/tune/key.hpp"
+
+namespace tessera::ops {
+
+/// Chooses from measured times (ms per strategy; must contain sequential).
+/// Throws tessera::Error if sequential is missing or a time is not finite
+/// and positive. Fastest wins; a non-sequential winner must be faster than
+/// sequential·(1 − margin), else sequential.
+Strategy choose_strategy(const std::map<Strategy, double>& times_ms, double margin = 0.01);
+
+/// The cache entry for a choice: {"strategy": name, "times_ms": {...}, "shape": [...]}.
+nlohmann::json choice_to_json(Strategy s, const std::map<Strategy, double>& times_ms,
+                              const std::vector<std::int64_t>& shape);
+/// Reads a cached choice; nullopt if the entry is malformed (never throws).
+std::optional<Strategy> choice_from_json(const nlohmann::json& j);
+
+/// Key of an operator's choice.
+std::string choice_key(const tune::MachineId& m, DType dtype, const std::string& op,
+                       const std::vector<std::int64_t>& shape);
+
+}  // namespace tessera::ops

@@ -1,0 +1,128 @@
+// Validation of the TP-MLP operators' arguments (host only, before launch).
+#include "tessera/ops/args.hpp"
+
+#include <cstdint>
+#include <cstring>
+#include <tuple>
+
+#include "tessera/runtime/error.hpp"
+#include "tessera/runtime/symmetric_heap.hpp"
+
+namespace tessera::ops {
+
+std::string_view strategy_name(Strategy s) {
+  switch (s) {
+    case Strategy::automatic: return "auto";
+    case Strategy::sequential: return "sequential";
+    case Strategy::decomposition: return "decomposition";
+    case Strategy::fused_ce: return "fused_ce";
+    case Strategy::fused_sm: return "fused_sm";
+  }
+  return "?";
+}
+
+Strategy parse_strategy(std::string_view name) {
+  for (Strategy s : {Strategy::automatic, Strategy::sequential, Strategy::decomposition, Strategy::fused_ce,
+                     Strategy::fused_sm})
+    if (name == strategy_name(s)) return s;
+  TESSERA_FAIL("unknown strategy '{}' (auto, sequential, decomposition, fused_ce, fused_sm)", name);
+}
+
+std::int64_t ShardRows::rows(std::int64_t m, int s) const {
+  const std::int64_t lo = s * per_rank, hi = std::min(lo + per_rank, m);
+  return hi > lo ? hi - lo : 0;
+}
+
+ShardRows shard_rows(std::int64_t m, int world) {
+  TESSERA_CHECK(world >= 1, "shard_rows: world = {} must be >= 1", world);
+  TESSERA_CHECK(m >= 0, "shard_rows: M = {} must be >= 0", m);
+  return ShardRows{(m + world - 1) / world};
+}
+
+namespace {
+
+bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
+void check_common(const char* op, DType dt, int rank, int world) {
+  TESSERA_CHECK(world >= 1 && world <= runtime::kMaxPeers, "{}: world size {} outside [1, {}]", op, world,
+                runtime::kMaxPeers);
+  TESSERA_CHECK(rank >= 0 && rank < world, "{}: rank {} outside [0, {})", op, rank, world);
+  TESSERA_CHECK(dt == DType::bf16 || dt == DType::f16, "{}: dtype {} not supported (bf16 or f16)", op,
+                dtype_name(dt));
+}
+
+void check_ptr(const char* op, const char* name, const void* p) {
+  TESSERA_CHECK(p != nullptr, "{}: {} is null", op, name);
+  TESSERA_CHECK(aligned16(p), "{}: {} = {} is not 16-byte aligned (TMA and 16-byte vector accesses need it)", op,
+                name, p);
+}
+
+void check_ld(const char* op, const char* name, std::int64_t ld, std::int64_t row) {
+  TESSERA_CHECK(ld >= row, "{}: {} = {} is smaller than the row length {}", op, name, ld, row);
+  TESSERA_CHECK(ld % 8 == 0, "{}: {} = {} is not a multiple of 8 elements (16-byte rows)", op, name, ld);
+}
+
+void check_rows(const char* op, std::int64_t m, std::int64_t m_local, int rank, int world) {
+  TESSERA_CHECK(m >= 1 && m < (std::int64_t{1} << 31), "{}: M = {} out of range [1, 2^31)", op, m);
+  const ShardRows s = shard_rows(m, world);
+  TESSERA_CHECK(s.rows(m, world - 1) >= 1,
+                "{}: M = {} leaves rank {} without rows (shards of ceil(M/R) = {} rows over {} ranks); use M > {}", op,
+                m, world - 1, s.per_rank, world, (world - 1) * s.per_rank);
+  TESSERA_CHECK(m_local == s.rows(m, rank),
+                "{}: m_local = {} on rank {} but a ragged split of M = {} over {} ranks gives it {} rows "
+                "(shards of ceil(M/R) = {}, the last ones shorter)",
+                op, m_local, rank, m, world, s.rows(m, rank), s.per_rank);
+}
+
+void check_nk(const char* op, std::int64_t n, std::int64_t k) {
+  TESSERA_CHECK(n >= 1 && n < (std::int64_t{1} << 31), "{}: N = {} out of range [1, 2^31)", op, n);
+  TESSERA_CHECK(k >= 8 && k < (std::int64_t{1} << 31), "{}: K = {} out of range [8, 2^31)", op, k);
+  TESSERA_CHECK(k % 8 == 0, "{}: K = {} must be a multiple of 8 (16-byte rows for TMA)", op, k);
+}
+
+}  // namespace
+
+void validate(const AgGemmArgs& a, int rank, int world, const char* op) {
+  check_common(op, a.dtype, rank, world);
+  check_nk(op, a.n, a.k);
+  check_rows(op, a.m, a.m_local, rank, world);
+  check_ptr(op, "A", a.a);
+  check_ptr(op, "B", a.b);
+  check_ptr(op, "D", a.d);
+  if (a.gathered_a) check_ptr(op, "gathered_a", a.gathered_a);
+  if (a.swiglu) TESSERA_CHECK(a.n % 2 == 0, "{}: N = {} must be even with the SiLU(gate)*up epilogue", op, a.n);
+  check_ld(op, "lda", a.lda ? a.lda : a.k, a.k);
+  check_ld(op, "ldb", a.ldb ? a.ldb : a.k, a.k);
+  const std::int64_t n_out = a.swiglu ? a.n / 2 : a.n;
+  check_ld(op, "ldd", a.ldd ? a.ldd : n_out, n_out);
+}
+
+void validate(const GemmRsArgs& a, int rank, int world, const char* op) {
+  check_common(op, a.dtype, rank, world);
+  check_nk(op, a.n, a.k);
+  check_rows(op, a.m, a.m_local, rank, world);
+  check_ptr(op, "A", a.a);
+  check_ptr(op, "B", a.b);
+  check_ptr(op, "D", a.d);
+  check_ld(op, "lda", a.lda ? a.lda : a.k, a.k);
+  check_ld(op, "ldb", a.ldb ? a.ldb : a.k, a.k);
+  check_ld(op, "ldd", a.ldd ? a.ldd : a.n, a.n);
+}
+
+void validate(const MlpArgs& a, int rank, int world, const char* op) {
+  check_common(op, a.dtype, rank, world);
+  TESSERA_CHECK(a.h >= 8 && a.h % 8 == 0, "{}: H = {} must be a positive multiple of 8", op, a.h);
+  TESSERA_CHECK(a.i_local >= 8 && a.i_local % 8 == 0, "{}: I/R = {} must be a positive multiple of 8", op,
+                a.i_local);
+  check_rows(op, a.m, a.m_local, rank, world);
+  check_ptr(op, "x", a.x);
+  check_ptr(op, "w_gate_up", a.w_gate_up);
+  check_ptr(op, "w_down", a.w_down);
+  check_ptr(op, "out", a.out);
+}
+
+bool ShapeSignature::operator<(const ShapeSignature& o) const {
+  return std::tie(op, dtype, strategy, flags, m, n, k) < std::tie(o.op, o.dtype, o.strategy, o.flags, o.m, o.n, o.k);
+}
+
+}  // namespace tessera::ops

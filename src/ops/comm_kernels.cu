@@ -1,0 +1,183 @@
+// Helper kernels of the TP operators: owner reduction, SM push of a shard,
+// SiLU(gate)*up for the sequential path; and the dtype dispatch of the fused
+// GEMMs (instantiated in fused_gemm_{bf16,f16}.cu).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "device_ops.hpp"
+#include "tessera/kernels/gemm/host_detail.hpp"
+#include "tessera/link/device_primitives.cuh"
+#include "tessera/link/memory_order.cuh"
+
+namespace tessera::ops::detail {
+
+void ag_gemm_bf16(const AgGemmLaunch& p, cudaStream_t s);
+void ag_gemm_f16(const AgGemmLaunch& p, cudaStream_t s);
+void gemm_rs_bf16(const GemmRsLaunch& p, cudaStream_t s);
+void gemm_rs_f16(const GemmRsLaunch& p, cudaStream_t s);
+void preload_bf16();
+void preload_f16();
+
+void launch_ag_gemm(const AgGemmLaunch& p, cudaStream_t s) {
+  if (p.dtype == DType::f16) return ag_gemm_f16(p, s);
+  return ag_gemm_bf16(p, s);
+}
+
+void launch_gemm_rs(const GemmRsLaunch& p, cudaStream_t s) {
+  if (p.dtype == DType::f16) return gemm_rs_f16(p, s);
+  return gemm_rs_bf16(p, s);
+}
+
+namespace {
+
+template <class T>
+__device__ __forceinline__ float to_f(T v);
+template <>
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <>
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+template <class T>
+__device__ __forceinline__ T from_f(float v);
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ __forceinline__ __half from_f(float v) { return __float2half_rn(v); }
+
+/// One tile row per CTA iteration: wait (one thread, acquire .sys), barrier,
+/// sum the R slabs in rank order 0..R-1 in f32, store; barrier, consume.
+template <class T>
+__global__ void reduce_kernel(ReduceLaunch p) {
+  const T* slabs = static_cast<const T*>(p.slabs);
+  T* out = static_cast<T*>(p.out);
+  const std::int64_t row_end = p.row0 + p.rows;
+  const int t_lo = static_cast<int>(p.row0 / p.tile_m);
+  const int t_hi = static_cast<int>((row_end + p.tile_m - 1) / p.tile_m);
+  const bool vec = (p.n % 8 == 0) && (p.ldo % 8 == 0);
+  for (int t = t_lo + blockIdx.x; t < t_hi; t += gridDim.x) {
+    if (p.counters != nullptr && threadIdx.x == 0)
+      link::detail::wait_geq_sys(p.sv, p.counters + t, p.expected, runtime::WaitKind::counter, t, t, -1);
+    __syncthreads();
+    const std::int64_t lo = t * static_cast<std::int64_t>(p.tile_m) > p.row0 ? t * static_cast<std::int64_t>(p.tile_m)
+                                                                              : p.row0;
+    const std::int64_t hi = (t + 1) * static_cast<std::int64_t>(p.tile_m) < row_end
+                                ? (t + 1) * static_cast<std::int64_t>(p.tile_m)
+                                : row_end;
+    const std::int64_t per_row = vec ? p.n / 8 : p.n;
+    const std::int64_t total = (hi - lo) * per_row;
+    for (std::int64_t i = threadIdx.x; i < total; i += blockDim.x) {
+      const std::int64_t lr = lo - p.row0 + i / per_row;  // row local to this rank
+      const std::int64_t c = (i % per_row) * (vec ? 8 : 1);
+      if (vec) {
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int s = 0; s < p.world; ++s) {
+          const uint4 u = *reinterpret_cast<const uint4*>(slabs + (s * p.per_rank + lr) * p.ld_recv + c);
+          const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[j] += to_f(e[j]);
+        }
+        uint4 o;
+        T* oe = reinterpret_cast<T*>(&o);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) oe[j] = from_f<T>(acc[j]);
+        *reinterpret_cast<uint4*>(out + lr * p.ldo + c) = o;
+      } else {
+        float acc = 0;
+        for (int s = 0; s < p.world; ++s) acc += to_f(slabs[(s * p.per_rank + lr) * p.ld_recv + c]);
+        out[lr * p.ldo + c] = from_f<T>(acc);
+      }
+    }
+    __syncthreads();
+    // Consume this call's notifications. Relaxed is enough: the next call's
+    // producers only start after this kernel completes (kRsFree, stream order).
+    if (p.counters != nullptr && threadIdx.x == 0)
+      atomicAdd(reinterpret_cast<unsigned long long*>(p.counters + t), 0ull - p.expected);
+  }
+}
+
+/// Chunks in step order; every CTA copies its slice of a chunk, then the last
+/// CTA to finish it (fence + relaxed counter: fence-fence synchronization)
+/// resets the counter and release-stores the flag at the destination.
+__global__ void push_kernel(PushLaunch p) {
+  const int total = p.steps * p.channels;
+  char* src_base = static_cast<char*>(p.ws[p.sv.rank]);
+  for (int q = 0; q < total; ++q) {
+    const int j = q / p.channels, c = q % p.channels;
+    const int dst = p.push_to[j];
+    std::int64_t c_lo = c * p.rows_per_channel;
+    std::int64_t c_hi = c_lo + p.rows_per_channel;
+    if (c_hi > p.rows) c_hi = p.rows;
+    if (c_lo > c_hi) c_lo = c_hi;
+    const std::int64_t nrows = c_hi - c_lo;
+    const std::int64_t per_block = (nrows + gridDim.x - 1) / gridDim.x;
+    std::int64_t b_lo = c_lo + per_block * blockIdx.x;
+    std::int64_t b_hi = b_lo + per_block;
+    if (b_hi > c_hi) b_hi = c_hi;
+    if (b_lo < b_hi) {
+      const std::int64_t off = (p.lo + b_lo) * p.row_bytes;
+      link::copy_tile_bytes(static_cast<char*>(p.ws[dst]) + off, p.row_bytes, src_base + off, p.row_bytes, b_hi - b_lo,
+                            p.row_bytes, threadIdx.x, blockDim.x);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      link::mo::fence_acq_rel_sys();
+      const unsigned old = atomicAdd(p.done + q, 1u);
+      if (old == gridDim.x - 1) {
+        atomicExch(p.done + q, 0u);
+        link::mo::fence_acq_rel_sys();
+        link::mo::st_release_sys(p.sv.flag_at(dst, c), p.epoch);
+      }
+    }
+  }
+}
+
+template <class T>
+__global__ void swiglu_kernel(const T* in, std::int64_t ld_in, T* out, std::int64_t ld_out, std::int64_t rows,
+                              std::int64_t n_out) {
+  const std::int64_t total = rows * n_out;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t r = i / n_out, j = i % n_out;
+    const float g = to_f(in[r * ld_in + 2 * j]), u = to_f(in[r * ld_in + 2 * j + 1]);
+    out[r * ld_out + j] = from_f<T>(g / (1.0f + __expf(-g)) * u);
+  }
+}
+
+}  // namespace
+
+void launch_reduce(const ReduceLaunch& p, int ctas, cudaStream_t s) {
+  if (p.rows <= 0) return;
+  if (p.dtype == DType::f16)
+    reduce_kernel<__half><<<ctas, 512, 0, s>>>(p);
+  else
+    reduce_kernel<__nv_bfloat16><<<ctas, 512, 0, s>>>(p);
+  kernels::detail::check_launch("ops: reduce kernel launch");
+}
+
+void launch_push(const PushLaunch& p, int ctas, cudaStream_t s) {
+  push_kernel<<<ctas, 512, 0, s>>>(p);
+  kernels::detail::check_launch("ops: push kernel launch");
+}
+
+void launch_swiglu(const void* in, std::int64_t ld_in, void* out, std::int64_t ld_out, std::int64_t rows,
+                   std::int64_t n_out, DType dtype, cudaStream_t s) {
+  const std::int64_t total = rows * n_out;
+  const int blocks = static_cast<int>(total / 1024 + 1 < 4096 ? total / 1024 + 1 : 4096);
+  if (dtype == DType::f16)
+    swiglu_kernel<__half><<<blocks, 256, 0, s>>>(static_cast<const __half*>(in), ld_in, static_cast<__half*>(out),
+                                                 ld_out, rows, n_out);
+  else
+    swiglu_kernel<__nv_bfloat16><<<blocks, 256, 0, s>>>(static_cast<const __nv_bfloat16*>(in), ld_in,
+                                                        static_cast<__nv_bfloat16*>(out), ld_out, rows, n_out);
+  kernels::detail::check_launch("ops: swiglu kernel launch");
+}
+
+void preload_kernels() {
+  cudaFuncAttributes attr{};
+  kernels::detail::cuda_check(cudaFuncGetAttributes(&attr, reduce_kernel<__half>), "ops: preload reduce");
+  kernels::detail::cuda_check(cudaFuncGetAttributes(&attr, reduce_kernel<__nv_bfloat16>), "ops: preload reduce");
+  kernels::detail::cuda_check(cudaFuncGetAttributes(&attr, push_kernel), "ops: preload push");
+  preload_bf16();
+  preload_f16();
+}
+
+}  // namespace tessera::ops::detail

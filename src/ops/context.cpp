@@ -1,0 +1,240 @@
+// TpContext: workspaces, agreement checks, the tuner, and the public
+// operator entry points (validation → strategy → implementation).
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "context_impl.hpp"
+#include "device_ops.hpp"
+#include "tessera/link/host_primitives.hpp"
+#include "tessera/ops/tuner.hpp"
+#include "tessera/runtime/env.hpp"
+#include "tessera/runtime/error.hpp"
+
+namespace tessera::ops {
+
+LocalBuffer::~LocalBuffer() {
+  if (p_) cudaFree(p_);  // destructor: nothing to report to
+}
+
+void* LocalBuffer::ensure(std::size_t bytes, cudaStream_t sync_stream) {
+  if (bytes <= bytes_) return p_;
+  if (p_) {
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(sync_stream));
+    TESSERA_CUDA_CHECK(cudaFree(p_));
+    p_ = nullptr;
+    bytes_ = 0;
+  }
+  TESSERA_CUDA_CHECK(cudaMalloc(&p_, bytes));
+  bytes_ = bytes;
+  return p_;
+}
+
+TpContext::Impl::Impl(runtime::ProcessGroup& g) : pg(g) {
+  TESSERA_CHECK(pg.world() <= runtime::kMaxPeers, "TpContext: world {} > {}", pg.world(), runtime::kMaxPeers);
+  TESSERA_CHECK(pg.lsa_reachable(), "TpContext: not every rank is load/store reachable (lsa size {} of {})",
+                pg.lsa_size(), pg.world());
+  TESSERA_CHECK(pg.comm_stream_count() >= 1, "TpContext: the process group has no communication stream");
+  ag_flags = std::make_unique<runtime::Signals>(pg, kMaxChannels);
+  control = std::make_unique<runtime::Signals>(pg, kControlSlots);
+  rs_counters = std::make_unique<runtime::Signals>(pg, 64);
+  const std::size_t done_bytes = sizeof(unsigned) * kMaxChannels * runtime::kMaxPeers;
+  TESSERA_CUDA_CHECK(cudaMemset(push_done.ensure(done_bytes, pg.stream()), 0, done_bytes));
+  TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_ready, cudaEventDisableTiming));
+  TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_comm_done, cudaEventDisableTiming));
+  detail::preload_kernels();
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+TpContext::Impl::~Impl() {
+  if (ev_ready) cudaEventDestroy(ev_ready);
+  if (ev_comm_done) cudaEventDestroy(ev_comm_done);
+}
+
+void TpContext::Impl::check_agreement(const ShapeSignature& sig, const char* op) {
+  if (validated.count(sig)) return;
+  pg.check_same_on_all_ranks(fmt::format("{}: shape/dtype/strategy (M {}, N {}, K {}, dtype {}, strategy {})", op,
+                                         sig.m, sig.n, sig.k, sig.dtype, sig.strategy),
+                             sig);
+  validated.insert(sig);
+}
+
+void TpContext::Impl::drain(const char* what) {
+  link::synchronize(pg.stream(), *control, what);
+  for (int i = 0; i < pg.comm_stream_count(); ++i) link::synchronize(pg.comm_stream(i), *control, what);
+}
+
+void TpContext::Impl::ensure_ag_ws(std::size_t bytes) {
+  if (!ag_ws.empty() && ag_ws.bytes() >= bytes) return;
+  drain("ag_gemm: workspace growth");
+  pg.barrier();  // no peer still pushes into or reads the old workspace
+  ag_ws = runtime::SymBuffer<unsigned char>();
+  ag_ws = runtime::SymBuffer<unsigned char>(pg, bytes);
+}
+
+void TpContext::Impl::ensure_rs(std::size_t recv_bytes, int tile_rows) {
+  const bool grow_recv = rs_recv.empty() || rs_recv.bytes() < recv_bytes;
+  const bool grow_counters = rs_counters->slots() < tile_rows;
+  if (!grow_recv && !grow_counters) return;
+  drain("gemm_rs: workspace growth");
+  pg.barrier();
+  if (grow_recv) {
+    rs_recv = runtime::SymBuffer<unsigned char>();
+    rs_recv = runtime::SymBuffer<unsigned char>(pg, recv_bytes);
+  }
+  if (grow_counters) {
+    rs_counters.reset();  // collective free, same order on every rank
+    rs_counters = std::make_unique<runtime::Signals>(pg, std::max(tile_rows, 64));
+  }
+}
+
+TpContext::TpContext(runtime::ProcessGroup& pg) : pg_(&pg), impl_(std::make_unique<Impl>(pg)) {}
+TpContext::~TpContext() = default;
+
+tune::MachineId TpContext::machine() const {
+  const std::string topo = env::get("TESSERA_TOPOLOGY").value_or(pg_->lsa_reachable() ? "lsa" : "net");
+  return tune::MachineId{pg_->device_properties().name, topo, pg_->world()};
+}
+
+namespace {
+
+ShapeSignature signature(const AgGemmArgs& a, Strategy s) {
+  return ShapeSignature{1, static_cast<std::int32_t>(a.dtype), static_cast<std::int32_t>(s),
+                        (a.swiglu ? 1 : 0) | (a.gathered_a ? 2 : 0), a.m, a.n, a.k};
+}
+ShapeSignature signature(const GemmRsArgs& a, Strategy s) {
+  return ShapeSignature{2, static_cast<std::int32_t>(a.dtype), static_cast<std::int32_t>(s), 0, a.m, a.n, a.k};
+}
+
+/// Median over `reps` of one call (after `warmup`), max over ranks.
+template <class F>
+double time_call(TpContext::Impl& c, F&& call, int warmup, int reps) {
+  cudaStream_t s = c.pg.stream();
+  for (int i = 0; i < warmup; ++i) call();
+  std::vector<double> t;
+  cudaEvent_t e0, e1;
+  TESSERA_CUDA_CHECK(cudaEventCreate(&e0));
+  TESSERA_CUDA_CHECK(cudaEventCreate(&e1));
+  for (int i = 0; i < reps; ++i) {
+    c.drain("ops tuner");
+    c.pg.barrier();
+    TESSERA_CUDA_CHECK(cudaEventRecord(e0, s));
+    call();
+    TESSERA_CUDA_CHECK(cudaEventRecord(e1, s));
+    c.drain("ops tuner");
+    float ms = 0;
+    TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    t.push_back(ms);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  std::sort(t.begin(), t.end());
+  return c.pg.allreduce_max(t[t.size() / 2]);
+}
+
+template <class Args, class Run>
+Strategy tune_choice(TpContext& ctx, const Args& a, const OpOptions& o, const std::string& op,
+                     const std::vector<std::int64_t>& shape, const std::vector<Strategy>& candidates, Run&& run,
+                     TuneReport* report) {
+  auto& c = ctx.impl();
+  const std::string key = choice_key(ctx.machine(), a.dtype, op, shape);
+  if (auto it = c.memo.find(key); it != c.memo.end()) {
+    if (report) report->chosen = it->second, report->from_cache = true;
+    return it->second;
+  }
+  if (o.use_cache && !c.cache) c.cache = std::make_unique<tune::Cache>("ops", 1);
+  int cached = -1;
+  if (o.use_cache) {
+    if (auto j = c.cache->get(key))
+      if (auto s = choice_from_json(*j)) cached = static_cast<int>(*s);
+  }
+  const std::vector<int> all = c.pg.allgather(cached);
+  if (cached > 0 && std::all_of(all.begin(), all.end(), [&](int v) { return v == cached; })) {
+    const auto s = static_cast<Strategy>(cached);
+    c.memo[key] = s;
+    if (report) report->chosen = s, report->from_cache = true;
+    return s;
+  }
+  std::map<Strategy, double> times;
+  for (Strategy s : candidates) times[s] = time_call(c, [&] { run(s); }, 2, 5);
+  const Strategy best = choose_strategy(times);
+  c.memo[key] = best;
+  if (o.use_cache) c.cache->put(key, choice_to_json(best, times, shape));
+  if (report) report->times_ms = times, report->chosen = best, report->from_cache = false;
+  return best;
+}
+
+}  // namespace
+
+Strategy TpContext::resolve(const AgGemmArgs& a, const OpOptions& o, TuneReport* report) {
+  if (o.strategy != Strategy::automatic) return o.strategy;
+  const std::vector<std::int64_t> shape{a.m, a.n, a.k, a.swiglu ? 1 : 0};
+  return tune_choice(*this, a, o, "ag_gemm", shape,
+                     {Strategy::sequential, Strategy::decomposition, Strategy::fused_ce, Strategy::fused_sm},
+                     [&](Strategy s) { run_ag_gemm(*impl_, a, s, o); }, report);
+}
+
+Strategy TpContext::resolve(const GemmRsArgs& a, const OpOptions& o, TuneReport* report) {
+  if (o.strategy != Strategy::automatic) return o.strategy;
+  const std::vector<std::int64_t> shape{a.m, a.n, a.k};
+  return tune_choice(*this, a, o, "gemm_rs", shape,
+                     {Strategy::sequential, Strategy::decomposition, Strategy::fused_sm},
+                     [&](Strategy s) { run_gemm_rs(*impl_, a, s, o); }, report);
+}
+
+void ag_gemm(TpContext& ctx, const AgGemmArgs& a, const OpOptions& o) {
+  auto& c = ctx.impl();
+  validate(a, c.pg.rank(), c.pg.world());
+  TESSERA_CHECK(o.channels >= 1 && o.channels <= kMaxChannels, "ag_gemm: channels = {} outside [1, {}]", o.channels,
+                kMaxChannels);
+  TESSERA_CHECK(o.comm_ctas >= 1 && o.comm_ctas < c.pg.sm_count(), "ag_gemm: comm_ctas = {} outside [1, {})",
+                o.comm_ctas, c.pg.sm_count());
+  c.check_agreement(signature(a, o.strategy), "ag_gemm");
+  const Strategy s = ctx.resolve(a, o);
+  run_ag_gemm(c, a, s, o);
+}
+
+void gemm_rs(TpContext& ctx, const GemmRsArgs& a, const OpOptions& o) {
+  auto& c = ctx.impl();
+  validate(a, c.pg.rank(), c.pg.world());
+  TESSERA_CHECK(o.comm_ctas >= 1 && o.comm_ctas < c.pg.sm_count(), "gemm_rs: comm_ctas = {} outside [1, {})",
+                o.comm_ctas, c.pg.sm_count());
+  TESSERA_CHECK(o.strategy != Strategy::fused_ce,
+                "gemm_rs: strategy fused_ce does not exist for GEMM+RS (the fused variant is fused_sm: peer stores "
+                "from the epilogue)");
+  c.check_agreement(signature(a, o.strategy), "gemm_rs");
+  const Strategy s = ctx.resolve(a, o);
+  run_gemm_rs(c, a, s, o);
+}
+
+void mlp(TpContext& ctx, const MlpArgs& a, const OpOptions& ag, const OpOptions& rs) {
+  auto& c = ctx.impl();
+  validate(a, c.pg.rank(), c.pg.world());
+  const std::size_t hidden_bytes = static_cast<std::size_t>(a.m) * a.i_local * dtype_size(a.dtype);
+  void* hidden = c.hidden.ensure(hidden_bytes, c.pg.stream());
+  AgGemmArgs g;
+  g.a = a.x;
+  g.b = a.w_gate_up;
+  g.d = hidden;
+  g.m = a.m;
+  g.m_local = a.m_local;
+  g.n = 2 * a.i_local;
+  g.k = a.h;
+  g.ldd = a.i_local;
+  g.dtype = a.dtype;
+  g.swiglu = true;
+  ag_gemm(ctx, g, ag);
+  GemmRsArgs r;
+  r.a = hidden;
+  r.b = a.w_down;
+  r.d = a.out;
+  r.m = a.m;
+  r.m_local = a.m_local;
+  r.n = a.h;
+  r.k = a.i_local;
+  r.dtype = a.dtype;
+  gemm_rs(ctx, r, rs);
+}
+
+}  // namespace tessera::ops

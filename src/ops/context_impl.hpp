@@ -1,0 +1,76 @@
+// src/ops/context_impl.hpp — what a TpContext owns: signals, symmetric and
+// local workspaces, epochs, events, the validated-shape set and the tuner's
+// memo. Internal to src/ops.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "tessera/ops/tp_mlp.hpp"
+#include "tessera/runtime/signals.hpp"
+#include "tessera/runtime/symmetric_heap.hpp"
+#include "tessera/tune/cache.hpp"
+
+namespace tessera::ops {
+
+/// A growable local device buffer (cudaMalloc).
+class LocalBuffer {
+ public:
+  LocalBuffer() = default;
+  ~LocalBuffer();
+  LocalBuffer(const LocalBuffer&) = delete;
+  LocalBuffer& operator=(const LocalBuffer&) = delete;
+  /// Grows to at least `bytes` (after synchronizing `streams`: the old
+  /// contents may still be in use); contents are undefined after growth.
+  void* ensure(std::size_t bytes, cudaStream_t sync_stream);
+  void* get() const { return p_; }
+
+ private:
+  void* p_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+struct TpContext::Impl {
+  explicit Impl(runtime::ProcessGroup& pg);
+  ~Impl();
+
+  runtime::ProcessGroup& pg;
+  std::unique_ptr<runtime::Signals> ag_flags;  ///< kMaxChannels slots: per-source channel flags
+  std::unique_ptr<runtime::Signals> control;   ///< kControlSlots
+  std::unique_ptr<runtime::Signals> rs_counters;  ///< slots = tile rows (grown)
+  runtime::SymBuffer<unsigned char> ag_ws;     ///< gathered A: [R·ceil(M/R), K]
+  runtime::SymBuffer<unsigned char> rs_recv;   ///< receive slabs: [R][ceil(M/R)][ld_recv]
+  LocalBuffer staging;   ///< sequential/decomposition partials, pre-activation GEMM outputs
+  LocalBuffer rs_out;    ///< sequential RS output when it cannot land in D directly
+  LocalBuffer hidden;    ///< mlp: the intermediate activation [M, I/R]
+  LocalBuffer push_done; ///< SM pusher's per-chunk CTA counters (zero between calls)
+  std::uint64_t ag_epoch = 0;
+  std::uint64_t rs_epoch = 0;
+  cudaEvent_t ev_ready = nullptr, ev_comm_done = nullptr;
+  std::set<ShapeSignature> validated;
+  std::map<std::string, Strategy> memo;  ///< tuner choices of this process
+  std::unique_ptr<tune::Cache> cache;
+
+  /// Once per signature: every rank passes the same bytes (else tessera::Error).
+  void check_agreement(const ShapeSignature& sig, const char* op);
+  /// Collective growth of the symmetric workspaces (synchronizes and
+  /// barriers first: peers may still be reading or writing the old ones).
+  void ensure_ag_ws(std::size_t bytes);
+  void ensure_rs(std::size_t recv_bytes, int tile_rows);
+  /// Waits for the compute and comm streams, with link::synchronize's
+  /// timeout and diagnostics (used before growth and after tuning).
+  void drain(const char* what);
+  cudaStream_t comm() const { return pg.comm_stream(0); }
+};
+
+/// Implementations of each strategy (ag_gemm.cpp, gemm_rs.cpp); validation
+/// and agreement are done by the caller.
+void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOptions& o);
+void run_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, Strategy s, const OpOptions& o);
+
+}  // namespace tessera::ops

@@ -1,0 +1,98 @@
+// src/ops/device_ops.hpp — launchers of the TP-MLP operators' device code
+// (compiled in the .cu files of src/ops; no fmt here: nvcc 13 cannot compile
+// it, so these only report errors through kernels::detail::fail/cuda_check).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "tessera/link/tile_map.hpp"
+#include "tessera/runtime/dtype.hpp"
+#include "tessera/runtime/signals.hpp"
+
+namespace tessera::ops::detail {
+
+/// Fused AG+GEMM: D = A_gathered · Bᵀ (or SiLU·up with swiglu) with the
+/// Tessera engine (128x256 tile), per-tile waits on the AG data flags.
+struct AgGemmLaunch {
+  const void* a = nullptr;  ///< gathered A [M, K], packed (the symmetric workspace)
+  const void* b = nullptr;
+  void* d = nullptr;
+  std::int64_t m = 0, n = 0, k = 0, ldb = 0, ldd = 0;
+  DType dtype = DType::bf16;
+  bool swiglu = false;
+  link::AllGatherTileMap map;           ///< channels = flag slots per source
+  const std::uint64_t* flags = nullptr; ///< this rank's per-source flag rows (Signals base + slots)
+  int flag_stride = 0;                  ///< slots per source row
+  int rank = 0;
+  std::uint64_t epoch = 0;
+  int rotate_m = 0;
+  int max_ctas = 0;
+};
+void launch_ag_gemm(const AgGemmLaunch& p, cudaStream_t s);
+
+/// Fused GEMM+RS: partial = A · Bᵀ; each row goes to its owner's receive
+/// slab row block [rank][...]; tile_done adds 1 to counter[tile_m] on each owner.
+struct GemmRsLaunch {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  std::int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0;
+  DType dtype = DType::bf16;
+  void* recv[runtime::kMaxPeers] = {};          ///< each owner's slab base ([world][per_rank][ld_recv])
+  std::uint64_t* counters[runtime::kMaxPeers] = {};  ///< each owner's counter array (by tile row)
+  std::int64_t per_rank = 0, ld_recv = 0;
+  int rank = 0, world = 1;
+  int rotate_m = 0;
+  int max_ctas = 0;
+};
+void launch_gemm_rs(const GemmRsLaunch& p, cudaStream_t s);
+
+/// Owner's reduction: out[r, :] = Σ_{s=0..R-1} slab[s][r, :] in rank order,
+/// for its rows, tile row by tile row; when `counters` is set, waits for
+/// counters[t] >= expected first and then subtracts expected (consumes).
+struct ReduceLaunch {
+  const void* slabs = nullptr;  ///< this rank's slab base
+  std::int64_t per_rank = 0, ld_recv = 0;
+  std::int64_t rows = 0, n = 0;  ///< this rank's rows, columns
+  std::int64_t row0 = 0;         ///< global row of this rank's first row
+  int world = 1;
+  void* out = nullptr;
+  std::int64_t ldo = 0;
+  DType dtype = DType::bf16;
+  std::uint64_t* counters = nullptr;  ///< null: no waits (stream-ordered data)
+  std::uint64_t expected = 0;
+  int tile_m = 128;
+  runtime::SignalView sv{};  ///< for the wait's timeout and diagnostics
+};
+void launch_reduce(const ReduceLaunch& p, int ctas, cudaStream_t s);
+
+/// SM push of this rank's shard (rows [lo, lo+rows) of the packed gathered
+/// workspace, row bytes row_bytes) to every peer's workspace, channel by
+/// channel in step order, each channel followed by a .sys release store
+/// flag_at(dst, c) = epoch by the last CTA to finish it. `done` is a local
+/// int array of kMaxChannels·kMaxPeers counters, zero between calls (the
+/// last CTA resets it).
+struct PushLaunch {
+  void* ws[runtime::kMaxPeers] = {};
+  std::int64_t lo = 0, rows = 0, row_bytes = 0;
+  int channels = 1;
+  std::int64_t rows_per_channel = 0;
+  int push_to[runtime::kMaxPeers] = {};
+  int steps = 0;
+  runtime::SignalView sv{};
+  std::uint64_t epoch = 0;
+  unsigned int* done = nullptr;
+};
+void launch_push(const PushLaunch& p, int ctas, cudaStream_t s);
+
+/// out[r, j] = SiLU(in[r, 2j]) * in[r, 2j+1] (the sequential path's activation).
+void launch_swiglu(const void* in, std::int64_t ld_in, void* out, std::int64_t ld_out, std::int64_t rows,
+                   std::int64_t n_out, DType dtype, cudaStream_t s);
+
+/// Loads every ops kernel's module now (lazy loading would otherwise load a
+/// module at first launch and wait for running kernels — a deadlock when a
+/// GEMM is spinning on data that kernel should push).
+void preload_kernels();
+
+}  // namespace tessera::ops::detail

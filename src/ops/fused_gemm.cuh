@@ -1,0 +1,109 @@
+// src/ops/fused_gemm.cuh — instantiations of the fused TP GEMMs for one
+// input type (included by fused_gemm_bf16.cu / fused_gemm_f16.cu so that the
+// two types compile in parallel). One tile (128x256, no cluster) per policy
+// set keeps the kernel count, and the build time, small.
+#pragma once
+
+#include "fused_policies.cuh"
+#include "device_ops.hpp"
+#include "tessera/kernels/gemm/launch.cuh"
+#include "tessera/kernels/gemm/wait_diag.hpp"
+#include "tessera/runtime/wait_diagnostics.hpp"
+
+namespace tessera::ops::detail {
+
+inline constexpr kernels::GemmTile kTpTile = kernels::GemmTile::T128x256;
+
+template <class T>
+void ag_gemm_typed(const AgGemmLaunch& p, cudaStream_t s) {
+  kernels::GemmArgs g{};
+  g.a = p.a;
+  g.b = p.b;
+  g.d = p.d;
+  g.m = p.m;
+  g.n = p.n;
+  g.k = p.k;
+  g.lda = p.k;
+  g.ldb = p.ldb;
+  g.ldd = p.ldd;
+  g.in = p.dtype;
+  g.out = p.dtype;
+  g.b_layout = kernels::BLayout::NK;
+  kernels::GemmOptions o{};
+  o.tile = kTpTile;
+  o.max_ctas = p.max_ctas;
+  AgPrologue pro;
+  pro.map = p.map;
+  pro.flags = p.flags;
+  pro.flag_stride = p.flag_stride;
+  pro.rank = p.rank;
+  pro.epoch = p.epoch;
+  pro.timeout_ns = runtime::wait_timeout_ns();
+  pro.diag = kernels::wait_diagnostics();
+  // Own shard first, then shards in arrival order (plan.hpp).
+  const kernels::engine::RasterScheduler sched{8, false, p.rotate_m};
+  if (p.swiglu) {
+    kernels::engine::StdEpilogue<T, kernels::engine::kEpiSwiGLU> epi;
+    epi.d = static_cast<T*>(p.d);
+    epi.ldd = p.ldd;
+    kernels::gemm_with_tile<kTpTile, T, kernels::BLayout::NK, 1>(g, o, pro, epi, sched, s);
+  } else {
+    kernels::engine::StdEpilogue<T, kernels::engine::kEpiPlain> epi;
+    epi.d = static_cast<T*>(p.d);
+    epi.ldd = p.ldd;
+    kernels::gemm_with_tile<kTpTile, T, kernels::BLayout::NK, 1>(g, o, pro, epi, sched, s);
+  }
+}
+
+template <class T>
+void gemm_rs_typed(const GemmRsLaunch& p, cudaStream_t s) {
+  kernels::GemmArgs g{};
+  g.a = p.a;
+  g.b = p.b;
+  g.d = p.recv[p.rank];  // unused by the epilogue; keeps validation meaningful
+  g.m = p.m;
+  g.n = p.n;
+  g.k = p.k;
+  g.lda = p.lda;
+  g.ldb = p.ldb;
+  g.ldd = p.ld_recv;
+  g.in = p.dtype;
+  g.out = p.dtype;
+  g.b_layout = kernels::BLayout::NK;
+  kernels::GemmOptions o{};
+  o.tile = kTpTile;
+  o.max_ctas = p.max_ctas;
+  RsEpilogue<T> epi;
+  for (int r = 0; r < runtime::kMaxPeers; ++r) {
+    epi.recv[r] = static_cast<T*>(p.recv[r]);
+    epi.counters[r] = p.counters[r];
+  }
+  epi.per_rank = p.per_rank;
+  epi.ld = p.ld_recv;
+  epi.rank = p.rank;
+  // Remotely-owned tiles first: start at shard (rank + 1) mod R.
+  const kernels::engine::RasterScheduler sched{8, false, p.rotate_m};
+  kernels::gemm_with_tile<kTpTile, T, kernels::BLayout::NK, 1>(g, o, kernels::engine::NoWait{}, epi, sched, s);
+}
+
+template <class T>
+void preload_typed() {
+  using Cfg = kernels::TileCfgOf<kTpTile, 1>::type;
+  using Sched = kernels::engine::RasterScheduler;
+  cudaFuncAttributes attr{};
+  kernels::detail::cuda_check(
+      cudaFuncGetAttributes(&attr, kernels::engine::gemm_kernel<Cfg, T, false, AgPrologue,
+                                                                kernels::engine::StdEpilogue<T, kernels::engine::kEpiPlain>,
+                                                                Sched>),
+      "ops: preload AG GEMM");
+  kernels::detail::cuda_check(
+      cudaFuncGetAttributes(&attr, kernels::engine::gemm_kernel<Cfg, T, false, AgPrologue,
+                                                                kernels::engine::StdEpilogue<T, kernels::engine::kEpiSwiGLU>,
+                                                                Sched>),
+      "ops: preload AG GEMM (SiLU*up)");
+  kernels::detail::cuda_check(
+      cudaFuncGetAttributes(&attr, kernels::engine::gemm_kernel<Cfg, T, false, kernels::engine::NoWait, RsEpilogue<T>, Sched>),
+      "ops: preload RS GEMM");
+}
+
+}  // namespace tessera::ops::detail

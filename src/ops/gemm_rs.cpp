@@ -1,0 +1,155 @@
+// GEMM + ReduceScatter: sequential (cuBLASLt + ncclReduceScatter),
+// decomposition (per-owner cuBLASLt GEMMs, copy-engine pushes of each
+// partial to its owner, owner reduces), fused_sm (the GEMM epilogue stores
+// each row into its owner's receive slab and counts the tile; the owner's
+// reduce kernel on comm_ctas SMs sums slabs tile row by tile row as they
+// complete). Reduction order is always rank 0..R-1 (fused, decomposition) or
+// NCCL's (sequential).
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "context_impl.hpp"
+#include "device_ops.hpp"
+#include "tessera/kernels/gemm.hpp"
+#include "tessera/link/host_primitives.hpp"
+#include "tessera/runtime/error.hpp"
+
+namespace tessera::ops {
+
+namespace {
+
+ncclDataType_t nccl_type(DType t) { return t == DType::f16 ? ncclFloat16 : ncclBfloat16; }
+
+void partial_gemm(const GemmRsArgs& a, std::int64_t row0, std::int64_t rows, void* d, std::int64_t ldd,
+                  cudaStream_t s) {
+  if (rows <= 0) return;
+  const std::int64_t lda = a.lda ? a.lda : a.k;
+  kernels::GemmArgs g{};
+  g.a = static_cast<const unsigned char*>(a.a) + row0 * lda * static_cast<std::int64_t>(dtype_size(a.dtype));
+  g.b = a.b;
+  g.d = d;
+  g.m = rows;
+  g.n = a.n;
+  g.k = a.k;
+  g.lda = lda;
+  g.ldb = a.ldb ? a.ldb : a.k;
+  g.ldd = ldd;
+  g.in = a.dtype;
+  g.out = a.dtype;
+  g.b_layout = kernels::BLayout::NK;
+  kernels::cublaslt_gemm(g, s);
+}
+
+}  // namespace
+
+void run_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, Strategy s, const OpOptions& o) {
+  TESSERA_CHECK(s == Strategy::sequential || s == Strategy::decomposition || s == Strategy::fused_sm,
+                "gemm_rs: strategy {} cannot run here", strategy_name(s));
+  const int R = c.pg.world(), rank = c.pg.rank();
+  cudaStream_t st = c.pg.stream();
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(a.dtype));
+  const RsPlan plan = plan_rs(a.m, a.n, R, rank, 128, 256);
+  const std::int64_t per_rank = plan.shards.per_rank, ldr = plan.ld_recv;
+  const std::int64_t ldd = a.ldd ? a.ldd : a.n;
+  const std::size_t slab_bytes = static_cast<std::size_t>(per_rank * ldr * es);
+
+  if (s == Strategy::sequential) {
+    // Partial [R·per_rank, ldr] (rows past M are never read back), then NCCL.
+    void* part = c.staging.ensure(slab_bytes * R, st);
+    partial_gemm(a, 0, a.m, part, ldr, st);
+    const bool direct = ldd == ldr && a.m_local == per_rank;
+    void* out = direct ? a.d : c.rs_out.ensure(slab_bytes, st);
+    TESSERA_NCCL_CHECK(ncclReduceScatter(part, out, static_cast<std::size_t>(per_rank * ldr), nccl_type(a.dtype),
+                                         ncclSum, c.pg.nccl(), st));
+    if (!direct)
+      TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(a.d, ldd * es, out, ldr * es, a.n * es, a.m_local,
+                                           cudaMemcpyDeviceToDevice, st));
+    return;
+  }
+
+  c.ensure_rs(slab_bytes * R, plan.tiles_m);
+  const std::uint64_t e = ++c.rs_epoch;
+  unsigned char* recv_local = c.rs_recv.local();
+  detail::ReduceLaunch red;
+  red.slabs = recv_local;
+  red.per_rank = per_rank;
+  red.ld_recv = ldr;
+  red.rows = a.m_local;
+  red.n = a.n;
+  red.row0 = plan.shards.lo(rank);
+  red.world = R;
+  red.out = a.d;
+  red.ldo = ldd;
+  red.dtype = a.dtype;
+  red.tile_m = plan.tile_m;
+  red.sv = c.control->view();
+
+  if (s == Strategy::decomposition) {
+    void* stage = c.staging.ensure(slab_bytes * R, st);
+    cudaStream_t cs = c.comm();
+    TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, st));
+    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, c.ev_ready, 0));
+    for (int j = 0; j < R; ++j) {
+      const int owner = (rank + 1 + j) % R;  // remote owners first, mine last
+      const std::int64_t rows = plan.shards.rows(a.m, owner), row0 = plan.shards.lo(owner);
+      if (owner == rank) {
+        partial_gemm(a, row0, rows, recv_local + rank * slab_bytes, ldr, st);
+        continue;
+      }
+      unsigned char* part = static_cast<unsigned char*>(stage) + owner * slab_bytes;
+      partial_gemm(a, row0, rows, part, ldr, st);
+      TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, st));
+      TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, c.ev_ready, 0));
+      if (e > 1) link::rank_wait(cs, *c.control, owner, kRsFree, e - 1);
+      link::rank_copy_data(cs, static_cast<unsigned char*>(c.rs_recv.peer(owner)) + rank * slab_bytes, part,
+                           static_cast<std::size_t>(rows * ldr * es));
+      link::rank_notify(cs, *c.control, owner, kRsData, e);
+    }
+    TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_comm_done, cs));
+    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(st, c.ev_comm_done, 0));
+    for (int p = 0; p < R; ++p)
+      if (p != rank) link::rank_wait(st, *c.control, p, kRsData, e);
+    red.counters = nullptr;
+    detail::launch_reduce(red, std::max(1, c.pg.sm_count()), st);
+  } else {
+    // fused_sm: peers' previous reductions must be done before we store.
+    if (e > 1)
+      for (int p = 0; p < R; ++p)
+        if (p != rank) link::rank_wait(st, *c.control, p, kRsFree, e - 1);
+    TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, st));
+    detail::GemmRsLaunch g;
+    g.a = a.a;
+    g.b = a.b;
+    g.m = a.m;
+    g.n = a.n;
+    g.k = a.k;
+    g.lda = a.lda ? a.lda : a.k;
+    g.ldb = a.ldb ? a.ldb : a.k;
+    g.dtype = a.dtype;
+    const runtime::SignalView cv = c.rs_counters->view();
+    for (int r = 0; r < R; ++r) {
+      g.recv[r] = c.rs_recv.peer(r);
+      g.counters[r] = cv.peer_counter(r, 0);
+    }
+    g.per_rank = per_rank;
+    g.ld_recv = ldr;
+    g.rank = rank;
+    g.world = R;
+    g.rotate_m = plan.rotate_m;
+    g.max_ctas = c.pg.sm_count() - o.comm_ctas;
+    // GEMM first, then the reducer (which spins on the GEMMs' counters): a
+    // lazily loaded reducer module then waits for nothing that waits for it.
+    detail::launch_gemm_rs(g, st);
+    cudaStream_t cs = c.comm();
+    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, c.ev_ready, 0));
+    red.counters = cv.counter(0);
+    red.expected = plan.expected_per_tile_row();
+    detail::launch_reduce(red, o.comm_ctas, cs);
+    TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_comm_done, cs));
+    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(st, c.ev_comm_done, 0));
+  }
+  for (int p = 0; p < R; ++p)
+    if (p != rank) link::rank_notify(st, *c.control, p, kRsFree, e);
+}
+
+}  // namespace tessera::ops

@@ -1,0 +1,56 @@
+// Communication and tile plans of the TP-MLP operators (host only).
+#include "tessera/ops/plan.hpp"
+
+#include "tessera/runtime/error.hpp"
+
+namespace tessera::ops {
+
+AgPlan plan_ag(std::int64_t m, int world, int rank, int channels, int tile_m) {
+  TESSERA_CHECK(world >= 1 && rank >= 0 && rank < world, "plan_ag: rank {} / world {} invalid", rank, world);
+  TESSERA_CHECK(channels >= 1 && channels <= kMaxChannels, "plan_ag: channels = {} outside [1, {}]", channels,
+                kMaxChannels);
+  TESSERA_CHECK(tile_m > 0, "plan_ag: tile_m = {} must be positive", tile_m);
+  AgPlan p;
+  p.rank = rank;
+  p.world = world;
+  p.shards = shard_rows(m, world);
+  p.channels = channels;
+  p.tile_m = tile_m;
+  // Producer tiles = whole channels: one flag per channel chunk.
+  const std::int64_t per_channel = (p.shards.per_rank + channels - 1) / channels;
+  p.map = link::AllGatherTileMap::make(m, world, channels, static_cast<int>(per_channel > 0 ? per_channel : 1),
+                                       tile_m);
+  p.rotate_m = static_cast<int>(p.shards.lo(rank) / tile_m);
+  for (int j = 1; j < world; ++j) p.push_to.push_back((rank - j + world) % world);
+  for (int j = 0; j < world; ++j) p.recv_from.push_back((rank + j) % world);
+  return p;
+}
+
+int RsPlan::first_owner(int t) const { return static_cast<int>((static_cast<std::int64_t>(t) * tile_m) / shards.per_rank); }
+
+int RsPlan::last_owner(int t, std::int64_t m) const {
+  const std::int64_t last_row = std::min<std::int64_t>(static_cast<std::int64_t>(t + 1) * tile_m, m) - 1;
+  return static_cast<int>(last_row / shards.per_rank);
+}
+
+RsPlan plan_rs(std::int64_t m, std::int64_t n, int world, int rank, int tile_m, int tile_n) {
+  TESSERA_CHECK(world >= 1 && rank >= 0 && rank < world, "plan_rs: rank {} / world {} invalid", rank, world);
+  TESSERA_CHECK(tile_m > 0 && tile_n > 0, "plan_rs: tile {}x{} invalid", tile_m, tile_n);
+  TESSERA_CHECK(m >= 1 && n >= 1, "plan_rs: M = {}, N = {} must be positive", m, n);
+  RsPlan p;
+  p.rank = rank;
+  p.world = world;
+  p.shards = shard_rows(m, world);
+  p.tile_m = tile_m;
+  p.tile_n = tile_n;
+  p.tiles_m = static_cast<int>((m + tile_m - 1) / tile_m);
+  p.tiles_n = static_cast<int>((n + tile_n - 1) / tile_n);
+  p.rotate_m = static_cast<int>(p.shards.lo((rank + 1) % world) / tile_m);
+  p.ld_recv = (n + 7) / 8 * 8;
+  const std::int64_t lo = p.shards.lo(rank), hi = lo + p.shards.rows(m, rank);
+  p.own_tile_lo = static_cast<int>(lo / tile_m);
+  p.own_tile_hi = static_cast<int>((hi + tile_m - 1) / tile_m);
+  return p;
+}
+
+}  // namespace tessera::ops

@@ -1,0 +1,51 @@
+// Strategy choice from measurements, and its cache entries.
+#include "tessera/ops/tuner.hpp"
+
+#include <cmath>
+
+#include "tessera/runtime/error.hpp"
+
+namespace tessera::ops {
+
+Strategy choose_strategy(const std::map<Strategy, double>& times_ms, double margin) {
+  const auto seq = times_ms.find(Strategy::sequential);
+  TESSERA_CHECK(seq != times_ms.end(), "choose_strategy: no sequential time among {} candidates", times_ms.size());
+  TESSERA_CHECK(margin >= 0 && margin < 1, "choose_strategy: margin {} outside [0, 1)", margin);
+  for (const auto& [s, t] : times_ms)
+    TESSERA_CHECK(s != Strategy::automatic, "choose_strategy: 'auto' is not a candidate");
+  for (const auto& [s, t] : times_ms)
+    TESSERA_CHECK(std::isfinite(t) && t > 0, "choose_strategy: time of {} is {} ms (must be finite and > 0)",
+                  strategy_name(s), t);
+  Strategy best = Strategy::sequential;
+  double best_t = seq->second;
+  for (const auto& [s, t] : times_ms) {
+    if (s == Strategy::sequential) continue;
+    if (t < seq->second * (1.0 - margin) && t < best_t) {
+      best = s;
+      best_t = t;
+    }
+  }
+  return best;
+}
+
+nlohmann::json choice_to_json(Strategy s, const std::map<Strategy, double>& times_ms,
+                              const std::vector<std::int64_t>& shape) {
+  nlohmann::json t = nlohmann::json::object();
+  for (const auto& [k, v] : times_ms) t[std::string(strategy_name(k))] = v;
+  return {{"strategy", std::string(strategy_name(s))}, {"times_ms", t}, {"shape", shape}};
+}
+
+std::optional<Strategy> choice_from_json(const nlohmann::json& j) {
+  if (!j.is_object() || !j.contains("strategy") || !j["strategy"].is_string()) return std::nullopt;
+  const std::string name = j["strategy"].get<std::string>();
+  for (Strategy s : {Strategy::sequential, Strategy::decomposition, Strategy::fused_ce, Strategy::fused_sm})
+    if (name == strategy_name(s)) return s;
+  return std::nullopt;
+}
+
+std::string choice_key(const tune::MachineId& m, DType dtype, const std::string& op,
+                       const std::vector<std::int64_t>& shape) {
+  return tune::make_key(tune::key_prefix(m, dtype, "ops." + op), shape);
+}
+
+}  // namespace tessera::ops
