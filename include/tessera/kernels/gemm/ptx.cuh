@@ -77,13 +77,15 @@ __device__ __forceinline__ uint32_t cluster_ctarank() {
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
   return r;
 }
-/// Release-arrive on the mbarrier at the same smem offset in CTA `cta` of this
-/// cluster.
+/// Arrive on the mbarrier at the same smem offset in CTA `cta` of this
+/// cluster (default .release.cta semantics, as for a local arrive: the slot's
+/// readers are this thread's retired wgmma; a .release.cluster qualifier is
+/// not needed and may make each arrive wait for outstanding operations).
 __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
   asm volatile(
       "{\n.reg .b32 remote;\n"
       "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_addr(bar)),
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_addr(bar)),
       "r"(cta)
       : "memory");
 }
