@@ -1,0 +1,201 @@
+// CPU tests of the TP-MLP operators: validation, plans, strategy choice, cache.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "tessera/ops/args.hpp"
+#include "tessera/ops/plan.hpp"
+#include "tessera/ops/tuner.hpp"
+#include "tessera/runtime/error.hpp"
+#include "tessera/tune/cache.hpp"
+
+using namespace tessera;
+using namespace tessera::ops;
+
+namespace {
+
+// Fake, aligned "device" addresses: validation never dereferences them.
+void* fake(std::uintptr_t v) { return reinterpret_cast<void*>(v); }
+
+AgGemmArgs good_ag(std::int64_t m, int rank, int world) {
+  AgGemmArgs a;
+  a.a = fake(0x1000);
+  a.b = fake(0x2000);
+  a.d = fake(0x3000);
+  a.m = m;
+  a.m_local = shard_rows(m, world).rows(m, rank);
+  a.n = 1024;
+  a.k = 512;
+  return a;
+}
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const tessera::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(OpsValidate, AcceptsAlignedAndRaggedShapes) {
+  for (int world : {1, 2, 4, 8})
+    for (std::int64_t m : {8192, 8000, 1000, 129})
+      for (int r = 0; r < world; ++r) {
+        if (shard_rows(m, world).rows(m, world - 1) < 1) continue;
+        EXPECT_NO_THROW(validate(good_ag(m, r, world), r, world)) << m << " " << r << "/" << world;
+      }
+}
+
+TEST(OpsValidate, RejectsBadInputWithClearMessages) {
+  auto a = good_ag(8192, 0, 2);
+  auto bad = a;
+  bad.dtype = DType::f32;
+  EXPECT_NE(error_of([&] { validate(bad, 0, 2); }).find("dtype f32"), std::string::npos);
+  bad = a;
+  bad.a = fake(0x1008);
+  EXPECT_NE(error_of([&] { validate(bad, 0, 2); }).find("16-byte aligned"), std::string::npos);
+  bad = a;
+  bad.b = nullptr;
+  EXPECT_NE(error_of([&] { validate(bad, 0, 2); }).find("B is null"), std::string::npos);
+  bad = a;
+  bad.k = 500;
+  EXPECT_NE(error_of([&] { validate(bad, 0, 2); }).find("multiple of 8"), std::string::npos);
+  bad = a;
+  bad.m_local = 4000;
+  EXPECT_NE(error_of([&] { validate(bad, 0, 2); }).find("m_local = 4000"), std::string::npos);
+  bad = a;
+  bad.lda = 516;
+  EXPECT_NE(error_of([&] { validate(bad, 0, 2); }).find("lda"), std::string::npos);
+  bad = a;
+  bad.swiglu = true;
+  bad.n = 1023;
+  EXPECT_NE(error_of([&] { validate(bad, 0, 2); }).find("even"), std::string::npos);
+  EXPECT_NE(error_of([&] { validate(a, 0, 17); }).find("world size 17"), std::string::npos);
+  EXPECT_NE(error_of([&] { validate(a, 2, 2); }).find("rank 2"), std::string::npos);
+  // M = 5 over 4 ranks: shards of 2 leave rank 3 empty.
+  auto tiny = good_ag(5, 0, 4);
+  EXPECT_NE(error_of([&] { validate(tiny, 0, 4); }).find("without rows"), std::string::npos);
+}
+
+TEST(OpsValidate, GemmRsAndMlp) {
+  GemmRsArgs r;
+  r.a = fake(0x1000);
+  r.b = fake(0x2000);
+  r.d = fake(0x3000);
+  r.m = 8000;
+  r.m_local = 4000;
+  r.n = 4096;
+  r.k = 5504;
+  EXPECT_NO_THROW(validate(r, 1, 2));
+  r.ldd = 4100;
+  EXPECT_THROW(validate(r, 1, 2), tessera::Error);
+  MlpArgs m;
+  m.x = fake(0x1000);
+  m.w_gate_up = fake(0x2000);
+  m.w_down = fake(0x3000);
+  m.out = fake(0x4000);
+  m.m = 8192;
+  m.m_local = 4096;
+  m.h = 4096;
+  m.i_local = 5504;
+  EXPECT_NO_THROW(validate(m, 0, 2));
+  m.i_local = 5500;
+  EXPECT_THROW(validate(m, 0, 2), tessera::Error);
+}
+
+TEST(OpsPlan, AllGatherOrderMatchesArrival) {
+  for (int world : {2, 4, 8})
+    for (int r = 0; r < world; ++r) {
+      const AgPlan p = plan_ag(8192, world, r, 4, 128);
+      ASSERT_EQ(static_cast<int>(p.push_to.size()), world - 1);
+      ASSERT_EQ(p.recv_from.front(), r);
+      // Step j: I push to (r - j); the receiver (r - j) reads source (r - j) + j = r at its step j.
+      for (int j = 1; j < world; ++j) {
+        const AgPlan q = plan_ag(8192, world, p.push_to[j - 1], 4, 128);
+        EXPECT_EQ(q.recv_from[j], r);
+      }
+      EXPECT_EQ(p.rotate_m, static_cast<int>(r * (8192 / world) / 128));
+      EXPECT_EQ(p.map.channel_of_row(p.shards.lo(r)), r * 4);
+    }
+}
+
+TEST(OpsPlan, RaggedChannelsCoverEveryRowOnce) {
+  for (std::int64_t m : {8000, 1000, 130, 8192})
+    for (int world : {2, 3, 8}) {
+      if (shard_rows(m, world).rows(m, world - 1) < 1) continue;
+      const AgPlan p = plan_ag(m, world, 0, 3, 128);
+      std::int64_t covered = 0;
+      for (int ch = 0; ch < p.map.num_channels(); ++ch) covered += p.map.channel_rows(ch).size();
+      EXPECT_EQ(covered, m);
+      for (std::int64_t row : {std::int64_t{0}, m / 2, m - 1}) {
+        const int ch = p.map.channel_of_row(row);
+        const auto rr = p.map.channel_rows(ch);
+        EXPECT_TRUE(rr.lo <= row && row < rr.hi) << m << " " << world << " row " << row;
+      }
+    }
+  EXPECT_THROW(plan_ag(8192, 2, 0, 0, 128), tessera::Error);
+  EXPECT_THROW(plan_ag(8192, 2, 0, kMaxChannels + 1, 128), tessera::Error);
+}
+
+TEST(OpsPlan, ReduceScatterOwnersAndOrder) {
+  const RsPlan p = plan_rs(8000, 4100, 2, 1, 128, 256);
+  EXPECT_EQ(p.shards.per_rank, 4000);
+  EXPECT_EQ(p.ld_recv, 4104);
+  EXPECT_EQ(p.tiles_m, 63);
+  EXPECT_EQ(p.tiles_n, 17);
+  EXPECT_EQ(p.expected_per_tile_row(), 34u);
+  // Tile row 31 = rows 3968..4095 straddles owners 0 and 1.
+  EXPECT_EQ(p.first_owner(31), 0);
+  EXPECT_EQ(p.last_owner(31, 8000), 1);
+  EXPECT_EQ(p.own_tile_lo, 31);
+  EXPECT_EQ(p.own_tile_hi, 63);
+  // Rank 1 starts with shard 0 (remote), rank 0 with shard 1.
+  EXPECT_EQ(p.rotate_m, 0);
+  EXPECT_EQ(plan_rs(8000, 4100, 2, 0, 128, 256).rotate_m, 4000 / 128);
+}
+
+TEST(OpsTuner, NeverKeepsAChoiceSlowerThanSequential) {
+  using S = Strategy;
+  EXPECT_EQ(choose_strategy({{S::sequential, 1.0}, {S::fused_ce, 0.8}, {S::decomposition, 0.9}}), S::fused_ce);
+  EXPECT_EQ(choose_strategy({{S::sequential, 1.0}, {S::fused_ce, 1.2}}), S::sequential);
+  EXPECT_EQ(choose_strategy({{S::sequential, 1.0}, {S::fused_ce, 0.995}}), S::sequential);  // within margin
+  EXPECT_EQ(choose_strategy({{S::sequential, 1.0}}), S::sequential);
+  EXPECT_THROW(choose_strategy({{S::fused_ce, 1.0}}), tessera::Error);
+  EXPECT_THROW(choose_strategy({{S::sequential, 1.0}, {S::fused_ce, std::nan("")}}), tessera::Error);
+  EXPECT_THROW(choose_strategy({{S::sequential, 0.0}}), tessera::Error);
+}
+
+TEST(OpsTuner, ChoiceRoundTripsThroughTheCache) {
+  const auto dir = std::filesystem::temp_directory_path() / ("tessera_ops_test_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  tune::MachineId m{"NVIDIA H200", "NV18", 2};
+  const std::string key = choice_key(m, DType::bf16, "ag_gemm", {8192, 11008, 4096, 1});
+  {
+    tune::Cache c("ops", 1, dir);
+    std::map<Strategy, double> t{{Strategy::sequential, 0.7}, {Strategy::fused_ce, 0.55}};
+    c.put(key, choice_to_json(choose_strategy(t), t, {8192, 11008, 4096, 1}));
+  }
+  tune::Cache c("ops", 1, dir);
+  auto j = c.get(key);
+  ASSERT_TRUE(j.has_value());
+  EXPECT_EQ(choice_from_json(*j), Strategy::fused_ce);
+  EXPECT_NE(key.find("ops.ag_gemm"), std::string::npos);
+  EXPECT_NE(key.find("w2"), std::string::npos);
+  EXPECT_FALSE(choice_from_json(nlohmann::json{{"strategy", "bogus"}}).has_value());
+  EXPECT_FALSE(choice_from_json(nlohmann::json::array()).has_value());
+  std::filesystem::remove_all(dir);
+}
+
+TEST(OpsStrategy, NamesRoundTrip) {
+  for (Strategy s : {Strategy::automatic, Strategy::sequential, Strategy::decomposition, Strategy::fused_ce,
+                     Strategy::fused_sm})
+    EXPECT_EQ(parse_strategy(strategy_name(s)), s);
+  EXPECT_THROW(parse_strategy("fast"), tessera::Error);
+}
