@@ -75,7 +75,7 @@ struct GemmOptions {
   bool raster_along_m = false;
   int rotate_m = 0;
   /// CTAs per thread-block cluster along M: 1, 2 (B tiles multicast to both
-  /// CTAs; currently slower, see resolve_cluster), or 0 = resolve_cluster(). Clusters apply to the 128x256
+  /// CTAs), or 0 = resolve_cluster(). Clusters apply to the 128x256
   /// and 256x128 tiles with the RasterScheduler; rotate_m must then be even.
   int cluster_m = 0;
 };
@@ -93,8 +93,8 @@ GemmTile choose_tile(const GemmArgs& a, int num_sms);
 GemmTile resolve_tile(const GemmArgs& a, const GemmOptions& o);
 
 /// Cluster size for tile `t`: o.cluster_m if set (checked: 1 or 2), else 1.
-/// cluster_m = 2 is correct (tested) but currently 1.4-1.7x slower on H100:
-/// see notes/gemm.md before turning it on.
+/// cluster_m = 2 is tested and measured at parity with 1 on H100 (within
+/// noise, notes/gemm.md), so auto keeps 1.
 int resolve_cluster(const GemmArgs& a, const GemmOptions& o, GemmTile t);
 
 /// D = A · op(B) on `stream`. Validates first (tessera::Error on bad input).
