@@ -135,8 +135,14 @@ std::vector<std::string> rank_environment(const RunOptions& o, int port, int r) 
       {"LOCAL_RANK", std::to_string(r)},    {"LOCAL_WORLD_SIZE", std::to_string(o.nprocs)},
       {"MASTER_ADDR", o.master_addr},       {"MASTER_PORT", std::to_string(port)}};
   // NVLink multicast stays off on the lent machines unless the caller decides otherwise.
+  // Modules load eagerly: overlapped kernels wait on each other, and a
+  // lazily loaded kernel's first launch can wait for a running kernel that
+  // is itself waiting for it (a deadlock).
   const std::vector<std::pair<std::string, std::string>> defaults = {
-      {"NCCL_NVLS_ENABLE", "0"}, {"NVSHMEM_DISABLE_NVLS", "1"}, {"TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"}};
+      {"NCCL_NVLS_ENABLE", "0"},
+      {"NVSHMEM_DISABLE_NVLS", "1"},
+      {"TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"},
+      {"CUDA_MODULE_LOADING", "EAGER"}};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string kv = *e;

@@ -3,7 +3,7 @@
 //
 // Each rank r gets RANK=r, WORLD_SIZE=N, LOCAL_RANK=r, LOCAL_WORLD_SIZE=N,
 // MASTER_ADDR, MASTER_PORT (a free port unless given), and
-// NCCL_NVLS_ENABLE=0, NVSHMEM_DISABLE_NVLS=1, TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+// NCCL_NVLS_ENABLE=0, NVSHMEM_DISABLE_NVLS=1, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, CUDA_MODULE_LOADING=EAGER
 // unless the caller already set them. stdin is /dev/null; each rank runs in
 // its own process group (so a rank's children are stopped with it), and is
 // killed (PR_SET_PDEATHSIG) if the launcher itself dies.

@@ -15,6 +15,7 @@ const char* wait_kind_name(WaitKind k) {
     case WaitKind::peer_tile: return "peer_tile_wait";
     case WaitKind::counter: return "counter wait";
     case WaitKind::host_rank: return "rank_wait";
+    case WaitKind::bad_id: return "id check";
     case WaitKind::none: break;
   }
   return "wait";
@@ -35,8 +36,11 @@ std::optional<std::string> WaitDiagnostics::describe() const {
   // system fence before trapping; an acquire load of `claimed` orders the
   // reads of the other fields after it.
   const unsigned claimed = std::atomic_ref<unsigned>(host_->claimed).load(std::memory_order_acquire);
-  if (!claimed) return std::nullopt;
+  if (claimed != 1) return std::nullopt;
   const WaitRecord& r = *host_;
+  if (static_cast<WaitKind>(r.kind) == WaitKind::bad_id)
+    return fmt::format("rank {}: tile {} maps to id {} outside [0, {})", r.rank, r.tile,
+                       static_cast<std::int64_t>(r.seen), r.expected);
   std::string who = r.peer >= 0 ? fmt::format(" from rank {}", r.peer) : std::string();
   return fmt::format("{} timed out on rank {}: tile {} channel {}{} expected >= {} but saw {} after {} ms",
                      wait_kind_name(static_cast<WaitKind>(r.kind)), r.rank, r.tile, r.channel, who, r.expected,

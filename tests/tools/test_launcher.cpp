@@ -55,7 +55,7 @@ Result run_cli(const std::vector<std::string>& args, const std::map<std::string,
     ::close(out[0]);
     ::close(err[0]);
     for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                          "NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+                          "NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "CUDA_MODULE_LOADING",
                           "TESSERA_RUN_GRACE_MS"})
       ::unsetenv(v);
     for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
@@ -160,7 +160,7 @@ TEST_P(LauncherWorld, EveryRankSeesItsEnvironment) {
   EXPECT_EQ(r.err, "") << show(r);
   static const std::regex re(
       R"(\[rank (\d+)\] RANK=(\d+) WORLD_SIZE=(\d+) LOCAL_RANK=(\d+) LOCAL_WORLD_SIZE=(\d+) MASTER_ADDR=127\.0\.0\.1 )"
-      R"(MASTER_PORT=(\d+) NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 ARGS=2)");
+      R"(MASTER_PORT=(\d+) NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 CUDA_MODULE_LOADING=EAGER ARGS=2)");
   std::set<int> seen;
   std::set<std::string> ports;
   int args_seen = 0;

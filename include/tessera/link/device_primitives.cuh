@@ -27,7 +27,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdio>
 
 #include "tessera/link/memory_order.cuh"
 #include "tessera/link/tile_map.hpp"
@@ -39,15 +38,17 @@ enum class NotifyMode { p2p, broadcast };
 
 namespace detail {
 
-/// Records a timed-out wait and traps. Only the first waiter to time out
-/// fills the record.
-__device__ __noinline__ inline void wait_timed_out(const runtime::SignalView& sv, runtime::WaitKind kind, int tile,
-                                                    int channel, int peer, std::uint64_t expected,
-                                                    std::uint64_t seen) {
+/// Records a timed-out wait and traps. Call-free on purpose (no printf):
+/// any call inlined into a wgmma kernel makes ptxas serialize its wgmmas,
+/// so the diagnostic goes to the host-mapped WaitRecord only and the host
+/// prints it (runtime::synchronize / WaitDiagnostics). Only the first waiter
+/// to time out fills the record.
+__device__ __forceinline__ void wait_timed_out(const runtime::SignalView& sv, runtime::WaitKind kind, int tile,
+                                               int channel, int peer, std::uint64_t expected, std::uint64_t seen) {
   runtime::WaitRecord* r = sv.diag;
-  if (r != nullptr && atomicCAS_system(&r->claimed, 0u, 1u) == 0u) {
-    // Fill the fields, then publish them with a system fence and a second
-    // store of `claimed` so the host's acquire read sees a complete record.
+  if (r != nullptr && atomicCAS_system(&r->claimed, 0u, 2u) == 0u) {
+    // Fill the fields, then publish them: system fence, then claimed = 1,
+    // which the host reads with acquire semantics.
     r->kind = static_cast<int>(kind);
     r->rank = sv.rank;
     r->tile = tile;
@@ -60,11 +61,6 @@ __device__ __noinline__ inline void wait_timed_out(const runtime::SignalView& sv
     atomicExch_system(&r->claimed, 1u);
     __threadfence_system();
   }
-  printf("[tessera rank %d] %s timed out: tile %d channel %d peer %d expected >= %llu saw %llu\n", sv.rank,
-         kind == runtime::WaitKind::peer_tile ? "peer_tile_wait"
-         : kind == runtime::WaitKind::consumer_tile ? "consumer_tile_wait"
-                                                    : "counter wait",
-         tile, channel, peer, static_cast<unsigned long long>(expected), static_cast<unsigned long long>(seen));
   __trap();
 }
 
@@ -87,11 +83,12 @@ __device__ __forceinline__ std::uint64_t wait_geq_sys(const runtime::SignalView&
   }
 }
 
+/// A tile or slot id outside its map or signal array: recorded as a wait
+/// whose expected value is the limit and seen value the id, then trap.
 __device__ __forceinline__ void check_id(const runtime::SignalView& sv, int id, int limit, int tile) {
-  if (id < 0 || id >= limit) {
-    printf("[tessera rank %d] tile %d maps to slot %d outside [0, %d)\n", sv.rank, tile, id, limit);
-    __trap();
-  }
+  if (id < 0 || id >= limit)
+    wait_timed_out(sv, runtime::WaitKind::bad_id, tile, id, -1, static_cast<std::uint64_t>(limit),
+                   static_cast<std::uint64_t>(static_cast<std::int64_t>(id)));
 }
 
 /// Adds one to counter `slot` on rank dst with release semantics: .gpu for

@@ -22,11 +22,13 @@ enum class WaitKind : int {
   peer_tile = 2,      ///< link::peer_tile_wait
   counter = 3,        ///< a group/tile counter (GEMM prologue, signal driver)
   host_rank = 4,      ///< link::rank_wait (stream memory operation)
+  bad_id = 5,         ///< a tile/slot id outside its map (expected = limit, seen = id)
 };
 
 const char* wait_kind_name(WaitKind k);
 
-/// Filled by the first device thread whose wait times out. Plain old data:
+/// Filled by the first device thread whose wait times out. `claimed` is 0
+/// (free), 2 (being written) or 1 (complete). Plain old data:
 /// lives in pinned host memory mapped into the device.
 struct WaitRecord {
   unsigned int claimed;  ///< 0 until a waiter claims the record (atomicCAS, system scope)

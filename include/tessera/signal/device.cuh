@@ -21,16 +21,14 @@
 
 #include <cstdint>
 
+#include "tessera/link/memory_order.cuh"
+
 namespace tessera::signal {
 
-__device__ __forceinline__ std::uint32_t ld_acquire_gpu_u32(const std::uint32_t* p) {
-  std::uint32_t v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
+__device__ __forceinline__ std::uint32_t ld_acquire_gpu_u32(const std::uint32_t* p) { return link::mo::ld_acquire_gpu(p); }
 
 __device__ __forceinline__ void red_add_release_gpu_u32(std::uint32_t* p, std::uint32_t v) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+  link::mo::red_add_release_gpu(p, v);
 }
 
 /// Called by every thread of the CTA after its stores of one tile of `group`.
