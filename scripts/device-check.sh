@@ -2,7 +2,9 @@
 # Builds Tessera on a lent GPU machine and runs every GPU test and benchmark
 # in one call, leaving logs under $OUT (default ./device-out).
 #
-#   scripts/device-check.sh [step...]     steps: build tests comm gemm cpu (default: build tests comm gemm)
+#   scripts/device-check.sh [step...]     steps: build cpu tests comm gemm mlp asynctp
+#                                          (default: build tests comm gemm)
+# MLP_SHAPES (default 1,2,3,4,5,6) picks the MLP shapes for mlp / asynctp.
 #
 # Carry .deps (scripts/vendor-deps.sh): the GPU machines cannot install
 # packages. Multi-GPU tests run with one process per visible GPU.
@@ -26,7 +28,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm 
 
 if has build; then
   t0=$(date +%s)
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_TEST_RANKS="$ngpu" \
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_TEST_RANKS="$ngpu" -DTESSERA_GPU_TEST_TIMEOUT="${TESSERA_GPU_TEST_TIMEOUT:-90}" \
       >"$out/configure.log" 2>&1 || { note "configure FAILED"; tail -40 "$out/configure.log"; exit 1; }
   grep -E "tessera: using NCCL|fmt header-only" "$out/configure.log" | tee -a "$summary"
   # Keep going past a failing target so one broken test does not hide the rest.
@@ -44,7 +46,7 @@ if has cpu; then
   note "cpu tests: $(grep -E 'tests passed|tests failed' "$out/cpu-tests.log")"
 fi
 if has tests; then
-  (cd "$build" && timeout 500 ctest -L gpu --timeout 90 --output-on-failure >"$out/gpu-tests.log" 2>&1)
+  (cd "$build" && timeout 500 ctest -L gpu --output-on-failure >"$out/gpu-tests.log" 2>&1)
   note "gpu tests: $(grep -E 'tests passed|tests failed' "$out/gpu-tests.log")"
   grep -E "^\s*[0-9]+/[0-9]+ Test" "$out/gpu-tests.log" | tee -a "$summary"
 fi
@@ -55,4 +57,14 @@ fi
 if has gemm; then
   timeout 300 "$bin" bench gemm >"$out/bench-gemm.log" 2>&1
   note "bench gemm rc=$?"; tail -25 "$out/bench-gemm.log" | tee -a "$summary"
+fi
+if has mlp; then
+  timeout "${MLP_TIMEOUT:-240}" "$bin" run -n "$ngpu" -- "$bin" bench mlp --shapes ${MLP_SHAPES:-1,2,3,4,5,6} \
+      --markdown "$out/mlp.md" >"$out/bench-mlp.log" 2>&1
+  note "bench mlp rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-mlp.log" | tail -40 | tee -a "$summary"
+fi
+if has asynctp; then
+  timeout "${ASYNCTP_TIMEOUT:-120}" torchrun --nproc-per-node "$ngpu" "$root/scripts/bench_async_tp.py" \
+      --shapes "${MLP_SHAPES:-1,2,3,4,5,6}" --markdown "$out/asynctp.md" >"$out/bench-asynctp.log" 2>&1
+  note "async-TP rc=$?"; tail -20 "$out/bench-asynctp.log" | tee -a "$summary"
 fi
