@@ -6,10 +6,14 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <map>
-#include <set>
+#include <chrono>
+#include <cstdio>
+#include <limits>
+#include <thread>
 
+#include "tessera/commir/gpu_program.hpp"
 #include "tessera/runtime/error.hpp"
+#include "tessera/runtime/wait_diagnostics.hpp"
 
 #define TESSERA_CUBLAS_CHECK(expr)                                                               \
   do {                                                                                           \
@@ -19,20 +23,6 @@
 
 namespace tessera::commir {
 namespace {
-
-struct DevBlock {
-  Box box;
-  bool f32 = false;  // accumulators are f32, inputs bf16
-  void* ptr = nullptr;
-  std::int64_t rows() const { return box.r[0].size(); }
-  std::int64_t cols() const { return box.r[1].size(); }
-  std::size_t esize() const { return f32 ? 4 : 2; }
-  std::size_t bytes() const { return static_cast<std::size_t>(box.volume()) * esize(); }
-  // Address of element (r, c) (global indices) and the row pitch in elements.
-  char* at(std::int64_t r, std::int64_t c) const {
-    return static_cast<char*>(ptr) + ((r - box.r[0].lo) * cols() + (c - box.r[1].lo)) * esize();
-  }
-};
 
 // The local kernel: D[m, n] (+)= A[m, k] * B[k, n], row-major views with
 // leading dimensions in elements; A, B bf16, D f32. Row-major D = A B is
@@ -57,6 +47,43 @@ void local_gemm(cublasLtHandle_t lt, cudaStream_t s, const void* A, std::int64_t
                 static_cast<int>(st));
 }
 
+
+// cublasLtMatrixTransform: D = A + B, rows x cols f32, row-major views
+// (column-major cols x rows for cuBLASLt). Merges partial accumulators.
+void local_add(cublasLtHandle_t lt, cudaStream_t s, const void* A, std::int64_t lda, const void* B, std::int64_t ldb,
+               void* D, std::int64_t ldd, std::int64_t rows, std::int64_t cols) {
+  cublasLtMatrixTransformDesc_t desc;
+  TESSERA_CUBLAS_CHECK(cublasLtMatrixTransformDescCreate(&desc, CUDA_R_32F));
+  cublasLtMatrixLayout_t la, lb, ld;
+  TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, cols, rows, lda));
+  TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, cols, rows, ldb));
+  TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, cols, rows, ldd));
+  const float one = 1.f;
+  const cublasStatus_t st = cublasLtMatrixTransform(lt, desc, &one, A, la, &one, B, lb, D, ld, s);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(ld);
+  cublasLtMatrixTransformDescDestroy(desc);
+  TESSERA_CHECK(st == CUBLAS_STATUS_SUCCESS, "commir gpu executor: cublasLtMatrixTransform (add) {}x{} failed: status {}",
+                rows, cols, static_cast<int>(st));
+}
+
+using Clock = std::chrono::steady_clock;
+
+// Polls `s` until idle or the deadline (cudaErrorNotReady), surfacing an
+// asynchronous NCCL error as soon as it appears.
+cudaError_t wait_idle(cudaStream_t s, Clock::time_point deadline, ncclComm_t comm) {
+  for (;;) {
+    const cudaError_t rc = cudaStreamQuery(s);
+    if (rc != cudaErrorNotReady) return rc;
+    ncclResult_t async = ncclSuccess;
+    TESSERA_NCCL_CHECK(ncclCommGetAsyncError(comm, &async));
+    TESSERA_NCCL_CHECK(async);
+    if (Clock::now() > deadline) return cudaErrorNotReady;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
 }  // namespace
 
 struct GpuExecutor::Impl {
@@ -66,75 +93,116 @@ struct GpuExecutor::Impl {
   int rank;
   ncclComm_t comm;
   cudaStream_t cs, ms;
+  DevProgram prog;
   cublasLtHandle_t lt = nullptr;
   void* ws = nullptr;
   std::size_t ws_bytes = 32u << 20;
-  std::map<std::string, std::vector<DevBlock>> store;
-  std::map<int, int> recv_time;  // transfer tag -> receive time
-  std::vector<void*> staging;
+  std::vector<void*> mem;  // per block
+  cudaEvent_t ev = nullptr;
+  bool ran = false;
 
-  DevBlock alloc(const Box& b, bool f32) {
-    DevBlock d{b, f32, nullptr};
-    TESSERA_CUDA_CHECK(cudaMalloc(&d.ptr, std::max<std::size_t>(d.bytes(), 16)));
-    return d;
+  std::size_t esize(int blk) const { return prog.blocks[blk].f32 ? 4 : 2; }
+  char* ptr(const DevView& v) const { return static_cast<char*>(mem.at(v.block)) + v.offset * esize(v.block); }
+  cudaStream_t stream(DevStream s) const { return s == DevStream::compute ? cs : ms; }
+  static ncclDataType_t nccl_type(bool f32) { return f32 ? ncclFloat : ncclBfloat16; }
+
+  // Both streams idle within the wait timeout, or an Error (the rank, and
+  // that an NCCL call is probably waiting for a peer).
+  void wait_streams(const char* what) const {
+    const auto deadline = Clock::now() + std::chrono::nanoseconds(runtime::wait_timeout_ns());
+    for (cudaStream_t s : {cs, ms}) {
+      const cudaError_t rc = wait_idle(s, deadline, comm);
+      TESSERA_CHECK(rc != cudaErrorNotReady,
+                    "commir gpu executor: rank {}: {}: the {} stream is still busy after {} ms (an NCCL call waiting "
+                    "for a peer that did not issue it?)",
+                    rank, what, s == cs ? "compute" : "communication", runtime::wait_timeout_ns() / 1000000);
+      TESSERA_CUDA_CHECK(rc);
+    }
   }
-  const DevBlock& find(const std::string& buf, const Box& b) const {
-    auto it = store.find(buf);
-    if (it != store.end())
-      for (const auto& d : it->second)
-        if (d.box.contains(b)) return d;
-    TESSERA_FAIL("commir gpu executor: rank {}: {}{} is not present", rank, buf, box_text(b));
+
+  void issue(const DevOp& op) {
+    const cudaStream_t s = stream(op.stream);
+    switch (op.kind) {
+      case DevOpKind::zero:
+        TESSERA_CUDA_CHECK(cudaMemsetAsync(mem.at(op.dst.block), 0, prog.blocks[op.dst.block].box.volume() * esize(op.dst.block), s));
+        break;
+      case DevOpKind::copy: {
+        const std::size_t e = op.f32 ? 4 : 2;
+        TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(ptr(op.dst), op.dst.ld * e, ptr(op.src), op.src.ld * e, op.cols * e, op.rows,
+                                             cudaMemcpyDeviceToDevice, s));
+        break;
+      }
+      case DevOpKind::add:
+        local_add(lt, s, ptr(op.a), op.a.ld, ptr(op.b), op.b.ld, ptr(op.dst), op.dst.ld, op.rows, op.cols);
+        break;
+      case DevOpKind::gemm:
+        local_gemm(lt, s, ptr(op.a), op.a.ld, ptr(op.b), op.b.ld, ptr(op.dst), op.dst.ld, op.m, op.n, op.k, ws, ws_bytes);
+        break;
+      case DevOpKind::group_start: TESSERA_NCCL_CHECK(ncclGroupStart()); break;
+      case DevOpKind::group_end: TESSERA_NCCL_CHECK(ncclGroupEnd()); break;
+      case DevOpKind::send:
+        TESSERA_NCCL_CHECK(ncclSend(ptr(op.src), op.count, nccl_type(op.f32), op.peer, comm, ms));
+        break;
+      case DevOpKind::recv:
+        TESSERA_NCCL_CHECK(ncclRecv(ptr(op.dst), op.count, nccl_type(op.f32), op.peer, comm, ms));
+        break;
+      case DevOpKind::all_gather:
+        TESSERA_NCCL_CHECK(ncclAllGather(ptr(op.src), ptr(op.dst), op.count, nccl_type(op.f32), comm, ms));
+        break;
+      case DevOpKind::reduce_scatter:
+        TESSERA_NCCL_CHECK(ncclReduceScatter(ptr(op.src), ptr(op.dst), op.count, nccl_type(op.f32), ncclSum, comm, ms));
+        break;
+      case DevOpKind::all_reduce:
+        TESSERA_NCCL_CHECK(ncclAllReduce(ptr(op.src), ptr(op.dst), op.count, nccl_type(op.f32), ncclSum, comm, ms));
+        break;
+      case DevOpKind::broadcast:
+        TESSERA_NCCL_CHECK(ncclBroadcast(ptr(op.src), ptr(op.dst), op.count, nccl_type(op.f32), op.root, comm, ms));
+        break;
+      case DevOpKind::comm_waits_compute:
+        TESSERA_CUDA_CHECK(cudaEventRecord(ev, cs));
+        TESSERA_CUDA_CHECK(cudaStreamWaitEvent(ms, ev));
+        break;
+      case DevOpKind::compute_waits_comm:
+        TESSERA_CUDA_CHECK(cudaEventRecord(ev, ms));
+        TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, ev));
+        break;
+    }
   }
-  Box project(const Buffer& b, const Box& kb) const {
-    Box o;
-    for (const auto& d : b.dims)
-      for (std::size_t i = 0; i < plan.grid.axes.size(); ++i)
-        if (plan.grid.axes[i].name == d.axis) o.r.push_back(kb.r[i]);
-    return o;
-  }
-  // Copies sub-box `b` of block `src` into a new contiguous block (stream s).
-  DevBlock pack(const DevBlock& src, const Box& b, cudaStream_t s) {
-    DevBlock d = alloc(b, src.f32);
-    TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(d.ptr, d.cols() * d.esize(), src.at(b.r[0].lo, b.r[1].lo), src.cols() * src.esize(),
-                                         d.cols() * d.esize(), d.rows(), cudaMemcpyDeviceToDevice, s));
-    return d;
-  }
-  ncclDataType_t nccl_type(bool f32) const { return f32 ? ncclFloat : ncclBfloat16; }
 };
 
 GpuExecutor::GpuExecutor(const Plan& plan, int rank, ncclComm_t comm, cudaStream_t compute, cudaStream_t comm_stream)
     : impl_(new Impl(plan, rank, comm, compute, comm_stream)) {
-  const Grid& g = plan.grid;
-  TESSERA_CHECK(g.kernel == "gemm", "commir gpu executor: only GEMM plans run on GPUs for now, got kernel '{}'", g.kernel);
-  TESSERA_CHECK(g.mesh.size() == 1, "commir gpu executor: one-level meshes only, got {}", mesh_string(g.mesh));
   int n = 0;
   TESSERA_NCCL_CHECK(ncclCommCount(comm, &n));
-  TESSERA_CHECK(n == g.world(), "commir gpu executor: plan is for {} ranks, the communicator has {}", g.world(), n);
-  TESSERA_CHECK(rank >= 0 && rank < n, "commir gpu executor: rank {} out of range", rank);
-  for (const auto& rp : plan.ranks)
-    for (const auto& s : rp.steps) {
-      if (s.kind == StepKind::recv) impl_->recv_time[s.tag] = s.time;
-      if (s.kind == StepKind::collective) {
-        TESSERA_CHECK(static_cast<int>(s.group.size()) == n, "commir gpu executor: collective over a sub-group");
-        // NCCL needs equal contiguous row blocks, in rank order.
-        for (const auto& r : {s.before, s.after})
-          TESSERA_CHECK(r.size() <= 1, "commir gpu executor: {} of {} on a non-contiguous region", coll_name(s.coll),
-                        s.buffer);
-      }
-    }
-  TESSERA_CHECK(cublasLtCreate(&impl_->lt) == CUBLAS_STATUS_SUCCESS, "commir gpu executor: cublasLtCreate failed");
-  TESSERA_CUDA_CHECK(cudaMalloc(&impl_->ws, impl_->ws_bytes));
+  TESSERA_CHECK(n == plan.grid.world(), "commir gpu executor: plan is for {} ranks, the communicator has {}",
+                plan.grid.world(), n);
+  auto& I = *impl_;
+  I.prog = build_gpu_program(plan, rank);  // every check, before anything is allocated or launched
+  TESSERA_CHECK(cublasLtCreate(&I.lt) == CUBLAS_STATUS_SUCCESS, "commir gpu executor: cublasLtCreate failed");
+  TESSERA_CUDA_CHECK(cudaMalloc(&I.ws, I.ws_bytes));
+  TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&I.ev, cudaEventDisableTiming));
+  // Every block up front: no cudaMalloc (which may synchronize) between
+  // issued ops, so communication and compute keep overlapping.
+  I.mem.assign(I.prog.blocks.size(), nullptr);
+  for (std::size_t b = 0; b < I.prog.blocks.size(); ++b)
+    TESSERA_CUDA_CHECK(cudaMalloc(&I.mem[b], std::max<std::size_t>(I.prog.blocks[b].box.volume() * I.esize(b), 16)));
 }
 
 GpuExecutor::~GpuExecutor() {
   if (!impl_) return;
-  cudaStreamSynchronize(impl_->cs);
-  cudaStreamSynchronize(impl_->ms);
-  for (auto& [n, v] : impl_->store)
-    for (auto& d : v) cudaFree(d.ptr);
-  for (void* p : impl_->staging) cudaFree(p);
-  cudaFree(impl_->ws);
-  if (impl_->lt) cublasLtDestroy(impl_->lt);
+  auto& I = *impl_;
+  // Bounded: if an NCCL call never completes (a peer failed), freeing would
+  // block forever; leak instead and say so.
+  try {
+    I.wait_streams("teardown");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s; leaking its device memory\n", e.what());
+    return;
+  }
+  for (void* p : I.mem) cudaFree(p);
+  cudaFree(I.ws);
+  if (I.ev) cudaEventDestroy(I.ev);
+  if (I.lt) cublasLtDestroy(I.lt);
 }
 
 void GpuExecutor::set_input(const std::string& name, const std::vector<float>& full) {
@@ -144,141 +212,44 @@ void GpuExecutor::set_input(const std::string& name, const std::vector<float>& f
   const std::int64_t cols = g.axis(b.dims[1].axis).extent, rows = g.axis(b.dims[0].axis).extent;
   TESSERA_CHECK(static_cast<std::int64_t>(full.size()) == rows * cols, "commir gpu executor: {} has {} values, expected {}",
                 name, full.size(), rows * cols);
-  for (const auto& bx : I.plan.initial.at(name)[I.rank]) {
-    DevBlock d = I.alloc(bx, false);
-    std::vector<__nv_bfloat16> host(bx.volume());
+  bool any = false;
+  for (const auto& [buf, blk] : I.prog.inputs) {
+    if (buf != name) continue;
+    any = true;
+    const DevBlockInfo& d = I.prog.blocks[blk];
+    std::vector<__nv_bfloat16> host(d.box.volume());
     for (std::int64_t r = 0; r < d.rows(); ++r)
       for (std::int64_t c = 0; c < d.cols(); ++c)
-        host[r * d.cols() + c] = __float2bfloat16(full[(bx.r[0].lo + r) * cols + bx.r[1].lo + c]);
-    TESSERA_CUDA_CHECK(cudaMemcpy(d.ptr, host.data(), d.bytes(), cudaMemcpyHostToDevice));
-    I.store[name].push_back(d);
+        host[r * d.cols() + c] = __float2bfloat16(full[(d.box.r[0].lo + r) * cols + d.box.r[1].lo + c]);
+    // On the compute stream (pageable source: staged before the call
+    // returns); run() orders the communication stream after it.
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(I.mem[blk], host.data(), host.size() * sizeof(__nv_bfloat16),
+                                       cudaMemcpyHostToDevice, I.cs));
   }
+  TESSERA_CHECK(any || !I.plan.initial.count(name), "commir gpu executor: {} is not an input of the plan", name);
 }
 
 void GpuExecutor::run() {
   auto& I = *impl_;
-  const Grid& g = I.plan.grid;
-  const auto& steps = I.plan.ranks[I.rank].steps;
-  const Buffer &ab = g.buffer(g.body.ins[0]), &bb = g.buffer(g.body.ins[1]), &cb = g.buffer(g.body.out);
-  cudaEvent_t ev;
-  TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-  auto comm_after_compute = [&] {  // comm stream waits for everything issued on compute so far
-    TESSERA_CUDA_CHECK(cudaEventRecord(ev, I.cs));
-    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(I.ms, ev));
-  };
-  auto compute_after_comm = [&] {
-    TESSERA_CUDA_CHECK(cudaEventRecord(ev, I.ms));
-    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(I.cs, ev));
-  };
-  // Point-to-point transfers received at time t, issued as one NCCL group.
-  auto exchange = [&](int t, bool partial_only, bool skip_partial) {
-    std::vector<const Step*> ops;
-    for (const auto& s : steps)
-      if ((s.kind == StepKind::send || s.kind == StepKind::recv) && I.recv_time.at(s.tag) == t &&
-          !(partial_only && !s.partial) && !(skip_partial && s.partial))
-        ops.push_back(&s);
-    if (ops.empty()) return;
-    comm_after_compute();
-    std::vector<std::pair<const Step*, DevBlock>> incoming;
-    TESSERA_NCCL_CHECK(ncclGroupStart());
-    for (const Step* s : ops) {
-      const bool f32 = s->buffer == cb.name;
-      if (s->kind == StepKind::send) {
-        const DevBlock& src = I.find(s->buffer, s->box);
-        DevBlock tmp = I.pack(src, s->box, I.ms);
-        I.staging.push_back(tmp.ptr);
-        TESSERA_NCCL_CHECK(ncclSend(tmp.ptr, s->box.volume(), I.nccl_type(f32), s->peer, I.comm, I.ms));
-        if (s->partial) {  // moved away: drop our copy once the send is done (staging holds the data)
-          auto& v = I.store[s->buffer];
-          auto it = std::find_if(v.begin(), v.end(), [&](const DevBlock& d) { return d.box == s->box; });
-          I.staging.push_back(it->ptr);
-          v.erase(it);
-        }
-      } else {
-        DevBlock d = I.alloc(s->box, f32);
-        TESSERA_NCCL_CHECK(ncclRecv(d.ptr, s->box.volume(), I.nccl_type(f32), s->peer, I.comm, I.ms));
-        incoming.push_back({s, d});
-      }
-    }
-    TESSERA_NCCL_CHECK(ncclGroupEnd());
-    for (auto& [s, d] : incoming) {
-      auto& v = I.store[s->buffer];
-      auto it = std::find_if(v.begin(), v.end(), [&](const DevBlock& x) { return x.box == s->box; });
-      TESSERA_CHECK(!(s->partial && it != v.end()), "commir gpu executor: merging a partial into an existing block is not supported");
-      v.push_back(d);
-    }
-  };
-  auto collective = [&](const Step& s) {
-    const bool f32 = s.buffer == cb.name;
-    comm_after_compute();
-    auto& v = I.store[s.buffer];
-    const Box in = s.before.empty() ? Box{} : s.before[0], out = s.after.empty() ? Box{} : s.after[0];
-    DevBlock src = v.empty() ? DevBlock{} : v[0];
-    DevBlock dst = I.alloc(out, f32);
-    const auto t = I.nccl_type(f32);
-    switch (s.coll) {
-      case CollKind::all_gather:
-        TESSERA_CHECK(in.volume() * static_cast<std::int64_t>(s.group.size()) == out.volume(),
-                      "commir gpu executor: AllGather of {} needs equal parts", s.buffer);
-        TESSERA_NCCL_CHECK(ncclAllGather(src.ptr, dst.ptr, in.volume(), t, I.comm, I.ms));
-        break;
-      case CollKind::reduce_scatter:
-        TESSERA_CHECK(out.volume() * static_cast<std::int64_t>(s.group.size()) == in.volume(),
-                      "commir gpu executor: ReduceScatter of {} needs equal parts", s.buffer);
-        TESSERA_NCCL_CHECK(ncclReduceScatter(src.ptr, dst.ptr, out.volume(), t, ncclSum, I.comm, I.ms));
-        break;
-      case CollKind::all_reduce:
-        TESSERA_NCCL_CHECK(ncclAllReduce(src.ptr, dst.ptr, out.volume(), t, ncclSum, I.comm, I.ms));
-        break;
-      default: TESSERA_FAIL("commir gpu executor: {} is not supported on GPUs yet", coll_name(s.coll));
-    }
-    for (auto& d : v) I.staging.push_back(d.ptr);  // freed at the end (the collective may still read it)
-    v = {dst};
-    compute_after_comm();
-  };
-  const int T = I.plan.steps_per_rank;
-  for (const auto& s : steps)
-    if (s.time < 0 && s.kind == StepKind::collective) collective(s);
-  exchange(0, false, false);
-  compute_after_comm();
-  for (int t = 0; t < T; ++t) {
-    exchange(t + 1, false, true);  // prefetch for t+1 overlaps compute t
-    for (const auto& s : steps) {
-      if (s.time != t || s.kind != StepKind::compute) continue;
-      const Box ba = I.project(ab, s.box), bbx = I.project(bb, s.box), bc = I.project(cb, s.box);
-      const DevBlock& A = I.find(ab.name, ba);
-      const DevBlock& B = I.find(bb.name, bbx);
-      auto& cv = I.store[cb.name];
-      auto it = std::find_if(cv.begin(), cv.end(), [&](const DevBlock& d) { return d.box == bc; });
-      if (it == cv.end()) {
-        cv.push_back(I.alloc(bc, true));
-        TESSERA_CUDA_CHECK(cudaMemsetAsync(cv.back().ptr, 0, cv.back().bytes(), I.cs));
-        it = cv.end() - 1;
-      }
-      local_gemm(I.lt, I.cs, A.at(ba.r[0].lo, ba.r[1].lo), A.cols(), B.at(bbx.r[0].lo, bbx.r[1].lo), B.cols(),
-                 it->at(bc.r[0].lo, bc.r[1].lo), it->cols(), ba.r[0].size(), bbx.r[1].size(), ba.r[1].size(), I.ws,
-                 I.ws_bytes);
-    }
-    exchange(t + 1, true, false);  // partial accumulators leave after the compute that made them
-    compute_after_comm();
-  }
-  for (const auto& s : steps)
-    if (s.time == T && s.kind == StepKind::collective) collective(s);
-  exchange(T + 1, false, false);
-  compute_after_comm();
-  TESSERA_CUDA_CHECK(cudaEventDestroy(ev));
+  TESSERA_CHECK(!I.ran, "commir gpu executor: run() called twice (accumulators are not reset)");
+  I.ran = true;
+  // The uploads of set_input precede everything, on both streams.
+  TESSERA_CUDA_CHECK(cudaEventRecord(I.ev, I.cs));
+  TESSERA_CUDA_CHECK(cudaStreamWaitEvent(I.ms, I.ev));
+  for (const DevOp& op : I.prog.ops) I.issue(op);
 }
 
 std::vector<std::pair<Box, std::vector<float>>> GpuExecutor::output(const std::string& name) {
   auto& I = *impl_;
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(I.cs));
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(I.ms));
+  I.wait_streams("output");
+  auto it = I.prog.outputs.find(name);
+  TESSERA_CHECK(it != I.prog.outputs.end(), "commir gpu executor: {} is not an output of the plan", name);
   std::vector<std::pair<Box, std::vector<float>>> out;
-  for (const auto& want : I.plan.final.at(name)[I.rank]) {
-    std::vector<float> vals(want.volume());
-    const DevBlock& d = I.find(name, want);
-    TESSERA_CUDA_CHECK(cudaMemcpy2D(vals.data(), want.r[1].size() * 4, d.at(want.r[0].lo, want.r[1].lo), d.cols() * 4,
-                                    want.r[1].size() * 4, want.r[0].size(), cudaMemcpyDeviceToHost));
+  for (const auto& [want, pieces] : it->second) {
+    std::vector<float> vals(want.volume(), std::numeric_limits<float>::quiet_NaN());
+    for (const auto& p : pieces)
+      TESSERA_CUDA_CHECK(cudaMemcpy2D(vals.data() + p.host_offset, want.r[1].size() * 4, I.ptr(p.src), p.src.ld * 4,
+                                      p.cols * 4, p.rows, cudaMemcpyDeviceToHost));
     out.push_back({want, std::move(vals)});
   }
   return out;

@@ -1,0 +1,132 @@
+// tessera/commir/gpu_program.hpp — the GPU executor's bookkeeping without a
+// GPU: one rank's Plan translated into a linear program of device operations
+// on numbered blocks, and a host simulator that runs the programs of all
+// ranks together.
+//
+// The builder tracks, per buffer, which blocks (box + device allocation)
+// this rank holds — with the CPU executor's rules: inputs from
+// Plan::initial; an accumulator is created zeroed at its first compute (one
+// block per compute box); a partial send moves its block away, a partial
+// receive into a box already held adds into it; a collective's result
+// replaces the buffer's blocks (Broadcast adds them on non-roots); a free
+// drops a block. A box needed by a step may be covered by several blocks
+// (then it is assembled into a temporary block with 2-D copies); a box held
+// nowhere is an Error naming the rank, the step and what is held.
+//
+// Issue order (same on every rank, so NCCL calls match): for t = -1 ..
+// steps_per_rank + 1: collectives of time t (by id); the point-to-point
+// transfers received at t+1 that do not carry partial accumulators (one NCCL
+// group; prefetch, overlapping compute t); compute t; the partial transfers
+// received at t+1 (another group, after the compute that made them); frees.
+// Streams: compute ops (GEMM, assembling GEMM inputs) on the compute stream,
+// everything else on the communication stream; the communication stream
+// waits for the compute stream before each NCCL group or collective and the
+// compute stream waits for the communication stream after each (events).
+//
+// Limits (Error at build time): GEMM plans on one-level meshes; inputs bf16,
+// accumulators/outputs f32; collectives over the whole world on row blocks
+// that NCCL can address: AllGather/ReduceScatter parts equal, contiguous,
+// full-width and in rank order; no AllToAll.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tessera/commir/cpu_executor.hpp"
+#include "tessera/commir/plan.hpp"
+
+namespace tessera::commir {
+
+/// A block of one buffer: row-major, `f32` (accumulators/outputs) or bf16.
+struct DevBlockInfo {
+  std::string buffer;
+  Box box;  // [rows, cols] in buffer coordinates
+  bool f32 = false;
+  std::int64_t rows() const { return box.r[0].size(); }
+  std::int64_t cols() const { return box.r[1].size(); }
+};
+
+/// Element (offset) of a block with a leading dimension, in elements.
+struct DevView {
+  int block = -1;
+  std::int64_t offset = 0;
+  std::int64_t ld = 0;
+};
+
+enum class DevStream { compute, comm };
+
+enum class DevOpKind {
+  zero,                // memset block `dst.block` to 0
+  copy,                // rows x cols elements from src to dst (same dtype)
+  add,                 // dst = a + b, rows x cols f32 elements (merging a partial accumulator)
+  gemm,                // D[m,n] += A[m,k] * B[k,n]: a = A (bf16), b = B (bf16), dst = D (f32)
+  group_start,         // ncclGroupStart
+  group_end,           // ncclGroupEnd
+  send,                // ncclSend of `count` contiguous elements at src to `peer`
+  recv,                // ncclRecv of `count` contiguous elements into dst from `peer`
+  all_gather,          // src: count elements per rank; dst: world * count
+  reduce_scatter,      // src: world * count; dst: count (sum)
+  all_reduce,          // count elements, src -> dst (sum)
+  broadcast,           // count elements from `root`'s src into every rank's dst
+  comm_waits_compute,  // event: the comm stream waits for work issued on compute so far
+  compute_waits_comm,  // event: the compute stream waits for work issued on comm so far
+};
+const char* dev_op_name(DevOpKind k);
+
+struct DevOp {
+  DevOpKind kind;
+  DevStream stream = DevStream::comm;
+  DevView src, dst, a, b;          // by kind (see DevOpKind)
+  std::int64_t rows = 0, cols = 0;  // copy / add
+  std::int64_t m = 0, n = 0, k = 0;  // gemm
+  std::int64_t count = 0;           // NCCL ops, elements
+  bool f32 = false;                 // dtype of the data moved (NCCL, copy)
+  int peer = -1, root = -1;
+  std::string what;                 // the plan step it comes from (diagnostics)
+};
+
+/// One piece of an output: rows x cols of `src`, written at `host_offset`
+/// (elements, leading dimension = the wanted box's width) of the box's values.
+struct DevReadback {
+  DevView src;
+  std::int64_t rows = 0, cols = 0, host_offset = 0;
+};
+
+struct DevProgram {
+  int rank = 0;
+  std::vector<DevBlockInfo> blocks;
+  /// Blocks filled by set_input: (buffer, block id), box = the block's box.
+  std::vector<std::pair<std::string, int>> inputs;
+  std::vector<DevOp> ops;
+  /// Per output buffer: this rank's required final boxes, each with the
+  /// pieces that assemble it (later pieces overwrite earlier ones).
+  std::map<std::string, std::vector<std::pair<Box, std::vector<DevReadback>>>> outputs;
+  std::int64_t bytes() const;  // device memory of all blocks
+};
+
+/// Builds rank `rank`'s program; throws tessera::Error ("commir gpu
+/// executor: ...") naming the step when the plan is outside the limits or a
+/// step needs data this rank does not hold.
+DevProgram build_gpu_program(const Plan& plan, int rank);
+
+struct GpuSimRun {
+  double max_rel_error = 0;  // over every rank's final region of every output
+  std::int64_t checked_elements = 0;
+  std::int64_t ops = 0;      // device ops simulated, all ranks
+};
+
+/// Runs the programs of all ranks on the host in double precision: NCCL
+/// semantics (grouped sends/receives matched per peer pair in posting order,
+/// collectives matched by position and checked for equal kind, count, root),
+/// and a race check: every access to a block from one stream must be ordered
+/// after the conflicting accesses from the other stream by the program's
+/// event edges. Throws tessera::Error on a race, a mismatch, a deadlock or a
+/// missing output; otherwise compares every rank's outputs with `expected`.
+GpuSimRun simulate_gpu_programs(const Plan& plan, const Tensors& inputs, const Tensors& expected);
+/// Same with given programs (one per rank, e.g. altered by a test).
+GpuSimRun simulate_gpu_programs(const Plan& plan, std::vector<DevProgram> programs, const Tensors& inputs,
+                                const Tensors& expected);
+
+}  // namespace tessera::commir
