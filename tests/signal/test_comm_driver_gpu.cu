@@ -8,7 +8,9 @@
 //
 // Hang safety (a hang is a bug, in the test too):
 //  - the fake producer's module is loaded before any stream waits (lazy
-//    loading would make its first launch wait for the blocked device);
+//    loading would make its first launch wait for the blocked device), and
+//    NCCL is warmed up (its lazy connection setup must not run while the
+//    communication stream waits);
 //  - every host wait on a stream is bounded (drain_or_die); a stream that
 //    cannot drain means a stuck wait or collective, after which any cudaFree
 //    would hang, so the rank reports and ends (tessera run stops the others);
@@ -45,8 +47,39 @@ using namespace tessera::signal;
 
 namespace {
 
+void drain_or_die(cudaStream_t s, const char* what);
+
+// One unblocked call of each NCCL pattern the tests use (AllReduce and
+// ReduceScatter at a few sizes, grouped send/recv with every peer) on the
+// communication stream, so that NCCL's lazy connection setup (and anything
+// it synchronizes) happens here, not while the stream waits on counters.
+void warm_up_nccl(runtime::ProcessGroup& pg) {
+  const int R = pg.world();
+  const std::size_t max_elems = std::size_t(1) << 22;
+  float* buf = nullptr;
+  if (cudaMalloc(&buf, 2 * max_elems * R * sizeof(float)) != cudaSuccess) return;  // the tests will report it
+  cudaStream_t s = pg.comm_stream(0);
+  ncclResult_t rc = ncclSuccess;
+  auto ok = [&](ncclResult_t r) { return (rc = r) == ncclSuccess; };
+  for (std::size_t n : {std::size_t(1024), std::size_t(1) << 16, max_elems}) {
+    if (!ok(ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, pg.nccl(), s))) break;
+    if (!ok(ncclReduceScatter(buf, buf + n * R, n, ncclFloat32, ncclSum, pg.nccl(), s))) break;
+    if (!ok(ncclGroupStart())) break;
+    for (int p = 0; p < R && rc == ncclSuccess; ++p)
+      if (ok(ncclSend(buf, n, ncclFloat32, p, pg.nccl(), s))) ok(ncclRecv(buf + n * R + p * n, n, ncclFloat32, p, pg.nccl(), s));
+    if (!ok(ncclGroupEnd())) break;
+  }
+  if (rc != ncclSuccess) std::fprintf(stderr, "NCCL warm-up failed: %s\n", ncclGetErrorString(rc));
+  drain_or_die(s, "NCCL warm-up");
+  cudaFree(buf);
+}
+
 runtime::ProcessGroup* group() {
-  static std::unique_ptr<runtime::ProcessGroup> pg = runtime::ProcessGroup::from_environment();
+  static std::unique_ptr<runtime::ProcessGroup> pg = [] {
+    auto p = runtime::ProcessGroup::from_environment();
+    warm_up_nccl(*p);
+    return p;
+  }();
   return pg.get();
 }
 

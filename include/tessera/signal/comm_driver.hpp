@@ -28,7 +28,10 @@
 // bumps deadlocks (the producer GEMM, a test's fake producer). The driver
 // loads its own waiter at construction; call ensure_loaded() on every kernel
 // that runs while the communication stream waits, before enqueueing the waits
-// (or run with CUDA_MODULE_LOADING=EAGER).
+// (or run with CUDA_MODULE_LOADING=EAGER). Likewise NCCL connects lazily
+// (NCCL_RUNTIME_CONNECT) on the first collective of a kind and may then
+// synchronize its internal streams, which follow the communication stream:
+// issue each collective pattern once, unblocked, before overlapping.
 //
 // Counters (GroupCounters): uint32 per group in device memory, zeroed once;
 // call number `epoch` (1, 2, ...) waits for counter[g] >= epoch *
