@@ -212,10 +212,9 @@ void GpuExecutor::set_input(const std::string& name, const std::vector<float>& f
   const std::int64_t cols = g.axis(b.dims[1].axis).extent, rows = g.axis(b.dims[0].axis).extent;
   TESSERA_CHECK(static_cast<std::int64_t>(full.size()) == rows * cols, "commir gpu executor: {} has {} values, expected {}",
                 name, full.size(), rows * cols);
-  bool any = false;
+  TESSERA_CHECK(I.plan.initial.count(name), "commir gpu executor: {} is not an input of the plan", name);
   for (const auto& [buf, blk] : I.prog.inputs) {
-    if (buf != name) continue;
-    any = true;
+    if (buf != name) continue;  // (a rank may hold no part of an input)
     const DevBlockInfo& d = I.prog.blocks[blk];
     std::vector<__nv_bfloat16> host(d.box.volume());
     for (std::int64_t r = 0; r < d.rows(); ++r)
@@ -226,7 +225,6 @@ void GpuExecutor::set_input(const std::string& name, const std::vector<float>& f
     TESSERA_CUDA_CHECK(cudaMemcpyAsync(I.mem[blk], host.data(), host.size() * sizeof(__nv_bfloat16),
                                        cudaMemcpyHostToDevice, I.cs));
   }
-  TESSERA_CHECK(any || !I.plan.initial.count(name), "commir gpu executor: {} is not an input of the plan", name);
 }
 
 void GpuExecutor::run() {
