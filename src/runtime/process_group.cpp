@@ -102,10 +102,16 @@ ProcessGroup::~ProcessGroup() {
   // Destructors must not throw; errors here are reported and ignored.
   for (cudaStream_t s : comm_streams_) (void)cudaStreamDestroy(s);
   if (stream_) (void)cudaStreamDestroy(stream_);
-  if (dev_comm_created_) (void)ncclDevCommDestroy(comm_, &dev_comm_);
-  if (comm_) {
+  if (dev_comm_created_ && !aborted_) (void)ncclDevCommDestroy(comm_, &dev_comm_);
+  if (comm_ && !aborted_) {
     if (ncclCommFinalize(comm_) != ncclSuccess || ncclCommDestroy(comm_) != ncclSuccess) (void)ncclCommAbort(comm_);
   }
+}
+
+void ProcessGroup::abort() {
+  if (aborted_ || comm_ == nullptr) return;
+  aborted_ = true;
+  (void)ncclCommAbort(comm_);
 }
 
 cudaStream_t ProcessGroup::comm_stream(int i) const {

@@ -50,7 +50,8 @@ SymAllocation::SymAllocation(ProcessGroup& pg, std::size_t bytes, std::size_t al
 }
 
 SymAllocation::~SymAllocation() {
-  if (win_) (void)ncclCommWindowDeregister(pg_->nccl(), win_);
+  // Deregistration is collective; after an abort only the memory is freed.
+  if (win_ && !pg_->aborted()) (void)ncclCommWindowDeregister(pg_->nccl(), win_);
   if (base_) (void)ncclMemFree(base_);
 }
 

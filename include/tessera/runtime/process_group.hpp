@@ -76,6 +76,13 @@ class ProcessGroup {
   const cudaDeviceProp& device_properties() const { return props_; }
   int sm_count() const { return props_.multiProcessorCount; }
 
+  /// Aborts the NCCL communicator (ncclCommAbort): the way out after a
+  /// collective that a peer never joined (a timed-out wait reported an
+  /// error). Later NCCL calls on this group fail; the destructor skips the
+  /// collective finalize. Free symmetric buffers only after aborting.
+  void abort();
+  bool aborted() const { return aborted_; }
+
   // ---- host-side exchanges over the bootstrap (not for the data path) ----
   Bootstrap& bootstrap() { return *boot_; }
   void barrier();
@@ -106,6 +113,7 @@ class ProcessGroup {
   ncclDevComm dev_comm_{};
   bool dev_comm_created_ = false;
   int lsa_size_ = 0;
+  bool aborted_ = false;
   cudaStream_t stream_ = nullptr;
   std::vector<cudaStream_t> comm_streams_;
 };
