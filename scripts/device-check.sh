@@ -46,7 +46,7 @@ if has cpu; then
   note "cpu tests: $(grep -E 'tests passed|tests failed' "$out/cpu-tests.log")"
 fi
 if has tests; then
-  (cd "$build" && timeout 500 ctest -L gpu --output-on-failure >"$out/gpu-tests.log" 2>&1)
+  (cd "$build" && timeout "${TESTS_TIMEOUT:-500}" ctest -L gpu --output-on-failure >"$out/gpu-tests.log" 2>&1)
   note "gpu tests: $(grep -E 'tests passed|tests failed' "$out/gpu-tests.log")"
   grep -E "^\s*[0-9]+/[0-9]+ Test" "$out/gpu-tests.log" | tee -a "$summary"
 fi
