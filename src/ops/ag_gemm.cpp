@@ -20,6 +20,10 @@ namespace {
 
 ncclDataType_t nccl_type(DType t) { return t == DType::f16 ? ncclFloat16 : ncclBfloat16; }
 
+/// Leading dimension of the swiglu staging buffer: n rounded up to 8
+/// elements, since GEMM outputs need 16-byte rows.
+std::int64_t swiglu_tmp_ld(std::int64_t n) { return (n + 7) / 8 * 8; }
+
 /// cuBLASLt D[rows, n] = A[rows, k] · Bᵀ, or with swiglu through `tmp`
 /// ([rows, n]) and the SiLU·up kernel into D[rows, n/2].
 void local_gemm(TpContext::Impl& c, const AgGemmArgs& a, const void* a_rows, std::int64_t rows, void* d_rows,
@@ -44,9 +48,9 @@ void local_gemm(TpContext::Impl& c, const AgGemmArgs& a, const void* a_rows, std
     kernels::cublaslt_gemm(g, s);
   } else {
     g.d = tmp;
-    g.ldd = a.n;
+    g.ldd = swiglu_tmp_ld(a.n);
     kernels::cublaslt_gemm(g, s);
-    detail::launch_swiglu(tmp, a.n, d_rows, ldd, rows, n_out, a.dtype, s);
+    detail::launch_swiglu(tmp, g.ldd, d_rows, ldd, rows, n_out, a.dtype, s);
   }
   (void)c;
 }
@@ -99,7 +103,7 @@ void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOp
   // My shard into my rows of the workspace (compute stream).
   TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(ws + lo * row_bytes, row_bytes, a.a, lda * es, row_bytes, a.m_local,
                                        cudaMemcpyDeviceToDevice, st));
-  void* tmp = a.swiglu ? c.staging.ensure(static_cast<std::size_t>(a.m * a.n * es), st) : nullptr;
+  void* tmp = a.swiglu ? c.staging.ensure(static_cast<std::size_t>(a.m * swiglu_tmp_ld(a.n) * es), st) : nullptr;
 
   switch (s) {
     case Strategy::sequential: {
@@ -116,7 +120,7 @@ void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOp
         const std::int64_t rlo = plan.shards.lo(src), rows = plan.shards.rows(a.m, src);
         if (src != rank) link::rank_wait(st, *c.ag_flags, src, 0, e);
         local_gemm(c, a, ws + rlo * row_bytes, rows, static_cast<unsigned char*>(a.d) + rlo * ldd * es,
-                   tmp ? static_cast<unsigned char*>(tmp) + rlo * a.n * es : nullptr, st);
+                   tmp ? static_cast<unsigned char*>(tmp) + rlo * swiglu_tmp_ld(a.n) * es : nullptr, st);
       }
       break;
     }
