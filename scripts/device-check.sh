@@ -2,7 +2,7 @@
 # Builds Tessera on a lent GPU machine and runs every GPU test and benchmark
 # in one call, leaving logs under $OUT (default ./device-out).
 #
-#   scripts/device-check.sh [step...]     steps: build cpu tests comm gemm mlp asynctp
+#   scripts/device-check.sh [step...]     steps: build cpu tests comm gemm mlp asynctp commir signal
 #                                          (default: build tests comm gemm)
 # MLP_SHAPES (default 1,2,3,4,5,6) picks the MLP shapes for mlp / asynctp.
 #
@@ -67,4 +67,13 @@ if has asynctp; then
   timeout "${ASYNCTP_TIMEOUT:-120}" torchrun --nproc-per-node "$ngpu" "$root/scripts/bench_async_tp.py" \
       --shapes "${MLP_SHAPES:-1,2,3,4,5,6}" --markdown "$out/asynctp.md" >"$out/bench-asynctp.log" 2>&1
   note "async-TP rc=$?"; tail -20 "$out/bench-asynctp.log" | tee -a "$summary"
+fi
+if has commir; then
+  timeout "${COMMIR_TIMEOUT:-240}" "$bin" run -n "$ngpu" -- "$bin" bench commir --shapes ${MLP_SHAPES:-1,2,3} \
+      --markdown "$out/commir.md" >"$out/bench-commir.log" 2>&1
+  note "bench commir rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-commir.log" | tail -20 | tee -a "$summary"
+fi
+if has signal; then
+  timeout "${SIGNAL_TIMEOUT:-300}" "$bin" run -n "$ngpu" -- "$bin" bench signal >"$out/bench-signal.log" 2>&1
+  note "bench signal rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-signal.log" | tail -40 | tee -a "$summary"
 fi
