@@ -1,10 +1,16 @@
 #!/usr/bin/env python3
 """PyTorch async-TP baseline for `tessera bench mlp` (same MLP-1..6 shapes).
 
-Times torch.ops.symm_mem.fused_all_gather_matmul (AG + gate/up GEMM) and
-torch.ops.symm_mem.fused_matmul_reduce_scatter (down GEMM + RS) at TP = world
-size, plus the sequential all_gather_into_tensor + mm / mm + reduce_scatter
-for reference. Median of --reps CUDA-event timings, max over ranks.
+Times, at TP = world size R, the same parts as `tessera bench mlp`:
+  AG+GEMM        all_gather(x)[S, H] @ W[I/R, H].T  (non-gated, N = I/R: MACHINES.md's GEMM1)
+  AG+GEMM gated  the same with the fused gate/up weight [2I/R, H] (N = 2I/R, GEMM only)
+  GEMM+RS        hid[S, I/R] @ Wd[H, I/R].T, reduce-scattered by rows
+each as sequential (all_gather_into_tensor + mm / mm + reduce_scatter_tensor)
+and PyTorch async-TP (torch.ops.symm_mem.fused_all_gather_matmul /
+fused_matmul_reduce_scatter). Inputs are fresh random data rotated over
+--sets buffer sets (no repetition finds them in L2), as in bench mlp.
+Median of --reps CUDA-event timings (each after a sync and a barrier), max
+over ranks.
 
 Run (one process per GPU):
   NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
@@ -29,6 +35,7 @@ def main():
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--sets", type=int, default=3)
     ap.add_argument("--markdown", default="")
     args = ap.parse_args()
     try:
@@ -64,42 +71,66 @@ def main():
         return t.item()
 
     rows = []
-    for idx in [int(s) for s in args.shapes.split(",")]:
+    for idx in [int(v) for v in args.shapes.split(",")]:
         name, s, h, i = SHAPES[idx]
         il, ml = i // world, s // world
-        x = torch.randn(ml, h, device="cuda", dtype=dt) * 0.1
-        wgu = torch.randn(2 * il, h, device="cuda", dtype=dt) * 0.02
-        wd = torch.randn(h, il, device="cuda", dtype=dt) * 0.02
-        hid = torch.randn(s, il, device="cuda", dtype=dt) * 0.1
+        sets = []
+        for _ in range(max(1, args.sets)):
+            sets.append({
+                "x": torch.rand(ml, h, device="cuda", dtype=dt) * 2 - 1,
+                "wgu": torch.rand(2 * il, h, device="cuda", dtype=dt) * 2 - 1,
+                "wd": torch.rand(h, il, device="cuda", dtype=dt) * 2 - 1,
+                "hid": torch.rand(s, il, device="cuda", dtype=dt) * 2 - 1,
+            })
         xfull = torch.empty(s, h, device="cuda", dtype=dt)
         out = torch.empty(ml, h, device="cuda", dtype=dt)
+        turn = [0]
 
-        def ag_seq():
-            dist.all_gather_into_tensor(xfull, x)
-            return xfull @ wgu.t()
+        def nxt():
+            turn[0] += 1
+            return sets[turn[0] % len(sets)]
 
-        def ag_async():
-            return torch.ops.symm_mem.fused_all_gather_matmul(x, [wgu.t()], gather_dim=0, group_name=group.group_name)
+        def ag_seq(gated):
+            def fn():
+                d = nxt()
+                w = d["wgu"] if gated else d["wgu"][:il]
+                dist.all_gather_into_tensor(xfull, d["x"])
+                return xfull @ w.t()
+            return fn
+
+        def ag_async(gated):
+            def fn():
+                d = nxt()
+                w = d["wgu"] if gated else d["wgu"][:il]
+                return torch.ops.symm_mem.fused_all_gather_matmul(d["x"], [w.t()], gather_dim=0,
+                                                                  group_name=group.group_name)
+            return fn
 
         def rs_seq():
-            p = hid @ wd.t()
+            d = nxt()
+            p = d["hid"] @ d["wd"].t()
             dist.reduce_scatter_tensor(out, p)
 
         def rs_async():
-            return torch.ops.symm_mem.fused_matmul_reduce_scatter(hid, wd.t(), "sum", scatter_dim=0,
+            d = nxt()
+            return torch.ops.symm_mem.fused_matmul_reduce_scatter(d["hid"], d["wd"].t(), "sum", scatter_dim=0,
                                                                    group_name=group.group_name)
 
         r = {"shape": name}
-        r["ag_seq"], r["ag_async"] = timed(ag_seq), timed(ag_async)
+        r["ag_seq"], r["ag_async"] = timed(ag_seq(False)), timed(ag_async(False))
+        r["agg_seq"], r["agg_async"] = timed(ag_seq(True)), timed(ag_async(True))
         r["rs_seq"], r["rs_async"] = timed(rs_seq), timed(rs_async)
         rows.append(r)
+        del sets
     if rank == 0:
-        hdr = f"| shape | AG+GEMM seq | AG+GEMM async-TP | GEMM+RS seq | GEMM+RS async-TP |"
-        lines = [f"### PyTorch {torch.__version__} async-TP, TP={world} {args.dtype} on {torch.cuda.get_device_name()}",
-                 "", hdr, "|---|---|---|---|---|"]
+        hdr = ("| shape | AG+GEMM seq | AG+GEMM async-TP | AG+GEMM gated seq | AG+GEMM gated async-TP "
+               "| GEMM+RS seq | GEMM+RS async-TP |")
+        lines = [f"### PyTorch {torch.__version__} async-TP, TP={world} {args.dtype} on {torch.cuda.get_device_name()} "
+                 f"(ms, median of {args.reps}, max over ranks, inputs rotated over {args.sets} sets)",
+                 "", hdr, "|---|---|---|---|---|---|---|"]
         for r in rows:
-            lines.append(f"| {r['shape']} | {r['ag_seq']:.3f} | {r['ag_async']:.3f} | {r['rs_seq']:.3f} | "
-                         f"{r['rs_async']:.3f} |")
+            lines.append(f"| {r['shape']} | {r['ag_seq']:.3f} | {r['ag_async']:.3f} | {r['agg_seq']:.3f} | "
+                         f"{r['agg_async']:.3f} | {r['rs_seq']:.3f} | {r['rs_async']:.3f} |")
         text = "\n".join(lines)
         print(text)
         if args.markdown:

@@ -100,15 +100,20 @@ void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOp
   const std::int64_t lda = a.lda ? a.lda : a.k;
   unsigned char* ws = c.ag_ws.local();
 
+  // Sequential with equal, packed shards: NCCL gathers straight from A (no
+  // copy-in; every rank sends per_rank rows, so every shard must be full).
+  const bool direct_gather = s == Strategy::sequential && lda == a.k && a.m % R == 0;
   // My shard into my rows of the workspace (compute stream).
-  TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(ws + lo * row_bytes, row_bytes, a.a, lda * es, row_bytes, a.m_local,
-                                       cudaMemcpyDeviceToDevice, st));
+  if (!direct_gather)
+    TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(ws + lo * row_bytes, row_bytes, a.a, lda * es, row_bytes, a.m_local,
+                                         cudaMemcpyDeviceToDevice, st));
   void* tmp = a.swiglu ? c.staging.ensure(static_cast<std::size_t>(a.m * swiglu_tmp_ld(a.n) * es), st) : nullptr;
 
   switch (s) {
     case Strategy::sequential: {
-      TESSERA_NCCL_CHECK(ncclAllGather(ws + lo * row_bytes, ws, static_cast<std::size_t>(per_rank * a.k),
-                                       nccl_type(a.dtype), c.pg.nccl(), st));
+      const void* send = direct_gather ? a.a : static_cast<const void*>(ws + lo * row_bytes);
+      TESSERA_NCCL_CHECK(ncclAllGather(send, ws, static_cast<std::size_t>(per_rank * a.k), nccl_type(a.dtype),
+                                       c.pg.nccl(), st));
       local_gemm(c, a, ws, a.m, a.d, tmp, st);
       break;
     }

@@ -89,6 +89,8 @@ void TpContext::Impl::ensure_rs(std::size_t recv_bytes, int tile_rows) {
   }
 }
 
+std::string_view rs_reduce_name(RsReduce r) { return r == RsReduce::kernel ? "kernel" : "epilogue"; }
+
 TpContext::TpContext(runtime::ProcessGroup& pg) : pg_(&pg), impl_(std::make_unique<Impl>(pg)) {}
 TpContext::~TpContext() = default;
 
@@ -103,8 +105,10 @@ ShapeSignature signature(const AgGemmArgs& a, Strategy s) {
   return ShapeSignature{1, static_cast<std::int32_t>(a.dtype), static_cast<std::int32_t>(s),
                         (a.swiglu ? 1 : 0) | (a.gathered_a ? 2 : 0), a.m, a.n, a.k};
 }
-ShapeSignature signature(const GemmRsArgs& a, Strategy s) {
-  return ShapeSignature{2, static_cast<std::int32_t>(a.dtype), static_cast<std::int32_t>(s), 0, a.m, a.n, a.k};
+ShapeSignature signature(const GemmRsArgs& a, Strategy s, RsReduce r) {
+  // rs_reduce picks the counter layout: every rank must use the same.
+  return ShapeSignature{2, static_cast<std::int32_t>(a.dtype), static_cast<std::int32_t>(s),
+                        static_cast<std::int32_t>(r), a.m, a.n, a.k};
 }
 
 /// Median over `reps` of one call (after `warmup`), max over ranks.
@@ -177,7 +181,8 @@ Strategy TpContext::resolve(const AgGemmArgs& a, const OpOptions& o, TuneReport*
 
 Strategy TpContext::resolve(const GemmRsArgs& a, const OpOptions& o, TuneReport* report) {
   if (o.strategy != Strategy::automatic) return o.strategy;
-  const std::vector<std::int64_t> shape{a.m, a.n, a.k};
+  // The fused candidate's speed depends on where it reduces: part of the key.
+  const std::vector<std::int64_t> shape{a.m, a.n, a.k, static_cast<std::int64_t>(o.rs_reduce)};
   return tune_choice(*this, a, o, "gemm_rs", shape,
                      {Strategy::sequential, Strategy::decomposition, Strategy::fused_sm},
                      [&](Strategy s) { run_gemm_rs(*impl_, a, s, o); }, report);
@@ -203,7 +208,7 @@ void gemm_rs(TpContext& ctx, const GemmRsArgs& a, const OpOptions& o) {
   TESSERA_CHECK(o.strategy != Strategy::fused_ce,
                 "gemm_rs: strategy fused_ce does not exist for GEMM+RS (the fused variant is fused_sm: peer stores "
                 "from the epilogue)");
-  c.check_agreement(signature(a, o.strategy), "gemm_rs");
+  c.check_agreement(signature(a, o.strategy, o.rs_reduce), "gemm_rs");
   const Strategy s = ctx.resolve(a, o);
   run_gemm_rs(c, a, s, o);
 }

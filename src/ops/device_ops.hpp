@@ -45,6 +45,13 @@ struct GemmRsLaunch {
   int rank = 0, world = 1;
   int rotate_m = 0;
   int max_ctas = 0;
+  /// Owner add in the epilogue (RsOwnerEpilogue): counters are per TILE, own
+  /// tiles are reduced into d (this rank's rows, row stride ldd) instead of
+  /// going to the own slab.
+  bool owner_epilogue = false;
+  int raster_group = 8;  ///< RasterScheduler band height (see RsPlan::owner_raster_group)
+  void* d = nullptr;
+  std::int64_t ldd = 0;
 };
 void launch_gemm_rs(const GemmRsLaunch& p, cudaStream_t s);
 

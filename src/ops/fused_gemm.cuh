@@ -73,6 +73,30 @@ void gemm_rs_typed(const GemmRsLaunch& p, cudaStream_t s) {
   kernels::GemmOptions o{};
   o.tile = kTpTile;
   o.max_ctas = p.max_ctas;
+  // Remotely-owned tiles first: start at shard (rank + 1) mod R.
+  const kernels::engine::RasterScheduler sched{p.raster_group, false, p.rotate_m};
+  if (p.owner_epilogue) {
+    RsOwnerEpilogue<T> epi;
+    for (int r = 0; r < runtime::kMaxPeers; ++r) {
+      epi.recv[r] = static_cast<T*>(p.recv[r]);
+      epi.counters[r] = p.counters[r];
+    }
+    epi.d = static_cast<T*>(p.d);
+    epi.ldd = p.ldd;
+    epi.per_rank = p.per_rank;
+    epi.ld = p.ld_recv;
+    epi.rank = p.rank;
+    epi.world = p.world;
+    RsOwnerPrologue pro;
+    pro.counters = p.counters[p.rank];
+    pro.per_rank = p.per_rank;
+    pro.rank = p.rank;
+    pro.expected = static_cast<std::uint64_t>(p.world - 1);
+    pro.timeout_ns = runtime::wait_timeout_ns();
+    pro.diag = kernels::wait_diagnostics();
+    kernels::gemm_with_tile<kTpTile, T, kernels::BLayout::NK, 1>(g, o, pro, epi, sched, s);
+    return;
+  }
   RsEpilogue<T> epi;
   for (int r = 0; r < runtime::kMaxPeers; ++r) {
     epi.recv[r] = static_cast<T*>(p.recv[r]);
@@ -81,8 +105,6 @@ void gemm_rs_typed(const GemmRsLaunch& p, cudaStream_t s) {
   epi.per_rank = p.per_rank;
   epi.ld = p.ld_recv;
   epi.rank = p.rank;
-  // Remotely-owned tiles first: start at shard (rank + 1) mod R.
-  const kernels::engine::RasterScheduler sched{8, false, p.rotate_m};
   kernels::gemm_with_tile<kTpTile, T, kernels::BLayout::NK, 1>(g, o, kernels::engine::NoWait{}, epi, sched, s);
 }
 
@@ -104,6 +126,9 @@ void preload_typed() {
   kernels::detail::cuda_check(
       cudaFuncGetAttributes(&attr, kernels::engine::gemm_kernel<Cfg, T, false, kernels::engine::NoWait, RsEpilogue<T>, Sched>),
       "ops: preload RS GEMM");
+  kernels::detail::cuda_check(
+      cudaFuncGetAttributes(&attr, kernels::engine::gemm_kernel<Cfg, T, false, RsOwnerPrologue, RsOwnerEpilogue<T>, Sched>),
+      "ops: preload RS GEMM (owner epilogue)");
 }
 
 }  // namespace tessera::ops::detail

@@ -91,4 +91,113 @@ struct RsEpilogue {
   }
 };
 
+/// GEMM+RS with the owner's add in the epilogue (OpOptions::rs_reduce =
+/// epilogue). Needs every shard boundary on a tile-row boundary, so a tile's
+/// rows have exactly one owner o:
+///  * o != rank: each 8-wide row segment goes to o's receive slab, block
+///    [rank] (as RsEpilogue); tile_done adds 1 (red.release.sys, after the
+///    notifier's fence.acq_rel.sys) to counters[o][tile] (per-TILE counters).
+///  * o == rank: the producer (RsOwnerPrologue) has waited until
+///    counters[rank][tile] >= R-1 (every peer stored its partial of this
+///    tile); the consumers then sum, in rank order 0..R-1 (fixed:
+///    deterministic), the peers' slab values and their own f32 accumulator,
+///    and store the result into D (this rank's output rows). tile_done then
+///    consumes the R-1 notifications (relaxed: the next call's peers store
+///    only after this rank's kRsFree, which follows this kernel in stream
+///    order).
+/// Visibility of the peers' slab data to the consumer threads: peer stores →
+/// peer fence.sys + red.release.sys → producer ld.acquire.sys (the wait) →
+/// producer's mbarrier arrive (release.cta) for the tile's first k-block →
+/// consumer's mbarrier wait (acquire.cta) → consumer loads (causality order is
+/// transitive). The loads use ld.global.cg (L2), never a stale L1 line.
+template <class OutT>
+struct RsOwnerEpilogue {
+  static constexpr bool kNotify = true;
+  static constexpr bool kSysScope = true;
+  using Conv = kernels::engine::OutConv<OutT>;
+  OutT* recv[runtime::kMaxPeers];
+  std::uint64_t* counters[runtime::kMaxPeers];  ///< each owner's per-tile counters
+  OutT* d = nullptr;  ///< this rank's output rows [m_local, N]
+  std::int64_t ldd = 0;
+  std::int64_t per_rank = 0, ld = 0;
+  int rank = 0, world = 1;
+
+  __device__ __forceinline__ void store8(const kernels::engine::TileInfo&, int row, int col, const float (&acc)[8],
+                                         int valid) const {
+    const int o = static_cast<int>(row / per_rank);
+    const std::int64_t lr = row - static_cast<std::int64_t>(o) * per_rank;  // row local to its owner
+    if (o != rank) {
+      OutT* p = recv[o] + (static_cast<std::int64_t>(rank) * per_rank + lr) * ld + col;
+      if (valid == 8) {
+        Conv::store8(p, acc);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          if (i < valid) p[i] = Conv::one(acc[i]);
+      }
+      return;
+    }
+    // Slab rows are ld >= N rounded up to 8 wide: a full 16-byte load is in
+    // bounds even in the last tile column (the padding is never stored to D).
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int s = 0; s < world; ++s) {
+      if (s == rank) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] += acc[i];
+      } else {
+        const uint4 u = __ldcg(reinterpret_cast<const uint4*>(recv[rank] + (static_cast<std::int64_t>(s) * per_rank + lr) * ld + col));
+        float x[8];
+        Conv::load8(reinterpret_cast<const OutT*>(&u), x);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] += x[i];
+      }
+    }
+    OutT* p = d + lr * ldd + col;
+    if (valid == 8) {
+      Conv::store8(p, v);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        if (i < valid) p[i] = Conv::one(v[i]);
+    }
+  }
+
+  __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {
+    const int o = static_cast<int>(t.row0 / per_rank);
+    if (o != rank)
+      link::mo::red_add_release_sys(counters[o] + t.linear(), 1);
+    else if (world > 1)
+      atomicAdd(reinterpret_cast<unsigned long long*>(counters[rank] + t.linear()),
+                0ull - static_cast<unsigned long long>(world - 1));
+  }
+};
+
+/// The producer side of RsOwnerEpilogue: before an own tile's first load,
+/// wait until counters[tile] >= R-1 (ld.acquire.sys; timeout → diagnostic +
+/// trap). Remote-owned tiles do not wait.
+struct RsOwnerPrologue {
+  static constexpr bool kActive = true;
+  const std::uint64_t* counters = nullptr;  ///< this rank's per-tile counters
+  std::int64_t per_rank = 0;
+  int rank = 0;
+  std::uint64_t expected = 0;  ///< R - 1
+  std::uint64_t timeout_ns = 0;
+  kernels::engine::WaitDiag* diag = nullptr;
+
+  __device__ __forceinline__ void wait(const kernels::engine::TileInfo& t) const {
+    if (static_cast<int>(t.row0 / per_rank) != rank || expected == 0) return;
+    const std::uint64_t* f = counters + t.linear();
+    std::uint64_t seen = link::mo::ld_acquire_sys(f);
+    if (seen >= expected) return;
+    const std::uint64_t start = link::mo::globaltimer_ns();
+    while ((seen = link::mo::ld_acquire_sys(f)) < expected) {
+      if (link::mo::globaltimer_ns() - start > timeout_ns) {
+        kernels::engine::record_timeout(diag, t, t.linear(), expected, seen, timeout_ns);
+        __trap();
+      }
+      __nanosleep(64);
+    }
+  }
+};
+
 }  // namespace tessera::ops::detail

@@ -67,7 +67,11 @@ void run_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, Strategy s, const OpOp
     return;
   }
 
-  c.ensure_rs(slab_bytes * R, plan.tiles_m);
+  // fused_sm adds the peers' partials in its own tiles' epilogue when the
+  // shards fall on tile rows (OpOptions::rs_reduce); counters are then per tile.
+  const bool owner_epi =
+      s == Strategy::fused_sm && o.rs_reduce == RsReduce::epilogue && plan.shards_on_tile_rows();
+  c.ensure_rs(slab_bytes * R, owner_epi ? plan.tiles_m * plan.tiles_n : plan.tiles_m);
   const std::uint64_t e = ++c.rs_epoch;
   unsigned char* recv_local = c.rs_recv.local();
   detail::ReduceLaunch red;
@@ -136,6 +140,20 @@ void run_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, Strategy s, const OpOp
     g.rank = rank;
     g.world = R;
     g.rotate_m = plan.rotate_m;
+    if (owner_epi) {
+      // No reduce kernel: the GEMM keeps every SM and nothing runs on the
+      // comm stream.
+      g.owner_epilogue = true;
+      g.raster_group = plan.owner_raster_group();
+      g.d = a.d;
+      g.ldd = ldd;
+      g.counters[rank] = cv.counter(0);
+      g.max_ctas = 0;
+      detail::launch_gemm_rs(g, st);
+      for (int p = 0; p < R; ++p)
+        if (p != rank) link::rank_notify(st, *c.control, p, kRsFree, e);
+      return;
+    }
     g.max_ctas = c.pg.sm_count() - o.comm_ctas;
     // GEMM first, then the reducer (which spins on the GEMMs' counters): a
     // lazily loaded reducer module then waits for nothing that waits for it.

@@ -1,6 +1,9 @@
 // Communication and tile plans of the TP-MLP operators (host only).
 #include "tessera/ops/plan.hpp"
 
+#include <algorithm>
+#include <numeric>
+
 #include "tessera/runtime/error.hpp"
 
 namespace tessera::ops {
@@ -31,6 +34,11 @@ int RsPlan::first_owner(int t) const { return static_cast<int>((static_cast<std:
 int RsPlan::last_owner(int t, std::int64_t m) const {
   const std::int64_t last_row = std::min<std::int64_t>(static_cast<std::int64_t>(t + 1) * tile_m, m) - 1;
   return static_cast<int>(last_row / shards.per_rank);
+}
+
+int RsPlan::owner_raster_group() const {
+  const std::int64_t q = shards.per_rank / tile_m;  // tile rows per shard
+  return static_cast<int>(std::max<std::int64_t>(1, std::gcd(std::gcd(std::int64_t{8}, q), std::int64_t{tiles_m})));
 }
 
 RsPlan plan_rs(std::int64_t m, std::int64_t n, int world, int rank, int tile_m, int tile_n) {

@@ -8,6 +8,7 @@
 
 #include "tessera/ops/args.hpp"
 #include "tessera/ops/plan.hpp"
+#include "tessera/ops/tp_mlp.hpp"
 #include "tessera/ops/tuner.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/tune/cache.hpp"
@@ -159,6 +160,23 @@ TEST(OpsPlan, ReduceScatterOwnersAndOrder) {
   // Rank 1 starts with shard 0 (remote), rank 0 with shard 1.
   EXPECT_EQ(p.rotate_m, 0);
   EXPECT_EQ(plan_rs(8000, 4100, 2, 0, 128, 256).rotate_m, 4000 / 128);
+}
+
+TEST(OpsPlan, OwnerEpilogueNeedsShardsOnTileRows) {
+  EXPECT_FALSE(plan_rs(8000, 4100, 2, 1, 128, 256).shards_on_tile_rows());  // 4000 rows per shard
+  EXPECT_TRUE(plan_rs(8192, 4096, 2, 1, 128, 256).shards_on_tile_rows());
+  EXPECT_TRUE(plan_rs(1024, 700, 4, 3, 128, 256).shards_on_tile_rows());   // 256 per shard
+  EXPECT_FALSE(plan_rs(1024, 700, 16, 3, 128, 256).shards_on_tile_rows()); // 64 per shard
+  EXPECT_TRUE(plan_rs(1000, 700, 1, 0, 128, 256).shards_on_tile_rows());   // one rank: no peers
+  // Raster bands never mix remote and own tile rows.
+  EXPECT_EQ(plan_rs(8192, 4096, 2, 0, 128, 256).owner_raster_group(), 8);
+  EXPECT_EQ(plan_rs(1024, 700, 2, 0, 128, 256).owner_raster_group(), 4);
+  EXPECT_EQ(plan_rs(1024, 700, 4, 1, 128, 256).owner_raster_group(), 2);
+  const RsPlan short_last = plan_rs(1150, 512, 3, 0, 128, 256);  // shards 384, 384, 382
+  EXPECT_TRUE(short_last.shards_on_tile_rows());
+  EXPECT_EQ(short_last.owner_raster_group(), 1);
+  EXPECT_EQ(rs_reduce_name(RsReduce::epilogue), "epilogue");
+  EXPECT_EQ(rs_reduce_name(RsReduce::kernel), "kernel");
 }
 
 TEST(OpsTuner, NeverKeepsAChoiceSlowerThanSequential) {

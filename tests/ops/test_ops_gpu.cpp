@@ -125,8 +125,22 @@ struct Shape {
   std::int64_t m, n, k, ldd_pad;
 };
 // The second shape is ragged: M not a multiple of R*128, N and K not multiples
-// of the tile; its output rows are padded (ldd must stay a multiple of 8).
-const Shape kShapes[] = {{1024, 768, 256, 0}, {1000, 700, 264, 8}};
+// of the tile; its output rows are padded (ldd must stay a multiple of 8). The
+// third has shards on tile rows (R = 2, 4, 8: the GEMM+RS owner epilogue runs)
+// with N and K off the tile. The fourth has more tiles than SMs (several per
+// persistent CTA: the owner epilogue's waits must not deadlock).
+const Shape kShapes[] = {{1024, 768, 256, 0}, {1000, 700, 264, 8}, {1024, 700, 264, 8}, {2048, 4352, 64, 0}};
+
+/// Every RS variant: (strategy, where fused_sm reduces).
+struct RsVariant {
+  Strategy strategy;
+  RsReduce reduce;
+};
+const RsVariant kRsVariants[] = {{Strategy::sequential, RsReduce::epilogue},
+                                 {Strategy::decomposition, RsReduce::epilogue},
+                                 {Strategy::fused_sm, RsReduce::kernel},
+                                 {Strategy::fused_sm, RsReduce::epilogue},
+                                 {Strategy::fused_sm, RsReduce::kernel}};  // kernel again after epilogue: counters back at zero
 
 }  // namespace
 
@@ -212,7 +226,8 @@ TEST_P(OpsTp, GemmRsAllStrategiesMatchReference) {
     const std::int64_t ldd = (sh.n + 7) / 8 * 8 + sh.ldd_pad;
     Dev dd(static_cast<std::size_t>(m_local * ldd * 2));
     std::vector<double> first;
-    for (Strategy st : {Strategy::sequential, Strategy::decomposition, Strategy::fused_sm}) {
+    for (const RsVariant& var : kRsVariants) {
+      const Strategy st = var.strategy;
       GemmRsArgs g;
       g.a = da->p;
       g.b = db->p;
@@ -225,6 +240,7 @@ TEST_P(OpsTp, GemmRsAllStrategiesMatchReference) {
       g.dtype = t;
       OpOptions o;
       o.strategy = st;
+      o.rs_reduce = var.reduce;
       // Back-to-back without resets; a fixed reduction order gives bitwise
       // equal results run to run (fused / decomposition).
       for (int it = 0; it < (st == Strategy::sequential ? 1 : 25); ++it) {
@@ -235,9 +251,10 @@ TEST_P(OpsTp, GemmRsAllStrategiesMatchReference) {
         if (it == 0) {
           first = out;
           EXPECT_LT(tessera::testing::relative_error(out, ref), t == DType::bf16 ? 2e-2 : 5e-3)
-              << strategy_name(st) << " M " << sh.m << " N " << sh.n;
+              << strategy_name(st) << " reduce " << rs_reduce_name(var.reduce) << " M " << sh.m << " N " << sh.n;
         } else {
-          ASSERT_EQ(out, first) << strategy_name(st) << " iteration " << it << " differs (non-deterministic)";
+          ASSERT_EQ(out, first) << strategy_name(st) << " reduce " << rs_reduce_name(var.reduce) << " iteration "
+                                << it << " differs (non-deterministic)";
         }
       }
     }
@@ -249,7 +266,11 @@ TEST_P(OpsTp, MlpBackToBackMatchesSequential) {
   auto& pg = group();
   const DType t = GetParam();
   const int R = pg.world(), rank = pg.rank();
-  const std::int64_t m = 1000, h = 512, il = 384;
+  const std::int64_t h = 512, il = 384;
+  // M = 1000: ragged shards (the RS owner epilogue falls back to the kernel);
+  // M = 1024: shards on tile rows for R = 2, 4, 8 (the owner epilogue runs).
+  for (const std::int64_t m : {std::int64_t{1000}, std::int64_t{1024}})
+    for (const RsReduce red : {RsReduce::epilogue, RsReduce::kernel}) {
   const std::uint64_t seed = shared_seed();
   const Mat x = random_mat(m, h, seed, t);
   const Mat wgu = random_mat(2 * il, h, seed + 10 + rank, t, 0.1);
@@ -271,12 +292,15 @@ TEST_P(OpsTp, MlpBackToBackMatchesSequential) {
   OpOptions ag, rs;
   ag.strategy = Strategy::fused_ce;
   rs.strategy = Strategy::fused_sm;
+  rs.rs_reduce = red;
   for (int it = 0; it < 30; ++it) {
     out.poison();
     ops::mlp(ctx(), a, ag, rs);
   }
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
-  EXPECT_LT(tessera::testing::relative_error(download(out.p, m_local, h, h, t), ref), t == DType::bf16 ? 3e-2 : 1e-2);
+  EXPECT_LT(tessera::testing::relative_error(download(out.p, m_local, h, h, t), ref), t == DType::bf16 ? 3e-2 : 1e-2)
+      << "M " << m << " reduce " << rs_reduce_name(red);
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, OpsTp, ::testing::Values(DType::bf16, DType::f16),

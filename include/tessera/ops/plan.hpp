@@ -63,6 +63,17 @@ struct RsPlan {
   int own_tile_lo = 0, own_tile_hi = 0;
   /// Per-tile-row notifications an owner waits for per call.
   std::uint64_t expected_per_tile_row() const { return static_cast<std::uint64_t>(world) * tiles_n; }
+  /// Every shard boundary falls on a tile-row boundary (no tile has two
+  /// owners): required by the owner-add-in-epilogue GEMM+RS.
+  bool shards_on_tile_rows() const { return world == 1 || shards.per_rank % tile_m == 0; }
+  /// Raster band height (tile rows, <= 8) for the owner-epilogue GEMM: a
+  /// divisor of the tile rows per shard and of tiles_m, so no band mixes
+  /// remotely-owned and own tile rows and every remote tile precedes every
+  /// own tile in the schedule. That is what makes the per-tile waits
+  /// deadlock-free: a persistent CTA blocks only at an own tile, after
+  /// which it has only own tiles left, so every rank finishes all tiles its
+  /// peers wait for. Requires shards_on_tile_rows().
+  int owner_raster_group() const;
   /// Owners whose rows tile row t touches: [first, last].
   int first_owner(int t) const;
   int last_owner(int t, std::int64_t m) const;

@@ -38,11 +38,25 @@
 
 namespace tessera::ops {
 
+/// Where fused GEMM+RS adds the peers' partials into this rank's rows.
+///  epilogue — in the epilogue of its own tiles (computed last, after the
+///             peers computed and stored this rank's rows first): the
+///             producer waits per tile for R−1 peer notifications, the
+///             consumers add the peers' slabs to the f32 accumulator in rank
+///             order and store the result; no reduce kernel, the GEMM keeps
+///             every SM. Needs shard boundaries on tile rows
+///             (ceil(M/R) % 128 == 0); otherwise `kernel` is used.
+///  kernel   — every partial (own included) goes to the owner's slabs; a
+///             reduce kernel on comm_ctas SMs sums them as tile rows complete.
+enum class RsReduce : int { epilogue = 0, kernel = 1 };
+std::string_view rs_reduce_name(RsReduce r);
+
 struct OpOptions {
   Strategy strategy = Strategy::automatic;
   int channels = 4;       ///< AG: channels (flags) per shard
-  int comm_ctas = 16;     ///< fused_sm: CTAs that push; fused RS: CTAs that reduce
+  int comm_ctas = 16;     ///< fused_sm: CTAs that push; fused RS (kernel): CTAs that reduce
   bool use_cache = true;  ///< automatic: read/write the on-disk choice cache
+  RsReduce rs_reduce = RsReduce::epilogue;  ///< fused GEMM+RS only
 };
 
 /// Per-call timing of the tuner's candidates (filled when it measured).
