@@ -68,10 +68,18 @@ __global__ void reduce_kernel(ReduceLaunch p) {
       const std::int64_t lr = lo - p.row0 + i / per_row;  // row local to this rank
       const std::int64_t c = (i % per_row) * (vec ? 8 : 1);
       if (vec) {
+        // Issue every slab's load before the first add (independent loads in
+        // flight: a serial load-add loop left one 16-byte load per thread in
+        // flight and starved the reduction of bandwidth); sum in rank order.
+        uint4 u[runtime::kMaxPeers];
+#pragma unroll
+        for (int s = 0; s < runtime::kMaxPeers; ++s)
+          if (s < p.world) u[s] = *reinterpret_cast<const uint4*>(slabs + (s * p.per_rank + lr) * p.ld_recv + c);
         float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int s = 0; s < p.world; ++s) {
-          const uint4 u = *reinterpret_cast<const uint4*>(slabs + (s * p.per_rank + lr) * p.ld_recv + c);
-          const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+        for (int s = 0; s < runtime::kMaxPeers; ++s) {
+          if (s >= p.world) break;
+          const T* e = reinterpret_cast<const T*>(&u[s]);
 #pragma unroll
           for (int j = 0; j < 8; ++j) acc[j] += to_f(e[j]);
         }
