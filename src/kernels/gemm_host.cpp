@@ -20,6 +20,7 @@ TileShape tile_shape(GemmTile t) {
     case GemmTile::T128x256: return {128, 256};
     case GemmTile::T256x128: return {256, 128};
     case GemmTile::T128x128: return {128, 128};
+    case GemmTile::T64x256: return {64, 256};
     case GemmTile::Auto: break;
   }
   TESSERA_FAIL("tile_shape: GemmTile::Auto has no shape; resolve it first (resolve_tile)");
@@ -30,6 +31,7 @@ std::string tile_name(GemmTile t) {
     case GemmTile::T128x256: return "128x256";
     case GemmTile::T256x128: return "256x128";
     case GemmTile::T128x128: return "128x128";
+    case GemmTile::T64x256: return "64x256";
     case GemmTile::Auto: return "auto";
   }
   return "?";
@@ -185,6 +187,11 @@ GemmTile choose_tile(const GemmArgs& a, int num_sms) {
 
 int resolve_cluster(const GemmArgs& a, const GemmOptions& o, GemmTile t) {
   TESSERA_CHECK(o.cluster_m >= 0 && o.cluster_m <= 2, "gemm: cluster_m = {} (0 = auto, 1 or 2)", o.cluster_m);
+  if (o.epilogue_overlap) {
+    TESSERA_CHECK(o.cluster_m <= 1, "gemm: cluster_m = {} with epilogue_overlap (ping-pong runs without clusters)",
+                  o.cluster_m);
+    return 1;
+  }
   if (t == GemmTile::T128x128 || t == GemmTile::Auto) return 1;
   if (o.cluster_m) return o.cluster_m;
   // Auto = 1: 2-CTA clusters measured at parity on H100 (notes/gemm.md, v4);
@@ -197,6 +204,15 @@ GemmTile resolve_tile(const GemmArgs& a, const GemmOptions& o) {
   TESSERA_CHECK(o.raster_group >= 1, "gemm: raster_group = {} must be >= 1", o.raster_group);
   TESSERA_CHECK(o.rotate_m >= 0, "gemm: rotate_m = {} must be >= 0", o.rotate_m);
   TESSERA_CHECK(o.max_ctas >= 0, "gemm: max_ctas = {} must be >= 0", o.max_ctas);
+  if (o.epilogue_overlap) {
+    TESSERA_CHECK(o.tile == GemmTile::Auto || o.tile == GemmTile::T128x128 || o.tile == GemmTile::T64x256,
+                  "gemm: tile {} is not compiled with epilogue_overlap (ping-pong: 128x128 or 64x256)",
+                  tile_name(o.tile));
+    TESSERA_CHECK(o.cluster_m <= 1, "gemm: cluster_m = {} with epilogue_overlap (ping-pong runs without clusters)",
+                  o.cluster_m);
+    return o.tile == GemmTile::Auto ? GemmTile::T128x128 : o.tile;
+  }
+  TESSERA_CHECK(o.tile != GemmTile::T64x256, "gemm: tile 64x256 exists only with epilogue_overlap (ping-pong)");
   if (o.tile != GemmTile::Auto) return o.tile;
   const int sms = o.max_ctas > 0 ? std::min(o.max_ctas, detail::sm_count()) : detail::sm_count();
   return choose_tile(a, sms);

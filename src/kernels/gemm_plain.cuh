@@ -1,6 +1,8 @@
 // src/kernels/gemm_plain.cuh — the policy-free GEMM (StdEpilogue, no wait,
 // RasterScheduler) for one input type and B layout; instantiated once per
 // (input type, layout) in gemm_plain_*.cu so the kernels compile in parallel.
+// GemmOptions::epilogue_overlap selects the ping-pong kernels (128x128,
+// 64x256; output type == input type only).
 #pragma once
 
 #include <string>
@@ -18,8 +20,15 @@ void gemm_plain_out(GemmTile t, const GemmArgs& a, const GemmOptions& o, cudaStr
   epi.d = static_cast<OutT*>(a.d);
   epi.ldd = a.ldd_or_packed();
   if constexpr (std::is_same_v<OutT, InT>) {
-    gemm_with_layout<InT, L>(t, a, o, pro, epi, sched, stream);
+    if (o.epilogue_overlap)
+      gemm_with_layout_overlap<InT, L>(t, a, o, pro, epi, sched, stream);
+    else
+      gemm_with_layout<InT, L>(t, a, o, pro, epi, sched, stream);
   } else {
+    // Ping-pong kernels are compiled for output type == input type only.
+    if (o.epilogue_overlap)
+      fail("gemm: epilogue_overlap is not compiled for " + std::string(dtype_name(a.in)) + " inputs with " +
+           std::string(dtype_name(a.out)) + " output (output type must equal the input type)");
     // Mixed input/output types are compiled for the 128x256 tile only.
     if (o.tile != GemmTile::Auto && o.tile != GemmTile::T128x256)
       fail("gemm: tile " + tile_name(o.tile) + " is not compiled for " + std::string(dtype_name(a.in)) +

@@ -4,7 +4,9 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <random>
 #include <set>
+#include <vector>
 #include <string>
 
 #include "tessera/kernels/gemm.hpp"
@@ -80,6 +82,107 @@ TEST(GemmHeuristic, PrefersLargeTilesAndFillsWaves) {
   for (auto t : {tk::GemmTile::T128x256, tk::GemmTile::T256x128, tk::GemmTile::T128x128})
     EXPECT_GT(tk::tile_shape(t).bm * tk::tile_shape(t).bn, 0);
   EXPECT_THROW(tk::tile_shape(tk::GemmTile::Auto), tessera::Error);
+}
+
+TEST(GemmHeuristic, EpilogueOverlapResolvesToPingPongTiles) {
+  tk::GemmArgs a = good();
+  tk::GemmOptions o;
+  o.epilogue_overlap = true;
+  EXPECT_EQ(tk::resolve_tile(a, o), tk::GemmTile::T128x128);
+  o.tile = tk::GemmTile::T64x256;
+  EXPECT_EQ(tk::resolve_tile(a, o), tk::GemmTile::T64x256);
+  EXPECT_EQ(tk::tile_shape(tk::GemmTile::T64x256).bm, 64);
+  EXPECT_EQ(tk::tile_name(tk::GemmTile::T64x256), "64x256");
+  EXPECT_EQ(tk::resolve_cluster(a, o, tk::GemmTile::T64x256), 1);
+  o.tile = tk::GemmTile::T128x256;
+  EXPECT_THROW(tk::resolve_tile(a, o), tessera::Error);
+  o.tile = tk::GemmTile::Auto;
+  o.cluster_m = 2;
+  EXPECT_THROW(tk::resolve_tile(a, o), tessera::Error);
+  EXPECT_THROW(tk::resolve_cluster(a, o, tk::GemmTile::T128x128), tessera::Error);
+  tk::GemmOptions plain;
+  plain.tile = tk::GemmTile::T64x256;  // ping-pong only
+  EXPECT_THROW(tk::resolve_tile(a, plain), tessera::Error);
+  // The default stays the cooperative path.
+  EXPECT_FALSE(tk::GemmOptions{}.epilogue_overlap);
+}
+
+// A host model of the ping-pong ring protocol of kernel.cuh (producer fills
+// ring indices in order; consumer c takes tiles c, c+2, ...; parity waits on
+// full/empty mbarriers; order barriers between the consumers' main loops),
+// run under random interleavings: every full-wait that passes must see the
+// fill of exactly the ring index the consumer expects, and nothing deadlocks.
+// It checks the argument in kernel.cuh, not the device code itself.
+TEST(GemmPingPongModel, ParityWaitsSeeTheirOwnFill) {
+  std::mt19937_64 rng(12345);
+  for (int stages : {2, 5, 7})
+    for (int k_blocks : {1, 2, 3, 7, 16})
+      for (int tiles : {1, 2, 3, 4, 7})
+        for (int trial = 0; trial < 20; ++trial) {
+          std::vector<int> full_done(stages, 0), empty_done(stages, 0), last_fill(stages, -1);
+          int order_arrived[2] = {0, 0}, order_synced[2] = {0, 0};
+          const int total = tiles * k_blocks;
+          int produced = 0;
+          struct Cons {
+            int iter, kb, prev;
+            bool waiting_order, done;
+          } cons[2] = {{0, 0, -1, false, tiles <= 0}, {1, 0, -1, true, tiles <= 1}};
+          auto parity_passes = [](int completed, int n) { return (completed & 1) != (n & 1); };
+          for (int steps = 0;; ++steps) {
+            ASSERT_LT(steps, 100000) << "no progress";
+            std::vector<int> runnable;
+            if (produced < total) {
+              const int s = produced % stages, n = produced / stages;
+              if (parity_passes(empty_done[s], n ^ 1)) runnable.push_back(2);  // wait empty, parity ph ^ 1
+            }
+            for (int c = 0; c < 2; ++c) {
+              Cons& k = cons[c];
+              if (k.done) continue;
+              if (k.waiting_order) {
+                if (order_arrived[c] > order_synced[c]) runnable.push_back(c);
+                continue;
+              }
+              const int idx = k.iter * k_blocks + k.kb, s = idx % stages, n = idx / stages;
+              if (parity_passes(full_done[s], n)) runnable.push_back(c);
+            }
+            if (runnable.empty()) {
+              ASSERT_TRUE(produced == total && cons[0].done && cons[1].done)
+                  << "deadlock: stages " << stages << " k_blocks " << k_blocks << " tiles " << tiles;
+              break;
+            }
+            const int who = runnable[rng() % runnable.size()];
+            if (who == 2) {
+              const int s = produced % stages;
+              ASSERT_EQ(empty_done[s], produced / stages) << "producer overwrote slot " << s << " before its release";
+              last_fill[s] = produced;
+              ++full_done[s];
+              ++produced;
+              continue;
+            }
+            Cons& k = cons[who];
+            if (k.waiting_order) {
+              ++order_synced[who];
+              k.waiting_order = false;
+              continue;
+            }
+            const int idx = k.iter * k_blocks + k.kb, s = idx % stages;
+            ASSERT_EQ(last_fill[s], idx) << "consumer " << who << " read slot " << s << " at the wrong phase";
+            if (k.prev >= 0) ++empty_done[k.prev % stages];  // release the previous slot
+            k.prev = idx;
+            if (++k.kb == k_blocks) {
+              if (k.iter + 1 < tiles) {  // hook: hand over to the other consumer
+                ++order_arrived[who ^ 1];
+                ASSERT_LE(order_arrived[who ^ 1], order_synced[who ^ 1] + 1) << "order barrier arrived twice";
+              }
+              ++empty_done[k.prev % stages];
+              k.prev = -1;
+              k.kb = 0;
+              k.iter += 2;
+              k.done = k.iter >= tiles;
+              k.waiting_order = !k.done;
+            }
+          }
+        }
 }
 
 TEST(GemmScheduler, RasterOrdersArePermutations) {

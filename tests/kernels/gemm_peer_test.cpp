@@ -55,6 +55,24 @@ TEST(GemmPeer, StoreNotifyAndPartialThroughAPeerGpu) {
   TESSERA_CUDA_CHECK(cudaMemcpy(f.data(), flags1.p, flags1.bytes, cudaMemcpyDeviceToHost));
   EXPECT_TRUE(std::all_of(f.begin(), f.end(), [](uint32_t v) { return v == 1; }));
 
+  // The same through the ping-pong kernel (T128x128 in the policy helpers;
+  // epilogue_overlap): peer stores and .sys notifies per 128x128 tile.
+  {
+    const int tiles_pp = static_cast<int>(((m + 127) / 128) * ((n + 127) / 128));
+    TESSERA_CUDA_CHECK(cudaSetDevice(1));
+    tt::DevBuf flags_pp(tiles_pp * 4);
+    TESSERA_CUDA_CHECK(cudaMemset(flags_pp.p, 0, flags_pp.bytes));
+    tt::poison(d1);
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    TESSERA_CUDA_CHECK(cudaSetDevice(0));
+    tt::gemm_peer_notify_sys(peer, tk::GemmTile::T128x128, flags_pp.as<uint32_t>(), nullptr);
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_TRUE(tt::bytes_of(d1) == tt::bytes_of(d0)) << "ping-pong peer store differs from the local result";
+    std::vector<uint32_t> fp(tiles_pp);
+    TESSERA_CUDA_CHECK(cudaMemcpy(fp.data(), flags_pp.p, flags_pp.bytes, cudaMemcpyDeviceToHost));
+    EXPECT_TRUE(std::all_of(fp.begin(), fp.end(), [](uint32_t v) { return v == 1; })) << "ping-pong notify";
+  }
+
   // Partial read from the peer: D0 = A·B + C1.
   const auto plain = tt::download(d0.p, m, n, n, DType::bf16);
   tt::poison(d0);
@@ -63,4 +81,8 @@ TEST(GemmPeer, StoreNotifyAndPartialThroughAPeerGpu) {
   std::vector<double> ref(plain.size());
   for (size_t i = 0; i < ref.size(); ++i) ref[i] = plain[i] + hc[i];
   EXPECT_LT(tessera::testing::relative_error(tt::download(d0.p, m, n, n, DType::bf16), ref), 1e-2);
+  tt::poison(d0);
+  tt::gemm_add_partial(args, tk::GemmTile::T128x128, c1.p, n, nullptr);  // ping-pong
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_LT(tessera::testing::relative_error(tt::download(d0.p, m, n, n, DType::bf16), ref), 1e-2) << "ping-pong";
 }

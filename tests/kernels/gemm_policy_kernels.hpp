@@ -2,6 +2,10 @@
 // helper kernels for the GEMM tests, compiled in gemm_policy_kernels.cu (no
 // fmt there: see tessera/kernels/gemm/launch.cuh). All bf16 inputs, bf16
 // output, B as [N, K], unless stated.
+//
+// Tiles: T128x256 (also with cluster 2), T256x128 (cooperative kernels), or
+// T128x128, which here selects the PING-PONG 128x128 kernel
+// (GemmOptions::epilogue_overlap): every policy is tested on it too.
 #pragma once
 
 #include <cuda_runtime_api.h>

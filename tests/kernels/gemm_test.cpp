@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -122,6 +123,104 @@ TEST(GemmGpu, EveryTileLayoutTypeAndShapeMatchesCublas) {
           }
 }
 
+// Ping-pong schedule (GemmOptions::epilogue_overlap): both ping-pong tiles,
+// aligned and ragged shapes, both layouts and input types. Each result is
+// compared with cuBLASLt and BITWISE with the default (cooperative) path: the
+// per-element K order is the same, so any difference is a schedule bug (a
+// slot read at the wrong phase, a tile stored twice or not at all).
+// 2304x2176x4096 has more tiles than SMs (several per CTA, ring wrapping);
+// 300x200x72 has fewer K blocks than ring stages and single-tile CTAs.
+TEST(GemmGpu, OverlapMatchesDefaultBitwiseAndCublas) {
+  TESSERA_REQUIRE_GPUS(1);
+  const std::vector<std::array<int64_t, 3>> shapes = {
+      {512, 768, 1024}, {300, 200, 72}, {129, 257, 136}, {1000, 520, 2056}, {2304, 2176, 4096}};
+  for (const auto& sh : shapes)
+    for (DType in : {DType::bf16, DType::f16})
+      for (auto layout : {tk::BLayout::NK, tk::BLayout::KN}) {
+        const Problem p{sh[0], sh[1], sh[2], in, in, layout, (sh[0] % 2) ? 8 : 0};
+        Buffers s = make(p);
+        tk::gemm(s.args);  // default path
+        TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto want = tt::bytes_of(s.d);
+        EXPECT_LT(error_vs_cublas(s), tolerance(p.out)) << "default path: " << name(p, tk::GemmTile::Auto);
+        for (auto tile : {tk::GemmTile::Auto, tk::GemmTile::T128x128, tk::GemmTile::T64x256}) {
+          tt::poison(s.d);
+          tk::GemmOptions o;
+          o.tile = tile;
+          o.epilogue_overlap = true;
+          tk::gemm(s.args, o);
+          TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+          EXPECT_TRUE(tt::bytes_of(s.d) == want) << "overlap differs from default: " << name(p, tile);
+          EXPECT_LT(error_vs_cublas(s), tolerance(p.out)) << "overlap: " << name(p, tile);
+        }
+      }
+}
+
+// Ping-pong with tile orders and SM caps: odd CTA counts leave one consumer
+// with one tile fewer; a cap of 1 runs every tile through one CTA.
+TEST(GemmGpu, OverlapTileOrdersAndSmCapGiveIdenticalResults) {
+  TESSERA_REQUIRE_GPUS(1);
+  const Problem p{1100, 1300, 512};
+  Buffers s = make(p);
+  tk::gemm(s.args);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto want = tt::bytes_of(s.d);
+  struct Variant {
+    const char* what;
+    int group;
+    bool along_m;
+    int rotate;
+    int max_ctas;
+  };
+  const Variant variants[] = {{"default raster", 8, false, 0, 0}, {"row-major", 1, false, 0, 0},
+                              {"along m, group 2", 2, true, 0, 0}, {"rotate 3", 8, false, 3, 0},
+                              {"sm cap 5", 8, false, 0, 5},      {"sm cap 1", 8, false, 0, 1},
+                              {"sm cap 2", 3, false, 0, 2}};
+  for (auto tile : {tk::GemmTile::T128x128, tk::GemmTile::T64x256})
+    for (const auto& v : variants) {
+      tt::poison(s.d);
+      tk::GemmOptions o;
+      o.tile = tile;
+      o.epilogue_overlap = true;
+      o.raster_group = v.group;
+      o.raster_along_m = v.along_m;
+      o.rotate_m = v.rotate;
+      o.max_ctas = v.max_ctas;
+      tk::gemm(s.args, o);
+      TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_TRUE(tt::bytes_of(s.d) == want) << v.what << " tile " << tk::tile_name(tile);
+    }
+  const int tiles = static_cast<int>(((p.m + 127) / 128) * ((p.n + 127) / 128));
+  std::vector<int> order(tiles);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng());
+  tt::DevBuf d_order(tiles * sizeof(int));
+  TESSERA_CUDA_CHECK(cudaMemcpy(d_order.p, order.data(), tiles * sizeof(int), cudaMemcpyHostToDevice));
+  tt::poison(s.d);
+  tt::gemm_permuted(s.args, tk::GemmTile::T128x128, d_order.as<int>(), 7, nullptr);  // ping-pong
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_TRUE(tt::bytes_of(s.d) == want) << "overlap, random permutation, 7 CTAs";
+}
+
+TEST(GemmGpu, OverlapRejectsWhatItDoesNotCompile) {
+  TESSERA_REQUIRE_GPUS(1);
+  const Problem p{256, 256, 128, DType::bf16, DType::f32};
+  Buffers s = make(p);
+  tk::GemmOptions o;
+  o.epilogue_overlap = true;
+  EXPECT_THROW(tk::gemm(s.args, o), tessera::Error);  // f32 output from bf16 inputs
+  s.args.out = DType::bf16;
+  o.tile = tk::GemmTile::T128x256;
+  EXPECT_THROW(tk::gemm(s.args, o), tessera::Error);
+  o.tile = tk::GemmTile::Auto;
+  o.cluster_m = 2;
+  EXPECT_THROW(tk::gemm(s.args, o), tessera::Error);
+  tk::GemmOptions plain;
+  plain.tile = tk::GemmTile::T64x256;
+  EXPECT_THROW(tk::gemm(s.args, plain), tessera::Error);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 // cuBLASLt has no bf16 -> f16 (or f16 -> bf16) kernels: compare every output
 // type against its f32 output.
 std::vector<double> cublas_f32(const tk::GemmArgs& a);
@@ -219,20 +318,21 @@ TEST(GemmGpu, FlagWaitReleasedBySecondStream) {
   cudaStream_t s1, s2;
   TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
   TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
-  for (uint32_t epoch = 1; epoch <= 2; ++epoch) {
+  // Epoch 1: cooperative, 2: cooperative with 2-CTA clusters, 3: ping-pong.
+  for (uint32_t epoch = 1; epoch <= 3; ++epoch) {
     std::mt19937_64 r2(rng()());
     tt::DevBuf wrong = tt::random_matrix(p.m, p.k, s.args.lda, p.in, r2);
     TESSERA_CUDA_CHECK(cudaMemcpy(s.a.p, wrong.p, s.a.bytes, cudaMemcpyDeviceToDevice));
     tt::poison(s.d);
     TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
     // GEMM first (leaving SMs for the releasing kernel), then the release.
-    tt::gemm_flag_wait(s.args, tk::GemmTile::T128x256, flags.as<uint32_t>(), rows_per_flag, epoch,
-                       5'000'000'000ull, sms - 2, s1, /*cluster=*/epoch == 1 ? 1 : 2);
+    tt::gemm_flag_wait(s.args, epoch == 3 ? tk::GemmTile::T128x128 : tk::GemmTile::T128x256, flags.as<uint32_t>(),
+                       rows_per_flag, epoch, 5'000'000'000ull, sms - 2, s1, /*cluster=*/epoch == 2 ? 2 : 1);
     tt::release_chunks(staged.p, s.a.p, p.m, p.k, s.args.lda, rows_per_flag, flags.as<uint32_t>(), epoch,
                        20'000'000ull, s2);
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(s1));
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(s2));
-    EXPECT_TRUE(tt::bytes_of(s.d) == want) << "epoch " << epoch << " cluster " << (epoch == 1 ? 1 : 2);
+    EXPECT_TRUE(tt::bytes_of(s.d) == want) << "epoch " << epoch << (epoch == 3 ? " ping-pong" : " cooperative");
   }
   cudaStreamDestroy(s1);
   cudaStreamDestroy(s2);
@@ -269,10 +369,6 @@ TEST(GemmGpu, NotifyObservedDuringTheGemm) {
   TESSERA_REQUIRE_GPUS(1);
   const Problem p{1536, 1280, 1024};
   Buffers s = make(p);
-  const int bm = 256, bn = 128;
-  const int tiles = static_cast<int>(((p.m + bm - 1) / bm) * ((p.n + bn - 1) / bn));
-  tt::DevBuf flags(tiles * 4), copy(s.d.bytes), status(4);
-  TESSERA_CUDA_CHECK(cudaMemset(flags.p, 0, flags.bytes));
   int sms = 0;
   TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   cudaStream_t s1, s2;
@@ -282,27 +378,36 @@ TEST(GemmGpu, NotifyObservedDuringTheGemm) {
   // Lazy module loading: a kernel's first launch waits for running kernels, so
   // both the observer and the GEMM must be loaded before they run together.
   tt::preload_helpers();
-  tt::gemm_notify(s.args, tk::GemmTile::T256x128, flags.as<uint32_t>(), nullptr, sms - observers, s1);  // epoch 1
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(s1));
-  for (uint32_t epoch = 2; epoch <= 3; ++epoch) {
-    tt::poison(s.d);
-    tt::poison(copy);
-    TESSERA_CUDA_CHECK(cudaMemset(status.p, 0, 4));
-    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
-    tt::observe_tiles(flags.as<uint32_t>(), epoch, s.d.p, copy.p, p.m, p.n, s.args.ldd, bm, bn, 5'000'000'000ull,
-                      status.as<int>(), observers, s2);
-    tt::gemm_notify(s.args, tk::GemmTile::T256x128, flags.as<uint32_t>(), nullptr, sms - observers, s1);
+  // 256x128: cooperative kernel; 128x128 here: the ping-pong kernel.
+  for (auto tile : {tk::GemmTile::T256x128, tk::GemmTile::T128x128}) {
+    const int bm = tk::tile_shape(tile).bm, bn = tk::tile_shape(tile).bn;
+    const int tiles = static_cast<int>(((p.m + bm - 1) / bm) * ((p.n + bn - 1) / bn));
+    tt::DevBuf flags(tiles * 4), copy(s.d.bytes), status(4);
+    TESSERA_CUDA_CHECK(cudaMemset(flags.p, 0, flags.bytes));
+    tt::gemm_notify(s.args, tile, flags.as<uint32_t>(), nullptr, sms - observers, s1);  // epoch 1
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(s1));
-    TESSERA_CUDA_CHECK(cudaStreamSynchronize(s2));
-    int st = -1;
-    TESSERA_CUDA_CHECK(cudaMemcpy(&st, status.p, 4, cudaMemcpyDeviceToHost));
-    EXPECT_EQ(st, 0) << "observer timed out, epoch " << epoch;
-    EXPECT_TRUE(tt::bytes_of(copy) == tt::bytes_of(s.d)) << "observer saw a tile before its stores, epoch " << epoch;
-    std::vector<uint32_t> f(tiles);
-    TESSERA_CUDA_CHECK(cudaMemcpy(f.data(), flags.p, flags.bytes, cudaMemcpyDeviceToHost));
-    EXPECT_TRUE(std::all_of(f.begin(), f.end(), [&](uint32_t v) { return v == epoch; })) << "epoch " << epoch;
+    for (uint32_t epoch = 2; epoch <= 3; ++epoch) {
+      tt::poison(s.d);
+      tt::poison(copy);
+      TESSERA_CUDA_CHECK(cudaMemset(status.p, 0, 4));
+      TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+      tt::observe_tiles(flags.as<uint32_t>(), epoch, s.d.p, copy.p, p.m, p.n, s.args.ldd, bm, bn, 5'000'000'000ull,
+                        status.as<int>(), observers, s2);
+      tt::gemm_notify(s.args, tile, flags.as<uint32_t>(), nullptr, sms - observers, s1);
+      TESSERA_CUDA_CHECK(cudaStreamSynchronize(s1));
+      TESSERA_CUDA_CHECK(cudaStreamSynchronize(s2));
+      int st = -1;
+      TESSERA_CUDA_CHECK(cudaMemcpy(&st, status.p, 4, cudaMemcpyDeviceToHost));
+      EXPECT_EQ(st, 0) << "observer timed out, epoch " << epoch << " tile " << tk::tile_name(tile);
+      EXPECT_TRUE(tt::bytes_of(copy) == tt::bytes_of(s.d))
+          << "observer saw a tile before its stores, epoch " << epoch << " tile " << tk::tile_name(tile);
+      std::vector<uint32_t> f(tiles);
+      TESSERA_CUDA_CHECK(cudaMemcpy(f.data(), flags.p, flags.bytes, cudaMemcpyDeviceToHost));
+      EXPECT_TRUE(std::all_of(f.begin(), f.end(), [&](uint32_t v) { return v == epoch; }))
+          << "epoch " << epoch << " tile " << tk::tile_name(tile);
+    }
+    EXPECT_LT(error_vs_cublas(s), tolerance(p.out)) << tk::tile_name(tile);
   }
-  EXPECT_LT(error_vs_cublas(s), tolerance(p.out));
   cudaStreamDestroy(s1);
   cudaStreamDestroy(s2);
 }
@@ -311,35 +416,43 @@ TEST(GemmGpu, WaveGroupCountersCountTheirTiles) {
   TESSERA_REQUIRE_GPUS(1);
   const Problem p{1100, 1500, 256};  // 9 tile rows: with clusters the last pair has a phantom tile
   Buffers s = make(p);
-  const int tiles_m = (1100 + 127) / 128, tiles_n = (1500 + 255) / 256, tiles = tiles_m * tiles_n;
-  const int per_group = 7, groups = (tiles + per_group - 1) / per_group;
-  std::vector<int> map(tiles);
-  for (int t = 0; t < tiles; ++t) map[t] = t / per_group;
-  tt::DevBuf d_map(tiles * 4), counters(groups * 4);
-  TESSERA_CUDA_CHECK(cudaMemcpy(d_map.p, map.data(), tiles * 4, cudaMemcpyHostToDevice));
-  for (int cluster : {1, 2}) {
+  struct Cfg {
+    tk::GemmTile tile;  // T128x128: the ping-pong kernel (gemm_policy_kernels.hpp)
+    int cluster;
+  };
+  for (const Cfg c : {Cfg{tk::GemmTile::T128x256, 1}, Cfg{tk::GemmTile::T128x256, 2}, Cfg{tk::GemmTile::T128x128, 1}}) {
+    const auto sh = tk::tile_shape(c.tile);
+    const int tiles_m = static_cast<int>((p.m + sh.bm - 1) / sh.bm), tiles_n = static_cast<int>((p.n + sh.bn - 1) / sh.bn);
+    const int tiles = tiles_m * tiles_n;
+    const int per_group = 7, groups = (tiles + per_group - 1) / per_group;
+    std::vector<int> map(tiles);
+    for (int t = 0; t < tiles; ++t) map[t] = t / per_group;
+    tt::DevBuf d_map(tiles * 4), counters(groups * 4);
+    TESSERA_CUDA_CHECK(cudaMemcpy(d_map.p, map.data(), tiles * 4, cudaMemcpyHostToDevice));
     TESSERA_CUDA_CHECK(cudaMemset(counters.p, 0, counters.bytes));
     tt::poison(s.d);
-    tt::gemm_notify(s.args, tk::GemmTile::T128x256, counters.as<uint32_t>(), d_map.as<int>(), 0, nullptr, cluster);
+    tt::gemm_notify(s.args, c.tile, counters.as<uint32_t>(), d_map.as<int>(), 0, nullptr, c.cluster);
     TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<uint32_t> c(groups);
-    TESSERA_CUDA_CHECK(cudaMemcpy(c.data(), counters.p, counters.bytes, cudaMemcpyDeviceToHost));
+    std::vector<uint32_t> cnt(groups);
+    TESSERA_CUDA_CHECK(cudaMemcpy(cnt.data(), counters.p, counters.bytes, cudaMemcpyDeviceToHost));
     for (int g = 0; g < groups; ++g)
-      EXPECT_EQ(c[g], static_cast<uint32_t>(std::min(per_group, tiles - g * per_group)))
-          << "group " << g << " cluster " << cluster;
+      EXPECT_EQ(cnt[g], static_cast<uint32_t>(std::min(per_group, tiles - g * per_group)))
+          << "group " << g << " tile " << tk::tile_name(c.tile) << " cluster " << c.cluster;
+    EXPECT_LT(error_vs_cublas(s), tolerance(p.out)) << tk::tile_name(c.tile) << " cluster " << c.cluster;
   }
-  EXPECT_LT(error_vs_cublas(s), tolerance(p.out));
 }
 
 // Tiles go to slot reorder[tile] of a dense group buffer; every in-range
 // element must equal the plain GEMM's.
 TEST(GemmGpu, ReorderMapStoresTilesIntoSlots) {
   TESSERA_REQUIRE_GPUS(1);
-  for (auto tile : {tk::GemmTile::T128x256, tk::GemmTile::T256x128}) {
+  // T128x128: the ping-pong kernel (reference: the plain ping-pong GEMM).
+  for (auto tile : {tk::GemmTile::T128x256, tk::GemmTile::T256x128, tk::GemmTile::T128x128}) {
     const Problem p{700, 900, 320};
     Buffers s = make(p);
     tk::GemmOptions o;
     o.tile = tile;
+    o.epilogue_overlap = tile == tk::GemmTile::T128x128;
     tk::gemm(s.args, o);
     TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
     const auto plain = tt::download(s.d.p, p.m, p.n, s.args.ldd, p.out);
@@ -393,20 +506,21 @@ TEST(GemmGpu, AddPartialAndBias) {
   std::vector<double> hc, hbias;
   tt::DevBuf c = tt::random_matrix(p.m, p.n, s.args.ldd, DType::bf16, rng(), &hc);
   tt::DevBuf bias = tt::random_matrix(1, p.n, p.n, DType::bf16, rng(), &hbias);
-  for (auto tile : {tk::GemmTile::T128x256, tk::GemmTile::T256x128}) {
+  // T128x128: the ping-pong kernel.
+  for (auto tile : {tk::GemmTile::T128x256, tk::GemmTile::T256x128, tk::GemmTile::T128x128}) {
     std::vector<double> ref(acc.size());
     for (int64_t i = 0; i < p.m; ++i)
       for (int64_t j = 0; j < p.n; ++j) ref[i * p.n + j] = acc[i * p.n + j] + hc[i * s.args.ldd + j];
     tt::poison(s.d);
     tt::gemm_add_partial(s.args, tile, c.p, s.args.ldd, nullptr);
     TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
-    EXPECT_LT(relative_error(tt::download(s.d.p, p.m, p.n, s.args.ldd, p.out), ref), 8e-3) << "partial";
+    EXPECT_LT(relative_error(tt::download(s.d.p, p.m, p.n, s.args.ldd, p.out), ref), 8e-3) << "partial " << tk::tile_name(tile);
     for (int64_t i = 0; i < p.m; ++i)
       for (int64_t j = 0; j < p.n; ++j) ref[i * p.n + j] = acc[i * p.n + j] + hbias[j];
     tt::poison(s.d);
     tt::gemm_bias(s.args, tile, bias.p, nullptr);
     TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
-    EXPECT_LT(relative_error(tt::download(s.d.p, p.m, p.n, s.args.ldd, p.out), ref), 8e-3) << "bias";
+    EXPECT_LT(relative_error(tt::download(s.d.p, p.m, p.n, s.args.ldd, p.out), ref), 8e-3) << "bias " << tk::tile_name(tile);
   }
 }
 
@@ -423,7 +537,8 @@ TEST(GemmGpu, SwiGLUOfInterleavedGateAndUp) {
       const double g = acc[i * p.n + 2 * j], u = acc[i * p.n + 2 * j + 1];
       ref[i * nout + j] = g / (1.0 + std::exp(-g)) * u;
     }
-  for (auto tile : {tk::GemmTile::T128x256, tk::GemmTile::T256x128}) {
+  // T128x128: the ping-pong kernel.
+  for (auto tile : {tk::GemmTile::T128x256, tk::GemmTile::T256x128, tk::GemmTile::T128x128}) {
     tt::poison(out);
     tk::GemmArgs a = s.args;
     a.d = out.p;

@@ -55,9 +55,12 @@ struct GemmArgs {
   int64_t ldd_or_packed() const { return ldd ? ldd : n; }
 };
 
-/// Output tile shapes the engine is compiled for (rows x columns of D per CTA
-/// tile). All use BK = 64 and two consumer warpgroups.
-enum class GemmTile { Auto, T128x256, T256x128, T128x128 };
+/// Output tile shapes the engine is compiled for (rows x columns of D per
+/// tile). All use BK = 64 and two consumer warpgroups. Default (cooperative)
+/// schedule: both consumers share one tile per CTA — 128x256, 256x128,
+/// 128x128. With GemmOptions::epilogue_overlap (ping-pong) each consumer owns
+/// a whole tile: 128x128 or 64x256 (64x256 exists only there).
+enum class GemmTile { Auto, T128x256, T256x128, T128x128, T64x256 };
 
 struct TileShape {
   int bm, bn;
@@ -78,6 +81,12 @@ struct GemmOptions {
   /// CTAs), or 0 = resolve_cluster(). Clusters apply to the 128x256
   /// and 256x128 tiles with the RasterScheduler; rotate_m must then be even.
   int cluster_m = 0;
+  /// Ping-pong schedule: the two consumer warpgroups take alternate tiles, so
+  /// one stores its finished tile (epilogue) while the other runs its wgmma
+  /// main loop. Tiles 128x128 (Auto) or 64x256; cluster_m must be 0 or 1.
+  /// Off by default (the heuristic does not pick it yet: not measured). The
+  /// plain gemm() compiles it for output type == input type only.
+  bool epilogue_overlap = false;
 };
 
 /// Throws tessera::Error naming `op` and the offending value unless `a` is a
@@ -90,9 +99,12 @@ void validate(const GemmArgs& a, const char* op = "gemm");
 GemmTile choose_tile(const GemmArgs& a, int num_sms);
 
 /// Resolves GemmTile::Auto for the current device; returns `o.tile` otherwise.
+/// With o.epilogue_overlap: Auto -> 128x128; 128x128 and 64x256 accepted,
+/// any other tile is a tessera::Error. Without it, 64x256 is an Error.
 GemmTile resolve_tile(const GemmArgs& a, const GemmOptions& o);
 
 /// Cluster size for tile `t`: o.cluster_m if set (checked: 1 or 2), else 1.
+/// Always 1 with o.epilogue_overlap (cluster_m = 2 is then an Error).
 /// cluster_m = 2 is tested and measured at parity with 1 on H100 (within
 /// noise, notes/gemm.md), so auto keeps 1.
 int resolve_cluster(const GemmArgs& a, const GemmOptions& o, GemmTile t);

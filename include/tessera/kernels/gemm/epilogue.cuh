@@ -18,7 +18,9 @@
 // outputs).
 //
 // Visibility contract when kNotify: after its last store8 of the tile each
-// consumer thread arrives on a named barrier (bar.arrive: no waiting); a
+// consumer thread that stored it (both warpgroups; with the ping-pong
+// schedule only the one that owns the tile) arrives on a named barrier
+// (bar.arrive: no waiting); a
 // notifier warp of the producer warpgroup waits on it (bar.sync), executes
 // fence.acq_rel.gpu (fence.acq_rel.sys when kSysScope) and then calls
 // tile_done(t) on one lane. tile_done must publish with a release operation

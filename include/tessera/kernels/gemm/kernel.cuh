@@ -9,6 +9,10 @@
 //  * consumers: raise to kConsumerRegs registers; walk the same schedule,
 //    multiply with wgmma, then hand each accumulator pair to the Epilogue and,
 //    if it notifies, fence + barrier + tile_done (see epilogue.cuh).
+//    Cooperative configs (default): both consumers share every tile.
+//    Ping-pong configs (Cfg::kPingPong, GemmOptions::epilogue_overlap): the
+//    consumers take alternate tiles, so one's epilogue runs while the other's
+//    wgmma main loop runs; named barriers order their main loops.
 // Producer and consumers never exchange tile indices: both evaluate the same
 // Scheduler on the same positions (blockIdx.x + i * gridDim.x).
 #pragma once
@@ -35,8 +39,58 @@ struct KernelParams {
 };
 
 /// Named barriers 2 and 3 (alternating per tile) hand finished tiles from the
-/// consumers to the notifier warp; 0 is __syncthreads.
+/// consumers to the notifier warp; 0 is __syncthreads. Ping-pong only: 4 and
+/// 5 order the two consumers' main loops (4 + c releases consumer c).
 constexpr int kNotifyBarrier = 2;
+constexpr int kOrderBarrier = 4;
+
+/// Epilogue of one consumer warpgroup: hands its accumulators to
+/// Epilogue::store8, 8 consecutive columns per call, masked to the problem.
+template <class Cfg, class Params>
+__device__ __forceinline__ void store_tile(const Params& p, const TileInfo& info,
+                                           const float (&acc)[Cfg::kMAtoms][Cfg::BN / 2], int consumer, int warp,
+                                           int lane) {
+  const int q = lane & 3;  // position in the lane quad that shares a row
+  // wgmma accumulator layout (m64nN, f32): register i of thread (warp w,
+  // lane l) holds row 16w + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + i%2.
+  // A lane quad shares a row; for each group of 4 column blocks of 8 it
+  // holds one float2 per (lane, block). A 4x4 transpose of float2 inside
+  // the quad (3 shuffle rounds) gives lane q the 8 consecutive columns of
+  // block 4g+q, so each store is 8 contiguous elements.
+#pragma unroll
+  for (int a = 0; a < Cfg::kMAtoms; ++a) {
+    const int row_base =
+        info.row0 + (Cfg::kPingPong ? 0 : consumer * Cfg::kRowsPerConsumer) + a * 64 + warp * 16 + lane / 4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row_base + 8 * h;
+#pragma unroll
+      for (int g = 0; g < Cfg::BN / 32; ++g) {
+        float2 e[4], f[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          e[j] = make_float2(acc[a][4 * (4 * g + j) + 2 * h], acc[a][4 * (4 * g + j) + 2 * h + 1]);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) f[c] = e[c];  // f[q] = e[q] is the diagonal
+#pragma unroll
+        for (int r = 1; r < 4; ++r) {
+          const int send_idx = (q - r) & 3, from = (q + r) & 3;
+          float2 send = e[0];
+#pragma unroll
+          for (int j = 1; j < 4; ++j) send = send_idx == j ? e[j] : send;
+          float2 recv;
+          recv.x = __shfl_sync(0xffffffffu, send.x, (lane & ~3) | from);
+          recv.y = __shfl_sync(0xffffffffu, send.y, (lane & ~3) | from);
+#pragma unroll
+          for (int c = 0; c < 4; ++c) f[c] = c == from ? recv : f[c];
+        }
+        const float v[8] = {f[0].x, f[0].y, f[1].x, f[1].y, f[2].x, f[2].y, f[3].x, f[3].y};
+        const int col = info.col0 + 8 * (4 * g + q);
+        if (row < p.M && col < p.N) p.epilogue.store8(info, row, col, v, min(8, p.N - col));
+      }
+    }
+  }
+}
 
 /// Walks this CTA's share of the schedule. Without clusters, CTA b takes
 /// positions b, b + gridDim.x, ... of a schedule over all tiles. With a
@@ -88,7 +142,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int s = 0; s < Cfg::kStages; ++s) {
       ptx::mbar_init(sm.full(s), 1);  // the local producer's arrive.expect_tx
       // one arrive per consumer warp of every CTA that reads this slot's data
-      ptx::mbar_init(sm.empty(s), Cfg::kConsumers * 4 * Cfg::kClusterM);
+      // (ping-pong: only the warps of the consumer that owns the tile)
+      ptx::mbar_init(sm.empty(s), Cfg::kEmptyArrivals);
     }
     ptx::fence_barrier_init();
   }
@@ -114,7 +169,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         int iter = 0;
         for (int pos = walk.first; pos < walk.count; pos += walk.stride, ++iter) {
           const TileCoord t = walk.at(p.scheduler, pos);
-          ptx::named_barrier_sync(kNotifyBarrier + (iter & 1), Cfg::kConsumers * 128 + 32);
+          ptx::named_barrier_sync(kNotifyBarrier + (iter & 1), Cfg::kStoreThreads + 32);
           if (threadIdx.x % 32 == 0 && t.m < p.tiles_m) {
             if constexpr (Epilogue::kSysScope)
               ptx::fence_acq_rel_sys();
@@ -158,50 +213,83 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int lane = threadIdx.x % 32;
     const int q = lane & 3;  // position in the lane quad that shares a row
     float acc[Cfg::kMAtoms][Cfg::BN / 2];
-    int iter = 0;
-    for (int pos = walk.first; pos < walk.count; pos += walk.stride, ++iter) {
-      const TileCoord t = walk.at(p.scheduler, pos);
-      consume_tile<Cfg, InT, kTransB>(sm, consumer, k_blocks, acc, stage, phase, walk.rank);
-      const TileInfo info = info_of(t, pos);
-      // wgmma accumulator layout (m64nN, f32): register i of thread (warp w,
-      // lane l) holds row 16w + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + i%2.
-      // A lane quad shares a row; for each group of 4 column blocks of 8 it
-      // holds one float2 per (lane, block). A 4x4 transpose of float2 inside
-      // the quad (3 shuffle rounds) gives lane q the 8 consecutive columns of
-      // block 4g+q, so each store is 8 contiguous elements.
+    if constexpr (!Cfg::kPingPong) {
+      // The cooperative path is kept textually as it was measured (moving
+      // this epilogue into store_tile() reorders its SASS).
+      int iter = 0;
+      for (int pos = walk.first; pos < walk.count; pos += walk.stride, ++iter) {
+        const TileCoord t = walk.at(p.scheduler, pos);
+        consume_tile<Cfg, InT, kTransB>(sm, consumer, k_blocks, acc, stage, phase, walk.rank);
+        const TileInfo info = info_of(t, pos);
+        // See store_tile() for the fragment layout and the quad transpose.
 #pragma unroll
-      for (int a = 0; a < Cfg::kMAtoms; ++a) {
-        const int row_base = info.row0 + consumer * Cfg::kRowsPerConsumer + a * 64 + warp * 16 + lane / 4;
+        for (int a = 0; a < Cfg::kMAtoms; ++a) {
+          const int row_base = info.row0 + consumer * Cfg::kRowsPerConsumer + a * 64 + warp * 16 + lane / 4;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = row_base + 8 * h;
+          for (int h = 0; h < 2; ++h) {
+            const int row = row_base + 8 * h;
 #pragma unroll
-          for (int g = 0; g < Cfg::BN / 32; ++g) {
-            float2 e[4], f[4];
+            for (int g = 0; g < Cfg::BN / 32; ++g) {
+              float2 e[4], f[4];
 #pragma unroll
-            for (int j = 0; j < 4; ++j)
-              e[j] = make_float2(acc[a][4 * (4 * g + j) + 2 * h], acc[a][4 * (4 * g + j) + 2 * h + 1]);
+              for (int j = 0; j < 4; ++j)
+                e[j] = make_float2(acc[a][4 * (4 * g + j) + 2 * h], acc[a][4 * (4 * g + j) + 2 * h + 1]);
 #pragma unroll
-            for (int c = 0; c < 4; ++c) f[c] = e[c];  // f[q] = e[q] is the diagonal
+              for (int c = 0; c < 4; ++c) f[c] = e[c];  // f[q] = e[q] is the diagonal
 #pragma unroll
-            for (int r = 1; r < 4; ++r) {
-              const int send_idx = (q - r) & 3, from = (q + r) & 3;
-              float2 send = e[0];
+              for (int r = 1; r < 4; ++r) {
+                const int send_idx = (q - r) & 3, from = (q + r) & 3;
+                float2 send = e[0];
 #pragma unroll
-              for (int j = 1; j < 4; ++j) send = send_idx == j ? e[j] : send;
-              float2 recv;
-              recv.x = __shfl_sync(0xffffffffu, send.x, (lane & ~3) | from);
-              recv.y = __shfl_sync(0xffffffffu, send.y, (lane & ~3) | from);
+                for (int j = 1; j < 4; ++j) send = send_idx == j ? e[j] : send;
+                float2 recv;
+                recv.x = __shfl_sync(0xffffffffu, send.x, (lane & ~3) | from);
+                recv.y = __shfl_sync(0xffffffffu, send.y, (lane & ~3) | from);
 #pragma unroll
-              for (int c = 0; c < 4; ++c) f[c] = c == from ? recv : f[c];
+                for (int c = 0; c < 4; ++c) f[c] = c == from ? recv : f[c];
+              }
+              const float v[8] = {f[0].x, f[0].y, f[1].x, f[1].y, f[2].x, f[2].y, f[3].x, f[3].y};
+              const int col = info.col0 + 8 * (4 * g + q);
+              if (row < p.M && col < p.N) p.epilogue.store8(info, row, col, v, min(8, p.N - col));
             }
-            const float v[8] = {f[0].x, f[0].y, f[1].x, f[1].y, f[2].x, f[2].y, f[3].x, f[3].y};
-            const int col = info.col0 + 8 * (4 * g + q);
-            if (row < p.M && col < p.N) p.epilogue.store8(info, row, col, v, min(8, p.N - col));
           }
         }
+        if constexpr (Epilogue::kNotify) ptx::named_barrier_arrive(kNotifyBarrier + (iter & 1), Cfg::kConsumers * 128 + 32);
       }
-      if constexpr (Epilogue::kNotify) ptx::named_barrier_arrive(kNotifyBarrier + (iter & 1), Cfg::kConsumers * 128 + 32);
+    } else {
+      // Ping-pong: consumer c takes the CTA's tiles iter = c, c + 2, ... The
+      // producer fills the ring in schedule order, so tile iter occupies ring
+      // indices [iter * k_blocks, (iter + 1) * k_blocks); slot = index % kStages,
+      // full-barrier phase = index / kStages.
+      //
+      // Why the parity waits stay exact: a consumer starts tile iter only
+      // after the other consumer passed every full-wait of tile iter - 1
+      // (order barrier below), so every ring index below iter * k_blocks has
+      // been filled; the refill of index i + kStages needs index i released,
+      // which this consumer does only after waiting on i. Hence, when it waits
+      // on index i, slot i % kStages has completed exactly i / kStages or
+      // i / kStages + 1 phases, and the parity of i / kStages tells them apart.
+      //
+      // Order barriers (bar.arrive by the 128 threads that finished issuing,
+      // bar.sync by the 128 that start): kOrderBarrier + c releases consumer c.
+      // Each barrier alternates strictly between one arrive set and one sync
+      // set: consumer c syncs before tile iter (iter >= 1) and the other
+      // consumer arrives after tile iter - 1 exactly when tile iter exists.
+      for (int pos = walk.first + consumer * walk.stride, iter = consumer; pos < walk.count;
+           pos += 2 * walk.stride, iter += 2) {
+        const TileCoord t = walk.at(p.scheduler, pos);
+        const int64_t first_index = static_cast<int64_t>(iter) * k_blocks;
+        stage = static_cast<int>(first_index % Cfg::kStages);
+        phase = static_cast<uint32_t>((first_index / Cfg::kStages) & 1);
+        if (iter > 0) ptx::named_barrier_sync(kOrderBarrier + consumer, 256);
+        const bool next_exists = pos + walk.stride < walk.count;
+        consume_tile<Cfg, InT, kTransB>(sm, consumer, k_blocks, acc, stage, phase, walk.rank, [&] {
+          if (next_exists) ptx::named_barrier_arrive(kOrderBarrier + (consumer ^ 1), 256);
+        });
+        store_tile<Cfg>(p, info_of(t, pos), acc, consumer, warp, lane);
+        // iter & 1 == consumer: each consumer has its own notify barrier.
+        if constexpr (Epilogue::kNotify) ptx::named_barrier_arrive(kNotifyBarrier + (iter & 1), Cfg::kStoreThreads + 32);
+      }
     }
   }
 #endif

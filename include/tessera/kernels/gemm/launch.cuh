@@ -3,6 +3,12 @@
 //
 //   gemm_with<InT>(args, options, prologue, epilogue, scheduler, stream)
 //   gemm_with_tile<GemmTile::T128x256, InT, BLayout::NK>(...)   // one kernel only
+//   gemm_with_tile_overlap<GemmTile::T128x128, InT, BLayout::NK>(...)  // ping-pong
+//   gemm_with_layout_overlap<InT, BLayout::NK>(tile, ...)      // both ping-pong tiles
+//
+// Ping-pong (GemmOptions::epilogue_overlap) kernels are compiled only where a
+// caller asks for them through the *_overlap entry points, so existing callers
+// compile no extra kernels; the other entry points reject epilogue_overlap.
 //
 // InT is __nv_bfloat16 or __half and must match args.in. The epilogue owns
 // the output (args.d / args.out are ignored here; StdEpilogue carries d, ldd);
@@ -26,6 +32,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <string>
 #include <type_traits>
 
 #include "tessera/kernels/gemm.hpp"
@@ -50,14 +57,26 @@ struct TileCfgOf<GemmTile::T128x128, C> {
   using type = engine::TileConfig<128, 128, 6, C>;
 };
 
-/// One kernel: tile shape, input type, B layout and cluster size fixed.
-/// kClusterM = 2 runs 2-CTA clusters along M with B multicast; the Scheduler
-/// then orders tile pairs (see TileWalk in kernel.cuh).
-template <GemmTile Tile, class InT, BLayout Layout, int kClusterM = 1, class Pro, class Epi, class Sched>
-void gemm_with_tile(const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi, const Sched& sched,
-                    cudaStream_t stream) {
+/// Ping-pong configs: each consumer warpgroup owns a whole tile (kMAtoms =
+/// BM/64 atoms, 128 accumulator registers per thread in both). Stages fill the
+/// 227 KiB of shared memory: 7 x 32 KiB, 5 x 40 KiB.
+template <GemmTile T>
+struct PingPongCfgOf;
+template <>
+struct PingPongCfgOf<GemmTile::T128x128> {
+  using type = engine::TileConfig<128, 128, 7, 1, 2, true>;
+};
+template <>
+struct PingPongCfgOf<GemmTile::T64x256> {
+  using type = engine::TileConfig<64, 256, 5, 1, 2, true>;
+};
+
+/// Launches the kernel of configuration Cfg (shared by the entry points below).
+template <class Cfg, class InT, BLayout Layout, class Pro, class Epi, class Sched>
+void launch_config(const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi, const Sched& sched,
+                   cudaStream_t stream) {
   static_assert(std::is_same_v<InT, __nv_bfloat16> || std::is_same_v<InT, __half>, "InT: bf16 or f16");
-  using Cfg = typename TileCfgOf<Tile, kClusterM>::type;
+  constexpr int kClusterM = Cfg::kClusterM;
   constexpr bool kTransB = Layout == BLayout::KN;
   detail::check_instantiation(a, Layout, std::is_same_v<InT, __half> ? DType::f16 : DType::bf16, o.max_ctas);
 
@@ -117,6 +136,40 @@ void gemm_with_tile(const GemmArgs& a, const GemmOptions& o, const Pro& pro, con
   detail::check_launch("gemm kernel launch");
 }
 
+/// One kernel: tile shape, input type, B layout and cluster size fixed.
+/// kClusterM = 2 runs 2-CTA clusters along M with B multicast; the Scheduler
+/// then orders tile pairs (see TileWalk in kernel.cuh).
+template <GemmTile Tile, class InT, BLayout Layout, int kClusterM = 1, class Pro, class Epi, class Sched>
+void gemm_with_tile(const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi, const Sched& sched,
+                    cudaStream_t stream) {
+  if (o.epilogue_overlap)
+    detail::fail("gemm: epilogue_overlap needs the ping-pong kernels (gemm_with_tile_overlap); tile " +
+                 tile_name(Tile) + " is the cooperative kernel");
+  launch_config<typename TileCfgOf<Tile, kClusterM>::type, InT, Layout>(a, o, pro, epi, sched, stream);
+}
+
+/// One ping-pong kernel (Tile: T128x128 or T64x256), whatever o.epilogue_overlap
+/// says. No clusters (o.cluster_m must be 0 or 1).
+template <GemmTile Tile, class InT, BLayout Layout, class Pro, class Epi, class Sched>
+void gemm_with_tile_overlap(const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi,
+                            const Sched& sched, cudaStream_t stream) {
+  if (o.cluster_m > 1)
+    detail::fail("gemm: cluster_m = " + std::to_string(o.cluster_m) + " with the ping-pong kernel (no clusters)");
+  launch_config<typename PingPongCfgOf<Tile>::type, InT, Layout>(a, o, pro, epi, sched, stream);
+}
+
+/// Dispatches over the ping-pong tiles (t: T128x128 or T64x256, already
+/// resolved, e.g. by resolve_tile with epilogue_overlap set).
+template <class InT, BLayout L, class Pro, class Epi, class Sched>
+void gemm_with_layout_overlap(GemmTile t, const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi,
+                              const Sched& sched, cudaStream_t stream) {
+  switch (t) {
+    case GemmTile::T128x128: return gemm_with_tile_overlap<GemmTile::T128x128, InT, L>(a, o, pro, epi, sched, stream);
+    case GemmTile::T64x256: return gemm_with_tile_overlap<GemmTile::T64x256, InT, L>(a, o, pro, epi, sched, stream);
+    default: detail::fail("gemm: tile " + tile_name(t) + " has no ping-pong kernel (128x128 or 64x256)");
+  }
+}
+
 /// Dispatches over the tile shape `t` and cluster size (resolve_cluster) for
 /// one B layout. Clusters are used with RasterScheduler only (its rotate_m is
 /// then converted to pairs; an odd rotate_m keeps cluster 1): other
@@ -124,6 +177,8 @@ void gemm_with_tile(const GemmArgs& a, const GemmOptions& o, const Pro& pro, con
 template <class InT, BLayout L, class Pro, class Epi, class Sched>
 void gemm_with_layout(GemmTile t, const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi,
                       const Sched& sched, cudaStream_t stream) {
+  if (o.epilogue_overlap)
+    detail::fail("gemm: epilogue_overlap is compiled only through gemm_with_layout_overlap / gemm_with_tile_overlap");
   int cluster = 1;
   Sched s = sched;
   if constexpr (std::is_same_v<Sched, engine::RasterScheduler>) {

@@ -25,9 +25,16 @@
 
 namespace tessera::kernels::engine {
 
-/// Compile-time tile configuration. kConsumers consumer warpgroups split the
-/// BM rows; each owns BM/kConsumers rows = kMAtoms wgmma atoms of 64 rows.
-template <int BM_, int BN_, int kStages_, int kClusterM_ = 1, int kConsumers_ = 2>
+/// Compile-time tile configuration.
+///  * Cooperative (kPingPong = false, the default): kConsumers consumer
+///    warpgroups split the BM rows of one tile; each owns BM/kConsumers rows =
+///    kMAtoms wgmma atoms of 64 rows, and both store the tile together.
+///  * Ping-pong (kPingPong = true, GemmOptions::epilogue_overlap): the two
+///    consumer warpgroups take alternate tiles of the CTA's schedule; each owns
+///    a whole BM x BN tile (kMAtoms = BM/64 atoms). While one stores its tile
+///    the other runs its main loop, so the epilogue overlaps wgmma. Main loops
+///    are ordered by named barriers (kernel.cuh); no clusters.
+template <int BM_, int BN_, int kStages_, int kClusterM_ = 1, int kConsumers_ = 2, bool kPingPong_ = false>
 struct TileConfig {
   static constexpr int BM = BM_, BN = BN_, BK = 64;
   /// CTAs per cluster along M (1 or 2). With 2, the two CTAs compute tiles
@@ -38,7 +45,13 @@ struct TileConfig {
   static_assert(BN % (64 * kClusterM) == 0, "B halves must be whole 64-column chunks");
   static constexpr int kStages = kStages_;
   static constexpr int kConsumers = kConsumers_;
-  static constexpr int kRowsPerConsumer = BM / kConsumers;
+  static constexpr bool kPingPong = kPingPong_;
+  static_assert(!kPingPong || (kClusterM == 1 && kConsumers == 2), "ping-pong: 2 consumers, no clusters");
+  static constexpr int kRowsPerConsumer = kPingPong ? BM : BM / kConsumers;
+  /// Consumer warps that read (and release) one ring slot, over the cluster.
+  static constexpr int kEmptyArrivals = (kPingPong ? 1 : kConsumers) * 4 * kClusterM;
+  /// Consumer threads that store one tile (and arrive on the notify barrier).
+  static constexpr int kStoreThreads = (kPingPong ? 1 : kConsumers) * 128;
   static constexpr int kMAtoms = kRowsPerConsumer / 64;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static_assert(kRowsPerConsumer % 64 == 0, "each consumer owns whole 64-row wgmma atoms");
@@ -139,13 +152,21 @@ __device__ __forceinline__ void release_slot(uint64_t* empty, uint32_t cta_rank)
   }
 }
 
+/// consume_tile's default hook: nothing.
+struct NoHook {
+  __device__ __forceinline__ void operator()() const {}
+};
+
 /// Consumer side of one tile: accumulates the warpgroup's kMAtoms x (64 x BN)
 /// slice over all K blocks into acc, releasing each slot once the wgmma that
-/// read it has retired (one wgmma group kept in flight).
-template <class Cfg, class InT, bool kTransB>
+/// read it has retired (one wgmma group kept in flight). `after_last_issue`
+/// runs once every full-wait of the tile has passed and every wgmma has been
+/// issued, before the last group retires (the ping-pong schedule hands the
+/// tensor cores to the other consumer there).
+template <class Cfg, class InT, bool kTransB, class Hook = NoHook>
 __device__ __forceinline__ void consume_tile(const SmemLayout<Cfg, InT>& sm, int consumer, int k_blocks,
                                              float (&acc)[Cfg::kMAtoms][Cfg::BN / 2], int& stage,
-                                             uint32_t& phase, uint32_t cta_rank) {
+                                             uint32_t& phase, uint32_t cta_rank, const Hook& after_last_issue = {}) {
   using Mma = Wgmma<InT, Cfg::BN, kTransB ? 1 : 0>;
   const bool warp_leader = (threadIdx.x % 32) == 0;
   int prev = -1;
@@ -154,7 +175,8 @@ __device__ __forceinline__ void consume_tile(const SmemLayout<Cfg, InT>& sm, int
   for (int kb = 0; kb < k_blocks; ++kb) {
     ptx::mbar_wait(sm.full(stage), phase);
     ptx::wgmma_fence();
-    const uint8_t* a_base = sm.a(stage) + consumer * Cfg::kRowsPerConsumer * 128;
+    // Ping-pong: the consumer owns the whole A slot (all BM rows).
+    const uint8_t* a_base = sm.a(stage) + (Cfg::kPingPong ? 0 : consumer * Cfg::kRowsPerConsumer * 128);
     const uint8_t* b_base = sm.b(stage);
 #pragma unroll
     for (int k16 = 0; k16 < Cfg::BK / 16; ++k16) {
@@ -179,6 +201,7 @@ __device__ __forceinline__ void consume_tile(const SmemLayout<Cfg, InT>& sm, int
       phase ^= 1;
     }
   }
+  after_last_issue();
   ptx::wgmma_wait<0>();
   if (prev >= 0 && warp_leader) release_slot<Cfg>(sm.empty(prev), cta_rank);
 #pragma unroll
