@@ -2,7 +2,9 @@
 // in one process: CUDA events, warm-up, median of --reps, inputs rotated over
 // several buffer sets so L2 never holds them, fresh random data (never zeros).
 // Prints per shape: both times, TFLOP/s, ours/cuBLASLt, the relative error of
-// ours vs cuBLASLt, and (--hooks) the time with idle hooks compiled in.
+// ours vs cuBLASLt, (--hooks) the time with idle hooks compiled in, and
+// (--overlap) the ping-pong kernels (GemmOptions::epilogue_overlap, tiles
+// 128x128 and 64x256) against cuBLASLt, with a bitwise check against ours.
 #include <cuda_runtime_api.h>
 #include <fmt/chrono.h>
 #include <fmt/format.h>
@@ -42,6 +44,7 @@ struct Options {
   std::string tile = "auto";
   int cluster = 0;
   bool hooks = true;
+  bool overlap = true;
   std::string results_md;
   std::string commit = "unknown";
   std::string device_kind = "unknown";
@@ -158,9 +161,18 @@ void run(const Options& o) {
              prop.name, prop.multiProcessorCount, o.dtype, layout == BLayout::NK ? "[N,K]" : "[K,N]", o.m, o.reps,
              o.warmup, o.sets);
 
-  Table table({"M", "N", "K", "tile", "ours ms", "cuBLASLt ms", "ours TF/s", "cuBLASLt TF/s", "ours/cuBLASLt",
-               "idle wait", "idle notify", "idle both", "rel err"});
+  const std::vector<GemmTile> pp_tiles =
+      o.overlap ? std::vector<GemmTile>{GemmTile::T128x128, GemmTile::T64x256} : std::vector<GemmTile>{};
+  std::vector<std::string> columns = {"M", "N", "K", "tile", "ours ms", "cuBLASLt ms", "ours TF/s", "cuBLASLt TF/s",
+                                      "ours/cuBLASLt", "idle wait", "idle notify", "idle both", "rel err"};
+  for (GemmTile t : pp_tiles) {
+    columns.push_back("overlap " + tile_name(t) + " ms");
+    columns.push_back("overlap " + tile_name(t) + "/cuBLASLt");
+  }
+  if (!pp_tiles.empty()) columns.push_back("overlap == ours");
+  Table table(columns);
   std::vector<double> ratios;
+  std::vector<std::vector<double>> pp_ratios(pp_tiles.size());
   for (const std::string& shape : o.shapes) {
     int64_t n = 0, k = 0;
     TESSERA_CHECK(std::sscanf(shape.c_str(), "%ldx%ld", &n, &k) == 2, "bench gemm: shape '{}' is not NxK", shape);
@@ -189,6 +201,29 @@ void run(const Options& o) {
     kernels::cublaslt_gemm(args_for(0, ref.p), stream);
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
     const double err = in == DType::bf16 ? rel_err_device(d.p, ref.p, m * n) : NAN;
+    // Ping-pong kernels: each must reproduce ours bit for bit.
+    std::vector<GemmOptions> pp_opts;
+    bool pp_identical = true;
+    if (!pp_tiles.empty()) {
+      std::vector<uint8_t> want(m * n * 2), got(m * n * 2);
+      TESSERA_CUDA_CHECK(cudaMemcpy(want.data(), d.p, want.size(), cudaMemcpyDeviceToHost));
+      for (GemmTile t : pp_tiles) {
+        GemmOptions po = opt;
+        po.tile = t;
+        po.cluster_m = 0;
+        po.epilogue_overlap = true;
+        pp_opts.push_back(po);
+        TESSERA_CUDA_CHECK(cudaMemsetAsync(d.p, 0xFF, m * n * 2, stream));
+        kernels::gemm(args_for(0, d.p), po, stream);
+        TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+        TESSERA_CUDA_CHECK(cudaMemcpy(got.data(), d.p, got.size(), cudaMemcpyDeviceToHost));
+        if (got != want) {
+          pp_identical = false;
+          fmt::print("WARNING {}x{}x{}: overlap {} differs from ours (rel err vs cuBLASLt {:.1e})\n", m, n, k,
+                     tile_name(t), in == DType::bf16 ? rel_err_device(d.p, ref.p, m * n) : NAN);
+        }
+      }
+    }
 
     int i_ours = 0, i_ref = 0, i_wait = 0, i_notify = 0, i_both = 0;
     std::vector<std::function<void()>> variants = {
@@ -205,6 +240,10 @@ void run(const Options& o) {
       variants.push_back(hooked(Hooks::NotifyOnly, i_notify));
       variants.push_back(hooked(Hooks::Both, i_both));
     }
+    const size_t first_pp = variants.size();
+    std::vector<int> i_pp(pp_opts.size(), 0);
+    for (size_t v = 0; v < pp_opts.size(); ++v)
+      variants.push_back([&, v] { kernels::gemm(args_for(i_pp[v]++ % o.sets, d.p), pp_opts[v], stream); });
     const std::vector<Stats> st = time_interleaved(stream, variants, o.warmup, o.reps);
     const Stats& ours = st[0];
     const Stats& base = st[1];
@@ -217,13 +256,20 @@ void run(const Options& o) {
     const double ratio = ours.median_ms / base.median_ms;
     ratios.push_back(ratio);
     GemmArgs probe = args_for(0, d.p);
-    table.add({fmt::format("{}", m), fmt::format("{}", n), fmt::format("{}", k),
-               tile_name(resolve_tile(probe, opt)) + "/c" +
-                   std::to_string(resolve_cluster(probe, opt, resolve_tile(probe, opt))), fmt::format("{:.3f}", ours.median_ms),
-               fmt::format("{:.3f}", base.median_ms), fmt::format("{:.0f}", flops / ours.median_ms * 1e-9),
-               fmt::format("{:.0f}", flops / base.median_ms * 1e-9), fmt::format("{:.3f}", ratio),
-               wait_cost, notify_cost, both_cost,
-               fmt::format("{:.1e}", err)});
+    std::vector<std::string> row = {
+        fmt::format("{}", m), fmt::format("{}", n), fmt::format("{}", k),
+        tile_name(resolve_tile(probe, opt)) + "/c" + std::to_string(resolve_cluster(probe, opt, resolve_tile(probe, opt))),
+        fmt::format("{:.3f}", ours.median_ms), fmt::format("{:.3f}", base.median_ms),
+        fmt::format("{:.0f}", flops / ours.median_ms * 1e-9), fmt::format("{:.0f}", flops / base.median_ms * 1e-9),
+        fmt::format("{:.3f}", ratio), wait_cost, notify_cost, both_cost, fmt::format("{:.1e}", err)};
+    for (size_t v = 0; v < pp_opts.size(); ++v) {
+      const double r = st[first_pp + v].median_ms / base.median_ms;
+      pp_ratios[v].push_back(r);
+      row.push_back(fmt::format("{:.3f}", st[first_pp + v].median_ms));
+      row.push_back(fmt::format("{:.3f}", r));
+    }
+    if (!pp_opts.empty()) row.push_back(pp_identical ? "yes" : "NO");
+    table.add(row);
     fmt::print("{}x{}x{}: ours {:.3f} ms, cuBLASLt {:.3f} ms, ratio {:.3f}\n", m, n, k, ours.median_ms,
                base.median_ms, ratio);
     std::fflush(stdout);
@@ -233,6 +279,15 @@ void run(const Options& o) {
   const double median_ratio = sorted.empty() ? NAN : sorted[sorted.size() / 2];
   const double worst = sorted.empty() ? NAN : sorted.back();
   fmt::print("\n{}\nmedian ours/cuBLASLt = {:.3f}, worst = {:.3f}\n", table.str(), median_ratio, worst);
+  std::string pp_summary;
+  for (size_t v = 0; v < pp_tiles.size(); ++v) {
+    std::vector<double> r = pp_ratios[v];
+    std::sort(r.begin(), r.end());
+    if (r.empty()) continue;
+    pp_summary += fmt::format("Overlap (ping-pong) {}: median /cuBLASLt = {:.3f}; worst = {:.3f}.\n",
+                              tile_name(pp_tiles[v]), r[r.size() / 2], r.back());
+  }
+  fmt::print("{}", pp_summary);
 
   if (!o.results_md.empty()) {
     const auto now = std::chrono::system_clock::now();
@@ -243,10 +298,10 @@ void run(const Options& o) {
         "warm-ups (all variants interleaved run by run), inputs rotated over {} buffer sets. ours/cuBLASLt < 1 means ours is faster. \"idle wait / notify / "
         "both\" = extra time of the same GEMM with a FlagWait prologue whose flags are already set, a per-tile notify "
         "epilogue, or both, compiled in.\n\n"
-        "{}\nMedian ours/cuBLASLt = {:.3f}; worst = {:.3f}.\n",
+        "{}\nMedian ours/cuBLASLt = {:.3f}; worst = {:.3f}.\n{}",
         o.device_kind, prop.name, prop.multiProcessorCount, fmt::localtime(std::chrono::system_clock::to_time_t(now)),
         o.commit, o.command_line, layout == BLayout::NK ? "[N, K]" : "[K, N]", o.reps, o.warmup, o.sets,
-        table.markdown(), median_ratio, worst);
+        table.markdown(), median_ratio, worst, pp_summary);
     replace_section(o.results_md, "GEMM engine", body);
     fmt::print("wrote section \"GEMM engine\" of {}\n", o.results_md);
   }
@@ -269,6 +324,8 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   cmd->add_option("--tile", opts->tile, "auto, 128x256, 256x128, 128x128");
   cmd->add_option("--cluster", opts->cluster, "CTAs per cluster along M: 0 auto, 1, 2")->check(CLI::Range(0, 2));
   cmd->add_option("--hooks", opts->hooks, "also time the GEMM with idle hooks compiled in (bf16, nk)");
+  cmd->add_option("--overlap", opts->overlap,
+                  "also time the ping-pong kernels (epilogue_overlap; 128x128 and 64x256), checked bitwise against ours");
   cmd->add_option("--results-md", opts->results_md, "replace the \"GEMM engine\" section of this Markdown file");
   cmd->add_option("--commit", opts->commit, "commit recorded in --results-md");
   cmd->add_option("--device-kind", opts->device_kind, "device kind recorded in --results-md");
