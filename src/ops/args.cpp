@@ -17,15 +17,16 @@ std::string_view strategy_name(Strategy s) {
     case Strategy::decomposition: return "decomposition";
     case Strategy::fused_ce: return "fused_ce";
     case Strategy::fused_sm: return "fused_sm";
+    case Strategy::ring: return "ring";
   }
   return "?";
 }
 
 Strategy parse_strategy(std::string_view name) {
   for (Strategy s : {Strategy::automatic, Strategy::sequential, Strategy::decomposition, Strategy::fused_ce,
-                     Strategy::fused_sm})
+                     Strategy::fused_sm, Strategy::ring})
     if (name == strategy_name(s)) return s;
-  TESSERA_FAIL("unknown strategy '{}' (auto, sequential, decomposition, fused_ce, fused_sm)", name);
+  TESSERA_FAIL("unknown strategy '{}' (auto, sequential, decomposition, fused_ce, fused_sm, ring)", name);
 }
 
 std::int64_t ShardRows::rows(std::int64_t m, int s) const {

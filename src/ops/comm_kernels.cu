@@ -186,6 +186,7 @@ void preload_kernels() {
   kernels::detail::cuda_check(cudaFuncGetAttributes(&attr, push_kernel), "ops: preload push");
   preload_bf16();
   preload_f16();
+  preload_ring();
 }
 
 }  // namespace tessera::ops::detail

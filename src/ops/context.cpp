@@ -105,10 +105,11 @@ ShapeSignature signature(const AgGemmArgs& a, Strategy s) {
   return ShapeSignature{1, static_cast<std::int32_t>(a.dtype), static_cast<std::int32_t>(s),
                         (a.swiglu ? 1 : 0) | (a.gathered_a ? 2 : 0), a.m, a.n, a.k};
 }
-ShapeSignature signature(const GemmRsArgs& a, Strategy s, RsReduce r) {
-  // rs_reduce picks the counter layout: every rank must use the same.
+ShapeSignature signature(const GemmRsArgs& a, Strategy s, RsReduce r, int channels) {
+  // rs_reduce picks the counter layout, channels the ring's flag values:
+  // every rank must use the same.
   return ShapeSignature{2, static_cast<std::int32_t>(a.dtype), static_cast<std::int32_t>(s),
-                        static_cast<std::int32_t>(r), a.m, a.n, a.k};
+                        static_cast<std::int32_t>(r) | (channels << 4), a.m, a.n, a.k};
 }
 
 /// Median over `reps` of one call (after `warmup`), max over ranks.
@@ -184,7 +185,7 @@ Strategy TpContext::resolve(const GemmRsArgs& a, const OpOptions& o, TuneReport*
   // The fused candidate's speed depends on where it reduces: part of the key.
   const std::vector<std::int64_t> shape{a.m, a.n, a.k, static_cast<std::int64_t>(o.rs_reduce)};
   return tune_choice(*this, a, o, "gemm_rs", shape,
-                     {Strategy::sequential, Strategy::decomposition, Strategy::fused_sm},
+                     gemm_rs_candidates(impl_->pg.world()),
                      [&](Strategy s) { run_gemm_rs(*impl_, a, s, o); }, report);
 }
 
@@ -195,6 +196,7 @@ void ag_gemm(TpContext& ctx, const AgGemmArgs& a, const OpOptions& o) {
                 kMaxChannels);
   TESSERA_CHECK(o.comm_ctas >= 1 && o.comm_ctas < c.pg.sm_count(), "ag_gemm: comm_ctas = {} outside [1, {})",
                 o.comm_ctas, c.pg.sm_count());
+  TESSERA_CHECK(o.strategy != Strategy::ring, "ag_gemm: strategy ring exists only for gemm_rs (ring reduce-scatter)");
   c.check_agreement(signature(a, o.strategy), "ag_gemm");
   const Strategy s = ctx.resolve(a, o);
   run_ag_gemm(c, a, s, o);
@@ -208,7 +210,9 @@ void gemm_rs(TpContext& ctx, const GemmRsArgs& a, const OpOptions& o) {
   TESSERA_CHECK(o.strategy != Strategy::fused_ce,
                 "gemm_rs: strategy fused_ce does not exist for GEMM+RS (the fused variant is fused_sm: peer stores "
                 "from the epilogue)");
-  c.check_agreement(signature(a, o.strategy, o.rs_reduce), "gemm_rs");
+  TESSERA_CHECK(o.channels >= 1 && o.channels <= kMaxChannels,
+                "gemm_rs: channels (ring) = {} outside [1, {}]", o.channels, kMaxChannels);
+  c.check_agreement(signature(a, o.strategy, o.rs_reduce, o.channels), "gemm_rs");
   const Strategy s = ctx.resolve(a, o);
   run_gemm_rs(c, a, s, o);
 }

@@ -3,8 +3,9 @@
 // partial to its owner, owner reduces), fused_sm (the GEMM epilogue stores
 // each row into its owner's receive slab and counts the tile; the owner's
 // reduce kernel on comm_ctas SMs sums slabs tile row by tile row as they
-// complete). Reduction order is always rank 0..R-1 (fused, decomposition) or
-// NCCL's (sequential).
+// complete), ring (TileLink Fig. 4, see run_ring and RingRsPlan). Reduction
+// order is always rank 0..R-1 (fused, decomposition), the ring's
+// (s-1, s-2, ..., s for shard s) or NCCL's (sequential).
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -40,11 +41,86 @@ void partial_gemm(const GemmRsArgs& a, std::int64_t row0, std::int64_t rows, voi
   kernels::cublaslt_gemm(g, s);
 }
 
+// Ring reduce-scatter (Strategy::ring). Compute stream: the R per-shard
+// cuBLASLt GEMMs in ring order into local staging (no waits: the GEMMs
+// never stall on communication). Comm stream, per step j and channel c:
+// wait for the GEMM of step j (event), wait for chunk c of the running sum
+// from rank r+1 (kRingData >= flag_value), add it to the own partial on
+// comm_ctas SMs writing straight into rank r-1's slab j+1 (or D at the last
+// step), notify rank r-1. Step 0 has nothing to add: the copy engine pushes
+// the partial. All waits are stream waits (cuStreamWaitValue): no spinning
+// kernel, so no SM-starvation deadlock; a lost notify is caught by
+// link::synchronize's timeout.
+void run_ring(TpContext::Impl& c, const GemmRsArgs& a, const OpOptions& o) {
+  const int R = c.pg.world(), rank = c.pg.rank();
+  cudaStream_t st = c.pg.stream();
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(a.dtype));
+  const std::int64_t ldd = a.ldd ? a.ldd : a.n;
+  if (R == 1) {
+    partial_gemm(a, 0, a.m, a.d, ldd, st);
+    return;
+  }
+  const RingRsPlan plan = plan_ring_rs(a.m, a.n, R, rank, o.channels);
+  const std::int64_t per_rank = plan.shards.per_rank, ldr = plan.ld_recv;
+  const std::size_t slab_bytes = static_cast<std::size_t>(per_rank * ldr * es);
+  c.ensure_rs(slab_bytes * R, 1);  // slabs 1..R-1 receive; slab 0 unused
+  unsigned char* part = static_cast<unsigned char*>(c.staging.ensure(slab_bytes * R, st));
+  const std::uint64_t e = ++c.rs_epoch;
+  unsigned char* recv_local = c.rs_recv.local();
+  unsigned char* recv_next = static_cast<unsigned char*>(c.rs_recv.peer(plan.send_to));
+  cudaStream_t cs = c.comm();
+  TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, st));  // inputs ready
+  TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, c.ev_ready, 0));
+  // rank r-1 must be done with the previous call's slabs before we write them.
+  if (e > 1) link::rank_wait(cs, *c.control, plan.send_to, kRsFree, e - 1);
+  for (int j = 0; j < R; ++j) {
+    const RingRsStep& step = plan.steps[j];
+    const std::int64_t rows = plan.shards.rows(a.m, step.shard);
+    unsigned char* pj = part + j * slab_bytes;
+    partial_gemm(a, plan.shards.lo(step.shard), rows, pj, ldr, st);
+    TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, st));
+    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, c.ev_ready, 0));
+    for (int ch = 0; ch < plan.channels; ++ch) {
+      const std::int64_t r0 = plan.chunk_lo(step.shard, ch), nr = plan.chunk_rows(step.shard, ch);
+      if (nr > 0) {
+        if (step.receives) link::rank_wait(cs, *c.control, plan.recv_from, kRingData, RingRsPlan::flag_value(e, j, ch));
+        if (!step.receives) {
+          link::rank_copy_data(cs, recv_next + (j + 1) * slab_bytes + r0 * ldr * es, pj + r0 * ldr * es,
+                               static_cast<std::size_t>(nr * ldr * es));
+        } else {
+          detail::AddLaunch add;
+          add.x = recv_local + j * slab_bytes + r0 * ldr * es;
+          add.ldx = ldr;
+          add.y = pj + r0 * ldr * es;
+          add.ldy = ldr;
+          add.out = step.sends ? static_cast<void*>(recv_next + (j + 1) * slab_bytes + r0 * ldr * es)
+                               : static_cast<void*>(static_cast<unsigned char*>(a.d) + r0 * ldd * es);
+          add.ldo = step.sends ? ldr : ldd;
+          add.rows = nr;
+          add.n = a.n;
+          add.dtype = a.dtype;
+          detail::launch_add(add, o.comm_ctas, cs);
+        }
+      }
+      // Empty chunks are notified too: the receiver's values stay a fixed sequence.
+      if (step.sends) link::rank_notify(cs, *c.control, plan.send_to, kRingData, RingRsPlan::flag_value(e, j + 1, ch));
+    }
+  }
+  TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_comm_done, cs));
+  TESSERA_CUDA_CHECK(cudaStreamWaitEvent(st, c.ev_comm_done, 0));
+  // Every peer is told (not only r+1, who writes here): the other strategies
+  // wait for kRsFree of every peer.
+  for (int p = 0; p < R; ++p)
+    if (p != rank) link::rank_notify(st, *c.control, p, kRsFree, e);
+}
+
 }  // namespace
 
 void run_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, Strategy s, const OpOptions& o) {
-  TESSERA_CHECK(s == Strategy::sequential || s == Strategy::decomposition || s == Strategy::fused_sm,
+  TESSERA_CHECK(s == Strategy::sequential || s == Strategy::decomposition || s == Strategy::fused_sm ||
+                    s == Strategy::ring,
                 "gemm_rs: strategy {} cannot run here", strategy_name(s));
+  if (s == Strategy::ring) return run_ring(c, a, o);
   const int R = c.pg.world(), rank = c.pg.rank();
   cudaStream_t st = c.pg.stream();
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(a.dtype));

@@ -61,4 +61,55 @@ RsPlan plan_rs(std::int64_t m, std::int64_t n, int world, int rank, int tile_m, 
   return p;
 }
 
+std::int64_t RingRsPlan::chunk_rows_max(int s) const {
+  const std::int64_t rows = shards.rows(m, s);
+  return (rows + channels - 1) / channels;
+}
+
+std::int64_t RingRsPlan::chunk_lo(int s, int c) const {
+  return std::min<std::int64_t>(static_cast<std::int64_t>(c) * chunk_rows_max(s), shards.rows(m, s));
+}
+
+std::int64_t RingRsPlan::chunk_rows(int s, int c) const {
+  const std::int64_t hi = std::min<std::int64_t>(static_cast<std::int64_t>(c + 1) * chunk_rows_max(s), shards.rows(m, s));
+  return hi - chunk_lo(s, c);
+}
+
+std::uint64_t RingRsPlan::flag_value(std::uint64_t epoch, int step, int channel) {
+  TESSERA_CHECK(epoch >= 1, "ring flag_value: epoch {} must be >= 1", epoch);
+  TESSERA_CHECK(step >= 1 && step < kRingMaxWorld, "ring flag_value: receive step {} outside [1, {})", step,
+                kRingMaxWorld);
+  TESSERA_CHECK(channel >= 0 && channel < kMaxChannels, "ring flag_value: channel {} outside [0, {})", channel,
+                kMaxChannels);
+  return epoch * kRingEpochStride + static_cast<std::uint64_t>(step - 1) * kMaxChannels +
+         static_cast<std::uint64_t>(channel) + 1;
+}
+
+RingRsPlan plan_ring_rs(std::int64_t m, std::int64_t n, int world, int rank, int channels) {
+  TESSERA_CHECK(world >= 1 && world <= kRingMaxWorld && rank >= 0 && rank < world,
+                "plan_ring_rs: rank {} / world {} invalid (world <= {})", rank, world, kRingMaxWorld);
+  TESSERA_CHECK(channels >= 1 && channels <= kMaxChannels, "plan_ring_rs: channels = {} outside [1, {}]", channels,
+                kMaxChannels);
+  TESSERA_CHECK(m >= 1 && n >= 1, "plan_ring_rs: M = {}, N = {} must be positive", m, n);
+  RingRsPlan p;
+  p.rank = rank;
+  p.world = world;
+  p.channels = channels;
+  p.m = m;
+  p.shards = shard_rows(m, world);
+  TESSERA_CHECK(p.shards.rows(m, world - 1) > 0, "plan_ring_rs: M = {} leaves an empty shard over {} ranks", m,
+                world);
+  p.ld_recv = (n + 7) / 8 * 8;
+  p.send_to = (rank - 1 + world) % world;
+  p.recv_from = (rank + 1) % world;
+  for (int j = 0; j < world; ++j) {
+    RingRsStep s;
+    s.shard = (rank + j + 1) % world;
+    s.receives = j > 0;
+    s.sends = j < world - 1;
+    p.steps.push_back(s);
+  }
+  return p;
+}
+
 }  // namespace tessera::ops

@@ -38,9 +38,17 @@ nlohmann::json choice_to_json(Strategy s, const std::map<Strategy, double>& time
 std::optional<Strategy> choice_from_json(const nlohmann::json& j) {
   if (!j.is_object() || !j.contains("strategy") || !j["strategy"].is_string()) return std::nullopt;
   const std::string name = j["strategy"].get<std::string>();
-  for (Strategy s : {Strategy::sequential, Strategy::decomposition, Strategy::fused_ce, Strategy::fused_sm})
+  for (Strategy s : {Strategy::sequential, Strategy::decomposition, Strategy::fused_ce, Strategy::fused_sm,
+                     Strategy::ring})
     if (name == strategy_name(s)) return s;
   return std::nullopt;
+}
+
+std::vector<Strategy> gemm_rs_candidates(int world) {
+  std::vector<Strategy> c{Strategy::sequential, Strategy::decomposition, Strategy::fused_sm};
+  // At R = 2 the ring is the direct push (one step of one send): no new candidate.
+  if (world > 2) c.push_back(Strategy::ring);
+  return c;
 }
 
 std::string choice_key(const tune::MachineId& m, DType dtype, const std::string& op,

@@ -131,16 +131,24 @@ struct Shape {
 // persistent CTA: the owner epilogue's waits must not deadlock).
 const Shape kShapes[] = {{1024, 768, 256, 0}, {1000, 700, 264, 8}, {1024, 700, 264, 8}, {2048, 4352, 64, 0}};
 
-/// Every RS variant: (strategy, where fused_sm reduces).
+/// Every RS variant: (strategy, where fused_sm reduces, ring channels).
 struct RsVariant {
   Strategy strategy;
   RsReduce reduce;
+  int channels = 4;
 };
 const RsVariant kRsVariants[] = {{Strategy::sequential, RsReduce::epilogue},
                                  {Strategy::decomposition, RsReduce::epilogue},
                                  {Strategy::fused_sm, RsReduce::kernel},
                                  {Strategy::fused_sm, RsReduce::epilogue},
-                                 {Strategy::fused_sm, RsReduce::kernel}};  // kernel again after epilogue: counters back at zero
+                                 {Strategy::fused_sm, RsReduce::kernel},  // kernel again after epilogue: counters back at zero
+                                 // Ring (any R; R = 2 is the direct push): default, one and 32
+                                 // channels per shard (32: short ragged chunks), then fused_sm
+                                 // again (kRsFree epochs shared across strategies).
+                                 {Strategy::ring, RsReduce::epilogue, 4},
+                                 {Strategy::ring, RsReduce::epilogue, 1},
+                                 {Strategy::ring, RsReduce::epilogue, 32},
+                                 {Strategy::fused_sm, RsReduce::epilogue}};
 
 }  // namespace
 
@@ -241,6 +249,7 @@ TEST_P(OpsTp, GemmRsAllStrategiesMatchReference) {
       OpOptions o;
       o.strategy = st;
       o.rs_reduce = var.reduce;
+      o.channels = var.channels;
       // Back-to-back without resets; a fixed reduction order gives bitwise
       // equal results run to run (fused / decomposition).
       for (int it = 0; it < (st == Strategy::sequential ? 1 : 25); ++it) {
@@ -251,12 +260,69 @@ TEST_P(OpsTp, GemmRsAllStrategiesMatchReference) {
         if (it == 0) {
           first = out;
           EXPECT_LT(tessera::testing::relative_error(out, ref), t == DType::bf16 ? 2e-2 : 5e-3)
-              << strategy_name(st) << " reduce " << rs_reduce_name(var.reduce) << " M " << sh.m << " N " << sh.n;
+              << strategy_name(st) << " reduce " << rs_reduce_name(var.reduce) << " channels " << var.channels
+              << " M " << sh.m << " N " << sh.n;
         } else {
           ASSERT_EQ(out, first) << strategy_name(st) << " reduce " << rs_reduce_name(var.reduce) << " iteration "
                                 << it << " differs (non-deterministic)";
         }
       }
+    }
+  }
+}
+
+// Ring GEMM+RS at R = WORLD against sequential (cuBLASLt + NCCL) on the
+// same data, aligned and ragged: many calls enqueued back to back with no
+// host sync between them, interleaved with the other strategies (shared
+// kRsFree epochs, shared staging), each into its own poisoned output.
+TEST_P(OpsTp, GemmRsRingBackToBackMatchesSequential) {
+  if (skip()) GTEST_SKIP() << "needs >= 2 ranks with a GPU each";
+  auto& pg = group();
+  const DType t = GetParam();
+  const int R = pg.world(), rank = pg.rank();
+  for (const Shape& sh : {kShapes[0], kShapes[1]}) {
+    const std::uint64_t seed = shared_seed();
+    const Mat a = random_mat(sh.m, sh.k, seed + 2 * rank, t);
+    const Mat b = random_mat(sh.n, sh.k, seed + 2 * rank + 1, t, 0.5);
+    const std::int64_t m_local = shard_rows(sh.m, R).rows(sh.m, rank);
+    auto da = upload(a, 0, sh.m, sh.k, t);
+    auto db = upload(b, 0, sh.n, sh.k, t);
+    const std::int64_t ldd = (sh.n + 7) / 8 * 8 + sh.ldd_pad;
+    GemmRsArgs g;
+    g.a = da->p;
+    g.b = db->p;
+    g.m = sh.m;
+    g.m_local = m_local;
+    g.n = sh.n;
+    g.k = sh.k;
+    g.ldd = ldd;
+    g.dtype = t;
+    const Strategy order[] = {Strategy::ring, Strategy::ring,          Strategy::fused_sm, Strategy::ring,
+                              Strategy::decomposition, Strategy::ring, Strategy::sequential, Strategy::ring};
+    constexpr int kRounds = 3;
+    std::vector<std::unique_ptr<Dev>> outs;
+    for (int i = 0; i < kRounds * 8; ++i) {
+      outs.push_back(std::make_unique<Dev>(static_cast<std::size_t>(m_local * ldd * 2)));
+      outs.back()->poison();
+    }
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    for (int i = 0; i < kRounds * 8; ++i) {
+      g.d = outs[i]->p;
+      OpOptions o;
+      o.strategy = order[i % 8];
+      o.channels = 1 + i % 5;  // the ring's chunking changes call to call
+      ops::gemm_rs(ctx(), g, o);
+    }
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
+    const auto seq = download(outs[6]->p, m_local, sh.n, ldd, t);
+    for (const auto& v : seq) ASSERT_TRUE(std::isfinite(v));
+    const auto ring0 = download(outs[0]->p, m_local, sh.n, ldd, t);
+    for (int i = 0; i < kRounds * 8; ++i) {
+      const auto out = download(outs[i]->p, m_local, sh.n, ldd, t);
+      EXPECT_LT(tessera::testing::relative_error(out, seq), t == DType::bf16 ? 2e-2 : 5e-3)
+          << "call " << i << " " << strategy_name(order[i % 8]) << " M " << sh.m << " R " << R;
+      // Fixed ring order, whatever the chunking: bitwise equal call to call.
+      if (order[i % 8] == Strategy::ring) EXPECT_EQ(out, ring0) << "ring call " << i << " M " << sh.m;
     }
   }
 }

@@ -27,8 +27,11 @@ namespace tessera::ops {
 ///  fused_ce      — Tessera GEMM engine with a per-tile wait prologue (AG) /
 ///                  peer-store epilogue (RS); transfers on the copy engine (AG)
 ///  fused_sm      — AG: the same GEMM, transfers pushed by a few CTAs
+///  ring          — GEMM+RS only: TileLink's ring reduce-scatter (Fig. 4): per-shard
+///                  GEMMs in ring order, running sums passed to rank r-1 chunk by
+///                  chunk (RingRsPlan); for R > 2 (at R = 2 it is the direct push)
 ///  automatic     — the tuner's cached or measured choice
-enum class Strategy : int { automatic = 0, sequential = 1, decomposition = 2, fused_ce = 3, fused_sm = 4 };
+enum class Strategy : int { automatic = 0, sequential = 1, decomposition = 2, fused_ce = 3, fused_sm = 4, ring = 5 };
 
 std::string_view strategy_name(Strategy s);
 /// Parses a strategy name (as printed by strategy_name); throws tessera::Error.

@@ -33,7 +33,8 @@ enum ControlSlot : int {
   kAgFree = 0,   ///< "my gathered-A workspace is free again" (value = AG epoch)
   kRsFree = 1,   ///< "my receive slabs are free again" (value = RS epoch)
   kRsData = 2,   ///< decomposition RS: "my partial for you has landed" (value = RS epoch)
-  kControlSlots = 3,
+  kRingData = 3, ///< ring RS: running-sum chunks landed (value = RingRsPlan::flag_value, monotonic)
+  kControlSlots = 4,
 };
 
 /// Most channels per shard (AG data flags are one Signals slot per channel).
@@ -79,5 +80,55 @@ struct RsPlan {
   int last_owner(int t, std::int64_t m) const;
 };
 RsPlan plan_rs(std::int64_t m, std::int64_t n, int world, int rank, int tile_m, int tile_n);
+
+// Ring GEMM+ReduceScatter (TileLink §5, Fig. 4), Strategy::ring:
+//   at step j = 0..R-1 rank r computes the partial of shard (r + j + 1) mod R
+//   (its own shard last). For j > 0 it adds, in f32, the running sum that
+//   rank r+1 pushed at its step j-1 for the same shard (received x first,
+//   own partial y second: out = x + y, rounded to the dtype), and for
+//   j < R-1 pushes the result to rank r-1 (send_to), which continues it at
+//   step j+1. The last step lands the full sum of shard r in D. Shard s is
+//   therefore summed in the fixed order s-1, s-2, ..., s+1, s (mod R):
+//   deterministic run to run (R-1 roundings to the dtype on the way).
+//   Data: what is received at step j lands in this rank's receive slab j
+//   (slabs 1..R-1, rows local to the shard, row stride ld_recv), cut into
+//   `channels` row chunks; after each chunk the sender stores
+//   flag_value(epoch, j, c) into its kRingData flag on the receiver. The
+//   values grow strictly within and across calls (sender's stream order), so
+//   one monotonic flag per sender suffices: waiting for >= v means every
+//   chunk up to v has landed. Reuse: the sender writes into send_to's slabs
+//   only after send_to announced kRsFree >= epoch-1 (done with the previous
+//   call).
+inline constexpr int kRingMaxWorld = 16;
+inline constexpr std::uint64_t kRingEpochStride = static_cast<std::uint64_t>(kRingMaxWorld) * kMaxChannels;
+
+struct RingRsStep {
+  int shard = 0;       ///< shard whose partial this rank computes at this step
+  bool receives = false;  ///< step > 0: add the running sum received from recv_from (slab `step`)
+  bool sends = false;     ///< step < R-1: push the running sum to send_to's slab step+1
+};
+
+struct RingRsPlan {
+  int rank = 0, world = 1, channels = 1;
+  std::int64_t m = 0;
+  ShardRows shards;
+  std::int64_t ld_recv = 0;  ///< row stride of a receive slab (N rounded up to 8)
+  int send_to = 0;           ///< rank r-1: who continues my running sums
+  int recv_from = 0;         ///< rank r+1: whose running sums I continue
+  std::vector<RingRsStep> steps;  ///< R entries; steps.back().shard == rank
+  /// Rows [chunk_lo, chunk_lo + chunk_rows) of shard s (relative to the shard)
+  /// form channel c: ceil(rows/channels) rows each, the last ones shorter,
+  /// possibly empty (a short ragged shard); an empty chunk is still notified.
+  std::int64_t chunk_rows_max(int s) const;
+  std::int64_t chunk_lo(int s, int c) const;
+  std::int64_t chunk_rows(int s, int c) const;
+  /// The kRingData value that says chunk c of receive step j (1..R-1) of
+  /// call `epoch` (>= 1) has landed: epoch·kRingEpochStride + (j-1)·kMaxChannels + c + 1.
+  static std::uint64_t flag_value(std::uint64_t epoch, int step, int channel);
+  /// Flag stores each rank receives per call: ·channels.
+  int notifications_per_call() const { return (world - 1) * channels; }
+};
+/// world in [1, kRingMaxWorld], channels in [1, kMaxChannels]; throws tessera::Error.
+RingRsPlan plan_ring_rs(std::int64_t m, std::int64_t n, int world, int rank, int channels);
 
 }  // namespace tessera::ops

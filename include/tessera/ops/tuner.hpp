@@ -33,6 +33,11 @@ nlohmann::json choice_to_json(Strategy s, const std::map<Strategy, double>& time
 /// Reads a cached choice; nullopt if the entry is malformed (never throws).
 std::optional<Strategy> choice_from_json(const nlohmann::json& j);
 
+/// GEMM+RS strategies the tuner measures at world size R: sequential,
+/// decomposition, fused_sm, and ring only for R > 2 (at R = 2 the ring is
+/// the direct push that fused_sm already does).
+std::vector<Strategy> gemm_rs_candidates(int world);
+
 /// Key of an operator's choice.
 std::string choice_key(const tune::MachineId& m, DType dtype, const std::string& op,
                        const std::vector<std::int64_t>& shape);
