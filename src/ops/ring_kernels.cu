@@ -1,8 +1,11 @@
 // Ring GEMM+ReduceScatter's reduction step (Strategy::ring): the f32 add of
 // the running sum received from rank r+1 and this rank's partial, written to
 // rank r-1's receive slab (peer stores) or, at the last step, to D.
-// Memory order: plain stores; the host enqueues rank_notify (system-fenced
-// stream write) after this kernel, which is the release for the receiver.
+// Memory order: plain (possibly NVLink peer) stores, then one
+// __threadfence_system per thread so they are performed at system scope
+// before the kernel retires; the host enqueues rank_notify (system-fenced
+// stream write) after this kernel: that store is the release the receiver's
+// rank_wait acquires.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -53,6 +56,7 @@ __global__ void ring_add_kernel(const T* __restrict__ x, std::int64_t ldx, const
       for (std::int64_t e = 0; c0 + e < n; ++e) orow[e] = from_f<T>(to_f(xr[e]) + to_f(yr[e]));
     }
   }
+  __threadfence_system();
 }
 
 }  // namespace
