@@ -43,6 +43,9 @@ TpContext::Impl::Impl(runtime::ProcessGroup& g) : pg(g) {
   TESSERA_CUDA_CHECK(cudaMemset(push_done.ensure(done_bytes, pg.stream()), 0, done_bytes));
   TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_ready, cudaEventDisableTiming));
   TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_comm_done, cudaEventDisableTiming));
+  int least = 0, greatest = 0;
+  TESSERA_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithPriority(&ring_stream, cudaStreamNonBlocking, greatest));
   detail::preload_kernels();
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
 }
@@ -50,6 +53,7 @@ TpContext::Impl::Impl(runtime::ProcessGroup& g) : pg(g) {
 TpContext::Impl::~Impl() {
   if (ev_ready) cudaEventDestroy(ev_ready);
   if (ev_comm_done) cudaEventDestroy(ev_comm_done);
+  if (ring_stream) cudaStreamDestroy(ring_stream);
 }
 
 void TpContext::Impl::check_agreement(const ShapeSignature& sig, const char* op) {
@@ -63,6 +67,7 @@ void TpContext::Impl::check_agreement(const ShapeSignature& sig, const char* op)
 void TpContext::Impl::drain(const char* what) {
   link::synchronize(pg.stream(), *control, what);
   for (int i = 0; i < pg.comm_stream_count(); ++i) link::synchronize(pg.comm_stream(i), *control, what);
+  if (ring_stream) link::synchronize(ring_stream, *control, what);
 }
 
 void TpContext::Impl::ensure_ag_ws(std::size_t bytes) {

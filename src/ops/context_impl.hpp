@@ -52,6 +52,11 @@ struct TpContext::Impl {
   std::uint64_t ag_epoch = 0;
   std::uint64_t rs_epoch = 0;
   cudaEvent_t ev_ready = nullptr, ev_comm_done = nullptr;
+  /// Ring RS's add/push chain: non-blocking, highest priority, so its small
+  /// add kernels get SMs as soon as the concurrent GEMM's CTAs retire (a
+  /// normal-priority stream would queue behind the GEMM's remaining waves and
+  /// lag the ring by a GEMM per hop). Every call joins it back into pg.stream().
+  cudaStream_t ring_stream = nullptr;
   std::set<ShapeSignature> validated;
   std::map<std::string, Strategy> memo;  ///< tuner choices of this process
   std::unique_ptr<tune::Cache> cache;

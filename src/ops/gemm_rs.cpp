@@ -43,7 +43,8 @@ void partial_gemm(const GemmRsArgs& a, std::int64_t row0, std::int64_t rows, voi
 
 // Ring reduce-scatter (Strategy::ring). Compute stream: the R per-shard
 // cuBLASLt GEMMs in ring order into local staging (no waits: the GEMMs
-// never stall on communication). Comm stream, per step j and channel c:
+// never stall on communication). Comm stream (Impl::ring_stream, highest
+// priority), per step j and channel c:
 // wait for the GEMM of step j (event), wait for chunk c of the running sum
 // from rank r+1 (kRingData >= flag_value), add it to the own partial on
 // comm_ctas SMs writing straight into rank r-1's slab j+1 (or D at the last
@@ -68,7 +69,7 @@ void run_ring(TpContext::Impl& c, const GemmRsArgs& a, const OpOptions& o) {
   const std::uint64_t e = ++c.rs_epoch;
   unsigned char* recv_local = c.rs_recv.local();
   unsigned char* recv_next = static_cast<unsigned char*>(c.rs_recv.peer(plan.send_to));
-  cudaStream_t cs = c.comm();
+  cudaStream_t cs = c.ring_stream;  // high priority (see Impl::ring_stream)
   TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, st));  // inputs ready
   TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, c.ev_ready, 0));
   // rank r-1 must be done with the previous call's slabs before we write them.
