@@ -366,6 +366,17 @@ TEST_P(OpsTp, MlpBackToBackMatchesSequential) {
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
   EXPECT_LT(tessera::testing::relative_error(download(out.p, m_local, h, h, t), ref), t == DType::bf16 ? 3e-2 : 1e-2)
       << "M " << m << " reduce " << rs_reduce_name(red);
+  // The same layer with the ring reduce-scatter (after the fused calls above,
+  // no reset in between).
+  OpOptions ring;
+  ring.strategy = Strategy::ring;
+  for (int it = 0; it < 10; ++it) {
+    out.poison();
+    ops::mlp(ctx(), a, ag, ring);
+  }
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
+  EXPECT_LT(tessera::testing::relative_error(download(out.p, m_local, h, h, t), ref), t == DType::bf16 ? 3e-2 : 1e-2)
+      << "M " << m << " ring";
     }
 }
 
