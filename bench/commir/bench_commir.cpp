@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "command.hpp"
+#include "common/mlp_shapes.hpp"
 #include "common/timing.hpp"
 #include "tessera/commir/gpu_executor.hpp"
 #include "tessera/commir/schedules.hpp"
@@ -38,14 +39,6 @@ struct CommirOptions {
   int warmup = 2;
   std::string markdown;
 };
-
-struct MlpShape {
-  const char* name;
-  std::int64_t s, h, i;
-};
-constexpr MlpShape kMlp[] = {{"MLP-1", 8192, 4096, 11008}, {"MLP-2", 8192, 4096, 14336},
-                             {"MLP-3", 8192, 3584, 14336}, {"MLP-4", 8192, 4608, 36864},
-                             {"MLP-5", 8192, 8192, 28672}, {"MLP-6", 8192, 8192, 29568}};
 
 // Cheap deterministic fill in [-1, 1) (values only have to be finite and
 // varied; correctness is the tests' job).
@@ -111,8 +104,7 @@ void run_commir(const CommirOptions& o) {
   };
   Table table({"shape", "part", "plan", "commir", "ops seq", "ops tuned", "tuned =", "commir / ops best"});
   for (int idx : o.shapes) {
-    TESSERA_CHECK(idx >= 1 && idx <= 6, "--shapes: MLP-{} does not exist (1..6)", idx);
-    const MlpShape& sh = kMlp[idx - 1];
+    const MlpShape& sh = mlp_shape(idx);
     TESSERA_CHECK(sh.i % R == 0 && sh.s % R == 0, "{}: I = {} and S = {} must divide by {} ranks", sh.name, sh.i, sh.s,
                   R);
     const std::int64_t il = sh.i / R, ml = sh.s / R;

@@ -37,20 +37,13 @@
 #include "common/timing.hpp"
 #include "gemm/bench_gemm_kernels.hpp"
 #include "tessera/kernels/gemm.hpp"
+#include "common/mlp_shapes.hpp"
 #include "tessera/ops/tp_mlp.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/runtime/process_group.hpp"
 
 namespace tessera::bench {
 namespace {
-
-struct MlpShape {
-  const char* name;
-  std::int64_t s, h, i;
-};
-constexpr MlpShape kMlp[] = {{"MLP-1", 8192, 4096, 11008}, {"MLP-2", 8192, 4096, 14336},
-                             {"MLP-3", 8192, 3584, 14336}, {"MLP-4", 8192, 4608, 36864},
-                             {"MLP-5", 8192, 8192, 28672}, {"MLP-6", 8192, 8192, 29568}};
 
 struct Options {
   std::vector<int> shapes{1, 2, 3, 4, 5, 6};
@@ -98,7 +91,7 @@ void run(const Options& o) {
   Table var({"shape", "part", "variant", "ms", "vs sequential"});
   for (int idx : o.shapes) {
     TESSERA_CHECK(idx >= 1 && idx <= 6, "bench mlp: shape {} not in 1..6", idx);
-    const MlpShape sh = kMlp[idx - 1];
+    const MlpShape sh = mlp_shape(idx);
     TESSERA_CHECK(sh.i % R == 0 && sh.s % R == 0, "bench mlp: {} does not split over {} ranks", sh.name, R);
     const std::int64_t m = sh.s, ml = sh.s / R, h = sh.h, il = sh.i / R;
     std::vector<InputSet> in(static_cast<std::size_t>(o.sets));
