@@ -60,71 +60,50 @@ struct OutConv;
 // Each OutConv<T> has: Pair, pack/unpack (2 values), one/to_float (1 value),
 // store8/load8 (8 values, 16-byte aligned for 16-bit T, 32-byte for float) and
 // store4 (4 values: 8-byte / 16-byte aligned).
+/// The 16-bit types share their vector loads/stores; each specialization
+/// gives only its conversions (pack / unpack / one / to_float).
+template <class T, class PairT, class Conv>
+struct OutConv16 {
+  using Pair = PairT;
+  __device__ static uint32_t bits(Pair p) { return *reinterpret_cast<uint32_t*>(&p); }
+  __device__ static void store8(T* p, const float (&v)[8]) {
+    uint4 u;
+    u.x = bits(Conv::pack(v[0], v[1]));
+    u.y = bits(Conv::pack(v[2], v[3]));
+    u.z = bits(Conv::pack(v[4], v[5]));
+    u.w = bits(Conv::pack(v[6], v[7]));
+    *reinterpret_cast<uint4*>(p) = u;
+  }
+  __device__ static void store4(T* p, const float (&v)[4]) {
+    uint2 u;
+    u.x = bits(Conv::pack(v[0], v[1]));
+    u.y = bits(Conv::pack(v[2], v[3]));
+    *reinterpret_cast<uint2*>(p) = u;
+  }
+  __device__ static void load8(const T* p, float (&v)[8]) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = Conv::unpack(*reinterpret_cast<const Pair*>(&w[i]));
+      v[2 * i] = f.x;
+      v[2 * i + 1] = f.y;
+    }
+  }
+};
 template <>
-struct OutConv<__nv_bfloat16> {
-  using Pair = __nv_bfloat162;
+struct OutConv<__nv_bfloat16> : OutConv16<__nv_bfloat16, __nv_bfloat162, OutConv<__nv_bfloat16>> {
   __device__ static Pair pack(float a, float b) { return __floats2bfloat162_rn(a, b); }
   __device__ static float2 unpack(Pair p) { return __bfloat1622float2(p); }
   __device__ static __nv_bfloat16 one(float a) { return __float2bfloat16_rn(a); }
   __device__ static float to_float(__nv_bfloat16 a) { return __bfloat162float(a); }
-  __device__ static void store8(__nv_bfloat16* p, const float (&v)[8]) {
-    uint4 u;
-    u.x = bits(pack(v[0], v[1]));
-    u.y = bits(pack(v[2], v[3]));
-    u.z = bits(pack(v[4], v[5]));
-    u.w = bits(pack(v[6], v[7]));
-    *reinterpret_cast<uint4*>(p) = u;
-  }
-  __device__ static void store4(__nv_bfloat16* p, const float (&v)[4]) {
-    uint2 u;
-    u.x = bits(pack(v[0], v[1]));
-    u.y = bits(pack(v[2], v[3]));
-    *reinterpret_cast<uint2*>(p) = u;
-  }
-  __device__ static void load8(const __nv_bfloat16* p, float (&v)[8]) {
-    const uint4 u = *reinterpret_cast<const uint4*>(p);
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = unpack(*reinterpret_cast<const Pair*>(&w[i]));
-      v[2 * i] = f.x;
-      v[2 * i + 1] = f.y;
-    }
-  }
-  __device__ static uint32_t bits(Pair p) { return *reinterpret_cast<uint32_t*>(&p); }
 };
 template <>
-struct OutConv<__half> {
-  using Pair = __half2;
+struct OutConv<__half> : OutConv16<__half, __half2, OutConv<__half>> {
   __device__ static Pair pack(float a, float b) { return __floats2half2_rn(a, b); }
   __device__ static float2 unpack(Pair p) { return __half22float2(p); }
   __device__ static __half one(float a) { return __float2half_rn(a); }
   __device__ static float to_float(__half a) { return __half2float(a); }
-  __device__ static void store8(__half* p, const float (&v)[8]) {
-    uint4 u;
-    u.x = bits(pack(v[0], v[1]));
-    u.y = bits(pack(v[2], v[3]));
-    u.z = bits(pack(v[4], v[5]));
-    u.w = bits(pack(v[6], v[7]));
-    *reinterpret_cast<uint4*>(p) = u;
-  }
-  __device__ static void store4(__half* p, const float (&v)[4]) {
-    uint2 u;
-    u.x = bits(pack(v[0], v[1]));
-    u.y = bits(pack(v[2], v[3]));
-    *reinterpret_cast<uint2*>(p) = u;
-  }
-  __device__ static void load8(const __half* p, float (&v)[8]) {
-    const uint4 u = *reinterpret_cast<const uint4*>(p);
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = unpack(*reinterpret_cast<const Pair*>(&w[i]));
-      v[2 * i] = f.x;
-      v[2 * i + 1] = f.y;
-    }
-  }
-  __device__ static uint32_t bits(Pair p) { return *reinterpret_cast<uint32_t*>(&p); }
 };
 template <>
 struct OutConv<float> {
