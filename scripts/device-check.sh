@@ -25,6 +25,7 @@ summary="$out/summary.txt"
 note() { echo "$*" | tee -a "$summary"; }
 note "device-check $(date -u +%FT%TZ) commit ${TESSERA_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null)} gpus=$ngpu"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv >>"$summary" 2>&1
+[ "$ngpu" -gt 1 ] && nvidia-smi topo -m >>"$summary" 2>&1
 
 if has build; then
   t0=$(date +%s)
