@@ -29,6 +29,10 @@ CLI::App& subcommand(CLI::App& parent, const std::string& name, const std::strin
 }  // namespace tessera::tools
 
 int main(int argc, char** argv) {
+  // Under `tessera run` stdout is a pipe, which stdio buffers fully: a rank
+  // killed by a timeout would lose everything it printed. Line buffering
+  // keeps a long benchmark's progress visible and in the logs.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   CLI::App app{"tessera: tile-granular overlap of communication and computation on multi-GPU machines"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "tessera 0.1.0");
