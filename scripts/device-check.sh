@@ -4,7 +4,9 @@
 #
 #   scripts/device-check.sh [step...]     steps: build cpu tests comm gemm mlp asynctp commir signal
 #                                          (default: build tests comm gemm)
-# MLP_SHAPES (default 1,2,3,4,5,6) picks the MLP shapes for mlp / asynctp.
+# MLP_SHAPES (default 1,2,3,4,5,6) picks the MLP shapes for mlp / asynctp;
+# ASYNCTP_SHAPES overrides it for asynctp. MLP_ARGS, SIGNAL_ARGS, COMMIR_ARGS
+# add options to those benchmarks (e.g. MLP_ARGS=--no-variants).
 #
 # Carry .deps (scripts/vendor-deps.sh): the GPU machines cannot install
 # packages. Multi-GPU tests run with one process per visible GPU.
@@ -60,21 +62,21 @@ if has gemm; then
   note "bench gemm rc=$?"; tail -25 "$out/bench-gemm.log" | tee -a "$summary"
 fi
 if has mlp; then
-  timeout "${MLP_TIMEOUT:-240}" "$bin" run -n "$ngpu" -- "$bin" bench mlp --shapes ${MLP_SHAPES:-1,2,3,4,5,6} \
+  timeout "${MLP_TIMEOUT:-240}" "$bin" run -n "$ngpu" -- "$bin" bench mlp --shapes ${MLP_SHAPES:-1,2,3,4,5,6} ${MLP_ARGS:-} \
       --markdown "$out/mlp.md" >"$out/bench-mlp.log" 2>&1
   note "bench mlp rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-mlp.log" | tail -40 | tee -a "$summary"
 fi
 if has asynctp; then
   timeout "${ASYNCTP_TIMEOUT:-120}" torchrun --nproc-per-node "$ngpu" "$root/scripts/bench_async_tp.py" \
-      --shapes "${MLP_SHAPES:-1,2,3,4,5,6}" --markdown "$out/asynctp.md" >"$out/bench-asynctp.log" 2>&1
+      --shapes "${ASYNCTP_SHAPES:-${MLP_SHAPES:-1,2,3,4,5,6}}" --markdown "$out/asynctp.md" >"$out/bench-asynctp.log" 2>&1
   note "async-TP rc=$?"; tail -20 "$out/bench-asynctp.log" | tee -a "$summary"
 fi
 if has commir; then
-  timeout "${COMMIR_TIMEOUT:-240}" "$bin" run -n "$ngpu" -- "$bin" bench commir --shapes ${MLP_SHAPES:-1,2,3} \
+  timeout "${COMMIR_TIMEOUT:-240}" "$bin" run -n "$ngpu" -- "$bin" bench commir --shapes ${MLP_SHAPES:-1,2,3} ${COMMIR_ARGS:-} \
       --markdown "$out/commir.md" >"$out/bench-commir.log" 2>&1
   note "bench commir rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-commir.log" | tail -20 | tee -a "$summary"
 fi
 if has signal; then
-  timeout "${SIGNAL_TIMEOUT:-300}" "$bin" run -n "$ngpu" -- "$bin" bench signal >"$out/bench-signal.log" 2>&1
+  timeout "${SIGNAL_TIMEOUT:-300}" "$bin" run -n "$ngpu" -- "$bin" bench signal ${SIGNAL_ARGS:-} >"$out/bench-signal.log" 2>&1
   note "bench signal rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-signal.log" | tail -40 | tee -a "$summary"
 fi

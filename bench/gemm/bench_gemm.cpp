@@ -170,6 +170,7 @@ void run(const Options& o) {
     columns.push_back("overlap " + tile_name(t) + "/cuBLASLt");
   }
   if (!pp_tiles.empty()) columns.push_back("overlap == ours");
+  columns.push_back("cooperative/cuBLASLt");
   Table table(columns);
   std::vector<double> ratios;
   std::vector<std::vector<double>> pp_ratios(pp_tiles.size());
@@ -188,9 +189,11 @@ void run(const Options& o) {
       fill_random(bs.back()->p, n * k, in, 1001 + 2 * s, stream);
     }
     Dev d(m * n * 2), ref(m * n * 2);
-    Dev flags(((m + 127) / 128) * 4), counters(((m + 127) / 128) * ((n + 127) / 128) * 4);
+    // One counter per tile of the smallest tile (64 rows, 128 columns) covers every kernel.
+    const int64_t counter_bytes = ((m + 63) / 64) * ((n + 127) / 128) * 4;
+    Dev flags(((m + 127) / 128) * 4), counters(counter_bytes);
     TESSERA_CUDA_CHECK(cudaMemset(flags.p, 0xFF, ((m + 127) / 128) * 4));  // always ready (>= any epoch)
-    TESSERA_CUDA_CHECK(cudaMemset(counters.p, 0, ((m + 127) / 128) * ((n + 127) / 128) * 4));
+    TESSERA_CUDA_CHECK(cudaMemset(counters.p, 0, counter_bytes));
     auto args_for = [&](int s, void* out) {
       GemmArgs a{as[s]->p, bs[s]->p, out, m, n, k, 0, 0, 0, in, in, layout};
       return a;
@@ -225,7 +228,13 @@ void run(const Options& o) {
       }
     }
 
-    int i_ours = 0, i_ref = 0, i_wait = 0, i_notify = 0, i_both = 0;
+    // The cooperative kernel the tile heuristic picks (the default before the
+    // ping-pong one), for comparison when the default is ping-pong.
+    GemmArgs probe = args_for(0, d.p);
+    const bool default_pp = plain_uses_ping_pong(probe, opt);
+    GemmOptions coop = opt;
+    coop.tile = resolve_tile(probe, opt);
+    int i_ours = 0, i_ref = 0, i_wait = 0, i_notify = 0, i_both = 0, i_coop = 0;
     std::vector<std::function<void()>> variants = {
         [&] { kernels::gemm(args_for(i_ours++ % o.sets, d.p), opt, stream); },
         [&] { kernels::cublaslt_gemm(args_for(i_ref++ % o.sets, ref.p), stream); }};
@@ -240,6 +249,8 @@ void run(const Options& o) {
       variants.push_back(hooked(Hooks::NotifyOnly, i_notify));
       variants.push_back(hooked(Hooks::Both, i_both));
     }
+    const size_t i_coop_v = variants.size();
+    if (default_pp) variants.push_back([&] { kernels::gemm(args_for(i_coop++ % o.sets, d.p), coop, stream); });
     const size_t first_pp = variants.size();
     std::vector<int> i_pp(pp_opts.size(), 0);
     for (size_t v = 0; v < pp_opts.size(); ++v)
@@ -255,10 +266,11 @@ void run(const Options& o) {
     const double flops = 2.0 * m * n * k;
     const double ratio = ours.median_ms / base.median_ms;
     ratios.push_back(ratio);
-    GemmArgs probe = args_for(0, d.p);
     std::vector<std::string> row = {
         fmt::format("{}", m), fmt::format("{}", n), fmt::format("{}", k),
-        tile_name(resolve_tile(probe, opt)) + "/c" + std::to_string(resolve_cluster(probe, opt, resolve_tile(probe, opt))),
+        default_pp ? std::string("64x256/pp")
+                   : tile_name(resolve_tile(probe, opt)) + "/c" +
+                         std::to_string(resolve_cluster(probe, opt, resolve_tile(probe, opt))),
         fmt::format("{:.3f}", ours.median_ms), fmt::format("{:.3f}", base.median_ms),
         fmt::format("{:.0f}", flops / ours.median_ms * 1e-9), fmt::format("{:.0f}", flops / base.median_ms * 1e-9),
         fmt::format("{:.3f}", ratio), wait_cost, notify_cost, both_cost, fmt::format("{:.1e}", err)};
@@ -269,6 +281,7 @@ void run(const Options& o) {
       row.push_back(fmt::format("{:.3f}", r));
     }
     if (!pp_opts.empty()) row.push_back(pp_identical ? "yes" : "NO");
+    row.push_back(default_pp ? fmt::format("{:.3f}", st[i_coop_v].median_ms / base.median_ms) : "-");
     table.add(row);
     fmt::print("{}x{}x{}: ours {:.3f} ms, cuBLASLt {:.3f} ms, ratio {:.3f}\n", m, n, k, ours.median_ms,
                base.median_ms, ratio);
@@ -296,8 +309,10 @@ void run(const Options& o) {
         "Command: `{}`\n\n"
         "bf16 inputs unless stated, f32 accumulation, B as {}; time = median of {} CUDA-event-timed runs after {} "
         "warm-ups (all variants interleaved run by run), inputs rotated over {} buffer sets. ours/cuBLASLt < 1 means ours is faster. \"idle wait / notify / "
-        "both\" = extra time of the same GEMM with a FlagWait prologue whose flags are already set, a per-tile notify "
-        "epilogue, or both, compiled in.\n\n"
+        "both\" = extra time of the same GEMM (same kernel as \"ours\") with a FlagWait prologue whose flags are already "
+        "set, a per-tile notify epilogue, or both, compiled in. Tile \"64x256/pp\" = the ping-pong kernel the plain "
+        "gemm() picks by default; \"cooperative\" = the cooperative kernel the tile heuristic picks (the default "
+        "before).\n\n"
         "{}\nMedian ours/cuBLASLt = {:.3f}; worst = {:.3f}.\n{}",
         o.device_kind, prop.name, prop.multiProcessorCount, fmt::localtime(std::chrono::system_clock::to_time_t(now)),
         o.commit, o.command_line, layout == BLayout::NK ? "[N, K]" : "[K, N]", o.reps, o.warmup, o.sets,

@@ -200,6 +200,10 @@ int resolve_cluster(const GemmArgs& a, const GemmOptions& o, GemmTile t) {
   return 1;
 }
 
+bool plain_uses_ping_pong(const GemmArgs& a, const GemmOptions& o) {
+  return !o.epilogue_overlap && o.tile == GemmTile::Auto && o.cluster_m <= 1 && a.in == a.out;
+}
+
 GemmTile resolve_tile(const GemmArgs& a, const GemmOptions& o) {
   TESSERA_CHECK(o.raster_group >= 1, "gemm: raster_group = {} must be >= 1", o.raster_group);
   TESSERA_CHECK(o.rotate_m >= 0, "gemm: rotate_m = {} must be >= 0", o.rotate_m);

@@ -2,7 +2,8 @@
 // RasterScheduler) for one input type and B layout; instantiated once per
 // (input type, layout) in gemm_plain_*.cu so the kernels compile in parallel.
 // GemmOptions::epilogue_overlap selects the ping-pong kernels (128x128,
-// 64x256; output type == input type only).
+// 64x256; output type == input type only); with tile Auto and out == in the
+// ping-pong 64x256 is also the default (plain_uses_ping_pong).
 #pragma once
 
 #include <string>
@@ -39,6 +40,12 @@ void gemm_plain_out(GemmTile t, const GemmArgs& a, const GemmOptions& o, cudaStr
 
 template <class InT, BLayout L>
 void gemm_plain(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
+  if (plain_uses_ping_pong(a, o)) {
+    GemmOptions po = o;
+    po.epilogue_overlap = true;
+    po.tile = GemmTile::T64x256;
+    return gemm_plain_out<InT, L, InT>(GemmTile::T64x256, a, po, stream);
+  }
   const GemmTile t = resolve_tile(a, o);
   switch (a.out) {
     case DType::bf16: return gemm_plain_out<InT, L, __nv_bfloat16>(t, a, o, stream);

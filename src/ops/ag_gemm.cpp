@@ -1,10 +1,14 @@
 // AllGather + GEMM: the four strategies (plan.hpp describes the protocol).
 //
 // Every strategy starts by copying this rank's shard into its rows of the
-// symmetric gathered-A workspace (packed, row stride K) on the compute
-// stream, and ends by telling every peer kAgFree = epoch once its GEMM has
-// read the workspace; a rank pushes into a peer only after that peer's
-// kAgFree reached the previous epoch.
+// symmetric gathered-A workspace (packed, row stride K) — on the compute
+// stream for sequential / decomposition; for the fused ones on the
+// communication stream, channel by channel, each chunk announced on this
+// rank's own flag row so that the GEMM starts at once and waits per tile
+// (the copy-in is then off the critical path but for its first chunk). Every
+// strategy ends by telling every peer kAgFree = epoch once its GEMM has read
+// the workspace; a rank pushes into a peer only after that peer's kAgFree
+// reached the previous epoch.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -55,6 +59,28 @@ void local_gemm(TpContext::Impl& c, const AgGemmArgs& a, const void* a_rows, std
   (void)c;
 }
 
+/// Fused strategies: my shard into my rows of the workspace on the
+/// communication stream, channel by channel, each chunk followed by a flag
+/// store (value = epoch, stream memory operation) on my own flag row, which
+/// the GEMM's prologue waits for like a peer's.
+void copy_in_by_channel(TpContext::Impl& c, const AgPlan& plan, const AgGemmArgs& a, std::int64_t row_bytes,
+                        std::int64_t lda_bytes, std::uint64_t e) {
+  cudaStream_t cs = c.comm();
+  const int rank = c.pg.rank();
+  const std::int64_t lo = plan.shards.lo(rank);
+  const std::int64_t per_ch = plan.map.m_per_channel;
+  unsigned char* ws = c.ag_ws.local();
+  for (int ch = 0; ch < plan.channels; ++ch) {
+    const std::int64_t r0 = std::min<std::int64_t>(ch * per_ch, a.m_local);
+    const std::int64_t r1 = std::min<std::int64_t>(r0 + per_ch, a.m_local);
+    if (r1 > r0)
+      TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(ws + (lo + r0) * row_bytes, row_bytes,
+                                           static_cast<const unsigned char*>(a.a) + r0 * lda_bytes, lda_bytes,
+                                           row_bytes, r1 - r0, cudaMemcpyDeviceToDevice, cs));
+    link::rank_notify(cs, *c.ag_flags, rank, ch, e);
+  }
+}
+
 void notify_free(TpContext::Impl& c, std::uint64_t e) {
   for (int p = 0; p < c.pg.world(); ++p)
     if (p != c.pg.rank()) link::rank_notify(c.pg.stream(), *c.control, p, kAgFree, e);
@@ -90,7 +116,7 @@ void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOp
   cudaStream_t st = c.pg.stream();
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(a.dtype));
   const std::int64_t row_bytes = a.k * es;
-  const AgPlan plan = plan_ag(a.m, R, rank, s == Strategy::decomposition ? 1 : o.channels, 128);
+  const AgPlan plan = plan_ag(a.m, R, rank, s == Strategy::decomposition ? 1 : o.channels, detail::kTpTileM);
   const std::int64_t per_rank = plan.shards.per_rank;
   c.ensure_ag_ws(static_cast<std::size_t>(R * per_rank * row_bytes));
   const std::uint64_t e = ++c.ag_epoch;
@@ -103,8 +129,9 @@ void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOp
   // Sequential with equal, packed shards: NCCL gathers straight from A (no
   // copy-in; every rank sends per_rank rows, so every shard must be full).
   const bool direct_gather = s == Strategy::sequential && lda == a.k && a.m % R == 0;
-  // My shard into my rows of the workspace (compute stream).
-  if (!direct_gather)
+  const bool fused = s == Strategy::fused_ce || s == Strategy::fused_sm;
+  // My shard into my rows of the workspace (compute stream; fused: below).
+  if (!direct_gather && !fused)
     TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(ws + lo * row_bytes, row_bytes, a.a, lda * es, row_bytes, a.m_local,
                                          cudaMemcpyDeviceToDevice, st));
   void* tmp = a.swiglu ? c.staging.ensure(static_cast<std::size_t>(a.m * swiglu_tmp_ld(a.n) * es), st) : nullptr;
@@ -131,8 +158,10 @@ void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOp
     }
     case Strategy::fused_ce:
     case Strategy::fused_sm: {
+      // ev_ready covers this rank's previous GEMM, which read the workspace.
       TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, st));
       TESSERA_CUDA_CHECK(cudaStreamWaitEvent(c.comm(), c.ev_ready, 0));
+      copy_in_by_channel(c, plan, a, row_bytes, lda * es, e);
       int max_ctas = 0;
       if (s == Strategy::fused_ce) {
         push_copy_engine(c, plan, row_bytes, a.m_local, e);

@@ -13,8 +13,17 @@
 
 namespace tessera::ops::detail {
 
+/// Output tile of the fused TP GEMMs: the engine's ping-pong 64x256 kernel
+/// (GemmOptions::epilogue_overlap). One consumer warpgroup stores its tile —
+/// peer stores of GEMM+RS included — while the other runs its main loop;
+/// measured 0.988x cuBLASLt (median) against 1.019x for the cooperative
+/// 128x256 on the MLP shapes (nvidia-h200-x2, 0e9d5cb, bench/RESULTS.md).
+/// Plans (plan_ag / plan_rs) use the same rows and columns.
+inline constexpr int kTpTileM = 64;
+inline constexpr int kTpTileN = 256;
+
 /// Fused AG+GEMM: D = A_gathered · Bᵀ (or SiLU·up with swiglu) with the
-/// Tessera engine (128x256 tile), per-tile waits on the AG data flags.
+/// Tessera engine (kTpTileM x kTpTileN tile), per-tile waits on the AG data flags.
 struct AgGemmLaunch {
   const void* a = nullptr;  ///< gathered A [M, K], packed (the symmetric workspace)
   const void* b = nullptr;

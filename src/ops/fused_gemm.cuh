@@ -1,7 +1,8 @@
 // src/ops/fused_gemm.cuh — instantiations of the fused TP GEMMs for one
 // input type (included by fused_gemm_bf16.cu / fused_gemm_f16.cu so that the
-// two types compile in parallel). One tile (128x256, no cluster) per policy
-// set keeps the kernel count, and the build time, small.
+// two types compile in parallel). One tile (the ping-pong 64x256, see
+// kTpTileM in device_ops.hpp) per policy set keeps the kernel count, and the
+// build time, small.
 #pragma once
 
 #include "fused_policies.cuh"
@@ -12,7 +13,15 @@
 
 namespace tessera::ops::detail {
 
-inline constexpr kernels::GemmTile kTpTile = kernels::GemmTile::T128x256;
+inline constexpr kernels::GemmTile kTpTile = kernels::GemmTile::T64x256;
+static_assert(kTpTileM == 64 && kTpTileN == 256, "kTpTile and kTpTileM/N must agree");
+
+/// The ping-pong kernel of kTpTile for one policy set.
+template <class T, class Pro, class Epi>
+void launch_tp_gemm(const kernels::GemmArgs& g, const kernels::GemmOptions& o, const Pro& pro, const Epi& epi,
+                    const kernels::engine::RasterScheduler& sched, cudaStream_t s) {
+  kernels::gemm_with_tile_overlap<kTpTile, T, kernels::BLayout::NK>(g, o, pro, epi, sched, s);
+}
 
 template <class T>
 void ag_gemm_typed(const AgGemmLaunch& p, cudaStream_t s) {
@@ -31,6 +40,7 @@ void ag_gemm_typed(const AgGemmLaunch& p, cudaStream_t s) {
   g.b_layout = kernels::BLayout::NK;
   kernels::GemmOptions o{};
   o.tile = kTpTile;
+  o.epilogue_overlap = true;
   o.max_ctas = p.max_ctas;
   AgPrologue pro;
   pro.map = p.map;
@@ -46,12 +56,12 @@ void ag_gemm_typed(const AgGemmLaunch& p, cudaStream_t s) {
     kernels::engine::StdEpilogue<T, kernels::engine::kEpiSwiGLU> epi;
     epi.d = static_cast<T*>(p.d);
     epi.ldd = p.ldd;
-    kernels::gemm_with_tile<kTpTile, T, kernels::BLayout::NK, 1>(g, o, pro, epi, sched, s);
+    launch_tp_gemm<T>(g, o, pro, epi, sched, s);
   } else {
     kernels::engine::StdEpilogue<T, kernels::engine::kEpiPlain> epi;
     epi.d = static_cast<T*>(p.d);
     epi.ldd = p.ldd;
-    kernels::gemm_with_tile<kTpTile, T, kernels::BLayout::NK, 1>(g, o, pro, epi, sched, s);
+    launch_tp_gemm<T>(g, o, pro, epi, sched, s);
   }
 }
 
@@ -72,6 +82,7 @@ void gemm_rs_typed(const GemmRsLaunch& p, cudaStream_t s) {
   g.b_layout = kernels::BLayout::NK;
   kernels::GemmOptions o{};
   o.tile = kTpTile;
+  o.epilogue_overlap = true;
   o.max_ctas = p.max_ctas;
   // Remotely-owned tiles first: start at shard (rank + 1) mod R.
   const kernels::engine::RasterScheduler sched{p.raster_group, false, p.rotate_m};
@@ -94,7 +105,7 @@ void gemm_rs_typed(const GemmRsLaunch& p, cudaStream_t s) {
     pro.expected = static_cast<std::uint64_t>(p.world - 1);
     pro.timeout_ns = runtime::wait_timeout_ns();
     pro.diag = kernels::wait_diagnostics();
-    kernels::gemm_with_tile<kTpTile, T, kernels::BLayout::NK, 1>(g, o, pro, epi, sched, s);
+    launch_tp_gemm<T>(g, o, pro, epi, sched, s);
     return;
   }
   RsEpilogue<T> epi;
@@ -105,12 +116,12 @@ void gemm_rs_typed(const GemmRsLaunch& p, cudaStream_t s) {
   epi.per_rank = p.per_rank;
   epi.ld = p.ld_recv;
   epi.rank = p.rank;
-  kernels::gemm_with_tile<kTpTile, T, kernels::BLayout::NK, 1>(g, o, kernels::engine::NoWait{}, epi, sched, s);
+  launch_tp_gemm<T>(g, o, kernels::engine::NoWait{}, epi, sched, s);
 }
 
 template <class T>
 void preload_typed() {
-  using Cfg = kernels::TileCfgOf<kTpTile, 1>::type;
+  using Cfg = kernels::PingPongCfgOf<kTpTile>::type;
   using Sched = kernels::engine::RasterScheduler;
   cudaFuncAttributes attr{};
   kernels::detail::cuda_check(

@@ -84,8 +84,9 @@ struct GemmOptions {
   /// Ping-pong schedule: the two consumer warpgroups take alternate tiles, so
   /// one stores its finished tile (epilogue) while the other runs its wgmma
   /// main loop. Tiles 128x128 (Auto) or 64x256; cluster_m must be 0 or 1.
-  /// Off by default (the heuristic does not pick it yet: not measured). The
-  /// plain gemm() compiles it for output type == input type only.
+  /// The plain gemm() compiles it for output type == input type only, and
+  /// picks it by itself (64x256) where plain_uses_ping_pong() says so; policy
+  /// entry points (gemm_with_layout / gemm_with_tile) never pick it.
   bool epilogue_overlap = false;
 };
 
@@ -102,6 +103,14 @@ GemmTile choose_tile(const GemmArgs& a, int num_sms);
 /// With o.epilogue_overlap: Auto -> 128x128; 128x128 and 64x256 accepted,
 /// any other tile is a tessera::Error. Without it, 64x256 is an Error.
 GemmTile resolve_tile(const GemmArgs& a, const GemmOptions& o);
+
+/// True when the plain gemm() runs the ping-pong 64x256 kernel although
+/// o.epilogue_overlap is off: tile Auto, cluster_m 0 or 1, output type ==
+/// input type. Measured on the issue-3 shapes (nvidia-h200-x2, commit
+/// 0e9d5cb): ping-pong 64x256 median 0.988x cuBLASLt, worst 1.009x, against
+/// 1.019x / 1.064x for the cooperative tile the heuristic picks. Ask for an
+/// explicit tile to get a cooperative kernel.
+bool plain_uses_ping_pong(const GemmArgs& a, const GemmOptions& o);
 
 /// Cluster size for tile `t`: o.cluster_m if set (checked: 1 or 2), else 1.
 /// Always 1 with o.epilogue_overlap (cluster_m = 2 is then an Error).
