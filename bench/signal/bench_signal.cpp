@@ -1,31 +1,53 @@
 // `tessera bench signal` — signal-based overlap (FlashOverlap) of the GEMM
-// engine with NCCL AllReduce / ReduceScatter, per GEMM size:
-//   GEMM alone (cuBLASLt), collective alone (NCCL), sequential (cuBLASLt
+// engine with NCCL AllReduce / ReduceScatter, per GEMM size and per op:
+//   GEMM alone (cuBLASLt), collective alone (NCCL), non-overlap (cuBLASLt
 //   then NCCL), decomposition (4 row chunks, cuBLASLt + NCCL pipelined on two
-//   streams), Tessera (engine GEMM writing wave groups + counters, NCCL per
-//   group on the communication stream, partition from the predictive
-//   search), the seed's §6.4 bound, speedup, fraction of bound, predictor
-//   error; partitions "one group per wave" and "2 equal groups" are measured
-//   too and the searched one is compared with the best measured.
-// Offline stage first: NCCL bandwidth curves at dense sizes and the
-// per-group wait+launch overhead; optionally stored as a tune::MachineProfile.
-//   tessera run -n 2 -- tessera bench signal [--op ar|rs] [--shapes MxNxK,...]
+//   streams), Tessera = the tuner's final choice (the predictive search's
+//   partition, or "no overlap" = the non-overlap run when the model says
+//   that is faster), the searched overlapped partition measured even when
+//   not chosen (for the predictor error), the seed's §6.4 bound, speedup,
+//   fraction of bound; on shapes with few waves every partition is measured
+//   (exhaustive) and compared with the searched one.
+// Rows: the MLP down-projection shapes of WORKLOADS.md with TP = 2 (M = S,
+// N = H, K = I/2: MLP-1..6, the >= 1.25x GEMM+AllReduce target) first, then
+// 56 sweep sizes (M*N 16M..256M, K 2K..16K) in an interleaved order, so a
+// run cut by the budget still spans the range.
+// Offline stage per op first: NCCL bandwidth curve at dense sizes and the
+// per-group wait+launch overhead (both wait modes); optionally stored as a
+// tune::MachineProfile.
+//   tessera run -n 2 -- tessera bench signal [--op ar,rs] [--budget-s 200]
+//       [--shapes MxNxK,...] [--markdown FILE]
+//
+// Every GPU wait here is bounded (TESSERA_WAIT_TIMEOUT_MS, default 5 s, x4):
+// a repetition that does not finish names the phase, the shape and, for the
+// overlapped runs, the wave groups whose counters are short (CommDriver::
+// synchronize), then throws. NCCL_RUNTIME_CONNECT defaults to 0 here so
+// NCCL connects at init, never inside an enqueue behind a stream wait.
+// Wall-clock budget (--budget-s): split evenly over the ops still to run;
+// no new shape starts after an op's share is spent; tables and summaries
+// are printed for what was measured.
 //
 // `tessera bench signal-kernels` — one GPU: plain RMSNorm vs RMSNorm fused
 // with the post-communication un-reorder (AR tiles, RS sub-tiles, A2A
 // sub-tokens), and the plain un-reorder copy; overhead in % (seed Table 5).
 #include <cuda_runtime_api.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nccl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "command.hpp"
@@ -34,6 +56,7 @@
 #include "tessera/kernels/gemm.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/runtime/process_group.hpp"
+#include "tessera/runtime/wait_diagnostics.hpp"
 #include "tessera/signal/a2a.hpp"
 #include "tessera/signal/comm_driver.hpp"
 #include "tessera/signal/epilogue_tables.hpp"
@@ -44,12 +67,20 @@
 namespace tessera::bench::signalb {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 struct Options {
-  std::string op = "ar";
+  std::vector<std::string> ops{"ar", "rs"};
   std::vector<std::string> shapes;
+  bool mlp = true;
+  bool sweep = true;
   int nccl_sms = 16;
-  int reps = 20;
-  int warmup = 5;
+  int reps = 10;
+  int warmup = 3;
+  int exh_reps = 5;
+  int exh_max_waves = 9;
+  double exh_cap_s = 2.0;
+  double budget_s = 200;
   std::string wait = "memop";
   bool store_profile = false;
   std::string topology = "NV18";
@@ -58,27 +89,35 @@ struct Options {
 
 struct Shape {
   std::int64_t m, n, k;
+  std::string label;
 };
 
-std::vector<Shape> default_shapes() {
-  // M*N from 16M to 256M elements, K from 2K to 16K: 14 (M, N) x 4 K = 56.
+std::vector<Shape> mlp_shapes() {
+  // WORKLOADS.md Table 4 with TP = 2: the down projection [S, I/2] x [I/2, H].
+  return {{8192, 4096, 5504, "MLP-1"},  {8192, 4096, 7168, "MLP-2"},  {8192, 3584, 7168, "MLP-3"},
+          {8192, 4608, 18432, "MLP-4"}, {8192, 8192, 14336, "MLP-5"}, {8192, 8192, 14784, "MLP-6"}};
+}
+
+std::vector<Shape> sweep_shapes() {
+  // M*N from 16M to 256M elements, K from 2K to 16K: 14 (M, N) x 4 K = 56,
+  // visited with stride 17 (coprime with 56) so any prefix spans sizes and K.
   std::vector<Shape> s;
   for (std::int64_t m : {2048, 4096, 6144, 8192, 16384})
     for (std::int64_t n : {4096, 8192, 16384})
       if (m * n >= (16ll << 20) && m * n <= (256ll << 20))
-        for (std::int64_t k : {2048, 4096, 8192, 16384}) s.push_back({m, n, k});
-  return s;
+        for (std::int64_t k : {2048, 4096, 8192, 16384}) s.push_back({m, n, k, ""});
+  std::vector<Shape> order;
+  for (std::size_t i = 0; i < s.size(); ++i) order.push_back(s[(i * 17) % s.size()]);
+  return order;
 }
 
 Shape parse_shape(const std::string& t) {
-  Shape s{};
   char x1 = 0, x2 = 0;
   long long m = 0, n = 0, k = 0;
   TESSERA_CHECK(std::sscanf(t.c_str(), "%lld%c%lld%c%lld", &m, &x1, &n, &x2, &k) == 5 && x1 == 'x' && x2 == 'x' &&
                     m > 0 && n > 0 && k > 0,
                 "bench signal: shape '{}' is not MxNxK", t);
-  s = {m, n, k};
-  return s;
+  return {m, n, k, ""};
 }
 
 struct DevMem {
@@ -91,26 +130,88 @@ struct DevMem {
   T* as() const { return static_cast<T*>(p); }
 };
 
-ncclDataType_t bf16() { return ncclBfloat16; }
+// Owned CUDA events (destroyed on every path, also when a wait throws).
+struct Event {
+  cudaEvent_t e = nullptr;
+  explicit Event(unsigned flags = cudaEventDisableTiming) { TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&e, flags)); }
+  ~Event() { if (e) cudaEventDestroy(e); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+};
 
-// Median ms of `body` on `stream`, max over ranks (all ranks call it together).
-double timed(runtime::ProcessGroup& pg, cudaStream_t stream, const std::function<void()>& body, const Options& o) {
-  const Stats s = time_on_stream(stream, body, o.warmup, o.reps, [&] { pg.barrier(); });
-  return pg.allreduce_max(s.median_ms);
+// Progress lines (rank 0) with seconds since the command started.
+struct Progress {
+  Clock::time_point t0 = Clock::now();
+  bool on = false;
+  double elapsed() const { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+  template <class... A>
+  void operator()(fmt::format_string<A...> f, A&&... a) const {
+    if (on) fmt::print("[{:7.1f} s] {}\n", elapsed(), fmt::format(f, std::forward<A>(a)...));
+  }
+};
+
+std::uint64_t bench_timeout_ns() { return runtime::wait_timeout_ns() * 4; }
+
+// Waits for `ev` by polling (never blocks in the driver), bounded by
+// bench_timeout_ns(); checks NCCL's asynchronous error meanwhile. On
+// timeout calls `stuck` (which may throw a better diagnostic, e.g. the short
+// counters), then throws naming `what`.
+void bounded_wait(cudaEvent_t ev, ncclComm_t comm, const std::string& what, const std::function<void()>& stuck) {
+  const auto deadline = Clock::now() + std::chrono::nanoseconds(bench_timeout_ns());
+  for (;;) {
+    const cudaError_t rc = cudaEventQuery(ev);
+    if (rc == cudaSuccess) return;
+    if (rc != cudaErrorNotReady) TESSERA_CUDA_CHECK(rc);
+    ncclResult_t async = ncclSuccess;
+    TESSERA_NCCL_CHECK(ncclCommGetAsyncError(comm, &async));
+    TESSERA_CHECK(async == ncclSuccess, "bench signal: {}: NCCL asynchronous error {} ({})", what, int(async),
+                  ncclGetErrorString(async));
+    if (Clock::now() > deadline) {
+      if (stuck) stuck();
+      TESSERA_FAIL("bench signal: {} did not finish within {} ms (TESSERA_WAIT_TIMEOUT_MS x 4); GPU work is stuck "
+                   "or far slower than expected",
+                   what, bench_timeout_ns() / 1000000);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+// Median ms of `body` on `stream` over `reps` after `warmup`, max over ranks
+// (all ranks call it together; a barrier before every repetition).
+double timed(runtime::ProcessGroup& pg, cudaStream_t stream, const std::function<void()>& body, int warmup, int reps,
+             const std::string& what, const std::function<void()>& stuck = {}) {
+  Event start(cudaEventDefault), stop(cudaEventDefault);
+  for (int i = 0; i < warmup; ++i) {
+    pg.barrier();
+    body();
+  }
+  TESSERA_CUDA_CHECK(cudaEventRecord(stop.e, stream));
+  bounded_wait(stop.e, pg.nccl(), what + " (warm-up)", stuck);
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    pg.barrier();
+    TESSERA_CUDA_CHECK(cudaEventRecord(start.e, stream));
+    body();
+    TESSERA_CUDA_CHECK(cudaEventRecord(stop.e, stream));
+    bounded_wait(stop.e, pg.nccl(), what, stuck);
+    float ms = 0;
+    TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, start.e, stop.e));
+    t.push_back(ms);
+  }
+  return pg.allreduce_max(summarize(t).median_ms);
 }
 
 // Runs one collective of `elems` bf16 elements (op: ar or rs) from `send` into `recv`.
-void collective(const std::string& op, const void* send, void* recv, std::int64_t elems, int world, ncclComm_t comm,
+void collective(bool ar, const void* send, void* recv, std::int64_t elems, int world, ncclComm_t comm,
                 cudaStream_t s) {
-  if (op == "ar")
-    TESSERA_NCCL_CHECK(ncclAllReduce(send, recv, size_t(elems), bf16(), ncclSum, comm, s));
+  if (ar)
+    TESSERA_NCCL_CHECK(ncclAllReduce(send, recv, size_t(elems), ncclBfloat16, ncclSum, comm, s));
   else
-    TESSERA_NCCL_CHECK(ncclReduceScatter(send, recv, size_t(elems / world), bf16(), ncclSum, comm, s));
+    TESSERA_NCCL_CHECK(ncclReduceScatter(send, recv, size_t(elems / world), ncclBfloat16, ncclSum, comm, s));
 }
 
 // ---- offline stage: bandwidth curve and per-group overhead -----------------
-tune::BandwidthCurve measure_curve(runtime::ProcessGroup& pg, const std::string& op, std::int64_t max_bytes,
-                                   const Options& o) {
+tune::BandwidthCurve measure_curve(runtime::ProcessGroup& pg, bool ar, std::int64_t max_bytes, const Options& o) {
   const std::int64_t max_elems = max_bytes / 2;
   DevMem a(max_bytes), b(max_bytes);
   cudaStream_t s = pg.comm_stream(0);
@@ -119,7 +220,8 @@ tune::BandwidthCurve measure_curve(runtime::ProcessGroup& pg, const std::string&
   for (double bytes = 64 * 1024; bytes <= double(max_bytes) * 1.0001; bytes *= std::sqrt(2.0)) {
     std::int64_t elems = static_cast<std::int64_t>(bytes / 2) / (8 * pg.world()) * (8 * pg.world());
     elems = std::min(elems, max_elems);
-    const double ms = timed(pg, s, [&] { collective(op, a.p, b.p, elems, pg.world(), pg.nccl(), s); }, o);
+    const double ms = timed(pg, s, [&] { collective(ar, a.p, b.p, elems, pg.world(), pg.nccl(), s); }, o.warmup,
+                            o.reps, fmt::format("offline curve, {} bytes", elems * 2));
     // A measured curve can wiggle by noise; keep time non-decreasing.
     prev = std::max(prev, ms * 1e-3);
     if (pts.empty() || double(elems * 2) > pts.back().bytes) pts.push_back({double(elems * 2), prev});
@@ -128,8 +230,8 @@ tune::BandwidthCurve measure_curve(runtime::ProcessGroup& pg, const std::string&
 }
 
 // Cost of one extra group: G waits (already satisfied) + G collectives of
-// bytes/G against one collective of `bytes`, using the curve for the pieces.
-double measure_group_overhead(runtime::ProcessGroup& pg, const std::string& op, signal::WaitMode mode,
+// bytes/G against the curve's time for the pieces.
+double measure_group_overhead(runtime::ProcessGroup& pg, bool ar, signal::WaitMode mode,
                               const tune::BandwidthCurve& curve, const Options& o) {
   const int G = 8;
   const std::int64_t tile = 128 * 128;
@@ -146,12 +248,13 @@ double measure_group_overhead(runtime::ProcessGroup& pg, const std::string& op, 
   const double ms = timed(
       pg, pg.comm_stream(0),
       [&] {
-        if (op == "ar")
+        if (ar)
           drv.all_reduce(plan, am, buf.p, DType::bf16, counters, 1);
         else
           drv.reduce_scatter(plan, rm, buf.p, recv.p, DType::bf16, counters, 1);
       },
-      o);
+      o.warmup, o.reps, fmt::format("offline per-group overhead ({})", signal::wait_mode_name(mode)),
+      [&] { drv.synchronize(plan, counters, 1); });
   double pieces = 0;
   for (int g = 0; g < G; ++g) pieces += curve.time(double(plan.tiles_in(g)) * tile * 2);
   return std::max(0.0, (ms * 1e-3 - pieces) / G);
@@ -161,64 +264,122 @@ double measure_group_overhead(runtime::ProcessGroup& pg, const std::string& op, 
 struct Row {
   Shape shape;
   int waves = 0;
-  std::string plan;
-  double gemm = 0, comm = 0, seq = 0, decomp = 0, tessera = 0, predicted = 0, bound = 0;
-  double per_wave_meas = 0, equal2_meas = 0;
-  double rel_err = 0;
+  std::string choice;       ///< tuner's final choice: partition or "no overlap"
+  std::string searched;     ///< the searched overlapped partition
+  double gemm = 0, comm = 0, seq = 0, decomp = 0, tessera = 0, bound = 0;
+  double overlap_meas = 0, overlap_pred = 0, seq_pred = 0, chosen_pred = 0;
   bool overlap = false;
+  double rel_err = -1;
+  // Exhaustive (measured) comparison, when run.
+  bool exhaustive = false;
+  int exh_count = 0;
+  std::string exh_best;
+  double exh_best_ms = 0, exh_searched_ms = 0;
+  double seconds = 0;
   tune::GemmTiming timing;  ///< for the stored machine profile
 };
 
 struct Problem {
   const Options& o;
   runtime::ProcessGroup& pg;
+  bool ar;
   Shape sh;
   kernels::GemmArgs args;
   kernels::GemmOptions gopts;
 };
 
+std::string shape_name(const Shape& s) {
+  return fmt::format("{}{}x{}x{}", s.label.empty() ? "" : s.label + " ", s.m, s.n, s.k);
+}
+
 // Tessera's overlapped GEMM + collective for one partition; returns median ms.
-// `out` receives the final data of the last run (AR: reordered buffer; RS: recv).
+// `buf` / `recv` receive the data of the last run (AR: reordered buffer; RS: recv).
 double run_overlap(Problem& P, const signal::WaveModel& wm, const signal::GroupPlan& plan, signal::WaitMode mode,
-                   void* buf, void* recv) {
-  const bool ar = P.o.op == "ar";
+                   void* buf, void* recv, int warmup, int reps) {
   const signal::ArMap am = signal::make_ar_map(wm);
   const signal::RsMap rm = signal::make_rs_map(wm, P.pg.world());
-  const signal::EpilogueTables t = ar ? signal::epilogue_tables(wm, plan, am) : signal::epilogue_tables(wm, plan, rm);
+  const signal::EpilogueTables t = P.ar ? signal::epilogue_tables(wm, plan, am) : signal::epilogue_tables(wm, plan, rm);
   const signal::DeviceEpilogueTables dt(t);
   signal::GroupCounters counters(plan.groups());
   signal::CommDriver drv(P.pg.nccl(), P.pg.comm_stream(0), mode);
   cudaStream_t cs = P.pg.stream(), ms = P.pg.comm_stream(0);
-  cudaEvent_t fork, join;
-  TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-  TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  Event fork, join;
   std::uint64_t epoch = 0;
   const auto body = [&] {
     ++epoch;
-    TESSERA_CUDA_CHECK(cudaEventRecord(fork, cs));
-    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(ms, fork));
-    if (ar)
+    TESSERA_CUDA_CHECK(cudaEventRecord(fork.e, cs));
+    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(ms, fork.e));
+    if (P.ar)
       drv.all_reduce(plan, am, buf, DType::bf16, counters, epoch);
     else
       drv.reduce_scatter(plan, rm, buf, recv, DType::bf16, counters, epoch);
     gemm_into_groups(P.args, P.gopts, buf, dt.tile_base(), dt.seg_stride(), dt.tile_group(), dt.sub_rows(),
                      dt.tile_n(), counters.device(), cs);
-    TESSERA_CUDA_CHECK(cudaEventRecord(join, ms));
-    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, join));
+    TESSERA_CUDA_CHECK(cudaEventRecord(join.e, ms));
+    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, join.e));
   };
-  const double t_ms = timed(P.pg, cs, body, P.o);
+  // On a stuck repetition: name the short counters (and release them), or
+  // the stuck collective; throws.
+  const double t_ms = timed(P.pg, cs, body, warmup, reps,
+                            fmt::format("{} overlap {} of {}", P.ar ? "ar" : "rs", plan.str(), shape_name(P.sh)),
+                            [&] { drv.synchronize(plan, counters, epoch); });
   drv.synchronize(plan, counters, epoch);
-  TESSERA_CUDA_CHECK(cudaEventDestroy(fork));
-  TESSERA_CUDA_CHECK(cudaEventDestroy(join));
   return t_ms;
 }
 
-Row measure(Problem& P, const tune::BandwidthCurve& curve, double overhead, signal::WaitMode mode) {
+// Relative error (RMS) of the last overlapped run against cuBLASLt + NCCL
+// (different GEMM kernels: bf16-level agreement), rows sampled every 7th.
+double check_result(Problem& P, const signal::WaveModel& wm, void* buf, void* recv, void* D, void* C) {
+  runtime::ProcessGroup& pg = P.pg;
+  const Shape sh = P.sh;
+  const int R = pg.world();
+  const std::int64_t mn = sh.m * sh.n;
+  cudaStream_t cs = pg.stream();
+  kernels::cublaslt_gemm(P.args, cs);
+  // The reference is the full reduced matrix (RS rows are block-cyclic).
+  TESSERA_NCCL_CHECK(ncclAllReduce(D, C, size_t(mn), ncclBfloat16, ncclSum, pg.nccl(), cs));
+  const signal::ArMap am = signal::make_ar_map(wm);
+  const signal::RsMap rm = signal::make_rs_map(wm, R);
+  const std::int64_t rows_out = P.ar ? sh.m : rm.rows_of(pg.rank());
+  DevMem out(rows_out * sh.n * 2);
+  if (P.ar)
+    signal::unreorder(am, buf, out.p, sh.n, DType::bf16, cs);
+  else
+    signal::unreorder(signal::RsShard{rm, pg.rank()}, recv, out.p, sh.n, DType::bf16, cs);
+  Event done;
+  TESSERA_CUDA_CHECK(cudaEventRecord(done.e, cs));
+  bounded_wait(done.e, pg.nccl(), "correctness reference of " + shape_name(sh), {});
+  std::vector<std::uint16_t> got(rows_out * sh.n), ref(mn);
+  TESSERA_CUDA_CHECK(cudaMemcpy(got.data(), out.p, got.size() * 2, cudaMemcpyDeviceToHost));
+  TESSERA_CUDA_CHECK(cudaMemcpy(ref.data(), C, ref.size() * 2, cudaMemcpyDeviceToHost));
+  const auto f = [](std::uint16_t h) {
+    const std::uint32_t u = std::uint32_t(h) << 16;
+    float x;
+    std::memcpy(&x, &u, 4);
+    return double(x);
+  };
+  double num = 0, den = 0;
+  for (std::int64_t l = 0; l < rows_out; l += 7) {
+    const std::int64_t i = P.ar ? l : rm.global_row(pg.rank(), l);
+    for (std::int64_t j = 0; j < sh.n; ++j) {
+      const double g = f(got[l * sh.n + j]), r = f(ref[i * sh.n + j]);
+      num += (g - r) * (g - r);
+      den += r * r;
+    }
+  }
+  const double err = std::isfinite(num) && den > 0 ? std::sqrt(num / den) : INFINITY;
+  return pg.allreduce_max(err);
+}
+
+Row measure(Problem& P, const tune::BandwidthCurve& curve, double overhead, signal::WaitMode mode,
+            const Progress& progress) {
   const Options& o = P.o;
   runtime::ProcessGroup& pg = P.pg;
   const Shape sh = P.sh;
-  const bool ar = o.op == "ar";
+  const bool ar = P.ar;
   const int R = pg.world();
+  const auto t_start = Clock::now();
+  const std::string name = fmt::format("{} {}", ar ? "ar" : "rs", shape_name(sh));
   Row row;
   row.shape = sh;
   const std::int64_t mn = sh.m * sh.n;
@@ -226,7 +387,6 @@ Row measure(Problem& P, const tune::BandwidthCurve& curve, double overhead, sign
   fill_random_bf16(A.p, sh.m * sh.k, 1000 + pg.rank(), pg.stream());
   fill_random_bf16(B.p, sh.n * sh.k, 2000 + pg.rank(), pg.stream());
   TESSERA_CUDA_CHECK(cudaGetLastError());
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
   kernels::GemmArgs args;
   args.a = A.p;
   args.b = B.p;
@@ -235,41 +395,42 @@ Row measure(Problem& P, const tune::BandwidthCurve& curve, double overhead, sign
   args.n = sh.n;
   args.k = sh.k;
   cudaStream_t cs = pg.stream(), ms = pg.comm_stream(0);
+  const int W = o.warmup, N = o.reps;
 
   // Baselines.
-  row.gemm = timed(pg, cs, [&] { kernels::cublaslt_gemm(args, cs); }, o);
-  row.comm = timed(pg, cs, [&] { collective(o.op, D.p, C.p, mn, R, pg.nccl(), cs); }, o);
-  row.seq = timed(pg, cs, [&] { kernels::cublaslt_gemm(args, cs); collective(o.op, D.p, C.p, mn, R, pg.nccl(), cs); }, o);
+  row.gemm = timed(pg, cs, [&] { kernels::cublaslt_gemm(args, cs); }, W, N, name + ": cuBLASLt GEMM");
+  row.comm = timed(pg, cs, [&] { collective(ar, D.p, C.p, mn, R, pg.nccl(), cs); }, W, N, name + ": NCCL");
+  row.seq = timed(
+      pg, cs, [&] { kernels::cublaslt_gemm(args, cs); collective(ar, D.p, C.p, mn, R, pg.nccl(), cs); }, W, N,
+      name + ": non-overlap");
   {
     const int chunks = 4;
-    std::vector<cudaEvent_t> ev(chunks);
-    for (auto& e : ev) TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    cudaEvent_t fork, join;
-    TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-    TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+    std::vector<std::unique_ptr<Event>> ev;
+    for (int c = 0; c < chunks; ++c) ev.push_back(std::make_unique<Event>());
+    Event fork, join;
     const std::int64_t rows = (sh.m / chunks + 127) / 128 * 128;
-    row.decomp = timed(pg, cs, [&] {
-      TESSERA_CUDA_CHECK(cudaEventRecord(fork, cs));
-      TESSERA_CUDA_CHECK(cudaStreamWaitEvent(ms, fork));
-      for (int c = 0; c < chunks; ++c) {
-        const std::int64_t r0 = c * rows, r1 = std::min(sh.m, r0 + rows);
-        if (r0 >= r1) break;
-        kernels::GemmArgs part = args;
-        part.a = static_cast<const char*>(args.a) + r0 * sh.k * 2;
-        part.d = static_cast<char*>(args.d) + r0 * sh.n * 2;
-        part.m = r1 - r0;
-        kernels::cublaslt_gemm(part, cs);
-        TESSERA_CUDA_CHECK(cudaEventRecord(ev[c], cs));
-        TESSERA_CUDA_CHECK(cudaStreamWaitEvent(ms, ev[c]));
-        const std::int64_t e = (r1 - r0) * sh.n / (ar ? 1 : R) * (ar ? 1 : R);
-        collective(o.op, part.d, static_cast<char*>(C.p) + r0 * sh.n * 2 / (ar ? 1 : R), e, R, pg.nccl(), ms);
-      }
-      TESSERA_CUDA_CHECK(cudaEventRecord(join, ms));
-      TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, join));
-    }, o);
-    for (auto& e : ev) TESSERA_CUDA_CHECK(cudaEventDestroy(e));
-    TESSERA_CUDA_CHECK(cudaEventDestroy(fork));
-    TESSERA_CUDA_CHECK(cudaEventDestroy(join));
+    row.decomp = timed(
+        pg, cs,
+        [&] {
+          TESSERA_CUDA_CHECK(cudaEventRecord(fork.e, cs));
+          TESSERA_CUDA_CHECK(cudaStreamWaitEvent(ms, fork.e));
+          for (int c = 0; c < chunks; ++c) {
+            const std::int64_t r0 = c * rows, r1 = std::min(sh.m, r0 + rows);
+            if (r0 >= r1) break;
+            kernels::GemmArgs part = args;
+            part.a = static_cast<const char*>(args.a) + r0 * sh.k * 2;
+            part.d = static_cast<char*>(args.d) + r0 * sh.n * 2;
+            part.m = r1 - r0;
+            kernels::cublaslt_gemm(part, cs);
+            TESSERA_CUDA_CHECK(cudaEventRecord(ev[c]->e, cs));
+            TESSERA_CUDA_CHECK(cudaStreamWaitEvent(ms, ev[c]->e));
+            const std::int64_t e = (r1 - r0) * sh.n / (ar ? 1 : R) * (ar ? 1 : R);
+            collective(ar, part.d, static_cast<char*>(C.p) + r0 * sh.n * 2 / (ar ? 1 : R), e, R, pg.nccl(), ms);
+          }
+          TESSERA_CUDA_CHECK(cudaEventRecord(join.e, ms));
+          TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, join.e));
+        },
+        W, N, name + ": decomposition");
   }
 
   // The overlapped GEMM: SMs minus NCCL's, the engine's tile for that budget.
@@ -284,153 +445,170 @@ Row measure(Problem& P, const tune::BandwidthCurve& curve, double overhead, sign
   TESSERA_CHECK(ar || ts.bm % R == 0, "bench signal: tile height {} not divisible by {} ranks", ts.bm, R);
   const signal::ArMap am = signal::make_ar_map(wm);
   DevMem buf(am.buffer_elems() * 2), recv(am.buffer_elems() * 2 / R + 256);
-  // Compute alone under overlap conditions (budgeted SMs, group epilogue, one group).
+  // Compute alone under overlap conditions (budgeted SMs, group epilogue, one
+  // group). Also loads the GEMM kernel's module before any stream wait.
   double gemm_budget_ms = 0;
   {
     const signal::GroupPlan one = signal::GroupPlan::single(wm);
     const signal::DeviceEpilogueTables dt(signal::epilogue_tables(wm, one, am));
     signal::GroupCounters cnt(1);
-    gemm_budget_ms = timed(pg, cs, [&] {
-      gemm_into_groups(P.args, P.gopts, buf.p, dt.tile_base(), dt.seg_stride(), dt.tile_group(), dt.sub_rows(),
-                       dt.tile_n(), cnt.device(), cs);
-    }, o);
+    gemm_budget_ms = timed(
+        pg, cs,
+        [&] {
+          gemm_into_groups(P.args, P.gopts, buf.p, dt.tile_base(), dt.seg_stride(), dt.tile_group(), dt.sub_rows(),
+                           dt.tile_n(), cnt.device(), cs);
+        },
+        W, N, name + ": engine GEMM on the budgeted SMs");
   }
   row.timing = {sh.m, sh.n, sh.k, ts.bm, ts.bn, P.gopts.raster_group, P.gopts.max_ctas,
                 gemm_budget_ms * 1e-3 / wm.waves(), row.gemm * 1e-3};
-  // Predict and search.
+  // Predict and search (online stage).
   const double bytes_per_tile = double(ts.bm) * ts.bn * 2;
   signal::OverlapCost cost = signal::OverlapCost::from_tiles(
       wm, signal::WaveTimes::from_gemm_time(wm.waves(), gemm_budget_ms * 1e-3), row.gemm * 1e-3, bytes_per_tile,
       [&curve](double b) { return curve.time(b); }, overhead);
   const signal::PredictiveSearch search(cost);
-  const signal::Prediction best = search.best();
-  row.overlap = best.overlap;
-  row.predicted = best.latency * 1e3;
-  row.plan = best.overlap ? signal::GroupPlan(wm, best.waves_per_group).str() : "no overlap";
-  if (best.overlap) {
-    row.tessera = run_overlap(P, wm, signal::GroupPlan(wm, best.waves_per_group), mode, buf.p, recv.p);
-    // Correctness of the last run against cuBLASLt + NCCL (different GEMM kernels: bf16-level agreement).
-    kernels::cublaslt_gemm(args, cs);
-    collective(o.op, D.p, C.p, mn, R, pg.nccl(), cs);
-    DevMem out(mn * 2);
-    if (ar) {
-      signal::unreorder(am, buf.p, out.p, sh.n, DType::bf16, cs);
-    } else {
-      signal::unreorder(signal::RsShard{signal::make_rs_map(wm, R), pg.rank()}, recv.p, out.p, sh.n, DType::bf16, cs);
+  const signal::Prediction searched = search.best_overlapped();
+  const signal::Prediction final_choice = search.best();
+  const signal::GroupPlan searched_plan(wm, searched.waves_per_group);
+  row.overlap = final_choice.overlap;
+  row.searched = searched_plan.str();
+  row.choice = row.overlap ? row.searched : "no overlap";
+  row.overlap_pred = searched.latency * 1e3;
+  row.seq_pred = search.predict_sequential() * 1e3;
+  row.chosen_pred = final_choice.latency * 1e3;
+  // The searched partition is measured in every case (predictor error).
+  row.overlap_meas = run_overlap(P, wm, searched_plan, mode, buf.p, recv.p, W, N);
+  row.rel_err = check_result(P, wm, buf.p, recv.p, D.p, C.p);
+  row.tessera = row.overlap ? row.overlap_meas : row.seq;  // the tuner's final choice, measured
+
+  // Exhaustive (measured) partition search on shapes with few waves.
+  const int waves = wm.waves();
+  const double exh_cost_s = std::ldexp(1.0, waves - 1) * (o.exh_reps + 1) * (gemm_budget_ms + 0.3) * 1e-3;
+  if (waves <= o.exh_max_waves && exh_cost_s <= o.exh_cap_s) {
+    row.exhaustive = true;
+    row.exh_best_ms = row.seq;  // "no overlap" is a candidate too
+    row.exh_best = "no overlap";
+    for (unsigned long long mask = 0; mask < (1ull << (waves - 1)); ++mask) {
+      std::vector<int> groups;
+      int last = 0;
+      for (int i = 1; i < waves; ++i)
+        if (mask >> (i - 1) & 1) { groups.push_back(i - last); last = i; }
+      groups.push_back(waves - last);
+      const signal::GroupPlan plan(wm, groups);
+      const double t = run_overlap(P, wm, plan, mode, buf.p, recv.p, 1, o.exh_reps);
+      ++row.exh_count;
+      if (groups == searched.waves_per_group) row.exh_searched_ms = t;
+      if (t < row.exh_best_ms) { row.exh_best_ms = t; row.exh_best = plan.str(); }
     }
-    TESSERA_CUDA_CHECK(cudaStreamSynchronize(cs));
-    const std::int64_t rows_out = ar ? sh.m : signal::make_rs_map(wm, R).rows_of(pg.rank());
-    std::vector<std::uint16_t> got(rows_out * sh.n), ref(ar ? mn : mn / R);
-    TESSERA_CUDA_CHECK(cudaMemcpy(got.data(), out.p, got.size() * 2, cudaMemcpyDeviceToHost));
-    std::vector<double> g, r;
-    if (ar) {
-      TESSERA_CUDA_CHECK(cudaMemcpy(ref.data(), C.p, ref.size() * 2, cudaMemcpyDeviceToHost));
-    } else {
-      // Reference rows of this rank under the block-cyclic assignment: the full
-      // reduced matrix is needed, so all-reduce D instead.
-      ref.resize(mn);
-      TESSERA_NCCL_CHECK(ncclAllReduce(D.p, C.p, size_t(mn), bf16(), ncclSum, pg.nccl(), cs));
-      TESSERA_CUDA_CHECK(cudaStreamSynchronize(cs));
-      TESSERA_CUDA_CHECK(cudaMemcpy(ref.data(), C.p, ref.size() * 2, cudaMemcpyDeviceToHost));
-    }
-    const auto f = [](std::uint16_t h) {
-      std::uint32_t u = std::uint32_t(h) << 16;
-      float x;
-      std::memcpy(&x, &u, 4);
-      return double(x);
-    };
-    const signal::RsMap rm = signal::make_rs_map(wm, R);
-    for (std::int64_t l = 0; l < rows_out; l += 7)
-      for (std::int64_t j = 0; j < sh.n; ++j) {
-        const std::int64_t i = ar ? l : rm.global_row(pg.rank(), l);
-        g.push_back(f(got[l * sh.n + j]));
-        r.push_back(f(ref[i * sh.n + j]));
-      }
-    double num = 0, den = 0;
-    for (std::size_t x = 0; x < g.size(); ++x) {
-      num += (g[x] - r[x]) * (g[x] - r[x]);
-      den += r[x] * r[x];
-    }
-    row.rel_err = std::isfinite(num) && den > 0 ? std::sqrt(num / den) : INFINITY;
-    row.rel_err = pg.allreduce_max(row.rel_err);
-  } else {
-    row.tessera = row.seq;  // the tuner chose cuBLASLt then NCCL
+    if (!row.overlap) row.exh_searched_ms = row.seq;  // the tuner's choice was "no overlap"
   }
-  // Two fixed partitions for comparison with the searched one.
-  row.per_wave_meas = run_overlap(P, wm, signal::GroupPlan::per_wave(wm), mode, buf.p, recv.p);
-  row.equal2_meas = wm.waves() >= 2 ? run_overlap(P, wm, signal::GroupPlan::equal(wm, 2), mode, buf.p, recv.p) : 0;
   // Seed §6.4 bound from the measured standalone times.
   const signal::WaveModel full = wm.with_sms(pg.sm_count());
   const double first_wave = row.gemm / full.waves();
   const double last_wave_comm = curve.time(double(full.tiles_in_wave(full.waves() - 1)) * bytes_per_tile) * 1e3;
   row.bound = row.gemm >= row.comm ? row.gemm + last_wave_comm : first_wave + row.comm;
+  row.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
+  (void)progress;
   return row;
 }
 
 std::string f3(double x) { return fmt::format("{:.3f}", x); }
 
-void run(const Options& o) {
-  auto pg = runtime::ProcessGroup::from_environment();
-  TESSERA_CHECK(o.op == "ar" || o.op == "rs", "bench signal: --op must be ar or rs, got '{}'", o.op);
-  TESSERA_CHECK(o.wait == "memop" || o.wait == "spin", "bench signal: --wait must be memop or spin, got '{}'", o.wait);
-  TESSERA_CHECK(o.nccl_sms >= 0 && o.nccl_sms < pg->sm_count(), "bench signal: --nccl-sms {} outside [0, {})",
-                o.nccl_sms, pg->sm_count());
+struct OpResult {
+  std::string text, markdown;
+};
+
+// One op: offline stage, every shape within `deadline`, table + summary.
+OpResult run_op(runtime::ProcessGroup& pg, const Options& o, bool ar, const std::vector<Shape>& shapes,
+                Clock::time_point deadline, const Progress& progress) {
+  const std::string op = ar ? "ar" : "rs";
   const signal::WaitMode mode = o.wait == "memop" ? signal::WaitMode::StreamMemOp : signal::WaitMode::SpinKernel;
-  std::vector<Shape> shapes;
-  for (const auto& s : o.shapes) shapes.push_back(parse_shape(s));
-  if (shapes.empty()) shapes = default_shapes();
   std::int64_t max_bytes = 0;
   for (const Shape& s : shapes) max_bytes = std::max(max_bytes, s.m * s.n * 2);
 
-  // Offline stage.
-  const tune::Collective coll = o.op == "ar" ? tune::Collective::AllReduce : tune::Collective::ReduceScatter;
-  const tune::BandwidthCurve curve = measure_curve(*pg, o.op, max_bytes, o);
-  const double ovh_memop = measure_group_overhead(*pg, o.op, signal::WaitMode::StreamMemOp, curve, o);
-  const double ovh_spin = measure_group_overhead(*pg, o.op, signal::WaitMode::SpinKernel, curve, o);
+  progress("{}: offline stage: NCCL bandwidth curve up to {} MiB", op, max_bytes >> 20);
+  const tune::BandwidthCurve curve = measure_curve(pg, ar, max_bytes, o);
+  progress("{}: offline stage: per-group overhead (stream memop, spinning kernel)", op);
+  const double ovh_memop = measure_group_overhead(pg, ar, signal::WaitMode::StreamMemOp, curve, o);
+  const double ovh_spin = measure_group_overhead(pg, ar, signal::WaitMode::SpinKernel, curve, o);
   const double overhead = mode == signal::WaitMode::StreamMemOp ? ovh_memop : ovh_spin;
-  if (pg->rank() == 0)
-    fmt::print("per-group overhead: stream memop {:.2f} us, spinning kernel {:.2f} us (using {})\n", ovh_memop * 1e6,
-               ovh_spin * 1e6, o.wait);
+  progress("{}: per-group overhead: stream memop {:.2f} us, spinning kernel {:.2f} us (using {})", op, ovh_memop * 1e6,
+           ovh_spin * 1e6, o.wait);
 
-  Table table({"M", "N", "K", "waves", "partition", "GEMM ms", "comm ms", "seq ms", "decomp ms", "tessera ms",
-               "predicted ms", "pred err %", "speedup", "bound ms", "of bound", "per-wave ms", "2 groups ms",
-               "rel err"});
-  double err_sum = 0;
-  int err_n = 0, slower = 0, searched_best = 0;
+  Table table({"shape", "M", "N", "K", "waves", "tuner choice", "GEMM", "comm", "non-overlap", "decomp", "tessera",
+               "speedup", "bound", "of bound", "searched overlap", "predicted", "pred err %", "exhaustive best",
+               "searched/exh", "rel err"});
+  double err_sum = 0, err_all_sum = 0;
+  int err_n = 0, err_all_n = 0, slower = 0, exh_n = 0, exh_ok = 0, done = 0;
+  std::vector<std::string> mlp_lines;
   std::vector<tune::GemmTiming> timings;
-  for (const Shape& s : shapes) {
-    Problem P{o, *pg, s, {}, {}};
-    const Row r = measure(P, curve, overhead, mode);
-    timings.push_back(r.timing);
-    const double err = r.overlap ? std::abs(r.predicted - r.tessera) / r.tessera * 100 : 0;
-    if (r.overlap) { err_sum += err; ++err_n; }
-    slower += r.tessera > r.seq * 1.005;
-    const double best_fixed = std::min(r.per_wave_meas, r.equal2_meas > 0 ? r.equal2_meas : 1e30);
-    searched_best += r.tessera <= best_fixed * 1.01;
-    table.add({std::to_string(s.m), std::to_string(s.n), std::to_string(s.k), std::to_string(r.waves), r.plan,
-               f3(r.gemm), f3(r.comm), f3(r.seq), f3(r.decomp), f3(r.tessera), f3(r.predicted),
-               r.overlap ? fmt::format("{:.1f}", err) : "-", fmt::format("{:.3f}", r.seq / r.tessera), f3(r.bound),
-               fmt::format("{:.2f}", r.bound / r.tessera), f3(r.per_wave_meas), f3(r.equal2_meas),
-               r.overlap ? fmt::format("{:.1e}", r.rel_err) : "-"});
-    if (pg->rank() == 0) fmt::print("{}x{}x{}: tessera {:.3f} ms, seq {:.3f} ms ({})\n", s.m, s.n, s.k, r.tessera, r.seq, r.plan);
-  }
-  if (pg->rank() == 0) {
-    fmt::print("\n{}\n", table.str());
-    fmt::print("op {} on {} ranks, wait {}, NCCL SMs reserved {}: mean predictor error {:.2f}% over {} overlapped "
-               "shapes; slower than sequential on {} of {}; searched partition within 1% of the best fixed one on "
-               "{} of {}\n",
-               o.op, pg->world(), o.wait, o.nccl_sms, err_n ? err_sum / err_n : 0.0, err_n, slower, shapes.size(),
-               searched_best, shapes.size());
-    if (!o.markdown.empty()) {
-      std::ofstream md(o.markdown, std::ios::app);
-      md << table.markdown() << "\n";
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    const Shape& s = shapes[i];
+    // Every rank must take the same decision: rank 0's clock decides.
+    double out_of_time = Clock::now() >= deadline ? 1.0 : 0.0;
+    out_of_time = pg.allreduce_max(out_of_time);
+    if (out_of_time > 0) {
+      progress("{}: budget spent: {} of {} shapes measured, stopping", op, done, shapes.size());
+      break;
     }
+    progress("{}: shape {}/{} {} ...", op, i + 1, shapes.size(), shape_name(s));
+    Problem P{o, pg, ar, s, {}, {}};
+    const Row r = measure(P, curve, overhead, mode, progress);
+    ++done;
+    timings.push_back(r.timing);
+    // Predictor error of the searched overlapped partition (always measured).
+    const double err = std::abs(r.overlap_pred - r.overlap_meas) / r.overlap_meas * 100;
+    err_sum += err;
+    ++err_n;
+    // Error of the tuner's final prediction against the measured final choice.
+    err_all_sum += std::abs(r.chosen_pred - r.tessera) / r.tessera * 100;
+    ++err_all_n;
+    slower += r.tessera > r.seq * 1.005;
+    double exh_ratio = 0;
+    if (r.exhaustive && r.exh_searched_ms > 0) {
+      exh_ratio = r.exh_best_ms / r.exh_searched_ms;
+      ++exh_n;
+      exh_ok += exh_ratio >= 0.99;
+    }
+    table.add({s.label.empty() ? "-" : s.label, std::to_string(s.m), std::to_string(s.n), std::to_string(s.k),
+               std::to_string(r.waves), r.choice, f3(r.gemm), f3(r.comm), f3(r.seq), f3(r.decomp), f3(r.tessera),
+               fmt::format("{:.3f}", r.seq / r.tessera), f3(r.bound), fmt::format("{:.2f}", r.bound / r.tessera),
+               f3(r.overlap_meas), f3(r.overlap_pred), fmt::format("{:.1f}", err),
+               r.exhaustive ? fmt::format("{} {} ({} meas.)", f3(r.exh_best_ms), r.exh_best, r.exh_count) : "-",
+               r.exhaustive ? fmt::format("{:.1f}%", exh_ratio * 100) : "-", fmt::format("{:.1e}", r.rel_err)});
+    progress("{}: {} done in {:.1f} s: tessera {:.3f} ms ({}), non-overlap {:.3f}, speedup {:.3f}, searched overlap "
+             "{:.3f} ms predicted {:.3f} ({:+.1f}%), rel err {:.1e}{}",
+             op, shape_name(s), r.seconds, r.tessera, r.choice, r.seq, r.seq / r.tessera, r.overlap_meas,
+             r.overlap_pred, (r.overlap_pred / r.overlap_meas - 1) * 100, r.rel_err,
+             r.exhaustive ? fmt::format(", exhaustive best {:.3f} ms of {} ({:.1f}% of searched)", r.exh_best_ms,
+                                        r.exh_count, exh_ratio * 100)
+                          : "");
+    if (!s.label.empty())
+      mlp_lines.push_back(fmt::format("{} {}: {:.3f}x over cuBLASLt+NCCL sequential ({:.3f} vs {:.3f} ms){}",
+                                      s.label, op, r.seq / r.tessera, r.tessera, r.seq,
+                                      ar ? (r.seq / r.tessera >= 1.25 ? " — meets 1.25x" : " — below 1.25x") : ""));
   }
-  if (o.store_profile && pg->rank() == 0) {
+  const std::string summary = fmt::format(
+      "op {} on {} ranks, wait {}, NCCL SMs reserved {}: {} of {} shapes measured; mean predictor error {:.2f}% "
+      "(searched overlapped partition, {} shapes), {:.2f}% (tuner's final choice); slower than non-overlap "
+      "(> 0.5%) on {} of {}; searched >= 99% of exhaustive (measured, shapes with <= {} waves and <= {} s of "
+      "sweep) on {} of {}",
+      op, pg.world(), o.wait, o.nccl_sms, done, shapes.size(), err_n ? err_sum / err_n : 0.0, err_n,
+      err_all_n ? err_all_sum / err_all_n : 0.0, slower, done, o.exh_max_waves, o.exh_cap_s, exh_ok, exh_n);
+  OpResult res;
+  res.text = fmt::format("\n{}\n{}\n", table.str(), summary);
+  for (const auto& l : mlp_lines) res.text += l + "\n";
+  res.markdown = fmt::format("### bench signal --op {} (ms; tessera = tuner's final choice)\n\n{}\n{}\n\n", op,
+                             table.markdown(), summary);
+  for (const auto& l : mlp_lines) res.markdown += "- " + l + "\n";
+
+  if (o.store_profile && pg.rank() == 0) {
+    const tune::Collective coll = ar ? tune::Collective::AllReduce : tune::Collective::ReduceScatter;
     tune::MachineProfile prof;
-    prof.machine = {pg->device_properties().name, o.topology, pg->world()};
+    prof.machine = {pg.device_properties().name, o.topology, pg.world()};
     prof.dtype = DType::bf16;
-    prof.sm_count = pg->sm_count();
+    prof.sm_count = pg.sm_count();
     prof.nccl_sms = o.nccl_sms;
     prof.per_group_overhead = overhead;
     prof.curves[coll] = curve;
@@ -443,7 +621,51 @@ void run(const Options& o) {
         if (!prof.find_gemm(g.m, g.n, g.k, g.tile_m, g.tile_n)) prof.gemms.push_back(g);
     }
     prof.store(cache);
-    fmt::print("stored machine profile in {}\n", cache.file().string());
+    progress("stored machine profile in {}", cache.file().string());
+  }
+  return res;
+}
+
+void run(const Options& o) {
+  // Connect every NCCL channel at init: a lazy connect inside an enqueue
+  // behind a stream wait could block the host (comm_driver.hpp).
+  ::setenv("NCCL_RUNTIME_CONNECT", "0", 0);
+  Progress progress;
+  auto pg = runtime::ProcessGroup::from_environment();
+  progress.on = pg->rank() == 0;
+  for (const auto& op : o.ops) TESSERA_CHECK(op == "ar" || op == "rs", "bench signal: --op must be ar and/or rs, got '{}'", op);
+  TESSERA_CHECK(!o.ops.empty(), "bench signal: --op is empty");
+  TESSERA_CHECK(o.wait == "memop" || o.wait == "spin", "bench signal: --wait must be memop or spin, got '{}'", o.wait);
+  TESSERA_CHECK(o.nccl_sms >= 0 && o.nccl_sms < pg->sm_count(), "bench signal: --nccl-sms {} outside [0, {})",
+                o.nccl_sms, pg->sm_count());
+  TESSERA_CHECK(o.budget_s > 0, "bench signal: --budget-s must be > 0, got {}", o.budget_s);
+  std::vector<Shape> shapes;
+  for (const auto& s : o.shapes) shapes.push_back(parse_shape(s));
+  if (shapes.empty()) {
+    if (o.mlp)
+      for (const Shape& s : mlp_shapes()) shapes.push_back(s);
+    if (o.sweep)
+      for (const Shape& s : sweep_shapes()) shapes.push_back(s);
+  }
+  TESSERA_CHECK(!shapes.empty(), "bench signal: no shapes (--no-mlp and --no-sweep without --shapes)");
+  progress("bench signal: {} ranks, {} shapes per op, ops {}, budget {:.0f} s", pg->world(), shapes.size(),
+           fmt::join(o.ops, ","), o.budget_s);
+  const auto end = progress.t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.budget_s));
+  std::vector<OpResult> results;
+  for (std::size_t i = 0; i < o.ops.size(); ++i) {
+    // Equal split of what is left over the ops still to run.
+    const auto now = Clock::now();
+    const auto share = (end - now) / static_cast<long>(o.ops.size() - i);
+    results.push_back(run_op(*pg, o, o.ops[i] == "ar", shapes, now + std::max(share, Clock::duration::zero()), progress));
+    if (pg->rank() == 0) fmt::print("{}", results.back().text);
+  }
+  if (pg->rank() == 0) {
+    progress("bench signal done");
+    if (!o.markdown.empty()) {
+      std::ofstream md(o.markdown, std::ios::app);
+      TESSERA_CHECK(md.good(), "bench signal: cannot open --markdown file '{}'", o.markdown);
+      for (const auto& r : results) md << r.markdown << "\n";
+    }
   }
 }
 
@@ -508,15 +730,27 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   auto& bench = tools::subcommand(root, "bench", "Benchmarks (run multi-GPU ones under `tessera run -n N --`)");
   auto opts = std::make_shared<Options>();
   auto* cmd = bench.add_subcommand("signal", "Signal-based overlap (FlashOverlap): GEMM + NCCL AR/RS per wave group");
-  cmd->add_option("--op", opts->op, "ar or rs");
-  cmd->add_option("--shapes", opts->shapes, "MxNxK list (default: 56 sizes, M*N 16M..256M, K 2K..16K)")->delimiter(',');
+  cmd->add_option("--op", opts->ops, "ar, rs or both (ar,rs; the default), run in that order")->delimiter(',');
+  cmd->add_option("--shapes", opts->shapes, "MxNxK list (default: MLP-1..6 down projections, then 56 sweep sizes)")
+      ->delimiter(',');
+  cmd->add_flag("--mlp,!--no-mlp", opts->mlp, "include the MLP-1..6 down-projection rows (default on)");
+  cmd->add_flag("--sweep,!--no-sweep", opts->sweep, "include the 56 sweep sizes (default on)");
+  cmd->add_option("--budget-s", opts->budget_s,
+                  "wall-clock budget in seconds, split over the ops; no new shape starts once an op's share is spent");
   cmd->add_option("--nccl-sms", opts->nccl_sms, "SMs left to NCCL during overlap (the GEMM gets the rest)");
   cmd->add_option("--wait", opts->wait, "memop (cuStreamWaitValue32) or spin (spinning kernel)");
   cmd->add_option("--reps", opts->reps, "timed repetitions (median)")->check(CLI::Range(1, 100000));
   cmd->add_option("--warmup", opts->warmup, "warm-up repetitions")->check(CLI::Range(0, 100000));
+  cmd->add_option("--exhaustive-reps", opts->exh_reps, "repetitions per partition of the measured exhaustive search")
+      ->check(CLI::Range(1, 100000));
+  cmd->add_option("--exhaustive-max-waves", opts->exh_max_waves,
+                  "measure every partition on shapes with at most this many waves")
+      ->check(CLI::Range(1, 20));
+  cmd->add_option("--exhaustive-cap-s", opts->exh_cap_s,
+                  "... and only where the estimated sweep takes at most this many seconds");
   cmd->add_flag("--store-profile", opts->store_profile, "store the measured curve/overhead as a tune::MachineProfile");
   cmd->add_option("--topology", opts->topology, "topology label of the stored profile");
-  cmd->add_option("--markdown", opts->markdown, "append the table as Markdown to this file (rank 0)");
+  cmd->add_option("--markdown", opts->markdown, "append the tables and summaries as Markdown to this file (rank 0)");
   cmd->callback([opts] { run(*opts); });
 
   auto kopts = std::make_shared<KOptions>();

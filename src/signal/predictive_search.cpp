@@ -65,7 +65,9 @@ Prediction PredictiveSearch::finish(Prediction p) const {
   return p;
 }
 
-Prediction PredictiveSearch::best() const {
+Prediction PredictiveSearch::best() const { return finish(best_overlapped()); }
+
+Prediction PredictiveSearch::best_overlapped() const {
   const int W = cost_.waves();
   std::vector<double> end(W + 1, std::numeric_limits<double>::infinity());
   std::vector<int> from(W + 1, -1);
@@ -79,7 +81,7 @@ Prediction PredictiveSearch::best() const {
   for (int k = W; k > 0; k = from[k]) p.waves_per_group.insert(p.waves_per_group.begin(), k - from[k]);
   p.latency = end[W];
   p.candidates = static_cast<long long>(W) * (W + 1) / 2;
-  return finish(p);
+  return p;
 }
 
 namespace {

@@ -119,6 +119,13 @@ TEST(UnreorderGpu, AllReduceMap) {
     check_map(make_ar_map(WaveModel(GemmTiling{1000, 520, 128, 64}, 7, 2)), t, "AR 1000x520");
     check_map(make_ar_map(WaveModel(GemmTiling{256, 4096, 128, 128}, 132, 1)), t, "AR 256x4096");
   }
+  // Fused kernel variants: 257 vectors per row (2 per thread, the last
+  // thread's second one only; ragged last chunk of 8 columns) and rows wider
+  // than the register-resident limit (two-pass kernel).
+  for (DType t : {DType::bf16, DType::f16}) {
+    check_map(make_ar_map(WaveModel(GemmTiling{130, 2056, 64, 64}, 5, 3)), t, "AR 130x2056");
+    check_map(make_ar_map(WaveModel(GemmTiling{70, 20480, 64, 128}, 13, 2)), t, "AR 70x20480 (two-pass)");
+  }
 }
 
 TEST(UnreorderGpu, RowMajorBaseline) {
@@ -175,6 +182,24 @@ TEST(UnreorderGpu, AllToAllReceiveMap) {
             ref.push_back(recv.get(host.chunk_offset(r, int(j / 64)) + j % 64));
           }
         EXPECT_EQ(tessera::testing::relative_error(got, ref), 0.0) << "A2A unreorder R=" << R << " rank " << s;
+        // Fused RMSNorm through the same map.
+        CUDA_OK(cudaMemset(d_out.p, 0xFF, out.bytes.size()));
+        rmsnorm_unreorder(dev, d_recv.p, d_w.p, d_out.p, ld, 1e-6f, t, nullptr);
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(cudaMemcpy(out.bytes.data(), d_out.p, out.bytes.size(), cudaMemcpyDeviceToHost));
+        got.clear();
+        std::vector<double> fref;
+        for (std::int64_t r = 0; r < rows; ++r) {
+          double ss = 0;
+          for (std::int64_t j = 0; j < n; ++j) ss += ref[r * n + j] * ref[r * n + j];
+          const double scale = 1.0 / std::sqrt(ss / n + 1e-6);
+          for (std::int64_t j = 0; j < n; ++j) {
+            got.push_back(out.get(r * ld + j));
+            fref.push_back(ref[r * n + j] * scale * w.get(j));
+          }
+        }
+        EXPECT_LT(tessera::testing::relative_error(got, fref), t == DType::bf16 ? 8e-3 : 2e-3)
+            << "A2A rmsnorm R=" << R << " rank " << s;
       }
     }
   }

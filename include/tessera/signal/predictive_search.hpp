@@ -63,6 +63,9 @@ class PredictiveSearch {
   double predict_sequential() const { return cost_.sequential_gemm + cost_.comm_all; }
 
   Prediction best() const;
+  /// best() before the comparison with "no overlap": the model's optimal
+  /// overlapped partition (overlap == true even when sequential is faster).
+  Prediction best_overlapped() const;
   Prediction pruned(int max_first, int max_last) const;
   Prediction exhaustive() const;
 
