@@ -8,10 +8,34 @@
 // plans ag_gemm / async_ag_gemm, against ops::ag_gemm (N = I/R per rank).
 // Row-parallel (GEMM + RS):    C[S, H] = A[S, I] · B[I, H], plans gemm_rs /
 // async_gemm_rs, against ops::gemm_rs (K = I/R per rank).
-// Executor: bf16 inputs, f32 accumulators/outputs (more bytes stored than
-// ops' bf16 outputs: noted in the table). A GpuExecutor runs once, so each
-// repetition builds one (outside the timed region) and times run() from the
-// first enqueue to the completion of both of its streams.
+// Executor: bf16 inputs and bf16 outputs (make_gemm's default dtype), like
+// ops. One GpuExecutor per plan (allocation, cuBLASLt algorithm choice
+// outside the timed region); each repetition times run() from its first
+// enqueue to the completion of both of its streams.
+//
+// Model and prediction (H200 x2, MLP-1; written before the run on the
+// commit that introduced it). G(m) = cuBLASLt bf16 GEMM of m rows, as in
+// ops' sequential strategy; the last run gave ops seq 0.631 (AG+GEMM) and
+// 0.611 (GEMM+RS) ms, of which NCCL AG / RS of 32 MiB per rank ~0.13-0.17.
+//  - ag_gemm:   AllGather(A) then G(M): ops' sequential program exactly
+//               (B is [K, N] here, [N, K] in ops: another cuBLASLt kernel)
+//               -> ~0.63 (ratio to ops best 0.513: ~1.2; no overlap to gain).
+//  - async_ag_gemm: step 0 G(M/2) with the P2P exchange of A's other half
+//               in flight (GEMM on SMs - 16), step 1 G(M/2): ~2 x 0.26 +
+//               ~0.02 contention -> ~0.54 (ratio ~1.05).
+//  - gemm_rs:   G(M) partial [M, N] bf16 then ReduceScatter bf16 -> ~0.61
+//               (ratio ~1.0 to ops seq 0.611).
+//  - async_gemm_rs: G(M/2) for the peer's rows, send (bf16, 32 MiB) in
+//               flight during G(M/2) for own rows (SMs - 16), then the bf16
+//               add of the received partial (~0.03) -> ~0.52-0.55 (ratio
+//               ~0.9). If NCCL's kernel cannot start beside the GEMM the
+//               transfer serializes: ~0.62.
+// The last run before this model (f32 outputs) was 1.5-2.1x ops: f32
+// accumulators (memset + beta = 1 read + f32 write = 3x the output bytes of
+// ops), f32 ReduceScatter/P2P (2x the bytes), cuBLASLt heuristics and
+// descriptors rebuilt on every GEMM call (algo = null), and the AsyncTP
+// GEMM+RS second GEMM accumulating into the received partial, so it waited
+// for the whole transfer.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -52,31 +76,34 @@ std::vector<float> fill(std::size_t n, std::uint64_t seed) {
   return v;
 }
 
-/// Median over reps of one plan's run(), slowest rank.
+/// Median over reps of one plan's run(), slowest rank. The executor (its
+/// allocations and prepared GEMMs) is built once; run() is repeatable.
 double time_plan(runtime::ProcessGroup& pg, const commir::Plan& plan, const std::vector<float>& A,
                  const std::vector<float>& B, const CommirOptions& o) {
+  cudaStream_t cs = pg.stream(), ms = pg.comm_stream(0);
+  commir::GpuExecutor ex(plan, pg.rank(), pg.nccl(), cs, ms);
+  ex.set_input("A", A);
+  ex.set_input("B", B);
   cudaEvent_t start, stop, comm_done;
   TESSERA_CUDA_CHECK(cudaEventCreate(&start));
   TESSERA_CUDA_CHECK(cudaEventCreate(&stop));
   TESSERA_CUDA_CHECK(cudaEventCreate(&comm_done));
   std::vector<double> times;
   for (int it = 0; it < o.warmup + o.reps; ++it) {
-    commir::GpuExecutor ex(plan, pg.rank(), pg.nccl(), pg.stream(), pg.comm_stream(0));
-    ex.set_input("A", A);
-    ex.set_input("B", B);
     TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
     pg.barrier();
-    TESSERA_CUDA_CHECK(cudaEventRecord(start, pg.stream()));
-    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(pg.comm_stream(0), start, 0));
+    TESSERA_CUDA_CHECK(cudaEventRecord(start, cs));
+    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(ms, start, 0));
     ex.run();
-    TESSERA_CUDA_CHECK(cudaEventRecord(comm_done, pg.comm_stream(0)));
-    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(pg.stream(), comm_done, 0));
-    TESSERA_CUDA_CHECK(cudaEventRecord(stop, pg.stream()));
+    TESSERA_CUDA_CHECK(cudaEventRecord(comm_done, ms));
+    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, comm_done, 0));
+    TESSERA_CUDA_CHECK(cudaEventRecord(stop, cs));
     TESSERA_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (it >= o.warmup) times.push_back(ms);
+    float elapsed = 0;
+    TESSERA_CUDA_CHECK(cudaEventElapsedTime(&elapsed, start, stop));
+    if (it >= o.warmup) times.push_back(elapsed);
   }
+  (void)ex.output("C");  // waits (bounded) and surfaces an asynchronous NCCL error
   TESSERA_CUDA_CHECK(cudaEventDestroy(start));
   TESSERA_CUDA_CHECK(cudaEventDestroy(stop));
   TESSERA_CUDA_CHECK(cudaEventDestroy(comm_done));
@@ -148,7 +175,7 @@ void run_commir(const CommirOptions& o) {
     }
   }
   if (pg->rank() == 0) {
-    std::printf("tessera bench commir: TP=%d on %s (ms, median of %d, slowest rank; executor stores f32, ops bf16)\n%s",
+    std::printf("tessera bench commir: TP=%d on %s (ms, median of %d, slowest rank; executor and ops bf16)\n%s",
                 R, pg->device_properties().name, o.reps, table.str().c_str());
     if (!o.markdown.empty()) {
       std::ofstream f(o.markdown, std::ios::app);

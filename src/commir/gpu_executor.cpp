@@ -1,5 +1,6 @@
 // GPU executor of CommIR GEMM plans: NCCL for communication, cuBLASLt for the
-// local GEMMs (see gpu_executor.hpp).
+// local GEMMs (what the hand-built operators' sequential strategy uses), the
+// ring-add kernel of src/ops for bf16 partial merges (see gpu_executor.hpp).
 #include "tessera/commir/gpu_executor.hpp"
 
 #include <cublasLt.h>
@@ -7,11 +8,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <thread>
 
+#include "../ops/device_ops.hpp"  // ops::detail::launch_add (bf16 partial merge), same library
 #include "tessera/commir/gpu_program.hpp"
+#include "tessera/runtime/env.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/runtime/wait_diagnostics.hpp"
 
@@ -24,49 +29,105 @@
 namespace tessera::commir {
 namespace {
 
-// The local kernel: D[m, n] (+)= A[m, k] * B[k, n], row-major views with
-// leading dimensions in elements; A, B bf16, D f32. Row-major D = A B is
-// column-major D^T = B^T A^T, which is what cuBLASLt is given.
-void local_gemm(cublasLtHandle_t lt, cudaStream_t s, const void* A, std::int64_t lda, const void* B, std::int64_t ldb,
-                void* D, std::int64_t ldd, std::int64_t m, std::int64_t n, std::int64_t k, void* workspace,
-                std::size_t ws_bytes) {
-  cublasLtMatmulDesc_t op;
-  TESSERA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  cublasLtMatrixLayout_t la, lb, ld;
-  TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, n, k, ldb));  // B^T: n x k col-major
-  TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, k, m, lda));  // A^T: k x m col-major
-  TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, n, m, ldd));
-  const float alpha = 1.f, beta = 1.f;
-  const cublasStatus_t st = cublasLtMatmul(lt, op, &alpha, B, la, A, lb, &beta, D, ld, D, ld, nullptr, workspace,
-                                           ws_bytes, s);
-  cublasLtMatrixLayoutDestroy(la);
-  cublasLtMatrixLayoutDestroy(lb);
-  cublasLtMatrixLayoutDestroy(ld);
-  cublasLtMatmulDescDestroy(op);
-  TESSERA_CHECK(st == CUBLAS_STATUS_SUCCESS, "commir gpu executor: cublasLtMatmul {}x{}x{} failed: status {}", m, n, k,
-                static_cast<int>(st));
+// Largest power of two (<= 256) dividing the address: cuBLASLt's heuristic
+// assumes 256-byte aligned operands unless told otherwise, and views into a
+// block may start anywhere.
+std::uint32_t alignment(const void* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::uint32_t al = 256;
+  while (al > 1 && a % al != 0) al /= 2;
+  return al;
 }
 
+// One local GEMM, prepared at construction (descriptors and the algorithm
+// chosen once, so run() only enqueues): D[m, n] (+)= A[m, k] * B[k, n],
+// row-major views with leading dimensions in elements; A, B bf16, D bf16 or
+// f32. Row-major D = A B is column-major D^T = B^T A^T: cuBLASLt's "A" is
+// our B (n x k column-major, ld = ldb), its "B" our A (k x m, ld = lda).
+struct LtGemm {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  float beta = 0.f;
 
-// cublasLtMatrixTransform: D = A + B, rows x cols f32, row-major views
-// (column-major cols x rows for cuBLASLt). Merges partial accumulators.
-void local_add(cublasLtHandle_t lt, cudaStream_t s, const void* A, std::int64_t lda, const void* B, std::int64_t ldb,
-               void* D, std::int64_t ldd, std::int64_t rows, std::int64_t cols) {
-  cublasLtMatrixTransformDesc_t desc;
-  TESSERA_CUBLAS_CHECK(cublasLtMatrixTransformDescCreate(&desc, CUDA_R_32F));
-  cublasLtMatrixLayout_t la, lb, ld;
-  TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, cols, rows, lda));
-  TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, cols, rows, ldb));
-  TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, cols, rows, ldd));
-  const float one = 1.f;
-  const cublasStatus_t st = cublasLtMatrixTransform(lt, desc, &one, A, la, &one, B, lb, D, ld, s);
-  cublasLtMatrixLayoutDestroy(la);
-  cublasLtMatrixLayoutDestroy(lb);
-  cublasLtMatrixLayoutDestroy(ld);
-  cublasLtMatrixTransformDescDestroy(desc);
-  TESSERA_CHECK(st == CUBLAS_STATUS_SUCCESS, "commir gpu executor: cublasLtMatrixTransform (add) {}x{} failed: status {}",
-                rows, cols, static_cast<int>(st));
-}
+  /// sm_target > 0: the GEMM runs while NCCL kernels are in flight; cuBLASLt
+  /// picks (and sizes its persistent grid) for that many SMs, leaving the
+  /// rest to the communication kernels instead of making them wait for the
+  /// GEMM's CTAs to retire.
+  void prepare(cublasLtHandle_t lt, const DevOp& op, const void* A, const void* B, const void* D, bool d_f32,
+               std::size_t ws_bytes, int sm_target) {
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    if (sm_target > 0)
+      TESSERA_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sm_target, sizeof(sm_target)));
+    TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, op.n, op.k, op.b.ld));
+    TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, op.k, op.m, op.a.ld));
+    TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, d_f32 ? CUDA_R_32F : CUDA_R_16BF, op.n, op.m, op.dst.ld));
+    beta = op.accumulate ? 1.f : 0.f;
+    cublasLtMatmulPreference_t pref = nullptr;
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const std::uint32_t al_a = alignment(B), al_b = alignment(A), al_d = alignment(D);
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                             sizeof(ws_bytes));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof(al_d));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d));
+    cublasLtMatmulHeuristicResult_t res{};
+    int found = 0;
+    if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 1, &res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    TESSERA_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0,
+                  "commir gpu executor: {}: no cuBLASLt algorithm for GEMM {}x{}x{} (status {}, alignments {}/{}/{})",
+                  op.what, op.m, op.n, op.k, static_cast<int>(st), al_a, al_b, al_d);
+    algo = res.algo;
+  }
+  void enqueue(cublasLtHandle_t lt, const DevOp& op, const void* A, const void* B, void* D, void* ws,
+               std::size_t ws_bytes, cudaStream_t s) const {
+    const float alpha = 1.f;
+    const cublasStatus_t st =
+        cublasLtMatmul(lt, desc, &alpha, B, la, A, lb, &beta, D, ld, D, ld, &algo, ws, ws_bytes, s);
+    TESSERA_CHECK(st == CUBLAS_STATUS_SUCCESS, "commir gpu executor: {}: cublasLtMatmul {}x{}x{} failed: status {}",
+                  op.what, op.m, op.n, op.k, static_cast<int>(st));
+  }
+  void destroy() {
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (ld) cublasLtMatrixLayoutDestroy(ld);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+// f32 partial merge: cublasLtMatrixTransform D = A + B, rows x cols, row-major
+// views (column-major cols x rows for cuBLASLt). Descriptors prepared once.
+struct LtAddF32 {
+  cublasLtMatrixTransformDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+
+  void prepare(const DevOp& op) {
+    TESSERA_CUBLAS_CHECK(cublasLtMatrixTransformDescCreate(&desc, CUDA_R_32F));
+    TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, op.cols, op.rows, op.a.ld));
+    TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, op.cols, op.rows, op.b.ld));
+    TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, op.cols, op.rows, op.dst.ld));
+  }
+  void enqueue(cublasLtHandle_t lt, const DevOp& op, const void* A, const void* B, void* D, cudaStream_t s) const {
+    const float one = 1.f;
+    const cublasStatus_t st = cublasLtMatrixTransform(lt, desc, &one, A, la, &one, B, lb, D, ld, s);
+    TESSERA_CHECK(st == CUBLAS_STATUS_SUCCESS,
+                  "commir gpu executor: {}: cublasLtMatrixTransform (add) {}x{} failed: status {}", op.what, op.rows,
+                  op.cols, static_cast<int>(st));
+  }
+  void destroy() {
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (ld) cublasLtMatrixLayoutDestroy(ld);
+    if (desc) cublasLtMatrixTransformDescDestroy(desc);
+  }
+};
 
 using Clock = std::chrono::steady_clock;
 
@@ -97,9 +158,13 @@ struct GpuExecutor::Impl {
   cublasLtHandle_t lt = nullptr;
   void* ws = nullptr;
   std::size_t ws_bytes = 32u << 20;
-  std::vector<void*> mem;  // per block
+  std::vector<void*> mem;           // per block
+  std::vector<LtGemm> gemms;        // prepared GEMMs / f32 adds, indexed through prepared[op]
+  std::vector<LtAddF32> adds;
+  std::vector<int> prepared;        // per op: index into gemms or adds, -1 otherwise
+  int add_ctas = 1;                 // CTAs of the bf16 add kernel (all SMs: it runs alone or after the GEMM)
+  int comm_sms = 16;                // SMs a GEMM leaves to NCCL kernels in flight (TESSERA_COMMIR_COMM_SMS)
   cudaEvent_t ev = nullptr;
-  bool ran = false;
 
   std::size_t esize(int blk) const { return prog.blocks[blk].f32 ? 4 : 2; }
   char* ptr(const DevView& v) const { return static_cast<char*>(mem.at(v.block)) + v.offset * esize(v.block); }
@@ -120,7 +185,54 @@ struct GpuExecutor::Impl {
     }
   }
 
-  void issue(const DevOp& op) {
+  // Each stream waits for everything issued on the other so far.
+  void join_streams() {
+    TESSERA_CUDA_CHECK(cudaEventRecord(ev, cs));
+    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(ms, ev));
+    TESSERA_CUDA_CHECK(cudaEventRecord(ev, ms));  // now after both streams' work
+    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, ev));
+  }
+
+  // Descriptors, algorithms and alignment checks of every local op, before
+  // anything runs (the addresses are known: every block is allocated).
+  void prepare() {
+    prepared.assign(prog.ops.size(), -1);
+    bool comm_in_flight = false;  // an NCCL op the compute stream has not waited for yet
+    for (std::size_t i = 0; i < prog.ops.size(); ++i) {
+      const DevOp& op = prog.ops[i];
+      switch (op.kind) {
+        case DevOpKind::send:
+        case DevOpKind::recv:
+        case DevOpKind::all_gather:
+        case DevOpKind::reduce_scatter:
+        case DevOpKind::all_reduce:
+        case DevOpKind::broadcast: comm_in_flight = true; break;
+        case DevOpKind::compute_waits_comm: comm_in_flight = false; break;
+        default: break;
+      }
+      if (op.kind == DevOpKind::gemm) {
+        gemms.emplace_back();
+        prepared[i] = static_cast<int>(gemms.size()) - 1;
+        const int target = comm_in_flight && comm_sms > 0 ? add_ctas - comm_sms : 0;
+        gemms.back().prepare(lt, op, ptr(op.a), ptr(op.b), ptr(op.dst), prog.blocks[op.dst.block].f32, ws_bytes,
+                             target);
+      } else if (op.kind == DevOpKind::add && op.f32) {
+        adds.emplace_back();
+        prepared[i] = static_cast<int>(adds.size()) - 1;
+        adds.back().prepare(op);
+      } else if (op.kind == DevOpKind::add) {
+        // The bf16 add kernel moves 16-byte vectors: rows must start 16-byte aligned.
+        for (const DevView* v : {&op.a, &op.b, &op.dst})
+          TESSERA_CHECK(reinterpret_cast<std::uintptr_t>(ptr(*v)) % 16 == 0 && v->ld % 8 == 0,
+                        "commir gpu executor: rank {} {}: the bf16 partial merge needs 16-byte aligned rows (leading "
+                        "dimension a multiple of 8 elements), got leading dimension {} (use an f32 output buffer)",
+                        rank, op.what, v->ld);
+      }
+    }
+  }
+
+  void issue(std::size_t i) {
+    const DevOp& op = prog.ops[i];
     const cudaStream_t s = stream(op.stream);
     switch (op.kind) {
       case DevOpKind::zero:
@@ -133,10 +245,24 @@ struct GpuExecutor::Impl {
         break;
       }
       case DevOpKind::add:
-        local_add(lt, s, ptr(op.a), op.a.ld, ptr(op.b), op.b.ld, ptr(op.dst), op.dst.ld, op.rows, op.cols);
+        if (op.f32) {
+          adds.at(prepared[i]).enqueue(lt, op, ptr(op.a), ptr(op.b), ptr(op.dst), s);
+        } else {
+          ops::detail::AddLaunch a;
+          a.x = ptr(op.a);
+          a.ldx = op.a.ld;
+          a.y = ptr(op.b);
+          a.ldy = op.b.ld;
+          a.out = ptr(op.dst);
+          a.ldo = op.dst.ld;
+          a.rows = op.rows;
+          a.n = op.cols;
+          a.dtype = DType::bf16;
+          ops::detail::launch_add(a, add_ctas, s);
+        }
         break;
       case DevOpKind::gemm:
-        local_gemm(lt, s, ptr(op.a), op.a.ld, ptr(op.b), op.b.ld, ptr(op.dst), op.dst.ld, op.m, op.n, op.k, ws, ws_bytes);
+        gemms.at(prepared[i]).enqueue(lt, op, ptr(op.a), ptr(op.b), ptr(op.dst), ws, ws_bytes, s);
         break;
       case DevOpKind::group_start: TESSERA_NCCL_CHECK(ncclGroupStart()); break;
       case DevOpKind::group_end: TESSERA_NCCL_CHECK(ncclGroupEnd()); break;
@@ -178,14 +304,19 @@ GpuExecutor::GpuExecutor(const Plan& plan, int rank, ncclComm_t comm, cudaStream
                 plan.grid.world(), n);
   auto& I = *impl_;
   I.prog = build_gpu_program(plan, rank);  // every check, before anything is allocated or launched
+  int dev = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
+  TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&I.add_ctas, cudaDevAttrMultiProcessorCount, dev));
+  I.comm_sms = static_cast<int>(env::get_int("TESSERA_COMMIR_COMM_SMS", 16, 0, I.add_ctas - 1));
   TESSERA_CHECK(cublasLtCreate(&I.lt) == CUBLAS_STATUS_SUCCESS, "commir gpu executor: cublasLtCreate failed");
   TESSERA_CUDA_CHECK(cudaMalloc(&I.ws, I.ws_bytes));
   TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&I.ev, cudaEventDisableTiming));
   // Every block up front: no cudaMalloc (which may synchronize) between
-  // issued ops, so communication and compute keep overlapping.
+  // issued ops, so communication and compute keep overlapping; run() reuses them.
   I.mem.assign(I.prog.blocks.size(), nullptr);
   for (std::size_t b = 0; b < I.prog.blocks.size(); ++b)
     TESSERA_CUDA_CHECK(cudaMalloc(&I.mem[b], std::max<std::size_t>(I.prog.blocks[b].box.volume() * I.esize(b), 16)));
+  I.prepare();
 }
 
 GpuExecutor::~GpuExecutor() {
@@ -199,6 +330,8 @@ GpuExecutor::~GpuExecutor() {
     std::fprintf(stderr, "%s; leaking its device memory\n", e.what());
     return;
   }
+  for (auto& g : I.gemms) g.destroy();
+  for (auto& a : I.adds) a.destroy();
   for (void* p : I.mem) cudaFree(p);
   cudaFree(I.ws);
   if (I.ev) cudaEventDestroy(I.ev);
@@ -227,15 +360,26 @@ void GpuExecutor::set_input(const std::string& name, const std::vector<float>& f
   }
 }
 
+void GpuExecutor::poison() {
+  auto& I = *impl_;
+  I.join_streams();
+  std::vector<bool> input(I.prog.blocks.size(), false);
+  for (const auto& [buf, blk] : I.prog.inputs) input[blk] = true;
+  for (std::size_t b = 0; b < I.prog.blocks.size(); ++b)
+    if (!input[b])  // all ones: NaN in bf16 and f32
+      TESSERA_CUDA_CHECK(cudaMemsetAsync(I.mem[b], 0xFF, I.prog.blocks[b].box.volume() * I.esize(b), I.cs));
+}
+
 void GpuExecutor::run() {
   auto& I = *impl_;
-  TESSERA_CHECK(!I.ran, "commir gpu executor: run() called twice (accumulators are not reset)");
-  I.ran = true;
-  // The uploads of set_input precede everything, on both streams.
-  TESSERA_CUDA_CHECK(cudaEventRecord(I.ev, I.cs));
-  TESSERA_CUDA_CHECK(cudaStreamWaitEvent(I.ms, I.ev));
-  for (const DevOp& op : I.prog.ops) I.issue(op);
+  // The uploads of set_input and the previous run (both streams) precede
+  // everything on both streams: every block this run writes may still be
+  // read by the previous one.
+  I.join_streams();
+  for (std::size_t i = 0; i < I.prog.ops.size(); ++i) I.issue(i);
 }
+
+std::int64_t GpuExecutor::device_bytes() const { return impl_->prog.bytes(); }
 
 std::vector<std::pair<Box, std::vector<float>>> GpuExecutor::output(const std::string& name) {
   auto& I = *impl_;
@@ -245,9 +389,20 @@ std::vector<std::pair<Box, std::vector<float>>> GpuExecutor::output(const std::s
   std::vector<std::pair<Box, std::vector<float>>> out;
   for (const auto& [want, pieces] : it->second) {
     std::vector<float> vals(want.volume(), std::numeric_limits<float>::quiet_NaN());
-    for (const auto& p : pieces)
-      TESSERA_CUDA_CHECK(cudaMemcpy2D(vals.data() + p.host_offset, want.r[1].size() * 4, I.ptr(p.src), p.src.ld * 4,
-                                      p.cols * 4, p.rows, cudaMemcpyDeviceToHost));
+    const std::int64_t w = want.r[1].size();
+    for (const auto& p : pieces) {
+      if (I.prog.blocks[p.src.block].f32) {
+        TESSERA_CUDA_CHECK(cudaMemcpy2D(vals.data() + p.host_offset, w * 4, I.ptr(p.src), p.src.ld * 4, p.cols * 4,
+                                        p.rows, cudaMemcpyDeviceToHost));
+        continue;
+      }
+      std::vector<__nv_bfloat16> tmp(static_cast<std::size_t>(p.rows * p.cols));
+      TESSERA_CUDA_CHECK(cudaMemcpy2D(tmp.data(), p.cols * 2, I.ptr(p.src), p.src.ld * 2, p.cols * 2, p.rows,
+                                      cudaMemcpyDeviceToHost));
+      for (std::int64_t r = 0; r < p.rows; ++r)
+        for (std::int64_t c = 0; c < p.cols; ++c)
+          vals[p.host_offset + r * w + c] = __bfloat162float(tmp[r * p.cols + c]);
+    }
     out.push_back({want, std::move(vals)});
   }
   return out;

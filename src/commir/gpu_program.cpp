@@ -68,7 +68,9 @@ struct Builder {
   const Grid& g;
   int rank;
   DevProgram prog;
-  std::string out_name;                         // the accumulator/output buffer (f32)
+  std::string out_name;                         // the accumulator/output buffer
+  bool out_f32 = false;                         // its dtype: f32, else bf16
+  std::set<int> received_partials;              // blocks of partials received into a box no compute wrote yet
   std::map<std::string, std::vector<int>> store;  // live blocks per buffer, in arrival order
   std::map<int, int> recv_time;                 // transfer tag -> time of its receive
   std::map<int, bool> partial_tag;              // transfer tag -> carries a partial accumulator
@@ -81,7 +83,7 @@ struct Builder {
   }
 
   int new_block(const std::string& buf, const Box& b) {
-    prog.blocks.push_back(DevBlockInfo{buf, b, buf == out_name});
+    prog.blocks.push_back(DevBlockInfo{buf, b, buf == out_name && out_f32});
     return static_cast<int>(prog.blocks.size()) - 1;
   }
   const DevBlockInfo& info(int blk) const { return prog.blocks[blk]; }
@@ -130,10 +132,48 @@ struct Builder {
   // Ops issued on each stream so far, and how many the other stream had
   // seen at its last event wait (an event with nothing new to wait for is
   // not emitted).
+  // The compute stream waits for the communication stream only when an op
+  // needs it (it reads a block the comm stream wrote, or writes one the comm
+  // stream reads or writes, since the last wait), so a transfer still in
+  // flight that the next GEMM does not touch overlaps it.
   std::int64_t issued[2] = {0, 0}, seen_by_other[2] = {0, 0};
+  std::map<int, std::int64_t> comm_wrote, comm_read;  // block -> comm position of the last such access
+  static void touched(const DevOp& op, std::vector<int>& reads, std::vector<int>& writes) {
+    switch (op.kind) {
+      case DevOpKind::zero: writes = {op.dst.block}; break;
+      case DevOpKind::copy: reads = {op.src.block}; writes = {op.dst.block}; break;
+      case DevOpKind::add: reads = {op.a.block, op.b.block}; writes = {op.dst.block}; break;
+      case DevOpKind::gemm: reads = {op.a.block, op.b.block, op.dst.block}; writes = {op.dst.block}; break;
+      case DevOpKind::send: reads = {op.src.block}; break;
+      case DevOpKind::recv: writes = {op.dst.block}; break;
+      case DevOpKind::all_gather:
+      case DevOpKind::reduce_scatter:
+      case DevOpKind::all_reduce:
+      case DevOpKind::broadcast: reads = {op.src.block}; writes = {op.dst.block}; break;
+      default: break;
+    }
+  }
   void emit(DevOp op) {
-    if (op.kind != DevOpKind::comm_waits_compute && op.kind != DevOpKind::compute_waits_comm)
+    std::vector<int> reads, writes;
+    touched(op, reads, writes);
+    if (op.kind != DevOpKind::comm_waits_compute && op.kind != DevOpKind::compute_waits_comm) {
+      const int c = static_cast<int>(DevStream::comm);
+      if (op.stream == DevStream::compute) {
+        auto after_wait = [&](const std::map<int, std::int64_t>& m, int b) {
+          auto it = m.find(b);
+          return it != m.end() && it->second > seen_by_other[c];
+        };
+        bool wait = false;
+        for (int b : reads) wait = wait || after_wait(comm_wrote, b);
+        for (int b : writes) wait = wait || after_wait(comm_wrote, b) || after_wait(comm_read, b);
+        if (wait) event(DevOpKind::compute_waits_comm);
+      }
       ++issued[static_cast<int>(op.stream)];
+      if (op.stream == DevStream::comm) {
+        for (int b : reads) comm_read[b] = issued[c];
+        for (int b : writes) comm_wrote[b] = issued[c];
+      }
+    }
     prog.ops.push_back(std::move(op));
   }
   void event(DevOpKind k) {
@@ -196,6 +236,10 @@ struct Builder {
     TESSERA_CHECK(rank >= 0 && rank < static_cast<int>(plan.ranks.size()), "commir gpu executor: rank {} out of range [0, {})",
                   rank, plan.ranks.size());
     out_name = g.body.out;
+    const DType out_dt = g.dtype;  // the Grid's element type (its buffers')
+    TESSERA_CHECK(out_dt == DType::bf16 || out_dt == DType::f32,
+                  "commir gpu executor: output {} must be bf16 or f32, got {}", out_name, dtype_name(out_dt));
+    out_f32 = out_dt == DType::f32;
     for (const auto& name : {g.body.ins[0], g.body.ins[1], g.body.out}) {
       const Buffer& b = g.buffer(name, "commir gpu executor");
       TESSERA_CHECK(b.dims.size() == 2 && b.elem == 1, "commir gpu executor: {} must be a 2-D matrix of scalars", name);
@@ -290,7 +334,7 @@ struct Builder {
     for (const Step* s : ops) {
       DevOp op{s->kind == StepKind::send ? DevOpKind::send : DevOpKind::recv};
       op.count = s->box.volume();
-      op.f32 = s->buffer == out_name;
+      op.f32 = s->buffer == out_name && out_f32;
       op.peer = s->peer;
       op.what = step_text(*s);
       if (s->kind == StepKind::send) {
@@ -307,6 +351,7 @@ struct Builder {
       const int have = s->partial ? exact(s->buffer, s->box) : -1;
       if (have < 0) {
         store[s->buffer].push_back(b);
+        if (s->partial) received_partials.insert(b);  // merged after the compute of its box (compute())
         continue;
       }
       // A partial for a box already held: merged (sum) into a new block.
@@ -317,12 +362,13 @@ struct Builder {
       op.b = view(b, s->box);
       op.rows = s->box.r[0].size();
       op.cols = s->box.r[1].size();
-      op.f32 = true;
+      op.f32 = out_f32;
       op.what = step_text(*s);
-      TESSERA_CHECK(info(have).f32, "commir gpu executor: merging partials of bf16 buffer {}", s->buffer);
+      TESSERA_CHECK(s->buffer == out_name, "commir gpu executor: merging partials of input {}", s->buffer);
       emit(op);
       auto& v = store[s->buffer];
       *std::find(v.begin(), v.end(), have) = sum;
+      if (received_partials.erase(have)) received_partials.insert(sum);
     }
     for (const Step* s : ops) emitted.insert(s);
   }
@@ -333,7 +379,7 @@ struct Builder {
     const Box out = s.after[0];
     DevOp op{};
     op.stream = DevStream::comm;
-    op.f32 = s.buffer == out_name;
+    op.f32 = s.buffer == out_name && out_f32;
     op.root = s.root;
     op.what = what;
     int result = -1;
@@ -371,7 +417,6 @@ struct Builder {
     } else {
       store[s.buffer] = {result};
     }
-    event(DevOpKind::compute_waits_comm);
     emitted.insert(&s);
   }
 
@@ -382,17 +427,6 @@ struct Builder {
     DevOp op{DevOpKind::gemm, DevStream::compute};
     op.a = assemble(ab.name, ba, DevStream::compute, false, what);
     op.b = assemble(bb.name, bbx, DevStream::compute, false, what);
-    int c = exact(cb.name, bc);
-    if (c < 0) {  // first write of this accumulator: a zeroed block
-      c = new_block(cb.name, bc);
-      store[cb.name].push_back(c);
-      DevOp z{DevOpKind::zero, DevStream::compute};
-      z.dst = view(c, bc);
-      z.f32 = true;
-      z.what = what;
-      emit(z);
-    }
-    op.dst = view(c, bc);
     op.m = ba.r[0].size();
     op.k = ba.r[1].size();
     op.n = bbx.r[1].size();
@@ -400,7 +434,46 @@ struct Builder {
                   "commir gpu executor: rank {} {}: inconsistent GEMM boxes A{} B{} C{}", rank, what, box_text(ba),
                   box_text(bbx), box_text(bc));
     op.what = what;
-    if (op.m > 0 && op.n > 0 && op.k > 0) emit(op);  // an empty product leaves the zeroed block
+    int c = exact(cb.name, bc);
+    // A partial received for this box (ring step) is not accumulated into:
+    // the GEMM would have to wait for the transfer. It is added afterwards.
+    int received = -1;
+    if (c >= 0 && received_partials.count(c)) {
+      received = c;
+      received_partials.erase(c);
+      c = -1;
+    }
+    op.accumulate = c >= 0;
+    if (c < 0) {  // first write of this accumulator: a new block, overwritten by the GEMM
+      c = new_block(cb.name, bc);
+      auto& v = store[cb.name];
+      if (received >= 0) *std::find(v.begin(), v.end(), received) = c;
+      else v.push_back(c);
+    }
+    op.dst = view(c, bc);
+    if (op.m > 0 && op.n > 0 && op.k > 0) {
+      emit(op);
+    } else if (!op.accumulate) {  // an empty product: the block holds zeros
+      DevOp z{DevOpKind::zero, DevStream::compute};
+      z.dst = view(c, bc);
+      z.f32 = out_f32;
+      z.what = what;
+      emit(z);
+    }
+    if (received >= 0) {  // merge the received partial once it is here (emit() waits for it)
+      const int sum = new_block(cb.name, bc);
+      DevOp add{DevOpKind::add, DevStream::compute};
+      add.dst = view(sum, bc);
+      add.a = view(c, bc);
+      add.b = view(received, bc);
+      add.rows = bc.r[0].size();
+      add.cols = bc.r[1].size();
+      add.f32 = out_f32;
+      add.what = what + " + received partial";
+      emit(add);
+      auto& v = store[cb.name];
+      *std::find(v.begin(), v.end(), c) = sum;
+    }
     emitted.insert(&s);
   }
 
@@ -409,6 +482,7 @@ struct Builder {
     if (b < 0) fail(fmt::format("{}: block to free is not here (holds {})", step_text(s), held(s.buffer)));
     auto& v = store[s.buffer];
     v.erase(std::find(v.begin(), v.end(), b));
+    received_partials.erase(b);
     emitted.insert(&s);
   }
 
@@ -447,7 +521,6 @@ struct Builder {
       for (const auto& s : steps)
         if (s.time == t && s.kind == StepKind::compute) compute(s);
       exchange(t + 1, true);  // partial accumulators leave after the compute that made them
-      event(DevOpKind::compute_waits_comm);
       for (const auto& s : steps)
         if (s.time == t && s.kind == StepKind::free_block) free_block(s);
     }

@@ -139,7 +139,9 @@ struct Sim {
           for (std::int64_t j = 0; j < op.n; ++j) {
             double sum = 0;
             for (std::int64_t k = 0; k < op.k; ++k) sum += at(r, op.a, i, k) * at(r, op.b, k, j);
-            at(r, op.dst, i, j) += sum;
+            // Overwrite (beta = 0) ignores what the block held (NaN = never written).
+            if (op.accumulate) at(r, op.dst, i, j) += sum;
+            else at(r, op.dst, i, j) = sum;
           }
         break;
       default: TESSERA_FAIL("gpu program simulation: rank {}: unexpected {}", r, dev_op_name(op.kind));

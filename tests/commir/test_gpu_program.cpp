@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <tuple>
 
@@ -148,9 +149,71 @@ TEST(CommirGpuProgram, SimulatorCatchesUninitializedOutput) {
   const Plan p = gemm_plan(32, 32, 32, 2, "gemm_ar");
   const Data d = fresh(p);
   std::vector<DevProgram> progs{build_gpu_program(p, 0), build_gpu_program(p, 1)};
-  std::erase_if(progs[0].ops, [](const DevOp& op) { return op.kind == DevOpKind::zero; });
+  // The first GEMM into a block overwrites it; make it accumulate instead.
+  auto it = std::find_if(progs[0].ops.begin(), progs[0].ops.end(), [](const DevOp& op) { return op.kind == DevOpKind::gemm; });
+  ASSERT_NE(it, progs[0].ops.end());
+  ASSERT_FALSE(it->accumulate);
+  it->accumulate = true;
   const GpuSimRun run = simulate_gpu_programs(p, progs, d.in, d.ref);
-  EXPECT_FALSE(run.max_rel_error < 1e-6) << "accumulating into unzeroed memory passed";
+  EXPECT_FALSE(run.max_rel_error < 1e-6) << "accumulating into unwritten memory passed";
+}
+
+// bf16 outputs (make_gemm's default, what the benchmark runs): every block,
+// transfer and merge of the output is bf16, and the plans still simulate
+// (the simulator computes in double; NCCL matching checks the dtypes).
+TEST(CommirGpuProgram, Bf16OutputsStoreAndMoveBf16) {
+  for (int world : {2, 4})
+    for (const auto& name : schedule_names("gemm", 1)) {
+      SCOPED_TRACE(fmt::format("{} on {} ranks", name, world));
+      const Plan p = lower(scheduled(make_gemm(64, 48, 32, {world}), name));
+      const Data d = fresh(p);
+      EXPECT_LT(simulate_gpu_programs(p, d.in, d.ref).max_rel_error, 1e-12);
+      for (int r = 0; r < world; ++r) {
+        const DevProgram prog = build_gpu_program(p, r);
+        for (const auto& b : prog.blocks) EXPECT_FALSE(b.f32) << b.buffer << box_text(b.box);
+        for (const auto& op : prog.ops) {
+          EXPECT_FALSE(op.f32) << dev_op_name(op.kind) << " " << op.what;
+          EXPECT_NE(op.kind, DevOpKind::zero) << "a memset where the first GEMM could overwrite: " << op.what;
+        }
+      }
+    }
+}
+
+// AsyncTP GEMM+RS on 2 ranks: the second step's GEMM must not wait for the
+// partial received from the peer (that transfer overlaps it); the received
+// partial is added afterwards, on the compute stream.
+TEST(CommirGpuProgram, AsyncGemmRsOverlapsThePartialTransfer) {
+  const Plan p = lower(scheduled(make_gemm(2048, 2048, 2048, {2}), "async_gemm_rs"));
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(fmt::format("rank {}", r));
+    const DevProgram prog = build_gpu_program(p, r);
+    const auto& ops = prog.ops;
+    std::string listing;
+    for (std::size_t i = 0; i < ops.size(); ++i)
+      listing += fmt::format("{:3} {:7} {:18} {}{}\n", i, ops[i].stream == DevStream::compute ? "compute" : "comm",
+                             dev_op_name(ops[i].kind), ops[i].what, ops[i].accumulate ? " (accumulate)" : "");
+    SCOPED_TRACE(listing);
+    auto pos = [&](auto pred) {
+      std::vector<std::size_t> v;
+      for (std::size_t i = 0; i < ops.size(); ++i)
+        if (pred(ops[i])) v.push_back(i);
+      return v;
+    };
+    const auto gemms = pos([](const DevOp& o) { return o.kind == DevOpKind::gemm; });
+    const auto recvs = pos([](const DevOp& o) {  // of the partial (the epilogue moves the result too)
+      return o.kind == DevOpKind::recv && o.what.find("partial") != std::string::npos;
+    });
+    const auto adds = pos([](const DevOp& o) { return o.kind == DevOpKind::add; });
+    ASSERT_EQ(gemms.size(), 2u);
+    ASSERT_EQ(recvs.size(), 1u);
+    ASSERT_EQ(adds.size(), 1u);
+    EXPECT_EQ(ops[adds[0]].stream, DevStream::compute);
+    EXPECT_FALSE(ops[gemms[1]].accumulate);
+    EXPECT_LT(recvs[0], gemms[1]);  // posted before the GEMM it overlaps
+    for (std::size_t i = recvs[0]; i < gemms[1]; ++i)
+      EXPECT_NE(ops[i].kind, DevOpKind::compute_waits_comm) << "the second GEMM waits for the partial transfer";
+    EXPECT_LT(gemms[1], adds[0]);
+  }
 }
 
 TEST(CommirGpuProgram, OutsideTheGpuLimitsIsAClearError) {

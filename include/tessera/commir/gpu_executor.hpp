@@ -1,33 +1,47 @@
 // tessera/commir/gpu_executor.hpp — runs a lowered GEMM Plan on GPUs with
-// NCCL (one process per rank) and cuBLASLt for the local kernels.
+// NCCL (one process per rank) and cuBLASLt for the local GEMMs (what the
+// hand-built operators' sequential strategy uses).
 //
 // The construction translates this rank's plan into a program of device ops
 // (commir/gpu_program.hpp: which blocks exist, where each step reads and
 // writes, issue order, stream events) — the same bookkeeping that
-// simulate_gpu_programs runs on the host in the CPU tests — and allocates
-// every block. run() only issues that program: each step's point-to-point
-// transfers as one NCCL group on the communication stream, issued before
-// the previous step's GEMM so that they overlap it; partial accumulators
-// (ring reduce-scatter) after the compute that produced them; collectives
-// where the plan puts them; the compute stream waits on events.
+// simulate_gpu_programs runs on the host in the CPU tests — allocates every
+// block and prepares every local op (cuBLASLt descriptors and algorithm,
+// chosen once for the actual operand alignments). run() only enqueues that
+// program: each step's point-to-point transfers as one NCCL group on the
+// communication stream, issued before the step's GEMM so that they overlap
+// it; partial accumulators (ring reduce-scatter) after the compute that
+// produced them, merged after the next GEMM instead of delaying it;
+// collectives where the plan puts them; the streams wait on events only.
 //
-// Data: inputs bf16, accumulators/outputs f32 (row-major blocks, one device
-// allocation per block, all freed at destruction).
+// Data: inputs bf16; accumulators/outputs in the Grid's dtype — bf16
+// (make_gemm's default, as the hand-built operators) or f32 (exact tests) —
+// stored, communicated and merged in that dtype. The first GEMM into a block
+// overwrites it (no memset). Row-major blocks, one device allocation per
+// block, all freed at destruction.
 //
-// The local kernel is one function (local_gemm in gpu_executor.cpp) so that
-// Tessera's own GEMM engine can replace cuBLASLt there.
+// run() may be called any number of times (each run recomputes every
+// non-input block from the inputs; it starts after the previous run and the
+// uploads on both streams), so a benchmark times run() alone.
 //
-// Limits (checked, tessera::Error before anything is allocated or launched):
-// GEMM plans only; one-level meshes whose size equals the communicator's;
-// collectives need equal, contiguous, full-width row blocks in rank order
-// (extents divisible by the world size); no AllToAll. output() and the
-// destructor wait at most TESSERA_WAIT_TIMEOUT_MS (an NCCL call whose peer
-// never issues it is reported, not waited for forever).
+// Limits (checked, tessera::Error before anything is launched): GEMM plans
+// only; one-level meshes whose size equals the communicator's; collectives
+// need equal, contiguous, full-width row blocks in rank order (extents
+// divisible by the world size); no AllToAll; a bf16 partial merge needs row
+// widths that are multiples of 8 elements. output() and the destructor wait
+// at most TESSERA_WAIT_TIMEOUT_MS (an NCCL call whose peer never issues it
+// is reported, not waited for forever).
+//
+// Overlap: a GEMM issued while NCCL kernels of this rank are in flight (not
+// yet waited for by the compute stream) is sized by cuBLASLt for all SMs but
+// TESSERA_COMMIR_COMM_SMS (default 16; 0 = all SMs), so the communication
+// kernels find free SMs instead of waiting for a persistent GEMM to retire.
 #pragma once
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <vector>
@@ -47,8 +61,13 @@ class GpuExecutor {
   /// Uploads this rank's initial region of input `name` from the full
   /// row-major host tensor (float values, converted to bf16).
   void set_input(const std::string& name, const std::vector<float>& full);
-  /// Issues every step of this rank's plan (asynchronous on the streams); once.
+  /// Issues every step of this rank's plan (asynchronous on the streams).
   void run();
+  /// Fills every non-input block with NaN (compute stream, after all issued
+  /// work): a test's proof that the next run() writes what it reads back.
+  void poison();
+  /// Device memory of this rank's blocks (the plan's footprint as run here).
+  std::int64_t device_bytes() const;
   /// Waits for completion and returns this rank's required final region of
   /// output `name` as (box, row-major values) pairs.
   std::vector<std::pair<Box, std::vector<float>>> output(const std::string& name);

@@ -13,18 +13,33 @@
 // (then it is assembled into a temporary block with 2-D copies); a box held
 // nowhere is an Error naming the rank, the step and what is held.
 //
+// A partial received into a box not held yet (a ring reduce-scatter step) is
+// kept aside: the compute of that box writes a fresh block (so it does not
+// wait for the transfer, which overlaps it) and then adds the received
+// partial into a new block (compute stream, after an event on the
+// communication stream).
+//
 // Issue order (same on every rank, so NCCL calls match): for t = -1 ..
 // steps_per_rank + 1: collectives of time t (by id); the point-to-point
 // transfers received at t+1 that do not carry partial accumulators (one NCCL
 // group; prefetch, overlapping compute t); compute t; the partial transfers
 // received at t+1 (another group, after the compute that made them); frees.
-// Streams: compute ops (GEMM, assembling GEMM inputs) on the compute stream,
-// everything else on the communication stream; the communication stream
-// waits for the compute stream before each NCCL group or collective and the
-// compute stream waits for the communication stream after each (events).
+// Streams: compute ops (GEMM, assembling GEMM inputs, merging a received
+// partial after its GEMM) on the compute stream, everything else on the
+// communication stream; the communication stream waits for the compute
+// stream before each NCCL group or collective; the compute stream waits for
+// the communication stream only before an op that reads a block the comm
+// stream wrote, or writes one it reads or writes (events), so a transfer
+// the next GEMM does not touch stays in flight during it.
 //
-// Limits (Error at build time): GEMM plans on one-level meshes; inputs bf16,
-// accumulators/outputs f32; collectives over the whole world on row blocks
+// Data types: inputs bf16; accumulators/outputs (stored, communicated and
+// merged) in the Grid's dtype: bf16 (the default of
+// make_gemm: what the hand-built operators do) or f32 (exact tests). The
+// first GEMM into an accumulator block overwrites it (beta = 0, no memset),
+// later ones add (beta = 1); a block whose only product is empty is zeroed.
+//
+// Limits (Error at build time): GEMM plans on one-level meshes; output dtype
+// bf16 or f32; collectives over the whole world on row blocks
 // that NCCL can address: AllGather/ReduceScatter parts equal, contiguous,
 // full-width and in rank order; no AllToAll.
 #pragma once
@@ -60,8 +75,9 @@ enum class DevStream { compute, comm };
 enum class DevOpKind {
   zero,                // memset block `dst.block` to 0
   copy,                // rows x cols elements from src to dst (same dtype)
-  add,                 // dst = a + b, rows x cols f32 elements (merging a partial accumulator)
-  gemm,                // D[m,n] += A[m,k] * B[k,n]: a = A (bf16), b = B (bf16), dst = D (f32)
+  add,                 // dst = a + b, rows x cols accumulator elements (merging a partial accumulator)
+  gemm,                // D[m,n] (+)= A[m,k] * B[k,n]: a = A (bf16), b = B (bf16), dst = D (accumulator
+                       // dtype); `accumulate`: += (beta 1), else = (beta 0)
   group_start,         // ncclGroupStart
   group_end,           // ncclGroupEnd
   send,                // ncclSend of `count` contiguous elements at src to `peer`
@@ -82,7 +98,8 @@ struct DevOp {
   std::int64_t rows = 0, cols = 0;  // copy / add
   std::int64_t m = 0, n = 0, k = 0;  // gemm
   std::int64_t count = 0;           // NCCL ops, elements
-  bool f32 = false;                 // dtype of the data moved (NCCL, copy)
+  bool f32 = false;                 // dtype of the data moved (NCCL, copy, add): f32, else bf16
+  bool accumulate = false;          // gemm: add to dst (beta = 1) instead of overwriting it
   int peer = -1, root = -1;
   std::string what;                 // the plan step it comes from (diagnostics)
 };
