@@ -59,24 +59,36 @@ void local_gemm(TpContext::Impl& c, const AgGemmArgs& a, const void* a_rows, std
   (void)c;
 }
 
-/// Fused strategies: my shard into my rows of the workspace on the
-/// communication stream, channel by channel, each chunk followed by a flag
-/// store (value = epoch, stream memory operation) on my own flag row, which
-/// the GEMM's prologue waits for like a peer's.
+/// Fused strategies: my shard into my rows of the workspace, each channel's
+/// rows followed by a flag store (value = epoch, stream memory operation) on
+/// my own flag row, which the GEMM's prologue waits for like a peer's.
+/// Packed shard (lda = K): on the communication stream, chunk by chunk, as
+/// 1-D device-to-device copies — copy-engine work, so they progress while the
+/// persistent GEMM holds every SM. Strided shard: one 2-D copy on the compute
+/// stream before the GEMM (as the other strategies), then the flag stores.
 void copy_in_by_channel(TpContext::Impl& c, const AgPlan& plan, const AgGemmArgs& a, std::int64_t row_bytes,
                         std::int64_t lda_bytes, std::uint64_t e) {
-  cudaStream_t cs = c.comm();
   const int rank = c.pg.rank();
   const std::int64_t lo = plan.shards.lo(rank);
-  const std::int64_t per_ch = plan.map.m_per_channel;
   unsigned char* ws = c.ag_ws.local();
+  cudaStream_t st = c.pg.stream(), cs = c.comm();
+  if (lda_bytes != row_bytes) {
+    TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(ws + lo * row_bytes, row_bytes, a.a, lda_bytes, row_bytes, a.m_local,
+                                         cudaMemcpyDeviceToDevice, st));
+    for (int ch = 0; ch < plan.channels; ++ch) link::rank_notify(st, *c.ag_flags, rank, ch, e);
+  }
+  // The communication stream starts after the compute stream's work so far:
+  // this rank's previous GEMM (the last reader of the workspace) and, when
+  // strided, the copy above (the pushes read those rows).
+  TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, st));
+  TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, c.ev_ready, 0));
+  if (lda_bytes != row_bytes) return;
+  const std::int64_t per_ch = plan.map.m_per_channel;
   for (int ch = 0; ch < plan.channels; ++ch) {
     const std::int64_t r0 = std::min<std::int64_t>(ch * per_ch, a.m_local);
     const std::int64_t r1 = std::min<std::int64_t>(r0 + per_ch, a.m_local);
-    if (r1 > r0)
-      TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(ws + (lo + r0) * row_bytes, row_bytes,
-                                           static_cast<const unsigned char*>(a.a) + r0 * lda_bytes, lda_bytes,
-                                           row_bytes, r1 - r0, cudaMemcpyDeviceToDevice, cs));
+    link::rank_copy_data(cs, ws + (lo + r0) * row_bytes, static_cast<const unsigned char*>(a.a) + r0 * row_bytes,
+                         static_cast<std::size_t>((r1 - r0) * row_bytes));
     link::rank_notify(cs, *c.ag_flags, rank, ch, e);
   }
 }
@@ -158,10 +170,7 @@ void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOp
     }
     case Strategy::fused_ce:
     case Strategy::fused_sm: {
-      // ev_ready covers this rank's previous GEMM, which read the workspace.
-      TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, st));
-      TESSERA_CUDA_CHECK(cudaStreamWaitEvent(c.comm(), c.ev_ready, 0));
-      copy_in_by_channel(c, plan, a, row_bytes, lda * es, e);
+      copy_in_by_channel(c, plan, a, row_bytes, lda * es, e);  // also orders the comm stream after st
       int max_ctas = 0;
       if (s == Strategy::fused_ce) {
         push_copy_engine(c, plan, row_bytes, a.m_local, e);
