@@ -1,12 +1,9 @@
 // AllGather + GEMM: the four strategies (plan.hpp describes the protocol).
 //
 // Every strategy starts by copying this rank's shard into its rows of the
-// symmetric gathered-A workspace (packed, row stride K) — on the compute
-// stream for sequential / decomposition; for the fused ones on the
-// communication stream, channel by channel, each chunk announced on this
-// rank's own flag row so that the GEMM starts at once and waits per tile
-// (the copy-in is then off the critical path but for its first chunk). Every
-// strategy ends by telling every peer kAgFree = epoch once its GEMM has read
+// symmetric gathered-A workspace (packed, row stride K) on the compute stream
+// (the fused ones also mark it on their own flag row, see
+// copy_in_by_channel). Every strategy ends by telling every peer kAgFree = epoch once its GEMM has read
 // the workspace; a rank pushes into a peer only after that peer's kAgFree
 // reached the previous epoch.
 #include <cuda_runtime_api.h>
@@ -59,38 +56,28 @@ void local_gemm(TpContext::Impl& c, const AgGemmArgs& a, const void* a_rows, std
   (void)c;
 }
 
-/// Fused strategies: my shard into my rows of the workspace, each channel's
-/// rows followed by a flag store (value = epoch, stream memory operation) on
-/// my own flag row, which the GEMM's prologue waits for like a peer's.
-/// Packed shard (lda = K): on the communication stream, chunk by chunk, as
-/// 1-D device-to-device copies — copy-engine work, so they progress while the
-/// persistent GEMM holds every SM. Strided shard: one 2-D copy on the compute
-/// stream before the GEMM (as the other strategies), then the flag stores.
+/// Fused strategies: my shard into my rows of the workspace on the compute
+/// stream, before the GEMM, then a flag store (value = epoch, stream memory
+/// operation) per channel on my own flag row, which the GEMM's prologue
+/// waits for like a peer's (already set when the GEMM starts).
+/// Why not on the communication stream, chunk by chunk, behind those flags:
+/// a device-to-device copy on one GPU may run as a kernel, and the fused_ce
+/// GEMM holds every SM until its own rows arrive — that deadlocked on
+/// nvidia-h200-x2 (bda0fc5). The copy stays on the critical path (~20 us for
+/// a 32 MiB shard) until it moves into the GEMM's own tiles.
 void copy_in_by_channel(TpContext::Impl& c, const AgPlan& plan, const AgGemmArgs& a, std::int64_t row_bytes,
                         std::int64_t lda_bytes, std::uint64_t e) {
   const int rank = c.pg.rank();
   const std::int64_t lo = plan.shards.lo(rank);
-  unsigned char* ws = c.ag_ws.local();
-  cudaStream_t st = c.pg.stream(), cs = c.comm();
-  if (lda_bytes != row_bytes) {
-    TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(ws + lo * row_bytes, row_bytes, a.a, lda_bytes, row_bytes, a.m_local,
-                                         cudaMemcpyDeviceToDevice, st));
-    for (int ch = 0; ch < plan.channels; ++ch) link::rank_notify(st, *c.ag_flags, rank, ch, e);
-  }
+  cudaStream_t st = c.pg.stream();
+  TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(c.ag_ws.local() + lo * row_bytes, row_bytes, a.a, lda_bytes, row_bytes,
+                                       a.m_local, cudaMemcpyDeviceToDevice, st));
+  for (int ch = 0; ch < plan.channels; ++ch) link::rank_notify(st, *c.ag_flags, rank, ch, e);
   // The communication stream starts after the compute stream's work so far:
-  // this rank's previous GEMM (the last reader of the workspace) and, when
-  // strided, the copy above (the pushes read those rows).
+  // this rank's previous GEMM (the last reader of the workspace) and the copy
+  // above (the pushes read those rows).
   TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, st));
-  TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, c.ev_ready, 0));
-  if (lda_bytes != row_bytes) return;
-  const std::int64_t per_ch = plan.map.m_per_channel;
-  for (int ch = 0; ch < plan.channels; ++ch) {
-    const std::int64_t r0 = std::min<std::int64_t>(ch * per_ch, a.m_local);
-    const std::int64_t r1 = std::min<std::int64_t>(r0 + per_ch, a.m_local);
-    link::rank_copy_data(cs, ws + (lo + r0) * row_bytes, static_cast<const unsigned char*>(a.a) + r0 * row_bytes,
-                         static_cast<std::size_t>((r1 - r0) * row_bytes));
-    link::rank_notify(cs, *c.ag_flags, rank, ch, e);
-  }
+  TESSERA_CUDA_CHECK(cudaStreamWaitEvent(c.comm(), c.ev_ready, 0));
 }
 
 void notify_free(TpContext::Impl& c, std::uint64_t e) {
