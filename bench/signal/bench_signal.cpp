@@ -21,7 +21,10 @@
 // Every GPU wait here is bounded (TESSERA_WAIT_TIMEOUT_MS, default 5 s, x4):
 // a repetition that does not finish names the phase, the shape and, for the
 // overlapped runs, the wave groups whose counters are short (CommDriver::
-// synchronize), then throws. NCCL_RUNTIME_CONNECT defaults to 0 here so
+// synchronize), then throws; every rank prints the error and exits at once
+// (no cudaFree / communicator teardown behind a stuck stream: that would
+// hang and hide the diagnostic). Progress lines are flushed after every
+// offline sub-step and shape. NCCL_RUNTIME_CONNECT defaults to 0 here so
 // NCCL connects at init, never inside an enqueue behind a stream wait.
 // Wall-clock budget (--budget-s): split evenly over the ops still to run;
 // no new shape starts after an op's share is spent; tables and summaries
@@ -41,6 +44,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -123,7 +127,11 @@ Shape parse_shape(const std::string& t) {
 struct DevMem {
   void* p = nullptr;
   explicit DevMem(std::size_t bytes) { TESSERA_CUDA_CHECK(cudaMalloc(&p, std::max<std::size_t>(bytes, 256))); }
-  ~DevMem() { cudaFree(p); }
+  // cudaFree synchronizes the device: while an exception unwinds (a stuck
+  // wait) it would hang before the error is printed, so leak instead.
+  ~DevMem() {
+    if (std::uncaught_exceptions() == 0) cudaFree(p);
+  }
   DevMem(const DevMem&) = delete;
   DevMem& operator=(const DevMem&) = delete;
   template <class T>
@@ -139,14 +147,16 @@ struct Event {
   Event& operator=(const Event&) = delete;
 };
 
-// Progress lines (rank 0) with seconds since the command started.
+// Progress lines (rank 0) with seconds since the command started, flushed.
 struct Progress {
   Clock::time_point t0 = Clock::now();
   bool on = false;
   double elapsed() const { return std::chrono::duration<double>(Clock::now() - t0).count(); }
   template <class... A>
   void operator()(fmt::format_string<A...> f, A&&... a) const {
-    if (on) fmt::print("[{:7.1f} s] {}\n", elapsed(), fmt::format(f, std::forward<A>(a)...));
+    if (!on) return;
+    fmt::print("[{:7.1f} s] {}\n", elapsed(), fmt::format(f, std::forward<A>(a)...));
+    std::fflush(stdout);  // a later hang must not swallow the lines that locate it
   }
 };
 
@@ -211,10 +221,14 @@ void collective(bool ar, const void* send, void* recv, std::int64_t elems, int w
 }
 
 // ---- offline stage: bandwidth curve and per-group overhead -----------------
-tune::BandwidthCurve measure_curve(runtime::ProcessGroup& pg, bool ar, std::int64_t max_bytes, const Options& o) {
+tune::BandwidthCurve measure_curve(runtime::ProcessGroup& pg, bool ar, std::int64_t max_bytes, const Options& o,
+                                   const Progress& progress) {
   const std::int64_t max_elems = max_bytes / 2;
   DevMem a(max_bytes), b(max_bytes);
   cudaStream_t s = pg.comm_stream(0);
+  // Real values (uninitialized memory may hold NaNs/denormals).
+  fill_random_bf16(a.p, max_elems, 3000 + pg.rank(), s);
+  TESSERA_CUDA_CHECK(cudaGetLastError());
   std::vector<tune::BandwidthCurve::Point> pts;
   double prev = 0;
   for (double bytes = 64 * 1024; bytes <= double(max_bytes) * 1.0001; bytes *= std::sqrt(2.0)) {
@@ -225,12 +239,22 @@ tune::BandwidthCurve measure_curve(runtime::ProcessGroup& pg, bool ar, std::int6
     // A measured curve can wiggle by noise; keep time non-decreasing.
     prev = std::max(prev, ms * 1e-3);
     if (pts.empty() || double(elems * 2) > pts.back().bytes) pts.push_back({double(elems * 2), prev});
+    if (pts.size() % 8 == 1)
+      progress("  curve: {:.0f} KiB in {:.1f} us ({:.1f} GB/s)", double(elems * 2) / 1024, ms * 1e3,
+               double(elems * 2) / (ms * 1e-3) * 1e-9);
   }
+  const auto& last = pts.back();
+  progress("  curve done: {} points, {:.0f} KiB {:.1f} us .. {:.0f} MiB {:.3f} ms ({:.1f} GB/s)", pts.size(),
+           pts.front().bytes / 1024, pts.front().seconds * 1e6, last.bytes / (1 << 20), last.seconds * 1e3,
+           last.bytes / last.seconds * 1e-9);
   return tune::BandwidthCurve(pts);
 }
 
 // Cost of one extra group: G waits (already satisfied) + G collectives of
-// bytes/G against the curve's time for the pieces.
+// bytes/G against the curve's time for the pieces. Every call is epoch 1
+// and each counter holds exactly its epoch-1 target, stored once from the
+// counters' private stream before anything waits: the wait test is cyclic
+// (comm_driver.hpp), so a sentinel such as 0xFFFFFFFF would never pass.
 double measure_group_overhead(runtime::ProcessGroup& pg, bool ar, signal::WaitMode mode,
                               const tune::BandwidthCurve& curve, const Options& o) {
   const int G = 8;
@@ -241,8 +265,7 @@ double measure_group_overhead(runtime::ProcessGroup& pg, bool ar, signal::WaitMo
   DevMem buf(elems * 2), recv(elems * 2);
   signal::GroupCounters counters(G);
   signal::CommDriver drv(pg.nccl(), pg.comm_stream(0), mode);
-  set_counters(counters.device(), G, 0xFFFFFFFFu, pg.comm_stream(0));  // every epoch's wait passes
-  TESSERA_CUDA_CHECK(cudaGetLastError());
+  for (int g = 0; g < G; ++g) counters.store(g, plan.counter_target(g, 1), runtime::wait_timeout_ns());
   const signal::ArMap am = signal::make_ar_map(wm);
   const signal::RsMap rm = signal::make_rs_map(wm, pg.world());
   const double ms = timed(
@@ -528,9 +551,11 @@ OpResult run_op(runtime::ProcessGroup& pg, const Options& o, bool ar, const std:
   for (const Shape& s : shapes) max_bytes = std::max(max_bytes, s.m * s.n * 2);
 
   progress("{}: offline stage: NCCL bandwidth curve up to {} MiB", op, max_bytes >> 20);
-  const tune::BandwidthCurve curve = measure_curve(pg, ar, max_bytes, o);
-  progress("{}: offline stage: per-group overhead (stream memop, spinning kernel)", op);
+  const tune::BandwidthCurve curve = measure_curve(pg, ar, max_bytes, o, progress);
+  progress("{}: offline stage: per-group overhead, stream memop waits ...", op);
   const double ovh_memop = measure_group_overhead(pg, ar, signal::WaitMode::StreamMemOp, curve, o);
+  progress("{}: offline stage: per-group overhead, stream memop {:.2f} us; spinning-kernel waits ...", op,
+           ovh_memop * 1e6);
   const double ovh_spin = measure_group_overhead(pg, ar, signal::WaitMode::SpinKernel, curve, o);
   const double overhead = mode == signal::WaitMode::StreamMemOp ? ovh_memop : ovh_spin;
   progress("{}: per-group overhead: stream memop {:.2f} us, spinning kernel {:.2f} us (using {})", op, ovh_memop * 1e6,
@@ -626,7 +651,24 @@ OpResult run_op(runtime::ProcessGroup& pg, const Options& o, bool ar, const std:
   return res;
 }
 
+void run_all(const Options& o);
+
+// Any error (a stuck wait above all) is printed by every rank and the
+// process exits at once: destroying the communicator or freeing memory while
+// a stream still waits would synchronize the device and hang, hiding the
+// diagnostic (issue 5). The driver reclaims the context at exit.
 void run(const Options& o) {
+  try {
+    run_all(o);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "tessera bench signal: error: {}\n", e.what());
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+}
+
+void run_all(const Options& o) {
   // Connect every NCCL channel at init: a lazy connect inside an enqueue
   // behind a stream wait could block the host (comm_driver.hpp).
   ::setenv("NCCL_RUNTIME_CONNECT", "0", 0);

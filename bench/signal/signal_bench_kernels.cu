@@ -19,19 +19,10 @@ __global__ void fill_kernel(__nv_bfloat16* p, std::int64_t n, std::uint64_t seed
   }
 }
 
-__global__ void set_kernel(std::uint32_t* c, int n, std::uint32_t v) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) c[i] = v;
-}
-
 }  // namespace
 
 void fill_random_bf16(void* p, std::int64_t n, std::uint64_t seed, cudaStream_t s) {
   fill_kernel<<<1024, 256, 0, s>>>(static_cast<__nv_bfloat16*>(p), n, seed);
-}
-
-void set_counters(std::uint32_t* counters, int n, std::uint32_t value, cudaStream_t s) {
-  set_kernel<<<(n + 255) / 256, 256, 0, s>>>(counters, n, value);
 }
 
 void gemm_into_groups(const kernels::GemmArgs& a, const kernels::GemmOptions& o, void* buffer,

@@ -22,7 +22,4 @@ void gemm_into_groups(const kernels::GemmArgs& a, const kernels::GemmOptions& o,
                       const std::int64_t* tile_base, const std::int64_t* seg_stride, const int* tile_group,
                       int sub_rows, int tile_n, std::uint32_t* counters, cudaStream_t s);
 
-/// Sets every counter to `value` (so that waits of earlier epochs pass).
-void set_counters(std::uint32_t* counters, int n, std::uint32_t value, cudaStream_t s);
-
 }  // namespace tessera::bench::signalb

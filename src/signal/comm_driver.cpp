@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <exception>
 #include <string>
 #include <thread>
 
@@ -62,6 +63,7 @@ GroupCounters::GroupCounters(int groups) : groups_(groups) {
   TESSERA_CHECK(groups > 0, "GroupCounters: group count must be positive, got {}", groups);
   TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
   TESSERA_CUDA_CHECK(cudaMalloc(&counters_, sizeof(std::uint32_t) * groups));
+  TESSERA_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_), sizeof(std::uint32_t) * groups, cudaHostAllocDefault));
   // Zeroed on the private stream, not with a device-wide synchronization:
   // other streams may already be waiting on other counters.
   TESSERA_CUDA_CHECK(cudaMemsetAsync(counters_, 0, sizeof(std::uint32_t) * groups, side_));
@@ -72,15 +74,24 @@ GroupCounters::GroupCounters(int groups) : groups_(groups) {
 }
 
 GroupCounters::~GroupCounters() {
-  if (side_) (void)cudaStreamDestroy(side_);
+  if (side_) (void)cudaStreamDestroy(side_);  // returns at once; released when idle
+  // cudaFree / cudaFreeHost synchronize the device: while an exception
+  // unwinds (typically a stuck wait on these counters) that would hang
+  // before the error is reported, so the memory is leaked instead.
+  if (std::uncaught_exceptions() > 0) return;
   if (counters_) (void)cudaFree(counters_);
+  if (host_) (void)cudaFreeHost(host_);
 }
 
-std::vector<std::uint32_t> GroupCounters::read() const {
-  std::vector<std::uint32_t> v(groups_);
-  TESSERA_CUDA_CHECK(cudaMemcpyAsync(v.data(), counters_, sizeof(std::uint32_t) * groups_, cudaMemcpyDeviceToHost, side_));
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(side_));  // a copy that waits on nothing
-  return v;
+std::vector<std::uint32_t> GroupCounters::read(std::uint64_t timeout_ns) const {
+  // Pinned target: a truly asynchronous copy on the private stream, polled
+  // with a deadline (never a blocking synchronize).
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(host_, counters_, sizeof(std::uint32_t) * groups_, cudaMemcpyDeviceToHost, side_));
+  const cudaError_t rc = wait_idle(side_, Clock::now() + std::chrono::nanoseconds(timeout_ns));
+  TESSERA_CHECK(rc != cudaErrorNotReady, "GroupCounters::read: reading {} counters did not finish within {} ms",
+                groups_, timeout_ns / 1000000);
+  TESSERA_CUDA_CHECK(rc);
+  return std::vector<std::uint32_t>(host_, host_ + groups_);
 }
 
 void GroupCounters::store(int g, std::uint32_t value, std::uint64_t timeout_ns) const {
@@ -104,6 +115,10 @@ CommDriver::CommDriver(ncclComm_t comm, cudaStream_t stream, WaitMode mode, std:
     // its first launch must not wait for an idle device (lazy loading).
     ensure_loaded(detail::spin_wait_kernel_address(), "signal spin_wait_kernel");
   }
+}
+
+CommDriver::~CommDriver() {
+  if (std::uncaught_exceptions() > 0) (void)diag_.release();  // see GroupCounters::~GroupCounters
 }
 
 void CommDriver::check_counters(const GroupPlan& plan, const GroupCounters& counters, const char* op) const {
@@ -193,11 +208,11 @@ void CommDriver::synchronize(const GroupPlan& plan, const GroupCounters& counter
   // instead of hanging every later device-wide synchronization (cudaFree,
   // stream destruction, ncclCommFinalize). The collectives behind the waits
   // then run on incomplete data; the caller gets the error below.
-  const std::vector<std::uint32_t> seen = counters.read();
+  const std::vector<std::uint32_t> seen = counters.read(timeout_ns_);
   std::string shortfall;
   for (int g = 0; g < plan.groups(); ++g) {
     const std::uint32_t want = plan.counter_target(g, epoch);
-    if (seen[g] >= want) continue;
+    if (counter_reached(seen[g], want)) continue;  // the waits' own (cyclic) test
     shortfall += fmt::format(" group {}: expected >= {}, seen {};", g, want, seen[g]);
     counters.store(g, want, timeout_ns_);
   }

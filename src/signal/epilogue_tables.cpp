@@ -2,6 +2,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <exception>
+
 #include "tessera/runtime/error.hpp"
 
 namespace tessera::signal {
@@ -78,6 +80,9 @@ DeviceEpilogueTables::DeviceEpilogueTables(const EpilogueTables& t) : sub_rows_(
 }
 
 DeviceEpilogueTables::~DeviceEpilogueTables() {
+  // cudaFree synchronizes the device; while an exception unwinds (e.g. a
+  // stuck overlapped run whose GEMM reads these tables) leak instead of hang.
+  if (std::uncaught_exceptions() > 0) return;
   cudaFree(tile_base_);
   cudaFree(seg_stride_);
   cudaFree(tile_group_);

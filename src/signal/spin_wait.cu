@@ -1,5 +1,6 @@
 // The spinning waiter of CommDriver (WaitMode::SpinKernel): one thread polls
-// the group counter with ld.acquire.gpu until it reaches the target; on
+// the group counter with ld.acquire.gpu until it reaches the target
+// (counter_reached: cyclic, the same test as the stream memop wait); on
 // timeout it fills the WaitRecord (first waiter wins), prints and traps.
 #include <cstdio>
 
@@ -19,7 +20,7 @@ __global__ void spin_wait_kernel(const std::uint32_t* counter, std::uint32_t tar
                                  int rank, int group, runtime::WaitRecord* record) {
   const std::uint64_t start = globaltimer();
   std::uint32_t seen = ld_acquire_gpu_u32(counter);
-  while (seen < target) {
+  while (!counter_reached(seen, target)) {  // cyclic, as cuStreamWaitValue32(GEQ)
     if (globaltimer() - start > timeout_ns) {
       if (record && atomicCAS_system(&record->claimed, 0u, 1u) == 0u) {
         record->kind = static_cast<int>(runtime::WaitKind::counter);

@@ -10,6 +10,7 @@
 
 #include "tessera/runtime/error.hpp"
 #include "tessera/signal/a2a.hpp"
+#include "tessera/signal/comm_driver.hpp"
 #include "tessera/signal/epilogue_tables.hpp"
 #include "tessera/signal/group_plan.hpp"
 #include "tessera/signal/reorder.hpp"
@@ -355,4 +356,16 @@ TEST(EpilogueTables, ReproduceTheMapsOffsets) {
       }
     }
   }
+}
+
+// The counter test is cuStreamWaitValue32(GEQ)'s cyclic comparison (issue 5:
+// a 0xFFFFFFFF "always passes" sentinel never passed a memop wait).
+TEST(CounterReached, CyclicLikeStreamMemopGeq) {
+  using tessera::signal::counter_reached;
+  EXPECT_TRUE(counter_reached(5, 5));
+  EXPECT_TRUE(counter_reached(6, 5));
+  EXPECT_FALSE(counter_reached(4, 5));
+  EXPECT_FALSE(counter_reached(0xFFFFFFFFu, 5));  // -1 - 5 < 0: never satisfied
+  EXPECT_TRUE(counter_reached(3, 0xFFFFFFF0u));   // wrapped past the target
+  EXPECT_FALSE(counter_reached(0x80000005u, 5));  // 2^31 ahead reads as behind
 }

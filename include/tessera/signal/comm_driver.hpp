@@ -17,6 +17,10 @@
 // NCCL collective whose peer never posts it cannot be released from here:
 // synchronize() then says so, and the caller must abort the communicator
 // (ncclCommAbort) before freeing buffers or destroying the stream.
+// cudaFree synchronizes the whole device, so GroupCounters and CommDriver do
+// not free device/pinned memory while an exception unwinds the stack (they
+// leak it): a stuck wait then surfaces as the error, not as a hang in a
+// destructor.
 //
 // After synchronize() has thrown, the counters no longer follow the epoch
 // contract (a late producer may still add): discard them (new GroupCounters,
@@ -35,7 +39,12 @@
 //
 // Counters (GroupCounters): uint32 per group in device memory, zeroed once;
 // call number `epoch` (1, 2, ...) waits for counter[g] >= epoch *
-// tiles_in(g) (GroupPlan::counter_target). The producer contract is in
+// tiles_in(g) (GroupPlan::counter_target). ">=" is the CYCLIC comparison of
+// cuStreamWaitValue32(GEQ): (int32_t)(counter - target) >= 0 (counter_reached
+// below; the spinning waiter and synchronize() use the same one). So a
+// counter more than 2^31 ahead of its target does NOT pass: never preset a
+// counter to a sentinel such as 0xFFFFFFFF to make waits pass; store the
+// exact target (GroupCounters::store). The producer contract is in
 // signal/device.cuh. The caller must not let the producer of call e+1
 // overwrite a group buffer before call e's collective on it is done
 // (stream-order the next GEMM after the communication stream).
@@ -56,9 +65,16 @@
 #include "tessera/runtime/wait_diagnostics.hpp"
 #include "tessera/signal/a2a.hpp"
 #include "tessera/signal/group_plan.hpp"
+#include "tessera/signal/hd.hpp"
 #include "tessera/signal/reorder.hpp"
 
 namespace tessera::signal {
+
+/// The wait condition of every counter wait (stream memop GEQ semantics):
+/// cyclic, so it survives wrap-around of the 32-bit counter.
+TESSERA_HD bool counter_reached(std::uint32_t seen, std::uint32_t target) {
+  return static_cast<std::int32_t>(seen - target) >= 0;
+}
 
 enum class WaitMode { StreamMemOp, SpinKernel };
 const char* wait_mode_name(WaitMode m);
@@ -81,14 +97,16 @@ class GroupCounters {
 
   std::uint32_t* device() const { return counters_; }
   int groups() const { return groups_; }
-  /// Current values, read on a private stream (works while others are blocked).
-  std::vector<std::uint32_t> read() const;
+  /// Current values, read on a private stream (works while others are
+  /// blocked), bounded by `timeout_ns` (throws naming the timeout).
+  std::vector<std::uint32_t> read(std::uint64_t timeout_ns = runtime::wait_timeout_ns()) const;
   /// Stores `value` into counter g from the private stream (a stream memory
   /// operation, no kernel) and waits for the store, bounded by `timeout_ns`.
   void store(int g, std::uint32_t value, std::uint64_t timeout_ns) const;
 
  private:
   std::uint32_t* counters_ = nullptr;
+  std::uint32_t* host_ = nullptr;  ///< pinned mirror for read()
   cudaStream_t side_ = nullptr;
   int groups_ = 0;
 };
@@ -98,6 +116,9 @@ class CommDriver {
   /// `stream`: the communication stream (all NCCL calls and waits go there).
   /// Loads the spinning waiter's module (see ensure_loaded).
   CommDriver(ncclComm_t comm, cudaStream_t stream, WaitMode mode, std::uint64_t timeout_ns = runtime::wait_timeout_ns());
+  /// Leaks the spinning waiter's diagnostic record during stack unwinding
+  /// (freeing pinned memory synchronizes the device; see the header comment).
+  ~CommDriver();
   CommDriver(const CommDriver&) = delete;
   CommDriver& operator=(const CommDriver&) = delete;
 
