@@ -115,7 +115,7 @@ void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOp
   cudaStream_t st = c.pg.stream();
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(a.dtype));
   const std::int64_t row_bytes = a.k * es;
-  const AgPlan plan = plan_ag(a.m, R, rank, s == Strategy::decomposition ? 1 : o.channels, detail::kTpTileM);
+  const AgPlan plan = plan_ag(a.m, R, rank, s == Strategy::decomposition ? 1 : o.channels, detail::kAgTileM);
   const std::int64_t per_rank = plan.shards.per_rank;
   c.ensure_ag_ws(static_cast<std::size_t>(R * per_rank * row_bytes));
   const std::uint64_t e = ++c.ag_epoch;

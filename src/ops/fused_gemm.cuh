@@ -1,8 +1,8 @@
 // src/ops/fused_gemm.cuh — instantiations of the fused TP GEMMs for one
 // input type (included by fused_gemm_bf16.cu / fused_gemm_f16.cu so that the
-// two types compile in parallel). One tile (the ping-pong 64x256, see
-// kTpTileM in device_ops.hpp) per policy set keeps the kernel count, and the
-// build time, small.
+// two types compile in parallel). One tile per policy set (AG: the ping-pong
+// 64x256, RS: the cooperative 128x256; see device_ops.hpp) keeps the kernel
+// count, and the build time, small.
 #pragma once
 
 #include "fused_policies.cuh"
@@ -13,15 +13,9 @@
 
 namespace tessera::ops::detail {
 
-inline constexpr kernels::GemmTile kTpTile = kernels::GemmTile::T64x256;
-static_assert(kTpTileM == 64 && kTpTileN == 256, "kTpTile and kTpTileM/N must agree");
-
-/// The ping-pong kernel of kTpTile for one policy set.
-template <class T, class Pro, class Epi>
-void launch_tp_gemm(const kernels::GemmArgs& g, const kernels::GemmOptions& o, const Pro& pro, const Epi& epi,
-                    const kernels::engine::RasterScheduler& sched, cudaStream_t s) {
-  kernels::gemm_with_tile_overlap<kTpTile, T, kernels::BLayout::NK>(g, o, pro, epi, sched, s);
-}
+inline constexpr kernels::GemmTile kAgTile = kernels::GemmTile::T64x256;  // ping-pong
+inline constexpr kernels::GemmTile kRsTile = kernels::GemmTile::T128x256;  // cooperative
+static_assert(kAgTileM == 64 && kRsTileM == 128 && kRsTileN == 256, "tiles and plan constants must agree");
 
 template <class T>
 void ag_gemm_typed(const AgGemmLaunch& p, cudaStream_t s) {
@@ -39,7 +33,7 @@ void ag_gemm_typed(const AgGemmLaunch& p, cudaStream_t s) {
   g.out = p.dtype;
   g.b_layout = kernels::BLayout::NK;
   kernels::GemmOptions o{};
-  o.tile = kTpTile;
+  o.tile = kAgTile;
   o.epilogue_overlap = true;
   o.max_ctas = p.max_ctas;
   AgPrologue pro;
@@ -56,12 +50,12 @@ void ag_gemm_typed(const AgGemmLaunch& p, cudaStream_t s) {
     kernels::engine::StdEpilogue<T, kernels::engine::kEpiSwiGLU> epi;
     epi.d = static_cast<T*>(p.d);
     epi.ldd = p.ldd;
-    launch_tp_gemm<T>(g, o, pro, epi, sched, s);
+    kernels::gemm_with_tile_overlap<kAgTile, T, kernels::BLayout::NK>(g, o, pro, epi, sched, s);
   } else {
     kernels::engine::StdEpilogue<T, kernels::engine::kEpiPlain> epi;
     epi.d = static_cast<T*>(p.d);
     epi.ldd = p.ldd;
-    launch_tp_gemm<T>(g, o, pro, epi, sched, s);
+    kernels::gemm_with_tile_overlap<kAgTile, T, kernels::BLayout::NK>(g, o, pro, epi, sched, s);
   }
 }
 
@@ -81,8 +75,7 @@ void gemm_rs_typed(const GemmRsLaunch& p, cudaStream_t s) {
   g.out = p.dtype;
   g.b_layout = kernels::BLayout::NK;
   kernels::GemmOptions o{};
-  o.tile = kTpTile;
-  o.epilogue_overlap = true;
+  o.tile = kRsTile;
   o.max_ctas = p.max_ctas;
   // Remotely-owned tiles first: start at shard (rank + 1) mod R.
   const kernels::engine::RasterScheduler sched{p.raster_group, false, p.rotate_m};
@@ -105,7 +98,7 @@ void gemm_rs_typed(const GemmRsLaunch& p, cudaStream_t s) {
     pro.expected = static_cast<std::uint64_t>(p.world - 1);
     pro.timeout_ns = runtime::wait_timeout_ns();
     pro.diag = kernels::wait_diagnostics();
-    launch_tp_gemm<T>(g, o, pro, epi, sched, s);
+    kernels::gemm_with_tile<kRsTile, T, kernels::BLayout::NK, 1>(g, o, pro, epi, sched, s);
     return;
   }
   RsEpilogue<T> epi;
@@ -116,12 +109,13 @@ void gemm_rs_typed(const GemmRsLaunch& p, cudaStream_t s) {
   epi.per_rank = p.per_rank;
   epi.ld = p.ld_recv;
   epi.rank = p.rank;
-  launch_tp_gemm<T>(g, o, kernels::engine::NoWait{}, epi, sched, s);
+  kernels::gemm_with_tile<kRsTile, T, kernels::BLayout::NK, 1>(g, o, kernels::engine::NoWait{}, epi, sched, s);
 }
 
 template <class T>
 void preload_typed() {
-  using Cfg = kernels::PingPongCfgOf<kTpTile>::type;
+  using Cfg = kernels::PingPongCfgOf<kAgTile>::type;
+  using RsCfg = kernels::TileCfgOf<kRsTile, 1>::type;
   using Sched = kernels::engine::RasterScheduler;
   cudaFuncAttributes attr{};
   kernels::detail::cuda_check(
@@ -135,10 +129,10 @@ void preload_typed() {
                                                                 Sched>),
       "ops: preload AG GEMM (SiLU*up)");
   kernels::detail::cuda_check(
-      cudaFuncGetAttributes(&attr, kernels::engine::gemm_kernel<Cfg, T, false, kernels::engine::NoWait, RsEpilogue<T>, Sched>),
+      cudaFuncGetAttributes(&attr, kernels::engine::gemm_kernel<RsCfg, T, false, kernels::engine::NoWait, RsEpilogue<T>, Sched>),
       "ops: preload RS GEMM");
   kernels::detail::cuda_check(
-      cudaFuncGetAttributes(&attr, kernels::engine::gemm_kernel<Cfg, T, false, RsOwnerPrologue, RsOwnerEpilogue<T>, Sched>),
+      cudaFuncGetAttributes(&attr, kernels::engine::gemm_kernel<RsCfg, T, false, RsOwnerPrologue, RsOwnerEpilogue<T>, Sched>),
       "ops: preload RS GEMM (owner epilogue)");
 }
 

@@ -125,7 +125,7 @@ void run_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, Strategy s, const OpOp
   const int R = c.pg.world(), rank = c.pg.rank();
   cudaStream_t st = c.pg.stream();
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(a.dtype));
-  const RsPlan plan = plan_rs(a.m, a.n, R, rank, detail::kTpTileM, detail::kTpTileN);
+  const RsPlan plan = plan_rs(a.m, a.n, R, rank, detail::kRsTileM, detail::kRsTileN);
   const std::int64_t per_rank = plan.shards.per_rank, ldr = plan.ld_recv;
   const std::int64_t ldd = a.ldd ? a.ldd : a.n;
   const std::size_t slab_bytes = static_cast<std::size_t>(per_rank * ldr * es);
