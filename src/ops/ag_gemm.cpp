@@ -60,11 +60,13 @@ void local_gemm(TpContext::Impl& c, const AgGemmArgs& a, const void* a_rows, std
 /// stream, before the GEMM, then a flag store (value = epoch, stream memory
 /// operation) per channel on my own flag row, which the GEMM's prologue
 /// waits for like a peer's (already set when the GEMM starts).
-/// Why not on the communication stream, chunk by chunk, behind those flags:
-/// a device-to-device copy on one GPU may run as a kernel, and the fused_ce
-/// GEMM holds every SM until its own rows arrive — that deadlocked on
-/// nvidia-h200-x2 (bda0fc5). The copy stays on the critical path (~20 us for
-/// a 32 MiB shard) until it moves into the GEMM's own tiles.
+/// Why not on the communication stream, chunk by chunk, behind those flags
+/// (which would take the ~20 us copy of a 32 MiB shard off the critical
+/// path): a same-GPU device-to-device copy may be executed as a kernel, and
+/// the fused_ce GEMM holds every SM until its own rows arrive. That version
+/// ran on nvidia-h200-x2 (bda0fc5) together with a GEMM+RS change that did
+/// time out, so whether it deadlocks was not isolated; it stays out until a
+/// copy-engine-only path (or the GEMM reading its own rows from A) is tested.
 void copy_in_by_channel(TpContext::Impl& c, const AgPlan& plan, const AgGemmArgs& a, std::int64_t row_bytes,
                         std::int64_t lda_bytes, std::uint64_t e) {
   const int rank = c.pg.rank();
