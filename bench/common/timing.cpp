@@ -48,6 +48,35 @@ Stats time_on_stream(cudaStream_t stream, const std::function<void()>& body, int
   return summarize(std::move(times));
 }
 
+void InterleavedTimer::run() {
+  TESSERA_CHECK(reps_ > 0, "InterleavedTimer: reps = {} must be positive", reps_);
+  for (int i = 0; i < warmup_; ++i)
+    for (auto& it : items_) {
+      if (between_) between_();
+      it.body();
+    }
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  cudaEvent_t start, stop;
+  TESSERA_CUDA_CHECK(cudaEventCreate(&start));
+  TESSERA_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<std::vector<double>> times(items_.size());
+  for (int r = 0; r < reps_; ++r)
+    for (std::size_t k = 0; k < items_.size(); ++k) {
+      if (between_) between_();
+      TESSERA_CUDA_CHECK(cudaEventRecord(start, stream_));
+      items_[k].body();
+      TESSERA_CUDA_CHECK(cudaEventRecord(stop, stream_));
+      TESSERA_CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0;
+      TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      times[k].push_back(ms);
+    }
+  TESSERA_CUDA_CHECK(cudaEventDestroy(start));
+  TESSERA_CUDA_CHECK(cudaEventDestroy(stop));
+  for (std::size_t k = 0; k < items_.size(); ++k) *items_[k].out = summarize(std::move(times[k])).median_ms;
+  items_.clear();
+}
+
 static std::vector<size_t> widths(const std::vector<std::string>& h, const std::vector<std::vector<std::string>>& rows) {
   std::vector<size_t> w(h.size());
   for (size_t i = 0; i < h.size(); ++i) w[i] = h[i].size();

@@ -29,6 +29,30 @@ Stats summarize(std::vector<double> times_ms);
 Stats time_on_stream(cudaStream_t stream, const std::function<void()>& body, int warmup, int reps,
                      const std::function<void()>& between = {});
 
+/// Times several bodies run by run: every repetition runs each body once, in
+/// registration order (each after `between`, bracketed by its own events), so
+/// slow drifts of clocks and temperature hit all bodies alike — comparisons
+/// between them are fair. Warm-up runs are interleaved the same way.
+class InterleavedTimer {
+ public:
+  InterleavedTimer(cudaStream_t stream, int warmup, int reps, std::function<void()> between = {})
+      : stream_(stream), warmup_(warmup), reps_(reps), between_(std::move(between)) {}
+  /// Registers `body`; run() stores its median (ms) in *median_ms.
+  void add(double* median_ms, std::function<void()> body) { items_.push_back({median_ms, std::move(body)}); }
+  /// Runs everything registered since the last run(), then forgets it.
+  void run();
+
+ private:
+  struct Item {
+    double* out;
+    std::function<void()> body;
+  };
+  cudaStream_t stream_;
+  int warmup_, reps_;
+  std::function<void()> between_;
+  std::vector<Item> items_;
+};
+
 /// A plain text table printed with aligned columns.
 class Table {
  public:

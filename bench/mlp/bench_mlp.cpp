@@ -12,15 +12,18 @@
 // alone (NCCL AllGather / ReduceScatter), sequential, decomposition, the best
 // fused strategy at default options (and which), Tessera = what ops:: runs
 // with Strategy::automatic (the tuner's choice, never slower than sequential;
-// measured fresh: no on-disk cache), ideal = max(GEMM, comm), speedup of
+// measured fresh: no on-disk cache; the tuner runs in the first warm-up
+// call), ideal = max(GEMM, comm), speedup of
 // Tessera over sequential and fraction of ideal. A second table lists every
 // fused variant (options A/B) with its speedup over sequential.
 //
 // Inputs: fresh random data (never zeros: a zero operand lowers the GEMM's
 // power draw and inflates its rate), rotated over --sets buffer sets so no
-// repetition finds its inputs in L2 (bench/gemm's convention). Times are
-// medians of --reps, each repetition after a device sync and a barrier, max
-// over ranks.
+// repetition finds its inputs in L2 (bench/gemm's convention). Every column
+// of one shape is timed in one interleaved loop (InterleavedTimer: each
+// repetition runs every variant once), so clock drift hits all alike. Times
+// are medians of --reps, each run after a device sync and a barrier, max over
+// ranks.
 // Run with: tessera run -n R -- tessera bench mlp [--shapes 1,2,3] [--markdown FILE]
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -79,13 +82,6 @@ void run(const Options& o) {
   ops::TpContext ctx(*pg);
   cudaStream_t st = pg->stream();
   const ncclDataType_t nt = t == DType::f16 ? ncclFloat16 : ncclBfloat16;
-  auto timed = [&](const std::function<void()>& body) {
-    const Stats s = time_on_stream(st, body, o.warmup, o.reps, [&] {
-      TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
-      pg->barrier();
-    });
-    return pg->allreduce_max(s.median_ms);
-  };
   Table table({"shape", "part", "GEMM", "GEMM TF/s", "engine", "comm", "sequential", "decomp", "best fused", "which",
                "tessera", "choice", "ideal", "speedup", "of ideal"});
   Table var({"shape", "part", "variant", "ms", "vs sequential"});
@@ -123,81 +119,84 @@ void run(const Options& o) {
                  r.engine > 0 ? ms(r.engine) : "-", ms(r.comm), ms(r.seq), ms(r.dec), ms(r.best), r.which, ms(r.tes),
                  r.choice, ms(ideal), fmt::format("{:.2f}x", r.seq / r.tes), fmt::format("{:.0f}%", 100.0 * ideal / r.tes)});
     };
-    auto variant = [&](const char* part_name, const std::string& name, double v, double seq) {
-      var.add({sh.name, part_name, name, ms(v), fmt::format("{:.2f}x", seq / v)});
+    // Every figure of this shape is timed in ONE interleaved loop (phase 1
+    // registers, timer.run() measures, phase 2 reads), so all columns see the
+    // same clocks; per-rank medians, then the max over ranks.
+    InterleavedTimer timer(st, o.warmup, o.reps, [&] {
+      TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+      pg->barrier();
+    });
+    std::vector<std::pair<std::string, std::pair<std::string, double*>>> variants;  // part, (name, time)
+    std::vector<std::unique_ptr<double>> slots;
+    auto slot = [&]() {
+      slots.push_back(std::make_unique<double>(0.0));
+      return slots.back().get();
+    };
+    auto variant = [&](const std::string& part_name, const std::string& name, std::function<void()> body) {
+      double* v = slot();
+      timer.add(v, std::move(body));
+      variants.push_back({part_name, {name, v}});
     };
 
     // ---- AG + GEMM (non-gated N = I/R, and gated N = 2·I/R with SiLU·up) -----
-    const double ag_comm = timed([&] {
+    PartResult ag_res[2];
+    std::map<Strategy, double> ag_tm[2];
+    timer.add(&ag_res[0].comm, [&] {
       auto& s = next();
       TESSERA_NCCL_CHECK(ncclAllGather(s.x->p, s.xfull->p, static_cast<std::size_t>(ml * h), nt, pg->nccl(), st));
     });
-    std::map<bool, PartResult> ag_res;
-    std::map<bool, Strategy> ag_best;
-    for (bool gated : {false, true}) {
-      PartResult r;
+    ops::OpOptions ag_base;
+    ag_base.channels = o.channels;
+    ag_base.comm_ctas = o.comm_ctas;
+    ag_base.use_cache = false;
+    auto ag_args = [&](InputSet& s, bool gated, void* d) {
+      ops::AgGemmArgs a;
+      a.a = s.x->p;
+      a.b = s.wgu->p;
+      a.d = d;
+      a.m = m;
+      a.m_local = ml;
+      a.n = gated ? 2 * il : il;
+      a.k = h;
+      a.ldd = il;
+      a.dtype = t;
+      a.swiglu = gated;
+      return a;
+    };
+    for (int gated = 0; gated < 2; ++gated) {
+      PartResult& r = ag_res[gated];
       const std::int64_t n = gated ? 2 * il : il;
       r.flop = 2.0 * m * n * h;
-      r.comm = ag_comm;
-      auto gemm_args = [&](InputSet& s) {
+      auto gemm_args = [&, n](InputSet& s) {
         return kernels::GemmArgs{s.xfull->p, s.wgu->p, gemm_out.p, m, n, h, h, h, n, t, t, kernels::BLayout::NK};
       };
-      r.gemm = timed([&] { kernels::cublaslt_gemm(gemm_args(next()), st); });
-      const kernels::GemmOptions eo;  // the plain engine default: ping-pong 64x256, the fused ops' tile
-      r.engine = timed([&] { kernels::gemm(gemm_args(next()), eo, st); });
-      auto ag_args = [&](InputSet& s) {
-        ops::AgGemmArgs a;
-        a.a = s.x->p;
-        a.b = s.wgu->p;
-        a.d = agout.p;
-        a.m = m;
-        a.m_local = ml;
-        a.n = n;
-        a.k = h;
-        a.ldd = il;
-        a.dtype = t;
-        a.swiglu = gated;
-        return a;
-      };
-      auto time_ag = [&](ops::OpOptions op) { return timed([&] { ops::ag_gemm(ctx, ag_args(next()), op); }); };
-      ops::OpOptions base;
-      base.channels = o.channels;
-      base.comm_ctas = o.comm_ctas;
-      base.use_cache = false;
-      std::map<Strategy, double> tm;
-      for (Strategy s : {Strategy::sequential, Strategy::decomposition, Strategy::fused_ce, Strategy::fused_sm}) {
-        ops::OpOptions op = base;
-        op.strategy = s;
-        tm[s] = time_ag(op);
+      timer.add(&r.gemm, [&, gemm_args] { kernels::cublaslt_gemm(gemm_args(next()), st); });
+      // The plain engine default: ping-pong 64x256, the fused AG+GEMM's tile.
+      timer.add(&r.engine, [&, gemm_args] { kernels::gemm(gemm_args(next()), kernels::GemmOptions{}, st); });
+      for (Strategy sg : {Strategy::sequential, Strategy::decomposition, Strategy::fused_ce, Strategy::fused_sm}) {
+        ops::OpOptions op = ag_base;
+        op.strategy = sg;
+        timer.add(&ag_tm[gated][sg], [&, op, gated] { ops::ag_gemm(ctx, ag_args(next(), gated, agout.p), op); });
       }
-      r.seq = tm[Strategy::sequential];
-      r.dec = tm[Strategy::decomposition];
-      const Strategy best = tm[Strategy::fused_ce] <= tm[Strategy::fused_sm] ? Strategy::fused_ce : Strategy::fused_sm;
-      r.best = tm[best];
-      r.which = std::string(ops::strategy_name(best));
-      ag_best[gated] = best;
-      ops::OpOptions automatic = base;  // Strategy::automatic: the tuner decides (first call measures)
-      r.tes = time_ag(automatic);
-      r.choice = std::string(ops::strategy_name(ctx.resolve(ag_args(in[0]), automatic)));
-      const char* part_name = gated ? "AG+GEMM gated" : "AG+GEMM";
-      add(part_name, r, std::max(r.gemm, r.comm));
-      ag_res[gated] = r;
+      // Strategy::automatic: the tuner decides on the first (warm-up) call.
+      timer.add(&r.tes, [&, gated] { ops::ag_gemm(ctx, ag_args(next(), gated, agout.p), ag_base); });
       if (o.variants) {
-        variant(part_name, "fused_ce ch=" + std::to_string(o.channels), tm[Strategy::fused_ce], r.seq);
-        variant(part_name, "fused_sm ctas=" + std::to_string(o.comm_ctas), tm[Strategy::fused_sm], r.seq);
+        const char* part_name = gated ? "AG+GEMM gated" : "AG+GEMM";
         for (int ch : {1, 8}) {
           if (ch == o.channels) continue;
-          ops::OpOptions op = base;
+          ops::OpOptions op = ag_base;
           op.strategy = Strategy::fused_ce;
           op.channels = ch;
-          variant(part_name, "fused_ce ch=" + std::to_string(ch), time_ag(op), r.seq);
+          variant(part_name, "fused_ce ch=" + std::to_string(ch),
+                  [&, op, gated] { ops::ag_gemm(ctx, ag_args(next(), gated, agout.p), op); });
         }
         for (int cc : {4, 8}) {
           if (cc == o.comm_ctas) continue;
-          ops::OpOptions op = base;
+          ops::OpOptions op = ag_base;
           op.strategy = Strategy::fused_sm;
           op.comm_ctas = cc;
-          variant(part_name, "fused_sm ctas=" + std::to_string(cc), time_ag(op), r.seq);
+          variant(part_name, "fused_sm ctas=" + std::to_string(cc),
+                  [&, op, gated] { ops::ag_gemm(ctx, ag_args(next(), gated, agout.p), op); });
         }
       }
     }
@@ -205,21 +204,16 @@ void run(const Options& o) {
     // ---- GEMM + RS ------------------------------------------------------------
     PartResult rs;
     rs.flop = 2.0 * m * h * il;
-    rs.gemm = timed([&] {
-      auto& s = next();
-      kernels::cublaslt_gemm(kernels::GemmArgs{s.hid->p, s.wd->p, part.p, m, h, il, il, il, h, t, t,
-                                               kernels::BLayout::NK},
-                             st);
-    });
+    auto rs_gemm_args = [&](InputSet& s) {
+      return kernels::GemmArgs{s.hid->p, s.wd->p, part.p, m, h, il, il, il, h, t, t, kernels::BLayout::NK};
+    };
+    timer.add(&rs.gemm, [&] { kernels::cublaslt_gemm(rs_gemm_args(next()), st); });
     {
-      const kernels::GemmOptions eo;  // ping-pong 64x256, as the fused GEMM+RS
-      rs.engine = timed([&] {
-        auto& s = next();
-        kernels::gemm(kernels::GemmArgs{s.hid->p, s.wd->p, part.p, m, h, il, il, il, h, t, t, kernels::BLayout::NK},
-                      eo, st);
-      });
+      kernels::GemmOptions eo;
+      eo.tile = kernels::GemmTile::T128x256;  // the fused GEMM+RS's tile (cooperative)
+      timer.add(&rs.engine, [&, eo] { kernels::gemm(rs_gemm_args(next()), eo, st); });
     }
-    rs.comm = timed([&] {
+    timer.add(&rs.comm, [&] {
       TESSERA_NCCL_CHECK(
           ncclReduceScatter(part.p, out.p, static_cast<std::size_t>(ml * h), nt, ncclSum, pg->nccl(), st));
     });
@@ -235,90 +229,121 @@ void run(const Options& o) {
       a.dtype = t;
       return a;
     };
-    auto time_rs = [&](ops::OpOptions op) { return timed([&] { ops::gemm_rs(ctx, rs_args(next()), op); }); };
     ops::OpOptions rs_base;
     rs_base.comm_ctas = o.comm_ctas;
     rs_base.use_cache = false;
-    std::map<std::string, double> rs_var;
+    auto rs_call = [&](ops::OpOptions op) { return [&, op] { ops::gemm_rs(ctx, rs_args(next()), op); }; };
     {
       ops::OpOptions op = rs_base;
       op.strategy = Strategy::sequential;
-      rs.seq = time_rs(op);
+      timer.add(&rs.seq, rs_call(op));
       op.strategy = Strategy::decomposition;
-      rs.dec = time_rs(op);
+      timer.add(&rs.dec, rs_call(op));
       op.strategy = Strategy::fused_sm;
-      op.rs_reduce = ops::RsReduce::epilogue;
-      rs_var["fused_sm reduce=epilogue"] = time_rs(op);
+      op.rs_reduce = ops::RsReduce::epilogue;  // OpOptions' default
+      timer.add(&rs.best, rs_call(op));
       op.rs_reduce = ops::RsReduce::kernel;
-      rs_var["fused_sm reduce=kernel ctas=" + std::to_string(o.comm_ctas)] = time_rs(op);
+      variant("GEMM+RS", "fused_sm reduce=kernel ctas=" + std::to_string(o.comm_ctas), rs_call(op));
       if (o.variants)
         for (int cc : {4, 8}) {
           if (cc == o.comm_ctas) continue;
           op.comm_ctas = cc;
-          rs_var["fused_sm reduce=kernel ctas=" + std::to_string(cc)] = time_rs(op);
+          variant("GEMM+RS", "fused_sm reduce=kernel ctas=" + std::to_string(cc), rs_call(op));
         }
     }
-    const double rs_fused_default = rs_var["fused_sm reduce=epilogue"];  // OpOptions' default rs_reduce
-    rs.best = rs_fused_default;
+    timer.add(&rs.tes, rs_call(rs_base));
     rs.which = "fused_sm";
-    ops::OpOptions rs_auto = rs_base;
-    rs.tes = time_rs(rs_auto);
-    rs.choice = std::string(ops::strategy_name(ctx.resolve(rs_args(in[0]), rs_auto)));
-    add("GEMM+RS", rs, std::max(rs.gemm, rs.comm));
-    if (o.variants)
-      for (auto& [name, v] : rs_var) variant("GEMM+RS", name, v, rs.seq);
 
     // ---- whole layer (gated AG+GEMM, then GEMM+RS) -----------------------------
-    auto mlp_time = [&](ops::OpOptions oa, ops::OpOptions orr) {
-      return timed([&] {
+    auto mlp_call = [&](ops::OpOptions oa, ops::OpOptions orr) {
+      return [&, oa, orr] {
         auto& s = next();
         ops::MlpArgs ma{s.x->p, s.wgu->p, s.wd->p, out.p, m, ml, h, il, t};
         ops::mlp(ctx, ma, oa, orr);
-      });
+      };
     };
-    ops::OpOptions oa, orr;
-    oa.channels = o.channels;
-    oa.comm_ctas = o.comm_ctas;
-    oa.use_cache = false;
-    orr = rs_base;
+    ops::OpOptions oa = ag_base, orr = rs_base;
     PartResult ml_r;
-    const PartResult& g = ag_res[true];
-    ml_r.gemm = g.gemm + rs.gemm;
-    ml_r.engine = g.engine + rs.engine;
-    ml_r.comm = g.comm + rs.comm;
+    double ml_ce = 0, ml_sm = 0;
     oa.strategy = orr.strategy = Strategy::sequential;
-    ml_r.seq = mlp_time(oa, orr);
+    timer.add(&ml_r.seq, mlp_call(oa, orr));
     oa.strategy = orr.strategy = Strategy::decomposition;
-    ml_r.dec = mlp_time(oa, orr);
-    oa.strategy = ag_best[true];
+    timer.add(&ml_r.dec, mlp_call(oa, orr));
     orr.strategy = Strategy::fused_sm;
-    ml_r.best = mlp_time(oa, orr);
-    ml_r.which = fmt::format("{}+fused_sm", ops::strategy_name(ag_best[true]));
+    oa.strategy = Strategy::fused_ce;
+    timer.add(&ml_ce, mlp_call(oa, orr));
+    oa.strategy = Strategy::fused_sm;
+    timer.add(&ml_sm, mlp_call(oa, orr));
     if (o.variants) {
       // The same two fused halves as separate calls (hidden in the input set
       // rather than ops::mlp's own buffer): isolates what mlp() adds.
-      const double two = timed([&] {
+      ops::OpOptions oce = ag_base, osm = rs_base;
+      oce.strategy = Strategy::fused_ce;
+      osm.strategy = Strategy::fused_sm;
+      variant("MLP", "fused_ce+fused_sm as two calls", [&, oce, osm] {
         auto& s = next();
-        ops::AgGemmArgs ga;
-        ga.a = s.x->p;
-        ga.b = s.wgu->p;
-        ga.d = s.hid->p;
-        ga.m = m;
-        ga.m_local = ml;
-        ga.n = 2 * il;
-        ga.k = h;
-        ga.ldd = il;
-        ga.dtype = t;
-        ga.swiglu = true;
-        ops::ag_gemm(ctx, ga, oa);
-        ops::gemm_rs(ctx, rs_args(s), orr);
+        ops::ag_gemm(ctx, ag_args(s, true, s.hid->p), oce);
+        ops::gemm_rs(ctx, rs_args(s), osm);
       });
-      variant("MLP", fmt::format("{}+fused_sm as two calls", ops::strategy_name(ag_best[true])), two, ml_r.seq);
     }
-    oa.strategy = orr.strategy = Strategy::automatic;
-    ml_r.tes = mlp_time(oa, orr);
+    ops::OpOptions oauto = ag_base, rauto = rs_base;
+    timer.add(&ml_r.tes, mlp_call(oauto, rauto));
+
+    timer.run();
+    for (auto& v : slots) *v = pg->allreduce_max(*v);
+    auto reduce_part = [&](PartResult& r) {
+      for (double* x : {&r.gemm, &r.engine, &r.comm, &r.seq, &r.dec, &r.best, &r.tes}) *x = pg->allreduce_max(*x);
+    };
+    for (auto& tm : ag_tm)
+      for (auto& [k, v] : tm) v = pg->allreduce_max(v);
+    ag_res[1].comm = ag_res[0].comm = pg->allreduce_max(ag_res[0].comm);
+    Strategy ag_best[2];
+    for (int gated = 0; gated < 2; ++gated) {
+      PartResult& r = ag_res[gated];
+      r.seq = ag_tm[gated][Strategy::sequential];
+      r.dec = ag_tm[gated][Strategy::decomposition];
+      ag_best[gated] = ag_tm[gated][Strategy::fused_ce] <= ag_tm[gated][Strategy::fused_sm] ? Strategy::fused_ce
+                                                                                             : Strategy::fused_sm;
+      r.best = ag_tm[gated][ag_best[gated]];
+      r.which = std::string(ops::strategy_name(ag_best[gated]));
+      const double comm = r.comm;
+      reduce_part(r);
+      r.comm = comm;
+      r.choice = std::string(ops::strategy_name(ctx.resolve(ag_args(in[0], gated, agout.p), ag_base)));
+      add(gated ? "AG+GEMM gated" : "AG+GEMM", r, std::max(r.gemm, r.comm));
+    }
+    reduce_part(rs);
+    rs.choice = std::string(ops::strategy_name(ctx.resolve(rs_args(in[0]), rs_base)));
+    add("GEMM+RS", rs, std::max(rs.gemm, rs.comm));
+    reduce_part(ml_r);
+    ml_ce = pg->allreduce_max(ml_ce);
+    ml_sm = pg->allreduce_max(ml_sm);
+    const PartResult& g = ag_res[1];
+    ml_r.gemm = g.gemm + rs.gemm;
+    ml_r.engine = g.engine + rs.engine;
+    ml_r.comm = g.comm + rs.comm;
+    ml_r.best = std::min(ml_ce, ml_sm);
+    ml_r.which = ml_ce <= ml_sm ? "fused_ce+fused_sm" : "fused_sm+fused_sm";
     ml_r.choice = g.choice + "+" + rs.choice;
     add("MLP", ml_r, std::max(g.gemm, g.comm) + std::max(rs.gemm, rs.comm));
+    auto seq_of = [&](const std::string& part_name) {
+      if (part_name == "AG+GEMM") return ag_res[0].seq;
+      if (part_name == "AG+GEMM gated") return ag_res[1].seq;
+      if (part_name == "GEMM+RS") return rs.seq;
+      return ml_r.seq;
+    };
+    auto var_row = [&](const std::string& part_name, const std::string& name, double v) {
+      var.add({sh.name, part_name, name, ms(v), fmt::format("{:.2f}x", seq_of(part_name) / v)});
+    };
+    for (int gated = 0; gated < 2; ++gated) {
+      const char* part_name = gated ? "AG+GEMM gated" : "AG+GEMM";
+      var_row(part_name, "fused_ce ch=" + std::to_string(o.channels), ag_tm[gated][Strategy::fused_ce]);
+      var_row(part_name, "fused_sm ctas=" + std::to_string(o.comm_ctas), ag_tm[gated][Strategy::fused_sm]);
+    }
+    var_row("GEMM+RS", "fused_sm reduce=epilogue", rs.best);
+    var_row("MLP", "fused_ce+fused_sm", ml_ce);
+    var_row("MLP", "fused_sm+fused_sm", ml_sm);
+    for (auto& [part_name, nv] : variants) var_row(part_name, nv.first, *nv.second);
   }
   if (rank == 0) {
     const std::string head = fmt::format("bench mlp: TP={} {} on {} (ms, median of {}, max over ranks, inputs rotated "

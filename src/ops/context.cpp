@@ -118,29 +118,39 @@ ShapeSignature signature(const GemmRsArgs& a, Strategy s, RsReduce r, int channe
 }
 
 /// Median over `reps` of one call (after `warmup`), max over ranks.
-template <class F>
-double time_call(TpContext::Impl& c, F&& call, int warmup, int reps) {
+/// Times every candidate run by run (repetition i runs each once, in order,
+/// after a drain and a barrier), so clock drift hits all alike; returns the
+/// median of each, max over ranks.
+template <class Run>
+std::map<Strategy, double> time_candidates(TpContext::Impl& c, const std::vector<Strategy>& candidates, Run&& run,
+                                           int warmup, int reps) {
   cudaStream_t s = c.pg.stream();
-  for (int i = 0; i < warmup; ++i) call();
-  std::vector<double> t;
+  for (int i = 0; i < warmup; ++i)
+    for (Strategy k : candidates) run(k);
+  std::map<Strategy, std::vector<double>> t;
   cudaEvent_t e0, e1;
   TESSERA_CUDA_CHECK(cudaEventCreate(&e0));
   TESSERA_CUDA_CHECK(cudaEventCreate(&e1));
-  for (int i = 0; i < reps; ++i) {
-    c.drain("ops tuner");
-    c.pg.barrier();
-    TESSERA_CUDA_CHECK(cudaEventRecord(e0, s));
-    call();
-    TESSERA_CUDA_CHECK(cudaEventRecord(e1, s));
-    c.drain("ops tuner");
-    float ms = 0;
-    TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    t.push_back(ms);
-  }
+  for (int i = 0; i < reps; ++i)
+    for (Strategy k : candidates) {
+      c.drain("ops tuner");
+      c.pg.barrier();
+      TESSERA_CUDA_CHECK(cudaEventRecord(e0, s));
+      run(k);
+      TESSERA_CUDA_CHECK(cudaEventRecord(e1, s));
+      c.drain("ops tuner");
+      float ms = 0;
+      TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      t[k].push_back(ms);
+    }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
-  std::sort(t.begin(), t.end());
-  return c.pg.allreduce_max(t[t.size() / 2]);
+  std::map<Strategy, double> out;
+  for (auto& [k, v] : t) {
+    std::sort(v.begin(), v.end());
+    out[k] = c.pg.allreduce_max(v[v.size() / 2]);
+  }
+  return out;
 }
 
 template <class Args, class Run>
@@ -166,8 +176,7 @@ Strategy tune_choice(TpContext& ctx, const Args& a, const OpOptions& o, const st
     if (report) report->chosen = s, report->from_cache = true;
     return s;
   }
-  std::map<Strategy, double> times;
-  for (Strategy s : candidates) times[s] = time_call(c, [&] { run(s); }, 2, 5);
+  const std::map<Strategy, double> times = time_candidates(c, candidates, run, 2, 7);
   const Strategy best = choose_strategy(times);
   c.memo[key] = best;
   if (o.use_cache) c.cache->put(key, choice_to_json(best, times, shape));
