@@ -26,15 +26,20 @@
 //  - gemm_rs:   G(M) partial [M, N] bf16 then ReduceScatter bf16 -> ~0.61
 //               (ratio ~1.0 to ops seq 0.611).
 //  - async_gemm_rs: G(M/2) for the peer's rows, send (bf16, 32 MiB) in
-//               flight during G(M/2) of the other rows (SMs - 16), then the
-//               bf16 add of the received partial (~0.03) -> ~0.52; BUT the
-//               lowered plan computes rank r's rows (r+t) mod 2 at step t, so
-//               the finished rows are the peer's and an epilogue exchange
-//               moves them (32 MiB each way, serial, ~0.10-0.12) -> ~0.63
-//               (ratio ~1.04). With the reduction shift ordered so that the
-//               last step computes the own rows (lowering, not the executor)
-//               ~0.53. If NCCL's kernel cannot start beside the GEMM the
-//               partial transfer serializes too: ~0.72.
+//               flight during G(M/2) of the own rows (SMs - 16), then the
+//               bf16 add of the received partial (~0.03) -> ~0.53-0.55
+//               (ratio ~0.9 to ops decomposition 0.598). Lowering now runs
+//               the reduction shift in ring reduce-scatter order (step t on
+//               rank r computes rows (r + t + 1) mod R), so the last GEMM
+//               makes the own rows and nothing moves after it. Run on
+//               da267a3 (before that order): 0.796, with an epilogue exchange
+//               of the finished rows (32 MiB each way, serial, ~0.11) the
+//               order removes -> ~0.68 if the rest of that run's excess over
+//               this model (~0.1: the partial transfer not overlapping the
+//               second GEMM, NCCL's kernel not starting beside it) stays;
+//               that would still be ~1.14x ops, and the next thing to look at.
+//               CPU cost model (tuner, h200x2 profile, which waits for the
+//               partial before the second GEMM): 0.634 ms.
 // The last run before this model (f32 outputs) was 1.5-2.1x ops: f32
 // accumulators (memset + beta = 1 read + f32 write = 3x the output bytes of
 // ops), f32 ReduceScatter/P2P (2x the bytes), cuBLASLt heuristics and

@@ -147,6 +147,29 @@ struct Lowerer {
   }
   int level_of(const std::string& loop) const { return g.loop(loop, "lower").mesh_level; }
 
+  // Shift offset of sequential loop l: iteration j on the rank at coordinate i
+  // of the shifting level runs cell (j + i + offset) mod J. 0 (the seed's
+  // (j + i) mod J, own block first) except for the ring reduce-scatter: when
+  // the shifting loop is a reduction, a write buffer is sharded along l on
+  // its level and no read buffer rides the same ring, offset 1 makes the last
+  // iteration on rank i compute cell i — the cell it owns — so the partials
+  // pass i+1 -> i along the ring and the finished cell needs no epilogue move
+  // (offset 0 finishes cell i-1 on rank i: one whole output cell moved after
+  // the last kernel). With a read ring too, offset 0 keeps its first block
+  // local (offset 1 would fetch it before step 0, as costly as the move).
+  int shift_offset(const Loop& l) const {
+    if (l.shift_by.empty()) return 0;
+    const Loop& p = g.loop(l.shift_by, "lower");
+    if (!is_reduction(p)) return 0;
+    bool write_ring = false;
+    for (const auto& pl : g.placements) {
+      if (pl.loop != p.name || pl.kind != PlacementKind::shard || !pl.along_is_loop || pl.along != l.name) continue;
+      if (g.buffer(pl.buffer, "lower").access == Access::read) return 0;
+      write_ring = true;
+    }
+    return write_ring ? 1 : 0;
+  }
+
   // Factor indices from a loop value (mixed radix, major -> minor).
   void decompose(const Loop& l, std::int64_t v, std::map<std::pair<std::string, int>, std::int64_t>& out) const {
     for (int i = static_cast<int>(l.factors.size()) - 1; i >= 0; --i) {
@@ -166,7 +189,7 @@ struct Lowerer {
         v = coords[rank][l.mesh_level];
       } else {
         v = tv[si++];
-        if (!l.shift_by.empty()) v = (v + coords[rank][level_of(l.shift_by)]) % g.loop_extent(l);
+        if (!l.shift_by.empty()) v = (v + coords[rank][level_of(l.shift_by)] + shift_offset(l)) % g.loop_extent(l);
       }
       decompose(l, v, idx);
     }

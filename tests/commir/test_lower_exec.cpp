@@ -72,3 +72,80 @@ TEST(CommirExec, AttentionStrategiesAllMeshes) {
         check(make_attention(s.b, s.h, s.hkv, s.q, s.kv, s.d, mesh, tessera::DType::f32), name,
               fmt::format("attention b{} h{} hkv{} q{} kv{} d{}", s.b, s.h, s.hkv, s.q, s.kv, s.d));
 }
+
+namespace {
+
+// The C rows of a compute box over the GEMM's grid axes (m, n, k).
+Box c_box(const Grid& g, const Box& kb) {
+  Box o;
+  for (const auto& d : g.buffer("C").dims)
+    for (std::size_t i = 0; i < g.axes.size(); ++i)
+      if (g.axes[i].name == d.axis) o.r.push_back(kb.r[i]);
+  return o;
+}
+
+}  // namespace
+
+// AsyncTP GEMM+RS is the ring reduce-scatter: step t on the rank at ring
+// coordinate i computes cell (t + i + 1) mod J, so the partials travel
+// i+1 -> i and the last step computes the rows the rank owns — its result is
+// final where the output is sharded, with no epilogue exchange. Every mesh,
+// regular and ragged shapes.
+TEST(CommirExec, AsyncGemmRsLastStepComputesOwnRows) {
+  for (const auto& mesh : std::vector<std::vector<int>>{{2}, {4}, {2, 2}, {2, 4}})
+    for (const auto& s : std::vector<Shape>{{16, 16, 16}, {13, 10, 11}, {9, 17, 8}}) {
+      SCOPED_TRACE(fmt::format("mesh {} gemm {}x{}x{}", mesh_string(mesh), s.a, s.b, s.c));
+      const Plan p = lower(scheduled(make_gemm(s.a, s.b, s.c, mesh, tessera::DType::f32), "async_gemm_rs"));
+      const int J = mesh.back();
+      ASSERT_EQ(p.steps_per_rank, J);
+      // J - 1 partial hops per rank, nothing else on the links.
+      EXPECT_EQ(p.counts()["p2p"], static_cast<int>(p.ranks.size()) * (J - 1)) << describe(p, 20);
+      for (const auto& r : p.ranks) {
+        SCOPED_TRACE(fmt::format("rank {}", r.rank));
+        const Step* last = nullptr;
+        for (const auto& st : r.steps) {
+          EXPECT_FALSE(st.kind == StepKind::collective) << "a collective in the ring reduce-scatter";
+          if (st.kind == StepKind::send || st.kind == StepKind::recv) {
+            EXPECT_TRUE(st.partial);
+            EXPECT_LT(st.time, p.steps_per_rank) << "an epilogue move of the result\n" << describe(p, 20);
+          }
+          if (st.kind == StepKind::compute) last = &st;
+        }
+        ASSERT_NE(last, nullptr);
+        EXPECT_EQ(last->time, J - 1);
+        const Region& own = p.final.at("C")[r.rank];
+        ASSERT_EQ(own.size(), 1u);
+        EXPECT_EQ(c_box(p.grid, last->box), own[0]) << describe(p, 20);
+      }
+    }
+}
+
+// The offset is for the reduction ring only: a read ring (AsyncTP AG+GEMM,
+// RingAttention) still starts from the rank's own block, so step 0 receives
+// nothing; a shift that rings both an input and the reduced output keeps that
+// order too (the output's owner is then reached by one move after the ring).
+TEST(CommirExec, ReadRingsStartFromTheOwnBlock) {
+  auto no_recv_at_step0 = [](const Plan& p) {
+    for (const auto& r : p.ranks)
+      for (const auto& st : r.steps)
+        if (st.kind == StepKind::recv && st.time <= 0) return false;
+    return true;
+  };
+  for (const auto& mesh : std::vector<std::vector<int>>{{2}, {4}, {2, 4}}) {
+    SCOPED_TRACE(mesh_string(mesh));
+    const Plan ag = lower(scheduled(make_gemm(16, 16, 16, mesh, tessera::DType::f32), "async_ag_gemm"));
+    EXPECT_TRUE(no_recv_at_step0(ag)) << describe(ag, 12);
+    const Plan ring = lower(scheduled(make_attention(1, 4, 4, 16, 16, 2, mesh, tessera::DType::f32), "ring"));
+    EXPECT_TRUE(no_recv_at_step0(ring)) << describe(ring, 12);
+  }
+  for (int p : {2, 4}) {
+    // kv parallel (reduction), q shifted: Q and O both ride the ring.
+    Grid g = make_attention(1, 2, 2, 8 + p, 12, 2, {p}, tessera::DType::f32);
+    tessera::commir::apply(g, fmt::format("tile(kv,{0}) parallelize(kv0,0) tile(q,{0}) shift(q0,kv0) patch(attention)", p));
+    SCOPED_TRACE(print(g));
+    const Plan pl = lower(g);
+    EXPECT_TRUE(no_recv_at_step0(pl)) << describe(pl, 20);
+    const Tensors in = random_inputs(g, fresh_seed());
+    EXPECT_LT(run_cpu(pl, in, reference(g, in)).max_rel_error, 1e-12) << describe(pl, 20);
+  }
+}

@@ -14,7 +14,11 @@
 // Loops: the nest is an ordered list (outer -> inner) of loops, each covering
 // one factor, or several after join (major -> minor). A loop may be
 // parallelized on a mesh level (its extent equals that level's size) and a
-// sequential loop may be shifted by a parallel loop: index (j + i) mod J.
+// sequential loop may be shifted by a parallel loop: index (j + i) mod J
+// (own block first), or (j + i + 1) mod J for the ring reduce-scatter — a
+// reduction parallel loop whose shift rings only the output's partials — so
+// the last iteration on rank i computes the output cell i it owns (the
+// offset is chosen by lowering; the textual form does not carry it).
 // Placements (shard / replicate) say how a buffer lies on a mesh level.
 //
 // Mesh levels: level 0 is the outermost (e.g. nodes in "2x4"); the last level

@@ -17,7 +17,10 @@
 //   - default / replicate                       -> AllReduce (epilogue)
 //   - shard along an axis or unshifted loop     -> ReduceScatter (epilogue)
 //   - shard along loop L shifted by P            -> partials passed along the
-//     ring each iteration, then one P2P to the owner
+//     ring each iteration (rank i+1 -> i); when no input rides that ring the
+//     shift runs (j + i + 1) mod J, so the last iteration on rank i computes
+//     its own cell and the result needs no move; otherwise (j + i) mod J and
+//     one P2P to the owner in the epilogue
 //  write buffer Y, P spatial: shard along another axis -> AllToAll;
 //   replicate -> AllGather (epilogue). P2P fallback for any remaining gap.
 //
