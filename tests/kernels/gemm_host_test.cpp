@@ -4,13 +4,16 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <random>
 #include <set>
 #include <vector>
 #include <string>
 
 #include "tessera/kernels/gemm.hpp"
+#include "tessera/kernels/gemm/barriers.cuh"
 #include "tessera/kernels/gemm/scheduler.cuh"
+#include "tessera/ops/plan.hpp"
 #include "tessera/runtime/error.hpp"
 
 namespace tk = tessera::kernels;
@@ -116,7 +119,7 @@ TEST(GemmHeuristic, EpilogueOverlapResolvesToPingPongTiles) {
 TEST(GemmPingPongModel, ParityWaitsSeeTheirOwnFill) {
   std::mt19937_64 rng(12345);
   for (int stages : {2, 5, 7})
-    for (int k_blocks : {1, 2, 3, 7, 16})
+    for (int k_blocks : {1, 2, 3, 4, 5, 7, 16})
       for (int tiles : {1, 2, 3, 4, 7})
         for (int trial = 0; trial < 20; ++trial) {
           std::vector<int> full_done(stages, 0), empty_done(stages, 0), last_fill(stages, -1);
@@ -200,5 +203,336 @@ TEST(GemmScheduler, RasterOrdersArePermutations) {
             }
             EXPECT_EQ(static_cast<int>(seen.size()), tiles_m * tiles_n)
                 << tiles_m << "x" << tiles_n << " group " << group << " along_m " << along_m;
+          }
+}
+
+// ---------------------------------------------------------------------------
+// Host model of the ping-pong CTA WITH the notifier (issue 4): producer ring,
+// two consumers (order barriers), store threads that arrive on the notify
+// barriers 2/3, the notifier warp that bar.syncs them and calls tile_done,
+// and the notify-free handshake of barriers.cuh (the kernel's own predicates).
+// Named barriers follow the hardware: arrivals are counted per warp and a
+// phase completes, and resets, as soon as the count reaches the expected
+// number, whoever arrived. Several CTAs (and ranks) step together under one
+// random, weighted interleaving, so a blocking prologue can depend on other
+// CTAs' notifies (the owner-epilogue GEMM+RS).
+namespace {
+namespace eng = tessera::kernels::engine;
+
+struct NamedBarrier {
+  int expected = 0, count = 0;
+  long gen = 0;
+  bool over = false;  ///< an arrival set found the phase already holding one of its own kind
+  /// Arrives with `warps` warps; returns the phase the last warp joined. Each
+  /// barrier has two arrival sets per phase (store threads, notifier): an
+  /// arrival that finds anything but nothing or the OTHER set pending is an
+  /// over-arrival (it completes a phase early).
+  long arrive(int warps) {
+    if (count != 0 && count != expected - 32 * warps) over = true;
+    long joined = gen;
+    for (int w = 0; w < warps; ++w) {
+      joined = gen;
+      if ((count += 32) == expected) {
+        ++gen;
+        count = 0;
+      }
+    }
+    return joined;
+  }
+};
+
+struct CtaModel {
+  // configuration
+  int stages = 5, k_blocks = 1, tiles = 0;
+  bool handshake = true;
+  std::function<bool(int)> gate;          ///< producer may load CTA tile iter (prologue wait)
+  std::function<void(int)> tile_done;     ///< notifier published CTA tile iter
+  // state
+  std::vector<int> full_done, empty_done;
+  int produced = 0;
+  int order_arrived[2] = {0, 0}, order_synced[2] = {0, 0};
+  NamedBarrier notify[2], nfree[2];
+  std::vector<bool> stored;               ///< store threads of tile iter arrived on the notify barrier
+  std::vector<int> notified;
+  struct Cons {
+    int iter, kb = 0, prev = -1;
+    enum St { Order, Main, Store, Free, Arrive, Done } st;
+    long wait_gen = -1;
+  } cons[2];
+  struct Notifier {
+    int iter = 0;
+    enum St { Sync, Wait, Publish, Done } st = Sync;
+    long wait_gen = -1;
+  } ntf;
+  std::string error;
+
+  void init() {
+    full_done.assign(stages, 0);
+    empty_done.assign(stages, 0);
+    for (int b = 0; b < 2; ++b) notify[b].expected = nfree[b].expected = 128 + 32;
+    stored.assign(tiles, false);
+    notified.assign(tiles, 0);
+    for (int c = 0; c < 2; ++c) {
+      cons[c].iter = c;
+      cons[c].st = c >= tiles ? Cons::Done : (c == 0 ? Cons::Main : Cons::Order);
+    }
+    ntf.st = tiles == 0 ? Notifier::Done : Notifier::Sync;
+  }
+  static bool parity_passes(int completed, int n) { return (completed & 1) != (n & 1); }
+  bool done() const {
+    return produced == tiles * k_blocks && cons[0].st == Cons::Done && cons[1].st == Cons::Done &&
+           ntf.st == Notifier::Done;
+  }
+  /// Agents of this CTA that can make a step now: 0 producer, 1/2 consumers, 3 notifier.
+  void runnable(std::vector<int>& out) const {
+    if (produced < tiles * k_blocks) {
+      const int s = produced % stages, n = produced / stages, iter = produced / k_blocks;
+      const bool first_of_tile = produced % k_blocks == 0;
+      if (parity_passes(empty_done[s], n ^ 1) && (!first_of_tile || !gate || gate(iter))) out.push_back(0);
+    }
+    for (int c = 0; c < 2; ++c) {
+      const Cons& k = cons[c];
+      switch (k.st) {
+        case Cons::Order: if (order_arrived[c] > order_synced[c]) out.push_back(1 + c); break;
+        case Cons::Main: {
+          const int idx = k.iter * k_blocks + k.kb;
+          if (parity_passes(full_done[idx % stages], idx / stages)) out.push_back(1 + c);
+          break;
+        }
+        case Cons::Free: if (nfree[k.iter & 1].gen > k.wait_gen) out.push_back(1 + c); break;
+        case Cons::Store: case Cons::Arrive: out.push_back(1 + c); break;
+        case Cons::Done: break;
+      }
+    }
+    if (ntf.st == Notifier::Sync || ntf.st == Notifier::Publish ||
+        (ntf.st == Notifier::Wait && notify[ntf.iter & 1].gen > ntf.wait_gen))
+      out.push_back(3);
+  }
+  void step(int who) {
+    if (who == 0) {
+      ++full_done[produced % stages];
+      ++produced;
+      return;
+    }
+    if (who == 3) {
+      switch (ntf.st) {
+        case Notifier::Sync: {
+          NamedBarrier& b = notify[ntf.iter & 1];
+          const long before = b.gen;
+          ntf.wait_gen = b.arrive(1);
+          ntf.st = b.gen > before ? Notifier::Publish : Notifier::Wait;
+          if (ntf.st == Notifier::Publish) released();
+          break;
+        }
+        case Notifier::Wait: ntf.st = Notifier::Publish; released(); break;
+        case Notifier::Publish:
+          ++notified[ntf.iter];
+          if (tile_done) tile_done(ntf.iter);
+          ntf.st = ++ntf.iter < tiles ? Notifier::Sync : Notifier::Done;
+          break;
+        case Notifier::Done: break;
+      }
+      return;
+    }
+    const int c = who - 1;
+    Cons& k = cons[c];
+    switch (k.st) {
+      case Cons::Order: ++order_synced[c]; k.st = Cons::Main; break;
+      case Cons::Main:
+        if (k.prev >= 0) ++empty_done[k.prev % stages];
+        k.prev = k.iter * k_blocks + k.kb;
+        if (++k.kb == k_blocks) {
+          if (k.iter + 1 < tiles) ++order_arrived[c ^ 1];  // hand the tensor cores over
+          ++empty_done[k.prev % stages];
+          k.prev = -1;
+          k.kb = 0;
+          k.st = Cons::Store;
+        }
+        break;
+      case Cons::Store:
+        if (handshake && eng::NotifyHandshake::store_waits_free(k.iter)) {
+          NamedBarrier& b = nfree[k.iter & 1];
+          const long before = b.gen;
+          k.wait_gen = b.arrive(4);
+          k.st = b.gen > before ? Cons::Arrive : Cons::Free;
+        } else {
+          k.st = Cons::Arrive;
+        }
+        break;
+      case Cons::Free: k.st = Cons::Arrive; break;
+      case Cons::Arrive:
+        notify[k.iter & 1].arrive(4);
+        stored[k.iter] = true;
+        k.iter += 2;
+        k.st = k.iter < tiles ? Cons::Order : Cons::Done;
+        break;
+      case Cons::Done: break;
+    }
+  }
+  /// The notifier left its bar.sync of tile ntf.iter.
+  void released() {
+    if (!stored[ntf.iter] && error.empty())
+      error = "notifier released for tile " + std::to_string(ntf.iter) + " before its stores";
+    if (handshake && eng::NotifyHandshake::notifier_frees(ntf.iter, tiles)) nfree[ntf.iter & 1].arrive(1);
+  }
+  bool over_arrival() const { return notify[0].over || notify[1].over || nfree[0].over || nfree[1].over; }
+};
+
+/// Steps every CTA under one random interleaving; the notifier is picked with
+/// weight `notifier_weight` (slow fences) against 1 for every other agent.
+/// Returns "" or what went wrong (deadlock, early release, double notify).
+std::string run_ctas(std::vector<CtaModel>& ctas, std::mt19937_64& rng, double notifier_weight) {
+  for (auto& c : ctas) c.init();
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (long steps = 0;; ++steps) {
+    if (steps > 10'000'000) return "no progress";
+    std::vector<std::pair<int, int>> cand;
+    std::vector<double> w;
+    std::vector<int> r;
+    for (int i = 0; i < static_cast<int>(ctas.size()); ++i) {
+      r.clear();
+      ctas[i].runnable(r);
+      for (int a : r) {
+        cand.emplace_back(i, a);
+        w.push_back(a == 3 ? notifier_weight : 1.0);
+      }
+    }
+    if (cand.empty()) {
+      for (auto& c : ctas)
+        if (!c.done()) return "deadlock";
+      break;
+    }
+    double total = 0;
+    for (double x : w) total += x;
+    double pick = u(rng) * total;
+    size_t j = 0;
+    while (j + 1 < cand.size() && (pick -= w[j]) > 0) ++j;
+    CtaModel& c = ctas[cand[j].first];
+    c.step(cand[j].second);
+    if (!c.error.empty()) return c.error;
+  }
+  for (auto& c : ctas) {
+    if (c.over_arrival()) return "over-arrival on a notify / notify-free barrier";
+    for (int n : c.notified)
+      if (n != 1) return "a tile notified " + std::to_string(n) + " times";
+  }
+  return "";
+}
+}  // namespace
+
+// The protocol as it was (no notify-free handshake) breaks when the notifier
+// lags: the model must find that, or it proves nothing about the fix.
+TEST(GemmNotifyModel, WithoutTheHandshakeASlowNotifierBreaksTheBarrier) {
+  std::mt19937_64 rng(7);
+  int broken = 0, runs = 0;
+  for (int tiles : {4, 5, 7})
+    for (int trial = 0; trial < 200; ++trial, ++runs) {
+      std::vector<CtaModel> ctas(1);
+      ctas[0].tiles = tiles;
+      ctas[0].k_blocks = 1;
+      ctas[0].handshake = false;
+      if (!run_ctas(ctas, rng, 0.02).empty() || ctas[0].over_arrival()) ++broken;
+    }
+  EXPECT_GT(broken, 0) << "the model never reproduced the over-arrival in " << runs << " runs";
+}
+
+// With the kernel's handshake (barriers.cuh): no over-arrival, no deadlock,
+// the notifier never passes a tile before its stores, every tile notified once
+// — for any notifier speed, ring depth, K blocks and tile count.
+TEST(GemmNotifyModel, HandshakeKeepsNotifyBarriersInStep) {
+  std::mt19937_64 rng(11);
+  for (int stages : {2, 5})
+    for (int k_blocks : {1, 2, 4, 5})
+      for (int tiles : {1, 2, 3, 4, 5, 8})
+        for (double wn : {1.0, 0.05, 0.005})
+          for (int trial = 0; trial < 30; ++trial) {
+            std::vector<CtaModel> ctas(1);
+            ctas[0].stages = stages;
+            ctas[0].k_blocks = k_blocks;
+            ctas[0].tiles = tiles;
+            const std::string e = run_ctas(ctas, rng, wn);
+            ASSERT_EQ(e, "") << "stages " << stages << " k_blocks " << k_blocks << " tiles " << tiles
+                             << " notifier weight " << wn;
+          }
+}
+
+// GEMM+RS on the ping-pong 64x256 tile over R ranks x C persistent CTAs,
+// with the plans the operator uses (plan_rs with 64-row tiles):
+//  * owner epilogue: the producer of an own tile waits until every peer
+//    notified that tile (per-tile counters), so CTAs depend on other ranks'
+//    CTAs; raster group and rotation from the plan;
+//  * reduce kernel: tile_done adds 1 per owner to the per-tile-row counters,
+//    a reducer per rank walks its tile rows waiting for world * tiles_n.
+// Everything must finish with every counter consumed, including the test
+// shapes of ops_tp_gpu_test (ragged 1000 rows: 500 per rank).
+TEST(GemmNotifyModel, GemmRsOnPingPongTilesFinishesOnEveryRank) {
+  using tessera::ops::plan_rs;
+  using tessera::ops::RsPlan;
+  std::mt19937_64 rng(3);
+  struct Shape { long m, n; };
+  for (Shape sh : {Shape{1024, 768}, Shape{1000, 700}, Shape{2048, 4352}, Shape{640, 512}})
+    for (int R : {2, 4})
+      for (int ctas_per_rank : {3, 7, 48})
+        for (bool owner : {true, false})
+          for (int trial = 0; trial < 3; ++trial) {
+            std::vector<RsPlan> plans;
+            for (int r = 0; r < R; ++r) plans.push_back(plan_rs(sh.m, sh.n, R, r, 64, 256));
+            const RsPlan& p0 = plans[0];
+            if (owner && !p0.shards_on_tile_rows()) continue;
+            const int tm = p0.tiles_m, tn = p0.tiles_n, total = tm * tn;
+            // counters[owner][index]: per tile (owner epilogue) or per tile row.
+            std::vector<std::vector<long>> counters(R, std::vector<long>(owner ? total : tm, 0));
+            std::vector<CtaModel> ctas;
+            std::vector<std::vector<eng::TileCoord>> tile_of;  // per CTA: its tiles in order
+            const int grid = std::min(ctas_per_rank, total);
+            for (int r = 0; r < R; ++r) {
+              const eng::RasterScheduler sched{owner ? plans[r].owner_raster_group() : 8, false, plans[r].rotate_m};
+              for (int b = 0; b < grid; ++b) {
+                std::vector<eng::TileCoord> mine;
+                for (int pos = b; pos < total; pos += grid) mine.push_back(sched.tile(pos, tm, tn));
+                tile_of.push_back(mine);
+              }
+            }
+            ctas.resize(tile_of.size());
+            for (size_t i = 0; i < ctas.size(); ++i) {
+              const int r = static_cast<int>(i) / grid;
+              const auto* tiles = &tile_of[i];
+              const RsPlan* pl = &plans[r];
+              CtaModel& c = ctas[i];
+              c.tiles = static_cast<int>(tiles->size());
+              c.k_blocks = 1;
+              if (owner) {
+                c.gate = [=, &counters](int it) {
+                  const auto t = (*tiles)[it];
+                  if (pl->first_owner(t.m) != r) return true;
+                  return counters[r][t.m * tn + t.n] >= R - 1;
+                };
+                c.tile_done = [=, &counters](int it) {
+                  const auto t = (*tiles)[it];
+                  const int o = pl->first_owner(t.m);
+                  if (o != r) ++counters[o][t.m * tn + t.n];
+                  else counters[r][t.m * tn + t.n] -= R - 1;
+                };
+              } else {
+                c.tile_done = [=, &counters](int it) {
+                  const auto t = (*tiles)[it];
+                  for (int o = pl->first_owner(t.m); o <= pl->last_owner(t.m, sh.m); ++o) ++counters[o][t.m];
+                };
+              }
+            }
+            const std::string e = run_ctas(ctas, rng, trial == 0 ? 1.0 : 0.05);
+            ASSERT_EQ(e, "") << "M " << sh.m << " N " << sh.n << " R " << R << " CTAs " << grid << " owner " << owner;
+            // Reducers (reduce kernel): own tile rows, world * tiles_n each; the
+            // GEMM never waits for them, so running them afterwards is exact.
+            for (int r = 0; r < R; ++r)
+              for (int t = 0; t < tm; ++t) {
+                const bool own_row = !owner && t >= plans[r].own_tile_lo && t < plans[r].own_tile_hi;
+                const long want = own_row ? static_cast<long>(plans[r].expected_per_tile_row()) : 0;
+                if (owner) {
+                  for (int n = 0; n < tn; ++n) ASSERT_EQ(counters[r][t * tn + n], 0) << "owner counter not consumed";
+                } else {
+                  ASSERT_EQ(counters[r][t], want) << "rank " << r << " tile row " << t << " M " << sh.m << " R " << R;
+                }
+              }
           }
 }
