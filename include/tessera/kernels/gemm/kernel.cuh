@@ -21,6 +21,7 @@
 
 #include <cstdint>
 
+#include "tessera/kernels/gemm/barriers.cuh"
 #include "tessera/kernels/gemm/epilogue.cuh"
 #include "tessera/kernels/gemm/mainloop.cuh"
 #include "tessera/kernels/gemm/prologue.cuh"
@@ -38,11 +39,8 @@ struct KernelParams {
   Scheduler scheduler;
 };
 
-/// Named barriers 2 and 3 (alternating per tile) hand finished tiles from the
-/// consumers to the notifier warp; 0 is __syncthreads. Ping-pong only: 4 and
-/// 5 order the two consumers' main loops (4 + c releases consumer c).
-constexpr int kNotifyBarrier = 2;
-constexpr int kOrderBarrier = 4;
+// Named barriers (kNotifyBarrier, kOrderBarrier, kNotifyFreeBarrier) and the
+// notify handshake: see barriers.cuh.
 
 /// Epilogue of one consumer warpgroup: hands its accumulators to
 /// Epilogue::store8, 8 consecutive columns per call, masked to the problem.
@@ -166,10 +164,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (threadIdx.x / 32 == 1) {
         // Notifier: waits until all consumer threads stored tile i, makes
         // the stores visible at the epilogue's scope, publishes tile_done.
+        // Then (before the fence: the store threads may wait for it) frees
+        // the barrier for tile i + 2 (NotifyHandshake, barriers.cuh).
+        const int tiles = walk.first < walk.count ? (walk.count - walk.first + walk.stride - 1) / walk.stride : 0;
         int iter = 0;
         for (int pos = walk.first; pos < walk.count; pos += walk.stride, ++iter) {
           const TileCoord t = walk.at(p.scheduler, pos);
           ptx::named_barrier_sync(kNotifyBarrier + (iter & 1), Cfg::kStoreThreads + 32);
+          if (NotifyHandshake::notifier_frees(iter, tiles))
+            ptx::named_barrier_arrive(kNotifyFreeBarrier + (iter & 1), Cfg::kStoreThreads + 32);
           if (threadIdx.x % 32 == 0 && t.m < p.tiles_m) {
             if constexpr (Epilogue::kSysScope)
               ptx::fence_acq_rel_sys();
@@ -254,7 +257,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             }
           }
         }
-        if constexpr (Epilogue::kNotify) ptx::named_barrier_arrive(kNotifyBarrier + (iter & 1), Cfg::kConsumers * 128 + 32);
+        if constexpr (Epilogue::kNotify) {
+          // Wait until the notifier consumed tile iter - 2's arrival on this
+          // barrier (barriers.cuh: an early arrival would complete its phase).
+          if (NotifyHandshake::store_waits_free(iter))
+            ptx::named_barrier_sync(kNotifyFreeBarrier + (iter & 1), Cfg::kConsumers * 128 + 32);
+          ptx::named_barrier_arrive(kNotifyBarrier + (iter & 1), Cfg::kConsumers * 128 + 32);
+        }
       }
     } else {
       // Ping-pong: consumer c takes the CTA's tiles iter = c, c + 2, ... The
@@ -287,8 +296,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if (next_exists) ptx::named_barrier_arrive(kOrderBarrier + (consumer ^ 1), 256);
         });
         store_tile<Cfg>(p, info_of(t, pos), acc, consumer, warp, lane);
-        // iter & 1 == consumer: each consumer has its own notify barrier.
-        if constexpr (Epilogue::kNotify) ptx::named_barrier_arrive(kNotifyBarrier + (iter & 1), Cfg::kStoreThreads + 32);
+        // iter & 1 == consumer: each consumer has its own notify barrier, and
+        // its own notify-free barrier (its previous tile iter - 2 used both).
+        if constexpr (Epilogue::kNotify) {
+          if (NotifyHandshake::store_waits_free(iter))
+            ptx::named_barrier_sync(kNotifyFreeBarrier + (iter & 1), Cfg::kStoreThreads + 32);
+          ptx::named_barrier_arrive(kNotifyBarrier + (iter & 1), Cfg::kStoreThreads + 32);
+        }
       }
     }
   }
