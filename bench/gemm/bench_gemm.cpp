@@ -164,7 +164,7 @@ void run(const Options& o) {
   const std::vector<GemmTile> pp_tiles =
       o.overlap ? std::vector<GemmTile>{GemmTile::T128x128, GemmTile::T64x256} : std::vector<GemmTile>{};
   std::vector<std::string> columns = {"M", "N", "K", "tile", "ours ms", "cuBLASLt ms", "ours TF/s", "cuBLASLt TF/s",
-                                      "ours/cuBLASLt", "idle wait", "idle notify", "idle both", "rel err"};
+                                      "ours/cuBLASLt", "idle wait", "idle notify", "idle both", "idle wait/tile", "rel err"};
   for (GemmTile t : pp_tiles) {
     columns.push_back("overlap " + tile_name(t) + " ms");
     columns.push_back("overlap " + tile_name(t) + "/cuBLASLt");
@@ -234,7 +234,7 @@ void run(const Options& o) {
     const bool default_pp = plain_uses_ping_pong(probe, opt);
     GemmOptions coop = opt;
     coop.tile = resolve_tile(probe, opt);
-    int i_ours = 0, i_ref = 0, i_wait = 0, i_notify = 0, i_both = 0, i_coop = 0;
+    int i_ours = 0, i_ref = 0, i_wait = 0, i_notify = 0, i_both = 0, i_tile = 0, i_coop = 0;
     std::vector<std::function<void()>> variants = {
         [&] { kernels::gemm(args_for(i_ours++ % o.sets, d.p), opt, stream); },
         [&] { kernels::cublaslt_gemm(args_for(i_ref++ % o.sets, ref.p), stream); }};
@@ -248,6 +248,7 @@ void run(const Options& o) {
       variants.push_back(hooked(Hooks::WaitOnly, i_wait));
       variants.push_back(hooked(Hooks::NotifyOnly, i_notify));
       variants.push_back(hooked(Hooks::Both, i_both));
+      variants.push_back(hooked(Hooks::WaitPerTile, i_tile));
     }
     const size_t i_coop_v = variants.size();
     if (default_pp) variants.push_back([&] { kernels::gemm(args_for(i_coop++ % o.sets, d.p), coop, stream); });
@@ -262,7 +263,7 @@ void run(const Options& o) {
       if (!hooks) return "-";
       return fmt::format("{:+.1f}%", (st[v].median_ms / ours.median_ms - 1) * 100);
     };
-    const std::string wait_cost = cost(2), notify_cost = cost(3), both_cost = cost(4);
+    const std::string wait_cost = cost(2), notify_cost = cost(3), both_cost = cost(4), tile_cost = cost(5);
     const double flops = 2.0 * m * n * k;
     const double ratio = ours.median_ms / base.median_ms;
     ratios.push_back(ratio);
@@ -273,7 +274,7 @@ void run(const Options& o) {
                          std::to_string(resolve_cluster(probe, opt, resolve_tile(probe, opt))),
         fmt::format("{:.3f}", ours.median_ms), fmt::format("{:.3f}", base.median_ms),
         fmt::format("{:.0f}", flops / ours.median_ms * 1e-9), fmt::format("{:.0f}", flops / base.median_ms * 1e-9),
-        fmt::format("{:.3f}", ratio), wait_cost, notify_cost, both_cost, fmt::format("{:.1e}", err)};
+        fmt::format("{:.3f}", ratio), wait_cost, notify_cost, both_cost, tile_cost, fmt::format("{:.1e}", err)};
     for (size_t v = 0; v < pp_opts.size(); ++v) {
       const double r = st[first_pp + v].median_ms / base.median_ms;
       pp_ratios[v].push_back(r);
@@ -310,7 +311,8 @@ void run(const Options& o) {
         "bf16 inputs unless stated, f32 accumulation, B as {}; time = median of {} CUDA-event-timed runs after {} "
         "warm-ups (all variants interleaved run by run), inputs rotated over {} buffer sets. ours/cuBLASLt < 1 means ours is faster. \"idle wait / notify / "
         "both\" = extra time of the same GEMM (same kernel as \"ours\") with a FlagWait prologue whose flags are already "
-        "set, a per-tile notify epilogue, or both, compiled in. Tile \"64x256/pp\" = the ping-pong kernel the plain "
+        "set (memoized by the producer), a per-tile notify epilogue, or both, compiled in; \"idle wait/tile\" = the same "
+        "flags acquired on every tile with a proxy fence per tile (the FlagWait before the memo). Tile \"64x256/pp\" = the ping-pong kernel the plain "
         "gemm() picks by default; \"cooperative\" = the cooperative kernel the tile heuristic picks (the default "
         "before).\n\n"
         "{}\nMedian ours/cuBLASLt = {:.3f}; worst = {:.3f}.\n{}",

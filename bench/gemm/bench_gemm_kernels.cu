@@ -24,6 +24,16 @@ __global__ void fill_kernel(uint16_t* p, int64_t n, bool bf16, uint64_t seed) {
     }
   }
 }
+// The pre-memo FlagWait (session 2): a stateless prologue, so the kernel
+// proxy-fences after every tile, and one ld.acquire per flag per tile.
+struct PerTileWait {
+  static constexpr bool kActive = true;
+  kernels::engine::FlagWait<uint32_t, false> w;
+  __device__ __forceinline__ void wait(const kernels::engine::TileInfo& t) const {
+    const int last = min(t.row0 + t.bm, t.M) - 1;
+    for (int f = t.row0 / w.rows_per_flag; f <= last / w.rows_per_flag; ++f) w.wait_one(t, f);
+  }
+};
 }  // namespace
 
 void fill_random(void* p, int64_t n, DType t, uint64_t seed, cudaStream_t s) {
@@ -41,6 +51,8 @@ void gemm_idle_hooks(Hooks which, const kernels::GemmArgs& a, const kernels::Gem
   w.expected = epoch;
   w.rows_per_flag = 128;
   w.diag = wait_diagnostics();
+  PerTileWait pw;
+  pw.w = w;
   engine::StdEpilogue<__nv_bfloat16, engine::kEpiNotify> e;
   e.d = static_cast<__nv_bfloat16*>(a.d);
   e.ldd = a.ldd_or_packed();
@@ -59,6 +71,8 @@ void gemm_idle_hooks(Hooks which, const kernels::GemmArgs& a, const kernels::Gem
         return gemm_with_layout_overlap<__nv_bfloat16, BLayout::NK>(t, a, po, w, plain, raster_from(o), s);
       case Hooks::NotifyOnly:
         return gemm_with_layout_overlap<__nv_bfloat16, BLayout::NK>(t, a, po, engine::NoWait{}, e, raster_from(o), s);
+      case Hooks::WaitPerTile:
+        return gemm_with_layout_overlap<__nv_bfloat16, BLayout::NK>(t, a, po, pw, plain, raster_from(o), s);
     }
   }
   const GemmTile t = resolve_tile(a, o);
@@ -67,6 +81,8 @@ void gemm_idle_hooks(Hooks which, const kernels::GemmArgs& a, const kernels::Gem
     case Hooks::WaitOnly: return gemm_with_layout<__nv_bfloat16, BLayout::NK>(t, a, o, w, plain, raster_from(o), s);
     case Hooks::NotifyOnly:
       return gemm_with_layout<__nv_bfloat16, BLayout::NK>(t, a, o, engine::NoWait{}, e, raster_from(o), s);
+    case Hooks::WaitPerTile:
+      return gemm_with_layout<__nv_bfloat16, BLayout::NK>(t, a, o, pw, plain, raster_from(o), s);
   }
 }
 

@@ -23,12 +23,16 @@
 // (bar.arrive: no waiting); a
 // notifier warp of the producer warpgroup waits on it (bar.sync), executes
 // fence.acq_rel.gpu (fence.acq_rel.sys when kSysScope) and then calls
-// tile_done(t) on one lane. tile_done must publish with a release operation
-// at the matching scope (StdEpilogue: red.release.{gpu,sys}.add). The barrier
-// orders the consumers' stores before the notifier's fence, and the fence's
-// cumulativity makes them visible, at that scope, to any thread that
-// acquire-reads the flag value tile_done wrote. The consumers never stall
-// on the fence: the next tile's wgmma runs while the notifier waits.
+// tile_done(t) on one lane. tile_done must publish with a STRONG write at the
+// matching scope: the kernel's fence followed by that write is a release
+// pattern (PTX memory model), so StdEpilogue uses red.relaxed.{gpu,sys}.add —
+// a red.release there would execute a second, redundant fence (one more
+// MEMBAR per tile). A tile_done with a release write (the ops' RsEpilogue)
+// is correct too, only slower. The barrier orders the consumers' stores
+// before the notifier's fence, and the fence's cumulativity makes them
+// visible, at that scope, to any thread that acquire-reads the flag value
+// tile_done wrote. The consumers never stall on the fence: they bar.arrive
+// (no wait) and the next tile's wgmma runs while the notifier waits.
 //
 // Device code reached from an Epilogue must not call functions (no printf):
 // a call anywhere in the kernel serializes its wgmma (ptxas warning C7510).
@@ -231,13 +235,15 @@ struct StdEpilogue {
     }
   }
 
+  /// Relaxed (strong) add: the release is the kernel's fence.acq_rel that
+  /// precedes this call (see the visibility contract at the top).
   __device__ __forceinline__ void tile_done(const TileInfo& t) const {
     if constexpr (kNotify) {
       const int f = tile_to_flag ? tile_to_flag[t.linear()] : t.linear();
       if constexpr (kSysScope)
-        ptx::red_release_sys_add(flags + f, notify_add);
+        asm volatile("red.relaxed.sys.global.add.u32 [%0], %1;" ::"l"(flags + f), "r"(notify_add) : "memory");
       else
-        ptx::red_release_gpu_add(flags + f, notify_add);
+        asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(flags + f), "r"(notify_add) : "memory");
     }
   }
 };

@@ -186,13 +186,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (threadIdx.x == 0) {
       ptx::tma_prefetch_desc(&tma_a);
       ptx::tma_prefetch_desc(&tma_b);
+      PrologueState<Prologue> prologue_state{};  // e.g. FlagWait's memo of acquired flags
       for (int pos = walk.first; pos < walk.count; pos += walk.stride) {
         const TileCoord t = walk.at(p.scheduler, pos);
         if constexpr (Prologue::kActive) {
-          if (t.m < p.tiles_m) {
-            p.prologue.wait(info_of(t, pos));
-            ptx::fence_proxy_async_global();  // acquire (generic proxy) before TMA reads (async proxy)
-          }
+          // Acquire (generic proxy) before TMA reads (async proxy). Skipped
+          // when the wait acquired nothing new: the fence that followed the
+          // acquire covering this tile's inputs already precedes its loads.
+          if (t.m < p.tiles_m && prologue_wait(p.prologue, info_of(t, pos), prologue_state))
+            ptx::fence_proxy_async_global();
         }
         produce_tile<Cfg, InT, kTransB>(sm, &tma_a, &tma_b, t.m * Cfg::BM, t.n * Cfg::BN, k_blocks, stage, phase,
                                         walk.rank);

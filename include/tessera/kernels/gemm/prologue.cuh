@@ -3,18 +3,31 @@
 // Concept:
 //   static constexpr bool kActive;           // false: the kernel emits nothing
 //   __device__ void wait(const TileInfo& t) const;
+// and optionally, for a prologue that keeps state across the tiles of one
+// producer (e.g. a memo of flags already acquired):
+//   using State = ...;                       // default-constructible
+//   __device__ bool wait(const TileInfo& t, State& s) const;
 // wait() runs on the producer thread (the one that issues the tile's TMA
 // loads) before the first load of tile t. It must not return before the
 // tile's inputs are in global memory and visible at the scope they were
 // published at (acquire). The kernel then executes fence.proxy.async.global
-// so the TMA loads (async proxy) are ordered after the acquire.
+// so the TMA loads (async proxy) are ordered after the acquire. The stateful
+// form returns whether it executed an acquire; when it returns false (every
+// input of t was acquired while waiting for an earlier tile of this producer)
+// the kernel skips the proxy fence: the fence that followed that earlier
+// acquire already precedes t's loads in program order. prologue_wait() below
+// dispatches; a prologue with only the stateless wait() (the ops' AgPrologue,
+// RsOwnerPrologue) is fenced after every tile, as before.
 //
 // The link layer's consumer_tile_wait plugs in as a Prologue: any type with
 // this interface works.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
+#include "tessera/kernels/gemm/flag_memo.hpp"
 #include "tessera/kernels/gemm/ptx.cuh"
 #include "tessera/kernels/gemm/tile.cuh"
 #include "tessera/kernels/gemm/wait_diag.hpp"
@@ -44,6 +57,61 @@ struct NoWait {
   __device__ __forceinline__ void wait(const TileInfo&) const {}
 };
 
+namespace detail {
+struct NoPrologueState {};
+template <class P, class = void>
+struct PrologueStateOf {
+  using type = NoPrologueState;
+};
+template <class P>
+struct PrologueStateOf<P, std::void_t<typename P::State>> {
+  using type = typename P::State;
+};
+template <class P, class S, class = void>
+struct HasStatefulWait : std::false_type {};
+template <class P, class S>
+struct HasStatefulWait<
+    P, S, std::enable_if_t<std::is_same_v<decltype(std::declval<const P&>().wait(std::declval<const TileInfo&>(),
+                                                                                   std::declval<S&>())),
+                                          bool>>> : std::true_type {};
+}  // namespace detail
+
+/// The producer's per-launch state of Prologue P (an empty struct if P has none).
+template <class P>
+using PrologueState = typename detail::PrologueStateOf<P>::type;
+
+/// Calls P's stateful wait if it has one, else the stateless one. Returns
+/// whether the kernel must execute fence.proxy.async.global before the
+/// tile's TMA loads (always true for a stateless prologue).
+template <class P>
+__device__ __forceinline__ bool prologue_wait(const P& p, const TileInfo& t, PrologueState<P>& s) {
+  if constexpr (detail::HasStatefulWait<P, PrologueState<P>>::value) {
+    return p.wait(t, s);
+  } else {
+    p.wait(t);
+    return true;
+  }
+}
+
+/// Strong relaxed loads of a flag (no ordering by themselves: memo_wait
+/// follows them with an acquire fence).
+__device__ __forceinline__ uint32_t ld_relaxed_flag(const uint32_t* p, bool sys) {
+  uint32_t v;
+  if (sys)
+    asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  else
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint64_t ld_relaxed_flag(const uint64_t* p, bool sys) {
+  uint64_t v;
+  if (sys)
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  else
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
 /// Waits until flag[f] >= expected for every flag f the tile maps to.
 ///
 /// Tile -> flag map, in order of precedence:
@@ -55,6 +123,10 @@ struct NoWait {
 /// Flags are uint32_t or uint64_t (FlagT), read with ld.acquire at .gpu scope
 /// (same-GPU producer) or .sys scope (peer / host producer, kSys = true).
 /// Epoch-based: callers pass the epoch they expect (>=), nothing is reset.
+/// Contract: while the GEMM runs, a flag never decreases (no reset, no wrap),
+/// so the producer memoizes flags it has acquired (State = FlagMemo, see
+/// flag_memo.hpp: one relaxed read of an aligned window of flags + one
+/// acquire fence on a miss; nothing at all on a hit).
 ///
 /// A wait longer than timeout_ns records block, tile, flag index, expected and
 /// seen values in `diag` (host-mapped memory from kernels::wait_diagnostics(),
@@ -83,7 +155,7 @@ struct FlagWait {
       return ptx::ld_acquire_gpu(flags + f);
   }
 
-  __device__ void wait_one(const TileInfo& t, int f) const {
+  __device__ __forceinline__ void wait_one(const TileInfo& t, int f) const {
     FlagT seen = load(f);
     if (seen >= expected) return;
     const uint64_t start = ptx::globaltimer_ns();
@@ -96,16 +168,48 @@ struct FlagWait {
     }
   }
 
-  __device__ void wait(const TileInfo& t) const {
-    if (tile_to_flag) {
-      wait_one(t, tile_to_flag[t.m * t.tiles_n + t.n]);
-    } else if (rows_per_flag > 0) {
-      const int last = min(t.row0 + t.bm, t.M) - 1;
-      for (int f = t.row0 / rows_per_flag; f <= last / rows_per_flag; ++f) wait_one(t, f);
-    } else if (cols_per_flag > 0) {
-      const int last = min(t.col0 + t.bn, t.N) - 1;
-      for (int f = t.col0 / cols_per_flag; f <= last / cols_per_flag; ++f) wait_one(t, f);
+  /// Relaxed reads of a window of flags per miss: 32 bytes (8 u32 / 4 u64),
+  /// so the loads stay within the producer's 40 registers.
+  static constexpr int kWindow = 32 / static_cast<int>(sizeof(FlagT));
+  using State = FlagMemo;
+
+  struct Loader {
+    const FlagWait* w;
+    TileInfo t;  // by value: no address-taken TileInfo (stack frame)
+    __device__ __forceinline__ FlagT relaxed(int f) const { return ld_relaxed_flag(w->flags + f, kSys); }
+    __device__ __forceinline__ void fence_acquire() const {
+      if constexpr (kSys)
+        ptx::fence_acq_rel_sys();
+      else
+        ptx::fence_acq_rel_gpu();
     }
+    __device__ __forceinline__ void spin(int f) const { w->wait_one(t, f); }
+  };
+
+  /// Memoized wait (the kernel's path): true iff it acquired anything. One
+  /// memo_wait call site (and wait_one force-inlined): no device function
+  /// call, no stack frame in the producer.
+  __device__ __forceinline__ bool wait(const TileInfo& t, FlagMemo& memo) const {
+    int f0 = 0, f1 = -1, count = 0;  // flags [f0, f1]; count 0: unknown (no window)
+    if (tile_to_flag) {
+      f0 = f1 = tile_to_flag[t.m * t.tiles_n + t.n];
+    } else if (rows_per_flag > 0) {
+      f0 = t.row0 / rows_per_flag;
+      f1 = (min(t.row0 + t.bm, t.M) - 1) / rows_per_flag;
+      count = (t.M + rows_per_flag - 1) / rows_per_flag;
+    } else if (cols_per_flag > 0) {
+      f0 = t.col0 / cols_per_flag;
+      f1 = (min(t.col0 + t.bn, t.N) - 1) / cols_per_flag;
+      count = (t.N + cols_per_flag - 1) / cols_per_flag;
+    }
+    Loader ld{this, t};
+    return memo_wait<kWindow>(memo, f0, f1, count, expected, ld);
+  }
+
+  /// Stateless form (one tile, no memo across tiles).
+  __device__ void wait(const TileInfo& t) const {
+    FlagMemo memo;
+    wait(t, memo);
   }
 };
 

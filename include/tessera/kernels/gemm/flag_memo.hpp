@@ -1,0 +1,104 @@
+// tessera/kernels/gemm/flag_memo.hpp — the producer-side memo of ready flags
+// used by FlagWait (prologue.cuh). Plain C++ (host and device), so the
+// decision logic is unit-tested on the CPU (tests/kernels/gemm_flag_memo_test.cpp).
+//
+// Why: a ping-pong 64x256 CTA starts a tile every ~10-20 us and its 5-stage
+// ring covers only ~2 us of wgmma; one blocking ld.acquire (an L2 round trip)
+// plus a proxy fence per tile on the producer thread showed as +1..5% even
+// with every flag already set (bench/RESULTS.md, session 2, third call).
+//
+// What: memo_wait() waits for flags [f0, f1] (the flags one tile needs).
+//  * A flag once observed >= expected stays so for the rest of the launch
+//    (FlagWait's contract: flags only grow while the GEMM runs), so a flag in
+//    the memo needs no load at all.
+//  * On a miss, the whole aligned window of kWindow flags around it is read
+//    with RELAXED loads issued back to back (one L2 round trip for all), then
+//    ONE acquire fence; every flag of the window seen >= expected is memoized.
+//    The next tiles of the CTA usually need flags of the same window.
+//  * A needed flag that is still below expected falls back to the spinning
+//    acquire wait (with timeout) and is memoized after it.
+// Returns true iff it executed an acquire (fence or acquire load): only then
+// must the kernel execute fence.proxy.async before the tile's TMA loads.
+//
+// Memory order (PTX memory model): "strong read, then fence.acq_rel" is an
+// acquire pattern on every location read, so each memoized flag was acquired
+// by the fence that followed its relaxed read, and the kernel's
+// fence.proxy.async after that fence orders every later TMA load (of this and
+// all later tiles: program order) after the acquire. A memo hit therefore
+// needs neither a load nor a fence: the acquire and the proxy fence that cover
+// it already precede the tile's loads in program order. Unsatisfied flags are
+// never memoized.
+//
+// Limits: flags with index >= FlagMemo::kBits (64) are never memoized (they
+// are acquired per tile, as before); count == 0 (unknown number of flags,
+// e.g. a tile_to_flag table) disables the window read (only the needed flag
+// is acquired, and memoized).
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define TESSERA_MEMO_FN __host__ __device__ __forceinline__
+#else
+#define TESSERA_MEMO_FN inline
+#endif
+
+namespace tessera::kernels::engine {
+
+/// Bit f set: flag f was acquired with a value >= expected in this launch.
+struct FlagMemo {
+  static constexpr int kBits = 64;
+  uint64_t known = 0;
+  TESSERA_MEMO_FN bool has(int f) const { return f >= 0 && f < kBits && ((known >> f) & 1u) != 0; }
+  TESSERA_MEMO_FN void mark(int f) {
+    if (f >= 0 && f < kBits) known |= uint64_t{1} << f;
+  }
+};
+
+/// The aligned window of kWindow flags that holds flag f, clipped to
+/// [0, count): flags [first, last]. kWindow divides FlagMemo::kBits, so a
+/// window of a memoizable flag never crosses the memo's end.
+template <int kWindow>
+TESSERA_MEMO_FN void flag_window(int f, int count, int& first, int& last) {
+  static_assert(kWindow > 0 && FlagMemo::kBits % kWindow == 0, "window must divide the memo size");
+  first = f - f % kWindow;
+  last = first + kWindow - 1 < count - 1 ? first + kWindow - 1 : count - 1;
+}
+
+/// Waits until every flag in [f0, f1] is >= expected (see the file comment).
+/// Loader: FlagT relaxed(int f) (strong relaxed load), void fence_acquire()
+/// (fence.acq_rel at the flags' scope), void spin(int f) (acquire loads until
+/// flag f >= expected; times out itself).
+template <int kWindow, class FlagT, class Loader>
+TESSERA_MEMO_FN bool memo_wait(FlagMemo& memo, int f0, int f1, int count, FlagT expected, Loader& ld) {
+  bool acquired = false;
+  for (int f = f0; f <= f1; ++f) {
+    if (memo.has(f)) continue;
+    if (count > 0 && f < FlagMemo::kBits) {
+      int first = 0, last = 0;
+      flag_window<kWindow>(f, count, first, last);
+      FlagT v[kWindow];
+      // All loads issued before any value is used: one round trip.
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+      for (int j = 0; j < kWindow; ++j) v[j] = first + j <= last ? ld.relaxed(first + j) : FlagT{0};
+      ld.fence_acquire();  // acquire pattern for every flag read above
+      acquired = true;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+      for (int j = 0; j < kWindow; ++j)
+        if (first + j <= last && v[j] >= expected) memo.mark(first + j);
+      if (memo.has(f)) continue;
+    }
+    ld.spin(f);
+    memo.mark(f);
+    acquired = true;
+  }
+  return acquired;
+}
+
+}  // namespace tessera::kernels::engine
+
+#undef TESSERA_MEMO_FN
