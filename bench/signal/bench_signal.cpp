@@ -8,6 +8,32 @@
 //   not chosen (for the predictor error), the seed's §6.4 bound, speedup,
 //   fraction of bound; on shapes with few waves every partition is measured
 //   (exhaustive) and compared with the searched one.
+// Communicators (issue 5, notes/signal.md): the overlapped groups, the
+// offline curve and the per-group overhead run on signal::OverlapComm, a
+// split of the process group's communicator with maxCTAs = --nccl-sms and
+// no thread-block clusters (--nccl-comm split, the default), so that each
+// group's NCCL kernel fits on the SMs the persistent GEMM leaves free. The
+// baselines (comm, non-overlap, decomposition) keep the process group's
+// communicator (NCCL defaults on sm_90: up to 32 CTAs in clusters of 4).
+// Session 2 ran the groups on that default communicator and measured
+// "engine GEMM + every group's collective in turn" (within ~5 %, R = 2):
+// nothing overlapped. The searched plan is also run on the default
+// communicator ("overlap def comm") for a before/after in one run.
+// Second table per op, "where the time goes": engine GEMM plain vs with the
+// group epilogue, collective alone on each communicator, the plan's group
+// collectives alone, a concurrency probe (engine GEMM || whole collective on
+// unrelated data, each communicator), the GEMM's end inside the overlapped
+// run, and the "nothing overlaps" model beside the overlap model.
+// Predictions for the next run (nvidia-h200-x2, R = 2, --nccl-sms 16; ms;
+// written before measuring, notes/signal.md has the reasoning):
+//   GEMM||comm: default communicator ~ sum (concurrency <= 0.2; MLP-1 AR
+//   ~0.80), split >= 0.7 (MLP-1 AR 0.57-0.62); overlap def comm = session 2
+//   +-5 % (MLP-1 AR 1.04, RS 0.91); comm@ov 1.0-1.35x comm; epi % within +-5;
+//   tessera MLP-1 AR 0.62-0.70 (1.03-1.16x), MLP-2 AR 0.75-0.84, MLP-3 AR
+//   0.66-0.74, MLP-1 RS 0.57-0.64; MLP-4..6 <= 1.05x; 1.25x still missed
+//   (engine on 116 SMs 0.553 vs cuBLASLt 0.465: 9 waves vs 8); mean
+//   predictor error <= 15 % (from 32); searched >= 99 % of exhaustive on at
+//   least half the swept shapes (from 0 of 11).
 // Rows: the MLP down-projection shapes of WORKLOADS.md with TP = 2 (M = S,
 // N = H, K = I/2: MLP-1..6, the >= 1.25x GEMM+AllReduce target) first, then
 // 56 sweep sizes (M*N 16M..256M, K 2K..16K) in an interleaved order, so a
@@ -64,6 +90,7 @@
 #include "tessera/signal/a2a.hpp"
 #include "tessera/signal/comm_driver.hpp"
 #include "tessera/signal/epilogue_tables.hpp"
+#include "tessera/signal/overlap_comm.hpp"
 #include "tessera/signal/predictive_search.hpp"
 #include "tessera/signal/unreorder.hpp"
 #include "tessera/tune/machine_profile.hpp"
@@ -79,6 +106,9 @@ struct Options {
   bool mlp = true;
   bool sweep = true;
   int nccl_sms = 16;
+  std::string nccl_comm = "split";  ///< split: signal::OverlapComm; default: the process group's
+  int nccl_cga = 0;                 ///< cgaClusterSize of the split communicator
+  bool compare_default = true;      ///< also run the searched plan on the default communicator
   int reps = 10;
   int warmup = 3;
   int exh_reps = 5;
@@ -166,16 +196,23 @@ std::uint64_t bench_timeout_ns() { return runtime::wait_timeout_ns() * 4; }
 // bench_timeout_ns(); checks NCCL's asynchronous error meanwhile. On
 // timeout calls `stuck` (which may throw a better diagnostic, e.g. the short
 // counters), then throws naming `what`.
+// The split communicator of the overlapped runs (signal::OverlapComm), when
+// there is one: its asynchronous errors are checked by every wait too.
+ncclComm_t g_overlap_comm = nullptr;
+
 void bounded_wait(cudaEvent_t ev, ncclComm_t comm, const std::string& what, const std::function<void()>& stuck) {
   const auto deadline = Clock::now() + std::chrono::nanoseconds(bench_timeout_ns());
   for (;;) {
     const cudaError_t rc = cudaEventQuery(ev);
     if (rc == cudaSuccess) return;
     if (rc != cudaErrorNotReady) TESSERA_CUDA_CHECK(rc);
-    ncclResult_t async = ncclSuccess;
-    TESSERA_NCCL_CHECK(ncclCommGetAsyncError(comm, &async));
-    TESSERA_CHECK(async == ncclSuccess, "bench signal: {}: NCCL asynchronous error {} ({})", what, int(async),
-                  ncclGetErrorString(async));
+    for (ncclComm_t c : {comm, g_overlap_comm}) {
+      if (c == nullptr) continue;
+      ncclResult_t async = ncclSuccess;
+      TESSERA_NCCL_CHECK(ncclCommGetAsyncError(c, &async));
+      TESSERA_CHECK(async == ncclSuccess, "bench signal: {}: NCCL asynchronous error {} ({})", what, int(async),
+                    ncclGetErrorString(async));
+    }
     if (Clock::now() > deadline) {
       if (stuck) stuck();
       TESSERA_FAIL("bench signal: {} did not finish within {} ms (TESSERA_WAIT_TIMEOUT_MS x 4); GPU work is stuck "
@@ -187,9 +224,12 @@ void bounded_wait(cudaEvent_t ev, ncclComm_t comm, const std::string& what, cons
 }
 
 // Median ms of `body` on `stream` over `reps` after `warmup`, max over ranks
-// (all ranks call it together; a barrier before every repetition).
+// (all ranks call it together; a barrier before every repetition). With
+// `mid` (an event `body` records, e.g. after the GEMM), *mid_ms receives the
+// median (max over ranks) of start -> mid.
 double timed(runtime::ProcessGroup& pg, cudaStream_t stream, const std::function<void()>& body, int warmup, int reps,
-             const std::string& what, const std::function<void()>& stuck = {}) {
+             const std::string& what, const std::function<void()>& stuck = {}, cudaEvent_t mid = nullptr,
+             double* mid_ms = nullptr) {
   Event start(cudaEventDefault), stop(cudaEventDefault);
   for (int i = 0; i < warmup; ++i) {
     pg.barrier();
@@ -197,7 +237,7 @@ double timed(runtime::ProcessGroup& pg, cudaStream_t stream, const std::function
   }
   TESSERA_CUDA_CHECK(cudaEventRecord(stop.e, stream));
   bounded_wait(stop.e, pg.nccl(), what + " (warm-up)", stuck);
-  std::vector<double> t;
+  std::vector<double> t, tm;
   for (int i = 0; i < reps; ++i) {
     pg.barrier();
     TESSERA_CUDA_CHECK(cudaEventRecord(start.e, stream));
@@ -207,7 +247,12 @@ double timed(runtime::ProcessGroup& pg, cudaStream_t stream, const std::function
     float ms = 0;
     TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, start.e, stop.e));
     t.push_back(ms);
+    if (mid != nullptr) {
+      TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, start.e, mid));
+      tm.push_back(ms);
+    }
   }
+  if (mid != nullptr && mid_ms != nullptr) *mid_ms = pg.allreduce_max(summarize(tm).median_ms);
   return pg.allreduce_max(summarize(t).median_ms);
 }
 
@@ -221,8 +266,10 @@ void collective(bool ar, const void* send, void* recv, std::int64_t elems, int w
 }
 
 // ---- offline stage: bandwidth curve and per-group overhead -----------------
-tune::BandwidthCurve measure_curve(runtime::ProcessGroup& pg, bool ar, std::int64_t max_bytes, const Options& o,
-                                   const Progress& progress) {
+// On `comm`: the communicator the overlapped groups use (the split one), so
+// the predictor sees the bandwidth NCCL reaches on its reserved SMs.
+tune::BandwidthCurve measure_curve(runtime::ProcessGroup& pg, ncclComm_t comm, bool ar, std::int64_t max_bytes,
+                                   const Options& o, const Progress& progress) {
   const std::int64_t max_elems = max_bytes / 2;
   DevMem a(max_bytes), b(max_bytes);
   cudaStream_t s = pg.comm_stream(0);
@@ -234,7 +281,7 @@ tune::BandwidthCurve measure_curve(runtime::ProcessGroup& pg, bool ar, std::int6
   for (double bytes = 64 * 1024; bytes <= double(max_bytes) * 1.0001; bytes *= std::sqrt(2.0)) {
     std::int64_t elems = static_cast<std::int64_t>(bytes / 2) / (8 * pg.world()) * (8 * pg.world());
     elems = std::min(elems, max_elems);
-    const double ms = timed(pg, s, [&] { collective(ar, a.p, b.p, elems, pg.world(), pg.nccl(), s); }, o.warmup,
+    const double ms = timed(pg, s, [&] { collective(ar, a.p, b.p, elems, pg.world(), comm, s); }, o.warmup,
                             o.reps, fmt::format("offline curve, {} bytes", elems * 2));
     // A measured curve can wiggle by noise; keep time non-decreasing.
     prev = std::max(prev, ms * 1e-3);
@@ -255,7 +302,7 @@ tune::BandwidthCurve measure_curve(runtime::ProcessGroup& pg, bool ar, std::int6
 // and each counter holds exactly its epoch-1 target, stored once from the
 // counters' private stream before anything waits: the wait test is cyclic
 // (comm_driver.hpp), so a sentinel such as 0xFFFFFFFF would never pass.
-double measure_group_overhead(runtime::ProcessGroup& pg, bool ar, signal::WaitMode mode,
+double measure_group_overhead(runtime::ProcessGroup& pg, ncclComm_t comm, bool ar, signal::WaitMode mode,
                               const tune::BandwidthCurve& curve, const Options& o) {
   const int G = 8;
   const std::int64_t tile = 128 * 128;
@@ -264,7 +311,7 @@ double measure_group_overhead(runtime::ProcessGroup& pg, bool ar, signal::WaitMo
   const std::int64_t elems = wm.tiles() * tile;
   DevMem buf(elems * 2), recv(elems * 2);
   signal::GroupCounters counters(G);
-  signal::CommDriver drv(pg.nccl(), pg.comm_stream(0), mode);
+  signal::CommDriver drv(comm, pg.comm_stream(0), mode);
   for (int g = 0; g < G; ++g) counters.store(g, plan.counter_target(g, 1), runtime::wait_timeout_ns());
   const signal::ArMap am = signal::make_ar_map(wm);
   const signal::RsMap rm = signal::make_rs_map(wm, pg.world());
@@ -300,6 +347,16 @@ struct Row {
   double exh_best_ms = 0, exh_searched_ms = 0;
   double seconds = 0;
   tune::GemmTiming timing;  ///< for the stored machine profile
+  // Where the time goes (issue 5; all ms, medians, max over ranks):
+  double engine_plain = 0;    ///< engine GEMM, plain epilogue, budgeted SMs, the overlap's tile
+  double engine_epi = 0;      ///< the same with the group epilogue (reorder store + counter), 1 group
+  double comm_ov = 0;         ///< whole collective alone on the overlap communicator
+  double groups_alone = 0;    ///< the searched plan's group collectives alone (waits pre-satisfied)
+  double beside_ov = 0;       ///< engine GEMM || whole collective (independent data), overlap comm
+  double beside_def = 0;      ///< the same on the process group's (default) communicator
+  double ov_gemm_end = 0;     ///< in the overlapped run: start -> GEMM finished
+  double overlap_def = -1;    ///< the searched plan overlapped on the default communicator (session-2 path)
+  double serial_model = 0;    ///< engine_epi + sum of the groups' curve times: "nothing overlaps"
 };
 
 struct Problem {
@@ -309,6 +366,7 @@ struct Problem {
   Shape sh;
   kernels::GemmArgs args;
   kernels::GemmOptions gopts;
+  ncclComm_t ocomm;  ///< the overlapped groups' communicator (split, or pg.nccl())
 };
 
 std::string shape_name(const Shape& s) {
@@ -317,16 +375,19 @@ std::string shape_name(const Shape& s) {
 
 // Tessera's overlapped GEMM + collective for one partition; returns median ms.
 // `buf` / `recv` receive the data of the last run (AR: reordered buffer; RS: recv).
+// `comm`: the communicator of the group collectives (nullptr: P.ocomm).
+// `gemm_end_ms`: when given, receives the median start -> GEMM finished.
 double run_overlap(Problem& P, const signal::WaveModel& wm, const signal::GroupPlan& plan, signal::WaitMode mode,
-                   void* buf, void* recv, int warmup, int reps) {
+                   void* buf, void* recv, int warmup, int reps, ncclComm_t comm = nullptr,
+                   double* gemm_end_ms = nullptr) {
   const signal::ArMap am = signal::make_ar_map(wm);
   const signal::RsMap rm = signal::make_rs_map(wm, P.pg.world());
   const signal::EpilogueTables t = P.ar ? signal::epilogue_tables(wm, plan, am) : signal::epilogue_tables(wm, plan, rm);
   const signal::DeviceEpilogueTables dt(t);
   signal::GroupCounters counters(plan.groups());
-  signal::CommDriver drv(P.pg.nccl(), P.pg.comm_stream(0), mode);
+  signal::CommDriver drv(comm != nullptr ? comm : P.ocomm, P.pg.comm_stream(0), mode);
   cudaStream_t cs = P.pg.stream(), ms = P.pg.comm_stream(0);
-  Event fork, join;
+  Event fork, join, gemm_end(cudaEventDefault);
   std::uint64_t epoch = 0;
   const auto body = [&] {
     ++epoch;
@@ -338,6 +399,7 @@ double run_overlap(Problem& P, const signal::WaveModel& wm, const signal::GroupP
       drv.reduce_scatter(plan, rm, buf, recv, DType::bf16, counters, epoch);
     gemm_into_groups(P.args, P.gopts, buf, dt.tile_base(), dt.seg_stride(), dt.tile_group(), dt.sub_rows(),
                      dt.tile_n(), counters.device(), cs);
+    if (gemm_end_ms != nullptr) TESSERA_CUDA_CHECK(cudaEventRecord(gemm_end.e, cs));
     TESSERA_CUDA_CHECK(cudaEventRecord(join.e, ms));
     TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, join.e));
   };
@@ -345,9 +407,31 @@ double run_overlap(Problem& P, const signal::WaveModel& wm, const signal::GroupP
   // the stuck collective; throws.
   const double t_ms = timed(P.pg, cs, body, warmup, reps,
                             fmt::format("{} overlap {} of {}", P.ar ? "ar" : "rs", plan.str(), shape_name(P.sh)),
-                            [&] { drv.synchronize(plan, counters, epoch); });
+                            [&] { drv.synchronize(plan, counters, epoch); },
+                            gemm_end_ms != nullptr ? gemm_end.e : nullptr, gemm_end_ms);
   drv.synchronize(plan, counters, epoch);
   return t_ms;
+}
+
+// The plan's group collectives alone on P.ocomm (no GEMM): every call is
+// epoch 1 and each counter holds exactly its epoch-1 target (stored once,
+// see measure_group_overhead), so the waits pass at once.
+double groups_alone(Problem& P, const signal::WaveModel& wm, const signal::GroupPlan& plan, void* buf, void* recv) {
+  signal::GroupCounters counters(plan.groups());
+  for (int g = 0; g < plan.groups(); ++g) counters.store(g, plan.counter_target(g, 1), runtime::wait_timeout_ns());
+  signal::CommDriver drv(P.ocomm, P.pg.comm_stream(0), signal::WaitMode::StreamMemOp);
+  const signal::ArMap am = signal::make_ar_map(wm);
+  const signal::RsMap rm = signal::make_rs_map(wm, P.pg.world());
+  return timed(
+      P.pg, P.pg.comm_stream(0),
+      [&] {
+        if (P.ar)
+          drv.all_reduce(plan, am, buf, DType::bf16, counters, 1);
+        else
+          drv.reduce_scatter(plan, rm, buf, recv, DType::bf16, counters, 1);
+      },
+      P.o.warmup, P.o.reps, fmt::format("group collectives alone {} of {}", plan.str(), shape_name(P.sh)),
+      [&] { drv.synchronize(plan, counters, 1); });
 }
 
 // Relative error (RMS) of the last overlapped run against cuBLASLt + NCCL
@@ -470,18 +554,45 @@ Row measure(Problem& P, const tune::BandwidthCurve& curve, double overhead, sign
   DevMem buf(am.buffer_elems() * 2), recv(am.buffer_elems() * 2 / R + 256);
   // Compute alone under overlap conditions (budgeted SMs, group epilogue, one
   // group). Also loads the GEMM kernel's module before any stream wait.
+  // Beside it: the plain engine GEMM (same tile, same SMs, its standard
+  // epilogue), so the group epilogue's own cost shows (engine+epi / plain).
   double gemm_budget_ms = 0;
   {
     const signal::GroupPlan one = signal::GroupPlan::single(wm);
     const signal::DeviceEpilogueTables dt(signal::epilogue_tables(wm, one, am));
     signal::GroupCounters cnt(1);
-    gemm_budget_ms = timed(
-        pg, cs,
-        [&] {
-          gemm_into_groups(P.args, P.gopts, buf.p, dt.tile_base(), dt.seg_stride(), dt.tile_group(), dt.sub_rows(),
-                           dt.tile_n(), cnt.device(), cs);
-        },
-        W, N, name + ": engine GEMM on the budgeted SMs");
+    const auto engine_one_group = [&] {
+      gemm_into_groups(P.args, P.gopts, buf.p, dt.tile_base(), dt.seg_stride(), dt.tile_group(), dt.sub_rows(),
+                       dt.tile_n(), cnt.device(), cs);
+    };
+    gemm_budget_ms = timed(pg, cs, engine_one_group, W, N, name + ": engine GEMM on the budgeted SMs");
+    row.engine_epi = gemm_budget_ms;
+    kernels::GemmArgs plain = args;  // writes D (row-major), the baselines' buffer
+    row.engine_plain =
+        timed(pg, cs, [&] { kernels::gemm(plain, P.gopts, cs); }, W, N, name + ": engine GEMM, plain epilogue");
+    // The whole collective on the overlap communicator, alone.
+    row.comm_ov = timed(pg, cs, [&] { collective(ar, D.p, C.p, mn, R, P.ocomm, cs); }, W, N,
+                        name + ": NCCL on the overlap communicator");
+    // Concurrency probe: the engine GEMM and a whole collective on unrelated
+    // data, on two streams, no waits. ~max(GEMM, comm) when NCCL runs beside
+    // the GEMM on the free SMs; ~GEMM + comm when it cannot start until the
+    // GEMM's CTAs retire (session 2's symptom).
+    const auto beside = [&](ncclComm_t comm, const char* which) {
+      Event f, j;
+      return timed(
+          pg, cs,
+          [&] {
+            TESSERA_CUDA_CHECK(cudaEventRecord(f.e, cs));
+            TESSERA_CUDA_CHECK(cudaStreamWaitEvent(ms, f.e));
+            engine_one_group();  // first, as in the overlapped run: the GEMM holds its SMs when NCCL launches
+            collective(ar, D.p, C.p, mn, R, comm, ms);
+            TESSERA_CUDA_CHECK(cudaEventRecord(j.e, ms));
+            TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, j.e));
+          },
+          W, N, fmt::format("{}: engine GEMM beside NCCL ({} communicator)", name, which));
+    };
+    row.beside_ov = beside(P.ocomm, "overlap");
+    row.beside_def = P.ocomm == pg.nccl() ? row.beside_ov : beside(pg.nccl(), "default");
   }
   row.timing = {sh.m, sh.n, sh.k, ts.bm, ts.bn, P.gopts.raster_group, P.gopts.max_ctas,
                 gemm_budget_ms * 1e-3 / wm.waves(), row.gemm * 1e-3};
@@ -501,8 +612,19 @@ Row measure(Problem& P, const tune::BandwidthCurve& curve, double overhead, sign
   row.seq_pred = search.predict_sequential() * 1e3;
   row.chosen_pred = final_choice.latency * 1e3;
   // The searched partition is measured in every case (predictor error).
-  row.overlap_meas = run_overlap(P, wm, searched_plan, mode, buf.p, recv.p, W, N);
+  // First on the default communicator (the session-2 path, for comparison),
+  // then on the overlap one, whose result is checked.
+  if (o.compare_default && P.ocomm != pg.nccl())
+    row.overlap_def = run_overlap(P, wm, searched_plan, mode, buf.p, recv.p, W, N, pg.nccl());
+  row.overlap_meas = run_overlap(P, wm, searched_plan, mode, buf.p, recv.p, W, N, nullptr, &row.ov_gemm_end);
   row.rel_err = check_result(P, wm, buf.p, recv.p, D.p, C.p);
+  row.groups_alone = groups_alone(P, wm, searched_plan, buf.p, recv.p);
+  {
+    double sum = 0;
+    for (int g = 0; g < searched_plan.groups(); ++g)
+      sum += overhead + curve.time(double(searched_plan.tiles_in(g)) * bytes_per_tile);
+    row.serial_model = gemm_budget_ms + sum * 1e3;
+  }
   row.tessera = row.overlap ? row.overlap_meas : row.seq;  // the tuner's final choice, measured
 
   // Exhaustive (measured) partition search on shapes with few waves.
@@ -543,7 +665,7 @@ struct OpResult {
 };
 
 // One op: offline stage, every shape within `deadline`, table + summary.
-OpResult run_op(runtime::ProcessGroup& pg, const Options& o, bool ar, const std::vector<Shape>& shapes,
+OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, bool ar, const std::vector<Shape>& shapes,
                 Clock::time_point deadline, const Progress& progress) {
   const std::string op = ar ? "ar" : "rs";
   const signal::WaitMode mode = o.wait == "memop" ? signal::WaitMode::StreamMemOp : signal::WaitMode::SpinKernel;
@@ -551,12 +673,12 @@ OpResult run_op(runtime::ProcessGroup& pg, const Options& o, bool ar, const std:
   for (const Shape& s : shapes) max_bytes = std::max(max_bytes, s.m * s.n * 2);
 
   progress("{}: offline stage: NCCL bandwidth curve up to {} MiB", op, max_bytes >> 20);
-  const tune::BandwidthCurve curve = measure_curve(pg, ar, max_bytes, o, progress);
+  const tune::BandwidthCurve curve = measure_curve(pg, ocomm, ar, max_bytes, o, progress);
   progress("{}: offline stage: per-group overhead, stream memop waits ...", op);
-  const double ovh_memop = measure_group_overhead(pg, ar, signal::WaitMode::StreamMemOp, curve, o);
+  const double ovh_memop = measure_group_overhead(pg, ocomm, ar, signal::WaitMode::StreamMemOp, curve, o);
   progress("{}: offline stage: per-group overhead, stream memop {:.2f} us; spinning-kernel waits ...", op,
            ovh_memop * 1e6);
-  const double ovh_spin = measure_group_overhead(pg, ar, signal::WaitMode::SpinKernel, curve, o);
+  const double ovh_spin = measure_group_overhead(pg, ocomm, ar, signal::WaitMode::SpinKernel, curve, o);
   const double overhead = mode == signal::WaitMode::StreamMemOp ? ovh_memop : ovh_spin;
   progress("{}: per-group overhead: stream memop {:.2f} us, spinning kernel {:.2f} us (using {})", op, ovh_memop * 1e6,
            ovh_spin * 1e6, o.wait);
@@ -564,6 +686,11 @@ OpResult run_op(runtime::ProcessGroup& pg, const Options& o, bool ar, const std:
   Table table({"shape", "M", "N", "K", "waves", "tuner choice", "GEMM", "comm", "non-overlap", "decomp", "tessera",
                "speedup", "bound", "of bound", "searched overlap", "predicted", "pred err %", "exhaustive best",
                "searched/exh", "rel err"});
+  // Where the time of the searched overlapped plan goes (issue 5).
+  Table diag({"shape", "M", "N", "K", "groups", "engine plain", "engine+epi", "epi %", "comm", "comm@ov", "groups alone",
+              "GEMM||comm ov", "GEMM||comm def", "ov GEMM end", "overlap", "overlap def comm", "serial model",
+              "overlap model"});
+  double serial_err_sum = 0, beside_sum = 0, beside_def_sum = 0, epi_sum = 0;
   double err_sum = 0, err_all_sum = 0;
   int err_n = 0, err_all_n = 0, slower = 0, exh_n = 0, exh_ok = 0, done = 0;
   std::vector<std::string> mlp_lines;
@@ -578,7 +705,7 @@ OpResult run_op(runtime::ProcessGroup& pg, const Options& o, bool ar, const std:
       break;
     }
     progress("{}: shape {}/{} {} ...", op, i + 1, shapes.size(), shape_name(s));
-    Problem P{o, pg, ar, s, {}, {}};
+    Problem P{o, pg, ar, s, {}, {}, ocomm};
     const Row r = measure(P, curve, overhead, mode, progress);
     ++done;
     timings.push_back(r.timing);
@@ -602,6 +729,21 @@ OpResult run_op(runtime::ProcessGroup& pg, const Options& o, bool ar, const std:
                f3(r.overlap_meas), f3(r.overlap_pred), fmt::format("{:.1f}", err),
                r.exhaustive ? fmt::format("{} {} ({} meas.)", f3(r.exh_best_ms), r.exh_best, r.exh_count) : "-",
                r.exhaustive ? fmt::format("{:.1f}%", exh_ratio * 100) : "-", fmt::format("{:.1e}", r.rel_err)});
+    const int groups = static_cast<int>(std::count(r.searched.begin(), r.searched.end(), ',')) + 1;
+    diag.add({s.label.empty() ? "-" : s.label, std::to_string(s.m), std::to_string(s.n), std::to_string(s.k),
+              std::to_string(groups), f3(r.engine_plain), f3(r.engine_epi),
+              fmt::format("{:+.1f}", (r.engine_epi / r.engine_plain - 1) * 100), f3(r.comm), f3(r.comm_ov),
+              f3(r.groups_alone), f3(r.beside_ov), f3(r.beside_def), f3(r.ov_gemm_end), f3(r.overlap_meas),
+              r.overlap_def >= 0 ? f3(r.overlap_def) : "-", f3(r.serial_model), f3(r.overlap_pred)});
+    serial_err_sum += std::abs(r.serial_model - r.overlap_meas) / r.overlap_meas * 100;
+    // Concurrency of GEMM || comm: 0 = fully serialized (sum), 1 = perfect (max).
+    const auto concurrency = [&](double both, double comm) {
+      const double lo = std::max(r.engine_epi, comm), hi = r.engine_epi + comm;
+      return hi > lo ? std::clamp((hi - both) / (hi - lo), -1.0, 2.0) : 1.0;
+    };
+    beside_sum += concurrency(r.beside_ov, r.comm_ov);
+    beside_def_sum += concurrency(r.beside_def, r.comm);
+    epi_sum += (r.engine_epi / r.engine_plain - 1) * 100;
     progress("{}: {} done in {:.1f} s: tessera {:.3f} ms ({}), non-overlap {:.3f}, speedup {:.3f}, searched overlap "
              "{:.3f} ms predicted {:.3f} ({:+.1f}%), rel err {:.1e}{}",
              op, shape_name(s), r.seconds, r.tessera, r.choice, r.seq, r.seq / r.tessera, r.overlap_meas,
@@ -621,11 +763,21 @@ OpResult run_op(runtime::ProcessGroup& pg, const Options& o, bool ar, const std:
       "sweep) on {} of {}",
       op, pg.world(), o.wait, o.nccl_sms, done, shapes.size(), err_n ? err_sum / err_n : 0.0, err_n,
       err_all_n ? err_all_sum / err_all_n : 0.0, slower, done, o.exh_max_waves, o.exh_cap_s, exh_ok, exh_n);
+  const std::string diag_summary = fmt::format(
+      "where the time goes ({} shapes, overlap communicator: {}): group epilogue costs {:+.1f}% of the engine GEMM "
+      "(mean); GEMM||comm concurrency (0 = serialized, 1 = full overlap) {:.2f} on the overlap communicator, {:.2f} "
+      "on the default one; mean |error| of the overlapped run against the 'nothing overlaps' model (engine+epi + "
+      "sum of group curve times) {:.1f}% vs the overlap model's {:.1f}%",
+      done, ocomm == pg.nccl() ? "default (process group)"
+                               : fmt::format("split, maxCTAs {}, cgaClusterSize {}", o.nccl_sms, o.nccl_cga),
+      done ? epi_sum / done : 0.0, done ? beside_sum / done : 0.0, done ? beside_def_sum / done : 0.0,
+      done ? serial_err_sum / done : 0.0, err_n ? err_sum / err_n : 0.0);
   OpResult res;
-  res.text = fmt::format("\n{}\n{}\n", table.str(), summary);
+  res.text = fmt::format("\n{}\n{}\n\n{}\n{}\n", table.str(), summary, diag.str(), diag_summary);
   for (const auto& l : mlp_lines) res.text += l + "\n";
-  res.markdown = fmt::format("### bench signal --op {} (ms; tessera = tuner's final choice)\n\n{}\n{}\n\n", op,
-                             table.markdown(), summary);
+  res.markdown = fmt::format("### bench signal --op {} (ms; tessera = tuner's final choice)\n\n{}\n{}\n\n"
+                             "Where the time goes (ms):\n\n{}\n{}\n\n", op,
+                             table.markdown(), summary, diag.markdown(), diag_summary);
   for (const auto& l : mlp_lines) res.markdown += "- " + l + "\n";
 
   if (o.store_profile && pg.rank() == 0) {
@@ -680,6 +832,10 @@ void run_all(const Options& o) {
   TESSERA_CHECK(o.wait == "memop" || o.wait == "spin", "bench signal: --wait must be memop or spin, got '{}'", o.wait);
   TESSERA_CHECK(o.nccl_sms >= 0 && o.nccl_sms < pg->sm_count(), "bench signal: --nccl-sms {} outside [0, {})",
                 o.nccl_sms, pg->sm_count());
+  TESSERA_CHECK(o.nccl_comm == "split" || o.nccl_comm == "default",
+                "bench signal: --nccl-comm must be split or default, got '{}'", o.nccl_comm);
+  TESSERA_CHECK(o.nccl_comm == "default" || o.nccl_sms >= 1,
+                "bench signal: --nccl-comm split needs --nccl-sms >= 1 (NCCL's maxCTAs), got {}", o.nccl_sms);
   TESSERA_CHECK(o.budget_s > 0, "bench signal: --budget-s must be > 0, got {}", o.budget_s);
   std::vector<Shape> shapes;
   for (const auto& s : o.shapes) shapes.push_back(parse_shape(s));
@@ -693,12 +849,23 @@ void run_all(const Options& o) {
   progress("bench signal: {} ranks, {} shapes per op, ops {}, budget {:.0f} s", pg->world(), shapes.size(),
            fmt::join(o.ops, ","), o.budget_s);
   const auto end = progress.t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.budget_s));
+  // The overlapped groups' communicator: NCCL kernels that fit on the SMs
+  // the GEMM leaves free (signal/overlap_comm.hpp), or the default one.
+  std::unique_ptr<signal::OverlapComm> split;
+  if (o.nccl_comm == "split") {
+    split = std::make_unique<signal::OverlapComm>(pg->nccl(), signal::OverlapCommConfig{o.nccl_sms, 0, o.nccl_cga});
+    g_overlap_comm = split->get();
+  }
+  const ncclComm_t ocomm = split ? split->get() : pg->nccl();
+  progress("overlap communicator: {}", split ? fmt::format("split, maxCTAs {}, cgaClusterSize {}", o.nccl_sms,
+                                                           o.nccl_cga)
+                                             : std::string("default (process group)"));
   std::vector<OpResult> results;
   for (std::size_t i = 0; i < o.ops.size(); ++i) {
     // Equal split of what is left over the ops still to run.
     const auto now = Clock::now();
     const auto share = (end - now) / static_cast<long>(o.ops.size() - i);
-    results.push_back(run_op(*pg, o, o.ops[i] == "ar", shapes, now + std::max(share, Clock::duration::zero()), progress));
+    results.push_back(run_op(*pg, ocomm, o, o.ops[i] == "ar", shapes, now + std::max(share, Clock::duration::zero()), progress));
     if (pg->rank() == 0) fmt::print("{}", results.back().text);
   }
   if (pg->rank() == 0) {
@@ -779,7 +946,15 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   cmd->add_flag("--sweep,!--no-sweep", opts->sweep, "include the 56 sweep sizes (default on)");
   cmd->add_option("--budget-s", opts->budget_s,
                   "wall-clock budget in seconds, split over the ops; no new shape starts once an op's share is spent");
-  cmd->add_option("--nccl-sms", opts->nccl_sms, "SMs left to NCCL during overlap (the GEMM gets the rest)");
+  cmd->add_option("--nccl-sms", opts->nccl_sms,
+                  "SMs left to NCCL during overlap (the GEMM gets the rest; the split communicator's maxCTAs)");
+  cmd->add_option("--nccl-comm", opts->nccl_comm,
+                  "communicator of the overlapped groups: split (maxCTAs = --nccl-sms, cgaClusterSize = --nccl-cga; "
+                  "default) or default (the process group's, NCCL's defaults: up to 32 CTAs in clusters of 4)");
+  cmd->add_option("--nccl-cga", opts->nccl_cga, "cgaClusterSize of the split communicator (0 = no clusters)")
+      ->check(CLI::Range(0, 8));
+  cmd->add_flag("--compare-default,!--no-compare-default", opts->compare_default,
+                "also run the searched plan on the default communicator (column 'overlap def comm'; default on)");
   cmd->add_option("--wait", opts->wait, "memop (cuStreamWaitValue32) or spin (spinning kernel)");
   cmd->add_option("--reps", opts->reps, "timed repetitions (median)")->check(CLI::Range(1, 100000));
   cmd->add_option("--warmup", opts->warmup, "warm-up repetitions")->check(CLI::Range(0, 100000));

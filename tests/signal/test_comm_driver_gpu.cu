@@ -37,6 +37,7 @@
 #include "support/test_support.hpp"
 #include "tessera/runtime/process_group.hpp"
 #include "tessera/signal/comm_driver.hpp"
+#include "tessera/signal/overlap_comm.hpp"
 #include "tessera/signal/device.cuh"
 #include "tessera/signal/unreorder.hpp"
 
@@ -53,7 +54,7 @@ void drain_or_die(cudaStream_t s, const char* what);
 // ReduceScatter at a few sizes, grouped send/recv with every peer) on the
 // communication stream, so that NCCL's lazy connection setup (and anything
 // it synchronizes) happens here, not while the stream waits on counters.
-void warm_up_nccl(runtime::ProcessGroup& pg) {
+void warm_up_nccl(runtime::ProcessGroup& pg, ncclComm_t comm) {
   const int R = pg.world();
   const std::size_t max_elems = std::size_t(1) << 22;
   float* buf = nullptr;
@@ -62,11 +63,11 @@ void warm_up_nccl(runtime::ProcessGroup& pg) {
   ncclResult_t rc = ncclSuccess;
   auto ok = [&](ncclResult_t r) { return (rc = r) == ncclSuccess; };
   for (std::size_t n : {std::size_t(1024), std::size_t(1) << 16, max_elems}) {
-    if (!ok(ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, pg.nccl(), s))) break;
-    if (!ok(ncclReduceScatter(buf, buf + n * R, n, ncclFloat32, ncclSum, pg.nccl(), s))) break;
+    if (!ok(ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, comm, s))) break;
+    if (!ok(ncclReduceScatter(buf, buf + n * R, n, ncclFloat32, ncclSum, comm, s))) break;
     if (!ok(ncclGroupStart())) break;
     for (int p = 0; p < R && rc == ncclSuccess; ++p)
-      if (ok(ncclSend(buf, n, ncclFloat32, p, pg.nccl(), s))) ok(ncclRecv(buf + n * R + p * n, n, ncclFloat32, p, pg.nccl(), s));
+      if (ok(ncclSend(buf, n, ncclFloat32, p, comm, s))) ok(ncclRecv(buf + n * R + p * n, n, ncclFloat32, p, comm, s));
     if (!ok(ncclGroupEnd())) break;
   }
   if (rc != ncclSuccess) std::fprintf(stderr, "NCCL warm-up failed: %s\n", ncclGetErrorString(rc));
@@ -77,10 +78,22 @@ void warm_up_nccl(runtime::ProcessGroup& pg) {
 runtime::ProcessGroup* group() {
   static std::unique_ptr<runtime::ProcessGroup> pg = [] {
     auto p = runtime::ProcessGroup::from_environment();
-    warm_up_nccl(*p);
+    warm_up_nccl(*p, p->nccl());
     return p;
   }();
   return pg.get();
+}
+
+// The split communicator of the overlapped path (8 CTAs, no clusters),
+// created once by all ranks after the group, and warmed up like it.
+OverlapComm* overlap_comm() {
+  static std::unique_ptr<OverlapComm> c = [] {
+    auto* pg = group();
+    auto o = std::make_unique<OverlapComm>(pg->nccl(), OverlapCommConfig{8, 0, 0});
+    warm_up_nccl(*pg, o->get());
+    return o;
+  }();
+  return c.get();
 }
 
 std::chrono::milliseconds wait_timeout() {
@@ -454,6 +467,77 @@ TEST_P(CommDriverGpu, AllToAllUnevenRoutingInRandomOrder) {
       return bad;
     });
     ASSERT_EQ(verdict, "") << "epoch " << epoch << " " << wait_mode_name(GetParam());
+  }
+}
+
+// The driver on the split communicator (signal::OverlapComm: maxCTAs 8, no
+// clusters): per-wave AllReduce and ReduceScatter groups over 2 epochs,
+// exact results.
+TEST_P(CommDriverGpu, GroupsOnOverlapComm) {
+  if (skip_unless_two_ranks()) GTEST_SKIP() << "needs >= 2 ranks with a GPU each";
+  auto* pg = group();
+  ncclComm_t comm = overlap_comm()->get();
+  std::mt19937_64 g(std::random_device{}());
+  const int M = 1000, N = 776;
+  const WaveModel wm(GemmTiling{M, N, 128, 64}, 9, 2);
+  const GroupPlan plan = GroupPlan::per_wave(wm);
+  const ArMap am = make_ar_map(wm);
+  const RsMap rm = make_rs_map(wm, pg->world());
+  GroupCounters ar_counters(plan.groups()), rs_counters(plan.groups());
+  CommDriver drv(comm, pg->comm_stream(0), GetParam());
+  DeviceBuffers mem;
+  float* buf = mem.alloc<float>(am.buffer_elems());
+  float* send = mem.alloc<float>(rm.send_elems());
+  float* recv = mem.alloc<float>(rm.recv_elems());
+  float* out = mem.alloc<float>(std::int64_t(M) * N);
+  Spans ar_spans, rs_spans;
+  for (int k = 0; k < plan.groups(); ++k) {
+    ar_spans.add_group({{plan.tile_begin(k) * am.tile_elems(), plan.tiles_in(k) * am.tile_elems()}});
+    rs_spans.add_group({{plan.tile_begin(k) * rm.tile_elems(), plan.tiles_in(k) * rm.tile_elems()}});
+  }
+  const RsShard shard{rm, pg->rank()};
+  for (int epoch = 1; epoch <= 2; ++epoch) {
+    std::string verdict = run_epoch([&]() -> std::int64_t {
+      std::vector<float> staging(am.buffer_elems(), 0.f);
+      for (std::int64_t i = 0; i < M; ++i)
+        for (std::int64_t j = 0; j < N; ++j) staging[am.offset(i, j)] = value(pg->rank(), epoch, i, j);
+      Producer prod(staging, ar_spans, plan, g, pg->stream());
+      drv.all_reduce(plan, am, buf, DType::f32, ar_counters, epoch);
+      prod.launch(buf, ar_counters);
+      drv.synchronize(plan, ar_counters, epoch);
+      unreorder(am, buf, out, N, DType::f32, pg->comm_stream(0));
+      const auto got = download(out, std::int64_t(M) * N, pg->comm_stream(0));
+      std::int64_t bad = 0;
+      for (std::int64_t i = 0; i < M; ++i)
+        for (std::int64_t j = 0; j < N; ++j) {
+          float ref = 0;
+          for (int r = 0; r < pg->world(); ++r) ref += value(r, epoch, i, j);
+          bad += !(got[i * N + j] == ref);  // NaN counts as wrong
+        }
+      return bad;
+    });
+    ASSERT_EQ(verdict, "") << "AllReduce epoch " << epoch << " " << wait_mode_name(GetParam());
+    verdict = run_epoch([&]() -> std::int64_t {
+      std::vector<float> staging(rm.send_elems(), 0.f);
+      for (std::int64_t i = 0; i < M; ++i)
+        for (std::int64_t j = 0; j < N; ++j)
+          staging[rm.send_offset(i, j, plan.host_view())] = value(pg->rank(), epoch, i, j);
+      Producer prod(staging, rs_spans, plan, g, pg->stream());
+      drv.reduce_scatter(plan, rm, send, recv, DType::f32, rs_counters, epoch);
+      prod.launch(send, rs_counters);
+      drv.synchronize(plan, rs_counters, epoch);
+      unreorder(shard, recv, out, N, DType::f32, pg->comm_stream(0));
+      const auto got = download(out, shard.rows() * N, pg->comm_stream(0));
+      std::int64_t bad = 0;
+      for (std::int64_t l = 0; l < shard.rows(); ++l)
+        for (std::int64_t j = 0; j < N; ++j) {
+          float ref = 0;
+          for (int r = 0; r < pg->world(); ++r) ref += value(r, epoch, rm.global_row(pg->rank(), l), j);
+          bad += !(got[l * N + j] == ref);
+        }
+      return bad;
+    });
+    ASSERT_EQ(verdict, "") << "ReduceScatter epoch " << epoch << " " << wait_mode_name(GetParam());
   }
 }
 
