@@ -60,7 +60,14 @@ struct LtGemm {
     if (sm_target > 0)
       TESSERA_CUBLAS_CHECK(
           cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sm_target, sizeof(sm_target)));
-    TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, op.n, op.k, op.b.ld));
+    // Our B [k, n] row-major is column-major n x k: cuBLASLt "A" untransposed.
+    // Stored [n, k] (op.b_nk) it is column-major k x n, transposed ("TN").
+    if (op.b_nk) {
+      const cublasOperation_t ta = CUBLAS_OP_T;
+      TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    }
+    TESSERA_CUBLAS_CHECK(op.b_nk ? cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, op.k, op.n, op.b.ld)
+                                 : cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, op.n, op.k, op.b.ld));
     TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, op.k, op.m, op.a.ld));
     TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, d_f32 ? CUDA_R_32F : CUDA_R_16BF, op.n, op.m, op.dst.ld));
     beta = op.accumulate ? 1.f : 0.f;
@@ -296,18 +303,26 @@ struct GpuExecutor::Impl {
   }
 };
 
-GpuExecutor::GpuExecutor(const Plan& plan, int rank, ncclComm_t comm, cudaStream_t compute, cudaStream_t comm_stream)
+GpuExecutor::GpuExecutor(const Plan& plan, int rank, ncclComm_t comm, cudaStream_t compute, cudaStream_t comm_stream,
+                         const GpuExecutorOptions& opts)
     : impl_(new Impl(plan, rank, comm, compute, comm_stream)) {
   int n = 0;
   TESSERA_NCCL_CHECK(ncclCommCount(comm, &n));
   TESSERA_CHECK(n == plan.grid.world(), "commir gpu executor: plan is for {} ranks, the communicator has {}",
                 plan.grid.world(), n);
   auto& I = *impl_;
-  I.prog = build_gpu_program(plan, rank);  // every check, before anything is allocated or launched
+  GpuProgramOptions po;
+  po.b_nk = opts.b_nk;
+  I.prog = build_gpu_program(plan, rank, po);  // every check, before anything is allocated or launched
   int dev = 0;
   TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
   TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&I.add_ctas, cudaDevAttrMultiProcessorCount, dev));
   I.comm_sms = static_cast<int>(env::get_int("TESSERA_COMMIR_COMM_SMS", 16, 0, I.add_ctas - 1));
+  if (opts.comm_sms >= 0) {
+    TESSERA_CHECK(opts.comm_sms < I.add_ctas, "commir gpu executor: comm_sms {} must be below the SM count {}",
+                  opts.comm_sms, I.add_ctas);
+    I.comm_sms = opts.comm_sms;
+  }
   TESSERA_CHECK(cublasLtCreate(&I.lt) == CUBLAS_STATUS_SUCCESS, "commir gpu executor: cublasLtCreate failed");
   TESSERA_CUDA_CHECK(cudaMalloc(&I.ws, I.ws_bytes));
   TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&I.ev, cudaEventDisableTiming));
@@ -351,8 +366,9 @@ void GpuExecutor::set_input(const std::string& name, const std::vector<float>& f
     const DevBlockInfo& d = I.prog.blocks[blk];
     std::vector<__nv_bfloat16> host(d.box.volume());
     for (std::int64_t r = 0; r < d.rows(); ++r)
-      for (std::int64_t c = 0; c < d.cols(); ++c)
-        host[r * d.cols() + c] = __float2bfloat16(full[(d.box.r[0].lo + r) * cols + d.box.r[1].lo + c]);
+      for (std::int64_t c = 0; c < d.cols(); ++c)  // a transposed block (B as [n, k]) is column-major
+        host[d.transposed ? c * d.rows() + r : r * d.cols() + c] =
+            __float2bfloat16(full[(d.box.r[0].lo + r) * cols + d.box.r[1].lo + c]);
     // On the compute stream (pageable source: staged before the call
     // returns); run() orders the communication stream after it.
     TESSERA_CUDA_CHECK(cudaMemcpyAsync(I.mem[blk], host.data(), host.size() * sizeof(__nv_bfloat16),
@@ -380,6 +396,7 @@ void GpuExecutor::run() {
 }
 
 std::int64_t GpuExecutor::device_bytes() const { return impl_->prog.bytes(); }
+bool GpuExecutor::b_nk() const { return impl_->prog.b_nk; }
 
 std::vector<std::pair<Box, std::vector<float>>> GpuExecutor::output(const std::string& name) {
   auto& I = *impl_;

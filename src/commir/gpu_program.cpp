@@ -67,6 +67,7 @@ struct Builder {
   const Plan& plan;
   const Grid& g;
   int rank;
+  GpuProgramOptions opts;
   DevProgram prog;
   std::string out_name;                         // the accumulator/output buffer
   bool out_f32 = false;                         // its dtype: f32, else bf16
@@ -76,7 +77,7 @@ struct Builder {
   std::map<int, bool> partial_tag;              // transfer tag -> carries a partial accumulator
   std::set<const Step*> emitted;
 
-  Builder(const Plan& p, int r) : plan(p), g(p.grid), rank(r) { prog.rank = r; }
+  Builder(const Plan& p, int r, const GpuProgramOptions& o) : plan(p), g(p.grid), rank(r), opts(o) { prog.rank = r; }
 
   [[noreturn]] void fail(const std::string& what) const {
     TESSERA_FAIL("commir gpu executor: rank {}: {}", rank, what);
@@ -89,6 +90,7 @@ struct Builder {
   const DevBlockInfo& info(int blk) const { return prog.blocks[blk]; }
   DevView view(int blk, std::int64_t r, std::int64_t c) const {
     const auto& b = info(blk);
+    if (b.transposed) return DevView{blk, (c - b.box.r[1].lo) * b.rows() + (r - b.box.r[0].lo), b.rows()};
     return DevView{blk, (r - b.box.r[0].lo) * b.cols() + (c - b.box.r[1].lo), b.cols()};
   }
   DevView view(int blk, const Box& at) const { return view(blk, at.r[0].lo, at.r[1].lo); }
@@ -195,6 +197,8 @@ struct Builder {
     const std::vector<int> pieces = c >= 0 ? std::vector<int>{c} : covering(buf, box, what);
     const int tmp = new_block(buf, box);
     for (int p : pieces) {
+      // choose_b_layout() keeps B row-major wherever a copy could need it.
+      if (info(p).transposed) fail(fmt::format("{}: internal: copy from the transposed block {}{}", what, buf, box_text(info(p).box)));
       const Box in = info(p).box.intersect(box);
       DevOp op{DevOpKind::copy, s};
       op.src = view(p, in);
@@ -293,6 +297,24 @@ struct Builder {
                       name, i, s.before.empty() ? std::string("-") : box_text(s.before[0]), box_text(s.after[0]));
       }
     }
+  }
+
+  // B in the weight layout [n, k] (opts.b_nk) when nothing but this rank's
+  // GEMMs ever reads B's blocks, each compute from one input block: then no
+  // copy, transfer or collective has to deal with a transposed block.
+  void choose_b_layout() {
+    if (!opts.b_nk) return;
+    const std::string& bn = g.body.ins[1];
+    const Buffer& bb = g.buffer(bn);
+    for (const auto& s : plan.ranks[rank].steps) {
+      if (s.kind == StepKind::send || s.kind == StepKind::recv || s.kind == StepKind::collective) {
+        if (s.buffer == bn) return;
+      } else if (s.kind == StepKind::compute && containing(bn, project(bb, s.box)) < 0) {
+        return;
+      }
+    }
+    for (int b : store[bn]) prog.blocks[b].transposed = true;
+    prog.b_nk = true;
   }
 
   // ---- emission ----
@@ -427,6 +449,7 @@ struct Builder {
     DevOp op{DevOpKind::gemm, DevStream::compute};
     op.a = assemble(ab.name, ba, DevStream::compute, false, what);
     op.b = assemble(bb.name, bbx, DevStream::compute, false, what);
+    op.b_nk = info(op.b.block).transposed;
     op.m = ba.r[0].size();
     op.k = ba.r[1].size();
     op.n = bbx.r[1].size();
@@ -504,6 +527,7 @@ struct Builder {
   DevProgram build() {
     validate();
     inputs();
+    choose_b_layout();
     const auto& steps = plan.ranks[rank].steps;
     int lo = -1, hi = plan.steps_per_rank + 1;
     for (const auto& s : steps) {
@@ -534,6 +558,8 @@ struct Builder {
 
 }  // namespace
 
-DevProgram build_gpu_program(const Plan& plan, int rank) { return Builder(plan, rank).build(); }
+DevProgram build_gpu_program(const Plan& plan, int rank, const GpuProgramOptions& opts) {
+  return Builder(plan, rank, opts).build();
+}
 
 }  // namespace tessera::commir

@@ -138,7 +138,9 @@ struct Sim {
         for (std::int64_t i = 0; i < op.m; ++i)
           for (std::int64_t j = 0; j < op.n; ++j) {
             double sum = 0;
-            for (std::int64_t k = 0; k < op.k; ++k) sum += at(r, op.a, i, k) * at(r, op.b, k, j);
+            // b_nk: the view is of B stored [n, k] (a transposed block).
+            for (std::int64_t k = 0; k < op.k; ++k)
+              sum += at(r, op.a, i, k) * (op.b_nk ? at(r, op.b, j, k) : at(r, op.b, k, j));
             // Overwrite (beta = 0) ignores what the block held (NaN = never written).
             if (op.accumulate) at(r, op.dst, i, j) += sum;
             else at(r, op.dst, i, j) = sum;
@@ -326,9 +328,10 @@ struct Sim {
 
 }  // namespace
 
-GpuSimRun simulate_gpu_programs(const Plan& plan, const Tensors& inputs, const Tensors& expected) {
+GpuSimRun simulate_gpu_programs(const Plan& plan, const Tensors& inputs, const Tensors& expected,
+                                const GpuProgramOptions& opts) {
   std::vector<DevProgram> progs;
-  for (int r = 0; r < static_cast<int>(plan.ranks.size()); ++r) progs.push_back(build_gpu_program(plan, r));
+  for (int r = 0; r < static_cast<int>(plan.ranks.size()); ++r) progs.push_back(build_gpu_program(plan, r, opts));
   return simulate_gpu_programs(plan, std::move(progs), inputs, expected);
 }
 
@@ -350,10 +353,12 @@ GpuSimRun simulate_gpu_programs(const Plan& plan, std::vector<DevProgram> progra
       auto it = inputs.find(name);
       TESSERA_CHECK(it != inputs.end(), "gpu program simulation: no input tensor {}", name);
       const Box& bx = R.prog->blocks[blk].box;
+      const bool tr = R.prog->blocks[blk].transposed;  // column-major, as the executor uploads it
       const std::int64_t w = width(name);
       for (std::int64_t i = bx.r[0].lo; i < bx.r[0].hi; ++i)
         for (std::int64_t j = bx.r[1].lo; j < bx.r[1].hi; ++j)
-          R.data[blk][(i - bx.r[0].lo) * bx.r[1].size() + (j - bx.r[1].lo)] = it->second.at(i * w + j);
+          R.data[blk][tr ? (j - bx.r[1].lo) * bx.r[0].size() + (i - bx.r[0].lo)
+                         : (i - bx.r[0].lo) * bx.r[1].size() + (j - bx.r[1].lo)] = it->second.at(i * w + j);
     }
   }
   sim.run();

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <random>
 #include <tuple>
 
@@ -35,33 +36,130 @@ Data fresh(const Plan& p) {
   return d;
 }
 
+// One line per op: position, stream, kind, the plan step, flags.
+std::string listing(const DevProgram& prog) {
+  std::string s;
+  for (std::size_t i = 0; i < prog.ops.size(); ++i) {
+    const DevOp& o = prog.ops[i];
+    s += fmt::format("{:3} {:7} {:18} {}{}{}\n", i, o.stream == DevStream::compute ? "compute" : "comm",
+                     dev_op_name(o.kind), o.what, o.accumulate ? " (accumulate)" : "", o.b_nk ? " (B [n,k])" : "");
+  }
+  return s;
+}
+
+std::vector<std::size_t> positions(const DevProgram& prog, DevOpKind k) {
+  std::vector<std::size_t> v;
+  for (std::size_t i = 0; i < prog.ops.size(); ++i)
+    if (prog.ops[i].kind == k) v.push_back(i);
+  return v;
+}
+
 }  // namespace
 
 TEST(CommirGpuProgram, EveryGemmStrategySimulatesExactly) {
   for (int world : {2, 4, 8})
-    for (const auto& name : schedule_names("gemm", 1)) {
-      SCOPED_TRACE(fmt::format("{} on {} ranks", name, world));
-      const Plan p = gemm_plan(64, 48, 32, world, name);
-      const Data d = fresh(p);
-      // The CPU executor accepts the plan...
-      ASSERT_LT(run_cpu(p, d.in, d.ref).max_rel_error, 1e-12);
-      // ...and so must the GPU executor's program, with the same result.
-      GpuSimRun run;
-      try {
-        run = simulate_gpu_programs(p, d.in, d.ref);
-      } catch (const std::exception& e) {
-        FAIL() << e.what() << "\n" << describe(p, 30);
+    for (const auto& name : schedule_names("gemm", 1))
+      for (const bool b_nk : {true, false}) {
+        SCOPED_TRACE(fmt::format("{} on {} ranks, B stored {}", name, world, b_nk ? "[n,k]" : "[k,n]"));
+        const Plan p = gemm_plan(64, 48, 32, world, name);
+        const Data d = fresh(p);
+        // The CPU executor accepts the plan...
+        ASSERT_LT(run_cpu(p, d.in, d.ref).max_rel_error, 1e-12);
+        // ...and so must the GPU executor's program, with the same result.
+        GpuSimRun run;
+        try {
+          run = simulate_gpu_programs(p, d.in, d.ref, GpuProgramOptions{b_nk});
+        } catch (const std::exception& e) {
+          FAIL() << e.what() << "\n" << describe(p, 30);
+        }
+        EXPECT_LT(run.max_rel_error, 1e-12);
+        EXPECT_EQ(run.checked_elements, [&] {
+          std::int64_t n = 0;
+          for (const auto& [b, regions] : p.final)
+            for (const auto& reg : regions)
+              for (const auto& bx : reg) n += bx.volume();
+          return n;
+        }());
+        EXPECT_GT(run.ops, 0);
       }
-      EXPECT_LT(run.max_rel_error, 1e-12);
-      EXPECT_EQ(run.checked_elements, [&] {
-        std::int64_t n = 0;
-        for (const auto& [b, regions] : p.final)
-          for (const auto& reg : regions)
-            for (const auto& bx : reg) n += bx.volume();
-        return n;
-      }());
-      EXPECT_GT(run.ops, 0);
+}
+
+// The weight layout: the TP GEMM plans never move B, so every rank stores
+// it [n, k] (what the hand-built operators take) and every GEMM reads it
+// transposed; ragged shapes too. With the option off, nothing is transposed.
+TEST(CommirGpuProgram, TpPlansStoreBInTheWeightLayout) {
+  for (const auto& name : {"ag_gemm", "async_ag_gemm", "gemm_rs", "async_gemm_rs"})
+    for (const auto& [m, n, k] : std::vector<std::tuple<int, int, int>>{{64, 48, 32}, {14, 10, 12}})
+      for (int r = 0; r < 2; ++r) {
+        SCOPED_TRACE(fmt::format("{} {}x{}x{} rank {}", name, m, n, k, r));
+        const Plan p = gemm_plan(m, n, k, 2, name);
+        const DevProgram prog = build_gpu_program(p, r);
+        EXPECT_TRUE(prog.b_nk);
+        int transposed = 0;
+        for (const auto& b : prog.blocks) {
+          EXPECT_EQ(b.transposed, b.buffer == "B") << b.buffer << box_text(b.box);
+          transposed += b.transposed;
+        }
+        EXPECT_GT(transposed, 0);
+        for (const auto i : positions(prog, DevOpKind::gemm)) {
+          const DevOp& g = prog.ops[i];
+          EXPECT_TRUE(g.b_nk) << g.what;
+          EXPECT_TRUE(prog.blocks[g.b.block].transposed) << g.what;
+          EXPECT_EQ(g.b.ld, prog.blocks[g.b.block].rows()) << g.what;  // K-major rows of B^T
+        }
+        const DevProgram kn = build_gpu_program(p, r, GpuProgramOptions{false});
+        EXPECT_FALSE(kn.b_nk);
+        for (const auto& b : kn.blocks) EXPECT_FALSE(b.transposed);
+        for (const auto& op : kn.ops) EXPECT_FALSE(op.b_nk);
+      }
+}
+
+// AsyncTP AllGather-GEMM on 2 ranks at MLP-1's shape (issue 6): the whole
+// exchange (send of the own A block, receive of the peer's) is one NCCL group
+// posted before the step-0 GEMM; the compute stream waits for the
+// communication stream once, right before the step-1 GEMM that reads the
+// received block; the received block is read in place (no copy); B is read
+// in the weight layout.
+TEST(CommirGpuProgram, AsyncAgGemmPostsTheExchangeBeforeTheFirstGemm) {
+  const Plan p = lower(scheduled(make_gemm(8192, 11008, 4096, {2}), "async_ag_gemm"));
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(fmt::format("rank {}", r));
+    const DevProgram prog = build_gpu_program(p, r);
+    const std::string list = listing(prog);
+    SCOPED_TRACE(list);
+    if (r == 0) std::printf("async_ag_gemm, MLP-1, rank 0:\n%s", list.c_str());
+    const auto& ops = prog.ops;
+    const auto gemms = positions(prog, DevOpKind::gemm), sends = positions(prog, DevOpKind::send),
+               recvs = positions(prog, DevOpKind::recv), waits = positions(prog, DevOpKind::compute_waits_comm),
+               starts = positions(prog, DevOpKind::group_start), ends = positions(prog, DevOpKind::group_end);
+    ASSERT_EQ(gemms.size(), 2u);
+    ASSERT_EQ(sends.size(), 1u);
+    ASSERT_EQ(recvs.size(), 1u);
+    ASSERT_EQ(starts.size(), 1u);
+    ASSERT_EQ(ends.size(), 1u);
+    EXPECT_TRUE(positions(prog, DevOpKind::copy).empty()) << "an extra copy";
+    EXPECT_LT(starts[0], sends[0]);
+    EXPECT_LT(starts[0], recvs[0]);
+    EXPECT_LT(sends[0], ends[0]);
+    EXPECT_LT(recvs[0], ends[0]);
+    EXPECT_LT(ends[0], gemms[0]);  // the exchange is in flight during the step-0 GEMM
+    ASSERT_EQ(waits.size(), 1u);
+    EXPECT_GT(waits[0], gemms[0]);
+    EXPECT_LT(waits[0], gemms[1]);
+    // Step 0 on the own rows (held from the start), step 1 on the received ones, in place.
+    const std::string own = r == 0 ? "A[0:4096,0:4096]" : "A[4096:8192,0:4096]";
+    EXPECT_NE(ops[sends[0]].what.find(own), std::string::npos) << ops[sends[0]].what;
+    EXPECT_EQ(ops[gemms[0]].a.block, ops[sends[0]].src.block);
+    EXPECT_EQ(ops[gemms[1]].a.block, ops[recvs[0]].dst.block);
+    EXPECT_EQ(ops[gemms[0]].m, 4096);
+    EXPECT_EQ(ops[gemms[0]].n, 5504);
+    EXPECT_EQ(ops[gemms[0]].k, 4096);
+    for (const auto i : gemms) {
+      EXPECT_TRUE(ops[i].b_nk);
+      EXPECT_FALSE(ops[i].accumulate);
     }
+    EXPECT_EQ(prog.outputs.at("C").at(0).second.size(), 2u);  // the two step blocks, read back in place
+  }
 }
 
 // Ragged shapes: every plan the CPU executor accepts either simulates
@@ -192,11 +290,7 @@ TEST(CommirGpuProgram, AsyncGemmRsOverlapsThePartialTransfer) {
     SCOPED_TRACE(fmt::format("rank {}", r));
     const DevProgram prog = build_gpu_program(p, r);
     const auto& ops = prog.ops;
-    std::string listing;
-    for (std::size_t i = 0; i < ops.size(); ++i)
-      listing += fmt::format("{:3} {:7} {:18} {}{}\n", i, ops[i].stream == DevStream::compute ? "compute" : "comm",
-                             dev_op_name(ops[i].kind), ops[i].what, ops[i].accumulate ? " (accumulate)" : "");
-    SCOPED_TRACE(listing);
+    SCOPED_TRACE(listing(prog));
     auto pos = [&](auto pred) {
       std::vector<std::size_t> v;
       for (std::size_t i = 0; i < ops.size(); ++i)

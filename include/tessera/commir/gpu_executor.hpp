@@ -34,8 +34,13 @@
 //
 // Overlap: a GEMM issued while NCCL kernels of this rank are in flight (not
 // yet waited for by the compute stream) is sized by cuBLASLt for all SMs but
-// TESSERA_COMMIR_COMM_SMS (default 16; 0 = all SMs), so the communication
-// kernels find free SMs instead of waiting for a persistent GEMM to retire.
+// TESSERA_COMMIR_COMM_SMS (default 16; 0 = all SMs; GpuExecutorOptions::
+// comm_sms overrides it), so the communication kernels find free SMs instead
+// of waiting for a persistent GEMM to retire.
+//
+// B layout: by default B's blocks are stored [n, k] (the weight layout the
+// hand-built operators take; cuBLASLt "TN", K-major operands) wherever the
+// plan never moves B (GpuProgramOptions::b_nk); set_input transposes on upload.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -50,10 +55,18 @@
 
 namespace tessera::commir {
 
+struct GpuExecutorOptions {
+  /// SMs a GEMM leaves to NCCL kernels in flight; -1 = TESSERA_COMMIR_COMM_SMS (default 16).
+  int comm_sms = -1;
+  /// Store B as [n, k] where the plan allows (see GpuProgramOptions::b_nk).
+  bool b_nk = true;
+};
+
 class GpuExecutor {
  public:
   /// `comm` and the streams belong to the caller; `rank` is this process's rank.
-  GpuExecutor(const Plan& plan, int rank, ncclComm_t comm, cudaStream_t compute, cudaStream_t comm_stream);
+  GpuExecutor(const Plan& plan, int rank, ncclComm_t comm, cudaStream_t compute, cudaStream_t comm_stream,
+              const GpuExecutorOptions& opts = {});
   ~GpuExecutor();
   GpuExecutor(const GpuExecutor&) = delete;
   GpuExecutor& operator=(const GpuExecutor&) = delete;
@@ -68,6 +81,8 @@ class GpuExecutor {
   void poison();
   /// Device memory of this rank's blocks (the plan's footprint as run here).
   std::int64_t device_bytes() const;
+  /// Whether B is stored [n, k] in this run (the option and the plan allow it).
+  bool b_nk() const;
   /// Waits for completion and returns this rank's required final region of
   /// output `name` as (box, row-major values) pairs.
   std::vector<std::pair<Box, std::vector<float>>> output(const std::string& name);

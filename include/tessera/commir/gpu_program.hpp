@@ -55,15 +55,22 @@
 namespace tessera::commir {
 
 /// A block of one buffer: row-major, `f32` (accumulators/outputs) or bf16.
+/// `transposed`: stored column-major instead (element (i, j) of the box at
+/// (j - cols.lo) * rows + (i - rows.lo)) — only the GEMM's B operand in the
+/// weight layout [N, K] (GpuProgramOptions::b_nk); no copy, transfer or
+/// readback ever touches such a block.
 struct DevBlockInfo {
   std::string buffer;
   Box box;  // [rows, cols] in buffer coordinates
   bool f32 = false;
+  bool transposed = false;
   std::int64_t rows() const { return box.r[0].size(); }
   std::int64_t cols() const { return box.r[1].size(); }
 };
 
-/// Element (offset) of a block with a leading dimension, in elements.
+/// Element (offset) of a block with a leading dimension, in elements. In a
+/// transposed block, `offset` is the first element of the column-major view
+/// and `ld` the block's row count (a GEMM's B then reads B^T rows).
 struct DevView {
   int block = -1;
   std::int64_t offset = 0;
@@ -77,7 +84,8 @@ enum class DevOpKind {
   copy,                // rows x cols elements from src to dst (same dtype)
   add,                 // dst = a + b, rows x cols accumulator elements (merging a partial accumulator)
   gemm,                // D[m,n] (+)= A[m,k] * B[k,n]: a = A (bf16), b = B (bf16), dst = D (accumulator
-                       // dtype); `accumulate`: += (beta 1), else = (beta 0)
+                       // dtype); `accumulate`: += (beta 1), else = (beta 0); `b_nk`: B is read from a
+                       // transposed block, i.e. stored [n, k] with leading dimension b.ld (cuBLASLt "TN")
   group_start,         // ncclGroupStart
   group_end,           // ncclGroupEnd
   send,                // ncclSend of `count` contiguous elements at src to `peer`
@@ -100,6 +108,7 @@ struct DevOp {
   std::int64_t count = 0;           // NCCL ops, elements
   bool f32 = false;                 // dtype of the data moved (NCCL, copy, add): f32, else bf16
   bool accumulate = false;          // gemm: add to dst (beta = 1) instead of overwriting it
+  bool b_nk = false;                // gemm: B stored [n, k] (see DevOpKind::gemm)
   int peer = -1, root = -1;
   std::string what;                 // the plan step it comes from (diagnostics)
 };
@@ -120,13 +129,24 @@ struct DevProgram {
   /// Per output buffer: this rank's required final boxes, each with the
   /// pieces that assemble it (later pieces overwrite earlier ones).
   std::map<std::string, std::vector<std::pair<Box, std::vector<DevReadback>>>> outputs;
+  bool b_nk = false;           // B's blocks are stored transposed ([n, k], the weight layout)
   std::int64_t bytes() const;  // device memory of all blocks
+};
+
+struct GpuProgramOptions {
+  /// Store the GEMM's B operand as [n, k] (nn.Linear's weight layout, what
+  /// the hand-built operators take: cuBLASLt's "TN" GEMM, K-major on both
+  /// operands) instead of the IR's row-major [k, n]. Applied only where the
+  /// plan never moves B (no transfer or collective of B on this rank) and
+  /// every compute reads its B box from one input block; otherwise the
+  /// program stays [k, n] (DevProgram::b_nk tells which).
+  bool b_nk = true;
 };
 
 /// Builds rank `rank`'s program; throws tessera::Error ("commir gpu
 /// executor: ...") naming the step when the plan is outside the limits or a
 /// step needs data this rank does not hold.
-DevProgram build_gpu_program(const Plan& plan, int rank);
+DevProgram build_gpu_program(const Plan& plan, int rank, const GpuProgramOptions& opts = {});
 
 struct GpuSimRun {
   double max_rel_error = 0;  // over every rank's final region of every output
@@ -141,7 +161,8 @@ struct GpuSimRun {
 /// after the conflicting accesses from the other stream by the program's
 /// event edges. Throws tessera::Error on a race, a mismatch, a deadlock or a
 /// missing output; otherwise compares every rank's outputs with `expected`.
-GpuSimRun simulate_gpu_programs(const Plan& plan, const Tensors& inputs, const Tensors& expected);
+GpuSimRun simulate_gpu_programs(const Plan& plan, const Tensors& inputs, const Tensors& expected,
+                                const GpuProgramOptions& opts = {});
 /// Same with given programs (one per rank, e.g. altered by a test).
 GpuSimRun simulate_gpu_programs(const Plan& plan, std::vector<DevProgram> programs, const Tensors& inputs,
                                 const Tensors& expected);
