@@ -11,10 +11,11 @@
 //  * A flag once observed >= expected stays so for the rest of the launch
 //    (FlagWait's contract: flags only grow while the GEMM runs), so a flag in
 //    the memo needs no load at all.
-//  * On a miss, the whole aligned window of kWindow flags around it is read
-//    with RELAXED loads issued back to back (one L2 round trip for all), then
-//    ONE acquire fence; every flag of the window seen >= expected is memoized.
-//    The next tiles of the CTA usually need flags of the same window.
+//  * On a miss, the aligned window of kWindow flags around it is read with
+//    RELAXED loads (FlagWait: one 16-byte vector load, one L2 round trip),
+//    reduced at once to a kWindow-bit "ready" mask, then ONE acquire fence;
+//    every flag of the window seen >= expected is memoized. The next tiles of
+//    the CTA usually need flags of the same window.
 //  * A needed flag that is still below expected falls back to the spinning
 //    acquire wait (with timeout) and is memoized after it.
 // Returns true iff it executed an acquire (fence or acquire load): only then
@@ -24,10 +25,19 @@
 // acquire pattern on every location read, so each memoized flag was acquired
 // by the fence that followed its relaxed read, and the kernel's
 // fence.proxy.async after that fence orders every later TMA load (of this and
-// all later tiles: program order) after the acquire. A memo hit therefore
-// needs neither a load nor a fence: the acquire and the proxy fence that cover
-// it already precede the tile's loads in program order. Unsatisfied flags are
-// never memoized.
+// all later tiles: program order) after the acquire. A vector load counts as
+// one strong relaxed read per element (PTX: vector accesses are a set of
+// scalar accesses), so the pattern holds for each flag of the window. Reducing
+// the values to a mask before the fence changes nothing: what is acquired is
+// the read, and nothing the tile reads is loaded before the fence. A memo hit
+// therefore needs neither a load nor a fence: the acquire and the proxy fence
+// that cover it already precede the tile's loads in program order. Unsatisfied
+// flags are never memoized.
+//
+// Registers (why the window is 16 bytes and the loader returns a mask): the
+// producer runs under setmaxnreg 40; an 8-value window kept live across the
+// fence spilled to local memory (notes/gemm.md v6). The memo is one 64-bit
+// mask, the window costs 4 registers for the duration of one compare.
 //
 // Limits: flags with index >= FlagMemo::kBits (64) are never memoized (they
 // are acquired per tile, as before); count == 0 (unknown number of flags,
@@ -53,43 +63,50 @@ struct FlagMemo {
   TESSERA_MEMO_FN void mark(int f) {
     if (f >= 0 && f < kBits) known |= uint64_t{1} << f;
   }
+  /// Marks flag first + j for every bit j of `bits` (bits that would land
+  /// past the memo's 64 flags are dropped by the shift).
+  TESSERA_MEMO_FN void mark_bits(int first, uint32_t bits) {
+    if (first >= 0 && first < kBits) known |= uint64_t{bits} << first;
+  }
 };
 
+/// Flags per window read: 16 bytes, one vector load (4 u32 / 2 u64 flags).
+template <class FlagT>
+inline constexpr int kFlagWindow = 16 / static_cast<int>(sizeof(FlagT));
+
 /// The aligned window of kWindow flags that holds flag f, clipped to
-/// [0, count): flags [first, last]. kWindow divides FlagMemo::kBits, so a
-/// window of a memoizable flag never crosses the memo's end.
+/// [0, count): flags [first, last]. kWindow is a power of two dividing
+/// FlagMemo::kBits, so a window of a memoizable flag never crosses the memo's
+/// end (and first * sizeof(flag) is a multiple of the window's byte size).
 template <int kWindow>
 TESSERA_MEMO_FN void flag_window(int f, int count, int& first, int& last) {
-  static_assert(kWindow > 0 && FlagMemo::kBits % kWindow == 0, "window must divide the memo size");
-  first = f - f % kWindow;
+  static_assert(kWindow > 0 && (kWindow & (kWindow - 1)) == 0 && FlagMemo::kBits % kWindow == 0,
+                "window must be a power of two dividing the memo size");
+  first = f & ~(kWindow - 1);  // f >= 0
   last = first + kWindow - 1 < count - 1 ? first + kWindow - 1 : count - 1;
 }
 
 /// Waits until every flag in [f0, f1] is >= expected (see the file comment).
-/// Loader: FlagT relaxed(int f) (strong relaxed load), void fence_acquire()
-/// (fence.acq_rel at the flags' scope), void spin(int f) (acquire loads until
-/// flag f >= expected; times out itself).
+/// Loader:
+///   uint32_t relaxed_ready(int first, int last, FlagT expected): strong
+///     relaxed loads of flags [first, last] (last - first < kWindow, first a
+///     multiple of kWindow), all issued before any is compared; bit j set iff
+///     flag first + j read >= expected (bits past last are 0);
+///   void fence_acquire(): fence.acq_rel at the flags' scope;
+///   void spin(int f): acquire loads until flag f >= expected (times out itself).
 template <int kWindow, class FlagT, class Loader>
 TESSERA_MEMO_FN bool memo_wait(FlagMemo& memo, int f0, int f1, int count, FlagT expected, Loader& ld) {
+  static_assert(kWindow <= 32, "the ready mask is 32 bits");
   bool acquired = false;
   for (int f = f0; f <= f1; ++f) {
     if (memo.has(f)) continue;
     if (count > 0 && f < FlagMemo::kBits) {
       int first = 0, last = 0;
       flag_window<kWindow>(f, count, first, last);
-      FlagT v[kWindow];
-      // All loads issued before any value is used: one round trip.
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-      for (int j = 0; j < kWindow; ++j) v[j] = first + j <= last ? ld.relaxed(first + j) : FlagT{0};
+      const uint32_t ready = ld.relaxed_ready(first, last, expected);
       ld.fence_acquire();  // acquire pattern for every flag read above
       acquired = true;
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-      for (int j = 0; j < kWindow; ++j)
-        if (first + j <= last && v[j] >= expected) memo.mark(first + j);
+      memo.mark_bits(first, ready);
       if (memo.has(f)) continue;
     }
     ld.spin(f);

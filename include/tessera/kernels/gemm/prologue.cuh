@@ -93,8 +93,8 @@ __device__ __forceinline__ bool prologue_wait(const P& p, const TileInfo& t, Pro
   }
 }
 
-/// Strong relaxed loads of a flag (no ordering by themselves: memo_wait
-/// follows them with an acquire fence).
+/// Strong relaxed loads of flags (no ordering by themselves: memo_wait
+/// follows them with an acquire fence). .sys scope for peer / host producers.
 __device__ __forceinline__ uint32_t ld_relaxed_flag(const uint32_t* p, bool sys) {
   uint32_t v;
   if (sys)
@@ -112,6 +112,33 @@ __device__ __forceinline__ uint64_t ld_relaxed_flag(const uint64_t* p, bool sys)
   return v;
 }
 
+/// One 16-byte relaxed vector load (p 16-byte aligned) of 4 u32 / 2 u64
+/// flags, reduced to a ready mask: bit j iff p[j] >= expected. Each element is
+/// a strong relaxed read (PTX: a vector access is a set of scalar accesses).
+__device__ __forceinline__ uint32_t ld_relaxed_ready16(const uint32_t* p, uint32_t expected, bool sys) {
+  uint32_t a, b, c, d;
+  if (sys)
+    asm volatile("ld.relaxed.sys.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
+                 : "l"(p)
+                 : "memory");
+  else
+    asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
+                 : "l"(p)
+                 : "memory");
+  return uint32_t{a >= expected} | uint32_t{b >= expected} << 1 | uint32_t{c >= expected} << 2 |
+         uint32_t{d >= expected} << 3;
+}
+__device__ __forceinline__ uint32_t ld_relaxed_ready16(const uint64_t* p, uint64_t expected, bool sys) {
+  uint64_t a, b;
+  if (sys)
+    asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(p) : "memory");
+  else
+    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(p) : "memory");
+  return uint32_t{a >= expected} | uint32_t{b >= expected} << 1;
+}
+
 /// Waits until flag[f] >= expected for every flag f the tile maps to.
 ///
 /// Tile -> flag map, in order of precedence:
@@ -125,8 +152,9 @@ __device__ __forceinline__ uint64_t ld_relaxed_flag(const uint64_t* p, bool sys)
 /// Epoch-based: callers pass the epoch they expect (>=), nothing is reset.
 /// Contract: while the GEMM runs, a flag never decreases (no reset, no wrap),
 /// so the producer memoizes flags it has acquired (State = FlagMemo, see
-/// flag_memo.hpp: one relaxed read of an aligned window of flags + one
-/// acquire fence on a miss; nothing at all on a hit).
+/// flag_memo.hpp: one relaxed 16-byte read of an aligned window of flags +
+/// one acquire fence on a miss; nothing at all on a hit). `flags` should be
+/// 16-byte aligned (see Loader; misaligned works, with scalar loads).
 ///
 /// A wait longer than timeout_ns records block, tile, flag index, expected and
 /// seen values in `diag` (host-mapped memory from kernels::wait_diagnostics(),
@@ -168,15 +196,36 @@ struct FlagWait {
     }
   }
 
-  /// Relaxed reads of a window of flags per miss: 32 bytes (8 u32 / 4 u64),
-  /// so the loads stay within the producer's 40 registers.
-  static constexpr int kWindow = 32 / static_cast<int>(sizeof(FlagT));
+  /// Relaxed reads of a window of flags per miss: 16 bytes (4 u32 / 2 u64),
+  /// one vector load, reduced to a mask at once — within the producer's 40
+  /// registers (an 8-value window spilled: notes/gemm.md v6).
+  static constexpr int kWindow = kFlagWindow<FlagT>;
   using State = FlagMemo;
 
+  /// Alignment contract: `flags` should be 16-byte aligned (cudaMalloc /
+  /// cudaHostAlloc arrays and any offset that is a multiple of 16 bytes are).
+  /// Then window [first, first + kWindow) (first a multiple of kWindow) is one
+  /// aligned v4.u32 / v2.u64 load. A misaligned array, and the clipped last
+  /// window of an array whose length is not a multiple of kWindow, are read
+  /// with scalar relaxed loads of flags [first, last] only (same memory
+  /// order, more instructions; never a read past flag count - 1).
   struct Loader {
     const FlagWait* w;
     TileInfo t;  // by value: no address-taken TileInfo (stack frame)
-    __device__ __forceinline__ FlagT relaxed(int f) const { return ld_relaxed_flag(w->flags + f, kSys); }
+    __device__ __forceinline__ uint32_t relaxed_ready(int first, int last, FlagT e) const {
+      const FlagT* p = w->flags + first;
+      if (last - first == kWindow - 1 && (reinterpret_cast<uintptr_t>(p) & 15u) == 0)
+        return ld_relaxed_ready16(p, e, kSys);
+      // Scalar path: every load in [first, last] (index clamped, no branch),
+      // all issued before the compares.
+      FlagT v[kWindow];
+#pragma unroll
+      for (int j = 0; j < kWindow; ++j) v[j] = ld_relaxed_flag(p + min(j, last - first), kSys);
+      uint32_t bits = 0;
+#pragma unroll
+      for (int j = 0; j < kWindow; ++j) bits |= uint32_t{j <= last - first && v[j] >= e} << j;
+      return bits;
+    }
     __device__ __forceinline__ void fence_acquire() const {
       if constexpr (kSys)
         ptx::fence_acq_rel_sys();
