@@ -9,43 +9,66 @@
 // Row-parallel (GEMM + RS):    C[S, H] = A[S, I] · B[I, H], plans gemm_rs /
 // async_gemm_rs, against ops::gemm_rs (K = I/R per rank).
 // Executor: bf16 inputs and bf16 outputs (make_gemm's default dtype), like
-// ops. One GpuExecutor per plan (allocation, cuBLASLt algorithm choice
-// outside the timed region); each repetition times run() from its first
-// enqueue to the completion of both of its streams.
+// ops; B stored [n, k] (the weight layout ops takes) unless a variant says
+// B[k,n]. Every executor variant is built before timing (allocation,
+// cuBLASLt algorithm choice); ops sequential, ops' tuned strategy and every
+// variant run once per repetition in one interleaved loop (InterleavedTimer),
+// on random data all (ops used to get zeros), each figure the median of the
+// slowest rank, a run() from its first enqueue to the end of both streams.
 //
-// Model and prediction (H200 x2, MLP-1; written before the run on the
-// commit that introduced it). G(m) = cuBLASLt bf16 GEMM of m rows, as in
-// ops' sequential strategy; the last run gave ops seq 0.631 (AG+GEMM) and
-// 0.611 (GEMM+RS) ms, of which NCCL AG / RS of 32 MiB per rank ~0.13-0.17.
-//  - ag_gemm:   AllGather(A) then G(M): ops' sequential program exactly
-//               (B is [K, N] here, [N, K] in ops: another cuBLASLt kernel)
-//               -> ~0.63 (ratio to ops best 0.513: ~1.2; no overlap to gain).
-//  - async_ag_gemm: step 0 G(M/2) with the P2P exchange of A's other half
-//               in flight (GEMM on SMs - 16), step 1 G(M/2): ~2 x 0.26 +
-//               ~0.02 contention -> ~0.54 (ratio ~1.05).
-//  - gemm_rs:   G(M) partial [M, N] bf16 then ReduceScatter bf16 -> ~0.61
-//               (ratio ~1.0 to ops seq 0.611).
-//  - async_gemm_rs: G(M/2) for the peer's rows, send (bf16, 32 MiB) in
-//               flight during G(M/2) of the own rows (SMs - 16), then the
-//               bf16 add of the received partial (~0.03) -> ~0.53-0.55
-//               (ratio ~0.9 to ops decomposition 0.598). Lowering now runs
-//               the reduction shift in ring reduce-scatter order (step t on
-//               rank r computes rows (r + t + 1) mod R), so the last GEMM
-//               makes the own rows and nothing moves after it. Run on
-//               da267a3 (before that order): 0.796, with an epilogue exchange
-//               of the finished rows (32 MiB each way, serial, ~0.11) the
-//               order removes -> ~0.68 if the rest of that run's excess over
-//               this model (~0.1: the partial transfer not overlapping the
-//               second GEMM, NCCL's kernel not starting beside it) stays;
-//               that would still be ~1.14x ops, and the next thing to look at.
-//               CPU cost model (tuner, h200x2 profile, which waits for the
-//               partial before the second GEMM): 0.634 ms.
-// The last run before this model (f32 outputs) was 1.5-2.1x ops: f32
-// accumulators (memset + beta = 1 read + f32 write = 3x the output bytes of
-// ops), f32 ReduceScatter/P2P (2x the bytes), cuBLASLt heuristics and
-// descriptors rebuilt on every GEMM call (algo = null), and the AsyncTP
-// GEMM+RS second GEMM accumulating into the received partial, so it waited
-// for the whole transfer.
+// Issue 6, diagnosis (2026-11-22, CPU only, from the 8f3e451 run on
+// nvidia-h200-x2; figures MLP-1 / 2 / 3, ms):
+//  - The same-algorithm pairs were all ~1.09x: ag_gemm / ops sequential
+//    1.09 / 1.07 / 1.09, gemm_rs / ops sequential 1.08 / 1.09 / 1.10. The
+//    program of ag_gemm is ops' sequential one (NCCL AllGather, one cuBLASLt
+//    GEMM), so this is a systematic difference of the comparison, three
+//    candidates: (a) ops' operands were cudaMemset zeros, the executor's
+//    random — a GEMM on zeros draws less power and holds higher clocks
+//    (~10-15% on power-limited GPUs, a known effect); (b) ops were timed
+//    first, on a cooler GPU (the MLP bench measured that drift at ~7-10%);
+//    (c) B [k, n] (cuBLASLt "NN", B N-major) against ops' [n, k] ("TN").
+//  - async_ag_gemm's program (test_gpu_program: AsyncAgGemmPosts...) is the
+//    intended one: the send of the own A block and the receive of the
+//    peer's are one NCCL group posted before the step-0 GEMM; the compute
+//    stream waits once, right before the step-1 GEMM that reads the
+//    received block in place (no copy). What differs from ops'
+//    decomposition: the exchange is NCCL's SM kernel, so the step-0 GEMM is
+//    sized for SMs - 16 (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET): at MLP-1
+//    G(M/2) is ~704 tiles of 128x256, 5.3 waves on 132 SMs, 6.1 on 116 —
+//    ~+14% on half the work, ~+0.03 ms; ops pushes with the copy engine and
+//    both its GEMMs get every SM. Its 1.19 / 1.14 / 1.14x = the ~1.09x of
+//    the comparison x ~1.05-1.09 of the reserved SMs and NCCL's interference.
+//  - Fixed here: (a), (b) in this bench, (c) in the executor (B [n, k] by
+//    default). Not fixed: the copy-engine exchange (needs symmetric blocks,
+//    a ProcessGroup in the executor and flag signalling with back-pressure
+//    across runs; runtime/symmetric_heap.hpp and link/host_primitives.hpp
+//    have the pieces).
+//
+// Prediction for the next run (written before it; H200 x2; ratios to the
+// same-run ops figures, which rise ~5-10% on random data, interleaved):
+//  - ag_gemm / ops sequential: 1.00-1.03 (same program, same layout now).
+//  - gemm_rs / ops sequential: 1.00-1.03.
+//  - async_gemm_rs / ops best: 1.00-1.05.
+//  - async_ag_gemm / ops best (decomposition): 1.05-1.10 — within 10%, but
+//    the last 5% is the SM reservation beside NCCL; "8 SMs" ~0.01 ms faster
+//    than the default if NCCL's P2P kernel fits 8 SMs without slowing the
+//    exchange past G(M/2) (~0.26 ms at MLP-1); "all SMs" either ~0.02 ms
+//    faster (NCCL's CTAs co-resident with the GEMM's) or >= 0.1 ms slower
+//    (the GEMM's last CTAs wait for the exchange to retire).
+//  - "B[k,n]" rows within 3% of the default: if they are, (c) was not the
+//    cause and the change of the ratios is the data and the drift.
+//  - The ops figures themselves: ops seq ~0.65-0.68 at MLP-1 (was 0.619
+//    with zeros, first in line).
+//
+// Earlier model (da267a3 / 8f3e451; G(m) = cuBLASLt bf16 GEMM of m rows):
+// ag_gemm ~0.63, async_ag_gemm ~0.54 (2 x 0.26 + 0.02 contention),
+// gemm_rs ~0.61, async_gemm_rs ~0.53-0.55; measured 0.672 / 0.599 / 0.662 /
+// 0.671 at MLP-1 — the model had no term for the SM reservation and took
+// ops' zero-data GEMM rate for the executor's.
+// The last run before that model (f32 outputs) was 1.5-2.1x ops: f32
+// accumulators, f32 transfers, cuBLASLt heuristics on every call, and the
+// AsyncTP GEMM+RS second GEMM waiting for the whole transfer.
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -71,6 +94,7 @@ struct CommirOptions {
   std::vector<int> shapes{1, 2, 3};
   int reps = 10;
   int warmup = 2;
+  bool variants = true;  // also B [k,n] and, for the AsyncTP plans, all SMs to the GEMM
   std::string markdown;
 };
 
@@ -86,45 +110,28 @@ std::vector<float> fill(std::size_t n, std::uint64_t seed) {
   return v;
 }
 
-/// Median over reps of one plan's run(), slowest rank. The executor (its
-/// allocations and prepared GEMMs) is built once; run() is repeatable.
-double time_plan(runtime::ProcessGroup& pg, const commir::Plan& plan, const std::vector<float>& A,
-                 const std::vector<float>& B, const CommirOptions& o) {
-  cudaStream_t cs = pg.stream(), ms = pg.comm_stream(0);
-  commir::GpuExecutor ex(plan, pg.rank(), pg.nccl(), cs, ms);
-  ex.set_input("A", A);
-  ex.set_input("B", B);
-  cudaEvent_t start, stop, comm_done;
-  TESSERA_CUDA_CHECK(cudaEventCreate(&start));
-  TESSERA_CUDA_CHECK(cudaEventCreate(&stop));
-  TESSERA_CUDA_CHECK(cudaEventCreate(&comm_done));
-  std::vector<double> times;
-  for (int it = 0; it < o.warmup + o.reps; ++it) {
-    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
-    pg.barrier();
-    TESSERA_CUDA_CHECK(cudaEventRecord(start, cs));
-    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(ms, start, 0));
-    ex.run();
-    TESSERA_CUDA_CHECK(cudaEventRecord(comm_done, ms));
-    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, comm_done, 0));
-    TESSERA_CUDA_CHECK(cudaEventRecord(stop, cs));
-    TESSERA_CUDA_CHECK(cudaEventSynchronize(stop));
-    float elapsed = 0;
-    TESSERA_CUDA_CHECK(cudaEventElapsedTime(&elapsed, start, stop));
-    if (it >= o.warmup) times.push_back(elapsed);
-  }
-  (void)ex.output("C");  // waits (bounded) and surfaces an asynchronous NCCL error
-  TESSERA_CUDA_CHECK(cudaEventDestroy(start));
-  TESSERA_CUDA_CHECK(cudaEventDestroy(stop));
-  TESSERA_CUDA_CHECK(cudaEventDestroy(comm_done));
-  return pg.allreduce_max(summarize(times).median_ms);
-}
+/// One executor variant of a plan, built before anything is timed
+/// (allocation and cuBLASLt algorithm choice outside the timed region);
+/// run() is repeatable.
+struct PlanRun {
+  std::string label;
+  std::unique_ptr<commir::GpuExecutor> ex;
+  double median_ms = 0;
+};
 
+/// bf16 device buffer of `count` values filled from fill(count, seed): ops'
+/// operands carry random data like the executor's, not zeros — a GEMM on
+/// zeros draws less power and runs at higher clocks (up to ~15% faster on a
+/// power-limited GPU), which made every ops figure before 2026-11-22 a
+/// zero-data figure against a random-data executor.
 struct DevBuf {
   void* p = nullptr;
-  explicit DevBuf(std::size_t bytes) {
-    TESSERA_CUDA_CHECK(cudaMalloc(&p, bytes));
-    TESSERA_CUDA_CHECK(cudaMemset(p, 0, bytes));
+  DevBuf(std::size_t count, std::uint64_t seed) {
+    const std::vector<float> v = fill(count, seed);
+    std::vector<__nv_bfloat16> h(count);
+    for (std::size_t i = 0; i < count; ++i) h[i] = __float2bfloat16(v[i]);
+    TESSERA_CUDA_CHECK(cudaMalloc(&p, count * 2));
+    TESSERA_CUDA_CHECK(cudaMemcpy(p, h.data(), count * 2, cudaMemcpyHostToDevice));
   }
   ~DevBuf() { cudaFree(p); }
 };
@@ -139,6 +146,9 @@ void run_commir(const CommirOptions& o) {
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
     pg->barrier();
   };
+  cudaStream_t ms = pg->comm_stream(0);
+  cudaEvent_t ev = nullptr;
+  TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
   Table table({"shape", "part", "plan", "commir", "ops seq", "ops tuned", "tuned =", "commir / ops best"});
   for (int idx : o.shapes) {
     const MlpShape& sh = mlp_shape(idx);
@@ -149,22 +159,22 @@ void run_commir(const CommirOptions& o) {
       // Executor inputs: full host tensors (each rank uploads its region).
       const std::int64_t M = sh.s, N = column ? sh.i : sh.h, K = column ? sh.h : sh.i;
       const std::vector<float> A = fill(static_cast<std::size_t>(M * K), 1), B = fill(static_cast<std::size_t>(K * N), 2);
-      // ops operands (bf16, contents irrelevant for timing; zero is avoided by
-      // the executor's random data only — ops' GEMM runs the same work).
-      DevBuf a(static_cast<std::size_t>((column ? ml : M) * (column ? K : il)) * 2);
-      DevBuf b(static_cast<std::size_t>((column ? il : N) * (column ? K : il)) * 2);
-      DevBuf d(static_cast<std::size_t>((column ? M : ml) * (column ? il : N)) * 2);
-      auto time_ops = [&](ops::Strategy st) {
+      // ops operands: bf16, random like the executor's (see DevBuf); B is
+      // [N, K] per rank (the weight layout), as the executor stores it by default.
+      DevBuf a(static_cast<std::size_t>((column ? ml : M) * (column ? K : il)), 3);
+      DevBuf b(static_cast<std::size_t>((column ? il : N) * (column ? K : il)), 4);
+      DevBuf d(static_cast<std::size_t>((column ? M : ml) * (column ? il : N)), 5);
+      auto run_ops = [&](ops::Strategy st) {
         ops::OpOptions oo;
         oo.strategy = st;
         if (column) {
           ops::AgGemmArgs g{a.p, b.p, d.p, M, ml, il, K};
-          return pg->allreduce_max(time_on_stream(s, [&] { ops::ag_gemm(ctx, g, oo); }, o.warmup, o.reps, barrier).median_ms);
+          ops::ag_gemm(ctx, g, oo);
+        } else {
+          ops::GemmRsArgs g{a.p, b.p, d.p, M, ml, N, il};
+          ops::gemm_rs(ctx, g, oo);
         }
-        ops::GemmRsArgs g{a.p, b.p, d.p, M, ml, N, il};
-        return pg->allreduce_max(time_on_stream(s, [&] { ops::gemm_rs(ctx, g, oo); }, o.warmup, o.reps, barrier).median_ms);
       };
-      const double seq = time_ops(ops::Strategy::sequential);
       ops::TuneReport rep;
       if (column) {
         ops::AgGemmArgs g{a.p, b.p, d.p, M, ml, il, K};
@@ -173,14 +183,61 @@ void run_commir(const CommirOptions& o) {
         ops::GemmRsArgs g{a.p, b.p, d.p, M, ml, N, il};
         ctx.resolve(g, {}, &rep);
       }
-      const double tuned = time_ops(rep.chosen);
-      for (const char* name : column ? std::vector<const char*>{"ag_gemm", "async_ag_gemm"}
-                                     : std::vector<const char*>{"gemm_rs", "async_gemm_rs"}) {
-        const commir::Plan plan = commir::lower(commir::scheduled(commir::make_gemm(M, N, K, {R}), name));
-        const double t = time_plan(*pg, plan, A, B, o);
-        table.add({sh.name, column ? "AG+GEMM" : "GEMM+RS", name, fmt::format("{:.3f}", t), fmt::format("{:.3f}", seq),
-                   fmt::format("{:.3f}", tuned), std::string(ops::strategy_name(rep.chosen)),
-                   fmt::format("{:.2f}", t / std::min(seq, tuned))});
+      // Every executor variant of both plans: the default (B [n,k],
+      // TESSERA_COMMIR_COMM_SMS reserved beside NCCL), B [k,n] (the layout
+      // before 2026-11-22), and for the AsyncTP plans 8 reserved SMs and every
+      // SM to the GEMM (what a copy-engine exchange would allow; with NCCL's
+      // kernel in flight it may instead stall the GEMM's last CTAs).
+      std::vector<std::pair<std::string, commir::Plan>> plans;  // complete before any executor refers to one
+      for (const std::string name : column ? std::vector<std::string>{"ag_gemm", "async_ag_gemm"}
+                                           : std::vector<std::string>{"gemm_rs", "async_gemm_rs"})
+        plans.push_back({name, commir::lower(commir::scheduled(commir::make_gemm(M, N, K, {R}), name))});
+      std::vector<PlanRun> runs;  // after plans: destroyed first (an executor refers to its plan)
+      for (const auto& [name, plan] : plans) {
+        std::vector<std::pair<std::string, commir::GpuExecutorOptions>> variants{{name, {}}};
+        if (o.variants) {
+          variants.push_back({name + " B[k,n]", {-1, false}});
+          if (name.rfind("async_", 0) == 0) {
+            variants.push_back({name + " 8 SMs", {8, true}});
+            variants.push_back({name + " all SMs", {0, true}});
+          }
+        }
+        for (const auto& [label, eo] : variants) {
+          PlanRun r{label, std::make_unique<commir::GpuExecutor>(plan, pg->rank(), pg->nccl(), s, ms, eo)};
+          TESSERA_CHECK(r.ex->b_nk() == eo.b_nk, "bench commir: {}: B [n,k] asked {}, executor {}", label, eo.b_nk,
+                        r.ex->b_nk());
+          r.ex->set_input("A", A);
+          r.ex->set_input("B", B);
+          runs.push_back(std::move(r));
+        }
+      }
+      // One interleaved loop: every repetition runs ops sequential, ops'
+      // tuned strategy and every executor variant once, so clock and
+      // temperature drift hit all alike (ops used to be timed first, on a
+      // cooler GPU; the MLP bench saw that drift worth ~7-10%).
+      double seq = 0, tuned = 0;
+      InterleavedTimer timer(s, o.warmup, o.reps, barrier);
+      timer.add(&seq, [&] { run_ops(ops::Strategy::sequential); });
+      timer.add(&tuned, [&] { run_ops(rep.chosen); });
+      for (auto& r : runs)
+        timer.add(&r.median_ms, [&, ex = r.ex.get()] {
+          // The communication stream starts after the start event (recorded
+          // on s) and s waits for its end: the figure covers both streams.
+          TESSERA_CUDA_CHECK(cudaEventRecord(ev, s));
+          TESSERA_CUDA_CHECK(cudaStreamWaitEvent(ms, ev, 0));
+          ex->run();
+          TESSERA_CUDA_CHECK(cudaEventRecord(ev, ms));
+          TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, ev, 0));
+        });
+      timer.run();
+      seq = pg->allreduce_max(seq);
+      tuned = pg->allreduce_max(tuned);
+      for (auto& r : runs) {
+        (void)r.ex->output("C");  // waits (bounded) and surfaces an asynchronous NCCL error
+        const double t = pg->allreduce_max(r.median_ms);
+        table.add({sh.name, column ? "AG+GEMM" : "GEMM+RS", r.label, fmt::format("{:.3f}", t),
+                   fmt::format("{:.3f}", seq), fmt::format("{:.3f}", tuned),
+                   std::string(ops::strategy_name(rep.chosen)), fmt::format("{:.2f}", t / std::min(seq, tuned))});
       }
     }
   }
@@ -194,6 +251,7 @@ void run_commir(const CommirOptions& o) {
     }
   }
   barrier();
+  TESSERA_CUDA_CHECK(cudaEventDestroy(ev));
 }
 
 TESSERA_REGISTER_COMMAND([](CLI::App& root) {
@@ -204,6 +262,7 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   cmd->add_option("--reps", opts->reps, "timed repetitions")->check(CLI::Range(1, 1000));
   cmd->add_option("--warmup", opts->warmup, "warm-up repetitions")->check(CLI::Range(0, 1000));
   cmd->add_option("--markdown", opts->markdown, "append the table as Markdown to this file (rank 0)");
+  cmd->add_flag("!--no-variants", opts->variants, "time only each plan's default executor (B [n,k], reserved SMs)");
   cmd->callback([opts] { run_commir(*opts); });
 });
 

@@ -5,7 +5,9 @@
 // is <= 2^-9 relative, a few of them add up), checked against a float64 host
 // GEMM of the same bf16-rounded inputs. One executor per plan runs 6 times,
 // its non-input blocks poisoned with NaN before each run (a re-run must
-// rewrite everything it reads back); prints the median time of each plan. One process per GPU
+// rewrite everything it reads back); prints the median time of each plan.
+// Each plan runs with B stored [n, k] (the executor's default where the plan
+// never moves B) and [k, n]. One process per GPU
 // (`tessera run -n N`). The same plans' device programs are simulated on
 // the host in commir_gpu_program (CPU test).
 //
@@ -50,51 +52,54 @@ TEST(CommirGpu, TensorParallelGemmPlans) {
       for (std::int64_t j = 0; j < N; ++j) C[i * N + j] += a * B[k * N + j];
     }
   for (const tessera::DType dt : {tessera::DType::f32, tessera::DType::bf16})
-    for (const std::string& name : schedule_names("gemm", 1)) {
-      const char* dname = dt == tessera::DType::f32 ? "f32" : "bf16";
-      SCOPED_TRACE(name + " " + dname);
-      const Plan plan = lower(scheduled(make_gemm(M, N, K, {pg->world()}, dt), name));
-      std::unique_ptr<GpuExecutor> ex;
-      std::string why;
-      try {
-        ex = std::make_unique<GpuExecutor>(plan, pg->rank(), pg->nccl(), pg->stream(), pg->comm_stream(0));
-        ex->set_input("A", A);
-        ex->set_input("B", B);
-        TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
-      } catch (const std::exception& e) {
-        why = e.what();
-        ex.reset();
+    for (const std::string& name : schedule_names("gemm", 1))
+      for (const bool b_nk : {true, false}) {  // B stored [n,k] (default where the plan allows) or [k,n]
+        const char* dname = dt == tessera::DType::f32 ? "f32" : "bf16";
+        SCOPED_TRACE(name + " " + dname + (b_nk ? " B[n,k]" : " B[k,n]"));
+        GpuExecutorOptions eo;
+        eo.b_nk = b_nk;
+        const Plan plan = lower(scheduled(make_gemm(M, N, K, {pg->world()}, dt), name));
+        std::unique_ptr<GpuExecutor> ex;
+        std::string why;
+        try {
+          ex = std::make_unique<GpuExecutor>(plan, pg->rank(), pg->nccl(), pg->stream(), pg->comm_stream(0), eo);
+          ex->set_input("A", A);
+          ex->set_input("B", B);
+          TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+        } catch (const std::exception& e) {
+          why = e.what();
+          ex.reset();
+        }
+        const auto ok = pg->allgather(static_cast<int>(why.empty()));
+        if (std::count(ok.begin(), ok.end(), 0) > 0) {
+          ADD_FAILURE() << "rank " << pg->rank() << ": " << (why.empty() ? "another rank could not build the plan" : why);
+          continue;
+        }
+        std::vector<double> times;
+        double err = 0;
+        for (int it = 0; it < 6; ++it) {
+          ex->poison();
+          TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+          pg->barrier();
+          const auto t0 = std::chrono::steady_clock::now();
+          ex->run();
+          const auto out = ex->output("C");
+          times.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+          double num = 0, den = 0;
+          for (const auto& [box, vals] : out)
+            for (std::int64_t r = box.r[0].lo; r < box.r[0].hi; ++r)
+              for (std::int64_t c = box.r[1].lo; c < box.r[1].hi; ++c) {
+                const double ref = C[r * N + c];
+                const double got = vals[(r - box.r[0].lo) * box.r[1].size() + (c - box.r[1].lo)];
+                num += std::isnan(got) ? INFINITY : (got - ref) * (got - ref);
+                den += ref * ref;
+              }
+          const double e = std::sqrt(num / den);
+          err = std::isnan(e) ? INFINITY : std::max(err, e);
+        }
+        EXPECT_LT(err, dt == tessera::DType::f32 ? 1e-4 : 8e-3) << "rank " << pg->rank();
+        std::sort(times.begin() + 1, times.end());
+        std::printf("rank %d %-14s %-4s B%s rel err %.2e, median %.1f us incl. readback (not a benchmark)\n",
+                    pg->rank(), name.c_str(), dname, ex->b_nk() ? "[n,k]" : "[k,n]", err, times[times.size() / 2]);
       }
-      const auto ok = pg->allgather(static_cast<int>(why.empty()));
-      if (std::count(ok.begin(), ok.end(), 0) > 0) {
-        ADD_FAILURE() << "rank " << pg->rank() << ": " << (why.empty() ? "another rank could not build the plan" : why);
-        continue;
-      }
-      std::vector<double> times;
-      double err = 0;
-      for (int it = 0; it < 6; ++it) {
-        ex->poison();
-        TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
-        pg->barrier();
-        const auto t0 = std::chrono::steady_clock::now();
-        ex->run();
-        const auto out = ex->output("C");
-        times.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
-        double num = 0, den = 0;
-        for (const auto& [box, vals] : out)
-          for (std::int64_t r = box.r[0].lo; r < box.r[0].hi; ++r)
-            for (std::int64_t c = box.r[1].lo; c < box.r[1].hi; ++c) {
-              const double ref = C[r * N + c];
-              const double got = vals[(r - box.r[0].lo) * box.r[1].size() + (c - box.r[1].lo)];
-              num += std::isnan(got) ? INFINITY : (got - ref) * (got - ref);
-              den += ref * ref;
-            }
-        const double e = std::sqrt(num / den);
-        err = std::isnan(e) ? INFINITY : std::max(err, e);
-      }
-      EXPECT_LT(err, dt == tessera::DType::f32 ? 1e-4 : 8e-3) << "rank " << pg->rank();
-      std::sort(times.begin() + 1, times.end());
-      std::printf("rank %d %-14s %-4s rel err %.2e, median %.1f us incl. readback (not a benchmark)\n", pg->rank(),
-                  name.c_str(), dname, err, times[times.size() / 2]);
-    }
 }
