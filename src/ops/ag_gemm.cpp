@@ -1,11 +1,14 @@
 // AllGather + GEMM: the four strategies (plan.hpp describes the protocol).
 //
 // Every strategy starts by copying this rank's shard into its rows of the
-// symmetric gathered-A workspace (packed, row stride K) on the compute stream
-// (the fused ones also mark it on their own flag row, see
-// copy_in_by_channel). Every strategy ends by telling every peer kAgFree = epoch once its GEMM has read
-// the workspace; a rank pushes into a peer only after that peer's kAgFree
-// reached the previous epoch.
+// symmetric gathered-A workspace (packed, row stride K) on the compute
+// stream, and ends by telling every peer kAgFree = epoch once its GEMM has
+// read the workspace; a rank pushes into a peer only after that peer's
+// kAgFree reached the previous epoch.
+// (Tried in session 2: the fused copy-in on the communication stream, chunk
+// by chunk behind own-row flags, to take its ~20 us off the critical path.
+// Not kept: a same-GPU device-to-device copy may run as a kernel, which the
+// fused_ce GEMM holding every SM would block; unverified either way.)
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -56,32 +59,6 @@ void local_gemm(TpContext::Impl& c, const AgGemmArgs& a, const void* a_rows, std
   (void)c;
 }
 
-/// Fused strategies: my shard into my rows of the workspace on the compute
-/// stream, before the GEMM, then a flag store (value = epoch, stream memory
-/// operation) per channel on my own flag row, which the GEMM's prologue
-/// waits for like a peer's (already set when the GEMM starts).
-/// Why not on the communication stream, chunk by chunk, behind those flags
-/// (which would take the ~20 us copy of a 32 MiB shard off the critical
-/// path): a same-GPU device-to-device copy may be executed as a kernel, and
-/// the fused_ce GEMM holds every SM until its own rows arrive. That version
-/// ran on nvidia-h200-x2 (bda0fc5) together with a GEMM+RS change that did
-/// time out, so whether it deadlocks was not isolated; it stays out until a
-/// copy-engine-only path (or the GEMM reading its own rows from A) is tested.
-void copy_in_by_channel(TpContext::Impl& c, const AgPlan& plan, const AgGemmArgs& a, std::int64_t row_bytes,
-                        std::int64_t lda_bytes, std::uint64_t e) {
-  const int rank = c.pg.rank();
-  const std::int64_t lo = plan.shards.lo(rank);
-  cudaStream_t st = c.pg.stream();
-  TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(c.ag_ws.local() + lo * row_bytes, row_bytes, a.a, lda_bytes, row_bytes,
-                                       a.m_local, cudaMemcpyDeviceToDevice, st));
-  for (int ch = 0; ch < plan.channels; ++ch) link::rank_notify(st, *c.ag_flags, rank, ch, e);
-  // The communication stream starts after the compute stream's work so far:
-  // this rank's previous GEMM (the last reader of the workspace) and the copy
-  // above (the pushes read those rows).
-  TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, st));
-  TESSERA_CUDA_CHECK(cudaStreamWaitEvent(c.comm(), c.ev_ready, 0));
-}
-
 void notify_free(TpContext::Impl& c, std::uint64_t e) {
   for (int p = 0; p < c.pg.world(); ++p)
     if (p != c.pg.rank()) link::rank_notify(c.pg.stream(), *c.control, p, kAgFree, e);
@@ -130,9 +107,8 @@ void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOp
   // Sequential with equal, packed shards: NCCL gathers straight from A (no
   // copy-in; every rank sends per_rank rows, so every shard must be full).
   const bool direct_gather = s == Strategy::sequential && lda == a.k && a.m % R == 0;
-  const bool fused = s == Strategy::fused_ce || s == Strategy::fused_sm;
-  // My shard into my rows of the workspace (compute stream; fused: below).
-  if (!direct_gather && !fused)
+  // My shard into my rows of the workspace (compute stream).
+  if (!direct_gather)
     TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(ws + lo * row_bytes, row_bytes, a.a, lda * es, row_bytes, a.m_local,
                                          cudaMemcpyDeviceToDevice, st));
   void* tmp = a.swiglu ? c.staging.ensure(static_cast<std::size_t>(a.m * swiglu_tmp_ld(a.n) * es), st) : nullptr;
@@ -159,7 +135,8 @@ void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOp
     }
     case Strategy::fused_ce:
     case Strategy::fused_sm: {
-      copy_in_by_channel(c, plan, a, row_bytes, lda * es, e);  // also orders the comm stream after st
+      TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, st));
+      TESSERA_CUDA_CHECK(cudaStreamWaitEvent(c.comm(), c.ev_ready, 0));
       int max_ctas = 0;
       if (s == Strategy::fused_ce) {
         push_copy_engine(c, plan, row_bytes, a.m_local, e);

@@ -17,14 +17,12 @@
 
 namespace tessera::ops::detail {
 
-/// AG+GEMM prologue: before tile t's first A load, wait until every channel
-/// its rows [row0, min(row0 + bm, M)) touch has flag >= epoch — this rank's
-/// own channels too: its shard is copied into the workspace on the
-/// communication stream, chunk by chunk, while the GEMM already runs.
+/// AG+GEMM prologue: before tile t's first A load, wait until every REMOTE
+/// channel its rows [row0, min(row0 + bm, M)) touch has flag >= epoch.
 /// Flags: flags[src * flag_stride + c] = the value rank src last stored for
-/// its channel c (rank_notify's stream write after the copy, or the SM
-/// pusher's st.release.sys); read with ld.acquire.sys, then the kernel's
-/// fence.proxy.async orders the TMA loads after it.
+/// its channel c (rank_notify or the SM pusher: release at .sys scope);
+/// read with ld.acquire.sys. Own channels are not waited for: this rank's
+/// shard is copied into the workspace on the GEMM's stream before launch.
 struct AgPrologue {
   static constexpr bool kActive = true;
   link::AllGatherTileMap map;
@@ -42,6 +40,7 @@ struct AgPrologue {
     const int c0 = map.channel_of_row(lo), c1 = map.channel_of_row(hi - 1);
     for (int ch = c0; ch <= c1; ++ch) {
       const int src = ch / map.C;
+      if (src == rank) continue;
       const std::uint64_t* f = flags + static_cast<std::int64_t>(src) * flag_stride + (ch - src * map.C);
       std::uint64_t seen = link::mo::ld_acquire_sys(f);
       if (seen >= epoch) continue;
