@@ -20,52 +20,30 @@ Stats summarize(std::vector<double> t) {
   return s;
 }
 
-Stats time_on_stream(cudaStream_t stream, const std::function<void()>& body, int warmup, int reps,
-                     const std::function<void()>& between) {
-  TESSERA_CHECK(reps > 0, "time_on_stream: reps = {} must be positive", reps);
-  for (int i = 0; i < warmup; ++i) {
-    if (between) between();
-    body();
-  }
+namespace {
+
+/// The one timing loop: warm-up rounds, then `reps` rounds; each round runs
+/// every body once in order, each after `between`, bracketed by its own
+/// events and waited for before the next.
+std::vector<Stats> time_rounds(cudaStream_t stream, const std::vector<const std::function<void()>*>& bodies,
+                               int warmup, int reps, const std::function<void()>& between) {
+  TESSERA_CHECK(reps > 0, "bench timing: reps = {} must be positive", reps);
+  for (int i = 0; i < warmup; ++i)
+    for (const auto* body : bodies) {
+      if (between) between();
+      (*body)();
+    }
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
   cudaEvent_t start, stop;
   TESSERA_CUDA_CHECK(cudaEventCreate(&start));
   TESSERA_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<double> times;
-  times.reserve(reps);
-  for (int i = 0; i < reps; ++i) {
-    if (between) between();
-    TESSERA_CUDA_CHECK(cudaEventRecord(start, stream));
-    body();
-    TESSERA_CUDA_CHECK(cudaEventRecord(stop, stream));
-    TESSERA_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms);
-  }
-  TESSERA_CUDA_CHECK(cudaEventDestroy(start));
-  TESSERA_CUDA_CHECK(cudaEventDestroy(stop));
-  return summarize(std::move(times));
-}
-
-void InterleavedTimer::run() {
-  TESSERA_CHECK(reps_ > 0, "InterleavedTimer: reps = {} must be positive", reps_);
-  for (int i = 0; i < warmup_; ++i)
-    for (auto& it : items_) {
-      if (between_) between_();
-      it.body();
-    }
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  cudaEvent_t start, stop;
-  TESSERA_CUDA_CHECK(cudaEventCreate(&start));
-  TESSERA_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<std::vector<double>> times(items_.size());
-  for (int r = 0; r < reps_; ++r)
-    for (std::size_t k = 0; k < items_.size(); ++k) {
-      if (between_) between_();
-      TESSERA_CUDA_CHECK(cudaEventRecord(start, stream_));
-      items_[k].body();
-      TESSERA_CUDA_CHECK(cudaEventRecord(stop, stream_));
+  std::vector<std::vector<double>> times(bodies.size());
+  for (int r = 0; r < reps; ++r)
+    for (std::size_t k = 0; k < bodies.size(); ++k) {
+      if (between) between();
+      TESSERA_CUDA_CHECK(cudaEventRecord(start, stream));
+      (*bodies[k])();
+      TESSERA_CUDA_CHECK(cudaEventRecord(stop, stream));
       TESSERA_CUDA_CHECK(cudaEventSynchronize(stop));
       float ms = 0;
       TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
@@ -73,7 +51,24 @@ void InterleavedTimer::run() {
     }
   TESSERA_CUDA_CHECK(cudaEventDestroy(start));
   TESSERA_CUDA_CHECK(cudaEventDestroy(stop));
-  for (std::size_t k = 0; k < items_.size(); ++k) *items_[k].out = summarize(std::move(times[k])).median_ms;
+  std::vector<Stats> out;
+  for (auto& t : times) out.push_back(summarize(std::move(t)));
+  return out;
+}
+
+}  // namespace
+
+Stats time_on_stream(cudaStream_t stream, const std::function<void()>& body, int warmup, int reps,
+                     const std::function<void()>& between) {
+  return time_rounds(stream, {&body}, warmup, reps, between)[0];
+}
+
+void InterleavedTimer::run(const std::function<double(double)>& combine) {
+  std::vector<const std::function<void()>*> bodies;
+  for (const Item& it : items_) bodies.push_back(&it.body);
+  const std::vector<Stats> st = time_rounds(stream_, bodies, warmup_, reps_, between_);
+  for (std::size_t k = 0; k < items_.size(); ++k)
+    *items_[k].out = combine ? combine(st[k].median_ms) : st[k].median_ms;
   items_.clear();
 }
 

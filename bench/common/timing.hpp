@@ -40,7 +40,9 @@ class InterleavedTimer {
   /// Registers `body`; run() stores its median (ms) in *median_ms.
   void add(double* median_ms, std::function<void()> body) { items_.push_back({median_ms, std::move(body)}); }
   /// Runs everything registered since the last run(), then forgets it.
-  void run();
+  /// `combine`, if given, maps each median before it is stored (e.g. the max
+  /// over ranks; every rank must then register the same bodies in order).
+  void run(const std::function<double(double)>& combine = {});
 
  private:
   struct Item {

@@ -29,6 +29,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <deque>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -126,16 +127,14 @@ void run(const Options& o) {
       TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
       pg->barrier();
     });
-    std::vector<std::pair<std::string, std::pair<std::string, double*>>> variants;  // part, (name, time)
-    std::vector<std::unique_ptr<double>> slots;
-    auto slot = [&]() {
-      slots.push_back(std::make_unique<double>(0.0));
-      return slots.back().get();
+    struct Variant {
+      std::string part, name;
+      double ms = 0;
     };
+    std::deque<Variant> variants;  // deque: stable addresses for the timer
     auto variant = [&](const std::string& part_name, const std::string& name, std::function<void()> body) {
-      double* v = slot();
-      timer.add(v, std::move(body));
-      variants.push_back({part_name, {name, v}});
+      variants.push_back({part_name, name});
+      timer.add(&variants.back().ms, std::move(body));
     };
 
     // ---- AG + GEMM (non-gated N = I/R, and gated N = 2·I/R with SiLU·up) -----
@@ -289,14 +288,8 @@ void run(const Options& o) {
     ops::OpOptions oauto = ag_base, rauto = rs_base;
     timer.add(&ml_r.tes, mlp_call(oauto, rauto));
 
-    timer.run();
-    for (auto& v : slots) *v = pg->allreduce_max(*v);
-    auto reduce_part = [&](PartResult& r) {
-      for (double* x : {&r.gemm, &r.engine, &r.comm, &r.seq, &r.dec, &r.best, &r.tes}) *x = pg->allreduce_max(*x);
-    };
-    for (auto& tm : ag_tm)
-      for (auto& [k, v] : tm) v = pg->allreduce_max(v);
-    ag_res[1].comm = ag_res[0].comm = pg->allreduce_max(ag_res[0].comm);
+    timer.run([&](double median) { return pg->allreduce_max(median); });
+    ag_res[1].comm = ag_res[0].comm;
     Strategy ag_best[2];
     for (int gated = 0; gated < 2; ++gated) {
       PartResult& r = ag_res[gated];
@@ -306,18 +299,11 @@ void run(const Options& o) {
                                                                                              : Strategy::fused_sm;
       r.best = ag_tm[gated][ag_best[gated]];
       r.which = std::string(ops::strategy_name(ag_best[gated]));
-      const double comm = r.comm;
-      reduce_part(r);
-      r.comm = comm;
       r.choice = std::string(ops::strategy_name(ctx.resolve(ag_args(in[0], gated, agout.p), ag_base)));
       add(gated ? "AG+GEMM gated" : "AG+GEMM", r, std::max(r.gemm, r.comm));
     }
-    reduce_part(rs);
     rs.choice = std::string(ops::strategy_name(ctx.resolve(rs_args(in[0]), rs_base)));
     add("GEMM+RS", rs, std::max(rs.gemm, rs.comm));
-    reduce_part(ml_r);
-    ml_ce = pg->allreduce_max(ml_ce);
-    ml_sm = pg->allreduce_max(ml_sm);
     const PartResult& g = ag_res[1];
     ml_r.gemm = g.gemm + rs.gemm;
     ml_r.engine = g.engine + rs.engine;
@@ -343,7 +329,7 @@ void run(const Options& o) {
     var_row("GEMM+RS", "fused_sm reduce=epilogue", rs.best);
     var_row("MLP", "fused_ce+fused_sm", ml_ce);
     var_row("MLP", "fused_sm+fused_sm", ml_sm);
-    for (auto& [part_name, nv] : variants) var_row(part_name, nv.first, *nv.second);
+    for (const Variant& v : variants) var_row(v.part, v.name, v.ms);
   }
   if (rank == 0) {
     const std::string head = fmt::format("bench mlp: TP={} {} on {} (ms, median of {}, max over ranks, inputs rotated "
