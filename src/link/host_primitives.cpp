@@ -33,16 +33,21 @@ void rank_copy_data(cudaStream_t stream, void* dst, const void* src, std::size_t
 }
 
 void synchronize(cudaStream_t stream, const runtime::Signals& signals, const char* context) {
+  synchronize(stream, {&signals}, context);
+}
+
+void synchronize(cudaStream_t stream, std::initializer_list<const runtime::Signals*> signals, const char* context) {
+  TESSERA_CHECK(signals.size() > 0, "{}: synchronize needs at least one Signals", context);
   using clock = std::chrono::steady_clock;
   const auto deadline = clock::now() + std::chrono::nanoseconds(runtime::wait_timeout_ns());
   for (;;) {
     const cudaError_t q = cudaStreamQuery(stream);
     if (q == cudaSuccess) {
-      signals.clear_host_waits(stream);
+      for (const auto* sg : signals) sg->clear_host_waits(stream);
       return;
     }
     if (q != cudaErrorNotReady) {
-      signals.diagnostics().check(context);
+      for (const auto* sg : signals) sg->diagnostics().check(context);
       TESSERA_FAIL("{}: CUDA error {} ({})", context, cudaGetErrorName(q), cudaGetErrorString(q));
     }
     if (clock::now() > deadline) break;
@@ -51,21 +56,22 @@ void synchronize(cudaStream_t stream, const runtime::Signals& signals, const cha
   // Stuck. Report every pending host wait whose flag is still short, then
   // release them (store the expected value locally from another stream) so
   // the stream drains and the process can exit instead of hanging.
-  signals.diagnostics().check(context);
+  for (const auto* sg : signals) sg->diagnostics().check(context);
   cudaStream_t side;
   TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
   std::string pending;
-  for (const auto& w : signals.host_waits(stream)) {
-    const std::uint64_t seen = signals.read_flag_from(w.src, w.slot, side);
-    if (seen >= w.value) continue;
-    pending += fmt::format("{}rank_wait on rank {}: slot {} from rank {} expected >= {} but saw {}",
-                           pending.empty() ? "" : "; ", signals.group().rank(), w.slot, w.src, w.value, seen);
-    runtime::driver::stream_write_u64(side, signals.view().flag_from(w.src, w.slot), w.value);
-  }
+  for (const auto* sg : signals)
+    for (const auto& w : sg->host_waits(stream)) {
+      const std::uint64_t seen = sg->read_flag_from(w.src, w.slot, side);
+      if (seen >= w.value) continue;
+      pending += fmt::format("{}rank_wait on rank {}: slot {} from rank {} expected >= {} but saw {}",
+                             pending.empty() ? "" : "; ", sg->group().rank(), w.slot, w.src, w.value, seen);
+      runtime::driver::stream_write_u64(side, sg->view().flag_from(w.src, w.slot), w.value);
+    }
   (void)cudaStreamSynchronize(side);
   (void)cudaStreamSynchronize(stream);
   (void)cudaStreamDestroy(side);
-  signals.clear_host_waits(stream);
+  for (const auto* sg : signals) sg->clear_host_waits(stream);
   TESSERA_FAIL("{}: stream did not drain within {} ms{}{}", context, runtime::wait_timeout_ns() / 1000000,
                pending.empty() ? "" : ": ", pending.empty() ? std::string("(no pending rank_wait)") : pending);
 }

@@ -39,6 +39,8 @@ TpContext::Impl::Impl(runtime::ProcessGroup& g) : pg(g) {
   ag_flags = std::make_unique<runtime::Signals>(pg, kMaxChannels);
   control = std::make_unique<runtime::Signals>(pg, kControlSlots);
   rs_counters = std::make_unique<runtime::Signals>(pg, 64);
+  rs_bands = std::make_unique<runtime::Signals>(pg, 64);
+  rs_band_total.assign(64, 0);
   const std::size_t done_bytes = sizeof(unsigned) * kMaxChannels * runtime::kMaxPeers;
   TESSERA_CUDA_CHECK(cudaMemset(push_done.ensure(done_bytes, pg.stream()), 0, done_bytes));
   TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_ready, cudaEventDisableTiming));
@@ -65,9 +67,11 @@ void TpContext::Impl::check_agreement(const ShapeSignature& sig, const char* op)
 }
 
 void TpContext::Impl::drain(const char* what) {
-  link::synchronize(pg.stream(), *control, what);
-  for (int i = 0; i < pg.comm_stream_count(); ++i) link::synchronize(pg.comm_stream(i), *control, what);
-  if (ring_stream) link::synchronize(ring_stream, *control, what);
+  // Every Signals whose flags a stream of ours may rank_wait on.
+  const std::initializer_list<const runtime::Signals*> all{control.get(), ag_flags.get(), rs_bands.get()};
+  link::synchronize(pg.stream(), all, what);
+  for (int i = 0; i < pg.comm_stream_count(); ++i) link::synchronize(pg.comm_stream(i), all, what);
+  if (ring_stream) link::synchronize(ring_stream, all, what);
 }
 
 void TpContext::Impl::ensure_ag_ws(std::size_t bytes) {
@@ -92,6 +96,15 @@ void TpContext::Impl::ensure_rs(std::size_t recv_bytes, int tile_rows) {
     rs_counters.reset();  // collective free, same order on every rank
     rs_counters = std::make_unique<runtime::Signals>(pg, std::max(tile_rows, 64));
   }
+}
+
+void TpContext::Impl::ensure_rs_bands(int bands) {
+  if (rs_bands->slots() >= bands) return;
+  drain("gemm_rs: band signal growth");
+  pg.barrier();
+  rs_bands.reset();  // collective free, same order on every rank
+  rs_bands = std::make_unique<runtime::Signals>(pg, std::max(bands, 64));
+  rs_band_total.assign(static_cast<std::size_t>(rs_bands->slots()), 0);
 }
 
 std::string_view rs_reduce_name(RsReduce r) { return r == RsReduce::kernel ? "kernel" : "epilogue"; }
@@ -186,6 +199,20 @@ Strategy tune_choice(TpContext& ctx, const Args& a, const OpOptions& o, const st
 
 }  // namespace
 
+namespace {
+/// fused_ce GEMM+RS adds in the owner's epilogue: every shard boundary must
+/// fall on a tile row of the RS tile (no tile with two owners).
+bool rs_tile_row_shards(std::int64_t m, int world) {
+  return world == 1 || shard_rows(m, world).per_rank % detail::kRsTileM == 0;
+}
+void check_fused_ce_rs(std::int64_t m, int world, const OpOptions& o) {
+  TESSERA_CHECK(o.strategy != Strategy::fused_ce || rs_tile_row_shards(m, world),
+                "gemm_rs: strategy fused_ce needs each rank's {} rows (ceil(M/R), M = {}, R = {}) to be a multiple "
+                "of the {}-row tile; use fused_sm or automatic",
+                shard_rows(m, world).per_rank, m, world, detail::kRsTileM);
+}
+}  // namespace
+
 Strategy TpContext::resolve(const AgGemmArgs& a, const OpOptions& o, TuneReport* report) {
   if (o.strategy != Strategy::automatic) return o.strategy;
   const std::vector<std::int64_t> shape{a.m, a.n, a.k, a.swiglu ? 1 : 0};
@@ -199,7 +226,7 @@ Strategy TpContext::resolve(const GemmRsArgs& a, const OpOptions& o, TuneReport*
   // The fused candidate's speed depends on where it reduces: part of the key.
   const std::vector<std::int64_t> shape{a.m, a.n, a.k, static_cast<std::int64_t>(o.rs_reduce)};
   return tune_choice(*this, a, o, "gemm_rs", shape,
-                     gemm_rs_candidates(impl_->pg.world()),
+                     gemm_rs_candidates(impl_->pg.world(), rs_tile_row_shards(a.m, impl_->pg.world())),
                      [&](Strategy s) { run_gemm_rs(*impl_, a, s, o); }, report);
 }
 
@@ -221,9 +248,7 @@ void gemm_rs(TpContext& ctx, const GemmRsArgs& a, const OpOptions& o) {
   validate(a, c.pg.rank(), c.pg.world());
   TESSERA_CHECK(o.comm_ctas >= 1 && o.comm_ctas < c.pg.sm_count(), "gemm_rs: comm_ctas = {} outside [1, {})",
                 o.comm_ctas, c.pg.sm_count());
-  TESSERA_CHECK(o.strategy != Strategy::fused_ce,
-                "gemm_rs: strategy fused_ce does not exist for GEMM+RS (the fused variant is fused_sm: peer stores "
-                "from the epilogue)");
+  check_fused_ce_rs(a.m, c.pg.world(), o);
   TESSERA_CHECK(o.channels >= 1 && o.channels <= kMaxChannels,
                 "gemm_rs: channels (ring) = {} outside [1, {}]", o.channels, kMaxChannels);
   c.check_agreement(signature(a, o.strategy, o.rs_reduce, o.channels), "gemm_rs");
@@ -234,6 +259,7 @@ void gemm_rs(TpContext& ctx, const GemmRsArgs& a, const OpOptions& o) {
 void mlp(TpContext& ctx, const MlpArgs& a, const OpOptions& ag, const OpOptions& rs) {
   auto& c = ctx.impl();
   validate(a, c.pg.rank(), c.pg.world());
+  check_fused_ce_rs(a.m, c.pg.world(), rs);  // before the AG half launches
   const std::size_t hidden_bytes = static_cast<std::size_t>(a.m) * a.i_local * dtype_size(a.dtype);
   void* hidden = c.hidden.ensure(hidden_bytes, c.pg.stream());
   AgGemmArgs g;

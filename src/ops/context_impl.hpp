@@ -10,6 +10,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "tessera/ops/tp_mlp.hpp"
 #include "tessera/runtime/signals.hpp"
@@ -43,6 +44,11 @@ struct TpContext::Impl {
   std::unique_ptr<runtime::Signals> ag_flags;  ///< kMaxChannels slots: per-source channel flags
   std::unique_ptr<runtime::Signals> control;   ///< kControlSlots
   std::unique_ptr<runtime::Signals> rs_counters;  ///< slots = tile rows (grown)
+  /// fused_ce GEMM+RS, slot = band of tile rows (grown): own row = this
+  /// rank's band tile counters (GEMM epilogue adds, copy stream waits for
+  /// rs_band_total[band]); row src = src's "band copied" flags (epoch).
+  std::unique_ptr<runtime::Signals> rs_bands;
+  std::vector<std::uint64_t> rs_band_total;  ///< tiles counted per slot so far (never reset)
   runtime::SymBuffer<unsigned char> ag_ws;     ///< gathered A: [R·ceil(M/R), K]
   runtime::SymBuffer<unsigned char> rs_recv;   ///< receive slabs: [R][ceil(M/R)][ld_recv]
   LocalBuffer staging;   ///< sequential/decomposition partials, pre-activation GEMM outputs
@@ -67,6 +73,8 @@ struct TpContext::Impl {
   /// barriers first: peers may still be reading or writing the old ones).
   void ensure_ag_ws(std::size_t bytes);
   void ensure_rs(std::size_t recv_bytes, int tile_rows);
+  /// Collective growth of rs_bands to >= `bands` slots (totals restart at 0).
+  void ensure_rs_bands(int bands);
   /// Waits for the compute and comm streams, with link::synchronize's
   /// timeout and diagnostics (used before growth and after tuning).
   void drain(const char* what);

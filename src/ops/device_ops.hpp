@@ -66,6 +66,17 @@ struct GemmRsLaunch {
   int raster_group = 8;  ///< RasterScheduler band height (see RsPlan::owner_raster_group)
   void* d = nullptr;
   std::int64_t ldd = 0;
+  /// Copy-engine variant (RsStageEpilogue / RsBandPrologue, Strategy::
+  /// fused_ce): remote rows to the local `stage` slabs, counted per band of
+  /// raster_group tile rows on band_count; own tiles wait for the peers'
+  /// band flags (band_flags[src * flag_stride + band] >= epoch) and add
+  /// recv[rank]'s slabs. Needs owner_epilogue's tile-row shards.
+  bool stage_ce = false;
+  void* stage = nullptr;
+  std::uint64_t* band_count = nullptr;
+  const std::uint64_t* band_flags = nullptr;
+  int flag_stride = 0;
+  std::uint64_t epoch = 0;
 };
 void launch_gemm_rs(const GemmRsLaunch& p, cudaStream_t s);
 

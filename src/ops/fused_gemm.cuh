@@ -79,6 +79,31 @@ void gemm_rs_typed(const GemmRsLaunch& p, cudaStream_t s) {
   o.max_ctas = p.max_ctas;
   // Remotely-owned tiles first: start at shard (rank + 1) mod R.
   const kernels::engine::RasterScheduler sched{p.raster_group, false, p.rotate_m};
+  if (p.stage_ce) {
+    RsStageEpilogue<T> epi;
+    epi.stage = static_cast<T*>(p.stage);
+    epi.recv = static_cast<const T*>(p.recv[p.rank]);
+    epi.band_count = p.band_count;
+    epi.d = static_cast<T*>(p.d);
+    epi.ldd = p.ldd;
+    epi.per_rank = p.per_rank;
+    epi.ld = p.ld_recv;
+    epi.rank = p.rank;
+    epi.world = p.world;
+    epi.band_rows = p.raster_group;
+    RsBandPrologue pro;
+    pro.flags = p.band_flags;
+    pro.flag_stride = p.flag_stride;
+    pro.per_rank = p.per_rank;
+    pro.rank = p.rank;
+    pro.world = p.world;
+    pro.band_rows = p.raster_group;
+    pro.epoch = p.epoch;
+    pro.timeout_ns = runtime::wait_timeout_ns();
+    pro.diag = kernels::wait_diagnostics();
+    kernels::gemm_with_tile<kRsTile, T, kernels::BLayout::NK, 1>(g, o, pro, epi, sched, s);
+    return;
+  }
   if (p.owner_epilogue) {
     RsOwnerEpilogue<T> epi;
     for (int r = 0; r < runtime::kMaxPeers; ++r) {
@@ -134,6 +159,9 @@ void preload_typed() {
   kernels::detail::cuda_check(
       cudaFuncGetAttributes(&attr, kernels::engine::gemm_kernel<RsCfg, T, false, RsOwnerPrologue, RsOwnerEpilogue<T>, Sched>),
       "ops: preload RS GEMM (owner epilogue)");
+  kernels::detail::cuda_check(
+      cudaFuncGetAttributes(&attr, kernels::engine::gemm_kernel<RsCfg, T, false, RsBandPrologue, RsStageEpilogue<T>, Sched>),
+      "ops: preload RS GEMM (copy engine)");
 }
 
 }  // namespace tessera::ops::detail

@@ -200,4 +200,115 @@ struct RsOwnerPrologue {
   }
 };
 
+/// GEMM+RS on the copy engine (Strategy::fused_ce). Shards on tile rows
+/// (as RsOwnerEpilogue); tile rows grouped in bands of `band_rows` tile rows
+/// (RsPlan::owner_raster_group: the raster band, so a band is one owner's
+/// and completes as a unit of the schedule):
+///  * o != rank: each 8-wide row segment goes to this rank's LOCAL staging
+///    slab [o] (plain HBM stores: no NVLink traffic from the SMs);
+///    tile_done adds 1 to band_count[band] (this rank's own flag row of the
+///    band Signals: red.relaxed.sys after the notifier's fence.acq_rel.sys
+///    over the tile's stores = a release at .sys scope, which the copy
+///    engine's stream wait (cuStreamWaitValue64 >= band tiles) observes
+///    before it reads the band: the host then copies the band into o's
+///    receive slab [rank] and rank_notify's epoch into o's band flag).
+///  * o == rank: the producer (RsBandPrologue) has waited until every peer's
+///    band flag >= epoch (the peer's copy of this band landed); the
+///    consumers add the peers' slab values and their own f32 accumulator in
+///    rank order 0..R-1 (deterministic, one rounding) and store into D.
+///    Visibility as in RsOwnerEpilogue: copy engine writes → peer stream's
+///    system fence + flag write → producer ld.acquire.sys → mbarrier
+///    (release/acquire.cta) → consumers' ld.global.cg.
+/// Deadlock freedom: as RsOwnerEpilogue (remote bands precede own bands in
+/// every rank's schedule); the copies need no SM.
+template <class OutT>
+struct RsStageEpilogue {
+  static constexpr bool kNotify = true;
+  static constexpr bool kSysScope = true;
+  using Conv = kernels::engine::OutConv<OutT>;
+  OutT* stage = nullptr;        ///< local [world][per_rank][ld] staging slabs
+  const OutT* recv = nullptr;   ///< this rank's receive slabs [world][per_rank][ld]
+  std::uint64_t* band_count = nullptr;  ///< this rank's own band counters (by band)
+  OutT* d = nullptr;            ///< this rank's output rows [m_local, N]
+  std::int64_t ldd = 0;
+  std::int64_t per_rank = 0, ld = 0;
+  int rank = 0, world = 1, band_rows = 1;
+
+  __device__ __forceinline__ void store8(const kernels::engine::TileInfo&, int row, int col, const float (&acc)[8],
+                                         int valid) const {
+    const int o = static_cast<int>(row / per_rank);
+    const std::int64_t lr = row - static_cast<std::int64_t>(o) * per_rank;
+    if (o != rank) {
+      OutT* p = stage + (static_cast<std::int64_t>(o) * per_rank + lr) * ld + col;
+      if (valid == 8) {
+        Conv::store8(p, acc);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          if (i < valid) p[i] = Conv::one(acc[i]);
+      }
+      return;
+    }
+    // Slab rows are ld >= N rounded up to 8: a full 16-byte load stays in bounds.
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int s = 0; s < world; ++s) {
+      if (s == rank) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] += acc[i];
+      } else {
+        const uint4 u = __ldcg(reinterpret_cast<const uint4*>(recv + (static_cast<std::int64_t>(s) * per_rank + lr) * ld + col));
+        float x[8];
+        Conv::load8(reinterpret_cast<const OutT*>(&u), x);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] += x[i];
+      }
+    }
+    OutT* p = d + lr * ldd + col;
+    if (valid == 8) {
+      Conv::store8(p, v);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        if (i < valid) p[i] = Conv::one(v[i]);
+    }
+  }
+
+  __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {
+    if (static_cast<int>(t.row0 / per_rank) != rank) link::mo::red_add_relaxed_sys(band_count + t.m / band_rows, 1);
+  }
+};
+
+/// The producer side of RsStageEpilogue: before an own tile's first load,
+/// wait until flags[src * flag_stride + band] >= epoch for every peer src
+/// (ld.acquire.sys; timeout → diagnostic + trap). Remote tiles do not wait.
+struct RsBandPrologue {
+  static constexpr bool kActive = true;
+  const std::uint64_t* flags = nullptr;  ///< this rank's per-source band flag rows
+  int flag_stride = 0;
+  std::int64_t per_rank = 0;
+  int rank = 0, world = 1, band_rows = 1;
+  std::uint64_t epoch = 0;
+  std::uint64_t timeout_ns = 0;
+  kernels::engine::WaitDiag* diag = nullptr;
+
+  __device__ __forceinline__ void wait(const kernels::engine::TileInfo& t) const {
+    if (static_cast<int>(t.row0 / per_rank) != rank) return;
+    const int band = t.m / band_rows;
+    for (int src = 0; src < world; ++src) {
+      if (src == rank) continue;
+      const std::uint64_t* f = flags + static_cast<std::int64_t>(src) * flag_stride + band;
+      std::uint64_t seen = link::mo::ld_acquire_sys(f);
+      if (seen >= epoch) continue;
+      const std::uint64_t start = link::mo::globaltimer_ns();
+      while ((seen = link::mo::ld_acquire_sys(f)) < epoch) {
+        if (link::mo::globaltimer_ns() - start > timeout_ns) {
+          kernels::engine::record_timeout(diag, t, src * flag_stride + band, epoch, seen, timeout_ns);
+          __trap();
+        }
+        __nanosleep(64);
+      }
+    }
+  }
+};
+
 }  // namespace tessera::ops::detail

@@ -1,4 +1,6 @@
 // GEMM + ReduceScatter: sequential (cuBLASLt + ncclReduceScatter),
+// fused_ce (engine GEMM, remote bands copied by the copy engine, owner adds
+// in the epilogue: run_fused_ce),
 // decomposition (per-owner cuBLASLt GEMMs, copy-engine pushes of each
 // partial to its owner, owner reduces), fused_sm (the GEMM epilogue stores
 // each row into its owner's receive slab and counts the tile; the owner's
@@ -7,6 +9,8 @@
 // order is always rank 0..R-1 (fused, decomposition), the ring's
 // (s-1, s-2, ..., s for shard s) or NCCL's (sequential).
 #include <cuda_runtime_api.h>
+
+#include <algorithm>
 #include <nccl.h>
 
 #include "context_impl.hpp"
@@ -115,11 +119,88 @@ void run_ring(TpContext::Impl& c, const GemmRsArgs& a, const OpOptions& o) {
     if (p != rank) link::rank_notify(st, *c.control, p, kRsFree, e);
 }
 
+// fused_ce (RsStageEpilogue): the engine GEMM writes remotely-owned rows to
+// local staging and counts each finished tile on its band's counter; the
+// comm stream, per remote band in schedule order, waits for the band's
+// tiles (stream memop), copies the band into its owner's receive slab on
+// the copy engine and stores the epoch into the owner's band flag. Own
+// tiles (computed last) wait for the peers' band flags and add the slabs in
+// the epilogue. No SM does communication; NVLink carries only copy-engine
+// traffic.
+void run_fused_ce(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan) {
+  const int R = c.pg.world(), rank = c.pg.rank();
+  cudaStream_t st = c.pg.stream();
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(a.dtype));
+  const std::int64_t per_rank = plan.shards.per_rank, ldr = plan.ld_recv;
+  const std::size_t slab_bytes = static_cast<std::size_t>(per_rank * ldr * es);
+  const int G = plan.owner_raster_group();
+  const int bands = plan.tiles_m / G;
+  c.ensure_rs(slab_bytes * R, 1);
+  c.ensure_rs_bands(bands);
+  const std::uint64_t e = ++c.rs_epoch;
+  unsigned char* stage = static_cast<unsigned char*>(c.staging.ensure(slab_bytes * R, st));
+  const runtime::SignalView bv = c.rs_bands->view();
+
+  TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, st));  // inputs ready; staging free (stream order)
+  detail::GemmRsLaunch g;
+  g.a = a.a;
+  g.b = a.b;
+  g.m = a.m;
+  g.n = a.n;
+  g.k = a.k;
+  g.lda = a.lda ? a.lda : a.k;
+  g.ldb = a.ldb ? a.ldb : a.k;
+  g.dtype = a.dtype;
+  for (int r = 0; r < R; ++r) g.recv[r] = c.rs_recv.peer(r);
+  g.per_rank = per_rank;
+  g.ld_recv = ldr;
+  g.rank = rank;
+  g.world = R;
+  g.rotate_m = plan.rotate_m;
+  g.raster_group = G;
+  g.d = a.d;
+  g.ldd = a.ldd ? a.ldd : a.n;
+  g.max_ctas = 0;
+  g.stage_ce = true;
+  g.stage = stage;
+  g.band_count = bv.flag_from(rank, 0);
+  g.band_flags = bv.flag_from(0, 0);
+  g.flag_stride = bv.slots;
+  g.epoch = e;
+  detail::launch_gemm_rs(g, st);
+
+  cudaStream_t cs = c.comm();
+  TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, c.ev_ready, 0));
+  const std::uint64_t band_tiles = static_cast<std::uint64_t>(G) * plan.tiles_n;
+  const std::int64_t band_rows = static_cast<std::int64_t>(G) * plan.tile_m;
+  for (int j = 1; j < R; ++j) {  // the schedule's order: owners rank+1, rank+2, ...
+    const int owner = (rank + j) % R;
+    const std::int64_t lo = plan.shards.lo(owner), rows = plan.shards.rows(a.m, owner);
+    // The owner must be done with the previous call's slabs before we write them.
+    if (e > 1) link::rank_wait(cs, *c.control, owner, kRsFree, e - 1);
+    for (std::int64_t r0 = 0; r0 < rows; r0 += band_rows) {
+      const int b = static_cast<int>((lo + r0) / band_rows);
+      const std::int64_t nr = std::min(band_rows, rows - r0);
+      c.rs_band_total[b] += band_tiles;
+      link::rank_wait(cs, *c.rs_bands, rank, b, c.rs_band_total[b]);
+      const std::size_t off = static_cast<std::size_t>((static_cast<std::int64_t>(rank) * per_rank + r0) * ldr * es);
+      link::rank_copy_data(cs, static_cast<unsigned char*>(c.rs_recv.peer(owner)) + off,
+                           stage + static_cast<std::size_t>((static_cast<std::int64_t>(owner) * per_rank + r0) * ldr * es),
+                           static_cast<std::size_t>(nr * ldr * es));
+      link::rank_notify(cs, *c.rs_bands, owner, b, e);
+    }
+  }
+  TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_comm_done, cs));
+  TESSERA_CUDA_CHECK(cudaStreamWaitEvent(st, c.ev_comm_done, 0));
+  for (int p = 0; p < R; ++p)
+    if (p != rank) link::rank_notify(st, *c.control, p, kRsFree, e);
+}
+
 }  // namespace
 
 void run_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, Strategy s, const OpOptions& o) {
   TESSERA_CHECK(s == Strategy::sequential || s == Strategy::decomposition || s == Strategy::fused_sm ||
-                    s == Strategy::ring,
+                    s == Strategy::fused_ce || s == Strategy::ring,
                 "gemm_rs: strategy {} cannot run here", strategy_name(s));
   if (s == Strategy::ring) return run_ring(c, a, o);
   const int R = c.pg.world(), rank = c.pg.rank();
@@ -130,6 +211,13 @@ void run_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, Strategy s, const OpOp
   const std::int64_t ldd = a.ldd ? a.ldd : a.n;
   const std::size_t slab_bytes = static_cast<std::size_t>(per_rank * ldr * es);
 
+  if (s == Strategy::fused_ce) {
+    TESSERA_CHECK(plan.shards_on_tile_rows(),
+                  "gemm_rs: fused_ce needs each rank's {} rows (ceil(M/R), M = {}) to be a multiple of the {}-row "
+                  "tile; use fused_sm or automatic",
+                  per_rank, a.m, plan.tile_m);
+    return run_fused_ce(c, a, plan);
+  }
   if (s == Strategy::sequential) {
     // Partial [R·per_rank, ldr] (rows past M are never read back), then NCCL.
     void* part = c.staging.ensure(slab_bytes * R, st);

@@ -44,8 +44,9 @@ std::optional<Strategy> choice_from_json(const nlohmann::json& j) {
   return std::nullopt;
 }
 
-std::vector<Strategy> gemm_rs_candidates(int world) {
+std::vector<Strategy> gemm_rs_candidates(int world, bool tile_row_shards) {
   std::vector<Strategy> c{Strategy::sequential, Strategy::decomposition, Strategy::fused_sm};
+  if (tile_row_shards && world > 1) c.push_back(Strategy::fused_ce);
   // At R = 2 the ring is the direct push (one step of one send): no new candidate.
   if (world > 2) c.push_back(Strategy::ring);
   return c;

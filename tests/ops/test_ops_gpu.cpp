@@ -142,13 +142,21 @@ const RsVariant kRsVariants[] = {{Strategy::sequential, RsReduce::epilogue},
                                  {Strategy::fused_sm, RsReduce::kernel},
                                  {Strategy::fused_sm, RsReduce::epilogue},
                                  {Strategy::fused_sm, RsReduce::kernel},  // kernel again after epilogue: counters back at zero
+                                 // Copy engine + owner add (tile-row shards only; ragged
+                                 // shapes must be rejected), then fused_sm on the same slabs.
+                                 {Strategy::fused_ce, RsReduce::epilogue},
+                                 {Strategy::fused_sm, RsReduce::epilogue},
                                  // Ring (any R; R = 2 is the direct push): default, one and 32
                                  // channels per shard (32: short ragged chunks), then fused_sm
                                  // again (kRsFree epochs shared across strategies).
                                  {Strategy::ring, RsReduce::epilogue, 4},
                                  {Strategy::ring, RsReduce::epilogue, 1},
                                  {Strategy::ring, RsReduce::epilogue, 32},
+                                 {Strategy::fused_ce, RsReduce::epilogue},
                                  {Strategy::fused_sm, RsReduce::epilogue}};
+
+/// fused_ce GEMM+RS runs only when every shard boundary is on a 128-row tile row.
+bool rs_tile_row_shards(std::int64_t m, int world) { return shard_rows(m, world).per_rank % 128 == 0; }
 
 }  // namespace
 
@@ -250,6 +258,15 @@ TEST_P(OpsTp, GemmRsAllStrategiesMatchReference) {
       o.strategy = st;
       o.rs_reduce = var.reduce;
       o.channels = var.channels;
+      if (st == Strategy::fused_ce && !rs_tile_row_shards(sh.m, R)) {
+        try {
+          ops::gemm_rs(ctx(), g, o);
+          ADD_FAILURE() << "fused_ce accepted M " << sh.m << " at R " << R << " (shards not on tile rows)";
+        } catch (const tessera::Error& e) {
+          EXPECT_NE(std::string(e.what()).find("fused_ce"), std::string::npos) << e.what();
+        }
+        continue;
+      }
       // Back-to-back without resets; a fixed reduction order gives bitwise
       // equal results run to run (fused / decomposition).
       for (int it = 0; it < (st == Strategy::sequential ? 1 : 25); ++it) {
@@ -366,6 +383,20 @@ TEST_P(OpsTp, MlpBackToBackMatchesSequential) {
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
   EXPECT_LT(tessera::testing::relative_error(download(out.p, m_local, h, h, t), ref), t == DType::bf16 ? 3e-2 : 1e-2)
       << "M " << m << " reduce " << rs_reduce_name(red);
+  // GEMM+RS on the copy engine where the shards fall on tile rows (30 calls,
+  // after the fused_sm ones, no reset).
+  if (rs_tile_row_shards(m, R)) {
+    OpOptions ce_rs;
+    ce_rs.strategy = Strategy::fused_ce;
+    for (int it = 0; it < 30; ++it) {
+      out.poison();
+      ops::mlp(ctx(), a, ag, ce_rs);
+    }
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
+    EXPECT_LT(tessera::testing::relative_error(download(out.p, m_local, h, h, t), ref),
+              t == DType::bf16 ? 3e-2 : 1e-2)
+        << "M " << m << " rs fused_ce";
+  }
   // The same layer with the ring reduce-scatter (after the fused calls above,
   // no reset in between).
   OpOptions ring;
@@ -416,7 +447,8 @@ TEST(OpsTpBadInput, RejectedBeforeLaunch) {
   bad = g;
   bad.m_local = g.m_local + 1;
   EXPECT_THROW(ops::ag_gemm(ctx(), bad), tessera::Error);
-  GemmRsArgs r{a.p, b.p, d.p, m, g.m_local, n, k};
+  // GEMM+RS on the copy engine with shards off the tile rows (M = 1000).
+  GemmRsArgs r{a.p, b.p, d.p, 1000, shard_rows(1000, R).rows(1000, rank), n, k};
   OpOptions ce;
   ce.strategy = Strategy::fused_ce;
   EXPECT_THROW(ops::gemm_rs(ctx(), r, ce), tessera::Error);

@@ -167,6 +167,18 @@ TEST(OpsRingPlan, SimulatedCallsReduceEveryShardInRingOrder) {
   }
 }
 
+TEST(OpsTuner, FusedCeRsIsACandidateOnlyWithTileRowShards) {
+  auto has = [](int w, bool rows) {
+    for (Strategy s : gemm_rs_candidates(w, rows))
+      if (s == Strategy::fused_ce) return true;
+    return false;
+  };
+  EXPECT_TRUE(has(2, true));
+  EXPECT_TRUE(has(4, true));
+  EXPECT_FALSE(has(2, false));
+  EXPECT_FALSE(has(1, true));  // nothing to reduce
+}
+
 TEST(OpsRingTuner, RingIsACandidateOnlyAboveTwoRanks) {
   auto has_ring = [](int w) {
     for (Strategy s : gemm_rs_candidates(w))

@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 #include "tessera/runtime/signals.hpp"
 
@@ -36,5 +37,9 @@ void rank_copy_data(cudaStream_t stream, void* dst, const void* src, std::size_t
 /// rank_wait of `signals` with the value it expects and the value it sees,
 /// after releasing those waits so the stream drains and nothing hangs.
 void synchronize(cudaStream_t stream, const runtime::Signals& signals, const char* context = "synchronize");
+/// The same when the stream's rank_waits use several Signals objects (each
+/// one's pending waits are reported and released).
+void synchronize(cudaStream_t stream, std::initializer_list<const runtime::Signals*> signals,
+                 const char* context = "synchronize");
 
 }  // namespace tessera::link

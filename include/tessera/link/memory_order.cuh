@@ -53,6 +53,11 @@ __device__ __forceinline__ void red_add_release_gpu(std::uint64_t* p, std::uint6
 __device__ __forceinline__ void red_add_release_sys(std::uint64_t* p, std::uint64_t v) {
   asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
+/// Relaxed (strong) add: a release only together with a preceding
+/// fence.acq_rel.sys by the same thread (the GEMM notifier's fence).
+__device__ __forceinline__ void red_add_relaxed_sys(std::uint64_t* p, std::uint64_t v) {
+  asm volatile("red.relaxed.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
 
 // ---- 32-bit counters (wave-group counters of the signal layer) -------------
 __device__ __forceinline__ std::uint32_t ld_acquire_gpu(const std::uint32_t* p) {

@@ -24,8 +24,12 @@ namespace tessera::ops {
 ///  sequential    — cuBLASLt GEMM + NCCL collective, one after the other (the baseline)
 ///  decomposition — per-shard cuBLASLt GEMMs overlapped with copy-engine
 ///                  transfers on a second stream (the PyTorch async-TP idea)
-///  fused_ce      — Tessera GEMM engine with a per-tile wait prologue (AG) /
-///                  peer-store epilogue (RS); transfers on the copy engine (AG)
+///  fused_ce      — Tessera GEMM engine, transfers on the copy engine. AG: a
+///                  per-tile wait prologue on the channels' flags. RS: remote
+///                  rows staged locally and counted per band of tile rows, each
+///                  band copied to its owner as soon as it is complete, the
+///                  owner adding the peers' bands in its own tiles' epilogue
+///                  (needs ceil(M/R) a multiple of 128)
 ///  fused_sm      — AG: the same GEMM, transfers pushed by a few CTAs
 ///  ring          — GEMM+RS only: TileLink's ring reduce-scatter (Fig. 4): per-shard
 ///                  GEMMs in ring order, running sums passed to rank r-1 chunk by

@@ -34,9 +34,10 @@ nlohmann::json choice_to_json(Strategy s, const std::map<Strategy, double>& time
 std::optional<Strategy> choice_from_json(const nlohmann::json& j);
 
 /// GEMM+RS strategies the tuner measures at world size R: sequential,
-/// decomposition, fused_sm, and ring only for R > 2 (at R = 2 the ring is
-/// the direct push that fused_sm already does).
-std::vector<Strategy> gemm_rs_candidates(int world);
+/// decomposition, fused_sm, fused_ce when every shard boundary falls on a
+/// tile row (`tile_row_shards`, RsPlan::shards_on_tile_rows), and ring only
+/// for R > 2 (at R = 2 the ring is the direct push that fused_sm already does).
+std::vector<Strategy> gemm_rs_candidates(int world, bool tile_row_shards = true);
 
 /// Key of an operator's choice.
 std::string choice_key(const tune::MachineId& m, DType dtype, const std::string& op,
