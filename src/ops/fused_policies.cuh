@@ -91,40 +91,6 @@ struct RsEpilogue {
   }
 };
 
-/// The owner's add of the GEMM+RS epilogues: out = Σ over s = 0..R-1 in rank
-/// order of slab[s][lr, col..col+7] (s != rank) and the f32 accumulator
-/// (s == rank), one rounding. The lowest peer's vector is loaded ahead
-/// (kLoadAhead: all of a row's loads are in flight together); further peers
-/// (R > 2) are loaded in sum(). Loads are ld.global.cg (L2): the slabs were
-/// written by another GPU or the copy engine, never through this SM's L1.
-/// Slab rows are ld >= N rounded up to 8: a full 16-byte load stays in bounds.
-template <class OutT>
-struct OwnerSlabSum {
-  using Conv = kernels::engine::OutConv<OutT>;
-  __device__ static uint4 load(const OutT* slabs, int s, std::int64_t per_rank, std::int64_t ld, std::int64_t lr,
-                               int col) {
-    return __ldcg(reinterpret_cast<const uint4*>(slabs + (static_cast<std::int64_t>(s) * per_rank + lr) * ld + col));
-  }
-  __device__ static void sum(const OutT* slabs, int rank, int world, std::int64_t per_rank, std::int64_t ld,
-                             std::int64_t lr, int col, const float (&acc)[8], const uint4& ahead, float (&v)[8]) {
-    const int first_peer = rank == 0 ? 1 : 0;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = 0.f;
-    for (int s = 0; s < world; ++s) {
-      if (s == rank) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] += acc[i];
-      } else {
-        const uint4 u = s == first_peer ? ahead : load(slabs, s, per_rank, ld, lr, col);
-        float x[8];
-        Conv::load8(reinterpret_cast<const OutT*>(&u), x);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] += x[i];
-      }
-    }
-  }
-};
-
 /// GEMM+RS with the owner's add in the epilogue (OpOptions::rs_reduce =
 /// epilogue). Needs every shard boundary on a tile-row boundary, so a tile's
 /// rows have exactly one owner o:
@@ -156,17 +122,8 @@ struct RsOwnerEpilogue {
   std::int64_t per_rank = 0, ld = 0;
   int rank = 0, world = 1;
 
-  static constexpr bool kLoadAhead = true;
-  using Ahead = uint4;
-  __device__ __forceinline__ Ahead load_ahead(const kernels::engine::TileInfo&, int row, int col) const {
-    const int o = static_cast<int>(row / per_rank);
-    if (o != rank) return Ahead{};
-    return OwnerSlabSum<OutT>::load(recv[rank], rank == 0 ? 1 : 0, per_rank, ld,
-                                    row - static_cast<std::int64_t>(o) * per_rank, col);
-  }
-
   __device__ __forceinline__ void store8(const kernels::engine::TileInfo&, int row, int col, const float (&acc)[8],
-                                         int valid, const Ahead& ahead) const {
+                                         int valid) const {
     const int o = static_cast<int>(row / per_rank);
     const std::int64_t lr = row - static_cast<std::int64_t>(o) * per_rank;  // row local to its owner
     if (o != rank) {
@@ -180,8 +137,21 @@ struct RsOwnerEpilogue {
       }
       return;
     }
-    float v[8];
-    OwnerSlabSum<OutT>::sum(recv[rank], rank, world, per_rank, ld, lr, col, acc, ahead, v);
+    // Slab rows are ld >= N rounded up to 8 wide: a full 16-byte load is in
+    // bounds even in the last tile column (the padding is never stored to D).
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int s = 0; s < world; ++s) {
+      if (s == rank) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] += acc[i];
+      } else {
+        const uint4 u = __ldcg(reinterpret_cast<const uint4*>(recv[rank] + (static_cast<std::int64_t>(s) * per_rank + lr) * ld + col));
+        float x[8];
+        Conv::load8(reinterpret_cast<const OutT*>(&u), x);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] += x[i];
+      }
+    }
     OutT* p = d + lr * ldd + col;
     if (valid == 8) {
       Conv::store8(p, v);
@@ -264,17 +234,8 @@ struct RsStageEpilogue {
   std::int64_t per_rank = 0, ld = 0;
   int rank = 0, world = 1, band_rows = 1;
 
-  static constexpr bool kLoadAhead = true;
-  using Ahead = uint4;
-  __device__ __forceinline__ Ahead load_ahead(const kernels::engine::TileInfo&, int row, int col) const {
-    const int o = static_cast<int>(row / per_rank);
-    if (o != rank) return Ahead{};
-    return OwnerSlabSum<OutT>::load(recv, rank == 0 ? 1 : 0, per_rank, ld,
-                                    row - static_cast<std::int64_t>(o) * per_rank, col);
-  }
-
   __device__ __forceinline__ void store8(const kernels::engine::TileInfo&, int row, int col, const float (&acc)[8],
-                                         int valid, const Ahead& ahead) const {
+                                         int valid) const {
     const int o = static_cast<int>(row / per_rank);
     const std::int64_t lr = row - static_cast<std::int64_t>(o) * per_rank;
     if (o != rank) {
@@ -288,8 +249,20 @@ struct RsStageEpilogue {
       }
       return;
     }
-    float v[8];
-    OwnerSlabSum<OutT>::sum(recv, rank, world, per_rank, ld, lr, col, acc, ahead, v);
+    // Slab rows are ld >= N rounded up to 8: a full 16-byte load stays in bounds.
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int s = 0; s < world; ++s) {
+      if (s == rank) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] += acc[i];
+      } else {
+        const uint4 u = __ldcg(reinterpret_cast<const uint4*>(recv + (static_cast<std::int64_t>(s) * per_rank + lr) * ld + col));
+        float x[8];
+        Conv::load8(reinterpret_cast<const OutT*>(&u), x);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] += x[i];
+      }
+    }
     OutT* p = d + lr * ldd + col;
     if (valid == 8) {
       Conv::store8(p, v);

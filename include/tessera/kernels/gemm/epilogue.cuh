@@ -34,18 +34,6 @@
 // tile_done wrote. The consumers never stall on the fence: they bar.arrive
 // (no wait) and the next tile's wgmma runs while the notifier waits.
 //
-// Optional load-ahead (epilogues that read memory per output, e.g. a partial
-// to add): an epilogue with `static constexpr bool kLoadAhead = true`, a type
-// `Ahead` and
-//   __device__ Ahead load_ahead(const TileInfo& t, int row, int col) const;
-//   __device__ void store8(const TileInfo& t, int row, int col,
-//                          const float (&v)[8], int valid, const Ahead& a) const;
-// gets, for each row the thread stores, load_ahead for all its column blocks
-// first, then the store8 calls with what was loaded. Without it each store8
-// would load, wait for the load and store before the next one could load
-// (a load cannot move above an earlier store that may alias it): the
-// epilogue would pay one memory latency per 8 outputs, in sequence.
-//
 // Device code reached from an Epilogue must not call functions (no printf):
 // a call anywhere in the kernel serializes its wgmma (ptxas warning C7510).
 #pragma once
@@ -54,7 +42,6 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "tessera/kernels/gemm/ptx.cuh"
 #include "tessera/kernels/gemm/tile.cuh"
@@ -70,16 +57,6 @@ enum EpiFeature : unsigned {
   kEpiReorder = 1u << 3,     ///< store the tile into slot reorder[tile] of a group buffer
   kEpiNotify = 1u << 4,      ///< flags[f(tile)] += notify_add after the tile is visible (.gpu)
   kEpiNotifySys = 1u << 5,   ///< the same at .sys scope (peer GPUs / host observe)
-};
-
-/// Whether Epilogue E uses the load-ahead form (see the concept above).
-template <class E, class = void>
-struct LoadsAhead {
-  static constexpr bool value = false;
-};
-template <class E>
-struct LoadsAhead<E, std::void_t<decltype(E::kLoadAhead)>> {
-  static constexpr bool value = E::kLoadAhead;
 };
 
 template <class T>

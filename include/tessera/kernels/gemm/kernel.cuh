@@ -90,65 +90,6 @@ __device__ __forceinline__ void store_tile(const Params& p, const TileInfo& info
   }
 }
 
-/// store_tile for a load-ahead Epilogue (LoadsAhead, epilogue.cuh): per row,
-/// the load_ahead of kBatch column blocks is issued before their store8
-/// calls, so kBatch loads are in flight together.
-template <class Cfg, class Params>
-__device__ __forceinline__ void store_tile_ahead(const Params& p, const TileInfo& info,
-                                                 const float (&acc)[Cfg::kMAtoms][Cfg::BN / 2], int consumer,
-                                                 int warp, int lane) {
-  using Epi = decltype(p.epilogue);
-  // Column blocks loaded ahead together: 4 (16 registers for a 16-byte
-  // Ahead) fit beside the accumulators without spills; 8 spilled.
-  constexpr int kBatch = 4;
-  static_assert((Cfg::BN / 32) % kBatch == 0, "column blocks per row must be a multiple of the batch");
-  const int q = lane & 3;
-#pragma unroll
-  for (int a = 0; a < Cfg::kMAtoms; ++a) {
-    const int row_base =
-        info.row0 + (Cfg::kPingPong ? 0 : consumer * Cfg::kRowsPerConsumer) + a * 64 + warp * 16 + lane / 4;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = row_base + 8 * h;
-#pragma unroll
-      for (int g0 = 0; g0 < Cfg::BN / 32; g0 += kBatch) {
-        typename Epi::Ahead ahead[kBatch];
-#pragma unroll
-        for (int b = 0; b < kBatch; ++b) {
-          const int col = info.col0 + 8 * (4 * (g0 + b) + q);
-          ahead[b] = row < p.M && col < p.N ? p.epilogue.load_ahead(info, row, col) : typename Epi::Ahead{};
-        }
-#pragma unroll
-        for (int b = 0; b < kBatch; ++b) {
-          const int g = g0 + b;
-          // The quad transpose of store_tile().
-          float2 e[4], f[4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j)
-            e[j] = make_float2(acc[a][4 * (4 * g + j) + 2 * h], acc[a][4 * (4 * g + j) + 2 * h + 1]);
-#pragma unroll
-          for (int c = 0; c < 4; ++c) f[c] = e[c];
-#pragma unroll
-          for (int r = 1; r < 4; ++r) {
-            const int send_idx = (q - r) & 3, from = (q + r) & 3;
-            float2 send = e[0];
-#pragma unroll
-            for (int j = 1; j < 4; ++j) send = send_idx == j ? e[j] : send;
-            float2 recv;
-            recv.x = __shfl_sync(0xffffffffu, send.x, (lane & ~3) | from);
-            recv.y = __shfl_sync(0xffffffffu, send.y, (lane & ~3) | from);
-#pragma unroll
-            for (int c = 0; c < 4; ++c) f[c] = c == from ? recv : f[c];
-          }
-          const float v[8] = {f[0].x, f[0].y, f[1].x, f[1].y, f[2].x, f[2].y, f[3].x, f[3].y};
-          const int col = info.col0 + 8 * (4 * g + q);
-          if (row < p.M && col < p.N) p.epilogue.store8(info, row, col, v, min(8, p.N - col), ahead[b]);
-        }
-      }
-    }
-  }
-}
-
 /// Walks this CTA's share of the schedule. Without clusters, CTA b takes
 /// positions b, b + gridDim.x, ... of a schedule over all tiles. With a
 /// 2-CTA cluster the Scheduler orders tile PAIRS (tile rows 2i and 2i+1 of one
@@ -285,9 +226,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const TileCoord t = walk.at(p.scheduler, pos);
         consume_tile<Cfg, InT, kTransB>(sm, consumer, k_blocks, acc, stage, phase, walk.rank);
         const TileInfo info = info_of(t, pos);
-        if constexpr (LoadsAhead<Epilogue>::value) {
-          store_tile_ahead<Cfg>(p, info, acc, consumer, warp, lane);
-        } else {
         // See store_tile() for the fragment layout and the quad transpose.
 #pragma unroll
         for (int a = 0; a < Cfg::kMAtoms; ++a) {
@@ -321,7 +259,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             }
           }
         }
-        }  // LoadsAhead
         if constexpr (Epilogue::kNotify) {
           // Wait until the notifier consumed tile iter - 2's arrival on this
           // barrier (barriers.cuh: an early arrival would complete its phase).
@@ -360,10 +297,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         consume_tile<Cfg, InT, kTransB>(sm, consumer, k_blocks, acc, stage, phase, walk.rank, [&] {
           if (next_exists) ptx::named_barrier_arrive(kOrderBarrier + (consumer ^ 1), 256);
         });
-        if constexpr (LoadsAhead<Epilogue>::value)
-          store_tile_ahead<Cfg>(p, info_of(t, pos), acc, consumer, warp, lane);
-        else
-          store_tile<Cfg>(p, info_of(t, pos), acc, consumer, warp, lane);
+        store_tile<Cfg>(p, info_of(t, pos), acc, consumer, warp, lane);
         // iter & 1 == consumer: each consumer has its own notify barrier, and
         // its own notify-free barrier (its previous tile iter - 2 used both).
         if constexpr (Epilogue::kNotify) {
