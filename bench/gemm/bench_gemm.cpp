@@ -311,8 +311,9 @@ void run(const Options& o) {
         "bf16 inputs unless stated, f32 accumulation, B as {}; time = median of {} CUDA-event-timed runs after {} "
         "warm-ups (all variants interleaved run by run), inputs rotated over {} buffer sets. ours/cuBLASLt < 1 means ours is faster. \"idle wait / notify / "
         "both\" = extra time of the same GEMM (same kernel as \"ours\") with a FlagWait prologue whose flags are already "
-        "set (memoized by the producer), a per-tile notify epilogue, or both, compiled in; \"idle wait/tile\" = the same "
-        "flags acquired on every tile with a proxy fence per tile (the FlagWait before the memo). Tile \"64x256/pp\" = the ping-pong kernel the plain "
+        "set (memoized; waited for by the producer's waiter warp ahead of the TMA thread), a per-tile notify epilogue, "
+        "or both, compiled in; \"idle wait/tile\" = the same "
+        "flags acquired on every tile with a proxy fence per tile (the FlagWait before the memo; same waiter). Tile \"64x256/pp\" = the ping-pong kernel the plain "
         "gemm() picks by default; \"cooperative\" = the cooperative kernel the tile heuristic picks (the default "
         "before).\n\n"
         "{}\nMedian ours/cuBLASLt = {:.3f}; worst = {:.3f}.\n{}",

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <random>
 #include <set>
@@ -211,6 +212,9 @@ TEST(GemmScheduler, RasterOrdersArePermutations) {
 // two consumers (order barriers), store threads that arrive on the notify
 // barriers 2/3, the notifier warp that bar.syncs them and calls tile_done,
 // and the notify-free handshake of barriers.cuh (the kernel's own predicates).
+// The prologue wait runs on the waiter (v7): it waits free[s], the gate (the
+// Prologue), arrives ready[s]; the TMA thread takes each tile from ready[s]
+// and arrives free[s] before loading it (WaiterRing, the kernel's parities).
 // Named barriers follow the hardware: arrivals are counted per warp and a
 // phase completes, and resets, as soon as the count reaches the expected
 // number, whoever arrived. Several CTAs (and ranks) step together under one
@@ -245,13 +249,19 @@ struct CtaModel {
   // configuration
   int stages = 5, k_blocks = 1, tiles = 0;
   bool handshake = true;
-  std::function<bool(int)> gate;          ///< producer may load CTA tile iter (prologue wait)
+  std::function<bool(int)> gate;          ///< the waiter's Prologue wait for CTA tile iter passes
+  bool back_pressure = true;              ///< waiter waits on free[s] (the kernel); false: negative control
   std::function<void(int)> tile_done;     ///< notifier published CTA tile iter
   // state
   std::vector<int> full_done, empty_done;
   int produced = 0;
   int order_arrived[2] = {0, 0}, order_synced[2] = {0, 0};
   NamedBarrier notify[2], nfree[2];
+  static constexpr int kSlots = eng::WaiterRing::kSlots;
+  int ready_done[kSlots] = {}, free_done[kSlots] = {};  ///< completed phases of the waiter ring
+  int signaled = 0;                       ///< tiles the waiter handed over (ready arrives)
+  int taken = 0;                          ///< tiles the TMA thread took from the ring
+  int max_lead = 0;                       ///< most tiles signalled and not yet taken
   std::vector<bool> stored;               ///< store threads of tile iter arrived on the notify barrier
   std::vector<int> notified;
   struct Cons {
@@ -280,15 +290,28 @@ struct CtaModel {
   }
   static bool parity_passes(int completed, int n) { return (completed & 1) != (n & 1); }
   bool done() const {
-    return produced == tiles * k_blocks && cons[0].st == Cons::Done && cons[1].st == Cons::Done &&
-           ntf.st == Notifier::Done;
+    return produced == tiles * k_blocks && taken == tiles && signaled == tiles && cons[0].st == Cons::Done &&
+           cons[1].st == Cons::Done && ntf.st == Notifier::Done;
   }
-  /// Agents of this CTA that can make a step now: 0 producer, 1/2 consumers, 3 notifier.
+  /// The TMA thread's next step is taking tile `iter` from the waiter ring.
+  bool must_take() const { return produced % k_blocks == 0 && taken == produced / k_blocks; }
+  /// Agents of this CTA that can make a step now: 0 producer (TMA thread), 1/2
+  /// consumers, 3 notifier, 4 waiter.
   void runnable(std::vector<int>& out) const {
     if (produced < tiles * k_blocks) {
       const int s = produced % stages, n = produced / stages, iter = produced / k_blocks;
-      const bool first_of_tile = produced % k_blocks == 0;
-      if (parity_passes(empty_done[s], n ^ 1) && (!first_of_tile || !gate || gate(iter))) out.push_back(0);
+      if (must_take()) {
+        const int r = eng::WaiterRing::slot(iter);
+        if (parity_passes(ready_done[r], static_cast<int>(eng::WaiterRing::ready_parity(iter)))) out.push_back(0);
+      } else if (parity_passes(empty_done[s], n ^ 1)) {
+        out.push_back(0);
+      }
+    }
+    if (signaled < tiles) {
+      const int j = signaled, r = eng::WaiterRing::slot(j);
+      const bool free_ok =
+          !back_pressure || parity_passes(free_done[r], static_cast<int>(eng::WaiterRing::free_parity(j)));
+      if (free_ok && (!gate || gate(j))) out.push_back(4);
     }
     for (int c = 0; c < 2; ++c) {
       const Cons& k = cons[c];
@@ -309,6 +332,26 @@ struct CtaModel {
       out.push_back(3);
   }
   void step(int who) {
+    if (who == 4) {  // waiter: free[s] passed, Prologue wait passed, arrive ready[s]
+      const int j = signaled, r = eng::WaiterRing::slot(j);
+      if (back_pressure && free_done[r] != j / kSlots && error.empty())
+        error = "waiter passed free of tile " + std::to_string(j) + " at phase count " + std::to_string(free_done[r]);
+      if (j - taken >= kSlots && error.empty())
+        error = "waiter " + std::to_string(j - taken + 1) + " tiles ahead of the TMA thread";
+      ++ready_done[r];
+      ++signaled;
+      max_lead = std::max(max_lead, signaled - taken);
+      return;
+    }
+    if (who == 0 && must_take()) {  // TMA thread: ready[s] passed, arrive free[s]
+      const int iter = taken, r = eng::WaiterRing::slot(iter);
+      if (ready_done[r] != iter / kSlots + 1 && error.empty())
+        error = "TMA thread passed ready of tile " + std::to_string(iter) + " at phase count " +
+                std::to_string(ready_done[r]);
+      ++free_done[r];
+      ++taken;
+      return;
+    }
     if (who == 0) {
       ++full_done[produced % stages];
       ++produced;
@@ -379,9 +422,11 @@ struct CtaModel {
 };
 
 /// Steps every CTA under one random interleaving; the notifier is picked with
-/// weight `notifier_weight` (slow fences) against 1 for every other agent.
+/// weight `notifier_weight` (slow fences), the waiter with `waiter_weight`,
+/// against 1 for every other agent.
 /// Returns "" or what went wrong (deadlock, early release, double notify).
-std::string run_ctas(std::vector<CtaModel>& ctas, std::mt19937_64& rng, double notifier_weight) {
+std::string run_ctas(std::vector<CtaModel>& ctas, std::mt19937_64& rng, double notifier_weight,
+                     double waiter_weight = 1.0) {
   for (auto& c : ctas) c.init();
   std::uniform_real_distribution<double> u(0.0, 1.0);
   for (long steps = 0;; ++steps) {
@@ -394,7 +439,7 @@ std::string run_ctas(std::vector<CtaModel>& ctas, std::mt19937_64& rng, double n
       ctas[i].runnable(r);
       for (int a : r) {
         cand.emplace_back(i, a);
-        w.push_back(a == 3 ? notifier_weight : 1.0);
+        w.push_back(a == 3 ? notifier_weight : a == 4 ? waiter_weight : 1.0);
       }
     }
     if (cand.empty()) {
@@ -535,4 +580,56 @@ TEST(GemmNotifyModel, GemmRsOnPingPongTilesFinishesOnEveryRank) {
                 }
               }
           }
+}
+
+// The prologue-waiter ring (barriers.cuh, WaiterRing; kernel.cuh): for random
+// tile counts, ring depths, K blocks and waiter speeds (slow: flags set late
+// or a long round trip; fast: flags already set), the TMA thread takes every
+// tile exactly once, in order, only after the waiter signalled THAT tile (no
+// parity aliasing: ready[s] has completed exactly tile / 2 + 1 phases), the
+// waiter passes free[s] only once the TMA thread took tile j - 2, is never
+// more than kSlots tiles ahead, and nothing deadlocks. Blocking Prologue
+// waits that depend on other CTAs run through the same ring in
+// GemmNotifyModel.GemmRsOnPingPongTilesFinishesOnEveryRank (owner epilogue).
+TEST(GemmWaiterRingModel, TmaThreadTakesEveryTileOnceAfterItsWait) {
+  std::mt19937_64 rng(21);
+  std::uniform_int_distribution<int> tiles_dist(1, 40);
+  int full_lead_runs = 0;
+  for (int stages : {2, 5})
+    for (int k_blocks : {1, 2, 5})
+      for (double ww : {1.0, 0.05, 20.0})
+        for (int trial = 0; trial < 20; ++trial) {
+          std::vector<CtaModel> ctas(1);
+          CtaModel& c = ctas[0];
+          c.stages = stages;
+          c.k_blocks = k_blocks;
+          c.tiles = tiles_dist(rng);
+          const std::string e = run_ctas(ctas, rng, 1.0, ww);
+          ASSERT_EQ(e, "") << "stages " << stages << " k_blocks " << k_blocks << " tiles " << c.tiles
+                           << " waiter weight " << ww;
+          ASSERT_EQ(c.taken, c.tiles);
+          ASSERT_EQ(c.signaled, c.tiles);
+          ASSERT_LE(c.max_lead, eng::WaiterRing::kSlots);
+          full_lead_runs += c.max_lead == eng::WaiterRing::kSlots;
+        }
+  // The fast-waiter runs must have reached the full lead, or the model never
+  // exercised the back-pressure.
+  EXPECT_GT(full_lead_runs, 0);
+}
+
+// Negative control: without the free[s] back-pressure the waiter laps the
+// ring (ready[s] completes a phase the TMA thread has not consumed, so a
+// parity wait aliases or blocks); the model must catch that.
+TEST(GemmWaiterRingModel, WithoutBackPressureTheWaiterLapsTheRing) {
+  std::mt19937_64 rng(5);
+  int broken = 0, runs = 0;
+  for (int tiles : {3, 5, 9})
+    for (int trial = 0; trial < 100; ++trial, ++runs) {
+      std::vector<CtaModel> ctas(1);
+      ctas[0].tiles = tiles;
+      ctas[0].k_blocks = 2;
+      ctas[0].back_pressure = false;
+      if (!run_ctas(ctas, rng, 1.0, 20.0).empty()) ++broken;
+    }
+  EXPECT_GT(broken, 0) << "the model never caught the waiter lapping the ring in " << runs << " runs";
 }

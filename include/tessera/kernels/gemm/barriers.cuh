@@ -31,9 +31,15 @@
 // and the notifier's sync: the store threads of tile iter + 2 cannot arrive
 // before the notifier consumed tile iter's arrival. They stall only when the
 // notifier is two tiles behind (then the notifier is the bottleneck anyway).
+//
+// Besides the named barriers, kernels with an active Prologue have the
+// prologue-waiter ring (WaiterRing below): 2 x 2 mbarriers in shared memory
+// (SmemLayout::prologue_ready / prologue_free), no named barrier.
 #pragma once
 
 #include <cuda_runtime.h>  // __host__ / __device__ in host compilers too
+
+#include <cstdint>
 
 namespace tessera::kernels::engine {
 
@@ -52,6 +58,44 @@ struct NotifyHandshake {
   /// kNotifyFreeBarrier + (iter & 1) exactly when tile iter + 2 exists (so
   /// every arrive is matched by one store_waits_free sync).
   __host__ __device__ static constexpr bool notifier_frees(int iter, int tiles) { return iter + 2 < tiles; }
+};
+
+/// The prologue-waiter ring (kernel.cuh, only when Prologue::kActive; v7 in
+/// notes/gemm.md). The waiter (lane 0 of warp kWaiterWarp of the producer
+/// warpgroup) runs the Prologue's wait for the CTA's tiles in schedule order,
+/// AHEAD of the TMA thread, and hands each tile over through kSlots slots of
+/// two mbarriers (count 1 each): ready[s] (the waiter arrives) and free[s] (the
+/// TMA thread arrives; back-pressure, so the waiter never laps the ring).
+/// CTA-local tile j uses slot j % kSlots for the (j / kSlots)-th time, n:
+///   waiter, tile j:     wait free[s] (free_parity(j)) -> Prologue wait ->
+///                       fence.proxy.async (when needed) -> arrive ready[s]
+///   TMA thread, tile j: wait ready[s] (ready_parity(j)) -> arrive free[s] ->
+///                       TMA loads of tile j
+/// Why the parity waits are exact (a parity wait passes once the phase of
+/// that parity completed, and cannot tell phase n from n + 2):
+///  * ready[s] when the TMA thread waits for tile j: completed n phases
+///    (tiles s, s + 2, ..., j - 2) or n + 1 (tile j too); it cannot have
+///    completed n + 2: the waiter signals tile j + 2 only after free[s]'s
+///    phase n, which the TMA thread completes only after this wait. Parity n
+///    passes exactly at n + 1 completions.
+///  * free[s] when the waiter waits for tile j (n >= 1): completed n - 1
+///    (tile j - 2 not taken yet) or n; not n + 1 (tile j was not signalled).
+///    Parity (n - 1) & 1 passes exactly at n. For n = 0 (tiles 0 and 1) it
+///    waits parity 1 on a fresh barrier, which passes at once (the phase
+///    before phase 0 counts as complete; same convention as the producer's
+///    first empty waits).
+/// So the waiter is at most kSlots tiles ahead of the TMA thread. Arrival
+/// counts depend on nobody else: the waiter may exit after its last tile
+/// (the TMA thread's last kSlots free arrivals are simply never waited on).
+/// Host model: tests/kernels/gemm_host_test.cpp (GemmWaiterRingModel).
+struct WaiterRing {
+  static constexpr int kSlots = 2;
+  static constexpr int kWaiterWarp = 2;  ///< warp 1 is the notifier (Epilogue::kNotify)
+  __host__ __device__ static constexpr int slot(int j) { return j % kSlots; }
+  __host__ __device__ static constexpr uint32_t ready_parity(int j) { return static_cast<uint32_t>((j / kSlots) & 1); }
+  __host__ __device__ static constexpr uint32_t free_parity(int j) {
+    return static_cast<uint32_t>(((j / kSlots) & 1) ^ 1);
+  }
 };
 
 }  // namespace tessera::kernels::engine

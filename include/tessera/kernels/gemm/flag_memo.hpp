@@ -6,6 +6,9 @@
 // ring covers only ~2 us of wgmma; one blocking ld.acquire (an L2 round trip)
 // plus a proxy fence per tile on the producer thread showed as +1..5% even
 // with every flag already set (bench/RESULTS.md, session 2, third call).
+// Since v7 the wait runs on a separate waiter thread ahead of the TMA
+// thread (kernel.cuh); the memo stays: fewer L2 round trips, MEMBARs and L1
+// invalidations (ld.acquire) on the SM, at no cost to the TMA issue path.
 //
 // What: memo_wait() waits for flags [f0, f1] (the flags one tile needs).
 //  * A flag once observed >= expected stays so for the rest of the launch
@@ -23,9 +26,11 @@
 //
 // Memory order (PTX memory model): "strong read, then fence.acq_rel" is an
 // acquire pattern on every location read, so each memoized flag was acquired
-// by the fence that followed its relaxed read, and the kernel's
-// fence.proxy.async after that fence orders every later TMA load (of this and
-// all later tiles: program order) after the acquire. A vector load counts as
+// by the fence that followed its relaxed read, and the waiter's
+// fence.proxy.async after that fence, then its ready arrive (release.cta) and
+// the TMA thread's wait on it (acquire.cta), order every later TMA load (of
+// this and all later tiles: program order of both threads) after the acquire
+// (kernel.cuh, the waiter ring). A vector load counts as
 // one strong relaxed read per element (PTX: vector accesses are a set of
 // scalar accesses), so the pattern holds for each flag of the window. Reducing
 // the values to a mask before the fence changes nothing: what is acquired is
@@ -35,7 +40,7 @@
 // flags are never memoized.
 //
 // Registers (why the window is 16 bytes and the loader returns a mask): the
-// producer runs under setmaxnreg 40; an 8-value window kept live across the
+// waiter (producer warpgroup) runs under setmaxnreg 40; an 8-value window kept live across the
 // fence spilled to local memory (notes/gemm.md v6). The memo is one 64-bit
 // mask, the window costs 4 registers for the duration of one compare.
 //

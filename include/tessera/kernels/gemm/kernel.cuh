@@ -2,10 +2,15 @@
 // kernel template that ties mainloop, Scheduler, Prologue and Epilogue.
 //
 // Block = 1 producer warpgroup + Cfg::kConsumers consumer warpgroups.
-//  * producer (warpgroup 0): drops to kProducerRegs registers; one thread walks
-//    the schedule, calls Prologue::wait (if active) before each tile and
-//    streams the tile's K blocks into the smem ring with TMA. If the Epilogue
-//    notifies, warp 1 of this warpgroup is the notifier (see epilogue.cuh).
+//  * producer (warpgroup 0): drops to kProducerRegs registers; one thread
+//    (threadIdx.x 0, the TMA thread) walks the schedule and streams each
+//    tile's K blocks into the smem ring with TMA. If the Prologue is active,
+//    lane 0 of warp 2 (the waiter) walks the same schedule up to
+//    WaiterRing::kSlots tiles ahead, runs Prologue::wait + the proxy fence
+//    for each tile and hands it to the TMA thread through the waiter ring
+//    (barriers.cuh), so no flag round trip sits on the TMA issue path. If
+//    the Epilogue notifies, warp 1 of this warpgroup is the notifier (see
+//    epilogue.cuh).
 //  * consumers: raise to kConsumerRegs registers; walk the same schedule,
 //    multiply with wgmma, then hand each accumulator pair to the Epilogue and,
 //    if it notifies, fence + barrier + tile_done (see epilogue.cuh).
@@ -39,8 +44,8 @@ struct KernelParams {
   Scheduler scheduler;
 };
 
-// Named barriers (kNotifyBarrier, kOrderBarrier, kNotifyFreeBarrier) and the
-// notify handshake: see barriers.cuh.
+// Named barriers (kNotifyBarrier, kOrderBarrier, kNotifyFreeBarrier), the
+// notify handshake and the prologue-waiter ring (WaiterRing): see barriers.cuh.
 
 /// Epilogue of one consumer warpgroup: hands its accumulators to
 /// Epilogue::store8, 8 consecutive columns per call, masked to the problem.
@@ -143,6 +148,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // (ping-pong: only the warps of the consumer that owns the tile)
       ptx::mbar_init(sm.empty(s), Cfg::kEmptyArrivals);
     }
+    if constexpr (Prologue::kActive) {
+      for (int s = 0; s < WaiterRing::kSlots; ++s) {
+        ptx::mbar_init(sm.prologue_ready(s), 1);  // the waiter's arrive
+        ptx::mbar_init(sm.prologue_free(s), 1);   // the TMA thread's arrive
+      }
+    }
     ptx::fence_barrier_init();
   }
   if constexpr (Cfg::kClusterM == 1)
@@ -183,19 +194,62 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
       }
     }
+    if constexpr (Prologue::kActive) {
+      if (threadIdx.x == WaiterRing::kWaiterWarp * 32) {
+        // Waiter: the Prologue's wait for every tile of this CTA, in schedule
+        // order, at most WaiterRing::kSlots tiles ahead of the TMA thread.
+        //
+        // Memory order (why the TMA thread's loads of tile j see the data the
+        // flags publish, although another thread acquired them):
+        //   remote writes -> release (flag store, any scope the prologue uses)
+        //   -> waiter: acquire of the flag (ld.acquire, or relaxed loads +
+        //      fence.acq_rel: FlagMemo), generic proxy
+        //   -> waiter: fence.proxy.async.global (orders the acquired global
+        //      data, generic proxy, before later async-proxy accesses)
+        //   -> waiter: mbarrier.arrive on ready[s] (release, CTA scope)
+        //   -> TMA thread: mbarrier.try_wait on ready[s] (acquire, CTA scope)
+        //   -> TMA thread: cp.async.bulk.tensor loads of tile j (async proxy).
+        // Every arrow is program order or a release/acquire pair, so the
+        // remote writes happen before the TMA reads; the proxy crossing is
+        // made by the thread that did the generic-proxy access, before the
+        // CTA-scope synchronisation — the pattern CUTLASS uses for a TMA
+        // store of smem written by other threads (each writer
+        // fence.proxy.async, then a barrier, then one thread issues the TMA).
+        // When a stateful prologue (FlagWait's memo) acquired nothing new for
+        // tile j, the fence is skipped: the acquire and fence that covered
+        // its flags preceded an earlier ready arrive, which the TMA thread
+        // acquired before tile j's loads (program order). Tiles with
+        // t.m >= tiles_m (the missing second tile of a 2-CTA cluster pair)
+        // wait for nothing but still take a ring slot, so both threads count
+        // the same tiles.
+        PrologueState<Prologue> prologue_state{};  // e.g. FlagWait's memo of acquired flags
+        int iter = 0;
+        for (int pos = walk.first; pos < walk.count; pos += walk.stride, ++iter) {
+          const TileCoord t = walk.at(p.scheduler, pos);
+          const int s = WaiterRing::slot(iter);
+          ptx::mbar_wait(sm.prologue_free(s), WaiterRing::free_parity(iter));
+          if (t.m < p.tiles_m && prologue_wait(p.prologue, info_of(t, pos), prologue_state))
+            ptx::fence_proxy_async_global();
+          ptx::mbar_arrive(sm.prologue_ready(s));
+        }
+        // Exits after its last tile: no barrier counts it any more.
+      }
+    }
     if (threadIdx.x == 0) {
       ptx::tma_prefetch_desc(&tma_a);
       ptx::tma_prefetch_desc(&tma_b);
-      PrologueState<Prologue> prologue_state{};  // e.g. FlagWait's memo of acquired flags
+      [[maybe_unused]] int iter = 0;  // CTA-local tile index (waiter ring only)
       for (int pos = walk.first; pos < walk.count; pos += walk.stride) {
-        const TileCoord t = walk.at(p.scheduler, pos);
         if constexpr (Prologue::kActive) {
-          // Acquire (generic proxy) before TMA reads (async proxy). Skipped
-          // when the wait acquired nothing new: the fence that followed the
-          // acquire covering this tile's inputs already precedes its loads.
-          if (t.m < p.tiles_m && prologue_wait(p.prologue, info_of(t, pos), prologue_state))
-            ptx::fence_proxy_async_global();
+          // Normally complete long ago: the waiter runs up to kSlots tiles
+          // ahead. Frees the slot at once (the waiter may start tile
+          // iter + kSlots while this thread loads tile iter).
+          const int s = WaiterRing::slot(iter);
+          ptx::mbar_wait(sm.prologue_ready(s), WaiterRing::ready_parity(iter));
+          ptx::mbar_arrive(sm.prologue_free(s));
+          ++iter;
         }
+        const TileCoord t = walk.at(p.scheduler, pos);
         produce_tile<Cfg, InT, kTransB>(sm, &tma_a, &tma_b, t.m * Cfg::BM, t.n * Cfg::BN, k_blocks, stage, phase,
                                         walk.rank);
       }

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 
+#include "tessera/kernels/gemm/barriers.cuh"
 #include "tessera/kernels/gemm/ptx.cuh"
 #include "tessera/kernels/gemm/wgmma.cuh"
 
@@ -69,7 +70,13 @@ struct SmemLayout {
   static constexpr int kStageBytes = kABytes + kBBytes;
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "slots must stay 1024-byte aligned (swizzle atom)");
   static constexpr int kBarrierOffset = Cfg::kStages * kStageBytes;
-  static constexpr int kBytes = kBarrierOffset + 2 * Cfg::kStages * 8;
+  /// Barriers: full[kStages], empty[kStages], then the prologue-waiter ring
+  /// ready[kSlots], free[kSlots] (barriers.cuh, WaiterRing). The ring is
+  /// reserved in every kernel (32 bytes; initialised and used only when the
+  /// Prologue is active) so full / empty keep their offsets and the
+  /// hook-free kernels their code.
+  static constexpr int kBarrierCount = 2 * Cfg::kStages + 2 * WaiterRing::kSlots;
+  static constexpr int kBytes = kBarrierOffset + kBarrierCount * 8;
   /// Dynamic shared memory requested at launch (+1 KiB to align the base).
   static constexpr int kLaunchBytes = kBytes + 1024;
 
@@ -79,6 +86,12 @@ struct SmemLayout {
   __device__ uint64_t* full(int s) const { return reinterpret_cast<uint64_t*>(base + kBarrierOffset) + s; }
   __device__ uint64_t* empty(int s) const {
     return reinterpret_cast<uint64_t*>(base + kBarrierOffset) + Cfg::kStages + s;
+  }
+  __device__ uint64_t* prologue_ready(int s) const {
+    return reinterpret_cast<uint64_t*>(base + kBarrierOffset) + 2 * Cfg::kStages + s;
+  }
+  __device__ uint64_t* prologue_free(int s) const {
+    return reinterpret_cast<uint64_t*>(base + kBarrierOffset) + 2 * Cfg::kStages + WaiterRing::kSlots + s;
   }
 };
 

@@ -7,17 +7,23 @@
 // producer (e.g. a memo of flags already acquired):
 //   using State = ...;                       // default-constructible
 //   __device__ bool wait(const TileInfo& t, State& s) const;
-// wait() runs on the producer thread (the one that issues the tile's TMA
-// loads) before the first load of tile t. It must not return before the
-// tile's inputs are in global memory and visible at the scope they were
-// published at (acquire). The kernel then executes fence.proxy.async.global
-// so the TMA loads (async proxy) are ordered after the acquire. The stateful
-// form returns whether it executed an acquire; when it returns false (every
-// input of t was acquired while waiting for an earlier tile of this producer)
-// the kernel skips the proxy fence: the fence that followed that earlier
-// acquire already precedes t's loads in program order. prologue_wait() below
-// dispatches; a prologue with only the stateless wait() (the ops' AgPrologue,
-// RsOwnerPrologue) is fenced after every tile, as before.
+// wait() runs on the producer warpgroup's waiter thread (lane 0 of warp
+// WaiterRing::kWaiterWarp, barriers.cuh), for the CTA's tiles in schedule
+// order, up to WaiterRing::kSlots tiles ahead of the thread that issues the
+// TMA loads; one thread calls it for every tile, so State lives across tiles.
+// It must not return before the tile's inputs are in global memory and
+// visible at the scope they were published at (acquire). The waiter then
+// executes fence.proxy.async.global and arrives on the ring's ready mbarrier
+// (release.cta); the TMA thread's wait on it (acquire.cta) orders the tile's
+// TMA loads (async proxy) after the acquire (argument in kernel.cuh). The
+// stateful form returns whether it executed an acquire; when it returns
+// false (every input of t was acquired while waiting for an earlier tile)
+// the waiter skips the proxy fence: the fence that followed that earlier
+// acquire preceded an earlier ready arrive, which the TMA thread acquired
+// before t's loads. prologue_wait() below dispatches; a prologue with only
+// the stateless wait() (the ops' AgPrologue, RsOwnerPrologue) is fenced
+// after every tile, as before. wait() runs under the producer warpgroup's
+// register budget (setmaxnreg kProducerRegs = 40): keep it small.
 //
 // The link layer's consumer_tile_wait plugs in as a Prologue: any type with
 // this interface works.

@@ -8,7 +8,9 @@
 //    wrote (complete_tx) and a producer that saw "empty" may overwrite it.
 //  * TMA loads run in the async proxy. Data written to global memory by
 //    ordinary stores (generic proxy) in another kernel/agent and acquired via
-//    a flag needs fence_proxy_async_global() before the TMA that reads it.
+//    a flag needs fence_proxy_async_global() before the TMA that reads it
+//    (by the acquiring thread, then CTA synchronisation if another thread
+//    issues the TMA).
 #pragma once
 
 #include <cuda.h>
@@ -95,7 +97,9 @@ __device__ __forceinline__ void cluster_sync() {
 }
 
 /// Orders this thread's earlier generic-proxy global accesses (e.g. an
-/// acquire load of a ready flag) before its later async-proxy (TMA) accesses.
+/// acquire load of a ready flag) before later async-proxy (TMA) accesses: its
+/// own, and those of threads it then synchronises with (release/acquire, e.g.
+/// an mbarrier arrive / wait: the GEMM's prologue waiter, kernel.cuh).
 __device__ __forceinline__ void fence_proxy_async_global() {
   asm volatile("fence.proxy.async.global;" ::: "memory");
 }
