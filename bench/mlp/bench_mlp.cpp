@@ -207,11 +207,8 @@ void run(const Options& o) {
       return kernels::GemmArgs{s.hid->p, s.wd->p, part.p, m, h, il, il, il, h, t, t, kernels::BLayout::NK};
     };
     timer.add(&rs.gemm, [&] { kernels::cublaslt_gemm(rs_gemm_args(next()), st); });
-    {
-      kernels::GemmOptions eo;
-      eo.tile = kernels::GemmTile::T128x256;  // the fused GEMM+RS's tile (cooperative)
-      timer.add(&rs.engine, [&, eo] { kernels::gemm(rs_gemm_args(next()), eo, st); });
-    }
+    // The fused GEMM+RS's tile is the plain default (ping-pong 64x256).
+    timer.add(&rs.engine, [&] { kernels::gemm(rs_gemm_args(next()), kernels::GemmOptions{}, st); });
     timer.add(&rs.comm, [&] {
       TESSERA_NCCL_CHECK(
           ncclReduceScatter(part.p, out.p, static_cast<std::size_t>(ml * h), nt, ncclSum, pg->nccl(), st));
@@ -228,8 +225,8 @@ void run(const Options& o) {
       a.dtype = t;
       return a;
     };
-    // GEMM+RS on the copy engine needs the shards on 128-row tile rows.
-    const bool rs_ce_ok = ops::shard_rows(m, R).per_rank % 128 == 0;
+    // GEMM+RS on the copy engine needs the shards on tile rows.
+    const bool rs_ce_ok = ops::shard_rows(m, R).per_rank % ops::kRsFusedTileRows == 0;
     double rs_sm = 0, rs_ce = 0;
     ops::OpOptions rs_base;
     rs_base.comm_ctas = o.comm_ctas;

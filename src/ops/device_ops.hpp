@@ -18,13 +18,14 @@ namespace tessera::ops::detail {
 /// epilogue_overlap): one consumer warpgroup stores its tile while the other
 /// runs its main loop; measured 0.988x cuBLASLt (median) against 1.019x for
 /// the cooperative 128x256 on the MLP shapes (nvidia-h200-x2, 0e9d5cb).
-/// GEMM+RS: the cooperative 128x256. With the ping-pong tile, the GEMM+RS
-/// GPU test's small shapes (M 1024 / 1000, K 256 / 264) hit a device wait
-/// timeout on nvidia-h200-x2 (da267a3) while the MLP shapes ran; not yet
-/// understood, so GEMM+RS stays on the kernel verified before.
+/// GEMM+RS: the same ping-pong 64x256, so the owner tiles' epilogue (the
+/// add of the peers' slabs) runs while the other consumer's main loop runs.
+/// (Its earlier device wait timeout on small shapes, da267a3, was the notify
+/// handshake race fixed in c8a72a0 / 465e829; the cooperative 128x256 was
+/// used until that fix was verified, 72b5420.)
 /// Plans (plan_ag / plan_rs) use the same rows and columns.
 inline constexpr int kAgTileM = 64;
-inline constexpr int kRsTileM = 128;
+inline constexpr int kRsTileM = 64;  // = ops::kRsFusedTileRows (plan.hpp; checked in gemm_rs.cpp)
 inline constexpr int kRsTileN = 256;
 
 /// Fused AG+GEMM: D = A_gathered · Bᵀ (or SiLU·up with swiglu) with the

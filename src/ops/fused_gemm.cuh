@@ -1,8 +1,8 @@
 // src/ops/fused_gemm.cuh — instantiations of the fused TP GEMMs for one
 // input type (included by fused_gemm_bf16.cu / fused_gemm_f16.cu so that the
-// two types compile in parallel). One tile per policy set (AG: the ping-pong
-// 64x256, RS: the cooperative 128x256; see device_ops.hpp) keeps the kernel
-// count, and the build time, small.
+// two types compile in parallel). One tile for every fused GEMM (the
+// ping-pong 64x256; see device_ops.hpp) keeps the kernel count, and the
+// build time, small.
 #pragma once
 
 #include "fused_policies.cuh"
@@ -14,8 +14,8 @@
 namespace tessera::ops::detail {
 
 inline constexpr kernels::GemmTile kAgTile = kernels::GemmTile::T64x256;  // ping-pong
-inline constexpr kernels::GemmTile kRsTile = kernels::GemmTile::T128x256;  // cooperative
-static_assert(kAgTileM == 64 && kRsTileM == 128 && kRsTileN == 256, "tiles and plan constants must agree");
+inline constexpr kernels::GemmTile kRsTile = kernels::GemmTile::T64x256;  // ping-pong
+static_assert(kAgTileM == 64 && kRsTileM == 64 && kRsTileN == 256, "tiles and plan constants must agree");
 
 template <class T>
 void ag_gemm_typed(const AgGemmLaunch& p, cudaStream_t s) {
@@ -76,6 +76,7 @@ void gemm_rs_typed(const GemmRsLaunch& p, cudaStream_t s) {
   g.b_layout = kernels::BLayout::NK;
   kernels::GemmOptions o{};
   o.tile = kRsTile;
+  o.epilogue_overlap = true;
   o.max_ctas = p.max_ctas;
   // Remotely-owned tiles first: start at shard (rank + 1) mod R.
   const kernels::engine::RasterScheduler sched{p.raster_group, false, p.rotate_m};
@@ -101,7 +102,7 @@ void gemm_rs_typed(const GemmRsLaunch& p, cudaStream_t s) {
     pro.epoch = p.epoch;
     pro.timeout_ns = runtime::wait_timeout_ns();
     pro.diag = kernels::wait_diagnostics();
-    kernels::gemm_with_tile<kRsTile, T, kernels::BLayout::NK, 1>(g, o, pro, epi, sched, s);
+    kernels::gemm_with_tile_overlap<kRsTile, T, kernels::BLayout::NK>(g, o, pro, epi, sched, s);
     return;
   }
   if (p.owner_epilogue) {
@@ -123,7 +124,7 @@ void gemm_rs_typed(const GemmRsLaunch& p, cudaStream_t s) {
     pro.expected = static_cast<std::uint64_t>(p.world - 1);
     pro.timeout_ns = runtime::wait_timeout_ns();
     pro.diag = kernels::wait_diagnostics();
-    kernels::gemm_with_tile<kRsTile, T, kernels::BLayout::NK, 1>(g, o, pro, epi, sched, s);
+    kernels::gemm_with_tile_overlap<kRsTile, T, kernels::BLayout::NK>(g, o, pro, epi, sched, s);
     return;
   }
   RsEpilogue<T> epi;
@@ -134,13 +135,13 @@ void gemm_rs_typed(const GemmRsLaunch& p, cudaStream_t s) {
   epi.per_rank = p.per_rank;
   epi.ld = p.ld_recv;
   epi.rank = p.rank;
-  kernels::gemm_with_tile<kRsTile, T, kernels::BLayout::NK, 1>(g, o, kernels::engine::NoWait{}, epi, sched, s);
+  kernels::gemm_with_tile_overlap<kRsTile, T, kernels::BLayout::NK>(g, o, kernels::engine::NoWait{}, epi, sched, s);
 }
 
 template <class T>
 void preload_typed() {
   using Cfg = kernels::PingPongCfgOf<kAgTile>::type;
-  using RsCfg = kernels::TileCfgOf<kRsTile, 1>::type;
+  using RsCfg = kernels::PingPongCfgOf<kRsTile>::type;
   using Sched = kernels::engine::RasterScheduler;
   cudaFuncAttributes attr{};
   kernels::detail::cuda_check(

@@ -21,6 +21,8 @@
 
 namespace tessera::ops {
 
+static_assert(detail::kRsTileM == kRsFusedTileRows, "the fused GEMM+RS tile and the public constant must agree");
+
 namespace {
 
 ncclDataType_t nccl_type(DType t) { return t == DType::f16 ? ncclFloat16 : ncclBfloat16; }

@@ -155,8 +155,10 @@ const RsVariant kRsVariants[] = {{Strategy::sequential, RsReduce::epilogue},
                                  {Strategy::fused_ce, RsReduce::epilogue},
                                  {Strategy::fused_sm, RsReduce::epilogue}};
 
-/// fused_ce GEMM+RS runs only when every shard boundary is on a 128-row tile row.
-bool rs_tile_row_shards(std::int64_t m, int world) { return shard_rows(m, world).per_rank % 128 == 0; }
+/// fused_ce GEMM+RS runs only when every shard boundary is on a tile row.
+bool rs_tile_row_shards(std::int64_t m, int world) {
+  return shard_rows(m, world).per_rank % kRsFusedTileRows == 0;
+}
 
 }  // namespace
 

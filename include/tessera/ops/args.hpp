@@ -29,7 +29,7 @@ namespace tessera::ops {
 ///                  rows staged locally and counted per band of tile rows, each
 ///                  band copied to its owner as soon as it is complete, the
 ///                  owner adding the peers' bands in its own tiles' epilogue
-///                  (needs ceil(M/R) a multiple of 128)
+///                  (needs ceil(M/R) a multiple of the 64-row tile)
 ///  fused_sm      — AG: the same GEMM, transfers pushed by a few CTAs
 ///  ring          — GEMM+RS only: TileLink's ring reduce-scatter (Fig. 4): per-shard
 ///                  GEMMs in ring order, running sums passed to rank r-1 chunk by

@@ -53,6 +53,10 @@ struct AgPlan {
 /// channels in [1, kMaxChannels]; throws tessera::Error on bad parameters.
 AgPlan plan_ag(std::int64_t m, int world, int rank, int channels, int tile_m);
 
+/// Rows of the fused GEMM+RS tile: the owner-add strategies (fused_sm with
+/// RsReduce::epilogue, fused_ce) need ceil(M/R) to be a multiple of it.
+inline constexpr int kRsFusedTileRows = 64;
+
 struct RsPlan {
   int rank = 0, world = 1;
   ShardRows shards;

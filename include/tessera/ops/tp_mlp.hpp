@@ -45,7 +45,7 @@ namespace tessera::ops {
 ///             consumers add the peers' slabs to the f32 accumulator in rank
 ///             order and store the result; no reduce kernel, the GEMM keeps
 ///             every SM. Needs shard boundaries on tile rows
-///             (ceil(M/R) % 128 == 0); otherwise `kernel` is used.
+///             (ceil(M/R) % kRsFusedTileRows == 0); otherwise `kernel` is used.
 ///  kernel   — every partial (own included) goes to the owner's slabs; a
 ///             reduce kernel on comm_ctas SMs sums them as tile rows complete.
 enum class RsReduce : int { epilogue = 0, kernel = 1 };
