@@ -185,7 +185,8 @@ void run_commir(const CommirOptions& o) {
       }
       // Every executor variant of both plans: the default (B [n,k],
       // TESSERA_COMMIR_COMM_SMS reserved beside NCCL), B [k,n] (the layout
-      // before 2026-11-22), and for the AsyncTP plans 8 reserved SMs and every
+      // before 2026-11-22), and for the AsyncTP plans 16 reserved SMs (the old
+      // default, 2026-11-22) and every
       // SM to the GEMM (what a copy-engine exchange would allow; with NCCL's
       // kernel in flight it may instead stall the GEMM's last CTAs).
       std::vector<std::pair<std::string, commir::Plan>> plans;  // complete before any executor refers to one
@@ -198,7 +199,7 @@ void run_commir(const CommirOptions& o) {
         if (o.variants) {
           variants.push_back({name + " B[k,n]", {-1, false}});
           if (name.rfind("async_", 0) == 0) {
-            variants.push_back({name + " 8 SMs", {8, true}});
+            variants.push_back({name + " 16 SMs", {16, true}});
             variants.push_back({name + " all SMs", {0, true}});
           }
         }

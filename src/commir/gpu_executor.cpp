@@ -170,7 +170,7 @@ struct GpuExecutor::Impl {
   std::vector<LtAddF32> adds;
   std::vector<int> prepared;        // per op: index into gemms or adds, -1 otherwise
   int add_ctas = 1;                 // CTAs of the bf16 add kernel (all SMs: it runs alone or after the GEMM)
-  int comm_sms = 16;                // SMs a GEMM leaves to NCCL kernels in flight (TESSERA_COMMIR_COMM_SMS)
+  int comm_sms = 8;                 // SMs a GEMM leaves to NCCL kernels in flight (TESSERA_COMMIR_COMM_SMS)
   cudaEvent_t ev = nullptr;
 
   std::size_t esize(int blk) const { return prog.blocks[blk].f32 ? 4 : 2; }
@@ -317,7 +317,7 @@ GpuExecutor::GpuExecutor(const Plan& plan, int rank, ncclComm_t comm, cudaStream
   int dev = 0;
   TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
   TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&I.add_ctas, cudaDevAttrMultiProcessorCount, dev));
-  I.comm_sms = static_cast<int>(env::get_int("TESSERA_COMMIR_COMM_SMS", 16, 0, I.add_ctas - 1));
+  I.comm_sms = static_cast<int>(env::get_int("TESSERA_COMMIR_COMM_SMS", 8, 0, I.add_ctas - 1));
   if (opts.comm_sms >= 0) {
     TESSERA_CHECK(opts.comm_sms < I.add_ctas, "commir gpu executor: comm_sms {} must be below the SM count {}",
                   opts.comm_sms, I.add_ctas);

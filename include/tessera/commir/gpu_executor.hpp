@@ -34,7 +34,8 @@
 //
 // Overlap: a GEMM issued while NCCL kernels of this rank are in flight (not
 // yet waited for by the compute stream) is sized by cuBLASLt for all SMs but
-// TESSERA_COMMIR_COMM_SMS (default 16; 0 = all SMs; GpuExecutorOptions::
+// TESSERA_COMMIR_COMM_SMS (default 8, measured faster than 16 for the AsyncTP
+// GEMM+RS plan on nvidia-h200-x2; 0 = all SMs; GpuExecutorOptions::
 // comm_sms overrides it), so the communication kernels find free SMs instead
 // of waiting for a persistent GEMM to retire.
 //
@@ -56,7 +57,7 @@
 namespace tessera::commir {
 
 struct GpuExecutorOptions {
-  /// SMs a GEMM leaves to NCCL kernels in flight; -1 = TESSERA_COMMIR_COMM_SMS (default 16).
+  /// SMs a GEMM leaves to NCCL kernels in flight; -1 = TESSERA_COMMIR_COMM_SMS (default 8).
   int comm_sms = -1;
   /// Store B as [n, k] where the plan allows (see GpuProgramOptions::b_nk).
   bool b_nk = true;
