@@ -13,7 +13,7 @@ namespace tessera::signal {
 
 OverlapCost OverlapCost::from_tiles(const WaveModel& model, WaveTimes overlapped, double sequential_gemm,
                                     double bytes_per_tile, std::function<double(double bytes)> comm_time,
-                                    double per_group_overhead) {
+                                    double per_group_overhead, double gemm_penalty_per_group) {
   TESSERA_CHECK(overlapped.waves() == model.waves(), "OverlapCost::from_tiles: {} wave times for a model of {} waves",
                 overlapped.waves(), model.waves());
   TESSERA_CHECK(bytes_per_tile > 0, "OverlapCost::from_tiles: bytes per tile must be > 0, got {}", bytes_per_tile);
@@ -22,6 +22,7 @@ OverlapCost OverlapCost::from_tiles(const WaveModel& model, WaveTimes overlapped
   c.sequential_gemm = sequential_gemm;
   c.comm_all = comm_time(model.tiles() * bytes_per_tile);
   c.per_group_overhead = per_group_overhead;
+  c.gemm_penalty_per_group = gemm_penalty_per_group;
   c.group_comm = [model, bytes_per_tile, comm_time](int first, int end) {
     return comm_time((model.wave_begin(end) - model.wave_begin(first)) * bytes_per_tile);
   };
@@ -37,18 +38,22 @@ PredictiveSearch::PredictiveSearch(OverlapCost cost) : cost_(std::move(cost)) {
                 "PredictiveSearch: whole-output communication time must be >= 0, got {}", cost_.comm_all);
   TESSERA_CHECK(std::isfinite(cost_.per_group_overhead) && cost_.per_group_overhead >= 0,
                 "PredictiveSearch: per-group overhead must be >= 0, got {}", cost_.per_group_overhead);
+  TESSERA_CHECK(std::isfinite(cost_.gemm_penalty_per_group) && cost_.gemm_penalty_per_group >= 0,
+                "PredictiveSearch: GEMM penalty per group must be >= 0, got {}", cost_.gemm_penalty_per_group);
 }
 
 double PredictiveSearch::predict(const std::vector<int>& waves_per_group) const {
   double end = 0;
-  int done = 0;
+  int done = 0, g = 0;
   for (int w : waves_per_group) {
     TESSERA_CHECK(w > 0, "PredictiveSearch::predict: group of {} waves in [{}]", w, fmt::join(waves_per_group, ","));
     const int next = done + w;
     TESSERA_CHECK(next <= cost_.waves(), "PredictiveSearch::predict: [{}] covers more than {} waves",
                   fmt::join(waves_per_group, ","), cost_.waves());
-    end = std::max(cost_.overlapped.done(next), end) + cost_.per_group_overhead + cost_.group_comm(done, next);
+    end = std::max(cost_.overlapped.done(next) + g * cost_.gemm_penalty_per_group, end) + cost_.per_group_overhead +
+          cost_.group_comm(done, next);
     done = next;
+    ++g;
   }
   TESSERA_CHECK(done == cost_.waves(), "PredictiveSearch::predict: [{}] covers {} of {} waves",
                 fmt::join(waves_per_group, ","), done, cost_.waves());
@@ -69,18 +74,48 @@ Prediction PredictiveSearch::best() const { return finish(best_overlapped()); }
 
 Prediction PredictiveSearch::best_overlapped() const {
   const int W = cost_.waves();
-  std::vector<double> end(W + 1, std::numeric_limits<double>::infinity());
-  std::vector<int> from(W + 1, -1);
-  end[0] = 0;
-  for (int k = 1; k <= W; ++k)
-    for (int j = 0; j < k; ++j) {
-      const double e = std::max(cost_.overlapped.done(k), end[j]) + cost_.per_group_overhead + cost_.group_comm(j, k);
-      if (e < end[k]) { end[k] = e; from[k] = j; }
-    }
+  const double inf = std::numeric_limits<double>::infinity();
+  if (cost_.gemm_penalty_per_group == 0) {
+    // The group count does not matter: one earliest end per wave boundary.
+    std::vector<double> end(W + 1, inf);
+    std::vector<int> from(W + 1, -1);
+    end[0] = 0;
+    for (int k = 1; k <= W; ++k)
+      for (int j = 0; j < k; ++j) {
+        const double e = std::max(cost_.overlapped.done(k), end[j]) + cost_.per_group_overhead + cost_.group_comm(j, k);
+        if (e < end[k]) { end[k] = e; from[k] = j; }
+      }
+    Prediction p;
+    for (int k = W; k > 0; k = from[k]) p.waves_per_group.insert(p.waves_per_group.begin(), k - from[k]);
+    p.latency = end[W];
+    p.candidates = static_cast<long long>(W) * (W + 1) / 2;
+    return p;
+  }
+  // end[g][k]: earliest end of group g (1-based) when it ends at wave
+  // boundary k; from[g][k]: the boundary where that group starts.
+  std::vector<std::vector<double>> end(W + 1, std::vector<double>(W + 1, inf));
+  std::vector<std::vector<int>> from(W + 1, std::vector<int>(W + 1, -1));
+  end[0][0] = 0;
+  long long evaluated = 0;
+  for (int g = 1; g <= W; ++g) {
+    const double delay = (g - 1) * cost_.gemm_penalty_per_group;
+    for (int k = g; k <= W; ++k)
+      for (int j = g - 1; j < k; ++j) {
+        if (end[g - 1][j] == inf) continue;
+        const double e = std::max(cost_.overlapped.done(k) + delay, end[g - 1][j]) + cost_.per_group_overhead +
+                         cost_.group_comm(j, k);
+        ++evaluated;
+        if (e < end[g][k]) { end[g][k] = e; from[g][k] = j; }
+      }
+  }
+  int best_g = 1;
+  for (int g = 2; g <= W; ++g)
+    if (end[g][W] < end[best_g][W]) best_g = g;
   Prediction p;
-  for (int k = W; k > 0; k = from[k]) p.waves_per_group.insert(p.waves_per_group.begin(), k - from[k]);
-  p.latency = end[W];
-  p.candidates = static_cast<long long>(W) * (W + 1) / 2;
+  for (int g = best_g, k = W; g > 0; k = from[g][k], --g)
+    p.waves_per_group.insert(p.waves_per_group.begin(), k - from[g][k]);
+  p.latency = end[best_g][W];
+  p.candidates = evaluated;
   return p;
 }
 

@@ -73,6 +73,8 @@ void MachineProfile::validate() const {
                 sm_count);
   TESSERA_CHECK(std::isfinite(per_group_overhead) && per_group_overhead >= 0,
                 "MachineProfile {}: per-group overhead must be >= 0, got {}", machine.str(), per_group_overhead);
+  TESSERA_CHECK(std::isfinite(gemm_penalty_per_group) && gemm_penalty_per_group >= 0,
+                "MachineProfile {}: GEMM penalty per group must be >= 0, got {}", machine.str(), gemm_penalty_per_group);
   for (const GemmTiming& g : gemms)
     TESSERA_CHECK(g.m > 0 && g.n > 0 && g.k > 0 && g.tile_m > 0 && g.tile_n > 0 && g.sms > 0 && g.per_wave > 0 &&
                       g.full_gpu > 0,
@@ -114,7 +116,7 @@ void from_json(const nlohmann::json& j, BandwidthCurve& c) {
 void to_json(nlohmann::json& j, const MachineProfile& p) {
   j = {{"gpu_model", p.machine.gpu_model}, {"topology", p.machine.topology}, {"world", p.machine.world},
        {"dtype", std::string(dtype_name(p.dtype))}, {"sm_count", p.sm_count}, {"nccl_sms", p.nccl_sms},
-       {"per_group_overhead", p.per_group_overhead}};
+       {"per_group_overhead", p.per_group_overhead}, {"gemm_penalty_per_group", p.gemm_penalty_per_group}};
   for (const auto& [c, curve] : p.curves) j["curves"][collective_name(c)] = curve;
   j["gemms"] = nlohmann::json::array();
   for (const GemmTiming& g : p.gemms)
@@ -132,6 +134,7 @@ void from_json(const nlohmann::json& j, MachineProfile& p) {
   p.sm_count = j.at("sm_count").get<int>();
   p.nccl_sms = j.at("nccl_sms").get<int>();
   p.per_group_overhead = j.at("per_group_overhead").get<double>();
+  p.gemm_penalty_per_group = j.value("gemm_penalty_per_group", 0.0);
   p.curves.clear();
   if (j.contains("curves"))
     for (auto it = j["curves"].begin(); it != j["curves"].end(); ++it)

@@ -38,7 +38,7 @@ signal::OverlapCost SignalTuner::cost(const SignalQuery& q) const {
   const double bytes_per_tile = double(q.tile_m) * q.tile_n * dtype_size(profile_.dtype) * q.send_fraction;
   return signal::OverlapCost::from_tiles(wm, signal::WaveTimes::uniform(wm.waves(), g->per_wave), g->full_gpu,
                                          bytes_per_tile, [curve](double b) { return curve.time(b); },
-                                         profile_.per_group_overhead);
+                                         profile_.per_group_overhead, profile_.gemm_penalty_per_group);
 }
 
 std::optional<SignalChoice> SignalTuner::choose(const SignalQuery& q) {

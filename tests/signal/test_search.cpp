@@ -81,6 +81,57 @@ TEST(PredictiveSearch, DynamicProgramIsTheExhaustiveOptimum) {
   }
 }
 
+TEST(PredictiveSearch, WithAGemmPenaltyTheDynamicProgramIsStillTheExhaustiveOptimum) {
+  for (int rep = 0; rep < 300; ++rep) {
+    const int W = std::uniform_int_distribution<int>(1, 13)(rng());
+    Synthetic s = synthetic(W);
+    s.cost.gemm_penalty_per_group = std::uniform_real_distribution<double>(0, 40e-6)(rng());
+    const PredictiveSearch ps(s.cost);
+    const Prediction dp = ps.best_overlapped(), ex_all = ps.exhaustive(), dpf = ps.best();
+    ASSERT_NEAR(dpf.latency, ex_all.latency, 1e-12 * ex_all.latency) << "W=" << W;
+    ASSERT_NEAR(ps.predict(dp.waves_per_group), dp.latency, 1e-15) << "W=" << W;
+    ASSERT_EQ(std::accumulate(dp.waves_per_group.begin(), dp.waves_per_group.end(), 0), W);
+  }
+}
+
+TEST(PredictiveSearch, GemmPenaltyDelaysEveryLaterGroup) {
+  // 3 waves of 10 us; each group's comm 5 us; overhead 1 us; penalty 2 us.
+  OverlapCost c;
+  c.overlapped = WaveTimes::uniform(3, 10e-6);
+  c.sequential_gemm = 28e-6;
+  c.comm_all = 12e-6;
+  c.per_group_overhead = 1e-6;
+  c.gemm_penalty_per_group = 2e-6;
+  c.group_comm = [](int, int) { return 5e-6; };
+  const PredictiveSearch ps(c);
+  // [1,1,1]: g0 ready 10, ends 16; g1 ready 20 + 2 = 22, ends 28; g2 ready 30 + 4 = 34, ends 40.
+  EXPECT_NEAR(ps.predict({1, 1, 1}), 40e-6, 1e-12);
+  // [2,1]: g0 ready 20, ends 26; g1 ready 30 + 2, ends 38.
+  EXPECT_NEAR(ps.predict({2, 1}), 38e-6, 1e-12);
+  // [3]: ready 30, ends 36 — the best overlapped partition here; without the
+  // penalty [1,1,1] and [2,1] end at 36 too, and [3] is no better.
+  EXPECT_EQ(ps.best_overlapped().waves_per_group, std::vector<int>{3});
+  c.gemm_penalty_per_group = 0;
+  EXPECT_NEAR(PredictiveSearch(c).predict({1, 1, 1}), 36e-6, 1e-12);
+}
+
+TEST(PredictiveSearch, PredictedLatencyNeverDecreasesAsTheGemmPenaltyGrows) {
+  for (int rep = 0; rep < 100; ++rep) {
+    const int W = std::uniform_int_distribution<int>(2, 12)(rng());
+    Synthetic s = synthetic(W);
+    double prev = 0;
+    for (double pen : {0.0, 5e-6, 20e-6, 80e-6, 400e-6}) {
+      s.cost.gemm_penalty_per_group = pen;
+      const double l = PredictiveSearch(s.cost).best_overlapped().latency;
+      ASSERT_GE(l, prev - 1e-15) << "W=" << W << " penalty " << pen;
+      prev = l;
+    }
+    // A penalty larger than the whole GEMM leaves one group as the best overlap.
+    s.cost.gemm_penalty_per_group = 1.0;
+    EXPECT_EQ(PredictiveSearch(s.cost).best_overlapped().waves_per_group.size(), 1u) << "W=" << W;
+  }
+}
+
 TEST(PredictiveSearch, PrunedEnumerationStaysWithinItsBound) {
   int exact = 0, total = 0;
   for (int rep = 0; rep < 300; ++rep) {
@@ -180,6 +231,11 @@ TEST(PredictiveSearch, RejectsBadInputs) {
   EXPECT_THROW(PredictiveSearch{bad}, tessera::Error);
   bad = c;
   bad.group_comm = nullptr;
+  EXPECT_THROW(PredictiveSearch{bad}, tessera::Error);
+  bad = c;
+  bad.gemm_penalty_per_group = -1e-6;
+  EXPECT_THROW(PredictiveSearch{bad}, tessera::Error);
+  bad.gemm_penalty_per_group = std::nan("");
   EXPECT_THROW(PredictiveSearch{bad}, tessera::Error);
   OverlapCost big = c;
   big.overlapped = WaveTimes::uniform(40, 1e-6);

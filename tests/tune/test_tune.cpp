@@ -43,6 +43,7 @@ MachineProfile sample_profile() {
   p.sm_count = 132;
   p.nccl_sms = 16;
   p.per_group_overhead = 4e-6;
+  p.gemm_penalty_per_group = 12e-6;
   // Shapes of a bandwidth curve (synthetic numbers for the test only).
   std::vector<BandwidthCurve::Point> pts;
   for (double mib : {0.25, 1.0, 4.0, 16.0, 64.0, 256.0}) {
@@ -173,9 +174,17 @@ TEST(MachineProfile, JsonAndCacheRoundTrip) {
   EXPECT_DOUBLE_EQ(q->curve(Collective::AllReduce).time(3e6), p.curve(Collective::AllReduce).time(3e6));
   EXPECT_THROW(q->curve(Collective::AllToAll), tessera::Error);
   EXPECT_FALSE(MachineProfile::load(c, p.machine, DType::f16).has_value());
+  EXPECT_DOUBLE_EQ(q->gemm_penalty_per_group, 12e-6);
   MachineProfile bad = p;
   bad.nccl_sms = 200;
   EXPECT_THROW(bad.store(c), tessera::Error);
+  bad = p;
+  bad.gemm_penalty_per_group = -1;
+  EXPECT_THROW(bad.store(c), tessera::Error);
+  // Profiles stored before the penalty existed read it as 0.
+  nlohmann::json old = nlohmann::json(p);
+  old.erase("gemm_penalty_per_group");
+  EXPECT_EQ(old.get<MachineProfile>().gemm_penalty_per_group, 0.0);
 }
 
 TEST(SignalTuner, SearchesCachesAndReusesNeighbours) {

@@ -3,21 +3,29 @@
 //
 // Model (seed Alg. 1): the GEMM, running on the SMs NCCL leaves free, has
 // finished k waves at time C(k) (measured WaveTimes). Group g (waves
-// [a, b)) starts communicating at max(C(b), end of group g-1) and takes
-// overhead + comm(a, b), where comm comes from the measured bandwidth curve
+// [a, b), g = 0, 1, ...) starts communicating at max(C(b) + g * penalty,
+// end of group g-1) and takes overhead + comm(a, b). `penalty`
+// (OverlapCost::gemm_penalty_per_group) is what each collective launched
+// while the GEMM runs costs the GEMM: bench signal measured the GEMM 0.18 ms
+// slower inside a 9-group run on MLP-1 AR (session 3, notes/signal.md), ~10–20
+// µs per group, while the model without it took the GEMM at its standalone
+// speed. The first group's collective starts after C(b) of a GEMM that no
+// collective has slowed yet, hence g * penalty. where comm comes from the measured bandwidth curve
 // at the group's byte count (for All-to-All: the max over ranks). The
 // predicted latency is the end of the last group. "No overlap" is the
 // sequential GEMM on all SMs followed by one collective on the whole output.
 //
 // Searches:
-//  - best(): exact optimum of the model for any W, by dynamic programming in
-//    O(W^2): the end of group g is non-decreasing in the end of group g-1,
-//    so only the earliest end at each wave boundary matters.
+//  - best(): exact optimum of the model for any W, by dynamic programming
+//    over (wave boundary, groups so far) in O(W^3) (O(W^2) when the penalty
+//    is 0): the end of group g is non-decreasing in the end of group g-1, so
+//    only the earliest end at each (boundary, group count) matters.
 //  - pruned(a, b): the seed's enumeration with first group <= a waves and last
 //    group <= b waves. Provable bound (monotone comm): pruned <= optimum +
 //    comm(first a waves) + comm(last b waves) + 2 * overhead (split the
 //    optimum's first and last groups; each split delays every later group by
-//    at most the split-off piece's comm plus one overhead). Exponential: W <= 26.
+//    at most the split-off piece's comm plus one overhead, plus one GEMM
+//    penalty when the penalty is not 0). Exponential: W <= 26.
 //  - exhaustive(): all 2^(W-1) partitions, for checking. W <= 24.
 // Each returns the overlap partition or, when the sequential prediction is
 // lower, overlap == false with a single group.
@@ -35,6 +43,9 @@ struct OverlapCost {
   double sequential_gemm = 0;  ///< GEMM alone on all SMs (s)
   double comm_all = 0;         ///< one collective on the whole output (s)
   double per_group_overhead = 0;  ///< wait + launch cost of one group (s)
+  /// Delay of the GEMM's remaining waves per group collective launched
+  /// before them (s): group g's data is ready at C(b) + g * this.
+  double gemm_penalty_per_group = 0;
   /// Communication time of the group made of waves [first, end) (s).
   std::function<double(int first, int end)> group_comm;
 
@@ -44,7 +55,7 @@ struct OverlapCost {
   /// the overlapped model) x bytes_per_tile; comm_time(bytes) from a curve.
   static OverlapCost from_tiles(const WaveModel& model, WaveTimes overlapped, double sequential_gemm,
                                 double bytes_per_tile, std::function<double(double bytes)> comm_time,
-                                double per_group_overhead);
+                                double per_group_overhead, double gemm_penalty_per_group = 0);
 };
 
 struct Prediction {

@@ -66,6 +66,9 @@ struct MachineProfile {
   int sm_count = 0;                 ///< SMs of the GPU
   int nccl_sms = 0;                 ///< SMs a running NCCL collective occupies
   double per_group_overhead = 0;    ///< measured wait + launch cost of one group (s)
+  /// Measured delay of the GEMM per group collective launched beside it (s;
+  /// signal::OverlapCost::gemm_penalty_per_group). Absent in older files: 0.
+  double gemm_penalty_per_group = 0;
   std::map<Collective, BandwidthCurve> curves;
   std::vector<GemmTiming> gemms;
 
