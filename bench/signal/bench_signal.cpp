@@ -128,6 +128,9 @@ struct Options {
   /// GEMM penalty per group (µs) for the model; < 0: learn it from the shapes
   /// measured so far (median of their in-run slowdowns; 0 for the first).
   double gemm_penalty_us = -1;
+  /// Also run equal partitions of 1, 2, 3, 4, 6, 9 groups on every shape and
+  /// record the GEMM's in-run slowdown per group count (notes/signal.md H1/H2).
+  bool group_sweep = false;
   std::string wait = "memop";
   bool store_profile = false;
   std::string topology = "NV18";
@@ -370,6 +373,11 @@ struct Row {
   double ov_gemm_end = 0;     ///< in the overlapped run: start -> GEMM finished
   double penalty_used = 0;    ///< GEMM penalty per group in this shape's model (ms)
   double penalty_seen = -1;   ///< (ov_gemm_end - engine_epi) / (groups - 1) (ms); -1 with one group
+  struct SweepPoint {
+    int groups;
+    double overlap, gemm_end;  ///< ms
+  };
+  std::vector<SweepPoint> group_sweep;  ///< --group-sweep: equal partitions
   double overlap_def = -1;    ///< the searched plan overlapped on the default communicator (session-2 path)
   double serial_model = 0;    ///< engine_epi + sum of the groups' curve times: "nothing overlaps"
 };
@@ -639,6 +647,15 @@ Row measure(Problem& P, const tune::BandwidthCurve& curve, double overhead, doub
   if (searched_plan.groups() > 1)
     row.penalty_seen = std::max(0.0, row.ov_gemm_end - row.engine_epi) / (searched_plan.groups() - 1);
   row.groups_alone = groups_alone(P, wm, searched_plan, buf.p, recv.p);
+  if (o.group_sweep)
+    for (int G : {1, 2, 3, 4, 6, 9}) {
+      if (G > wm.waves()) break;
+      std::vector<int> parts;  // W waves in G nearly equal groups, larger ones first
+      for (int g = 0; g < G; ++g) parts.push_back(wm.waves() / G + (g < wm.waves() % G ? 1 : 0));
+      double end_ms = 0;
+      const double t = run_overlap(P, wm, signal::GroupPlan(wm, parts), mode, buf.p, recv.p, W, N, nullptr, &end_ms);
+      row.group_sweep.push_back({G, t, end_ms});
+    }
   {
     double sum = 0;
     for (int g = 0; g < searched_plan.groups(); ++g)
@@ -716,6 +733,7 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
   std::vector<std::string> mlp_lines;
   std::vector<tune::GemmTiming> timings;
   std::vector<double> penalties_seen;  // ms, from the shapes measured so far
+  Table sweep({"shape", "M", "N", "K", "groups", "overlap", "ov GEMM end", "GEMM slowdown", "per extra group"});
   const auto learned_penalty = [&] {
     if (penalties_seen.empty()) return 0.0;
     std::vector<double> v = penalties_seen;
@@ -740,6 +758,12 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
     const Row r = measure(P, curve, overhead, penalty_ms * 1e-3, mode, progress);
     ++done;
     if (r.penalty_seen >= 0) penalties_seen.push_back(pg.allreduce_max(r.penalty_seen));
+    for (const auto& q : r.group_sweep) {
+      const double slow = q.gemm_end - r.engine_epi;
+      sweep.add({s.label.empty() ? "-" : s.label, std::to_string(s.m), std::to_string(s.n), std::to_string(s.k),
+                 std::to_string(q.groups), f3(q.overlap), f3(q.gemm_end), f3(slow),
+                 q.groups > 1 ? fmt::format("{:.1f} us", slow / (q.groups - 1) * 1e3) : "-"});
+    }
     timings.push_back(r.timing);
     // Predictor error of the searched overlapped partition (always measured).
     const double err = std::abs(r.overlap_pred - r.overlap_meas) / r.overlap_meas * 100;
@@ -811,6 +835,9 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
       learned_penalty() * 1e3, penalties_seen.size());
   OpResult res;
   res.text = fmt::format("\n{}\n{}\n\n{}\n{}\n", table.str(), summary, diag.str(), diag_summary);
+  if (o.group_sweep)
+    res.text += fmt::format("\nGEMM slowdown against the group count (equal partitions; slowdown = ov GEMM end - "
+                            "engine+epi, ms):\n{}\n", sweep.str());
   for (const auto& l : mlp_lines) res.text += l + "\n";
   res.markdown = fmt::format("### bench signal --op {} (ms; tessera = tuner's final choice)\n\n{}\n{}\n\n"
                              "Where the time goes (ms):\n\n{}\n{}\n\n", op,
@@ -985,6 +1012,9 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   cmd->add_option("--gemm-penalty-us", opts->gemm_penalty_us,
                   "GEMM slowdown per group collective in the model (us); default: learned from the shapes measured "
                   "before each one (median of (ov GEMM end - engine+epi) / (groups - 1); 0 for the first)");
+  cmd->add_flag("--group-sweep", opts->group_sweep,
+                "also time equal partitions of 1, 2, 3, 4, 6, 9 groups per shape: the GEMM's in-run slowdown against "
+                "the group count");
   cmd->add_option("--budget-s", opts->budget_s,
                   "wall-clock budget in seconds, split over the ops; no new shape starts once an op's share is spent");
   cmd->add_option("--nccl-sms", opts->nccl_sms,
