@@ -17,6 +17,43 @@
 
 namespace tessera::ops::detail {
 
+/// Spins until *f >= expected (ld.acquire.sys: the flag's writer released at
+/// .sys scope). After timeout_ns: records (tile, flag_id, expected, seen)
+/// and traps; the host's synchronize reports it.
+__device__ __forceinline__ void wait_flag_geq_sys(const std::uint64_t* f, std::uint64_t expected,
+                                                  const kernels::engine::TileInfo& t, int flag_id,
+                                                  std::uint64_t timeout_ns, kernels::engine::WaitDiag* diag) {
+  std::uint64_t seen = link::mo::ld_acquire_sys(f);
+  if (seen >= expected) return;
+  const std::uint64_t start = link::mo::globaltimer_ns();
+  while ((seen = link::mo::ld_acquire_sys(f)) < expected) {
+    if (link::mo::globaltimer_ns() - start > timeout_ns) {
+      kernels::engine::record_timeout(diag, t, flag_id, expected, seen, timeout_ns);
+      __trap();
+    }
+    __nanosleep(64);
+  }
+}
+
+/// Stores the first `valid` of 8 consecutive outputs (one 16-byte store when
+/// all 8 are valid).
+template <class OutT>
+__device__ __forceinline__ void store_first8(OutT* p, const float (&v)[8], int valid) {
+  using Conv = kernels::engine::OutConv<OutT>;
+  if (valid == 8) {
+    Conv::store8(p, v);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      if (i < valid) p[i] = Conv::one(v[i]);
+  }
+}
+
+// The owner's add (RsOwnerEpilogue, RsStageEpilogue) stays written out in
+// each store8: moved into a shared helper it compiled to different SASS
+// (ptxas scheduled the rank loop differently), and these kernels were
+// verified on the GPU as they are (the helpers above leave SASS unchanged).
+
 /// AG+GEMM prologue: before tile t's first A load, wait until every REMOTE
 /// channel its rows [row0, min(row0 + bm, M)) touch has flag >= epoch.
 /// Flags: flags[src * flag_stride + c] = the value rank src last stored for
@@ -41,17 +78,8 @@ struct AgPrologue {
     for (int ch = c0; ch <= c1; ++ch) {
       const int src = ch / map.C;
       if (src == rank) continue;
-      const std::uint64_t* f = flags + static_cast<std::int64_t>(src) * flag_stride + (ch - src * map.C);
-      std::uint64_t seen = link::mo::ld_acquire_sys(f);
-      if (seen >= epoch) continue;
-      const std::uint64_t start = link::mo::globaltimer_ns();
-      while ((seen = link::mo::ld_acquire_sys(f)) < epoch) {
-        if (link::mo::globaltimer_ns() - start > timeout_ns) {
-          kernels::engine::record_timeout(diag, t, ch, epoch, seen, timeout_ns);
-          __trap();
-        }
-        __nanosleep(64);
-      }
+      wait_flag_geq_sys(flags + static_cast<std::int64_t>(src) * flag_stride + (ch - src * map.C), epoch, t, ch,
+                        timeout_ns, diag);
     }
   }
 };
@@ -65,7 +93,6 @@ template <class OutT>
 struct RsEpilogue {
   static constexpr bool kNotify = true;
   static constexpr bool kSysScope = true;
-  using Conv = kernels::engine::OutConv<OutT>;
   OutT* recv[runtime::kMaxPeers];
   std::uint64_t* counters[runtime::kMaxPeers];
   std::int64_t per_rank = 0, ld = 0;
@@ -74,14 +101,7 @@ struct RsEpilogue {
   __device__ __forceinline__ void store8(const kernels::engine::TileInfo&, int row, int col, const float (&acc)[8],
                                          int valid) const {
     const int o = static_cast<int>(row / per_rank);
-    OutT* p = recv[o] + (static_cast<std::int64_t>(rank) * per_rank + (row - o * per_rank)) * ld + col;
-    if (valid == 8) {
-      Conv::store8(p, acc);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-        if (i < valid) p[i] = Conv::one(acc[i]);
-    }
+    store_first8(recv[o] + (static_cast<std::int64_t>(rank) * per_rank + (row - o * per_rank)) * ld + col, acc, valid);
   }
 
   __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {
@@ -114,7 +134,6 @@ template <class OutT>
 struct RsOwnerEpilogue {
   static constexpr bool kNotify = true;
   static constexpr bool kSysScope = true;
-  using Conv = kernels::engine::OutConv<OutT>;
   OutT* recv[runtime::kMaxPeers];
   std::uint64_t* counters[runtime::kMaxPeers];  ///< each owner's per-tile counters
   OutT* d = nullptr;  ///< this rank's output rows [m_local, N]
@@ -127,18 +146,13 @@ struct RsOwnerEpilogue {
     const int o = static_cast<int>(row / per_rank);
     const std::int64_t lr = row - static_cast<std::int64_t>(o) * per_rank;  // row local to its owner
     if (o != rank) {
-      OutT* p = recv[o] + (static_cast<std::int64_t>(rank) * per_rank + lr) * ld + col;
-      if (valid == 8) {
-        Conv::store8(p, acc);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-          if (i < valid) p[i] = Conv::one(acc[i]);
-      }
+      store_first8(recv[o] + (static_cast<std::int64_t>(rank) * per_rank + lr) * ld + col, acc, valid);
       return;
     }
-    // Slab rows are ld >= N rounded up to 8 wide: a full 16-byte load is in
-    // bounds even in the last tile column (the padding is never stored to D).
+    // Sum in rank order 0..R-1 (fixed: deterministic). Slab rows are ld >= N
+    // rounded up to 8: a full 16-byte load stays in bounds in the last tile
+    // column. ld.global.cg: the slabs were written by another GPU or the copy
+    // engine, never through this SM's L1.
     float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int s = 0; s < world; ++s) {
       if (s == rank) {
@@ -147,19 +161,12 @@ struct RsOwnerEpilogue {
       } else {
         const uint4 u = __ldcg(reinterpret_cast<const uint4*>(recv[rank] + (static_cast<std::int64_t>(s) * per_rank + lr) * ld + col));
         float x[8];
-        Conv::load8(reinterpret_cast<const OutT*>(&u), x);
+        kernels::engine::OutConv<OutT>::load8(reinterpret_cast<const OutT*>(&u), x);
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] += x[i];
       }
     }
-    OutT* p = d + lr * ldd + col;
-    if (valid == 8) {
-      Conv::store8(p, v);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-        if (i < valid) p[i] = Conv::one(v[i]);
-    }
+    store_first8(d + lr * ldd + col, v, valid);
   }
 
   __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {
@@ -186,17 +193,7 @@ struct RsOwnerPrologue {
 
   __device__ __forceinline__ void wait(const kernels::engine::TileInfo& t) const {
     if (static_cast<int>(t.row0 / per_rank) != rank || expected == 0) return;
-    const std::uint64_t* f = counters + t.linear();
-    std::uint64_t seen = link::mo::ld_acquire_sys(f);
-    if (seen >= expected) return;
-    const std::uint64_t start = link::mo::globaltimer_ns();
-    while ((seen = link::mo::ld_acquire_sys(f)) < expected) {
-      if (link::mo::globaltimer_ns() - start > timeout_ns) {
-        kernels::engine::record_timeout(diag, t, t.linear(), expected, seen, timeout_ns);
-        __trap();
-      }
-      __nanosleep(64);
-    }
+    wait_flag_geq_sys(counters + t.linear(), expected, t, t.linear(), timeout_ns, diag);
   }
 };
 
@@ -225,7 +222,6 @@ template <class OutT>
 struct RsStageEpilogue {
   static constexpr bool kNotify = true;
   static constexpr bool kSysScope = true;
-  using Conv = kernels::engine::OutConv<OutT>;
   OutT* stage = nullptr;        ///< local [world][per_rank][ld] staging slabs
   const OutT* recv = nullptr;   ///< this rank's receive slabs [world][per_rank][ld]
   std::uint64_t* band_count = nullptr;  ///< this rank's own band counters (by band)
@@ -239,17 +235,13 @@ struct RsStageEpilogue {
     const int o = static_cast<int>(row / per_rank);
     const std::int64_t lr = row - static_cast<std::int64_t>(o) * per_rank;
     if (o != rank) {
-      OutT* p = stage + (static_cast<std::int64_t>(o) * per_rank + lr) * ld + col;
-      if (valid == 8) {
-        Conv::store8(p, acc);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-          if (i < valid) p[i] = Conv::one(acc[i]);
-      }
+      store_first8(stage + (static_cast<std::int64_t>(o) * per_rank + lr) * ld + col, acc, valid);
       return;
     }
-    // Slab rows are ld >= N rounded up to 8: a full 16-byte load stays in bounds.
+    // Sum in rank order 0..R-1 (fixed: deterministic). Slab rows are ld >= N
+    // rounded up to 8: a full 16-byte load stays in bounds in the last tile
+    // column. ld.global.cg: the slabs were written by another GPU or the copy
+    // engine, never through this SM's L1.
     float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int s = 0; s < world; ++s) {
       if (s == rank) {
@@ -258,19 +250,12 @@ struct RsStageEpilogue {
       } else {
         const uint4 u = __ldcg(reinterpret_cast<const uint4*>(recv + (static_cast<std::int64_t>(s) * per_rank + lr) * ld + col));
         float x[8];
-        Conv::load8(reinterpret_cast<const OutT*>(&u), x);
+        kernels::engine::OutConv<OutT>::load8(reinterpret_cast<const OutT*>(&u), x);
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] += x[i];
       }
     }
-    OutT* p = d + lr * ldd + col;
-    if (valid == 8) {
-      Conv::store8(p, v);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-        if (i < valid) p[i] = Conv::one(v[i]);
-    }
+    store_first8(d + lr * ldd + col, v, valid);
   }
 
   __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {
@@ -296,17 +281,8 @@ struct RsBandPrologue {
     const int band = t.m / band_rows;
     for (int src = 0; src < world; ++src) {
       if (src == rank) continue;
-      const std::uint64_t* f = flags + static_cast<std::int64_t>(src) * flag_stride + band;
-      std::uint64_t seen = link::mo::ld_acquire_sys(f);
-      if (seen >= epoch) continue;
-      const std::uint64_t start = link::mo::globaltimer_ns();
-      while ((seen = link::mo::ld_acquire_sys(f)) < epoch) {
-        if (link::mo::globaltimer_ns() - start > timeout_ns) {
-          kernels::engine::record_timeout(diag, t, src * flag_stride + band, epoch, seen, timeout_ns);
-          __trap();
-        }
-        __nanosleep(64);
-      }
+      wait_flag_geq_sys(flags + static_cast<std::int64_t>(src) * flag_stride + band, epoch, t,
+                        src * flag_stride + band, timeout_ns, diag);
     }
   }
 };

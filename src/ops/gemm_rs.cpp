@@ -121,6 +121,28 @@ void run_ring(TpContext::Impl& c, const GemmRsArgs& a, const OpOptions& o) {
     if (p != rank) link::rank_notify(st, *c.control, p, kRsFree, e);
 }
 
+// The fused GEMM+RS launch's fields common to fused_sm and fused_ce:
+// operands, every rank's receive slab, the shard geometry and the schedule
+// (remote shards first: RasterScheduler rotate_m).
+detail::GemmRsLaunch fused_launch(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan) {
+  detail::GemmRsLaunch g;
+  g.a = a.a;
+  g.b = a.b;
+  g.m = a.m;
+  g.n = a.n;
+  g.k = a.k;
+  g.lda = a.lda ? a.lda : a.k;
+  g.ldb = a.ldb ? a.ldb : a.k;
+  g.dtype = a.dtype;
+  for (int r = 0; r < c.pg.world(); ++r) g.recv[r] = c.rs_recv.peer(r);
+  g.per_rank = plan.shards.per_rank;
+  g.ld_recv = plan.ld_recv;
+  g.rank = c.pg.rank();
+  g.world = c.pg.world();
+  g.rotate_m = plan.rotate_m;
+  return g;
+}
+
 // fused_ce (RsStageEpilogue): the engine GEMM writes remotely-owned rows to
 // local staging and counts each finished tile on its band's counter; the
 // comm stream, per remote band in schedule order, waits for the band's
@@ -144,21 +166,7 @@ void run_fused_ce(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan) {
   const runtime::SignalView bv = c.rs_bands->view();
 
   TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, st));  // inputs ready; staging free (stream order)
-  detail::GemmRsLaunch g;
-  g.a = a.a;
-  g.b = a.b;
-  g.m = a.m;
-  g.n = a.n;
-  g.k = a.k;
-  g.lda = a.lda ? a.lda : a.k;
-  g.ldb = a.ldb ? a.ldb : a.k;
-  g.dtype = a.dtype;
-  for (int r = 0; r < R; ++r) g.recv[r] = c.rs_recv.peer(r);
-  g.per_rank = per_rank;
-  g.ld_recv = ldr;
-  g.rank = rank;
-  g.world = R;
-  g.rotate_m = plan.rotate_m;
+  detail::GemmRsLaunch g = fused_launch(c, a, plan);
   g.raster_group = G;
   g.d = a.d;
   g.ldd = a.ldd ? a.ldd : a.n;
@@ -288,25 +296,9 @@ void run_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, Strategy s, const OpOp
       for (int p = 0; p < R; ++p)
         if (p != rank) link::rank_wait(st, *c.control, p, kRsFree, e - 1);
     TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, st));
-    detail::GemmRsLaunch g;
-    g.a = a.a;
-    g.b = a.b;
-    g.m = a.m;
-    g.n = a.n;
-    g.k = a.k;
-    g.lda = a.lda ? a.lda : a.k;
-    g.ldb = a.ldb ? a.ldb : a.k;
-    g.dtype = a.dtype;
+    detail::GemmRsLaunch g = fused_launch(c, a, plan);
     const runtime::SignalView cv = c.rs_counters->view();
-    for (int r = 0; r < R; ++r) {
-      g.recv[r] = c.rs_recv.peer(r);
-      g.counters[r] = cv.peer_counter(r, 0);
-    }
-    g.per_rank = per_rank;
-    g.ld_recv = ldr;
-    g.rank = rank;
-    g.world = R;
-    g.rotate_m = plan.rotate_m;
+    for (int r = 0; r < R; ++r) g.counters[r] = cv.peer_counter(r, 0);
     if (owner_epi) {
       // No reduce kernel: the GEMM keeps every SM and nothing runs on the
       // comm stream.
