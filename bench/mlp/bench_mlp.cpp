@@ -22,8 +22,10 @@
 // repetition finds its inputs in L2 (bench/gemm's convention). Every column
 // of one shape is timed in one interleaved loop (InterleavedTimer: each
 // repetition runs every variant once), so clock drift hits all alike. Times
-// are medians of --reps, each run after a device sync and a barrier, max over
-// ranks.
+// are medians of --reps, each run after a device sync, a barrier and a
+// one-element all-reduce that starts the ranks together (common/align.hpp:
+// without it the host barrier's exit skew, tens of µs, lands in every
+// column that waits for a peer but not in GEMM alone), max over ranks.
 // Run with: tessera run -n R -- tessera bench mlp [--shapes 1,2,3] [--markdown FILE]
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -38,6 +40,7 @@
 #include <vector>
 
 #include "command.hpp"
+#include "common/align.hpp"
 #include "common/timing.hpp"
 #include "gemm/bench_gemm_kernels.hpp"
 #include "tessera/kernels/gemm.hpp"
@@ -126,6 +129,7 @@ void run(const Options& o) {
     InterleavedTimer timer(st, o.warmup, o.reps, [&] {
       TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
       pg->barrier();
+      align_ranks(*pg, st);  // the ranks start each run together (common/align.hpp)
     });
     struct Variant {
       std::string part, name;

@@ -91,6 +91,7 @@
 #include <vector>
 
 #include "command.hpp"
+#include "common/align.hpp"
 #include "common/timing.hpp"
 #include "signal/signal_bench_kernels.hpp"
 #include "tessera/kernels/gemm.hpp"
@@ -240,7 +241,8 @@ void bounded_wait(cudaEvent_t ev, ncclComm_t comm, const std::string& what, cons
 }
 
 // Median ms of `body` on `stream` over `reps` after `warmup`, max over ranks
-// (all ranks call it together; a barrier before every repetition). With
+// (all ranks call it together; a barrier and a rank alignment before every
+// repetition). With
 // `mid` (an event `body` records, e.g. after the GEMM), *mid_ms receives the
 // median (max over ranks) of start -> mid.
 double timed(runtime::ProcessGroup& pg, cudaStream_t stream, const std::function<void()>& body, int warmup, int reps,
@@ -256,6 +258,7 @@ double timed(runtime::ProcessGroup& pg, cudaStream_t stream, const std::function
   std::vector<double> t, tm;
   for (int i = 0; i < reps; ++i) {
     pg.barrier();
+    align_ranks(pg, stream);  // the ranks start each run together (common/align.hpp)
     TESSERA_CUDA_CHECK(cudaEventRecord(start.e, stream));
     body();
     TESSERA_CUDA_CHECK(cudaEventRecord(stop.e, stream));
