@@ -1,6 +1,7 @@
 // TpContext: workspaces, agreement checks, the tuner, and the public
 // operator entry points (validation → strategy → implementation).
 #include <cuda_runtime_api.h>
+#include <nccl.h>
 
 #include <algorithm>
 #include <vector>
@@ -43,6 +44,8 @@ TpContext::Impl::Impl(runtime::ProcessGroup& g) : pg(g) {
   rs_band_total.assign(64, 0);
   const std::size_t done_bytes = sizeof(unsigned) * kMaxChannels * runtime::kMaxPeers;
   TESSERA_CUDA_CHECK(cudaMemset(push_done.ensure(done_bytes, pg.stream()), 0, done_bytes));
+  TESSERA_CUDA_CHECK(cudaMalloc(&align_token, sizeof(float)));
+  TESSERA_CUDA_CHECK(cudaMemset(align_token, 0, sizeof(float)));
   TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_ready, cudaEventDisableTiming));
   TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_comm_done, cudaEventDisableTiming));
   int least = 0, greatest = 0;
@@ -56,6 +59,7 @@ TpContext::Impl::~Impl() {
   if (ev_ready) cudaEventDestroy(ev_ready);
   if (ev_comm_done) cudaEventDestroy(ev_comm_done);
   if (ring_stream) cudaStreamDestroy(ring_stream);
+  if (align_token) cudaFree(align_token);
 }
 
 void TpContext::Impl::check_agreement(const ShapeSignature& sig, const char* op) {
@@ -132,8 +136,11 @@ ShapeSignature signature(const GemmRsArgs& a, Strategy s, RsReduce r, int channe
 
 /// Median over `reps` of one call (after `warmup`), max over ranks.
 /// Times every candidate run by run (repetition i runs each once, in order,
-/// after a drain and a barrier), so clock drift hits all alike; returns the
-/// median of each, max over ranks.
+/// after a drain, a barrier and a one-element all-reduce that starts the
+/// ranks together — the barrier alone releases them tens of µs apart, and
+/// that skew would count against every strategy in proportion to how early
+/// it waits for a peer), so clock drift hits all alike; returns the median
+/// of each, max over ranks.
 template <class Run>
 std::map<Strategy, double> time_candidates(TpContext::Impl& c, const std::vector<Strategy>& candidates, Run&& run,
                                            int warmup, int reps) {
@@ -148,6 +155,7 @@ std::map<Strategy, double> time_candidates(TpContext::Impl& c, const std::vector
     for (Strategy k : candidates) {
       c.drain("ops tuner");
       c.pg.barrier();
+      TESSERA_NCCL_CHECK(ncclAllReduce(c.align_token, c.align_token, 1, ncclFloat, ncclSum, c.pg.nccl(), s));
       TESSERA_CUDA_CHECK(cudaEventRecord(e0, s));
       run(k);
       TESSERA_CUDA_CHECK(cudaEventRecord(e1, s));
@@ -189,7 +197,7 @@ Strategy tune_choice(TpContext& ctx, const Args& a, const OpOptions& o, const st
     if (report) report->chosen = s, report->from_cache = true;
     return s;
   }
-  const std::map<Strategy, double> times = time_candidates(c, candidates, run, 2, 7);
+  const std::map<Strategy, double> times = time_candidates(c, candidates, run, 2, 11);
   const Strategy best = choose_strategy(times);
   c.memo[key] = best;
   if (o.use_cache) c.cache->put(key, choice_to_json(best, times, shape));
