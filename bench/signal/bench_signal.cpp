@@ -804,10 +804,11 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
     beside_def_sum += concurrency(r.beside_def, r.comm);
     epi_sum += (r.engine_epi / r.engine_plain - 1) * 100;
     progress("{}: {} done in {:.1f} s: tessera {:.3f} ms ({}), non-overlap {:.3f}, speedup {:.3f}, searched overlap "
-             "{:.3f} ms predicted {:.3f} ({:+.1f}%, GEMM penalty {:.1f} us/group; seen {:.1f}), rel err {:.1e}{}",
+             "{:.3f} ms predicted {:.3f} ({:+.1f}%, GEMM penalty {:.1f} us/group; seen {}), rel err {:.1e}{}",
              op, shape_name(s), r.seconds, r.tessera, r.choice, r.seq, r.seq / r.tessera, r.overlap_meas,
              r.overlap_pred, (r.overlap_pred / r.overlap_meas - 1) * 100, r.penalty_used * 1e3,
-             r.penalty_seen * 1e3, r.rel_err,
+             r.penalty_seen >= 0 ? fmt::format("{:.1f} us", r.penalty_seen * 1e3) : std::string("- (one group)"),
+             r.rel_err,
              r.exhaustive ? fmt::format(", exhaustive best {:.3f} ms of {} ({:.1f}% of searched)", r.exh_best_ms,
                                         r.exh_count, exh_ratio * 100)
                           : "");

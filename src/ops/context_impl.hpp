@@ -79,6 +79,9 @@ struct TpContext::Impl {
   /// Waits for the compute and comm streams, with link::synchronize's
   /// timeout and diagnostics (used before growth and after tuning).
   void drain(const char* what);
+  /// Throws if an earlier drain failed (see `broken`).
+  void check_usable(const char* what) const;
+  std::string broken;  ///< why a drain failed; non-empty: every operator call refuses
   cudaStream_t comm() const { return pg.comm_stream(0); }
 };
 

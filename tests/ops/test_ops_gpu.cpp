@@ -8,7 +8,9 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -342,6 +344,61 @@ TEST_P(OpsTp, GemmRsRingBackToBackMatchesSequential) {
           << "call " << i << " " << strategy_name(order[i % 8]) << " M " << sh.m << " R " << R;
       // Fixed ring order, whatever the chunking: bitwise equal call to call.
       if (order[i % 8] == Strategy::ring) EXPECT_EQ(out, ring0) << "ring call " << i << " M " << sh.m;
+    }
+  }
+}
+
+// GEMM+RS on the copy engine at its edges: the last shard ragged (M =
+// R*128 - 1: shards of 128 rows, the last 127), and tile rows per shard odd
+// (M = R*64*33: raster band of 1 tile row, 33*R bands, more than the 64 band
+// slots the context starts with, so the band signals grow mid-call).
+// Back-to-back calls without host sync, fused_sm in between; every fused_ce
+// result bitwise equal to the first, and close to sequential.
+TEST_P(OpsTp, GemmRsFusedCeEdgeShapesMatchSequential) {
+  if (skip()) GTEST_SKIP() << "needs >= 2 ranks with a GPU each";
+  auto& pg = group();
+  const DType t = GetParam();
+  const int R = pg.world(), rank = pg.rank();
+  const std::int64_t n = 320, k = 128;
+  for (const std::int64_t m : {std::int64_t{R} * 128 - 1, std::int64_t{R} * 64 * 33}) {
+    ASSERT_TRUE(rs_tile_row_shards(m, R)) << m;
+    const std::uint64_t seed = shared_seed();
+    const Mat a = random_mat(m, k, seed + 2 * rank, t);
+    const Mat b = random_mat(n, k, seed + 2 * rank + 1, t, 0.5);
+    const std::int64_t m_local = shard_rows(m, R).rows(m, rank);
+    auto da = upload(a, 0, m, k, t);
+    auto db = upload(b, 0, n, k, t);
+    GemmRsArgs g;
+    g.a = da->p;
+    g.b = db->p;
+    g.m = m;
+    g.m_local = m_local;
+    g.n = n;
+    g.k = k;
+    g.dtype = t;
+    const Strategy order[] = {Strategy::sequential, Strategy::fused_ce, Strategy::fused_ce, Strategy::fused_sm,
+                              Strategy::fused_ce, Strategy::fused_ce};
+    std::vector<std::unique_ptr<Dev>> outs;
+    for (std::size_t i = 0; i < std::size(order); ++i) {
+      outs.push_back(std::make_unique<Dev>(static_cast<std::size_t>(std::max<std::int64_t>(m_local, 1) * n * 2)));
+      outs.back()->poison();
+    }
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    for (std::size_t i = 0; i < std::size(order); ++i) {
+      g.d = outs[i]->p;
+      OpOptions o;
+      o.strategy = order[i];
+      ops::gemm_rs(ctx(), g, o);
+    }
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
+    const auto seq = download(outs[0]->p, m_local, n, n, t);
+    for (const auto& v : seq) ASSERT_TRUE(std::isfinite(v));
+    const auto ce0 = download(outs[1]->p, m_local, n, n, t);
+    for (std::size_t i = 1; i < std::size(order); ++i) {
+      const auto out = download(outs[i]->p, m_local, n, n, t);
+      EXPECT_LT(tessera::testing::relative_error(out, seq), t == DType::bf16 ? 2e-2 : 5e-3)
+          << strategy_name(order[i]) << " call " << i << " M " << m << " R " << R;
+      if (order[i] == Strategy::fused_ce) EXPECT_EQ(out, ce0) << "fused_ce call " << i << " M " << m;
     }
   }
 }
