@@ -132,6 +132,8 @@ struct Options {
   /// Also run equal partitions of 1, 2, 3, 4, 6, 9 groups on every shape and
   /// record the GEMM's in-run slowdown per group count (notes/signal.md H1/H2).
   bool group_sweep = false;
+  /// The tuner overlaps only when predicted at least this much faster (%).
+  double min_gain_pct = 3;
   std::string wait = "memop";
   bool store_profile = false;
   std::string topology = "NV18";
@@ -628,7 +630,7 @@ Row measure(Problem& P, const tune::BandwidthCurve& curve, double overhead, doub
       wm, signal::WaveTimes::from_gemm_time(wm.waves(), gemm_budget_ms * 1e-3), row.gemm * 1e-3, bytes_per_tile,
       [&curve](double b) { return curve.time(b); }, overhead, gemm_penalty);
   row.penalty_used = gemm_penalty * 1e3;
-  const signal::PredictiveSearch search(cost);
+  const signal::PredictiveSearch search(cost, o.min_gain_pct / 100);
   const signal::Prediction searched = search.best_overlapped();
   const signal::Prediction final_choice = search.best();
   const signal::GroupPlan searched_plan(wm, searched.waves_per_group);
@@ -1016,6 +1018,10 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   cmd->add_option("--gemm-penalty-us", opts->gemm_penalty_us,
                   "GEMM slowdown per group collective in the model (us); default: learned from the shapes measured "
                   "before each one (median of (ov GEMM end - engine+epi) / (groups - 1); 0 for the first)");
+  cmd->add_option("--min-gain-pct", opts->min_gain_pct,
+                  "overlap only when predicted at least this % faster than no overlap (default 3: a margin for "
+                  "the model's error)")
+      ->check(CLI::Range(0.0, 50.0));
   cmd->add_flag("--group-sweep", opts->group_sweep,
                 "also time equal partitions of 1, 2, 3, 4, 6, 9 groups per shape: the GEMM's in-run slowdown against "
                 "the group count");

@@ -29,7 +29,9 @@ OverlapCost OverlapCost::from_tiles(const WaveModel& model, WaveTimes overlapped
   return c;
 }
 
-PredictiveSearch::PredictiveSearch(OverlapCost cost) : cost_(std::move(cost)) {
+PredictiveSearch::PredictiveSearch(OverlapCost cost, double min_gain) : cost_(std::move(cost)), min_gain_(min_gain) {
+  TESSERA_CHECK(std::isfinite(min_gain) && min_gain >= 0 && min_gain < 1,
+                "PredictiveSearch: minimum gain {} outside [0, 1)", min_gain);
   cost_.overlapped.validate("PredictiveSearch");
   TESSERA_CHECK(cost_.group_comm, "PredictiveSearch: no group communication model");
   TESSERA_CHECK(std::isfinite(cost_.sequential_gemm) && cost_.sequential_gemm > 0,
@@ -62,7 +64,7 @@ double PredictiveSearch::predict(const std::vector<int>& waves_per_group) const 
 
 Prediction PredictiveSearch::finish(Prediction p) const {
   const double seq = predict_sequential();
-  if (seq <= p.latency) {
+  if (seq * (1 - min_gain_) <= p.latency) {
     p.waves_per_group = {cost_.waves()};
     p.latency = seq;
     p.overlap = false;

@@ -7,7 +7,8 @@
 
 namespace tessera::tune {
 
-SignalTuner::SignalTuner(MachineProfile profile, Cache& plans) : profile_(std::move(profile)), plans_(plans) {
+SignalTuner::SignalTuner(MachineProfile profile, Cache& plans, double min_gain)
+    : profile_(std::move(profile)), plans_(plans), min_gain_(min_gain) {
   profile_.validate();
   TESSERA_CHECK(plans_.version() == kCacheVersion, "SignalTuner: plan cache {} has version {}, expected {}",
                 plans_.file().string(), plans_.version(), kCacheVersion);
@@ -49,7 +50,7 @@ std::optional<SignalChoice> SignalTuner::choose(const SignalQuery& q) {
   };
   if (auto hit = plans_.get(key)) return from_json(*hit, "cache");
   if (profile_.find_gemm(q.m, q.n, q.k, q.tile_m, q.tile_n)) {
-    const signal::Prediction p = signal::PredictiveSearch(cost(q)).best();
+    const signal::Prediction p = signal::PredictiveSearch(cost(q), min_gain_).best();
     SignalChoice c{p.waves_per_group, p.overlap, p.latency, "search"};
     plans_.put(key, {{"shape", {q.m, q.n, q.k}}, {"waves_per_group", c.waves_per_group}, {"overlap", c.overlap},
                      {"predicted", c.predicted}});

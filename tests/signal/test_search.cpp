@@ -132,6 +132,25 @@ TEST(PredictiveSearch, PredictedLatencyNeverDecreasesAsTheGemmPenaltyGrows) {
   }
 }
 
+TEST(PredictiveSearch, MinimumGainKeepsSmallPredictedWinsSequential) {
+  // One group over 2 waves of 10 us, comm 4 us, no overhead: overlapped
+  // [2] ends at 20 + 4 = 24 us; [1,1] at max(20, 10 + 2) + 2 = 22 us.
+  // Sequential: 19.5 + 3 = 22.5 us, so overlap wins by 0.5 / 22.5 = 2.2 %.
+  OverlapCost c;
+  c.overlapped = WaveTimes::uniform(2, 10e-6);
+  c.sequential_gemm = 19.5e-6;
+  c.comm_all = 3e-6;
+  c.group_comm = [](int a, int b) { return (b - a) * 2e-6; };
+  EXPECT_TRUE(PredictiveSearch(c).best().overlap);
+  EXPECT_TRUE(PredictiveSearch(c, 0.01).best().overlap);
+  const Prediction p = PredictiveSearch(c, 0.03).best();
+  EXPECT_FALSE(p.overlap);
+  EXPECT_NEAR(p.latency, 22.5e-6, 1e-12);
+  EXPECT_FALSE(PredictiveSearch(c, 0.03).exhaustive().overlap);
+  EXPECT_THROW(PredictiveSearch(c, -0.1), tessera::Error);
+  EXPECT_THROW(PredictiveSearch(c, 1.0), tessera::Error);
+}
+
 TEST(PredictiveSearch, PrunedEnumerationStaysWithinItsBound) {
   int exact = 0, total = 0;
   for (int rep = 0; rep < 300; ++rep) {

@@ -67,7 +67,12 @@ struct Prediction {
 
 class PredictiveSearch {
  public:
-  explicit PredictiveSearch(OverlapCost cost);
+  /// `min_gain` (in [0, 1)): best(), pruned() and exhaustive() choose an
+  /// overlapped partition only when its prediction beats "no overlap" by at
+  /// least this fraction — a margin for the model's error, so that a
+  /// predicted 1–2 % win, inside that error, does not turn into a measured
+  /// loss (the tuner must never be slower than not overlapping).
+  explicit PredictiveSearch(OverlapCost cost, double min_gain = 0);
 
   /// Predicted latency of one overlapped partition.
   double predict(const std::vector<int>& waves_per_group) const;
@@ -84,6 +89,7 @@ class PredictiveSearch {
 
  private:
   Prediction finish(Prediction p) const;  // compare with "no overlap"
+  double min_gain_ = 0;
   OverlapCost cost_;
 };
 

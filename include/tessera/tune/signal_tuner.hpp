@@ -41,7 +41,10 @@ struct SignalChoice {
 class SignalTuner {
  public:
   static constexpr int kCacheVersion = 1;
-  SignalTuner(MachineProfile profile, Cache& plans);
+  /// `min_gain`: overlap only when predicted at least this fraction faster
+  /// than no overlap (signal::PredictiveSearch; default 3 %, about a third of
+  /// the model's mean error measured in session 3).
+  SignalTuner(MachineProfile profile, Cache& plans, double min_gain = 0.03);
 
   std::optional<SignalChoice> choose(const SignalQuery& q);
   /// The predictor's inputs for a timed GEMM (throws if it was not timed).
@@ -54,6 +57,7 @@ class SignalTuner {
   std::string prefix(const SignalQuery& q) const;
   MachineProfile profile_;
   Cache& plans_;
+  double min_gain_;
 };
 
 }  // namespace tessera::tune
