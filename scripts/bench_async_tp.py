@@ -9,8 +9,13 @@ each as sequential (all_gather_into_tensor + mm / mm + reduce_scatter_tensor)
 and PyTorch async-TP (torch.ops.symm_mem.fused_all_gather_matmul /
 fused_matmul_reduce_scatter). Inputs are fresh random data rotated over
 --sets buffer sets (no repetition finds them in L2), as in bench mlp.
-Median of --reps CUDA-event timings (each after a sync and a barrier), max
-over ranks.
+Timed as bench mlp times: every column of a shape in one interleaved loop
+(each repetition runs each column once, so clock and temperature drift hit
+all alike), each run after a sync, a barrier and a one-element all-reduce
+that starts the ranks together; median of --reps CUDA-event timings, max
+over ranks. A "GEMM" column (the non-gated AG+GEMM's matmul alone, with its
+TFLOP/s) shows the clock state the others ran at, to compare with bench
+mlp's "GEMM TF/s".
 
 Run (one process per GPU):
   NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
@@ -52,23 +57,35 @@ def main():
     symm_mem.enable_symm_mem_for_group(group.group_name)
     dt = torch.bfloat16 if args.dtype == "bf16" else torch.float16
 
-    def timed(fn):
-        for _ in range(args.warmup):
-            fn()
-        ts = []
-        for _ in range(args.reps):
+    token = torch.zeros(1, device="cuda", dtype=torch.float32)
+
+    def timed_interleaved(fns):
+        """Median ms of each fn, max over ranks; repetition r runs every fn once, in order."""
+        def before():
             torch.cuda.synchronize()
             dist.barrier()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b))
-        ts.sort()
-        t = torch.tensor([ts[len(ts) // 2]], device="cuda")
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return t.item()
+            dist.all_reduce(token)  # the ranks start together (bench/common/align.hpp)
+        for _ in range(args.warmup):
+            for fn in fns:
+                before()
+                fn()
+        ts = [[] for _ in fns]
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(args.reps):
+            for k, fn in enumerate(fns):
+                before()
+                a.record()
+                fn()
+                b.record()
+                b.synchronize()
+                ts[k].append(a.elapsed_time(b))
+        med = []
+        for t in ts:
+            t.sort()
+            med.append(t[len(t) // 2])
+        m = torch.tensor(med, device="cuda")
+        dist.all_reduce(m, op=dist.ReduceOp.MAX)
+        return m.tolist()
 
     rows = []
     for idx in [int(v) for v in args.shapes.split(",")]:
@@ -116,20 +133,28 @@ def main():
             return torch.ops.symm_mem.fused_matmul_reduce_scatter(d["hid"], d["wd"].t(), "sum", scatter_dim=0,
                                                                    group_name=group.group_name)
 
+        def gemm_alone():
+            d = nxt()
+            return xfull @ d["wgu"][:il].t()
+
         r = {"shape": name}
-        r["ag_seq"], r["ag_async"] = timed(ag_seq(False)), timed(ag_async(False))
-        r["agg_seq"], r["agg_async"] = timed(ag_seq(True)), timed(ag_async(True))
-        r["rs_seq"], r["rs_async"] = timed(rs_seq), timed(rs_async)
+        cols = ["gemm", "ag_seq", "ag_async", "agg_seq", "agg_async", "rs_seq", "rs_async"]
+        vals = timed_interleaved([gemm_alone, ag_seq(False), ag_async(False), ag_seq(True), ag_async(True), rs_seq,
+                                  rs_async])
+        r.update(dict(zip(cols, vals)))
+        r["gemm_tflops"] = 2.0 * s * il * h / (r["gemm"] * 1e-3) * 1e-12
         rows.append(r)
         del sets
     if rank == 0:
-        hdr = ("| shape | AG+GEMM seq | AG+GEMM async-TP | AG+GEMM gated seq | AG+GEMM gated async-TP "
+        hdr = ("| shape | GEMM | GEMM TF/s | AG+GEMM seq | AG+GEMM async-TP | AG+GEMM gated seq | AG+GEMM gated async-TP "
                "| GEMM+RS seq | GEMM+RS async-TP |")
         lines = [f"### PyTorch {torch.__version__} async-TP, TP={world} {args.dtype} on {torch.cuda.get_device_name()} "
-                 f"(ms, median of {args.reps}, max over ranks, inputs rotated over {args.sets} sets)",
-                 "", hdr, "|---|---|---|---|---|---|---|"]
+                 f"(ms, median of {args.reps}, max over ranks, inputs rotated over {args.sets} sets, "
+                 f"columns interleaved)",
+                 "", hdr, "|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
-            lines.append(f"| {r['shape']} | {r['ag_seq']:.3f} | {r['ag_async']:.3f} | {r['agg_seq']:.3f} | "
+            lines.append(f"| {r['shape']} | {r['gemm']:.3f} | {r['gemm_tflops']:.0f} | {r['ag_seq']:.3f} | "
+                         f"{r['ag_async']:.3f} | {r['agg_seq']:.3f} | "
                          f"{r['agg_async']:.3f} | {r['rs_seq']:.3f} | {r['rs_async']:.3f} |")
         text = "\n".join(lines)
         print(text)
