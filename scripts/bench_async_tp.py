@@ -64,7 +64,7 @@ def main():
         def before():
             torch.cuda.synchronize()
             dist.barrier()
-            dist.all_reduce(token)  # the ranks start together (bench/common/align.hpp)
+            dist.all_reduce(token)  # the ranks start together (ProcessGroup::align_streams)
         for _ in range(args.warmup):
             for fn in fns:
                 before()

@@ -79,7 +79,6 @@
 #include <vector>
 
 #include "command.hpp"
-#include "common/align.hpp"
 #include "common/mlp_shapes.hpp"
 #include "common/timing.hpp"
 #include "tessera/commir/gpu_executor.hpp"
@@ -146,7 +145,7 @@ void run_commir(const CommirOptions& o) {
   auto barrier = [&] {
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
     pg->barrier();
-    align_ranks(*pg, s);  // the ranks start each run together (common/align.hpp)
+    pg->align_streams(s);  // the ranks start each run together
   };
   cudaStream_t ms = pg->comm_stream(0);
   cudaEvent_t ev = nullptr;

@@ -23,7 +23,7 @@
 // of one shape is timed in one interleaved loop (InterleavedTimer: each
 // repetition runs every variant once), so clock drift hits all alike. Times
 // are medians of --reps, each run after a device sync, a barrier and a
-// one-element all-reduce that starts the ranks together (common/align.hpp:
+// one-element all-reduce that starts the ranks together (ProcessGroup::align_streams:
 // without it the host barrier's exit skew, tens of µs, lands in every
 // column that waits for a peer but not in GEMM alone), max over ranks.
 // Run with: tessera run -n R -- tessera bench mlp [--shapes 1,2,3] [--markdown FILE]
@@ -40,7 +40,6 @@
 #include <vector>
 
 #include "command.hpp"
-#include "common/align.hpp"
 #include "common/timing.hpp"
 #include "gemm/bench_gemm_kernels.hpp"
 #include "tessera/kernels/gemm.hpp"
@@ -129,7 +128,7 @@ void run(const Options& o) {
     InterleavedTimer timer(st, o.warmup, o.reps, [&] {
       TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
       pg->barrier();
-      align_ranks(*pg, st);  // the ranks start each run together (common/align.hpp)
+      pg->align_streams(st);  // the ranks start each run together
     });
     struct Variant {
       std::string part, name;

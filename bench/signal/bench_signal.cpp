@@ -91,7 +91,6 @@
 #include <vector>
 
 #include "command.hpp"
-#include "common/align.hpp"
 #include "common/timing.hpp"
 #include "signal/signal_bench_kernels.hpp"
 #include "tessera/kernels/gemm.hpp"
@@ -260,7 +259,7 @@ double timed(runtime::ProcessGroup& pg, cudaStream_t stream, const std::function
   std::vector<double> t, tm;
   for (int i = 0; i < reps; ++i) {
     pg.barrier();
-    align_ranks(pg, stream);  // the ranks start each run together (common/align.hpp)
+    pg.align_streams(stream);  // the ranks start each run together
     TESSERA_CUDA_CHECK(cudaEventRecord(start.e, stream));
     body();
     TESSERA_CUDA_CHECK(cudaEventRecord(stop.e, stream));

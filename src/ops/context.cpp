@@ -1,7 +1,6 @@
 // TpContext: workspaces, agreement checks, the tuner, and the public
 // operator entry points (validation → strategy → implementation).
 #include <cuda_runtime_api.h>
-#include <nccl.h>
 
 #include <algorithm>
 #include <vector>
@@ -44,8 +43,6 @@ TpContext::Impl::Impl(runtime::ProcessGroup& g) : pg(g) {
   rs_band_total.assign(64, 0);
   const std::size_t done_bytes = sizeof(unsigned) * kMaxChannels * runtime::kMaxPeers;
   TESSERA_CUDA_CHECK(cudaMemset(push_done.ensure(done_bytes, pg.stream()), 0, done_bytes));
-  TESSERA_CUDA_CHECK(cudaMalloc(&align_token, sizeof(float)));
-  TESSERA_CUDA_CHECK(cudaMemset(align_token, 0, sizeof(float)));
   TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_ready, cudaEventDisableTiming));
   TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_comm_done, cudaEventDisableTiming));
   int least = 0, greatest = 0;
@@ -59,7 +56,6 @@ TpContext::Impl::~Impl() {
   if (ev_ready) cudaEventDestroy(ev_ready);
   if (ev_comm_done) cudaEventDestroy(ev_comm_done);
   if (ring_stream) cudaStreamDestroy(ring_stream);
-  if (align_token) cudaFree(align_token);
 }
 
 void TpContext::Impl::check_agreement(const ShapeSignature& sig, const char* op) {
@@ -172,7 +168,7 @@ std::map<Strategy, double> time_candidates(TpContext::Impl& c, const std::vector
     for (Strategy k : candidates) {
       c.drain("ops tuner");
       c.pg.barrier();
-      TESSERA_NCCL_CHECK(ncclAllReduce(c.align_token, c.align_token, 1, ncclFloat, ncclSum, c.pg.nccl(), s));
+      c.pg.align_streams(s);
       TESSERA_CUDA_CHECK(cudaEventRecord(e0, s));
       run(k);
       TESSERA_CUDA_CHECK(cudaEventRecord(e1, s));

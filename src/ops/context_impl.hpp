@@ -55,7 +55,6 @@ struct TpContext::Impl {
   LocalBuffer rs_out;    ///< sequential RS output when it cannot land in D directly
   LocalBuffer hidden;    ///< mlp: the intermediate activation [M, I/R]
   LocalBuffer push_done; ///< SM pusher's per-chunk CTA counters (zero between calls)
-  float* align_token = nullptr;  ///< tuner: one float all-reduced to start the ranks together
   std::uint64_t ag_epoch = 0;
   std::uint64_t rs_epoch = 0;
   cudaEvent_t ev_ready = nullptr, ev_comm_done = nullptr;

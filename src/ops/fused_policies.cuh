@@ -35,20 +35,6 @@ __device__ __forceinline__ void wait_flag_geq_sys(const std::uint64_t* f, std::u
   }
 }
 
-/// Stores the first `valid` of 8 consecutive outputs (one 16-byte store when
-/// all 8 are valid).
-template <class OutT>
-__device__ __forceinline__ void store_first8(OutT* p, const float (&v)[8], int valid) {
-  using Conv = kernels::engine::OutConv<OutT>;
-  if (valid == 8) {
-    Conv::store8(p, v);
-  } else {
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-      if (i < valid) p[i] = Conv::one(v[i]);
-  }
-}
-
 // The owner's add (RsOwnerEpilogue, RsStageEpilogue) stays written out in
 // each store8: moved into a shared helper it compiled to different SASS
 // (ptxas scheduled the rank loop differently), and these kernels were
@@ -101,7 +87,7 @@ struct RsEpilogue {
   __device__ __forceinline__ void store8(const kernels::engine::TileInfo&, int row, int col, const float (&acc)[8],
                                          int valid) const {
     const int o = static_cast<int>(row / per_rank);
-    store_first8(recv[o] + (static_cast<std::int64_t>(rank) * per_rank + (row - o * per_rank)) * ld + col, acc, valid);
+    kernels::engine::store_first8(recv[o] + (static_cast<std::int64_t>(rank) * per_rank + (row - o * per_rank)) * ld + col, acc, valid);
   }
 
   __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {
@@ -146,7 +132,7 @@ struct RsOwnerEpilogue {
     const int o = static_cast<int>(row / per_rank);
     const std::int64_t lr = row - static_cast<std::int64_t>(o) * per_rank;  // row local to its owner
     if (o != rank) {
-      store_first8(recv[o] + (static_cast<std::int64_t>(rank) * per_rank + lr) * ld + col, acc, valid);
+      kernels::engine::store_first8(recv[o] + (static_cast<std::int64_t>(rank) * per_rank + lr) * ld + col, acc, valid);
       return;
     }
     // Sum in rank order 0..R-1 (fixed: deterministic). Slab rows are ld >= N
@@ -166,7 +152,7 @@ struct RsOwnerEpilogue {
         for (int i = 0; i < 8; ++i) v[i] += x[i];
       }
     }
-    store_first8(d + lr * ldd + col, v, valid);
+    kernels::engine::store_first8(d + lr * ldd + col, v, valid);
   }
 
   __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {
@@ -235,7 +221,7 @@ struct RsStageEpilogue {
     const int o = static_cast<int>(row / per_rank);
     const std::int64_t lr = row - static_cast<std::int64_t>(o) * per_rank;
     if (o != rank) {
-      store_first8(stage + (static_cast<std::int64_t>(o) * per_rank + lr) * ld + col, acc, valid);
+      kernels::engine::store_first8(stage + (static_cast<std::int64_t>(o) * per_rank + lr) * ld + col, acc, valid);
       return;
     }
     // Sum in rank order 0..R-1 (fixed: deterministic). Slab rows are ld >= N
@@ -255,7 +241,7 @@ struct RsStageEpilogue {
         for (int i = 0; i < 8; ++i) v[i] += x[i];
       }
     }
-    store_first8(d + lr * ldd + col, v, valid);
+    kernels::engine::store_first8(d + lr * ldd + col, v, valid);
   }
 
   __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {

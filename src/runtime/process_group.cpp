@@ -102,6 +102,7 @@ ProcessGroup::~ProcessGroup() {
   // Destructors must not throw; errors here are reported and ignored.
   for (cudaStream_t s : comm_streams_) (void)cudaStreamDestroy(s);
   if (stream_) (void)cudaStreamDestroy(stream_);
+  if (align_token_) (void)cudaFree(align_token_);
   if (dev_comm_created_ && !aborted_) (void)ncclDevCommDestroy(comm_, &dev_comm_);
   if (comm_ && !aborted_) {
     if (ncclCommFinalize(comm_) != ncclSuccess || ncclCommDestroy(comm_) != ncclSuccess) (void)ncclCommAbort(comm_);
@@ -121,6 +122,15 @@ cudaStream_t ProcessGroup::comm_stream(int i) const {
 }
 
 void ProcessGroup::barrier() { boot_->barrier(); }
+
+void ProcessGroup::align_streams(cudaStream_t stream) {
+  if (align_token_ == nullptr) {
+    TESSERA_CUDA_CHECK(cudaMalloc(&align_token_, sizeof(float)));
+    TESSERA_CUDA_CHECK(cudaMemset(align_token_, 0, sizeof(float)));
+  }
+  // Only the all-reduce's completion matters; the value is never read.
+  TESSERA_NCCL_CHECK(ncclAllReduce(align_token_, align_token_, 1, ncclFloat, ncclSum, comm_, stream));
+}
 
 double ProcessGroup::allreduce_max(double v) {
   double m = v;

@@ -86,6 +86,12 @@ class ProcessGroup {
   // ---- host-side exchanges over the bootstrap (not for the data path) ----
   Bootstrap& bootstrap() { return *boot_; }
   void barrier();
+  /// Collective: enqueues a one-element all-reduce on `stream`. It completes
+  /// on every rank within microseconds of the others, so work enqueued after
+  /// it starts together across ranks (a host barrier() releases ranks tens
+  /// of µs apart). Timing code calls it after barrier(), before its start
+  /// event, so the skew does not count against work that waits for a peer.
+  void align_streams(cudaStream_t stream);
   /// Maximum over ranks (e.g. of a time, so a benchmark reports the slowest rank).
   double allreduce_max(double v);
   /// Throws an Error naming `what` and the disagreeing ranks unless every rank
@@ -116,6 +122,7 @@ class ProcessGroup {
   bool aborted_ = false;
   cudaStream_t stream_ = nullptr;
   std::vector<cudaStream_t> comm_streams_;
+  float* align_token_ = nullptr;  ///< align_streams' operand (allocated at first use)
 };
 
 /// NCCL version of the loaded library, checked against the header at start-up.

@@ -27,21 +27,8 @@
 
 namespace tessera::signal {
 
-/// 8 consecutive outputs: one 16-byte store (32 for f32) when all are valid
-/// (offsets are multiples of 8 elements: BN and every slot base are), else
-/// element by element (last tile column when N % 8 != 0).
-template <class OutT>
-__device__ __forceinline__ void put8(OutT* p, const float (&v)[8], int valid) {
-  using Conv = kernels::engine::OutConv<OutT>;
-  if (valid == 8) {
-    Conv::store8(p, v);
-  } else {
-#pragma unroll
-    for (int k = 0; k < 8; ++k)
-      if (k < valid) p[k] = Conv::one(v[k]);
-  }
-}
-
+// Stores go through kernels::engine::store_first8 (offsets are multiples of
+// 8 elements: BN and every slot base are).
 template <class OutT>
 struct GroupEpilogue {
   static constexpr bool kNotify = true;
@@ -63,7 +50,7 @@ struct GroupEpilogue {
     const int r = li / sub_rows;
     const std::int64_t off = tile_base[lin] + r * seg_stride[lin] + std::int64_t(li - r * sub_rows) * tile_n +
                              (col - t.col0);
-    put8(buffer + off, v, valid);
+    kernels::engine::store_first8(buffer + off, v, valid);
   }
 
   __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {
@@ -87,7 +74,7 @@ struct A2aEpilogue {
     const int d = map.dest[row];
     const std::int64_t off = map.pool_base[d] + map.tile_pool_offset[std::int64_t(t.pos) * map.ranks + d] +
                              std::int64_t(map.row_slot[row]) * map.bn + (col - t.col0);
-    put8(buffer + off, v, valid);
+    kernels::engine::store_first8(buffer + off, v, valid);
   }
 
   __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {

@@ -130,6 +130,21 @@ struct OutConv<float> {
   }
 };
 
+/// The first `valid` (1..8) of 8 consecutive outputs at p: one 16-byte store
+/// (32 for f32) when all 8 are valid (p then 16/32-byte aligned), else
+/// element by element (the last tile column when N % 8 != 0). For epilogue
+/// policies' store8.
+template <class OutT>
+__device__ __forceinline__ void store_first8(OutT* p, const float (&v)[8], int valid) {
+  if (valid == 8) {
+    OutConv<OutT>::store8(p, v);
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if (k < valid) p[k] = OutConv<OutT>::one(v[k]);
+  }
+}
+
 /// The standard epilogue: every feature is a compile-time bit, so an unused
 /// one emits no code. Alignment: d, c and bias 16-byte aligned, ldd and ldc
 /// multiples of 8 elements (validate() checks D; C and bias are the caller's).

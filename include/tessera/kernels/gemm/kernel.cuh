@@ -47,19 +47,46 @@ struct KernelParams {
 // Named barriers (kNotifyBarrier, kOrderBarrier, kNotifyFreeBarrier), the
 // notify handshake and the prologue-waiter ring (WaiterRing): see barriers.cuh.
 
+/// wgmma accumulator layout (m64nN, f32): register i of thread (warp w,
+/// lane l) holds row 16w + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + i%2.
+/// A lane quad shares a row; for each group g of 4 column blocks of 8 it
+/// holds one float2 per (lane, block). A 4x4 transpose of float2 inside the
+/// quad (3 shuffle rounds) gives lane q = lane % 4 the 8 consecutive columns
+/// of block 4g+q of row half h in v, so each store is 8 contiguous elements.
+template <int kAccRegs>
+__device__ __forceinline__ void quad_transpose8(const float (&acc)[kAccRegs], int g, int h, int lane, float (&v)[8]) {
+  const int q = lane & 3;
+  float2 e[4], f[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) e[j] = make_float2(acc[4 * (4 * g + j) + 2 * h], acc[4 * (4 * g + j) + 2 * h + 1]);
+#pragma unroll
+  for (int c = 0; c < 4; ++c) f[c] = e[c];  // f[q] = e[q] is the diagonal
+#pragma unroll
+  for (int r = 1; r < 4; ++r) {
+    const int send_idx = (q - r) & 3, from = (q + r) & 3;
+    float2 send = e[0];
+#pragma unroll
+    for (int j = 1; j < 4; ++j) send = send_idx == j ? e[j] : send;
+    float2 recv;
+    recv.x = __shfl_sync(0xffffffffu, send.x, (lane & ~3) | from);
+    recv.y = __shfl_sync(0xffffffffu, send.y, (lane & ~3) | from);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) f[c] = c == from ? recv : f[c];
+  }
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    v[2 * c] = f[c].x;
+    v[2 * c + 1] = f[c].y;
+  }
+}
+
 /// Epilogue of one consumer warpgroup: hands its accumulators to
 /// Epilogue::store8, 8 consecutive columns per call, masked to the problem.
 template <class Cfg, class Params>
 __device__ __forceinline__ void store_tile(const Params& p, const TileInfo& info,
                                            const float (&acc)[Cfg::kMAtoms][Cfg::BN / 2], int consumer, int warp,
                                            int lane) {
-  const int q = lane & 3;  // position in the lane quad that shares a row
-  // wgmma accumulator layout (m64nN, f32): register i of thread (warp w,
-  // lane l) holds row 16w + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + i%2.
-  // A lane quad shares a row; for each group of 4 column blocks of 8 it
-  // holds one float2 per (lane, block). A 4x4 transpose of float2 inside
-  // the quad (3 shuffle rounds) gives lane q the 8 consecutive columns of
-  // block 4g+q, so each store is 8 contiguous elements.
+  const int q = lane & 3;  // position in the lane quad that shares a row (see quad_transpose8)
 #pragma unroll
   for (int a = 0; a < Cfg::kMAtoms; ++a) {
     const int row_base =
@@ -69,25 +96,8 @@ __device__ __forceinline__ void store_tile(const Params& p, const TileInfo& info
       const int row = row_base + 8 * h;
 #pragma unroll
       for (int g = 0; g < Cfg::BN / 32; ++g) {
-        float2 e[4], f[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          e[j] = make_float2(acc[a][4 * (4 * g + j) + 2 * h], acc[a][4 * (4 * g + j) + 2 * h + 1]);
-#pragma unroll
-        for (int c = 0; c < 4; ++c) f[c] = e[c];  // f[q] = e[q] is the diagonal
-#pragma unroll
-        for (int r = 1; r < 4; ++r) {
-          const int send_idx = (q - r) & 3, from = (q + r) & 3;
-          float2 send = e[0];
-#pragma unroll
-          for (int j = 1; j < 4; ++j) send = send_idx == j ? e[j] : send;
-          float2 recv;
-          recv.x = __shfl_sync(0xffffffffu, send.x, (lane & ~3) | from);
-          recv.y = __shfl_sync(0xffffffffu, send.y, (lane & ~3) | from);
-#pragma unroll
-          for (int c = 0; c < 4; ++c) f[c] = c == from ? recv : f[c];
-        }
-        const float v[8] = {f[0].x, f[0].y, f[1].x, f[1].y, f[2].x, f[2].y, f[3].x, f[3].y};
+        float v[8];
+        quad_transpose8(acc[a], g, h, lane, v);
         const int col = info.col0 + 8 * (4 * g + q);
         if (row < p.M && col < p.N) p.epilogue.store8(info, row, col, v, min(8, p.N - col));
       }
@@ -280,7 +290,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const TileCoord t = walk.at(p.scheduler, pos);
         consume_tile<Cfg, InT, kTransB>(sm, consumer, k_blocks, acc, stage, phase, walk.rank);
         const TileInfo info = info_of(t, pos);
-        // See store_tile() for the fragment layout and the quad transpose.
+        // The quad transpose of quad_transpose8(), written out: through the
+        // helper this path compiles to different SASS, and it is kept as
+        // measured (the ping-pong path uses the helper).
 #pragma unroll
         for (int a = 0; a < Cfg::kMAtoms; ++a) {
           const int row_base = info.row0 + consumer * Cfg::kRowsPerConsumer + a * 64 + warp * 16 + lane / 4;
