@@ -8,7 +8,8 @@ Times, at TP = world size R, the same parts as `tessera bench mlp`:
 each as sequential (all_gather_into_tensor + mm / mm + reduce_scatter_tensor)
 and PyTorch async-TP (torch.ops.symm_mem.fused_all_gather_matmul /
 fused_matmul_reduce_scatter). Inputs are fresh random data rotated over
---sets buffer sets (no repetition finds them in L2), as in bench mlp.
+--sets buffer sets (no repetition finds them in L2), as in bench mlp, and by
+default with every mantissa bit random like bench mlp's (--data).
 Timed as bench mlp times: every column of a shape in one interleaved loop
 (each repetition runs each column once, so clock and temperature drift hit
 all alike), each run after a sync, a barrier and a one-element all-reduce
@@ -42,6 +43,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--sets", type=int, default=3)
     ap.add_argument("--markdown", default="")
+    ap.add_argument("--data", default="full", choices=["full", "coarse"],
+                    help="full: uniform [-1, 1) drawn in float32, rounded to bf16/f16 (every mantissa bit random, "
+                         "as bench mlp's fill); coarse: torch.rand in the 16-bit type, then *2-1 (multiples of "
+                         "1/256: low mantissa bits zero, so the GEMM draws less power and clocks higher)")
     args = ap.parse_args()
     try:
         import torch
@@ -91,14 +96,14 @@ def main():
     for idx in [int(v) for v in args.shapes.split(",")]:
         name, s, h, i = SHAPES[idx]
         il, ml = i // world, s // world
+        def rnd(*shape):
+            if args.data == "coarse":
+                return torch.rand(*shape, device="cuda", dtype=dt) * 2 - 1
+            return (torch.rand(*shape, device="cuda", dtype=torch.float32) * 2 - 1).to(dt)
+
         sets = []
         for _ in range(max(1, args.sets)):
-            sets.append({
-                "x": torch.rand(ml, h, device="cuda", dtype=dt) * 2 - 1,
-                "wgu": torch.rand(2 * il, h, device="cuda", dtype=dt) * 2 - 1,
-                "wd": torch.rand(h, il, device="cuda", dtype=dt) * 2 - 1,
-                "hid": torch.rand(s, il, device="cuda", dtype=dt) * 2 - 1,
-            })
+            sets.append({"x": rnd(ml, h), "wgu": rnd(2 * il, h), "wd": rnd(h, il), "hid": rnd(s, il)})
         xfull = torch.empty(s, h, device="cuda", dtype=dt)
         out = torch.empty(ml, h, device="cuda", dtype=dt)
         turn = [0]
@@ -150,7 +155,7 @@ def main():
                "| GEMM+RS seq | GEMM+RS async-TP |")
         lines = [f"### PyTorch {torch.__version__} async-TP, TP={world} {args.dtype} on {torch.cuda.get_device_name()} "
                  f"(ms, median of {args.reps}, max over ranks, inputs rotated over {args.sets} sets, "
-                 f"columns interleaved)",
+                 f"columns interleaved, {args.data} data)",
                  "", hdr, "|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             lines.append(f"| {r['shape']} | {r['gemm']:.3f} | {r['gemm_tflops']:.0f} | {r['ag_seq']:.3f} | "

@@ -3,9 +3,11 @@
 # in one call, leaving logs under $OUT (default ./device-out).
 #
 #   scripts/device-check.sh [step...]     steps: build cpu tests comm gemm mlp asynctp commir signal
-#                                          (default: build tests comm gemm)
+#                                          (default: build tests comm gemm), run in the order given
+# Clocks, power and throttle reasons are sampled throughout (clocks.csv) and
+# summarised per step at the end of summary.txt (scripts/clock-summary.py).
 # MLP_SHAPES (default 1,2,3,4,5,6) picks the MLP shapes for mlp / asynctp;
-# ASYNCTP_SHAPES overrides it for asynctp. MLP_ARGS, SIGNAL_ARGS, COMMIR_ARGS
+# ASYNCTP_SHAPES overrides it for asynctp. MLP_ARGS, ASYNCTP_ARGS, SIGNAL_ARGS, COMMIR_ARGS
 # add options to those benchmarks (e.g. MLP_ARGS=--no-variants).
 #
 # Carry .deps (scripts/vendor-deps.sh): the GPU machines cannot install
@@ -18,7 +20,6 @@ export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAS
 export PATH="$PATH:/usr/local/cuda/bin"
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(build tests comm gemm)
-has() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 build="$root/build-dev"
@@ -29,7 +30,9 @@ note "device-check $(date -u +%FT%TZ) commit ${TESSERA_COMMIT:-$(git -C "$root" 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv >>"$summary" 2>&1
 [ "$ngpu" -gt 1 ] && nvidia-smi topo -m >>"$summary" 2>&1
 
-if has build; then
+bin="$build/bin/tessera"
+
+step_build() {
   t0=$(date +%s)
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_TEST_RANKS="$ngpu" -DTESSERA_GPU_TEST_TIMEOUT="${TESSERA_GPU_TEST_TIMEOUT:-90}" \
       >"$out/configure.log" 2>&1 || { note "configure FAILED"; tail -40 "$out/configure.log"; exit 1; }
@@ -41,42 +44,70 @@ if has build; then
     note "build FAILED in $(( $(date +%s) - t0 )) s:"; grep -E "^FAILED" "$out/build.log" | tee -a "$summary"
     grep -E "error" "$out/build.log" | head -20
   fi
-fi
-bin="$build/bin/tessera"
+}
 
-if has cpu; then
+step_cpu() {
   (cd "$build" && ctest -LE gpu --output-on-failure -j16 >"$out/cpu-tests.log" 2>&1)
   note "cpu tests: $(grep -E 'tests passed|tests failed' "$out/cpu-tests.log")"
-fi
-if has tests; then
+}
+
+step_tests() {
   (cd "$build" && timeout "${TESTS_TIMEOUT:-500}" ctest -L gpu --output-on-failure >"$out/gpu-tests.log" 2>&1)
   note "gpu tests: $(grep -E 'tests passed|tests failed' "$out/gpu-tests.log")"
   grep -E "^\s*[0-9]+/[0-9]+ Test" "$out/gpu-tests.log" | tee -a "$summary"
-fi
-if has comm; then
+}
+
+step_comm() {
   timeout 300 "$bin" run -n "$ngpu" -- "$bin" bench comm --markdown "$out/comm.md" >"$out/bench-comm.log" 2>&1
   note "bench comm rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-comm.log" | tail -30 | tee -a "$summary"
-fi
-if has gemm; then
+}
+
+step_gemm() {
   timeout 300 "$bin" bench gemm >"$out/bench-gemm.log" 2>&1
   note "bench gemm rc=$?"; tail -25 "$out/bench-gemm.log" | tee -a "$summary"
-fi
-if has mlp; then
+}
+
+step_mlp() {
   timeout "${MLP_TIMEOUT:-240}" "$bin" run -n "$ngpu" -- "$bin" bench mlp --shapes ${MLP_SHAPES:-1,2,3,4,5,6} ${MLP_ARGS:-} \
       --markdown "$out/mlp.md" >"$out/bench-mlp.log" 2>&1
   note "bench mlp rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-mlp.log" | tail -40 | tee -a "$summary"
-fi
-if has asynctp; then
+}
+
+step_asynctp() {
   timeout "${ASYNCTP_TIMEOUT:-120}" torchrun --nproc-per-node "$ngpu" "$root/scripts/bench_async_tp.py" \
-      --shapes "${ASYNCTP_SHAPES:-${MLP_SHAPES:-1,2,3,4,5,6}}" --markdown "$out/asynctp.md" >"$out/bench-asynctp.log" 2>&1
+      --shapes "${ASYNCTP_SHAPES:-${MLP_SHAPES:-1,2,3,4,5,6}}" ${ASYNCTP_ARGS:-} --markdown "$out/asynctp.md" >"$out/bench-asynctp.log" 2>&1
   note "async-TP rc=$?"; tail -20 "$out/bench-asynctp.log" | tee -a "$summary"
-fi
-if has commir; then
+}
+
+step_commir() {
   timeout "${COMMIR_TIMEOUT:-240}" "$bin" run -n "$ngpu" -- "$bin" bench commir --shapes ${MLP_SHAPES:-1,2,3} ${COMMIR_ARGS:-} \
       --markdown "$out/commir.md" >"$out/bench-commir.log" 2>&1
   note "bench commir rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-commir.log" | tail -20 | tee -a "$summary"
-fi
-if has signal; then
+}
+
+step_signal() {
   timeout "${SIGNAL_TIMEOUT:-300}" "$bin" run -n "$ngpu" -- "$bin" bench signal ${SIGNAL_ARGS:-} >"$out/bench-signal.log" 2>&1
   note "bench signal rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-signal.log" | tail -40 | tee -a "$summary"
+}
+
+# Clock and power sampler: every 100 ms per GPU, so a figure can be read
+# against the clocks it ran at (a power-capped GEMM runs 10-20 % slower).
+# scripts/clock-summary.py condenses it per step.
+sampler=""
+if command -v nvidia-smi >/dev/null; then
+  q=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active
+  nvidia-smi --query-gpu=$q --format=csv,noheader,nounits -lms 100 >"$out/clocks.csv" 2>"$out/clocks.err" &
+  sampler=$!
+  trap 'kill "$sampler" 2>/dev/null' EXIT
+fi
+: >"$out/steps.txt"
+for s in "${steps[@]}"; do
+  declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests comm gemm mlp asynctp commir signal)"; continue; }
+  echo "$s start $(date +%s.%N)" >>"$out/steps.txt"
+  "step_$s"
+  echo "$s end $(date +%s.%N)" >>"$out/steps.txt"
+done
+if [ -n "$sampler" ]; then
+  kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
+  python3 "$root/scripts/clock-summary.py" "$out/clocks.csv" "$out/steps.txt" 2>&1 | tee -a "$summary"
 fi
