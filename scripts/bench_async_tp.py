@@ -26,6 +26,7 @@ Exits 0 with a message when PyTorch (or symm_mem) is not importable.
 import argparse
 import os
 import sys
+import time
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
@@ -43,6 +44,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--sets", type=int, default=3)
     ap.add_argument("--markdown", default="")
+    ap.add_argument("--gap-ms", type=float, default=0.0,
+                    help="idle the GPU this long before every timed run, as bench mlp --gap-ms")
     ap.add_argument("--data", default="full", choices=["full", "coarse"],
                     help="full: uniform [-1, 1) drawn in float32, rounded to bf16/f16 (every mantissa bit random, "
                          "as bench mlp's fill); coarse: torch.rand in the 16-bit type, then *2-1 (multiples of "
@@ -68,6 +71,8 @@ def main():
         """Median ms of each fn, max over ranks; repetition r runs every fn once, in order."""
         def before():
             torch.cuda.synchronize()
+            if args.gap_ms > 0:
+                time.sleep(args.gap_ms / 1000.0)
             dist.barrier()
             dist.all_reduce(token)  # the ranks start together (ProcessGroup::align_streams)
         for _ in range(args.warmup):
@@ -155,7 +160,8 @@ def main():
                "| GEMM+RS seq | GEMM+RS async-TP |")
         lines = [f"### PyTorch {torch.__version__} async-TP, TP={world} {args.dtype} on {torch.cuda.get_device_name()} "
                  f"(ms, median of {args.reps}, max over ranks, inputs rotated over {args.sets} sets, "
-                 f"columns interleaved, {args.data} data)",
+                 f"columns interleaved, {args.data} data, "
+                 f"{args.gap_ms} ms idle before each run)",
                  "", hdr, "|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             lines.append(f"| {r['shape']} | {r['gemm']:.3f} | {r['gemm_tflops']:.0f} | {r['ag_seq']:.3f} | "

@@ -26,11 +26,20 @@
 // one-element all-reduce that starts the ranks together (ProcessGroup::align_streams:
 // without it the host barrier's exit skew, tens of µs, lands in every
 // column that waits for a peer but not in GEMM alone), max over ranks.
+//
+// Clock state: run back to back, the columns keep the GPU at its power cap
+// (measured: ~680 W, SM clock ~1500 MHz, 65 % of samples capped), which is
+// what a training loop sees. A harness with host gaps between runs (the
+// PyTorch script, MACHINES.md's baselines) runs at ~1980 MHz instead. --gap-ms
+// idles the GPU before every timed run so both can be compared at like
+// clocks; the "GEMM TF/s" column shows the state a table was taken in.
 // Run with: tessera run -n R -- tessera bench mlp [--shapes 1,2,3] [--markdown FILE]
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <deque>
 #include <fstream>
 #include <functional>
@@ -55,6 +64,7 @@ struct Options {
   std::vector<int> shapes{1, 2, 3, 4, 5, 6};
   std::string dtype = "bf16";
   int reps = 20, warmup = 5, sets = 3;
+  double gap_ms = 0;  // host sleep before every timed run (after the drain, before the barrier)
   int channels = 4, comm_ctas = 16;
   bool variants = true;
   std::string markdown;
@@ -127,6 +137,7 @@ void run(const Options& o) {
     // same clocks; per-rank medians, then the max over ranks.
     InterleavedTimer timer(st, o.warmup, o.reps, [&] {
       TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+      if (o.gap_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(o.gap_ms));
       pg->barrier();
       pg->align_streams(st);  // the ranks start each run together
     });
@@ -353,8 +364,10 @@ void run(const Options& o) {
   }
   if (rank == 0) {
     const std::string head = fmt::format("bench mlp: TP={} {} on {} (ms, median of {}, max over ranks, inputs rotated "
-                                         "over {} sets)",
-                                         R, o.dtype, pg->device_properties().name, o.reps, o.sets);
+                                         "over {} sets, {})",
+                                         R, o.dtype, pg->device_properties().name, o.reps, o.sets,
+                                         o.gap_ms > 0 ? fmt::format("{} ms idle before each run", o.gap_ms)
+                                                      : std::string("back to back"));
     fmt::print("tessera {}\n{}", head, table.str());
     if (o.variants) fmt::print("\nfused variants:\n{}", var.str());
     if (!o.markdown.empty()) {
@@ -378,6 +391,9 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   cmd->add_option("--reps", opts->reps, "timed repetitions (median)")->check(CLI::Range(1, 100000));
   cmd->add_option("--warmup", opts->warmup, "warm-up repetitions")->check(CLI::Range(0, 100000));
   cmd->add_option("--sets", opts->sets, "input buffer sets rotated between runs")->check(CLI::Range(1, 16));
+  cmd->add_option("--gap-ms", opts->gap_ms,
+                  "idle the GPU this long before every timed run (0: back to back, power-capped clocks)")
+      ->check(CLI::Range(0.0, 1000.0));
   cmd->add_option("--channels", opts->channels, "AG channels per shard")->check(CLI::Range(1, 32));
   cmd->add_option("--comm-ctas", opts->comm_ctas, "CTAs for SM pushes / reductions")->check(CLI::Range(1, 64));
   cmd->add_flag("--variants,!--no-variants", opts->variants, "print the fused-variant A/B table (--no-variants: skip it)");
