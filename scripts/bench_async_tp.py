@@ -13,7 +13,9 @@ default with every mantissa bit random like bench mlp's (--data).
 Timed as bench mlp times: every column of a shape in one interleaved loop
 (each repetition runs each column once, so clock and temperature drift hit
 all alike), each run after a sync, a barrier and a one-element all-reduce
-that starts the ranks together; median of --reps CUDA-event timings, max
+that starts the ranks together, queued by default behind a ~0.7 ms lead
+GEMM (--lead: the run starts on a busy GPU with the host ahead, so neither
+Python launch latency nor an idle-clock burst is in the figure); median of --reps CUDA-event timings, max
 over ranks. A "GEMM" column (the non-gated AG+GEMM's matmul alone, with its
 TFLOP/s) shows the clock state the others ran at, to compare with bench
 mlp's "GEMM TF/s".
@@ -46,6 +48,9 @@ def main():
     ap.add_argument("--markdown", default="")
     ap.add_argument("--gap-ms", type=float, default=0.0,
                     help="idle the GPU this long before every timed run, as bench mlp --gap-ms")
+    ap.add_argument("--lead", action=argparse.BooleanOptionalAction, default=True,
+                    help="queue a ~0.7 ms lead GEMM before every timed run, as bench mlp --lead: the run starts on a "
+                         "busy GPU with the host ahead, so Python launch latency is not in the figure")
     ap.add_argument("--data", default="full", choices=["full", "coarse"],
                     help="full: uniform [-1, 1) drawn in float32, rounded to bf16/f16 (every mantissa bit random, "
                          "as bench mlp's fill); coarse: torch.rand in the 16-bit type, then *2-1 (multiples of "
@@ -66,6 +71,9 @@ def main():
     dt = torch.bfloat16 if args.dtype == "bf16" else torch.float16
 
     token = torch.zeros(1, device="cuda", dtype=torch.float32)
+    lead_a = (torch.rand(8192, 4096, device="cuda") * 2 - 1).to(dt)
+    lead_b = (torch.rand(8192, 4096, device="cuda") * 2 - 1).to(dt)
+    lead_d = torch.empty(8192, 8192, device="cuda", dtype=dt)
 
     def timed_interleaved(fns):
         """Median ms of each fn, max over ranks; repetition r runs every fn once, in order."""
@@ -74,6 +82,8 @@ def main():
             if args.gap_ms > 0:
                 time.sleep(args.gap_ms / 1000.0)
             dist.barrier()
+            if args.lead:
+                torch.mm(lead_a, lead_b.t(), out=lead_d)  # the host queues the run while this runs
             dist.all_reduce(token)  # the ranks start together (ProcessGroup::align_streams)
         for _ in range(args.warmup):
             for fn in fns:
@@ -161,7 +171,7 @@ def main():
         lines = [f"### PyTorch {torch.__version__} async-TP, TP={world} {args.dtype} on {torch.cuda.get_device_name()} "
                  f"(ms, median of {args.reps}, max over ranks, inputs rotated over {args.sets} sets, "
                  f"columns interleaved, {args.data} data, "
-                 f"{args.gap_ms} ms idle before each run)",
+                 f"{'lead GEMM' if args.lead else 'no lead GEMM'} before each run, {args.gap_ms} ms idle before)",
                  "", hdr, "|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             lines.append(f"| {r['shape']} | {r['gemm']:.3f} | {r['gemm_tflops']:.0f} | {r['ag_seq']:.3f} | "
