@@ -51,6 +51,9 @@ def main():
     ap.add_argument("--lead", action=argparse.BooleanOptionalAction, default=True,
                     help="queue a ~0.7 ms lead GEMM before every timed run, as bench mlp --lead: the run starts on a "
                          "busy GPU with the host ahead, so Python launch latency is not in the figure")
+    ap.add_argument("--tessera", default="auto", choices=["auto", "on", "off"],
+                    help="also time Tessera's operators (tessera.ops automatic: tuned afresh) in the same loop, "
+                         "through python/tessera_torch.py (libtessera_c.so); auto: when the library is found")
     ap.add_argument("--data", default="full", choices=["full", "coarse"],
                     help="full: uniform [-1, 1) drawn in float32, rounded to bf16/f16 (every mantissa bit random, "
                          "as bench mlp's fill); coarse: torch.rand in the 16-bit type, then *2-1 (multiples of "
@@ -70,6 +73,20 @@ def main():
     symm_mem.enable_symm_mem_for_group(group.group_name)
     dt = torch.bfloat16 if args.dtype == "bf16" else torch.float16
 
+    tes = None
+    if args.tessera != "off":
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
+        try:
+            import tessera_torch
+            tes = tessera_torch.Session.from_torchrun()
+            tes.use_cache(False)
+            # Everything (PyTorch's columns, Tessera's, the events) on one stream.
+            torch.cuda.set_stream(tes.stream)
+        except Exception as e:  # noqa: BLE001
+            if args.tessera == "on":
+                raise
+            print(f"bench_async_tp: Tessera columns skipped ({e})")
+            tes = None
     token = torch.zeros(1, device="cuda", dtype=torch.float32)
     lead_a = (torch.rand(8192, 4096, device="cuda") * 2 - 1).to(dt)
     lead_b = (torch.rand(8192, 4096, device="cuda") * 2 - 1).to(dt)
@@ -157,11 +174,31 @@ def main():
             d = nxt()
             return xfull @ d["wgu"][:il].t()
 
+        agout = torch.empty(s, il, device="cuda", dtype=dt)
+
+        def tes_ag(gated):
+            def fn():
+                d = nxt()
+                tes.ag_gemm(d["x"], d["wgu"] if gated else d["wgu"][:il], agout, swiglu=gated)
+            return fn
+
+        def tes_rs():
+            d = nxt()
+            tes.gemm_rs(d["hid"], d["wd"], out)
+
         r = {"shape": name}
         cols = ["gemm", "ag_seq", "ag_async", "agg_seq", "agg_async", "rs_seq", "rs_async"]
-        vals = timed_interleaved([gemm_alone, ag_seq(False), ag_async(False), ag_seq(True), ag_async(True), rs_seq,
-                                  rs_async])
+        fns = [gemm_alone, ag_seq(False), ag_async(False), ag_seq(True), ag_async(True), rs_seq, rs_async]
+        if tes:
+            cols += ["tes_ag", "tes_agg", "tes_rs"]
+            fns += [tes_ag(False), tes_ag(True), tes_rs]
+        vals = timed_interleaved(fns)
         r.update(dict(zip(cols, vals)))
+        if tes:  # the tuned choices (cached in the session by the timed calls)
+            d = sets[0]
+            r["ch_ag"] = tes.resolve_ag_gemm(d["x"], d["wgu"][:il], agout)
+            r["ch_agg"] = tes.resolve_ag_gemm(d["x"], d["wgu"], agout, swiglu=True)
+            r["ch_rs"] = tes.resolve_gemm_rs(d["hid"], d["wd"], out)
         r["gemm_tflops"] = 2.0 * s * il * h / (r["gemm"] * 1e-3) * 1e-12
         rows.append(r)
         del sets
@@ -177,11 +214,24 @@ def main():
             lines.append(f"| {r['shape']} | {r['gemm']:.3f} | {r['gemm_tflops']:.0f} | {r['ag_seq']:.3f} | "
                          f"{r['ag_async']:.3f} | {r['agg_seq']:.3f} | "
                          f"{r['agg_async']:.3f} | {r['rs_seq']:.3f} | {r['rs_async']:.3f} |")
+        if tes:
+            lines += ["", "Tessera (tuned, same loop) and its speedup over PyTorch async-TP / sequential:", "",
+                      "| shape | AG+GEMM | choice | vs async-TP | vs seq | AG+GEMM gated | choice | vs async-TP | vs seq "
+                      "| GEMM+RS | choice | vs async-TP | vs seq |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            for r in rows:
+                cells = []
+                for t, ch, a, q in (("tes_ag", "ch_ag", "ag_async", "ag_seq"), ("tes_agg", "ch_agg", "agg_async", "agg_seq"),
+                                    ("tes_rs", "ch_rs", "rs_async", "rs_seq")):
+                    cells.append(f"{r[t]:.3f} | {r[ch]} | {r[a] / r[t]:.2f}x | {r[q] / r[t]:.2f}x")
+                lines.append(f"| {r['shape']} | " + " | ".join(cells) + " |")
         text = "\n".join(lines)
         print(text)
         if args.markdown:
             with open(args.markdown, "a") as f:
                 f.write("\n" + text + "\n")
+    if tes:
+        torch.cuda.synchronize()
+        tes.close()
     dist.destroy_process_group()
     return 0
 

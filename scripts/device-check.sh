@@ -74,7 +74,7 @@ step_mlp() {
 }
 
 step_asynctp() {
-  timeout "${ASYNCTP_TIMEOUT:-120}" torchrun --nproc-per-node "$ngpu" "$root/scripts/bench_async_tp.py" \
+  TESSERA_C_LIB="$build/lib/libtessera_c.so" timeout "${ASYNCTP_TIMEOUT:-120}" torchrun --nproc-per-node "$ngpu" "$root/scripts/bench_async_tp.py" \
       --shapes "${ASYNCTP_SHAPES:-${MLP_SHAPES:-1,2,3,4,5,6}}" ${ASYNCTP_ARGS:-} --markdown "$out/asynctp.md" >"$out/bench-asynctp.log" 2>&1
   note "async-TP rc=$?"; tail -20 "$out/bench-asynctp.log" | tee -a "$summary"
 }

@@ -1,0 +1,130 @@
+"""PyTorch front end to Tessera's tensor-parallel operators (libtessera_c.so via ctypes).
+
+    import tessera_torch as tt
+    s = tt.Session.from_torchrun()          # collective; rendezvous on MASTER_PORT + 1
+    torch.cuda.set_stream(s.stream)         # or order your stream against s.stream
+    s.ag_gemm(x_shard, w, out)              # out = all_gather(x_shard) @ w.T
+    s.ag_gemm(x_shard, w_gate_up, out, swiglu=True)
+    s.gemm_rs(hid, w_down, out_shard)       # out_shard = reduce_scatter(hid @ w_down.T)
+
+Tensors are CUDA, contiguous, bf16 or fp16, on this rank's device; shapes
+follow ops::AgGemmArgs / GemmRsArgs (B as [N, K]). The library is found from
+$TESSERA_C_LIB, else build*/lib/libtessera_c.so beside this folder. Errors
+raise TesseraError with the library's message (nothing was launched).
+"""
+import ctypes
+import glob
+import os
+
+import torch
+
+STRATEGIES = {"automatic": 0, "sequential": 1, "decomposition": 2, "fused_ce": 3, "fused_sm": 4, "ring": 5}
+STRATEGY_NAMES = {v: k for k, v in STRATEGIES.items()}
+_DTYPES = {torch.bfloat16: 0, torch.float16: 1}
+
+
+class TesseraError(RuntimeError):
+    pass
+
+
+def find_library():
+    env = os.environ.get("TESSERA_C_LIB")
+    if env:
+        return env
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    hits = sorted(glob.glob(os.path.join(root, "build*", "lib", "libtessera_c.so")), key=os.path.getmtime)
+    if not hits:
+        raise TesseraError("libtessera_c.so not found: build the tessera_c target or set TESSERA_C_LIB")
+    return hits[-1]
+
+
+def _load(path):
+    lib = ctypes.CDLL(path)
+    i64, i32, vp = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+    lib.tessera_last_error.restype = ctypes.c_char_p
+    lib.tessera_session_create.argtypes = [i32, i32, i32, i32, i32, ctypes.c_char_p, i32, ctypes.POINTER(vp)]
+    lib.tessera_session_destroy.argtypes = [vp]
+    lib.tessera_session_stream.argtypes = [vp]
+    lib.tessera_session_stream.restype = vp
+    lib.tessera_session_use_cache.argtypes = [vp, i32]
+    lib.tessera_ag_gemm.argtypes = [vp, vp, vp, vp, i64, i64, i64, i64, i64, i32, i32, i32]
+    lib.tessera_gemm_rs.argtypes = [vp, vp, vp, vp, i64, i64, i64, i64, i32, i32]
+    lib.tessera_resolve.argtypes = [vp, i32, i64, i64, i64, i64, i32, i32, vp, vp, vp, ctypes.POINTER(i32)]
+    return lib
+
+
+def _check(lib, rc):
+    if rc != 0:
+        raise TesseraError(lib.tessera_last_error().decode(errors="replace"))
+
+
+class Session:
+    """One rank's Tessera process group and operator context."""
+
+    def __init__(self, rank, world, local_rank, local_world, master_addr, master_port, device=-1, lib=None):
+        self._lib = _load(lib or find_library())
+        h = ctypes.c_void_p()
+        _check(self._lib, self._lib.tessera_session_create(rank, world, local_rank, local_world, device,
+                                                           master_addr.encode(), master_port, ctypes.byref(h)))
+        self._h = h
+        self.rank, self.world = rank, world
+        self.stream = torch.cuda.ExternalStream(self._lib.tessera_session_stream(h))
+
+    @classmethod
+    def from_torchrun(cls, port_offset=1, **kw):
+        e = os.environ
+        return cls(int(e["RANK"]), int(e["WORLD_SIZE"]), int(e.get("LOCAL_RANK", e["RANK"])),
+                   int(e.get("LOCAL_WORLD_SIZE", e["WORLD_SIZE"])), e.get("MASTER_ADDR", "127.0.0.1"),
+                   int(e.get("MASTER_PORT", "29500")) + port_offset, **kw)
+
+    def close(self):
+        if getattr(self, "_h", None):
+            self._lib.tessera_session_destroy(self._h)
+            self._h = None
+
+    def __del__(self):
+        self.close()
+
+    def use_cache(self, on):
+        self._lib.tessera_session_use_cache(self._h, 1 if on else 0)
+
+    @staticmethod
+    def _dtype(*ts):
+        d = ts[0].dtype
+        for t in ts:
+            if not t.is_cuda or not t.is_contiguous():
+                raise TesseraError("tensors must be contiguous CUDA tensors")
+            if t.dtype != d:
+                raise TesseraError(f"dtype mismatch: {t.dtype} vs {d}")
+        if d not in _DTYPES:
+            raise TesseraError(f"dtype {d}: bf16 or fp16 only")
+        return _DTYPES[d]
+
+    def ag_gemm(self, a_shard, b, out, swiglu=False, strategy="automatic"):
+        """out[M, N or N/2] = all_gather(a_shard[M/R, K]) @ b[N, K].T (SiLU(gate)*up with swiglu)."""
+        dt = self._dtype(a_shard, b, out)
+        m = out.shape[0]
+        _check(self._lib, self._lib.tessera_ag_gemm(self._h, a_shard.data_ptr(), b.data_ptr(), out.data_ptr(), m,
+                                                    a_shard.shape[0], b.shape[0], b.shape[1], out.shape[1], dt,
+                                                    1 if swiglu else 0, STRATEGIES[strategy]))
+
+    def gemm_rs(self, a, b, out, strategy="automatic"):
+        """out[M/R, N] = this rank's rows of reduce_scatter(a[M, K] @ b[N, K].T)."""
+        dt = self._dtype(a, b, out)
+        _check(self._lib, self._lib.tessera_gemm_rs(self._h, a.data_ptr(), b.data_ptr(), out.data_ptr(), a.shape[0],
+                                                    out.shape[0], b.shape[0], b.shape[1], dt, STRATEGIES[strategy]))
+
+    def resolve_ag_gemm(self, a_shard, b, out, swiglu=False):
+        """The strategy `automatic` picks for this AG+GEMM (tunes if needed; collective)."""
+        r = ctypes.c_int()
+        _check(self._lib, self._lib.tessera_resolve(self._h, 0, out.shape[0], a_shard.shape[0], b.shape[0], b.shape[1],
+                                                    self._dtype(a_shard, b, out), 1 if swiglu else 0,
+                                                    a_shard.data_ptr(), b.data_ptr(), out.data_ptr(), ctypes.byref(r)))
+        return STRATEGY_NAMES[r.value]
+
+    def resolve_gemm_rs(self, a, b, out):
+        r = ctypes.c_int()
+        _check(self._lib, self._lib.tessera_resolve(self._h, 1, a.shape[0], out.shape[0], b.shape[0], b.shape[1],
+                                                    self._dtype(a, b, out), 0, a.data_ptr(), b.data_ptr(),
+                                                    out.data_ptr(), ctypes.byref(r)))
+        return STRATEGY_NAMES[r.value]

@@ -1,0 +1,48 @@
+// The C interface rejects bad arguments with -1 and a message that names the
+// problem, before any rendezvous or launch (no GPU needed).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "tessera/capi/tessera.h"
+
+namespace {
+
+std::string last() { return tessera_last_error(); }
+
+TEST(Capi, SessionCreateRejectsBadRanksAndRendezvous) {
+  tessera_session* s = reinterpret_cast<tessera_session*>(0x1);
+  EXPECT_EQ(tessera_session_create(2, 2, 0, 1, -1, "127.0.0.1", 29501, &s), -1);
+  EXPECT_NE(last().find("rank 2 of world 2"), std::string::npos) << last();
+  EXPECT_EQ(s, nullptr);  // cleared before anything else
+  EXPECT_EQ(tessera_session_create(0, 2, 1, 1, -1, "127.0.0.1", 29501, &s), -1);
+  EXPECT_NE(last().find("local rank 1 of 1"), std::string::npos) << last();
+  EXPECT_EQ(tessera_session_create(0, 2, 0, 2, -1, "", 29501, &s), -1);
+  EXPECT_NE(last().find("master_addr"), std::string::npos) << last();
+  EXPECT_EQ(tessera_session_create(0, 2, 0, 2, -1, "127.0.0.1", 70000, &s), -1);
+  EXPECT_NE(last().find("master_port 70000"), std::string::npos) << last();
+  EXPECT_EQ(tessera_session_create(0, 1, 0, 1, -1, "127.0.0.1", 29501, nullptr), -1);
+  EXPECT_NE(last().find("out is null"), std::string::npos) << last();
+}
+
+TEST(Capi, OperatorsRejectANullSession) {
+  EXPECT_EQ(tessera_ag_gemm(nullptr, nullptr, nullptr, nullptr, 128, 64, 128, 128, 0, TESSERA_BF16, 0,
+                            TESSERA_AUTOMATIC),
+            -1);
+  EXPECT_NE(last().find("tessera_ag_gemm: null session"), std::string::npos) << last();
+  EXPECT_EQ(tessera_gemm_rs(nullptr, nullptr, nullptr, nullptr, 128, 64, 128, 128, TESSERA_BF16, TESSERA_AUTOMATIC), -1);
+  EXPECT_NE(last().find("tessera_gemm_rs: null session"), std::string::npos) << last();
+  int out = -7;
+  EXPECT_EQ(tessera_resolve(nullptr, 0, 128, 64, 128, 128, TESSERA_BF16, 0, nullptr, nullptr, nullptr, &out), -1);
+  EXPECT_EQ(out, -7);
+  EXPECT_EQ(tessera_session_stream(nullptr), nullptr);
+  tessera_session_destroy(nullptr);  // a no-op, like free(NULL)
+}
+
+TEST(Capi, NullArgumentsNeverCrash) {
+  EXPECT_EQ(tessera_gemm_rs(nullptr, nullptr, nullptr, nullptr, 1, 1, 1, 1, 0, 0), -1);
+  EXPECT_FALSE(last().empty());
+  tessera_session_use_cache(nullptr, 0);  // ignored, never fails
+}
+
+}  // namespace
