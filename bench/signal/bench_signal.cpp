@@ -2,10 +2,14 @@
 // engine with NCCL AllReduce / ReduceScatter, per GEMM size and per op:
 //   GEMM alone (cuBLASLt), collective alone (NCCL), non-overlap (cuBLASLt
 //   then NCCL), decomposition (4 row chunks, cuBLASLt + NCCL pipelined on two
-//   streams), Tessera = the tuner's final choice (the predictive search's
-//   partition, or "no overlap" = the non-overlap run when the model says
-//   that is faster), the searched overlapped partition measured even when
-//   not chosen (for the predictor error), the seed's §6.4 bound, speedup,
+//   streams), the predictive choice (the search's partition, or "no
+//   overlap" when the model says that is faster) with its speedup, Tessera =
+//   the verified choice (the searched partition and non-overlap are timed in
+//   one interleaved loop; the partition is kept only when it measured
+//   faster by --verdict-margin-pct, tune::keep_overlap, the rule of
+//   SignalTuner::record_measured; --store-profile stores these verdicts in
+//   the signal_plans cache), the searched overlapped partition measured even
+//   when not chosen (for the predictor error), the seed's §6.4 bound, speedup,
 //   fraction of bound; on shapes with few waves every partition is measured
 //   (exhaustive) and compared with the searched one.
 // Communicators (issue 5, notes/signal.md): the overlapped groups, the
@@ -88,6 +92,8 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "command.hpp"
@@ -104,6 +110,7 @@
 #include "tessera/signal/predictive_search.hpp"
 #include "tessera/signal/unreorder.hpp"
 #include "tessera/tune/machine_profile.hpp"
+#include "tessera/tune/signal_tuner.hpp"
 
 namespace tessera::bench::signalb {
 namespace {
@@ -133,6 +140,9 @@ struct Options {
   bool group_sweep = false;
   /// The tuner overlaps only when predicted at least this much faster (%).
   double min_gain_pct = 3;
+  /// The measured verdict keeps an overlap only when it measured at least
+  /// this much faster than non-overlap (%; tune::keep_overlap).
+  double verdict_margin_pct = 1;
   std::string wait = "memop";
   bool store_profile = false;
   std::string topology = "NV18";
@@ -276,6 +286,49 @@ double timed(runtime::ProcessGroup& pg, cudaStream_t stream, const std::function
   return pg.allreduce_max(summarize(t).median_ms);
 }
 
+// Two bodies timed in one interleaved loop (the order alternates every
+// repetition), so that clock and power drift hit both alike: the verdict
+// "overlap vs no overlap" compares these two medians. Same device time as
+// timing each alone with `reps`. Returns {median a, median b} in ms (max over
+// ranks); `b_mid`/`b_mid_ms` as `mid`/`mid_ms` of timed(), for body b.
+std::pair<double, double> timed_interleaved(runtime::ProcessGroup& pg, cudaStream_t stream,
+                                            const std::function<void()>& a, const std::function<void()>& b,
+                                            int warmup, int reps, const std::string& what_a,
+                                            const std::string& what_b, const std::function<void()>& stuck_b,
+                                            cudaEvent_t b_mid = nullptr, double* b_mid_ms = nullptr) {
+  Event start(cudaEventDefault), stop(cudaEventDefault);
+  for (int i = 0; i < warmup; ++i) {
+    pg.barrier();
+    a();
+    pg.barrier();
+    b();
+  }
+  TESSERA_CUDA_CHECK(cudaEventRecord(stop.e, stream));
+  bounded_wait(stop.e, pg.nccl(), what_a + " / " + what_b + " (warm-up)", stuck_b);
+  std::vector<double> ta, tb, tm;
+  const auto one = [&](bool is_b) {
+    pg.barrier();
+    pg.align_streams(stream);
+    TESSERA_CUDA_CHECK(cudaEventRecord(start.e, stream));
+    (is_b ? b : a)();
+    TESSERA_CUDA_CHECK(cudaEventRecord(stop.e, stream));
+    bounded_wait(stop.e, pg.nccl(), is_b ? what_b : what_a, is_b ? stuck_b : std::function<void()>{});
+    float ms = 0;
+    TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, start.e, stop.e));
+    (is_b ? tb : ta).push_back(ms);
+    if (is_b && b_mid != nullptr) {
+      TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, start.e, b_mid));
+      tm.push_back(ms);
+    }
+  };
+  for (int i = 0; i < reps; ++i) {
+    one(i % 2 == 1);
+    one(i % 2 == 0);
+  }
+  if (b_mid != nullptr && b_mid_ms != nullptr) *b_mid_ms = pg.allreduce_max(summarize(tm).median_ms);
+  return {pg.allreduce_max(summarize(ta).median_ms), pg.allreduce_max(summarize(tb).median_ms)};
+}
+
 // Runs one collective of `elems` bf16 elements (op: ar or rs) from `send` into `recv`.
 void collective(bool ar, const void* send, void* recv, std::int64_t elems, int world, ncclComm_t comm,
                 cudaStream_t s) {
@@ -358,13 +411,18 @@ struct Row {
   std::string searched;     ///< the searched overlapped partition
   double gemm = 0, comm = 0, seq = 0, decomp = 0, tessera = 0, bound = 0;
   double overlap_meas = 0, overlap_pred = 0, seq_pred = 0, chosen_pred = 0;
-  bool overlap = false;
+  bool overlap = false;           ///< the predictive choice overlaps
+  bool verified_overlap = false;  ///< the measured verdict keeps the searched partition
+  double predictive = 0;          ///< the predictive choice, measured (ms)
+  std::vector<int> searched_waves;
+  signal::Raster raster = signal::Raster::AlongN;
   double rel_err = -1;
   // Exhaustive (measured) comparison, when run.
   bool exhaustive = false;
   int exh_count = 0;
   std::string exh_best;
-  double exh_best_ms = 0, exh_searched_ms = 0;
+  double exh_best_ms = 0, exh_searched_ms = 0;  ///< the predictive choice in the sweep
+  double exh_verified_ms = 0;                    ///< the verified choice in the sweep
   double seconds = 0;
   tune::GemmTiming timing;  ///< for the stored machine profile
   // Where the time goes (issue 5; all ms, medians, max over ranks):
@@ -400,23 +458,32 @@ std::string shape_name(const Shape& s) {
   return fmt::format("{}{}x{}x{}", s.label.empty() ? "" : s.label + " ", s.m, s.n, s.k);
 }
 
-// Tessera's overlapped GEMM + collective for one partition; returns median ms.
-// `buf` / `recv` receive the data of the last run (AR: reordered buffer; RS: recv).
-// `comm`: the communicator of the group collectives (nullptr: P.ocomm).
-// `gemm_end_ms`: when given, receives the median start -> GEMM finished.
-double run_overlap(Problem& P, const signal::WaveModel& wm, const signal::GroupPlan& plan, signal::WaitMode mode,
-                   void* buf, void* recv, int warmup, int reps, ncclComm_t comm = nullptr,
-                   double* gemm_end_ms = nullptr) {
-  const signal::ArMap am = signal::make_ar_map(wm);
-  const signal::RsMap rm = signal::make_rs_map(wm, P.pg.world());
-  const signal::EpilogueTables t = P.ar ? signal::epilogue_tables(wm, plan, am) : signal::epilogue_tables(wm, plan, rm);
-  const signal::DeviceEpilogueTables dt(t);
-  signal::GroupCounters counters(plan.groups());
-  signal::CommDriver drv(comm != nullptr ? comm : P.ocomm, P.pg.comm_stream(0), mode);
-  cudaStream_t cs = P.pg.stream(), ms = P.pg.comm_stream(0);
-  Event fork, join, gemm_end(cudaEventDefault);
+// Tessera's overlapped GEMM + collective for one partition, set up once:
+// body() enqueues one run (epoch + 1) on P.pg.stream(); stuck() names the
+// short counters (and releases them) or the stuck collective, then throws;
+// finish() waits for the last run's counters. `comm`: the communicator of
+// the group collectives (nullptr: P.ocomm). `buf` / `recv` receive the data
+// of the last run (AR: reordered buffer; RS: recv).
+struct OverlapRun {
+  Problem& P;
+  signal::GroupPlan plan;
+  signal::ArMap am;
+  signal::RsMap rm;
+  signal::DeviceEpilogueTables dt;
+  signal::GroupCounters counters;
+  signal::CommDriver drv;
+  void *buf, *recv;
+  Event fork, join, gemm_end{cudaEventDefault};
   std::uint64_t epoch = 0;
-  const auto body = [&] {
+
+  OverlapRun(Problem& p, const signal::WaveModel& wm, const signal::GroupPlan& pl, signal::WaitMode mode, void* b,
+             void* r, ncclComm_t comm = nullptr)
+      : P(p), plan(pl), am(signal::make_ar_map(wm)), rm(signal::make_rs_map(wm, p.pg.world())),
+        dt(p.ar ? signal::epilogue_tables(wm, plan, am) : signal::epilogue_tables(wm, plan, rm)),
+        counters(plan.groups()), drv(comm != nullptr ? comm : p.ocomm, p.pg.comm_stream(0), mode), buf(b), recv(r) {}
+
+  void body() {
+    cudaStream_t cs = P.pg.stream(), ms = P.pg.comm_stream(0);
     ++epoch;
     TESSERA_CUDA_CHECK(cudaEventRecord(fork.e, cs));
     TESSERA_CUDA_CHECK(cudaStreamWaitEvent(ms, fork.e));
@@ -426,17 +493,26 @@ double run_overlap(Problem& P, const signal::WaveModel& wm, const signal::GroupP
       drv.reduce_scatter(plan, rm, buf, recv, DType::bf16, counters, epoch);
     gemm_into_groups(P.args, P.gopts, buf, dt.tile_base(), dt.seg_stride(), dt.tile_group(), dt.sub_rows(),
                      dt.tile_n(), counters.device(), cs);
-    if (gemm_end_ms != nullptr) TESSERA_CUDA_CHECK(cudaEventRecord(gemm_end.e, cs));
+    TESSERA_CUDA_CHECK(cudaEventRecord(gemm_end.e, cs));
     TESSERA_CUDA_CHECK(cudaEventRecord(join.e, ms));
     TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, join.e));
-  };
-  // On a stuck repetition: name the short counters (and release them), or
-  // the stuck collective; throws.
-  const double t_ms = timed(P.pg, cs, body, warmup, reps,
-                            fmt::format("{} overlap {} of {}", P.ar ? "ar" : "rs", plan.str(), shape_name(P.sh)),
-                            [&] { drv.synchronize(plan, counters, epoch); },
-                            gemm_end_ms != nullptr ? gemm_end.e : nullptr, gemm_end_ms);
-  drv.synchronize(plan, counters, epoch);
+  }
+  void stuck() { drv.synchronize(plan, counters, epoch); }
+  void finish() { drv.synchronize(plan, counters, epoch); }
+  std::string what() const {
+    return fmt::format("{} overlap {} of {}", P.ar ? "ar" : "rs", plan.str(), shape_name(P.sh));
+  }
+};
+
+// One overlapped partition timed alone; returns median ms (max over ranks).
+// `gemm_end_ms`: when given, receives the median start -> GEMM finished.
+double run_overlap(Problem& P, const signal::WaveModel& wm, const signal::GroupPlan& plan, signal::WaitMode mode,
+                   void* buf, void* recv, int warmup, int reps, ncclComm_t comm = nullptr,
+                   double* gemm_end_ms = nullptr) {
+  OverlapRun run(P, wm, plan, mode, buf, recv, comm);
+  const double t_ms = timed(P.pg, P.pg.stream(), [&] { run.body(); }, warmup, reps, run.what(), [&] { run.stuck(); },
+                            gemm_end_ms != nullptr ? run.gemm_end.e : nullptr, gemm_end_ms);
+  run.finish();
   return t_ms;
 }
 
@@ -534,9 +610,12 @@ Row measure(Problem& P, const tune::BandwidthCurve& curve, double overhead, doub
   // Baselines.
   row.gemm = timed(pg, cs, [&] { kernels::cublaslt_gemm(args, cs); }, W, N, name + ": cuBLASLt GEMM");
   row.comm = timed(pg, cs, [&] { collective(ar, D.p, C.p, mn, R, pg.nccl(), cs); }, W, N, name + ": NCCL");
-  row.seq = timed(
-      pg, cs, [&] { kernels::cublaslt_gemm(args, cs); collective(ar, D.p, C.p, mn, R, pg.nccl(), cs); }, W, N,
-      name + ": non-overlap");
+  // Non-overlap (cuBLASLt, then NCCL): timed below, interleaved with the
+  // searched overlapped partition (the measured verdict compares the two).
+  const auto non_overlap = [&] {
+    kernels::cublaslt_gemm(args, cs);
+    collective(ar, D.p, C.p, mn, R, pg.nccl(), cs);
+  };
   {
     const int chunks = 4;
     std::vector<std::unique_ptr<Event>> ev;
@@ -635,6 +714,8 @@ Row measure(Problem& P, const tune::BandwidthCurve& curve, double overhead, doub
   const signal::GroupPlan searched_plan(wm, searched.waves_per_group);
   row.overlap = final_choice.overlap;
   row.searched = searched_plan.str();
+  row.searched_waves = searched.waves_per_group;
+  row.raster = wm.order().raster;
   row.choice = row.overlap ? row.searched : "no overlap";
   row.overlap_pred = searched.latency * 1e3;
   row.seq_pred = search.predict_sequential() * 1e3;
@@ -644,7 +725,15 @@ Row measure(Problem& P, const tune::BandwidthCurve& curve, double overhead, doub
   // then on the overlap one, whose result is checked.
   if (o.compare_default && P.ocomm != pg.nccl())
     row.overlap_def = run_overlap(P, wm, searched_plan, mode, buf.p, recv.p, W, N, pg.nccl());
-  row.overlap_meas = run_overlap(P, wm, searched_plan, mode, buf.p, recv.p, W, N, nullptr, &row.ov_gemm_end);
+  {
+    // Non-overlap and the searched partition in one interleaved loop: the
+    // measured verdict (tune::keep_overlap) compares these two medians.
+    OverlapRun run(P, wm, searched_plan, mode, buf.p, recv.p);
+    std::tie(row.seq, row.overlap_meas) =
+        timed_interleaved(pg, cs, non_overlap, [&] { run.body(); }, W, N, name + ": non-overlap", run.what(),
+                          [&] { run.stuck(); }, run.gemm_end.e, &row.ov_gemm_end);
+    run.finish();
+  }
   row.rel_err = check_result(P, wm, buf.p, recv.p, D.p, C.p);
   // What each group launched during the GEMM cost it in this run: the slowdown
   // of the GEMM inside the overlapped run over its groups but the last.
@@ -666,7 +755,12 @@ Row measure(Problem& P, const tune::BandwidthCurve& curve, double overhead, doub
       sum += overhead + curve.time(double(searched_plan.tiles_in(g)) * bytes_per_tile);
     row.serial_model = gemm_budget_ms + sum * 1e3;
   }
-  row.tessera = row.overlap ? row.overlap_meas : row.seq;  // the tuner's final choice, measured
+  // The predictive choice, measured; then the verified one: the searched
+  // partition is kept only when it measured faster than non-overlap by the
+  // verdict margin (tune::keep_overlap, as SignalTuner::record_measured).
+  row.predictive = row.overlap ? row.overlap_meas : row.seq;
+  row.verified_overlap = tune::keep_overlap(row.overlap_meas, row.seq, o.verdict_margin_pct / 100);
+  row.tessera = row.verified_overlap ? row.overlap_meas : row.seq;
 
   // Exhaustive (measured) partition search on shapes with few waves.
   const int waves = wm.waves();
@@ -684,10 +778,11 @@ Row measure(Problem& P, const tune::BandwidthCurve& curve, double overhead, doub
       const signal::GroupPlan plan(wm, groups);
       const double t = run_overlap(P, wm, plan, mode, buf.p, recv.p, 1, o.exh_reps);
       ++row.exh_count;
-      if (groups == searched.waves_per_group) row.exh_searched_ms = t;
+      if (groups == searched.waves_per_group) row.exh_searched_ms = row.exh_verified_ms = t;
       if (t < row.exh_best_ms) { row.exh_best_ms = t; row.exh_best = plan.str(); }
     }
-    if (!row.overlap) row.exh_searched_ms = row.seq;  // the tuner's choice was "no overlap"
+    if (!row.overlap) row.exh_searched_ms = row.seq;  // the predictive choice was "no overlap"
+    if (!row.verified_overlap) row.exh_verified_ms = row.seq;
   }
   // Seed §6.4 bound from the measured standalone times.
   const signal::WaveModel full = wm.with_sms(pg.sm_count());
@@ -724,18 +819,28 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
   progress("{}: per-group overhead: stream memop {:.2f} us, spinning kernel {:.2f} us (using {})", op, ovh_memop * 1e6,
            ovh_spin * 1e6, o.wait);
 
-  Table table({"shape", "M", "N", "K", "waves", "tuner choice", "GEMM", "comm", "non-overlap", "decomp", "tessera",
-               "speedup", "bound", "of bound", "searched overlap", "predicted", "pred err %", "exhaustive best",
-               "searched/exh", "rel err"});
+  // "predicted choice": the predictive search (min-gain margin); "verified":
+  // the measured verdict on it (tessera = the verified choice, measured).
+  Table table({"shape", "M", "N", "K", "waves", "predicted choice", "pred. speedup", "verified", "GEMM", "comm",
+               "non-overlap", "decomp", "tessera", "speedup", "bound", "of bound", "searched overlap", "predicted",
+               "pred err %", "exhaustive best", "searched/exh", "verified/exh", "rel err"});
   // Where the time of the searched overlapped plan goes (issue 5).
   Table diag({"shape", "M", "N", "K", "groups", "engine plain", "engine+epi", "epi %", "comm", "comm@ov", "groups alone",
               "GEMM||comm ov", "GEMM||comm def", "ov GEMM end", "overlap", "overlap def comm", "serial model",
               "overlap model"});
   double serial_err_sum = 0, beside_sum = 0, beside_def_sum = 0, epi_sum = 0;
   double err_sum = 0, err_all_sum = 0;
-  int err_n = 0, err_all_n = 0, slower = 0, exh_n = 0, exh_ok = 0, done = 0;
+  int err_n = 0, err_all_n = 0, slower = 0, slower_pred = 0, exh_n = 0, exh_ok = 0, exh_ok_verified = 0, done = 0;
+  double speedup_pred_sum = 0, speedup_sum = 0;
+  int flipped_off = 0, flipped_on = 0;  // verdict vs prediction
   std::vector<std::string> mlp_lines;
   std::vector<tune::GemmTiming> timings;
+  struct Verdict {
+    tune::SignalQuery q;
+    std::vector<int> waves;
+    double overlapped_s, sequential_s;
+  };
+  std::vector<Verdict> verdicts;  // for the stored plan cache (--store-profile)
   std::vector<double> penalties_seen;  // ms, from the shapes measured so far
   Table sweep({"shape", "M", "N", "K", "groups", "overlap", "ov GEMM end", "GEMM slowdown", "per extra group"});
   const auto learned_penalty = [&] {
@@ -769,26 +874,42 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
                  q.groups > 1 ? fmt::format("{:.1f} us", slow / (q.groups - 1) * 1e3) : "-"});
     }
     timings.push_back(r.timing);
+    verdicts.push_back({tune::SignalQuery{ar ? tune::Collective::AllReduce : tune::Collective::ReduceScatter, s.m, s.n,
+                                          s.k, r.timing.tile_m, r.timing.tile_n, r.timing.swizzle, r.raster},
+                        r.searched_waves, r.overlap_meas * 1e-3, r.seq * 1e-3});
     // Predictor error of the searched overlapped partition (always measured).
     const double err = std::abs(r.overlap_pred - r.overlap_meas) / r.overlap_meas * 100;
     err_sum += err;
     ++err_n;
-    // Error of the tuner's final prediction against the measured final choice.
-    err_all_sum += std::abs(r.chosen_pred - r.tessera) / r.tessera * 100;
+    // Error of the predictive choice's prediction against its measurement.
+    err_all_sum += std::abs(r.chosen_pred - r.predictive) / r.predictive * 100;
     ++err_all_n;
     slower += r.tessera > r.seq * 1.005;
-    double exh_ratio = 0;
+    slower_pred += r.predictive > r.seq * 1.005;
+    speedup_sum += r.seq / r.tessera;
+    speedup_pred_sum += r.seq / r.predictive;
+    flipped_off += r.overlap && !r.verified_overlap;
+    flipped_on += !r.overlap && r.verified_overlap;
+    double exh_ratio = 0, exh_ratio_v = 0;
     if (r.exhaustive && r.exh_searched_ms > 0) {
       exh_ratio = r.exh_best_ms / r.exh_searched_ms;
       ++exh_n;
       exh_ok += exh_ratio >= 0.99;
+      if (r.exh_verified_ms > 0) {
+        exh_ratio_v = r.exh_best_ms / r.exh_verified_ms;
+        exh_ok_verified += exh_ratio_v >= 0.99;
+      }
     }
     table.add({s.label.empty() ? "-" : s.label, std::to_string(s.m), std::to_string(s.n), std::to_string(s.k),
-               std::to_string(r.waves), r.choice, f3(r.gemm), f3(r.comm), f3(r.seq), f3(r.decomp), f3(r.tessera),
-               fmt::format("{:.3f}", r.seq / r.tessera), f3(r.bound), fmt::format("{:.2f}", r.bound / r.tessera),
-               f3(r.overlap_meas), f3(r.overlap_pred), fmt::format("{:.1f}", err),
+               std::to_string(r.waves), r.choice, fmt::format("{:.3f}", r.seq / r.predictive),
+               r.verified_overlap ? r.searched : "no overlap", f3(r.gemm), f3(r.comm), f3(r.seq), f3(r.decomp),
+               f3(r.tessera), fmt::format("{:.3f}", r.seq / r.tessera), f3(r.bound),
+               fmt::format("{:.2f}", r.bound / r.tessera), f3(r.overlap_meas), f3(r.overlap_pred),
+               fmt::format("{:.1f}", err),
                r.exhaustive ? fmt::format("{} {} ({} meas.)", f3(r.exh_best_ms), r.exh_best, r.exh_count) : "-",
-               r.exhaustive ? fmt::format("{:.1f}%", exh_ratio * 100) : "-", fmt::format("{:.1e}", r.rel_err)});
+               r.exhaustive ? fmt::format("{:.1f}%", exh_ratio * 100) : "-",
+               r.exhaustive && exh_ratio_v > 0 ? fmt::format("{:.1f}%", exh_ratio_v * 100) : "-",
+               fmt::format("{:.1e}", r.rel_err)});
     const int groups = static_cast<int>(std::count(r.searched.begin(), r.searched.end(), ',')) + 1;
     diag.add({s.label.empty() ? "-" : s.label, std::to_string(s.m), std::to_string(s.n), std::to_string(s.k),
               std::to_string(groups), f3(r.engine_plain), f3(r.engine_epi),
@@ -804,9 +925,11 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
     beside_sum += concurrency(r.beside_ov, r.comm_ov);
     beside_def_sum += concurrency(r.beside_def, r.comm);
     epi_sum += (r.engine_epi / r.engine_plain - 1) * 100;
-    progress("{}: {} done in {:.1f} s: tessera {:.3f} ms ({}), non-overlap {:.3f}, speedup {:.3f}, searched overlap "
+    progress("{}: {} done in {:.1f} s: tessera (verified) {:.3f} ms ({}), predicted choice {}, speedup {:.3f}, "
+             "non-overlap {:.3f}, verified speedup {:.3f}, searched overlap "
              "{:.3f} ms predicted {:.3f} ({:+.1f}%, GEMM penalty {:.1f} us/group; seen {}), rel err {:.1e}{}",
-             op, shape_name(s), r.seconds, r.tessera, r.choice, r.seq, r.seq / r.tessera, r.overlap_meas,
+             op, shape_name(s), r.seconds, r.tessera, r.verified_overlap ? r.searched : "no overlap", r.choice,
+             r.seq / r.predictive, r.seq, r.seq / r.tessera, r.overlap_meas,
              r.overlap_pred, (r.overlap_pred / r.overlap_meas - 1) * 100, r.penalty_used * 1e3,
              r.penalty_seen >= 0 ? fmt::format("{:.1f} us", r.penalty_seen * 1e3) : std::string("- (one group)"),
              r.rel_err,
@@ -814,17 +937,23 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
                                         r.exh_count, exh_ratio * 100)
                           : "");
     if (!s.label.empty())
-      mlp_lines.push_back(fmt::format("{} {}: {:.3f}x over cuBLASLt+NCCL sequential ({:.3f} vs {:.3f} ms){}",
+      mlp_lines.push_back(fmt::format("{} {}: {:.3f}x over cuBLASLt+NCCL sequential ({:.3f} vs {:.3f} ms; verified "
+                                      "choice {}, predictive choice {} at {:.3f}x){}",
                                       s.label, op, r.seq / r.tessera, r.tessera, r.seq,
+                                      r.verified_overlap ? r.searched : "no overlap", r.choice, r.seq / r.predictive,
                                       ar ? (r.seq / r.tessera >= 1.25 ? " — meets 1.25x" : " — below 1.25x") : ""));
   }
   const std::string summary = fmt::format(
       "op {} on {} ranks, wait {}, NCCL SMs reserved {}: {} of {} shapes measured; mean predictor error {:.2f}% "
-      "(searched overlapped partition, {} shapes), {:.2f}% (tuner's final choice); slower than non-overlap "
-      "(> 0.5%) on {} of {}; searched >= 99% of exhaustive (measured, shapes with <= {} waves and <= {} s of "
-      "sweep) on {} of {}",
+      "(searched overlapped partition, {} shapes), {:.2f}% (predictive choice); slower than non-overlap "
+      "(> 0.5%): predictive choice on {} of {}, verified choice on {} of {} (verdict margin {:.1f}%: {} predicted "
+      "overlaps dropped, {} rejected partitions kept); mean speedup predictive {:.3f}, verified {:.3f}; searched "
+      ">= 99% of exhaustive (measured, shapes with <= {} waves and <= {} s of sweep) on {} of {} (verified choice: "
+      "{} of {})",
       op, pg.world(), o.wait, o.nccl_sms, done, shapes.size(), err_n ? err_sum / err_n : 0.0, err_n,
-      err_all_n ? err_all_sum / err_all_n : 0.0, slower, done, o.exh_max_waves, o.exh_cap_s, exh_ok, exh_n);
+      err_all_n ? err_all_sum / err_all_n : 0.0, slower_pred, done, slower, done, o.verdict_margin_pct,
+      flipped_off, flipped_on, done ? speedup_pred_sum / done : 0.0, done ? speedup_sum / done : 0.0,
+      o.exh_max_waves, o.exh_cap_s, exh_ok, exh_n, exh_ok_verified, exh_n);
   const std::string diag_summary = fmt::format(
       "where the time goes ({} shapes, overlap communicator: {}): group epilogue costs {:+.1f}% of the engine GEMM "
       "(mean); GEMM||comm concurrency (0 = serialized, 1 = full overlap) {:.2f} on the overlap communicator, {:.2f} "
@@ -844,7 +973,7 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
     res.text += fmt::format("\nGEMM slowdown against the group count (equal partitions; slowdown = ov GEMM end - "
                             "engine+epi, ms):\n{}\n", sweep.str());
   for (const auto& l : mlp_lines) res.text += l + "\n";
-  res.markdown = fmt::format("### bench signal --op {} (ms; tessera = tuner's final choice)\n\n{}\n{}\n\n"
+  res.markdown = fmt::format("### bench signal --op {} (ms; tessera = the verified choice)\n\n{}\n{}\n\n"
                              "Where the time goes (ms):\n\n{}\n{}\n\n", op,
                              table.markdown(), summary, diag.markdown(), diag_summary);
   for (const auto& l : mlp_lines) res.markdown += "- " + l + "\n";
@@ -869,6 +998,13 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
     }
     prof.store(cache);
     progress("stored machine profile in {}", cache.file().string());
+    // The measured verdicts: later SignalTuner::choose() calls get them
+    // (source "verified") for these shapes and their neighbours.
+    tune::Cache plans("signal_plans", tune::SignalTuner::kCacheVersion);
+    tune::SignalTuner tuner(prof, plans, o.min_gain_pct / 100);
+    for (const Verdict& v : verdicts)
+      tuner.record_measured(v.q, v.waves, v.overlapped_s, v.sequential_s, o.verdict_margin_pct / 100);
+    progress("stored {} measured verdicts in {}", verdicts.size(), plans.file().string());
   }
   return res;
 }
@@ -1020,6 +1156,10 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   cmd->add_option("--min-gain-pct", opts->min_gain_pct,
                   "overlap only when predicted at least this % faster than no overlap (default 3: a margin for "
                   "the model's error)")
+      ->check(CLI::Range(0.0, 50.0));
+  cmd->add_option("--verdict-margin-pct", opts->verdict_margin_pct,
+                  "the verified choice keeps the searched overlap only when it measured at least this % faster "
+                  "than non-overlap in the interleaved timing (default 1, as the ops tuner)")
       ->check(CLI::Range(0.0, 50.0));
   cmd->add_flag("--group-sweep", opts->group_sweep,
                 "also time equal partitions of 1, 2, 3, 4, 6, 9 groups per shape: the GEMM's in-run slowdown against "

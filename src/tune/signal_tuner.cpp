@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include "tessera/runtime/error.hpp"
 #include "tessera/signal/group_plan.hpp"
 
@@ -42,23 +44,60 @@ signal::OverlapCost SignalTuner::cost(const SignalQuery& q) const {
                                          profile_.per_group_overhead, profile_.gemm_penalty_per_group);
 }
 
+namespace {
+
+SignalChoice choice_from_json(const nlohmann::json& j, std::string source) {
+  SignalChoice c;
+  c.waves_per_group = j.at("waves_per_group").get<std::vector<int>>();
+  c.overlap = j.at("overlap").get<bool>();
+  c.predicted = j.at("predicted").get<double>();
+  c.predicted_overlap = j.value("predicted_overlap", c.overlap);
+  c.verified = j.value("verified", false);
+  if (c.verified) {
+    const auto& m = j.at("measured");
+    c.measured_overlapped = m.at("overlapped_s").get<double>();
+    c.measured_sequential = m.at("sequential_s").get<double>();
+  }
+  c.source = std::move(source);
+  return c;
+}
+
+}  // namespace
+
+bool keep_overlap(double overlapped_s, double sequential_s, double margin) {
+  TESSERA_CHECK(std::isfinite(overlapped_s) && overlapped_s > 0,
+                "SignalTuner verdict: measured overlapped time {} s is not finite and positive", overlapped_s);
+  TESSERA_CHECK(std::isfinite(sequential_s) && sequential_s > 0,
+                "SignalTuner verdict: measured non-overlapped time {} s is not finite and positive", sequential_s);
+  TESSERA_CHECK(std::isfinite(margin) && margin >= 0 && margin < 1, "SignalTuner verdict: margin {} outside [0, 1)",
+                margin);
+  return overlapped_s < sequential_s * (1 - margin);
+}
+
 std::optional<SignalChoice> SignalTuner::choose(const SignalQuery& q) {
   const std::string key = key_of(q);
-  const auto from_json = [](const nlohmann::json& j, std::string source) {
-    return SignalChoice{j.at("waves_per_group").get<std::vector<int>>(), j.at("overlap").get<bool>(),
-                        j.at("predicted").get<double>(), std::move(source)};
-  };
-  if (auto hit = plans_.get(key)) return from_json(*hit, "cache");
+  if (auto hit = plans_.get(key)) return choice_from_json(*hit, hit->value("verified", false) ? "verified" : "cache");
   if (profile_.find_gemm(q.m, q.n, q.k, q.tile_m, q.tile_n)) {
     const signal::Prediction p = signal::PredictiveSearch(cost(q), min_gain_).best();
     SignalChoice c{p.waves_per_group, p.overlap, p.latency, "search"};
-    plans_.put(key, {{"shape", {q.m, q.n, q.k}}, {"waves_per_group", c.waves_per_group}, {"overlap", c.overlap},
-                     {"predicted", c.predicted}});
+    c.predicted_overlap = p.overlap;
+    plans_.put(key, {{"shape", {q.m, q.n, q.k}},
+                     {"waves_per_group", c.waves_per_group},
+                     {"overlap", c.overlap},
+                     {"predicted", c.predicted},
+                     {"predicted_overlap", c.predicted_overlap},
+                     {"verified", false}});
     return c;
   }
   auto nb = nearest(plans_, prefix(q), {q.m, q.n, q.k});
   if (!nb) return std::nullopt;
-  SignalChoice c = from_json(nb->value, "neighbour " + nb->key);
+  // The neighbour's verdict as stored (measured there, or predicted there);
+  // this shape itself is not verified.
+  const bool measured_there = nb->value.value("verified", false);
+  SignalChoice c = choice_from_json(nb->value, fmt::format("neighbour {} ({})", nb->key,
+                                                           measured_there ? "verified" : "predicted"));
+  c.verified = false;
+  c.measured_overlapped = c.measured_sequential = 0;
   // Rescale the neighbour's partition to this shape's wave count.
   const auto& s = nb->value.at("shape");
   const signal::WaveModel theirs(signal::GemmTiling{s.at(0).get<std::int64_t>(), s.at(1).get<std::int64_t>(),
@@ -68,6 +107,36 @@ std::optional<SignalChoice> SignalTuner::choose(const SignalQuery& q) {
   c.waves_per_group = signal::GroupPlan(theirs, c.waves_per_group).rescaled(ours).waves_per_group();
   if (!c.overlap) c.waves_per_group = {ours.waves()};
   return c;
+}
+
+SignalChoice SignalTuner::record_measured(const SignalQuery& q, const std::vector<int>& waves_per_group,
+                                          double overlapped_s, double sequential_s, double margin) {
+  const signal::WaveModel wm = overlapped_model(q);
+  // Throws on anything that is not a partition of this shape's waves.
+  const signal::GroupPlan plan(wm, waves_per_group);
+  TESSERA_CHECK(plan.groups() >= 1, "SignalTuner::record_measured: empty partition for {}", key_of(q));
+  const bool keep = keep_overlap(overlapped_s, sequential_s, margin);
+  const std::string key = key_of(q);
+  nlohmann::json e;
+  if (auto old = plans_.get(key)) {
+    e = *old;
+  } else if (profile_.find_gemm(q.m, q.n, q.k, q.tile_m, q.tile_n)) {
+    const signal::Prediction p = signal::PredictiveSearch(cost(q), min_gain_).best();
+    e = {{"predicted", p.latency}, {"predicted_overlap", p.overlap}};
+  } else {
+    e = {{"predicted", 0.0}, {"predicted_overlap", false}};  // never predicted
+  }
+  if (!e.contains("predicted_overlap")) e["predicted_overlap"] = e.value("overlap", false);
+  e["shape"] = {q.m, q.n, q.k};
+  e["overlap"] = keep;
+  e["waves_per_group"] = keep ? waves_per_group : std::vector<int>{wm.waves()};
+  e["verified"] = true;
+  e["measured"] = {{"overlapped_s", overlapped_s},
+                   {"sequential_s", sequential_s},
+                   {"margin", margin},
+                   {"waves_per_group", waves_per_group}};
+  plans_.put(key, e);
+  return choice_from_json(e, "verified");
 }
 
 }  // namespace tessera::tune

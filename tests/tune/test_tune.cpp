@@ -1,6 +1,7 @@
 // CPU tests of the tuning layer: JSON cache (round trip, atomic write,
 // versions, corrupt files), keys and nearest-neighbour lookup, bandwidth
-// curve interpolation, machine-profile round trip, and the signal tuner.
+// curve interpolation, machine-profile round trip, and the signal tuner
+// (search, cache, neighbours, and the measured verdict).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -218,4 +219,133 @@ TEST(SignalTuner, SearchesCachesAndReusesNeighbours) {
   SignalQuery untimed = q;
   untimed.k = 1234;
   EXPECT_THROW(t.cost(untimed), tessera::Error);
+}
+
+// ---- the measured verdict (issue 5: never slower than non-overlap) ---------
+
+TEST(SignalVerdict, KeepsOverlapOnlyWhenMeasuredFasterByTheMargin) {
+  EXPECT_TRUE(keep_overlap(0.97e-3, 1.0e-3, 0.01));
+  EXPECT_FALSE(keep_overlap(0.99e-3, 1.0e-3, 0.01));   // exactly at the margin: not faster enough
+  EXPECT_FALSE(keep_overlap(0.995e-3, 1.0e-3, 0.01));  // 0.5 % faster: inside the margin
+  EXPECT_FALSE(keep_overlap(1.02e-3, 1.0e-3, 0.01));   // slower: never kept
+  EXPECT_FALSE(keep_overlap(1.0e-3, 1.0e-3, 0.0));     // a tie is no gain
+  EXPECT_TRUE(keep_overlap(0.999e-3, 1.0e-3, 0.0));
+  EXPECT_THROW(keep_overlap(std::nan(""), 1.0e-3, 0.01), tessera::Error);  // NaN never passes
+  EXPECT_THROW(keep_overlap(1.0e-3, std::nan(""), 0.01), tessera::Error);
+  EXPECT_THROW(keep_overlap(0.0, 1.0e-3, 0.01), tessera::Error);
+  EXPECT_THROW(keep_overlap(1.0e-3, -1.0, 0.01), tessera::Error);
+  EXPECT_THROW(keep_overlap(1.0e-3, INFINITY, 0.01), tessera::Error);
+  EXPECT_THROW(keep_overlap(1.0e-3, 1.0e-3, 1.0), tessera::Error);
+  EXPECT_THROW(keep_overlap(1.0e-3, 1.0e-3, -0.01), tessera::Error);
+}
+
+TEST(SignalVerdict, RecordedVerdictOverridesThePredictionAndPersists) {
+  TempDir dir;
+  const SignalQuery q{Collective::AllReduce, 8192, 8192, 4096, 128, 256};
+  std::vector<int> searched;
+  bool predicted_overlap = false;
+  double predicted = 0;
+  {
+    Cache plans("signal_plans", SignalTuner::kCacheVersion, dir.path());
+    SignalTuner t(sample_profile(), plans);
+    const int W = t.overlapped_model(q).waves();
+    const auto first = t.choose(q);
+    ASSERT_TRUE(first.has_value());
+    EXPECT_FALSE(first->verified);
+    EXPECT_EQ(first->predicted_overlap, first->overlap);
+    predicted_overlap = first->predicted_overlap;
+    predicted = first->predicted;
+    // The model's best overlapped partition, whatever best() decided.
+    searched = {W / 3, W / 3, W - 2 * (W / 3)};
+    // Measured 2 % slower than no overlap: the verdict is no overlap.
+    const SignalChoice slow = t.record_measured(q, searched, 1.02e-3, 1.00e-3);
+    EXPECT_TRUE(slow.verified);
+    EXPECT_FALSE(slow.overlap);
+    EXPECT_EQ(slow.waves_per_group, std::vector<int>{W});
+    EXPECT_EQ(slow.source, "verified");
+    EXPECT_DOUBLE_EQ(slow.measured_overlapped, 1.02e-3);
+    EXPECT_DOUBLE_EQ(slow.measured_sequential, 1.00e-3);
+    // The prediction stays visible beside the verdict.
+    EXPECT_EQ(slow.predicted_overlap, predicted_overlap);
+    EXPECT_DOUBLE_EQ(slow.predicted, predicted);
+    const auto again = t.choose(q);
+    ASSERT_TRUE(again.has_value());
+    EXPECT_EQ(again->source, "verified");
+    EXPECT_FALSE(again->overlap);
+    EXPECT_TRUE(again->verified);
+  }
+  {
+    // Another process: the verdict was stored.
+    Cache plans("signal_plans", SignalTuner::kCacheVersion, dir.path());
+    SignalTuner t(sample_profile(), plans);
+    const auto c = t.choose(q);
+    ASSERT_TRUE(c.has_value());
+    EXPECT_TRUE(c->verified);
+    EXPECT_FALSE(c->overlap);
+    EXPECT_EQ(c->predicted_overlap, predicted_overlap);
+    // A later measurement where the partition wins by 5 %: overlap, that partition.
+    const SignalChoice fast = t.record_measured(q, searched, 0.95e-3, 1.00e-3);
+    EXPECT_TRUE(fast.overlap);
+    EXPECT_EQ(fast.waves_per_group, searched);
+    EXPECT_EQ(t.choose(q)->waves_per_group, searched);
+  }
+}
+
+TEST(SignalVerdict, NeighboursCarryTheVerdict) {
+  TempDir dir;
+  Cache plans("signal_plans", SignalTuner::kCacheVersion, dir.path());
+  SignalTuner t(sample_profile(), plans);
+  const SignalQuery q{Collective::AllReduce, 8192, 8192, 4096, 128, 256};
+  SignalQuery u = q;  // never timed: only a neighbour can answer
+  u.m = 7680;
+  const int W = t.overlapped_model(q).waves(), Wu = t.overlapped_model(u).waves();
+  ASSERT_TRUE(t.choose(q).has_value());
+  // Measured loss at q: the unseen neighbour gets no overlap, not the prediction.
+  t.record_measured(q, {W / 2, W - W / 2}, 1.5e-3, 1.4e-3);
+  auto nb = t.choose(u);
+  ASSERT_TRUE(nb.has_value());
+  EXPECT_FALSE(nb->overlap);
+  EXPECT_FALSE(nb->verified);  // this shape itself was not measured
+  EXPECT_EQ(nb->waves_per_group, std::vector<int>{Wu});
+  EXPECT_NE(nb->source.find("(verified)"), std::string::npos) << nb->source;
+  // Measured win at q: the neighbour gets q's partition, rescaled to its waves.
+  t.record_measured(q, {W / 2, W - W / 2}, 1.2e-3, 1.4e-3);
+  nb = t.choose(u);
+  ASSERT_TRUE(nb.has_value());
+  EXPECT_TRUE(nb->overlap);
+  EXPECT_EQ(nb->waves_per_group.size(), 2u);
+  int sum = 0;
+  for (int w : nb->waves_per_group) sum += w;
+  EXPECT_EQ(sum, Wu);
+  // A shape that was only predicted is named so.
+  SignalQuery v = q;
+  v.m = 4096;
+  v.op = Collective::ReduceScatter;
+  ASSERT_TRUE(t.choose(v).has_value());  // timed in the profile: searched
+  SignalQuery vu = v;
+  vu.m = 3840;
+  const auto pred_nb = t.choose(vu);
+  ASSERT_TRUE(pred_nb.has_value());
+  EXPECT_NE(pred_nb->source.find("(predicted)"), std::string::npos) << pred_nb->source;
+}
+
+TEST(SignalVerdict, BadMeasurementsAreRejectedAndLeaveTheCacheAlone) {
+  TempDir dir;
+  Cache plans("signal_plans", SignalTuner::kCacheVersion, dir.path());
+  SignalTuner t(sample_profile(), plans);
+  const SignalQuery q{Collective::AllReduce, 8192, 8192, 4096, 128, 256};
+  const auto first = t.choose(q);
+  ASSERT_TRUE(first.has_value());
+  const int W = t.overlapped_model(q).waves();
+  EXPECT_THROW(t.record_measured(q, {W / 2, W / 2 + 5}, 1e-3, 1e-3), tessera::Error);  // not a partition of W
+  EXPECT_THROW(t.record_measured(q, {W - 1, 0, 1}, 1e-3, 1e-3), tessera::Error);       // empty group
+  EXPECT_THROW(t.record_measured(q, {W}, std::nan(""), 1e-3), tessera::Error);
+  EXPECT_THROW(t.record_measured(q, {W}, 1e-3, 0.0), tessera::Error);
+  const auto c = t.choose(q);
+  EXPECT_EQ(c->source, "cache");
+  EXPECT_FALSE(c->verified);
+  EXPECT_EQ(c->waves_per_group, first->waves_per_group);
+  // A plan cache of the old format (version 1: predictions only) is refused.
+  Cache old("signal_plans_v1", 1, dir.path());
+  EXPECT_THROW(SignalTuner(sample_profile(), old), tessera::Error);
 }

@@ -8,6 +8,20 @@
 // search when the profile has this GEMM's timing (stored in the cache);
 // 3. the nearest cached shape for the same machine/dtype/collective/tile;
 // 4. nullopt (the caller falls back to no overlap, or profiles the shape).
+//
+// Measured verdict (issue 5: "never slower than non-overlap"): the model
+// errs by 5-15 % on small shapes, so a predicted win can be a measured loss.
+// record_measured() takes the measured time of an overlapped partition and
+// of no overlap (same shape, ideally timed interleaved) and stores the
+// verdict: overlap only when it measured faster than no overlap by at least
+// `margin` (default 1 %, as the ops tuner's "never slower than sequential"),
+// else no overlap. It applies in both directions: a partition the model
+// rejected is kept if it measured faster by the margin. choose() returns the
+// verified verdict for that shape from then on (source "verified").
+// Nearest-neighbour reuse carries a neighbour's verdict as stored: a shape
+// near one measured to lose gets "no overlap", near one measured to win the
+// rescaled partition; the choice says verified = false (this shape was not
+// measured) and names the neighbour's status in `source`.
 #pragma once
 
 #include <optional>
@@ -35,18 +49,43 @@ struct SignalChoice {
   std::vector<int> waves_per_group;  ///< partition of the overlapped GEMM's waves
   bool overlap = false;              ///< false: run GEMM, then the collective
   double predicted = 0;              ///< seconds (of the searched shape)
-  std::string source;                ///< "cache", "search" or "neighbour <key>"
+  /// "cache", "search", "verified" or "neighbour <key> (verified|predicted)"
+  std::string source;
+  /// True when this shape's verdict comes from measurement (record_measured).
+  bool verified = false;
+  /// What the predictive search chose for this shape (before any verdict).
+  bool predicted_overlap = false;
+  /// Measured seconds, when verified: the partition's overlapped run and no overlap.
+  double measured_overlapped = 0, measured_sequential = 0;
 };
+
+/// The verdict rule: keep the overlapped partition only when it measured
+/// faster than no overlap by at least `margin` (a fraction in [0, 1)):
+/// overlapped < sequential * (1 - margin). Throws tessera::Error on a time
+/// that is not finite and positive (NaN never passes) or a bad margin.
+bool keep_overlap(double overlapped_s, double sequential_s, double margin);
 
 class SignalTuner {
  public:
-  static constexpr int kCacheVersion = 1;
+  /// 2: entries carry "verified", "predicted_overlap" and "measured" (v1
+  /// files are ignored with a warning and replaced: their choices were
+  /// predictions only).
+  static constexpr int kCacheVersion = 2;
+  static constexpr double kDefaultVerdictMargin = 0.01;
   /// `min_gain`: overlap only when predicted at least this fraction faster
   /// than no overlap (signal::PredictiveSearch; default 3 %, about a third of
   /// the model's mean error measured in session 3).
   SignalTuner(MachineProfile profile, Cache& plans, double min_gain = 0.03);
 
   std::optional<SignalChoice> choose(const SignalQuery& q);
+  /// Stores the measured verdict for q (see the file comment) and returns
+  /// the verified choice. `waves_per_group`: the overlapped partition that
+  /// was measured (a partition of overlapped_model(q).waves(); usually the
+  /// searched one). The predicted fields of an existing entry are kept; the
+  /// GEMM need not be in the profile. All ranks must pass the same times
+  /// (e.g. the max over ranks) so they decide alike.
+  SignalChoice record_measured(const SignalQuery& q, const std::vector<int>& waves_per_group, double overlapped_s,
+                               double sequential_s, double margin = kDefaultVerdictMargin);
   /// The predictor's inputs for a timed GEMM (throws if it was not timed).
   signal::OverlapCost cost(const SignalQuery& q) const;
   /// The overlapped wave model of a query (SMs minus NCCL's).
