@@ -2,12 +2,12 @@
 # Builds Tessera on a lent GPU machine and runs every GPU test and benchmark
 # in one call, leaving logs under $OUT (default ./device-out).
 #
-#   scripts/device-check.sh [step...]     steps: build cpu tests comm gemm mlp asynctp commir signal
+#   scripts/device-check.sh [step...]     steps: build cpu tests comm gemm gemmgap mlp asynctp commir signal
 #                                          (default: build tests comm gemm), run in the order given
 # Clocks, power and throttle reasons are sampled throughout (clocks.csv) and
 # summarised per step at the end of summary.txt (scripts/clock-summary.py).
 # MLP_SHAPES (default 1,2,3,4,5,6) picks the MLP shapes for mlp / asynctp;
-# ASYNCTP_SHAPES overrides it for asynctp. MLP_ARGS, ASYNCTP_ARGS, SIGNAL_ARGS, COMMIR_ARGS
+# ASYNCTP_SHAPES overrides it for asynctp. MLP_ARGS, ASYNCTP_ARGS, SIGNAL_ARGS, COMMIR_ARGS, GEMM_ARGS
 # add options to those benchmarks (e.g. MLP_ARGS=--no-variants).
 #
 # Carry .deps (scripts/vendor-deps.sh): the GPU machines cannot install
@@ -63,8 +63,13 @@ step_comm() {
 }
 
 step_gemm() {
-  timeout 300 "$bin" bench gemm >"$out/bench-gemm.log" 2>&1
+  timeout "${GEMM_TIMEOUT:-300}" "$bin" bench gemm ${GEMM_ARGS:-} >"$out/bench-gemm.log" 2>&1
   note "bench gemm rc=$?"; tail -25 "$out/bench-gemm.log" | tee -a "$summary"
+}
+# The same at boost clocks: every run after a drain and GEMM_GAP_MS (5) idle.
+step_gemmgap() {
+  timeout "${GEMM_TIMEOUT:-300}" "$bin" bench gemm --gap-ms "${GEMM_GAP_MS:-5}" ${GEMM_ARGS:-} >"$out/bench-gemm-gap.log" 2>&1
+  note "bench gemm --gap-ms ${GEMM_GAP_MS:-5} rc=$?"; tail -25 "$out/bench-gemm-gap.log" | tee -a "$summary"
 }
 
 step_mlp() {
@@ -102,7 +107,7 @@ if command -v nvidia-smi >/dev/null; then
 fi
 : >"$out/steps.txt"
 for s in "${steps[@]}"; do
-  declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests comm gemm mlp asynctp commir signal)"; continue; }
+  declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests comm gemm gemmgap mlp asynctp commir signal)"; continue; }
   echo "$s start $(date +%s.%N)" >>"$out/steps.txt"
   "step_$s"
   echo "$s end $(date +%s.%N)" >>"$out/steps.txt"

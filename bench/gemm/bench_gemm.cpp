@@ -19,6 +19,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "command.hpp"
@@ -37,6 +38,7 @@ struct Options {
                                      "3584x7168",  "18432x4608", "4608x18432",  "14336x8192", "8192x14336",
                                      "14784x8192", "8192x14784", "8192x8192"};
   int reps = 30;
+  double gap_ms = 0;  // idle time before every timed run (0: back to back)
   int warmup = 5;
   int sets = 3;
   std::string dtype = "bf16";
@@ -89,8 +91,11 @@ double rel_err_device(const void* out, const void* ref, int64_t n) {
 
 // Times several variants interleaved (v0, v1, ..., v0, v1, ...), each run
 // bracketed by its own events, so clock and thermal drift affect all alike.
+// gap_ms = 0: back to back, the GPU at its power cap (what a training loop
+// sees); gap_ms > 0: each run starts after a drain and that much idle time,
+// at boost clocks (how one-off measurements, e.g. MACHINES.md's, are taken).
 std::vector<Stats> time_interleaved(cudaStream_t stream, const std::vector<std::function<void()>>& variants,
-                                    int warmup, int reps) {
+                                    int warmup, int reps, double gap_ms) {
   for (int i = 0; i < warmup; ++i)
     for (const auto& v : variants) v();
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -99,6 +104,10 @@ std::vector<Stats> time_interleaved(cudaStream_t stream, const std::vector<std::
   for (auto& e : ev) TESSERA_CUDA_CHECK(cudaEventCreate(&e));
   for (int r = 0; r < reps; ++r)
     for (size_t v = 0; v < nv; ++v) {
+      if (gap_ms > 0) {
+        TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(gap_ms));
+      }
       TESSERA_CUDA_CHECK(cudaEventRecord(ev[2 * (r * nv + v)], stream));
       variants[v]();
       TESSERA_CUDA_CHECK(cudaEventRecord(ev[2 * (r * nv + v) + 1], stream));
@@ -157,9 +166,10 @@ void run(const Options& o) {
   TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
   cudaStream_t stream;
   TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  fmt::print("bench gemm on {} ({} SMs), {} in/out, B {}, M = {}, median of {} after {} warm-up, {} input sets\n",
+  fmt::print("bench gemm on {} ({} SMs), {} in/out, B {}, M = {}, median of {} after {} warm-up, {} input sets, {}\n",
              prop.name, prop.multiProcessorCount, o.dtype, layout == BLayout::NK ? "[N,K]" : "[K,N]", o.m, o.reps,
-             o.warmup, o.sets);
+             o.warmup, o.sets,
+             o.gap_ms > 0 ? fmt::format("{} ms idle before each run", o.gap_ms) : std::string("back to back"));
 
   const std::vector<GemmTile> pp_tiles =
       o.overlap ? std::vector<GemmTile>{GemmTile::T128x128, GemmTile::T64x256} : std::vector<GemmTile>{};
@@ -256,7 +266,7 @@ void run(const Options& o) {
     std::vector<int> i_pp(pp_opts.size(), 0);
     for (size_t v = 0; v < pp_opts.size(); ++v)
       variants.push_back([&, v] { kernels::gemm(args_for(i_pp[v]++ % o.sets, d.p), pp_opts[v], stream); });
-    const std::vector<Stats> st = time_interleaved(stream, variants, o.warmup, o.reps);
+    const std::vector<Stats> st = time_interleaved(stream, variants, o.warmup, o.reps, o.gap_ms);
     const Stats& ours = st[0];
     const Stats& base = st[1];
     auto cost = [&](size_t v) -> std::string {
@@ -337,6 +347,9 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   cmd->add_option("--reps", opts->reps, "timed repetitions (median)")->check(CLI::Range(1, 100000));
   cmd->add_option("--warmup", opts->warmup, "warm-up repetitions")->check(CLI::Range(0, 100000));
   cmd->add_option("--sets", opts->sets, "input buffer sets rotated between runs")->check(CLI::Range(1, 16));
+  cmd->add_option("--gap-ms", opts->gap_ms,
+                  "drain and idle this long before every timed run (0: back to back, power-capped clocks)")
+      ->check(CLI::Range(0.0, 1000.0));
   cmd->add_option("--dtype", opts->dtype, "bf16 or f16 (inputs and output)");
   cmd->add_option("--layout", opts->layout, "nk (B is [N,K]) or kn (B is [K,N])");
   cmd->add_option("--tile", opts->tile, "auto, 128x256, 256x128, 128x128");
