@@ -29,7 +29,7 @@ OverlapCost OverlapCost::from_tiles(const WaveModel& model, WaveTimes overlapped
   return c;
 }
 
-PredictiveSearch::PredictiveSearch(OverlapCost cost, double min_gain) : cost_(std::move(cost)), min_gain_(min_gain) {
+PredictiveSearch::PredictiveSearch(OverlapCost cost, double min_gain) : min_gain_(min_gain), cost_(std::move(cost)) {
   TESSERA_CHECK(std::isfinite(min_gain) && min_gain >= 0 && min_gain < 1,
                 "PredictiveSearch: minimum gain {} outside [0, 1)", min_gain);
   cost_.overlapped.validate("PredictiveSearch");
@@ -40,6 +40,9 @@ PredictiveSearch::PredictiveSearch(OverlapCost cost, double min_gain) : cost_(st
                 "PredictiveSearch: whole-output communication time must be >= 0, got {}", cost_.comm_all);
   TESSERA_CHECK(std::isfinite(cost_.per_group_overhead) && cost_.per_group_overhead >= 0,
                 "PredictiveSearch: per-group overhead must be >= 0, got {}", cost_.per_group_overhead);
+  TESSERA_CHECK(std::isfinite(cost_.comm_slowdown_beside_gemm) && cost_.comm_slowdown_beside_gemm >= 0,
+                "PredictiveSearch: comm slowdown beside the GEMM must be >= 0, got {}",
+                cost_.comm_slowdown_beside_gemm);
   TESSERA_CHECK(std::isfinite(cost_.gemm_penalty_per_group) && cost_.gemm_penalty_per_group >= 0,
                 "PredictiveSearch: GEMM penalty per group must be >= 0, got {}", cost_.gemm_penalty_per_group);
 }
@@ -53,7 +56,7 @@ double PredictiveSearch::predict(const std::vector<int>& waves_per_group) const 
     TESSERA_CHECK(next <= cost_.waves(), "PredictiveSearch::predict: [{}] covers more than {} waves",
                   fmt::join(waves_per_group, ","), cost_.waves());
     end = std::max(cost_.overlapped.done(next) + g * cost_.gemm_penalty_per_group, end) + cost_.per_group_overhead +
-          cost_.group_comm(done, next);
+          cost_.group_time(done, next);
     done = next;
     ++g;
   }
@@ -84,7 +87,7 @@ Prediction PredictiveSearch::best_overlapped() const {
     end[0] = 0;
     for (int k = 1; k <= W; ++k)
       for (int j = 0; j < k; ++j) {
-        const double e = std::max(cost_.overlapped.done(k), end[j]) + cost_.per_group_overhead + cost_.group_comm(j, k);
+        const double e = std::max(cost_.overlapped.done(k), end[j]) + cost_.per_group_overhead + cost_.group_time(j, k);
         if (e < end[k]) { end[k] = e; from[k] = j; }
       }
     Prediction p;
@@ -105,7 +108,7 @@ Prediction PredictiveSearch::best_overlapped() const {
       for (int j = g - 1; j < k; ++j) {
         if (end[g - 1][j] == inf) continue;
         const double e = std::max(cost_.overlapped.done(k) + delay, end[g - 1][j]) + cost_.per_group_overhead +
-                         cost_.group_comm(j, k);
+                         cost_.group_time(j, k);
         ++evaluated;
         if (e < end[g][k]) { end[g][k] = e; from[g][k] = j; }
       }

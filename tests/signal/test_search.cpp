@@ -115,6 +115,45 @@ TEST(PredictiveSearch, GemmPenaltyDelaysEveryLaterGroup) {
   EXPECT_NEAR(PredictiveSearch(c).predict({1, 1, 1}), 36e-6, 1e-12);
 }
 
+TEST(PredictiveSearch, WithACommSlowdownBesideTheGemmTheDynamicProgramIsStillTheExhaustiveOptimum) {
+  for (int rep = 0; rep < 300; ++rep) {
+    const int W = std::uniform_int_distribution<int>(1, 13)(rng());
+    Synthetic s = synthetic(W);
+    s.cost.gemm_penalty_per_group = rep % 2 ? std::uniform_real_distribution<double>(0, 40e-6)(rng()) : 0.0;
+    s.cost.comm_slowdown_beside_gemm = std::uniform_real_distribution<double>(0, 0.6)(rng());
+    const PredictiveSearch ps(s.cost);
+    const Prediction dp = ps.best_overlapped(), ex_all = ps.exhaustive(), dpf = ps.best();
+    ASSERT_NEAR(dpf.latency, ex_all.latency, 1e-12 * ex_all.latency) << "W=" << W;
+    ASSERT_NEAR(ps.predict(dp.waves_per_group), dp.latency, 1e-15) << "W=" << W;
+    ASSERT_EQ(std::accumulate(dp.waves_per_group.begin(), dp.waves_per_group.end(), 0), W);
+  }
+}
+
+TEST(PredictiveSearch, CommSlowdownAppliesToGroupsBesideTheGemmOnly) {
+  // 3 waves of 10 us; each group's comm 8 us; no overhead; slowdown 50 %.
+  OverlapCost c;
+  c.overlapped = WaveTimes::uniform(3, 10e-6);
+  c.sequential_gemm = 28e-6;
+  c.comm_all = 12e-6;
+  c.group_comm = [](int, int) { return 8e-6; };
+  c.comm_slowdown_beside_gemm = 0.5;
+  const PredictiveSearch ps(c);
+  // [1,1,1]: g0 ready 10, takes 12, ends 22; g1 ready 20, starts 22, ends 34;
+  // g2 (the last, after the GEMM) ready 30, starts 34, takes 8, ends 42.
+  EXPECT_NEAR(ps.predict({1, 1, 1}), 42e-6, 1e-12);
+  // [3]: one group after the whole GEMM: not slowed.
+  EXPECT_NEAR(ps.predict({3}), 38e-6, 1e-12);
+  // [2,1]: g0 ready 20, ends 32; g1 ready 30, starts 32, ends 40.
+  EXPECT_NEAR(ps.predict({2, 1}), 40e-6, 1e-12);
+  EXPECT_EQ(ps.best_overlapped().waves_per_group, std::vector<int>{3});
+  c.comm_slowdown_beside_gemm = 0;
+  EXPECT_NEAR(PredictiveSearch(c).predict({1, 1, 1}), 38e-6, 1e-12);
+  c.comm_slowdown_beside_gemm = -0.1;
+  EXPECT_THROW(PredictiveSearch{c}, tessera::Error);
+  c.comm_slowdown_beside_gemm = std::nan("");
+  EXPECT_THROW(PredictiveSearch{c}, tessera::Error);
+}
+
 TEST(PredictiveSearch, PredictedLatencyNeverDecreasesAsTheGemmPenaltyGrows) {
   for (int rep = 0; rep < 100; ++rep) {
     const int W = std::uniform_int_distribution<int>(2, 12)(rng());

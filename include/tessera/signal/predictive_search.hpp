@@ -4,7 +4,8 @@
 // Model (seed Alg. 1): the GEMM, running on the SMs NCCL leaves free, has
 // finished k waves at time C(k) (measured WaveTimes). Group g (waves
 // [a, b), g = 0, 1, ...) starts communicating at max(C(b) + g * penalty,
-// end of group g-1) and takes overhead + comm(a, b). `penalty`
+// end of group g-1) and takes overhead + comm(a, b) * (1 + slowdown) for
+// b < W (the GEMM still runs beside it), overhead + comm(a, b) for the last. `penalty`
 // (OverlapCost::gemm_penalty_per_group) is what each collective launched
 // while the GEMM runs costs the GEMM: bench signal measured the GEMM 0.18 ms
 // slower inside a 9-group run on MLP-1 AR (session 3, notes/signal.md), ~10–20
@@ -46,8 +47,19 @@ struct OverlapCost {
   /// Delay of the GEMM's remaining waves per group collective launched
   /// before them (s): group g's data is ready at C(b) + g * this.
   double gemm_penalty_per_group = 0;
+  /// Relative slowdown of a group's collective while the GEMM still runs
+  /// (every group but the last, which runs after the GEMM's last wave): its
+  /// time is group_comm * (1 + this). Fitted offline on the session-4 log
+  /// (notes/signal.md, "Fitting the overlap model"): 0.15-0.35 on H200 x2,
+  /// NCCL on 16 CTAs beside the persistent GEMM. 0 = the curve as measured.
+  double comm_slowdown_beside_gemm = 0;
   /// Communication time of the group made of waves [first, end) (s).
   std::function<double(int first, int end)> group_comm;
+
+  /// The model's time for that group: group_comm, slowed when end < waves().
+  double group_time(int first, int end) const {
+    return group_comm(first, end) * (end < waves() ? 1 + comm_slowdown_beside_gemm : 1.0);
+  }
 
   int waves() const { return overlapped.waves(); }
 
