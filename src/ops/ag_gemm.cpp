@@ -1,10 +1,11 @@
 // AllGather + GEMM: the four strategies (plan.hpp describes the protocol).
 //
-// Every strategy starts by copying this rank's shard into its rows of the
-// symmetric gathered-A workspace (packed, row stride K) on the compute
-// stream, and ends by telling every peer kAgFree = epoch once its GEMM has
-// read the workspace; a rank pushes into a peer only after that peer's
-// kAgFree reached the previous epoch.
+// Every strategy but decomposition on a packed A starts by copying this
+// rank's shard into its rows of the symmetric gathered-A workspace (packed,
+// row stride K) on the compute stream (decomposition reads and pushes A
+// itself); every strategy ends by telling every peer kAgFree = epoch once
+// its GEMM has read the workspace; a rank pushes into a peer only after that
+// peer's kAgFree reached the previous epoch.
 // (Tried in session 2: the fused copy-in on the communication stream, chunk
 // by chunk behind own-row flags, to take its ~20 us off the critical path.
 // Not kept: a same-GPU device-to-device copy may run as a kernel, which the
@@ -64,10 +65,11 @@ void notify_free(TpContext::Impl& c, std::uint64_t e) {
     if (p != c.pg.rank()) link::rank_notify(c.pg.stream(), *c.control, p, kAgFree, e);
 }
 
-/// Copy-engine pushes of my shard to every peer, channel by channel, each
-/// followed by a flag store (value = epoch) on the destination.
-void push_copy_engine(TpContext::Impl& c, const AgPlan& plan, std::int64_t row_bytes, std::int64_t my_rows,
-                      std::uint64_t e) {
+/// Copy-engine pushes of my shard (packed rows from `src`: my rows of the
+/// workspace, or A itself) to every peer, channel by channel, each followed
+/// by a flag store (value = epoch) on the destination.
+void push_copy_engine(TpContext::Impl& c, const AgPlan& plan, const unsigned char* src, std::int64_t row_bytes,
+                      std::int64_t my_rows, std::uint64_t e) {
   cudaStream_t cs = c.comm();
   const std::int64_t lo = plan.shards.lo(plan.rank);
   const std::int64_t per_ch = plan.map.m_per_channel;
@@ -77,7 +79,7 @@ void push_copy_engine(TpContext::Impl& c, const AgPlan& plan, std::int64_t row_b
       const std::int64_t r0 = std::min<std::int64_t>(ch * per_ch, my_rows);
       const std::int64_t r1 = std::min<std::int64_t>(r0 + per_ch, my_rows);
       const std::size_t off = static_cast<std::size_t>((lo + r0) * row_bytes);
-      link::rank_copy_data(cs, static_cast<unsigned char*>(c.ag_ws.peer(dst)) + off, c.ag_ws.local() + off,
+      link::rank_copy_data(cs, static_cast<unsigned char*>(c.ag_ws.peer(dst)) + off, src + r0 * row_bytes,
                            static_cast<std::size_t>((r1 - r0) * row_bytes));
       link::rank_notify(cs, *c.ag_flags, dst, ch, e);
     }
@@ -107,10 +109,18 @@ void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOp
   // Sequential with equal, packed shards: NCCL gathers straight from A (no
   // copy-in; every rank sends per_rank rows, so every shard must be full).
   const bool direct_gather = s == Strategy::sequential && lda == a.k && a.m % R == 0;
-  // My shard into my rows of the workspace (compute stream).
-  if (!direct_gather)
+  // Decomposition with packed A: my rows' GEMM reads A itself and the pushes
+  // copy from it, so the copy-in (~20 us per 32 MiB, serial before both) is
+  // off the critical path; it only fills my rows for gathered_a, at the end.
+  // (The fused kernels read every row from the workspace: they keep it.)
+  const bool from_input = s == Strategy::decomposition && lda == a.k;
+  auto copy_in = [&] {
     TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(ws + lo * row_bytes, row_bytes, a.a, lda * es, row_bytes, a.m_local,
                                          cudaMemcpyDeviceToDevice, st));
+  };
+  // My shard into my rows of the workspace (compute stream).
+  if (!direct_gather && !from_input) copy_in();
+  const unsigned char* my_src = from_input ? static_cast<const unsigned char*>(a.a) : ws + lo * row_bytes;
   void* tmp = a.swiglu ? c.staging.ensure(static_cast<std::size_t>(a.m * swiglu_tmp_ld(a.n) * es), st) : nullptr;
 
   switch (s) {
@@ -124,11 +134,12 @@ void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOp
     case Strategy::decomposition: {
       TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, st));
       TESSERA_CUDA_CHECK(cudaStreamWaitEvent(c.comm(), c.ev_ready, 0));
-      push_copy_engine(c, plan, row_bytes, a.m_local, e);
+      push_copy_engine(c, plan, my_src, row_bytes, a.m_local, e);
       for (int src : plan.recv_from) {
         const std::int64_t rlo = plan.shards.lo(src), rows = plan.shards.rows(a.m, src);
         if (src != rank) link::rank_wait(st, *c.ag_flags, src, 0, e);
-        local_gemm(c, a, ws + rlo * row_bytes, rows, static_cast<unsigned char*>(a.d) + rlo * ldd * es,
+        local_gemm(c, a, src == rank ? my_src : ws + rlo * row_bytes, rows,
+                   static_cast<unsigned char*>(a.d) + rlo * ldd * es,
                    tmp ? static_cast<unsigned char*>(tmp) + rlo * swiglu_tmp_ld(a.n) * es : nullptr, st);
       }
       break;
@@ -139,7 +150,7 @@ void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOp
       TESSERA_CUDA_CHECK(cudaStreamWaitEvent(c.comm(), c.ev_ready, 0));
       int max_ctas = 0;
       if (s == Strategy::fused_ce) {
-        push_copy_engine(c, plan, row_bytes, a.m_local, e);
+        push_copy_engine(c, plan, my_src, row_bytes, a.m_local, e);
       } else {
         cudaStream_t cs = c.comm();
         detail::PushLaunch p;
@@ -186,9 +197,11 @@ void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOp
     }
     default: break;
   }
-  if (a.gathered_a)
+  if (a.gathered_a) {
+    if (from_input) copy_in();
     TESSERA_CUDA_CHECK(cudaMemcpyAsync(a.gathered_a, ws, static_cast<std::size_t>(a.m * row_bytes),
                                        cudaMemcpyDeviceToDevice, st));
+  }
   if (s != Strategy::sequential) {
     // The compute stream's later work (and the caller) sees the pushes done.
     TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_comm_done, c.comm()));
