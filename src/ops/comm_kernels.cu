@@ -179,11 +179,37 @@ void launch_swiglu(const void* in, std::int64_t ld_in, void* out, std::int64_t l
   kernels::detail::check_launch("ops: swiglu kernel launch");
 }
 
+namespace {
+__global__ void copy_rows_kernel(uint4* dst, std::int64_t dst_pitch, const uint4* src, std::int64_t src_pitch,
+                                 std::int64_t vec_per_row, std::int64_t total) {
+  // Plain loads and stores: the consumer is the next kernel on this stream.
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += std::int64_t(gridDim.x) * blockDim.x) {
+    const std::int64_t r = i / vec_per_row, c = i - r * vec_per_row;
+    dst[r * dst_pitch + c] = src[r * src_pitch + c];
+  }
+}
+}  // namespace
+
+void launch_copy_rows(void* dst, std::int64_t dst_pitch, const void* src, std::int64_t src_pitch,
+                      std::int64_t row_bytes, std::int64_t rows, cudaStream_t s) {
+  if (rows <= 0 || row_bytes <= 0) return;
+  if (row_bytes % 16 || dst_pitch % 16 || src_pitch % 16 || reinterpret_cast<std::uintptr_t>(dst) % 16 ||
+      reinterpret_cast<std::uintptr_t>(src) % 16)
+    kernels::detail::fail("ops: copy_rows needs 16-byte rows, pitches and addresses");
+  const std::int64_t vec = row_bytes / 16, total = vec * rows;
+  const int blocks = static_cast<int>(total / 2048 + 1 < 1056 ? total / 2048 + 1 : 1056);
+  copy_rows_kernel<<<blocks, 256, 0, s>>>(static_cast<uint4*>(dst), dst_pitch / 16, static_cast<const uint4*>(src),
+                                          src_pitch / 16, vec, total);
+  kernels::detail::check_launch("ops: copy_rows kernel launch");
+}
+
 void preload_kernels() {
   cudaFuncAttributes attr{};
   kernels::detail::cuda_check(cudaFuncGetAttributes(&attr, reduce_kernel<__half>), "ops: preload reduce");
   kernels::detail::cuda_check(cudaFuncGetAttributes(&attr, reduce_kernel<__nv_bfloat16>), "ops: preload reduce");
   kernels::detail::cuda_check(cudaFuncGetAttributes(&attr, push_kernel), "ops: preload push");
+  kernels::detail::cuda_check(cudaFuncGetAttributes(&attr, copy_rows_kernel), "ops: preload copy_rows");
   preload_bf16();
   preload_f16();
   preload_ring();

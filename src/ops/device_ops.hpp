@@ -143,6 +143,14 @@ void preload_ring();
 void launch_swiglu(const void* in, std::int64_t ld_in, void* out, std::int64_t ld_out, std::int64_t rows,
                    std::int64_t n_out, DType dtype, cudaStream_t s);
 
+/// dst rows (pitch dst_pitch bytes) = src rows (pitch src_pitch): `rows` rows
+/// of `row_bytes` bytes, all three multiples of 16. An SM copy: the AG
+/// copy-in of a rank's shard, which as a 2D memcpy ran on a copy engine at
+/// ~1 TB/s (measured: taking it off the decomposition path saved 50-70 us
+/// per 32-64 MiB shard, session 4, call 7).
+void launch_copy_rows(void* dst, std::int64_t dst_pitch, const void* src, std::int64_t src_pitch,
+                      std::int64_t row_bytes, std::int64_t rows, cudaStream_t s);
+
 /// Loads every ops kernel's module now (lazy loading would otherwise load a
 /// module at first launch and wait for running kernels — a deadlock when a
 /// GEMM is spinning on data that kernel should push).
