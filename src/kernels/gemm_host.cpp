@@ -201,7 +201,15 @@ int resolve_cluster(const GemmArgs& a, const GemmOptions& o, GemmTile t) {
 }
 
 bool plain_uses_ping_pong(const GemmArgs& a, const GemmOptions& o) {
-  return !o.epilogue_overlap && o.tile == GemmTile::Auto && o.cluster_m <= 1 && a.in == a.out;
+  // Above ~4e11 multiply-adds the cooperative 128x256 kernel is the safer
+  // choice: measured in one binary (nvidia-h200-x2, 36ee3d8, session 4 call 7),
+  // ping-pong 64x256 is 0.96-1.00x cuBLASLt there when the GPU is power-capped
+  // but 1.03-1.06x at boost clocks, the cooperative one 0.99-1.03x and
+  // 0.97-1.01x. Below it ping-pong wins in both states (0.94-1.00x).
+  constexpr double kPingPongMaxMnk = 4e11;
+  const double mnk = static_cast<double>(a.m) * static_cast<double>(a.n) * static_cast<double>(a.k);
+  return !o.epilogue_overlap && o.tile == GemmTile::Auto && o.cluster_m <= 1 && a.in == a.out &&
+         mnk < kPingPongMaxMnk;
 }
 
 GemmTile resolve_tile(const GemmArgs& a, const GemmOptions& o) {

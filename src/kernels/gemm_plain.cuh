@@ -3,7 +3,8 @@
 // (input type, layout) in gemm_plain_*.cu so the kernels compile in parallel.
 // GemmOptions::epilogue_overlap selects the ping-pong kernels (128x128,
 // 64x256; output type == input type only); with tile Auto and out == in the
-// ping-pong 64x256 is also the default (plain_uses_ping_pong).
+// ping-pong 64x256 is also the default below ~4e11 multiply-adds
+// (plain_uses_ping_pong).
 #pragma once
 
 #include <string>

@@ -111,6 +111,33 @@ TEST(GemmHeuristic, EpilogueOverlapResolvesToPingPongTiles) {
   EXPECT_FALSE(tk::GemmOptions{}.epilogue_overlap);
 }
 
+TEST(GemmHeuristic, PlainPingPongOnlyBelowTheSizeSplit) {
+  tk::GemmArgs a = good();
+  a.m = 8192;
+  a.n = 5504;
+  a.k = 4096;  // 1.8e11 multiply-adds: ping-pong
+  tk::GemmOptions o;
+  EXPECT_TRUE(tk::plain_uses_ping_pong(a, o));
+  a.n = 7168;  // 2.4e11
+  EXPECT_TRUE(tk::plain_uses_ping_pong(a, o));
+  a.n = 8192;
+  a.k = 8192;  // 5.5e11: cooperative (ping-pong is 1.026x cuBLASLt there at boost clocks)
+  EXPECT_FALSE(tk::plain_uses_ping_pong(a, o));
+  a.n = 4608;
+  a.k = 18432;  // 7.0e11
+  EXPECT_FALSE(tk::plain_uses_ping_pong(a, o));
+  a.n = 5504;
+  a.k = 4096;
+  o.tile = tk::GemmTile::T128x256;  // an explicit tile is honoured
+  EXPECT_FALSE(tk::plain_uses_ping_pong(a, o));
+  o.tile = tk::GemmTile::Auto;
+  o.cluster_m = 2;  // clusters exist only in the cooperative kernel
+  EXPECT_FALSE(tk::plain_uses_ping_pong(a, o));
+  o.cluster_m = 0;
+  a.out = tessera::DType::f32;  // ping-pong is compiled for out == in only
+  EXPECT_FALSE(tk::plain_uses_ping_pong(a, o));
+}
+
 // A host model of the ping-pong ring protocol of kernel.cuh (producer fills
 // ring indices in order; consumer c takes tiles c, c+2, ...; parity waits on
 // full/empty mbarriers; order barriers between the consumers' main loops),

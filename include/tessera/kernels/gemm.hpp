@@ -106,10 +106,11 @@ GemmTile resolve_tile(const GemmArgs& a, const GemmOptions& o);
 
 /// True when the plain gemm() runs the ping-pong 64x256 kernel although
 /// o.epilogue_overlap is off: tile Auto, cluster_m 0 or 1, output type ==
-/// input type. Measured on the issue-3 shapes (nvidia-h200-x2, commit
-/// 0e9d5cb): ping-pong 64x256 median 0.988x cuBLASLt, worst 1.009x, against
-/// 1.019x / 1.064x for the cooperative tile the heuristic picks. Ask for an
-/// explicit tile to get a cooperative kernel.
+/// input type, and M·N·K below 4e11. Larger problems run the cooperative tile
+/// choose_tile() picks. On the issue-3 shapes (nvidia-h200-x2, 36ee3d8) the
+/// two kernels were measured power-capped and at boost clocks; this split
+/// keeps both states within 1.04x of cuBLASLt (ping-pong alone: 1.001x /
+/// 1.062x worst). Ask for an explicit tile to get a particular kernel.
 bool plain_uses_ping_pong(const GemmArgs& a, const GemmOptions& o);
 
 /// Cluster size for tile `t`: o.cluster_m if set (checked: 1 or 2), else 1.
