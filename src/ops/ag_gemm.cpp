@@ -17,6 +17,7 @@
 #include "device_ops.hpp"
 #include "tessera/kernels/gemm.hpp"
 #include "tessera/link/host_primitives.hpp"
+#include "tessera/runtime/env.hpp"
 #include "tessera/runtime/error.hpp"
 
 namespace tessera::ops {
@@ -109,12 +110,17 @@ void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOp
   // Sequential with equal, packed shards: NCCL gathers straight from A (no
   // copy-in; every rank sends per_rank rows, so every shard must be full).
   const bool direct_gather = s == Strategy::sequential && lda == a.k && a.m % R == 0;
-  // Decomposition with packed A: my rows' GEMM reads A itself and the pushes
-  // copy from it, so the copy-in (serial before both) is off the critical
-  // path; it only fills my rows for gathered_a, at the end. The fused
-  // kernels read every row from the workspace: they keep it, as an SM copy
-  // (~25 us per 32 MiB; as a 2D memcpy it ran on a copy engine, ~60 us).
-  const bool from_input = s == Strategy::decomposition && lda == a.k;
+  // Decomposition and fused_ce with packed A: my rows' GEMM reads A itself
+  // (fused_ce: through a second TMA map, so only when my shard starts on a
+  // tile row) and the pushes copy from it, so the copy-in (serial before
+  // both) is off the critical path; it only fills my rows for gathered_a, at
+  // the end. Otherwise the copy-in stays, as an SM copy (~25 us per 32 MiB;
+  // as a 2D memcpy it ran on a copy engine, ~60 us).
+  // TESSERA_AG_LOCAL_A=0 keeps fused_ce on the copy-in (an A/B switch).
+  static const bool local_a_on = env::find_int("TESSERA_AG_LOCAL_A", 0, 1).value_or(1) != 0;
+  const bool from_input =
+      lda == a.k && (s == Strategy::decomposition ||
+                     (s == Strategy::fused_ce && local_a_on && plan.shards.per_rank % detail::kAgTileM == 0));
   auto copy_in = [&] {
     detail::launch_copy_rows(ws + lo * row_bytes, row_bytes, a.a, lda * es, row_bytes, a.m_local, st);
   };
@@ -192,6 +198,12 @@ void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOp
       g.epoch = e;
       g.rotate_m = plan.rotate_m;
       g.max_ctas = max_ctas;
+      if (from_input) {
+        g.local = a.a;
+        g.local_lo = lo;
+        g.local_rows = a.m_local;
+        g.local_lda = lda;
+      }
       detail::launch_ag_gemm(g, st);
       break;
     }

@@ -32,6 +32,12 @@ inline constexpr int kRsTileN = 256;
 /// Tessera engine (kAgTileM x 256 ping-pong tile), per-tile waits on the AG data flags.
 struct AgGemmLaunch {
   const void* a = nullptr;  ///< gathered A [M, K], packed (the symmetric workspace)
+  /// Optional: the own shard read in place ([local_rows, K], row stride
+  /// local_lda, rows local_lo.. in gathered coordinates) instead of from the
+  /// workspace. Requires local_lo and local_rows on tile rows (or the shard
+  /// ending at M).
+  const void* local = nullptr;
+  std::int64_t local_lo = 0, local_rows = 0, local_lda = 0;
   const void* b = nullptr;
   void* d = nullptr;
   std::int64_t m = 0, n = 0, k = 0, ldb = 0, ldd = 0;

@@ -44,6 +44,17 @@ void ag_gemm_typed(const AgGemmLaunch& p, cudaStream_t s) {
   pro.epoch = p.epoch;
   pro.timeout_ns = runtime::wait_timeout_ns();
   pro.diag = kernels::wait_diagnostics();
+  if (p.local && p.local_rows > 0) {
+    if (p.local_lo % kAgTileM != 0 || (p.local_rows % kAgTileM != 0 && p.local_lo + p.local_rows != p.m))
+      kernels::detail::fail("ag_gemm: the own shard read in place must start on a tile row and end on one or at M");
+    kernels::GemmArgs l = g;
+    l.a = p.local;
+    l.m = p.local_rows;
+    l.lda = p.local_lda;
+    kernels::detail::make_tma_a(l, kernels::tile_shape(kAgTile).bm, &pro.local_a);
+    pro.local_lo = p.local_lo;
+    pro.local_hi = p.local_lo + p.local_rows;
+  }
   // Own shard first, then shards in arrival order (plan.hpp).
   const kernels::engine::RasterScheduler sched{8, false, p.rotate_m};
   if (p.swiglu) {

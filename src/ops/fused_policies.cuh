@@ -4,6 +4,7 @@
 // the GEMM kernel serializes its wgmma.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -45,7 +46,11 @@ __device__ __forceinline__ void wait_flag_geq_sys(const std::uint64_t* f, std::u
 /// Flags: flags[src * flag_stride + c] = the value rank src last stored for
 /// its channel c (rank_notify or the SM pusher: release at .sys scope);
 /// read with ld.acquire.sys. Own channels are not waited for: this rank's
-/// shard is copied into the workspace on the GEMM's stream before launch.
+/// shard is either copied into the workspace on the GEMM's stream before
+/// launch, or (local_hi > local_lo) read in place from the caller's A through
+/// `local_a`: a_source() points every tile inside [local_lo, local_hi) at it.
+/// The host enables that only when the shard starts on a tile row and ends on
+/// one or at M, so no tile straddles the caller's A and the workspace.
 struct AgPrologue {
   static constexpr bool kActive = true;
   link::AllGatherTileMap map;
@@ -55,6 +60,15 @@ struct AgPrologue {
   std::uint64_t epoch = 0;
   std::uint64_t timeout_ns = 0;
   kernels::engine::WaitDiag* diag = nullptr;
+  std::int64_t local_lo = 0, local_hi = 0;  // own rows in gathered coordinates; empty: off
+  CUtensorMap local_a;  // the own shard [m_local, K] in the caller's A (same box and swizzle)
+
+  __device__ __forceinline__ void a_source(int row0, const CUtensorMap*& m, int& row) const {
+    if (row0 >= local_lo && row0 < local_hi) {
+      m = &local_a;
+      row = static_cast<int>(row0 - local_lo);
+    }
+  }
 
   __device__ __forceinline__ void wait(const kernels::engine::TileInfo& t) const {
     const std::int64_t lo = t.row0;

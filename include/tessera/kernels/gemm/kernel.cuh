@@ -260,8 +260,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           ++iter;
         }
         const TileCoord t = walk.at(p.scheduler, pos);
-        produce_tile<Cfg, InT, kTransB>(sm, &tma_a, &tma_b, t.m * Cfg::BM, t.n * Cfg::BN, k_blocks, stage, phase,
-                                        walk.rank);
+        const CUtensorMap* map_a = &tma_a;
+        int row_a = t.m * Cfg::BM;
+        prologue_a_source(p.prologue, t.m * Cfg::BM, map_a, row_a);  // e.g. the own shard read in place
+        produce_tile<Cfg, InT, kTransB>(sm, map_a, &tma_b, row_a, t.n * Cfg::BN, k_blocks, stage, phase, walk.rank);
       }
       if constexpr (Cfg::kClusterM > 1) {
         // Tail: wait until every slot was released by both CTAs' consumers, so
