@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "tessera/runtime/error.hpp"
 
 namespace tessera::tune {
@@ -23,20 +25,29 @@ Collective parse_collective(const std::string& name) {
   TESSERA_FAIL("tune::parse_collective: unknown collective '{}'", name);
 }
 
-BandwidthCurve::BandwidthCurve(std::vector<Point> points) : points_(std::move(points)) {
-  TESSERA_CHECK(!points_.empty(), "BandwidthCurve: needs at least one measured point");
-  for (size_t i = 0; i < points_.size(); ++i) {
-    const Point& p = points_[i];
+namespace {
+
+// `what` names the curve in the messages (e.g. "MachineProfile ...: no-overlap all_reduce curve").
+void check_points(const std::vector<BandwidthCurve::Point>& pts, const std::string& what) {
+  TESSERA_CHECK(!pts.empty(), "{}: needs at least one measured point", what);
+  for (size_t i = 0; i < pts.size(); ++i) {
+    const BandwidthCurve::Point& p = pts[i];
     TESSERA_CHECK(std::isfinite(p.bytes) && p.bytes > 0 && std::isfinite(p.seconds) && p.seconds > 0,
-                  "BandwidthCurve: point {} ({} bytes, {} s) must be finite and positive", i, p.bytes, p.seconds);
+                  "{}: point {} ({} bytes, {} s) must be finite and positive", what, i, p.bytes, p.seconds);
     if (i > 0) {
-      TESSERA_CHECK(p.bytes > points_[i - 1].bytes, "BandwidthCurve: sizes must increase, point {} has {} after {}", i,
-                    p.bytes, points_[i - 1].bytes);
-      TESSERA_CHECK(p.seconds >= points_[i - 1].seconds,
-                    "BandwidthCurve: time must not decrease with size, point {} ({} bytes) takes {} s < {} s", i,
-                    p.bytes, p.seconds, points_[i - 1].seconds);
+      TESSERA_CHECK(p.bytes > pts[i - 1].bytes, "{}: sizes must increase, point {} has {} after {}", what, i, p.bytes,
+                    pts[i - 1].bytes);
+      TESSERA_CHECK(p.seconds >= pts[i - 1].seconds,
+                    "{}: time must not decrease with size, point {} ({} bytes) takes {} s < {} s", what, i, p.bytes,
+                    p.seconds, pts[i - 1].seconds);
     }
   }
+}
+
+}  // namespace
+
+BandwidthCurve::BandwidthCurve(std::vector<Point> points) : points_(std::move(points)) {
+  check_points(points_, "BandwidthCurve");
 }
 
 double BandwidthCurve::time(double bytes) const {
@@ -60,6 +71,12 @@ const BandwidthCurve& MachineProfile::curve(Collective c) const {
   return it->second;
 }
 
+const BandwidthCurve& MachineProfile::no_overlap_curve(Collective c) const {
+  auto it = no_overlap_curves.find(c);
+  if (it != no_overlap_curves.end() && !it->second.empty()) return it->second;
+  return curve(c);  // format 1, or not measured on the default communicator
+}
+
 const GemmTiming* MachineProfile::find_gemm(std::int64_t m, std::int64_t n, std::int64_t k, int tile_m,
                                             int tile_n) const {
   for (const GemmTiming& g : gemms)
@@ -75,6 +92,14 @@ void MachineProfile::validate() const {
                 "MachineProfile {}: per-group overhead must be >= 0, got {}", machine.str(), per_group_overhead);
   TESSERA_CHECK(std::isfinite(gemm_penalty_per_group) && gemm_penalty_per_group >= 0,
                 "MachineProfile {}: GEMM penalty per group must be >= 0, got {}", machine.str(), gemm_penalty_per_group);
+  TESSERA_CHECK(std::isfinite(comm_slowdown_beside_gemm) && comm_slowdown_beside_gemm >= 0 &&
+                    comm_slowdown_beside_gemm <= 2,
+                "MachineProfile {}: comm slowdown beside the GEMM must be in [0, 2], got {}", machine.str(),
+                comm_slowdown_beside_gemm);
+  for (const auto* set : {&curves, &no_overlap_curves})
+    for (const auto& [c, cv] : *set)
+      check_points(cv.points(), fmt::format("MachineProfile {}: {} {} curve", machine.str(),
+                                            set == &curves ? "overlap" : "no-overlap", collective_name(c)));
   for (const GemmTiming& g : gemms)
     TESSERA_CHECK(g.m > 0 && g.n > 0 && g.k > 0 && g.tile_m > 0 && g.tile_n > 0 && g.sms > 0 && g.per_wave > 0 &&
                       g.full_gpu > 0,
@@ -116,8 +141,10 @@ void from_json(const nlohmann::json& j, BandwidthCurve& c) {
 void to_json(nlohmann::json& j, const MachineProfile& p) {
   j = {{"gpu_model", p.machine.gpu_model}, {"topology", p.machine.topology}, {"world", p.machine.world},
        {"dtype", std::string(dtype_name(p.dtype))}, {"sm_count", p.sm_count}, {"nccl_sms", p.nccl_sms},
-       {"per_group_overhead", p.per_group_overhead}, {"gemm_penalty_per_group", p.gemm_penalty_per_group}};
+       {"per_group_overhead", p.per_group_overhead}, {"gemm_penalty_per_group", p.gemm_penalty_per_group},
+       {"format", MachineProfile::kFormatVersion}, {"comm_slowdown_beside_gemm", p.comm_slowdown_beside_gemm}};
   for (const auto& [c, curve] : p.curves) j["curves"][collective_name(c)] = curve;
+  for (const auto& [c, curve] : p.no_overlap_curves) j["no_overlap_curves"][collective_name(c)] = curve;
   j["gemms"] = nlohmann::json::array();
   for (const GemmTiming& g : p.gemms)
     j["gemms"].push_back({{"m", g.m}, {"n", g.n}, {"k", g.k}, {"tile_m", g.tile_m}, {"tile_n", g.tile_n},
@@ -125,6 +152,10 @@ void to_json(nlohmann::json& j, const MachineProfile& p) {
 }
 
 void from_json(const nlohmann::json& j, MachineProfile& p) {
+  const int format = j.value("format", 1);  // format 1 had no "format" key
+  TESSERA_CHECK(format >= 1 && format <= MachineProfile::kFormatVersion,
+                "MachineProfile: entry has format {}, this build reads 1..{} (written by a newer Tessera?)", format,
+                MachineProfile::kFormatVersion);
   p.machine = {j.at("gpu_model").get<std::string>(), j.at("topology").get<std::string>(), j.at("world").get<int>()};
   const std::string dt = j.at("dtype").get<std::string>();
   bool found = false;
@@ -135,10 +166,16 @@ void from_json(const nlohmann::json& j, MachineProfile& p) {
   p.nccl_sms = j.at("nccl_sms").get<int>();
   p.per_group_overhead = j.at("per_group_overhead").get<double>();
   p.gemm_penalty_per_group = j.value("gemm_penalty_per_group", 0.0);
-  p.curves.clear();
-  if (j.contains("curves"))
-    for (auto it = j["curves"].begin(); it != j["curves"].end(); ++it)
-      p.curves[parse_collective(it.key())] = it->get<BandwidthCurve>();
+  // Absent in format 1: the curve as measured, and no-overlap falls back to `curves`.
+  p.comm_slowdown_beside_gemm = j.value("comm_slowdown_beside_gemm", 0.0);
+  const auto read_curves = [&j](const char* name, std::map<Collective, BandwidthCurve>& out) {
+    out.clear();
+    if (j.contains(name))
+      for (auto it = j[name].begin(); it != j[name].end(); ++it)
+        out[parse_collective(it.key())] = it->get<BandwidthCurve>();
+  };
+  read_curves("curves", p.curves);
+  read_curves("no_overlap_curves", p.no_overlap_curves);
   p.gemms.clear();
   for (const auto& g : j.at("gemms"))
     p.gemms.push_back({g.at("m").get<std::int64_t>(), g.at("n").get<std::int64_t>(), g.at("k").get<std::int64_t>(),

@@ -27,21 +27,32 @@ signal::WaveModel SignalTuner::overlapped_model(const SignalQuery& q) const {
   return signal::WaveModel(signal::GemmTiling{q.m, q.n, q.tile_m, q.tile_n}, profile_.gemm_sms(), q.swizzle, q.raster);
 }
 
-signal::OverlapCost SignalTuner::cost(const SignalQuery& q) const {
+signal::OverlapCost signal_overlap_cost(const MachineProfile& profile, const SignalQuery& q, const GemmTiming& g) {
   TESSERA_CHECK(q.op != Collective::AllGather, "SignalTuner: all-gather follows no GEMM here; use AR, RS or A2A");
-  TESSERA_CHECK(q.send_fraction > 0 && q.send_fraction <= double(profile_.machine.world),
+  TESSERA_CHECK(q.send_fraction > 0 && q.send_fraction <= double(profile.machine.world),
                 "SignalTuner: send fraction {} outside (0, world]", q.send_fraction);
+  TESSERA_CHECK(g.sms == profile.gemm_sms(), "SignalTuner: GEMM {}x{}x{} was timed with {} CTAs, overlap leaves {}",
+                q.m, q.n, q.k, g.sms, profile.gemm_sms());
+  const signal::WaveModel wm(signal::GemmTiling{q.m, q.n, q.tile_m, q.tile_n}, profile.gemm_sms(), q.swizzle,
+                             q.raster);
+  const BandwidthCurve& curve = profile.curve(q.op);
+  const BandwidthCurve& no_overlap = profile.no_overlap_curve(q.op);
+  const double elem = dtype_size(profile.dtype) * q.send_fraction;
+  signal::OverlapCost c = signal::OverlapCost::from_tiles(
+      wm, signal::WaveTimes::uniform(wm.waves(), g.per_wave), g.full_gpu, double(q.tile_m) * q.tile_n * elem,
+      [curve](double b) { return curve.time(b); }, profile.per_group_overhead, profile.gemm_penalty_per_group);
+  // "No overlap" sends the M x N output (no tile padding) on the default
+  // communicator: the cuBLASLt GEMM, then one collective.
+  c.comm_all = no_overlap.time(double(q.m) * double(q.n) * elem);
+  c.comm_slowdown_beside_gemm = profile.comm_slowdown_beside_gemm;
+  return c;
+}
+
+signal::OverlapCost SignalTuner::cost(const SignalQuery& q) const {
   const GemmTiming* g = profile_.find_gemm(q.m, q.n, q.k, q.tile_m, q.tile_n);
   TESSERA_CHECK(g, "SignalTuner: GEMM {}x{}x{} (tile {}x{}) was never timed on {}", q.m, q.n, q.k, q.tile_m, q.tile_n,
                 profile_.machine.str());
-  TESSERA_CHECK(g->sms == profile_.gemm_sms(), "SignalTuner: GEMM {}x{}x{} was timed with {} CTAs, overlap leaves {}",
-                q.m, q.n, q.k, g->sms, profile_.gemm_sms());
-  const signal::WaveModel wm = overlapped_model(q);
-  const BandwidthCurve& curve = profile_.curve(q.op);
-  const double bytes_per_tile = double(q.tile_m) * q.tile_n * dtype_size(profile_.dtype) * q.send_fraction;
-  return signal::OverlapCost::from_tiles(wm, signal::WaveTimes::uniform(wm.waves(), g->per_wave), g->full_gpu,
-                                         bytes_per_tile, [curve](double b) { return curve.time(b); },
-                                         profile_.per_group_overhead, profile_.gemm_penalty_per_group);
+  return signal_overlap_cost(profile_, q, *g);
 }
 
 namespace {

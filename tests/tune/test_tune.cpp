@@ -349,3 +349,153 @@ TEST(SignalVerdict, BadMeasurementsAreRejectedAndLeaveTheCacheAlone) {
   Cache old("signal_plans_v1", 1, dir.path());
   EXPECT_THROW(SignalTuner(sample_profile(), old), tessera::Error);
 }
+
+// ---- profile format 2: comm slowdown beside the GEMM, no-overlap curves ----
+
+namespace {
+
+// `c` with every time multiplied by `f` (a curve of another communicator).
+BandwidthCurve scaled(const BandwidthCurve& c, double f) {
+  std::vector<BandwidthCurve::Point> pts = c.points();
+  for (auto& p : pts) p.seconds *= f;
+  return BandwidthCurve(pts);
+}
+
+}  // namespace
+
+TEST(MachineProfile, FormatTwoRoundTripsAndFormatOneLoads) {
+  TempDir dir;
+  MachineProfile p = sample_profile();
+  p.comm_slowdown_beside_gemm = 0.25;
+  p.no_overlap_curves[Collective::AllReduce] = scaled(p.curve(Collective::AllReduce), 0.8);
+  Cache c("machine_profile", MachineProfile::kCacheVersion, dir.path());
+  p.store(c);
+  const auto q = MachineProfile::load(Cache("machine_profile", MachineProfile::kCacheVersion, dir.path()), p.machine,
+                                      DType::bf16);
+  ASSERT_TRUE(q.has_value());
+  EXPECT_EQ(nlohmann::json(*q), nlohmann::json(p));
+  EXPECT_EQ(nlohmann::json(*q).at("format").get<int>(), MachineProfile::kFormatVersion);
+  EXPECT_DOUBLE_EQ(q->comm_slowdown_beside_gemm, 0.25);
+  EXPECT_DOUBLE_EQ(q->no_overlap_curve(Collective::AllReduce).time(3e6), 0.8 * p.curve(Collective::AllReduce).time(3e6));
+  // Measured for AR only: RS falls back to the overlap curve.
+  EXPECT_DOUBLE_EQ(q->no_overlap_curve(Collective::ReduceScatter).time(3e6),
+                   q->curve(Collective::ReduceScatter).time(3e6));
+  EXPECT_THROW(q->no_overlap_curve(Collective::AllToAll), tessera::Error);
+
+  // A format-1 entry (as stored before session 5): no slowdown, no-overlap = overlap curve.
+  nlohmann::json old = nlohmann::json(p);
+  old.erase("format");
+  old.erase("comm_slowdown_beside_gemm");
+  old.erase("no_overlap_curves");
+  Cache c1("machine_profile_format1", MachineProfile::kCacheVersion, dir.path());
+  c1.put(key_prefix(p.machine, DType::bf16, "profile"), old);
+  const auto o = MachineProfile::load(c1, p.machine, DType::bf16);
+  ASSERT_TRUE(o.has_value());
+  EXPECT_EQ(o->comm_slowdown_beside_gemm, 0.0);
+  EXPECT_TRUE(o->no_overlap_curves.empty());
+  EXPECT_DOUBLE_EQ(o->no_overlap_curve(Collective::AllReduce).time(3e6), o->curve(Collective::AllReduce).time(3e6));
+  // A newer format than this build reads is refused, not half-read.
+  nlohmann::json newer = nlohmann::json(p);
+  newer["format"] = MachineProfile::kFormatVersion + 1;
+  EXPECT_THROW(newer.get<MachineProfile>(), tessera::Error);
+
+  // validate(): slowdown in [0, 2], finite; every stored curve non-empty and monotone.
+  for (double bad : {-0.01, 2.01, std::nan(""), double(INFINITY)}) {
+    MachineProfile b = p;
+    b.comm_slowdown_beside_gemm = bad;
+    EXPECT_THROW(b.validate(), tessera::Error) << bad;
+    EXPECT_THROW(b.store(c), tessera::Error) << bad;
+  }
+  MachineProfile edge = p;
+  edge.comm_slowdown_beside_gemm = 2.0;
+  EXPECT_NO_THROW(edge.validate());
+  MachineProfile empty_curve = p;
+  empty_curve.no_overlap_curves[Collective::ReduceScatter] = BandwidthCurve();
+  EXPECT_THROW(empty_curve.validate(), tessera::Error);
+  // A stored curve that decreases with size is rejected on load (by the curve and by validate()).
+  nlohmann::json decreasing = nlohmann::json(p);
+  decreasing["no_overlap_curves"]["all_reduce"] = {{1e6, 2e-6}, {2e6, 1e-6}};
+  EXPECT_THROW(decreasing.get<MachineProfile>(), tessera::Error);
+  // The stored entry is unchanged by the refused stores.
+  const auto after = MachineProfile::load(Cache("machine_profile", MachineProfile::kCacheVersion, dir.path()),
+                                          p.machine, DType::bf16);
+  ASSERT_TRUE(after.has_value());
+  EXPECT_EQ(nlohmann::json(*after), nlohmann::json(p));
+}
+
+TEST(SignalTuner, CostUsesCommSlowdownAndTheNoOverlapCurve) {
+  TempDir dir;
+  Cache plans("signal_plans", SignalTuner::kCacheVersion, dir.path());
+  MachineProfile p = sample_profile();
+  p.comm_slowdown_beside_gemm = 0.4;
+  const BandwidthCurve def = scaled(p.curve(Collective::AllReduce), 0.7);
+  p.no_overlap_curves[Collective::AllReduce] = def;
+  SignalTuner t(p, plans);
+  const SignalQuery q{Collective::AllReduce, 8192, 8192, 4096, 128, 256};
+  const tessera::signal::OverlapCost cost = t.cost(q);
+  const GemmTiming& g = *p.find_gemm(q.m, q.n, q.k, q.tile_m, q.tile_n);
+  // No overlap: the GEMM on all SMs, then the M x N output on the default communicator's curve.
+  EXPECT_DOUBLE_EQ(cost.comm_all, def.time(8192.0 * 8192 * 2));
+  EXPECT_DOUBLE_EQ(cost.comm_slowdown_beside_gemm, 0.4);
+  const tessera::signal::PredictiveSearch s(cost);
+  EXPECT_DOUBLE_EQ(s.predict_sequential(), g.full_gpu + def.time(8192.0 * 8192 * 2));
+  // Two groups by hand: the first collective (beside the GEMM) takes 1.4 x the
+  // split curve; the last is unslowed and starts after C(W) + 1 penalty.
+  const auto wm = t.overlapped_model(q);
+  const int W = wm.waves(), a = W / 2;
+  const double tile_bytes = 128.0 * 256 * 2;
+  const BandwidthCurve& split = p.curve(Collective::AllReduce);
+  const double ovh = p.per_group_overhead, pen = p.gemm_penalty_per_group;
+  const double end0 = a * g.per_wave + ovh + 1.4 * split.time(wm.wave_begin(a) * tile_bytes);
+  const double end1 = std::max(W * g.per_wave + pen, end0) + ovh +
+                      split.time((wm.wave_begin(W) - wm.wave_begin(a)) * tile_bytes);
+  EXPECT_NEAR(s.predict({a, W - a}), end1, 1e-12);
+  // Same inputs, same model: the free function bench signal predicts with.
+  const auto fc = signal_overlap_cost(p, q, g);
+  EXPECT_DOUBLE_EQ(tessera::signal::PredictiveSearch(fc).predict({a, W - a}), s.predict({a, W - a}));
+  EXPECT_DOUBLE_EQ(fc.comm_all, cost.comm_all);
+  // The timing must be of the overlapped GEMM (NCCL's SMs taken).
+  GemmTiming wrong = g;
+  wrong.sms = p.sm_count;
+  EXPECT_THROW(signal_overlap_cost(p, q, wrong), tessera::Error);
+}
+
+// Each new profile field changes the choice on a hand-made profile: a tuner
+// that ignored either would choose alike in both halves of the test.
+TEST(SignalTuner, CommSlowdownChangesTheChoice) {
+  const SignalQuery q{Collective::AllReduce, 8192, 8192, 4096, 128, 256};
+  const auto choose_with = [&](double slowdown) {
+    TempDir dir;
+    Cache plans("signal_plans", SignalTuner::kCacheVersion, dir.path());
+    MachineProfile p = sample_profile();
+    p.comm_slowdown_beside_gemm = slowdown;
+    // The same default-communicator curve in both halves (0.7 x the split one).
+    p.no_overlap_curves[Collective::AllReduce] = scaled(p.curve(Collective::AllReduce), 0.7);
+    SignalTuner t(p, plans);
+    return *t.choose(q);
+  };
+  const SignalChoice as_measured = choose_with(0.0), slowed = choose_with(2.0);
+  EXPECT_TRUE(as_measured.overlap) << "predicted " << as_measured.predicted;
+  EXPECT_FALSE(slowed.overlap) << "predicted " << slowed.predicted;
+  EXPECT_GT(slowed.predicted, as_measured.predicted);
+}
+
+TEST(SignalTuner, NoOverlapCurveChangesTheChoice) {
+  const SignalQuery q{Collective::AllReduce, 8192, 8192, 4096, 128, 256};
+  const auto choose_with = [&](double default_comm_factor) {
+    TempDir dir;
+    Cache plans("signal_plans", SignalTuner::kCacheVersion, dir.path());
+    MachineProfile p = sample_profile();
+    if (default_comm_factor > 0)
+      p.no_overlap_curves[Collective::AllReduce] = scaled(p.curve(Collective::AllReduce), default_comm_factor);
+    SignalTuner t(p, plans);
+    return *t.choose(q);
+  };
+  // Without a default-communicator curve (format 1): the split curve, overlap wins.
+  const SignalChoice fallback = choose_with(0);
+  EXPECT_TRUE(fallback.overlap);
+  // The default communicator's collective is much faster: no overlap wins.
+  const SignalChoice fast_default = choose_with(0.2);
+  EXPECT_FALSE(fast_default.overlap) << "predicted " << fast_default.predicted;
+  EXPECT_LT(fast_default.predicted, fallback.predicted);
+}

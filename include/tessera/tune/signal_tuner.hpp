@@ -22,6 +22,16 @@
 // near one measured to lose gets "no overlap", near one measured to win the
 // rescaled partition; the choice says verified = false (this shape was not
 // measured) and names the neighbour's status in `source`.
+//
+// The model (signal_overlap_cost(), the same function bench signal predicts
+// with, so the two agree for the same profile): the overlapped groups' comm
+// from profile.curve(op) (the split communicator), every group but the last
+// slowed by profile.comm_slowdown_beside_gemm, the GEMM delayed by
+// gemm_penalty_per_group per group; "no overlap" = the GEMM alone on all SMs
+// + the whole output's collective from profile.no_overlap_curve(op) (the
+// default communicator; falls back to the split curve for format-1
+// profiles). Plans cached before a profile changed keep their old
+// prediction; erase the signal_plans entries to re-search.
 #pragma once
 
 #include <optional>
@@ -64,6 +74,12 @@ struct SignalChoice {
 /// overlapped < sequential * (1 - margin). Throws tessera::Error on a time
 /// that is not finite and positive (NaN never passes) or a bad margin.
 bool keep_overlap(double overlapped_s, double sequential_s, double margin);
+
+/// The predictor's inputs for query q whose GEMM was timed as g (g.sms must
+/// be profile.gemm_sms()), per the model in the file comment. Throws on an
+/// all-gather, a bad send fraction or a missing curve. Used by SignalTuner::
+/// cost() and by bench signal (one definition of the model).
+signal::OverlapCost signal_overlap_cost(const MachineProfile& profile, const SignalQuery& q, const GemmTiming& g);
 
 class SignalTuner {
  public:
