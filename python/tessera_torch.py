@@ -91,19 +91,32 @@ class Session:
     @staticmethod
     def _dtype(*ts):
         d = ts[0].dtype
+        dev = torch.cuda.current_device()
         for t in ts:
-            if not t.is_cuda or not t.is_contiguous():
-                raise TesseraError("tensors must be contiguous CUDA tensors")
+            if not t.is_cuda or not t.is_contiguous() or t.dim() != 2:
+                raise TesseraError(f"tensors must be 2-D contiguous CUDA tensors (got {tuple(t.shape)}, "
+                                   f"cuda={t.is_cuda}, contiguous={t.is_contiguous()})")
+            if t.device.index != dev:
+                raise TesseraError(f"tensor on cuda:{t.device.index}, but this rank's device is cuda:{dev}")
             if t.dtype != d:
                 raise TesseraError(f"dtype mismatch: {t.dtype} vs {d}")
         if d not in _DTYPES:
             raise TesseraError(f"dtype {d}: bf16 or fp16 only")
         return _DTYPES[d]
 
+    @staticmethod
+    def _need(cond, msg):
+        if not cond:
+            raise TesseraError(msg)
+
     def ag_gemm(self, a_shard, b, out, swiglu=False, strategy="automatic"):
         """out[M, N or N/2] = all_gather(a_shard[M/R, K]) @ b[N, K].T (SiLU(gate)*up with swiglu)."""
         dt = self._dtype(a_shard, b, out)
         m = out.shape[0]
+        self._need(a_shard.shape[1] == b.shape[1], f"ag_gemm: A shard has K = {a_shard.shape[1]}, B has K = {b.shape[1]}")
+        n_out = b.shape[0] // 2 if swiglu else b.shape[0]
+        self._need(out.shape[1] == n_out, f"ag_gemm: out has {out.shape[1]} columns, expected {n_out}"
+                                          + (" (N/2 with swiglu)" if swiglu else ""))
         _check(self._lib, self._lib.tessera_ag_gemm(self._h, a_shard.data_ptr(), b.data_ptr(), out.data_ptr(), m,
                                                     a_shard.shape[0], b.shape[0], b.shape[1], out.shape[1], dt,
                                                     1 if swiglu else 0, STRATEGIES[strategy]))
@@ -111,6 +124,8 @@ class Session:
     def gemm_rs(self, a, b, out, strategy="automatic"):
         """out[M/R, N] = this rank's rows of reduce_scatter(a[M, K] @ b[N, K].T)."""
         dt = self._dtype(a, b, out)
+        self._need(a.shape[1] == b.shape[1], f"gemm_rs: A has K = {a.shape[1]}, B has K = {b.shape[1]}")
+        self._need(out.shape[1] == b.shape[0], f"gemm_rs: out has {out.shape[1]} columns, B has N = {b.shape[0]}")
         _check(self._lib, self._lib.tessera_gemm_rs(self._h, a.data_ptr(), b.data_ptr(), out.data_ptr(), a.shape[0],
                                                     out.shape[0], b.shape[0], b.shape[1], dt, STRATEGIES[strategy]))
 
