@@ -53,6 +53,12 @@ def _load(path):
     return lib
 
 
+def _strategy(name):
+    if name not in STRATEGIES:
+        raise TesseraError(f"strategy {name!r}: one of {', '.join(STRATEGIES)}")
+    return STRATEGIES[name]
+
+
 def _check(lib, rc):
     if rc != 0:
         raise TesseraError(lib.tessera_last_error().decode(errors="replace"))
@@ -119,7 +125,7 @@ class Session:
                                           + (" (N/2 with swiglu)" if swiglu else ""))
         _check(self._lib, self._lib.tessera_ag_gemm(self._h, a_shard.data_ptr(), b.data_ptr(), out.data_ptr(), m,
                                                     a_shard.shape[0], b.shape[0], b.shape[1], out.shape[1], dt,
-                                                    1 if swiglu else 0, STRATEGIES[strategy]))
+                                                    1 if swiglu else 0, _strategy(strategy)))
 
     def gemm_rs(self, a, b, out, strategy="automatic"):
         """out[M/R, N] = this rank's rows of reduce_scatter(a[M, K] @ b[N, K].T)."""
@@ -127,7 +133,7 @@ class Session:
         self._need(a.shape[1] == b.shape[1], f"gemm_rs: A has K = {a.shape[1]}, B has K = {b.shape[1]}")
         self._need(out.shape[1] == b.shape[0], f"gemm_rs: out has {out.shape[1]} columns, B has N = {b.shape[0]}")
         _check(self._lib, self._lib.tessera_gemm_rs(self._h, a.data_ptr(), b.data_ptr(), out.data_ptr(), a.shape[0],
-                                                    out.shape[0], b.shape[0], b.shape[1], dt, STRATEGIES[strategy]))
+                                                    out.shape[0], b.shape[0], b.shape[1], dt, _strategy(strategy)))
 
     def resolve_ag_gemm(self, a_shard, b, out, swiglu=False):
         """The strategy `automatic` picks for this AG+GEMM (tunes if needed; collective)."""
