@@ -125,6 +125,94 @@ Prediction PredictiveSearch::best_overlapped() const {
 }
 
 namespace {
+// One of the k earliest ends kept at a DP state: the end, and the state and
+// rank within that state of the previous group's end (-1: none).
+struct Kept {
+  double end;
+  int from, rank;
+};
+
+// Inserts (end, from, rank) into `list` (sorted by end, at most k long)
+// after every entry with an equal end: for k = 1 the first candidate
+// reaching the minimum stays, as in best_overlapped()'s strict `<`.
+void keep_k(std::vector<Kept>& list, int k, Kept c) {
+  const auto pos = std::upper_bound(list.begin(), list.end(), c.end,
+                                    [](double e, const Kept& x) { return e < x.end; });
+  if (pos - list.begin() >= k) return;
+  list.insert(pos, c);
+  if (static_cast<int>(list.size()) > k) list.pop_back();
+}
+}  // namespace
+
+std::vector<Prediction> PredictiveSearch::top_overlapped(int k) const {
+  TESSERA_CHECK(k >= 1, "PredictiveSearch::top_overlapped: k must be >= 1, got {}", k);
+  const int W = cost_.waves();
+  long long evaluated = 0;
+  std::vector<Prediction> out;
+  if (cost_.gemm_penalty_per_group == 0) {
+    // One state per wave boundary (the group count does not matter).
+    std::vector<std::vector<Kept>> at(W + 1);
+    at[0].push_back({0.0, -1, -1});
+    for (int b = 1; b <= W; ++b)
+      for (int j = 0; j < b; ++j) {
+        // Summed in best_overlapped()'s order ((max + overhead) + comm), so
+        // that k = 1 reproduces its values and ties bit for bit.
+        const double ready = cost_.overlapped.done(b), comm = cost_.group_time(j, b);
+        for (int r = 0; r < static_cast<int>(at[j].size()); ++r) {
+          ++evaluated;
+          keep_k(at[b], k, {std::max(ready, at[j][r].end) + cost_.per_group_overhead + comm, j, r});
+        }
+      }
+    for (int r = 0; r < static_cast<int>(at[W].size()); ++r) {
+      Prediction p;
+      for (int b = W, rr = r; b > 0;) {
+        const Kept& x = at[b][rr];
+        p.waves_per_group.insert(p.waves_per_group.begin(), b - x.from);
+        b = x.from;
+        rr = x.rank;
+      }
+      p.latency = at[W][r].end;
+      out.push_back(std::move(p));
+    }
+  } else {
+    // at[g][b]: the k earliest ends of group g (1-based) ending at boundary b.
+    std::vector<std::vector<std::vector<Kept>>> at(W + 1, std::vector<std::vector<Kept>>(W + 1));
+    at[0][0].push_back({0.0, -1, -1});
+    for (int g = 1; g <= W; ++g) {
+      const double delay = (g - 1) * cost_.gemm_penalty_per_group;
+      for (int b = g; b <= W; ++b)
+        for (int j = g - 1; j < b; ++j) {
+          const std::vector<Kept>& prev = at[g - 1][j];
+          if (prev.empty()) continue;
+          const double ready = cost_.overlapped.done(b) + delay;
+          const double comm = cost_.group_time(j, b);
+          for (int r = 0; r < static_cast<int>(prev.size()); ++r) {
+            ++evaluated;
+            keep_k(at[g][b], k, {std::max(ready, prev[r].end) + cost_.per_group_overhead + comm, j, r});
+          }
+        }
+    }
+    // Merge the group counts (fewer groups first among equal ends).
+    std::vector<Kept> last;  // from = group count, rank = rank in at[g][W]
+    for (int g = 1; g <= W; ++g)
+      for (int r = 0; r < static_cast<int>(at[g][W].size()); ++r) keep_k(last, k, {at[g][W][r].end, g, r});
+    for (const Kept& f : last) {
+      Prediction p;
+      for (int g = f.from, b = W, rr = f.rank; g > 0; --g) {
+        const Kept& x = at[g][b][rr];
+        p.waves_per_group.insert(p.waves_per_group.begin(), b - x.from);
+        b = x.from;
+        rr = x.rank;
+      }
+      p.latency = f.end;
+      out.push_back(std::move(p));
+    }
+  }
+  for (Prediction& p : out) p.candidates = evaluated;
+  return out;
+}
+
+namespace {
 // Enumerates partitions of W waves as bitmasks of "a group ends after wave
 // i" (i = 1 .. W-1); calls f(groups) for those `keep` accepts.
 template <class Keep, class F>

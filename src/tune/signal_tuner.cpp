@@ -68,6 +68,7 @@ SignalChoice choice_from_json(const nlohmann::json& j, std::string source) {
     const auto& m = j.at("measured");
     c.measured_overlapped = m.at("overlapped_s").get<double>();
     c.measured_sequential = m.at("sequential_s").get<double>();
+    c.measured_candidates = m.contains("candidates") ? static_cast<int>(m.at("candidates").size()) : 1;
   }
   c.source = std::move(source);
   return c;
@@ -122,10 +123,32 @@ std::optional<SignalChoice> SignalTuner::choose(const SignalQuery& q) {
 
 SignalChoice SignalTuner::record_measured(const SignalQuery& q, const std::vector<int>& waves_per_group,
                                           double overlapped_s, double sequential_s, double margin) {
+  return record_measured_candidates(q, {{waves_per_group, overlapped_s}}, sequential_s, margin);
+}
+
+std::vector<signal::Prediction> SignalTuner::candidates(const SignalQuery& q, int k) const {
+  return signal::PredictiveSearch(cost(q), min_gain_).top_overlapped(k);
+}
+
+SignalChoice SignalTuner::record_measured_candidates(const SignalQuery& q,
+                                                     const std::vector<MeasuredPartition>& measured,
+                                                     double sequential_s, double margin) {
   const signal::WaveModel wm = overlapped_model(q);
-  // Throws on anything that is not a partition of this shape's waves.
-  const signal::GroupPlan plan(wm, waves_per_group);
-  TESSERA_CHECK(plan.groups() >= 1, "SignalTuner::record_measured: empty partition for {}", key_of(q));
+  TESSERA_CHECK(!measured.empty(), "SignalTuner::record_measured: no measured partition for {}", key_of(q));
+  // Everything is checked before anything is stored.
+  std::size_t fastest = 0;
+  for (std::size_t i = 0; i < measured.size(); ++i) {
+    const MeasuredPartition& m = measured[i];
+    const signal::GroupPlan plan(wm, m.waves_per_group);  // throws on anything but a partition of q's waves
+    TESSERA_CHECK(plan.groups() >= 1, "SignalTuner::record_measured: empty partition for {}", key_of(q));
+    for (std::size_t j = 0; j < i; ++j)
+      TESSERA_CHECK(measured[j].waves_per_group != m.waves_per_group,
+                    "SignalTuner::record_measured: partition {} measured twice for {}", plan.str(), key_of(q));
+    keep_overlap(m.overlapped_s, sequential_s, margin);  // throws on a bad time or margin
+    if (m.overlapped_s < measured[fastest].overlapped_s) fastest = i;  // ties: the earlier (better predicted)
+  }
+  const std::vector<int>& waves_per_group = measured[fastest].waves_per_group;
+  const double overlapped_s = measured[fastest].overlapped_s;
   const bool keep = keep_overlap(overlapped_s, sequential_s, margin);
   const std::string key = key_of(q);
   nlohmann::json e;
@@ -142,10 +165,14 @@ SignalChoice SignalTuner::record_measured(const SignalQuery& q, const std::vecto
   e["overlap"] = keep;
   e["waves_per_group"] = keep ? waves_per_group : std::vector<int>{wm.waves()};
   e["verified"] = true;
+  nlohmann::json all = nlohmann::json::array();
+  for (const MeasuredPartition& m : measured)
+    all.push_back({{"waves_per_group", m.waves_per_group}, {"overlapped_s", m.overlapped_s}});
   e["measured"] = {{"overlapped_s", overlapped_s},
                    {"sequential_s", sequential_s},
                    {"margin", margin},
-                   {"waves_per_group", waves_per_group}};
+                   {"waves_per_group", waves_per_group},
+                   {"candidates", all}};
   plans_.put(key, e);
   return choice_from_json(e, "verified");
 }

@@ -4,6 +4,7 @@
 // should, and predictions move the right way.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -299,4 +300,107 @@ TEST(PredictiveSearch, RejectsBadInputs) {
   big.overlapped = WaveTimes::uniform(40, 1e-6);
   EXPECT_THROW(PredictiveSearch(big).exhaustive(), tessera::Error);
   EXPECT_EQ(PredictiveSearch(big).best().waves_per_group.size() > 0, true);
+}
+
+// ---- top-k: the k best overlapped partitions (measured refinement) ---------
+
+namespace {
+
+// Every partition of W waves with its prediction, by brute force.
+std::vector<std::pair<double, std::vector<int>>> all_partitions(const PredictiveSearch& ps) {
+  const int W = ps.cost().waves();
+  std::vector<std::pair<double, std::vector<int>>> all;
+  for (unsigned long long mask = 0; mask < (1ull << (W - 1)); ++mask) {
+    std::vector<int> g;
+    int last = 0;
+    for (int i = 1; i < W; ++i)
+      if (mask >> (i - 1) & 1) { g.push_back(i - last); last = i; }
+    g.push_back(W - last);
+    all.emplace_back(ps.predict(g), g);
+  }
+  std::sort(all.begin(), all.end());
+  return all;
+}
+
+}  // namespace
+
+TEST(PredictiveSearch, TopKIsTheKBestOfTheExhaustiveEnumeration) {
+  for (int rep = 0; rep < 400; ++rep) {
+    const int W = std::uniform_int_distribution<int>(1, 10)(rng());
+    Synthetic s = synthetic(W);
+    // Half the cases with a GEMM penalty (the (group, boundary) DP), half
+    // without (the per-boundary DP); a comm slowdown in most.
+    s.cost.gemm_penalty_per_group = rep % 2 ? uni(0, 40e-6) : 0.0;
+    s.cost.comm_slowdown_beside_gemm = rep % 3 ? uni(0, 0.6) : 0.0;
+    const PredictiveSearch ps(s.cost);
+    const auto all = all_partitions(ps);
+    const int k = std::vector<int>{1, 2, 3, 5, 8, 1 << 10}[rep % 6];
+    const std::vector<Prediction> top = ps.top_overlapped(k);
+    ASSERT_EQ(top.size(), std::min<std::size_t>(k, all.size())) << "W=" << W << " k=" << k;
+    for (std::size_t i = 0; i < top.size(); ++i) {
+      SCOPED_TRACE(::testing::Message() << "W=" << W << " k=" << k << " i=" << i);
+      // The i-th value is the i-th smallest of all partitions (the values are
+      // exact; among equal values any partition of that value may come).
+      ASSERT_NEAR(top[i].latency, all[i].first, 1e-12 * all[i].first);
+      ASSERT_NEAR(ps.predict(top[i].waves_per_group), top[i].latency, 1e-12 * top[i].latency);
+      ASSERT_TRUE(top[i].overlap);
+      ASSERT_EQ(std::accumulate(top[i].waves_per_group.begin(), top[i].waves_per_group.end(), 0), W);
+      for (int w : top[i].waves_per_group) ASSERT_GT(w, 0);
+      if (i > 0) ASSERT_LE(top[i - 1].latency, top[i].latency);
+      for (std::size_t j = 0; j < i; ++j) ASSERT_NE(top[i].waves_per_group, top[j].waves_per_group);
+    }
+    // k = 1 and the head of any k: exactly best_overlapped()'s partition.
+    const Prediction best = ps.best_overlapped();
+    ASSERT_EQ(top.front().waves_per_group, best.waves_per_group) << "W=" << W << " k=" << k;
+    ASSERT_EQ(ps.top_overlapped(1).front().waves_per_group, best.waves_per_group);
+    ASSERT_DOUBLE_EQ(top.front().latency, best.latency);
+  }
+}
+
+TEST(PredictiveSearch, TopKOnLargeShapesIsSortedDistinctAndHeadedByTheOptimum) {
+  // Beyond brute force (W up to 40): the invariants that remain checkable.
+  for (int rep = 0; rep < 20; ++rep) {
+    const int W = std::uniform_int_distribution<int>(20, 40)(rng());
+    Synthetic s = synthetic(W);
+    s.cost.gemm_penalty_per_group = rep % 2 ? uni(0, 40e-6) : 0.0;
+    s.cost.comm_slowdown_beside_gemm = uni(0, 0.6);
+    const PredictiveSearch ps(s.cost);
+    const auto top = ps.top_overlapped(6);
+    ASSERT_EQ(top.size(), 6u);
+    ASSERT_EQ(top.front().waves_per_group, ps.best_overlapped().waves_per_group);
+    for (std::size_t i = 0; i < top.size(); ++i) {
+      ASSERT_NEAR(ps.predict(top[i].waves_per_group), top[i].latency, 1e-12 * top[i].latency);
+      if (i > 0) ASSERT_LE(top[i - 1].latency, top[i].latency);
+      for (std::size_t j = 0; j < i; ++j) ASSERT_NE(top[i].waves_per_group, top[j].waves_per_group);
+    }
+  }
+}
+
+TEST(PredictiveSearch, TopKByHand) {
+  // The example of GemmPenaltyDelaysEveryLaterGroup: [3] 36 us, [2,1] and
+  // [1,2] 38 us, [1,1,1] 40 us.
+  OverlapCost c;
+  c.overlapped = WaveTimes::uniform(3, 10e-6);
+  c.sequential_gemm = 28e-6;
+  c.comm_all = 12e-6;
+  c.per_group_overhead = 1e-6;
+  c.gemm_penalty_per_group = 2e-6;
+  c.group_comm = [](int, int) { return 5e-6; };
+  const PredictiveSearch ps(c);
+  EXPECT_NEAR(ps.predict({1, 2}), 38e-6, 1e-12);
+  const auto top = ps.top_overlapped(10);  // only 4 partitions exist
+  ASSERT_EQ(top.size(), 4u);
+  EXPECT_EQ(top[0].waves_per_group, std::vector<int>{3});
+  EXPECT_NEAR(top[0].latency, 36e-6, 1e-12);
+  EXPECT_NEAR(top[1].latency, 38e-6, 1e-12);
+  EXPECT_NEAR(top[2].latency, 38e-6, 1e-12);
+  EXPECT_NE(top[1].waves_per_group, top[2].waves_per_group);
+  EXPECT_EQ(top[3].waves_per_group, (std::vector<int>{1, 1, 1}));
+  EXPECT_NEAR(top[3].latency, 40e-6, 1e-12);
+  // One wave: one partition.
+  OverlapCost one = c;
+  one.overlapped = WaveTimes::uniform(1, 10e-6);
+  EXPECT_EQ(PredictiveSearch(one).top_overlapped(3).size(), 1u);
+  EXPECT_THROW(ps.top_overlapped(0), tessera::Error);
+  EXPECT_THROW(ps.top_overlapped(-2), tessera::Error);
 }

@@ -499,3 +499,92 @@ TEST(SignalTuner, NoOverlapCurveChangesTheChoice) {
   EXPECT_FALSE(fast_default.overlap) << "predicted " << fast_default.predicted;
   EXPECT_LT(fast_default.predicted, fallback.predicted);
 }
+
+// ---- measured top-k refinement ----------------------------------------------
+
+TEST(SignalTuner, CandidatesAreTheKBestPredictedPartitions) {
+  TempDir dir;
+  Cache plans("signal_plans", SignalTuner::kCacheVersion, dir.path());
+  SignalTuner t(sample_profile(), plans);
+  const SignalQuery q{Collective::AllReduce, 8192, 8192, 4096, 128, 256};
+  const int W = t.overlapped_model(q).waves();
+  ASSERT_GE(W, 3);  // at least 4 partitions
+  const auto c = t.candidates(q, 3);
+  ASSERT_EQ(c.size(), 3u);
+  const tessera::signal::PredictiveSearch s(t.cost(q));
+  EXPECT_EQ(c[0].waves_per_group, s.best_overlapped().waves_per_group);
+  for (std::size_t i = 0; i < c.size(); ++i) {
+    EXPECT_NEAR(s.predict(c[i].waves_per_group), c[i].latency, 1e-12 * c[i].latency);
+    if (i > 0) EXPECT_LE(c[i - 1].latency, c[i].latency);
+    for (std::size_t j = 0; j < i; ++j) EXPECT_NE(c[i].waves_per_group, c[j].waves_per_group);
+  }
+  // The search's choice (when it overlaps) is candidate 0.
+  const auto chosen = t.choose(q);
+  ASSERT_TRUE(chosen.has_value());
+  if (chosen->overlap) EXPECT_EQ(chosen->waves_per_group, c[0].waves_per_group);
+  EXPECT_THROW(t.candidates(q, 0), tessera::Error);
+  SignalQuery untimed = q;
+  untimed.k = 1234;
+  EXPECT_THROW(t.candidates(untimed, 3), tessera::Error);
+}
+
+TEST(SignalVerdict, TopKRecordsTheFastestMeasuredCandidate) {
+  TempDir dir;
+  const SignalQuery q{Collective::AllReduce, 8192, 8192, 4096, 128, 256};
+  std::vector<std::vector<int>> cand;
+  {
+    Cache plans("signal_plans", SignalTuner::kCacheVersion, dir.path());
+    SignalTuner t(sample_profile(), plans);
+    const int W = t.overlapped_model(q).waves();
+    for (const auto& p : t.candidates(q, 3)) cand.push_back(p.waves_per_group);
+    ASSERT_EQ(cand.size(), 3u);
+    // The predicted best measured 2 % slower than no overlap, the third 4 %
+    // faster: alone, the first would say "no overlap"; the top-k keeps the third.
+    EXPECT_FALSE(t.record_measured(q, cand[0], 1.02e-3, 1.00e-3).overlap);
+    const SignalChoice c =
+        t.record_measured_candidates(q, {{cand[0], 1.02e-3}, {cand[1], 0.985e-3}, {cand[2], 0.96e-3}}, 1.00e-3);
+    EXPECT_TRUE(c.verified);
+    EXPECT_TRUE(c.overlap);
+    EXPECT_EQ(c.waves_per_group, cand[2]);
+    EXPECT_DOUBLE_EQ(c.measured_overlapped, 0.96e-3);
+    EXPECT_DOUBLE_EQ(c.measured_sequential, 1.00e-3);
+    EXPECT_EQ(c.measured_candidates, 3);
+    // The fastest is inside the margin (0.5 % faster): no overlap.
+    const SignalChoice close = t.record_measured_candidates(q, {{cand[0], 1.01e-3}, {cand[1], 0.995e-3}}, 1.00e-3);
+    EXPECT_FALSE(close.overlap);
+    EXPECT_EQ(close.waves_per_group, std::vector<int>{W});
+    EXPECT_EQ(close.measured_candidates, 2);
+    // A tie goes to the earlier (better predicted) candidate.
+    const SignalChoice tie = t.record_measured_candidates(q, {{cand[1], 0.9e-3}, {cand[0], 0.9e-3}}, 1.00e-3);
+    EXPECT_EQ(tie.waves_per_group, cand[1]);
+    // The single-partition form is the list of one.
+    EXPECT_EQ(t.record_measured(q, cand[1], 0.95e-3, 1.00e-3).measured_candidates, 1);
+    const SignalChoice last = t.record_measured_candidates(q, {{cand[0], 0.97e-3}, {cand[1], 0.93e-3}}, 1.00e-3);
+    EXPECT_EQ(last.waves_per_group, cand[1]);
+  }
+  {
+    // Another process: the last verdict (cand[1], of two measured) was stored.
+    Cache plans("signal_plans", SignalTuner::kCacheVersion, dir.path());
+    SignalTuner t(sample_profile(), plans);
+    const auto c = t.choose(q);
+    ASSERT_TRUE(c.has_value());
+    EXPECT_EQ(c->source, "verified");
+    EXPECT_TRUE(c->overlap);
+    EXPECT_EQ(c->waves_per_group, cand[1]);
+    EXPECT_DOUBLE_EQ(c->measured_overlapped, 0.93e-3);
+    EXPECT_EQ(c->measured_candidates, 2);
+    // Bad lists are refused before anything is stored: empty, a partition
+    // twice, one bad time among good ones, one bad partition among good ones.
+    const int W = t.overlapped_model(q).waves();
+    EXPECT_THROW(t.record_measured_candidates(q, {}, 1e-3), tessera::Error);
+    EXPECT_THROW(t.record_measured_candidates(q, {{cand[0], 0.5e-3}, {cand[0], 0.6e-3}}, 1e-3), tessera::Error);
+    EXPECT_THROW(t.record_measured_candidates(q, {{cand[0], 0.5e-3}, {cand[2], std::nan("")}}, 1e-3),
+                 tessera::Error);
+    EXPECT_THROW(t.record_measured_candidates(q, {{cand[0], 0.5e-3}, {{W, 1}, 0.4e-3}}, 1e-3), tessera::Error);
+    EXPECT_THROW(t.record_measured_candidates(q, {{cand[0], 0.5e-3}}, INFINITY), tessera::Error);
+    const auto after = t.choose(q);
+    EXPECT_EQ(after->waves_per_group, cand[1]);
+    EXPECT_DOUBLE_EQ(after->measured_overlapped, 0.93e-3);
+    EXPECT_EQ(after->measured_candidates, 2);
+  }
+}

@@ -28,6 +28,16 @@
 //    at most the split-off piece's comm plus one overhead, plus one GEMM
 //    penalty when the penalty is not 0). Exponential: W <= 26.
 //  - exhaustive(): all 2^(W-1) partitions, for checking. W <= 24.
+//  - top_overlapped(k): the k best overlapped partitions (distinct, sorted by
+//    prediction), by the same DP keeping the k earliest ends per state:
+//    since a group's end is non-decreasing in the previous group's end, a
+//    prefix outside the k earliest of its state has k distinct prefixes
+//    there that extend at least as well, so the k-best values are exact
+//    (O(W^3 k log k); ties among equal predictions are broken by the DP's
+//    order, which for k = 1 is best_overlapped()'s: same partition). Used
+//    for a measured top-k refinement (tune::SignalTuner::candidates): with
+//    a ~3 % model error, the predicted best is often not the measured best
+//    when several partitions are predicted within a few percent.
 // Each returns the overlap partition or, when the sequential prediction is
 // lower, overlap == false with a single group.
 #pragma once
@@ -94,6 +104,12 @@ class PredictiveSearch {
   /// best() before the comparison with "no overlap": the model's optimal
   /// overlapped partition (overlap == true even when sequential is faster).
   Prediction best_overlapped() const;
+  /// The k (>= 1) best overlapped partitions by prediction, best first,
+  /// distinct; fewer when the shape has fewer than k partitions (2^(W-1)).
+  /// Every entry has overlap == true (no comparison with "no overlap": a
+  /// caller that measures them measures no overlap beside them); element 0
+  /// is best_overlapped()'s partition. `candidates` counts the DP's steps.
+  std::vector<Prediction> top_overlapped(int k) const;
   Prediction pruned(int max_first, int max_last) const;
   Prediction exhaustive() const;
 

@@ -18,6 +18,20 @@
 // else no overlap. It applies in both directions: a partition the model
 // rejected is kept if it measured faster by the margin. choose() returns the
 // verified verdict for that shape from then on (source "verified").
+// Measured top-k refinement: with a model error of ~3 %, the predicted-best
+// partition is often not the measured best when several partitions are
+// predicted within a few percent of one another. candidates(q, k) returns
+// the k best overlapped partitions by prediction (exact, signal::
+// PredictiveSearch::top_overlapped); a caller measures them and no overlap
+// and passes every measurement to record_measured_candidates(q, measured,
+// sequential):
+// the fastest measured partition (ties: the earlier in the list, i.e. the
+// better predicted) is the candidate, kept only by the same verdict rule.
+// Contract for the caller: time every candidate and no overlap the same way
+// (same repetitions, one interleaved loop, so drift hits all alike) and pass
+// the same numbers on every rank. The minimum of k noisy medians is biased
+// low (a winner's curse that grows with k); the verdict margin must cover
+// it, so keep k small (the bench default is 3) or re-time the winner.
 // Nearest-neighbour reuse carries a neighbour's verdict as stored: a shape
 // near one measured to lose gets "no overlap", near one measured to win the
 // rescaled partition; the choice says verified = false (this shape was not
@@ -67,6 +81,14 @@ struct SignalChoice {
   bool predicted_overlap = false;
   /// Measured seconds, when verified: the partition's overlapped run and no overlap.
   double measured_overlapped = 0, measured_sequential = 0;
+  /// When verified: how many overlapped partitions were measured (top-k).
+  int measured_candidates = 0;
+};
+
+/// One overlapped partition and its measured time (s), for the top-k verdict.
+struct MeasuredPartition {
+  std::vector<int> waves_per_group;
+  double overlapped_s = 0;
 };
 
 /// The verdict rule: keep the overlapped partition only when it measured
@@ -102,6 +124,19 @@ class SignalTuner {
   /// (e.g. the max over ranks) so they decide alike.
   SignalChoice record_measured(const SignalQuery& q, const std::vector<int>& waves_per_group, double overlapped_s,
                                double sequential_s, double margin = kDefaultVerdictMargin);
+  /// Top-k verdict (see the file comment): `measured` are distinct
+  /// partitions of q's waves (usually candidates(q, k), measured), at least
+  /// one; the fastest is recorded as record_measured() would record it alone
+  /// (which is this with a list of one),
+  /// and the entry's "measured" lists every candidate. Nothing is stored
+  /// when any partition or time is invalid.
+  SignalChoice record_measured_candidates(const SignalQuery& q, const std::vector<MeasuredPartition>& measured,
+                                          double sequential_s, double margin = kDefaultVerdictMargin);
+  /// The k (>= 1) best overlapped partitions predicted for q, best first
+  /// (throws if q's GEMM was not timed). Element 0 is the partition choose()
+  /// would search; whether to overlap at all is for the measurement (or
+  /// choose()'s min_gain) to decide.
+  std::vector<signal::Prediction> candidates(const SignalQuery& q, int k) const;
   /// The predictor's inputs for a timed GEMM (throws if it was not timed).
   signal::OverlapCost cost(const SignalQuery& q) const;
   /// The overlapped wave model of a query (SMs minus NCCL's).
