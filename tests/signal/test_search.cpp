@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <random>
 
@@ -82,17 +83,26 @@ TEST(PredictiveSearch, DynamicProgramIsTheExhaustiveOptimum) {
   }
 }
 
-TEST(PredictiveSearch, WithAGemmPenaltyTheDynamicProgramIsStillTheExhaustiveOptimum) {
+/// 300 random synthetic models, each changed by `vary` (rep = its index):
+/// the dynamic program's choice is the exhaustive optimum and its predicted
+/// latency is what predict() says of its partition.
+void expect_dp_is_exhaustive_optimum(const std::function<void(OverlapCost&, int)>& vary) {
   for (int rep = 0; rep < 300; ++rep) {
     const int W = std::uniform_int_distribution<int>(1, 13)(rng());
     Synthetic s = synthetic(W);
-    s.cost.gemm_penalty_per_group = std::uniform_real_distribution<double>(0, 40e-6)(rng());
+    vary(s.cost, rep);
     const PredictiveSearch ps(s.cost);
     const Prediction dp = ps.best_overlapped(), ex_all = ps.exhaustive(), dpf = ps.best();
     ASSERT_NEAR(dpf.latency, ex_all.latency, 1e-12 * ex_all.latency) << "W=" << W;
     ASSERT_NEAR(ps.predict(dp.waves_per_group), dp.latency, 1e-15) << "W=" << W;
     ASSERT_EQ(std::accumulate(dp.waves_per_group.begin(), dp.waves_per_group.end(), 0), W);
   }
+}
+
+TEST(PredictiveSearch, WithAGemmPenaltyTheDynamicProgramIsStillTheExhaustiveOptimum) {
+  expect_dp_is_exhaustive_optimum([](OverlapCost& c, int) {
+    c.gemm_penalty_per_group = std::uniform_real_distribution<double>(0, 40e-6)(rng());
+  });
 }
 
 TEST(PredictiveSearch, GemmPenaltyDelaysEveryLaterGroup) {
@@ -117,17 +127,10 @@ TEST(PredictiveSearch, GemmPenaltyDelaysEveryLaterGroup) {
 }
 
 TEST(PredictiveSearch, WithACommSlowdownBesideTheGemmTheDynamicProgramIsStillTheExhaustiveOptimum) {
-  for (int rep = 0; rep < 300; ++rep) {
-    const int W = std::uniform_int_distribution<int>(1, 13)(rng());
-    Synthetic s = synthetic(W);
-    s.cost.gemm_penalty_per_group = rep % 2 ? std::uniform_real_distribution<double>(0, 40e-6)(rng()) : 0.0;
-    s.cost.comm_slowdown_beside_gemm = std::uniform_real_distribution<double>(0, 0.6)(rng());
-    const PredictiveSearch ps(s.cost);
-    const Prediction dp = ps.best_overlapped(), ex_all = ps.exhaustive(), dpf = ps.best();
-    ASSERT_NEAR(dpf.latency, ex_all.latency, 1e-12 * ex_all.latency) << "W=" << W;
-    ASSERT_NEAR(ps.predict(dp.waves_per_group), dp.latency, 1e-15) << "W=" << W;
-    ASSERT_EQ(std::accumulate(dp.waves_per_group.begin(), dp.waves_per_group.end(), 0), W);
-  }
+  expect_dp_is_exhaustive_optimum([](OverlapCost& c, int rep) {
+    c.gemm_penalty_per_group = rep % 2 ? std::uniform_real_distribution<double>(0, 40e-6)(rng()) : 0.0;
+    c.comm_slowdown_beside_gemm = std::uniform_real_distribution<double>(0, 0.6)(rng());
+  });
 }
 
 TEST(PredictiveSearch, CommSlowdownAppliesToGroupsBesideTheGemmOnly) {
