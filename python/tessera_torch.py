@@ -6,6 +6,7 @@
     s.ag_gemm(x_shard, w, out)              # out = all_gather(x_shard) @ w.T
     s.ag_gemm(x_shard, w_gate_up, out, swiglu=True)
     s.gemm_rs(hid, w_down, out_shard)       # out_shard = reduce_scatter(hid @ w_down.T)
+    s.mlp(x_shard, w_gate_up, w_down, out_shard)   # both, SiLU(gate)*up between
 
 Tensors are CUDA, contiguous, bf16 or fp16, on this rank's device; shapes
 follow ops::AgGemmArgs / GemmRsArgs (B as [N, K]). The library is found from
@@ -49,6 +50,7 @@ def _load(path):
     lib.tessera_session_use_cache.argtypes = [vp, i32]
     lib.tessera_ag_gemm.argtypes = [vp, vp, vp, vp, i64, i64, i64, i64, i64, i32, i32, i32]
     lib.tessera_gemm_rs.argtypes = [vp, vp, vp, vp, i64, i64, i64, i64, i32, i32]
+    lib.tessera_mlp.argtypes = [vp, vp, vp, vp, vp, i64, i64, i64, i64, i32, i32, i32]
     lib.tessera_resolve.argtypes = [vp, i32, i64, i64, i64, i64, i32, i32, vp, vp, vp, ctypes.POINTER(i32)]
     return lib
 
@@ -134,6 +136,22 @@ class Session:
         self._need(out.shape[1] == b.shape[0], f"gemm_rs: out has {out.shape[1]} columns, B has N = {b.shape[0]}")
         _check(self._lib, self._lib.tessera_gemm_rs(self._h, a.data_ptr(), b.data_ptr(), out.data_ptr(), a.shape[0],
                                                     out.shape[0], b.shape[0], b.shape[1], dt, _strategy(strategy)))
+
+    def mlp(self, x_shard, w_gate_up, w_down, out_shard, m=None, ag_strategy="automatic", rs_strategy="automatic"):
+        """out_shard[M/R, H] = this rank's rows of the TP MLP layer: all_gather(x_shard) through the fused gate/up
+        weight [2·I/R, H] (SiLU(gate)*up) and the down weight [H, I/R], reduce-scattered. m: total tokens
+        (default: x_shard rows × world size)."""
+        dt = self._dtype(x_shard, w_gate_up, w_down, out_shard)
+        h, i_local = x_shard.shape[1], w_down.shape[1]
+        self._need(w_gate_up.shape == (2 * i_local, h),
+                   f"mlp: w_gate_up is {tuple(w_gate_up.shape)}, expected {(2 * i_local, h)}")
+        self._need(w_down.shape[0] == h, f"mlp: w_down has {w_down.shape[0]} rows, expected H = {h}")
+        self._need(out_shard.shape == x_shard.shape,
+                   f"mlp: out is {tuple(out_shard.shape)}, expected the token shard's {tuple(x_shard.shape)}")
+        m = x_shard.shape[0] * self.world if m is None else m
+        _check(self._lib, self._lib.tessera_mlp(self._h, x_shard.data_ptr(), w_gate_up.data_ptr(), w_down.data_ptr(),
+                                                out_shard.data_ptr(), m, x_shard.shape[0], h, i_local, dt,
+                                                _strategy(ag_strategy), _strategy(rs_strategy)))
 
     def resolve_ag_gemm(self, a_shard, b, out, swiglu=False):
         """The strategy `automatic` picks for this AG+GEMM (tunes if needed; collective)."""

@@ -147,6 +147,24 @@ int tessera_gemm_rs(tessera_session* s, const void* a, const void* b, void* d, i
   });
 }
 
+int tessera_mlp(tessera_session* s, const void* x, const void* w_gate_up, const void* w_down, void* out, int64_t m,
+                int64_t m_local, int64_t h, int64_t i_local, int dtype, int ag_strategy, int rs_strategy) {
+  return guarded("tessera_mlp", [&] {
+    need(s, "tessera_mlp");
+    tessera::ops::MlpArgs a;
+    a.x = x;
+    a.w_gate_up = w_gate_up;
+    a.w_down = w_down;
+    a.out = out;
+    a.m = m;
+    a.m_local = m_local;
+    a.h = h;
+    a.i_local = i_local;
+    a.dtype = dtype_of(dtype);
+    tessera::ops::mlp(*s->ctx, a, options_of(s, ag_strategy), options_of(s, rs_strategy));
+  });
+}
+
 int tessera_resolve(tessera_session* s, int op, int64_t m, int64_t m_local, int64_t n, int64_t k, int dtype,
                     int swiglu, const void* a, const void* b, void* d, int* out) {
   return guarded("tessera_resolve", [&] {

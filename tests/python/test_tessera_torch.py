@@ -73,6 +73,18 @@ class ArgumentChecks(unittest.TestCase):
         self.assertEqual(names, ["tessera_ag_gemm", "tessera_ag_gemm", "tessera_gemm_rs"])
         self.assertEqual(self.s._lib.calls[2][1][-1], self.tt.STRATEGIES["fused_ce"])
 
+    def test_mlp_shapes(self):
+        self.s.world = 2
+        x, wgu, wd, out = FakeTensor(64, 128), FakeTensor(192, 128), FakeTensor(128, 96), FakeTensor(64, 128)
+        self.s.mlp(x, wgu, wd, out)
+        name, args = self.s._lib.calls[0]
+        self.assertEqual(name, "tessera_mlp")
+        self.assertEqual(args[5:9], (128, 64, 128, 96))  # m = rows × world, m_local, H, I_local
+        self.s._lib.calls.clear()
+        self.assert_rejected(lambda: self.s.mlp(x, FakeTensor(190, 128), wd, out), "w_gate_up")
+        self.assert_rejected(lambda: self.s.mlp(x, wgu, FakeTensor(120, 96), out), "H = 128")
+        self.assert_rejected(lambda: self.s.mlp(x, wgu, wd, FakeTensor(64, 96)), "token shard")
+
     def test_mismatched_k(self):
         self.assert_rejected(lambda: self.s.ag_gemm(FakeTensor(64, 120), FakeTensor(256, 128), FakeTensor(128, 256)),
                              "K = 120")

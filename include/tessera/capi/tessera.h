@@ -58,6 +58,12 @@ int tessera_ag_gemm(tessera_session* s, const void* a, const void* b, void* d, i
 /* D[m_local, N] = this rank's rows of ReduceScatter(A[M, K] · B[N, K]ᵀ). */
 int tessera_gemm_rs(tessera_session* s, const void* a, const void* b, void* d, int64_t m, int64_t m_local, int64_t n,
                     int64_t k, int dtype, int strategy);
+/* The whole TP MLP layer: out[m_local, H] = this rank's rows of
+ * ReduceScatter(SiLU(gate)·up(AllGather(x) · w_gate_up[2·I_local, H]ᵀ) ·
+ * w_down[H, I_local]ᵀ); x is this rank's [m_local, H] token shard, m the
+ * total tokens. Strategies per half (ag_strategy, rs_strategy). */
+int tessera_mlp(tessera_session* s, const void* x, const void* w_gate_up, const void* w_down, void* out, int64_t m,
+                int64_t m_local, int64_t h, int64_t i_local, int dtype, int ag_strategy, int rs_strategy);
 /* The strategy `automatic` resolves to for this shape (tunes if needed;
  * collective). *out receives a strategy code. op: 0 ag_gemm, 1 gemm_rs. */
 int tessera_resolve(tessera_session* s, int op, int64_t m, int64_t m_local, int64_t n, int64_t k, int dtype,
