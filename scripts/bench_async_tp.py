@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """PyTorch async-TP baseline for `tessera bench mlp` (same MLP-1..6 shapes).
 
-Times, at TP = world size R, the same parts as `tessera bench mlp`:
+Times, at TP = world size R, the same parts as `tessera bench mlp` (and the
+whole layer, SiLU(gate)*up between the halves):
   AG+GEMM        all_gather(x)[S, H] @ W[I/R, H].T  (non-gated, N = I/R: MACHINES.md's GEMM1)
   AG+GEMM gated  the same with the fused gate/up weight [2I/R, H] (N = 2I/R, GEMM only)
   GEMM+RS        hid[S, I/R] @ Wd[H, I/R].T, reduce-scattered by rows
@@ -176,6 +177,28 @@ def main():
 
         agout = torch.empty(s, il, device="cuda", dtype=dt)
 
+        # The whole layer: gated AG+GEMM, SiLU(gate)*up (gate/up rows interleaved,
+        # as ops::MlpArgs), GEMM+RS. PyTorch runs the activation as its own
+        # kernel; Tessera fuses it into the AG+GEMM epilogue.
+        def act(hcat):
+            return torch.nn.functional.silu(hcat[:, 0::2]) * hcat[:, 1::2]
+
+        def layer_seq():
+            d = nxt()
+            dist.all_gather_into_tensor(xfull, d["x"])
+            dist.reduce_scatter_tensor(out, act(xfull @ d["wgu"].t()) @ d["wd"].t())
+
+        def layer_async():
+            d = nxt()
+            _, mm = torch.ops.symm_mem.fused_all_gather_matmul(d["x"], [d["wgu"].t()], gather_dim=0,
+                                                                group_name=group.group_name)
+            return torch.ops.symm_mem.fused_matmul_reduce_scatter(act(mm[0]), d["wd"].t(), "sum", scatter_dim=0,
+                                                                   group_name=group.group_name)
+
+        def tes_layer():
+            d = nxt()
+            tes.mlp(d["x"], d["wgu"], d["wd"], out)
+
         def tes_ag(gated):
             def fn():
                 d = nxt()
@@ -187,13 +210,27 @@ def main():
             tes.gemm_rs(d["hid"], d["wd"], out)
 
         r = {"shape": name}
-        cols = ["gemm", "ag_seq", "ag_async", "agg_seq", "agg_async", "rs_seq", "rs_async"]
-        fns = [gemm_alone, ag_seq(False), ag_async(False), ag_seq(True), ag_async(True), rs_seq, rs_async]
+        cols = ["gemm", "ag_seq", "ag_async", "agg_seq", "agg_async", "rs_seq", "rs_async", "mlp_seq", "mlp_async"]
+        fns = [gemm_alone, ag_seq(False), ag_async(False), ag_seq(True), ag_async(True), rs_seq, rs_async, layer_seq,
+               layer_async]
         if tes:
-            cols += ["tes_ag", "tes_agg", "tes_rs"]
-            fns += [tes_ag(False), tes_ag(True), tes_rs]
+            cols += ["tes_ag", "tes_agg", "tes_rs", "tes_mlp"]
+            fns += [tes_ag(False), tes_ag(True), tes_rs, tes_layer]
+        # The layer columns are new (2026-11-22) and unrun: one that fails on its
+        # first call is dropped with a message rather than losing the table.
+        for c in ("mlp_seq", "mlp_async", "tes_mlp"):
+            if c in cols:
+                k = cols.index(c)
+                try:
+                    fns[k]()
+                    torch.cuda.synchronize()
+                except Exception as e:  # noqa: BLE001
+                    print(f"bench_async_tp: column {c} dropped ({e})")
+                    del cols[k], fns[k]
         vals = timed_interleaved(fns)
         r.update(dict(zip(cols, vals)))
+        for c in ("mlp_seq", "mlp_async", "tes_mlp"):
+            r.setdefault(c, float("nan"))
         if tes:  # the tuned choices (cached in the session by the timed calls)
             d = sets[0]
             r["ch_ag"] = tes.resolve_ag_gemm(d["x"], d["wgu"][:il], agout)
@@ -204,16 +241,17 @@ def main():
         del sets
     if rank == 0:
         hdr = ("| shape | GEMM | GEMM TF/s | AG+GEMM seq | AG+GEMM async-TP | AG+GEMM gated seq | AG+GEMM gated async-TP "
-               "| GEMM+RS seq | GEMM+RS async-TP |")
+               "| GEMM+RS seq | GEMM+RS async-TP | MLP layer seq | MLP layer async-TP |")
         lines = [f"### PyTorch {torch.__version__} async-TP, TP={world} {args.dtype} on {torch.cuda.get_device_name()} "
                  f"(ms, median of {args.reps}, max over ranks, inputs rotated over {args.sets} sets, "
                  f"columns interleaved, {args.data} data, "
                  f"{'lead GEMM' if args.lead else 'no lead GEMM'} before each run, {args.gap_ms} ms idle before)",
-                 "", hdr, "|---|---|---|---|---|---|---|---|---|"]
+                 "", hdr, "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             lines.append(f"| {r['shape']} | {r['gemm']:.3f} | {r['gemm_tflops']:.0f} | {r['ag_seq']:.3f} | "
                          f"{r['ag_async']:.3f} | {r['agg_seq']:.3f} | "
-                         f"{r['agg_async']:.3f} | {r['rs_seq']:.3f} | {r['rs_async']:.3f} |")
+                         f"{r['agg_async']:.3f} | {r['rs_seq']:.3f} | {r['rs_async']:.3f} | {r['mlp_seq']:.3f} | "
+                         f"{r['mlp_async']:.3f} |")
         if tes:
             lines += ["", "Tessera (tuned, same loop) and its speedup over PyTorch async-TP / sequential:", "",
                       "| shape | AG+GEMM | choice | vs async-TP | vs seq | AG+GEMM gated | choice | vs async-TP | vs seq "
@@ -224,6 +262,11 @@ def main():
                                     ("tes_rs", "ch_rs", "rs_async", "rs_seq")):
                     cells.append(f"{r[t]:.3f} | {r[ch]} | {r[a] / r[t]:.2f}x | {r[q] / r[t]:.2f}x")
                 lines.append(f"| {r['shape']} | " + " | ".join(cells) + " |")
+            lines += ["", "Whole MLP layer (Tessera's mlp, tuned halves):", "",
+                      "| shape | Tessera | vs async-TP | vs seq |", "|---|---|---|---|"]
+            for r in rows:
+                lines.append(f"| {r['shape']} | {r['tes_mlp']:.3f} | {r['mlp_async'] / r['tes_mlp']:.2f}x | "
+                             f"{r['mlp_seq'] / r['tes_mlp']:.2f}x |")
         text = "\n".join(lines)
         print(text)
         if args.markdown:
