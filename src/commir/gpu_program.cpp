@@ -39,6 +39,14 @@ std::int64_t DevProgram::bytes() const {
 
 namespace {
 
+/// A DevOp of kind `k` on `stream`, every other field at its default.
+DevOp make_op(DevOpKind k, DevStream stream = DevStream::comm) {
+  DevOp op;
+  op.kind = k;
+  op.stream = stream;
+  return op;
+}
+
 // True when the union of `pieces` covers the 2-D box `want` (pieces may
 // overlap): coordinate compression, every cell of the compressed grid must
 // lie in some piece.
@@ -183,7 +191,7 @@ struct Builder {
     const int from = static_cast<int>(comm_waits ? DevStream::compute : DevStream::comm);
     if (issued[from] == seen_by_other[from]) return;
     seen_by_other[from] = issued[from];
-    DevOp op{k};
+    DevOp op = make_op(k);
     op.stream = comm_waits ? DevStream::comm : DevStream::compute;
     prog.ops.push_back(op);
   }
@@ -200,7 +208,7 @@ struct Builder {
       // choose_b_layout() keeps B row-major wherever a copy could need it.
       if (info(p).transposed) fail(fmt::format("{}: internal: copy from the transposed block {}{}", what, buf, box_text(info(p).box)));
       const Box in = info(p).box.intersect(box);
-      DevOp op{DevOpKind::copy, s};
+      DevOp op = make_op(DevOpKind::copy, s);
       op.src = view(p, in);
       op.dst = view(tmp, in);
       op.rows = in.r[0].size();
@@ -351,10 +359,10 @@ struct Builder {
         src[s] = assemble(s->buffer, s->box, DevStream::comm, true, step_text(*s));
       }
     }
-    emit(DevOp{DevOpKind::group_start});
+    emit(make_op(DevOpKind::group_start));
     std::vector<std::pair<const Step*, int>> incoming;
     for (const Step* s : ops) {
-      DevOp op{s->kind == StepKind::send ? DevOpKind::send : DevOpKind::recv};
+      DevOp op = make_op(s->kind == StepKind::send ? DevOpKind::send : DevOpKind::recv);
       op.count = s->box.volume();
       op.f32 = s->buffer == out_name && out_f32;
       op.peer = s->peer;
@@ -368,7 +376,7 @@ struct Builder {
       }
       emit(op);
     }
-    emit(DevOp{DevOpKind::group_end});
+    emit(make_op(DevOpKind::group_end));
     for (auto [s, b] : incoming) {
       const int have = s->partial ? exact(s->buffer, s->box) : -1;
       if (have < 0) {
@@ -378,7 +386,7 @@ struct Builder {
       }
       // A partial for a box already held: merged (sum) into a new block.
       const int sum = new_block(s->buffer, s->box);
-      DevOp op{DevOpKind::add, DevStream::comm};
+      DevOp op = make_op(DevOpKind::add, DevStream::comm);
       op.dst = view(sum, s->box);
       op.a = view(have, s->box);
       op.b = view(b, s->box);
@@ -446,7 +454,7 @@ struct Builder {
     const Buffer &ab = g.buffer(g.body.ins[0]), &bb = g.buffer(g.body.ins[1]), &cb = g.buffer(g.body.out);
     const Box ba = project(ab, s.box), bbx = project(bb, s.box), bc = project(cb, s.box);
     const std::string what = step_text(s);
-    DevOp op{DevOpKind::gemm, DevStream::compute};
+    DevOp op = make_op(DevOpKind::gemm, DevStream::compute);
     op.a = assemble(ab.name, ba, DevStream::compute, false, what);
     op.b = assemble(bb.name, bbx, DevStream::compute, false, what);
     op.b_nk = info(op.b.block).transposed;
@@ -477,7 +485,7 @@ struct Builder {
     if (op.m > 0 && op.n > 0 && op.k > 0) {
       emit(op);
     } else if (!op.accumulate) {  // an empty product: the block holds zeros
-      DevOp z{DevOpKind::zero, DevStream::compute};
+      DevOp z = make_op(DevOpKind::zero, DevStream::compute);
       z.dst = view(c, bc);
       z.f32 = out_f32;
       z.what = what;
