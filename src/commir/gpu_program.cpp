@@ -493,7 +493,7 @@ struct Builder {
     }
     if (received >= 0) {  // merge the received partial once it is here (emit() waits for it)
       const int sum = new_block(cb.name, bc);
-      DevOp add{DevOpKind::add, DevStream::compute};
+      DevOp add = make_op(DevOpKind::add, DevStream::compute);
       add.dst = view(sum, bc);
       add.a = view(c, bc);
       add.b = view(received, bc);
