@@ -86,7 +86,13 @@ class Session:
                    int(e.get("MASTER_PORT", "29500")) + port_offset, **kw)
 
     def close(self):
+        """Collective: every rank must close (or drop) its session; the device finishes its queued work first."""
         if getattr(self, "_h", None):
+            try:
+                if torch.cuda.current_stream().cuda_stream == self.stream.cuda_stream:
+                    torch.cuda.set_stream(torch.cuda.default_stream())  # the session's stream is about to go
+            except Exception:  # noqa: BLE001 — teardown at interpreter exit: best effort
+                pass
             self._lib.tessera_session_destroy(self._h)
             self._h = None
 
@@ -139,8 +145,8 @@ class Session:
 
     def mlp(self, x_shard, w_gate_up, w_down, out_shard, m=None, ag_strategy="automatic", rs_strategy="automatic"):
         """out_shard[M/R, H] = this rank's rows of the TP MLP layer: all_gather(x_shard) through the fused gate/up
-        weight [2·I/R, H] (SiLU(gate)*up) and the down weight [H, I/R], reduce-scattered. m: total tokens
-        (default: x_shard rows × world size)."""
+        weight [2·I/R, H] (SiLU(gate)*up) and the down weight [H, I/R], reduce-scattered. m: total tokens; the
+        default (x_shard rows × world size) holds for equal shards only: pass m when the last shard is shorter."""
         dt = self._dtype(x_shard, w_gate_up, w_down, out_shard)
         h, i_local = x_shard.shape[1], w_down.shape[1]
         self._need(w_gate_up.shape == (2 * i_local, h),

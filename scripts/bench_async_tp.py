@@ -89,6 +89,17 @@ def main():
             print(f"bench_async_tp: Tessera columns skipped ({e})")
             tes = None
     token = torch.zeros(1, device="cuda", dtype=torch.float32)
+
+    def everywhere(ok):
+        """True only if `ok` holds on every rank (so all ranks drop the same columns and never diverge)."""
+        flag = torch.tensor([0.0 if ok else 1.0], device="cuda")
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return flag.item() == 0.0
+
+    if args.tessera != "off" and not everywhere(tes is not None):
+        if tes is not None:
+            print("bench_async_tp: Tessera columns skipped (not available on every rank)")
+        tes = None  # a session that exists on some ranks only is never used (its close would need all ranks)
     lead_a = (torch.rand(8192, 4096, device="cuda") * 2 - 1).to(dt)
     lead_b = (torch.rand(8192, 4096, device="cuda") * 2 - 1).to(dt)
     lead_d = torch.empty(8192, 8192, device="cuda", dtype=dt)
@@ -218,14 +229,19 @@ def main():
             fns += [tes_ag(False), tes_ag(True), tes_rs, tes_layer]
         # The layer columns are new (2026-11-22) and unrun: one that fails on its
         # first call is dropped with a message rather than losing the table.
+        # Every rank decides together (everywhere()), so the ranks keep the same
+        # columns and their collectives stay matched.
         for c in ("mlp_seq", "mlp_async", "tes_mlp"):
             if c in cols:
                 k = cols.index(c)
+                err = None
                 try:
                     fns[k]()
                     torch.cuda.synchronize()
                 except Exception as e:  # noqa: BLE001
-                    print(f"bench_async_tp: column {c} dropped ({e})")
+                    err = e
+                if not everywhere(err is None):
+                    print(f"bench_async_tp: column {c} dropped ({err or 'failed on another rank'})")
                     del cols[k], fns[k]
         vals = timed_interleaved(fns)
         r.update(dict(zip(cols, vals)))

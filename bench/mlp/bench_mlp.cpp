@@ -239,7 +239,7 @@ void run(const Options& o) {
       return kernels::GemmArgs{s.hid->p, s.wd->p, part.p, m, h, il, il, il, h, t, t, kernels::BLayout::NK};
     };
     timer.add(&rs.gemm, [&] { kernels::cublaslt_gemm(rs_gemm_args(next()), st); });
-    // The fused GEMM+RS's tile is the plain default (ping-pong 64x256).
+    // The fused GEMM+RS's tile (ping-pong 64x256).
     timer.add(&rs.engine, [&] { kernels::gemm(rs_gemm_args(next()), fused_tile, st); });
     timer.add(&rs.comm, [&] {
       TESSERA_NCCL_CHECK(

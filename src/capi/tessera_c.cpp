@@ -3,6 +3,8 @@
 // exception stops here and becomes -1 plus tessera_last_error().
 #include "tessera/capi/tessera.h"
 
+#include <cuda_runtime_api.h>
+
 #include <memory>
 #include <string>
 
@@ -119,6 +121,9 @@ int tessera_session_create(int rank, int world, int local_rank, int local_world,
 void tessera_session_destroy(tessera_session* s) {
   if (!s) return;
   guarded("tessera_session_destroy", [&] {
+    // Work still queued on the session's streams may use the memory freed
+    // below: finish it first (the caller may not have synchronized).
+    if (s->pg) TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
     s->ctx.reset();  // before the process group it uses
     s->pg.reset();
   });

@@ -234,9 +234,40 @@ void check_fused_ce_rs(std::int64_t m, int world, const OpOptions& o) {
                 "of the {}-row tile; use fused_sm or automatic",
                 shard_rows(m, world).per_rank, m, world, detail::kRsTileM);
 }
+
+/// Everything ag_gemm checks before it launches: usable context, arguments,
+/// options, and (once per shape) the same call on every rank.
+void check_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, const OpOptions& o) {
+  c.check_usable("ag_gemm");
+  validate(a, c.pg.rank(), c.pg.world());
+  TESSERA_CHECK(o.channels >= 1 && o.channels <= kMaxChannels, "ag_gemm: channels = {} outside [1, {}]", o.channels,
+                kMaxChannels);
+  TESSERA_CHECK(o.comm_ctas >= 1 && o.comm_ctas < c.pg.sm_count(), "ag_gemm: comm_ctas = {} outside [1, {})",
+                o.comm_ctas, c.pg.sm_count());
+  TESSERA_CHECK(o.strategy != Strategy::ring, "ag_gemm: strategy ring exists only for gemm_rs (ring reduce-scatter)");
+  c.check_agreement(signature(a, o.strategy), "ag_gemm");
+}
+
+/// The same for gemm_rs.
+void check_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, const OpOptions& o) {
+  c.check_usable("gemm_rs");
+  validate(a, c.pg.rank(), c.pg.world());
+  TESSERA_CHECK(o.comm_ctas >= 1 && o.comm_ctas < c.pg.sm_count(), "gemm_rs: comm_ctas = {} outside [1, {})",
+                o.comm_ctas, c.pg.sm_count());
+  check_fused_ce_rs(a.m, c.pg.world(), o);
+  TESSERA_CHECK(o.channels >= 1 && o.channels <= kMaxChannels,
+                "gemm_rs: channels (ring) = {} outside [1, {}]", o.channels, kMaxChannels);
+  c.check_agreement(signature(a, o.strategy, o.rs_reduce, o.channels), "gemm_rs");
+}
+
 }  // namespace
 
+// resolve() checks what the operator would (it may launch every candidate),
+// so a bad call fails before anything runs; ag_gemm/gemm_rs check once and
+// then resolve (check_agreement is cached per shape, so the second check
+// costs no collective).
 Strategy TpContext::resolve(const AgGemmArgs& a, const OpOptions& o, TuneReport* report) {
+  check_ag_gemm(*impl_, a, o);
   if (o.strategy != Strategy::automatic) return o.strategy;
   const std::vector<std::int64_t> shape{a.m, a.n, a.k, a.swiglu ? 1 : 0};
   return tune_choice(*this, a, o, "ag_gemm", shape,
@@ -245,6 +276,7 @@ Strategy TpContext::resolve(const AgGemmArgs& a, const OpOptions& o, TuneReport*
 }
 
 Strategy TpContext::resolve(const GemmRsArgs& a, const OpOptions& o, TuneReport* report) {
+  check_gemm_rs(*impl_, a, o);
   if (o.strategy != Strategy::automatic) return o.strategy;
   // The fused candidate's speed depends on where it reduces: part of the key.
   const std::vector<std::int64_t> shape{a.m, a.n, a.k, static_cast<std::int64_t>(o.rs_reduce)};
@@ -255,29 +287,13 @@ Strategy TpContext::resolve(const GemmRsArgs& a, const OpOptions& o, TuneReport*
 
 void ag_gemm(TpContext& ctx, const AgGemmArgs& a, const OpOptions& o) {
   auto& c = ctx.impl();
-  c.check_usable("ag_gemm");
-  validate(a, c.pg.rank(), c.pg.world());
-  TESSERA_CHECK(o.channels >= 1 && o.channels <= kMaxChannels, "ag_gemm: channels = {} outside [1, {}]", o.channels,
-                kMaxChannels);
-  TESSERA_CHECK(o.comm_ctas >= 1 && o.comm_ctas < c.pg.sm_count(), "ag_gemm: comm_ctas = {} outside [1, {})",
-                o.comm_ctas, c.pg.sm_count());
-  TESSERA_CHECK(o.strategy != Strategy::ring, "ag_gemm: strategy ring exists only for gemm_rs (ring reduce-scatter)");
-  c.check_agreement(signature(a, o.strategy), "ag_gemm");
-  const Strategy s = ctx.resolve(a, o);
+  const Strategy s = ctx.resolve(a, o);  // checks everything first
   run_ag_gemm(c, a, s, o);
 }
 
 void gemm_rs(TpContext& ctx, const GemmRsArgs& a, const OpOptions& o) {
   auto& c = ctx.impl();
-  c.check_usable("gemm_rs");
-  validate(a, c.pg.rank(), c.pg.world());
-  TESSERA_CHECK(o.comm_ctas >= 1 && o.comm_ctas < c.pg.sm_count(), "gemm_rs: comm_ctas = {} outside [1, {})",
-                o.comm_ctas, c.pg.sm_count());
-  check_fused_ce_rs(a.m, c.pg.world(), o);
-  TESSERA_CHECK(o.channels >= 1 && o.channels <= kMaxChannels,
-                "gemm_rs: channels (ring) = {} outside [1, {}]", o.channels, kMaxChannels);
-  c.check_agreement(signature(a, o.strategy, o.rs_reduce, o.channels), "gemm_rs");
-  const Strategy s = ctx.resolve(a, o);
+  const Strategy s = ctx.resolve(a, o);  // checks everything first
   run_gemm_rs(c, a, s, o);
 }
 

@@ -175,35 +175,39 @@ TEST_P(OpsTp, AgGemmAllStrategiesMatchReference) {
   for (const Shape& sh : kShapes)
     for (bool swiglu : {false, true}) {
       const std::uint64_t seed = shared_seed();
-      const Mat a = random_mat(sh.m, sh.k, seed, t);
       const Mat b = random_mat(sh.n, sh.k, seed + 1 + rank, t, 0.5);
       const ShardRows s = shard_rows(sh.m, R);
       const std::int64_t m_local = s.rows(sh.m, rank);
-      auto da = upload(a, s.lo(rank), m_local, sh.k, t);
       auto db = upload(b, 0, sh.n, sh.k, t);
       const std::int64_t n_out = swiglu ? sh.n / 2 : sh.n;
       const std::int64_t ldd = (n_out + 7) / 8 * 8 + sh.ldd_pad;
       Dev dd(static_cast<std::size_t>(sh.m * ldd * 2)), dg(static_cast<std::size_t>(sh.m * sh.k * 2));
-      std::vector<double> ref = matmul_nt(a, 0, sh.m, b);
-      if (swiglu) {
+      auto reference = [&](const Mat& a) {
+        std::vector<double> ref = matmul_nt(a, 0, sh.m, b);
+        if (!swiglu) return ref;
         std::vector<double> act(static_cast<std::size_t>(sh.m * n_out));
         for (std::int64_t i = 0; i < sh.m; ++i)
           for (std::int64_t j = 0; j < n_out; ++j) {
             const double g = ref[i * sh.n + 2 * j], u = ref[i * sh.n + 2 * j + 1];
             act[i * n_out + j] = g / (1 + std::exp(-g)) * u;
           }
-        ref = act;
-      }
-      // Decomposition and fused_ce twice: with gathered_a, and without it,
-      // where their own rows never pass through the workspace (the GEMM and
-      // the pushes read A; fused_ce only where the shard starts on a tile row,
-      // here M = 1024 and 2048, not 1000).
+        return act;
+      };
+      // Two A matrices: the runs with gathered_a use the first (and leave it
+      // in the workspace's own rows); the runs without it use the second, so
+      // a GEMM that read its own rows from the stale workspace instead of A
+      // itself (decomposition, fused_ce where the shard starts on a tile row:
+      // here M = 1024 and 2048, not 1000) would fail.
+      const Mat a = random_mat(sh.m, sh.k, seed, t), a2 = random_mat(sh.m, sh.k, seed + 7919, t);
+      auto da = upload(a, s.lo(rank), m_local, sh.k, t), da2 = upload(a2, s.lo(rank), m_local, sh.k, t);
+      const std::vector<double> ref_a = reference(a), ref_a2 = reference(a2);
       const std::pair<Strategy, bool> runs[] = {
-          {Strategy::sequential, true}, {Strategy::decomposition, true}, {Strategy::decomposition, false},
-          {Strategy::fused_ce, true},   {Strategy::fused_ce, false},     {Strategy::fused_sm, true}};
+          {Strategy::sequential, true}, {Strategy::decomposition, true}, {Strategy::fused_ce, true},
+          {Strategy::fused_sm, true},   {Strategy::decomposition, false}, {Strategy::fused_ce, false}};
       for (const auto& [st, want_gathered] : runs) {
+        const std::vector<double>& ref = want_gathered ? ref_a : ref_a2;
         AgGemmArgs g;
-        g.a = da->p;
+        g.a = want_gathered ? da->p : da2->p;
         g.b = db->p;
         g.d = dd.p;
         g.m = sh.m;
@@ -224,7 +228,8 @@ TEST_P(OpsTp, AgGemmAllStrategiesMatchReference) {
         TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
         const double err = tessera::testing::relative_error(download(dd.p, sh.m, n_out, ldd, t), ref);
         EXPECT_LT(err, t == DType::bf16 ? 2e-2 : 5e-3)
-            << strategy_name(st) << " M " << sh.m << " N " << sh.n << " K " << sh.k << " swiglu " << swiglu;
+            << strategy_name(st) << " M " << sh.m << " N " << sh.n << " K " << sh.k << " swiglu " << swiglu
+            << " gathered_a " << want_gathered;
         if (want_gathered)
           EXPECT_EQ(tessera::testing::relative_error(download(dg.p, sh.m, sh.k, sh.k, t), a.v), 0.0)
               << strategy_name(st);

@@ -43,6 +43,8 @@ const char* tessera_last_error(void);
  * symmetric heap on `device` (-1: local_rank). */
 int tessera_session_create(int rank, int world, int local_rank, int local_world, int device, const char* master_addr,
                            int master_port, tessera_session** out);
+/* Collective (every rank must call it): waits for the device to finish its
+ * queued work, then frees the session. */
 void tessera_session_destroy(tessera_session* s);
 /* cudaStream_t the operators are queued on. */
 void* tessera_session_stream(tessera_session* s);
