@@ -62,15 +62,15 @@ step_comm() {
   note "bench comm rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-comm.log" | tail -30 | tee -a "$summary"
 }
 
-step_gemm() {
-  timeout "${GEMM_TIMEOUT:-300}" "$bin" bench gemm ${GEMM_ARGS:-} >"$out/bench-gemm.log" 2>&1
-  note "bench gemm rc=$?"; tail -25 "$out/bench-gemm.log" | tee -a "$summary"
+# bench gemm into log $1 with extra options $2...
+run_bench_gemm() {
+  local log="$1"; shift
+  timeout "${GEMM_TIMEOUT:-300}" "$bin" bench gemm "$@" ${GEMM_ARGS:-} >"$out/$log" 2>&1
+  note "bench gemm $* rc=$?"; tail -25 "$out/$log" | tee -a "$summary"
 }
+step_gemm() { run_bench_gemm bench-gemm.log; }
 # The same at boost clocks: every run after a drain and GEMM_GAP_MS (5) idle.
-step_gemmgap() {
-  timeout "${GEMM_TIMEOUT:-300}" "$bin" bench gemm --gap-ms "${GEMM_GAP_MS:-5}" ${GEMM_ARGS:-} >"$out/bench-gemm-gap.log" 2>&1
-  note "bench gemm --gap-ms ${GEMM_GAP_MS:-5} rc=$?"; tail -25 "$out/bench-gemm-gap.log" | tee -a "$summary"
-}
+step_gemmgap() { run_bench_gemm bench-gemm-gap.log --gap-ms "${GEMM_GAP_MS:-5}"; }
 
 step_mlp() {
   timeout "${MLP_TIMEOUT:-240}" "$bin" run -n "$ngpu" -- "$bin" bench mlp --shapes ${MLP_SHAPES:-1,2,3,4,5,6} ${MLP_ARGS:-} \

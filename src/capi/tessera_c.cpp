@@ -57,32 +57,13 @@ void need(const tessera_session* s, const char* fn) {
 
 tessera::ops::AgGemmArgs ag_args(const void* a, const void* b, void* d, int64_t m, int64_t m_local, int64_t n,
                                  int64_t k, int64_t ldd, int dtype, int swiglu) {
-  tessera::ops::AgGemmArgs x;
-  x.a = a;
-  x.b = b;
-  x.d = d;
-  x.m = m;
-  x.m_local = m_local;
-  x.n = n;
-  x.k = k;
-  x.ldd = ldd;
-  x.dtype = dtype_of(dtype);
-  x.swiglu = swiglu != 0;
-  return x;
+  return {.a = a, .b = b, .d = d, .m = m, .m_local = m_local, .n = n, .k = k, .ldd = ldd, .dtype = dtype_of(dtype),
+          .swiglu = swiglu != 0};
 }
 
 tessera::ops::GemmRsArgs rs_args(const void* a, const void* b, void* d, int64_t m, int64_t m_local, int64_t n,
                                  int64_t k, int dtype) {
-  tessera::ops::GemmRsArgs x;
-  x.a = a;
-  x.b = b;
-  x.d = d;
-  x.m = m;
-  x.m_local = m_local;
-  x.n = n;
-  x.k = k;
-  x.dtype = dtype_of(dtype);
-  return x;
+  return {.a = a, .b = b, .d = d, .m = m, .m_local = m_local, .n = n, .k = k, .dtype = dtype_of(dtype)};
 }
 
 }  // namespace
@@ -156,16 +137,8 @@ int tessera_mlp(tessera_session* s, const void* x, const void* w_gate_up, const 
                 int64_t m_local, int64_t h, int64_t i_local, int dtype, int ag_strategy, int rs_strategy) {
   return guarded("tessera_mlp", [&] {
     need(s, "tessera_mlp");
-    tessera::ops::MlpArgs a;
-    a.x = x;
-    a.w_gate_up = w_gate_up;
-    a.w_down = w_down;
-    a.out = out;
-    a.m = m;
-    a.m_local = m_local;
-    a.h = h;
-    a.i_local = i_local;
-    a.dtype = dtype_of(dtype);
+    const tessera::ops::MlpArgs a{.x = x, .w_gate_up = w_gate_up, .w_down = w_down, .out = out, .m = m,
+                                  .m_local = m_local, .h = h, .i_local = i_local, .dtype = dtype_of(dtype)};
     tessera::ops::mlp(*s->ctx, a, options_of(s, ag_strategy), options_of(s, rs_strategy));
   });
 }

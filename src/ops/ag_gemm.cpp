@@ -120,7 +120,7 @@ void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOp
   static const bool local_a_on = env::find_int("TESSERA_AG_LOCAL_A", 0, 1).value_or(1) != 0;
   const bool from_input =
       lda == a.k && (s == Strategy::decomposition ||
-                     (s == Strategy::fused_ce && local_a_on && plan.shards.per_rank % detail::kAgTileM == 0));
+                     (s == Strategy::fused_ce && local_a_on && detail::ag_local_rows_on_tiles(lo, a.m_local, a.m)));
   auto copy_in = [&] {
     detail::launch_copy_rows(ws + lo * row_bytes, row_bytes, a.a, lda * es, row_bytes, a.m_local, st);
   };

@@ -52,6 +52,11 @@ struct AgGemmLaunch {
   int max_ctas = 0;
 };
 void launch_ag_gemm(const AgGemmLaunch& p, cudaStream_t s);
+/// Whether own rows [lo, lo + rows) of M can be read in place (AgGemmLaunch::local):
+/// they start on a tile row and end on one or at M, so no tile straddles A and the workspace.
+inline bool ag_local_rows_on_tiles(std::int64_t lo, std::int64_t rows, std::int64_t m) {
+  return lo % kAgTileM == 0 && (rows % kAgTileM == 0 || lo + rows == m);
+}
 
 /// Fused GEMM+RS: partial = A · Bᵀ; each row goes to its owner's receive
 /// slab row block [rank][...]; tile_done adds 1 to counter[tile_m] on each owner.

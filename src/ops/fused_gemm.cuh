@@ -45,13 +45,13 @@ void ag_gemm_typed(const AgGemmLaunch& p, cudaStream_t s) {
   pro.timeout_ns = runtime::wait_timeout_ns();
   pro.diag = kernels::wait_diagnostics();
   if (p.local && p.local_rows > 0) {
-    if (p.local_lo % kAgTileM != 0 || (p.local_rows % kAgTileM != 0 && p.local_lo + p.local_rows != p.m))
+    if (!ag_local_rows_on_tiles(p.local_lo, p.local_rows, p.m))
       kernels::detail::fail("ag_gemm: the own shard read in place must start on a tile row and end on one or at M");
     kernels::GemmArgs l = g;
     l.a = p.local;
     l.m = p.local_rows;
     l.lda = p.local_lda;
-    kernels::detail::make_tma_a(l, kernels::tile_shape(kAgTile).bm, &pro.local_a);
+    kernels::detail::make_tma_a(l, kAgTileM, &pro.local_a);
     pro.local_lo = p.local_lo;
     pro.local_hi = p.local_lo + p.local_rows;
   }

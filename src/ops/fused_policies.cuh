@@ -63,10 +63,10 @@ struct AgPrologue {
   std::int64_t local_lo = 0, local_hi = 0;  // own rows in gathered coordinates; empty: off
   CUtensorMap local_a;  // the own shard [m_local, K] in the caller's A (same box and swizzle)
 
-  __device__ __forceinline__ void a_source(int row0, const CUtensorMap*& m, int& row) const {
-    if (row0 >= local_lo && row0 < local_hi) {
+  __device__ __forceinline__ void a_source(const CUtensorMap*& m, int& row) const {
+    if (row >= local_lo && row < local_hi) {
       m = &local_a;
-      row = static_cast<int>(row0 - local_lo);
+      row = static_cast<int>(row - local_lo);
     }
   }
 

@@ -105,8 +105,8 @@ TEST(PredictiveSearch, WithAGemmPenaltyTheDynamicProgramIsStillTheExhaustiveOpti
   });
 }
 
-TEST(PredictiveSearch, GemmPenaltyDelaysEveryLaterGroup) {
-  // 3 waves of 10 us; each group's comm 5 us; overhead 1 us; penalty 2 us.
+/// 3 waves of 10 us; each group's comm 5 us; overhead 1 us; penalty 2 us.
+OverlapCost three_waves_with_penalty() {
   OverlapCost c;
   c.overlapped = WaveTimes::uniform(3, 10e-6);
   c.sequential_gemm = 28e-6;
@@ -114,6 +114,11 @@ TEST(PredictiveSearch, GemmPenaltyDelaysEveryLaterGroup) {
   c.per_group_overhead = 1e-6;
   c.gemm_penalty_per_group = 2e-6;
   c.group_comm = [](int, int) { return 5e-6; };
+  return c;
+}
+
+TEST(PredictiveSearch, GemmPenaltyDelaysEveryLaterGroup) {
+  OverlapCost c = three_waves_with_penalty();
   const PredictiveSearch ps(c);
   // [1,1,1]: g0 ready 10, ends 16; g1 ready 20 + 2 = 22, ends 28; g2 ready 30 + 4 = 34, ends 40.
   EXPECT_NEAR(ps.predict({1, 1, 1}), 40e-6, 1e-12);
@@ -382,13 +387,7 @@ TEST(PredictiveSearch, TopKOnLargeShapesIsSortedDistinctAndHeadedByTheOptimum) {
 TEST(PredictiveSearch, TopKByHand) {
   // The example of GemmPenaltyDelaysEveryLaterGroup: [3] 36 us, [2,1] and
   // [1,2] 38 us, [1,1,1] 40 us.
-  OverlapCost c;
-  c.overlapped = WaveTimes::uniform(3, 10e-6);
-  c.sequential_gemm = 28e-6;
-  c.comm_all = 12e-6;
-  c.per_group_overhead = 1e-6;
-  c.gemm_penalty_per_group = 2e-6;
-  c.group_comm = [](int, int) { return 5e-6; };
+  const OverlapCost c = three_waves_with_penalty();
   const PredictiveSearch ps(c);
   EXPECT_NEAR(ps.predict({1, 2}), 38e-6, 1e-12);
   const auto top = ps.top_overlapped(10);  // only 4 partitions exist

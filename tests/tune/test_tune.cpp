@@ -59,6 +59,14 @@ MachineProfile sample_profile() {
   return p;
 }
 
+/// Stores `p` in a fresh cache under `dir` and loads it back through another
+/// Cache object (as a later process would).
+std::optional<MachineProfile> store_and_reload(const MachineProfile& p, const fs::path& dir) {
+  Cache c("machine_profile", MachineProfile::kCacheVersion, dir);
+  p.store(c);
+  return MachineProfile::load(Cache("machine_profile", MachineProfile::kCacheVersion, dir), p.machine, DType::bf16);
+}
+
 }  // namespace
 
 TEST(Cache, RoundTripAcrossInstancesAndAtomicWrite) {
@@ -166,10 +174,8 @@ TEST(BandwidthCurve, InterpolatesLogLinearlyAndIsMonotone) {
 TEST(MachineProfile, JsonAndCacheRoundTrip) {
   TempDir dir;
   const MachineProfile p = sample_profile();
+  const auto q = store_and_reload(p, dir.path());
   Cache c("machine_profile", MachineProfile::kCacheVersion, dir.path());
-  p.store(c);
-  const auto q = MachineProfile::load(Cache("machine_profile", MachineProfile::kCacheVersion, dir.path()), p.machine,
-                                      DType::bf16);
   ASSERT_TRUE(q.has_value());
   EXPECT_EQ(nlohmann::json(*q), nlohmann::json(p));
   EXPECT_DOUBLE_EQ(q->curve(Collective::AllReduce).time(3e6), p.curve(Collective::AllReduce).time(3e6));
@@ -368,10 +374,8 @@ TEST(MachineProfile, FormatTwoRoundTripsAndFormatOneLoads) {
   MachineProfile p = sample_profile();
   p.comm_slowdown_beside_gemm = 0.25;
   p.no_overlap_curves[Collective::AllReduce] = scaled(p.curve(Collective::AllReduce), 0.8);
+  const auto q = store_and_reload(p, dir.path());
   Cache c("machine_profile", MachineProfile::kCacheVersion, dir.path());
-  p.store(c);
-  const auto q = MachineProfile::load(Cache("machine_profile", MachineProfile::kCacheVersion, dir.path()), p.machine,
-                                      DType::bf16);
   ASSERT_TRUE(q.has_value());
   EXPECT_EQ(nlohmann::json(*q), nlohmann::json(p));
   EXPECT_EQ(nlohmann::json(*q).at("format").get<int>(), MachineProfile::kFormatVersion);

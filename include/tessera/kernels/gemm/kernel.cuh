@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const TileCoord t = walk.at(p.scheduler, pos);
         const CUtensorMap* map_a = &tma_a;
         int row_a = t.m * Cfg::BM;
-        prologue_a_source(p.prologue, t.m * Cfg::BM, map_a, row_a);  // e.g. the own shard read in place
+        prologue_a_source(p.prologue, map_a, row_a);  // e.g. the own shard read in place
         produce_tile<Cfg, InT, kTransB>(sm, map_a, &tma_b, row_a, t.n * Cfg::BN, k_blocks, stage, phase, walk.rank);
       }
       if constexpr (Cfg::kClusterM > 1) {

@@ -26,9 +26,9 @@
 // register budget (setmaxnreg kProducerRegs = 40): keep it small.
 //
 // A prologue may also redirect a tile's A loads (optional):
-//   __device__ void a_source(int row0, const CUtensorMap*& map, int& row) const;
-// called by the TMA thread before tile row0's loads with map = the kernel's
-// A descriptor and row = row0; it may point them at another descriptor
+//   __device__ void a_source(const CUtensorMap*& map, int& row) const;
+// called by the TMA thread before a tile's loads with map = the kernel's A
+// descriptor and row = the tile's first row; it may point them at another descriptor
 // (which must live in the __grid_constant__ kernel parameters, e.g. as a
 // member of the prologue itself) and row coordinate. The ops' AgPrologue
 // uses it to read the rank's own shard from the caller's A instead of a copy
@@ -97,13 +97,13 @@ template <class P, class = void>
 struct HasASource : std::false_type {};
 template <class P>
 struct HasASource<P, std::void_t<decltype(std::declval<const P&>().a_source(
-                         0, std::declval<const CUtensorMap*&>(), std::declval<int&>()))>> : std::true_type {};
+                         std::declval<const CUtensorMap*&>(), std::declval<int&>()))>> : std::true_type {};
 
-/// Lets P redirect tile row0's A loads (see the concept above); a no-op for
+/// Lets P redirect a tile's A loads (see the concept above); a no-op for
 /// prologues without a_source.
 template <class P>
-__device__ __forceinline__ void prologue_a_source(const P& p, int row0, const CUtensorMap*& map, int& row) {
-  if constexpr (HasASource<P>::value) p.a_source(row0, map, row);
+__device__ __forceinline__ void prologue_a_source(const P& p, const CUtensorMap*& map, int& row) {
+  if constexpr (HasASource<P>::value) p.a_source(map, row);
 }
 
 /// The producer's per-launch state of Prologue P (an empty struct if P has none).
