@@ -72,6 +72,9 @@ struct Options {
   bool lead = true;   // a lead GEMM queued before every timed run
   int channels = 4, comm_ctas = 16;
   bool variants = true;
+  /// Rows "fused_ce kernel only": the fused_ce kernel with no communication
+  /// (OpOptions::diag_kernel_only), i.e. the kernel's own cost beside the engine.
+  bool kernel_only = true;
   std::string markdown;
 };
 
@@ -211,6 +214,15 @@ void run(const Options& o) {
       }
       // Strategy::automatic: the tuner decides on the first (warm-up) call.
       timer.add(&r.tes, [&, gated] { ops::ag_gemm(ctx, ag_args(next(), gated, agout.p), ag_base); });
+      if (o.kernel_only) {
+        // After the fused_ce body above in every round of the interleaved
+        // loop, so the epoch it replays is always stored.
+        ops::OpOptions op = ag_base;
+        op.strategy = Strategy::fused_ce;
+        op.diag_kernel_only = true;
+        variant(gated ? "AG+GEMM gated" : "AG+GEMM", "fused_ce kernel only (no comm)",
+                [&, op, gated] { ops::ag_gemm(ctx, ag_args(next(), gated, agout.p), op); });
+      }
       if (o.variants) {
         const char* part_name = gated ? "AG+GEMM gated" : "AG+GEMM";
         for (int ch : {1, 8}) {
@@ -276,6 +288,11 @@ void run(const Options& o) {
       if (rs_ce_ok) {
         op.strategy = Strategy::fused_ce;
         timer.add(&rs_ce, rs_call(op));
+        if (o.kernel_only) {
+          op.diag_kernel_only = true;
+          variant("GEMM+RS", "fused_ce kernel only (no comm)", rs_call(op));
+          op.diag_kernel_only = false;
+        }
         op.strategy = Strategy::fused_sm;
       }
       op.rs_reduce = ops::RsReduce::kernel;
@@ -388,12 +405,13 @@ void run(const Options& o) {
                                                      o.gap_ms > 0 ? fmt::format(", {} ms idle before", o.gap_ms)
                                                                   : std::string()));
     fmt::print("tessera {}\n{}", head, table.str());
-    if (o.variants) fmt::print("\nfused variants:\n{}", var.str());
+    const bool var_table = o.variants || o.kernel_only;
+    if (var_table) fmt::print("\nfused variants:\n{}", var.str());
     if (!o.markdown.empty()) {
       std::ofstream f(o.markdown, std::ios::app);
       TESSERA_CHECK(f.good(), "bench mlp: cannot open {}", o.markdown);
       f << "\n### " << head << "\n\n" << table.markdown() << "\n";
-      if (o.variants) f << "\nFused variants (A/B of OpOptions):\n\n" << var.markdown() << "\n";
+      if (var_table) f << "\nFused variants (A/B of OpOptions):\n\n" << var.markdown() << "\n";
     }
   }
 }
@@ -419,6 +437,9 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   cmd->add_option("--channels", opts->channels, "AG channels per shard")->check(CLI::Range(1, 32));
   cmd->add_option("--comm-ctas", opts->comm_ctas, "CTAs for SM pushes / reductions")->check(CLI::Range(1, 64));
   cmd->add_flag("--variants,!--no-variants", opts->variants, "print the fused-variant A/B table (--no-variants: skip it)");
+  cmd->add_flag("--kernel-only,!--no-kernel-only", opts->kernel_only,
+                "time the fused_ce kernels without their communication (OpOptions::diag_kernel_only; rows in the "
+                "variant table; default on)");
   cmd->add_option("--markdown", opts->markdown, "append the tables (markdown) to this file");
   cmd->callback([opts] { run(*opts); });
 });

@@ -164,6 +164,9 @@ struct Options {
   int warmup = 3;
   int exh_reps = 5;
   int exh_max_waves = 9;
+  /// Re-time the sweep's best against the choices head to head (row fields h2h_*).
+  bool exh_confirm = true;
+  int exh_confirm_reps = 20;
   double exh_cap_s = 2.0;
   double budget_s = 200;
   /// GEMM penalty per group (µs) for the model; < 0: learn it from the shapes
@@ -493,6 +496,12 @@ struct Row {
   double exh_best_ms = 0, exh_searched_ms = 0;  ///< the predictive choice in the sweep
   double exh_verified_ms = 0;                    ///< the verified (top-k) choice in the sweep
   double exh_verified1_ms = 0;                   ///< the top-1 verified choice in the sweep
+  std::vector<int> exh_best_waves;               ///< the sweep's best partition (empty: no overlap)
+  // Head to head (--exhaustive-confirm): the sweep's best, the predictive,
+  // verified and top-1 verified choices re-timed in one interleaved loop
+  // (ms; 0 = not run). The sweep's minimum over 2^(W-1) noisy medians is
+  // biased low (the winner's curse), so these are the fair comparison.
+  double h2h_exh_ms = 0, h2h_searched_ms = 0, h2h_verified_ms = 0, h2h_verified1_ms = 0;
   double seconds = 0;
   tune::GemmTiming timing;  ///< for the stored machine profile
   tune::SignalQuery query;  ///< this shape as the library's tuner sees it
@@ -893,11 +902,46 @@ Row measure(Problem& P, const tune::MachineProfile& model, signal::WaitMode mode
       ++row.exh_count;
       if (groups == searched.waves_per_group) row.exh_searched_ms = row.exh_verified1_ms = t;
       if (groups == row.verified_waves) row.exh_verified_ms = t;
-      if (t < row.exh_best_ms) { row.exh_best_ms = t; row.exh_best = plan.str(); }
+      if (t < row.exh_best_ms) {
+        row.exh_best_ms = t;
+        row.exh_best = plan.str();
+        row.exh_best_waves = groups;
+      }
     }
     if (!row.overlap) row.exh_searched_ms = row.seq;  // the predictive choice was "no overlap"
     if (!row.verified_overlap) row.exh_verified_ms = row.seq;
     if (!row.verified1_overlap) row.exh_verified1_ms = row.seq;
+    if (o.exh_confirm) {
+      // Every distinct partition among {sweep's best, searched, verified} and
+      // non-overlap, interleaved with equal warm-up and repetitions; each
+      // choice then reads its partition's median (or non-overlap's).
+      std::vector<std::vector<int>> parts;
+      const auto index_of = [&](const std::vector<int>& w) -> int {
+        if (w.empty()) return -1;  // no overlap
+        for (std::size_t i = 0; i < parts.size(); ++i)
+          if (parts[i] == w) return static_cast<int>(i);
+        parts.push_back(w);
+        return static_cast<int>(parts.size()) - 1;
+      };
+      const int i_exh = index_of(row.exh_best_waves);
+      const int i_searched = index_of(row.overlap ? searched.waves_per_group : std::vector<int>{});
+      const int i_verified = index_of(row.verified_overlap ? row.verified_waves : std::vector<int>{});
+      const int i_verified1 = index_of(row.verified1_overlap ? searched.waves_per_group : std::vector<int>{});
+      std::vector<std::unique_ptr<OverlapRun>> runs;
+      std::vector<Timed> bodies{{non_overlap, name + ": non-overlap (head to head)", {}, nullptr}};
+      for (const auto& w : parts) {
+        runs.push_back(std::make_unique<OverlapRun>(P, wm, signal::GroupPlan(wm, w), mode, buf.p, recv.p));
+        OverlapRun* r = runs.back().get();
+        bodies.push_back({[r] { r->body(); }, r->what(), [r] { r->stuck(); }, nullptr});
+      }
+      const std::vector<TimedResult> t = timed_interleaved(pg, cs, bodies, W, o.exh_confirm_reps);
+      for (auto& r : runs) r->finish();
+      const auto ms_of = [&](int i) { return t[static_cast<std::size_t>(i + 1)].ms; };  // -1 -> non-overlap
+      row.h2h_exh_ms = ms_of(i_exh);
+      row.h2h_searched_ms = ms_of(i_searched);
+      row.h2h_verified_ms = ms_of(i_verified);
+      row.h2h_verified1_ms = ms_of(i_verified1);
+    }
   }
   // Seed §6.4 bound from the measured standalone times.
   const signal::WaveModel full = wm.with_sms(pg.sm_count());
@@ -960,7 +1004,7 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
   Table table({"shape", "M", "N", "K", "waves", "predicted choice", "pred. speedup", "verified", "top-1 verified",
                "pick", "GEMM", "comm", "non-overlap", "decomp", "tessera", "speedup", "bound", "of bound",
                "searched overlap", "predicted", "pred err %", "exhaustive best", "searched/exh", "verified/exh",
-               "top-1 verified/exh", "rel err"});
+               "top-1 verified/exh", "h2h searched/exh", "h2h verified/exh", "h2h top-1/exh", "rel err"});
   // Every measured top-k candidate (same interleaved loop as non-overlap).
   Table cand_table({"shape", "M", "N", "K", "#", "partition", "predicted", "measured", "pred err %", "vs #1 pred %",
                     "vs #1 meas %", "vs non-overlap"});
@@ -972,6 +1016,7 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
   double err_sum = 0, err_all_sum = 0, seq_err_sum = 0, seq_err_signed_sum = 0, comm_curve_err_sum = 0;
   int err_n = 0, err_all_n = 0, slower = 0, slower_pred = 0, exh_n = 0, exh_ok = 0, exh_ok_verified = 0, done = 0;
   int exh_ok_verified1 = 0;      // the top-1 verified choice >= 99 % of exhaustive
+  int h2h_n = 0, h2h_ok = 0, h2h_ok_verified = 0, h2h_ok_verified1 = 0;  // the same, head to head
   int topk_changed = 0;          // the top-k verified choice differs from the top-1 one
   int topk_changed_on = 0;       // ... of which top-1 said no overlap
   int topk_changed_off = 0;      // ... of which top-1 overlapped and top-k does not (never: its fastest is faster)
@@ -1084,6 +1129,15 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
         exh_ok_verified1 += exh_ratio_v1 >= 0.99;
       }
     }
+    const auto h2h = [&](double choice_ms) { return r.h2h_exh_ms > 0 && choice_ms > 0 ? r.h2h_exh_ms / choice_ms : 0.0; };
+    const double h2h_s = h2h(r.h2h_searched_ms), h2h_v = h2h(r.h2h_verified_ms), h2h_v1 = h2h(r.h2h_verified1_ms);
+    if (r.exhaustive && r.h2h_exh_ms > 0) {
+      ++h2h_n;
+      h2h_ok += h2h_s >= 0.99;
+      h2h_ok_verified += h2h_v >= 0.99;
+      h2h_ok_verified1 += h2h_v1 >= 0.99;
+    }
+    const auto pct = [&](double x) { return r.exhaustive && x > 0 ? fmt::format("{:.1f}%", x * 100) : std::string("-"); };
     table.add({s.label.empty() ? "-" : s.label, std::to_string(s.m), std::to_string(s.n), std::to_string(s.k),
                std::to_string(r.waves), r.choice, fmt::format("{:.3f}", r.seq / r.predictive), r.verified, verified1,
                fmt::format("#{} of {}{}", r.fastest + 1, r.cand_waves.size(), changed ? " (changed)" : ""),
@@ -1094,8 +1148,8 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
                r.exhaustive ? fmt::format("{} {} ({} meas.)", f3(r.exh_best_ms), r.exh_best, r.exh_count) : "-",
                r.exhaustive ? fmt::format("{:.1f}%", exh_ratio * 100) : "-",
                r.exhaustive && exh_ratio_v > 0 ? fmt::format("{:.1f}%", exh_ratio_v * 100) : "-",
-               r.exhaustive && exh_ratio_v1 > 0 ? fmt::format("{:.1f}%", exh_ratio_v1 * 100) : "-",
-               fmt::format("{:.1e}", r.rel_err)});
+               r.exhaustive && exh_ratio_v1 > 0 ? fmt::format("{:.1f}%", exh_ratio_v1 * 100) : "-", pct(h2h_s),
+               pct(h2h_v), pct(h2h_v1), fmt::format("{:.1e}", r.rel_err)});
     const int groups = static_cast<int>(std::count(r.searched.begin(), r.searched.end(), ',')) + 1;
     diag.add({s.label.empty() ? "-" : s.label, std::to_string(s.m), std::to_string(s.n), std::to_string(s.k),
               std::to_string(groups), f3(r.engine_plain), f3(r.engine_epi),
@@ -1138,7 +1192,8 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
       "(> 0.5%): predictive choice on {} of {}, verified choice on {} of {} (verdict margin {:.1f}%: {} predicted "
       "overlaps dropped, {} rejected partitions kept); mean speedup predictive {:.3f}, verified {:.3f}; searched "
       ">= 99% of exhaustive (measured, shapes with <= {} waves and <= {} s of sweep) on {} of {} (verified top-{} "
-      "choice: {} of {}; verified top-1 choice: {} of {}); top-{} refinement: the fastest measured candidate was "
+      "choice: {} of {}; verified top-1 choice: {} of {}; head to head, the sweep's best re-timed interleaved with "
+      "the choices ({} reps): searched {} of {}, verified {} of {}, top-1 verified {} of {}); top-{} refinement: the fastest measured candidate was "
       "not the searched one on {} of {} shapes, the verified choice changed on {} ({} from no overlap to an "
       "overlap, {} to no overlap), top-1 verified choice slower than non-overlap on {}, mean verified speedup "
       "top-1 {:.3f}, predictor error over every candidate {:.2f}% mean ({} runs); model: comm beside the GEMM "
@@ -1148,6 +1203,7 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
       err_all_n ? err_all_sum / err_all_n : 0.0, slower_pred, done, slower, done, o.verdict_margin_pct,
       flipped_off, flipped_on, done ? speedup_pred_sum / done : 0.0, done ? speedup_sum / done : 0.0,
       o.exh_max_waves, o.exh_cap_s, exh_ok, exh_n, o.top_k, exh_ok_verified, exh_n, exh_ok_verified1, exh_n,
+      o.exh_confirm_reps, h2h_ok, h2h_n, h2h_ok_verified, h2h_n, h2h_ok_verified1, h2h_n,
       o.top_k, topk_not_first, done, topk_changed, topk_changed_on, topk_changed_off, slower1,
       done ? speedup1_sum / done : 0.0, cand_err_n ? cand_err_sum / cand_err_n : 0.0, cand_err_n,
       o.comm_slowdown_pct,
@@ -1393,6 +1449,11 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   cmd->add_option("--reps", opts->reps, "timed repetitions (median)")->check(CLI::Range(1, 100000));
   cmd->add_option("--warmup", opts->warmup, "warm-up repetitions")->check(CLI::Range(0, 100000));
   cmd->add_option("--exhaustive-reps", opts->exh_reps, "repetitions per partition of the measured exhaustive search")
+      ->check(CLI::Range(1, 100000));
+  cmd->add_flag("--exhaustive-confirm,!--no-exhaustive-confirm", opts->exh_confirm,
+                "re-time the sweep's best partition head to head with the searched and verified choices, "
+                "interleaved (the sweep's minimum is biased low; columns 'h2h ...'; default on)");
+  cmd->add_option("--exhaustive-confirm-reps", opts->exh_confirm_reps, "repetitions of the head-to-head re-timing")
       ->check(CLI::Range(1, 100000));
   cmd->add_option("--exhaustive-max-waves", opts->exh_max_waves,
                   "measure every partition on shapes with at most this many waves")

@@ -100,7 +100,18 @@ void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOp
   const AgPlan plan = plan_ag(a.m, R, rank, s == Strategy::decomposition ? 1 : o.channels, detail::kAgTileM);
   const std::int64_t per_rank = plan.shards.per_rank;
   c.ensure_ag_ws(static_cast<std::size_t>(R * per_rank * row_bytes));
-  const std::uint64_t e = ++c.ag_epoch;
+  // diag_kernel_only (fused_ce): the previous epoch, whose flags every peer
+  // already stored, and no communication at all (tp_mlp.hpp).
+  const bool kernel_only = o.diag_kernel_only;
+  TESSERA_CHECK(!kernel_only || (s == Strategy::fused_ce && c.ag_ce_epoch > 0 && c.ag_ce_channels == plan.channels),
+                "ag_gemm: diag_kernel_only needs strategy fused_ce after a normal fused_ce call with the same "
+                "channels (strategy {}, last fused_ce epoch {}, channels {} vs {})",
+                strategy_name(s), c.ag_ce_epoch, plan.channels, c.ag_ce_channels);
+  const std::uint64_t e = kernel_only ? c.ag_ce_epoch : ++c.ag_epoch;
+  if (s == Strategy::fused_ce && !kernel_only) {
+    c.ag_ce_epoch = e;
+    c.ag_ce_channels = plan.channels;
+  }
   const std::int64_t lo = plan.shards.lo(rank);
   const std::int64_t n_out = a.swiglu ? a.n / 2 : a.n;
   const std::int64_t ldd = a.ldd ? a.ldd : n_out;
@@ -156,7 +167,7 @@ void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOp
       TESSERA_CUDA_CHECK(cudaStreamWaitEvent(c.comm(), c.ev_ready, 0));
       int max_ctas = 0;
       if (s == Strategy::fused_ce) {
-        push_copy_engine(c, plan, my_src, row_bytes, a.m_local, e);
+        if (!kernel_only) push_copy_engine(c, plan, my_src, row_bytes, a.m_local, e);
       } else {
         cudaStream_t cs = c.comm();
         detail::PushLaunch p;
@@ -219,7 +230,7 @@ void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOp
     TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_comm_done, c.comm()));
     TESSERA_CUDA_CHECK(cudaStreamWaitEvent(st, c.ev_comm_done, 0));
   }
-  notify_free(c, e);
+  if (!kernel_only) notify_free(c, e);
 }
 
 }  // namespace tessera::ops

@@ -122,6 +122,7 @@ void TpContext::Impl::ensure_rs_bands(int bands) {
   rs_bands.reset();  // collective free, same order on every rank
   rs_bands = std::make_unique<runtime::Signals>(pg, std::max(bands, 64));
   rs_band_total.assign(static_cast<std::size_t>(rs_bands->slots()), 0);
+  rs_ce_epoch = 0;  // the new flags hold no epoch
 }
 
 std::string_view rs_reduce_name(RsReduce r) { return r == RsReduce::kernel ? "kernel" : "epilogue"; }

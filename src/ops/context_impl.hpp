@@ -57,6 +57,10 @@ struct TpContext::Impl {
   LocalBuffer push_done; ///< SM pusher's per-chunk CTA counters (zero between calls)
   std::uint64_t ag_epoch = 0;
   std::uint64_t rs_epoch = 0;
+  /// The last fused_ce call's epoch (0: none since the flags were made) and
+  /// AG channel count: what OpOptions::diag_kernel_only replays.
+  std::uint64_t ag_ce_epoch = 0, rs_ce_epoch = 0;
+  int ag_ce_channels = 0;
   cudaEvent_t ev_ready = nullptr, ev_comm_done = nullptr;
   /// Ring RS's add/push chain: non-blocking, highest priority, so its small
   /// add kernels get SMs as soon as the concurrent GEMM's CTAs retire (a

@@ -70,6 +70,35 @@ void ag_gemm_typed(const AgGemmLaunch& p, cudaStream_t s) {
   }
 }
 
+// fused_ce's GEMM (RsStageEpilogue + RsBandPrologue); kSysFence: the
+// notifier's release scope (fused_policies.cuh).
+template <class T, bool kSysFence>
+void gemm_rs_stage(const GemmRsLaunch& p, const kernels::GemmArgs& g, const kernels::GemmOptions& o,
+                   const kernels::engine::RasterScheduler& sched, cudaStream_t s) {
+  RsStageEpilogue<T, kSysFence> epi;
+  epi.stage = static_cast<T*>(p.stage);
+  epi.recv = static_cast<const T*>(p.recv[p.rank]);
+  epi.band_count = p.band_count;
+  epi.d = static_cast<T*>(p.d);
+  epi.ldd = p.ldd;
+  epi.per_rank = p.per_rank;
+  epi.ld = p.ld_recv;
+  epi.rank = p.rank;
+  epi.world = p.world;
+  epi.band_rows = p.raster_group;
+  RsBandPrologue pro;
+  pro.flags = p.band_flags;
+  pro.flag_stride = p.flag_stride;
+  pro.per_rank = p.per_rank;
+  pro.rank = p.rank;
+  pro.world = p.world;
+  pro.band_rows = p.raster_group;
+  pro.epoch = p.epoch;
+  pro.timeout_ns = runtime::wait_timeout_ns();
+  pro.diag = kernels::wait_diagnostics();
+  kernels::gemm_with_tile_overlap<kRsTile, T, kernels::BLayout::NK>(g, o, pro, epi, sched, s);
+}
+
 template <class T>
 void gemm_rs_typed(const GemmRsLaunch& p, cudaStream_t s) {
   kernels::GemmArgs g{};
@@ -92,28 +121,10 @@ void gemm_rs_typed(const GemmRsLaunch& p, cudaStream_t s) {
   // Remotely-owned tiles first: start at shard (rank + 1) mod R.
   const kernels::engine::RasterScheduler sched{p.raster_group, false, p.rotate_m};
   if (p.stage_ce) {
-    RsStageEpilogue<T> epi;
-    epi.stage = static_cast<T*>(p.stage);
-    epi.recv = static_cast<const T*>(p.recv[p.rank]);
-    epi.band_count = p.band_count;
-    epi.d = static_cast<T*>(p.d);
-    epi.ldd = p.ldd;
-    epi.per_rank = p.per_rank;
-    epi.ld = p.ld_recv;
-    epi.rank = p.rank;
-    epi.world = p.world;
-    epi.band_rows = p.raster_group;
-    RsBandPrologue pro;
-    pro.flags = p.band_flags;
-    pro.flag_stride = p.flag_stride;
-    pro.per_rank = p.per_rank;
-    pro.rank = p.rank;
-    pro.world = p.world;
-    pro.band_rows = p.raster_group;
-    pro.epoch = p.epoch;
-    pro.timeout_ns = runtime::wait_timeout_ns();
-    pro.diag = kernels::wait_diagnostics();
-    kernels::gemm_with_tile_overlap<kRsTile, T, kernels::BLayout::NK>(g, o, pro, epi, sched, s);
+    if (p.stage_sys_fence)
+      gemm_rs_stage<T, true>(p, g, o, sched, s);
+    else
+      gemm_rs_stage<T, false>(p, g, o, sched, s);
     return;
   }
   if (p.owner_epilogue) {
@@ -172,8 +183,11 @@ void preload_typed() {
       cudaFuncGetAttributes(&attr, kernels::engine::gemm_kernel<RsCfg, T, false, RsOwnerPrologue, RsOwnerEpilogue<T>, Sched>),
       "ops: preload RS GEMM (owner epilogue)");
   kernels::detail::cuda_check(
-      cudaFuncGetAttributes(&attr, kernels::engine::gemm_kernel<RsCfg, T, false, RsBandPrologue, RsStageEpilogue<T>, Sched>),
+      cudaFuncGetAttributes(&attr, kernels::engine::gemm_kernel<RsCfg, T, false, RsBandPrologue, RsStageEpilogue<T, false>, Sched>),
       "ops: preload RS GEMM (copy engine)");
+  kernels::detail::cuda_check(
+      cudaFuncGetAttributes(&attr, kernels::engine::gemm_kernel<RsCfg, T, false, RsBandPrologue, RsStageEpilogue<T, true>, Sched>),
+      "ops: preload RS GEMM (copy engine, .sys release)");
 }
 
 }  // namespace tessera::ops::detail

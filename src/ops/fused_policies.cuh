@@ -204,11 +204,18 @@ struct RsOwnerPrologue {
 ///  * o != rank: each 8-wide row segment goes to this rank's LOCAL staging
 ///    slab [o] (plain HBM stores: no NVLink traffic from the SMs);
 ///    tile_done adds 1 to band_count[band] (this rank's own flag row of the
-///    band Signals: red.relaxed.sys after the notifier's fence.acq_rel.sys
-///    over the tile's stores = a release at .sys scope, which the copy
-///    engine's stream wait (cuStreamWaitValue64 >= band tiles) observes
-///    before it reads the band: the host then copies the band into o's
+///    band Signals: red.relaxed after the notifier's fence.acq_rel over the
+///    tile's stores = a release, which this GPU's stream wait
+///    (cuStreamWaitValue64 >= band tiles) observes before this GPU's copy
+///    engine reads the band: the host then copies the band into o's
 ///    receive slab [rank] and rank_notify's epoch into o's band flag).
+///    Scope: kSysFence = false (the default) releases at .gpu scope. Every
+///    observer is an agent of this GPU (its stream front end, then its copy
+///    engine), which reads this GPU's memory through its L2 — the point of
+///    coherence a .gpu release orders the stores at. It is the contract the
+///    signal layer's group counters (FlashOverlap's epilogue) already rely
+///    on with the same stream wait. kSysFence = true (.sys, as first built;
+///    TESSERA_RS_STAGE_FENCE=sys) is kept for the A/B measurement.
 ///  * o == rank: the producer (RsBandPrologue) has waited until every peer's
 ///    band flag >= epoch (the peer's copy of this band landed); the
 ///    consumers add the peers' slab values and their own f32 accumulator in
@@ -218,10 +225,10 @@ struct RsOwnerPrologue {
 ///    (release/acquire.cta) → consumers' ld.global.cg.
 /// Deadlock freedom: as RsOwnerEpilogue (remote bands precede own bands in
 /// every rank's schedule); the copies need no SM.
-template <class OutT>
+template <class OutT, bool kSysFence = false>
 struct RsStageEpilogue {
   static constexpr bool kNotify = true;
-  static constexpr bool kSysScope = true;
+  static constexpr bool kSysScope = kSysFence;
   OutT* stage = nullptr;        ///< local [world][per_rank][ld] staging slabs
   const OutT* recv = nullptr;   ///< this rank's receive slabs [world][per_rank][ld]
   std::uint64_t* band_count = nullptr;  ///< this rank's own band counters (by band)
@@ -259,7 +266,11 @@ struct RsStageEpilogue {
   }
 
   __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {
-    if (static_cast<int>(t.row0 / per_rank) != rank) link::mo::red_add_relaxed_sys(band_count + t.m / band_rows, 1);
+    if (static_cast<int>(t.row0 / per_rank) == rank) return;
+    if constexpr (kSysFence)
+      link::mo::red_add_relaxed_sys(band_count + t.m / band_rows, 1);
+    else
+      link::mo::red_add_relaxed_gpu(band_count + t.m / band_rows, 1);
   }
 };
 

@@ -11,12 +11,14 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <string>
 #include <nccl.h>
 
 #include "context_impl.hpp"
 #include "device_ops.hpp"
 #include "tessera/kernels/gemm.hpp"
 #include "tessera/link/host_primitives.hpp"
+#include "tessera/runtime/env.hpp"
 #include "tessera/runtime/error.hpp"
 
 namespace tessera::ops {
@@ -151,7 +153,7 @@ detail::GemmRsLaunch fused_launch(TpContext::Impl& c, const GemmRsArgs& a, const
 // tiles (computed last) wait for the peers' band flags and add the slabs in
 // the epilogue. No SM does communication; NVLink carries only copy-engine
 // traffic.
-void run_fused_ce(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan) {
+void run_fused_ce(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan, bool kernel_only) {
   const int R = c.pg.world(), rank = c.pg.rank();
   cudaStream_t st = c.pg.stream();
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(a.dtype));
@@ -161,7 +163,12 @@ void run_fused_ce(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan) {
   const int bands = plan.tiles_m / G;
   c.ensure_rs(slab_bytes * R, 1);
   c.ensure_rs_bands(bands);
-  const std::uint64_t e = ++c.rs_epoch;
+  // diag_kernel_only: the last fused_ce epoch, whose band flags every peer
+  // already stored (tp_mlp.hpp), and no copies, flags or kRsFree.
+  TESSERA_CHECK(!kernel_only || c.rs_ce_epoch > 0,
+                "gemm_rs: diag_kernel_only needs a normal fused_ce call of this shape before it");
+  const std::uint64_t e = kernel_only ? c.rs_ce_epoch : ++c.rs_epoch;
+  if (!kernel_only) c.rs_ce_epoch = e;
   unsigned char* stage = static_cast<unsigned char*>(c.staging.ensure(slab_bytes * R, st));
   const runtime::SignalView bv = c.rs_bands->view();
 
@@ -172,6 +179,11 @@ void run_fused_ce(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan) {
   g.ldd = a.ldd ? a.ldd : a.n;
   g.max_ctas = 0;
   g.stage_ce = true;
+  // TESSERA_RS_STAGE_FENCE=sys: the band counters' release at .sys scope,
+  // as first built (an A/B switch; fused_policies.cuh says why .gpu holds).
+  static const std::string fence = env::get("TESSERA_RS_STAGE_FENCE").value_or("gpu");
+  TESSERA_CHECK(fence == "gpu" || fence == "sys", "gemm_rs: TESSERA_RS_STAGE_FENCE must be gpu or sys, not '{}'", fence);
+  g.stage_sys_fence = fence == "sys";
   g.stage = stage;
   g.band_count = bv.flag_from(rank, 0);
   g.band_flags = bv.flag_from(0, 0);
@@ -179,10 +191,20 @@ void run_fused_ce(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan) {
   g.epoch = e;
   detail::launch_gemm_rs(g, st);
 
-  cudaStream_t cs = c.comm();
-  TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, c.ev_ready, 0));
   const std::uint64_t band_tiles = static_cast<std::uint64_t>(G) * plan.tiles_n;
   const std::int64_t band_rows = static_cast<std::int64_t>(G) * plan.tile_m;
+  if (kernel_only) {
+    // The kernel still counts its remote bands' tiles: keep the running
+    // totals the next normal call's copy waits compare against.
+    for (int j = 1; j < R; ++j) {
+      const int owner = (rank + j) % R;
+      const std::int64_t lo = plan.shards.lo(owner), rows = plan.shards.rows(a.m, owner);
+      for (std::int64_t r0 = 0; r0 < rows; r0 += band_rows) c.rs_band_total[static_cast<std::size_t>((lo + r0) / band_rows)] += band_tiles;
+    }
+    return;
+  }
+  cudaStream_t cs = c.comm();
+  TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, c.ev_ready, 0));
   for (int j = 1; j < R; ++j) {  // the schedule's order: owners rank+1, rank+2, ...
     const int owner = (rank + j) % R;
     const std::int64_t lo = plan.shards.lo(owner), rows = plan.shards.rows(a.m, owner);
@@ -212,6 +234,8 @@ void run_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, Strategy s, const OpOp
   TESSERA_CHECK(s == Strategy::sequential || s == Strategy::decomposition || s == Strategy::fused_sm ||
                     s == Strategy::fused_ce || s == Strategy::ring,
                 "gemm_rs: strategy {} cannot run here", strategy_name(s));
+  TESSERA_CHECK(!o.diag_kernel_only || s == Strategy::fused_ce, "gemm_rs: diag_kernel_only needs strategy fused_ce, not {}",
+                strategy_name(s));
   if (s == Strategy::ring) return run_ring(c, a, o);
   const int R = c.pg.world(), rank = c.pg.rank();
   cudaStream_t st = c.pg.stream();
@@ -226,7 +250,7 @@ void run_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, Strategy s, const OpOp
                   "gemm_rs: fused_ce needs each rank's {} rows (ceil(M/R), M = {}) to be a multiple of the {}-row "
                   "tile; use fused_sm or automatic",
                   per_rank, a.m, plan.tile_m);
-    return run_fused_ce(c, a, plan);
+    return run_fused_ce(c, a, plan, o.diag_kernel_only);
   }
   if (s == Strategy::sequential) {
     // Partial [R·per_rank, ldr] (rows past M are never read back), then NCCL.

@@ -418,6 +418,94 @@ TEST_P(OpsTp, GemmRsFusedCeEdgeShapesMatchSequential) {
   }
 }
 
+// OpOptions::diag_kernel_only (bench mlp's cost breakdown) replays the last
+// fused_ce epoch without communication. It must refuse to run before a
+// normal fused_ce call (its waits would never be released), and the calls
+// after it must be exactly as correct as before: the GEMM+RS kernel still
+// counts its remote bands, so the host's running totals must follow.
+TEST_P(OpsTp, FusedCeKernelOnlyLeavesLaterCallsCorrect) {
+  if (skip()) GTEST_SKIP() << "needs >= 2 ranks with a GPU each";
+  auto& pg = group();
+  const DType t = GetParam();
+  const int R = pg.world(), rank = pg.rank();
+  TpContext fresh(pg);  // no epoch stored yet
+  const std::int64_t m = std::int64_t{R} * 64 * 4, n = 320, k = 128;
+  ASSERT_TRUE(rs_tile_row_shards(m, R));
+  const std::uint64_t seed = shared_seed();
+  const std::int64_t m_local = shard_rows(m, R).rows(m, rank);
+  const Mat a = random_mat(m, k, seed + 2 * rank, t);
+  const Mat b = random_mat(n, k, seed + 2 * rank + 1, t, 0.5);
+  auto da = upload(a, 0, m, k, t);
+  auto db = upload(b, 0, n, k, t);
+  auto da_shard = upload(a, shard_rows(m, R).lo(rank), m_local, k, t);
+  // GEMM+RS: A is this rank's [M, K] partial input.
+  GemmRsArgs rs;
+  rs.a = da->p;
+  rs.b = db->p;
+  rs.m = m;
+  rs.m_local = m_local;
+  rs.n = n;
+  rs.k = k;
+  rs.dtype = t;
+  // AG+GEMM: A is this rank's shard of the same matrix.
+  AgGemmArgs ag;
+  ag.a = da_shard->p;
+  ag.b = db->p;
+  ag.m = m;
+  ag.m_local = m_local;
+  ag.n = n;
+  ag.k = k;
+  ag.dtype = t;
+  Dev rs_out[3] = {Dev(static_cast<std::size_t>(m_local * n * 2)), Dev(static_cast<std::size_t>(m_local * n * 2)),
+                   Dev(static_cast<std::size_t>(m_local * n * 2))};
+  Dev ag_out[3] = {Dev(static_cast<std::size_t>(m * n * 2)), Dev(static_cast<std::size_t>(m * n * 2)),
+                   Dev(static_cast<std::size_t>(m * n * 2))};
+  for (auto& d : rs_out) d.poison();
+  for (auto& d : ag_out) d.poison();
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  OpOptions seq, ce, only;
+  seq.strategy = Strategy::sequential;
+  ce.strategy = only.strategy = Strategy::fused_ce;
+  only.diag_kernel_only = true;
+  rs.d = rs_out[2].p;
+  ag.d = ag_out[2].p;
+  EXPECT_THROW(ops::gemm_rs(fresh, rs, only), Error);
+  EXPECT_THROW(ops::ag_gemm(fresh, ag, only), Error);
+  OpOptions only_sm = only;
+  only_sm.strategy = Strategy::fused_sm;
+  EXPECT_THROW(ops::gemm_rs(fresh, rs, only_sm), Error);
+  // sequential, fused_ce, kernel only twice, fused_ce: the last must equal
+  // the first fused_ce bit for bit (same inputs, same summation order).
+  rs.d = rs_out[0].p;
+  ops::gemm_rs(fresh, rs, seq);
+  ag.d = ag_out[0].p;
+  ops::ag_gemm(fresh, ag, seq);
+  rs.d = rs_out[1].p;
+  ops::gemm_rs(fresh, rs, ce);
+  ag.d = ag_out[1].p;
+  ops::ag_gemm(fresh, ag, ce);
+  rs.d = rs_out[2].p;
+  ag.d = ag_out[2].p;
+  for (int i = 0; i < 2; ++i) {
+    ops::gemm_rs(fresh, rs, only);
+    ops::ag_gemm(fresh, ag, only);
+  }
+  rs_out[2].poison();
+  ag_out[2].poison();
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  pg.barrier();
+  ops::gemm_rs(fresh, rs, ce);
+  ops::ag_gemm(fresh, ag, ce);
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
+  const double tol = t == DType::bf16 ? 2e-2 : 5e-3;
+  const auto rs_seq = download(rs_out[0].p, m_local, n, n, t), rs_ce = download(rs_out[1].p, m_local, n, n, t);
+  EXPECT_LT(tessera::testing::relative_error(rs_ce, rs_seq), tol);
+  EXPECT_EQ(download(rs_out[2].p, m_local, n, n, t), rs_ce) << "gemm_rs fused_ce after kernel-only calls";
+  const auto ag_seq = download(ag_out[0].p, m, n, n, t), ag_ce = download(ag_out[1].p, m, n, n, t);
+  EXPECT_LT(tessera::testing::relative_error(ag_ce, ag_seq), tol);
+  EXPECT_EQ(download(ag_out[2].p, m, n, n, t), ag_ce) << "ag_gemm fused_ce after kernel-only calls";
+}
+
 TEST_P(OpsTp, MlpBackToBackMatchesSequential) {
   if (skip()) GTEST_SKIP() << "needs >= 2 ranks with a GPU each";
   auto& pg = group();

@@ -54,9 +54,12 @@ __device__ __forceinline__ void red_add_release_sys(std::uint64_t* p, std::uint6
   asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 /// Relaxed (strong) add: a release only together with a preceding
-/// fence.acq_rel.sys by the same thread (the GEMM notifier's fence).
+/// fence.acq_rel.{sys,gpu} by the same thread (the GEMM notifier's fence).
 __device__ __forceinline__ void red_add_relaxed_sys(std::uint64_t* p, std::uint64_t v) {
   asm volatile("red.relaxed.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void red_add_relaxed_gpu(std::uint64_t* p, std::uint64_t v) {
+  asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
 // ---- 32-bit counters (wave-group counters of the signal layer) -------------

@@ -57,6 +57,13 @@ struct OpOptions {
   int comm_ctas = 16;     ///< fused_sm: CTAs that push; fused RS (kernel): CTAs that reduce
   bool use_cache = true;  ///< automatic: read/write the on-disk choice cache
   RsReduce rs_reduce = RsReduce::epilogue;  ///< fused GEMM+RS only
+  /// Diagnostics only (bench mlp's cost breakdown), fused_ce only: launch the
+  /// fused kernel with no communication — no copies, no flags, and the
+  /// previous call's epoch, whose waits are already satisfied — so its time
+  /// is the kernel's own cost. The output is NOT the operator's result (it
+  /// uses the previous call's remote data). Collective like any call; needs
+  /// one normal fused_ce call of the same operator before it.
+  bool diag_kernel_only = false;
 };
 
 /// Per-call timing of the tuner's candidates (filled when it measured).
