@@ -4,7 +4,9 @@
 Times, at TP = world size R, the same parts as `tessera bench mlp` (and the
 whole layer, SiLU(gate)*up between the halves):
   AG+GEMM        all_gather(x)[S, H] @ W[I/R, H].T  (non-gated, N = I/R: MACHINES.md's GEMM1)
-  AG+GEMM gated  the same with the fused gate/up weight [2I/R, H] (N = 2I/R, GEMM only)
+  AG+GEMM gated  the same with the fused gate/up weight [2I/R, H] (N = 2I/R, GEMM only),
+                 and async-TP + its SiLU(gate)*up kernel: the output Tessera's gated
+                 ag_gemm delivers (SiLU·up fused into its epilogue)
   GEMM+RS        hid[S, I/R] @ Wd[H, I/R].T, reduce-scattered by rows
 each as sequential (all_gather_into_tensor + mm / mm + reduce_scatter_tensor)
 and PyTorch async-TP (torch.ops.symm_mem.fused_all_gather_matmul /
@@ -206,6 +208,15 @@ def main():
             return torch.ops.symm_mem.fused_matmul_reduce_scatter(act(mm[0]), d["wd"].t(), "sum", scatter_dim=0,
                                                                    group_name=group.group_name)
 
+        # The gated part as Tessera's gated ag_gemm delivers it: SiLU(gate)*up
+        # [S, I/R]. async-TP's matmul writes [S, 2I/R] and needs the activation
+        # kernel after it; this column times both.
+        def agg_async_act():
+            d = nxt()
+            _, mm = torch.ops.symm_mem.fused_all_gather_matmul(d["x"], [d["wgu"].t()], gather_dim=0,
+                                                                group_name=group.group_name)
+            return act(mm[0])
+
         def tes_layer():
             d = nxt()
             tes.mlp(d["x"], d["wgu"], d["wd"], out)
@@ -221,9 +232,10 @@ def main():
             tes.gemm_rs(d["hid"], d["wd"], out)
 
         r = {"shape": name}
-        cols = ["gemm", "ag_seq", "ag_async", "agg_seq", "agg_async", "rs_seq", "rs_async", "mlp_seq", "mlp_async"]
-        fns = [gemm_alone, ag_seq(False), ag_async(False), ag_seq(True), ag_async(True), rs_seq, rs_async, layer_seq,
-               layer_async]
+        cols = ["gemm", "ag_seq", "ag_async", "agg_seq", "agg_async", "agg_async_act", "rs_seq", "rs_async", "mlp_seq",
+                "mlp_async"]
+        fns = [gemm_alone, ag_seq(False), ag_async(False), ag_seq(True), ag_async(True), agg_async_act, rs_seq, rs_async,
+               layer_seq, layer_async]
         if tes:
             cols += ["tes_ag", "tes_agg", "tes_rs", "tes_mlp"]
             fns += [tes_ag(False), tes_ag(True), tes_rs, tes_layer]
@@ -231,7 +243,7 @@ def main():
         # first call is dropped with a message rather than losing the table.
         # Every rank decides together (everywhere()), so the ranks keep the same
         # columns and their collectives stay matched.
-        for c in ("mlp_seq", "mlp_async", "tes_mlp"):
+        for c in ("agg_async_act", "mlp_seq", "mlp_async", "tes_mlp"):
             if c in cols:
                 k = cols.index(c)
                 err = None
@@ -245,7 +257,7 @@ def main():
                     del cols[k], fns[k]
         vals = timed_interleaved(fns)
         r.update(dict(zip(cols, vals)))
-        for c in ("mlp_seq", "mlp_async", "tes_mlp"):
+        for c in ("agg_async_act", "mlp_seq", "mlp_async", "tes_mlp"):
             r.setdefault(c, float("nan"))
         if tes:  # the tuned choices (cached in the session by the timed calls)
             d = sets[0]
@@ -257,16 +269,16 @@ def main():
         del sets
     if rank == 0:
         hdr = ("| shape | GEMM | GEMM TF/s | AG+GEMM seq | AG+GEMM async-TP | AG+GEMM gated seq | AG+GEMM gated async-TP "
-               "| GEMM+RS seq | GEMM+RS async-TP | MLP layer seq | MLP layer async-TP |")
+               "| AG+GEMM gated async-TP + SiLU·up | GEMM+RS seq | GEMM+RS async-TP | MLP layer seq | MLP layer async-TP |")
         lines = [f"### PyTorch {torch.__version__} async-TP, TP={world} {args.dtype} on {torch.cuda.get_device_name()} "
                  f"(ms, median of {args.reps}, max over ranks, inputs rotated over {args.sets} sets, "
                  f"columns interleaved, {args.data} data, "
                  f"{'lead GEMM' if args.lead else 'no lead GEMM'} before each run, {args.gap_ms} ms idle before)",
-                 "", hdr, "|---|---|---|---|---|---|---|---|---|---|---|"]
+                 "", hdr, "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             lines.append(f"| {r['shape']} | {r['gemm']:.3f} | {r['gemm_tflops']:.0f} | {r['ag_seq']:.3f} | "
                          f"{r['ag_async']:.3f} | {r['agg_seq']:.3f} | "
-                         f"{r['agg_async']:.3f} | {r['rs_seq']:.3f} | {r['rs_async']:.3f} | {r['mlp_seq']:.3f} | "
+                         f"{r['agg_async']:.3f} | {r['agg_async_act']:.3f} | {r['rs_seq']:.3f} | {r['rs_async']:.3f} | {r['mlp_seq']:.3f} | "
                          f"{r['mlp_async']:.3f} |")
         if tes:
             lines += ["", "Tessera (tuned, same loop) and its speedup over PyTorch async-TP / sequential:", "",
@@ -278,6 +290,12 @@ def main():
                                     ("tes_rs", "ch_rs", "rs_async", "rs_seq")):
                     cells.append(f"{r[t]:.3f} | {r[ch]} | {r[a] / r[t]:.2f}x | {r[q] / r[t]:.2f}x")
                 lines.append(f"| {r['shape']} | " + " | ".join(cells) + " |")
+            lines += ["", "Gated AG+GEMM against what async-TP needs to deliver the same SiLU(gate)·up output "
+                      "(its matmul, then the activation kernel):", "",
+                      "| shape | Tessera gated | async-TP + SiLU·up | vs async-TP + SiLU·up |", "|---|---|---|---|"]
+            for r in rows:
+                lines.append(f"| {r['shape']} | {r['tes_agg']:.3f} | {r['agg_async_act']:.3f} | "
+                             f"{r['agg_async_act'] / r['tes_agg']:.2f}x |")
             lines += ["", "Whole MLP layer (Tessera's mlp, tuned halves):", "",
                       "| shape | Tessera | vs async-TP | vs seq |", "|---|---|---|---|"]
             for r in rows:

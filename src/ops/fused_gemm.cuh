@@ -70,12 +70,11 @@ void ag_gemm_typed(const AgGemmLaunch& p, cudaStream_t s) {
   }
 }
 
-// fused_ce's GEMM (RsStageEpilogue + RsBandPrologue); kSysFence: the
-// notifier's release scope (fused_policies.cuh).
-template <class T, bool kSysFence>
+// fused_ce's GEMM (RsStageEpilogue + RsBandPrologue).
+template <class T>
 void gemm_rs_stage(const GemmRsLaunch& p, const kernels::GemmArgs& g, const kernels::GemmOptions& o,
                    const kernels::engine::RasterScheduler& sched, cudaStream_t s) {
-  RsStageEpilogue<T, kSysFence> epi;
+  RsStageEpilogue<T> epi;
   epi.stage = static_cast<T*>(p.stage);
   epi.recv = static_cast<const T*>(p.recv[p.rank]);
   epi.band_count = p.band_count;
@@ -96,6 +95,11 @@ void gemm_rs_stage(const GemmRsLaunch& p, const kernels::GemmArgs& g, const kern
   pro.epoch = p.epoch;
   pro.timeout_ns = runtime::wait_timeout_ns();
   pro.diag = kernels::wait_diagnostics();
+  if (p.prefetch_recv) {
+    pro.prefetch_recv = static_cast<const unsigned char*>(p.recv[p.rank]);
+    pro.ld_bytes = p.ld_recv * static_cast<std::int64_t>(sizeof(T));
+    pro.elem_bytes = static_cast<int>(sizeof(T));
+  }
   kernels::gemm_with_tile_overlap<kRsTile, T, kernels::BLayout::NK>(g, o, pro, epi, sched, s);
 }
 
@@ -121,10 +125,7 @@ void gemm_rs_typed(const GemmRsLaunch& p, cudaStream_t s) {
   // Remotely-owned tiles first: start at shard (rank + 1) mod R.
   const kernels::engine::RasterScheduler sched{p.raster_group, false, p.rotate_m};
   if (p.stage_ce) {
-    if (p.stage_sys_fence)
-      gemm_rs_stage<T, true>(p, g, o, sched, s);
-    else
-      gemm_rs_stage<T, false>(p, g, o, sched, s);
+    gemm_rs_stage<T>(p, g, o, sched, s);
     return;
   }
   if (p.owner_epilogue) {
@@ -183,11 +184,8 @@ void preload_typed() {
       cudaFuncGetAttributes(&attr, kernels::engine::gemm_kernel<RsCfg, T, false, RsOwnerPrologue, RsOwnerEpilogue<T>, Sched>),
       "ops: preload RS GEMM (owner epilogue)");
   kernels::detail::cuda_check(
-      cudaFuncGetAttributes(&attr, kernels::engine::gemm_kernel<RsCfg, T, false, RsBandPrologue, RsStageEpilogue<T, false>, Sched>),
+      cudaFuncGetAttributes(&attr, kernels::engine::gemm_kernel<RsCfg, T, false, RsBandPrologue, RsStageEpilogue<T>, Sched>),
       "ops: preload RS GEMM (copy engine)");
-  kernels::detail::cuda_check(
-      cudaFuncGetAttributes(&attr, kernels::engine::gemm_kernel<RsCfg, T, false, RsBandPrologue, RsStageEpilogue<T, true>, Sched>),
-      "ops: preload RS GEMM (copy engine, .sys release)");
 }
 
 }  // namespace tessera::ops::detail

@@ -12,6 +12,7 @@
 
 #include "tessera/kernels/gemm/epilogue.cuh"
 #include "tessera/kernels/gemm/prologue.cuh"
+#include "tessera/kernels/gemm/ptx.cuh"
 #include "tessera/link/memory_order.cuh"
 #include "tessera/link/tile_map.hpp"
 #include "tessera/runtime/symmetric_heap.hpp"
@@ -209,13 +210,12 @@ struct RsOwnerPrologue {
 ///    (cuStreamWaitValue64 >= band tiles) observes before this GPU's copy
 ///    engine reads the band: the host then copies the band into o's
 ///    receive slab [rank] and rank_notify's epoch into o's band flag).
-///    Scope: kSysFence = false (the default) releases at .gpu scope. Every
-///    observer is an agent of this GPU (its stream front end, then its copy
-///    engine), which reads this GPU's memory through its L2 — the point of
-///    coherence a .gpu release orders the stores at. It is the contract the
-///    signal layer's group counters (FlashOverlap's epilogue) already rely
-///    on with the same stream wait. kSysFence = true (.sys, as first built;
-///    TESSERA_RS_STAGE_FENCE=sys) is kept for the A/B measurement.
+///    Scope .gpu: every observer is an agent of this GPU (its stream front
+///    end, then its copy engine), which reads this GPU's memory through its
+///    L2, the point of coherence a .gpu release orders the stores at. The
+///    signal layer's group counters (FlashOverlap's epilogue) rely on the
+///    same contract with the same stream wait. The .sys release it replaced
+///    measured the same (session 5, call 3: bench/RESULTS.md).
 ///  * o == rank: the producer (RsBandPrologue) has waited until every peer's
 ///    band flag >= epoch (the peer's copy of this band landed); the
 ///    consumers add the peers' slab values and their own f32 accumulator in
@@ -225,10 +225,10 @@ struct RsOwnerPrologue {
 ///    (release/acquire.cta) → consumers' ld.global.cg.
 /// Deadlock freedom: as RsOwnerEpilogue (remote bands precede own bands in
 /// every rank's schedule); the copies need no SM.
-template <class OutT, bool kSysFence = false>
+template <class OutT>
 struct RsStageEpilogue {
   static constexpr bool kNotify = true;
-  static constexpr bool kSysScope = kSysFence;
+  static constexpr bool kSysScope = false;
   OutT* stage = nullptr;        ///< local [world][per_rank][ld] staging slabs
   const OutT* recv = nullptr;   ///< this rank's receive slabs [world][per_rank][ld]
   std::uint64_t* band_count = nullptr;  ///< this rank's own band counters (by band)
@@ -266,17 +266,19 @@ struct RsStageEpilogue {
   }
 
   __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {
-    if (static_cast<int>(t.row0 / per_rank) == rank) return;
-    if constexpr (kSysFence)
-      link::mo::red_add_relaxed_sys(band_count + t.m / band_rows, 1);
-    else
-      link::mo::red_add_relaxed_gpu(band_count + t.m / band_rows, 1);
+    if (static_cast<int>(t.row0 / per_rank) != rank) link::mo::red_add_relaxed_gpu(band_count + t.m / band_rows, 1);
   }
 };
 
 /// The producer side of RsStageEpilogue: before an own tile's first load,
 /// wait until flags[src * flag_stride + band] >= epoch for every peer src
 /// (ld.acquire.sys; timeout → diagnostic + trap). Remote tiles do not wait.
+/// With `prefetch_recv` set, the waiter then prefetches the tile's slab
+/// rows of every peer into L2 (bulk prefetch, evict_last): the owner's
+/// epilogue loads them about two tiles later, from L2 instead of HBM. The
+/// prefetch follows the acquire in program order, so it reads the copied
+/// data; it is only a hint, and the epilogue's loads stay ordered by the
+/// waiter → mbarrier → consumer chain (kernel.cuh).
 struct RsBandPrologue {
   static constexpr bool kActive = true;
   const std::uint64_t* flags = nullptr;  ///< this rank's per-source band flag rows
@@ -286,6 +288,9 @@ struct RsBandPrologue {
   std::uint64_t epoch = 0;
   std::uint64_t timeout_ns = 0;
   kernels::engine::WaitDiag* diag = nullptr;
+  const unsigned char* prefetch_recv = nullptr;  ///< recv slabs [world][per_rank][ld]; null: no prefetch
+  std::int64_t ld_bytes = 0;                     ///< slab row stride (bytes, multiple of 16)
+  int elem_bytes = 2;
 
   __device__ __forceinline__ void wait(const kernels::engine::TileInfo& t) const {
     if (static_cast<int>(t.row0 / per_rank) != rank) return;
@@ -294,6 +299,20 @@ struct RsBandPrologue {
       if (src == rank) continue;
       wait_flag_geq_sys(flags + static_cast<std::int64_t>(src) * flag_stride + band, epoch, t,
                         src * flag_stride + band, timeout_ns, diag);
+    }
+    if (prefetch_recv == nullptr) return;
+    // Rows of the tile inside the shard; columns rounded up to 8 elements
+    // (16 bytes: slab rows are padded to ld >= N rounded up to 8).
+    const std::int64_t lr0 = t.row0 - static_cast<std::int64_t>(rank) * per_rank;
+    const std::int64_t rows_left = per_rank - lr0 < t.M - t.row0 ? per_rank - lr0 : t.M - t.row0;
+    const int rows = rows_left < t.bm ? static_cast<int>(rows_left) : t.bm;
+    const int cols = t.N - t.col0 < t.bn ? t.N - t.col0 : t.bn;
+    const uint32_t bytes = static_cast<uint32_t>((cols + 7) / 8 * 8 * elem_bytes);
+    for (int src = 0; src < world; ++src) {
+      if (src == rank) continue;
+      const unsigned char* row = prefetch_recv + (static_cast<std::int64_t>(src) * per_rank + lr0) * ld_bytes +
+                                 static_cast<std::int64_t>(t.col0) * elem_bytes;
+      for (int r = 0; r < rows; ++r, row += ld_bytes) kernels::engine::ptx::bulk_prefetch_l2_evict_last(row, bytes);
     }
   }
 };

@@ -179,11 +179,10 @@ void run_fused_ce(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan, b
   g.ldd = a.ldd ? a.ldd : a.n;
   g.max_ctas = 0;
   g.stage_ce = true;
-  // TESSERA_RS_STAGE_FENCE=sys: the band counters' release at .sys scope,
-  // as first built (an A/B switch; fused_policies.cuh says why .gpu holds).
-  static const std::string fence = env::get("TESSERA_RS_STAGE_FENCE").value_or("gpu");
-  TESSERA_CHECK(fence == "gpu" || fence == "sys", "gemm_rs: TESSERA_RS_STAGE_FENCE must be gpu or sys, not '{}'", fence);
-  g.stage_sys_fence = fence == "sys";
+  // TESSERA_RS_PREFETCH=0 turns off the own tiles' L2 prefetch of the peers'
+  // slab rows (RsBandPrologue; an A/B switch on one binary).
+  static const bool prefetch = env::find_int("TESSERA_RS_PREFETCH", 0, 1).value_or(1) != 0;
+  g.prefetch_recv = prefetch;
   g.stage = stage;
   g.band_count = bv.flag_from(rank, 0);
   g.band_flags = bv.flag_from(0, 0);
