@@ -84,7 +84,6 @@ struct GemmRsLaunch {
   /// band flags (band_flags[src * flag_stride + band] >= epoch) and add
   /// recv[rank]'s slabs. Needs owner_epilogue's tile-row shards.
   bool stage_ce = false;
-  bool prefetch_recv = false;  ///< own tiles: the waiter prefetches the peers' slab rows into L2
   void* stage = nullptr;
   std::uint64_t* band_count = nullptr;
   const std::uint64_t* band_flags = nullptr;

@@ -95,11 +95,6 @@ void gemm_rs_stage(const GemmRsLaunch& p, const kernels::GemmArgs& g, const kern
   pro.epoch = p.epoch;
   pro.timeout_ns = runtime::wait_timeout_ns();
   pro.diag = kernels::wait_diagnostics();
-  if (p.prefetch_recv) {
-    pro.prefetch_recv = static_cast<const unsigned char*>(p.recv[p.rank]);
-    pro.ld_bytes = p.ld_recv * static_cast<std::int64_t>(sizeof(T));
-    pro.elem_bytes = static_cast<int>(sizeof(T));
-  }
   kernels::gemm_with_tile_overlap<kRsTile, T, kernels::BLayout::NK>(g, o, pro, epi, sched, s);
 }
 

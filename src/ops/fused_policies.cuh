@@ -12,7 +12,6 @@
 
 #include "tessera/kernels/gemm/epilogue.cuh"
 #include "tessera/kernels/gemm/prologue.cuh"
-#include "tessera/kernels/gemm/ptx.cuh"
 #include "tessera/link/memory_order.cuh"
 #include "tessera/link/tile_map.hpp"
 #include "tessera/runtime/symmetric_heap.hpp"
@@ -237,9 +236,12 @@ struct RsStageEpilogue {
   std::int64_t per_rank = 0, ld = 0;
   int rank = 0, world = 1, band_rows = 1;
 
-  __device__ __forceinline__ void store8(const kernels::engine::TileInfo&, int row, int col, const float (&acc)[8],
+  __device__ __forceinline__ void store8(const kernels::engine::TileInfo& t, int row, int col, const float (&acc)[8],
                                          int valid) const {
-    const int o = static_cast<int>(row / per_rank);
+    // Shards lie on tile rows (fused_ce's precondition), so the tile's first
+    // row names the owner of every row in it: one 64-bit division per tile
+    // (loop-invariant, hoisted), not one per 8 values.
+    const int o = static_cast<int>(t.row0 / per_rank);
     const std::int64_t lr = row - static_cast<std::int64_t>(o) * per_rank;
     if (o != rank) {
       kernels::engine::store_first8(stage + (static_cast<std::int64_t>(o) * per_rank + lr) * ld + col, acc, valid);
@@ -273,12 +275,6 @@ struct RsStageEpilogue {
 /// The producer side of RsStageEpilogue: before an own tile's first load,
 /// wait until flags[src * flag_stride + band] >= epoch for every peer src
 /// (ld.acquire.sys; timeout → diagnostic + trap). Remote tiles do not wait.
-/// With `prefetch_recv` set, the waiter then prefetches the tile's slab
-/// rows of every peer into L2 (bulk prefetch, evict_last): the owner's
-/// epilogue loads them about two tiles later, from L2 instead of HBM. The
-/// prefetch follows the acquire in program order, so it reads the copied
-/// data; it is only a hint, and the epilogue's loads stay ordered by the
-/// waiter → mbarrier → consumer chain (kernel.cuh).
 struct RsBandPrologue {
   static constexpr bool kActive = true;
   const std::uint64_t* flags = nullptr;  ///< this rank's per-source band flag rows
@@ -288,9 +284,6 @@ struct RsBandPrologue {
   std::uint64_t epoch = 0;
   std::uint64_t timeout_ns = 0;
   kernels::engine::WaitDiag* diag = nullptr;
-  const unsigned char* prefetch_recv = nullptr;  ///< recv slabs [world][per_rank][ld]; null: no prefetch
-  std::int64_t ld_bytes = 0;                     ///< slab row stride (bytes, multiple of 16)
-  int elem_bytes = 2;
 
   __device__ __forceinline__ void wait(const kernels::engine::TileInfo& t) const {
     if (static_cast<int>(t.row0 / per_rank) != rank) return;
@@ -299,20 +292,6 @@ struct RsBandPrologue {
       if (src == rank) continue;
       wait_flag_geq_sys(flags + static_cast<std::int64_t>(src) * flag_stride + band, epoch, t,
                         src * flag_stride + band, timeout_ns, diag);
-    }
-    if (prefetch_recv == nullptr) return;
-    // Rows of the tile inside the shard; columns rounded up to 8 elements
-    // (16 bytes: slab rows are padded to ld >= N rounded up to 8).
-    const std::int64_t lr0 = t.row0 - static_cast<std::int64_t>(rank) * per_rank;
-    const std::int64_t rows_left = per_rank - lr0 < t.M - t.row0 ? per_rank - lr0 : t.M - t.row0;
-    const int rows = rows_left < t.bm ? static_cast<int>(rows_left) : t.bm;
-    const int cols = t.N - t.col0 < t.bn ? t.N - t.col0 : t.bn;
-    const uint32_t bytes = static_cast<uint32_t>((cols + 7) / 8 * 8 * elem_bytes);
-    for (int src = 0; src < world; ++src) {
-      if (src == rank) continue;
-      const unsigned char* row = prefetch_recv + (static_cast<std::int64_t>(src) * per_rank + lr0) * ld_bytes +
-                                 static_cast<std::int64_t>(t.col0) * elem_bytes;
-      for (int r = 0; r < rows; ++r, row += ld_bytes) kernels::engine::ptx::bulk_prefetch_l2_evict_last(row, bytes);
     }
   }
 };

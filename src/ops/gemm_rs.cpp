@@ -11,14 +11,12 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <string>
 #include <nccl.h>
 
 #include "context_impl.hpp"
 #include "device_ops.hpp"
 #include "tessera/kernels/gemm.hpp"
 #include "tessera/link/host_primitives.hpp"
-#include "tessera/runtime/env.hpp"
 #include "tessera/runtime/error.hpp"
 
 namespace tessera::ops {
@@ -179,10 +177,6 @@ void run_fused_ce(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan, b
   g.ldd = a.ldd ? a.ldd : a.n;
   g.max_ctas = 0;
   g.stage_ce = true;
-  // TESSERA_RS_PREFETCH=0 turns off the own tiles' L2 prefetch of the peers'
-  // slab rows (RsBandPrologue; an A/B switch on one binary).
-  static const bool prefetch = env::find_int("TESSERA_RS_PREFETCH", 0, 1).value_or(1) != 0;
-  g.prefetch_recv = prefetch;
   g.stage = stage;
   g.band_count = bv.flag_from(rank, 0);
   g.band_flags = bv.flag_from(0, 0);

@@ -49,18 +49,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 }
 
 // ---- TMA ----------------------------------------------------------------------
-/// Bulk prefetch of [p, p + bytes) into L2, kept with evict_last priority
-/// (a hint: no ordering, no completion to wait for). p 16-byte aligned,
-/// bytes a multiple of 16.
-__device__ __forceinline__ void bulk_prefetch_l2_evict_last(const void* p, uint32_t bytes) {
-  asm volatile(
-      "{\n\t.reg .b64 pol;\n\t"
-      "createpolicy.fractional.L2::evict_last.b64 pol, 1.0;\n\t"
-      "cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, pol;\n\t}" ::"l"(p),
-      "r"(bytes)
-      : "memory");
-}
-
 __device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
