@@ -438,24 +438,9 @@ TEST_P(OpsTp, FusedCeKernelOnlyLeavesLaterCallsCorrect) {
   auto da = upload(a, 0, m, k, t);
   auto db = upload(b, 0, n, k, t);
   auto da_shard = upload(a, shard_rows(m, R).lo(rank), m_local, k, t);
-  // GEMM+RS: A is this rank's [M, K] partial input.
-  GemmRsArgs rs;
-  rs.a = da->p;
-  rs.b = db->p;
-  rs.m = m;
-  rs.m_local = m_local;
-  rs.n = n;
-  rs.k = k;
-  rs.dtype = t;
-  // AG+GEMM: A is this rank's shard of the same matrix.
-  AgGemmArgs ag;
-  ag.a = da_shard->p;
-  ag.b = db->p;
-  ag.m = m;
-  ag.m_local = m_local;
-  ag.n = n;
-  ag.k = k;
-  ag.dtype = t;
+  // GEMM+RS: A is this rank's [M, K] partial input; AG+GEMM: its shard of it.
+  GemmRsArgs rs{.a = da->p, .b = db->p, .m = m, .m_local = m_local, .n = n, .k = k, .dtype = t};
+  AgGemmArgs ag{.a = da_shard->p, .b = db->p, .m = m, .m_local = m_local, .n = n, .k = k, .dtype = t};
   Dev rs_out[3] = {Dev(static_cast<std::size_t>(m_local * n * 2)), Dev(static_cast<std::size_t>(m_local * n * 2)),
                    Dev(static_cast<std::size_t>(m_local * n * 2))};
   Dev ag_out[3] = {Dev(static_cast<std::size_t>(m * n * 2)), Dev(static_cast<std::size_t>(m * n * 2)),
