@@ -186,27 +186,20 @@ void run_fused_ce(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan, b
 
   const std::uint64_t band_tiles = static_cast<std::uint64_t>(G) * plan.tiles_n;
   const std::int64_t band_rows = static_cast<std::int64_t>(G) * plan.tile_m;
-  if (kernel_only) {
-    // The kernel still counts its remote bands' tiles: keep the running
-    // totals the next normal call's copy waits compare against.
-    for (int j = 1; j < R; ++j) {
-      const int owner = (rank + j) % R;
-      const std::int64_t lo = plan.shards.lo(owner), rows = plan.shards.rows(a.m, owner);
-      for (std::int64_t r0 = 0; r0 < rows; r0 += band_rows) c.rs_band_total[static_cast<std::size_t>((lo + r0) / band_rows)] += band_tiles;
-    }
-    return;
-  }
   cudaStream_t cs = c.comm();
-  TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, c.ev_ready, 0));
+  if (!kernel_only) TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, c.ev_ready, 0));
   for (int j = 1; j < R; ++j) {  // the schedule's order: owners rank+1, rank+2, ...
     const int owner = (rank + j) % R;
     const std::int64_t lo = plan.shards.lo(owner), rows = plan.shards.rows(a.m, owner);
     // The owner must be done with the previous call's slabs before we write them.
-    if (e > 1) link::rank_wait(cs, *c.control, owner, kRsFree, e - 1);
+    if (e > 1 && !kernel_only) link::rank_wait(cs, *c.control, owner, kRsFree, e - 1);
     for (std::int64_t r0 = 0; r0 < rows; r0 += band_rows) {
       const int b = static_cast<int>((lo + r0) / band_rows);
       const std::int64_t nr = std::min(band_rows, rows - r0);
+      // The kernel counts this band's tiles in every call (kernel_only too):
+      // the running total is what the next copy wait compares against.
       c.rs_band_total[b] += band_tiles;
+      if (kernel_only) continue;
       link::rank_wait(cs, *c.rs_bands, rank, b, c.rs_band_total[b]);
       const std::size_t off = static_cast<std::size_t>((static_cast<std::int64_t>(rank) * per_rank + r0) * ldr * es);
       link::rank_copy_data(cs, static_cast<unsigned char*>(c.rs_recv.peer(owner)) + off,
@@ -215,6 +208,7 @@ void run_fused_ce(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan, b
       link::rank_notify(cs, *c.rs_bands, owner, b, e);
     }
   }
+  if (kernel_only) return;
   TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_comm_done, cs));
   TESSERA_CUDA_CHECK(cudaStreamWaitEvent(st, c.ev_comm_done, 0));
   for (int p = 0; p < R; ++p)

@@ -464,19 +464,26 @@ TEST(SignalTuner, CostUsesCommSlowdownAndTheNoOverlapCurve) {
   EXPECT_THROW(signal_overlap_cost(p, q, wrong), tessera::Error);
 }
 
+namespace {
+// What a fresh tuner (empty plan cache) chooses for q on profile p.
+SignalChoice choose_fresh(const SignalQuery& q, const MachineProfile& p) {
+  TempDir dir;
+  Cache plans("signal_plans", SignalTuner::kCacheVersion, dir.path());
+  SignalTuner t(p, plans);
+  return *t.choose(q);
+}
+}  // namespace
+
 // Each new profile field changes the choice on a hand-made profile: a tuner
 // that ignored either would choose alike in both halves of the test.
 TEST(SignalTuner, CommSlowdownChangesTheChoice) {
   const SignalQuery q{Collective::AllReduce, 8192, 8192, 4096, 128, 256};
   const auto choose_with = [&](double slowdown) {
-    TempDir dir;
-    Cache plans("signal_plans", SignalTuner::kCacheVersion, dir.path());
     MachineProfile p = sample_profile();
     p.comm_slowdown_beside_gemm = slowdown;
     // The same default-communicator curve in both halves (0.7 x the split one).
     p.no_overlap_curves[Collective::AllReduce] = scaled(p.curve(Collective::AllReduce), 0.7);
-    SignalTuner t(p, plans);
-    return *t.choose(q);
+    return choose_fresh(q, p);
   };
   const SignalChoice as_measured = choose_with(0.0), slowed = choose_with(2.0);
   EXPECT_TRUE(as_measured.overlap) << "predicted " << as_measured.predicted;
@@ -487,13 +494,10 @@ TEST(SignalTuner, CommSlowdownChangesTheChoice) {
 TEST(SignalTuner, NoOverlapCurveChangesTheChoice) {
   const SignalQuery q{Collective::AllReduce, 8192, 8192, 4096, 128, 256};
   const auto choose_with = [&](double default_comm_factor) {
-    TempDir dir;
-    Cache plans("signal_plans", SignalTuner::kCacheVersion, dir.path());
     MachineProfile p = sample_profile();
     if (default_comm_factor > 0)
       p.no_overlap_curves[Collective::AllReduce] = scaled(p.curve(Collective::AllReduce), default_comm_factor);
-    SignalTuner t(p, plans);
-    return *t.choose(q);
+    return choose_fresh(q, p);
   };
   // Without a default-communicator curve (format 1): the split curve, overlap wins.
   const SignalChoice fallback = choose_with(0);
