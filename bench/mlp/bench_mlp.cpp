@@ -44,6 +44,7 @@
 #include <algorithm>
 #include <chrono>
 #include <thread>
+#include <utility>
 #include <deque>
 #include <fstream>
 #include <functional>
@@ -75,6 +76,10 @@ struct Options {
   /// Rows "fused_ce kernel only": the fused_ce kernel with no communication
   /// (OpOptions::diag_kernel_only), i.e. the kernel's own cost beside the engine.
   bool kernel_only = true;
+  /// GEMM+RS rows "kernel only - …": the kernel-only run with the owner add,
+  /// the band waits, the notify adds, or all three left out
+  /// (OpOptions::diag_skip), to place its cost over the engine.
+  bool kernel_split = true;
   std::string markdown;
 };
 
@@ -291,6 +296,21 @@ void run(const Options& o) {
         if (o.kernel_only) {
           op.diag_kernel_only = true;
           variant("GEMM+RS", "fused_ce kernel only (no comm)", rs_call(op));
+          if (o.kernel_split) {
+            // The kernel with parts of its work left out (OpOptions::diag_skip):
+            // each row's difference to the one above is that part's cost.
+            const std::pair<unsigned, const char*> splits[] = {
+                {ops::kDiagSkipOwnerAdd, "kernel only - owner add"},
+                {ops::kDiagSkipBandWait, "kernel only - band wait"},
+                {ops::kDiagSkipNotify, "kernel only - notify add"},
+                {ops::kDiagSkipOwnerAdd | ops::kDiagSkipBandWait | ops::kDiagSkipNotify, "kernel only - all three"},
+            };
+            for (const auto& [bits, name] : splits) {
+              op.diag_skip = bits;
+              variant("GEMM+RS", name, rs_call(op));
+            }
+            op.diag_skip = 0;
+          }
           op.diag_kernel_only = false;
         }
         op.strategy = Strategy::fused_sm;
@@ -440,6 +460,9 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   cmd->add_flag("--kernel-only,!--no-kernel-only", opts->kernel_only,
                 "time the fused_ce kernels without their communication (OpOptions::diag_kernel_only; rows in the "
                 "variant table; default on)");
+  cmd->add_flag("--kernel-split,!--no-kernel-split", opts->kernel_split,
+                "with --kernel-only: GEMM+RS kernel-only rows with the owner add, band waits or notify adds left out "
+                "(OpOptions::diag_skip)");
   cmd->add_option("--markdown", opts->markdown, "append the tables (markdown) to this file");
   cmd->callback([opts] { run(*opts); });
 });

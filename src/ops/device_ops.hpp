@@ -89,6 +89,7 @@ struct GemmRsLaunch {
   const std::uint64_t* band_flags = nullptr;
   int flag_stride = 0;
   std::uint64_t epoch = 0;
+  unsigned diag_skip = 0;  ///< OpOptions::diag_skip (kernel-only runs only)
 };
 void launch_gemm_rs(const GemmRsLaunch& p, cudaStream_t s);
 

@@ -85,6 +85,7 @@ void gemm_rs_stage(const GemmRsLaunch& p, const kernels::GemmArgs& g, const kern
   epi.rank = p.rank;
   epi.world = p.world;
   epi.band_rows = p.raster_group;
+  epi.diag_skip = p.diag_skip;
   RsBandPrologue pro;
   pro.flags = p.band_flags;
   pro.flag_stride = p.flag_stride;
@@ -92,6 +93,7 @@ void gemm_rs_stage(const GemmRsLaunch& p, const kernels::GemmArgs& g, const kern
   pro.rank = p.rank;
   pro.world = p.world;
   pro.band_rows = p.raster_group;
+  pro.diag_skip = p.diag_skip;
   pro.epoch = p.epoch;
   pro.timeout_ns = runtime::wait_timeout_ns();
   pro.diag = kernels::wait_diagnostics();

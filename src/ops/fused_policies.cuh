@@ -70,17 +70,36 @@ struct AgPrologue {
     }
   }
 
-  __device__ __forceinline__ void wait(const kernels::engine::TileInfo& t) const {
+  /// The channels [c0, c1] acquired for the CTA's previous tile (a memo:
+  /// consecutive tiles of a CTA mostly lie in the same channels).
+  struct State {
+    int c0 = 1, c1 = 0;  // empty
+  };
+
+  /// Stateful form (prologue.cuh): returns whether it acquired a flag, so the
+  /// waiter fences (fence.proxy.async.global) only then. Tiles of the own
+  /// shard acquire nothing (their rows are written before the kernel, in
+  /// stream order). A tile whose channels all lie in the previous tile's
+  /// acquired range acquires nothing either: that acquire and its fence
+  /// preceded an earlier ready arrive, which the TMA thread acquired before
+  /// this tile's loads (kernel.cuh, the waiter's memory-order argument).
+  __device__ __forceinline__ bool wait(const kernels::engine::TileInfo& t, State& s) const {
     const std::int64_t lo = t.row0;
     const std::int64_t hi = t.row0 + t.bm < t.M ? t.row0 + t.bm : t.M;
-    if (hi <= lo) return;
+    if (hi <= lo) return false;
     const int c0 = map.channel_of_row(lo), c1 = map.channel_of_row(hi - 1);
+    if (c0 >= s.c0 && c1 <= s.c1) return false;
+    bool acquired = false;
     for (int ch = c0; ch <= c1; ++ch) {
       const int src = ch / map.C;
       if (src == rank) continue;
       wait_flag_geq_sys(flags + static_cast<std::int64_t>(src) * flag_stride + (ch - src * map.C), epoch, t, ch,
                         timeout_ns, diag);
+      acquired = true;
     }
+    s.c0 = c0;
+    s.c1 = c1;
+    return acquired;
   }
 };
 
@@ -235,6 +254,7 @@ struct RsStageEpilogue {
   std::int64_t ldd = 0;
   std::int64_t per_rank = 0, ld = 0;
   int rank = 0, world = 1, band_rows = 1;
+  unsigned diag_skip = 0;  ///< ops::DiagSkip bits (kernel-only diagnostics; 0 otherwise)
 
   __device__ __forceinline__ void store8(const kernels::engine::TileInfo& t, int row, int col, const float (&acc)[8],
                                          int valid) const {
@@ -256,7 +276,7 @@ struct RsStageEpilogue {
       if (s == rank) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] += acc[i];
-      } else {
+      } else if (!(diag_skip & 1u)) {  // kDiagSkipOwnerAdd
         const uint4 u = __ldcg(reinterpret_cast<const uint4*>(recv + (static_cast<std::int64_t>(s) * per_rank + lr) * ld + col));
         float x[8];
         kernels::engine::OutConv<OutT>::load8(reinterpret_cast<const OutT*>(&u), x);
@@ -268,31 +288,42 @@ struct RsStageEpilogue {
   }
 
   __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {
-    if (static_cast<int>(t.row0 / per_rank) != rank) link::mo::red_add_relaxed_gpu(band_count + t.m / band_rows, 1);
+    if (static_cast<int>(t.row0 / per_rank) != rank && !(diag_skip & 4u))  // kDiagSkipNotify
+      link::mo::red_add_relaxed_gpu(band_count + t.m / band_rows, 1);
   }
 };
 
 /// The producer side of RsStageEpilogue: before an own tile's first load,
 /// wait until flags[src * flag_stride + band] >= epoch for every peer src
 /// (ld.acquire.sys; timeout → diagnostic + trap). Remote tiles do not wait.
+/// Stateful form of the Prologue concept (prologue.cuh): it returns whether
+/// it acquired anything, so the waiter's fence.proxy.async.global runs only
+/// for own tiles. A remote tile's inputs (A and B) were written before this
+/// kernel in stream order, which orders them for the async proxy too; only
+/// data published by a flag during the kernel needs the acquire and the
+/// proxy fence.
 struct RsBandPrologue {
   static constexpr bool kActive = true;
+  using State = kernels::engine::detail::NoPrologueState;
   const std::uint64_t* flags = nullptr;  ///< this rank's per-source band flag rows
   int flag_stride = 0;
   std::int64_t per_rank = 0;
   int rank = 0, world = 1, band_rows = 1;
+  unsigned diag_skip = 0;  ///< ops::DiagSkip bits (kernel-only diagnostics; 0 otherwise)
   std::uint64_t epoch = 0;
   std::uint64_t timeout_ns = 0;
   kernels::engine::WaitDiag* diag = nullptr;
 
-  __device__ __forceinline__ void wait(const kernels::engine::TileInfo& t) const {
-    if (static_cast<int>(t.row0 / per_rank) != rank) return;
+  __device__ __forceinline__ bool wait(const kernels::engine::TileInfo& t, State&) const {
+    if (static_cast<int>(t.row0 / per_rank) != rank) return false;
+    if (diag_skip & 2u) return false;  // kDiagSkipBandWait: the replayed epoch's flags are set
     const int band = t.m / band_rows;
     for (int src = 0; src < world; ++src) {
       if (src == rank) continue;
       wait_flag_geq_sys(flags + static_cast<std::int64_t>(src) * flag_stride + band, epoch, t,
                         src * flag_stride + band, timeout_ns, diag);
     }
+    return true;
   }
 };
 

@@ -151,7 +151,7 @@ detail::GemmRsLaunch fused_launch(TpContext::Impl& c, const GemmRsArgs& a, const
 // tiles (computed last) wait for the peers' band flags and add the slabs in
 // the epilogue. No SM does communication; NVLink carries only copy-engine
 // traffic.
-void run_fused_ce(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan, bool kernel_only) {
+void run_fused_ce(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan, bool kernel_only, unsigned diag_skip) {
   const int R = c.pg.world(), rank = c.pg.rank();
   cudaStream_t st = c.pg.stream();
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(a.dtype));
@@ -182,6 +182,7 @@ void run_fused_ce(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan, b
   g.band_flags = bv.flag_from(0, 0);
   g.flag_stride = bv.slots;
   g.epoch = e;
+  g.diag_skip = diag_skip;
   detail::launch_gemm_rs(g, st);
 
   const std::uint64_t band_tiles = static_cast<std::uint64_t>(G) * plan.tiles_n;
@@ -196,9 +197,10 @@ void run_fused_ce(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan, b
     for (std::int64_t r0 = 0; r0 < rows; r0 += band_rows) {
       const int b = static_cast<int>((lo + r0) / band_rows);
       const std::int64_t nr = std::min(band_rows, rows - r0);
-      // The kernel counts this band's tiles in every call (kernel_only too):
-      // the running total is what the next copy wait compares against.
-      c.rs_band_total[b] += band_tiles;
+      // The kernel counts this band's tiles in every call (kernel_only too,
+      // unless told not to): the running total is what the next copy wait
+      // compares against.
+      if (!(diag_skip & kDiagSkipNotify)) c.rs_band_total[b] += band_tiles;
       if (kernel_only) continue;
       link::rank_wait(cs, *c.rs_bands, rank, b, c.rs_band_total[b]);
       const std::size_t off = static_cast<std::size_t>((static_cast<std::int64_t>(rank) * per_rank + r0) * ldr * es);
@@ -223,6 +225,9 @@ void run_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, Strategy s, const OpOp
                 "gemm_rs: strategy {} cannot run here", strategy_name(s));
   TESSERA_CHECK(!o.diag_kernel_only || s == Strategy::fused_ce, "gemm_rs: diag_kernel_only needs strategy fused_ce, not {}",
                 strategy_name(s));
+  TESSERA_CHECK(o.diag_skip == 0 || o.diag_kernel_only, "gemm_rs: diag_skip = {:#x} needs diag_kernel_only", o.diag_skip);
+  TESSERA_CHECK((o.diag_skip & ~(kDiagSkipOwnerAdd | kDiagSkipBandWait | kDiagSkipNotify)) == 0,
+                "gemm_rs: diag_skip = {:#x} has unknown bits", o.diag_skip);
   if (s == Strategy::ring) return run_ring(c, a, o);
   const int R = c.pg.world(), rank = c.pg.rank();
   cudaStream_t st = c.pg.stream();
@@ -237,7 +242,7 @@ void run_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, Strategy s, const OpOp
                   "gemm_rs: fused_ce needs each rank's {} rows (ceil(M/R), M = {}) to be a multiple of the {}-row "
                   "tile; use fused_sm or automatic",
                   per_rank, a.m, plan.tile_m);
-    return run_fused_ce(c, a, plan, o.diag_kernel_only);
+    return run_fused_ce(c, a, plan, o.diag_kernel_only, o.diag_skip);
   }
   if (s == Strategy::sequential) {
     // Partial [R·per_rank, ldr] (rows past M are never read back), then NCCL.

@@ -475,6 +475,21 @@ TEST_P(OpsTp, FusedCeKernelOnlyLeavesLaterCallsCorrect) {
     ops::gemm_rs(fresh, rs, only);
     ops::ag_gemm(fresh, ag, only);
   }
+  // Every diag_skip bit, alone and together (bench mlp's split rows): the
+  // calls after them must stay bit-exact too (kDiagSkipNotify leaves the
+  // band counters short, which the host's running totals must follow).
+  for (unsigned bits : {unsigned{kDiagSkipOwnerAdd}, unsigned{kDiagSkipBandWait}, unsigned{kDiagSkipNotify},
+                        unsigned{kDiagSkipOwnerAdd | kDiagSkipBandWait | kDiagSkipNotify}}) {
+    OpOptions skip = only;
+    skip.diag_skip = bits;
+    ops::gemm_rs(fresh, rs, skip);
+  }
+  OpOptions skip_without_kernel_only = ce;
+  skip_without_kernel_only.diag_skip = kDiagSkipBandWait;
+  EXPECT_THROW(ops::gemm_rs(fresh, rs, skip_without_kernel_only), Error);
+  OpOptions unknown_bits = only;
+  unknown_bits.diag_skip = 1u << 7;
+  EXPECT_THROW(ops::gemm_rs(fresh, rs, unknown_bits), Error);
   rs_out[2].poison();
   ag_out[2].poison();
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());

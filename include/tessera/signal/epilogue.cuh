@@ -12,8 +12,9 @@
 //
 // Memory order: the engine orders the consumers' stores before its notifier
 // (named barrier + fence.acq_rel.gpu), which calls tile_done: a
-// red.release.gpu add of 1 on counters[group] — the producer side of the
-// contract in signal/device.cuh. Edge tiles: only valid elements are
+// red.relaxed.gpu add of 1 on counters[group] (GroupEpilogue; the fence
+// before it makes it a release) or a red.release.gpu (A2aEpilogue) — the
+// producer side of the contract in signal/device.cuh. Edge tiles: only valid elements are
 // written; padding in the buffer is left as is. Vector stores need BN a
 // multiple of 8 and a 16-byte (f32: 32-byte) aligned buffer.
 #pragma once
@@ -43,18 +44,35 @@ struct GroupEpilogue {
   int sub_rows = 1;
   int tile_n = 1;
 
-  __device__ __forceinline__ void store8(const kernels::engine::TileInfo& t, int row, int col, const float (&v)[8],
-                                         int valid) const {
+  /// One tile's destination: its span in the group buffer, looked up once
+  /// per tile (kernels/gemm/epilogue.cuh, "per-tile binding"). Row li of the
+  /// tile lies in segment r = li / sub_rows at base + r * seg + (li % sub_rows)
+  /// * tile_n (sub_rows is a power of two in every layout the tables build,
+  /// BM / R with R a power of two, or BM; the shift is exact then and the
+  /// division is the fallback).
+  struct Bound {
+    OutT* base;
+    std::int64_t seg;
+    int row0, col0, sub_rows, shift, tile_n;
+    __device__ __forceinline__ void store8(int row, int col, const float (&v)[8], int valid) const {
+      const int li = row - row0;
+      const int r = shift >= 0 ? li >> shift : li / sub_rows;
+      const std::int64_t off = r * seg + std::int64_t(li - r * sub_rows) * tile_n + (col - col0);
+      kernels::engine::store_first8(base + off, v, valid);
+    }
+  };
+  __device__ __forceinline__ Bound bind(const kernels::engine::TileInfo& t) const {
     const int lin = t.linear();
-    const int li = row - t.row0;
-    const int r = li / sub_rows;
-    const std::int64_t off = tile_base[lin] + r * seg_stride[lin] + std::int64_t(li - r * sub_rows) * tile_n +
-                             (col - t.col0);
-    kernels::engine::store_first8(buffer + off, v, valid);
+    const int shift = (sub_rows & (sub_rows - 1)) == 0 ? __ffs(sub_rows) - 1 : -1;
+    return Bound{buffer + tile_base[lin], seg_stride[lin], t.row0, t.col0, sub_rows, shift, tile_n};
   }
 
+  /// Relaxed add: the engine's notifier executes fence.acq_rel.gpu after the
+  /// tile's stores and before this call, which together make it a release
+  /// (kernels/gemm/epilogue.cuh, visibility contract); a red.release would
+  /// execute a second fence per tile.
   __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {
-    kernels::engine::ptx::red_release_gpu_add(counters + tile_group[t.linear()], 1u);
+    kernels::engine::ptx::red_relaxed_gpu_add(counters + tile_group[t.linear()], 1u);
   }
 };
 

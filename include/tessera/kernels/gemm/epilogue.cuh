@@ -42,6 +42,8 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 #include "tessera/kernels/gemm/ptx.cuh"
 #include "tessera/kernels/gemm/tile.cuh"
@@ -129,6 +131,43 @@ struct OutConv<float> {
     v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
   }
 };
+
+/// Optional per-tile binding. An Epilogue may define
+///   __device__ Bound bind(const TileInfo& t) const;
+/// returning a small object with
+///   __device__ void store8(int row, int col, const float (&v)[8], int valid) const;
+/// The kernel binds once per tile, before the tile's stores (bind_tile), and
+/// then calls the bound object's store8 for every 8 values (epi_store8). Why:
+/// a thread makes 16 (ping-pong) to 32 store8 calls per tile, and the compiler
+/// must assume each call's store may alias any table the epilogue reads, so
+/// per-tile lookups written inside store8 (a reorder slot, a segment base, an
+/// owner) are reloaded after every store. bind() does them once. Epilogues
+/// without bind() are called exactly as before (the kernels measured with
+/// them keep their SASS).
+template <class Epi, class = void>
+struct HasBind : std::false_type {};
+template <class Epi>
+struct HasBind<Epi, std::void_t<decltype(std::declval<const Epi&>().bind(std::declval<const TileInfo&>()))>>
+    : std::true_type {};
+
+struct NotBound {};
+
+template <class Epi>
+__device__ __forceinline__ auto bind_tile(const Epi& epi, const TileInfo& t) {
+  if constexpr (HasBind<Epi>::value)
+    return epi.bind(t);
+  else
+    return NotBound{};
+}
+
+template <class Epi, class Bound>
+__device__ __forceinline__ void epi_store8(const Epi& epi, const Bound& bound, const TileInfo& t, int row, int col,
+                                           const float (&v)[8], int valid) {
+  if constexpr (HasBind<Epi>::value)
+    bound.store8(row, col, v, valid);
+  else
+    epi.store8(t, row, col, v, valid);
+}
 
 /// The first `valid` (1..8) of 8 consecutive outputs at p: one 16-byte store
 /// (32 for f32) when all 8 are valid (p then 16/32-byte aligned), else

@@ -87,6 +87,7 @@ __device__ __forceinline__ void store_tile(const Params& p, const TileInfo& info
                                            const float (&acc)[Cfg::kMAtoms][Cfg::BN / 2], int consumer, int warp,
                                            int lane) {
   const int q = lane & 3;  // position in the lane quad that shares a row (see quad_transpose8)
+  const auto epi = bind_tile(p.epilogue, info);  // per-tile work once (epilogue.cuh)
 #pragma unroll
   for (int a = 0; a < Cfg::kMAtoms; ++a) {
     const int row_base =
@@ -99,7 +100,7 @@ __device__ __forceinline__ void store_tile(const Params& p, const TileInfo& info
         float v[8];
         quad_transpose8(acc[a], g, h, lane, v);
         const int col = info.col0 + 8 * (4 * g + q);
-        if (row < p.M && col < p.N) p.epilogue.store8(info, row, col, v, min(8, p.N - col));
+        if (row < p.M && col < p.N) epi_store8(p.epilogue, epi, info, row, col, v, min(8, p.N - col));
       }
     }
   }
@@ -292,6 +293,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const TileCoord t = walk.at(p.scheduler, pos);
         consume_tile<Cfg, InT, kTransB>(sm, consumer, k_blocks, acc, stage, phase, walk.rank);
         const TileInfo info = info_of(t, pos);
+        const auto epi = bind_tile(p.epilogue, info);  // per-tile work once (epilogue.cuh)
         // The quad transpose of quad_transpose8(), written out: through the
         // helper this path compiles to different SASS, and it is kept as
         // measured (the ping-pong path uses the helper).
@@ -323,7 +325,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
               }
               const float v[8] = {f[0].x, f[0].y, f[1].x, f[1].y, f[2].x, f[2].y, f[3].x, f[3].y};
               const int col = info.col0 + 8 * (4 * g + q);
-              if (row < p.M && col < p.N) p.epilogue.store8(info, row, col, v, min(8, p.N - col));
+              if (row < p.M && col < p.N) epi_store8(p.epilogue, epi, info, row, col, v, min(8, p.N - col));
             }
           }
         }

@@ -21,7 +21,7 @@
 // the waiter skips the proxy fence: the fence that followed that earlier
 // acquire preceded an earlier ready arrive, which the TMA thread acquired
 // before t's loads. prologue_wait() below dispatches; a prologue with only
-// the stateless wait() (the ops' AgPrologue, RsOwnerPrologue) is fenced
+// the stateless wait() (the ops' RsOwnerPrologue) is fenced
 // after every tile, as before. wait() runs under the producer warpgroup's
 // register budget (setmaxnreg kProducerRegs = 40): keep it small.
 //
