@@ -36,10 +36,41 @@ __device__ __forceinline__ void wait_flag_geq_sys(const std::uint64_t* f, std::u
   }
 }
 
-// The owner's add (RsOwnerEpilogue, RsStageEpilogue) stays written out in
-// each store8: moved into a shared helper it compiled to different SASS
-// (ptxas scheduled the rank loop differently), and these kernels were
-// verified on the GPU as they are (the helpers above leave SASS unchanged).
+/// The owner's sum of one 8-wide row segment (RsOwnerEpilogue,
+/// RsStageEpilogue): peer s's partial is the 8 values at slab + s *
+/// slab_stride; this rank's is its f32 accumulator. Summed in rank order
+/// 0..R-1 (fixed: deterministic, one rounding at the store). Slab rows are
+/// ld >= N rounded up to 8, so a full 16-byte load stays in bounds in the last
+/// tile column. ld.global.cg: the slabs were written by another GPU or the
+/// copy engine, never through this SM's L1. skip_peers (diagnostics only,
+/// ops::kDiagSkipOwnerAdd) leaves the peers out.
+///
+/// Why the rank loop is not unrolled (`unroll 1`) and the epilogues end in
+/// ONE store: the kernel inlines store8 at each of a thread's 16 call sites
+/// per tile. Unrolled over R, with a store per path, the ping-pong RS kernels
+/// were 12.8k instructions against the plain kernel's 2.8k (cuobjdump), and
+/// a ping-pong consumer's epilogue runs beside the other consumer's main
+/// loop on the same SM sub-partitions, so its code competes with the main
+/// loop's for the instruction caches (notes/ops.md, session 6).
+template <class OutT>
+__device__ __forceinline__ void owner_sum8(const OutT* slab, std::int64_t slab_stride, int world, int rank,
+                                           bool skip_peers, const float (&acc)[8], float (&v)[8]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = 0.f;
+#pragma unroll 1
+  for (int s = 0; s < world; ++s) {
+    if (s == rank) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] += acc[i];
+    } else if (!skip_peers) {
+      const uint4 u = __ldcg(reinterpret_cast<const uint4*>(slab + s * slab_stride));
+      float x[8];
+      kernels::engine::OutConv<OutT>::load8(reinterpret_cast<const OutT*>(&u), x);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] += x[i];
+    }
+  }
+}
 
 /// AG+GEMM prologue: before tile t's first A load, wait until every REMOTE
 /// channel its rows [row0, min(row0 + bm, M)) touch has flag >= epoch.
@@ -164,28 +195,17 @@ struct RsOwnerEpilogue {
                                          int valid) const {
     const int o = static_cast<int>(row / per_rank);
     const std::int64_t lr = row - static_cast<std::int64_t>(o) * per_rank;  // row local to its owner
+    OutT* dst;
+    float v[8];
     if (o != rank) {
-      kernels::engine::store_first8(recv[o] + (static_cast<std::int64_t>(rank) * per_rank + lr) * ld + col, acc, valid);
-      return;
-    }
-    // Sum in rank order 0..R-1 (fixed: deterministic). Slab rows are ld >= N
-    // rounded up to 8: a full 16-byte load stays in bounds in the last tile
-    // column. ld.global.cg: the slabs were written by another GPU or the copy
-    // engine, never through this SM's L1.
-    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int s = 0; s < world; ++s) {
-      if (s == rank) {
+      dst = recv[o] + (static_cast<std::int64_t>(rank) * per_rank + lr) * ld + col;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] += acc[i];
-      } else {
-        const uint4 u = __ldcg(reinterpret_cast<const uint4*>(recv[rank] + (static_cast<std::int64_t>(s) * per_rank + lr) * ld + col));
-        float x[8];
-        kernels::engine::OutConv<OutT>::load8(reinterpret_cast<const OutT*>(&u), x);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] += x[i];
-      }
+      for (int i = 0; i < 8; ++i) v[i] = acc[i];
+    } else {
+      dst = d + lr * ldd + col;
+      owner_sum8(recv[rank] + lr * ld + col, per_rank * ld, world, rank, false, acc, v);
     }
-    kernels::engine::store_first8(d + lr * ldd + col, v, valid);
+    kernels::engine::store_first8(dst, v, valid);  // one store site (owner_sum8 says why)
   }
 
   __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {
@@ -263,28 +283,17 @@ struct RsStageEpilogue {
     // (loop-invariant, hoisted), not one per 8 values.
     const int o = static_cast<int>(t.row0 / per_rank);
     const std::int64_t lr = row - static_cast<std::int64_t>(o) * per_rank;
+    OutT* dst;
+    float v[8];
     if (o != rank) {
-      kernels::engine::store_first8(stage + (static_cast<std::int64_t>(o) * per_rank + lr) * ld + col, acc, valid);
-      return;
-    }
-    // Sum in rank order 0..R-1 (fixed: deterministic). Slab rows are ld >= N
-    // rounded up to 8: a full 16-byte load stays in bounds in the last tile
-    // column. ld.global.cg: the slabs were written by another GPU or the copy
-    // engine, never through this SM's L1.
-    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int s = 0; s < world; ++s) {
-      if (s == rank) {
+      dst = stage + (static_cast<std::int64_t>(o) * per_rank + lr) * ld + col;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] += acc[i];
-      } else if (!(diag_skip & 1u)) {  // kDiagSkipOwnerAdd
-        const uint4 u = __ldcg(reinterpret_cast<const uint4*>(recv + (static_cast<std::int64_t>(s) * per_rank + lr) * ld + col));
-        float x[8];
-        kernels::engine::OutConv<OutT>::load8(reinterpret_cast<const OutT*>(&u), x);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] += x[i];
-      }
+      for (int i = 0; i < 8; ++i) v[i] = acc[i];
+    } else {
+      dst = d + lr * ldd + col;
+      owner_sum8(recv + lr * ld + col, per_rank * ld, world, rank, (diag_skip & 1u) != 0, acc, v);  // kDiagSkipOwnerAdd
     }
-    kernels::engine::store_first8(d + lr * ldd + col, v, valid);
+    kernels::engine::store_first8(dst, v, valid);  // one store site (owner_sum8 says why)
   }
 
   __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {
