@@ -25,6 +25,7 @@
 #include "command.hpp"
 #include "common/timing.hpp"
 #include "gemm/bench_gemm_kernels.hpp"
+#include "gemm/bench_rs_epilogue.hpp"
 #include "tessera/kernels/gemm.hpp"
 #include "tessera/runtime/error.hpp"
 
@@ -47,6 +48,7 @@ struct Options {
   int cluster = 0;
   bool hooks = true;
   bool overlap = true;
+  bool rs_epilogue = false;
   std::string results_md;
   std::string commit = "unknown";
   std::string device_kind = "unknown";
@@ -181,6 +183,15 @@ void run(const Options& o) {
   }
   if (!pp_tiles.empty()) columns.push_back("overlap == ours");
   columns.push_back("cooperative/cuBLASLt");
+  // --rs-epilogue: GEMM+RS fused_ce's kernel on this one GPU (bench_rs_epilogue.hpp).
+  const bool rs_epi = o.rs_epilogue && in == DType::bf16 && layout == BLayout::NK;
+  TESSERA_CHECK(!o.rs_epilogue || rs_epi, "bench gemm: --rs-epilogue needs --dtype bf16 --layout nk");
+  TESSERA_CHECK(!rs_epi || o.m % 128 == 0, "bench gemm: --rs-epilogue needs M (--m {}) a multiple of 128", o.m);
+  if (rs_epi) {
+    columns.push_back("RS kernel");
+    columns.push_back("RS kernel (s5 code)");
+    columns.push_back("RS == ours");
+  }
   Table table(columns);
   std::vector<double> ratios;
   std::vector<std::vector<double>> pp_ratios(pp_tiles.size());
@@ -262,6 +273,50 @@ void run(const Options& o) {
     }
     const size_t i_coop_v = variants.size();
     if (default_pp) variants.push_back([&] { kernels::gemm(args_for(i_coop++ % o.sets, d.p), coop, stream); });
+    // GEMM+RS fused_ce's kernel at a pretend world of 2 (rank 0), flags set:
+    // remote rows land in stage rows M/2.., own rows in rs_d after adding the
+    // peer slab of rs_recv, which is zero, so both halves must equal ours.
+    const int64_t ld8 = (n + 7) / 8 * 8;
+    std::unique_ptr<Dev> rs_stage, rs_recv, rs_d, rs_flags, rs_count;
+    RsEpilogueBuffers rsb;
+    size_t i_rs_v = 0;
+    int i_rs = 0, i_rs5 = 0;
+    std::string rs_same = "-";
+    if (rs_epi) {
+      rs_stage = std::make_unique<Dev>(m * ld8 * 2);
+      rs_recv = std::make_unique<Dev>(m * ld8 * 2);
+      rs_d = std::make_unique<Dev>(m / 2 * n * 2);
+      rs_flags = std::make_unique<Dev>(2 * (m / 512 + 1) * 8);
+      rs_count = std::make_unique<Dev>((m / 512 + 1) * 8);
+      TESSERA_CUDA_CHECK(cudaMemset(rs_recv->p, 0, m * ld8 * 2));
+      TESSERA_CUDA_CHECK(cudaMemset(rs_flags->p, 0xFF, 2 * (m / 512 + 1) * 8));  // >= epoch 1
+      TESSERA_CUDA_CHECK(cudaMemset(rs_count->p, 0, (m / 512 + 1) * 8));
+      rsb = {rs_stage->p, rs_recv->p, rs_d->p, static_cast<const uint64_t*>(rs_flags->p),
+             static_cast<uint64_t*>(rs_count->p)};
+      std::vector<uint8_t> want(m * n * 2);
+      TESSERA_CUDA_CHECK(cudaMemsetAsync(d.p, 0xFF, m * n * 2, stream));
+      kernels::gemm(args_for(0, d.p), opt, stream);
+      TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+      TESSERA_CUDA_CHECK(cudaMemcpy(want.data(), d.p, want.size(), cudaMemcpyDeviceToHost));
+      bool same = true;
+      for (RsEpi which : {RsEpi::Current, RsEpi::S5}) {
+        TESSERA_CUDA_CHECK(cudaMemsetAsync(rs_stage->p, 0xFF, m * ld8 * 2, stream));
+        TESSERA_CUDA_CHECK(cudaMemsetAsync(rs_d->p, 0xFF, m / 2 * n * 2, stream));
+        gemm_rs_epilogue(which, args_for(0, d.p), rsb, stream);
+        TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+        std::vector<uint8_t> own(m / 2 * n * 2), remote(m / 2 * n * 2);
+        TESSERA_CUDA_CHECK(cudaMemcpy(own.data(), rs_d->p, own.size(), cudaMemcpyDeviceToHost));
+        TESSERA_CUDA_CHECK(cudaMemcpy2D(remote.data(), n * 2, static_cast<uint8_t*>(rs_stage->p) + m / 2 * ld8 * 2,
+                                        ld8 * 2, n * 2, m / 2, cudaMemcpyDeviceToHost));
+        same = same && std::equal(own.begin(), own.end(), want.begin()) &&
+               std::equal(remote.begin(), remote.end(), want.begin() + m / 2 * n * 2);
+      }
+      rs_same = same ? "yes" : "NO";
+      if (!same) fmt::print("WARNING {}x{}x{}: the RS kernel's output differs from ours\n", m, n, k);
+      i_rs_v = variants.size();
+      variants.push_back([&] { gemm_rs_epilogue(RsEpi::Current, args_for(i_rs++ % o.sets, d.p), rsb, stream); });
+      variants.push_back([&] { gemm_rs_epilogue(RsEpi::S5, args_for(i_rs5++ % o.sets, d.p), rsb, stream); });
+    }
     const size_t first_pp = variants.size();
     std::vector<int> i_pp(pp_opts.size(), 0);
     for (size_t v = 0; v < pp_opts.size(); ++v)
@@ -293,6 +348,13 @@ void run(const Options& o) {
     }
     if (!pp_opts.empty()) row.push_back(pp_identical ? "yes" : "NO");
     row.push_back(default_pp ? fmt::format("{:.3f}", st[i_coop_v].median_ms / base.median_ms) : "-");
+    if (rs_epi) {
+      // Against the plain ping-pong kernel: ours when it is the default.
+      const double pp_ms = default_pp ? ours.median_ms : NAN;
+      row.push_back(fmt::format("{:+.1f}%", (st[i_rs_v].median_ms / pp_ms - 1) * 100));
+      row.push_back(fmt::format("{:+.1f}%", (st[i_rs_v + 1].median_ms / pp_ms - 1) * 100));
+      row.push_back(rs_same);
+    }
     table.add(row);
     fmt::print("{}x{}x{}: ours {:.3f} ms, cuBLASLt {:.3f} ms, ratio {:.3f}\n", m, n, k, ours.median_ms,
                base.median_ms, ratio);
@@ -357,6 +419,9 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   cmd->add_option("--hooks", opts->hooks, "also time the GEMM with idle hooks compiled in (bf16, nk)");
   cmd->add_option("--overlap", opts->overlap,
                   "also time the ping-pong kernels (epilogue_overlap; 128x128 and 64x256), checked bitwise against ours");
+  cmd->add_flag("--rs-epilogue", opts->rs_epilogue,
+                "also time GEMM+RS fused_ce's kernel on this GPU (pretend world 2, flags set; bf16, nk): its cost "
+                "over the plain ping-pong kernel, now and with session 5's epilogue code");
   cmd->add_option("--results-md", opts->results_md, "replace the \"GEMM engine\" section of this Markdown file");
   cmd->add_option("--commit", opts->commit, "commit recorded in --results-md");
   cmd->add_option("--device-kind", opts->device_kind, "device kind recorded in --results-md");

@@ -54,7 +54,8 @@ __device__ __forceinline__ void wait_flag_geq_sys(const std::uint64_t* f, std::u
 /// loop's for the instruction caches (notes/ops.md, session 6).
 template <class OutT>
 __device__ __forceinline__ void owner_sum8(const OutT* slab, std::int64_t slab_stride, int world, int rank,
-                                           bool skip_peers, const float (&acc)[8], float (&v)[8]) {
+                                           bool skip_peers, const float (&acc)[8], float (&v)[8],
+                                           int preloaded_peer = -1, uint4 preloaded = {}) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) v[i] = 0.f;
 #pragma unroll 1
@@ -63,7 +64,7 @@ __device__ __forceinline__ void owner_sum8(const OutT* slab, std::int64_t slab_s
 #pragma unroll
       for (int i = 0; i < 8; ++i) v[i] += acc[i];
     } else if (!skip_peers) {
-      const uint4 u = __ldcg(reinterpret_cast<const uint4*>(slab + s * slab_stride));
+      const uint4 u = s == preloaded_peer ? preloaded : __ldcg(reinterpret_cast<const uint4*>(slab + s * slab_stride));
       float x[8];
       kernels::engine::OutConv<OutT>::load8(reinterpret_cast<const OutT*>(&u), x);
 #pragma unroll
@@ -294,6 +295,48 @@ struct RsStageEpilogue {
       owner_sum8(recv + lr * ld + col, per_rank * ld, world, rank, (diag_skip & 1u) != 0, acc, v);  // kDiagSkipOwnerAdd
     }
     kernels::engine::store_first8(dst, v, valid);  // one store site (owner_sum8 says why)
+  }
+
+  /// One tile's epilogue (kernels/gemm/epilogue.cuh: per-tile binding with
+  /// load-ahead). The kernel loads the lowest peer's slab values of
+  /// kLoadAhead column blocks before their stores, so an own tile's thread
+  /// waits for 4 batches of loads instead of 16 loads in sequence. Other
+  /// peers (R > 2) are loaded in the sum. Same summation order as store8.
+  struct Bound {
+    static constexpr int kLoadAhead = 4;
+    using Loaded = uint4;
+    OutT* out;                // remote: the staging slabs; own: D
+    std::int64_t ldo;         // its row stride
+    std::int64_t row_off;     // global row of out's row 0 (own: rank * per_rank; remote: 0)
+    const OutT* slab;         // this rank's receive slabs, block [0]
+    std::int64_t ld, slab_stride;
+    int world, rank, first_peer;
+    bool own, skip_peers;
+
+    __device__ __forceinline__ Loaded load(int row, int col) const {
+      if (!own || skip_peers) return Loaded{};
+      return __ldcg(reinterpret_cast<const uint4*>(slab + (row - row_off) * ld + col + first_peer * slab_stride));
+    }
+    __device__ __forceinline__ void store8(int row, int col, const float (&acc)[8], int valid, const Loaded& l) const {
+      float v[8];
+      if (!own) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = acc[i];
+      } else {
+        owner_sum8(slab + (row - row_off) * ld + col, slab_stride, world, rank, skip_peers, acc, v, first_peer, l);
+      }
+      kernels::engine::store_first8(out + (row - row_off) * ldo + col, v, valid);  // one store site
+    }
+    __device__ __forceinline__ void store8(int row, int col, const float (&acc)[8], int valid) const {
+      store8(row, col, acc, valid, load(row, col));
+    }
+  };
+  __device__ __forceinline__ Bound bind(const kernels::engine::TileInfo& t) const {
+    const int o = static_cast<int>(t.row0 / per_rank);
+    const bool own = o == rank;
+    const std::int64_t own_row0 = static_cast<std::int64_t>(rank) * per_rank;
+    return Bound{own ? d : stage, own ? ldd : ld, own ? own_row0 : 0, recv, ld, per_rank * ld, world, rank,
+                 rank == 0 ? 1 : 0, own, (diag_skip & 1u) != 0};  // kDiagSkipOwnerAdd
   }
 
   __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {

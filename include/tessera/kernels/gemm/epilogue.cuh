@@ -160,6 +160,22 @@ __device__ __forceinline__ auto bind_tile(const Epi& epi, const TileInfo& t) {
     return NotBound{};
 }
 
+/// Optional load-ahead form of a bound epilogue (ping-pong kernels only: the
+/// cooperative path keeps its measured code). A Bound with
+///   static constexpr int kLoadAhead;   // column blocks per batch (divides BN / 32)
+///   using Loaded = ...;                // what one load returns
+///   __device__ Loaded load(int row, int col) const;
+///   __device__ void store8(int row, int col, const float (&v)[8], int valid, const Loaded& l) const;
+/// is called as: load() for kLoadAhead consecutive column blocks of a row,
+/// then store8() for each with its Loaded value. An epilogue that reads
+/// memory per 8 values (the owner's add of GEMM+RS) otherwise pays one
+/// memory latency per store8 in sequence: the compiler cannot hoist a load
+/// above the previous store8's store, which might alias it.
+template <class Bound, class = void>
+struct HasLoadAhead : std::false_type {};
+template <class Bound>
+struct HasLoadAhead<Bound, std::void_t<decltype(Bound::kLoadAhead), typename Bound::Loaded>> : std::true_type {};
+
 template <class Epi, class Bound>
 __device__ __forceinline__ void epi_store8(const Epi& epi, const Bound& bound, const TileInfo& t, int row, int col,
                                            const float (&v)[8], int valid) {
