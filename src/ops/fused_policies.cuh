@@ -14,6 +14,7 @@
 #include "tessera/kernels/gemm/prologue.cuh"
 #include "tessera/link/memory_order.cuh"
 #include "tessera/link/tile_map.hpp"
+#include "tessera/ops/diag.hpp"
 #include "tessera/runtime/symmetric_heap.hpp"
 
 namespace tessera::ops::detail {
@@ -277,31 +278,15 @@ struct RsStageEpilogue {
   int rank = 0, world = 1, band_rows = 1;
   unsigned diag_skip = 0;  ///< ops::DiagSkip bits (kernel-only diagnostics; 0 otherwise)
 
-  __device__ __forceinline__ void store8(const kernels::engine::TileInfo& t, int row, int col, const float (&acc)[8],
-                                         int valid) const {
-    // Shards lie on tile rows (fused_ce's precondition), so the tile's first
-    // row names the owner of every row in it: one 64-bit division per tile
-    // (loop-invariant, hoisted), not one per 8 values.
-    const int o = static_cast<int>(t.row0 / per_rank);
-    const std::int64_t lr = row - static_cast<std::int64_t>(o) * per_rank;
-    OutT* dst;
-    float v[8];
-    if (o != rank) {
-      dst = stage + (static_cast<std::int64_t>(o) * per_rank + lr) * ld + col;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = acc[i];
-    } else {
-      dst = d + lr * ldd + col;
-      owner_sum8(recv + lr * ld + col, per_rank * ld, world, rank, (diag_skip & 1u) != 0, acc, v);  // kDiagSkipOwnerAdd
-    }
-    kernels::engine::store_first8(dst, v, valid);  // one store site (owner_sum8 says why)
-  }
-
   /// One tile's epilogue (kernels/gemm/epilogue.cuh: per-tile binding with
-  /// load-ahead). The kernel loads the lowest peer's slab values of
-  /// kLoadAhead column blocks before their stores, so an own tile's thread
-  /// waits for 4 batches of loads instead of 16 loads in sequence. Other
-  /// peers (R > 2) are loaded in the sum. Same summation order as store8.
+  /// load-ahead; the kernel calls only the bound form, so there is no
+  /// store8(TileInfo, ...)). Shards lie on tile rows (fused_ce's
+  /// precondition), so the tile's first row names the owner of all its rows:
+  /// one 64-bit division per tile, in bind(). The kernel loads the lowest
+  /// peer's slab values of kLoadAhead column blocks before their stores, so
+  /// an own tile's thread waits for 4 batches of loads instead of 16 loads in
+  /// sequence. Other peers (R > 2) are loaded in the sum (owner_sum8: rank
+  /// order).
   struct Bound {
     static constexpr int kLoadAhead = 4;
     using Loaded = uint4;
@@ -336,11 +321,11 @@ struct RsStageEpilogue {
     const bool own = o == rank;
     const std::int64_t own_row0 = static_cast<std::int64_t>(rank) * per_rank;
     return Bound{own ? d : stage, own ? ldd : ld, own ? own_row0 : 0, recv, ld, per_rank * ld, world, rank,
-                 rank == 0 ? 1 : 0, own, (diag_skip & 1u) != 0};  // kDiagSkipOwnerAdd
+                 rank == 0 ? 1 : 0, own, (diag_skip & kDiagSkipOwnerAdd) != 0};
   }
 
   __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {
-    if (static_cast<int>(t.row0 / per_rank) != rank && !(diag_skip & 4u))  // kDiagSkipNotify
+    if (static_cast<int>(t.row0 / per_rank) != rank && !(diag_skip & kDiagSkipNotify))
       link::mo::red_add_relaxed_gpu(band_count + t.m / band_rows, 1);
   }
 };
@@ -368,7 +353,7 @@ struct RsBandPrologue {
 
   __device__ __forceinline__ bool wait(const kernels::engine::TileInfo& t, State&) const {
     if (static_cast<int>(t.row0 / per_rank) != rank) return false;
-    if (diag_skip & 2u) return false;  // kDiagSkipBandWait: the replayed epoch's flags are set
+    if (diag_skip & kDiagSkipBandWait) return false;  // the replayed epoch's flags are set
     const int band = t.m / band_rows;
     for (int src = 0; src < world; ++src) {
       if (src == rank) continue;

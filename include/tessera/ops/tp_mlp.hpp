@@ -30,6 +30,7 @@
 #include <string>
 
 #include "tessera/ops/args.hpp"
+#include "tessera/ops/diag.hpp"
 #include "tessera/ops/plan.hpp"
 #include "tessera/runtime/process_group.hpp"
 #include "tessera/runtime/signals.hpp"
@@ -66,18 +67,11 @@ struct OpOptions {
   bool diag_kernel_only = false;
   /// Diagnostics only, with diag_kernel_only on gemm_rs fused_ce: leave parts
   /// of the kernel's work out, so bench mlp can time each by difference
-  /// (DiagSkip bits). With kDiagSkipOwnerAdd the output is wrong (the own
+  /// (DiagSkip bits, ops/diag.hpp). With kDiagSkipOwnerAdd the output is wrong (the own
   /// tiles store only this rank's partial); the others change no data, since
   /// the replayed epoch's flags are already set. Later normal calls are
   /// unaffected.
   unsigned diag_skip = 0;
-};
-
-/// Bits of OpOptions::diag_skip.
-enum DiagSkip : unsigned {
-  kDiagSkipOwnerAdd = 1u << 0,  ///< own tiles: no peer-slab loads (no add)
-  kDiagSkipBandWait = 1u << 1,  ///< own tiles: no band-flag acquire, no proxy fence
-  kDiagSkipNotify = 1u << 2,    ///< remote tiles: no band-counter add (the notifier still fences)
 };
 
 /// Per-call timing of the tuner's candidates (filled when it measured).

@@ -8,6 +8,8 @@
 //   __device__ void store8(const TileInfo& t, int row, int col,
 //                          const float (&v)[8], int valid) const;
 //   __device__ void tile_done(const TileInfo& t) const;
+// An epilogue with a per-tile bind() (below) gives its store8 on the bound
+// object instead; the kernel then calls only that one.
 //
 // store8 receives the f32 accumulators of D[row, col .. col+7]; col is a
 // multiple of 8; only the first `valid` (1..8) are inside the problem
