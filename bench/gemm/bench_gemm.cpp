@@ -188,8 +188,8 @@ void run(const Options& o) {
   TESSERA_CHECK(!o.rs_epilogue || rs_epi, "bench gemm: --rs-epilogue needs --dtype bf16 --layout nk");
   TESSERA_CHECK(!rs_epi || o.m % 128 == 0, "bench gemm: --rs-epilogue needs M (--m {}) a multiple of 128", o.m);
   if (rs_epi) {
-    columns.push_back("RS kernel");
-    columns.push_back("RS kernel (s5 code)");
+    for (const char* c : {"RS kernel", "RS (s6 code)", "RS - owner add", "RS - all three", "plain rotated"})
+      columns.push_back(c);
     columns.push_back("RS == ours");
   }
   Table table(columns);
@@ -280,7 +280,9 @@ void run(const Options& o) {
     std::unique_ptr<Dev> rs_stage, rs_recv, rs_d, rs_flags, rs_count;
     RsEpilogueBuffers rsb;
     size_t i_rs_v = 0;
-    int i_rs = 0, i_rs5 = 0;
+    const std::vector<RsEpi> rs_kinds = {RsEpi::Current, RsEpi::S6, RsEpi::NoOwnerAdd, RsEpi::SkipAll,
+                                         RsEpi::PlainRotated};
+    std::vector<int> i_rs(rs_kinds.size(), 0);
     std::string rs_same = "-";
     if (rs_epi) {
       rs_stage = std::make_unique<Dev>(m * ld8 * 2);
@@ -299,7 +301,16 @@ void run(const Options& o) {
       TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
       TESSERA_CUDA_CHECK(cudaMemcpy(want.data(), d.p, want.size(), cudaMemcpyDeviceToHost));
       bool same = true;
-      for (RsEpi which : {RsEpi::Current, RsEpi::S5}) {
+      for (RsEpi which : rs_kinds) {
+        if (which == RsEpi::PlainRotated) {  // the plain epilogue into d, in the rotated order
+          std::vector<uint8_t> got(m * n * 2);
+          TESSERA_CUDA_CHECK(cudaMemsetAsync(d.p, 0xFF, m * n * 2, stream));
+          gemm_rs_epilogue(which, args_for(0, d.p), rsb, stream);
+          TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+          TESSERA_CUDA_CHECK(cudaMemcpy(got.data(), d.p, got.size(), cudaMemcpyDeviceToHost));
+          same = same && got == want;
+          continue;
+        }
         TESSERA_CUDA_CHECK(cudaMemsetAsync(rs_stage->p, 0xFF, m * ld8 * 2, stream));
         TESSERA_CUDA_CHECK(cudaMemsetAsync(rs_d->p, 0xFF, m / 2 * n * 2, stream));
         gemm_rs_epilogue(which, args_for(0, d.p), rsb, stream);
@@ -314,8 +325,9 @@ void run(const Options& o) {
       rs_same = same ? "yes" : "NO";
       if (!same) fmt::print("WARNING {}x{}x{}: the RS kernel's output differs from ours\n", m, n, k);
       i_rs_v = variants.size();
-      variants.push_back([&] { gemm_rs_epilogue(RsEpi::Current, args_for(i_rs++ % o.sets, d.p), rsb, stream); });
-      variants.push_back([&] { gemm_rs_epilogue(RsEpi::S5, args_for(i_rs5++ % o.sets, d.p), rsb, stream); });
+      for (size_t v = 0; v < rs_kinds.size(); ++v)
+        variants.push_back(
+            [&, v] { gemm_rs_epilogue(rs_kinds[v], args_for(i_rs[v]++ % o.sets, d.p), rsb, stream); });
     }
     const size_t first_pp = variants.size();
     std::vector<int> i_pp(pp_opts.size(), 0);
@@ -351,8 +363,8 @@ void run(const Options& o) {
     if (rs_epi) {
       // Against the plain ping-pong kernel: ours when it is the default.
       const double pp_ms = default_pp ? ours.median_ms : NAN;
-      row.push_back(fmt::format("{:+.1f}%", (st[i_rs_v].median_ms / pp_ms - 1) * 100));
-      row.push_back(fmt::format("{:+.1f}%", (st[i_rs_v + 1].median_ms / pp_ms - 1) * 100));
+      for (size_t v = 0; v < rs_kinds.size(); ++v)
+        row.push_back(fmt::format("{:+.1f}%", (st[i_rs_v + v].median_ms / pp_ms - 1) * 100));
       row.push_back(rs_same);
     }
     table.add(row);
@@ -421,7 +433,8 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
                   "also time the ping-pong kernels (epilogue_overlap; 128x128 and 64x256), checked bitwise against ours");
   cmd->add_flag("--rs-epilogue", opts->rs_epilogue,
                 "also time GEMM+RS fused_ce's kernel on this GPU (pretend world 2, flags set; bf16, nk): its cost "
-                "over the plain ping-pong kernel, now and with session 5's epilogue code");
+                "over the plain ping-pong kernel, against session 6's epilogue code, with parts left out (ops::DiagSkip) and "
+                "as the plain kernel in the rotated order");
   cmd->add_option("--results-md", opts->results_md, "replace the \"GEMM engine\" section of this Markdown file");
   cmd->add_option("--commit", opts->commit, "commit recorded in --results-md");
   cmd->add_option("--device-kind", opts->device_kind, "device kind recorded in --results-md");

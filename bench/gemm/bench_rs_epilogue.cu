@@ -4,10 +4,10 @@
 // already set, i.e. the kernel-only run of bench mlp without a second GPU.
 // Its cost over the plain ping-pong GEMM is the fused kernel's own cost.
 //
-// RsStageEpilogueS5 is session 5's epilogue (src/ops/fused_policies.cuh at
-// 13d7bb4: the rank loop unrolled at every store8 site, a store per path),
-// kept here only as the A/B baseline of the code-size change (notes/ops.md,
-// session 6). Remove it once that question is settled.
+// RsStageEpilogueS6 is session 6's epilogue (src/ops/fused_policies.cuh at
+// cee13c2: one bound type with an own/remote branch at every store), kept
+// here only as the A/B baseline of the split store loops (notes/ops.md,
+// session 7). Remove it once that question is settled.
 #include "gemm/bench_rs_epilogue.hpp"
 
 #include <cuda_bf16.h>
@@ -19,8 +19,9 @@
 namespace tessera::bench::gemm {
 namespace {
 
+/// Session 6's RsStageEpilogue (one Bound, own/remote branch per store8).
 template <class OutT>
-struct RsStageEpilogueS5 {
+struct RsStageEpilogueS6 {
   static constexpr bool kNotify = true;
   static constexpr bool kSysScope = false;
   OutT* stage = nullptr;
@@ -30,34 +31,48 @@ struct RsStageEpilogueS5 {
   std::int64_t ldd = 0;
   std::int64_t per_rank = 0, ld = 0;
   int rank = 0, world = 1, band_rows = 1;
+  unsigned diag_skip = 0;
 
-  __device__ __forceinline__ void store8(const kernels::engine::TileInfo& t, int row, int col, const float (&acc)[8],
-                                         int valid) const {
-    const int o = static_cast<int>(t.row0 / per_rank);
-    const std::int64_t lr = row - static_cast<std::int64_t>(o) * per_rank;
-    if (o != rank) {
-      kernels::engine::store_first8(stage + (static_cast<std::int64_t>(o) * per_rank + lr) * ld + col, acc, valid);
-      return;
+  struct Bound {
+    static constexpr int kLoadAhead = 4;
+    using Loaded = uint4;
+    OutT* out;
+    std::int64_t ldo;
+    std::int64_t row_off;
+    const OutT* slab;
+    std::int64_t ld, slab_stride;
+    int world, rank, first_peer;
+    bool own, skip_peers;
+
+    __device__ __forceinline__ Loaded load(int row, int col) const {
+      if (!own || skip_peers) return Loaded{};
+      return __ldcg(reinterpret_cast<const uint4*>(slab + (row - row_off) * ld + col + first_peer * slab_stride));
     }
-    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int s = 0; s < world; ++s) {
-      if (s == rank) {
+    __device__ __forceinline__ void store8(int row, int col, const float (&acc)[8], int valid, const Loaded& l) const {
+      float v[8];
+      if (!own) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] += acc[i];
+        for (int i = 0; i < 8; ++i) v[i] = acc[i];
       } else {
-        const uint4 u =
-            __ldcg(reinterpret_cast<const uint4*>(recv + (static_cast<std::int64_t>(s) * per_rank + lr) * ld + col));
-        float x[8];
-        kernels::engine::OutConv<OutT>::load8(reinterpret_cast<const OutT*>(&u), x);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] += x[i];
+        ops::detail::owner_sum8(slab + (row - row_off) * ld + col, slab_stride, world, rank, skip_peers, acc, v,
+                                first_peer, l);
       }
+      kernels::engine::store_first8(out + (row - row_off) * ldo + col, v, valid);
     }
-    kernels::engine::store_first8(d + lr * ldd + col, v, valid);
+    __device__ __forceinline__ void store8(int row, int col, const float (&acc)[8], int valid) const {
+      store8(row, col, acc, valid, load(row, col));
+    }
+  };
+  __device__ __forceinline__ Bound bind(const kernels::engine::TileInfo& t) const {
+    const int o = static_cast<int>(t.row0 / per_rank);
+    const bool own = o == rank;
+    const std::int64_t own_row0 = static_cast<std::int64_t>(rank) * per_rank;
+    return Bound{own ? d : stage, own ? ldd : ld, own ? own_row0 : 0, recv, ld, per_rank * ld, world, rank,
+                 rank == 0 ? 1 : 0, own, (diag_skip & ops::kDiagSkipOwnerAdd) != 0};
   }
-
   __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {
-    if (static_cast<int>(t.row0 / per_rank) != rank) link::mo::red_add_relaxed_gpu(band_count + t.m / band_rows, 1);
+    if (static_cast<int>(t.row0 / per_rank) != rank && !(diag_skip & ops::kDiagSkipNotify))
+      link::mo::red_add_relaxed_gpu(band_count + t.m / band_rows, 1);
   }
 };
 
@@ -73,6 +88,7 @@ void fill_epilogue(Epi& e, const RsEpilogueBuffers& b, std::int64_t m, std::int6
   e.rank = 0;
   e.world = 2;
   e.band_rows = 8;
+  e.diag_skip = 0;
 }
 
 }  // namespace
@@ -98,14 +114,32 @@ void gemm_rs_epilogue(RsEpi which, const kernels::GemmArgs& a, const RsEpilogueB
   o.epilogue_overlap = true;
   // Rank 0's order: the remote shard's tile rows first (ops::plan_rs's rotation).
   const engine::RasterScheduler sched{8, false, tiles_m / 2};
-  if (which == RsEpi::Current) {
-    ops::detail::RsStageEpilogue<__nv_bfloat16> e;
-    fill_epilogue(e, b, a.m, a.n);
-    gemm_with_tile_overlap<GemmTile::T64x256, __nv_bfloat16, BLayout::NK>(a, o, pro, e, sched, s);
-  } else {
-    RsStageEpilogueS5<__nv_bfloat16> e;
-    fill_epilogue(e, b, a.m, a.n);
-    gemm_with_tile_overlap<GemmTile::T64x256, __nv_bfloat16, BLayout::NK>(a, o, pro, e, sched, s);
+  switch (which) {
+    case RsEpi::PlainRotated: {
+      engine::StdEpilogue<__nv_bfloat16> e;
+      e.d = static_cast<__nv_bfloat16*>(a.d);
+      e.ldd = a.n;
+      gemm_with_tile_overlap<GemmTile::T64x256, __nv_bfloat16, BLayout::NK>(a, o, engine::NoWait{}, e, sched, s);
+      return;
+    }
+    case RsEpi::S6: {
+      RsStageEpilogueS6<__nv_bfloat16> e;
+      fill_epilogue(e, b, a.m, a.n);
+      gemm_with_tile_overlap<GemmTile::T64x256, __nv_bfloat16, BLayout::NK>(a, o, pro, e, sched, s);
+      return;
+    }
+    default: {
+      const unsigned skip = which == RsEpi::NoOwnerAdd ? ops::kDiagSkipOwnerAdd
+                            : which == RsEpi::SkipAll
+                                ? (ops::kDiagSkipOwnerAdd | ops::kDiagSkipBandWait | ops::kDiagSkipNotify)
+                                : 0u;
+      ops::detail::RsStageEpilogue<__nv_bfloat16> e;
+      fill_epilogue(e, b, a.m, a.n);
+      e.diag_skip = skip;
+      pro.diag_skip = skip;
+      gemm_with_tile_overlap<GemmTile::T64x256, __nv_bfloat16, BLayout::NK>(a, o, pro, e, sched, s);
+      return;
+    }
   }
 }
 

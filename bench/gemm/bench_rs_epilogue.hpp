@@ -10,8 +10,11 @@
 
 namespace tessera::bench::gemm {
 
-/// Current: src/ops' RsStageEpilogue. S5: session 5's code (the A/B baseline).
-enum class RsEpi { Current, S5 };
+/// Current: src/ops' RsStageEpilogue. S6: session 6's code (the A/B
+/// baseline). NoOwnerAdd / SkipAll: Current with ops::DiagSkip bits (the
+/// owner's add; owner add + band wait + notify). PlainRotated: the plain
+/// epilogue in the RS kernel's rotated tile order, no hooks (d = a.d).
+enum class RsEpi { Current, S6, NoOwnerAdd, SkipAll, PlainRotated };
 
 /// Buffers of a pretend 2-rank GEMM+RS at rank 0 (M rows, N columns, ld = N
 /// rounded up to 8): stage and recv [2][M/2][ld], d [M/2][N], band_flags
@@ -24,7 +27,7 @@ struct RsEpilogueBuffers {
   std::uint64_t* band_count = nullptr;
 };
 
-/// D = A · Bᵀ (bf16, B [N, K]) through the fused_ce kernel; a.d is unused.
+/// D = A · Bᵀ (bf16, B [N, K]) through the fused_ce kernel; a.d is used by PlainRotated only.
 void gemm_rs_epilogue(RsEpi which, const kernels::GemmArgs& a, const RsEpilogueBuffers& b, cudaStream_t s);
 
 }  // namespace tessera::bench::gemm

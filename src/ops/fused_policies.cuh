@@ -278,50 +278,57 @@ struct RsStageEpilogue {
   int rank = 0, world = 1, band_rows = 1;
   unsigned diag_skip = 0;  ///< ops::DiagSkip bits (kernel-only diagnostics; 0 otherwise)
 
-  /// One tile's epilogue (kernels/gemm/epilogue.cuh: per-tile binding with
-  /// load-ahead; the kernel calls only the bound form, so there is no
-  /// store8(TileInfo, ...)). Shards lie on tile rows (fused_ce's
-  /// precondition), so the tile's first row names the owner of all its rows:
-  /// one 64-bit division per tile, in bind(). The kernel loads the lowest
-  /// peer's slab values of kLoadAhead column blocks before their stores, so
-  /// an own tile's thread waits for 4 batches of loads instead of 16 loads in
-  /// sequence. Other peers (R > 2) are loaded in the sum (owner_sum8: rank
-  /// order).
-  struct Bound {
+  /// One tile's epilogue (kernels/gemm/epilogue.cuh: per-tile binding). Shards
+  /// lie on tile rows (fused_ce's precondition), so the tile's first row
+  /// names the owner of all its rows: one 64-bit division per tile, in
+  /// bind(). bind() returns an EitherBound, so the ping-pong kernel runs one
+  /// store loop per kind of tile, neither carrying the other's branch:
+  ///  * RemoteBound: the plain store into the staging slab (the plain
+  ///    kernel's loop, with the slab's row stride);
+  ///  * OwnBound: the owner's sum, with load-ahead: the kernel loads the
+  ///    lowest peer's slab values of kLoadAhead column blocks before their
+  ///    stores, so a thread waits for 4 batches of loads instead of 16 loads
+  ///    in sequence. Other peers (R > 2) are loaded in the sum (owner_sum8:
+  ///    rank order).
+  struct RemoteBound {
+    OutT* stage;  // staging slabs; a global row r lands in row r (slab o = r / per_rank)
+    std::int64_t ld;
+    __device__ __forceinline__ void store8(int row, int col, const float (&acc)[8], int valid) const {
+      kernels::engine::store_first8(stage + row * ld + col, acc, valid);
+    }
+  };
+  struct OwnBound {
     static constexpr int kLoadAhead = 4;
     using Loaded = uint4;
-    OutT* out;                // remote: the staging slabs; own: D
-    std::int64_t ldo;         // its row stride
-    std::int64_t row_off;     // global row of out's row 0 (own: rank * per_rank; remote: 0)
+    OutT* d;                  // this rank's output rows
+    std::int64_t ldd;         // its row stride
+    std::int64_t row_off;     // global row of d's row 0: rank * per_rank
     const OutT* slab;         // this rank's receive slabs, block [0]
     std::int64_t ld, slab_stride;
     int world, rank, first_peer;
-    bool own, skip_peers;
+    bool skip_peers;
 
     __device__ __forceinline__ Loaded load(int row, int col) const {
-      if (!own || skip_peers) return Loaded{};
+      if (skip_peers) return Loaded{};
       return __ldcg(reinterpret_cast<const uint4*>(slab + (row - row_off) * ld + col + first_peer * slab_stride));
     }
     __device__ __forceinline__ void store8(int row, int col, const float (&acc)[8], int valid, const Loaded& l) const {
       float v[8];
-      if (!own) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = acc[i];
-      } else {
-        owner_sum8(slab + (row - row_off) * ld + col, slab_stride, world, rank, skip_peers, acc, v, first_peer, l);
-      }
-      kernels::engine::store_first8(out + (row - row_off) * ldo + col, v, valid);  // one store site
+      owner_sum8(slab + (row - row_off) * ld + col, slab_stride, world, rank, skip_peers, acc, v, first_peer, l);
+      kernels::engine::store_first8(d + (row - row_off) * ldd + col, v, valid);
     }
     __device__ __forceinline__ void store8(int row, int col, const float (&acc)[8], int valid) const {
       store8(row, col, acc, valid, load(row, col));
     }
   };
+  using Bound = kernels::engine::EitherBound<RemoteBound, OwnBound>;
   __device__ __forceinline__ Bound bind(const kernels::engine::TileInfo& t) const {
     const int o = static_cast<int>(t.row0 / per_rank);
-    const bool own = o == rank;
     const std::int64_t own_row0 = static_cast<std::int64_t>(rank) * per_rank;
-    return Bound{own ? d : stage, own ? ldd : ld, own ? own_row0 : 0, recv, ld, per_rank * ld, world, rank,
-                 rank == 0 ? 1 : 0, own, (diag_skip & kDiagSkipOwnerAdd) != 0};
+    return Bound{RemoteBound{stage, ld},
+                 OwnBound{d, ldd, own_row0, recv, ld, per_rank * ld, world, rank, rank == 0 ? 1 : 0,
+                          (diag_skip & kDiagSkipOwnerAdd) != 0},
+                 o == rank};
   }
 
   __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {

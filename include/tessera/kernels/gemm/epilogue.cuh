@@ -178,6 +178,31 @@ struct HasLoadAhead : std::false_type {};
 template <class Bound>
 struct HasLoadAhead<Bound, std::void_t<decltype(Bound::kLoadAhead), typename Bound::Loaded>> : std::true_type {};
 
+/// Optional two-way binding: bind() may return EitherBound<A, B>, meaning the
+/// whole tile is stored through `a`, or through `b` when use_b. The ping-pong
+/// kernel then emits one store loop per bound type and picks one per tile, so
+/// neither loop carries the other's code or branch (GEMM+RS: remote tiles
+/// store plainly into the staging slabs, own tiles add the peers' slabs with
+/// load-ahead). Each of A and B is a bound object as above (with or without
+/// load-ahead). EitherBound's own store8 branches per call; the cooperative
+/// path, which keeps its measured single loop, uses that.
+template <class A, class B>
+struct EitherBound {
+  A a;
+  B b;
+  bool use_b;
+  __device__ __forceinline__ void store8(int row, int col, const float (&v)[8], int valid) const {
+    if (use_b)
+      b.store8(row, col, v, valid);
+    else
+      a.store8(row, col, v, valid);
+  }
+};
+template <class T>
+struct IsEitherBound : std::false_type {};
+template <class A, class B>
+struct IsEitherBound<EitherBound<A, B>> : std::true_type {};
+
 template <class Epi, class Bound>
 __device__ __forceinline__ void epi_store8(const Epi& epi, const Bound& bound, const TileInfo& t, int row, int col,
                                            const float (&v)[8], int valid) {

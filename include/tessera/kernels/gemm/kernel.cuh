@@ -25,6 +25,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "tessera/kernels/gemm/barriers.cuh"
 #include "tessera/kernels/gemm/epilogue.cuh"
@@ -80,15 +81,15 @@ __device__ __forceinline__ void quad_transpose8(const float (&acc)[kAccRegs], in
   }
 }
 
-/// Epilogue of one consumer warpgroup: hands its accumulators to
-/// Epilogue::store8, 8 consecutive columns per call, masked to the problem.
-template <class Cfg, class Params>
-__device__ __forceinline__ void store_tile(const Params& p, const TileInfo& info,
-                                           const float (&acc)[Cfg::kMAtoms][Cfg::BN / 2], int consumer, int warp,
-                                           int lane) {
+/// The store loop of one consumer warpgroup's tile through one bound
+/// epilogue `epi` (NotBound when the Epilogue has no bind()): hands the
+/// accumulators to store8, 8 consecutive columns per call, masked to the
+/// problem.
+template <class Cfg, class Params, class Bound>
+__device__ __forceinline__ void store_tile_with(const Params& p, const TileInfo& info,
+                                                const float (&acc)[Cfg::kMAtoms][Cfg::BN / 2], int consumer,
+                                                int warp, int lane, const Bound& epi) {
   const int q = lane & 3;  // position in the lane quad that shares a row (see quad_transpose8)
-  const auto epi = bind_tile(p.epilogue, info);  // per-tile work once (epilogue.cuh)
-  using Bound = decltype(epi);
 #pragma unroll
   for (int a = 0; a < Cfg::kMAtoms; ++a) {
     const int row_base =
@@ -128,6 +129,24 @@ __device__ __forceinline__ void store_tile(const Params& p, const TileInfo& info
         }
       }
     }
+  }
+}
+
+/// Epilogue of one consumer warpgroup (ping-pong path): binds the tile once
+/// (epilogue.cuh) and runs the store loop; an EitherBound gets one loop per
+/// alternative, chosen per tile.
+template <class Cfg, class Params>
+__device__ __forceinline__ void store_tile(const Params& p, const TileInfo& info,
+                                           const float (&acc)[Cfg::kMAtoms][Cfg::BN / 2], int consumer, int warp,
+                                           int lane) {
+  const auto epi = bind_tile(p.epilogue, info);
+  if constexpr (IsEitherBound<std::remove_cv_t<decltype(epi)>>::value) {
+    if (epi.use_b)
+      store_tile_with<Cfg>(p, info, acc, consumer, warp, lane, epi.b);
+    else
+      store_tile_with<Cfg>(p, info, acc, consumer, warp, lane, epi.a);
+  } else {
+    store_tile_with<Cfg>(p, info, acc, consumer, warp, lane, epi);
   }
 }
 
