@@ -115,11 +115,14 @@ void gemm_rs_epilogue(RsEpi which, const kernels::GemmArgs& a, const RsEpilogueB
   // Rank 0's order: the remote shard's tile rows first (ops::plan_rs's rotation).
   const engine::RasterScheduler sched{8, false, tiles_m / 2};
   switch (which) {
-    case RsEpi::PlainRotated: {
+    case RsEpi::PlainRotated:
+    case RsEpi::PlainHere: {
       engine::StdEpilogue<__nv_bfloat16> e;
       e.d = static_cast<__nv_bfloat16*>(a.d);
       e.ldd = a.n;
-      gemm_with_tile_overlap<GemmTile::T64x256, __nv_bfloat16, BLayout::NK>(a, o, engine::NoWait{}, e, sched, s);
+      const engine::RasterScheduler plain{8, false, 0};
+      gemm_with_tile_overlap<GemmTile::T64x256, __nv_bfloat16, BLayout::NK>(
+          a, o, engine::NoWait{}, e, which == RsEpi::PlainHere ? plain : sched, s);
       return;
     }
     case RsEpi::S6: {

@@ -13,8 +13,10 @@ namespace tessera::bench::gemm {
 /// Current: src/ops' RsStageEpilogue. S6: session 6's code (the A/B
 /// baseline). NoOwnerAdd / SkipAll: Current with ops::DiagSkip bits (the
 /// owner's add; owner add + band wait + notify). PlainRotated: the plain
-/// epilogue in the RS kernel's rotated tile order, no hooks (d = a.d).
-enum class RsEpi { Current, S6, NoOwnerAdd, SkipAll, PlainRotated };
+/// epilogue in the RS kernel's rotated tile order, no hooks (d = a.d);
+/// PlainHere: the same launch unrotated (the library's plain kernel, launched
+/// from this file: tells the order's cost from the launch path's).
+enum class RsEpi { Current, S6, NoOwnerAdd, SkipAll, PlainRotated, PlainHere };
 
 /// Buffers of a pretend 2-rank GEMM+RS at rank 0 (M rows, N columns, ld = N
 /// rounded up to 8): stage and recv [2][M/2][ld], d [M/2][N], band_flags

@@ -3,7 +3,7 @@
 //
 // Block = 1 producer warpgroup + Cfg::kConsumers consumer warpgroups.
 //  * producer (warpgroup 0): drops to kProducerRegs registers; one thread
-//    (threadIdx.x 0, the TMA thread) walks the schedule and streams each
+//    (one lane of warp 0, elected: the TMA thread) walks the schedule and streams each
 //    tile's K blocks into the smem ring with TMA. If the Prologue is active,
 //    lane 0 of warp 2 (the waiter) walks the same schedule up to
 //    WaiterRing::kSlots tiles ahead, runs Prologue::wait + the proxy fence
@@ -195,7 +195,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   const L sm{reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023))};
 
-  const int warpgroup = threadIdx.x / 128;
+  // Warp-uniform role dispatch (as CUTLASS: canonical_warp_idx_sync and
+  // elect_one_sync). The shuffle tells ptxas the warp index is the same in
+  // every lane, so the role branches are uniform; the TMA thread is chosen by
+  // elect.sync, so ptxas knows one lane runs its loop and keeps the loop's
+  // addresses in uniform registers. With threadIdx.x tests instead, a second
+  // producer role (notifier, waiter) made ptxas move the TMA operands to
+  // vector registers (~4 R2UR per TMA issue, and every issue wrapped in an
+  // ELECT / BRA.U.ANY loop), which lengthened the TMA thread's reaction to a
+  // freed slot: the idle hooks' cost (notes/gemm.md, session 7).
+  const int warp_idx = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 32, 0);
+  const bool lane0 = threadIdx.x % 32 == 0;
+  const int warpgroup = warp_idx / 4;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Cfg::kStages; ++s) {
       ptx::mbar_init(sm.full(s), 1);  // the local producer's arrive.expect_tx
@@ -227,7 +238,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
     if constexpr (Epilogue::kNotify) {
-      if (threadIdx.x / 32 == 1) {
+      if (warp_idx == 1) {
         // Notifier: waits until all consumer threads stored tile i, makes
         // the stores visible at the epilogue's scope, publishes tile_done.
         // Then (before the fence: the store threads may wait for it) frees
@@ -239,7 +250,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           ptx::named_barrier_sync(kNotifyBarrier + (iter & 1), Cfg::kStoreThreads + 32);
           if (NotifyHandshake::notifier_frees(iter, tiles))
             ptx::named_barrier_arrive(kNotifyFreeBarrier + (iter & 1), Cfg::kStoreThreads + 32);
-          if (threadIdx.x % 32 == 0 && t.m < p.tiles_m) {
+          if (lane0 && t.m < p.tiles_m) {
             if constexpr (Epilogue::kSysScope)
               ptx::fence_acq_rel_sys();
             else
@@ -250,7 +261,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
     }
     if constexpr (Prologue::kActive) {
-      if (threadIdx.x == WaiterRing::kWaiterWarp * 32) {
+      if (warp_idx == WaiterRing::kWaiterWarp && lane0) {
         // Waiter: the Prologue's wait for every tile of this CTA, in schedule
         // order, at most WaiterRing::kSlots tiles ahead of the TMA thread.
         //
@@ -290,7 +301,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // Exits after its last tile: no barrier counts it any more.
       }
     }
-    if (threadIdx.x == 0) {
+    if (warp_idx == 0 && ptx::elect_one_sync()) {  // the TMA thread: one lane of warp 0
       ptx::tma_prefetch_desc(&tma_a);
       ptx::tma_prefetch_desc(&tma_b);
       [[maybe_unused]] int iter = 0;  // CTA-local tile index (waiter ring only)
