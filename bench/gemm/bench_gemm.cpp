@@ -188,8 +188,8 @@ void run(const Options& o) {
   TESSERA_CHECK(!o.rs_epilogue || rs_epi, "bench gemm: --rs-epilogue needs --dtype bf16 --layout nk");
   TESSERA_CHECK(!rs_epi || o.m % 128 == 0, "bench gemm: --rs-epilogue needs M (--m {}) a multiple of 128", o.m);
   if (rs_epi) {
-    for (const char* c :
-         {"RS kernel", "RS (s6 code)", "RS - owner add", "RS - all three", "plain rotated", "plain (this launch)"})
+    for (const char* c : {"RS kernel", "RS (s6 code)", "RS - owner add", "RS - all three", "plain rotated",
+                          "plain (this launch)", "plain rotated (s6 %)", "plain rotated 8"})
       columns.push_back(c);
     columns.push_back("RS == ours");
   }
@@ -281,8 +281,9 @@ void run(const Options& o) {
     std::unique_ptr<Dev> rs_stage, rs_recv, rs_d, rs_flags, rs_count;
     RsEpilogueBuffers rsb;
     size_t i_rs_v = 0;
-    const std::vector<RsEpi> rs_kinds = {RsEpi::Current,   RsEpi::S6,           RsEpi::NoOwnerAdd,
-                                         RsEpi::SkipAll,   RsEpi::PlainRotated, RsEpi::PlainHere};
+    const std::vector<RsEpi> rs_kinds = {RsEpi::Current,      RsEpi::S6,        RsEpi::NoOwnerAdd,
+                                         RsEpi::SkipAll,      RsEpi::PlainRotated, RsEpi::PlainHere,
+                                         RsEpi::PlainRotatedMod, RsEpi::PlainRotated8};
     std::vector<int> i_rs(rs_kinds.size(), 0);
     std::string rs_same = "-";
     if (rs_epi) {
@@ -303,7 +304,7 @@ void run(const Options& o) {
       TESSERA_CUDA_CHECK(cudaMemcpy(want.data(), d.p, want.size(), cudaMemcpyDeviceToHost));
       bool same = true;
       for (RsEpi which : rs_kinds) {
-        if (which == RsEpi::PlainRotated || which == RsEpi::PlainHere) {  // the plain epilogue into d
+        if (which >= RsEpi::PlainRotated) {  // the plain epilogue into d
           std::vector<uint8_t> got(m * n * 2);
           TESSERA_CUDA_CHECK(cudaMemsetAsync(d.p, 0xFF, m * n * 2, stream));
           gemm_rs_epilogue(which, args_for(0, d.p), rsb, stream);

@@ -76,6 +76,23 @@ struct RsStageEpilogueS6 {
   }
 };
 
+/// Session 6's RasterScheduler (a modulo per tile for the rotation), for the
+/// PlainRotatedMod A/B only.
+struct RasterSchedulerS6 {
+  int group = 8;
+  int rotate_m = 0;
+  __host__ __device__ __forceinline__ kernels::engine::TileCoord tile(int pos, int tiles_m, int tiles_n) const {
+    const int per_band = group * tiles_n;
+    const int band = pos / per_band;
+    const int first = band * group;
+    const int width = tiles_m - first < group ? tiles_m - first : group;
+    const int in_band = pos - band * per_band;
+    kernels::engine::TileCoord t{first + in_band % width, in_band / width};
+    if (rotate_m) t.m = (t.m + rotate_m) % tiles_m;
+    return t;
+  }
+};
+
 template <class Epi>
 void fill_epilogue(Epi& e, const RsEpilogueBuffers& b, std::int64_t m, std::int64_t n) {
   e.stage = static_cast<__nv_bfloat16*>(b.stage);
@@ -116,13 +133,20 @@ void gemm_rs_epilogue(RsEpi which, const kernels::GemmArgs& a, const RsEpilogueB
   const engine::RasterScheduler sched{8, false, tiles_m / 2};
   switch (which) {
     case RsEpi::PlainRotated:
-    case RsEpi::PlainHere: {
+    case RsEpi::PlainHere:
+    case RsEpi::PlainRotated8:
+    case RsEpi::PlainRotatedMod: {
       engine::StdEpilogue<__nv_bfloat16> e;
       e.d = static_cast<__nv_bfloat16*>(a.d);
       e.ldd = a.n;
-      const engine::RasterScheduler plain{8, false, 0};
-      gemm_with_tile_overlap<GemmTile::T64x256, __nv_bfloat16, BLayout::NK>(
-          a, o, engine::NoWait{}, e, which == RsEpi::PlainHere ? plain : sched, s);
+      if (which == RsEpi::PlainRotatedMod) {
+        gemm_with_tile_overlap<GemmTile::T64x256, __nv_bfloat16, BLayout::NK>(
+            a, o, engine::NoWait{}, e, RasterSchedulerS6{8, tiles_m / 2}, s);
+        return;
+      }
+      const int rot = which == RsEpi::PlainHere ? 0 : which == RsEpi::PlainRotated8 ? 8 : tiles_m / 2;
+      gemm_with_tile_overlap<GemmTile::T64x256, __nv_bfloat16, BLayout::NK>(a, o, engine::NoWait{}, e,
+                                                                          engine::RasterScheduler{8, false, rot}, s);
       return;
     }
     case RsEpi::S6: {

@@ -93,6 +93,12 @@ void launch_config(const GemmArgs& a, const GemmOptions& o, const Pro& pro, cons
   p.prologue = pro;
   p.epilogue = epi;
   p.scheduler = sched;
+  if constexpr (std::is_same_v<Sched, engine::RasterScheduler>) {
+    // The scheduler's rotation is a compare-and-subtract (scheduler.cuh):
+    // reduce it to [0, rows of the schedule) here, once.
+    const int sched_rows = kClusterM == 1 ? p.tiles_m : (p.tiles_m + 1) / 2;
+    p.scheduler.rotate_m %= sched_rows;
+  }
 
   const int sms = detail::sm_count();
   const int cap = o.max_ctas > 0 ? std::min(o.max_ctas, sms) : sms;

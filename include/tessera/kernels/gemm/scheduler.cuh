@@ -33,6 +33,8 @@ struct TileCoord {
 ///  * along_m = true: the same with the roles of rows and columns swapped.
 ///  * rotate_m rotates tile rows: the schedule's row r computes tile row
 ///    (r + rotate_m) % tiles_m — "my rows first" for rank-rotated AG+GEMM.
+///    0 <= rotate_m < tiles_m (launch_config reduces it modulo tiles_m), so
+///    the rotation is one compare and subtract, not a division per tile.
 struct RasterScheduler {
   int group = 8;
   bool along_m = false;
@@ -50,7 +52,10 @@ struct RasterScheduler {
     const int major = first + in_band % width;
     const int minor = in_band / width;
     TileCoord t = along_m ? TileCoord{minor, major} : TileCoord{major, minor};
-    if (rotate_m) t.m = (t.m + rotate_m) % tiles_m;  // rotate_m >= 0
+    if (rotate_m) {
+      t.m += rotate_m;
+      if (t.m >= tiles_m) t.m -= tiles_m;
+    }
     return t;
   }
 };
