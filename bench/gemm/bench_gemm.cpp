@@ -189,7 +189,7 @@ void run(const Options& o) {
   TESSERA_CHECK(!rs_epi || o.m % 128 == 0, "bench gemm: --rs-epilogue needs M (--m {}) a multiple of 128", o.m);
   if (rs_epi) {
     for (const char* c : {"RS kernel", "RS (s6 code)", "RS - owner add", "RS - all three", "plain rotated",
-                          "plain (this launch)", "plain rotated (s6 %)", "plain rotated 8"})
+                          "plain (this launch)", "plain (s6 scheduler)", "plain rotated (s6 scheduler)"})
       columns.push_back(c);
     columns.push_back("RS == ours");
   }
@@ -283,7 +283,7 @@ void run(const Options& o) {
     size_t i_rs_v = 0;
     const std::vector<RsEpi> rs_kinds = {RsEpi::Current,      RsEpi::S6,        RsEpi::NoOwnerAdd,
                                          RsEpi::SkipAll,      RsEpi::PlainRotated, RsEpi::PlainHere,
-                                         RsEpi::PlainRotatedMod, RsEpi::PlainRotated8};
+                                         RsEpi::PlainS6,      RsEpi::PlainRotatedS6};
     std::vector<int> i_rs(rs_kinds.size(), 0);
     std::string rs_same = "-";
     if (rs_epi) {

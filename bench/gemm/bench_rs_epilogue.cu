@@ -12,6 +12,8 @@
 
 #include <cuda_bf16.h>
 
+#include <type_traits>
+
 #include "ops/fused_policies.cuh"
 #include "tessera/kernels/gemm/launch.cuh"
 #include "tessera/kernels/gemm/wait_diag.hpp"
@@ -76,8 +78,8 @@ struct RsStageEpilogueS6 {
   }
 };
 
-/// Session 6's RasterScheduler (a modulo per tile for the rotation), for the
-/// PlainRotatedMod A/B only.
+/// Session 6's RasterScheduler (integer divisions, a modulo per tile for the
+/// rotation), for the PlainS6 / PlainRotatedS6 A/B only.
 struct RasterSchedulerS6 {
   int group = 8;
   int rotate_m = 0;
@@ -104,7 +106,10 @@ void fill_epilogue(Epi& e, const RsEpilogueBuffers& b, std::int64_t m, std::int6
   e.ld = (n + 7) / 8 * 8;
   e.rank = 0;
   e.world = 2;
-  e.band_rows = 8;
+  if constexpr (std::is_same_v<Epi, RsStageEpilogueS6<__nv_bfloat16>>)
+    e.band_rows = 8;
+  else
+    e.band_shift = 3;  // bands of 8 tile rows
   e.diag_skip = 0;
 }
 
@@ -122,7 +127,7 @@ void gemm_rs_epilogue(RsEpi which, const kernels::GemmArgs& a, const RsEpilogueB
   pro.per_rank = a.m / 2;
   pro.rank = 0;
   pro.world = 2;
-  pro.band_rows = 8;
+  pro.band_shift = 3;
   pro.epoch = 1;
   pro.timeout_ns = 2'000'000'000ull;
   pro.diag = wait_diagnostics();
@@ -134,17 +139,17 @@ void gemm_rs_epilogue(RsEpi which, const kernels::GemmArgs& a, const RsEpilogueB
   switch (which) {
     case RsEpi::PlainRotated:
     case RsEpi::PlainHere:
-    case RsEpi::PlainRotated8:
-    case RsEpi::PlainRotatedMod: {
+    case RsEpi::PlainS6:
+    case RsEpi::PlainRotatedS6: {
       engine::StdEpilogue<__nv_bfloat16> e;
       e.d = static_cast<__nv_bfloat16*>(a.d);
       e.ldd = a.n;
-      if (which == RsEpi::PlainRotatedMod) {
+      if (which == RsEpi::PlainS6 || which == RsEpi::PlainRotatedS6) {
         gemm_with_tile_overlap<GemmTile::T64x256, __nv_bfloat16, BLayout::NK>(
-            a, o, engine::NoWait{}, e, RasterSchedulerS6{8, tiles_m / 2}, s);
+            a, o, engine::NoWait{}, e, RasterSchedulerS6{8, which == RsEpi::PlainS6 ? 0 : tiles_m / 2}, s);
         return;
       }
-      const int rot = which == RsEpi::PlainHere ? 0 : which == RsEpi::PlainRotated8 ? 8 : tiles_m / 2;
+      const int rot = which == RsEpi::PlainHere ? 0 : tiles_m / 2;
       gemm_with_tile_overlap<GemmTile::T64x256, __nv_bfloat16, BLayout::NK>(a, o, engine::NoWait{}, e,
                                                                           engine::RasterScheduler{8, false, rot}, s);
       return;

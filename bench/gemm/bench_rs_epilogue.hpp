@@ -16,9 +16,9 @@ namespace tessera::bench::gemm {
 /// epilogue in the RS kernel's rotated tile order, no hooks (d = a.d);
 /// PlainHere: the same launch unrotated (the library's plain kernel, launched
 /// from this file: tells the order's cost from the launch path's);
-/// PlainRotatedMod: rotated with session 6's scheduler (a % per tile);
-/// PlainRotated8: rotated by one raster band (8 tile rows) only.
-enum class RsEpi { Current, S6, NoOwnerAdd, SkipAll, PlainRotated, PlainHere, PlainRotatedMod, PlainRotated8 };
+/// PlainS6 / PlainRotatedS6: unrotated / rotated with session 6's scheduler
+/// (plain integer divisions, the rotation by %).
+enum class RsEpi { Current, S6, NoOwnerAdd, SkipAll, PlainRotated, PlainHere, PlainS6, PlainRotatedS6 };
 
 /// Buffers of a pretend 2-rank GEMM+RS at rank 0 (M rows, N columns, ld = N
 /// rounded up to 8): stage and recv [2][M/2][ld], d [M/2][N], band_flags

@@ -5,6 +5,8 @@
 // build time, small.
 #pragma once
 
+#include <string>
+
 #include "fused_policies.cuh"
 #include "device_ops.hpp"
 #include "tessera/kernels/gemm/launch.cuh"
@@ -74,6 +76,14 @@ void ag_gemm_typed(const AgGemmLaunch& p, cudaStream_t s) {
 template <class T>
 void gemm_rs_stage(const GemmRsLaunch& p, const kernels::GemmArgs& g, const kernels::GemmOptions& o,
                    const kernels::engine::RasterScheduler& sched, cudaStream_t s) {
+  // Bands are RsPlan::owner_raster_group() tile rows: a power of two (a
+  // divisor of 8), so the kernel finds a tile's band with a shift.
+  const int band_rows = p.raster_group;
+  if (band_rows < 1 || (band_rows & (band_rows - 1)) != 0)
+    kernels::detail::fail("gemm_rs fused_ce: raster band of " + std::to_string(band_rows) +
+                          " tile rows is not a power of two");
+  int band_shift = 0;
+  while ((1 << band_shift) < band_rows) ++band_shift;
   RsStageEpilogue<T> epi;
   epi.stage = static_cast<T*>(p.stage);
   epi.recv = static_cast<const T*>(p.recv[p.rank]);
@@ -84,7 +94,7 @@ void gemm_rs_stage(const GemmRsLaunch& p, const kernels::GemmArgs& g, const kern
   epi.ld = p.ld_recv;
   epi.rank = p.rank;
   epi.world = p.world;
-  epi.band_rows = p.raster_group;
+  epi.band_shift = band_shift;
   epi.diag_skip = p.diag_skip;
   RsBandPrologue pro;
   pro.flags = p.band_flags;
@@ -92,7 +102,7 @@ void gemm_rs_stage(const GemmRsLaunch& p, const kernels::GemmArgs& g, const kern
   pro.per_rank = p.per_rank;
   pro.rank = p.rank;
   pro.world = p.world;
-  pro.band_rows = p.raster_group;
+  pro.band_shift = band_shift;
   pro.diag_skip = p.diag_skip;
   pro.epoch = p.epoch;
   pro.timeout_ns = runtime::wait_timeout_ns();

@@ -239,7 +239,7 @@ struct RsOwnerPrologue {
 };
 
 /// GEMM+RS on the copy engine (Strategy::fused_ce). Shards on tile rows
-/// (as RsOwnerEpilogue); tile rows grouped in bands of `band_rows` tile rows
+/// (as RsOwnerEpilogue); tile rows grouped in bands of 2^band_shift tile rows
 /// (RsPlan::owner_raster_group: the raster band, so a band is one owner's
 /// and completes as a unit of the schedule):
 ///  * o != rank: each 8-wide row segment goes to this rank's LOCAL staging
@@ -275,13 +275,21 @@ struct RsStageEpilogue {
   OutT* d = nullptr;            ///< this rank's output rows [m_local, N]
   std::int64_t ldd = 0;
   std::int64_t per_rank = 0, ld = 0;
-  int rank = 0, world = 1, band_rows = 1;
+  int rank = 0, world = 1;
+  int band_shift = 0;      ///< a band is 2^band_shift tile rows (RsPlan::owner_raster_group: 1, 2, 4 or 8)
   unsigned diag_skip = 0;  ///< ops::DiagSkip bits (kernel-only diagnostics; 0 otherwise)
+
+  /// Whether the tile starting at global row row0 is this rank's: a range
+  /// compare (the shards lie on tile rows), no division on the tile boundary.
+  __device__ __forceinline__ bool own(std::int64_t row0) const {
+    const std::int64_t lo = static_cast<std::int64_t>(rank) * per_rank;
+    return row0 >= lo && row0 < lo + per_rank;
+  }
 
   /// One tile's epilogue (kernels/gemm/epilogue.cuh: per-tile binding). Shards
   /// lie on tile rows (fused_ce's precondition), so the tile's first row
-  /// names the owner of all its rows: one 64-bit division per tile, in
-  /// bind(). bind() returns an EitherBound, so the ping-pong kernel runs one
+  /// tells whether all its rows are this rank's (own()). bind() returns an
+  /// EitherBound, so the ping-pong kernel runs one
   /// store loop per kind of tile, neither carrying the other's branch:
   ///  * RemoteBound: the plain store into the staging slab (the plain
   ///    kernel's loop, with the slab's row stride);
@@ -323,17 +331,16 @@ struct RsStageEpilogue {
   };
   using Bound = kernels::engine::EitherBound<RemoteBound, OwnBound>;
   __device__ __forceinline__ Bound bind(const kernels::engine::TileInfo& t) const {
-    const int o = static_cast<int>(t.row0 / per_rank);
     const std::int64_t own_row0 = static_cast<std::int64_t>(rank) * per_rank;
     return Bound{RemoteBound{stage, ld},
                  OwnBound{d, ldd, own_row0, recv, ld, per_rank * ld, world, rank, rank == 0 ? 1 : 0,
                           (diag_skip & kDiagSkipOwnerAdd) != 0},
-                 o == rank};
+                 own(t.row0)};
   }
 
   __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {
-    if (static_cast<int>(t.row0 / per_rank) != rank && !(diag_skip & kDiagSkipNotify))
-      link::mo::red_add_relaxed_gpu(band_count + t.m / band_rows, 1);
+    if (!own(t.row0) && !(diag_skip & kDiagSkipNotify))
+      link::mo::red_add_relaxed_gpu(band_count + (t.m >> band_shift), 1);
   }
 };
 
@@ -352,16 +359,18 @@ struct RsBandPrologue {
   const std::uint64_t* flags = nullptr;  ///< this rank's per-source band flag rows
   int flag_stride = 0;
   std::int64_t per_rank = 0;
-  int rank = 0, world = 1, band_rows = 1;
+  int rank = 0, world = 1;
+  int band_shift = 0;      ///< as RsStageEpilogue::band_shift
   unsigned diag_skip = 0;  ///< ops::DiagSkip bits (kernel-only diagnostics; 0 otherwise)
   std::uint64_t epoch = 0;
   std::uint64_t timeout_ns = 0;
   kernels::engine::WaitDiag* diag = nullptr;
 
   __device__ __forceinline__ bool wait(const kernels::engine::TileInfo& t, State&) const {
-    if (static_cast<int>(t.row0 / per_rank) != rank) return false;
+    const std::int64_t lo = static_cast<std::int64_t>(rank) * per_rank;
+    if (t.row0 < lo || t.row0 >= lo + per_rank) return false;  // not own: no division (RsStageEpilogue::own)
     if (diag_skip & kDiagSkipBandWait) return false;  // the replayed epoch's flags are set
-    const int band = t.m / band_rows;
+    const int band = t.m >> band_shift;
     for (int src = 0; src < world; ++src) {
       if (src == rank) continue;
       wait_flag_geq_sys(flags + static_cast<std::int64_t>(src) * flag_stride + band, epoch, t,

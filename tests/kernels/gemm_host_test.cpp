@@ -234,6 +234,50 @@ TEST(GemmScheduler, RasterOrdersArePermutations) {
           }
 }
 
+TEST(GemmScheduler, FastDivmodMatchesDivision) {
+  std::vector<uint32_t> divisors;
+  for (uint32_t d = 1; d <= 4096; ++d) divisors.push_back(d);
+  for (uint32_t d : {4097u, 65535u, 65536u, 65537u, 1000003u, (1u << 30) - 1, 1u << 30, (1u << 31) - 1, 1u << 31})
+    divisors.push_back(d);
+  uint64_t state = 88172645463325252ull;  // xorshift: a fixed, wide sample of numerators
+  for (uint32_t d : divisors) {
+    const auto f = tk::engine::FastDivmod::make(d);
+    ASSERT_NE(f.mul, 0u) << d;
+    auto check = [&](uint32_t n) { ASSERT_EQ(f.div(n), n / d) << n << " / " << d; };
+    for (uint32_t n = 0; n < 3 * d && n < 20000; ++n) check(n);
+    for (uint32_t k : {1u, 2u, 3u, 1000u}) {  // around multiples of d
+      const uint64_t base = static_cast<uint64_t>(k) * d;
+      for (int e = -2; e <= 2; ++e)
+        if (base + e < (1ull << 31)) check(static_cast<uint32_t>(base + e));
+    }
+    for (int i = 0; i < 200; ++i) {
+      state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+      check(static_cast<uint32_t>(state) & 0x7fffffffu);
+    }
+    check(0x7fffffffu);
+  }
+}
+
+TEST(GemmScheduler, PreparedRasterEqualsPlainDivision) {
+  // launch_config prepares the scheduler (fast divisions, rotation reduced);
+  // the schedule must be the one the unprepared scheduler gives.
+  for (int tiles_m : {1, 5, 64, 67, 128})
+    for (int tiles_n : {1, 7, 22, 57})
+      for (int group : {1, 3, 8, 16})
+        for (bool along_m : {false, true})
+          for (int rot : {0, 2, 63, 130}) {
+            tk::engine::RasterScheduler plain{group, along_m, rot % tiles_m};
+            tk::engine::RasterScheduler fast{group, along_m, rot};
+            fast.prepare(tiles_m, tiles_n);
+            ASSERT_EQ(fast.rotate_m, rot % tiles_m);
+            for (int pos = 0; pos < tiles_m * tiles_n; ++pos) {
+              const auto a = plain.tile(pos, tiles_m, tiles_n), b = fast.tile(pos, tiles_m, tiles_n);
+              ASSERT_TRUE(a.m == b.m && a.n == b.n) << tiles_m << "x" << tiles_n << " group " << group << " along_m "
+                                                    << along_m << " rot " << rot << " pos " << pos;
+            }
+          }
+}
+
 // ---------------------------------------------------------------------------
 // Host model of the ping-pong CTA WITH the notifier (issue 4): producer ring,
 // two consumers (order barriers), store threads that arrive on the notify

@@ -94,10 +94,9 @@ void launch_config(const GemmArgs& a, const GemmOptions& o, const Pro& pro, cons
   p.epilogue = epi;
   p.scheduler = sched;
   if constexpr (std::is_same_v<Sched, engine::RasterScheduler>) {
-    // The scheduler's rotation is a compare-and-subtract (scheduler.cuh):
-    // reduce it to [0, rows of the schedule) here, once.
-    const int sched_rows = kClusterM == 1 ? p.tiles_m : (p.tiles_m + 1) / 2;
-    p.scheduler.rotate_m %= sched_rows;
+    // Fast divisions and a reduced rotation (scheduler.cuh), for the grid
+    // the kernel walks: tile pairs with a cluster (TileWalk, kernel.cuh).
+    p.scheduler.prepare(kClusterM == 1 ? p.tiles_m : (p.tiles_m + 1) / 2, p.tiles_n);
   }
 
   const int sms = detail::sm_count();

@@ -19,6 +19,36 @@
 
 namespace tessera::kernels::engine {
 
+/// n / d and n % d for 0 <= n < 2^31 by a multiply-high and a shift
+/// (Granlund and Montgomery's round-up method; CUTLASS's tile schedulers use
+/// the same for the same reason). An integer division is a ~20-instruction
+/// dependent sequence (I2F, MUFU.RCP, fix-ups), and the schedule is evaluated
+/// per tile by the TMA thread and by every consumer at the tile boundary;
+/// one such division (the old rotation's %) measured +0.3 % on a ping-pong
+/// GEMM (notes/gemm.md, session 7). make() runs on the host.
+struct FastDivmod {
+  uint32_t divisor = 1;
+  uint32_t mul = 0;  ///< 0: not made (divide plainly)
+  uint32_t shift = 0;
+
+  static FastDivmod make(uint32_t d) {  // d >= 1
+    uint32_t l = 0;
+    while ((uint64_t{1} << l) < d) ++l;
+    // m = floor(2^32 (2^l - d) / d) + 1 < 2^32 for d <= 2^31.
+    const uint64_t m = ((uint64_t{1} << 32) * ((uint64_t{1} << l) - d)) / d + 1;
+    return FastDivmod{d, static_cast<uint32_t>(m), l};
+  }
+  __host__ __device__ __forceinline__ uint32_t div(uint32_t n) const {
+#if defined(__CUDA_ARCH__)
+    const uint32_t hi = __umulhi(n, mul);
+#else
+    if (mul == 0) return n / divisor;
+    const uint32_t hi = static_cast<uint32_t>((static_cast<uint64_t>(n) * mul) >> 32);
+#endif
+    return (hi + n) >> shift;  // no overflow: hi <= n < 2^31
+  }
+};
+
 struct TileCoord {
   int m;  ///< tile row index (rows [m*BM, (m+1)*BM))
   int n;  ///< tile column index
@@ -35,22 +65,47 @@ struct TileCoord {
 ///    (r + rotate_m) % tiles_m — "my rows first" for rank-rotated AG+GEMM.
 ///    0 <= rotate_m < tiles_m (launch_config reduces it modulo tiles_m), so
 ///    the rotation is one compare and subtract, not a division per tile.
+///  * prepare(tiles_m, tiles_n) makes the divisions by the band size and the
+///    band widths FastDivmods. launch_config (the only launch path of
+///    gemm_kernel) calls it, and device code relies on it: the kernel has no
+///    division left. An unprepared scheduler on the host (models, tests)
+///    divides plainly, with equal results.
 struct RasterScheduler {
   int group = 8;
   bool along_m = false;
   int rotate_m = 0;
+  FastDivmod per_band_div;    ///< group * minor tiles
+  FastDivmod width_div;       ///< group
+  FastDivmod last_width_div;  ///< the last band's width (major tiles % group, or group)
+
+  void prepare(int tiles_m, int tiles_n) {
+    const int major_tiles = along_m ? tiles_n : tiles_m;
+    const int minor_tiles = along_m ? tiles_m : tiles_n;
+    rotate_m %= tiles_m;
+    per_band_div = FastDivmod::make(static_cast<uint32_t>(group * minor_tiles));
+    width_div = FastDivmod::make(static_cast<uint32_t>(group));
+    const int last = major_tiles % group;
+    last_width_div = FastDivmod::make(static_cast<uint32_t>(last ? last : group));
+  }
 
   __host__ __device__ __forceinline__ TileCoord tile(int pos, int tiles_m, int tiles_n) const {
     // Work in a (major, minor) frame: major = the dimension cut into bands.
     const int major_tiles = along_m ? tiles_n : tiles_m;
     const int minor_tiles = along_m ? tiles_m : tiles_n;
     const int per_band = group * minor_tiles;
-    const int band = pos / per_band;
+#if defined(__CUDA_ARCH__)
+    constexpr bool kFast = true;  // launch_config prepared it
+#else
+    const bool kFast = per_band_div.mul != 0;
+#endif
+    const int band = kFast ? static_cast<int>(per_band_div.div(static_cast<uint32_t>(pos))) : pos / per_band;
     const int first = band * group;
-    const int width = major_tiles - first < group ? major_tiles - first : group;
+    const bool last = major_tiles - first < group;
+    const int width = last ? major_tiles - first : group;
     const int in_band = pos - band * per_band;
-    const int major = first + in_band % width;
-    const int minor = in_band / width;
+    const int minor = kFast ? static_cast<int>((last ? last_width_div : width_div).div(static_cast<uint32_t>(in_band)))
+                            : in_band / width;
+    const int major = first + in_band - minor * width;
     TileCoord t = along_m ? TileCoord{minor, major} : TileCoord{major, minor};
     if (rotate_m) {
       t.m += rotate_m;
