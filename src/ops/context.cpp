@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <vector>
 
 #include "context_impl.hpp"
@@ -155,16 +156,27 @@ ShapeSignature signature(const GemmRsArgs& a, Strategy s, RsReduce r, int channe
 /// that skew would count against every strategy in proportion to how early
 /// it waits for a peer), so clock drift hits all alike; returns the median
 /// of each, max over ranks. A sample is `burst` calls back to back, divided
-/// by `burst`: an operator runs between other kernels, not after an idle
-/// GPU, and a single drained call measured the strategies at a clock and
-/// launch state they do not run in (session 7: it chose decomposition for
-/// MLP-1's AG+GEMM, 5 % slower than fused_ce back to back).
+/// by `burst`.
+///
+/// Clock state: the candidates are timed where a training loop runs them,
+/// at the GPU's power cap. The warm-up runs them round-robin for at least
+/// `warm_ms` (and `warmup` rounds) first: the power limiter reacts over tens
+/// of milliseconds, and a tuner that timed ~80 ms of calls from a cool GPU
+/// saw boost clocks, where decomposition beat fused_ce on MLP-1..3's AG+GEMM
+/// by 1-3 % although it is 1.5-3 % slower at the cap (session 7, bench mlp:
+/// notes/ops.md).
 template <class Run>
 std::map<Strategy, double> time_candidates(TpContext::Impl& c, const std::vector<Strategy>& candidates, Run&& run,
-                                           int warmup, int reps, int burst) {
+                                           int warmup, double warm_ms, int reps, int burst) {
   cudaStream_t s = c.pg.stream();
-  for (int i = 0; i < warmup; ++i)
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0;; ++i) {
     for (Strategy k : candidates) run(k);
+    c.drain("ops tuner warm-up");
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    // Every rank decides alike (the calls are collective): continue while any rank is under warm_ms.
+    if (i + 1 >= warmup && c.pg.allreduce_max(ms < warm_ms ? 1.0 : 0.0) == 0.0) break;
+  }
   std::map<Strategy, std::vector<double>> t;
   cudaEvent_t e0, e1;
   TESSERA_CUDA_CHECK(cudaEventCreate(&e0));
@@ -202,8 +214,9 @@ Strategy tune_choice(TpContext& ctx, const Args& a, const OpOptions& o, const st
     if (report) report->chosen = it->second, report->from_cache = true;
     return it->second;
   }
-  // Version 3: candidates timed in bursts of 3 back-to-back calls (version 2:
-  // GEMM+RS on the ping-pong tile and fused_ce); older choices are not reused.
+  // Version 3: candidates timed at the power cap (300 ms warm-up), in bursts
+  // of 3 back-to-back calls (version 2: GEMM+RS on the ping-pong tile and
+  // fused_ce); older choices are not reused.
   if (o.use_cache && !c.cache) c.cache = std::make_unique<tune::Cache>("ops", 3);
   int cached = -1;
   if (o.use_cache) {
@@ -217,7 +230,7 @@ Strategy tune_choice(TpContext& ctx, const Args& a, const OpOptions& o, const st
     if (report) report->chosen = s, report->from_cache = true;
     return s;
   }
-  const std::map<Strategy, double> times = time_candidates(c, candidates, run, 2, 11, 3);
+  const std::map<Strategy, double> times = time_candidates(c, candidates, run, 2, 300.0, 11, 3);
   const Strategy best = choose_strategy(times);
   c.memo[key] = best;
   if (o.use_cache) c.cache->put(key, choice_to_json(best, times, shape));

@@ -70,6 +70,9 @@ DeviceEpilogueTables::DeviceEpilogueTables(const EpilogueTables& t) : sub_rows_(
                     t.tile_base.size() == t.tile_group.size(),
                 "DeviceEpilogueTables: inconsistent table sizes {}, {}, {}", t.tile_base.size(), t.seg_stride.size(),
                 t.tile_group.size());
+  // GroupEpilogue finds a row's segment with a shift (signal/epilogue.cuh).
+  TESSERA_CHECK(t.sub_rows > 0 && (t.sub_rows & (t.sub_rows - 1)) == 0,
+                "DeviceEpilogueTables: {} rows per segment is not a power of two (tile rows / ranks)", t.sub_rows);
   const std::size_t n = t.tile_base.size();
   TESSERA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&tile_base_), n * sizeof(std::int64_t)));
   TESSERA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&seg_stride_), n * sizeof(std::int64_t)));
