@@ -155,19 +155,22 @@ ShapeSignature signature(const GemmRsArgs& a, Strategy s, RsReduce r, int channe
 /// ranks together — the barrier alone releases them tens of µs apart, and
 /// that skew would count against every strategy in proportion to how early
 /// it waits for a peer), so clock drift hits all alike; returns the median
-/// of each, max over ranks. A sample is `burst` calls back to back, divided
-/// by `burst`.
+/// of each, max over ranks.
 ///
-/// Clock state: the candidates are timed where a training loop runs them,
-/// at the GPU's power cap. The warm-up runs them round-robin for at least
-/// `warm_ms` (and `warmup` rounds) first: the power limiter reacts over tens
-/// of milliseconds, and a tuner that timed ~80 ms of calls from a cool GPU
-/// saw boost clocks, where decomposition beat fused_ce on MLP-1..3's AG+GEMM
-/// by 1-3 % although it is 1.5-3 % slower at the cap (session 7, bench mlp:
+/// The conditions are those of a training step (and of bench mlp), where the
+/// operands are fresh and the GPU is busy and power-capped:
+///  * warm-up: the candidates run round-robin for at least `warm_ms` (and
+///    `warmup` rounds), so the power limiter has settled;
+///  * before every timed call, a memset of 4x the L2 size evicts the inputs
+///    the previous call left in L2, and keeps the GPU busy while the host
+///    queues the call (no launch latency in the sample).
+/// Without them the tuner timed the same operands again and again at boost
+/// clocks; it then preferred decomposition over fused_ce on MLP-1's AG+GEMM
+/// (by 2.5 %), which bench mlp measures 2.5-4 % slower (session 7,
 /// notes/ops.md).
 template <class Run>
 std::map<Strategy, double> time_candidates(TpContext::Impl& c, const std::vector<Strategy>& candidates, Run&& run,
-                                           int warmup, double warm_ms, int reps, int burst) {
+                                           int warmup, double warm_ms, int reps) {
   cudaStream_t s = c.pg.stream();
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0;; ++i) {
@@ -177,6 +180,11 @@ std::map<Strategy, double> time_candidates(TpContext::Impl& c, const std::vector
     // Every rank decides alike (the calls are collective): continue while any rank is under warm_ms.
     if (i + 1 >= warmup && c.pg.allreduce_max(ms < warm_ms ? 1.0 : 0.0) == 0.0) break;
   }
+  const std::size_t flush_bytes =
+      std::max<std::size_t>(std::size_t{4} * static_cast<std::size_t>(c.pg.device_properties().l2CacheSize),
+                            std::size_t{64} << 20);
+  void* flush = nullptr;
+  TESSERA_CUDA_CHECK(cudaMalloc(&flush, flush_bytes));
   std::map<Strategy, std::vector<double>> t;
   cudaEvent_t e0, e1;
   TESSERA_CUDA_CHECK(cudaEventCreate(&e0));
@@ -185,17 +193,19 @@ std::map<Strategy, double> time_candidates(TpContext::Impl& c, const std::vector
     for (Strategy k : candidates) {
       c.drain("ops tuner");
       c.pg.barrier();
+      TESSERA_CUDA_CHECK(cudaMemsetAsync(flush, i & 0xff, flush_bytes, s));
       c.pg.align_streams(s);
       TESSERA_CUDA_CHECK(cudaEventRecord(e0, s));
-      for (int b = 0; b < burst; ++b) run(k);
+      run(k);
       TESSERA_CUDA_CHECK(cudaEventRecord(e1, s));
       c.drain("ops tuner");
       float ms = 0;
       TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-      t[k].push_back(ms / burst);
+      t[k].push_back(ms);
     }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
+  TESSERA_CUDA_CHECK(cudaFree(flush));
   std::map<Strategy, double> out;
   for (auto& [k, v] : t) {
     std::sort(v.begin(), v.end());
@@ -214,8 +224,8 @@ Strategy tune_choice(TpContext& ctx, const Args& a, const OpOptions& o, const st
     if (report) report->chosen = it->second, report->from_cache = true;
     return it->second;
   }
-  // Version 3: candidates timed at the power cap (300 ms warm-up), in bursts
-  // of 3 back-to-back calls (version 2: GEMM+RS on the ping-pong tile and
+  // Version 3: candidates timed at the power cap with fresh operands
+  // (time_candidates; version 2: GEMM+RS on the ping-pong tile and
   // fused_ce); older choices are not reused.
   if (o.use_cache && !c.cache) c.cache = std::make_unique<tune::Cache>("ops", 3);
   int cached = -1;
@@ -230,7 +240,7 @@ Strategy tune_choice(TpContext& ctx, const Args& a, const OpOptions& o, const st
     if (report) report->chosen = s, report->from_cache = true;
     return s;
   }
-  const std::map<Strategy, double> times = time_candidates(c, candidates, run, 2, 300.0, 11, 3);
+  const std::map<Strategy, double> times = time_candidates(c, candidates, run, 2, 300.0, 11);
   const Strategy best = choose_strategy(times);
   c.memo[key] = best;
   if (o.use_cache) c.cache->put(key, choice_to_json(best, times, shape));
