@@ -161,13 +161,16 @@ ShapeSignature signature(const GemmRsArgs& a, Strategy s, RsReduce r, int channe
 /// operands are fresh and the GPU is busy and power-capped:
 ///  * warm-up: the candidates run round-robin for at least `warm_ms` (and
 ///    `warmup` rounds), so the power limiter has settled;
-///  * before every timed call, a memset of 4x the L2 size evicts the inputs
-///    the previous call left in L2, and keeps the GPU busy while the host
-///    queues the call (no launch latency in the sample).
-/// Without them the tuner timed the same operands again and again at boost
-/// clocks; it then preferred decomposition over fused_ce on MLP-1's AG+GEMM
-/// (by 2.5 %), which bench mlp measures 2.5-4 % slower (session 7,
-/// notes/ops.md).
+///  * before every timed call, an untimed lead call of the same candidate
+///    (full power right before the sample, as the lead GEMM of bench mlp and
+///    the previous layer of a training step: the idle gaps of the drains and
+///    barriers otherwise let the clocks rise between samples), then a memset
+///    of 4x the L2 size that evicts the operands the lead left in L2; both
+///    keep the GPU busy while the host queues the timed call.
+/// Without them the tuner timed warm operands at near-boost clocks (its
+/// sequential time 13 % under bench mlp's) and preferred decomposition over
+/// fused_ce on MLP-1's AG+GEMM (by 2.5-5 %), which bench mlp measures
+/// 2.5-4 % slower (session 7, notes/ops.md).
 template <class Run>
 std::map<Strategy, double> time_candidates(TpContext::Impl& c, const std::vector<Strategy>& candidates, Run&& run,
                                            int warmup, double warm_ms, int reps) {
@@ -193,6 +196,8 @@ std::map<Strategy, double> time_candidates(TpContext::Impl& c, const std::vector
     for (Strategy k : candidates) {
       c.drain("ops tuner");
       c.pg.barrier();
+      c.pg.align_streams(s);
+      run(k);  // the lead call
       TESSERA_CUDA_CHECK(cudaMemsetAsync(flush, i & 0xff, flush_bytes, s));
       c.pg.align_streams(s);
       TESSERA_CUDA_CHECK(cudaEventRecord(e0, s));
