@@ -188,8 +188,7 @@ void run(const Options& o) {
   TESSERA_CHECK(!o.rs_epilogue || rs_epi, "bench gemm: --rs-epilogue needs --dtype bf16 --layout nk");
   TESSERA_CHECK(!rs_epi || o.m % 128 == 0, "bench gemm: --rs-epilogue needs M (--m {}) a multiple of 128", o.m);
   if (rs_epi) {
-    for (const char* c : {"RS kernel", "RS (s6 code)", "RS - owner add", "RS - all three", "plain rotated",
-                          "plain (this launch)", "plain (s6 scheduler)", "plain rotated (s6 scheduler)"})
+    for (const char* c : {"RS kernel", "RS - owner add", "RS - all three", "plain rotated", "plain (this launch)"})
       columns.push_back(c);
     columns.push_back("RS == ours");
   }
@@ -281,9 +280,8 @@ void run(const Options& o) {
     std::unique_ptr<Dev> rs_stage, rs_recv, rs_d, rs_flags, rs_count;
     RsEpilogueBuffers rsb;
     size_t i_rs_v = 0;
-    const std::vector<RsEpi> rs_kinds = {RsEpi::Current,      RsEpi::S6,        RsEpi::NoOwnerAdd,
-                                         RsEpi::SkipAll,      RsEpi::PlainRotated, RsEpi::PlainHere,
-                                         RsEpi::PlainS6,      RsEpi::PlainRotatedS6};
+    const std::vector<RsEpi> rs_kinds = {RsEpi::Current, RsEpi::NoOwnerAdd, RsEpi::SkipAll, RsEpi::PlainRotated,
+                                         RsEpi::PlainHere};
     std::vector<int> i_rs(rs_kinds.size(), 0);
     std::string rs_same = "-";
     if (rs_epi) {
@@ -435,8 +433,8 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
                   "also time the ping-pong kernels (epilogue_overlap; 128x128 and 64x256), checked bitwise against ours");
   cmd->add_flag("--rs-epilogue", opts->rs_epilogue,
                 "also time GEMM+RS fused_ce's kernel on this GPU (pretend world 2, flags set; bf16, nk): its cost "
-                "over the plain ping-pong kernel, against session 6's epilogue code, with parts left out (ops::DiagSkip) and "
-                "as the plain kernel in the rotated order");
+                "over the plain ping-pong kernel, with parts left out (ops::DiagSkip), and the plain kernel in its "
+                "rotated order");
   cmd->add_option("--results-md", opts->results_md, "replace the \"GEMM engine\" section of this Markdown file");
   cmd->add_option("--commit", opts->commit, "commit recorded in --results-md");
   cmd->add_option("--device-kind", opts->device_kind, "device kind recorded in --results-md");

@@ -10,15 +10,13 @@
 
 namespace tessera::bench::gemm {
 
-/// Current: src/ops' RsStageEpilogue. S6: session 6's code (the A/B
-/// baseline). NoOwnerAdd / SkipAll: Current with ops::DiagSkip bits (the
-/// owner's add; owner add + band wait + notify). PlainRotated: the plain
-/// epilogue in the RS kernel's rotated tile order, no hooks (d = a.d);
-/// PlainHere: the same launch unrotated (the library's plain kernel, launched
-/// from this file: tells the order's cost from the launch path's);
-/// PlainS6 / PlainRotatedS6: unrotated / rotated with session 6's scheduler
-/// (plain integer divisions, the rotation by %).
-enum class RsEpi { Current, S6, NoOwnerAdd, SkipAll, PlainRotated, PlainHere, PlainS6, PlainRotatedS6 };
+/// Current: src/ops' RsStageEpilogue. NoOwnerAdd / SkipAll: the same with
+/// ops::DiagSkip bits (the owner's add; owner add + band wait + notify).
+/// PlainRotated: the plain epilogue in the RS kernel's rotated tile order, no
+/// hooks (d = a.d); PlainHere: the same launch unrotated (the library's plain
+/// kernel, launched from this file: tells the order's cost from the launch
+/// path's).
+enum class RsEpi { Current, NoOwnerAdd, SkipAll, PlainRotated, PlainHere };
 
 /// Buffers of a pretend 2-rank GEMM+RS at rank 0 (M rows, N columns, ld = N
 /// rounded up to 8): stage and recv [2][M/2][ld], d [M/2][N], band_flags
