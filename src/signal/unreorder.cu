@@ -141,30 +141,30 @@ __device__ __forceinline__ int4 scale_vec(const int4& raw, const int4& wraw, flo
   return res;
 }
 
-// Single pass, row in registers: one CTA per output row (blockIdx.x). Each
-// thread computes the source offsets of its own (at most VPT) chunks: no
-// shared chunk table, so no block barrier between the index math and the
-// loads. (With the table, every CTA waited table fill -> __syncthreads ->
-// shared load before its first load; at 4096 x 4096, ~4 waves of short CTAs,
-// that was the fused kernel's +13..+18 % over the plain RMSNorm; session 7.)
+// Single pass, row in registers: one CTA per output row (blockIdx.x).
+// Dynamic shared memory: the row's chunk table (chunks int64).
 template <class Map, class T, int VPT>
 __global__ void __launch_bounds__(kThreads) rmsnorm_unreorder_kernel(Map map, const T* __restrict__ recv,
                                                                      const T* __restrict__ weight,
                                                                      T* __restrict__ out, std::int64_t ld_out,
                                                                      float eps) {
   constexpr int V = 16 / sizeof(T);
+  extern __shared__ std::int64_t chunk_table[];
   __shared__ float partial[kThreads / 32];
   const std::int64_t row = blockIdx.x;
   const int n = static_cast<int>(map.cols());
   const int vecs = n / V;
   const int bn = map.chunk_width();
+  const int chunks = (n + bn - 1) / bn;
   const ColumnPlan<VPT> cols(vecs, bn / V, V);
+  fill_chunk_table(map, row, chunks, chunk_table);
+  __syncthreads();
   int4 x[VPT];
   float ss = 0.f;
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
     if (cols.within[k] >= 0) {
-      x[k] = __ldg(reinterpret_cast<const int4*>(recv + map.chunk_offset(row, cols.chunk[k]) + cols.within[k]));
+      x[k] = __ldg(reinterpret_cast<const int4*>(recv + chunk_table[cols.chunk[k]] + cols.within[k]));
       ss += sum_sq<T>(x[k]);
     }
   }
@@ -230,8 +230,8 @@ cudaError_t unreorder_t(const Map& map, const void* recv, void* out, std::int64_
 
 template <class Map, class T, int VPT>
 cudaError_t launch_rows(const Map& map, const void* recv, const void* weight, void* out, std::int64_t ld_out,
-                        float eps, cudaStream_t stream) {
-  rmsnorm_unreorder_kernel<Map, T, VPT><<<static_cast<unsigned>(map.rows()), kThreads, 0, stream>>>(
+                        float eps, std::size_t smem, cudaStream_t stream) {
+  rmsnorm_unreorder_kernel<Map, T, VPT><<<static_cast<unsigned>(map.rows()), kThreads, smem, stream>>>(
       map, static_cast<const T*>(recv), static_cast<const T*>(weight), static_cast<T*>(out), ld_out, eps);
   return cudaGetLastError();
 }
@@ -241,16 +241,16 @@ cudaError_t rmsnorm_t(const Map& map, const void* recv, const void* weight, void
                       int /*sms*/, cudaStream_t stream) {
   if (map.rows() == 0) return cudaSuccess;
   constexpr std::int64_t V = 16 / sizeof(T);
-  // One CTA per row: grid.x <= 2^31 - 1; the wide kernel's chunk table must
-  // fit the default 48 KiB of dynamic shared memory (unreorder.cpp checks both).
+  // One CTA per row: grid.x <= 2^31 - 1; the chunk table must fit the
+  // default 48 KiB of dynamic shared memory (unreorder.cpp checks both).
   const std::int64_t vecs = map.cols() / V;
   const std::int64_t chunks = (map.cols() + map.chunk_width() - 1) / map.chunk_width();
   const std::size_t smem = static_cast<std::size_t>(chunks) * sizeof(std::int64_t);
   const std::int64_t vpt = (vecs + kThreads - 1) / kThreads;
-  if (vpt <= 1) return launch_rows<Map, T, 1>(map, recv, weight, out, ld_out, eps, stream);
-  if (vpt <= 2) return launch_rows<Map, T, 2>(map, recv, weight, out, ld_out, eps, stream);
-  if (vpt <= 4) return launch_rows<Map, T, 4>(map, recv, weight, out, ld_out, eps, stream);
-  if (vpt <= 8) return launch_rows<Map, T, 8>(map, recv, weight, out, ld_out, eps, stream);
+  if (vpt <= 1) return launch_rows<Map, T, 1>(map, recv, weight, out, ld_out, eps, smem, stream);
+  if (vpt <= 2) return launch_rows<Map, T, 2>(map, recv, weight, out, ld_out, eps, smem, stream);
+  if (vpt <= 4) return launch_rows<Map, T, 4>(map, recv, weight, out, ld_out, eps, smem, stream);
+  if (vpt <= 8) return launch_rows<Map, T, 8>(map, recv, weight, out, ld_out, eps, smem, stream);
   rmsnorm_unreorder_wide_kernel<Map, T><<<static_cast<unsigned>(map.rows()), kThreads, smem, stream>>>(
       map, static_cast<const T*>(recv), static_cast<const T*>(weight), static_cast<T*>(out), ld_out, eps);
   return cudaGetLastError();
