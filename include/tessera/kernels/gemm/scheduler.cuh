@@ -19,13 +19,15 @@
 
 namespace tessera::kernels::engine {
 
-/// n / d and n % d for 0 <= n < 2^31 by a multiply-high and a shift
-/// (Granlund and Montgomery's round-up method; CUTLASS's tile schedulers use
-/// the same for the same reason). An integer division is a ~20-instruction
-/// dependent sequence (I2F, MUFU.RCP, fix-ups), and the schedule is evaluated
-/// per tile by the TMA thread and by every consumer at the tile boundary;
-/// one such division (the old rotation's %) measured +0.3 % on a ping-pong
-/// GEMM (notes/gemm.md, session 7). make() runs on the host.
+/// n / d for 0 <= n < 2^31 by a multiply-high and a shift (Granlund and
+/// Montgomery's round-up method; CUTLASS's tile schedulers do the same). An
+/// integer division is a ~20-instruction dependent sequence (I2F, MUFU.RCP,
+/// fix-ups), and the schedule is evaluated per tile by the TMA thread and by
+/// every consumer at the tile boundary. Measured (notes/gemm.md, session 7):
+/// the plain kernel's own two divisions cost nothing visible, one more (the
+/// old rotation's %) +0.3 %, and the GEMM+RS epilogue's 64-bit divisions
+/// ~1 point; the walk is kept division-free so that what policies add on the
+/// boundary is all there is. make() runs on the host.
 struct FastDivmod {
   uint32_t divisor = 1;
   uint32_t mul = 0;  ///< 0: not made (divide plainly)
