@@ -66,22 +66,16 @@
 // each shape's measured collective. --comm-slowdown-pct and
 // --gemm-penalty-us keep their defaults (0, learned): the fit (25 %, 20 us)
 // is for H200 x2 with 16 NCCL SMs; pass them there (notes/signal.md).
-// Session 6 (issue 5, not yet run): measured top-k refinement. The k best
-// predicted overlapped partitions (--top-k, default 3; signal::
-// PredictiveSearch::top_overlapped, exact) are timed with non-overlap in one
-// interleaved loop (same warm-up and repetitions each); the verified choice
-// is the fastest of them if it beats non-overlap by the verdict margin
-// (SignalTuner::record_measured_candidates stores it). --top-k 1 is the old
-// behaviour; the table also shows the top-1 verdict from the same run, which
-// candidate won and whether the top-k changed the choice, and a table of
-// every candidate (predicted, measured). On the 36ee3d8 run the verified
-// choice was >= 99 % of exhaustive on 12/16 (AR) and 14/18 (RS) swept
-// shapes, the misses next to the exhaustive best ([4,2,2,1] vs [4,2,1,1,1]).
-// Prediction (x2, R = 2, 16 SMs, --comm-slowdown-pct 25 --gemm-penalty-us
-// 20): verified top-3 >= 99 % on 13-15 of 16 (AR) and 15-17 of 18 (RS);
-// top-1 verified as before (12 / 14 +-1); the fastest candidate is not the
-// searched one on half or more of the shapes (noise among near-equal ones);
-// the verdict changes on ~5-10 shapes per op; ~+30 ms of device time per shape and extra candidate.
+// Measured top-k refinement (issue 5): the k best predicted overlapped
+// partitions (--top-k, default 3; signal::PredictiveSearch::top_overlapped,
+// exact) are timed with non-overlap in one interleaved loop (same warm-up and
+// repetitions each); the verified choice is the fastest of them if it beats
+// non-overlap by the verdict margin (SignalTuner::record_measured_candidates
+// stores it). --top-k 1 is the session-5 behaviour; the table also shows the
+// top-1 verdict from the same run, which candidate won and whether the top-k
+// changed the choice, and a table of every candidate (predicted, measured).
+// Its results (head to head against the sweep's best) are in bench/RESULTS.md,
+// sessions 5-7.
 // Rows: the MLP down-projection shapes of WORKLOADS.md with TP = 2 (M = S,
 // N = H, K = I/2: MLP-1..6, the >= 1.25x GEMM+AllReduce target) first, then
 // 56 sweep sizes (M*N 16M..256M, K 2K..16K) in an interleaved order, so a

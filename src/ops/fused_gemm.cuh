@@ -19,6 +19,18 @@ inline constexpr kernels::GemmTile kAgTile = kernels::GemmTile::T64x256;  // pin
 inline constexpr kernels::GemmTile kRsTile = kernels::GemmTile::T64x256;  // ping-pong
 static_assert(kAgTileM == 64 && kRsTileM == 64 && kRsTileN == 256, "tiles and plan constants must agree");
 
+/// The fields every flag-waiting prologue of the fused ops shares: its flag
+/// rows, rank and epoch, and the runtime's wait timeout and diagnostics.
+template <class Pro>
+void set_flag_wait(Pro& pro, const std::uint64_t* flags, int flag_stride, int rank, std::uint64_t epoch) {
+  pro.flags = flags;
+  pro.flag_stride = flag_stride;
+  pro.rank = rank;
+  pro.epoch = epoch;
+  pro.timeout_ns = runtime::wait_timeout_ns();
+  pro.diag = kernels::wait_diagnostics();
+}
+
 template <class T>
 void ag_gemm_typed(const AgGemmLaunch& p, cudaStream_t s) {
   kernels::GemmArgs g{};
@@ -40,12 +52,7 @@ void ag_gemm_typed(const AgGemmLaunch& p, cudaStream_t s) {
   o.max_ctas = p.max_ctas;
   AgPrologue pro;
   pro.map = p.map;
-  pro.flags = p.flags;
-  pro.flag_stride = p.flag_stride;
-  pro.rank = p.rank;
-  pro.epoch = p.epoch;
-  pro.timeout_ns = runtime::wait_timeout_ns();
-  pro.diag = kernels::wait_diagnostics();
+  set_flag_wait(pro, p.flags, p.flag_stride, p.rank, p.epoch);
   if (p.local && p.local_rows > 0) {
     if (!ag_local_rows_on_tiles(p.local_lo, p.local_rows, p.m))
       kernels::detail::fail("ag_gemm: the own shard read in place must start on a tile row and end on one or at M");
@@ -97,16 +104,11 @@ void gemm_rs_stage(const GemmRsLaunch& p, const kernels::GemmArgs& g, const kern
   epi.band_shift = band_shift;
   epi.diag_skip = p.diag_skip;
   RsBandPrologue pro;
-  pro.flags = p.band_flags;
-  pro.flag_stride = p.flag_stride;
+  set_flag_wait(pro, p.band_flags, p.flag_stride, p.rank, p.epoch);
   pro.per_rank = p.per_rank;
-  pro.rank = p.rank;
   pro.world = p.world;
   pro.band_shift = band_shift;
   pro.diag_skip = p.diag_skip;
-  pro.epoch = p.epoch;
-  pro.timeout_ns = runtime::wait_timeout_ns();
-  pro.diag = kernels::wait_diagnostics();
   kernels::gemm_with_tile_overlap<kRsTile, T, kernels::BLayout::NK>(g, o, pro, epi, sched, s);
 }
 

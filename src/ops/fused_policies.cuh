@@ -37,6 +37,15 @@ __device__ __forceinline__ void wait_flag_geq_sys(const std::uint64_t* f, std::u
   }
 }
 
+/// Whether a tile starting at global row row0 is rank's own (fused_ce: the
+/// shards lie on tile rows, so its first row decides): a range compare, no
+/// division on the tile boundary (a 64-bit division per tile here measured
+/// ~1 point of the GEMM+RS kernel; notes/ops.md, session 7).
+__device__ __forceinline__ bool own_tile(std::int64_t row0, int rank, std::int64_t per_rank) {
+  const std::int64_t lo = static_cast<std::int64_t>(rank) * per_rank;
+  return row0 >= lo && row0 < lo + per_rank;
+}
+
 /// The owner's sum of one 8-wide row segment (RsOwnerEpilogue,
 /// RsStageEpilogue): peer s's partial is the 8 values at slab + s *
 /// slab_stride; this rank's is its f32 accumulator. Summed in rank order
@@ -279,16 +288,9 @@ struct RsStageEpilogue {
   int band_shift = 0;      ///< a band is 2^band_shift tile rows (RsPlan::owner_raster_group: 1, 2, 4 or 8)
   unsigned diag_skip = 0;  ///< ops::DiagSkip bits (kernel-only diagnostics; 0 otherwise)
 
-  /// Whether the tile starting at global row row0 is this rank's: a range
-  /// compare (the shards lie on tile rows), no division on the tile boundary.
-  __device__ __forceinline__ bool own(std::int64_t row0) const {
-    const std::int64_t lo = static_cast<std::int64_t>(rank) * per_rank;
-    return row0 >= lo && row0 < lo + per_rank;
-  }
-
   /// One tile's epilogue (kernels/gemm/epilogue.cuh: per-tile binding). Shards
   /// lie on tile rows (fused_ce's precondition), so the tile's first row
-  /// tells whether all its rows are this rank's (own()). bind() returns an
+  /// tells whether all its rows are this rank's (own_tile). bind() returns an
   /// EitherBound, so the ping-pong kernel runs one
   /// store loop per kind of tile, neither carrying the other's branch:
   ///  * RemoteBound: the plain store into the staging slab (the plain
@@ -335,11 +337,11 @@ struct RsStageEpilogue {
     return Bound{RemoteBound{stage, ld},
                  OwnBound{d, ldd, own_row0, recv, ld, per_rank * ld, world, rank, rank == 0 ? 1 : 0,
                           (diag_skip & kDiagSkipOwnerAdd) != 0},
-                 own(t.row0)};
+                 own_tile(t.row0, rank, per_rank)};
   }
 
   __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {
-    if (!own(t.row0) && !(diag_skip & kDiagSkipNotify))
+    if (!own_tile(t.row0, rank, per_rank) && !(diag_skip & kDiagSkipNotify))
       link::mo::red_add_relaxed_gpu(band_count + (t.m >> band_shift), 1);
   }
 };
@@ -367,8 +369,11 @@ struct RsBandPrologue {
   kernels::engine::WaitDiag* diag = nullptr;
 
   __device__ __forceinline__ bool wait(const kernels::engine::TileInfo& t, State&) const {
+    // !own_tile(t.row0, rank, per_rank), written out: through the helper
+    // ptxas allocates this waiter compare differently, and the kernel was
+    // verified on the GPU (session 7, call 11) with this form.
     const std::int64_t lo = static_cast<std::int64_t>(rank) * per_rank;
-    if (t.row0 < lo || t.row0 >= lo + per_rank) return false;  // not own: no division (RsStageEpilogue::own)
+    if (t.row0 < lo || t.row0 >= lo + per_rank) return false;
     if (diag_skip & kDiagSkipBandWait) return false;  // the replayed epoch's flags are set
     const int band = t.m >> band_shift;
     for (int src = 0; src < world; ++src) {

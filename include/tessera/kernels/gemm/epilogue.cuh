@@ -338,9 +338,9 @@ struct StdEpilogue {
     if constexpr (kNotify) {
       const int f = tile_to_flag ? tile_to_flag[t.linear()] : t.linear();
       if constexpr (kSysScope)
-        asm volatile("red.relaxed.sys.global.add.u32 [%0], %1;" ::"l"(flags + f), "r"(notify_add) : "memory");
+        ptx::red_relaxed_sys_add(flags + f, notify_add);
       else
-        asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(flags + f), "r"(notify_add) : "memory");
+        ptx::red_relaxed_gpu_add(flags + f, notify_add);
     }
   }
 };

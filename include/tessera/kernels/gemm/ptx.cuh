@@ -174,10 +174,14 @@ __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
 __device__ __forceinline__ void red_release_gpu_add(uint32_t* p, uint32_t v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
-/// Relaxed (strong) add: a release only after the same thread's
-/// fence.acq_rel.gpu (the GEMM notifier's fence precedes every tile_done).
+/// Relaxed (strong) adds: a release only after the same thread's
+/// fence.acq_rel at that scope (the GEMM notifier's fence precedes every
+/// tile_done; epilogue.cuh, visibility contract).
 __device__ __forceinline__ void red_relaxed_gpu_add(uint32_t* p, uint32_t v) {
   asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void red_relaxed_sys_add(uint32_t* p, uint32_t v) {
+  asm volatile("red.relaxed.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 __device__ __forceinline__ void red_release_sys_add(uint32_t* p, uint32_t v) {
   asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
