@@ -31,6 +31,18 @@ void set_flag_wait(Pro& pro, const std::uint64_t* flags, int flag_stride, int ra
   pro.diag = kernels::wait_diagnostics();
 }
 
+/// The fields the owner-adding GEMM+RS epilogues share (RsStageEpilogue,
+/// RsOwnerEpilogue): this rank's output rows and the shard geometry.
+template <class Epi, class T>
+void set_owner_rows(Epi& epi, const GemmRsLaunch& p) {
+  epi.d = static_cast<T*>(p.d);
+  epi.ldd = p.ldd;
+  epi.per_rank = p.per_rank;
+  epi.ld = p.ld_recv;
+  epi.rank = p.rank;
+  epi.world = p.world;
+}
+
 template <class T>
 void ag_gemm_typed(const AgGemmLaunch& p, cudaStream_t s) {
   kernels::GemmArgs g{};
@@ -95,12 +107,7 @@ void gemm_rs_stage(const GemmRsLaunch& p, const kernels::GemmArgs& g, const kern
   epi.stage = static_cast<T*>(p.stage);
   epi.recv = static_cast<const T*>(p.recv[p.rank]);
   epi.band_count = p.band_count;
-  epi.d = static_cast<T*>(p.d);
-  epi.ldd = p.ldd;
-  epi.per_rank = p.per_rank;
-  epi.ld = p.ld_recv;
-  epi.rank = p.rank;
-  epi.world = p.world;
+  set_owner_rows<RsStageEpilogue<T>, T>(epi, p);
   epi.band_shift = band_shift;
   epi.diag_skip = p.diag_skip;
   RsBandPrologue pro;
@@ -143,12 +150,7 @@ void gemm_rs_typed(const GemmRsLaunch& p, cudaStream_t s) {
       epi.recv[r] = static_cast<T*>(p.recv[r]);
       epi.counters[r] = p.counters[r];
     }
-    epi.d = static_cast<T*>(p.d);
-    epi.ldd = p.ldd;
-    epi.per_rank = p.per_rank;
-    epi.ld = p.ld_recv;
-    epi.rank = p.rank;
-    epi.world = p.world;
+    set_owner_rows<RsOwnerEpilogue<T>, T>(epi, p);
     RsOwnerPrologue pro;
     pro.counters = p.counters[p.rank];
     pro.per_rank = p.per_rank;
