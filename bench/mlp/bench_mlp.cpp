@@ -5,6 +5,10 @@
 //   AG+GEMM gated  — the same with the fused gate/up weight (N = 2·I/R) and
 //                    SiLU(gate)·up (what ops::mlp runs)
 //   GEMM+RS        — row-parallel GEMM2 [S, I/R] · Wd[H, I/R]ᵀ + ReduceScatter
+//   GEMM+AR        — the same GEMM + AllReduce (ops::gemm_ar: the row-parallel
+//                    GEMM without sequence parallelism; issue 5's MLP
+//                    down-projection target); comm = ncclAllReduce, no
+//                    decomposition strategy
 //   MLP            — ops::mlp (gated AG+GEMM then GEMM+RS)
 // Columns: GEMM alone (cuBLASLt, the full per-rank GEMM [S, N, K]; for the
 // gated part the GEMM only, without the activation) and its TFLOP/s, the
@@ -96,7 +100,7 @@ struct InputSet {
   std::unique_ptr<Buf> x, xfull, wgu, wd, hid;
 };
 
-std::string ms(double v) { return fmt::format("{:.3f}", v); }
+std::string ms(double v) { return v > 0 ? fmt::format("{:.3f}", v) : std::string("-"); }
 
 using ops::Strategy;
 
@@ -326,6 +330,38 @@ void run(const Options& o) {
     }
     timer.add(&rs.tes, rs_call(rs_base));
 
+    // ---- GEMM + AR (same GEMM; the full [S, H] sum on every rank, into `part`) ---
+    PartResult ar;
+    ar.flop = rs.flop;
+    timer.add(&ar.comm, [&] {
+      TESSERA_NCCL_CHECK(ncclAllReduce(part.p, part.p, static_cast<std::size_t>(m * h), nt, ncclSum, pg->nccl(), st));
+    });
+    auto ar_args = [&](InputSet& s) {
+      ops::GemmArArgs a;
+      a.a = s.hid->p;
+      a.b = s.wd->p;
+      a.d = part.p;
+      a.m = m;
+      a.n = h;
+      a.k = il;
+      a.dtype = t;
+      return a;
+    };
+    double ar_ce = 0;
+    ops::OpOptions ar_base;
+    ar_base.use_cache = false;
+    auto ar_call = [&](ops::OpOptions op) { return [&, op] { ops::gemm_ar(ctx, ar_args(next()), op); }; };
+    {
+      ops::OpOptions op = ar_base;
+      op.strategy = Strategy::sequential;
+      timer.add(&ar.seq, ar_call(op));
+      if (rs_ce_ok) {
+        op.strategy = Strategy::fused_ce;
+        timer.add(&ar_ce, ar_call(op));
+      }
+    }
+    timer.add(&ar.tes, ar_call(ar_base));
+
     // ---- whole layer (gated AG+GEMM, then GEMM+RS) -----------------------------
     auto mlp_call = [&](ops::OpOptions oa, ops::OpOptions orr) {
       return [&, oa, orr] {
@@ -367,12 +403,13 @@ void run(const Options& o) {
 
     // Tune here, as the first automatic call would (same collective
     // measurement, then memoized), to print what the tuner measured.
-    ops::TuneReport tuned[3];
+    ops::TuneReport tuned[4];
     for (int gated = 0; gated < 2; ++gated) ctx.resolve(ag_args(in[0], gated, agout.p), ag_base, &tuned[gated]);
     ctx.resolve(rs_args(in[0]), rs_base, &tuned[2]);
+    ctx.resolve(ar_args(in[0]), ar_base, &tuned[3]);
     if (pg->rank() == 0) {
-      const char* parts[3] = {"AG+GEMM", "AG+GEMM gated", "GEMM+RS"};
-      for (int i = 0; i < 3; ++i) {
+      const char* parts[4] = {"AG+GEMM", "AG+GEMM gated", "GEMM+RS", "GEMM+AR"};
+      for (int i = 0; i < 4; ++i) {
         std::string times;
         for (const auto& [k, v] : tuned[i].times_ms) times += fmt::format(" {} {:.3f}", ops::strategy_name(k), v);
         fmt::print("{} {}: tuner chose {} ({}; ms:{})\n", sh.name, parts[i], ops::strategy_name(tuned[i].chosen),
@@ -398,6 +435,14 @@ void run(const Options& o) {
     rs.which = ce_wins ? "fused_ce" : "fused_sm";
     rs.choice = std::string(ops::strategy_name(ctx.resolve(rs_args(in[0]), rs_base)));
     add("GEMM+RS", rs, std::max(rs.gemm, rs.comm));
+    ar.gemm = rs.gemm;
+    ar.engine = rs.engine;
+    if (rs_ce_ok) {
+      ar.best = ar_ce;
+      ar.which = "fused_ce";
+    }
+    ar.choice = std::string(ops::strategy_name(ctx.resolve(ar_args(in[0]), ar_base)));
+    add("GEMM+AR", ar, std::max(ar.gemm, ar.comm));
     const PartResult& g = ag_res[1];
     ml_r.gemm = g.gemm + rs.gemm;
     ml_r.engine = g.engine + rs.engine;
@@ -414,6 +459,7 @@ void run(const Options& o) {
       if (part_name == "AG+GEMM") return ag_res[0].seq;
       if (part_name == "AG+GEMM gated") return ag_res[1].seq;
       if (part_name == "GEMM+RS") return rs.seq;
+      if (part_name == "GEMM+AR") return ar.seq;
       return ml_r.seq;
     };
     auto var_row = [&](const std::string& part_name, const std::string& name, double v) {
@@ -426,6 +472,7 @@ void run(const Options& o) {
     }
     var_row("GEMM+RS", "fused_sm reduce=epilogue", rs_sm);
     if (rs_ce_ok) var_row("GEMM+RS", "fused_ce (copy engine)", rs_ce);
+    if (rs_ce_ok) var_row("GEMM+AR", "fused_ce (copy engine)", ar_ce);
     var_row("MLP", "fused_ce+fused_sm", ml_ce);
     var_row("MLP", "fused_sm+fused_sm", ml_sm);
     if (rs_ce_ok) var_row("MLP", "fused_ce+fused_ce", ml_cece);

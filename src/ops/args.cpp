@@ -110,6 +110,19 @@ void validate(const GemmRsArgs& a, int rank, int world, const char* op) {
   check_ld(op, "ldd", a.ldd ? a.ldd : a.n, a.n);
 }
 
+void validate(const GemmArArgs& a, int rank, int world, const char* op) {
+  check_common(op, a.dtype, rank, world);
+  check_nk(op, a.n, a.k);
+  // Every rank owns (reduces) a ragged row shard, as in gemm_rs.
+  check_rows(op, a.m, shard_rows(a.m, world).rows(a.m, rank), rank, world);
+  check_ptr(op, "A", a.a);
+  check_ptr(op, "B", a.b);
+  check_ptr(op, "D", a.d);
+  check_ld(op, "lda", a.lda ? a.lda : a.k, a.k);
+  check_ld(op, "ldb", a.ldb ? a.ldb : a.k, a.k);
+  check_ld(op, "ldd", a.ldd ? a.ldd : a.n, a.n);
+}
+
 void validate(const MlpArgs& a, int rank, int world, const char* op) {
   check_common(op, a.dtype, rank, world);
   TESSERA_CHECK(a.h >= 8 && a.h % 8 == 0, "{}: H = {} must be a positive multiple of 8", op, a.h);

@@ -45,6 +45,7 @@ TpContext::Impl::Impl(runtime::ProcessGroup& g) : pg(g) {
   TESSERA_CUDA_CHECK(cudaMemset(push_done.ensure(done_bytes, pg.stream()), 0, done_bytes));
   TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_ready, cudaEventDisableTiming));
   TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_comm_done, cudaEventDisableTiming));
+  TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_rx_done, cudaEventDisableTiming));
   int least = 0, greatest = 0;
   TESSERA_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   TESSERA_CUDA_CHECK(cudaStreamCreateWithPriority(&ring_stream, cudaStreamNonBlocking, greatest));
@@ -55,6 +56,7 @@ TpContext::Impl::Impl(runtime::ProcessGroup& g) : pg(g) {
 TpContext::Impl::~Impl() {
   if (ev_ready) cudaEventDestroy(ev_ready);
   if (ev_comm_done) cudaEventDestroy(ev_comm_done);
+  if (ev_rx_done) cudaEventDestroy(ev_rx_done);
   if (ring_stream) cudaStreamDestroy(ring_stream);
 }
 
@@ -125,6 +127,14 @@ void TpContext::Impl::ensure_rs_bands(int bands) {
   rs_ce_epoch = 0;  // the new flags hold no epoch
 }
 
+void TpContext::Impl::ensure_ar(std::size_t recv_bytes) {
+  if (!ar_recv.empty() && ar_recv.bytes() >= recv_bytes) return;
+  drain("gemm_ar: workspace growth");
+  pg.barrier();
+  ar_recv = runtime::SymBuffer<unsigned char>();
+  ar_recv = runtime::SymBuffer<unsigned char>(pg, recv_bytes);
+}
+
 std::string_view rs_reduce_name(RsReduce r) { return r == RsReduce::kernel ? "kernel" : "epilogue"; }
 
 TpContext::TpContext(runtime::ProcessGroup& pg) : pg_(&pg), impl_(std::make_unique<Impl>(pg)) {}
@@ -146,6 +156,10 @@ ShapeSignature signature(const GemmRsArgs& a, Strategy s, RsReduce r, int channe
   // every rank must use the same.
   return ShapeSignature{2, static_cast<std::int32_t>(a.dtype), static_cast<std::int32_t>(s),
                         static_cast<std::int32_t>(r) | (channels << 4), a.m, a.n, a.k};
+}
+
+ShapeSignature signature(const GemmArArgs& a, Strategy s) {
+  return ShapeSignature{4, static_cast<std::int32_t>(a.dtype), static_cast<std::int32_t>(s), 0, a.m, a.n, a.k};
 }
 
 /// Median over `reps` of one call (after `warmup`), max over ranks.
@@ -267,6 +281,22 @@ void check_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, const OpOptions& o) 
   c.check_agreement(signature(a, o.strategy, o.rs_reduce, o.channels), "gemm_rs");
 }
 
+/// The same for gemm_ar.
+void check_gemm_ar(TpContext::Impl& c, const GemmArArgs& a, const OpOptions& o) {
+  c.check_usable("gemm_ar");
+  validate(a, c.pg.rank(), c.pg.world());
+  TESSERA_CHECK(o.strategy == Strategy::automatic || o.strategy == Strategy::sequential ||
+                    o.strategy == Strategy::fused_ce,
+                "gemm_ar: strategy {} is not implemented for GEMM+AllReduce (sequential, fused_ce or automatic)",
+                strategy_name(o.strategy));
+  TESSERA_CHECK(o.strategy != Strategy::fused_ce || rs_tile_row_shards(a.m, c.pg.world()),
+                "gemm_ar: strategy fused_ce needs each rank's {} rows (ceil(M/R), M = {}, R = {}) to be a multiple "
+                "of the {}-row tile; use sequential or automatic",
+                shard_rows(a.m, c.pg.world()).per_rank, a.m, c.pg.world(), detail::kRsTileM);
+  TESSERA_CHECK(!o.diag_kernel_only && o.diag_skip == 0, "gemm_ar: diag_kernel_only / diag_skip are gemm_rs diagnostics");
+  c.check_agreement(signature(a, o.strategy), "gemm_ar");
+}
+
 }  // namespace
 
 // resolve() checks what the operator would (it may launch every candidate),
@@ -290,6 +320,21 @@ Strategy TpContext::resolve(const GemmRsArgs& a, const OpOptions& o, TuneReport*
   return tune_choice(*this, a, o, "gemm_rs", shape,
                      gemm_rs_candidates(impl_->pg.world(), rs_tile_row_shards(a.m, impl_->pg.world())),
                      [&](Strategy s) { run_gemm_rs(*impl_, a, s, o); }, report);
+}
+
+Strategy TpContext::resolve(const GemmArArgs& a, const OpOptions& o, TuneReport* report) {
+  check_gemm_ar(*impl_, a, o);
+  if (o.strategy != Strategy::automatic) return o.strategy;
+  const std::vector<std::int64_t> shape{a.m, a.n, a.k};
+  return tune_choice(*this, a, o, "gemm_ar", shape,
+                     gemm_ar_candidates(impl_->pg.world(), rs_tile_row_shards(a.m, impl_->pg.world())),
+                     [&](Strategy s) { run_gemm_ar(*impl_, a, s, o); }, report);
+}
+
+void gemm_ar(TpContext& ctx, const GemmArArgs& a, const OpOptions& o) {
+  auto& c = ctx.impl();
+  const Strategy s = ctx.resolve(a, o);  // checks everything first
+  run_gemm_ar(c, a, s, o);
 }
 
 void ag_gemm(TpContext& ctx, const AgGemmArgs& a, const OpOptions& o) {

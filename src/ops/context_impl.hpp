@@ -51,6 +51,7 @@ struct TpContext::Impl {
   std::vector<std::uint64_t> rs_band_total;  ///< tiles counted per slot so far (never reset)
   runtime::SymBuffer<unsigned char> ag_ws;     ///< gathered A: [R·ceil(M/R), K]
   runtime::SymBuffer<unsigned char> rs_recv;   ///< receive slabs: [R][ceil(M/R)][ld_recv]
+  runtime::SymBuffer<unsigned char> ar_recv;   ///< gemm_ar: the owners' reduced rows, same layout
   LocalBuffer staging;   ///< sequential/decomposition partials, pre-activation GEMM outputs
   LocalBuffer rs_out;    ///< sequential RS output when it cannot land in D directly
   LocalBuffer hidden;    ///< mlp: the intermediate activation [M, I/R]
@@ -61,7 +62,7 @@ struct TpContext::Impl {
   /// AG channel count: what OpOptions::diag_kernel_only replays.
   std::uint64_t ag_ce_epoch = 0, rs_ce_epoch = 0;
   int ag_ce_channels = 0;
-  cudaEvent_t ev_ready = nullptr, ev_comm_done = nullptr;
+  cudaEvent_t ev_ready = nullptr, ev_comm_done = nullptr, ev_rx_done = nullptr;
   /// Ring RS's add/push chain: non-blocking, highest priority, so its small
   /// add kernels get SMs as soon as the concurrent GEMM's CTAs retire (a
   /// normal-priority stream would queue behind the GEMM's remaining waves and
@@ -79,6 +80,7 @@ struct TpContext::Impl {
   void ensure_rs(std::size_t recv_bytes, int tile_rows);
   /// Collective growth of rs_bands to >= `bands` slots (totals restart at 0).
   void ensure_rs_bands(int bands);
+  void ensure_ar(std::size_t recv_bytes);
   /// Waits for the compute and comm streams, with link::synchronize's
   /// timeout and diagnostics (used before growth and after tuning).
   void drain(const char* what);
@@ -92,5 +94,16 @@ struct TpContext::Impl {
 /// and agreement are done by the caller.
 void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOptions& o);
 void run_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, Strategy s, const OpOptions& o);
+void run_gemm_ar(TpContext::Impl& c, const GemmArArgs& a, Strategy s, const OpOptions& o);
+
+/// GEMM+AR's full output, for fused_ce's all-gather half (gemm_rs.cpp).
+struct ArTail {
+  void* d = nullptr;  ///< [M, N], row stride ldd
+  std::int64_t ldd = 0;
+};
+/// fused_ce GEMM+RS (gemm_rs.cpp); with `ar`, also GEMM+AR's all-gather of
+/// the reduced bands into ar->d (a.d must then be this rank's rows of it).
+void run_fused_ce(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan, bool kernel_only, unsigned diag_skip,
+                  const ArTail* ar = nullptr);
 
 }  // namespace tessera::ops

@@ -90,6 +90,9 @@ struct GemmRsLaunch {
   int flag_stride = 0;
   std::uint64_t epoch = 0;
   unsigned diag_skip = 0;  ///< OpOptions::diag_skip (kernel-only runs only)
+  /// fused_ce for GEMM+AR: own tiles are counted on band_count too (d then
+  /// points at this rank's rows of the full output).
+  bool count_own = false;
 };
 void launch_gemm_rs(const GemmRsLaunch& p, cudaStream_t s);
 

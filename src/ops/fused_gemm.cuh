@@ -110,6 +110,7 @@ void gemm_rs_stage(const GemmRsLaunch& p, const kernels::GemmArgs& g, const kern
   set_owner_rows<RsStageEpilogue<T>, T>(epi, p);
   epi.band_shift = band_shift;
   epi.diag_skip = p.diag_skip;
+  epi.count_own = p.count_own;
   RsBandPrologue pro;
   set_flag_wait(pro, p.band_flags, p.flag_stride, p.rank, p.epoch);
   pro.per_rank = p.per_rank;

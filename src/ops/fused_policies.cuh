@@ -271,7 +271,9 @@ struct RsOwnerPrologue {
 ///    rank order 0..R-1 (deterministic, one rounding) and store into D.
 ///    Visibility as in RsOwnerEpilogue: copy engine writes → peer stream's
 ///    system fence + flag write → producer ld.acquire.sys → mbarrier
-///    (release/acquire.cta) → consumers' ld.global.cg.
+///    (release/acquire.cta) → consumers' ld.global.cg. With count_own
+///    (GEMM+AR), tile_done counts the own tile on its band as for o != rank,
+///    and the host copies each complete band of D to every peer.
 /// Deadlock freedom: as RsOwnerEpilogue (remote bands precede own bands in
 /// every rank's schedule); the copies need no SM.
 template <class OutT>
@@ -287,6 +289,10 @@ struct RsStageEpilogue {
   int rank = 0, world = 1;
   int band_shift = 0;      ///< a band is 2^band_shift tile rows (RsPlan::owner_raster_group: 1, 2, 4 or 8)
   unsigned diag_skip = 0;  ///< ops::DiagSkip bits (kernel-only diagnostics; 0 otherwise)
+  /// GEMM+AR (gemm_ar fused_ce): own tiles are counted on their band too
+  /// (same release as the remote ones), so the copy stream can send each
+  /// finished band of reduced rows to the peers.
+  bool count_own = false;
 
   /// One tile's epilogue (kernels/gemm/epilogue.cuh: per-tile binding). Shards
   /// lie on tile rows (fused_ce's precondition), so the tile's first row
@@ -341,7 +347,7 @@ struct RsStageEpilogue {
   }
 
   __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {
-    if (!own_tile(t.row0, rank, per_rank) && !(diag_skip & kDiagSkipNotify))
+    if ((count_own || !own_tile(t.row0, rank, per_rank)) && !(diag_skip & kDiagSkipNotify))
       link::mo::red_add_relaxed_gpu(band_count + (t.m >> band_shift), 1);
   }
 };

@@ -143,6 +143,64 @@ detail::GemmRsLaunch fused_launch(TpContext::Impl& c, const GemmRsArgs& a, const
   return g;
 }
 
+// GEMM+AR's all-gather half, queued after fused_ce's reduce-scatter copies.
+// Send (comm stream, in stream order after the remote bands): per own band,
+// wait until the kernel counted all its tiles (count_own: the epilogue has
+// stored the reduced rows into D), copy the band from D into every peer's
+// ar_recv slab [rank] on the copy engine and store the epoch into the peer's
+// flag slot bands + band. Receive (ring_stream): per band, per peer, wait for
+// that flag and copy the slab rows into D's rows of that peer's shard (a
+// local copy: the peers cannot address our D). Slab reuse: a peer sends only
+// after this rank's kRsFree of the previous call (the remote-band loop above
+// waited for it on the same stream), which run_fused_ce stores after the
+// receive stream joined. Every rank ends with the owners' bf16/f16 values,
+// so D is bitwise equal on all ranks.
+void send_reduced_bands(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan, const ArTail& ar,
+                        std::uint64_t e, int bands) {
+  const int R = c.pg.world(), rank = c.pg.rank();
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(a.dtype));
+  const std::int64_t per_rank = plan.shards.per_rank, ldr = plan.ld_recv;
+  const int G = plan.owner_raster_group();
+  const std::uint64_t band_tiles = static_cast<std::uint64_t>(G) * plan.tiles_n;
+  const std::int64_t band_rows = static_cast<std::int64_t>(G) * plan.tile_m;
+  const std::size_t row_bytes = static_cast<std::size_t>(a.n * es);
+  auto* d = static_cast<unsigned char*>(ar.d);
+  cudaStream_t cs = c.comm(), rx = c.ring_stream;
+  const std::int64_t lo = plan.shards.lo(rank), rows = plan.shards.rows(a.m, rank);
+  for (std::int64_t r0 = 0; r0 < rows; r0 += band_rows) {
+    const int b = static_cast<int>((lo + r0) / band_rows);
+    const std::int64_t nr = std::min(band_rows, rows - r0);
+    c.rs_band_total[b] += band_tiles;
+    link::rank_wait(cs, *c.rs_bands, rank, b, c.rs_band_total[b]);
+    for (int j = 1; j < R; ++j) {
+      const int p = (rank + j) % R;
+      unsigned char* dst = static_cast<unsigned char*>(c.ar_recv.peer(p)) + (rank * per_rank + r0) * ldr * es;
+      TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(dst, ldr * es, d + (lo + r0) * ar.ldd * es, ar.ldd * es, row_bytes,
+                                           static_cast<std::size_t>(nr), cudaMemcpyDeviceToDevice, cs));
+      link::rank_notify(cs, *c.rs_bands, p, bands + b, e);
+    }
+  }
+  TESSERA_CUDA_CHECK(cudaStreamWaitEvent(rx, c.ev_ready, 0));
+  // Peers finish their bands at about the same time: receive band by band
+  // across peers, not peer by peer.
+  for (std::int64_t r0 = 0; r0 < per_rank; r0 += band_rows)
+    for (int j = 1; j < R; ++j) {
+      const int p = (rank + j) % R;
+      const std::int64_t plo = plan.shards.lo(p), prows = plan.shards.rows(a.m, p);
+      if (r0 >= prows) continue;
+      const int b = static_cast<int>((plo + r0) / band_rows);
+      const std::int64_t nr = std::min(band_rows, prows - r0);
+      link::rank_wait(rx, *c.rs_bands, p, bands + b, e);
+      const unsigned char* src = c.ar_recv.local() + (p * per_rank + r0) * ldr * es;
+      TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(d + (plo + r0) * ar.ldd * es, ar.ldd * es, src, ldr * es, row_bytes,
+                                           static_cast<std::size_t>(nr), cudaMemcpyDeviceToDevice, rx));
+    }
+  TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_rx_done, rx));
+  TESSERA_CUDA_CHECK(cudaStreamWaitEvent(c.pg.stream(), c.ev_rx_done, 0));
+}
+
+}  // namespace
+
 // fused_ce (RsStageEpilogue): the engine GEMM writes remotely-owned rows to
 // local staging and counts each finished tile on its band's counter; the
 // comm stream, per remote band in schedule order, waits for the band's
@@ -150,8 +208,10 @@ detail::GemmRsLaunch fused_launch(TpContext::Impl& c, const GemmRsArgs& a, const
 // the copy engine and stores the epoch into the owner's band flag. Own
 // tiles (computed last) wait for the peers' band flags and add the slabs in
 // the epilogue. No SM does communication; NVLink carries only copy-engine
-// traffic.
-void run_fused_ce(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan, bool kernel_only, unsigned diag_skip) {
+// traffic. With `ar` (GEMM+AR), see send_reduced_bands.
+
+void run_fused_ce(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan, bool kernel_only, unsigned diag_skip,
+                  const ArTail* ar) {
   const int R = c.pg.world(), rank = c.pg.rank();
   cudaStream_t st = c.pg.stream();
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(a.dtype));
@@ -159,8 +219,11 @@ void run_fused_ce(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan, b
   const std::size_t slab_bytes = static_cast<std::size_t>(per_rank * ldr * es);
   const int G = plan.owner_raster_group();
   const int bands = plan.tiles_m / G;
+  TESSERA_CHECK(!(ar && kernel_only), "gemm_ar: diag_kernel_only is a gemm_rs diagnostic");
   c.ensure_rs(slab_bytes * R, 1);
-  c.ensure_rs_bands(bands);
+  // GEMM+AR: slots [bands, 2·bands) of the flag rows say "src's reduced band landed".
+  c.ensure_rs_bands(ar ? 2 * bands : bands);
+  if (ar) c.ensure_ar(slab_bytes * R);
   // diag_kernel_only: the last fused_ce epoch, whose band flags every peer
   // already stored (tp_mlp.hpp), and no copies, flags or kRsFree.
   TESSERA_CHECK(!kernel_only || c.rs_ce_epoch > 0,
@@ -183,6 +246,7 @@ void run_fused_ce(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan, b
   g.flag_stride = bv.slots;
   g.epoch = e;
   g.diag_skip = diag_skip;
+  g.count_own = ar != nullptr;
   detail::launch_gemm_rs(g, st);
 
   const std::uint64_t band_tiles = static_cast<std::uint64_t>(G) * plan.tiles_n;
@@ -211,13 +275,12 @@ void run_fused_ce(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan, b
     }
   }
   if (kernel_only) return;
+  if (ar) send_reduced_bands(c, a, plan, *ar, e, bands);
   TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_comm_done, cs));
   TESSERA_CUDA_CHECK(cudaStreamWaitEvent(st, c.ev_comm_done, 0));
   for (int p = 0; p < R; ++p)
     if (p != rank) link::rank_notify(st, *c.control, p, kRsFree, e);
 }
-
-}  // namespace
 
 void run_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, Strategy s, const OpOptions& o) {
   TESSERA_CHECK(s == Strategy::sequential || s == Strategy::decomposition || s == Strategy::fused_sm ||

@@ -52,6 +52,12 @@ std::vector<Strategy> gemm_rs_candidates(int world, bool tile_row_shards) {
   return c;
 }
 
+std::vector<Strategy> gemm_ar_candidates(int world, bool tile_row_shards) {
+  std::vector<Strategy> c{Strategy::sequential};
+  if (tile_row_shards && world > 1) c.push_back(Strategy::fused_ce);
+  return c;
+}
+
 std::string choice_key(const tune::MachineId& m, DType dtype, const std::string& op,
                        const std::vector<std::int64_t>& shape) {
   return tune::make_key(tune::key_prefix(m, dtype, "ops." + op), shape);

@@ -111,6 +111,39 @@ TEST(OpsValidate, GemmRsAndMlp) {
   EXPECT_THROW(validate(m, 0, 2), tessera::Error);
 }
 
+TEST(OpsValidate, GemmAr) {
+  GemmArArgs a;
+  a.a = fake(0x1000);
+  a.b = fake(0x2000);
+  a.d = fake(0x3000);
+  a.m = 8192;
+  a.n = 4096;
+  a.k = 5504;
+  EXPECT_NO_THROW(validate(a, 1, 2));
+  GemmArArgs bad = a;
+  bad.ldd = 4000;  // shorter than a row
+  EXPECT_THROW(validate(bad, 1, 2), tessera::Error);
+  bad = a;
+  bad.d = fake(0x3004);  // not 16-byte aligned
+  EXPECT_THROW(validate(bad, 0, 2), tessera::Error);
+  bad = a;
+  bad.m = 1;  // rank 1 would own no rows
+  try {
+    validate(bad, 0, 2);
+    ADD_FAILURE() << "M = 1 over 2 ranks accepted";
+  } catch (const tessera::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gemm_ar"), std::string::npos) << e.what();
+  }
+  // Ragged M is valid (the sequential strategy runs it).
+  bad = a;
+  bad.m = 1000;
+  EXPECT_NO_THROW(validate(bad, 1, 2));
+  // Candidates: fused_ce only with tile-row shards and peers to reduce with.
+  EXPECT_EQ(gemm_ar_candidates(2, true), (std::vector<Strategy>{Strategy::sequential, Strategy::fused_ce}));
+  EXPECT_EQ(gemm_ar_candidates(2, false), std::vector<Strategy>{Strategy::sequential});
+  EXPECT_EQ(gemm_ar_candidates(1, true), std::vector<Strategy>{Strategy::sequential});
+}
+
 TEST(OpsPlan, AllGatherOrderMatchesArrival) {
   for (int world : {2, 4, 8})
     for (int r = 0; r < world; ++r) {

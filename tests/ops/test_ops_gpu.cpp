@@ -573,6 +573,111 @@ TEST_P(OpsTp, MlpBackToBackMatchesSequential) {
     }
 }
 
+/// FNV-1a of a buffer's bytes (the cross-rank equality check).
+std::uint64_t fnv1a(const void* dev, std::size_t bytes) {
+  std::vector<unsigned char> h(bytes);
+  TESSERA_CUDA_CHECK(cudaMemcpy(h.data(), dev, bytes, cudaMemcpyDeviceToHost));
+  std::uint64_t x = 1469598103934665603ull;
+  for (unsigned char c : h) x = (x ^ c) * 1099511628211ull;
+  return x;
+}
+
+// GEMM+AllReduce: every strategy against the host double reference of the
+// full sum, on every shape (fused_ce rejected where the shards are off the
+// tile rows); the padding columns of D stay untouched; every rank ends with
+// bitwise the same D; fused_ce is deterministic over back-to-back calls,
+// including calls enqueued with no host sync, interleaved with gemm_rs
+// fused_ce calls that share its epochs, band flags and staging.
+TEST_P(OpsTp, GemmArMatchesReferenceOnEveryRank) {
+  if (skip()) GTEST_SKIP() << "needs >= 2 ranks with a GPU each";
+  auto& pg = group();
+  const DType t = GetParam();
+  const int R = pg.world(), rank = pg.rank();
+  for (const Shape& sh : kShapes) {
+    const std::uint64_t seed = shared_seed();
+    std::vector<Mat> as, bs;
+    for (int r = 0; r < R; ++r) {
+      as.push_back(random_mat(sh.m, sh.k, seed + 2 * r, t));
+      bs.push_back(random_mat(sh.n, sh.k, seed + 2 * r + 1, t, 0.5));
+    }
+    std::vector<double> ref(static_cast<std::size_t>(sh.m * sh.n), 0.0);
+    for (int r = 0; r < R; ++r) {
+      const auto p = matmul_nt(as[r], 0, sh.m, bs[r]);
+      for (std::size_t i = 0; i < ref.size(); ++i) ref[i] += p[i];
+    }
+    auto da = upload(as[rank], 0, sh.m, sh.k, t);
+    auto db = upload(bs[rank], 0, sh.n, sh.k, t);
+    const std::int64_t ldd = (sh.n + 7) / 8 * 8 + sh.ldd_pad;
+    const std::size_t d_bytes = static_cast<std::size_t>(sh.m * ldd * 2);
+    Dev d0(d_bytes), d1(d_bytes), d2(d_bytes);
+    Dev* outs[3] = {&d0, &d1, &d2};
+    GemmArArgs g;
+    g.a = da->p;
+    g.b = db->p;
+    g.d = d0.p;
+    g.m = sh.m;
+    g.n = sh.n;
+    g.k = sh.k;
+    g.ldd = ldd;
+    g.dtype = t;
+    // A GEMM+RS of the same operands into its own buffer (shares the epochs).
+    const ShardRows s = shard_rows(sh.m, R);
+    Dev drs(static_cast<std::size_t>(s.rows(sh.m, rank) * ldd * 2));
+    GemmRsArgs rs{da->p, db->p, drs.p, sh.m, s.rows(sh.m, rank), sh.n, sh.k, 0, 0, ldd, t};
+    const bool ce_ok = rs_tile_row_shards(sh.m, R);
+    // The padding columns of D must keep the poison (the copies are 2D).
+    auto padding_untouched = [&](const Dev& d) {
+      if (ldd == sh.n) return true;
+      std::vector<std::uint16_t> h(static_cast<std::size_t>(sh.m * ldd));
+      TESSERA_CUDA_CHECK(cudaMemcpy(h.data(), d.p, h.size() * 2, cudaMemcpyDeviceToHost));
+      for (std::int64_t r = 0; r < sh.m; ++r)
+        for (std::int64_t c = sh.n; c < ldd; ++c)
+          if (h[r * ldd + c] != 0xFFFF) return false;
+      return true;
+    };
+    for (Strategy st : {Strategy::sequential, Strategy::fused_ce, Strategy::automatic}) {
+      OpOptions o;
+      o.strategy = st;
+      o.use_cache = false;
+      if (st == Strategy::fused_ce && !ce_ok) {
+        try {
+          ops::gemm_ar(ctx(), g, o);
+          ADD_FAILURE() << "gemm_ar fused_ce accepted M " << sh.m << " at R " << R << " (shards not on tile rows)";
+        } catch (const tessera::Error& e) {
+          EXPECT_NE(std::string(e.what()).find("fused_ce"), std::string::npos) << e.what();
+        }
+        continue;
+      }
+      d0.poison();
+      ops::gemm_ar(ctx(), g, o);
+      TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
+      const auto first = download(d0.p, sh.m, sh.n, ldd, t);
+      EXPECT_LT(tessera::testing::relative_error(first, ref), t == DType::bf16 ? 2e-2 : 5e-3)
+          << "gemm_ar " << strategy_name(st) << " M " << sh.m << " N " << sh.n << " K " << sh.k;
+      EXPECT_TRUE(padding_untouched(d0)) << "gemm_ar " << strategy_name(st) << " wrote D's padding columns";
+      const std::uint64_t h = fnv1a(d0.p, d_bytes);
+      const auto all = pg.allgather(h);
+      for (int r = 0; r < R; ++r)
+        EXPECT_EQ(all[r], h) << "gemm_ar " << strategy_name(st) << ": rank " << r << "'s D differs from rank " << rank
+                             << "'s";
+      if (st != Strategy::fused_ce) continue;
+      // Back to back, no host sync: 6 AR calls into 3 rotating outputs, a
+      // gemm_rs fused_ce between them; then every output equals the first.
+      for (Dev* d : outs) d->poison();
+      for (int it = 0; it < 6; ++it) {
+        GemmArArgs gi = g;
+        gi.d = outs[it % 3]->p;
+        ops::gemm_ar(ctx(), gi, o);
+        ops::gemm_rs(ctx(), rs, o);
+      }
+      TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
+      for (int i = 0; i < 3; ++i)
+        ASSERT_EQ(download(outs[i]->p, sh.m, sh.n, ldd, t), first)
+            << "gemm_ar fused_ce back-to-back output " << i << " differs (non-deterministic or raced)";
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, OpsTp, ::testing::Values(DType::bf16, DType::f16),
                          [](const auto& i) { return std::string(dtype_name(i.param)); });
 
@@ -614,6 +719,23 @@ TEST(OpsTpBadInput, RejectedBeforeLaunch) {
   OpOptions ce;
   ce.strategy = Strategy::fused_ce;
   EXPECT_THROW(ops::gemm_rs(ctx(), r, ce), tessera::Error);
+  // GEMM+AR: an unimplemented strategy, fused_ce off the tile rows, a
+  // misaligned output.
+  GemmArArgs ar{a.p, b.p, d.p, m, n, k};
+  OpOptions dec;
+  dec.strategy = Strategy::decomposition;
+  try {
+    ops::gemm_ar(ctx(), ar, dec);
+    ADD_FAILURE() << "gemm_ar accepted strategy decomposition";
+  } catch (const tessera::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not implemented"), std::string::npos) << e.what();
+  }
+  GemmArArgs ar_ragged = ar;
+  ar_ragged.m = 1000;
+  EXPECT_THROW(ops::gemm_ar(ctx(), ar_ragged, ce), tessera::Error);
+  GemmArArgs ar_bad = ar;
+  ar_bad.d = static_cast<char*>(d.p) + 4;
+  EXPECT_THROW(ops::gemm_ar(ctx(), ar_bad, ce), tessera::Error);
   // The context still works after the rejections.
   TESSERA_CUDA_CHECK(cudaMemset(a.p, 0, a.bytes));
   TESSERA_CUDA_CHECK(cudaMemset(b.p, 0, b.bytes));

@@ -30,6 +30,8 @@ namespace tessera::ops {
 ///                  band copied to its owner as soon as it is complete, the
 ///                  owner adding the peers' bands in its own tiles' epilogue
 ///                  (needs ceil(M/R) a multiple of the 64-row tile)
+///                  GEMM+AR: the same reduce-scatter, then each owner's reduced
+///                  bands copied to every peer on the copy engine as they complete
 ///  fused_sm      — AG: the same GEMM, transfers pushed by a few CTAs
 ///  ring          — GEMM+RS only: TileLink's ring reduce-scatter (Fig. 4): per-shard
 ///                  GEMMs in ring order, running sums passed to rank r-1 chunk by
@@ -67,6 +69,18 @@ struct GemmRsArgs {
   DType dtype = DType::bf16;
 };
 
+/// D[M, N] = Σ_ranks A_r[M, K] · B_rᵀ on every rank (GEMM + AllReduce: the
+/// row-parallel GEMM of a tensor-parallel layer without sequence parallelism).
+/// Every rank ends with the same D, bit for bit.
+struct GemmArArgs {
+  const void* a = nullptr;  ///< [M, K] (this rank's K shard), row stride lda
+  const void* b = nullptr;  ///< [N, K], row stride ldb
+  void* d = nullptr;        ///< [M, N], row stride ldd: the full sum
+  std::int64_t m = 0, n = 0, k = 0;
+  std::int64_t lda = 0, ldb = 0, ldd = 0;
+  DType dtype = DType::bf16;
+};
+
 /// Tensor-parallel MLP: out = RS( SiLU(AG(x)·Wgᵀ) ⊙ (AG(x)·Wuᵀ) · Wdᵀ ).
 struct MlpArgs {
   const void* x = nullptr;          ///< [m_local, H] this rank's token shard
@@ -94,11 +108,12 @@ ShardRows shard_rows(std::int64_t m, int world);
 /// swiglu ⇒ N even.
 void validate(const AgGemmArgs& a, int rank, int world, const char* op = "ag_gemm");
 void validate(const GemmRsArgs& a, int rank, int world, const char* op = "gemm_rs");
+void validate(const GemmArArgs& a, int rank, int world, const char* op = "gemm_ar");
 void validate(const MlpArgs& a, int rank, int world, const char* op = "mlp");
 
 /// What every rank must agree on (compared byte-wise across ranks).
 struct ShapeSignature {
-  std::int32_t op = 0;  ///< 1 ag_gemm, 2 gemm_rs, 3 mlp
+  std::int32_t op = 0;  ///< 1 ag_gemm, 2 gemm_rs, 3 mlp, 4 gemm_ar
   std::int32_t dtype = 0;
   std::int32_t strategy = 0;
   std::int32_t flags = 0;  ///< swiglu, gathered_a requested

@@ -3,6 +3,7 @@
 //   ops::TpContext ctx(pg);                 // per process group; owns workspaces
 //   ops::ag_gemm(ctx, ag_args);             // AllGather(A) · Bᵀ   (column parallel)
 //   ops::gemm_rs(ctx, rs_args);             // ReduceScatter(A · Bᵀ) (row parallel)
+//   ops::gemm_ar(ctx, ar_args);             // AllReduce(A · Bᵀ)     (row parallel, no SP)
 //   ops::mlp(ctx, mlp_args);                // both, with SiLU(gate)·up between
 //
 // Every call is collective (all ranks, same shapes, same order) and
@@ -95,6 +96,7 @@ class TpContext {
   /// Collective. `report` (optional) receives the measurements.
   Strategy resolve(const AgGemmArgs& a, const OpOptions& o, TuneReport* report = nullptr);
   Strategy resolve(const GemmRsArgs& a, const OpOptions& o, TuneReport* report = nullptr);
+  Strategy resolve(const GemmArArgs& a, const OpOptions& o, TuneReport* report = nullptr);
 
   // ---- internals used by the operator implementations ----------------------
   struct Impl;
@@ -109,6 +111,10 @@ class TpContext {
 void ag_gemm(TpContext& ctx, const AgGemmArgs& a, const OpOptions& o = {});
 /// GEMM + ReduceScatter. See GemmRsArgs.
 void gemm_rs(TpContext& ctx, const GemmRsArgs& a, const OpOptions& o = {});
+/// GEMM + AllReduce. See GemmArArgs. Strategies: sequential, fused_ce
+/// (needs ceil(M/R) a multiple of kRsFusedTileRows), automatic (the tuner
+/// measures both; ragged shards get sequential).
+void gemm_ar(TpContext& ctx, const GemmArArgs& a, const OpOptions& o = {});
 /// Whole MLP: ag_gemm (fused gate/up, SiLU·up epilogue) then gemm_rs.
 /// `ag` / `rs` choose the halves' strategies.
 void mlp(TpContext& ctx, const MlpArgs& a, const OpOptions& ag = {}, const OpOptions& rs = {});

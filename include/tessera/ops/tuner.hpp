@@ -39,6 +39,10 @@ std::optional<Strategy> choice_from_json(const nlohmann::json& j);
 /// for R > 2 (at R = 2 the ring is the direct push that fused_sm already does).
 std::vector<Strategy> gemm_rs_candidates(int world, bool tile_row_shards = true);
 
+/// GEMM+AR strategies: sequential, and fused_ce when R > 1 and every shard
+/// boundary falls on a tile row.
+std::vector<Strategy> gemm_ar_candidates(int world, bool tile_row_shards = true);
+
 /// Key of an operator's choice.
 std::string choice_key(const tune::MachineId& m, DType dtype, const std::string& op,
                        const std::vector<std::int64_t>& shape);
