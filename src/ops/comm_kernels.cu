@@ -204,12 +204,33 @@ void launch_copy_rows(void* dst, std::int64_t dst_pitch, const void* src, std::i
   kernels::detail::check_launch("ops: copy_rows kernel launch");
 }
 
+namespace {
+// bf16 values in [-1, 1) from a hash of the index (the tuner's load GEMM:
+// zeros would draw less power than real operands).
+__global__ void fill_bf16_kernel(__nv_bfloat16* p, std::int64_t count, std::uint32_t seed) {
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < count;
+       i += std::int64_t(gridDim.x) * blockDim.x) {
+    std::uint32_t x = static_cast<std::uint32_t>(i) * 0x9E3779B9u ^ seed;
+    x ^= x >> 16;
+    x *= 0x7FEB352Du;
+    x ^= x >> 15;
+    p[i] = __float2bfloat16(static_cast<float>(x >> 8) * (2.0f / 16777216.0f) - 1.0f);
+  }
+}
+}  // namespace
+
+void launch_fill_bf16(void* p, std::int64_t count, std::uint32_t seed, cudaStream_t s) {
+  fill_bf16_kernel<<<528, 256, 0, s>>>(static_cast<__nv_bfloat16*>(p), count, seed);
+  kernels::detail::check_launch("ops: fill kernel launch");
+}
+
 void preload_kernels() {
   cudaFuncAttributes attr{};
   kernels::detail::cuda_check(cudaFuncGetAttributes(&attr, reduce_kernel<__half>), "ops: preload reduce");
   kernels::detail::cuda_check(cudaFuncGetAttributes(&attr, reduce_kernel<__nv_bfloat16>), "ops: preload reduce");
   kernels::detail::cuda_check(cudaFuncGetAttributes(&attr, push_kernel), "ops: preload push");
   kernels::detail::cuda_check(cudaFuncGetAttributes(&attr, copy_rows_kernel), "ops: preload copy_rows");
+  kernels::detail::cuda_check(cudaFuncGetAttributes(&attr, fill_bf16_kernel), "ops: preload fill");
   preload_bf16();
   preload_f16();
   preload_ring();

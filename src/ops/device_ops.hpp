@@ -166,6 +166,9 @@ void launch_swiglu(const void* in, std::int64_t ld_in, void* out, std::int64_t l
 void launch_copy_rows(void* dst, std::int64_t dst_pitch, const void* src, std::int64_t src_pitch,
                       std::int64_t row_bytes, std::int64_t rows, cudaStream_t s);
 
+/// p[0, count) = pseudo-random bf16 in [-1, 1) (the tuner's load GEMM operands).
+void launch_fill_bf16(void* p, std::int64_t count, std::uint32_t seed, cudaStream_t s);
+
 /// Loads every ops kernel's module now (lazy loading would otherwise load a
 /// module at first launch and wait for running kernels — a deadlock when a
 /// GEMM is spinning on data that kernel should push).

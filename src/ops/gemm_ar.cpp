@@ -24,10 +24,12 @@ void run_sequential(TpContext::Impl& c, const GemmArArgs& a) {
   cudaStream_t st = c.pg.stream();
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(a.dtype));
   const std::int64_t ldd = a.ldd ? a.ldd : a.n;
-  // NCCL reduces a contiguous buffer: D itself when packed, else a packed
-  // staging copy and a strided copy back.
+  // NCCL reduces a contiguous buffer: D itself when packed, else staging
+  // with rows padded to 8 elements (cuBLASLt's 16-byte rows; the padding is
+  // reduced too and never read) and a strided copy back.
   const bool packed = ldd == a.n;
-  void* out = packed ? a.d : c.staging.ensure(static_cast<std::size_t>(a.m * a.n * es), st);
+  const std::int64_t lds = packed ? ldd : (a.n + 7) / 8 * 8;
+  void* out = packed ? a.d : c.staging.ensure(static_cast<std::size_t>(a.m * lds * es), st);
   kernels::GemmArgs g{};
   g.a = a.a;
   g.b = a.b;
@@ -37,15 +39,15 @@ void run_sequential(TpContext::Impl& c, const GemmArArgs& a) {
   g.k = a.k;
   g.lda = a.lda ? a.lda : a.k;
   g.ldb = a.ldb ? a.ldb : a.k;
-  g.ldd = a.n;
+  g.ldd = lds;
   g.in = a.dtype;
   g.out = a.dtype;
   g.b_layout = kernels::BLayout::NK;
   kernels::cublaslt_gemm(g, st);
-  TESSERA_NCCL_CHECK(ncclAllReduce(out, out, static_cast<std::size_t>(a.m * a.n), nccl_type(a.dtype), ncclSum,
+  TESSERA_NCCL_CHECK(ncclAllReduce(out, out, static_cast<std::size_t>(a.m * lds), nccl_type(a.dtype), ncclSum,
                                    c.pg.nccl(), st));
   if (!packed)
-    TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(a.d, ldd * es, out, a.n * es, a.n * es, a.m, cudaMemcpyDeviceToDevice, st));
+    TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(a.d, ldd * es, out, lds * es, a.n * es, a.m, cudaMemcpyDeviceToDevice, st));
 }
 
 }  // namespace
