@@ -191,6 +191,25 @@ class TunerLoad {
   }
   TunerLoad(const TunerLoad&) = delete;
   TunerLoad& operator=(const TunerLoad&) = delete;
+  bool active() const { return buf_[0] != nullptr; }
+  /// Keeps the GPU busy for about `ms` (queued without host syncs), then waits.
+  void warm(cudaStream_t s, double ms) const {
+    if (!active() || ms <= 0) return;
+    cudaEvent_t e0, e1;
+    TESSERA_CUDA_CHECK(cudaEventCreate(&e0));
+    TESSERA_CUDA_CHECK(cudaEventCreate(&e1));
+    TESSERA_CUDA_CHECK(cudaEventRecord(e0, s));
+    run(s);
+    TESSERA_CUDA_CHECK(cudaEventRecord(e1, s));
+    TESSERA_CUDA_CHECK(cudaEventSynchronize(e1));
+    float one = 0;
+    TESSERA_CUDA_CHECK(cudaEventElapsedTime(&one, e0, e1));
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    const int n = static_cast<int>(std::min(4000.0, ms / std::max(0.05f, one)));
+    for (int i = 0; i < n; ++i) run(s);
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
   void run(cudaStream_t s) const {
     if (!buf_[0]) return;
     for (int i = 0; i < 3; ++i) {
@@ -213,11 +232,16 @@ class TunerLoad {
 /// them tens of µs apart, and that skew would count against every strategy
 /// in proportion to how early it waits for a peer), so clock drift hits all
 /// alike; returns the median of each, max over ranks.
+/// `load_ms` (optional) receives the median time of the load GEMMs of each
+/// sample (max over ranks): the clock state the candidates were timed in.
+/// TESSERA_TUNE_WARM_MS (default 0) first keeps the GPU busy that long.
 template <class Run>
 std::map<Strategy, double> time_candidates(TpContext::Impl& c, const std::vector<Strategy>& candidates, Run&& run,
-                                           int warmup, int reps) {
+                                           int warmup, int reps, double* load_ms = nullptr) {
   cudaStream_t s = c.pg.stream();
   const TunerLoad load(s);
+  if (const char* w = std::getenv("TESSERA_TUNE_WARM_MS")) load.warm(s, std::atof(w));
+  std::vector<double> load_t;
   for (int i = 0; i < warmup; ++i)
     for (Strategy k : candidates) {
       load.run(s);
@@ -227,11 +251,16 @@ std::map<Strategy, double> time_candidates(TpContext::Impl& c, const std::vector
   cudaEvent_t e0, e1;
   TESSERA_CUDA_CHECK(cudaEventCreate(&e0));
   TESSERA_CUDA_CHECK(cudaEventCreate(&e1));
+  cudaEvent_t l0, l1;
+  TESSERA_CUDA_CHECK(cudaEventCreate(&l0));
+  TESSERA_CUDA_CHECK(cudaEventCreate(&l1));
   for (int i = 0; i < reps; ++i)
     for (Strategy k : candidates) {
       c.drain("ops tuner");
       c.pg.barrier();
+      TESSERA_CUDA_CHECK(cudaEventRecord(l0, s));
       load.run(s);
+      TESSERA_CUDA_CHECK(cudaEventRecord(l1, s));
       c.pg.align_streams(s);
       TESSERA_CUDA_CHECK(cudaEventRecord(e0, s));
       run(k);
@@ -240,9 +269,19 @@ std::map<Strategy, double> time_candidates(TpContext::Impl& c, const std::vector
       float ms = 0;
       TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
       t[k].push_back(ms);
+      if (load.active()) {
+        TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, l0, l1));
+        load_t.push_back(ms);
+      }
     }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
+  cudaEventDestroy(l0);
+  cudaEventDestroy(l1);
+  if (load_ms) {
+    std::sort(load_t.begin(), load_t.end());
+    *load_ms = c.pg.allreduce_max(load_t.empty() ? 0.0 : load_t[load_t.size() / 2]);
+  }
   std::map<Strategy, double> out;
   for (auto& [k, v] : t) {
     std::sort(v.begin(), v.end());
@@ -276,11 +315,12 @@ Strategy tune_choice(TpContext& ctx, const Args& a, const OpOptions& o, const st
     if (report) report->chosen = s, report->from_cache = true;
     return s;
   }
-  const std::map<Strategy, double> times = time_candidates(c, candidates, run, 2, 11);
+  double load_ms = 0;
+  const std::map<Strategy, double> times = time_candidates(c, candidates, run, 2, 11, &load_ms);
   const Strategy best = choose_strategy(times);
   c.memo[key] = best;
   if (o.use_cache) c.cache->put(key, choice_to_json(best, times, shape));
-  if (report) report->times_ms = times, report->chosen = best, report->from_cache = false;
+  if (report) report->times_ms = times, report->chosen = best, report->from_cache = false, report->load_ms = load_ms;
   return best;
 }
 
