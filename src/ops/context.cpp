@@ -174,12 +174,12 @@ ShapeSignature signature(const GemmArArgs& a, Strategy s) {
 /// faster than the engine's fused tile and decomposition wins the AG+GEMM
 /// near-tie that fused_ce wins at the cap (session 8, call 2: bench mlp
 /// --gap-ms 5 reproduces the tuner's order, the default loop reverses it).
-/// TESSERA_TUNE_LOAD=0 turns it off.
+/// TESSERA_TUNE_LOAD=n runs n 4096³ GEMMs instead of 3 (0: none).
 class TunerLoad {
  public:
   explicit TunerLoad(cudaStream_t s) {
-    const char* env = std::getenv("TESSERA_TUNE_LOAD");
-    if (env && std::string(env) == "0") return;
+    if (const char* env = std::getenv("TESSERA_TUNE_LOAD")) gemms_ = std::atoi(env);
+    if (gemms_ <= 0) return;
     for (int i = 0; i < 3; ++i) {
       TESSERA_CUDA_CHECK(cudaMalloc(&buf_[i], kBytes));
       detail::launch_fill_bf16(buf_[i], kN * kN, 0x5EEDu + i, s);
@@ -212,7 +212,7 @@ class TunerLoad {
   }
   void run(cudaStream_t s) const {
     if (!buf_[0]) return;
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < gemms_; ++i) {
       kernels::GemmArgs g{buf_[0], buf_[1], buf_[2], kN, kN, kN, kN, kN, kN, DType::bf16, DType::bf16,
                           kernels::BLayout::NK};
       kernels::cublaslt_gemm(g, s);
@@ -223,6 +223,7 @@ class TunerLoad {
   static constexpr std::int64_t kN = 4096;
   static constexpr std::size_t kBytes = kN * kN * 2;
   void* buf_[3] = {};
+  int gemms_ = 3;
 };
 
 /// Median over `reps` of one call (after `warmup`), max over ranks.
