@@ -165,16 +165,18 @@ ShapeSignature signature(const GemmArArgs& a, Strategy s) {
   return ShapeSignature{4, static_cast<std::int32_t>(a.dtype), static_cast<std::int32_t>(s), 0, a.m, a.n, a.k};
 }
 
-/// A cuBLASLt GEMM queued before every timed sample (three 4096³ bf16 GEMMs,
-/// ~0.6 ms, on pseudo-random operands: 96 MiB, freed after tuning), as bench
-/// mlp's lead GEMM: each candidate starts on a busy GPU at the clocks of a
-/// loop that keeps it busy (the power cap: SM ~1500 MHz on H200), and the
-/// host has queued the whole call before it starts. Without it the tuner ran
-/// at boost clocks (an idle GPU between samples), where cuBLASLt is ~6 %
-/// faster than the engine's fused tile and decomposition wins the AG+GEMM
-/// near-tie that fused_ce wins at the cap (session 8, call 2: bench mlp
-/// --gap-ms 5 reproduces the tuner's order, the default loop reverses it).
-/// TESSERA_TUNE_LOAD=n runs n 4096³ GEMMs instead of 3 (0: none).
+/// cuBLASLt GEMMs queued before every timed sample (sixteen 4096³ bf16
+/// GEMMs, ~3.3 ms, on pseudo-random operands: 96 MiB, freed after tuning),
+/// so that each candidate runs in the clock state of a loop that keeps the
+/// GPU busy (the power cap), on a busy GPU with the whole call queued. The
+/// GPU's clocks follow its load of the last few ms: after the idle gap
+/// between samples, a 0.5 ms candidate ran at boost clocks, where cuBLASLt
+/// is ~6 % faster than the engine's fused tile and decomposition wins MLP-1's
+/// AG+GEMM near-tie that fused_ce wins at the cap (session 8: the load GEMMs
+/// ran at 748 TFLOP/s with 3 of them, 697 with 8 — decomposition still
+/// chosen — and 662 with 16, close to bench mlp's 620-660, where the tuner's
+/// order matched bench mlp's; a 1.5 s warm-up before sampling changed nothing).
+/// TESSERA_TUNE_LOAD=n runs n GEMMs instead (0: none).
 class TunerLoad {
  public:
   explicit TunerLoad(cudaStream_t s) {
@@ -192,24 +194,6 @@ class TunerLoad {
   TunerLoad(const TunerLoad&) = delete;
   TunerLoad& operator=(const TunerLoad&) = delete;
   bool active() const { return buf_[0] != nullptr; }
-  /// Keeps the GPU busy for about `ms` (queued without host syncs), then waits.
-  void warm(cudaStream_t s, double ms) const {
-    if (!active() || ms <= 0) return;
-    cudaEvent_t e0, e1;
-    TESSERA_CUDA_CHECK(cudaEventCreate(&e0));
-    TESSERA_CUDA_CHECK(cudaEventCreate(&e1));
-    TESSERA_CUDA_CHECK(cudaEventRecord(e0, s));
-    run(s);
-    TESSERA_CUDA_CHECK(cudaEventRecord(e1, s));
-    TESSERA_CUDA_CHECK(cudaEventSynchronize(e1));
-    float one = 0;
-    TESSERA_CUDA_CHECK(cudaEventElapsedTime(&one, e0, e1));
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    const int n = static_cast<int>(std::min(4000.0, ms / std::max(0.05f, one)));
-    for (int i = 0; i < n; ++i) run(s);
-    TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
-  }
   void run(cudaStream_t s) const {
     if (!buf_[0]) return;
     for (int i = 0; i < gemms_; ++i) {
@@ -223,7 +207,7 @@ class TunerLoad {
   static constexpr std::int64_t kN = 4096;
   static constexpr std::size_t kBytes = kN * kN * 2;
   void* buf_[3] = {};
-  int gemms_ = 3;
+  int gemms_ = 16;
 };
 
 /// Median over `reps` of one call (after `warmup`), max over ranks.
@@ -235,13 +219,11 @@ class TunerLoad {
 /// alike; returns the median of each, max over ranks.
 /// `load_ms` (optional) receives the median time of the load GEMMs of each
 /// sample (max over ranks): the clock state the candidates were timed in.
-/// TESSERA_TUNE_WARM_MS (default 0) first keeps the GPU busy that long.
 template <class Run>
 std::map<Strategy, double> time_candidates(TpContext::Impl& c, const std::vector<Strategy>& candidates, Run&& run,
                                            int warmup, int reps, double* load_ms = nullptr) {
   cudaStream_t s = c.pg.stream();
   const TunerLoad load(s);
-  if (const char* w = std::getenv("TESSERA_TUNE_WARM_MS")) load.warm(s, std::atof(w));
   std::vector<double> load_t;
   for (int i = 0; i < warmup; ++i)
     for (Strategy k : candidates) {
