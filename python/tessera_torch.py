@@ -50,6 +50,7 @@ def _load(path):
     lib.tessera_session_use_cache.argtypes = [vp, i32]
     lib.tessera_ag_gemm.argtypes = [vp, vp, vp, vp, i64, i64, i64, i64, i64, i32, i32, i32]
     lib.tessera_gemm_rs.argtypes = [vp, vp, vp, vp, i64, i64, i64, i64, i32, i32]
+    lib.tessera_gemm_ar.argtypes = [vp, vp, vp, vp, i64, i64, i64, i32, i32]
     lib.tessera_mlp.argtypes = [vp, vp, vp, vp, vp, i64, i64, i64, i64, i32, i32, i32]
     lib.tessera_resolve.argtypes = [vp, i32, i64, i64, i64, i64, i32, i32, vp, vp, vp, ctypes.POINTER(i32)]
     return lib
@@ -142,6 +143,15 @@ class Session:
         self._need(out.shape[1] == b.shape[0], f"gemm_rs: out has {out.shape[1]} columns, B has N = {b.shape[0]}")
         _check(self._lib, self._lib.tessera_gemm_rs(self._h, a.data_ptr(), b.data_ptr(), out.data_ptr(), a.shape[0],
                                                     out.shape[0], b.shape[0], b.shape[1], dt, _strategy(strategy)))
+
+    def gemm_ar(self, a, b, out, strategy="automatic"):
+        """out[M, N] = all_reduce(a[M, K] @ b[N, K].T), the same on every rank."""
+        dt = self._dtype(a, b, out)
+        self._need(a.shape[1] == b.shape[1], f"gemm_ar: A has K = {a.shape[1]}, B has K = {b.shape[1]}")
+        self._need(out.shape == (a.shape[0], b.shape[0]),
+                   f"gemm_ar: out is {tuple(out.shape)}, expected {(a.shape[0], b.shape[0])}")
+        _check(self._lib, self._lib.tessera_gemm_ar(self._h, a.data_ptr(), b.data_ptr(), out.data_ptr(), a.shape[0],
+                                                    b.shape[0], b.shape[1], dt, _strategy(strategy)))
 
     def mlp(self, x_shard, w_gate_up, w_down, out_shard, m=None, ag_strategy="automatic", rs_strategy="automatic"):
         """out_shard[M/R, H] = this rank's rows of the TP MLP layer: all_gather(x_shard) through the fused gate/up

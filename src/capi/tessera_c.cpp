@@ -133,6 +133,15 @@ int tessera_gemm_rs(tessera_session* s, const void* a, const void* b, void* d, i
   });
 }
 
+int tessera_gemm_ar(tessera_session* s, const void* a, const void* b, void* d, int64_t m, int64_t n, int64_t k,
+                    int dtype, int strategy) {
+  return guarded("tessera_gemm_ar", [&] {
+    need(s, "tessera_gemm_ar");
+    const tessera::ops::GemmArArgs g{.a = a, .b = b, .d = d, .m = m, .n = n, .k = k, .dtype = dtype_of(dtype)};
+    tessera::ops::gemm_ar(*s->ctx, g, options_of(s, strategy));
+  });
+}
+
 int tessera_mlp(tessera_session* s, const void* x, const void* w_gate_up, const void* w_down, void* out, int64_t m,
                 int64_t m_local, int64_t h, int64_t i_local, int dtype, int ag_strategy, int rs_strategy) {
   return guarded("tessera_mlp", [&] {

@@ -32,6 +32,8 @@ TEST(Capi, OperatorsRejectANullSession) {
   EXPECT_NE(last().find("tessera_ag_gemm: null session"), std::string::npos) << last();
   EXPECT_EQ(tessera_gemm_rs(nullptr, nullptr, nullptr, nullptr, 128, 64, 128, 128, TESSERA_BF16, TESSERA_AUTOMATIC), -1);
   EXPECT_NE(last().find("tessera_gemm_rs: null session"), std::string::npos) << last();
+  EXPECT_EQ(tessera_gemm_ar(nullptr, nullptr, nullptr, nullptr, 128, 128, 128, TESSERA_BF16, TESSERA_AUTOMATIC), -1);
+  EXPECT_NE(last().find("tessera_gemm_ar: null session"), std::string::npos) << last();
   EXPECT_EQ(tessera_mlp(nullptr, nullptr, nullptr, nullptr, nullptr, 128, 64, 128, 64, TESSERA_BF16, TESSERA_AUTOMATIC,
                         TESSERA_AUTOMATIC),
             -1);

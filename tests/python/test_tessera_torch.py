@@ -73,6 +73,15 @@ class ArgumentChecks(unittest.TestCase):
         self.assertEqual(names, ["tessera_ag_gemm", "tessera_ag_gemm", "tessera_gemm_rs"])
         self.assertEqual(self.s._lib.calls[2][1][-1], self.tt.STRATEGIES["fused_ce"])
 
+    def test_gemm_ar_shapes(self):
+        self.s.gemm_ar(FakeTensor(128, 64), FakeTensor(96, 64), FakeTensor(128, 96), strategy="fused_ce")
+        name, args = self.s._lib.calls[0]
+        self.assertEqual(name, "tessera_gemm_ar")
+        self.assertEqual(args[-1], self.tt.STRATEGIES["fused_ce"])
+        self.s._lib.calls.clear()
+        self.assert_rejected(lambda: self.s.gemm_ar(FakeTensor(128, 64), FakeTensor(96, 64), FakeTensor(64, 96)),
+                             "gemm_ar: out is")
+
     def test_mlp_shapes(self):
         self.s.world = 2
         x, wgu, wd, out = FakeTensor(64, 128), FakeTensor(192, 128), FakeTensor(128, 96), FakeTensor(64, 128)

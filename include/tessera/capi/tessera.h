@@ -60,6 +60,11 @@ int tessera_ag_gemm(tessera_session* s, const void* a, const void* b, void* d, i
 /* D[m_local, N] = this rank's rows of ReduceScatter(A[M, K] · B[N, K]ᵀ). */
 int tessera_gemm_rs(tessera_session* s, const void* a, const void* b, void* d, int64_t m, int64_t m_local, int64_t n,
                     int64_t k, int dtype, int strategy);
+/* D[M, N] = AllReduce(A[M, K] · B[N, K]ᵀ): the full sum on every rank
+ * (bitwise equal across ranks with fused_ce). Strategies: sequential,
+ * fused_ce, automatic. */
+int tessera_gemm_ar(tessera_session* s, const void* a, const void* b, void* d, int64_t m, int64_t n, int64_t k,
+                    int dtype, int strategy);
 /* The whole TP MLP layer: out[m_local, H] = this rank's rows of
  * ReduceScatter(SiLU(gate)·up(AllGather(x) · w_gate_up[2·I_local, H]ᵀ) ·
  * w_down[H, I_local]ᵀ); x is this rank's [m_local, H] token shard, m the
