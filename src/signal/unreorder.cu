@@ -4,8 +4,10 @@
 // (the first version, two passes over a grid-stride row loop with the full
 // map index math per 16-byte vector, ran +54..67% over plain RMSNorm on the
 // AllReduce layout, device run 2 on H200):
-//  - one CTA per output row (no grid-stride loop, so no tail imbalance from
-//    a capped grid);
+//  - one CTA per output row, or per ROWS = 2/4 consecutive rows for rows of
+//    <= 4 vectors per thread on tall matrices (rows_per_cta below: a short
+//    row alone could not hide the table fill and its barrier; no grid-stride
+//    loop, so no tail imbalance from a capped grid);
 //  - the row's chunk offsets (one per BN-wide chunk: Nt = N/BN values, 64 for
 //    N = 8192, BN = 128) are computed once per row by Nt threads into shared
 //    memory, so the per-vector cost is one shared load and one add instead
@@ -26,6 +28,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "tessera/runtime/env.hpp"
 #include "unreorder_launch.hpp"
 
 namespace tessera::signal::detail {
@@ -99,9 +102,9 @@ __device__ __forceinline__ void fill_chunk_table(const Map& map, std::int64_t ro
 
 // Sum over the block of one float per thread: warp shuffles, then every
 // thread adds the kThreads/32 warp partials (a broadcast read). `partial`
-// must not be rewritten before every thread has read it: the next row's
-// writes happen after that row's first __syncthreads, which every thread
-// reaches only after finishing this read.
+// must not be rewritten before every thread has read it: a multi-row CTA
+// gives each row its own array (a fast warp may write row r+1's partial
+// while a slow one still reads row r's).
 __device__ __forceinline__ float block_sum(float v, float* partial) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
@@ -141,41 +144,79 @@ __device__ __forceinline__ int4 scale_vec(const int4& raw, const int4& wraw, flo
   return res;
 }
 
-// Single pass, row in registers: one CTA per output row (blockIdx.x).
-// Dynamic shared memory: the row's chunk table (chunks int64).
-template <class Map, class T, int VPT>
+// Loads this thread's vectors of one output row through the row's chunk
+// table (vector k only where it exists: cols.within[k] >= 0).
+template <class T, int VPT>
+__device__ __forceinline__ void load_row(const T* __restrict__ recv, const std::int64_t* table,
+                                         const ColumnPlan<VPT>& cols, int4 (&x)[VPT]) {
+#pragma unroll
+  for (int k = 0; k < VPT; ++k)
+    if (cols.within[k] >= 0) x[k] = __ldg(reinterpret_cast<const int4*>(recv + table[cols.chunk[k]] + cols.within[k]));
+}
+
+// Single pass, rows in registers: CTA b handles output rows
+// [b*ROWS, min((b+1)*ROWS, rows)). One barrier after the chunk tables of all
+// of its rows are filled (ROWS*chunks entries spread over the block, so the
+// fill's index-math latency and the barrier are paid once per ROWS rows);
+// then the rows go one after another, the loads of the next kDepth-1 rows
+// issued before the current row is reduced (all ROWS rows in flight when
+// ROWS*VPT <= 8 vectors per thread, i.e. the same 32 data registers as the
+// VPT = 8 single-row case; otherwise one row ahead). Per row the sum of
+// squares, the block reduction and the scaling are exactly those of ROWS = 1
+// (same order, same operations): the result does not depend on ROWS, bit
+// for bit. Dynamic shared memory: ROWS*chunks int64 (row r's table at
+// r*chunks).
+template <class Map, class T, int VPT, int ROWS>
 __global__ void __launch_bounds__(kThreads) rmsnorm_unreorder_kernel(Map map, const T* __restrict__ recv,
                                                                      const T* __restrict__ weight,
                                                                      T* __restrict__ out, std::int64_t ld_out,
                                                                      float eps) {
   constexpr int V = 16 / sizeof(T);
+  constexpr int kDepth = ROWS * VPT <= 8 ? ROWS : (ROWS > 1 ? 2 : 1);  // rows whose loads are in flight
   extern __shared__ std::int64_t chunk_table[];
-  __shared__ float partial[kThreads / 32];
-  const std::int64_t row = blockIdx.x;
+  // One partial array per row: with a single barrier per CTA, row r+1's
+  // partials must not overwrite row r's while a slower warp still reads them.
+  __shared__ float partial[ROWS][kThreads / 32];
+  const std::int64_t row0 = std::int64_t(blockIdx.x) * ROWS;
+  const std::int64_t left = map.rows() - row0;
+  const int here = left < ROWS ? static_cast<int>(left) : ROWS;  // the last CTA may get fewer rows
   const int n = static_cast<int>(map.cols());
   const int vecs = n / V;
   const int bn = map.chunk_width();
   const int chunks = (n + bn - 1) / bn;
   const ColumnPlan<VPT> cols(vecs, bn / V, V);
-  fill_chunk_table(map, row, chunks, chunk_table);
-  __syncthreads();
-  int4 x[VPT];
-  float ss = 0.f;
-#pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-    if (cols.within[k] >= 0) {
-      x[k] = __ldg(reinterpret_cast<const int4*>(recv + chunk_table[cols.chunk[k]] + cols.within[k]));
-      ss += sum_sq<T>(x[k]);
+  if constexpr (ROWS == 1) {
+    fill_chunk_table(map, row0, chunks, chunk_table);
+  } else {
+    for (int i = threadIdx.x; i < here * chunks; i += kThreads) {
+      const int r = i / chunks;
+      chunk_table[i] = map.chunk_offset(row0 + r, i - r * chunks);
     }
   }
-  const float scale = rsqrtf(block_sum(ss, partial) / float(n) + eps);
-  T* out_row = out + row * ld_out;
+  __syncthreads();
+  int4 x[ROWS][VPT];
 #pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-    if (cols.within[k] >= 0) {
-      const int col = (threadIdx.x + k * kThreads) * V;
-      const int4 w = __ldg(reinterpret_cast<const int4*>(weight + col));
-      *reinterpret_cast<int4*>(out_row + col) = scale_vec<T>(x[k], w, scale);
+  for (int r = 0; r < kDepth - 1; ++r)
+    if (r < here) load_row<T, VPT>(recv, chunk_table + r * chunks, cols, x[r]);
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    if (r + kDepth - 1 < ROWS && r + kDepth - 1 < here)
+      load_row<T, VPT>(recv, chunk_table + (r + kDepth - 1) * chunks, cols, x[r + kDepth - 1]);
+    if (r < here) {  // block-uniform: every thread reaches block_sum's barrier or none
+      float ss = 0.f;
+#pragma unroll
+      for (int k = 0; k < VPT; ++k)
+        if (cols.within[k] >= 0) ss += sum_sq<T>(x[r][k]);
+      const float scale = rsqrtf(block_sum(ss, partial[r]) / float(n) + eps);
+      T* out_row = out + (row0 + r) * ld_out;
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        if (cols.within[k] >= 0) {
+          const int col = (threadIdx.x + k * kThreads) * V;
+          const int4 w = __ldg(reinterpret_cast<const int4*>(weight + col));
+          *reinterpret_cast<int4*>(out_row + col) = scale_vec<T>(x[r][k], w, scale);
+        }
+      }
     }
   }
 }
@@ -228,29 +269,71 @@ cudaError_t unreorder_t(const Map& map, const void* recv, void* out, std::int64_
   return cudaGetLastError();
 }
 
-template <class Map, class T, int VPT>
+template <class Map, class T, int VPT, int ROWS>
 cudaError_t launch_rows(const Map& map, const void* recv, const void* weight, void* out, std::int64_t ld_out,
-                        float eps, std::size_t smem, cudaStream_t stream) {
-  rmsnorm_unreorder_kernel<Map, T, VPT><<<static_cast<unsigned>(map.rows()), kThreads, smem, stream>>>(
+                        float eps, std::size_t table_bytes, cudaStream_t stream) {
+  const auto grid = static_cast<unsigned>((map.rows() + ROWS - 1) / ROWS);
+  rmsnorm_unreorder_kernel<Map, T, VPT, ROWS><<<grid, kThreads, table_bytes * ROWS, stream>>>(
       map, static_cast<const T*>(recv), static_cast<const T*>(weight), static_cast<T*>(out), ld_out, eps);
   return cudaGetLastError();
 }
 
+// Rows per CTA of the single-pass kernel (1, 2 or 4). Why more than one:
+// with one CTA per row, a short row (VPT <= 2: N <= 4096 bf16/f16, 8 KiB)
+// moves too little data to hide the CTA's fixed latency (the chunk-table
+// fill's 64-bit index math, or the A2A table's global load, then a barrier
+// before any row load can issue): +13..18% over the plain kernel at
+// 4096x4096 bf16, while 8192-wide rows (twice the data per CTA) met the 10%
+// target. So: the largest ROWS with ROWS * VPT <= 8 (a CTA then holds the
+// same 8 vectors per thread as one 16384-wide row, every row's loads in
+// flight at once, 32 data registers), provided that
+//  - the grid still gives every SM at least 2 CTAs (rows / ROWS >= 2 * sms):
+//    fewer, fatter CTAs would leave SMs idle on short matrices;
+//  - the ROWS chunk tables fit the default 48 KiB of dynamic shared memory.
+// Cost (ptxas, sm_90a, bf16 VPT = 2): 62..64 registers per thread at ROWS =
+// 4 instead of 32..40 at ROWS = 1, so 4 resident CTAs per SM instead of 6..8;
+// still twice the bytes in flight per SM (4 x 256 x 8 x 16 B = 128 KiB).
+// TESSERA_RMSNORM_ROWS = 1..4 (rounded down to 1, 2 or 4) forces the value
+// for rows of up to 4 vectors per thread (N <= 8192 bf16/f16), for A/B
+// timing; 0 or unset: the rule above. The 48 KiB limit still applies.
+int rows_per_cta(std::int64_t rows, std::int64_t vpt, std::size_t table_bytes, int sms) {
+  static const int forced = static_cast<int>(env::get_int("TESSERA_RMSNORM_ROWS", 0, 0, 4));
+  int want = 1;
+  if (forced > 0) {
+    want = forced == 3 ? 2 : forced;  // 3 rounds down to 2
+  } else {
+    while (want < 4 && 2 * want * vpt <= 8 && rows / (2 * want) >= 2 * std::int64_t(sms)) want *= 2;
+  }
+  while (want > 1 && table_bytes * want > 48 * 1024) want /= 2;
+  return want;
+}
+
+template <class Map, class T, int VPT>
+cudaError_t launch_single_pass(const Map& map, const void* recv, const void* weight, void* out, std::int64_t ld_out,
+                               float eps, std::size_t table_bytes, int sms, cudaStream_t stream) {
+  switch (rows_per_cta(map.rows(), VPT, table_bytes, sms)) {
+    case 4: return launch_rows<Map, T, VPT, 4>(map, recv, weight, out, ld_out, eps, table_bytes, stream);
+    case 2: return launch_rows<Map, T, VPT, 2>(map, recv, weight, out, ld_out, eps, table_bytes, stream);
+    default: return launch_rows<Map, T, VPT, 1>(map, recv, weight, out, ld_out, eps, table_bytes, stream);
+  }
+}
+
 template <class Map, class T>
 cudaError_t rmsnorm_t(const Map& map, const void* recv, const void* weight, void* out, std::int64_t ld_out, float eps,
-                      int /*sms*/, cudaStream_t stream) {
+                      int sms, cudaStream_t stream) {
   if (map.rows() == 0) return cudaSuccess;
   constexpr std::int64_t V = 16 / sizeof(T);
-  // One CTA per row: grid.x <= 2^31 - 1; the chunk table must fit the
-  // default 48 KiB of dynamic shared memory (unreorder.cpp checks both).
+  // grid.x <= 2^31 - 1; one row's chunk table must fit the default 48 KiB
+  // of dynamic shared memory (unreorder.cpp checks both).
   const std::int64_t vecs = map.cols() / V;
   const std::int64_t chunks = (map.cols() + map.chunk_width() - 1) / map.chunk_width();
   const std::size_t smem = static_cast<std::size_t>(chunks) * sizeof(std::int64_t);
   const std::int64_t vpt = (vecs + kThreads - 1) / kThreads;
-  if (vpt <= 1) return launch_rows<Map, T, 1>(map, recv, weight, out, ld_out, eps, smem, stream);
-  if (vpt <= 2) return launch_rows<Map, T, 2>(map, recv, weight, out, ld_out, eps, smem, stream);
-  if (vpt <= 4) return launch_rows<Map, T, 4>(map, recv, weight, out, ld_out, eps, smem, stream);
-  if (vpt <= 8) return launch_rows<Map, T, 8>(map, recv, weight, out, ld_out, eps, smem, stream);
+  if (vpt <= 1) return launch_single_pass<Map, T, 1>(map, recv, weight, out, ld_out, eps, smem, sms, stream);
+  if (vpt <= 2) return launch_single_pass<Map, T, 2>(map, recv, weight, out, ld_out, eps, smem, sms, stream);
+  if (vpt <= 4) return launch_single_pass<Map, T, 4>(map, recv, weight, out, ld_out, eps, smem, sms, stream);
+  // 16384-wide rows: one row already holds 8 vectors per thread.
+  if (vpt <= 8) return launch_rows<Map, T, 8, 1>(map, recv, weight, out, ld_out, eps, smem, stream);
   rmsnorm_unreorder_wide_kernel<Map, T><<<static_cast<unsigned>(map.rows()), kThreads, smem, stream>>>(
       map, static_cast<const T*>(recv), static_cast<const T*>(weight), static_cast<T*>(out), ld_out, eps);
   return cudaGetLastError();

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -131,6 +132,70 @@ TEST(UnreorderGpu, AllReduceMap) {
 TEST(UnreorderGpu, RowMajorBaseline) {
   TESSERA_REQUIRE_GPUS(1);
   for (DType t : {DType::bf16, DType::f16}) check_map(RowMajorMap{300, 1024, 1040}, t, "row-major 300x1024");
+}
+
+// The single-pass RMSNorm kernel groups ROWS = 4 (N <= 4096 bf16/f16) or 2
+// (N <= 8192) consecutive rows per CTA once rows / ROWS >= 2 * SMs
+// (unreorder.cu, rows_per_cta). Row counts here are not multiples of ROWS,
+// so the last CTA gets fewer rows.
+int device_sms() {
+  int dev = 0, sms = 0;
+  EXPECT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
+  return sms;
+}
+
+TEST(UnreorderGpu, MultiRowCtas) {
+  TESSERA_REQUIRE_GPUS(1);
+  const std::int64_t sms = device_sms();
+  for (DType t : {DType::bf16, DType::f16}) {
+    check_map(make_ar_map(WaveModel(GemmTiling{8 * sms + 3, 4096, 128, 128}, 132, 1)), t, "AR (8*SMs+3)x4096, 4 rows/CTA");
+    check_map(make_ar_map(WaveModel(GemmTiling{8 * sms + 1, 2056, 64, 64}, 7, 2)), t, "AR (8*SMs+1)x2056, 4 rows/CTA");
+    check_map(make_ar_map(WaveModel(GemmTiling{4 * sms + 1, 8192, 128, 128}, 132, 1)), t, "AR (4*SMs+1)x8192, 2 rows/CTA");
+    check_map(RowMajorMap{8 * sms + 2, 1024, 1040}, t, "row-major (8*SMs+2)x1024, 4 rows/CTA");
+  }
+}
+
+// Grouping rows must not change a single bit: the same rows normalized by a
+// tall launch (several rows per CTA) and by launches of 5 rows (one row per
+// CTA: 5 rows are far below the grouping threshold).
+TEST(UnreorderGpu, MultiRowCtasMatchOneRowPerCtaBitwise) {
+  TESSERA_REQUIRE_GPUS(1);
+  const std::int64_t sms = device_sms();
+  for (DType t : {DType::bf16, DType::f16})
+    for (std::int64_t n : {std::int64_t(1024), std::int64_t(4096), std::int64_t(8192)}) {
+      const std::int64_t rows = 8 * sms + 3, ld = n + 8, piece = 5;
+      const std::size_t es = dtype_size(t), bytes = rows * ld * es;
+      HostBuf x(t, rows * ld), w(t, n);
+      x.randomize();
+      w.randomize();
+      DevBuf d_x(bytes), d_w(w.bytes.size()), d_tall(bytes), d_pieces(bytes);
+      CUDA_OK(cudaMemcpy(d_x.p, x.bytes.data(), bytes, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemcpy(d_w.p, w.bytes.data(), w.bytes.size(), cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemset(d_tall.p, 0xFF, bytes));
+      CUDA_OK(cudaMemset(d_pieces.p, 0xFF, bytes));
+      rmsnorm_unreorder(RowMajorMap{rows, n, ld}, d_x.p, d_w.p, d_tall.p, ld, 1e-6f, t, nullptr);
+      for (std::int64_t r = 0; r < rows; r += piece) {
+        const std::int64_t off = r * ld * es;
+        rmsnorm_unreorder(RowMajorMap{std::min(piece, rows - r), n, ld}, static_cast<char*>(d_x.p) + off, d_w.p,
+                          static_cast<char*>(d_pieces.p) + off, ld, 1e-6f, t, nullptr);
+      }
+      CUDA_OK(cudaDeviceSynchronize());
+      std::vector<unsigned char> tall(bytes), pieces(bytes);
+      CUDA_OK(cudaMemcpy(tall.data(), d_tall.p, bytes, cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(pieces.data(), d_pieces.p, bytes, cudaMemcpyDeviceToHost));
+      std::int64_t differ = 0, first = -1;
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t j = 0; j < n; ++j) {
+          const std::size_t at = (r * ld + j) * es;
+          if (std::memcmp(&tall[at], &pieces[at], es) != 0 && differ++ == 0) first = r * ld + j;
+        }
+      EXPECT_EQ(differ, 0) << dtype_name(t) << " " << rows << "x" << n << ": first difference at element " << first;
+      HostBuf out(t, rows * ld);
+      std::memcpy(out.bytes.data(), tall.data(), bytes);
+      for (std::int64_t r = 0; r < rows; ++r)  // and no NaN anywhere (the poison was overwritten)
+        for (std::int64_t j = 0; j < n; ++j) ASSERT_FALSE(std::isnan(out.get(r * ld + j))) << "row " << r << " col " << j;
+    }
 }
 
 TEST(UnreorderGpu, ReduceScatterShards) {
