@@ -284,12 +284,15 @@ cudaError_t launch_rows(const Map& map, const void* recv, const void* weight, vo
 // fill's 64-bit index math, or the A2A table's global load, then a barrier
 // before any row load can issue): +13..18% over the plain kernel at
 // 4096x4096 bf16, while 8192-wide rows (twice the data per CTA) met the 10%
-// target. So: the largest ROWS with ROWS * VPT <= 8 (a CTA then holds the
-// same 8 vectors per thread as one 16384-wide row, every row's loads in
-// flight at once, 32 data registers), provided that
-//  - the grid still gives every SM at least 2 CTAs (rows / ROWS >= 2 * sms):
+// target. So: ROWS = 4 when 4 * VPT <= 8 (a CTA then holds the same 8
+// vectors per thread as one 16384-wide row, every row's loads in flight at
+// once, 32 data registers), provided that
+//  - a row has more than one chunk (a one-chunk row, the plain RMSNorm, has
+//    no table cost to amortize and measured faster with one row per CTA);
+//  - the grid still gives every SM at least 2 CTAs (rows / 4 >= 2 * sms):
 //    fewer, fatter CTAs would leave SMs idle on short matrices;
-//  - the ROWS chunk tables fit the default 48 KiB of dynamic shared memory.
+//  - the 4 chunk tables fit the default 48 KiB of dynamic shared memory.
+// Otherwise one row per CTA (ROWS = 2 measured slower than both).
 // Cost (ptxas, sm_90a, bf16 VPT = 2): 62..64 registers per thread at ROWS =
 // 4 instead of 32..40 at ROWS = 1, so 4 resident CTAs per SM instead of 6..8;
 // still twice the bytes in flight per SM (4 x 256 x 8 x 16 B = 128 KiB).
@@ -305,7 +308,10 @@ int rows_per_cta(std::int64_t rows, std::int64_t vpt, std::size_t table_bytes, i
     // One chunk per row (the identity map, the plain RMSNorm): nothing to
     // amortize, and one row per CTA keeps more CTAs resident (4096x4096 bf16:
     // 25.4 us against 27.6 with four rows, session 8, call 6).
-    while (want < 4 && 2 * want * vpt <= 8 && rows / (2 * want) >= 2 * std::int64_t(sms)) want *= 2;
+    // Four rows or one: two rows per CTA measured slower than either
+    // (4096x4096 AR 35.8 us against 28.5-29.2; 8192x8192 AR 82.5 against
+    // 78.0 with one; session 8, call 7), so 8192-wide rows keep one.
+    if (4 * vpt <= 8 && rows / 4 >= 2 * std::int64_t(sms)) want = 4;
   }
   while (want > 1 && table_bytes * want > 48 * 1024) want /= 2;
   return want;

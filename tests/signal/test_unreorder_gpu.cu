@@ -134,8 +134,8 @@ TEST(UnreorderGpu, RowMajorBaseline) {
   for (DType t : {DType::bf16, DType::f16}) check_map(RowMajorMap{300, 1024, 1040}, t, "row-major 300x1024");
 }
 
-// The single-pass RMSNorm kernel groups ROWS = 4 (N <= 4096 bf16/f16) or 2
-// (N <= 8192) consecutive rows per CTA once rows / ROWS >= 2 * SMs
+// The single-pass RMSNorm kernel groups ROWS = 4 consecutive rows per CTA
+// (N <= 4096 bf16/f16, more than one chunk per row) once rows / 4 >= 2 * SMs
 // (unreorder.cu, rows_per_cta). Row counts here are not multiples of ROWS,
 // so the last CTA gets fewer rows.
 int device_sms() {
@@ -151,33 +151,42 @@ TEST(UnreorderGpu, MultiRowCtas) {
   for (DType t : {DType::bf16, DType::f16}) {
     check_map(make_ar_map(WaveModel(GemmTiling{8 * sms + 3, 4096, 128, 128}, 132, 1)), t, "AR (8*SMs+3)x4096, 4 rows/CTA");
     check_map(make_ar_map(WaveModel(GemmTiling{8 * sms + 1, 2056, 64, 64}, 7, 2)), t, "AR (8*SMs+1)x2056, 4 rows/CTA");
-    check_map(make_ar_map(WaveModel(GemmTiling{4 * sms + 1, 8192, 128, 128}, 132, 1)), t, "AR (4*SMs+1)x8192, 2 rows/CTA");
-    check_map(RowMajorMap{8 * sms + 2, 1024, 1040}, t, "row-major (8*SMs+2)x1024, 4 rows/CTA");
+    check_map(make_ar_map(WaveModel(GemmTiling{4 * sms + 1, 8192, 128, 128}, 132, 1)), t, "AR (4*SMs+1)x8192, 1 row/CTA");
+    check_map(RowMajorMap{8 * sms + 2, 1024, 1040}, t, "row-major (8*SMs+2)x1024, 1 row/CTA (one chunk)");
   }
 }
 
-// Grouping rows must not change a single bit: the same rows normalized by a
-// tall launch (several rows per CTA) and by launches of 5 rows (one row per
-// CTA: 5 rows are far below the grouping threshold).
+// The multi-row path computes every row exactly as one row per CTA: an AR
+// map's fused RMSNorm in one tall launch (ROWS = 4 at N <= 4096; N = 8192
+// takes one row per CTA, for comparison) must equal, bit for bit, the plain
+// un-reorder (an exact copy) followed by the plain RMSNorm in launches of 5
+// rows (one row per CTA: far below the grouping threshold, and a one-chunk
+// row never groups).
 TEST(UnreorderGpu, MultiRowCtasMatchOneRowPerCtaBitwise) {
   TESSERA_REQUIRE_GPUS(1);
   const std::int64_t sms = device_sms();
   for (DType t : {DType::bf16, DType::f16})
     for (std::int64_t n : {std::int64_t(1024), std::int64_t(4096), std::int64_t(8192)}) {
       const std::int64_t rows = 8 * sms + 3, ld = n + 8, piece = 5;
+      const ArMap map = make_ar_map(WaveModel(GemmTiling{rows, n, 128, 128}, 132, 1));
+      const int chunks = static_cast<int>((n + map.chunk_width() - 1) / map.chunk_width());
+      std::int64_t recv_elems = 0;
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (int c = 0; c < chunks; ++c) recv_elems = std::max(recv_elems, map.chunk_offset(r, c) + map.chunk_width());
       const std::size_t es = dtype_size(t), bytes = rows * ld * es;
-      HostBuf x(t, rows * ld), w(t, n);
-      x.randomize();
+      HostBuf recv(t, recv_elems), w(t, n);
+      recv.randomize();
       w.randomize();
-      DevBuf d_x(bytes), d_w(w.bytes.size()), d_tall(bytes), d_pieces(bytes);
-      CUDA_OK(cudaMemcpy(d_x.p, x.bytes.data(), bytes, cudaMemcpyHostToDevice));
+      DevBuf d_recv(recv.bytes.size()), d_w(w.bytes.size()), d_rm(bytes), d_tall(bytes), d_pieces(bytes);
+      CUDA_OK(cudaMemcpy(d_recv.p, recv.bytes.data(), recv.bytes.size(), cudaMemcpyHostToDevice));
       CUDA_OK(cudaMemcpy(d_w.p, w.bytes.data(), w.bytes.size(), cudaMemcpyHostToDevice));
       CUDA_OK(cudaMemset(d_tall.p, 0xFF, bytes));
       CUDA_OK(cudaMemset(d_pieces.p, 0xFF, bytes));
-      rmsnorm_unreorder(RowMajorMap{rows, n, ld}, d_x.p, d_w.p, d_tall.p, ld, 1e-6f, t, nullptr);
+      rmsnorm_unreorder(map, d_recv.p, d_w.p, d_tall.p, ld, 1e-6f, t, nullptr);
+      unreorder(map, d_recv.p, d_rm.p, ld, t, nullptr);
       for (std::int64_t r = 0; r < rows; r += piece) {
         const std::int64_t off = r * ld * es;
-        rmsnorm_unreorder(RowMajorMap{std::min(piece, rows - r), n, ld}, static_cast<char*>(d_x.p) + off, d_w.p,
+        rmsnorm_unreorder(RowMajorMap{std::min(piece, rows - r), n, ld}, static_cast<char*>(d_rm.p) + off, d_w.p,
                           static_cast<char*>(d_pieces.p) + off, ld, 1e-6f, t, nullptr);
       }
       CUDA_OK(cudaDeviceSynchronize());
