@@ -98,10 +98,13 @@ void validate(const AgGemmArgs& a, int rank, int world, const char* op) {
   check_ld(op, "ldd", a.ldd ? a.ldd : n_out, n_out);
 }
 
-void validate(const GemmRsArgs& a, int rank, int world, const char* op) {
+namespace {
+// The row-parallel GEMM's operands (gemm_rs, gemm_ar): D[rows, N] = A[M, K]·Bᵀ.
+template <class Args>
+void check_row_parallel(const Args& a, std::int64_t m_local, int rank, int world, const char* op) {
   check_common(op, a.dtype, rank, world);
   check_nk(op, a.n, a.k);
-  check_rows(op, a.m, a.m_local, rank, world);
+  check_rows(op, a.m, m_local, rank, world);
   check_ptr(op, "A", a.a);
   check_ptr(op, "B", a.b);
   check_ptr(op, "D", a.d);
@@ -109,18 +112,15 @@ void validate(const GemmRsArgs& a, int rank, int world, const char* op) {
   check_ld(op, "ldb", a.ldb ? a.ldb : a.k, a.k);
   check_ld(op, "ldd", a.ldd ? a.ldd : a.n, a.n);
 }
+}  // namespace
+
+void validate(const GemmRsArgs& a, int rank, int world, const char* op) {
+  check_row_parallel(a, a.m_local, rank, world, op);
+}
 
 void validate(const GemmArArgs& a, int rank, int world, const char* op) {
-  check_common(op, a.dtype, rank, world);
-  check_nk(op, a.n, a.k);
   // Every rank owns (reduces) a ragged row shard, as in gemm_rs.
-  check_rows(op, a.m, shard_rows(a.m, world).rows(a.m, rank), rank, world);
-  check_ptr(op, "A", a.a);
-  check_ptr(op, "B", a.b);
-  check_ptr(op, "D", a.d);
-  check_ld(op, "lda", a.lda ? a.lda : a.k, a.k);
-  check_ld(op, "ldb", a.ldb ? a.ldb : a.k, a.k);
-  check_ld(op, "ldd", a.ldd ? a.ldd : a.n, a.n);
+  check_row_parallel(a, shard_rows(a.m, world).rows(a.m, rank), rank, world, op);
 }
 
 void validate(const MlpArgs& a, int rank, int world, const char* op) {
