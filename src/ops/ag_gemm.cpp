@@ -24,8 +24,6 @@ namespace tessera::ops {
 
 namespace {
 
-ncclDataType_t nccl_type(DType t) { return t == DType::f16 ? ncclFloat16 : ncclBfloat16; }
-
 /// Leading dimension of the swiglu staging buffer: n rounded up to 8
 /// elements, since GEMM outputs need 16-byte rows.
 std::int64_t swiglu_tmp_ld(std::int64_t n) { return (n + 7) / 8 * 8; }
@@ -143,7 +141,7 @@ void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOp
   switch (s) {
     case Strategy::sequential: {
       const void* send = direct_gather ? a.a : static_cast<const void*>(ws + lo * row_bytes);
-      TESSERA_NCCL_CHECK(ncclAllGather(send, ws, static_cast<std::size_t>(per_rank * a.k), nccl_type(a.dtype),
+      TESSERA_NCCL_CHECK(ncclAllGather(send, ws, static_cast<std::size_t>(per_rank * a.k), runtime::nccl_dtype(a.dtype),
                                        c.pg.nccl(), st));
       local_gemm(c, a, ws, a.m, a.d, tmp, st);
       break;

@@ -3,8 +3,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 #include <vector>
 
 #include "context_impl.hpp"
@@ -180,7 +178,6 @@ ShapeSignature signature(const GemmArArgs& a, Strategy s) {
 class TunerLoad {
  public:
   explicit TunerLoad(cudaStream_t s) {
-    if (const char* env = std::getenv("TESSERA_TUNE_LOAD")) gemms_ = std::atoi(env);
     if (gemms_ <= 0) return;
     for (int i = 0; i < 3; ++i) {
       TESSERA_CUDA_CHECK(cudaMalloc(&buf_[i], kBytes));
@@ -207,7 +204,7 @@ class TunerLoad {
   static constexpr std::int64_t kN = 4096;
   static constexpr std::size_t kBytes = kN * kN * 2;
   void* buf_[3] = {};
-  int gemms_ = 16;
+  int gemms_ = static_cast<int>(env::get_int("TESSERA_TUNE_LOAD", 16, 0, 256));
 };
 
 /// Median over `reps` of one call (after `warmup`), max over ranks.

@@ -96,6 +96,11 @@ void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOp
 void run_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, Strategy s, const OpOptions& o);
 void run_gemm_ar(TpContext::Impl& c, const GemmArArgs& a, Strategy s, const OpOptions& o);
 
+/// cuBLASLt D[rows, N] (row stride ldd) = rows [row0, row0 + rows) of A · Bᵀ
+/// (gemm_rs.cpp; the row-parallel operators' plain GEMM).
+void row_parallel_gemm(const GemmRsArgs& a, std::int64_t row0, std::int64_t rows, void* d, std::int64_t ldd,
+                       cudaStream_t s);
+
 /// GEMM+AR's full output, for fused_ce's all-gather half (gemm_rs.cpp).
 struct ArTail {
   void* d = nullptr;  ///< [M, N], row stride ldd

@@ -23,12 +23,9 @@ namespace tessera::ops {
 
 static_assert(detail::kRsTileM == kRsFusedTileRows, "the fused GEMM+RS tile and the public constant must agree");
 
-namespace {
-
-ncclDataType_t nccl_type(DType t) { return t == DType::f16 ? ncclFloat16 : ncclBfloat16; }
-
-void partial_gemm(const GemmRsArgs& a, std::int64_t row0, std::int64_t rows, void* d, std::int64_t ldd,
-                  cudaStream_t s) {
+// cuBLASLt D[rows, N] = A[row0 : row0 + rows, K] · Bᵀ (see context_impl.hpp).
+void row_parallel_gemm(const GemmRsArgs& a, std::int64_t row0, std::int64_t rows, void* d, std::int64_t ldd,
+                       cudaStream_t s) {
   if (rows <= 0) return;
   const std::int64_t lda = a.lda ? a.lda : a.k;
   kernels::GemmArgs g{};
@@ -47,6 +44,8 @@ void partial_gemm(const GemmRsArgs& a, std::int64_t row0, std::int64_t rows, voi
   kernels::cublaslt_gemm(g, s);
 }
 
+namespace {
+
 // Ring reduce-scatter (Strategy::ring). Compute stream: the R per-shard
 // cuBLASLt GEMMs in ring order into local staging (no waits: the GEMMs
 // never stall on communication). Comm stream (Impl::ring_stream, highest
@@ -64,7 +63,7 @@ void run_ring(TpContext::Impl& c, const GemmRsArgs& a, const OpOptions& o) {
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(a.dtype));
   const std::int64_t ldd = a.ldd ? a.ldd : a.n;
   if (R == 1) {
-    partial_gemm(a, 0, a.m, a.d, ldd, st);
+    row_parallel_gemm(a, 0, a.m, a.d, ldd, st);
     return;
   }
   const RingRsPlan plan = plan_ring_rs(a.m, a.n, R, rank, o.channels);
@@ -84,7 +83,7 @@ void run_ring(TpContext::Impl& c, const GemmRsArgs& a, const OpOptions& o) {
     const RingRsStep& step = plan.steps[j];
     const std::int64_t rows = plan.shards.rows(a.m, step.shard);
     unsigned char* pj = part + j * slab_bytes;
-    partial_gemm(a, plan.shards.lo(step.shard), rows, pj, ldr, st);
+    row_parallel_gemm(a, plan.shards.lo(step.shard), rows, pj, ldr, st);
     TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, st));
     TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, c.ev_ready, 0));
     for (int ch = 0; ch < plan.channels; ++ch) {
@@ -310,10 +309,10 @@ void run_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, Strategy s, const OpOp
   if (s == Strategy::sequential) {
     // Partial [R·per_rank, ldr] (rows past M are never read back), then NCCL.
     void* part = c.staging.ensure(slab_bytes * R, st);
-    partial_gemm(a, 0, a.m, part, ldr, st);
+    row_parallel_gemm(a, 0, a.m, part, ldr, st);
     const bool direct = ldd == ldr && a.m_local == per_rank;
     void* out = direct ? a.d : c.rs_out.ensure(slab_bytes, st);
-    TESSERA_NCCL_CHECK(ncclReduceScatter(part, out, static_cast<std::size_t>(per_rank * ldr), nccl_type(a.dtype),
+    TESSERA_NCCL_CHECK(ncclReduceScatter(part, out, static_cast<std::size_t>(per_rank * ldr), runtime::nccl_dtype(a.dtype),
                                          ncclSum, c.pg.nccl(), st));
     if (!direct)
       TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(a.d, ldd * es, out, ldr * es, a.n * es, a.m_local,
@@ -351,11 +350,11 @@ void run_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, Strategy s, const OpOp
       const int owner = (rank + 1 + j) % R;  // remote owners first, mine last
       const std::int64_t rows = plan.shards.rows(a.m, owner), row0 = plan.shards.lo(owner);
       if (owner == rank) {
-        partial_gemm(a, row0, rows, recv_local + rank * slab_bytes, ldr, st);
+        row_parallel_gemm(a, row0, rows, recv_local + rank * slab_bytes, ldr, st);
         continue;
       }
       unsigned char* part = static_cast<unsigned char*>(stage) + owner * slab_bytes;
-      partial_gemm(a, row0, rows, part, ldr, st);
+      row_parallel_gemm(a, row0, rows, part, ldr, st);
       TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, st));
       TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, c.ev_ready, 0));
       if (e > 1) link::rank_wait(cs, *c.control, owner, kRsFree, e - 1);

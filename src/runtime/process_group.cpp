@@ -148,4 +148,14 @@ void ProcessGroup::check_same_on_all_ranks(const std::string& what, const void* 
   boot_->check_same(data, bytes, what);
 }
 
+ncclDataType_t nccl_dtype(DType t) {
+  switch (t) {
+    case DType::bf16: return ncclBfloat16;
+    case DType::f16: return ncclFloat16;
+    case DType::f32: return ncclFloat32;
+    default: break;
+  }
+  TESSERA_FAIL("nccl_dtype: dtype {} has no NCCL reduction type here", dtype_name(t));
+}
+
 }  // namespace tessera::runtime

@@ -9,18 +9,10 @@
 
 #include "tessera/runtime/driver_api.hpp"
 #include "tessera/runtime/error.hpp"
+#include "tessera/runtime/process_group.hpp"
 
 namespace tessera::signal {
 namespace {
-
-ncclDataType_t nccl_type(DType t) {
-  switch (t) {
-    case DType::bf16: return ncclBfloat16;
-    case DType::f16: return ncclFloat16;
-    case DType::f32: return ncclFloat32;
-  }
-  TESSERA_FAIL("signal::CommDriver: unsupported dtype {}", static_cast<int>(t));
-}
 
 using Clock = std::chrono::steady_clock;
 
@@ -149,7 +141,7 @@ void CommDriver::all_reduce(const GroupPlan& plan, const ArMap& map, void* buffe
     wait_group(plan, counters, g, epoch);
     void* span = at(buffer, plan.tile_begin(g) * map.tile_elems(), dtype);
     TESSERA_NCCL_CHECK(ncclAllReduce(span, span, static_cast<size_t>(plan.tiles_in(g) * map.tile_elems()),
-                                     nccl_type(dtype), ncclSum, comm_, stream_));
+                                     runtime::nccl_dtype(dtype), ncclSum, comm_, stream_));
   }
 }
 
@@ -165,7 +157,7 @@ void CommDriver::reduce_scatter(const GroupPlan& plan, const RsMap& map, const v
     wait_group(plan, counters, g, epoch);
     TESSERA_NCCL_CHECK(ncclReduceScatter(at(send, plan.tile_begin(g) * map.tile_elems(), dtype),
                                          at(recv, plan.tile_begin(g) * map.sub_elems(), dtype),
-                                         static_cast<size_t>(plan.tiles_in(g) * map.sub_elems()), nccl_type(dtype),
+                                         static_cast<size_t>(plan.tiles_in(g) * map.sub_elems()), runtime::nccl_dtype(dtype),
                                          ncclSum, comm_, stream_));
   }
 }
@@ -177,7 +169,7 @@ void CommDriver::all_to_all(const A2aPlan& plan, const void* send, void* recv, D
                 plan.ranks(), world_);
   const GroupPlan& mine = plan.plan(rank_);
   check_counters(mine, counters, "signal::CommDriver::all_to_all");
-  const ncclDataType_t t = nccl_type(dtype);
+  const ncclDataType_t t = runtime::nccl_dtype(dtype);
   for (int g = 0; g < plan.groups(); ++g) {
     wait_group(mine, counters, g, epoch);
     TESSERA_NCCL_CHECK(ncclGroupStart());

@@ -134,6 +134,28 @@ struct Shape {
 // persistent CTA: the owner epilogue's waits must not deadlock).
 const Shape kShapes[] = {{1024, 768, 256, 0}, {1000, 700, 264, 8}, {1024, 700, 264, 8}, {2048, 4352, 64, 0}};
 
+/// The row-parallel operators' data: every rank's A_r [M, K] and B_r [N, K]
+/// (from one shared seed, so all ranks hold all of them) and the reference
+/// rows [lo, lo + rows) of Σ_r A_r · B_rᵀ in double. Collective (the seed).
+struct RowParallelCase {
+  std::vector<Mat> as, bs;
+  std::vector<double> ref;
+};
+RowParallelCase row_parallel_case(const Shape& sh, DType t, int world, std::int64_t lo, std::int64_t rows) {
+  const std::uint64_t seed = shared_seed();
+  RowParallelCase c;
+  for (int r = 0; r < world; ++r) {
+    c.as.push_back(random_mat(sh.m, sh.k, seed + 2 * r, t));
+    c.bs.push_back(random_mat(sh.n, sh.k, seed + 2 * r + 1, t, 0.5));
+  }
+  c.ref.assign(static_cast<std::size_t>(rows * sh.n), 0.0);
+  for (int r = 0; r < world; ++r) {
+    const auto p = matmul_nt(c.as[r], lo, lo + rows, c.bs[r]);
+    for (std::size_t i = 0; i < c.ref.size(); ++i) c.ref[i] += p[i];
+  }
+  return c;
+}
+
 /// Every RS variant: (strategy, where fused_sm reduces, ring channels).
 struct RsVariant {
   Strategy strategy;
@@ -243,21 +265,12 @@ TEST_P(OpsTp, GemmRsAllStrategiesMatchReference) {
   const DType t = GetParam();
   const int R = pg.world(), rank = pg.rank();
   for (const Shape& sh : kShapes) {
-    const std::uint64_t seed = shared_seed();
-    std::vector<Mat> as, bs;
-    for (int r = 0; r < R; ++r) {
-      as.push_back(random_mat(sh.m, sh.k, seed + 2 * r, t));
-      bs.push_back(random_mat(sh.n, sh.k, seed + 2 * r + 1, t, 0.5));
-    }
     const ShardRows s = shard_rows(sh.m, R);
     const std::int64_t m_local = s.rows(sh.m, rank), lo = s.lo(rank);
-    std::vector<double> ref(static_cast<std::size_t>(m_local * sh.n), 0.0);
-    for (int r = 0; r < R; ++r) {
-      const auto p = matmul_nt(as[r], lo, lo + m_local, bs[r]);
-      for (std::size_t i = 0; i < ref.size(); ++i) ref[i] += p[i];
-    }
-    auto da = upload(as[rank], 0, sh.m, sh.k, t);
-    auto db = upload(bs[rank], 0, sh.n, sh.k, t);
+    const RowParallelCase cs = row_parallel_case(sh, t, R, lo, m_local);
+    const std::vector<double>& ref = cs.ref;
+    auto da = upload(cs.as[rank], 0, sh.m, sh.k, t);
+    auto db = upload(cs.bs[rank], 0, sh.n, sh.k, t);
     const std::int64_t ldd = (sh.n + 7) / 8 * 8 + sh.ldd_pad;
     Dev dd(static_cast<std::size_t>(m_local * ldd * 2));
     std::vector<double> first;
@@ -594,19 +607,10 @@ TEST_P(OpsTp, GemmArMatchesReferenceOnEveryRank) {
   const DType t = GetParam();
   const int R = pg.world(), rank = pg.rank();
   for (const Shape& sh : kShapes) {
-    const std::uint64_t seed = shared_seed();
-    std::vector<Mat> as, bs;
-    for (int r = 0; r < R; ++r) {
-      as.push_back(random_mat(sh.m, sh.k, seed + 2 * r, t));
-      bs.push_back(random_mat(sh.n, sh.k, seed + 2 * r + 1, t, 0.5));
-    }
-    std::vector<double> ref(static_cast<std::size_t>(sh.m * sh.n), 0.0);
-    for (int r = 0; r < R; ++r) {
-      const auto p = matmul_nt(as[r], 0, sh.m, bs[r]);
-      for (std::size_t i = 0; i < ref.size(); ++i) ref[i] += p[i];
-    }
-    auto da = upload(as[rank], 0, sh.m, sh.k, t);
-    auto db = upload(bs[rank], 0, sh.n, sh.k, t);
+    const RowParallelCase cs = row_parallel_case(sh, t, R, 0, sh.m);
+    const std::vector<double>& ref = cs.ref;
+    auto da = upload(cs.as[rank], 0, sh.m, sh.k, t);
+    auto db = upload(cs.bs[rank], 0, sh.n, sh.k, t);
     const std::int64_t ldd = (sh.n + 7) / 8 * 8 + sh.ldd_pad;
     const std::size_t d_bytes = static_cast<std::size_t>(sh.m * ldd * 2);
     Dev d0(d_bytes), d1(d_bytes), d2(d_bytes);

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "tessera/runtime/bootstrap.hpp"
+#include "tessera/runtime/dtype.hpp"
 #include "tessera/runtime/launch.hpp"
 
 namespace tessera::runtime {
@@ -127,5 +128,8 @@ class ProcessGroup {
 
 /// NCCL version of the loaded library, checked against the header at start-up.
 int nccl_runtime_version();
+
+/// NCCL's type for a Tessera dtype (bf16, f16, f32); throws for others.
+ncclDataType_t nccl_dtype(DType t);
 
 }  // namespace tessera::runtime
