@@ -1,5 +1,5 @@
 // CPU tests of the runtime's small host pieces: typed environment reads,
-// error messages, the wait-diagnostic formatting.
+// error messages, the wait-diagnostic formatting, NCCL's dtype mapping.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -7,6 +7,7 @@
 
 #include "tessera/runtime/env.hpp"
 #include "tessera/runtime/error.hpp"
+#include "tessera/runtime/process_group.hpp"
 
 namespace env = tessera::env;
 
@@ -64,4 +65,17 @@ TEST(Error, ChecksNameFileValueAndRank) {
   EXPECT_NE(c.find("cudaErrorMemoryAllocation"), std::string::npos) << c;
   const std::string n = message_of([] { TESSERA_NCCL_CHECK(4); });  // ncclInvalidArgument
   EXPECT_NE(n.find("NCCL error 4"), std::string::npos) << n;
+}
+
+TEST(NcclDtype, MapsEveryReducibleTypeAndRejectsTheRest) {
+  using tessera::DType;
+  EXPECT_EQ(tessera::runtime::nccl_dtype(DType::bf16), ncclBfloat16);
+  EXPECT_EQ(tessera::runtime::nccl_dtype(DType::f16), ncclFloat16);
+  EXPECT_EQ(tessera::runtime::nccl_dtype(DType::f32), ncclFloat32);
+  try {
+    tessera::runtime::nccl_dtype(static_cast<DType>(99));
+    ADD_FAILURE() << "an unknown dtype was mapped";
+  } catch (const tessera::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nccl_dtype"), std::string::npos) << e.what();
+  }
 }
