@@ -2,12 +2,12 @@
 # Builds Tessera on a lent GPU machine and runs every GPU test and benchmark
 # in one call, leaving logs under $OUT (default ./device-out).
 #
-#   scripts/device-check.sh [step...]     steps: build cpu tests comm gemm gemmgap mlp asynctp commir signal
+#   scripts/device-check.sh [step...]     steps: build cpu tests comm gemm gemmgap mlp asynctp commir kernels signal
 #                                          (default: build tests comm gemm), run in the order given
 # Clocks, power and throttle reasons are sampled throughout (clocks.csv) and
 # summarised per step at the end of summary.txt (scripts/clock-summary.py).
 # MLP_SHAPES (default 1,2,3,4,5,6) picks the MLP shapes for mlp / asynctp;
-# ASYNCTP_SHAPES overrides it for asynctp. MLP_ARGS, ASYNCTP_ARGS, SIGNAL_ARGS, COMMIR_ARGS, GEMM_ARGS
+# ASYNCTP_SHAPES overrides it for asynctp. MLP_ARGS, ASYNCTP_ARGS, SIGNAL_ARGS, KERNELS_ARGS, COMMIR_ARGS, GEMM_ARGS
 # add options to those benchmarks (e.g. MLP_ARGS=--no-variants).
 #
 # Carry .deps (scripts/vendor-deps.sh): the GPU machines cannot install
@@ -90,6 +90,11 @@ step_commir() {
   note "bench commir rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-commir.log" | tail -20 | tee -a "$summary"
 }
 
+step_kernels() {
+  timeout "${KERNELS_TIMEOUT:-120}" "$bin" bench signal-kernels ${KERNELS_ARGS:-} >"$out/bench-signal-kernels.log" 2>&1
+  note "bench signal-kernels rc=$?"; tail -60 "$out/bench-signal-kernels.log" | tee -a "$summary"
+}
+
 step_signal() {
   timeout "${SIGNAL_TIMEOUT:-300}" "$bin" run -n "$ngpu" -- "$bin" bench signal ${SIGNAL_ARGS:-} >"$out/bench-signal.log" 2>&1
   note "bench signal rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-signal.log" | tail -40 | tee -a "$summary"
@@ -107,7 +112,7 @@ if command -v nvidia-smi >/dev/null; then
 fi
 : >"$out/steps.txt"
 for s in "${steps[@]}"; do
-  declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests comm gemm gemmgap mlp asynctp commir signal)"; continue; }
+  declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests comm gemm gemmgap mlp asynctp commir kernels signal)"; continue; }
   echo "$s start $(date +%s.%N)" >>"$out/steps.txt"
   "step_$s"
   echo "$s end $(date +%s.%N)" >>"$out/steps.txt"

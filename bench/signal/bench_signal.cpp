@@ -107,6 +107,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -1011,6 +1012,7 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
   int err_n = 0, err_all_n = 0, slower = 0, slower_pred = 0, exh_n = 0, exh_ok = 0, exh_ok_verified = 0, done = 0;
   int exh_ok_verified1 = 0;      // the top-1 verified choice >= 99 % of exhaustive
   int h2h_n = 0, h2h_ok = 0, h2h_ok_verified = 0, h2h_ok_verified1 = 0;  // the same, head to head
+  double h2h_sum_s = 0, h2h_sum_v = 0, h2h_min_s = 1e9, h2h_min_v = 1e9;  // mean / worst head-to-head ratio
   int topk_changed = 0;          // the top-k verified choice differs from the top-1 one
   int topk_changed_on = 0;       // ... of which top-1 said no overlap
   int topk_changed_off = 0;      // ... of which top-1 overlapped and top-k does not (never: its fastest is faster)
@@ -1127,6 +1129,10 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
     const double h2h_s = h2h(r.h2h_searched_ms), h2h_v = h2h(r.h2h_verified_ms), h2h_v1 = h2h(r.h2h_verified1_ms);
     if (r.exhaustive && r.h2h_exh_ms > 0) {
       ++h2h_n;
+      h2h_sum_s += h2h_s;
+      h2h_sum_v += h2h_v;
+      h2h_min_s = std::min(h2h_min_s, h2h_s);
+      h2h_min_v = std::min(h2h_min_v, h2h_v);
       h2h_ok += h2h_s >= 0.99;
       h2h_ok_verified += h2h_v >= 0.99;
       h2h_ok_verified1 += h2h_v1 >= 0.99;
@@ -1187,7 +1193,8 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
       "overlaps dropped, {} rejected partitions kept); mean speedup predictive {:.3f}, verified {:.3f}; searched "
       ">= 99% of exhaustive (measured, shapes with <= {} waves and <= {} s of sweep) on {} of {} (verified top-{} "
       "choice: {} of {}; verified top-1 choice: {} of {}; head to head, the sweep's best re-timed interleaved with "
-      "the choices ({} reps): searched {} of {}, verified {} of {}, top-1 verified {} of {}); top-{} refinement: the fastest measured candidate was "
+      "the choices ({} reps): searched {} of {}, verified {} of {}, top-1 verified {} of {}; mean ratio searched "
+      "{:.2f}%, verified {:.2f}%, worst {:.2f}% / {:.2f}%); top-{} refinement: the fastest measured candidate was "
       "not the searched one on {} of {} shapes, the verified choice changed on {} ({} from no overlap to an "
       "overlap, {} to no overlap), top-1 verified choice slower than non-overlap on {}, mean verified speedup "
       "top-1 {:.3f}, predictor error over every candidate {:.2f}% mean ({} runs); model: comm beside the GEMM "
@@ -1198,6 +1205,8 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
       flipped_off, flipped_on, done ? speedup_pred_sum / done : 0.0, done ? speedup_sum / done : 0.0,
       o.exh_max_waves, o.exh_cap_s, exh_ok, exh_n, o.top_k, exh_ok_verified, exh_n, exh_ok_verified1, exh_n,
       o.exh_confirm_reps, h2h_ok, h2h_n, h2h_ok_verified, h2h_n, h2h_ok_verified1, h2h_n,
+      h2h_n ? h2h_sum_s / h2h_n * 100 : 0.0, h2h_n ? h2h_sum_v / h2h_n * 100 : 0.0,
+      h2h_n ? h2h_min_s * 100 : 0.0, h2h_n ? h2h_min_v * 100 : 0.0,
       o.top_k, topk_not_first, done, topk_changed, topk_changed_on, topk_changed_off, slower1,
       done ? speedup1_sum / done : 0.0, cand_err_n ? cand_err_sum / cand_err_n : 0.0, cand_err_n,
       o.comm_slowdown_pct,
@@ -1343,6 +1352,8 @@ void run_all(const Options& o) {
 struct KOptions {
   std::vector<std::string> shapes{"4096x4096", "8192x8192", "16384x8192", "2048x16384"};
   int reps = 20, warmup = 5;
+  /// TESSERA_RMSNORM_ROWS values to time in turn (0: the library's rule).
+  std::vector<int> rows_per_cta{0, 1};
 };
 
 void run_kernels(const KOptions& o) {
@@ -1350,8 +1361,14 @@ void run_kernels(const KOptions& o) {
   TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
   cudaStream_t s;
   TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  Table table({"M", "N", "RMSNorm us", "fused AR us", "AR %", "fused RS us", "RS %", "fused A2A us", "A2A %",
+  // The fused kernel reads TESSERA_RMSNORM_ROWS at every call; restored after.
+  const char* prior = std::getenv("TESSERA_RMSNORM_ROWS");
+  const std::string saved = prior ? prior : "";
+  std::vector<Table> tables;
+  for (std::size_t ki = 0; ki < o.rows_per_cta.size(); ++ki)
+    tables.emplace_back(std::vector<std::string>{"M", "N", "RMSNorm us", "fused AR us", "AR %", "fused RS us", "RS %", "fused A2A us", "A2A %",
                "copy us", "un-reorder AR us", "un-reorder %"});
+  std::vector<std::string> best_lines;
   for (const auto& text : o.shapes) {
     long long m = 0, n = 0;
     char x = 0;
@@ -1377,6 +1394,11 @@ void run_kernels(const KOptions& o) {
     const signal::RowMajorMap plain{m, n, n};
     const signal::RowMajorMap plain_rs{rs.rows(), n, n};
     const signal::RowMajorMap plain_a2a{rmap.rows(), n, n};
+    // Fused kernels against the fastest plain RMSNorm over every rows-per-CTA value.
+    double best_plain = 1e30, best_plain_rs = 1e30, best_plain_a2a = 1e30;
+    std::vector<std::array<double, 3>> fused;
+    for (std::size_t ki = 0; ki < o.rows_per_cta.size(); ++ki) {
+    ::setenv("TESSERA_RMSNORM_ROWS", std::to_string(o.rows_per_cta[ki]).c_str(), 1);
     const double base = us([&] { signal::rmsnorm_unreorder(plain, in.p, w.p, out.p, n, 1e-6f, DType::bf16, s); });
     const double base_rs = us([&] { signal::rmsnorm_unreorder(plain_rs, in.p, w.p, out.p, n, 1e-6f, DType::bf16, s); });
     const double base_a2a = us([&] { signal::rmsnorm_unreorder(plain_a2a, in.p, w.p, out.p, n, 1e-6f, DType::bf16, s); });
@@ -1386,14 +1408,30 @@ void run_kernels(const KOptions& o) {
     const double copy = us([&] { signal::unreorder(plain, in.p, out.p, n, DType::bf16, s); });
     const double uar = us([&] { signal::unreorder(am, in.p, out.p, n, DType::bf16, s); });
     const auto pct = [](double a, double b) { return fmt::format("{:+.1f}", (a / b - 1) * 100); };
-    table.add({std::to_string(m), std::to_string(n), fmt::format("{:.1f}", base), fmt::format("{:.1f}", far),
+    tables[ki].add({std::to_string(m), std::to_string(n), fmt::format("{:.1f}", base), fmt::format("{:.1f}", far),
                pct(far, base), fmt::format("{:.1f}", frs), pct(frs, base_rs), fmt::format("{:.1f}", fa2a),
                pct(fa2a, base_a2a), fmt::format("{:.1f}", copy), fmt::format("{:.1f}", uar), pct(uar, copy)});
+    best_plain = std::min(best_plain, base);
+    best_plain_rs = std::min(best_plain_rs, base_rs);
+    best_plain_a2a = std::min(best_plain_a2a, base_a2a);
+    fused.push_back({far, frs, fa2a});
+    }
+    for (std::size_t ki = 0; ki < o.rows_per_cta.size(); ++ki)
+      best_lines.push_back(fmt::format(
+          "{}x{} rows per CTA {}: AR {:+.1f} %, RS {:+.1f} %, A2A {:+.1f} % against the fastest plain RMSNorm "
+          "({:.1f} / {:.1f} / {:.1f} us)",
+          m, n, o.rows_per_cta[ki], (fused[ki][0] / best_plain - 1) * 100, (fused[ki][1] / best_plain_rs - 1) * 100,
+          (fused[ki][2] / best_plain_a2a - 1) * 100, best_plain, best_plain_rs, best_plain_a2a));
   }
+  if (prior) ::setenv("TESSERA_RMSNORM_ROWS", saved.c_str(), 1); else ::unsetenv("TESSERA_RMSNORM_ROWS");
   TESSERA_CUDA_CHECK(cudaStreamDestroy(s));
-  fmt::print("{}\n(bf16; tiles 128x128; RS = rank 0 of 2; A2A = rank 1 receiving an uneven quarter/three-quarter "
-             "split; every % is against the plain kernel on the same rows)\n",
-             table.str());
+  for (std::size_t ki = 0; ki < o.rows_per_cta.size(); ++ki)
+    fmt::print("rows per CTA: {}\n{}\n", o.rows_per_cta[ki] == 0 ? std::string("the library's rule (one wave of CTAs)")
+                                                                   : std::to_string(o.rows_per_cta[ki]) + " (forced)",
+               tables[ki].str());
+  fmt::print("(bf16; tiles 128x128; RS = rank 0 of 2; A2A = rank 1 receiving an uneven quarter/three-quarter "
+             "split; every % is against the plain kernel on the same rows and rows per CTA)\n");
+  for (const auto& l : best_lines) fmt::print("{}\n", l);
 }
 
 TESSERA_REGISTER_COMMAND([](CLI::App& root) {
@@ -1466,6 +1504,11 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   k->add_option("--shapes", kopts->shapes, "MxN list")->delimiter(',');
   k->add_option("--reps", kopts->reps, "timed repetitions (median)")->check(CLI::Range(1, 100000));
   k->add_option("--warmup", kopts->warmup, "warm-up repetitions")->check(CLI::Range(0, 100000));
+  k->add_option("--rows-per-cta", kopts->rows_per_cta,
+                "fused-kernel rows per CTA to time in turn, one table each (TESSERA_RMSNORM_ROWS; 0 = the library's "
+                "rule; default 0,1)")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 1 << 20));
   k->callback([kopts] { run_kernels(*kopts); });
 });
 

@@ -72,12 +72,13 @@ void rmsnorm_any(const Map& map, const void* recv, const void* weight, void* out
   check_common(map, recv, out, ld_out, dtype, op);
   check_device_pointer(weight, op, "weight");
   check_map_tables(map, op);
-  // One CTA per row with the row's chunk offsets in shared memory (unreorder.cu).
+  // Rows are CTA-uniform work items with two rows' chunk offsets in shared
+  // memory (unreorder.cu).
   TESSERA_CHECK(map.rows() < (std::int64_t(1) << 31) && map.cols() < (std::int64_t(1) << 31),
-                "{}: {}x{} outside the one-CTA-per-row limits (rows and N < 2^31)", op, map.rows(), map.cols());
+                "{}: {}x{} outside the kernel's limits (rows and N < 2^31)", op, map.rows(), map.cols());
   const std::int64_t chunks = (map.cols() + map.chunk_width() - 1) / map.chunk_width();
-  TESSERA_CHECK(chunks * 8 <= 48 * 1024, "{}: {} chunks of width {} per row exceed the 48 KiB chunk table", op, chunks,
-                map.chunk_width());
+  TESSERA_CHECK(chunks * 16 <= 48 * 1024, "{}: {} chunks of width {} per row exceed the 48 KiB of two rows' chunk tables",
+                op, chunks, map.chunk_width());
   TESSERA_CUDA_CHECK(detail::launch_rmsnorm_unreorder(map, recv, weight, out, ld_out, eps, dtype, current_sms(), stream));
 }
 

@@ -4,10 +4,11 @@
 // (the first version, two passes over a grid-stride row loop with the full
 // map index math per 16-byte vector, ran +54..67% over plain RMSNorm on the
 // AllReduce layout, device run 2 on H200):
-//  - one CTA per output row, or per ROWS = 2/4 consecutive rows for rows of
-//    <= 4 vectors per thread on tall matrices (rows_per_cta below: a short
-//    row alone could not hide the table fill and its barrier; no grid-stride
-//    loop, so no tail imbalance from a capped grid);
+//  - one wave of CTAs, each a pipeline over its rows (row b, b + grid, ...:
+//    rows_per_cta below): the next row's chunk table and loads are in flight
+//    while the current row is reduced and stored, so the table fill and its
+//    barrier are hidden (one CTA per row left them exposed: +13..18 % at
+//    4096x4096 on the AR map, sessions 2-8);
 //  - the row's chunk offsets (one per BN-wide chunk: Nt = N/BN values, 64 for
 //    N = 8192, BN = 128) are computed once per row by Nt threads into shared
 //    memory, so the per-vector cost is one shared load and one add instead
@@ -27,6 +28,8 @@
 // old 89.9 us for 8192x8192 bf16 (one read of the input instead of two).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include <algorithm>
 
 #include "tessera/runtime/env.hpp"
 #include "unreorder_launch.hpp"
@@ -154,68 +157,85 @@ __device__ __forceinline__ void load_row(const T* __restrict__ recv, const std::
     if (cols.within[k] >= 0) x[k] = __ldg(reinterpret_cast<const int4*>(recv + table[cols.chunk[k]] + cols.within[k]));
 }
 
-// Single pass, rows in registers: CTA b handles output rows
-// [b*ROWS, min((b+1)*ROWS, rows)). One barrier after the chunk tables of all
-// of its rows are filled (ROWS*chunks entries spread over the block, so the
-// fill's index-math latency and the barrier are paid once per ROWS rows);
-// then the rows go one after another, the loads of the next kDepth-1 rows
-// issued before the current row is reduced (all ROWS rows in flight when
-// ROWS*VPT <= 8 vectors per thread, i.e. the same 32 data registers as the
-// VPT = 8 single-row case; otherwise one row ahead). Per row the sum of
-// squares, the block reduction and the scaling are exactly those of ROWS = 1
-// (same order, same operations): the result does not depend on ROWS, bit
-// for bit. Dynamic shared memory: ROWS*chunks int64 (row r's table at
-// r*chunks).
-template <class Map, class T, int VPT, int ROWS>
+// Single pass, rows in registers, a pipeline of rows per CTA: CTA b
+// handles output rows b, b + grid, b + 2*grid, ... (rows_per_cta of them,
+// the last CTAs one fewer). Per row the sum of squares, the block reduction
+// and the scaling are exactly those of one row per CTA (same order, same
+// operations): the result does not depend on the grid, bit for bit.
+//
+// Why a pipeline: with one CTA per row, every short row (N = 4096 bf16:
+// 8 KiB) paid the CTA's fixed latency — the chunk-table fill (the map's
+// index math), a barrier, then the loads — with nothing to hide it behind
+// (4096x4096 AR +13..18 % over the plain kernel, sessions 2-8). Here the
+// next row's table is filled, and the next row's loads are issued, while the
+// current row is reduced and stored; the fixed latency is paid once per CTA.
+//
+// Schedule of row i (cur = i & 1, nxt = cur ^ 1); tables and partials are
+// double-buffered and every hand-over goes through block_sum's barrier:
+//   1. sum of squares of x (its loads were issued in step 3 of row i-1);
+//   2. block_sum(partial[cur]) — its barrier also publishes table[nxt],
+//      written in step 4 of row i-1;
+//   3. issue row i+1's loads through table[nxt] into y, and x = y after
+//      step 5 (AHEAD); without AHEAD, after step 5 straight into x (one row
+//      of registers: VPT = 8);
+//   4. fill table[cur] with row i+2's offsets. Safe: every thread read
+//      table[cur] (row i's loads) before it arrived at row i's barrier;
+//   5. scale and store row i.
+// partial[cur] is rewritten by row i+2's step 2, after row i+1's barrier, by
+// which point every thread has read row i's partials.
+// Dynamic shared memory: 2 * chunks int64 (the two tables).
+template <class Map, class T, int VPT, bool AHEAD>
 __global__ void __launch_bounds__(kThreads) rmsnorm_unreorder_kernel(Map map, const T* __restrict__ recv,
                                                                      const T* __restrict__ weight,
                                                                      T* __restrict__ out, std::int64_t ld_out,
                                                                      float eps) {
   constexpr int V = 16 / sizeof(T);
-  constexpr int kDepth = ROWS * VPT <= 8 ? ROWS : (ROWS > 1 ? 2 : 1);  // rows whose loads are in flight
-  extern __shared__ std::int64_t chunk_table[];
-  // One partial array per row: with a single barrier per CTA, row r+1's
-  // partials must not overwrite row r's while a slower warp still reads them.
-  __shared__ float partial[ROWS][kThreads / 32];
-  const std::int64_t row0 = std::int64_t(blockIdx.x) * ROWS;
-  const std::int64_t left = map.rows() - row0;
-  const int here = left < ROWS ? static_cast<int>(left) : ROWS;  // the last CTA may get fewer rows
+  extern __shared__ std::int64_t chunk_table[];  // [2][chunks]
+  __shared__ float partial[2][kThreads / 32];
+  const std::int64_t rows = map.rows();
+  const std::int64_t step = gridDim.x;
   const int n = static_cast<int>(map.cols());
   const int vecs = n / V;
   const int bn = map.chunk_width();
   const int chunks = (n + bn - 1) / bn;
   const ColumnPlan<VPT> cols(vecs, bn / V, V);
-  if constexpr (ROWS == 1) {
-    fill_chunk_table(map, row0, chunks, chunk_table);
-  } else {
-    for (int i = threadIdx.x; i < here * chunks; i += kThreads) {
-      const int r = i / chunks;
-      chunk_table[i] = map.chunk_offset(row0 + r, i - r * chunks);
-    }
-  }
+  std::int64_t row = blockIdx.x;  // < rows: the grid has at most one CTA per row
+  fill_chunk_table(map, row, chunks, chunk_table);
   __syncthreads();
-  int4 x[ROWS][VPT];
+  // x: the row being reduced; y: the next row's loads in flight (AHEAD).
+  // Buffers are picked by offset arithmetic and a register copy, never by a
+  // runtime array index (that would put x in local memory).
+  int4 x[VPT], y[AHEAD ? VPT : 1];
+  load_row<T, VPT>(recv, chunk_table, cols, x);
+  if (row + step < rows) fill_chunk_table(map, row + step, chunks, chunk_table + chunks);
+  for (int i = 0; row < rows; ++i, row += step) {
+    const int cur = i & 1;
+    std::int64_t* const table_cur = chunk_table + cur * chunks;
+    const std::int64_t* const table_nxt = chunk_table + (cur ^ 1) * chunks;
+    float ss = 0.f;
 #pragma unroll
-  for (int r = 0; r < kDepth - 1; ++r)
-    if (r < here) load_row<T, VPT>(recv, chunk_table + r * chunks, cols, x[r]);
+    for (int k = 0; k < VPT; ++k)
+      if (cols.within[k] >= 0) ss += sum_sq<T>(x[k]);
+    const float scale = rsqrtf(block_sum(ss, partial[cur]) / float(n) + eps);
+    const bool more = row + step < rows;  // block-uniform
+    if constexpr (AHEAD)
+      if (more) load_row<T, VPT>(recv, table_nxt, cols, y);
+    if (row + 2 * step < rows) fill_chunk_table(map, row + 2 * step, chunks, table_cur);
+    T* out_row = out + row * ld_out;
 #pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-    if (r + kDepth - 1 < ROWS && r + kDepth - 1 < here)
-      load_row<T, VPT>(recv, chunk_table + (r + kDepth - 1) * chunks, cols, x[r + kDepth - 1]);
-    if (r < here) {  // block-uniform: every thread reaches block_sum's barrier or none
-      float ss = 0.f;
+    for (int k = 0; k < VPT; ++k) {
+      if (cols.within[k] >= 0) {
+        const int col = (threadIdx.x + k * kThreads) * V;
+        const int4 w = __ldg(reinterpret_cast<const int4*>(weight + col));
+        *reinterpret_cast<int4*>(out_row + col) = scale_vec<T>(x[k], w, scale);
+      }
+    }
+    if (more) {
+      if constexpr (AHEAD) {
 #pragma unroll
-      for (int k = 0; k < VPT; ++k)
-        if (cols.within[k] >= 0) ss += sum_sq<T>(x[r][k]);
-      const float scale = rsqrtf(block_sum(ss, partial[r]) / float(n) + eps);
-      T* out_row = out + (row0 + r) * ld_out;
-#pragma unroll
-      for (int k = 0; k < VPT; ++k) {
-        if (cols.within[k] >= 0) {
-          const int col = (threadIdx.x + k * kThreads) * V;
-          const int4 w = __ldg(reinterpret_cast<const int4*>(weight + col));
-          *reinterpret_cast<int4*>(out_row + col) = scale_vec<T>(x[r][k], w, scale);
-        }
+        for (int k = 0; k < VPT; ++k) x[k] = y[k];
+      } else {
+        load_row<T, VPT>(recv, table_nxt, cols, x);
       }
     }
   }
@@ -269,62 +289,34 @@ cudaError_t unreorder_t(const Map& map, const void* recv, void* out, std::int64_
   return cudaGetLastError();
 }
 
-template <class Map, class T, int VPT, int ROWS>
+// Rows per CTA of the pipelined single-pass kernel, and so its grid
+// (ceil(rows / rows_per_cta) CTAs). The pipeline pays a CTA's fixed latency
+// once for all of its rows, so one wave of CTAs — as many as fit on the GPU
+// at once (occupancy x SMs) — is enough, and more only repeats that latency:
+// rows_per_cta = ceil(rows / resident CTAs). A matrix with no more rows than
+// resident CTAs keeps one row per CTA. TESSERA_RMSNORM_ROWS = k >= 1 forces k
+// rows per CTA (A/B timing; read at every call so that a benchmark can
+// compare values in one process); 0 or unset: the rule.
+std::int64_t rows_per_cta(std::int64_t rows, int resident_ctas) {
+  const std::int64_t forced = env::get_int("TESSERA_RMSNORM_ROWS", 0, 0, std::int64_t(1) << 30);
+  if (forced > 0) return forced;
+  const std::int64_t r = std::max(resident_ctas, 1);
+  return (rows + r - 1) / r;
+}
+
+template <class Map, class T, int VPT, bool AHEAD>
 cudaError_t launch_rows(const Map& map, const void* recv, const void* weight, void* out, std::int64_t ld_out,
-                        float eps, std::size_t table_bytes, cudaStream_t stream) {
-  const auto grid = static_cast<unsigned>((map.rows() + ROWS - 1) / ROWS);
-  rmsnorm_unreorder_kernel<Map, T, VPT, ROWS><<<grid, kThreads, table_bytes * ROWS, stream>>>(
-      map, static_cast<const T*>(recv), static_cast<const T*>(weight), static_cast<T*>(out), ld_out, eps);
+                        float eps, std::size_t table_bytes, int sms, cudaStream_t stream) {
+  const auto kernel = rmsnorm_unreorder_kernel<Map, T, VPT, AHEAD>;
+  const std::size_t smem = 2 * table_bytes;  // two chunk tables
+  int per_sm = 0;
+  const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem);
+  if (e != cudaSuccess) return e;
+  const std::int64_t k = rows_per_cta(map.rows(), per_sm * sms);
+  const auto grid = static_cast<unsigned>((map.rows() + k - 1) / k);
+  kernel<<<grid, kThreads, smem, stream>>>(map, static_cast<const T*>(recv), static_cast<const T*>(weight),
+                                           static_cast<T*>(out), ld_out, eps);
   return cudaGetLastError();
-}
-
-// Rows per CTA of the single-pass kernel (1, 2 or 4). Why more than one:
-// with one CTA per row, a short row (VPT <= 2: N <= 4096 bf16/f16, 8 KiB)
-// moves too little data to hide the CTA's fixed latency (the chunk-table
-// fill's 64-bit index math, or the A2A table's global load, then a barrier
-// before any row load can issue): +13..18% over the plain kernel at
-// 4096x4096 bf16, while 8192-wide rows (twice the data per CTA) met the 10%
-// target. So: ROWS = 4 when 4 * VPT <= 8 (a CTA then holds the same 8
-// vectors per thread as one 16384-wide row, every row's loads in flight at
-// once, 32 data registers), provided that
-//  - a row has more than one chunk (a one-chunk row, the plain RMSNorm, has
-//    no table cost to amortize and measured faster with one row per CTA);
-//  - the grid still gives every SM at least 2 CTAs (rows / 4 >= 2 * sms):
-//    fewer, fatter CTAs would leave SMs idle on short matrices;
-//  - the 4 chunk tables fit the default 48 KiB of dynamic shared memory.
-// Otherwise one row per CTA (ROWS = 2 measured slower than both).
-// Cost (ptxas, sm_90a, bf16 VPT = 2): 62..64 registers per thread at ROWS =
-// 4 instead of 32..40 at ROWS = 1, so 4 resident CTAs per SM instead of 6..8;
-// still twice the bytes in flight per SM (4 x 256 x 8 x 16 B = 128 KiB).
-// TESSERA_RMSNORM_ROWS = 1..4 (rounded down to 1, 2 or 4) forces the value
-// for rows of up to 4 vectors per thread (N <= 8192 bf16/f16), for A/B
-// timing; 0 or unset: the rule above. The 48 KiB limit still applies.
-int rows_per_cta(std::int64_t rows, std::int64_t vpt, std::size_t table_bytes, int sms) {
-  static const int forced = static_cast<int>(env::get_int("TESSERA_RMSNORM_ROWS", 0, 0, 4));
-  int want = 1;
-  if (forced > 0) {
-    want = forced == 3 ? 2 : forced;  // 3 rounds down to 2
-  } else if (table_bytes > sizeof(std::int64_t)) {
-    // One chunk per row (the identity map, the plain RMSNorm): nothing to
-    // amortize, and one row per CTA keeps more CTAs resident (4096x4096 bf16:
-    // 25.4 us against 27.6 with four rows, session 8, call 6).
-    // Four rows or one: two rows per CTA measured slower than either
-    // (4096x4096 AR 35.8 us against 28.5-29.2; 8192x8192 AR 82.5 against
-    // 78.0 with one; session 8, call 7), so 8192-wide rows keep one.
-    if (4 * vpt <= 8 && rows / 4 >= 2 * std::int64_t(sms)) want = 4;
-  }
-  while (want > 1 && table_bytes * want > 48 * 1024) want /= 2;
-  return want;
-}
-
-template <class Map, class T, int VPT>
-cudaError_t launch_single_pass(const Map& map, const void* recv, const void* weight, void* out, std::int64_t ld_out,
-                               float eps, std::size_t table_bytes, int sms, cudaStream_t stream) {
-  switch (rows_per_cta(map.rows(), VPT, table_bytes, sms)) {
-    case 4: return launch_rows<Map, T, VPT, 4>(map, recv, weight, out, ld_out, eps, table_bytes, stream);
-    case 2: return launch_rows<Map, T, VPT, 2>(map, recv, weight, out, ld_out, eps, table_bytes, stream);
-    default: return launch_rows<Map, T, VPT, 1>(map, recv, weight, out, ld_out, eps, table_bytes, stream);
-  }
 }
 
 template <class Map, class T>
@@ -332,17 +324,18 @@ cudaError_t rmsnorm_t(const Map& map, const void* recv, const void* weight, void
                       int sms, cudaStream_t stream) {
   if (map.rows() == 0) return cudaSuccess;
   constexpr std::int64_t V = 16 / sizeof(T);
-  // grid.x <= 2^31 - 1; one row's chunk table must fit the default 48 KiB
+  // grid.x <= 2^31 - 1; two rows' chunk tables must fit the default 48 KiB
   // of dynamic shared memory (unreorder.cpp checks both).
   const std::int64_t vecs = map.cols() / V;
   const std::int64_t chunks = (map.cols() + map.chunk_width() - 1) / map.chunk_width();
   const std::size_t smem = static_cast<std::size_t>(chunks) * sizeof(std::int64_t);
   const std::int64_t vpt = (vecs + kThreads - 1) / kThreads;
-  if (vpt <= 1) return launch_single_pass<Map, T, 1>(map, recv, weight, out, ld_out, eps, smem, sms, stream);
-  if (vpt <= 2) return launch_single_pass<Map, T, 2>(map, recv, weight, out, ld_out, eps, smem, sms, stream);
-  if (vpt <= 4) return launch_single_pass<Map, T, 4>(map, recv, weight, out, ld_out, eps, smem, sms, stream);
-  // 16384-wide rows: one row already holds 8 vectors per thread.
-  if (vpt <= 8) return launch_rows<Map, T, 8, 1>(map, recv, weight, out, ld_out, eps, smem, stream);
+  // Up to 4 vectors per thread (N <= 8192 bf16/f16) the next row's loads are
+  // in flight in a second register set; 16384-wide rows already hold 8.
+  if (vpt <= 1) return launch_rows<Map, T, 1, true>(map, recv, weight, out, ld_out, eps, smem, sms, stream);
+  if (vpt <= 2) return launch_rows<Map, T, 2, true>(map, recv, weight, out, ld_out, eps, smem, sms, stream);
+  if (vpt <= 4) return launch_rows<Map, T, 4, true>(map, recv, weight, out, ld_out, eps, smem, sms, stream);
+  if (vpt <= 8) return launch_rows<Map, T, 8, false>(map, recv, weight, out, ld_out, eps, smem, sms, stream);
   rmsnorm_unreorder_wide_kernel<Map, T><<<static_cast<unsigned>(map.rows()), kThreads, smem, stream>>>(
       map, static_cast<const T*>(recv), static_cast<const T*>(weight), static_cast<T*>(out), ld_out, eps);
   return cudaGetLastError();

@@ -8,9 +8,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "support/test_support.hpp"
@@ -134,10 +136,11 @@ TEST(UnreorderGpu, RowMajorBaseline) {
   for (DType t : {DType::bf16, DType::f16}) check_map(RowMajorMap{300, 1024, 1040}, t, "row-major 300x1024");
 }
 
-// The single-pass RMSNorm kernel groups ROWS = 4 consecutive rows per CTA
-// (N <= 4096 bf16/f16, more than one chunk per row) once rows / 4 >= 2 * SMs
-// (unreorder.cu, rows_per_cta). Row counts here are not multiples of ROWS,
-// so the last CTA gets fewer rows.
+// The single-pass RMSNorm kernel launches one wave of CTAs, each a pipeline
+// over rows b, b + grid, ... (unreorder.cu, rows_per_cta): matrices taller
+// than the resident CTAs (at most 8 per SM of 256 threads) give a CTA
+// several rows. Row counts here do not divide evenly, so the last CTAs get
+// one row fewer.
 int device_sms() {
   int dev = 0, sms = 0;
   EXPECT_EQ(cudaGetDevice(&dev), cudaSuccess);
@@ -149,24 +152,40 @@ TEST(UnreorderGpu, MultiRowCtas) {
   TESSERA_REQUIRE_GPUS(1);
   const std::int64_t sms = device_sms();
   for (DType t : {DType::bf16, DType::f16}) {
-    check_map(make_ar_map(WaveModel(GemmTiling{8 * sms + 3, 4096, 128, 128}, 132, 1)), t, "AR (8*SMs+3)x4096, 4 rows/CTA");
-    check_map(make_ar_map(WaveModel(GemmTiling{8 * sms + 1, 2056, 64, 64}, 7, 2)), t, "AR (8*SMs+1)x2056, 4 rows/CTA");
-    check_map(make_ar_map(WaveModel(GemmTiling{4 * sms + 1, 8192, 128, 128}, 132, 1)), t, "AR (4*SMs+1)x8192, 1 row/CTA");
-    check_map(RowMajorMap{8 * sms + 2, 1024, 1040}, t, "row-major (8*SMs+2)x1024, 1 row/CTA (one chunk)");
+    check_map(make_ar_map(WaveModel(GemmTiling{8 * sms + 3, 4096, 128, 128}, 132, 1)), t, "AR (8*SMs+3)x4096");
+    check_map(make_ar_map(WaveModel(GemmTiling{8 * sms + 1, 2056, 64, 64}, 7, 2)), t, "AR (8*SMs+1)x2056");
+    check_map(make_ar_map(WaveModel(GemmTiling{4 * sms + 1, 8192, 128, 128}, 132, 1)), t, "AR (4*SMs+1)x8192");
+    check_map(make_ar_map(WaveModel(GemmTiling{4 * sms + 5, 16384, 128, 128}, 132, 1)), t,
+              "AR (4*SMs+5)x16384 (one row of registers)");
+    check_map(RowMajorMap{8 * sms + 2, 1024, 1040}, t, "row-major (8*SMs+2)x1024 (one chunk)");
   }
 }
 
-// The multi-row path computes every row exactly as one row per CTA: an AR
-// map's fused RMSNorm in one tall launch (ROWS = 4 at N <= 4096; N = 8192
-// takes one row per CTA, for comparison) must equal, bit for bit, the plain
+// Sets an environment variable for one scope (restores it after).
+struct ScopedEnv {
+  const char* name;
+  std::string saved;
+  bool had;
+  ScopedEnv(const char* n, const std::string& v) : name(n), had(std::getenv(n) != nullptr) {
+    if (had) saved = std::getenv(n);
+    ::setenv(name, v.c_str(), 1);
+  }
+  ~ScopedEnv() { had ? ::setenv(name, saved.c_str(), 1) : ::unsetenv(name); }
+};
+
+// The pipelined rows compute every row exactly as one row per CTA: an AR
+// map's fused RMSNorm in one tall launch must equal, bit for bit, the plain
 // un-reorder (an exact copy) followed by the plain RMSNorm in launches of 5
-// rows (one row per CTA: far below the grouping threshold, and a one-chunk
-// row never groups).
+// rows (one row per CTA: fewer rows than resident CTAs). The tall launch
+// runs with the library's rule (several rows per CTA) and with forced rows
+// per CTA (TESSERA_RMSNORM_ROWS: 2, 7 — ragged last CTAs — and 1).
 TEST(UnreorderGpu, MultiRowCtasMatchOneRowPerCtaBitwise) {
   TESSERA_REQUIRE_GPUS(1);
   const std::int64_t sms = device_sms();
+  for (const char* forced : {"0", "2", "7", "1"})
   for (DType t : {DType::bf16, DType::f16})
-    for (std::int64_t n : {std::int64_t(1024), std::int64_t(4096), std::int64_t(8192)}) {
+    for (std::int64_t n : {std::int64_t(1024), std::int64_t(4096), std::int64_t(8192), std::int64_t(16384)}) {
+      SCOPED_TRACE(std::string("TESSERA_RMSNORM_ROWS=") + forced);
       const std::int64_t rows = 8 * sms + 3, ld = n + 8, piece = 5;
       const ArMap map = make_ar_map(WaveModel(GemmTiling{rows, n, 128, 128}, 132, 1));
       const int chunks = static_cast<int>((n + map.chunk_width() - 1) / map.chunk_width());
@@ -182,7 +201,10 @@ TEST(UnreorderGpu, MultiRowCtasMatchOneRowPerCtaBitwise) {
       CUDA_OK(cudaMemcpy(d_w.p, w.bytes.data(), w.bytes.size(), cudaMemcpyHostToDevice));
       CUDA_OK(cudaMemset(d_tall.p, 0xFF, bytes));
       CUDA_OK(cudaMemset(d_pieces.p, 0xFF, bytes));
-      rmsnorm_unreorder(map, d_recv.p, d_w.p, d_tall.p, ld, 1e-6f, t, nullptr);
+      {
+        const ScopedEnv env("TESSERA_RMSNORM_ROWS", forced);
+        rmsnorm_unreorder(map, d_recv.p, d_w.p, d_tall.p, ld, 1e-6f, t, nullptr);
+      }
       unreorder(map, d_recv.p, d_rm.p, ld, t, nullptr);
       for (std::int64_t r = 0; r < rows; r += piece) {
         const std::int64_t off = r * ld * es;
