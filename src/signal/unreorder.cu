@@ -177,7 +177,7 @@ __device__ __forceinline__ void load_row(const T* __restrict__ recv, const std::
 //      written in step 4 of row i-1;
 //   3. issue row i+1's loads through table[nxt] into y, and x = y after
 //      step 5 (AHEAD); without AHEAD, after step 5 straight into x (one row
-//      of registers: VPT = 8);
+//      of registers);
 //   4. fill table[cur] with row i+2's offsets. Safe: every thread read
 //      table[cur] (row i's loads) before it arrived at row i's barrier;
 //   5. scale and store row i.
@@ -330,12 +330,13 @@ cudaError_t rmsnorm_t(const Map& map, const void* recv, const void* weight, void
   const std::int64_t chunks = (map.cols() + map.chunk_width() - 1) / map.chunk_width();
   const std::size_t smem = static_cast<std::size_t>(chunks) * sizeof(std::int64_t);
   const std::int64_t vpt = (vecs + kThreads - 1) / kThreads;
-  // Up to 4 vectors per thread (N <= 8192 bf16/f16) the next row's loads are
-  // in flight in a second register set; 16384-wide rows already hold 8.
+  // The next row's loads are in flight in a second register set at every
+  // width up to 16384 bf16/f16: at VPT = 8 that is 121..128 registers (ptxas,
+  // sm_90a, no spills), still the 2 CTAs per SM of the one-set kernel (94).
   if (vpt <= 1) return launch_rows<Map, T, 1, true>(map, recv, weight, out, ld_out, eps, smem, sms, stream);
   if (vpt <= 2) return launch_rows<Map, T, 2, true>(map, recv, weight, out, ld_out, eps, smem, sms, stream);
   if (vpt <= 4) return launch_rows<Map, T, 4, true>(map, recv, weight, out, ld_out, eps, smem, sms, stream);
-  if (vpt <= 8) return launch_rows<Map, T, 8, false>(map, recv, weight, out, ld_out, eps, smem, sms, stream);
+  if (vpt <= 8) return launch_rows<Map, T, 8, true>(map, recv, weight, out, ld_out, eps, smem, sms, stream);
   rmsnorm_unreorder_wide_kernel<Map, T><<<static_cast<unsigned>(map.rows()), kThreads, smem, stream>>>(
       map, static_cast<const T*>(recv), static_cast<const T*>(weight), static_cast<T*>(out), ld_out, eps);
   return cudaGetLastError();
