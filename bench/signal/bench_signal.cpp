@@ -1354,6 +1354,20 @@ struct KOptions {
   int reps = 20, warmup = 5;
   /// TESSERA_RMSNORM_ROWS values to time in turn (0: the library's rule).
   std::vector<int> rows_per_cta{0, 1};
+  /// TESSERA_RMSNORM_DEPTH values (register sets of the row ring for short rows; 0: the library's rule).
+  std::vector<int> depths{0};
+};
+
+// Restores an environment variable's value (or its absence) on scope exit.
+struct ScopedEnvVar {
+  std::string name, saved;
+  bool had = false;
+  explicit ScopedEnvVar(const char* n) : name(n) {
+    if (const char* v = std::getenv(n)) had = true, saved = v;
+  }
+  ~ScopedEnvVar() { had ? ::setenv(name.c_str(), saved.c_str(), 1) : ::unsetenv(name.c_str()); }
+  ScopedEnvVar(const ScopedEnvVar&) = delete;
+  ScopedEnvVar& operator=(const ScopedEnvVar&) = delete;
 };
 
 void run_kernels(const KOptions& o) {
@@ -1361,11 +1375,17 @@ void run_kernels(const KOptions& o) {
   TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
   cudaStream_t s;
   TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  // The fused kernel reads TESSERA_RMSNORM_ROWS at every call; restored after.
-  const char* prior = std::getenv("TESSERA_RMSNORM_ROWS");
-  const std::string saved = prior ? prior : "";
+  // The fused kernel reads TESSERA_RMSNORM_ROWS and TESSERA_RMSNORM_DEPTH at
+  // every call; one table per (rows, depth) pair; both restored after.
+  struct Config {
+    int rows, depth;
+  };
+  std::vector<Config> configs;
+  for (int r : o.rows_per_cta)
+    for (int d : o.depths) configs.push_back({r, d});
+  const ScopedEnvVar keep_rows("TESSERA_RMSNORM_ROWS"), keep_depth("TESSERA_RMSNORM_DEPTH");
   std::vector<Table> tables;
-  for (std::size_t ki = 0; ki < o.rows_per_cta.size(); ++ki)
+  for (std::size_t ki = 0; ki < configs.size(); ++ki)
     tables.emplace_back(std::vector<std::string>{"M", "N", "RMSNorm us", "fused AR us", "AR %", "fused RS us", "RS %", "fused A2A us", "A2A %",
                "copy us", "un-reorder AR us", "un-reorder %"});
   std::vector<std::string> best_lines;
@@ -1397,8 +1417,9 @@ void run_kernels(const KOptions& o) {
     // Fused kernels against the fastest plain RMSNorm over every rows-per-CTA value.
     double best_plain = 1e30, best_plain_rs = 1e30, best_plain_a2a = 1e30;
     std::vector<std::array<double, 3>> fused;
-    for (std::size_t ki = 0; ki < o.rows_per_cta.size(); ++ki) {
-    ::setenv("TESSERA_RMSNORM_ROWS", std::to_string(o.rows_per_cta[ki]).c_str(), 1);
+    for (std::size_t ki = 0; ki < configs.size(); ++ki) {
+    ::setenv("TESSERA_RMSNORM_ROWS", std::to_string(configs[ki].rows).c_str(), 1);
+    ::setenv("TESSERA_RMSNORM_DEPTH", std::to_string(configs[ki].depth).c_str(), 1);
     const double base = us([&] { signal::rmsnorm_unreorder(plain, in.p, w.p, out.p, n, 1e-6f, DType::bf16, s); });
     const double base_rs = us([&] { signal::rmsnorm_unreorder(plain_rs, in.p, w.p, out.p, n, 1e-6f, DType::bf16, s); });
     const double base_a2a = us([&] { signal::rmsnorm_unreorder(plain_a2a, in.p, w.p, out.p, n, 1e-6f, DType::bf16, s); });
@@ -1416,19 +1437,18 @@ void run_kernels(const KOptions& o) {
     best_plain_a2a = std::min(best_plain_a2a, base_a2a);
     fused.push_back({far, frs, fa2a});
     }
-    for (std::size_t ki = 0; ki < o.rows_per_cta.size(); ++ki)
+    for (std::size_t ki = 0; ki < configs.size(); ++ki)
       best_lines.push_back(fmt::format(
-          "{}x{} rows per CTA {}: AR {:+.1f} %, RS {:+.1f} %, A2A {:+.1f} % against the fastest plain RMSNorm "
+          "{}x{} rows per CTA {}, depth {}: AR {:+.1f} %, RS {:+.1f} %, A2A {:+.1f} % against the fastest plain RMSNorm "
           "({:.1f} / {:.1f} / {:.1f} us)",
-          m, n, o.rows_per_cta[ki], (fused[ki][0] / best_plain - 1) * 100, (fused[ki][1] / best_plain_rs - 1) * 100,
+          m, n, configs[ki].rows, configs[ki].depth, (fused[ki][0] / best_plain - 1) * 100, (fused[ki][1] / best_plain_rs - 1) * 100,
           (fused[ki][2] / best_plain_a2a - 1) * 100, best_plain, best_plain_rs, best_plain_a2a));
   }
-  if (prior) ::setenv("TESSERA_RMSNORM_ROWS", saved.c_str(), 1); else ::unsetenv("TESSERA_RMSNORM_ROWS");
   TESSERA_CUDA_CHECK(cudaStreamDestroy(s));
-  for (std::size_t ki = 0; ki < o.rows_per_cta.size(); ++ki)
-    fmt::print("rows per CTA: {}\n{}\n", o.rows_per_cta[ki] == 0 ? std::string("the library's rule (one wave of CTAs)")
-                                                                   : std::to_string(o.rows_per_cta[ki]) + " (forced)",
-               tables[ki].str());
+  const auto said = [](int v, const char* rule) { return v == 0 ? std::string(rule) : std::to_string(v) + " (forced)"; };
+  for (std::size_t ki = 0; ki < configs.size(); ++ki)
+    fmt::print("rows per CTA: {}; depth: {}\n{}\n", said(configs[ki].rows, "the library's rule (one wave of CTAs)"),
+               said(configs[ki].depth, "the library's rule"), tables[ki].str());
   fmt::print("(bf16; tiles 128x128; RS = rank 0 of 2; A2A = rank 1 receiving an uneven quarter/three-quarter "
              "split; every % is against the plain kernel on the same rows and rows per CTA)\n");
   for (const auto& l : best_lines) fmt::print("{}\n", l);
@@ -1509,6 +1529,11 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
                 "rule; default 0,1)")
       ->delimiter(',')
       ->check(CLI::Range(0, 1 << 20));
+  k->add_option("--depths", kopts->depths,
+                "register sets of the row ring for rows of <= 2 vectors per thread, timed in turn "
+                "(TESSERA_RMSNORM_DEPTH: 2 or 4; 0 = the library's rule; default 0)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({0, 2, 4}));
   k->callback([kopts] { run_kernels(*kopts); });
 });
 
