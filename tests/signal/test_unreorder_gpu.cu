@@ -187,6 +187,7 @@ TEST(UnreorderGpu, MultiRowCtasMatchOneRowPerCtaBitwise) {
   for (const char* depth : {"2", "4"})
   for (DType t : {DType::bf16, DType::f16})
     for (std::int64_t n : {std::int64_t(1024), std::int64_t(4096), std::int64_t(8192), std::int64_t(16384)}) {
+      if (depth[0] == '4' && n > 4096) continue;  // wider rows have one ring
       SCOPED_TRACE(std::string("TESSERA_RMSNORM_ROWS=") + forced + " TESSERA_RMSNORM_DEPTH=" + depth);
       const std::int64_t rows = 8 * sms + 3, ld = n + 8, piece = 5;
       const ArMap map = make_ar_map(WaveModel(GemmTiling{rows, n, 128, 128}, 132, 1));
