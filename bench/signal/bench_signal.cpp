@@ -1354,8 +1354,8 @@ struct KOptions {
   int reps = 20, warmup = 5;
   /// TESSERA_RMSNORM_ROWS values to time in turn (0: the library's rule).
   std::vector<int> rows_per_cta{0, 1};
-  /// TESSERA_RMSNORM_DEPTH values (register sets of the row ring for short rows; 0: the library's rule).
-  std::vector<int> depths{0};
+  /// Kernel calls per timed repetition, run back to back behind a GPU sleep.
+  int batch = 10;
 };
 
 // Restores an environment variable's value (or its absence) on scope exit.
@@ -1375,15 +1375,14 @@ void run_kernels(const KOptions& o) {
   TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
   cudaStream_t s;
   TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  // The fused kernel reads TESSERA_RMSNORM_ROWS and TESSERA_RMSNORM_DEPTH at
-  // every call; one table per (rows, depth) pair; both restored after.
+  // The fused kernel reads TESSERA_RMSNORM_ROWS at every call; one table per
+  // value; restored after.
   struct Config {
-    int rows, depth;
+    int rows;
   };
   std::vector<Config> configs;
-  for (int r : o.rows_per_cta)
-    for (int d : o.depths) configs.push_back({r, d});
-  const ScopedEnvVar keep_rows("TESSERA_RMSNORM_ROWS"), keep_depth("TESSERA_RMSNORM_DEPTH");
+  for (int r : o.rows_per_cta) configs.push_back({r});
+  const ScopedEnvVar keep_rows("TESSERA_RMSNORM_ROWS");
   std::vector<Table> tables;
   for (std::size_t ki = 0; ki < configs.size(); ++ki)
     tables.emplace_back(std::vector<std::string>{"M", "N", "RMSNorm us", "fused AR us", "AR %", "fused RS us", "RS %", "fused A2A us", "A2A %",
@@ -1410,24 +1409,46 @@ void run_kernels(const KOptions& o) {
     fill_random_bf16(in.p, am.buffer_elems() * 2, 1, s);
     fill_random_bf16(w.p, n, 2, s);
     TESSERA_CUDA_CHECK(cudaGetLastError());
-    const auto us = [&](const std::function<void()>& f) { return time_on_stream(s, f, o.warmup, o.reps).median_ms * 1e3; };
+    // Every kernel of a shape, for every rows-per-CTA value, in one
+    // interleaved loop (clock drift hits them alike). A repetition is a
+    // batch of o.batch calls behind a 100 us GPU sleep, so the events time
+    // the kernels back to back, not the host's validation and launch path
+    // (which a single call bracketed on an idle stream would include: ~5-10 us
+    // against 12-30 us kernels).
+    InterleavedTimer timer(s, o.warmup, o.reps, [&] { gpu_sleep(100, s); });
+    const auto add = [&](double* us, int rows, std::function<void()> f) {
+      timer.add(us, [&o, rows, f = std::move(f)] {
+        ::setenv("TESSERA_RMSNORM_ROWS", std::to_string(rows).c_str(), 1);
+        for (int b = 0; b < o.batch; ++b) f();
+      });
+    };
     const signal::RowMajorMap plain{m, n, n};
     const signal::RowMajorMap plain_rs{rs.rows(), n, n};
     const signal::RowMajorMap plain_a2a{rmap.rows(), n, n};
     // Fused kernels against the fastest plain RMSNorm over every rows-per-CTA value.
     double best_plain = 1e30, best_plain_rs = 1e30, best_plain_a2a = 1e30;
     std::vector<std::array<double, 3>> fused;
+    // t[ki]: plain, plain RS, plain A2A, fused AR, RS, A2A, copy, un-reorder AR (ms per batch).
+    std::vector<std::array<double, 8>> t(configs.size());
     for (std::size_t ki = 0; ki < configs.size(); ++ki) {
-    ::setenv("TESSERA_RMSNORM_ROWS", std::to_string(configs[ki].rows).c_str(), 1);
-    ::setenv("TESSERA_RMSNORM_DEPTH", std::to_string(configs[ki].depth).c_str(), 1);
-    const double base = us([&] { signal::rmsnorm_unreorder(plain, in.p, w.p, out.p, n, 1e-6f, DType::bf16, s); });
-    const double base_rs = us([&] { signal::rmsnorm_unreorder(plain_rs, in.p, w.p, out.p, n, 1e-6f, DType::bf16, s); });
-    const double base_a2a = us([&] { signal::rmsnorm_unreorder(plain_a2a, in.p, w.p, out.p, n, 1e-6f, DType::bf16, s); });
-    const double far = us([&] { signal::rmsnorm_unreorder(am, in.p, w.p, out.p, n, 1e-6f, DType::bf16, s); });
-    const double frs = us([&] { signal::rmsnorm_unreorder(rs, in.p, w.p, out.p, n, 1e-6f, DType::bf16, s); });
-    const double fa2a = us([&] { signal::rmsnorm_unreorder(rmap, in.p, w.p, out.p, n, 1e-6f, DType::bf16, s); });
-    const double copy = us([&] { signal::unreorder(plain, in.p, out.p, n, DType::bf16, s); });
-    const double uar = us([&] { signal::unreorder(am, in.p, out.p, n, DType::bf16, s); });
+      const int r = configs[ki].rows;
+      add(&t[ki][0], r, [&] { signal::rmsnorm_unreorder(plain, in.p, w.p, out.p, n, 1e-6f, DType::bf16, s); });
+      add(&t[ki][1], r, [&] { signal::rmsnorm_unreorder(plain_rs, in.p, w.p, out.p, n, 1e-6f, DType::bf16, s); });
+      add(&t[ki][2], r, [&] { signal::rmsnorm_unreorder(plain_a2a, in.p, w.p, out.p, n, 1e-6f, DType::bf16, s); });
+      add(&t[ki][3], r, [&] { signal::rmsnorm_unreorder(am, in.p, w.p, out.p, n, 1e-6f, DType::bf16, s); });
+      add(&t[ki][4], r, [&] { signal::rmsnorm_unreorder(rs, in.p, w.p, out.p, n, 1e-6f, DType::bf16, s); });
+      add(&t[ki][5], r, [&] { signal::rmsnorm_unreorder(rmap, in.p, w.p, out.p, n, 1e-6f, DType::bf16, s); });
+      if (ki == 0) {  // the copies do not depend on the rows per CTA
+        add(&t[ki][6], r, [&] { signal::unreorder(plain, in.p, out.p, n, DType::bf16, s); });
+        add(&t[ki][7], r, [&] { signal::unreorder(am, in.p, out.p, n, DType::bf16, s); });
+      }
+    }
+    timer.run();
+    for (std::size_t ki = 0; ki < configs.size(); ++ki) {
+    const auto per_call = [&](int j) { return t[ki == 0 || j < 6 ? ki : 0][j] * 1e3 / o.batch; };  // us
+    const double base = per_call(0), base_rs = per_call(1), base_a2a = per_call(2);
+    const double far = per_call(3), frs = per_call(4), fa2a = per_call(5);
+    const double copy = per_call(6), uar = per_call(7);
     const auto pct = [](double a, double b) { return fmt::format("{:+.1f}", (a / b - 1) * 100); };
     tables[ki].add({std::to_string(m), std::to_string(n), fmt::format("{:.1f}", base), fmt::format("{:.1f}", far),
                pct(far, base), fmt::format("{:.1f}", frs), pct(frs, base_rs), fmt::format("{:.1f}", fa2a),
@@ -1439,18 +1460,21 @@ void run_kernels(const KOptions& o) {
     }
     for (std::size_t ki = 0; ki < configs.size(); ++ki)
       best_lines.push_back(fmt::format(
-          "{}x{} rows per CTA {}, depth {}: AR {:+.1f} %, RS {:+.1f} %, A2A {:+.1f} % against the fastest plain RMSNorm "
+          "{}x{} rows per CTA {}: AR {:+.1f} %, RS {:+.1f} %, A2A {:+.1f} % against the fastest plain RMSNorm "
           "({:.1f} / {:.1f} / {:.1f} us)",
-          m, n, configs[ki].rows, configs[ki].depth, (fused[ki][0] / best_plain - 1) * 100, (fused[ki][1] / best_plain_rs - 1) * 100,
+          m, n, configs[ki].rows, (fused[ki][0] / best_plain - 1) * 100, (fused[ki][1] / best_plain_rs - 1) * 100,
           (fused[ki][2] / best_plain_a2a - 1) * 100, best_plain, best_plain_rs, best_plain_a2a));
   }
   TESSERA_CUDA_CHECK(cudaStreamDestroy(s));
-  const auto said = [](int v, const char* rule) { return v == 0 ? std::string(rule) : std::to_string(v) + " (forced)"; };
   for (std::size_t ki = 0; ki < configs.size(); ++ki)
-    fmt::print("rows per CTA: {}; depth: {}\n{}\n", said(configs[ki].rows, "the library's rule (one wave of CTAs)"),
-               said(configs[ki].depth, "the library's rule"), tables[ki].str());
+    fmt::print("rows per CTA: {}\n{}\n",
+               configs[ki].rows == 0 ? std::string("the library's rule (one wave of CTAs)")
+                                     : std::to_string(configs[ki].rows) + " (forced)",
+               tables[ki].str());
   fmt::print("(bf16; tiles 128x128; RS = rank 0 of 2; A2A = rank 1 receiving an uneven quarter/three-quarter "
-             "split; every % is against the plain kernel on the same rows and rows per CTA)\n");
+             "split; every % is against the plain kernel on the same rows and rows per CTA; GPU time per call: "
+             "medians of {} interleaved repetitions, each a batch of {} calls behind a GPU sleep)\n",
+             o.reps, o.batch);
   for (const auto& l : best_lines) fmt::print("{}\n", l);
 }
 
@@ -1529,11 +1553,8 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
                 "rule; default 0,1)")
       ->delimiter(',')
       ->check(CLI::Range(0, 1 << 20));
-  k->add_option("--depths", kopts->depths,
-                "register sets of the row ring for rows of <= 2 vectors per thread, timed in turn "
-                "(TESSERA_RMSNORM_DEPTH: 2 or 4; 0 = the library's rule; default 0)")
-      ->delimiter(',')
-      ->check(CLI::IsMember({0, 2, 4}));
+  k->add_option("--batch", kopts->batch, "kernel calls per timed repetition, back to back behind a GPU sleep")
+      ->check(CLI::Range(1, 1000));
   k->callback([kopts] { run_kernels(*kopts); });
 });
 

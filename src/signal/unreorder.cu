@@ -235,89 +235,6 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_unreorder_kernel(Map map, co
   }
 }
 
-// The same pipeline with DEPTH - 1 rows' loads in flight instead of one, for
-// short rows (VPT <= 2, N <= 4096 bf16/f16), where one row ahead leaves too
-// few bytes in flight per SM. Same per-row math, bit for bit.
-//
-// Registers: DEPTH sets of VPT vectors, a ring; row i lives in set
-// i % DEPTH. The row loop is unrolled by DEPTH so that every set index is a
-// compile-time constant (a runtime index would put the sets in local
-// memory; shifting the sets down instead would wait for every load in
-// flight). The unrolled copies of the table fill cost registers, which is
-// why the one-row-ahead kernel above is kept for wider rows. Shared memory
-// as above: two chunk tables (row j's in table j & 1) and two partial-sum
-// arrays. Row i's step, after the prologue has loaded rows 0 .. DEPTH-2:
-//   1. sum of squares of set i % DEPTH;
-//   2. block_sum(partial[i & 1]). Its barrier publishes row i+DEPTH-1's
-//      table, filled in step 4 of row i-1;
-//   3. issue row i+DEPTH-1's loads into set (i-1) % DEPTH, stored in row
-//      i-1's step 5;
-//   4. fill table (i+DEPTH) & 1 with row i+DEPTH's offsets. That table last
-//      held row i+DEPTH-2, read when its loads were issued in step 3 of
-//      row i-1, before every thread arrived at row i's barrier;
-//   5. scale and store row i.
-template <class Map, class T, int VPT, int DEPTH>
-__global__ void __launch_bounds__(kThreads) rmsnorm_unreorder_ring_kernel(Map map, const T* __restrict__ recv,
-                                                                     const T* __restrict__ weight,
-                                                                     T* __restrict__ out, std::int64_t ld_out,
-                                                                     float eps) {
-  static_assert(DEPTH >= 3, "DEPTH = 2 is rmsnorm_unreorder_kernel");
-  constexpr int V = 16 / sizeof(T);
-  extern __shared__ std::int64_t chunk_table[];  // [2][chunks]
-  __shared__ float partial[2][kThreads / 32];
-  // Row indices in 32 bits: rows < 2^31 (unreorder.cpp checks), and the
-  // grid has at most one CTA per row, so first < rows.
-  const int rows = static_cast<int>(map.rows());
-  const int step = static_cast<int>(gridDim.x);
-  const int first = static_cast<int>(blockIdx.x);
-  const int n = static_cast<int>(map.cols());
-  const int vecs = n / V;
-  const int bn = map.chunk_width();
-  const int chunks = (n + bn - 1) / bn;
-  const ColumnPlan<VPT> cols(vecs, bn / V, V);
-  // Row of ring step i; past the end it saturates at rows (no int overflow).
-  const auto row_of = [&](int i) {
-    const std::int64_t r = first + std::int64_t(i) * step;
-    return r < rows ? static_cast<int>(r) : rows;
-  };
-  const auto table = [&](int i) { return chunk_table + (i & 1) * chunks; };
-  int4 x[DEPTH][VPT];
-  // Prologue: rows 0 .. DEPTH-2 loaded (one table fill and barrier each),
-  // row DEPTH-1's table filled.
-#pragma unroll
-  for (int j = 0; j < DEPTH - 1; ++j) {
-    if (row_of(j) < rows) fill_chunk_table(map, row_of(j), chunks, table(j));
-    __syncthreads();
-    if (row_of(j) < rows) load_row<T, VPT>(recv, table(j), cols, x[j]);
-  }
-  if (row_of(DEPTH - 1) < rows) fill_chunk_table(map, row_of(DEPTH - 1), chunks, table(DEPTH - 1));
-  for (int i0 = 0;; i0 += DEPTH) {
-#pragma unroll
-    for (int s = 0; s < DEPTH; ++s) {
-      const int i = i0 + s;
-      const int row = row_of(i);
-      if (row >= rows) return;  // block-uniform
-      float ss = 0.f;
-#pragma unroll
-      for (int k = 0; k < VPT; ++k)
-        if (cols.within[k] >= 0) ss += sum_sq<T>(x[s][k]);
-      const float scale = rsqrtf(block_sum(ss, partial[i & 1]) / float(n) + eps);
-      const int prev = (s + DEPTH - 1) % DEPTH;  // row i-1's set, free since its store (a constant once unrolled)
-      if (row_of(i + DEPTH - 1) < rows) load_row<T, VPT>(recv, table(i + DEPTH - 1), cols, x[prev]);
-      if (row_of(i + DEPTH) < rows) fill_chunk_table(map, row_of(i + DEPTH), chunks, table(i + DEPTH));
-      T* out_row = out + std::int64_t(row) * ld_out;
-#pragma unroll
-      for (int k = 0; k < VPT; ++k) {
-        if (cols.within[k] >= 0) {
-          const int col = (threadIdx.x + k * kThreads) * V;
-          const int4 w = __ldg(reinterpret_cast<const int4*>(weight + col));
-          *reinterpret_cast<int4*>(out_row + col) = scale_vec<T>(x[s][k], w, scale);
-        }
-      }
-    }
-  }
-}
-
 // Rows wider than kThreads * 8 vectors: two passes over the same table (the
 // second read of the row mostly hits L1/L2). One CTA per row.
 template <class Map, class T>
@@ -381,13 +298,10 @@ std::int64_t rows_per_cta(std::int64_t rows, int resident_ctas) {
   return (rows + r - 1) / r;
 }
 
-template <class Map, class T, int VPT, int DEPTH>
+template <class Map, class T, int VPT>
 cudaError_t launch_rows(const Map& map, const void* recv, const void* weight, void* out, std::int64_t ld_out,
                         float eps, std::size_t table_bytes, int sms, cudaStream_t stream) {
-  const auto kernel = [] {
-    if constexpr (DEPTH == 2) return rmsnorm_unreorder_kernel<Map, T, VPT>;
-    else return rmsnorm_unreorder_ring_kernel<Map, T, VPT, DEPTH>;
-  }();
+  const auto kernel = rmsnorm_unreorder_kernel<Map, T, VPT>;
   const std::size_t smem = 2 * table_bytes;  // two chunk tables
   int per_sm = 0;
   const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem);
@@ -397,21 +311,6 @@ cudaError_t launch_rows(const Map& map, const void* recv, const void* weight, vo
   kernel<<<grid, kThreads, smem, stream>>>(map, static_cast<const T*>(recv), static_cast<const T*>(weight),
                                            static_cast<T*>(out), ld_out, eps);
   return cudaGetLastError();
-}
-
-// Register sets of the row ring (rows in flight + 1) for rows of up to 2
-// vectors per thread (N <= 4096 bf16/f16): 4, i.e. 8 vectors per thread as
-// in one 16384-wide row — a short row alone leaves too few bytes in flight
-// per SM to cover the memory latency. Wider rows keep 2 (the next row's
-// loads only): VPT = 4 and 8 already hold 8 and 16 vectors (80 / 127
-// registers). TESSERA_RMSNORM_DEPTH = 2 or 4 forces the choice for the short
-// rows (A/B timing, read at every call); 0 or unset: 4.
-template <class Map, class T, int VPT>
-cudaError_t launch_short_rows(const Map& map, const void* recv, const void* weight, void* out, std::int64_t ld_out,
-                              float eps, std::size_t table_bytes, int sms, cudaStream_t stream) {
-  if (env::get_int("TESSERA_RMSNORM_DEPTH", 0, 0, 4) == 2)
-    return launch_rows<Map, T, VPT, 2>(map, recv, weight, out, ld_out, eps, table_bytes, sms, stream);
-  return launch_rows<Map, T, VPT, 4>(map, recv, weight, out, ld_out, eps, table_bytes, sms, stream);
 }
 
 template <class Map, class T>
@@ -425,13 +324,15 @@ cudaError_t rmsnorm_t(const Map& map, const void* recv, const void* weight, void
   const std::int64_t chunks = (map.cols() + map.chunk_width() - 1) / map.chunk_width();
   const std::size_t smem = static_cast<std::size_t>(chunks) * sizeof(std::int64_t);
   const std::int64_t vpt = (vecs + kThreads - 1) / kThreads;
-  // At least the next row's loads are in flight at every width up to 16384
-  // bf16/f16: at VPT = 8 that is 121..128 registers (ptxas, sm_90a, no
-  // spills), still the 2 CTAs per SM of a one-set kernel (94).
-  if (vpt <= 1) return launch_short_rows<Map, T, 1>(map, recv, weight, out, ld_out, eps, smem, sms, stream);
-  if (vpt <= 2) return launch_short_rows<Map, T, 2>(map, recv, weight, out, ld_out, eps, smem, sms, stream);
-  if (vpt <= 4) return launch_rows<Map, T, 4, 2>(map, recv, weight, out, ld_out, eps, smem, sms, stream);
-  if (vpt <= 8) return launch_rows<Map, T, 8, 2>(map, recv, weight, out, ld_out, eps, smem, sms, stream);
+  // The next row's loads are in flight at every width up to 16384 bf16/f16:
+  // at VPT = 8 that is 121..128 registers (ptxas, sm_90a, no spills), still
+  // the 2 CTAs per SM of a one-set kernel (94). More rows in flight (a ring
+  // of 4 register sets, unrolled) measured slower at N <= 4096 (4096x4096
+  // AR +29 % against +3..8 %: 100 registers, 2 CTAs per SM; session 9).
+  if (vpt <= 1) return launch_rows<Map, T, 1>(map, recv, weight, out, ld_out, eps, smem, sms, stream);
+  if (vpt <= 2) return launch_rows<Map, T, 2>(map, recv, weight, out, ld_out, eps, smem, sms, stream);
+  if (vpt <= 4) return launch_rows<Map, T, 4>(map, recv, weight, out, ld_out, eps, smem, sms, stream);
+  if (vpt <= 8) return launch_rows<Map, T, 8>(map, recv, weight, out, ld_out, eps, smem, sms, stream);
   rmsnorm_unreorder_wide_kernel<Map, T><<<static_cast<unsigned>(map.rows()), kThreads, smem, stream>>>(
       map, static_cast<const T*>(recv), static_cast<const T*>(weight), static_cast<T*>(out), ld_out, eps);
   return cudaGetLastError();

@@ -178,17 +178,14 @@ struct ScopedEnv {
 // un-reorder (an exact copy) followed by the plain RMSNorm in launches of 5
 // rows (one row per CTA: fewer rows than resident CTAs). The tall launch
 // runs with the library's rule (several rows per CTA) and with forced rows
-// per CTA (TESSERA_RMSNORM_ROWS: 2, 7 — ragged last CTAs — and 1), each with
-// both row rings of the short rows (TESSERA_RMSNORM_DEPTH 2 and 4; N <= 4096).
+// per CTA (TESSERA_RMSNORM_ROWS: 2, 7 — ragged last CTAs — and 1).
 TEST(UnreorderGpu, MultiRowCtasMatchOneRowPerCtaBitwise) {
   TESSERA_REQUIRE_GPUS(1);
   const std::int64_t sms = device_sms();
   for (const char* forced : {"0", "2", "7", "1"})
-  for (const char* depth : {"2", "4"})
   for (DType t : {DType::bf16, DType::f16})
     for (std::int64_t n : {std::int64_t(1024), std::int64_t(4096), std::int64_t(8192), std::int64_t(16384)}) {
-      if (depth[0] == '4' && n > 4096) continue;  // wider rows have one ring
-      SCOPED_TRACE(std::string("TESSERA_RMSNORM_ROWS=") + forced + " TESSERA_RMSNORM_DEPTH=" + depth);
+      SCOPED_TRACE(std::string("TESSERA_RMSNORM_ROWS=") + forced);
       const std::int64_t rows = 8 * sms + 3, ld = n + 8, piece = 5;
       const ArMap map = make_ar_map(WaveModel(GemmTiling{rows, n, 128, 128}, 132, 1));
       const int chunks = static_cast<int>((n + map.chunk_width() - 1) / map.chunk_width());
@@ -205,7 +202,7 @@ TEST(UnreorderGpu, MultiRowCtasMatchOneRowPerCtaBitwise) {
       CUDA_OK(cudaMemset(d_tall.p, 0xFF, bytes));
       CUDA_OK(cudaMemset(d_pieces.p, 0xFF, bytes));
       {
-        const ScopedEnv env("TESSERA_RMSNORM_ROWS", forced), env_depth("TESSERA_RMSNORM_DEPTH", depth);
+        const ScopedEnv env("TESSERA_RMSNORM_ROWS", forced);
         rmsnorm_unreorder(map, d_recv.p, d_w.p, d_tall.p, ld, 1e-6f, t, nullptr);
       }
       unreorder(map, d_recv.p, d_rm.p, ld, t, nullptr);
