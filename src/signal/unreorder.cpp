@@ -59,6 +59,9 @@ void unreorder_any(const Map& map, const void* recv, void* out, std::int64_t ld_
   constexpr const char* op = "signal::unreorder";
   check_common(map, recv, out, ld_out, dtype, op);
   check_map_tables(map, op);
+  // The maps' chunk_offset uses 32-bit row math (reorder.hpp).
+  TESSERA_CHECK(map.rows() < (std::int64_t(1) << 31) && map.cols() < (std::int64_t(1) << 31),
+                "{}: {}x{} outside the kernel's limits (rows and N < 2^31)", op, map.rows(), map.cols());
   TESSERA_CUDA_CHECK(detail::launch_unreorder(map, recv, out, ld_out, dtype, current_sms(), stream));
 }
 

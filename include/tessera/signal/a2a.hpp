@@ -54,7 +54,7 @@ struct A2aRecvMap {
   TESSERA_HD std::int64_t cols() const { return n; }
   TESSERA_HD int chunk_width() const { return bn; }
   TESSERA_HD std::int64_t chunk_offset(std::int64_t row, int c) const {
-    const std::int64_t tn = (n + bn - 1) / bn;
+    const int tn = (static_cast<int>(n) + bn - 1) / bn;  // 32-bit: N < 2^31 (unreorder checks)
     return chunk_src[row * tn + c];
   }
 };

@@ -15,7 +15,7 @@
 //   rows(), cols(), chunk_width() = BN,
 //   chunk_offset(row, c): element offset, in the received buffer, of output
 //   element (row, c*BN); the chunk's min(BN, cols - c*BN) elements follow it
-//   contiguously.
+//   contiguously. Callers keep row < 2^31 (the maps use 32-bit row math).
 //
 // No memory-order content: pure index math.
 #pragma once
@@ -65,7 +65,15 @@ struct ArMap {
   TESSERA_HD std::int64_t rows() const { return m; }
   TESSERA_HD std::int64_t cols() const { return n; }
   TESSERA_HD int chunk_width() const { return bn; }
-  TESSERA_HD std::int64_t chunk_offset(std::int64_t row, int c) const { return offset(row, std::int64_t(c) * bn); }
+  /// = offset(row, c * bn), in 32-bit index math (row < 2^31, as every
+  /// gather caller guarantees): the fused RMSNorm computes it per row and
+  /// chunk on its critical path, where a 64-bit division costs ~70
+  /// instructions.
+  TESSERA_HD std::int64_t chunk_offset(std::int64_t row, int c) const {
+    const int r = static_cast<int>(row);
+    const int tm = r / bm;
+    return std::int64_t(order.index_of(tm, c)) * tile_elems() + std::int64_t(r - tm * bm) * bn;
+  }
 };
 
 /// ReduceScatter over R ranks: every tile is cut by rows into R sub-tiles of
@@ -148,9 +156,12 @@ struct RsShard {
   TESSERA_HD std::int64_t rows() const { return map.rows_of(rank); }
   TESSERA_HD std::int64_t cols() const { return map.n; }
   TESSERA_HD int chunk_width() const { return map.bn; }
+  /// 32-bit index math (l < 2^31), as ArMap::chunk_offset.
   TESSERA_HD std::int64_t chunk_offset(std::int64_t l, int c) const {
-    const int b = map.order.index_of(static_cast<int>(l / map.sub_rows()), c);
-    return b * map.sub_elems() + (l % map.sub_rows()) * map.bn;
+    const int sr = map.sub_rows();
+    const int li = static_cast<int>(l);
+    const int q = li / sr;
+    return std::int64_t(map.order.index_of(q, c)) * map.sub_elems() + std::int64_t(li - q * sr) * map.bn;
   }
 };
 
