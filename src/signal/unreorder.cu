@@ -182,8 +182,16 @@ __device__ __forceinline__ void load_row(const T* __restrict__ recv, const std::
 // partial[cur] is rewritten by row i+2's step 2, after row i+1's barrier, by
 // which point every thread has read row i's partials.
 // Dynamic shared memory: 2 * chunks int64 (the two tables).
+// Resident CTAs per SM the single-pass kernel is compiled for (its register
+// cap: 65536 / (256 * this)). Short rows are latency-bound per row, so their
+// throughput follows the CTAs in flight per SM; left alone, ptxas gave the AR
+// map's VPT = 1 kernel 48 registers (5 CTAs per SM) against the plain
+// kernel's 32 (8).
+template <int VPT>
+constexpr int kMinCtasPerSm = VPT <= 1 ? 8 : VPT <= 2 ? 5 : VPT <= 4 ? 3 : 2;
+
 template <class Map, class T, int VPT>
-__global__ void __launch_bounds__(kThreads) rmsnorm_unreorder_kernel(Map map, const T* __restrict__ recv,
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<VPT>) rmsnorm_unreorder_kernel(Map map, const T* __restrict__ recv,
                                                                      const T* __restrict__ weight,
                                                                      T* __restrict__ out, std::int64_t ld_out,
                                                                      float eps) {
