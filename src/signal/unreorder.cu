@@ -30,6 +30,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "tessera/runtime/env.hpp"
 #include "unreorder_launch.hpp"
@@ -186,12 +187,15 @@ __device__ __forceinline__ void load_row(const T* __restrict__ recv, const std::
 // cap: 65536 / (256 * this)). Short rows are latency-bound per row, so their
 // throughput follows the CTAs in flight per SM; left alone, ptxas gave the AR
 // map's VPT = 1 kernel 48 registers (5 CTAs per SM) against the plain
-// kernel's 32 (8).
-template <int VPT>
-constexpr int kMinCtasPerSm = VPT <= 1 ? 8 : VPT <= 2 ? 5 : VPT <= 4 ? 3 : 2;
+// kernel's 32 (8). Measured (session 9, one H200, % over the plain kernel):
+// the caps took AR 4096x2048 from +18 to +10 %, 4096x4096 from +2.9 to
+// +1.6 %, A2A 16384x1024 from +12.8 to +7.2 %. The RS shard's VPT = 2 kernel
+// spills under the 48-register cap (4096x4096 RS +8 -> +14 %), so it keeps 4.
+template <class Map, int VPT>
+constexpr int kMinCtasPerSm = VPT <= 1 ? 8 : VPT <= 2 ? (std::is_same_v<Map, RsShard> ? 4 : 5) : VPT <= 4 ? 3 : 2;
 
 template <class Map, class T, int VPT>
-__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<VPT>) rmsnorm_unreorder_kernel(Map map, const T* __restrict__ recv,
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<Map, VPT>) rmsnorm_unreorder_kernel(Map map, const T* __restrict__ recv,
                                                                      const T* __restrict__ weight,
                                                                      T* __restrict__ out, std::int64_t ld_out,
                                                                      float eps) {
