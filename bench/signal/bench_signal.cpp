@@ -1386,7 +1386,7 @@ void run_kernels(const KOptions& o) {
   std::vector<Table> tables;
   for (std::size_t ki = 0; ki < configs.size(); ++ki)
     tables.emplace_back(std::vector<std::string>{"M", "N", "RMSNorm us", "fused AR us", "AR %", "fused RS us", "RS %", "fused A2A us", "A2A %",
-               "copy us", "un-reorder AR us", "un-reorder %"});
+               "copy us", "un-reorder AR us", "un-reorder %", "RS by table %"});
   std::vector<std::string> best_lines;
   for (const auto& text : o.shapes) {
     long long m = 0, n = 0;
@@ -1406,6 +1406,16 @@ void run_kernels(const KOptions& o) {
     TESSERA_CUDA_CHECK(cudaMemcpy(table_src.p, a2a.chunk_src(1).data(), a2a.chunk_src(1).size() * 8, cudaMemcpyHostToDevice));
     signal::A2aRecvMap rmap = a2a.recv_map(1);
     rmap.chunk_src = table_src.as<std::int64_t>();
+    // Diagnostic: the RS shard's gather read through a precomputed chunk table
+    // (the A2A map's mechanism: one global load per chunk instead of index
+    // math), same memory access pattern as the RS column.
+    const std::int64_t rs_chunks = (n + 127) / 128;
+    std::vector<std::int64_t> rs_src(static_cast<std::size_t>(rs.rows() * rs_chunks));
+    for (std::int64_t r = 0; r < rs.rows(); ++r)
+      for (std::int64_t c = 0; c < rs_chunks; ++c) rs_src[r * rs_chunks + c] = rs.chunk_offset(r, int(c));
+    DevMem rs_table(std::max<std::size_t>(rs_src.size(), 1) * 8);
+    TESSERA_CUDA_CHECK(cudaMemcpy(rs_table.p, rs_src.data(), rs_src.size() * 8, cudaMemcpyHostToDevice));
+    const signal::A2aRecvMap rs_tabled{rs.rows(), n, 128, rs_table.as<std::int64_t>()};
     fill_random_bf16(in.p, am.buffer_elems() * 2, 1, s);
     fill_random_bf16(w.p, n, 2, s);
     TESSERA_CUDA_CHECK(cudaGetLastError());
@@ -1428,8 +1438,8 @@ void run_kernels(const KOptions& o) {
     // Fused kernels against the fastest plain RMSNorm over every rows-per-CTA value.
     double best_plain = 1e30, best_plain_rs = 1e30, best_plain_a2a = 1e30;
     std::vector<std::array<double, 3>> fused;
-    // t[ki]: plain, plain RS, plain A2A, fused AR, RS, A2A, copy, un-reorder AR (ms per batch).
-    std::vector<std::array<double, 8>> t(configs.size());
+    // t[ki]: plain, plain RS, plain A2A, fused AR, RS, A2A, copy, un-reorder AR, RS through a table (ms per batch).
+    std::vector<std::array<double, 9>> t(configs.size());
     for (std::size_t ki = 0; ki < configs.size(); ++ki) {
       const int r = configs[ki].rows;
       add(&t[ki][0], r, [&] { signal::rmsnorm_unreorder(plain, in.p, w.p, out.p, n, 1e-6f, DType::bf16, s); });
@@ -1438,6 +1448,7 @@ void run_kernels(const KOptions& o) {
       add(&t[ki][3], r, [&] { signal::rmsnorm_unreorder(am, in.p, w.p, out.p, n, 1e-6f, DType::bf16, s); });
       add(&t[ki][4], r, [&] { signal::rmsnorm_unreorder(rs, in.p, w.p, out.p, n, 1e-6f, DType::bf16, s); });
       add(&t[ki][5], r, [&] { signal::rmsnorm_unreorder(rmap, in.p, w.p, out.p, n, 1e-6f, DType::bf16, s); });
+      add(&t[ki][8], r, [&] { signal::rmsnorm_unreorder(rs_tabled, in.p, w.p, out.p, n, 1e-6f, DType::bf16, s); });
       if (ki == 0) {  // the copies do not depend on the rows per CTA
         add(&t[ki][6], r, [&] { signal::unreorder(plain, in.p, out.p, n, DType::bf16, s); });
         add(&t[ki][7], r, [&] { signal::unreorder(am, in.p, out.p, n, DType::bf16, s); });
@@ -1445,14 +1456,15 @@ void run_kernels(const KOptions& o) {
     }
     timer.run();
     for (std::size_t ki = 0; ki < configs.size(); ++ki) {
-    const auto per_call = [&](int j) { return t[ki == 0 || j < 6 ? ki : 0][j] * 1e3 / o.batch; };  // us
+    const auto per_call = [&](int j) { return t[ki == 0 || j < 6 || j == 8 ? ki : 0][j] * 1e3 / o.batch; };  // us
     const double base = per_call(0), base_rs = per_call(1), base_a2a = per_call(2);
     const double far = per_call(3), frs = per_call(4), fa2a = per_call(5);
-    const double copy = per_call(6), uar = per_call(7);
+    const double copy = per_call(6), uar = per_call(7), frs_table = per_call(8);
     const auto pct = [](double a, double b) { return fmt::format("{:+.1f}", (a / b - 1) * 100); };
     tables[ki].add({std::to_string(m), std::to_string(n), fmt::format("{:.1f}", base), fmt::format("{:.1f}", far),
                pct(far, base), fmt::format("{:.1f}", frs), pct(frs, base_rs), fmt::format("{:.1f}", fa2a),
-               pct(fa2a, base_a2a), fmt::format("{:.1f}", copy), fmt::format("{:.1f}", uar), pct(uar, copy)});
+               pct(fa2a, base_a2a), fmt::format("{:.1f}", copy), fmt::format("{:.1f}", uar), pct(uar, copy),
+               pct(frs_table, base_rs)});
     best_plain = std::min(best_plain, base);
     best_plain_rs = std::min(best_plain_rs, base_rs);
     best_plain_a2a = std::min(best_plain_a2a, base_a2a);
