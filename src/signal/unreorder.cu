@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "fast_gather.hpp"
 #include "tessera/runtime/env.hpp"
 #include "unreorder_launch.hpp"
 
@@ -189,10 +190,10 @@ __device__ __forceinline__ void load_row(const T* __restrict__ recv, const std::
 // map's VPT = 1 kernel 48 registers (5 CTAs per SM) against the plain
 // kernel's 32 (8). Measured (session 9, one H200, % over the plain kernel):
 // the caps took AR 4096x2048 from +18 to +10 %, 4096x4096 from +2.9 to
-// +1.6 %, A2A 16384x1024 from +12.8 to +7.2 %. The RS shard's VPT = 2 kernel
-// spills under the 48-register cap (4096x4096 RS +8 -> +14 %), so it keeps 4.
+// +1.6 %, A2A 16384x1024 from +12.8 to +7.2 %. No kernel spills under them
+// (ptxas -v, sm_90a).
 template <class Map, int VPT>
-constexpr int kMinCtasPerSm = VPT <= 1 ? 8 : VPT <= 2 ? (std::is_same_v<Map, RsShard> ? 4 : 5) : VPT <= 4 ? 3 : 2;
+constexpr int kMinCtasPerSm = VPT <= 1 ? 8 : VPT <= 2 ? 5 : VPT <= 4 ? 3 : 2;
 
 template <class Map, class T, int VPT>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<Map, VPT>) rmsnorm_unreorder_kernel(Map map, const T* __restrict__ recv,
@@ -352,13 +353,17 @@ cudaError_t rmsnorm_t(const Map& map, const void* recv, const void* weight, void
 
 }  // namespace
 
+// The kernels read every map through its fast gather form (fast_gather.hpp:
+// the divisions by the map's constants precomputed on the host).
 template <class Map>
 cudaError_t launch_unreorder(const Map& map, const void* recv, void* out, std::int64_t ld_out, DType dtype, int sms,
                              cudaStream_t stream) {
+  const auto g = fast_gather(map);
+  using G = std::decay_t<decltype(g)>;
   switch (dtype) {
-    case DType::bf16: return unreorder_t<Map, __nv_bfloat16>(map, recv, out, ld_out, sms, stream);
-    case DType::f16: return unreorder_t<Map, __half>(map, recv, out, ld_out, sms, stream);
-    case DType::f32: return unreorder_t<Map, float>(map, recv, out, ld_out, sms, stream);
+    case DType::bf16: return unreorder_t<G, __nv_bfloat16>(g, recv, out, ld_out, sms, stream);
+    case DType::f16: return unreorder_t<G, __half>(g, recv, out, ld_out, sms, stream);
+    case DType::f32: return unreorder_t<G, float>(g, recv, out, ld_out, sms, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -366,9 +371,11 @@ cudaError_t launch_unreorder(const Map& map, const void* recv, void* out, std::i
 template <class Map>
 cudaError_t launch_rmsnorm_unreorder(const Map& map, const void* recv, const void* weight, void* out,
                                      std::int64_t ld_out, float eps, DType dtype, int sms, cudaStream_t stream) {
+  const auto g = fast_gather(map);
+  using G = std::decay_t<decltype(g)>;
   switch (dtype) {
-    case DType::bf16: return rmsnorm_t<Map, __nv_bfloat16>(map, recv, weight, out, ld_out, eps, sms, stream);
-    case DType::f16: return rmsnorm_t<Map, __half>(map, recv, weight, out, ld_out, eps, sms, stream);
+    case DType::bf16: return rmsnorm_t<G, __nv_bfloat16>(g, recv, weight, out, ld_out, eps, sms, stream);
+    case DType::f16: return rmsnorm_t<G, __half>(g, recv, weight, out, ld_out, eps, sms, stream);
     case DType::f32: break;  // rejected by the caller
   }
   return cudaErrorInvalidValue;

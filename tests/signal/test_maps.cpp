@@ -15,6 +15,7 @@
 #include "tessera/signal/group_plan.hpp"
 #include "tessera/signal/reorder.hpp"
 #include "tessera/signal/wave_model.hpp"
+#include "signal/fast_gather.hpp"  // internal (src/): the kernels' form of the gather maps
 
 using namespace tessera::signal;
 
@@ -356,6 +357,51 @@ TEST(EpilogueTables, ReproduceTheMapsOffsets) {
       }
     }
   }
+}
+
+// The un-reorder kernels read the maps through detail::fast_gather, with the
+// divisions precomputed as multiply-shifts: every offset must equal the
+// map's own chunk_offset (and FastDiv must equal integer division).
+TEST(FastGather, EqualsTheMapsChunkOffsets) {
+  using tessera::signal::detail::FastDiv;
+  std::mt19937 g(11);
+  for (int d = 1; d < 300; ++d) {
+    const FastDiv f(d);
+    for (int n : {0, 1, d - 1, d, d + 1, 2 * d, 12345, (1 << 30) + 7, 2147483647})
+      if (n >= 0) ASSERT_EQ(f.div(n), n / d) << n << " / " << d;
+    for (int k = 0; k < 200; ++k) {
+      const int n = static_cast<int>(g() & 0x7fffffff);
+      ASSERT_EQ(f.div(n), n / d) << n << " / " << d;
+    }
+  }
+  for (int d : {1000003, 1 << 20, (1 << 30) + 1, 2147483647}) {
+    const FastDiv f(d);
+    for (int k = 0; k < 2000; ++k) {
+      const int n = static_cast<int>(g() & 0x7fffffff);
+      ASSERT_EQ(f.div(n), n / d) << n << " / " << d;
+    }
+  }
+  for (const Shape& s : kShapes)
+    for (int swizzle : {1, 3, 8})
+      for (Raster raster : {Raster::AlongN, Raster::AlongM}) {
+        const WaveModel wm(GemmTiling{s.m, s.n, s.bm, s.bn}, s.sms, swizzle, raster);
+        const ArMap ar = make_ar_map(wm);
+        const auto far = tessera::signal::detail::fast_gather(ar);
+        const int chunks = static_cast<int>((s.n + s.bn - 1) / s.bn);
+        for (std::int64_t r = 0; r < s.m; ++r)
+          for (int c = 0; c < chunks; ++c) ASSERT_EQ(far.chunk_offset(r, c), ar.chunk_offset(r, c)) << r << "," << c;
+        for (int R : {2, 4, 8}) {
+          if (s.bm % R) continue;
+          const RsMap rs = make_rs_map(wm, R);
+          for (int rank = 0; rank < R; ++rank) {
+            const RsShard shard{rs, rank};
+            const auto fs = tessera::signal::detail::fast_gather(shard);
+            ASSERT_EQ(fs.rows(), shard.rows());
+            for (std::int64_t l = 0; l < shard.rows(); ++l)
+              for (int c = 0; c < chunks; ++c) ASSERT_EQ(fs.chunk_offset(l, c), shard.chunk_offset(l, c)) << l << "," << c;
+          }
+        }
+      }
 }
 
 // The counter test is cuStreamWaitValue32(GEQ)'s cyclic comparison (issue 5:
