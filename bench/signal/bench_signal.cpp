@@ -1408,7 +1408,9 @@ void run_kernels(const KOptions& o) {
     rmap.chunk_src = table_src.as<std::int64_t>();
     // Diagnostic: the RS shard's gather read through a precomputed chunk table
     // (the A2A map's mechanism: one global load per chunk instead of index
-    // math), same memory access pattern as the RS column.
+    // math), same memory access pattern as the RS column: the gap between the
+    // two is what the index math costs (session 9: +14..19 % against +2..6 %
+    // at N <= 2048, which led to signal/fast_gather.hpp).
     const std::int64_t rs_chunks = (n + 127) / 128;
     std::vector<std::int64_t> rs_src(static_cast<std::size_t>(rs.rows() * rs_chunks));
     for (std::int64_t r = 0; r < rs.rows(); ++r)
