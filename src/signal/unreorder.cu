@@ -159,6 +159,17 @@ __device__ __forceinline__ void load_row(const T* __restrict__ recv, const std::
     if (cols.within[k] >= 0) x[k] = __ldg(reinterpret_cast<const int4*>(recv + table[cols.chunk[k]] + cols.within[k]));
 }
 
+// Resident CTAs per SM the single-pass kernel is compiled for (its register
+// cap: 65536 / (256 * this)). Short rows are latency-bound per row, so their
+// throughput follows the CTAs in flight per SM; left alone, ptxas gave the AR
+// map's VPT = 1 kernel 48 registers (5 CTAs per SM) against the plain
+// kernel's 32 (8). Measured (session 9, one H200, % over the plain kernel):
+// the caps took AR 4096x2048 from +18 to +10 %, 4096x4096 from +2.9 to
+// +1.6 %, A2A 16384x1024 from +12.8 to +7.2 %. No kernel spills under them
+// (ptxas -v, sm_90a).
+template <int VPT>
+constexpr int kMinCtasPerSm = VPT <= 1 ? 8 : VPT <= 2 ? 5 : VPT <= 4 ? 3 : 2;
+
 // Single pass, rows in registers, a pipeline of rows per CTA: CTA b
 // handles output rows b, b + grid, b + 2*grid, ... (rows_per_cta of them,
 // the last CTAs one fewer). Per row the sum of squares, the block reduction
@@ -184,22 +195,10 @@ __device__ __forceinline__ void load_row(const T* __restrict__ recv, const std::
 // partial[cur] is rewritten by row i+2's step 2, after row i+1's barrier, by
 // which point every thread has read row i's partials.
 // Dynamic shared memory: 2 * chunks int64 (the two tables).
-// Resident CTAs per SM the single-pass kernel is compiled for (its register
-// cap: 65536 / (256 * this)). Short rows are latency-bound per row, so their
-// throughput follows the CTAs in flight per SM; left alone, ptxas gave the AR
-// map's VPT = 1 kernel 48 registers (5 CTAs per SM) against the plain
-// kernel's 32 (8). Measured (session 9, one H200, % over the plain kernel):
-// the caps took AR 4096x2048 from +18 to +10 %, 4096x4096 from +2.9 to
-// +1.6 %, A2A 16384x1024 from +12.8 to +7.2 %. No kernel spills under them
-// (ptxas -v, sm_90a).
-template <class Map, int VPT>
-constexpr int kMinCtasPerSm = VPT <= 1 ? 8 : VPT <= 2 ? 5 : VPT <= 4 ? 3 : 2;
-
 template <class Map, class T, int VPT>
-__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<Map, VPT>) rmsnorm_unreorder_kernel(Map map, const T* __restrict__ recv,
-                                                                     const T* __restrict__ weight,
-                                                                     T* __restrict__ out, std::int64_t ld_out,
-                                                                     float eps) {
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<VPT>)
+    rmsnorm_unreorder_kernel(Map map, const T* __restrict__ recv, const T* __restrict__ weight, T* __restrict__ out,
+                             std::int64_t ld_out, float eps) {
   constexpr int V = 16 / sizeof(T);
   extern __shared__ std::int64_t chunk_table[];  // [2][chunks]
   __shared__ float partial[2][kThreads / 32];
