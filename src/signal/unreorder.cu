@@ -30,6 +30,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 
 #include "fast_gather.hpp"
@@ -315,9 +316,19 @@ cudaError_t launch_rows(const Map& map, const void* recv, const void* weight, vo
                         float eps, std::size_t table_bytes, int sms, cudaStream_t stream) {
   const auto kernel = rmsnorm_unreorder_kernel<Map, T, VPT>;
   const std::size_t smem = 2 * table_bytes;  // two chunk tables
-  int per_sm = 0;
-  const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem);
-  if (e != cudaSuccess) return e;
+  // Resident CTAs per SM, queried once per kernel and shared-memory size (the
+  // launch path runs per call): one atomic word holds (smem << 16 | per_sm),
+  // so a reader never pairs one size with another's count. Threads racing
+  // on a miss store the same value. The grid only sizes the work, never the
+  // result.
+  static std::atomic<std::uint64_t> cached{0};
+  const std::uint64_t hit = cached.load(std::memory_order_relaxed);
+  int per_sm = (hit >> 16) == smem ? static_cast<int>(hit & 0xffff) : 0;
+  if (per_sm == 0) {
+    const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem);
+    if (e != cudaSuccess) return e;
+    cached.store(std::uint64_t(smem) << 16 | std::uint64_t(per_sm & 0xffff), std::memory_order_relaxed);
+  }
   const std::int64_t k = rows_per_cta(map.rows(), per_sm * sms);
   const auto grid = static_cast<unsigned>((map.rows() + k - 1) / k);
   kernel<<<grid, kThreads, smem, stream>>>(map, static_cast<const T*>(recv), static_cast<const T*>(weight),

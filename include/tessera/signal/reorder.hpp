@@ -72,7 +72,13 @@ struct ArMap {
   TESSERA_HD std::int64_t chunk_offset(std::int64_t row, int c) const {
     const int r = static_cast<int>(row);
     const int tm = r / bm;
-    return std::int64_t(order.index_of(tm, c)) * tile_elems() + std::int64_t(r - tm * bm) * bn;
+    return chunk_offset_at(order.index_of(tm, c), r - tm * bm);
+  }
+  /// chunk_offset's layout, given the chunk's tile b = order.index_of(tm, c)
+  /// and the row's index li inside the tile (the kernels' fast form computes
+  /// b and li without divisions: src/signal/fast_gather.hpp).
+  TESSERA_HD std::int64_t chunk_offset_at(int b, int li) const {
+    return std::int64_t(b) * tile_elems() + std::int64_t(li) * bn;
   }
 };
 
@@ -161,7 +167,12 @@ struct RsShard {
     const int sr = map.sub_rows();
     const int li = static_cast<int>(l);
     const int q = li / sr;
-    return std::int64_t(map.order.index_of(q, c)) * map.sub_elems() + std::int64_t(li - q * sr) * map.bn;
+    return chunk_offset_at(map.order.index_of(q, c), li - q * sr);
+  }
+  /// chunk_offset's layout, given the chunk's tile b = order.index_of(l /
+  /// sub_rows, c) and the row's index inside its sub-tile (as ArMap's).
+  TESSERA_HD std::int64_t chunk_offset_at(int b, int in_sub) const {
+    return std::int64_t(b) * map.sub_elems() + std::int64_t(in_sub) * map.bn;
   }
 };
 

@@ -42,7 +42,7 @@ struct TileOrder {
     // "major" = the dimension panels are cut from; "minor" = walked across.
     const int major = raster == Raster::AlongN ? tiles_m : tiles_n;
     const int minor = raster == Raster::AlongN ? tiles_n : tiles_m;
-    const int s = swizzle < major ? swizzle : major;
+    const int s = panel_width();
     const int panel = b / (s * minor);
     const int r = b - panel * s * minor;
     const int left = major - panel * s;
@@ -52,18 +52,34 @@ struct TileOrder {
     return raster == Raster::AlongN ? TileCoord{a, c} : TileCoord{c, a};
   }
 
+  /// Panel width in tiles: swizzle, capped at the major dimension's tiles.
+  TESSERA_HD int panel_width() const {
+    const int major = raster == Raster::AlongN ? tiles_m : tiles_n;
+    return swizzle < major ? swizzle : major;
+  }
+
   /// Execution index of tile (tm, tn): the inverse of tile_at.
-  TESSERA_HD int index_of(int tm, int tn) const {
+  TESSERA_HD int index_of(int tm, int tn) const { return index_of_with(tm, tn, PlainDivide{}); }
+
+  /// index_of with its one division, a / panel_width(), done by
+  /// `panel_of(a, panel_width())`: the un-reorder kernels pass a divider
+  /// precomputed on the host (src/signal/fast_gather.hpp).
+  template <class PanelOf>
+  TESSERA_HD int index_of_with(int tm, int tn, const PanelOf& panel_of) const {
     const int major = raster == Raster::AlongN ? tiles_m : tiles_n;
     const int minor = raster == Raster::AlongN ? tiles_n : tiles_m;
     const int a = raster == Raster::AlongN ? tm : tn;
     const int c = raster == Raster::AlongN ? tn : tm;
-    const int s = swizzle < major ? swizzle : major;
-    const int panel = a / s;
+    const int s = panel_width();
+    const int panel = panel_of(a, s);
     const int left = major - panel * s;
     const int h = s < left ? s : left;
     return panel * s * minor + c * h + (a - panel * s);
   }
+
+  struct PlainDivide {
+    TESSERA_HD int operator()(int a, int s) const { return a / s; }
+  };
 };
 
 }  // namespace tessera::signal
