@@ -51,18 +51,23 @@ struct FastArGather {
 /// RsShard's gather interface.
 struct FastRsGather {
   RsShard shard;
+  // shard.rows() and shard.map.sub_rows() divide (rows() in 64 bits): made
+  // once here, not at every kernel's start.
+  std::int64_t rows_;
+  int sub_rows;
   FastDivmod by_sub;
   FastPanelDivide panel;
 
   explicit FastRsGather(const RsShard& s)
-      : shard(s), by_sub(FastDivmod::make(static_cast<std::uint32_t>(s.map.sub_rows()))), panel(s.map.order) {}
-  TESSERA_HD std::int64_t rows() const { return shard.rows(); }
+      : shard(s), rows_(s.rows()), sub_rows(s.map.sub_rows()),
+        by_sub(FastDivmod::make(static_cast<std::uint32_t>(sub_rows))), panel(s.map.order) {}
+  TESSERA_HD std::int64_t rows() const { return rows_; }
   TESSERA_HD std::int64_t cols() const { return shard.cols(); }
   TESSERA_HD int chunk_width() const { return shard.chunk_width(); }
   TESSERA_HD std::int64_t chunk_offset(std::int64_t l, int c) const {
     const int li = static_cast<int>(l);
     const int q = static_cast<int>(by_sub.div(static_cast<std::uint32_t>(li)));
-    return shard.chunk_offset_at(shard.map.order.index_of_with(q, c, panel), li - q * shard.map.sub_rows());
+    return shard.chunk_offset_at(shard.map.order.index_of_with(q, c, panel), li - q * sub_rows, sub_rows);
   }
 };
 

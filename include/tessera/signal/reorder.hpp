@@ -167,12 +167,14 @@ struct RsShard {
     const int sr = map.sub_rows();
     const int li = static_cast<int>(l);
     const int q = li / sr;
-    return chunk_offset_at(map.order.index_of(q, c), li - q * sr);
+    return chunk_offset_at(map.order.index_of(q, c), li - q * sr, sr);
   }
   /// chunk_offset's layout, given the chunk's tile b = order.index_of(l /
-  /// sub_rows, c) and the row's index inside its sub-tile (as ArMap's).
-  TESSERA_HD std::int64_t chunk_offset_at(int b, int in_sub) const {
-    return std::int64_t(b) * map.sub_elems() + std::int64_t(in_sub) * map.bn;
+  /// sub_rows, c), the row's index inside its sub-tile and sub_rows itself
+  /// (map.sub_rows() is a division: the kernels' fast form passes it
+  /// precomputed).
+  TESSERA_HD std::int64_t chunk_offset_at(int b, int in_sub, int sub_rows) const {
+    return std::int64_t(b) * sub_rows * map.bn + std::int64_t(in_sub) * map.bn;
   }
 };
 
