@@ -4,6 +4,8 @@
 #
 #   scripts/device-check.sh [step...]     steps: build cpu tests comm gemm gemmgap mlp asynctp commir kernels signal
 #                                          (default: build tests comm gemm), run in the order given
+# sanitize: compute-sanitizer memcheck, racecheck and synccheck over every
+# one-process GPU test (SANITIZE_TOOLS, SANITIZE_TIMEOUT per run).
 # Clocks, power and throttle reasons are sampled throughout (clocks.csv) and
 # summarised per step at the end of summary.txt (scripts/clock-summary.py).
 # MLP_SHAPES (default 1,2,3,4,5,6) picks the MLP shapes for mlp / asynctp;
@@ -55,6 +57,34 @@ step_tests() {
   (cd "$build" && timeout "${TESTS_TIMEOUT:-500}" ctest -L gpu --output-on-failure >"$out/gpu-tests.log" 2>&1)
   note "gpu tests: $(grep -E 'tests passed|tests failed' "$out/gpu-tests.log")"
   grep -E "^\s*[0-9]+/[0-9]+ Test" "$out/gpu-tests.log" | tee -a "$summary"
+}
+
+step_sanitize() {
+  # The one-process GPU tests, as ctest runs them (multi-rank tests start
+  # through `tessera run` and are left to the tests step).
+  local tests
+  tests=$(cd "$build" && ctest -L gpu --show-only=json-v1 2>/dev/null | python3 -c '
+import json, sys
+for t in json.load(sys.stdin)["tests"]:
+    cmd = t.get("command") or []
+    if cmd and not any(c.endswith("/tessera") for c in cmd[:1]):
+        print(t["name"] + "\t" + " ".join(cmd))')
+  local failed=0
+  while IFS=$'\t' read -r name cmd; do
+    [ -n "$name" ] || continue
+    for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
+      local log="$out/sanitize-$name-$tool.log"
+      timeout "${SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool "$tool" --error-exitcode 86 \
+          --print-limit 20 $cmd >"$log" 2>&1
+      local rc=$?
+      local summ
+      summ=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)
+      note "sanitize $name $tool rc=$rc ${summ:-no summary}"
+      [ $rc -eq 0 ] || failed=$((failed + 1))
+    done
+  done <<<"$tests"
+  (cd "$out" && tar czf sanitize-logs.tgz sanitize-*.log 2>/dev/null && rm -f sanitize-*.log)
+  note "sanitize: $failed failing runs"
 }
 
 step_comm() {
@@ -112,7 +142,7 @@ if command -v nvidia-smi >/dev/null; then
 fi
 : >"$out/steps.txt"
 for s in "${steps[@]}"; do
-  declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests comm gemm gemmgap mlp asynctp commir kernels signal)"; continue; }
+  declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests sanitize comm gemm gemmgap mlp asynctp commir kernels signal)"; continue; }
   echo "$s start $(date +%s.%N)" >>"$out/steps.txt"
   "step_$s"
   echo "$s end $(date +%s.%N)" >>"$out/steps.txt"
