@@ -4,7 +4,7 @@
 // already set, i.e. the kernel-only run of bench mlp without a second GPU.
 // Its cost over the plain ping-pong GEMM is the fused kernel's own cost;
 // the diag_skip variants and the plain kernel in the RS order split it
-// (notes/ops.md, sessions 6 and 7).
+// (docs/design/operators.md).
 #include "gemm/bench_rs_epilogue.hpp"
 
 #include <cuda_bf16.h>

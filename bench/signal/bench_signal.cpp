@@ -12,7 +12,7 @@
 //   when not chosen (for the predictor error), the seed's §6.4 bound, speedup,
 //   fraction of bound; on shapes with few waves every partition is measured
 //   (exhaustive) and compared with the searched one.
-// Communicators (issue 5, notes/signal.md): the overlapped groups, the
+// Communicators (issue 5, docs/design/signal.md): the overlapped groups, the
 // offline curve and the per-group overhead run on signal::OverlapComm, a
 // split of the process group's communicator with maxCTAs = --nccl-sms and
 // no thread-block clusters (--nccl-comm split, the default), so that each
@@ -29,7 +29,7 @@
 // unrelated data, each communicator), the GEMM's end inside the overlapped
 // run, and the "nothing overlaps" model beside the overlap model.
 // Predictions for the next run (nvidia-h200-x2, R = 2, --nccl-sms 16; ms;
-// written before measuring, notes/signal.md has the reasoning):
+// written before measuring, docs/design/signal.md has the reasoning):
 //   GEMM||comm: default communicator ~ sum (concurrency <= 0.2; MLP-1 AR
 //   ~0.80), split >= 0.7 (MLP-1 AR 0.57-0.62); overlap def comm = session 2
 //   +-5 % (MLP-1 AR 1.04, RS 0.91); comm@ov 1.0-1.35x comm; epi % within +-5;
@@ -42,13 +42,13 @@
 // penalty per group launched beside it (signal::OverlapCost::
 // gemm_penalty_per_group), learned from the shapes measured before each one
 // (--gemm-penalty-us to fix it). Session 3 measured the in-run slowdown at
-// ~10-20 us per group (notes/signal.md). Prediction (x2, R = 2, 16 SMs):
+// ~10-20 us per group (docs/design/signal.md). Prediction (x2, R = 2, 16 SMs):
 // mean predictor error 11.5 % -> <= 6 % after the first few shapes; the
 // searched partitions move to 3-5 groups on MLP-1..3 (exhaustive best
 // [2,3,2,2] etc.) or to no overlap; "slower than non-overlap" falls from
 // 30/62 to <= 10/62 (the remaining misses are the model's noise near the
 // break-even); MLP AR stays ~0.98-1.02x (the ceiling with 16 SMs is ~1.20x).
-// Session 4 (notes/signal.md, not yet run): tessera = the verified choice
+// docs/design/signal.md: tessera = the verified choice
 // (see above); "no overlap" is predicted with the measured default-
 // communicator collective (the split curve biased it +5.8 % AR / +2.9 % RS);
 // --comm-slowdown-pct prices the slower collectives beside the GEMM (fit on
@@ -65,7 +65,7 @@
 // summary reports the no-overlap prediction error and that curve against
 // each shape's measured collective. --comm-slowdown-pct and
 // --gemm-penalty-us keep their defaults (0, learned): the fit (25 %, 20 us)
-// is for H200 x2 with 16 NCCL SMs; pass them there (notes/signal.md).
+// is for H200 x2 with 16 NCCL SMs; pass them there (docs/design/signal.md).
 // Measured top-k refinement (issue 5): the k best predicted overlapped
 // partitions (--top-k, default 3; signal::PredictiveSearch::top_overlapped,
 // exact) are timed with non-overlap in one interleaved loop (same warm-up and
@@ -74,8 +74,8 @@
 // stores it). --top-k 1 is the session-5 behaviour; the table also shows the
 // top-1 verdict from the same run, which candidate won and whether the top-k
 // changed the choice, and a table of every candidate (predicted, measured).
-// Its results (head to head against the sweep's best) are in bench/RESULTS.md,
-// sessions 5-7.
+// Its results (head to head against the sweep's best) are in
+// bench/RESULTS-archive.md.
 // Rows: the MLP down-projection shapes of WORKLOADS.md with TP = 2 (M = S,
 // N = H, K = I/2: MLP-1..6, the >= 1.25x GEMM+AllReduce target) first, then
 // 56 sweep sizes (M*N 16M..256M, K 2K..16K) in an interleaved order, so a
@@ -168,7 +168,7 @@ struct Options {
   /// measured so far (median of their in-run slowdowns; 0 for the first).
   double gemm_penalty_us = -1;
   /// Also run equal partitions of 1, 2, 3, 4, 6, 9 groups on every shape and
-  /// record the GEMM's in-run slowdown per group count (notes/signal.md H1/H2).
+  /// record the GEMM's in-run slowdown per group count (docs/design/signal.md).
   bool group_sweep = false;
   /// The tuner overlaps only when predicted at least this much faster (%).
   double min_gain_pct = 3;
@@ -788,7 +788,7 @@ Row measure(Problem& P, const tune::MachineProfile& model, signal::WaitMode mode
   // communicator, not on the split one: it is predicted with the default
   // communicator's offline curve (the split curve made the sequential
   // prediction 5.8 % (AR) / 2.9 % (RS) too slow in the session-4 log, i.e.
-  // biased the search towards overlap; notes/signal.md).
+  // biased the search towards overlap; docs/design/signal.md).
   const double bytes_per_tile = double(ts.bm) * ts.bn * 2;
   row.query = tune::SignalQuery{coll, sh.m, sh.n, sh.k, ts.bm, ts.bn, P.gopts.raster_group, wm.order().raster};
   const signal::OverlapCost cost = tune::signal_overlap_cost(model, row.query, row.timing);
@@ -1242,7 +1242,7 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
   if (o.store_profile && pg.rank() == 0) {
     if (o.comm_slowdown_pct == 0)
       progress("{}: note: the stored profile has comm slowdown beside the GEMM 0 (the curve as measured); the fit "
-               "for H200 x2 with 16 NCCL SMs is --comm-slowdown-pct 25 --gemm-penalty-us 20 (notes/signal.md)",
+               "for H200 x2 with 16 NCCL SMs is --comm-slowdown-pct 25 --gemm-penalty-us 20 (docs/design/signal.md)",
                op);
     // The model as used (both curves, overhead, comm slowdown), the penalty
     // given or learned over every shape, and this op's GEMM timings; the
@@ -1510,7 +1510,7 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
       ->check(CLI::Range(0.0, 50.0));
   cmd->add_option("--comm-slowdown-pct", opts->comm_slowdown_pct,
                   "model: a group collective that runs beside the GEMM (every group but the last) takes this % longer "
-                  "than the curve says (default 0; notes/signal.md fits 15-35 on H200 x2)")
+                  "than the curve says (default 0; docs/design/signal.md: fitted 15-35 on H200 x2)")
       ->check(CLI::Range(0.0, 200.0));
   cmd->add_option("--verdict-margin-pct", opts->verdict_margin_pct,
                   "the verified choice keeps the searched overlap only when it measured at least this % faster "

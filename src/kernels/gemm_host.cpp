@@ -194,7 +194,7 @@ int resolve_cluster(const GemmArgs& a, const GemmOptions& o, GemmTile t) {
   }
   if (t == GemmTile::T128x128 || t == GemmTile::Auto) return 1;
   if (o.cluster_m) return o.cluster_m;
-  // Auto = 1: 2-CTA clusters measured at parity on H100 (notes/gemm.md, v4);
+  // Auto = 1: 2-CTA clusters measured at parity on H100 (docs/design/gemm-engine.md);
   // they stay available as an explicit option.
   (void)a;
   return 1;

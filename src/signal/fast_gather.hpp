@@ -7,7 +7,7 @@
 // runtime divisor is ~20 dependent instructions: with the RS shard's three
 // per offset, the first row of every CTA (2-4 rows per CTA at N <= 2048) cost
 // it +14..19 % over the plain kernel, against +2..6 % for the same shard read
-// through a precomputed table (session 9, notes/signal.md). CPU test:
+// through a precomputed table (docs/design/signal.md). CPU test:
 // tests/signal/test_maps.cpp (equal to chunk_offset). No memory-order
 // content: pure index math.
 #pragma once

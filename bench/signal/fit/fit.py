@@ -1,4 +1,4 @@
-# bench/signal/fit/fit.py — fit model variants (grid search) on half the shapes, report the error on the other half (two folds): notes/signal.md, session 4
+# bench/signal/fit/fit.py — fit model variants (grid search) on half the shapes, report the error on the other half (two folds): docs/design/signal.md
 import itertools, math, sys
 from model import *
 

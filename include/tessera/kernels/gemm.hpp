@@ -116,7 +116,7 @@ bool plain_uses_ping_pong(const GemmArgs& a, const GemmOptions& o);
 /// Cluster size for tile `t`: o.cluster_m if set (checked: 1 or 2), else 1.
 /// Always 1 with o.epilogue_overlap (cluster_m = 2 is then an Error).
 /// cluster_m = 2 is tested and measured at parity with 1 on H100 (within
-/// noise, notes/gemm.md), so auto keeps 1.
+/// noise, docs/design/gemm-engine.md), so auto keeps 1.
 int resolve_cluster(const GemmArgs& a, const GemmOptions& o, GemmTile t);
 
 /// D = A · op(B) on `stream`. Validates first (tessera::Error on bad input).

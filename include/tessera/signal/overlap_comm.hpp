@@ -2,7 +2,7 @@
 // overlap runs its per-group collectives on: a split of the process group's
 // communicator whose kernels fit on the SMs the persistent GEMM leaves free.
 //
-// Why (issue 5, notes/signal.md): NCCL 2.28's defaults on sm_90 are up to 32
+// Why (issue 5, docs/design/signal.md): NCCL 2.28's defaults on sm_90 are up to 32
 // CTAs per collective (maxCTAs 32) launched as thread-block clusters of 4
 // (cgaClusterSize 4). A persistent GEMM holding sms - nccl_sms SMs with one
 // CTA each (≈ all shared memory) leaves nccl_sms SMs free, scattered over

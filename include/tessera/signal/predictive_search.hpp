@@ -8,7 +8,7 @@
 // b < W (the GEMM still runs beside it), overhead + comm(a, b) for the last. `penalty`
 // (OverlapCost::gemm_penalty_per_group) is what each collective launched
 // while the GEMM runs costs the GEMM: bench signal measured the GEMM 0.18 ms
-// slower inside a 9-group run on MLP-1 AR (session 3, notes/signal.md), ~10–20
+// slower inside a 9-group run on MLP-1 AR (docs/design/signal.md), ~10–20
 // µs per group, while the model without it took the GEMM at its standalone
 // speed. The first group's collective starts after C(b) of a GEMM that no
 // collective has slowed yet, hence g * penalty. where comm comes from the measured bandwidth curve
@@ -60,7 +60,7 @@ struct OverlapCost {
   /// Relative slowdown of a group's collective while the GEMM still runs
   /// (every group but the last, which runs after the GEMM's last wave): its
   /// time is group_comm * (1 + this). Fitted offline on the session-4 log
-  /// (notes/signal.md, "Fitting the overlap model"): 0.15-0.35 on H200 x2,
+  /// (docs/design/signal.md, "The cost model"): 0.15-0.35 on H200 x2,
   /// NCCL on 16 CTAs beside the persistent GEMM. 0 = the curve as measured.
   double comm_slowdown_beside_gemm = 0;
   /// Communication time of the group made of waves [first, end) (s).

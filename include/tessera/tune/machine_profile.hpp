@@ -15,7 +15,7 @@
 // fitted overlap parameters below, from an offline fit named in the notes
 // and passed explicitly to the profiler).
 //
-// Two curves per collective (profile format 2, notes/signal.md "Session 5"):
+// Two curves per collective (profile format 2, docs/design/signal.md):
 // `curves` is measured on the communicator the overlapped groups use (the
 // split one, NCCL on the reserved SMs); `no_overlap_curves` on the process
 // group's default communicator, which a non-overlapped run uses (NCCL's
@@ -91,7 +91,7 @@ struct MachineProfile {
   /// Relative slowdown of a group collective that runs beside the GEMM
   /// (every group but the last; signal::OverlapCost::
   /// comm_slowdown_beside_gemm), in [0, 2]. Fitted, not measured per run:
-  /// 0.25 on H200 x2 with 16 NCCL SMs (notes/signal.md). Format 1: 0.
+  /// 0.25 on H200 x2 with 16 NCCL SMs (docs/design/signal.md). Format 1: 0.
   double comm_slowdown_beside_gemm = 0;
   /// Curves on the communicator of the overlapped groups (split, reserved SMs).
   std::map<Collective, BandwidthCurve> curves;

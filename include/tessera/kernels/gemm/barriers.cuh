@@ -60,8 +60,8 @@ struct NotifyHandshake {
   __host__ __device__ static constexpr bool notifier_frees(int iter, int tiles) { return iter + 2 < tiles; }
 };
 
-/// The prologue-waiter ring (kernel.cuh, only when Prologue::kActive; v7 in
-/// notes/gemm.md). The waiter (lane 0 of warp kWaiterWarp of the producer
+/// The prologue-waiter ring (kernel.cuh, only when Prologue::kActive;
+/// docs/design/gemm-engine.md). The waiter (lane 0 of warp kWaiterWarp of the producer
 /// warpgroup) runs the Prologue's wait for the CTA's tiles in schedule order,
 /// AHEAD of the TMA thread, and hands each tile over through kSlots slots of
 /// two mbarriers (count 1 each): ready[s] (the waiter arrives) and free[s] (the

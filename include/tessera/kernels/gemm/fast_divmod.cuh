@@ -16,7 +16,7 @@ namespace tessera::kernels::engine {
 /// Montgomery's round-up method; CUTLASS's tile schedulers do the same). An
 /// integer division is a ~20-instruction dependent sequence (I2F, MUFU.RCP,
 /// fix-ups), and the schedule is evaluated per tile by the TMA thread and by
-/// every consumer at the tile boundary. Measured (notes/gemm.md, session 7):
+/// every consumer at the tile boundary. Measured (docs/design/gemm-engine.md):
 /// the plain kernel's own two divisions cost nothing visible, one more (the
 /// old rotation's %) +0.3 %, and the GEMM+RS epilogue's 64-bit divisions
 /// ~1 point; the walk is kept division-free so that what policies add on the

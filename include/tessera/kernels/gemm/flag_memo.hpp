@@ -5,7 +5,7 @@
 // Why: a ping-pong 64x256 CTA starts a tile every ~10-20 us and its 5-stage
 // ring covers only ~2 us of wgmma; one blocking ld.acquire (an L2 round trip)
 // plus a proxy fence per tile on the producer thread showed as +1..5% even
-// with every flag already set (bench/RESULTS.md, session 2, third call).
+// with every flag already set (bench/RESULTS-archive.md, "ping-pong default").
 // Since v7 the wait runs on a separate waiter thread ahead of the TMA
 // thread (kernel.cuh); the memo stays: fewer L2 round trips, MEMBARs and L1
 // invalidations (ld.acquire) on the SM, at no cost to the TMA issue path.
@@ -41,7 +41,7 @@
 //
 // Registers (why the window is 16 bytes and the loader returns a mask): the
 // waiter (producer warpgroup) runs under setmaxnreg 40; an 8-value window kept live across the
-// fence spilled to local memory (notes/gemm.md v6). The memo is one 64-bit
+// fence spilled to local memory (docs/design/gemm-engine.md). The memo is one 64-bit
 // mask, the window costs 4 registers for the duration of one compare.
 //
 // Limits: flags with index >= FlagMemo::kBits (64) are never memoized (they

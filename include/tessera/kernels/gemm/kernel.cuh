@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // producer role (notifier, waiter) made ptxas move the TMA operands to
   // vector registers (~4 R2UR per TMA issue, and every issue wrapped in an
   // ELECT / BRA.U.ANY loop), which lengthened the TMA thread's reaction to a
-  // freed slot: the idle hooks' cost (notes/gemm.md, session 7).
+  // freed slot: the idle hooks' cost (docs/design/gemm-engine.md).
   const int warp_idx = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 32, 0);
   const bool lane0 = threadIdx.x % 32 == 0;
   const int warpgroup = warp_idx / 4;

@@ -228,7 +228,7 @@ struct FlagWait {
 
   /// Relaxed reads of a window of flags per miss: 16 bytes (4 u32 / 2 u64),
   /// one vector load, reduced to a mask at once — within the producer's 40
-  /// registers (an 8-value window spilled: notes/gemm.md v6).
+  /// registers (an 8-value window spilled: docs/design/gemm-engine.md).
   static constexpr int kWindow = kFlagWindow<FlagT>;
   using State = FlagMemo;
 
