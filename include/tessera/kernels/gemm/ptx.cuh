@@ -62,6 +62,18 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 __device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
+/// 4-D tiled bulk tensor load (coordinates c0 innermost .. c3 outermost),
+/// e.g. a [seq, head_dim] box of one (batch, head) of a [B, S, H, D] tensor
+/// mapped as {D, S, H, B}: out-of-bounds elements are zero-filled per
+/// dimension (a box past the sequence end never reads the next head).
+__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2,
+                                            int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];" ::
+          "r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
 /// 2-D tiled bulk tensor load global -> shared; completes on `bar` (complete_tx).
 /// Out-of-bounds box elements are zero-filled and still count toward the bytes.
 __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1) {

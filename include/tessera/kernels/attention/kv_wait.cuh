@@ -1,0 +1,58 @@
+// tessera/kernels/attention/kv_wait.cuh — the attention kernel's KV-loop
+// hook (the counterpart of the GEMM's Prologue, ../gemm/prologue.cuh).
+//
+// Concept:
+//   static constexpr bool kActive;            // false: the kernel emits nothing
+//   __device__ void wait(const KvBlockInfo& b) const;
+// wait() runs on the producer's TMA thread before it loads K and V rows
+// [b.row0, b.row0 + b.rows) of (b.batch, b.head_kv), for every KV block of
+// the CTA in load order (descending b.block: the diagonal / ragged blocks
+// first). It must not return before those rows are in global memory and
+// visible at the scope they were published at (acquire). The TMA thread
+// then executes fence.proxy.async.global and issues the loads (same thread:
+// the acquire is ordered before the async-proxy reads by program order and
+// the fence). wait() runs under the producer's register budget (24 or 40,
+// AttnConfig): keep it small and call-free (no printf: see FlagWait).
+//
+// ops::sp_attention waits for all-gathered KV chunks through KvFlagWait
+// below: the engine's FlagWait (row readiness, rows_per_flag = the chunk
+// length), so the timeout diagnostic and the memo are the GEMM's.
+#pragma once
+
+#include <cstdint>
+
+#include "tessera/kernels/gemm/prologue.cuh"
+
+namespace tessera::kernels::attn {
+
+/// What the kernel tells its KV hook about the block it is about to load.
+struct KvBlockInfo {
+  int batch, head_kv;
+  int block;     ///< KV block index (row0 / BN)
+  int row0;      ///< first key row of the block
+  int rows;      ///< block height (BN); rows past seqlen_k are zero-filled
+  int seqlen_k;  ///< key rows of the KV tensor
+};
+
+/// No wait: a plain attention kernel.
+struct NoKvWait {
+  static constexpr bool kActive = false;
+  __device__ __forceinline__ void wait(const KvBlockInfo&) const {}
+};
+
+/// Waits for the flags covering the block's key rows through the GEMM
+/// engine's FlagWait (rows_per_flag > 0 required: one flag per chunk of
+/// rows_per_flag key rows, flag index = row / rows_per_flag; the same flags
+/// serve every batch and head). Epoch-based like FlagWait (>= expected).
+template <class FlagT = uint32_t, bool kSys = false>
+struct KvFlagWait {
+  static constexpr bool kActive = true;
+  engine::FlagWait<FlagT, kSys> flags;
+  __device__ __forceinline__ void wait(const KvBlockInfo& b) const {
+    const engine::TileInfo t{b.block, 0, b.block, b.row0, 0, b.rows, 1, (b.seqlen_k + b.rows - 1) / b.rows, 1,
+                             b.seqlen_k, 1};
+    flags.wait(t);
+  }
+};
+
+}  // namespace tessera::kernels::attn

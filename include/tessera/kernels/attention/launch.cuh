@@ -1,0 +1,66 @@
+// tessera/kernels/attention/launch.cuh — templated host entry point of the
+// attention kernel, for callers that plug in a KV hook (ops::sp_attention):
+//
+//   attention_with<__nv_bfloat16, 128>(args, hook, stream)
+//
+// T and D must match args.dtype / args.head_dim (checked). Validation happens
+// in host .cpp code (attention_host.cpp) through detail:: functions that
+// throw tessera::Error; this header does not include error.hpp (fmt does not
+// compile under nvcc 13, see gemm/launch.cuh).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <type_traits>
+
+#include "tessera/kernels/attention.hpp"
+#include "tessera/kernels/attention/host_detail.hpp"
+#include "tessera/kernels/attention/kernel.cuh"
+#include "tessera/kernels/gemm/host_detail.hpp"
+
+namespace tessera::kernels {
+
+
+/// Kernel configuration per head dim: BN = 128 keys per block; two ring
+/// slots of K and V for D = 128 (160 KiB of shared memory), four for D = 64.
+template <int D, bool kHookActive>
+using AttnCfgOf = attn::AttnConfig<D, 128, D == 128 ? 2 : 4, true, kHookActive>;
+
+template <class T, int D, class Hook, class Cfg = AttnCfgOf<D, Hook::kActive>>
+void attention_with(const AttentionArgs& a, const Hook& hook, cudaStream_t stream) {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "T: bf16 or f16");
+  detail::attn_check_instantiation(a, std::is_same_v<T, __half> ? DType::f16 : DType::bf16, D);
+  CUtensorMap tq, tk, tv;
+  detail::attn_make_tma(a, Cfg::BM, Cfg::BN, &tq, &tk, &tv);
+  attn::AttnParams<Hook> p{};
+  p.batch = static_cast<int>(a.batch);
+  p.seqlen_q = static_cast<int>(a.seqlen_q);
+  p.seqlen_k = static_cast<int>(a.seqlen_k);
+  p.heads_q = static_cast<int>(a.heads_q);
+  p.group = static_cast<int>(a.heads_q / a.heads_kv);
+  p.causal = a.causal ? 1 : 0;
+  p.q_offset = static_cast<int>(a.causal_offset());
+  p.m_blocks = static_cast<int>((a.seqlen_q + Cfg::BM - 1) / Cfg::BM);
+  p.scale = a.scale();
+  p.scale_log2 = p.scale * 1.4426950408889634f;
+  p.o = a.o;
+  const AttnStrides os = a.o_strides();
+  p.o_sb = os.batch;
+  p.o_ss = os.seq;
+  p.o_sh = os.head;
+  p.lse = a.lse;
+  p.hook = hook;
+  auto kernel = attn::attention_fwd_kernel<Cfg, T, Hook>;
+  constexpr int smem = Cfg::kLaunchBytes;
+  detail::cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                     "cudaFuncSetAttribute(attention kernel, max dynamic smem)");
+  const long long grid = static_cast<long long>(p.m_blocks) * a.heads_q * a.batch;
+  kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, smem, stream>>>(tq, tk, tv, p);
+  detail::check_launch("attention kernel");
+}
+
+}  // namespace tessera::kernels
