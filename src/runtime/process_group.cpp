@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "tessera/runtime/error.hpp"
+#include "tessera/runtime/nccl_bootstrap.hpp"
 
 namespace tessera::runtime {
 
@@ -89,6 +90,64 @@ std::unique_ptr<ProcessGroup> ProcessGroup::create(const LaunchInfo& info, Proce
     pg->dev_comm_created_ = true;
   }
 
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&pg->stream_, cudaStreamNonBlocking));
+  for (int i = 0; i < opts.comm_streams; ++i) {
+    cudaStream_t s;
+    TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    pg->comm_streams_.push_back(s);
+  }
+  return pg;
+}
+
+std::unique_ptr<ProcessGroup> ProcessGroup::create_from_unique_id(int rank, int world, int device,
+                                                                 const ncclUniqueId& id, ProcessGroupOptions opts) {
+  TESSERA_CHECK(world >= 1 && rank >= 0 && rank < world, "create_from_unique_id: rank {} of world {}", rank, world);
+  TESSERA_CHECK(device >= 0, "create_from_unique_id: device {} (a CUDA device index is required)", device);
+  std::unique_ptr<ProcessGroup> pg(new ProcessGroup());
+  pg->info_.rank = rank;
+  pg->info_.world = world;
+  pg->info_.local_rank = rank;
+  pg->info_.local_world = world;
+  pg->info_.source = "nccl-unique-id";
+  detail::set_current_rank(rank);
+  check_nccl_version();
+
+  int ngpu = 0;
+  const cudaError_t cerr = cudaGetDeviceCount(&ngpu);
+  if (cerr != cudaSuccess) {
+    (void)cudaGetLastError();
+    TESSERA_FAIL("no usable CUDA device (cudaGetDeviceCount: {}); rank {} of {} needs one GPU",
+                 cudaGetErrorString(cerr), rank, world);
+  }
+  TESSERA_CHECK(device < ngpu, "create_from_unique_id: device {} does not exist ({} visible)", device, ngpu);
+  pg->device_ = device;
+  TESSERA_CUDA_CHECK(cudaSetDevice(device));
+  TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&pg->props_, device));
+
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  TESSERA_NCCL_CHECK(ncclCommInitRankConfig(&pg->comm_, world, id, rank, &cfg));
+  pg->boot_ = std::make_unique<NcclBootstrap>(pg->comm_, rank, world, device, opts.bootstrap_timeout);
+
+  // Every rank must use a distinct GPU (as in create()).
+  struct Where {
+    char key[128];
+  } me{};
+  char host[64] = {};
+  gethostname(host, sizeof(host) - 1);
+  std::snprintf(me.key, sizeof(me.key), "%s/%04x:%02x:%02x", host, pg->props_.pciDomainID, pg->props_.pciBusID,
+                pg->props_.pciDeviceID);
+  const auto where = pg->allgather(me);
+  for (int r = 0; r < world; ++r) {
+    TESSERA_CHECK(r == rank || std::strcmp(where[r].key, me.key) != 0,
+                  "ranks {} and {} both use GPU {} (device {}): each rank needs its own GPU", r, rank, me.key, device);
+  }
+
+  pg->lsa_size_ = ncclTeamLsa(pg->comm_).nRanks;
+  if (pg->lsa_size_ == world) {
+    ncclDevCommRequirements reqs{};
+    TESSERA_NCCL_CHECK(ncclDevCommCreate(pg->comm_, &reqs, &pg->dev_comm_));
+    pg->dev_comm_created_ = true;
+  }
   TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&pg->stream_, cudaStreamNonBlocking));
   for (int i = 0; i < opts.comm_streams; ++i) {
     cudaStream_t s;

@@ -58,25 +58,28 @@ class Bootstrap {
   std::chrono::milliseconds timeout() const { return timeout_; }
 
   /// Copies `bytes` from rank `root` into `data` on every rank.
-  void broadcast(void* data, std::size_t bytes, int root);
+  virtual void broadcast(void* data, std::size_t bytes, int root);
   /// out[r * bytes_per_rank ...] = rank r's `in`, on every rank. `out` holds
   /// world * bytes_per_rank bytes; in and out may not overlap.
-  void allgather(const void* in, void* out, std::size_t bytes_per_rank);
+  virtual void allgather(const void* in, void* out, std::size_t bytes_per_rank);
   /// Returns once every rank has entered the barrier.
-  void barrier();
+  virtual void barrier();
   /// Throws a tessera::Error naming `what` and the ranks whose `bytes` bytes
   /// at `data` differ from rank 0's (the same error on every rank).
-  void check_same(const void* data, std::size_t bytes, const std::string& what);
+  virtual void check_same(const void* data, std::size_t bytes, const std::string& what);
 
-  ~Bootstrap();
+  virtual ~Bootstrap();
   Bootstrap(const Bootstrap&) = delete;
   Bootstrap& operator=(const Bootstrap&) = delete;
 
   struct Impl;  // sockets and protocol state (src/runtime/bootstrap.cpp)
 
- private:
+ protected:
+  /// For subclasses that exchange by other means (NcclBootstrap,
+  /// runtime/nccl_bootstrap.hpp): they override the four exchanges above.
   Bootstrap(int rank, int world, std::string address, std::chrono::milliseconds timeout);
 
+ private:
   int rank_ = 0, world_ = 1;
   std::string address_;
   std::chrono::milliseconds timeout_{0};

@@ -49,6 +49,16 @@ class ProcessGroup {
   static std::unique_ptr<ProcessGroup> from_environment(ProcessGroupOptions opts = {});
   /// Bootstraps from an explicit LaunchInfo.
   static std::unique_ptr<ProcessGroup> create(const LaunchInfo& info, ProcessGroupOptions opts = {});
+  /// Builds the group from an NCCL unique id that the caller made on one rank
+  /// (ncclGetUniqueId) and handed to every rank by its own means (e.g. a
+  /// torch.distributed broadcast): collective over the `world` ranks, opens
+  /// no port. Host-side exchanges then run over the NCCL communicator
+  /// (NcclBootstrap, runtime/nccl_bootstrap.hpp), bounded by
+  /// opts.bootstrap_timeout. `device` >= 0 is required (no launcher
+  /// environment says which); launch_info() has local_rank = rank and
+  /// local_world = world (one node: the operators need load/store reach).
+  static std::unique_ptr<ProcessGroup> create_from_unique_id(int rank, int world, int device, const ncclUniqueId& id,
+                                                             ProcessGroupOptions opts = {});
 
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
