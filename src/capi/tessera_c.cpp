@@ -5,18 +5,32 @@
 
 #include <cuda_runtime_api.h>
 
+#include <nccl.h>
+
+#include <chrono>
+#include <cstring>
 #include <memory>
 #include <string>
 
 #include "tessera/ops/tp_mlp.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/runtime/launch.hpp"
+#include "tessera/runtime/nccl_bootstrap.hpp"
 #include "tessera/runtime/process_group.hpp"
+
+#ifndef TESSERA_VERSION_STRING
+#define TESSERA_VERSION_STRING "unknown"
+#endif
+
+static_assert(sizeof(ncclUniqueId) == TESSERA_UNIQUE_ID_BYTES, "TESSERA_UNIQUE_ID_BYTES must match ncclUniqueId");
 
 struct tessera_session {
   std::unique_ptr<tessera::runtime::ProcessGroup> pg;
   std::unique_ptr<tessera::ops::TpContext> ctx;
   bool use_cache = true;
+  // Fork/join with the caller's stream (the *_ex entry points).
+  cudaEvent_t ev_in = nullptr;
+  cudaEvent_t ev_out = nullptr;
 };
 
 namespace {
@@ -66,9 +80,97 @@ tessera::ops::GemmRsArgs rs_args(const void* a, const void* b, void* d, int64_t 
   return {.a = a, .b = b, .d = d, .m = m, .m_local = m_local, .n = n, .k = k, .dtype = dtype_of(dtype)};
 }
 
+// Makes the session's device current for the scope.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    TESSERA_CUDA_CHECK(cudaGetDevice(&prev_));
+    if (prev_ != device) TESSERA_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~DeviceScope() { (void)cudaSetDevice(prev_); }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int prev_ = 0;
+};
+
+void make_events(tessera_session* s) {
+  TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&s->ev_in, cudaEventDisableTiming));
+  TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&s->ev_out, cudaEventDisableTiming));
+}
+
+// Runs `f` (which enqueues on the session's stream) ordered inside the
+// caller's stream: the session's stream waits for the caller's work so far,
+// and the caller's stream waits for the operator (whose side streams join the
+// session's stream before it returns). Work enqueued later on the caller's
+// stream — including the reuse of freed memory by a stream-ordered allocator
+// such as PyTorch's caching allocator — therefore follows the operator.
+template <class F>
+void on_caller_stream(tessera_session* s, void* stream, F&& f) {
+  DeviceScope dev(s->pg->device());
+  const auto caller = static_cast<cudaStream_t>(stream);
+  const cudaStream_t own = s->pg->stream();
+  if (caller == own) {
+    f();
+    return;
+  }
+  TESSERA_CUDA_CHECK(cudaEventRecord(s->ev_in, caller));
+  TESSERA_CUDA_CHECK(cudaStreamWaitEvent(own, s->ev_in, 0));
+  f();
+  TESSERA_CUDA_CHECK(cudaEventRecord(s->ev_out, own));
+  TESSERA_CUDA_CHECK(cudaStreamWaitEvent(caller, s->ev_out, 0));
+}
+
 }  // namespace
 
 extern "C" {
+
+const char* tessera_version(void) { return TESSERA_VERSION_STRING; }
+
+int tessera_nccl_versions(int* header, int* runtime) {
+  return guarded("tessera_nccl_versions", [&] {
+    TESSERA_CHECK(header != nullptr && runtime != nullptr, "tessera_nccl_versions: null output");
+    *header = NCCL_VERSION_CODE;
+    *runtime = 0;
+    TESSERA_NCCL_CHECK(ncclGetVersion(runtime));
+  });
+}
+
+int tessera_nccl_unique_id(void* out, int bytes) {
+  return guarded("tessera_nccl_unique_id", [&] {
+    TESSERA_CHECK(out != nullptr, "tessera_nccl_unique_id: out is null");
+    TESSERA_CHECK(bytes == TESSERA_UNIQUE_ID_BYTES, "tessera_nccl_unique_id: bytes {} (must be {})", bytes,
+                  TESSERA_UNIQUE_ID_BYTES);
+    ncclUniqueId id{};
+    TESSERA_NCCL_CHECK(ncclGetUniqueId(&id));
+    std::memcpy(out, &id, sizeof(id));
+  });
+}
+
+int tessera_session_create_from_id(int rank, int world, int device, const void* id, int id_bytes, int timeout_ms,
+                                   tessera_session** out) {
+  return guarded("tessera_session_create_from_id", [&] {
+    TESSERA_CHECK(out != nullptr, "tessera_session_create_from_id: out is null");
+    *out = nullptr;
+    TESSERA_CHECK(world >= 1 && rank >= 0 && rank < world, "tessera_session_create_from_id: rank {} of world {}", rank,
+                  world);
+    TESSERA_CHECK(device >= 0, "tessera_session_create_from_id: device {} (must be >= 0)", device);
+    TESSERA_CHECK(id != nullptr, "tessera_session_create_from_id: id is null");
+    TESSERA_CHECK(id_bytes == TESSERA_UNIQUE_ID_BYTES, "tessera_session_create_from_id: id_bytes {} (must be {})",
+                  id_bytes, TESSERA_UNIQUE_ID_BYTES);
+    TESSERA_CHECK(timeout_ms >= 0, "tessera_session_create_from_id: timeout_ms {} (0: the default)", timeout_ms);
+    ncclUniqueId uid{};
+    std::memcpy(&uid, id, sizeof(uid));
+    tessera::runtime::ProcessGroupOptions po;
+    if (timeout_ms > 0) po.bootstrap_timeout = std::chrono::milliseconds(timeout_ms);
+    auto s = std::make_unique<tessera_session>();
+    s->pg = tessera::runtime::ProcessGroup::create_from_unique_id(rank, world, device, uid, po);
+    s->ctx = std::make_unique<tessera::ops::TpContext>(*s->pg);
+    make_events(s.get());
+    *out = s.release();
+  });
+}
 
 const char* tessera_last_error(void) { return g_error.c_str(); }
 
@@ -95,6 +197,7 @@ int tessera_session_create(int rank, int world, int local_rank, int local_world,
     auto s = std::make_unique<tessera_session>();
     s->pg = tessera::runtime::ProcessGroup::create(info, po);
     s->ctx = std::make_unique<tessera::ops::TpContext>(*s->pg);
+    make_events(s.get());
     *out = s.release();
   });
 }
@@ -104,12 +207,30 @@ void tessera_session_destroy(tessera_session* s) {
   guarded("tessera_session_destroy", [&] {
     // Work still queued on the session's streams may use the memory freed
     // below: finish it first (the caller may not have synchronized).
-    if (s->pg) TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    if (s->pg) {
+      // A host exchange that timed out leaves the communicator unusable:
+      // abort it rather than wait in a collective finalize.
+      auto* nb = dynamic_cast<tessera::runtime::NcclBootstrap*>(&s->pg->bootstrap());
+      if (nb != nullptr && nb->broken()) s->pg->abort();
+      DeviceScope dev(s->pg->device());
+      if (!s->pg->aborted()) TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+      if (s->ev_in) (void)cudaEventDestroy(s->ev_in);
+      if (s->ev_out) (void)cudaEventDestroy(s->ev_out);
+    }
     s->ctx.reset();  // before the process group it uses
     s->pg.reset();
   });
   delete s;
 }
+
+void tessera_session_abort(tessera_session* s) {
+  if (s && s->pg) s->pg->abort();
+}
+
+int tessera_session_rank(const tessera_session* s) { return s && s->pg ? s->pg->rank() : -1; }
+int tessera_session_world(const tessera_session* s) { return s && s->pg ? s->pg->world() : -1; }
+int tessera_session_device(const tessera_session* s) { return s && s->pg ? s->pg->device() : -1; }
+int tessera_session_lsa_reachable(const tessera_session* s) { return s && s->pg && s->pg->lsa_reachable() ? 1 : 0; }
 
 void* tessera_session_stream(tessera_session* s) { return s && s->pg ? static_cast<void*>(s->pg->stream()) : nullptr; }
 
@@ -149,6 +270,84 @@ int tessera_mlp(tessera_session* s, const void* x, const void* w_gate_up, const 
     const tessera::ops::MlpArgs a{.x = x, .w_gate_up = w_gate_up, .w_down = w_down, .out = out, .m = m,
                                   .m_local = m_local, .h = h, .i_local = i_local, .dtype = dtype_of(dtype)};
     tessera::ops::mlp(*s->ctx, a, options_of(s, ag_strategy), options_of(s, rs_strategy));
+  });
+}
+
+int tessera_ag_gemm_ex(tessera_session* s, void* stream, const void* a, const void* b, void* d, void* gathered_a,
+                       int64_t m, int64_t m_local, int64_t n, int64_t k, int64_t ldd, int dtype, int swiglu,
+                       int strategy) {
+  return guarded("tessera_ag_gemm_ex", [&] {
+    need(s, "tessera_ag_gemm_ex");
+    auto args = ag_args(a, b, d, m, m_local, n, k, ldd, dtype, swiglu);
+    args.gathered_a = gathered_a;
+    const auto o = options_of(s, strategy);
+    on_caller_stream(s, stream, [&] { tessera::ops::ag_gemm(*s->ctx, args, o); });
+  });
+}
+
+int tessera_gemm_rs_ex(tessera_session* s, void* stream, const void* a, const void* b, void* d, int64_t m,
+                       int64_t m_local, int64_t n, int64_t k, int dtype, int strategy) {
+  return guarded("tessera_gemm_rs_ex", [&] {
+    need(s, "tessera_gemm_rs_ex");
+    const auto args = rs_args(a, b, d, m, m_local, n, k, dtype);
+    const auto o = options_of(s, strategy);
+    on_caller_stream(s, stream, [&] { tessera::ops::gemm_rs(*s->ctx, args, o); });
+  });
+}
+
+int tessera_gemm_ar_ex(tessera_session* s, void* stream, const void* a, const void* b, void* d, int64_t m, int64_t n,
+                       int64_t k, int dtype, int strategy) {
+  return guarded("tessera_gemm_ar_ex", [&] {
+    need(s, "tessera_gemm_ar_ex");
+    const tessera::ops::GemmArArgs g{.a = a, .b = b, .d = d, .m = m, .n = n, .k = k, .dtype = dtype_of(dtype)};
+    const auto o = options_of(s, strategy);
+    on_caller_stream(s, stream, [&] { tessera::ops::gemm_ar(*s->ctx, g, o); });
+  });
+}
+
+int tessera_mlp_ex(tessera_session* s, void* stream, const void* x, const void* w_gate_up, const void* w_down,
+                   void* out, int64_t m, int64_t m_local, int64_t h, int64_t i_local, int dtype, int ag_strategy,
+                   int rs_strategy) {
+  return guarded("tessera_mlp_ex", [&] {
+    need(s, "tessera_mlp_ex");
+    const tessera::ops::MlpArgs a{.x = x, .w_gate_up = w_gate_up, .w_down = w_down, .out = out, .m = m,
+                                  .m_local = m_local, .h = h, .i_local = i_local, .dtype = dtype_of(dtype)};
+    const auto ag = options_of(s, ag_strategy);
+    const auto rs = options_of(s, rs_strategy);
+    on_caller_stream(s, stream, [&] { tessera::ops::mlp(*s->ctx, a, ag, rs); });
+  });
+}
+
+int tessera_device_count(int* out) {
+  return guarded("tessera_device_count", [&] {
+    TESSERA_CHECK(out != nullptr, "tessera_device_count: out is null");
+    *out = 0;
+    const cudaError_t e = cudaGetDeviceCount(out);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      *out = 0;
+      TESSERA_FAIL("cudaGetDeviceCount: {}", cudaGetErrorString(e));
+    }
+  });
+}
+
+int tessera_can_access_peer(int device, int peer, int* out) {
+  return guarded("tessera_can_access_peer", [&] {
+    TESSERA_CHECK(out != nullptr, "tessera_can_access_peer: out is null");
+    *out = 0;
+    TESSERA_CUDA_CHECK(cudaDeviceCanAccessPeer(out, device, peer));
+  });
+}
+
+int tessera_lsa_probe(int ndev, int* lsa_size) {
+  return guarded("tessera_lsa_probe", [&] {
+    TESSERA_CHECK(lsa_size != nullptr, "tessera_lsa_probe: lsa_size is null");
+    TESSERA_CHECK(ndev >= 1 && ndev <= 64, "tessera_lsa_probe: ndev {} (1..64)", ndev);
+    *lsa_size = 0;
+    ncclComm_t comms[64] = {};
+    TESSERA_NCCL_CHECK(ncclCommInitAll(comms, ndev, nullptr));
+    *lsa_size = ncclTeamLsa(comms[0]).nRanks;
+    for (int i = 0; i < ndev; ++i) (void)ncclCommDestroy(comms[i]);
   });
 }
 

@@ -7,12 +7,20 @@
  * message (thread-local; the operators' tessera::Error text, which names the
  * offending argument). Nothing is launched when an argument is rejected.
  *
- * Streams: the operators run on tessera_session_stream(); a caller that works
- * on another stream orders itself against it (PyTorch: wrap it with
- * torch.cuda.ExternalStream and make it current).
+ * Streams: the *_ex operators take the caller's cudaStream_t (0 is the
+ * legacy default stream, which is what PyTorch's default stream is) and are
+ * ordered inside it: they start after the caller's work so far and the
+ * caller's later work follows them (an event each way). The older entry
+ * points run on tessera_session_stream(); a caller that works on another
+ * stream orders itself against it.
  *
- * Rendezvous: rank 0 listens on master_addr:master_port (TCP). Under torchrun
- * pass a port other than MASTER_PORT, which torch's own store holds.
+ * Sessions: tessera_session_create_from_id builds one from an NCCL unique id
+ * the caller made with tessera_nccl_unique_id on one rank and handed to the
+ * others (e.g. a torch.distributed broadcast over its process group): no
+ * port is opened, and several sessions over several groups can live in one
+ * process. tessera_session_create rendezvouses itself: rank 0 listens on
+ * master_addr:master_port (TCP); under torchrun pass a port other than
+ * MASTER_PORT, which torch's own store holds.
  */
 #ifndef TESSERA_CAPI_TESSERA_H
 #define TESSERA_CAPI_TESSERA_H
@@ -37,7 +45,24 @@ enum {
   TESSERA_RING = 5
 };
 
+/* Size of an NCCL unique id (ncclUniqueId). */
+#define TESSERA_UNIQUE_ID_BYTES 128
+
 const char* tessera_last_error(void);
+/* The library's version ("MAJOR.MINOR.PATCH", from the VERSION file). */
+const char* tessera_version(void);
+/* NCCL_VERSION_CODE of the header it was built with and ncclGetVersion() of
+ * the library the loader picked (e.g. 22809 = 2.28.9). They must be equal. */
+int tessera_nccl_versions(int* header, int* runtime);
+/* Writes a fresh NCCL unique id (bytes == TESSERA_UNIQUE_ID_BYTES) to out. */
+int tessera_nccl_unique_id(void* out, int bytes);
+/* Collective over the `world` ranks that received the same id: creates the
+ * NCCL communicator (blocking until all joined), the device communicator and
+ * the operator context on `device`. Host-side exchanges (shape checks,
+ * tuning) then run over NCCL, each bounded by timeout_ms (0: the default,
+ * TESSERA_BOOTSTRAP_TIMEOUT_MS or 60 s). */
+int tessera_session_create_from_id(int rank, int world, int device, const void* id, int id_bytes, int timeout_ms,
+                                   tessera_session** out);
 
 /* Collective over all ranks: connects, creates NCCL communicators and the
  * symmetric heap on `device` (-1: local_rank). */
@@ -46,7 +71,15 @@ int tessera_session_create(int rank, int world, int local_rank, int local_world,
 /* Collective (every rank must call it): waits for the device to finish its
  * queued work, then frees the session. */
 void tessera_session_destroy(tessera_session* s);
-/* cudaStream_t the operators are queued on. */
+/* Aborts the session's communicator (after a peer failed); destroy it then. */
+void tessera_session_abort(tessera_session* s);
+/* The session's rank, world size, CUDA device, and whether every rank is
+ * load/store reachable (1) — -1 / 0 for a null session. */
+int tessera_session_rank(const tessera_session* s);
+int tessera_session_world(const tessera_session* s);
+int tessera_session_device(const tessera_session* s);
+int tessera_session_lsa_reachable(const tessera_session* s);
+/* cudaStream_t the non-_ex operators are queued on. */
 void* tessera_session_stream(tessera_session* s);
 /* Whether `automatic` reads and writes the on-disk choice cache (default 1;
  * 0: tune afresh in this process, as the benchmarks do). */
@@ -71,6 +104,27 @@ int tessera_gemm_ar(tessera_session* s, const void* a, const void* b, void* d, i
  * total tokens. Strategies per half (ag_strategy, rs_strategy). */
 int tessera_mlp(tessera_session* s, const void* x, const void* w_gate_up, const void* w_down, void* out, int64_t m,
                 int64_t m_local, int64_t h, int64_t i_local, int dtype, int ag_strategy, int rs_strategy);
+/* The same operators ordered inside the caller's `stream` (see Streams).
+ * tessera_ag_gemm_ex: gathered_a (optional, NULL for none) receives the
+ * gathered A [M, K], packed. */
+int tessera_ag_gemm_ex(tessera_session* s, void* stream, const void* a, const void* b, void* d, void* gathered_a,
+                       int64_t m, int64_t m_local, int64_t n, int64_t k, int64_t ldd, int dtype, int swiglu,
+                       int strategy);
+int tessera_gemm_rs_ex(tessera_session* s, void* stream, const void* a, const void* b, void* d, int64_t m,
+                       int64_t m_local, int64_t n, int64_t k, int dtype, int strategy);
+int tessera_gemm_ar_ex(tessera_session* s, void* stream, const void* a, const void* b, void* d, int64_t m, int64_t n,
+                       int64_t k, int dtype, int strategy);
+int tessera_mlp_ex(tessera_session* s, void* stream, const void* x, const void* w_gate_up, const void* w_down,
+                   void* out, int64_t m, int64_t m_local, int64_t h, int64_t i_local, int dtype, int ag_strategy,
+                   int rs_strategy);
+
+/* Environment queries (python -m tessera.env). tessera_lsa_probe creates an
+ * NCCL communicator over devices 0..ndev-1 in this process and reports how
+ * many of them are in one load/store-accessible team. */
+int tessera_device_count(int* out);
+int tessera_can_access_peer(int device, int peer, int* out);
+int tessera_lsa_probe(int ndev, int* lsa_size);
+
 /* The strategy `automatic` resolves to for this shape (tunes if needed;
  * collective). *out receives a strategy code. op: 0 ag_gemm, 1 gemm_rs. */
 int tessera_resolve(tessera_session* s, int op, int64_t m, int64_t m_local, int64_t n, int64_t k, int dtype,
