@@ -10,8 +10,13 @@
 
 Tensors are CUDA, contiguous, bf16 or fp16, on this rank's device; shapes
 follow ops::AgGemmArgs / GemmRsArgs (B as [N, K]). The library is found from
-$TESSERA_C_LIB, else build*/lib/libtessera_c.so beside this folder. Errors
-raise TesseraError with the library's message (nothing was launched).
+$TESSERA_C_LIB, else the installed `tessera` package's copy, else
+build*/lib/libtessera_c.so beside this folder. Errors raise TesseraError with
+the library's message (nothing was launched).
+
+This module is the older interface, kept for scripts/bench_async_tp.py: new
+code uses the `tessera` package (`pip install .`; tessera.torch.Context over
+a torch.distributed group, the tessera:: custom ops and autograd modules).
 """
 import ctypes
 import glob
@@ -32,6 +37,15 @@ def find_library():
     env = os.environ.get("TESSERA_C_LIB")
     if env:
         return env
+    try:  # the package's search (installed copy first), without loading it
+        import importlib.util
+        spec = importlib.util.find_spec("tessera")
+        if spec and spec.submodule_search_locations:
+            packaged = os.path.join(list(spec.submodule_search_locations)[0], "lib", "libtessera_c.so")
+            if os.path.exists(packaged):
+                return packaged
+    except (ImportError, ValueError):
+        pass
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     hits = sorted(glob.glob(os.path.join(root, "build*", "lib", "libtessera_c.so")), key=os.path.getmtime)
     if not hits:

@@ -1,0 +1,17 @@
+"""PyTorch front end: tessera.torch.Context over a torch.distributed group, the tessera:: custom ops, and the
+tensor-parallel autograd modules.
+
+    import torch.distributed as dist, tessera.torch as tt
+    tp = dist.new_group([0, 1])
+    with tt.Context(group=tp) as ctx:
+        fc1 = tt.ColumnParallelLinear(4096, 14336, ctx, bias=False)
+        fc2 = tt.RowParallelLinear(14336, 4096, ctx, bias=False)
+        y = fc2(torch.nn.functional.gelu(fc1(x_shard)))       # x_shard: [tokens / R, 4096], bf16, this GPU
+"""
+from ._context import STRATEGIES, Context, shard_rows, strategy_code  # noqa: F401
+from . import _ops  # noqa: F401  (registers torch.ops.tessera.*)
+from .modules import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP, fuse_gate_up  # noqa: F401
+from .._lib import TesseraError  # noqa: F401
+
+__all__ = ["Context", "ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP", "fuse_gate_up",
+           "shard_rows", "STRATEGIES", "TesseraError"]

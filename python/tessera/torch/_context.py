@@ -1,0 +1,204 @@
+"""tessera.torch.Context: Tessera's communicator and operator context over the
+ranks of a torch.distributed process group."""
+import ctypes
+import os
+import socket
+import warnings
+import weakref
+
+import torch
+
+from .. import _lib
+from .._lib import TesseraError
+
+STRATEGIES = {"automatic": 0, "sequential": 1, "decomposition": 2, "fused_ce": 3, "fused_sm": 4, "ring": 5}
+
+# handle -> weakref(Context): the custom ops take the handle (an int, so
+# torch.compile treats it as a constant) and look the context up here.
+_REGISTRY = {}
+_NEXT_HANDLE = [1]
+
+
+def strategy_code(name):
+    if isinstance(name, int) and name in STRATEGIES.values():
+        return name
+    if name not in STRATEGIES:
+        raise ValueError(f"strategy {name!r}: one of {', '.join(STRATEGIES)}")
+    return STRATEGIES[name]
+
+
+def lookup(handle):
+    ref = _REGISTRY.get(handle)
+    ctx = ref() if ref is not None else None
+    if ctx is None:
+        raise TesseraError(f"tessera context handle {handle} is closed or unknown")
+    return ctx
+
+
+def shard_rows(m, world, rank):
+    """Rows of rank's shard of m rows (ops::shard_rows: ceil(m / world) each, the last shards shorter)."""
+    per = -(-m // world)
+    return max(0, min(per, m - rank * per))
+
+
+def _device_key(dev):
+    p = torch.cuda.get_device_properties(dev)
+    ident = getattr(p, "uuid", None) or getattr(p, "pci_bus_id", None) or f"{p.name}#{dev}"
+    return f"{socket.gethostname()}/{ident}"
+
+
+class Context:
+    """Tessera's communicator over exactly the ranks of `group` (a torch.distributed ProcessGroup; None: the
+    default group, or a one-rank context when torch.distributed is not initialized).
+
+    Collective over the group: every rank of it constructs the context at the same point. The NCCL unique id is
+    created on the group's rank 0 and broadcast through the group; Tessera opens no port. Several contexts (over
+    several groups) can live in one process. Teardown is explicit and collective: `close()` on every rank, or
+    `with Context(...) as ctx:`. A context dropped without close() is leaked with a ResourceWarning: nothing
+    collective runs from __del__.
+
+    device: this rank's CUDA device (default: the current one). timeout_s bounds each host-side exchange
+    (shape agreement, tuning) over the communicator. use_cache: whether `automatic` reads/writes the on-disk
+    strategy cache.
+    """
+
+    def __init__(self, group=None, device=None, timeout_s=None, use_cache=True):
+        self._h = None
+        self.handle = None
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            self.group = group if group is not None else dist.group.WORLD
+            self.rank = dist.get_rank(self.group)
+            if self.rank < 0:
+                raise ValueError("group: this process is not a member of the process group it passed")
+            self.world = dist.get_world_size(self.group)
+        else:
+            if group is not None:
+                raise ValueError("group: torch.distributed is not initialized, so no group can be used")
+            self.group, self.rank, self.world = None, 0, 1
+
+        if device is None:
+            if not torch.cuda.is_available():
+                raise TesseraError("tessera.torch.Context needs a CUDA device; none is available")
+            device = torch.cuda.current_device()
+        device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        if device.type != "cuda":
+            raise ValueError(f"device: {device} is not a CUDA device")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
+
+        lib = _lib.load()
+        # Every rank of the group on this node, each on its own GPU (the operators need load/store reach).
+        if self.world > 1:
+            keys = [None] * self.world
+            with torch.cuda.device(device):
+                dist.all_gather_object(keys, _device_key(device), group=self.group)
+            hosts = sorted({k.split("/", 1)[0] for k in keys})
+            if len(hosts) > 1:
+                raise ValueError(f"group: its ranks span hosts {', '.join(hosts)}; Tessera's operators need every "
+                                 "rank of the group on one node, load/store reachable (NVLink/P2P)")
+            dup = [(a, b) for a in range(self.world) for b in range(a + 1, self.world) if keys[a] == keys[b]]
+            if dup:
+                raise ValueError(f"group: ranks {dup[0][0]} and {dup[0][1]} of the group use the same GPU "
+                                 f"({keys[dup[0][0]]}); each rank needs its own")
+
+        uid = ctypes.create_string_buffer(_lib.UNIQUE_ID_BYTES)
+        if self.rank == 0:
+            _lib.check(lib.tessera_nccl_unique_id(uid, _lib.UNIQUE_ID_BYTES))
+        if self.world > 1:
+            obj = [uid.raw if self.rank == 0 else None]
+            with torch.cuda.device(device):
+                dist.broadcast_object_list(obj, src=dist.get_global_rank(self.group, 0), group=self.group)
+            uid = ctypes.create_string_buffer(obj[0], _lib.UNIQUE_ID_BYTES)
+        timeout_ms = int(timeout_s * 1000) if timeout_s else 0
+        h = ctypes.c_void_p()
+        with torch.cuda.device(device):
+            _lib.check(lib.tessera_session_create_from_id(self.rank, self.world, device.index, uid.raw,
+                                                          _lib.UNIQUE_ID_BYTES, timeout_ms, ctypes.byref(h)))
+        self._h = h
+        self._lib = lib
+        lib.tessera_session_use_cache(h, 1 if use_cache else 0)
+        if not lib.tessera_session_lsa_reachable(h):
+            self.close()
+            raise ValueError(f"group: its {self.world} ranks are not all load/store reachable from each other "
+                             "(NCCL's LSA team is smaller); Tessera's operators need NVLink/P2P between every pair")
+        self._register()
+
+    @classmethod
+    def _for_shapes(cls, rank, world, device="cpu"):
+        """A context with no library session: shapes only (fake/meta tensors, CPU tests)."""
+        self = cls.__new__(cls)
+        self._h, self._lib, self.group = None, None, None
+        self.rank, self.world, self.device = rank, world, torch.device(device)
+        self._register()
+        return self
+
+    def _register(self):
+        self.handle = _NEXT_HANDLE[0]
+        _NEXT_HANDLE[0] += 1
+        _REGISTRY[self.handle] = weakref.ref(self)
+
+    @property
+    def closed(self):
+        return self.handle not in _REGISTRY
+
+    @property
+    def session(self):
+        if self._h is None:
+            raise TesseraError(f"tessera context {self.handle} has no library session (closed, or shapes only)")
+        return self._h
+
+    def close(self):
+        """Collective over the group: waits for this device's queued work, then frees the communicator."""
+        _REGISTRY.pop(self.handle, None)
+        if getattr(self, "_h", None) is not None:
+            h, self._h = self._h, None
+            self._lib.tessera_session_destroy(h)
+
+    def abort(self):
+        """After a peer failed (a timed-out exchange): abort the communicator, then free it (not collective)."""
+        _REGISTRY.pop(self.handle, None)
+        if getattr(self, "_h", None) is not None:
+            h, self._h = self._h, None
+            self._lib.tessera_session_abort(h)
+            self._lib.tessera_session_destroy(h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        if getattr(self, "_h", None) is not None:
+            # Not collective from here (peers may not be here): leak and say so.
+            warnings.warn(f"tessera.torch.Context {self.handle} (rank {self.rank} of {self.world}) was not closed; "
+                          "its communicator is leaked. Call close() on every rank or use it as a context manager.",
+                          ResourceWarning, stacklevel=2)
+
+    def __repr__(self):
+        state = "closed" if self.closed else ("shapes-only" if self._h is None else "open")
+        return f"tessera.torch.Context(rank={self.rank}, world={self.world}, device={self.device}, {state})"
+
+    # ---- operator shortcuts (torch.ops.tessera.*) -------------------------------------------------------------
+    def ag_gemm(self, a_shard, b, m=None, swiglu=False, strategy="automatic"):
+        """all_gather(a_shard) @ b.T (SiLU(gate)*up with swiglu); m: total rows (default: equal shards)."""
+        m = a_shard.shape[0] * self.world if m is None else m
+        return torch.ops.tessera.ag_gemm(a_shard, b, self.handle, m, swiglu, strategy_code(strategy))
+
+    def gemm_rs(self, a, b, strategy="automatic"):
+        """This rank's rows of reduce_scatter(a @ b.T)."""
+        return torch.ops.tessera.gemm_rs(a, b, self.handle, strategy_code(strategy))
+
+    def gemm_ar(self, a, b, strategy="automatic"):
+        """all_reduce(a @ b.T), the same on every rank."""
+        return torch.ops.tessera.gemm_ar(a, b, self.handle, strategy_code(strategy))
+
+    def mlp(self, x_shard, w_gate_up, w_down, m=None, ag_strategy="automatic", rs_strategy="automatic"):
+        """This rank's rows of the TP MLP: RS(SiLU(gate)*up(AG(x) @ w_gate_up.T) @ w_down.T)."""
+        m = x_shard.shape[0] * self.world if m is None else m
+        return torch.ops.tessera.mlp(x_shard, w_gate_up, w_down, self.handle, m, strategy_code(ag_strategy),
+                                     strategy_code(rs_strategy))

@@ -1,0 +1,181 @@
+"""torch.library custom ops tessera::ag_gemm, ag_gemm_gathered, gemm_rs, gemm_ar, mlp.
+
+Each takes the context's integer handle (tessera.torch.Context.handle) and a strategy code, validates its
+arguments before anything is launched (ValueError / TypeError naming the argument), has a fake (meta)
+implementation for torch.compile and FakeTensor tracing, and runs on the caller's current CUDA stream: the
+library orders the operator inside that stream (an event each way), so the inputs are ready when it starts,
+the caller's later work — including the caching allocator's reuse of freed inputs, which is ordered on that
+same stream — follows it, and no record_stream is needed. Outputs are allocated on the current stream.
+
+Shapes (B always [N, K], the nn.Linear weight layout; all row-major, contiguous, bf16 or fp16):
+  ag_gemm(a[m_local, K], b[N, K], ctx, m, swiglu, strategy) -> [m, N] (or [m, N/2] with swiglu: b holds gate
+      and up rows interleaved, out = SiLU(gate) * up)
+  ag_gemm_gathered(...) -> (the same, the gathered a [m, K])
+  gemm_rs(a[M, K], b[N, K], ctx, strategy) -> [m_local, N]: this rank's rows of reduce_scatter(a @ b.T)
+  gemm_ar(a[M, K], b[N, K], ctx, strategy) -> [M, N]: all_reduce(a @ b.T)
+  mlp(x[m_local, H], w_gate_up[2I, H], w_down[H, I], ctx, m, ag_strategy, rs_strategy) -> [m_local, H]
+Row shards follow ceil(M / world) rows per rank, the last ones shorter.
+"""
+import torch
+
+from .. import _lib
+from ._context import lookup, shard_rows
+
+_DTYPES = {torch.bfloat16: 0, torch.float16: 1}
+Tensor = torch.Tensor
+
+
+def _need(cond, msg, exc=ValueError):
+    if not cond:
+        raise exc(msg)
+
+
+def _check_tensors(op, ctx, device_check, **ts):
+    """2-D, one dtype (bf16/fp16), contiguous; on the context's device when device_check."""
+    dtype = None
+    for name, t in ts.items():
+        _need(t.dim() == 2, f"tessera::{op}: {name} must be 2-D, got shape {tuple(t.shape)}")
+        _need(t.dtype in _DTYPES, f"tessera::{op}: {name} has dtype {t.dtype}; bf16 or fp16 only", TypeError)
+        if dtype is None:
+            dtype, first = t.dtype, name
+        _need(t.dtype == dtype, f"tessera::{op}: {name} has dtype {t.dtype} but {first} has {dtype}", TypeError)
+        _need(t.is_contiguous(), f"tessera::{op}: {name} must be contiguous (row-major), got strides {t.stride()}")
+        if device_check:
+            _need(t.device == ctx.device,
+                  f"tessera::{op}: {name} is on {t.device}, but the context's device is {ctx.device}")
+    return dtype
+
+
+def _ag_shapes(op, ctx, a, b, m, swiglu):
+    _need(a.shape[1] == b.shape[1], f"tessera::{op}: a has K = {a.shape[1]} but b has K = {b.shape[1]}")
+    _need(m >= 1, f"tessera::{op}: m = {m} (total rows) must be >= 1")
+    _need(a.shape[0] == shard_rows(m, ctx.world, ctx.rank),
+          f"tessera::{op}: a has {a.shape[0]} rows but rank {ctx.rank}'s shard of m = {m} over {ctx.world} ranks has "
+          f"{shard_rows(m, ctx.world, ctx.rank)}")
+    _need(not swiglu or b.shape[0] % 2 == 0, f"tessera::{op}: swiglu needs an even N, b has {b.shape[0]} rows")
+    return b.shape[0] // 2 if swiglu else b.shape[0]
+
+
+def _stream(ctx):
+    return torch.cuda.current_stream(ctx.device).cuda_stream
+
+
+# ---- ag_gemm / ag_gemm_gathered -------------------------------------------------------------------------------
+def _ag_run(a, b, ctx_handle, m, swiglu, strategy, gathered):
+    ctx = lookup(ctx_handle)
+    dt = _check_tensors("ag_gemm", ctx, True, a=a, b=b)
+    n_out = _ag_shapes("ag_gemm", ctx, a, b, m, swiglu)
+    out = torch.empty((m, n_out), dtype=a.dtype, device=a.device)
+    g = torch.empty((m, a.shape[1]), dtype=a.dtype, device=a.device) if gathered else None
+    lib = _lib.load()
+    _lib.check(lib.tessera_ag_gemm_ex(ctx.session, _stream(ctx), a.data_ptr(), b.data_ptr(), out.data_ptr(),
+                                      g.data_ptr() if gathered else None, m, a.shape[0], b.shape[0], b.shape[1], 0,
+                                      _DTYPES[dt], 1 if swiglu else 0, strategy))
+    return out, g
+
+
+@torch.library.custom_op("tessera::ag_gemm", mutates_args=(), device_types="cuda")
+def ag_gemm(a: Tensor, b: Tensor, ctx: int, m: int, swiglu: bool = False, strategy: int = 0) -> Tensor:
+    return _ag_run(a, b, ctx, m, swiglu, strategy, False)[0]
+
+
+@ag_gemm.register_fake
+def _(a, b, ctx, m, swiglu=False, strategy=0):
+    c = lookup(ctx)
+    _check_tensors("ag_gemm", c, False, a=a, b=b)
+    n_out = _ag_shapes("ag_gemm", c, a, b, m, swiglu)
+    return a.new_empty((m, n_out))
+
+
+@torch.library.custom_op("tessera::ag_gemm_gathered", mutates_args=(), device_types="cuda")
+def ag_gemm_gathered(a: Tensor, b: Tensor, ctx: int, m: int, swiglu: bool = False,
+                     strategy: int = 0) -> tuple[Tensor, Tensor]:
+    return _ag_run(a, b, ctx, m, swiglu, strategy, True)
+
+
+@ag_gemm_gathered.register_fake
+def _(a, b, ctx, m, swiglu=False, strategy=0):
+    c = lookup(ctx)
+    _check_tensors("ag_gemm_gathered", c, False, a=a, b=b)
+    n_out = _ag_shapes("ag_gemm_gathered", c, a, b, m, swiglu)
+    return a.new_empty((m, n_out)), a.new_empty((m, a.shape[1]))
+
+
+# ---- gemm_rs ---------------------------------------------------------------------------------------------------
+def _rs_shapes(op, ctx, a, b):
+    _need(a.shape[1] == b.shape[1], f"tessera::{op}: a has K = {a.shape[1]} but b has K = {b.shape[1]}")
+    m_local = shard_rows(a.shape[0], ctx.world, ctx.rank)
+    _need(m_local >= 1, f"tessera::{op}: a has {a.shape[0]} rows, leaving rank {ctx.rank} of {ctx.world} no rows")
+    return m_local
+
+
+@torch.library.custom_op("tessera::gemm_rs", mutates_args=(), device_types="cuda")
+def gemm_rs(a: Tensor, b: Tensor, ctx: int, strategy: int = 0) -> Tensor:
+    c = lookup(ctx)
+    dt = _check_tensors("gemm_rs", c, True, a=a, b=b)
+    m_local = _rs_shapes("gemm_rs", c, a, b)
+    out = torch.empty((m_local, b.shape[0]), dtype=a.dtype, device=a.device)
+    lib = _lib.load()
+    _lib.check(lib.tessera_gemm_rs_ex(c.session, _stream(c), a.data_ptr(), b.data_ptr(), out.data_ptr(), a.shape[0],
+                                      m_local, b.shape[0], b.shape[1], _DTYPES[dt], strategy))
+    return out
+
+
+@gemm_rs.register_fake
+def _(a, b, ctx, strategy=0):
+    c = lookup(ctx)
+    _check_tensors("gemm_rs", c, False, a=a, b=b)
+    return a.new_empty((_rs_shapes("gemm_rs", c, a, b), b.shape[0]))
+
+
+# ---- gemm_ar ---------------------------------------------------------------------------------------------------
+@torch.library.custom_op("tessera::gemm_ar", mutates_args=(), device_types="cuda")
+def gemm_ar(a: Tensor, b: Tensor, ctx: int, strategy: int = 0) -> Tensor:
+    c = lookup(ctx)
+    dt = _check_tensors("gemm_ar", c, True, a=a, b=b)
+    _need(a.shape[1] == b.shape[1], f"tessera::gemm_ar: a has K = {a.shape[1]} but b has K = {b.shape[1]}")
+    out = torch.empty((a.shape[0], b.shape[0]), dtype=a.dtype, device=a.device)
+    lib = _lib.load()
+    _lib.check(lib.tessera_gemm_ar_ex(c.session, _stream(c), a.data_ptr(), b.data_ptr(), out.data_ptr(), a.shape[0],
+                                      b.shape[0], b.shape[1], _DTYPES[dt], strategy))
+    return out
+
+
+@gemm_ar.register_fake
+def _(a, b, ctx, strategy=0):
+    _check_tensors("gemm_ar", lookup(ctx), False, a=a, b=b)
+    _need(a.shape[1] == b.shape[1], f"tessera::gemm_ar: a has K = {a.shape[1]} but b has K = {b.shape[1]}")
+    return a.new_empty((a.shape[0], b.shape[0]))
+
+
+# ---- mlp -------------------------------------------------------------------------------------------------------
+def _mlp_shapes(c, x, w_gate_up, w_down, m):
+    h, i_local = x.shape[1], w_down.shape[1]
+    _need(tuple(w_gate_up.shape) == (2 * i_local, h),
+          f"tessera::mlp: w_gate_up is {tuple(w_gate_up.shape)}, expected {(2 * i_local, h)} (2·I_local, H)")
+    _need(w_down.shape[0] == h, f"tessera::mlp: w_down has {w_down.shape[0]} rows, expected H = {h}")
+    _need(x.shape[0] == shard_rows(m, c.world, c.rank),
+          f"tessera::mlp: x has {x.shape[0]} rows but rank {c.rank}'s shard of m = {m} has "
+          f"{shard_rows(m, c.world, c.rank)}")
+    return h, i_local
+
+
+@torch.library.custom_op("tessera::mlp", mutates_args=(), device_types="cuda")
+def mlp(x: Tensor, w_gate_up: Tensor, w_down: Tensor, ctx: int, m: int, ag_strategy: int = 0,
+        rs_strategy: int = 0) -> Tensor:
+    c = lookup(ctx)
+    dt = _check_tensors("mlp", c, True, x=x, w_gate_up=w_gate_up, w_down=w_down)
+    h, i_local = _mlp_shapes(c, x, w_gate_up, w_down, m)
+    out = torch.empty_like(x)
+    lib = _lib.load()
+    _lib.check(lib.tessera_mlp_ex(c.session, _stream(c), x.data_ptr(), w_gate_up.data_ptr(), w_down.data_ptr(),
+                                  out.data_ptr(), m, x.shape[0], h, i_local, _DTYPES[dt], ag_strategy, rs_strategy))
+    return out
+
+
+@mlp.register_fake
+def _(x, w_gate_up, w_down, ctx, m, ag_strategy=0, rs_strategy=0):
+    c = lookup(ctx)
+    _check_tensors("mlp", c, False, x=x, w_gate_up=w_gate_up, w_down=w_down)
+    _mlp_shapes(c, x, w_gate_up, w_down, m)
+    return torch.empty_like(x)

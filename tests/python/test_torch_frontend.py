@@ -1,0 +1,332 @@
+"""CPU tests of the tessera package and its torch front end (no GPU).
+
+* The package imports, reports its version, and checks NCCL when the library loads.
+* The tessera:: ops' fake (meta) implementations give the right shapes at world sizes 1..4 and reject bad
+  arguments with errors naming them.
+* The autograd modules at TP = 1 against nn.Linear (outputs and every gradient), through CPU reference kernels
+  registered here for one-rank contexts (the library's kernels are CUDA only), eager and under
+  torch.compile(fullgraph=True): the same numbers and no graph break.
+* At world size 2 on the meta device: forward and backward shapes of every module.
+"""
+import math
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed: the torch front-end tests need it")
+
+import tessera  # noqa: E402
+import tessera.torch as tt  # noqa: E402
+from tessera.torch import _context  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+# ---- CPU reference kernels for one-rank contexts (test only) ---------------------------------------------------
+def _one_rank(handle):
+    c = _context.lookup(handle)
+    assert c.world == 1, "the CPU reference kernels model a one-rank group only"
+
+
+def _ref_mm(a, b):
+    return (a.float() @ b.float().t()).to(a.dtype)
+
+
+def _ref_ag(a, b, ctx, m, swiglu=False, strategy=0):
+    _one_rank(ctx)
+    gu = _ref_mm(a, b)
+    if swiglu:
+        g, u = gu[:, 0::2].float(), gu[:, 1::2].float()
+        gu = (torch.nn.functional.silu(g) * u).to(a.dtype)
+    return gu
+
+
+torch.library.register_kernel("tessera::ag_gemm", "cpu", _ref_ag)
+torch.library.register_kernel("tessera::ag_gemm_gathered", "cpu",
+                              lambda a, b, ctx, m, swiglu=False, strategy=0: (_ref_ag(a, b, ctx, m, swiglu), a.clone()))
+torch.library.register_kernel("tessera::gemm_rs", "cpu", lambda a, b, ctx, strategy=0: (_one_rank(ctx), _ref_mm(a, b))[1])
+torch.library.register_kernel("tessera::gemm_ar", "cpu", lambda a, b, ctx, strategy=0: (_one_rank(ctx), _ref_mm(a, b))[1])
+torch.library.register_kernel(
+    "tessera::mlp", "cpu",
+    lambda x, wgu, wd, ctx, m, s1=0, s2=0: _ref_mm(_ref_ag(x, wgu, ctx, m, True), wd))
+
+
+@pytest.fixture
+def ctx1():
+    c = tt.Context._for_shapes(rank=0, world=1)
+    yield c
+    c.close()
+
+
+def rel_err(a, b):
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
+
+
+# ---- package ----------------------------------------------------------------------------------------------------
+def test_version_is_the_version_file():
+    with open(os.path.join(ROOT, "VERSION")) as f:
+        assert tessera.__version__ == f.read().strip()
+
+
+def test_library_loads_and_nccl_is_checked():
+    if tessera.library_error:
+        pytest.skip(f"libtessera_c not loadable here: {tessera.library_error}")
+    built, loaded = tessera._lib.nccl_versions()
+    assert built.count(".") == 2 and loaded.count(".") == 2
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert tessera._lib.check_nccl(strict=False) == (built, loaded)
+    if built != loaded:  # the warning names both
+        assert any(built in str(x.message) and loaded in str(x.message) for x in w)
+        with pytest.raises(tessera.TesseraError, match=f"built with NCCL {built}.*loaded NCCL {loaded}"):
+            tessera._lib.check_nccl(strict=True)
+    else:
+        assert not w
+
+
+def test_env_report_runs():
+    if tessera.library_error:
+        pytest.skip(f"libtessera_c not loadable here: {tessera.library_error}")
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    r = subprocess.run([sys.executable, "-m", "tessera.env", "--no-probe"], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "NCCL: built with" in r.stdout and "CUDA devices:" in r.stdout
+
+
+def test_context_without_gpu_is_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(tessera.TesseraError, match="CUDA device"):
+        tt.Context()
+
+
+def test_closed_context_handle_is_rejected(ctx1):
+    h = ctx1.handle
+    ctx1.close()
+    with pytest.raises(tessera.TesseraError, match=f"handle {h} is closed"):
+        torch.ops.tessera.gemm_ar(torch.empty(4, 8, dtype=torch.bfloat16, device="meta"),
+                                  torch.empty(4, 8, dtype=torch.bfloat16, device="meta"), h, 0)
+
+
+def test_several_contexts_get_distinct_handles():
+    cs = [tt.Context._for_shapes(rank=r % 2, world=2) for r in range(3)]
+    assert len({c.handle for c in cs}) == 3
+    for c in cs:
+        c.close()
+    assert all(c.closed for c in cs)
+
+
+# ---- fake implementations: shapes and bad input ----------------------------------------------------------------
+def meta(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_fake_shapes(world):
+    m, k, n, h, i = 1000, 64, 96, 128, 256
+    for rank in range(world):
+        c = tt.Context._for_shapes(rank=rank, world=world)
+        ml = tt.shard_rows(m, world, rank)
+        assert torch.ops.tessera.ag_gemm(meta(ml, k), meta(n, k), c.handle, m).shape == (m, n)
+        assert torch.ops.tessera.ag_gemm(meta(ml, k), meta(n, k), c.handle, m, True).shape == (m, n // 2)
+        out, g = torch.ops.tessera.ag_gemm_gathered(meta(ml, k), meta(n, k), c.handle, m)
+        assert out.shape == (m, n) and g.shape == (m, k)
+        assert torch.ops.tessera.gemm_rs(meta(m, k), meta(n, k), c.handle).shape == (ml, n)
+        assert torch.ops.tessera.gemm_ar(meta(m, k), meta(n, k), c.handle).shape == (m, n)
+        assert torch.ops.tessera.mlp(meta(ml, h), meta(2 * i, h), meta(h, i), c.handle, m).shape == (ml, h)
+        c.close()
+    # ragged: the shards add up to m
+    assert sum(tt.shard_rows(m, world, r) for r in range(world)) == m
+
+
+def test_bad_input_is_rejected_naming_the_argument():
+    c = tt.Context._for_shapes(rank=1, world=2)
+    op = torch.ops.tessera
+    with pytest.raises(TypeError, match="b has dtype torch.float16 but a has torch.bfloat16"):
+        op.ag_gemm(meta(64, 32), meta(16, 32, dtype=torch.float16), c.handle, 128)
+    with pytest.raises(TypeError, match="a has dtype torch.float32; bf16 or fp16 only"):
+        op.gemm_rs(meta(64, 32, dtype=torch.float32), meta(16, 32), c.handle)
+    with pytest.raises(ValueError, match="a must be contiguous"):
+        op.gemm_ar(meta(32, 64).t(), meta(16, 64), c.handle)
+    with pytest.raises(ValueError, match="a has K = 32 but b has K = 48"):
+        op.ag_gemm(meta(64, 32), meta(16, 48), c.handle, 128)
+    with pytest.raises(ValueError, match="a has 60 rows but rank 1's shard of m = 128 over 2 ranks has 64"):
+        op.ag_gemm(meta(60, 32), meta(16, 32), c.handle, 128)
+    with pytest.raises(ValueError, match="swiglu needs an even N"):
+        op.ag_gemm(meta(64, 32), meta(15, 32), c.handle, 128, True)
+    with pytest.raises(ValueError, match="w_gate_up is"):
+        op.mlp(meta(64, 32), meta(48, 32), meta(32, 16), c.handle, 128)
+    with pytest.raises(ValueError, match="x must be 2-D"):
+        op.mlp(meta(64, 32, 1), meta(32, 32), meta(32, 16), c.handle, 128)
+    c.close()
+
+
+def test_modules_reject_indivisible_sizes():
+    c = tt.Context._for_shapes(rank=0, world=2, device="meta")
+    with pytest.raises(ValueError, match="out_features = 15 is not divisible by the group's world size 2"):
+        tt.ColumnParallelLinear(8, 15, c)
+    with pytest.raises(ValueError, match="in_features = 7"):
+        tt.RowParallelLinear(7, 8, c)
+    with pytest.raises(ValueError, match="strategy 'fast'"):
+        tt.RowParallelLinear(8, 8, c, strategy="fast")
+    c.close()
+
+
+def test_opcheck_schema_and_fake():
+    c = tt.Context._for_shapes(rank=0, world=1)
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(64, 32, generator=g).bfloat16(), torch.randn(48, 32, generator=g).bfloat16()
+    utils = ("test_schema", "test_faketensor")
+    torch.library.opcheck(torch.ops.tessera.ag_gemm.default, (a, b, c.handle, 64, False, 0), test_utils=utils)
+    torch.library.opcheck(torch.ops.tessera.ag_gemm_gathered.default, (a, b, c.handle, 64, True, 0), test_utils=utils)
+    torch.library.opcheck(torch.ops.tessera.gemm_rs.default, (a, b, c.handle, 0), test_utils=utils)
+    torch.library.opcheck(torch.ops.tessera.gemm_ar.default, (a, b, c.handle, 0), test_utils=utils)
+    torch.library.opcheck(torch.ops.tessera.mlp.default,
+                          (a, torch.randn(64, 32, generator=g).bfloat16(), torch.randn(32, 32, generator=g).bfloat16(),
+                           c.handle, 64, 0, 0), test_utils=utils)
+    c.close()
+
+
+# ---- modules at TP = 1 against nn.Linear -----------------------------------------------------------------------
+class TesseraBlock(torch.nn.Module):
+    """Column -> GELU -> Row, then the gated MLP: every module and op once."""
+
+    def __init__(self, ctx, h, f, bias):
+        super().__init__()
+        self.fc1 = tt.ColumnParallelLinear(h, f, ctx, bias=bias, device="cpu")
+        self.fc2 = tt.RowParallelLinear(f, h, ctx, bias=bias, device="cpu")
+        self.mlp = tt.TensorParallelMLP(h, f, ctx, device="cpu")
+
+    def forward(self, x):
+        y = self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+        return self.mlp(y)
+
+
+class ReferenceBlock(torch.nn.Module):
+    def __init__(self, h, f, bias):
+        super().__init__()
+        kw = dict(dtype=torch.bfloat16)
+        self.fc1, self.fc2 = torch.nn.Linear(h, f, bias=bias, **kw), torch.nn.Linear(f, h, bias=bias, **kw)
+        self.gate = torch.nn.Linear(h, f, bias=False, **kw)
+        self.up = torch.nn.Linear(h, f, bias=False, **kw)
+        self.down = torch.nn.Linear(f, h, bias=False, **kw)
+
+    def forward(self, x):
+        y = self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+        return self.down(torch.nn.functional.silu(self.gate(y)) * self.up(y))
+
+
+def build(ctx, bias, h=64, f=128):
+    torch.manual_seed(0)
+    ref = ReferenceBlock(h, f, bias)
+    tes = TesseraBlock(ctx, h, f, bias)
+    tes.fc1.load_full(ref.fc1.weight, ref.fc1.bias)
+    tes.fc2.load_full(ref.fc2.weight, ref.fc2.bias)
+    tes.mlp.load_full(ref.gate.weight, ref.up.weight, ref.down.weight)
+    return ref, tes
+
+
+def grads(ref, tes):
+    pairs = [("fc1.weight", tes.fc1.weight.grad, ref.fc1.weight.grad),
+             ("fc2.weight", tes.fc2.weight.grad, ref.fc2.weight.grad),
+             ("mlp.w_down", tes.mlp.w_down.grad, ref.down.weight.grad),
+             ("mlp.w_gate_up", tes.mlp.w_gate_up.grad, tt.fuse_gate_up(ref.gate.weight.grad, ref.up.weight.grad))]
+    if ref.fc1.bias is not None:
+        pairs += [("fc1.bias", tes.fc1.bias.grad, ref.fc1.bias.grad), ("fc2.bias", tes.fc2.bias.grad, ref.fc2.bias.grad)]
+    return pairs
+
+
+def run_step(model, x, dy):
+    x = x.clone().requires_grad_(True)
+    y = model(x)
+    y.backward(dy)
+    return y, x.grad
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_modules_match_nn_linear_at_tp1(ctx1, bias, compiled):
+    ref, tes = build(ctx1, bias)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(96, 64, generator=g).bfloat16()
+    dy = torch.randn(96, 64, generator=g).bfloat16()
+    model = torch.compile(tes, fullgraph=True, backend="aot_eager") if compiled else tes
+    y, dx = run_step(model, x, dy)
+    y_ref, dx_ref = run_step(ref, x, dy)
+    assert y.shape == y_ref.shape and y.dtype == torch.bfloat16
+    assert rel_err(y, y_ref) < 2e-2, "output"
+    assert rel_err(dx, dx_ref) < 2e-2, "input gradient"
+    for name, a, b in grads(ref, tes):
+        assert a is not None, name
+        assert rel_err(a, b) < 2e-2, name
+
+
+def test_compile_has_no_graph_break(ctx1):
+    _, tes = build(ctx1, True)
+    x = torch.randn(32, 64).bfloat16()
+    ex = torch._dynamo.explain(tes)(x)
+    assert ex.graph_break_count == 0, ex.break_reasons
+    assert ex.graph_count == 1
+
+
+def test_mlp_without_autograd_uses_the_fused_op(ctx1):
+    ref, tes = build(ctx1, False)
+    x = torch.randn(40, 64).bfloat16()
+    with torch.no_grad():
+        y = tes.mlp(x)
+        y_ref = ref.down(torch.nn.functional.silu(ref.gate(x)) * ref.up(x))
+    assert rel_err(y, y_ref) < 2e-2
+
+
+def test_main_grad_accumulation(ctx1):
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(64, 32, bias=False, dtype=torch.bfloat16)
+    col = tt.ColumnParallelLinear(64, 32, ctx1, bias=False, device="cpu", accumulate_into_main_grad=True)
+    col.load_full(ref.weight)
+    col.weight.main_grad = torch.full((32, 64), 0.5, dtype=torch.float32)
+    x = torch.randn(16, 64).bfloat16()
+    for _ in range(2):
+        col(x).sum().backward()
+    ref(x).sum().backward()
+    assert col.weight.grad is None  # no grad_added_to_main_grad attribute: None, the sum went to main_grad
+    assert rel_err(col.weight.main_grad - 0.5, 2 * ref.weight.grad.float()) < 2e-2
+    # With Megatron's flag the autograd gradient is a dummy and the flag is set.
+    col.weight.grad_added_to_main_grad = False
+    col(x).sum().backward()
+    assert col.weight.grad_added_to_main_grad is True
+    assert rel_err(col.weight.main_grad - 0.5, 3 * ref.weight.grad.float()) < 2e-2
+
+
+# ---- world size 2 on the meta device: shapes through forward and backward ------------------------------------
+@pytest.mark.parametrize("rank", [0, 1])
+def test_modules_shapes_at_world2(rank):
+    c = tt.Context._for_shapes(rank=rank, world=2, device="meta")
+    m, h, f = 130, 64, 128  # ragged: shards of 65
+    ml = tt.shard_rows(m, 2, rank)
+    col = tt.ColumnParallelLinear(h, f, c, device="meta")
+    row = tt.RowParallelLinear(f, h, c, device="meta")
+    mlp = tt.TensorParallelMLP(h, f, c, device="meta")
+    x = torch.empty(ml, h, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    y1 = col(x, m=m)
+    assert y1.shape == (m, f // 2)
+    y2 = row(y1)
+    assert y2.shape == (ml, h)
+    y3 = mlp(y2, m=m)
+    assert y3.shape == (ml, h)
+    y3.sum().backward()
+    assert x.grad.shape == x.shape
+    assert col.weight.grad.shape == col.weight.shape and col.bias.grad.shape == col.bias.shape
+    assert row.weight.grad.shape == row.weight.shape and row.bias.grad.shape == (h,)
+    assert mlp.w_gate_up.grad.shape == (f, h) and mlp.w_down.grad.shape == (h, f // 2)
+    c.close()
+
+
+def test_legacy_module_still_imports():
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    import tessera_torch  # noqa: F401
+    assert hasattr(tessera_torch, "Session")
