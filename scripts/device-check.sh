@@ -2,7 +2,7 @@
 # Builds Tessera on a lent GPU machine and runs every GPU test and benchmark
 # in one call, leaving logs under $OUT (default ./device-out).
 #
-#   scripts/device-check.sh [step...]     steps: build cpu tests comm gemm gemmgap mlp asynctp commir kernels signal
+#   scripts/device-check.sh [step...]     steps: build cpu tests comm gemm gemmgap mlp asynctp commir kernels signal python
 #                                          (default: build tests comm gemm), run in the order given
 # sanitize: compute-sanitizer memcheck, racecheck and synccheck over every
 # one-process GPU test (SANITIZE_TOOLS, SANITIZE_TIMEOUT per run).
@@ -112,6 +112,16 @@ step_asynctp() {
   TESSERA_C_LIB="$build/lib/libtessera_c.so" timeout "${ASYNCTP_TIMEOUT:-120}" torchrun --nproc-per-node "$ngpu" "$root/scripts/bench_async_tp.py" \
       --shapes "${ASYNCTP_SHAPES:-${MLP_SHAPES:-1,2,3,4,5,6}}" ${ASYNCTP_ARGS:-} --markdown "$out/asynctp.md" >"$out/bench-asynctp.log" 2>&1
   note "async-TP rc=$?"; tail -20 "$out/bench-asynctp.log" | tee -a "$summary"
+}
+
+# The tessera Python package's GPU tests under torchrun, one process per GPU
+# (tests/python/gpu), against this build's libtessera_c; then python -m tessera.env.
+step_python() {
+  TESSERA_C_LIB="$build/lib/libtessera_c.so" PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" \
+    timeout "${PYTHON_TIMEOUT:-300}" torchrun --nproc-per-node "$ngpu" -m pytest "$root/tests/python/gpu" -q -rs \
+      -p no:cacheprovider >"$out/python-gpu.log" 2>&1
+  note "python gpu tests rc=$?"; grep -E "passed|failed|SKIPPED|Error" "$out/python-gpu.log" | tail -20 | tee -a "$summary"
+  TESSERA_C_LIB="$build/lib/libtessera_c.so" PYTHONPATH="$root/python" python3 -m tessera.env >>"$summary" 2>&1
 }
 
 step_commir() {
