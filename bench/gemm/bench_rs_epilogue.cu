@@ -9,7 +9,7 @@
 
 #include <cuda_bf16.h>
 
-#include "ops/fused_policies.cuh"
+#include "tessera/ops/fused_policies.cuh"
 #include "tessera/kernels/gemm/launch.cuh"
 #include "tessera/kernels/gemm/wait_diag.hpp"
 

@@ -1,6 +1,6 @@
 // GPU executor of CommIR GEMM plans: NCCL for communication, cuBLASLt for the
 // local GEMMs (what the hand-built operators' sequential strategy uses), the
-// ring-add kernel of src/ops for bf16 partial merges (see gpu_executor.hpp).
+// add kernel (kernels::add_2d) for bf16 partial merges (see gpu_executor.hpp).
 #include "tessera/commir/gpu_executor.hpp"
 
 #include <cublasLt.h>
@@ -14,8 +14,8 @@
 #include <limits>
 #include <thread>
 
-#include "../ops/device_ops.hpp"  // ops::detail::launch_add (bf16 partial merge), same library
 #include "tessera/commir/gpu_program.hpp"
+#include "tessera/kernels/elementwise.hpp"
 #include "tessera/runtime/env.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/runtime/wait_diagnostics.hpp"
@@ -255,7 +255,7 @@ struct GpuExecutor::Impl {
         if (op.f32) {
           adds.at(prepared[i]).enqueue(lt, op, ptr(op.a), ptr(op.b), ptr(op.dst), s);
         } else {
-          ops::detail::AddLaunch a;
+          kernels::Add2dArgs a;
           a.x = ptr(op.a);
           a.ldx = op.a.ld;
           a.y = ptr(op.b);
@@ -265,7 +265,7 @@ struct GpuExecutor::Impl {
           a.rows = op.rows;
           a.n = op.cols;
           a.dtype = DType::bf16;
-          ops::detail::launch_add(a, add_ctas, s);
+          kernels::add_2d(a, add_ctas, s);
         }
         break;
       case DevOpKind::gemm:

@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 
 #include "device_ops.hpp"
+#include "tessera/kernels/elementwise.hpp"
 #include "tessera/kernels/gemm/host_detail.hpp"
 #include "tessera/link/device_primitives.cuh"
 #include "tessera/link/memory_order.cuh"
@@ -233,7 +234,7 @@ void preload_kernels() {
   kernels::detail::cuda_check(cudaFuncGetAttributes(&attr, fill_bf16_kernel), "ops: preload fill");
   preload_bf16();
   preload_f16();
-  preload_ring();
+  kernels::preload_add_2d();
 }
 
 }  // namespace tessera::ops::detail

@@ -134,26 +134,6 @@ struct PushLaunch {
 };
 void launch_push(const PushLaunch& p, int ctas, cudaStream_t s);
 
-/// Ring RS step: out[r, c] = x[r, c] + y[r, c] (f32 add of the received
-/// running sum x and the own partial y, in that order; rounded to dtype) for
-/// rows × n. out may be a peer's slab (NVLink stores): the caller's
-/// following rank_notify (stream-ordered after this kernel, system fence)
-/// is the release. Pointers 16-byte aligned, leading dimensions multiples
-/// of 8 elements. Grid-stride over `ctas` CTAs (the SMs it may take from
-/// the concurrently running GEMM).
-struct AddLaunch {
-  const void* x = nullptr;
-  std::int64_t ldx = 0;
-  const void* y = nullptr;
-  std::int64_t ldy = 0;
-  void* out = nullptr;
-  std::int64_t ldo = 0;
-  std::int64_t rows = 0, n = 0;
-  DType dtype = DType::bf16;
-};
-void launch_add(const AddLaunch& p, int ctas, cudaStream_t s);
-void preload_ring();
-
 /// out[r, j] = SiLU(in[r, 2j]) * in[r, 2j+1] (the sequential path's activation).
 void launch_swiglu(const void* in, std::int64_t ld_in, void* out, std::int64_t ld_out, std::int64_t rows,
                    std::int64_t n_out, DType dtype, cudaStream_t s);

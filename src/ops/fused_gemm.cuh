@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "fused_policies.cuh"
+#include "tessera/ops/fused_policies.cuh"
 #include "device_ops.hpp"
 #include "tessera/kernels/gemm/launch.cuh"
 #include "tessera/kernels/gemm/wait_diag.hpp"

@@ -15,6 +15,7 @@
 
 #include "context_impl.hpp"
 #include "device_ops.hpp"
+#include "tessera/kernels/elementwise.hpp"
 #include "tessera/kernels/gemm.hpp"
 #include "tessera/link/host_primitives.hpp"
 #include "tessera/runtime/error.hpp"
@@ -94,7 +95,7 @@ void run_ring(TpContext::Impl& c, const GemmRsArgs& a, const OpOptions& o) {
           link::rank_copy_data(cs, recv_next + (j + 1) * slab_bytes + r0 * ldr * es, pj + r0 * ldr * es,
                                static_cast<std::size_t>(nr * ldr * es));
         } else {
-          detail::AddLaunch add;
+          kernels::Add2dArgs add;  // x + y in that order: the received running sum, then the own partial
           add.x = recv_local + j * slab_bytes + r0 * ldr * es;
           add.ldx = ldr;
           add.y = pj + r0 * ldr * es;
@@ -105,7 +106,7 @@ void run_ring(TpContext::Impl& c, const GemmRsArgs& a, const OpOptions& o) {
           add.rows = nr;
           add.n = a.n;
           add.dtype = a.dtype;
-          detail::launch_add(add, o.comm_ctas, cs);
+          kernels::add_2d(add, o.comm_ctas, cs);
         }
       }
       // Empty chunks are notified too: the receiver's values stay a fixed sequence.

@@ -1,6 +1,6 @@
 // tessera/ops/diag.hpp — the bits of OpOptions::diag_skip (tp_mlp.hpp), in a
 // header without dependencies so the fused kernels' device code
-// (src/ops/fused_policies.cuh) names the same constants the host checks.
+// (tessera/ops/fused_policies.cuh) names the same constants the host checks.
 #pragma once
 
 namespace tessera::ops {

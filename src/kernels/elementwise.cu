@@ -1,0 +1,84 @@
+// Element-wise kernels (tessera/kernels/elementwise.hpp).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "tessera/kernels/elementwise.hpp"
+#include "tessera/kernels/gemm/host_detail.hpp"
+#include "tessera/runtime/error.hpp"
+
+namespace tessera::kernels {
+namespace {
+
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <class T>
+__device__ __forceinline__ T from_f32(float v);
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+/// One thread per 8-column group of a row: a 16-byte vector where the group
+/// is full, scalars in the tail.
+template <class T>
+__global__ void add_2d_kernel(const T* __restrict__ x, std::int64_t ldx, const T* __restrict__ y, std::int64_t ldy,
+                              T* out, std::int64_t ldo, std::int64_t rows, std::int64_t n) {
+  const std::int64_t groups = (n + 7) / 8;
+  const std::int64_t total = rows * groups;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t r = i / groups, c0 = (i % groups) * 8;
+    const T* xr = x + r * ldx + c0;
+    const T* yr = y + r * ldy + c0;
+    T* orow = out + r * ldo + c0;
+    if (c0 + 8 <= n) {
+      const uint4 xv = *reinterpret_cast<const uint4*>(xr);
+      const uint4 yv = *reinterpret_cast<const uint4*>(yr);
+      const T* xe = reinterpret_cast<const T*>(&xv);
+      const T* ye = reinterpret_cast<const T*>(&yv);
+      uint4 ov;
+      T* oe = reinterpret_cast<T*>(&ov);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) oe[e] = from_f32<T>(to_f32(xe[e]) + to_f32(ye[e]));
+      *reinterpret_cast<uint4*>(orow) = ov;
+    } else {
+      for (std::int64_t e = 0; c0 + e < n; ++e) orow[e] = from_f32<T>(to_f32(xr[e]) + to_f32(yr[e]));
+    }
+  }
+  __threadfence_system();
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
+}  // namespace
+
+void add_2d(const Add2dArgs& a, int max_ctas, cudaStream_t stream) {
+  if (a.rows <= 0 || a.n <= 0) return;
+  TESSERA_CHECK(a.dtype == DType::bf16 || a.dtype == DType::f16, "add_2d: dtype {} not supported (bf16 or f16)",
+                dtype_name(a.dtype));
+  TESSERA_CHECK(max_ctas >= 1, "add_2d: max_ctas = {} must be >= 1", max_ctas);
+  TESSERA_CHECK(aligned16(a.x) && aligned16(a.y) && aligned16(a.out),
+                "add_2d: x = {}, y = {}, out = {} must be 16-byte aligned", a.x, a.y, a.out);
+  TESSERA_CHECK(a.ldx % 8 == 0 && a.ldy % 8 == 0 && a.ldo % 8 == 0 && a.ldx >= a.n && a.ldy >= a.n && a.ldo >= a.n,
+                "add_2d: ldx = {}, ldy = {}, ldo = {} must be multiples of 8 and >= n = {}", a.ldx, a.ldy, a.ldo, a.n);
+  const std::int64_t work = a.rows * ((a.n + 7) / 8);
+  const std::int64_t need = (work + 255) / 256;
+  const int blocks = static_cast<int>(need < max_ctas ? need : max_ctas);
+  if (a.dtype == DType::f16)
+    add_2d_kernel<__half><<<blocks, 256, 0, stream>>>(static_cast<const __half*>(a.x), a.ldx,
+                                                      static_cast<const __half*>(a.y), a.ldy,
+                                                      static_cast<__half*>(a.out), a.ldo, a.rows, a.n);
+  else
+    add_2d_kernel<__nv_bfloat16><<<blocks, 256, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(a.x), a.ldx, static_cast<const __nv_bfloat16*>(a.y), a.ldy,
+        static_cast<__nv_bfloat16*>(a.out), a.ldo, a.rows, a.n);
+  detail::check_launch("add_2d: kernel launch");
+}
+
+void preload_add_2d() {
+  cudaFuncAttributes attr{};
+  detail::cuda_check(cudaFuncGetAttributes(&attr, add_2d_kernel<__half>), "add_2d: preload");
+  detail::cuda_check(cudaFuncGetAttributes(&attr, add_2d_kernel<__nv_bfloat16>), "add_2d: preload");
+}
+
+}  // namespace tessera::kernels
