@@ -16,7 +16,7 @@ def main():
         return SKIP
     if importlib.util.find_spec("torch") is None:
         print("SKIPPED: torch is not installed for", sys.executable, "(the torch front-end tests need it)")
-    rc = subprocess.call([sys.executable, "-m", "pytest", "-q", "-rs", *sys.argv[1:]])
+    rc = subprocess.call([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *sys.argv[1:]])
     if rc == 5:
         print("SKIPPED: pytest collected no tests")
         return SKIP
