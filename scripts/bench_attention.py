@@ -140,6 +140,8 @@ def check(tess, args):
     worst = 0.0
     failed = 0
     for c in cases:
+        if args.quick and c["Lq"] > 1500:
+            continue
         B, Lq, Lk, Hq, Hkv, D, dt = c["B"], c["Lq"], c["Lk"], c["Hq"], c["Hkv"], c["D"], c["dt"]
         layout = c.get("layout", "bshd")
 
@@ -286,6 +288,7 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--json", default="")
+    ap.add_argument("--quick", action="store_true", help="--check: skip the largest cases")
     args = ap.parse_args()
     args.variants = [int(x) for x in args.variants.split(",") if x]
     if args.build:

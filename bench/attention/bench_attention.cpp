@@ -1,0 +1,157 @@
+// `tessera bench attention` — Tessera's flash-attention forward kernel alone:
+// per case, the median time of --reps runs (CUDA events, warm-up first, one
+// stream) and TFLOP/s as FlashAttention counts them (4·B·Hq·D·admitted
+// pairs). Inputs are fresh random data (never zeros); O and LSE are written.
+//
+// The PyTorch baselines (scaled_dot_product_attention with the cuDNN and
+// flash backends) run side by side with this kernel, in one process and one
+// interleaved timing loop, in scripts/bench_attention.py --bench (it reaches
+// the kernel through scripts/attention_ctypes.cpp); this subcommand gives the
+// kernel's own figures without PyTorch.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "command.hpp"
+#include "common/timing.hpp"
+#include "tessera/kernels/attention.hpp"
+#include "tessera/runtime/error.hpp"
+
+namespace tessera::bench::attention {
+namespace {
+
+struct Case {
+  std::string name;
+  int64_t b, lq, lk, hq, hkv;
+  bool causal;
+};
+
+// The issue-20 cases (bf16, head dim 128, batch 1) and larger ones.
+const std::vector<Case> kCases = {
+    {"32h Q8k KV16k", 1, 8192, 16384, 32, 32, false},   {"32h 16k causal", 1, 16384, 16384, 32, 32, true},
+    {"32h Q16k KV32k", 1, 16384, 32768, 32, 32, false}, {"GQA 32/8 Q8k KV16k", 1, 8192, 16384, 32, 8, false},
+    {"64h 16k", 1, 16384, 16384, 64, 64, false},        {"64h 16k causal", 1, 16384, 16384, 64, 64, true},
+    {"32h 32k causal", 1, 32768, 32768, 32, 32, true},  {"32h 64k causal", 1, 65536, 65536, 32, 32, true},
+    {"32h Q8k KV128k", 1, 8192, 131072, 32, 32, false}, {"32h 128k causal", 1, 131072, 131072, 32, 32, true},
+};
+
+struct Options {
+  std::vector<int> cases;  // indices into kCases; empty = all
+  int head_dim = 128;
+  std::string dtype = "bf16";
+  int reps = 10;
+  int warmup = 2;
+  std::string json;
+};
+
+struct Dev {
+  void* p = nullptr;
+  explicit Dev(size_t bytes) { TESSERA_CUDA_CHECK(cudaMalloc(&p, bytes)); }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+};
+
+void fill_random(void* p, size_t n, std::mt19937_64& rng) {
+  // Random 16-bit values in [-2, 2) built from random mantissas (bf16 / f16
+  // alike: a float rounded on the host would be slow at these sizes).
+  std::vector<__nv_bfloat16> h(std::min<size_t>(n, size_t{1} << 24));
+  std::uniform_real_distribution<float> u(-2.f, 2.f);
+  for (auto& x : h) x = __float2bfloat16(u(rng));
+  for (size_t off = 0; off < n; off += h.size()) {
+    const size_t cnt = std::min(h.size(), n - off);
+    TESSERA_CUDA_CHECK(cudaMemcpy(static_cast<__nv_bfloat16*>(p) + off, h.data(), cnt * 2, cudaMemcpyHostToDevice));
+  }
+}
+
+void run(const Options& o) {
+  std::mt19937_64 rng(std::random_device{}());
+  cudaStream_t stream;
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaDeviceProp prop{};
+  int dev = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
+  TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  Table table({"case", "B", "Lq", "Lk", "Hq/Hkv", "causal", "ms (median)", "min", "max", "TFLOP/s"});
+  std::string json = fmt::format("{{\"device\": \"{}\", \"dtype\": \"{}\", \"head_dim\": {}, \"results\": [",
+                                 prop.name, o.dtype, o.head_dim);
+  std::vector<int> idx = o.cases;
+  if (idx.empty())
+    for (int i = 0; i < static_cast<int>(kCases.size()); ++i) idx.push_back(i);
+  bool first = true;
+  for (int i : idx) {
+    TESSERA_CHECK(i >= 0 && i < static_cast<int>(kCases.size()), "bench attention: case {} out of range [0, {})", i,
+                  kCases.size());
+    const Case& c = kCases[i];
+    kernels::AttentionArgs a;
+    a.batch = c.b;
+    a.seqlen_q = c.lq;
+    a.seqlen_k = c.lk;
+    a.heads_q = c.hq;
+    a.heads_kv = c.hkv;
+    a.head_dim = o.head_dim;
+    a.causal = c.causal;
+    a.dtype = o.dtype == "f16" ? DType::f16 : DType::bf16;
+    TESSERA_CHECK(o.dtype == "bf16" || o.dtype == "f16", "bench attention: --dtype {} (bf16 or f16)", o.dtype);
+    const size_t nq = static_cast<size_t>(c.b * c.lq * c.hq * o.head_dim);
+    const size_t nk = static_cast<size_t>(c.b * c.lk * c.hkv * o.head_dim);
+    Dev q(nq * 2), k(nk * 2), v(nk * 2), out(nq * 2), lse(static_cast<size_t>(c.b * c.hq * c.lq) * 4);
+    fill_random(q.p, nq, rng);
+    fill_random(k.p, nk, rng);
+    fill_random(v.p, nk, rng);
+    a.q = q.p;
+    a.k = k.p;
+    a.v = v.p;
+    a.o = out.p;
+    a.lse = static_cast<float*>(lse.p);
+    kernels::validate(a, "bench attention");
+    const Stats s = time_on_stream(stream, [&] { kernels::attention(a, stream); }, o.warmup, o.reps);
+    const double tflops = kernels::attention_flops(a) / (s.median_ms * 1e-3) / 1e12;
+    table.add({c.name, std::to_string(c.b), std::to_string(c.lq), std::to_string(c.lk),
+               fmt::format("{}/{}", c.hq, c.hkv), c.causal ? "yes" : "no", fmt::format("{:.3f}", s.median_ms),
+               fmt::format("{:.3f}", s.min_ms), fmt::format("{:.3f}", s.max_ms), fmt::format("{:.0f}", tflops)});
+    json += fmt::format(
+        "{}\n  {{\"case\": \"{}\", \"B\": {}, \"Lq\": {}, \"Lk\": {}, \"heads_q\": {}, \"heads_kv\": {}, "
+        "\"causal\": {}, \"median_ms\": {:.4f}, \"min_ms\": {:.4f}, \"max_ms\": {:.4f}, \"tflops\": {:.1f}}}",
+        first ? "" : ",", c.name, c.b, c.lq, c.lk, c.hq, c.hkv, c.causal, s.median_ms, s.min_ms, s.max_ms, tflops);
+    first = false;
+    fmt::print("{}: {:.3f} ms, {:.0f} TFLOP/s\n", c.name, s.median_ms, tflops);
+  }
+  json += "\n]}\n";
+  fmt::print("\n{}", table.str());
+  fmt::print("PyTorch SDPA baselines side by side: python3 scripts/bench_attention.py --build --bench\n");
+  if (!o.json.empty()) {
+    std::ofstream f(o.json);
+    TESSERA_CHECK(f.good(), "bench attention: cannot write {}", o.json);
+    f << json;
+  }
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
+
+TESSERA_REGISTER_COMMAND([](CLI::App& root) {
+  auto& bench = tools::subcommand(root, "bench", "Benchmarks");
+  auto opts = std::make_shared<Options>();
+  auto* cmd = bench.add_subcommand("attention", "Tessera's flash-attention forward kernel (time, TFLOP/s per case)");
+  cmd->add_option("--cases", opts->cases,
+                  "case indices (default all): 0 32h Q8k/KV16k, 1 32h 16k causal, 2 32h Q16k/KV32k, 3 GQA 32/8 "
+                  "Q8k/KV16k, 4 64h 16k, 5 64h 16k causal, 6 32h 32k causal, 7 32h 64k causal, 8 32h Q8k/KV128k, "
+                  "9 32h 128k causal")
+      ->delimiter(',');
+  cmd->add_option("--head-dim", opts->head_dim, "64 or 128")->check(CLI::IsMember({64, 128}));
+  cmd->add_option("--dtype", opts->dtype, "bf16 or f16");
+  cmd->add_option("--reps", opts->reps, "timed repetitions (median)")->check(CLI::Range(1, 100000));
+  cmd->add_option("--warmup", opts->warmup, "warm-up repetitions")->check(CLI::Range(0, 100000));
+  cmd->add_option("--json", opts->json, "write the figures here");
+  cmd->callback([opts] { run(*opts); });
+});
+
+}  // namespace tessera::bench::attention
