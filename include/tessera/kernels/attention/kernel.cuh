@@ -17,8 +17,9 @@
 //     With kPingPong the two consumers take turns to ISSUE their wgmmas
 //     (named barriers kSchedBarrier + c): one warpgroup's softmax runs while
 //     the other's matrix multiplies occupy the tensor cores.
-//   Epilogue: row sums reduced over the quad, O / l stored to global memory
-//   straight from registers (bf16x2 per store), LSE = scale·m + ln(l).
+//   Epilogue: row sums reduced over the quad, O / l staged in the consumer's
+//   own rows of the Q buffer and stored as 16-byte vectors (kSmemEpilogue),
+//   LSE = scale·m + ln(l).
 //
 // Ring protocol (per ring, K and V alike; kStages slots):
 //   producer: wait empty[s] (parity ph^1) -> arrive.expect_tx(full[s]) -> TMA
@@ -53,12 +54,16 @@ namespace ptx = engine::ptx;
 
 /// Compile-time configuration. BM = 128 query rows (two consumer warpgroups
 /// of 64), BN keys per KV block, kStages K/V ring slots.
-template <int D_, int BN_, int kStages_, bool kPingPong_, bool kHookActive_>
+template <int D_, int BN_, int kStages_, bool kPingPong_, bool kHookActive_, bool kSmemEpilogue_ = true>
 struct AttnConfig {
   static constexpr int D = D_, BM = 128, BN = BN_, kStages = kStages_;
   static constexpr bool kPingPong = kPingPong_;
+  /// Epilogue through shared memory: each consumer stages its 64 x D tile
+  /// of O in its own (then unused) rows of the Q buffer and stores 16-byte
+  /// vectors, whole rows per warp; false: 4-byte stores from registers.
+  static constexpr bool kSmemEpilogue = kSmemEpilogue_;
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
-  static_assert(BN % 64 == 0 && BN <= 256, "BN: a multiple of 64, at most 256");
+  static_assert(BN % 16 == 0 && BN <= 256, "BN: a multiple of 16 (P·V k-steps), at most 256 (TMA box)");
   static constexpr int kDChunks = D / 64;
   static constexpr int kThreads = 384;
   static constexpr int kQBytes = BM * D * 2;
@@ -74,6 +79,7 @@ struct AttnConfig {
   static constexpr int kConsumerRegs = kHookActive_ ? 232 : 240;
   static constexpr int kEmptyArrivals = 8;  ///< consumer warps reading a slot
   static constexpr int kSchedBarrier = 1;   ///< named barriers 1, 2 (ping-pong)
+  static constexpr int kEpiBarrier = 3;     ///< named barriers 3, 4 (smem epilogue)
 };
 
 template <class Cfg>
@@ -421,15 +427,51 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
   T* const o_base = static_cast<T*>(p.o) + blk.batch * p.o_sb + blk.head * p.o_sh;
   const int q = lane % 4;
+  if constexpr (Cfg::kSmemEpilogue) {
+    // This consumer's Q rows are free: its last S wgmma retired. Layout: the
+    // Q chunks (64 columns, 128-byte rows), 16-byte unit u of row r at
+    // u ^ (r % 8): conflict-free for the quad-per-row writes below and the
+    // 16-byte row reads after.
+    uint8_t* const st = sm.q() + wg * 64 * 128;
+    const int r_local = row_in_tile - wg * 64;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = m0 + row_in_tile + 8 * r;
-    if (row >= p.seqlen_q) continue;
-    T* const orow = o_base + row * p.o_ss + 2 * q;
+    for (int r = 0; r < 2; ++r) {
+      const int row = r_local + 8 * r;
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-      *reinterpret_cast<uint32_t*>(orow + 8 * j) = pack2<T>(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
-    if (p.lse && q == 0) p.lse[(int64_t{blk.batch} * p.heads_q + blk.head) * p.seqlen_q + row] = lse[r];
+      for (int j = 0; j < D / 8; ++j)
+        *reinterpret_cast<uint32_t*>(st + (j / 8) * Cfg::BM * 128 + row * 128 + (((j % 8) ^ (row % 8)) * 16) + 4 * q) =
+            pack2<T>(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
+    }
+    ptx::named_barrier_sync(Cfg::kEpiBarrier + wg, 128);
+    const int t = static_cast<int>(threadIdx.x % 128);
+    constexpr int kUnits = D / 8;  // 16-byte units per row
+#pragma unroll
+    for (int i = 0; i < 64 * kUnits / 128; ++i) {
+      const int idx = i * 128 + t;
+      const int row = idx / kUnits, unit = idx % kUnits;
+      const uint4 val = *reinterpret_cast<const uint4*>(st + (unit / 8) * Cfg::BM * 128 + row * 128 +
+                                                         (((unit % 8) ^ (row % 8)) * 16));
+      const int grow = m0 + wg * 64 + row;
+      if (grow < p.seqlen_q) *reinterpret_cast<uint4*>(o_base + grow * p.o_ss + unit * 8) = val;
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = m0 + row_in_tile + 8 * r;
+      if (row >= p.seqlen_q) continue;
+      T* const orow = o_base + row * p.o_ss + 2 * q;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j)
+        *reinterpret_cast<uint32_t*>(orow + 8 * j) =
+            pack2<T>(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
+    }
+  }
+  if (p.lse && q == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = m0 + row_in_tile + 8 * r;
+      if (row < p.seqlen_q) p.lse[(int64_t{blk.batch} * p.heads_q + blk.head) * p.seqlen_q + row] = lse[r];
+    }
   }
 #endif
 }
