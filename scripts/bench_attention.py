@@ -289,6 +289,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--json", default="")
     ap.add_argument("--quick", action="store_true", help="--check: skip the largest cases")
+    ap.add_argument("--commit", default="unknown", help="recorded in --json")
     args = ap.parse_args()
     args.variants = [int(x) for x in args.variants.split(",") if x]
     if args.build:
@@ -303,7 +304,8 @@ def main():
     tess = Tessera(args.lib)
     ok = True
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "cudnn": torch.backends.cudnn.version(), "command": " ".join(sys.argv)}
+           "cudnn": torch.backends.cudnn.version(), "command": " ".join(sys.argv),
+           "commit": args.commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     if args.check:
         ok = check(tess, args)
         out["check_ok"] = ok
