@@ -83,6 +83,16 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1)
       : "memory");
 }
+/// 3-D tiled bulk tensor load (coordinates c0 innermost .. c2 outermost),
+/// e.g. one group's [N, K] matrix of a [G, N, K] tensor with c2 = group:
+/// out-of-bounds elements in each dimension are zero-filled per group.
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];" ::
+          "r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
 /// The same, multicast: the box lands at the same smem offset in every CTA of
 /// `cta_mask` (this cluster) and completes on the mbarrier at the same offset
 /// in each of them.

@@ -1,0 +1,339 @@
+// tessera/kernels/gemm/grouped_kernel.cuh — the persistent grouped GEMM
+// kernel: G problems D_g = A_g · op(B_g) (same N and K, own M_g read from
+// device memory) in one launch, on the engine's pipeline (mainloop.cuh:
+// TileConfig, SmemLayout, consume_tile; the producer differs only in B's
+// 3-D TMA box, produce_grouped_tile below).
+//
+//   A: stacked [max_rows, K] (2-D TMA map; group g's rows start at the
+//      prefix sum of M_g). A tile's rows past its group's end are the next
+//      group's (or TMA zero fill past max_rows): multiplied, never stored.
+//   B: [G, N, K] (NK) or [G, K, N] (KN) as ONE 3-D TMA map whose outermost
+//      coordinate is the group, so N and K tails are zero-filled per group.
+//   D: stacked [max_rows, N] (the Epilogue owns it; masked to the group's
+//      rows and to N).
+//
+// Roles, barriers, the prologue-waiter ring and the notify handshake are the
+// engine's (kernel.cuh, barriers.cuh), with GroupedTileInfo (group field,
+// grouped_scheduler.cuh) handed to the policies:
+//   Prologue: static constexpr bool kActive;
+//             __device__ void wait(const GroupedTileInfo&) const;   (or the
+//             stateful wait(const GroupedTileInfo&, State&) -> bool)
+//             Engine prologues written for TileInfo (NoWait, FlagWait) work
+//             unchanged: the base class is in stacked-row coordinates.
+//   Epilogue: kNotify, kSysScope as in epilogue.cuh;
+//             __device__ void store8(const GroupedTileInfo&, int row, int col,
+//                                    const float (&v)[8], int valid) const;
+//             __device__ void tile_done(const GroupedTileInfo&) const;
+//             (StdEpilogue works for the stores; GroupedEpilogue below adds
+//             per-group / per-tile notification.)
+// Cooperative (both consumers on one tile) and ping-pong (alternate tiles)
+// configurations, as the engine; no clusters.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+#include "tessera/kernels/gemm/barriers.cuh"
+#include "tessera/kernels/gemm/epilogue.cuh"
+#include "tessera/kernels/gemm/grouped_scheduler.cuh"
+#include "tessera/kernels/gemm/kernel.cuh"
+#include "tessera/kernels/gemm/mainloop.cuh"
+#include "tessera/kernels/gemm/prologue.cuh"
+
+namespace tessera::kernels::engine {
+
+template <class Prologue, class Epilogue>
+struct GroupedParams {
+  int N, K;
+  int groups;
+  int max_rows;           ///< rows of the stacked A and D (the host's bound)
+  int tiles_n;
+  GroupedRaster raster;   ///< order of a group's tiles
+  const int* group_rows;  ///< device [groups]: M_g
+  int* status;            ///< device [kGroupedStatusWords] or nullptr
+  Prologue prologue;
+  Epilogue epilogue;
+};
+
+/// Producer side of one grouped tile: produce_tile (mainloop.cuh) with B read
+/// through the 3-D map at group `g` (box {64, BN, 1} for NK, {64, 64, 1}
+/// chunks for KN: the same smem image as the 2-D boxes).
+template <class Cfg, class InT, bool kTransB>
+__device__ __forceinline__ void produce_grouped_tile(const SmemLayout<Cfg, InT>& sm, const CUtensorMap* tma_a,
+                                                     const CUtensorMap* tma_b, int row0, int col0, int g,
+                                                     int k_blocks, int& stage, uint32_t& phase) {
+  static_assert(Cfg::kClusterM == 1, "grouped GEMM: no clusters");
+  using L = SmemLayout<Cfg, InT>;
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    ptx::mbar_wait(sm.empty(stage), phase ^ 1);
+    ptx::mbar_arrive_expect_tx(sm.full(stage), L::kStageBytes);
+    const int k0 = kb * Cfg::BK;
+    ptx::tma_load_2d(sm.a(stage), tma_a, sm.full(stage), k0, row0);
+    if constexpr (!kTransB) {
+      ptx::tma_load_3d(sm.b(stage), tma_b, sm.full(stage), k0, col0, g);
+    } else {
+#pragma unroll
+      for (int c = 0; c < Cfg::BN / 64; ++c)
+        ptx::tma_load_3d(sm.b(stage) + c * 64 * 64 * 2, tma_b, sm.full(stage), col0 + c * 64, k0, g);
+    }
+    if (++stage == Cfg::kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+}
+
+namespace detail {
+template <class P, class S, class = void>
+struct HasGroupedStatefulWait : std::false_type {};
+template <class P, class S>
+struct HasGroupedStatefulWait<
+    P, S,
+    std::enable_if_t<std::is_same_v<decltype(std::declval<const P&>().wait(std::declval<const GroupedTileInfo&>(),
+                                                                            std::declval<S&>())),
+                                    bool>>> : std::true_type {};
+template <class E, class = void>
+struct HasGroupedBind : std::false_type {};
+template <class E>
+struct HasGroupedBind<E, std::void_t<decltype(std::declval<const E&>().bind(std::declval<const GroupedTileInfo&>()))>>
+    : std::true_type {};
+}  // namespace detail
+
+/// prologue_wait (prologue.cuh) with the GroupedTileInfo: true when the
+/// kernel must fence the async proxy before the tile's loads.
+template <class P>
+__device__ __forceinline__ bool grouped_prologue_wait(const P& p, const GroupedTileInfo& t, PrologueState<P>& s) {
+  if constexpr (detail::HasGroupedStatefulWait<P, PrologueState<P>>::value) {
+    return p.wait(t, s);
+  } else {
+    p.wait(t);
+    return true;
+  }
+}
+
+/// Stores one consumer's accumulators of tile `t` through `epi` (an
+/// Epilogue, or the object its bind(t) returned), masked to the group's rows
+/// (row < t.M) and to N.
+template <class Cfg, class Epi, class Bound>
+__device__ __forceinline__ void grouped_store_tile(const Epi& epi, const Bound& bound, const GroupedTileInfo& t,
+                                                   const float (&acc)[Cfg::kMAtoms][Cfg::BN / 2], int consumer,
+                                                   int warp, int lane) {
+  const int q = lane & 3;
+#pragma unroll
+  for (int a = 0; a < Cfg::kMAtoms; ++a) {
+    const int row_base =
+        t.row0 + (Cfg::kPingPong ? 0 : consumer * Cfg::kRowsPerConsumer) + a * 64 + warp * 16 + lane / 4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row_base + 8 * h;
+      // The quad transpose shuffles over the full warp: every lane runs it,
+      // only the store is masked (rows of one warp straddle the group's end).
+#pragma unroll
+      for (int g = 0; g < Cfg::BN / 32; ++g) {
+        float v[8];
+        quad_transpose8(acc[a], g, h, lane, v);
+        const int col = t.col0 + 8 * (4 * g + q);
+        if (row < t.M && col < t.N) {
+          if constexpr (detail::HasGroupedBind<Epi>::value)
+            bound.store8(row, col, v, min(8, t.N - col));
+          else
+            epi.store8(t, row, col, v, min(8, t.N - col));
+        }
+      }
+    }
+  }
+}
+
+template <class Epi>
+__device__ __forceinline__ auto grouped_bind(const Epi& epi, const GroupedTileInfo& t) {
+  if constexpr (detail::HasGroupedBind<Epi>::value)
+    return epi.bind(t);
+  else
+    return NotBound{};
+}
+
+/// Per-group epilogue for MoE: the stores of StdEpilogue<OutT, kFeatures>
+/// (plain, or kEpiSwiGLU: D[r, c/2] = SiLU(gate) * up from interleaved
+/// columns, D then has N/2 columns), and with kEpiNotify / kEpiNotifySys a
+/// notification after each tile is visible (the kernel's fence precedes
+/// tile_done, epilogue.cuh's contract):
+///   per_group: flags[group] += notify_add — an expert's count reaches
+///              epoch * tiles_m(g) * tiles_n when all its tiles are stored;
+///   else:      flags[pos] += notify_add — one flag per tile, in schedule
+///              order (pos = tile_start[g] + m * tiles_n + n).
+/// kEpiReorder and kEpiAddPartial are not supported (rejected at compile time).
+template <class OutT, unsigned kFeatures = kEpiPlain>
+struct GroupedEpilogue {
+  static_assert((kFeatures & (kEpiReorder | kEpiAddPartial | kEpiBias)) == 0,
+                "GroupedEpilogue: plain or SwiGLU stores, with or without notify");
+  static constexpr bool kSysScope = (kFeatures & kEpiNotifySys) != 0;
+  static constexpr bool kNotify = kSysScope || (kFeatures & kEpiNotify) != 0;
+  using Store = StdEpilogue<OutT, kFeatures & ~(kEpiNotify | kEpiNotifySys)>;
+  Store store;
+  uint32_t* flags = nullptr;
+  bool per_group = true;
+  uint32_t notify_add = 1;
+
+  __device__ __forceinline__ void store8(const GroupedTileInfo& t, int row, int col, const float (&v)[8],
+                                         int valid) const {
+    store.store8(t, row, col, v, valid);
+  }
+  __device__ __forceinline__ void tile_done(const GroupedTileInfo& t) const {
+    if constexpr (kNotify) {
+      const int f = per_group ? t.group : t.pos;
+      if constexpr (kSysScope)
+        ptx::red_relaxed_sys_add(flags + f, notify_add);
+      else
+        ptx::red_relaxed_gpu_add(flags + f, notify_add);
+    }
+  }
+};
+
+/// The grouped kernel. Grid: persistent, at most one CTA per SM (any size
+/// >= 1 works: CTA b takes positions b, b + gridDim.x, ...).
+template <class Cfg, class InT, bool kTransB, class Prologue, class Epilogue>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    grouped_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
+                        const __grid_constant__ GroupedParams<Prologue, Epilogue> p) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  static_assert(Cfg::kClusterM == 1, "grouped GEMM: no clusters");
+  using L = SmemLayout<Cfg, InT>;
+  extern __shared__ uint8_t smem_raw[];
+  const L sm{reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023))};
+  const GroupedTable tab = GroupedTable::at(sm.base + L::kBytes);
+
+  const int warp_idx = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 32, 0);
+  const bool lane0 = threadIdx.x % 32 == 0;
+  const int warpgroup = warp_idx / 4;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      ptx::mbar_init(sm.full(s), 1);
+      ptx::mbar_init(sm.empty(s), Cfg::kEmptyArrivals);
+    }
+    if constexpr (Prologue::kActive) {
+      for (int s = 0; s < WaiterRing::kSlots; ++s) {
+        ptx::mbar_init(sm.prologue_ready(s), 1);
+        ptx::mbar_init(sm.prologue_free(s), 1);
+      }
+    }
+    ptx::fence_barrier_init();
+  }
+  // The table (ends with __syncthreads, which also publishes the barriers).
+  build_grouped_table<Cfg::kThreads, Cfg::BM>(tab, p.group_rows, p.groups, p.tiles_n, p.max_rows, p.status);
+
+  const int total = tab.tile_start[p.groups];
+  const int first = blockIdx.x, stride = gridDim.x;
+  const int k_blocks = (p.K + Cfg::BK - 1) / Cfg::BK;
+  auto cursor_at = [&](GroupCursor<Cfg::BM, Cfg::BN>& c, int pos) {
+    return c.at(tab, pos, p.raster, p.N);
+  };
+  int stage = 0;
+  uint32_t phase = 0;
+
+  if (warpgroup == 0) {
+    ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
+    if constexpr (Epilogue::kNotify) {
+      if (warp_idx == 1) {
+        // Notifier (kernel.cuh): barrier of tile iter -> handshake -> fence -> tile_done.
+        GroupCursor<Cfg::BM, Cfg::BN> cur;
+        const int tiles = first < total ? (total - first + stride - 1) / stride : 0;
+        int iter = 0;
+        for (int pos = first; pos < total; pos += stride, ++iter) {
+          const GroupedTileInfo t = cursor_at(cur, pos);
+          ptx::named_barrier_sync(kNotifyBarrier + (iter & 1), Cfg::kStoreThreads + 32);
+          if (NotifyHandshake::notifier_frees(iter, tiles))
+            ptx::named_barrier_arrive(kNotifyFreeBarrier + (iter & 1), Cfg::kStoreThreads + 32);
+          if (lane0) {
+            if constexpr (Epilogue::kSysScope)
+              ptx::fence_acq_rel_sys();
+            else
+              ptx::fence_acq_rel_gpu();
+            p.epilogue.tile_done(t);
+          }
+        }
+      }
+    }
+    if constexpr (Prologue::kActive) {
+      if (warp_idx == WaiterRing::kWaiterWarp && lane0) {
+        // Waiter (kernel.cuh): the Prologue's wait per tile, kSlots ahead of the TMA thread.
+        GroupCursor<Cfg::BM, Cfg::BN> cur;
+        PrologueState<Prologue> prologue_state{};
+        int iter = 0;
+        for (int pos = first; pos < total; pos += stride, ++iter) {
+          const GroupedTileInfo t = cursor_at(cur, pos);
+          const int s = WaiterRing::slot(iter);
+          ptx::mbar_wait(sm.prologue_free(s), WaiterRing::free_parity(iter));
+          if (grouped_prologue_wait(p.prologue, t, prologue_state)) ptx::fence_proxy_async_global();
+          ptx::mbar_arrive(sm.prologue_ready(s));
+        }
+      }
+    }
+    if (warp_idx == 0 && ptx::elect_one_sync()) {  // the TMA thread
+      ptx::tma_prefetch_desc(&tma_a);
+      ptx::tma_prefetch_desc(&tma_b);
+      GroupCursor<Cfg::BM, Cfg::BN> cur;
+      [[maybe_unused]] int iter = 0;
+      for (int pos = first; pos < total; pos += stride) {
+        if constexpr (Prologue::kActive) {
+          const int s = WaiterRing::slot(iter);
+          ptx::mbar_wait(sm.prologue_ready(s), WaiterRing::ready_parity(iter));
+          ptx::mbar_arrive(sm.prologue_free(s));
+          ++iter;
+        }
+        const GroupedTileInfo t = cursor_at(cur, pos);
+        const CUtensorMap* map_a = &tma_a;
+        int row_a = t.row0;
+        prologue_a_source(p.prologue, map_a, row_a);
+        produce_grouped_tile<Cfg, InT, kTransB>(sm, map_a, &tma_b, row_a, t.col0, t.group, k_blocks, stage, phase);
+      }
+    }
+  } else {
+    ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
+    const int consumer = warpgroup - 1;
+    const int warp = (threadIdx.x % 128) / 32;
+    const int lane = threadIdx.x % 32;
+    float acc[Cfg::kMAtoms][Cfg::BN / 2];
+    GroupCursor<Cfg::BM, Cfg::BN> cur;
+    if constexpr (!Cfg::kPingPong) {
+      int iter = 0;
+      for (int pos = first; pos < total; pos += stride, ++iter) {
+        const GroupedTileInfo t = cursor_at(cur, pos);
+        consume_tile<Cfg, InT, kTransB>(sm, consumer, k_blocks, acc, stage, phase, 0u);
+        const auto bound = grouped_bind(p.epilogue, t);
+        grouped_store_tile<Cfg>(p.epilogue, bound, t, acc, consumer, warp, lane);
+        if constexpr (Epilogue::kNotify) {
+          if (NotifyHandshake::store_waits_free(iter))
+            ptx::named_barrier_sync(kNotifyFreeBarrier + (iter & 1), Cfg::kStoreThreads + 32);
+          ptx::named_barrier_arrive(kNotifyBarrier + (iter & 1), Cfg::kStoreThreads + 32);
+        }
+      }
+    } else {
+      // Ping-pong (kernel.cuh explains the ring indices and order barriers):
+      // consumer c takes the CTA's tiles iter = c, c + 2, ...
+      for (int pos = first + consumer * stride, iter = consumer; pos < total; pos += 2 * stride, iter += 2) {
+        const GroupedTileInfo t = cursor_at(cur, pos);
+        const int64_t first_index = static_cast<int64_t>(iter) * k_blocks;
+        stage = static_cast<int>(first_index % Cfg::kStages);
+        phase = static_cast<uint32_t>((first_index / Cfg::kStages) & 1);
+        if (iter > 0) ptx::named_barrier_sync(kOrderBarrier + consumer, 256);
+        const bool next_exists = pos + stride < total;
+        consume_tile<Cfg, InT, kTransB>(sm, consumer, k_blocks, acc, stage, phase, 0u, [&] {
+          if (next_exists) ptx::named_barrier_arrive(kOrderBarrier + (consumer ^ 1), 256);
+        });
+        const auto bound = grouped_bind(p.epilogue, t);
+        grouped_store_tile<Cfg>(p.epilogue, bound, t, acc, consumer, warp, lane);
+        if constexpr (Epilogue::kNotify) {
+          if (NotifyHandshake::store_waits_free(iter))
+            ptx::named_barrier_sync(kNotifyFreeBarrier + (iter & 1), Cfg::kStoreThreads + 32);
+          ptx::named_barrier_arrive(kNotifyBarrier + (iter & 1), Cfg::kStoreThreads + 32);
+        }
+      }
+    }
+  }
+#endif
+}
+
+}  // namespace tessera::kernels::engine

@@ -1,0 +1,8 @@
+// Grouped GEMM kernels: bf16, B layout NK, plain epilogue (see grouped_gemm_kernels.cuh).
+#include "grouped_gemm_kernels.cuh"
+
+namespace tessera::kernels::detail {
+void grouped_gemm_bf16_nk_plain(GroupedTile t, const GroupedGemmArgs& a, const GroupedGemmOptions& o, cudaStream_t s) {
+  grouped_gemm_plain<BLayout::NK, engine::kEpiPlain>(t, a, o, s);
+}
+}  // namespace tessera::kernels::detail
