@@ -1,0 +1,361 @@
+// `tessera bench grouped` — the grouped GEMM on the MoE-1..6 expert GEMMs
+// (../shared/WORKLOADS.md) against, in the same loop: a per-expert cuBLASLt
+// loop, one dense GEMM of the same FLOPs (cuBLASLt and the engine's gemm()),
+// and torch._grouped_mm timed by scripts/bench_grouped_torch.py on the same
+// shapes and routing (--torch-json: its output, merged per problem).
+//
+// Problems: gate/up (N = 2 I / TP, K = H) and down (N = H, K = I / TP) at
+// each TP, rows = S * topk, with uniform routing or skewed routing (one
+// expert takes half of the routed rows, capped at S since a token picks an
+// expert once; every 4th other expert takes none; the rest share evenly).
+// The row counts are uploaded once per problem; the grouped GEMM reads them
+// on the device (max_rows = S * topk). Timing: CUDA events per call, all
+// variants interleaved run by run (InterleavedTimer), medians. ours is also
+// checked against the per-expert cuBLASLt loop (relative error over sampled
+// rows) and its status words.
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "command.hpp"
+#include "common/timing.hpp"
+#include "gemm/bench_gemm_kernels.hpp"
+#include "tessera/kernels/gemm.hpp"
+#include "tessera/kernels/grouped_gemm.hpp"
+#include "tessera/runtime/error.hpp"
+
+namespace tessera::bench::grouped {
+namespace {
+
+using kernels::GroupedTile;
+
+struct Moe {
+  const char* name;
+  int64_t S, H, I, E, topk;
+};
+constexpr Moe kMoe[] = {{"MoE-1", 8192, 2048, 1536, 8, 2},  {"MoE-2", 8192, 2048, 1536, 32, 2},
+                        {"MoE-3", 8192, 2048, 1536, 32, 5}, {"MoE-4", 8192, 4096, 2048, 8, 2},
+                        {"MoE-5", 8192, 4096, 2048, 32, 2}, {"MoE-6", 8192, 4096, 2048, 32, 5}};
+
+struct Options {
+  std::vector<int> tp = {1, 2, 4};
+  std::vector<std::string> shapes;  // empty: all
+  std::vector<std::string> routing = {"uniform", "skewed"};
+  int reps = 20, warmup = 5;
+  bool tiles = false;           // also time every configuration
+  std::vector<int> bands = {};  // also time these raster bands (auto tile)
+  std::string torch_json, json, commit, device_kind, command_line;
+};
+
+std::vector<int> routing(int64_t S, int64_t E, int64_t topk, bool skewed) {
+  const int64_t T = S * topk;
+  std::vector<int> r(E, 0);
+  if (!skewed) {
+    for (int64_t e = 0; e < E; ++e) r[e] = static_cast<int>(T / E + (e < T % E ? 1 : 0));
+    return r;
+  }
+  r[0] = static_cast<int>(std::min(T / 2, S));
+  std::vector<int64_t> live;
+  for (int64_t e = 1; e < E; ++e)
+    if (e % 4 != 0) live.push_back(e);
+  const int64_t rest = T - r[0], nl = static_cast<int64_t>(live.size());
+  for (int64_t i = 0; i < nl; ++i) r[live[i]] = static_cast<int>(rest / nl + (i < rest % nl ? 1 : 0));
+  return r;
+}
+
+struct Dev {
+  void* p = nullptr;
+  explicit Dev(size_t bytes) { TESSERA_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 16))); }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+};
+
+float bf16_to_float(uint16_t v) {
+  const uint32_t x = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+/// Relative error (Frobenius) of `out` against `ref` over ~256 sampled rows
+/// of a [rows, n] bf16 matrix (every group's first and last row included).
+double sampled_rel_err(const void* out, const void* ref, int64_t rows, int64_t n, const std::vector<int>& counts) {
+  std::vector<int64_t> pick;
+  for (int64_t r = 0; r < rows; r += std::max<int64_t>(1, rows / 256)) pick.push_back(r);
+  int64_t off = 0;
+  for (int c : counts) {
+    if (c > 0) {
+      pick.push_back(off);
+      pick.push_back(off + c - 1);
+    }
+    off += c;
+  }
+  std::vector<uint16_t> a(n), b(n);
+  double e2 = 0, r2 = 0;
+  for (int64_t r : pick) {
+    TESSERA_CUDA_CHECK(cudaMemcpy(a.data(), static_cast<const uint16_t*>(out) + r * n, n * 2, cudaMemcpyDeviceToHost));
+    TESSERA_CUDA_CHECK(cudaMemcpy(b.data(), static_cast<const uint16_t*>(ref) + r * n, n * 2, cudaMemcpyDeviceToHost));
+    for (int64_t j = 0; j < n; ++j) {
+      const double x = bf16_to_float(a[j]), y = bf16_to_float(b[j]);
+      e2 += (x - y) * (x - y);
+      r2 += y * y;
+    }
+  }
+  return r2 > 0 ? std::sqrt(e2 / r2) : std::sqrt(e2);
+}
+
+std::string key(const std::string& shape, int tp, const std::string& gemm, const std::string& routing) {
+  return fmt::format("{}/{}/{}/{}", shape, tp, gemm, routing);
+}
+
+double geomean(const std::vector<double>& v) {
+  if (v.empty()) return NAN;
+  double s = 0;
+  for (double x : v) s += std::log(x);
+  return std::exp(s / static_cast<double>(v.size()));
+}
+
+void run(const Options& o) {
+  cudaDeviceProp prop{};
+  int dev = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
+  TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  cudaStream_t stream;
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  std::map<std::string, nlohmann::json> torch;
+  if (!o.torch_json.empty()) {
+    std::ifstream in(o.torch_json);
+    TESSERA_CHECK(in.good(), "bench grouped: cannot read --torch-json {}", o.torch_json);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.empty() || line[0] != '{') continue;
+      const auto j = nlohmann::json::parse(line);
+      if (!j.contains("shape") || !j.contains("torch_ms")) continue;
+      torch[key(j["shape"], j["tp"], j["gemm"], j["routing"])] = j;
+    }
+  }
+
+  // Buffers for the largest problem (rows = S * topk, N and K up to 4096, 32 experts).
+  int64_t max_a = 0, max_b = 0, max_d = 0;
+  for (const Moe& m : kMoe)
+    for (int tp : o.tp) {
+      const int64_t T = m.S * m.topk;
+      for (int w = 0; w < 2; ++w) {
+        const int64_t n = w == 0 ? 2 * m.I / tp : m.H, k = w == 0 ? m.H : m.I / tp;
+        max_a = std::max(max_a, T * k);
+        max_b = std::max(max_b, m.E * n * k);
+        max_d = std::max(max_d, T * n);
+      }
+    }
+  Dev a(max_a * 2), b(max_b * 2), d(max_d * 2), ref(max_d * 2), rows_buf(4096), status(64);
+  gemm::fill_random(a.p, max_a, DType::bf16, 71, stream);
+  gemm::fill_random(b.p, max_b, DType::bf16, 72, stream);
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+
+  std::vector<std::string> cols = {"problem", "N", "K", "tile", "ours ms", "ours TF/s", "torch ms", "ours/torch",
+                                   "dense cuBLASLt ms", "dense ours ms", "ours/dense", "loop ms", "ours/loop",
+                                   "rel err"};
+  std::vector<GroupedTile> extra_tiles;
+  if (o.tiles)
+    extra_tiles = {GroupedTile::Coop128x256, GroupedTile::Coop128x128, GroupedTile::PingPong128x128,
+                   GroupedTile::PingPong64x256};
+  for (GroupedTile t : extra_tiles) cols.push_back(kernels::grouped_tile_name(t) + " ms");
+  for (int band : o.bands) cols.push_back(fmt::format("band {} ms", band));
+  Table table(cols);
+  nlohmann::json records = nlohmann::json::array();
+  std::vector<double> vs_torch, vs_dense, vs_loop;
+  double worst_err = 0;
+
+  for (int tp : o.tp)
+    for (const Moe& m : kMoe) {
+      if (!o.shapes.empty() && std::find(o.shapes.begin(), o.shapes.end(), m.name) == o.shapes.end()) continue;
+      for (const char* which : {"gateup", "down"})
+        for (const std::string& rt : o.routing) {
+          TESSERA_CHECK(rt == "uniform" || rt == "skewed", "bench grouped: routing '{}' (uniform or skewed)", rt);
+          const bool gateup = std::string(which) == "gateup";
+          const int64_t n = gateup ? 2 * m.I / tp : m.H, k = gateup ? m.H : m.I / tp, T = m.S * m.topk;
+          const std::vector<int> counts = routing(m.S, m.E, m.topk, rt == "skewed");
+          TESSERA_CUDA_CHECK(cudaMemcpy(rows_buf.p, counts.data(), counts.size() * 4, cudaMemcpyHostToDevice));
+          kernels::GroupedGemmArgs ga;
+          ga.a = a.p;
+          ga.b = b.p;
+          ga.d = d.p;
+          ga.group_rows = static_cast<const int*>(rows_buf.p);
+          ga.status = static_cast<int*>(status.p);
+          ga.groups = m.E;
+          ga.n = n;
+          ga.k = k;
+          ga.max_rows = T;
+          const kernels::GroupedGemmOptions go{};
+          const GroupedTile tile = kernels::resolve_grouped_tile(ga, go);
+          auto loop = [&](void* out) {
+            int64_t off = 0;
+            for (int64_t g = 0; g < m.E; ++g) {
+              if (counts[g] == 0) continue;
+              kernels::GemmArgs e;
+              e.a = static_cast<const uint16_t*>(a.p) + off * k;
+              e.b = static_cast<const uint16_t*>(b.p) + g * n * k;
+              e.d = static_cast<uint16_t*>(out) + off * n;
+              e.m = counts[g];
+              e.n = n;
+              e.k = k;
+              kernels::cublaslt_gemm(e, stream);
+              off += counts[g];
+            }
+          };
+          kernels::GemmArgs dense;
+          dense.a = a.p;
+          dense.b = b.p;
+          dense.d = ref.p;
+          dense.m = T;
+          dense.n = n;
+          dense.k = k;
+          // Correctness of this configuration: poisoned D against the loop.
+          TESSERA_CUDA_CHECK(cudaMemsetAsync(d.p, 0xFF, T * n * 2, stream));
+          kernels::grouped_gemm(ga, go, stream);
+          loop(ref.p);
+          TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+          kernels::check_grouped_gemm_status(ga.status, stream, "bench grouped");
+          const double err = sampled_rel_err(d.p, ref.p, T, n, counts);
+          worst_err = std::max(worst_err, err);
+
+          double t_ours = 0, t_loop = 0, t_dcub = 0, t_dours = 0;
+          std::vector<double> t_tiles(extra_tiles.size()), t_bands(o.bands.size());
+          InterleavedTimer timer(stream, o.warmup, o.reps);
+          timer.add(&t_ours, [&] { kernels::grouped_gemm(ga, go, stream); });
+          timer.add(&t_loop, [&] { loop(d.p); });
+          timer.add(&t_dcub, [&] { kernels::cublaslt_gemm(dense, stream); });
+          timer.add(&t_dours, [&] { kernels::gemm(dense, {}, stream); });
+          for (size_t i = 0; i < extra_tiles.size(); ++i) {
+            kernels::GroupedGemmOptions to;
+            to.tile = extra_tiles[i];
+            timer.add(&t_tiles[i], [&, to] { kernels::grouped_gemm(ga, to, stream); });
+          }
+          for (size_t i = 0; i < o.bands.size(); ++i) {
+            kernels::GroupedGemmOptions bo;
+            bo.raster_band = o.bands[i];
+            timer.add(&t_bands[i], [&, bo] { kernels::grouped_gemm(ga, bo, stream); });
+          }
+          timer.run();
+          kernels::check_grouped_gemm_status(ga.status, stream, "bench grouped");
+
+          const double flop = 2.0 * static_cast<double>(T) * static_cast<double>(n) * static_cast<double>(k);
+          const double t_dense = std::min(t_dcub, t_dours);
+          const std::string k_ = key(m.name, tp, which, rt);
+          const double t_torch = torch.count(k_) ? torch[k_]["torch_ms"].get<double>() : NAN;
+          if (!std::isnan(t_torch)) vs_torch.push_back(t_torch / t_ours);
+          vs_dense.push_back(t_dense / t_ours);
+          vs_loop.push_back(t_loop / t_ours);
+          std::vector<std::string> row = {fmt::format("{} TP{} {} {}", m.name, tp, which, rt),
+                                          std::to_string(n),
+                                          std::to_string(k),
+                                          kernels::grouped_tile_name(tile),
+                                          fmt::format("{:.4f}", t_ours),
+                                          fmt::format("{:.0f}", flop / t_ours / 1e9),
+                                          std::isnan(t_torch) ? "-" : fmt::format("{:.4f}", t_torch),
+                                          std::isnan(t_torch) ? "-" : fmt::format("{:.3f}", t_torch / t_ours),
+                                          fmt::format("{:.4f}", t_dcub),
+                                          fmt::format("{:.4f}", t_dours),
+                                          fmt::format("{:.3f}", t_dense / t_ours),
+                                          fmt::format("{:.4f}", t_loop),
+                                          fmt::format("{:.2f}", t_loop / t_ours),
+                                          fmt::format("{:.1e}", err)};
+          nlohmann::json rec = {{"shape", m.name},       {"tp", tp},           {"gemm", which},
+                                {"routing", rt},         {"n", n},             {"k", k},
+                                {"rows", T},             {"experts", m.E},     {"tile", kernels::grouped_tile_name(tile)},
+                                {"ours_ms", t_ours},     {"ours_tflops", flop / t_ours / 1e9},
+                                {"loop_ms", t_loop},     {"dense_cublaslt_ms", t_dcub},
+                                {"dense_ours_ms", t_dours}, {"rel_err", err},  {"counts", counts}};
+          if (!std::isnan(t_torch)) {
+            rec["torch_ms"] = t_torch;
+            rec["ours_over_torch_throughput"] = t_torch / t_ours;
+          }
+          rec["ours_over_dense_throughput"] = t_dense / t_ours;
+          for (size_t i = 0; i < extra_tiles.size(); ++i) {
+            row.push_back(fmt::format("{:.4f}", t_tiles[i]));
+            rec["tiles_ms"][kernels::grouped_tile_name(extra_tiles[i])] = t_tiles[i];
+          }
+          for (size_t i = 0; i < o.bands.size(); ++i) {
+            row.push_back(fmt::format("{:.4f}", t_bands[i]));
+            rec["bands_ms"][std::to_string(o.bands[i])] = t_bands[i];
+          }
+          table.add(row);
+          records.push_back(rec);
+          fmt::print("{}\n", rec.dump());
+          std::fflush(stdout);
+        }
+    }
+  fmt::print("\n{}\n", table.str());
+  auto mn = [](const std::vector<double>& v) { return v.empty() ? NAN : *std::min_element(v.begin(), v.end()); };
+  const std::string summary = fmt::format(
+      "ours/torch._grouped_mm throughput: geomean {:.3f}, min {:.3f} ({} problems); ours/dense (best of cuBLASLt "
+      "and gemm()): geomean {:.3f}, min {:.3f}; ours/per-expert cuBLASLt loop: geomean {:.2f}, min {:.2f}; worst "
+      "rel err {:.1e}",
+      geomean(vs_torch), mn(vs_torch), vs_torch.size(), geomean(vs_dense), mn(vs_dense), geomean(vs_loop), mn(vs_loop),
+      worst_err);
+  fmt::print("{}\n", summary);
+  if (!o.json.empty()) {
+    nlohmann::json j = {{"device", fmt::format("{} ({}, {} SMs)", o.device_kind, prop.name, prop.multiProcessorCount)},
+                        {"commit", o.commit},
+                        {"command", o.command_line},
+                        {"method", "CUDA events per call, warm-up, median; variants interleaved run by run; "
+                                   "torch._grouped_mm timed by scripts/bench_grouped_torch.py in the same device call"},
+                        {"summary",
+                         {{"ours_over_torch_geomean", geomean(vs_torch)},
+                          {"ours_over_torch_min", mn(vs_torch)},
+                          {"ours_over_dense_geomean", geomean(vs_dense)},
+                          {"ours_over_dense_min", mn(vs_dense)},
+                          {"ours_over_loop_geomean", geomean(vs_loop)},
+                          {"worst_rel_err", worst_err}}},
+                        {"problems", records}};
+    std::ofstream(o.json) << j.dump(1) << "\n";
+    fmt::print("wrote {}\n", o.json);
+  }
+  TESSERA_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+}  // namespace
+
+TESSERA_REGISTER_COMMAND([](CLI::App& root) {
+  auto& bench = tools::subcommand(root, "bench", "Benchmarks");
+  auto opts = std::make_shared<Options>();
+  auto* cmd = bench.add_subcommand(
+      "grouped", "Grouped GEMM on the MoE-1..6 expert GEMMs vs a per-expert cuBLASLt loop, one dense GEMM and "
+                 "torch._grouped_mm (--torch-json)");
+  cmd->add_option("--tp", opts->tp, "tensor-parallel shards of I")->delimiter(',');
+  cmd->add_option("--shapes", opts->shapes, "MoE-1..MoE-6 (default: all)")->delimiter(',');
+  cmd->add_option("--routing", opts->routing, "uniform,skewed")->delimiter(',');
+  cmd->add_option("--reps", opts->reps, "timed repetitions (median)")->check(CLI::Range(1, 100000));
+  cmd->add_option("--warmup", opts->warmup, "warm-up repetitions")->check(CLI::Range(0, 100000));
+  cmd->add_flag("--tiles", opts->tiles, "also time every configuration");
+  cmd->add_option("--bands", opts->bands, "also time these raster bands (0 = row-major)")->delimiter(',');
+  cmd->add_option("--torch-json", opts->torch_json, "output of scripts/bench_grouped_torch.py on this device");
+  cmd->add_option("--json", opts->json, "write the records and summary here");
+  cmd->add_option("--commit", opts->commit, "commit recorded in --json");
+  cmd->add_option("--device-kind", opts->device_kind, "device kind recorded in --json");
+  cmd->callback([opts, cmd] {
+    Options o = *opts;
+    o.command_line = "tessera bench grouped";
+    for (const auto* opt : cmd->get_options())
+      if (opt->count() > 0 && opt->get_name() != "--help") {
+        std::string v;
+        for (const auto& r : opt->results()) v += (v.empty() ? "" : ",") + r;
+        o.command_line += " " + opt->get_name() + (v.empty() ? "" : " " + v);
+      }
+    run(o);
+  });
+});
+
+}  // namespace tessera::bench::grouped
