@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <charconv>
+#include <set>
 #include <sstream>
 
 #include "tessera/runtime/error.hpp"
@@ -86,7 +88,10 @@ std::string print(const Grid& g) {
 }
 
 Grid parse(const std::string& text) {
+  TESSERA_CHECK(text.size() <= kMaxTextBytes, "parse: the text has {} bytes (at most {})", text.size(), kMaxTextBytes);
+  TESSERA_CHECK(text.find('\0') == std::string::npos, "parse: the text contains a NUL byte (not a CommIR text file?)");
   Grid g;
+  std::set<std::string> seen;  // statements allowed once: mesh, dtype, body, kernel, tile <axis>
   std::istringstream in(text);
   std::string raw;
   int line = 0;
@@ -102,11 +107,19 @@ Grid parse(const std::string& text) {
     auto t = tokens(raw);
     if (t.empty()) continue;
     auto expect = [&](bool ok, const char* what) {
-      TESSERA_CHECK(ok, "parse: line {}: expected {} in '{}'", line, what, raw);
+      TESSERA_CHECK(ok, "parse: line {}: expected {} in '{}'", line, what,
+                    raw.size() > 120 ? raw.substr(0, 120) + "..." : raw);
     };
     auto num = [&](const std::string& s) -> std::int64_t {
       expect(!s.empty() && s.find_first_not_of("0123456789") == std::string::npos, "a non-negative integer");
-      return std::stoll(s);
+      std::int64_t v = 0;
+      const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+      TESSERA_CHECK(ec == std::errc() && end == s.data() + s.size() && v <= kMaxExtent,
+                    "parse: line {}: number {} is too large (at most 2^40)", line, s.substr(0, 40));
+      return v;
+    };
+    auto once = [&](const std::string& what) {
+      TESSERA_CHECK(seen.insert(what).second, "parse: line {}: a second '{}' statement", line, what);
     };
     const std::string& kw = t[0];
     if (!open) {
@@ -120,12 +133,15 @@ Grid parse(const std::string& text) {
       closed = true;
     } else if (kw == "mesh") {
       expect(t.size() == 2, "'mesh AxB'");
+      once("mesh");
       g.mesh = parse_mesh(t[1]);
     } else if (kw == "dtype") {
       expect(t.size() == 2, "'dtype T'");
+      once("dtype");
       g.dtype = parse_dtype(t[1], line);
     } else if (kw == "axis") {
       expect(t.size() == 5 && t[2] == "=" && (t[4] == "spatial" || t[4] == "reduction"), "'axis NAME = N spatial|reduction'");
+      expect(g.axes.size() < static_cast<std::size_t>(kMaxAxes), "at most 16 axes");
       g.axes.push_back({t[1], num(t[3]), t[4] == "spatial" ? AxisKind::spatial : AxisKind::reduction});
     } else if (kw == "buffer") {
       expect(t.size() >= 7 && t[2] == "[", "'buffer NAME[dims] : ELEM read|write'");
@@ -141,15 +157,18 @@ Grid parse(const std::string& text) {
           i += 2;
         }
         b.dims.push_back(d);
+        expect(b.dims.size() <= static_cast<std::size_t>(kMaxDims), "at most 8 dimensions");
         if (i < t.size() && t[i] == ",") ++i;
       }
       expect(i + 4 == t.size() && t[i] == "]" && t[i + 1] == ":", "'] : ELEM read|write' to end the buffer");
       b.elem = num(t[i + 2]);
       expect(t[i + 3] == "read" || t[i + 3] == "write", "read or write");
       b.access = t[i + 3] == "read" ? Access::read : Access::write;
+      expect(g.buffers.size() < static_cast<std::size_t>(kMaxBuffers), "at most 16 buffers");
       g.buffers.push_back(b);
     } else if (kw == "body") {
       expect(t.size() >= 4, "a body");
+      once("body");
       Body b;
       b.out = t[1];
       if (t[2] == "+" && t[3] == "=") {
@@ -163,6 +182,7 @@ Grid parse(const std::string& text) {
       } else {
         expect(t[2] == "=", "'=' or '+='");
         b.kind = BodyKind::add;
+        expect(t.size() % 2 == 0, "'body Y = X1 + X2 ...' (a summand after every '+')");
         for (std::size_t i = 3; i < t.size(); i += 2) {
           b.ins.push_back(t[i]);
           expect(i + 1 == t.size() || t[i + 1] == "+", "'+' between summands");
@@ -171,17 +191,23 @@ Grid parse(const std::string& text) {
       g.body = b;
     } else if (kw == "kernel") {
       expect(t.size() == 2, "'kernel NAME'");
+      once("kernel");
       g.kernel = t[1];
     } else if (kw == "tile") {
       expect(t.size() >= 3, "'tile AXIS N...'");
+      once("tile " + t[1]);
+      expect(t.size() - 2 <= static_cast<std::size_t>(kMaxTileLevels), "at most 16 tiling levels");
       for (std::size_t i = 2; i < t.size(); ++i) g.tiling[t[1]].push_back(num(t[i]));
     } else if (kw == "loop") {
       expect(t.size() >= 6 && t[2] == "=", "'loop NAME = axis#level [* ...] [parallel L] [shift P]'");
       Loop l;
       l.name = t[1];
       std::size_t i = 3;
-      while (i + 2 < t.size() + 0 && t[i + 1] == "#") {
-        l.factors.push_back({t[i], static_cast<int>(num(t[i + 2]))});
+      while (i + 2 < t.size() && t[i + 1] == "#") {
+        const std::int64_t level = num(t[i + 2]);
+        expect(level < kMaxTileLevels, "a tiling level below 16");
+        l.factors.push_back({t[i], static_cast<int>(level)});
+        expect(l.factors.size() <= static_cast<std::size_t>(kMaxAxes * kMaxTileLevels), "fewer factors");
         i += 3;
         if (i < t.size() && t[i] == "*") ++i;
         else break;
@@ -189,36 +215,35 @@ Grid parse(const std::string& text) {
       expect(!l.factors.empty(), "a factor axis#level");
       while (i < t.size()) {
         expect(i + 1 < t.size() && (t[i] == "parallel" || t[i] == "shift"), "'parallel L' or 'shift P'");
-        if (t[i] == "parallel") l.mesh_level = static_cast<int>(num(t[i + 1]));
-        else l.shift_by = t[i + 1];
+        if (t[i] == "parallel") {
+          expect(!l.parallel(), "one 'parallel L'");
+          const std::int64_t level = num(t[i + 1]);
+          expect(level < kMaxMeshLevels, "a mesh level below 8");
+          l.mesh_level = static_cast<int>(level);
+        } else {
+          expect(l.shift_by.empty(), "one 'shift P'");
+          l.shift_by = t[i + 1];
+        }
         i += 2;
       }
+      expect(g.loops.size() < static_cast<std::size_t>(kMaxLoops), "at most 64 loops");
       g.loops.push_back(l);
     } else if (kw == "shard") {
       expect(t.size() == 6 && t[3] == "along" && (t[5] == "loop" || t[5] == "axis"), "'shard BUF LOOP along X loop|axis'");
+      expect(g.placements.size() < static_cast<std::size_t>(kMaxPlacements), "at most 256 placements");
       g.placements.push_back({t[1], t[2], PlacementKind::shard, t[4], t[5] == "loop"});
     } else if (kw == "replicate") {
       expect(t.size() == 3, "'replicate BUF LOOP'");
+      expect(g.placements.size() < static_cast<std::size_t>(kMaxPlacements), "at most 256 placements");
       g.placements.push_back({t[1], t[2], PlacementKind::replicate, "", false});
     } else {
       TESSERA_FAIL("parse: line {}: unknown statement '{}'", line, kw);
     }
   }
-  TESSERA_CHECK(open && closed, "parse: missing 'grid NAME {{' ... '}}'");
-  // Consistency: every factor of the tiling is covered by exactly one loop.
-  for (const auto& [axis, ns] : g.tiling) {
-    TESSERA_CHECK(g.find_axis(axis), "parse: tile of unknown axis '{}'", axis);
-    for (std::size_t lv = 0; lv < ns.size(); ++lv) {
-      int count = 0;
-      for (const auto& l : g.loops)
-        for (const auto& f : l.factors) count += f.axis == axis && f.level == static_cast<int>(lv);
-      TESSERA_CHECK(count == 1, "parse: factor {}#{} is covered by {} loops (expected 1)", axis, lv, count);
-    }
-  }
-  for (const auto& l : g.loops)
-    for (const auto& f : l.factors)
-      TESSERA_CHECK(g.tiling.count(f.axis) && f.level < static_cast<int>(g.tiling.at(f.axis).size()),
-                    "parse: loop {} names factor {}#{} that no tile line defines", l.name, f.axis, f.level);
+  TESSERA_CHECK(open, "parse: missing 'grid NAME {{' ... '}}' (empty text)");
+  TESSERA_CHECK(closed, "parse: missing the closing '}}' (truncated text?)");
+  // Consistency (tiling covered once by the loops, names, sizes, placements).
+  validate(g, "parse");
   return g;
 }
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <set>
 
 #include "tessera/runtime/error.hpp"
@@ -37,6 +38,11 @@ void tile(Grid& g, const std::string& axis, std::int64_t n, std::string name) {
   const Axis* a = g.find_axis(axis);
   TESSERA_CHECK(a, "tile({}, {}): grid '{}' has no axis '{}'", axis, n, g.name, axis);
   TESSERA_CHECK(n >= 1, "tile({}, {}): the number of cells must be >= 1", axis, n);
+  TESSERA_CHECK(g.loops.size() < static_cast<std::size_t>(kMaxLoops), "tile({}, {}): grid '{}' already has {} loops", axis,
+                n, g.name, kMaxLoops);
+  if (auto it = g.tiling.find(axis); it != g.tiling.end())
+    TESSERA_CHECK(it->second.size() < static_cast<std::size_t>(kMaxTileLevels),
+                  "tile({}, {}): axis {} already has {} tiling levels", axis, n, axis, kMaxTileLevels);
   const std::int64_t cell = g.min_cell(axis);
   TESSERA_CHECK(n <= cell, "tile({}, {}): the smallest cell of axis {} has {} element(s); {} cells would leave some empty",
                 axis, n, axis, cell, n);
@@ -234,6 +240,7 @@ void replicate(Grid& g, const std::string& buffer, const std::string& par) {
 }
 
 void apply(Grid& g, const std::string& script) {
+  TESSERA_CHECK(script.size() <= (std::size_t{1} << 16), "schedule: {} characters (at most 65536)", script.size());
   std::size_t i = 0;
   auto skip = [&] {
     while (i < script.size() && (std::isspace(static_cast<unsigned char>(script[i])) || script[i] == ';')) ++i;
@@ -261,8 +268,12 @@ void apply(Grid& g, const std::string& script) {
     };
     auto num = [&](const std::string& s) {
       TESSERA_CHECK(!s.empty() && s.find_first_not_of("0123456789") == std::string::npos,
-                    "schedule: {}: '{}' is not a number", name, s);
-      return std::stoll(s);
+                    "schedule: {}: '{}' is not a number", name, s.substr(0, 40));
+      std::int64_t v = 0;
+      const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+      TESSERA_CHECK(ec == std::errc() && end == s.data() + s.size() && v <= kMaxExtent,
+                    "schedule: {}: {} is too large (at most 2^40)", name, s.substr(0, 40));
+      return v;
     };
     if (name == "tile") {
       need(2, 3);
@@ -278,7 +289,10 @@ void apply(Grid& g, const std::string& script) {
       patch(g, args[0]);
     } else if (name == "parallelize") {
       need(2, 2);
-      parallelize(g, args[0], static_cast<int>(num(args[1])));
+      const std::int64_t level = num(args[1]);
+      TESSERA_CHECK(level < kMaxMeshLevels, "schedule: parallelize({}, {}): mesh levels are below {}", args[0], level,
+                    kMaxMeshLevels);
+      parallelize(g, args[0], static_cast<int>(level));
     } else if (name == "shift") {
       need(2, 2);
       shift(g, args[0], args[1]);

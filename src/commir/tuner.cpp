@@ -2,6 +2,8 @@
 #include "tessera/commir/tuner.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <functional>
 #include <set>
 
@@ -179,7 +181,16 @@ std::vector<Choice> level_choices(const Grid& g, const std::string& pax, int siz
 }  // namespace
 
 TuneResult tune(const Grid& op, const MachineProfile& prof, const TuneOptions& opt) {
+  validate(op, "tune");
   TESSERA_CHECK(!op.mesh.empty(), "tune: grid '{}' has no mesh", op.name);
+  TESSERA_CHECK(std::isfinite(opt.budget_s) && opt.budget_s >= 0, "tune: budget {} s must be finite and >= 0",
+                opt.budget_s);
+  TESSERA_CHECK(std::isfinite(opt.memory_limit_gb) && opt.memory_limit_gb >= 0,
+                "tune: memory limit {} GB must be finite and >= 0", opt.memory_limit_gb);
+  using Clock = std::chrono::steady_clock;
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opt.budget_s));
+  auto out_of_time = [&] { return opt.budget_s > 0 && Clock::now() >= deadline; };
   TESSERA_CHECK(op.loops.empty() && op.placements.empty(), "tune: grid '{}' is already scheduled; pass the bare operator",
                 op.name);
   const int L = static_cast<int>(op.mesh.size());
@@ -192,9 +203,7 @@ TuneResult tune(const Grid& op, const MachineProfile& prof, const TuneOptions& o
   std::vector<int> assign(L, 0);
   const int A = static_cast<int>(op.axes.size());
   std::function<void(int)> per_level;
-  for (;;) {
-    std::map<std::string, std::int64_t> need;
-    for (int l = 0; l < L; ++l) need[op.axes[assign[l]].name] = need[op.axes[assign[l]].name] * 1 + 0;
+  for (; !res.out_of_time;) {
     bool fits = true;
     std::map<std::string, std::int64_t> prod;
     for (int l = 0; l < L; ++l) {
@@ -206,13 +215,17 @@ TuneResult tune(const Grid& op, const MachineProfile& prof, const TuneOptions& o
       std::vector<std::vector<Choice>> choices(L);
       for (int l = 0; l < L; ++l) choices[l] = level_choices(op, op.axes[assign[l]].name, op.mesh[l]);
       std::vector<std::size_t> pick(L, 0);
-      for (;;) {
+      for (; !res.out_of_time;) {
         std::vector<std::string> extras{""};
         if (opt.extra_tiling)
           for (const auto& a : op.axes)
             if (a.kind == AxisKind::reduction) extras.push_back(a.name);
         for (const auto& extra : extras)
           for (int order = 0; order < (opt.loop_orders ? 2 : 1); ++order) {
+            if (out_of_time()) {
+              res.out_of_time = true;
+              break;
+            }
             std::map<std::string, int> tiles;
             std::string script;
             std::vector<std::string> pl(L);
@@ -242,6 +255,7 @@ TuneResult tune(const Grid& op, const MachineProfile& prof, const TuneOptions& o
                 for (std::size_t i = 0; i < seqs.size(); ++i) script += (i ? "," : "") + seqs[i];
                 script += ")";
               }
+              validate(g, "tune");  // bounds the plan (ranks x steps) before lowering
             } catch (const Error&) {
               ++res.invalid;
               continue;

@@ -136,7 +136,7 @@ struct Grid {
   const Axis* find_axis(const std::string& name) const;
   const Buffer* find_buffer(const std::string& name) const;
 
-  std::int64_t factor_extent(const Factor& f) const { return tiling.at(f.axis).at(f.level); }
+  std::int64_t factor_extent(const Factor& f) const;  // throws when the tiling has no such factor
   std::int64_t loop_extent(const Loop& l) const;
   /// The parallel loop on mesh level `level`, or nullptr.
   const Loop* parallel_loop(int level) const;
@@ -146,9 +146,40 @@ struct Grid {
   bool loop_indexes(const Loop& l, const Buffer& b) const;
   /// Smallest cell size of axis `a` at its deepest tiling level.
   std::int64_t min_cell(const std::string& a) const;
-  int world() const;
+  int world() const;  // product of the mesh sizes; throws outside the limits below
   std::size_t elem_bytes() const { return dtype_size(dtype); }
 };
+
+// ---- limits (every size a grid carries is checked against these) ----------
+// Planning simulates every rank and every sequential step on the host, so the
+// world and the plan size are bounded; sizes are bounded so that every volume
+// and byte count the planner forms fits in 64-bit integers.
+inline constexpr std::int64_t kMaxExtent = std::int64_t{1} << 40;       // one axis
+inline constexpr std::int64_t kMaxElem = std::int64_t{1} << 20;         // trailing elements per point
+inline constexpr std::int64_t kMaxBufferBytes = std::int64_t{1} << 50;  // one buffer, whole
+inline constexpr std::int64_t kMaxGridPoints = std::int64_t{1} << 62;   // product of all axis extents
+inline constexpr int kMaxMeshLevels = 8;
+inline constexpr int kMaxLevelSize = 4096;
+inline constexpr int kMaxWorld = 256;                     // product of the mesh sizes
+inline constexpr std::int64_t kMaxSteps = 1 << 16;        // sequential steps per rank (lower's limit)
+inline constexpr std::int64_t kMaxRankSteps = 1 << 20;    // world x sequential steps
+inline constexpr int kMaxAxes = 16, kMaxBuffers = 16, kMaxDims = 8, kMaxLoops = 64, kMaxTileLevels = 16;
+inline constexpr int kMaxPlacements = 256;
+inline constexpr std::size_t kMaxName = 64;
+
+/// a * b, or throws tessera::Error "<what>: a x b overflows" when the product
+/// leaves [0, limit] (inputs must be non-negative).
+std::int64_t checked_mul(std::int64_t a, std::int64_t b, std::int64_t limit, const char* what);
+
+/// Checks everything a grid says against itself and the limits above: names
+/// (identifiers, unique among axes / buffers / loops), extents and sizes,
+/// buffer dimensions naming existing axes once each, groups, the body's
+/// buffers, the kernel against the body, the tiling (no empty cell), loops
+/// (factors covered once, parallel levels and extents against the mesh,
+/// shifts: no self-shift, by a parallel loop of equal extent) and placements
+/// (existing buffer and parallel loop, once per level, `along` valid).
+/// Throws tessera::Error "<what>: ..." naming the offending name and why.
+void validate(const Grid& g, const char* what = "grid");
 
 /// Builds the canonical operators: C[m,n] += A[m,k]*B[k,n] and attention
 /// O[b,h,q] = attend(Q[b,h,q], K[b,h/g,kv], V[b,h/g,kv]) (g = heads / kv_heads).
@@ -156,7 +187,8 @@ Grid make_gemm(std::int64_t m, std::int64_t n, std::int64_t k, std::vector<int> 
 Grid make_attention(std::int64_t batch, std::int64_t heads, std::int64_t kv_heads, std::int64_t q_len,
                     std::int64_t kv_len, std::int64_t head_dim, std::vector<int> mesh, DType dt = DType::bf16);
 
-/// "2x4" -> {2, 4}; throws on malformed text.
+/// "2x4" -> {2, 4}; throws on malformed text, a level outside
+/// [1, kMaxLevelSize], more than kMaxMeshLevels levels or a world above kMaxWorld.
 std::vector<int> parse_mesh(const std::string& text);
 std::string mesh_string(const std::vector<int>& mesh);
 

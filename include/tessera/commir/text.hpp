@@ -14,7 +14,10 @@
 //     loop hq = h#0 * q#1                (joined)
 //     shard K q0 along kv0 loop          | shard Q h0 along q axis | replicate V q1
 //   }
-// '#' starts a comment. Errors name the line and what was expected.
+// '#' starts a comment. Errors name the line and what was expected. parse()
+// rejects texts over kMaxTextBytes, numbers over 2^40, repeated mesh / dtype /
+// body / kernel / tile-of-one-axis statements, and then checks the grid with
+// validate() (ir.hpp): every error is a tessera::Error.
 #pragma once
 
 #include <string>
@@ -22,6 +25,8 @@
 #include "tessera/commir/ir.hpp"
 
 namespace tessera::commir {
+
+inline constexpr std::size_t kMaxTextBytes = std::size_t{1} << 20;
 
 std::string print(const Grid& g);
 Grid parse(const std::string& text);

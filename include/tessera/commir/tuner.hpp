@@ -63,15 +63,21 @@ struct TuneOptions {
   /// layout; each candidate pays the resharding from / to it (Mercury's
   /// setting for attention: sequence-sharded activations).
   const Layout* contract = nullptr;
+  /// Wall-clock budget of the search in seconds (0: none). When it runs out
+  /// the search stops and returns what it ranked so far (out_of_time set).
+  double budget_s = 0;
 };
 
 struct TuneResult {
   std::vector<Candidate> ranked;  // feasible, fastest first
   std::vector<Candidate> pareto;  // time vs per-rank memory, fastest first
   int enumerated = 0, invalid = 0, pruned_memory = 0;
+  bool out_of_time = false;  // the budget ran out: the ranking covers part of the space
 };
 
 /// Searches schedules of the unscheduled operator `op` (mesh set) on `prof`.
+/// Checks `op` with validate() first; throws tessera::Error on a bad grid or
+/// budget.
 TuneResult tune(const Grid& op, const MachineProfile& prof, const TuneOptions& opt = {});
 
 /// Fastest-first Pareto front (each next point uses strictly less memory).
