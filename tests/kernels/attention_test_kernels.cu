@@ -13,4 +13,10 @@ void attention_kv_flags(const AttentionArgs& a, const uint32_t* flags, uint32_t 
   attention_with<__nv_bfloat16, 128>(a, hook, stream);
 }
 
+void attention_kv_flags_geometry(const AttentionArgs& a, cudaStream_t stream) {
+  using Hooked = AttnCfgOf<128, true>;
+  using Cfg = attn::AttnConfig<128, Hooked::BN, Hooked::kStages, Hooked::kPingPong, false, Hooked::kSmemEpilogue>;
+  attention_launch<__nv_bfloat16, 128, attn::NoKvWait, Cfg>(a, attn::NoKvWait{}, stream);
+}
+
 }  // namespace tessera::kernels::testk

@@ -16,4 +16,9 @@ namespace tessera::kernels::testk {
 void attention_kv_flags(const AttentionArgs& a, const uint32_t* flags, uint32_t expected, int rows_per_flag,
                         cudaStream_t stream);
 
+/// attention(a) without a hook but with attention_kv_flags' block geometry
+/// (the hook's configuration has its own BN), so both sum in the same order
+/// and agree bit for bit. bf16, head dim 128.
+void attention_kv_flags_geometry(const AttentionArgs& a, cudaStream_t stream);
+
 }  // namespace tessera::kernels::testk
