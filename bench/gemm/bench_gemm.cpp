@@ -25,11 +25,51 @@
 #include "command.hpp"
 #include "common/timing.hpp"
 #include "gemm/bench_gemm_kernels.hpp"
+#include "gemm/bench_gemm_random.hpp"
 #include "gemm/bench_rs_epilogue.hpp"
 #include "tessera/kernels/gemm.hpp"
 #include "tessera/runtime/error.hpp"
 
 namespace tessera::bench::gemm {
+
+// Times several variants interleaved (v0, v1, ..., v0, v1, ...), each run
+// bracketed by its own events, so clock and thermal drift affect all alike.
+// gap_ms = 0: back to back, the GPU at its power cap (what a training loop
+// sees); gap_ms > 0: each run starts after a drain and that much idle time,
+// at boost clocks (how one-off measurements, e.g. MACHINES.md's, are taken).
+std::vector<Stats> time_interleaved(cudaStream_t stream, const std::vector<std::function<void()>>& variants,
+                                    int warmup, int reps, double gap_ms) {
+  for (int i = 0; i < warmup; ++i)
+    for (const auto& v : variants) v();
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const size_t nv = variants.size();
+  std::vector<cudaEvent_t> ev(2 * nv * reps);
+  for (auto& e : ev) TESSERA_CUDA_CHECK(cudaEventCreate(&e));
+  for (int r = 0; r < reps; ++r)
+    for (size_t v = 0; v < nv; ++v) {
+      if (gap_ms > 0) {
+        TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(gap_ms));
+      }
+      TESSERA_CUDA_CHECK(cudaEventRecord(ev[2 * (r * nv + v)], stream));
+      variants[v]();
+      TESSERA_CUDA_CHECK(cudaEventRecord(ev[2 * (r * nv + v) + 1], stream));
+    }
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<Stats> out;
+  for (size_t v = 0; v < nv; ++v) {
+    std::vector<double> t;
+    for (int r = 0; r < reps; ++r) {
+      float ms = 0;
+      TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[2 * (r * nv + v)], ev[2 * (r * nv + v) + 1]));
+      t.push_back(ms);
+    }
+    out.push_back(summarize(std::move(t)));
+  }
+  for (auto& e : ev) TESSERA_CUDA_CHECK(cudaEventDestroy(e));
+  return out;
+}
+
 namespace {
 
 struct Options {
@@ -89,44 +129,6 @@ double rel_err_device(const void* out, const void* ref, int64_t n) {
     den += y * y;
   }
   return den > 0 ? std::sqrt(num / den) : INFINITY;
-}
-
-// Times several variants interleaved (v0, v1, ..., v0, v1, ...), each run
-// bracketed by its own events, so clock and thermal drift affect all alike.
-// gap_ms = 0: back to back, the GPU at its power cap (what a training loop
-// sees); gap_ms > 0: each run starts after a drain and that much idle time,
-// at boost clocks (how one-off measurements, e.g. MACHINES.md's, are taken).
-std::vector<Stats> time_interleaved(cudaStream_t stream, const std::vector<std::function<void()>>& variants,
-                                    int warmup, int reps, double gap_ms) {
-  for (int i = 0; i < warmup; ++i)
-    for (const auto& v : variants) v();
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  const size_t nv = variants.size();
-  std::vector<cudaEvent_t> ev(2 * nv * reps);
-  for (auto& e : ev) TESSERA_CUDA_CHECK(cudaEventCreate(&e));
-  for (int r = 0; r < reps; ++r)
-    for (size_t v = 0; v < nv; ++v) {
-      if (gap_ms > 0) {
-        TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
-        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(gap_ms));
-      }
-      TESSERA_CUDA_CHECK(cudaEventRecord(ev[2 * (r * nv + v)], stream));
-      variants[v]();
-      TESSERA_CUDA_CHECK(cudaEventRecord(ev[2 * (r * nv + v) + 1], stream));
-    }
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  std::vector<Stats> out;
-  for (size_t v = 0; v < nv; ++v) {
-    std::vector<double> t;
-    for (int r = 0; r < reps; ++r) {
-      float ms = 0;
-      TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[2 * (r * nv + v)], ev[2 * (r * nv + v) + 1]));
-      t.push_back(ms);
-    }
-    out.push_back(summarize(std::move(t)));
-  }
-  for (auto& e : ev) TESSERA_CUDA_CHECK(cudaEventDestroy(e));
-  return out;
 }
 
 void replace_section(const std::string& path, const std::string& heading, const std::string& body) {
@@ -437,8 +439,20 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
                 "rotated order");
   cmd->add_option("--results-md", opts->results_md, "replace the \"GEMM engine\" section of this Markdown file");
   cmd->add_option("--commit", opts->commit, "commit recorded in --results-md");
-  cmd->add_option("--device-kind", opts->device_kind, "device kind recorded in --results-md");
-  cmd->callback([opts, cmd] {
+  cmd->add_option("--device-kind", opts->device_kind, "device kind recorded in --results-md and --json");
+  auto ropts = std::make_shared<RandomOptions>();
+  cmd->add_option("--random", ropts->count,
+                  "time N shapes drawn at random (M log-uniform 16..16384; N, K log-uniform 512..16384, multiples "
+                  "of 8) against cuBLASLt, each checked against it")
+      ->check(CLI::Range(1, 100000));
+  cmd->add_option("--seed", ropts->seed, "seed of --random's draw");
+  cmd->add_option("--mnk", ropts->mnk, "with the --random report: these MxNxK shapes instead of a draw")
+      ->delimiter(',');
+  cmd->add_flag("--diag", ropts->diag,
+                "with --random / --mnk: also time every compiled kernel and, for a K tail, 64-element leading "
+                "dimensions");
+  cmd->add_option("--json", ropts->json, "with --random / --mnk: write per-shape records and the summary here");
+  cmd->callback([opts, ropts, cmd] {
     Options o = *opts;
     o.command_line = "tessera bench gemm";
     for (const auto* opt : cmd->get_options())
@@ -448,6 +462,18 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
           for (const auto& r : opt->results()) v += (v.empty() ? "" : ",") + r;
           return v;
         }();
+    if (ropts->count > 0 || !ropts->mnk.empty()) {
+      RandomOptions r = *ropts;
+      r.dtype = o.dtype;
+      r.layout = o.layout;
+      if (cmd->get_option("--reps")->count() > 0) r.reps = o.reps;
+      if (cmd->get_option("--warmup")->count() > 0) r.warmup = o.warmup;
+      if (cmd->get_option("--sets")->count() > 0) r.sets = o.sets;
+      r.commit = o.commit;
+      r.device_kind = o.device_kind;
+      r.command_line = o.command_line;
+      return run_random(r);
+    }
     run(o);
   });
 });

@@ -3,10 +3,13 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <cstdint>
+#include <map>
 #include <mutex>
+#include <tuple>
 
 #include "tessera/kernels/gemm.hpp"
 #include "tessera/kernels/gemm/host_detail.hpp"
@@ -81,8 +84,18 @@ void validate_inputs(const GemmArgs& a, const char* op) {
                 dtype_name(a.in));
   TESSERA_CHECK(a.m >= 1 && a.m < (int64_t{1} << 31), "{}: M = {} out of range [1, 2^31)", op, a.m);
   TESSERA_CHECK(a.n >= 1 && a.n < (int64_t{1} << 31), "{}: N = {} out of range [1, 2^31)", op, a.n);
-  TESSERA_CHECK(a.k >= 8 && a.k < (int64_t{1} << 31), "{}: K = {} out of range [8, 2^31)", op, a.k);
-  TESSERA_CHECK(a.k % 8 == 0, "{}: K = {} must be a multiple of 8 (16-byte rows for TMA)", op, a.k);
+  TESSERA_CHECK(a.k >= 1 && a.k < (int64_t{1} << 31), "{}: K = {} out of range [1, 2^31)", op, a.k);
+  // Any K and N: TMA zero-fills the tails; only the row strides in memory
+  // must be 16-byte multiples (a packed K or N that is not a multiple of 8
+  // needs a padded lda / ldb).
+  TESSERA_CHECK(a.lda != 0 || a.k % 8 == 0,
+                "{}: K = {} with packed A (lda = K) gives {}-byte rows; TMA needs 16-byte rows: pass lda, a multiple "
+                "of 8 >= K",
+                op, a.k, a.k * 2);
+  TESSERA_CHECK(a.ldb != 0 || (a.b_layout == BLayout::NK ? a.k : a.n) % 8 == 0,
+                "{}: {} = {} with packed B gives {}-byte rows; TMA needs 16-byte rows: pass ldb, a multiple of 8",
+                op, a.b_layout == BLayout::NK ? "K" : "N", a.b_layout == BLayout::NK ? a.k : a.n,
+                (a.b_layout == BLayout::NK ? a.k : a.n) * 2);
   TESSERA_CHECK(a.a != nullptr, "{}: A is null", op);
   TESSERA_CHECK(a.b != nullptr, "{}: B is null", op);
   TESSERA_CHECK(aligned16(a.a), "{}: A = {} is not 16-byte aligned", op, a.a);
@@ -109,9 +122,15 @@ void make_tma_2d(const char* what, const void* base, DType t, uint64_t inner, ui
   const cuuint64_t strides[1] = {ld * 2};
   const cuuint32_t box[2] = {box_inner, box_outer};
   const cuuint32_t elem_strides[2] = {1, 1};
+  // Rows that are only 16-byte aligned (ld * 2 not a multiple of 32) load
+  // slower from L2 (one 128-byte box row spans five sectors); 128-byte
+  // promotion measured 1.30x against 1.49x of cuBLASLt with 256-byte
+  // promotion on 8192 x 8192 x 8200 (nvidia-h200, docs/design/gemm.md).
+  const CUtensorMapL2promotion promo =
+      (ld * 2) % 32 != 0 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
   const CUresult rc = encode(out, dt, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
-                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promo,
+                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   TESSERA_CHECK(rc == CUDA_SUCCESS,
                 "gemm: cuTensorMapEncodeTiled for {} failed (CUresult {}): dims {}x{}, ld {}, box {}x{}", what,
                 static_cast<int>(rc), inner, outer, ld, box_inner, box_outer);
@@ -141,6 +160,33 @@ int sm_count() {
   return n;
 }
 
+void* acquire_workspace(size_t bytes, cudaStream_t stream) {
+  static std::mutex mu;
+  static std::array<cudaMemPool_t, 64> pools{};
+  int dev = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
+  TESSERA_CHECK(dev < 64, "gemm: device {} out of range for the split-K workspace pools", dev);
+  cudaMemPool_t pool;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!pools[dev]) {
+      cudaMemPoolProps props{};
+      props.allocType = cudaMemAllocationTypePinned;
+      props.location.type = cudaMemLocationTypeDevice;
+      props.location.id = dev;
+      TESSERA_CUDA_CHECK(cudaMemPoolCreate(&pools[dev], &props));
+      uint64_t keep = UINT64_MAX;
+      TESSERA_CUDA_CHECK(cudaMemPoolSetAttribute(pools[dev], cudaMemPoolAttrReleaseThreshold, &keep));
+    }
+    pool = pools[dev];
+  }
+  void* p = nullptr;
+  TESSERA_CUDA_CHECK(cudaMallocFromPoolAsync(&p, bytes, pool, stream));
+  return p;
+}
+
+void release_workspace(void* p, cudaStream_t stream) { TESSERA_CUDA_CHECK(cudaFreeAsync(p, stream)); }
+
 void check_launch(const char* what) {
   const cudaError_t e = cudaGetLastError();
   TESSERA_CHECK(e == cudaSuccess, "{}: {} ({})", what, cudaGetErrorString(e), static_cast<int>(e));
@@ -151,11 +197,11 @@ void check_launch(const char* what) {
 void validate(const GemmArgs& a, const char* op) {
   detail::validate_inputs(a, op);
   TESSERA_CHECK(a.d != nullptr, "{}: D is null", op);
-  TESSERA_CHECK(aligned16(a.d), "{}: D = {} is not 16-byte aligned", op, a.d);
+  const size_t es = dtype_size(a.out);
+  TESSERA_CHECK(reinterpret_cast<uintptr_t>(a.d) % es == 0, "{}: D = {} is not aligned to its {}-byte elements", op,
+                a.d, es);
   const int64_t ldd = a.ldd_or_packed();
-  const int64_t row_bytes = ldd * static_cast<int64_t>(dtype_size(a.out));
-  TESSERA_CHECK(ldd >= a.n && row_bytes % 16 == 0, "{}: ldd = {} must be >= N = {} and a multiple of 16 bytes ({} {})",
-                op, ldd, a.n, ldd, dtype_name(a.out));
+  TESSERA_CHECK(ldd >= a.n && ldd < (int64_t{1} << 40), "{}: ldd = {} must be >= N = {}", op, ldd, a.n);
 }
 
 GemmTile choose_tile(const GemmArgs& a, int num_sms) {
@@ -228,6 +274,179 @@ GemmTile resolve_tile(const GemmArgs& a, const GemmOptions& o) {
   if (o.tile != GemmTile::Auto) return o.tile;
   const int sms = o.max_ctas > 0 ? std::min(o.max_ctas, detail::sm_count()) : detail::sm_count();
   return choose_tile(a, sms);
+}
+
+namespace {
+
+// Largest power of two <= 128 dividing the byte address or stride x.
+int pow2_align(uint64_t x) {
+  int a = 1;
+  while (a < 128 && x % (2 * a) == 0) a *= 2;
+  return a;
+}
+
+}  // namespace
+
+int row_alignment(const GemmArgs& a) {
+  const uint64_t es = dtype_size(a.in);
+  int al = 128;
+  al = std::min(al, pow2_align(reinterpret_cast<uintptr_t>(a.a)));
+  al = std::min(al, pow2_align(reinterpret_cast<uintptr_t>(a.b)));
+  al = std::min(al, pow2_align(static_cast<uint64_t>(a.lda_or_packed()) * es));
+  al = std::min(al, pow2_align(static_cast<uint64_t>(a.ldb_or_packed()) * es));
+  return al;
+}
+
+double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p) {
+  // Constants fitted to 60 random shapes on nvidia-h200 (every compiled
+  // kernel timed per shape with `bench gemm --random --diag`; picking by the
+  // fitted model came within 1.007x of the best kernel on them, 1.02-1.03x
+  // cross-validated on held-out halves; docs/design/gemm.md). They are
+  // relative costs, not hardware rates: kFlopPerUs over eff gives each
+  // kernel's wgmma time per K block, kTotalBw the L2->SM bytes/us the whole
+  // GPU sustains for a row alignment (shared by the active CTAs, at most
+  // kSmBw each), fix a per-unit cost, kSplitUs the split-K extras (reduce
+  // launch, workspace) besides the partials' traffic.
+  constexpr double kFlopPerUs = 4.29e6;
+  constexpr double kDramBytesPerUs = 3.91e6;
+  constexpr double kSmBw = 79e3;
+  constexpr double kSplitUs = 9.1;
+  const int al = row_alignment(a);
+  const double total_bw = al >= 128 ? 17.16e6 : al >= 64 ? 10.32e6 : al >= 32 ? 4.26e6 : 5.94e6;
+  const TileShape ts = tile_shape(p.tile);
+  double eff = 1.198, fix = 1.2;  // 128x256 cooperative
+  if (p.tile == GemmTile::T256x128) {
+    eff = 0.545;
+  } else if (p.tile == GemmTile::T128x128) {
+    eff = p.ping_pong ? 0.647 : 1.24;
+    fix = p.ping_pong ? 0.595 : 0.7;
+  } else if (p.tile == GemmTile::T64x256) {
+    eff = 1.0;
+    fix = 0.5;
+  }
+  const int64_t tm = (a.m + ts.bm - 1) / ts.bm, tn = (a.n + ts.bn - 1) / ts.bn;
+  const int64_t kb_total = (a.k + 63) / 64;
+  const int64_t kb = (kb_total + p.k_splits - 1) / p.k_splits;
+  const int64_t splits = (kb_total + kb - 1) / kb;
+  const int64_t units = tm * tn * splits;
+  const int64_t waves = (units + num_sms - 1) / num_sms;
+  const double active = static_cast<double>(std::min<int64_t>(units, num_sms));
+  const double t_comp = 2.0 * ts.bm * ts.bn * 64 / (kFlopPerUs * eff);
+  const double rows = static_cast<double>(std::min<int64_t>(ts.bm, a.m)) +
+                      static_cast<double>(std::min<int64_t>(ts.bn, a.n)) / p.cluster_m;
+  const double t_load = rows * 128 / std::min(kSmBw, total_bw / active);
+  double t = waves * (kb * std::max(t_comp, t_load) + fix);
+  const double out_bytes = static_cast<double>(a.m) * a.n * dtype_size(a.out);
+  const double dram = (static_cast<double>(a.m) * a.k + static_cast<double>(a.n) * a.k) * dtype_size(a.in) + out_bytes;
+  t = std::max(t, dram / kDramBytesPerUs + fix);
+  if (splits > 1) t += kSplitUs + (static_cast<double>(a.m) * a.n * 4 * splits * 2 + out_bytes) / kDramBytesPerUs;
+  return t;
+}
+
+bool d_rows_aligned(const GemmArgs& a) {
+  return aligned16(a.d) && (a.ldd_or_packed() * static_cast<int64_t>(dtype_size(a.out))) % 16 == 0;
+}
+
+GemmPlan plan_gemm(const GemmArgs& a, const GemmOptions& o) {
+  TESSERA_CHECK(o.k_splits >= 0, "gemm: k_splits = {} must be >= 0 (0 = heuristic)", o.k_splits);
+  GemmPlan p;
+  const bool same_type = a.in == a.out;
+  if (o.k_splits > 1) {
+    // Forced split: 64x256 ping-pong with epilogue_overlap, else 128x128.
+    TESSERA_CHECK(o.tile == GemmTile::Auto || (o.epilogue_overlap ? o.tile == GemmTile::T64x256
+                                                                   : o.tile == GemmTile::T128x128),
+                  "gemm: k_splits = {} runs tile 128x128 (cooperative) or 64x256 (epilogue_overlap), not {}",
+                  o.k_splits, tile_name(o.tile));
+    TESSERA_CHECK(o.cluster_m <= 1, "gemm: k_splits = {} runs without clusters (cluster_m = {})", o.k_splits,
+                  o.cluster_m);
+    p.tile = o.epilogue_overlap ? GemmTile::T64x256 : GemmTile::T128x128;
+    p.ping_pong = o.epilogue_overlap;
+    p.k_splits = o.k_splits;
+    return p;
+  }
+  if (o.tile != GemmTile::Auto || o.epilogue_overlap || o.cluster_m != 0) {
+    // Explicit choices: the kernel they name, never split.
+    if (plain_uses_ping_pong(a, o)) {
+      p.tile = GemmTile::T64x256;
+      p.ping_pong = true;
+      return p;
+    }
+    p.tile = resolve_tile(a, o);
+    p.ping_pong = o.epilogue_overlap;
+    p.cluster_m = resolve_cluster(a, o, p.tile);
+    return p;
+  }
+  const int sms = o.max_ctas > 0 ? std::min(o.max_ctas, detail::sm_count()) : detail::sm_count();
+  const int al = row_alignment(a);
+  const int64_t big_tiles = ((a.m + 127) / 128) * ((a.n + 255) / 256);
+  if (al >= 128 && a.m >= 2048 && a.n >= 2048 && big_tiles >= 2 * sms) {
+    // Large, aligned problems: the rule measured on the 13 benchmark shapes.
+    if (plain_uses_ping_pong(a, o)) {
+      p.tile = GemmTile::T64x256;
+      p.ping_pong = true;
+      return p;
+    }
+    p.tile = choose_tile(a, sms);
+    p.cluster_m = 1;
+    return p;
+  }
+  // Everything else: the cheapest plan under the model (model_gemm_us),
+  // cached per problem (the search is ~100 model evaluations: host time
+  // that small problems would wait for).
+  using Key = std::tuple<int64_t, int64_t, int64_t, int, int, int, int, int>;
+  static std::mutex cache_mu;
+  static std::map<Key, GemmPlan> cache;
+  const Key key{a.m, a.n, a.k, al, static_cast<int>(a.in), static_cast<int>(a.out), sms, o.k_splits};
+  {
+    std::lock_guard<std::mutex> lock(cache_mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  struct Cand {
+    GemmTile t;
+    bool pp;
+    int cluster;
+    bool splittable;
+    bool mixed_ok;  // compiled for an output type other than the input's
+  };
+  const Cand cands[] = {
+      {GemmTile::T128x256, false, 1, false, true},  {GemmTile::T128x256, false, 2, false, false},
+      {GemmTile::T256x128, false, 1, false, false}, {GemmTile::T256x128, false, 2, false, false},
+      {GemmTile::T128x128, false, 1, true, false},  {GemmTile::T128x128, true, 1, false, false},
+      {GemmTile::T64x256, true, 1, true, false},
+  };
+  const int64_t kb_total = (a.k + 63) / 64;
+  double best = 1e300;
+  for (const Cand& c : cands) {
+    const TileShape ts = tile_shape(c.t);
+    if (c.cluster == 2 && (a.m + ts.bm - 1) / ts.bm < 2) continue;
+    const int max_splits = c.splittable && o.k_splits == 0 ? static_cast<int>(std::min<int64_t>(32, kb_total / 4)) : 1;
+    for (int s = 1; s <= std::max(1, max_splits); ++s) {
+      // Split kernels write f32 partials whatever the output type.
+      if (!same_type && !c.mixed_ok && s == 1) continue;
+      GemmPlan q;
+      q.tile = c.t;
+      q.ping_pong = c.pp;
+      q.cluster_m = c.cluster;
+      q.k_splits = static_cast<int>((kb_total + (kb_total + s - 1) / s - 1) / ((kb_total + s - 1) / s));
+      if (s > 1 && q.k_splits == 1) continue;
+      const double t = model_gemm_us(a, sms, q);
+      if (t < best * 0.999) {
+        best = t;
+        p = q;
+      }
+    }
+  }
+  std::lock_guard<std::mutex> lock(cache_mu);
+  if (cache.size() >= 4096) cache.clear();
+  cache.emplace(key, p);
+  return p;
+}
+
+std::string plan_name(const GemmPlan& p) {
+  std::string s = tile_name(p.tile) + (p.ping_pong ? "/pp" : "/c" + std::to_string(p.cluster_m));
+  if (p.k_splits > 1) s += "/k" + std::to_string(p.k_splits);
+  return s;
 }
 
 }  // namespace tessera::kernels

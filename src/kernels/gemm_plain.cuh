@@ -1,16 +1,16 @@
 // src/kernels/gemm_plain.cuh — the policy-free GEMM (StdEpilogue, no wait,
 // RasterScheduler) for one input type and B layout; instantiated once per
 // (input type, layout) in gemm_plain_*.cu so the kernels compile in parallel.
-// GemmOptions::epilogue_overlap selects the ping-pong kernels (128x128,
-// 64x256; output type == input type only); with tile Auto and out == in the
-// ping-pong 64x256 is also the default below ~4e11 multiply-adds
-// (plain_uses_ping_pong).
+// plan_gemm() picks the kernel: cooperative (128x256, 256x128, 128x128;
+// 2-CTA clusters for the first two), ping-pong (128x128, 64x256; output type
+// == input type only), or split-K on 128x128 / 64x256 (splitk.cuh).
 #pragma once
 
 #include <string>
 #include <type_traits>
 
 #include "tessera/kernels/gemm/launch.cuh"
+#include "tessera/kernels/gemm/splitk.cuh"
 
 namespace tessera::kernels::detail {
 
@@ -39,19 +39,65 @@ void gemm_plain_out(GemmTile t, const GemmArgs& a, const GemmOptions& o, cudaStr
   }
 }
 
+/// Split-K with configuration Cfg (no clusters): units write f32 partials
+/// into a stream-ordered workspace, splitk_reduce sums them into D.
+template <class Cfg, class InT, BLayout L>
+void gemm_plain_splitk_cfg(const GemmArgs& a, const GemmOptions& o, int splits, cudaStream_t stream) {
+  const int tm = static_cast<int>((a.m + Cfg::BM - 1) / Cfg::BM), tn = static_cast<int>((a.n + Cfg::BN - 1) / Cfg::BN);
+  const int kb = static_cast<int>((a.k + Cfg::BK - 1) / Cfg::BK);
+  const engine::SplitKScheduler sched = engine::SplitKScheduler::make(raster_from(o), tm, tn, kb, splits);
+  const int64_t ldw = (a.n + 7) / 8 * 8;
+  const int64_t stride = a.m * ldw;
+  float* ws = static_cast<float*>(acquire_workspace(static_cast<size_t>(stride * sched.splits) * sizeof(float), stream));
+  engine::SplitKEpilogue epi;
+  epi.ws = ws;
+  epi.ldw = ldw;
+  epi.split_stride = stride;
+  epi.tiles_div = engine::FastDivmod::make(static_cast<uint32_t>(tm * tn));
+  GemmOptions so = o;
+  so.cluster_m = 1;
+  so.epilogue_overlap = false;
+  launch_config<Cfg, InT, L>(a, so, engine::NoWait{}, epi, sched, stream);
+  const int64_t total = a.m * ((a.n + 7) / 8);
+  const int blocks = static_cast<int>(std::min<int64_t>((total + 255) / 256, int64_t{sm_count()} * 16));
+  const int M = static_cast<int>(a.m), N = static_cast<int>(a.n);
+  const int64_t ldd = a.ldd_or_packed();
+  switch (a.out) {
+    case DType::bf16:
+      engine::splitk_reduce<<<blocks, 256, 0, stream>>>(ws, sched.splits, stride, ldw, M, N,
+                                                        static_cast<__nv_bfloat16*>(a.d), ldd);
+      break;
+    case DType::f16:
+      engine::splitk_reduce<<<blocks, 256, 0, stream>>>(ws, sched.splits, stride, ldw, M, N,
+                                                        static_cast<__half*>(a.d), ldd);
+      break;
+    case DType::f32:
+      engine::splitk_reduce<<<blocks, 256, 0, stream>>>(ws, sched.splits, stride, ldw, M, N,
+                                                        static_cast<float*>(a.d), ldd);
+      break;
+  }
+  check_launch("gemm split-K reduce launch");
+  release_workspace(ws, stream);
+}
+
 template <class InT, BLayout L>
 void gemm_plain(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
-  if (plain_uses_ping_pong(a, o)) {
-    GemmOptions po = o;
-    po.epilogue_overlap = true;
-    po.tile = GemmTile::T64x256;
-    return gemm_plain_out<InT, L, InT>(GemmTile::T64x256, a, po, stream);
+  const GemmPlan plan = plan_gemm(a, o);
+  if (plan.k_splits > 1) {
+    if (plan.ping_pong)
+      return gemm_plain_splitk_cfg<typename PingPongCfgOf<GemmTile::T64x256>::type, InT, L>(a, o, plan.k_splits,
+                                                                                            stream);
+    return gemm_plain_splitk_cfg<typename TileCfgOf<GemmTile::T128x128, 1>::type, InT, L>(a, o, plan.k_splits, stream);
   }
-  const GemmTile t = resolve_tile(a, o);
+  GemmOptions po = o;
+  po.tile = plan.tile;
+  po.epilogue_overlap = plan.ping_pong;
+  po.cluster_m = plan.cluster_m;
+  po.k_splits = 1;
   switch (a.out) {
-    case DType::bf16: return gemm_plain_out<InT, L, __nv_bfloat16>(t, a, o, stream);
-    case DType::f16: return gemm_plain_out<InT, L, __half>(t, a, o, stream);
-    case DType::f32: return gemm_plain_out<InT, L, float>(t, a, o, stream);
+    case DType::bf16: return gemm_plain_out<InT, L, __nv_bfloat16>(plan.tile, a, po, stream);
+    case DType::f16: return gemm_plain_out<InT, L, __half>(plan.tile, a, po, stream);
+    case DType::f32: return gemm_plain_out<InT, L, float>(plan.tile, a, po, stream);
   }
   fail("gemm: output dtype " + std::string(dtype_name(a.out)) + " not supported");
 }

@@ -111,6 +111,29 @@ TEST(GemmHeuristic, EpilogueOverlapResolvesToPingPongTiles) {
   EXPECT_FALSE(tk::GemmOptions{}.epilogue_overlap);
 }
 
+TEST(GemmHeuristic, ModelSplitsSmallMLongKAndPrefersClustersForMisalignedRows) {
+  tk::GemmArgs a = good();
+  a.m = 19;
+  a.n = 1728;
+  a.k = 12048;
+  a.lda = a.ldb = 0;
+  tk::GemmPlan whole, split;
+  whole.tile = split.tile = tk::GemmTile::T64x256;
+  whole.ping_pong = split.ping_pong = true;
+  split.k_splits = 16;
+  EXPECT_LT(tk::model_gemm_us(a, 132, split), 0.5 * tk::model_gemm_us(a, 132, whole));
+  // K = 8200: rows 16-byte aligned only; multicast of B halves each SM's loads.
+  a.m = a.n = 8192;
+  a.k = 8200;
+  EXPECT_EQ(tk::row_alignment(a), 16);
+  tk::GemmPlan c1, c2;
+  c2.cluster_m = 2;
+  EXPECT_LT(tk::model_gemm_us(a, 132, c2), tk::model_gemm_us(a, 132, c1));
+  a.k = 8192;
+  EXPECT_EQ(tk::row_alignment(a), 128);
+  EXPECT_EQ(tk::plan_name(split), "64x256/pp/k16");
+}
+
 TEST(GemmHeuristic, PlainPingPongOnlyBelowTheSizeSplit) {
   tk::GemmArgs a = good();
   a.m = 8192;

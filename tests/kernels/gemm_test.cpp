@@ -46,7 +46,7 @@ struct Buffers {
 
 Buffers make(const Problem& p, bool host_copy = false) {
   Buffers s;
-  const int64_t lda = p.k + p.pad;  // pad is a multiple of 8
+  const int64_t lda = (p.k + 7) / 8 * 8 + p.pad;  // 16-byte rows; pad is a multiple of 8
   const bool nk = p.layout == tk::BLayout::NK;
   const int64_t brows = nk ? p.n : p.k, bcols = nk ? p.k : p.n, ldb = (bcols + 7) / 8 * 8 + p.pad;
   const int64_t ldd = (p.n + 7) / 8 * 8 + p.pad;  // validate(): 16-byte rows
@@ -139,7 +139,9 @@ TEST(GemmGpu, OverlapMatchesDefaultBitwiseAndCublas) {
       for (auto layout : {tk::BLayout::NK, tk::BLayout::KN}) {
         const Problem p{sh[0], sh[1], sh[2], in, in, layout, (sh[0] % 2) ? 8 : 0};
         Buffers s = make(p);
-        tk::gemm(s.args);  // default path
+        tk::GemmOptions whole_k;
+        whole_k.k_splits = 1;  // split-K sums in another order: whole-K kernels only
+        tk::gemm(s.args, whole_k);  // default path
         TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
         const auto want = tt::bytes_of(s.d);
         EXPECT_LT(error_vs_cublas(s), tolerance(p.out)) << "default path: " << name(p, tk::GemmTile::Auto);
@@ -162,7 +164,9 @@ TEST(GemmGpu, OverlapTileOrdersAndSmCapGiveIdenticalResults) {
   TESSERA_REQUIRE_GPUS(1);
   const Problem p{1100, 1300, 512};
   Buffers s = make(p);
-  tk::gemm(s.args);
+  tk::GemmOptions whole_k;
+  whole_k.k_splits = 1;  // split-K sums in another order: whole-K kernels only
+  tk::gemm(s.args, whole_k);
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
   const auto want = tt::bytes_of(s.d);
   struct Variant {
@@ -549,13 +553,109 @@ TEST(GemmGpu, SwiGLUOfInterleavedGateAndUp) {
   }
 }
 
+// Shape coverage (issue 19): K tails of every 16-byte residue (K % 64 = 8,
+// 24, 40, 56, 16), M = 1 and other tiny M, N tails (N % 8 != 0 with a padded
+// ldd), whatever plan_gemm() picks and every forced split-K variant; both
+// layouts and input types, bf16 / f32 output, outputs poisoned first.
+TEST(GemmGpu, CoverageShapesMatchCublasOnEveryPlan) {
+  TESSERA_REQUIRE_GPUS(1);
+  const std::vector<std::array<int64_t, 3>> shapes = {
+      {1, 520, 1032},  {1, 1000, 4104}, {17, 4096, 2056}, {64, 1544, 8200}, {100, 777, 3000},
+      {333, 2049, 1240}, {1000, 600, 4040}, {2048, 1024, 1048}, {129, 8, 520}};
+  for (const auto& sh : shapes)
+    for (DType in : {DType::bf16, DType::f16})
+      for (auto layout : {tk::BLayout::NK, tk::BLayout::KN})
+        for (DType out : {in, DType::f32}) {
+          const Problem p{sh[0], sh[1], sh[2], in, out, layout};
+          Buffers s = make(p);
+          struct Variant {
+            const char* what;
+            int splits;
+            bool overlap;
+          };
+          const Variant variants[] = {{"auto", 0, false}, {"split 1", 1, false}, {"128x128 split 2", 2, false},
+                                      {"128x128 split 7", 7, false}, {"64x256 pp split 3", 3, true}};
+          for (const auto& v : variants) {
+            if (v.overlap && out != in) continue;  // ping-pong: out == in only
+            tt::poison(s.d);
+            tk::GemmOptions o;
+            o.k_splits = v.splits;
+            o.epilogue_overlap = v.overlap;
+            if (v.overlap) o.tile = tk::GemmTile::T64x256;
+            tk::gemm(s.args, o);
+            TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+            tt::poison(s.ref);
+            EXPECT_LT(error_vs_cublas(s), tolerance(p.out))
+                << name(p, tk::GemmTile::Auto) << " " << v.what << " plan "
+                << tk::plan_name(tk::plan_gemm(s.args, o));
+          }
+        }
+}
+
+// Any N and K with 16-byte row strides (issue 19): K and N not multiples of
+// 8 with padded lda / ldb, and a packed D whose rows are not 16-byte
+// multiples (staged through an aligned buffer and a 2-D copy).
+TEST(GemmGpu, OddNAndKWithAlignedRowsMatchCublas) {
+  TESSERA_REQUIRE_GPUS(1);
+  const std::vector<std::array<int64_t, 3>> shapes = {{77, 1001, 1001}, {3000, 517, 2043}, {1, 9, 13}, {300, 4095, 100}};
+  for (const auto& sh : shapes)
+    for (auto layout : {tk::BLayout::NK, tk::BLayout::KN})
+      for (DType out : {DType::bf16, DType::f32}) {
+        const Problem p{sh[0], sh[1], sh[2], DType::bf16, out, layout};
+        Buffers s = make(p);
+        for (bool packed_d : {false, true}) {
+          tk::GemmArgs a = s.args;
+          if (packed_d) a.ldd = 0;  // ldd = N: unaligned rows
+          tt::poison(s.d);
+          tk::gemm(a);
+          TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+          tk::GemmArgs r = a;
+          r.d = s.ref.p;
+          tt::poison(s.ref);
+          tk::cublaslt_gemm(r);
+          TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+          const int64_t ldd = a.ldd_or_packed();
+          const double err = relative_error(tt::download(a.d, a.m, a.n, ldd, a.out), tt::download(r.d, a.m, a.n, ldd, a.out));
+          EXPECT_LT(err, tolerance(out)) << name(p, tk::GemmTile::Auto) << (packed_d ? " packed D" : " padded D")
+                                         << " plan " << tk::plan_name(tk::plan_gemm(a, {}));
+        }
+      }
+}
+
+// Split-K is deterministic: the same plan gives the same bytes twice, and the
+// policy entry points refuse it.
+TEST(GemmGpu, SplitKIsDeterministicAndPlainOnly) {
+  TESSERA_REQUIRE_GPUS(1);
+  const Problem p{40, 3000, 9000};
+  Buffers s = make(p);
+  tk::GemmOptions o;
+  o.k_splits = 5;
+  tk::gemm(s.args, o);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto want = tt::bytes_of(s.d);
+  tt::poison(s.d);
+  tk::gemm(s.args, o);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_TRUE(tt::bytes_of(s.d) == want);
+  EXPECT_LT(error_vs_cublas(s), tolerance(p.out));
+  o.tile = tk::GemmTile::T128x256;  // split runs 128x128 or 64x256 only
+  EXPECT_THROW(tk::gemm(s.args, o), tessera::Error);
+  o.tile = tk::GemmTile::Auto;
+  o.k_splits = -1;
+  EXPECT_THROW(tk::gemm(s.args, o), tessera::Error);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 TEST(GemmGpu, BadInputThrowsBeforeLaunch) {
   TESSERA_REQUIRE_GPUS(1);
   const Problem p{256, 256, 128};
   Buffers s = make(p);
   tk::GemmArgs a = s.args;
   a.k = 100;
-  a.lda = a.ldb = 128;
+  a.lda = a.ldb = 0;  // packed 200-byte rows: not 16-byte multiples
+  EXPECT_THROW(tk::gemm(a), tessera::Error);
+  a.lda = 100;
+  a.ldb = 128;
   EXPECT_THROW(tk::gemm(a), tessera::Error);
   a = s.args;
   a.a = static_cast<const char*>(s.args.a) + 2;

@@ -14,10 +14,14 @@
 // is chosen per problem (choose_tile) unless GemmOptions::tile fixes it.
 //
 // Limits (checked by validate(), which throws tessera::Error before any
-// launch): M, N >= 1 and < 2^31; K >= 8 and K % 8 == 0; lda, ldb, ldd
-// multiples of 8 elements and >= the row length; A, B, D 16-byte aligned
-// (TMA needs 16-byte aligned bases and row strides); the running device must
-// be sm_90 (Hopper).
+// launch): M, N, K >= 1 and < 2^31 (any tails: TMA zero-fills them); lda and
+// ldb multiples of 8 elements and >= the row length, A and B 16-byte aligned
+// (TMA needs 16-byte aligned bases and row strides; a packed K or N that is
+// not a multiple of 8 therefore needs a padded lda / ldb); ldd >= N, D
+// aligned to its element (rows that are not 16-byte multiples go through an
+// aligned staging buffer and a 2-D copy); the running device must be sm_90
+// (Hopper). The policy entry points (launch.cuh) store through their
+// epilogue and keep the 16-byte rule for it.
 //
 // Policies (a per-tile wait before the main loop, epilogue variants that
 // add a partial, store through a reorder map, notify flags, fuse bias or
@@ -88,6 +92,10 @@ struct GemmOptions {
   /// picks it by itself (64x256) where plain_uses_ping_pong() says so; policy
   /// entry points (gemm_with_layout / gemm_with_tile) never pick it.
   bool epilogue_overlap = false;
+  /// Split-K (plain gemm() only; the policy entry points never split):
+  /// 0 = plan_gemm()'s choice, 1 = never split, > 1 = that many K splits on
+  /// the 128x128 cooperative kernel (64x256 ping-pong with epilogue_overlap).
+  int k_splits = 0;
 };
 
 /// Throws tessera::Error naming `op` and the offending value unless `a` is a
@@ -118,6 +126,41 @@ bool plain_uses_ping_pong(const GemmArgs& a, const GemmOptions& o);
 /// cluster_m = 2 is tested and measured at parity with 1 on H100 (within
 /// noise, docs/design/gemm-engine.md), so auto keeps 1.
 int resolve_cluster(const GemmArgs& a, const GemmOptions& o, GemmTile t);
+
+/// What the plain gemm() runs for a problem: the kernel (tile, ping-pong or
+/// cooperative), the cluster size and the number of K splits (> 1: each split
+/// writes an f32 partial, a second kernel sums them into D).
+struct GemmPlan {
+  GemmTile tile = GemmTile::T128x256;
+  bool ping_pong = false;
+  int cluster_m = 1;
+  int k_splits = 1;
+};
+
+/// The plan gemm(a, o) follows on the current device (validates o's fields).
+/// With every option at its default: large problems whose rows are 128-byte
+/// aligned keep the rule measured on the 13 benchmark shapes
+/// (plain_uses_ping_pong, choose_tile); every other problem takes the plan
+/// (tile, schedule, cluster, K splits) that model_gemm_us() finds cheapest.
+/// Explicit tile / overlap / cluster options run the kernel they name.
+GemmPlan plan_gemm(const GemmArgs& a, const GemmOptions& o);
+
+/// True when D's base and row stride are 16-byte multiples (the kernels'
+/// vector stores); gemm() stages other outputs.
+bool d_rows_aligned(const GemmArgs& a);
+
+/// The largest power of two <= 128 that divides A's and B's base addresses
+/// and row strides in bytes (TMA loads slow down below 128).
+int row_alignment(const GemmArgs& a);
+
+/// Estimated time (us) of plan p on num_sms SMs: waves of work units, each
+/// the slower of wgmma and TMA per K block (TMA bytes per SM falling with
+/// row_alignment) plus a fixed tile cost; a DRAM floor; the split-K partials'
+/// traffic and reduce launch.
+double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p);
+
+/// "128x256/c1", "64x256/pp", "128x128/c1/k3", ...
+std::string plan_name(const GemmPlan& p);
 
 /// D = A · op(B) on `stream`. Validates first (tessera::Error on bad input).
 void gemm(const GemmArgs& a, const GemmOptions& o = {}, cudaStream_t stream = nullptr);

@@ -29,5 +29,10 @@ void make_tma_b(const GemmArgs& a, int bn, CUtensorMap* out);
 int sm_count();
 /// Throws tessera::Error naming `what` if the last launch failed.
 void check_launch(const char* what);
+/// Stream-ordered device memory for split-K partials, from a memory pool of
+/// the current device that keeps its memory (no allocation cost in steady
+/// state, safe across streams). Release with release_workspace on the same stream.
+void* acquire_workspace(size_t bytes, cudaStream_t stream);
+void release_workspace(void* p, cudaStream_t stream);
 
 }  // namespace tessera::kernels::detail

@@ -162,11 +162,14 @@ template <class Cfg, class Scheduler>
 struct TileWalk {
   int first, stride, count, tiles_m, tiles_n;
   uint32_t rank;
-  __device__ TileWalk(int tm, int tn) : tiles_m(tm), tiles_n(tn) {
+  __device__ TileWalk(int tm, int tn) : TileWalk(tm, tn, tm * tn) {}
+  /// units: positions of the schedule without clusters (tm * tn, or more for
+  /// a split-K schedule: sched_units).
+  __device__ TileWalk(int tm, int tn, int units) : tiles_m(tm), tiles_n(tn) {
     if constexpr (Cfg::kClusterM == 1) {
       first = blockIdx.x;
       stride = gridDim.x;
-      count = tm * tn;
+      count = units;
       rank = 0;
     } else {
       first = blockIdx.x / 2;
@@ -227,8 +230,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   else
     ptx::cluster_sync();  // the peer's barriers exist before anyone multicasts or arrives remotely
 
-  const TileWalk<Cfg, Scheduler> walk(p.tiles_m, p.tiles_n);
-  const int k_blocks = (p.K + Cfg::BK - 1) / Cfg::BK;
+  // Split-K (a scheduler with kSplitK): more units than tiles, each over one
+  // split's share of K; clusters are not combined with it.
+  constexpr bool kSplitK = IsSplitK<Scheduler>::value;
+  static_assert(!kSplitK || Cfg::kClusterM == 1, "split-K runs without clusters");
+  const TileWalk<Cfg, Scheduler> walk(p.tiles_m, p.tiles_n, sched_units(p.scheduler, p.tiles_m, p.tiles_n));
+  const int k_blocks = sched_k_blocks(p.scheduler, (p.K + Cfg::BK - 1) / Cfg::BK);
   auto info_of = [&](const TileCoord& t, int pos) {
     return TileInfo{t.m, t.n, pos, t.m * Cfg::BM, t.n * Cfg::BN, Cfg::BM, Cfg::BN, p.tiles_m, p.tiles_n, p.M, p.N};
   };
@@ -319,7 +326,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const CUtensorMap* map_a = &tma_a;
         int row_a = t.m * Cfg::BM;
         prologue_a_source(p.prologue, map_a, row_a);  // e.g. the own shard read in place
-        produce_tile<Cfg, InT, kTransB>(sm, map_a, &tma_b, row_a, t.n * Cfg::BN, k_blocks, stage, phase, walk.rank);
+        if constexpr (kSplitK)
+          produce_tile<Cfg, InT, kTransB>(sm, map_a, &tma_b, row_a, t.n * Cfg::BN, p.scheduler.k_begin(pos), k_blocks,
+                                          stage, phase, walk.rank);
+        else
+          produce_tile<Cfg, InT, kTransB>(sm, map_a, &tma_b, row_a, t.n * Cfg::BN, k_blocks, stage, phase, walk.rank);
       }
       if constexpr (Cfg::kClusterM > 1) {
         // Tail: wait until every slot was released by both CTAs' consumers, so

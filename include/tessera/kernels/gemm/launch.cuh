@@ -32,6 +32,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 #include <type_traits>
 
@@ -103,11 +104,18 @@ void launch_config(const GemmArgs& a, const GemmOptions& o, const Pro& pro, cons
   const int cap = o.max_ctas > 0 ? std::min(o.max_ctas, sms) : sms;
   auto kernel = engine::gemm_kernel<Cfg, InT, kTransB, Pro, Epi, Sched>;
   constexpr int smem = engine::SmemLayout<Cfg, InT>::kLaunchBytes;
-  // Cheap, and per device: set it every launch rather than cache it wrongly.
-  detail::cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                     "cudaFuncSetAttribute(gemm kernel, max dynamic smem)");
+  // Per kernel and device, once (a driver call per launch is host time the
+  // GPU waits for on small problems); one bit per device.
+  static std::atomic<uint64_t> smem_set{0};
+  int smem_dev = 0;
+  detail::cuda_check(cudaGetDevice(&smem_dev), "cudaGetDevice");
+  if (smem_dev >= 64 || !((smem_set.load(std::memory_order_relaxed) >> smem_dev) & 1u)) {
+    detail::cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                       "cudaFuncSetAttribute(gemm kernel, max dynamic smem)");
+    if (smem_dev < 64) smem_set.fetch_or(uint64_t{1} << smem_dev, std::memory_order_relaxed);
+  }
   if constexpr (kClusterM == 1) {
-    const int grid = std::min(cap, p.tiles_m * p.tiles_n);
+    const int grid = std::min(cap, engine::sched_units(p.scheduler, p.tiles_m, p.tiles_n));
     kernel<<<grid, Cfg::kThreads, smem, stream>>>(tma_a, tma_b, p);
   } else {
     cudaLaunchConfig_t cfg{};
@@ -184,6 +192,8 @@ void gemm_with_layout(GemmTile t, const GemmArgs& a, const GemmOptions& o, const
                       const Sched& sched, cudaStream_t stream) {
   if (o.epilogue_overlap)
     detail::fail("gemm: epilogue_overlap is compiled only through gemm_with_layout_overlap / gemm_with_tile_overlap");
+  if (o.k_splits > 1)
+    detail::fail("gemm: k_splits = " + std::to_string(o.k_splits) + " is for the plain gemm() only (policies see whole tiles)");
   int cluster = 1;
   Sched s = sched;
   if constexpr (std::is_same_v<Sched, engine::RasterScheduler>) {

@@ -113,12 +113,14 @@ __device__ __forceinline__ uint64_t make_desc(const void* smem, uint32_t lbo, ui
 /// free only once the consumers of BOTH CTAs released it (the peer's half is
 /// written into this CTA's slot and vice versa), so empty[s] counts the
 /// consumer warps of the whole cluster.
+/// The K range is blocks [kb_begin, kb_begin + k_blocks) (split-K: one
+/// split's share; blocks past K are zero-filled by TMA).
 template <class Cfg, class InT, bool kTransB>
 __device__ __forceinline__ void produce_tile(const SmemLayout<Cfg, InT>& sm, const CUtensorMap* tma_a,
-                                             const CUtensorMap* tma_b, int row0, int col0, int k_blocks,
-                                             int& stage, uint32_t& phase, uint32_t cta_rank) {
+                                             const CUtensorMap* tma_b, int row0, int col0, int kb_begin,
+                                             int k_blocks, int& stage, uint32_t& phase, uint32_t cta_rank) {
   using L = SmemLayout<Cfg, InT>;
-  for (int kb = 0; kb < k_blocks; ++kb) {
+  for (int kb = kb_begin; kb < kb_begin + k_blocks; ++kb) {
     ptx::mbar_wait(sm.empty(stage), phase ^ 1);
     ptx::mbar_arrive_expect_tx(sm.full(stage), L::kStageBytes);
     const int k0 = kb * Cfg::BK;
@@ -151,6 +153,14 @@ __device__ __forceinline__ void produce_tile(const SmemLayout<Cfg, InT>& sm, con
       phase ^= 1;
     }
   }
+}
+
+/// All of K (blocks [0, k_blocks)).
+template <class Cfg, class InT, bool kTransB>
+__device__ __forceinline__ void produce_tile(const SmemLayout<Cfg, InT>& sm, const CUtensorMap* tma_a,
+                                             const CUtensorMap* tma_b, int row0, int col0, int k_blocks,
+                                             int& stage, uint32_t& phase, uint32_t cta_rank) {
+  produce_tile<Cfg, InT, kTransB>(sm, tma_a, tma_b, row0, col0, 0, k_blocks, stage, phase, cta_rank);
 }
 
 /// Frees slot s for the producers: this CTA's, and with a cluster the peer's

@@ -87,6 +87,72 @@ struct RasterScheduler {
   }
 };
 
+/// Split-K over a RasterScheduler: the schedule has tiles * splits work
+/// units; unit pos computes output tile inner.tile(pos % tiles) over K blocks
+/// [split * kb_per_split, (split + 1) * kb_per_split), split = pos / tiles.
+/// Every unit runs the same number of K blocks (the ping-pong ring arithmetic
+/// needs that): blocks past K are out of bounds, TMA zero-fills them and they
+/// add nothing. make() guarantees every split holds at least one real block.
+/// The epilogue sees TileInfo::pos = the unit and derives the split from it
+/// (SplitKEpilogue, splitk.cuh). kSplitK tells the kernel to take the K range
+/// and the unit count from here (sched_units / sched_k_blocks below).
+struct SplitKScheduler {
+  static constexpr bool kSplitK = true;
+  RasterScheduler inner;
+  int splits = 1;
+  int kb_per_split = 1;
+  int tiles = 1;
+  FastDivmod tiles_div;
+
+  /// splits is clamped so that the last split starts inside K.
+  static SplitKScheduler make(RasterScheduler r, int tiles_m, int tiles_n, int k_blocks, int splits) {
+    SplitKScheduler s;
+    r.prepare(tiles_m, tiles_n);
+    s.inner = r;
+    splits = splits < 1 ? 1 : (splits > k_blocks ? k_blocks : splits);
+    s.kb_per_split = (k_blocks + splits - 1) / splits;
+    s.splits = (k_blocks + s.kb_per_split - 1) / s.kb_per_split;
+    s.tiles = tiles_m * tiles_n;
+    s.tiles_div = FastDivmod::make(static_cast<uint32_t>(s.tiles));
+    return s;
+  }
+  __host__ __device__ __forceinline__ int split_of(int pos) const {
+    return static_cast<int>(tiles_div.div(static_cast<uint32_t>(pos)));
+  }
+  __host__ __device__ __forceinline__ TileCoord tile(int pos, int tiles_m, int tiles_n) const {
+    return inner.tile(pos - split_of(pos) * tiles, tiles_m, tiles_n);
+  }
+  __host__ __device__ __forceinline__ int k_begin(int pos) const { return split_of(pos) * kb_per_split; }
+};
+
+template <class S, class = void>
+struct IsSplitK {
+  static constexpr bool value = false;
+};
+template <class S>
+struct IsSplitK<S, decltype(void(S::kSplitK))> {
+  static constexpr bool value = S::kSplitK;
+};
+
+/// Work units of a schedule over tiles_m x tiles_n tiles (tiles, or tiles x
+/// splits for a split-K scheduler).
+template <class S>
+__host__ __device__ __forceinline__ int sched_units(const S& s, int tiles_m, int tiles_n) {
+  if constexpr (IsSplitK<S>::value)
+    return tiles_m * tiles_n * s.splits;
+  else
+    return tiles_m * tiles_n;
+}
+
+/// K blocks each unit runs (all of K, or one split's share).
+template <class S>
+__host__ __device__ __forceinline__ int sched_k_blocks(const S& s, int k_blocks) {
+  if constexpr (IsSplitK<S>::value)
+    return s.kb_per_split;
+  else
+    return k_blocks;
+}
+
 /// An explicit order: order[pos] is the linear tile id tile_m * tiles_n + tile_n.
 /// `order` is device memory of tiles_m * tiles_n ints holding a permutation.
 struct PermutedScheduler {

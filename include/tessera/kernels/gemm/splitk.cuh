@@ -1,0 +1,76 @@
+// tessera/kernels/gemm/splitk.cuh — split-K for the plain GEMM: the persistent
+// kernel runs tiles x splits work units (SplitKScheduler, scheduler.cuh), each
+// unit stores its f32 partial tile into a workspace slab [split][M][ldw]
+// (SplitKEpilogue), and splitk_reduce sums the slabs into D in the output
+// type. Used where M x N gives fewer tiles than the GPU has SMs (small M,
+// small N, long K): the units then fill the machine.
+//
+// Hooks: the split kernel has no prologue and no notify; the policy entry
+// points (gemm_with_layout / gemm_with_tile) never split, so the fused
+// operators keep their per-tile waits and notifies on whole tiles.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "tessera/kernels/gemm/epilogue.cuh"
+#include "tessera/kernels/gemm/fast_divmod.cuh"
+#include "tessera/kernels/gemm/tile.cuh"
+
+namespace tessera::kernels::engine {
+
+/// Stores unit pos's accumulators into slab split = pos / tiles of the f32
+/// workspace: ws + split * split_stride + row * ldw + col. ldw is a multiple
+/// of 8 (32-byte rows), ws 256-byte aligned.
+struct SplitKEpilogue {
+  static constexpr bool kNotify = false;
+  static constexpr bool kSysScope = false;
+  float* ws = nullptr;
+  int64_t ldw = 0;
+  int64_t split_stride = 0;
+  FastDivmod tiles_div;  ///< by tiles_m * tiles_n
+
+  struct Bound {
+    float* base;
+    int64_t ldw;
+    __device__ __forceinline__ void store8(int row, int col, const float (&v)[8], int valid) const {
+      store_first8(base + static_cast<int64_t>(row) * ldw + col, v, valid);
+    }
+  };
+  __device__ __forceinline__ Bound bind(const TileInfo& t) const {
+    const int64_t split = tiles_div.div(static_cast<uint32_t>(t.pos));
+    return Bound{ws + split * split_stride, ldw};
+  }
+  __device__ __forceinline__ void tile_done(const TileInfo&) const {}
+};
+
+/// D[row, col..col+7] = sum over splits of the workspace, converted to OutT;
+/// one thread per 8 outputs, grid-stride. Columns past N are not written.
+template <class OutT>
+__global__ void splitk_reduce(const float* __restrict__ ws, int splits, int64_t split_stride, int64_t ldw, int M,
+                              int N, OutT* __restrict__ d, int64_t ldd) {
+  const int groups = (N + 7) / 8;
+  const int64_t total = static_cast<int64_t>(M) * groups;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int row = static_cast<int>(i / groups);
+    const int col = static_cast<int>(i - static_cast<int64_t>(row) * groups) * 8;
+    const float* p = ws + static_cast<int64_t>(row) * ldw + col;
+    float v[8];
+    {
+      const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+      v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+      v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    }
+    for (int s = 1; s < splits; ++s) {
+      const float* q = p + s * split_stride;
+      const float4 a = reinterpret_cast<const float4*>(q)[0], b = reinterpret_cast<const float4*>(q)[1];
+      v[0] += a.x; v[1] += a.y; v[2] += a.z; v[3] += a.w;
+      v[4] += b.x; v[5] += b.y; v[6] += b.z; v[7] += b.w;
+    }
+    store_first8(d + static_cast<int64_t>(row) * ldd + col, v, min(8, N - col));
+  }
+}
+
+}  // namespace tessera::kernels::engine
