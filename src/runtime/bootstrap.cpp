@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "hmac.hpp"
 #include "socket.hpp"
 #include "tessera/runtime/env.hpp"
 #include "tessera/runtime/error.hpp"
@@ -22,20 +23,56 @@ using net::IoStatus;
 
 namespace {
 
-constexpr std::uint32_t kHelloMagic = 0x54534231;  // "TSB1"
-constexpr std::uint32_t kFrameMagic = 0x5453464d;  // "TSFM"
-constexpr std::uint32_t kVersion = 1;
+constexpr std::uint32_t kHelloMagic = 0x54534232;      // "TSB2"
+constexpr std::uint32_t kChallengeMagic = 0x54534332;  // "TSC2"
+constexpr std::uint32_t kFrameMagic = 0x5453464d;      // "TSFM"
+constexpr std::uint32_t kVersion = 2;
 constexpr std::uint32_t kMaxReason = 64 * 1024;
+constexpr std::size_t kNonce = 16;
+/// Connections that have not completed the handshake, at most; beyond that
+/// the oldest is closed (so idle connections cannot exhaust descriptors or
+/// hold the real ranks out).
+constexpr std::size_t kMaxPending = 32;
+/// A connection must complete its handshake this long after it was accepted.
+constexpr std::chrono::milliseconds kHandshakeLimit{5000};
 
 // Both ends of a job run on the same architecture, so fields travel in host
 // byte order; a byte-swapped magic reads as "not a tessera peer".
+//
+// Handshake (mutual challenge/response over the job secret K, which never
+// travels): the peer sends Hello with a fresh nonce Nc; rank 0 checks the
+// plain fields, answers Challenge with its nonce Ns and
+// HMAC(K, "server" | Nc | Ns | world | rank) — the peer refuses a rank 0
+// that cannot produce it — and the peer answers with
+// HMAC(K, "client" | Nc | Ns | world | rank), which rank 0 checks in constant
+// time before the rank takes its slot. The final HelloReply comes once the
+// whole world has connected.
 struct Hello {
   std::uint32_t magic, version, world, rank;
+  std::uint8_t nonce[kNonce];
+};
+struct Challenge {
+  std::uint32_t magic, version;
+  std::uint8_t nonce[kNonce];
+  std::uint8_t proof[32];
+};
+struct Proof {
+  std::uint8_t mac[32];
 };
 enum class Status : std::uint32_t { ok = 0, rejected = 1 };
 struct HelloReply {
   std::uint32_t magic, version, status, world, reason_len;  // reason bytes follow
 };
+
+/// The MAC one side sends: role is "server" or "client".
+crypto::Digest handshake_mac(const std::string& key, const char* role, const std::uint8_t* nc, const std::uint8_t* ns,
+                             std::uint32_t world, std::uint32_t rank) {
+  std::string msg = std::string("tessera-bootstrap-v2|") + role + "|";
+  msg.append(reinterpret_cast<const char*>(nc), kNonce);
+  msg.append(reinterpret_cast<const char*>(ns), kNonce);
+  msg += fmt::format("|{}|{}", world, rank);
+  return crypto::hmac_sha256(key, msg);
+}
 
 enum class Op : std::uint32_t { broadcast = 1, allgather = 2, barrier = 3, abort = 0xdead };
 struct Frame {
@@ -83,6 +120,9 @@ struct Bootstrap::Impl {
   std::vector<std::string> peer_addr;  // rank 0: where rank r connected from
   std::uint32_t seq = 0;
   std::string broken;  // reason of an earlier failure; non-empty = unusable
+  std::string key;     // the job secret (HMAC key); never sent
+  std::string key_source;  // where it came from, for messages
+  std::string bind_host;   // TESSERA_BOOTSTRAP_BIND ("" = MASTER_ADDR itself)
 
   Deadline deadline() const { return net::Clock::now() + timeout; }
 
@@ -262,16 +302,25 @@ void Bootstrap::Impl::connect_as_root(Deadline d) {
   const auto colon = address.rfind(':');
   const std::string host = address.substr(0, colon);
   net::Fd listener = net::listen_on(host.front() == '[' ? host.substr(1, host.size() - 2) : host,
-                                    std::stoi(address.substr(colon + 1)), std::min(world + 16, 4096));
+                                    std::stoi(address.substr(colon + 1)), std::min(world + 16, 4096), bind_host);
+  // One connection that has not finished the handshake.
   struct Pending {
     net::Fd fd;
     std::string from;
+    Deadline limit;        // must finish the handshake by then
     Hello hello{};
-    std::size_t got = 0;
+    std::size_t got = 0;   // bytes of hello (then of proof) received
+    bool challenged = false;
+    std::uint8_t nonce[kNonce] = {};  // ours (Ns)
+    Proof proof{};
   };
   std::vector<Pending> pending;
-  std::vector<std::string> notes;  // rejected connections, reported on timeout
+  std::vector<std::string> notes;  // refused connections, reported on timeout
   int connected = 0;
+  auto note = [&](std::string n) {
+    if (notes.size() < 16) notes.push_back(std::move(n));
+    else if (notes.size() == 16) notes.push_back("(more refused connections not listed)");
+  };
 
   auto reply = [&](int fd, Status status, const std::string& reason) {
     const HelloReply rep{kHelloMagic, kVersion, static_cast<std::uint32_t>(status),
@@ -281,42 +330,69 @@ void Bootstrap::Impl::connect_as_root(Deadline d) {
     if (r.status == IoStatus::ok) r = net::send_all(fd, reason.data(), reason.size(), rd);
     return r;
   };
-  auto examine = [&](Pending& p) {  // a complete hello: accept or reject it
+  auto refuse = [&](Pending& p, const std::string& why) {  // tell that connection why, close it, nothing else
+    note(fmt::format("refused {}: {}", p.from, why));
+    (void)reply(p.fd.get(), Status::rejected, why);
+    p.fd.reset();
+  };
+  // A complete hello: plain checks, then the challenge (with our proof).
+  auto on_hello = [&](Pending& p) {
     const Hello& h = p.hello;
-    std::string why;
-    if (h.magic != kHelloMagic) {
-      notes.push_back(fmt::format("a connection from {} was not a tessera bootstrap peer (magic 0x{:08x})", p.from,
-                                  h.magic));
-      return;  // not ours: just close it
-    }
-    if (h.version != kVersion) {
-      why = fmt::format("protocol version {} differs from rank 0's {}", h.version, kVersion);
-    } else if (h.world != static_cast<std::uint32_t>(world)) {
-      why = fmt::format("this job has world size {} but the connecting process (rank {}) has world size {} — "
-                        "is MASTER_PORT shared by two jobs?",
-                        world, h.rank, h.world);
-    } else if (h.rank == 0 || h.rank >= static_cast<std::uint32_t>(world)) {
-      why = fmt::format("rank {} is out of range [1, {})", h.rank, world);
-    } else if (peers[h.rank].valid()) {
-      why = fmt::format("rank {} is already connected from {}", h.rank, peer_addr[h.rank]);
-    }
-    if (!why.empty()) {
-      notes.push_back(fmt::format("rejected {}: {}", p.from, why));
-      (void)reply(p.fd.get(), Status::rejected, why);
+    if (h.version != kVersion)
+      return refuse(p, fmt::format("protocol version {} differs from rank 0's {}", h.version, kVersion));
+    if (h.world != static_cast<std::uint32_t>(world))
+      return refuse(p, fmt::format("this job has world size {} but the connecting process (rank {}) has world size "
+                                   "{} — is MASTER_PORT shared by two jobs?",
+                                   world, h.rank, h.world));
+    if (h.rank == 0 || h.rank >= static_cast<std::uint32_t>(world))
+      return refuse(p, fmt::format("rank {} is out of range [1, {})", h.rank, world));
+    Challenge c{kChallengeMagic, kVersion, {}, {}};
+    crypto::random_bytes(p.nonce, kNonce);
+    std::memcpy(c.nonce, p.nonce, kNonce);
+    const crypto::Digest mine = handshake_mac(key, "server", h.nonce, p.nonce, h.world, h.rank);
+    std::memcpy(c.proof, mine.data(), mine.size());
+    // 64 bytes into a fresh socket's empty send buffer: never blocks for long.
+    if (net::send_all(p.fd.get(), &c, sizeof c, net::Clock::now() + std::chrono::milliseconds(500)).status !=
+        IoStatus::ok) {
+      note(fmt::format("a connection from {} went away during the handshake", p.from));
+      p.fd.reset();
       return;
     }
+    p.challenged = true;
+    p.got = 0;
+  };
+  // A complete proof: constant-time check, then the rank takes its slot.
+  auto on_proof = [&](Pending& p) {
+    const Hello& h = p.hello;
+    const crypto::Digest want = handshake_mac(key, "client", h.nonce, p.nonce, h.world, h.rank);
+    if (!crypto::equal_constant_time(want.data(), p.proof.mac, want.size()))
+      return refuse(p, fmt::format("authentication failed for rank {}: the process does not know this job's secret "
+                                   "({}; every rank must see the same TESSERA_JOB_SECRET)",
+                                   h.rank, key_source));
+    if (peers[h.rank].valid())
+      return refuse(p, fmt::format("rank {} is already connected from {}", h.rank, peer_addr[h.rank]));
     peers[h.rank] = std::move(p.fd);
     peer_addr[h.rank] = p.from;
     ++connected;
   };
 
   while (connected < world - 1) {
+    const auto now = net::Clock::now();
+    for (auto& p : pending)  // handshakes that take too long: closed, nothing else
+      if (p.limit <= now) {
+        note(fmt::format("a connection from {} did not complete the handshake within {} ms", p.from,
+                         std::chrono::duration_cast<std::chrono::milliseconds>(kHandshakeLimit).count()));
+        p.fd.reset();
+      }
+    std::erase_if(pending, [](const Pending& p) { return !p.fd.valid(); });
+    Deadline wake = d;
+    for (const auto& p : pending) wake = std::min(wake, p.limit);
     std::vector<pollfd> pfds{{listener.get(), POLLIN, 0}};
     for (auto& p : pending) pfds.push_back({p.fd.get(), POLLIN, 0});
-    const int rc = ::poll(pfds.data(), pfds.size(), net::ms_left(d));
+    const int rc = ::poll(pfds.data(), pfds.size(), net::ms_left(wake));
     if (rc < 0 && errno == EINTR) continue;
     TESSERA_CHECK(rc >= 0, "{}: poll(): {}", where(), net::errno_text(errno));
-    if (rc == 0) {
+    if (rc == 0 && net::ms_left(d) == 0) {
       std::vector<int> missing;
       for (int r = 1; r < world; ++r)
         if (!peers[r].valid()) missing.push_back(r);
@@ -328,31 +404,60 @@ void Bootstrap::Impl::connect_as_root(Deadline d) {
       broken = why;
       TESSERA_FAIL("{}: {}", where(), why);
     }
-    for (std::size_t i = 1; i < pfds.size(); ++i) {  // pending hellos
+    for (std::size_t i = 1; i < pfds.size(); ++i) {  // handshakes in progress
       if (pfds[i].revents == 0) continue;
       Pending& p = pending[i - 1];
+      char* buf = p.challenged ? reinterpret_cast<char*>(&p.proof) : reinterpret_cast<char*>(&p.hello);
+      const std::size_t want = p.challenged ? sizeof(Proof) : sizeof(Hello);
       IoResult res;
-      const long k =
-          net::recv_some(p.fd.get(), reinterpret_cast<char*>(&p.hello) + p.got, sizeof(Hello) - p.got, res);
+      const long k = net::recv_some(p.fd.get(), buf + p.got, want - p.got, res);
       if (k == 0 || res.status != IoStatus::ok) {
-        notes.push_back(fmt::format("a connection from {} closed before completing the handshake", p.from));
+        note(fmt::format("a connection from {} closed before completing the handshake", p.from));
         p.fd.reset();
-      } else if (k > 0 && (p.got += static_cast<std::size_t>(k)) == sizeof(Hello)) {
-        examine(p);
-        p.fd.reset();  // no-op when examine() moved it into peers
+        continue;
       }
+      if (k < 0) continue;
+      p.got += static_cast<std::size_t>(k);
+      if (!p.challenged && p.got >= sizeof(std::uint32_t) && p.hello.magic != kHelloMagic) {
+        note(fmt::format("a connection from {} was not a tessera bootstrap peer (magic 0x{:08x})", p.from,
+                         p.hello.magic));
+        p.fd.reset();  // not ours: just close it
+        continue;
+      }
+      if (p.got < want) continue;
+      if (!p.challenged) on_hello(p);
+      else on_proof(p);
     }
     std::erase_if(pending, [](const Pending& p) { return !p.fd.valid(); });
     if (pfds[0].revents != 0) {  // new connections: take all that are queued
       for (;;) {
         std::string from;
-        net::Fd fd = net::accept_until(listener.get(), net::Clock::now(), &from);
+        int err = 0;
+        net::Fd fd = net::accept_until(listener.get(), net::Clock::now(), &from, &err);
+        if (!fd.valid() && err != 0) {
+          // Out of descriptors: drop the oldest unfinished handshake, or back
+          // off briefly when there is none (the peers hold them).
+          if (!pending.empty()) {
+            note(fmt::format("closed an idle connection from {}: out of file descriptors ({})", pending.front().from,
+                             net::errno_text(err)));
+            pending.erase(pending.begin());
+          } else {
+            ::poll(nullptr, 0, 10);
+          }
+          break;
+        }
         if (!fd.valid()) break;
-        pending.push_back({std::move(fd), from});
+        if (pending.size() >= kMaxPending) {  // the oldest goes: a real rank finishes in well under a second
+          note(fmt::format("closed an idle connection from {}: more than {} connections were handshaking",
+                           pending.front().from, kMaxPending));
+          pending.erase(pending.begin());
+        }
+        pending.push_back({std::move(fd), from, net::Clock::now() + std::min<std::chrono::milliseconds>(timeout, kHandshakeLimit)});
       }
     }
   }
   listener.reset();  // the job is complete: later strays get "connection refused"
+  pending.clear();
   for (int r = 1; r < world; ++r) {
     const IoResult res = reply(peers[r].get(), Status::ok, "");
     if (res.status != IoStatus::ok) fail(io_failure(res, r, "the handshake"));
@@ -371,25 +476,63 @@ void Bootstrap::Impl::connect_as_peer(Deadline d) {
                 where(), address, timeout.count(), last_error);
   peers.resize(1);
   peers[0] = std::move(fd);
-  const Hello h{kHelloMagic, kVersion, static_cast<std::uint32_t>(world), static_cast<std::uint32_t>(rank)};
-  IoResult r = net::send_all(peers[0].get(), &h, sizeof h, d);
-  if (r.status != IoStatus::ok) {
-    broken = io_failure(r, 0, "the handshake");
-    TESSERA_FAIL("{}: {}", where(), broken);
-  }
-  HelloReply rep{};
-  r = net::recv_all(peers[0].get(), &rep, sizeof rep, d);
-  auto fail_quietly = [&](const std::string& why) {  // rank 0 already knows; don't send it an abort
+  auto fail_quietly = [&](const std::string& why) {  // rank 0 already knows (or is not ours); send it nothing
     broken = why;
+    peers[0].reset();
     TESSERA_FAIL("{}: {}", where(), why);
   };
+  auto not_rank0 = [&](const std::string& what) {
+    fail_quietly(fmt::format("the process listening on {} is not this job's rank 0: {} (another job or another "
+                             "program holds MASTER_PORT; the job secret is {})",
+                             address, what, key_source));
+  };
+  // Reads rank 0's refusal (a HelloReply whose magic `first4` was read already).
+  auto read_refusal = [&](std::uint32_t first4) {
+    HelloReply rep{};
+    rep.magic = first4;
+    IoResult r = net::recv_all(peers[0].get(), reinterpret_cast<char*>(&rep) + 4, sizeof rep - 4, d);
+    if (r.status != IoStatus::ok) fail_quietly(io_failure(r, 0, "the handshake"));
+    if (rep.status == static_cast<std::uint32_t>(Status::ok)) not_rank0("it accepted this rank without authentication");
+    std::string reason(std::min(rep.reason_len, kMaxReason), '\0');
+    (void)net::recv_all(peers[0].get(), reason.data(), reason.size(), net::Clock::now() + std::chrono::seconds(1));
+    fail_quietly(fmt::format("rank 0 at {} refused this rank: {}", address, reason));
+  };
+
+  Hello h{kHelloMagic, kVersion, static_cast<std::uint32_t>(world), static_cast<std::uint32_t>(rank), {}};
+  crypto::random_bytes(h.nonce, kNonce);
+  IoResult r = net::send_all(peers[0].get(), &h, sizeof h, d);
+  if (r.status != IoStatus::ok) fail_quietly(io_failure(r, 0, "the handshake"));
+
+  Challenge c{};
+  r = net::recv_all(peers[0].get(), &c.magic, sizeof c.magic, d);
+  if (r.status == IoStatus::timeout)
+    not_rank0(fmt::format("it accepted the connection but sent no challenge within {} ms", timeout.count()));
+  if (r.status != IoStatus::ok) fail_quietly(io_failure(r, 0, "the handshake"));
+  if (c.magic == kHelloMagic) read_refusal(c.magic);
+  if (c.magic != kChallengeMagic) not_rank0(fmt::format("it answered with magic 0x{:08x}", c.magic));
+  r = net::recv_all(peers[0].get(), reinterpret_cast<char*>(&c) + 4, sizeof c - 4, d);
+  if (r.status != IoStatus::ok) fail_quietly(io_failure(r, 0, "the handshake"));
+  const crypto::Digest expect = handshake_mac(key, "server", h.nonce, c.nonce, h.world, h.rank);
+  if (c.version != kVersion || !crypto::equal_constant_time(expect.data(), c.proof, expect.size()))
+    fail_quietly(fmt::format("the process listening on {} could not prove that it knows this rank's job secret "
+                             "({}): it is not this job's rank 0 (another job or another program on MASTER_PORT), "
+                             "or the ranks were given different secrets",
+                             address, key_source));
+
+  Proof p{};
+  const crypto::Digest mine = handshake_mac(key, "client", h.nonce, c.nonce, h.world, h.rank);
+  std::memcpy(p.mac, mine.data(), mine.size());
+  r = net::send_all(peers[0].get(), &p, sizeof p, d);
+  if (r.status != IoStatus::ok) fail_quietly(io_failure(r, 0, "the handshake"));
+
+  HelloReply rep{};
+  r = net::recv_all(peers[0].get(), &rep, sizeof rep, d);
   if (r.status == IoStatus::timeout)
     fail_quietly(fmt::format("connected to rank 0 at {}, but the job did not assemble within {} ms (rank 0 is "
                              "still waiting for other ranks)",
                              address, timeout.count()));
   if (r.status != IoStatus::ok) fail_quietly(io_failure(r, 0, "the handshake"));
-  if (rep.magic != kHelloMagic)
-    fail_quietly(fmt::format("the process listening on {} is not a tessera bootstrap rank 0 (bad reply)", address));
+  if (rep.magic != kHelloMagic) not_rank0("bad reply after authentication");
   if (rep.status != static_cast<std::uint32_t>(Status::ok)) {
     std::string reason(std::min(rep.reason_len, kMaxReason), '\0');
     (void)net::recv_all(peers[0].get(), reason.data(), reason.size(), net::Clock::now() + std::chrono::seconds(1));
@@ -433,6 +576,15 @@ std::unique_ptr<Bootstrap> Bootstrap::connect(const LaunchInfo& info, std::chron
   const std::string addr = net::address_string(info.master_addr, info.master_port);
   std::unique_ptr<Bootstrap> b(new Bootstrap(info.rank, info.world, addr, timeout));
   if (info.world == 1) return b;
+  Impl& m = *b->impl_;
+  if (!info.job_secret.empty()) {
+    m.key = info.job_secret;
+    m.key_source = info.secret_source.empty() ? "given by the caller" : info.secret_source;
+  } else {  // a LaunchInfo made by hand: only accidents are kept out
+    m.key = "tessera-unauthenticated|" + addr;
+    m.key_source = "none given: derived from the rendezvous address (not a secret)";
+  }
+  m.bind_host = env::get("TESSERA_BOOTSTRAP_BIND").value_or("");
   const Deadline d = net::Clock::now() + timeout;
   if (info.rank == 0) {
     b->impl_->peers.resize(info.world);

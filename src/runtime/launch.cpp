@@ -213,9 +213,42 @@ LaunchInfo from_slurm() {
   return li;
 }
 
-}  // namespace
+constexpr std::size_t kMinSecretChars = 16;
 
-LaunchInfo detect_launch_info() {
+/// The job secret (launch.hpp): TESSERA_JOB_SECRET, else a value derived from
+/// the job's ids, the rendezvous address and the world size.
+void set_job_secret(LaunchInfo& li) {
+  if (li.world == 1) return;
+  if (auto s = env::get("TESSERA_JOB_SECRET")) {
+    TESSERA_CHECK(s->size() >= kMinSecretChars,
+                  "launch environment: TESSERA_JOB_SECRET has {} characters; it needs at least {} (e.g. 32 random "
+                  "bytes in hex: openssl rand -hex 32)",
+                  s->size(), kMinSecretChars);
+    li.job_secret = *s;
+    li.secret_source = "TESSERA_JOB_SECRET";
+    li.secret_derived = false;
+    return;
+  }
+  std::vector<const char*> vars;
+  if (li.source == "torchrun") vars = {"TORCHELASTIC_RUN_ID"};
+  else if (li.source == "slurm") vars = {"SLURM_JOB_ID", "SLURM_STEP_ID"};
+  else if (li.source == "openmpi") vars = {"PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid"};
+  std::string text = "tessera-job|" + li.source;
+  std::string used;
+  for (const char* v : vars) {
+    if (auto s = env::get(v)) {
+      text += fmt::format("|{}={}", v, *s);
+      used += (used.empty() ? "" : ", ") + std::string(v);
+    }
+  }
+  text += fmt::format("|{}:{}|world={}", li.master_addr, li.master_port, li.world);
+  li.job_secret = text;
+  li.secret_source = fmt::format("derived from {}{}MASTER_ADDR:MASTER_PORT and the world size (not a secret)", used,
+                                 used.empty() ? "" : ", ");
+  li.secret_derived = true;
+}
+
+LaunchInfo detect_unauthenticated() {
   for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}) {
     if (is_set(v)) return from_torchrun();
   }
@@ -224,6 +257,14 @@ LaunchInfo detect_launch_info() {
   LaunchInfo li;
   li.source = "single";
   li.master_addr = "127.0.0.1";
+  return li;
+}
+
+}  // namespace
+
+LaunchInfo detect_launch_info() {
+  LaunchInfo li = detect_unauthenticated();
+  set_job_secret(li);
   return li;
 }
 

@@ -90,19 +90,8 @@ int resolve(const std::string& host, int port, bool passive, AddrInfoList& out) 
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = passive ? AI_PASSIVE : 0;
   const std::string service = std::to_string(port);
-  return ::getaddrinfo(host.c_str(), service.c_str(), &hints, &out.head);
-}
-
-bool is_loopback(const addrinfo* ai) {
-  if (ai->ai_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(ai->ai_addr);
-    return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
-  }
-  if (ai->ai_family == AF_INET6) {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(ai->ai_addr);
-    return IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr);
-  }
-  return false;
+  // "*" with `passive`: the wildcard addresses.
+  return ::getaddrinfo(passive && host == "*" ? nullptr : host.c_str(), service.c_str(), &hints, &out.head);
 }
 
 }  // namespace
@@ -166,53 +155,53 @@ IoResult recv_all(int fd, void* data, std::size_t n, Deadline deadline) {
   return r;
 }
 
-Fd listen_on(const std::string& host, int port, int backlog) {
+Fd listen_on(const std::string& host, int port, int backlog, const std::string& bind_host) {
+  const std::string& where = bind_host.empty() ? host : bind_host;
   AddrInfoList target;
-  const int gai = resolve(host, port, false, target);
-  TESSERA_CHECK(gai == 0, "bootstrap: cannot resolve MASTER_ADDR '{}': {}", host, ::gai_strerror(gai));
-  const addrinfo* ai = target.head;
-  const int family = ai->ai_family;
-
-  Fd s(::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  TESSERA_CHECK(s.valid(), "bootstrap: socket(): {}", errno_text(errno));
-  const int one = 1, zero = 0;
-  // SO_REUSEADDR: a port left in TIME_WAIT by the previous job can be bound again.
-  (void)::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-
-  sockaddr_storage addr{};
-  socklen_t len = 0;
-  if (is_loopback(ai)) {  // rank 0 of a local job: stay off the network
-    std::memcpy(&addr, ai->ai_addr, ai->ai_addrlen);
-    len = ai->ai_addrlen;
-  } else if (family == AF_INET6) {
-    (void)::setsockopt(s.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
-    auto* in6 = reinterpret_cast<sockaddr_in6*>(&addr);
-    in6->sin6_family = AF_INET6;
-    in6->sin6_addr = in6addr_any;
-    in6->sin6_port = htons(static_cast<uint16_t>(port));
-    len = sizeof(sockaddr_in6);
-  } else {
-    // MASTER_ADDR may name this host by an address we cannot bind directly
-    // (NAT, /etc/hosts aliases); the wildcard address accepts all of them.
-    auto* in = reinterpret_cast<sockaddr_in*>(&addr);
-    in->sin_family = AF_INET;
-    in->sin_addr.s_addr = htonl(INADDR_ANY);
-    in->sin_port = htons(static_cast<uint16_t>(port));
-    len = sizeof(sockaddr_in);
+  const int gai = resolve(where, port, !bind_host.empty() && bind_host == "*", target);
+  TESSERA_CHECK(gai == 0, "bootstrap: cannot resolve {} '{}': {}",
+                bind_host.empty() ? "MASTER_ADDR" : "TESSERA_BOOTSTRAP_BIND", where, ::gai_strerror(gai));
+  // Bind exactly the given address (the first of its addresses that binds):
+  // rank 0 listens where the job said, never on every interface unless
+  // TESSERA_BOOTSTRAP_BIND asks for it.
+  std::string tried;
+  int first_err = 0;
+  for (const addrinfo* ai = target.head; ai != nullptr; ai = ai->ai_next) {
+    Fd s(::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!s.valid()) {
+      if (first_err == 0) first_err = errno;
+      continue;
+    }
+    const int one = 1;
+    // SO_REUSEADDR: a port left in TIME_WAIT by the previous job can be bound
+    // again (Linux never lets it share a port with a live listener).
+    (void)::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (ai->ai_family == AF_INET6) {
+      const int v6only = bind_host == "*" ? 0 : 1;  // the wildcard: IPv4 too
+      (void)::setsockopt(s.get(), IPPROTO_IPV6, IPV6_V6ONLY, &v6only, sizeof v6only);
+    }
+    if (::bind(s.get(), ai->ai_addr, ai->ai_addrlen) != 0) {
+      const int err = errno;
+      if (first_err == 0) first_err = err;
+      tried += (tried.empty() ? "" : ", ") + sockaddr_string(ai->ai_addr) + ": " + errno_text(err);
+      continue;
+    }
+    TESSERA_CHECK(::listen(s.get(), backlog) == 0, "bootstrap: listen on {}: {}", address_string(host, port),
+                  errno_text(errno));
+    set_nonblocking(s.get());
+    return s;
   }
-  if (::bind(s.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) {
-    const int err = errno;
-    TESSERA_FAIL("bootstrap: rank 0 cannot listen on {} ({}): {}{}", address_string(host, port),
-                 sockaddr_string(reinterpret_cast<sockaddr*>(&addr)), errno_text(err),
-                 err == EADDRINUSE ? " — is another job using MASTER_PORT?" : "");
-  }
-  TESSERA_CHECK(::listen(s.get(), backlog) == 0, "bootstrap: listen on {}: {}", address_string(host, port),
-                errno_text(errno));
-  set_nonblocking(s.get());
-  return s;
+  TESSERA_FAIL("bootstrap: rank 0 cannot listen on {} ({}){}", address_string(where, port), tried,
+               first_err == EADDRINUSE ? " — another process holds MASTER_PORT (another job, or an impostor); choose "
+                                         "another port"
+               : first_err == EADDRNOTAVAIL
+                   ? " — MASTER_ADDR is not an address of this host; give rank 0's own address, or set "
+                     "TESSERA_BOOTSTRAP_BIND to the local address to listen on ('*' = every interface)"
+                   : "");
 }
 
-Fd accept_until(int listen_fd, Deadline deadline, std::string* peer) {
+Fd accept_until(int listen_fd, Deadline deadline, std::string* peer, int* accept_errno) {
+  if (accept_errno) *accept_errno = 0;
   for (;;) {
     sockaddr_storage addr{};
     socklen_t len = sizeof addr;
@@ -223,6 +212,11 @@ Fd accept_until(int listen_fd, Deadline deadline, std::string* peer) {
       return Fd(fd);
     }
     if (errno == EINTR || errno == ECONNABORTED) continue;
+    // Out of descriptors (EMFILE/ENFILE) or memory: the caller frees some.
+    if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+      if (accept_errno) *accept_errno = errno;
+      return Fd();
+    }
     TESSERA_CHECK(errno == EAGAIN || errno == EWOULDBLOCK, "bootstrap: accept(): {}", errno_text(errno));
     if (wait_for(listen_fd, POLLIN, deadline) == 0) return Fd();
   }

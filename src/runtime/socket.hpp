@@ -60,14 +60,19 @@ IoResult recv_all(int fd, void* data, std::size_t n, Deadline deadline);
 /// are returned as IoResult through `res` (status error).
 long recv_some(int fd, void* data, std::size_t n, IoResult& res);
 
-/// Listening socket for rank 0 on host:port. Binds exactly the loopback
-/// address when `host` resolves to one, else the wildcard address of its
-/// family. SO_REUSEADDR. Throws tessera::Error naming host:port.
-Fd listen_on(const std::string& host, int port, int backlog);
+/// Listening socket for rank 0 on host:port: binds exactly an address `host`
+/// resolves to (the first that binds), never the wildcard — unless
+/// `bind_host` is given: then that address ("*" = every interface).
+/// SO_REUSEADDR. Throws tessera::Error naming host:port and why (port taken,
+/// address not local).
+Fd listen_on(const std::string& host, int port, int backlog, const std::string& bind_host = "");
 
 /// Accepts one connection if one arrives before `deadline` (else invalid Fd).
-/// `peer` receives "ip:port" of the other end.
-Fd accept_until(int listen_fd, Deadline deadline, std::string* peer);
+/// `peer` receives "ip:port" of the other end. Out of file descriptors
+/// (EMFILE, ENFILE) or memory: returns an invalid Fd with the errno in
+/// `accept_errno` (0 otherwise) instead of throwing, so the caller can close
+/// idle connections and go on.
+Fd accept_until(int listen_fd, Deadline deadline, std::string* peer, int* accept_errno = nullptr);
 
 /// Connects to host:port, retrying refused/unreachable attempts until
 /// `deadline`. Returns an invalid Fd on timeout with the last error in

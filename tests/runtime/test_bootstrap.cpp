@@ -2,7 +2,9 @@
 // contents checked on every rank, and every failure mode giving an error that
 // names the culprit rank within the timeout instead of a hang.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -11,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "../../src/runtime/hmac.hpp"
 #include "tessera/runtime/bootstrap.hpp"
 #include "tessera/runtime/error.hpp"
 
@@ -30,8 +34,10 @@ using tessera::runtime::Bootstrap;
 using tessera::runtime::LaunchInfo;
 using Clock = std::chrono::steady_clock;
 
-LaunchInfo info(int rank, int world, int port) {
+LaunchInfo info(int rank, int world, int port, const std::string& secret = "") {
   LaunchInfo li;
+  li.job_secret = secret;
+  li.secret_source = secret.empty() ? "" : "the test's secret";
   li.rank = rank;
   li.world = world;
   li.local_rank = rank;
@@ -450,4 +456,286 @@ TEST(Bootstrap, CheckSameNamesTheDisagreeingRank) {
   for (const auto& x : o) EXPECT_TRUE(x.says("the GEMM shape differs") && x.says("rank(s) 2")) << describe(o);
 }
 
+
+// ---- the handshake's cryptography ------------------------------------------
+
+std::string hex(const tessera::runtime::crypto::Digest& d) { return tessera::runtime::crypto::to_hex(d.data(), d.size()); }
+
+TEST(BootstrapCrypto, Sha256AndHmacMatchPublishedVectors) {
+  namespace c = tessera::runtime::crypto;
+  EXPECT_EQ(hex(c::sha256("abc")), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(hex(c::sha256("")), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(hex(c::sha256("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq")),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  // RFC 4231 test cases 2 and 6 (short key; key longer than a block).
+  EXPECT_EQ(hex(c::hmac_sha256("Jefe", "what do ya want for nothing?")),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  EXPECT_EQ(hex(c::hmac_sha256(std::string(131, '\xaa'), "Test Using Larger Than Block-Size Key - Hash Key First")),
+            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+  const char a[] = "0123456789abcdef", b[] = "0123456789abcdeX";
+  EXPECT_TRUE(c::equal_constant_time(a, a, 16));
+  EXPECT_FALSE(c::equal_constant_time(a, b, 16));
+  unsigned char r1[16] = {}, r2[16] = {};
+  c::random_bytes(r1, sizeof r1);
+  c::random_bytes(r2, sizeof r2);
+  EXPECT_NE(std::memcmp(r1, r2, 16), 0);
+}
+
+// ---- attacks on the rendezvous (issue 24, finding 1) ------------------------
+// The wire format as an attacker sees it (bootstrap.cpp): everything but the
+// secret is public.
+struct WireHello {
+  std::uint32_t magic, version, world, rank;
+  std::uint8_t nonce[16];
+};
+struct WireChallenge {
+  std::uint32_t magic, version;
+  std::uint8_t nonce[16];
+  std::uint8_t proof[32];
+};
+struct WireReply {
+  std::uint32_t magic, version, status, world, reason_len;
+};
+constexpr std::uint32_t kWireHello = 0x54534232, kWireChallenge = 0x54534332, kWireVersion = 2;
+
+const std::string kSecret = "0123456789abcdef0123456789abcdef-test-secret";
+
+bool read_exactly(int fd, void* p, std::size_t n, std::chrono::milliseconds limit) {
+  const auto end = Clock::now() + limit;
+  std::size_t got = 0;
+  while (got < n) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now()).count();
+    pollfd pf{fd, POLLIN, 0};
+    if (left <= 0 || ::poll(&pf, 1, static_cast<int>(left)) <= 0) return false;
+    const ssize_t k = ::read(fd, static_cast<char*>(p) + got, n - got);
+    if (k <= 0) return false;
+    got += static_cast<std::size_t>(k);
+  }
+  return true;
+}
+
+/// True when the peer closes `fd` (EOF or reset) within `limit`.
+bool closed_by_peer(int fd, std::chrono::milliseconds limit) {
+  const auto end = Clock::now() + limit;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now()).count();
+    pollfd pf{fd, POLLIN, 0};
+    if (left <= 0 || ::poll(&pf, 1, static_cast<int>(left)) <= 0) return false;
+    char buf[256];
+    const ssize_t k = ::read(fd, buf, sizeof buf);
+    if (k <= 0) return true;
+  }
+}
+
+/// The job the attacks try to join: rank 0 broadcasts a stand-in for the
+/// NCCL unique id, everyone checks it and meets at a barrier.
+std::string real_job(int r, int world, int port, std::chrono::milliseconds timeout = 15s) {
+  auto b = Bootstrap::connect(info(r, world, port, kSecret), timeout);
+  char id[128] = {};
+  if (r == 0) std::snprintf(id, sizeof id, "nccl-unique-id-stand-in");
+  b->broadcast(id, sizeof id, 0);
+  if (std::string(id) != "nccl-unique-id-stand-in") return "wrong broadcast";
+  b->barrier();
+  return "";
+}
+
+TEST(BootstrapAttack, FakeRankWithThePublicHelloIsRefusedAndTheRealRankJoins) {
+  const int port = tessera::runtime::find_free_tcp_port();
+  std::string attacker;  // what the attacker learnt
+  const auto o = run_ranks(
+      2, [&](int r) { return real_job(r, 2, port); }, 30s,
+      [&](int r) {
+        if (r != 1) return 0ms;
+        // Rank 0 is starting: pose as rank 1 with the public hello.
+        const int s = raw_connect(port);
+        if (s < 0) {
+          attacker = "could not connect";
+          return 0ms;
+        }
+        WireHello h{kWireHello, kWireVersion, 2, 1, {}};
+        (void)!::write(s, &h, sizeof h);
+        WireChallenge c{};
+        if (!read_exactly(s, &c, sizeof c, 5s) || c.magic != kWireChallenge) {
+          attacker = "no challenge";
+        } else {
+          unsigned char guess[32];
+          tessera::runtime::crypto::random_bytes(guess, sizeof guess);  // cannot compute the proof
+          (void)!::write(s, guess, sizeof guess);
+          WireReply rep{};
+          if (read_exactly(s, &rep, sizeof rep, 5s)) {
+            std::string reason(std::min<std::uint32_t>(rep.reason_len, 4096), '\0');
+            (void)read_exactly(s, reason.data(), reason.size(), 1s);
+            attacker = "status " + std::to_string(rep.status) + ": " + reason;
+          }
+          if (!closed_by_peer(s, 5s)) attacker += " | connection left open";
+        }
+        ::close(s);
+        return 0ms;  // now the real rank 1
+      });
+  for (const auto& x : o) EXPECT_TRUE(x.ok()) << describe(o);
+  EXPECT_NE(attacker.find("status 1: authentication failed for rank 1"), std::string::npos) << attacker;
+  EXPECT_EQ(attacker.find("connection left open"), std::string::npos) << attacker;
+  EXPECT_EQ(attacker.find("nccl-unique-id"), std::string::npos) << attacker;
+}
+
+TEST(BootstrapAttack, RankWithAnotherSecretIsRefusedAndTheJobCompletes) {
+  const int port = tessera::runtime::find_free_tcp_port();
+  // Processes: rank 0, rank 1 with a different secret, the real rank 1 later.
+  const auto o = run_ranks(
+      3,
+      [&](int i) -> std::string {
+        if (i == 1) {
+          auto b = Bootstrap::connect(info(1, 2, port, "another-job-secret-0123456789"), 10s);
+          return "joined with the wrong secret";
+        }
+        return real_job(i == 0 ? 0 : 1, 2, port);
+      },
+      30s, [](int i) { return i == 2 ? 500ms : 0ms; });
+  EXPECT_TRUE(o[0].ok() && o[2].ok()) << describe(o);
+  EXPECT_TRUE(o[1].says("could not prove that it knows this rank's job secret")) << describe(o);
+}
+
+/// Listens on 127.0.0.1:port like an impostor rank 0; `answer` says what it
+/// does with each connection ("silent" reads and says nothing, "forge" sends
+/// a challenge with a made-up proof, "accept" sends an OK reply at once).
+class Impostor {
+ public:
+  Impostor(int port, std::string answer) : answer_(std::move(answer)) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const int one = 1;
+    ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ok_ = ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(fd_, 16) == 0;
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~Impostor() {
+    stop_ = true;
+    thread_.join();
+    for (int c : conns_) ::close(c);
+    ::close(fd_);
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  void serve() {
+    while (!stop_) {
+      pollfd pf{fd_, POLLIN, 0};
+      if (::poll(&pf, 1, 50) <= 0) continue;
+      const int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) continue;
+      conns_.push_back(c);
+      WireHello h{};
+      if (!read_exactly(c, &h, sizeof h, 2s)) continue;
+      if (answer_ == "forge") {
+        WireChallenge ch{kWireChallenge, kWireVersion, {}, {}};
+        tessera::runtime::crypto::random_bytes(ch.proof, sizeof ch.proof);
+        (void)!::write(c, &ch, sizeof ch);
+      } else if (answer_ == "accept") {
+        WireReply rep{kWireHello, kWireVersion, 0, h.world, 0};
+        (void)!::write(c, &rep, sizeof rep);
+      }
+    }
+  }
+  std::string answer_;
+  int fd_ = -1;
+  bool ok_ = false;
+  std::atomic<bool> stop_{false};
+  std::vector<int> conns_;
+  std::thread thread_;
+};
+
+TEST(BootstrapAttack, ImpostorRankZeroIsDetectedByTheRanks) {
+  for (const std::string answer : {"forge", "accept", "silent"}) {
+    const int port = tessera::runtime::find_free_tcp_port();
+    Impostor imp(port, answer);
+    ASSERT_TRUE(imp.ok());
+    const auto t0 = Clock::now();
+    const auto o = run_ranks(3, [&](int r) { return real_job(r, 3, port, 1500ms); }, 20s);
+    EXPECT_LT(Clock::now() - t0, 8s) << answer;
+    // The real rank 0 cannot take the port and says why.
+    EXPECT_TRUE(o[0].says("cannot listen on 127.0.0.1:" + std::to_string(port)) &&
+                o[0].says("another process holds MASTER_PORT"))
+        << answer << describe(o);
+    for (int r = 1; r < 3; ++r)
+      EXPECT_TRUE(o[r].says("is not this job's rank 0") || o[r].says("could not prove that it knows"))
+          << answer << describe(o);
+  }
+}
+
+/// Opens n connections to 127.0.0.1:port without waiting for them (non-blocking connect).
+std::vector<int> flood(int port, int n) {
+  std::vector<int> v;
+  for (int i = 0; i < n; ++i) {
+    const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    (void)::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    v.push_back(s);
+  }
+  return v;
+}
+
+TEST(BootstrapAttack, IdleConnectionFloodDoesNotExhaustRankZero) {
+  const int port = tessera::runtime::find_free_tcp_port();
+  std::vector<int> idle;
+  const auto o = run_ranks(
+      3,
+      [&](int r) -> std::string {
+        if (r == 0) {  // few descriptors: 200 idle connections would exhaust them many times over
+          const rlimit lim{40, 40};
+          if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) return "setrlimit failed";
+        }
+        return real_job(r, 3, port, 20s);
+      },
+      40s,
+      [&](int r) {
+        if (r == 1) {
+          std::this_thread::sleep_for(200ms);  // rank 0 listens
+          idle = flood(port, 200);
+          std::this_thread::sleep_for(300ms);
+        }
+        return 0ms;
+      });
+  for (const auto& x : o) EXPECT_TRUE(x.ok()) << describe(o);
+  for (int s : idle) ::close(s);
+}
+
+TEST(BootstrapAttack, GarbageHellosCloseOnlyTheirConnection) {
+  const int port = tessera::runtime::find_free_tcp_port();
+  std::vector<int> junk;
+  bool closed_early[4] = {};
+  const auto o = run_ranks(
+      2, [&](int r) { return real_job(r, 2, port); }, 30s,
+      [&](int r) {
+        if (r != 1) return 0ms;
+        auto send = [&](const void* p, std::size_t n) {
+          const int s = raw_connect(port);
+          if (s >= 0) (void)!::write(s, p, n);
+          junk.push_back(s);
+        };
+        unsigned char random[64];
+        tessera::runtime::crypto::random_bytes(random, sizeof random);
+        send(random, sizeof random);                          // noise
+        const WireHello bad_world{kWireHello, kWireVersion, 0xffffffffu, 1, {}};
+        send(&bad_world, sizeof bad_world);                   // absurd world size
+        const WireHello bad_rank{kWireHello, kWireVersion, 2, 0x7fffffff, {}};
+        send(&bad_rank, sizeof bad_rank);                     // rank out of range
+        const WireHello old{kWireHello, 1, 2, 1, {}};
+        send(&old, sizeof old);                               // another protocol version
+        send(&bad_world, 6);                                  // a truncated hello, then silence
+        // Rank 0, still waiting for rank 1, closes each complete bad hello at once.
+        for (int i = 0; i < 4; ++i) closed_early[i] = junk[i] >= 0 && closed_by_peer(junk[i], 3s);
+        return 0ms;
+      });
+  for (const auto& x : o) EXPECT_TRUE(x.ok()) << describe(o);
+  ASSERT_EQ(junk.size(), 5u);
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(closed_early[i]) << "garbage connection " << i << " left open";
+  EXPECT_TRUE(closed_by_peer(junk[4], 10s)) << "the truncated hello's connection was left open";
+  for (int s : junk) ::close(s);
+}
 }  // namespace

@@ -23,7 +23,8 @@ const char* const kVars[] = {
     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
     "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
     "SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NODEID", "SLURM_NNODES",
-    "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_JOB_ID", "TESSERA_BOOTSTRAP_TIMEOUT_MS"};
+    "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_JOB_ID", "TESSERA_BOOTSTRAP_TIMEOUT_MS",
+    "TESSERA_JOB_SECRET", "TORCHELASTIC_RUN_ID", "SLURM_STEP_ID"};
 
 /// Clears every launch variable for the test and restores them afterwards
 /// (the tests may themselves run under torchrun, SLURM or `tessera run`).
@@ -298,6 +299,41 @@ TEST_F(LaunchEnv, OpenMpiPartialOrInconsistent) {
   EXPECT_ERROR_NAMES("OMPI_COMM_WORLD_RANK = 2", "OMPI_COMM_WORLD_SIZE = 2");
   ::unsetenv("OMPI_COMM_WORLD_RANK");
   EXPECT_ERROR_NAMES("OMPI_COMM_WORLD_RANK");
+}
+
+TEST_F(LaunchEnv, JobSecretFromTheEnvironmentOrDerivedAndSaidSo) {
+  set({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}});
+  LaunchInfo li = detect_launch_info();
+  EXPECT_TRUE(li.secret_derived);
+  EXPECT_FALSE(li.job_secret.empty());
+  EXPECT_NE(li.secret_source.find("not a secret"), std::string::npos) << li.secret_source;
+  set({{"TORCHELASTIC_RUN_ID", "job-17"}});
+  const LaunchInfo with_id = detect_launch_info();
+  EXPECT_NE(with_id.job_secret, li.job_secret) << "the run id must be part of the derived key";
+  EXPECT_NE(with_id.secret_source.find("TORCHELASTIC_RUN_ID"), std::string::npos) << with_id.secret_source;
+
+  set({{"TESSERA_JOB_SECRET", "0123456789abcdef0123456789abcdef"}});
+  li = detect_launch_info();
+  EXPECT_FALSE(li.secret_derived);
+  EXPECT_EQ(li.job_secret, "0123456789abcdef0123456789abcdef");
+  EXPECT_EQ(li.secret_source, "TESSERA_JOB_SECRET");
+
+  set({{"TESSERA_JOB_SECRET", "short"}});
+  EXPECT_ERROR_NAMES("TESSERA_JOB_SECRET", "at least 16");
+}
+
+TEST_F(LaunchEnv, SlurmJobSecretIsDerivedFromTheJobAndStep) {
+  set({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}, {"SLURM_NNODES", "1"},
+       {"SLURM_JOB_ID", "4242"}, {"SLURM_STEP_ID", "0"}});
+  const LaunchInfo a = detect_launch_info();
+  set({{"SLURM_STEP_ID", "1"}});
+  const LaunchInfo b = detect_launch_info();
+  EXPECT_TRUE(a.secret_derived);
+  EXPECT_NE(a.job_secret, b.job_secret) << "two steps of one job must not share a key";
+}
+
+TEST_F(LaunchEnv, SingleProcessHasNoSecret) {
+  EXPECT_TRUE(detect_launch_info().job_secret.empty());
 }
 
 TEST_F(LaunchEnv, BootstrapTimeoutFromEnvironment) {

@@ -6,11 +6,31 @@
 // connect to it; every collective goes through rank 0. Meant for a few small
 // messages at set-up, not for bulk data.
 //
-// Handshake: each connecting rank sends {magic, protocol version, world size,
-// rank}; rank 0 rejects (with a reason the peer reports) a wrong magic or
-// version, a different world size, an out-of-range or duplicate rank, and
-// answers the valid ones only once the whole world has connected. So
-// connect() returns on every rank only when the job is assembled.
+// Listening: rank 0 binds exactly MASTER_ADDR (one of its addresses), never
+// every interface, unless TESSERA_BOOTSTRAP_BIND names the local address to
+// bind ("*" = every interface, an explicit opt-in). A port already taken is
+// an error naming it (another job, or an impostor).
+//
+// Handshake, authenticated both ways with the job secret (LaunchInfo::
+// job_secret; runtime/launch.hpp says where it comes from), which never
+// travels: each connecting rank sends {magic, protocol version, world size,
+// rank, nonce}; rank 0 refuses (with a reason the peer reports) a wrong
+// version, a different world size or an out-of-range rank, otherwise answers
+// with its own nonce and an HMAC-SHA-256 of both nonces, world and rank under
+// the secret. The rank refuses a rank 0 that cannot produce it ("not this
+// job's rank 0": an impostor or another job on MASTER_PORT), then proves its
+// own knowledge the same way (another label); rank 0 compares in constant
+// time and only then lets it take its rank (a duplicate is refused). A
+// refusal, garbage, or a connection that does not finish its handshake
+// within 5 s closes that connection and nothing else; at most 32 connections
+// may be handshaking at once (the oldest is closed beyond that, and when rank
+// 0 runs out of file descriptors), so idle connections cannot exhaust rank 0
+// or keep the real ranks out. Rank 0 answers the valid ranks only once the
+// whole world has connected, so connect() returns on every rank only when
+// the job is assembled. What this does not do: encrypt or authenticate the
+// later traffic (an attacker would have to hijack an established TCP
+// connection), or protect a derived (non-secret) key; with an empty
+// job_secret the key is derived from the rendezvous address.
 //
 // Collectives carry {op, sequence number, root, byte count}; ranks that call
 // different collectives, or pass different sizes, get an error naming both

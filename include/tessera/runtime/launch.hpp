@@ -25,6 +25,20 @@
 //  - Open MPI: address = 127.0.0.1 if all ranks are local; port derived from
 //    a hash of PMIX_NAMESPACE or OMPI_MCA_ess_base_jobid into [20000, 40000).
 //  - torchrun: none; both are required.
+// Job secret (authenticates the bootstrap's hello both ways; see
+// runtime/bootstrap.hpp), when world > 1, in order:
+//  - TESSERA_JOB_SECRET, if set: at least 16 characters (`tessera run` sets
+//    64 hex digits from getrandom(), a fresh 256-bit secret per job). Under
+//    torchrun / SLURM / mpirun, export one value to every rank yourself
+//    (e.g. `export TESSERA_JOB_SECRET=$(openssl rand -hex 32)` in the job
+//    script) to get real authentication.
+//  - otherwise a value derived from what the job has: torchrun's
+//    TORCHELASTIC_RUN_ID, SLURM_JOB_ID + SLURM_STEP_ID, or Open MPI's
+//    PMIX_NAMESPACE / OMPI_MCA_ess_base_jobid, together with the rendezvous
+//    address and world size. Such a value is NOT a secret (any local user can
+//    read or guess it): it only keeps two jobs, or a stray tool, from talking
+//    to each other by accident on a shared MASTER_PORT. It does not stop a
+//    local attacker. secret_derived says which case applies.
 // Anything inconsistent, partial or malformed (rank >= world, world <= 0,
 // RANK without WORLD_SIZE, a port outside 1..65535, no rendezvous address
 // when world > 1, ...) is a tessera::Error naming the variable and its value.
@@ -39,6 +53,14 @@ struct LaunchInfo {
   std::string master_addr;  // rendezvous host (rank 0 listens there)
   int master_port = 0;
   std::string source;  // "torchrun" | "slurm" | "openmpi" | "single"
+  /// Key of the bootstrap's challenge/response (see the file comment); empty
+  /// for a single process. Bootstrap::connect treats an empty key as one
+  /// derived from the rendezvous address (no protection beyond accidents).
+  std::string job_secret;
+  /// Where job_secret came from: "TESSERA_JOB_SECRET" or "derived from <vars>".
+  std::string secret_source;
+  /// True when job_secret was derived from job ids rather than given.
+  bool secret_derived = false;
 };
 
 /// Reads the launch environment of this process (see the file comment).
