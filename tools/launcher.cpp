@@ -8,9 +8,12 @@
 
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
+#include <dirent.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -61,6 +64,148 @@ void write_all(int fd, const char* p, std::size_t n) {
 void say(const std::string& msg) {
   const std::string line = "tessera run: " + msg + "\n";
   write_all(STDERR_FILENO, line.data(), line.size());
+}
+
+// ---- no descendant outlives the job -------------------------------------------
+//
+// Three mechanisms (launcher.hpp states what each covers):
+//  - each rank leads its own process group, and the launcher signals whole
+//    groups;
+//  - the launcher is a child subreaper (PR_SET_CHILD_SUBREAPER): orphaned
+//    descendants (a rank's children once the rank exits, double-forked or
+//    setsid daemons) are re-parented to it, and the final sweep kills them;
+//  - a watchdog process (forked before the ranks, in its own process group)
+//    outlives a launcher killed by SIGKILL: it sees its pipe from the
+//    launcher close without the "job over" byte, and kills every rank's
+//    process group and every process whose environment carries this job's
+//    TESSERA_JOB_SECRET (the ranks' descendants inherit it).
+// The job marker scan and the watchdog use only async-signal-safe calls
+// (the launcher may have CUDA threads when it forks the watchdog).
+
+constexpr int kMaxGroups = 4096;
+pid_t g_groups[kMaxGroups];           // the watchdog's copy of the ranks' process groups
+char g_marker[160];                   // "TESSERA_JOB_SECRET=<hex>" + NUL, set before fork
+std::size_t g_marker_len = 0;
+char g_environ_buf[1 << 16];          // one /proc/<pid>/environ at a time
+
+/// True when `hay` (n bytes of NUL-separated "K=V" strings) holds g_marker as
+/// a whole entry.
+bool has_marker(const char* hay, std::size_t n) {
+  std::size_t i = 0;
+  while (i < n) {
+    std::size_t j = i;
+    while (j < n && hay[j] != '\0') ++j;
+    if (j - i == g_marker_len && std::memcmp(hay + i, g_marker, g_marker_len) == 0) return true;
+    i = j + 1;
+  }
+  return false;
+}
+
+/// Sends `sig` to every process (but this one and `spare`) whose initial
+/// environment holds the job marker; returns how many. Async-signal-safe.
+int kill_marked(int sig, pid_t spare) {
+  if (g_marker_len == 0) return 0;
+  const int dir = ::open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) return 0;
+  const pid_t self = ::getpid();
+  int hits = 0;
+  char dents[8192];
+  for (;;) {
+    const long n = ::syscall(SYS_getdents64, dir, dents, sizeof dents);
+    if (n <= 0) break;
+    for (long off = 0; off < n;) {
+      struct Dirent64 {
+        unsigned long long ino;
+        long long off;
+        unsigned short reclen;
+        unsigned char type;
+        char name[1];
+      };
+      const auto* d = reinterpret_cast<const Dirent64*>(dents + off);
+      off += d->reclen;
+      pid_t pid = 0;
+      bool numeric = d->name[0] != '\0';
+      for (const char* c = d->name; *c; ++c) {
+        if (*c < '0' || *c > '9') {
+          numeric = false;
+          break;
+        }
+        pid = pid * 10 + (*c - '0');
+      }
+      if (!numeric || pid == self || pid == spare) continue;
+      char path[64] = "/proc/";
+      std::size_t len = 6;
+      for (const char* c = d->name; *c && len < 40; ++c) path[len++] = *c;
+      std::memcpy(path + len, "/environ", 9);
+      const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+      if (fd < 0) continue;
+      std::size_t got = 0;
+      for (;;) {
+        const ssize_t k = ::read(fd, g_environ_buf + got, sizeof g_environ_buf - got);
+        if (k <= 0) break;
+        got += static_cast<std::size_t>(k);
+        if (got == sizeof g_environ_buf) break;  // a huge environment: its start is checked
+      }
+      ::close(fd);
+      if (has_marker(g_environ_buf, got) && ::kill(pid, sig) == 0) ++hits;
+    }
+  }
+  ::close(dir);
+  return hits;
+}
+
+/// The watchdog's life: read rank process groups from `in` until "job over"
+/// (a 0) or EOF; on EOF (the launcher died), kill what the job left.
+[[noreturn]] void watchdog_main(int in) {
+  int count = 0;
+  for (;;) {
+    std::int32_t v = 0;
+    std::size_t got = 0;
+    while (got < sizeof v) {
+      const ssize_t k = ::read(in, reinterpret_cast<char*>(&v) + got, sizeof v - got);
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) break;
+      got += static_cast<std::size_t>(k);
+    }
+    if (got < sizeof v) break;  // EOF: the launcher is gone
+    if (v == 0) ::_exit(0);     // the launcher ended the job itself
+    if (count < kMaxGroups) g_groups[count++] = v;
+  }
+  // Ranks die by PDEATHSIG; their groups and the marked descendants here.
+  for (int round = 0; round < 20; ++round) {
+    for (int i = 0; i < count; ++i) ::kill(-g_groups[i], SIGKILL);
+    if (kill_marked(SIGKILL, -1) == 0 && round > 0) break;
+    ::usleep(20 * 1000);
+  }
+  ::_exit(0);
+}
+
+/// The launcher's children that it did not start (adopted as a subreaper).
+std::vector<pid_t> children_of_self() {
+  std::vector<pid_t> out;
+  const pid_t self = ::getpid();
+  DIR* d = ::opendir("/proc");
+  if (!d) return out;
+  while (const dirent* e = ::readdir(d)) {
+    char* end = nullptr;
+    const long pid = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0') continue;
+    const std::string path = "/proc/" + std::string(e->d_name) + "/stat";
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    char buf[512];
+    const ssize_t k = ::read(fd, buf, sizeof buf - 1);
+    ::close(fd);
+    if (k <= 0) continue;
+    buf[k] = '\0';
+    const char* close = std::strrchr(buf, ')');  // "pid (comm) S ppid ..."
+    int ppid = 0;
+    char state = 0;
+    if (close && std::sscanf(close + 1, " %c %d", &state, &ppid) == 2 && ppid == self)
+      out.push_back(static_cast<pid_t>(pid));
+  }
+  ::closedir(d);
+  return out;
 }
 
 /// One of a rank's output streams, relayed to `dest` with a prefix per line.
@@ -128,12 +273,15 @@ struct Rank {
   std::string prefix;
 };
 
-/// The environment of rank r: ours plus the launch variables.
-std::vector<std::string> rank_environment(const RunOptions& o, int port, int r) {
-  const std::vector<std::pair<std::string, std::string>> set = {
+/// The environment of rank r: ours plus the launch variables and `extra`
+/// (the job secret and run id).
+std::vector<std::string> rank_environment(const RunOptions& o, int port, int r,
+                                          const std::vector<std::pair<std::string, std::string>>& extra) {
+  std::vector<std::pair<std::string, std::string>> set = {
       {"RANK", std::to_string(r)},          {"WORLD_SIZE", std::to_string(o.nprocs)},
       {"LOCAL_RANK", std::to_string(r)},    {"LOCAL_WORLD_SIZE", std::to_string(o.nprocs)},
       {"MASTER_ADDR", o.master_addr},       {"MASTER_PORT", std::to_string(port)}};
+  set.insert(set.end(), extra.begin(), extra.end());
   // NVLink multicast stays off on the lent machines unless the caller decides otherwise.
   // Modules load eagerly: overlapped kernels wait on each other, and a
   // lazily loaded kernel's first launch can wait for a running kernel that
@@ -169,8 +317,9 @@ Pipe make_pipe() {
 
 /// Forks rank r. Returns its pid, or -1 with `exec_errno` set when the
 /// program could not be executed (the child has then exited).
-pid_t spawn(const RunOptions& o, int port, Rank& rk, int& exec_errno) {
-  std::vector<std::string> env_strings = rank_environment(o, port, rk.rank);
+pid_t spawn(const RunOptions& o, int port, const std::vector<std::pair<std::string, std::string>>& extra, Rank& rk,
+            int& exec_errno) {
+  std::vector<std::string> env_strings = rank_environment(o, port, rk.rank, extra);
   std::vector<char*> envp, argv;
   for (auto& s : env_strings) envp.push_back(s.data());
   envp.push_back(nullptr);
@@ -244,6 +393,19 @@ class Supervisor {
   int run() {
     install_handlers();
     const int port = opt_.master_port != 0 ? opt_.master_port : runtime::find_free_tcp_port();
+    // The job secret: the caller's, or 256 fresh bits. The run id marks this
+    // job's processes for the sweeps (fresh even when the secret is given,
+    // which several jobs may share).
+    const char* given = std::getenv("TESSERA_JOB_SECRET");
+    secret_ = given && *given ? std::string(given) : random_hex(32);
+    run_id_ = random_hex(16);
+    const std::string marker = "TESSERA_RUN_ID=" + run_id_;
+    std::memcpy(g_marker, marker.c_str(), marker.size() + 1);
+    g_marker_len = marker.size();
+    preexisting_ = children_of_self();
+    (void)::prctl(PR_GET_CHILD_SUBREAPER, &was_subreaper_);
+    (void)::prctl(PR_SET_CHILD_SUBREAPER, 1);
+    start_watchdog();
     ranks_.resize(opt_.nprocs);
     try {
       for (int r = 0; r < opt_.nprocs; ++r) {
@@ -251,11 +413,13 @@ class Supervisor {
         rk.rank = r;
         rk.prefix = fmt::format("[rank {}] ", r);
         int exec_errno = 0;
-        if (spawn(opt_, port, rk, exec_errno) < 0) {
+        const pid_t pid = spawn(opt_, port, env_extra(), rk, exec_errno);
+        tell_watchdog(rk.pid);
+        if (pid < 0) {
           say(fmt::format("cannot execute '{}': {}", opt_.command[0], std::strerror(exec_errno)));
           signal_all(SIGKILL);
           reap_blocking();
-          restore_handlers();
+          finish();
           return 127;
         }
       }
@@ -263,16 +427,118 @@ class Supervisor {
     } catch (...) {  // e.g. out of file descriptors: leave no rank behind
       signal_all(SIGKILL);
       reap_blocking();
-      restore_handlers();
+      finish();
       throw;
     }
-    restore_handlers();
+    finish();
     if (failed_rank_ >= 0) return exit_code_of(ranks_[failed_rank_].status);
     if (received_signal_ != 0) return 128 + received_signal_;
     return 0;
   }
 
  private:
+  static std::string random_hex(std::size_t bytes) {
+    std::vector<unsigned char> b(bytes);
+    std::size_t got = 0;
+    while (got < bytes) {
+      const ssize_t k = ::getrandom(b.data() + got, bytes - got, 0);
+      if (k < 0 && errno == EINTR) continue;
+      TESSERA_CHECK(k > 0, "tessera run: getrandom(): {}", std::strerror(errno));
+      got += static_cast<std::size_t>(k);
+    }
+    static const char digits[] = "0123456789abcdef";
+    std::string s;
+    for (unsigned char c : b) {
+      s += digits[c >> 4];
+      s += digits[c & 15];
+    }
+    return s;
+  }
+
+  std::vector<std::pair<std::string, std::string>> env_extra() const {
+    return {{"TESSERA_JOB_SECRET", secret_}, {"TESSERA_RUN_ID", run_id_}};
+  }
+
+  void start_watchdog() {
+    int p[2];
+    TESSERA_CHECK(::pipe2(p, O_CLOEXEC) == 0, "tessera run: pipe(): {}", std::strerror(errno));
+    const pid_t pid = ::fork();
+    TESSERA_CHECK(pid >= 0, "tessera run: fork() for the watchdog: {}", std::strerror(errno));
+    if (pid == 0) {
+      // Async-signal-safe calls only. Own process group: a terminal's or a
+      // caller's signal to the launcher's group does not take it too.
+      ::setpgid(0, 0);
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;
+      for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGPIPE}) ::sigaction(sig, &dfl, nullptr);
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      const int devnull = ::open("/dev/null", O_RDWR);
+      for (int fd = 0; fd < 3; ++fd) ::dup2(devnull, fd);
+      ::dup2(p[0], 3);
+      // Hold nothing of the launcher's (its output pipes above all).
+#ifdef SYS_close_range
+      if (::syscall(SYS_close_range, 4u, ~0u, 0) != 0)
+#endif
+        for (int fd = 4; fd < 65536; ++fd) ::close(fd);
+      watchdog_main(3);
+    }
+    ::close(p[0]);
+    watchdog_fd_ = p[1];
+    watchdog_ = pid;
+  }
+
+  void tell_watchdog(pid_t group) {
+    if (watchdog_fd_ < 0 || group <= 0) return;
+    const std::int32_t v = group;
+    (void)!::write(watchdog_fd_, &v, sizeof v);  // 4 bytes: atomic on a pipe
+  }
+
+  /// Kills what the ranks left behind: their process groups, the
+  /// descendants adopted by this subreaper, and every process marked with
+  /// this job's run id; reaps them. Bounded (2 s).
+  void sweep() {
+    for (auto& rk : ranks_)
+      if (rk.pid > 0) ::kill(-rk.pid, SIGKILL);
+    const auto until = Clock::now() + std::chrono::seconds(2);
+    for (;;) {
+      int hits = 0;
+      for (pid_t c : children_of_self()) {
+        if (c == watchdog_ || std::find(preexisting_.begin(), preexisting_.end(), c) != preexisting_.end()) continue;
+        ::kill(c, SIGKILL);
+        ++hits;
+      }
+      hits += kill_marked(SIGKILL, watchdog_);
+      for (;;) {  // reap the adopted ones (ranks are reaped already)
+        int status = 0;
+        const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+        if (pid < 0 && errno == EINTR) continue;
+        if (pid <= 0) break;
+        if (pid == watchdog_) watchdog_ = -1;
+      }
+      if (hits == 0 || Clock::now() >= until) break;
+      ::usleep(10 * 1000);
+    }
+  }
+
+  void finish() {
+    sweep();
+    if (watchdog_fd_ >= 0) {
+      const std::int32_t over = 0;
+      (void)!::write(watchdog_fd_, &over, sizeof over);
+      ::close(watchdog_fd_);
+      watchdog_fd_ = -1;
+    }
+    if (watchdog_ > 0) {
+      while (::waitpid(watchdog_, nullptr, 0) < 0 && errno == EINTR) {
+      }
+      watchdog_ = -1;
+    }
+    (void)::prctl(PR_SET_CHILD_SUBREAPER, was_subreaper_);
+    restore_handlers();
+  }
+
   void install_handlers() {
     TESSERA_CHECK(::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) == 0, "tessera run: pipe(): {}",
                   std::strerror(errno));
@@ -424,6 +690,11 @@ class Supervisor {
   Clock::time_point kill_at_{};
   int failed_rank_ = -1;
   int received_signal_ = 0;
+  std::string secret_, run_id_;
+  std::vector<pid_t> preexisting_;  // children this process had before the job
+  int was_subreaper_ = 0;
+  pid_t watchdog_ = -1;
+  int watchdog_fd_ = -1;
 };
 
 }  // namespace

@@ -10,8 +10,16 @@
 //                                        printing which signal arrived
 //   rank_helper bootstrap                detect_launch_info + Bootstrap + allgather check
 //   rank_helper exit CODE                exit with CODE at once
+//   rank_helper grandchildren R CODE     start a child that stays in the rank's process
+//                                        group and a setsid daemon (double fork), print
+//                                        "GRANDCHILD=<pid>" and "DAEMON=<pid>", then: rank R
+//                                        exits with CODE after 200 ms and the others sleep;
+//                                        R = -1: every rank exits CODE after 200 ms
+//   rank_helper secret                   print TESSERA_JOB_SECRET and TESSERA_RUN_ID
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -145,6 +153,45 @@ int main(int argc, char** argv) {
     }
   }
   if (mode == "exit" && argc == 3) return std::atoi(argv[2]);
+  if (mode == "secret") {
+    std::printf("SECRET=%s RUN_ID=%s\n", var("TESSERA_JOB_SECRET"), var("TESSERA_RUN_ID"));
+    return 0;
+  }
+  if (mode == "grandchildren" && argc == 4) {
+    auto quiet = [] {  // a grandchild holds none of the rank's output pipes
+      const int devnull = ::open("/dev/null", O_RDWR);
+      for (int fd = 0; fd < 3; ++fd) ::dup2(devnull, fd);
+    };
+    const pid_t child = ::fork();
+    if (child == 0) {
+      quiet();
+      sleep_forever();
+    }
+    int report[2];
+    if (::pipe(report) != 0) return 91;
+    const pid_t middle = ::fork();
+    if (middle == 0) {  // the classic daemon: setsid, fork again, the middle exits
+      ::setsid();
+      const pid_t daemon = ::fork();
+      if (daemon == 0) {
+        quiet();
+        sleep_forever();
+      }
+      (void)!::write(report[1], &daemon, sizeof daemon);
+      ::_exit(0);
+    }
+    pid_t daemon = -1;
+    if (::read(report[0], &daemon, sizeof daemon) != static_cast<ssize_t>(sizeof daemon)) return 92;
+    ::waitpid(middle, nullptr, 0);
+    std::printf("GRANDCHILD=%d\nDAEMON=%d\n", static_cast<int>(child), static_cast<int>(daemon));
+    print_pid();
+    const int who = std::atoi(argv[2]);
+    if (who == -1 || who == rank()) {
+      ::usleep(200 * 1000);
+      return std::atoi(argv[3]);
+    }
+    sleep_forever();
+  }
   std::fprintf(stderr, "rank_helper: bad arguments\n");
   return 64;
 }

@@ -56,7 +56,7 @@ Result run_cli(const std::vector<std::string>& args, const std::map<std::string,
     ::close(err[0]);
     for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                           "NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "CUDA_MODULE_LOADING",
-                          "TESSERA_RUN_GRACE_MS"})
+                          "TESSERA_RUN_GRACE_MS", "TESSERA_JOB_SECRET", "TESSERA_RUN_ID"})
       ::unsetenv(v);
     for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
     ::execv(argv[0], argv.data());
@@ -121,10 +121,10 @@ std::string show(const Result& r) {
          "\n--- stderr:\n" + r.err;
 }
 
-/// PIDs the helper printed ("[rank R] PID=n").
-std::vector<pid_t> pids_in(const std::string& out) {
+/// PIDs the helper printed ("[rank R] PID=n", or another KEY=n).
+std::vector<pid_t> pids_in(const std::string& out, const std::string& key = "PID") {
   std::vector<pid_t> v;
-  static const std::regex re(R"(\] PID=(\d+))");
+  const std::regex re("\\] " + key + "=(\\d+)");
   for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it)
     v.push_back(static_cast<pid_t>(std::stol((*it)[1])));
   return v;
@@ -352,6 +352,76 @@ TEST(Launcher, ProgramThatCannotBeExecuted) {
   EXPECT_TRUE(contains(r.err, "tessera run: cannot execute '/nonexistent/tessera-prog': No such file or directory"))
       << show(r);
   EXPECT_LT(r.took, 3s);
+}
+
+// ---- no process outlives the job (issue 24, finding 3) ----------------------
+
+/// Every pid the grandchildren helper printed: ranks, grandchildren, daemons.
+std::vector<pid_t> job_pids(const std::string& out) {
+  std::vector<pid_t> all;
+  for (const char* key : {"PID", "GRANDCHILD", "DAEMON"})
+    for (pid_t p : pids_in(out, key)) all.push_back(p);
+  return all;
+}
+
+std::string alive(const std::vector<pid_t>& pids) {
+  std::string s;
+  for (pid_t p : pids)
+    if (!dead(p)) s += " " + std::to_string(p);
+  return s.empty() ? "none" : s;
+}
+
+TEST(LauncherDescendants, NoneSurvivesARankFailure) {
+  const Result r = run_cli({"run", "-n", "3", "--", kHelper, "grandchildren", "1", "5"}, {}, 20s);
+  EXPECT_EQ(r.code, 5) << show(r);
+  const auto pids = job_pids(r.out);
+  EXPECT_EQ(pids.size(), 9u) << show(r);
+  EXPECT_TRUE(all_gone(pids)) << "still running:" << alive(pids) << show(r);
+}
+
+TEST(LauncherDescendants, NoneSurvivesSuccess) {
+  const Result r = run_cli({"run", "-n", "2", "--", kHelper, "grandchildren", "-1", "0"}, {}, 20s);
+  EXPECT_EQ(r.code, 0) << show(r);
+  const auto pids = job_pids(r.out);
+  EXPECT_EQ(pids.size(), 6u) << show(r);
+  EXPECT_TRUE(all_gone(pids)) << "still running:" << alive(pids) << show(r);
+}
+
+TEST(LauncherDescendants, NoneSurvivesASigkilledLauncher) {
+  bool sent = false;
+  // Rank 7 does not exist: every rank starts its descendants and sleeps.
+  const Result r = run_cli({"run", "-n", "2", "--", kHelper, "grandchildren", "7", "1"}, {}, 20s,
+                           [&](pid_t launcher, const std::string& out) {
+                             if (!sent && pids_in(out).size() == 2) {
+                               ::kill(launcher, SIGKILL);
+                               sent = true;
+                             }
+                           });
+  ASSERT_TRUE(sent) << show(r);
+  EXPECT_EQ(r.code, 128 + SIGKILL) << show(r);
+  const auto pids = job_pids(r.out);
+  EXPECT_EQ(pids.size(), 6u) << show(r);
+  EXPECT_TRUE(all_gone(pids)) << "still running:" << alive(pids) << show(r);
+}
+
+TEST(Launcher, EveryRankGetsTheSameFreshJobSecret) {
+  std::set<std::string> secrets;
+  for (int run = 0; run < 2; ++run) {
+    const Result r = run_cli({"run", "-n", "3", "--", kHelper, "secret"});
+    ASSERT_EQ(r.code, 0) << show(r);
+    std::set<std::string> mine;
+    static const std::regex re(R"(\] SECRET=([0-9a-f]{64}) RUN_ID=([0-9a-f]{32}))");
+    for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), re); it != std::sregex_iterator(); ++it)
+      mine.insert((*it)[1]);
+    EXPECT_EQ(mine.size(), 1u) << "one 256-bit secret per job" << show(r);
+    secrets.insert(mine.begin(), mine.end());
+  }
+  EXPECT_EQ(secrets.size(), 2u) << "each job gets a fresh secret";
+  const Result given = run_cli({"run", "-n", "2", "--", kHelper, "secret"},
+                               {{"TESSERA_JOB_SECRET", "caller-chosen-secret-0123456789"}});
+  EXPECT_EQ(lines_of(given.out).size(), 2u) << show(given);
+  for (const auto& line : lines_of(given.out))
+    EXPECT_TRUE(contains(line, "SECRET=caller-chosen-secret-0123456789 ")) << line;
 }
 
 }  // namespace
