@@ -89,7 +89,8 @@ float bf16_to_float(uint16_t v) {
 }
 
 /// Relative error (Frobenius) of `out` against `ref` over ~256 sampled rows
-/// of a [rows, n] bf16 matrix (every group's first and last row included).
+/// of a [rows, n] bf16 matrix (every group's first and last row included);
+/// infinity if either holds a NaN (D is poisoned before the call).
 double sampled_rel_err(const void* out, const void* ref, int64_t rows, int64_t n, const std::vector<int>& counts) {
   std::vector<int64_t> pick;
   for (int64_t r = 0; r < rows; r += std::max<int64_t>(1, rows / 256)) pick.push_back(r);
@@ -108,6 +109,7 @@ double sampled_rel_err(const void* out, const void* ref, int64_t rows, int64_t n
     TESSERA_CUDA_CHECK(cudaMemcpy(b.data(), static_cast<const uint16_t*>(ref) + r * n, n * 2, cudaMemcpyDeviceToHost));
     for (int64_t j = 0; j < n; ++j) {
       const double x = bf16_to_float(a[j]), y = bf16_to_float(b[j]);
+      if (std::isnan(x) || std::isnan(y)) return INFINITY;  // unwritten (poison) or bad
       e2 += (x - y) * (x - y);
       r2 += y * y;
     }
@@ -340,7 +342,7 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   cmd->add_option("--reps", opts->reps, "timed repetitions (median)")->check(CLI::Range(1, 100000));
   cmd->add_option("--warmup", opts->warmup, "warm-up repetitions")->check(CLI::Range(0, 100000));
   cmd->add_flag("--tiles", opts->tiles, "also time every configuration");
-  cmd->add_option("--bands", opts->bands, "also time these raster bands (0 = row-major)")->delimiter(',');
+  cmd->add_option("--bands", opts->bands, "also time these raster bands (0 = row-major; auto tile)")->delimiter(',');
   cmd->add_option("--torch-json", opts->torch_json, "output of scripts/bench_grouped_torch.py on this device");
   cmd->add_option("--json", opts->json, "write the records and summary here");
   cmd->add_option("--commit", opts->commit, "commit recorded in --json");

@@ -180,13 +180,13 @@ int64_t grouped_max_tiles(const GroupedGemmArgs& a, TileShape s) {
 GroupedTile resolve_grouped_tile(const GroupedGemmArgs& a, const GroupedGemmOptions& o) {
   if (o.tile != GroupedTile::Auto) return o.tile;
   // Measured on nvidia-h200 over the MoE-1..6 expert GEMMs at TP 1, 2, 4,
-  // uniform and skewed routing (docs/design/grouped_gemm.md): the ping-pong
-  // kernels win almost everywhere (each tile's stores hide behind the other
-  // consumer's main loop); 64x256 for short K or narrow N, the cooperative
-  // 128x256 only for long K and wide N (fewest bytes loaded per multiply).
-  // Within 1.01x of the best configuration in geometric mean, 1.10x worst.
-  if (a.k <= 768 || a.n <= 1536) return GroupedTile::PingPong64x256;
-  if (a.k >= 4096 && a.n >= 2048) return GroupedTile::Coop128x256;
+  // uniform and skewed routing, in two device calls (docs/design/grouped_gemm.md):
+  // the ping-pong kernels win almost everywhere (each tile's stores hide
+  // behind the other consumer's main loop); 64x256 for narrow N or short K,
+  // the cooperative 128x256 only for long K and wide N (fewest bytes loaded
+  // per multiply). Within 1.01x of the best configuration in geometric mean.
+  if (a.n <= 1536 || a.k <= 768) return GroupedTile::PingPong64x256;
+  if (a.k >= 4096 && a.n >= 4096) return GroupedTile::Coop128x256;
   return GroupedTile::PingPong128x128;
 }
 
@@ -194,7 +194,7 @@ void validate(const GroupedGemmArgs& a, const GroupedGemmOptions& o) {
   validate_grouped_inputs(a, "grouped_gemm");
   check_output(a, o.epilogue, "grouped_gemm");
   TESSERA_CHECK(o.max_ctas >= 0, "grouped_gemm: max_ctas = {} must be >= 0", o.max_ctas);
-  TESSERA_CHECK(o.raster_band >= 0 && o.raster_band <= 64, "grouped_gemm: raster_band = {} out of range [0, 64]",
+  TESSERA_CHECK(o.raster_band >= -1 && o.raster_band <= 64, "grouped_gemm: raster_band = {} out of range [-1, 64]",
                 o.raster_band);
   TESSERA_CHECK(a.in == DType::bf16, "grouped_gemm: input dtype {} is not compiled for grouped_gemm() (bf16; f16 "
                                      "through grouped_gemm_with_tile)",

@@ -106,7 +106,7 @@ std::string name(const Problem& p, tk::GroupedTile t, tk::GroupedEpilogueKind e,
 
 /// Runs the grouped GEMM and checks every group's rows against cuBLASLt, the
 /// rows past the sum untouched (poison), and the status words.
-void check(const Problem& p, tk::GroupedTile t, tk::GroupedEpilogueKind e, int max_ctas = 0) {
+void check(const Problem& p, tk::GroupedTile t, tk::GroupedEpilogueKind e, int max_ctas = 0, int band = -1) {
   const bool swiglu = e == tk::GroupedEpilogueKind::SwiGLU;
   const int64_t cols = swiglu ? p.n / 2 : p.n;
   Buffers s = make(p, cols);
@@ -114,9 +114,10 @@ void check(const Problem& p, tk::GroupedTile t, tk::GroupedEpilogueKind e, int m
   o.tile = t;
   o.epilogue = e;
   o.max_ctas = max_ctas;
+  o.raster_band = band;
   tk::grouped_gemm(s.args, o);
   const tk::GroupedGemmStatus st = tk::grouped_gemm_status(s.args.status);
-  const std::string what = name(p, t, e, max_ctas);
+  const std::string what = name(p, t, e, max_ctas) + " band " + std::to_string(band);
   ASSERT_TRUE(st.ok()) << what << ": " << st.message();
   EXPECT_EQ(st.value, s.total) << what;
   const std::vector<double> full = cublas_reference(s, p);
@@ -169,10 +170,12 @@ TEST(GroupedGemmGpu, SwiGLUOfInterleavedGateAndUp) {
 TEST(GroupedGemmGpu, SmallGridsWalkAcrossGroups) {
   TESSERA_REQUIRE_GPUS(1);
   for (int ctas : {1, 3, 7})
-    for (auto t : kTiles) {
-      check({{300, 0, 129, 127, 1, 0, 0, 640}, 1024, 256}, t, tk::GroupedEpilogueKind::Plain, ctas);
-      check({{300, 0, 129, 127, 1, 0, 0, 640}, 1024, 256, tk::BLayout::KN}, t, tk::GroupedEpilogueKind::SwiGLU, ctas);
-    }
+    for (auto t : kTiles)
+      for (int band : {-1, 0, 3}) {  // auto, row-major, bands of 3 tile rows (a partial last band)
+        check({{300, 0, 129, 127, 1, 0, 0, 640}, 1024, 256}, t, tk::GroupedEpilogueKind::Plain, ctas, band);
+        check({{300, 0, 129, 127, 1, 0, 0, 640}, 1024, 256, tk::BLayout::KN}, t, tk::GroupedEpilogueKind::SwiGLU, ctas,
+              band);
+      }
 }
 
 TEST(GroupedGemmGpu, AllGroupsEmptyWritesNothing) {
@@ -293,6 +296,9 @@ TEST(GroupedGemmGpu, BadInputThrowsBeforeLaunch) {
   rejects(a, sw, "ldd");
   a.n = 255;
   rejects(a, sw, "even");
+  tk::GroupedGemmOptions band;
+  band.raster_band = -2;
+  rejects(good, band, "raster_band = -2");
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
 }
 

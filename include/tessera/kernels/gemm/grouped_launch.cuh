@@ -74,7 +74,7 @@ void grouped_launch_config(const GroupedGemmArgs& a, const GroupedGemmOptions& o
   p.groups = static_cast<int>(a.groups);
   p.max_rows = static_cast<int>(a.max_rows);
   p.tiles_n = static_cast<int>((a.n + Cfg::BN - 1) / Cfg::BN);
-  p.raster = engine::GroupedRaster::make(p.tiles_n, o.raster_band);
+  p.raster = engine::GroupedRaster::make(p.tiles_n, o.raster_band >= 0 ? o.raster_band : (Cfg::BM == 64 ? 8 : 0));
   p.group_rows = a.group_rows;
   p.status = a.status;
   p.prologue = pro;
