@@ -152,18 +152,22 @@ void to_json(nlohmann::json& j, const MachineProfile& p) {
 }
 
 void from_json(const nlohmann::json& j, MachineProfile& p) {
-  const int format = j.value("format", 1);  // format 1 had no "format" key
+  const auto ival = [&j](const nlohmann::json& v, const char* name, std::int64_t lo, std::int64_t hi) {
+    return json_int(v, fmt::format("MachineProfile: {}", name), lo, hi);
+  };
+  const int format = j.contains("format") ? static_cast<int>(ival(j["format"], "format", 0, 1 << 20))
+                                          : 1;  // format 1 had no "format" key
   TESSERA_CHECK(format >= 1 && format <= MachineProfile::kFormatVersion,
                 "MachineProfile: entry has format {}, this build reads 1..{} (written by a newer Tessera?)", format,
                 MachineProfile::kFormatVersion);
-  p.machine = {j.at("gpu_model").get<std::string>(), j.at("topology").get<std::string>(), j.at("world").get<int>()};
+  p.machine = {j.at("gpu_model").get<std::string>(), j.at("topology").get<std::string>(), static_cast<int>(ival(j.at("world"), "world", 1, 1 << 20))};
   const std::string dt = j.at("dtype").get<std::string>();
   bool found = false;
   for (DType d : {DType::bf16, DType::f16, DType::f32})
     if (dt == dtype_name(d)) { p.dtype = d; found = true; }
   TESSERA_CHECK(found, "MachineProfile: unknown dtype '{}'", dt);
-  p.sm_count = j.at("sm_count").get<int>();
-  p.nccl_sms = j.at("nccl_sms").get<int>();
+  p.sm_count = static_cast<int>(ival(j.at("sm_count"), "sm_count", 1, 1 << 16));
+  p.nccl_sms = static_cast<int>(ival(j.at("nccl_sms"), "nccl_sms", 0, 1 << 16));
   p.per_group_overhead = j.at("per_group_overhead").get<double>();
   p.gemm_penalty_per_group = j.value("gemm_penalty_per_group", 0.0);
   // Absent in format 1: the curve as measured, and no-overlap falls back to `curves`.
@@ -178,9 +182,13 @@ void from_json(const nlohmann::json& j, MachineProfile& p) {
   read_curves("no_overlap_curves", p.no_overlap_curves);
   p.gemms.clear();
   for (const auto& g : j.at("gemms"))
-    p.gemms.push_back({g.at("m").get<std::int64_t>(), g.at("n").get<std::int64_t>(), g.at("k").get<std::int64_t>(),
-                       g.at("tile_m").get<int>(), g.at("tile_n").get<int>(), g.at("swizzle").get<int>(),
-                       g.at("sms").get<int>(), g.at("per_wave").get<double>(), g.at("full_gpu").get<double>()});
+    p.gemms.push_back({ival(g.at("m"), "gemm m", 1, std::int64_t{1} << 40), ival(g.at("n"), "gemm n", 1, std::int64_t{1} << 40),
+                       ival(g.at("k"), "gemm k", 1, std::int64_t{1} << 40),
+                       static_cast<int>(ival(g.at("tile_m"), "gemm tile_m", 1, 1 << 16)),
+                       static_cast<int>(ival(g.at("tile_n"), "gemm tile_n", 1, 1 << 16)),
+                       static_cast<int>(ival(g.at("swizzle"), "gemm swizzle", 0, 1 << 16)),
+                       static_cast<int>(ival(g.at("sms"), "gemm sms", 1, 1 << 16)), g.at("per_wave").get<double>(),
+                       g.at("full_gpu").get<double>()});
 }
 
 }  // namespace tessera::tune

@@ -57,18 +57,32 @@ signal::OverlapCost SignalTuner::cost(const SignalQuery& q) const {
 
 namespace {
 
+// A cached choice, checked: every integer in range, every time finite and
+// positive. Throws tessera::Error naming the field for a malformed entry.
 SignalChoice choice_from_json(const nlohmann::json& j, std::string source) {
   SignalChoice c;
-  c.waves_per_group = j.at("waves_per_group").get<std::vector<int>>();
-  c.overlap = j.at("overlap").get<bool>();
-  c.predicted = j.at("predicted").get<double>();
-  c.predicted_overlap = j.value("predicted_overlap", c.overlap);
-  c.verified = j.value("verified", false);
-  if (c.verified) {
-    const auto& m = j.at("measured");
-    c.measured_overlapped = m.at("overlapped_s").get<double>();
-    c.measured_sequential = m.at("sequential_s").get<double>();
-    c.measured_candidates = m.contains("candidates") ? static_cast<int>(m.at("candidates").size()) : 1;
+  try {
+    TESSERA_CHECK(j.is_object(), "not an object");
+    const auto& w = j.at("waves_per_group");
+    TESSERA_CHECK(w.is_array() && !w.empty() && w.size() <= 4096, "waves_per_group must be a non-empty array");
+    for (const auto& v : w) c.waves_per_group.push_back(static_cast<int>(json_int(v, "waves_per_group", 1, 1 << 20)));
+    c.overlap = j.at("overlap").get<bool>();
+    c.predicted = j.at("predicted").get<double>();
+    TESSERA_CHECK(std::isfinite(c.predicted) && c.predicted >= 0, "predicted {} is not finite and >= 0", c.predicted);
+    c.predicted_overlap = j.value("predicted_overlap", c.overlap);
+    c.verified = j.value("verified", false);
+    if (c.verified) {
+      const auto& m = j.at("measured");
+      c.measured_overlapped = m.at("overlapped_s").get<double>();
+      c.measured_sequential = m.at("sequential_s").get<double>();
+      for (double t : {c.measured_overlapped, c.measured_sequential})
+        TESSERA_CHECK(std::isfinite(t) && t > 0, "measured time {} s is not finite and positive", t);
+      c.measured_candidates = m.contains("candidates") ? static_cast<int>(m.at("candidates").size()) : 1;
+    }
+  } catch (const nlohmann::json::exception& e) {
+    TESSERA_FAIL("SignalTuner: malformed cache entry ({}): {}", source, e.what());
+  } catch (const Error& e) {
+    TESSERA_FAIL("SignalTuner: malformed cache entry ({}): {}", source, e.what());
   }
   c.source = std::move(source);
   return c;
@@ -88,7 +102,16 @@ bool keep_overlap(double overlapped_s, double sequential_s, double margin) {
 
 std::optional<SignalChoice> SignalTuner::choose(const SignalQuery& q) {
   const std::string key = key_of(q);
-  if (auto hit = plans_.get(key)) return choice_from_json(*hit, hit->value("verified", false) ? "verified" : "cache");
+  if (auto hit = plans_.get(key)) {
+    try {
+      const bool verified = hit->is_object() && hit->value("verified", false) == true;
+      SignalChoice c = choice_from_json(*hit, verified ? "verified" : "cache");
+      (void)signal::GroupPlan(overlapped_model(q), c.waves_per_group);  // a partition of this shape's waves
+      return c;
+    } catch (const std::exception& e) {  // a bad entry is ignored and searched again
+      fmt::print(stderr, "tessera: warning: ignoring tuning cache entry {}: {}\n", key, e.what());
+    }
+  }
   if (profile_.find_gemm(q.m, q.n, q.k, q.tile_m, q.tile_n)) {
     const signal::Prediction p = signal::PredictiveSearch(cost(q), min_gain_).best();
     SignalChoice c{p.waves_per_group, p.overlap, p.latency, "search"};
@@ -105,18 +128,30 @@ std::optional<SignalChoice> SignalTuner::choose(const SignalQuery& q) {
   if (!nb) return std::nullopt;
   // The neighbour's verdict as stored (measured there, or predicted there);
   // this shape itself is not verified.
-  const bool measured_there = nb->value.value("verified", false);
-  SignalChoice c = choice_from_json(nb->value, fmt::format("neighbour {} ({})", nb->key,
-                                                           measured_there ? "verified" : "predicted"));
+  SignalChoice c;
+  std::int64_t their_m = 0, their_n = 0;
+  try {
+    const bool measured_there = nb->value.value("verified", false) == true;
+    c = choice_from_json(nb->value, fmt::format("neighbour {} ({})", nb->key, measured_there ? "verified" : "predicted"));
+    const auto& s = nb->value.at("shape");
+    their_m = json_int(s.at(0), "shape", 1, std::int64_t{1} << 40);
+    their_n = json_int(s.at(1), "shape", 1, std::int64_t{1} << 40);
+  } catch (const std::exception& e) {  // a bad neighbour is no neighbour
+    fmt::print(stderr, "tessera: warning: ignoring tuning cache entry {}: {}\n", nb->key, e.what());
+    return std::nullopt;
+  }
   c.verified = false;
   c.measured_overlapped = c.measured_sequential = 0;
   // Rescale the neighbour's partition to this shape's wave count.
-  const auto& s = nb->value.at("shape");
-  const signal::WaveModel theirs(signal::GemmTiling{s.at(0).get<std::int64_t>(), s.at(1).get<std::int64_t>(),
-                                                    q.tile_m, q.tile_n},
+  const signal::WaveModel theirs(signal::GemmTiling{their_m, their_n, q.tile_m, q.tile_n},
                                  profile_.gemm_sms(), q.swizzle, q.raster);
   const signal::WaveModel ours = overlapped_model(q);
-  c.waves_per_group = signal::GroupPlan(theirs, c.waves_per_group).rescaled(ours).waves_per_group();
+  try {
+    c.waves_per_group = signal::GroupPlan(theirs, c.waves_per_group).rescaled(ours).waves_per_group();
+  } catch (const Error& e) {  // the stored partition does not fit its own shape
+    fmt::print(stderr, "tessera: warning: ignoring tuning cache entry {}: {}\n", nb->key, e.what());
+    return std::nullopt;
+  }
   if (!c.overlap) c.waves_per_group = {ours.waves()};
   return c;
 }
@@ -152,7 +187,7 @@ SignalChoice SignalTuner::record_measured_candidates(const SignalQuery& q,
   const bool keep = keep_overlap(overlapped_s, sequential_s, margin);
   const std::string key = key_of(q);
   nlohmann::json e;
-  if (auto old = plans_.get(key)) {
+  if (auto old = plans_.get(key); old && old->is_object() && (!old->contains("overlap") || (*old)["overlap"].is_boolean())) {
     e = *old;
   } else if (profile_.find_gemm(q.m, q.n, q.k, q.tile_m, q.tile_n)) {
     const signal::Prediction p = signal::PredictiveSearch(cost(q), min_gain_).best();

@@ -10,16 +10,42 @@
 // OnCorrupt::Warn — ignored with a warning and moved aside to
 // <name>.json.corrupt on the next put. Keys are free-form strings; see
 // tune/key.hpp for the machine/dtype/shape convention.
+//
+// Hardening: the cache file, its lock and the directory itself are never
+// followed through a symbolic link (O_NOFOLLOW, lstat); only regular files of
+// at most kMaxCacheBytes are read, without blocking (a FIFO or device is
+// refused); JSON nesting deeper than kMaxJsonDepth is refused before parsing;
+// the version must be an integer in [0, 2^31); temporary files are created
+// exclusively with mkstemp in the cache directory, then renamed over the file.
+// A refused file counts as corrupt (OnCorrupt decides); a directory that is
+// unsafe to write makes put() throw (Throw) or skip the write with a warning (Warn).
 #pragma once
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace tessera::tune {
+
+inline constexpr std::size_t kMaxCacheBytes = std::size_t{64} << 20;
+inline constexpr int kMaxJsonDepth = 64;
+
+/// Contents of a regular file of at most `max_bytes`: refuses FIFOs, devices
+/// and directories without blocking, and symbolic links when `nofollow`.
+/// Throws tessera::Error "<what>: ..."; returns nullopt when the file does not
+/// exist and `missing_ok`.
+std::optional<std::string> read_regular_file(const std::filesystem::path& path, std::size_t max_bytes,
+                                             const std::string& what, bool nofollow, bool missing_ok);
+/// read_regular_file that requires the file (follows links).
+std::string read_file_limited(const std::filesystem::path& path, std::size_t max_bytes, const std::string& what);
+/// Parses JSON, refusing nesting deeper than `max_depth` first; throws tessera::Error "<what>: ...".
+nlohmann::json parse_json(const std::string& text, const std::string& what, int max_depth = kMaxJsonDepth);
+/// An integer in [lo, hi] (no truncation: 2^32 + 2 is not 2); throws tessera::Error "<what>: ...".
+std::int64_t json_int(const nlohmann::json& j, const std::string& what, std::int64_t lo, std::int64_t hi);
 
 /// $TESSERA_CACHE_DIR, else $HOME/.cache/tessera (created on first write).
 std::filesystem::path cache_dir();
