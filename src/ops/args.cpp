@@ -42,6 +42,9 @@ ShardRows shard_rows(std::int64_t m, int world) {
 
 namespace {
 
+constexpr std::int64_t kMaxDim = std::int64_t{1} << 31;          // rows, columns, leading dimensions
+constexpr std::int64_t kMaxMatrixBytes = std::int64_t{1} << 48;  // one operand
+
 bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
 void check_common(const char* op, DType dt, int rank, int world) {
@@ -60,7 +63,17 @@ void check_ptr(const char* op, const char* name, const void* p) {
 
 void check_ld(const char* op, const char* name, std::int64_t ld, std::int64_t row) {
   TESSERA_CHECK(ld >= row, "{}: {} = {} is smaller than the row length {}", op, name, ld, row);
+  TESSERA_CHECK(ld < kMaxDim, "{}: {} = {} out of range [row length, 2^31)", op, name, ld);
   TESSERA_CHECK(ld % 8 == 0, "{}: {} = {} is not a multiple of 8 elements (16-byte rows)", op, name, ld);
+}
+
+// Bytes of a [rows, ld] matrix of 2-byte elements must fit the address space
+// (and every index the kernels form): rows * ld * 2 <= 2^48.
+void check_extent_bytes(const char* op, const char* name, std::int64_t rows, std::int64_t ld) {
+  std::int64_t elems = 0, bytes = 0;
+  TESSERA_CHECK(!__builtin_mul_overflow(rows, ld, &elems) && !__builtin_mul_overflow(elems, std::int64_t{2}, &bytes) &&
+                    bytes <= kMaxMatrixBytes,
+                "{}: {} of {} rows x {} elements is larger than 2^48 bytes", op, name, rows, ld);
 }
 
 void check_rows(const char* op, std::int64_t m, std::int64_t m_local, int rank, int world) {
@@ -96,6 +109,9 @@ void validate(const AgGemmArgs& a, int rank, int world, const char* op) {
   check_ld(op, "ldb", a.ldb ? a.ldb : a.k, a.k);
   const std::int64_t n_out = a.swiglu ? a.n / 2 : a.n;
   check_ld(op, "ldd", a.ldd ? a.ldd : n_out, n_out);
+  check_extent_bytes(op, "A", a.m, a.lda ? a.lda : a.k);  // gathered
+  check_extent_bytes(op, "B", a.n, a.ldb ? a.ldb : a.k);
+  check_extent_bytes(op, "D", a.m, a.ldd ? a.ldd : n_out);
 }
 
 namespace {
@@ -111,6 +127,9 @@ void check_row_parallel(const Args& a, std::int64_t m_local, int rank, int world
   check_ld(op, "lda", a.lda ? a.lda : a.k, a.k);
   check_ld(op, "ldb", a.ldb ? a.ldb : a.k, a.k);
   check_ld(op, "ldd", a.ldd ? a.ldd : a.n, a.n);
+  check_extent_bytes(op, "A", a.m, a.lda ? a.lda : a.k);
+  check_extent_bytes(op, "B", a.n, a.ldb ? a.ldb : a.k);
+  check_extent_bytes(op, "D", a.m, a.ldd ? a.ldd : a.n);
 }
 }  // namespace
 
@@ -125,10 +144,16 @@ void validate(const GemmArArgs& a, int rank, int world, const char* op) {
 
 void validate(const MlpArgs& a, int rank, int world, const char* op) {
   check_common(op, a.dtype, rank, world);
-  TESSERA_CHECK(a.h >= 8 && a.h % 8 == 0, "{}: H = {} must be a positive multiple of 8", op, a.h);
-  TESSERA_CHECK(a.i_local >= 8 && a.i_local % 8 == 0, "{}: I/R = {} must be a positive multiple of 8", op,
-                a.i_local);
+  // Bounds first: the operator forms 2 * I/R (the gate/up GEMM's N) and
+  // M * I/R (the hidden activation) from these.
+  TESSERA_CHECK(a.h >= 8 && a.h < kMaxDim && a.h % 8 == 0, "{}: H = {} must be a multiple of 8 in [8, 2^31)", op, a.h);
+  TESSERA_CHECK(a.i_local >= 8 && a.i_local < kMaxDim / 2 && a.i_local % 8 == 0,
+                "{}: I/R = {} must be a multiple of 8 in [8, 2^30) (the gate/up GEMM has 2*I/R rows)", op, a.i_local);
   check_rows(op, a.m, a.m_local, rank, world);
+  check_extent_bytes(op, "x", a.m, a.h);
+  check_extent_bytes(op, "w_gate_up", 2 * a.i_local, a.h);
+  check_extent_bytes(op, "w_down", a.h, a.i_local);
+  check_extent_bytes(op, "the hidden activation", a.m, 2 * a.i_local);
   check_ptr(op, "x", a.x);
   check_ptr(op, "w_gate_up", a.w_gate_up);
   check_ptr(op, "w_down", a.w_down);

@@ -1,6 +1,7 @@
 // Strategy choice from measurements, and its cache entries.
 #include "tessera/ops/tuner.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "tessera/runtime/error.hpp"
@@ -38,10 +39,23 @@ nlohmann::json choice_to_json(Strategy s, const std::map<Strategy, double>& time
 std::optional<Strategy> choice_from_json(const nlohmann::json& j) {
   if (!j.is_object() || !j.contains("strategy") || !j["strategy"].is_string()) return std::nullopt;
   const std::string name = j["strategy"].get<std::string>();
+  // The entry's own measurements, when present, must be sane and include the choice.
+  if (j.contains("times_ms")) {
+    const auto& t = j["times_ms"];
+    if (!t.is_object() || !t.contains(name)) return std::nullopt;
+    for (auto it = t.begin(); it != t.end(); ++it)
+      if (!it->is_number() || !std::isfinite(it->get<double>()) || it->get<double>() <= 0) return std::nullopt;
+  }
   for (Strategy s : {Strategy::sequential, Strategy::decomposition, Strategy::fused_ce, Strategy::fused_sm,
                      Strategy::ring})
     if (name == strategy_name(s)) return s;
   return std::nullopt;
+}
+
+std::optional<Strategy> choice_from_json(const nlohmann::json& j, const std::vector<Strategy>& candidates) {
+  const auto s = choice_from_json(j);
+  if (!s || std::find(candidates.begin(), candidates.end(), *s) == candidates.end()) return std::nullopt;
+  return s;
 }
 
 std::vector<Strategy> gemm_rs_candidates(int world, bool tile_row_shards) {

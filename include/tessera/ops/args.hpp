@@ -105,7 +105,9 @@ ShardRows shard_rows(std::int64_t m, int world);
 /// bf16/f16, pointers non-null and 16-byte aligned (TMA), K % 8 == 0,
 /// leading dimensions multiples of 8 and >= row length, world in [1, 16],
 /// m_local equal to this rank's ragged shard, every shard non-empty,
-/// swiglu ⇒ N even.
+/// swiglu ⇒ N even. Upper bounds: M, N, K, H and every leading dimension
+/// below 2^31, I/R below 2^30 (checked before 2·I/R is formed), and every
+/// operand's rows x leading dimension x 2 bytes at most 2^48 (overflow-checked).
 void validate(const AgGemmArgs& a, int rank, int world, const char* op = "ag_gemm");
 void validate(const GemmRsArgs& a, int rank, int world, const char* op = "gemm_rs");
 void validate(const GemmArArgs& a, int rank, int world, const char* op = "gemm_ar");

@@ -30,8 +30,13 @@ Strategy choose_strategy(const std::map<Strategy, double>& times_ms, double marg
 /// The cache entry for a choice: {"strategy": name, "times_ms": {...}, "shape": [...]}.
 nlohmann::json choice_to_json(Strategy s, const std::map<Strategy, double>& times_ms,
                               const std::vector<std::int64_t>& shape);
-/// Reads a cached choice; nullopt if the entry is malformed (never throws).
+/// Reads a cached choice; nullopt if the entry is malformed (never throws):
+/// not a known strategy, or its "times_ms" (when present) lacks the choice or
+/// holds a time that is not finite and positive.
 std::optional<Strategy> choice_from_json(const nlohmann::json& j);
+/// The same, and nullopt unless the choice is one of the operator's
+/// `candidates` (a stale or forged entry is ignored and the operator re-tuned).
+std::optional<Strategy> choice_from_json(const nlohmann::json& j, const std::vector<Strategy>& candidates);
 
 /// GEMM+RS strategies the tuner measures at world size R: sequential,
 /// decomposition, fused_sm, fused_ce when every shard boundary falls on a
