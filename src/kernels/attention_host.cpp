@@ -99,6 +99,8 @@ void validate(const AttentionArgs& a, const char* op) {
   check_strides(op, "k", a.k_stride, a.batch, a.seqlen_k, a.heads_kv);
   check_strides(op, "v", a.v_stride, a.batch, a.seqlen_k, a.heads_kv);
   check_strides(op, "o", a.o_stride, a.batch, a.seqlen_q, a.heads_q);
+  TESSERA_CHECK(a.lse_batch_stride >= 0 && a.lse_head_stride >= 0,
+                "{}: LSE strides (batch {}, head {}) must be >= 0", op, a.lse_batch_stride, a.lse_head_stride);
   if (a.causal && a.q_offset) {
     TESSERA_CHECK(*a.q_offset > -kMax && *a.q_offset < kMax, "{}: q_offset = {} out of range", op, *a.q_offset);
   }

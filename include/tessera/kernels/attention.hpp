@@ -12,8 +12,9 @@
 // and arbitrary element strides for batch, seq and head (AttnStrides; zeros
 // mean packed BSHD). A [batch, heads, seq, head_dim] tensor is the same thing
 // with other strides. O has the same layout (own strides); LSE is float32
-// [batch, heads_q, seqlen_q], contiguous, natural log, -inf for a query row
-// with no admitted key (its O row is 0). LSE may be null (not written).
+// [batch, heads_q, seqlen_q], natural log, -inf for a query row with no
+// admitted key (its O row is 0), contiguous unless lse_stride says otherwise
+// (e.g. the rows of one Q chunk inside a longer shard's LSE). LSE may be null.
 //
 // Causal masking: query i (0-based row of this Q) attends key j iff
 // j <= i + q_offset. The default q_offset is seqlen_k - seqlen_q: the causal
@@ -62,6 +63,9 @@ struct AttentionArgs {
   const void* v = nullptr;  ///< [batch, seqlen_k, heads_kv, head_dim]
   void* o = nullptr;        ///< [batch, seqlen_q, heads_q, head_dim], dtype
   float* lse = nullptr;     ///< [batch, heads_q, seqlen_q] float32, or null
+  /// LSE element strides of batch and head (query rows are contiguous);
+  /// 0, 0 = packed [batch, heads_q, seqlen_q].
+  int64_t lse_batch_stride = 0, lse_head_stride = 0;
   int64_t batch = 1, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
   AttnStrides q_stride, k_stride, v_stride, o_stride;
   DType dtype = DType::bf16;  ///< of Q, K, V and O

@@ -3,8 +3,9 @@
 //
 // Roles (384 threads, three warpgroups, as the GEMM engine's kernel.cuh):
 //   warpgroup 0, producer: one elected lane of warp 0 loads the CTA's Q tile
-//     once and then, for every KV block (descending: the causal-diagonal and
-//     ragged-tail blocks, which need masks, come first), waits for the
+//     once and then, for every KV block (descending by default: the causal-
+//     diagonal and ragged-tail blocks, which need masks, come first; a hook
+//     may choose another order, kv_wait.cuh), waits for the
 //     block through the KV hook (kv_wait.cuh) and TMA-loads K and V into a
 //     kStages-deep ring, K and V with separate full / empty mbarriers so that
 //     S = Q·Kᵀ can start before V lands. setmaxnreg gives the registers away.
@@ -108,6 +109,7 @@ struct AttnParams {
   void* o;
   int64_t o_sb, o_ss, o_sh;  ///< O element strides (batch, seq, head)
   float* lse;                ///< [batch, heads_q, seqlen_q] or null
+  int64_t lse_sb, lse_sh;    ///< LSE element strides (batch, head); rows contiguous
   Hook hook;
 };
 
@@ -253,7 +255,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         ptx::tma_load_4d(sm.q() + c * Cfg::BM * 128, &tma_q, sm.q_full(), c * 64, m0, blk.head, blk.batch);
       int stage = 0;
       uint32_t phase = 0;
-      for (int n = blk.n_max - 1; n >= 0; --n) {
+      for (int i = 0; i < blk.n_max; ++i) {
+        const int n = kv_block_at(p.hook, i, blk.n_max);
         if constexpr (Hook::kActive) {
           p.hook.wait(KvBlockInfo{blk.batch, head_kv, n, n * BN, BN, p.seqlen_k});
           ptx::fence_proxy_async_global();
@@ -352,8 +355,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     uint32_t phase = 0;
     ptx::mbar_wait(sm.q_full(), 0);
 
-    // First block (n_max - 1): S only.
-    int n = blk.n_max - 1;
+    // First block: S only.
+    int n = kv_block_at(p.hook, 0, blk.n_max);
     ptx::mbar_wait(sm.k_full(stage), phase);
     sched_wait();
     ptx::wgmma_fence();
@@ -372,7 +375,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       phase ^= 1;
     }
 
-    for (--n; n >= 0; --n) {
+    for (int i = 1; i < blk.n_max; ++i) {
+      n = kv_block_at(p.hook, i, blk.n_max);
       ptx::mbar_wait(sm.k_full(stage), phase);
       sched_wait();
       ptx::fence_regs(o);
@@ -470,7 +474,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = m0 + row_in_tile + 8 * r;
-      if (row < p.seqlen_q) p.lse[(int64_t{blk.batch} * p.heads_q + blk.head) * p.seqlen_q + row] = lse[r];
+      if (row < p.seqlen_q) p.lse[blk.batch * p.lse_sb + blk.head * p.lse_sh + row] = lse[r];
     }
   }
 #endif

@@ -14,12 +14,21 @@
 // the fence). wait() runs under the producer's register budget (24 or 40,
 // AttnConfig): keep it small and call-free (no printf: see FlagWait).
 //
+// Optionally, a hook chooses the order in which the CTA visits its KV blocks
+// (producer and consumers alike; the online softmax is order-free):
+//   __device__ int kv_block(int i, int n_blocks) const;  // i-th block to visit
+// a permutation of [0, n_blocks) for every n_blocks (the CTA's causal
+// prefix). Default: descending, n_blocks - 1 - i (masked blocks first).
+// sp_attention visits chunks in the order they arrive.
+//
 // ops::sp_attention waits for all-gathered KV chunks through KvFlagWait
 // below: the engine's FlagWait (row readiness, rows_per_flag = the chunk
 // length), so the timeout diagnostic and the memo are the GEMM's.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 #include "tessera/kernels/gemm/prologue.cuh"
 
@@ -33,6 +42,20 @@ struct KvBlockInfo {
   int rows;      ///< block height (BN); rows past seqlen_k are zero-filled
   int seqlen_k;  ///< key rows of the KV tensor
 };
+
+template <class H, class = void>
+struct HasKvBlockOrder : std::false_type {};
+template <class H>
+struct HasKvBlockOrder<H, std::void_t<decltype(std::declval<const H&>().kv_block(0, 1))>> : std::true_type {};
+
+/// The i-th KV block of n_blocks the CTA visits under hook h.
+template <class H>
+__device__ __forceinline__ int kv_block_at(const H& h, int i, int n_blocks) {
+  if constexpr (HasKvBlockOrder<H>::value)
+    return h.kv_block(i, n_blocks);
+  else
+    return n_blocks - 1 - i;
+}
 
 /// No wait: a plain attention kernel.
 struct NoKvWait {

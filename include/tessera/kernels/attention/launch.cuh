@@ -63,6 +63,8 @@ void attention_launch(const AttentionArgs& a, const Hook& hook, cudaStream_t str
   p.o_ss = os.seq;
   p.o_sh = os.head;
   p.lse = a.lse;
+  p.lse_sh = a.lse_head_stride ? a.lse_head_stride : a.seqlen_q;
+  p.lse_sb = a.lse_batch_stride ? a.lse_batch_stride : a.heads_q * a.seqlen_q;
   p.hook = hook;
   auto kernel = attn::attention_fwd_kernel<Cfg, T, Hook>;
   constexpr int smem = Cfg::kLaunchBytes;
