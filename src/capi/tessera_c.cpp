@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <tuple>
 
 #include "tessera/ops/tp_mlp.hpp"
 #include "tessera/runtime/error.hpp"
@@ -63,6 +64,12 @@ tessera::ops::OpOptions options_of(const tessera_session* s, int strategy) {
   o.strategy = static_cast<tessera::ops::Strategy>(strategy);
   o.use_cache = s->use_cache;
   return o;
+}
+
+// Sizes are range-checked before the session is looked at (the operators
+// check them again against the session's world and the data's layout).
+void check_size(const char* fn, const char* name, int64_t v, int64_t lo) {
+  TESSERA_CHECK(v >= lo && v < (int64_t{1} << 31), "{}: {} = {} out of range [{}, 2^31)", fn, name, v, lo);
 }
 
 void need(const tessera_session* s, const char* fn) {
@@ -153,8 +160,8 @@ int tessera_session_create_from_id(int rank, int world, int device, const void* 
   return guarded("tessera_session_create_from_id", [&] {
     TESSERA_CHECK(out != nullptr, "tessera_session_create_from_id: out is null");
     *out = nullptr;
-    TESSERA_CHECK(world >= 1 && rank >= 0 && rank < world, "tessera_session_create_from_id: rank {} of world {}", rank,
-                  world);
+    TESSERA_CHECK(world >= 1 && world <= 65536 && rank >= 0 && rank < world,
+                  "tessera_session_create_from_id: rank {} of world {} (world in [1, 65536])", rank, world);
     TESSERA_CHECK(device >= 0, "tessera_session_create_from_id: device {} (must be >= 0)", device);
     TESSERA_CHECK(id != nullptr, "tessera_session_create_from_id: id is null");
     TESSERA_CHECK(id_bytes == TESSERA_UNIQUE_ID_BYTES, "tessera_session_create_from_id: id_bytes {} (must be {})",
@@ -179,7 +186,8 @@ int tessera_session_create(int rank, int world, int local_rank, int local_world,
   return guarded("tessera_session_create", [&] {
     TESSERA_CHECK(out != nullptr, "tessera_session_create: out is null");
     *out = nullptr;
-    TESSERA_CHECK(world >= 1 && rank >= 0 && rank < world, "tessera_session_create: rank {} of world {}", rank, world);
+    TESSERA_CHECK(world >= 1 && world <= 65536 && rank >= 0 && rank < world,
+                  "tessera_session_create: rank {} of world {} (world in [1, 65536])", rank, world);
     TESSERA_CHECK(local_world >= 1 && local_rank >= 0 && local_rank < local_world,
                   "tessera_session_create: local rank {} of {}", local_rank, local_world);
     TESSERA_CHECK(master_addr != nullptr && *master_addr, "tessera_session_create: master_addr is empty");
@@ -241,6 +249,11 @@ void tessera_session_use_cache(tessera_session* s, int on) {
 int tessera_ag_gemm(tessera_session* s, const void* a, const void* b, void* d, int64_t m, int64_t m_local, int64_t n,
                     int64_t k, int64_t ldd, int dtype, int swiglu, int strategy) {
   return guarded("tessera_ag_gemm", [&] {
+    check_size("tessera_ag_gemm", "m", m, 1);
+    check_size("tessera_ag_gemm", "m_local", m_local, 0);
+    check_size("tessera_ag_gemm", "n", n, 1);
+    check_size("tessera_ag_gemm", "k", k, 1);
+    check_size("tessera_ag_gemm", "ldd", ldd, 0);
     need(s, "tessera_ag_gemm");
     tessera::ops::ag_gemm(*s->ctx, ag_args(a, b, d, m, m_local, n, k, ldd, dtype, swiglu), options_of(s, strategy));
   });
@@ -249,6 +262,10 @@ int tessera_ag_gemm(tessera_session* s, const void* a, const void* b, void* d, i
 int tessera_gemm_rs(tessera_session* s, const void* a, const void* b, void* d, int64_t m, int64_t m_local, int64_t n,
                     int64_t k, int dtype, int strategy) {
   return guarded("tessera_gemm_rs", [&] {
+    check_size("tessera_gemm_rs", "m", m, 1);
+    check_size("tessera_gemm_rs", "m_local", m_local, 0);
+    check_size("tessera_gemm_rs", "n", n, 1);
+    check_size("tessera_gemm_rs", "k", k, 1);
     need(s, "tessera_gemm_rs");
     tessera::ops::gemm_rs(*s->ctx, rs_args(a, b, d, m, m_local, n, k, dtype), options_of(s, strategy));
   });
@@ -257,6 +274,9 @@ int tessera_gemm_rs(tessera_session* s, const void* a, const void* b, void* d, i
 int tessera_gemm_ar(tessera_session* s, const void* a, const void* b, void* d, int64_t m, int64_t n, int64_t k,
                     int dtype, int strategy) {
   return guarded("tessera_gemm_ar", [&] {
+    check_size("tessera_gemm_ar", "m", m, 1);
+    check_size("tessera_gemm_ar", "n", n, 1);
+    check_size("tessera_gemm_ar", "k", k, 1);
     need(s, "tessera_gemm_ar");
     const tessera::ops::GemmArArgs g{.a = a, .b = b, .d = d, .m = m, .n = n, .k = k, .dtype = dtype_of(dtype)};
     tessera::ops::gemm_ar(*s->ctx, g, options_of(s, strategy));
@@ -266,6 +286,10 @@ int tessera_gemm_ar(tessera_session* s, const void* a, const void* b, void* d, i
 int tessera_mlp(tessera_session* s, const void* x, const void* w_gate_up, const void* w_down, void* out, int64_t m,
                 int64_t m_local, int64_t h, int64_t i_local, int dtype, int ag_strategy, int rs_strategy) {
   return guarded("tessera_mlp", [&] {
+    check_size("tessera_mlp", "m", m, 1);
+    check_size("tessera_mlp", "m_local", m_local, 0);
+    check_size("tessera_mlp", "h", h, 1);
+    check_size("tessera_mlp", "i_local", i_local, 1);
     need(s, "tessera_mlp");
     const tessera::ops::MlpArgs a{.x = x, .w_gate_up = w_gate_up, .w_down = w_down, .out = out, .m = m,
                                   .m_local = m_local, .h = h, .i_local = i_local, .dtype = dtype_of(dtype)};
@@ -277,6 +301,11 @@ int tessera_ag_gemm_ex(tessera_session* s, void* stream, const void* a, const vo
                        int64_t m, int64_t m_local, int64_t n, int64_t k, int64_t ldd, int dtype, int swiglu,
                        int strategy) {
   return guarded("tessera_ag_gemm_ex", [&] {
+    check_size("tessera_ag_gemm_ex", "m", m, 1);
+    check_size("tessera_ag_gemm_ex", "m_local", m_local, 0);
+    check_size("tessera_ag_gemm_ex", "n", n, 1);
+    check_size("tessera_ag_gemm_ex", "k", k, 1);
+    check_size("tessera_ag_gemm_ex", "ldd", ldd, 0);
     need(s, "tessera_ag_gemm_ex");
     auto args = ag_args(a, b, d, m, m_local, n, k, ldd, dtype, swiglu);
     args.gathered_a = gathered_a;
@@ -288,6 +317,10 @@ int tessera_ag_gemm_ex(tessera_session* s, void* stream, const void* a, const vo
 int tessera_gemm_rs_ex(tessera_session* s, void* stream, const void* a, const void* b, void* d, int64_t m,
                        int64_t m_local, int64_t n, int64_t k, int dtype, int strategy) {
   return guarded("tessera_gemm_rs_ex", [&] {
+    check_size("tessera_gemm_rs_ex", "m", m, 1);
+    check_size("tessera_gemm_rs_ex", "m_local", m_local, 0);
+    check_size("tessera_gemm_rs_ex", "n", n, 1);
+    check_size("tessera_gemm_rs_ex", "k", k, 1);
     need(s, "tessera_gemm_rs_ex");
     const auto args = rs_args(a, b, d, m, m_local, n, k, dtype);
     const auto o = options_of(s, strategy);
@@ -298,6 +331,9 @@ int tessera_gemm_rs_ex(tessera_session* s, void* stream, const void* a, const vo
 int tessera_gemm_ar_ex(tessera_session* s, void* stream, const void* a, const void* b, void* d, int64_t m, int64_t n,
                        int64_t k, int dtype, int strategy) {
   return guarded("tessera_gemm_ar_ex", [&] {
+    check_size("tessera_gemm_ar_ex", "m", m, 1);
+    check_size("tessera_gemm_ar_ex", "n", n, 1);
+    check_size("tessera_gemm_ar_ex", "k", k, 1);
     need(s, "tessera_gemm_ar_ex");
     const tessera::ops::GemmArArgs g{.a = a, .b = b, .d = d, .m = m, .n = n, .k = k, .dtype = dtype_of(dtype)};
     const auto o = options_of(s, strategy);
@@ -309,6 +345,10 @@ int tessera_mlp_ex(tessera_session* s, void* stream, const void* x, const void* 
                    void* out, int64_t m, int64_t m_local, int64_t h, int64_t i_local, int dtype, int ag_strategy,
                    int rs_strategy) {
   return guarded("tessera_mlp_ex", [&] {
+    check_size("tessera_mlp_ex", "m", m, 1);
+    check_size("tessera_mlp_ex", "m_local", m_local, 0);
+    check_size("tessera_mlp_ex", "h", h, 1);
+    check_size("tessera_mlp_ex", "i_local", i_local, 1);
     need(s, "tessera_mlp_ex");
     const tessera::ops::MlpArgs a{.x = x, .w_gate_up = w_gate_up, .w_down = w_down, .out = out, .m = m,
                                   .m_local = m_local, .h = h, .i_local = i_local, .dtype = dtype_of(dtype)};
@@ -354,6 +394,9 @@ int tessera_lsa_probe(int ndev, int* lsa_size) {
 int tessera_resolve(tessera_session* s, int op, int64_t m, int64_t m_local, int64_t n, int64_t k, int dtype,
                     int swiglu, const void* a, const void* b, void* d, int* out) {
   return guarded("tessera_resolve", [&] {
+    for (auto [name, v, lo] : {std::tuple{"m", m, 1}, std::tuple{"m_local", m_local, 0}, std::tuple{"n", n, 1},
+                               std::tuple{"k", k, 1}})
+      check_size("tessera_resolve", name, v, lo);
     need(s, "tessera_resolve");
     TESSERA_CHECK(out != nullptr, "tessera_resolve: out is null");
     TESSERA_CHECK(op == 0 || op == 1, "tessera_resolve: op {} (0 ag_gemm, 1 gemm_rs)", op);
