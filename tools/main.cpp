@@ -1,5 +1,6 @@
 // tessera — command-line tool: run, bench, plan, ...
 #include <cstdio>
+#include <exception>
 #include <vector>
 
 #include "command.hpp"
@@ -43,6 +44,12 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const tessera::Error& e) {
     std::fprintf(stderr, "tessera: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {  // e.g. std::out_of_range, std::bad_alloc: still an error, not an abort
+    std::fprintf(stderr, "tessera: error: %s\n", e.what());
+    return 1;
+  } catch (...) {
+    std::fprintf(stderr, "tessera: error: unknown exception\n");
     return 1;
   }
   return 0;
