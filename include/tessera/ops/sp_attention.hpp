@@ -21,14 +21,32 @@
 // position) and kv_len = (c+1)·C keys. Non-causal: one call, all 2C rows
 // against all S keys.
 //
-// Status: the plan and the kernel features it needs (q_offset, a KV-prefix
-// length, LSE strides, the block order and per-block waits) exist and are
-// tested on one GPU (ranks emulated); the multi-GPU operator that pushes the
-// chunks (link::rank_copy_data / rank_notify) is not written yet.
+// The operator (sp_attention below), per call with epoch e:
+//   sequential: NCCL all-gather of the K and V shards into staging, reordered
+//     into global order by copies, then the plain kernel per part.
+//   fused_ce: this rank's chunks copied into its own workspace (compute
+//     stream); on the communication stream, per step, the chunks pushed to
+//     the destination's workspace on the copy engine (link::rank_copy_data,
+//     after that peer said its workspace is free: control flag >= e - 1),
+//     each followed by a flag (link::rank_notify, value e); the kernel per
+//     part waits per KV block for the chunks it covers (KvFlagWait-style,
+//     .sys acquire with the engine's timeout diagnostic). After its kernels
+//     a rank tells every peer its workspace is free (control flag = e).
+//
+// Status (2026-11-24): the plan is CPU-tested; the decomposition is tested
+// bitwise on one GPU with the ranks emulated; the operator runs at R = 1
+// only (multi-GPU machines were not lent): the pushes, flags and waits
+// between ranks have not run.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstdint>
+#include <memory>
 #include <vector>
+
+#include "tessera/runtime/dtype.hpp"
+#include "tessera/runtime/process_group.hpp"
 
 namespace tessera::ops {
 
@@ -66,5 +84,42 @@ struct SpAttnPlan {
 /// Throws tessera::Error unless world >= 1, 0 <= rank < world, seq >= 2·world
 /// and seq % (2·world) == 0.
 SpAttnPlan plan_sp_attention(std::int64_t seq, int world, int rank, bool causal);
+
+/// One rank's shard: Q, K, V, O packed [batch, 2C, heads, head_dim] (local
+/// rows [0, C) = global chunk r, [C, 2C) = chunk 2R-1-r), LSE packed
+/// [batch, heads_q, 2C] float32 or null. Same shapes on every rank (checked).
+struct SpAttnArgs {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* o = nullptr;
+  float* lse = nullptr;
+  std::int64_t batch = 1, seq = 0;  ///< seq: GLOBAL tokens S (the shard has S / R)
+  std::int64_t heads_q = 0, heads_kv = 0, head_dim = 0;
+  DType dtype = DType::bf16;
+  bool causal = true;
+  float softmax_scale = 0.f;  ///< 0: 1 / sqrt(head_dim)
+};
+
+enum class SpStrategy { sequential, fused_ce };
+
+/// Per process group: the gathered-KV workspace (symmetric), flags, epochs.
+class SpAttnContext {
+ public:
+  explicit SpAttnContext(runtime::ProcessGroup& pg);
+  ~SpAttnContext();
+  SpAttnContext(const SpAttnContext&) = delete;
+  SpAttnContext& operator=(const SpAttnContext&) = delete;
+  struct Impl;
+  Impl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Sequence-parallel attention over the zig-zag shards. Collective, stream-
+/// ordered on pg.stream(). Bad input (shapes, GQA divisibility, shapes that
+/// differ between ranks) throws tessera::Error before any launch.
+void sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, SpStrategy s = SpStrategy::fused_ce);
 
 }  // namespace tessera::ops

@@ -1,0 +1,232 @@
+// Sequence-parallel attention: AllGather-KV + attention over zig-zag shards
+// (sp_attention.hpp describes the plan and the protocol).
+#include "tessera/ops/sp_attention.hpp"
+
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+#include <nccl.h>
+
+#include <array>
+#include <set>
+
+#include "sp_attention_kernels.hpp"
+#include "tessera/kernels/attention.hpp"
+#include "tessera/link/host_primitives.hpp"
+#include "tessera/runtime/error.hpp"
+#include "tessera/runtime/signals.hpp"
+#include "tessera/runtime/symmetric_heap.hpp"
+
+namespace tessera::ops {
+
+struct SpAttnContext::Impl {
+  explicit Impl(runtime::ProcessGroup& g) : pg(g) {
+    TESSERA_CHECK(pg.world() <= runtime::kMaxPeers, "sp_attention: world {} > {}", pg.world(), runtime::kMaxPeers);
+    TESSERA_CHECK(pg.lsa_reachable(), "sp_attention: not every rank is load/store reachable (lsa size {} of {})",
+                  pg.lsa_size(), pg.world());
+    TESSERA_CHECK(pg.comm_stream_count() >= 1, "sp_attention: the process group has no communication stream");
+    data = std::make_unique<runtime::Signals>(pg, kSlots);
+    control = std::make_unique<runtime::Signals>(pg, 1);
+    TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_ready, cudaEventDisableTiming));
+    TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_comm_done, cudaEventDisableTiming));
+  }
+  ~Impl() {
+    if (ev_ready) cudaEventDestroy(ev_ready);
+    if (ev_comm_done) cudaEventDestroy(ev_comm_done);
+    if (staging) cudaFree(staging);
+  }
+
+  static constexpr int kSlots = 2;  ///< data flags: my chunk 0 / 1 landed (value = epoch)
+  runtime::ProcessGroup& pg;
+  std::unique_ptr<runtime::Signals> data;     ///< per-source chunk flags
+  std::unique_ptr<runtime::Signals> control;  ///< slot 0: "my workspace is free again" (value = epoch)
+  runtime::SymBuffer<unsigned char> ws;       ///< gathered K, then V: 2 x [B, S, Hkv, D]
+  void* staging = nullptr;                    ///< sequential: NCCL's [R][B, 2C, Hkv, D] for K, then V
+  std::size_t staging_bytes = 0;
+  std::uint64_t epoch = 0;
+  cudaEvent_t ev_ready = nullptr, ev_comm_done = nullptr;
+  std::set<std::array<std::int64_t, 7>> validated;  ///< shapes already checked across ranks
+
+  void drain(const char* what) {
+    const std::initializer_list<const runtime::Signals*> all{data.get(), control.get()};
+    link::synchronize(pg.stream(), all, what);
+    for (int i = 0; i < pg.comm_stream_count(); ++i) link::synchronize(pg.comm_stream(i), all, what);
+  }
+  void ensure_ws(std::size_t bytes) {
+    if (!ws.empty() && ws.bytes() >= bytes) return;
+    drain("sp_attention: workspace growth");
+    pg.barrier();  // no peer still pushes into or reads the old workspace
+    ws = runtime::SymBuffer<unsigned char>();
+    ws = runtime::SymBuffer<unsigned char>(pg, bytes);
+  }
+  void* ensure_staging(std::size_t bytes) {
+    if (bytes <= staging_bytes) return staging;
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
+    if (staging) TESSERA_CUDA_CHECK(cudaFree(staging));
+    staging = nullptr;
+    TESSERA_CUDA_CHECK(cudaMalloc(&staging, bytes));
+    staging_bytes = bytes;
+    return staging;
+  }
+};
+
+SpAttnContext::SpAttnContext(runtime::ProcessGroup& pg) : impl_(std::make_unique<Impl>(pg)) {}
+SpAttnContext::~SpAttnContext() = default;
+
+namespace {
+
+/// Copies chunk `i` (C rows) of a shard [B, 2C, H, D] to rows [g0, g0 + C) of
+/// a [B, S, H, D] tensor (any address of the symmetric heap or local memory).
+void copy_chunk(cudaStream_t s, void* dst, const void* src, int i, std::int64_t g0, std::int64_t B, std::int64_t C,
+                std::int64_t S, std::size_t row_bytes) {
+  TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<unsigned char*>(dst) + g0 * row_bytes, S * row_bytes,
+                                       static_cast<const unsigned char*>(src) + i * C * row_bytes, 2 * C * row_bytes,
+                                       C * row_bytes, B, cudaMemcpyDefault, s));
+}
+
+void validate(SpAttnContext::Impl& c, const SpAttnArgs& a) {
+  const int R = c.pg.world();
+  TESSERA_CHECK(a.seq >= 2 * R && a.seq % (2 * R) == 0,
+                "sp_attention: seq = {} must be a positive multiple of 2 x world = {} (zig-zag chunks)", a.seq, 2 * R);
+  // The kernel's own checks (dtype, head dim, GQA divisibility, pointers)
+  // on the shapes of one part, before anything is launched or gathered.
+  kernels::AttentionArgs k;
+  k.q = a.q;
+  k.k = a.k;
+  k.v = a.v;
+  k.o = a.o;
+  k.batch = a.batch;
+  k.seqlen_q = k.seqlen_k = a.seq / R;
+  k.heads_q = a.heads_q;
+  k.heads_kv = a.heads_kv;
+  k.head_dim = a.head_dim;
+  k.dtype = a.dtype;
+  k.causal = a.causal;
+  k.softmax_scale = a.softmax_scale;
+  kernels::validate(k, "sp_attention");
+  const std::array<std::int64_t, 7> sig{a.batch,    a.seq, a.heads_q, a.heads_kv, a.head_dim, static_cast<int>(a.dtype),
+                                        a.causal};
+  if (!c.validated.count(sig)) {
+    c.pg.check_same_on_all_ranks(
+        fmt::format("sp_attention: shapes (batch {}, seq {}, heads {}/{}, head_dim {}, dtype {}, causal {})", a.batch,
+                    a.seq, a.heads_q, a.heads_kv, a.head_dim, dtype_name(a.dtype), a.causal),
+        sig);
+    c.validated.insert(sig);
+  }
+}
+
+}  // namespace
+
+void sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, SpStrategy strategy) {
+  SpAttnContext::Impl& c = ctx.impl();
+  validate(c, a);
+  const int R = c.pg.world(), rank = c.pg.rank();
+  const SpAttnPlan plan = plan_sp_attention(a.seq, R, rank, a.causal);
+  const std::int64_t B = a.batch, C = plan.chunk, S = a.seq, L = 2 * C;
+  const std::size_t es = dtype_size(a.dtype);
+  const std::size_t kv_row = static_cast<std::size_t>(a.heads_kv * a.head_dim) * es;
+  const std::size_t kv_bytes = static_cast<std::size_t>(B * S) * kv_row;  // one gathered tensor
+  c.ensure_ws(2 * kv_bytes);
+  const std::uint64_t e = ++c.epoch;
+  cudaStream_t st = c.pg.stream();
+  unsigned char* ws_k = c.ws.local();
+  unsigned char* ws_v = ws_k + kv_bytes;
+
+  auto run_parts = [&](bool hooked) {
+    const std::size_t q_row = static_cast<std::size_t>(a.heads_q * a.head_dim) * es;
+    detail::SpKvFlags f;
+    f.flags = c.data->view().flag_from(0, 0);
+    f.slots = SpAttnContext::Impl::kSlots;
+    f.world = R;
+    f.rank = rank;
+    f.chunk = C;
+    f.epoch = e;
+    for (const SpAttnPlan::Part& part : plan.parts) {
+      kernels::AttentionArgs k;
+      k.q = static_cast<const unsigned char*>(a.q) + part.local_row0 * q_row;
+      k.o = static_cast<unsigned char*>(a.o) + part.local_row0 * q_row;
+      k.k = ws_k;
+      k.v = ws_v;
+      k.batch = B;
+      k.seqlen_q = part.rows;
+      k.seqlen_k = part.kv_len;
+      k.heads_q = a.heads_q;
+      k.heads_kv = a.heads_kv;
+      k.head_dim = a.head_dim;
+      k.q_stride = k.o_stride = {L * a.heads_q * a.head_dim, a.heads_q * a.head_dim, a.head_dim};
+      k.k_stride = k.v_stride = {S * a.heads_kv * a.head_dim, a.heads_kv * a.head_dim, a.head_dim};
+      k.dtype = a.dtype;
+      k.causal = a.causal;
+      k.q_offset = part.q_offset;
+      k.softmax_scale = a.softmax_scale;
+      if (a.lse) {
+        k.lse = a.lse + part.local_row0;
+        k.lse_batch_stride = a.heads_q * L;
+        k.lse_head_stride = L;
+      }
+      if (hooked && R > 1)
+        detail::launch_sp_attention_part(k, f, st);
+      else
+        kernels::attention(k, st);
+    }
+  };
+
+  // This rank's chunks into its own rows of the workspace (both strategies:
+  // the kernel reads them there).
+  auto copy_own = [&](cudaStream_t s) {
+    for (int i = 0; i < 2; ++i) {
+      copy_chunk(s, ws_k, a.k, i, plan.chunks[i] * C, B, C, S, kv_row);
+      copy_chunk(s, ws_v, a.v, i, plan.chunks[i] * C, B, C, S, kv_row);
+    }
+  };
+
+  switch (strategy) {
+    case SpStrategy::sequential: {
+      const std::size_t shard = static_cast<std::size_t>(B * L) * kv_row;
+      unsigned char* stg = static_cast<unsigned char*>(c.ensure_staging(2 * R * shard));
+      // NCCL gathers whole shards (rank s at s * shard); B > 1 shards are
+      // [B, 2C] blocks, so the reorder below walks (rank, chunk) pairs.
+      TESSERA_NCCL_CHECK(ncclGroupStart());
+      TESSERA_NCCL_CHECK(ncclAllGather(a.k, stg, shard, ncclUint8, c.pg.nccl(), st));
+      TESSERA_NCCL_CHECK(ncclAllGather(a.v, stg + R * shard, shard, ncclUint8, c.pg.nccl(), st));
+      TESSERA_NCCL_CHECK(ncclGroupEnd());
+      for (int s = 0; s < R; ++s) {
+        const SpAttnPlan ps = plan_sp_attention(a.seq, R, s, a.causal);
+        for (int i = 0; i < 2; ++i) {
+          copy_chunk(st, ws_k, stg + s * shard, i, ps.chunks[i] * C, B, C, S, kv_row);
+          copy_chunk(st, ws_v, stg + (R + s) * shard, i, ps.chunks[i] * C, B, C, S, kv_row);
+        }
+      }
+      run_parts(false);
+      break;
+    }
+    case SpStrategy::fused_ce: {
+      copy_own(st);
+      if (R > 1) {
+        // Pushes on the communication stream, after the inputs are ready.
+        cudaStream_t cs = c.pg.comm_stream(0);
+        TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, st));
+        TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, c.ev_ready, 0));
+        for (int dst : plan.push_to) {
+          if (e > 1) link::rank_wait(cs, *c.control, dst, 0, e - 1);  // dst is done with the last call's KV
+          unsigned char* pk = c.ws.peer(dst);
+          unsigned char* pv = pk + kv_bytes;
+          for (int i = 0; i < 2; ++i) {
+            copy_chunk(cs, pk, a.k, i, plan.chunks[i] * C, B, C, S, kv_row);
+            copy_chunk(cs, pv, a.v, i, plan.chunks[i] * C, B, C, S, kv_row);
+            link::rank_notify(cs, *c.data, dst, i, e);
+          }
+        }
+        TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_comm_done, cs));
+      }
+      run_parts(true);
+      if (R > 1) {
+        for (int p = 0; p < R; ++p)
+          if (p != rank) link::rank_notify(st, *c.control, p, 0, e);  // my workspace is free again
+        TESSERA_CUDA_CHECK(cudaStreamWaitEvent(st, c.ev_comm_done, 0));
+      }
+      break;
+    }
+  }
+}
+
+}  // namespace tessera::ops

@@ -1,0 +1,55 @@
+// The attention kernel with sp_attention's KV hook: per KV block, the
+// engine's FlagWait (.sys acquire, timeout -> WaitDiag + trap) on the flag of
+// every remote zig-zag chunk the block covers.
+#include "sp_attention_kernels.hpp"
+#include "tessera/kernels/attention/launch.cuh"
+#include "tessera/kernels/gemm/prologue.cuh"
+#include "tessera/kernels/gemm/wait_diag.hpp"
+#include "tessera/runtime/wait_diagnostics.hpp"
+
+namespace tessera::ops::detail {
+
+namespace {
+
+struct SpKvWait {
+  static constexpr bool kActive = true;
+  kernels::engine::FlagWait<std::uint64_t, true> w;  ///< flags, expected = epoch, timeout, diag
+  int slots, world, rank, chunk;
+
+  __device__ __forceinline__ void wait(const kernels::attn::KvBlockInfo& b) const {
+    const int last = min(b.row0 + b.rows, b.seqlen_k) - 1;
+    const kernels::engine::TileInfo t{b.block, 0, b.block, b.row0, 0, b.rows, 1, 1, 1, b.seqlen_k, 1};
+    for (int c = b.row0 / chunk; c <= last / chunk; ++c) {
+      const int owner = c < world ? c : 2 * world - 1 - c;
+      if (owner != rank) w.wait_one(t, owner * slots + (c < world ? 0 : 1));
+    }
+  }
+};
+
+template <class T>
+void launch(const kernels::AttentionArgs& a, const SpKvWait& h, cudaStream_t s) {
+  if (a.head_dim == 64)
+    kernels::attention_with<T, 64>(a, h, s);
+  else
+    kernels::attention_with<T, 128>(a, h, s);
+}
+
+}  // namespace
+
+void launch_sp_attention_part(const kernels::AttentionArgs& a, const SpKvFlags& f, cudaStream_t stream) {
+  SpKvWait h{};
+  h.w.flags = f.flags;
+  h.w.expected = f.epoch;
+  h.w.timeout_ns = runtime::wait_timeout_ns();
+  h.w.diag = kernels::wait_diagnostics();
+  h.slots = f.slots;
+  h.world = f.world;
+  h.rank = f.rank;
+  h.chunk = static_cast<int>(f.chunk);
+  if (a.dtype == DType::f16)
+    launch<__half>(a, h, stream);
+  else
+    launch<__nv_bfloat16>(a, h, stream);
+}
+
+}  // namespace tessera::ops::detail

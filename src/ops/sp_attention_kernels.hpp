@@ -1,0 +1,29 @@
+// src/ops/sp_attention_kernels.hpp — the attention kernel with sp_attention's
+// KV hook (sp_attention_kernels.cu), callable from host .cpp code.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "tessera/kernels/attention.hpp"
+
+namespace tessera::ops::detail {
+
+/// Where the gathered KV chunks' flags are: this rank's peer-flag rows of a
+/// Signals object (flag of source s, slot i at flags[s * slots + i]); chunk c
+/// of the zig-zag layout is its owner's slot (c < R ? 0 : 1).
+struct SpKvFlags {
+  const std::uint64_t* flags = nullptr;
+  int slots = 2;
+  int world = 1, rank = 0;
+  std::int64_t chunk = 0;  ///< tokens per chunk (C)
+  std::uint64_t epoch = 0;
+};
+
+/// kernels::attention(a) whose producer waits, before each KV block, for the
+/// flags of every remote chunk the block covers (a.seqlen_k keys of the
+/// gathered KV in global order).
+void launch_sp_attention_part(const kernels::AttentionArgs& a, const SpKvFlags& f, cudaStream_t stream);
+
+}  // namespace tessera::ops::detail

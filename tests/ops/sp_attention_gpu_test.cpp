@@ -1,0 +1,199 @@
+// GPU test of ops::sp_attention at the launched world size (the device build
+// runs it at R = 1; with R > 1 it needs `tessera run -n R`): both strategies
+// against whole-sequence attention computed locally on the same global
+// tensors (every rank draws them from one seed). Sequential runs the plain
+// kernel over the zig-zag parts and must match bitwise; fused_ce at R = 1 runs
+// the same kernels (bitwise too), at R > 1 the hooked kernel with its own
+// block width (within tolerance, LSE to 1e-3). Two calls in a row exercise the
+// epochs. Bad input is rejected before launch.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+#include <algorithm>
+
+#include "support/test_support.hpp"
+#include "tessera/kernels/attention.hpp"
+#include "tessera/ops/sp_attention.hpp"
+#include "tessera/runtime/error.hpp"
+#include "tessera/runtime/process_group.hpp"
+
+using namespace tessera;
+namespace tk = tessera::kernels;
+
+namespace {
+
+runtime::ProcessGroup& group() {
+  static std::unique_ptr<runtime::ProcessGroup> pg = runtime::ProcessGroup::from_environment();
+  return *pg;
+}
+ops::SpAttnContext& ctx() {
+  static std::unique_ptr<ops::SpAttnContext> c = std::make_unique<ops::SpAttnContext>(group());
+  return *c;
+}
+
+bool skip_reason(std::string* why) {
+  if (tessera::testing::visible_gpus() < 1) return *why = "needs a GPU", true;
+  int major = 0;
+  TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  if (major != 9) return *why = "needs an sm_90 (Hopper) GPU", true;
+  return false;
+}
+
+struct Buf {
+  void* p = nullptr;
+  explicit Buf(size_t bytes) { TESSERA_CUDA_CHECK(cudaMalloc(&p, bytes)); }
+  ~Buf() { cudaFree(p); }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+};
+
+template <class T>
+std::vector<T> down(const void* p, size_t n) {
+  std::vector<T> h(n);
+  TESSERA_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+float bf(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+}  // namespace
+
+TEST(SpAttentionGpu, StrategiesMatchWholeSequenceAttention) {
+  std::string why;
+  if (skip_reason(&why)) GTEST_SKIP() << why;
+  runtime::ProcessGroup& pg = group();
+  const int R = pg.world(), rank = pg.rank();
+  const int64_t B = 2, C = 256, S = 2 * R * C, L = 2 * C, H = 4, Hkv = 2, D = 128;
+  std::mt19937_64 rng(20261124);  // the same global tensors on every rank
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const size_t nq = B * S * H * D, nk = B * S * Hkv * D;
+  Buf q(nq * 2), k(nk * 2), v(nk * 2), o(nq * 2), lse(B * H * S * 4);
+  for (auto [buf, n] : {std::pair{&q, nq}, std::pair{&k, nk}, std::pair{&v, nk}}) {
+    std::vector<__nv_bfloat16> h(n);
+    for (auto& x : h) x = __float2bfloat16(nd(rng));
+    TESSERA_CUDA_CHECK(cudaMemcpy(buf->p, h.data(), n * 2, cudaMemcpyHostToDevice));
+  }
+  const ops::SpAttnPlan plan = ops::plan_sp_attention(S, R, rank, true);
+  Buf sq(B * L * H * D * 2), sk(B * L * Hkv * D * 2), sv(B * L * Hkv * D * 2), so(B * L * H * D * 2),
+      slse(B * H * L * 4);
+  for (auto [dst, src, heads] : {std::tuple{&sq, &q, H}, std::tuple{&sk, &k, Hkv}, std::tuple{&sv, &v, Hkv}}) {
+    const size_t row = heads * D * 2;
+    for (int i = 0; i < 2; ++i)
+      TESSERA_CUDA_CHECK(cudaMemcpy2D(static_cast<char*>(dst->p) + i * C * row, L * row,
+                                      static_cast<const char*>(src->p) + plan.chunks[i] * C * row, S * row, C * row,
+                                      B, cudaMemcpyDeviceToDevice));
+  }
+  for (bool causal : {true, false}) {
+    tk::AttentionArgs full;
+    full.q = q.p;
+    full.k = k.p;
+    full.v = v.p;
+    full.o = o.p;
+    full.lse = static_cast<float*>(lse.p);
+    full.batch = B;
+    full.seqlen_q = full.seqlen_k = S;
+    full.heads_q = H;
+    full.heads_kv = Hkv;
+    full.head_dim = D;
+    full.causal = causal;
+    tk::attention(full);
+    const auto o_full = down<uint16_t>(o.p, nq);
+    const auto lse_full = down<float>(lse.p, B * H * S);
+    std::vector<uint16_t> o_seq;
+    for (ops::SpStrategy s : {ops::SpStrategy::sequential, ops::SpStrategy::fused_ce, ops::SpStrategy::fused_ce}) {
+      const bool fused = s == ops::SpStrategy::fused_ce;
+      TESSERA_CUDA_CHECK(cudaMemset(so.p, 0xFF, B * L * H * D * 2));
+      TESSERA_CUDA_CHECK(cudaMemset(slse.p, 0xFF, B * H * L * 4));
+      TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+      ops::SpAttnArgs a;
+      a.q = sq.p;
+      a.k = sk.p;
+      a.v = sv.p;
+      a.o = so.p;
+      a.lse = static_cast<float*>(slse.p);
+      a.batch = B;
+      a.seq = S;
+      a.heads_q = H;
+      a.heads_kv = Hkv;
+      a.head_dim = D;
+      a.causal = causal;
+      ops::sp_attention(ctx(), a, s);
+      pg.synchronize(pg.stream(), "sp_attention test");
+      const auto o_sh = down<uint16_t>(so.p, B * L * H * D);
+      const auto lse_sh = down<float>(slse.p, B * H * L);
+      const bool bitwise = !fused || R == 1;
+      int64_t o_diff = 0, lse_diff = 0;
+      double num = 0, den = 0, lse_err = 0;
+      const size_t row = H * D;
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < L; ++i) {
+          const int64_t g = plan.global_row(i);
+          const uint16_t* x = &o_sh[(b * L + i) * row];
+          const uint16_t* y = &o_full[(b * S + g) * row];
+          o_diff += std::memcmp(x, y, row * 2) != 0;
+          for (size_t j = 0; j < row; ++j) {
+            num += (bf(x[j]) - bf(y[j])) * (bf(x[j]) - bf(y[j]));
+            den += bf(y[j]) * bf(y[j]);
+          }
+          for (int64_t h = 0; h < H; ++h) {
+            const float l0 = lse_sh[(b * H + h) * L + i], l1 = lse_full[(b * H + h) * S + g];
+            lse_diff += std::memcmp(&l0, &l1, 4) != 0;
+            lse_err = std::max(lse_err, static_cast<double>(std::abs(l0 - l1)));
+          }
+        }
+      const std::string what = std::string(fused ? "fused_ce" : "sequential") + (causal ? " causal" : "") +
+                               " rank " + std::to_string(rank) + "/" + std::to_string(R);
+      if (bitwise) {
+        EXPECT_EQ(o_diff, 0) << what << ": O rows differing from whole-sequence attention";
+        EXPECT_EQ(lse_diff, 0) << what << ": LSE entries differing";
+      } else {
+        EXPECT_LT(std::sqrt(num / den), 1e-2) << what;
+        EXPECT_LT(lse_err, 1e-3) << what;
+      }
+    }
+  }
+}
+
+TEST(SpAttentionGpu, RejectsBadInputBeforeLaunch) {
+  std::string why;
+  if (skip_reason(&why)) GTEST_SKIP() << why;
+  runtime::ProcessGroup& pg = group();
+  Buf x(1 << 20);
+  ops::SpAttnArgs a;
+  a.q = a.k = a.v = x.p;
+  a.o = x.p;
+  a.seq = 2 * pg.world() * 8 + 1;
+  a.heads_q = 4;
+  a.heads_kv = 2;
+  a.head_dim = 128;
+  try {
+    ops::sp_attention(ctx(), a);
+    ADD_FAILURE() << "accepted seq " << a.seq;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("multiple of 2 x world"), std::string::npos) << e.what();
+  }
+  a.seq = 2 * pg.world() * 8;
+  a.heads_q = 6;
+  a.heads_kv = 4;
+  try {
+    ops::sp_attention(ctx(), a);
+    ADD_FAILURE() << "accepted heads 6 / 4";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a multiple of heads_kv"), std::string::npos) << e.what();
+  }
+}
