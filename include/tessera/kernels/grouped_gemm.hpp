@@ -28,7 +28,8 @@
 // Limits (validate() throws tessera::Error before any launch, naming the
 // argument and value): 1 <= G <= kGroupedMaxGroups (1024, the size of the
 // kernel's shared-memory table); 0 <= max_rows < 2^31; N >= 1, K >= 8, both
-// < 2^31, K % 8 == 0; inputs bf16 or f16, output the same type; A, B, D
+// < 2^31, K % 8 == 0; bf16 in and out (f16 only through the templated entry
+// point, grouped_launch.cuh); A, B, D
 // 16-byte aligned; group_rows and status 4-byte aligned and non-null;
 // lda, ldb, stride_b multiples of 8 elements, ldd rows a multiple of 16
 // bytes; SwiGLU needs N even; sm_90 device.
