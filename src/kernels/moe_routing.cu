@@ -1,0 +1,361 @@
+// MoE routing kernels (tessera/kernels/moe_routing.hpp).
+//
+// permute() is a stable counting sort in three launches over blocks of
+// kBlock consecutive entries: count (per block and expert), scan (one CTA:
+// per-expert prefix over blocks, then the expert offsets), scatter (each
+// entry's rank among its block's entries of the same expert, from warp
+// match masks, plus the two prefixes). Blocks, warps and lanes follow entry
+// order, so the order within an expert is the entry order.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cfloat>
+#include <cstdint>
+
+#include "tessera/kernels/gemm/host_detail.hpp"
+#include "tessera/kernels/moe_routing.hpp"
+#include "tessera/runtime/error.hpp"
+
+namespace tessera::kernels::moe {
+namespace {
+
+constexpr int kBlock = 256;  // entries per permute block (one per thread)
+constexpr int kWarps = kBlock / 32;
+constexpr int kLaneSlots = kMaxExperts / 32;  // logits per lane in topk_gating
+
+__device__ __forceinline__ float load_f32(const void* p, DType t, std::int64_t i) {
+  switch (t) {
+    case DType::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::f16: return __half2float(static_cast<const __half*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+/// One warp per token: expert e = j * 32 + lane is held in v[j].
+__global__ void topk_gating_kernel(TopKArgs a, std::int64_t ld) {
+  const int lane = threadIdx.x % 32;
+  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / 32);
+  const int slots = (a.experts + 31) / 32;
+  for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x / 32) + threadIdx.x / 32; t < a.tokens;
+       t += warps) {
+    float v[kLaneSlots];
+    float mx = -FLT_MAX;
+#pragma unroll
+    for (int j = 0; j < kLaneSlots; ++j) {
+      const int e = j * 32 + lane;
+      v[j] = (j < slots && e < a.experts) ? load_f32(a.logits, a.logits_dtype, t * ld + e) : -FLT_MAX;
+      mx = fmaxf(mx, v[j]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kLaneSlots; ++j) {
+      const int e = j * 32 + lane;
+      v[j] = (j < slots && e < a.experts) ? __expf(v[j] - mx) : -1.f;  // -1: not an expert
+      sum += fmaxf(v[j], 0.f);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    float picked_sum = 0.f, picked[kMaxTopK];
+    int ids[kMaxTopK];
+    for (int s = 0; s < a.k; ++s) {
+      // Lane-local best (largest value, lowest expert on ties), then the warp's.
+      float best = -2.f;
+      int best_e = a.experts;
+#pragma unroll
+      for (int j = 0; j < kLaneSlots; ++j)
+        if (v[j] > best) best = v[j], best_e = j * 32 + lane;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
+        if (ob > best || (ob == best && oe < best_e)) best = ob, best_e = oe;
+      }
+      if (best_e % 32 == lane) {
+#pragma unroll
+        for (int j = 0; j < kLaneSlots; ++j)
+          if (j == best_e / 32) v[j] = -1.f;
+      }
+      picked[s] = best / sum;
+      ids[s] = best_e;
+      picked_sum += picked[s];
+    }
+    if (lane == 0) {
+      const float scale = a.renormalize ? 1.f / picked_sum : 1.f;
+      for (int s = 0; s < a.k; ++s) {
+        a.expert_ids[t * a.k + s] = ids[s];
+        a.weights[t * a.k + s] = picked[s] * scale;
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ bool valid_expert(int e, int experts) { return e >= 0 && e < experts; }
+
+/// counts[e * blocks + b] = entries of block b routed to expert e.
+__global__ void permute_count_kernel(PermuteArgs a, std::int64_t entries, std::int32_t* counts, int blocks) {
+  extern __shared__ std::int32_t block_count[];  // [E]
+  for (int e = threadIdx.x; e < a.experts; e += blockDim.x) block_count[e] = 0;
+  __syncthreads();
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kBlock + threadIdx.x;
+  if (i < entries) {
+    const int e = a.expert_ids[i];
+    if (valid_expert(e, a.experts))
+      atomicAdd(&block_count[e], 1);
+    else if (a.invalid != nullptr)
+      atomicAdd(a.invalid, 1);
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < a.experts; e += blockDim.x)
+    counts[static_cast<std::int64_t>(e) * blocks + blockIdx.x] = block_count[e];
+}
+
+/// One CTA: counts become per-expert exclusive prefixes over blocks, and
+/// expert_offsets the exclusive prefix over experts of their totals.
+__global__ void permute_scan_kernel(PermuteArgs a, std::int32_t* counts, int blocks) {
+  __shared__ std::int32_t totals[kMaxExperts];
+  __shared__ std::int32_t warp_sums[32];
+  for (int e = threadIdx.x; e < a.experts; e += blockDim.x) {
+    std::int32_t run = 0;
+    std::int32_t* row = counts + static_cast<std::int64_t>(e) * blocks;
+    for (int b = 0; b < blocks; ++b) {
+      const std::int32_t c = row[b];
+      row[b] = run;
+      run += c;
+    }
+    totals[e] = run;
+    if (a.capacity > 0 && run > a.capacity && a.overflow != nullptr) atomicMax(a.overflow, run);
+  }
+  __syncthreads();
+  // Exclusive scan of totals[0..E) by one CTA of kMaxExperts threads at most.
+  const int e = threadIdx.x;
+  const std::int32_t mine = e < a.experts ? totals[e] : 0;
+  std::int32_t incl = mine;
+  const int lane = e % 32, warp = e / 32;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const std::int32_t n = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += n;
+  }
+  if (lane == 31) warp_sums[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    std::int32_t w = lane < static_cast<int>(blockDim.x / 32) ? warp_sums[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const std::int32_t n = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w += n;
+    }
+    warp_sums[lane] = w;  // inclusive over warps
+  }
+  __syncthreads();
+  const std::int32_t before = (warp > 0 ? warp_sums[warp - 1] : 0) + incl - mine;
+  if (e < a.experts) a.expert_offsets[e] = before;
+  if (e == a.experts - 1) a.expert_offsets[a.experts] = before + mine;
+}
+
+__global__ void permute_scatter_kernel(PermuteArgs a, std::int64_t entries, const std::int32_t* prefix, int blocks) {
+  extern __shared__ std::int32_t warp_count[];  // [kWarps][E]
+  for (int i = threadIdx.x; i < kWarps * a.experts; i += blockDim.x) warp_count[i] = 0;
+  __syncthreads();
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kBlock + threadIdx.x;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int raw = i < entries ? a.expert_ids[i] : -1;
+  const bool valid = i < entries && valid_expert(raw, a.experts);
+  // Invalid lanes get keys no valid expert has, distinct per lane.
+  const int key = valid ? raw : a.experts + lane;
+  const unsigned same = __match_any_sync(0xffffffffu, key);
+  const int rank_in_warp = __popc(same & ((1u << lane) - 1u));
+  if (valid && rank_in_warp == 0) warp_count[warp * a.experts + raw] = __popc(same);
+  __syncthreads();
+  if (i >= entries) return;
+  if (!valid) {
+    a.entry_row[i] = -1;
+    return;
+  }
+  std::int32_t row = a.expert_offsets[raw] + prefix[static_cast<std::int64_t>(raw) * blocks + blockIdx.x] + rank_in_warp;
+  for (int w = 0; w < warp; ++w) row += warp_count[w * a.experts + raw];
+  a.entry_row[i] = row;
+  a.sorted_entry[row] = static_cast<std::int32_t>(i);
+}
+
+template <class T>
+__global__ void gather_rows_kernel(GatherArgs a) {
+  const std::int32_t total = a.expert_offsets[a.experts];
+  const std::int64_t vecs = a.cols / 8;  // 16-byte vectors per row
+  const std::int64_t tail0 = vecs * 8;
+  const std::int64_t per_row = vecs + (a.cols - tail0);
+  const std::int64_t work = static_cast<std::int64_t>(total) * per_row;
+  for (std::int64_t w = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; w < work;
+       w += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t p = w / per_row, c = w % per_row;
+    const std::int64_t t = a.sorted_entry[p] / a.k;
+    const T* src = static_cast<const T*>(a.x) + t * a.ldx;
+    T* dst = static_cast<T*>(a.gathered) + p * a.ldg;
+    if (c < vecs)
+      reinterpret_cast<uint4*>(dst)[c] = reinterpret_cast<const uint4*>(src)[c];
+    else
+      dst[tail0 + (c - vecs)] = src[tail0 + (c - vecs)];
+  }
+}
+
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <class T>
+__device__ __forceinline__ T from_f32(float v);
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+/// One thread per (token, 8 columns): sums the k rows in slot order.
+template <class T>
+__global__ void combine_kernel(CombineArgs a) {
+  const std::int64_t groups = (a.cols + 7) / 8;
+  const std::int64_t work = a.tokens * groups;
+  for (std::int64_t w = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; w < work;
+       w += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t t = w / groups, c0 = (w % groups) * 8;
+    const int n = a.cols - c0 < 8 ? static_cast<int>(a.cols - c0) : 8;
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int s = 0; s < a.k; ++s) {
+      const std::int32_t r = a.entry_row[t * a.k + s];
+      if (r < 0) continue;
+      const float g = a.weights[t * a.k + s];
+      const T* row = static_cast<const T*>(a.y) + static_cast<std::int64_t>(r) * a.ldy + c0;
+      if (n == 8) {
+        const uint4 u = *reinterpret_cast<const uint4*>(row);
+        const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[j] += g * to_f32(e[j]);
+      } else {
+        for (int j = 0; j < n; ++j) acc[j] += g * to_f32(row[j]);
+      }
+    }
+    T* o = static_cast<T*>(a.out) + t * a.ldo + c0;
+    if (n == 8) {
+      uint4 u;
+      T* e = reinterpret_cast<T*>(&u);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) e[j] = from_f32<T>(acc[j]);
+      *reinterpret_cast<uint4*>(o) = u;
+    } else {
+      for (int j = 0; j < n; ++j) o[j] = from_f32<T>(acc[j]);
+    }
+  }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
+int grid_for(std::int64_t work, int threads) {
+  const std::int64_t blocks = (work + threads - 1) / threads;
+  const std::int64_t cap = static_cast<std::int64_t>(detail::sm_count()) * 8;
+  return static_cast<int>(blocks < 1 ? 1 : (blocks < cap ? blocks : cap));
+}
+
+void check_common(const char* op, std::int64_t tokens, int experts, int k) {
+  TESSERA_CHECK(tokens >= 0 && tokens < (std::int64_t{1} << 31), "{}: tokens = {} out of range [0, 2^31)", op, tokens);
+  TESSERA_CHECK(experts >= 1 && experts <= kMaxExperts, "{}: experts = {} out of range [1, {}]", op, experts,
+                kMaxExperts);
+  TESSERA_CHECK(k >= 1 && k <= kMaxTopK && k <= experts, "{}: k = {} out of range [1, min({}, experts = {})]", op, k,
+                kMaxTopK, experts);
+  TESSERA_CHECK(tokens * k < (std::int64_t{1} << 31), "{}: tokens * k = {} does not fit the int32 row indices", op,
+                tokens * k);
+}
+
+void check_rows(const char* op, const void* p, std::int64_t ld, std::int64_t cols, DType t, const char* name) {
+  TESSERA_CHECK(t == DType::bf16 || t == DType::f16, "{}: dtype {} not supported (bf16 or f16)", op, dtype_name(t));
+  TESSERA_CHECK(p != nullptr && aligned16(p), "{}: {} = {} must be non-null and 16-byte aligned", op, name, p);
+  TESSERA_CHECK(ld >= cols && ld % 8 == 0, "{}: the row stride of {} ({}) must be >= cols = {} and a multiple of 8",
+                op, name, ld, cols);
+}
+
+}  // namespace
+
+void topk_gating(const TopKArgs& a, cudaStream_t stream) {
+  check_common("moe::topk_gating", a.tokens, a.experts, a.k);
+  TESSERA_CHECK(a.logits != nullptr && a.expert_ids != nullptr && a.weights != nullptr,
+                "moe::topk_gating: logits, expert_ids and weights must be non-null");
+  TESSERA_CHECK(a.logits_dtype == DType::f32 || a.logits_dtype == DType::bf16 || a.logits_dtype == DType::f16,
+                "moe::topk_gating: logits dtype {} not supported", dtype_name(a.logits_dtype));
+  const std::int64_t ld = a.ld_logits ? a.ld_logits : a.experts;
+  TESSERA_CHECK(ld >= a.experts, "moe::topk_gating: ld_logits = {} < experts = {}", ld, a.experts);
+  if (a.tokens == 0) return;
+  constexpr int kThreads = 256;
+  topk_gating_kernel<<<grid_for(a.tokens * 32, kThreads), kThreads, 0, stream>>>(a, ld);
+  detail::check_launch("moe::topk_gating: kernel launch");
+}
+
+std::size_t permute_workspace_bytes(std::int64_t entries, int experts) {
+  const std::int64_t blocks = (entries + kBlock - 1) / kBlock;
+  return static_cast<std::size_t>(blocks) * static_cast<std::size_t>(experts) * sizeof(std::int32_t);
+}
+
+void permute(const PermuteArgs& a, cudaStream_t stream) {
+  check_common("moe::permute", a.tokens, a.experts, a.k);
+  TESSERA_CHECK(a.expert_ids != nullptr && a.expert_offsets != nullptr && a.sorted_entry != nullptr &&
+                    a.entry_row != nullptr,
+                "moe::permute: expert_ids, expert_offsets, sorted_entry and entry_row must be non-null");
+  TESSERA_CHECK(a.capacity >= 0, "moe::permute: capacity = {} must be >= 0", a.capacity);
+  const std::int64_t entries = a.tokens * a.k;
+  const std::size_t need = permute_workspace_bytes(entries, a.experts);
+  TESSERA_CHECK(need == 0 || (a.workspace != nullptr && a.workspace_bytes >= need),
+                "moe::permute: workspace of {} bytes given, {} needed (permute_workspace_bytes)", a.workspace_bytes,
+                need);
+  const int blocks = static_cast<int>((entries + kBlock - 1) / kBlock);
+  auto* counts = static_cast<std::int32_t*>(a.workspace);
+  const std::size_t count_smem = static_cast<std::size_t>(a.experts) * sizeof(std::int32_t);
+  const std::size_t scatter_smem = static_cast<std::size_t>(kWarps) * a.experts * sizeof(std::int32_t);
+  if (blocks > 0) {
+    permute_count_kernel<<<blocks, kBlock, count_smem, stream>>>(a, entries, counts, blocks);
+    detail::check_launch("moe::permute: count kernel launch");
+  }
+  permute_scan_kernel<<<1, kMaxExperts, 0, stream>>>(a, counts, blocks);
+  detail::check_launch("moe::permute: scan kernel launch");
+  if (blocks > 0) {
+    permute_scatter_kernel<<<blocks, kBlock, scatter_smem, stream>>>(a, entries, counts, blocks);
+    detail::check_launch("moe::permute: scatter kernel launch");
+  }
+}
+
+void gather_rows(const GatherArgs& a, cudaStream_t stream) {
+  TESSERA_CHECK(a.experts >= 1 && a.experts <= kMaxExperts, "moe::gather_rows: experts = {} out of range [1, {}]",
+                a.experts, kMaxExperts);
+  TESSERA_CHECK(a.k >= 1 && a.k <= kMaxTopK, "moe::gather_rows: k = {} out of range [1, {}]", a.k, kMaxTopK);
+  TESSERA_CHECK(a.max_rows >= 0 && a.max_rows < (std::int64_t{1} << 31),
+                "moe::gather_rows: max_rows = {} out of range [0, 2^31)", a.max_rows);
+  check_rows("moe::gather_rows", a.x, a.ldx, a.cols, a.dtype, "x");
+  check_rows("moe::gather_rows", a.gathered, a.ldg, a.cols, a.dtype, "gathered");
+  TESSERA_CHECK(a.cols >= 1, "moe::gather_rows: cols = {} must be >= 1", a.cols);
+  TESSERA_CHECK(a.sorted_entry != nullptr && a.expert_offsets != nullptr,
+                "moe::gather_rows: sorted_entry and expert_offsets must be non-null");
+  if (a.max_rows == 0) return;
+  constexpr int kThreads = 256;
+  const int grid = grid_for(a.max_rows * (a.cols / 8 + a.cols % 8), kThreads);
+  if (a.dtype == DType::f16)
+    gather_rows_kernel<__half><<<grid, kThreads, 0, stream>>>(a);
+  else
+    gather_rows_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(a);
+  detail::check_launch("moe::gather_rows: kernel launch");
+}
+
+void combine(const CombineArgs& a, cudaStream_t stream) {
+  TESSERA_CHECK(a.k >= 1 && a.k <= kMaxTopK, "moe::combine: k = {} out of range [1, {}]", a.k, kMaxTopK);
+  TESSERA_CHECK(a.tokens >= 0 && a.tokens * a.k < (std::int64_t{1} << 31),
+                "moe::combine: tokens = {} (times k = {}) out of range", a.tokens, a.k);
+  check_rows("moe::combine", a.y, a.ldy, a.cols, a.dtype, "y");
+  check_rows("moe::combine", a.out, a.ldo, a.cols, a.dtype, "out");
+  TESSERA_CHECK(a.cols >= 1, "moe::combine: cols = {} must be >= 1", a.cols);
+  TESSERA_CHECK(a.entry_row != nullptr && a.weights != nullptr, "moe::combine: entry_row and weights must be non-null");
+  if (a.tokens == 0) return;
+  constexpr int kThreads = 256;
+  const int grid = grid_for(a.tokens * ((a.cols + 7) / 8), kThreads);
+  if (a.dtype == DType::f16)
+    combine_kernel<__half><<<grid, kThreads, 0, stream>>>(a);
+  else
+    combine_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(a);
+  detail::check_launch("moe::combine: kernel launch");
+}
+
+}  // namespace tessera::kernels::moe
