@@ -1,7 +1,8 @@
 // scripts/attention_variants.cu — kernel configurations other than the
 // library's default, for A/B timing in scripts/bench_attention.py
-// (--variants; bf16, head dim 128 only, 64 runs the default). Variant 0 is
-// the library's attention(); n > 0 the AttnConfig below.
+// (--variants; bf16; head dim 64 has its own variants 1-3). Variant 0 is
+// the library's attention(); n > 0 the AttnConfig below; 9 the KV-hook kernel
+// (KvFlagWait, every flag already set: the cost of the per-block waits).
 #include <cuda_bf16.h>
 
 #include "tessera/kernels/attention/launch.cuh"
@@ -12,7 +13,13 @@ void attention_variant(int variant, const AttentionArgs& a, cudaStream_t s) {
   using T = __nv_bfloat16;
   using H = attn::NoKvWait;
   const H h{};
-  if (a.head_dim != 128) return attention_with<T, 64>(a, h, s);
+  if (a.head_dim == 64) {
+    switch (variant) {  // head dim 64: block width and slots
+      case 1: return attention_launch<T, 64, H, attn::AttnConfig<64, 192, 4, false, false>>(a, h, s);
+      case 3: return attention_launch<T, 64, H, attn::AttnConfig<64, 128, 2, false, false>>(a, h, s);
+      default: return attention_with<T, 64>(a, h, s);
+    }
+  }
   switch (variant) {
     //                                                       D   BN  slots ping-pong hook [smem epilogue]
     case 1: return attention_launch<T, 128, H, attn::AttnConfig<128, 128, 2, true, false>>(a, h, s);
@@ -24,6 +31,19 @@ void attention_variant(int variant, const AttentionArgs& a, cudaStream_t s) {
     // 7, 8: register epilogue (4-byte stores straight from the accumulators)
     case 7: return attention_launch<T, 128, H, attn::AttnConfig<128, 176, 2, false, false, false>>(a, h, s);
     case 8: return attention_launch<T, 128, H, attn::AttnConfig<128, 128, 2, false, false, false>>(a, h, s);
+    case 9: {
+      static uint32_t* flags = [] {
+        void* p = nullptr;
+        cuda_check(cudaMalloc(&p, 1 << 20), "variant 9 flags");
+        cuda_check(cudaMemset(p, 1, 1 << 20), "variant 9 flags");  // every flag 0x01010101 >= 1
+        return static_cast<uint32_t*>(p);
+      }();
+      attn::KvFlagWait<uint32_t, false> w{};
+      w.flags.flags = flags;
+      w.flags.expected = 1;
+      w.flags.rows_per_flag = 256;
+      return attention_with<T, 128>(a, w, s);
+    }
     default: return attention_with<T, 128>(a, h, s);
   }
 }

@@ -17,7 +17,7 @@ fp16, BSHD and BHSD strides; O by relative Frobenius error (and max abs), LSE
 (natural log, [B, Hq, Lq] float32) by max abs error.
 
 --bench: bf16, head dim 128, batch 1 (the issue-20 cases plus 64 heads and
-32k..128k where memory allows). Every column of a case is timed in one
+32k..128k where memory allows); --head-dim 64 / --dtype f16 for the others. Every column of a case is timed in one
 interleaved loop (each repetition runs each column once, so clock and
 temperature drifts hit all alike), CUDA events around each run, warm-up
 first, median of --reps. TFLOP/s as FlashAttention counts: 4·B·H·D·pairs
@@ -200,8 +200,8 @@ def bench(tess, args):
     names = [b[0] for b in BENCH]
     sel = [BENCH[i] for i in range(len(BENCH)) if not args.cases or str(i) in args.cases.split(",")]
     for name, B, Lq, Lk, Hq, Hkv, causal in sel:
-        D = 128
-        dt = torch.bfloat16
+        D = args.head_dim
+        dt = torch.bfloat16 if args.dtype == "bf16" else torch.float16
         q = torch.randn(B, Lq, Hq, D, device="cuda", dtype=dt)
         k = torch.randn(B, Lk, Hkv, D, device="cuda", dtype=dt)
         v = torch.randn(B, Lk, Hkv, D, device="cuda", dtype=dt)
@@ -257,6 +257,7 @@ def bench(tess, args):
                 e.synchronize()
                 times[c].append(s.elapsed_time(e))
         row = {"case": name, "B": B, "Lq": Lq, "Lk": Lk, "heads_q": Hq, "heads_kv": Hkv, "head_dim": D,
+               "dtype": args.dtype,
                "causal": causal, "flops": flops, "rel_err_vs_sdpa": rel}
         for c, ts in times.items():
             ts.sort()
@@ -290,6 +291,8 @@ def main():
     ap.add_argument("--json", default="")
     ap.add_argument("--quick", action="store_true", help="--check: skip the largest cases")
     ap.add_argument("--commit", default="unknown", help="recorded in --json")
+    ap.add_argument("--head-dim", type=int, default=128, choices=[64, 128], help="--bench head dim")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "f16"], help="--bench dtype (variants: bf16 only)")
     args = ap.parse_args()
     args.variants = [int(x) for x in args.variants.split(",") if x]
     if args.build:
