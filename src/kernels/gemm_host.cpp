@@ -187,32 +187,6 @@ void* acquire_workspace(size_t bytes, cudaStream_t stream) {
 
 void release_workspace(void* p, cudaStream_t stream) { TESSERA_CUDA_CHECK(cudaFreeAsync(p, stream)); }
 
-SplitWorkspace split_workspace(size_t floats, size_t counters, cudaStream_t stream) {
-  struct Entry {
-    void* base = nullptr;
-    size_t floats = 0, counters = 0;
-  };
-  static std::mutex mu;
-  static std::map<std::pair<int, cudaStream_t>, Entry> cache;
-  int dev = 0;
-  TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  Entry& e = cache[{dev, stream}];
-  if (e.base == nullptr || e.floats < floats || e.counters < counters) {
-    // Grow (stream-ordered: kernels still in flight on this stream finish first).
-    if (e.base) TESSERA_CUDA_CHECK(cudaFreeAsync(e.base, stream));
-    e.floats = std::max(e.floats, floats) * 5 / 4 + 1024;
-    e.counters = (std::max(e.counters, counters) * 5 / 4 + 63) / 64 * 64;
-    const size_t cbytes = e.counters * sizeof(unsigned);
-    void* p = nullptr;
-    TESSERA_CUDA_CHECK(cudaMallocAsync(&p, cbytes + e.floats * sizeof(float), stream));
-    TESSERA_CUDA_CHECK(cudaMemsetAsync(p, 0, cbytes, stream));
-    e.base = p;
-  }
-  auto* c = static_cast<unsigned*>(e.base);
-  return SplitWorkspace{reinterpret_cast<float*>(c + e.counters), c};
-}
-
 void check_launch(const char* what) {
   const cudaError_t e = cudaGetLastError();
   TESSERA_CHECK(e == cudaSuccess, "{}: {} ({})", what, cudaGetErrorString(e), static_cast<int>(e));
@@ -329,16 +303,14 @@ double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p) {
   // fitted model came within 1.007x of the best kernel on them, 1.02-1.03x
   // cross-validated on held-out halves; docs/design/gemm.md). They are
   // relative costs, not hardware rates: kFlopPerUs over eff gives each
-  // kernel's wgmma time per K block, total_bw the L2->SM bytes/us the whole
+  // kernel's wgmma time per K block, kTotalBw the L2->SM bytes/us the whole
   // GPU sustains for a row alignment (shared by the active CTAs, at most
-  // kSmBw each), fix a per-unit cost, kSplitUs the split-K extras
-  // besides the partials' traffic and the last unit's serial sum (9.1 fitted
-  // when the sum was a second kernel; 1.0 is a first guess since it moved
-  // into the GEMM kernel, not yet fitted).
+  // kSmBw each), fix a per-unit cost, kSplitUs the split-K extras (reduce
+  // launch, workspace) besides the partials' traffic.
   constexpr double kFlopPerUs = 4.29e6;
   constexpr double kDramBytesPerUs = 3.91e6;
   constexpr double kSmBw = 79e3;
-  constexpr double kSplitUs = 1.0;
+  constexpr double kSplitUs = 9.1;
   const int al = row_alignment(a);
   const double total_bw = al >= 128 ? 17.16e6 : al >= 64 ? 10.32e6 : al >= 32 ? 4.26e6 : 5.94e6;
   const TileShape ts = tile_shape(p.tile);
@@ -367,12 +339,7 @@ double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p) {
   const double out_bytes = static_cast<double>(a.m) * a.n * dtype_size(a.out);
   const double dram = (static_cast<double>(a.m) * a.k + static_cast<double>(a.n) * a.k) * dtype_size(a.in) + out_bytes;
   t = std::max(t, dram / kDramBytesPerUs + fix);
-  if (splits > 1) {
-    // Partials written and read back, plus the last unit of a tile summing
-    // every split's slab after its own main loop (serial in that CTA).
-    const double fixup = static_cast<double>(splits) * std::min<int64_t>(ts.bm, a.m) * ts.bn * 4 / kSmBw;
-    t += kSplitUs + fixup + (static_cast<double>(a.m) * a.n * 4 * splits * 2 + out_bytes) / kDramBytesPerUs;
-  }
+  if (splits > 1) t += kSplitUs + (static_cast<double>(a.m) * a.n * 4 * splits * 2 + out_bytes) / kDramBytesPerUs;
   return t;
 }
 

@@ -40,40 +40,44 @@ void gemm_plain_out(GemmTile t, const GemmArgs& a, const GemmOptions& o, cudaStr
 }
 
 /// Split-K with configuration Cfg (no clusters): units write f32 partials
-/// into the stream's workspace; the last unit of each tile sums them into D
-/// (splitk_finish), all in one launch.
-template <class Cfg, class InT, BLayout L, class OutT>
+/// into a stream-ordered workspace, splitk_reduce sums them into D.
+template <class Cfg, class InT, BLayout L>
 void gemm_plain_splitk_cfg(const GemmArgs& a, const GemmOptions& o, int splits, cudaStream_t stream) {
   const int tm = static_cast<int>((a.m + Cfg::BM - 1) / Cfg::BM), tn = static_cast<int>((a.n + Cfg::BN - 1) / Cfg::BN);
   const int kb = static_cast<int>((a.k + Cfg::BK - 1) / Cfg::BK);
   const engine::SplitKScheduler sched = engine::SplitKScheduler::make(raster_from(o), tm, tn, kb, splits);
   const int64_t ldw = (a.n + 7) / 8 * 8;
   const int64_t stride = a.m * ldw;
-  const SplitWorkspace w =
-      split_workspace(static_cast<size_t>(stride * sched.splits), static_cast<size_t>(tm) * tn, stream);
-  engine::SplitKEpilogue<OutT> epi;
-  epi.ws = w.ws;
+  float* ws = static_cast<float*>(acquire_workspace(static_cast<size_t>(stride * sched.splits) * sizeof(float), stream));
+  engine::SplitKEpilogue epi;
+  epi.ws = ws;
   epi.ldw = ldw;
   epi.split_stride = stride;
   epi.tiles_div = engine::FastDivmod::make(static_cast<uint32_t>(tm * tn));
-  epi.splits = sched.splits;
-  epi.counters = w.counters;
-  epi.d = static_cast<OutT*>(a.d);
-  epi.ldd = a.ldd_or_packed();
   GemmOptions so = o;
   so.cluster_m = 1;
   so.epilogue_overlap = false;
   launch_config<Cfg, InT, L>(a, so, engine::NoWait{}, epi, sched, stream);
-}
-
-template <class Cfg, class InT, BLayout L>
-void gemm_plain_splitk(const GemmArgs& a, const GemmOptions& o, int splits, cudaStream_t stream) {
+  const int64_t total = a.m * ((a.n + 7) / 8);
+  const int blocks = static_cast<int>(std::min<int64_t>((total + 255) / 256, int64_t{sm_count()} * 16));
+  const int M = static_cast<int>(a.m), N = static_cast<int>(a.n);
+  const int64_t ldd = a.ldd_or_packed();
   switch (a.out) {
-    case DType::bf16: return gemm_plain_splitk_cfg<Cfg, InT, L, __nv_bfloat16>(a, o, splits, stream);
-    case DType::f16: return gemm_plain_splitk_cfg<Cfg, InT, L, __half>(a, o, splits, stream);
-    case DType::f32: return gemm_plain_splitk_cfg<Cfg, InT, L, float>(a, o, splits, stream);
+    case DType::bf16:
+      engine::splitk_reduce<<<blocks, 256, 0, stream>>>(ws, sched.splits, stride, ldw, M, N,
+                                                        static_cast<__nv_bfloat16*>(a.d), ldd);
+      break;
+    case DType::f16:
+      engine::splitk_reduce<<<blocks, 256, 0, stream>>>(ws, sched.splits, stride, ldw, M, N,
+                                                        static_cast<__half*>(a.d), ldd);
+      break;
+    case DType::f32:
+      engine::splitk_reduce<<<blocks, 256, 0, stream>>>(ws, sched.splits, stride, ldw, M, N,
+                                                        static_cast<float*>(a.d), ldd);
+      break;
   }
-  fail("gemm: output dtype " + std::string(dtype_name(a.out)) + " not supported");
+  check_launch("gemm split-K reduce launch");
+  release_workspace(ws, stream);
 }
 
 template <class InT, BLayout L>
@@ -81,8 +85,9 @@ void gemm_plain(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
   const GemmPlan plan = plan_gemm(a, o);
   if (plan.k_splits > 1) {
     if (plan.ping_pong)
-      return gemm_plain_splitk<typename PingPongCfgOf<GemmTile::T64x256>::type, InT, L>(a, o, plan.k_splits, stream);
-    return gemm_plain_splitk<typename TileCfgOf<GemmTile::T128x128, 1>::type, InT, L>(a, o, plan.k_splits, stream);
+      return gemm_plain_splitk_cfg<typename PingPongCfgOf<GemmTile::T64x256>::type, InT, L>(a, o, plan.k_splits,
+                                                                                            stream);
+    return gemm_plain_splitk_cfg<typename TileCfgOf<GemmTile::T128x128, 1>::type, InT, L>(a, o, plan.k_splits, stream);
   }
   GemmOptions po = o;
   po.tile = plan.tile;

@@ -34,15 +34,5 @@ void check_launch(const char* what);
 /// state, safe across streams). Release with release_workspace on the same stream.
 void* acquire_workspace(size_t bytes, cudaStream_t stream);
 void release_workspace(void* p, cudaStream_t stream);
-/// Split-K workspace of (current device, stream): `floats` f32 partials and
-/// `counters` per-tile counters that are zero whenever no split kernel is in
-/// flight on the stream (zeroed when allocated; each kernel leaves them zero).
-/// Grows, never shrinks; kept per stream so kernels on different streams
-/// never share it (work on one stream is ordered).
-struct SplitWorkspace {
-  float* ws;
-  unsigned* counters;
-};
-SplitWorkspace split_workspace(size_t floats, size_t counters, cudaStream_t stream);
 
 }  // namespace tessera::kernels::detail

@@ -32,7 +32,6 @@
 #include "tessera/kernels/gemm/mainloop.cuh"
 #include "tessera/kernels/gemm/prologue.cuh"
 #include "tessera/kernels/gemm/scheduler.cuh"
-#include "tessera/kernels/gemm/splitk.cuh"
 #include "tessera/kernels/gemm/tile.cuh"
 
 namespace tessera::kernels::engine {
@@ -396,8 +395,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             }
           }
         }
-        if constexpr (kSplitK)
-          splitk_finish<Cfg>(p, info, consumer, warp, lane, Cfg::kStoreThreads, kSplitBarrier);
         if constexpr (Epilogue::kNotify) {
           // Wait until the notifier consumed tile iter - 2's arrival on this
           // barrier (barriers.cuh: an early arrival would complete its phase).
@@ -437,8 +434,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if (next_exists) ptx::named_barrier_arrive(kOrderBarrier + (consumer ^ 1), 256);
         });
         store_tile<Cfg>(p, info_of(t, pos), acc, consumer, warp, lane);
-        if constexpr (kSplitK)
-          splitk_finish<Cfg>(p, info_of(t, pos), consumer, warp, lane, Cfg::kStoreThreads, kSplitBarrier + consumer);
         // iter & 1 == consumer: each consumer has its own notify barrier, and
         // its own notify-free barrier (its previous tile iter - 2 used both).
         if constexpr (Epilogue::kNotify) {
