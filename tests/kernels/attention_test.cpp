@@ -307,6 +307,19 @@ TEST_F(AttentionGpu, KvFlagWaitWaitsForLateChunks) {
   cudaStreamDestroy(s_copy);
 }
 
+// The online softmax does not depend on the order of KV blocks: a hook that
+// rotates it (diagonal and ragged blocks visited mid-walk, after blocks that
+// admit every key) gives the reference result too.
+TEST_F(AttentionGpu, KvBlockOrderFromTheHook) {
+  for (bool causal : {true, false})
+    for (const Case& c : {Case{2, 333, 1000, 4, 2, 128, causal, DType::bf16}, Case{1, 700, 700, 2, 1, 128, causal}}) {
+      Problem r = setup(c);
+      tessera::kernels::testk::attention_rotated_kv_order(r.args, nullptr);
+      TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+      expect_matches(c, r);
+    }
+}
+
 TEST_F(AttentionGpu, RejectsBadInputBeforeLaunch) {
   const Case c{1, 64, 64, 4, 2, 128, false, DType::bf16};
   Problem r = setup(c);

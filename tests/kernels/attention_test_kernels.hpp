@@ -21,4 +21,9 @@ void attention_kv_flags(const AttentionArgs& a, const uint32_t* flags, uint32_t 
 /// and agree bit for bit. bf16, head dim 128.
 void attention_kv_flags_geometry(const AttentionArgs& a, cudaStream_t stream);
 
+/// attention(a) visiting each CTA's KV blocks in a rotated order
+/// (kv_block(i, n) = (i + n / 2) % n: masked blocks in the middle of the
+/// walk, not first), no waits. bf16, head dim 128.
+void attention_rotated_kv_order(const AttentionArgs& a, cudaStream_t stream);
+
 }  // namespace tessera::kernels::testk
