@@ -51,4 +51,49 @@ TEST(Capi, NullArgumentsNeverCrash) {
   tessera_session_use_cache(nullptr, 0);  // ignored, never fails
 }
 
+TEST(Capi, CreateFromIdRejectsBadArgumentsBeforeAnyNcclCall) {
+  unsigned char id[TESSERA_UNIQUE_ID_BYTES] = {};
+  tessera_session* s = reinterpret_cast<tessera_session*>(0x1);
+  EXPECT_EQ(tessera_session_create_from_id(1, 1, 0, id, TESSERA_UNIQUE_ID_BYTES, 0, &s), -1);
+  EXPECT_NE(last().find("rank 1 of world 1"), std::string::npos) << last();
+  EXPECT_EQ(s, nullptr);
+  EXPECT_EQ(tessera_session_create_from_id(0, 1, -1, id, TESSERA_UNIQUE_ID_BYTES, 0, &s), -1);
+  EXPECT_NE(last().find("device -1"), std::string::npos) << last();
+  EXPECT_EQ(tessera_session_create_from_id(0, 1, 0, nullptr, TESSERA_UNIQUE_ID_BYTES, 0, &s), -1);
+  EXPECT_NE(last().find("id is null"), std::string::npos) << last();
+  EXPECT_EQ(tessera_session_create_from_id(0, 1, 0, id, 64, 0, &s), -1);
+  EXPECT_NE(last().find("id_bytes 64 (must be 128)"), std::string::npos) << last();
+  EXPECT_EQ(tessera_session_create_from_id(0, 1, 0, id, TESSERA_UNIQUE_ID_BYTES, -5, &s), -1);
+  EXPECT_NE(last().find("timeout_ms -5"), std::string::npos) << last();
+  EXPECT_EQ(tessera_nccl_unique_id(id, 16), -1);
+  EXPECT_NE(last().find("bytes 16 (must be 128)"), std::string::npos) << last();
+}
+
+TEST(Capi, ExOperatorsRejectANullSession) {
+  EXPECT_EQ(tessera_ag_gemm_ex(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 128, 64, 128, 128, 0, TESSERA_BF16,
+                               0, TESSERA_SEQUENTIAL),
+            -1);
+  EXPECT_NE(last().find("tessera_ag_gemm_ex: null session"), std::string::npos) << last();
+  EXPECT_EQ(tessera_gemm_rs_ex(nullptr, nullptr, nullptr, nullptr, nullptr, 128, 64, 128, 128, TESSERA_BF16, 0), -1);
+  EXPECT_NE(last().find("tessera_gemm_rs_ex: null session"), std::string::npos) << last();
+  EXPECT_EQ(tessera_gemm_ar_ex(nullptr, nullptr, nullptr, nullptr, nullptr, 128, 128, 128, TESSERA_BF16, 0), -1);
+  EXPECT_NE(last().find("tessera_gemm_ar_ex: null session"), std::string::npos) << last();
+  EXPECT_EQ(tessera_mlp_ex(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 128, 64, 128, 64, TESSERA_BF16, 0, 0),
+            -1);
+  EXPECT_NE(last().find("tessera_mlp_ex: null session"), std::string::npos) << last();
+  EXPECT_EQ(tessera_session_rank(nullptr), -1);
+  EXPECT_EQ(tessera_session_world(nullptr), -1);
+  EXPECT_EQ(tessera_session_lsa_reachable(nullptr), 0);
+  tessera_session_abort(nullptr);  // a no-op
+}
+
+TEST(Capi, VersionAndNcclVersions) {
+  EXPECT_STRNE(tessera_version(), "unknown");
+  int header = 0, runtime = 0;
+  ASSERT_EQ(tessera_nccl_versions(&header, &runtime), 0) << last();
+  EXPECT_GE(header, 22800);
+  EXPECT_EQ(header, runtime) << "the loader picked another NCCL than the header's";
+  EXPECT_EQ(tessera_nccl_versions(nullptr, &runtime), -1);
+}
+
 }  // namespace

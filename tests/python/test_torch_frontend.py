@@ -91,7 +91,7 @@ def test_library_loads_and_nccl_is_checked():
 def test_env_report_runs():
     if tessera.library_error:
         pytest.skip(f"libtessera_c not loadable here: {tessera.library_error}")
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(tessera.__file__))))
     r = subprocess.run([sys.executable, "-m", "tessera.env", "--no-probe"], capture_output=True, text=True, env=env,
                        timeout=120)
     assert r.returncode == 0, r.stderr

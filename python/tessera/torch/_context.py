@@ -120,10 +120,12 @@ class Context:
         self._h = h
         self._lib = lib
         lib.tessera_session_use_cache(h, 1 if use_cache else 0)
-        if not lib.tessera_session_lsa_reachable(h):
+        net_only = os.environ.get("TESSERA_NO_LSA", "0") == "1" or os.environ.get("TESSERA_TOPOLOGY") == "net"
+        if not lib.tessera_session_lsa_reachable(h) and not net_only:
             self.close()
             raise ValueError(f"group: its {self.world} ranks are not all load/store reachable from each other "
-                             "(NCCL's LSA team is smaller); Tessera's operators need NVLink/P2P between every pair")
+                             "(NCCL's LSA team is smaller); Tessera's fused operators need NVLink/P2P between every pair "
+                             "(TESSERA_NO_LSA=1 asks for the NCCL-based strategies only)")
         self._register()
 
     @classmethod
