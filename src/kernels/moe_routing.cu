@@ -125,6 +125,7 @@ __global__ void permute_scan_kernel(PermuteArgs a, std::int32_t* counts, int blo
       run += c;
     }
     totals[e] = run;
+    if (a.expert_counts != nullptr) a.expert_counts[e] = run;
     if (a.capacity > 0 && run > a.capacity && a.overflow != nullptr) atomicMax(a.overflow, run);
   }
   __syncthreads();

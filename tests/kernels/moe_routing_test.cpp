@@ -145,6 +145,7 @@ TEST_P(Permute, StableSortByExpert) {
   DevBuf di = upload(ids);
   DevBuf off = poisoned(sizeof(std::int32_t) * (E + 1)), sorted = poisoned(sizeof(std::int32_t) * entries),
          row = poisoned(sizeof(std::int32_t) * entries);
+  DevBuf counts = poisoned(sizeof(std::int32_t) * E);
   DevBuf flags(2 * sizeof(std::int32_t));
   TESSERA_CUDA_CHECK(cudaMemset(flags.p, 0, flags.bytes));
   DevBuf ws(std::max<std::size_t>(permute_workspace_bytes(entries, E), 16));
@@ -154,6 +155,7 @@ TEST_P(Permute, StableSortByExpert) {
   a.experts = E;
   a.k = k;
   a.expert_offsets = off.as<std::int32_t>();
+  a.expert_counts = counts.as<std::int32_t>();
   a.sorted_entry = sorted.as<std::int32_t>();
   a.entry_row = row.as<std::int32_t>();
   a.capacity = entries / E + 1;  // uniform stays about at it; skewed overflows it
@@ -164,6 +166,8 @@ TEST_P(Permute, StableSortByExpert) {
   permute(a, nullptr);
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_EQ(download<std::int32_t>(off, E + 1), ref.offsets);
+  const auto gc = download<std::int32_t>(counts, E);
+  for (int e = 0; e < E; ++e) EXPECT_EQ(gc[e], ref.offsets[e + 1] - ref.offsets[e]) << "expert " << e;
   const auto gs = download<std::int32_t>(sorted, entries);
   EXPECT_TRUE(std::equal(ref.sorted.begin(), ref.sorted.end(), gs.begin())) << "sorted_entry differs";
   EXPECT_EQ(download<std::int32_t>(row, entries), ref.row);

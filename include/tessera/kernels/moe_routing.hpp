@@ -69,6 +69,7 @@ struct PermuteArgs {
   int experts = 0;
   int k = 0;
   std::int32_t* expert_offsets = nullptr;  ///< [E + 1] out: rows of expert e are [off[e], off[e+1])
+  std::int32_t* expert_counts = nullptr;   ///< [E] out, optional: rows per expert (grouped_gemm's group_rows)
   std::int32_t* sorted_entry = nullptr;    ///< [T * k] out: entry t * k + s at each sorted row
   std::int32_t* entry_row = nullptr;       ///< [T * k] out: sorted row of each entry (-1: invalid id)
   std::int64_t capacity = 0;               ///< rows per expert before *overflow is set; 0 = unbounded

@@ -1,0 +1,218 @@
+// The TP MoE layer's sequential strategy (tessera/ops/moe.hpp).
+#include "tessera/ops/moe.hpp"
+
+#include <fmt/format.h>
+#include <nccl.h>
+
+#include <cstdint>
+#include <string>
+
+#include "tessera/kernels/grouped_gemm.hpp"
+#include "tessera/kernels/moe_routing.hpp"
+#include "tessera/runtime/error.hpp"
+
+namespace tessera::ops {
+
+namespace {
+
+/// A device buffer that only grows; contents are not kept across growth.
+class Scratch {
+ public:
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() {
+    if (p_) cudaFree(p_);
+  }
+  void* get(std::size_t bytes, cudaStream_t stream) {
+    if (bytes > bytes_) {
+      if (p_) {
+        // A kernel of an earlier call may still read the old buffer.
+        TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+        TESSERA_CUDA_CHECK(cudaFree(p_));
+        p_ = nullptr;
+      }
+      TESSERA_CUDA_CHECK(cudaMalloc(&p_, bytes));
+      bytes_ = bytes;
+    }
+    return p_;
+  }
+  template <class T>
+  T* get(std::int64_t count, cudaStream_t stream) {
+    return static_cast<T*>(get(static_cast<std::size_t>(count > 0 ? count : 1) * sizeof(T), stream));
+  }
+
+ private:
+  void* p_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+constexpr std::int64_t kMaxDim = std::int64_t{1} << 31;
+
+}  // namespace
+
+struct MoeContext::Impl {
+  Scratch x_full, ids_full, w_full, offsets, counts, sorted, rows, permute_ws, gathered, inter, expert_out, partial,
+      flags;
+  std::int32_t* flags_ptr = nullptr;  ///< [0] invalid ids, [1] unused, [2..5] gate/up status, [6..9] down status
+  std::int64_t last_entries = 0;
+};
+
+MoeContext::MoeContext(runtime::ProcessGroup& pg) : pg_(&pg), impl_(std::make_unique<Impl>()) {}
+MoeContext::~MoeContext() = default;
+
+void validate(const MoeTpArgs& a, int world) {
+  TESSERA_CHECK(world >= 1, "moe_tp: world = {} must be >= 1", world);
+  TESSERA_CHECK(a.dtype == DType::bf16, "moe_tp: dtype {} not supported (bf16)", dtype_name(a.dtype));
+  TESSERA_CHECK(a.tokens_local >= 0 && a.tokens_local < kMaxDim, "moe_tp: tokens_local = {} out of range [0, 2^31)",
+                a.tokens_local);
+  TESSERA_CHECK(a.hidden >= 8 && a.hidden < kMaxDim && a.hidden % 8 == 0,
+                "moe_tp: hidden = {} must be a positive multiple of 8 below 2^31", a.hidden);
+  TESSERA_CHECK(a.inter_local >= 8 && a.inter_local < kMaxDim && a.inter_local % 8 == 0,
+                "moe_tp: inter_local = {} must be a positive multiple of 8 below 2^31", a.inter_local);
+  TESSERA_CHECK(a.experts >= 1 && a.experts <= kernels::moe::kMaxExperts &&
+                    a.experts <= kernels::kGroupedMaxGroups,
+                "moe_tp: experts = {} out of range [1, {}]", a.experts, kernels::moe::kMaxExperts);
+  TESSERA_CHECK(a.topk >= 1 && a.topk <= kernels::moe::kMaxTopK && a.topk <= a.experts,
+                "moe_tp: topk = {} out of range [1, min({}, experts = {})]", a.topk, kernels::moe::kMaxTopK,
+                a.experts);
+  const std::int64_t tokens = a.tokens_local * world;
+  TESSERA_CHECK(tokens * a.topk < kMaxDim, "moe_tp: tokens ({}) * topk ({}) must stay below 2^31", tokens, a.topk);
+  TESSERA_CHECK(tokens * a.topk <= (std::int64_t{1} << 60) / (a.hidden + 2 * a.inter_local),
+                "moe_tp: the expert buffers of {} rows x (hidden {} + 2 x inter_local {}) overflow 64-bit sizes",
+                tokens * a.topk, a.hidden, a.inter_local);
+  TESSERA_CHECK(a.x_shard != nullptr && a.out_shard != nullptr, "moe_tp: x_shard and out_shard must be non-null");
+  TESSERA_CHECK(a.expert_ids != nullptr && a.weights != nullptr, "moe_tp: expert_ids and weights must be non-null");
+  TESSERA_CHECK(a.w_gate_up != nullptr && a.w_down != nullptr, "moe_tp: w_gate_up and w_down must be non-null");
+  for (const void* p : {a.x_shard, a.w_gate_up, a.w_down, static_cast<const void*>(a.out_shard)})
+    TESSERA_CHECK((reinterpret_cast<std::uintptr_t>(p) & 15u) == 0, "moe_tp: pointer {} is not 16-byte aligned", p);
+}
+
+void moe_tp(MoeContext& ctx, const MoeTpArgs& a) {
+  runtime::ProcessGroup& pg = ctx.group();
+  const int R = pg.world();
+  validate(a, R);
+  struct Shape {
+    std::int64_t tokens_local, hidden, inter_local;
+    int experts, topk, dtype;
+  } shape{a.tokens_local, a.hidden, a.inter_local, a.experts, a.topk, static_cast<int>(a.dtype)};
+  pg.check_same_on_all_ranks(
+      fmt::format("moe_tp: shape (tokens_local {}, hidden {}, inter_local {}, experts {}, topk {})", a.tokens_local,
+                  a.hidden, a.inter_local, a.experts, a.topk),
+      shape);
+
+  MoeContext::Impl& m = ctx.impl();
+  const cudaStream_t s = pg.stream();
+  const std::int64_t T = a.tokens_local * R, k = a.topk, H = a.hidden, I = a.inter_local, E = a.experts;
+  const std::int64_t entries = T * k;
+  const std::size_t es = dtype_size(a.dtype);
+
+  // 1. All-gather tokens and routing (rank order = token order).
+  auto* x_full = static_cast<unsigned char*>(m.x_full.get(static_cast<std::size_t>(T * H) * es + 16, s));
+  auto* ids_full = m.ids_full.get<std::int32_t>(entries, s);
+  auto* w_full = m.w_full.get<float>(entries, s);
+  TESSERA_NCCL_CHECK(ncclAllGather(a.x_shard, x_full, static_cast<std::size_t>(a.tokens_local * H),
+                                   runtime::nccl_dtype(a.dtype), pg.nccl(), s));
+  TESSERA_NCCL_CHECK(ncclAllGather(a.expert_ids, ids_full, static_cast<std::size_t>(a.tokens_local * k), ncclInt32,
+                                   pg.nccl(), s));
+  TESSERA_NCCL_CHECK(
+      ncclAllGather(a.weights, w_full, static_cast<std::size_t>(a.tokens_local * k), ncclFloat32, pg.nccl(), s));
+
+  // 2. Expert sort, on the device.
+  m.flags_ptr = m.flags.get<std::int32_t>(16, s);
+  TESSERA_CUDA_CHECK(cudaMemsetAsync(m.flags_ptr, 0, 16 * sizeof(std::int32_t), s));
+  kernels::moe::PermuteArgs p;
+  p.expert_ids = ids_full;
+  p.tokens = T;
+  p.experts = a.experts;
+  p.k = a.topk;
+  p.expert_offsets = m.offsets.get<std::int32_t>(E + 1, s);
+  p.expert_counts = m.counts.get<std::int32_t>(E, s);
+  p.sorted_entry = m.sorted.get<std::int32_t>(entries, s);
+  p.entry_row = m.rows.get<std::int32_t>(entries, s);
+  p.invalid = m.flags_ptr;
+  p.workspace_bytes = kernels::moe::permute_workspace_bytes(entries, a.experts);
+  p.workspace = m.permute_ws.get(p.workspace_bytes + 16, s);
+  kernels::moe::permute(p, s);
+
+  // 3. Gather, then the two grouped GEMMs.
+  void* gathered = m.gathered.get(static_cast<std::size_t>(entries * H) * es + 16, s);
+  kernels::moe::GatherArgs g;
+  g.x = x_full;
+  g.ldx = H;
+  g.gathered = gathered;
+  g.ldg = H;
+  g.cols = H;
+  g.sorted_entry = p.sorted_entry;
+  g.expert_offsets = p.expert_offsets;
+  g.experts = a.experts;
+  g.k = a.topk;
+  g.max_rows = entries;
+  g.dtype = a.dtype;
+  kernels::moe::gather_rows(g, s);
+
+  void* inter = m.inter.get(static_cast<std::size_t>(entries * I) * es + 16, s);
+  void* expert_out = m.expert_out.get(static_cast<std::size_t>(entries * H) * es + 16, s);
+  if (entries > 0) {
+    kernels::GroupedGemmArgs up;
+    up.a = gathered;
+    up.b = a.w_gate_up;
+    up.d = inter;
+    up.group_rows = p.expert_counts;
+    up.status = m.flags_ptr + 2;
+    up.groups = E;
+    up.n = 2 * I;
+    up.k = H;
+    up.max_rows = entries;
+    kernels::GroupedGemmOptions uo;
+    uo.epilogue = kernels::GroupedEpilogueKind::SwiGLU;
+    kernels::grouped_gemm(up, uo, s);
+
+    kernels::GroupedGemmArgs down;
+    down.a = inter;
+    down.b = a.w_down;
+    down.d = expert_out;
+    down.group_rows = p.expert_counts;
+    down.status = m.flags_ptr + 6;
+    down.groups = E;
+    down.n = H;
+    down.k = I;
+    down.max_rows = entries;
+    kernels::grouped_gemm(down, {}, s);
+  }
+
+  // 4. Combine into this rank's partial of every token, then reduce-scatter.
+  void* partial = m.partial.get(static_cast<std::size_t>(T * H) * es + 16, s);
+  kernels::moe::CombineArgs c;
+  c.y = expert_out;
+  c.ldy = H;
+  c.entry_row = p.entry_row;
+  c.weights = w_full;
+  c.out = partial;
+  c.ldo = H;
+  c.tokens = T;
+  c.cols = H;
+  c.k = a.topk;
+  c.dtype = a.dtype;
+  kernels::moe::combine(c, s);
+  TESSERA_NCCL_CHECK(ncclReduceScatter(partial, a.out_shard, static_cast<std::size_t>(a.tokens_local * H),
+                                       runtime::nccl_dtype(a.dtype), ncclSum, pg.nccl(), s));
+  m.last_entries = entries;
+}
+
+void MoeContext::check_status() {
+  Impl& m = *impl_;
+  if (m.flags_ptr == nullptr) return;
+  const cudaStream_t s = pg_->stream();
+  std::int32_t invalid = 0;
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(&invalid, m.flags_ptr, sizeof(invalid), cudaMemcpyDeviceToHost, s));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+  TESSERA_CHECK(invalid == 0, "moe_tp: {} routed entries had an expert id outside [0, experts) and were left out",
+                invalid);
+  if (m.last_entries > 0) {
+    kernels::check_grouped_gemm_status(m.flags_ptr + 2, s, "moe_tp: gate/up grouped GEMM");
+    kernels::check_grouped_gemm_status(m.flags_ptr + 6, s, "moe_tp: down grouped GEMM");
+  }
+}
+
+}  // namespace tessera::ops

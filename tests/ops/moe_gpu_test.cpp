@@ -1,0 +1,217 @@
+// GPU test of ops::moe_tp at the launched world size (1 on one GPU): every
+// rank's output shard against a float64 CPU reference of the whole layer,
+// under uniform and skewed routing (an expert with no tokens), and the
+// status report of an invalid expert id.
+#include <gtest/gtest.h>
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "support/gpu_group.hpp"
+#include "support/test_support.hpp"
+#include "tessera/ops/moe.hpp"
+#include "tessera/runtime/error.hpp"
+
+namespace tessera::ops {
+namespace {
+
+std::uint16_t bf16_bits(float v) {
+  const __nv_bfloat16 h = __float2bfloat16_rn(v);
+  std::uint16_t b;
+  std::memcpy(&b, &h, 2);
+  return b;
+}
+double bf16_value(std::uint16_t b) {
+  __nv_bfloat16 h;
+  std::memcpy(&h, &b, 2);
+  return __bfloat162float(h);
+}
+
+struct Dev {
+  void* p = nullptr;
+  explicit Dev(std::size_t bytes) { TESSERA_CUDA_CHECK(cudaMalloc(&p, bytes > 16 ? bytes : 16)); }
+  ~Dev() { cudaFree(p); }
+  template <class T>
+  void put(const std::vector<T>& h) {
+    TESSERA_CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+};
+
+struct Problem {
+  std::int64_t T_local, H, I;  // I: the full intermediate size
+  int E, k;
+  bool skewed;
+};
+
+void run_case(const Problem& c) {
+  runtime::ProcessGroup& pg = tessera::testing::group();
+  const int R = pg.world(), rank = pg.rank();
+  ASSERT_EQ(c.I % R, 0);
+  const std::int64_t T = c.T_local * R, H = c.H, I = c.I, Il = c.I / R;
+  std::mt19937 rng(2024 + c.E * 3 + c.k);  // the same problem on every rank
+  std::normal_distribution<float> nd(0.f, 1.f);
+  auto rounded = [&](float scale) { return static_cast<float>(bf16_value(bf16_bits(nd(rng) * scale))); };
+  std::vector<float> x(T * H), gate(c.E * I * H), up(c.E * I * H), down(c.E * H * I);
+  for (float& v : x) v = rounded(1.f);
+  for (float& v : gate) v = rounded(1.f / std::sqrt(static_cast<float>(H)));
+  for (float& v : up) v = rounded(1.f / std::sqrt(static_cast<float>(H)));
+  for (float& v : down) v = rounded(1.f / std::sqrt(static_cast<float>(I)));
+  std::vector<std::int32_t> ids(T * c.k);
+  std::vector<float> w(T * c.k);
+  for (std::int64_t t = 0; t < T; ++t) {
+    float sum = 0;
+    for (int s = 0; s < c.k; ++s) {
+      // Distinct experts per token; skewed: expert 0 takes one slot of most
+      // tokens and the last expert gets none.
+      int e = c.skewed && s == 0 && (rng() % 4 != 0) ? 0 : static_cast<int>(rng() % (c.E - (c.skewed ? 1 : 0)));
+      for (int q = 0; q < s; ++q)
+        if (ids[t * c.k + q] == e) e = (e + 1) % (c.E - (c.skewed ? 1 : 0)), q = -1;
+      ids[t * c.k + s] = e;
+      w[t * c.k + s] = 0.2f + static_cast<float>(rng() % 100) / 100.f;
+      sum += w[t * c.k + s];
+    }
+    for (int s = 0; s < c.k; ++s) w[t * c.k + s] /= sum;
+  }
+  // This rank's shards.
+  std::vector<std::uint16_t> xs(c.T_local * H), gu(c.E * 2 * Il * H), dn(c.E * H * Il);
+  for (std::int64_t i = 0; i < c.T_local * H; ++i) xs[i] = bf16_bits(x[rank * c.T_local * H + i]);
+  for (int e = 0; e < c.E; ++e)
+    for (std::int64_t j = 0; j < Il; ++j)
+      for (std::int64_t h = 0; h < H; ++h) {
+        const std::int64_t gj = rank * Il + j;
+        gu[(e * 2 * Il + 2 * j) * H + h] = bf16_bits(gate[(e * I + gj) * H + h]);
+        gu[(e * 2 * Il + 2 * j + 1) * H + h] = bf16_bits(up[(e * I + gj) * H + h]);
+      }
+  for (int e = 0; e < c.E; ++e)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t j = 0; j < Il; ++j) dn[(e * H + h) * Il + j] = bf16_bits(down[(e * H + h) * I + rank * Il + j]);
+  std::vector<std::int32_t> ids_l(ids.begin() + rank * c.T_local * c.k, ids.begin() + (rank + 1) * c.T_local * c.k);
+  std::vector<float> w_l(w.begin() + rank * c.T_local * c.k, w.begin() + (rank + 1) * c.T_local * c.k);
+  Dev dx(xs.size() * 2), dgu(gu.size() * 2), ddn(dn.size() * 2), dids(ids_l.size() * 4), dw(w_l.size() * 4),
+      dout(c.T_local * H * 2);
+  dx.put(xs);
+  dgu.put(gu);
+  ddn.put(dn);
+  dids.put(ids_l);
+  dw.put(w_l);
+  TESSERA_CUDA_CHECK(cudaMemset(dout.p, 0xFF, c.T_local * H * 2));  // NaN poison
+  MoeContext ctx(pg);
+  MoeTpArgs a;
+  a.x_shard = dx.p;
+  a.expert_ids = static_cast<const std::int32_t*>(dids.p);
+  a.weights = static_cast<const float*>(dw.p);
+  a.w_gate_up = dgu.p;
+  a.w_down = ddn.p;
+  a.out_shard = dout.p;
+  a.tokens_local = c.T_local;
+  a.hidden = H;
+  a.inter_local = Il;
+  a.experts = c.E;
+  a.topk = c.k;
+  moe_tp(ctx, a);
+  ctx.check_status();
+  std::vector<std::uint16_t> out(c.T_local * H);
+  TESSERA_CUDA_CHECK(cudaMemcpy(out.data(), dout.p, out.size() * 2, cudaMemcpyDeviceToHost));
+  // Reference: the whole layer in float64 over the full I.
+  std::vector<double> got, want;
+  std::vector<double> hbuf(I);
+  for (std::int64_t tl = 0; tl < c.T_local; ++tl) {
+    const std::int64_t t = rank * c.T_local + tl;
+    std::vector<double> o(H, 0.0);
+    for (int s = 0; s < c.k; ++s) {
+      const int e = ids[t * c.k + s];
+      for (std::int64_t j = 0; j < I; ++j) {
+        double g = 0, u = 0;
+        for (std::int64_t h = 0; h < H; ++h) {
+          g += static_cast<double>(gate[(e * I + j) * H + h]) * x[t * H + h];
+          u += static_cast<double>(up[(e * I + j) * H + h]) * x[t * H + h];
+        }
+        hbuf[j] = g / (1.0 + std::exp(-g)) * u;
+      }
+      for (std::int64_t h = 0; h < H; ++h) {
+        double acc = 0;
+        for (std::int64_t j = 0; j < I; ++j) acc += static_cast<double>(down[(e * H + h) * I + j]) * hbuf[j];
+        o[h] += w[t * c.k + s] * acc;
+      }
+    }
+    for (std::int64_t h = 0; h < H; ++h) {
+      got.push_back(bf16_value(out[tl * H + h]));
+      want.push_back(o[h]);
+    }
+  }
+  const double err = tessera::testing::relative_error(got, want);
+  EXPECT_LT(err, 2e-2) << "rank " << rank << " of " << R;
+}
+
+TEST(MoeTp, UniformRoutingMatchesReference) {
+  TESSERA_REQUIRE_WORLD_GPUS(1);
+  run_case({96, 256, 256, 8, 2, false});
+}
+
+TEST(MoeTp, SkewedRoutingWithAnIdleExpertMatchesReference) {
+  TESSERA_REQUIRE_WORLD_GPUS(1);
+  run_case({130, 192, 128, 6, 3, true});
+}
+
+TEST(MoeTp, InvalidExpertIdIsReportedAfterTheCall) {
+  TESSERA_REQUIRE_WORLD_GPUS(1);
+  runtime::ProcessGroup& pg = tessera::testing::group();
+  const std::int64_t T = 64, H = 64, Il = 32;
+  const int E = 4, k = 2;
+  std::vector<std::int32_t> ids(T * k, 1);
+  ids[5] = E + 3;  // out of range
+  std::vector<float> w(T * k, 0.5f);
+  Dev dx(T * H * 2), dgu(E * 2 * Il * H * 2), ddn(E * H * Il * 2), dids(ids.size() * 4), dw(w.size() * 4),
+      dout(T * H * 2);
+  TESSERA_CUDA_CHECK(cudaMemset(dx.p, 0, T * H * 2));
+  TESSERA_CUDA_CHECK(cudaMemset(dgu.p, 0, E * 2 * Il * H * 2));
+  TESSERA_CUDA_CHECK(cudaMemset(ddn.p, 0, E * H * Il * 2));
+  dids.put(ids);
+  dw.put(w);
+  MoeContext ctx(pg);
+  MoeTpArgs a;
+  a.x_shard = dx.p;
+  a.expert_ids = static_cast<const std::int32_t*>(dids.p);
+  a.weights = static_cast<const float*>(dw.p);
+  a.w_gate_up = dgu.p;
+  a.w_down = ddn.p;
+  a.out_shard = dout.p;
+  a.tokens_local = T;
+  a.hidden = H;
+  a.inter_local = Il;
+  a.experts = E;
+  a.topk = k;
+  moe_tp(ctx, a);
+  EXPECT_THROW(ctx.check_status(), tessera::Error);
+  a.topk = E + 1;  // more slots than experts
+  EXPECT_THROW(moe_tp(ctx, a), tessera::Error);
+}
+
+TEST(MoeTp, ValidateRejectsBadShapes) {
+  MoeTpArgs a;
+  alignas(16) int buf[64] = {};
+  a.x_shard = a.w_gate_up = a.w_down = a.out_shard = buf;
+  a.expert_ids = buf;
+  a.weights = reinterpret_cast<const float*>(buf);
+  a.tokens_local = 16;
+  a.hidden = 64;
+  a.inter_local = 32;
+  a.experts = 4;
+  a.topk = 2;
+  EXPECT_NO_THROW(validate(a, 2));
+  a.hidden = 60;  // not a multiple of 8
+  EXPECT_THROW(validate(a, 2), tessera::Error);
+  a.hidden = 64;
+  a.experts = 0;
+  EXPECT_THROW(validate(a, 2), tessera::Error);
+  a.experts = 4;
+  a.tokens_local = std::int64_t{1} << 40;
+  EXPECT_THROW(validate(a, 2), tessera::Error);
+}
+
+}  // namespace
+}  // namespace tessera::ops
