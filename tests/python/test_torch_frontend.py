@@ -113,6 +113,23 @@ def test_closed_context_handle_is_rejected(ctx1):
                                   torch.empty(4, 8, dtype=torch.bfloat16, device="meta"), h, 0)
 
 
+def test_dropping_an_open_context_runs_nothing_collective():
+    """__del__ never calls into the library (destroy is collective): it warns and leaks."""
+    calls = []
+
+    class Lib:
+        def __getattr__(self, name):
+            return lambda *a: calls.append(name)
+
+    c = tt.Context._for_shapes(rank=0, world=2)
+    c._h, c._lib = 0x1234, Lib()  # as if a session were open
+    with pytest.warns(ResourceWarning, match="was not closed"):
+        c.__del__()
+    assert calls == []
+    c.close()  # explicit close does reach the library
+    assert calls == ["tessera_session_destroy"]
+
+
 def test_several_contexts_get_distinct_handles():
     cs = [tt.Context._for_shapes(rank=r % 2, world=2) for r in range(3)]
     assert len({c.handle for c in cs}) == 3
