@@ -2,7 +2,8 @@
 # Builds Tessera on a lent GPU machine and runs every GPU test and benchmark
 # in one call, leaving logs under $OUT (default ./device-out).
 #
-#   scripts/device-check.sh [step...]     steps: build cpu tests comm gemm gemmgap mlp asynctp commir kernels signal python
+#   scripts/device-check.sh [step...]     steps: build cpu tests sanitize moe comm gemm gemmgap mlp asynctp
+#                                          commir kernels signal python
 #                                          (default: build tests comm gemm), run in the order given
 # sanitize: compute-sanitizer memcheck, racecheck and synccheck over every
 # one-process GPU test (SANITIZE_TOOLS, SANITIZE_TIMEOUT per run).
@@ -87,6 +88,21 @@ for t in json.load(sys.stdin)["tests"]:
   note "sanitize: $failed failing runs"
 }
 
+# The TP MoE layer and the PyTorch sequential layer on the same shapes and routing.
+step_moe() {
+  if [ "$ngpu" -gt 1 ]; then
+    timeout "${MOE_TIMEOUT:-300}" torchrun --nproc-per-node "$ngpu" "$root/scripts/bench_moe_torch.py" \
+        --shapes "${MOE_SHAPES:-1,2,3,4,5,6}" >"$out/moe-torch.jsonl" 2>"$out/moe-torch.err"
+  else
+    timeout "${MOE_TIMEOUT:-300}" python3 "$root/scripts/bench_moe_torch.py" \
+        --shapes "${MOE_SHAPES:-1,2,3,4,5,6}" >"$out/moe-torch.jsonl" 2>"$out/moe-torch.err"
+  fi
+  note "moe torch baseline rc=$?"
+  timeout "${MOE_TIMEOUT:-300}" "$bin" run -n "$ngpu" -- "$bin" bench moe --shapes "${MOE_SHAPES:-1,2,3,4,5,6}" \
+      --torch-json "$out/moe-torch.jsonl" --json "$out/moe.json" >"$out/bench-moe.log" 2>&1
+  note "bench moe rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-moe.log" | tail -20 | tee -a "$summary"
+}
+
 step_comm() {
   timeout 300 "$bin" run -n "$ngpu" -- "$bin" bench comm --markdown "$out/comm.md" >"$out/bench-comm.log" 2>&1
   note "bench comm rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-comm.log" | tail -30 | tee -a "$summary"
@@ -152,7 +168,7 @@ if command -v nvidia-smi >/dev/null; then
 fi
 : >"$out/steps.txt"
 for s in "${steps[@]}"; do
-  declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests sanitize comm gemm gemmgap mlp asynctp commir kernels signal)"; continue; }
+  declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests sanitize moe comm gemm gemmgap mlp asynctp commir kernels signal python)"; continue; }
   echo "$s start $(date +%s.%N)" >>"$out/steps.txt"
   "step_$s"
   echo "$s end $(date +%s.%N)" >>"$out/steps.txt"

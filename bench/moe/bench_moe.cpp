@@ -1,0 +1,241 @@
+// `tessera bench moe` — the TP MoE layer (ops::moe_tp) on MoE-1..6 of
+// ../shared/WORKLOADS.md at the launched world size (tokens and each
+// expert's I sharded over the ranks), with uniform and skewed routing:
+//   layer    the whole call (all-gather, routing sort, gather, grouped
+//            GEMMs, combine, reduce-scatter);
+//   experts  the two grouped GEMMs alone on the same routing;
+//   comm     the all-gather and reduce-scatter alone;
+//   ideal    max(experts, comm) and layer / ideal.
+// Each rank times the same bodies interleaved run by run (events, warm-up,
+// median, max over ranks). The PyTorch sequential layer on the same shapes
+// and routing is scripts/bench_moe_torch.py; --torch-json FILE reads its
+// output and adds the ratio column.
+// Routing (the same rule as the script; no RNG so both agree): token t's
+// slot s picks expert (t + s * stride) % E' with stride = E' / k, E' = E
+// (uniform) or E - E/4 (skewed: the last quarter of the experts get no
+// token, and slot 0 of every even token goes to expert 0, so it receives
+// about half the tokens); a repeat within a token moves to the next expert.
+#include <cuda_bf16.h>
+#include <fmt/format.h>
+#include <nccl.h>
+
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "command.hpp"
+#include "common/timing.hpp"
+#include "tessera/kernels/grouped_gemm.hpp"
+#include "tessera/kernels/moe_routing.hpp"
+#include "tessera/ops/moe.hpp"
+#include "tessera/runtime/error.hpp"
+#include "tessera/runtime/process_group.hpp"
+
+namespace tessera::bench::moe {
+namespace {
+
+struct Shape {
+  const char* name;
+  std::int64_t S, H, I;
+  int E, k;
+};
+const Shape kShapes[] = {{"MoE-1", 8192, 2048, 1536, 8, 2},  {"MoE-2", 8192, 2048, 1536, 32, 2},
+                         {"MoE-3", 8192, 2048, 1536, 32, 5}, {"MoE-4", 8192, 4096, 2048, 8, 2},
+                         {"MoE-5", 8192, 4096, 2048, 32, 2}, {"MoE-6", 8192, 4096, 2048, 32, 5}};
+
+struct Options {
+  std::vector<int> shapes{1, 2, 3, 4, 5, 6};
+  std::vector<std::string> routings{"uniform", "skewed"};
+  int warmup = 5, reps = 20;
+  std::string torch_json, json;
+};
+
+/// Expert ids of tokens [t0, t0 + n) (see the header comment).
+std::vector<std::int32_t> route(std::int64_t t0, std::int64_t n, int E, int k, bool skewed) {
+  const int live = skewed ? E - E / 4 : E;
+  const int stride = live / k > 0 ? live / k : 1;
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(n) * k);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t t = t0 + i;
+    for (int s = 0; s < k; ++s) {
+      int e = static_cast<int>((t + static_cast<std::int64_t>(s) * stride) % live);
+      if (skewed && s == 0 && t % 2 == 0) e = 0;
+      for (int q = 0; q < s; ++q)
+        if (ids[i * k + q] == e) e = (e + 1) % live, q = -1;
+      ids[i * k + s] = e;
+    }
+  }
+  return ids;
+}
+
+struct Dev {
+  void* p = nullptr;
+  explicit Dev(std::size_t bytes) { TESSERA_CUDA_CHECK(cudaMalloc(&p, bytes > 16 ? bytes : 16)); }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+};
+
+void fill_bf16(void* p, std::int64_t n, float scale, std::uint32_t seed) {
+  std::vector<__nv_bfloat16> h(static_cast<std::size_t>(n));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, scale);
+  for (auto& v : h) v = __float2bfloat16_rn(nd(rng));
+  TESSERA_CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+}
+
+/// torch_ms per "shape/routing" from scripts/bench_moe_torch.py's JSON lines.
+std::map<std::string, double> read_torch(const std::string& path) {
+  std::map<std::string, double> out;
+  if (path.empty()) return out;
+  std::ifstream f(path);
+  TESSERA_CHECK(f.good(), "bench moe: cannot read --torch-json {}", path);
+  std::string line;
+  while (std::getline(f, line)) {
+    auto field = [&](const std::string& key) -> std::string {
+      const auto at = line.find("\"" + key + "\": ");
+      if (at == std::string::npos) return "";
+      auto v = line.substr(at + key.size() + 4);
+      if (!v.empty() && v[0] == '"') return v.substr(1, v.find('"', 1) - 1);
+      return v.substr(0, v.find_first_of(",}"));
+    };
+    const std::string shape = field("shape"), routing = field("routing"), ms = field("torch_ms");
+    if (!shape.empty() && !ms.empty()) out[shape + "/" + routing] = std::stod(ms);
+  }
+  return out;
+}
+
+void run(const Options& o) {
+  auto pg = runtime::ProcessGroup::from_environment();
+  const int R = pg->world();
+  const cudaStream_t s = pg->stream();
+  const auto torch = read_torch(o.torch_json);
+  Table table({"shape", "routing", "layer ms", "experts ms", "comm ms", "layer/ideal", "torch ms", "torch/layer"});
+  std::ostringstream js;
+  js << "[";
+  bool first = true;
+  for (int si : o.shapes) {
+    TESSERA_CHECK(si >= 1 && si <= 6, "bench moe: shape {} (MoE-1..6)", si);
+    const Shape& sh = kShapes[si - 1];
+    TESSERA_CHECK(sh.S % R == 0 && sh.I % R == 0, "bench moe: {} does not shard over {} ranks", sh.name, R);
+    const std::int64_t Tl = sh.S / R, Il = sh.I / R, H = sh.H, k = sh.k, E = sh.E;
+    Dev x(Tl * H * 2), gu(E * 2 * Il * H * 2), dn(E * H * Il * 2), out(Tl * H * 2), ids(Tl * k * 4), w(Tl * k * 4);
+    fill_bf16(x.p, Tl * H, 1.f, 1 + pg->rank());
+    fill_bf16(gu.p, E * 2 * Il * H, 0.02f, 2);
+    fill_bf16(dn.p, E * H * Il, 0.02f, 3);
+    const std::vector<float> wh(static_cast<std::size_t>(Tl * k), 1.f / static_cast<float>(k));
+    TESSERA_CUDA_CHECK(cudaMemcpy(w.p, wh.data(), wh.size() * 4, cudaMemcpyHostToDevice));
+    for (const std::string& routing : o.routings) {
+      TESSERA_CHECK(routing == "uniform" || routing == "skewed", "bench moe: routing '{}' (uniform, skewed)", routing);
+      const bool skewed = routing == "skewed";
+      const auto idh = route(Tl * pg->rank(), Tl, sh.E, sh.k, skewed);
+      TESSERA_CUDA_CHECK(cudaMemcpy(ids.p, idh.data(), idh.size() * 4, cudaMemcpyHostToDevice));
+      ops::MoeContext ctx(*pg);
+      ops::MoeTpArgs a;
+      a.x_shard = x.p;
+      a.expert_ids = static_cast<const std::int32_t*>(ids.p);
+      a.weights = static_cast<const float*>(w.p);
+      a.w_gate_up = gu.p;
+      a.w_down = dn.p;
+      a.out_shard = out.p;
+      a.tokens_local = Tl;
+      a.hidden = H;
+      a.inter_local = Il;
+      a.experts = sh.E;
+      a.topk = sh.k;
+      ops::moe_tp(ctx, a);  // sizes the workspaces; checks the routing
+      ctx.check_status();
+      // The experts alone: the same grouped GEMMs on the same counts.
+      const std::int64_t rows = sh.S * k;
+      const auto all_ids = route(0, sh.S, sh.E, sh.k, skewed);
+      std::vector<int> counts(static_cast<std::size_t>(E), 0);
+      for (int e : all_ids) ++counts[e];
+      Dev dcounts(E * 4), status(64), xa(rows * H * 2), hbuf(rows * Il * 2), y(rows * H * 2), ag(sh.S * H * 2),
+          part(sh.S * H * 2);
+      TESSERA_CUDA_CHECK(cudaMemcpy(dcounts.p, counts.data(), counts.size() * 4, cudaMemcpyHostToDevice));
+      fill_bf16(xa.p, rows * H, 1.f, 4);
+      kernels::GroupedGemmArgs up;
+      up.a = xa.p;
+      up.b = gu.p;
+      up.d = hbuf.p;
+      up.group_rows = static_cast<const int*>(dcounts.p);
+      up.status = static_cast<int*>(status.p);
+      up.groups = E;
+      up.n = 2 * Il;
+      up.k = H;
+      up.max_rows = rows;
+      kernels::GroupedGemmOptions uo;
+      uo.epilogue = kernels::GroupedEpilogueKind::SwiGLU;
+      kernels::GroupedGemmArgs down = up;
+      down.a = hbuf.p;
+      down.b = dn.p;
+      down.d = y.p;
+      down.status = static_cast<int*>(status.p) + 4;
+      down.n = H;
+      down.k = Il;
+      double layer = 0, experts = 0, comm = 0;
+      InterleavedTimer timer(s, o.warmup, o.reps, [&] {
+        pg->barrier();
+        pg->align_streams(s);
+      });
+      timer.add(&layer, [&] { ops::moe_tp(ctx, a); });
+      timer.add(&experts, [&] {
+        kernels::grouped_gemm(up, uo, s);
+        kernels::grouped_gemm(down, {}, s);
+      });
+      timer.add(&comm, [&] {
+        TESSERA_NCCL_CHECK(
+            ncclAllGather(x.p, ag.p, static_cast<std::size_t>(Tl * H), ncclBfloat16, pg->nccl(), s));
+        TESSERA_NCCL_CHECK(ncclReduceScatter(part.p, out.p, static_cast<std::size_t>(Tl * H), ncclBfloat16, ncclSum,
+                                             pg->nccl(), s));
+      });
+      timer.run([&](double v) { return pg->allreduce_max(v); });
+      ctx.check_status();
+      kernels::check_grouped_gemm_status(up.status, s, "bench moe: gate/up");
+      const double ideal = std::max(experts, comm);
+      const auto t = torch.find(std::string(sh.name) + "/" + routing);
+      const double torch_ms = t == torch.end() ? 0 : t->second;
+      table.add({sh.name, routing, fmt::format("{:.3f}", layer), fmt::format("{:.3f}", experts),
+                 fmt::format("{:.3f}", comm), fmt::format("{:.3f}", layer / ideal),
+                 torch_ms > 0 ? fmt::format("{:.3f}", torch_ms) : "-",
+                 torch_ms > 0 ? fmt::format("{:.3f}", torch_ms / layer) : "-"});
+      js << (first ? "" : ",") << fmt::format(
+                                      "\n{{\"shape\": \"{}\", \"routing\": \"{}\", \"world\": {}, \"layer_ms\": {:.5f}, "
+                                      "\"experts_ms\": {:.5f}, \"comm_ms\": {:.5f}, \"torch_ms\": {:.5f}}}",
+                                      sh.name, routing, R, layer, experts, comm, torch_ms);
+      first = false;
+    }
+  }
+  js << "\n]\n";
+  if (pg->rank() == 0) {
+    std::printf("tessera bench moe: TP=%d on %s (ms, median of %d, slowest rank; sequential strategy)\n%s", R,
+                pg->device_properties().name, o.reps, table.str().c_str());
+    if (!o.json.empty()) {
+      std::ofstream f(o.json);
+      TESSERA_CHECK(f.good(), "bench moe: cannot write {}", o.json);
+      f << js.str();
+    }
+  }
+}
+
+}  // namespace
+
+TESSERA_REGISTER_COMMAND([](CLI::App& root) {
+  auto& bench = tools::subcommand(root, "bench", "Benchmarks");
+  auto opts = std::make_shared<Options>();
+  auto* cmd = bench.add_subcommand("moe", "TP MoE layer (ops::moe_tp) on MoE-1..6: layer, experts, comm, PyTorch");
+  cmd->add_option("--shapes", opts->shapes, "MoE shapes 1..6")->delimiter(',');
+  cmd->add_option("--routing", opts->routings, "uniform, skewed")->delimiter(',');
+  cmd->add_option("--reps", opts->reps, "timed repetitions (median)")->check(CLI::Range(1, 100000));
+  cmd->add_option("--warmup", opts->warmup, "warm-up repetitions")->check(CLI::Range(0, 100000));
+  cmd->add_option("--torch-json", opts->torch_json, "scripts/bench_moe_torch.py's output");
+  cmd->add_option("--json", opts->json, "write the figures here (rank 0)");
+  cmd->callback([opts] { run(*opts); });
+});
+
+}  // namespace tessera::bench::moe
