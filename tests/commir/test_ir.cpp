@@ -2,12 +2,14 @@
 // the reason), and the CPU executor rejecting broken plans.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <random>
 
 #include "tessera/commir/cpu_executor.hpp"
 #include "tessera/commir/schedules.hpp"
 #include "tessera/commir/text.hpp"
 #include "tessera/commir/transforms.hpp"
+#include "tessera/commir/tuner.hpp"
 #include "tessera/runtime/error.hpp"
 
 using namespace tessera::commir;
@@ -115,4 +117,53 @@ TEST(CommirIr, ExecutorRejectsBrokenPlans) {
     st.erase(std::find_if(st.begin(), st.end(), [](const Step& s) { return s.kind == StepKind::send; }));
     expect_error([&] { run_cpu(bad, in, ref, std::chrono::milliseconds(300)); }, {"timed out"});
   }
+}
+
+TEST(CommirIr, ValidationNamesTheOffenderAndTheReason) {
+  const std::string k = print(scheduled(make_gemm(64, 32, 16, {2}), "async_ag_gemm"));
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string s = k;
+    const auto i = s.find(from);
+    EXPECT_NE(i, std::string::npos) << from;
+    return s.replace(i, from.size(), to);
+  };
+  expect_error([&] { parse(with("tile n 2", "tile n 0")); }, {"n#0", "0 cells"});
+  expect_error([&] { parse(with("A[m, k]", "A[m/0, k]")); }, {"buffer A", "group 0"});
+  expect_error([&] { parse(with("A[m, k]", "A[]")); }, {"buffer A", "0 dimensions"});
+  expect_error([&] { parse("grid g {\n}\n"); }, {"0 axes"});
+  expect_error([&] { parse(with("m = 64", "m = 99999999999999999999")); }, {"line", "too large"});
+  expect_error([&] { parse(with("  axis k = 16 reduction\n", "  axis k = 16 reduction\n  axis k = 8 reduction\n")); },
+               {"axis 'k'", "declared twice"});
+  expect_error([&] { parse(with("  buffer C[m, n] : 1 write\n", "  buffer C[m, n] : 1 write\n  buffer C[m, n] : 1 write\n")); },
+               {"buffer 'C'", "declared twice"});
+  expect_error([&] { parse(with("B[k, n]", "B[k, z]")); }, {"buffer B", "'z'", "not an axis"});
+  expect_error([&] { parse(with("body C += A * B", "body C += A * Z")); }, {"'Z'", "not a buffer"});
+  expect_error([&] { parse(with("shift n0", "shift m0")); }, {"loop m0 shift m0", "cannot shift itself"});
+  expect_error([&] { parse(with("shift n0", "shift zz")); }, {"no loop 'zz'"});
+  expect_error([&] { parse(with("shard A n0", "shard Z n0")); }, {"no buffer 'Z'"});
+  expect_error([&] { parse(with("mesh 2", "mesh 4096x4096x4096")); }, {"mesh '4096x4096x4096'", "256 devices"});
+  expect_error([&] { parse(with("mesh 2", "mesh 4")); }, {"loop n0", "extent 2", "4 devices"});
+  expect_error([&] { parse(with("  mesh 2\n", "  mesh 2\n  mesh 2\n")); }, {"second 'mesh'"});
+  expect_error([&] { parse(with("kernel gemm", "kernel attention")); }, {"patch(attention)"});
+  expect_error([&] { parse(k + std::string(kMaxTextBytes, '#')); }, {"bytes (at most"});
+  expect_error([&] { parse_mesh("99999999999"); }, {"mesh '99999999999'"});
+  expect_error([&] { parse_mesh("2x"); }, {"mesh '2x'"});
+  expect_error([&] { make_gemm(std::int64_t{1} << 32, std::int64_t{1} << 32, std::int64_t{1} << 32, {2}); },
+               {"make_gemm", "exceeds the limit"});
+  Grid g = make_gemm(64, 32, 16, {2});
+  expect_error([&] { apply(g, "tile(m,99999999999999999999)"); }, {"schedule: tile", "too large"});
+  expect_error([&] { apply(g, "tile(m,0)"); }, {"tile(m, 0)", ">= 1"});
+}
+
+TEST(CommirIr, SearchStopsAtItsBudgetWithTheBestSoFar) {
+  TuneOptions o;
+  o.budget_s = 0.3;
+  const auto t0 = std::chrono::steady_clock::now();
+  const TuneResult r = tune(make_gemm(4096, 4096, 4096, {2, 2, 2, 2}), builtin_profile("h100"), o);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_TRUE(r.out_of_time);
+  EXPECT_FALSE(r.ranked.empty());
+  EXPECT_LT(s, 5.0);  // the budget plus one candidate, on a loaded machine
+  o.budget_s = -1;
+  EXPECT_THROW(tune(make_gemm(64, 64, 64, {2}), builtin_profile("h100"), o), tessera::Error);
 }

@@ -3,6 +3,7 @@
 // curve interpolation, machine-profile round trip, and the signal tuner
 // (search, cache, neighbours, and the measured verdict).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -595,4 +596,73 @@ TEST(SignalVerdict, TopKRecordsTheFastestMeasuredCandidate) {
     EXPECT_DOUBLE_EQ(after->measured_overlapped, 0.93e-3);
     EXPECT_EQ(after->measured_candidates, 2);
   }
+}
+
+TEST(CacheHardening, RefusesLinksFifosHugeAndDeepFiles) {
+  TempDir dir;
+  const fs::path f = dir.path() / "ops.json";
+  const std::string doc = R"({"tessera_cache": "ops", "version": 2, "entries": {"k": 1}})";
+  auto expect_refused = [&](const char* what, const char* fragment) {
+    try {
+      Cache("ops", 2, dir.path(), OnCorrupt::Throw);
+      ADD_FAILURE() << what << ": accepted";
+    } catch (const tessera::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << what << ": " << e.what();
+    }
+    EXPECT_FALSE(Cache("ops", 2, dir.path(), OnCorrupt::Warn).get("k").has_value()) << what;
+    fs::remove(f);
+  };
+  std::ofstream(dir.path() / "real.json") << doc;
+  fs::create_symlink(dir.path() / "real.json", f);
+  expect_refused("symlink", "symbolic link");
+  ::mkfifo(f.c_str(), 0600);
+  expect_refused("fifo", "not a regular file");
+  std::ofstream(f) << R"({"tessera_cache": "ops", "version": 2, "entries": {"k": )" << std::string(10000, '[')
+                   << std::string(10000, ']') << "}}";
+  expect_refused("deep", "nested deeper than 64");
+  { std::ofstream(f) << doc; }
+  fs::resize_file(f, kMaxCacheBytes + 1);
+  expect_refused("huge", "bytes");
+  std::ofstream(f) << R"({"tessera_cache": "ops", "version": 4294967298, "entries": {"k": 1}})";
+  expect_refused("version 2^32+2", "outside");
+  // The directory itself must not be a link when writing.
+  fs::create_symlink(dir.path(), dir.path() / "link");
+  EXPECT_THROW(Cache("ops", 2, dir.path() / "link", OnCorrupt::Throw).put("k", 1), tessera::Error);
+}
+
+TEST(CacheHardening, TemporaryFilesAreExclusiveAndLocksNotFollowed) {
+  TempDir dir;
+  std::ofstream(dir.path() / "victim") << "precious";
+  // The old predictable temporary name, planted as a link: left alone.
+  fs::create_symlink(dir.path() / "victim", dir.path() / ("ops.json.tmp." + std::to_string(::getpid())));
+  Cache c("ops", 2, dir.path(), OnCorrupt::Throw);
+  c.put("k", 1);
+  EXPECT_TRUE(Cache("ops", 2, dir.path(), OnCorrupt::Throw).get("k").has_value());
+  std::ifstream in(dir.path() / "victim");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "precious");
+  for (const auto& e : fs::directory_iterator(dir.path()))
+    EXPECT_EQ(e.path().filename().string().rfind(".ops.json.tmp.", 0), std::string::npos) << "left: " << e.path();
+  // A lock file that is a link is refused, not followed.
+  TempDir d2;
+  fs::create_symlink(dir.path() / "victim", d2.path() / "ops.json.lock");
+  EXPECT_THROW(Cache("ops", 2, d2.path(), OnCorrupt::Throw).put("k", 1), tessera::Error);
+}
+
+TEST(CacheHardening, IntegersAreRangeCheckedNotTruncated) {
+  EXPECT_EQ(json_int(nlohmann::json(7), "x", 0, 10), 7);
+  EXPECT_THROW(json_int(nlohmann::json(4294967298ULL), "version", 0, 2147483647), tessera::Error);
+  EXPECT_THROW(json_int(nlohmann::json(-4294967294LL), "version", 0, 2147483647), tessera::Error);
+  EXPECT_THROW(json_int(nlohmann::json(2.5), "version", 0, 10), tessera::Error);
+  EXPECT_THROW(json_int(nlohmann::json("2"), "version", 0, 10), tessera::Error);
+  EXPECT_THROW(json_int(nlohmann::json(18446744073709551615ULL), "x", 0, 10), tessera::Error);
+  // A profile entry whose world reads as 2 after truncation is refused.
+  TempDir dir;
+  const MachineProfile p = sample_profile();
+  nlohmann::json j = p;
+  j["world"] = 4294967298ULL;
+  Cache c("machine_profile", MachineProfile::kCacheVersion, dir.path());
+  c.put(key_prefix(p.machine, DType::bf16, "profile"), j);
+  EXPECT_THROW(MachineProfile::load(Cache("machine_profile", MachineProfile::kCacheVersion, dir.path()), p.machine,
+                                    DType::bf16),
+               tessera::Error);
 }
