@@ -265,14 +265,14 @@ def run_step(model, x, dy):
     return y, x.grad
 
 
-@pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("compiled", [False, True])
-def test_modules_match_nn_linear_at_tp1(ctx1, bias, compiled):
+@pytest.mark.parametrize("bias,backend", [(False, None), (True, None), (False, "aot_eager"), (True, "aot_eager"),
+                                          (True, "inductor")])
+def test_modules_match_nn_linear_at_tp1(ctx1, bias, backend):
     ref, tes = build(ctx1, bias)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(96, 64, generator=g).bfloat16()
     dy = torch.randn(96, 64, generator=g).bfloat16()
-    model = torch.compile(tes, fullgraph=True, backend="aot_eager") if compiled else tes
+    model = torch.compile(tes, fullgraph=True, backend=backend) if backend else tes
     y, dx = run_step(model, x, dy)
     y_ref, dx_ref = run_step(ref, x, dy)
     assert y.shape == y_ref.shape and y.dtype == torch.bfloat16
