@@ -283,6 +283,24 @@ def test_modules_match_nn_linear_at_tp1(ctx1, bias, backend):
         assert rel_err(a, b) < 2e-2, name
 
 
+def test_compile_dynamic_token_count_one_graph(ctx1):
+    """dynamic=True: the ops' fake implementations take a symbolic token count, so several M share one graph."""
+    ref, tes = build(ctx1, True)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    model = torch.compile(tes, fullgraph=True, backend="aot_eager", dynamic=True)
+    for n in (96, 128, 200):
+        x, dy = torch.randn(n, 64).bfloat16(), torch.randn(n, 64).bfloat16()
+        for p in list(tes.parameters()) + list(ref.parameters()):
+            p.grad = None
+        y, dx = run_step(model, x, dy)
+        y_ref, dx_ref = run_step(ref, x, dy)
+        assert rel_err(y, y_ref) < 2e-2 and rel_err(dx, dx_ref) < 2e-2
+        for name, a, b in grads(ref, tes):
+            assert rel_err(a, b) < 2e-2, (n, name)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
 def test_compile_has_no_graph_break(ctx1):
     _, tes = build(ctx1, True)
     x = torch.randn(32, 64).bfloat16()
