@@ -201,6 +201,13 @@ void run_random(const RandomOptions& o) {
       g.epilogue_overlap = true;
       kernels_diag.push_back({tile_name(t) + "/pp", g});
     }
+    // 64x64 ping-pong (whole K and split): plan_gemm() considers it for M <= 64.
+    for (int k : {1, 2, 4, 8}) {
+      GemmOptions g;
+      g.tile = GemmTile::T64x64;
+      g.k_splits = k;
+      kernels_diag.push_back({"64x64/pp" + (k > 1 ? "/k" + std::to_string(k) : std::string()), g});
+    }
   }
 
   std::vector<Record> recs;

@@ -24,6 +24,7 @@ TileShape tile_shape(GemmTile t) {
     case GemmTile::T256x128: return {256, 128};
     case GemmTile::T128x128: return {128, 128};
     case GemmTile::T64x256: return {64, 256};
+    case GemmTile::T64x64: return {64, 64};
     case GemmTile::Auto: break;
   }
   TESSERA_FAIL("tile_shape: GemmTile::Auto has no shape; resolve it first (resolve_tile)");
@@ -35,6 +36,7 @@ std::string tile_name(GemmTile t) {
     case GemmTile::T256x128: return "256x128";
     case GemmTile::T128x128: return "128x128";
     case GemmTile::T64x256: return "64x256";
+    case GemmTile::T64x64: return "64x64";
     case GemmTile::Auto: return "auto";
   }
   return "?";
@@ -262,6 +264,8 @@ GemmTile resolve_tile(const GemmArgs& a, const GemmOptions& o) {
   TESSERA_CHECK(o.raster_group >= 1, "gemm: raster_group = {} must be >= 1", o.raster_group);
   TESSERA_CHECK(o.rotate_m >= 0, "gemm: rotate_m = {} must be >= 0", o.rotate_m);
   TESSERA_CHECK(o.max_ctas >= 0, "gemm: max_ctas = {} must be >= 0", o.max_ctas);
+  TESSERA_CHECK(o.tile != GemmTile::T64x64,
+                "gemm: tile 64x64 is compiled for the plain gemm() only (not for the policy entry points)");
   if (o.epilogue_overlap) {
     TESSERA_CHECK(o.tile == GemmTile::Auto || o.tile == GemmTile::T128x128 || o.tile == GemmTile::T64x256,
                   "gemm: tile {} is not compiled with epilogue_overlap (ping-pong: 128x128 or 64x256)",
@@ -323,6 +327,12 @@ double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p) {
   } else if (p.tile == GemmTile::T64x256) {
     eff = 1.0;
     fix = 0.5;
+  } else if (p.tile == GemmTile::T64x64) {
+    // One m64n64 atom per K block; a lower wgmma rate per FLOP than 64x256
+    // assumed (narrow N), not fitted yet. Its use is load-bound small M,
+    // where the K-block time is the B bytes per SM.
+    eff = 0.8;
+    fix = 0.5;
   }
   const int64_t tm = (a.m + ts.bm - 1) / ts.bm, tn = (a.n + ts.bn - 1) / ts.bn;
   const int64_t kb_total = (a.k + 63) / 64;
@@ -352,16 +362,27 @@ GemmPlan plan_gemm(const GemmArgs& a, const GemmOptions& o) {
   GemmPlan p;
   const bool same_type = a.in == a.out;
   if (o.k_splits > 1) {
-    // Forced split: 64x256 ping-pong with epilogue_overlap, else 128x128.
-    TESSERA_CHECK(o.tile == GemmTile::Auto || (o.epilogue_overlap ? o.tile == GemmTile::T64x256
-                                                                   : o.tile == GemmTile::T128x128),
-                  "gemm: k_splits = {} runs tile 128x128 (cooperative) or 64x256 (epilogue_overlap), not {}",
+    // Forced split: 64x64 ping-pong when named, 64x256 ping-pong with
+    // epilogue_overlap, else 128x128.
+    TESSERA_CHECK(o.tile == GemmTile::Auto || o.tile == GemmTile::T64x64 ||
+                      (o.epilogue_overlap ? o.tile == GemmTile::T64x256 : o.tile == GemmTile::T128x128),
+                  "gemm: k_splits = {} runs tile 128x128 (cooperative), 64x256 (epilogue_overlap) or 64x64, not {}",
                   o.k_splits, tile_name(o.tile));
     TESSERA_CHECK(o.cluster_m <= 1, "gemm: k_splits = {} runs without clusters (cluster_m = {})", o.k_splits,
                   o.cluster_m);
-    p.tile = o.epilogue_overlap ? GemmTile::T64x256 : GemmTile::T128x128;
-    p.ping_pong = o.epilogue_overlap;
+    p.tile = o.tile == GemmTile::T64x64 ? GemmTile::T64x64
+                                         : (o.epilogue_overlap ? GemmTile::T64x256 : GemmTile::T128x128);
+    p.ping_pong = o.epilogue_overlap || o.tile == GemmTile::T64x64;
     p.k_splits = o.k_splits;
+    return p;
+  }
+  if (o.tile == GemmTile::T64x64) {
+    // Explicit 64x64 ping-pong over whole K: stores the input type only.
+    TESSERA_CHECK(o.cluster_m <= 1, "gemm: tile 64x64 runs without clusters (cluster_m = {})", o.cluster_m);
+    TESSERA_CHECK(same_type, "gemm: tile 64x64 without split-K is compiled for output type == input type ({} -> {})",
+                  dtype_name(a.in), dtype_name(a.out));
+    p.tile = GemmTile::T64x64;
+    p.ping_pong = true;
     return p;
   }
   if (o.tile != GemmTile::Auto || o.epilogue_overlap || o.cluster_m != 0) {
@@ -414,12 +435,16 @@ GemmPlan plan_gemm(const GemmArgs& a, const GemmOptions& o) {
       {GemmTile::T256x128, false, 1, false, false}, {GemmTile::T256x128, false, 2, false, false},
       {GemmTile::T128x128, false, 1, true, false},  {GemmTile::T128x128, true, 1, false, false},
       {GemmTile::T64x256, true, 1, true, false},
+      {GemmTile::T64x64, true, 1, true, false},
   };
   const int64_t kb_total = (a.k + 63) / 64;
   double best = 1e300;
   for (const Cand& c : cands) {
     const TileShape ts = tile_shape(c.t);
     if (c.cluster == 2 && (a.m + ts.bm - 1) / ts.bm < 2) continue;
+    // 64x64: one tile row covers M (decode, small expert shares); above
+    // that the model's per-tile costs are not fitted for it.
+    if (c.t == GemmTile::T64x64 && a.m > 64) continue;
     const int max_splits = c.splittable && o.k_splits == 0 ? static_cast<int>(std::min<int64_t>(32, kb_total / 4)) : 1;
     for (int s = 1; s <= std::max(1, max_splits); ++s) {
       // Split kernels write f32 partials whatever the output type.

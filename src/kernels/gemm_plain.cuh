@@ -2,8 +2,9 @@
 // RasterScheduler) for one input type and B layout; instantiated once per
 // (input type, layout) in gemm_plain_*.cu so the kernels compile in parallel.
 // plan_gemm() picks the kernel: cooperative (128x256, 256x128, 128x128;
-// 2-CTA clusters for the first two), ping-pong (128x128, 64x256; output type
-// == input type only), or split-K on 128x128 / 64x256 (splitk.cuh).
+// 2-CTA clusters for the first two), ping-pong (128x128, 64x256, and 64x64
+// for M <= 64; output type == input type only), or split-K on 128x128 /
+// 64x256 / 64x64 (splitk.cuh).
 #pragma once
 
 #include <string>
@@ -62,27 +63,65 @@ void gemm_plain_splitk_cfg(const GemmArgs& a, const GemmOptions& o, int splits, 
   const int blocks = static_cast<int>(std::min<int64_t>((total + 255) / 256, int64_t{sm_count()} * 16));
   const int M = static_cast<int>(a.m), N = static_cast<int>(a.n);
   const int64_t ldd = a.ldd_or_packed();
+  // Programmatic dependent launch: the reduce grid is set up while the split
+  // kernel runs and starts as its last CTA exits (splitk_reduce waits for it).
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(256);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  const float* wsc = ws;
+  const int splits_run = sched.splits;
   switch (a.out) {
     case DType::bf16:
-      engine::splitk_reduce<<<blocks, 256, 0, stream>>>(ws, sched.splits, stride, ldw, M, N,
-                                                        static_cast<__nv_bfloat16*>(a.d), ldd);
+      cuda_check(cudaLaunchKernelEx(&cfg, engine::splitk_reduce<__nv_bfloat16>, wsc, splits_run, stride, ldw, M, N,
+                                    static_cast<__nv_bfloat16*>(a.d), ldd),
+                 "cudaLaunchKernelEx(gemm split-K reduce)");
       break;
     case DType::f16:
-      engine::splitk_reduce<<<blocks, 256, 0, stream>>>(ws, sched.splits, stride, ldw, M, N,
-                                                        static_cast<__half*>(a.d), ldd);
+      cuda_check(cudaLaunchKernelEx(&cfg, engine::splitk_reduce<__half>, wsc, splits_run, stride, ldw, M, N,
+                                    static_cast<__half*>(a.d), ldd),
+                 "cudaLaunchKernelEx(gemm split-K reduce)");
       break;
     case DType::f32:
-      engine::splitk_reduce<<<blocks, 256, 0, stream>>>(ws, sched.splits, stride, ldw, M, N,
-                                                        static_cast<float*>(a.d), ldd);
+      cuda_check(cudaLaunchKernelEx(&cfg, engine::splitk_reduce<float>, wsc, splits_run, stride, ldw, M, N,
+                                    static_cast<float*>(a.d), ldd),
+                 "cudaLaunchKernelEx(gemm split-K reduce)");
       break;
   }
   check_launch("gemm split-K reduce launch");
   release_workspace(ws, stream);
 }
 
+/// The 64x64 ping-pong kernel over whole K (output type == input type).
+template <class InT, BLayout L>
+void gemm_plain_t64x64(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
+  engine::StdEpilogue<InT> epi;
+  epi.d = static_cast<InT*>(a.d);
+  epi.ldd = a.ldd_or_packed();
+  GemmOptions po = o;
+  po.cluster_m = 1;
+  po.epilogue_overlap = true;
+  po.k_splits = 1;
+  gemm_with_tile_overlap<GemmTile::T64x64, InT, L>(a, po, engine::NoWait{}, epi, raster_from(o), stream);
+}
+
 template <class InT, BLayout L>
 void gemm_plain(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
   const GemmPlan plan = plan_gemm(a, o);
+  if (plan.tile == GemmTile::T64x64) {
+    // M <= 64 (plan_gemm): split-K, or whole K when the output type is the
+    // input type (the ping-pong kernels store only that type).
+    if (plan.k_splits > 1 || a.out != a.in)
+      return gemm_plain_splitk_cfg<typename PingPongCfgOf<GemmTile::T64x64>::type, InT, L>(a, o, plan.k_splits,
+                                                                                            stream);
+    return gemm_plain_t64x64<InT, L>(a, o, stream);
+  }
   if (plan.k_splits > 1) {
     if (plan.ping_pong)
       return gemm_plain_splitk_cfg<typename PingPongCfgOf<GemmTile::T64x256>::type, InT, L>(a, o, plan.k_splits,

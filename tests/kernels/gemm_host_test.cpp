@@ -161,6 +161,48 @@ TEST(GemmHeuristic, PlainPingPongOnlyBelowTheSizeSplit) {
   EXPECT_FALSE(tk::plain_uses_ping_pong(a, o));
 }
 
+// 64x64 ping-pong (small M): the model prefers it to 128-column tiles where
+// M <= 64 and B's loads bound the time; explicit options reach it for the
+// plain gemm() only (whole K for out == in, or split-K), and the policy
+// entry points (resolve_tile) reject it.
+TEST(GemmHeuristic, SmallMTile64x64InModelAndOptions) {
+  tk::GemmArgs a = good();
+  a.m = 24;
+  a.n = 992;
+  a.k = 536;
+  a.lda = a.ldb = 0;
+  EXPECT_EQ(tk::tile_shape(tk::GemmTile::T64x64).bm, 64);
+  EXPECT_EQ(tk::tile_shape(tk::GemmTile::T64x64).bn, 64);
+  EXPECT_EQ(tk::tile_name(tk::GemmTile::T64x64), "64x64");
+  tk::GemmPlan small, wide;
+  small.tile = tk::GemmTile::T64x64;
+  small.ping_pong = true;
+  wide.tile = tk::GemmTile::T128x128;
+  EXPECT_LT(tk::model_gemm_us(a, 132, small), tk::model_gemm_us(a, 132, wide));
+  EXPECT_EQ(tk::plan_name(small), "64x64/pp");
+
+  tk::GemmOptions o;
+  o.tile = tk::GemmTile::T64x64;
+  tk::GemmPlan p = tk::plan_gemm(a, o);
+  EXPECT_EQ(p.tile, tk::GemmTile::T64x64);
+  EXPECT_TRUE(p.ping_pong);
+  EXPECT_EQ(p.k_splits, 1);
+  o.k_splits = 3;
+  p = tk::plan_gemm(a, o);
+  EXPECT_EQ(tk::plan_name(p), "64x64/pp/k3");
+  a.out = tessera::DType::f32;  // split-K stores f32 partials: any output type
+  EXPECT_EQ(tk::plan_name(tk::plan_gemm(a, o)), "64x64/pp/k3");
+  o.k_splits = 0;  // whole K stores the input type only
+  EXPECT_THROW(tk::plan_gemm(a, o), tessera::Error);
+  a.out = tessera::DType::bf16;
+  o.cluster_m = 2;
+  EXPECT_THROW(tk::plan_gemm(a, o), tessera::Error);
+  o.cluster_m = 0;
+  EXPECT_THROW(tk::resolve_tile(a, o), tessera::Error);
+  o.epilogue_overlap = true;
+  EXPECT_THROW(tk::resolve_tile(a, o), tessera::Error);
+}
+
 // A host model of the ping-pong ring protocol of kernel.cuh (producer fills
 // ring indices in order; consumer c takes tiles c, c+2, ...; parity waits on
 // full/empty mbarriers; order barriers between the consumers' main loops),

@@ -622,6 +622,48 @@ TEST(GemmGpu, OddNAndKWithAlignedRowsMatchCublas) {
       }
 }
 
+// 64x64 ping-pong (small M): whole K (output type == input type) and split-K
+// (any output type), M from 1 to 64 with K and N tails, both layouts and
+// input types, outputs poisoned first; and the plan picks it for a decode
+// shape.
+TEST(GemmGpu, SmallMTile64x64MatchesCublasWholeKAndSplit) {
+  TESSERA_REQUIRE_GPUS(1);
+  const std::vector<std::array<int64_t, 3>> shapes = {
+      {1, 520, 1032}, {17, 4096, 2056}, {24, 992, 536}, {40, 824, 2448}, {64, 1544, 8200}, {33, 777, 3000}};
+  for (const auto& sh : shapes)
+    for (DType in : {DType::bf16, DType::f16})
+      for (auto layout : {tk::BLayout::NK, tk::BLayout::KN})
+        for (DType out : {in, DType::f32}) {
+          const Problem p{sh[0], sh[1], sh[2], in, out, layout};
+          Buffers s = make(p);
+          for (int splits : {1, 3, 8}) {
+            if (splits == 1 && out != in) continue;  // whole K: out == in only
+            tt::poison(s.d);
+            tk::GemmOptions o;
+            o.tile = tk::GemmTile::T64x64;
+            o.k_splits = splits;
+            tk::gemm(s.args, o);
+            TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+            tt::poison(s.ref);
+            EXPECT_LT(error_vs_cublas(s), tolerance(p.out))
+                << name(p, tk::GemmTile::T64x64) << " splits " << splits;
+          }
+        }
+  const Problem decode{24, 992, 536};
+  Buffers s = make(decode);
+  EXPECT_EQ(tk::plan_gemm(s.args, {}).tile, tk::GemmTile::T64x64) << tk::plan_name(tk::plan_gemm(s.args, {}));
+  tt::poison(s.d);
+  tk::gemm(s.args);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  tt::poison(s.ref);
+  EXPECT_LT(error_vs_cublas(s), tolerance(decode.out));
+  tk::GemmOptions mixed;
+  mixed.tile = tk::GemmTile::T64x64;
+  s.args.out = DType::f32;  // whole-K 64x64 stores the input type only
+  EXPECT_THROW(tk::gemm(s.args, mixed), tessera::Error);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 // Split-K is deterministic: the same plan gives the same bytes twice, and the
 // policy entry points refuse it.
 TEST(GemmGpu, SplitKIsDeterministicAndPlainOnly) {

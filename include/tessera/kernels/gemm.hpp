@@ -63,8 +63,12 @@ struct GemmArgs {
 /// tile). All use BK = 64 and two consumer warpgroups. Default (cooperative)
 /// schedule: both consumers share one tile per CTA — 128x256, 256x128,
 /// 128x128. With GemmOptions::epilogue_overlap (ping-pong) each consumer owns
-/// a whole tile: 128x128 or 64x256 (64x256 exists only there).
-enum class GemmTile { Auto, T128x256, T256x128, T128x128, T64x256 };
+/// a whole tile: 128x128 or 64x256 (64x256 exists only there). 64x64
+/// (ping-pong) is compiled for the plain gemm() only, output type == input
+/// type or split-K: plan_gemm() considers it where M <= 64 (twice the CTAs
+/// of a 128-column tile loading B, the bound there); the policy entry points
+/// reject it.
+enum class GemmTile { Auto, T128x256, T256x128, T128x128, T64x256, T64x64 };
 
 struct TileShape {
   int bm, bn;
@@ -94,7 +98,8 @@ struct GemmOptions {
   bool epilogue_overlap = false;
   /// Split-K (plain gemm() only; the policy entry points never split):
   /// 0 = plan_gemm()'s choice, 1 = never split, > 1 = that many K splits on
-  /// the 128x128 cooperative kernel (64x256 ping-pong with epilogue_overlap).
+  /// the 128x128 cooperative kernel (with epilogue_overlap: 64x256 ping-pong,
+  /// or 64x64 ping-pong when tile is T64x64).
   int k_splits = 0;
 };
 

@@ -71,6 +71,11 @@ template <>
 struct PingPongCfgOf<GemmTile::T64x256> {
   using type = engine::TileConfig<64, 256, 5, 1, 2, true>;
 };
+/// 64x64 (plain gemm() for M <= 64, and its split-K): 13 x 16 KiB stages.
+template <>
+struct PingPongCfgOf<GemmTile::T64x64> {
+  using type = engine::TileConfig<64, 64, 13, 1, 2, true>;
+};
 
 /// Launches the kernel of configuration Cfg (shared by the entry points below).
 template <class Cfg, class InT, BLayout Layout, class Pro, class Epi, class Sched>
@@ -172,7 +177,8 @@ void gemm_with_tile_overlap(const GemmArgs& a, const GemmOptions& o, const Pro& 
 }
 
 /// Dispatches over the ping-pong tiles (t: T128x128 or T64x256, already
-/// resolved, e.g. by resolve_tile with epilogue_overlap set).
+/// resolved, e.g. by resolve_tile with epilogue_overlap set). T64x64 is not
+/// dispatched here (the plain gemm() instantiates it itself).
 template <class InT, BLayout L, class Pro, class Epi, class Sched>
 void gemm_with_layout_overlap(GemmTile t, const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi,
                               const Sched& sched, cudaStream_t stream) {

@@ -211,6 +211,12 @@ __device__ __forceinline__ void red_release_sys_add(uint32_t* p, uint32_t v) {
 __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 __device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 
+/// Programmatic dependent launch (a kernel launched with
+/// cudaLaunchAttributeProgrammaticStreamSerialization): blocks until the
+/// preceding kernel in the stream has completed and its memory is visible.
+/// A no-op in a kernel launched without the attribute.
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 /// Nanoseconds from the global timer (coarse; fine for timeouts).
 __device__ __forceinline__ uint64_t globaltimer_ns() {
   uint64_t t;

@@ -48,9 +48,13 @@ struct SplitKEpilogue {
 
 /// D[row, col..col+7] = sum over splits of the workspace, converted to OutT;
 /// one thread per 8 outputs, grid-stride. Columns past N are not written.
+/// Launched as a programmatic dependent of the split kernel (its launch and
+/// block setup overlap the split kernel's tail); it waits for that kernel's
+/// completion before reading the workspace.
 template <class OutT>
 __global__ void splitk_reduce(const float* __restrict__ ws, int splits, int64_t split_stride, int64_t ldw, int M,
                               int N, OutT* __restrict__ d, int64_t ldd) {
+  ptx::grid_dependency_wait();
   const int groups = (N + 7) / 8;
   const int64_t total = static_cast<int64_t>(M) * groups;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
