@@ -3,7 +3,7 @@
 # in one call, leaving logs under $OUT (default ./device-out).
 #
 #   scripts/device-check.sh [step...]     steps: build cpu tests sanitize moe comm gemm gemmgap mlp asynctp
-#                                          commir kernels signal python
+#                                          commir kernels signal python faults
 #                                          (default: build tests comm gemm), run in the order given
 # sanitize: compute-sanitizer memcheck, racecheck and synccheck over every
 # one-process GPU test (SANITIZE_TESTS: a ctest -R filter; SANITIZE_TOOLS,
@@ -152,6 +152,11 @@ step_kernels() {
   note "bench signal-kernels rc=$?"; tail -60 "$out/bench-signal-kernels.log" | tee -a "$summary"
 }
 
+step_faults() {  # fault injection (scripts/fault-check.sh; needs 2 GPUs)
+  OUT="$out" BUILD="$build" timeout "${FAULTS_TIMEOUT:-1500}" "$root/scripts/fault-check.sh" >"$out/faults-run.log" 2>&1
+  note "faults rc=$?"; tee -a "$summary" <"$out/faults.txt"
+}
+
 step_signal() {
   timeout "${SIGNAL_TIMEOUT:-300}" "$bin" run -n "$ngpu" -- "$bin" bench signal ${SIGNAL_ARGS:-} >"$out/bench-signal.log" 2>&1
   note "bench signal rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-signal.log" | tail -40 | tee -a "$summary"
@@ -169,7 +174,7 @@ if command -v nvidia-smi >/dev/null; then
 fi
 : >"$out/steps.txt"
 for s in "${steps[@]}"; do
-  declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests sanitize moe comm gemm gemmgap mlp asynctp commir kernels signal python)"; continue; }
+  declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests sanitize moe comm gemm gemmgap mlp asynctp commir kernels signal python faults)"; continue; }
   echo "$s start $(date +%s.%N)" >>"$out/steps.txt"
   "step_$s"
   echo "$s end $(date +%s.%N)" >>"$out/steps.txt"

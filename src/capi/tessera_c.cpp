@@ -8,6 +8,7 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -221,7 +222,15 @@ void tessera_session_destroy(tessera_session* s) {
       auto* nb = dynamic_cast<tessera::runtime::NcclBootstrap*>(&s->pg->bootstrap());
       if (nb != nullptr && nb->broken()) s->pg->abort();
       DeviceScope dev(s->pg->device());
-      if (!s->pg->aborted()) TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+      // Bounded, not cudaDeviceSynchronize: a peer that died inside a
+      // collective aborts the group (and is reported) instead of hanging here.
+      if (!s->pg->aborted()) {
+        try {
+          s->pg->synchronize_all("tessera_session_destroy");
+        } catch (const tessera::Error& e) {
+          std::fprintf(stderr, "%s\n", e.what());
+        }
+      }
       if (s->ev_in) (void)cudaEventDestroy(s->ev_in);
       if (s->ev_out) (void)cudaEventDestroy(s->ev_out);
     }

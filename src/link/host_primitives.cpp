@@ -5,6 +5,8 @@
 
 #include "tessera/runtime/driver_api.hpp"
 #include "tessera/runtime/error.hpp"
+#include "tessera/runtime/process_group.hpp"
+#include "tessera/runtime/wait_diagnostics.hpp"
 
 namespace tessera::link {
 
@@ -68,12 +70,23 @@ void synchronize(cudaStream_t stream, std::initializer_list<const runtime::Signa
                              pending.empty() ? "" : "; ", sg->group().rank(), w.slot, w.src, w.value, seen);
       runtime::driver::stream_write_u64(side, sg->view().flag_from(w.src, w.slot), w.value);
     }
-  (void)cudaStreamSynchronize(side);
-  (void)cudaStreamSynchronize(stream);
+  // Bounded: the stream may also sit in an NCCL collective whose peer is
+  // gone, which no released flag unblocks; then the communicator is aborted
+  // (ncclCommAbort ends those kernels) so that nothing hangs later.
+  std::string after;
+  try {
+    runtime::bounded_sync({side, stream}, context);
+  } catch (const Error&) {
+    runtime::ProcessGroup& pg = (*signals.begin())->group();
+    pg.abort();
+    after = "; the stream still did not drain after the release (an NCCL collective waits for a peer): the "
+            "communicator was aborted";
+  }
   (void)cudaStreamDestroy(side);
   for (const auto* sg : signals) sg->clear_host_waits(stream);
-  TESSERA_FAIL("{}: stream did not drain within {} ms{}{}", context, runtime::wait_timeout_ns() / 1000000,
-               pending.empty() ? "" : ": ", pending.empty() ? std::string("(no pending rank_wait)") : pending);
+  TESSERA_FAIL("{}: rank {}: stream did not drain within {} ms{}{}{}", context, (*signals.begin())->group().rank(),
+               runtime::wait_timeout_ns() / 1000000, pending.empty() ? "" : ": ",
+               pending.empty() ? std::string("(no pending rank_wait)") : pending, after);
 }
 
 }  // namespace tessera::link

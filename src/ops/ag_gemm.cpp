@@ -114,7 +114,7 @@ void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOp
   const std::int64_t n_out = a.swiglu ? a.n / 2 : a.n;
   const std::int64_t ldd = a.ldd ? a.ldd : n_out;
   const std::int64_t lda = a.lda ? a.lda : a.k;
-  unsigned char* ws = c.ag_ws.local();
+  unsigned char* ws = c.ag_workspace();  // local memory without load/store reach (sequential only)
 
   // Sequential with equal, packed shards: NCCL gathers straight from A (no
   // copy-in; every rank sends per_rank rows, so every shard must be full).
@@ -228,7 +228,7 @@ void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOp
     TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_comm_done, c.comm()));
     TESSERA_CUDA_CHECK(cudaStreamWaitEvent(st, c.ev_comm_done, 0));
   }
-  if (!kernel_only) notify_free(c, e);
+  if (!kernel_only && c.lsa) notify_free(c, e);  // no peer writes into ws without lsa
 }
 
 }  // namespace tessera::ops

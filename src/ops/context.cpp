@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <vector>
 
 #include "context_impl.hpp"
@@ -12,6 +13,7 @@
 #include "tessera/ops/tuner.hpp"
 #include "tessera/runtime/env.hpp"
 #include "tessera/runtime/error.hpp"
+#include "tessera/runtime/wait_diagnostics.hpp"
 
 namespace tessera::ops {
 
@@ -22,7 +24,10 @@ LocalBuffer::~LocalBuffer() {
 void* LocalBuffer::ensure(std::size_t bytes, cudaStream_t sync_stream) {
   if (bytes <= bytes_) return p_;
   if (p_) {
-    TESSERA_CUDA_CHECK(cudaStreamSynchronize(sync_stream));
+    // cudaFree waits for the whole device: every stream that may hold a
+    // collective is drained first, with a bound (a dead peer is an error, not a hang).
+    if (owner) owner->drain("ops: local workspace growth");
+    else runtime::bounded_sync(sync_stream, "ops: local workspace growth");
     TESSERA_CUDA_CHECK(cudaFree(p_));
     p_ = nullptr;
     bytes_ = 0;
@@ -32,15 +37,18 @@ void* LocalBuffer::ensure(std::size_t bytes, cudaStream_t sync_stream) {
   return p_;
 }
 
-TpContext::Impl::Impl(runtime::ProcessGroup& g) : pg(g) {
+TpContext::Impl::Impl(runtime::ProcessGroup& g) : pg(g), lsa(g.lsa_reachable()) {
   TESSERA_CHECK(pg.world() <= runtime::kMaxPeers, "TpContext: world {} > {}", pg.world(), runtime::kMaxPeers);
-  TESSERA_CHECK(pg.lsa_reachable(), "TpContext: not every rank is load/store reachable (lsa size {} of {})",
-                pg.lsa_size(), pg.world());
   TESSERA_CHECK(pg.comm_stream_count() >= 1, "TpContext: the process group has no communication stream");
-  ag_flags = std::make_unique<runtime::Signals>(pg, kMaxChannels);
-  control = std::make_unique<runtime::Signals>(pg, kControlSlots);
-  rs_counters = std::make_unique<runtime::Signals>(pg, 64);
-  rs_bands = std::make_unique<runtime::Signals>(pg, 64);
+  for (LocalBuffer* b : {&staging, &rs_out, &hidden, &push_done, &ag_local}) b->owner = this;
+  // Without load/store reach: no symmetric memory, no Signals; the
+  // operators run their NCCL-based strategy only (check_reach below).
+  if (lsa) {
+    ag_flags = std::make_unique<runtime::Signals>(pg, kMaxChannels);
+    control = std::make_unique<runtime::Signals>(pg, kControlSlots);
+    rs_counters = std::make_unique<runtime::Signals>(pg, 64);
+    rs_bands = std::make_unique<runtime::Signals>(pg, 64);
+  }
   rs_band_total.assign(64, 0);
   const std::size_t done_bytes = sizeof(unsigned) * kMaxChannels * runtime::kMaxPeers;
   TESSERA_CUDA_CHECK(cudaMemset(push_done.ensure(done_bytes, pg.stream()), 0, done_bytes));
@@ -51,10 +59,23 @@ TpContext::Impl::Impl(runtime::ProcessGroup& g) : pg(g) {
   TESSERA_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   TESSERA_CUDA_CHECK(cudaStreamCreateWithPriority(&ring_stream, cudaStreamNonBlocking, greatest));
   detail::preload_kernels();
-  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  // Bounded, not cudaDeviceSynchronize: the group's streams may hold a
+  // collective of the caller's whose peer is gone.
+  runtime::bounded_sync({cudaStreamLegacy, pg.stream(), ring_stream}, "TpContext: set-up", &pg);
+  for (int i = 0; i < pg.comm_stream_count(); ++i) runtime::bounded_sync(pg.comm_stream(i), "TpContext: set-up", &pg);
 }
 
 TpContext::Impl::~Impl() {
+  // The members' cudaFree (and the symmetric buffers' collective
+  // deregistration) must not wait on a dead peer: drain with a bound first
+  // (on failure the group is aborted, which ends its NCCL kernels).
+  if (broken.empty()) {
+    try {
+      drain("TpContext teardown");
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+    }
+  }
   if (ev_ready) cudaEventDestroy(ev_ready);
   if (ev_comm_done) cudaEventDestroy(ev_comm_done);
   if (ev_rx_done) cudaEventDestroy(ev_rx_done);
@@ -71,18 +92,27 @@ void TpContext::Impl::check_agreement(const ShapeSignature& sig, const char* op)
 
 void TpContext::Impl::drain(const char* what) {
   check_usable(what);
-  // Every Signals whose flags a stream of ours may rank_wait on.
-  const std::initializer_list<const runtime::Signals*> all{control.get(), ag_flags.get(), rs_bands.get()};
   try {
-    link::synchronize(pg.stream(), all, what);
-    for (int i = 0; i < pg.comm_stream_count(); ++i) link::synchronize(pg.comm_stream(i), all, what);
-    if (ring_stream) link::synchronize(ring_stream, all, what);
+    if (lsa) {
+      // Every Signals whose flags a stream of ours may rank_wait on.
+      const std::initializer_list<const runtime::Signals*> all{control.get(), ag_flags.get(), rs_bands.get()};
+      link::synchronize(pg.stream(), all, what);
+      for (int i = 0; i < pg.comm_stream_count(); ++i) link::synchronize(pg.comm_stream(i), all, what);
+      if (ring_stream) link::synchronize(ring_stream, all, what);
+    } else {
+      runtime::bounded_sync(pg.stream(), what, &pg);
+      for (int i = 0; i < pg.comm_stream_count(); ++i) runtime::bounded_sync(pg.comm_stream(i), what, &pg);
+      if (ring_stream) runtime::bounded_sync(ring_stream, what, &pg);
+    }
   } catch (const Error& e) {
     // A stuck wait was released by storing its expected value: for a flag
     // that is harmless, but a counter (fused_ce's band tiles) then runs ahead
-    // of the host's totals, and later waits would pass early. Nothing in this
-    // context can be trusted any more.
+    // of the host's totals, and later waits would pass early; and a
+    // collective that a peer never joined stays queued. Nothing in this
+    // context can be trusted any more, and the communicator is aborted so
+    // that no later call (or the teardown) waits for the missing peer.
     broken = e.what();
+    pg.abort();
     throw;
   }
 }
@@ -95,6 +125,10 @@ void TpContext::Impl::check_usable(const char* what) const {
 }
 
 void TpContext::Impl::ensure_ag_ws(std::size_t bytes) {
+  if (!lsa) {
+    ag_local.ensure(bytes, pg.stream());
+    return;
+  }
   if (!ag_ws.empty() && ag_ws.bytes() >= bytes) return;
   drain("ag_gemm: workspace growth");
   pg.barrier();  // no peer still pushes into or reads the old workspace
@@ -136,14 +170,19 @@ void TpContext::Impl::ensure_ar(std::size_t recv_bytes) {
   ar_recv = runtime::SymBuffer<unsigned char>(pg, recv_bytes);
 }
 
+unsigned char* TpContext::Impl::ag_workspace() const {
+  return lsa ? ag_ws.local() : static_cast<unsigned char*>(ag_local.get());
+}
+
 std::string_view rs_reduce_name(RsReduce r) { return r == RsReduce::kernel ? "kernel" : "epilogue"; }
 
 TpContext::TpContext(runtime::ProcessGroup& pg) : pg_(&pg), impl_(std::make_unique<Impl>(pg)) {}
 TpContext::~TpContext() = default;
 
 tune::MachineId TpContext::machine() const {
-  const std::string topo = env::get("TESSERA_TOPOLOGY").value_or(pg_->lsa_reachable() ? "lsa" : "net");
-  return tune::MachineId{pg_->device_properties().name, topo, pg_->world()};
+  // Choices made with and without load/store reach never share a key.
+  return tune::MachineId{pg_->device_properties().name, topology_key(env::get("TESSERA_TOPOLOGY"), pg_->lsa_reachable()),
+                         pg_->world()};
 }
 
 namespace {
@@ -280,13 +319,19 @@ Strategy tune_choice(TpContext& ctx, const Args& a, const OpOptions& o, const st
     if (report) report->chosen = it->second, report->from_cache = true;
     return it->second;
   }
+  if (candidates.size() == 1) {  // e.g. no load/store reach: nothing to measure
+    c.memo[key] = candidates.front();
+    if (report) report->chosen = candidates.front(), report->from_cache = false;
+    return candidates.front();
+  }
   // Version 2: GEMM+RS on the ping-pong tile and fused_ce (choices timed on
   // the older kernels are not reused).
   if (o.use_cache && !c.cache) c.cache = std::make_unique<tune::Cache>("ops", 2);
   int cached = -1;
   if (o.use_cache) {
     if (auto j = c.cache->get(key))
-      if (auto s = choice_from_json(*j)) cached = static_cast<int>(*s);
+      if (auto s = choice_from_json(*j))  // a strategy that is not a candidate here is ignored
+        if (std::find(candidates.begin(), candidates.end(), *s) != candidates.end()) cached = static_cast<int>(*s);
   }
   const std::vector<int> all = c.pg.allgather(cached);
   if (cached > 0 && std::all_of(all.begin(), all.end(), [&](int v) { return v == cached; })) {
@@ -319,6 +364,15 @@ void check_fused_ce_rs(std::int64_t m, int world, const OpOptions& o) {
                 shard_rows(m, world).per_rank, m, world, detail::kRsTileM);
 }
 
+/// Without load/store reach only the NCCL-based strategy runs.
+void check_reach(const TpContext::Impl& c, Strategy s, const char* op) {
+  TESSERA_CHECK(c.lsa || !needs_lsa(s),
+                "{}: strategy {} needs every rank load/store reachable, but only {} of {} ranks are (different "
+                "nodes, no peer access, or TESSERA_NO_LSA=1 / TESSERA_TOPOLOGY=net); use sequential (NCCL) or "
+                "automatic",
+                op, strategy_name(s), c.pg.lsa_size(), c.pg.world());
+}
+
 /// Everything ag_gemm checks before it launches: usable context, arguments,
 /// options, and (once per shape) the same call on every rank.
 void check_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, const OpOptions& o) {
@@ -329,6 +383,7 @@ void check_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, const OpOptions& o) 
   TESSERA_CHECK(o.comm_ctas >= 1 && o.comm_ctas < c.pg.sm_count(), "ag_gemm: comm_ctas = {} outside [1, {})",
                 o.comm_ctas, c.pg.sm_count());
   TESSERA_CHECK(o.strategy != Strategy::ring, "ag_gemm: strategy ring exists only for gemm_rs (ring reduce-scatter)");
+  check_reach(c, o.strategy, "ag_gemm");
   c.check_agreement(signature(a, o.strategy), "ag_gemm");
 }
 
@@ -341,6 +396,7 @@ void check_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, const OpOptions& o) 
   check_fused_ce_rs(a.m, c.pg.world(), o);
   TESSERA_CHECK(o.channels >= 1 && o.channels <= kMaxChannels,
                 "gemm_rs: channels (ring) = {} outside [1, {}]", o.channels, kMaxChannels);
+  check_reach(c, o.strategy, "gemm_rs");
   c.check_agreement(signature(a, o.strategy, o.rs_reduce, o.channels), "gemm_rs");
 }
 
@@ -357,6 +413,7 @@ void check_gemm_ar(TpContext::Impl& c, const GemmArArgs& a, const OpOptions& o) 
                 "of the {}-row tile; use sequential or automatic",
                 shard_rows(a.m, c.pg.world()).per_rank, a.m, c.pg.world(), detail::kRsTileM);
   TESSERA_CHECK(!o.diag_kernel_only && o.diag_skip == 0, "gemm_ar: diag_kernel_only / diag_skip are gemm_rs diagnostics");
+  check_reach(c, o.strategy, "gemm_ar");
   c.check_agreement(signature(a, o.strategy), "gemm_ar");
 }
 
@@ -371,7 +428,7 @@ Strategy TpContext::resolve(const AgGemmArgs& a, const OpOptions& o, TuneReport*
   if (o.strategy != Strategy::automatic) return o.strategy;
   const std::vector<std::int64_t> shape{a.m, a.n, a.k, a.swiglu ? 1 : 0};
   return tune_choice(*this, a, o, "ag_gemm", shape,
-                     {Strategy::sequential, Strategy::decomposition, Strategy::fused_ce, Strategy::fused_sm},
+                     ag_gemm_candidates(impl_->pg.world(), impl_->lsa),
                      [&](Strategy s) { run_ag_gemm(*impl_, a, s, o); }, report);
 }
 
@@ -381,7 +438,7 @@ Strategy TpContext::resolve(const GemmRsArgs& a, const OpOptions& o, TuneReport*
   // The fused candidate's speed depends on where it reduces: part of the key.
   const std::vector<std::int64_t> shape{a.m, a.n, a.k, static_cast<std::int64_t>(o.rs_reduce)};
   return tune_choice(*this, a, o, "gemm_rs", shape,
-                     gemm_rs_candidates(impl_->pg.world(), rs_tile_row_shards(a.m, impl_->pg.world())),
+                     gemm_rs_candidates(impl_->pg.world(), rs_tile_row_shards(a.m, impl_->pg.world()), impl_->lsa),
                      [&](Strategy s) { run_gemm_rs(*impl_, a, s, o); }, report);
 }
 
@@ -390,7 +447,7 @@ Strategy TpContext::resolve(const GemmArArgs& a, const OpOptions& o, TuneReport*
   if (o.strategy != Strategy::automatic) return o.strategy;
   const std::vector<std::int64_t> shape{a.m, a.n, a.k};
   return tune_choice(*this, a, o, "gemm_ar", shape,
-                     gemm_ar_candidates(impl_->pg.world(), rs_tile_row_shards(a.m, impl_->pg.world())),
+                     gemm_ar_candidates(impl_->pg.world(), rs_tile_row_shards(a.m, impl_->pg.world()), impl_->lsa),
                      [&](Strategy s) { run_gemm_ar(*impl_, a, s, o); }, report);
 }
 

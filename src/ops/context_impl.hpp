@@ -26,10 +26,14 @@ class LocalBuffer {
   ~LocalBuffer();
   LocalBuffer(const LocalBuffer&) = delete;
   LocalBuffer& operator=(const LocalBuffer&) = delete;
-  /// Grows to at least `bytes` (after synchronizing `streams`: the old
-  /// contents may still be in use); contents are undefined after growth.
+  /// Grows to at least `bytes`; contents are undefined after growth. The
+  /// old contents may still be in use: before freeing them it waits, with a
+  /// bound, for `owner`'s streams (TpContext::Impl::drain) or, without an
+  /// owner, for `sync_stream` — never an unbounded synchronization, since
+  /// cudaFree waits for the whole device.
   void* ensure(std::size_t bytes, cudaStream_t sync_stream);
   void* get() const { return p_; }
+  TpContext::Impl* owner = nullptr;
 
  private:
   void* p_ = nullptr;
@@ -41,6 +45,12 @@ struct TpContext::Impl {
   ~Impl();
 
   runtime::ProcessGroup& pg;
+  /// Every rank load/store reachable (ProcessGroup::lsa_reachable, which
+  /// TESSERA_NO_LSA / TESSERA_TOPOLOGY=net turn off). Without it the context
+  /// allocates no symmetric memory and no Signals (those members stay
+  /// empty), and only the NCCL-based strategy (sequential) runs.
+  const bool lsa;
+  LocalBuffer ag_local;  ///< without lsa: sequential AG+GEMM's gathered A (instead of ag_ws)
   std::unique_ptr<runtime::Signals> ag_flags;  ///< kMaxChannels slots: per-source channel flags
   std::unique_ptr<runtime::Signals> control;   ///< kControlSlots
   std::unique_ptr<runtime::Signals> rs_counters;  ///< slots = tile rows (grown)
@@ -76,13 +86,19 @@ struct TpContext::Impl {
   void check_agreement(const ShapeSignature& sig, const char* op);
   /// Collective growth of the symmetric workspaces (synchronizes and
   /// barriers first: peers may still be reading or writing the old ones).
+  /// Without lsa, ensure_ag_ws grows the local ag_local instead.
   void ensure_ag_ws(std::size_t bytes);
+  /// AG+GEMM's gathered-A workspace: ag_ws.local(), or ag_local without lsa.
+  unsigned char* ag_workspace() const;
   void ensure_rs(std::size_t recv_bytes, int tile_rows);
   /// Collective growth of rs_bands to >= `bands` slots (totals restart at 0).
   void ensure_rs_bands(int bands);
   void ensure_ar(std::size_t recv_bytes);
-  /// Waits for the compute and comm streams, with link::synchronize's
-  /// timeout and diagnostics (used before growth and after tuning).
+  /// Waits for the compute, comm and ring streams, bounded by
+  /// TESSERA_WAIT_TIMEOUT_MS (link::synchronize's diagnostics with lsa,
+  /// runtime::bounded_sync without). On failure the context is broken and
+  /// the process group aborted (ncclCommAbort), and the Error names the rank
+  /// and `what` (used before growth and during tuning).
   void drain(const char* what);
   /// Throws if an earlier drain failed (see `broken`).
   void check_usable(const char* what) const;

@@ -58,7 +58,13 @@ std::optional<Strategy> choice_from_json(const nlohmann::json& j, const std::vec
   return s;
 }
 
-std::vector<Strategy> gemm_rs_candidates(int world, bool tile_row_shards) {
+std::vector<Strategy> ag_gemm_candidates(int /*world*/, bool lsa) {
+  if (!lsa) return {Strategy::sequential};
+  return {Strategy::sequential, Strategy::decomposition, Strategy::fused_ce, Strategy::fused_sm};
+}
+
+std::vector<Strategy> gemm_rs_candidates(int world, bool tile_row_shards, bool lsa) {
+  if (!lsa) return {Strategy::sequential};  // the others store into peers' memory
   std::vector<Strategy> c{Strategy::sequential, Strategy::decomposition, Strategy::fused_sm};
   if (tile_row_shards && world > 1) c.push_back(Strategy::fused_ce);
   // At R = 2 the ring is the direct push (one step of one send): no new candidate.
@@ -66,10 +72,18 @@ std::vector<Strategy> gemm_rs_candidates(int world, bool tile_row_shards) {
   return c;
 }
 
-std::vector<Strategy> gemm_ar_candidates(int world, bool tile_row_shards) {
+std::vector<Strategy> gemm_ar_candidates(int world, bool tile_row_shards, bool lsa) {
   std::vector<Strategy> c{Strategy::sequential};
-  if (tile_row_shards && world > 1) c.push_back(Strategy::fused_ce);
+  if (lsa && tile_row_shards && world > 1) c.push_back(Strategy::fused_ce);
   return c;
+}
+
+bool needs_lsa(Strategy s) { return s != Strategy::sequential && s != Strategy::automatic; }
+
+std::string topology_key(const std::optional<std::string>& given, bool lsa) {
+  if (!given || given->empty()) return lsa ? "lsa" : "net";
+  if (!lsa && *given != "net") return *given + "/net";
+  return *given;
 }
 
 std::string choice_key(const tune::MachineId& m, DType dtype, const std::string& op,

@@ -580,7 +580,11 @@ std::unique_ptr<Bootstrap> Bootstrap::connect(const LaunchInfo& info, std::chron
   if (!info.job_secret.empty()) {
     m.key = info.job_secret;
     m.key_source = info.secret_source.empty() ? "given by the caller" : info.secret_source;
-  } else {  // a LaunchInfo made by hand: only accidents are kept out
+  } else if (auto env_secret = env::get("TESSERA_JOB_SECRET"); env_secret && !env_secret->empty()) {
+    // A LaunchInfo made by hand (C API, tests): the job's secret if exported.
+    m.key = *env_secret;
+    m.key_source = "TESSERA_JOB_SECRET";
+  } else {  // nothing: only accidents are kept out
     m.key = "tessera-unauthenticated|" + addr;
     m.key_source = "none given: derived from the rendezvous address (not a secret)";
   }

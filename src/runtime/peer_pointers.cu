@@ -5,6 +5,7 @@
 
 #include "tessera/runtime/error.hpp"
 #include "tessera/runtime/symmetric_heap.hpp"
+#include "tessera/runtime/wait_diagnostics.hpp"
 
 namespace tessera::runtime::detail {
 
@@ -24,7 +25,7 @@ std::vector<void*> resolve_peer_pointers(ncclWindow_t win, int world, cudaStream
   std::vector<void*> h(world);
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(h.data(), d, sizeof(void*) * world, cudaMemcpyDeviceToHost, stream));
   TESSERA_CUDA_CHECK(cudaFreeAsync(d, stream));
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  bounded_sync(stream, "symmetric allocation: resolving peer pointers");  // the stream may hold a peer's work
   return h;
 }
 

@@ -2,9 +2,16 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
+#include <future>
+#include <memory>
+#include <thread>
+#include <vector>
 
+#include "tessera/runtime/env.hpp"
 #include "tessera/runtime/error.hpp"
+#include "tessera/runtime/wait_diagnostics.hpp"
 #include "tessera/runtime/nccl_bootstrap.hpp"
 
 namespace tessera::runtime {
@@ -26,6 +33,14 @@ void check_nccl_version() {
                 "NCCL library version {} differs from the header Tessera was built with ({}); "
                 "make the loader pick the same copy (RPATH, LD_LIBRARY_PATH) or rebuild with TESSERA_NCCL_ROOT",
                 lib, NCCL_VERSION_CODE);
+}
+
+/// TESSERA_NO_LSA=1 or TESSERA_TOPOLOGY=net: behave as if no peer were
+/// load/store reachable (a multi-node job, or a test of that path on one node).
+bool lsa_disabled() {
+  if (env::get_int("TESSERA_NO_LSA", 0, 0, 1) != 0) return true;
+  const auto topo = env::get("TESSERA_TOPOLOGY");
+  return topo && *topo == "net";
 }
 
 }  // namespace
@@ -83,8 +98,9 @@ std::unique_ptr<ProcessGroup> ProcessGroup::create(const LaunchInfo& info, Proce
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   TESSERA_NCCL_CHECK(ncclCommInitRankConfig(&pg->comm_, info.world, id, info.rank, &cfg));
 
-  pg->lsa_size_ = ncclTeamLsa(pg->comm_).nRanks;
-  if (pg->lsa_size_ == info.world) {
+  pg->lsa_off_ = lsa_disabled();
+  pg->lsa_size_ = pg->lsa_off_ ? 1 : ncclTeamLsa(pg->comm_).nRanks;
+  if (pg->lsa_reachable()) {
     ncclDevCommRequirements reqs{};
     TESSERA_NCCL_CHECK(ncclDevCommCreate(pg->comm_, &reqs, &pg->dev_comm_));
     pg->dev_comm_created_ = true;
@@ -142,8 +158,9 @@ std::unique_ptr<ProcessGroup> ProcessGroup::create_from_unique_id(int rank, int 
                   "ranks {} and {} both use GPU {} (device {}): each rank needs its own GPU", r, rank, me.key, device);
   }
 
-  pg->lsa_size_ = ncclTeamLsa(pg->comm_).nRanks;
-  if (pg->lsa_size_ == world) {
+  pg->lsa_off_ = lsa_disabled();
+  pg->lsa_size_ = pg->lsa_off_ ? 1 : ncclTeamLsa(pg->comm_).nRanks;
+  if (pg->lsa_reachable()) {
     ncclDevCommRequirements reqs{};
     TESSERA_NCCL_CHECK(ncclDevCommCreate(pg->comm_, &reqs, &pg->dev_comm_));
     pg->dev_comm_created_ = true;
@@ -158,20 +175,84 @@ std::unique_ptr<ProcessGroup> ProcessGroup::create_from_unique_id(int rank, int 
 }
 
 ProcessGroup::~ProcessGroup() {
-  // Destructors must not throw; errors here are reported and ignored.
+  // Destructors must not throw, and must not hang on a dead peer: every wait
+  // below is bounded (bounded_sync; the finalize runs on a helper thread).
+  std::vector<cudaStream_t> streams = comm_streams_;
+  if (stream_) streams.push_back(stream_);
+  bool idle = true;
+  for (cudaStream_t s : streams) {
+    try {
+      bounded_sync(s, "ProcessGroup teardown", comm_ ? this : nullptr);
+    } catch (const std::exception& e) {  // aborted by bounded_sync when it had a communicator
+      std::fprintf(stderr, "%s\n", e.what());
+      idle = false;
+      break;
+    }
+  }
+  if (!idle && !aborted_) abort();
+  if (!idle) {  // after the abort the NCCL kernels end; anything else still stuck is leaked
+    for (cudaStream_t s : streams) {
+      try {
+        bounded_sync(s, "ProcessGroup teardown after abort", nullptr);
+      } catch (const std::exception&) {
+        idle = false;
+      }
+    }
+  }
   for (cudaStream_t s : comm_streams_) (void)cudaStreamDestroy(s);
   if (stream_) (void)cudaStreamDestroy(stream_);
-  if (align_token_) (void)cudaFree(align_token_);
+  // cudaFree synchronizes the device: only when nothing of ours is stuck.
+  if (align_token_ && idle) (void)cudaFree(align_token_);
   if (dev_comm_created_ && !aborted_) (void)ncclDevCommDestroy(comm_, &dev_comm_);
   if (comm_ && !aborted_) {
-    if (ncclCommFinalize(comm_) != ncclSuccess || ncclCommDestroy(comm_) != ncclSuccess) (void)ncclCommAbort(comm_);
+    // ncclCommFinalize flushes outstanding operations and can wait for a
+    // peer; it runs on a helper thread so that a dead peer costs at most the
+    // wait timeout (then the thread is left behind and the communicator
+    // leaked: calling ncclCommAbort beside a blocking finalize is not safe).
+    ncclComm_t comm = comm_;
+    auto done = std::make_shared<std::promise<bool>>();
+    std::future<bool> finished = done->get_future();
+    std::thread([comm, done] {
+      const bool ok = ncclCommFinalize(comm) == ncclSuccess && ncclCommDestroy(comm) == ncclSuccess;
+      if (!ok) (void)ncclCommAbort(comm);
+      done->set_value(ok);
+    }).detach();
+    if (finished.wait_for(std::chrono::nanoseconds(wait_timeout_ns())) != std::future_status::ready)
+      std::fprintf(stderr,
+                   "[tessera rank %d] ProcessGroup teardown: ncclCommFinalize did not return within %llu ms (a peer "
+                   "is gone?); the communicator is left to the process exit\n",
+                   info_.rank, static_cast<unsigned long long>(wait_timeout_ns() / 1000000));
   }
+}
+
+void ProcessGroup::synchronize(cudaStream_t stream, const char* what) { bounded_sync(stream, what, this); }
+
+void ProcessGroup::synchronize_all(const char* what) {
+  std::vector<cudaStream_t> all = comm_streams_;
+  all.push_back(stream_);
+  for (cudaStream_t s : all) bounded_sync(s, what, this);
 }
 
 void ProcessGroup::abort() {
   if (aborted_ || comm_ == nullptr) return;
   aborted_ = true;
-  (void)ncclCommAbort(comm_);
+  // ncclCommAbort ends NCCL's own kernels, but its cudaFree waits for the
+  // whole device: with another stuck kernel (a wait that never times out) it
+  // would never return. So it runs on a helper thread, waited for at most
+  // TESSERA_WAIT_TIMEOUT_MS; past that it is left to finish (or not) while
+  // the caller reports the failure and exits.
+  ncclComm_t comm = comm_;
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> finished = done->get_future();
+  std::thread([comm, done] {
+    (void)ncclCommAbort(comm);
+    done->set_value();
+  }).detach();
+  if (finished.wait_for(std::chrono::nanoseconds(wait_timeout_ns())) != std::future_status::ready)
+    std::fprintf(stderr,
+                 "[tessera rank %d] ncclCommAbort did not return within %llu ms (other work on the GPU is stuck); "
+                 "continuing without it\n",
+                 info_.rank, static_cast<unsigned long long>(wait_timeout_ns() / 1000000));
 }
 
 cudaStream_t ProcessGroup::comm_stream(int i) const {

@@ -9,7 +9,7 @@ Signals::Signals(ProcessGroup& pg, int slots) : pg_(&pg), slots_(slots) {
   buf_ = SymBuffer<std::uint64_t>(pg, static_cast<std::size_t>(slots) * (1 + pg.world()));
   diag_ = std::make_unique<WaitDiagnostics>();
   TESSERA_CUDA_CHECK(cudaMemsetAsync(buf_.local(), 0, buf_.bytes(), pg.stream()));
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
+  pg.synchronize(pg.stream(), "Signals: zeroing the flags");  // bounded: the stream may hold a peer's collective
   pg.barrier();
 }
 
@@ -50,7 +50,7 @@ std::uint64_t Signals::read_counter(int slot, cudaStream_t stream) const {
   TESSERA_CHECK(slot >= 0 && slot < slots_, "read_counter: slot {} out of range [0, {})", slot, slots_);
   std::uint64_t v = 0;
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(&v, view().counter(slot), sizeof(v), cudaMemcpyDeviceToHost, stream));
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  bounded_sync(stream, "Signals::read_counter");
   return v;
 }
 
@@ -59,7 +59,7 @@ std::uint64_t Signals::read_flag_from(int src, int slot, cudaStream_t stream) co
                 "read_flag_from: (rank {}, slot {}) out of range", src, slot);
   std::uint64_t v = 0;
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(&v, view().flag_from(src, slot), sizeof(v), cudaMemcpyDeviceToHost, stream));
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  bounded_sync(stream, "Signals::read_flag_from");
   return v;
 }
 

@@ -2,10 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
+#include <thread>
+#include <vector>
 
 #include "tessera/runtime/env.hpp"
 #include "tessera/runtime/error.hpp"
+#include "tessera/runtime/process_group.hpp"
 
 namespace tessera::runtime {
 
@@ -58,10 +62,92 @@ std::uint64_t wait_timeout_ns() {
 }
 
 void synchronize(cudaStream_t stream, const WaitDiagnostics* diag, const char* context) {
-  const cudaError_t err = cudaStreamSynchronize(stream);
-  if (err == cudaSuccess) return;
-  if (diag) diag->check(context);
-  TESSERA_FAIL("{}: CUDA error {} ({})", context, cudaGetErrorName(err), cudaGetErrorString(err));
+  bounded_sync({stream}, context, nullptr, diag);
+}
+
+PollState poll_until(const std::function<PollState()>& poll, std::chrono::nanoseconds timeout) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + timeout;
+  auto nap = std::chrono::microseconds(20);
+  for (;;) {
+    const PollState s = poll();
+    if (s != PollState::waiting) return s;
+    if (Clock::now() >= deadline) return PollState::waiting;
+    std::this_thread::sleep_for(nap);
+    nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::milliseconds(1));
+  }
+}
+
+namespace {
+
+/// Shared body of the bounded waits: `query` returns cudaSuccess when done,
+/// cudaErrorNotReady while busy.
+void bounded_wait(const std::function<cudaError_t()>& query, const char* what, ProcessGroup* pg,
+                  const WaitDiagnostics* diag, std::optional<std::chrono::nanoseconds> timeout) {
+  const auto limit = timeout.value_or(std::chrono::nanoseconds(wait_timeout_ns()));
+  cudaError_t cuda = cudaSuccess;
+  ncclResult_t nccl = ncclSuccess;
+  const auto state = poll_until(
+      [&] {
+        cuda = query();
+        if (cuda == cudaSuccess) return PollState::done;
+        if (cuda != cudaErrorNotReady) return PollState::failed;
+        if (pg != nullptr && pg->nccl() != nullptr && !pg->aborted()) {
+          ncclResult_t async = ncclSuccess;
+          const ncclResult_t rc = ncclCommGetAsyncError(pg->nccl(), &async);
+          nccl = rc != ncclSuccess ? rc : async;
+          if (nccl != ncclSuccess && nccl != ncclInProgress) return PollState::failed;
+          nccl = ncclSuccess;
+        }
+        return PollState::waiting;
+      },
+      limit);
+  if (state == PollState::done) return;
+  const int rank = pg != nullptr ? pg->rank() : -1;
+  const std::string who = rank >= 0 ? fmt::format("rank {}", rank) : std::string("this rank");
+  if (state == PollState::failed && cuda != cudaSuccess && cuda != cudaErrorNotReady) {
+    if (diag) diag->check(what);
+    if (pg) pg->abort();
+    TESSERA_FAIL("{}: {}: CUDA error {} ({})", what, who, cudaGetErrorName(cuda), cudaGetErrorString(cuda));
+  }
+  if (diag) diag->check(what);  // a device wait that trapped names itself
+  const bool had_comm = pg != nullptr && pg->nccl() != nullptr && !pg->aborted();
+  if (pg) pg->abort();  // ends the NCCL kernels that wait for the missing peer
+  if (state == PollState::failed)
+    TESSERA_FAIL("{}: {}: NCCL reported an asynchronous error while waiting: {} (a peer failed or aborted); the "
+                 "communicator was aborted",
+                 what, who, ncclGetErrorString(nccl));
+  TESSERA_FAIL("{}: {} waited {} ms (TESSERA_WAIT_TIMEOUT_MS) and the work is not done: a peer is dead, stopped or "
+               "behind{}",
+               what, who, std::chrono::duration_cast<std::chrono::milliseconds>(limit).count(),
+               had_comm ? "; the NCCL communicator was aborted (create a new process group)"
+                        : pg ? "" : " (no communicator to abort here: the caller must abort it)");
+}
+
+}  // namespace
+
+void bounded_sync(std::initializer_list<cudaStream_t> streams, const char* what, ProcessGroup* pg,
+                  const WaitDiagnostics* diag, std::optional<std::chrono::nanoseconds> timeout) {
+  const std::vector<cudaStream_t> list(streams);
+  bounded_wait(
+      [&]() -> cudaError_t {
+        for (cudaStream_t s : list) {
+          const cudaError_t q = cudaStreamQuery(s);
+          if (q != cudaSuccess) return q;
+        }
+        return cudaSuccess;
+      },
+      what, pg, diag, timeout);
+}
+
+void bounded_sync(cudaStream_t stream, const char* what, ProcessGroup* pg, const WaitDiagnostics* diag,
+                  std::optional<std::chrono::nanoseconds> timeout) {
+  bounded_sync({stream}, what, pg, diag, timeout);
+}
+
+void bounded_event_sync(cudaEvent_t event, const char* what, ProcessGroup* pg,
+                        std::optional<std::chrono::nanoseconds> timeout) {
+  bounded_wait([&] { return cudaEventQuery(event); }, what, pg, nullptr, timeout);
 }
 
 }  // namespace tessera::runtime

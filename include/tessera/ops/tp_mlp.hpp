@@ -17,9 +17,16 @@
 // that peer announced (kAgFree / kRsFree, one flag per call) that it is done
 // with the previous call's data.
 //
-// Limits: world <= 16, all ranks load/store reachable (NVLink/P2P); Hopper
-// (sm_90a) for the fused strategies; waits on device time out after
-// TESSERA_WAIT_TIMEOUT_MS and trap (the next synchronize reports it).
+// Limits: world <= 16; Hopper (sm_90a) for the fused strategies; waits on
+// device time out after TESSERA_WAIT_TIMEOUT_MS and trap (the next
+// synchronize reports it). Every strategy but sequential needs all ranks
+// load/store reachable (NVLink/P2P). When they are not (other nodes, no
+// peer access, or TESSERA_NO_LSA=1 / TESSERA_TOPOLOGY=net), the context
+// allocates no symmetric memory, sequential (NCCL) runs, automatic resolves
+// to it without measuring, and any other strategy is refused with an Error.
+// Host waits inside (workspace growth, tuning, teardown) are bounded: a dead
+// or stopped peer gives an Error naming the rank and the operation, and the
+// process group is aborted (ncclCommAbort); the context is then unusable.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -38,15 +38,33 @@ std::optional<Strategy> choice_from_json(const nlohmann::json& j);
 /// `candidates` (a stale or forged entry is ignored and the operator re-tuned).
 std::optional<Strategy> choice_from_json(const nlohmann::json& j, const std::vector<Strategy>& candidates);
 
+/// AG+GEMM strategies the tuner measures: sequential, decomposition,
+/// fused_ce and fused_sm; only sequential (NCCL) when the ranks are not
+/// load/store reachable (`lsa` false: the others push into peers'
+/// memory).
+std::vector<Strategy> ag_gemm_candidates(int world, bool lsa = true);
+
 /// GEMM+RS strategies the tuner measures at world size R: sequential,
 /// decomposition, fused_sm, fused_ce when every shard boundary falls on a
 /// tile row (`tile_row_shards`, RsPlan::shards_on_tile_rows), and ring only
 /// for R > 2 (at R = 2 the ring is the direct push that fused_sm already does).
-std::vector<Strategy> gemm_rs_candidates(int world, bool tile_row_shards = true);
+/// Without load/store reach (`lsa` false): sequential only.
+std::vector<Strategy> gemm_rs_candidates(int world, bool tile_row_shards = true, bool lsa = true);
 
-/// GEMM+AR strategies: sequential, and fused_ce when R > 1 and every shard
-/// boundary falls on a tile row.
-std::vector<Strategy> gemm_ar_candidates(int world, bool tile_row_shards = true);
+/// GEMM+AR strategies: sequential, and fused_ce when R > 1, every shard
+/// boundary falls on a tile row and the ranks are load/store reachable.
+std::vector<Strategy> gemm_ar_candidates(int world, bool tile_row_shards = true, bool lsa = true);
+
+/// True for the strategies that need every rank load/store reachable
+/// (symmetric memory, peer stores): all but sequential (and automatic, which
+/// resolves to a candidate).
+bool needs_lsa(Strategy s);
+
+/// The topology part of the tuner's cache key (tune::MachineId::topology):
+/// TESSERA_TOPOLOGY as given (`given`), else "lsa" / "net"; a given name gets
+/// "/net" appended when the ranks are not load/store reachable, so choices
+/// made with and without reach never share a key.
+std::string topology_key(const std::optional<std::string>& given, bool lsa);
 
 /// Key of an operator's choice.
 std::string choice_key(const tune::MachineId& m, DType dtype, const std::string& op,

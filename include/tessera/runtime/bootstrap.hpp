@@ -30,7 +30,8 @@
 // the job is assembled. What this does not do: encrypt or authenticate the
 // later traffic (an attacker would have to hijack an established TCP
 // connection), or protect a derived (non-secret) key; with an empty
-// job_secret the key is derived from the rendezvous address.
+// job_secret the key is TESSERA_JOB_SECRET if set, else derived from the
+// rendezvous address (no protection beyond accidents).
 //
 // Collectives carry {op, sequence number, root, byte count}; ranks that call
 // different collectives, or pass different sizes, get an error naming both

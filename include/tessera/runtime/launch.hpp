@@ -54,8 +54,9 @@ struct LaunchInfo {
   int master_port = 0;
   std::string source;  // "torchrun" | "slurm" | "openmpi" | "single"
   /// Key of the bootstrap's challenge/response (see the file comment); empty
-  /// for a single process. Bootstrap::connect treats an empty key as one
-  /// derived from the rendezvous address (no protection beyond accidents).
+  /// for a single process. Bootstrap::connect replaces an empty key by
+  /// TESSERA_JOB_SECRET if set, else by one derived from the rendezvous
+  /// address (no protection beyond accidents).
   std::string job_secret;
   /// Where job_secret came from: "TESSERA_JOB_SECRET" or "derived from <vars>".
   std::string secret_source;

@@ -16,6 +16,13 @@
 // Limits: all ranks of the communicator must be load/store reachable (one
 // NVLink/P2P domain) for symmetric memory and the link primitives;
 // lsa_reachable() tells, and SymmetricHeap refuses otherwise.
+// TESSERA_NO_LSA=1 or TESSERA_TOPOLOGY=net makes lsa_reachable() false
+// (and skips the device communicator) even where NVLink/P2P exists: the
+// operators then run only their NCCL-based strategies (ops/tp_mlp.hpp).
+//
+// Teardown never hangs on a dead peer: the destructor waits for its streams
+// at most TESSERA_WAIT_TIMEOUT_MS, aborts the communicator when they do not
+// drain (or NCCL reports an error), and bounds the finalize likewise.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -75,7 +82,8 @@ class ProcessGroup {
   /// The NCCL device communicator (symmetric-memory device API).
   const ncclDevComm& dev_comm() const { return dev_comm_; }
   /// True when every rank is in this rank's load/store-accessible team.
-  bool lsa_reachable() const { return lsa_size_ == info_.world; }
+  /// False also when TESSERA_NO_LSA=1 / TESSERA_TOPOLOGY=net turn it off.
+  bool lsa_reachable() const { return !lsa_off_ && lsa_size_ == info_.world; }
   int lsa_size() const { return lsa_size_; }
 
   /// The compute stream (non-blocking).
@@ -91,8 +99,20 @@ class ProcessGroup {
   /// collective that a peer never joined (a timed-out wait reported an
   /// error). Later NCCL calls on this group fail; the destructor skips the
   /// collective finalize. Free symmetric buffers only after aborting.
+  /// Bounded: ncclCommAbort runs on a helper thread and is waited for at
+  /// most TESSERA_WAIT_TIMEOUT_MS (it cannot finish while a non-NCCL kernel
+  /// is stuck on the device; then it is left behind and abort() returns).
   void abort();
   bool aborted() const { return aborted_; }
+
+  /// Bounded wait for `stream` (runtime::bounded_sync): at most
+  /// TESSERA_WAIT_TIMEOUT_MS, watching ncclCommGetAsyncError; on a timeout or
+  /// an NCCL error it aborts this group and throws an Error naming the rank
+  /// and `what`. Use it instead of cudaStreamSynchronize for work that waits
+  /// on peers.
+  void synchronize(cudaStream_t stream, const char* what);
+  /// The same for the compute stream and every communication stream.
+  void synchronize_all(const char* what);
 
   // ---- host-side exchanges over the bootstrap (not for the data path) ----
   Bootstrap& bootstrap() { return *boot_; }
@@ -130,6 +150,7 @@ class ProcessGroup {
   ncclDevComm dev_comm_{};
   bool dev_comm_created_ = false;
   int lsa_size_ = 0;
+  bool lsa_off_ = false;  ///< TESSERA_NO_LSA / TESSERA_TOPOLOGY=net
   bool aborted_ = false;
   cudaStream_t stream_ = nullptr;
   std::vector<cudaStream_t> comm_streams_;

@@ -10,11 +10,16 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
 #include <optional>
 #include <string>
 
 namespace tessera::runtime {
+
+class ProcessGroup;
 
 enum class WaitKind : int {
   none = 0,
@@ -66,8 +71,34 @@ class WaitDiagnostics {
 /// (default 5000 ms), in nanoseconds.
 std::uint64_t wait_timeout_ns();
 
-/// cudaStreamSynchronize that turns a failure into an Error naming the
-/// timed-out wait when `diag` holds one.
+/// Bounded stream synchronization (never cudaStreamSynchronize): waits at
+/// most TESSERA_WAIT_TIMEOUT_MS for `stream`, turning a failure into an Error
+/// naming the timed-out device wait when `diag` holds one.
 void synchronize(cudaStream_t stream, const WaitDiagnostics* diag = nullptr, const char* context = "synchronize");
+
+/// The one bounded host wait for work that may wait on a peer (a collective,
+/// a rank_wait, a device-side flag wait). Polls cudaStreamQuery on every
+/// stream in `streams` (and, with `pg`, ncclCommGetAsyncError on its
+/// communicator) until all are idle, at most `timeout` (default
+/// TESSERA_WAIT_TIMEOUT_MS). On a timeout or an asynchronous NCCL error it
+/// aborts `pg`'s communicator (ProcessGroup::abort: ncclCommAbort, which
+/// also ends the NCCL kernels still waiting for the dead or stuck peer) and
+/// throws a tessera::Error naming the rank, `what` and the cause; a CUDA
+/// error throws too (naming the trapped wait when `diag` holds one). After
+/// such an error the process group is unusable: free its buffers and exit.
+void bounded_sync(std::initializer_list<cudaStream_t> streams, const char* what, ProcessGroup* pg = nullptr,
+                  const WaitDiagnostics* diag = nullptr, std::optional<std::chrono::nanoseconds> timeout = {});
+/// The same for one stream.
+void bounded_sync(cudaStream_t stream, const char* what, ProcessGroup* pg = nullptr,
+                  const WaitDiagnostics* diag = nullptr, std::optional<std::chrono::nanoseconds> timeout = {});
+/// The same for an event (cudaEventQuery instead of cudaEventSynchronize).
+void bounded_event_sync(cudaEvent_t event, const char* what, ProcessGroup* pg = nullptr,
+                        std::optional<std::chrono::nanoseconds> timeout = {});
+
+enum class PollState { done, waiting, failed };
+/// The waiting loop of the bounded waits (separate for CPU tests): calls
+/// `poll` until it returns done or failed, or `timeout` has passed (then
+/// returns waiting). Sleeps between polls, 20 µs at first, growing to 1 ms.
+PollState poll_until(const std::function<PollState()>& poll, std::chrono::nanoseconds timeout);
 
 }  // namespace tessera::runtime
