@@ -250,3 +250,44 @@ TEST(OpsStrategy, NamesRoundTrip) {
     EXPECT_EQ(parse_strategy(strategy_name(s)), s);
   EXPECT_THROW(parse_strategy("fast"), tessera::Error);
 }
+
+TEST(OpsValidate, UpperBoundsAndOverflowCheckedSizes) {
+  auto a = good_ag(8192, 0, 2);
+  auto bad = a;
+  bad.lda = std::int64_t{1} << 40;
+  EXPECT_NE(error_of([&] { validate(bad, 0, 2); }).find("lda"), std::string::npos);
+  bad = a;
+  bad.ldd = std::int64_t{1} << 62;
+  EXPECT_NE(error_of([&] { validate(bad, 0, 2); }).find("ldd"), std::string::npos);
+  GemmRsArgs r;
+  r.a = r.b = fake(0x1000);
+  r.d = fake(0x2000);
+  r.m = 8192, r.m_local = 4096, r.n = 4096 * 64, r.k = 4096, r.ldb = (std::int64_t{1} << 31) - 8;
+  EXPECT_NE(error_of([&] { validate(r, 0, 2); }).find("2^48 bytes"), std::string::npos);
+  MlpArgs m;
+  m.x = fake(0x1000);
+  m.w_gate_up = fake(0x2000);
+  m.w_down = fake(0x3000);
+  m.out = fake(0x4000);
+  m.m = 8192;
+  m.m_local = 4096;
+  m.h = 4096;
+  m.i_local = std::int64_t{1} << 62;  // 2 * I/R would overflow
+  EXPECT_NE(error_of([&] { validate(m, 0, 2); }).find("I/R"), std::string::npos);
+  m.i_local = 5504;
+  m.h = std::int64_t{1} << 40;
+  EXPECT_NE(error_of([&] { validate(m, 0, 2); }).find("H ="), std::string::npos);
+}
+
+TEST(OpsTuner, CachedChoiceMustBeACandidateWithSaneTimes) {
+  using J = nlohmann::json;
+  // Ring is no candidate at R = 2: ignored (re-tuned), though a known name.
+  const J ring{{"strategy", "ring"}, {"times_ms", {{"ring", 1.0}, {"sequential", 2.0}}}};
+  EXPECT_EQ(choice_from_json(ring), Strategy::ring);
+  EXPECT_FALSE(choice_from_json(ring, gemm_rs_candidates(2)).has_value());
+  EXPECT_EQ(choice_from_json(ring, gemm_rs_candidates(4)), Strategy::ring);
+  EXPECT_FALSE(choice_from_json(J{{"strategy", "fused_sm"}, {"times_ms", {{"sequential", 2.0}}}}).has_value());
+  EXPECT_FALSE(choice_from_json(J{{"strategy", "fused_sm"}, {"times_ms", {{"fused_sm", -1.0}}}}).has_value());
+  EXPECT_FALSE(choice_from_json(J{{"strategy", "auto"}}).has_value());
+  EXPECT_FALSE(choice_from_json(J{{"strategy", 5}}).has_value());
+}
