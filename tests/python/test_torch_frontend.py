@@ -365,3 +365,74 @@ def test_legacy_module_still_imports():
     sys.path.insert(0, os.path.join(ROOT, "python"))
     import tessera_torch  # noqa: F401
     assert hasattr(tessera_torch, "Session")
+
+
+# ---- the decoder layer ---------------------------------------------------------------------------------------------
+class PlainDecoderLayer(torch.nn.Module):
+    """The same Llama-style layer in plain PyTorch (nn.Linear), the reference."""
+
+    def __init__(self, h, inter, heads, kv):
+        super().__init__()
+        from tessera.torch.layers import attention, rms_norm, rope
+        self.f = (attention, rms_norm, rope)
+        d, kw = h // heads, dict(bias=False, dtype=torch.bfloat16)
+        self.heads, self.kv, self.d = heads, kv, d
+        self.q, self.k = torch.nn.Linear(h, heads * d, **kw), torch.nn.Linear(h, kv * d, **kw)
+        self.v, self.o = torch.nn.Linear(h, kv * d, **kw), torch.nn.Linear(heads * d, h, **kw)
+        self.gate, self.up = torch.nn.Linear(h, inter, **kw), torch.nn.Linear(h, inter, **kw)
+        self.down = torch.nn.Linear(inter, h, **kw)
+        self.ln1 = torch.nn.Parameter(1 + 0.1 * torch.randn(h).bfloat16())
+        self.ln2 = torch.nn.Parameter(1 + 0.1 * torch.randn(h).bfloat16())
+
+    def forward(self, x):
+        attention, rms_norm, rope = self.f
+        m = x.shape[0]
+        hn = rms_norm(x, self.ln1, 1e-5)
+        q = self.q(hn).reshape(m, self.heads, self.d).transpose(0, 1)
+        k = self.k(hn).reshape(m, self.kv, self.d).transpose(0, 1)
+        v = self.v(hn).reshape(m, self.kv, self.d).transpose(0, 1)
+        x = x + self.o(attention(rope(q), rope(k), v).transpose(0, 1).reshape(m, -1))
+        hn = rms_norm(x, self.ln2, 1e-5)
+        return x + self.down(torch.nn.functional.silu(self.gate(hn)) * self.up(hn))
+
+
+@pytest.mark.parametrize("backend", [None, "aot_eager"])
+def test_decoder_layer_matches_plain_pytorch_at_tp1(ctx1, backend):
+    torch.manual_seed(0)
+    h, inter, heads, kv = 64, 128, 8, 2
+    ref = PlainDecoderLayer(h, inter, heads, kv)
+    tes = tt.TensorParallelDecoderLayer(h, inter, heads, kv, ctx1, device="cpu")
+    tes.load_full(ref.q.weight, ref.k.weight, ref.v.weight, ref.o.weight, ref.gate.weight, ref.up.weight,
+                  ref.down.weight, ref.ln1, ref.ln2)
+    x = torch.randn(80, h).bfloat16()
+    model = torch.compile(tes, fullgraph=True, backend=backend) if backend else tes
+    xt, xr = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    loss_t = model(xt).float().square().mean()
+    loss_r = ref(xr).float().square().mean()
+    loss_t.backward()
+    loss_r.backward()
+    assert abs(loss_t.item() - loss_r.item()) <= 2e-2 * abs(loss_r.item())
+    assert rel_err(xt.grad, xr.grad) < 2e-2
+    d = h // heads
+    pairs = {"qkv": (tes.qkv.weight.grad, torch.cat((ref.q.weight.grad, ref.k.weight.grad, ref.v.weight.grad))),
+             "o": (tes.o.weight.grad, ref.o.weight.grad), "down": (tes.mlp.w_down.grad, ref.down.weight.grad),
+             "gate_up": (tes.mlp.w_gate_up.grad, tt.fuse_gate_up(ref.gate.weight.grad, ref.up.weight.grad)),
+             "ln1": (tes.ln1.grad, ref.ln1.grad), "ln2": (tes.ln2.grad, ref.ln2.grad)}
+    assert d * heads == h
+    for name, (a, b) in pairs.items():
+        assert rel_err(a, b) < 2e-2, name
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_decoder_layer_shapes_at_world2(rank):
+    c = tt.Context._for_shapes(rank=rank, world=2, device="meta")
+    layer = tt.TensorParallelDecoderLayer(64, 128, 8, 2, c, device="meta")
+    assert layer.qkv.weight.shape == ((4 + 2 * 1) * 8, 64)
+    x = torch.empty(tt.shard_rows(130, 2, rank), 64, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    y = layer(x, m=130)
+    assert y.shape == x.shape
+    y.sum().backward()
+    assert x.grad.shape == x.shape and layer.qkv.weight.grad.shape == layer.qkv.weight.shape
+    with pytest.raises(ValueError, match="kv_heads = 1 is not divisible by the group's world size 2"):
+        tt.TensorParallelDecoderLayer(64, 128, 8, 1, c, device="meta")
+    c.close()

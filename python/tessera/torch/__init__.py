@@ -11,7 +11,9 @@ tensor-parallel autograd modules.
 from ._context import STRATEGIES, Context, shard_rows, strategy_code  # noqa: F401
 from . import _ops  # noqa: F401  (registers torch.ops.tessera.*)
 from .modules import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP, fuse_gate_up  # noqa: F401
+from .layers import TensorParallelDecoderLayer  # noqa: F401
 from .._lib import TesseraError  # noqa: F401
 
-__all__ = ["Context", "ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP", "fuse_gate_up",
+__all__ = ["Context", "ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP", "TensorParallelDecoderLayer",
+           "fuse_gate_up",
            "shard_rows", "STRATEGIES", "TesseraError"]

@@ -251,3 +251,52 @@ def test_tp2_one_rank_groups_inside_the_world(world):
         ref = (a.float() @ b.float().t())
         dist.all_reduce(ref, group=mine)
         assert rel_err(y, ref) < TOL
+
+
+# ---- the decoder layer against the same layer in plain PyTorch ------------------------------------------------
+def test_decoder_layer_matches_plain_pytorch(world, ctx):
+    from tessera.torch.layers import attention, rms_norm, rope
+    rank, w, dev = world
+    h, inter, heads, kv, m = 512, 1024, 8, 4, 512 * w
+    d = h // heads
+    torch.manual_seed(4321)  # the same full weights and data on every rank
+    kw = dict(bias=False, dtype=torch.bfloat16, device=dev)
+    q, k, v, o = (torch.nn.Linear(h, heads * d, **kw), torch.nn.Linear(h, kv * d, **kw),
+                  torch.nn.Linear(h, kv * d, **kw), torch.nn.Linear(heads * d, h, **kw))
+    gate, up, down = torch.nn.Linear(h, inter, **kw), torch.nn.Linear(h, inter, **kw), torch.nn.Linear(inter, h, **kw)
+    ln1 = torch.nn.Parameter((1 + 0.1 * torch.randn(h, device=dev)).bfloat16())
+    ln2 = torch.nn.Parameter((1 + 0.1 * torch.randn(h, device=dev)).bfloat16())
+
+    def plain(x):
+        hn = rms_norm(x, ln1, 1e-5)
+        qq = q(hn).reshape(m, heads, d).transpose(0, 1)
+        kk = k(hn).reshape(m, kv, d).transpose(0, 1)
+        vv = v(hn).reshape(m, kv, d).transpose(0, 1)
+        x = x + o(attention(rope(qq), rope(kk), vv).transpose(0, 1).reshape(m, -1))
+        hn = rms_norm(x, ln2, 1e-5)
+        return x + down(F.silu(gate(hn)) * up(hn))
+
+    layer = tt.TensorParallelDecoderLayer(h, inter, heads, kv, ctx, strategy="sequential")
+    layer.load_full(q.weight, k.weight, v.weight, o.weight, gate.weight, up.weight, down.weight, ln1, ln2)
+    x = randn(m, h, seed=11, dev=dev)
+    lo, hi = rank * (m // w), (rank + 1) * (m // w)
+    xr = x.clone().requires_grad_(True)
+    yr = plain(xr)
+    yr.float().square().sum().backward()
+    xs = x[lo:hi].clone().requires_grad_(True)
+    ys = layer(xs)
+    ys.float().square().sum().backward()
+    layer.allreduce_sequence_parallel_grads()
+    torch.cuda.synchronize()
+    hq, hk = heads // w, kv // w
+    ref_qkv = torch.cat((q.weight.grad[rank * hq * d:(rank + 1) * hq * d], k.weight.grad[rank * hk * d:(rank + 1) * hk * d],
+                         v.weight.grad[rank * hk * d:(rank + 1) * hk * d]))
+    i = inter // w
+    errs = {"output": rel_err(ys, yr[lo:hi]), "dx": rel_err(xs.grad, xr.grad[lo:hi]),
+            "qkv": rel_err(layer.qkv.weight.grad, ref_qkv),
+            "o": rel_err(layer.o.weight.grad, o.weight.grad[:, rank * hq * d:(rank + 1) * hq * d]),
+            "down": rel_err(layer.mlp.w_down.grad, down.weight.grad[:, rank * i:(rank + 1) * i]),
+            "ln1": rel_err(layer.ln1.grad, ln1.grad), "ln2": rel_err(layer.ln2.grad, ln2.grad)}
+    print(f"[rank {rank}/{w}] decoder layer rel errors:", " ".join(f"{a}={b:.2e}" for a, b in errs.items()))
+    bad = {a: b for a, b in errs.items() if not b < TOL}
+    assert not bad, f"over {TOL}: {bad}"
