@@ -3,7 +3,7 @@
 # in one call, leaving logs under $OUT (default ./device-out).
 #
 #   scripts/device-check.sh [step...]     steps: build cpu tests sanitize moe comm gemm gemmgap mlp asynctp
-#                                          commir kernels signal python faults
+#                                          commir kernels signal python decoder faults
 #                                          (default: build tests comm gemm), run in the order given
 # sanitize: compute-sanitizer memcheck, racecheck and synccheck over every
 # one-process GPU test (SANITIZE_TESTS: a ctest -R filter; SANITIZE_TOOLS,
@@ -141,6 +141,14 @@ step_python() {
   TESSERA_C_LIB="$build/lib/libtessera_c.so" PYTHONPATH="$root/python" python3 -m tessera.env >>"$summary" 2>&1
 }
 
+# python/examples/bench_decoder_layer.py: the decoder-layer training step, Tessera vs plain PyTorch TP.
+step_decoder() {
+  TESSERA_C_LIB="$build/lib/libtessera_c.so" PYTHONPATH="$root/python" timeout "${DECODER_TIMEOUT:-300}" \
+    torchrun --nproc-per-node "$ngpu" "$root/python/examples/bench_decoder_layer.py" --json "$out/decoder.json" \
+      ${DECODER_ARGS:-} >"$out/bench-decoder.log" 2>&1
+  note "bench decoder rc=$?"; tail -8 "$out/bench-decoder.log" | tee -a "$summary"
+}
+
 step_commir() {
   timeout "${COMMIR_TIMEOUT:-240}" "$bin" run -n "$ngpu" -- "$bin" bench commir --shapes ${MLP_SHAPES:-1,2,3} ${COMMIR_ARGS:-} \
       --markdown "$out/commir.md" >"$out/bench-commir.log" 2>&1
@@ -174,7 +182,7 @@ if command -v nvidia-smi >/dev/null; then
 fi
 : >"$out/steps.txt"
 for s in "${steps[@]}"; do
-  declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests sanitize moe comm gemm gemmgap mlp asynctp commir kernels signal python faults)"; continue; }
+  declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests sanitize moe comm gemm gemmgap mlp asynctp commir kernels signal python decoder faults)"; continue; }
   echo "$s start $(date +%s.%N)" >>"$out/steps.txt"
   "step_$s"
   echo "$s end $(date +%s.%N)" >>"$out/steps.txt"
