@@ -105,7 +105,12 @@ int Grid::world() const {
 std::int64_t checked_mul(std::int64_t a, std::int64_t b, std::int64_t limit, const char* what) {
   TESSERA_CHECK(a >= 0 && b >= 0, "{}: negative size in {} x {}", what, a, b);
   std::int64_t r = 0;
-  TESSERA_CHECK(!__builtin_mul_overflow(a, b, &r) && r <= limit, "{}: {} x {} exceeds the limit {}", what, a, b, limit);
+  if (__builtin_mul_overflow(a, b, &r) || r > limit) {
+    const bool pow2 = limit > 0 && (limit & (limit - 1)) == 0;
+    TESSERA_FAIL("{}: {} x {} exceeds the limit {}", what, a, b,
+                 pow2 ? fmt::format("2^{}", 63 - __builtin_clzll(static_cast<unsigned long long>(limit)))
+                      : std::to_string(limit));
+  }
   return r;
 }
 
