@@ -135,12 +135,14 @@ def main():
                 seq.load_state_dict(tes.state_dict())
                 plain = PlainTpLayer(tes, dist.group.WORLD)
             x = torch.randn(a.tokens // world, s["h"], device=dev, dtype=torch.bfloat16)
+            chosen = ctx.pretune(tt.tuning_shapes(tes, a.tokens))  # tuning before, not inside, the step
             lt, gt = step(tes, x)
             lp, gp = step(plain, x)
             check = {"loss": abs(lt.item() - lp.item()) / abs(lp.item()), "dx": rel_err(gt, gp),
                      "qkv": rel_err(tes.qkv.weight.grad, plain.wqkv.grad), "o": rel_err(tes.o.weight.grad, plain.wo.grad),
                      "down": rel_err(tes.mlp.w_down.grad, plain.wd.grad)}
-            row = {"shape": name, **s, "tokens": a.tokens, "check": check}
+            row = {"shape": name, **s, "tokens": a.tokens, "check": check,
+                   "strategies": {" ".join(map(str, k)): v for k, v in chosen.items()}}
             for label, model in (("plain_pytorch", plain), ("tessera", tes), ("tessera_sequential", seq)):
                 row[label + "_ms"] = time_steps(model, x, a.warmup, a.iters)
             row["speedup_vs_plain"] = row["plain_pytorch_ms"] / row["tessera_ms"]

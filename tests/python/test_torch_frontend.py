@@ -436,3 +436,43 @@ def test_decoder_layer_shapes_at_world2(rank):
     with pytest.raises(ValueError, match="kv_heads = 1 is not divisible by the group's world size 2"):
         tt.TensorParallelDecoderLayer(64, 128, 8, 1, c, device="meta")
     c.close()
+
+
+# ---- tuning ahead of the step ----------------------------------------------------------------------------------
+def test_tuning_shapes_of_a_decoder_layer():
+    c = tt.Context._for_shapes(rank=0, world=2, device="meta")
+    layer = tt.TensorParallelDecoderLayer(64, 128, 8, 2, c, device="meta")
+    s = tt.tuning_shapes(layer, 1024)
+    qkv_n = (4 + 2 * 1) * 8
+    assert s == [("ag_gemm", 1024, qkv_n, 64), ("gemm_rs", 1024, 64, qkv_n),      # QKV forward / dX
+                 ("gemm_rs", 1024, 64, 32), ("ag_gemm", 1024, 32, 64),            # O forward / dX
+                 ("ag_gemm", 1024, 128, 64), ("gemm_rs", 1024, 64, 128),          # gate/up forward / dX
+                 ("gemm_rs", 1024, 64, 64), ("ag_gemm", 1024, 64, 64)]            # down forward / dX
+    assert tt.tuning_shapes(layer.mlp, 1024, training=False) == [("ag_gemm", 1024, 128, 64, True),
+                                                                 ("gemm_rs", 1024, 64, 64)]
+    fixed = tt.ColumnParallelLinear(64, 128, c, device="meta", strategy="sequential")
+    assert tt.tuning_shapes(fixed, 1024) == []
+    c.close()
+
+
+def test_pretune_resolves_each_shape_with_this_ranks_shard(monkeypatch):
+    calls = []
+
+    class Lib:
+        def tessera_resolve(self, h, op, m, ml, n, k, dt, swiglu, a, b, d, out):
+            calls.append((op, m, ml, n, k, dt, swiglu))
+            out._obj.value = tt.STRATEGIES["fused_ce"] if op == 0 else tt.STRATEGIES["sequential"]
+            return 0
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: type("S", (), {"synchronize": lambda self: None})())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    c = tt.Context._for_shapes(rank=1, world=2)  # buffers on the CPU here
+    c._h, c._lib = 0x1, Lib()
+    got = c.pretune([("ag_gemm", 1000, 256, 64), ("gemm_rs", 1000, 64, 128), ("ag_gemm", 1000, 256, 64, True)])
+    assert got == {("ag_gemm", 1000, 256, 64): "fused_ce", ("gemm_rs", 1000, 64, 128): "sequential",
+                   ("ag_gemm", 1000, 256, 64, True): "fused_ce"}
+    assert calls == [(0, 1000, 500, 256, 64, 0, 0), (1, 1000, 500, 64, 128, 0, 0), (0, 1000, 500, 256, 64, 0, 1)]
+    with pytest.raises(ValueError, match="pretune: op 'mlp'"):
+        c.pretune([("mlp", 10, 10, 10)])
+    c._h = None
+    c.close()

@@ -8,7 +8,7 @@ tensor-parallel autograd modules.
         fc2 = tt.RowParallelLinear(14336, 4096, ctx, bias=False)
         y = fc2(torch.nn.functional.gelu(fc1(x_shard)))       # x_shard: [tokens / R, 4096], bf16, this GPU
 """
-from ._context import STRATEGIES, Context, shard_rows, strategy_code  # noqa: F401
+from ._context import STRATEGIES, Context, shard_rows, strategy_code, tuning_shapes  # noqa: F401
 from . import _ops  # noqa: F401  (registers torch.ops.tessera.*)
 from .modules import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP, fuse_gate_up  # noqa: F401
 from .layers import TensorParallelDecoderLayer  # noqa: F401
@@ -16,4 +16,4 @@ from .._lib import TesseraError  # noqa: F401
 
 __all__ = ["Context", "ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP", "TensorParallelDecoderLayer",
            "fuse_gate_up",
-           "shard_rows", "STRATEGIES", "TesseraError"]
+           "shard_rows", "tuning_shapes", "STRATEGIES", "TesseraError"]

@@ -41,6 +41,41 @@ def shard_rows(m, world, rank):
     return max(0, min(per, m - rank * per))
 
 
+def tuning_shapes(module, m, training=True):
+    """The (op, m, n, k[, swiglu]) shapes that `module`'s tessera layers run with strategy automatic at m tokens
+    (forward, and backward when training), for Context.pretune."""
+    from . import modules as tm
+    auto = STRATEGIES["automatic"]
+    out = []
+    for mod in module.modules():
+        if isinstance(mod, tm.ColumnParallelLinear):
+            if mod.strategy == auto:
+                out.append(("ag_gemm", m, mod.out_per_rank, mod.in_features))
+            if training and mod.backward_strategy == auto:
+                out.append(("gemm_rs", m, mod.in_features, mod.out_per_rank))
+        elif isinstance(mod, tm.RowParallelLinear):
+            if mod.strategy == auto:
+                out.append(("gemm_rs", m, mod.out_features, mod.in_per_rank))
+            if training and mod.backward_strategy == auto:
+                out.append(("ag_gemm", m, mod.in_per_rank, mod.out_features))
+        elif isinstance(mod, tm.TensorParallelMLP):
+            h, i = mod.hidden, mod.i_per_rank
+            if mod.strategy == auto:
+                out.append(("ag_gemm", m, 2 * i, h) if training else ("ag_gemm", m, 2 * i, h, True))
+                if training:
+                    out.append(("gemm_rs", m, h, 2 * i))
+            if mod.rs_strategy == auto:
+                out.append(("gemm_rs", m, h, i))
+                if training:
+                    out.append(("ag_gemm", m, i, h))
+    seen, uniq = set(), []
+    for s in out:
+        if s not in seen:
+            seen.add(s)
+            uniq.append(s)
+    return uniq
+
+
 def _device_key(dev):
     p = torch.cuda.get_device_properties(dev)
     ident = getattr(p, "uuid", None) or getattr(p, "pci_bus_id", None) or f"{p.name}#{dev}"
@@ -184,6 +219,38 @@ class Context:
     def __repr__(self):
         state = "closed" if self.closed else ("shapes-only" if self._h is None else "open")
         return f"tessera.torch.Context(rank={self.rank}, world={self.world}, device={self.device}, {state})"
+
+    # ---- tuning ahead of the step ------------------------------------------------------------------------------
+    def pretune(self, shapes, dtype=torch.bfloat16):
+        """Makes `automatic`'s choice now for each shape, so the training or serving step finds it made (in this
+        context, and in the on-disk cache when use_cache). Collective: every rank of the group, the same list.
+
+        shapes: (op, m, n, k) or (op, m, n, k, swiglu) as the operators are called — op 'ag_gemm' (m total rows,
+        B [n, k]) or 'gemm_rs' (A [m, k], B [n, k]); for a model, tuning_shapes(model, tokens) lists them:
+            ctx.pretune(tt.tuning_shapes(model, 8192))
+        Returns {shape: strategy name}. The choice is keyed by the exact shape."""
+        names = {v: k for k, v in STRATEGIES.items()}
+        codes = {"ag_gemm": 0, "gemm_rs": 1}
+        dt = {torch.bfloat16: 0, torch.float16: 1}[dtype]
+        torch.cuda.current_stream(self.device).synchronize()
+        out = {}
+        for s in shapes:
+            op, m, n, k, *rest = s
+            swiglu = bool(rest[0]) if rest else False
+            if op not in codes:
+                raise ValueError(f"pretune: op {op!r} (ag_gemm or gemm_rs)")
+            ml = shard_rows(m, self.world, self.rank)
+            def buf(r, c):
+                return torch.randn(r, c, device=self.device, dtype=dtype).mul_(0.01)
+            a = buf(ml, k) if op == "ag_gemm" else buf(m, k)
+            d = buf(m, n // 2 if swiglu else n) if op == "ag_gemm" else buf(ml, n)
+            b = buf(n, k)
+            r = ctypes.c_int()
+            _lib.check(self._lib.tessera_resolve(self.session, codes[op], m, ml, n, k, dt, 1 if swiglu else 0,
+                                                 a.data_ptr(), b.data_ptr(), d.data_ptr(), ctypes.byref(r)))
+            out[tuple(s)] = names[r.value]
+        torch.cuda.synchronize(self.device)
+        return out
 
     # ---- operator shortcuts (torch.ops.tessera.*) -------------------------------------------------------------
     def ag_gemm(self, a_shard, b, m=None, swiglu=False, strategy="automatic"):
