@@ -1,4 +1,4 @@
-// src/ops/fused_policies.cuh — the GEMM-engine policies of the fused TP
+// tessera/ops/fused_policies.cuh — the GEMM-engine policies of the fused TP
 // operators (see tessera/kernels/gemm/{prologue,epilogue}.cuh for the
 // concepts). Device code here is call-free (no printf): a call anywhere in
 // the GEMM kernel serializes its wgmma.
@@ -40,7 +40,7 @@ __device__ __forceinline__ void wait_flag_geq_sys(const std::uint64_t* f, std::u
 /// Whether a tile starting at global row row0 is rank's own (fused_ce: the
 /// shards lie on tile rows, so its first row decides): a range compare, no
 /// division on the tile boundary (a 64-bit division per tile here measured
-/// ~1 point of the GEMM+RS kernel; notes/ops.md, session 7).
+/// ~1 point of the GEMM+RS kernel; docs/design/operators.md).
 __device__ __forceinline__ bool own_tile(std::int64_t row0, int rank, std::int64_t per_rank) {
   const std::int64_t lo = static_cast<std::int64_t>(rank) * per_rank;
   return row0 >= lo && row0 < lo + per_rank;
@@ -61,7 +61,7 @@ __device__ __forceinline__ bool own_tile(std::int64_t row0, int rank, std::int64
 /// were 12.8k instructions against the plain kernel's 2.8k (cuobjdump), and
 /// a ping-pong consumer's epilogue runs beside the other consumer's main
 /// loop on the same SM sub-partitions, so its code competes with the main
-/// loop's for the instruction caches (notes/ops.md, session 6).
+/// loop's for the instruction caches (docs/design/operators.md).
 template <class OutT>
 __device__ __forceinline__ void owner_sum8(const OutT* slab, std::int64_t slab_stride, int world, int rank,
                                            bool skip_peers, const float (&acc)[8], float (&v)[8],
@@ -264,7 +264,7 @@ struct RsOwnerPrologue {
 ///    L2, the point of coherence a .gpu release orders the stores at. The
 ///    signal layer's group counters (FlashOverlap's epilogue) rely on the
 ///    same contract with the same stream wait. The .sys release it replaced
-///    measured the same (session 5, call 3: bench/RESULTS.md).
+///    measured the same (bench/RESULTS-archive.md, "the fused_ce cost split").
 ///  * o == rank: the producer (RsBandPrologue) has waited until every peer's
 ///    band flag >= epoch (the peer's copy of this band landed); the
 ///    consumers add the peers' slab values and their own f32 accumulator in
