@@ -123,7 +123,8 @@ void report(std::FILE* out, const Grid& op, const PlanArgs& a) {
              r.out_of_time ? fmt::format(" (stopped at the --budget-s of {} s: best so far)", a.budget_s) : "");
   TESSERA_CHECK(!r.ranked.empty(), "plan: no feasible schedule{}",
                 r.out_of_time ? fmt::format(" within --budget-s {}", a.budget_s)
-                              : fmt::format(" (memory limit {} GB?)", a.memory_gb));
+                              : fmt::format(" within the per-GPU memory limit of {} GB (--memory-gb)",
+                                            a.memory_gb > 0 ? a.memory_gb : prof.memory_gb));
   auto row = [&](int i, const Candidate& c) {
     std::string lv;
     for (double b : c.est.bytes_per_level) lv += fmt::format(" {:.1f}", b / (1 << 20));
