@@ -76,8 +76,12 @@ for t in json.load(sys.stdin)["tests"]:
     [ -n "$name" ] || continue
     for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
       local log="$out/sanitize-$name-$tool.log"
+      # API errors are not reported: NCCL probes kernels of other
+      # architectures at init and frees memory it may not own at destroy,
+      # which memcheck would count; CUDA errors of our own calls are checked
+      # by the tests themselves.
       timeout "${SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool "$tool" --error-exitcode 86 \
-          --print-limit 20 $cmd >"$log" 2>&1
+          --report-api-errors no --print-limit 20 $cmd >"$log" 2>&1
       local rc=$?
       local summ
       summ=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)
