@@ -3,6 +3,7 @@
 // names the culprit rank within the timeout instead of a hang.
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <poll.h>
@@ -737,5 +738,77 @@ TEST(BootstrapAttack, GarbageHellosCloseOnlyTheirConnection) {
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(closed_early[i]) << "garbage connection " << i << " left open";
   EXPECT_TRUE(closed_by_peer(junk[4], 10s)) << "the truncated hello's connection was left open";
   for (int s : junk) ::close(s);
+}
+
+/// A connect() to host:port: true when refused (nothing listens there).
+bool refused(const char* host, int port) {
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  ::inet_pton(AF_INET, host, &a.sin_addr);
+  const bool no = ::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 && errno == ECONNREFUSED;
+  ::close(s);
+  return no;
+}
+
+/// This host's first IPv4 address that is not loopback ("" if none).
+std::string non_loopback_ipv4() {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "";
+  std::string found;
+  for (ifaddrs* i = list; i != nullptr && found.empty(); i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
+    const auto* in = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
+    if ((ntohl(in->sin_addr.s_addr) >> 24) == 127) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text);
+    found = text;
+  }
+  ::freeifaddrs(list);
+  return found;
+}
+
+TEST(BootstrapAttack, RankZeroListensOnMasterAddrOnly) {
+  // 127.0.0.2 is this host too (all of 127/8 is loopback) but another
+  // address; so is a network address, which rank 0 used to answer on every
+  // interface for. A wildcard listener would answer on 127.0.0.1.
+  std::vector<std::string> addrs{"127.0.0.2"};
+  if (const std::string net = non_loopback_ipv4(); !net.empty()) addrs.push_back(net);
+  for (const std::string& addr : addrs) {
+    const int port = tessera::runtime::find_free_tcp_port();
+    bool other_address_refused = false;
+    const auto o = run_ranks(
+        2,
+        [&](int r) -> std::string {
+          LaunchInfo li = info(r, 2, port, kSecret);
+          li.master_addr = addr;
+          auto b = Bootstrap::connect(li, 10s);
+          b->barrier();
+          return "";
+        },
+        20s,
+        [&](int r) {
+          if (r == 1) {
+            std::this_thread::sleep_for(300ms);  // rank 0 listens by now
+            other_address_refused = refused("127.0.0.1", port);
+          }
+          return 0ms;
+        });
+    for (const auto& x : o) EXPECT_TRUE(x.ok()) << addr << describe(o);
+    EXPECT_TRUE(other_address_refused) << "rank 0 at " << addr << " listened beyond MASTER_ADDR";
+  }
+}
+
+TEST(BootstrapAttack, AMasterAddrOfAnotherHostIsAClearError) {
+  const int port = tessera::runtime::find_free_tcp_port();
+  LaunchInfo li = info(0, 2, port, kSecret);
+  li.master_addr = "198.51.100.77";  // TEST-NET-2: documentation only, not an address of this host
+  try {
+    (void)Bootstrap::connect(li, 2s);
+    FAIL() << "listened on an address that is not ours";
+  } catch (const tessera::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not an address of this host"), std::string::npos) << e.what();
+  }
 }
 }  // namespace
