@@ -59,12 +59,17 @@ run_case() {
   local t0; t0=$(date +%s.%N)
   env "${envs[@]}" timeout -k 5 "$limit" "$bin" run -n "$n" -- "$probe" "$@" >"$caselog" 2>&1
   local rc=$?
-  local took; took=$(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f} s')" "$t0" "$(date +%s.%N)")
+  local secs; secs=$(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$t0" "$(date +%s.%N)")
+  local took="$secs s"
+  # rc 137 is also `tessera run` reporting a rank killed by SIGKILL: a hang is
+  # timeout's 124, or a run that lasted the whole limit.
+  local hung=0
+  { [ "$rc" -eq 124 ] || python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) >= float(sys.argv[2]) else 1)" "$secs" "$limit"; } && hung=1
   cat "$caselog" >>"$log"
   local detected msg result left
   detected=$(grep -m1 -o "PROBE-DETECTED rank [0-9]* after [0-9]* ms" "$caselog" | grep -o "after [0-9]* ms" | cut -d' ' -f2)
   msg=$(grep -m1 "PROBE-DETECTED" "$caselog" | sed 's/.*PROBE-DETECTED rank [0-9]* after [0-9]* ms in //' | cut -c1-160)
-  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+  if [ "$hung" -eq 1 ]; then
     result="HANG"; msg="no result within ${limit} s (rc $rc)"
   elif [ "$expect" = ok ]; then
     if [ "$rc" -eq 0 ] && grep -q "PROBE-OK" "$caselog"; then result="ok"; msg=$(grep -m1 "PROBE-OK" "$caselog" | sed 's/.*PROBE-OK //')
@@ -81,7 +86,7 @@ run_case() {
     result="$result+LEFT"; msg="left running: $(echo $left) | $msg"
     for p in $left; do kill -9 "$p" 2>/dev/null; done
   fi
-  row "$name" "$result" "${detected:+$detected ms}${detected:-$took}" "$msg"
+  if [ -n "$detected" ]; then row "$name" "$result" "$detected ms" "$msg"; else row "$name" "$result" "$took" "$msg"; fi
 }
 
 ops_strategies=("ag_gemm sequential" "ag_gemm decomposition" "ag_gemm fused_ce" "ag_gemm fused_sm"
