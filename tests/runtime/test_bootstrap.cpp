@@ -811,4 +811,25 @@ TEST(BootstrapAttack, AMasterAddrOfAnotherHostIsAClearError) {
     EXPECT_NE(std::string(e.what()).find("not an address of this host"), std::string::npos) << e.what();
   }
 }
+
+TEST(BootstrapAttack, AHandMadeLaunchInfoUsesTheExportedSecret) {
+  // The C API builds its LaunchInfo itself: TESSERA_JOB_SECRET still keys the
+  // handshake, so ranks with different exported secrets do not meet.
+  for (const bool same : {true, false}) {
+    const int port = tessera::runtime::find_free_tcp_port();
+    const auto o = run_ranks(2, [&](int r) -> std::string {
+      const std::string secret = same || r == 0 ? "exported-secret-0123456789" : "another-secret-0123456789";
+      ::setenv("TESSERA_JOB_SECRET", secret.c_str(), 1);
+      auto b = Bootstrap::connect(info(r, 2, port), r == 0 ? 1500ms : 10s);  // no job_secret in the LaunchInfo
+      b->barrier();
+      return "";
+    });
+    if (same) {
+      for (const auto& x : o) EXPECT_TRUE(x.ok()) << describe(o);
+    } else {
+      EXPECT_TRUE(o[1].says("could not prove") && o[1].says("TESSERA_JOB_SECRET")) << describe(o);
+      EXPECT_TRUE(o[0].says("timed out")) << describe(o);
+    }
+  }
+}
 }  // namespace
