@@ -27,6 +27,9 @@
 // Host waits inside (workspace growth, tuning, teardown) are bounded: a dead
 // or stopped peer gives an Error naming the rank and the operation, and the
 // process group is aborted (ncclCommAbort); the context is then unusable.
+// Callers wait for the operators' results with pg.synchronize(pg.stream(),
+// what) — bounded the same way — rather than cudaStreamSynchronize, which
+// would wait forever for a peer that died inside a collective.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -62,9 +65,9 @@ std::string_view rs_reduce_name(RsReduce r);
 
 struct OpOptions {
   Strategy strategy = Strategy::automatic;
-  int channels = 4;       ///< AG: channels (flags) per shard
-  int comm_ctas = 16;     ///< fused_sm: CTAs that push; fused RS (kernel): CTAs that reduce
-  bool use_cache = true;  ///< automatic: read/write the on-disk choice cache
+  int channels = 4;                         ///< AG: channels (flags) per shard
+  int comm_ctas = 16;                       ///< fused_sm: CTAs that push; fused RS (kernel): CTAs that reduce
+  bool use_cache = true;                    ///< automatic: read/write the on-disk choice cache
   RsReduce rs_reduce = RsReduce::epilogue;  ///< fused GEMM+RS only
   /// Diagnostics only (bench mlp's cost breakdown), fused_ce only: launch the
   /// fused kernel with no communication — no copies, no flags, and the
