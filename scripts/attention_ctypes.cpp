@@ -26,8 +26,8 @@ void throw_error(std::string_view file, int line, std::string_view msg) {
   throw Error(fmt::format("[tessera] ({}:{}) {}", file, line, msg));
 }
 void throw_cuda_error(std::string_view file, int line, std::string_view expr, int code) {
-  throw Error(fmt::format("[tessera] ({}:{}) {}: {}", file, line, expr,
-                          cudaGetErrorString(static_cast<cudaError_t>(code))));
+  throw Error(
+      fmt::format("[tessera] ({}:{}) {}: {}", file, line, expr, cudaGetErrorString(static_cast<cudaError_t>(code))));
 }
 void throw_nccl_error(std::string_view file, int line, std::string_view expr, int code) {
   throw Error(fmt::format("[tessera] ({}:{}) {}: NCCL error {}", file, line, expr, code));

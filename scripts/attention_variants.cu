@@ -15,22 +15,33 @@ void attention_variant(int variant, const AttentionArgs& a, cudaStream_t s) {
   const H h{};
   if (a.head_dim == 64) {
     switch (variant) {  // head dim 64: block width and slots
-      case 1: return attention_launch<T, 64, H, attn::AttnConfig<64, 192, 4, false, false>>(a, h, s);
-      case 3: return attention_launch<T, 64, H, attn::AttnConfig<64, 128, 2, false, false>>(a, h, s);
-      default: return attention_with<T, 64>(a, h, s);
+      case 1:
+        return attention_launch<T, 64, H, attn::AttnConfig<64, 192, 4, false, false>>(a, h, s);
+      case 3:
+        return attention_launch<T, 64, H, attn::AttnConfig<64, 128, 2, false, false>>(a, h, s);
+      default:
+        return attention_with<T, 64>(a, h, s);
     }
   }
   switch (variant) {
     //                                                       D   BN  slots ping-pong hook [smem epilogue]
-    case 1: return attention_launch<T, 128, H, attn::AttnConfig<128, 128, 2, true, false>>(a, h, s);
-    case 2: return attention_launch<T, 128, H, attn::AttnConfig<128, 128, 2, false, false>>(a, h, s);
-    case 3: return attention_launch<T, 128, H, attn::AttnConfig<128, 176, 2, true, false>>(a, h, s);
-    case 4: return attention_launch<T, 128, H, attn::AttnConfig<128, 192, 2, true, false>>(a, h, s);
-    case 5: return attention_launch<T, 128, H, attn::AttnConfig<128, 128, 3, false, false>>(a, h, s);
-    case 6: return attention_launch<T, 128, H, attn::AttnConfig<128, 176, 2, false, false>>(a, h, s);
+    case 1:
+      return attention_launch<T, 128, H, attn::AttnConfig<128, 128, 2, true, false>>(a, h, s);
+    case 2:
+      return attention_launch<T, 128, H, attn::AttnConfig<128, 128, 2, false, false>>(a, h, s);
+    case 3:
+      return attention_launch<T, 128, H, attn::AttnConfig<128, 176, 2, true, false>>(a, h, s);
+    case 4:
+      return attention_launch<T, 128, H, attn::AttnConfig<128, 192, 2, true, false>>(a, h, s);
+    case 5:
+      return attention_launch<T, 128, H, attn::AttnConfig<128, 128, 3, false, false>>(a, h, s);
+    case 6:
+      return attention_launch<T, 128, H, attn::AttnConfig<128, 176, 2, false, false>>(a, h, s);
     // 7, 8: register epilogue (4-byte stores straight from the accumulators)
-    case 7: return attention_launch<T, 128, H, attn::AttnConfig<128, 176, 2, false, false, false>>(a, h, s);
-    case 8: return attention_launch<T, 128, H, attn::AttnConfig<128, 128, 2, false, false, false>>(a, h, s);
+    case 7:
+      return attention_launch<T, 128, H, attn::AttnConfig<128, 176, 2, false, false, false>>(a, h, s);
+    case 8:
+      return attention_launch<T, 128, H, attn::AttnConfig<128, 128, 2, false, false, false>>(a, h, s);
     case 9: {
       static uint32_t* flags = [] {
         void* p = nullptr;
@@ -44,7 +55,8 @@ void attention_variant(int variant, const AttentionArgs& a, cudaStream_t s) {
       w.flags.rows_per_flag = 256;
       return attention_with<T, 128>(a, w, s);
     }
-    default: return attention_with<T, 128>(a, h, s);
+    default:
+      return attention_with<T, 128>(a, h, s);
   }
 }
 

@@ -12,6 +12,7 @@ command -v ninja >/dev/null || need+=(ninja-build)
 [ -f /usr/include/CLI/CLI.hpp ] || need+=(libcli11-dev)
 [ -f /usr/include/nlohmann/json.hpp ] || need+=(nlohmann-json3-dev)
 [ -f /usr/src/googletest/CMakeLists.txt ] || need+=(googletest libgtest-dev)
+command -v clang-format >/dev/null || need+=(clang-format)  # the ctest test `format`
 if [ ${#need[@]} -gt 0 ] && [ ! -d "$root/.deps/include" ]; then
   echo "setup: installing ${need[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo

@@ -52,8 +52,10 @@ void add_common(CLI::App& c, PlanArgs& a) {
   c.add_option("--schedule", a.schedule, "lower this named schedule instead of searching");
   c.add_option("--layout", a.layout, "fixed input/output layout: that of a named schedule (e.g. ring)");
   c.add_option("--top", a.top, "schedules to list")->check(CLI::Range(1, 1000));
-  c.add_option("--memory-gb", a.memory_gb, "per-GPU memory limit (default: the profile's)")->check(CLI::Range(0.0, 1e6));
-  c.add_option("--plan-steps", a.plan_steps, "steps per rank to print of the winner's plan")->check(CLI::Range(0, 100000));
+  c.add_option("--memory-gb", a.memory_gb, "per-GPU memory limit (default: the profile's)")
+      ->check(CLI::Range(0.0, 1e6));
+  c.add_option("--plan-steps", a.plan_steps, "steps per rank to print of the winner's plan")
+      ->check(CLI::Range(0, 100000));
   c.add_option("--budget-s", a.budget_s, "search time budget in seconds; the best plan so far when it runs out")
       ->check(CLI::Range(1e-3, 86400.0));
 }
@@ -99,13 +101,15 @@ void report(std::FILE* out, const Grid& op, const PlanArgs& a) {
   fmt::print(out, "operator {} on mesh {} ({}), machine {}\n", op.name, mesh_string(op.mesh), op.world(), prof.name);
   if (!a.schedule.empty()) {
     Grid g = op;
-    if (a.schedule.find('(') != std::string::npos) apply(g, a.schedule);
-    else g = scheduled(op, a.schedule);
+    if (a.schedule.find('(') != std::string::npos)
+      apply(g, a.schedule);
+    else
+      g = scheduled(op, a.schedule);
     validate(g, "plan --schedule");
     const Plan p = lower(g);
     const Estimate e = estimate(p, prof);
-    fmt::print(out, "schedule {}: predicted {:.1f} us (compute {:.1f}, comm {:.1f}), peak {} MiB per rank\n", a.schedule,
-               e.time_us, e.compute_us, e.comm_us, mib(e.peak_bytes));
+    fmt::print(out, "schedule {}: predicted {:.1f} us (compute {:.1f}, comm {:.1f}), peak {} MiB per rank\n",
+               a.schedule, e.time_us, e.compute_us, e.comm_us, mib(e.peak_bytes));
     fmt::print(out, "{}\n{}", print(g), describe(p, a.plan_steps));
     return;
   }
@@ -207,7 +211,8 @@ void add_plan_command(CLI::App& root, std::FILE* out) {
   att->add_option("--heads", st->heads)->check(extent);
   att->add_option("--kv-heads", st->kv_heads, "GQA: heads of K and V")->check(extent);
   att->add_option("--seq", st->seq, "query length")->check(extent);
-  att->add_option("--kv-len", st->kv_len, "context length (default: --seq)")->check(CLI::Range(std::int64_t{0}, kMaxExtent));
+  att->add_option("--kv-len", st->kv_len, "context length (default: --seq)")
+      ->check(CLI::Range(std::int64_t{0}, kMaxExtent));
   att->add_option("--head-dim", st->head_dim)->check(CLI::Range(std::int64_t{1}, kMaxElem));
   add_common(*att, st->aa);
   att->callback([st] {
@@ -222,7 +227,8 @@ void add_plan_command(CLI::App& root, std::FILE* out) {
   add_common(*fc, st->fa);
   fc->callback([st] { run_file(*st); });
 
-  auto* layer = plan->add_subcommand("mlp", "graph-level search (Alg. 1) over GEMM1 -> GEMM2 of an MLP with resharding");
+  auto* layer =
+      plan->add_subcommand("mlp", "graph-level search (Alg. 1) over GEMM1 -> GEMM2 of an MLP with resharding");
   layer->add_option("--tokens", st->tokens)->check(extent);
   layer->add_option("--hidden", st->hidden)->check(extent);
   layer->add_option("--intermediate", st->inter)->check(extent);

@@ -31,7 +31,8 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   run->add_option("command", args->command, "program and its arguments (after --)")->required();
   run->footer(
       "Environment: TESSERA_RUN_GRACE_MS (default 5000) = how long the other ranks get after SIGTERM before "
-      "SIGKILL. NCCL_NVLS_ENABLE=0, NVSHMEM_DISABLE_NVLS=1, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and CUDA_MODULE_LOADING=EAGER are set unless "
+      "SIGKILL. NCCL_NVLS_ENABLE=0, NVSHMEM_DISABLE_NVLS=1, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and "
+      "CUDA_MODULE_LOADING=EAGER are set unless "
       "already set.\n");
   run->callback([args] {
     tessera::tools::RunOptions o;

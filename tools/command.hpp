@@ -24,5 +24,6 @@ CLI::App& subcommand(CLI::App& parent, const std::string& name, const std::strin
 #define TESSERA_CMD_CONCAT_(a, b) a##b
 #define TESSERA_CMD_CONCAT(a, b) TESSERA_CMD_CONCAT_(a, b)
 /// Usage at namespace scope: TESSERA_REGISTER_COMMAND([](CLI::App& root) { ... });
-#define TESSERA_REGISTER_COMMAND(...) \
-  static const bool TESSERA_CMD_CONCAT(tessera_cmd_registered_, __LINE__) = ::tessera::tools::register_command(__VA_ARGS__)
+#define TESSERA_REGISTER_COMMAND(...)                                       \
+  static const bool TESSERA_CMD_CONCAT(tessera_cmd_registered_, __LINE__) = \
+      ::tessera::tools::register_command(__VA_ARGS__)

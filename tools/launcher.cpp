@@ -83,10 +83,10 @@ void say(const std::string& msg) {
 // (the launcher may have CUDA threads when it forks the watchdog).
 
 constexpr int kMaxGroups = 4096;
-pid_t g_groups[kMaxGroups];           // the watchdog's copy of the ranks' process groups
-char g_marker[160];                   // "TESSERA_JOB_SECRET=<hex>" + NUL, set before fork
+pid_t g_groups[kMaxGroups];  // the watchdog's copy of the ranks' process groups
+char g_marker[160];          // "TESSERA_JOB_SECRET=<hex>" + NUL, set before fork
 std::size_t g_marker_len = 0;
-char g_environ_buf[1 << 16];          // one /proc/<pid>/environ at a time
+char g_environ_buf[1 << 16];  // one /proc/<pid>/environ at a time
 
 /// True when `hay` (n bytes of NUL-separated "K=V" strings) holds g_marker as
 /// a whole entry.
@@ -210,8 +210,8 @@ std::vector<pid_t> children_of_self() {
 
 /// One of a rank's output streams, relayed to `dest` with a prefix per line.
 struct Stream {
-  int fd = -1;    // read end of the pipe; -1 once closed
-  int dest = 1;   // STDOUT_FILENO or STDERR_FILENO
+  int fd = -1;          // read end of the pipe; -1 once closed
+  int dest = 1;         // STDOUT_FILENO or STDERR_FILENO
   std::string pending;  // bytes after the last newline
 
   // Longest line kept whole; a longer one is cut so memory stays bounded.
@@ -278,19 +278,18 @@ struct Rank {
 std::vector<std::string> rank_environment(const RunOptions& o, int port, int r,
                                           const std::vector<std::pair<std::string, std::string>>& extra) {
   std::vector<std::pair<std::string, std::string>> set = {
-      {"RANK", std::to_string(r)},          {"WORLD_SIZE", std::to_string(o.nprocs)},
-      {"LOCAL_RANK", std::to_string(r)},    {"LOCAL_WORLD_SIZE", std::to_string(o.nprocs)},
-      {"MASTER_ADDR", o.master_addr},       {"MASTER_PORT", std::to_string(port)}};
+      {"RANK", std::to_string(r)},       {"WORLD_SIZE", std::to_string(o.nprocs)},
+      {"LOCAL_RANK", std::to_string(r)}, {"LOCAL_WORLD_SIZE", std::to_string(o.nprocs)},
+      {"MASTER_ADDR", o.master_addr},    {"MASTER_PORT", std::to_string(port)}};
   set.insert(set.end(), extra.begin(), extra.end());
   // NVLink multicast stays off on the lent machines unless the caller decides otherwise.
   // Modules load eagerly: overlapped kernels wait on each other, and a
   // lazily loaded kernel's first launch can wait for a running kernel that
   // is itself waiting for it (a deadlock).
-  const std::vector<std::pair<std::string, std::string>> defaults = {
-      {"NCCL_NVLS_ENABLE", "0"},
-      {"NVSHMEM_DISABLE_NVLS", "1"},
-      {"TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"},
-      {"CUDA_MODULE_LOADING", "EAGER"}};
+  const std::vector<std::pair<std::string, std::string>> defaults = {{"NCCL_NVLS_ENABLE", "0"},
+                                                                     {"NVSHMEM_DISABLE_NVLS", "1"},
+                                                                     {"TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"},
+                                                                     {"CUDA_MODULE_LOADING", "EAGER"}};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string kv = *e;
@@ -540,8 +539,7 @@ class Supervisor {
   }
 
   void install_handlers() {
-    TESSERA_CHECK(::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) == 0, "tessera run: pipe(): {}",
-                  std::strerror(errno));
+    TESSERA_CHECK(::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) == 0, "tessera run: pipe(): {}", std::strerror(errno));
     struct sigaction sa {};
     sa.sa_handler = on_signal;
     sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;

@@ -51,9 +51,9 @@
 namespace tessera::tools {
 
 struct RunOptions {
-  int nprocs = 0;                 // >= 1
+  int nprocs = 0;  // >= 1
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;            // 0 = pick a free port
+  int master_port = 0;               // 0 = pick a free port
   std::vector<std::string> command;  // program (found through PATH) and its arguments
   std::chrono::milliseconds grace{5000};
 };

@@ -80,8 +80,8 @@ void run(const Options& o) {
   TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
   TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
   Table table({"case", "B", "Lq", "Lk", "Hq/Hkv", "causal", "ms (median)", "min", "max", "TFLOP/s"});
-  std::string json = fmt::format("{{\"device\": \"{}\", \"dtype\": \"{}\", \"head_dim\": {}, \"results\": [",
-                                 prop.name, o.dtype, o.head_dim);
+  std::string json = fmt::format("{{\"device\": \"{}\", \"dtype\": \"{}\", \"head_dim\": {}, \"results\": [", prop.name,
+                                 o.dtype, o.head_dim);
   std::vector<int> idx = o.cases;
   if (idx.empty())
     for (int i = 0; i < static_cast<int>(kCases.size()); ++i) idx.push_back(i);
@@ -112,7 +112,8 @@ void run(const Options& o) {
     a.o = out.p;
     a.lse = static_cast<float*>(lse.p);
     kernels::validate(a, "bench attention");
-    const Stats s = time_on_stream(stream, [&] { kernels::attention(a, stream); }, o.warmup, o.reps);
+    const Stats s = time_on_stream(
+        stream, [&] { kernels::attention(a, stream); }, o.warmup, o.reps);
     const double tflops = kernels::attention_flops(a) / (s.median_ms * 1e-3) / 1e12;
     table.add({c.name, std::to_string(c.b), std::to_string(c.lq), std::to_string(c.lk),
                fmt::format("{}/{}", c.hq, c.hkv), c.causal ? "yes" : "no", fmt::format("{:.3f}", s.median_ms),

@@ -41,8 +41,8 @@ __global__ void copy_kernel(void* dst, const void* src, std::int64_t bytes) {
 
 // One thread per side. Rank a sends i, rank b echoes it; values grow across
 // calls (base), so nothing is reset. Gives up (trap) after 10 s.
-__global__ void ping_pong_kernel(std::uint64_t* my_flag, std::uint64_t* peer_flag, bool initiator,
-                                 std::uint64_t base, int iters) {
+__global__ void ping_pong_kernel(std::uint64_t* my_flag, std::uint64_t* peer_flag, bool initiator, std::uint64_t base,
+                                 int iters) {
   const std::uint64_t start = link::mo::globaltimer_ns();
   for (int i = 1; i <= iters; ++i) {
     const std::uint64_t v = base + i;

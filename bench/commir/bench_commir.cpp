@@ -159,7 +159,8 @@ void run_commir(const CommirOptions& o) {
     for (const bool column : {true, false}) {
       // Executor inputs: full host tensors (each rank uploads its region).
       const std::int64_t M = sh.s, N = column ? sh.i : sh.h, K = column ? sh.h : sh.i;
-      const std::vector<float> A = fill(static_cast<std::size_t>(M * K), 1), B = fill(static_cast<std::size_t>(K * N), 2);
+      const std::vector<float> A = fill(static_cast<std::size_t>(M * K), 1),
+                               B = fill(static_cast<std::size_t>(K * N), 2);
       // ops operands: bf16, random like the executor's (see DevBuf); B is
       // [N, K] per rank (the weight layout), as the executor stores it by default.
       DevBuf a(static_cast<std::size_t>((column ? ml : M) * (column ? K : il)), 3);
@@ -244,8 +245,8 @@ void run_commir(const CommirOptions& o) {
     }
   }
   if (pg->rank() == 0) {
-    std::printf("tessera bench commir: TP=%d on %s (ms, median of %d, slowest rank; executor and ops bf16)\n%s",
-                R, pg->device_properties().name, o.reps, table.str().c_str());
+    std::printf("tessera bench commir: TP=%d on %s (ms, median of %d, slowest rank; executor and ops bf16)\n%s", R,
+                pg->device_properties().name, o.reps, table.str().c_str());
     if (!o.markdown.empty()) {
       std::ofstream f(o.markdown, std::ios::app);
       f << table.markdown();

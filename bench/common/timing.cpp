@@ -25,8 +25,8 @@ namespace {
 /// The one timing loop: warm-up rounds, then `reps` rounds; each round runs
 /// every body once in order, each after `between`, bracketed by its own
 /// events and waited for before the next.
-std::vector<Stats> time_rounds(cudaStream_t stream, const std::vector<const std::function<void()>*>& bodies,
-                               int warmup, int reps, const std::function<void()>& between) {
+std::vector<Stats> time_rounds(cudaStream_t stream, const std::vector<const std::function<void()>*>& bodies, int warmup,
+                               int reps, const std::function<void()>& between) {
   TESSERA_CHECK(reps > 0, "bench timing: reps = {} must be positive", reps);
   for (int i = 0; i < warmup; ++i)
     for (const auto* body : bodies) {
@@ -67,12 +67,12 @@ void InterleavedTimer::run(const std::function<double(double)>& combine) {
   std::vector<const std::function<void()>*> bodies;
   for (const Item& it : items_) bodies.push_back(&it.body);
   const std::vector<Stats> st = time_rounds(stream_, bodies, warmup_, reps_, between_);
-  for (std::size_t k = 0; k < items_.size(); ++k)
-    *items_[k].out = combine ? combine(st[k].median_ms) : st[k].median_ms;
+  for (std::size_t k = 0; k < items_.size(); ++k) *items_[k].out = combine ? combine(st[k].median_ms) : st[k].median_ms;
   items_.clear();
 }
 
-static std::vector<size_t> widths(const std::vector<std::string>& h, const std::vector<std::vector<std::string>>& rows) {
+static std::vector<size_t> widths(const std::vector<std::string>& h,
+                                  const std::vector<std::vector<std::string>>& rows) {
   std::vector<size_t> w(h.size());
   for (size_t i = 0; i < h.size(); ++i) w[i] = h[i].size();
   for (auto& r : rows)

@@ -37,8 +37,8 @@ namespace tessera::bench::gemm {
 // gap_ms = 0: back to back, the GPU at its power cap (what a training loop
 // sees); gap_ms > 0: each run starts after a drain and that much idle time,
 // at boost clocks (how one-off measurements, e.g. MACHINES.md's, are taken).
-std::vector<Stats> time_interleaved(cudaStream_t stream, const std::vector<std::function<void()>>& variants,
-                                    int warmup, int reps, double gap_ms) {
+std::vector<Stats> time_interleaved(cudaStream_t stream, const std::vector<std::function<void()>>& variants, int warmup,
+                                    int reps, double gap_ms) {
   for (int i = 0; i < warmup; ++i)
     for (const auto& v : variants) v();
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -75,8 +75,8 @@ namespace {
 struct Options {
   int64_t m = 8192;
   // N x K of the per-rank MLP GEMMs at TP=2 (issue 3) and 8192^3.
-  std::vector<std::string> shapes = {"5504x4096",  "4096x5504",  "7168x4096",   "4096x7168",  "7168x3584",
-                                     "3584x7168",  "18432x4608", "4608x18432",  "14336x8192", "8192x14336",
+  std::vector<std::string> shapes = {"5504x4096",  "4096x5504",  "7168x4096",  "4096x7168",  "7168x3584",
+                                     "3584x7168",  "18432x4608", "4608x18432", "14336x8192", "8192x14336",
                                      "14784x8192", "8192x14784", "8192x8192"};
   int reps = 30;
   double gap_ms = 0;  // idle time before every timed run (0: back to back)
@@ -141,7 +141,8 @@ void replace_section(const std::string& path, const std::string& heading, const 
       text = ss.str();
     }
   }
-  if (text.empty()) text = "# Tessera benchmark results\n\nEvery figure a claim rests on: device kind, date, commit, command.\n";
+  if (text.empty())
+    text = "# Tessera benchmark results\n\nEvery figure a claim rests on: device kind, date, commit, command.\n";
   const std::string h = "## " + heading + "\n";
   const size_t start = text.find(h);
   if (start == std::string::npos) {
@@ -177,8 +178,20 @@ void run(const Options& o) {
 
   const std::vector<GemmTile> pp_tiles =
       o.overlap ? std::vector<GemmTile>{GemmTile::T128x128, GemmTile::T64x256} : std::vector<GemmTile>{};
-  std::vector<std::string> columns = {"M", "N", "K", "tile", "ours ms", "cuBLASLt ms", "ours TF/s", "cuBLASLt TF/s",
-                                      "ours/cuBLASLt", "idle wait", "idle notify", "idle both", "idle wait/tile", "rel err"};
+  std::vector<std::string> columns = {"M",
+                                      "N",
+                                      "K",
+                                      "tile",
+                                      "ours ms",
+                                      "cuBLASLt ms",
+                                      "ours TF/s",
+                                      "cuBLASLt TF/s",
+                                      "ours/cuBLASLt",
+                                      "idle wait",
+                                      "idle notify",
+                                      "idle both",
+                                      "idle wait/tile",
+                                      "rel err"};
   for (GemmTile t : pp_tiles) {
     columns.push_back("overlap " + tile_name(t) + " ms");
     columns.push_back("overlap " + tile_name(t) + "/cuBLASLt");
@@ -328,8 +341,7 @@ void run(const Options& o) {
       if (!same) fmt::print("WARNING {}x{}x{}: the RS kernel's output differs from ours\n", m, n, k);
       i_rs_v = variants.size();
       for (size_t v = 0; v < rs_kinds.size(); ++v)
-        variants.push_back(
-            [&, v] { gemm_rs_epilogue(rs_kinds[v], args_for(i_rs[v]++ % o.sets, d.p), rsb, stream); });
+        variants.push_back([&, v] { gemm_rs_epilogue(rs_kinds[v], args_for(i_rs[v]++ % o.sets, d.p), rsb, stream); });
     }
     const size_t first_pp = variants.size();
     std::vector<int> i_pp(pp_opts.size(), 0);
@@ -346,14 +358,23 @@ void run(const Options& o) {
     const double flops = 2.0 * m * n * k;
     const double ratio = ours.median_ms / base.median_ms;
     ratios.push_back(ratio);
-    std::vector<std::string> row = {
-        fmt::format("{}", m), fmt::format("{}", n), fmt::format("{}", k),
-        default_pp ? std::string("64x256/pp")
-                   : tile_name(resolve_tile(probe, opt)) + "/c" +
-                         std::to_string(resolve_cluster(probe, opt, resolve_tile(probe, opt))),
-        fmt::format("{:.3f}", ours.median_ms), fmt::format("{:.3f}", base.median_ms),
-        fmt::format("{:.0f}", flops / ours.median_ms * 1e-9), fmt::format("{:.0f}", flops / base.median_ms * 1e-9),
-        fmt::format("{:.3f}", ratio), wait_cost, notify_cost, both_cost, tile_cost, fmt::format("{:.1e}", err)};
+    std::vector<std::string> row = {fmt::format("{}", m),
+                                    fmt::format("{}", n),
+                                    fmt::format("{}", k),
+                                    default_pp
+                                        ? std::string("64x256/pp")
+                                        : tile_name(resolve_tile(probe, opt)) + "/c" +
+                                              std::to_string(resolve_cluster(probe, opt, resolve_tile(probe, opt))),
+                                    fmt::format("{:.3f}", ours.median_ms),
+                                    fmt::format("{:.3f}", base.median_ms),
+                                    fmt::format("{:.0f}", flops / ours.median_ms * 1e-9),
+                                    fmt::format("{:.0f}", flops / base.median_ms * 1e-9),
+                                    fmt::format("{:.3f}", ratio),
+                                    wait_cost,
+                                    notify_cost,
+                                    both_cost,
+                                    tile_cost,
+                                    fmt::format("{:.1e}", err)};
     for (size_t v = 0; v < pp_opts.size(); ++v) {
       const double r = st[first_pp + v].median_ms / base.median_ms;
       pp_ratios[v].push_back(r);
@@ -370,8 +391,8 @@ void run(const Options& o) {
       row.push_back(rs_same);
     }
     table.add(row);
-    fmt::print("{}x{}x{}: ours {:.3f} ms, cuBLASLt {:.3f} ms, ratio {:.3f}\n", m, n, k, ours.median_ms,
-               base.median_ms, ratio);
+    fmt::print("{}x{}x{}: ours {:.3f} ms, cuBLASLt {:.3f} ms, ratio {:.3f}\n", m, n, k, ours.median_ms, base.median_ms,
+               ratio);
     std::fflush(stdout);
   }
   std::vector<double> sorted = ratios;
@@ -395,11 +416,14 @@ void run(const Options& o) {
         "Device kind: {} ({}, {} SMs). Date: {:%Y-%m-%d}. Commit: {}.\n"
         "Command: `{}`\n\n"
         "bf16 inputs unless stated, f32 accumulation, B as {}; time = median of {} CUDA-event-timed runs after {} "
-        "warm-ups (all variants interleaved run by run), inputs rotated over {} buffer sets. ours/cuBLASLt < 1 means ours is faster. \"idle wait / notify / "
-        "both\" = extra time of the same GEMM (same kernel as \"ours\") with a FlagWait prologue whose flags are already "
+        "warm-ups (all variants interleaved run by run), inputs rotated over {} buffer sets. ours/cuBLASLt < 1 means "
+        "ours is faster. \"idle wait / notify / "
+        "both\" = extra time of the same GEMM (same kernel as \"ours\") with a FlagWait prologue whose flags are "
+        "already "
         "set (memoized; waited for by the producer's waiter warp ahead of the TMA thread), a per-tile notify epilogue, "
         "or both, compiled in; \"idle wait/tile\" = the same "
-        "flags acquired on every tile with a proxy fence per tile (the FlagWait before the memo; same waiter). Tile \"64x256/pp\" = the ping-pong kernel the plain "
+        "flags acquired on every tile with a proxy fence per tile (the FlagWait before the memo; same waiter). Tile "
+        "\"64x256/pp\" = the ping-pong kernel the plain "
         "gemm() picks by default; \"cooperative\" = the cooperative kernel the tile heuristic picks (the default "
         "before).\n\n"
         "{}\nMedian ours/cuBLASLt = {:.3f}; worst = {:.3f}.\n{}",
@@ -431,8 +455,9 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   cmd->add_option("--tile", opts->tile, "auto, 128x256, 256x128, 128x128");
   cmd->add_option("--cluster", opts->cluster, "CTAs per cluster along M: 0 auto, 1, 2")->check(CLI::Range(0, 2));
   cmd->add_option("--hooks", opts->hooks, "also time the GEMM with idle hooks compiled in (bf16, nk)");
-  cmd->add_option("--overlap", opts->overlap,
-                  "also time the ping-pong kernels (epilogue_overlap; 128x128 and 64x256), checked bitwise against ours");
+  cmd->add_option(
+      "--overlap", opts->overlap,
+      "also time the ping-pong kernels (epilogue_overlap; 128x128 and 64x256), checked bitwise against ours");
   cmd->add_flag("--rs-epilogue", opts->rs_epilogue,
                 "also time GEMM+RS fused_ce's kernel on this GPU (pretend world 2, flags set; bf16, nk): its cost "
                 "over the plain ping-pong kernel, with parts left out (ops::DiagSkip), and the plain kernel in its "

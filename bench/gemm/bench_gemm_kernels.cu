@@ -67,7 +67,8 @@ void gemm_idle_hooks(Hooks which, const kernels::GemmArgs& a, const kernels::Gem
     po.epilogue_overlap = true;
     const GemmTile t = o.epilogue_overlap ? resolve_tile(a, po) : GemmTile::T64x256;
     switch (which) {
-      case Hooks::Both: return gemm_with_layout_overlap<__nv_bfloat16, BLayout::NK>(t, a, po, w, e, raster_from(o), s);
+      case Hooks::Both:
+        return gemm_with_layout_overlap<__nv_bfloat16, BLayout::NK>(t, a, po, w, e, raster_from(o), s);
       case Hooks::WaitOnly:
         return gemm_with_layout_overlap<__nv_bfloat16, BLayout::NK>(t, a, po, w, plain, raster_from(o), s);
       case Hooks::NotifyOnly:
@@ -78,8 +79,10 @@ void gemm_idle_hooks(Hooks which, const kernels::GemmArgs& a, const kernels::Gem
   }
   const GemmTile t = resolve_tile(a, o);
   switch (which) {
-    case Hooks::Both: return gemm_with_layout<__nv_bfloat16, BLayout::NK>(t, a, o, w, e, raster_from(o), s);
-    case Hooks::WaitOnly: return gemm_with_layout<__nv_bfloat16, BLayout::NK>(t, a, o, w, plain, raster_from(o), s);
+    case Hooks::Both:
+      return gemm_with_layout<__nv_bfloat16, BLayout::NK>(t, a, o, w, e, raster_from(o), s);
+    case Hooks::WaitOnly:
+      return gemm_with_layout<__nv_bfloat16, BLayout::NK>(t, a, o, w, plain, raster_from(o), s);
     case Hooks::NotifyOnly:
       return gemm_with_layout<__nv_bfloat16, BLayout::NK>(t, a, o, engine::NoWait{}, e, raster_from(o), s);
     case Hooks::WaitPerTile:

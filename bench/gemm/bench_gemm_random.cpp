@@ -257,7 +257,8 @@ void run_random(const RandomOptions& o) {
     std::vector<int> diag_i(kernels_diag.size() + 2, 0);
     for (size_t v = 0; v < kernels_diag.size(); ++v) {
       diag_names.push_back(kernels_diag[v].first);
-      variants.push_back([&, v] { kernels::gemm(args(diag_i[v]++ % o.sets, d.p, false), kernels_diag[v].second, stream); });
+      variants.push_back(
+          [&, v] { kernels::gemm(args(diag_i[v]++ % o.sets, d.p, false), kernels_diag[v].second, stream); });
     }
     if (o.diag && ktail) {
       const size_t v0 = kernels_diag.size();
@@ -290,10 +291,10 @@ void run_random(const RandomOptions& o) {
       r.diag.push_back({"host cuBLASLt", host_ref * 1e-3});
     }
     const double flops = 2.0 * m * n * k;
-    std::string line = fmt::format("{:>5} {:>5} {:>5} {:<16} ours {:8.4f} ms {:4.0f} TF/s  cuBLASLt {:8.4f} ms {:4.0f} TF/s  "
-                                   "ratio {:.3f}  err {:.1e}",
-                                   m, n, k, r.plan, r.ours_ms, flops / r.ours_ms * 1e-9, r.ref_ms,
-                                   flops / r.ref_ms * 1e-9, r.ratio, err);
+    std::string line = fmt::format(
+        "{:>5} {:>5} {:>5} {:<16} ours {:8.4f} ms {:4.0f} TF/s  cuBLASLt {:8.4f} ms {:4.0f} TF/s  "
+        "ratio {:.3f}  err {:.1e}",
+        m, n, k, r.plan, r.ours_ms, flops / r.ours_ms * 1e-9, r.ref_ms, flops / r.ref_ms * 1e-9, r.ratio, err);
     for (const auto& [name, ms] : r.diag) line += fmt::format("  {} {:.3f}", name, ms / r.ref_ms);
     fmt::print("{}{}\n", line, err > 1e-2 || !std::isfinite(err) ? "  ERROR" : "");
     std::fflush(stdout);
@@ -348,14 +349,16 @@ void run_random(const RandomOptions& o) {
   if (!o.json.empty()) {
     // bench/results format (bench/results/README.md): provenance + records.
     const auto now = std::chrono::system_clock::now();
-    const std::string draw = o.mnk.empty() ? fmt::format("random {} seed {}", o.count, o.seed) : std::string("mnk list");
+    const std::string draw =
+        o.mnk.empty() ? fmt::format("random {} seed {}", o.count, o.seed) : std::string("mnk list");
     std::string j = "{\n  \"provenance\": {";
-    j += fmt::format("\"device\": {}, \"gpu\": {}, \"sms\": {}, \"date\": \"{:%Y-%m-%d}\", \"commit\": {}, "
-                     "\"command\": {}, \"topic\": \"gemm\", \"issue\": 19, \"dtype\": {}, \"layout\": {}, "
-                     "\"reps\": {}, \"warmup\": {}, \"sets\": {}",
-                     json_str(o.device_kind), json_str(prop.name), prop.multiProcessorCount,
-                     fmt::localtime(std::chrono::system_clock::to_time_t(now)), json_str(o.commit),
-                     json_str(o.command_line), json_str(o.dtype), json_str(o.layout), o.reps, o.warmup, o.sets);
+    j += fmt::format(
+        "\"device\": {}, \"gpu\": {}, \"sms\": {}, \"date\": \"{:%Y-%m-%d}\", \"commit\": {}, "
+        "\"command\": {}, \"topic\": \"gemm\", \"issue\": 19, \"dtype\": {}, \"layout\": {}, "
+        "\"reps\": {}, \"warmup\": {}, \"sets\": {}",
+        json_str(o.device_kind), json_str(prop.name), prop.multiProcessorCount,
+        fmt::localtime(std::chrono::system_clock::to_time_t(now)), json_str(o.commit), json_str(o.command_line),
+        json_str(o.dtype), json_str(o.layout), o.reps, o.warmup, o.sets);
     j += "},\n  \"records\": [\n";
     std::vector<std::string> rs;
     for (const Summary& s : sums) {
@@ -368,12 +371,14 @@ void run_random(const RandomOptions& o) {
         tg = ", \"target\": {\"op\": \"<=\", \"value\": 1.00, \"text\": \"geomean <= 1.00\"}";
       }
       const std::string c = json_str(draw + ": " + s.name);
-      rs.push_back(fmt::format("    {{\"metric\": \"geomean ours/cuBLASLt\", \"case\": {}, \"value\": {}, \"unit\": "
-                               "\"ratio\", \"baseline\": \"cuBLASLt\", \"count\": {}{}}}",
-                               c, json_num(s.geomean), s.count, tg));
-      rs.push_back(fmt::format("    {{\"metric\": \"worst ours/cuBLASLt\", \"case\": {}, \"value\": {}, \"unit\": "
-                               "\"ratio\", \"baseline\": \"cuBLASLt\"{}}}",
-                               c, json_num(s.worst), tw));
+      rs.push_back(
+          fmt::format("    {{\"metric\": \"geomean ours/cuBLASLt\", \"case\": {}, \"value\": {}, \"unit\": "
+                      "\"ratio\", \"baseline\": \"cuBLASLt\", \"count\": {}{}}}",
+                      c, json_num(s.geomean), s.count, tg));
+      rs.push_back(
+          fmt::format("    {{\"metric\": \"worst ours/cuBLASLt\", \"case\": {}, \"value\": {}, \"unit\": "
+                      "\"ratio\", \"baseline\": \"cuBLASLt\"{}}}",
+                      c, json_num(s.worst), tw));
       rs.push_back(fmt::format("    {{\"metric\": \"count ours/cuBLASLt > 1.10\", \"case\": {}, \"value\": {}}}", c,
                                s.above_110));
     }
@@ -387,8 +392,8 @@ void run_random(const RandomOptions& o) {
           "    {{\"metric\": \"ours/cuBLASLt\", \"case\": \"M={} N={} K={}\", \"value\": {}, \"unit\": \"ratio\", "
           "\"baseline\": \"cuBLASLt\", \"series\": {}, \"plan\": {}, \"ours_ms\": {}, \"cublaslt_ms\": {}, "
           "\"rel_err\": {}{}}}",
-          r.m, r.n, r.k, json_num(r.ratio), json_str(draw), json_str(r.plan), json_num(r.ours_ms),
-          json_num(r.ref_ms), json_num(r.err), dg.empty() ? "" : ", \"diag_ms\": {" + dg + "}"));
+          r.m, r.n, r.k, json_num(r.ratio), json_str(draw), json_str(r.plan), json_num(r.ours_ms), json_num(r.ref_ms),
+          json_num(r.err), dg.empty() ? "" : ", \"diag_ms\": {" + dg + "}"));
     }
     for (size_t i = 0; i < rs.size(); ++i) j += rs[i] + (i + 1 < rs.size() ? ",\n" : "\n");
     j += "  ]\n}\n";

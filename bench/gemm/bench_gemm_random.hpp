@@ -16,16 +16,16 @@
 namespace tessera::bench::gemm {
 
 struct RandomOptions {
-  int count = 0;           ///< shapes to draw (--random N)
-  uint64_t seed = 1;       ///< --seed S
+  int count = 0;                 ///< shapes to draw (--random N)
+  uint64_t seed = 1;             ///< --seed S
   std::vector<std::string> mnk;  ///< explicit MxNxK shapes instead of a draw
   std::string dtype = "bf16";
   std::string layout = "nk";
   int reps = 20;
   int warmup = 5;
   int sets = 3;
-  bool diag = false;       ///< also time every compiled kernel and padded leading dimensions
-  std::string json;        ///< write per-shape records and the summary here
+  bool diag = false;  ///< also time every compiled kernel and padded leading dimensions
+  std::string json;   ///< write per-shape records and the summary here
   std::string commit = "unknown";
   std::string device_kind = "unknown";
   std::string command_line;
@@ -40,7 +40,7 @@ void run_random(const RandomOptions& o);
 /// Times several variants interleaved run by run (each bracketed by its own
 /// events) after `warmup` interleaved rounds; gap_ms > 0 drains and idles
 /// before each run. Defined in bench_gemm.cpp.
-std::vector<Stats> time_interleaved(cudaStream_t stream, const std::vector<std::function<void()>>& variants,
-                                    int warmup, int reps, double gap_ms);
+std::vector<Stats> time_interleaved(cudaStream_t stream, const std::vector<std::function<void()>>& variants, int warmup,
+                                    int reps, double gap_ms);
 
 }  // namespace tessera::bench::gemm

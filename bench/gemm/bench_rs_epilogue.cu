@@ -37,7 +37,8 @@ void gemm_rs_epilogue(RsEpi which, const kernels::GemmArgs& a, const RsEpilogueB
   using namespace kernels;
   if (a.b_layout != BLayout::NK || a.in != DType::bf16 || a.out != DType::bf16)
     detail::fail("bench gemm --rs-epilogue: compiled for bf16, B [N, K] only");
-  if (a.m % 128 != 0) detail::fail("bench gemm --rs-epilogue: M must be a multiple of 128 (two shards on 64-row tiles)");
+  if (a.m % 128 != 0)
+    detail::fail("bench gemm --rs-epilogue: M must be a multiple of 128 (two shards on 64-row tiles)");
   const int tiles_m = static_cast<int>(a.m / 64);
   ops::detail::RsBandPrologue pro;
   pro.flags = b.band_flags;
@@ -62,7 +63,7 @@ void gemm_rs_epilogue(RsEpi which, const kernels::GemmArgs& a, const RsEpilogueB
       e.ldd = a.n;
       const int rot = which == RsEpi::PlainHere ? 0 : tiles_m / 2;
       gemm_with_tile_overlap<GemmTile::T64x256, __nv_bfloat16, BLayout::NK>(a, o, engine::NoWait{}, e,
-                                                                          engine::RasterScheduler{8, false, rot}, s);
+                                                                            engine::RasterScheduler{8, false, rot}, s);
       return;
     }
     default: {

@@ -166,9 +166,11 @@ void run(const Options& o) {
   gemm::fill_random(b.p, max_b, DType::bf16, 72, stream);
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
 
-  std::vector<std::string> cols = {"problem", "N", "K", "tile", "ours ms", "ours TF/s", "torch ms", "ours/torch",
-                                   "dense cuBLASLt ms", "dense ours ms", "ours/dense", "loop ms", "ours/loop",
-                                   "rel err"};
+  std::vector<std::string> cols = {"problem",       "N",          "K",
+                                   "tile",          "ours ms",    "ours TF/s",
+                                   "torch ms",      "ours/torch", "dense cuBLASLt ms",
+                                   "dense ours ms", "ours/dense", "loop ms",
+                                   "ours/loop",     "rel err"};
   std::vector<GroupedTile> extra_tiles;
   if (o.tiles)
     extra_tiles = {GroupedTile::Coop128x256, GroupedTile::Coop128x128, GroupedTile::PingPong128x128,
@@ -274,12 +276,22 @@ void run(const Options& o) {
                                           fmt::format("{:.4f}", t_loop),
                                           fmt::format("{:.2f}", t_loop / t_ours),
                                           fmt::format("{:.1e}", err)};
-          nlohmann::json rec = {{"shape", m.name},       {"tp", tp},           {"gemm", which},
-                                {"routing", rt},         {"n", n},             {"k", k},
-                                {"rows", T},             {"experts", m.E},     {"tile", kernels::grouped_tile_name(tile)},
-                                {"ours_ms", t_ours},     {"ours_tflops", flop / t_ours / 1e9},
-                                {"loop_ms", t_loop},     {"dense_cublaslt_ms", t_dcub},
-                                {"dense_ours_ms", t_dours}, {"rel_err", err},  {"counts", counts}};
+          nlohmann::json rec = {{"shape", m.name},
+                                {"tp", tp},
+                                {"gemm", which},
+                                {"routing", rt},
+                                {"n", n},
+                                {"k", k},
+                                {"rows", T},
+                                {"experts", m.E},
+                                {"tile", kernels::grouped_tile_name(tile)},
+                                {"ours_ms", t_ours},
+                                {"ours_tflops", flop / t_ours / 1e9},
+                                {"loop_ms", t_loop},
+                                {"dense_cublaslt_ms", t_dcub},
+                                {"dense_ours_ms", t_dours},
+                                {"rel_err", err},
+                                {"counts", counts}};
           if (!std::isnan(t_torch)) {
             rec["torch_ms"] = t_torch;
             rec["ours_over_torch_throughput"] = t_torch / t_ours;
@@ -312,8 +324,9 @@ void run(const Options& o) {
     nlohmann::json j = {{"device", fmt::format("{} ({}, {} SMs)", o.device_kind, prop.name, prop.multiProcessorCount)},
                         {"commit", o.commit},
                         {"command", o.command_line},
-                        {"method", "CUDA events per call, warm-up, median; variants interleaved run by run; "
-                                   "torch._grouped_mm timed by scripts/bench_grouped_torch.py in the same device call"},
+                        {"method",
+                         "CUDA events per call, warm-up, median; variants interleaved run by run; "
+                         "torch._grouped_mm timed by scripts/bench_grouped_torch.py in the same device call"},
                         {"summary",
                          {{"ours_over_torch_geomean", geomean(vs_torch)},
                           {"ours_over_torch_min", mn(vs_torch)},
@@ -334,8 +347,9 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   auto& bench = tools::subcommand(root, "bench", "Benchmarks");
   auto opts = std::make_shared<Options>();
   auto* cmd = bench.add_subcommand(
-      "grouped", "Grouped GEMM on the MoE-1..6 expert GEMMs vs a per-expert cuBLASLt loop, one dense GEMM and "
-                 "torch._grouped_mm (--torch-json)");
+      "grouped",
+      "Grouped GEMM on the MoE-1..6 expert GEMMs vs a per-expert cuBLASLt loop, one dense GEMM and "
+      "torch._grouped_mm (--torch-json)");
   cmd->add_option("--tp", opts->tp, "tensor-parallel shards of I")->delimiter(',');
   cmd->add_option("--shapes", opts->shapes, "MoE-1..MoE-6 (default: all)")->delimiter(',');
   cmd->add_option("--routing", opts->routing, "uniform,skewed")->delimiter(',');

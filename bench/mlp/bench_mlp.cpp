@@ -125,8 +125,8 @@ void run(const Options& o) {
   Buf lead_a(kLead * kLeadK * 2), lead_b(kLead * kLeadK * 2), lead_d(kLead * kLead * 2);
   gemm::fill_random(lead_a.p, kLead * kLeadK, t, 77 + rank, st);
   gemm::fill_random(lead_b.p, kLead * kLeadK, t, 88 + rank, st);
-  const kernels::GemmArgs lead_args{lead_a.p, lead_b.p, lead_d.p, kLead, kLead, kLeadK, kLeadK, kLeadK, kLead,
-                                    t, t, kernels::BLayout::NK};
+  const kernels::GemmArgs lead_args{lead_a.p, lead_b.p, lead_d.p, kLead, kLead, kLeadK,
+                                    kLeadK,   kLeadK,   kLead,    t,     t,     kernels::BLayout::NK};
   for (int idx : o.shapes) {
     TESSERA_CHECK(idx >= 1 && idx <= 6, "bench mlp: shape {} not in 1..6", idx);
     const MlpShape sh = mlp_shape(idx);
@@ -159,7 +159,8 @@ void run(const Options& o) {
     auto add = [&](const char* part_name, const PartResult& r, double ideal) {
       table.add({sh.name, part_name, ms(r.gemm), r.flop > 0 ? fmt::format("{:.0f}", r.flop / r.gemm * 1e-9) : "-",
                  r.engine > 0 ? ms(r.engine) : "-", ms(r.comm), ms(r.seq), ms(r.dec), ms(r.best), r.which, ms(r.tes),
-                 r.choice, ms(ideal), fmt::format("{:.2f}x", r.seq / r.tes), fmt::format("{:.0f}%", 100.0 * ideal / r.tes)});
+                 r.choice, ms(ideal), fmt::format("{:.2f}x", r.seq / r.tes),
+                 fmt::format("{:.0f}%", 100.0 * ideal / r.tes)});
     };
     // Every figure of this shape is timed in ONE interleaved loop (phase 1
     // registers, timer.run() measures, phase 2 reads), so all columns see the
@@ -169,7 +170,7 @@ void run(const Options& o) {
       if (o.gap_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(o.gap_ms));
       pg->barrier();
       if (o.lead) kernels::cublaslt_gemm(lead_args, st);  // the host queues the run while this runs
-      pg->align_streams(st);  // the ranks start each run together
+      pg->align_streams(st);                              // the ranks start each run together
     });
     struct Variant {
       std::string part, name;
@@ -425,7 +426,7 @@ void run(const Options& o) {
       r.seq = ag_tm[gated][Strategy::sequential];
       r.dec = ag_tm[gated][Strategy::decomposition];
       ag_best[gated] = ag_tm[gated][Strategy::fused_ce] <= ag_tm[gated][Strategy::fused_sm] ? Strategy::fused_ce
-                                                                                             : Strategy::fused_sm;
+                                                                                            : Strategy::fused_sm;
       r.best = ag_tm[gated][ag_best[gated]];
       r.which = std::string(ops::strategy_name(ag_best[gated]));
       r.choice = std::string(ops::strategy_name(ctx.resolve(ag_args(in[0], gated, agout.p), ag_base)));
@@ -480,12 +481,12 @@ void run(const Options& o) {
     for (const Variant& v : variants) var_row(v.part, v.name, v.ms);
   }
   if (rank == 0) {
-    const std::string head = fmt::format("bench mlp: TP={} {} on {} (ms, median of {}, max over ranks, inputs rotated "
-                                         "over {} sets, {})",
-                                         R, o.dtype, pg->device_properties().name, o.reps, o.sets,
-                                         fmt::format("{}{}", o.lead ? "lead GEMM before each run" : "no lead GEMM",
-                                                     o.gap_ms > 0 ? fmt::format(", {} ms idle before", o.gap_ms)
-                                                                  : std::string()));
+    const std::string head = fmt::format(
+        "bench mlp: TP={} {} on {} (ms, median of {}, max over ranks, inputs rotated "
+        "over {} sets, {})",
+        R, o.dtype, pg->device_properties().name, o.reps, o.sets,
+        fmt::format("{}{}", o.lead ? "lead GEMM before each run" : "no lead GEMM",
+                    o.gap_ms > 0 ? fmt::format(", {} ms idle before", o.gap_ms) : std::string()));
     fmt::print("tessera {}\n{}", head, table.str());
     const bool var_table = o.variants || o.kernel_only;
     if (var_table) fmt::print("\nfused variants:\n{}", var.str());
@@ -503,8 +504,9 @@ void run(const Options& o) {
 TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   auto& bench = tools::subcommand(root, "bench", "Benchmarks");
   auto opts = std::make_shared<Options>();
-  auto* cmd = bench.add_subcommand("mlp", "Tensor-parallel MLP (MLP-1..6): AG+GEMM (plain and gated), GEMM+RS, whole "
-                                          "layer vs sequential, decomposition and ideal");
+  auto* cmd = bench.add_subcommand("mlp",
+                                   "Tensor-parallel MLP (MLP-1..6): AG+GEMM (plain and gated), GEMM+RS, whole "
+                                   "layer vs sequential, decomposition and ideal");
   cmd->add_option("--shapes", opts->shapes, "MLP shape numbers (1..6)")->delimiter(',');
   cmd->add_option("--dtype", opts->dtype, "bf16 or f16");
   cmd->add_option("--reps", opts->reps, "timed repetitions (median)")->check(CLI::Range(1, 100000));
@@ -518,7 +520,8 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
                 "--no-lead: start each run from an idle GPU)");
   cmd->add_option("--channels", opts->channels, "AG channels per shard")->check(CLI::Range(1, 32));
   cmd->add_option("--comm-ctas", opts->comm_ctas, "CTAs for SM pushes / reductions")->check(CLI::Range(1, 64));
-  cmd->add_flag("--variants,!--no-variants", opts->variants, "print the fused-variant A/B table (--no-variants: skip it)");
+  cmd->add_flag("--variants,!--no-variants", opts->variants,
+                "print the fused-variant A/B table (--no-variants: skip it)");
   cmd->add_flag("--kernel-only,!--no-kernel-only", opts->kernel_only,
                 "time the fused_ce kernels without their communication (OpOptions::diag_kernel_only; rows in the "
                 "variant table; default on)");

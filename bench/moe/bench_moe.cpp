@@ -189,10 +189,9 @@ void run(const Options& o) {
         kernels::grouped_gemm(down, {}, s);
       });
       timer.add(&comm, [&] {
+        TESSERA_NCCL_CHECK(ncclAllGather(x.p, ag.p, static_cast<std::size_t>(Tl * H), ncclBfloat16, pg->nccl(), s));
         TESSERA_NCCL_CHECK(
-            ncclAllGather(x.p, ag.p, static_cast<std::size_t>(Tl * H), ncclBfloat16, pg->nccl(), s));
-        TESSERA_NCCL_CHECK(ncclReduceScatter(part.p, out.p, static_cast<std::size_t>(Tl * H), ncclBfloat16, ncclSum,
-                                             pg->nccl(), s));
+            ncclReduceScatter(part.p, out.p, static_cast<std::size_t>(Tl * H), ncclBfloat16, ncclSum, pg->nccl(), s));
       });
       timer.run([&](double v) { return pg->allreduce_max(v); });
       ctx.check_status();
@@ -204,10 +203,11 @@ void run(const Options& o) {
                  fmt::format("{:.3f}", comm), fmt::format("{:.3f}", layer / ideal),
                  torch_ms > 0 ? fmt::format("{:.3f}", torch_ms) : "-",
                  torch_ms > 0 ? fmt::format("{:.3f}", torch_ms / layer) : "-"});
-      js << (first ? "" : ",") << fmt::format(
-                                      "\n{{\"shape\": \"{}\", \"routing\": \"{}\", \"world\": {}, \"layer_ms\": {:.5f}, "
-                                      "\"experts_ms\": {:.5f}, \"comm_ms\": {:.5f}, \"torch_ms\": {:.5f}}}",
-                                      sh.name, routing, R, layer, experts, comm, torch_ms);
+      js << (first ? "" : ",")
+         << fmt::format(
+                "\n{{\"shape\": \"{}\", \"routing\": \"{}\", \"world\": {}, \"layer_ms\": {:.5f}, "
+                "\"experts_ms\": {:.5f}, \"comm_ms\": {:.5f}, \"torch_ms\": {:.5f}}}",
+                sh.name, routing, R, layer, experts, comm, torch_ms);
       first = false;
     }
   }

@@ -233,14 +233,18 @@ struct DevMem {
   DevMem(const DevMem&) = delete;
   DevMem& operator=(const DevMem&) = delete;
   template <class T>
-  T* as() const { return static_cast<T*>(p); }
+  T* as() const {
+    return static_cast<T*>(p);
+  }
 };
 
 // Owned CUDA events (destroyed on every path, also when a wait throws).
 struct Event {
   cudaEvent_t e = nullptr;
   explicit Event(unsigned flags = cudaEventDisableTiming) { TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&e, flags)); }
-  ~Event() { if (e) cudaEventDestroy(e); }
+  ~Event() {
+    if (e) cudaEventDestroy(e);
+  }
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
 };
@@ -283,9 +287,10 @@ void bounded_wait(cudaEvent_t ev, ncclComm_t comm, const std::string& what, cons
     }
     if (Clock::now() > deadline) {
       if (stuck) stuck();
-      TESSERA_FAIL("bench signal: {} did not finish within {} ms (TESSERA_WAIT_TIMEOUT_MS x 4); GPU work is stuck "
-                   "or far slower than expected",
-                   what, bench_timeout_ns() / 1000000);
+      TESSERA_FAIL(
+          "bench signal: {} did not finish within {} ms (TESSERA_WAIT_TIMEOUT_MS x 4); GPU work is stuck "
+          "or far slower than expected",
+          what, bench_timeout_ns() / 1000000);
     }
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
@@ -387,8 +392,7 @@ std::vector<TimedResult> timed_interleaved(runtime::ProcessGroup& pg, cudaStream
 }
 
 // Runs one collective of `elems` bf16 elements (op: ar or rs) from `send` into `recv`.
-void collective(bool ar, const void* send, void* recv, std::int64_t elems, int world, ncclComm_t comm,
-                cudaStream_t s) {
+void collective(bool ar, const void* send, void* recv, std::int64_t elems, int world, ncclComm_t comm, cudaStream_t s) {
   if (ar)
     TESSERA_NCCL_CHECK(ncclAllReduce(send, recv, size_t(elems), ncclBfloat16, ncclSum, comm, s));
   else
@@ -411,8 +415,9 @@ tune::BandwidthCurve measure_curve(runtime::ProcessGroup& pg, ncclComm_t comm, b
   for (double bytes = 64 * 1024; bytes <= double(max_bytes) * 1.0001; bytes *= std::sqrt(2.0)) {
     std::int64_t elems = static_cast<std::int64_t>(bytes / 2) / (8 * pg.world()) * (8 * pg.world());
     elems = std::min(elems, max_elems);
-    const double ms = timed(pg, s, [&] { collective(ar, a.p, b.p, elems, pg.world(), comm, s); }, o.warmup,
-                            o.reps, fmt::format("offline curve, {} bytes", elems * 2));
+    const double ms = timed(
+        pg, s, [&] { collective(ar, a.p, b.p, elems, pg.world(), comm, s); }, o.warmup, o.reps,
+        fmt::format("offline curve, {} bytes", elems * 2));
     // A measured curve can wiggle by noise; keep time non-decreasing.
     prev = std::max(prev, ms * 1e-3);
     if (pts.empty() || double(elems * 2) > pts.back().bytes) pts.push_back({double(elems * 2), prev});
@@ -464,23 +469,23 @@ double measure_group_overhead(runtime::ProcessGroup& pg, ncclComm_t comm, bool a
 struct Row {
   Shape shape;
   int waves = 0;
-  std::string choice;       ///< tuner's final choice: partition or "no overlap"
-  std::string searched;     ///< the searched overlapped partition
+  std::string choice;    ///< tuner's final choice: partition or "no overlap"
+  std::string searched;  ///< the searched overlapped partition
   double gemm = 0, comm = 0, seq = 0, decomp = 0, tessera = 0, bound = 0;
   double overlap_meas = 0, overlap_pred = 0, seq_pred = 0, chosen_pred = 0;
-  bool overlap = false;           ///< the predictive choice overlaps
-  bool verified_overlap = false;  ///< the measured verdict keeps the fastest top-k candidate
-  bool verified1_overlap = false; ///< what the verdict on the searched partition alone (top-1) would keep
-  std::string verified;           ///< the verified choice: partition or "no overlap"
+  bool overlap = false;             ///< the predictive choice overlaps
+  bool verified_overlap = false;    ///< the measured verdict keeps the fastest top-k candidate
+  bool verified1_overlap = false;   ///< what the verdict on the searched partition alone (top-1) would keep
+  std::string verified;             ///< the verified choice: partition or "no overlap"
   std::vector<int> verified_waves;  ///< its partition (the fastest measured candidate)
-  double verified_meas = 0;       ///< its measured time (ms)
+  double verified_meas = 0;         ///< its measured time (ms)
   // The top-k candidates (index 0 = the searched partition): partition,
   // prediction and measurement (ms, interleaved with non-overlap).
   std::vector<std::vector<int>> cand_waves;
   std::vector<std::string> cand_str;
   std::vector<double> cand_pred, cand_meas;
-  int fastest = 0;                ///< index of the fastest measured candidate
-  double predictive = 0;          ///< the predictive choice, measured (ms)
+  int fastest = 0;        ///< index of the fastest measured candidate
+  double predictive = 0;  ///< the predictive choice, measured (ms)
   std::vector<int> searched_waves;
   signal::Raster raster = signal::Raster::AlongN;
   double rel_err = -1;
@@ -489,9 +494,9 @@ struct Row {
   int exh_count = 0;
   std::string exh_best;
   double exh_best_ms = 0, exh_searched_ms = 0;  ///< the predictive choice in the sweep
-  double exh_verified_ms = 0;                    ///< the verified (top-k) choice in the sweep
-  double exh_verified1_ms = 0;                   ///< the top-1 verified choice in the sweep
-  std::vector<int> exh_best_waves;               ///< the sweep's best partition (empty: no overlap)
+  double exh_verified_ms = 0;                   ///< the verified (top-k) choice in the sweep
+  double exh_verified1_ms = 0;                  ///< the top-1 verified choice in the sweep
+  std::vector<int> exh_best_waves;              ///< the sweep's best partition (empty: no overlap)
   // Head to head (--exhaustive-confirm): the sweep's best, the predictive,
   // verified and top-1 verified choices re-timed in one interleaved loop
   // (ms; 0 = not run). The sweep's minimum over 2^(W-1) noisy medians is
@@ -501,22 +506,22 @@ struct Row {
   tune::GemmTiming timing;  ///< for the stored machine profile
   tune::SignalQuery query;  ///< this shape as the library's tuner sees it
   // Where the time goes (issue 5; all ms, medians, max over ranks):
-  double engine_plain = 0;    ///< engine GEMM, plain epilogue, budgeted SMs, the overlap's tile
-  double engine_epi = 0;      ///< the same with the group epilogue (reorder store + counter), 1 group
-  double comm_ov = 0;         ///< whole collective alone on the overlap communicator
-  double groups_alone = 0;    ///< the searched plan's group collectives alone (waits pre-satisfied)
-  double beside_ov = 0;       ///< engine GEMM || whole collective (independent data), overlap comm
-  double beside_def = 0;      ///< the same on the process group's (default) communicator
-  double ov_gemm_end = 0;     ///< in the overlapped run: start -> GEMM finished
-  double penalty_used = 0;    ///< GEMM penalty per group in this shape's model (ms)
-  double penalty_seen = -1;   ///< (ov_gemm_end - engine_epi) / (groups - 1) (ms); -1 with one group
+  double engine_plain = 0;   ///< engine GEMM, plain epilogue, budgeted SMs, the overlap's tile
+  double engine_epi = 0;     ///< the same with the group epilogue (reorder store + counter), 1 group
+  double comm_ov = 0;        ///< whole collective alone on the overlap communicator
+  double groups_alone = 0;   ///< the searched plan's group collectives alone (waits pre-satisfied)
+  double beside_ov = 0;      ///< engine GEMM || whole collective (independent data), overlap comm
+  double beside_def = 0;     ///< the same on the process group's (default) communicator
+  double ov_gemm_end = 0;    ///< in the overlapped run: start -> GEMM finished
+  double penalty_used = 0;   ///< GEMM penalty per group in this shape's model (ms)
+  double penalty_seen = -1;  ///< (ov_gemm_end - engine_epi) / (groups - 1) (ms); -1 with one group
   struct SweepPoint {
     int groups;
     double overlap, gemm_end;  ///< ms
   };
   std::vector<SweepPoint> group_sweep;  ///< --group-sweep: equal partitions
-  double overlap_def = -1;    ///< the searched plan overlapped on the default communicator (session-2 path)
-  double serial_model = 0;    ///< engine_epi + sum of the groups' curve times: "nothing overlaps"
+  double overlap_def = -1;              ///< the searched plan overlapped on the default communicator (session-2 path)
+  double serial_model = 0;              ///< engine_epi + sum of the groups' curve times: "nothing overlaps"
 };
 
 struct Problem {
@@ -553,9 +558,15 @@ struct OverlapRun {
 
   OverlapRun(Problem& p, const signal::WaveModel& wm, const signal::GroupPlan& pl, signal::WaitMode mode, void* b,
              void* r, ncclComm_t comm = nullptr)
-      : P(p), plan(pl), am(signal::make_ar_map(wm)), rm(signal::make_rs_map(wm, p.pg.world())),
+      : P(p),
+        plan(pl),
+        am(signal::make_ar_map(wm)),
+        rm(signal::make_rs_map(wm, p.pg.world())),
         dt(p.ar ? signal::epilogue_tables(wm, plan, am) : signal::epilogue_tables(wm, plan, rm)),
-        counters(plan.groups()), drv(comm != nullptr ? comm : p.ocomm, p.pg.comm_stream(0), mode), buf(b), recv(r) {}
+        counters(plan.groups()),
+        drv(comm != nullptr ? comm : p.ocomm, p.pg.comm_stream(0), mode),
+        buf(b),
+        recv(r) {}
 
   void body() {
     cudaStream_t cs = P.pg.stream(), ms = P.pg.comm_stream(0);
@@ -566,8 +577,8 @@ struct OverlapRun {
       drv.all_reduce(plan, am, buf, DType::bf16, counters, epoch);
     else
       drv.reduce_scatter(plan, rm, buf, recv, DType::bf16, counters, epoch);
-    gemm_into_groups(P.args, P.gopts, buf, dt.tile_base(), dt.seg_stride(), dt.tile_group(), dt.sub_rows(),
-                     dt.tile_n(), counters.device(), cs);
+    gemm_into_groups(P.args, P.gopts, buf, dt.tile_base(), dt.seg_stride(), dt.tile_group(), dt.sub_rows(), dt.tile_n(),
+                     counters.device(), cs);
     TESSERA_CUDA_CHECK(cudaEventRecord(gemm_end.e, cs));
     TESSERA_CUDA_CHECK(cudaEventRecord(join.e, ms));
     TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, join.e));
@@ -585,8 +596,9 @@ double run_overlap(Problem& P, const signal::WaveModel& wm, const signal::GroupP
                    void* buf, void* recv, int warmup, int reps, ncclComm_t comm = nullptr,
                    double* gemm_end_ms = nullptr) {
   OverlapRun run(P, wm, plan, mode, buf, recv, comm);
-  const double t_ms = timed(P.pg, P.pg.stream(), [&] { run.body(); }, warmup, reps, run.what(), [&] { run.stuck(); },
-                            gemm_end_ms != nullptr ? run.gemm_end.e : nullptr, gemm_end_ms);
+  const double t_ms = timed(
+      P.pg, P.pg.stream(), [&] { run.body(); }, warmup, reps, run.what(), [&] { run.stuck(); },
+      gemm_end_ms != nullptr ? run.gemm_end.e : nullptr, gemm_end_ms);
   run.finish();
   return t_ms;
 }
@@ -688,8 +700,10 @@ Row measure(Problem& P, const tune::MachineProfile& model, signal::WaitMode mode
   const int W = o.warmup, N = o.reps;
 
   // Baselines.
-  row.gemm = timed(pg, cs, [&] { kernels::cublaslt_gemm(args, cs); }, W, N, name + ": cuBLASLt GEMM");
-  row.comm = timed(pg, cs, [&] { collective(ar, D.p, C.p, mn, R, pg.nccl(), cs); }, W, N, name + ": NCCL");
+  row.gemm = timed(
+      pg, cs, [&] { kernels::cublaslt_gemm(args, cs); }, W, N, name + ": cuBLASLt GEMM");
+  row.comm = timed(
+      pg, cs, [&] { collective(ar, D.p, C.p, mn, R, pg.nccl(), cs); }, W, N, name + ": NCCL");
   // Non-overlap (cuBLASLt, then NCCL): timed below, interleaved with the
   // searched overlapped partition (the measured verdict compares the two).
   const auto non_overlap = [&] {
@@ -754,11 +768,12 @@ Row measure(Problem& P, const tune::MachineProfile& model, signal::WaitMode mode
     gemm_budget_ms = timed(pg, cs, engine_one_group, W, N, name + ": engine GEMM on the budgeted SMs");
     row.engine_epi = gemm_budget_ms;
     kernels::GemmArgs plain = args;  // writes D (row-major), the baselines' buffer
-    row.engine_plain =
-        timed(pg, cs, [&] { kernels::gemm(plain, P.gopts, cs); }, W, N, name + ": engine GEMM, plain epilogue");
+    row.engine_plain = timed(
+        pg, cs, [&] { kernels::gemm(plain, P.gopts, cs); }, W, N, name + ": engine GEMM, plain epilogue");
     // The whole collective on the overlap communicator, alone.
-    row.comm_ov = timed(pg, cs, [&] { collective(ar, D.p, C.p, mn, R, P.ocomm, cs); }, W, N,
-                        name + ": NCCL on the overlap communicator");
+    row.comm_ov = timed(
+        pg, cs, [&] { collective(ar, D.p, C.p, mn, R, P.ocomm, cs); }, W, N,
+        name + ": NCCL on the overlap communicator");
     // Concurrency probe: the engine GEMM and a whole collective on unrelated
     // data, on two streams, no waits. ~max(GEMM, comm) when NCCL runs beside
     // the GEMM on the free SMs; ~GEMM + comm when it cannot start until the
@@ -780,8 +795,15 @@ Row measure(Problem& P, const tune::MachineProfile& model, signal::WaitMode mode
     row.beside_ov = beside(P.ocomm, "overlap");
     row.beside_def = P.ocomm == pg.nccl() ? row.beside_ov : beside(pg.nccl(), "default");
   }
-  row.timing = {sh.m, sh.n, sh.k, ts.bm, ts.bn, P.gopts.raster_group, P.gopts.max_ctas,
-                gemm_budget_ms * 1e-3 / wm.waves(), row.gemm * 1e-3};
+  row.timing = {sh.m,
+                sh.n,
+                sh.k,
+                ts.bm,
+                ts.bn,
+                P.gopts.raster_group,
+                P.gopts.max_ctas,
+                gemm_budget_ms * 1e-3 / wm.waves(),
+                row.gemm * 1e-3};
   // Predict and search (online stage) with the library's model, from the
   // profile that --store-profile stores (so SignalTuner predicts the same).
   // "No overlap" runs its collective on the process group's (default)
@@ -890,7 +912,10 @@ Row measure(Problem& P, const tune::MachineProfile& model, signal::WaitMode mode
       std::vector<int> groups;
       int last = 0;
       for (int i = 1; i < waves; ++i)
-        if (mask >> (i - 1) & 1) { groups.push_back(i - last); last = i; }
+        if (mask >> (i - 1) & 1) {
+          groups.push_back(i - last);
+          last = i;
+        }
       groups.push_back(waves - last);
       const signal::GroupPlan plan(wm, groups);
       const double t = run_overlap(P, wm, plan, mode, buf.p, recv.p, 1, o.exh_reps);
@@ -955,8 +980,8 @@ struct OpResult {
 };
 
 // One op: offline stage, every shape within `deadline`, table + summary.
-OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, bool ar, const std::vector<Shape>& shapes,
-                Clock::time_point deadline, const Progress& progress) {
+OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, bool ar,
+                const std::vector<Shape>& shapes, Clock::time_point deadline, const Progress& progress) {
   const std::string op = ar ? "ar" : "rs";
   const signal::WaitMode mode = o.wait == "memop" ? signal::WaitMode::StreamMemOp : signal::WaitMode::SpinKernel;
   std::int64_t max_bytes = 0;
@@ -996,29 +1021,54 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
   // the measured verdict on the fastest of the top-k candidates (tessera =
   // the verified choice, measured); "top-1 verified": the verdict on the
   // searched partition alone; "pick": which candidate was fastest.
-  Table table({"shape", "M", "N", "K", "waves", "predicted choice", "pred. speedup", "verified", "top-1 verified",
-               "pick", "GEMM", "comm", "non-overlap", "decomp", "tessera", "speedup", "bound", "of bound",
-               "searched overlap", "predicted", "pred err %", "exhaustive best", "searched/exh", "verified/exh",
-               "top-1 verified/exh", "h2h searched/exh", "h2h verified/exh", "h2h top-1/exh", "rel err"});
+  Table table({"shape",
+               "M",
+               "N",
+               "K",
+               "waves",
+               "predicted choice",
+               "pred. speedup",
+               "verified",
+               "top-1 verified",
+               "pick",
+               "GEMM",
+               "comm",
+               "non-overlap",
+               "decomp",
+               "tessera",
+               "speedup",
+               "bound",
+               "of bound",
+               "searched overlap",
+               "predicted",
+               "pred err %",
+               "exhaustive best",
+               "searched/exh",
+               "verified/exh",
+               "top-1 verified/exh",
+               "h2h searched/exh",
+               "h2h verified/exh",
+               "h2h top-1/exh",
+               "rel err"});
   // Every measured top-k candidate (same interleaved loop as non-overlap).
   Table cand_table({"shape", "M", "N", "K", "#", "partition", "predicted", "measured", "pred err %", "vs #1 pred %",
                     "vs #1 meas %", "vs non-overlap"});
   // Where the time of the searched overlapped plan goes (issue 5).
-  Table diag({"shape", "M", "N", "K", "groups", "engine plain", "engine+epi", "epi %", "comm", "comm@ov", "groups alone",
-              "GEMM||comm ov", "GEMM||comm def", "ov GEMM end", "overlap", "overlap def comm", "serial model",
-              "overlap model"});
+  Table diag({"shape", "M", "N", "K", "groups", "engine plain", "engine+epi", "epi %", "comm", "comm@ov",
+              "groups alone", "GEMM||comm ov", "GEMM||comm def", "ov GEMM end", "overlap", "overlap def comm",
+              "serial model", "overlap model"});
   double serial_err_sum = 0, beside_sum = 0, beside_def_sum = 0, epi_sum = 0;
   double err_sum = 0, err_all_sum = 0, seq_err_sum = 0, seq_err_signed_sum = 0, comm_curve_err_sum = 0;
   int err_n = 0, err_all_n = 0, slower = 0, slower_pred = 0, exh_n = 0, exh_ok = 0, exh_ok_verified = 0, done = 0;
-  int exh_ok_verified1 = 0;      // the top-1 verified choice >= 99 % of exhaustive
-  int h2h_n = 0, h2h_ok = 0, h2h_ok_verified = 0, h2h_ok_verified1 = 0;  // the same, head to head
+  int exh_ok_verified1 = 0;  // the top-1 verified choice >= 99 % of exhaustive
+  int h2h_n = 0, h2h_ok = 0, h2h_ok_verified = 0, h2h_ok_verified1 = 0;   // the same, head to head
   double h2h_sum_s = 0, h2h_sum_v = 0, h2h_min_s = 1e9, h2h_min_v = 1e9;  // mean / worst head-to-head ratio
-  int topk_changed = 0;          // the top-k verified choice differs from the top-1 one
-  int topk_changed_on = 0;       // ... of which top-1 said no overlap
-  int topk_changed_off = 0;      // ... of which top-1 overlapped and top-k does not (never: its fastest is faster)
-  int topk_not_first = 0;        // the fastest measured candidate is not the searched one
-  int slower1 = 0;               // top-1 verified choice slower than non-overlap
-  double cand_err_sum = 0;       // predictor error over every measured candidate
+  int topk_changed = 0;      // the top-k verified choice differs from the top-1 one
+  int topk_changed_on = 0;   // ... of which top-1 said no overlap
+  int topk_changed_off = 0;  // ... of which top-1 overlapped and top-k does not (never: its fastest is faster)
+  int topk_not_first = 0;    // the fastest measured candidate is not the searched one
+  int slower1 = 0;           // top-1 verified choice slower than non-overlap
+  double cand_err_sum = 0;   // predictor error over every measured candidate
   int cand_err_n = 0;
   double speedup1_sum = 0;
   double speedup_pred_sum = 0, speedup_sum = 0;
@@ -1030,7 +1080,7 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
     std::vector<tune::MeasuredPartition> measured;  // every top-k candidate
     double sequential_s;
   };
-  std::vector<Verdict> verdicts;  // for the stored plan cache (--store-profile)
+  std::vector<Verdict> verdicts;       // for the stored plan cache (--store-profile)
   std::vector<double> penalties_seen;  // ms, from the shapes measured so far
   Table sweep({"shape", "M", "N", "K", "groups", "overlap", "ov GEMM end", "GEMM slowdown", "per extra group"});
   const auto learned_penalty = [&] {
@@ -1125,7 +1175,9 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
         exh_ok_verified1 += exh_ratio_v1 >= 0.99;
       }
     }
-    const auto h2h = [&](double choice_ms) { return r.h2h_exh_ms > 0 && choice_ms > 0 ? r.h2h_exh_ms / choice_ms : 0.0; };
+    const auto h2h = [&](double choice_ms) {
+      return r.h2h_exh_ms > 0 && choice_ms > 0 ? r.h2h_exh_ms / choice_ms : 0.0;
+    };
     const double h2h_s = h2h(r.h2h_searched_ms), h2h_v = h2h(r.h2h_verified_ms), h2h_v1 = h2h(r.h2h_verified1_ms);
     if (r.exhaustive && r.h2h_exh_ms > 0) {
       ++h2h_n;
@@ -1137,19 +1189,38 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
       h2h_ok_verified += h2h_v >= 0.99;
       h2h_ok_verified1 += h2h_v1 >= 0.99;
     }
-    const auto pct = [&](double x) { return r.exhaustive && x > 0 ? fmt::format("{:.1f}%", x * 100) : std::string("-"); };
-    table.add({s.label.empty() ? "-" : s.label, std::to_string(s.m), std::to_string(s.n), std::to_string(s.k),
-               std::to_string(r.waves), r.choice, fmt::format("{:.3f}", r.seq / r.predictive), r.verified, verified1,
+    const auto pct = [&](double x) {
+      return r.exhaustive && x > 0 ? fmt::format("{:.1f}%", x * 100) : std::string("-");
+    };
+    table.add({s.label.empty() ? "-" : s.label,
+               std::to_string(s.m),
+               std::to_string(s.n),
+               std::to_string(s.k),
+               std::to_string(r.waves),
+               r.choice,
+               fmt::format("{:.3f}", r.seq / r.predictive),
+               r.verified,
+               verified1,
                fmt::format("#{} of {}{}", r.fastest + 1, r.cand_waves.size(), changed ? " (changed)" : ""),
-               f3(r.gemm), f3(r.comm), f3(r.seq), f3(r.decomp),
-               f3(r.tessera), fmt::format("{:.3f}", r.seq / r.tessera), f3(r.bound),
-               fmt::format("{:.2f}", r.bound / r.tessera), f3(r.overlap_meas), f3(r.overlap_pred),
+               f3(r.gemm),
+               f3(r.comm),
+               f3(r.seq),
+               f3(r.decomp),
+               f3(r.tessera),
+               fmt::format("{:.3f}", r.seq / r.tessera),
+               f3(r.bound),
+               fmt::format("{:.2f}", r.bound / r.tessera),
+               f3(r.overlap_meas),
+               f3(r.overlap_pred),
                fmt::format("{:.1f}", err),
                r.exhaustive ? fmt::format("{} {} ({} meas.)", f3(r.exh_best_ms), r.exh_best, r.exh_count) : "-",
                r.exhaustive ? fmt::format("{:.1f}%", exh_ratio * 100) : "-",
                r.exhaustive && exh_ratio_v > 0 ? fmt::format("{:.1f}%", exh_ratio_v * 100) : "-",
-               r.exhaustive && exh_ratio_v1 > 0 ? fmt::format("{:.1f}%", exh_ratio_v1 * 100) : "-", pct(h2h_s),
-               pct(h2h_v), pct(h2h_v1), fmt::format("{:.1e}", r.rel_err)});
+               r.exhaustive && exh_ratio_v1 > 0 ? fmt::format("{:.1f}%", exh_ratio_v1 * 100) : "-",
+               pct(h2h_s),
+               pct(h2h_v),
+               pct(h2h_v1),
+               fmt::format("{:.1e}", r.rel_err)});
     const int groups = static_cast<int>(std::count(r.searched.begin(), r.searched.end(), ',')) + 1;
     diag.add({s.label.empty() ? "-" : s.label, std::to_string(s.m), std::to_string(s.n), std::to_string(s.k),
               std::to_string(groups), f3(r.engine_plain), f3(r.engine_epi),
@@ -1165,26 +1236,25 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
     beside_sum += concurrency(r.beside_ov, r.comm_ov);
     beside_def_sum += concurrency(r.beside_def, r.comm);
     epi_sum += (r.engine_epi / r.engine_plain - 1) * 100;
-    progress("{}: {} done in {:.1f} s: tessera (verified) {:.3f} ms ({}), predicted choice {}, speedup {:.3f}, "
-             "non-overlap {:.3f}, verified speedup {:.3f}, searched overlap "
-             "{:.3f} ms predicted {:.3f} ({:+.1f}%, GEMM penalty {:.1f} us/group; seen {}), rel err {:.1e}{}",
-             op, shape_name(s), r.seconds, r.tessera,
-             fmt::format("{}, candidate #{} of {}{}", r.verified, r.fastest + 1, r.cand_waves.size(),
-                         changed ? ", changed by the top-k" : ""),
-             r.choice,
-             r.seq / r.predictive, r.seq, r.seq / r.tessera, r.overlap_meas,
-             r.overlap_pred, (r.overlap_pred / r.overlap_meas - 1) * 100, r.penalty_used * 1e3,
-             r.penalty_seen >= 0 ? fmt::format("{:.1f} us", r.penalty_seen * 1e3) : std::string("- (one group)"),
-             r.rel_err,
-             r.exhaustive ? fmt::format(", exhaustive best {:.3f} ms of {} ({:.1f}% of searched)", r.exh_best_ms,
-                                        r.exh_count, exh_ratio * 100)
-                          : "");
+    progress(
+        "{}: {} done in {:.1f} s: tessera (verified) {:.3f} ms ({}), predicted choice {}, speedup {:.3f}, "
+        "non-overlap {:.3f}, verified speedup {:.3f}, searched overlap "
+        "{:.3f} ms predicted {:.3f} ({:+.1f}%, GEMM penalty {:.1f} us/group; seen {}), rel err {:.1e}{}",
+        op, shape_name(s), r.seconds, r.tessera,
+        fmt::format("{}, candidate #{} of {}{}", r.verified, r.fastest + 1, r.cand_waves.size(),
+                    changed ? ", changed by the top-k" : ""),
+        r.choice, r.seq / r.predictive, r.seq, r.seq / r.tessera, r.overlap_meas, r.overlap_pred,
+        (r.overlap_pred / r.overlap_meas - 1) * 100, r.penalty_used * 1e3,
+        r.penalty_seen >= 0 ? fmt::format("{:.1f} us", r.penalty_seen * 1e3) : std::string("- (one group)"), r.rel_err,
+        r.exhaustive ? fmt::format(", exhaustive best {:.3f} ms of {} ({:.1f}% of searched)", r.exh_best_ms,
+                                   r.exh_count, exh_ratio * 100)
+                     : "");
     if (!s.label.empty())
-      mlp_lines.push_back(fmt::format("{} {}: {:.3f}x over cuBLASLt+NCCL sequential ({:.3f} vs {:.3f} ms; verified "
-                                      "choice {}, predictive choice {} at {:.3f}x){}",
-                                      s.label, op, r.seq / r.tessera, r.tessera, r.seq,
-                                      r.verified, r.choice, r.seq / r.predictive,
-                                      ar ? (r.seq / r.tessera >= 1.25 ? " — meets 1.25x" : " — below 1.25x") : ""));
+      mlp_lines.push_back(
+          fmt::format("{} {}: {:.3f}x over cuBLASLt+NCCL sequential ({:.3f} vs {:.3f} ms; verified "
+                      "choice {}, predictive choice {} at {:.3f}x){}",
+                      s.label, op, r.seq / r.tessera, r.tessera, r.seq, r.verified, r.choice, r.seq / r.predictive,
+                      ar ? (r.seq / r.tessera >= 1.25 ? " — meets 1.25x" : " — below 1.25x") : ""));
   }
   const std::string summary = fmt::format(
       "op {} on {} ranks, wait {}, NCCL SMs reserved {}: {} of {} shapes measured; mean predictor error {:.2f}% "
@@ -1201,24 +1271,23 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
       "+{:.0f}%, non-overlap predicted with the default communicator's curve: non-overlap prediction error "
       "{:.2f}% mean (signed {:+.2f}%), that curve vs each shape's measured collective {:.2f}% mean",
       op, pg.world(), o.wait, o.nccl_sms, done, shapes.size(), err_n ? err_sum / err_n : 0.0, err_n,
-      err_all_n ? err_all_sum / err_all_n : 0.0, slower_pred, done, slower, done, o.verdict_margin_pct,
-      flipped_off, flipped_on, done ? speedup_pred_sum / done : 0.0, done ? speedup_sum / done : 0.0,
-      o.exh_max_waves, o.exh_cap_s, exh_ok, exh_n, o.top_k, exh_ok_verified, exh_n, exh_ok_verified1, exh_n,
-      o.exh_confirm_reps, h2h_ok, h2h_n, h2h_ok_verified, h2h_n, h2h_ok_verified1, h2h_n,
-      h2h_n ? h2h_sum_s / h2h_n * 100 : 0.0, h2h_n ? h2h_sum_v / h2h_n * 100 : 0.0,
-      h2h_n ? h2h_min_s * 100 : 0.0, h2h_n ? h2h_min_v * 100 : 0.0,
-      o.top_k, topk_not_first, done, topk_changed, topk_changed_on, topk_changed_off, slower1,
-      done ? speedup1_sum / done : 0.0, cand_err_n ? cand_err_sum / cand_err_n : 0.0, cand_err_n,
-      o.comm_slowdown_pct,
-      done ? seq_err_sum / done : 0.0, done ? seq_err_signed_sum / done : 0.0, done ? comm_curve_err_sum / done : 0.0);
+      err_all_n ? err_all_sum / err_all_n : 0.0, slower_pred, done, slower, done, o.verdict_margin_pct, flipped_off,
+      flipped_on, done ? speedup_pred_sum / done : 0.0, done ? speedup_sum / done : 0.0, o.exh_max_waves, o.exh_cap_s,
+      exh_ok, exh_n, o.top_k, exh_ok_verified, exh_n, exh_ok_verified1, exh_n, o.exh_confirm_reps, h2h_ok, h2h_n,
+      h2h_ok_verified, h2h_n, h2h_ok_verified1, h2h_n, h2h_n ? h2h_sum_s / h2h_n * 100 : 0.0,
+      h2h_n ? h2h_sum_v / h2h_n * 100 : 0.0, h2h_n ? h2h_min_s * 100 : 0.0, h2h_n ? h2h_min_v * 100 : 0.0, o.top_k,
+      topk_not_first, done, topk_changed, topk_changed_on, topk_changed_off, slower1, done ? speedup1_sum / done : 0.0,
+      cand_err_n ? cand_err_sum / cand_err_n : 0.0, cand_err_n, o.comm_slowdown_pct, done ? seq_err_sum / done : 0.0,
+      done ? seq_err_signed_sum / done : 0.0, done ? comm_curve_err_sum / done : 0.0);
   const std::string diag_summary = fmt::format(
       "where the time goes ({} shapes, overlap communicator: {}): group epilogue costs {:+.1f}% of the engine GEMM "
       "(mean); GEMM||comm concurrency (0 = serialized, 1 = full overlap) {:.2f} on the overlap communicator, {:.2f} "
       "on the default one; mean |error| of the overlapped run against the 'nothing overlaps' model (engine+epi + "
       "sum of group curve times) {:.1f}% vs the overlap model's {:.1f}%; GEMM penalty per group: {} (median of "
       "the in-run slowdowns per group: {:.1f} us over {} shapes)",
-      done, ocomm == pg.nccl() ? "default (process group)"
-                               : fmt::format("split, maxCTAs {}, cgaClusterSize {}", o.nccl_sms, o.nccl_cga),
+      done,
+      ocomm == pg.nccl() ? "default (process group)"
+                         : fmt::format("split, maxCTAs {}, cgaClusterSize {}", o.nccl_sms, o.nccl_cga),
       done ? epi_sum / done : 0.0, done ? beside_sum / done : 0.0, done ? beside_def_sum / done : 0.0,
       done ? serial_err_sum / done : 0.0, err_n ? err_sum / err_n : 0.0,
       o.gemm_penalty_us >= 0 ? fmt::format("{:.1f} us (given)", o.gemm_penalty_us)
@@ -1229,21 +1298,24 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
   res.text += fmt::format("\nTop-{} candidates (* = fastest measured; medians of the interleaved loop, ms):\n{}\n",
                           o.top_k, cand_table.str());
   if (o.group_sweep)
-    res.text += fmt::format("\nGEMM slowdown against the group count (equal partitions; slowdown = ov GEMM end - "
-                            "engine+epi, ms):\n{}\n", sweep.str());
+    res.text += fmt::format(
+        "\nGEMM slowdown against the group count (equal partitions; slowdown = ov GEMM end - "
+        "engine+epi, ms):\n{}\n",
+        sweep.str());
   for (const auto& l : mlp_lines) res.text += l + "\n";
-  res.markdown = fmt::format("### bench signal --op {} (ms; tessera = the verified choice)\n\n{}\n{}\n\n"
-                             "Where the time goes (ms):\n\n{}\n{}\n\n", op,
-                             table.markdown(), summary, diag.markdown(), diag_summary);
-  res.markdown += fmt::format("Top-{} candidates (* = fastest measured; ms):\n\n{}\n", o.top_k,
-                              cand_table.markdown());
+  res.markdown = fmt::format(
+      "### bench signal --op {} (ms; tessera = the verified choice)\n\n{}\n{}\n\n"
+      "Where the time goes (ms):\n\n{}\n{}\n\n",
+      op, table.markdown(), summary, diag.markdown(), diag_summary);
+  res.markdown += fmt::format("Top-{} candidates (* = fastest measured; ms):\n\n{}\n", o.top_k, cand_table.markdown());
   for (const auto& l : mlp_lines) res.markdown += "- " + l + "\n";
 
   if (o.store_profile && pg.rank() == 0) {
     if (o.comm_slowdown_pct == 0)
-      progress("{}: note: the stored profile has comm slowdown beside the GEMM 0 (the curve as measured); the fit "
-               "for H200 x2 with 16 NCCL SMs is --comm-slowdown-pct 25 --gemm-penalty-us 20 (docs/design/signal.md)",
-               op);
+      progress(
+          "{}: note: the stored profile has comm slowdown beside the GEMM 0 (the curve as measured); the fit "
+          "for H200 x2 with 16 NCCL SMs is --comm-slowdown-pct 25 --gemm-penalty-us 20 (docs/design/signal.md)",
+          op);
     // The model as used (both curves, overhead, comm slowdown), the penalty
     // given or learned over every shape, and this op's GEMM timings; the
     // other op's curves and timings already stored are kept. The overhead,
@@ -1297,7 +1369,8 @@ void run_all(const Options& o) {
   Progress progress;
   auto pg = runtime::ProcessGroup::from_environment();
   progress.on = pg->rank() == 0;
-  for (const auto& op : o.ops) TESSERA_CHECK(op == "ar" || op == "rs", "bench signal: --op must be ar and/or rs, got '{}'", op);
+  for (const auto& op : o.ops)
+    TESSERA_CHECK(op == "ar" || op == "rs", "bench signal: --op must be ar and/or rs, got '{}'", op);
   TESSERA_CHECK(!o.ops.empty(), "bench signal: --op is empty");
   TESSERA_CHECK(o.wait == "memop" || o.wait == "spin", "bench signal: --wait must be memop or spin, got '{}'", o.wait);
   TESSERA_CHECK(o.nccl_sms >= 0 && o.nccl_sms < pg->sm_count(), "bench signal: --nccl-sms {} outside [0, {})",
@@ -1327,15 +1400,16 @@ void run_all(const Options& o) {
     g_overlap_comm = split->get();
   }
   const ncclComm_t ocomm = split ? split->get() : pg->nccl();
-  progress("overlap communicator: {}", split ? fmt::format("split, maxCTAs {}, cgaClusterSize {}", o.nccl_sms,
-                                                           o.nccl_cga)
-                                             : std::string("default (process group)"));
+  progress("overlap communicator: {}", split
+                                           ? fmt::format("split, maxCTAs {}, cgaClusterSize {}", o.nccl_sms, o.nccl_cga)
+                                           : std::string("default (process group)"));
   std::vector<OpResult> results;
   for (std::size_t i = 0; i < o.ops.size(); ++i) {
     // Equal split of what is left over the ops still to run.
     const auto now = Clock::now();
     const auto share = (end - now) / static_cast<long>(o.ops.size() - i);
-    results.push_back(run_op(*pg, ocomm, o, o.ops[i] == "ar", shapes, now + std::max(share, Clock::duration::zero()), progress));
+    results.push_back(
+        run_op(*pg, ocomm, o, o.ops[i] == "ar", shapes, now + std::max(share, Clock::duration::zero()), progress));
     if (pg->rank() == 0) fmt::print("{}", results.back().text);
   }
   if (pg->rank() == 0) {
@@ -1385,8 +1459,9 @@ void run_kernels(const KOptions& o) {
   const ScopedEnvVar keep_rows("TESSERA_RMSNORM_ROWS");
   std::vector<Table> tables;
   for (std::size_t ki = 0; ki < configs.size(); ++ki)
-    tables.emplace_back(std::vector<std::string>{"M", "N", "RMSNorm us", "fused AR us", "AR %", "fused RS us", "RS %", "fused A2A us", "A2A %",
-               "copy us", "un-reorder AR us", "un-reorder %", "RS by table %"});
+    tables.emplace_back(std::vector<std::string>{"M", "N", "RMSNorm us", "fused AR us", "AR %", "fused RS us", "RS %",
+                                                 "fused A2A us", "A2A %", "copy us", "un-reorder AR us", "un-reorder %",
+                                                 "RS by table %"});
   std::vector<std::string> best_lines;
   for (const auto& text : o.shapes) {
     long long m = 0, n = 0;
@@ -1398,12 +1473,14 @@ void run_kernels(const KOptions& o) {
     const signal::RsShard rs{signal::make_rs_map(wm, 2), 0};
     std::vector<std::vector<int>> dest(2, std::vector<int>(m));
     std::mt19937 g(7);
-    for (auto& d : dest) for (auto& v : d) v = int(g() % 4 == 0);  // uneven: a quarter goes to rank 1
+    for (auto& d : dest)
+      for (auto& v : d) v = int(g() % 4 == 0);  // uneven: a quarter goes to rank 1
     std::vector<std::vector<int>> parts(2, std::vector<int>{wm.waves()});
     const signal::A2aPlan a2a(n, 128, 128, 116, 8, signal::Raster::AlongN, dest, parts);
     DevMem in(am.buffer_elems() * 2 * 2), out(m * n * 2 * 2), w(n * 2);
     DevMem table_src(std::max<std::size_t>(a2a.chunk_src(1).size(), 1) * 8);
-    TESSERA_CUDA_CHECK(cudaMemcpy(table_src.p, a2a.chunk_src(1).data(), a2a.chunk_src(1).size() * 8, cudaMemcpyHostToDevice));
+    TESSERA_CUDA_CHECK(
+        cudaMemcpy(table_src.p, a2a.chunk_src(1).data(), a2a.chunk_src(1).size() * 8, cudaMemcpyHostToDevice));
     signal::A2aRecvMap rmap = a2a.recv_map(1);
     rmap.chunk_src = table_src.as<std::int64_t>();
     // Diagnostic: the RS shard's gather read through a precomputed chunk table
@@ -1458,19 +1535,19 @@ void run_kernels(const KOptions& o) {
     }
     timer.run();
     for (std::size_t ki = 0; ki < configs.size(); ++ki) {
-    const auto per_call = [&](int j) { return t[ki == 0 || j < 6 || j == 8 ? ki : 0][j] * 1e3 / o.batch; };  // us
-    const double base = per_call(0), base_rs = per_call(1), base_a2a = per_call(2);
-    const double far = per_call(3), frs = per_call(4), fa2a = per_call(5);
-    const double copy = per_call(6), uar = per_call(7), frs_table = per_call(8);
-    const auto pct = [](double a, double b) { return fmt::format("{:+.1f}", (a / b - 1) * 100); };
-    tables[ki].add({std::to_string(m), std::to_string(n), fmt::format("{:.1f}", base), fmt::format("{:.1f}", far),
-               pct(far, base), fmt::format("{:.1f}", frs), pct(frs, base_rs), fmt::format("{:.1f}", fa2a),
-               pct(fa2a, base_a2a), fmt::format("{:.1f}", copy), fmt::format("{:.1f}", uar), pct(uar, copy),
-               pct(frs_table, base_rs)});
-    best_plain = std::min(best_plain, base);
-    best_plain_rs = std::min(best_plain_rs, base_rs);
-    best_plain_a2a = std::min(best_plain_a2a, base_a2a);
-    fused.push_back({far, frs, fa2a});
+      const auto per_call = [&](int j) { return t[ki == 0 || j < 6 || j == 8 ? ki : 0][j] * 1e3 / o.batch; };  // us
+      const double base = per_call(0), base_rs = per_call(1), base_a2a = per_call(2);
+      const double far = per_call(3), frs = per_call(4), fa2a = per_call(5);
+      const double copy = per_call(6), uar = per_call(7), frs_table = per_call(8);
+      const auto pct = [](double a, double b) { return fmt::format("{:+.1f}", (a / b - 1) * 100); };
+      tables[ki].add({std::to_string(m), std::to_string(n), fmt::format("{:.1f}", base), fmt::format("{:.1f}", far),
+                      pct(far, base), fmt::format("{:.1f}", frs), pct(frs, base_rs), fmt::format("{:.1f}", fa2a),
+                      pct(fa2a, base_a2a), fmt::format("{:.1f}", copy), fmt::format("{:.1f}", uar), pct(uar, copy),
+                      pct(frs_table, base_rs)});
+      best_plain = std::min(best_plain, base);
+      best_plain_rs = std::min(best_plain_rs, base_rs);
+      best_plain_a2a = std::min(best_plain_a2a, base_a2a);
+      fused.push_back({far, frs, fa2a});
     }
     for (std::size_t ki = 0; ki < configs.size(); ++ki)
       best_lines.push_back(fmt::format(
@@ -1485,10 +1562,11 @@ void run_kernels(const KOptions& o) {
                configs[ki].rows == 0 ? std::string("the library's rule (one wave of CTAs)")
                                      : std::to_string(configs[ki].rows) + " (forced)",
                tables[ki].str());
-  fmt::print("(bf16; tiles 128x128; RS = rank 0 of 2; A2A = rank 1 receiving an uneven quarter/three-quarter "
-             "split; every % is against the plain kernel on the same rows and rows per CTA; GPU time per call: "
-             "medians of {} interleaved repetitions, each a batch of {} calls behind a GPU sleep)\n",
-             o.reps, o.batch);
+  fmt::print(
+      "(bf16; tiles 128x128; RS = rank 0 of 2; A2A = rank 1 receiving an uneven quarter/three-quarter "
+      "split; every % is against the plain kernel on the same rows and rows per CTA; GPU time per call: "
+      "medians of {} interleaved repetitions, each a batch of {} calls behind a GPU sleep)\n",
+      o.reps, o.batch);
   for (const auto& l : best_lines) fmt::print("{}\n", l);
 }
 

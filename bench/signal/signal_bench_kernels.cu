@@ -9,7 +9,8 @@ namespace tessera::bench::signalb {
 namespace {
 
 __global__ void fill_kernel(__nv_bfloat16* p, std::int64_t n, std::uint64_t seed) {
-  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x) {
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::int64_t(gridDim.x) * blockDim.x) {
     std::uint64_t x = (seed + 1) * 0x9E3779B97F4A7C15ull ^ (std::uint64_t(i) * 0xBF58476D1CE4E5B9ull);
     x ^= x >> 31;
     x *= 0x94D049BB133111EBull;
@@ -36,8 +37,8 @@ void fill_random_bf16(void* p, std::int64_t n, std::uint64_t seed, cudaStream_t 
 void gemm_into_groups(const kernels::GemmArgs& a, const kernels::GemmOptions& o, void* buffer,
                       const std::int64_t* tile_base, const std::int64_t* seg_stride, const int* tile_group,
                       int sub_rows, int tile_n, std::uint32_t* counters, cudaStream_t s) {
-  signal::GroupEpilogue<__nv_bfloat16> epi{static_cast<__nv_bfloat16*>(buffer), tile_base, seg_stride, tile_group,
-                                           counters, sub_rows, tile_n};
+  signal::GroupEpilogue<__nv_bfloat16> epi{
+      static_cast<__nv_bfloat16*>(buffer), tile_base, seg_stride, tile_group, counters, sub_rows, tile_n};
   kernels::gemm_with<__nv_bfloat16>(a, o, kernels::engine::NoWait{}, epi,
                                     kernels::engine::RasterScheduler{o.raster_group, o.raster_along_m, 0}, s);
 }

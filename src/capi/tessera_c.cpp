@@ -79,7 +79,15 @@ void need(const tessera_session* s, const char* fn) {
 
 tessera::ops::AgGemmArgs ag_args(const void* a, const void* b, void* d, int64_t m, int64_t m_local, int64_t n,
                                  int64_t k, int64_t ldd, int dtype, int swiglu) {
-  return {.a = a, .b = b, .d = d, .m = m, .m_local = m_local, .n = n, .k = k, .ldd = ldd, .dtype = dtype_of(dtype),
+  return {.a = a,
+          .b = b,
+          .d = d,
+          .m = m,
+          .m_local = m_local,
+          .n = n,
+          .k = k,
+          .ldd = ldd,
+          .dtype = dtype_of(dtype),
           .swiglu = swiglu != 0};
 }
 
@@ -300,8 +308,15 @@ int tessera_mlp(tessera_session* s, const void* x, const void* w_gate_up, const 
     check_size("tessera_mlp", "h", h, 1);
     check_size("tessera_mlp", "i_local", i_local, 1);
     need(s, "tessera_mlp");
-    const tessera::ops::MlpArgs a{.x = x, .w_gate_up = w_gate_up, .w_down = w_down, .out = out, .m = m,
-                                  .m_local = m_local, .h = h, .i_local = i_local, .dtype = dtype_of(dtype)};
+    const tessera::ops::MlpArgs a{.x = x,
+                                  .w_gate_up = w_gate_up,
+                                  .w_down = w_down,
+                                  .out = out,
+                                  .m = m,
+                                  .m_local = m_local,
+                                  .h = h,
+                                  .i_local = i_local,
+                                  .dtype = dtype_of(dtype)};
     tessera::ops::mlp(*s->ctx, a, options_of(s, ag_strategy), options_of(s, rs_strategy));
   });
 }
@@ -359,8 +374,15 @@ int tessera_mlp_ex(tessera_session* s, void* stream, const void* x, const void* 
     check_size("tessera_mlp_ex", "h", h, 1);
     check_size("tessera_mlp_ex", "i_local", i_local, 1);
     need(s, "tessera_mlp_ex");
-    const tessera::ops::MlpArgs a{.x = x, .w_gate_up = w_gate_up, .w_down = w_down, .out = out, .m = m,
-                                  .m_local = m_local, .h = h, .i_local = i_local, .dtype = dtype_of(dtype)};
+    const tessera::ops::MlpArgs a{.x = x,
+                                  .w_gate_up = w_gate_up,
+                                  .w_down = w_down,
+                                  .out = out,
+                                  .m = m,
+                                  .m_local = m_local,
+                                  .h = h,
+                                  .i_local = i_local,
+                                  .dtype = dtype_of(dtype)};
     const auto ag = options_of(s, ag_strategy);
     const auto rs = options_of(s, rs_strategy);
     on_caller_stream(s, stream, [&] { tessera::ops::mlp(*s->ctx, a, ag, rs); });
@@ -400,11 +422,11 @@ int tessera_lsa_probe(int ndev, int* lsa_size) {
   });
 }
 
-int tessera_resolve(tessera_session* s, int op, int64_t m, int64_t m_local, int64_t n, int64_t k, int dtype,
-                    int swiglu, const void* a, const void* b, void* d, int* out) {
+int tessera_resolve(tessera_session* s, int op, int64_t m, int64_t m_local, int64_t n, int64_t k, int dtype, int swiglu,
+                    const void* a, const void* b, void* d, int* out) {
   return guarded("tessera_resolve", [&] {
-    for (auto [name, v, lo] : {std::tuple{"m", m, 1}, std::tuple{"m_local", m_local, 0}, std::tuple{"n", n, 1},
-                               std::tuple{"k", k, 1}})
+    for (auto [name, v, lo] :
+         {std::tuple{"m", m, 1}, std::tuple{"m_local", m_local, 0}, std::tuple{"n", n, 1}, std::tuple{"k", k, 1}})
       check_size("tessera_resolve", name, v, lo);
     need(s, "tessera_resolve");
     TESSERA_CHECK(out != nullptr, "tessera_resolve: out is null");

@@ -107,7 +107,8 @@ struct RankRunner {
   void account() {
     live = 0;
     for (const auto& [n, v] : store)
-      for (const auto& b : v) live += static_cast<std::int64_t>(b.data.size()) * static_cast<std::int64_t>(g.elem_bytes());
+      for (const auto& b : v)
+        live += static_cast<std::int64_t>(b.data.size()) * static_cast<std::int64_t>(g.elem_bytes());
     peak = std::max(peak, live);
   }
 
@@ -120,8 +121,8 @@ struct RankRunner {
   }
   const Block& need(const std::string& buf, const Box& box, const Step& s) const {
     const Block* b = find(buf, box);
-    TESSERA_CHECK(b, "cpu executor: rank {} step t{}: {}{} is not present (plan is missing a transfer)", rank, s.time, buf,
-                  box_text(box));
+    TESSERA_CHECK(b, "cpu executor: rank {} step t{}: {}{} is not present (plan is missing a transfer)", rank, s.time,
+                  buf, box_text(box));
     return *b;
   }
   Block extract(const std::string& buf, const Box& box, const Step& s) const {
@@ -135,8 +136,8 @@ struct RankRunner {
   void wait(std::unique_lock<std::mutex>& lk, Pred ready, const std::string& what) {
     if (!world.cv.wait_for(lk, timeout, [&] { return ready() || world.abort.load(); }))
       TESSERA_FAIL("cpu executor: rank {}: {} timed out after {} ms", rank, what, timeout.count());
-    TESSERA_CHECK(!world.abort.load() || ready(), "cpu executor: rank {}: aborted while waiting for {} (another rank failed)",
-                  rank, what);
+    TESSERA_CHECK(!world.abort.load() || ready(),
+                  "cpu executor: rank {}: aborted while waiting for {} (another rank failed)", rank, what);
   }
 
   Box project(const Buffer& b, const Box& kb) const {
@@ -235,8 +236,8 @@ struct RankRunner {
     ++rv.arrived;
     world.cv.notify_all();
     const int n = static_cast<int>(s.group.size());
-    wait(lk, [&] { return rv.arrived >= n; },
-         fmt::format("{} of {} (id {})", coll_name(s.coll), s.buffer, s.tag));
+    wait(
+        lk, [&] { return rv.arrived >= n; }, fmt::format("{} of {} (id {})", coll_name(s.coll), s.buffer, s.tag));
     const auto deposits = rv.deposits;  // copy under the lock
     lk.unlock();
     const std::int64_t e = reduce ? acc_elem(g, b) : (store[s.buffer].empty() ? b.elem : store[s.buffer][0].elem);
@@ -307,7 +308,9 @@ struct RankRunner {
     for (const auto& s : rp.steps) {
       if (world.abort.load()) return;
       switch (s.kind) {
-        case StepKind::compute: compute(s); break;
+        case StepKind::compute:
+          compute(s);
+          break;
         case StepKind::send: {
           Block blk;
           if (s.partial) {
@@ -327,8 +330,9 @@ struct RankRunner {
         }
         case StepKind::recv: {
           std::unique_lock lk(world.mu);
-          wait(lk, [&] { return world.mailbox.count(s.tag) > 0; },
-               fmt::format("step t{}: receive of {}{} from rank {}", s.time, s.buffer, box_text(s.box), s.peer));
+          wait(
+              lk, [&] { return world.mailbox.count(s.tag) > 0; },
+              fmt::format("step t{}: receive of {}{} from rank {}", s.time, s.buffer, box_text(s.box), s.peer));
           Block blk = std::move(world.mailbox[s.tag].block);
           world.mailbox.erase(s.tag);
           lk.unlock();
@@ -344,12 +348,14 @@ struct RankRunner {
           v.push_back(std::move(blk));
           break;
         }
-        case StepKind::collective: collective(s); break;
+        case StepKind::collective:
+          collective(s);
+          break;
         case StepKind::free_block: {
           auto& v = store[s.buffer];
           auto it = std::find_if(v.begin(), v.end(), [&](const Block& b) { return b.box == s.box; });
-          TESSERA_CHECK(it != v.end(), "cpu executor: rank {} t{}: block {}{} to free is not here", rank, s.time, s.buffer,
-                        box_text(s.box));
+          TESSERA_CHECK(it != v.end(), "cpu executor: rank {} t{}: block {}{} to free is not here", rank, s.time,
+                        s.buffer, box_text(s.box));
           v.erase(it);
           break;
         }
@@ -360,7 +366,8 @@ struct RankRunner {
               const std::int64_t d = yb.elem;
               std::vector<double> o(blk.box.volume() * d);
               for (std::int64_t i = 0; i < blk.box.volume(); ++i)
-                for (std::int64_t e2 = 0; e2 < d; ++e2) o[i * d + e2] = blk.data[i * (d + 2) + e2] / blk.data[i * (d + 2) + d + 1];
+                for (std::int64_t e2 = 0; e2 < d; ++e2)
+                  o[i * d + e2] = blk.data[i * (d + 2) + e2] / blk.data[i * (d + 2) + d + 1];
               blk.data = std::move(o);
               blk.elem = d;
             }
@@ -461,7 +468,8 @@ CpuRun run_cpu(const Plan& plan, const Tensors& inputs, const Tensors& expected,
     TESSERA_CHECK(it != inputs.end(), "cpu executor: no input tensor for {}", name);
     Block full{full_box(g, b), b.elem, it->second};
     TESSERA_CHECK(static_cast<std::int64_t>(full.data.size()) == full.box.volume() * b.elem,
-                  "cpu executor: input {} has {} values, expected {}", name, full.data.size(), full.box.volume() * b.elem);
+                  "cpu executor: input {} has {} values, expected {}", name, full.data.size(),
+                  full.box.volume() * b.elem);
     for (int r = 0; r < W; ++r)
       for (const auto& bx : regions[r]) {
         Block blk{bx, b.elem, std::vector<double>(bx.volume() * b.elem)};
@@ -498,8 +506,8 @@ CpuRun run_cpu(const Plan& plan, const Tensors& inputs, const Tensors& expected,
       for (const auto& bx : regions[r]) {
         Block got{bx, b.elem, std::vector<double>(bx.volume() * b.elem, std::numeric_limits<double>::quiet_NaN())};
         for (const auto& blk : runners[r].store[name]) {
-          TESSERA_CHECK(blk.elem == b.elem, "cpu executor: rank {}: {} block has {} elements per point, expected {}", r, name,
-                        blk.elem, b.elem);
+          TESSERA_CHECK(blk.elem == b.elem, "cpu executor: rank {}: {} block has {} elements per point, expected {}", r,
+                        name, blk.elem, b.elem);
           copy_overlap(blk, got);
         }
         Block want{bx, b.elem, std::vector<double>(bx.volume() * b.elem)};

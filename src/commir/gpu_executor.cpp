@@ -20,9 +20,9 @@
 #include "tessera/runtime/error.hpp"
 #include "tessera/runtime/wait_diagnostics.hpp"
 
-#define TESSERA_CUBLAS_CHECK(expr)                                                               \
-  do {                                                                                           \
-    const cublasStatus_t st_ = (expr);                                                           \
+#define TESSERA_CUBLAS_CHECK(expr)                                                                            \
+  do {                                                                                                        \
+    const cublasStatus_t st_ = (expr);                                                                        \
     TESSERA_CHECK(st_ == CUBLAS_STATUS_SUCCESS, "{} failed: cuBLAS status {}", #expr, static_cast<int>(st_)); \
   } while (0)
 
@@ -86,7 +86,8 @@ struct LtGemm {
       st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d));
     cublasLtMatmulHeuristicResult_t res{};
     int found = 0;
-    if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 1, &res, &found);
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 1, &res, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     TESSERA_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0,
                   "commir gpu executor: {}: no cuBLASLt algorithm for GEMM {}x{}x{} (status {}, alignments {}/{}/{})",
@@ -165,12 +166,12 @@ struct GpuExecutor::Impl {
   cublasLtHandle_t lt = nullptr;
   void* ws = nullptr;
   std::size_t ws_bytes = 32u << 20;
-  std::vector<void*> mem;           // per block
-  std::vector<LtGemm> gemms;        // prepared GEMMs / f32 adds, indexed through prepared[op]
+  std::vector<void*> mem;     // per block
+  std::vector<LtGemm> gemms;  // prepared GEMMs / f32 adds, indexed through prepared[op]
   std::vector<LtAddF32> adds;
-  std::vector<int> prepared;        // per op: index into gemms or adds, -1 otherwise
-  int add_ctas = 1;                 // CTAs of the bf16 add kernel (all SMs: it runs alone or after the GEMM)
-  int comm_sms = 8;                 // SMs a GEMM leaves to NCCL kernels in flight (TESSERA_COMMIR_COMM_SMS)
+  std::vector<int> prepared;  // per op: index into gemms or adds, -1 otherwise
+  int add_ctas = 1;           // CTAs of the bf16 add kernel (all SMs: it runs alone or after the GEMM)
+  int comm_sms = 8;           // SMs a GEMM leaves to NCCL kernels in flight (TESSERA_COMMIR_COMM_SMS)
   cudaEvent_t ev = nullptr;
 
   std::size_t esize(int blk) const { return prog.blocks[blk].f32 ? 4 : 2; }
@@ -213,9 +214,14 @@ struct GpuExecutor::Impl {
         case DevOpKind::all_gather:
         case DevOpKind::reduce_scatter:
         case DevOpKind::all_reduce:
-        case DevOpKind::broadcast: comm_in_flight = true; break;
-        case DevOpKind::compute_waits_comm: comm_in_flight = false; break;
-        default: break;
+        case DevOpKind::broadcast:
+          comm_in_flight = true;
+          break;
+        case DevOpKind::compute_waits_comm:
+          comm_in_flight = false;
+          break;
+        default:
+          break;
       }
       if (op.kind == DevOpKind::gemm) {
         gemms.emplace_back();
@@ -243,12 +249,13 @@ struct GpuExecutor::Impl {
     const cudaStream_t s = stream(op.stream);
     switch (op.kind) {
       case DevOpKind::zero:
-        TESSERA_CUDA_CHECK(cudaMemsetAsync(mem.at(op.dst.block), 0, prog.blocks[op.dst.block].box.volume() * esize(op.dst.block), s));
+        TESSERA_CUDA_CHECK(
+            cudaMemsetAsync(mem.at(op.dst.block), 0, prog.blocks[op.dst.block].box.volume() * esize(op.dst.block), s));
         break;
       case DevOpKind::copy: {
         const std::size_t e = op.f32 ? 4 : 2;
-        TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(ptr(op.dst), op.dst.ld * e, ptr(op.src), op.src.ld * e, op.cols * e, op.rows,
-                                             cudaMemcpyDeviceToDevice, s));
+        TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(ptr(op.dst), op.dst.ld * e, ptr(op.src), op.src.ld * e, op.cols * e,
+                                             op.rows, cudaMemcpyDeviceToDevice, s));
         break;
       }
       case DevOpKind::add:
@@ -271,8 +278,12 @@ struct GpuExecutor::Impl {
       case DevOpKind::gemm:
         gemms.at(prepared[i]).enqueue(lt, op, ptr(op.a), ptr(op.b), ptr(op.dst), ws, ws_bytes, s);
         break;
-      case DevOpKind::group_start: TESSERA_NCCL_CHECK(ncclGroupStart()); break;
-      case DevOpKind::group_end: TESSERA_NCCL_CHECK(ncclGroupEnd()); break;
+      case DevOpKind::group_start:
+        TESSERA_NCCL_CHECK(ncclGroupStart());
+        break;
+      case DevOpKind::group_end:
+        TESSERA_NCCL_CHECK(ncclGroupEnd());
+        break;
       case DevOpKind::send:
         TESSERA_NCCL_CHECK(ncclSend(ptr(op.src), op.count, nccl_type(op.f32), op.peer, comm, ms));
         break;
@@ -358,8 +369,8 @@ void GpuExecutor::set_input(const std::string& name, const std::vector<float>& f
   const Grid& g = I.plan.grid;
   const Buffer& b = g.buffer(name, "commir gpu executor");
   const std::int64_t cols = g.axis(b.dims[1].axis).extent, rows = g.axis(b.dims[0].axis).extent;
-  TESSERA_CHECK(static_cast<std::int64_t>(full.size()) == rows * cols, "commir gpu executor: {} has {} values, expected {}",
-                name, full.size(), rows * cols);
+  TESSERA_CHECK(static_cast<std::int64_t>(full.size()) == rows * cols,
+                "commir gpu executor: {} has {} values, expected {}", name, full.size(), rows * cols);
   TESSERA_CHECK(I.plan.initial.count(name), "commir gpu executor: {} is not an input of the plan", name);
   for (const auto& [buf, blk] : I.prog.inputs) {
     if (buf != name) continue;  // (a rank may hold no part of an input)
@@ -371,8 +382,8 @@ void GpuExecutor::set_input(const std::string& name, const std::vector<float>& f
             __float2bfloat16(full[(d.box.r[0].lo + r) * cols + d.box.r[1].lo + c]);
     // On the compute stream (pageable source: staged before the call
     // returns); run() orders the communication stream after it.
-    TESSERA_CUDA_CHECK(cudaMemcpyAsync(I.mem[blk], host.data(), host.size() * sizeof(__nv_bfloat16),
-                                       cudaMemcpyHostToDevice, I.cs));
+    TESSERA_CUDA_CHECK(
+        cudaMemcpyAsync(I.mem[blk], host.data(), host.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice, I.cs));
   }
 }
 
@@ -414,8 +425,8 @@ std::vector<std::pair<Box, std::vector<float>>> GpuExecutor::output(const std::s
         continue;
       }
       std::vector<__nv_bfloat16> tmp(static_cast<std::size_t>(p.rows * p.cols));
-      TESSERA_CUDA_CHECK(cudaMemcpy2D(tmp.data(), p.cols * 2, I.ptr(p.src), p.src.ld * 2, p.cols * 2, p.rows,
-                                      cudaMemcpyDeviceToHost));
+      TESSERA_CUDA_CHECK(
+          cudaMemcpy2D(tmp.data(), p.cols * 2, I.ptr(p.src), p.src.ld * 2, p.cols * 2, p.rows, cudaMemcpyDeviceToHost));
       for (std::int64_t r = 0; r < p.rows; ++r)
         for (std::int64_t c = 0; c < p.cols; ++c)
           vals[p.host_offset + r * w + c] = __bfloat162float(tmp[r * p.cols + c]);

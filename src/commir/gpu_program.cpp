@@ -13,20 +13,34 @@ namespace tessera::commir {
 
 const char* dev_op_name(DevOpKind k) {
   switch (k) {
-    case DevOpKind::zero: return "zero";
-    case DevOpKind::copy: return "copy";
-    case DevOpKind::add: return "add";
-    case DevOpKind::gemm: return "gemm";
-    case DevOpKind::group_start: return "group_start";
-    case DevOpKind::group_end: return "group_end";
-    case DevOpKind::send: return "send";
-    case DevOpKind::recv: return "recv";
-    case DevOpKind::all_gather: return "all_gather";
-    case DevOpKind::reduce_scatter: return "reduce_scatter";
-    case DevOpKind::all_reduce: return "all_reduce";
-    case DevOpKind::broadcast: return "broadcast";
-    case DevOpKind::comm_waits_compute: return "comm_waits_compute";
-    case DevOpKind::compute_waits_comm: return "compute_waits_comm";
+    case DevOpKind::zero:
+      return "zero";
+    case DevOpKind::copy:
+      return "copy";
+    case DevOpKind::add:
+      return "add";
+    case DevOpKind::gemm:
+      return "gemm";
+    case DevOpKind::group_start:
+      return "group_start";
+    case DevOpKind::group_end:
+      return "group_end";
+    case DevOpKind::send:
+      return "send";
+    case DevOpKind::recv:
+      return "recv";
+    case DevOpKind::all_gather:
+      return "all_gather";
+    case DevOpKind::reduce_scatter:
+      return "reduce_scatter";
+    case DevOpKind::all_reduce:
+      return "all_reduce";
+    case DevOpKind::broadcast:
+      return "broadcast";
+    case DevOpKind::comm_waits_compute:
+      return "comm_waits_compute";
+    case DevOpKind::compute_waits_comm:
+      return "compute_waits_comm";
   }
   return "?";
 }
@@ -77,12 +91,12 @@ struct Builder {
   int rank;
   GpuProgramOptions opts;
   DevProgram prog;
-  std::string out_name;                         // the accumulator/output buffer
-  bool out_f32 = false;                         // its dtype: f32, else bf16
-  std::set<int> received_partials;              // blocks of partials received into a box no compute wrote yet
+  std::string out_name;                           // the accumulator/output buffer
+  bool out_f32 = false;                           // its dtype: f32, else bf16
+  std::set<int> received_partials;                // blocks of partials received into a box no compute wrote yet
   std::map<std::string, std::vector<int>> store;  // live blocks per buffer, in arrival order
-  std::map<int, int> recv_time;                 // transfer tag -> time of its receive
-  std::map<int, bool> partial_tag;              // transfer tag -> carries a partial accumulator
+  std::map<int, int> recv_time;                   // transfer tag -> time of its receive
+  std::map<int, bool> partial_tag;                // transfer tag -> carries a partial accumulator
   std::set<const Step*> emitted;
 
   Builder(const Plan& p, int r, const GpuProgramOptions& o) : plan(p), g(p.grid), rank(r), opts(o) { prog.rank = r; }
@@ -135,7 +149,8 @@ struct Builder {
           ids.push_back(b);
           boxes.push_back(info(b).box);
         }
-    if (!covers_2d(boxes, box)) fail(fmt::format("{}: {}{} is not present (holds {})", what, buf, box_text(box), held(buf)));
+    if (!covers_2d(boxes, box))
+      fail(fmt::format("{}: {}{} is not present (holds {})", what, buf, box_text(box), held(buf)));
     return ids;
   }
 
@@ -150,17 +165,36 @@ struct Builder {
   std::map<int, std::int64_t> comm_wrote, comm_read;  // block -> comm position of the last such access
   static void touched(const DevOp& op, std::vector<int>& reads, std::vector<int>& writes) {
     switch (op.kind) {
-      case DevOpKind::zero: writes = {op.dst.block}; break;
-      case DevOpKind::copy: reads = {op.src.block}; writes = {op.dst.block}; break;
-      case DevOpKind::add: reads = {op.a.block, op.b.block}; writes = {op.dst.block}; break;
-      case DevOpKind::gemm: reads = {op.a.block, op.b.block, op.dst.block}; writes = {op.dst.block}; break;
-      case DevOpKind::send: reads = {op.src.block}; break;
-      case DevOpKind::recv: writes = {op.dst.block}; break;
+      case DevOpKind::zero:
+        writes = {op.dst.block};
+        break;
+      case DevOpKind::copy:
+        reads = {op.src.block};
+        writes = {op.dst.block};
+        break;
+      case DevOpKind::add:
+        reads = {op.a.block, op.b.block};
+        writes = {op.dst.block};
+        break;
+      case DevOpKind::gemm:
+        reads = {op.a.block, op.b.block, op.dst.block};
+        writes = {op.dst.block};
+        break;
+      case DevOpKind::send:
+        reads = {op.src.block};
+        break;
+      case DevOpKind::recv:
+        writes = {op.dst.block};
+        break;
       case DevOpKind::all_gather:
       case DevOpKind::reduce_scatter:
       case DevOpKind::all_reduce:
-      case DevOpKind::broadcast: reads = {op.src.block}; writes = {op.dst.block}; break;
-      default: break;
+      case DevOpKind::broadcast:
+        reads = {op.src.block};
+        writes = {op.dst.block};
+        break;
+      default:
+        break;
     }
   }
   void emit(DevOp op) {
@@ -206,7 +240,8 @@ struct Builder {
     const int tmp = new_block(buf, box);
     for (int p : pieces) {
       // choose_b_layout() keeps B row-major wherever a copy could need it.
-      if (info(p).transposed) fail(fmt::format("{}: internal: copy from the transposed block {}{}", what, buf, box_text(info(p).box)));
+      if (info(p).transposed)
+        fail(fmt::format("{}: internal: copy from the transposed block {}{}", what, buf, box_text(info(p).box)));
       const Box in = info(p).box.intersect(box);
       DevOp op = make_op(DevOpKind::copy, s);
       op.src = view(p, in);
@@ -229,24 +264,35 @@ struct Builder {
   }
 
   std::string step_text(const Step& s) const {
-    const std::string when = s.time < 0 ? "prologue" : s.time >= plan.steps_per_rank ? "epilogue" : fmt::format("t{}", s.time);
+    const std::string when = s.time < 0                      ? "prologue"
+                             : s.time >= plan.steps_per_rank ? "epilogue"
+                                                             : fmt::format("t{}", s.time);
     switch (s.kind) {
-      case StepKind::compute: return fmt::format("{} compute {}", when, box_text(s.box));
-      case StepKind::send: return fmt::format("{} send{} {}{} to rank {}", when, s.partial ? " partial" : "", s.buffer, box_text(s.box), s.peer);
-      case StepKind::recv: return fmt::format("{} recv{} {}{} from rank {}", when, s.partial ? " partial" : "", s.buffer, box_text(s.box), s.peer);
-      case StepKind::collective: return fmt::format("{} {} of {} (id {})", when, coll_name(s.coll), s.buffer, s.tag);
-      case StepKind::free_block: return fmt::format("{} free {}{}", when, s.buffer, box_text(s.box));
-      case StepKind::finalize: return fmt::format("{} finalize", when);
+      case StepKind::compute:
+        return fmt::format("{} compute {}", when, box_text(s.box));
+      case StepKind::send:
+        return fmt::format("{} send{} {}{} to rank {}", when, s.partial ? " partial" : "", s.buffer, box_text(s.box),
+                           s.peer);
+      case StepKind::recv:
+        return fmt::format("{} recv{} {}{} from rank {}", when, s.partial ? " partial" : "", s.buffer, box_text(s.box),
+                           s.peer);
+      case StepKind::collective:
+        return fmt::format("{} {} of {} (id {})", when, coll_name(s.coll), s.buffer, s.tag);
+      case StepKind::free_block:
+        return fmt::format("{} free {}{}", when, s.buffer, box_text(s.box));
+      case StepKind::finalize:
+        return fmt::format("{} finalize", when);
     }
     return when;
   }
 
   // ---- validation of the whole plan (every rank builds the same verdict) ----
   void validate() {
-    TESSERA_CHECK(g.kernel == "gemm", "commir gpu executor: only GEMM plans run on GPUs for now, got kernel '{}'", g.kernel);
+    TESSERA_CHECK(g.kernel == "gemm", "commir gpu executor: only GEMM plans run on GPUs for now, got kernel '{}'",
+                  g.kernel);
     TESSERA_CHECK(g.mesh.size() == 1, "commir gpu executor: one-level meshes only, got {}", mesh_string(g.mesh));
-    TESSERA_CHECK(rank >= 0 && rank < static_cast<int>(plan.ranks.size()), "commir gpu executor: rank {} out of range [0, {})",
-                  rank, plan.ranks.size());
+    TESSERA_CHECK(rank >= 0 && rank < static_cast<int>(plan.ranks.size()),
+                  "commir gpu executor: rank {} out of range [0, {})", rank, plan.ranks.size());
     out_name = g.body.out;
     const DType out_dt = g.dtype;  // the Grid's element type (its buffers')
     TESSERA_CHECK(out_dt == DType::bf16 || out_dt == DType::f32,
@@ -289,15 +335,20 @@ struct Builder {
         const Step& s = *steps[i];
         bool ok = s.after[0] == s0.after[0] || s.coll == CollKind::reduce_scatter;
         switch (s.coll) {
-          case CollKind::all_gather: ok = ok && s.before.size() == 1 && rows_part(s.after[0], i, s.before[0]); break;
+          case CollKind::all_gather:
+            ok = ok && s.before.size() == 1 && rows_part(s.after[0], i, s.before[0]);
+            break;
           case CollKind::reduce_scatter:
             ok = s.before.size() == 1 && s.before[0] == s0.before[0] && rows_part(s.before[0], i, s.after[0]);
             break;
-          case CollKind::all_reduce: ok = ok && s.before.size() == 1 && s.before[0] == s.after[0]; break;
+          case CollKind::all_reduce:
+            ok = ok && s.before.size() == 1 && s.before[0] == s.after[0];
+            break;
           case CollKind::broadcast:
             ok = ok && (i == s.root ? s.before.size() == 1 && s.before[0] == s.after[0] : s.before.empty());
             break;
-          case CollKind::all_to_all: TESSERA_FAIL("commir gpu executor: {} is not supported on GPUs yet", name);
+          case CollKind::all_to_all:
+            TESSERA_FAIL("commir gpu executor: {} is not supported on GPUs yet", name);
         }
         TESSERA_CHECK(ok,
                       "commir gpu executor: {} on rank {}: NCCL needs equal, contiguous, full-width row blocks in rank "
@@ -430,7 +481,8 @@ struct Builder {
         op.kind = DevOpKind::broadcast;
         op.count = out.volume();
         break;
-      case CollKind::all_to_all: fail(what + ": not supported on GPUs");
+      case CollKind::all_to_all:
+        fail(what + ": not supported on GPUs");
     }
     if (s.coll == CollKind::broadcast && rank == s.root) {
       op.src = assemble(s.buffer, out, DevStream::comm, true, what);
@@ -478,8 +530,10 @@ struct Builder {
     if (c < 0) {  // first write of this accumulator: a new block, overwritten by the GEMM
       c = new_block(cb.name, bc);
       auto& v = store[cb.name];
-      if (received >= 0) *std::find(v.begin(), v.end(), received) = c;
-      else v.push_back(c);
+      if (received >= 0)
+        *std::find(v.begin(), v.end(), received) = c;
+      else
+        v.push_back(c);
     }
     op.dst = view(c, bc);
     if (op.m > 0 && op.n > 0 && op.k > 0) {

@@ -31,8 +31,8 @@ struct RankSim {
   // clock[s][u]: how far stream s is known to be ordered after stream u's ops.
   std::int64_t clock[2][2] = {{0, 0}, {0, 0}};
   std::size_t pc = 0;
-  bool posted = false;   // the comm unit at pc has been posted
-  int pending = 0;       // its transfers not yet matched
+  bool posted = false;  // the comm unit at pc has been posted
+  int pending = 0;      // its transfers not yet matched
   std::int64_t coll_index = 0;
 };
 
@@ -62,10 +62,10 @@ struct Sim {
   explicit Sim(const Plan& p) : plan(p) {}
 
   [[noreturn]] static void race(int r, const DevOp& op, int blk, const char* kind) {
-    TESSERA_FAIL("gpu program simulation: rank {}: {} {} ({}) touches block {} while {} on the other stream is not ordered "
-                 "before it (missing event)",
-                 r, dev_op_name(op.kind), op.what, op.stream == DevStream::comm ? "comm stream" : "compute stream", blk,
-                 kind);
+    TESSERA_FAIL(
+        "gpu program simulation: rank {}: {} {} ({}) touches block {} while {} on the other stream is not ordered "
+        "before it (missing event)",
+        r, dev_op_name(op.kind), op.what, op.stream == DevStream::comm ? "comm stream" : "compute stream", blk, kind);
   }
   void touch(int r, const DevOp& op, int blk, bool write) {
     RankSim& R = ranks[r];
@@ -85,16 +85,17 @@ struct Sim {
   double& at(int r, const DevView& v, std::int64_t i, std::int64_t j) {
     auto& d = ranks[r].data.at(v.block);
     const std::int64_t e = v.offset + i * v.ld + j;
-    TESSERA_CHECK(e >= 0 && e < static_cast<std::int64_t>(d.size()), "gpu program simulation: rank {}: element {} outside block {} ({} elements)",
-                  r, e, v.block, d.size());
+    TESSERA_CHECK(e >= 0 && e < static_cast<std::int64_t>(d.size()),
+                  "gpu program simulation: rank {}: element {} outside block {} ({} elements)", r, e, v.block,
+                  d.size());
     return d[e];
   }
   // `count` contiguous elements starting at v.
   double* span(int r, const DevView& v, std::int64_t count) {
     auto& d = ranks[r].data.at(v.block);
     TESSERA_CHECK(v.offset >= 0 && v.offset + count <= static_cast<std::int64_t>(d.size()),
-                  "gpu program simulation: rank {}: {} elements at {} outside block {} ({} elements)", r, count, v.offset,
-                  v.block, d.size());
+                  "gpu program simulation: rank {}: {} elements at {} outside block {} ({} elements)", r, count,
+                  v.offset, v.block, d.size());
     return d.data() + v.offset;
   }
 
@@ -108,7 +109,8 @@ struct Sim {
         for (int u = 0; u < 2; ++u) R.clock[to][u] = std::max(R.clock[to][u], R.clock[from][u]);
         return;
       }
-      default: break;
+      default:
+        break;
     }
     ++R.clock[s][s];
     switch (op.kind) {
@@ -142,11 +144,14 @@ struct Sim {
             for (std::int64_t k = 0; k < op.k; ++k)
               sum += at(r, op.a, i, k) * (op.b_nk ? at(r, op.b, j, k) : at(r, op.b, k, j));
             // Overwrite (beta = 0) ignores what the block held (NaN = never written).
-            if (op.accumulate) at(r, op.dst, i, j) += sum;
-            else at(r, op.dst, i, j) = sum;
+            if (op.accumulate)
+              at(r, op.dst, i, j) += sum;
+            else
+              at(r, op.dst, i, j) = sum;
           }
         break;
-      default: TESSERA_FAIL("gpu program simulation: rank {}: unexpected {}", r, dev_op_name(op.kind));
+      default:
+        TESSERA_FAIL("gpu program simulation: rank {}: unexpected {}", r, dev_op_name(op.kind));
     }
   }
 
@@ -209,7 +214,8 @@ struct Sim {
       TESSERA_CHECK(o.kind == o0.kind && o.count == o0.count && o.root == o0.root && o.f32 == o0.f32,
                     "gpu program simulation: collective #{}: rank 0 issues {} '{}' ({} elements, root {}), rank {} "
                     "issues {} '{}' ({} elements, root {})",
-                    pos, dev_op_name(o0.kind), o0.what, o0.count, o0.root, r, dev_op_name(o.kind), o.what, o.count, o.root);
+                    pos, dev_op_name(o0.kind), o0.what, o0.count, o0.root, r, dev_op_name(o.kind), o.what, o.count,
+                    o.root);
     }
     const std::int64_t n = o0.count;
     std::vector<std::vector<double>> in(W);
@@ -245,8 +251,11 @@ struct Sim {
           }
           break;
         }
-        case DevOpKind::broadcast: std::copy(in[o0.root].begin(), in[o0.root].end(), span(r, o.dst, n)); break;
-        default: TESSERA_FAIL("gpu program simulation: {} is not a collective", dev_op_name(o0.kind));
+        case DevOpKind::broadcast:
+          std::copy(in[o0.root].begin(), in[o0.root].end(), span(r, o.dst, n));
+          break;
+        default:
+          TESSERA_FAIL("gpu program simulation: {} is not a collective", dev_op_name(o0.kind));
       }
     }
   }
@@ -270,10 +279,11 @@ struct Sim {
         moved = true;
         continue;
       }
-      if (op.kind == DevOpKind::all_gather || op.kind == DevOpKind::reduce_scatter || op.kind == DevOpKind::all_reduce ||
-          op.kind == DevOpKind::broadcast) {
+      if (op.kind == DevOpKind::all_gather || op.kind == DevOpKind::reduce_scatter ||
+          op.kind == DevOpKind::all_reduce || op.kind == DevOpKind::broadcast) {
         if (!R.posted) {
-          TESSERA_CHECK(op.stream == DevStream::comm, "gpu program simulation: rank {}: collective off the comm stream", r);
+          TESSERA_CHECK(op.stream == DevStream::comm, "gpu program simulation: rank {}: collective off the comm stream",
+                        r);
           ++R.clock[1][1];
           if (op.kind != DevOpKind::broadcast || r == op.root) touch(r, op, op.src.block, false);
           touch(r, op, op.dst.block, true);
@@ -283,7 +293,8 @@ struct Sim {
           R.posted = true;
           ++ops_;
           moved = true;
-          if (std::all_of(m.begin(), m.end(), [](const DevOp* p) { return p != nullptr; })) run_collective(R.coll_index);
+          if (std::all_of(m.begin(), m.end(), [](const DevOp* p) { return p != nullptr; }))
+            run_collective(R.coll_index);
         }
         const auto& m = colls[R.coll_index];
         if (!std::all_of(m.begin(), m.end(), [](const DevOp* p) { return p != nullptr; })) return moved;
@@ -316,9 +327,9 @@ struct Sim {
         std::string where;
         for (int r = 0; r < W; ++r) {
           const auto& R = ranks[r];
-          where += R.pc < R.prog->ops.size()
-                       ? fmt::format("; rank {} at {} '{}'", r, dev_op_name(R.prog->ops[R.pc].kind), R.prog->ops[R.pc].what)
-                       : fmt::format("; rank {} done", r);
+          where += R.pc < R.prog->ops.size() ? fmt::format("; rank {} at {} '{}'", r,
+                                                           dev_op_name(R.prog->ops[R.pc].kind), R.prog->ops[R.pc].what)
+                                             : fmt::format("; rank {} done", r);
         }
         TESSERA_FAIL("gpu program simulation: deadlock (NCCL calls that never match){}", where);
       }
@@ -339,7 +350,8 @@ GpuSimRun simulate_gpu_programs(const Plan& plan, std::vector<DevProgram> progra
                                 const Tensors& expected) {
   const Grid& g = plan.grid;
   const int W = static_cast<int>(plan.ranks.size());
-  TESSERA_CHECK(static_cast<int>(programs.size()) == W, "gpu program simulation: {} programs for {} ranks", programs.size(), W);
+  TESSERA_CHECK(static_cast<int>(programs.size()) == W, "gpu program simulation: {} programs for {} ranks",
+                programs.size(), W);
   Sim sim(plan);
   sim.progs = std::move(programs);
   sim.ranks.resize(W);

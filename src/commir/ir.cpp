@@ -95,7 +95,8 @@ int Grid::world() const {
                 name, mesh.size(), kMaxMeshLevels);
   std::int64_t w = 1;
   for (int m : mesh) {
-    TESSERA_CHECK(m >= 1 && m <= kMaxLevelSize, "grid '{}': mesh level size {} outside [1, {}]", name, m, kMaxLevelSize);
+    TESSERA_CHECK(m >= 1 && m <= kMaxLevelSize, "grid '{}': mesh level size {} outside [1, {}]", name, m,
+                  kMaxLevelSize);
     w *= m;  // <= 4096^8 < 2^63
     TESSERA_CHECK(w <= kMaxWorld, "grid '{}': mesh {} has more than {} devices", name, mesh_string(mesh), kMaxWorld);
   }
@@ -119,8 +120,9 @@ namespace {
 bool is_identifier(const std::string& s) {
   if (s.empty() || s.size() > kMaxName) return false;
   if (!(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
-  return std::all_of(s.begin(), s.end(),
-                     [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-'; });
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-';
+  });
 }
 
 }  // namespace
@@ -128,13 +130,15 @@ bool is_identifier(const std::string& s) {
 void validate(const Grid& g, const char* what) {
   const std::string gn = g.name;
   auto ident = [&](const std::string& s, const char* kind) {
-    TESSERA_CHECK(is_identifier(s), "{}: grid '{}': {} name '{}' is not an identifier (letter or '_' first, then "
-                  "letters, digits, '_', '.', '-'; at most {} characters)", what, gn, kind, s.substr(0, 80), kMaxName);
+    TESSERA_CHECK(is_identifier(s),
+                  "{}: grid '{}': {} name '{}' is not an identifier (letter or '_' first, then "
+                  "letters, digits, '_', '.', '-'; at most {} characters)",
+                  what, gn, kind, s.substr(0, 80), kMaxName);
   };
   ident(g.name, "grid");
   // Mesh.
-  TESSERA_CHECK(g.mesh.size() <= static_cast<std::size_t>(kMaxMeshLevels), "{}: grid '{}': mesh has {} levels (at most {})",
-                what, gn, g.mesh.size(), kMaxMeshLevels);
+  TESSERA_CHECK(g.mesh.size() <= static_cast<std::size_t>(kMaxMeshLevels),
+                "{}: grid '{}': mesh has {} levels (at most {})", what, gn, g.mesh.size(), kMaxMeshLevels);
   (void)g.world();  // level sizes and the world bound
   const int L = static_cast<int>(g.mesh.size());
   // Axes.
@@ -145,9 +149,10 @@ void validate(const Grid& g, const char* what) {
   for (const auto& a : g.axes) {
     ident(a.name, "axis");
     TESSERA_CHECK(names.insert(a.name).second, "{}: grid '{}': axis '{}' is declared twice", what, gn, a.name);
-    TESSERA_CHECK(a.extent >= 1 && a.extent <= kMaxExtent, "{}: grid '{}': axis {} has extent {} (must be in [1, 2^40])",
-                  what, gn, a.name, a.extent);
-    points = checked_mul(points, a.extent, kMaxGridPoints, fmt::format("{}: grid '{}': product of the axis extents", what, gn).c_str());
+    TESSERA_CHECK(a.extent >= 1 && a.extent <= kMaxExtent,
+                  "{}: grid '{}': axis {} has extent {} (must be in [1, 2^40])", what, gn, a.name, a.extent);
+    points = checked_mul(points, a.extent, kMaxGridPoints,
+                         fmt::format("{}: grid '{}': product of the axis extents", what, gn).c_str());
   }
   // Tiling: every level of an existing axis splits into non-empty cells.
   std::size_t factors = 0;
@@ -181,8 +186,8 @@ void validate(const Grid& g, const char* what) {
       TESSERA_CHECK(it != g.tiling.end() && f.level >= 0 && f.level < static_cast<int>(it->second.size()),
                     "{}: grid '{}': loop {} names factor {}#{} that no tile line defines", what, gn, l.name, f.axis,
                     f.level);
-      TESSERA_CHECK(covered.insert({f.axis, f.level}).second, "{}: grid '{}': factor {}#{} is covered by 2 loops (expected 1)",
-                    what, gn, f.axis, f.level);
+      TESSERA_CHECK(covered.insert({f.axis, f.level}).second,
+                    "{}: grid '{}': factor {}#{} is covered by 2 loops (expected 1)", what, gn, f.axis, f.level);
     }
     const std::int64_t e = g.loop_extent(l);
     if (l.parallel()) {
@@ -196,7 +201,8 @@ void validate(const Grid& g, const char* what) {
                     gn, l.name, e, l.mesh_level, g.mesh[l.mesh_level]);
     } else {
       TESSERA_CHECK(l.mesh_level == -1, "{}: grid '{}': loop {} has mesh level {}", what, gn, l.name, l.mesh_level);
-      steps = checked_mul(steps, e, kMaxSteps, fmt::format("{}: grid '{}': sequential steps per rank", what, gn).c_str());
+      steps =
+          checked_mul(steps, e, kMaxSteps, fmt::format("{}: grid '{}': sequential steps per rank", what, gn).c_str());
     }
   }
   if (covered.size() != factors)
@@ -204,7 +210,8 @@ void validate(const Grid& g, const char* what) {
       for (std::size_t lv = 0; lv < ns.size(); ++lv)
         TESSERA_CHECK(covered.count({axis, static_cast<int>(lv)}),
                       "{}: grid '{}': factor {}#{} is covered by 0 loops (expected 1)", what, gn, axis, lv);
-  checked_mul(steps, g.world(), kMaxRankSteps, fmt::format("{}: grid '{}': ranks x steps of the plan", what, gn).c_str());
+  checked_mul(steps, g.world(), kMaxRankSteps,
+              fmt::format("{}: grid '{}': ranks x steps of the plan", what, gn).c_str());
   std::set<std::string> shifters;
   for (const auto& l : g.loops) {
     if (l.shift_by.empty()) continue;
@@ -229,17 +236,19 @@ void validate(const Grid& g, const char* what) {
     TESSERA_CHECK(!lnames.count(b.name), "{}: grid '{}': buffer '{}' has the name of a loop", what, gn, b.name);
     TESSERA_CHECK(!b.dims.empty() && b.dims.size() <= static_cast<std::size_t>(kMaxDims),
                   "{}: grid '{}': buffer {} has {} dimensions (1..{})", what, gn, b.name, b.dims.size(), kMaxDims);
-    TESSERA_CHECK(b.elem >= 1 && b.elem <= kMaxElem, "{}: grid '{}': buffer {} has {} elements per point (1..2^20)", what,
-                  gn, b.name, b.elem);
+    TESSERA_CHECK(b.elem >= 1 && b.elem <= kMaxElem, "{}: grid '{}': buffer {} has {} elements per point (1..2^20)",
+                  what, gn, b.name, b.elem);
     std::set<std::string> used;
-    std::int64_t bytes = checked_mul(b.elem, static_cast<std::int64_t>(g.elem_bytes()), kMaxBufferBytes, "buffer bytes");
+    std::int64_t bytes =
+        checked_mul(b.elem, static_cast<std::int64_t>(g.elem_bytes()), kMaxBufferBytes, "buffer bytes");
     for (const auto& d : b.dims) {
       const Axis* a = g.find_axis(d.axis);
       TESSERA_CHECK(a, "{}: grid '{}': buffer {} is indexed by '{}', which is not an axis", what, gn, b.name, d.axis);
-      TESSERA_CHECK(used.insert(d.axis).second, "{}: grid '{}': buffer {} is indexed by axis {} twice", what, gn, b.name,
-                    d.axis);
-      TESSERA_CHECK(d.group >= 1 && d.group <= a->extent, "{}: grid '{}': buffer {}: group {} of axis {} outside [1, {}]",
-                    what, gn, b.name, d.group, d.axis, a->extent);
+      TESSERA_CHECK(used.insert(d.axis).second, "{}: grid '{}': buffer {} is indexed by axis {} twice", what, gn,
+                    b.name, d.axis);
+      TESSERA_CHECK(d.group >= 1 && d.group <= a->extent,
+                    "{}: grid '{}': buffer {}: group {} of axis {} outside [1, {}]", what, gn, b.name, d.group, d.axis,
+                    a->extent);
       bytes = checked_mul(bytes, (a->extent + d.group - 1) / d.group, kMaxBufferBytes,
                           fmt::format("{}: grid '{}': bytes of buffer {}", what, gn, b.name).c_str());
     }
@@ -248,8 +257,9 @@ void validate(const Grid& g, const char* what) {
   const Body& body = g.body;
   TESSERA_CHECK(!body.out.empty(), "{}: grid '{}' has no body", what, gn);
   const std::size_t want = body.kind == BodyKind::contract ? 2 : body.kind == BodyKind::attend ? 3 : 0;
-  TESSERA_CHECK(want ? body.ins.size() == want : !body.ins.empty() && body.ins.size() < static_cast<std::size_t>(kMaxBuffers),
-                "{}: grid '{}': the body has {} input(s)", what, gn, body.ins.size());
+  TESSERA_CHECK(
+      want ? body.ins.size() == want : !body.ins.empty() && body.ins.size() < static_cast<std::size_t>(kMaxBuffers),
+      "{}: grid '{}': the body has {} input(s)", what, gn, body.ins.size());
   std::set<std::string> operands;
   auto operand = [&](const std::string& n, Access acc) {
     const Buffer* b = g.find_buffer(n);
@@ -273,8 +283,8 @@ void validate(const Grid& g, const char* what) {
     patch(c, g.kernel);
   }
   // Placements.
-  TESSERA_CHECK(g.placements.size() <= static_cast<std::size_t>(kMaxPlacements), "{}: grid '{}' has {} placements (at most {})",
-                what, gn, g.placements.size(), kMaxPlacements);
+  TESSERA_CHECK(g.placements.size() <= static_cast<std::size_t>(kMaxPlacements),
+                "{}: grid '{}' has {} placements (at most {})", what, gn, g.placements.size(), kMaxPlacements);
   std::set<std::pair<std::string, std::string>> placed;
   for (const auto& p : g.placements) {
     const std::string call = fmt::format("{}: grid '{}': {} {} {}", what, gn,
@@ -294,11 +304,13 @@ void validate(const Grid& g, const char* what) {
     if (p.along_is_loop) {
       const Loop* al = g.find_loop(p.along);
       TESSERA_CHECK(al, "{}: along {}: no loop '{}'", call, p.along, p.along);
-      TESSERA_CHECK(!al->parallel(), "{}: along {}: the loop is parallel; shard along a sequential loop", call, p.along);
+      TESSERA_CHECK(!al->parallel(), "{}: along {}: the loop is parallel; shard along a sequential loop", call,
+                    p.along);
       bool al_indexes = false;
       for (const auto& f : al->factors) al_indexes |= b->indexed_by(f.axis);
       TESSERA_CHECK(al_indexes, "{}: along {}: the loop does not index {}", call, p.along, p.buffer);
-      TESSERA_CHECK(!indexed, "{}: {} is partitioned by {}; shard it along an axis, not a loop", call, p.buffer, p.loop);
+      TESSERA_CHECK(!indexed, "{}: {} is partitioned by {}; shard it along an axis, not a loop", call, p.buffer,
+                    p.loop);
       TESSERA_CHECK(g.loop_extent(*al) == g.loop_extent(*pl), "{}: along {}: extents {} and {} differ", call, p.along,
                     g.loop_extent(*al), g.loop_extent(*pl));
     } else {

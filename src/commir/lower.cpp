@@ -26,7 +26,8 @@ bool Box::intersects(const Box& b) const {
 }
 Box Box::intersect(const Box& b) const {
   Box o;
-  for (std::size_t i = 0; i < r.size(); ++i) o.r.push_back({std::max(r[i].lo, b.r[i].lo), std::min(r[i].hi, b.r[i].hi)});
+  for (std::size_t i = 0; i < r.size(); ++i)
+    o.r.push_back({std::max(r[i].lo, b.r[i].lo), std::min(r[i].hi, b.r[i].hi)});
   return o;
 }
 std::int64_t volume(const Region& reg) {
@@ -47,11 +48,16 @@ std::string box_text(const Box& b) {
 }
 std::string_view coll_name(CollKind k) {
   switch (k) {
-    case CollKind::all_gather: return "AllGather";
-    case CollKind::all_to_all: return "AllToAll";
-    case CollKind::broadcast: return "Broadcast";
-    case CollKind::all_reduce: return "AllReduce";
-    case CollKind::reduce_scatter: return "ReduceScatter";
+    case CollKind::all_gather:
+      return "AllGather";
+    case CollKind::all_to_all:
+      return "AllToAll";
+    case CollKind::broadcast:
+      return "Broadcast";
+    case CollKind::all_reduce:
+      return "AllReduce";
+    case CollKind::reduce_scatter:
+      return "ReduceScatter";
   }
   return "?";
 }
@@ -113,8 +119,10 @@ std::vector<Range> merge(std::vector<Range> v) {
   std::vector<Range> o;
   for (const auto& x : v) {
     if (x.size() <= 0) continue;
-    if (!o.empty() && x.lo <= o.back().hi) o.back().hi = std::max(o.back().hi, x.hi);
-    else o.push_back(x);
+    if (!o.empty() && x.lo <= o.back().hi)
+      o.back().hi = std::max(o.back().hi, x.hi);
+    else
+      o.push_back(x);
   }
   return o;
 }
@@ -198,7 +206,8 @@ struct Lowerer {
       Range r{0, a.extent};
       auto it = g.tiling.find(a.name);
       if (it != g.tiling.end())
-        for (std::size_t lv = 0; lv < it->second.size(); ++lv) r = part(r, it->second[lv], idx.at({a.name, static_cast<int>(lv)}));
+        for (std::size_t lv = 0; lv < it->second.size(); ++lv)
+          r = part(r, it->second[lv], idx.at({a.name, static_cast<int>(lv)}));
       b.r.push_back(r);
     }
     return b;
@@ -353,11 +362,21 @@ struct Lowerer {
       const double va = static_cast<double>(volume(after[i])), vb = static_cast<double>(volume(before[i]));
       double moved = 0;
       switch (k) {
-        case CollKind::all_gather: moved = va - vb; break;
-        case CollKind::all_to_all: moved = va * (n - 1) / n; break;
-        case CollKind::broadcast: moved = va; break;
-        case CollKind::all_reduce: moved = 2.0 * va * (n - 1) / n; break;
-        case CollKind::reduce_scatter: moved = vb * (n - 1) / n; break;
+        case CollKind::all_gather:
+          moved = va - vb;
+          break;
+        case CollKind::all_to_all:
+          moved = va * (n - 1) / n;
+          break;
+        case CollKind::broadcast:
+          moved = va;
+          break;
+        case CollKind::all_reduce:
+          moved = 2.0 * va * (n - 1) / n;
+          break;
+        case CollKind::reduce_scatter:
+          moved = vb * (n - 1) / n;
+          break;
       }
       s.bytes = static_cast<std::int64_t>(moved * static_cast<double>(esize));
       add(group[i], s);
@@ -375,7 +394,8 @@ Plan Lowerer::run() {
   par.assign(L, nullptr);
   for (int l = 0; l < L; ++l) {
     par[l] = g.parallel_loop(l);
-    TESSERA_CHECK(par[l], "lower: mesh level {} ({} devices) has no parallel loop; parallelize a loop of extent {} on it", l,
+    TESSERA_CHECK(par[l],
+                  "lower: mesh level {} ({} devices) has no parallel loop; parallelize a loop of extent {} on it", l,
                   g.mesh[l], g.mesh[l]);
   }
   for (std::size_t i = 0; i < g.loops.size(); ++i)
@@ -441,8 +461,10 @@ Plan Lowerer::run() {
   std::map<std::string, std::vector<std::vector<std::pair<Box, int>>>> resident;  // received: box, time obtained
   std::map<std::string, std::vector<std::map<Key, std::pair<Box, int>>>> acc;     // cell -> (box, last use)
   for (const auto& b : g.buffers) {
-    if (b.access == Access::read) resident[b.name].resize(W);
-    else acc[b.name].resize(W);
+    if (b.access == Access::read)
+      resident[b.name].resize(W);
+    else
+      acc[b.name].resize(W);
   }
   std::set<std::tuple<std::string, int, int>> bcast_done;  // buffer, first group rank, level (per t)
   for (int t = 0; t < T; ++t) {
@@ -650,7 +672,8 @@ Plan Lowerer::run() {
             after.push_back(out);
           }
         }
-        collective(scatter ? CollKind::reduce_scatter : CollKind::all_reduce, b.name, T, grp, l, -1, before, after, aes);
+        collective(scatter ? CollKind::reduce_scatter : CollKind::all_reduce, b.name, T, grp, l, -1, before, after,
+                   aes);
         for (std::size_t i = 0; i < grp.size(); ++i) cur[grp[i]] = after[i];
       }
     }
@@ -752,8 +775,8 @@ Plan Lowerer::run() {
 Plan lower(const Grid& g) { return Lowerer(g).run(); }
 
 std::string describe(const Plan& p, int max_steps) {
-  std::string s = fmt::format("plan for {} on mesh {}: {} ranks, {} steps each, peak {:.3f} MiB per rank\n", p.grid.name,
-                              mesh_string(p.grid.mesh), p.ranks.size(), p.steps_per_rank,
+  std::string s = fmt::format("plan for {} on mesh {}: {} ranks, {} steps each, peak {:.3f} MiB per rank\n",
+                              p.grid.name, mesh_string(p.grid.mesh), p.ranks.size(), p.steps_per_rank,
                               static_cast<double>(p.max_peak_bytes()) / (1 << 20));
   for (const auto& [k, v] : p.counts()) s += fmt::format("  {} x{}\n", k, v);
   for (const auto& r : p.ranks) {
@@ -767,19 +790,27 @@ std::string describe(const Plan& p, int max_steps) {
       }
       const std::string when = st.time < 0 ? "pro" : st.time >= p.steps_per_rank ? "epi" : fmt::format("t{}", st.time);
       switch (st.kind) {
-        case StepKind::compute: s += fmt::format("  {:>4} compute {} {}\n", when, p.grid.kernel, box_text(st.box)); break;
+        case StepKind::compute:
+          s += fmt::format("  {:>4} compute {} {}\n", when, p.grid.kernel, box_text(st.box));
+          break;
         case StepKind::send:
-          s += fmt::format("  {:>4} send{} {}{} -> {}\n", when, st.partial ? " partial" : "", st.buffer, box_text(st.box), st.peer);
+          s += fmt::format("  {:>4} send{} {}{} -> {}\n", when, st.partial ? " partial" : "", st.buffer,
+                           box_text(st.box), st.peer);
           break;
         case StepKind::recv:
-          s += fmt::format("  {:>4} recv{} {}{} <- {}\n", when, st.partial ? " partial" : "", st.buffer, box_text(st.box), st.peer);
+          s += fmt::format("  {:>4} recv{} {}{} <- {}\n", when, st.partial ? " partial" : "", st.buffer,
+                           box_text(st.box), st.peer);
           break;
         case StepKind::collective:
-          s += fmt::format("  {:>4} {} {} group {{{}}} level {}{}\n", when, coll_name(st.coll), st.buffer, fmt::join(st.group, ","),
-                           st.level, st.root >= 0 ? fmt::format(" root {}", st.root) : "");
+          s += fmt::format("  {:>4} {} {} group {{{}}} level {}{}\n", when, coll_name(st.coll), st.buffer,
+                           fmt::join(st.group, ","), st.level, st.root >= 0 ? fmt::format(" root {}", st.root) : "");
           break;
-        case StepKind::free_block: s += fmt::format("  {:>4} free {}{}\n", when, st.buffer, box_text(st.box)); break;
-        case StepKind::finalize: s += fmt::format("  {:>4} finalize\n", when); break;
+        case StepKind::free_block:
+          s += fmt::format("  {:>4} free {}{}\n", when, st.buffer, box_text(st.box));
+          break;
+        case StepKind::finalize:
+          s += fmt::format("  {:>4} finalize\n", when);
+          break;
       }
     }
   }

@@ -50,7 +50,8 @@ MachineProfile builtin_profile(const std::string& name) {
     p.intra = {32, 32, 10};
     p.inter = {6.25, 6.25, 20};
   } else {
-    TESSERA_FAIL("machine profile '{}': unknown; built-in profiles are h200x2, h100, a100, l4 (or pass a JSON file)", name);
+    TESSERA_FAIL("machine profile '{}': unknown; built-in profiles are h200x2, h100, a100, l4 (or pass a JSON file)",
+                 name);
   }
   return p;
 }
@@ -61,8 +62,8 @@ LinkLevel link_from(const nlohmann::json& j, const std::string& what) {
   l.p2p_gbps = j.at("p2p_gbps").get<double>();
   l.coll_gbps = j.at("coll_gbps").get<double>();
   l.latency_us = j.at("latency_us").get<double>();
-  TESSERA_CHECK(l.p2p_gbps > 0 && l.coll_gbps > 0 && l.latency_us >= 0, "machine profile: {} link needs positive bandwidths",
-                what);
+  TESSERA_CHECK(l.p2p_gbps > 0 && l.coll_gbps > 0 && l.latency_us >= 0,
+                "machine profile: {} link needs positive bandwidths", what);
   return l;
 }
 nlohmann::json link_to(const LinkLevel& l) {

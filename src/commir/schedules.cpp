@@ -22,8 +22,8 @@ std::vector<std::string> schedule_names(const std::string& op, int levels) {
 }
 
 std::string schedule_script(const std::string& name, const std::vector<int>& mesh) {
-  TESSERA_CHECK(mesh.size() == 1 || mesh.size() == 2, "schedule {}: meshes of 1 or 2 levels are supported, got {}", name,
-                mesh_string(mesh));
+  TESSERA_CHECK(mesh.size() == 1 || mesh.size() == 2, "schedule {}: meshes of 1 or 2 levels are supported, got {}",
+                name, mesh_string(mesh));
   const bool two = mesh.size() == 2;
   const int p = mesh.back(), p0 = mesh[0];
   // Outer level of a two-level mesh for GEMM: split m.
@@ -47,9 +47,10 @@ std::string schedule_script(const std::string& name, const std::vector<int>& mes
     return schedule_script("cp", mesh) +
            (two ? " shard(K,q0,kv) shard(V,q0,kv) shard(K,q1,kv) shard(V,q1,kv)" : " shard(K,q0,kv) shard(V,q0,kv)");
   if (name == "ring" || name == "two_level")
-    return two ? fmt::format("tile(q,{}) tile(q,{}) parallelize(q0,0) parallelize(q1,1) tile(kv,{}) tile(kv,{}) "
-                             "shift(kv0,q0) shift(kv1,q1) patch(attention)",
-                             p0, p, p0, p)
+    return two ? fmt::format(
+                     "tile(q,{}) tile(q,{}) parallelize(q0,0) parallelize(q1,1) tile(kv,{}) tile(kv,{}) "
+                     "shift(kv0,q0) shift(kv1,q1) patch(attention)",
+                     p0, p, p0, p)
                : fmt::format("tile(q,{}) parallelize(q0,0) tile(kv,{}) shift(kv0,q0) patch(attention)", p, p);
   if (name == "ulysses") {
     auto a2a = [](const std::string& h) {
@@ -61,14 +62,16 @@ std::string schedule_script(const std::string& name, const std::vector<int>& mes
   }
   if (name == "usp") {
     TESSERA_CHECK(two, "schedule usp: needs a two-level mesh (ring across level 0, Ulysses inside level 1)");
-    return fmt::format("tile(q,{0}) parallelize(q0,0) tile(h,{1}) parallelize(h0,1) tile(kv,{0}) shift(kv0,q0) "
-                       "shard(Q,h0,q) shard(K,h0,kv) shard(V,h0,kv) shard(O,h0,q) patch(attention)",
-                       p0, p);
+    return fmt::format(
+        "tile(q,{0}) parallelize(q0,0) tile(h,{1}) parallelize(h0,1) tile(kv,{0}) shift(kv0,q0) "
+        "shard(Q,h0,q) shard(K,h0,kv) shard(V,h0,kv) shard(O,h0,q) patch(attention)",
+        p0, p);
   }
   if (name == "tree")
     return two ? fmt::format("tile(kv,{}) tile(kv,{}) parallelize(kv0,0) parallelize(kv1,1) patch(attention)", p0, p)
                : fmt::format("tile(kv,{}) parallelize(kv0,0) patch(attention)", p);
-  if (name == "tree_rs") return schedule_script("tree", mesh) + (two ? " shard(O,kv0,h) shard(O,kv1,h)" : " shard(O,kv0,h)");
+  if (name == "tree_rs")
+    return schedule_script("tree", mesh) + (two ? " shard(O,kv0,h) shard(O,kv1,h)" : " shard(O,kv0,h)");
   TESSERA_FAIL("schedule: unknown schedule '{}'", name);
 }
 

@@ -101,8 +101,10 @@ Grid parse(const std::string& text) {
     if (auto h = raw.find('#'); h != std::string::npos) {
       // '#' inside "axis#level" is part of a factor; a comment starts with "# " or at column 0 / after spaces.
       const auto first = raw.find_first_not_of(" \t");
-      if (first == h) raw.clear();
-      else if (auto c = raw.find(" #"); c != std::string::npos && (c + 2 >= raw.size() || raw[c + 2] == ' ')) raw.resize(c);
+      if (first == h)
+        raw.clear();
+      else if (auto c = raw.find(" #"); c != std::string::npos && (c + 2 >= raw.size() || raw[c + 2] == ' '))
+        raw.resize(c);
     }
     auto t = tokens(raw);
     if (t.empty()) continue;
@@ -140,7 +142,8 @@ Grid parse(const std::string& text) {
       once("dtype");
       g.dtype = parse_dtype(t[1], line);
     } else if (kw == "axis") {
-      expect(t.size() == 5 && t[2] == "=" && (t[4] == "spatial" || t[4] == "reduction"), "'axis NAME = N spatial|reduction'");
+      expect(t.size() == 5 && t[2] == "=" && (t[4] == "spatial" || t[4] == "reduction"),
+             "'axis NAME = N spatial|reduction'");
       expect(g.axes.size() < static_cast<std::size_t>(kMaxAxes), "at most 16 axes");
       g.axes.push_back({t[1], num(t[3]), t[4] == "spatial" ? AxisKind::spatial : AxisKind::reduction});
     } else if (kw == "buffer") {
@@ -176,7 +179,8 @@ Grid parse(const std::string& text) {
         b.kind = BodyKind::contract;
         b.ins = {t[4], t[6]};
       } else if (t[2] == "=" && t[3] == "attend") {
-        expect(t.size() == 11 && t[4] == "(" && t[6] == "," && t[8] == "," && t[10] == ")", "'body O = attend(Q, K, V)'");
+        expect(t.size() == 11 && t[4] == "(" && t[6] == "," && t[8] == "," && t[10] == ")",
+               "'body O = attend(Q, K, V)'");
         b.kind = BodyKind::attend;
         b.ins = {t[5], t[7], t[9]};
       } else {
@@ -209,8 +213,10 @@ Grid parse(const std::string& text) {
         l.factors.push_back({t[i], static_cast<int>(level)});
         expect(l.factors.size() <= static_cast<std::size_t>(kMaxAxes * kMaxTileLevels), "fewer factors");
         i += 3;
-        if (i < t.size() && t[i] == "*") ++i;
-        else break;
+        if (i < t.size() && t[i] == "*")
+          ++i;
+        else
+          break;
       }
       expect(!l.factors.empty(), "a factor axis#level");
       while (i < t.size()) {
@@ -229,7 +235,8 @@ Grid parse(const std::string& text) {
       expect(g.loops.size() < static_cast<std::size_t>(kMaxLoops), "at most 64 loops");
       g.loops.push_back(l);
     } else if (kw == "shard") {
-      expect(t.size() == 6 && t[3] == "along" && (t[5] == "loop" || t[5] == "axis"), "'shard BUF LOOP along X loop|axis'");
+      expect(t.size() == 6 && t[3] == "along" && (t[5] == "loop" || t[5] == "axis"),
+             "'shard BUF LOOP along X loop|axis'");
       expect(g.placements.size() < static_cast<std::size_t>(kMaxPlacements), "at most 256 placements");
       g.placements.push_back({t[1], t[2], PlacementKind::shard, t[4], t[5] == "loop"});
     } else if (kw == "replicate") {

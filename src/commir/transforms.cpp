@@ -38,14 +38,15 @@ void tile(Grid& g, const std::string& axis, std::int64_t n, std::string name) {
   const Axis* a = g.find_axis(axis);
   TESSERA_CHECK(a, "tile({}, {}): grid '{}' has no axis '{}'", axis, n, g.name, axis);
   TESSERA_CHECK(n >= 1, "tile({}, {}): the number of cells must be >= 1", axis, n);
-  TESSERA_CHECK(g.loops.size() < static_cast<std::size_t>(kMaxLoops), "tile({}, {}): grid '{}' already has {} loops", axis,
-                n, g.name, kMaxLoops);
+  TESSERA_CHECK(g.loops.size() < static_cast<std::size_t>(kMaxLoops), "tile({}, {}): grid '{}' already has {} loops",
+                axis, n, g.name, kMaxLoops);
   if (auto it = g.tiling.find(axis); it != g.tiling.end())
     TESSERA_CHECK(it->second.size() < static_cast<std::size_t>(kMaxTileLevels),
                   "tile({}, {}): axis {} already has {} tiling levels", axis, n, axis, kMaxTileLevels);
   const std::int64_t cell = g.min_cell(axis);
-  TESSERA_CHECK(n <= cell, "tile({}, {}): the smallest cell of axis {} has {} element(s); {} cells would leave some empty",
-                axis, n, axis, cell, n);
+  TESSERA_CHECK(n <= cell,
+                "tile({}, {}): the smallest cell of axis {} has {} element(s); {} cells would leave some empty", axis,
+                n, axis, cell, n);
   auto& levels = g.tiling[axis];
   const int level = static_cast<int>(levels.size());
   if (name.empty()) name = axis + std::to_string(level);
@@ -69,7 +70,8 @@ void join(Grid& g, const std::string& outer, const std::string& inner, std::stri
       TESSERA_CHECK(!(p.along_is_loop && p.along == l.name) && p.loop != l.name,
                     "join({}, {}): loop {} is referenced by a placement of buffer {}", outer, inner, l.name, p.buffer);
     for (const auto& other : g.loops)
-      TESSERA_CHECK(other.shift_by != l.name, "join({}, {}): loop {} is shifted by {}", outer, inner, other.name, l.name);
+      TESSERA_CHECK(other.shift_by != l.name, "join({}, {}): loop {} is shifted by {}", outer, inner, other.name,
+                    l.name);
   }
   if (name.empty()) name = outer + inner;
   TESSERA_CHECK(name == outer || name == inner || !g.find_loop(name), "join({}, {}): a loop named '{}' already exists",
@@ -108,10 +110,11 @@ void patch(Grid& g, const std::string& kernel) {
                   "{}: the body of grid '{}' is not a contraction of two buffers", call, g.name);
     const Buffer &c = buf(body.out), &a = buf(body.ins[0]), &b = buf(body.ins[1]);
     const bool shape = c.dims.size() == 2 && a.dims.size() == 2 && b.dims.size() == 2;
-    TESSERA_CHECK(shape, "{}: gemm needs 2-D buffers, got {} += {} * {}", call, dims_text(c), dims_text(a), dims_text(b));
-    const bool ok = a.dims[0] == c.dims[0] && b.dims[1] == c.dims[1] && a.dims[1] == b.dims[0] &&
-                    spatial(c.dims[0]) && spatial(c.dims[1]) && !spatial(a.dims[1]) && a.dims[1].group == 1 &&
-                    c.dims[0].group == 1 && c.dims[1].group == 1 && a.elem == 1 && b.elem == 1 && c.elem == 1;
+    TESSERA_CHECK(shape, "{}: gemm needs 2-D buffers, got {} += {} * {}", call, dims_text(c), dims_text(a),
+                  dims_text(b));
+    const bool ok = a.dims[0] == c.dims[0] && b.dims[1] == c.dims[1] && a.dims[1] == b.dims[0] && spatial(c.dims[0]) &&
+                    spatial(c.dims[1]) && !spatial(a.dims[1]) && a.dims[1].group == 1 && c.dims[0].group == 1 &&
+                    c.dims[1].group == 1 && a.elem == 1 && b.elem == 1 && c.elem == 1;
     TESSERA_CHECK(ok, "{}: {} += {} * {} does not match C[m,n] += A[m,k] * B[k,n] with k a reduction axis", call,
                   dims_text(c), dims_text(a), dims_text(b));
   } else if (kernel == "attention") {
@@ -123,19 +126,21 @@ void patch(Grid& g, const std::string& kernel) {
                     spatial(q.dims[0]) && spatial(q.dims[1]) && spatial(q.dims[2]) && q.elem == k.elem &&
                     k.elem == v.elem && v.elem == o.elem && q.dims[1].group == 1 && q.dims[0].group == 1 &&
                     k.dims[0].group == 1 && k.dims[2].group == 1;
-    TESSERA_CHECK(ok, "{}: {} = attend({}, {}, {}) does not match O[b,h,q] = attend(Q[b,h,q], K[b,h/g,kv], V[b,h/g,kv])",
+    TESSERA_CHECK(ok,
+                  "{}: {} = attend({}, {}, {}) does not match O[b,h,q] = attend(Q[b,h,q], K[b,h/g,kv], V[b,h/g,kv])",
                   call, dims_text(o), dims_text(q), dims_text(k), dims_text(v));
     TESSERA_CHECK(g.axis(k.dims[1].axis).extent % k.dims[1].group == 0,
                   "{}: heads ({}) must be a multiple of the K/V group size {}", call, g.axis(k.dims[1].axis).extent,
                   k.dims[1].group);
   } else if (kernel == "add") {
-    TESSERA_CHECK(body.kind == BodyKind::add && !body.ins.empty(), "{}: the body of grid '{}' is not an element-wise sum",
-                  call, g.name);
+    TESSERA_CHECK(body.kind == BodyKind::add && !body.ins.empty(),
+                  "{}: the body of grid '{}' is not an element-wise sum", call, g.name);
     const Buffer& o = buf(body.out);
     for (const auto& n : body.ins)
       TESSERA_CHECK(buf(n).dims == o.dims && buf(n).elem == o.elem, "{}: {} and {} differ in shape", call,
                     dims_text(buf(n)), dims_text(o));
-    for (const auto& d : o.dims) TESSERA_CHECK(spatial(d), "{}: element-wise sums have no reduction axis ({})", call, d.axis);
+    for (const auto& d : o.dims)
+      TESSERA_CHECK(spatial(d), "{}: element-wise sums have no reduction axis ({})", call, d.axis);
   } else {
     TESSERA_FAIL("{}: unknown kernel; registered kernels are gemm, attention, add", call);
   }
@@ -169,10 +174,11 @@ void shift(Grid& g, const std::string& loop, const std::string& par) {
   TESSERA_CHECK(!l->parallel(), "{}: {} is parallel; only sequential (temporal) loops can be shifted", call, loop);
   TESSERA_CHECK(l->shift_by.empty(), "{}: {} is already shifted by {}", call, loop, l->shift_by);
   for (const auto& o : g.loops)
-    TESSERA_CHECK(o.shift_by != par, "{}: {} already shifts loop {}; one shifted loop per parallel loop", call, par, o.name);
+    TESSERA_CHECK(o.shift_by != par, "{}: {} already shifts loop {}; one shifted loop per parallel loop", call, par,
+                  o.name);
   const std::int64_t le = g.loop_extent(*l), pe = g.loop_extent(*p);
-  TESSERA_CHECK(le == pe, "{}: loop {} has extent {} but parallel loop {} has {}; a shifted loop must match", call, loop,
-                le, par, pe);
+  TESSERA_CHECK(le == pe, "{}: loop {} has extent {} but parallel loop {} has {}; a shifted loop must match", call,
+                loop, le, par, pe);
   l->shift_by = par;
   // Bundled shard: shifting without sharding changes nothing (Mercury §6).
   const bool reduction = loop_is_reduction(g, *p);
@@ -202,7 +208,8 @@ void shard(Grid& g, const std::string& buffer, const std::string& par, const std
   const auto paxes = loop_axes(*p);
   const bool indexed = g.loop_indexes(*p, *b);
   if (along.empty()) {
-    TESSERA_CHECK(!indexed, "{}: {} is already partitioned by {}; name the axis to shard along instead", call, buffer, par);
+    TESSERA_CHECK(!indexed, "{}: {} is already partitioned by {}; name the axis to shard along instead", call, buffer,
+                  par);
     for (const auto& d : b->dims)
       if (!paxes.count(d.axis)) {
         along = d.axis;
@@ -303,8 +310,8 @@ void apply(Grid& g, const std::string& script) {
       need(2, 2);
       replicate(g, args[0], args[1]);
     } else {
-      TESSERA_FAIL("schedule: unknown primitive '{}' (tile, join, reorder, patch, parallelize, shift, shard, replicate)",
-                   name);
+      TESSERA_FAIL(
+          "schedule: unknown primitive '{}' (tile, join, reorder, patch, parallelize, shift, shard, replicate)", name);
     }
   }
 }

@@ -62,8 +62,11 @@ Estimate estimate(const Plan& p, const MachineProfile& prof) {
           clock[r] = std::max(clock[r], it->second);
           break;
         }
-        case StepKind::collective: colls[s->tag].push_back({r, s}); break;
-        default: break;
+        case StepKind::collective:
+          colls[s->tag].push_back({r, s});
+          break;
+        default:
+          break;
       }
     }
     for (auto& [tag, members] : colls) {
@@ -103,9 +106,12 @@ namespace {
 
 std::string kernel_for(const Grid& g) {
   switch (g.body.kind) {
-    case BodyKind::contract: return "gemm";
-    case BodyKind::attend: return "attention";
-    case BodyKind::add: return "add";
+    case BodyKind::contract:
+      return "gemm";
+    case BodyKind::attend:
+      return "attention";
+    case BodyKind::add:
+      return "add";
   }
   return "";
 }
@@ -191,8 +197,8 @@ TuneResult tune(const Grid& op, const MachineProfile& prof, const TuneOptions& o
   const auto deadline =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opt.budget_s));
   auto out_of_time = [&] { return opt.budget_s > 0 && Clock::now() >= deadline; };
-  TESSERA_CHECK(op.loops.empty() && op.placements.empty(), "tune: grid '{}' is already scheduled; pass the bare operator",
-                op.name);
+  TESSERA_CHECK(op.loops.empty() && op.placements.empty(),
+                "tune: grid '{}' is already scheduled; pass the bare operator", op.name);
   const int L = static_cast<int>(op.mesh.size());
   const std::string kernel = kernel_for(op);
   const double limit = (opt.memory_limit_gb > 0 ? opt.memory_limit_gb : prof.memory_gb) * 1e9;

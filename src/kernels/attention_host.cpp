@@ -22,14 +22,13 @@ namespace {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-void check_strides(const char* op, const char* name, const AttnStrides& s, int64_t batch, int64_t seq,
-                   int64_t heads) {
+void check_strides(const char* op, const char* name, const AttnStrides& s, int64_t batch, int64_t seq, int64_t heads) {
   TESSERA_CHECK(s.batch >= 0 && s.seq >= 0 && s.head >= 0, "{}: {} strides ({}, {}, {}) must be >= 0", op, name,
                 s.batch, s.seq, s.head);
   if (!s.packed()) {
     TESSERA_CHECK((s.batch > 0 || batch == 1) && (s.seq > 0 || seq == 1) && (s.head > 0 || heads == 1),
-                  "{}: {} strides (batch {}, seq {}, head {}): a stride may be 0 only where its extent is 1", op,
-                  name, s.batch, s.seq, s.head);
+                  "{}: {} strides (batch {}, seq {}, head {}): a stride may be 0 only where its extent is 1", op, name,
+                  s.batch, s.seq, s.head);
   }
   TESSERA_CHECK(s.batch % 8 == 0 && s.seq % 8 == 0 && s.head % 8 == 0,
                 "{}: {} strides (batch {}, seq {}, head {}) must be multiples of 8 elements (16 bytes, TMA)", op, name,
@@ -51,17 +50,17 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 void make_tma_4d(const char* what, const void* base, DType t, int64_t d, int64_t seq, int64_t heads, int64_t batch,
                  const AttnStrides& s, int box_rows, CUtensorMap* out) {
   const CUtensorMapDataType dt = t == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(seq),
-                              static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(seq), static_cast<cuuint64_t>(heads),
+                              static_cast<cuuint64_t>(batch)};
   // Byte strides of dims 1..3; a stride of 0 (one batch, say) is given as the
   // dimension below it times its extent — any value works for an extent of 1.
   auto st = [](int64_t v, int64_t fallback) { return static_cast<cuuint64_t>((v ? v : fallback) * 2); };
   const cuuint64_t strides[3] = {st(s.seq, d), st(s.head, d), st(s.batch, d)};
   const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  const CUresult rc = encode_fn()(out, dt, 4, const_cast<void*>(base), dims, strides, box, elem_strides,
-                                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult rc =
+      encode_fn()(out, dt, 4, const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   TESSERA_CHECK(rc == CUDA_SUCCESS,
                 "attention: cuTensorMapEncodeTiled for {} failed (CUresult {}): dims {}x{}x{}x{}, strides {}/{}/{}",
                 what, static_cast<int>(rc), d, seq, heads, batch, s.seq, s.head, s.batch);
@@ -72,14 +71,11 @@ void make_tma_4d(const char* what, const void* base, DType t, int64_t d, int64_t
 void validate(const AttentionArgs& a, const char* op) {
   TESSERA_CHECK(a.dtype == DType::bf16 || a.dtype == DType::f16, "{}: dtype {} not supported (bf16 or f16)", op,
                 dtype_name(a.dtype));
-  TESSERA_CHECK(a.head_dim == 64 || a.head_dim == 128, "{}: head_dim = {} not supported (64 or 128)", op,
-                a.head_dim);
+  TESSERA_CHECK(a.head_dim == 64 || a.head_dim == 128, "{}: head_dim = {} not supported (64 or 128)", op, a.head_dim);
   constexpr int64_t kMax = (int64_t{1} << 31) - 256;
   TESSERA_CHECK(a.batch >= 1 && a.batch < kMax, "{}: batch = {} out of range [1, 2^31)", op, a.batch);
-  TESSERA_CHECK(a.seqlen_q >= 1 && a.seqlen_q < kMax, "{}: seqlen_q = {} out of range [1, 2^31 - 256)", op,
-                a.seqlen_q);
-  TESSERA_CHECK(a.seqlen_k >= 1 && a.seqlen_k < kMax, "{}: seqlen_k = {} out of range [1, 2^31 - 256)", op,
-                a.seqlen_k);
+  TESSERA_CHECK(a.seqlen_q >= 1 && a.seqlen_q < kMax, "{}: seqlen_q = {} out of range [1, 2^31 - 256)", op, a.seqlen_q);
+  TESSERA_CHECK(a.seqlen_k >= 1 && a.seqlen_k < kMax, "{}: seqlen_k = {} out of range [1, 2^31 - 256)", op, a.seqlen_k);
   TESSERA_CHECK(a.heads_q >= 1 && a.heads_q < kMax, "{}: heads_q = {} out of range", op, a.heads_q);
   TESSERA_CHECK(a.heads_kv >= 1 && a.heads_kv <= a.heads_q, "{}: heads_kv = {} must be in [1, heads_q = {}]", op,
                 a.heads_kv, a.heads_q);
@@ -99,8 +95,8 @@ void validate(const AttentionArgs& a, const char* op) {
   check_strides(op, "k", a.k_stride, a.batch, a.seqlen_k, a.heads_kv);
   check_strides(op, "v", a.v_stride, a.batch, a.seqlen_k, a.heads_kv);
   check_strides(op, "o", a.o_stride, a.batch, a.seqlen_q, a.heads_q);
-  TESSERA_CHECK(a.lse_batch_stride >= 0 && a.lse_head_stride >= 0,
-                "{}: LSE strides (batch {}, head {}) must be >= 0", op, a.lse_batch_stride, a.lse_head_stride);
+  TESSERA_CHECK(a.lse_batch_stride >= 0 && a.lse_head_stride >= 0, "{}: LSE strides (batch {}, head {}) must be >= 0",
+                op, a.lse_batch_stride, a.lse_head_stride);
   if (a.causal && a.q_offset) {
     TESSERA_CHECK(*a.q_offset > -kMax && *a.q_offset < kMax, "{}: q_offset = {} out of range", op, *a.q_offset);
   }
@@ -125,8 +121,7 @@ double attention_flops(const AttentionArgs& a) {
       pairs += static_cast<double>(keys);
     }
   }
-  return 4.0 * static_cast<double>(a.batch) * static_cast<double>(a.heads_q) * static_cast<double>(a.head_dim) *
-         pairs;
+  return 4.0 * static_cast<double>(a.batch) * static_cast<double>(a.heads_q) * static_cast<double>(a.head_dim) * pairs;
 }
 
 void attention(const AttentionArgs& a, cudaStream_t stream) {
@@ -141,10 +136,10 @@ namespace detail {
 
 void attn_check_instantiation(const AttentionArgs& a, DType t, int head_dim) {
   validate(a, "attention");
-  TESSERA_CHECK(a.dtype == t, "attention: args.dtype = {} does not match the instantiated type {}",
-                dtype_name(a.dtype), dtype_name(t));
-  TESSERA_CHECK(a.head_dim == head_dim, "attention: args.head_dim = {} does not match the instantiated {}",
-                a.head_dim, head_dim);
+  TESSERA_CHECK(a.dtype == t, "attention: args.dtype = {} does not match the instantiated type {}", dtype_name(a.dtype),
+                dtype_name(t));
+  TESSERA_CHECK(a.head_dim == head_dim, "attention: args.head_dim = {} does not match the instantiated {}", a.head_dim,
+                head_dim);
 }
 
 void attn_make_tma(const AttentionArgs& a, int bm, int bn, CUtensorMap* q, CUtensorMap* k, CUtensorMap* v) {

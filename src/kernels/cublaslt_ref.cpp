@@ -16,18 +16,21 @@
 namespace tessera::kernels {
 namespace {
 
-#define TESSERA_CUBLAS_CHECK(expr)                                                                      \
-  do {                                                                                                  \
-    const cublasStatus_t st_ = (expr);                                                                  \
-    TESSERA_CHECK(st_ == CUBLAS_STATUS_SUCCESS, "cublaslt_gemm: {} failed: {} ({})", #expr,             \
-                  cublasLtGetStatusString(st_), static_cast<int>(st_));                                 \
+#define TESSERA_CUBLAS_CHECK(expr)                                                          \
+  do {                                                                                      \
+    const cublasStatus_t st_ = (expr);                                                      \
+    TESSERA_CHECK(st_ == CUBLAS_STATUS_SUCCESS, "cublaslt_gemm: {} failed: {} ({})", #expr, \
+                  cublasLtGetStatusString(st_), static_cast<int>(st_));                     \
   } while (0)
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
-    case DType::bf16: return CUDA_R_16BF;
-    case DType::f16: return CUDA_R_16F;
-    case DType::f32: return CUDA_R_32F;
+    case DType::bf16:
+      return CUDA_R_16BF;
+    case DType::f16:
+      return CUDA_R_16F;
+    case DType::f32:
+      return CUDA_R_32F;
   }
   TESSERA_FAIL("cublaslt_gemm: unknown dtype");
 }

@@ -14,9 +14,13 @@ __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162flo
 template <class T>
 __device__ __forceinline__ T from_f32(float v);
 template <>
-__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half from_f32<__half>(float v) {
+  return __float2half_rn(v);
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 
 /// One thread per 8-column group of a row: a 16-byte vector where the group
 /// is full, scalars in the tail.
@@ -69,9 +73,9 @@ void add_2d(const Add2dArgs& a, int max_ctas, cudaStream_t stream) {
                                                       static_cast<const __half*>(a.y), a.ldy,
                                                       static_cast<__half*>(a.out), a.ldo, a.rows, a.n);
   else
-    add_2d_kernel<__nv_bfloat16><<<blocks, 256, 0, stream>>>(
-        static_cast<const __nv_bfloat16*>(a.x), a.ldx, static_cast<const __nv_bfloat16*>(a.y), a.ldy,
-        static_cast<__nv_bfloat16*>(a.out), a.ldo, a.rows, a.n);
+    add_2d_kernel<__nv_bfloat16><<<blocks, 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(a.x), a.ldx,
+                                                             static_cast<const __nv_bfloat16*>(a.y), a.ldy,
+                                                             static_cast<__nv_bfloat16*>(a.out), a.ldo, a.rows, a.n);
   detail::check_launch("add_2d: kernel launch");
 }
 

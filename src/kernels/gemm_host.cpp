@@ -20,24 +20,36 @@ namespace tessera::kernels {
 
 TileShape tile_shape(GemmTile t) {
   switch (t) {
-    case GemmTile::T128x256: return {128, 256};
-    case GemmTile::T256x128: return {256, 128};
-    case GemmTile::T128x128: return {128, 128};
-    case GemmTile::T64x256: return {64, 256};
-    case GemmTile::T64x64: return {64, 64};
-    case GemmTile::Auto: break;
+    case GemmTile::T128x256:
+      return {128, 256};
+    case GemmTile::T256x128:
+      return {256, 128};
+    case GemmTile::T128x128:
+      return {128, 128};
+    case GemmTile::T64x256:
+      return {64, 256};
+    case GemmTile::T64x64:
+      return {64, 64};
+    case GemmTile::Auto:
+      break;
   }
   TESSERA_FAIL("tile_shape: GemmTile::Auto has no shape; resolve it first (resolve_tile)");
 }
 
 std::string tile_name(GemmTile t) {
   switch (t) {
-    case GemmTile::T128x256: return "128x256";
-    case GemmTile::T256x128: return "256x128";
-    case GemmTile::T128x128: return "128x128";
-    case GemmTile::T64x256: return "64x256";
-    case GemmTile::T64x64: return "64x64";
-    case GemmTile::Auto: return "auto";
+    case GemmTile::T128x256:
+      return "128x256";
+    case GemmTile::T256x128:
+      return "256x128";
+    case GemmTile::T128x128:
+      return "128x128";
+    case GemmTile::T64x256:
+      return "64x256";
+    case GemmTile::T64x64:
+      return "64x64";
+    case GemmTile::Auto:
+      return "auto";
   }
   return "?";
 }
@@ -57,8 +69,9 @@ void require_hopper(const char* op) {
   int major = 0, minor = 0;
   TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  TESSERA_CHECK(major == 9 && minor == 0, "{}: device {} has compute capability {}.{}; the GEMM engine needs sm_90 (Hopper)",
-                op, dev, major, minor);
+  TESSERA_CHECK(major == 9 && minor == 0,
+                "{}: device {} has compute capability {}.{}; the GEMM engine needs sm_90 (Hopper)", op, dev, major,
+                minor);
   if (dev < 64) seen[dev] = 1;
 }
 
@@ -95,8 +108,8 @@ void validate_inputs(const GemmArgs& a, const char* op) {
                 "of 8 >= K",
                 op, a.k, a.k * 2);
   TESSERA_CHECK(a.ldb != 0 || (a.b_layout == BLayout::NK ? a.k : a.n) % 8 == 0,
-                "{}: {} = {} with packed B gives {}-byte rows; TMA needs 16-byte rows: pass ldb, a multiple of 8",
-                op, a.b_layout == BLayout::NK ? "K" : "N", a.b_layout == BLayout::NK ? a.k : a.n,
+                "{}: {} = {} with packed B gives {}-byte rows; TMA needs 16-byte rows: pass ldb, a multiple of 8", op,
+                a.b_layout == BLayout::NK ? "K" : "N", a.b_layout == BLayout::NK ? a.k : a.n,
                 (a.b_layout == BLayout::NK ? a.k : a.n) * 2);
   TESSERA_CHECK(a.a != nullptr, "{}: A is null", op);
   TESSERA_CHECK(a.b != nullptr, "{}: B is null", op);
@@ -116,7 +129,8 @@ void make_tma_2d(const char* what, const void* base, DType t, uint64_t inner, ui
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q{};
     TESSERA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
-    TESSERA_CHECK(fn != nullptr && q == cudaDriverEntryPointSuccess, "gemm: cuTensorMapEncodeTiled not found in the driver");
+    TESSERA_CHECK(fn != nullptr && q == cudaDriverEntryPointSuccess,
+                  "gemm: cuTensorMapEncodeTiled not found in the driver");
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
   const CUtensorMapDataType dt = t == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
@@ -130,9 +144,9 @@ void make_tma_2d(const char* what, const void* base, DType t, uint64_t inner, ui
   // promotion on 8192 x 8192 x 8200 (nvidia-h200, docs/design/gemm.md).
   const CUtensorMapL2promotion promo =
       (ld * 2) % 32 != 0 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
-  const CUresult rc = encode(out, dt, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
-                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promo,
-                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult rc =
+      encode(out, dt, 2, const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, promo, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   TESSERA_CHECK(rc == CUDA_SUCCESS,
                 "gemm: cuTensorMapEncodeTiled for {} failed (CUresult {}): dims {}x{}, ld {}, box {}x{}", what,
                 static_cast<int>(rc), inner, outer, ld, box_inner, box_outer);
@@ -256,8 +270,7 @@ bool plain_uses_ping_pong(const GemmArgs& a, const GemmOptions& o) {
   // 0.97-1.01x. Below it ping-pong wins in both states (0.94-1.00x).
   constexpr double kPingPongMaxMnk = 4e11;
   const double mnk = static_cast<double>(a.m) * static_cast<double>(a.n) * static_cast<double>(a.k);
-  return !o.epilogue_overlap && o.tile == GemmTile::Auto && o.cluster_m <= 1 && a.in == a.out &&
-         mnk < kPingPongMaxMnk;
+  return !o.epilogue_overlap && o.tile == GemmTile::Auto && o.cluster_m <= 1 && a.in == a.out && mnk < kPingPongMaxMnk;
 }
 
 GemmTile resolve_tile(const GemmArgs& a, const GemmOptions& o) {
@@ -370,8 +383,8 @@ GemmPlan plan_gemm(const GemmArgs& a, const GemmOptions& o) {
                   o.k_splits, tile_name(o.tile));
     TESSERA_CHECK(o.cluster_m <= 1, "gemm: k_splits = {} runs without clusters (cluster_m = {})", o.k_splits,
                   o.cluster_m);
-    p.tile = o.tile == GemmTile::T64x64 ? GemmTile::T64x64
-                                         : (o.epilogue_overlap ? GemmTile::T64x256 : GemmTile::T128x128);
+    p.tile =
+        o.tile == GemmTile::T64x64 ? GemmTile::T64x64 : (o.epilogue_overlap ? GemmTile::T64x256 : GemmTile::T128x128);
     p.ping_pong = o.epilogue_overlap || o.tile == GemmTile::T64x64;
     p.k_splits = o.k_splits;
     return p;
@@ -434,8 +447,7 @@ GemmPlan plan_gemm(const GemmArgs& a, const GemmOptions& o) {
       {GemmTile::T128x256, false, 1, false, true},  {GemmTile::T128x256, false, 2, false, false},
       {GemmTile::T256x128, false, 1, false, false}, {GemmTile::T256x128, false, 2, false, false},
       {GemmTile::T128x128, false, 1, true, false},  {GemmTile::T128x128, true, 1, false, false},
-      {GemmTile::T64x256, true, 1, true, false},
-      {GemmTile::T64x64, true, 1, true, false},
+      {GemmTile::T64x256, true, 1, true, false},    {GemmTile::T64x64, true, 1, true, false},
   };
   const int64_t kb_total = (a.k + 63) / 64;
   double best = 1e300;

@@ -49,7 +49,8 @@ void gemm_plain_splitk_cfg(const GemmArgs& a, const GemmOptions& o, int splits, 
   const engine::SplitKScheduler sched = engine::SplitKScheduler::make(raster_from(o), tm, tn, kb, splits);
   const int64_t ldw = (a.n + 7) / 8 * 8;
   const int64_t stride = a.m * ldw;
-  float* ws = static_cast<float*>(acquire_workspace(static_cast<size_t>(stride * sched.splits) * sizeof(float), stream));
+  float* ws =
+      static_cast<float*>(acquire_workspace(static_cast<size_t>(stride * sched.splits) * sizeof(float), stream));
   engine::SplitKEpilogue epi;
   epi.ws = ws;
   epi.ldw = ldw;
@@ -118,8 +119,7 @@ void gemm_plain(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
     // M <= 64 (plan_gemm): split-K, or whole K when the output type is the
     // input type (the ping-pong kernels store only that type).
     if (plan.k_splits > 1 || a.out != a.in)
-      return gemm_plain_splitk_cfg<typename PingPongCfgOf<GemmTile::T64x64>::type, InT, L>(a, o, plan.k_splits,
-                                                                                            stream);
+      return gemm_plain_splitk_cfg<typename PingPongCfgOf<GemmTile::T64x64>::type, InT, L>(a, o, plan.k_splits, stream);
     return gemm_plain_t64x64<InT, L>(a, o, stream);
   }
   if (plan.k_splits > 1) {
@@ -134,9 +134,12 @@ void gemm_plain(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
   po.cluster_m = plan.cluster_m;
   po.k_splits = 1;
   switch (a.out) {
-    case DType::bf16: return gemm_plain_out<InT, L, __nv_bfloat16>(plan.tile, a, po, stream);
-    case DType::f16: return gemm_plain_out<InT, L, __half>(plan.tile, a, po, stream);
-    case DType::f32: return gemm_plain_out<InT, L, float>(plan.tile, a, po, stream);
+    case DType::bf16:
+      return gemm_plain_out<InT, L, __nv_bfloat16>(plan.tile, a, po, stream);
+    case DType::f16:
+      return gemm_plain_out<InT, L, __half>(plan.tile, a, po, stream);
+    case DType::f32:
+      return gemm_plain_out<InT, L, float>(plan.tile, a, po, stream);
   }
   fail("gemm: output dtype " + std::string(dtype_name(a.out)) + " not supported");
 }

@@ -2,5 +2,7 @@
 #include "gemm_plain.cuh"
 
 namespace tessera::kernels::detail {
-void gemm_plain_bf16_kn(const GemmArgs& a, const GemmOptions& o, cudaStream_t s) { gemm_plain<__nv_bfloat16, BLayout::KN>(a, o, s); }
+void gemm_plain_bf16_kn(const GemmArgs& a, const GemmOptions& o, cudaStream_t s) {
+  gemm_plain<__nv_bfloat16, BLayout::KN>(a, o, s);
+}
 }  // namespace tessera::kernels::detail

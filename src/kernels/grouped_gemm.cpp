@@ -34,8 +34,8 @@ void validate_grouped_inputs(const GroupedGemmArgs& a, const char* op) {
   TESSERA_CHECK(a.in == DType::bf16 || a.in == DType::f16, "{}: input dtype {} not supported (bf16 or f16)", op,
                 dtype_name(a.in));
   TESSERA_CHECK(a.groups >= 1 && a.groups <= kGroupedMaxGroups,
-                "{}: groups = {} out of range [1, {}] (the kernel's shared-memory group table holds {})", op,
-                a.groups, kGroupedMaxGroups, kGroupedMaxGroups);
+                "{}: groups = {} out of range [1, {}] (the kernel's shared-memory group table holds {})", op, a.groups,
+                kGroupedMaxGroups, kGroupedMaxGroups);
   TESSERA_CHECK(a.max_rows >= 0 && a.max_rows < kInt31, "{}: max_rows = {} out of range [0, 2^31)", op, a.max_rows);
   TESSERA_CHECK(a.n >= 1 && a.n < kInt31, "{}: N = {} out of range [1, 2^31)", op, a.n);
   TESSERA_CHECK(a.k >= 8 && a.k < kInt31, "{}: K = {} out of range [8, 2^31)", op, a.k);
@@ -43,21 +43,20 @@ void validate_grouped_inputs(const GroupedGemmArgs& a, const char* op) {
   TESSERA_CHECK(a.a != nullptr, "{}: A is null", op);
   TESSERA_CHECK(a.b != nullptr, "{}: B is null", op);
   TESSERA_CHECK(a.group_rows != nullptr, "{}: group_rows is null (device int[G] of row counts)", op);
-  TESSERA_CHECK(a.status != nullptr,
-                "{}: status is null (device int[{}]: the kernel reports a bad row table there)", op,
-                kGroupedStatusInts);
+  TESSERA_CHECK(a.status != nullptr, "{}: status is null (device int[{}]: the kernel reports a bad row table there)",
+                op, kGroupedStatusInts);
   TESSERA_CHECK(aligned(a.a, 16), "{}: A = {} is not 16-byte aligned", op, a.a);
   TESSERA_CHECK(aligned(a.b, 16), "{}: B = {} is not 16-byte aligned", op, a.b);
   TESSERA_CHECK(aligned(a.group_rows, 4), "{}: group_rows = {} is not 4-byte aligned", op,
                 static_cast<const void*>(a.group_rows));
   TESSERA_CHECK(aligned(a.status, 4), "{}: status = {} is not 4-byte aligned", op, static_cast<const void*>(a.status));
   const int64_t lda = a.lda_or_packed(), ldb = a.ldb_or_packed(), sb = a.stride_b_or_packed();
-  TESSERA_CHECK(lda >= a.k && lda % 8 == 0 && lda < kInt31, "{}: lda = {} must be >= K = {}, < 2^31 and a multiple of 8",
-                op, lda, a.k);
+  TESSERA_CHECK(lda >= a.k && lda % 8 == 0 && lda < kInt31,
+                "{}: lda = {} must be >= K = {}, < 2^31 and a multiple of 8", op, lda, a.k);
   const bool nk = a.b_layout == BLayout::NK;
   const int64_t brow = nk ? a.k : a.n, bcount = nk ? a.n : a.k;
-  TESSERA_CHECK(ldb >= brow && ldb % 8 == 0 && ldb < kInt31, "{}: ldb = {} must be >= {} ({}), < 2^31 and a multiple of 8",
-                op, ldb, brow, layout_name(a.b_layout));
+  TESSERA_CHECK(ldb >= brow && ldb % 8 == 0 && ldb < kInt31,
+                "{}: ldb = {} must be >= {} ({}), < 2^31 and a multiple of 8", op, ldb, brow, layout_name(a.b_layout));
   TESSERA_CHECK(sb >= ldb * bcount && sb % 8 == 0,
                 "{}: stride_b = {} must be >= {} (ldb x {} rows of a group's {}) and a multiple of 8", op, sb,
                 ldb * bcount, bcount, layout_name(a.b_layout));
@@ -122,9 +121,9 @@ void encode(const char* what, const void* base, DType t, int rank, const cuuint6
             const cuuint32_t* box, CUtensorMap* out) {
   const CUtensorMapDataType dt = t == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   const cuuint32_t elem_strides[3] = {1, 1, 1};
-  const CUresult rc = encoder()(out, dt, rank, const_cast<void*>(base), dims, strides, box, elem_strides,
-                                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult rc =
+      encoder()(out, dt, rank, const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   TESSERA_CHECK(rc == CUDA_SUCCESS, "grouped_gemm: cuTensorMapEncodeTiled for {} failed (CUresult {}): dims {}x{}{}",
                 what, static_cast<int>(rc), dims[0], dims[1], rank == 3 ? fmt::format("x{}", dims[2]) : "");
 }
@@ -151,22 +150,31 @@ void grouped_make_tma_b(const GroupedGemmArgs& a, int bn, CUtensorMap* out) {
 
 std::string grouped_tile_name(GroupedTile t) {
   switch (t) {
-    case GroupedTile::Auto: return "auto";
-    case GroupedTile::Coop128x256: return "128x256";
-    case GroupedTile::Coop128x128: return "128x128";
-    case GroupedTile::PingPong128x128: return "128x128/pp";
-    case GroupedTile::PingPong64x256: return "64x256/pp";
+    case GroupedTile::Auto:
+      return "auto";
+    case GroupedTile::Coop128x256:
+      return "128x256";
+    case GroupedTile::Coop128x128:
+      return "128x128";
+    case GroupedTile::PingPong128x128:
+      return "128x128/pp";
+    case GroupedTile::PingPong64x256:
+      return "64x256/pp";
   }
   return "?";
 }
 
 TileShape grouped_tile_shape(GroupedTile t) {
   switch (t) {
-    case GroupedTile::Coop128x256: return {128, 256};
+    case GroupedTile::Coop128x256:
+      return {128, 256};
     case GroupedTile::Coop128x128:
-    case GroupedTile::PingPong128x128: return {128, 128};
-    case GroupedTile::PingPong64x256: return {64, 256};
-    case GroupedTile::Auto: break;
+    case GroupedTile::PingPong128x128:
+      return {128, 128};
+    case GroupedTile::PingPong64x256:
+      return {64, 256};
+    case GroupedTile::Auto:
+      break;
   }
   TESSERA_FAIL("grouped_tile_shape: GroupedTile::Auto has no shape; resolve it first (resolve_grouped_tile)");
 }
@@ -196,8 +204,9 @@ void validate(const GroupedGemmArgs& a, const GroupedGemmOptions& o) {
   TESSERA_CHECK(o.max_ctas >= 0, "grouped_gemm: max_ctas = {} must be >= 0", o.max_ctas);
   TESSERA_CHECK(o.raster_band >= -1 && o.raster_band <= 64, "grouped_gemm: raster_band = {} out of range [-1, 64]",
                 o.raster_band);
-  TESSERA_CHECK(a.in == DType::bf16, "grouped_gemm: input dtype {} is not compiled for grouped_gemm() (bf16; f16 "
-                                     "through grouped_gemm_with_tile)",
+  TESSERA_CHECK(a.in == DType::bf16,
+                "grouped_gemm: input dtype {} is not compiled for grouped_gemm() (bf16; f16 "
+                "through grouped_gemm_with_tile)",
                 dtype_name(a.in));
 }
 
@@ -213,11 +222,13 @@ void grouped_gemm(const GroupedGemmArgs& a, const GroupedGemmOptions& o, cudaStr
 
 std::string GroupedGemmStatus::message() const {
   switch (code) {
-    case 0: return fmt::format("ok ({} rows)", value);
-    case 1: return fmt::format("group_rows[{}] = {} is negative; nothing was computed", group, value);
+    case 0:
+      return fmt::format("ok ({} rows)", value);
+    case 1:
+      return fmt::format("group_rows[{}] = {} is negative; nothing was computed", group, value);
     case 2:
-      return fmt::format("the groups' rows sum to {}, above the max_rows bound the call was given; nothing was computed",
-                         value);
+      return fmt::format(
+          "the groups' rows sum to {}, above the max_rows bound the call was given; nothing was computed", value);
   }
   return fmt::format("unknown status code {} (group {}, value {})", code, group, value);
 }
@@ -230,8 +241,8 @@ GroupedGemmStatus grouped_gemm_status(const int* status, cudaStream_t stream) {
   GroupedGemmStatus s;
   s.code = w[0];
   s.group = w[1];
-  s.value = static_cast<int64_t>((static_cast<uint64_t>(static_cast<uint32_t>(w[3])) << 32) |
-                                 static_cast<uint32_t>(w[2]));
+  s.value =
+      static_cast<int64_t>((static_cast<uint64_t>(static_cast<uint32_t>(w[3])) << 32) | static_cast<uint32_t>(w[2]));
   return s;
 }
 

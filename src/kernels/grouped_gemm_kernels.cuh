@@ -26,7 +26,8 @@ void grouped_gemm_plain(GroupedTile t, const GroupedGemmArgs& a, const GroupedGe
       return grouped_gemm_with_tile<GroupedTile::PingPong128x128, InT, L>(a, o, pro, epi, stream);
     case GroupedTile::PingPong64x256:
       return grouped_gemm_with_tile<GroupedTile::PingPong64x256, InT, L>(a, o, pro, epi, stream);
-    case GroupedTile::Auto: break;
+    case GroupedTile::Auto:
+      break;
   }
   fail("grouped_gemm: unresolved tile " + grouped_tile_name(t));
 }

@@ -25,9 +25,12 @@ constexpr int kLaneSlots = kMaxExperts / 32;  // logits per lane in topk_gating
 
 __device__ __forceinline__ float load_f32(const void* p, DType t, std::int64_t i) {
   switch (t) {
-    case DType::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case DType::f16: return __half2float(static_cast<const __half*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
+    case DType::bf16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::f16:
+      return __half2float(static_cast<const __half*>(p)[i]);
+    default:
+      return static_cast<const float*>(p)[i];
   }
 }
 
@@ -175,7 +178,8 @@ __global__ void permute_scatter_kernel(PermuteArgs a, std::int64_t entries, cons
     a.entry_row[i] = -1;
     return;
   }
-  std::int32_t row = a.expert_offsets[raw] + prefix[static_cast<std::int64_t>(raw) * blocks + blockIdx.x] + rank_in_warp;
+  std::int32_t row =
+      a.expert_offsets[raw] + prefix[static_cast<std::int64_t>(raw) * blocks + blockIdx.x] + rank_in_warp;
   for (int w = 0; w < warp; ++w) row += warp_count[w * a.experts + raw];
   a.entry_row[i] = row;
   a.sorted_entry[row] = static_cast<std::int32_t>(i);
@@ -206,9 +210,13 @@ __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162flo
 template <class T>
 __device__ __forceinline__ T from_f32(float v);
 template <>
-__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half from_f32<__half>(float v) {
+  return __float2half_rn(v);
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 
 /// One thread per (token, 8 columns): sums the k rows in slot order.
 template <class T>
@@ -268,8 +276,8 @@ void check_common(const char* op, std::int64_t tokens, int experts, int k) {
 void check_rows(const char* op, const void* p, std::int64_t ld, std::int64_t cols, DType t, const char* name) {
   TESSERA_CHECK(t == DType::bf16 || t == DType::f16, "{}: dtype {} not supported (bf16 or f16)", op, dtype_name(t));
   TESSERA_CHECK(p != nullptr && aligned16(p), "{}: {} = {} must be non-null and 16-byte aligned", op, name, p);
-  TESSERA_CHECK(ld >= cols && ld % 8 == 0, "{}: the row stride of {} ({}) must be >= cols = {} and a multiple of 8",
-                op, name, ld, cols);
+  TESSERA_CHECK(ld >= cols && ld % 8 == 0, "{}: the row stride of {} ({}) must be >= cols = {} and a multiple of 8", op,
+                name, ld, cols);
 }
 
 }  // namespace
@@ -295,9 +303,9 @@ std::size_t permute_workspace_bytes(std::int64_t entries, int experts) {
 
 void permute(const PermuteArgs& a, cudaStream_t stream) {
   check_common("moe::permute", a.tokens, a.experts, a.k);
-  TESSERA_CHECK(a.expert_ids != nullptr && a.expert_offsets != nullptr && a.sorted_entry != nullptr &&
-                    a.entry_row != nullptr,
-                "moe::permute: expert_ids, expert_offsets, sorted_entry and entry_row must be non-null");
+  TESSERA_CHECK(
+      a.expert_ids != nullptr && a.expert_offsets != nullptr && a.sorted_entry != nullptr && a.entry_row != nullptr,
+      "moe::permute: expert_ids, expert_offsets, sorted_entry and entry_row must be non-null");
   TESSERA_CHECK(a.capacity >= 0, "moe::permute: capacity = {} must be >= 0", a.capacity);
   const std::int64_t entries = a.tokens * a.k;
   const std::size_t need = permute_workspace_bytes(entries, a.experts);

@@ -79,8 +79,9 @@ void synchronize(cudaStream_t stream, std::initializer_list<const runtime::Signa
   } catch (const Error&) {
     runtime::ProcessGroup& pg = (*signals.begin())->group();
     pg.abort();
-    after = "; the stream still did not drain after the release (an NCCL collective waits for a peer): the "
-            "communicator was aborted";
+    after =
+        "; the stream still did not drain after the release (an NCCL collective waits for a peer): the "
+        "communicator was aborted";
   }
   (void)cudaStreamDestroy(side);
   for (const auto* sg : signals) sg->clear_host_waits(stream);

@@ -24,7 +24,8 @@ AllGatherTileMap AllGatherTileMap::make(std::int64_t M, int R, int C, int tile_m
   m.m_per_channel = ceil_div(m.m_per_rank, C);
   m.tiles_per_channel = static_cast<int>(ceil_div(m.m_per_channel, tile_m_p));
   TESSERA_CHECK(static_cast<std::int64_t>(R) * C * m.tiles_per_channel < (1LL << 31),
-                "AllGatherTileMap: {} tiles overflow a 32-bit tile id", static_cast<std::int64_t>(R) * C * m.tiles_per_channel);
+                "AllGatherTileMap: {} tiles overflow a 32-bit tile id",
+                static_cast<std::int64_t>(R) * C * m.tiles_per_channel);
   return m;
 }
 

@@ -30,8 +30,8 @@ std::int64_t swiglu_tmp_ld(std::int64_t n) { return (n + 7) / 8 * 8; }
 
 /// cuBLASLt D[rows, n] = A[rows, k] · Bᵀ, or with swiglu through `tmp`
 /// ([rows, n]) and the SiLU·up kernel into D[rows, n/2].
-void local_gemm(TpContext::Impl& c, const AgGemmArgs& a, const void* a_rows, std::int64_t rows, void* d_rows,
-                void* tmp, cudaStream_t s) {
+void local_gemm(TpContext::Impl& c, const AgGemmArgs& a, const void* a_rows, std::int64_t rows, void* d_rows, void* tmp,
+                cudaStream_t s) {
   if (rows <= 0) return;
   kernels::GemmArgs g{};
   g.a = a_rows;
@@ -88,9 +88,9 @@ void push_copy_engine(TpContext::Impl& c, const AgPlan& plan, const unsigned cha
 }  // namespace
 
 void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOptions& o) {
-  TESSERA_CHECK(s == Strategy::sequential || s == Strategy::decomposition || s == Strategy::fused_ce ||
-                    s == Strategy::fused_sm,
-                "ag_gemm: strategy {} cannot run here", strategy_name(s));
+  TESSERA_CHECK(
+      s == Strategy::sequential || s == Strategy::decomposition || s == Strategy::fused_ce || s == Strategy::fused_sm,
+      "ag_gemm: strategy {} cannot run here", strategy_name(s));
   const int R = c.pg.world(), rank = c.pg.rank();
   cudaStream_t st = c.pg.stream();
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(a.dtype));
@@ -216,12 +216,13 @@ void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOp
       detail::launch_ag_gemm(g, st);
       break;
     }
-    default: break;
+    default:
+      break;
   }
   if (a.gathered_a) {
     if (from_input) copy_in();
-    TESSERA_CUDA_CHECK(cudaMemcpyAsync(a.gathered_a, ws, static_cast<std::size_t>(a.m * row_bytes),
-                                       cudaMemcpyDeviceToDevice, st));
+    TESSERA_CUDA_CHECK(
+        cudaMemcpyAsync(a.gathered_a, ws, static_cast<std::size_t>(a.m * row_bytes), cudaMemcpyDeviceToDevice, st));
   }
   if (s != Strategy::sequential) {
     // The compute stream's later work (and the caller) sees the pushes done.

@@ -12,12 +12,18 @@ namespace tessera::ops {
 
 std::string_view strategy_name(Strategy s) {
   switch (s) {
-    case Strategy::automatic: return "auto";
-    case Strategy::sequential: return "sequential";
-    case Strategy::decomposition: return "decomposition";
-    case Strategy::fused_ce: return "fused_ce";
-    case Strategy::fused_sm: return "fused_sm";
-    case Strategy::ring: return "ring";
+    case Strategy::automatic:
+      return "auto";
+    case Strategy::sequential:
+      return "sequential";
+    case Strategy::decomposition:
+      return "decomposition";
+    case Strategy::fused_ce:
+      return "fused_ce";
+    case Strategy::fused_sm:
+      return "fused_sm";
+    case Strategy::ring:
+      return "ring";
   }
   return "?";
 }
@@ -51,14 +57,13 @@ void check_common(const char* op, DType dt, int rank, int world) {
   TESSERA_CHECK(world >= 1 && world <= runtime::kMaxPeers, "{}: world size {} outside [1, {}]", op, world,
                 runtime::kMaxPeers);
   TESSERA_CHECK(rank >= 0 && rank < world, "{}: rank {} outside [0, {})", op, rank, world);
-  TESSERA_CHECK(dt == DType::bf16 || dt == DType::f16, "{}: dtype {} not supported (bf16 or f16)", op,
-                dtype_name(dt));
+  TESSERA_CHECK(dt == DType::bf16 || dt == DType::f16, "{}: dtype {} not supported (bf16 or f16)", op, dtype_name(dt));
 }
 
 void check_ptr(const char* op, const char* name, const void* p) {
   TESSERA_CHECK(p != nullptr, "{}: {} is null", op, name);
-  TESSERA_CHECK(aligned16(p), "{}: {} = {} is not 16-byte aligned (TMA and 16-byte vector accesses need it)", op,
-                name, p);
+  TESSERA_CHECK(aligned16(p), "{}: {} = {} is not 16-byte aligned (TMA and 16-byte vector accesses need it)", op, name,
+                p);
 }
 
 void check_ld(const char* op, const char* name, std::int64_t ld, std::int64_t row) {

@@ -34,15 +34,23 @@ namespace {
 template <class T>
 __device__ __forceinline__ float to_f(T v);
 template <>
-__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
 template <>
-__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f(__half v) {
+  return __half2float(v);
+}
 template <class T>
 __device__ __forceinline__ T from_f(float v);
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_f(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ __nv_bfloat16 from_f(float v) {
+  return __float2bfloat16_rn(v);
+}
 template <>
-__device__ __forceinline__ __half from_f(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half from_f(float v) {
+  return __float2half_rn(v);
+}
 
 /// One tile row per CTA iteration: wait (one thread, acquire .sys), barrier,
 /// sum the R slabs in rank order 0..R-1 in f32, store; barrier, consume.
@@ -58,8 +66,8 @@ __global__ void reduce_kernel(ReduceLaunch p) {
     if (p.counters != nullptr && threadIdx.x == 0)
       link::detail::wait_geq_sys(p.sv, p.counters + t, p.expected, runtime::WaitKind::counter, t, t, -1);
     __syncthreads();
-    const std::int64_t lo = t * static_cast<std::int64_t>(p.tile_m) > p.row0 ? t * static_cast<std::int64_t>(p.tile_m)
-                                                                              : p.row0;
+    const std::int64_t lo =
+        t * static_cast<std::int64_t>(p.tile_m) > p.row0 ? t * static_cast<std::int64_t>(p.tile_m) : p.row0;
     const std::int64_t hi = (t + 1) * static_cast<std::int64_t>(p.tile_m) < row_end
                                 ? (t + 1) * static_cast<std::int64_t>(p.tile_m)
                                 : row_end;
@@ -172,8 +180,8 @@ void launch_swiglu(const void* in, std::int64_t ld_in, void* out, std::int64_t l
   const std::int64_t total = rows * n_out;
   const int blocks = static_cast<int>(total / 1024 + 1 < 4096 ? total / 1024 + 1 : 4096);
   if (dtype == DType::f16)
-    swiglu_kernel<__half><<<blocks, 256, 0, s>>>(static_cast<const __half*>(in), ld_in, static_cast<__half*>(out),
-                                                 ld_out, rows, n_out);
+    swiglu_kernel<__half>
+        <<<blocks, 256, 0, s>>>(static_cast<const __half*>(in), ld_in, static_cast<__half*>(out), ld_out, rows, n_out);
   else
     swiglu_kernel<__nv_bfloat16><<<blocks, 256, 0, s>>>(static_cast<const __nv_bfloat16*>(in), ld_in,
                                                         static_cast<__nv_bfloat16*>(out), ld_out, rows, n_out);

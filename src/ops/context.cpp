@@ -26,8 +26,10 @@ void* LocalBuffer::ensure(std::size_t bytes, cudaStream_t sync_stream) {
   if (p_) {
     // cudaFree waits for the whole device: every stream that may hold a
     // collective is drained first, with a bound (a dead peer is an error, not a hang).
-    if (owner) owner->drain("ops: local workspace growth");
-    else runtime::bounded_sync(sync_stream, "ops: local workspace growth");
+    if (owner)
+      owner->drain("ops: local workspace growth");
+    else
+      runtime::bounded_sync(sync_stream, "ops: local workspace growth");
     TESSERA_CUDA_CHECK(cudaFree(p_));
     p_ = nullptr;
     bytes_ = 0;
@@ -181,21 +183,31 @@ TpContext::~TpContext() = default;
 
 tune::MachineId TpContext::machine() const {
   // Choices made with and without load/store reach never share a key.
-  return tune::MachineId{pg_->device_properties().name, topology_key(env::get("TESSERA_TOPOLOGY"), pg_->lsa_reachable()),
-                         pg_->world()};
+  return tune::MachineId{pg_->device_properties().name,
+                         topology_key(env::get("TESSERA_TOPOLOGY"), pg_->lsa_reachable()), pg_->world()};
 }
 
 namespace {
 
 ShapeSignature signature(const AgGemmArgs& a, Strategy s) {
-  return ShapeSignature{1, static_cast<std::int32_t>(a.dtype), static_cast<std::int32_t>(s),
-                        (a.swiglu ? 1 : 0) | (a.gathered_a ? 2 : 0), a.m, a.n, a.k};
+  return ShapeSignature{1,
+                        static_cast<std::int32_t>(a.dtype),
+                        static_cast<std::int32_t>(s),
+                        (a.swiglu ? 1 : 0) | (a.gathered_a ? 2 : 0),
+                        a.m,
+                        a.n,
+                        a.k};
 }
 ShapeSignature signature(const GemmRsArgs& a, Strategy s, RsReduce r, int channels) {
   // rs_reduce picks the counter layout, channels the ring's flag values:
   // every rank must use the same.
-  return ShapeSignature{2, static_cast<std::int32_t>(a.dtype), static_cast<std::int32_t>(s),
-                        static_cast<std::int32_t>(r) | (channels << 4), a.m, a.n, a.k};
+  return ShapeSignature{2,
+                        static_cast<std::int32_t>(a.dtype),
+                        static_cast<std::int32_t>(s),
+                        static_cast<std::int32_t>(r) | (channels << 4),
+                        a.m,
+                        a.n,
+                        a.k};
 }
 
 ShapeSignature signature(const GemmArArgs& a, Strategy s) {
@@ -233,8 +245,8 @@ class TunerLoad {
   void run(cudaStream_t s) const {
     if (!buf_[0]) return;
     for (int i = 0; i < gemms_; ++i) {
-      kernels::GemmArgs g{buf_[0], buf_[1], buf_[2], kN, kN, kN, kN, kN, kN, DType::bf16, DType::bf16,
-                          kernels::BLayout::NK};
+      kernels::GemmArgs g{buf_[0], buf_[1], buf_[2], kN,          kN,          kN,
+                          kN,      kN,      kN,      DType::bf16, DType::bf16, kernels::BLayout::NK};
       kernels::cublaslt_gemm(g, s);
     }
   }
@@ -394,8 +406,8 @@ void check_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, const OpOptions& o) 
   TESSERA_CHECK(o.comm_ctas >= 1 && o.comm_ctas < c.pg.sm_count(), "gemm_rs: comm_ctas = {} outside [1, {})",
                 o.comm_ctas, c.pg.sm_count());
   check_fused_ce_rs(a.m, c.pg.world(), o);
-  TESSERA_CHECK(o.channels >= 1 && o.channels <= kMaxChannels,
-                "gemm_rs: channels (ring) = {} outside [1, {}]", o.channels, kMaxChannels);
+  TESSERA_CHECK(o.channels >= 1 && o.channels <= kMaxChannels, "gemm_rs: channels (ring) = {} outside [1, {}]",
+                o.channels, kMaxChannels);
   check_reach(c, o.strategy, "gemm_rs");
   c.check_agreement(signature(a, o.strategy, o.rs_reduce, o.channels), "gemm_rs");
 }
@@ -404,15 +416,16 @@ void check_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, const OpOptions& o) 
 void check_gemm_ar(TpContext::Impl& c, const GemmArArgs& a, const OpOptions& o) {
   c.check_usable("gemm_ar");
   validate(a, c.pg.rank(), c.pg.world());
-  TESSERA_CHECK(o.strategy == Strategy::automatic || o.strategy == Strategy::sequential ||
-                    o.strategy == Strategy::fused_ce,
-                "gemm_ar: strategy {} is not implemented for GEMM+AllReduce (sequential, fused_ce or automatic)",
-                strategy_name(o.strategy));
+  TESSERA_CHECK(
+      o.strategy == Strategy::automatic || o.strategy == Strategy::sequential || o.strategy == Strategy::fused_ce,
+      "gemm_ar: strategy {} is not implemented for GEMM+AllReduce (sequential, fused_ce or automatic)",
+      strategy_name(o.strategy));
   TESSERA_CHECK(o.strategy != Strategy::fused_ce || rs_tile_row_shards(a.m, c.pg.world()),
                 "gemm_ar: strategy fused_ce needs each rank's {} rows (ceil(M/R), M = {}, R = {}) to be a multiple "
                 "of the {}-row tile; use sequential or automatic",
                 shard_rows(a.m, c.pg.world()).per_rank, a.m, c.pg.world(), detail::kRsTileM);
-  TESSERA_CHECK(!o.diag_kernel_only && o.diag_skip == 0, "gemm_ar: diag_kernel_only / diag_skip are gemm_rs diagnostics");
+  TESSERA_CHECK(!o.diag_kernel_only && o.diag_skip == 0,
+                "gemm_ar: diag_kernel_only / diag_skip are gemm_rs diagnostics");
   check_reach(c, o.strategy, "gemm_ar");
   c.check_agreement(signature(a, o.strategy), "gemm_ar");
 }
@@ -427,9 +440,9 @@ Strategy TpContext::resolve(const AgGemmArgs& a, const OpOptions& o, TuneReport*
   check_ag_gemm(*impl_, a, o);
   if (o.strategy != Strategy::automatic) return o.strategy;
   const std::vector<std::int64_t> shape{a.m, a.n, a.k, a.swiglu ? 1 : 0};
-  return tune_choice(*this, a, o, "ag_gemm", shape,
-                     ag_gemm_candidates(impl_->pg.world(), impl_->lsa),
-                     [&](Strategy s) { run_ag_gemm(*impl_, a, s, o); }, report);
+  return tune_choice(
+      *this, a, o, "ag_gemm", shape, ag_gemm_candidates(impl_->pg.world(), impl_->lsa),
+      [&](Strategy s) { run_ag_gemm(*impl_, a, s, o); }, report);
 }
 
 Strategy TpContext::resolve(const GemmRsArgs& a, const OpOptions& o, TuneReport* report) {
@@ -437,18 +450,20 @@ Strategy TpContext::resolve(const GemmRsArgs& a, const OpOptions& o, TuneReport*
   if (o.strategy != Strategy::automatic) return o.strategy;
   // The fused candidate's speed depends on where it reduces: part of the key.
   const std::vector<std::int64_t> shape{a.m, a.n, a.k, static_cast<std::int64_t>(o.rs_reduce)};
-  return tune_choice(*this, a, o, "gemm_rs", shape,
-                     gemm_rs_candidates(impl_->pg.world(), rs_tile_row_shards(a.m, impl_->pg.world()), impl_->lsa),
-                     [&](Strategy s) { run_gemm_rs(*impl_, a, s, o); }, report);
+  return tune_choice(
+      *this, a, o, "gemm_rs", shape,
+      gemm_rs_candidates(impl_->pg.world(), rs_tile_row_shards(a.m, impl_->pg.world()), impl_->lsa),
+      [&](Strategy s) { run_gemm_rs(*impl_, a, s, o); }, report);
 }
 
 Strategy TpContext::resolve(const GemmArArgs& a, const OpOptions& o, TuneReport* report) {
   check_gemm_ar(*impl_, a, o);
   if (o.strategy != Strategy::automatic) return o.strategy;
   const std::vector<std::int64_t> shape{a.m, a.n, a.k};
-  return tune_choice(*this, a, o, "gemm_ar", shape,
-                     gemm_ar_candidates(impl_->pg.world(), rs_tile_row_shards(a.m, impl_->pg.world()), impl_->lsa),
-                     [&](Strategy s) { run_gemm_ar(*impl_, a, s, o); }, report);
+  return tune_choice(
+      *this, a, o, "gemm_ar", shape,
+      gemm_ar_candidates(impl_->pg.world(), rs_tile_row_shards(a.m, impl_->pg.world()), impl_->lsa),
+      [&](Strategy s) { run_gemm_ar(*impl_, a, s, o); }, report);
 }
 
 void gemm_ar(TpContext& ctx, const GemmArArgs& a, const OpOptions& o) {

@@ -50,22 +50,22 @@ struct TpContext::Impl {
   /// allocates no symmetric memory and no Signals (those members stay
   /// empty), and only the NCCL-based strategy (sequential) runs.
   const bool lsa;
-  LocalBuffer ag_local;  ///< without lsa: sequential AG+GEMM's gathered A (instead of ag_ws)
-  std::unique_ptr<runtime::Signals> ag_flags;  ///< kMaxChannels slots: per-source channel flags
-  std::unique_ptr<runtime::Signals> control;   ///< kControlSlots
+  LocalBuffer ag_local;                           ///< without lsa: sequential AG+GEMM's gathered A (instead of ag_ws)
+  std::unique_ptr<runtime::Signals> ag_flags;     ///< kMaxChannels slots: per-source channel flags
+  std::unique_ptr<runtime::Signals> control;      ///< kControlSlots
   std::unique_ptr<runtime::Signals> rs_counters;  ///< slots = tile rows (grown)
   /// fused_ce GEMM+RS, slot = band of tile rows (grown): own row = this
   /// rank's band tile counters (GEMM epilogue adds, copy stream waits for
   /// rs_band_total[band]); row src = src's "band copied" flags (epoch).
   std::unique_ptr<runtime::Signals> rs_bands;
-  std::vector<std::uint64_t> rs_band_total;  ///< tiles counted per slot so far (never reset)
-  runtime::SymBuffer<unsigned char> ag_ws;     ///< gathered A: [R·ceil(M/R), K]
-  runtime::SymBuffer<unsigned char> rs_recv;   ///< receive slabs: [R][ceil(M/R)][ld_recv]
-  runtime::SymBuffer<unsigned char> ar_recv;   ///< gemm_ar: the owners' reduced rows, same layout
-  LocalBuffer staging;   ///< sequential/decomposition partials, pre-activation GEMM outputs
-  LocalBuffer rs_out;    ///< sequential RS output when it cannot land in D directly
-  LocalBuffer hidden;    ///< mlp: the intermediate activation [M, I/R]
-  LocalBuffer push_done; ///< SM pusher's per-chunk CTA counters (zero between calls)
+  std::vector<std::uint64_t> rs_band_total;   ///< tiles counted per slot so far (never reset)
+  runtime::SymBuffer<unsigned char> ag_ws;    ///< gathered A: [R·ceil(M/R), K]
+  runtime::SymBuffer<unsigned char> rs_recv;  ///< receive slabs: [R][ceil(M/R)][ld_recv]
+  runtime::SymBuffer<unsigned char> ar_recv;  ///< gemm_ar: the owners' reduced rows, same layout
+  LocalBuffer staging;                        ///< sequential/decomposition partials, pre-activation GEMM outputs
+  LocalBuffer rs_out;                         ///< sequential RS output when it cannot land in D directly
+  LocalBuffer hidden;                         ///< mlp: the intermediate activation [M, I/R]
+  LocalBuffer push_done;                      ///< SM pusher's per-chunk CTA counters (zero between calls)
   std::uint64_t ag_epoch = 0;
   std::uint64_t rs_epoch = 0;
   /// The last fused_ce call's epoch (0: none since the flags were made) and

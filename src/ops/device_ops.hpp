@@ -43,9 +43,9 @@ struct AgGemmLaunch {
   std::int64_t m = 0, n = 0, k = 0, ldb = 0, ldd = 0;
   DType dtype = DType::bf16;
   bool swiglu = false;
-  link::AllGatherTileMap map;           ///< channels = flag slots per source
-  const std::uint64_t* flags = nullptr; ///< this rank's per-source flag rows (Signals base + slots)
-  int flag_stride = 0;                  ///< slots per source row
+  link::AllGatherTileMap map;            ///< channels = flag slots per source
+  const std::uint64_t* flags = nullptr;  ///< this rank's per-source flag rows (Signals base + slots)
+  int flag_stride = 0;                   ///< slots per source row
   int rank = 0;
   std::uint64_t epoch = 0;
   int rotate_m = 0;
@@ -65,7 +65,7 @@ struct GemmRsLaunch {
   const void* b = nullptr;
   std::int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0;
   DType dtype = DType::bf16;
-  void* recv[runtime::kMaxPeers] = {};          ///< each owner's slab base ([world][per_rank][ld_recv])
+  void* recv[runtime::kMaxPeers] = {};               ///< each owner's slab base ([world][per_rank][ld_recv])
   std::uint64_t* counters[runtime::kMaxPeers] = {};  ///< each owner's counter array (by tile row)
   std::int64_t per_rank = 0, ld_recv = 0;
   int rank = 0, world = 1;

@@ -75,7 +75,7 @@ void run_ring(TpContext::Impl& c, const GemmRsArgs& a, const OpOptions& o) {
   const std::uint64_t e = ++c.rs_epoch;
   unsigned char* recv_local = c.rs_recv.local();
   unsigned char* recv_next = static_cast<unsigned char*>(c.rs_recv.peer(plan.send_to));
-  cudaStream_t cs = c.ring_stream;  // high priority (see Impl::ring_stream)
+  cudaStream_t cs = c.ring_stream;                      // high priority (see Impl::ring_stream)
   TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, st));  // inputs ready
   TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, c.ev_ready, 0));
   // rank r-1 must be done with the previous call's slabs before we write them.
@@ -155,8 +155,8 @@ detail::GemmRsLaunch fused_launch(TpContext::Impl& c, const GemmRsArgs& a, const
 // waited for it on the same stream), which run_fused_ce stores after the
 // receive stream joined. Every rank ends with the owners' bf16/f16 values,
 // so D is bitwise equal on all ranks.
-void send_reduced_bands(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan, const ArTail& ar,
-                        std::uint64_t e, int bands) {
+void send_reduced_bands(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan, const ArTail& ar, std::uint64_t e,
+                        int bands) {
   const int R = c.pg.world(), rank = c.pg.rank();
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(a.dtype));
   const std::int64_t per_rank = plan.shards.per_rank, ldr = plan.ld_recv;
@@ -268,9 +268,10 @@ void run_fused_ce(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan, b
       if (kernel_only) continue;
       link::rank_wait(cs, *c.rs_bands, rank, b, c.rs_band_total[b]);
       const std::size_t off = static_cast<std::size_t>((static_cast<std::int64_t>(rank) * per_rank + r0) * ldr * es);
-      link::rank_copy_data(cs, static_cast<unsigned char*>(c.rs_recv.peer(owner)) + off,
-                           stage + static_cast<std::size_t>((static_cast<std::int64_t>(owner) * per_rank + r0) * ldr * es),
-                           static_cast<std::size_t>(nr * ldr * es));
+      link::rank_copy_data(
+          cs, static_cast<unsigned char*>(c.rs_recv.peer(owner)) + off,
+          stage + static_cast<std::size_t>((static_cast<std::int64_t>(owner) * per_rank + r0) * ldr * es),
+          static_cast<std::size_t>(nr * ldr * es));
       link::rank_notify(cs, *c.rs_bands, owner, b, e);
     }
   }
@@ -286,9 +287,10 @@ void run_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, Strategy s, const OpOp
   TESSERA_CHECK(s == Strategy::sequential || s == Strategy::decomposition || s == Strategy::fused_sm ||
                     s == Strategy::fused_ce || s == Strategy::ring,
                 "gemm_rs: strategy {} cannot run here", strategy_name(s));
-  TESSERA_CHECK(!o.diag_kernel_only || s == Strategy::fused_ce, "gemm_rs: diag_kernel_only needs strategy fused_ce, not {}",
-                strategy_name(s));
-  TESSERA_CHECK(o.diag_skip == 0 || o.diag_kernel_only, "gemm_rs: diag_skip = {:#x} needs diag_kernel_only", o.diag_skip);
+  TESSERA_CHECK(!o.diag_kernel_only || s == Strategy::fused_ce,
+                "gemm_rs: diag_kernel_only needs strategy fused_ce, not {}", strategy_name(s));
+  TESSERA_CHECK(o.diag_skip == 0 || o.diag_kernel_only, "gemm_rs: diag_skip = {:#x} needs diag_kernel_only",
+                o.diag_skip);
   TESSERA_CHECK((o.diag_skip & ~(kDiagSkipOwnerAdd | kDiagSkipBandWait | kDiagSkipNotify)) == 0,
                 "gemm_rs: diag_skip = {:#x} has unknown bits", o.diag_skip);
   if (s == Strategy::ring) return run_ring(c, a, o);
@@ -313,18 +315,17 @@ void run_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, Strategy s, const OpOp
     row_parallel_gemm(a, 0, a.m, part, ldr, st);
     const bool direct = ldd == ldr && a.m_local == per_rank;
     void* out = direct ? a.d : c.rs_out.ensure(slab_bytes, st);
-    TESSERA_NCCL_CHECK(ncclReduceScatter(part, out, static_cast<std::size_t>(per_rank * ldr), runtime::nccl_dtype(a.dtype),
-                                         ncclSum, c.pg.nccl(), st));
+    TESSERA_NCCL_CHECK(ncclReduceScatter(part, out, static_cast<std::size_t>(per_rank * ldr),
+                                         runtime::nccl_dtype(a.dtype), ncclSum, c.pg.nccl(), st));
     if (!direct)
-      TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(a.d, ldd * es, out, ldr * es, a.n * es, a.m_local,
-                                           cudaMemcpyDeviceToDevice, st));
+      TESSERA_CUDA_CHECK(
+          cudaMemcpy2DAsync(a.d, ldd * es, out, ldr * es, a.n * es, a.m_local, cudaMemcpyDeviceToDevice, st));
     return;
   }
 
   // fused_sm adds the peers' partials in its own tiles' epilogue when the
   // shards fall on tile rows (OpOptions::rs_reduce); counters are then per tile.
-  const bool owner_epi =
-      s == Strategy::fused_sm && o.rs_reduce == RsReduce::epilogue && plan.shards_on_tile_rows();
+  const bool owner_epi = s == Strategy::fused_sm && o.rs_reduce == RsReduce::epilogue && plan.shards_on_tile_rows();
   c.ensure_rs(slab_bytes * R, owner_epi ? plan.tiles_m * plan.tiles_n : plan.tiles_m);
   const std::uint64_t e = ++c.rs_epoch;
   unsigned char* recv_local = c.rs_recv.local();

@@ -70,12 +70,10 @@ void validate(const MoeTpArgs& a, int world) {
                 "moe_tp: hidden = {} must be a positive multiple of 8 below 2^31", a.hidden);
   TESSERA_CHECK(a.inter_local >= 8 && a.inter_local < kMaxDim && a.inter_local % 8 == 0,
                 "moe_tp: inter_local = {} must be a positive multiple of 8 below 2^31", a.inter_local);
-  TESSERA_CHECK(a.experts >= 1 && a.experts <= kernels::moe::kMaxExperts &&
-                    a.experts <= kernels::kGroupedMaxGroups,
+  TESSERA_CHECK(a.experts >= 1 && a.experts <= kernels::moe::kMaxExperts && a.experts <= kernels::kGroupedMaxGroups,
                 "moe_tp: experts = {} out of range [1, {}]", a.experts, kernels::moe::kMaxExperts);
   TESSERA_CHECK(a.topk >= 1 && a.topk <= kernels::moe::kMaxTopK && a.topk <= a.experts,
-                "moe_tp: topk = {} out of range [1, min({}, experts = {})]", a.topk, kernels::moe::kMaxTopK,
-                a.experts);
+                "moe_tp: topk = {} out of range [1, min({}, experts = {})]", a.topk, kernels::moe::kMaxTopK, a.experts);
   const std::int64_t tokens = a.tokens_local * world;
   TESSERA_CHECK(tokens * a.topk < kMaxDim, "moe_tp: tokens ({}) * topk ({}) must stay below 2^31", tokens, a.topk);
   TESSERA_CHECK(tokens * a.topk <= (std::int64_t{1} << 60) / (a.hidden + 2 * a.inter_local),
@@ -113,8 +111,8 @@ void moe_tp(MoeContext& ctx, const MoeTpArgs& a) {
   auto* w_full = m.w_full.get<float>(entries, s);
   TESSERA_NCCL_CHECK(ncclAllGather(a.x_shard, x_full, static_cast<std::size_t>(a.tokens_local * H),
                                    runtime::nccl_dtype(a.dtype), pg.nccl(), s));
-  TESSERA_NCCL_CHECK(ncclAllGather(a.expert_ids, ids_full, static_cast<std::size_t>(a.tokens_local * k), ncclInt32,
-                                   pg.nccl(), s));
+  TESSERA_NCCL_CHECK(
+      ncclAllGather(a.expert_ids, ids_full, static_cast<std::size_t>(a.tokens_local * k), ncclInt32, pg.nccl(), s));
   TESSERA_NCCL_CHECK(
       ncclAllGather(a.weights, w_full, static_cast<std::size_t>(a.tokens_local * k), ncclFloat32, pg.nccl(), s));
 

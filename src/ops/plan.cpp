@@ -21,15 +21,16 @@ AgPlan plan_ag(std::int64_t m, int world, int rank, int channels, int tile_m) {
   p.tile_m = tile_m;
   // Producer tiles = whole channels: one flag per channel chunk.
   const std::int64_t per_channel = (p.shards.per_rank + channels - 1) / channels;
-  p.map = link::AllGatherTileMap::make(m, world, channels, static_cast<int>(per_channel > 0 ? per_channel : 1),
-                                       tile_m);
+  p.map = link::AllGatherTileMap::make(m, world, channels, static_cast<int>(per_channel > 0 ? per_channel : 1), tile_m);
   p.rotate_m = static_cast<int>(p.shards.lo(rank) / tile_m);
   for (int j = 1; j < world; ++j) p.push_to.push_back((rank - j + world) % world);
   for (int j = 0; j < world; ++j) p.recv_from.push_back((rank + j) % world);
   return p;
 }
 
-int RsPlan::first_owner(int t) const { return static_cast<int>((static_cast<std::int64_t>(t) * tile_m) / shards.per_rank); }
+int RsPlan::first_owner(int t) const {
+  return static_cast<int>((static_cast<std::int64_t>(t) * tile_m) / shards.per_rank);
+}
 
 int RsPlan::last_owner(int t, std::int64_t m) const {
   const std::int64_t last_row = std::min<std::int64_t>(static_cast<std::int64_t>(t + 1) * tile_m, m) - 1;
@@ -71,7 +72,8 @@ std::int64_t RingRsPlan::chunk_lo(int s, int c) const {
 }
 
 std::int64_t RingRsPlan::chunk_rows(int s, int c) const {
-  const std::int64_t hi = std::min<std::int64_t>(static_cast<std::int64_t>(c + 1) * chunk_rows_max(s), shards.rows(m, s));
+  const std::int64_t hi =
+      std::min<std::int64_t>(static_cast<std::int64_t>(c + 1) * chunk_rows_max(s), shards.rows(m, s));
   return hi - chunk_lo(s, c);
 }
 
@@ -97,8 +99,7 @@ RingRsPlan plan_ring_rs(std::int64_t m, std::int64_t n, int world, int rank, int
   p.channels = channels;
   p.m = m;
   p.shards = shard_rows(m, world);
-  TESSERA_CHECK(p.shards.rows(m, world - 1) > 0, "plan_ring_rs: M = {} leaves an empty shard over {} ranks", m,
-                world);
+  TESSERA_CHECK(p.shards.rows(m, world - 1) > 0, "plan_ring_rs: M = {} leaves an empty shard over {} ranks", m, world);
   p.ld_recv = (n + 7) / 8 * 8;
   p.send_to = (rank - 1 + world) % world;
   p.recv_from = (rank + 1) % world;

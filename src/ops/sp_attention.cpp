@@ -103,7 +103,7 @@ void validate(SpAttnContext::Impl& c, const SpAttnArgs& a) {
   k.causal = a.causal;
   k.softmax_scale = a.softmax_scale;
   kernels::validate(k, "sp_attention");
-  const std::array<std::int64_t, 7> sig{a.batch,    a.seq, a.heads_q, a.heads_kv, a.head_dim, static_cast<int>(a.dtype),
+  const std::array<std::int64_t, 7> sig{a.batch, a.seq, a.heads_q, a.heads_kv, a.head_dim, static_cast<int>(a.dtype),
                                         a.causal};
   if (!c.validated.count(sig)) {
     c.pg.check_same_on_all_ranks(

@@ -86,10 +86,14 @@ static_assert(sizeof(Frame) == 24);
 
 const char* op_name(Op op) {
   switch (op) {
-    case Op::broadcast: return "broadcast";
-    case Op::allgather: return "allgather";
-    case Op::barrier: return "barrier";
-    case Op::abort: return "abort";
+    case Op::broadcast:
+      return "broadcast";
+    case Op::allgather:
+      return "allgather";
+    case Op::barrier:
+      return "barrier";
+    case Op::abort:
+      return "abort";
   }
   return "unknown-op";
 }
@@ -97,10 +101,14 @@ const char* op_name(Op op) {
 /// "broadcast #3 (root 1, 16 bytes)" — what a frame says a rank is doing.
 std::string describe(Op op, std::uint32_t seq, int root, std::uint64_t bytes) {
   switch (op) {
-    case Op::broadcast: return fmt::format("broadcast #{} (root {}, {} bytes)", seq, root, bytes);
-    case Op::allgather: return fmt::format("allgather #{} ({} bytes per rank)", seq, bytes);
-    case Op::barrier: return fmt::format("barrier #{}", seq);
-    default: return fmt::format("{} #{}", op_name(op), seq);
+    case Op::broadcast:
+      return fmt::format("broadcast #{} (root {}, {} bytes)", seq, root, bytes);
+    case Op::allgather:
+      return fmt::format("allgather #{} ({} bytes per rank)", seq, bytes);
+    case Op::barrier:
+      return fmt::format("barrier #{}", seq);
+    default:
+      return fmt::format("{} #{}", op_name(op), seq);
   }
 }
 
@@ -116,19 +124,17 @@ struct Bootstrap::Impl {
   int rank = 0, world = 1;
   std::string address;  // rank 0's host:port
   std::chrono::milliseconds timeout{0};
-  std::vector<net::Fd> peers;   // rank 0: peers[r] = socket to rank r; others: peers[0] = socket to rank 0
+  std::vector<net::Fd> peers;          // rank 0: peers[r] = socket to rank r; others: peers[0] = socket to rank 0
   std::vector<std::string> peer_addr;  // rank 0: where rank r connected from
   std::uint32_t seq = 0;
-  std::string broken;  // reason of an earlier failure; non-empty = unusable
-  std::string key;     // the job secret (HMAC key); never sent
+  std::string broken;      // reason of an earlier failure; non-empty = unusable
+  std::string key;         // the job secret (HMAC key); never sent
   std::string key_source;  // where it came from, for messages
   std::string bind_host;   // TESSERA_BOOTSTRAP_BIND ("" = MASTER_ADDR itself)
 
   Deadline deadline() const { return net::Clock::now() + timeout; }
 
-  std::string where() const {
-    return fmt::format("bootstrap (rank {} of {}, rank 0 at {})", rank, world, address);
-  }
+  std::string where() const { return fmt::format("bootstrap (rank {} of {}, rank 0 at {})", rank, world, address); }
 
   /// Records the failure, tells the other side(s) when we can, and throws.
   [[noreturn]] void fail(const std::string& what) {
@@ -186,7 +192,8 @@ struct Bootstrap::Impl {
         return fmt::format("{} closed its connection during {} — did that process exit or fail?", who, during);
       case IoStatus::timeout:
         return fmt::format("timed out after {} ms waiting for {} during {}", timeout.count(), who, during);
-      default: return fmt::format("socket error with {} during {}: {}", who, during, net::errno_text(r.err));
+      default:
+        return fmt::format("socket error with {} during {}: {}", who, during, net::errno_text(r.err));
     }
   }
 
@@ -277,8 +284,7 @@ struct Bootstrap::Impl {
 
   /// Non-root: receives rank 0's frame (which must say op/root/bytes) and
   /// then `payload` bytes into `out`.
-  void recv_from_root(Op op, int root, std::uint64_t bytes, void* out, std::size_t payload,
-                      const std::string& during) {
+  void recv_from_root(Op op, int root, std::uint64_t bytes, void* out, std::size_t payload, const std::string& during) {
     Frame f{};
     IoResult r = net::recv_all(peers[0].get(), &f, sizeof f, deadline());
     if (r.status != IoStatus::ok) fail(io_failure(r, 0, during));
@@ -307,9 +313,9 @@ void Bootstrap::Impl::connect_as_root(Deadline d) {
   struct Pending {
     net::Fd fd;
     std::string from;
-    Deadline limit;        // must finish the handshake by then
+    Deadline limit;  // must finish the handshake by then
     Hello hello{};
-    std::size_t got = 0;   // bytes of hello (then of proof) received
+    std::size_t got = 0;  // bytes of hello (then of proof) received
     bool challenged = false;
     std::uint8_t nonce[kNonce] = {};  // ours (Ns)
     Proof proof{};
@@ -318,13 +324,15 @@ void Bootstrap::Impl::connect_as_root(Deadline d) {
   std::vector<std::string> notes;  // refused connections, reported on timeout
   int connected = 0;
   auto note = [&](std::string n) {
-    if (notes.size() < 16) notes.push_back(std::move(n));
-    else if (notes.size() == 16) notes.push_back("(more refused connections not listed)");
+    if (notes.size() < 16)
+      notes.push_back(std::move(n));
+    else if (notes.size() == 16)
+      notes.push_back("(more refused connections not listed)");
   };
 
   auto reply = [&](int fd, Status status, const std::string& reason) {
-    const HelloReply rep{kHelloMagic, kVersion, static_cast<std::uint32_t>(status),
-                         static_cast<std::uint32_t>(world), static_cast<std::uint32_t>(reason.size())};
+    const HelloReply rep{kHelloMagic, kVersion, static_cast<std::uint32_t>(status), static_cast<std::uint32_t>(world),
+                         static_cast<std::uint32_t>(reason.size())};
     const Deadline rd = net::Clock::now() + std::chrono::milliseconds(1000);
     IoResult r = net::send_all(fd, &rep, sizeof rep, rd);
     if (r.status == IoStatus::ok) r = net::send_all(fd, reason.data(), reason.size(), rd);
@@ -425,8 +433,10 @@ void Bootstrap::Impl::connect_as_root(Deadline d) {
         continue;
       }
       if (p.got < want) continue;
-      if (!p.challenged) on_hello(p);
-      else on_proof(p);
+      if (!p.challenged)
+        on_hello(p);
+      else
+        on_proof(p);
     }
     std::erase_if(pending, [](const Pending& p) { return !p.fd.valid(); });
     if (pfds[0].revents != 0) {  // new connections: take all that are queued
@@ -452,7 +462,8 @@ void Bootstrap::Impl::connect_as_root(Deadline d) {
                            pending.front().from, kMaxPending));
           pending.erase(pending.begin());
         }
-        pending.push_back({std::move(fd), from, net::Clock::now() + std::min<std::chrono::milliseconds>(timeout, kHandshakeLimit)});
+        pending.push_back(
+            {std::move(fd), from, net::Clock::now() + std::min<std::chrono::milliseconds>(timeout, kHandshakeLimit)});
       }
     }
   }
@@ -482,9 +493,10 @@ void Bootstrap::Impl::connect_as_peer(Deadline d) {
     TESSERA_FAIL("{}: {}", where(), why);
   };
   auto not_rank0 = [&](const std::string& what) {
-    fail_quietly(fmt::format("the process listening on {} is not this job's rank 0: {} (another job or another "
-                             "program holds MASTER_PORT; the job secret is {})",
-                             address, what, key_source));
+    fail_quietly(
+        fmt::format("the process listening on {} is not this job's rank 0: {} (another job or another "
+                    "program holds MASTER_PORT; the job secret is {})",
+                    address, what, key_source));
   };
   // Reads rank 0's refusal (a HelloReply whose magic `first4` was read already).
   auto read_refusal = [&](std::uint32_t first4) {
@@ -514,10 +526,11 @@ void Bootstrap::Impl::connect_as_peer(Deadline d) {
   if (r.status != IoStatus::ok) fail_quietly(io_failure(r, 0, "the handshake"));
   const crypto::Digest expect = handshake_mac(key, "server", h.nonce, c.nonce, h.world, h.rank);
   if (c.version != kVersion || !crypto::equal_constant_time(expect.data(), c.proof, expect.size()))
-    fail_quietly(fmt::format("the process listening on {} could not prove that it knows this rank's job secret "
-                             "({}): it is not this job's rank 0 (another job or another program on MASTER_PORT), "
-                             "or the ranks were given different secrets",
-                             address, key_source));
+    fail_quietly(
+        fmt::format("the process listening on {} could not prove that it knows this rank's job secret "
+                    "({}): it is not this job's rank 0 (another job or another program on MASTER_PORT), "
+                    "or the ranks were given different secrets",
+                    address, key_source));
 
   Proof p{};
   const crypto::Digest mine = handshake_mac(key, "client", h.nonce, c.nonce, h.world, h.rank);
@@ -528,9 +541,10 @@ void Bootstrap::Impl::connect_as_peer(Deadline d) {
   HelloReply rep{};
   r = net::recv_all(peers[0].get(), &rep, sizeof rep, d);
   if (r.status == IoStatus::timeout)
-    fail_quietly(fmt::format("connected to rank 0 at {}, but the job did not assemble within {} ms (rank 0 is "
-                             "still waiting for other ranks)",
-                             address, timeout.count()));
+    fail_quietly(
+        fmt::format("connected to rank 0 at {}, but the job did not assemble within {} ms (rank 0 is "
+                    "still waiting for other ranks)",
+                    address, timeout.count()));
   if (r.status != IoStatus::ok) fail_quietly(io_failure(r, 0, "the handshake"));
   if (rep.magic != kHelloMagic) not_rank0("bad reply after authentication");
   if (rep.status != static_cast<std::uint32_t>(Status::ok)) {
@@ -567,8 +581,7 @@ std::unique_ptr<Bootstrap> Bootstrap::connect(const LaunchInfo& info, std::chron
                 "bootstrap: invalid rank {} for world size {}", info.rank, info.world);
   TESSERA_CHECK(timeout.count() >= 1, "bootstrap: timeout must be at least 1 ms (got {} ms)", timeout.count());
   if (info.world > 1) {
-    TESSERA_CHECK(!info.master_addr.empty(), "bootstrap: world size is {} but no master address is set",
-                  info.world);
+    TESSERA_CHECK(!info.master_addr.empty(), "bootstrap: world size is {} but no master address is set", info.world);
     TESSERA_CHECK(info.master_port >= 1 && info.master_port <= 65535,
                   "bootstrap: master port {} is out of range [1, 65535]", info.master_port);
   }
@@ -609,7 +622,9 @@ void Bootstrap::broadcast(void* data, std::size_t bytes, int root) {
   if (world_ == 1) return;
   const std::string during = describe(Op::broadcast, m.seq, root, bytes);
   if (rank_ == 0) {
-    if (root != 0) m.gather_at_root({root}, Op::broadcast, root, bytes, [&](int) { return data; }, during);
+    if (root != 0)
+      m.gather_at_root(
+          {root}, Op::broadcast, root, bytes, [&](int) { return data; }, during);
     for (int r = 1; r < world_; ++r)
       if (r != root) m.send_frame(r, Op::broadcast, root, bytes, data, during);
   } else if (rank_ == root) {
@@ -635,8 +650,8 @@ void Bootstrap::allgather(const void* in, void* out, std::size_t bytes_per_rank)
   if (rank_ == 0) {
     std::vector<int> from;
     for (int r = 1; r < world_; ++r) from.push_back(r);
-    m.gather_at_root(from, Op::allgather, -1, bytes_per_rank,
-                     [&](int r) -> void* { return o + r * bytes_per_rank; }, during);
+    m.gather_at_root(
+        from, Op::allgather, -1, bytes_per_rank, [&](int r) -> void* { return o + r * bytes_per_rank; }, during);
     // Peers check the frame against bytes_per_rank; the payload is all ranks'.
     for (int r = 1; r < world_; ++r) {
       const Frame f{kFrameMagic, Op::allgather, m.seq, -1, bytes_per_rank};
@@ -658,7 +673,8 @@ void Bootstrap::barrier() {
   if (rank_ == 0) {
     std::vector<int> from;
     for (int r = 1; r < world_; ++r) from.push_back(r);
-    m.gather_at_root(from, Op::barrier, -1, 0, [](int) -> void* { return nullptr; }, during);
+    m.gather_at_root(
+        from, Op::barrier, -1, 0, [](int) -> void* { return nullptr; }, during);
     for (int r = 1; r < world_; ++r) m.send_frame(r, Op::barrier, -1, 0, nullptr, during);
   } else {
     m.send_frame(0, Op::barrier, -1, 0, nullptr, during);

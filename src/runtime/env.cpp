@@ -19,9 +19,9 @@ std::int64_t parse_int(const std::string& text, const char* what, std::int64_t l
   char* end = nullptr;
   const long long v = std::strtoll(text.c_str(), &end, 10);
   // strtoll skips leading white space; a value like " 5" is still malformed.
-  const bool starts_ok = !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '-' || text[0] == '+');
-  TESSERA_CHECK(starts_ok && end != nullptr && *end == '\0' && errno == 0,
-                "{} = '{}' is not an integer", what, text);
+  const bool starts_ok =
+      !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '-' || text[0] == '+');
+  TESSERA_CHECK(starts_ok && end != nullptr && *end == '\0' && errno == 0, "{} = '{}' is not an integer", what, text);
   TESSERA_CHECK(v >= lo && v <= hi, "{} = {} is out of range [{}, {}]", what, v, lo, hi);
   return v;
 }

@@ -28,8 +28,8 @@ void throw_error(std::string_view file, int line, std::string_view msg) {
 
 void throw_cuda_error(std::string_view file, int line, std::string_view expr, int code) {
   const auto err = static_cast<cudaError_t>(code);
-  throw Error(where(file, line) + fmt::format("CUDA error {} ({}: {}) in {}", code, cudaGetErrorName(err),
-                                              cudaGetErrorString(err), expr));
+  throw Error(where(file, line) +
+              fmt::format("CUDA error {} ({}: {}) in {}", code, cudaGetErrorName(err), cudaGetErrorString(err), expr));
 }
 
 void throw_nccl_error(std::string_view file, int line, std::string_view expr, int code) {

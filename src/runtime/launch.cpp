@@ -29,8 +29,8 @@ int required_int(const char* name, const char* why, std::int64_t lo, std::int64_
 void check_ranks(const LaunchInfo& li, const char* rank_var, const char* world_var, const char* local_rank_var,
                  const char* local_world_var) {
   TESSERA_CHECK(li.world >= 1, "launch environment: {} = {} must be at least 1", world_var, li.world);
-  TESSERA_CHECK(li.rank >= 0 && li.rank < li.world, "launch environment: {} = {} is out of range for {} = {}",
-                rank_var, li.rank, world_var, li.world);
+  TESSERA_CHECK(li.rank >= 0 && li.rank < li.world, "launch environment: {} = {} is out of range for {} = {}", rank_var,
+                li.rank, world_var, li.world);
   TESSERA_CHECK(li.local_world >= 1 && li.local_world <= li.world,
                 "launch environment: {} = {} must be in [1, {} = {}]", local_world_var, li.local_world, world_var,
                 li.world);
@@ -64,11 +64,11 @@ void set_rendezvous(LaunchInfo& li, const std::function<std::optional<std::strin
     return;
   }
   if (!addr) addr = addr_fallback();
-  TESSERA_CHECK(addr.has_value(), "launch environment ({}): world size is {} but MASTER_ADDR is not set{}",
-                li.source, li.world, missing_hint);
+  TESSERA_CHECK(addr.has_value(), "launch environment ({}): world size is {} but MASTER_ADDR is not set{}", li.source,
+                li.world, missing_hint);
   if (!port) port = port_fallback();
-  TESSERA_CHECK(port.has_value(), "launch environment ({}): world size is {} but MASTER_PORT is not set{}",
-                li.source, li.world, missing_hint);
+  TESSERA_CHECK(port.has_value(), "launch environment ({}): world size is {} but MASTER_PORT is not set{}", li.source,
+                li.world, missing_hint);
   li.master_addr = *addr;
   li.master_port = *port;
 }
@@ -86,8 +86,7 @@ LaunchInfo from_torchrun() {
   const bool has_lr = is_set("LOCAL_RANK"), has_lw = is_set("LOCAL_WORLD_SIZE");
   if (has_lr || has_lw) {
     li.local_rank = required_int("LOCAL_RANK", has_lr ? "LOCAL_RANK" : "LOCAL_WORLD_SIZE", INT64_MIN, kMaxWorld);
-    li.local_world = required_int("LOCAL_WORLD_SIZE", has_lw ? "LOCAL_WORLD_SIZE" : "LOCAL_RANK", INT64_MIN,
-                                  kMaxWorld);
+    li.local_world = required_int("LOCAL_WORLD_SIZE", has_lw ? "LOCAL_WORLD_SIZE" : "LOCAL_RANK", INT64_MIN, kMaxWorld);
   } else {  // one node assumed
     li.local_rank = li.rank;
     li.local_world = li.world;
@@ -117,7 +116,8 @@ LaunchInfo from_openmpi() {
               "OMPI_COMM_WORLD_LOCAL_SIZE");
   const bool one_node = li.local_world == li.world;
   set_rendezvous(
-      li, [&]() -> std::optional<std::string> { return one_node ? std::optional<std::string>("127.0.0.1") : std::nullopt; },
+      li,
+      [&]() -> std::optional<std::string> { return one_node ? std::optional<std::string>("127.0.0.1") : std::nullopt; },
       []() -> std::optional<int> {
         for (const char* v : {"PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid"}) {
           if (auto s = env::get(v); s && !s->empty()) return port_from_hash(*s);
@@ -230,9 +230,12 @@ void set_job_secret(LaunchInfo& li) {
     return;
   }
   std::vector<const char*> vars;
-  if (li.source == "torchrun") vars = {"TORCHELASTIC_RUN_ID"};
-  else if (li.source == "slurm") vars = {"SLURM_JOB_ID", "SLURM_STEP_ID"};
-  else if (li.source == "openmpi") vars = {"PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid"};
+  if (li.source == "torchrun")
+    vars = {"TORCHELASTIC_RUN_ID"};
+  else if (li.source == "slurm")
+    vars = {"SLURM_JOB_ID", "SLURM_STEP_ID"};
+  else if (li.source == "openmpi")
+    vars = {"PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid"};
   std::string text = "tessera-job|" + li.source;
   std::string used;
   for (const char* v : vars) {

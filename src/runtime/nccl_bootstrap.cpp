@@ -17,11 +17,16 @@ enum : std::uint32_t { kBroadcast = 1, kAllgather = 2, kBarrier = 3, kCheckSame 
 
 const char* kind_name(std::uint32_t k) {
   switch (k) {
-    case kBroadcast: return "broadcast";
-    case kAllgather: return "allgather";
-    case kBarrier: return "barrier";
-    case kCheckSame: return "check_same";
-    default: return "unknown exchange";
+    case kBroadcast:
+      return "broadcast";
+    case kAllgather:
+      return "allgather";
+    case kBarrier:
+      return "barrier";
+    case kCheckSame:
+      return "check_same";
+    default:
+      return "unknown exchange";
   }
 }
 
@@ -111,10 +116,11 @@ void NcclBootstrap::wait(const char* what, std::size_t bytes) {
                        ncclGetErrorString(async)));
     }
     if (std::chrono::steady_clock::now() > deadline) {
-      fail(fmt::format("NcclBootstrap {} ({} bytes, rank {} of {}) did not complete within {} ms: a rank of the "
-                       "group did not take part (exited, hung, or called another collective on this "
-                       "communicator); abort the process group (TESSERA_BOOTSTRAP_TIMEOUT_MS sets the bound)",
-                       what, bytes, rank(), world(), timeout().count()));
+      fail(
+          fmt::format("NcclBootstrap {} ({} bytes, rank {} of {}) did not complete within {} ms: a rank of the "
+                      "group did not take part (exited, hung, or called another collective on this "
+                      "communicator); abort the process group (TESSERA_BOOTSTRAP_TIMEOUT_MS sets the bound)",
+                      what, bytes, rank(), world(), timeout().count()));
     }
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(2000));
@@ -155,8 +161,8 @@ void NcclBootstrap::agree(std::uint32_t kind, std::size_t bytes, int root) {
     }
   }
   if (!bad.empty()) {
-    fail(fmt::format("NcclBootstrap: rank {} called {} #{} ({} bytes, root {}) but {}", rank(), kind_name(kind),
-                     me.seq, bytes, root, bad));
+    fail(fmt::format("NcclBootstrap: rank {} called {} #{} ({} bytes, root {}) but {}", rank(), kind_name(kind), me.seq,
+                     bytes, root, bad));
   }
 }
 
@@ -196,7 +202,8 @@ void NcclBootstrap::check_same(const void* data, std::size_t bytes, const std::s
   }
   std::string differ;
   for (int r = 1; r < world(); ++r) {
-    if (std::memcmp(all.data(), all.data() + r * bytes, bytes) != 0) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+    if (std::memcmp(all.data(), all.data() + r * bytes, bytes) != 0)
+      differ += (differ.empty() ? "" : ", ") + std::to_string(r);
   }
   TESSERA_CHECK(differ.empty(), "nccl bootstrap: {} differs between ranks: rank(s) {} disagree with rank 0", what,
                 differ);

@@ -116,7 +116,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::create(const LaunchInfo& info, Proce
 }
 
 std::unique_ptr<ProcessGroup> ProcessGroup::create_from_unique_id(int rank, int world, int device,
-                                                                 const ncclUniqueId& id, ProcessGroupOptions opts) {
+                                                                  const ncclUniqueId& id, ProcessGroupOptions opts) {
   TESSERA_CHECK(world >= 1 && rank >= 0 && rank < world, "create_from_unique_id: rank {} of world {}", rank, world);
   TESSERA_CHECK(device >= 0, "create_from_unique_id: device {} (a CUDA device index is required)", device);
   std::unique_ptr<ProcessGroup> pg(new ProcessGroup());
@@ -282,18 +282,22 @@ void ProcessGroup::check_same_on_all_ranks(const std::string& what, const void* 
   // Lengths first, so ranks passing different sizes fail cleanly too.
   const auto sizes = allgather(static_cast<std::uint64_t>(bytes));
   for (int r = 0; r < world(); ++r) {
-    TESSERA_CHECK(sizes[r] == bytes, "{}: rank {} passed {} bytes of description, rank {} passed {}", what, r,
-                  sizes[r], rank(), bytes);
+    TESSERA_CHECK(sizes[r] == bytes, "{}: rank {} passed {} bytes of description, rank {} passed {}", what, r, sizes[r],
+                  rank(), bytes);
   }
   boot_->check_same(data, bytes, what);
 }
 
 ncclDataType_t nccl_dtype(DType t) {
   switch (t) {
-    case DType::bf16: return ncclBfloat16;
-    case DType::f16: return ncclFloat16;
-    case DType::f32: return ncclFloat32;
-    default: break;
+    case DType::bf16:
+      return ncclBfloat16;
+    case DType::f16:
+      return ncclFloat16;
+    case DType::f32:
+      return ncclFloat32;
+    default:
+      break;
   }
   TESSERA_FAIL("nccl_dtype: dtype {} has no NCCL reduction type here", dtype_name(t));
 }

@@ -270,8 +270,8 @@ int free_port() {
   TESSERA_CHECK(::bind(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0, "free_port: bind(): {}",
                 errno_text(errno));
   socklen_t len = sizeof addr;
-  TESSERA_CHECK(::getsockname(s.get(), reinterpret_cast<sockaddr*>(&addr), &len) == 0,
-                "free_port: getsockname(): {}", errno_text(errno));
+  TESSERA_CHECK(::getsockname(s.get(), reinterpret_cast<sockaddr*>(&addr), &len) == 0, "free_port: getsockname(): {}",
+                errno_text(errno));
   return ntohs(addr.sin_port);
 }
 

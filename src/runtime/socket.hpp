@@ -47,8 +47,8 @@ enum class IoStatus { ok, closed, timeout, error };
 
 struct IoResult {
   IoStatus status = IoStatus::ok;
-  int err = 0;            // errno for IoStatus::error
-  std::size_t done = 0;   // bytes transferred
+  int err = 0;           // errno for IoStatus::error
+  std::size_t done = 0;  // bytes transferred
 };
 
 /// Sends/receives exactly `n` bytes before `deadline` (non-blocking socket).

@@ -18,8 +18,8 @@ SymAllocation::SymAllocation(ProcessGroup& pg, std::size_t bytes, std::size_t al
   TESSERA_CHECK(pg.world() <= kMaxPeers, "symmetric memory supports at most {} ranks, world is {}", kMaxPeers,
                 pg.world());
   // Round to the window granularity: equal sizes on all ranks are required.
-  const std::size_t rounded = (bytes + NCCL_WIN_REQUIRED_ALIGNMENT - 1) / NCCL_WIN_REQUIRED_ALIGNMENT *
-                              NCCL_WIN_REQUIRED_ALIGNMENT;
+  const std::size_t rounded =
+      (bytes + NCCL_WIN_REQUIRED_ALIGNMENT - 1) / NCCL_WIN_REQUIRED_ALIGNMENT * NCCL_WIN_REQUIRED_ALIGNMENT;
   std::size_t free_b = 0, total_b = 0;
   TESSERA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   // Check locally and agree globally before any rank calls the collective
@@ -56,8 +56,7 @@ SymAllocation::~SymAllocation() {
 }
 
 void* SymAllocation::peer(int r) const {
-  TESSERA_CHECK(r >= 0 && r < static_cast<int>(peers_.size()), "peer rank {} out of range [0, {})", r,
-                peers_.size());
+  TESSERA_CHECK(r >= 0 && r < static_cast<int>(peers_.size()), "peer rank {} out of range [0, {})", r, peers_.size());
   return peers_[r];
 }
 

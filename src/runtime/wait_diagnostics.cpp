@@ -15,12 +15,18 @@ namespace tessera::runtime {
 
 const char* wait_kind_name(WaitKind k) {
   switch (k) {
-    case WaitKind::consumer_tile: return "consumer_tile_wait";
-    case WaitKind::peer_tile: return "peer_tile_wait";
-    case WaitKind::counter: return "counter wait";
-    case WaitKind::host_rank: return "rank_wait";
-    case WaitKind::bad_id: return "id check";
-    case WaitKind::none: break;
+    case WaitKind::consumer_tile:
+      return "consumer_tile_wait";
+    case WaitKind::peer_tile:
+      return "peer_tile_wait";
+    case WaitKind::counter:
+      return "counter wait";
+    case WaitKind::host_rank:
+      return "rank_wait";
+    case WaitKind::bad_id:
+      return "id check";
+    case WaitKind::none:
+      break;
   }
   return "wait";
 }
@@ -47,8 +53,8 @@ std::optional<std::string> WaitDiagnostics::describe() const {
                        static_cast<std::int64_t>(r.seen), r.expected);
   std::string who = r.peer >= 0 ? fmt::format(" from rank {}", r.peer) : std::string();
   return fmt::format("{} timed out on rank {}: tile {} channel {}{} expected >= {} but saw {} after {} ms",
-                     wait_kind_name(static_cast<WaitKind>(r.kind)), r.rank, r.tile, r.channel, who, r.expected,
-                     r.seen, r.timeout_ns / 1000000);
+                     wait_kind_name(static_cast<WaitKind>(r.kind)), r.rank, r.tile, r.channel, who, r.expected, r.seen,
+                     r.timeout_ns / 1000000);
 }
 
 void WaitDiagnostics::check(const char* context) const {
@@ -114,14 +120,17 @@ void bounded_wait(const std::function<cudaError_t()>& query, const char* what, P
   const bool had_comm = pg != nullptr && pg->nccl() != nullptr && !pg->aborted();
   if (pg) pg->abort();  // ends the NCCL kernels that wait for the missing peer
   if (state == PollState::failed)
-    TESSERA_FAIL("{}: {}: NCCL reported an asynchronous error while waiting: {} (a peer failed or aborted); the "
-                 "communicator was aborted",
-                 what, who, ncclGetErrorString(nccl));
-  TESSERA_FAIL("{}: {} waited {} ms (TESSERA_WAIT_TIMEOUT_MS) and the work is not done: a peer is dead, stopped or "
-               "behind{}",
-               what, who, std::chrono::duration_cast<std::chrono::milliseconds>(limit).count(),
-               had_comm ? "; the NCCL communicator was aborted (create a new process group)"
-                        : pg ? "" : " (no communicator to abort here: the caller must abort it)");
+    TESSERA_FAIL(
+        "{}: {}: NCCL reported an asynchronous error while waiting: {} (a peer failed or aborted); the "
+        "communicator was aborted",
+        what, who, ncclGetErrorString(nccl));
+  TESSERA_FAIL(
+      "{}: {} waited {} ms (TESSERA_WAIT_TIMEOUT_MS) and the work is not done: a peer is dead, stopped or "
+      "behind{}",
+      what, who, std::chrono::duration_cast<std::chrono::milliseconds>(limit).count(),
+      had_comm ? "; the NCCL communicator was aborted (create a new process group)"
+      : pg     ? ""
+               : " (no communicator to abort here: the caller must abort it)");
 }
 
 }  // namespace

@@ -23,8 +23,8 @@ A2aPlan::A2aPlan(std::int64_t n, int bm, int bn, int sms, int swizzle, Raster ra
     : n_(n), bm_(bm), bn_(bn), dest_(std::move(dest)) {
   const int R = ranks();
   TESSERA_CHECK(R > 0, "A2aPlan: needs at least one rank");
-  TESSERA_CHECK(waves_per_group.size() == dest_.size(), "A2aPlan: {} ranks of destinations but {} group partitions",
-                R, waves_per_group.size());
+  TESSERA_CHECK(waves_per_group.size() == dest_.size(), "A2aPlan: {} ranks of destinations but {} group partitions", R,
+                waves_per_group.size());
   for (int q = 0; q < R; ++q) {
     const auto M = static_cast<std::int64_t>(dest_[q].size());
     TESSERA_CHECK(M > 0, "A2aPlan: rank {} has no rows; every rank needs >= 1 row", q);
@@ -34,8 +34,10 @@ A2aPlan::A2aPlan(std::int64_t n, int bm, int bn, int sms, int swizzle, Raster ra
     models_.emplace_back(GemmTiling{M, n, bm, bn}, sms, swizzle, raster);
     plans_.emplace_back(models_.back(), waves_per_group[q]);
     if (q == 0) groups_ = plans_.back().groups();
-    TESSERA_CHECK(plans_.back().groups() == groups_, "A2aPlan: rank {} has {} groups, rank 0 has {}; all ranks must "
-                  "run the same number of grouped exchanges", q, plans_.back().groups(), groups_);
+    TESSERA_CHECK(plans_.back().groups() == groups_,
+                  "A2aPlan: rank {} has {} groups, rank 0 has {}; all ranks must "
+                  "run the same number of grouped exchanges",
+                  q, plans_.back().groups(), groups_);
   }
   const int G = groups_;
   const int Nt = models_[0].tiling().tiles_n();
@@ -65,7 +67,10 @@ A2aPlan::A2aPlan(std::int64_t n, int bm, int bn, int sms, int swizzle, Raster ra
     }
     pool_base_[q].resize(R);
     std::int64_t base = 0;
-    for (int d = 0; d < R; ++d) { pool_base_[q][d] = base; base += fill[d]; }
+    for (int d = 0; d < R; ++d) {
+      pool_base_[q][d] = base;
+      base += fill[d];
+    }
     send_total_[q] = base;
     send_off_[q].resize(std::size_t(G) * R);
     send_cnt_[q].resize(std::size_t(G) * R);
@@ -89,7 +94,10 @@ A2aPlan::A2aPlan(std::int64_t n, int bm, int bn, int sms, int swizzle, Raster ra
     recv_off_[s].resize(std::size_t(G) * R);
     std::int64_t off = 0;
     for (int g = 0; g < G; ++g)
-      for (int q = 0; q < R; ++q) { recv_off_[s][std::size_t(g) * R + q] = off; off += send_count(q, g, s); }
+      for (int q = 0; q < R; ++q) {
+        recv_off_[s][std::size_t(g) * R + q] = off;
+        off += send_count(q, g, s);
+      }
     recv_total_[s] = off;
     for (int q = 0; q < R; ++q)
       for (std::size_t i = 0; i < dest_[q].size(); ++i)
@@ -100,8 +108,8 @@ A2aPlan::A2aPlan(std::int64_t n, int bm, int bn, int sms, int swizzle, Raster ra
       for (int c = 0; c < Nt; ++c) {
         const int b = models_[q].order().index_of(static_cast<int>(i / bm), c);
         const int g = plans_[q].group_of_tile(b);
-        const std::int64_t pos = pool_base_[q][s] + tile_pool_off_[q][std::size_t(b) * R + s] +
-                                 std::int64_t(row_slot_[q][i]) * bn;
+        const std::int64_t pos =
+            pool_base_[q][s] + tile_pool_off_[q][std::size_t(b) * R + s] + std::int64_t(row_slot_[q][i]) * bn;
         chunk_src_[s][o * Nt + c] = recv_off_[s][std::size_t(g) * R + q] + (pos - send_offset(q, g, s));
       }
     }
@@ -109,12 +117,11 @@ A2aPlan::A2aPlan(std::int64_t n, int bm, int bn, int sms, int swizzle, Raster ra
 }
 
 A2aSendMap A2aPlan::send_map(int q) const {
-  return A2aSendMap{models_.at(q).order(), bm_, bn_, ranks(), dest_[q].data(), row_slot_[q].data(),
-                    tile_pool_off_[q].data(), pool_base_[q].data()};
+  return A2aSendMap{
+      models_.at(q).order(), bm_, bn_, ranks(), dest_[q].data(), row_slot_[q].data(), tile_pool_off_[q].data(),
+      pool_base_[q].data()};
 }
 
-A2aRecvMap A2aPlan::recv_map(int s) const {
-  return A2aRecvMap{out_rows(s), n_, bn_, chunk_src_.at(s).data()};
-}
+A2aRecvMap A2aPlan::recv_map(int s) const { return A2aRecvMap{out_rows(s), n_, bn_, chunk_src_.at(s).data()}; }
 
 }  // namespace tessera::signal

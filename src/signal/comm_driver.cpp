@@ -55,7 +55,8 @@ GroupCounters::GroupCounters(int groups) : groups_(groups) {
   TESSERA_CHECK(groups > 0, "GroupCounters: group count must be positive, got {}", groups);
   TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
   TESSERA_CUDA_CHECK(cudaMalloc(&counters_, sizeof(std::uint32_t) * groups));
-  TESSERA_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_), sizeof(std::uint32_t) * groups, cudaHostAllocDefault));
+  TESSERA_CUDA_CHECK(
+      cudaHostAlloc(reinterpret_cast<void**>(&host_), sizeof(std::uint32_t) * groups, cudaHostAllocDefault));
   // Zeroed on the private stream, not with a device-wide synchronization:
   // other streams may already be waiting on other counters.
   TESSERA_CUDA_CHECK(cudaMemsetAsync(counters_, 0, sizeof(std::uint32_t) * groups, side_));
@@ -155,10 +156,9 @@ void CommDriver::reduce_scatter(const GroupPlan& plan, const RsMap& map, const v
   check_counters(plan, counters, "signal::CommDriver::reduce_scatter");
   for (int g = 0; g < plan.groups(); ++g) {
     wait_group(plan, counters, g, epoch);
-    TESSERA_NCCL_CHECK(ncclReduceScatter(at(send, plan.tile_begin(g) * map.tile_elems(), dtype),
-                                         at(recv, plan.tile_begin(g) * map.sub_elems(), dtype),
-                                         static_cast<size_t>(plan.tiles_in(g) * map.sub_elems()), runtime::nccl_dtype(dtype),
-                                         ncclSum, comm_, stream_));
+    TESSERA_NCCL_CHECK(ncclReduceScatter(
+        at(send, plan.tile_begin(g) * map.tile_elems(), dtype), at(recv, plan.tile_begin(g) * map.sub_elems(), dtype),
+        static_cast<size_t>(plan.tiles_in(g) * map.sub_elems()), runtime::nccl_dtype(dtype), ncclSum, comm_, stream_));
   }
 }
 
@@ -175,11 +175,13 @@ void CommDriver::all_to_all(const A2aPlan& plan, const void* send, void* recv, D
     TESSERA_NCCL_CHECK(ncclGroupStart());
     for (int d = 0; d < world_; ++d) {
       const std::int64_t n = plan.send_count(rank_, g, d);
-      if (n > 0) TESSERA_NCCL_CHECK(ncclSend(at(send, plan.send_offset(rank_, g, d), dtype), size_t(n), t, d, comm_, stream_));
+      if (n > 0)
+        TESSERA_NCCL_CHECK(ncclSend(at(send, plan.send_offset(rank_, g, d), dtype), size_t(n), t, d, comm_, stream_));
     }
     for (int q = 0; q < world_; ++q) {
       const std::int64_t n = plan.recv_count(rank_, g, q);
-      if (n > 0) TESSERA_NCCL_CHECK(ncclRecv(at(recv, plan.recv_offset(rank_, g, q), dtype), size_t(n), t, q, comm_, stream_));
+      if (n > 0)
+        TESSERA_NCCL_CHECK(ncclRecv(at(recv, plan.recv_offset(rank_, g, q), dtype), size_t(n), t, q, comm_, stream_));
     }
     TESSERA_NCCL_CHECK(ncclGroupEnd());
   }
@@ -214,11 +216,12 @@ void CommDriver::synchronize(const GroupPlan& plan, const GroupCounters& counter
   if (after != cudaSuccess && after != cudaErrorNotReady && diag_) diag_->check("signal::CommDriver::synchronize");
   const std::string outcome =
       after == cudaSuccess ? std::string(shortfall.empty() ? " the stream drained late (a peer was behind)"
-                                                          : " released the short waits; the stream drained")
+                                                           : " released the short waits; the stream drained")
       : after == cudaErrorNotReady
-          ? fmt::format(" the stream is still busy {} ms later: an NCCL collective is waiting for a peer that did "
-                        "not post it or is behind (abort the communicator before freeing its buffers)",
-                        timeout_ns_ / 1000000)
+          ? fmt::format(
+                " the stream is still busy {} ms later: an NCCL collective is waiting for a peer that did "
+                "not post it or is behind (abort the communicator before freeing its buffers)",
+                timeout_ns_ / 1000000)
           : fmt::format(" CUDA error {} ({}) while draining", cudaGetErrorName(after), cudaGetErrorString(after));
   TESSERA_FAIL("signal::CommDriver::synchronize: rank {} ({} waits, epoch {}) not done after {} ms:{}{}", rank_,
                wait_mode_name(mode_), epoch, timeout_ns_ / 1000000,

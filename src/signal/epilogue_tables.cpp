@@ -66,10 +66,10 @@ std::vector<int> tile_groups(const WaveModel& model, const GroupPlan& plan) {
 }
 
 DeviceEpilogueTables::DeviceEpilogueTables(const EpilogueTables& t) : sub_rows_(t.sub_rows), tile_n_(t.tile_n) {
-  TESSERA_CHECK(!t.tile_base.empty() && t.tile_base.size() == t.seg_stride.size() &&
-                    t.tile_base.size() == t.tile_group.size(),
-                "DeviceEpilogueTables: inconsistent table sizes {}, {}, {}", t.tile_base.size(), t.seg_stride.size(),
-                t.tile_group.size());
+  TESSERA_CHECK(
+      !t.tile_base.empty() && t.tile_base.size() == t.seg_stride.size() && t.tile_base.size() == t.tile_group.size(),
+      "DeviceEpilogueTables: inconsistent table sizes {}, {}, {}", t.tile_base.size(), t.seg_stride.size(),
+      t.tile_group.size());
   // GroupEpilogue finds a row's segment with a shift (signal/epilogue.cuh).
   TESSERA_CHECK(t.sub_rows > 0 && (t.sub_rows & (t.sub_rows - 1)) == 0,
                 "DeviceEpilogueTables: {} rows per segment is not a power of two (tile rows / ranks)", t.sub_rows);

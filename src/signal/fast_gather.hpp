@@ -26,7 +26,8 @@ using kernels::engine::FastDivmod;
 /// TileOrder::index_of_with's panel division, precomputed.
 struct FastPanelDivide {
   FastDivmod by_panel;
-  explicit FastPanelDivide(const TileOrder& o) : by_panel(FastDivmod::make(static_cast<std::uint32_t>(o.panel_width()))) {}
+  explicit FastPanelDivide(const TileOrder& o)
+      : by_panel(FastDivmod::make(static_cast<std::uint32_t>(o.panel_width()))) {}
   TESSERA_HD int operator()(int a, int) const { return static_cast<int>(by_panel.div(static_cast<std::uint32_t>(a))); }
 };
 
@@ -59,8 +60,11 @@ struct FastRsGather {
   FastPanelDivide panel;
 
   explicit FastRsGather(const RsShard& s)
-      : shard(s), rows_(s.rows()), sub_rows(s.map.sub_rows()),
-        by_sub(FastDivmod::make(static_cast<std::uint32_t>(sub_rows))), panel(s.map.order) {}
+      : shard(s),
+        rows_(s.rows()),
+        sub_rows(s.map.sub_rows()),
+        by_sub(FastDivmod::make(static_cast<std::uint32_t>(sub_rows))),
+        panel(s.map.order) {}
   TESSERA_HD std::int64_t rows() const { return rows_; }
   TESSERA_HD std::int64_t cols() const { return shard.cols(); }
   TESSERA_HD int chunk_width() const { return shard.chunk_width(); }

@@ -61,7 +61,10 @@ GroupPlan GroupPlan::rescaled(const WaveModel& model) const {
   }
   std::vector<int> w;
   int prev = 0;
-  for (int b : bounds) { w.push_back(b - prev); prev = b; }
+  for (int b : bounds) {
+    w.push_back(b - prev);
+    prev = b;
+  }
   w.push_back(w_new - prev);
   return GroupPlan(model, std::move(w));
 }

@@ -88,7 +88,10 @@ Prediction PredictiveSearch::best_overlapped() const {
     for (int k = 1; k <= W; ++k)
       for (int j = 0; j < k; ++j) {
         const double e = std::max(cost_.overlapped.done(k), end[j]) + cost_.per_group_overhead + cost_.group_time(j, k);
-        if (e < end[k]) { end[k] = e; from[k] = j; }
+        if (e < end[k]) {
+          end[k] = e;
+          from[k] = j;
+        }
       }
     Prediction p;
     for (int k = W; k > 0; k = from[k]) p.waves_per_group.insert(p.waves_per_group.begin(), k - from[k]);
@@ -110,7 +113,10 @@ Prediction PredictiveSearch::best_overlapped() const {
         const double e = std::max(cost_.overlapped.done(k) + delay, end[g - 1][j]) + cost_.per_group_overhead +
                          cost_.group_time(j, k);
         ++evaluated;
-        if (e < end[g][k]) { end[g][k] = e; from[g][k] = j; }
+        if (e < end[g][k]) {
+          end[g][k] = e;
+          from[g][k] = j;
+        }
       }
   }
   int best_g = 1;
@@ -136,8 +142,7 @@ struct Kept {
 // after every entry with an equal end: for k = 1 the first candidate
 // reaching the minimum stays, as in best_overlapped()'s strict `<`.
 void keep_k(std::vector<Kept>& list, int k, Kept c) {
-  const auto pos = std::upper_bound(list.begin(), list.end(), c.end,
-                                    [](double e, const Kept& x) { return e < x.end; });
+  const auto pos = std::upper_bound(list.begin(), list.end(), c.end, [](double e, const Kept& x) { return e < x.end; });
   if (pos - list.begin() >= k) return;
   list.insert(pos, c);
   if (static_cast<int>(list.size()) > k) list.pop_back();
@@ -223,7 +228,10 @@ long long enumerate(int W, Keep keep, F f) {
     groups.clear();
     int last = 0;
     for (int i = 1; i < W; ++i)
-      if (mask >> (i - 1) & 1) { groups.push_back(i - last); last = i; }
+      if (mask >> (i - 1) & 1) {
+        groups.push_back(i - last);
+        last = i;
+      }
     groups.push_back(W - last);
     if (!keep(groups)) continue;
     ++n;
@@ -244,7 +252,10 @@ Prediction PredictiveSearch::pruned(int max_first, int max_last) const {
       W, [&](const std::vector<int>& g) { return g.front() <= max_first && g.back() <= max_last; },
       [&](const std::vector<int>& g) {
         const double t = predict(g);
-        if (t < p.latency) { p.latency = t; p.waves_per_group = g; }
+        if (t < p.latency) {
+          p.latency = t;
+          p.waves_per_group = g;
+        }
       });
   return finish(p);
 }
@@ -258,7 +269,10 @@ Prediction PredictiveSearch::exhaustive() const {
       W, [](const std::vector<int>&) { return true; },
       [&](const std::vector<int>& g) {
         const double t = predict(g);
-        if (t < p.latency) { p.latency = t; p.waves_per_group = g; }
+        if (t < p.latency) {
+          p.latency = t;
+          p.waves_per_group = g;
+        }
       });
   return finish(p);
 }

@@ -16,8 +16,8 @@ __device__ __forceinline__ std::uint64_t globaltimer() {
   return t;
 }
 
-__global__ void spin_wait_kernel(const std::uint32_t* counter, std::uint32_t target, std::uint64_t timeout_ns,
-                                 int rank, int group, runtime::WaitRecord* record) {
+__global__ void spin_wait_kernel(const std::uint32_t* counter, std::uint32_t target, std::uint64_t timeout_ns, int rank,
+                                 int group, runtime::WaitRecord* record) {
   const std::uint64_t start = globaltimer();
   std::uint32_t seen = ld_acquire_gpu_u32(counter);
   while (!counter_reached(seen, target)) {  // cyclic, as cuStreamWaitValue32(GEQ)

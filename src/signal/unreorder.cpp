@@ -20,8 +20,7 @@ void check_device_pointer(const void* p, const char* op, const char* what) {
 }
 
 template <class Map>
-void check_common(const Map& map, const void* recv, const void* out, std::int64_t ld_out, DType dtype,
-                  const char* op) {
+void check_common(const Map& map, const void* recv, const void* out, std::int64_t ld_out, DType dtype, const char* op) {
   const std::int64_t v = 16 / static_cast<std::int64_t>(dtype_size(dtype));
   TESSERA_CHECK(map.cols() > 0 && map.rows() >= 0, "{}: bad output shape {}x{}", op, map.rows(), map.cols());
   TESSERA_CHECK(map.cols() % v == 0, "{}: N = {} is not a multiple of {} {} elements (16 bytes)", op, map.cols(), v,
@@ -54,8 +53,7 @@ void check_map_tables(const A2aRecvMap& m, const char* op) {
 }
 
 template <class Map>
-void unreorder_any(const Map& map, const void* recv, void* out, std::int64_t ld_out, DType dtype,
-                   cudaStream_t stream) {
+void unreorder_any(const Map& map, const void* recv, void* out, std::int64_t ld_out, DType dtype, cudaStream_t stream) {
   constexpr const char* op = "signal::unreorder";
   check_common(map, recv, out, ld_out, dtype, op);
   check_map_tables(map, op);
@@ -80,25 +78,43 @@ void rmsnorm_any(const Map& map, const void* recv, const void* weight, void* out
   TESSERA_CHECK(map.rows() < (std::int64_t(1) << 31) && map.cols() < (std::int64_t(1) << 31),
                 "{}: {}x{} outside the kernel's limits (rows and N < 2^31)", op, map.rows(), map.cols());
   const std::int64_t chunks = (map.cols() + map.chunk_width() - 1) / map.chunk_width();
-  TESSERA_CHECK(chunks * 16 <= 48 * 1024, "{}: {} chunks of width {} per row exceed the 48 KiB of two rows' chunk tables",
-                op, chunks, map.chunk_width());
-  TESSERA_CUDA_CHECK(detail::launch_rmsnorm_unreorder(map, recv, weight, out, ld_out, eps, dtype, current_sms(), stream));
+  TESSERA_CHECK(chunks * 16 <= 48 * 1024,
+                "{}: {} chunks of width {} per row exceed the 48 KiB of two rows' chunk tables", op, chunks,
+                map.chunk_width());
+  TESSERA_CUDA_CHECK(
+      detail::launch_rmsnorm_unreorder(map, recv, weight, out, ld_out, eps, dtype, current_sms(), stream));
 }
 
 }  // namespace
 
-void unreorder(const ArMap& m, const void* r, void* o, std::int64_t ld, DType t, cudaStream_t s) { unreorder_any(m, r, o, ld, t, s); }
-void unreorder(const RsShard& m, const void* r, void* o, std::int64_t ld, DType t, cudaStream_t s) { unreorder_any(m, r, o, ld, t, s); }
-void unreorder(const A2aRecvMap& m, const void* r, void* o, std::int64_t ld, DType t, cudaStream_t s) { unreorder_any(m, r, o, ld, t, s); }
-void unreorder(const RowMajorMap& m, const void* r, void* o, std::int64_t ld, DType t, cudaStream_t s) { unreorder_any(m, r, o, ld, t, s); }
+void unreorder(const ArMap& m, const void* r, void* o, std::int64_t ld, DType t, cudaStream_t s) {
+  unreorder_any(m, r, o, ld, t, s);
+}
+void unreorder(const RsShard& m, const void* r, void* o, std::int64_t ld, DType t, cudaStream_t s) {
+  unreorder_any(m, r, o, ld, t, s);
+}
+void unreorder(const A2aRecvMap& m, const void* r, void* o, std::int64_t ld, DType t, cudaStream_t s) {
+  unreorder_any(m, r, o, ld, t, s);
+}
+void unreorder(const RowMajorMap& m, const void* r, void* o, std::int64_t ld, DType t, cudaStream_t s) {
+  unreorder_any(m, r, o, ld, t, s);
+}
 
 void rmsnorm_unreorder(const ArMap& m, const void* r, const void* w, void* o, std::int64_t ld, float eps, DType t,
-                       cudaStream_t s) { rmsnorm_any(m, r, w, o, ld, eps, t, s); }
+                       cudaStream_t s) {
+  rmsnorm_any(m, r, w, o, ld, eps, t, s);
+}
 void rmsnorm_unreorder(const RsShard& m, const void* r, const void* w, void* o, std::int64_t ld, float eps, DType t,
-                       cudaStream_t s) { rmsnorm_any(m, r, w, o, ld, eps, t, s); }
+                       cudaStream_t s) {
+  rmsnorm_any(m, r, w, o, ld, eps, t, s);
+}
 void rmsnorm_unreorder(const A2aRecvMap& m, const void* r, const void* w, void* o, std::int64_t ld, float eps, DType t,
-                       cudaStream_t s) { rmsnorm_any(m, r, w, o, ld, eps, t, s); }
+                       cudaStream_t s) {
+  rmsnorm_any(m, r, w, o, ld, eps, t, s);
+}
 void rmsnorm_unreorder(const RowMajorMap& m, const void* r, const void* w, void* o, std::int64_t ld, float eps, DType t,
-                       cudaStream_t s) { rmsnorm_any(m, r, w, o, ld, eps, t, s); }
+                       cudaStream_t s) {
+  rmsnorm_any(m, r, w, o, ld, eps, t, s);
+}
 
 }  // namespace tessera::signal

@@ -66,8 +66,8 @@ __device__ __forceinline__ std::int64_t src_of(const Map& map, std::int64_t row,
 }
 
 template <class Map, class T>
-__global__ void __launch_bounds__(kThreads) unreorder_kernel(Map map, const T* __restrict__ recv, T* __restrict__ out,
-                                                             std::int64_t ld_out) {
+__global__ void __launch_bounds__(kThreads)
+    unreorder_kernel(Map map, const T* __restrict__ recv, T* __restrict__ out, std::int64_t ld_out) {
   constexpr int V = 16 / sizeof(T);
   const std::int64_t vecs_per_row = map.cols() / V;
   const std::int64_t total = map.rows() * vecs_per_row;
@@ -79,7 +79,6 @@ __global__ void __launch_bounds__(kThreads) unreorder_kernel(Map map, const T* _
     *reinterpret_cast<int4*>(out + r * ld_out + col) = v;
   }
 }
-
 
 // Per-thread column plan: vector k of this thread is output vector
 // v = threadIdx.x + k * kThreads of the row; chunk c = v / (BN/V) and the
@@ -169,7 +168,10 @@ __device__ __forceinline__ void load_row(const T* __restrict__ recv, const std::
 // +1.6 %, A2A 16384x1024 from +12.8 to +7.2 %. No kernel spills under them
 // (ptxas -v, sm_90a).
 template <int VPT>
-constexpr int kMinCtasPerSm = VPT <= 1 ? 8 : VPT <= 2 ? 5 : VPT <= 4 ? 3 : 2;
+constexpr int kMinCtasPerSm = VPT <= 1   ? 8
+                              : VPT <= 2 ? 5
+                              : VPT <= 4 ? 3
+                                         : 2;
 
 // Single pass, rows in registers, a pipeline of rows per CTA: CTA b
 // handles output rows b, b + grid, b + 2*grid, ... (rows_per_cta of them,
@@ -251,10 +253,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<VPT>)
 // Rows wider than kThreads * 8 vectors: two passes over the same table (the
 // second read of the row mostly hits L1/L2). One CTA per row.
 template <class Map, class T>
-__global__ void __launch_bounds__(kThreads) rmsnorm_unreorder_wide_kernel(Map map, const T* __restrict__ recv,
-                                                                          const T* __restrict__ weight,
-                                                                          T* __restrict__ out, std::int64_t ld_out,
-                                                                          float eps) {
+__global__ void __launch_bounds__(kThreads)
+    rmsnorm_unreorder_wide_kernel(Map map, const T* __restrict__ recv, const T* __restrict__ weight,
+                                  T* __restrict__ out, std::int64_t ld_out, float eps) {
   constexpr int V = 16 / sizeof(T);
   extern __shared__ std::int64_t chunk_table[];
   __shared__ float partial[kThreads / 32];
@@ -288,11 +289,12 @@ int grid_for(std::int64_t work, int per_block, int sms) {
 }
 
 template <class Map, class T>
-cudaError_t unreorder_t(const Map& map, const void* recv, void* out, std::int64_t ld_out, int sms, cudaStream_t stream) {
+cudaError_t unreorder_t(const Map& map, const void* recv, void* out, std::int64_t ld_out, int sms,
+                        cudaStream_t stream) {
   const std::int64_t total = map.rows() * (map.cols() / (16 / std::int64_t(sizeof(T))));
   if (total == 0) return cudaSuccess;
-  unreorder_kernel<Map, T><<<grid_for(total, kThreads, sms), kThreads, 0, stream>>>(
-      map, static_cast<const T*>(recv), static_cast<T*>(out), ld_out);
+  unreorder_kernel<Map, T><<<grid_for(total, kThreads, sms), kThreads, 0, stream>>>(map, static_cast<const T*>(recv),
+                                                                                    static_cast<T*>(out), ld_out);
   return cudaGetLastError();
 }
 
@@ -312,8 +314,8 @@ std::int64_t rows_per_cta(std::int64_t rows, int resident_ctas) {
 }
 
 template <class Map, class T, int VPT>
-cudaError_t launch_rows(const Map& map, const void* recv, const void* weight, void* out, std::int64_t ld_out,
-                        float eps, std::size_t table_bytes, int sms, cudaStream_t stream) {
+cudaError_t launch_rows(const Map& map, const void* recv, const void* weight, void* out, std::int64_t ld_out, float eps,
+                        std::size_t table_bytes, int sms, cudaStream_t stream) {
   const auto kernel = rmsnorm_unreorder_kernel<Map, T, VPT>;
   const std::size_t smem = 2 * table_bytes;  // two chunk tables
   // Resident CTAs per SM, queried once per kernel and shared-memory size (the
@@ -371,9 +373,12 @@ cudaError_t launch_unreorder(const Map& map, const void* recv, void* out, std::i
   const auto g = fast_gather(map);
   using G = std::decay_t<decltype(g)>;
   switch (dtype) {
-    case DType::bf16: return unreorder_t<G, __nv_bfloat16>(g, recv, out, ld_out, sms, stream);
-    case DType::f16: return unreorder_t<G, __half>(g, recv, out, ld_out, sms, stream);
-    case DType::f32: return unreorder_t<G, float>(g, recv, out, ld_out, sms, stream);
+    case DType::bf16:
+      return unreorder_t<G, __nv_bfloat16>(g, recv, out, ld_out, sms, stream);
+    case DType::f16:
+      return unreorder_t<G, __half>(g, recv, out, ld_out, sms, stream);
+    case DType::f32:
+      return unreorder_t<G, float>(g, recv, out, ld_out, sms, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -384,18 +389,20 @@ cudaError_t launch_rmsnorm_unreorder(const Map& map, const void* recv, const voi
   const auto g = fast_gather(map);
   using G = std::decay_t<decltype(g)>;
   switch (dtype) {
-    case DType::bf16: return rmsnorm_t<G, __nv_bfloat16>(g, recv, weight, out, ld_out, eps, sms, stream);
-    case DType::f16: return rmsnorm_t<G, __half>(g, recv, weight, out, ld_out, eps, sms, stream);
-    case DType::f32: break;  // rejected by the caller
+    case DType::bf16:
+      return rmsnorm_t<G, __nv_bfloat16>(g, recv, weight, out, ld_out, eps, sms, stream);
+    case DType::f16:
+      return rmsnorm_t<G, __half>(g, recv, weight, out, ld_out, eps, sms, stream);
+    case DType::f32:
+      break;  // rejected by the caller
   }
   return cudaErrorInvalidValue;
 }
 
-#define TESSERA_INSTANTIATE(Map)                                                                                \
-  template cudaError_t launch_unreorder<Map>(const Map&, const void*, void*, std::int64_t, DType, int,        \
-                                             cudaStream_t);                                                     \
-  template cudaError_t launch_rmsnorm_unreorder<Map>(const Map&, const void*, const void*, void*, std::int64_t, \
-                                                     float, DType, int, cudaStream_t);
+#define TESSERA_INSTANTIATE(Map)                                                                                       \
+  template cudaError_t launch_unreorder<Map>(const Map&, const void*, void*, std::int64_t, DType, int, cudaStream_t);  \
+  template cudaError_t launch_rmsnorm_unreorder<Map>(const Map&, const void*, const void*, void*, std::int64_t, float, \
+                                                     DType, int, cudaStream_t);
 TESSERA_INSTANTIATE(ArMap)
 TESSERA_INSTANTIATE(RsShard)
 TESSERA_INSTANTIATE(A2aRecvMap)

@@ -11,8 +11,8 @@ void GemmTiling::validate(const char* what) const {
   TESSERA_CHECK(m > 0 && n > 0, "{}: GEMM output shape must be positive, got M={} N={}", what, m, n);
   TESSERA_CHECK(tile_m > 0 && tile_n > 0, "{}: tile shape must be positive, got {}x{}", what, tile_m, tile_n);
   const std::int64_t tm = (m + tile_m - 1) / tile_m, tn = (n + tile_n - 1) / tile_n;
-  TESSERA_CHECK(tm * tn < std::numeric_limits<int>::max(), "{}: {}x{} tiles of {}x{} exceed 2^31 tiles", what, tm,
-                tn, tile_m, tile_n);
+  TESSERA_CHECK(tm * tn < std::numeric_limits<int>::max(), "{}: {}x{} tiles of {}x{} exceed 2^31 tiles", what, tm, tn,
+                tile_m, tile_n);
 }
 
 WaveModel::WaveModel(GemmTiling tiling, int sms, int swizzle, Raster raster) : tiling_(tiling), sms_(sms) {
@@ -48,7 +48,8 @@ void WaveTimes::validate(const char* what) const {
   double prev = 0;
   for (size_t k = 0; k < finish.size(); ++k) {
     TESSERA_CHECK(std::isfinite(finish[k]) && finish[k] > 0 && finish[k] >= prev,
-                  "{}: wave {} finish time {} is not finite, positive and >= the previous {}", what, k, finish[k], prev);
+                  "{}: wave {} finish time {} is not finite, positive and >= the previous {}", what, k, finish[k],
+                  prev);
     prev = finish[k];
   }
 }

@@ -73,9 +73,12 @@ nlohmann::json parse_json(const std::string& text, const std::string& what, int 
   for (std::size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
     } else if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
@@ -143,8 +146,7 @@ std::string unsafe_dir(const fs::path& dir) {
   if (S_ISLNK(st.st_mode)) return fmt::format("{} is a symbolic link (not followed)", dir.string());
   if (!S_ISDIR(st.st_mode)) return fmt::format("{} is not a directory", dir.string());
   if (st.st_uid != ::geteuid()) return fmt::format("{} belongs to uid {}, not to this user", dir.string(), st.st_uid);
-  if ((st.st_mode & S_IWOTH) && !(st.st_mode & S_ISVTX))
-    return fmt::format("{} is writable by everyone", dir.string());
+  if ((st.st_mode & S_IWOTH) && !(st.st_mode & S_ISVTX)) return fmt::format("{} is writable by everyone", dir.string());
   return "";
 }
 
@@ -156,9 +158,9 @@ bool lexists(const fs::path& p) {
 
 Cache::Cache(std::string name, int version, fs::path dir, OnCorrupt on_corrupt)
     : name_(std::move(name)), version_(version), dir_(std::move(dir)), on_corrupt_(on_corrupt) {
-  TESSERA_CHECK(!name_.empty() && name_.size() <= 128 && name_.find('/') == std::string::npos && name_ != "." &&
-                    name_ != "..",
-                "tune::Cache: name must be a non-empty file name, got '{}'", name_);
+  TESSERA_CHECK(
+      !name_.empty() && name_.size() <= 128 && name_.find('/') == std::string::npos && name_ != "." && name_ != "..",
+      "tune::Cache: name must be a non-empty file name, got '{}'", name_);
   TESSERA_CHECK(version_ >= 0, "tune::Cache: version {} must be >= 0", version_);
   file_ = dir_ / (name_ + ".json");
   reload();
@@ -256,7 +258,8 @@ void Cache::put(const std::string& key, nlohmann::json value) {
   bool corrupt = false;
   nlohmann::json cur = read_file(&corrupt);
   std::error_code ec;
-  if (corrupt) fs::rename(file_, file_.string() + ".corrupt", ec);  // keep it for inspection (a link is moved, not followed)
+  if (corrupt)
+    fs::rename(file_, file_.string() + ".corrupt", ec);  // keep it for inspection (a link is moved, not followed)
   cur[key] = std::move(value);
   write_file(cur);
   entries_ = std::move(cur);

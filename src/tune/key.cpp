@@ -32,7 +32,10 @@ std::optional<Neighbour> nearest(const Cache& cache, const std::string& prefix,
     double dist = 0;
     bool ok = true;
     for (size_t i = 0; i < shape.size() && ok; ++i) {
-      if (!s[i].is_number() || s[i].get<double>() <= 0) { ok = false; break; }
+      if (!s[i].is_number() || s[i].get<double>() <= 0) {
+        ok = false;
+        break;
+      }
       const double l = std::log(s[i].get<double>() / double(shape[i]));
       dist += l * l;
     }

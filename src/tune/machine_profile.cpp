@@ -11,10 +11,14 @@ namespace tessera::tune {
 
 const char* collective_name(Collective c) {
   switch (c) {
-    case Collective::AllReduce: return "all_reduce";
-    case Collective::ReduceScatter: return "reduce_scatter";
-    case Collective::AllGather: return "all_gather";
-    case Collective::AllToAll: return "all_to_all";
+    case Collective::AllReduce:
+      return "all_reduce";
+    case Collective::ReduceScatter:
+      return "reduce_scatter";
+    case Collective::AllGather:
+      return "all_gather";
+    case Collective::AllToAll:
+      return "all_to_all";
   }
   return "?";
 }
@@ -55,8 +59,8 @@ double BandwidthCurve::time(double bytes) const {
   TESSERA_CHECK(std::isfinite(bytes) && bytes >= 0, "BandwidthCurve::time: bytes must be >= 0, got {}", bytes);
   if (bytes <= points_.front().bytes) return points_.front().seconds;
   if (bytes >= points_.back().bytes) return bytes * points_.back().seconds / points_.back().bytes;
-  const auto hi = std::upper_bound(points_.begin(), points_.end(), bytes,
-                                   [](double b, const Point& p) { return b < p.bytes; });
+  const auto hi =
+      std::upper_bound(points_.begin(), points_.end(), bytes, [](double b, const Point& p) { return b < p.bytes; });
   const Point& b = *hi;
   const Point& a = *(hi - 1);
   const double f = std::log(bytes / a.bytes) / std::log(b.bytes / a.bytes);
@@ -91,19 +95,20 @@ void MachineProfile::validate() const {
   TESSERA_CHECK(std::isfinite(per_group_overhead) && per_group_overhead >= 0,
                 "MachineProfile {}: per-group overhead must be >= 0, got {}", machine.str(), per_group_overhead);
   TESSERA_CHECK(std::isfinite(gemm_penalty_per_group) && gemm_penalty_per_group >= 0,
-                "MachineProfile {}: GEMM penalty per group must be >= 0, got {}", machine.str(), gemm_penalty_per_group);
-  TESSERA_CHECK(std::isfinite(comm_slowdown_beside_gemm) && comm_slowdown_beside_gemm >= 0 &&
-                    comm_slowdown_beside_gemm <= 2,
-                "MachineProfile {}: comm slowdown beside the GEMM must be in [0, 2], got {}", machine.str(),
-                comm_slowdown_beside_gemm);
+                "MachineProfile {}: GEMM penalty per group must be >= 0, got {}", machine.str(),
+                gemm_penalty_per_group);
+  TESSERA_CHECK(
+      std::isfinite(comm_slowdown_beside_gemm) && comm_slowdown_beside_gemm >= 0 && comm_slowdown_beside_gemm <= 2,
+      "MachineProfile {}: comm slowdown beside the GEMM must be in [0, 2], got {}", machine.str(),
+      comm_slowdown_beside_gemm);
   for (const auto* set : {&curves, &no_overlap_curves})
     for (const auto& [c, cv] : *set)
       check_points(cv.points(), fmt::format("MachineProfile {}: {} {} curve", machine.str(),
                                             set == &curves ? "overlap" : "no-overlap", collective_name(c)));
   for (const GemmTiming& g : gemms)
-    TESSERA_CHECK(g.m > 0 && g.n > 0 && g.k > 0 && g.tile_m > 0 && g.tile_n > 0 && g.sms > 0 && g.per_wave > 0 &&
-                      g.full_gpu > 0,
-                  "MachineProfile {}: GEMM timing {}x{}x{} has a non-positive field", machine.str(), g.m, g.n, g.k);
+    TESSERA_CHECK(
+        g.m > 0 && g.n > 0 && g.k > 0 && g.tile_m > 0 && g.tile_n > 0 && g.sms > 0 && g.per_wave > 0 && g.full_gpu > 0,
+        "MachineProfile {}: GEMM timing {}x{}x{} has a non-positive field", machine.str(), g.m, g.n, g.k);
 }
 
 void MachineProfile::store(Cache& cache) const {
@@ -139,16 +144,29 @@ void from_json(const nlohmann::json& j, BandwidthCurve& c) {
 }
 
 void to_json(nlohmann::json& j, const MachineProfile& p) {
-  j = {{"gpu_model", p.machine.gpu_model}, {"topology", p.machine.topology}, {"world", p.machine.world},
-       {"dtype", std::string(dtype_name(p.dtype))}, {"sm_count", p.sm_count}, {"nccl_sms", p.nccl_sms},
-       {"per_group_overhead", p.per_group_overhead}, {"gemm_penalty_per_group", p.gemm_penalty_per_group},
-       {"format", MachineProfile::kFormatVersion}, {"comm_slowdown_beside_gemm", p.comm_slowdown_beside_gemm}};
+  j = {{"gpu_model", p.machine.gpu_model},
+       {"topology", p.machine.topology},
+       {"world", p.machine.world},
+       {"dtype", std::string(dtype_name(p.dtype))},
+       {"sm_count", p.sm_count},
+       {"nccl_sms", p.nccl_sms},
+       {"per_group_overhead", p.per_group_overhead},
+       {"gemm_penalty_per_group", p.gemm_penalty_per_group},
+       {"format", MachineProfile::kFormatVersion},
+       {"comm_slowdown_beside_gemm", p.comm_slowdown_beside_gemm}};
   for (const auto& [c, curve] : p.curves) j["curves"][collective_name(c)] = curve;
   for (const auto& [c, curve] : p.no_overlap_curves) j["no_overlap_curves"][collective_name(c)] = curve;
   j["gemms"] = nlohmann::json::array();
   for (const GemmTiming& g : p.gemms)
-    j["gemms"].push_back({{"m", g.m}, {"n", g.n}, {"k", g.k}, {"tile_m", g.tile_m}, {"tile_n", g.tile_n},
-                          {"swizzle", g.swizzle}, {"sms", g.sms}, {"per_wave", g.per_wave}, {"full_gpu", g.full_gpu}});
+    j["gemms"].push_back({{"m", g.m},
+                          {"n", g.n},
+                          {"k", g.k},
+                          {"tile_m", g.tile_m},
+                          {"tile_n", g.tile_n},
+                          {"swizzle", g.swizzle},
+                          {"sms", g.sms},
+                          {"per_wave", g.per_wave},
+                          {"full_gpu", g.full_gpu}});
 }
 
 void from_json(const nlohmann::json& j, MachineProfile& p) {
@@ -160,11 +178,15 @@ void from_json(const nlohmann::json& j, MachineProfile& p) {
   TESSERA_CHECK(format >= 1 && format <= MachineProfile::kFormatVersion,
                 "MachineProfile: entry has format {}, this build reads 1..{} (written by a newer Tessera?)", format,
                 MachineProfile::kFormatVersion);
-  p.machine = {j.at("gpu_model").get<std::string>(), j.at("topology").get<std::string>(), static_cast<int>(ival(j.at("world"), "world", 1, 1 << 20))};
+  p.machine = {j.at("gpu_model").get<std::string>(), j.at("topology").get<std::string>(),
+               static_cast<int>(ival(j.at("world"), "world", 1, 1 << 20))};
   const std::string dt = j.at("dtype").get<std::string>();
   bool found = false;
   for (DType d : {DType::bf16, DType::f16, DType::f32})
-    if (dt == dtype_name(d)) { p.dtype = d; found = true; }
+    if (dt == dtype_name(d)) {
+      p.dtype = d;
+      found = true;
+    }
   TESSERA_CHECK(found, "MachineProfile: unknown dtype '{}'", dt);
   p.sm_count = static_cast<int>(ival(j.at("sm_count"), "sm_count", 1, 1 << 16));
   p.nccl_sms = static_cast<int>(ival(j.at("nccl_sms"), "nccl_sms", 0, 1 << 16));
@@ -182,7 +204,8 @@ void from_json(const nlohmann::json& j, MachineProfile& p) {
   read_curves("no_overlap_curves", p.no_overlap_curves);
   p.gemms.clear();
   for (const auto& g : j.at("gemms"))
-    p.gemms.push_back({ival(g.at("m"), "gemm m", 1, std::int64_t{1} << 40), ival(g.at("n"), "gemm n", 1, std::int64_t{1} << 40),
+    p.gemms.push_back({ival(g.at("m"), "gemm m", 1, std::int64_t{1} << 40),
+                       ival(g.at("n"), "gemm n", 1, std::int64_t{1} << 40),
                        ival(g.at("k"), "gemm k", 1, std::int64_t{1} << 40),
                        static_cast<int>(ival(g.at("tile_m"), "gemm tile_m", 1, 1 << 16)),
                        static_cast<int>(ival(g.at("tile_n"), "gemm tile_n", 1, 1 << 16)),

@@ -33,8 +33,7 @@ signal::OverlapCost signal_overlap_cost(const MachineProfile& profile, const Sig
                 "SignalTuner: send fraction {} outside (0, world]", q.send_fraction);
   TESSERA_CHECK(g.sms == profile.gemm_sms(), "SignalTuner: GEMM {}x{}x{} was timed with {} CTAs, overlap leaves {}",
                 q.m, q.n, q.k, g.sms, profile.gemm_sms());
-  const signal::WaveModel wm(signal::GemmTiling{q.m, q.n, q.tile_m, q.tile_n}, profile.gemm_sms(), q.swizzle,
-                             q.raster);
+  const signal::WaveModel wm(signal::GemmTiling{q.m, q.n, q.tile_m, q.tile_n}, profile.gemm_sms(), q.swizzle, q.raster);
   const BandwidthCurve& curve = profile.curve(q.op);
   const BandwidthCurve& no_overlap = profile.no_overlap_curve(q.op);
   const double elem = dtype_size(profile.dtype) * q.send_fraction;
@@ -132,7 +131,8 @@ std::optional<SignalChoice> SignalTuner::choose(const SignalQuery& q) {
   std::int64_t their_m = 0, their_n = 0;
   try {
     const bool measured_there = nb->value.value("verified", false) == true;
-    c = choice_from_json(nb->value, fmt::format("neighbour {} ({})", nb->key, measured_there ? "verified" : "predicted"));
+    c = choice_from_json(nb->value,
+                         fmt::format("neighbour {} ({})", nb->key, measured_there ? "verified" : "predicted"));
     const auto& s = nb->value.at("shape");
     their_m = json_int(s.at(0), "shape", 1, std::int64_t{1} << 40);
     their_n = json_int(s.at(1), "shape", 1, std::int64_t{1} << 40);
@@ -143,8 +143,8 @@ std::optional<SignalChoice> SignalTuner::choose(const SignalQuery& q) {
   c.verified = false;
   c.measured_overlapped = c.measured_sequential = 0;
   // Rescale the neighbour's partition to this shape's wave count.
-  const signal::WaveModel theirs(signal::GemmTiling{their_m, their_n, q.tile_m, q.tile_n},
-                                 profile_.gemm_sms(), q.swizzle, q.raster);
+  const signal::WaveModel theirs(signal::GemmTiling{their_m, their_n, q.tile_m, q.tile_n}, profile_.gemm_sms(),
+                                 q.swizzle, q.raster);
   const signal::WaveModel ours = overlapped_model(q);
   try {
     c.waves_per_group = signal::GroupPlan(theirs, c.waves_per_group).rescaled(ours).waves_per_group();
@@ -179,7 +179,7 @@ SignalChoice SignalTuner::record_measured_candidates(const SignalQuery& q,
     for (std::size_t j = 0; j < i; ++j)
       TESSERA_CHECK(measured[j].waves_per_group != m.waves_per_group,
                     "SignalTuner::record_measured: partition {} measured twice for {}", plan.str(), key_of(q));
-    keep_overlap(m.overlapped_s, sequential_s, margin);  // throws on a bad time or margin
+    keep_overlap(m.overlapped_s, sequential_s, margin);                // throws on a bad time or margin
     if (m.overlapped_s < measured[fastest].overlapped_s) fastest = i;  // ties: the earlier (better predicted)
   }
   const std::vector<int>& waves_per_group = measured[fastest].waves_per_group;
@@ -187,7 +187,8 @@ SignalChoice SignalTuner::record_measured_candidates(const SignalQuery& q,
   const bool keep = keep_overlap(overlapped_s, sequential_s, margin);
   const std::string key = key_of(q);
   nlohmann::json e;
-  if (auto old = plans_.get(key); old && old->is_object() && (!old->contains("overlap") || (*old)["overlap"].is_boolean())) {
+  if (auto old = plans_.get(key);
+      old && old->is_object() && (!old->contains("overlap") || (*old)["overlap"].is_boolean())) {
     e = *old;
   } else if (profile_.find_gemm(q.m, q.n, q.k, q.tile_m, q.tile_n)) {
     const signal::Prediction p = signal::PredictiveSearch(cost(q), min_gain_).best();

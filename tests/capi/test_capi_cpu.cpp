@@ -26,11 +26,12 @@ TEST(Capi, SessionCreateRejectsBadRanksAndRendezvous) {
 }
 
 TEST(Capi, OperatorsRejectANullSession) {
-  EXPECT_EQ(tessera_ag_gemm(nullptr, nullptr, nullptr, nullptr, 128, 64, 128, 128, 0, TESSERA_BF16, 0,
-                            TESSERA_AUTOMATIC),
-            -1);
+  EXPECT_EQ(
+      tessera_ag_gemm(nullptr, nullptr, nullptr, nullptr, 128, 64, 128, 128, 0, TESSERA_BF16, 0, TESSERA_AUTOMATIC),
+      -1);
   EXPECT_NE(last().find("tessera_ag_gemm: null session"), std::string::npos) << last();
-  EXPECT_EQ(tessera_gemm_rs(nullptr, nullptr, nullptr, nullptr, 128, 64, 128, 128, TESSERA_BF16, TESSERA_AUTOMATIC), -1);
+  EXPECT_EQ(tessera_gemm_rs(nullptr, nullptr, nullptr, nullptr, 128, 64, 128, 128, TESSERA_BF16, TESSERA_AUTOMATIC),
+            -1);
   EXPECT_NE(last().find("tessera_gemm_rs: null session"), std::string::npos) << last();
   EXPECT_EQ(tessera_gemm_ar(nullptr, nullptr, nullptr, nullptr, 128, 128, 128, TESSERA_BF16, TESSERA_AUTOMATIC), -1);
   EXPECT_NE(last().find("tessera_gemm_ar: null session"), std::string::npos) << last();

@@ -72,7 +72,8 @@ TEST(CommirGpu, TensorParallelGemmPlans) {
         }
         const auto ok = pg->allgather(static_cast<int>(why.empty()));
         if (std::count(ok.begin(), ok.end(), 0) > 0) {
-          ADD_FAILURE() << "rank " << pg->rank() << ": " << (why.empty() ? "another rank could not build the plan" : why);
+          ADD_FAILURE() << "rank " << pg->rank() << ": "
+                        << (why.empty() ? "another rank could not build the plan" : why);
           continue;
         }
         std::vector<double> times;

@@ -248,7 +248,8 @@ TEST(CommirGpuProgram, SimulatorCatchesUninitializedOutput) {
   const Data d = fresh(p);
   std::vector<DevProgram> progs{build_gpu_program(p, 0), build_gpu_program(p, 1)};
   // The first GEMM into a block overwrites it; make it accumulate instead.
-  auto it = std::find_if(progs[0].ops.begin(), progs[0].ops.end(), [](const DevOp& op) { return op.kind == DevOpKind::gemm; });
+  auto it = std::find_if(progs[0].ops.begin(), progs[0].ops.end(),
+                         [](const DevOp& op) { return op.kind == DevOpKind::gemm; });
   ASSERT_NE(it, progs[0].ops.end());
   ASSERT_FALSE(it->accumulate);
   it->accumulate = true;

@@ -66,11 +66,12 @@ TEST(CommirIr, IllegalSchedulesNameTransformAndReason) {
   expect_error([&] { with("tile(q,2) parallelize(q0,0) tile(kv,4) shift(kv0,q0)"); },
                {"shift(kv0, q0)", "extent 4", "must match"});
   expect_error([&] { with("tile(q,2) tile(kv,2) shift(kv0,q0)"); }, {"shift(kv0, q0)", "not parallelized"});
-  expect_error([&] { with("tile(q,2) parallelize(q0,0) tile(q,2) shift(q1,q0)"); },
-               {"shift(q1, q0)", "move no data"});
+  expect_error([&] { with("tile(q,2) parallelize(q0,0) tile(q,2) shift(q1,q0)"); }, {"shift(q1, q0)", "move no data"});
   expect_error([&] { with("tile(q,2) parallelize(q0,0) shard(Q,q0)"); }, {"shard(Q, q0)", "already partitioned"});
-  expect_error([&] { with("tile(q,2) parallelize(q0,0) shard(K,q0,b)"); }, {"shard(K, q0, b)", "fewer than the 2 ranks"});
-  expect_error([&] { with("tile(q,2) parallelize(q0,0) shard(K,q0,kv) shard(K,q0,kv)"); }, {"shard(K, q0, kv)", "already placed"});
+  expect_error([&] { with("tile(q,2) parallelize(q0,0) shard(K,q0,b)"); },
+               {"shard(K, q0, b)", "fewer than the 2 ranks"});
+  expect_error([&] { with("tile(q,2) parallelize(q0,0) shard(K,q0,kv) shard(K,q0,kv)"); },
+               {"shard(K, q0, kv)", "already placed"});
   expect_error([&] { with("tile(q,17)"); }, {"tile(q, 17)", "16 element(s)"});
   expect_error([&] { with("tile(q,2) tile(kv,2) join(kv0,q0)"); }, {"join(kv0, q0)", "adjacent"});
   expect_error([&] { with("tile(q,2) parallelize(q0,0) tile(kv,2) join(q0,kv0)"); }, {"join(q0, kv0)", "parallelized"});
@@ -134,8 +135,9 @@ TEST(CommirIr, ValidationNamesTheOffenderAndTheReason) {
   expect_error([&] { parse(with("m = 64", "m = 99999999999999999999")); }, {"line", "too large"});
   expect_error([&] { parse(with("  axis k = 16 reduction\n", "  axis k = 16 reduction\n  axis k = 8 reduction\n")); },
                {"axis 'k'", "declared twice"});
-  expect_error([&] { parse(with("  buffer C[m, n] : 1 write\n", "  buffer C[m, n] : 1 write\n  buffer C[m, n] : 1 write\n")); },
-               {"buffer 'C'", "declared twice"});
+  expect_error(
+      [&] { parse(with("  buffer C[m, n] : 1 write\n", "  buffer C[m, n] : 1 write\n  buffer C[m, n] : 1 write\n")); },
+      {"buffer 'C'", "declared twice"});
   expect_error([&] { parse(with("B[k, n]", "B[k, z]")); }, {"buffer B", "'z'", "not an axis"});
   expect_error([&] { parse(with("body C += A * B", "body C += A * Z")); }, {"'Z'", "not a buffer"});
   expect_error([&] { parse(with("shift n0", "shift m0")); }, {"loop m0 shift m0", "cannot shift itself"});

@@ -55,8 +55,7 @@ TEST(CommirExec, GemmStrategiesAllMeshes) {
   for (const auto& mesh : meshes)
     for (const auto& s : shapes)
       for (const auto& name : schedule_names("gemm", static_cast<int>(mesh.size())))
-        check(make_gemm(s.a, s.b, s.c, mesh, tessera::DType::f32), name,
-              fmt::format("gemm {}x{}x{}", s.a, s.b, s.c));
+        check(make_gemm(s.a, s.b, s.c, mesh, tessera::DType::f32), name, fmt::format("gemm {}x{}x{}", s.a, s.b, s.c));
 }
 
 TEST(CommirExec, AttentionStrategiesAllMeshes) {
@@ -141,7 +140,8 @@ TEST(CommirExec, ReadRingsStartFromTheOwnBlock) {
   for (int p : {2, 4}) {
     // kv parallel (reduction), q shifted: Q and O both ride the ring.
     Grid g = make_attention(1, 2, 2, 8 + p, 12, 2, {p}, tessera::DType::f32);
-    tessera::commir::apply(g, fmt::format("tile(kv,{0}) parallelize(kv0,0) tile(q,{0}) shift(q0,kv0) patch(attention)", p));
+    tessera::commir::apply(
+        g, fmt::format("tile(kv,{0}) parallelize(kv0,0) tile(q,{0}) shift(q0,kv0) patch(attention)", p));
     SCOPED_TRACE(print(g));
     const Plan pl = lower(g);
     EXPECT_TRUE(no_recv_at_step0(pl)) << describe(pl, 20);

@@ -130,8 +130,8 @@ TEST(CommirTuner, GraphSearchAccountsForResharding) {
   double best = 1e300;
   for (std::size_t a = 0; a < c1.size(); ++a)
     for (std::size_t b = 0; b < c2.size(); ++b) {
-      const double t = c1[a].est.time_us + c2[b].est.time_us +
-                       reshard_cost(lower(c1[a].grid), "C", lower(c2[b].grid), "A", h100);
+      const double t =
+          c1[a].est.time_us + c2[b].est.time_us + reshard_cost(lower(c1[a].grid), "C", lower(c2[b].grid), "A", h100);
       best = std::min(best, t);
     }
   EXPECT_NEAR(r.total_us, best, 1e-9);
@@ -153,8 +153,8 @@ TEST(CommirTuner, AsyncGemmRsOverlapsAndEndsOnTheOwner) {
     const Grid op = make_gemm(m, n, k, {2});
     const Estimate seq = estimate(lower(scheduled(op, "gemm_rs")), h200);
     const Estimate async = estimate(lower(scheduled(op, "async_gemm_rs")), h200);
-    std::printf("%dx%dx%d: gemm_rs %.1f us (compute %.1f comm %.1f), async_gemm_rs %.1f us (compute %.1f comm %.1f)\n", m,
-                n, k, seq.time_us, seq.compute_us, seq.comm_us, async.time_us, async.compute_us, async.comm_us);
+    std::printf("%dx%dx%d: gemm_rs %.1f us (compute %.1f comm %.1f), async_gemm_rs %.1f us (compute %.1f comm %.1f)\n",
+                m, n, k, seq.time_us, seq.compute_us, seq.comm_us, async.time_us, async.compute_us, async.comm_us);
     EXPECT_LT(async.time_us, seq.time_us);
     EXPECT_GE(async.time_us, async.compute_us);
   }

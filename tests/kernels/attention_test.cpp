@@ -85,8 +85,13 @@ tk::AttnStrides strides_of(int64_t S, int64_t H, int64_t D, bool bhsd) {
 }
 
 Tensor random_tensor(int64_t B, int64_t S, int64_t H, int64_t D, DType t, bool bhsd) {
-  Tensor x{DevBuf(static_cast<size_t>(B * S * H * D) * 2), std::vector<double>(B * S * H * D),
-           strides_of(S, H, D, bhsd), B, S, H, D};
+  Tensor x{DevBuf(static_cast<size_t>(B * S * H * D) * 2),
+           std::vector<double>(B * S * H * D),
+           strides_of(S, H, D, bhsd),
+           B,
+           S,
+           H,
+           D};
   std::normal_distribution<float> nd(0.f, 1.f);
   std::vector<uint16_t> bits(B * S * H * D);
   for (int64_t b = 0; b < B; ++b)
@@ -133,9 +138,9 @@ struct Case {
 
 std::string name(const Case& c) {
   return "B" + std::to_string(c.B) + " Lq" + std::to_string(c.Lq) + " Lk" + std::to_string(c.Lk) + " H" +
-         std::to_string(c.Hq) + "/" + std::to_string(c.Hkv) + " D" + std::to_string(c.D) +
-         (c.causal ? " causal" : "") + (c.q_offset ? " q_offset " + std::to_string(*c.q_offset) : "") +
-         (c.bhsd ? " BHSD" : "") + " " + std::string(tessera::dtype_name(c.dtype));
+         std::to_string(c.Hq) + "/" + std::to_string(c.Hkv) + " D" + std::to_string(c.D) + (c.causal ? " causal" : "") +
+         (c.q_offset ? " q_offset " + std::to_string(*c.q_offset) : "") + (c.bhsd ? " BHSD" : "") + " " +
+         std::string(tessera::dtype_name(c.dtype));
 }
 
 /// float64 reference: O [b][i][h][d] and LSE [b][h][i] (-inf for no key).
@@ -175,9 +180,10 @@ struct Problem {
 };
 
 Problem setup(const Case& c) {
-  Problem r{random_tensor(c.B, c.Lq, c.Hq, c.D, c.dtype, c.bhsd), random_tensor(c.B, c.Lk, c.Hkv, c.D, c.dtype, c.bhsd),
-        random_tensor(c.B, c.Lk, c.Hkv, c.D, c.dtype, c.bhsd), poisoned_tensor(c.B, c.Lq, c.Hq, c.D, c.bhsd),
-        DevBuf(static_cast<size_t>(c.B * c.Hq * c.Lq) * 4), {}};
+  Problem r{
+      random_tensor(c.B, c.Lq, c.Hq, c.D, c.dtype, c.bhsd),  random_tensor(c.B, c.Lk, c.Hkv, c.D, c.dtype, c.bhsd),
+      random_tensor(c.B, c.Lk, c.Hkv, c.D, c.dtype, c.bhsd), poisoned_tensor(c.B, c.Lq, c.Hq, c.D, c.bhsd),
+      DevBuf(static_cast<size_t>(c.B * c.Hq * c.Lq) * 4),    {}};
   TESSERA_CUDA_CHECK(cudaMemset(r.lse.p, 0xFF, r.lse.bytes));  // NaN
   tk::AttentionArgs& a = r.args;
   a.q = r.q.dev.p;
@@ -253,12 +259,12 @@ TEST_F(AttentionGpu, MatchesReferenceAcrossShapes) {
         cases.push_back({2, 200, 333, 4, 2, d, causal, t});  // ragged, GQA, Lq != Lk (end-aligned causal)
         cases.push_back({1, 256, 256, 2, 2, d, causal, t});  // whole tiles, MHA
       }
-  cases.push_back({3, 77, 77, 4, 1, 128, true, DType::bf16});                     // MQA, one partial tile
-  cases.push_back({1, 150, 700, 4, 2, 128, true, DType::bf16, int64_t{260}});     // Q shard mid-sequence
-  cases.push_back({1, 190, 400, 2, 2, 64, true, DType::f16, int64_t{-60}});       // rows with no key
-  cases.push_back({2, 130, 390, 4, 2, 128, false, DType::bf16, std::nullopt, true});  // BHSD strides
+  cases.push_back({3, 77, 77, 4, 1, 128, true, DType::bf16});                             // MQA, one partial tile
+  cases.push_back({1, 150, 700, 4, 2, 128, true, DType::bf16, int64_t{260}});             // Q shard mid-sequence
+  cases.push_back({1, 190, 400, 2, 2, 64, true, DType::f16, int64_t{-60}});               // rows with no key
+  cases.push_back({2, 130, 390, 4, 2, 128, false, DType::bf16, std::nullopt, true});      // BHSD strides
   cases.push_back({1, 129, 129, 2, 1, 64, true, DType::bf16, std::nullopt, true, 0.3f});  // explicit scale
-  cases.push_back({1, 1, 300, 4, 4, 128, true, DType::bf16});                    // one query row
+  cases.push_back({1, 1, 300, 4, 4, 128, true, DType::bf16});                             // one query row
   for (const Case& c : cases) {
     Problem r = setup(c);
     tk::attention(r.args);
@@ -290,14 +296,13 @@ TEST_F(AttentionGpu, KvFlagWaitWaitsForLateChunks) {
   cudaStream_t s_kernel, s_copy;
   TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&s_kernel, cudaStreamNonBlocking));
   TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&s_copy, cudaStreamNonBlocking));
-  tessera::kernels::testk::attention_kv_flags(hooked.args, static_cast<const uint32_t*>(flags.p), 1u, kChunk,
-                                              s_kernel);
+  tessera::kernels::testk::attention_kv_flags(hooked.args, static_cast<const uint32_t*>(flags.p), 1u, kChunk, s_kernel);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(cudaStreamQuery(s_kernel), cudaErrorNotReady) << "the kernel finished before its KV chunks were released";
   const std::vector<uint32_t> ones(flags_n, 1u);
   for (int f = flags_n - 1; f >= 0; --f)  // chunks arrive one by one
-    TESSERA_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint32_t*>(flags.p) + f, &ones[f], 4, cudaMemcpyHostToDevice,
-                                       s_copy));
+    TESSERA_CUDA_CHECK(
+        cudaMemcpyAsync(static_cast<uint32_t*>(flags.p) + f, &ones[f], 4, cudaMemcpyHostToDevice, s_copy));
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(s_copy));
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(s_kernel));
   expect_matches(c, hooked);

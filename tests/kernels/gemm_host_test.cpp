@@ -385,9 +385,9 @@ struct CtaModel {
   // configuration
   int stages = 5, k_blocks = 1, tiles = 0;
   bool handshake = true;
-  std::function<bool(int)> gate;          ///< the waiter's Prologue wait for CTA tile iter passes
-  bool back_pressure = true;              ///< waiter waits on free[s] (the kernel); false: negative control
-  std::function<void(int)> tile_done;     ///< notifier published CTA tile iter
+  std::function<bool(int)> gate;       ///< the waiter's Prologue wait for CTA tile iter passes
+  bool back_pressure = true;           ///< waiter waits on free[s] (the kernel); false: negative control
+  std::function<void(int)> tile_done;  ///< notifier published CTA tile iter
   // state
   std::vector<int> full_done, empty_done;
   int produced = 0;
@@ -395,10 +395,10 @@ struct CtaModel {
   NamedBarrier notify[2], nfree[2];
   static constexpr int kSlots = eng::WaiterRing::kSlots;
   int ready_done[kSlots] = {}, free_done[kSlots] = {};  ///< completed phases of the waiter ring
-  int signaled = 0;                       ///< tiles the waiter handed over (ready arrives)
-  int taken = 0;                          ///< tiles the TMA thread took from the ring
-  int max_lead = 0;                       ///< most tiles signalled and not yet taken
-  std::vector<bool> stored;               ///< store threads of tile iter arrived on the notify barrier
+  int signaled = 0;                                     ///< tiles the waiter handed over (ready arrives)
+  int taken = 0;                                        ///< tiles the TMA thread took from the ring
+  int max_lead = 0;                                     ///< most tiles signalled and not yet taken
+  std::vector<bool> stored;                             ///< store threads of tile iter arrived on the notify barrier
   std::vector<int> notified;
   struct Cons {
     int iter, kb = 0, prev = -1;
@@ -452,15 +452,23 @@ struct CtaModel {
     for (int c = 0; c < 2; ++c) {
       const Cons& k = cons[c];
       switch (k.st) {
-        case Cons::Order: if (order_arrived[c] > order_synced[c]) out.push_back(1 + c); break;
+        case Cons::Order:
+          if (order_arrived[c] > order_synced[c]) out.push_back(1 + c);
+          break;
         case Cons::Main: {
           const int idx = k.iter * k_blocks + k.kb;
           if (parity_passes(full_done[idx % stages], idx / stages)) out.push_back(1 + c);
           break;
         }
-        case Cons::Free: if (nfree[k.iter & 1].gen > k.wait_gen) out.push_back(1 + c); break;
-        case Cons::Store: case Cons::Arrive: out.push_back(1 + c); break;
-        case Cons::Done: break;
+        case Cons::Free:
+          if (nfree[k.iter & 1].gen > k.wait_gen) out.push_back(1 + c);
+          break;
+        case Cons::Store:
+        case Cons::Arrive:
+          out.push_back(1 + c);
+          break;
+        case Cons::Done:
+          break;
       }
     }
     if (ntf.st == Notifier::Sync || ntf.st == Notifier::Publish ||
@@ -503,20 +511,27 @@ struct CtaModel {
           if (ntf.st == Notifier::Publish) released();
           break;
         }
-        case Notifier::Wait: ntf.st = Notifier::Publish; released(); break;
+        case Notifier::Wait:
+          ntf.st = Notifier::Publish;
+          released();
+          break;
         case Notifier::Publish:
           ++notified[ntf.iter];
           if (tile_done) tile_done(ntf.iter);
           ntf.st = ++ntf.iter < tiles ? Notifier::Sync : Notifier::Done;
           break;
-        case Notifier::Done: break;
+        case Notifier::Done:
+          break;
       }
       return;
     }
     const int c = who - 1;
     Cons& k = cons[c];
     switch (k.st) {
-      case Cons::Order: ++order_synced[c]; k.st = Cons::Main; break;
+      case Cons::Order:
+        ++order_synced[c];
+        k.st = Cons::Main;
+        break;
       case Cons::Main:
         if (k.prev >= 0) ++empty_done[k.prev % stages];
         k.prev = k.iter * k_blocks + k.kb;
@@ -538,14 +553,17 @@ struct CtaModel {
           k.st = Cons::Arrive;
         }
         break;
-      case Cons::Free: k.st = Cons::Arrive; break;
+      case Cons::Free:
+        k.st = Cons::Arrive;
+        break;
       case Cons::Arrive:
         notify[k.iter & 1].arrive(4);
         stored[k.iter] = true;
         k.iter += 2;
         k.st = k.iter < tiles ? Cons::Order : Cons::Done;
         break;
-      case Cons::Done: break;
+      case Cons::Done:
+        break;
     }
   }
   /// The notifier left its bar.sync of tile ntf.iter.
@@ -650,7 +668,9 @@ TEST(GemmNotifyModel, GemmRsOnPingPongTilesFinishesOnEveryRank) {
   using tessera::ops::plan_rs;
   using tessera::ops::RsPlan;
   std::mt19937_64 rng(3);
-  struct Shape { long m, n; };
+  struct Shape {
+    long m, n;
+  };
   for (Shape sh : {Shape{1024, 768}, Shape{1000, 700}, Shape{2048, 4352}, Shape{640, 512}})
     for (int R : {2, 4})
       for (int ctas_per_rank : {3, 7, 48})
@@ -691,8 +711,10 @@ TEST(GemmNotifyModel, GemmRsOnPingPongTilesFinishesOnEveryRank) {
                 c.tile_done = [=, &counters](int it) {
                   const auto t = (*tiles)[it];
                   const int o = pl->first_owner(t.m);
-                  if (o != r) ++counters[o][t.m * tn + t.n];
-                  else counters[r][t.m * tn + t.n] -= R - 1;
+                  if (o != r)
+                    ++counters[o][t.m * tn + t.n];
+                  else
+                    counters[r][t.m * tn + t.n] -= R - 1;
                 };
               } else {
                 c.tile_done = [=, &counters](int it) {

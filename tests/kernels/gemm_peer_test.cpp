@@ -35,8 +35,10 @@ TEST(GemmPeer, StoreNotifyAndPartialThroughAPeerGpu) {
 
   TESSERA_CUDA_CHECK(cudaSetDevice(0));
   const cudaError_t pe = cudaDeviceEnablePeerAccess(1, 0);
-  if (pe == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
-  else TESSERA_CUDA_CHECK(pe);
+  if (pe == cudaErrorPeerAccessAlreadyEnabled)
+    (void)cudaGetLastError();
+  else
+    TESSERA_CUDA_CHECK(pe);
   tt::DevBuf a = tt::random_matrix(m, k, k, DType::bf16, rng), b = tt::random_matrix(n, k, k, DType::bf16, rng);
   tt::DevBuf d0(m * n * 2);
   tt::poison(d0);

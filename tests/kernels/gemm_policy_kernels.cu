@@ -60,8 +60,8 @@ void gemm_flag_wait(const GemmArgs& a, GemmTile t, const uint32_t* flags, int ro
   run(a, t, max_ctas, w, epi_for<engine::kEpiPlain>(a), engine::RasterScheduler{}, s, cluster);
 }
 
-void gemm_notify(const GemmArgs& a, GemmTile t, uint32_t* flags, const int* tile_to_flag, int max_ctas,
-                 cudaStream_t s, int cluster) {
+void gemm_notify(const GemmArgs& a, GemmTile t, uint32_t* flags, const int* tile_to_flag, int max_ctas, cudaStream_t s,
+                 int cluster) {
   auto e = epi_for<engine::kEpiNotify>(a);
   e.flags = flags;
   e.tile_to_flag = tile_to_flag;
@@ -157,15 +157,15 @@ void preload_helpers() {
 
 void release_chunks(const void* src, void* dst, int64_t m, int64_t k, int64_t ld, int rows, uint32_t* flags,
                     uint32_t value, uint64_t delay_ns, cudaStream_t s) {
-  release_chunks_kernel<<<1, 512, 0, s>>>(static_cast<const bf16*>(src), static_cast<bf16*>(dst), m, k, ld, rows,
-                                          flags, value, delay_ns);
+  release_chunks_kernel<<<1, 512, 0, s>>>(static_cast<const bf16*>(src), static_cast<bf16*>(dst), m, k, ld, rows, flags,
+                                          value, delay_ns);
   detail::check_launch("release_chunks");
 }
 
 void observe_tiles(const uint32_t* flags, uint32_t expected, const void* d, void* copy, int64_t m, int64_t n,
                    int64_t ldd, int bm, int bn, uint64_t timeout_ns, int* status, int blocks, cudaStream_t s) {
-  observe_tiles_kernel<<<blocks, 256, 0, s>>>(flags, expected, static_cast<const bf16*>(d), static_cast<bf16*>(copy),
-                                              m, n, ldd, bm, bn, timeout_ns, status);
+  observe_tiles_kernel<<<blocks, 256, 0, s>>>(flags, expected, static_cast<const bf16*>(d), static_cast<bf16*>(copy), m,
+                                              n, ldd, bm, bn, timeout_ns, status);
   detail::check_launch("observe_tiles");
 }
 

@@ -23,8 +23,8 @@ void gemm_permuted(const GemmArgs& a, GemmTile t, const int* d_order, int max_ct
 void gemm_flag_wait(const GemmArgs& a, GemmTile t, const uint32_t* flags, int rows_per_flag, uint32_t expected,
                     uint64_t timeout_ns, int max_ctas, cudaStream_t s, int cluster = 1);
 /// StdEpilogue with kEpiNotify (.gpu); tile_to_flag may be null (per-tile flags).
-void gemm_notify(const GemmArgs& a, GemmTile t, uint32_t* flags, const int* tile_to_flag, int max_ctas,
-                 cudaStream_t s, int cluster = 1);
+void gemm_notify(const GemmArgs& a, GemmTile t, uint32_t* flags, const int* tile_to_flag, int max_ctas, cudaStream_t s,
+                 int cluster = 1);
 /// StdEpilogue with kEpiReorder: tile -> slot, dense bm x bn blocks in a.d.
 void gemm_reorder(const GemmArgs& a, GemmTile t, const int* reorder, cudaStream_t s);
 /// D = A·B + C (C bf16, row stride ldc).

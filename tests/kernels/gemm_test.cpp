@@ -75,8 +75,8 @@ double tolerance(DType out) { return out == DType::f32 ? 1e-5 : 8e-3; }
 std::string name(const Problem& p, tk::GemmTile t) {
   return std::to_string(p.m) + "x" + std::to_string(p.n) + "x" + std::to_string(p.k) + " in " +
          std::string(tessera::dtype_name(p.in)) + " out " + std::string(tessera::dtype_name(p.out)) +
-         (p.layout == tk::BLayout::NK ? " B[N,K]" : " B[K,N]") + " tile " + tk::tile_name(t) +
-         " pad " + std::to_string(p.pad);
+         (p.layout == tk::BLayout::NK ? " B[N,K]" : " B[K,N]") + " tile " + tk::tile_name(t) + " pad " +
+         std::to_string(p.pad);
 }
 
 }  // namespace
@@ -105,7 +105,8 @@ TEST(GemmGpu, MatchesFloat64ReferenceOnSmallRaggedProblem) {
 
 TEST(GemmGpu, EveryTileLayoutTypeAndShapeMatchesCublas) {
   TESSERA_REQUIRE_GPUS(1);
-  const std::vector<std::array<int64_t, 3>> shapes = {{512, 768, 1024}, {300, 200, 72}, {129, 257, 136}, {1000, 520, 2056}};
+  const std::vector<std::array<int64_t, 3>> shapes = {
+      {512, 768, 1024}, {300, 200, 72}, {129, 257, 136}, {1000, 520, 2056}};
   for (const auto& sh : shapes)
     for (DType in : {DType::bf16, DType::f16})
       for (auto layout : {tk::BLayout::NK, tk::BLayout::KN})
@@ -140,7 +141,7 @@ TEST(GemmGpu, OverlapMatchesDefaultBitwiseAndCublas) {
         const Problem p{sh[0], sh[1], sh[2], in, in, layout, (sh[0] % 2) ? 8 : 0};
         Buffers s = make(p);
         tk::GemmOptions whole_k;
-        whole_k.k_splits = 1;  // split-K sums in another order: whole-K kernels only
+        whole_k.k_splits = 1;       // split-K sums in another order: whole-K kernels only
         tk::gemm(s.args, whole_k);  // default path
         TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
         const auto want = tt::bytes_of(s.d);
@@ -176,9 +177,9 @@ TEST(GemmGpu, OverlapTileOrdersAndSmCapGiveIdenticalResults) {
     int rotate;
     int max_ctas;
   };
-  const Variant variants[] = {{"default raster", 8, false, 0, 0}, {"row-major", 1, false, 0, 0},
+  const Variant variants[] = {{"default raster", 8, false, 0, 0},  {"row-major", 1, false, 0, 0},
                               {"along m, group 2", 2, true, 0, 0}, {"rotate 3", 8, false, 3, 0},
-                              {"sm cap 5", 8, false, 0, 5},      {"sm cap 1", 8, false, 0, 1},
+                              {"sm cap 5", 8, false, 0, 5},        {"sm cap 1", 8, false, 0, 1},
                               {"sm cap 2", 3, false, 0, 2}};
   for (auto tile : {tk::GemmTile::T128x128, tk::GemmTile::T64x256})
     for (const auto& v : variants) {
@@ -265,11 +266,11 @@ TEST(GemmGpu, TileOrdersAndSmCapGiveIdenticalResults) {
     int max_ctas;
     int cluster;
   };
-  const Variant variants[] = {{"row-major", 1, false, 0, 0, 1},     {"group 3", 3, false, 0, 0, 1},
-                              {"along m, group 2", 2, true, 0, 0, 1}, {"rotate 3", 8, false, 3, 0, 1},
-                              {"sm cap 5", 8, false, 0, 5, 1},      {"sm cap 1", 8, false, 0, 1, 1},
-                              {"cluster 2", 8, false, 0, 0, 2},     {"cluster 2, rotate 4", 3, false, 4, 0, 2},
-                              {"cluster 2, along m", 2, true, 0, 0, 2}, {"cluster 2, sm cap 6", 8, false, 0, 6, 2},
+  const Variant variants[] = {{"row-major", 1, false, 0, 0, 1},          {"group 3", 3, false, 0, 0, 1},
+                              {"along m, group 2", 2, true, 0, 0, 1},    {"rotate 3", 8, false, 3, 0, 1},
+                              {"sm cap 5", 8, false, 0, 5, 1},           {"sm cap 1", 8, false, 0, 1, 1},
+                              {"cluster 2", 8, false, 0, 0, 2},          {"cluster 2, rotate 4", 3, false, 4, 0, 2},
+                              {"cluster 2, along m", 2, true, 0, 0, 2},  {"cluster 2, sm cap 6", 8, false, 0, 6, 2},
                               {"cluster 2, sm cap 2", 1, false, 0, 2, 2}};
   for (const auto& v : variants) {
     tt::poison(s.d);
@@ -332,8 +333,8 @@ TEST(GemmGpu, FlagWaitReleasedBySecondStream) {
     // GEMM first (leaving SMs for the releasing kernel), then the release.
     tt::gemm_flag_wait(s.args, epoch == 3 ? tk::GemmTile::T128x128 : tk::GemmTile::T128x256, flags.as<uint32_t>(),
                        rows_per_flag, epoch, 5'000'000'000ull, sms - 2, s1, /*cluster=*/epoch == 2 ? 2 : 1);
-    tt::release_chunks(staged.p, s.a.p, p.m, p.k, s.args.lda, rows_per_flag, flags.as<uint32_t>(), epoch,
-                       20'000'000ull, s2);
+    tt::release_chunks(staged.p, s.a.p, p.m, p.k, s.args.lda, rows_per_flag, flags.as<uint32_t>(), epoch, 20'000'000ull,
+                       s2);
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(s1));
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(s2));
     EXPECT_TRUE(tt::bytes_of(s.d) == want) << "epoch " << epoch << (epoch == 3 ? " ping-pong" : " cooperative");
@@ -362,7 +363,9 @@ void wait_on_a_flag_never_set() {
 TEST(GemmGpuDeathTest, FlagWaitTimesOutAndTraps) {
   TESSERA_REQUIRE_GPUS(1);
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_DEATH(wait_on_a_flag_never_set(), "gemm wait ended: .*(launch failure|illegal|trap|unspecified).*timed out after 50000000 ns: block [0-9]+ waiting for tile \\([0-9], 0\\): flag\\[[0-9]\\] expected >= 1, seen 0");
+  EXPECT_DEATH(wait_on_a_flag_never_set(),
+               "gemm wait ended: .*(launch failure|illegal|trap|unspecified).*timed out after 50000000 ns: block "
+               "[0-9]+ waiting for tile \\([0-9], 0\\): flag\\[[0-9]\\] expected >= 1, seen 0");
 }
 
 // Per-tile notify, observed while the GEMM runs by a kernel on another stream
@@ -426,7 +429,8 @@ TEST(GemmGpu, WaveGroupCountersCountTheirTiles) {
   };
   for (const Cfg c : {Cfg{tk::GemmTile::T128x256, 1}, Cfg{tk::GemmTile::T128x256, 2}, Cfg{tk::GemmTile::T128x128, 1}}) {
     const auto sh = tk::tile_shape(c.tile);
-    const int tiles_m = static_cast<int>((p.m + sh.bm - 1) / sh.bm), tiles_n = static_cast<int>((p.n + sh.bn - 1) / sh.bn);
+    const int tiles_m = static_cast<int>((p.m + sh.bm - 1) / sh.bm),
+              tiles_n = static_cast<int>((p.n + sh.bn - 1) / sh.bn);
     const int tiles = tiles_m * tiles_n;
     const int per_group = 7, groups = (tiles + per_group - 1) / per_group;
     std::vector<int> map(tiles);
@@ -518,13 +522,15 @@ TEST(GemmGpu, AddPartialAndBias) {
     tt::poison(s.d);
     tt::gemm_add_partial(s.args, tile, c.p, s.args.ldd, nullptr);
     TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
-    EXPECT_LT(relative_error(tt::download(s.d.p, p.m, p.n, s.args.ldd, p.out), ref), 8e-3) << "partial " << tk::tile_name(tile);
+    EXPECT_LT(relative_error(tt::download(s.d.p, p.m, p.n, s.args.ldd, p.out), ref), 8e-3)
+        << "partial " << tk::tile_name(tile);
     for (int64_t i = 0; i < p.m; ++i)
       for (int64_t j = 0; j < p.n; ++j) ref[i * p.n + j] = acc[i * p.n + j] + hbias[j];
     tt::poison(s.d);
     tt::gemm_bias(s.args, tile, bias.p, nullptr);
     TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
-    EXPECT_LT(relative_error(tt::download(s.d.p, p.m, p.n, s.args.ldd, p.out), ref), 8e-3) << "bias " << tk::tile_name(tile);
+    EXPECT_LT(relative_error(tt::download(s.d.p, p.m, p.n, s.args.ldd, p.out), ref), 8e-3)
+        << "bias " << tk::tile_name(tile);
   }
 }
 
@@ -559,9 +565,9 @@ TEST(GemmGpu, SwiGLUOfInterleavedGateAndUp) {
 // layouts and input types, bf16 / f32 output, outputs poisoned first.
 TEST(GemmGpu, CoverageShapesMatchCublasOnEveryPlan) {
   TESSERA_REQUIRE_GPUS(1);
-  const std::vector<std::array<int64_t, 3>> shapes = {
-      {1, 520, 1032},  {1, 1000, 4104}, {17, 4096, 2056}, {64, 1544, 8200}, {100, 777, 3000},
-      {333, 2049, 1240}, {1000, 600, 4040}, {2048, 1024, 1048}, {129, 8, 520}};
+  const std::vector<std::array<int64_t, 3>> shapes = {{1, 520, 1032},    {1, 1000, 4104},    {17, 4096, 2056},
+                                                      {64, 1544, 8200},  {100, 777, 3000},   {333, 2049, 1240},
+                                                      {1000, 600, 4040}, {2048, 1024, 1048}, {129, 8, 520}};
   for (const auto& sh : shapes)
     for (DType in : {DType::bf16, DType::f16})
       for (auto layout : {tk::BLayout::NK, tk::BLayout::KN})
@@ -573,8 +579,11 @@ TEST(GemmGpu, CoverageShapesMatchCublasOnEveryPlan) {
             int splits;
             bool overlap;
           };
-          const Variant variants[] = {{"auto", 0, false}, {"split 1", 1, false}, {"128x128 split 2", 2, false},
-                                      {"128x128 split 7", 7, false}, {"64x256 pp split 3", 3, true}};
+          const Variant variants[] = {{"auto", 0, false},
+                                      {"split 1", 1, false},
+                                      {"128x128 split 2", 2, false},
+                                      {"128x128 split 7", 7, false},
+                                      {"64x256 pp split 3", 3, true}};
           for (const auto& v : variants) {
             if (v.overlap && out != in) continue;  // ping-pong: out == in only
             tt::poison(s.d);
@@ -586,8 +595,7 @@ TEST(GemmGpu, CoverageShapesMatchCublasOnEveryPlan) {
             TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
             tt::poison(s.ref);
             EXPECT_LT(error_vs_cublas(s), tolerance(p.out))
-                << name(p, tk::GemmTile::Auto) << " " << v.what << " plan "
-                << tk::plan_name(tk::plan_gemm(s.args, o));
+                << name(p, tk::GemmTile::Auto) << " " << v.what << " plan " << tk::plan_name(tk::plan_gemm(s.args, o));
           }
         }
 }
@@ -597,7 +605,8 @@ TEST(GemmGpu, CoverageShapesMatchCublasOnEveryPlan) {
 // multiples (staged through an aligned buffer and a 2-D copy).
 TEST(GemmGpu, OddNAndKWithAlignedRowsMatchCublas) {
   TESSERA_REQUIRE_GPUS(1);
-  const std::vector<std::array<int64_t, 3>> shapes = {{77, 1001, 1001}, {3000, 517, 2043}, {1, 9, 13}, {300, 4095, 100}};
+  const std::vector<std::array<int64_t, 3>> shapes = {
+      {77, 1001, 1001}, {3000, 517, 2043}, {1, 9, 13}, {300, 4095, 100}};
   for (const auto& sh : shapes)
     for (auto layout : {tk::BLayout::NK, tk::BLayout::KN})
       for (DType out : {DType::bf16, DType::f32}) {
@@ -615,7 +624,8 @@ TEST(GemmGpu, OddNAndKWithAlignedRowsMatchCublas) {
           tk::cublaslt_gemm(r);
           TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
           const int64_t ldd = a.ldd_or_packed();
-          const double err = relative_error(tt::download(a.d, a.m, a.n, ldd, a.out), tt::download(r.d, a.m, a.n, ldd, a.out));
+          const double err =
+              relative_error(tt::download(a.d, a.m, a.n, ldd, a.out), tt::download(r.d, a.m, a.n, ldd, a.out));
           EXPECT_LT(err, tolerance(out)) << name(p, tk::GemmTile::Auto) << (packed_d ? " packed D" : " padded D")
                                          << " plan " << tk::plan_name(tk::plan_gemm(a, {}));
         }
@@ -628,8 +638,8 @@ TEST(GemmGpu, OddNAndKWithAlignedRowsMatchCublas) {
 // shape.
 TEST(GemmGpu, SmallMTile64x64MatchesCublasWholeKAndSplit) {
   TESSERA_REQUIRE_GPUS(1);
-  const std::vector<std::array<int64_t, 3>> shapes = {
-      {1, 520, 1032}, {17, 4096, 2056}, {24, 992, 536}, {40, 824, 2448}, {64, 1544, 8200}, {33, 777, 3000}};
+  const std::vector<std::array<int64_t, 3>> shapes = {{1, 520, 1032},  {17, 4096, 2056}, {24, 992, 536},
+                                                      {40, 824, 2448}, {64, 1544, 8200}, {33, 777, 3000}};
   for (const auto& sh : shapes)
     for (DType in : {DType::bf16, DType::f16})
       for (auto layout : {tk::BLayout::NK, tk::BLayout::KN})
@@ -645,8 +655,7 @@ TEST(GemmGpu, SmallMTile64x64MatchesCublasWholeKAndSplit) {
             tk::gemm(s.args, o);
             TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
             tt::poison(s.ref);
-            EXPECT_LT(error_vs_cublas(s), tolerance(p.out))
-                << name(p, tk::GemmTile::T64x64) << " splits " << splits;
+            EXPECT_LT(error_vs_cublas(s), tolerance(p.out)) << name(p, tk::GemmTile::T64x64) << " splits " << splits;
           }
         }
   const Problem decode{24, 992, 536};

@@ -147,10 +147,10 @@ const tk::GroupedTile kTiles[] = {tk::GroupedTile::Coop128x256, tk::GroupedTile:
 TEST(GroupedGemmGpu, UniformAndSkewedRoutingMatchCublasPerGroup) {
   TESSERA_REQUIRE_GPUS(1);
   const std::vector<Problem> problems = {
-      {{256, 256, 256, 256}, 512, 512},                       // uniform, whole tiles
-      {{0, 1, 777, 0, 130, 64, 1000, 5}, 528, 200},           // skewed, empty groups, M_g = 1, N and K tails
-      {{3000, 0, 0, 17, 200}, 384, 1024, tk::BLayout::KN},    // one hot expert
-      {{1}, 16, 8},                                           // the smallest problem
+      {{256, 256, 256, 256}, 512, 512},                     // uniform, whole tiles
+      {{0, 1, 777, 0, 130, 64, 1000, 5}, 528, 200},         // skewed, empty groups, M_g = 1, N and K tails
+      {{3000, 0, 0, 17, 200}, 384, 1024, tk::BLayout::KN},  // one hot expert
+      {{1}, 16, 8},                                         // the smallest problem
   };
   for (const auto& base : problems)
     for (auto layout : {tk::BLayout::NK, tk::BLayout::KN}) {

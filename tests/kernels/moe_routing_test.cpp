@@ -133,11 +133,15 @@ TEST_P(Permute, StableSortByExpert) {
   std::vector<std::int32_t> ids(static_cast<std::size_t>(T) * k);
   for (std::size_t i = 0; i < ids.size(); ++i) {
     switch (routing) {
-      case Routing::Uniform: ids[i] = static_cast<std::int32_t>(rng() % E); break;
+      case Routing::Uniform:
+        ids[i] = static_cast<std::int32_t>(rng() % E);
+        break;
       case Routing::Skewed:  // half the entries to expert 0; the upper half of the experts get none
         ids[i] = (rng() % 2) ? 0 : static_cast<std::int32_t>(rng() % std::max(1, E / 2));
         break;
-      case Routing::WithInvalid: ids[i] = (rng() % 17 == 0) ? (rng() % 2 ? -3 : E + 5) : static_cast<int>(rng() % E); break;
+      case Routing::WithInvalid:
+        ids[i] = (rng() % 17 == 0) ? (rng() % 2 ? -3 : E + 5) : static_cast<int>(rng() % E);
+        break;
     }
   }
   const SortRef ref = sort_ref(ids, E);
@@ -178,13 +182,11 @@ TEST_P(Permute, StableSortByExpert) {
   EXPECT_EQ(f[0], worst > a.capacity ? worst : 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, Permute,
-                         ::testing::Values(PermuteCase{8192, 8, 2, Routing::Uniform},
-                                           PermuteCase{8192, 32, 5, Routing::Skewed},
-                                           PermuteCase{1000, 32, 2, Routing::WithInvalid},
-                                           PermuteCase{3, 64, 2, Routing::Uniform},
-                                           PermuteCase{0, 8, 2, Routing::Uniform},
-                                           PermuteCase{4097, 1024, 4, Routing::Skewed}));
+INSTANTIATE_TEST_SUITE_P(
+    Cases, Permute,
+    ::testing::Values(PermuteCase{8192, 8, 2, Routing::Uniform}, PermuteCase{8192, 32, 5, Routing::Skewed},
+                      PermuteCase{1000, 32, 2, Routing::WithInvalid}, PermuteCase{3, 64, 2, Routing::Uniform},
+                      PermuteCase{0, 8, 2, Routing::Uniform}, PermuteCase{4097, 1024, 4, Routing::Skewed}));
 
 TEST(MoeRouting, GatherThenCombineIsWeightedRowSum) {
   TESSERA_REQUIRE_GPUS(1);

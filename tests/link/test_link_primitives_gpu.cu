@@ -83,8 +83,9 @@ __global__ void consume_kernel(SignalView sv, AllGatherTileMap map, const std::u
 
 // Push mode: write my tiles into a local staging shard, push each to every
 // rank's gathered buffer, notify (broadcast once, or per destination).
-__global__ void push_kernel(SignalView sv, AllGatherTileMap map, std::uint32_t* staging, PeerPtrs<std::uint32_t> gathered,
-                            int cols, std::uint64_t epoch, const int* order, int ack_slot, bool broadcast) {
+__global__ void push_kernel(SignalView sv, AllGatherTileMap map, std::uint32_t* staging,
+                            PeerPtrs<std::uint32_t> gathered, int cols, std::uint64_t epoch, const int* order,
+                            int ack_slot, bool broadcast) {
   if (threadIdx.x == 0) {
     for (int r = 0; r < sv.world; ++r) link::peer_tile_wait(sv, ack_slot, r, epoch - 1);  // readers done with e-1
   }
@@ -279,8 +280,10 @@ TEST(LinkPrimitives, PullWithPeerFlagsStress) {
   std::vector<std::unique_ptr<DeviceInts>> keep;
   for (int e = 1; e <= kEpochs; ++e) {
     for (int k = 0; k < 3; ++k)
-      keep.push_back(std::make_unique<DeviceInts>(
-          permutation(k == 0 ? f.per_rank : k == 1 ? f.map.num_tiles() : f.map.num_consumer_tiles(), f.rng)));
+      keep.push_back(std::make_unique<DeviceInts>(permutation(k == 0   ? f.per_rank
+                                                              : k == 1 ? f.map.num_tiles()
+                                                                       : f.map.num_consumer_tiles(),
+                                                              f.rng)));
     const int* worder = keep[keep.size() - 3]->ptr;
     const int* porder = keep[keep.size() - 2]->ptr;
     const int* corder = keep[keep.size() - 1]->ptr;

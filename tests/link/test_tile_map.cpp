@@ -145,8 +145,8 @@ TEST(DynamicTileMap, CountsExpectedPerChannelAndValidates) {
   EXPECT_EQ(h.shape(3).lo, 160);
   EXPECT_EQ(h.consumer_channels(2).hi, 3);
 
-  EXPECT_THROW(DynamicTileMap({{0, 10, 2, 0}}, {}, 1, 2), tessera::Error);   // rank outside world
-  EXPECT_THROW(DynamicTileMap({{0, 10, 0, 5}}, {}, 1, 2), tessera::Error);   // channel outside
-  EXPECT_THROW(DynamicTileMap({{10, 0, 0, 0}}, {}, 1, 2), tessera::Error);   // reversed range
+  EXPECT_THROW(DynamicTileMap({{0, 10, 2, 0}}, {}, 1, 2), tessera::Error);        // rank outside world
+  EXPECT_THROW(DynamicTileMap({{0, 10, 0, 5}}, {}, 1, 2), tessera::Error);        // channel outside
+  EXPECT_THROW(DynamicTileMap({{10, 0, 0, 0}}, {}, 1, 2), tessera::Error);        // reversed range
   EXPECT_THROW(DynamicTileMap({{0, 10, 0, 0}}, {{0, 2}}, 1, 2), tessera::Error);  // consumer range outside
 }

@@ -95,8 +95,8 @@ TEST(SpAttentionGpu, StrategiesMatchWholeSequenceAttention) {
     const size_t row = heads * D * 2;
     for (int i = 0; i < 2; ++i)
       TESSERA_CUDA_CHECK(cudaMemcpy2D(static_cast<char*>(dst->p) + i * C * row, L * row,
-                                      static_cast<const char*>(src->p) + plan.chunks[i] * C * row, S * row, C * row,
-                                      B, cudaMemcpyDeviceToDevice));
+                                      static_cast<const char*>(src->p) + plan.chunks[i] * C * row, S * row, C * row, B,
+                                      cudaMemcpyDeviceToDevice));
   }
   for (bool causal : {true, false}) {
     tk::AttentionArgs full;
@@ -156,8 +156,8 @@ TEST(SpAttentionGpu, StrategiesMatchWholeSequenceAttention) {
             lse_err = std::max(lse_err, static_cast<double>(std::abs(l0 - l1)));
           }
         }
-      const std::string what = std::string(fused ? "fused_ce" : "sequential") + (causal ? " causal" : "") +
-                               " rank " + std::to_string(rank) + "/" + std::to_string(R);
+      const std::string what = std::string(fused ? "fused_ce" : "sequential") + (causal ? " causal" : "") + " rank " +
+                               std::to_string(rank) + "/" + std::to_string(R);
       if (bitwise) {
         EXPECT_EQ(o_diff, 0) << what << ": O rows differing from whole-sequence attention";
         EXPECT_EQ(lse_diff, 0) << what << ": LSE entries differing";

@@ -198,9 +198,9 @@ TEST(OpsPlan, ReduceScatterOwnersAndOrder) {
 TEST(OpsPlan, OwnerEpilogueNeedsShardsOnTileRows) {
   EXPECT_FALSE(plan_rs(8000, 4100, 2, 1, 128, 256).shards_on_tile_rows());  // 4000 rows per shard
   EXPECT_TRUE(plan_rs(8192, 4096, 2, 1, 128, 256).shards_on_tile_rows());
-  EXPECT_TRUE(plan_rs(1024, 700, 4, 3, 128, 256).shards_on_tile_rows());   // 256 per shard
-  EXPECT_FALSE(plan_rs(1024, 700, 16, 3, 128, 256).shards_on_tile_rows()); // 64 per shard
-  EXPECT_TRUE(plan_rs(1000, 700, 1, 0, 128, 256).shards_on_tile_rows());   // one rank: no peers
+  EXPECT_TRUE(plan_rs(1024, 700, 4, 3, 128, 256).shards_on_tile_rows());    // 256 per shard
+  EXPECT_FALSE(plan_rs(1024, 700, 16, 3, 128, 256).shards_on_tile_rows());  // 64 per shard
+  EXPECT_TRUE(plan_rs(1000, 700, 1, 0, 128, 256).shards_on_tile_rows());    // one rank: no peers
   // Raster bands never mix remote and own tile rows.
   EXPECT_EQ(plan_rs(8192, 4096, 2, 0, 128, 256).owner_raster_group(), 8);
   EXPECT_EQ(plan_rs(1024, 700, 2, 0, 128, 256).owner_raster_group(), 4);
@@ -245,8 +245,8 @@ TEST(OpsTuner, ChoiceRoundTripsThroughTheCache) {
 }
 
 TEST(OpsStrategy, NamesRoundTrip) {
-  for (Strategy s : {Strategy::automatic, Strategy::sequential, Strategy::decomposition, Strategy::fused_ce,
-                     Strategy::fused_sm})
+  for (Strategy s :
+       {Strategy::automatic, Strategy::sequential, Strategy::decomposition, Strategy::fused_ce, Strategy::fused_sm})
     EXPECT_EQ(parse_strategy(strategy_name(s)), s);
   EXPECT_THROW(parse_strategy("fast"), tessera::Error);
 }

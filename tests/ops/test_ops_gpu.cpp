@@ -162,28 +162,27 @@ struct RsVariant {
   RsReduce reduce;
   int channels = 4;
 };
-const RsVariant kRsVariants[] = {{Strategy::sequential, RsReduce::epilogue},
-                                 {Strategy::decomposition, RsReduce::epilogue},
-                                 {Strategy::fused_sm, RsReduce::kernel},
-                                 {Strategy::fused_sm, RsReduce::epilogue},
-                                 {Strategy::fused_sm, RsReduce::kernel},  // kernel again after epilogue: counters back at zero
-                                 // Copy engine + owner add (tile-row shards only; ragged
-                                 // shapes must be rejected), then fused_sm on the same slabs.
-                                 {Strategy::fused_ce, RsReduce::epilogue},
-                                 {Strategy::fused_sm, RsReduce::epilogue},
-                                 // Ring (any R; R = 2 is the direct push): default, one and 32
-                                 // channels per shard (32: short ragged chunks), then fused_sm
-                                 // again (kRsFree epochs shared across strategies).
-                                 {Strategy::ring, RsReduce::epilogue, 4},
-                                 {Strategy::ring, RsReduce::epilogue, 1},
-                                 {Strategy::ring, RsReduce::epilogue, 32},
-                                 {Strategy::fused_ce, RsReduce::epilogue},
-                                 {Strategy::fused_sm, RsReduce::epilogue}};
+const RsVariant kRsVariants[] = {
+    {Strategy::sequential, RsReduce::epilogue},
+    {Strategy::decomposition, RsReduce::epilogue},
+    {Strategy::fused_sm, RsReduce::kernel},
+    {Strategy::fused_sm, RsReduce::epilogue},
+    {Strategy::fused_sm, RsReduce::kernel},  // kernel again after epilogue: counters back at zero
+    // Copy engine + owner add (tile-row shards only; ragged
+    // shapes must be rejected), then fused_sm on the same slabs.
+    {Strategy::fused_ce, RsReduce::epilogue},
+    {Strategy::fused_sm, RsReduce::epilogue},
+    // Ring (any R; R = 2 is the direct push): default, one and 32
+    // channels per shard (32: short ragged chunks), then fused_sm
+    // again (kRsFree epochs shared across strategies).
+    {Strategy::ring, RsReduce::epilogue, 4},
+    {Strategy::ring, RsReduce::epilogue, 1},
+    {Strategy::ring, RsReduce::epilogue, 32},
+    {Strategy::fused_ce, RsReduce::epilogue},
+    {Strategy::fused_sm, RsReduce::epilogue}};
 
 /// fused_ce GEMM+RS runs only when every shard boundary is on a tile row.
-bool rs_tile_row_shards(std::int64_t m, int world) {
-  return shard_rows(m, world).per_rank % kRsFusedTileRows == 0;
-}
+bool rs_tile_row_shards(std::int64_t m, int world) { return shard_rows(m, world).per_rank % kRsFusedTileRows == 0; }
 
 }  // namespace
 
@@ -223,9 +222,9 @@ TEST_P(OpsTp, AgGemmAllStrategiesMatchReference) {
       const Mat a = random_mat(sh.m, sh.k, seed, t), a2 = random_mat(sh.m, sh.k, seed + 7919, t);
       auto da = upload(a, s.lo(rank), m_local, sh.k, t), da2 = upload(a2, s.lo(rank), m_local, sh.k, t);
       const std::vector<double> ref_a = reference(a), ref_a2 = reference(a2);
-      const std::pair<Strategy, bool> runs[] = {
-          {Strategy::sequential, true}, {Strategy::decomposition, true}, {Strategy::fused_ce, true},
-          {Strategy::fused_sm, true},   {Strategy::decomposition, false}, {Strategy::fused_ce, false}};
+      const std::pair<Strategy, bool> runs[] = {{Strategy::sequential, true},     {Strategy::decomposition, true},
+                                                {Strategy::fused_ce, true},       {Strategy::fused_sm, true},
+                                                {Strategy::decomposition, false}, {Strategy::fused_ce, false}};
       for (const auto& [st, want_gathered] : runs) {
         const std::vector<double>& ref = want_gathered ? ref_a : ref_a2;
         AgGemmArgs g;
@@ -309,11 +308,11 @@ TEST_P(OpsTp, GemmRsAllStrategiesMatchReference) {
         if (it == 0) {
           first = out;
           EXPECT_LT(tessera::testing::relative_error(out, ref), t == DType::bf16 ? 2e-2 : 5e-3)
-              << strategy_name(st) << " reduce " << rs_reduce_name(var.reduce) << " channels " << var.channels
-              << " M " << sh.m << " N " << sh.n;
+              << strategy_name(st) << " reduce " << rs_reduce_name(var.reduce) << " channels " << var.channels << " M "
+              << sh.m << " N " << sh.n;
         } else {
-          ASSERT_EQ(out, first) << strategy_name(st) << " reduce " << rs_reduce_name(var.reduce) << " iteration "
-                                << it << " differs (non-deterministic)";
+          ASSERT_EQ(out, first) << strategy_name(st) << " reduce " << rs_reduce_name(var.reduce) << " iteration " << it
+                                << " differs (non-deterministic)";
         }
       }
     }
@@ -346,7 +345,7 @@ TEST_P(OpsTp, GemmRsRingBackToBackMatchesSequential) {
     g.k = sh.k;
     g.ldd = ldd;
     g.dtype = t;
-    const Strategy order[] = {Strategy::ring, Strategy::ring,          Strategy::fused_sm, Strategy::ring,
+    const Strategy order[] = {Strategy::ring,          Strategy::ring, Strategy::fused_sm,   Strategy::ring,
                               Strategy::decomposition, Strategy::ring, Strategy::sequential, Strategy::ring};
     constexpr int kRounds = 3;
     std::vector<std::unique_ptr<Dev>> outs;
@@ -404,8 +403,8 @@ TEST_P(OpsTp, GemmRsFusedCeEdgeShapesMatchSequential) {
     g.n = n;
     g.k = k;
     g.dtype = t;
-    const Strategy order[] = {Strategy::sequential, Strategy::fused_ce, Strategy::fused_ce, Strategy::fused_sm,
-                              Strategy::fused_ce, Strategy::fused_ce};
+    const Strategy order[] = {Strategy::sequential, Strategy::fused_ce, Strategy::fused_ce,
+                              Strategy::fused_sm,   Strategy::fused_ce, Strategy::fused_ce};
     std::vector<std::unique_ptr<Dev>> outs;
     for (std::size_t i = 0; i < std::size(order); ++i) {
       outs.push_back(std::make_unique<Dev>(static_cast<std::size_t>(std::max<std::int64_t>(m_local, 1) * n * 2)));
@@ -529,60 +528,62 @@ TEST_P(OpsTp, MlpBackToBackMatchesSequential) {
   // M = 1024: shards on tile rows for R = 2, 4, 8 (the owner epilogue runs).
   for (const std::int64_t m : {std::int64_t{1000}, std::int64_t{1024}})
     for (const RsReduce red : {RsReduce::epilogue, RsReduce::kernel}) {
-  const std::uint64_t seed = shared_seed();
-  const Mat x = random_mat(m, h, seed, t);
-  const Mat wgu = random_mat(2 * il, h, seed + 10 + rank, t, 0.1);
-  const Mat wd = random_mat(h, il, seed + 100 + rank, t, 0.1);
-  const ShardRows s = shard_rows(m, R);
-  const std::int64_t m_local = s.rows(m, rank);
-  auto dx = upload(x, s.lo(rank), m_local, h, t);
-  auto dgu = upload(wgu, 0, 2 * il, h, t);
-  auto dwd = upload(wd, 0, h, il, t);
-  Dev out(static_cast<std::size_t>(m_local * h * 2));
-  MlpArgs a{dx->p, dgu->p, dwd->p, out.p, m, m_local, h, il, t};
-  OpOptions seq;
-  seq.strategy = Strategy::sequential;
-  out.poison();
-  ops::mlp(ctx(), a, seq, seq);
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
-  const auto ref = download(out.p, m_local, h, h, t);
-  for (const auto& v : ref) ASSERT_TRUE(std::isfinite(v));
-  OpOptions ag, rs;
-  ag.strategy = Strategy::fused_ce;
-  rs.strategy = Strategy::fused_sm;
-  rs.rs_reduce = red;
-  for (int it = 0; it < 30; ++it) {
-    out.poison();
-    ops::mlp(ctx(), a, ag, rs);
-  }
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
-  EXPECT_LT(tessera::testing::relative_error(download(out.p, m_local, h, h, t), ref), t == DType::bf16 ? 3e-2 : 1e-2)
-      << "M " << m << " reduce " << rs_reduce_name(red);
-  // GEMM+RS on the copy engine where the shards fall on tile rows (30 calls,
-  // after the fused_sm ones, no reset).
-  if (rs_tile_row_shards(m, R)) {
-    OpOptions ce_rs;
-    ce_rs.strategy = Strategy::fused_ce;
-    for (int it = 0; it < 30; ++it) {
+      const std::uint64_t seed = shared_seed();
+      const Mat x = random_mat(m, h, seed, t);
+      const Mat wgu = random_mat(2 * il, h, seed + 10 + rank, t, 0.1);
+      const Mat wd = random_mat(h, il, seed + 100 + rank, t, 0.1);
+      const ShardRows s = shard_rows(m, R);
+      const std::int64_t m_local = s.rows(m, rank);
+      auto dx = upload(x, s.lo(rank), m_local, h, t);
+      auto dgu = upload(wgu, 0, 2 * il, h, t);
+      auto dwd = upload(wd, 0, h, il, t);
+      Dev out(static_cast<std::size_t>(m_local * h * 2));
+      MlpArgs a{dx->p, dgu->p, dwd->p, out.p, m, m_local, h, il, t};
+      OpOptions seq;
+      seq.strategy = Strategy::sequential;
       out.poison();
-      ops::mlp(ctx(), a, ag, ce_rs);
-    }
-    TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
-    EXPECT_LT(tessera::testing::relative_error(download(out.p, m_local, h, h, t), ref),
-              t == DType::bf16 ? 3e-2 : 1e-2)
-        << "M " << m << " rs fused_ce";
-  }
-  // The same layer with the ring reduce-scatter (after the fused calls above,
-  // no reset in between).
-  OpOptions ring;
-  ring.strategy = Strategy::ring;
-  for (int it = 0; it < 10; ++it) {
-    out.poison();
-    ops::mlp(ctx(), a, ag, ring);
-  }
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
-  EXPECT_LT(tessera::testing::relative_error(download(out.p, m_local, h, h, t), ref), t == DType::bf16 ? 3e-2 : 1e-2)
-      << "M " << m << " ring";
+      ops::mlp(ctx(), a, seq, seq);
+      TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
+      const auto ref = download(out.p, m_local, h, h, t);
+      for (const auto& v : ref) ASSERT_TRUE(std::isfinite(v));
+      OpOptions ag, rs;
+      ag.strategy = Strategy::fused_ce;
+      rs.strategy = Strategy::fused_sm;
+      rs.rs_reduce = red;
+      for (int it = 0; it < 30; ++it) {
+        out.poison();
+        ops::mlp(ctx(), a, ag, rs);
+      }
+      TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
+      EXPECT_LT(tessera::testing::relative_error(download(out.p, m_local, h, h, t), ref),
+                t == DType::bf16 ? 3e-2 : 1e-2)
+          << "M " << m << " reduce " << rs_reduce_name(red);
+      // GEMM+RS on the copy engine where the shards fall on tile rows (30 calls,
+      // after the fused_sm ones, no reset).
+      if (rs_tile_row_shards(m, R)) {
+        OpOptions ce_rs;
+        ce_rs.strategy = Strategy::fused_ce;
+        for (int it = 0; it < 30; ++it) {
+          out.poison();
+          ops::mlp(ctx(), a, ag, ce_rs);
+        }
+        TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
+        EXPECT_LT(tessera::testing::relative_error(download(out.p, m_local, h, h, t), ref),
+                  t == DType::bf16 ? 3e-2 : 1e-2)
+            << "M " << m << " rs fused_ce";
+      }
+      // The same layer with the ring reduce-scatter (after the fused calls above,
+      // no reset in between).
+      OpOptions ring;
+      ring.strategy = Strategy::ring;
+      for (int it = 0; it < 10; ++it) {
+        out.poison();
+        ops::mlp(ctx(), a, ag, ring);
+      }
+      TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
+      EXPECT_LT(tessera::testing::relative_error(download(out.p, m_local, h, h, t), ref),
+                t == DType::bf16 ? 3e-2 : 1e-2)
+          << "M " << m << " ring";
     }
 }
 

@@ -55,8 +55,10 @@ TEST(OpsRingPlan, SenderAndReceiverAgreeOnTheShard) {
 
 TEST(OpsRingPlan, RaggedChunksCoverEveryRowOnce) {
   // (M, R, channels): aligned, ragged, shards shorter than the channel count.
-  const struct { std::int64_t m; int world, channels; } cases[] = {
-      {1024, 2, 4}, {1000, 3, 4}, {1000, 4, 3}, {7, 4, 4}, {1001, 8, 32}, {65, 8, 8}, {4096, 8, 1}};
+  const struct {
+    std::int64_t m;
+    int world, channels;
+  } cases[] = {{1024, 2, 4}, {1000, 3, 4}, {1000, 4, 3}, {7, 4, 4}, {1001, 8, 32}, {65, 8, 8}, {4096, 8, 1}};
   for (const auto& cs : cases) {
     const RingRsPlan p = plan_ring_rs(cs.m, 64, cs.world, 0, cs.channels);
     std::int64_t total = 0;
@@ -122,7 +124,11 @@ TEST(OpsRingPlan, SimulatedCallsReduceEveryShardInRingOrder) {
     for (int r = 0; r < R; ++r) p.push_back(plan_ring_rs(1000, 100, R, r, C));
     std::vector<std::uint64_t> flag(R, 0);  // kRingData flag on each rank (stored by its recv_from)
     for (std::uint64_t e = 1; e <= 3; ++e) {
-      struct Slot { int shard = -1; std::vector<int> order; int writes = 0; };
+      struct Slot {
+        int shard = -1;
+        std::vector<int> order;
+        int writes = 0;
+      };
       std::vector<std::vector<Slot>> slab(R, std::vector<Slot>(R));
       std::vector<std::map<int, std::uint64_t>> stored(R);  // receiver -> (step*C+c -> value)
       std::vector<std::vector<int>> result(R);
@@ -191,9 +197,9 @@ TEST(OpsRingTuner, RingIsACandidateOnlyAboveTwoRanks) {
   EXPECT_EQ(gemm_rs_candidates(4).front(), Strategy::sequential);
   EXPECT_EQ(parse_strategy("ring"), Strategy::ring);
   EXPECT_EQ(strategy_name(Strategy::ring), "ring");
-  EXPECT_EQ(choice_from_json(choice_to_json(Strategy::ring, {{Strategy::sequential, 1.0}, {Strategy::ring, 0.8}},
-                                            {1, 2, 3})),
-            Strategy::ring);
+  EXPECT_EQ(
+      choice_from_json(choice_to_json(Strategy::ring, {{Strategy::sequential, 1.0}, {Strategy::ring, 0.8}}, {1, 2, 3})),
+      Strategy::ring);
 }
 
 }  // namespace

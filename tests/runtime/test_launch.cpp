@@ -18,13 +18,34 @@ using tessera::runtime::detect_launch_info;
 using tessera::runtime::LaunchInfo;
 
 // Every variable detect_launch_info() or the timeout reads.
-const char* const kVars[] = {
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
-    "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
-    "SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NODEID", "SLURM_NNODES",
-    "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_JOB_ID", "TESSERA_BOOTSTRAP_TIMEOUT_MS",
-    "TESSERA_JOB_SECRET", "TORCHELASTIC_RUN_ID", "SLURM_STEP_ID"};
+const char* const kVars[] = {"RANK",
+                             "WORLD_SIZE",
+                             "LOCAL_RANK",
+                             "LOCAL_WORLD_SIZE",
+                             "MASTER_ADDR",
+                             "MASTER_PORT",
+                             "OMPI_COMM_WORLD_RANK",
+                             "OMPI_COMM_WORLD_SIZE",
+                             "OMPI_COMM_WORLD_LOCAL_RANK",
+                             "OMPI_COMM_WORLD_LOCAL_SIZE",
+                             "PMIX_NAMESPACE",
+                             "OMPI_MCA_ess_base_jobid",
+                             "SLURM_PROCID",
+                             "SLURM_NTASKS",
+                             "SLURM_LOCALID",
+                             "SLURM_NTASKS_PER_NODE",
+                             "SLURM_STEP_TASKS_PER_NODE",
+                             "SLURM_TASKS_PER_NODE",
+                             "SLURM_NODEID",
+                             "SLURM_NNODES",
+                             "SLURM_STEP_NODELIST",
+                             "SLURM_JOB_NODELIST",
+                             "SLURM_NODELIST",
+                             "SLURM_JOB_ID",
+                             "TESSERA_BOOTSTRAP_TIMEOUT_MS",
+                             "TESSERA_JOB_SECRET",
+                             "TORCHELASTIC_RUN_ID",
+                             "SLURM_STEP_ID"};
 
 /// Clears every launch variable for the test and restores them afterwards
 /// (the tests may themselves run under torchrun, SLURM or `tessera run`).
@@ -59,12 +80,12 @@ class LaunchEnv : public ::testing::Test {
   std::map<std::string, std::string> saved_;
 };
 
-#define EXPECT_ERROR_NAMES(...)                                                          \
-  do {                                                                                   \
-    const auto msg_ = error();                                                           \
-    ASSERT_TRUE(msg_.has_value()) << "expected a tessera::Error";                        \
-    for (const char* part_ : {__VA_ARGS__}) EXPECT_NE(msg_->find(part_), std::string::npos) \
-        << "message lacks '" << part_ << "': " << *msg_;                                 \
+#define EXPECT_ERROR_NAMES(...)                                                                        \
+  do {                                                                                                 \
+    const auto msg_ = error();                                                                         \
+    ASSERT_TRUE(msg_.has_value()) << "expected a tessera::Error";                                      \
+    for (const char* part_ : {__VA_ARGS__})                                                            \
+      EXPECT_NE(msg_->find(part_), std::string::npos) << "message lacks '" << part_ << "': " << *msg_; \
   } while (0)
 
 TEST_F(LaunchEnv, NothingSetIsASingleProcess) {
@@ -77,8 +98,12 @@ TEST_F(LaunchEnv, NothingSetIsASingleProcess) {
 }
 
 TEST_F(LaunchEnv, Torchrun) {
-  set({{"RANK", "6"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "4"},
-       {"MASTER_ADDR", "node17"}, {"MASTER_PORT", "29500"}});
+  set({{"RANK", "6"},
+       {"WORLD_SIZE", "8"},
+       {"LOCAL_RANK", "2"},
+       {"LOCAL_WORLD_SIZE", "4"},
+       {"MASTER_ADDR", "node17"},
+       {"MASTER_PORT", "29500"}});
   const LaunchInfo li = detect_launch_info();
   EXPECT_EQ(li.source, "torchrun");
   EXPECT_EQ(li.rank, 6);
@@ -104,9 +129,16 @@ TEST_F(LaunchEnv, TorchrunWorldOfOneNeedsNoRendezvous) {
 }
 
 TEST_F(LaunchEnv, TorchrunWinsOverOpenMpiWhichWinsOverSlurm) {
-  set({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "1"}, {"SLURM_NNODES", "1"},
-       {"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "3"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
-       {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "5000"}});
+  set({{"SLURM_PROCID", "1"},
+       {"SLURM_NTASKS", "2"},
+       {"SLURM_LOCALID", "1"},
+       {"SLURM_NNODES", "1"},
+       {"OMPI_COMM_WORLD_RANK", "2"},
+       {"OMPI_COMM_WORLD_SIZE", "3"},
+       {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
+       {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"},
+       {"MASTER_ADDR", "h"},
+       {"MASTER_PORT", "5000"}});
   EXPECT_EQ(detect_launch_info().source, "openmpi");
   EXPECT_EQ(detect_launch_info().rank, 2);
   set({{"RANK", "3"}, {"WORLD_SIZE", "4"}});
@@ -121,8 +153,13 @@ TEST_F(LaunchEnv, TorchrunWinsOverOpenMpiWhichWinsOverSlurm) {
 }
 
 TEST_F(LaunchEnv, SlurmMultiNodeFallsBackToFirstHostAndJobIdPort) {
-  set({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"}, {"SLURM_TASKS_PER_NODE", "4(x2)"},
-       {"SLURM_NODEID", "1"}, {"SLURM_NNODES", "2"}, {"SLURM_JOB_NODELIST", "gpu[07-08],login3"},
+  set({{"SLURM_PROCID", "5"},
+       {"SLURM_NTASKS", "8"},
+       {"SLURM_LOCALID", "1"},
+       {"SLURM_TASKS_PER_NODE", "4(x2)"},
+       {"SLURM_NODEID", "1"},
+       {"SLURM_NNODES", "2"},
+       {"SLURM_JOB_NODELIST", "gpu[07-08],login3"},
        {"SLURM_JOB_ID", "12345"}});
   LaunchInfo li = detect_launch_info();
   EXPECT_EQ(li.source, "slurm");
@@ -142,8 +179,13 @@ TEST_F(LaunchEnv, SlurmMultiNodeFallsBackToFirstHostAndJobIdPort) {
 }
 
 TEST_F(LaunchEnv, SlurmTasksPerNodeSources) {
-  set({{"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "7"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "2"},
-       {"SLURM_STEP_TASKS_PER_NODE", "3,2(x2)"}, {"SLURM_TASKS_PER_NODE", "4(x2)"}, {"MASTER_ADDR", "h"},
+  set({{"SLURM_PROCID", "6"},
+       {"SLURM_NTASKS", "7"},
+       {"SLURM_LOCALID", "1"},
+       {"SLURM_NODEID", "2"},
+       {"SLURM_STEP_TASKS_PER_NODE", "3,2(x2)"},
+       {"SLURM_TASKS_PER_NODE", "4(x2)"},
+       {"MASTER_ADDR", "h"},
        {"MASTER_PORT", "5000"}});
   EXPECT_EQ(detect_launch_info().local_world, 2);  // the step's list wins over the job's
   set({{"SLURM_NTASKS_PER_NODE", "3"}});
@@ -151,7 +193,10 @@ TEST_F(LaunchEnv, SlurmTasksPerNodeSources) {
 }
 
 TEST_F(LaunchEnv, SlurmSingleNodeUsesLoopback) {
-  set({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "1"}, {"SLURM_NNODES", "1"},
+  set({{"SLURM_PROCID", "1"},
+       {"SLURM_NTASKS", "2"},
+       {"SLURM_LOCALID", "1"},
+       {"SLURM_NNODES", "1"},
        {"SLURM_JOB_ID", "77"}});
   const LaunchInfo li = detect_launch_info();
   EXPECT_EQ(li.master_addr, "127.0.0.1");
@@ -160,8 +205,12 @@ TEST_F(LaunchEnv, SlurmSingleNodeUsesLoopback) {
 }
 
 TEST_F(LaunchEnv, OpenMpi) {
-  set({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
-       {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"MASTER_ADDR", "n1"}, {"MASTER_PORT", "6000"}});
+  set({{"OMPI_COMM_WORLD_RANK", "3"},
+       {"OMPI_COMM_WORLD_SIZE", "4"},
+       {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+       {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+       {"MASTER_ADDR", "n1"},
+       {"MASTER_PORT", "6000"}});
   const LaunchInfo li = detect_launch_info();
   EXPECT_EQ(li.source, "openmpi");
   EXPECT_EQ(li.rank, 3);
@@ -173,8 +222,11 @@ TEST_F(LaunchEnv, OpenMpi) {
 }
 
 TEST_F(LaunchEnv, OpenMpiSingleNodeDerivesTheRendezvous) {
-  set({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
-       {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"PMIX_NAMESPACE", "prterun-host-4711@1"}});
+  set({{"OMPI_COMM_WORLD_RANK", "1"},
+       {"OMPI_COMM_WORLD_SIZE", "2"},
+       {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+       {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+       {"PMIX_NAMESPACE", "prterun-host-4711@1"}});
   const LaunchInfo a = detect_launch_info();
   EXPECT_EQ(a.master_addr, "127.0.0.1");
   EXPECT_GE(a.master_port, 20000);
@@ -232,7 +284,11 @@ TEST_F(LaunchEnv, NotAnInteger) {
 }
 
 TEST_F(LaunchEnv, LocalRankOutOfRange) {
-  set({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"},
+  set({{"RANK", "1"},
+       {"WORLD_SIZE", "4"},
+       {"LOCAL_RANK", "2"},
+       {"LOCAL_WORLD_SIZE", "2"},
+       {"MASTER_ADDR", "h"},
        {"MASTER_PORT", "1"}});
   EXPECT_ERROR_NAMES("LOCAL_RANK = 2", "LOCAL_WORLD_SIZE = 2");
   set({{"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "5"}});
@@ -270,7 +326,10 @@ TEST_F(LaunchEnv, SlurmPartial) {
 }
 
 TEST_F(LaunchEnv, SlurmBadTasksPerNode) {
-  set({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "0"}, {"MASTER_ADDR", "h"},
+  set({{"SLURM_PROCID", "0"},
+       {"SLURM_NTASKS", "4"},
+       {"SLURM_LOCALID", "0"},
+       {"MASTER_ADDR", "h"},
        {"MASTER_PORT", "1"}});
   set({{"SLURM_TASKS_PER_NODE", "2(x"}});
   EXPECT_ERROR_NAMES("SLURM_TASKS_PER_NODE");
@@ -281,7 +340,10 @@ TEST_F(LaunchEnv, SlurmBadTasksPerNode) {
 }
 
 TEST_F(LaunchEnv, SlurmMultiNodeWithoutAnyRendezvous) {
-  set({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "0"}, {"SLURM_NTASKS_PER_NODE", "2"},
+  set({{"SLURM_PROCID", "0"},
+       {"SLURM_NTASKS", "4"},
+       {"SLURM_LOCALID", "0"},
+       {"SLURM_NTASKS_PER_NODE", "2"},
        {"SLURM_NNODES", "2"}});
   EXPECT_ERROR_NAMES("MASTER_ADDR");
   set({{"SLURM_JOB_NODELIST", "n[1-2]"}});
@@ -323,8 +385,12 @@ TEST_F(LaunchEnv, JobSecretFromTheEnvironmentOrDerivedAndSaidSo) {
 }
 
 TEST_F(LaunchEnv, SlurmJobSecretIsDerivedFromTheJobAndStep) {
-  set({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}, {"SLURM_NNODES", "1"},
-       {"SLURM_JOB_ID", "4242"}, {"SLURM_STEP_ID", "0"}});
+  set({{"SLURM_PROCID", "0"},
+       {"SLURM_NTASKS", "2"},
+       {"SLURM_LOCALID", "0"},
+       {"SLURM_NNODES", "1"},
+       {"SLURM_JOB_ID", "4242"},
+       {"SLURM_STEP_ID", "0"}});
   const LaunchInfo a = detect_launch_info();
   set({{"SLURM_STEP_ID", "1"}});
   const LaunchInfo b = detect_launch_info();
@@ -332,9 +398,7 @@ TEST_F(LaunchEnv, SlurmJobSecretIsDerivedFromTheJobAndStep) {
   EXPECT_NE(a.job_secret, b.job_secret) << "two steps of one job must not share a key";
 }
 
-TEST_F(LaunchEnv, SingleProcessHasNoSecret) {
-  EXPECT_TRUE(detect_launch_info().job_secret.empty());
-}
+TEST_F(LaunchEnv, SingleProcessHasNoSecret) { EXPECT_TRUE(detect_launch_info().job_secret.empty()); }
 
 TEST_F(LaunchEnv, BootstrapTimeoutFromEnvironment) {
   using std::chrono::milliseconds;

@@ -39,7 +39,13 @@ TEST(BoundedWait, WorkThatNeverFinishesTimesOutOnTime) {
   // A peer that died inside a collective: the stream never drains.
   int polls = 0;
   const auto t0 = Clock::now();
-  EXPECT_EQ(tessera::runtime::poll_until([&] { ++polls; return PollState::waiting; }, 200ms), PollState::waiting);
+  EXPECT_EQ(tessera::runtime::poll_until(
+                [&] {
+                  ++polls;
+                  return PollState::waiting;
+                },
+                200ms),
+            PollState::waiting);
   const auto took = Clock::now() - t0;
   EXPECT_GE(took, 200ms);
   EXPECT_LT(took, 400ms);

@@ -96,9 +96,7 @@ OverlapComm* overlap_comm() {
   return c.get();
 }
 
-std::chrono::milliseconds wait_timeout() {
-  return std::chrono::milliseconds(runtime::wait_timeout_ns() / 1000000);
-}
+std::chrono::milliseconds wait_timeout() { return std::chrono::milliseconds(runtime::wait_timeout_ns() / 1000000); }
 
 // Waits for `s` to drain, at most twice the wait timeout. A stream that does
 // not drain holds a stuck wait or collective; every later device-wide
@@ -110,14 +108,13 @@ void drain_or_die(cudaStream_t s, const char* what) {
     const cudaError_t rc = cudaStreamQuery(s);
     if (rc == cudaSuccess) return;
     if (rc != cudaErrorNotReady) {
-      std::fprintf(stderr, "%s: CUDA error %s; ending the process\n", what,
-                   cudaGetErrorName(rc));
+      std::fprintf(stderr, "%s: CUDA error %s; ending the process\n", what, cudaGetErrorName(rc));
       std::fflush(stderr);
       std::_Exit(1);
     }
     if (std::chrono::steady_clock::now() > deadline) {
-      std::fprintf(stderr, "%s: stream still busy after %lld ms (stuck wait or collective); ending the process\n",
-                   what, static_cast<long long>(2 * wait_timeout().count()));
+      std::fprintf(stderr, "%s: stream still busy after %lld ms (stuck wait or collective); ending the process\n", what,
+                   static_cast<long long>(2 * wait_timeout().count()));
       std::fflush(stderr);
       std::_Exit(1);
     }
@@ -130,15 +127,16 @@ void drain_or_die(cudaStream_t s, const char* what) {
 // report nothing useful and hold the other ranks).
 class Watchdog {
  public:
-  explicit Watchdog(std::chrono::milliseconds limit) : thread_([this, limit] {
-    std::unique_lock lk(mu_);
-    if (cv_.wait_for(lk, limit, [this] { return done_; })) return;
-    const auto* t = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::fprintf(stderr, "test %s.%s still running after %lld ms; ending the process\n",
-                 t ? t->test_suite_name() : "?", t ? t->name() : "?", static_cast<long long>(limit.count()));
-    std::fflush(stderr);
-    std::_Exit(1);
-  }) {}
+  explicit Watchdog(std::chrono::milliseconds limit)
+      : thread_([this, limit] {
+          std::unique_lock lk(mu_);
+          if (cv_.wait_for(lk, limit, [this] { return done_; })) return;
+          const auto* t = ::testing::UnitTest::GetInstance()->current_test_info();
+          std::fprintf(stderr, "test %s.%s still running after %lld ms; ending the process\n",
+                       t ? t->test_suite_name() : "?", t ? t->name() : "?", static_cast<long long>(limit.count()));
+          std::fflush(stderr);
+          std::_Exit(1);
+        }) {}
   ~Watchdog() {
     {
       std::lock_guard lk(mu_);
@@ -173,8 +171,10 @@ std::string agree(std::int64_t bad, const std::string& error) {
   std::string verdict;
   const auto all = group()->allgather(mine);
   for (int r = 0; r < static_cast<int>(all.size()); ++r) {
-    if (all[r].threw) verdict += "rank " + std::to_string(r) + " threw: " + all[r].what + "\n";
-    else if (all[r].bad != 0) verdict += "rank " + std::to_string(r) + ": " + std::to_string(all[r].bad) + " wrong elements\n";
+    if (all[r].threw)
+      verdict += "rank " + std::to_string(r) + " threw: " + all[r].what + "\n";
+    else if (all[r].bad != 0)
+      verdict += "rank " + std::to_string(r) + ": " + std::to_string(all[r].bad) + " wrong elements\n";
   }
   return verdict;
 }
@@ -189,7 +189,8 @@ __global__ void fake_producer(const float* staging, float* dst, const int* order
     const int g = order[k];
     if (threadIdx.x == 0) {
       const long long until = clock64() + 1700LL * delay_us[k];  // ~1 us per 1.7k cycles
-      while (clock64() < until) {}
+      while (clock64() < until) {
+      }
     }
     __syncthreads();
     for (long long s = span_begin[g]; s < span_begin[g + 1]; ++s)
@@ -216,7 +217,10 @@ T* dev_copy(const std::vector<T>& v, cudaStream_t s) {
 struct Spans {
   std::vector<long long> begin{0}, off, len;
   void add_group(const std::vector<std::pair<std::int64_t, std::int64_t>>& s) {
-    for (auto [o, l] : s) { off.push_back(o); len.push_back(l); }
+    for (auto [o, l] : s) {
+      off.push_back(o);
+      len.push_back(l);
+    }
     begin.push_back(static_cast<long long>(off.size()));
   }
 };
@@ -257,7 +261,8 @@ struct Producer {
     drain_or_die(stream, "fake producer");
   }
   ~Producer() {
-    for (void* p : {(void*)staging, (void*)order, (void*)delay, (void*)tiles, (void*)b, (void*)o, (void*)l}) cudaFree(p);
+    for (void* p : {(void*)staging, (void*)order, (void*)delay, (void*)tiles, (void*)b, (void*)o, (void*)l})
+      cudaFree(p);
   }
 };
 
@@ -294,7 +299,8 @@ struct DeviceBuffers {
 class Guarded : public ::testing::Test {
  protected:
   void SetUp() override {
-    watchdog_ = std::make_unique<Watchdog>(std::max<std::chrono::milliseconds>(std::chrono::seconds(60), 10 * wait_timeout()));
+    watchdog_ =
+        std::make_unique<Watchdog>(std::max<std::chrono::milliseconds>(std::chrono::seconds(60), 10 * wait_timeout()));
     if (tessera::testing::visible_gpus() > 0)
       ensure_loaded(reinterpret_cast<const void*>(&fake_producer), "fake_producer");
   }
@@ -329,7 +335,8 @@ TEST_P(CommDriverGpu, AllReduceGroupsInRandomOrder) {
   std::mt19937_64 g(std::random_device{}());
   const WaveModel wm(GemmTiling{1000, 776, 128, 64}, 9, 2);
   const ArMap map = make_ar_map(wm);
-  for (const GroupPlan& plan : {GroupPlan::single(wm), GroupPlan::per_wave(wm), GroupPlan(wm, {1, 3, wm.waves() - 4})}) {
+  for (const GroupPlan& plan :
+       {GroupPlan::single(wm), GroupPlan::per_wave(wm), GroupPlan(wm, {1, 3, wm.waves() - 4})}) {
     GroupCounters counters(plan.groups());
     CommDriver drv(pg->nccl(), pg->comm_stream(0), GetParam());
     DeviceBuffers mem;
@@ -421,7 +428,8 @@ TEST_P(CommDriverGpu, AllToAllUnevenRoutingInRandomOrder) {
     for (auto& d : dest[q]) d = std::uniform_int_distribution<int>(0, 3)(g) == 0 ? 0 : R - 1;  // skewed
   }
   int G = 1 << 30;
-  for (int q = 0; q < R; ++q) G = std::min(G, WaveModel(GemmTiling{std::int64_t(dest[q].size()), N, 64, 64}, 9).waves());
+  for (int q = 0; q < R; ++q)
+    G = std::min(G, WaveModel(GemmTiling{std::int64_t(dest[q].size()), N, 64, 64}, 9).waves());
   G = std::min(G, 3);
   for (int q = 0; q < R; ++q)
     parts[q] = GroupPlan::equal(WaveModel(GemmTiling{std::int64_t(dest[q].size()), N, 64, 64}, 9), G).waves_per_group();
@@ -578,7 +586,8 @@ TEST_F(CommDriverGpuTimeout, StreamWaitTimeoutNamesTheGroupAndReleasesIt) {
   if (error.empty()) local += "synchronize returned although no counter was bumped; ";
   for (const char* want : {"group 0: expected >= 2, seen 0", "group 1: expected >= 2, seen 0", "the stream drained"})
     if (error.find(want) == std::string::npos) local += std::string("message lacks '") + want + "'; ";
-  if (idle != cudaSuccess) local += std::string("stream not idle after synchronize threw: ") + cudaGetErrorName(idle) + "; ";
+  if (idle != cudaSuccess)
+    local += std::string("stream not idle after synchronize threw: ") + cudaGetErrorName(idle) + "; ";
   // Two timeouts at most (the wait, then the drain), plus slack.
   if (ms > 3 * timeout_ns / 1e6 + 2000) local += "took " + std::to_string(ms) + " ms; ";
   if (!local.empty()) ADD_FAILURE() << local << "message: " << error;

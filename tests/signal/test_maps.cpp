@@ -73,7 +73,8 @@ std::vector<double> gather(const Map& map, const std::vector<double>& recv) {
   for (std::int64_t r = 0; r < map.rows(); ++r)
     for (int c = 0; c < chunks; ++c) {
       const std::int64_t src = map.chunk_offset(r, c);
-      const std::int64_t w = std::min<std::int64_t>(map.chunk_width(), map.cols() - std::int64_t(c) * map.chunk_width());
+      const std::int64_t w =
+          std::min<std::int64_t>(map.chunk_width(), map.cols() - std::int64_t(c) * map.chunk_width());
       for (std::int64_t k = 0; k < w; ++k) out[r * map.cols() + c * map.chunk_width() + k] = recv.at(src + k);
     }
   return out;
@@ -112,13 +113,12 @@ TEST(TileOrder, SwizzleOneIsRowMajorAndPanelsWalkDownFirst) {
 TEST(WaveModel, WavesAndGroups) {
   WaveModel wm(GemmTiling{1000, 520, 128, 64}, 7);  // 8 x 9 = 72 tiles
   EXPECT_EQ(wm.tiles(), 72);
-  EXPECT_EQ(wm.waves(), 11);                        // 10 full + 2 tiles
+  EXPECT_EQ(wm.waves(), 11);  // 10 full + 2 tiles
   EXPECT_EQ(wm.tiles_in_wave(10), 2);
   GroupPlan gp(wm, {2, 5, 4});
   EXPECT_EQ(gp.tile_starts(), (std::vector<int>{0, 14, 49, 72}));
   EXPECT_EQ(gp.tiles_in(2), 23);
-  for (int b = 0; b < wm.tiles(); ++b)
-    EXPECT_EQ(gp.group_of_tile(b), b < 14 ? 0 : (b < 49 ? 1 : 2));
+  for (int b = 0; b < wm.tiles(); ++b) EXPECT_EQ(gp.group_of_tile(b), b < 14 ? 0 : (b < 49 ? 1 : 2));
   EXPECT_EQ(gp.counter_target(1, 3), 3u * 35u);
   EXPECT_THROW(gp.counter_target(1, 0), tessera::Error);
   EXPECT_THROW(gp.counter_target(0, std::uint64_t(1) << 32), tessera::Error);
@@ -177,7 +177,8 @@ TEST(ArMap, BijectionRoundTripAndSimulatedAllReduce) {
         std::shuffle(order.begin(), order.end(), rng());
         std::vector<double> sum(map.buffer_elems(), std::nan(""));
         for (int g : order)
-          for (std::int64_t o = gp.tile_begin(g) * map.tile_elems(); o < (gp.tile_begin(g) + gp.tiles_in(g)) * map.tile_elems(); ++o) {
+          for (std::int64_t o = gp.tile_begin(g) * map.tile_elems();
+               o < (gp.tile_begin(g) + gp.tiles_in(g)) * map.tile_elems(); ++o) {
             double acc = 0;
             for (int r = 0; r < R; ++r) acc += buf[r][o];
             sum[o] = acc;
@@ -381,7 +382,8 @@ TEST(FastGather, EqualsTheMapsChunkOffsets) {
             const auto fs = tessera::signal::detail::fast_gather(shard);
             ASSERT_EQ(fs.rows(), shard.rows());
             for (std::int64_t l = 0; l < shard.rows(); ++l)
-              for (int c = 0; c < chunks; ++c) ASSERT_EQ(fs.chunk_offset(l, c), shard.chunk_offset(l, c)) << l << "," << c;
+              for (int c = 0; c < chunks; ++c)
+                ASSERT_EQ(fs.chunk_offset(l, c), shard.chunk_offset(l, c)) << l << "," << c;
           }
         }
       }

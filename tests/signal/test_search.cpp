@@ -43,7 +43,10 @@ Synthetic synthetic(int W) {
   s.W = W;
   std::vector<double> finish;
   double t = 0;
-  for (int k = 0; k < W; ++k) { t += uni(0.8, 1.2) * 40e-6; finish.push_back(t); }
+  for (int k = 0; k < W; ++k) {
+    t += uni(0.8, 1.2) * 40e-6;
+    finish.push_back(t);
+  }
   const double tile_bytes = 128 * 128 * 2;
   for (int k = 0; k < W; ++k) s.wave_bytes.push_back(tile_bytes * (k + 1 < W ? 120 : std::floor(uni(1, 120))));
   s.alpha = uni(0, 30e-6);
@@ -100,9 +103,8 @@ void expect_dp_is_exhaustive_optimum(const std::function<void(OverlapCost&, int)
 }
 
 TEST(PredictiveSearch, WithAGemmPenaltyTheDynamicProgramIsStillTheExhaustiveOptimum) {
-  expect_dp_is_exhaustive_optimum([](OverlapCost& c, int) {
-    c.gemm_penalty_per_group = std::uniform_real_distribution<double>(0, 40e-6)(rng());
-  });
+  expect_dp_is_exhaustive_optimum(
+      [](OverlapCost& c, int) { c.gemm_penalty_per_group = std::uniform_real_distribution<double>(0, 40e-6)(rng()); });
 }
 
 /// 3 waves of 10 us; each group's comm 5 us; overhead 1 us; penalty 2 us.
@@ -322,7 +324,10 @@ std::vector<std::pair<double, std::vector<int>>> all_partitions(const Predictive
     std::vector<int> g;
     int last = 0;
     for (int i = 1; i < W; ++i)
-      if (mask >> (i - 1) & 1) { g.push_back(i - last); last = i; }
+      if (mask >> (i - 1) & 1) {
+        g.push_back(i - last);
+        last = i;
+      }
     g.push_back(W - last);
     all.emplace_back(ps.predict(g), g);
   }

@@ -94,7 +94,8 @@ GemmCase make(const Problem& p, std::mt19937_64& g) {
 
 eng::RasterScheduler sched(const Problem& p) { return eng::RasterScheduler{p.swizzle, p.along_m, 0}; }
 
-const std::vector<Problem> kProblems = {{1000, 776, 256, 2, false}, {2048, 1024, 512, 8, false}, {777, 1288, 128, 3, true}};
+const std::vector<Problem> kProblems = {
+    {1000, 776, 256, 2, false}, {2048, 1024, 512, 8, false}, {777, 1288, 128, 3, true}};
 
 }  // namespace
 
@@ -118,8 +119,13 @@ TEST(SignalEpilogueGpu, AllReduceAndReduceScatterLayouts) {
         CUDA_OK(cudaMemset(buf, 0xFF, elems * 2));  // NaN poison
         CUDA_OK(cudaMalloc(&counters, plan.groups() * 4));
         CUDA_OK(cudaMemset(counters, 0, plan.groups() * 4));
-        GroupEpilogue<bf16> epi{reinterpret_cast<bf16*>(buf), dt.tile_base(), dt.seg_stride(), dt.tile_group(),
-                                counters, dt.sub_rows(), dt.tile_n()};
+        GroupEpilogue<bf16> epi{reinterpret_cast<bf16*>(buf),
+                                dt.tile_base(),
+                                dt.seg_stride(),
+                                dt.tile_group(),
+                                counters,
+                                dt.sub_rows(),
+                                dt.tile_n()};
         for (int epoch = 1; epoch <= 2; ++epoch)  // counters are not reset between calls
           kernels::gemm_with_tile<kernels::GemmTile::T128x128, bf16, kernels::BLayout::NK>(
               s.args, s.opts, eng::NoWait{}, epi, sched(p), nullptr);
@@ -157,7 +163,8 @@ TEST(SignalEpilogueGpu, AllToAllPools) {
     // This rank's rows route unevenly; other ranks only need a row each.
     std::vector<std::vector<int>> dest(R, std::vector<int>(1, 0));
     dest[0].resize(p.m);
-    for (auto& d : dest[0]) d = std::uniform_int_distribution<int>(0, 9)(g) < 6 ? 3 : std::uniform_int_distribution<int>(0, 2)(g);
+    for (auto& d : dest[0])
+      d = std::uniform_int_distribution<int>(0, 9)(g) < 6 ? 3 : std::uniform_int_distribution<int>(0, 2)(g);
     const Raster raster = p.along_m ? Raster::AlongM : Raster::AlongN;
     std::vector<std::vector<int>> parts(R, std::vector<int>{1});
     const WaveModel wm(GemmTiling{p.m, p.n, 128, 128}, kSms, p.swizzle, raster);
@@ -181,8 +188,8 @@ TEST(SignalEpilogueGpu, AllToAllPools) {
     CUDA_OK(cudaMalloc(&counters, 4));
     CUDA_OK(cudaMemset(counters, 0, 4));
     A2aEpilogue<bf16> epi{reinterpret_cast<bf16*>(buf), map, d_groups, counters};
-    kernels::gemm_with_tile<kernels::GemmTile::T128x128, bf16, kernels::BLayout::NK>(s.args, s.opts, eng::NoWait{},
-                                                                                       epi, sched(p), nullptr);
+    kernels::gemm_with_tile<kernels::GemmTile::T128x128, bf16, kernels::BLayout::NK>(s.args, s.opts, eng::NoWait{}, epi,
+                                                                                     sched(p), nullptr);
     CUDA_OK(cudaDeviceSynchronize());
     const auto got = download(buf, elems);
     const A2aSendMap hmap = plan.send_map(0);

@@ -38,17 +38,35 @@ struct HostBuf {
   HostBuf(DType t_, std::int64_t n) : t(t_), bytes(n * dtype_size(t_)) {}
   std::int64_t size() const { return bytes.size() / dtype_size(t); }
   double get(std::int64_t i) const {
-    if (t == DType::f32) { float f; std::memcpy(&f, &bytes[i * 4], 4); return f; }
+    if (t == DType::f32) {
+      float f;
+      std::memcpy(&f, &bytes[i * 4], 4);
+      return f;
+    }
     unsigned short h;
     std::memcpy(&h, &bytes[i * 2], 2);
-    if (t == DType::bf16) { __nv_bfloat16_raw r; r.x = h; return __bfloat162float(__nv_bfloat16(r)); }
-    __half_raw r; r.x = h; return __half2float(__half(r));
+    if (t == DType::bf16) {
+      __nv_bfloat16_raw r;
+      r.x = h;
+      return __bfloat162float(__nv_bfloat16(r));
+    }
+    __half_raw r;
+    r.x = h;
+    return __half2float(__half(r));
   }
   void set(std::int64_t i, float v) {
-    if (t == DType::f32) { std::memcpy(&bytes[i * 4], &v, 4); return; }
+    if (t == DType::f32) {
+      std::memcpy(&bytes[i * 4], &v, 4);
+      return;
+    }
     unsigned short h;
-    if (t == DType::bf16) { __nv_bfloat16_raw r = __float2bfloat16_rn(v); h = r.x; }
-    else { __half_raw r = __float2half_rn(v); h = r.x; }
+    if (t == DType::bf16) {
+      __nv_bfloat16_raw r = __float2bfloat16_rn(v);
+      h = r.x;
+    } else {
+      __half_raw r = __float2half_rn(v);
+      h = r.x;
+    }
     std::memcpy(&bytes[i * 2], &h, 2);
   }
   void randomize() {
@@ -69,8 +87,7 @@ void check_map(const Map& map, DType t, const char* what) {
   const int chunks = static_cast<int>((n + map.chunk_width() - 1) / map.chunk_width());
   std::int64_t recv_elems = 0;  // enough to cover every chunk read
   for (std::int64_t r = 0; r < rows; ++r)
-    for (int c = 0; c < chunks; ++c)
-      recv_elems = std::max(recv_elems, map.chunk_offset(r, c) + map.chunk_width());
+    for (int c = 0; c < chunks; ++c) recv_elems = std::max(recv_elems, map.chunk_offset(r, c) + map.chunk_width());
   HostBuf recv(t, std::max<std::int64_t>(recv_elems, 8)), weight(t, n);
   recv.randomize();
   weight.randomize();
@@ -104,7 +121,8 @@ void check_map(const Map& map, DType t, const char* what) {
         ref.push_back(fused ? x[j] * scale * weight.get(j) : x[j]);
       }
       for (std::int64_t j = n; j < ld; ++j)
-        ASSERT_TRUE(std::isnan(out.get(r * ld + j))) << what << ": padding column " << j << " of row " << r << " written";
+        ASSERT_TRUE(std::isnan(out.get(r * ld + j)))
+            << what << ": padding column " << j << " of row " << r << " written";
     }
     const double err = tessera::testing::relative_error(got, ref);
     if (fused)
@@ -183,50 +201,52 @@ TEST(UnreorderGpu, MultiRowCtasMatchOneRowPerCtaBitwise) {
   TESSERA_REQUIRE_GPUS(1);
   const std::int64_t sms = device_sms();
   for (const char* forced : {"0", "2", "7", "1"})
-  for (DType t : {DType::bf16, DType::f16})
-    for (std::int64_t n : {std::int64_t(1024), std::int64_t(4096), std::int64_t(8192), std::int64_t(16384)}) {
-      SCOPED_TRACE(std::string("TESSERA_RMSNORM_ROWS=") + forced);
-      const std::int64_t rows = 8 * sms + 3, ld = n + 8, piece = 5;
-      const ArMap map = make_ar_map(WaveModel(GemmTiling{rows, n, 128, 128}, 132, 1));
-      const int chunks = static_cast<int>((n + map.chunk_width() - 1) / map.chunk_width());
-      std::int64_t recv_elems = 0;
-      for (std::int64_t r = 0; r < rows; ++r)
-        for (int c = 0; c < chunks; ++c) recv_elems = std::max(recv_elems, map.chunk_offset(r, c) + map.chunk_width());
-      const std::size_t es = dtype_size(t), bytes = rows * ld * es;
-      HostBuf recv(t, recv_elems), w(t, n);
-      recv.randomize();
-      w.randomize();
-      DevBuf d_recv(recv.bytes.size()), d_w(w.bytes.size()), d_rm(bytes), d_tall(bytes), d_pieces(bytes);
-      CUDA_OK(cudaMemcpy(d_recv.p, recv.bytes.data(), recv.bytes.size(), cudaMemcpyHostToDevice));
-      CUDA_OK(cudaMemcpy(d_w.p, w.bytes.data(), w.bytes.size(), cudaMemcpyHostToDevice));
-      CUDA_OK(cudaMemset(d_tall.p, 0xFF, bytes));
-      CUDA_OK(cudaMemset(d_pieces.p, 0xFF, bytes));
-      {
-        const ScopedEnv env("TESSERA_RMSNORM_ROWS", forced);
-        rmsnorm_unreorder(map, d_recv.p, d_w.p, d_tall.p, ld, 1e-6f, t, nullptr);
-      }
-      unreorder(map, d_recv.p, d_rm.p, ld, t, nullptr);
-      for (std::int64_t r = 0; r < rows; r += piece) {
-        const std::int64_t off = r * ld * es;
-        rmsnorm_unreorder(RowMajorMap{std::min(piece, rows - r), n, ld}, static_cast<char*>(d_rm.p) + off, d_w.p,
-                          static_cast<char*>(d_pieces.p) + off, ld, 1e-6f, t, nullptr);
-      }
-      CUDA_OK(cudaDeviceSynchronize());
-      std::vector<unsigned char> tall(bytes), pieces(bytes);
-      CUDA_OK(cudaMemcpy(tall.data(), d_tall.p, bytes, cudaMemcpyDeviceToHost));
-      CUDA_OK(cudaMemcpy(pieces.data(), d_pieces.p, bytes, cudaMemcpyDeviceToHost));
-      std::int64_t differ = 0, first = -1;
-      for (std::int64_t r = 0; r < rows; ++r)
-        for (std::int64_t j = 0; j < n; ++j) {
-          const std::size_t at = (r * ld + j) * es;
-          if (std::memcmp(&tall[at], &pieces[at], es) != 0 && differ++ == 0) first = r * ld + j;
+    for (DType t : {DType::bf16, DType::f16})
+      for (std::int64_t n : {std::int64_t(1024), std::int64_t(4096), std::int64_t(8192), std::int64_t(16384)}) {
+        SCOPED_TRACE(std::string("TESSERA_RMSNORM_ROWS=") + forced);
+        const std::int64_t rows = 8 * sms + 3, ld = n + 8, piece = 5;
+        const ArMap map = make_ar_map(WaveModel(GemmTiling{rows, n, 128, 128}, 132, 1));
+        const int chunks = static_cast<int>((n + map.chunk_width() - 1) / map.chunk_width());
+        std::int64_t recv_elems = 0;
+        for (std::int64_t r = 0; r < rows; ++r)
+          for (int c = 0; c < chunks; ++c)
+            recv_elems = std::max(recv_elems, map.chunk_offset(r, c) + map.chunk_width());
+        const std::size_t es = dtype_size(t), bytes = rows * ld * es;
+        HostBuf recv(t, recv_elems), w(t, n);
+        recv.randomize();
+        w.randomize();
+        DevBuf d_recv(recv.bytes.size()), d_w(w.bytes.size()), d_rm(bytes), d_tall(bytes), d_pieces(bytes);
+        CUDA_OK(cudaMemcpy(d_recv.p, recv.bytes.data(), recv.bytes.size(), cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(d_w.p, w.bytes.data(), w.bytes.size(), cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemset(d_tall.p, 0xFF, bytes));
+        CUDA_OK(cudaMemset(d_pieces.p, 0xFF, bytes));
+        {
+          const ScopedEnv env("TESSERA_RMSNORM_ROWS", forced);
+          rmsnorm_unreorder(map, d_recv.p, d_w.p, d_tall.p, ld, 1e-6f, t, nullptr);
         }
-      EXPECT_EQ(differ, 0) << dtype_name(t) << " " << rows << "x" << n << ": first difference at element " << first;
-      HostBuf out(t, rows * ld);
-      std::memcpy(out.bytes.data(), tall.data(), bytes);
-      for (std::int64_t r = 0; r < rows; ++r)  // and no NaN anywhere (the poison was overwritten)
-        for (std::int64_t j = 0; j < n; ++j) ASSERT_FALSE(std::isnan(out.get(r * ld + j))) << "row " << r << " col " << j;
-    }
+        unreorder(map, d_recv.p, d_rm.p, ld, t, nullptr);
+        for (std::int64_t r = 0; r < rows; r += piece) {
+          const std::int64_t off = r * ld * es;
+          rmsnorm_unreorder(RowMajorMap{std::min(piece, rows - r), n, ld}, static_cast<char*>(d_rm.p) + off, d_w.p,
+                            static_cast<char*>(d_pieces.p) + off, ld, 1e-6f, t, nullptr);
+        }
+        CUDA_OK(cudaDeviceSynchronize());
+        std::vector<unsigned char> tall(bytes), pieces(bytes);
+        CUDA_OK(cudaMemcpy(tall.data(), d_tall.p, bytes, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(pieces.data(), d_pieces.p, bytes, cudaMemcpyDeviceToHost));
+        std::int64_t differ = 0, first = -1;
+        for (std::int64_t r = 0; r < rows; ++r)
+          for (std::int64_t j = 0; j < n; ++j) {
+            const std::size_t at = (r * ld + j) * es;
+            if (std::memcmp(&tall[at], &pieces[at], es) != 0 && differ++ == 0) first = r * ld + j;
+          }
+        EXPECT_EQ(differ, 0) << dtype_name(t) << " " << rows << "x" << n << ": first difference at element " << first;
+        HostBuf out(t, rows * ld);
+        std::memcpy(out.bytes.data(), tall.data(), bytes);
+        for (std::int64_t r = 0; r < rows; ++r)  // and no NaN anywhere (the poison was overwritten)
+          for (std::int64_t j = 0; j < n; ++j)
+            ASSERT_FALSE(std::isnan(out.get(r * ld + j))) << "row " << r << " col " << j;
+      }
 }
 
 TEST(UnreorderGpu, ReduceScatterShards) {
@@ -306,10 +326,10 @@ TEST(UnreorderGpu, RejectsBadArgumentsBeforeLaunch) {
   const ArMap map = make_ar_map(WaveModel(GemmTiling{128, 512, 128, 128}, 4));
   DevBuf a(map.buffer_elems() * 2 + 64), b(128 * 512 * 2 + 64), w(512 * 2);
   std::vector<unsigned short> host(16);
-  EXPECT_THROW(unreorder(map, a.p, b.p, 500, DType::bf16, nullptr), std::runtime_error);          // ld < N
+  EXPECT_THROW(unreorder(map, a.p, b.p, 500, DType::bf16, nullptr), std::runtime_error);  // ld < N
   EXPECT_THROW(unreorder(map, static_cast<char*>(a.p) + 2, b.p, 512, DType::bf16, nullptr), std::runtime_error);
   EXPECT_THROW(unreorder(map, host.data(), b.p, 512, DType::bf16, nullptr), std::runtime_error);  // host memory
   EXPECT_THROW(rmsnorm_unreorder(map, a.p, w.p, b.p, 512, 1e-6f, DType::f32, nullptr), std::runtime_error);
   const ArMap odd = make_ar_map(WaveModel(GemmTiling{128, 500, 128, 100}, 4));
-  EXPECT_THROW(unreorder(odd, a.p, b.p, 512, DType::bf16, nullptr), std::runtime_error);         // N % 8
+  EXPECT_THROW(unreorder(odd, a.p, b.p, 512, DType::bf16, nullptr), std::runtime_error);  // N % 8
 }

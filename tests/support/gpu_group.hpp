@@ -19,10 +19,10 @@ inline runtime::ProcessGroup& group() {
 
 /// Skips unless this node has a GPU for every launched rank and at least
 /// `min_world` ranks were launched.
-#define TESSERA_REQUIRE_WORLD_GPUS(min_world)                                                        \
-  do {                                                                                               \
-    const int tessera_world_ = ::tessera::testing::launched_world_size();                            \
-    if (tessera_world_ < (min_world))                                                                \
-      GTEST_SKIP() << "needs " << (min_world) << " ranks, launched with " << tessera_world_;         \
-    TESSERA_REQUIRE_GPUS(tessera_world_);                                                            \
+#define TESSERA_REQUIRE_WORLD_GPUS(min_world)                                                \
+  do {                                                                                       \
+    const int tessera_world_ = ::tessera::testing::launched_world_size();                    \
+    if (tessera_world_ < (min_world))                                                        \
+      GTEST_SKIP() << "needs " << (min_world) << " ranks, launched with " << tessera_world_; \
+    TESSERA_REQUIRE_GPUS(tessera_world_);                                                    \
   } while (0)

@@ -21,8 +21,8 @@ double relative_error(const std::vector<double>& out, const std::vector<double>&
 
 /// Skips the current test (reported as skipped, never passed) unless at
 /// least `n` GPUs are visible.
-#define TESSERA_REQUIRE_GPUS(n)                                                                   \
-  do {                                                                                            \
-    const int tessera_have_ = ::tessera::testing::visible_gpus();                                 \
+#define TESSERA_REQUIRE_GPUS(n)                                                                     \
+  do {                                                                                              \
+    const int tessera_have_ = ::tessera::testing::visible_gpus();                                   \
     if (tessera_have_ < (n)) GTEST_SKIP() << "needs " << (n) << " GPU(s), found " << tessera_have_; \
   } while (0)

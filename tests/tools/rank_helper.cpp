@@ -67,11 +67,13 @@ void remember(int sig) { g_signal = sig; }
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "env") {
-    std::printf("RANK=%s WORLD_SIZE=%s LOCAL_RANK=%s LOCAL_WORLD_SIZE=%s MASTER_ADDR=%s MASTER_PORT=%s "
-                "NCCL_NVLS_ENABLE=%s NVSHMEM_DISABLE_NVLS=%s TORCH_SYMM_MEM_DISABLE_MULTICAST=%s CUDA_MODULE_LOADING=%s ARGS=%d\n",
-                var("RANK"), var("WORLD_SIZE"), var("LOCAL_RANK"), var("LOCAL_WORLD_SIZE"), var("MASTER_ADDR"),
-                var("MASTER_PORT"), var("NCCL_NVLS_ENABLE"), var("NVSHMEM_DISABLE_NVLS"),
-                var("TORCH_SYMM_MEM_DISABLE_MULTICAST"), var("CUDA_MODULE_LOADING"), argc - 2);
+    std::printf(
+        "RANK=%s WORLD_SIZE=%s LOCAL_RANK=%s LOCAL_WORLD_SIZE=%s MASTER_ADDR=%s MASTER_PORT=%s "
+        "NCCL_NVLS_ENABLE=%s NVSHMEM_DISABLE_NVLS=%s TORCH_SYMM_MEM_DISABLE_MULTICAST=%s CUDA_MODULE_LOADING=%s "
+        "ARGS=%d\n",
+        var("RANK"), var("WORLD_SIZE"), var("LOCAL_RANK"), var("LOCAL_WORLD_SIZE"), var("MASTER_ADDR"),
+        var("MASTER_PORT"), var("NCCL_NVLS_ENABLE"), var("NVSHMEM_DISABLE_NVLS"),
+        var("TORCH_SYMM_MEM_DISABLE_MULTICAST"), var("CUDA_MODULE_LOADING"), argc - 2);
     for (int i = 2; i < argc; ++i) std::printf("ARG=%s\n", argv[i]);
     return 0;
   }

@@ -50,10 +50,14 @@ enum class Outcome { clear, crash, hang, accepted };
 
 const char* outcome_name(Outcome o) {
   switch (o) {
-    case Outcome::clear: return "clear error";
-    case Outcome::crash: return "CRASH";
-    case Outcome::hang: return "HANG";
-    case Outcome::accepted: return "ACCEPTED";
+    case Outcome::clear:
+      return "clear error";
+    case Outcome::crash:
+      return "CRASH";
+    case Outcome::hang:
+      return "HANG";
+    case Outcome::accepted:
+      return "ACCEPTED";
   }
   return "?";
 }
@@ -76,10 +80,18 @@ void record(const std::string& group, const std::string& name, Outcome o, const 
   Row& r = it->second;
   ++r.tried;
   switch (o) {
-    case Outcome::clear: ++r.clear; break;
-    case Outcome::crash: ++r.crash; break;
-    case Outcome::hang: ++r.hang; break;
-    case Outcome::accepted: ++r.accepted; break;
+    case Outcome::clear:
+      ++r.clear;
+      break;
+    case Outcome::crash:
+      ++r.crash;
+      break;
+    case Outcome::hang:
+      ++r.hang;
+      break;
+    case Outcome::accepted:
+      ++r.accepted;
+      break;
   }
   if (o != Outcome::clear) r.bad.push_back(name + ": " + outcome_name(o) + (detail.empty() ? "" : " (" + detail + ")"));
 }
@@ -327,14 +339,17 @@ TEST(BadInputs, CommirFilesThroughPlanFile) {
       {"factor level 2^40", edit(K, "m#0", "m#1099511627776")},
       {"parallel level 2^40", edit(K, "parallel 0", "parallel 1099511627776")},
       {"duplicate axis", edit(K, "  axis k = 16 reduction\n", "  axis k = 16 reduction\n  axis k = 8 reduction\n")},
-      {"duplicate buffer", edit(K, "  buffer C[m, n] : 1 write\n", "  buffer C[m, n] : 1 write\n  buffer C[m, n] : 1 write\n")},
+      {"duplicate buffer",
+       edit(K, "  buffer C[m, n] : 1 write\n", "  buffer C[m, n] : 1 write\n  buffer C[m, n] : 1 write\n")},
       {"buffer indexed by an unknown axis", edit(K, "B[k, n]", "B[k, z]")},
       {"buffer indexes one axis twice", edit(K, "C[m, n]", "C[m, m]")},
       {"body names an unknown buffer", edit(K, "body C += A * B", "body C += A * Z")},
       {"body writes a read buffer", edit(K, "body C += A * B", "body A += C * B")},
-      {"buffer unused by the body", edit(K, "  buffer C[m, n] : 1 write\n", "  buffer C[m, n] : 1 write\n  buffer D[m, n] : 1 read\n")},
-      {"add body ending in '+'", "grid add {\n  mesh 2\n  axis i = 64 spatial\n  buffer X1[i] : 1 read\n  buffer Y[i] : 1 write\n"
-                                 "  body Y = X1 +\n}\n"},
+      {"buffer unused by the body",
+       edit(K, "  buffer C[m, n] : 1 write\n", "  buffer C[m, n] : 1 write\n  buffer D[m, n] : 1 read\n")},
+      {"add body ending in '+'",
+       "grid add {\n  mesh 2\n  axis i = 64 spatial\n  buffer X1[i] : 1 read\n  buffer Y[i] : 1 write\n"
+       "  body Y = X1 +\n}\n"},
       {"kernel does not match the body", edit(K, "kernel gemm", "kernel attention")},
       {"unknown kernel", edit(K, "kernel gemm", "kernel conv")},
       {"dtype f64", edit(K, "dtype bf16", "dtype f64")},
@@ -348,14 +363,23 @@ TEST(BadInputs, CommirFilesThroughPlanFile) {
       {"parallel level beyond the mesh", edit(K, "parallel 0", "parallel 3")},
       {"parallel extent differs from the mesh", edit(K, "mesh 2", "mesh 4")},
       {"factor covered by two loops", edit(K, "  shard A", "  loop m9 = m#0\n  shard A")},
-      {"two loops on one mesh level", edit(edit(K, "loop m0 = m#0 shift n0", "loop m0 = m#0 parallel 0"),
-                                           "  shard A n0 along m0 loop\n", "")},
+      {"two loops on one mesh level",
+       edit(edit(K, "loop m0 = m#0 shift n0", "loop m0 = m#0 parallel 0"), "  shard A n0 along m0 loop\n", "")},
       {"shard of an unknown buffer", edit(K, "shard A n0", "shard Z n0")},
       {"shard along an unknown loop", edit(K, "along m0 loop", "along zz loop")},
       {"shard on a sequential loop", edit(K, "shard A n0 along m0 loop", "shard A m0 along m axis")},
-      {"duplicate placement", edit(K, "  shard A n0 along m0 loop\n", "  shard A n0 along m0 loop\n  replicate A n0\n")},
-      {"replicate of an unknown buffer", edit(K, "  shard A n0 along m0 loop\n", "  shard A n0 along m0 loop\n  replicate Z n0\n")},
-      {"1000 tile levels", edit(K, "tile m 2", "tile m 2" + [] { std::string s; for (int i = 0; i < 1000; ++i) s += " 1"; return s; }())},
+      {"duplicate placement",
+       edit(K, "  shard A n0 along m0 loop\n", "  shard A n0 along m0 loop\n  replicate A n0\n")},
+      {"replicate of an unknown buffer",
+       edit(K, "  shard A n0 along m0 loop\n", "  shard A n0 along m0 loop\n  replicate Z n0\n")},
+      {"1000 tile levels", edit(
+                               K, "tile m 2",
+                               "tile m 2" +
+                                   [] {
+                                     std::string s;
+                                     for (int i = 0; i < 1000; ++i) s += " 1";
+                                     return s;
+                                   }())},
       {"text after the closing brace", K + "axis z = 4 spatial\n"},
       {"NUL and binary bytes", std::string("grid g {\n  axis m = 4 spatial\0\xff\xfe\n}\n", 35)},
       {"2 MiB of comments", K + std::string(2 << 20, '#')},
@@ -369,8 +393,10 @@ TEST(BadInputs, CommirFilesThroughPlanFile) {
   const fs::path fifo = scratch / "fifo.cir";
   ::mkfifo(fifo.c_str(), 0600);
   run_cli_cases("CommIR files via plan file",
-                {{"/dev/zero", {"file", "/dev/zero"}}, {"a FIFO", {"file", fifo.string()}},
-                 {"a directory", {"file", scratch.string()}}, {"a missing file", {"file", (scratch / "no.cir").string()}}},
+                {{"/dev/zero", {"file", "/dev/zero"}},
+                 {"a FIFO", {"file", fifo.string()}},
+                 {"a directory", {"file", scratch.string()}},
+                 {"a missing file", {"file", (scratch / "no.cir").string()}}},
                 scratch);
   check_group("CommIR files via plan file");
 }
@@ -416,7 +442,8 @@ TEST(BadInputs, PlanArguments) {
       {"--schedule nope", {"gemm", "--schedule", "nope", "--mesh", "2"}},
       {"--schedule tile(m,0)", {"gemm", "--schedule", "tile(m,0)", "--mesh", "2"}},
       {"--schedule tile(m,2^64+)", {"gemm", "--schedule", "tile(m,99999999999999999999)", "--mesh", "2"}},
-      {"--schedule parallelize(m0,2^40)", {"gemm", "--schedule", "tile(m,2) parallelize(m0,1099511627776)", "--mesh", "2"}},
+      {"--schedule parallelize(m0,2^40)",
+       {"gemm", "--schedule", "tile(m,2) parallelize(m0,1099511627776)", "--mesh", "2"}},
       {"--layout nope", {"gemm", "--layout", "nope", "--mesh", "2"}},
       {"file /dev/zero", {"file", "/dev/zero"}},
       {"file without a path", {"file"}},
@@ -480,8 +507,8 @@ TEST(BadInputs, CacheFiles) {
       {"version 2^32+2 (reads as 2?)", ignored_with(cache_doc("4294967298"))},
       {"version -2^32+2 (reads as 2?)", ignored_with(cache_doc("-4294967294"))},
       {"version 2^64+2", ignored_with(cache_doc("18446744073709551618"))},
-      {"nested 100000 deep", ignored_with(cache_doc("2", R"({"k": )" + std::string(100000, '[') +
-                                                           std::string(100000, ']') + "}"))},
+      {"nested 100000 deep",
+       ignored_with(cache_doc("2", R"({"k": )" + std::string(100000, '[') + std::string(100000, ']') + "}"))},
       {"nested 100000 deep (top level)", ignored_with(std::string(100000, '[') + std::string(100000, ']'))},
       {"file is a symlink to a valid cache",
        [](const fs::path& dir) {
@@ -552,9 +579,13 @@ TEST(BadInputs, CacheFiles) {
                                  tessera::ops::gemm_rs_candidates(4));
        }},
       {"strategy 'auto'",
-       [](const fs::path&) { return refuses_strategy({{"strategy", "auto"}}, tessera::ops::gemm_rs_candidates(4)); }},
+       [](const fs::path&) {
+         return refuses_strategy({{"strategy", "auto"}}, tessera::ops::gemm_rs_candidates(4));
+       }},
       {"strategy a number",
-       [](const fs::path&) { return refuses_strategy({{"strategy", 5}}, tessera::ops::gemm_rs_candidates(4)); }},
+       [](const fs::path&) {
+         return refuses_strategy({{"strategy", 5}}, tessera::ops::gemm_rs_candidates(4));
+       }},
       {"machine profile world 2^32+2 (reads as 2?)",
        [](const fs::path& dir) {
          using tessera::tune::MachineProfile;
@@ -563,14 +594,16 @@ TEST(BadInputs, CacheFiles) {
          p.sm_count = 132;
          p.nccl_sms = 16;
          p.per_group_overhead = 1e-6;
-         p.curves[tessera::tune::Collective::AllGather] = tessera::tune::BandwidthCurve({{1 << 20, 1e-5}, {1 << 26, 3e-4}});
+         p.curves[tessera::tune::Collective::AllGather] =
+             tessera::tune::BandwidthCurve({{1 << 20, 1e-5}, {1 << 26, 3e-4}});
          p.gemms.push_back({4096, 4096, 4096, 128, 128, 1, 132, 1e-4, 1e-3});
          nlohmann::json j = p;
          j["world"] = 4294967298ULL;
          tessera::tune::Cache c("machine_profile", MachineProfile::kCacheVersion, dir);
          c.put(tessera::tune::key_prefix(p.machine, tessera::DType::bf16, "profile"), j);
-         const auto back = MachineProfile::load(tessera::tune::Cache("machine_profile", MachineProfile::kCacheVersion, dir),
-                                                p.machine, tessera::DType::bf16);
+         const auto back =
+             MachineProfile::load(tessera::tune::Cache("machine_profile", MachineProfile::kCacheVersion, dir),
+                                  p.machine, tessera::DType::bf16);
          return !back.has_value();
        }},
   };
@@ -600,15 +633,19 @@ TEST(BadInputs, CApi) {
       {"gemm_rs n = 2^40", [&] { return tessera_gemm_rs(nullptr, buf, buf, buf, 8, 8, huge, 8, 0, 0); }},
       {"gemm_ar k = 2^62", [&] { return tessera_gemm_ar(nullptr, buf, buf, buf, 8, 8, std::int64_t{1} << 62, 0, 0); }},
       {"gemm_ar dtype 7", [&] { return tessera_gemm_ar(nullptr, buf, buf, buf, 8, 8, 8, 7, 0); }},
-      {"mlp i_local = 2^62", [&] { return tessera_mlp(nullptr, buf, buf, buf, buf, 8, 8, 8, std::int64_t{1} << 62, 0, 0, 0); }},
+      {"mlp i_local = 2^62",
+       [&] { return tessera_mlp(nullptr, buf, buf, buf, buf, 8, 8, 8, std::int64_t{1} << 62, 0, 0, 0); }},
       {"mlp h = -8", [&] { return tessera_mlp(nullptr, buf, buf, buf, buf, 8, 8, -8, 8, 0, 0, 0); }},
-      {"resolve with a null out", [&] { return tessera_resolve(nullptr, 0, 8, 8, 8, 8, 0, 0, buf, buf, buf, nullptr); }},
+      {"resolve with a null out",
+       [&] { return tessera_resolve(nullptr, 0, 8, 8, 8, 8, 0, 0, buf, buf, buf, nullptr); }},
       {"session_create world 0", [&] { return tessera_session_create(0, 0, 0, 1, 0, "127.0.0.1", 29500, &out); }},
       {"session_create rank 5 of 2", [&] { return tessera_session_create(5, 2, 0, 1, 0, "127.0.0.1", 29500, &out); }},
-      {"session_create world 2^31-1", [&] { return tessera_session_create(0, 2147483647, 0, 1, 0, "127.0.0.1", 0, &out); }},
+      {"session_create world 2^31-1",
+       [&] { return tessera_session_create(0, 2147483647, 0, 1, 0, "127.0.0.1", 0, &out); }},
       {"session_create null address", [&] { return tessera_session_create(0, 1, 0, 1, 0, nullptr, 29500, &out); }},
       {"session_create port 70000", [&] { return tessera_session_create(0, 1, 0, 1, 0, "127.0.0.1", 70000, &out); }},
-      {"session_create local rank 3 of 2", [&] { return tessera_session_create(0, 1, 3, 2, 0, "127.0.0.1", 29500, &out); }},
+      {"session_create local rank 3 of 2",
+       [&] { return tessera_session_create(0, 1, 3, 2, 0, "127.0.0.1", 29500, &out); }},
       {"session_create null out", [&] { return tessera_session_create(0, 1, 0, 1, 0, "127.0.0.1", 29500, nullptr); }},
   };
   for (const auto& c : cases) {
@@ -654,8 +691,18 @@ TEST(BadInputs, OpsValidation) {
     std::function<void()> call;  // must throw tessera::Error
   };
   const std::vector<C> cases = {
-      {"lda = 2^40", [&] { auto a = ag(); a.lda = std::int64_t{1} << 40; validate(a, 0, 2); }},
-      {"ldd = 2^62", [&] { auto a = ag(); a.ldd = std::int64_t{1} << 62; validate(a, 0, 2); }},
+      {"lda = 2^40",
+       [&] {
+         auto a = ag();
+         a.lda = std::int64_t{1} << 40;
+         validate(a, 0, 2);
+       }},
+      {"ldd = 2^62",
+       [&] {
+         auto a = ag();
+         a.ldd = std::int64_t{1} << 62;
+         validate(a, 0, 2);
+       }},
       {"gemm_rs ldb = 2^31 (B bytes past 2^48)",
        [&] {
          GemmRsArgs r;
@@ -664,12 +711,42 @@ TEST(BadInputs, OpsValidation) {
          r.m = 8192, r.m_local = 4096, r.n = 4096 * 64, r.k = 4096, r.ldb = (std::int64_t{1} << 31) - 8;
          validate(r, 0, 2);
        }},
-      {"mlp I/R = 2^62 (2*I/R overflows)", [&] { auto m = mlp(); m.i_local = std::int64_t{1} << 62; validate(m, 0, 2); }},
-      {"mlp H = 2^40", [&] { auto m = mlp(); m.h = std::int64_t{1} << 40; validate(m, 0, 2); }},
-      {"ldd = -8", [&] { auto a = ag(); a.ldd = -8; validate(a, 0, 2); }},
-      {"lda not a multiple of 8", [&] { auto a = ag(); a.lda = 4100; validate(a, 0, 2); }},
-      {"K = 2^40", [&] { auto a = ag(); a.k = std::int64_t{1} << 40; validate(a, 0, 2); }},
-      {"M = 2^40", [&] { auto a = ag(); a.m = std::int64_t{1} << 40; validate(a, 0, 2); }},
+      {"mlp I/R = 2^62 (2*I/R overflows)",
+       [&] {
+         auto m = mlp();
+         m.i_local = std::int64_t{1} << 62;
+         validate(m, 0, 2);
+       }},
+      {"mlp H = 2^40",
+       [&] {
+         auto m = mlp();
+         m.h = std::int64_t{1} << 40;
+         validate(m, 0, 2);
+       }},
+      {"ldd = -8",
+       [&] {
+         auto a = ag();
+         a.ldd = -8;
+         validate(a, 0, 2);
+       }},
+      {"lda not a multiple of 8",
+       [&] {
+         auto a = ag();
+         a.lda = 4100;
+         validate(a, 0, 2);
+       }},
+      {"K = 2^40",
+       [&] {
+         auto a = ag();
+         a.k = std::int64_t{1} << 40;
+         validate(a, 0, 2);
+       }},
+      {"M = 2^40",
+       [&] {
+         auto a = ag();
+         a.m = std::int64_t{1} << 40;
+         validate(a, 0, 2);
+       }},
   };
   for (const auto& c : cases) {
     std::string detail;

@@ -55,8 +55,8 @@ Result run_cli(const std::vector<std::string>& args, const std::map<std::string,
     ::close(out[0]);
     ::close(err[0]);
     for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                          "NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "CUDA_MODULE_LOADING",
-                          "TESSERA_RUN_GRACE_MS", "TESSERA_JOB_SECRET", "TESSERA_RUN_ID"})
+                          "NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+                          "CUDA_MODULE_LOADING", "TESSERA_RUN_GRACE_MS", "TESSERA_JOB_SECRET", "TESSERA_RUN_ID"})
       ::unsetenv(v);
     for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
     ::execv(argv[0], argv.data());
@@ -201,8 +201,7 @@ TEST(Launcher, GivenAddressPortAndCallerNvlsSettingsAreKept) {
   EXPECT_EQ(lines_of(r.out).size(), 2u) << show(r);
   for (const auto& line : lines_of(r.out)) {
     EXPECT_TRUE(contains(line, "MASTER_ADDR=localhost MASTER_PORT=34567 ")) << line;
-    EXPECT_TRUE(contains(line, "NCCL_NVLS_ENABLE=1 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1"))
-        << line;
+    EXPECT_TRUE(contains(line, "NCCL_NVLS_ENABLE=1 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1")) << line;
   }
 }
 
@@ -261,8 +260,8 @@ TEST(Launcher, RankKilledBySignal) {
 
 TEST(Launcher, RanksIgnoringSigtermAreKilledAfterTheGracePeriod) {
   const std::string script = "if [ \"$RANK\" = 0 ]; then sleep 0.3; exit 7; fi; exec \"$0\" stubborn";
-  const Result r = run_cli({"run", "-n", "3", "--", "sh", "-c", script, kHelper}, {{"TESSERA_RUN_GRACE_MS", "300"}},
-                           20s);
+  const Result r =
+      run_cli({"run", "-n", "3", "--", "sh", "-c", script, kHelper}, {{"TESSERA_RUN_GRACE_MS", "300"}}, 20s);
   EXPECT_EQ(r.code, 7) << show(r);
   EXPECT_TRUE(contains(r.err, "rank 0 exited with code 7; stopping the other ranks")) << show(r);
   EXPECT_TRUE(contains(r.err, "2 rank(s) still running after 300 ms; sending SIGKILL")) << show(r);
@@ -274,13 +273,13 @@ TEST(Launcher, RanksIgnoringSigtermAreKilledAfterTheGracePeriod) {
 
 void expect_forwarded(int sig, const std::string& name) {
   bool sent = false;
-  const Result r = run_cli({"run", "-n", "2", "--", kHelper, "wait-signal"}, {}, 20s,
-                           [&](pid_t launcher, const std::string& out) {
-                             if (!sent && lines_of(out).size() >= 2) {  // both ranks print "ready" first
-                               ::kill(launcher, sig);
-                               sent = true;
-                             }
-                           });
+  const Result r =
+      run_cli({"run", "-n", "2", "--", kHelper, "wait-signal"}, {}, 20s, [&](pid_t launcher, const std::string& out) {
+        if (!sent && lines_of(out).size() >= 2) {  // both ranks print "ready" first
+          ::kill(launcher, sig);
+          sent = true;
+        }
+      });
   ASSERT_TRUE(sent) << show(r);
   EXPECT_EQ(r.code, 128 + sig) << show(r);
   EXPECT_TRUE(contains(r.err, "received " + name + "; forwarding it to the ranks")) << show(r);
@@ -417,8 +416,8 @@ TEST(Launcher, EveryRankGetsTheSameFreshJobSecret) {
     secrets.insert(mine.begin(), mine.end());
   }
   EXPECT_EQ(secrets.size(), 2u) << "each job gets a fresh secret";
-  const Result given = run_cli({"run", "-n", "2", "--", kHelper, "secret"},
-                               {{"TESSERA_JOB_SECRET", "caller-chosen-secret-0123456789"}});
+  const Result given =
+      run_cli({"run", "-n", "2", "--", kHelper, "secret"}, {{"TESSERA_JOB_SECRET", "caller-chosen-secret-0123456789"}});
   EXPECT_EQ(lines_of(given.out).size(), 2u) << show(given);
   for (const auto& line : lines_of(given.out))
     EXPECT_TRUE(contains(line, "SECRET=caller-chosen-secret-0123456789 ")) << line;

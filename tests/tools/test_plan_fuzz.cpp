@@ -34,8 +34,8 @@ using namespace tessera::commir;
 namespace fs = std::filesystem;
 
 constexpr int kTexts = 10000, kArgLists = 10000;
-constexpr unsigned kPerInputS = 5;     // per-input deadline (alarm)
-constexpr int kTotalLimitS = 240;      // the whole child, generous for a loaded CI machine
+constexpr unsigned kPerInputS = 5;  // per-input deadline (alarm)
+constexpr int kTotalLimitS = 240;   // the whole child, generous for a loaded CI machine
 
 // Shared with the child: the input being run, and the tallies.
 struct Shared {
@@ -58,13 +58,35 @@ std::string join(const std::vector<std::string>& v) {
 
 // ---- generation -------------------------------------------------------------
 
-const std::vector<std::string> kNumbers = {"0",          "1",          "2",         "3",         "4",
-                                           "7",          "8",          "16",        "64",        "4096",
-                                           "65536",      "2147483647", "2147483648", "4294967296", "4294967298",
-                                           "1099511627776", "1099511627777", "9223372036854775807",
-                                           "9223372036854775808", "18446744073709551616",
-                                           "99999999999999999999999", "-1",        "-0",        "00",
-                                           "1e3",        "0x10",       "",          " ",         "nan"};
+const std::vector<std::string> kNumbers = {"0",
+                                           "1",
+                                           "2",
+                                           "3",
+                                           "4",
+                                           "7",
+                                           "8",
+                                           "16",
+                                           "64",
+                                           "4096",
+                                           "65536",
+                                           "2147483647",
+                                           "2147483648",
+                                           "4294967296",
+                                           "4294967298",
+                                           "1099511627776",
+                                           "1099511627777",
+                                           "9223372036854775807",
+                                           "9223372036854775808",
+                                           "18446744073709551616",
+                                           "99999999999999999999999",
+                                           "-1",
+                                           "-0",
+                                           "00",
+                                           "1e3",
+                                           "0x10",
+                                           "",
+                                           " ",
+                                           "nan"};
 
 struct Gen {
   std::mt19937_64 rng;
@@ -72,11 +94,14 @@ struct Gen {
   std::size_t below(std::size_t n) { return n ? static_cast<std::size_t>(rng() % n) : 0; }
   bool chance(int percent) { return static_cast<int>(below(100)) < percent; }
   template <class T>
-  const T& pick(const std::vector<T>& v) { return v[below(v.size())]; }
+  const T& pick(const std::vector<T>& v) {
+    return v[below(v.size())];
+  }
   std::string number() { return chance(60) ? std::to_string(1 + below(chance(50) ? 8 : 300)) : pick(kNumbers); }
   std::string name() {
-    static const std::vector<std::string> n = {"m", "n", "k", "q", "kv", "h", "b", "A", "B", "C", "Q", "K", "V", "O",
-                                               "X1", "X2", "Y", "m0", "n0", "k0", "q0", "kv0", "h0", "m1", "q1", "x"};
+    static const std::vector<std::string> n = {"m",  "n",  "k",  "q",   "kv", "h",  "b",  "A", "B",
+                                               "C",  "Q",  "K",  "V",   "O",  "X1", "X2", "Y", "m0",
+                                               "n0", "k0", "q0", "kv0", "h0", "m1", "q1", "x"};
     return pick(n);
   }
 };
@@ -93,8 +118,9 @@ std::vector<std::string> seed_corpus() {
     for (const auto& n : schedule_names("attention", static_cast<int>(mesh.size())))
       c.push_back(print(scheduled(ga, n)));
   }
-  c.push_back("grid add {\n  mesh 2\n  axis i = 64 spatial\n  buffer X1[i] : 4 read\n  buffer X2[i] : 4 read\n"
-              "  buffer Y[i] : 4 write\n  body Y = X1 + X2\n}\n");
+  c.push_back(
+      "grid add {\n  mesh 2\n  axis i = 64 spatial\n  buffer X1[i] : 4 read\n  buffer X2[i] : 4 read\n"
+      "  buffer Y[i] : 4 write\n  body Y = X1 + X2\n}\n");
   return c;
 }
 
@@ -104,8 +130,12 @@ std::string generate_text(Gen& g) {
   const int lines = static_cast<int>(g.below(14));
   for (int i = 0; i < lines; ++i) {
     switch (g.below(10)) {
-      case 0: s += "  mesh " + g.number() + (g.chance(50) ? "x" + g.number() : "") + "\n"; break;
-      case 1: s += std::string("  dtype ") + (g.chance(80) ? "bf16" : "f64") + "\n"; break;
+      case 0:
+        s += "  mesh " + g.number() + (g.chance(50) ? "x" + g.number() : "") + "\n";
+        break;
+      case 1:
+        s += std::string("  dtype ") + (g.chance(80) ? "bf16" : "f64") + "\n";
+        break;
       case 2:
         s += "  axis " + g.name() + " = " + g.number() + (g.chance(50) ? " spatial" : " reduction") + "\n";
         break;
@@ -121,17 +151,23 @@ std::string generate_text(Gen& g) {
              : g.chance(50) ? "  body " + g.name() + " = attend(" + g.name() + ", " + g.name() + ", " + g.name() + ")\n"
                             : "  body " + g.name() + " = " + g.name() + " + " + g.name() + "\n";
         break;
-      case 5: s += "  kernel " + std::string(g.chance(80) ? "gemm" : "attention") + "\n"; break;
-      case 6: s += "  tile " + g.name() + " " + g.number() + (g.chance(30) ? " " + g.number() : "") + "\n"; break;
+      case 5:
+        s += "  kernel " + std::string(g.chance(80) ? "gemm" : "attention") + "\n";
+        break;
+      case 6:
+        s += "  tile " + g.name() + " " + g.number() + (g.chance(30) ? " " + g.number() : "") + "\n";
+        break;
       case 7:
         s += "  loop " + g.name() + " = " + g.name() + "#" + g.number() +
-             (g.chance(20) ? " * " + g.name() + "#" + g.number() : "") + (g.chance(40) ? " parallel " + g.number() : "") +
-             (g.chance(20) ? " shift " + g.name() : "") + "\n";
+             (g.chance(20) ? " * " + g.name() + "#" + g.number() : "") +
+             (g.chance(40) ? " parallel " + g.number() : "") + (g.chance(20) ? " shift " + g.name() : "") + "\n";
         break;
       case 8:
         s += "  shard " + g.name() + " " + g.name() + " along " + g.name() + (g.chance(50) ? " loop" : " axis") + "\n";
         break;
-      default: s += "  replicate " + g.name() + " " + g.name() + "\n"; break;
+      default:
+        s += "  replicate " + g.name() + " " + g.name() + "\n";
+        break;
     }
   }
   return s + (g.chance(95) ? "}\n" : "");
@@ -157,7 +193,8 @@ std::string mutate_text(Gen& g, std::string s) {
       case 0: {  // replace a number
         std::vector<std::size_t> at;
         for (std::size_t i = 0; i < s.size(); ++i)
-          if (std::isdigit(static_cast<unsigned char>(s[i])) && (i == 0 || !std::isalnum(static_cast<unsigned char>(s[i - 1]))))
+          if (std::isdigit(static_cast<unsigned char>(s[i])) &&
+              (i == 0 || !std::isalnum(static_cast<unsigned char>(s[i - 1]))))
             at.push_back(i);
         if (at.empty()) break;
         const std::size_t i = at[g.below(at.size())];
@@ -169,7 +206,8 @@ std::string mutate_text(Gen& g, std::string s) {
       case 1: {  // replace a name (a word that starts with a letter) by another
         std::vector<std::size_t> at;
         for (std::size_t i = 0; i < s.size(); ++i)
-          if (std::isalpha(static_cast<unsigned char>(s[i])) && (i == 0 || !std::isalnum(static_cast<unsigned char>(s[i - 1]))))
+          if (std::isalpha(static_cast<unsigned char>(s[i])) &&
+              (i == 0 || !std::isalnum(static_cast<unsigned char>(s[i - 1]))))
             at.push_back(i);
         if (at.empty()) break;
         const std::size_t i = at[g.below(at.size())];
@@ -184,15 +222,20 @@ std::string mutate_text(Gen& g, std::string s) {
         if (lines.size() < 2) break;
         const std::size_t a = g.below(lines.size()), b = g.below(lines.size());
         const int op = static_cast<int>(g.below(3));
-        if (op == 0) lines.erase(lines.begin() + static_cast<long>(a));
-        else if (op == 1) lines.insert(lines.begin() + static_cast<long>(a), lines[b]);
-        else std::swap(lines[a], lines[b]);
+        if (op == 0)
+          lines.erase(lines.begin() + static_cast<long>(a));
+        else if (op == 1)
+          lines.insert(lines.begin() + static_cast<long>(a), lines[b]);
+        else
+          std::swap(lines[a], lines[b]);
         s.clear();
         for (const auto& l : lines) s += l + "\n";
         break;
       }
-      case 4: s.resize(g.below(s.size() + 1)); break;  // truncate
-      case 5: {                                        // random bytes
+      case 4:
+        s.resize(g.below(s.size() + 1));
+        break;   // truncate
+      case 5: {  // random bytes
         const int n = 1 + static_cast<int>(g.below(4));
         for (int i = 0; i < n; ++i) {
           static const std::string punct = "[](),=:*+/#{}x \n\t\r\x01\xff-.";
@@ -232,9 +275,17 @@ std::string mutate_text(Gen& g, std::string s) {
   return s;
 }
 
-const std::vector<std::string> kMeshes = {"2", "4", "2x2", "2x4", "1", "8", "0", "2x0", "x", "2x", "x2", "", "2x2x2x2",
-                                          "4096x4096x4096", "99999999999", "4096", "16x16", "2x2x2x2x2x2x2x2x2", "-2",
-                                          "2x-2", "3", "1x1x1"};
+const std::vector<std::string> kMeshes = {"2",           "4",
+                                          "2x2",         "2x4",
+                                          "1",           "8",
+                                          "0",           "2x0",
+                                          "x",           "2x",
+                                          "x2",          "",
+                                          "2x2x2x2",     "4096x4096x4096",
+                                          "99999999999", "4096",
+                                          "16x16",       "2x2x2x2x2x2x2x2x2",
+                                          "-2",          "2x-2",
+                                          "3",           "1x1x1"};
 
 /// A `plan` argument list: a subcommand and options with assorted values.
 std::vector<std::string> generate_args(Gen& g, const std::vector<std::string>& files) {
@@ -245,23 +296,27 @@ std::vector<std::string> generate_args(Gen& g, const std::vector<std::string>& f
   if (sub == "file" && g.chance(95)) a.push_back(g.pick(files));
   const int n = static_cast<int>(g.below(5));
   for (int i = 0; i < n; ++i) {
-    static const std::vector<std::string> opts = {"--mesh",     "--machine", "--profile",  "--schedule",   "--layout",
-                                                  "--top",      "--memory-gb", "--plan-steps", "--budget-s",  "-m",
-                                                  "-n",         "-k",        "--batch",    "--heads",      "--kv-heads",
-                                                  "--seq",      "--kv-len",  "--head-dim", "--tokens",     "--hidden",
-                                                  "--intermediate", "--bogus"};
+    static const std::vector<std::string> opts = {
+        "--mesh",      "--machine",    "--profile",      "--schedule", "--layout", "--top",
+        "--memory-gb", "--plan-steps", "--budget-s",     "-m",         "-n",       "-k",
+        "--batch",     "--heads",      "--kv-heads",     "--seq",      "--kv-len", "--head-dim",
+        "--tokens",    "--hidden",     "--intermediate", "--bogus"};
     const std::string o = g.pick(opts);
     a.push_back(o);
-    if (o == "--mesh") a.push_back(g.chance(70) ? g.pick(std::vector<std::string>{"2", "4", "2x2", "1"}) : g.pick(kMeshes));
-    else if (o == "--machine") a.push_back(g.pick(std::vector<std::string>{"h100", "h200x2", "a100", "l4", "tpu", ""}));
-    else if (o == "--profile") a.push_back(g.pick(files));
+    if (o == "--mesh")
+      a.push_back(g.chance(70) ? g.pick(std::vector<std::string>{"2", "4", "2x2", "1"}) : g.pick(kMeshes));
+    else if (o == "--machine")
+      a.push_back(g.pick(std::vector<std::string>{"h100", "h200x2", "a100", "l4", "tpu", ""}));
+    else if (o == "--profile")
+      a.push_back(g.pick(files));
     else if (o == "--schedule" || o == "--layout")
       a.push_back(g.pick(std::vector<std::string>{"ring", "ag_gemm", "gemm_rs", "cp", "ulysses", "usp", "nope",
                                                   "tile(m,2) parallelize(m0,0) patch(gemm)", "tile(m,0)",
                                                   "tile(q,99999999999999999999)", "patch(", "tile(m,2)) x(", ""}));
     else if (o == "--budget-s" || o == "--memory-gb")
       a.push_back(g.pick(std::vector<std::string>{"0.01", "0", "-1", "nan", "inf", "1e308", "abc", "0.001", "1"}));
-    else if (o != "--bogus") a.push_back(g.number());
+    else if (o != "--bogus")
+      a.push_back(g.number());
   }
   if (g.chance(5) && !a.empty()) a.erase(a.begin() + static_cast<long>(g.below(a.size())));  // drop a token
   return a;
@@ -320,9 +375,12 @@ void fuzz_child(Shared* sh, std::uint64_t seed, int texts, int arg_lists, const 
   for (int i = 0; i < texts; ++i) {
     std::string t;
     const auto kind = g.below(4);
-    if (kind <= 1) t = mutate_text(g, g.pick(corpus));
-    else if (kind == 2) t = generate_text(g);
-    else t = mutate_text(g, generate_text(g));
+    if (kind <= 1)
+      t = mutate_text(g, g.pick(corpus));
+    else if (kind == 2)
+      t = generate_text(g);
+    else
+      t = mutate_text(g, generate_text(g));
     const bool search = g.chance(3);
     run_one(sh, t, [&] { tessera::fuzz::one_text(t, search); });
     ++sh->texts;

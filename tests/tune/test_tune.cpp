@@ -141,7 +141,8 @@ TEST(Key, NearestNeighbourUsesLogDistanceWithinThePrefix) {
   Cache c("plans", 1, dir.path());
   const MachineId m{"NVIDIA H200", "NV18", 2};
   const std::string p = key_prefix(m, DType::bf16, "signal.all_reduce");
-  for (std::vector<std::int64_t> s : {std::vector<std::int64_t>{1024, 8192, 4096}, {8192, 8192, 4096}, {16384, 8192, 8192}})
+  for (std::vector<std::int64_t> s :
+       {std::vector<std::int64_t>{1024, 8192, 4096}, {8192, 8192, 4096}, {16384, 8192, 8192}})
     c.put(make_key(p, s), {{"shape", s}});
   c.put(make_key(key_prefix(m, DType::f16, "signal.all_reduce"), {7000, 8192, 4096}), {{"shape", {7000, 8192, 4096}}});
   auto nb = nearest(c, p, {7000, 8192, 4096});
@@ -157,8 +158,8 @@ TEST(BandwidthCurve, InterpolatesLogLinearlyAndIsMonotone) {
   const BandwidthCurve c({{1e6, 20e-6}, {4e6, 40e-6}, {16e6, 100e-6}});
   EXPECT_DOUBLE_EQ(c.time(1e6), 20e-6);
   EXPECT_DOUBLE_EQ(c.time(4e6), 40e-6);
-  EXPECT_DOUBLE_EQ(c.time(100), 20e-6);                 // latency floor
-  EXPECT_NEAR(c.time(32e6), 200e-6, 1e-15);             // last bandwidth holds
+  EXPECT_DOUBLE_EQ(c.time(100), 20e-6);      // latency floor
+  EXPECT_NEAR(c.time(32e6), 200e-6, 1e-15);  // last bandwidth holds
   // At the geometric midpoint the bandwidth is the mean of its neighbours'.
   EXPECT_NEAR(c.bandwidth(2e6), (1e6 / 20e-6 + 4e6 / 40e-6) / 2, 1e-3);
   double prev = 0;
@@ -381,7 +382,8 @@ TEST(MachineProfile, FormatTwoRoundTripsAndFormatOneLoads) {
   EXPECT_EQ(nlohmann::json(*q), nlohmann::json(p));
   EXPECT_EQ(nlohmann::json(*q).at("format").get<int>(), MachineProfile::kFormatVersion);
   EXPECT_DOUBLE_EQ(q->comm_slowdown_beside_gemm, 0.25);
-  EXPECT_DOUBLE_EQ(q->no_overlap_curve(Collective::AllReduce).time(3e6), 0.8 * p.curve(Collective::AllReduce).time(3e6));
+  EXPECT_DOUBLE_EQ(q->no_overlap_curve(Collective::AllReduce).time(3e6),
+                   0.8 * p.curve(Collective::AllReduce).time(3e6));
   // Measured for AR only: RS falls back to the overlap curve.
   EXPECT_DOUBLE_EQ(q->no_overlap_curve(Collective::ReduceScatter).time(3e6),
                    q->curve(Collective::ReduceScatter).time(3e6));
@@ -422,8 +424,8 @@ TEST(MachineProfile, FormatTwoRoundTripsAndFormatOneLoads) {
   decreasing["no_overlap_curves"]["all_reduce"] = {{1e6, 2e-6}, {2e6, 1e-6}};
   EXPECT_THROW(decreasing.get<MachineProfile>(), tessera::Error);
   // The stored entry is unchanged by the refused stores.
-  const auto after = MachineProfile::load(Cache("machine_profile", MachineProfile::kCacheVersion, dir.path()),
-                                          p.machine, DType::bf16);
+  const auto after =
+      MachineProfile::load(Cache("machine_profile", MachineProfile::kCacheVersion, dir.path()), p.machine, DType::bf16);
   ASSERT_TRUE(after.has_value());
   EXPECT_EQ(nlohmann::json(*after), nlohmann::json(p));
 }
@@ -452,8 +454,8 @@ TEST(SignalTuner, CostUsesCommSlowdownAndTheNoOverlapCurve) {
   const BandwidthCurve& split = p.curve(Collective::AllReduce);
   const double ovh = p.per_group_overhead, pen = p.gemm_penalty_per_group;
   const double end0 = a * g.per_wave + ovh + 1.4 * split.time(wm.wave_begin(a) * tile_bytes);
-  const double end1 = std::max(W * g.per_wave + pen, end0) + ovh +
-                      split.time((wm.wave_begin(W) - wm.wave_begin(a)) * tile_bytes);
+  const double end1 =
+      std::max(W * g.per_wave + pen, end0) + ovh + split.time((wm.wave_begin(W) - wm.wave_begin(a)) * tile_bytes);
   EXPECT_NEAR(s.predict({a, W - a}), end1, 1e-12);
   // Same inputs, same model: the free function bench signal predicts with.
   const auto fc = signal_overlap_cost(p, q, g);
@@ -587,8 +589,7 @@ TEST(SignalVerdict, TopKRecordsTheFastestMeasuredCandidate) {
     const int W = t.overlapped_model(q).waves();
     EXPECT_THROW(t.record_measured_candidates(q, {}, 1e-3), tessera::Error);
     EXPECT_THROW(t.record_measured_candidates(q, {{cand[0], 0.5e-3}, {cand[0], 0.6e-3}}, 1e-3), tessera::Error);
-    EXPECT_THROW(t.record_measured_candidates(q, {{cand[0], 0.5e-3}, {cand[2], std::nan("")}}, 1e-3),
-                 tessera::Error);
+    EXPECT_THROW(t.record_measured_candidates(q, {{cand[0], 0.5e-3}, {cand[2], std::nan("")}}, 1e-3), tessera::Error);
     EXPECT_THROW(t.record_measured_candidates(q, {{cand[0], 0.5e-3}, {{W, 1}, 0.4e-3}}, 1e-3), tessera::Error);
     EXPECT_THROW(t.record_measured_candidates(q, {{cand[0], 0.5e-3}}, INFINITY), tessera::Error);
     const auto after = t.choose(q);
@@ -662,7 +663,7 @@ TEST(CacheHardening, IntegersAreRangeCheckedNotTruncated) {
   j["world"] = 4294967298ULL;
   Cache c("machine_profile", MachineProfile::kCacheVersion, dir.path());
   c.put(key_prefix(p.machine, DType::bf16, "profile"), j);
-  EXPECT_THROW(MachineProfile::load(Cache("machine_profile", MachineProfile::kCacheVersion, dir.path()), p.machine,
-                                    DType::bf16),
-               tessera::Error);
+  EXPECT_THROW(
+      MachineProfile::load(Cache("machine_profile", MachineProfile::kCacheVersion, dir.path()), p.machine, DType::bf16),
+      tessera::Error);
 }

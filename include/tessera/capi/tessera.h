@@ -127,8 +127,8 @@ int tessera_lsa_probe(int ndev, int* lsa_size);
 
 /* The strategy `automatic` resolves to for this shape (tunes if needed;
  * collective). *out receives a strategy code. op: 0 ag_gemm, 1 gemm_rs. */
-int tessera_resolve(tessera_session* s, int op, int64_t m, int64_t m_local, int64_t n, int64_t k, int dtype,
-                    int swiglu, const void* a, const void* b, void* d, int* out);
+int tessera_resolve(tessera_session* s, int op, int64_t m, int64_t m_local, int64_t n, int64_t k, int dtype, int swiglu,
+                    const void* a, const void* b, void* d, int* out);
 
 #ifdef __cplusplus
 }

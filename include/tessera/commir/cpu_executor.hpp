@@ -29,7 +29,7 @@ Tensors random_inputs(const Grid& g, std::uint64_t seed);
 Tensors reference(const Grid& g, const Tensors& inputs);
 
 struct CpuRun {
-  double max_rel_error = 0;            // max over outputs of ||out - ref|| / ||ref|| on each rank's region
+  double max_rel_error = 0;              // max over outputs of ||out - ref|| / ||ref|| on each rank's region
   std::vector<std::int64_t> peak_bytes;  // measured per rank
   std::int64_t checked_elements = 0;
 };

@@ -102,15 +102,15 @@ const char* dev_op_name(DevOpKind k);
 struct DevOp {
   DevOpKind kind;
   DevStream stream = DevStream::comm;
-  DevView src, dst, a, b;          // by kind (see DevOpKind)
-  std::int64_t rows = 0, cols = 0;  // copy / add
+  DevView src, dst, a, b;            // by kind (see DevOpKind)
+  std::int64_t rows = 0, cols = 0;   // copy / add
   std::int64_t m = 0, n = 0, k = 0;  // gemm
-  std::int64_t count = 0;           // NCCL ops, elements
-  bool f32 = false;                 // dtype of the data moved (NCCL, copy, add): f32, else bf16
-  bool accumulate = false;          // gemm: add to dst (beta = 1) instead of overwriting it
-  bool b_nk = false;                // gemm: B stored [n, k] (see DevOpKind::gemm)
+  std::int64_t count = 0;            // NCCL ops, elements
+  bool f32 = false;                  // dtype of the data moved (NCCL, copy, add): f32, else bf16
+  bool accumulate = false;           // gemm: add to dst (beta = 1) instead of overwriting it
+  bool b_nk = false;                 // gemm: B stored [n, k] (see DevOpKind::gemm)
   int peer = -1, root = -1;
-  std::string what;                 // the plan step it comes from (diagnostics)
+  std::string what;  // the plan step it comes from (diagnostics)
 };
 
 /// One piece of an output: rows x cols of `src`, written at `host_offset`
@@ -151,7 +151,7 @@ DevProgram build_gpu_program(const Plan& plan, int rank, const GpuProgramOptions
 struct GpuSimRun {
   double max_rel_error = 0;  // over every rank's final region of every output
   std::int64_t checked_elements = 0;
-  std::int64_t ops = 0;      // device ops simulated, all ranks
+  std::int64_t ops = 0;  // device ops simulated, all ranks
 };
 
 /// Runs the programs of all ranks on the host in double precision: NCCL

@@ -95,7 +95,7 @@ struct Placement {
   std::string buffer;
   std::string loop;  // the parallel loop
   PlacementKind kind = PlacementKind::shard;
-  std::string along;          // loop or axis name (shard only)
+  std::string along;  // loop or axis name (shard only)
   bool along_is_loop = false;
   bool operator==(const Placement&) const = default;
 };
@@ -120,9 +120,9 @@ struct Grid {
   std::vector<Axis> axes;
   std::vector<Buffer> buffers;
   Body body;
-  std::string kernel;                                 // set by patch
+  std::string kernel;                                       // set by patch
   std::map<std::string, std::vector<std::int64_t>> tiling;  // axis -> factor extents
-  std::vector<Loop> loops;                            // outer -> inner
+  std::vector<Loop> loops;                                  // outer -> inner
   std::vector<Placement> placements;
   bool operator==(const Grid&) const = default;
 
@@ -160,9 +160,9 @@ inline constexpr std::int64_t kMaxBufferBytes = std::int64_t{1} << 50;  // one b
 inline constexpr std::int64_t kMaxGridPoints = std::int64_t{1} << 62;   // product of all axis extents
 inline constexpr int kMaxMeshLevels = 8;
 inline constexpr int kMaxLevelSize = 4096;
-inline constexpr int kMaxWorld = 256;                     // product of the mesh sizes
-inline constexpr std::int64_t kMaxSteps = 1 << 16;        // sequential steps per rank (lower's limit)
-inline constexpr std::int64_t kMaxRankSteps = 1 << 20;    // world x sequential steps
+inline constexpr int kMaxWorld = 256;                   // product of the mesh sizes
+inline constexpr std::int64_t kMaxSteps = 1 << 16;      // sequential steps per rank (lower's limit)
+inline constexpr std::int64_t kMaxRankSteps = 1 << 20;  // world x sequential steps
 inline constexpr int kMaxAxes = 16, kMaxBuffers = 16, kMaxDims = 8, kMaxLoops = 64, kMaxTileLevels = 16;
 inline constexpr int kMaxPlacements = 256;
 inline constexpr std::size_t kMaxName = 64;

@@ -66,16 +66,16 @@ struct Step {
   int time = 0;
   Slot slot = Slot::compute;
   std::string buffer;
-  Box box;                  // compute: grid axes; send/recv/free: buffer dims
-  int peer = -1;            // send/recv
-  int tag = 0;              // send/recv match key; collective id
-  bool partial = false;     // accumulator (moved, merged on arrival)
+  Box box;               // compute: grid axes; send/recv/free: buffer dims
+  int peer = -1;         // send/recv
+  int tag = 0;           // send/recv match key; collective id
+  bool partial = false;  // accumulator (moved, merged on arrival)
   CollKind coll = CollKind::all_gather;
-  std::vector<int> group;   // collective members (ascending ranks)
-  int root = -1;            // broadcast
-  Region before, after;     // collective: this rank's data before / after
-  std::int64_t bytes = 0;   // payload bytes this rank sends + receives
-  int level = -1;           // mesh level whose links carry the traffic
+  std::vector<int> group;  // collective members (ascending ranks)
+  int root = -1;           // broadcast
+  Region before, after;    // collective: this rank's data before / after
+  std::int64_t bytes = 0;  // payload bytes this rank sends + receives
+  int level = -1;          // mesh level whose links carry the traffic
 };
 
 struct RankPlan {

@@ -31,7 +31,7 @@ struct Estimate {
   double time_us = 0;
   double compute_us = 0;  // slowest rank's kernel time
   double comm_us = 0;     // slowest rank's busy time on links and collectives
-  double reshard_us = 0;   // converting from / to a fixed interface layout (included in time_us)
+  double reshard_us = 0;  // converting from / to a fixed interface layout (included in time_us)
   std::vector<double> bytes_per_level;
   std::int64_t peak_bytes = 0;
 };
@@ -85,15 +85,15 @@ std::vector<Candidate> pareto_front(std::vector<Candidate> c);
 
 // ---- graph level ----------------------------------------------------------
 struct GraphEdge {
-  int from = 0, to = 0;         // operator indices (from < to)
-  std::string out_buffer;       // written by `from`
-  std::string in_buffer;        // read by `to`; dimensions correspond in order
+  int from = 0, to = 0;    // operator indices (from < to)
+  std::string out_buffer;  // written by `from`
+  std::string in_buffer;   // read by `to`; dimensions correspond in order
 };
 
 struct GraphResult {
-  std::vector<int> pick;        // candidate index per operator
+  std::vector<int> pick;  // candidate index per operator
   double total_us = 0;
-  std::vector<double> exec_us;  // per operator
+  std::vector<double> exec_us;     // per operator
   std::vector<double> reshard_us;  // per operator, summed over its input edges
   std::int64_t combinations = 0;
 };

@@ -56,14 +56,14 @@ constexpr int64_t kGroupedMaxGroups = 1024;
 constexpr int kGroupedStatusInts = 4;
 
 struct GroupedGemmArgs {
-  const void* a = nullptr;         ///< stacked [max_rows, K], row stride lda
-  const void* b = nullptr;         ///< [G, N, K] (NK) or [G, K, N] (KN)
-  void* d = nullptr;               ///< stacked [max_rows, N] (N/2 with SwiGLU)
-  const int* group_rows = nullptr; ///< device int[G]: M_g
-  int* status = nullptr;           ///< device int[kGroupedStatusInts]
-  int64_t groups = 0;              ///< G
+  const void* a = nullptr;          ///< stacked [max_rows, K], row stride lda
+  const void* b = nullptr;          ///< [G, N, K] (NK) or [G, K, N] (KN)
+  void* d = nullptr;                ///< stacked [max_rows, N] (N/2 with SwiGLU)
+  const int* group_rows = nullptr;  ///< device int[G]: M_g
+  int* status = nullptr;            ///< device int[kGroupedStatusInts]
+  int64_t groups = 0;               ///< G
   int64_t n = 0, k = 0;
-  int64_t max_rows = 0;            ///< host upper bound of sum M_g
+  int64_t max_rows = 0;               ///< host upper bound of sum M_g
   int64_t lda = 0, ldb = 0, ldd = 0;  ///< elements; 0 = packed
   int64_t stride_b = 0;               ///< elements between groups of B; 0 = packed
   DType in = DType::bf16;
@@ -116,9 +116,9 @@ int64_t grouped_max_tiles(const GroupedGemmArgs& a, TileShape s);
 void grouped_gemm(const GroupedGemmArgs& a, const GroupedGemmOptions& o = {}, cudaStream_t stream = nullptr);
 
 struct GroupedGemmStatus {
-  int code = 0;      ///< 0 ok, 1 negative M_g, 2 sum over max_rows
-  int group = 0;     ///< the group (code 1) or G (code 2)
-  int64_t value = 0; ///< the M_g (code 1) or the sum (codes 0, 2)
+  int code = 0;       ///< 0 ok, 1 negative M_g, 2 sum over max_rows
+  int group = 0;      ///< the group (code 1) or G (code 2)
+  int64_t value = 0;  ///< the M_g (code 1) or the sum (codes 0, 2)
   bool ok() const { return code == 0; }
   std::string message() const;
 };

@@ -186,7 +186,10 @@ struct GridCursor {
   std::int64_t row, col;
   std::int64_t per_row, drow, dcol;
   __device__ __forceinline__ GridCursor(std::int64_t start, std::int64_t stride, std::int64_t per_row_)
-      : row(start / per_row_), col(start % per_row_), per_row(per_row_), drow(stride / per_row_),
+      : row(start / per_row_),
+        col(start % per_row_),
+        per_row(per_row_),
+        drow(stride / per_row_),
         dcol(stride % per_row_) {}
   __device__ __forceinline__ void advance() {
     row += drow;

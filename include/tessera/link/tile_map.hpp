@@ -51,15 +51,15 @@ TESSERA_HD std::int64_t max64(std::int64_t a, std::int64_t b) { return a > b ? a
 
 /// TileLink's static affine map for AllGather (pull or push) feeding a GEMM.
 struct AllGatherTileMap {
-  std::int64_t M = 0;       ///< total rows of the gathered A
-  int R = 1;                ///< ranks
-  int C = 1;                ///< channels per rank
-  int tile_m_p = 128;       ///< producer (communication) tile rows
-  int tile_m_c = 128;       ///< consumer (computation) tile rows
+  std::int64_t M = 0;  ///< total rows of the gathered A
+  int R = 1;           ///< ranks
+  int C = 1;           ///< channels per rank
+  int tile_m_p = 128;  ///< producer (communication) tile rows
+  int tile_m_c = 128;  ///< consumer (computation) tile rows
   // Derived (call make()).
-  std::int64_t m_per_rank = 0;      ///< ceil(M / R)
-  std::int64_t m_per_channel = 0;   ///< ceil(m_per_rank / C)
-  int tiles_per_channel = 0;        ///< ceil(m_per_channel / tile_m_p)
+  std::int64_t m_per_rank = 0;     ///< ceil(M / R)
+  std::int64_t m_per_channel = 0;  ///< ceil(m_per_rank / C)
+  int tiles_per_channel = 0;       ///< ceil(m_per_channel / tile_m_p)
 
   /// Validated constructor (host): throws tessera::Error on bad parameters.
   static AllGatherTileMap make(std::int64_t M, int R, int C, int tile_m_p, int tile_m_c);

@@ -47,11 +47,11 @@ Strategy parse_strategy(std::string_view name);
 /// weight with gate and up interleaved by rows (row 2j = gate_j, row 2j+1 =
 /// up_j), N even, and D[M, N/2] = SiLU(gate)·up.
 struct AgGemmArgs {
-  const void* a = nullptr;  ///< this rank's shard [m_local, K], row stride lda
-  const void* b = nullptr;  ///< [N, K], row stride ldb
-  void* d = nullptr;        ///< [M, N] (or [M, N/2] with swiglu), row stride ldd
-  std::int64_t m = 0;       ///< total (gathered) rows
-  std::int64_t m_local = 0; ///< rows of this rank's shard
+  const void* a = nullptr;   ///< this rank's shard [m_local, K], row stride lda
+  const void* b = nullptr;   ///< [N, K], row stride ldb
+  void* d = nullptr;         ///< [M, N] (or [M, N/2] with swiglu), row stride ldd
+  std::int64_t m = 0;        ///< total (gathered) rows
+  std::int64_t m_local = 0;  ///< rows of this rank's shard
   std::int64_t n = 0, k = 0;
   std::int64_t lda = 0, ldb = 0, ldd = 0;  ///< elements; 0 = packed
   DType dtype = DType::bf16;

@@ -103,7 +103,7 @@ struct AgPrologue {
   std::uint64_t timeout_ns = 0;
   kernels::engine::WaitDiag* diag = nullptr;
   std::int64_t local_lo = 0, local_hi = 0;  // own rows in gathered coordinates; empty: off
-  CUtensorMap local_a;  // the own shard [m_local, K] in the caller's A (same box and swizzle)
+  CUtensorMap local_a;                      // the own shard [m_local, K] in the caller's A (same box and swizzle)
 
   __device__ __forceinline__ void a_source(const CUtensorMap*& m, int& row) const {
     if (row >= local_lo && row < local_hi) {
@@ -162,7 +162,8 @@ struct RsEpilogue {
   __device__ __forceinline__ void store8(const kernels::engine::TileInfo&, int row, int col, const float (&acc)[8],
                                          int valid) const {
     const int o = static_cast<int>(row / per_rank);
-    kernels::engine::store_first8(recv[o] + (static_cast<std::int64_t>(rank) * per_rank + (row - o * per_rank)) * ld + col, acc, valid);
+    kernels::engine::store_first8(
+        recv[o] + (static_cast<std::int64_t>(rank) * per_rank + (row - o * per_rank)) * ld + col, acc, valid);
   }
 
   __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {
@@ -197,7 +198,7 @@ struct RsOwnerEpilogue {
   static constexpr bool kSysScope = true;
   OutT* recv[runtime::kMaxPeers];
   std::uint64_t* counters[runtime::kMaxPeers];  ///< each owner's per-tile counters
-  OutT* d = nullptr;  ///< this rank's output rows [m_local, N]
+  OutT* d = nullptr;                            ///< this rank's output rows [m_local, N]
   std::int64_t ldd = 0;
   std::int64_t per_rank = 0, ld = 0;
   int rank = 0, world = 1;
@@ -280,10 +281,10 @@ template <class OutT>
 struct RsStageEpilogue {
   static constexpr bool kNotify = true;
   static constexpr bool kSysScope = false;
-  OutT* stage = nullptr;        ///< local [world][per_rank][ld] staging slabs
-  const OutT* recv = nullptr;   ///< this rank's receive slabs [world][per_rank][ld]
+  OutT* stage = nullptr;                ///< local [world][per_rank][ld] staging slabs
+  const OutT* recv = nullptr;           ///< this rank's receive slabs [world][per_rank][ld]
   std::uint64_t* band_count = nullptr;  ///< this rank's own band counters (by band)
-  OutT* d = nullptr;            ///< this rank's output rows [m_local, N]
+  OutT* d = nullptr;                    ///< this rank's output rows [m_local, N]
   std::int64_t ldd = 0;
   std::int64_t per_rank = 0, ld = 0;
   int rank = 0, world = 1;
@@ -316,10 +317,10 @@ struct RsStageEpilogue {
   struct OwnBound {
     static constexpr int kLoadAhead = 4;
     using Loaded = uint4;
-    OutT* d;                  // this rank's output rows
-    std::int64_t ldd;         // its row stride
-    std::int64_t row_off;     // global row of d's row 0: rank * per_rank
-    const OutT* slab;         // this rank's receive slabs, block [0]
+    OutT* d;               // this rank's output rows
+    std::int64_t ldd;      // its row stride
+    std::int64_t row_off;  // global row of d's row 0: rank * per_rank
+    const OutT* slab;      // this rank's receive slabs, block [0]
     std::int64_t ld, slab_stride;
     int world, rank, first_peer;
     bool skip_peers;
@@ -384,8 +385,8 @@ struct RsBandPrologue {
     const int band = t.m >> band_shift;
     for (int src = 0; src < world; ++src) {
       if (src == rank) continue;
-      wait_flag_geq_sys(flags + static_cast<std::int64_t>(src) * flag_stride + band, epoch, t,
-                        src * flag_stride + band, timeout_ns, diag);
+      wait_flag_geq_sys(flags + static_cast<std::int64_t>(src) * flag_stride + band, epoch, t, src * flag_stride + band,
+                        timeout_ns, diag);
     }
     return true;
   }

@@ -30,10 +30,10 @@ namespace tessera::ops {
 
 /// Signal slots used by the operators (control Signals object).
 enum ControlSlot : int {
-  kAgFree = 0,   ///< "my gathered-A workspace is free again" (value = AG epoch)
-  kRsFree = 1,   ///< "my receive slabs are free again" (value = RS epoch)
-  kRsData = 2,   ///< decomposition RS: "my partial for you has landed" (value = RS epoch)
-  kRingData = 3, ///< ring RS: running-sum chunks landed (value = RingRsPlan::flag_value, monotonic)
+  kAgFree = 0,    ///< "my gathered-A workspace is free again" (value = AG epoch)
+  kRsFree = 1,    ///< "my receive slabs are free again" (value = RS epoch)
+  kRsData = 2,    ///< decomposition RS: "my partial for you has landed" (value = RS epoch)
+  kRingData = 3,  ///< ring RS: running-sum chunks landed (value = RingRsPlan::flag_value, monotonic)
   kControlSlots = 4,
 };
 
@@ -42,13 +42,13 @@ inline constexpr int kMaxChannels = 32;
 
 struct AgPlan {
   int rank = 0, world = 1;
-  link::AllGatherTileMap map;   ///< producer = channel chunks, consumer = GEMM tile rows
+  link::AllGatherTileMap map;  ///< producer = channel chunks, consumer = GEMM tile rows
   ShardRows shards;
   int channels = 1;
-  int tile_m = 128;             ///< GEMM tile rows
-  int rotate_m = 0;             ///< first tile row of this rank's shard
-  std::vector<int> push_to;     ///< push_to[j-1] = destination at step j
-  std::vector<int> recv_from;   ///< recv_from[j] = source whose shard the GEMM reads j-th (j=0: self)
+  int tile_m = 128;            ///< GEMM tile rows
+  int rotate_m = 0;            ///< first tile row of this rank's shard
+  std::vector<int> push_to;    ///< push_to[j-1] = destination at step j
+  std::vector<int> recv_from;  ///< recv_from[j] = source whose shard the GEMM reads j-th (j=0: self)
 };
 /// channels in [1, kMaxChannels]; throws tessera::Error on bad parameters.
 AgPlan plan_ag(std::int64_t m, int world, int rank, int channels, int tile_m);
@@ -62,8 +62,8 @@ struct RsPlan {
   ShardRows shards;
   int tile_m = 128, tile_n = 256;
   int tiles_m = 0, tiles_n = 0;
-  int rotate_m = 0;             ///< first tile row of shard (rank + 1) mod R
-  std::int64_t ld_recv = 0;     ///< row stride of a receive slab (N rounded up to 8)
+  int rotate_m = 0;          ///< first tile row of shard (rank + 1) mod R
+  std::int64_t ld_recv = 0;  ///< row stride of a receive slab (N rounded up to 8)
   /// Tile rows whose rows this rank owns (the reduce kernel's work list).
   int own_tile_lo = 0, own_tile_hi = 0;
   /// Per-tile-row notifications an owner waits for per call.
@@ -107,7 +107,7 @@ inline constexpr int kRingMaxWorld = 16;
 inline constexpr std::uint64_t kRingEpochStride = static_cast<std::uint64_t>(kRingMaxWorld) * kMaxChannels;
 
 struct RingRsStep {
-  int shard = 0;       ///< shard whose partial this rank computes at this step
+  int shard = 0;          ///< shard whose partial this rank computes at this step
   bool receives = false;  ///< step > 0: add the running sum received from recv_from (slab `step`)
   bool sends = false;     ///< step < R-1: push the running sum to send_to's slab step+1
 };
@@ -116,9 +116,9 @@ struct RingRsPlan {
   int rank = 0, world = 1, channels = 1;
   std::int64_t m = 0;
   ShardRows shards;
-  std::int64_t ld_recv = 0;  ///< row stride of a receive slab (N rounded up to 8)
-  int send_to = 0;           ///< rank r-1: who continues my running sums
-  int recv_from = 0;         ///< rank r+1: whose running sums I continue
+  std::int64_t ld_recv = 0;       ///< row stride of a receive slab (N rounded up to 8)
+  int send_to = 0;                ///< rank r-1: who continues my running sums
+  int recv_from = 0;              ///< rank r+1: whose running sums I continue
   std::vector<RingRsStep> steps;  ///< R entries; steps.back().shard == rank
   /// Rows [chunk_lo, chunk_lo + chunk_rows) of shard s (relative to the shard)
   /// form channel c: ceil(rows/channels) rows each, the last ones shorter,

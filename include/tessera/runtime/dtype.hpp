@@ -12,9 +12,12 @@ constexpr std::size_t dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
 
 constexpr std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
-    case DType::f32: return "f32";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
+    case DType::f32:
+      return "f32";
   }
   return "?";
 }

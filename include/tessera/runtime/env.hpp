@@ -15,8 +15,7 @@ std::optional<std::string> get(const char* name);
 
 /// Integer value of `name`, or `fallback` when unset. Throws tessera::Error if
 /// the value is not an integer within [lo, hi].
-std::int64_t get_int(const char* name, std::int64_t fallback, std::int64_t lo = INT64_MIN,
-                     std::int64_t hi = INT64_MAX);
+std::int64_t get_int(const char* name, std::int64_t fallback, std::int64_t lo = INT64_MIN, std::int64_t hi = INT64_MAX);
 
 /// Same as get_int, but returns nullopt when unset.
 std::optional<std::int64_t> find_int(const char* name, std::int64_t lo = INT64_MIN, std::int64_t hi = INT64_MAX);

@@ -41,27 +41,27 @@ void set_current_rank(int rank) noexcept;
 }  // namespace tessera
 
 /// Throws tessera::Error with a formatted message unless `cond` holds.
-#define TESSERA_CHECK(cond, ...)                                                      \
-  do {                                                                                \
-    if (!(cond)) TESSERA_UNLIKELY                                                         \
-      ::tessera::detail::throw_error(__FILE__, __LINE__, ::fmt::format(__VA_ARGS__)); \
+#define TESSERA_CHECK(cond, ...)                                                    \
+  do {                                                                              \
+    if (!(cond)) TESSERA_UNLIKELY                                                   \
+    ::tessera::detail::throw_error(__FILE__, __LINE__, ::fmt::format(__VA_ARGS__)); \
   } while (0)
 
 /// Throws tessera::Error unconditionally.
 #define TESSERA_FAIL(...) ::tessera::detail::throw_error(__FILE__, __LINE__, ::fmt::format(__VA_ARGS__))
 
 /// Checks a CUDA runtime call (cudaError_t).
-#define TESSERA_CUDA_CHECK(expr)                                                       \
-  do {                                                                                 \
-    const int tessera_rc_ = static_cast<int>(expr);                                    \
-    if (tessera_rc_ != 0) TESSERA_UNLIKELY                                                 \
-      ::tessera::detail::throw_cuda_error(__FILE__, __LINE__, #expr, tessera_rc_);     \
+#define TESSERA_CUDA_CHECK(expr)                                                 \
+  do {                                                                           \
+    const int tessera_rc_ = static_cast<int>(expr);                              \
+    if (tessera_rc_ != 0) TESSERA_UNLIKELY                                       \
+    ::tessera::detail::throw_cuda_error(__FILE__, __LINE__, #expr, tessera_rc_); \
   } while (0)
 
 /// Checks an NCCL call (ncclResult_t).
-#define TESSERA_NCCL_CHECK(expr)                                                       \
-  do {                                                                                 \
-    const int tessera_rc_ = static_cast<int>(expr);                                    \
-    if (tessera_rc_ != 0) TESSERA_UNLIKELY                                                 \
-      ::tessera::detail::throw_nccl_error(__FILE__, __LINE__, #expr, tessera_rc_);     \
+#define TESSERA_NCCL_CHECK(expr)                                                 \
+  do {                                                                           \
+    const int tessera_rc_ = static_cast<int>(expr);                              \
+    if (tessera_rc_ != 0) TESSERA_UNLIKELY                                       \
+    ::tessera::detail::throw_nccl_error(__FILE__, __LINE__, #expr, tessera_rc_); \
   } while (0)

@@ -68,7 +68,8 @@ class SymBuffer {
  public:
   SymBuffer() = default;
   SymBuffer(ProcessGroup& pg, std::size_t count)
-      : count_(count), alloc_(std::make_unique<SymAllocation>(pg, count * sizeof(T), alignof(T) < 16 ? 16 : alignof(T))) {}
+      : count_(count),
+        alloc_(std::make_unique<SymAllocation>(pg, count * sizeof(T), alignof(T) < 16 ? 16 : alignof(T))) {}
 
   T* local() const { return static_cast<T*>(alloc_->local()); }
   T* peer(int r) const { return static_cast<T*>(alloc_->peer(r)); }

@@ -32,10 +32,10 @@ namespace tessera::signal {
 struct A2aSendMap {
   TileOrder order;
   int bm = 0, bn = 0, ranks = 1;
-  const int* dest = nullptr;                   ///< [M] destination of each row
-  const int* row_slot = nullptr;               ///< [M] index of the row among its tile-row's rows with the same destination
+  const int* dest = nullptr;      ///< [M] destination of each row
+  const int* row_slot = nullptr;  ///< [M] index of the row among its tile-row's rows with the same destination
   const std::int64_t* tile_pool_offset = nullptr;  ///< [T*R] start of tile b's sub-tokens for d inside pool d
-  const std::int64_t* pool_base = nullptr;     ///< [R] start of pool d in the send buffer
+  const std::int64_t* pool_base = nullptr;         ///< [R] start of pool d in the send buffer
 
   TESSERA_HD std::int64_t offset(std::int64_t i, std::int64_t j) const {
     const int b = order.index_of(static_cast<int>(i / bm), static_cast<int>(j / bn));

@@ -115,7 +115,8 @@ class CommDriver {
  public:
   /// `stream`: the communication stream (all NCCL calls and waits go there).
   /// Loads the spinning waiter's module (see ensure_loaded).
-  CommDriver(ncclComm_t comm, cudaStream_t stream, WaitMode mode, std::uint64_t timeout_ns = runtime::wait_timeout_ns());
+  CommDriver(ncclComm_t comm, cudaStream_t stream, WaitMode mode,
+             std::uint64_t timeout_ns = runtime::wait_timeout_ns());
   /// Leaks the spinning waiter's diagnostic record during stack unwinding
   /// (freeing pinned memory synchronizes the device; see the header comment).
   ~CommDriver();

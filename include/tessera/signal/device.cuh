@@ -25,7 +25,9 @@
 
 namespace tessera::signal {
 
-__device__ __forceinline__ std::uint32_t ld_acquire_gpu_u32(const std::uint32_t* p) { return link::mo::ld_acquire_gpu(p); }
+__device__ __forceinline__ std::uint32_t ld_acquire_gpu_u32(const std::uint32_t* p) {
+  return link::mo::ld_acquire_gpu(p);
+}
 
 __device__ __forceinline__ void red_add_release_gpu_u32(std::uint32_t* p, std::uint32_t v) {
   link::mo::red_add_release_gpu(p, v);

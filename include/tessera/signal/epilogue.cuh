@@ -40,7 +40,7 @@ struct GroupEpilogue {
   const std::int64_t* tile_base = nullptr;  ///< DeviceEpilogueTables
   const std::int64_t* seg_stride = nullptr;
   const int* tile_group = nullptr;
-  std::uint32_t* counters = nullptr;        ///< GroupCounters::device()
+  std::uint32_t* counters = nullptr;  ///< GroupCounters::device()
   int sub_rows = 1;
   int tile_n = 1;
 
@@ -82,8 +82,8 @@ struct A2aEpilogue {
   static constexpr bool kSysScope = false;
   using Conv = kernels::engine::OutConv<OutT>;
 
-  OutT* buffer = nullptr;      ///< the pools (send buffer)
-  A2aSendMap map;              ///< with device pointers
+  OutT* buffer = nullptr;           ///< the pools (send buffer)
+  A2aSendMap map;                   ///< with device pointers
   const int* tile_group = nullptr;  ///< [T] by linear tile id
   std::uint32_t* counters = nullptr;
 

@@ -31,7 +31,10 @@ struct GroupSpans {
     int lo = 0, hi = groups - 1;  // invariant: tile_start[lo] <= b < tile_start[hi+1]
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
-      if (tile_start[mid] <= b) lo = mid; else hi = mid - 1;
+      if (tile_start[mid] <= b)
+        lo = mid;
+      else
+        hi = mid - 1;
     }
     return lo;
   }

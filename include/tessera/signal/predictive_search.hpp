@@ -50,9 +50,9 @@
 namespace tessera::signal {
 
 struct OverlapCost {
-  WaveTimes overlapped;        ///< GEMM with NCCL's SMs taken: C(k)
-  double sequential_gemm = 0;  ///< GEMM alone on all SMs (s)
-  double comm_all = 0;         ///< one collective on the whole output (s)
+  WaveTimes overlapped;           ///< GEMM with NCCL's SMs taken: C(k)
+  double sequential_gemm = 0;     ///< GEMM alone on all SMs (s)
+  double comm_all = 0;            ///< one collective on the whole output (s)
   double per_group_overhead = 0;  ///< wait + launch cost of one group (s)
   /// Delay of the GEMM's remaining waves per group collective launched
   /// before them (s): group g's data is ready at C(b) + g * this.

@@ -19,7 +19,7 @@ namespace tessera::signal {
 
 /// Output shape of a GEMM and its tile shape. Edge tiles may be partial.
 struct GemmTiling {
-  std::int64_t m = 0, n = 0;      ///< output rows, columns
+  std::int64_t m = 0, n = 0;       ///< output rows, columns
   int tile_m = 128, tile_n = 128;  ///< BM, BN
 
   int tiles_m() const { return static_cast<int>((m + tile_m - 1) / tile_m); }

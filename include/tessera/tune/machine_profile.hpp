@@ -74,17 +74,17 @@ class BandwidthCurve {
 struct GemmTiming {
   std::int64_t m = 0, n = 0, k = 0;
   int tile_m = 128, tile_n = 128, swizzle = 1;
-  int sms = 0;             ///< worker CTAs during overlap
-  double per_wave = 0;     ///< seconds per wave with `sms` CTAs
-  double full_gpu = 0;     ///< seconds of the whole GEMM on all SMs
+  int sms = 0;          ///< worker CTAs during overlap
+  double per_wave = 0;  ///< seconds per wave with `sms` CTAs
+  double full_gpu = 0;  ///< seconds of the whole GEMM on all SMs
 };
 
 struct MachineProfile {
   MachineId machine;
   DType dtype = DType::bf16;
-  int sm_count = 0;                 ///< SMs of the GPU
-  int nccl_sms = 0;                 ///< SMs a running NCCL collective occupies
-  double per_group_overhead = 0;    ///< measured wait + launch cost of one group (s)
+  int sm_count = 0;               ///< SMs of the GPU
+  int nccl_sms = 0;               ///< SMs a running NCCL collective occupies
+  double per_group_overhead = 0;  ///< measured wait + launch cost of one group (s)
   /// Measured delay of the GEMM per group collective launched beside it (s;
   /// signal::OverlapCost::gemm_penalty_per_group). Absent in older files: 0.
   double gemm_penalty_per_group = 0;

@@ -282,7 +282,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   // ---- consumers ----------------------------------------------------------------
   ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-  const int wg = warpgroup - 1;                        // 0 or 1: query rows wg*64 ..
+  const int wg = warpgroup - 1;  // 0 or 1: query rows wg*64 ..
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int row_in_tile = wg * 64 + (warp_idx % 4) * 16 + lane / 4;  // and + 8
   const bool warp_leader = lane == 0;
@@ -307,7 +307,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto sched_pass = [&] {
     if constexpr (Cfg::kPingPong) ptx::named_barrier_arrive(Cfg::kSchedBarrier + (wg ^ 1), 256);
   };
-  auto issue_s = [&](float (&s)[BN / 2], int st) {
+  auto issue_s = [&](float(&s)[BN / 2], int st) {
     const uint8_t* qb = sm.q() + wg * 64 * 128;
     const uint8_t* kb = sm.k(st);
 #pragma unroll
@@ -319,25 +319,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         MmaS::run(s, da, db, (c | k16) != 0);
       }
   };
-  auto issue_pv = [&](const uint32_t (&pr)[BN / 16][4], int st) {
+  auto issue_pv = [&](const uint32_t(&pr)[BN / 16][4], int st) {
     const uint8_t* vb = sm.v(st);
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)
-      MmaO::run(o, pr[kk], engine::make_desc(vb + kk * 16 * 128, BN * 128, 1024), 1);
+    for (int kk = 0; kk < BN / 16; ++kk) MmaO::run(o, pr[kk], engine::make_desc(vb + kk * 16 * 128, BN * 128, 1024), 1);
   };
-  auto to_p = [&](const float (&s)[BN / 2], uint32_t (&pr)[BN / 16][4]) {
+  auto to_p = [&](const float(&s)[BN / 2], uint32_t(&pr)[BN / 16][4]) {
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
 #pragma unroll
       for (int i = 0; i < 4; ++i) pr[kk][i] = pack2<T>(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
   };
-  auto rescale_o = [&](const float (&corr)[2]) {
+  auto rescale_o = [&](const float(&corr)[2]) {
 #pragma unroll
     for (int j = 0; j < D / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[4 * j + e] *= corr[e >> 1];
   };
-  auto softmax = [&](float (&s)[BN / 2], int n, float (&corr)[2]) {
+  auto softmax = [&](float(&s)[BN / 2], int n, float(&corr)[2]) {
     const int col0 = n * BN;
     if (n >= blk.n_nomask)
       softmax_block<true, BN>(s, m, l, corr, p.scale_log2, col0, lim);
@@ -454,7 +453,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const int idx = i * 128 + t;
       const int row = idx / kUnits, unit = idx % kUnits;
       const uint4 val = *reinterpret_cast<const uint4*>(st + (unit / 8) * Cfg::BM * 128 + row * 128 +
-                                                         (((unit % 8) ^ (row % 8)) * 16));
+                                                        (((unit % 8) ^ (row % 8)) * 16));
       const int grow = m0 + wg * 64 + row;
       if (grow < p.seqlen_q) *reinterpret_cast<uint4*>(o_base + grow * p.o_ss + unit * 8) = val;
     }
@@ -466,8 +465,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       T* const orow = o_base + row * p.o_ss + 2 * q;
 #pragma unroll
       for (int j = 0; j < D / 8; ++j)
-        *reinterpret_cast<uint32_t*>(orow + 8 * j) =
-            pack2<T>(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
+        *reinterpret_cast<uint32_t*>(orow + 8 * j) = pack2<T>(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
     }
   }
   if (p.lse && q == 0) {

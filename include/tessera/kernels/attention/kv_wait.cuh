@@ -72,8 +72,8 @@ struct KvFlagWait {
   static constexpr bool kActive = true;
   engine::FlagWait<FlagT, kSys> flags;
   __device__ __forceinline__ void wait(const KvBlockInfo& b) const {
-    const engine::TileInfo t{b.block, 0, b.block, b.row0, 0, b.rows, 1, (b.seqlen_k + b.rows - 1) / b.rows, 1,
-                             b.seqlen_k, 1};
+    const engine::TileInfo t{b.block, 0,          b.block, b.row0, 0, b.rows, 1, (b.seqlen_k + b.rows - 1) / b.rows,
+                             1,       b.seqlen_k, 1};
     flags.wait(t);
   }
 };

@@ -25,7 +25,6 @@
 
 namespace tessera::kernels {
 
-
 /// Kernel configuration: BN keys per KV block, K/V ring slots, consumer
 /// ping-pong. Head dim 128 takes 192-key blocks (fewer per-block softmax,
 /// rescale and barrier costs than 128 or 176; two slots fill 224 KiB of
@@ -35,8 +34,7 @@ namespace tessera::kernels {
 /// shared-memory epilogue: each measured faster on nvidia-h200 than the
 /// alternative (docs/design/attention.md).
 template <int D, bool kHookActive>
-using AttnCfgOf =
-    attn::AttnConfig<D, D == 128 ? (kHookActive ? 176 : 192) : 128, D == 128 ? 2 : 4, false, kHookActive>;
+using AttnCfgOf = attn::AttnConfig<D, D == 128 ? (kHookActive ? 176 : 192) : 128, D == 128 ? 2 : 4, false, kHookActive>;
 
 /// Launches the kernel of configuration Cfg (one instantiation).
 template <class T, int D, class Hook, class Cfg>

@@ -129,8 +129,14 @@ struct OutConv<float> {
   }
   __device__ static void load8(const float* p, float (&v)[8]) {
     const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
-    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
-    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    v[0] = a.x;
+    v[1] = a.y;
+    v[2] = a.z;
+    v[3] = a.w;
+    v[4] = b.x;
+    v[5] = b.y;
+    v[6] = b.z;
+    v[7] = b.w;
   }
 };
 
@@ -261,14 +267,13 @@ struct StdEpilogue {
   int64_t ldd = 0;
   const OutT* c = nullptr;  ///< partial (kEpiAddPartial), same shape/type as D
   int64_t ldc = 0;
-  const OutT* bias = nullptr;        ///< [N] (kEpiBias)
-  const int* reorder = nullptr;      ///< tile -> slot (kEpiReorder)
-  uint32_t* flags = nullptr;         ///< (kEpiNotify*)
-  const int* tile_to_flag = nullptr; ///< tile -> flag index, nullptr = identity
+  const OutT* bias = nullptr;         ///< [N] (kEpiBias)
+  const int* reorder = nullptr;       ///< tile -> slot (kEpiReorder)
+  uint32_t* flags = nullptr;          ///< (kEpiNotify*)
+  const int* tile_to_flag = nullptr;  ///< tile -> flag index, nullptr = identity
   uint32_t notify_add = 1;
 
-  __device__ __forceinline__ void store8(const TileInfo& t, int row, int col, const float (&acc)[8],
-                                         int valid) const {
+  __device__ __forceinline__ void store8(const TileInfo& t, int row, int col, const float (&acc)[8], int valid) const {
     float v[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = acc[i];

@@ -49,7 +49,7 @@ template <class Prologue, class Epilogue>
 struct GroupedParams {
   int N, K;
   int groups;
-  int max_rows;           ///< rows of the stacked A and D (the host's bound)
+  int max_rows;  ///< rows of the stacked A and D (the host's bound)
   int tiles_n;
   GroupedRaster raster;   ///< order of a group's tiles
   const int* group_rows;  ///< device [groups]: M_g
@@ -63,8 +63,8 @@ struct GroupedParams {
 /// chunks for KN: the same smem image as the 2-D boxes).
 template <class Cfg, class InT, bool kTransB>
 __device__ __forceinline__ void produce_grouped_tile(const SmemLayout<Cfg, InT>& sm, const CUtensorMap* tma_a,
-                                                     const CUtensorMap* tma_b, int row0, int col0, int g,
-                                                     int k_blocks, int& stage, uint32_t& phase) {
+                                                     const CUtensorMap* tma_b, int row0, int col0, int g, int k_blocks,
+                                                     int& stage, uint32_t& phase) {
   static_assert(Cfg::kClusterM == 1, "grouped GEMM: no clusters");
   using L = SmemLayout<Cfg, InT>;
   for (int kb = 0; kb < k_blocks; ++kb) {
@@ -92,9 +92,9 @@ struct HasGroupedStatefulWait : std::false_type {};
 template <class P, class S>
 struct HasGroupedStatefulWait<
     P, S,
-    std::enable_if_t<std::is_same_v<decltype(std::declval<const P&>().wait(std::declval<const GroupedTileInfo&>(),
-                                                                            std::declval<S&>())),
-                                    bool>>> : std::true_type {};
+    std::enable_if_t<std::is_same_v<
+        decltype(std::declval<const P&>().wait(std::declval<const GroupedTileInfo&>(), std::declval<S&>())), bool>>>
+    : std::true_type {};
 template <class E, class = void>
 struct HasGroupedBind : std::false_type {};
 template <class E>
@@ -227,9 +227,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int total = tab.tile_start[p.groups];
   const int first = blockIdx.x, stride = gridDim.x;
   const int k_blocks = (p.K + Cfg::BK - 1) / Cfg::BK;
-  auto cursor_at = [&](GroupCursor<Cfg::BM, Cfg::BN>& c, int pos) {
-    return c.at(tab, pos, p.raster, p.N);
-  };
+  auto cursor_at = [&](GroupCursor<Cfg::BM, Cfg::BN>& c, int pos) { return c.at(tab, pos, p.raster, p.N); };
   int stage = 0;
   uint32_t phase = 0;
 

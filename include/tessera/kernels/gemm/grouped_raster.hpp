@@ -23,9 +23,9 @@ namespace tessera::kernels::engine {
 struct GroupedRaster {
   int tiles_n = 1;
   int band = 0;
-  FastDivmod tiles_n_div;    ///< tiles_n
-  FastDivmod per_band_div;   ///< band * tiles_n
-  FastDivmod band_div;       ///< band
+  FastDivmod tiles_n_div;   ///< tiles_n
+  FastDivmod per_band_div;  ///< band * tiles_n
+  FastDivmod band_div;      ///< band
 
   static GroupedRaster make(int tiles_n, int band) {
     GroupedRaster r;

@@ -63,8 +63,8 @@ struct GroupedTileInfo : TileInfo {
 /// every launch: code, group, value (64-bit, low word first).
 enum GroupedStatusCode : int {
   kGroupedOk = 0,
-  kGroupedNegativeRows = 1,  ///< group's M_g < 0 (value = M_g)
-  kGroupedRowsOverBound = 2, ///< sum of M_g > max_rows (group = G, value = the sum)
+  kGroupedNegativeRows = 1,   ///< group's M_g < 0 (value = M_g)
+  kGroupedRowsOverBound = 2,  ///< sum of M_g > max_rows (group = G, value = the sum)
 };
 constexpr int kGroupedStatusWords = 4;
 
@@ -195,8 +195,7 @@ __device__ __forceinline__ void build_grouped_table(const GroupedTable& tab, con
 template <int BM, int BN>
 struct GroupCursor {
   int g = 0;
-  __device__ __forceinline__ GroupedTileInfo at(const GroupedTable& tab, int pos, const GroupedRaster& raster,
-                                                int N) {
+  __device__ __forceinline__ GroupedTileInfo at(const GroupedTable& tab, int pos, const GroupedRaster& raster, int N) {
     while (tab.tile_start[g + 1] <= pos) ++g;
     const int local = pos - tab.tile_start[g];
     const int r0 = tab.row_start[g];

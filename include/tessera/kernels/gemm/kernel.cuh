@@ -87,8 +87,8 @@ __device__ __forceinline__ void quad_transpose8(const float (&acc)[kAccRegs], in
 /// problem.
 template <class Cfg, class Params, class Bound>
 __device__ __forceinline__ void store_tile_with(const Params& p, const TileInfo& info,
-                                                const float (&acc)[Cfg::kMAtoms][Cfg::BN / 2], int consumer,
-                                                int warp, int lane, const Bound& epi) {
+                                                const float (&acc)[Cfg::kMAtoms][Cfg::BN / 2], int consumer, int warp,
+                                                int lane, const Bound& epi) {
   const int q = lane & 3;  // position in the lane quad that shares a row (see quad_transpose8)
 #pragma unroll
   for (int a = 0; a < Cfg::kMAtoms; ++a) {

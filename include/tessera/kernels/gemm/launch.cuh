@@ -42,7 +42,6 @@
 
 namespace tessera::kernels {
 
-
 template <GemmTile T, int kClusterM>
 struct TileCfgOf;
 template <int C>
@@ -169,8 +168,8 @@ void gemm_with_tile(const GemmArgs& a, const GemmOptions& o, const Pro& pro, con
 /// One ping-pong kernel (Tile: T128x128 or T64x256), whatever o.epilogue_overlap
 /// says. No clusters (o.cluster_m must be 0 or 1).
 template <GemmTile Tile, class InT, BLayout Layout, class Pro, class Epi, class Sched>
-void gemm_with_tile_overlap(const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi,
-                            const Sched& sched, cudaStream_t stream) {
+void gemm_with_tile_overlap(const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi, const Sched& sched,
+                            cudaStream_t stream) {
   if (o.cluster_m > 1)
     detail::fail("gemm: cluster_m = " + std::to_string(o.cluster_m) + " with the ping-pong kernel (no clusters)");
   launch_config<typename PingPongCfgOf<Tile>::type, InT, Layout>(a, o, pro, epi, sched, stream);
@@ -183,9 +182,12 @@ template <class InT, BLayout L, class Pro, class Epi, class Sched>
 void gemm_with_layout_overlap(GemmTile t, const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi,
                               const Sched& sched, cudaStream_t stream) {
   switch (t) {
-    case GemmTile::T128x128: return gemm_with_tile_overlap<GemmTile::T128x128, InT, L>(a, o, pro, epi, sched, stream);
-    case GemmTile::T64x256: return gemm_with_tile_overlap<GemmTile::T64x256, InT, L>(a, o, pro, epi, sched, stream);
-    default: detail::fail("gemm: tile " + tile_name(t) + " has no ping-pong kernel (128x128 or 64x256)");
+    case GemmTile::T128x128:
+      return gemm_with_tile_overlap<GemmTile::T128x128, InT, L>(a, o, pro, epi, sched, stream);
+    case GemmTile::T64x256:
+      return gemm_with_tile_overlap<GemmTile::T64x256, InT, L>(a, o, pro, epi, sched, stream);
+    default:
+      detail::fail("gemm: tile " + tile_name(t) + " has no ping-pong kernel (128x128 or 64x256)");
   }
 }
 
@@ -199,7 +201,8 @@ void gemm_with_layout(GemmTile t, const GemmArgs& a, const GemmOptions& o, const
   if (o.epilogue_overlap)
     detail::fail("gemm: epilogue_overlap is compiled only through gemm_with_layout_overlap / gemm_with_tile_overlap");
   if (o.k_splits > 1)
-    detail::fail("gemm: k_splits = " + std::to_string(o.k_splits) + " is for the plain gemm() only (policies see whole tiles)");
+    detail::fail("gemm: k_splits = " + std::to_string(o.k_splits) +
+                 " is for the plain gemm() only (policies see whole tiles)");
   int cluster = 1;
   Sched s = sched;
   if constexpr (std::is_same_v<Sched, engine::RasterScheduler>) {
@@ -214,8 +217,10 @@ void gemm_with_layout(GemmTile t, const GemmArgs& a, const GemmOptions& o, const
     case GemmTile::T256x128:
       if (cluster == 2) return gemm_with_tile<GemmTile::T256x128, InT, L, 2>(a, o, pro, epi, s, stream);
       return gemm_with_tile<GemmTile::T256x128, InT, L, 1>(a, o, pro, epi, s, stream);
-    case GemmTile::T128x128: return gemm_with_tile<GemmTile::T128x128, InT, L, 1>(a, o, pro, epi, s, stream);
-    default: detail::fail("gemm: unresolved tile " + tile_name(t));
+    case GemmTile::T128x128:
+      return gemm_with_tile<GemmTile::T128x128, InT, L, 1>(a, o, pro, epi, s, stream);
+    default:
+      detail::fail("gemm: unresolved tile " + tile_name(t));
   }
 }
 

@@ -117,8 +117,8 @@ __device__ __forceinline__ uint64_t make_desc(const void* smem, uint32_t lbo, ui
 /// split's share; blocks past K are zero-filled by TMA).
 template <class Cfg, class InT, bool kTransB>
 __device__ __forceinline__ void produce_tile(const SmemLayout<Cfg, InT>& sm, const CUtensorMap* tma_a,
-                                             const CUtensorMap* tma_b, int row0, int col0, int kb_begin,
-                                             int k_blocks, int& stage, uint32_t& phase, uint32_t cta_rank) {
+                                             const CUtensorMap* tma_b, int row0, int col0, int kb_begin, int k_blocks,
+                                             int& stage, uint32_t& phase, uint32_t cta_rank) {
   using L = SmemLayout<Cfg, InT>;
   for (int kb = kb_begin; kb < kb_begin + k_blocks; ++kb) {
     ptx::mbar_wait(sm.empty(stage), phase ^ 1);
@@ -158,8 +158,8 @@ __device__ __forceinline__ void produce_tile(const SmemLayout<Cfg, InT>& sm, con
 /// All of K (blocks [0, k_blocks)).
 template <class Cfg, class InT, bool kTransB>
 __device__ __forceinline__ void produce_tile(const SmemLayout<Cfg, InT>& sm, const CUtensorMap* tma_a,
-                                             const CUtensorMap* tma_b, int row0, int col0, int k_blocks,
-                                             int& stage, uint32_t& phase, uint32_t cta_rank) {
+                                             const CUtensorMap* tma_b, int row0, int col0, int k_blocks, int& stage,
+                                             uint32_t& phase, uint32_t cta_rank) {
   produce_tile<Cfg, InT, kTransB>(sm, tma_a, tma_b, row0, col0, 0, k_blocks, stage, phase, cta_rank);
 }
 
@@ -188,8 +188,8 @@ struct NoHook {
 /// tensor cores to the other consumer there).
 template <class Cfg, class InT, bool kTransB, class Hook = NoHook>
 __device__ __forceinline__ void consume_tile(const SmemLayout<Cfg, InT>& sm, int consumer, int k_blocks,
-                                             float (&acc)[Cfg::kMAtoms][Cfg::BN / 2], int& stage,
-                                             uint32_t& phase, uint32_t cta_rank, const Hook& after_last_issue = {}) {
+                                             float (&acc)[Cfg::kMAtoms][Cfg::BN / 2], int& stage, uint32_t& phase,
+                                             uint32_t cta_rank, const Hook& after_last_issue = {}) {
   using Mma = Wgmma<InT, Cfg::BN, kTransB ? 1 : 0>;
   const bool warp_leader = (threadIdx.x % 32) == 0;
   int prev = -1;
@@ -205,8 +205,8 @@ __device__ __forceinline__ void consume_tile(const SmemLayout<Cfg, InT>& sm, int
     for (int k16 = 0; k16 < Cfg::BK / 16; ++k16) {
       // K-major: a k16 step is 32 bytes inside the 128-byte swizzled row.
       // N-major B: a k16 step is 16 K-rows of 128 bytes; LBO = 64x64 chunk.
-      const uint64_t db = kTransB ? make_desc(b_base + k16 * 16 * 128, 64 * 64 * 2, 1024)
-                                  : make_desc(b_base + k16 * 32, 16, 1024);
+      const uint64_t db =
+          kTransB ? make_desc(b_base + k16 * 16 * 128, 64 * 64 * 2, 1024) : make_desc(b_base + k16 * 32, 16, 1024);
 #pragma unroll
       for (int a = 0; a < Cfg::kMAtoms; ++a) {
         const uint64_t da = make_desc(a_base + a * 64 * 128 + k16 * 32, 16, 1024);

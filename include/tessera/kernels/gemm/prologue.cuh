@@ -88,9 +88,10 @@ template <class P, class S, class = void>
 struct HasStatefulWait : std::false_type {};
 template <class P, class S>
 struct HasStatefulWait<
-    P, S, std::enable_if_t<std::is_same_v<decltype(std::declval<const P&>().wait(std::declval<const TileInfo&>(),
-                                                                                   std::declval<S&>())),
-                                          bool>>> : std::true_type {};
+    P, S,
+    std::enable_if_t<std::is_same_v<
+        decltype(std::declval<const P&>().wait(std::declval<const TileInfo&>(), std::declval<S&>())), bool>>>
+    : std::true_type {};
 }  // namespace detail
 
 template <class P, class = void>
@@ -204,7 +205,7 @@ struct FlagWait {
   int rows_per_flag = 0;
   int cols_per_flag = 0;
   uint64_t timeout_ns = 10'000'000'000ull;  // 10 s
-  WaitDiag* diag = nullptr;                  // where a timeout is recorded (may be null)
+  WaitDiag* diag = nullptr;                 // where a timeout is recorded (may be null)
 
   __device__ __forceinline__ FlagT load(int f) const {
     if constexpr (kSys)

@@ -52,8 +52,8 @@ struct SplitKEpilogue {
 /// block setup overlap the split kernel's tail); it waits for that kernel's
 /// completion before reading the workspace.
 template <class OutT>
-__global__ void splitk_reduce(const float* __restrict__ ws, int splits, int64_t split_stride, int64_t ldw, int M,
-                              int N, OutT* __restrict__ d, int64_t ldd) {
+__global__ void splitk_reduce(const float* __restrict__ ws, int splits, int64_t split_stride, int64_t ldw, int M, int N,
+                              OutT* __restrict__ d, int64_t ldd) {
   ptx::grid_dependency_wait();
   const int groups = (N + 7) / 8;
   const int64_t total = static_cast<int64_t>(M) * groups;
@@ -64,14 +64,26 @@ __global__ void splitk_reduce(const float* __restrict__ ws, int splits, int64_t 
     float v[8];
     {
       const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
-      v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
-      v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+      v[0] = a.x;
+      v[1] = a.y;
+      v[2] = a.z;
+      v[3] = a.w;
+      v[4] = b.x;
+      v[5] = b.y;
+      v[6] = b.z;
+      v[7] = b.w;
     }
     for (int s = 1; s < splits; ++s) {
       const float* q = p + s * split_stride;
       const float4 a = reinterpret_cast<const float4*>(q)[0], b = reinterpret_cast<const float4*>(q)[1];
-      v[0] += a.x; v[1] += a.y; v[2] += a.z; v[3] += a.w;
-      v[4] += b.x; v[5] += b.y; v[6] += b.z; v[7] += b.w;
+      v[0] += a.x;
+      v[1] += a.y;
+      v[2] += a.z;
+      v[3] += a.w;
+      v[4] += b.x;
+      v[5] += b.y;
+      v[6] += b.z;
+      v[7] += b.w;
     }
     store_first8(d + static_cast<int64_t>(row) * ldd + col, v, min(8, N - col));
   }

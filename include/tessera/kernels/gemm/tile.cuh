@@ -5,12 +5,12 @@
 namespace tessera::kernels::engine {
 
 struct TileInfo {
-  int m, n;          ///< tile coordinates (tile row, tile column)
-  int pos;           ///< position in the schedule (0 .. tiles - 1)
-  int row0, col0;    ///< first row / column of D the tile covers
-  int bm, bn;        ///< tile shape
+  int m, n;        ///< tile coordinates (tile row, tile column)
+  int pos;         ///< position in the schedule (0 .. tiles - 1)
+  int row0, col0;  ///< first row / column of D the tile covers
+  int bm, bn;      ///< tile shape
   int tiles_m, tiles_n;
-  int M, N;          ///< problem size (rows / columns of the GEMM's D)
+  int M, N;  ///< problem size (rows / columns of the GEMM's D)
   __host__ __device__ int linear() const { return m * tiles_n + n; }
 };
 
