@@ -84,7 +84,7 @@ void say(const std::string& msg) {
 
 constexpr int kMaxGroups = 4096;
 pid_t g_groups[kMaxGroups];  // the watchdog's copy of the ranks' process groups
-char g_marker[160];          // "TESSERA_JOB_SECRET=<hex>" + NUL, set before fork
+char g_marker[160];          // "TESSERA_RUN_ID=<hex>" + NUL, set before fork
 std::size_t g_marker_len = 0;
 char g_environ_buf[1 << 16];  // one /proc/<pid>/environ at a time
 
