@@ -24,11 +24,12 @@ class Scratch {
   ~Scratch() {
     if (p_) cudaFree(p_);
   }
-  void* get(std::size_t bytes, cudaStream_t stream) {
+  void* get(std::size_t bytes, runtime::ProcessGroup& pg) {
     if (bytes > bytes_) {
       if (p_) {
-        // A kernel of an earlier call may still read the old buffer.
-        TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+        // A kernel of an earlier call may still read the old buffer; the
+        // wait is bounded (a dead peer inside a collective is reported).
+        pg.synchronize(pg.stream(), "moe_tp: workspace growth");
         TESSERA_CUDA_CHECK(cudaFree(p_));
         p_ = nullptr;
       }
@@ -38,8 +39,8 @@ class Scratch {
     return p_;
   }
   template <class T>
-  T* get(std::int64_t count, cudaStream_t stream) {
-    return static_cast<T*>(get(static_cast<std::size_t>(count > 0 ? count : 1) * sizeof(T), stream));
+  T* get(std::int64_t count, runtime::ProcessGroup& pg) {
+    return static_cast<T*>(get(static_cast<std::size_t>(count > 0 ? count : 1) * sizeof(T), pg));
   }
 
  private:
@@ -106,9 +107,9 @@ void moe_tp(MoeContext& ctx, const MoeTpArgs& a) {
   const std::size_t es = dtype_size(a.dtype);
 
   // 1. All-gather tokens and routing (rank order = token order).
-  auto* x_full = static_cast<unsigned char*>(m.x_full.get(static_cast<std::size_t>(T * H) * es + 16, s));
-  auto* ids_full = m.ids_full.get<std::int32_t>(entries, s);
-  auto* w_full = m.w_full.get<float>(entries, s);
+  auto* x_full = static_cast<unsigned char*>(m.x_full.get(static_cast<std::size_t>(T * H) * es + 16, pg));
+  auto* ids_full = m.ids_full.get<std::int32_t>(entries, pg);
+  auto* w_full = m.w_full.get<float>(entries, pg);
   TESSERA_NCCL_CHECK(ncclAllGather(a.x_shard, x_full, static_cast<std::size_t>(a.tokens_local * H),
                                    runtime::nccl_dtype(a.dtype), pg.nccl(), s));
   TESSERA_NCCL_CHECK(
@@ -117,24 +118,24 @@ void moe_tp(MoeContext& ctx, const MoeTpArgs& a) {
       ncclAllGather(a.weights, w_full, static_cast<std::size_t>(a.tokens_local * k), ncclFloat32, pg.nccl(), s));
 
   // 2. Expert sort, on the device.
-  m.flags_ptr = m.flags.get<std::int32_t>(16, s);
+  m.flags_ptr = m.flags.get<std::int32_t>(16, pg);
   TESSERA_CUDA_CHECK(cudaMemsetAsync(m.flags_ptr, 0, 16 * sizeof(std::int32_t), s));
   kernels::moe::PermuteArgs p;
   p.expert_ids = ids_full;
   p.tokens = T;
   p.experts = a.experts;
   p.k = a.topk;
-  p.expert_offsets = m.offsets.get<std::int32_t>(E + 1, s);
-  p.expert_counts = m.counts.get<std::int32_t>(E, s);
-  p.sorted_entry = m.sorted.get<std::int32_t>(entries, s);
-  p.entry_row = m.rows.get<std::int32_t>(entries, s);
+  p.expert_offsets = m.offsets.get<std::int32_t>(E + 1, pg);
+  p.expert_counts = m.counts.get<std::int32_t>(E, pg);
+  p.sorted_entry = m.sorted.get<std::int32_t>(entries, pg);
+  p.entry_row = m.rows.get<std::int32_t>(entries, pg);
   p.invalid = m.flags_ptr;
   p.workspace_bytes = kernels::moe::permute_workspace_bytes(entries, a.experts);
-  p.workspace = m.permute_ws.get(p.workspace_bytes + 16, s);
+  p.workspace = m.permute_ws.get(p.workspace_bytes + 16, pg);
   kernels::moe::permute(p, s);
 
   // 3. Gather, then the two grouped GEMMs.
-  void* gathered = m.gathered.get(static_cast<std::size_t>(entries * H) * es + 16, s);
+  void* gathered = m.gathered.get(static_cast<std::size_t>(entries * H) * es + 16, pg);
   kernels::moe::GatherArgs g;
   g.x = x_full;
   g.ldx = H;
@@ -149,8 +150,8 @@ void moe_tp(MoeContext& ctx, const MoeTpArgs& a) {
   g.dtype = a.dtype;
   kernels::moe::gather_rows(g, s);
 
-  void* inter = m.inter.get(static_cast<std::size_t>(entries * I) * es + 16, s);
-  void* expert_out = m.expert_out.get(static_cast<std::size_t>(entries * H) * es + 16, s);
+  void* inter = m.inter.get(static_cast<std::size_t>(entries * I) * es + 16, pg);
+  void* expert_out = m.expert_out.get(static_cast<std::size_t>(entries * H) * es + 16, pg);
   if (entries > 0) {
     kernels::GroupedGemmArgs up;
     up.a = gathered;
@@ -180,7 +181,7 @@ void moe_tp(MoeContext& ctx, const MoeTpArgs& a) {
   }
 
   // 4. Combine into this rank's partial of every token, then reduce-scatter.
-  void* partial = m.partial.get(static_cast<std::size_t>(T * H) * es + 16, s);
+  void* partial = m.partial.get(static_cast<std::size_t>(T * H) * es + 16, pg);
   kernels::moe::CombineArgs c;
   c.y = expert_out;
   c.ldy = H;
@@ -204,7 +205,7 @@ void MoeContext::check_status() {
   const cudaStream_t s = pg_->stream();
   std::int32_t invalid = 0;
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(&invalid, m.flags_ptr, sizeof(invalid), cudaMemcpyDeviceToHost, s));
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+  pg_->synchronize(s, "moe_tp: check_status");
   TESSERA_CHECK(invalid == 0, "moe_tp: {} routed entries had an expert id outside [0, experts) and were left out",
                 invalid);
   if (m.last_entries > 0) {

@@ -60,7 +60,7 @@ struct SpAttnContext::Impl {
   }
   void* ensure_staging(std::size_t bytes) {
     if (bytes <= staging_bytes) return staging;
-    TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
+    pg.synchronize(pg.stream(), "sp_attention: staging growth");  // bounded: a dead peer is reported
     if (staging) TESSERA_CUDA_CHECK(cudaFree(staging));
     staging = nullptr;
     TESSERA_CUDA_CHECK(cudaMalloc(&staging, bytes));

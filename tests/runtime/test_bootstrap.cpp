@@ -134,13 +134,15 @@ std::vector<Outcome> run_ranks(int world, const std::function<std::string(int)>&
       out[r].text = "died without a report (status " + std::to_string(status) + ")";
   }
   if (std::getenv("TESSERA_TEST_VERBOSE"))  // to read the messages themselves
-    for (int r = 0; r < world; ++r) std::fprintf(stderr, "  [process %d] %s\n", r, out[r].ok() ? "ok" : out[r].text.c_str());
+    for (int r = 0; r < world; ++r)
+      std::fprintf(stderr, "  [process %d] %s\n", r, out[r].ok() ? "ok" : out[r].text.c_str());
   return out;
 }
 
 std::string describe(const std::vector<Outcome>& o) {
   std::string s;
-  for (std::size_t r = 0; r < o.size(); ++r) s += "\n  rank " + std::to_string(r) + ": " + (o[r].ok() ? "ok" : o[r].text);
+  for (std::size_t r = 0; r < o.size(); ++r)
+    s += "\n  rank " + std::to_string(r) + ": " + (o[r].ok() ? "ok" : o[r].text);
   return s;
 }
 
@@ -188,7 +190,8 @@ class BootstrapWorld : public ::testing::TestWithParam<int> {};
 TEST_P(BootstrapWorld, CollectivesRepeated100Times) {
   const int world = GetParam();
   const int port = tessera::runtime::find_free_tcp_port();
-  const auto o = run_ranks(world, [&](int r) { return exercise(r, world, port); }, 50s);
+  const auto o = run_ranks(
+      world, [&](int r) { return exercise(r, world, port); }, 50s);
   for (const auto& x : o) EXPECT_TRUE(x.ok()) << describe(o);
 }
 
@@ -262,7 +265,12 @@ TEST(Bootstrap, RankZeroNamesTheRanksThatNeverConnected) {
   // Rank 2 of 3 never starts.
   // Rank 1 waits longer than rank 0, so what it reports is rank 0's verdict.
   const auto o = run_ranks(
-      2, [&](int r) { Bootstrap::connect(info(r, 3, port), r == 0 ? 700ms : 5000ms); return std::string(); }, 10s);
+      2,
+      [&](int r) {
+        Bootstrap::connect(info(r, 3, port), r == 0 ? 700ms : 5000ms);
+        return std::string();
+      },
+      10s);
   for (int r = 0; r < 2; ++r) {
     EXPECT_TRUE(o[r].says("Error:") && o[r].says("rank(s) 2") && o[r].says("127.0.0.1:" + std::to_string(port)))
         << describe(o);
@@ -294,8 +302,7 @@ TEST(Bootstrap, DeadPeerIsNamedInsteadOfAHang) {
   });
   EXPECT_LT(Clock::now() - t0, 10s) << "the dead rank must be detected at once, not after the timeout";
   for (int r = 0; r < 2; ++r) {
-    EXPECT_TRUE(o[r].says("Error:") && o[r].says("rank 2") && o[r].says("closed its connection") &&
-                !o[r].says("|"))
+    EXPECT_TRUE(o[r].says("Error:") && o[r].says("rank 2") && o[r].says("closed its connection") && !o[r].says("|"))
         << describe(o);
   }
   EXPECT_TRUE(o[2].ok()) << describe(o);
@@ -311,8 +318,7 @@ TEST(Bootstrap, DeadRankZeroIsNamed) {
     b->barrier();
     return "collectives succeeded without rank 0";
   });
-  for (int r = 1; r < world; ++r)
-    EXPECT_TRUE(o[r].says("Error:") && o[r].says("rank 0 (127.0.0.1:")) << describe(o);
+  for (int r = 1; r < world; ++r) EXPECT_TRUE(o[r].says("Error:") && o[r].says("rank 0 (127.0.0.1:")) << describe(o);
 }
 
 TEST(Bootstrap, StuckPeerTimesOutNamingIt) {
@@ -429,8 +435,9 @@ TEST(Bootstrap, MismatchedCollectivesAreReported) {
     b->allgather(in.data(), out.data(), in.size());
     return "mismatched allgather succeeded";
   });
-  EXPECT_TRUE(o[0].says("mismatched collectives: rank 1 called allgather #1 (16 bytes per rank) but rank 0 called "
-                        "allgather #1 (8 bytes per rank)"))
+  EXPECT_TRUE(
+      o[0].says("mismatched collectives: rank 1 called allgather #1 (16 bytes per rank) but rank 0 called "
+                "allgather #1 (8 bytes per rank)"))
       << describe(o);
   EXPECT_TRUE(o[1].says("mismatched collectives")) << describe(o);
 
@@ -438,12 +445,13 @@ TEST(Bootstrap, MismatchedCollectivesAreReported) {
   const auto o2 = run_ranks(2, [&](int r) -> std::string {
     auto b = Bootstrap::connect(info(r, 2, port2), 10s);
     int v = 0;
-    if (r == 0) b->barrier();
-    else b->broadcast(&v, sizeof v, 1);
+    if (r == 0)
+      b->barrier();
+    else
+      b->broadcast(&v, sizeof v, 1);
     return "barrier matched a broadcast";
   });
-  EXPECT_TRUE(o2[0].says("rank 1 called broadcast #1 (root 1, 4 bytes) but rank 0 called barrier #1"))
-      << describe(o2);
+  EXPECT_TRUE(o2[0].says("rank 1 called broadcast #1 (root 1, 4 bytes) but rank 0 called barrier #1")) << describe(o2);
 }
 
 TEST(Bootstrap, CheckSameNamesTheDisagreeingRank) {
@@ -457,10 +465,11 @@ TEST(Bootstrap, CheckSameNamesTheDisagreeingRank) {
   for (const auto& x : o) EXPECT_TRUE(x.says("the GEMM shape differs") && x.says("rank(s) 2")) << describe(o);
 }
 
-
 // ---- the handshake's cryptography ------------------------------------------
 
-std::string hex(const tessera::runtime::crypto::Digest& d) { return tessera::runtime::crypto::to_hex(d.data(), d.size()); }
+std::string hex(const tessera::runtime::crypto::Digest& d) {
+  return tessera::runtime::crypto::to_hex(d.data(), d.size());
+}
 
 TEST(BootstrapCrypto, Sha256AndHmacMatchPublishedVectors) {
   namespace c = tessera::runtime::crypto;
@@ -654,7 +663,8 @@ TEST(BootstrapAttack, ImpostorRankZeroIsDetectedByTheRanks) {
     Impostor imp(port, answer);
     ASSERT_TRUE(imp.ok());
     const auto t0 = Clock::now();
-    const auto o = run_ranks(3, [&](int r) { return real_job(r, 3, port, 1500ms); }, 20s);
+    const auto o = run_ranks(
+        3, [&](int r) { return real_job(r, 3, port, 1500ms); }, 20s);
     EXPECT_LT(Clock::now() - t0, 8s) << answer;
     // The real rank 0 cannot take the port and says why.
     EXPECT_TRUE(o[0].says("cannot listen on 127.0.0.1:" + std::to_string(port)) &&
@@ -721,14 +731,14 @@ TEST(BootstrapAttack, GarbageHellosCloseOnlyTheirConnection) {
         };
         unsigned char random[64];
         tessera::runtime::crypto::random_bytes(random, sizeof random);
-        send(random, sizeof random);                          // noise
+        send(random, sizeof random);  // noise
         const WireHello bad_world{kWireHello, kWireVersion, 0xffffffffu, 1, {}};
-        send(&bad_world, sizeof bad_world);                   // absurd world size
+        send(&bad_world, sizeof bad_world);  // absurd world size
         const WireHello bad_rank{kWireHello, kWireVersion, 2, 0x7fffffff, {}};
-        send(&bad_rank, sizeof bad_rank);                     // rank out of range
+        send(&bad_rank, sizeof bad_rank);  // rank out of range
         const WireHello old{kWireHello, 1, 2, 1, {}};
-        send(&old, sizeof old);                               // another protocol version
-        send(&bad_world, 6);                                  // a truncated hello, then silence
+        send(&old, sizeof old);  // another protocol version
+        send(&bad_world, 6);     // a truncated hello, then silence
         // Rank 0, still waiting for rank 1, closes each complete bad hello at once.
         for (int i = 0; i < 4; ++i) closed_early[i] = junk[i] >= 0 && closed_by_peer(junk[i], 3s);
         return 0ms;
