@@ -38,29 +38,45 @@ enum class NotifyMode { p2p, broadcast };
 
 namespace detail {
 
+/// First-waiter-wins claim of the process's WaitRecord. It lives in device
+/// memory: a system-scope atomic on host-mapped memory needs host-native
+/// atomics, which PCIe hosts do not give (compute-sanitizer rejects it).
+/// One word per translation unit: after the first trap the context is lost,
+/// so two units filling the record at once is not worth a global word.
+static __device__ unsigned int wait_record_claim = 0;
+
+}  // namespace detail
+
+/// Fills the host-mapped WaitRecord `r` (may be null) unless another waiter
+/// of this unit already did, and publishes it: the fields, a system fence,
+/// then `claimed` = 1, which the host reads with acquire semantics
+/// (runtime::WaitDiagnostics). Call-free, so it may sit in a wgmma kernel.
+__device__ __forceinline__ void record_wait_timeout(runtime::WaitRecord* r, runtime::WaitKind kind, int rank, int tile,
+                                                    int channel, int peer, std::uint64_t expected, std::uint64_t seen,
+                                                    std::uint64_t timeout_ns) {
+  if (r == nullptr || atomicCAS(&detail::wait_record_claim, 0u, 1u) != 0u) return;
+  r->kind = static_cast<int>(kind);
+  r->rank = rank;
+  r->tile = tile;
+  r->channel = channel;
+  r->peer = peer;
+  r->expected = expected;
+  r->seen = seen;
+  r->timeout_ns = timeout_ns;
+  __threadfence_system();
+  *reinterpret_cast<volatile unsigned int*>(&r->claimed) = 1u;
+  __threadfence_system();
+}
+
+namespace detail {
+
 /// Records a timed-out wait and traps. Call-free on purpose (no printf):
 /// any call inlined into a wgmma kernel makes ptxas serialize its wgmmas,
 /// so the diagnostic goes to the host-mapped WaitRecord only and the host
-/// prints it (runtime::synchronize / WaitDiagnostics). Only the first waiter
-/// to time out fills the record.
+/// prints it (runtime::synchronize / WaitDiagnostics).
 __device__ __forceinline__ void wait_timed_out(const runtime::SignalView& sv, runtime::WaitKind kind, int tile,
                                                int channel, int peer, std::uint64_t expected, std::uint64_t seen) {
-  runtime::WaitRecord* r = sv.diag;
-  if (r != nullptr && atomicCAS_system(&r->claimed, 0u, 2u) == 0u) {
-    // Fill the fields, then publish them: system fence, then claimed = 1,
-    // which the host reads with acquire semantics.
-    r->kind = static_cast<int>(kind);
-    r->rank = sv.rank;
-    r->tile = tile;
-    r->channel = channel;
-    r->peer = peer;
-    r->expected = expected;
-    r->seen = seen;
-    r->timeout_ns = sv.timeout_ns;
-    __threadfence_system();
-    atomicExch_system(&r->claimed, 1u);
-    __threadfence_system();
-  }
+  record_wait_timeout(sv.diag, kind, sv.rank, tile, channel, peer, expected, seen, sv.timeout_ns);
   __trap();
 }
 

@@ -36,7 +36,7 @@ const char* wait_kind_name(WaitKind k);
 /// (free), 2 (being written) or 1 (complete). Plain old data:
 /// lives in pinned host memory mapped into the device.
 struct WaitRecord {
-  unsigned int claimed;  ///< 0 until a waiter claims the record (atomicCAS, system scope)
+  unsigned int claimed;  ///< 1 once a waiter filled the record (link::record_wait_timeout)
   int kind;              ///< WaitKind
   int rank;              ///< rank of the waiting process
   int tile;              ///< tile id (or group id for counters)
