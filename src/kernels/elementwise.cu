@@ -2,6 +2,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "convert.cuh"
 #include "tessera/kernels/elementwise.hpp"
 #include "tessera/kernels/gemm/host_detail.hpp"
 #include "tessera/runtime/error.hpp"
@@ -9,18 +10,8 @@
 namespace tessera::kernels {
 namespace {
 
-__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <class T>
-__device__ __forceinline__ T from_f32(float v);
-template <>
-__device__ __forceinline__ __half from_f32<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
+using detail::from_f32;
+using detail::to_f32;
 
 /// One thread per 8-column group of a row: a 16-byte vector where the group
 /// is full, scalars in the tail.

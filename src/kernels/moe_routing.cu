@@ -12,6 +12,7 @@
 #include <cfloat>
 #include <cstdint>
 
+#include "convert.cuh"
 #include "tessera/kernels/gemm/host_detail.hpp"
 #include "tessera/kernels/moe_routing.hpp"
 #include "tessera/runtime/error.hpp"
@@ -205,18 +206,8 @@ __global__ void gather_rows_kernel(GatherArgs a) {
   }
 }
 
-__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <class T>
-__device__ __forceinline__ T from_f32(float v);
-template <>
-__device__ __forceinline__ __half from_f32<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
+using detail::from_f32;
+using detail::to_f32;
 
 /// One thread per (token, 8 columns): sums the k rows in slot order.
 template <class T>
