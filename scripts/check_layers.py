@@ -13,8 +13,8 @@ Rules, for every source and header of the repository:
   * A layer's tests (tests/L/) may include L's private headers.
   * Above the layers, the C API, the tools, the benchmarks and the tests
     include public headers of any layer but never a layer's src/.
-  * "tessera/link/detail/..." and "tessera/<M>/detail/..." are M's own
-    implementation headers: only M (and M's tests) include them.
+  * "tessera/<M>/detail/..." headers are M's own implementation: only M
+    (and M's tests) include them; outside link nobody names link::detail.
 Run by ctest as the test `layers`.
 """
 from __future__ import annotations
@@ -25,6 +25,10 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
+# Layers whose `detail` namespace nobody else may name. (kernels::detail still
+# holds the GEMM engine's launch helpers the operators call.)
+PRIVATE_DETAIL = ("link",)
+DETAIL_USE = re.compile(r'\b(' + "|".join(PRIVATE_DETAIL) + r')::detail::')
 SOURCE_EXT = (".cpp", ".hpp", ".cu", ".cuh", ".h")
 
 
@@ -79,6 +83,10 @@ def check(root=ROOT):
                 owner = layer_of(rel, layers)
                 with open(path, encoding="utf-8", errors="replace") as f:
                     text = f.read()
+                for m in DETAIL_USE.finditer(text):
+                    if owner not in (m.group(1), "tests:" + m.group(1)):
+                        line = text.count("\n", 0, m.start()) + 1
+                        problems.append(f"{rel}:{line}: uses {m.group(0)}, {m.group(1)}'s implementation detail")
                 for m in INCLUDE.finditer(text):
                     inc = m.group(1)
                     line = text.count("\n", 0, m.start()) + 1

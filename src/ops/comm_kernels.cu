@@ -63,8 +63,7 @@ __global__ void reduce_kernel(ReduceLaunch p) {
   const int t_hi = static_cast<int>((row_end + p.tile_m - 1) / p.tile_m);
   const bool vec = (p.n % 8 == 0) && (p.ldo % 8 == 0);
   for (int t = t_lo + blockIdx.x; t < t_hi; t += gridDim.x) {
-    if (p.counters != nullptr && threadIdx.x == 0)
-      link::detail::wait_geq_sys(p.sv, p.counters + t, p.expected, runtime::WaitKind::counter, t, t, -1);
+    if (p.counters != nullptr && threadIdx.x == 0) link::counter_wait_at(p.sv, p.counters + t, p.expected, t);
     __syncthreads();
     const std::int64_t lo =
         t * static_cast<std::int64_t>(p.tile_m) > p.row0 ? t * static_cast<std::int64_t>(p.tile_m) : p.row0;

@@ -169,6 +169,15 @@ __device__ __forceinline__ void counter_wait(const runtime::SignalView& sv, int 
   detail::wait_geq_sys(sv, sv.counter(slot), target, runtime::WaitKind::counter, tile, slot, -1);
 }
 
+/// Waits until the counter at `counter` reaches `target`: the same wait as
+/// counter_wait for a counter array the caller owns (an operator's per-tile
+/// reduce counters) instead of a Signals slot. `tile` names the tile in the
+/// timeout diagnostic. Returns the value seen.
+__device__ __forceinline__ std::uint64_t counter_wait_at(const runtime::SignalView& sv, const std::uint64_t* counter,
+                                                         std::uint64_t target, int tile) {
+  return detail::wait_geq_sys(sv, counter, target, runtime::WaitKind::counter, tile, tile, -1);
+}
+
 /// Sets my flag `slot` on rank dst_rank to `value` (release; .sys for a
 /// peer, .gpu for myself). Flags are per source rank, so a plain store is
 /// race-free; use the epoch as the value.
