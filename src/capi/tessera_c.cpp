@@ -3,6 +3,8 @@
 // exception stops here and becomes -1 plus tessera_last_error().
 #include "tessera/capi/tessera.h"
 
+#include <optional>
+#include <utility>
 #include <cuda_runtime_api.h>
 
 #include <nccl.h>
@@ -263,117 +265,72 @@ void tessera_session_use_cache(tessera_session* s, int on) {
   if (s) s->use_cache = on != 0;
 }
 
-int tessera_ag_gemm(tessera_session* s, const void* a, const void* b, void* d, int64_t m, int64_t m_local, int64_t n,
-                    int64_t k, int64_t ldd, int dtype, int swiglu, int strategy) {
-  return guarded("tessera_ag_gemm", [&] {
-    check_size("tessera_ag_gemm", "m", m, 1);
-    check_size("tessera_ag_gemm", "m_local", m_local, 0);
-    check_size("tessera_ag_gemm", "n", n, 1);
-    check_size("tessera_ag_gemm", "k", k, 1);
-    check_size("tessera_ag_gemm", "ldd", ldd, 0);
-    need(s, "tessera_ag_gemm");
-    tessera::ops::ag_gemm(*s->ctx, ag_args(a, b, d, m, m_local, n, k, ldd, dtype, swiglu), options_of(s, strategy));
-  });
+}  // extern "C"
+
+namespace {
+
+// One body per operator. The plain entry points queue on the session's
+// stream (`stream` = nullopt), the _ex ones inside the caller's stream.
+using CallerStream = std::optional<void*>;
+
+template <class F>
+void run_on(tessera_session* s, CallerStream stream, F&& f) {
+  on_caller_stream(s, stream ? *stream : static_cast<void*>(s->pg->stream()), std::forward<F>(f));
 }
 
-int tessera_gemm_rs(tessera_session* s, const void* a, const void* b, void* d, int64_t m, int64_t m_local, int64_t n,
-                    int64_t k, int dtype, int strategy) {
-  return guarded("tessera_gemm_rs", [&] {
-    check_size("tessera_gemm_rs", "m", m, 1);
-    check_size("tessera_gemm_rs", "m_local", m_local, 0);
-    check_size("tessera_gemm_rs", "n", n, 1);
-    check_size("tessera_gemm_rs", "k", k, 1);
-    need(s, "tessera_gemm_rs");
-    tessera::ops::gemm_rs(*s->ctx, rs_args(a, b, d, m, m_local, n, k, dtype), options_of(s, strategy));
-  });
-}
-
-int tessera_gemm_ar(tessera_session* s, const void* a, const void* b, void* d, int64_t m, int64_t n, int64_t k,
-                    int dtype, int strategy) {
-  return guarded("tessera_gemm_ar", [&] {
-    check_size("tessera_gemm_ar", "m", m, 1);
-    check_size("tessera_gemm_ar", "n", n, 1);
-    check_size("tessera_gemm_ar", "k", k, 1);
-    need(s, "tessera_gemm_ar");
-    const tessera::ops::GemmArArgs g{.a = a, .b = b, .d = d, .m = m, .n = n, .k = k, .dtype = dtype_of(dtype)};
-    tessera::ops::gemm_ar(*s->ctx, g, options_of(s, strategy));
-  });
-}
-
-int tessera_mlp(tessera_session* s, const void* x, const void* w_gate_up, const void* w_down, void* out, int64_t m,
-                int64_t m_local, int64_t h, int64_t i_local, int dtype, int ag_strategy, int rs_strategy) {
-  return guarded("tessera_mlp", [&] {
-    check_size("tessera_mlp", "m", m, 1);
-    check_size("tessera_mlp", "m_local", m_local, 0);
-    check_size("tessera_mlp", "h", h, 1);
-    check_size("tessera_mlp", "i_local", i_local, 1);
-    need(s, "tessera_mlp");
-    const tessera::ops::MlpArgs a{.x = x,
-                                  .w_gate_up = w_gate_up,
-                                  .w_down = w_down,
-                                  .out = out,
-                                  .m = m,
-                                  .m_local = m_local,
-                                  .h = h,
-                                  .i_local = i_local,
-                                  .dtype = dtype_of(dtype)};
-    tessera::ops::mlp(*s->ctx, a, options_of(s, ag_strategy), options_of(s, rs_strategy));
-  });
-}
-
-int tessera_ag_gemm_ex(tessera_session* s, void* stream, const void* a, const void* b, void* d, void* gathered_a,
-                       int64_t m, int64_t m_local, int64_t n, int64_t k, int64_t ldd, int dtype, int swiglu,
-                       int strategy) {
-  return guarded("tessera_ag_gemm_ex", [&] {
-    check_size("tessera_ag_gemm_ex", "m", m, 1);
-    check_size("tessera_ag_gemm_ex", "m_local", m_local, 0);
-    check_size("tessera_ag_gemm_ex", "n", n, 1);
-    check_size("tessera_ag_gemm_ex", "k", k, 1);
-    check_size("tessera_ag_gemm_ex", "ldd", ldd, 0);
-    need(s, "tessera_ag_gemm_ex");
+int ag_gemm_call(const char* fn, tessera_session* s, CallerStream stream, const void* a, const void* b, void* d,
+                 void* gathered_a, int64_t m, int64_t m_local, int64_t n, int64_t k, int64_t ldd, int dtype, int swiglu,
+                 int strategy) {
+  return guarded(fn, [&] {
+    check_size(fn, "m", m, 1);
+    check_size(fn, "m_local", m_local, 0);
+    check_size(fn, "n", n, 1);
+    check_size(fn, "k", k, 1);
+    check_size(fn, "ldd", ldd, 0);
+    need(s, fn);
     auto args = ag_args(a, b, d, m, m_local, n, k, ldd, dtype, swiglu);
     args.gathered_a = gathered_a;
     const auto o = options_of(s, strategy);
-    on_caller_stream(s, stream, [&] { tessera::ops::ag_gemm(*s->ctx, args, o); });
+    run_on(s, stream, [&] { tessera::ops::ag_gemm(*s->ctx, args, o); });
   });
 }
 
-int tessera_gemm_rs_ex(tessera_session* s, void* stream, const void* a, const void* b, void* d, int64_t m,
-                       int64_t m_local, int64_t n, int64_t k, int dtype, int strategy) {
-  return guarded("tessera_gemm_rs_ex", [&] {
-    check_size("tessera_gemm_rs_ex", "m", m, 1);
-    check_size("tessera_gemm_rs_ex", "m_local", m_local, 0);
-    check_size("tessera_gemm_rs_ex", "n", n, 1);
-    check_size("tessera_gemm_rs_ex", "k", k, 1);
-    need(s, "tessera_gemm_rs_ex");
+int gemm_rs_call(const char* fn, tessera_session* s, CallerStream stream, const void* a, const void* b, void* d,
+                 int64_t m, int64_t m_local, int64_t n, int64_t k, int dtype, int strategy) {
+  return guarded(fn, [&] {
+    check_size(fn, "m", m, 1);
+    check_size(fn, "m_local", m_local, 0);
+    check_size(fn, "n", n, 1);
+    check_size(fn, "k", k, 1);
+    need(s, fn);
     const auto args = rs_args(a, b, d, m, m_local, n, k, dtype);
     const auto o = options_of(s, strategy);
-    on_caller_stream(s, stream, [&] { tessera::ops::gemm_rs(*s->ctx, args, o); });
+    run_on(s, stream, [&] { tessera::ops::gemm_rs(*s->ctx, args, o); });
   });
 }
 
-int tessera_gemm_ar_ex(tessera_session* s, void* stream, const void* a, const void* b, void* d, int64_t m, int64_t n,
-                       int64_t k, int dtype, int strategy) {
-  return guarded("tessera_gemm_ar_ex", [&] {
-    check_size("tessera_gemm_ar_ex", "m", m, 1);
-    check_size("tessera_gemm_ar_ex", "n", n, 1);
-    check_size("tessera_gemm_ar_ex", "k", k, 1);
-    need(s, "tessera_gemm_ar_ex");
+int gemm_ar_call(const char* fn, tessera_session* s, CallerStream stream, const void* a, const void* b, void* d,
+                 int64_t m, int64_t n, int64_t k, int dtype, int strategy) {
+  return guarded(fn, [&] {
+    check_size(fn, "m", m, 1);
+    check_size(fn, "n", n, 1);
+    check_size(fn, "k", k, 1);
+    need(s, fn);
     const tessera::ops::GemmArArgs g{.a = a, .b = b, .d = d, .m = m, .n = n, .k = k, .dtype = dtype_of(dtype)};
     const auto o = options_of(s, strategy);
-    on_caller_stream(s, stream, [&] { tessera::ops::gemm_ar(*s->ctx, g, o); });
+    run_on(s, stream, [&] { tessera::ops::gemm_ar(*s->ctx, g, o); });
   });
 }
 
-int tessera_mlp_ex(tessera_session* s, void* stream, const void* x, const void* w_gate_up, const void* w_down,
-                   void* out, int64_t m, int64_t m_local, int64_t h, int64_t i_local, int dtype, int ag_strategy,
-                   int rs_strategy) {
-  return guarded("tessera_mlp_ex", [&] {
-    check_size("tessera_mlp_ex", "m", m, 1);
-    check_size("tessera_mlp_ex", "m_local", m_local, 0);
-    check_size("tessera_mlp_ex", "h", h, 1);
-    check_size("tessera_mlp_ex", "i_local", i_local, 1);
-    need(s, "tessera_mlp_ex");
+int mlp_call(const char* fn, tessera_session* s, CallerStream stream, const void* x, const void* w_gate_up,
+             const void* w_down, void* out, int64_t m, int64_t m_local, int64_t h, int64_t i_local, int dtype,
+             int ag_strategy, int rs_strategy) {
+  return guarded(fn, [&] {
+    check_size(fn, "m", m, 1);
+    check_size(fn, "m_local", m_local, 0);
+    check_size(fn, "h", h, 1);
+    check_size(fn, "i_local", i_local, 1);
+    need(s, fn);
     const tessera::ops::MlpArgs a{.x = x,
                                   .w_gate_up = w_gate_up,
                                   .w_down = w_down,
@@ -385,8 +342,58 @@ int tessera_mlp_ex(tessera_session* s, void* stream, const void* x, const void* 
                                   .dtype = dtype_of(dtype)};
     const auto ag = options_of(s, ag_strategy);
     const auto rs = options_of(s, rs_strategy);
-    on_caller_stream(s, stream, [&] { tessera::ops::mlp(*s->ctx, a, ag, rs); });
+    run_on(s, stream, [&] { tessera::ops::mlp(*s->ctx, a, ag, rs); });
   });
+}
+
+}  // namespace
+
+extern "C" {
+
+int tessera_ag_gemm(tessera_session* s, const void* a, const void* b, void* d, int64_t m, int64_t m_local, int64_t n,
+                    int64_t k, int64_t ldd, int dtype, int swiglu, int strategy) {
+  return ag_gemm_call("tessera_ag_gemm", s, std::nullopt, a, b, d, nullptr, m, m_local, n, k, ldd, dtype, swiglu,
+                      strategy);
+}
+
+int tessera_gemm_rs(tessera_session* s, const void* a, const void* b, void* d, int64_t m, int64_t m_local, int64_t n,
+                    int64_t k, int dtype, int strategy) {
+  return gemm_rs_call("tessera_gemm_rs", s, std::nullopt, a, b, d, m, m_local, n, k, dtype, strategy);
+}
+
+int tessera_gemm_ar(tessera_session* s, const void* a, const void* b, void* d, int64_t m, int64_t n, int64_t k,
+                    int dtype, int strategy) {
+  return gemm_ar_call("tessera_gemm_ar", s, std::nullopt, a, b, d, m, n, k, dtype, strategy);
+}
+
+int tessera_mlp(tessera_session* s, const void* x, const void* w_gate_up, const void* w_down, void* out, int64_t m,
+                int64_t m_local, int64_t h, int64_t i_local, int dtype, int ag_strategy, int rs_strategy) {
+  return mlp_call("tessera_mlp", s, std::nullopt, x, w_gate_up, w_down, out, m, m_local, h, i_local, dtype, ag_strategy,
+                  rs_strategy);
+}
+
+int tessera_ag_gemm_ex(tessera_session* s, void* stream, const void* a, const void* b, void* d, void* gathered_a,
+                       int64_t m, int64_t m_local, int64_t n, int64_t k, int64_t ldd, int dtype, int swiglu,
+                       int strategy) {
+  return ag_gemm_call("tessera_ag_gemm_ex", s, stream, a, b, d, gathered_a, m, m_local, n, k, ldd, dtype, swiglu,
+                      strategy);
+}
+
+int tessera_gemm_rs_ex(tessera_session* s, void* stream, const void* a, const void* b, void* d, int64_t m,
+                       int64_t m_local, int64_t n, int64_t k, int dtype, int strategy) {
+  return gemm_rs_call("tessera_gemm_rs_ex", s, stream, a, b, d, m, m_local, n, k, dtype, strategy);
+}
+
+int tessera_gemm_ar_ex(tessera_session* s, void* stream, const void* a, const void* b, void* d, int64_t m, int64_t n,
+                       int64_t k, int dtype, int strategy) {
+  return gemm_ar_call("tessera_gemm_ar_ex", s, stream, a, b, d, m, n, k, dtype, strategy);
+}
+
+int tessera_mlp_ex(tessera_session* s, void* stream, const void* x, const void* w_gate_up, const void* w_down,
+                   void* out, int64_t m, int64_t m_local, int64_t h, int64_t i_local, int dtype, int ag_strategy,
+                   int rs_strategy) {
+  return mlp_call("tessera_mlp_ex", s, stream, x, w_gate_up, w_down, out, m, m_local, h, i_local, dtype, ag_strategy,
+                  rs_strategy);
 }
 
 int tessera_device_count(int* out) {
