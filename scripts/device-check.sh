@@ -9,6 +9,8 @@
 # one-process GPU test (SANITIZE_TESTS: a ctest -R filter; SANITIZE_EXCLUDE: a
 # ctest -E filter, by default the test whose kernel traps on purpose, which
 # memcheck counts as an error; SANITIZE_TOOLS, SANITIZE_TIMEOUT per run).
+# TESTS_ARGS adds ctest options to the tests step (e.g. -E kernels_).
+# CUDA_VISIBLE_DEVICES=0,1 runs every multi-GPU step at R = 2 on a larger machine.
 # Clocks, power and throttle reasons are sampled throughout (clocks.csv) and
 # summarised per step at the end of summary.txt (scripts/clock-summary.py).
 # MLP_SHAPES (default 1,2,3,4,5,6) picks the MLP shapes for mlp / asynctp;
@@ -27,6 +29,9 @@ steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(build tests comm gemm)
 
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+# CUDA_VISIBLE_DEVICES=0,1 on a machine of 4 runs the R = 2 steps there.
+[ -n "${CUDA_VISIBLE_DEVICES:-}" ] && ngpu=$(awk -F, '{print NF}' <<<"$CUDA_VISIBLE_DEVICES")
+jobs=$(nproc 2>/dev/null || echo 16)
 build="$root/build-dev"
 summary="$out/summary.txt"
 : >"$summary"
@@ -43,7 +48,7 @@ step_build() {
       >"$out/configure.log" 2>&1 || { note "configure FAILED"; tail -40 "$out/configure.log"; exit 1; }
   grep -E "tessera: using NCCL|fmt header-only" "$out/configure.log" | tee -a "$summary"
   # Keep going past a failing target so one broken test does not hide the rest.
-  if ninja -C "$build" -j16 -k 0 >"$out/build.log" 2>&1; then
+  if ninja -C "$build" -j"$jobs" -k 0 >"$out/build.log" 2>&1; then
     note "build ok in $(( $(date +%s) - t0 )) s"
   else
     note "build FAILED in $(( $(date +%s) - t0 )) s:"; grep -E "^FAILED" "$out/build.log" | tee -a "$summary"
@@ -57,7 +62,7 @@ step_cpu() {
 }
 
 step_tests() {
-  (cd "$build" && timeout "${TESTS_TIMEOUT:-500}" ctest -L gpu --output-on-failure >"$out/gpu-tests.log" 2>&1)
+  (cd "$build" && timeout "${TESTS_TIMEOUT:-500}" ctest -L gpu ${TESTS_ARGS:-} --output-on-failure >"$out/gpu-tests.log" 2>&1)
   note "gpu tests: $(grep -E 'tests passed|tests failed' "$out/gpu-tests.log")"
   grep -E "^\s*[0-9]+/[0-9]+ Test" "$out/gpu-tests.log" | tee -a "$summary"
 }
@@ -196,3 +201,7 @@ if [ -n "$sampler" ]; then
   kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
   python3 "$root/scripts/clock-summary.py" "$out/clocks.csv" "$out/steps.txt" 2>&1 | tee -a "$summary"
 fi
+# The device tool returns at most 8 files: keep the summary and the results
+# (*.json, *.md), pack every log into logs.tgz.
+(cd "$out" && find . -maxdepth 1 -type f ! -name summary.txt ! -name '*.json' ! -name '*.md' ! -name logs.tgz -printf '%P\n' \
+   | tar czf logs.tgz -T - --remove-files 2>/dev/null)
