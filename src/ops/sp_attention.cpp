@@ -170,6 +170,14 @@ void sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, SpStrategy strategy) 
     }
   };
 
+  // Waits on `s` until every peer finished call e - 1: its kernels no longer
+  // read, and its pushes no longer write, any workspace.
+  auto wait_peers_done = [&](cudaStream_t s) {
+    if (e > 1)
+      for (int p = 0; p < R; ++p)
+        if (p != rank) link::rank_wait(s, *c.control, p, 0, e - 1);
+  };
+
   // This rank's chunks into its own rows of the workspace (both strategies:
   // the kernel reads them there).
   auto copy_own = [&](cudaStream_t s) {
@@ -189,6 +197,7 @@ void sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, SpStrategy strategy) 
       TESSERA_NCCL_CHECK(ncclAllGather(a.k, stg, shard, ncclUint8, c.pg.nccl(), st));
       TESSERA_NCCL_CHECK(ncclAllGather(a.v, stg + R * shard, shard, ncclUint8, c.pg.nccl(), st));
       TESSERA_NCCL_CHECK(ncclGroupEnd());
+      wait_peers_done(st);  // no push of an earlier fused call still lands in the workspace
       for (int s = 0; s < R; ++s) {
         const SpAttnPlan ps = plan_sp_attention(a.seq, R, s, a.causal);
         for (int i = 0; i < 2; ++i) {
@@ -219,14 +228,16 @@ void sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, SpStrategy strategy) 
         TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_comm_done, cs));
       }
       run_parts(true);
-      if (R > 1) {
-        for (int p = 0; p < R; ++p)
-          if (p != rank) link::rank_notify(st, *c.control, p, 0, e);  // my workspace is free again
-        TESSERA_CUDA_CHECK(cudaStreamWaitEvent(st, c.ev_comm_done, 0));
-      }
+      if (R > 1) TESSERA_CUDA_CHECK(cudaStreamWaitEvent(st, c.ev_comm_done, 0));
       break;
     }
   }
+  // Control flag = e: my kernels of this call are done with my workspace,
+  // and every push I made in it has landed. Both strategies say it, so the
+  // next call may follow either one.
+  if (R > 1)
+    for (int p = 0; p < R; ++p)
+      if (p != rank) link::rank_notify(st, *c.control, p, 0, e);
 }
 
 }  // namespace tessera::ops

@@ -30,13 +30,13 @@
 //     after that peer said its workspace is free: control flag >= e - 1),
 //     each followed by a flag (link::rank_notify, value e); the kernel per
 //     part waits per KV block for the chunks it covers (KvFlagWait-style,
-//     .sys acquire with the engine's timeout diagnostic). After its kernels
-//     a rank tells every peer its workspace is free (control flag = e).
-//
-// Status (2026-11-24): the plan is CPU-tested; the decomposition is tested
-// bitwise on one GPU with the ranks emulated; the operator runs at R = 1
-// only (multi-GPU machines were not lent): the pushes, flags and waits
-// between ranks have not run.
+//     .sys acquire with the engine's timeout diagnostic).
+// At the end of every call, either strategy, once its kernels and its pushes
+// are done, a rank sets its control flag on every peer to e. A fused push
+// into a peer waits for that peer's flag >= e - 1 (it no longer reads its
+// workspace); the sequential reorder waits for every peer's flag >= e - 1
+// before it overwrites its own workspace (no push of a causal call, which
+// may skip chunks it does not read, is still landing there).
 #pragma once
 
 #include <cuda_runtime_api.h>
