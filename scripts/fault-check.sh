@@ -67,8 +67,8 @@ run_case() {
   { [ "$rc" -eq 124 ] || python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) >= float(sys.argv[2]) else 1)" "$secs" "$limit"; } && hung=1
   cat "$caselog" >>"$log"
   local detected msg result left
-  detected=$(grep -m1 -o "PROBE-DETECTED rank [0-9]* after [0-9]* ms" "$caselog" | grep -o "after [0-9]* ms" | cut -d' ' -f2)
-  msg=$(grep -m1 "PROBE-DETECTED" "$caselog" | sed 's/.*PROBE-DETECTED rank [0-9]* after [0-9]* ms in //' | cut -c1-160)
+  detected=$(grep -m1 -o "PROBE-DETECTED rank -\?[0-9]* after [0-9]* ms" "$caselog" | grep -o "after [0-9]* ms" | cut -d' ' -f2)
+  msg=$(grep -m1 "PROBE-DETECTED" "$caselog" | sed 's/.*PROBE-DETECTED rank -\?[0-9]* after [0-9]* ms in //' | cut -c1-160)
   if [ "$hung" -eq 1 ]; then
     result="HANG"; msg="no result within ${limit} s (rc $rc)"
   elif [ "$expect" = ok ]; then
@@ -123,12 +123,11 @@ run_case "corrupted cache (deeply nested JSON)" ok TESSERA_CACHE_DIR="$cache" --
 # A wrong NCCL library: every other libnccl.so.2 on the machine, first in the
 # loader's path; Tessera must refuse it by version (or it is the same one).
 found=0
-while IFS= read -r lib; do
-  dir=$(dirname "$lib")
+while IFS= read -r dir; do
   [ "$found" -lt 3 ] || break
   found=$((found + 1))
   run_case "NCCL from $dir" detect LD_LIBRARY_PATH="$dir" -- ag_gemm sequential 2
-done < <(find / -xdev -name 'libnccl.so.2*' -not -path "*/proc/*" 2>/dev/null | sort -u)
+done < <(find / -xdev -name 'libnccl.so.2*' -not -path "*/proc/*" -printf '%h\n' 2>/dev/null | sort -u)
 [ "$found" -gt 0 ] || row "wrong NCCL library" "skipped" "-" "no other libnccl.so.2 on this machine"
 
 echo "table: $table; logs: $out/fault-*.log"

@@ -62,14 +62,10 @@ void synchronize(cudaStream_t stream, std::initializer_list<const runtime::Signa
   cudaStream_t side;
   TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
   std::string pending;
-  for (const auto* sg : signals)
-    for (const auto& w : sg->host_waits(stream)) {
-      const std::uint64_t seen = sg->read_flag_from(w.src, w.slot, side);
-      if (seen >= w.value) continue;
-      pending += fmt::format("{}rank_wait on rank {}: slot {} from rank {} expected >= {} but saw {}",
-                             pending.empty() ? "" : "; ", sg->group().rank(), w.slot, w.src, w.value, seen);
-      runtime::driver::stream_write_u64(side, sg->view().flag_from(w.src, w.slot), w.value);
-    }
+  for (const auto* sg : signals) {
+    const std::string r = sg->release_host_waits(side, stream);
+    if (!r.empty()) pending += (pending.empty() ? "" : "; ") + r;
+  }
   // Bounded: the stream may also sit in an NCCL collective whose peer is
   // gone, which no released flag unblocks; then the communicator is aborted
   // (ncclCommAbort ends those kernels) so that nothing hangs later.

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tessera/runtime/env.hpp"
+#include "tessera/runtime/signals.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/runtime/wait_diagnostics.hpp"
 #include "tessera/runtime/nccl_bootstrap.hpp"
@@ -52,7 +53,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::from_environment(ProcessGroupOptions
 std::unique_ptr<ProcessGroup> ProcessGroup::create(const LaunchInfo& info, ProcessGroupOptions opts) {
   std::unique_ptr<ProcessGroup> pg(new ProcessGroup());
   pg->info_ = info;
-  detail::set_current_rank(info.rank);
+  tessera::detail::set_current_rank(info.rank);
   check_nccl_version();
 
   // GPUs first: a node with fewer GPUs than local ranks is a launch error,
@@ -125,7 +126,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::create_from_unique_id(int rank, int 
   pg->info_.local_rank = rank;
   pg->info_.local_world = world;
   pg->info_.source = "nccl-unique-id";
-  detail::set_current_rank(rank);
+  tessera::detail::set_current_rank(rank);
   check_nccl_version();
 
   int ngpu = 0;
@@ -223,6 +224,36 @@ ProcessGroup::~ProcessGroup() {
                    "is gone?); the communicator is left to the process exit\n",
                    info_.rank, static_cast<unsigned long long>(wait_timeout_ns() / 1000000));
   }
+}
+
+void ProcessGroup::register_signals(const Signals* s) {
+  std::lock_guard lock(signals_mutex_);
+  signals_.push_back(s);
+}
+
+void ProcessGroup::unregister_signals(const Signals* s) {
+  std::lock_guard lock(signals_mutex_);
+  std::erase(signals_, s);
+}
+
+std::string ProcessGroup::release_host_waits() {
+  std::vector<const Signals*> all;
+  {
+    std::lock_guard lock(signals_mutex_);
+    all = signals_;
+  }
+  cudaStream_t side = nullptr;
+  if (all.empty() || cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) != cudaSuccess) return {};
+  std::string released;
+  for (const Signals* s : all) {
+    try {
+      const std::string r = s->release_host_waits(side, std::nullopt);
+      if (!r.empty()) released += (released.empty() ? "" : "; ") + r;
+    } catch (const Error&) {  // a sticky device error: nothing to release any more
+    }
+  }
+  (void)cudaStreamDestroy(side);
+  return released;
 }
 
 void ProcessGroup::synchronize(cudaStream_t stream, const char* what) { bounded_sync(stream, what, this); }

@@ -1,5 +1,8 @@
 #include "tessera/runtime/signals.hpp"
 
+#include <fmt/format.h>
+
+#include "tessera/runtime/driver_api.hpp"
 #include "tessera/runtime/error.hpp"
 
 namespace tessera::runtime {
@@ -11,7 +14,10 @@ Signals::Signals(ProcessGroup& pg, int slots) : pg_(&pg), slots_(slots) {
   TESSERA_CUDA_CHECK(cudaMemsetAsync(buf_.local(), 0, buf_.bytes(), pg.stream()));
   pg.synchronize(pg.stream(), "Signals: zeroing the flags");  // bounded: the stream may hold a peer's collective
   pg.barrier();
+  pg.register_signals(this);
 }
+
+Signals::~Signals() { pg_->unregister_signals(this); }
 
 SignalView Signals::view() const {
   SignalView v{};
@@ -44,6 +50,31 @@ void Signals::clear_host_waits(cudaStream_t stream) const {
   for (auto it = host_waits_.begin(); it != host_waits_.end();) {
     it = std::get<0>(it->first) == stream ? host_waits_.erase(it) : std::next(it);
   }
+}
+
+std::string Signals::release_host_waits(cudaStream_t side, std::optional<cudaStream_t> stream) const {
+  std::vector<HostWait> waits;
+  {
+    std::lock_guard lock(waits_mutex_);
+    for (auto it = host_waits_.begin(); it != host_waits_.end();) {
+      const auto& [s, src, slot] = it->first;
+      if (stream && s != *stream) {
+        ++it;
+        continue;
+      }
+      waits.push_back({s, src, slot, it->second});
+      it = host_waits_.erase(it);
+    }
+  }
+  std::string released;
+  for (const HostWait& w : waits) {
+    const std::uint64_t seen = read_flag_from(w.src, w.slot, side);
+    if (seen >= w.value) continue;
+    released += fmt::format("{}rank_wait on rank {}: slot {} from rank {} expected >= {} but saw {}",
+                            released.empty() ? "" : "; ", pg_->rank(), w.slot, w.src, w.value, seen);
+    driver::stream_write_u64(side, view().flag_from(w.src, w.slot), w.value);
+  }
+  return released;
 }
 
 std::uint64_t Signals::read_counter(int slot, cudaStream_t stream) const {

@@ -118,7 +118,11 @@ void bounded_wait(const std::function<cudaError_t()>& query, const char* what, P
   }
   if (diag) diag->check(what);  // a device wait that trapped names itself
   const bool had_comm = pg != nullptr && pg->nccl() != nullptr && !pg->aborted();
-  if (pg) pg->abort();  // ends the NCCL kernels that wait for the missing peer
+  // Stream waits for a missing peer's flag never end by themselves: release
+  // them so the device drains, then abort, which ends the NCCL kernels that
+  // wait for the peer (and whose cudaFree needs a drained device).
+  const std::string released = pg ? pg->release_host_waits() : std::string();
+  if (pg) pg->abort();
   if (state == PollState::failed)
     TESSERA_FAIL(
         "{}: {}: NCCL reported an asynchronous error while waiting: {} (a peer failed or aborted); the "
@@ -126,11 +130,12 @@ void bounded_wait(const std::function<cudaError_t()>& query, const char* what, P
         what, who, ncclGetErrorString(nccl));
   TESSERA_FAIL(
       "{}: {} waited {} ms (TESSERA_WAIT_TIMEOUT_MS) and the work is not done: a peer is dead, stopped or "
-      "behind{}",
+      "behind{}{}{}",
       what, who, std::chrono::duration_cast<std::chrono::milliseconds>(limit).count(),
       had_comm ? "; the NCCL communicator was aborted (create a new process group)"
       : pg     ? ""
-               : " (no communicator to abort here: the caller must abort it)");
+               : " (no communicator to abort here: the caller must abort it)",
+      released.empty() ? "" : "; released: ", released);
 }
 
 }  // namespace

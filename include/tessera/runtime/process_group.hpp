@@ -32,6 +32,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,8 @@
 #include "tessera/runtime/launch.hpp"
 
 namespace tessera::runtime {
+
+class Signals;
 
 struct ProcessGroupOptions {
   /// Timeout of the TCP rendezvous and of host-side exchanges.
@@ -105,6 +108,18 @@ class ProcessGroup {
   void abort();
   bool aborted() const { return aborted_; }
 
+  /// Every Signals object of this group registers itself here, so that a
+  /// timed-out synchronize() can release the stream waits (link::rank_wait)
+  /// still pending on any stream: otherwise such a wait never ends, the
+  /// device never drains, and every later cudaFree (ncclCommAbort's, a
+  /// destructor's) blocks for good.
+  void register_signals(const Signals* s);
+  void unregister_signals(const Signals* s);
+  /// Stores the expected value into the flag of every pending stream wait
+  /// of every registered Signals whose flag is still short; returns them as
+  /// "slot S from rank R expected >= V but saw W; ..." (empty: none).
+  std::string release_host_waits();
+
   /// Bounded wait for `stream` (runtime::bounded_sync): at most
   /// TESSERA_WAIT_TIMEOUT_MS, watching ncclCommGetAsyncError; on a timeout or
   /// an NCCL error it aborts this group and throws an Error naming the rank
@@ -152,6 +167,8 @@ class ProcessGroup {
   int lsa_size_ = 0;
   bool lsa_off_ = false;  ///< TESSERA_NO_LSA / TESSERA_TOPOLOGY=net
   bool aborted_ = false;
+  std::mutex signals_mutex_;
+  std::vector<const Signals*> signals_;
   cudaStream_t stream_ = nullptr;
   std::vector<cudaStream_t> comm_streams_;
   float* align_token_ = nullptr;  ///< align_streams' operand (allocated at first use)

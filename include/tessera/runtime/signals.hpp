@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <tuple>
@@ -50,6 +51,9 @@ class Signals {
   /// Collective: `slots` channels/flags per rank, zeroed, all ranks past the
   /// zeroing before this returns (so no early notify is lost).
   Signals(ProcessGroup& pg, int slots);
+  ~Signals();
+  Signals(const Signals&) = delete;
+  Signals& operator=(const Signals&) = delete;
 
   SignalView view() const;
   int slots() const { return slots_; }
@@ -68,6 +72,12 @@ class Signals {
   void note_host_wait(const HostWait& w) const;
   std::vector<HostWait> host_waits(cudaStream_t stream) const;
   void clear_host_waits(cudaStream_t stream) const;
+  /// Releases pending waits: stores each one's expected value into its flag
+  /// (on `side`) where the flag is still short, forgets them, and returns
+  /// those it released as "rank_wait on rank R: slot S from rank P expected
+  /// >= V but saw W; ..." (empty: none). `stream`: only that stream's waits;
+  /// std::nullopt: every stream's.
+  std::string release_host_waits(cudaStream_t side, std::optional<cudaStream_t> stream) const;
 
   /// Host reads (debugging, tests): a copy on `stream`, synchronized.
   std::uint64_t read_counter(int slot, cudaStream_t stream) const;
