@@ -10,6 +10,7 @@
 #
 #   scripts/fault-check.sh            (after a build: BUILD, default build-dev)
 #   scripts/device-check.sh build faults
+# FAULT_FILTER (a bash regex) runs only the cases whose name matches.
 # FAULT_TIMEOUT_MS (default 5000) becomes TESSERA_WAIT_TIMEOUT_MS; a case
 # that takes longer than CASE_LIMIT_S (default 60) counts as a hang.
 set -uo pipefail
@@ -52,6 +53,7 @@ row() { printf "%-44s | %-8s | %-11s | %s\n" "$1" "$2" "$3" "$4" | tee -a "$tabl
 # case NAME EXPECT ENV... -- ARGS...   (EXPECT: detect | ok)
 run_case() {
   local name="$1" expect="$2"; shift 2
+  if [ -n "${FAULT_FILTER:-}" ] && ! [[ "$name" =~ $FAULT_FILTER ]]; then return 0; fi
   local envs=()
   while [ "$1" != "--" ]; do envs+=("$1"); shift; done
   shift
@@ -113,7 +115,7 @@ done
 run_case "no P2P/LSA: fused_sm is refused" detect NCCL_P2P_DISABLE=1 TESSERA_NO_LSA=1 -- ag_gemm fused_sm 2
 
 # A corrupted tuning cache: ignored with a warning and re-tuned, or a clear error.
-cache="$out/fault-cache"
+cache="${TMPDIR:-/tmp}/tessera-fault-cache"
 rm -rf "$cache"; mkdir -p "$cache"
 printf '{"version": 2, "entries": {"x": {"strategy": "fused_sm"' >"$cache/ops.json"  # truncated JSON
 run_case "corrupted cache (truncated JSON)" ok TESSERA_CACHE_DIR="$cache" -- gemm_rs auto 3

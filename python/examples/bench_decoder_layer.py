@@ -105,6 +105,25 @@ def time_steps(model, x, warmup, iters):
     return t.item()
 
 
+def profile_step(model, x, path, rank, steps=2):
+    """The CUDA kernels of `steps` training steps, by total GPU time (rank 0 writes the table)."""
+    from torch.profiler import ProfilerActivity, profile
+    step(model, x)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step(model, x)
+        torch.cuda.synchronize()
+    if rank == 0:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "w") as f:
+            try:
+                table = prof.key_averages().table(sort_by="device_time_total", row_limit=40, max_name_column_width=90)
+            except (KeyError, AttributeError, ValueError):
+                table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=90)
+            f.write(table)
+
+
 def rel_err(a, b):
     a, b = a.float(), b.float()
     return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
@@ -117,6 +136,7 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--profile", default=None, help="directory: a torch.profiler kernel table per variant (rank 0)")
     a = ap.parse_args()
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -146,6 +166,9 @@ def main():
             for label, model in (("plain_pytorch", plain), ("tessera", tes), ("tessera_sequential", seq)):
                 row[label + "_ms"] = time_steps(model, x, a.warmup, a.iters)
             row["speedup_vs_plain"] = row["plain_pytorch_ms"] / row["tessera_ms"]
+            if a.profile:
+                for label, model in (("plain_pytorch", plain), ("tessera", tes)):
+                    profile_step(model, x, os.path.join(a.profile, f"profile-{name}-{label}.txt"), rank)
             results.append(row)
             if rank == 0:
                 print(json.dumps(row))
