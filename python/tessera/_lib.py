@@ -67,6 +67,8 @@ def _prototypes(lib):
         "tessera_gemm_ar_ex": ([vp, vp, vp, vp, vp, i64, i64, i64, i32, i32], i32),
         "tessera_mlp_ex": ([vp, vp, vp, vp, vp, vp, i64, i64, i64, i64, i32, i32, i32], i32),
         "tessera_resolve": ([vp, i32, i64, i64, i64, i64, i32, i32, vp, vp, vp, pi], i32),
+        "tessera_swiglu_forward": ([vp, vp, vp, i64, i64, i32], i32),
+        "tessera_swiglu_backward": ([vp, vp, vp, vp, vp, i64, i64, i32], i32),
         "tessera_device_count": ([pi], i32),
         "tessera_can_access_peer": ([i32, i32, pi], i32),
         "tessera_lsa_probe": ([i32, pi], i32),

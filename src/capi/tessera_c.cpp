@@ -16,6 +16,7 @@
 #include <string>
 #include <tuple>
 
+#include "tessera/kernels/elementwise.hpp"
 #include "tessera/ops/tp_mlp.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/runtime/launch.hpp"
@@ -394,6 +395,36 @@ int tessera_mlp_ex(tessera_session* s, void* stream, const void* x, const void* 
                    int rs_strategy) {
   return mlp_call("tessera_mlp_ex", s, stream, x, w_gate_up, w_down, out, m, m_local, h, i_local, dtype, ag_strategy,
                   rs_strategy);
+}
+
+namespace {
+int swiglu_call(const char* what, void* stream, const void* gu, const void* dh, void* dgu, void* h, int64_t rows,
+                int64_t inter, int dtype, bool backward) {
+  return guarded(what, [&] {
+    TESSERA_CHECK(rows >= 0 && inter >= 0, "{}: rows = {} and inter = {} must be >= 0", what, rows, inter);
+    tessera::kernels::SwigluArgs a;
+    a.gu = gu;
+    a.h = h;
+    a.dh = dh;
+    a.dgu = dgu;
+    a.rows = rows;
+    a.inter = inter;
+    a.dtype = dtype_of(dtype);
+    if (backward)
+      tessera::kernels::swiglu_backward(a, static_cast<cudaStream_t>(stream));
+    else
+      tessera::kernels::swiglu_forward(a, static_cast<cudaStream_t>(stream));
+  });
+}
+}  // namespace
+
+int tessera_swiglu_forward(void* stream, const void* gu, void* h, int64_t rows, int64_t inter, int dtype) {
+  return swiglu_call("tessera_swiglu_forward", stream, gu, nullptr, nullptr, h, rows, inter, dtype, false);
+}
+
+int tessera_swiglu_backward(void* stream, const void* gu, const void* dh, void* dgu, void* h, int64_t rows,
+                            int64_t inter, int dtype) {
+  return swiglu_call("tessera_swiglu_backward", stream, gu, dh, dgu, h, rows, inter, dtype, true);
 }
 
 int tessera_device_count(int* out) {

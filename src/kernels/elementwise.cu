@@ -45,6 +45,76 @@ __global__ void add_2d_kernel(const T* __restrict__ x, std::int64_t ldx, const T
 
 bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
+/// Four (gate, up) pairs per thread: 16 bytes of gu, 8 of h / dh.
+template <class T>
+struct Quad {
+  T v[4];
+};
+template <class T>
+struct Oct {
+  T v[8];
+};
+
+template <class T, bool kBackward>
+__global__ void swiglu_kernel(const Oct<T>* __restrict__ gu, Quad<T>* h, const Quad<T>* __restrict__ dh, Oct<T>* dgu,
+                              std::int64_t quads) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < quads;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const Oct<T> x = gu[i];
+    Quad<T> d{};
+    if constexpr (kBackward) d = dh[i];
+    Quad<T> hv;
+    Oct<T> gv;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float g = to_f32(x.v[2 * e]), u = to_f32(x.v[2 * e + 1]);
+      const float sg = 1.f / (1.f + __expf(-g));
+      const float silu = g * sg;
+      hv.v[e] = from_f32<T>(silu * u);
+      if constexpr (kBackward) {
+        const float dy = to_f32(d.v[e]);
+        gv.v[2 * e] = from_f32<T>(dy * u * sg * (1.f + g * (1.f - sg)));
+        gv.v[2 * e + 1] = from_f32<T>(dy * silu);
+      }
+    }
+    if (h != nullptr) h[i] = hv;
+    if constexpr (kBackward) dgu[i] = gv;
+  }
+}
+
+template <bool kBackward>
+void launch_swiglu(const SwigluArgs& a, cudaStream_t stream, const char* what) {
+  if (a.rows <= 0 || a.inter <= 0) return;
+  TESSERA_CHECK(a.dtype == DType::bf16 || a.dtype == DType::f16, "{}: dtype {} not supported (bf16 or f16)", what,
+                dtype_name(a.dtype));
+  TESSERA_CHECK(a.inter % 4 == 0, "{}: inter = {} must be a multiple of 4", what, a.inter);
+  TESSERA_CHECK(a.gu != nullptr && aligned16(a.gu), "{}: gu = {} must be non-null and 16-byte aligned", what, a.gu);
+  TESSERA_CHECK(kBackward || a.h != nullptr, "{}: h is null", what);
+  TESSERA_CHECK(a.h == nullptr || aligned16(a.h), "{}: h = {} must be 16-byte aligned", what, a.h);
+  if (kBackward)
+    TESSERA_CHECK(a.dh != nullptr && a.dgu != nullptr && aligned16(a.dh) && aligned16(a.dgu),
+                  "{}: dh = {} and dgu = {} must be non-null and 16-byte aligned", what, a.dh, a.dgu);
+  TESSERA_CHECK(a.rows <= (std::int64_t{1} << 40) / a.inter, "{}: rows x inter = {} x {} is too large", what, a.rows,
+                a.inter);
+  const std::int64_t quads = a.rows * a.inter / 4;
+  int sms = 0, dev = 0;
+  detail::cuda_check(cudaGetDevice(&dev), what);
+  detail::cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), what);
+  const std::int64_t need = (quads + 255) / 256;
+  const int blocks = static_cast<int>(need < 8LL * sms ? need : 8LL * sms);
+  auto go = [&](auto tag) {
+    using T = decltype(tag);
+    swiglu_kernel<T, kBackward>
+        <<<blocks, 256, 0, stream>>>(static_cast<const Oct<T>*>(a.gu), static_cast<Quad<T>*>(a.h),
+                                     static_cast<const Quad<T>*>(a.dh), static_cast<Oct<T>*>(a.dgu), quads);
+  };
+  if (a.dtype == DType::f16)
+    go(__half{});
+  else
+    go(__nv_bfloat16{});
+  detail::check_launch(what);
+}
+
 }  // namespace
 
 void add_2d(const Add2dArgs& a, int max_ctas, cudaStream_t stream) {
@@ -69,6 +139,10 @@ void add_2d(const Add2dArgs& a, int max_ctas, cudaStream_t stream) {
                                                              static_cast<__nv_bfloat16*>(a.out), a.ldo, a.rows, a.n);
   detail::check_launch("add_2d: kernel launch");
 }
+
+void swiglu_forward(const SwigluArgs& a, cudaStream_t stream) { launch_swiglu<false>(a, stream, "swiglu_forward"); }
+
+void swiglu_backward(const SwigluArgs& a, cudaStream_t stream) { launch_swiglu<true>(a, stream, "swiglu_backward"); }
 
 void preload_add_2d() {
   cudaFuncAttributes attr{};

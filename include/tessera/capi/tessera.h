@@ -118,6 +118,16 @@ int tessera_mlp_ex(tessera_session* s, void* stream, const void* x, const void* 
                    void* out, int64_t m, int64_t m_local, int64_t h, int64_t i_local, int dtype, int ag_strategy,
                    int rs_strategy);
 
+/* SiLU·up of a gated MLP whose gate and up columns are interleaved (the
+ * fused gate/up weight's layout), ordered on `stream`; no session needed:
+ *   h[r, j] = SiLU(gu[r, 2j]) * gu[r, 2j + 1]   (gu [rows, 2·inter], h [rows, inter], packed)
+ * tessera_swiglu_backward writes dgu [rows, 2·inter] from dh [rows, inter]
+ * and, when h is not NULL, h again (the down projection's weight gradient
+ * needs it). inter a multiple of 4, pointers 16-byte aligned. */
+int tessera_swiglu_forward(void* stream, const void* gu, void* h, int64_t rows, int64_t inter, int dtype);
+int tessera_swiglu_backward(void* stream, const void* gu, const void* dh, void* dgu, void* h, int64_t rows,
+                            int64_t inter, int dtype);
+
 /* Environment queries (python -m tessera.env). tessera_lsa_probe creates an
  * NCCL communicator over devices 0..ndev-1 in this process and reports how
  * many of them are in one load/store-accessible team. */

@@ -33,6 +33,28 @@ struct Add2dArgs {
 /// nothing. Throws tessera::Error on a bad dtype, alignment or launch.
 void add_2d(const Add2dArgs& a, int max_ctas, cudaStream_t stream);
 
+/// SiLU·up of a gated MLP whose gate and up columns are interleaved (the
+/// fused gate/up weight's layout): for r < rows, j < inter,
+///   g = gu[r, 2j], u = gu[r, 2j + 1], h[r, j] = SiLU(g)·u,
+/// in f32, rounded once to `dtype`. Training keeps gu for the backward.
+/// Rows are packed (gu: 2·inter, h / dh: inter elements); pointers 16-byte
+/// aligned; inter a multiple of 4 (rows are read as 16-byte vectors).
+struct SwigluArgs {
+  const void* gu = nullptr;  ///< [rows, 2·inter]
+  void* h = nullptr;         ///< [rows, inter]: SiLU(g)·u (backward: optional, nullptr skips it)
+  const void* dh = nullptr;  ///< backward: [rows, inter], the gradient of h
+  void* dgu = nullptr;       ///< backward: [rows, 2·inter], interleaved as gu
+  std::int64_t rows = 0, inter = 0;
+  DType dtype = DType::bf16;
+};
+
+/// h = SiLU(g)·u. One pass: reads gu, writes h.
+void swiglu_forward(const SwigluArgs& a, cudaStream_t stream);
+/// dgu = (dh·u·σ(g)·(1 + g·(1 − σ(g))), dh·SiLU(g)) interleaved, and h =
+/// SiLU(g)·u when a.h is set (the down projection's weight gradient needs
+/// it; recomputing it here saves keeping it from the forward). One pass.
+void swiglu_backward(const SwigluArgs& a, cudaStream_t stream);
+
 /// Loads the add kernels' module now, so the first add_2d inside a timed or
 /// overlapped region does not pay for lazy module loading.
 void preload_add_2d();

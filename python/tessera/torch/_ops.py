@@ -1,4 +1,4 @@
-"""torch.library custom ops tessera::ag_gemm, ag_gemm_gathered, gemm_rs, gemm_ar, mlp.
+"""torch.library custom ops tessera::ag_gemm, ag_gemm_gathered, gemm_rs, gemm_ar, mlp, swiglu, swiglu_backward.
 
 Each takes the context's integer handle (tessera.torch.Context.handle) and a strategy code, validates its
 arguments before anything is launched (ValueError / TypeError naming the argument), has a fake (meta)
@@ -14,6 +14,8 @@ Shapes (B always [N, K], the nn.Linear weight layout; all row-major, contiguous,
   gemm_rs(a[M, K], b[N, K], ctx, strategy) -> [m_local, N]: this rank's rows of reduce_scatter(a @ b.T)
   gemm_ar(a[M, K], b[N, K], ctx, strategy) -> [M, N]: all_reduce(a @ b.T)
   mlp(x[m_local, H], w_gate_up[2I, H], w_down[H, I], ctx, m, ag_strategy, rs_strategy) -> [m_local, H]
+  swiglu(gu[M, 2I]) -> h[M, I] = SiLU(gu[:, 0::2]) * gu[:, 1::2] (gate/up interleaved; no context)
+  swiglu_backward(gu[M, 2I], dh[M, I]) -> (dgu[M, 2I], h[M, I]): one pass, h recomputed for the weight gradient
 Row shards follow ceil(M / world) rows per rank, the last ones shorter.
 """
 import torch
@@ -179,3 +181,69 @@ def _(x, w_gate_up, w_down, ctx, m, ag_strategy=0, rs_strategy=0):
     _check_tensors("mlp", c, False, x=x, w_gate_up=w_gate_up, w_down=w_down)
     _mlp_shapes(c, x, w_gate_up, w_down, m)
     return torch.empty_like(x)
+
+
+# ---- swiglu (element-wise; no context) ---------------------------------------------------------------------------
+def _swiglu_shapes(op, gu, dh=None):
+    _need(gu.dim() == 2 and gu.shape[1] % 2 == 0, f"tessera::{op}: gu must be 2-D [M, 2I], got {tuple(gu.shape)}")
+    _need(gu.dtype in _DTYPES, f"tessera::{op}: gu has dtype {gu.dtype}; bf16 or fp16 only", TypeError)
+    if dh is not None:
+        _need(tuple(dh.shape) == (gu.shape[0], gu.shape[1] // 2),
+              f"tessera::{op}: dh is {tuple(dh.shape)}, expected {(gu.shape[0], gu.shape[1] // 2)}")
+        _need(dh.dtype == gu.dtype and dh.device == gu.device,
+              f"tessera::{op}: dh ({dh.dtype}, {dh.device}) must match gu ({gu.dtype}, {gu.device})", TypeError)
+
+
+def _swiglu_kernel_takes(*ts):
+    """The kernel reads 16-byte vectors: packed rows, I a multiple of 4, 16-byte aligned pointers."""
+    return all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in ts) and (ts[0].shape[1] // 2) % 4 == 0
+
+
+def swiglu_reference(gu):
+    g, u = gu[:, 0::2].float(), gu[:, 1::2].float()
+    return (torch.nn.functional.silu(g) * u).to(gu.dtype)
+
+
+def swiglu_backward_reference(gu, dh):
+    g, u, d = gu[:, 0::2].float(), gu[:, 1::2].float(), dh.float()
+    sg = torch.sigmoid(g)
+    silu = g * sg
+    dgu = torch.stack((d * u * (sg * (1 + g * (1 - sg))), d * silu), dim=-1).reshape(gu.shape).to(gu.dtype)
+    return dgu, (silu * u).to(gu.dtype)
+
+
+@torch.library.custom_op("tessera::swiglu", mutates_args=(), device_types="cuda")
+def swiglu(gu: Tensor) -> Tensor:
+    _swiglu_shapes("swiglu", gu)
+    if gu.numel() == 0 or not _swiglu_kernel_takes(gu):
+        return swiglu_reference(gu)
+    h = gu.new_empty((gu.shape[0], gu.shape[1] // 2))
+    lib = _lib.load()
+    _lib.check(lib.tessera_swiglu_forward(torch.cuda.current_stream(gu.device).cuda_stream, gu.data_ptr(),
+                                          h.data_ptr(), gu.shape[0], gu.shape[1] // 2, _DTYPES[gu.dtype]))
+    return h
+
+
+@swiglu.register_fake
+def _(gu):
+    _swiglu_shapes("swiglu", gu)
+    return gu.new_empty((gu.shape[0], gu.shape[1] // 2))
+
+
+@torch.library.custom_op("tessera::swiglu_backward", mutates_args=(), device_types="cuda")
+def swiglu_backward(gu: Tensor, dh: Tensor) -> tuple[Tensor, Tensor]:
+    _swiglu_shapes("swiglu_backward", gu, dh)
+    if gu.numel() == 0 or not _swiglu_kernel_takes(gu, dh):
+        return swiglu_backward_reference(gu, dh)
+    dgu, h = torch.empty_like(gu), gu.new_empty((gu.shape[0], gu.shape[1] // 2))
+    lib = _lib.load()
+    _lib.check(lib.tessera_swiglu_backward(torch.cuda.current_stream(gu.device).cuda_stream, gu.data_ptr(),
+                                           dh.data_ptr(), dgu.data_ptr(), h.data_ptr(), gu.shape[0],
+                                           gu.shape[1] // 2, _DTYPES[gu.dtype]))
+    return dgu, h
+
+
+@swiglu_backward.register_fake
+def _(gu, dh):
+    _swiglu_shapes("swiglu_backward", gu, dh)
+    return torch.empty_like(gu), gu.new_empty((gu.shape[0], gu.shape[1] // 2))

@@ -19,7 +19,6 @@ as Megatron's LinearWithGradAccumulationAndAsyncCommunication does.
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from . import _ops  # noqa: F401  (registers torch.ops.tessera.*)
@@ -90,26 +89,11 @@ class _RowParallelFn(torch.autograd.Function):
         return (dx if ctx.needs_input_grad[0] else None), dw, db, None, None, None, None
 
 
-def _swiglu(gu):
-    """SiLU(gate) * up of gate/up interleaved by columns (gu[:, 0::2] gate, gu[:, 1::2] up)."""
-    g, u = gu[:, 0::2].float(), gu[:, 1::2].float()
-    return (F.silu(g) * u).to(gu.dtype)
-
-
-def _swiglu_backward(gu, dh):
-    g, u, dh = gu[:, 0::2].float(), gu[:, 1::2].float(), dh.float()
-    sg = torch.sigmoid(g)
-    silu = g * sg
-    dg = dh * u * (sg * (1 + g * (1 - sg)))
-    du = dh * silu
-    return torch.stack((dg, du), dim=-1).reshape(gu.shape).to(gu.dtype)
-
-
 class _MlpFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w_gate_up, w_down, handle, m, ag_strategy, rs_strategy, accumulate):
         gu, xg = torch.ops.tessera.ag_gemm_gathered(x, w_gate_up, handle, m, False, ag_strategy)
-        h = _swiglu(gu)
+        h = torch.ops.tessera.swiglu(gu)  # SiLU(gate) * up, gate/up interleaved by columns
         y = torch.ops.tessera.gemm_rs(h, w_down, handle, rs_strategy)
         ctx.save_for_backward(xg, gu, w_gate_up, w_down)
         ctx.handle, ctx.m, ctx.accumulate = handle, m, accumulate
@@ -123,8 +107,8 @@ class _MlpFn(torch.autograd.Function):
         # Down projection (row parallel): dh = AG(dy) · W_d, dW_d = AG(dy)ᵀ · h.
         dh, dyg = torch.ops.tessera.ag_gemm_gathered(dy, w_down.t().contiguous(), ctx.handle, ctx.m, False,
                                                      ctx.rs_strategy)
-        dwd = _weight_grad(w_down, dyg.t().mm(_swiglu(gu)), ctx.accumulate) if ctx.needs_input_grad[2] else None
-        dgu = _swiglu_backward(gu, dh)
+        dgu, h = torch.ops.tessera.swiglu_backward(gu, dh)  # one pass; h recomputed rather than kept
+        dwd = _weight_grad(w_down, dyg.t().mm(h), ctx.accumulate) if ctx.needs_input_grad[2] else None
         # Gate/up projection (column parallel): dx = RS(dgu · W_gu), dW_gu = dguᵀ · AG(x).
         dx = None
         if ctx.needs_input_grad[0]:

@@ -53,6 +53,30 @@ def randn(*shape, seed, dev, scale=1.0):
     return (torch.randn(*shape, generator=g, device=dev) * scale).bfloat16()
 
 
+# ---- swiglu ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("rows,inter,dtype", [(1000, 1024, torch.bfloat16), (37, 8, torch.float16),
+                                              (5, 6, torch.bfloat16), (0, 16, torch.bfloat16)])
+def test_swiglu_ops_match_float32(world, rows, inter, dtype):
+    """The fused kernel (inter % 4 == 0) and the fallback (inter = 6) against float64."""
+    _, _, dev = world
+    gu = (randn(rows, 2 * inter, seed=11, dev=dev) * 3).to(dtype)
+    dh = randn(rows, inter, seed=12, dev=dev).to(dtype)
+    g, u, d = gu[:, 0::2].double(), gu[:, 1::2].double(), dh.double()
+    sg = torch.sigmoid(g)
+    h_ref = g * sg * u
+    dgu_ref = torch.stack((d * u * sg * (1 + g * (1 - sg)), d * g * sg), -1).reshape(rows, 2 * inter)
+    h = torch.ops.tessera.swiglu(gu)
+    dgu, h2 = torch.ops.tessera.swiglu_backward(gu, dh)
+    torch.cuda.synchronize()
+    for got, ref in ((h, h_ref), (h2, h_ref), (dgu, dgu_ref)):
+        assert got.dtype == dtype and got.shape == ref.shape
+        assert not got.isnan().any()
+        if rows:
+            assert rel_err(got, ref) < 1e-2
+    with pytest.raises(ValueError, match="dh is"):
+        torch.ops.tessera.swiglu_backward(gu, dh[:, :-1] if inter > 1 else dh[:0])
+
+
 # ---- contexts -------------------------------------------------------------------------------------------------
 def test_context_over_world_and_over_a_one_rank_group(world, ctx):
     rank, w, dev = world
