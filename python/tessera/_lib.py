@@ -62,6 +62,7 @@ def _prototypes(lib):
         "tessera_session_lsa_reachable": ([vp], i32),
         "tessera_session_stream": ([vp], vp),
         "tessera_session_use_cache": ([vp, i32], None),
+        "tessera_session_tune_on_miss": ([vp, i32], None),
         "tessera_ag_gemm_ex": ([vp, vp, vp, vp, vp, vp, i64, i64, i64, i64, i64, i32, i32, i32], i32),
         "tessera_gemm_rs_ex": ([vp, vp, vp, vp, vp, i64, i64, i64, i64, i32, i32], i32),
         "tessera_gemm_ar_ex": ([vp, vp, vp, vp, vp, i64, i64, i64, i32, i32], i32),

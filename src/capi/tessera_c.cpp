@@ -33,6 +33,7 @@ struct tessera_session {
   std::unique_ptr<tessera::runtime::ProcessGroup> pg;
   std::unique_ptr<tessera::ops::TpContext> ctx;
   bool use_cache = true;
+  bool tune_on_miss = true;
   // Fork/join with the caller's stream (the *_ex entry points).
   cudaEvent_t ev_in = nullptr;
   cudaEvent_t ev_out = nullptr;
@@ -67,6 +68,7 @@ tessera::ops::OpOptions options_of(const tessera_session* s, int strategy) {
   tessera::ops::OpOptions o;
   o.strategy = static_cast<tessera::ops::Strategy>(strategy);
   o.use_cache = s->use_cache;
+  o.tune_on_miss = s->tune_on_miss;
   return o;
 }
 
@@ -264,6 +266,10 @@ void* tessera_session_stream(tessera_session* s) { return s && s->pg ? static_ca
 
 void tessera_session_use_cache(tessera_session* s, int on) {
   if (s) s->use_cache = on != 0;
+}
+
+void tessera_session_tune_on_miss(tessera_session* s, int on) {
+  if (s) s->tune_on_miss = on != 0;
 }
 
 }  // extern "C"
@@ -469,7 +475,8 @@ int tessera_resolve(tessera_session* s, int op, int64_t m, int64_t m_local, int6
     need(s, "tessera_resolve");
     TESSERA_CHECK(out != nullptr, "tessera_resolve: out is null");
     TESSERA_CHECK(op == 0 || op == 1, "tessera_resolve: op {} (0 ag_gemm, 1 gemm_rs)", op);
-    const auto o = options_of(s, TESSERA_AUTOMATIC);
+    auto o = options_of(s, TESSERA_AUTOMATIC);
+    o.tune_on_miss = true;  // resolving is the place to measure
     const auto chosen = op == 0 ? s->ctx->resolve(ag_args(a, b, d, m, m_local, n, k, 0, dtype, swiglu), o)
                                 : s->ctx->resolve(rs_args(a, b, d, m, m_local, n, k, dtype), o);
     *out = static_cast<int>(chosen);

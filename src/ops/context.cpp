@@ -331,6 +331,10 @@ Strategy tune_choice(TpContext& ctx, const Args& a, const OpOptions& o, const st
     if (report) report->chosen = it->second, report->from_cache = true;
     return it->second;
   }
+  if (auto it = c.guessed.find(key); !o.tune_on_miss && it != c.guessed.end()) {
+    if (report) report->chosen = it->second, report->from_cache = true;
+    return it->second;
+  }
   if (candidates.size() == 1) {  // e.g. no load/store reach: nothing to measure
     c.memo[key] = candidates.front();
     if (report) report->chosen = candidates.front(), report->from_cache = false;
@@ -352,11 +356,26 @@ Strategy tune_choice(TpContext& ctx, const Args& a, const OpOptions& o, const st
     if (report) report->chosen = s, report->from_cache = true;
     return s;
   }
+  if (!o.tune_on_miss) {
+    // The nearest measured shape's choice (this process's or the cache's),
+    // else sequential; a host exchange makes every rank take the same one.
+    nlohmann::json pool = c.measured;
+    if (o.use_cache) pool.update(c.cache->entries());
+    const auto nb = nearest_choice(pool, tune::key_prefix(ctx.machine(), a.dtype, "ops." + op), shape, 3, candidates);
+    const int mine = static_cast<int>(nb.value_or(Strategy::sequential));
+    const std::vector<int> votes = c.pg.allgather(mine);
+    const bool agree = std::all_of(votes.begin(), votes.end(), [&](int v) { return v == mine; });
+    const Strategy s = agree ? static_cast<Strategy>(mine) : Strategy::sequential;
+    c.guessed[key] = s;
+    if (report) report->chosen = s, report->from_cache = agree && nb.has_value();
+    return s;
+  }
   double load_ms = 0;
   const std::map<Strategy, double> times = time_candidates(c, candidates, run, 2, 11, &load_ms);
   const Strategy best = choose_strategy(times);
   c.memo[key] = best;
-  if (o.use_cache) c.cache->put(key, choice_to_json(best, times, shape));
+  c.measured[key] = choice_to_json(best, times, shape);
+  if (o.use_cache) c.cache->put(key, c.measured[key]);
   if (report) report->times_ms = times, report->chosen = best, report->from_cache = false, report->load_ms = load_ms;
   return best;
 }

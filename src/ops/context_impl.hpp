@@ -80,6 +80,10 @@ struct TpContext::Impl {
   cudaStream_t ring_stream = nullptr;
   std::set<ShapeSignature> validated;
   std::map<std::string, Strategy> memo;  ///< tuner choices of this process
+  /// Choices taken from a neighbour (tune_on_miss off): reused by later such
+  /// calls, but a call that may tune measures the shape anyway.
+  std::map<std::string, Strategy> guessed;
+  nlohmann::json measured = nlohmann::json::object();  ///< choices this process measured (cache entry form)
   std::unique_ptr<tune::Cache> cache;
 
   /// Once per signature: every rank passes the same bytes (else tessera::Error).

@@ -58,6 +58,43 @@ std::optional<Strategy> choice_from_json(const nlohmann::json& j, const std::vec
   return s;
 }
 
+std::optional<Strategy> nearest_choice(const nlohmann::json& entries, const std::string& prefix,
+                                       const std::vector<std::int64_t>& shape, std::size_t sized,
+                                       const std::vector<Strategy>& candidates, double max_distance) {
+  TESSERA_CHECK(sized <= shape.size(), "nearest_choice: sized = {} > shape rank {}", sized, shape.size());
+  for (std::size_t i = 0; i < sized; ++i)
+    TESSERA_CHECK(shape[i] > 0, "nearest_choice: dimension {} is {} (must be > 0)", i, shape[i]);
+  if (!entries.is_object()) return std::nullopt;
+  const std::string p = prefix + "|";
+  std::optional<Strategy> best;
+  double best_d = max_distance;
+  for (auto it = entries.begin(); it != entries.end(); ++it) {
+    if (it.key().rfind(p, 0) != 0 || !it->is_object() || !it->contains("shape")) continue;
+    const auto& s = (*it)["shape"];
+    if (!s.is_array() || s.size() != shape.size()) continue;
+    bool ok = true;
+    double d = 0;
+    for (std::size_t i = 0; i < shape.size() && ok; ++i) {
+      if (!s[i].is_number_integer()) {
+        ok = false;
+      } else if (i >= sized) {
+        ok = s[i].get<std::int64_t>() == shape[i];
+      } else if (s[i].get<std::int64_t>() <= 0) {
+        ok = false;
+      } else {
+        const double l = std::log(static_cast<double>(s[i].get<std::int64_t>()) / static_cast<double>(shape[i]));
+        d += l * l;
+      }
+    }
+    if (!ok || d > best_d) continue;
+    if (const auto c = choice_from_json(*it, candidates); c && (!best || d < best_d)) {
+      best = c;
+      best_d = d;
+    }
+  }
+  return best;
+}
+
 std::vector<Strategy> ag_gemm_candidates(int /*world*/, bool lsa) {
   if (!lsa) return {Strategy::sequential};
   return {Strategy::sequential, Strategy::decomposition, Strategy::fused_ce, Strategy::fused_sm};

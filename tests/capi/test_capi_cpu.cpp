@@ -50,6 +50,7 @@ TEST(Capi, NullArgumentsNeverCrash) {
   EXPECT_EQ(tessera_gemm_rs(nullptr, nullptr, nullptr, nullptr, 1, 1, 1, 1, 0, 0), -1);
   EXPECT_FALSE(last().empty());
   tessera_session_use_cache(nullptr, 0);  // ignored, never fails
+  tessera_session_tune_on_miss(nullptr, 0);
 }
 
 TEST(Capi, CreateFromIdRejectsBadArgumentsBeforeAnyNcclCall) {

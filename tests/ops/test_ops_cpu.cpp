@@ -291,3 +291,29 @@ TEST(OpsTuner, CachedChoiceMustBeACandidateWithSaneTimes) {
   EXPECT_FALSE(choice_from_json(J{{"strategy", "auto"}}).has_value());
   EXPECT_FALSE(choice_from_json(J{{"strategy", 5}}).has_value());
 }
+
+TEST(OpsTuner, NearestChoiceReusesANeighbourOfTheSameFlags) {
+  using J = nlohmann::json;
+  const std::string pre = "H200|lsa|w2|bf16|ops.ag_gemm";
+  const auto entry = [](const char* s, std::vector<std::int64_t> shape) {
+    return J{{"strategy", s}, {"times_ms", {{"sequential", 2.0}, {s, 1.0}}}, {"shape", shape}};
+  };
+  J e = J::object();
+  e[pre + "|8192x4096x4096x0"] = entry("fused_ce", {8192, 4096, 4096, 0});
+  e[pre + "|8192x4096x4096x1"] = entry("decomposition", {8192, 4096, 4096, 1});
+  e["H200|lsa|w2|bf16|ops.gemm_rs|8192x4096x4096x0"] = entry("fused_sm", {8192, 4096, 4096, 0});
+  const auto cand = ag_gemm_candidates(2);
+  // Nearest with the same swiglu flag; other operators' entries never count.
+  EXPECT_EQ(nearest_choice(e, pre, {6144, 4096, 4096, 0}, 3, cand), Strategy::fused_ce);
+  EXPECT_EQ(nearest_choice(e, pre, {6144, 4096, 4096, 1}, 3, cand), Strategy::decomposition);
+  // Too far (M 8x smaller), a flag never measured, or not a candidate here: none.
+  EXPECT_FALSE(nearest_choice(e, pre, {1024, 4096, 4096, 0}, 3, cand).has_value());
+  EXPECT_FALSE(nearest_choice(e, pre, {8192, 4096, 4096, 2}, 3, cand).has_value());
+  EXPECT_FALSE(nearest_choice(e, pre, {8192, 4096, 4096, 0}, 3, {Strategy::sequential}).has_value());
+  // The closer of two neighbours wins; malformed entries are skipped.
+  e[pre + "|4096x4096x4096x0"] = entry("fused_sm", {4096, 4096, 4096, 0});
+  e[pre + "|bad"] = J{{"strategy", "fused_sm"}, {"shape", {"x", 1, 1, 0}}};
+  EXPECT_EQ(nearest_choice(e, pre, {5000, 4096, 4096, 0}, 3, cand), Strategy::fused_sm);
+  EXPECT_EQ(nearest_choice(e, pre, {7000, 4096, 4096, 0}, 3, cand), Strategy::fused_ce);
+  EXPECT_THROW(nearest_choice(e, pre, {0, 4096, 4096, 0}, 3, cand), Error);
+}

@@ -686,6 +686,48 @@ TEST_P(OpsTp, GemmArMatchesReferenceOnEveryRank) {
 INSTANTIATE_TEST_SUITE_P(Types, OpsTp, ::testing::Values(DType::bf16, DType::f16),
                          [](const auto& i) { return std::string(dtype_name(i.param)); });
 
+// automatic without tune_on_miss: a shape never measured takes the nearest
+// measured shape's choice (no measurement in the call), sequential when none
+// is near; a call that may tune still measures a shape that was only guessed.
+TEST(OpsTpTuner, UntunedShapeReusesTheNearestMeasuredChoice) {
+  if (skip()) GTEST_SKIP() << "needs >= 2 ranks with a GPU each";
+  auto& pg = group();
+  const int R = pg.world(), rank = pg.rank();
+  const std::int64_t n = 1024, k = 512, m_max = 16384;
+  const Mat b = random_mat(n, k, shared_seed() + 1, DType::bf16, 0.5);
+  const Mat a = random_mat(m_max, k, shared_seed() + 2 + rank, DType::bf16, 0.5);
+  auto db = upload(b, 0, n, k, DType::bf16);
+  auto da = upload(a, 0, m_max, k, DType::bf16);
+  Dev dd(static_cast<std::size_t>(m_max * n * 2));
+  auto resolve = [&](std::int64_t m, bool tune) {
+    AgGemmArgs g;
+    g.a = da->p;
+    g.b = db->p;
+    g.d = dd.p;
+    g.m = m;
+    g.m_local = shard_rows(m, R).rows(m, rank);
+    g.n = n;
+    g.k = k;
+    OpOptions o;
+    o.use_cache = false;
+    o.tune_on_miss = tune;
+    TuneReport r;
+    r.chosen = ctx().resolve(g, o, &r);
+    pg.synchronize(pg.stream(), "tuner test");
+    return r;
+  };
+  const TuneReport measured = resolve(2048, true);
+  EXPECT_FALSE(measured.times_ms.empty());
+  const TuneReport near = resolve(3072, false);  // within a factor 2 of 2048
+  EXPECT_TRUE(near.times_ms.empty()) << "a guessed shape must not be measured";
+  EXPECT_EQ(near.chosen, measured.chosen);
+  EXPECT_TRUE(near.from_cache);
+  const TuneReport far = resolve(16384, false);  // 8x: no neighbour
+  EXPECT_TRUE(far.times_ms.empty());
+  EXPECT_EQ(far.chosen, Strategy::sequential);
+  EXPECT_FALSE(resolve(3072, true).times_ms.empty()) << "tune_on_miss measures a shape that was only guessed";
+}
+
 TEST(OpsTpBadInput, RejectedBeforeLaunch) {
   if (skip()) GTEST_SKIP() << "needs >= 2 ranks with a GPU each";
   auto& pg = group();

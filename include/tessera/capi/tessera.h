@@ -84,6 +84,11 @@ void* tessera_session_stream(tessera_session* s);
 /* Whether `automatic` reads and writes the on-disk choice cache (default 1;
  * 0: tune afresh in this process, as the benchmarks do). */
 void tessera_session_use_cache(tessera_session* s, int on);
+/* What `automatic` does for a shape never measured (default 1): 1 measures
+ * the candidates now (a collective pass inside the call); 0 reuses the
+ * nearest measured shape's choice, or sequential (ops/tuner.hpp).
+ * tessera_resolve always measures. */
+void tessera_session_tune_on_miss(tessera_session* s, int on);
 
 /* D[M, N] = AllGather(A shard [m_local, K]) · B[N, K]ᵀ; swiglu: B holds gate
  * and up rows interleaved per ops::AgGemmArgs and D is [M, N/2]. Packed rows

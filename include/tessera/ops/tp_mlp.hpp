@@ -65,9 +65,13 @@ std::string_view rs_reduce_name(RsReduce r);
 
 struct OpOptions {
   Strategy strategy = Strategy::automatic;
-  int channels = 4;                         ///< AG: channels (flags) per shard
-  int comm_ctas = 16;                       ///< fused_sm: CTAs that push; fused RS (kernel): CTAs that reduce
-  bool use_cache = true;                    ///< automatic: read/write the on-disk choice cache
+  int channels = 4;       ///< AG: channels (flags) per shard
+  int comm_ctas = 16;     ///< fused_sm: CTAs that push; fused RS (kernel): CTAs that reduce
+  bool use_cache = true;  ///< automatic: read/write the on-disk choice cache
+  /// automatic, for a shape never measured: true measures the candidates now
+  /// (collective: every rank runs each several times); false reuses the
+  /// nearest measured shape's choice, or sequential (ops/tuner.hpp).
+  bool tune_on_miss = true;
   RsReduce rs_reduce = RsReduce::epilogue;  ///< fused GEMM+RS only
   /// Diagnostics only (bench mlp's cost breakdown), fused_ce only: launch the
   /// fused kernel with no communication — no copies, no flags, and the

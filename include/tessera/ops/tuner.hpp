@@ -7,6 +7,12 @@
 // stored in tune::Cache "ops" under key_prefix(machine, dtype, "ops.<op>")
 // + "|MxNxK" with the measured times, and reused by later processes. Ranks
 // that disagree about a cached choice (different cache files) re-measure.
+//
+// A shape never measured reuses the choice of the nearest measured shape of
+// the same operator, flags and machine (FlashOverlap's idea: a choice holds
+// over a neighbourhood of shapes), when OpOptions::tune_on_miss is off, or
+// sequential when there is none within kNeighbourMaxDistance; so a training
+// or serving step never stops for a collective tuning pass unless asked to.
 #pragma once
 
 #include <map>
@@ -37,6 +43,22 @@ std::optional<Strategy> choice_from_json(const nlohmann::json& j);
 /// The same, and nullopt unless the choice is one of the operator's
 /// `candidates` (a stale or forged entry is ignored and the operator re-tuned).
 std::optional<Strategy> choice_from_json(const nlohmann::json& j, const std::vector<Strategy>& candidates);
+
+/// Largest Σ log²(ratio) over the sized dimensions for a neighbour's choice
+/// to be reused: every dimension within a factor 2 of the shape (or one
+/// within a factor 4 and the others equal).
+inline constexpr double kNeighbourMaxDistance = 3 * 0.4804530139182014;  // 3·ln²2
+
+/// The choice cached for the shape nearest to `shape` among `entries` (an
+/// object key → choice entry, as tune::Cache holds them) whose key starts
+/// with `prefix` + "|": entries with a shape of the same length, equal to
+/// `shape` in every dimension from `sized` on (flags such as swiglu), and
+/// positive in the first `sized`, at distance Σ log²(ratio) ≤ max_distance.
+/// Only choices among `candidates` count. nullopt when none does.
+std::optional<Strategy> nearest_choice(const nlohmann::json& entries, const std::string& prefix,
+                                       const std::vector<std::int64_t>& shape, std::size_t sized,
+                                       const std::vector<Strategy>& candidates,
+                                       double max_distance = kNeighbourMaxDistance);
 
 /// AG+GEMM strategies the tuner measures: sequential, decomposition,
 /// fused_ce and fused_sm; only sequential (NCCL) when the ranks are not

@@ -94,10 +94,12 @@ class Context:
 
     device: this rank's CUDA device (default: the current one). timeout_s bounds each host-side exchange
     (shape agreement, tuning) over the communicator. use_cache: whether `automatic` reads/writes the on-disk
-    strategy cache.
+    strategy cache. tune_on_miss: what `automatic` does for a shape never measured (by pretune, `tessera tune`
+    or an earlier run): False (default) takes the nearest measured shape's choice, or sequential, so a training
+    or serving step never stops for a collective tuning pass; True measures the candidates inside that call.
     """
 
-    def __init__(self, group=None, device=None, timeout_s=None, use_cache=True):
+    def __init__(self, group=None, device=None, timeout_s=None, use_cache=True, tune_on_miss=False):
         self._h = None
         self.handle = None
         import torch.distributed as dist
@@ -155,6 +157,7 @@ class Context:
         self._h = h
         self._lib = lib
         lib.tessera_session_use_cache(h, 1 if use_cache else 0)
+        lib.tessera_session_tune_on_miss(h, 1 if tune_on_miss else 0)
         net_only = os.environ.get("TESSERA_NO_LSA", "0") == "1" or os.environ.get("TESSERA_TOPOLOGY") == "net"
         if not lib.tessera_session_lsa_reachable(h) and not net_only:
             self.close()
@@ -228,7 +231,8 @@ class Context:
         shapes: (op, m, n, k) or (op, m, n, k, swiglu) as the operators are called — op 'ag_gemm' (m total rows,
         B [n, k]) or 'gemm_rs' (A [m, k], B [n, k]); for a model, tuning_shapes(model, tokens) lists them:
             ctx.pretune(tt.tuning_shapes(model, 8192))
-        Returns {shape: strategy name}. The choice is keyed by the exact shape."""
+        Returns {shape: strategy name}. A choice is stored for the exact shape and serves, with
+        tune_on_miss off, the shapes near it (within a factor 2 per dimension) as well."""
         names = {v: k for k, v in STRATEGIES.items()}
         codes = {"ag_gemm": 0, "gemm_rs": 1}
         dt = {torch.bfloat16: 0, torch.float16: 1}[dtype]

@@ -1,0 +1,151 @@
+// `tessera tune` — fills the ops tuner's cache ahead of time, so that
+// `automatic` finds its choice made (or a near one: ops/tuner.hpp) and a
+// training or serving step never stops for a tuning pass:
+//
+//   tessera run -n 2 -- tessera tune --op ag_gemm --shape 8192x14336x4096 --swiglu
+//   tessera run -n 2 -- tessera tune --op gemm_rs --shape 8192x4096x7168 --shape 4096x4096x7168
+//
+// Shapes are M x N x K as the operators take them: ag_gemm gathers A
+// [M/R, K] and multiplies by B [N, K]; gemm_rs and gemm_ar take A [M, K]
+// (this rank's K shard) and B [N, K]. Collective: every rank runs the same
+// command. Prints one line per shape with the choice and the measured times.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "command.hpp"
+#include "tessera/ops/tp_mlp.hpp"
+#include "tessera/runtime/error.hpp"
+#include "tessera/runtime/process_group.hpp"
+
+namespace tessera::tools {
+namespace {
+
+struct TuneOptions {
+  std::string op = "ag_gemm";
+  std::vector<std::string> shapes;
+  std::string dtype = "bf16";
+  bool swiglu = false;
+  bool no_cache = false;
+};
+
+struct Shape {
+  std::int64_t m = 0, n = 0, k = 0;
+};
+
+Shape parse_shape(const std::string& s) {
+  Shape r;
+  char x1 = 0, x2 = 0;
+  long long m = 0, n = 0, k = 0;
+  int used = 0;
+  const int got = std::sscanf(s.c_str(), "%lld%c%lld%c%lld%n", &m, &x1, &n, &x2, &k, &used);
+  TESSERA_CHECK(got == 5 && x1 == 'x' && x2 == 'x' && used == static_cast<int>(s.size()),
+                "tune: --shape '{}' is not MxNxK (e.g. 8192x14336x4096)", s);
+  constexpr long long kMax = 1LL << 24;
+  TESSERA_CHECK(m >= 1 && n >= 1 && k >= 1 && m <= kMax && n <= kMax && k <= kMax,
+                "tune: --shape '{}': every dimension must be in [1, 2^24]", s);
+  r.m = m, r.n = n, r.k = k;
+  return r;
+}
+
+/// A device buffer of `elems` 16-bit values, filled with small random numbers
+/// (tuning on zeros would time the candidates at unrealistically low power).
+struct RandomBuffer {
+  void* p = nullptr;
+  RandomBuffer(std::int64_t elems, std::uint64_t seed) {
+    TESSERA_CUDA_CHECK(cudaMalloc(&p, static_cast<std::size_t>(elems) * 2));
+    std::vector<__nv_bfloat16> h(static_cast<std::size_t>(std::min<std::int64_t>(elems, 1 << 20)));
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> nd(0.f, 0.05f);
+    for (auto& v : h) v = __float2bfloat16(nd(rng));
+    for (std::int64_t off = 0; off < elems; off += static_cast<std::int64_t>(h.size())) {
+      const std::int64_t n = std::min<std::int64_t>(static_cast<std::int64_t>(h.size()), elems - off);
+      TESSERA_CUDA_CHECK(cudaMemcpy(static_cast<char*>(p) + off * 2, h.data(), static_cast<std::size_t>(n) * 2,
+                                    cudaMemcpyHostToDevice));
+    }
+  }
+  ~RandomBuffer() {
+    if (p) (void)cudaFree(p);
+  }
+  RandomBuffer(const RandomBuffer&) = delete;
+  RandomBuffer& operator=(const RandomBuffer&) = delete;
+};
+
+std::int64_t shard_rows(std::int64_t m, int world, int rank) {
+  const std::int64_t per = (m + world - 1) / world;
+  return std::max<std::int64_t>(0, std::min(m, (rank + 1) * per) - rank * per);
+}
+
+std::string times_text(const ops::TuneReport& r) {
+  if (r.times_ms.empty()) return r.from_cache ? "(cached)" : "(one candidate)";
+  std::string t;
+  for (const auto& [s, ms] : r.times_ms) t += fmt::format("{}{} {:.3f} ms", t.empty() ? "" : ", ", strategy_name(s), ms);
+  return t;
+}
+
+void run_tune(const TuneOptions& opt) {
+  TESSERA_CHECK(opt.op == "ag_gemm" || opt.op == "gemm_rs" || opt.op == "gemm_ar",
+                "tune: --op '{}' (ag_gemm, gemm_rs or gemm_ar)", opt.op);
+  TESSERA_CHECK(opt.dtype == "bf16" || opt.dtype == "f16", "tune: --dtype '{}' (bf16 or f16)", opt.dtype);
+  TESSERA_CHECK(!opt.swiglu || opt.op == "ag_gemm", "tune: --swiglu is an ag_gemm option");
+  std::vector<Shape> shapes;
+  for (const auto& s : opt.shapes) shapes.push_back(parse_shape(s));
+  auto pg = runtime::ProcessGroup::from_environment();
+  ops::TpContext ctx(*pg);
+  const int R = pg->world(), rank = pg->rank();
+  ops::OpOptions o;
+  o.strategy = ops::Strategy::automatic;
+  o.use_cache = !opt.no_cache;
+  o.tune_on_miss = true;
+  const DType dt = opt.dtype == "f16" ? DType::f16 : DType::bf16;
+  for (const Shape& s : shapes) {
+    const std::int64_t ml = shard_rows(s.m, R, rank);
+    ops::TuneReport report;
+    ops::Strategy chosen{};
+    if (opt.op == "ag_gemm") {
+      TESSERA_CHECK(!opt.swiglu || s.n % 2 == 0, "tune: --swiglu needs an even N, got {}", s.n);
+      RandomBuffer a(ml * s.k, 1 + rank), b(s.n * s.k, 2), d(s.m * (opt.swiglu ? s.n / 2 : s.n), 3);
+      ops::AgGemmArgs g;
+      g.a = a.p, g.b = b.p, g.d = d.p, g.m = s.m, g.m_local = ml, g.n = s.n, g.k = s.k, g.dtype = dt;
+      g.swiglu = opt.swiglu;
+      chosen = ctx.resolve(g, o, &report);
+    } else if (opt.op == "gemm_rs") {
+      RandomBuffer a(s.m * s.k, 1 + rank), b(s.n * s.k, 2), d(ml * s.n, 3);
+      ops::GemmRsArgs g;
+      g.a = a.p, g.b = b.p, g.d = d.p, g.m = s.m, g.m_local = ml, g.n = s.n, g.k = s.k, g.dtype = dt;
+      chosen = ctx.resolve(g, o, &report);
+    } else {
+      RandomBuffer a(s.m * s.k, 1 + rank), b(s.n * s.k, 2), d(s.m * s.n, 3);
+      ops::GemmArArgs g;
+      g.a = a.p, g.b = b.p, g.d = d.p, g.m = s.m, g.n = s.n, g.k = s.k, g.dtype = dt;
+      chosen = ctx.resolve(g, o, &report);
+    }
+    pg->synchronize(pg->stream(), "tessera tune");
+    if (rank == 0)
+      fmt::print("{} {}x{}x{}{} at R = {}: {} ({})\n", opt.op, s.m, s.n, s.k, opt.swiglu ? " swiglu" : "", R,
+                 strategy_name(chosen), times_text(report));
+  }
+}
+
+TESSERA_REGISTER_COMMAND([](CLI::App& root) {
+  auto opt = std::make_shared<TuneOptions>();
+  CLI::App* cmd = root.add_subcommand(
+      "tune", "measure `automatic`'s choice for given shapes now and cache it (run under `tessera run -n R`)");
+  cmd->add_option("--op", opt->op, "ag_gemm, gemm_rs or gemm_ar")->check(CLI::IsMember({"ag_gemm", "gemm_rs", "gemm_ar"}));
+  cmd->add_option("--shape", opt->shapes, "MxNxK as the operator takes it (repeatable)")->required();
+  cmd->add_option("--dtype", opt->dtype, "bf16 or f16")->check(CLI::IsMember({"bf16", "f16"}));
+  cmd->add_flag("--swiglu", opt->swiglu, "ag_gemm with SiLU·up fused (B holds gate/up rows interleaved)");
+  cmd->add_flag("--no-cache", opt->no_cache, "measure without reading or writing the on-disk cache");
+  cmd->callback([opt] { run_tune(*opt); });
+});
+
+}  // namespace
+}  // namespace tessera::tools
