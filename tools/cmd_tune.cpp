@@ -87,7 +87,8 @@ std::int64_t shard_rows(std::int64_t m, int world, int rank) {
 std::string times_text(const ops::TuneReport& r) {
   if (r.times_ms.empty()) return r.from_cache ? "(cached)" : "(one candidate)";
   std::string t;
-  for (const auto& [s, ms] : r.times_ms) t += fmt::format("{}{} {:.3f} ms", t.empty() ? "" : ", ", strategy_name(s), ms);
+  for (const auto& [s, ms] : r.times_ms)
+    t += fmt::format("{}{} {:.3f} ms", t.empty() ? "" : ", ", strategy_name(s), ms);
   return t;
 }
 
@@ -139,7 +140,8 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   auto opt = std::make_shared<TuneOptions>();
   CLI::App* cmd = root.add_subcommand(
       "tune", "measure `automatic`'s choice for given shapes now and cache it (run under `tessera run -n R`)");
-  cmd->add_option("--op", opt->op, "ag_gemm, gemm_rs or gemm_ar")->check(CLI::IsMember({"ag_gemm", "gemm_rs", "gemm_ar"}));
+  cmd->add_option("--op", opt->op, "ag_gemm, gemm_rs or gemm_ar")
+      ->check(CLI::IsMember({"ag_gemm", "gemm_rs", "gemm_ar"}));
   cmd->add_option("--shape", opt->shapes, "MxNxK as the operator takes it (repeatable)")->required();
   cmd->add_option("--dtype", opt->dtype, "bf16 or f16")->check(CLI::IsMember({"bf16", "f16"}));
   cmd->add_flag("--swiglu", opt->swiglu, "ag_gemm with SiLU·up fused (B holds gate/up rows interleaved)");

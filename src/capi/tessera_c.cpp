@@ -138,7 +138,15 @@ void on_caller_stream(tessera_session* s, void* stream, F&& f) {
   }
   TESSERA_CUDA_CHECK(cudaEventRecord(s->ev_in, caller));
   TESSERA_CUDA_CHECK(cudaStreamWaitEvent(own, s->ev_in, 0));
-  f();
+  try {
+    f();
+  } catch (...) {
+    // Join back even on failure: a stream forked from a capturing caller and
+    // left unjoined would invalidate the caller's whole CUDA-graph capture.
+    (void)cudaEventRecord(s->ev_out, own);
+    (void)cudaStreamWaitEvent(caller, s->ev_out, 0);
+    throw;
+  }
   TESSERA_CUDA_CHECK(cudaEventRecord(s->ev_out, own));
   TESSERA_CUDA_CHECK(cudaStreamWaitEvent(caller, s->ev_out, 0));
 }

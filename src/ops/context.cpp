@@ -27,7 +27,7 @@ void* LocalBuffer::ensure(std::size_t bytes, cudaStream_t sync_stream) {
     // cudaFree waits for the whole device: every stream that may hold a
     // collective is drained first, with a bound (a dead peer is an error, not a hang).
     if (owner)
-      owner->drain("ops: local workspace growth");
+      owner->before_growth("ops: local workspace growth");
     else
       runtime::bounded_sync(sync_stream, "ops: local workspace growth");
     TESSERA_CUDA_CHECK(cudaFree(p_));
@@ -92,6 +92,14 @@ void TpContext::Impl::check_agreement(const ShapeSignature& sig, const char* op)
   validated.insert(sig);
 }
 
+void TpContext::Impl::before_growth(const char* what) {
+  TESSERA_CHECK(!captured,
+                "{}: the workspace must grow, but a CUDA graph captured on this context holds its address; capture "
+                "after an eager warm-up at the largest shapes, or use another context",
+                what);
+  drain(what);
+}
+
 void TpContext::Impl::drain(const char* what) {
   check_usable(what);
   try {
@@ -132,7 +140,7 @@ void TpContext::Impl::ensure_ag_ws(std::size_t bytes) {
     return;
   }
   if (!ag_ws.empty() && ag_ws.bytes() >= bytes) return;
-  drain("ag_gemm: workspace growth");
+  before_growth("ag_gemm: workspace growth");
   pg.barrier();  // no peer still pushes into or reads the old workspace
   ag_ws = runtime::SymBuffer<unsigned char>();
   ag_ws = runtime::SymBuffer<unsigned char>(pg, bytes);
@@ -142,7 +150,7 @@ void TpContext::Impl::ensure_rs(std::size_t recv_bytes, int tile_rows) {
   const bool grow_recv = rs_recv.empty() || rs_recv.bytes() < recv_bytes;
   const bool grow_counters = rs_counters->slots() < tile_rows;
   if (!grow_recv && !grow_counters) return;
-  drain("gemm_rs: workspace growth");
+  before_growth("gemm_rs: workspace growth");
   pg.barrier();
   if (grow_recv) {
     rs_recv = runtime::SymBuffer<unsigned char>();
@@ -156,7 +164,7 @@ void TpContext::Impl::ensure_rs(std::size_t recv_bytes, int tile_rows) {
 
 void TpContext::Impl::ensure_rs_bands(int bands) {
   if (rs_bands->slots() >= bands) return;
-  drain("gemm_rs: band signal growth");
+  before_growth("gemm_rs: band signal growth");
   pg.barrier();
   rs_bands.reset();  // collective free, same order on every rank
   rs_bands = std::make_unique<runtime::Signals>(pg, std::max(bands, 64));
@@ -166,7 +174,7 @@ void TpContext::Impl::ensure_rs_bands(int bands) {
 
 void TpContext::Impl::ensure_ar(std::size_t recv_bytes) {
   if (!ar_recv.empty() && ar_recv.bytes() >= recv_bytes) return;
-  drain("gemm_ar: workspace growth");
+  before_growth("gemm_ar: workspace growth");
   pg.barrier();
   ar_recv = runtime::SymBuffer<unsigned char>();
   ar_recv = runtime::SymBuffer<unsigned char>(pg, recv_bytes);
@@ -451,12 +459,38 @@ void check_gemm_ar(TpContext::Impl& c, const GemmArArgs& a, const OpOptions& o) 
 
 }  // namespace
 
+// Inside a CUDA-graph capture only the NCCL strategy runs: the others pair
+// flags with a per-call epoch that a replay would repeat, and tuning cannot
+// run there. automatic captures sequential; another explicit strategy is an
+// error before anything is enqueued.
+namespace {
+
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  TESSERA_CUDA_CHECK(cudaStreamIsCapturing(stream, &st));
+  return st != cudaStreamCaptureStatusNone;
+}
+
+Strategy captured_strategy(Strategy s, const char* op) {
+  TESSERA_CHECK(s == Strategy::automatic || s == Strategy::sequential,
+                "{}: strategy {} cannot be captured into a CUDA graph (its flags carry a per-call epoch that a replay "
+                "would repeat); capture sequential or automatic, which captures sequential",
+                op, strategy_name(s));
+  return Strategy::sequential;
+}
+
+}  // namespace
+
 // resolve() checks what the operator would (it may launch every candidate),
 // so a bad call fails before anything runs; ag_gemm/gemm_rs check once and
 // then resolve (check_agreement is cached per shape, so the second check
 // costs no collective).
 Strategy TpContext::resolve(const AgGemmArgs& a, const OpOptions& o, TuneReport* report) {
   check_ag_gemm(*impl_, a, o);
+  if (capturing(impl_->pg.stream())) {
+    impl_->captured = true;
+    return captured_strategy(o.strategy, "ag_gemm");
+  }
   if (o.strategy != Strategy::automatic) return o.strategy;
   const std::vector<std::int64_t> shape{a.m, a.n, a.k, a.swiglu ? 1 : 0};
   return tune_choice(
@@ -466,6 +500,10 @@ Strategy TpContext::resolve(const AgGemmArgs& a, const OpOptions& o, TuneReport*
 
 Strategy TpContext::resolve(const GemmRsArgs& a, const OpOptions& o, TuneReport* report) {
   check_gemm_rs(*impl_, a, o);
+  if (capturing(impl_->pg.stream())) {
+    impl_->captured = true;
+    return captured_strategy(o.strategy, "gemm_rs");
+  }
   if (o.strategy != Strategy::automatic) return o.strategy;
   // The fused candidate's speed depends on where it reduces: part of the key.
   const std::vector<std::int64_t> shape{a.m, a.n, a.k, static_cast<std::int64_t>(o.rs_reduce)};
@@ -477,6 +515,10 @@ Strategy TpContext::resolve(const GemmRsArgs& a, const OpOptions& o, TuneReport*
 
 Strategy TpContext::resolve(const GemmArArgs& a, const OpOptions& o, TuneReport* report) {
   check_gemm_ar(*impl_, a, o);
+  if (capturing(impl_->pg.stream())) {
+    impl_->captured = true;
+    return captured_strategy(o.strategy, "gemm_ar");
+  }
   if (o.strategy != Strategy::automatic) return o.strategy;
   const std::vector<std::int64_t> shape{a.m, a.n, a.k};
   return tune_choice(
@@ -507,6 +549,11 @@ void mlp(TpContext& ctx, const MlpArgs& a, const OpOptions& ag, const OpOptions&
   auto& c = ctx.impl();
   c.check_usable("mlp");
   validate(a, c.pg.rank(), c.pg.world());
+  if (capturing(c.pg.stream())) {  // both halves refused before the first is enqueued
+    c.captured = true;
+    captured_strategy(ag.strategy, "mlp (all-gather half)");
+    captured_strategy(rs.strategy, "mlp (reduce-scatter half)");
+  }
   check_fused_ce_rs(a.m, c.pg.world(), rs);  // before the AG half launches
   const std::size_t hidden_bytes = static_cast<std::size_t>(a.m) * a.i_local * dtype_size(a.dtype);
   void* hidden = c.hidden.ensure(hidden_bytes, c.pg.stream());

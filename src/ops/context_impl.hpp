@@ -103,6 +103,10 @@ struct TpContext::Impl {
   /// runtime::bounded_sync without). On failure the context is broken and
   /// the process group aborted (ncclCommAbort), and the Error names the rank
   /// and `what` (used before growth and during tuning).
+  /// drain(), after checking that no CUDA graph captured on this context
+  /// holds the addresses that a growth would free.
+  void before_growth(const char* what);
+  bool captured = false;  ///< a CUDA-graph capture ran an operator of this context
   void drain(const char* what);
   /// Throws if an earlier drain failed (see `broken`).
   void check_usable(const char* what) const;

@@ -119,6 +119,11 @@ void validate(SpAttnContext::Impl& c, const SpAttnArgs& a) {
 void sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, SpStrategy strategy) {
   SpAttnContext::Impl& c = ctx.impl();
   validate(c, a);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TESSERA_CUDA_CHECK(cudaStreamIsCapturing(c.pg.stream(), &capture));
+  TESSERA_CHECK(capture == cudaStreamCaptureStatusNone,
+                "sp_attention: cannot be captured into a CUDA graph (its flags carry a per-call epoch that a replay "
+                "would repeat); call it eagerly");
   const int R = c.pg.world(), rank = c.pg.rank();
   const SpAttnPlan plan = plan_sp_attention(a.seq, R, rank, a.causal);
   const std::int64_t B = a.batch, C = plan.chunk, S = a.seq, L = 2 * C;
