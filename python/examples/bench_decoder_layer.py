@@ -1,8 +1,9 @@
 """Training step (forward + backward) of a Llama-style decoder layer with TP + sequence parallelism:
 tessera.torch.TensorParallelDecoderLayer (automatic strategies, and every strategy forced to sequential) against
-the same layer in plain PyTorch (nn.Linear weights, torch.distributed all-gather / reduce-scatter + matmul).
-Checks first that loss and gradients agree, then times each variant in the same process (CUDA events, warm-up,
-median). PyTorch async-TP (torch.compile micro-pipeline TP) is not among the baselines yet.
+the same layer in plain PyTorch (nn.Linear weights, torch.distributed all-gather / reduce-scatter + matmul) and in
+PyTorch async-TP (the symmetric-memory ops torch.ops.symm_mem.fused_all_gather_matmul / fused_matmul_reduce_scatter
+that Inductor's micro-pipeline TP emits, wired by hand into forward and backward). Checks first that loss and
+gradients agree, then times each variant in the same process (CUDA events, warm-up, median).
 
     torchrun --nproc-per-node <GPUs> python/examples/bench_decoder_layer.py [--shapes 8b,70b] [--tokens 8192]
         [--iters 10] [--json out.json]
@@ -77,6 +78,61 @@ class PlainTpLayer(torch.nn.Module):
         x = x + _ReduceScatter.apply(a @ self.wo.t(), self.group)
         hn = _AllGather.apply(rms_norm(x, self.ln2, self.eps), self.group)
         return x + _ReduceScatter.apply((F.silu(hn @ self.wg.t()) * (hn @ self.wu.t())) @ self.wd.t(), self.group)
+
+
+class _AsyncAgMm(torch.autograd.Function):
+    """[AG(x) @ w.T for w in ws] through fused_all_gather_matmul; backward: dx by fused_matmul_reduce_scatter."""
+
+    @staticmethod
+    def forward(ctx, x, group_name, *ws):
+        ag, outs = torch.ops.symm_mem.fused_all_gather_matmul(x.contiguous(), [w.t() for w in ws], gather_dim=0,
+                                                              group_name=group_name)
+        ctx.save_for_backward(ag, *ws)
+        ctx.group_name = group_name
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *dys):
+        ag, *ws = ctx.saved_tensors
+        dy = torch.cat([d.contiguous() for d in dys], dim=1)
+        w = torch.cat(ws, dim=0)
+        dx = torch.ops.symm_mem.fused_matmul_reduce_scatter(dy, w, "sum", scatter_dim=0, group_name=ctx.group_name)
+        return (dx, None, *[d.t().mm(ag) for d in dys])
+
+
+class _AsyncMmRs(torch.autograd.Function):
+    """RS(h @ w.T) through fused_matmul_reduce_scatter; backward: AG(dy) @ w through fused_all_gather_matmul."""
+
+    @staticmethod
+    def forward(ctx, h, w, group_name):
+        ctx.save_for_backward(h, w)
+        ctx.group_name = group_name
+        return torch.ops.symm_mem.fused_matmul_reduce_scatter(h.contiguous(), w.t(), "sum", scatter_dim=0,
+                                                              group_name=group_name)
+
+    @staticmethod
+    def backward(ctx, dy):
+        h, w = ctx.saved_tensors
+        dyg, (dh,) = torch.ops.symm_mem.fused_all_gather_matmul(dy.contiguous(), [w], gather_dim=0,
+                                                                group_name=ctx.group_name)
+        return dh, dyg.t().mm(h), None
+
+
+class AsyncTpLayer(PlainTpLayer):
+    """The plain layer with PyTorch async-TP's fused AG+matmul / matmul+RS in place of collective + matmul."""
+
+    def forward(self, x):
+        g = self.group.group_name
+        m = x.shape[0] * dist.get_world_size(self.group)
+        d, hq, hkv = self.d, self.hq, self.hkv
+        (qkv,) = _AsyncAgMm.apply(rms_norm(x, self.ln1, self.eps), g, self.wqkv)
+        q = qkv[:, : hq * d].reshape(m, hq, d).transpose(0, 1)
+        k = qkv[:, hq * d:(hq + hkv) * d].reshape(m, hkv, d).transpose(0, 1)
+        v = qkv[:, (hq + hkv) * d:].reshape(m, hkv, d).transpose(0, 1)
+        a = attention(rope(q), rope(k), v).transpose(0, 1).reshape(m, hq * d)
+        x = x + _AsyncMmRs.apply(a, self.wo, g)
+        gate, up = _AsyncAgMm.apply(rms_norm(x, self.ln2, self.eps), g, self.wg, self.wu)
+        return x + _AsyncMmRs.apply(F.silu(gate) * up, self.wd, g)
 
 
 def step(model, x):
@@ -154,6 +210,13 @@ def main():
                     p.mul_(0.05)  # keep activations in range through the layer
                 seq.load_state_dict(tes.state_dict())
                 plain = PlainTpLayer(tes, dist.group.WORLD)
+                async_tp, async_error = None, None
+                try:
+                    import torch.distributed._symmetric_memory as symm_mem
+                    symm_mem.enable_symm_mem_for_group(dist.group.WORLD.group_name)
+                    async_tp = AsyncTpLayer(tes, dist.group.WORLD)
+                except Exception as e:  # noqa: BLE001 — reported in the row, never fails the run
+                    async_error = f"{type(e).__name__}: {e}"
             x = torch.randn(a.tokens // world, s["h"], device=dev, dtype=torch.bfloat16)
             chosen = ctx.pretune(tt.tuning_shapes(tes, a.tokens))  # tuning before, not inside, the step
             lt, gt = step(tes, x)
@@ -163,16 +226,27 @@ def main():
                      "down": rel_err(tes.mlp.w_down.grad, plain.wd.grad)}
             row = {"shape": name, **s, "tokens": a.tokens, "check": check,
                    "strategies": {" ".join(map(str, k)): v for k, v in chosen.items()}}
-            for label, model in (("plain_pytorch", plain), ("tessera", tes), ("tessera_sequential", seq)):
-                row[label + "_ms"] = time_steps(model, x, a.warmup, a.iters)
+            if async_tp is not None:
+                try:
+                    la, ga = step(async_tp, x)
+                    check["async_tp_dx"] = rel_err(ga, gp)
+                except Exception as e:  # noqa: BLE001
+                    async_tp, async_error = None, f"{type(e).__name__}: {e}"
+            for label, model in (("plain_pytorch", plain), ("tessera", tes), ("tessera_sequential", seq),
+                                 ("async_tp", async_tp)):
+                row[label + "_ms"] = time_steps(model, x, a.warmup, a.iters) if model is not None else None
             row["speedup_vs_plain"] = row["plain_pytorch_ms"] / row["tessera_ms"]
+            if row["async_tp_ms"]:
+                row["speedup_vs_async_tp"] = row["async_tp_ms"] / row["tessera_ms"]
+            else:
+                row["async_tp_error"] = async_error
             if a.profile:
                 for label, model in (("plain_pytorch", plain), ("tessera", tes)):
                     profile_step(model, x, os.path.join(a.profile, f"profile-{name}-{label}.txt"), rank)
             results.append(row)
             if rank == 0:
                 print(json.dumps(row))
-            del tes, seq, plain
+            del tes, seq, plain, async_tp
             torch.cuda.empty_cache()
     if rank == 0 and a.json:
         with open(a.json, "w") as f:
