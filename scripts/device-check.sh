@@ -2,7 +2,7 @@
 # Builds Tessera on a lent GPU machine and runs every GPU test and benchmark
 # in one call, leaving logs under $OUT (default ./device-out).
 #
-#   scripts/device-check.sh [step...]     steps: build cpu tests sanitize moe comm gemm gemmgap mlp asynctp
+#   scripts/device-check.sh [step...]     steps: build cpu tests sanitize moe moeep comm gemm gemmgap mlp asynctp
 #                                          commir kernels signal python decoder faults
 #                                          (default: build tests comm gemm), run in the order given
 # sanitize: compute-sanitizer memcheck, racecheck and synccheck over every
@@ -114,6 +114,21 @@ step_moe() {
   note "bench moe rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-moe.log" | tail -20 | tee -a "$summary"
 }
 
+# The EP MoE layer (sequential vs pipelined) and the PyTorch all-to-all layer.
+step_moeep() {
+  if [ "$ngpu" -gt 1 ]; then
+    timeout "${MOE_TIMEOUT:-300}" torchrun --nproc-per-node "$ngpu" "$root/scripts/bench_moe_torch.py" --ep \
+        --shapes "${MOE_SHAPES:-1,2,3,4,5,6}" >"$out/moe-ep-torch.jsonl" 2>"$out/moe-ep-torch.err"
+  else
+    timeout "${MOE_TIMEOUT:-300}" python3 "$root/scripts/bench_moe_torch.py" --ep \
+        --shapes "${MOE_SHAPES:-1,2,3,4,5,6}" >"$out/moe-ep-torch.jsonl" 2>"$out/moe-ep-torch.err"
+  fi
+  note "moe ep torch baseline rc=$?"
+  timeout "${MOE_TIMEOUT:-300}" "$bin" run -n "$ngpu" -- "$bin" bench moe --ep --shapes "${MOE_SHAPES:-1,2,3,4,5,6}" \
+      --torch-json "$out/moe-ep-torch.jsonl" --json "$out/moe-ep.json" >"$out/bench-moe-ep.log" 2>&1
+  note "bench moe --ep rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-moe-ep.log" | tail -20 | tee -a "$summary"
+}
+
 step_comm() {
   timeout 300 "$bin" run -n "$ngpu" -- "$bin" bench comm --markdown "$out/comm.md" >"$out/bench-comm.log" 2>&1
   note "bench comm rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-comm.log" | tail -30 | tee -a "$summary"
@@ -192,7 +207,7 @@ if command -v nvidia-smi >/dev/null; then
 fi
 : >"$out/steps.txt"
 for s in "${steps[@]}"; do
-  declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests sanitize moe comm gemm gemmgap mlp asynctp commir kernels signal python decoder faults)"; continue; }
+  declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests sanitize moe moeep comm gemm gemmgap mlp asynctp commir kernels signal python decoder faults)"; continue; }
   echo "$s start $(date +%s.%N)" >>"$out/steps.txt"
   "step_$s"
   echo "$s end $(date +%s.%N)" >>"$out/steps.txt"

@@ -10,6 +10,15 @@
 // median, max over ranks). The PyTorch sequential layer on the same shapes
 // and routing is scripts/bench_moe_torch.py; --torch-json FILE reads its
 // output and adds the ratio column.
+// --ep: the expert-parallel layer (ops::moe_ep; experts split over the
+// ranks, each with its full I; tokens sharded):
+//   sequential / pipelined  the whole call per strategy;
+//   experts  this rank's grouped GEMMs alone on the rows it receives;
+//   comm     the dispatch and return slabs alone (NCCL send/recv);
+//   ideal    max(experts, comm); torch: scripts/bench_moe_torch.py --ep.
+// The capacity (rows per rank pair) is max(the busiest pair's rows,
+// ceil(capacity_factor * tokens_local * k / R)) rounded up to 8; it is
+// printed, since every slab moves whole.
 // Routing (the same rule as the script; no RNG so both agree): token t's
 // slot s picks expert (t + s * stride) % E' with stride = E' / k, E' = E
 // (uniform) or E - E/4 (skewed: the last quarter of the experts get no
@@ -19,6 +28,8 @@
 #include <fmt/format.h>
 #include <nccl.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <map>
@@ -33,6 +44,7 @@
 #include "tessera/kernels/grouped_gemm.hpp"
 #include "tessera/kernels/moe_routing.hpp"
 #include "tessera/ops/moe.hpp"
+#include "tessera/ops/moe_ep.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/runtime/process_group.hpp"
 
@@ -53,6 +65,8 @@ struct Options {
   std::vector<std::string> routings{"uniform", "skewed"};
   int warmup = 5, reps = 20;
   std::string torch_json, json;
+  bool ep = false;
+  double capacity_factor = 1.0;
 };
 
 /// Expert ids of tokens [t0, t0 + n) (see the header comment).
@@ -89,7 +103,8 @@ void fill_bf16(void* p, std::int64_t n, float scale, std::uint32_t seed) {
   TESSERA_CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
 }
 
-/// torch_ms per "shape/routing" from scripts/bench_moe_torch.py's JSON lines.
+/// torch_ms per "shape/routing/mode" (mode "tp" or "ep"; "tp" when absent)
+/// from scripts/bench_moe_torch.py's JSON lines.
 std::map<std::string, double> read_torch(const std::string& path) {
   std::map<std::string, double> out;
   if (path.empty()) return out;
@@ -105,7 +120,9 @@ std::map<std::string, double> read_torch(const std::string& path) {
       return v.substr(0, v.find_first_of(",}"));
     };
     const std::string shape = field("shape"), routing = field("routing"), ms = field("torch_ms");
-    if (!shape.empty() && !ms.empty()) out[shape + "/" + routing] = std::stod(ms);
+    std::string mode = field("mode");
+    if (mode.empty()) mode = "tp";
+    if (!shape.empty() && !ms.empty()) out[shape + "/" + routing + "/" + mode] = std::stod(ms);
   }
   return out;
 }
@@ -197,7 +214,7 @@ void run(const Options& o) {
       ctx.check_status();
       kernels::check_grouped_gemm_status(up.status, s, "bench moe: gate/up");
       const double ideal = std::max(experts, comm);
-      const auto t = torch.find(std::string(sh.name) + "/" + routing);
+      const auto t = torch.find(std::string(sh.name) + "/" + routing + "/tp");
       const double torch_ms = t == torch.end() ? 0 : t->second;
       table.add({sh.name, routing, fmt::format("{:.3f}", layer), fmt::format("{:.3f}", experts),
                  fmt::format("{:.3f}", comm), fmt::format("{:.3f}", layer / ideal),
@@ -223,19 +240,180 @@ void run(const Options& o) {
   }
 }
 
+void run_ep(const Options& o) {
+  auto pg = runtime::ProcessGroup::from_environment();
+  const int R = pg->world(), rank = pg->rank();
+  const cudaStream_t s = pg->stream();
+  const auto torch = read_torch(o.torch_json);
+  Table table({"shape", "routing", "capacity", "seq ms", "pipe ms", "experts ms", "comm ms", "pipe/ideal", "seq/pipe",
+               "torch ms", "torch/best"});
+  std::ostringstream js;
+  js << "[";
+  bool first = true;
+  for (int si : o.shapes) {
+    TESSERA_CHECK(si >= 1 && si <= 6, "bench moe: shape {} (MoE-1..6)", si);
+    const Shape& sh = kShapes[si - 1];
+    TESSERA_CHECK(sh.S % R == 0 && sh.E % R == 0, "bench moe --ep: {} does not shard over {} ranks", sh.name, R);
+    const std::int64_t Tl = sh.S / R, I = sh.I, H = sh.H, k = sh.k, El = sh.E / R;
+    Dev x(Tl * H * 2), gu(El * 2 * I * H * 2), dn(El * H * I * 2), out(Tl * H * 2), ids(Tl * k * 4), w(Tl * k * 4);
+    fill_bf16(x.p, Tl * H, 1.f, 1 + rank);
+    fill_bf16(gu.p, El * 2 * I * H, 0.02f, 2 + rank);
+    fill_bf16(dn.p, El * H * I, 0.02f, 3 + rank);
+    const std::vector<float> wh(static_cast<std::size_t>(Tl * k), 1.f / static_cast<float>(k));
+    TESSERA_CUDA_CHECK(cudaMemcpy(w.p, wh.data(), wh.size() * 4, cudaMemcpyHostToDevice));
+    for (const std::string& routing : o.routings) {
+      TESSERA_CHECK(routing == "uniform" || routing == "skewed", "bench moe: routing '{}' (uniform, skewed)", routing);
+      const bool skewed = routing == "skewed";
+      const auto all_ids = route(0, sh.S, sh.E, sh.k, skewed);
+      TESSERA_CUDA_CHECK(cudaMemcpy(ids.p, all_ids.data() + rank * Tl * k, static_cast<std::size_t>(Tl * k) * 4,
+                                    cudaMemcpyHostToDevice));
+      // The busiest (source, destination) pair, and this rank's rows per expert.
+      std::int64_t busiest = 0;
+      std::vector<int> counts(static_cast<std::size_t>(El), 0);
+      for (int src = 0; src < R; ++src) {
+        std::vector<std::int64_t> n(static_cast<std::size_t>(R), 0);
+        for (std::int64_t i = src * Tl * k; i < (src + 1) * Tl * k; ++i) {
+          const int e = all_ids[i];
+          ++n[e / El];
+          if (e / El == rank) ++counts[e % El];
+        }
+        for (std::int64_t v : n) busiest = std::max(busiest, v);
+      }
+      std::int64_t cap = std::max<std::int64_t>(
+          busiest, static_cast<std::int64_t>(std::ceil(o.capacity_factor * static_cast<double>(Tl * k) / R)));
+      cap = (cap + 7) / 8 * 8;
+      ops::MoeEpContext ctx(*pg);
+      ops::MoeEpArgs a;
+      a.x_shard = x.p;
+      a.expert_ids = static_cast<const std::int32_t*>(ids.p);
+      a.weights = static_cast<const float*>(w.p);
+      a.w_gate_up = gu.p;
+      a.w_down = dn.p;
+      a.out_shard = out.p;
+      a.tokens_local = Tl;
+      a.hidden = H;
+      a.inter = I;
+      a.experts = sh.E;
+      a.topk = sh.k;
+      a.capacity = cap;
+      ops::MoeEpOptions seq, pipe;
+      seq.strategy = ops::MoeEpStrategy::sequential;
+      pipe.strategy = ops::MoeEpStrategy::pipelined;
+      // Sizes the workspaces, builds the pipeline communicator, checks the routing.
+      ops::moe_ep(ctx, a, seq);
+      ctx.check_status();
+      ops::moe_ep(ctx, a, pipe);
+      ctx.check_status();
+      // The experts alone: one grouped GEMM pair over this rank's received rows.
+      std::int64_t rows = 0;
+      for (int c : counts) rows += c;
+      const std::int64_t rows_alloc = std::max<std::int64_t>(rows, 1);
+      Dev dcounts(El * 4), status(64), xa(rows_alloc * H * 2), hbuf(rows_alloc * I * 2), y(rows_alloc * H * 2),
+          sbuf(cap * R * H * 2), rbuf(cap * R * H * 2);
+      TESSERA_CUDA_CHECK(cudaMemcpy(dcounts.p, counts.data(), counts.size() * 4, cudaMemcpyHostToDevice));
+      fill_bf16(xa.p, rows_alloc * H, 1.f, 4);
+      kernels::GroupedGemmArgs up;
+      up.a = xa.p;
+      up.b = gu.p;
+      up.d = hbuf.p;
+      up.group_rows = static_cast<const int*>(dcounts.p);
+      up.status = static_cast<int*>(status.p);
+      up.groups = El;
+      up.n = 2 * I;
+      up.k = H;
+      up.max_rows = rows;
+      kernels::GroupedGemmOptions uo;
+      uo.epilogue = kernels::GroupedEpilogueKind::SwiGLU;
+      kernels::GroupedGemmArgs down = up;
+      down.a = hbuf.p;
+      down.b = dn.p;
+      down.d = y.p;
+      down.status = static_cast<int*>(status.p) + 4;
+      down.n = H;
+      down.k = I;
+      const std::size_t slab = static_cast<std::size_t>(cap * H);
+      auto slabs = [&](void* send_base, void* recv_base) {
+        TESSERA_NCCL_CHECK(ncclGroupStart());
+        for (int q = 0; q < R; ++q) {
+          if (q == rank) continue;
+          TESSERA_NCCL_CHECK(
+              ncclSend(static_cast<__nv_bfloat16*>(send_base) + q * slab, slab, ncclBfloat16, q, pg->nccl(), s));
+          TESSERA_NCCL_CHECK(
+              ncclRecv(static_cast<__nv_bfloat16*>(recv_base) + q * slab, slab, ncclBfloat16, q, pg->nccl(), s));
+        }
+        TESSERA_NCCL_CHECK(ncclGroupEnd());
+      };
+      double t_seq = 0, t_pipe = 0, experts = 0, comm = 0;
+      InterleavedTimer timer(s, o.warmup, o.reps, [&] {
+        pg->barrier();
+        pg->align_streams(s);
+      });
+      timer.add(&t_seq, [&] { ops::moe_ep(ctx, a, seq); });
+      timer.add(&t_pipe, [&] { ops::moe_ep(ctx, a, pipe); });
+      timer.add(&experts, [&] {
+        if (rows == 0) return;
+        kernels::grouped_gemm(up, uo, s);
+        kernels::grouped_gemm(down, {}, s);
+      });
+      timer.add(&comm, [&] {
+        if (R == 1) return;
+        slabs(sbuf.p, rbuf.p);  // dispatch
+        slabs(rbuf.p, sbuf.p);  // return
+      });
+      timer.run([&](double v) { return pg->allreduce_max(v); });
+      ctx.check_status();
+      if (rows > 0) kernels::check_grouped_gemm_status(up.status, s, "bench moe --ep: gate/up");
+      const double ideal = std::max(experts, comm), best = std::min(t_seq, t_pipe);
+      const auto t = torch.find(std::string(sh.name) + "/" + routing + "/ep");
+      const double torch_ms = t == torch.end() ? 0 : t->second;
+      table.add({sh.name, routing, std::to_string(cap), fmt::format("{:.3f}", t_seq), fmt::format("{:.3f}", t_pipe),
+                 fmt::format("{:.3f}", experts), fmt::format("{:.3f}", comm),
+                 ideal > 0 ? fmt::format("{:.3f}", t_pipe / ideal) : "-", fmt::format("{:.3f}", t_seq / t_pipe),
+                 torch_ms > 0 ? fmt::format("{:.3f}", torch_ms) : "-",
+                 torch_ms > 0 ? fmt::format("{:.3f}", torch_ms / best) : "-"});
+      js << (first ? "" : ",")
+         << fmt::format(
+                "\n{{\"shape\": \"{}\", \"routing\": \"{}\", \"world\": {}, \"mode\": \"ep\", \"capacity\": {}, "
+                "\"sequential_ms\": {:.5f}, \"pipelined_ms\": {:.5f}, \"experts_ms\": {:.5f}, \"comm_ms\": {:.5f}, "
+                "\"torch_ms\": {:.5f}}}",
+                sh.name, routing, R, cap, t_seq, t_pipe, experts, comm, torch_ms);
+      first = false;
+    }
+  }
+  js << "\n]\n";
+  if (rank == 0) {
+    std::printf("tessera bench moe --ep: EP=%d on %s (ms, median of %d, slowest rank; capacity factor %.2f)\n%s", R,
+                pg->device_properties().name, o.reps, o.capacity_factor, table.str().c_str());
+    if (!o.json.empty()) {
+      std::ofstream f(o.json);
+      TESSERA_CHECK(f.good(), "bench moe: cannot write {}", o.json);
+      f << js.str();
+    }
+  }
+}
 }  // namespace
 
 TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   auto& bench = tools::subcommand(root, "bench", "Benchmarks");
   auto opts = std::make_shared<Options>();
-  auto* cmd = bench.add_subcommand("moe", "TP MoE layer (ops::moe_tp) on MoE-1..6: layer, experts, comm, PyTorch");
+  auto* cmd = bench.add_subcommand(
+      "moe", "MoE layers on MoE-1..6: TP (ops::moe_tp) or, with --ep, EP (ops::moe_ep); layer, experts, comm, PyTorch");
   cmd->add_option("--shapes", opts->shapes, "MoE shapes 1..6")->delimiter(',');
   cmd->add_option("--routing", opts->routings, "uniform, skewed")->delimiter(',');
   cmd->add_option("--reps", opts->reps, "timed repetitions (median)")->check(CLI::Range(1, 100000));
   cmd->add_option("--warmup", opts->warmup, "warm-up repetitions")->check(CLI::Range(0, 100000));
   cmd->add_option("--torch-json", opts->torch_json, "scripts/bench_moe_torch.py's output");
   cmd->add_option("--json", opts->json, "write the figures here (rank 0)");
-  cmd->callback([opts] { run(*opts); });
+  cmd->add_flag("--ep", opts->ep, "the expert-parallel layer (sequential vs pipelined)");
+  cmd->add_option("--capacity-factor", opts->capacity_factor,
+                  "--ep: capacity = max(busiest pair, factor * tokens_local * k / R)")
+      ->check(CLI::Range(0.0, 1e6));
+  cmd->callback([opts] {
+    if (opts->ep)
+      run_ep(*opts);
+    else
+      run(*opts);
+  });
 });
 
 }  // namespace tessera::bench::moe

@@ -206,6 +206,58 @@ __global__ void gather_rows_kernel(GatherArgs a) {
   }
 }
 
+/// Threads over max(E, entries): the first E also do expert e's counts.
+__global__ void block_layout_kernel(BlockLayoutArgs a, std::int64_t entries) {
+  const int G = a.experts / a.blocks;
+  const std::int64_t cap = a.capacity;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < entries || i < a.experts;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    if (i < a.experts) {
+      const int e = static_cast<int>(i), b = e / G;
+      const std::int64_t start = a.expert_offsets[b * G];
+      const std::int64_t lo = a.expert_offsets[e] - start, hi = a.expert_offsets[e + 1] - start;
+      a.block_counts[e] = static_cast<std::int32_t>((hi < cap ? hi : cap) - (lo < cap ? lo : cap));
+      if (e == b * G && a.overflow != nullptr) {
+        const std::int64_t total = a.expert_offsets[(b + 1) * G] - start;
+        if (total > cap) {
+          atomicAdd(&a.overflow[0], static_cast<std::int32_t>(total - cap));
+          atomicMax(&a.overflow[1], static_cast<std::int32_t>(total));
+        }
+      }
+    }
+    if (i < entries) {
+      const std::int32_t row = a.entry_row[i];
+      std::int32_t slot = -1;
+      if (row >= 0) {
+        const int b = a.expert_ids[i] / G;  // a placed entry has a valid id
+        const std::int64_t pos = row - a.expert_offsets[b * G];
+        if (pos < cap) slot = static_cast<std::int32_t>(b * cap + pos);
+      }
+      a.entry_slot[i] = slot;
+    }
+  }
+}
+
+template <class T>
+__global__ void scatter_rows_kernel(ScatterArgs a) {
+  const std::int64_t vecs = a.cols / 8;  // 16-byte vectors per row
+  const std::int64_t tail0 = vecs * 8;
+  const std::int64_t per_row = vecs + (a.cols - tail0);
+  const std::int64_t work = a.entries * per_row;
+  for (std::int64_t w = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; w < work;
+       w += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t i = w / per_row, c = w % per_row;
+    const std::int32_t slot = a.entry_slot[i];
+    if (slot < 0) continue;
+    const T* src = static_cast<const T*>(a.x) + (i / a.k) * a.ldx;
+    T* dst = static_cast<T*>(a.dst) + static_cast<std::int64_t>(slot) * a.ldd;
+    if (c < vecs)
+      reinterpret_cast<uint4*>(dst)[c] = reinterpret_cast<const uint4*>(src)[c];
+    else
+      dst[tail0 + (c - vecs)] = src[tail0 + (c - vecs)];
+  }
+}
+
 using detail::from_f32;
 using detail::to_f32;
 
@@ -338,6 +390,41 @@ void gather_rows(const GatherArgs& a, cudaStream_t stream) {
   else
     gather_rows_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(a);
   detail::check_launch("moe::gather_rows: kernel launch");
+}
+
+void block_layout(const BlockLayoutArgs& a, cudaStream_t stream) {
+  check_common("moe::block_layout", a.tokens, a.experts, a.k);
+  TESSERA_CHECK(a.blocks >= 1 && a.experts % a.blocks == 0,
+                "moe::block_layout: blocks = {} must be >= 1 and divide experts = {}", a.blocks, a.experts);
+  TESSERA_CHECK(a.capacity >= 0 && a.capacity * a.blocks < (std::int64_t{1} << 31),
+                "moe::block_layout: capacity = {} (times blocks = {}) out of range [0, 2^31)", a.capacity, a.blocks);
+  TESSERA_CHECK(
+      a.expert_ids != nullptr && a.expert_offsets != nullptr && a.entry_row != nullptr && a.block_counts != nullptr &&
+          a.entry_slot != nullptr,
+      "moe::block_layout: expert_ids, expert_offsets, entry_row, block_counts and entry_slot must be non-null");
+  const std::int64_t entries = a.tokens * a.k;
+  constexpr int kThreads = 256;
+  block_layout_kernel<<<grid_for(entries > a.experts ? entries : a.experts, kThreads), kThreads, 0, stream>>>(a,
+                                                                                                              entries);
+  detail::check_launch("moe::block_layout: kernel launch");
+}
+
+void scatter_rows(const ScatterArgs& a, cudaStream_t stream) {
+  TESSERA_CHECK(a.k >= 1 && a.k <= kMaxTopK, "moe::scatter_rows: k = {} out of range [1, {}]", a.k, kMaxTopK);
+  TESSERA_CHECK(a.entries >= 0 && a.entries < (std::int64_t{1} << 31),
+                "moe::scatter_rows: entries = {} out of range [0, 2^31)", a.entries);
+  check_rows("moe::scatter_rows", a.x, a.ldx, a.cols, a.dtype, "x");
+  check_rows("moe::scatter_rows", a.dst, a.ldd, a.cols, a.dtype, "dst");
+  TESSERA_CHECK(a.cols >= 1, "moe::scatter_rows: cols = {} must be >= 1", a.cols);
+  TESSERA_CHECK(a.entry_slot != nullptr, "moe::scatter_rows: entry_slot must be non-null");
+  if (a.entries == 0) return;
+  constexpr int kThreads = 256;
+  const int grid = grid_for(a.entries * (a.cols / 8 + a.cols % 8), kThreads);
+  if (a.dtype == DType::f16)
+    scatter_rows_kernel<__half><<<grid, kThreads, 0, stream>>>(a);
+  else
+    scatter_rows_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(a);
+  detail::check_launch("moe::scatter_rows: kernel launch");
 }
 
 void combine(const CombineArgs& a, cudaStream_t stream) {

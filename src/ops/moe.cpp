@@ -7,50 +7,15 @@
 #include <cstdint>
 #include <string>
 
+#include "moe_scratch.hpp"
 #include "tessera/kernels/grouped_gemm.hpp"
 #include "tessera/kernels/moe_routing.hpp"
 #include "tessera/runtime/error.hpp"
 
 namespace tessera::ops {
 
-namespace {
-
-/// A device buffer that only grows; contents are not kept across growth.
-class Scratch {
- public:
-  Scratch() = default;
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  ~Scratch() {
-    if (p_) cudaFree(p_);
-  }
-  void* get(std::size_t bytes, runtime::ProcessGroup& pg) {
-    if (bytes > bytes_) {
-      if (p_) {
-        // A kernel of an earlier call may still read the old buffer; the
-        // wait is bounded (a dead peer inside a collective is reported).
-        pg.synchronize(pg.stream(), "moe_tp: workspace growth");
-        TESSERA_CUDA_CHECK(cudaFree(p_));
-        p_ = nullptr;
-      }
-      TESSERA_CUDA_CHECK(cudaMalloc(&p_, bytes));
-      bytes_ = bytes;
-    }
-    return p_;
-  }
-  template <class T>
-  T* get(std::int64_t count, runtime::ProcessGroup& pg) {
-    return static_cast<T*>(get(static_cast<std::size_t>(count > 0 ? count : 1) * sizeof(T), pg));
-  }
-
- private:
-  void* p_ = nullptr;
-  std::size_t bytes_ = 0;
-};
-
-constexpr std::int64_t kMaxDim = std::int64_t{1} << 31;
-
-}  // namespace
+using detail::Scratch;
+constexpr std::int64_t kMaxDim = detail::kMoeMaxDim;
 
 struct MoeContext::Impl {
   Scratch x_full, ids_full, w_full, offsets, counts, sorted, rows, permute_ws, gathered, inter, expert_out, partial,

@@ -1,6 +1,7 @@
 // GPU tests of the MoE routing kernels (tessera/kernels/moe_routing.hpp)
 // against CPU references: top-k gating, the stable expert sort under
-// uniform, skewed and invalid routing, the row gather and the combine.
+// uniform, skewed and invalid routing, the row gather, the expert-parallel
+// slab layout and scatter, and the combine.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -260,6 +261,100 @@ TEST(MoeRouting, GatherThenCombineIsWeightedRowSum) {
       }
     }
     EXPECT_LT(tessera::testing::relative_error(got, want), dt == DType::bf16 ? 8e-3 : 1e-3) << dtype_name(dt);
+  }
+}
+
+TEST(MoeRouting, BlockLayoutAndScatterFillTheSlabs) {
+  TESSERA_REQUIRE_GPUS(1);
+  // 16 experts in 4 blocks; block 0 is hot and overflows the capacity, block
+  // 3 gets nothing; some ids are invalid.
+  const int T = 777, E = 16, k = 3, B = 4, G = E / B;
+  const std::int64_t cols = 72, ld = 80, cap = 500;
+  std::mt19937 rng(31);
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(T) * k);
+  for (auto& e : ids) {
+    const unsigned r = rng() % 20;
+    e = r == 0 ? E + 1 : (r < 10 ? static_cast<int>(rng() % G) : static_cast<int>(rng() % (3 * G)));
+  }
+  const SortRef ref = sort_ref(ids, E);
+  const std::int64_t entries = static_cast<std::int64_t>(T) * k;
+  std::vector<std::int32_t> want_slot(entries, -1), want_counts(E);
+  std::int32_t want_left_out = 0, want_largest = 0;
+  for (int b = 0; b < B; ++b) {
+    const std::int32_t start = ref.offsets[b * G], total = ref.offsets[(b + 1) * G] - start;
+    if (total > cap)
+      want_left_out += total - static_cast<std::int32_t>(cap), want_largest = std::max(want_largest, total);
+    for (int e = b * G; e < (b + 1) * G; ++e)
+      want_counts[e] = static_cast<std::int32_t>(std::min<std::int64_t>(ref.offsets[e + 1] - start, cap) -
+                                                 std::min<std::int64_t>(ref.offsets[e] - start, cap));
+  }
+  for (std::int64_t i = 0; i < entries; ++i)
+    if (ref.row[i] >= 0) {
+      const int b = ids[i] / G;
+      const std::int64_t pos = ref.row[i] - ref.offsets[b * G];
+      if (pos < cap) want_slot[i] = static_cast<std::int32_t>(b * cap + pos);
+    }
+  std::vector<std::uint16_t> x(static_cast<std::size_t>(T) * ld);
+  for (auto& v : x) v = static_cast<std::uint16_t>(rng() & 0x3fff);
+  DevBuf di = upload(ids), dx = upload(x);
+  DevBuf off(sizeof(std::int32_t) * (E + 1)), sorted(sizeof(std::int32_t) * entries),
+      row(sizeof(std::int32_t) * entries), ws(permute_workspace_bytes(entries, E));
+  DevBuf counts = poisoned(sizeof(std::int32_t) * E), slot = poisoned(sizeof(std::int32_t) * entries);
+  DevBuf flags(2 * sizeof(std::int32_t)), dst = poisoned(2 * B * cap * ld);
+  TESSERA_CUDA_CHECK(cudaMemset(flags.p, 0, flags.bytes));
+  PermuteArgs p;
+  p.expert_ids = di.as<std::int32_t>();
+  p.tokens = T;
+  p.experts = E;
+  p.k = k;
+  p.expert_offsets = off.as<std::int32_t>();
+  p.sorted_entry = sorted.as<std::int32_t>();
+  p.entry_row = row.as<std::int32_t>();
+  p.workspace = ws.p;
+  p.workspace_bytes = ws.bytes;
+  permute(p, nullptr);
+  BlockLayoutArgs l;
+  l.expert_ids = p.expert_ids;
+  l.expert_offsets = p.expert_offsets;
+  l.entry_row = p.entry_row;
+  l.tokens = T;
+  l.experts = E;
+  l.k = k;
+  l.blocks = B;
+  l.capacity = cap;
+  l.block_counts = counts.as<std::int32_t>();
+  l.entry_slot = slot.as<std::int32_t>();
+  l.overflow = flags.as<std::int32_t>();
+  block_layout(l, nullptr);
+  ScatterArgs sc;
+  sc.x = dx.p;
+  sc.ldx = ld;
+  sc.dst = dst.p;
+  sc.ldd = ld;
+  sc.cols = cols;
+  sc.entry_slot = l.entry_slot;
+  sc.entries = entries;
+  sc.k = k;
+  scatter_rows(sc, nullptr);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  ASSERT_GT(want_left_out, 0);  // the case must overflow
+  EXPECT_EQ(download<std::int32_t>(counts, E), want_counts);
+  EXPECT_EQ(download<std::int32_t>(slot, entries), want_slot);
+  const auto f = download<std::int32_t>(flags, 2);
+  EXPECT_EQ(f[0], want_left_out);
+  EXPECT_EQ(f[1], want_largest);
+  const auto gd = download<std::uint16_t>(dst, B * cap * ld);
+  std::vector<char> used(B * cap, 0);
+  for (std::int64_t i = 0; i < entries; ++i) {
+    if (want_slot[i] < 0) continue;
+    used[want_slot[i]] = 1;
+    for (std::int64_t j = 0; j < cols; ++j)
+      ASSERT_EQ(gd[want_slot[i] * ld + j], x[(i / k) * ld + j]) << "slot " << want_slot[i] << " col " << j;
+  }
+  for (std::int64_t r = 0; r < B * cap; ++r) {
+    if (!used[r]) {
+      ASSERT_EQ(gd[r * ld], 0xA5A5u) << "unused slab row " << r << " was written";
+    }
   }
 }
 

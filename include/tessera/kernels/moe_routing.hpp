@@ -1,6 +1,7 @@
 // tessera/kernels/moe_routing.hpp — Mixture-of-Experts routing on the GPU:
 // top-k gating, the expert-sorted permutation that feeds a grouped GEMM, the
-// row gather, and the top-k weighted combine.
+// row gather, the expert-parallel dispatch layout (fixed per-rank slabs),
+// and the top-k weighted combine.
 //
 // Every size that depends on the routing stays on the device: the host
 // passes T (tokens), E (experts) and k, and the kernels write the per-expert
@@ -98,6 +99,49 @@ struct GatherArgs {
   DType dtype = DType::bf16;
 };
 void gather_rows(const GatherArgs& a, cudaStream_t stream);
+
+/// Expert-parallel dispatch layout. The E experts form `blocks` consecutive
+/// ranges of G = E / blocks experts (block b: the experts rank b owns), so
+/// after permute() block b's entries are the sorted rows [off[b·G],
+/// off[(b+1)·G]), expert-major. Each block travels as a fixed slab of
+/// `capacity` rows (a size the host knows without the counts): the entry at
+/// position p of block b gets slot b·capacity + p when p < capacity, else -1
+/// (as do invalid ids). block_counts[e] is the number of expert e's rows that
+/// fit (the grouped GEMM's table on the receiving rank); a block's rows
+/// beyond capacity are the highest-sorted ones (its last experts'), left out
+/// and reported in overflow: [0] += rows left out, [1] = max(itself, the
+/// block's row count). Nothing synchronizes with the host.
+struct BlockLayoutArgs {
+  const std::int32_t* expert_ids = nullptr;      ///< [T, k]
+  const std::int32_t* expert_offsets = nullptr;  ///< [E + 1] from permute()
+  const std::int32_t* entry_row = nullptr;       ///< [T * k] from permute()
+  std::int64_t tokens = 0;
+  int experts = 0;
+  int k = 0;
+  int blocks = 0;                        ///< divides experts
+  std::int64_t capacity = 0;             ///< rows per block's slab; blocks * capacity < 2^31
+  std::int32_t* block_counts = nullptr;  ///< [E] out
+  std::int32_t* entry_slot = nullptr;    ///< [T * k] out: slab row of each entry, -1 if none
+  std::int32_t* overflow = nullptr;      ///< device int32[2], optional (see above)
+};
+void block_layout(const BlockLayoutArgs& a, cudaStream_t stream);
+
+/// dst[entry_slot[i], :] = x[i / k, :] for every entry i < entries with a
+/// slot >= 0 (the dispatch's send slabs; other rows are left untouched).
+/// bf16 or f16, row strides in elements, multiples of 8, pointers 16-byte
+/// aligned.
+struct ScatterArgs {
+  const void* x = nullptr;
+  std::int64_t ldx = 0;
+  void* dst = nullptr;
+  std::int64_t ldd = 0;
+  std::int64_t cols = 0;
+  const std::int32_t* entry_slot = nullptr;  ///< [entries]
+  std::int64_t entries = 0;                  ///< T * k
+  int k = 0;
+  DType dtype = DType::bf16;
+};
+void scatter_rows(const ScatterArgs& a, cudaStream_t stream);
 
 /// out[t, :] = sum over s < k of weights[t, s] * y[entry_row[t * k + s], :]
 /// in f32 (in slot order), rounded to dtype; entries with entry_row -1

@@ -1,0 +1,372 @@
+// The expert-parallel MoE layer (tessera/ops/moe_ep.hpp): sequential and
+// pipelined strategies over fixed per-rank slabs.
+#include "tessera/ops/moe_ep.hpp"
+
+#include <fmt/format.h>
+#include <nccl.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moe_scratch.hpp"
+#include "tessera/kernels/grouped_gemm.hpp"
+#include "tessera/kernels/moe_routing.hpp"
+#include "tessera/runtime/error.hpp"
+#include "tessera/signal/overlap_comm.hpp"
+
+namespace tessera::ops {
+
+using detail::Scratch;
+
+namespace {
+
+constexpr std::int64_t kMaxDim = detail::kMoeMaxDim;
+constexpr int kStatusBase = 4;  // flags: [0] invalid ids, [1] rows left out, [2] largest slab, [3] unused
+
+/// Status words of slab q's gate/up (second = false) or down GEMM.
+int status_index(int q, bool down) { return kStatusBase + (2 * q + (down ? 1 : 0)) * kernels::kGroupedStatusInts; }
+
+struct EpShape {
+  std::int64_t hidden, inter, capacity;
+  int experts, topk, dtype, strategy, comm_ctas;
+};
+
+}  // namespace
+
+struct MoeEpContext::Impl {
+  Scratch offsets, sorted, rows, permute_ws, block_counts, slots, recv_counts, send, recv, inter, yexp, ret, flags,
+      warm;
+  std::int32_t* flags_ptr = nullptr;  ///< see kStatusBase and status_index
+  int last_world = 0;
+  bool last_gemms = false;  ///< the last call launched its GEMMs (their status words are valid)
+  std::int64_t last_capacity = 0;
+
+  // pipelined: the split communicator and the per-step events.
+  std::unique_ptr<signal::OverlapComm> comm;
+  int comm_ctas = 0;
+  cudaEvent_t ev_packed = nullptr, ev_ret = nullptr;
+  std::vector<cudaEvent_t> ev_recv, ev_done;
+
+  ~Impl() {
+    for (cudaEvent_t e : {ev_packed, ev_ret})
+      if (e) cudaEventDestroy(e);
+    for (auto* v : {&ev_recv, &ev_done})
+      for (cudaEvent_t e : *v) cudaEventDestroy(e);
+  }
+
+  static cudaEvent_t make_event() {
+    cudaEvent_t e = nullptr;
+    TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+
+  /// Collective (every rank's first pipelined call, or a new comm_ctas):
+  /// splits the communicator, then connects every peer both ways once, so
+  /// no connection is set up inside a timed call.
+  void ensure_pipeline(runtime::ProcessGroup& pg, int ctas) {
+    const int R = pg.world();
+    if (!comm || comm_ctas != ctas) {
+      pg.synchronize_all("moe_ep: new pipeline communicator");  // nothing of ours in flight on the old one
+      comm.reset();
+      signal::OverlapCommConfig cfg;
+      cfg.max_ctas = ctas;
+      comm = std::make_unique<signal::OverlapComm>(pg.nccl(), cfg);
+      comm_ctas = ctas;
+      std::int32_t* w = warm.get<std::int32_t>(4, pg);
+      const cudaStream_t cs = pg.comm_stream(0);
+      for (int d = 1; d < R; ++d) {
+        const int to = (pg.rank() + d) % R, from = (pg.rank() - d + R) % R;
+        TESSERA_NCCL_CHECK(ncclGroupStart());
+        TESSERA_NCCL_CHECK(ncclSend(w, 1, ncclInt32, to, comm->get(), cs));
+        TESSERA_NCCL_CHECK(ncclRecv(w + 1, 1, ncclInt32, from, comm->get(), cs));
+        TESSERA_NCCL_CHECK(ncclSend(w + 2, 1, ncclInt32, from, comm->get(), cs));
+        TESSERA_NCCL_CHECK(ncclRecv(w + 3, 1, ncclInt32, to, comm->get(), cs));
+        TESSERA_NCCL_CHECK(ncclGroupEnd());
+      }
+      pg.synchronize(cs, "moe_ep: pipeline warm-up");
+    }
+    if (!ev_packed) ev_packed = make_event();
+    if (!ev_ret) ev_ret = make_event();
+    while (static_cast<int>(ev_recv.size()) < R) ev_recv.push_back(make_event());
+    while (static_cast<int>(ev_done.size()) < R) ev_done.push_back(make_event());
+  }
+};
+
+MoeEpContext::MoeEpContext(runtime::ProcessGroup& pg) : pg_(&pg), impl_(std::make_unique<Impl>()) {}
+MoeEpContext::~MoeEpContext() = default;
+
+std::string_view moe_ep_strategy_name(MoeEpStrategy s) {
+  switch (s) {
+    case MoeEpStrategy::automatic:
+      return "auto";
+    case MoeEpStrategy::sequential:
+      return "sequential";
+    case MoeEpStrategy::pipelined:
+      return "pipelined";
+  }
+  return "?";
+}
+
+MoeEpStrategy parse_moe_ep_strategy(std::string_view name) {
+  if (name == "auto" || name == "automatic") return MoeEpStrategy::automatic;
+  if (name == "sequential") return MoeEpStrategy::sequential;
+  if (name == "pipelined") return MoeEpStrategy::pipelined;
+  TESSERA_FAIL("moe_ep: unknown strategy '{}' (auto, sequential, pipelined)", name);
+}
+
+std::int64_t moe_ep_capacity(const MoeEpArgs& a) { return a.capacity > 0 ? a.capacity : a.tokens_local * a.topk; }
+
+void validate(const MoeEpArgs& a, int world) {
+  TESSERA_CHECK(world >= 1, "moe_ep: world = {} must be >= 1", world);
+  TESSERA_CHECK(a.dtype == DType::bf16, "moe_ep: dtype {} not supported (bf16)", dtype_name(a.dtype));
+  TESSERA_CHECK(a.tokens_local >= 0 && a.tokens_local < kMaxDim, "moe_ep: tokens_local = {} out of range [0, 2^31)",
+                a.tokens_local);
+  TESSERA_CHECK(a.hidden >= 8 && a.hidden < kMaxDim && a.hidden % 8 == 0,
+                "moe_ep: hidden = {} must be a positive multiple of 8 below 2^31", a.hidden);
+  TESSERA_CHECK(a.inter >= 8 && a.inter < kMaxDim && a.inter % 8 == 0,
+                "moe_ep: inter = {} must be a positive multiple of 8 below 2^31", a.inter);
+  TESSERA_CHECK(a.experts >= 1 && a.experts <= kernels::moe::kMaxExperts, "moe_ep: experts = {} out of range [1, {}]",
+                a.experts, kernels::moe::kMaxExperts);
+  TESSERA_CHECK(a.experts % world == 0, "moe_ep: experts = {} is not a multiple of the world size {}", a.experts,
+                world);
+  TESSERA_CHECK(a.topk >= 1 && a.topk <= kernels::moe::kMaxTopK && a.topk <= a.experts,
+                "moe_ep: topk = {} out of range [1, min({}, experts = {})]", a.topk, kernels::moe::kMaxTopK, a.experts);
+  TESSERA_CHECK(a.tokens_local * a.topk < kMaxDim, "moe_ep: tokens_local ({}) * topk ({}) must stay below 2^31",
+                a.tokens_local, a.topk);
+  TESSERA_CHECK(a.capacity >= 0, "moe_ep: capacity = {} must be >= 0 (0: tokens_local * topk)", a.capacity);
+  const std::int64_t cap = moe_ep_capacity(a);
+  TESSERA_CHECK(cap < kMaxDim / world, "moe_ep: capacity ({}) * world ({}) must stay below 2^31", cap, world);
+  TESSERA_CHECK(cap * world <= (std::int64_t{1} << 60) / (2 * a.hidden + 2 * a.inter),
+                "moe_ep: the slabs of {} rows x (2 x hidden {} + 2 x inter {}) overflow 64-bit sizes", cap * world,
+                a.hidden, a.inter);
+  TESSERA_CHECK(a.x_shard != nullptr && a.out_shard != nullptr, "moe_ep: x_shard and out_shard must be non-null");
+  TESSERA_CHECK(a.expert_ids != nullptr && a.weights != nullptr, "moe_ep: expert_ids and weights must be non-null");
+  TESSERA_CHECK(a.w_gate_up != nullptr && a.w_down != nullptr, "moe_ep: w_gate_up and w_down must be non-null");
+  for (const void* p : {a.x_shard, a.w_gate_up, a.w_down, static_cast<const void*>(a.out_shard)})
+    TESSERA_CHECK((reinterpret_cast<std::uintptr_t>(p) & 15u) == 0, "moe_ep: pointer {} is not 16-byte aligned", p);
+}
+
+void moe_ep(MoeEpContext& ctx, const MoeEpArgs& a, const MoeEpOptions& o) {
+  runtime::ProcessGroup& pg = ctx.group();
+  const int R = pg.world(), rank = pg.rank();
+  validate(a, R);
+  TESSERA_CHECK(o.comm_ctas >= 1 && o.comm_ctas <= 64 && o.comm_ctas < pg.sm_count(),
+                "moe_ep: comm_ctas = {} out of range [1, min(64, SMs - 1 = {})]", o.comm_ctas, pg.sm_count() - 1);
+  MoeEpStrategy strategy = o.strategy;
+  if (strategy == MoeEpStrategy::automatic) strategy = R > 1 ? MoeEpStrategy::pipelined : MoeEpStrategy::sequential;
+  const std::int64_t cap = moe_ep_capacity(a);
+  const EpShape shape{
+      a.hidden, a.inter, cap, a.experts, a.topk, static_cast<int>(a.dtype), static_cast<int>(strategy), o.comm_ctas};
+  pg.check_same_on_all_ranks(
+      fmt::format("moe_ep: shape (hidden {}, inter {}, capacity {}, experts {}, topk {}, strategy {}, comm_ctas {})",
+                  a.hidden, a.inter, cap, a.experts, a.topk, moe_ep_strategy_name(strategy), o.comm_ctas),
+      shape);
+
+  MoeEpContext::Impl& m = ctx.impl();
+  const bool pipelined = strategy == MoeEpStrategy::pipelined && R > 1;
+  if (pipelined) m.ensure_pipeline(pg, o.comm_ctas);
+  const cudaStream_t s = pg.stream();
+  const std::int64_t k = a.topk, H = a.hidden, I = a.inter, E = a.experts, El = E / R;
+  const std::int64_t entries = a.tokens_local * k;
+  const std::size_t es = dtype_size(a.dtype);
+  const ncclDataType_t dt = runtime::nccl_dtype(a.dtype);
+
+  // 1. Routing: expert sort, slab layout, send slabs.
+  const int flag_words = kStatusBase + 2 * R * kernels::kGroupedStatusInts;
+  m.flags_ptr = m.flags.get<std::int32_t>(flag_words, pg);
+  TESSERA_CUDA_CHECK(cudaMemsetAsync(m.flags_ptr, 0, static_cast<std::size_t>(flag_words) * 4, s));
+  kernels::moe::PermuteArgs p;
+  p.expert_ids = a.expert_ids;
+  p.tokens = a.tokens_local;
+  p.experts = a.experts;
+  p.k = a.topk;
+  p.expert_offsets = m.offsets.get<std::int32_t>(E + 1, pg);
+  p.sorted_entry = m.sorted.get<std::int32_t>(entries, pg);
+  p.entry_row = m.rows.get<std::int32_t>(entries, pg);
+  p.invalid = m.flags_ptr;
+  p.workspace_bytes = kernels::moe::permute_workspace_bytes(entries, a.experts);
+  p.workspace = m.permute_ws.get(p.workspace_bytes + 16, pg);
+  kernels::moe::permute(p, s);
+
+  kernels::moe::BlockLayoutArgs l;
+  l.expert_ids = a.expert_ids;
+  l.expert_offsets = p.expert_offsets;
+  l.entry_row = p.entry_row;
+  l.tokens = a.tokens_local;
+  l.experts = a.experts;
+  l.k = a.topk;
+  l.blocks = R;
+  l.capacity = cap;
+  l.block_counts = m.block_counts.get<std::int32_t>(E, pg);
+  l.entry_slot = m.slots.get<std::int32_t>(entries, pg);
+  l.overflow = m.flags_ptr + 1;
+  kernels::moe::block_layout(l, s);
+
+  const std::int64_t slab_rows = cap * R;
+  auto* send = static_cast<unsigned char*>(m.send.get(static_cast<std::size_t>(slab_rows * H) * es + 16, pg));
+  auto* recv = static_cast<unsigned char*>(m.recv.get(static_cast<std::size_t>(slab_rows * H) * es + 16, pg));
+  auto* inter = static_cast<unsigned char*>(m.inter.get(static_cast<std::size_t>(slab_rows * I) * es + 16, pg));
+  auto* yexp = static_cast<unsigned char*>(m.yexp.get(static_cast<std::size_t>(slab_rows * H) * es + 16, pg));
+  auto* ret = static_cast<unsigned char*>(m.ret.get(static_cast<std::size_t>(slab_rows * H) * es + 16, pg));
+  auto* recv_counts = m.recv_counts.get<std::int32_t>(E, pg);
+  kernels::moe::ScatterArgs sc;
+  sc.x = a.x_shard;
+  sc.ldx = H;
+  sc.dst = send;
+  sc.ldd = H;
+  sc.cols = H;
+  sc.entry_slot = l.entry_slot;
+  sc.entries = entries;
+  sc.k = a.topk;
+  sc.dtype = a.dtype;
+  kernels::moe::scatter_rows(sc, s);
+
+  const std::size_t slab_h = static_cast<std::size_t>(cap * H);  // elements of one hidden-wide slab
+  auto slab = [&](unsigned char* base, int q, std::int64_t cols) {
+    return base + static_cast<std::size_t>(q) * static_cast<std::size_t>(cap * cols) * es;
+  };
+
+  // 3. Slab q's grouped GEMMs (gate/up or down); the own slab is read from
+  // the send buffer and its output written straight into the return buffer.
+  const int sms = pg.sm_count();
+  auto gemm = [&](int q, bool down, bool beside_comm) {
+    if (cap == 0) return;
+    kernels::GroupedGemmArgs g;
+    g.group_rows = q == rank ? l.block_counts + rank * El : recv_counts + q * El;
+    g.status = m.flags_ptr + status_index(q, down);
+    g.groups = El;
+    g.max_rows = cap;
+    kernels::GroupedGemmOptions go;
+    go.max_ctas = beside_comm ? sms - o.comm_ctas : 0;
+    if (!down) {
+      g.a = slab(q == rank ? send : recv, q, H);
+      g.b = a.w_gate_up;
+      g.d = slab(inter, q, I);
+      g.n = 2 * I;
+      g.k = H;
+      go.epilogue = kernels::GroupedEpilogueKind::SwiGLU;
+    } else {
+      g.a = slab(inter, q, I);
+      g.b = a.w_down;
+      g.d = slab(q == rank ? ret : yexp, q, H);
+      g.n = H;
+      g.k = I;
+    }
+    kernels::grouped_gemm(g, go, s);
+  };
+  // One exchange step with `to` (sends) and `from` (receives); `data_to` /
+  // `data_from` are the slabs, counts_* the per-expert counts (or null).
+  auto exchange = [&](ncclComm_t comm, cudaStream_t st, int to, const void* data_to, const std::int32_t* counts_to,
+                      int from, void* data_from, std::int32_t* counts_from) {
+    TESSERA_NCCL_CHECK(ncclGroupStart());
+    if (counts_to) TESSERA_NCCL_CHECK(ncclSend(counts_to, static_cast<std::size_t>(El), ncclInt32, to, comm, st));
+    if (counts_from) TESSERA_NCCL_CHECK(ncclRecv(counts_from, static_cast<std::size_t>(El), ncclInt32, from, comm, st));
+    TESSERA_NCCL_CHECK(ncclSend(data_to, slab_h, dt, to, comm, st));
+    TESSERA_NCCL_CHECK(ncclRecv(data_from, slab_h, dt, from, comm, st));
+    TESSERA_NCCL_CHECK(ncclGroupEnd());
+  };
+
+  if (!pipelined) {
+    // 2. Dispatch: counts and slabs with every peer, one NCCL group.
+    if (R > 1) {
+      TESSERA_NCCL_CHECK(ncclGroupStart());
+      for (int q = 0; q < R; ++q) {
+        if (q == rank) continue;
+        TESSERA_NCCL_CHECK(ncclSend(l.block_counts + q * El, static_cast<std::size_t>(El), ncclInt32, q, pg.nccl(), s));
+        TESSERA_NCCL_CHECK(ncclRecv(recv_counts + q * El, static_cast<std::size_t>(El), ncclInt32, q, pg.nccl(), s));
+        TESSERA_NCCL_CHECK(ncclSend(slab(send, q, H), slab_h, dt, q, pg.nccl(), s));
+        TESSERA_NCCL_CHECK(ncclRecv(slab(recv, q, H), slab_h, dt, q, pg.nccl(), s));
+      }
+      TESSERA_NCCL_CHECK(ncclGroupEnd());
+    }
+    // 3. Experts, slab by slab.
+    for (int q = 0; q < R; ++q) {
+      gemm(q, false, false);
+      gemm(q, true, false);
+    }
+    // 4. Return.
+    if (R > 1) {
+      TESSERA_NCCL_CHECK(ncclGroupStart());
+      for (int q = 0; q < R; ++q) {
+        if (q == rank) continue;
+        TESSERA_NCCL_CHECK(ncclSend(slab(yexp, q, H), slab_h, dt, q, pg.nccl(), s));
+        TESSERA_NCCL_CHECK(ncclRecv(slab(ret, q, H), slab_h, dt, q, pg.nccl(), s));
+      }
+      TESSERA_NCCL_CHECK(ncclGroupEnd());
+    }
+  } else {
+    // Step d: send slab to rank + d, receive from rank - d (whose GEMMs run
+    // at step d here); the return of step d goes the other way.
+    const cudaStream_t cs = pg.comm_stream(0);
+    const ncclComm_t comm = m.comm->get();
+    TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_packed, s));
+    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, m.ev_packed, 0));
+    for (int d = 1; d < R; ++d) {
+      const int to = (rank + d) % R, from = (rank - d + R) % R;
+      exchange(comm, cs, to, slab(send, to, H), l.block_counts + to * El, from, slab(recv, from, H),
+               recv_counts + from * El);
+      TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_recv[d], cs));
+    }
+    gemm(rank, false, true);  // beside the dispatch
+    for (int d = 1; d < R; ++d) {
+      const int to = (rank + d) % R, from = (rank - d + R) % R;
+      TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_recv[d], 0));
+      // Alone on the GPU only at R = 2 (the dispatch is done, no return started).
+      const bool beside = R > 2;
+      gemm(from, false, beside);
+      gemm(from, true, beside);
+      TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_done[d], s));
+      TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, m.ev_done[d], 0));
+      exchange(comm, cs, from, slab(yexp, from, H), nullptr, to, slab(ret, to, H), nullptr);
+    }
+    gemm(rank, true, true);  // beside the last return
+    TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_ret, cs));
+    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_ret, 0));
+  }
+
+  // 4. Top-k weighted combine from the returned slabs.
+  kernels::moe::CombineArgs c;
+  c.y = ret;
+  c.ldy = H;
+  c.entry_row = l.entry_slot;
+  c.weights = a.weights;
+  c.out = a.out_shard;
+  c.ldo = H;
+  c.tokens = a.tokens_local;
+  c.cols = H;
+  c.k = a.topk;
+  c.dtype = a.dtype;
+  kernels::moe::combine(c, s);
+  m.last_world = R;
+  m.last_gemms = cap > 0;
+  m.last_capacity = cap;
+}
+
+void MoeEpContext::check_status() {
+  Impl& m = *impl_;
+  if (m.flags_ptr == nullptr) return;
+  const cudaStream_t s = pg_->stream();
+  std::int32_t f[3] = {0, 0, 0};
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(f, m.flags_ptr, sizeof(f), cudaMemcpyDeviceToHost, s));
+  pg_->synchronize(s, "moe_ep: check_status");
+  std::string problems;
+  if (f[0] != 0)
+    problems += fmt::format("; {} routed entries had an expert id outside [0, experts) and were left out", f[0]);
+  if (f[1] != 0)
+    problems += fmt::format(
+        "; capacity overflow: {} routed rows did not fit the capacity of {} rows per destination rank (the largest "
+        "destination got {}) and were left out of the output; pass capacity >= {}",
+        f[1], m.last_capacity, f[2], f[2]);
+  TESSERA_CHECK(problems.empty(), "moe_ep: rank {}{}", pg_->rank(), problems);
+  if (m.last_gemms) {
+    for (int q = 0; q < m.last_world; ++q) {
+      const std::string what = fmt::format("moe_ep: slab {} ", q);
+      kernels::check_grouped_gemm_status(m.flags_ptr + status_index(q, false), s, (what + "gate/up GEMM").c_str());
+      kernels::check_grouped_gemm_status(m.flags_ptr + status_index(q, true), s, (what + "down GEMM").c_str());
+    }
+  }
+}
+
+}  // namespace tessera::ops

@@ -1,0 +1,53 @@
+// CPU tests of ops::moe_ep's host-side checks: validation before any launch
+// and the strategy names (the layer itself: moe_ep_gpu_test.cpp).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+#include "tessera/ops/moe_ep.hpp"
+#include "tessera/runtime/error.hpp"
+
+namespace tessera::ops {
+namespace {
+
+TEST(MoeEp, ValidateRejectsBadShapes) {
+  MoeEpArgs a;
+  alignas(16) int buf[64] = {};
+  a.x_shard = a.w_gate_up = a.w_down = a.out_shard = buf;
+  a.expert_ids = buf;
+  a.weights = reinterpret_cast<const float*>(buf);
+  a.tokens_local = 16;
+  a.hidden = 64;
+  a.inter = 32;
+  a.experts = 8;
+  a.topk = 2;
+  EXPECT_NO_THROW(validate(a, 2));
+  EXPECT_THROW(validate(a, 3), tessera::Error);  // 8 experts over 3 ranks
+  a.topk = 9;                                    // top-k > E
+  EXPECT_THROW(validate(a, 2), tessera::Error);
+  a.topk = 2;
+  a.hidden = 60;  // not a multiple of 8
+  EXPECT_THROW(validate(a, 2), tessera::Error);
+  a.hidden = 64;
+  a.capacity = -1;
+  EXPECT_THROW(validate(a, 2), tessera::Error);
+  a.capacity = std::int64_t{1} << 30;  // capacity * world reaches 2^31
+  EXPECT_THROW(validate(a, 2), tessera::Error);
+  a.capacity = 0;
+  a.tokens_local = std::int64_t{1} << 40;
+  EXPECT_THROW(validate(a, 2), tessera::Error);
+  EXPECT_THROW(parse_moe_ep_strategy("fused"), tessera::Error);
+  EXPECT_EQ(parse_moe_ep_strategy("pipelined"), MoeEpStrategy::pipelined);
+}
+
+TEST(MoeEp, DefaultCapacityIsLossless) {
+  MoeEpArgs a;
+  a.tokens_local = 100;
+  a.topk = 3;
+  EXPECT_EQ(moe_ep_capacity(a), 300);
+  a.capacity = 64;
+  EXPECT_EQ(moe_ep_capacity(a), 64);
+}
+
+}  // namespace
+}  // namespace tessera::ops
