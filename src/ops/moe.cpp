@@ -1,6 +1,7 @@
 // The TP MoE layer's sequential strategy (tessera/ops/moe.hpp).
 #include "tessera/ops/moe.hpp"
 
+#include <array>
 #include <fmt/format.h>
 #include <nccl.h>
 
@@ -56,10 +57,9 @@ void moe_tp(MoeContext& ctx, const MoeTpArgs& a) {
   runtime::ProcessGroup& pg = ctx.group();
   const int R = pg.world();
   validate(a, R);
-  struct Shape {
-    std::int64_t tokens_local, hidden, inter_local;
-    int experts, topk, dtype;
-  } shape{a.tokens_local, a.hidden, a.inter_local, a.experts, a.topk, static_cast<int>(a.dtype)};
+  // No padding: every byte is compared across ranks.
+  const std::array<std::int64_t, 6> shape{a.tokens_local, a.hidden, a.inter_local,
+                                          a.experts,      a.topk,   static_cast<std::int64_t>(a.dtype)};
   pg.check_same_on_all_ranks(
       fmt::format("moe_tp: shape (tokens_local {}, hidden {}, inter_local {}, experts {}, topk {})", a.tokens_local,
                   a.hidden, a.inter_local, a.experts, a.topk),

@@ -28,9 +28,9 @@ constexpr int kStatusBase = 4;  // flags: [0] invalid ids, [1] rows left out, [2
 /// Status words of slab q's gate/up (second = false) or down GEMM.
 int status_index(int q, bool down) { return kStatusBase + (2 * q + (down ? 1 : 0)) * kernels::kGroupedStatusInts; }
 
+/// Compared byte for byte across ranks: all 64-bit, so no padding.
 struct EpShape {
-  std::int64_t hidden, inter, capacity;
-  int experts, topk, dtype, strategy, comm_ctas;
+  std::int64_t hidden, inter, capacity, experts, topk, dtype, strategy, comm_ctas;
 };
 
 }  // namespace
@@ -95,7 +95,11 @@ struct MoeEpContext::Impl {
 };
 
 MoeEpContext::MoeEpContext(runtime::ProcessGroup& pg) : pg_(&pg), impl_(std::make_unique<Impl>()) {}
-MoeEpContext::~MoeEpContext() = default;
+MoeEpContext::~MoeEpContext() {
+  // After a peer failure the group is aborted; finalizing the split
+  // communicator collectively would then wait for the dead peer.
+  if (impl_->comm && pg_->aborted()) impl_->comm->abort();
+}
 
 std::string_view moe_ep_strategy_name(MoeEpStrategy s) {
   switch (s) {
@@ -157,8 +161,14 @@ void moe_ep(MoeEpContext& ctx, const MoeEpArgs& a, const MoeEpOptions& o) {
   MoeEpStrategy strategy = o.strategy;
   if (strategy == MoeEpStrategy::automatic) strategy = R > 1 ? MoeEpStrategy::pipelined : MoeEpStrategy::sequential;
   const std::int64_t cap = moe_ep_capacity(a);
-  const EpShape shape{
-      a.hidden, a.inter, cap, a.experts, a.topk, static_cast<int>(a.dtype), static_cast<int>(strategy), o.comm_ctas};
+  const EpShape shape{a.hidden,
+                      a.inter,
+                      cap,
+                      a.experts,
+                      a.topk,
+                      static_cast<std::int64_t>(a.dtype),
+                      static_cast<std::int64_t>(strategy),
+                      o.comm_ctas};
   pg.check_same_on_all_ranks(
       fmt::format("moe_ep: shape (hidden {}, inter {}, capacity {}, experts {}, topk {}, strategy {}, comm_ctas {})",
                   a.hidden, a.inter, cap, a.experts, a.topk, moe_ep_strategy_name(strategy), o.comm_ctas),

@@ -28,6 +28,11 @@ OverlapComm::OverlapComm(ncclComm_t parent, const OverlapCommConfig& cfg) : cfg_
   TESSERA_CHECK(comm_ != nullptr, "signal::OverlapComm: ncclCommSplit returned no communicator for rank {}", rank);
 }
 
+void OverlapComm::abort() {
+  if (comm_ != nullptr) (void)ncclCommAbort(comm_);
+  comm_ = nullptr;
+}
+
 OverlapComm::~OverlapComm() {
   if (comm_ == nullptr) return;
   if (std::uncaught_exceptions() > 0) {

@@ -34,6 +34,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "tessera/runtime/bootstrap.hpp"
@@ -145,6 +146,9 @@ class ProcessGroup {
   void check_same_on_all_ranks(const std::string& what, const void* data, std::size_t bytes);
   template <class T>
   void check_same_on_all_ranks(const std::string& what, const T& value) {
+    // Bytes are compared: padding (indeterminate) would make equal values differ.
+    static_assert(std::has_unique_object_representations_v<T>,
+                  "check_same_on_all_ranks: T has padding or floating-point members; compare a padding-free struct");
     check_same_on_all_ranks(what, &value, sizeof(T));
   }
   /// Gathers one trivially-copyable value per rank.

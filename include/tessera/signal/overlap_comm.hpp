@@ -47,6 +47,9 @@ class OverlapComm {
   OverlapComm& operator=(const OverlapComm&) = delete;
 
   ncclComm_t get() const { return comm_; }
+  /// ncclCommAbort now (after a peer failure, when the parent was aborted):
+  /// the destructor's collective finalize would wait for the dead peer.
+  void abort();
   const OverlapCommConfig& config() const { return cfg_; }
 
  private:
