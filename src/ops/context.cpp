@@ -30,7 +30,10 @@ void* LocalBuffer::ensure(std::size_t bytes, cudaStream_t sync_stream) {
       owner->before_growth("ops: local workspace growth");
     else
       runtime::bounded_sync(sync_stream, "ops: local workspace growth");
-    TESSERA_CUDA_CHECK(cudaFree(p_));
+    if (owner && owner->captured)
+      owner->retired_local.push_back(p_);  // a CUDA graph may hold it
+    else
+      TESSERA_CUDA_CHECK(cudaFree(p_));
     p_ = nullptr;
     bytes_ = 0;
   }
@@ -82,6 +85,7 @@ TpContext::Impl::~Impl() {
   if (ev_comm_done) cudaEventDestroy(ev_comm_done);
   if (ev_rx_done) cudaEventDestroy(ev_rx_done);
   if (ring_stream) cudaStreamDestroy(ring_stream);
+  for (void* p : retired_local) cudaFree(p);
 }
 
 void TpContext::Impl::check_agreement(const ShapeSignature& sig, const char* op) {
@@ -93,11 +97,27 @@ void TpContext::Impl::check_agreement(const ShapeSignature& sig, const char* op)
 }
 
 void TpContext::Impl::before_growth(const char* what) {
-  TESSERA_CHECK(!captured,
-                "{}: the workspace must grow, but a CUDA graph captured on this context holds its address; capture "
-                "after an eager warm-up at the largest shapes, or use another context",
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  TESSERA_CUDA_CHECK(cudaStreamIsCapturing(pg.stream(), &st));
+  TESSERA_CHECK(st == cudaStreamCaptureStatusNone,
+                "{}: the workspace must grow inside a CUDA-graph capture; run the same call once eagerly before "
+                "capturing it",
                 what);
   drain(what);
+}
+
+void TpContext::Impl::retire(runtime::SymBuffer<unsigned char>& b) {
+  if (captured && !b.empty())
+    retired_buffers.push_back(std::move(b));
+  else
+    b = runtime::SymBuffer<unsigned char>();
+}
+
+void TpContext::Impl::retire(std::unique_ptr<runtime::Signals>& s) {
+  if (captured && s)
+    retired_signals.push_back(std::move(s));
+  else
+    s.reset();  // collective free, same order on every rank
 }
 
 void TpContext::Impl::drain(const char* what) {
@@ -142,7 +162,7 @@ void TpContext::Impl::ensure_ag_ws(std::size_t bytes) {
   if (!ag_ws.empty() && ag_ws.bytes() >= bytes) return;
   before_growth("ag_gemm: workspace growth");
   pg.barrier();  // no peer still pushes into or reads the old workspace
-  ag_ws = runtime::SymBuffer<unsigned char>();
+  retire(ag_ws);
   ag_ws = runtime::SymBuffer<unsigned char>(pg, bytes);
 }
 
@@ -153,11 +173,11 @@ void TpContext::Impl::ensure_rs(std::size_t recv_bytes, int tile_rows) {
   before_growth("gemm_rs: workspace growth");
   pg.barrier();
   if (grow_recv) {
-    rs_recv = runtime::SymBuffer<unsigned char>();
+    retire(rs_recv);
     rs_recv = runtime::SymBuffer<unsigned char>(pg, recv_bytes);
   }
   if (grow_counters) {
-    rs_counters.reset();  // collective free, same order on every rank
+    retire(rs_counters);
     rs_counters = std::make_unique<runtime::Signals>(pg, std::max(tile_rows, 64));
   }
 }
@@ -166,7 +186,7 @@ void TpContext::Impl::ensure_rs_bands(int bands) {
   if (rs_bands->slots() >= bands) return;
   before_growth("gemm_rs: band signal growth");
   pg.barrier();
-  rs_bands.reset();  // collective free, same order on every rank
+  retire(rs_bands);
   rs_bands = std::make_unique<runtime::Signals>(pg, std::max(bands, 64));
   rs_band_total.assign(static_cast<std::size_t>(rs_bands->slots()), 0);
   rs_ce_epoch = 0;  // the new flags hold no epoch
@@ -176,7 +196,7 @@ void TpContext::Impl::ensure_ar(std::size_t recv_bytes) {
   if (!ar_recv.empty() && ar_recv.bytes() >= recv_bytes) return;
   before_growth("gemm_ar: workspace growth");
   pg.barrier();
-  ar_recv = runtime::SymBuffer<unsigned char>();
+  retire(ar_recv);
   ar_recv = runtime::SymBuffer<unsigned char>(pg, recv_bytes);
 }
 

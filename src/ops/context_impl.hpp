@@ -103,10 +103,18 @@ struct TpContext::Impl {
   /// runtime::bounded_sync without). On failure the context is broken and
   /// the process group aborted (ncclCommAbort), and the Error names the rank
   /// and `what` (used before growth and during tuning).
-  /// drain(), after checking that no CUDA graph captured on this context
-  /// holds the addresses that a growth would free.
+  /// drain() before a workspace grows; an error inside a CUDA-graph capture
+  /// (the growth must happen in an eager call first).
   void before_growth(const char* what);
-  bool captured = false;  ///< a CUDA-graph capture ran an operator of this context
+  /// A CUDA-graph capture ran an operator of this context. From then on a
+  /// growing workspace is retired instead of freed (a graph may hold its
+  /// address) and freed with the context.
+  bool captured = false;
+  void retire(runtime::SymBuffer<unsigned char>& b);
+  void retire(std::unique_ptr<runtime::Signals>& s);
+  std::vector<runtime::SymBuffer<unsigned char>> retired_buffers;
+  std::vector<std::unique_ptr<runtime::Signals>> retired_signals;
+  std::vector<void*> retired_local;  ///< LocalBuffer allocations (cudaFree at teardown)
   void drain(const char* what);
   /// Throws if an earlier drain failed (see `broken`).
   void check_usable(const char* what) const;
