@@ -68,6 +68,7 @@ def _prototypes(lib):
         "tessera_gemm_ar_ex": ([vp, vp, vp, vp, vp, i64, i64, i64, i32, i32], i32),
         "tessera_mlp_ex": ([vp, vp, vp, vp, vp, vp, i64, i64, i64, i64, i32, i32, i32], i32),
         "tessera_resolve": ([vp, i32, i64, i64, i64, i64, i32, i32, vp, vp, vp, pi], i32),
+        "tessera_transpose": ([vp, vp, vp, i64, i64, i32], i32),
         "tessera_swiglu_forward": ([vp, vp, vp, i64, i64, i32], i32),
         "tessera_swiglu_backward": ([vp, vp, vp, vp, vp, i64, i64, i32], i32),
         "tessera_device_count": ([pi], i32),

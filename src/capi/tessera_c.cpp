@@ -432,6 +432,13 @@ int swiglu_call(const char* what, void* stream, const void* gu, const void* dh, 
 }
 }  // namespace
 
+int tessera_transpose(void* stream, const void* in, void* out, int64_t rows, int64_t cols, int dtype) {
+  return guarded("tessera_transpose", [&] {
+    TESSERA_CHECK(rows >= 0 && cols >= 0, "tessera_transpose: rows = {} and cols = {} must be >= 0", rows, cols);
+    tessera::kernels::transpose_2d(in, out, rows, cols, dtype_of(dtype), static_cast<cudaStream_t>(stream));
+  });
+}
+
 int tessera_swiglu_forward(void* stream, const void* gu, void* h, int64_t rows, int64_t inter, int dtype) {
   return swiglu_call("tessera_swiglu_forward", stream, gu, nullptr, nullptr, h, rows, inter, dtype, false);
 }

@@ -82,6 +82,24 @@ __global__ void swiglu_kernel(const Oct<T>* __restrict__ gu, Quad<T>* h, const Q
   }
 }
 
+/// One 32x32 tile per block of 32x8 threads: 4 rows each in, 4 rows each out.
+__global__ void transpose_kernel(const std::uint16_t* __restrict__ in, std::uint16_t* __restrict__ out,
+                                 std::int64_t rows, std::int64_t cols) {
+  __shared__ std::uint16_t tile[32][33];
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * 32, c0 = static_cast<std::int64_t>(blockIdx.x) * 32;
+#pragma unroll
+  for (int i = threadIdx.y; i < 32; i += 8) {
+    const std::int64_t r = r0 + i, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) tile[i][threadIdx.x] = in[r * cols + c];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = threadIdx.y; i < 32; i += 8) {
+    const std::int64_t c = c0 + i, r = r0 + threadIdx.x;
+    if (c < cols && r < rows) out[c * rows + r] = tile[threadIdx.x][i];
+  }
+}
+
 template <bool kBackward>
 void launch_swiglu(const SwigluArgs& a, cudaStream_t stream, const char* what) {
   if (a.rows <= 0 || a.inter <= 0) return;
@@ -143,6 +161,20 @@ void add_2d(const Add2dArgs& a, int max_ctas, cudaStream_t stream) {
 void swiglu_forward(const SwigluArgs& a, cudaStream_t stream) { launch_swiglu<false>(a, stream, "swiglu_forward"); }
 
 void swiglu_backward(const SwigluArgs& a, cudaStream_t stream) { launch_swiglu<true>(a, stream, "swiglu_backward"); }
+
+void transpose_2d(const void* in, void* out, std::int64_t rows, std::int64_t cols, DType dtype, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  TESSERA_CHECK(dtype == DType::bf16 || dtype == DType::f16, "transpose_2d: dtype {} not supported (bf16 or f16)",
+                dtype_name(dtype));
+  TESSERA_CHECK(in != nullptr && out != nullptr && in != out, "transpose_2d: in = {} and out = {} (distinct, non-null)",
+                in, out);
+  TESSERA_CHECK(rows <= std::int64_t{65535} * 32 && cols <= std::int64_t{0x7fffffff} * 32,
+                "transpose_2d: {} x {} exceeds the grid (rows <= 2097120)", rows, cols);
+  const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>((rows + 31) / 32));
+  transpose_kernel<<<grid, dim3(32, 8), 0, stream>>>(static_cast<const std::uint16_t*>(in),
+                                                     static_cast<std::uint16_t*>(out), rows, cols);
+  detail::check_launch("transpose_2d");
+}
 
 void preload_add_2d() {
   cudaFuncAttributes attr{};

@@ -129,6 +129,8 @@ int tessera_mlp_ex(tessera_session* s, void* stream, const void* x, const void* 
  * tessera_swiglu_backward writes dgu [rows, 2·inter] from dh [rows, inter]
  * and, when h is not NULL, h again (the down projection's weight gradient
  * needs it). inter a multiple of 4, pointers 16-byte aligned. */
+/* out [cols, rows] = in [rows, cols]ᵀ, packed 16-bit elements, on `stream`. */
+int tessera_transpose(void* stream, const void* in, void* out, int64_t rows, int64_t cols, int dtype);
 int tessera_swiglu_forward(void* stream, const void* gu, void* h, int64_t rows, int64_t inter, int dtype);
 int tessera_swiglu_backward(void* stream, const void* gu, const void* dh, void* dgu, void* h, int64_t rows,
                             int64_t inter, int dtype);

@@ -55,6 +55,12 @@ void swiglu_forward(const SwigluArgs& a, cudaStream_t stream);
 /// it; recomputing it here saves keeping it from the forward). One pass.
 void swiglu_backward(const SwigluArgs& a, cudaStream_t stream);
 
+/// out[c, r] = in[r, c] for a packed [rows, cols] matrix of 16-bit
+/// elements (bf16 or f16): the transposed weight that a backward GEMM reads
+/// as B [N, K]. Tiled through shared memory, so reads and writes are both
+/// coalesced (a strided element copy runs at a fraction of the bandwidth).
+void transpose_2d(const void* in, void* out, std::int64_t rows, std::int64_t cols, DType dtype, cudaStream_t stream);
+
 /// Loads the add kernels' module now, so the first add_2d inside a timed or
 /// overlapped region does not pay for lazy module loading.
 void preload_add_2d();

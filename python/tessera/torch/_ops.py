@@ -1,4 +1,5 @@
-"""torch.library custom ops tessera::ag_gemm, ag_gemm_gathered, gemm_rs, gemm_ar, mlp, swiglu, swiglu_backward.
+"""torch.library custom ops tessera::ag_gemm, ag_gemm_gathered, gemm_rs, gemm_ar, mlp, transpose, swiglu,
+swiglu_backward.
 
 Each takes the context's integer handle (tessera.torch.Context.handle) and a strategy code, validates its
 arguments before anything is launched (ValueError / TypeError naming the argument), has a fake (meta)
@@ -14,6 +15,7 @@ Shapes (B always [N, K], the nn.Linear weight layout; all row-major, contiguous,
   gemm_rs(a[M, K], b[N, K], ctx, strategy) -> [m_local, N]: this rank's rows of reduce_scatter(a @ b.T)
   gemm_ar(a[M, K], b[N, K], ctx, strategy) -> [M, N]: all_reduce(a @ b.T)
   mlp(x[m_local, H], w_gate_up[2I, H], w_down[H, I], ctx, m, ag_strategy, rs_strategy) -> [m_local, H]
+  transpose(w[R, C]) -> [C, R] contiguous (a tiled kernel; the backward's B operands)
   swiglu(gu[M, 2I]) -> h[M, I] = SiLU(gu[:, 0::2]) * gu[:, 1::2] (gate/up interleaved; no context)
   swiglu_backward(gu[M, 2I], dh[M, I]) -> (dgu[M, 2I], h[M, I]): one pass, h recomputed for the weight gradient
 Row shards follow ceil(M / world) rows per rank, the last ones shorter.
@@ -247,3 +249,23 @@ def swiglu_backward(gu: Tensor, dh: Tensor) -> tuple[Tensor, Tensor]:
 def _(gu, dh):
     _swiglu_shapes("swiglu_backward", gu, dh)
     return torch.empty_like(gu), gu.new_empty((gu.shape[0], gu.shape[1] // 2))
+
+
+# ---- transpose (no context) --------------------------------------------------------------------------------------
+@torch.library.custom_op("tessera::transpose", mutates_args=(), device_types="cuda")
+def transpose(w: Tensor) -> Tensor:
+    _need(w.dim() == 2, f"tessera::transpose: w must be 2-D, got shape {tuple(w.shape)}")
+    if w.dtype not in _DTYPES or not w.is_contiguous() or w.shape[0] > 65535 * 32:
+        return w.t().contiguous()
+    out = w.new_empty((w.shape[1], w.shape[0]))
+    if w.numel():
+        lib = _lib.load()
+        _lib.check(lib.tessera_transpose(torch.cuda.current_stream(w.device).cuda_stream, w.data_ptr(),
+                                         out.data_ptr(), w.shape[0], w.shape[1], _DTYPES[w.dtype]))
+    return out
+
+
+@transpose.register_fake
+def _(w):
+    _need(w.dim() == 2, f"tessera::transpose: w must be 2-D, got shape {tuple(w.shape)}")
+    return w.new_empty((w.shape[1], w.shape[0]))

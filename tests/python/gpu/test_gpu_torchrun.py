@@ -77,6 +77,15 @@ def test_swiglu_ops_match_float32(world, rows, inter, dtype):
         torch.ops.tessera.swiglu_backward(gu, dh[:, :-1] if inter > 1 else dh[:0])
 
 
+@pytest.mark.parametrize("rows,cols,dtype", [(3072, 4096, torch.bfloat16), (37, 1001, torch.float16),
+                                             (0, 8, torch.bfloat16)])
+def test_transpose_op_is_exact(world, rows, cols, dtype):
+    _, _, dev = world
+    w = randn(rows, cols, seed=3, dev=dev).to(dtype)
+    t = torch.ops.tessera.transpose(w)
+    assert t.shape == (cols, rows) and t.is_contiguous() and torch.equal(t, w.t())
+
+
 # ---- CUDA graphs ------------------------------------------------------------------------------------------------
 def test_cuda_graph_replay_equals_eager(world, ctx):
     """A forward through the TP modules captured once (automatic captures sequential), replayed 1000 times on fresh
