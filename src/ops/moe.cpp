@@ -1,6 +1,7 @@
 // The TP MoE layer's sequential strategy (tessera/ops/moe.hpp).
 #include "tessera/ops/moe.hpp"
 
+#include <algorithm>
 #include <array>
 #include <fmt/format.h>
 #include <nccl.h>
@@ -29,18 +30,10 @@ MoeContext::MoeContext(runtime::ProcessGroup& pg) : pg_(&pg), impl_(std::make_un
 MoeContext::~MoeContext() = default;
 
 void validate(const MoeTpArgs& a, int world) {
-  TESSERA_CHECK(world >= 1, "moe_tp: world = {} must be >= 1", world);
-  TESSERA_CHECK(a.dtype == DType::bf16, "moe_tp: dtype {} not supported (bf16)", dtype_name(a.dtype));
-  TESSERA_CHECK(a.tokens_local >= 0 && a.tokens_local < kMaxDim, "moe_tp: tokens_local = {} out of range [0, 2^31)",
-                a.tokens_local);
-  TESSERA_CHECK(a.hidden >= 8 && a.hidden < kMaxDim && a.hidden % 8 == 0,
-                "moe_tp: hidden = {} must be a positive multiple of 8 below 2^31", a.hidden);
-  TESSERA_CHECK(a.inter_local >= 8 && a.inter_local < kMaxDim && a.inter_local % 8 == 0,
-                "moe_tp: inter_local = {} must be a positive multiple of 8 below 2^31", a.inter_local);
-  TESSERA_CHECK(a.experts >= 1 && a.experts <= kernels::moe::kMaxExperts && a.experts <= kernels::kGroupedMaxGroups,
-                "moe_tp: experts = {} out of range [1, {}]", a.experts, kernels::moe::kMaxExperts);
-  TESSERA_CHECK(a.topk >= 1 && a.topk <= kernels::moe::kMaxTopK && a.topk <= a.experts,
-                "moe_tp: topk = {} out of range [1, min({}, experts = {})]", a.topk, kernels::moe::kMaxTopK, a.experts);
+  detail::validate_moe_sizes(
+      "moe_tp", world, a.dtype, a.tokens_local, a.hidden, "inter_local", a.inter_local, a.experts,
+      static_cast<int>(std::min<std::int64_t>(kernels::moe::kMaxExperts, kernels::kGroupedMaxGroups)), a.topk,
+      kernels::moe::kMaxTopK);
   const std::int64_t tokens = a.tokens_local * world;
   TESSERA_CHECK(tokens * a.topk < kMaxDim, "moe_tp: tokens ({}) * topk ({}) must stay below 2^31", tokens, a.topk);
   TESSERA_CHECK(tokens * a.topk <= (std::int64_t{1} << 60) / (a.hidden + 2 * a.inter_local),

@@ -123,20 +123,10 @@ MoeEpStrategy parse_moe_ep_strategy(std::string_view name) {
 std::int64_t moe_ep_capacity(const MoeEpArgs& a) { return a.capacity > 0 ? a.capacity : a.tokens_local * a.topk; }
 
 void validate(const MoeEpArgs& a, int world) {
-  TESSERA_CHECK(world >= 1, "moe_ep: world = {} must be >= 1", world);
-  TESSERA_CHECK(a.dtype == DType::bf16, "moe_ep: dtype {} not supported (bf16)", dtype_name(a.dtype));
-  TESSERA_CHECK(a.tokens_local >= 0 && a.tokens_local < kMaxDim, "moe_ep: tokens_local = {} out of range [0, 2^31)",
-                a.tokens_local);
-  TESSERA_CHECK(a.hidden >= 8 && a.hidden < kMaxDim && a.hidden % 8 == 0,
-                "moe_ep: hidden = {} must be a positive multiple of 8 below 2^31", a.hidden);
-  TESSERA_CHECK(a.inter >= 8 && a.inter < kMaxDim && a.inter % 8 == 0,
-                "moe_ep: inter = {} must be a positive multiple of 8 below 2^31", a.inter);
-  TESSERA_CHECK(a.experts >= 1 && a.experts <= kernels::moe::kMaxExperts, "moe_ep: experts = {} out of range [1, {}]",
-                a.experts, kernels::moe::kMaxExperts);
+  detail::validate_moe_sizes("moe_ep", world, a.dtype, a.tokens_local, a.hidden, "inter", a.inter, a.experts,
+                             kernels::moe::kMaxExperts, a.topk, kernels::moe::kMaxTopK);
   TESSERA_CHECK(a.experts % world == 0, "moe_ep: experts = {} is not a multiple of the world size {}", a.experts,
                 world);
-  TESSERA_CHECK(a.topk >= 1 && a.topk <= kernels::moe::kMaxTopK && a.topk <= a.experts,
-                "moe_ep: topk = {} out of range [1, min({}, experts = {})]", a.topk, kernels::moe::kMaxTopK, a.experts);
   TESSERA_CHECK(a.tokens_local * a.topk < kMaxDim, "moe_ep: tokens_local ({}) * topk ({}) must stay below 2^31",
                 a.tokens_local, a.topk);
   TESSERA_CHECK(a.capacity >= 0, "moe_ep: capacity = {} must be >= 0 (0: tokens_local * topk)", a.capacity);

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "tessera/runtime/dtype.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/runtime/process_group.hpp"
 
@@ -14,6 +15,25 @@ namespace tessera::ops::detail {
 
 /// Dimensions the MoE kernels index with int32 or pass to the grouped GEMM.
 constexpr std::int64_t kMoeMaxDim = std::int64_t{1} << 31;
+
+/// The checks both MoE layers make of their common sizes; `op` names the
+/// layer and `inter_name` its intermediate size's argument in messages.
+inline void validate_moe_sizes(const char* op, int world, DType dtype, std::int64_t tokens_local, std::int64_t hidden,
+                               const char* inter_name, std::int64_t inter, int experts, int max_experts, int topk,
+                               int max_topk) {
+  TESSERA_CHECK(world >= 1, "{}: world = {} must be >= 1", op, world);
+  TESSERA_CHECK(dtype == DType::bf16, "{}: dtype {} not supported (bf16)", op, dtype_name(dtype));
+  TESSERA_CHECK(tokens_local >= 0 && tokens_local < kMoeMaxDim, "{}: tokens_local = {} out of range [0, 2^31)", op,
+                tokens_local);
+  TESSERA_CHECK(hidden >= 8 && hidden < kMoeMaxDim && hidden % 8 == 0,
+                "{}: hidden = {} must be a positive multiple of 8 below 2^31", op, hidden);
+  TESSERA_CHECK(inter >= 8 && inter < kMoeMaxDim && inter % 8 == 0,
+                "{}: {} = {} must be a positive multiple of 8 below 2^31", op, inter_name, inter);
+  TESSERA_CHECK(experts >= 1 && experts <= max_experts, "{}: experts = {} out of range [1, {}]", op, experts,
+                max_experts);
+  TESSERA_CHECK(topk >= 1 && topk <= max_topk && topk <= experts,
+                "{}: topk = {} out of range [1, min({}, experts = {})]", op, topk, max_topk, experts);
+}
 
 /// A device buffer that only grows; contents are not kept across growth.
 /// Growth first waits (bounded) for pg.stream(): a kernel of an earlier call
