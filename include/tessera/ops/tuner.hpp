@@ -27,6 +27,16 @@
 
 namespace tessera::ops {
 
+/// Per-call timing of the tuner's candidates (filled when it measured).
+struct TuneReport {
+  std::map<Strategy, double> times_ms;
+  Strategy chosen = Strategy::sequential;
+  bool from_cache = false;
+  /// Median time of the tuner's load GEMMs before each sample (sixteen 4096³
+  /// bf16 GEMMs, 2.2 TFLOP; max over ranks): the clock state the candidates ran in.
+  double load_ms = 0;
+};
+
 /// Chooses from measured times (ms per strategy; must contain sequential).
 /// Throws tessera::Error if sequential is missing or a time is not finite
 /// and positive. Fastest wins; a non-sequential winner must be faster than
