@@ -87,6 +87,10 @@ std::vector<Strategy> gemm_rs_candidates(int world, bool tile_row_shards = true,
 /// boundary falls on a tile row and the ranks are load/store reachable.
 std::vector<Strategy> gemm_ar_candidates(int world, bool tile_row_shards = true, bool lsa = true);
 
+/// sp_attention strategies: sequential, and fused_ce when R > 1 and the
+/// ranks are load/store reachable (at R = 1 nothing is gathered).
+std::vector<Strategy> sp_attention_candidates(int world, bool lsa = true);
+
 /// True for the strategies that need every rank load/store reachable
 /// (symmetric memory, peer stores): all but sequential (and automatic, which
 /// resolves to a candidate).
