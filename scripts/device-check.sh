@@ -2,8 +2,8 @@
 # Builds Tessera on a lent GPU machine and runs every GPU test and benchmark
 # in one call, leaving logs under $OUT (default ./device-out).
 #
-#   scripts/device-check.sh [step...]     steps: build cpu tests sanitize moe moeep comm gemm gemmgap mlp asynctp
-#                                          commir kernels signal python decoder faults
+#   scripts/device-check.sh [step...]     steps: build cpu tests sanitize moe moeep attention comm gemm gemmgap
+#                                          mlp asynctp commir kernels signal python decoder faults
 #                                          (default: build tests comm gemm), run in the order given
 # sanitize: compute-sanitizer memcheck, racecheck and synccheck over every
 # one-process GPU test (SANITIZE_TESTS: a ctest -R filter; SANITIZE_EXCLUDE: a
@@ -15,7 +15,9 @@
 # summarised per step at the end of summary.txt (scripts/clock-summary.py).
 # MLP_SHAPES (default 1,2,3,4,5,6) picks the MLP shapes for mlp / asynctp;
 # ASYNCTP_SHAPES overrides it for asynctp. MLP_ARGS, ASYNCTP_ARGS, SIGNAL_ARGS, KERNELS_ARGS, COMMIR_ARGS, GEMM_ARGS
-# add options to those benchmarks (e.g. MLP_ARGS=--no-variants).
+# add options to those benchmarks (e.g. MLP_ARGS=--no-variants). attention: ATTN_SEQS (16384,32768,65536),
+# ATTN_CASES (all six), ATTN_ARGS / ATTN_TORCH_ARGS (options of the bench / the PyTorch script), ATTN_TIMEOUT
+# (300 s for each half).
 #
 # Carry .deps (scripts/vendor-deps.sh): the GPU machines cannot install
 # packages. Multi-GPU tests run with one process per visible GPU.
@@ -36,7 +38,8 @@ build="$root/build-dev"
 summary="$out/summary.txt"
 : >"$summary"
 note() { echo "$*" | tee -a "$summary"; }
-note "device-check $(date -u +%FT%TZ) commit ${TESSERA_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null)} gpus=$ngpu"
+commit="${TESSERA_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null)}"
+note "device-check $(date -u +%FT%TZ) commit $commit gpus=$ngpu"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv >>"$summary" 2>&1
 [ "$ngpu" -gt 1 ] && nvidia-smi topo -m >>"$summary" 2>&1
 
@@ -129,6 +132,19 @@ step_moeep() {
   note "bench moe --ep rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-moe-ep.log" | tail -20 | tee -a "$summary"
 }
 
+# Sequence-parallel attention: the PyTorch baselines (all-gather + cuDNN SDPA, context_parallel) first, then
+# bench sp-attention on the same cases with their figures side by side; sp-attention.json is a bench/results file.
+step_attention() {
+  local seqs="${ATTN_SEQS:-16384,32768,65536}" cases="${ATTN_CASES:-32h-causal,32h,64h-causal,64h,gqa-causal,gqa}"
+  timeout "${ATTN_TIMEOUT:-300}" torchrun --nproc-per-node "$ngpu" "$root/scripts/bench_sp_attention_torch.py" \
+      --seqs "$seqs" --cases "$cases" ${ATTN_TORCH_ARGS:-} >"$out/sp-attention-torch.jsonl" 2>"$out/sp-attention-torch.err"
+  note "sp-attention torch baselines rc=$?"; tee -a "$summary" <"$out/sp-attention-torch.jsonl"
+  TESSERA_COMMIT="${commit:-unknown}" timeout "${ATTN_TIMEOUT:-300}" "$bin" run -n "$ngpu" -- "$bin" bench sp-attention \
+      --seqs "$seqs" --cases "$cases" --torch-json "$out/sp-attention-torch.jsonl" --json "$out/sp-attention.json" \
+      ${ATTN_ARGS:-} >"$out/bench-sp-attention.log" 2>&1
+  note "bench sp-attention rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-sp-attention.log" | tail -30 | tee -a "$summary"
+}
+
 step_comm() {
   timeout 300 "$bin" run -n "$ngpu" -- "$bin" bench comm --markdown "$out/comm.md" >"$out/bench-comm.log" 2>&1
   note "bench comm rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-comm.log" | tail -30 | tee -a "$summary"
@@ -207,7 +223,7 @@ if command -v nvidia-smi >/dev/null; then
 fi
 : >"$out/steps.txt"
 for s in "${steps[@]}"; do
-  declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests sanitize moe moeep comm gemm gemmgap mlp asynctp commir kernels signal python decoder faults)"; continue; }
+  declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests sanitize moe moeep attention comm gemm gemmgap mlp asynctp commir kernels signal python decoder faults)"; continue; }
   echo "$s start $(date +%s.%N)" >>"$out/steps.txt"
   "step_$s"
   echo "$s end $(date +%s.%N)" >>"$out/steps.txt"

@@ -8,7 +8,6 @@
 // interleaved timing loop, in scripts/bench_attention.py --bench (it reaches
 // the kernel through scripts/attention_ctypes.cpp); this subcommand gives the
 // kernel's own figures without PyTorch.
-#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -20,6 +19,7 @@
 #include <vector>
 
 #include "command.hpp"
+#include "common/device_buffer.hpp"
 #include "common/timing.hpp"
 #include "tessera/kernels/attention.hpp"
 #include "tessera/runtime/error.hpp"
@@ -51,25 +51,7 @@ struct Options {
   std::string json;
 };
 
-struct Dev {
-  void* p = nullptr;
-  explicit Dev(size_t bytes) { TESSERA_CUDA_CHECK(cudaMalloc(&p, bytes)); }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-};
-
-void fill_random(void* p, size_t n, std::mt19937_64& rng) {
-  // Random 16-bit values in [-2, 2) built from random mantissas (bf16 / f16
-  // alike: a float rounded on the host would be slow at these sizes).
-  std::vector<__nv_bfloat16> h(std::min<size_t>(n, size_t{1} << 24));
-  std::uniform_real_distribution<float> u(-2.f, 2.f);
-  for (auto& x : h) x = __float2bfloat16(u(rng));
-  for (size_t off = 0; off < n; off += h.size()) {
-    const size_t cnt = std::min(h.size(), n - off);
-    TESSERA_CUDA_CHECK(cudaMemcpy(static_cast<__nv_bfloat16*>(p) + off, h.data(), cnt * 2, cudaMemcpyHostToDevice));
-  }
-}
+using Dev = DeviceBuffer;
 
 void run(const Options& o) {
   std::mt19937_64 rng(std::random_device{}());
@@ -103,9 +85,9 @@ void run(const Options& o) {
     const size_t nq = static_cast<size_t>(c.b * c.lq * c.hq * o.head_dim);
     const size_t nk = static_cast<size_t>(c.b * c.lk * c.hkv * o.head_dim);
     Dev q(nq * 2), k(nk * 2), v(nk * 2), out(nq * 2), lse(static_cast<size_t>(c.b * c.hq * c.lq) * 4);
-    fill_random(q.p, nq, rng);
-    fill_random(k.p, nk, rng);
-    fill_random(v.p, nk, rng);
+    fill_random_16bit(q.p, nq, rng);
+    fill_random_16bit(k.p, nk, rng);
+    fill_random_16bit(v.p, nk, rng);
     a.q = q.p;
     a.k = k.p;
     a.v = v.p;

@@ -10,6 +10,7 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -17,6 +18,7 @@
 #include <tuple>
 
 #include "tessera/kernels/elementwise.hpp"
+#include "tessera/ops/sp_attention.hpp"
 #include "tessera/ops/tp_mlp.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/runtime/launch.hpp"
@@ -32,6 +34,9 @@ static_assert(sizeof(ncclUniqueId) == TESSERA_UNIQUE_ID_BYTES, "TESSERA_UNIQUE_I
 struct tessera_session {
   std::unique_ptr<tessera::runtime::ProcessGroup> pg;
   std::unique_ptr<tessera::ops::TpContext> ctx;
+  /// sp_attention's context; created with the session (collectively) when
+  /// every rank is load/store reachable, else null.
+  std::unique_ptr<tessera::ops::SpAttnContext> sp;
   bool use_cache = true;
   bool tune_on_miss = true;
   // Fork/join with the caller's stream (the *_ex entry points).
@@ -116,6 +121,11 @@ class DeviceScope {
   int prev_ = 0;
 };
 
+void make_contexts(tessera_session* s) {
+  s->ctx = std::make_unique<tessera::ops::TpContext>(*s->pg);
+  if (s->pg->lsa_reachable()) s->sp = std::make_unique<tessera::ops::SpAttnContext>(*s->pg);
+}
+
 void make_events(tessera_session* s) {
   TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&s->ev_in, cudaEventDisableTiming));
   TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&s->ev_out, cudaEventDisableTiming));
@@ -195,7 +205,7 @@ int tessera_session_create_from_id(int rank, int world, int device, const void* 
     if (timeout_ms > 0) po.bootstrap_timeout = std::chrono::milliseconds(timeout_ms);
     auto s = std::make_unique<tessera_session>();
     s->pg = tessera::runtime::ProcessGroup::create_from_unique_id(rank, world, device, uid, po);
-    s->ctx = std::make_unique<tessera::ops::TpContext>(*s->pg);
+    make_contexts(s.get());
     make_events(s.get());
     *out = s.release();
   });
@@ -226,7 +236,7 @@ int tessera_session_create(int rank, int world, int local_rank, int local_world,
     po.device = device;
     auto s = std::make_unique<tessera_session>();
     s->pg = tessera::runtime::ProcessGroup::create(info, po);
-    s->ctx = std::make_unique<tessera::ops::TpContext>(*s->pg);
+    make_contexts(s.get());
     make_events(s.get());
     *out = s.release();
   });
@@ -255,7 +265,8 @@ void tessera_session_destroy(tessera_session* s) {
       if (s->ev_in) (void)cudaEventDestroy(s->ev_in);
       if (s->ev_out) (void)cudaEventDestroy(s->ev_out);
     }
-    s->ctx.reset();  // before the process group it uses
+    s->sp.reset();  // before the process group they use
+    s->ctx.reset();
     s->pg.reset();
   });
   delete s;
@@ -361,9 +372,107 @@ int mlp_call(const char* fn, tessera_session* s, CallerStream stream, const void
   });
 }
 
+// sp_attention's arguments, checked before the session is looked at; the
+// operator checks them again against the session's world.
+tessera::ops::SpAttnArgs sp_args(const char* fn, const void* q, const void* k, const void* v, void* o, float* lse,
+                                 int64_t batch, int64_t seq, int64_t heads_q, int64_t heads_kv, int64_t head_dim,
+                                 int dtype, int causal, float softmax_scale) {
+  check_size(fn, "batch", batch, 1);
+  check_size(fn, "seq", seq, 2);
+  check_size(fn, "heads_q", heads_q, 1);
+  check_size(fn, "heads_kv", heads_kv, 1);
+  TESSERA_CHECK(head_dim == 64 || head_dim == 128, "{}: head_dim = {} (64 or 128)", fn, head_dim);
+  TESSERA_CHECK(heads_q % heads_kv == 0, "{}: heads_q = {} is not a multiple of heads_kv = {} (GQA)", fn, heads_q,
+                heads_kv);
+  TESSERA_CHECK(seq % 2 == 0, "{}: seq = {} must be even (two zig-zag chunks per rank)", fn, seq);
+  TESSERA_CHECK(dtype == TESSERA_BF16 || dtype == TESSERA_F16,
+                "{}: dtype code {} (TESSERA_BF16 = 0 or TESSERA_F16 = 1)", fn, dtype);
+  TESSERA_CHECK(causal == 0 || causal == 1, "{}: causal = {} (0 or 1)", fn, causal);
+  TESSERA_CHECK(std::isfinite(softmax_scale) && softmax_scale >= 0,
+                "{}: softmax_scale = {} (finite, >= 0; 0: 1/sqrt(head_dim))", fn, softmax_scale);
+  for (auto [name, p] :
+       {std::pair{"q", q}, std::pair{"k", k}, std::pair{"v", v}, std::pair{"o", static_cast<const void*>(o)}})
+    TESSERA_CHECK(p != nullptr, "{}: {} is null", fn, name);
+  tessera::ops::SpAttnArgs a;
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  a.o = o;
+  a.lse = lse;
+  a.batch = batch;
+  a.seq = seq;
+  a.heads_q = heads_q;
+  a.heads_kv = heads_kv;
+  a.head_dim = head_dim;
+  a.dtype = dtype_of(dtype);
+  a.causal = causal != 0;
+  a.softmax_scale = softmax_scale;
+  return a;
+}
+
+tessera::ops::SpAttnOptions sp_options_of(const char* fn, const tessera_session* s, int strategy) {
+  TESSERA_CHECK(strategy == TESSERA_AUTOMATIC || strategy == TESSERA_SEQUENTIAL || strategy == TESSERA_FUSED_CE,
+                "{}: strategy code {} (TESSERA_AUTOMATIC 0, TESSERA_SEQUENTIAL 1 or TESSERA_FUSED_CE 3)", fn, strategy);
+  tessera::ops::SpAttnOptions o;
+  o.strategy = static_cast<tessera::ops::SpStrategy>(strategy);
+  o.use_cache = s == nullptr || s->use_cache;
+  o.tune_on_miss = s == nullptr || s->tune_on_miss;
+  return o;
+}
+
+tessera::ops::SpAttnContext& need_sp(const tessera_session* s, const char* fn) {
+  need(s, fn);
+  TESSERA_CHECK(s->sp != nullptr,
+                "{}: not every rank of this session is load/store reachable ({} of {}), and sp_attention pushes into "
+                "peers' memory",
+                fn, s->pg->lsa_size(), s->pg->world());
+  return *s->sp;
+}
+
+int sp_attention_call(const char* fn, tessera_session* s, CallerStream stream, const void* q, const void* k,
+                      const void* v, void* o, float* lse, int64_t batch, int64_t seq, int64_t heads_q, int64_t heads_kv,
+                      int64_t head_dim, int dtype, int causal, float softmax_scale, int strategy) {
+  return guarded(fn, [&] {
+    const auto a = sp_args(fn, q, k, v, o, lse, batch, seq, heads_q, heads_kv, head_dim, dtype, causal, softmax_scale);
+    const auto opt = sp_options_of(fn, s, strategy);
+    auto& sp = need_sp(s, fn);
+    run_on(s, stream, [&] { tessera::ops::sp_attention(sp, a, opt); });
+  });
+}
+
 }  // namespace
 
 extern "C" {
+
+int tessera_sp_attention(tessera_session* s, const void* q, const void* k, const void* v, void* o, float* lse,
+                         int64_t batch, int64_t seq, int64_t heads_q, int64_t heads_kv, int64_t head_dim, int dtype,
+                         int causal, float softmax_scale, int strategy) {
+  return sp_attention_call("tessera_sp_attention", s, std::nullopt, q, k, v, o, lse, batch, seq, heads_q, heads_kv,
+                           head_dim, dtype, causal, softmax_scale, strategy);
+}
+
+int tessera_sp_attention_ex(tessera_session* s, void* stream, const void* q, const void* k, const void* v, void* o,
+                            float* lse, int64_t batch, int64_t seq, int64_t heads_q, int64_t heads_kv, int64_t head_dim,
+                            int dtype, int causal, float softmax_scale, int strategy) {
+  return sp_attention_call("tessera_sp_attention_ex", s, stream, q, k, v, o, lse, batch, seq, heads_q, heads_kv,
+                           head_dim, dtype, causal, softmax_scale, strategy);
+}
+
+int tessera_sp_attention_resolve(tessera_session* s, const void* q, const void* k, const void* v, void* o,
+                                 int64_t batch, int64_t seq, int64_t heads_q, int64_t heads_kv, int64_t head_dim,
+                                 int dtype, int causal, int* out) {
+  const char* fn = "tessera_sp_attention_resolve";
+  return guarded(fn, [&] {
+    const auto a = sp_args(fn, q, k, v, o, nullptr, batch, seq, heads_q, heads_kv, head_dim, dtype, causal, 0.f);
+    TESSERA_CHECK(out != nullptr, "{}: out is null", fn);
+    auto opt = sp_options_of(fn, s, TESSERA_AUTOMATIC);
+    opt.tune_on_miss = true;  // resolving is the place to measure
+    auto& sp = need_sp(s, fn);
+    tessera::ops::SpStrategy chosen{};
+    run_on(s, std::nullopt, [&] { chosen = tessera::ops::resolve_sp_attention(sp, a, opt); });
+    *out = static_cast<int>(chosen);
+  });
+}
 
 int tessera_ag_gemm(tessera_session* s, const void* a, const void* b, void* d, int64_t m, int64_t m_local, int64_t n,
                     int64_t k, int64_t ldd, int dtype, int swiglu, int strategy) {

@@ -4,16 +4,16 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <utility>
 #include <vector>
 
 #include "context_impl.hpp"
 #include "device_ops.hpp"
-#include "tessera/kernels/gemm.hpp"
 #include "tessera/link/host_primitives.hpp"
 #include "tessera/ops/tuner.hpp"
-#include "tessera/runtime/env.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/runtime/wait_diagnostics.hpp"
+#include "tuning.hpp"
 
 namespace tessera::ops {
 
@@ -209,11 +209,7 @@ std::string_view rs_reduce_name(RsReduce r) { return r == RsReduce::kernel ? "ke
 TpContext::TpContext(runtime::ProcessGroup& pg) : pg_(&pg), impl_(std::make_unique<Impl>(pg)) {}
 TpContext::~TpContext() = default;
 
-tune::MachineId TpContext::machine() const {
-  // Choices made with and without load/store reach never share a key.
-  return tune::MachineId{pg_->device_properties().name,
-                         topology_key(env::get("TESSERA_TOPOLOGY"), pg_->lsa_reachable()), pg_->world()};
-}
+tune::MachineId TpContext::machine() const { return detail::machine_id(*pg_); }
 
 namespace {
 
@@ -242,170 +238,16 @@ ShapeSignature signature(const GemmArArgs& a, Strategy s) {
   return ShapeSignature{4, static_cast<std::int32_t>(a.dtype), static_cast<std::int32_t>(s), 0, a.m, a.n, a.k};
 }
 
-/// cuBLASLt GEMMs queued before every timed sample (sixteen 4096³ bf16
-/// GEMMs, ~3.3 ms, on pseudo-random operands: 96 MiB, freed after tuning),
-/// so that each candidate runs in the clock state of a loop that keeps the
-/// GPU busy (the power cap), on a busy GPU with the whole call queued. The
-/// GPU's clocks follow its load of the last few ms: after the idle gap
-/// between samples, a 0.5 ms candidate ran at boost clocks, where cuBLASLt
-/// is ~6 % faster than the engine's fused tile and decomposition wins MLP-1's
-/// AG+GEMM near-tie that fused_ce wins at the cap (session 8: the load GEMMs
-/// ran at 748 TFLOP/s with 3 of them, 697 with 8 — decomposition still
-/// chosen — and 662 with 16, close to bench mlp's 620-660, where the tuner's
-/// order matched bench mlp's; a 1.5 s warm-up before sampling changed nothing).
-/// TESSERA_TUNE_LOAD=n runs n GEMMs instead (0: none).
-class TunerLoad {
- public:
-  explicit TunerLoad(cudaStream_t s) {
-    if (gemms_ <= 0) return;
-    for (int i = 0; i < 3; ++i) {
-      TESSERA_CUDA_CHECK(cudaMalloc(&buf_[i], kBytes));
-      detail::launch_fill_bf16(buf_[i], kN * kN, 0x5EEDu + i, s);
-    }
-  }
-  ~TunerLoad() {
-    for (void* p : buf_)
-      if (p) cudaFree(p);  // cudaFree synchronizes the device: no GEMM still reads it
-  }
-  TunerLoad(const TunerLoad&) = delete;
-  TunerLoad& operator=(const TunerLoad&) = delete;
-  bool active() const { return buf_[0] != nullptr; }
-  void run(cudaStream_t s) const {
-    if (!buf_[0]) return;
-    for (int i = 0; i < gemms_; ++i) {
-      kernels::GemmArgs g{buf_[0], buf_[1], buf_[2], kN,          kN,          kN,
-                          kN,      kN,      kN,      DType::bf16, DType::bf16, kernels::BLayout::NK};
-      kernels::cublaslt_gemm(g, s);
-    }
-  }
-
- private:
-  static constexpr std::int64_t kN = 4096;
-  static constexpr std::size_t kBytes = kN * kN * 2;
-  void* buf_[3] = {};
-  int gemms_ = static_cast<int>(env::get_int("TESSERA_TUNE_LOAD", 16, 0, 256));
-};
-
-/// Median over `reps` of one call (after `warmup`), max over ranks.
-/// Times every candidate run by run (repetition i runs each once, in order,
-/// after a drain, a barrier, the TunerLoad GEMMs and a one-element
-/// all-reduce that starts the ranks together — the barrier alone releases
-/// them tens of µs apart, and that skew would count against every strategy
-/// in proportion to how early it waits for a peer), so clock drift hits all
-/// alike; returns the median of each, max over ranks.
-/// `load_ms` (optional) receives the median time of the load GEMMs of each
-/// sample (max over ranks): the clock state the candidates were timed in.
-template <class Run>
-std::map<Strategy, double> time_candidates(TpContext::Impl& c, const std::vector<Strategy>& candidates, Run&& run,
-                                           int warmup, int reps, double* load_ms = nullptr) {
-  cudaStream_t s = c.pg.stream();
-  const TunerLoad load(s);
-  std::vector<double> load_t;
-  for (int i = 0; i < warmup; ++i)
-    for (Strategy k : candidates) {
-      load.run(s);
-      run(k);
-    }
-  std::map<Strategy, std::vector<double>> t;
-  cudaEvent_t e0, e1;
-  TESSERA_CUDA_CHECK(cudaEventCreate(&e0));
-  TESSERA_CUDA_CHECK(cudaEventCreate(&e1));
-  cudaEvent_t l0, l1;
-  TESSERA_CUDA_CHECK(cudaEventCreate(&l0));
-  TESSERA_CUDA_CHECK(cudaEventCreate(&l1));
-  for (int i = 0; i < reps; ++i)
-    for (Strategy k : candidates) {
-      c.drain("ops tuner");
-      c.pg.barrier();
-      TESSERA_CUDA_CHECK(cudaEventRecord(l0, s));
-      load.run(s);
-      TESSERA_CUDA_CHECK(cudaEventRecord(l1, s));
-      c.pg.align_streams(s);
-      TESSERA_CUDA_CHECK(cudaEventRecord(e0, s));
-      run(k);
-      TESSERA_CUDA_CHECK(cudaEventRecord(e1, s));
-      c.drain("ops tuner");
-      float ms = 0;
-      TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-      t[k].push_back(ms);
-      if (load.active()) {
-        TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, l0, l1));
-        load_t.push_back(ms);
-      }
-    }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaEventDestroy(l0);
-  cudaEventDestroy(l1);
-  if (load_ms) {
-    std::sort(load_t.begin(), load_t.end());
-    *load_ms = c.pg.allreduce_max(load_t.empty() ? 0.0 : load_t[load_t.size() / 2]);
-  }
-  std::map<Strategy, double> out;
-  for (auto& [k, v] : t) {
-    std::sort(v.begin(), v.end());
-    out[k] = c.pg.allreduce_max(v[v.size() / 2]);
-  }
-  return out;
-}
-
 template <class Args, class Run>
 Strategy tune_choice(TpContext& ctx, const Args& a, const OpOptions& o, const std::string& op,
                      const std::vector<std::int64_t>& shape, const std::vector<Strategy>& candidates, Run&& run,
                      TuneReport* report) {
   auto& c = ctx.impl();
-  const std::string key = choice_key(ctx.machine(), a.dtype, op, shape);
-  if (auto it = c.memo.find(key); it != c.memo.end()) {
-    if (report) report->chosen = it->second, report->from_cache = true;
-    return it->second;
-  }
-  if (auto it = c.guessed.find(key); !o.tune_on_miss && it != c.guessed.end()) {
-    if (report) report->chosen = it->second, report->from_cache = true;
-    return it->second;
-  }
-  if (candidates.size() == 1) {  // e.g. no load/store reach: nothing to measure
-    c.memo[key] = candidates.front();
-    if (report) report->chosen = candidates.front(), report->from_cache = false;
-    return candidates.front();
-  }
-  // Version 2: GEMM+RS on the ping-pong tile and fused_ce (choices timed on
-  // the older kernels are not reused).
-  if (o.use_cache && !c.cache) c.cache = std::make_unique<tune::Cache>("ops", 2);
-  int cached = -1;
-  if (o.use_cache) {
-    if (auto j = c.cache->get(key))
-      if (auto s = choice_from_json(*j))  // a strategy that is not a candidate here is ignored
-        if (std::find(candidates.begin(), candidates.end(), *s) != candidates.end()) cached = static_cast<int>(*s);
-  }
-  const std::vector<int> all = c.pg.allgather(cached);
-  if (cached > 0 && std::all_of(all.begin(), all.end(), [&](int v) { return v == cached; })) {
-    const auto s = static_cast<Strategy>(cached);
-    c.memo[key] = s;
-    if (report) report->chosen = s, report->from_cache = true;
-    return s;
-  }
-  if (!o.tune_on_miss) {
-    // The nearest measured shape's choice (this process's or the cache's),
-    // else sequential; a host exchange makes every rank take the same one.
-    nlohmann::json pool = c.measured;
-    if (o.use_cache) pool.update(c.cache->entries());
-    const auto nb = nearest_choice(pool, tune::key_prefix(ctx.machine(), a.dtype, "ops." + op), shape, 3, candidates);
-    const int mine = static_cast<int>(nb.value_or(Strategy::sequential));
-    const std::vector<int> votes = c.pg.allgather(mine);
-    const bool agree = std::all_of(votes.begin(), votes.end(), [&](int v) { return v == mine; });
-    const Strategy s = agree ? static_cast<Strategy>(mine) : Strategy::sequential;
-    c.guessed[key] = s;
-    if (report) report->chosen = s, report->from_cache = agree && nb.has_value();
-    return s;
-  }
-  double load_ms = 0;
-  const std::map<Strategy, double> times = time_candidates(c, candidates, run, 2, 11, &load_ms);
-  const Strategy best = choose_strategy(times);
-  c.memo[key] = best;
-  c.measured[key] = choice_to_json(best, times, shape);
-  if (o.use_cache) c.cache->put(key, c.measured[key]);
-  if (report) report->times_ms = times, report->chosen = best, report->from_cache = false, report->load_ms = load_ms;
-  return best;
+  const detail::TuneHooks hooks{[&](const char* what) { c.drain(what); }, std::forward<Run>(run)};
+  // M, N, K are compared by ratio for a neighbour's choice; the rest are flags.
+  const detail::TuneQuery q{tune::key_prefix(ctx.machine(), a.dtype, "ops." + op), shape, 3, o.use_cache,
+                            o.tune_on_miss};
+  return detail::tune_choice(c.pg, c.tune, q, candidates, hooks, report);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "tessera/runtime/signals.hpp"
 #include "tessera/runtime/symmetric_heap.hpp"
 #include "tessera/tune/cache.hpp"
+#include "tuning.hpp"
 
 namespace tessera::ops {
 
@@ -79,12 +80,7 @@ struct TpContext::Impl {
   /// lag the ring by a GEMM per hop). Every call joins it back into pg.stream().
   cudaStream_t ring_stream = nullptr;
   std::set<ShapeSignature> validated;
-  std::map<std::string, Strategy> memo;  ///< tuner choices of this process
-  /// Choices taken from a neighbour (tune_on_miss off): reused by later such
-  /// calls, but a call that may tune measures the shape anyway.
-  std::map<std::string, Strategy> guessed;
-  nlohmann::json measured = nlohmann::json::object();  ///< choices this process measured (cache entry form)
-  std::unique_ptr<tune::Cache> cache;
+  detail::TuneState tune;  ///< the tuner's choices of this process and its cache
 
   /// Once per signature: every rank passes the same bytes (else tessera::Error).
   void check_agreement(const ShapeSignature& sig, const char* op);

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "sp_attention_kernels.hpp"
+#include "tuning.hpp"
 #include "tessera/kernels/attention.hpp"
 #include "tessera/link/host_primitives.hpp"
 #include "tessera/runtime/error.hpp"
@@ -44,7 +45,8 @@ struct SpAttnContext::Impl {
   std::size_t staging_bytes = 0;
   std::uint64_t epoch = 0;
   cudaEvent_t ev_ready = nullptr, ev_comm_done = nullptr;
-  std::set<std::array<std::int64_t, 7>> validated;  ///< shapes already checked across ranks
+  std::set<std::array<std::int64_t, 8>> validated;  ///< shapes and strategies already checked across ranks
+  detail::TuneState tune;                           ///< automatic's choices and cache
 
   void drain(const char* what) {
     const std::initializer_list<const runtime::Signals*> all{data.get(), control.get()};
@@ -83,8 +85,16 @@ void copy_chunk(cudaStream_t s, void* dst, const void* src, int i, std::int64_t 
                                        C * row_bytes, B, cudaMemcpyDefault, s));
 }
 
-void validate(SpAttnContext::Impl& c, const SpAttnArgs& a) {
+void validate(SpAttnContext::Impl& c, const SpAttnArgs& a, SpStrategy strategy) {
   const int R = c.pg.world();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TESSERA_CUDA_CHECK(cudaStreamIsCapturing(c.pg.stream(), &capture));
+  TESSERA_CHECK(capture == cudaStreamCaptureStatusNone,
+                "sp_attention: cannot be captured into a CUDA graph (its flags carry a per-call epoch that a replay "
+                "would repeat); call it eagerly");
+  TESSERA_CHECK(
+      strategy == SpStrategy::automatic || strategy == SpStrategy::sequential || strategy == SpStrategy::fused_ce,
+      "sp_attention: strategy code {} (automatic 0, sequential 1 or fused_ce 3)", static_cast<int>(strategy));
   TESSERA_CHECK(a.seq >= 2 * R && a.seq % (2 * R) == 0,
                 "sp_attention: seq = {} must be a positive multiple of 2 x world = {} (zig-zag chunks)", a.seq, 2 * R);
   // The kernel's own checks (dtype, head dim, GQA divisibility, pointers)
@@ -103,27 +113,25 @@ void validate(SpAttnContext::Impl& c, const SpAttnArgs& a) {
   k.causal = a.causal;
   k.softmax_scale = a.softmax_scale;
   kernels::validate(k, "sp_attention");
-  const std::array<std::int64_t, 7> sig{a.batch, a.seq, a.heads_q, a.heads_kv, a.head_dim, static_cast<int>(a.dtype),
-                                        a.causal};
+  // The strategy too: ranks on different strategies would wait for
+  // collectives and flags that never come.
+  const std::array<std::int64_t, 8> sig{a.batch,    a.seq,
+                                        a.heads_q,  a.heads_kv,
+                                        a.head_dim, static_cast<int>(a.dtype),
+                                        a.causal,   static_cast<int>(strategy)};
   if (!c.validated.count(sig)) {
     c.pg.check_same_on_all_ranks(
-        fmt::format("sp_attention: shapes (batch {}, seq {}, heads {}/{}, head_dim {}, dtype {}, causal {})", a.batch,
-                    a.seq, a.heads_q, a.heads_kv, a.head_dim, dtype_name(a.dtype), a.causal),
+        fmt::format("sp_attention: shapes and strategy (batch {}, seq {}, heads {}/{}, head_dim {}, dtype {}, causal "
+                    "{}, strategy {})",
+                    a.batch, a.seq, a.heads_q, a.heads_kv, a.head_dim, dtype_name(a.dtype), a.causal,
+                    sp_strategy_name(strategy)),
         sig);
     c.validated.insert(sig);
   }
 }
 
-}  // namespace
-
-void sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, SpStrategy strategy) {
-  SpAttnContext::Impl& c = ctx.impl();
-  validate(c, a);
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  TESSERA_CUDA_CHECK(cudaStreamIsCapturing(c.pg.stream(), &capture));
-  TESSERA_CHECK(capture == cudaStreamCaptureStatusNone,
-                "sp_attention: cannot be captured into a CUDA graph (its flags carry a per-call epoch that a replay "
-                "would repeat); call it eagerly");
+/// One call with a concrete strategy; `a` is validated.
+void run_sp_attention(SpAttnContext::Impl& c, const SpAttnArgs& a, SpStrategy strategy) {
   const int R = c.pg.world(), rank = c.pg.rank();
   const SpAttnPlan plan = plan_sp_attention(a.seq, R, rank, a.causal);
   const std::int64_t B = a.batch, C = plan.chunk, S = a.seq, L = 2 * C;
@@ -213,6 +221,8 @@ void sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, SpStrategy strategy) 
       run_parts(false);
       break;
     }
+    case SpStrategy::automatic:
+      TESSERA_FAIL("sp_attention: automatic reached the implementation unresolved");
     case SpStrategy::fused_ce: {
       copy_own(st);
       if (R > 1) {
@@ -243,6 +253,49 @@ void sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, SpStrategy strategy) 
   if (R > 1)
     for (int p = 0; p < R; ++p)
       if (p != rank) link::rank_notify(st, *c.control, p, 0, e);
+}
+
+}  // namespace
+
+std::string_view sp_strategy_name(SpStrategy s) {
+  switch (s) {
+    case SpStrategy::automatic:
+      return "automatic";
+    case SpStrategy::sequential:
+      return "sequential";
+    case SpStrategy::fused_ce:
+      return "fused_ce";
+  }
+  return "unknown";
+}
+
+SpStrategy resolve_sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, const SpAttnOptions& o, TuneReport* report) {
+  SpAttnContext::Impl& c = ctx.impl();
+  validate(c, a, o.strategy);
+  if (o.strategy != SpStrategy::automatic) return o.strategy;
+  const detail::TuneHooks hooks{[&](const char* what) { c.drain(what); },
+                                [&](Strategy s) { run_sp_attention(c, a, static_cast<SpStrategy>(s)); }};
+  // seq, batch and the head counts are compared by ratio for a neighbour's
+  // choice; head_dim and causal are flags.
+  const detail::TuneQuery q{tune::key_prefix(detail::machine_id(c.pg), a.dtype, "ops.sp_attention"),
+                            {a.seq, a.batch, a.heads_q, a.heads_kv, a.head_dim, a.causal ? 1 : 0},
+                            4,
+                            o.use_cache,
+                            o.tune_on_miss};
+  const Strategy s =
+      detail::tune_choice(c.pg, c.tune, q, sp_attention_candidates(c.pg.world(), c.pg.lsa_reachable()), hooks, report);
+  return static_cast<SpStrategy>(s);
+}
+
+void sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, const SpAttnOptions& o) {
+  const SpStrategy s = resolve_sp_attention(ctx, a, o);  // checks everything first
+  run_sp_attention(ctx.impl(), a, s);
+}
+
+void sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, SpStrategy s) {
+  SpAttnOptions o;
+  o.strategy = s;
+  sp_attention(ctx, a, o);
 }
 
 }  // namespace tessera::ops

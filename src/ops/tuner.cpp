@@ -115,6 +115,12 @@ std::vector<Strategy> gemm_ar_candidates(int world, bool tile_row_shards, bool l
   return c;
 }
 
+std::vector<Strategy> sp_attention_candidates(int world, bool lsa) {
+  std::vector<Strategy> c{Strategy::sequential};
+  if (lsa && world > 1) c.push_back(Strategy::fused_ce);
+  return c;
+}
+
 bool needs_lsa(Strategy s) { return s != Strategy::sequential && s != Strategy::automatic; }
 
 std::string topology_key(const std::optional<std::string>& given, bool lsa) {

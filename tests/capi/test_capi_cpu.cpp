@@ -2,7 +2,10 @@
 // problem, before any rendezvous or launch (no GPU needed).
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <functional>
 #include <string>
+#include <utility>
 
 #include "tessera/capi/tessera.h"
 
@@ -87,6 +90,72 @@ TEST(Capi, ExOperatorsRejectANullSession) {
   EXPECT_EQ(tessera_session_world(nullptr), -1);
   EXPECT_EQ(tessera_session_lsa_reachable(nullptr), 0);
   tessera_session_abort(nullptr);  // a no-op
+}
+
+// sp_attention's arguments are checked before the session is looked at:
+// each bad value is named with a null session, and a good call then reaches
+// the null-session check.
+TEST(Capi, SpAttentionRejectsBadArgumentsNamingThem) {
+  void* p = reinterpret_cast<void*>(0x1000);
+  struct Call {
+    int64_t batch = 1, seq = 64, hq = 8, hkv = 2, d = 128;
+    int dtype = TESSERA_BF16, causal = 1;
+    float scale = 0.f;
+    int strategy = TESSERA_AUTOMATIC;
+    const void* q = reinterpret_cast<void*>(0x1000);
+  };
+  auto call = [&](const Call& c) {
+    return tessera_sp_attention(nullptr, c.q, p, p, p, nullptr, c.batch, c.seq, c.hq, c.hkv, c.d, c.dtype, c.causal,
+                                c.scale, c.strategy);
+  };
+  const std::pair<std::function<void(Call&)>, std::string> bad[] = {
+      {[](Call& c) { c.batch = 0; }, "batch = 0 out of range"},
+      {[](Call& c) { c.seq = 1; }, "seq = 1 out of range"},
+      {[](Call& c) { c.seq = 66; }, ""},  // even: fine here (the world is checked by the operator)
+      {[](Call& c) { c.seq = 65; }, "seq = 65 must be even"},
+      {[](Call& c) { c.hq = 0; }, "heads_q = 0 out of range"},
+      {[](Call& c) { c.hkv = 0; }, "heads_kv = 0 out of range"},
+      {[](Call& c) { c.hq = 6, c.hkv = 4; }, "heads_q = 6 is not a multiple of heads_kv = 4"},
+      {[](Call& c) { c.d = 96; }, "head_dim = 96 (64 or 128)"},
+      {[](Call& c) { c.dtype = 7; }, "dtype code 7"},
+      {[](Call& c) { c.causal = 2; }, "causal = 2 (0 or 1)"},
+      {[](Call& c) { c.scale = -1.f; }, "softmax_scale = -1"},
+      {[](Call& c) { c.scale = std::nanf(""); }, "softmax_scale = nan"},
+      {[](Call& c) { c.strategy = TESSERA_DECOMPOSITION; }, "strategy code 2"},
+      {[](Call& c) { c.strategy = TESSERA_RING; }, "strategy code 5"},
+      {[](Call& c) { c.q = nullptr; }, "q is null"},
+  };
+  for (const auto& [edit, text] : bad) {
+    Call c;
+    edit(c);
+    EXPECT_EQ(call(c), -1);
+    const std::string want = text.empty() ? "tessera_sp_attention: null session" : "tessera_sp_attention: " + text;
+    EXPECT_NE(last().find(want), std::string::npos) << "want '" << want << "', got: " << last();
+  }
+  for (int s : {TESSERA_AUTOMATIC, TESSERA_SEQUENTIAL, TESSERA_FUSED_CE}) {
+    Call c;
+    c.strategy = s;
+    EXPECT_EQ(call(c), -1);
+    EXPECT_NE(last().find("tessera_sp_attention: null session"), std::string::npos) << last();
+  }
+}
+
+TEST(Capi, SpAttentionExAndResolveRejectANullSession) {
+  void* p = reinterpret_cast<void*>(0x1000);
+  EXPECT_EQ(tessera_sp_attention_ex(nullptr, nullptr, p, p, p, p, nullptr, 1, 64, 8, 8, 64, TESSERA_F16, 0, 0.f,
+                                    TESSERA_FUSED_CE),
+            -1);
+  EXPECT_NE(last().find("tessera_sp_attention_ex: null session"), std::string::npos) << last();
+  EXPECT_EQ(tessera_sp_attention_ex(nullptr, nullptr, p, p, nullptr, p, nullptr, 1, 64, 8, 8, 64, TESSERA_F16, 0, 0.f,
+                                    TESSERA_FUSED_CE),
+            -1);
+  EXPECT_NE(last().find("tessera_sp_attention_ex: v is null"), std::string::npos) << last();
+  int out = -7;
+  EXPECT_EQ(tessera_sp_attention_resolve(nullptr, p, p, p, p, 1, 64, 8, 8, 128, TESSERA_BF16, 1, &out), -1);
+  EXPECT_NE(last().find("tessera_sp_attention_resolve: null session"), std::string::npos) << last();
+  EXPECT_EQ(out, -7);
+  EXPECT_EQ(tessera_sp_attention_resolve(nullptr, p, p, p, p, 1, 64, 8, 8, 128, TESSERA_BF16, 1, nullptr), -1);
+  EXPECT_NE(last().find("tessera_sp_attention_resolve: out is null"), std::string::npos) << last();
 }
 
 TEST(Capi, VersionAndNcclVersions) {

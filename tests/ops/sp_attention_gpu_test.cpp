@@ -5,7 +5,9 @@
 // kernel over the zig-zag parts and must match bitwise; fused_ce at R = 1 runs
 // the same kernels (bitwise too), at R > 1 the hooked kernel with its own
 // block width (within tolerance, LSE to 1e-3). Two calls in a row exercise the
-// epochs. Bad input is rejected before launch.
+// epochs; automatic (tuned afresh, no cache) follows with the strategy it
+// picked, which must be no slower than sequential as measured. Bad input is
+// rejected before launch.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -114,9 +116,11 @@ TEST(SpAttentionGpu, StrategiesMatchWholeSequenceAttention) {
     tk::attention(full);
     const auto o_full = down<uint16_t>(o.p, nq);
     const auto lse_full = down<float>(lse.p, B * H * S);
-    std::vector<uint16_t> o_seq;
-    for (ops::SpStrategy s : {ops::SpStrategy::sequential, ops::SpStrategy::fused_ce, ops::SpStrategy::fused_ce}) {
-      const bool fused = s == ops::SpStrategy::fused_ce;
+    for (ops::SpStrategy s : {ops::SpStrategy::sequential, ops::SpStrategy::fused_ce, ops::SpStrategy::fused_ce,
+                              ops::SpStrategy::automatic}) {
+      ops::SpAttnOptions opt;
+      opt.strategy = s;
+      opt.use_cache = false;
       TESSERA_CUDA_CHECK(cudaMemset(so.p, 0xFF, B * L * H * D * 2));
       TESSERA_CUDA_CHECK(cudaMemset(slse.p, 0xFF, B * H * L * 4));
       TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
@@ -132,7 +136,24 @@ TEST(SpAttentionGpu, StrategiesMatchWholeSequenceAttention) {
       a.heads_kv = Hkv;
       a.head_dim = D;
       a.causal = causal;
-      ops::sp_attention(ctx(), a, s);
+      ops::TuneReport report;
+      const ops::SpStrategy ran = ops::resolve_sp_attention(ctx(), a, opt, &report);
+      if (s == ops::SpStrategy::automatic) {
+        EXPECT_TRUE(ran == ops::SpStrategy::sequential || ran == ops::SpStrategy::fused_ce);
+        if (R == 1) EXPECT_EQ(ran, ops::SpStrategy::sequential) << "nothing to measure at R = 1";
+        if (!report.times_ms.empty()) {
+          ASSERT_TRUE(report.times_ms.count(ops::Strategy::sequential));
+          EXPECT_LE(report.times_ms[static_cast<ops::Strategy>(ran)], report.times_ms[ops::Strategy::sequential]);
+        }
+        pg.synchronize(pg.stream(), "sp_attention test: tuning");
+        TESSERA_CUDA_CHECK(cudaMemset(so.p, 0xFF, B * L * H * D * 2));
+        TESSERA_CUDA_CHECK(cudaMemset(slse.p, 0xFF, B * H * L * 4));
+        TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+      } else {
+        EXPECT_EQ(ran, s);
+      }
+      const bool fused = ran == ops::SpStrategy::fused_ce;
+      ops::sp_attention(ctx(), a, opt);
       pg.synchronize(pg.stream(), "sp_attention test");
       const auto o_sh = down<uint16_t>(so.p, B * L * H * D);
       const auto lse_sh = down<float>(slse.p, B * H * L);
@@ -156,8 +177,9 @@ TEST(SpAttentionGpu, StrategiesMatchWholeSequenceAttention) {
             lse_err = std::max(lse_err, static_cast<double>(std::abs(l0 - l1)));
           }
         }
-      const std::string what = std::string(fused ? "fused_ce" : "sequential") + (causal ? " causal" : "") + " rank " +
-                               std::to_string(rank) + "/" + std::to_string(R);
+      const std::string what = std::string(ops::sp_strategy_name(s)) + " (" + std::string(ops::sp_strategy_name(ran)) +
+                               ")" + (causal ? " causal" : "") + " rank " + std::to_string(rank) + "/" +
+                               std::to_string(R);
       if (bitwise) {
         EXPECT_EQ(o_diff, 0) << what << ": O rows differing from whole-sequence attention";
         EXPECT_EQ(lse_diff, 0) << what << ": LSE entries differing";
@@ -195,5 +217,13 @@ TEST(SpAttentionGpu, RejectsBadInputBeforeLaunch) {
     ADD_FAILURE() << "accepted heads 6 / 4";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("not a multiple of heads_kv"), std::string::npos) << e.what();
+  }
+  a.heads_q = 4;
+  a.heads_kv = 2;
+  try {
+    ops::sp_attention(ctx(), a, static_cast<ops::SpStrategy>(2));
+    ADD_FAILURE() << "accepted strategy code 2";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("strategy code 2"), std::string::npos) << e.what();
   }
 }

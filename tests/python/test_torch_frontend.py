@@ -476,3 +476,120 @@ def test_pretune_resolves_each_shape_with_this_ranks_shard(monkeypatch):
         c.pretune([("mlp", 10, 10, 10)])
     c._h = None
     c.close()
+
+
+# ---- sp_attention: fake shapes, bad input, the CPU reference at one rank ---------------------------------------
+def _ref_attention(q, k, v, causal, scale):
+    """float32 attention of q [B, L, Hq, D] against k, v [B, S, Hkv, D] (GQA by repetition); causal: row i sees
+    keys <= i (L == S). Returns (o in q's dtype, lse [B, Hq, L] float32)."""
+    g = q.shape[2] // k.shape[2]
+    qf = q.float().transpose(1, 2)
+    kf = k.float().repeat_interleave(g, dim=2).transpose(1, 2)
+    vf = v.float().repeat_interleave(g, dim=2).transpose(1, 2)
+    s = (qf @ kf.transpose(-1, -2)) * (scale or 1.0 / math.sqrt(q.shape[3]))
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    o = (torch.softmax(s, dim=-1) @ vf).transpose(1, 2).to(q.dtype)
+    return o, lse
+
+
+def _ref_sp(q, k, v, ctx, causal=True, softmax_scale=0.0, strategy=0):
+    _one_rank(ctx)  # at one rank the zig-zag shard is the whole sequence, in order
+    return _ref_attention(q, k, v, causal, softmax_scale)
+
+
+def _ref_sp_o(q, k, v, ctx, causal=True, softmax_scale=0.0, strategy=0):
+    return _ref_sp(q, k, v, ctx, causal, softmax_scale, strategy)[0]
+
+
+torch.library.register_kernel("tessera::sp_attention", "cpu", _ref_sp_o)
+torch.library.register_kernel("tessera::sp_attention_lse", "cpu", _ref_sp)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_sp_attention_fake_shapes(world):
+    b, c, hq, hkv, d = 2, 48, 8, 2, 128
+    for rank in range(world):
+        ctx = tt.Context._for_shapes(rank=rank, world=world)
+        q, kv = meta(b, 2 * c, hq, d), meta(b, 2 * c, hkv, d)
+        o = torch.ops.tessera.sp_attention(q, kv, kv, ctx.handle, True, 0.0, 0)
+        assert o.shape == (b, 2 * c, hq, d) and o.dtype == torch.bfloat16
+        o, lse = torch.ops.tessera.sp_attention_lse(q, kv, kv, ctx.handle, False, 0.0, 3)
+        assert o.shape == (b, 2 * c, hq, d) and lse.shape == (b, hq, 2 * c) and lse.dtype == torch.float32
+        o, lse = tt.sp_attention(q, kv, kv, ctx, causal=False, strategy="sequential", return_lse=True)
+        assert lse.shape == (b, hq, 2 * c)
+        ctx.close()
+
+
+def test_sp_attention_rejects_bad_input_naming_the_argument():
+    c = tt.Context._for_shapes(rank=1, world=2)
+    op = torch.ops.tessera.sp_attention
+    q, kv = meta(1, 64, 8, 128), meta(1, 64, 2, 128)
+    with pytest.raises(ValueError, match="q must be 4-D"):
+        op(meta(64, 8, 128), kv, kv, c.handle)
+    with pytest.raises(TypeError, match="k has dtype torch.float16 but q has torch.bfloat16"):
+        op(q, meta(1, 64, 2, 128, dtype=torch.float16), kv, c.handle)
+    with pytest.raises(ValueError, match="k is .* but v is"):
+        op(q, kv, meta(1, 64, 4, 128), c.handle)
+    with pytest.raises(ValueError, match="k has batch 1 and 32 rows but q has batch 1 and 64 rows"):
+        op(q, meta(1, 32, 2, 128), meta(1, 32, 2, 128), c.handle)
+    with pytest.raises(ValueError, match="head_dim = 96"):
+        op(meta(1, 64, 8, 96), meta(1, 64, 2, 96), meta(1, 64, 2, 96), c.handle)
+    with pytest.raises(ValueError, match="heads_q = 6 is not a multiple of heads_kv = 4"):
+        op(meta(1, 64, 6, 128), meta(1, 64, 4, 128), meta(1, 64, 4, 128), c.handle)
+    with pytest.raises(ValueError, match="q has 63 rows"):
+        op(meta(1, 63, 8, 128), meta(1, 63, 2, 128), meta(1, 63, 2, 128), c.handle)
+    with pytest.raises(ValueError, match="softmax_scale = -1.0"):
+        op(q, kv, kv, c.handle, True, -1.0)
+    with pytest.raises(ValueError, match="strategy 2: automatic"):
+        op(q, kv, kv, c.handle, True, 0.0, 2)
+    with pytest.raises(ValueError, match="strategy 'fast'"):
+        tt.sp_attention(q, kv, kv, c, strategy="fast")
+    with pytest.raises(ValueError, match="q must be contiguous"):
+        op(meta(1, 8, 64, 128).transpose(1, 2), kv, kv, c.handle)
+    c.close()
+
+
+def test_sp_attention_at_tp1_matches_reference(ctx1):
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 32, 4, 64, generator=g).bfloat16()
+    k, v = torch.randn(1, 32, 2, 64, generator=g).bfloat16(), torch.randn(1, 32, 2, 64, generator=g).bfloat16()
+    for causal in (True, False):
+        o, lse = tt.sp_attention(q, k, v, ctx1, causal=causal, return_lse=True)
+        kr, vr = k.repeat_interleave(2, dim=2), v.repeat_interleave(2, dim=2)
+        ref = torch.nn.functional.scaled_dot_product_attention(q.float().transpose(1, 2), kr.float().transpose(1, 2),
+                                                                vr.float().transpose(1, 2), is_causal=causal)
+        assert rel_err(o, ref.transpose(1, 2)) < 2e-2
+        assert lse.shape == (1, 4, 32) and torch.isfinite(lse).all()
+    utils = ("test_schema", "test_faketensor")
+    torch.library.opcheck(torch.ops.tessera.sp_attention.default, (q, k, v, ctx1.handle, True, 0.0, 0),
+                          test_utils=utils)
+    torch.library.opcheck(torch.ops.tessera.sp_attention_lse.default, (q, k, v, ctx1.handle, False, 0.125, 1),
+                          test_utils=utils)
+
+
+def test_resolve_sp_attention_checks_before_the_library():
+    c = tt.Context._for_shapes(rank=0, world=2)
+    kv = torch.empty(1, 64, 2, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="heads_q = 3 is not a multiple of heads_kv = 2"):
+        tt.resolve_sp_attention(torch.empty(1, 64, 3, 128, dtype=torch.bfloat16), kv, kv, c)
+    with pytest.raises(tessera.TesseraError, match="no library session"):
+        tt.resolve_sp_attention(torch.empty(1, 64, 8, 128, dtype=torch.bfloat16), kv, kv, c)
+    c.close()
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_zigzag_shard_round_trip(world):
+    x = torch.arange(2 * 4 * world * 3).reshape(2, 4 * world, 3)
+    shards = [tt.zigzag_shard(x, world, r) for r in range(world)]
+    c = 2
+    for r, s in enumerate(shards):
+        assert s.shape == (2, 2 * c, 3)
+        assert torch.equal(s[:, :c], x[:, r * c:(r + 1) * c])
+        assert torch.equal(s[:, c:], x[:, (2 * world - 1 - r) * c:(2 * world - r) * c])
+    assert torch.equal(tt.zigzag_unshard(shards), x)
+    with pytest.raises(ValueError, match="multiple of 2 x world"):
+        tt.zigzag_shard(torch.zeros(1, 6, 2), 4, 0)
+    with pytest.raises(ValueError, match="rank 2 outside"):
+        tt.zigzag_shard(x, 2, 2)

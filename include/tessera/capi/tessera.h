@@ -1,11 +1,11 @@
-/* tessera/capi/tessera.h — a plain C interface to Tessera's tensor-parallel
- * operators, for callers that are not C++ (python/tessera_torch.py loads it
- * with ctypes; libtessera_c.so).
+/* tessera/capi/tessera.h — a plain C interface to Tessera's tensor- and
+ * sequence-parallel operators, for callers that are not C++ (the `tessera`
+ * Python package loads it with ctypes; libtessera_c.so).
  *
- * A session is one rank's process group plus its TpContext. Every function
- * returns 0 on success or -1 on failure; tessera_last_error() then holds the
- * message (thread-local; the operators' tessera::Error text, which names the
- * offending argument). Nothing is launched when an argument is rejected.
+ * A session is one rank's process group plus its TpContext (and, when every
+ * rank is load/store reachable, its SpAttnContext). Every function returns 0
+ * on success or -1 on failure; tessera_last_error() then holds the message (thread-local; the operators' tessera::Error
+ * text, which names the offending argument). Nothing is launched when an argument is rejected.
  *
  * Streams: the *_ex operators take the caller's cudaStream_t (0 is the
  * legacy default stream, which is what PyTorch's default stream is) and are
@@ -134,6 +134,30 @@ int tessera_transpose(void* stream, const void* in, void* out, int64_t rows, int
 int tessera_swiglu_forward(void* stream, const void* gu, void* h, int64_t rows, int64_t inter, int dtype);
 int tessera_swiglu_backward(void* stream, const void* gu, const void* dh, void* dgu, void* h, int64_t rows,
                             int64_t inter, int dtype);
+
+/* Sequence-parallel attention (ops::sp_attention): AllGather-KV + attention
+ * over zig-zag shards. The global sequence of `seq` tokens is cut into 2R
+ * chunks of C = seq / (2R) tokens; this rank holds chunks r and 2R-1-r, in
+ * that order. q and o are [batch, 2C, heads_q, head_dim], k and v [batch, 2C,
+ * heads_kv, head_dim], packed, of `dtype`; lse (NULL for none) receives
+ * float32 [batch, heads_q, 2C], natural log. causal: 0 or 1; softmax_scale
+ * 0: 1/sqrt(head_dim). head_dim 64 or 128, heads_q a multiple of heads_kv,
+ * seq a multiple of 2R. Strategies: TESSERA_SEQUENTIAL, TESSERA_FUSED_CE,
+ * TESSERA_AUTOMATIC. Needs every rank load/store reachable (the session's
+ * attention context is created with it; otherwise the call fails). */
+int tessera_sp_attention(tessera_session* s, const void* q, const void* k, const void* v, void* o, float* lse,
+                         int64_t batch, int64_t seq, int64_t heads_q, int64_t heads_kv, int64_t head_dim, int dtype,
+                         int causal, float softmax_scale, int strategy);
+int tessera_sp_attention_ex(tessera_session* s, void* stream, const void* q, const void* k, const void* v, void* o,
+                            float* lse, int64_t batch, int64_t seq, int64_t heads_q, int64_t heads_kv, int64_t head_dim,
+                            int dtype, int causal, float softmax_scale, int strategy);
+/* The strategy TESSERA_AUTOMATIC resolves to for this sp_attention call
+ * (measures if the shape was never measured, which runs the operator;
+ * collective; whatever tessera_session_tune_on_miss says). *out receives a
+ * strategy code. */
+int tessera_sp_attention_resolve(tessera_session* s, const void* q, const void* k, const void* v, void* o,
+                                 int64_t batch, int64_t seq, int64_t heads_q, int64_t heads_kv, int64_t head_dim,
+                                 int dtype, int causal, int* out);
 
 /* Environment queries (python -m tessera.env). tessera_lsa_probe creates an
  * NCCL communicator over devices 0..ndev-1 in this process and reports how

@@ -43,8 +43,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <string_view>
 #include <vector>
 
+#include "tessera/ops/tuner.hpp"
 #include "tessera/runtime/dtype.hpp"
 #include "tessera/runtime/process_group.hpp"
 
@@ -101,7 +103,27 @@ struct SpAttnArgs {
   float softmax_scale = 0.f;  ///< 0: 1 / sqrt(head_dim)
 };
 
-enum class SpStrategy { sequential, fused_ce };
+/// How sp_attention runs; the codes are ops::Strategy's (and the C API's).
+///  sequential — NCCL all-gather of the K/V shards, then the plain kernel
+///  fused_ce   — copy-engine pushes, the kernel waiting per KV block
+///  automatic  — the ops tuner's choice for the shape (tuner.hpp): both
+///               measured on first use (max over ranks, so every rank
+///               agrees), cached under "ops.sp_attention", never one slower
+///               than sequential; sequential alone at R = 1; without
+///               tune_on_miss, a neighbour's choice (SpAttnOptions)
+enum class SpStrategy : int { automatic = 0, sequential = 1, fused_ce = 3 };
+
+std::string_view sp_strategy_name(SpStrategy s);
+
+struct SpAttnOptions {
+  SpStrategy strategy = SpStrategy::automatic;
+  bool use_cache = true;  ///< automatic: read/write the on-disk choice cache
+  /// automatic, for a shape never measured: true measures both strategies
+  /// now (collective); false takes the nearest measured shape's choice (seq,
+  /// batch and heads within a factor 2; head_dim and causal equal), or
+  /// sequential (OpOptions::tune_on_miss).
+  bool tune_on_miss = true;
+};
 
 /// Per process group: the gathered-KV workspace (symmetric), flags, epochs.
 class SpAttnContext {
@@ -118,8 +140,16 @@ class SpAttnContext {
 };
 
 /// Sequence-parallel attention over the zig-zag shards. Collective, stream-
-/// ordered on pg.stream(). Bad input (shapes, GQA divisibility, shapes that
-/// differ between ranks) throws tessera::Error before any launch.
-void sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, SpStrategy s = SpStrategy::fused_ce);
+/// ordered on pg.stream(). Bad input (shapes, GQA divisibility, a strategy
+/// out of range, shapes or strategies that differ between ranks) throws
+/// tessera::Error before any launch.
+void sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, const SpAttnOptions& o);
+void sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, SpStrategy s = SpStrategy::automatic);
+
+/// The strategy sp_attention runs for `a` under `o` (automatic: tunes if
+/// needed, which launches every candidate; collective). Checks what
+/// sp_attention checks first. `report` (optional) receives the measurements.
+SpStrategy resolve_sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, const SpAttnOptions& o = {},
+                                TuneReport* report = nullptr);
 
 }  // namespace tessera::ops

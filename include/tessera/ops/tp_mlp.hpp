@@ -43,6 +43,7 @@
 #include "tessera/ops/args.hpp"
 #include "tessera/ops/diag.hpp"
 #include "tessera/ops/plan.hpp"
+#include "tessera/ops/tuner.hpp"
 #include "tessera/runtime/process_group.hpp"
 #include "tessera/runtime/signals.hpp"
 #include "tessera/runtime/symmetric_heap.hpp"
@@ -87,16 +88,6 @@ struct OpOptions {
   /// the replayed epoch's flags are already set. Later normal calls are
   /// unaffected.
   unsigned diag_skip = 0;
-};
-
-/// Per-call timing of the tuner's candidates (filled when it measured).
-struct TuneReport {
-  std::map<Strategy, double> times_ms;
-  Strategy chosen = Strategy::sequential;
-  bool from_cache = false;
-  /// Median time of the tuner's load GEMMs before each sample (sixteen 4096³
-  /// bf16 GEMMs, 2.2 TFLOP; max over ranks): the clock state the candidates ran in.
-  double load_ms = 0;
 };
 
 class TpContext {

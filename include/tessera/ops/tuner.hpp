@@ -27,6 +27,16 @@
 
 namespace tessera::ops {
 
+/// Per-call timing of the tuner's candidates (filled when it measured).
+struct TuneReport {
+  std::map<Strategy, double> times_ms;
+  Strategy chosen = Strategy::sequential;
+  bool from_cache = false;
+  /// Median time of the tuner's load GEMMs before each sample (sixteen 4096³
+  /// bf16 GEMMs, 2.2 TFLOP; max over ranks): the clock state the candidates ran in.
+  double load_ms = 0;
+};
+
 /// Chooses from measured times (ms per strategy; must contain sequential).
 /// Throws tessera::Error if sequential is missing or a time is not finite
 /// and positive. Fastest wins; a non-sequential winner must be faster than
@@ -76,6 +86,10 @@ std::vector<Strategy> gemm_rs_candidates(int world, bool tile_row_shards = true,
 /// GEMM+AR strategies: sequential, and fused_ce when R > 1, every shard
 /// boundary falls on a tile row and the ranks are load/store reachable.
 std::vector<Strategy> gemm_ar_candidates(int world, bool tile_row_shards = true, bool lsa = true);
+
+/// sp_attention strategies: sequential, and fused_ce when R > 1 and the
+/// ranks are load/store reachable (at R = 1 nothing is gathered).
+std::vector<Strategy> sp_attention_candidates(int world, bool lsa = true);
 
 /// True for the strategies that need every rank load/store reachable
 /// (symmetric memory, peer stores): all but sequential (and automatic, which

@@ -1,5 +1,5 @@
 """torch.library custom ops tessera::ag_gemm, ag_gemm_gathered, gemm_rs, gemm_ar, mlp, transpose, swiglu,
-swiglu_backward.
+swiglu_backward, sp_attention, sp_attention_lse.
 
 Each takes the context's integer handle (tessera.torch.Context.handle) and a strategy code, validates its
 arguments before anything is launched (ValueError / TypeError naming the argument), has a fake (meta)
@@ -19,6 +19,13 @@ Shapes (B always [N, K], the nn.Linear weight layout; all row-major, contiguous,
   swiglu(gu[M, 2I]) -> h[M, I] = SiLU(gu[:, 0::2]) * gu[:, 1::2] (gate/up interleaved; no context)
   swiglu_backward(gu[M, 2I], dh[M, I]) -> (dgu[M, 2I], h[M, I]): one pass, h recomputed for the weight gradient
 Row shards follow ceil(M / world) rows per rank, the last ones shorter.
+
+Sequence-parallel attention (4-D BSHD tensors, contiguous; head_dim 64 or 128; heads_q a multiple of heads_kv):
+  sp_attention(q[B, 2C, Hq, D], k[B, 2C, Hkv, D], v, ctx, causal, softmax_scale, strategy) -> o[B, 2C, Hq, D]
+  sp_attention_lse(...) -> (o, lse[B, Hq, 2C] float32, natural log)
+over zig-zag shards: the global sequence of 2C·world tokens is cut into 2·world chunks of C, and rank r holds chunks
+r and 2·world−1−r, in that order (tessera.torch.zigzag_shard). softmax_scale 0: 1/sqrt(D). Strategies: automatic
+(0), sequential (1), fused_ce (3).
 """
 import torch
 
@@ -34,11 +41,11 @@ def _need(cond, msg, exc=ValueError):
         raise exc(msg)
 
 
-def _check_tensors(op, ctx, device_check, **ts):
-    """2-D, one dtype (bf16/fp16), contiguous; on the context's device when device_check."""
+def _check_tensors(op, ctx, device_check, ndim=2, **ts):
+    """ndim-D, one dtype (bf16/fp16), contiguous; on the context's device when device_check."""
     dtype = None
     for name, t in ts.items():
-        _need(t.dim() == 2, f"tessera::{op}: {name} must be 2-D, got shape {tuple(t.shape)}")
+        _need(t.dim() == ndim, f"tessera::{op}: {name} must be {ndim}-D, got shape {tuple(t.shape)}")
         _need(t.dtype in _DTYPES, f"tessera::{op}: {name} has dtype {t.dtype}; bf16 or fp16 only", TypeError)
         if dtype is None:
             dtype, first = t.dtype, name
@@ -269,3 +276,69 @@ def transpose(w: Tensor) -> Tensor:
 def _(w):
     _need(w.dim() == 2, f"tessera::transpose: w must be 2-D, got shape {tuple(w.shape)}")
     return w.new_empty((w.shape[1], w.shape[0]))
+
+
+# ---- sp_attention / sp_attention_lse ---------------------------------------------------------------------------
+_SP_STRATEGIES = {0: "automatic", 1: "sequential", 3: "fused_ce"}
+
+
+def _sp_shapes(op, q, k, v, softmax_scale, strategy):
+    """(batch, shard rows 2C, heads_q, heads_kv, head_dim) after the checks the library makes before a launch."""
+    b, rows, hq, d = q.shape
+    _need(tuple(k.shape) == tuple(v.shape), f"tessera::{op}: k is {tuple(k.shape)} but v is {tuple(v.shape)}")
+    _need(k.shape[0] == b and k.shape[1] == rows,
+          f"tessera::{op}: k has batch {k.shape[0]} and {k.shape[1]} rows but q has batch {b} and {rows} rows")
+    _need(k.shape[3] == d, f"tessera::{op}: k has head_dim {k.shape[3]} but q has {d}")
+    _need(d in (64, 128), f"tessera::{op}: head_dim = {d} (64 or 128)")
+    _need(b >= 1, f"tessera::{op}: batch = {b} must be >= 1")
+    _need(rows >= 2 and rows % 2 == 0,
+          f"tessera::{op}: q has {rows} rows; a zig-zag shard holds two chunks of equal length (an even number >= 2)")
+    hkv = k.shape[2]
+    _need(hkv >= 1 and hq >= 1 and hq % hkv == 0, f"tessera::{op}: heads_q = {hq} is not a multiple of heads_kv = {hkv}")
+    _need(softmax_scale >= 0 and softmax_scale == softmax_scale and softmax_scale != float("inf"),
+          f"tessera::{op}: softmax_scale = {softmax_scale} (finite, >= 0; 0: 1/sqrt(head_dim))")
+    _need(strategy in _SP_STRATEGIES,
+          f"tessera::{op}: strategy {strategy}: automatic (0), sequential (1) or fused_ce (3)")
+    return b, rows, hq, hkv, d
+
+
+def _sp_run(op, q, k, v, ctx_handle, causal, softmax_scale, strategy, want_lse):
+    c = lookup(ctx_handle)
+    dt = _check_tensors(op, c, True, ndim=4, q=q, k=k, v=v)
+    b, rows, hq, hkv, d = _sp_shapes(op, q, k, v, softmax_scale, strategy)
+    o = torch.empty_like(q)
+    lse = torch.empty((b, hq, rows), dtype=torch.float32, device=q.device) if want_lse else None
+    lib = _lib.load()
+    _lib.check(lib.tessera_sp_attention_ex(c.session, _stream(c), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                           o.data_ptr(), lse.data_ptr() if want_lse else None, b, rows * c.world, hq,
+                                           hkv, d, _DTYPES[dt], 1 if causal else 0, softmax_scale, strategy))
+    return o, lse
+
+
+def _sp_fake(op, q, k, v, ctx, softmax_scale, strategy):
+    _check_tensors(op, lookup(ctx), False, ndim=4, q=q, k=k, v=v)
+    return _sp_shapes(op, q, k, v, softmax_scale, strategy)
+
+
+@torch.library.custom_op("tessera::sp_attention", mutates_args=(), device_types="cuda")
+def sp_attention(q: Tensor, k: Tensor, v: Tensor, ctx: int, causal: bool = True, softmax_scale: float = 0.0,
+                 strategy: int = 0) -> Tensor:
+    return _sp_run("sp_attention", q, k, v, ctx, causal, softmax_scale, strategy, False)[0]
+
+
+@sp_attention.register_fake
+def _(q, k, v, ctx, causal=True, softmax_scale=0.0, strategy=0):
+    _sp_fake("sp_attention", q, k, v, ctx, softmax_scale, strategy)
+    return torch.empty_like(q)
+
+
+@torch.library.custom_op("tessera::sp_attention_lse", mutates_args=(), device_types="cuda")
+def sp_attention_lse(q: Tensor, k: Tensor, v: Tensor, ctx: int, causal: bool = True, softmax_scale: float = 0.0,
+                     strategy: int = 0) -> tuple[Tensor, Tensor]:
+    return _sp_run("sp_attention_lse", q, k, v, ctx, causal, softmax_scale, strategy, True)
+
+
+@sp_attention_lse.register_fake
+def _(q, k, v, ctx, causal=True, softmax_scale=0.0, strategy=0):
+    b, rows, hq, _, _ = _sp_fake("sp_attention_lse", q, k, v, ctx, softmax_scale, strategy)
+    return torch.empty_like(q), q.new_empty((b, hq, rows), dtype=torch.float32)

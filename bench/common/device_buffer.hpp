@@ -1,0 +1,23 @@
+// bench/common/device_buffer.hpp — device memory and random inputs for the
+// benchmarks.
+#pragma once
+
+#include <cstddef>
+#include <random>
+
+namespace tessera::bench {
+
+/// cudaMalloc'd bytes, freed with the object.
+struct DeviceBuffer {
+  void* p = nullptr;
+  explicit DeviceBuffer(std::size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+/// Fills `n` 16-bit elements at `p` with random bf16 values in [-2, 2)
+/// (never zeros; a block of up to 2^24 values drawn on the host, repeated).
+void fill_random_16bit(void* p, std::size_t n, std::mt19937_64& rng);
+
+}  // namespace tessera::bench
