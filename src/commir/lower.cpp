@@ -383,10 +383,44 @@ struct Lowerer {
     }
   }
 
-  Plan run();
+  // The lowering, in its steps (run() calls them in order).
+  using Held = std::vector<std::pair<Box, int>>;     // received blocks: box, step obtained
+  using Cells = std::map<Key, std::pair<Box, int>>;  // accumulator cell -> (box, last step used)
+  std::int64_t es = 1;                               // element bytes
+  std::map<std::string, std::vector<Region>> base;   // read buffers after the prologue, per rank
+  std::map<std::string, std::vector<Held>> resident;
+  std::map<std::string, std::vector<Cells>> acc;
+  std::set<std::tuple<std::string, int, int>> bcast_done;  // buffer, first group rank, level (per step)
+
+  void setup();
+  void gather_input(const Buffer& b);
+  void step(int t);
+  void fetch_input(const Buffer& b, int t, const std::vector<std::int64_t>& tv, const std::vector<Box>& kb);
+  bool fetch_shifted(const Buffer& b, int r, int t, const std::vector<std::int64_t>& tv, const Box& need, Held& now);
+  bool fetch_broadcast(const Buffer& b, int r, int t, const std::vector<const Placement*>& pl,
+                       const std::vector<Box>& kb, const Box& need, Held& now);
+  void fetch_from_owner(const Buffer& b, int r, int t, const Box& need, Held& now);
+  void release_inputs(const Buffer& b, int t, const std::vector<Held>& now);
+  void accumulate_output(const Buffer& b, int t, const std::vector<std::int64_t>& tv, const std::vector<Box>& kb);
+  void finish_output(const Buffer& b);
+  void reduce_levels(const Buffer& b, std::vector<Region>& cur, std::vector<bool>& partial,
+                     std::vector<const Placement*>& state);
+  void redistribute_levels(const Buffer& b, std::vector<Region>& cur, std::vector<const Placement*>& state);
+  void settle_partials(const Buffer& b, std::vector<Region>& cur);
+  void fill_final(const Buffer& b, std::vector<Region>& cur);
+  Plan finalize();
+
+  Plan run() {
+    setup();
+    for (const auto& b : g.buffers) gather_input(b);
+    for (int t = 0; t < T; ++t) step(t);
+    for (const auto& b : g.buffers)
+      if (b.access == Access::write) finish_output(b);
+    return finalize();
+  }
 };
 
-Plan Lowerer::run() {
+void Lowerer::setup() {
   TESSERA_CHECK(!g.kernel.empty(), "lower: grid '{}' has no kernel; apply patch(gemm|attention|add) first", g.name);
   TESSERA_CHECK(!g.mesh.empty(), "lower: grid '{}' has no mesh", g.name);
   L = static_cast<int>(g.mesh.size());
@@ -416,345 +450,387 @@ Plan Lowerer::run() {
     plan.ranks[r].coords = coords[r];
   }
   mem.assign(W, std::vector<std::int64_t>(T + 3, 0));
-  const std::int64_t es = static_cast<std::int64_t>(g.elem_bytes());
-
-  // ---- prologue: initial layouts and gathers --------------------------------
-  std::map<std::string, std::vector<Region>> base;
-  for (const auto& b : g.buffers) {
-    auto pl = placements_of(b.name);
-    std::vector<Region> hold(W);
-    for (int r = 0; r < W; ++r) hold[r] = holding(b, r, pl);
-    if (b.access == Access::write) {
-      plan.final[b.name] = hold;
-      continue;
-    }
-    plan.initial[b.name] = hold;
-    const std::int64_t bes = es * b.elem;
-    for (int l = L - 1; l >= 0; --l) {
-      if (!pl[l] || pl[l]->kind != PlacementKind::shard || pl[l]->along_is_loop) continue;
-      auto next = pl;
-      next[l] = nullptr;
-      const CollKind kind = g.loop_indexes(*par[l], b) ? CollKind::all_to_all : CollKind::all_gather;
-      std::set<int> done;
-      for (int r = 0; r < W; ++r) {
-        if (done.count(r)) continue;
-        auto grp = group_of(r, l);
-        std::vector<Region> before, after;
-        for (int m : grp) {
-          done.insert(m);
-          before.push_back(hold[m]);
-          after.push_back(holding(b, m, next));
-        }
-        collective(kind, b.name, -1, grp, l, -1, before, after, bes);
-        for (std::size_t i = 0; i < grp.size(); ++i) {
-          if (kind == CollKind::all_to_all) charge(grp[i], -1, -1, volume(before[i]) * bes);
-          hold[grp[i]] = after[i];
-        }
-      }
-      pl = next;
-    }
-    for (int r = 0; r < W; ++r) charge(r, -1, T + 1, volume(hold[r]) * bes);
-    base[b.name] = hold;
-  }
-
-  // ---- main loop -------------------------------------------------------------
-  std::map<std::string, std::vector<std::vector<std::pair<Box, int>>>> resident;  // received: box, time obtained
-  std::map<std::string, std::vector<std::map<Key, std::pair<Box, int>>>> acc;     // cell -> (box, last use)
+  es = static_cast<std::int64_t>(g.elem_bytes());
   for (const auto& b : g.buffers) {
     if (b.access == Access::read)
       resident[b.name].resize(W);
     else
       acc[b.name].resize(W);
   }
-  std::set<std::tuple<std::string, int, int>> bcast_done;  // buffer, first group rank, level (per t)
-  for (int t = 0; t < T; ++t) {
-    const auto tv = tvec(t);
-    std::vector<Box> kb(W);
-    for (int r = 0; r < W; ++r) kb[r] = kernel_box(r, tv);
-    bcast_done.clear();
-    for (const auto& b : g.buffers) {
-      const std::int64_t bes = es * b.elem;
-      if (b.access == Access::read) {
-        auto pl = placements_of(b.name);
-        std::vector<std::vector<std::pair<Box, int>>> now(W);
-        for (int r = 0; r < W; ++r) {
-          const Box need = project(b, kb[r]);
-          if (covers(base[b.name][r], need) && [&] {
-                for (const auto& h : base[b.name][r])
-                  if (h.contains(need)) return true;
-                return false;
-              }())
-            continue;
-          bool got = false;
-          for (const auto& [bx, since] : resident[b.name][r])
-            if (bx.contains(need)) {
-              now[r].push_back({bx, since});
-              got = true;
-              break;
-            }
-          for (const auto& [bx, since] : now[r])
-            if (!got && bx.contains(need)) got = true;
-          if (got) continue;
-          // R2: shifted loops, innermost first.
-          for (int si = static_cast<int>(seq.size()) - 1; si >= 0 && !got; --si) {
-            const Loop& lp = g.loops[seq[si]];
-            if (lp.shift_by.empty() || tv[si] == 0) continue;
-            const int lvl = level_of(lp.shift_by);
-            const int q = neighbor(r, lvl, +1);
-            auto tv2 = tv;
-            tv2[si] -= 1;
-            if (project(b, kernel_box(q, tv2)) != need) continue;
-            const int t2 = tindex(tv2);
-            p2p(q, r, b.name, need, t2, Slot::send, t, false, bes);
-            charge(r, t2, t, need.volume() * bes);
-            now[r].push_back({need, t});
-            got = true;
-          }
-          // R3: lockstep broadcast along a sequential, unshifted loop.
-          for (int l = 0; l < L && !got; ++l) {
-            const Placement* p = pl[l];
-            if (!p || p->kind != PlacementKind::shard || !p->along_is_loop) continue;
-            if (!g.loop(p->along, "lower").shift_by.empty()) continue;
-            const auto grp = group_of(r, l);
-            bool same = true;
-            int root = -1;
-            for (int m : grp) {
-              same &= project(b, kb[m]) == need;
-              for (const auto& h : base[b.name][m])
-                if (root < 0 && h.contains(need)) root = m;
-            }
-            if (!same || root < 0) continue;
-            if (bcast_done.insert({b.name, grp.front(), l}).second) {
-              std::vector<Region> before, after;
-              for (int m : grp) {
-                before.push_back(m == root ? Region{need} : Region{});
-                after.push_back(Region{need});
-              }
-              collective(CollKind::broadcast, b.name, t, grp, l, root, before, after, bes);
-            }
-            if (r != root) {
-              charge(r, t, t, need.volume() * bes);
-              now[r].push_back({need, t});
-            }
-            got = true;
-          }
-          // R4: fallback, fetch from the nearest owner.
-          if (!got) {
-            int owner = -1;
-            for (int l = L; l >= 0 && owner < 0; --l)
-              for (int q = 0; q < W && owner < 0; ++q) {
-                if (q == r || (l < L && link_level(q, r) < l)) continue;
-                for (const auto& h : base[b.name][q])
-                  if (h.contains(need)) {
-                    owner = q;
-                    break;
-                  }
-              }
-            TESSERA_CHECK(owner >= 0, "lower: rank {} at step {} needs {}{} which no rank holds", r, t, b.name,
-                          box_text(need));
-            const int ts = std::max(0, t - 1);
-            p2p(owner, r, b.name, need, ts, Slot::pre_send, t, false, bes);
-            charge(r, ts, t, need.volume() * bes);
-            now[r].push_back({need, t});
-          }
-        }
-        // Free received blocks not needed any more (at the end of step t-1).
-        for (int r = 0; r < W; ++r) {
-          for (const auto& [bx, since] : resident[b.name][r]) {
-            bool keep = false;
-            for (const auto& [nb, s2] : now[r]) keep |= nb == bx;
-            if (!keep) {
-              Step f;
-              f.kind = StepKind::free_block;
-              f.time = t - 1;
-              f.slot = Slot::free;
-              f.buffer = b.name;
-              f.box = bx;
-              add(r, f);
-            } else {
-              charge(r, t, t, bx.volume() * bes);
-            }
-          }
-          resident[b.name][r] = now[r];
-        }
-      } else {
-        const std::int64_t aes = es * acc_elem(g, b);
-        auto pl = placements_of(b.name);
-        for (int r = 0; r < W; ++r) {
-          const Box cell = project(b, kb[r]);
-          auto& mine = acc[b.name][r];
-          auto it = mine.find(key_of(cell));
-          if (it != mine.end()) {
-            it->second.second = t;
-            continue;
-          }
-          bool got = false;
-          for (int si = static_cast<int>(seq.size()) - 1; si >= 0 && !got; --si) {
-            const Loop& lp = g.loops[seq[si]];
-            if (lp.shift_by.empty() || tv[si] == 0) continue;
-            const int lvl = level_of(lp.shift_by);
-            const Placement* p = pl[lvl];
-            if (!p || !p->along_is_loop || p->along != lp.name) continue;
-            const int q = neighbor(r, lvl, +1);
-            auto tv2 = tv;
-            tv2[si] -= 1;
-            const int t2 = tindex(tv2);
-            auto& theirs = acc[b.name][q];
-            auto jt = theirs.find(key_of(cell));
-            if (jt == theirs.end() || jt->second.second != t2) continue;
-            p2p(q, r, b.name, cell, t2, Slot::partial_send, t, true, aes);
-            theirs.erase(jt);
-            got = true;
-          }
-          mine[key_of(cell)] = {cell, t};
-          charge(r, t, T + 1, cell.volume() * aes);
-          (void)got;
-        }
-      }
-    }
-    for (int r = 0; r < W; ++r) {
-      Step c;
-      c.kind = StepKind::compute;
-      c.time = t;
-      c.slot = Slot::compute;
-      c.box = kb[r];
-      add(r, c);
-    }
-  }
-  // Memory of accumulators moved away: recompute exactly from final ownership is
-  // not needed; charges above are an upper bound (a moved cell stays counted).
+}
 
-  // ---- epilogue: reductions, redistribution, fallback ------------------------
-  for (const auto& b : g.buffers) {
-    if (b.access != Access::write) continue;
-    const std::int64_t aes = es * acc_elem(g, b);
-    auto pl = placements_of(b.name);
-    std::vector<Region> cur(W);
-    for (int r = 0; r < W; ++r)
-      for (const auto& [k, v] : acc[b.name][r]) cur[r].push_back(v.first);
-    std::vector<bool> partial(W, false);
-    // (a) reduction levels, outer -> inner: shards along an axis nest outer
-    // level first, so scattering in that order lands each part on its owner.
-    std::vector<const Placement*> state(L, nullptr);  // state of the layout so far (default)
-    for (int l = 0; l < L; ++l) {
-      if (!is_reduction(*par[l])) continue;
-      const Placement* p = pl[l];
-      state[l] = p;
-      if (p && p->along_is_loop && !g.loop(p->along, "lower").shift_by.empty()) continue;  // ring already reduced
-      std::set<int> done;
-      for (int r = 0; r < W; ++r) {
-        if (done.count(r)) continue;
-        auto grp = group_of(r, l);
-        for (int m : grp) done.insert(m);
-        bool same = true;
-        for (int m : grp) {
-          auto a = cur[m], c = cur[grp[0]];
-          auto lt = [](const Box& x, const Box& y) { return key_of(x) < key_of(y); };
-          std::sort(a.begin(), a.end(), lt);
-          std::sort(c.begin(), c.end(), lt);
-          same &= a == c;
-        }
-        if (!same) {
-          for (int m : grp) partial[m] = true;
-          continue;
-        }
-        const bool scatter = p && p->kind == PlacementKind::shard;
-        std::vector<Region> before, after;
-        for (int m : grp) {
-          before.push_back(cur[m]);
-          if (!scatter) {
-            after.push_back(cur[m]);
-          } else {
-            Region tgt = holding(b, m, state), out;
-            for (const auto& x : cur[m])
-              for (const auto& y : tgt)
-                if (x.intersects(y)) out.push_back(x.intersect(y));
-            after.push_back(out);
-          }
-        }
-        collective(scatter ? CollKind::reduce_scatter : CollKind::all_reduce, b.name, T, grp, l, -1, before, after,
-                   aes);
-        for (std::size_t i = 0; i < grp.size(); ++i) cur[grp[i]] = after[i];
+// Prologue: the initial layout of every buffer, and the gathers (or
+// all-to-alls) that undo its shards along axes no loop walks.
+void Lowerer::gather_input(const Buffer& b) {
+  auto pl = placements_of(b.name);
+  std::vector<Region> hold(W);
+  for (int r = 0; r < W; ++r) hold[r] = holding(b, r, pl);
+  if (b.access == Access::write) {
+    plan.final[b.name] = hold;
+    return;
+  }
+  plan.initial[b.name] = hold;
+  const std::int64_t bes = es * b.elem;
+  for (int l = L - 1; l >= 0; --l) {
+    if (!pl[l] || pl[l]->kind != PlacementKind::shard || pl[l]->along_is_loop) continue;
+    auto next = pl;
+    next[l] = nullptr;
+    const CollKind kind = g.loop_indexes(*par[l], b) ? CollKind::all_to_all : CollKind::all_gather;
+    std::set<int> done;
+    for (int r = 0; r < W; ++r) {
+      if (done.count(r)) continue;
+      auto grp = group_of(r, l);
+      std::vector<Region> before, after;
+      for (int m : grp) {
+        done.insert(m);
+        before.push_back(hold[m]);
+        after.push_back(holding(b, m, next));
+      }
+      collective(kind, b.name, -1, grp, l, -1, before, after, bes);
+      for (std::size_t i = 0; i < grp.size(); ++i) {
+        if (kind == CollKind::all_to_all) charge(grp[i], -1, -1, volume(before[i]) * bes);
+        hold[grp[i]] = after[i];
       }
     }
-    // (b) spatial levels whose final layout differs from the computed one (outer first, as in (a)).
-    for (int l = 0; l < L; ++l) {
-      if (is_reduction(*par[l]) || !pl[l]) continue;
-      const Placement* p = pl[l];
-      if (p->kind == PlacementKind::shard && p->along_is_loop) continue;
-      auto next = state;
-      next[l] = p;
-      std::set<int> done;
-      for (int r = 0; r < W; ++r) {
-        if (done.count(r)) continue;
-        auto grp = group_of(r, l);
-        Region uni;
-        for (int m : grp) {
-          done.insert(m);
-          uni.insert(uni.end(), cur[m].begin(), cur[m].end());
+    pl = next;
+  }
+  for (int r = 0; r < W; ++r) charge(r, -1, T + 1, volume(hold[r]) * bes);
+  base[b.name] = hold;
+}
+
+// Main loop, step t: every rank obtains the input blocks its kernel block
+// needs, accumulates its output cells, and computes.
+void Lowerer::step(int t) {
+  const auto tv = tvec(t);
+  std::vector<Box> kb(W);
+  for (int r = 0; r < W; ++r) kb[r] = kernel_box(r, tv);
+  bcast_done.clear();
+  for (const auto& b : g.buffers) {
+    if (b.access == Access::read)
+      fetch_input(b, t, tv, kb);
+    else
+      accumulate_output(b, t, tv, kb);
+  }
+  for (int r = 0; r < W; ++r) {
+    Step c;
+    c.kind = StepKind::compute;
+    c.time = t;
+    c.slot = Slot::compute;
+    c.box = kb[r];
+    add(r, c);
+  }
+}
+
+void Lowerer::fetch_input(const Buffer& b, int t, const std::vector<std::int64_t>& tv, const std::vector<Box>& kb) {
+  const auto pl = placements_of(b.name);
+  std::vector<Held> now(W);
+  for (int r = 0; r < W; ++r) {
+    const Box need = project(b, kb[r]);
+    // R1: held since the prologue, or received earlier and still resident.
+    bool held = false;
+    for (const auto& h : base[b.name][r]) held |= h.contains(need);
+    if (held) continue;
+    bool got = false;
+    for (const auto& [bx, since] : resident[b.name][r])
+      if (bx.contains(need)) {
+        now[r].push_back({bx, since});
+        got = true;
+        break;
+      }
+    if (got) continue;
+    // R2 shifted loops, innermost first; R3 a lockstep broadcast; R4 the nearest owner.
+    if (!fetch_shifted(b, r, t, tv, need, now[r]) && !fetch_broadcast(b, r, t, pl, kb, need, now[r]))
+      fetch_from_owner(b, r, t, need, now[r]);
+  }
+  release_inputs(b, t, now);
+}
+
+bool Lowerer::fetch_shifted(const Buffer& b, int r, int t, const std::vector<std::int64_t>& tv, const Box& need,
+                            Held& now) {
+  const std::int64_t bes = es * b.elem;
+  for (int si = static_cast<int>(seq.size()) - 1; si >= 0; --si) {
+    const Loop& lp = g.loops[seq[si]];
+    if (lp.shift_by.empty() || tv[si] == 0) continue;
+    const int q = neighbor(r, level_of(lp.shift_by), +1);
+    auto tv2 = tv;
+    tv2[si] -= 1;
+    if (project(b, kernel_box(q, tv2)) != need) continue;
+    const int t2 = tindex(tv2);
+    p2p(q, r, b.name, need, t2, Slot::send, t, false, bes);
+    charge(r, t2, t, need.volume() * bes);
+    now.push_back({need, t});
+    return true;
+  }
+  return false;
+}
+
+// Along a sequential, unshifted loop every rank of a group needs the same
+// block at the same step: one broadcast from a rank that holds it.
+bool Lowerer::fetch_broadcast(const Buffer& b, int r, int t, const std::vector<const Placement*>& pl,
+                              const std::vector<Box>& kb, const Box& need, Held& now) {
+  const std::int64_t bes = es * b.elem;
+  for (int l = 0; l < L; ++l) {
+    const Placement* p = pl[l];
+    if (!p || p->kind != PlacementKind::shard || !p->along_is_loop) continue;
+    if (!g.loop(p->along, "lower").shift_by.empty()) continue;
+    const auto grp = group_of(r, l);
+    bool same = true;
+    int root = -1;
+    for (int m : grp) {
+      same &= project(b, kb[m]) == need;
+      for (const auto& h : base[b.name][m])
+        if (root < 0 && h.contains(need)) root = m;
+    }
+    if (!same || root < 0) continue;
+    if (bcast_done.insert({b.name, grp.front(), l}).second) {
+      std::vector<Region> before, after;
+      for (int m : grp) {
+        before.push_back(m == root ? Region{need} : Region{});
+        after.push_back(Region{need});
+      }
+      collective(CollKind::broadcast, b.name, t, grp, l, root, before, after, bes);
+    }
+    if (r != root) {
+      charge(r, t, t, need.volume() * bes);
+      now.push_back({need, t});
+    }
+    return true;
+  }
+  return false;
+}
+
+void Lowerer::fetch_from_owner(const Buffer& b, int r, int t, const Box& need, Held& now) {
+  int owner = -1;
+  for (int l = L; l >= 0 && owner < 0; --l)
+    for (int q = 0; q < W && owner < 0; ++q) {
+      if (q == r || (l < L && link_level(q, r) < l)) continue;
+      for (const auto& h : base[b.name][q])
+        if (h.contains(need)) {
+          owner = q;
+          break;
         }
-        std::vector<Region> before, after;
-        for (int m : grp) {
-          before.push_back(cur[m]);
-          Region out;
-          for (const auto& y : holding(b, m, next))
-            for (const auto& x : uni)
+    }
+  TESSERA_CHECK(owner >= 0, "lower: rank {} at step {} needs {}{} which no rank holds", r, t, b.name, box_text(need));
+  const int ts = std::max(0, t - 1);
+  const std::int64_t bes = es * b.elem;
+  p2p(owner, r, b.name, need, ts, Slot::pre_send, t, false, bes);
+  charge(r, ts, t, need.volume() * bes);
+  now.push_back({need, t});
+}
+
+// Received blocks not needed at step t are freed at the end of step t - 1.
+void Lowerer::release_inputs(const Buffer& b, int t, const std::vector<Held>& now) {
+  const std::int64_t bes = es * b.elem;
+  for (int r = 0; r < W; ++r) {
+    for (const auto& [bx, since] : resident[b.name][r]) {
+      bool keep = false;
+      for (const auto& [nb, s2] : now[r]) keep |= nb == bx;
+      if (!keep) {
+        Step f;
+        f.kind = StepKind::free_block;
+        f.time = t - 1;
+        f.slot = Slot::free;
+        f.buffer = b.name;
+        f.box = bx;
+        add(r, f);
+      } else {
+        charge(r, t, t, bx.volume() * bes);
+      }
+    }
+    resident[b.name][r] = now[r];
+  }
+}
+
+// A write buffer's cell is accumulated where it is computed; along a shifted
+// reduction loop the partial cell travels with the ring to the next rank.
+void Lowerer::accumulate_output(const Buffer& b, int t, const std::vector<std::int64_t>& tv,
+                                const std::vector<Box>& kb) {
+  const std::int64_t aes = es * acc_elem(g, b);
+  const auto pl = placements_of(b.name);
+  for (int r = 0; r < W; ++r) {
+    const Box cell = project(b, kb[r]);
+    auto& mine = acc[b.name][r];
+    auto it = mine.find(key_of(cell));
+    if (it != mine.end()) {
+      it->second.second = t;
+      continue;
+    }
+    for (int si = static_cast<int>(seq.size()) - 1; si >= 0; --si) {
+      const Loop& lp = g.loops[seq[si]];
+      if (lp.shift_by.empty() || tv[si] == 0) continue;
+      const int lvl = level_of(lp.shift_by);
+      const Placement* p = pl[lvl];
+      if (!p || !p->along_is_loop || p->along != lp.name) continue;
+      const int q = neighbor(r, lvl, +1);
+      auto tv2 = tv;
+      tv2[si] -= 1;
+      const int t2 = tindex(tv2);
+      auto& theirs = acc[b.name][q];
+      auto jt = theirs.find(key_of(cell));
+      if (jt == theirs.end() || jt->second.second != t2) continue;
+      p2p(q, r, b.name, cell, t2, Slot::partial_send, t, true, aes);
+      theirs.erase(jt);
+      break;
+    }
+    mine[key_of(cell)] = {cell, t};
+    // An upper bound: a cell moved away stays counted on the rank it left.
+    charge(r, t, T + 1, cell.volume() * aes);
+  }
+}
+
+// Epilogue of a write buffer: reductions, redistribution, then whatever
+// the final layout still lacks.
+void Lowerer::finish_output(const Buffer& b) {
+  std::vector<Region> cur(W);
+  for (int r = 0; r < W; ++r)
+    for (const auto& [k, v] : acc[b.name][r]) cur[r].push_back(v.first);
+  std::vector<bool> partial(W, false);
+  std::vector<const Placement*> state(L, nullptr);  // the layout so far (default)
+  reduce_levels(b, cur, partial, state);
+  redistribute_levels(b, cur, state);
+  if (std::find(partial.begin(), partial.end(), true) != partial.end()) settle_partials(b, cur);
+  fill_final(b, cur);
+}
+
+// Reduction levels, outer -> inner: shards along an axis nest outer level
+// first, so scattering in that order lands each part on its owner. Groups
+// whose ranks hold different cells are left partial.
+void Lowerer::reduce_levels(const Buffer& b, std::vector<Region>& cur, std::vector<bool>& partial,
+                            std::vector<const Placement*>& state) {
+  const std::int64_t aes = es * acc_elem(g, b);
+  const auto pl = placements_of(b.name);
+  for (int l = 0; l < L; ++l) {
+    if (!is_reduction(*par[l])) continue;
+    const Placement* p = pl[l];
+    state[l] = p;
+    if (p && p->along_is_loop && !g.loop(p->along, "lower").shift_by.empty()) continue;  // ring already reduced
+    std::set<int> done;
+    for (int r = 0; r < W; ++r) {
+      if (done.count(r)) continue;
+      auto grp = group_of(r, l);
+      for (int m : grp) done.insert(m);
+      bool same = true;
+      for (int m : grp) {
+        auto a = cur[m], c = cur[grp[0]];
+        auto lt = [](const Box& x, const Box& y) { return key_of(x) < key_of(y); };
+        std::sort(a.begin(), a.end(), lt);
+        std::sort(c.begin(), c.end(), lt);
+        same &= a == c;
+      }
+      if (!same) {
+        for (int m : grp) partial[m] = true;
+        continue;
+      }
+      const bool scatter = p && p->kind == PlacementKind::shard;
+      std::vector<Region> before, after;
+      for (int m : grp) {
+        before.push_back(cur[m]);
+        if (!scatter) {
+          after.push_back(cur[m]);
+        } else {
+          Region tgt = holding(b, m, state), out;
+          for (const auto& x : cur[m])
+            for (const auto& y : tgt)
               if (x.intersects(y)) out.push_back(x.intersect(y));
           after.push_back(out);
         }
-        const CollKind k = p->kind == PlacementKind::replicate ? CollKind::all_gather : CollKind::all_to_all;
-        collective(k, b.name, T, grp, l, -1, before, after, aes);
-        for (std::size_t i = 0; i < grp.size(); ++i) {
-          charge(grp[i], T, T, volume(after[i]) * aes);
-          cur[grp[i]] = after[i];
-        }
       }
-      state = next;
-    }
-    // (c) fallback: reduce leftover partials at one holder, then fill gaps by P2P.
-    const bool any_partial = std::find(partial.begin(), partial.end(), true) != partial.end();
-    if (any_partial) {
-      std::map<Key, std::vector<int>> holders;
-      for (int r = 0; r < W; ++r)
-        for (const auto& x : cur[r]) holders[key_of(x)].push_back(r);
-      for (auto& [k, hs] : holders) {
-        if (hs.size() < 2) continue;
-        Box cell;
-        for (const auto& x : cur[hs[0]])
-          if (key_of(x) == k) cell = x;
-        int target = hs[0];
-        for (int h : hs)
-          if (covers(plan.final[b.name][h], cell)) {
-            target = h;
-            break;
-          }
-        for (int h : hs) {
-          if (h == target) continue;
-          p2p(h, target, b.name, cell, T + 1, Slot::pre_send, T + 1, true, aes);
-          auto& v = cur[h];
-          v.erase(std::remove(v.begin(), v.end(), cell), v.end());
-        }
-      }
-    }
-    for (int r = 0; r < W; ++r) {
-      for (const auto& f : plan.final[b.name][r]) {
-        if (covers(cur[r], f)) continue;
-        for (int q = 0; q < W; ++q) {
-          if (q == r) continue;
-          for (const auto& x : Region(cur[q])) {
-            if (!x.intersects(f)) continue;
-            const Box piece = x.intersect(f);
-            if (covers(cur[r], piece)) continue;
-            p2p(q, r, b.name, piece, T + 1, Slot::pre_send, T + 1, false, aes);
-            charge(r, T + 1, T + 1, piece.volume() * aes);
-            cur[r].push_back(piece);
-          }
-        }
-        TESSERA_CHECK(covers(cur[r], f), "lower: rank {} must end with {}{} but no rank holds all of it", r, b.name,
-                      box_text(f));
-      }
+      collective(scatter ? CollKind::reduce_scatter : CollKind::all_reduce, b.name, T, grp, l, -1, before, after, aes);
+      for (std::size_t i = 0; i < grp.size(); ++i) cur[grp[i]] = after[i];
     }
   }
+}
+
+// Spatial levels whose final layout differs from the computed one (outer first, as above).
+void Lowerer::redistribute_levels(const Buffer& b, std::vector<Region>& cur, std::vector<const Placement*>& state) {
+  const std::int64_t aes = es * acc_elem(g, b);
+  const auto pl = placements_of(b.name);
+  for (int l = 0; l < L; ++l) {
+    if (is_reduction(*par[l]) || !pl[l]) continue;
+    const Placement* p = pl[l];
+    if (p->kind == PlacementKind::shard && p->along_is_loop) continue;
+    auto next = state;
+    next[l] = p;
+    std::set<int> done;
+    for (int r = 0; r < W; ++r) {
+      if (done.count(r)) continue;
+      auto grp = group_of(r, l);
+      Region uni;
+      for (int m : grp) {
+        done.insert(m);
+        uni.insert(uni.end(), cur[m].begin(), cur[m].end());
+      }
+      std::vector<Region> before, after;
+      for (int m : grp) {
+        before.push_back(cur[m]);
+        Region out;
+        for (const auto& y : holding(b, m, next))
+          for (const auto& x : uni)
+            if (x.intersects(y)) out.push_back(x.intersect(y));
+        after.push_back(out);
+      }
+      const CollKind k = p->kind == PlacementKind::replicate ? CollKind::all_gather : CollKind::all_to_all;
+      collective(k, b.name, T, grp, l, -1, before, after, aes);
+      for (std::size_t i = 0; i < grp.size(); ++i) {
+        charge(grp[i], T, T, volume(after[i]) * aes);
+        cur[grp[i]] = after[i];
+      }
+    }
+    state = next;
+  }
+}
+
+// Partials left by reduce_levels: each cell held by several ranks is summed
+// at one holder (one whose final layout covers it, if any) by P2P.
+void Lowerer::settle_partials(const Buffer& b, std::vector<Region>& cur) {
+  const std::int64_t aes = es * acc_elem(g, b);
+  std::map<Key, std::vector<int>> holders;
+  for (int r = 0; r < W; ++r)
+    for (const auto& x : cur[r]) holders[key_of(x)].push_back(r);
+  for (auto& [k, hs] : holders) {
+    if (hs.size() < 2) continue;
+    Box cell;
+    for (const auto& x : cur[hs[0]])
+      if (key_of(x) == k) cell = x;
+    int target = hs[0];
+    for (int h : hs)
+      if (covers(plan.final[b.name][h], cell)) {
+        target = h;
+        break;
+      }
+    for (int h : hs) {
+      if (h == target) continue;
+      p2p(h, target, b.name, cell, T + 1, Slot::pre_send, T + 1, true, aes);
+      auto& v = cur[h];
+      v.erase(std::remove(v.begin(), v.end(), cell), v.end());
+    }
+  }
+}
+
+// Whatever a rank's final layout still lacks comes by P2P from a holder.
+void Lowerer::fill_final(const Buffer& b, std::vector<Region>& cur) {
+  const std::int64_t aes = es * acc_elem(g, b);
+  for (int r = 0; r < W; ++r) {
+    for (const auto& f : plan.final[b.name][r]) {
+      if (covers(cur[r], f)) continue;
+      for (int q = 0; q < W; ++q) {
+        if (q == r) continue;
+        for (const auto& x : Region(cur[q])) {
+          if (!x.intersects(f)) continue;
+          const Box piece = x.intersect(f);
+          if (covers(cur[r], piece)) continue;
+          p2p(q, r, b.name, piece, T + 1, Slot::pre_send, T + 1, false, aes);
+          charge(r, T + 1, T + 1, piece.volume() * aes);
+          cur[r].push_back(piece);
+        }
+      }
+      TESSERA_CHECK(covers(cur[r], f), "lower: rank {} must end with {}{} but no rank holds all of it", r, b.name,
+                    box_text(f));
+    }
+  }
+}
+
+Plan Lowerer::finalize() {
   for (int r = 0; r < W; ++r) {
     Step f;
     f.kind = StepKind::finalize;
