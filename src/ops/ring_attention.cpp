@@ -1,0 +1,294 @@
+// Ring attention over zig-zag shards (ring_attention.hpp describes the plan,
+// the strategies and the flag protocol).
+#include "tessera/ops/ring_attention.hpp"
+
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+#include <nccl.h>
+
+#include <array>
+#include <set>
+
+#include "tessera/kernels/attention.hpp"
+#include "tessera/kernels/attention_merge.hpp"
+#include "tessera/link/host_primitives.hpp"
+#include "tessera/runtime/error.hpp"
+#include "tessera/runtime/signals.hpp"
+#include "tessera/runtime/symmetric_heap.hpp"
+
+namespace tessera::ops {
+
+struct RingAttnContext::Impl {
+  explicit Impl(runtime::ProcessGroup& g) : pg(g) {
+    TESSERA_CHECK(pg.world() <= runtime::kMaxPeers, "ring_attention: world {} > {}", pg.world(), runtime::kMaxPeers);
+    lsa = pg.world() > 1 && pg.lsa_reachable();
+    if (lsa) {
+      TESSERA_CHECK(pg.comm_stream_count() >= 1, "ring_attention: the process group has no communication stream");
+      data = std::make_unique<runtime::Signals>(pg, 1);
+      control = std::make_unique<runtime::Signals>(pg, 1);
+    }
+    TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_ready, cudaEventDisableTiming));
+    TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_push, cudaEventDisableTiming));
+  }
+  ~Impl() {
+    if (ev_ready) cudaEventDestroy(ev_ready);
+    if (ev_push) cudaEventDestroy(ev_push);
+    if (scratch) cudaFree(scratch);
+  }
+
+  runtime::ProcessGroup& pg;
+  bool lsa = false;                           ///< R > 1 and every rank load/store reachable
+  std::unique_ptr<runtime::Signals> data;     ///< from rank r+1: shard of step j landed (stamp)
+  std::unique_ptr<runtime::Signals> control;  ///< from rank r-1: done with step j's slot (stamp)
+  runtime::SymBuffer<unsigned char> ws;       ///< lsa: 2 slots of (K, V) shards
+  void* scratch = nullptr;                    ///< accumulator, partial result; without lsa the slots too
+  std::size_t scratch_bytes = 0;
+  std::uint64_t epoch = 0;
+  cudaEvent_t ev_ready = nullptr, ev_push = nullptr;
+  std::set<std::array<std::int64_t, 7>> validated;
+
+  std::uint64_t stamp(std::uint64_t e, int j) const { return e * (pg.world() + 1) + j; }
+
+  void ensure_ws(std::size_t bytes) {
+    if (!ws.empty() && ws.bytes() >= bytes) return;
+    const std::initializer_list<const runtime::Signals*> all{data.get(), control.get()};
+    link::synchronize(pg.stream(), all, "ring_attention: workspace growth");
+    for (int i = 0; i < pg.comm_stream_count(); ++i)
+      link::synchronize(pg.comm_stream(i), all, "ring_attention: workspace growth");
+    pg.barrier();  // no peer still pushes into or reads the old workspace
+    ws = runtime::SymBuffer<unsigned char>();
+    ws = runtime::SymBuffer<unsigned char>(pg, bytes);
+  }
+  void* ensure_scratch(std::size_t bytes) {
+    if (bytes <= scratch_bytes) return scratch;
+    pg.synchronize(pg.stream(), "ring_attention: scratch growth");  // bounded: a dead peer is reported
+    if (scratch) TESSERA_CUDA_CHECK(cudaFree(scratch));
+    scratch = nullptr;
+    scratch_bytes = 0;
+    TESSERA_CUDA_CHECK(cudaMalloc(&scratch, bytes));
+    scratch_bytes = bytes;
+    return scratch;
+  }
+};
+
+RingAttnContext::RingAttnContext(runtime::ProcessGroup& pg) : impl_(std::make_unique<Impl>(pg)) {}
+RingAttnContext::~RingAttnContext() = default;
+
+namespace {
+
+std::size_t align256(std::size_t n) { return (n + 255) / 256 * 256; }
+
+/// Byte sizes of one call's buffers (rank-independent).
+struct Sizes {
+  std::size_t kv_shard;  ///< one of K, V: [B, 2C, Hkv, D]
+  std::size_t o_acc;     ///< float32 [B, 2C, Hq, D]
+  std::size_t lse;       ///< float32 [B, Hq, 2C]
+  std::size_t o_part;    ///< dtype [B, 2C, Hq, D]
+  std::size_t slots() const { return 4 * kv_shard; }
+  std::size_t scratch(bool with_slots) const {
+    return align256(o_acc) + 2 * align256(lse) + align256(o_part) + (with_slots ? align256(slots()) : 0);
+  }
+};
+
+Sizes sizes(const RingAttnArgs& a, int world) {
+  const std::int64_t L = a.seq / world;
+  const std::size_t es = dtype_size(a.dtype);
+  Sizes s{};
+  s.kv_shard = static_cast<std::size_t>(a.batch * L * a.heads_kv * a.head_dim) * es;
+  s.o_acc = static_cast<std::size_t>(a.batch * L * a.heads_q * a.head_dim) * 4;
+  s.lse = static_cast<std::size_t>(a.batch * a.heads_q * L) * 4;
+  s.o_part = static_cast<std::size_t>(a.batch * L * a.heads_q * a.head_dim) * es;
+  return s;
+}
+
+void validate(RingAttnContext::Impl& c, const RingAttnArgs& a) {
+  const int R = c.pg.world();
+  TESSERA_CHECK(a.seq >= 2 * R && a.seq % (2 * R) == 0,
+                "ring_attention: seq = {} must be a positive multiple of 2 x world = {} (zig-zag chunks)", a.seq,
+                2 * R);
+  kernels::AttentionArgs k;
+  k.q = a.q;
+  k.k = a.k;
+  k.v = a.v;
+  k.o = a.o;
+  k.batch = a.batch;
+  k.seqlen_q = k.seqlen_k = a.seq / R;
+  k.heads_q = a.heads_q;
+  k.heads_kv = a.heads_kv;
+  k.head_dim = a.head_dim;
+  k.dtype = a.dtype;
+  k.causal = a.causal;
+  k.softmax_scale = a.softmax_scale;
+  kernels::validate(k, "ring_attention");
+  const std::array<std::int64_t, 7> sig{a.batch, a.seq, a.heads_q, a.heads_kv, a.head_dim, static_cast<int>(a.dtype),
+                                        a.causal};
+  if (!c.validated.count(sig)) {
+    c.pg.check_same_on_all_ranks(
+        fmt::format("ring_attention: shapes (batch {}, seq {}, heads {}/{}, head_dim {}, dtype {}, causal {})", a.batch,
+                    a.seq, a.heads_q, a.heads_kv, a.head_dim, dtype_name(a.dtype), a.causal),
+        sig);
+    c.validated.insert(sig);
+  }
+}
+
+}  // namespace
+
+std::size_t ring_attention_workspace_bytes(const RingAttnArgs& a, int world) {
+  if (world <= 1) return 0;
+  return sizes(a, world).scratch(true);
+}
+
+void ring_attention(RingAttnContext& ctx, const RingAttnArgs& a, RingStrategy strategy) {
+  RingAttnContext::Impl& c = ctx.impl();
+  validate(c, a);
+  const int R = c.pg.world(), rank = c.pg.rank();
+  TESSERA_CHECK(strategy == RingStrategy::sequential || R == 1 || c.lsa,
+                "ring_attention: strategy overlapped needs every rank load/store reachable (lsa size {} of {}); "
+                "use sequential",
+                c.pg.lsa_size(), R);
+  const RingAttnPlan plan = plan_ring_attention(a.seq, R, rank, a.causal);
+  const std::int64_t B = a.batch, L = 2 * plan.chunk;
+  const std::size_t es = dtype_size(a.dtype);
+  const std::size_t q_row = static_cast<std::size_t>(a.heads_q * a.head_dim) * es;
+  cudaStream_t st = c.pg.stream();
+
+  // One step's attention: local Q rows of `s` against the first kv_len rows
+  // of the KV shard at (k, v), into (o, lse) at the same rows.
+  auto attend = [&](const RingAttnPlan::Step& s, const void* k, const void* v, void* o, float* lse) {
+    kernels::AttentionArgs ka;
+    ka.q = static_cast<const unsigned char*>(a.q) + s.row0 * q_row;
+    ka.o = static_cast<unsigned char*>(o) + s.row0 * q_row;
+    ka.k = k;
+    ka.v = v;
+    ka.batch = B;
+    ka.seqlen_q = s.rows;
+    ka.seqlen_k = s.kv_len;
+    ka.heads_q = a.heads_q;
+    ka.heads_kv = a.heads_kv;
+    ka.head_dim = a.head_dim;
+    ka.q_stride = ka.o_stride = {L * a.heads_q * a.head_dim, a.heads_q * a.head_dim, a.head_dim};
+    ka.k_stride = ka.v_stride = {L * a.heads_kv * a.head_dim, a.heads_kv * a.head_dim, a.head_dim};
+    ka.dtype = a.dtype;
+    ka.causal = s.causal;
+    ka.q_offset = 0;
+    ka.softmax_scale = a.softmax_scale;
+    if (lse) {
+      ka.lse = lse + s.row0;
+      ka.lse_batch_stride = a.heads_q * L;
+      ka.lse_head_stride = L;
+    }
+    kernels::attention(ka, st);
+  };
+
+  if (R == 1) {  // one step, nothing to merge
+    attend(plan.steps[0], a.k, a.v, a.o, a.lse);
+    return;
+  }
+
+  const Sizes sz = sizes(a, R);
+  unsigned char* scr = static_cast<unsigned char*>(c.ensure_scratch(sz.scratch(!c.lsa)));
+  float* o_acc = reinterpret_cast<float*>(scr);
+  float* lse_acc = reinterpret_cast<float*>(scr + align256(sz.o_acc));
+  float* lse_part = reinterpret_cast<float*>(scr + align256(sz.o_acc) + align256(sz.lse));
+  void* o_part = scr + align256(sz.o_acc) + 2 * align256(sz.lse);
+  unsigned char* slots = nullptr;
+  if (c.lsa) {
+    c.ensure_ws(sz.slots());
+    slots = c.ws.local();
+  } else {
+    slots = scr + align256(sz.o_acc) + 2 * align256(sz.lse) + align256(sz.o_part);
+  }
+  const std::uint64_t e = ++c.epoch;
+  // Slot s holds K at slot_k(s), V right after it; step j >= 1 reads slot j % 2.
+  auto slot_k = [&](unsigned char* base, int s) { return base + static_cast<std::size_t>(s) * 2 * sz.kv_shard; };
+  auto held_k = [&](int j) -> const void* { return j == 0 ? a.k : slot_k(slots, j % 2); };
+  auto held_v = [&](int j) -> const void* { return j == 0 ? a.v : slot_k(slots, j % 2) + sz.kv_shard; };
+
+  auto merge = [&](int j) {
+    const RingAttnPlan::Step& s = plan.steps[j];
+    const bool last = j == R - 1;
+    kernels::AttentionMergeArgs m;
+    m.o_acc = o_acc;
+    m.lse_acc = lse_acc;
+    m.o_part = o_part;
+    m.lse_part = lse_part;
+    m.init = j == 0;
+    m.write_acc = !last;
+    m.o_out = last ? a.o : nullptr;
+    m.lse_out = last ? a.lse : nullptr;
+    m.batch = B;
+    m.seq = L;
+    m.heads = a.heads_q;
+    m.head_dim = a.head_dim;
+    m.row0 = s.row0;
+    m.rows = s.rows;
+    m.dtype = a.dtype;
+    kernels::attention_merge(m, st);
+    if (last) {  // rows this step did not see: the accumulator rounded once
+      m.o_part = nullptr;
+      m.lse_part = nullptr;
+      m.row0 = 0;
+      m.rows = s.row0;
+      kernels::attention_merge(m, st);
+      m.row0 = s.row0 + s.rows;
+      m.rows = L - m.row0;
+      kernels::attention_merge(m, st);
+    }
+  };
+
+  switch (strategy) {
+    case RingStrategy::sequential: {
+      for (int j = 0; j < R; ++j) {
+        if (j + 1 < R) {  // the held shard to rank r-1, the next one from rank r+1
+          unsigned char* next = slot_k(slots, (j + 1) % 2);
+          TESSERA_NCCL_CHECK(ncclGroupStart());
+          TESSERA_NCCL_CHECK(ncclSend(held_k(j), sz.kv_shard, ncclUint8, plan.send_to, c.pg.nccl(), st));
+          TESSERA_NCCL_CHECK(ncclSend(held_v(j), sz.kv_shard, ncclUint8, plan.send_to, c.pg.nccl(), st));
+          TESSERA_NCCL_CHECK(ncclRecv(next, sz.kv_shard, ncclUint8, plan.recv_from, c.pg.nccl(), st));
+          TESSERA_NCCL_CHECK(ncclRecv(next + sz.kv_shard, sz.kv_shard, ncclUint8, plan.recv_from, c.pg.nccl(), st));
+          TESSERA_NCCL_CHECK(ncclGroupEnd());
+        }
+        attend(plan.steps[j], held_k(j), held_v(j), o_part, lse_part);
+        merge(j);
+      }
+      break;
+    }
+    case RingStrategy::overlapped: {
+      cudaStream_t cs = c.pg.comm_stream(0);
+      TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, st));
+      TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, c.ev_ready, 0));
+      for (int j = 0; j < R; ++j) {
+        if (j + 1 < R) {  // forward the held shard into rank r-1's slot (j+1) % 2 while step j computes
+          if (j >= 1) link::rank_wait(cs, *c.data, plan.recv_from, 0, c.stamp(e, j));
+          // The destination slot was last read at step j-1 of this call, or
+          // (j < 2) in the previous call.
+          if (j >= 2)
+            link::rank_wait(cs, *c.control, plan.send_to, 0, c.stamp(e, j - 1));
+          else if (e > 1)
+            link::rank_wait(cs, *c.control, plan.send_to, 0, c.stamp(e - 1, R));
+          unsigned char* dst = slot_k(c.ws.peer(plan.send_to), (j + 1) % 2);
+          link::rank_copy_data(cs, dst, held_k(j), sz.kv_shard);
+          link::rank_copy_data(cs, dst + sz.kv_shard, held_v(j), sz.kv_shard);
+          link::rank_notify(cs, *c.data, plan.send_to, 0, c.stamp(e, j + 1));
+          TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_push, cs));
+        }
+        if (j >= 1) link::rank_wait(st, *c.data, plan.recv_from, 0, c.stamp(e, j));
+        attend(plan.steps[j], held_k(j), held_v(j), o_part, lse_part);
+        merge(j);
+        if (j >= 1 && j + 1 < R) {  // slot j % 2 is free once read here and forwarded
+          TESSERA_CUDA_CHECK(cudaStreamWaitEvent(st, c.ev_push, 0));
+          link::rank_notify(st, *c.control, plan.recv_from, 0, c.stamp(e, j));
+        }
+      }
+      // The forwards read the inputs (j = 0) and the slots: the call ends
+      // after them.
+      TESSERA_CUDA_CHECK(cudaStreamWaitEvent(st, c.ev_push, 0));
+      break;
+    }
+  }
+  // Stamp (e, R): this rank's slots are free for the next call, whichever
+  // strategy it uses.
+  if (c.lsa) link::rank_notify(st, *c.control, plan.recv_from, 0, c.stamp(e, R));
+}
+
+}  // namespace tessera::ops
