@@ -1,0 +1,282 @@
+// GPU test of ops::ring_attention and ops::ulysses_attention at the launched
+// world size (R = 1 in the one-GPU build; `tessera run -n R` for more):
+// every strategy, causal and not, MHA and GQA, head dim 128 and 64, against
+// whole-sequence attention computed by the kernel on the same global tensors
+// (every rank draws them from one seed). Outputs are poisoned (NaN) before
+// each call. Ring merges partial results in another order than the kernel's
+// online softmax, so the figures are tolerances: relative L2 error of O
+// < 1e-2, LSE within 1e-3. Strategies alternate call after call (the flag
+// protocol and the epochs). Bad input is rejected before launch.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <random>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "support/test_support.hpp"
+#include "tessera/kernels/attention.hpp"
+#include "tessera/ops/ring_attention.hpp"
+#include "tessera/ops/ulysses_attention.hpp"
+#include "tessera/runtime/error.hpp"
+#include "tessera/runtime/process_group.hpp"
+
+using namespace tessera;
+namespace tk = tessera::kernels;
+
+namespace {
+
+runtime::ProcessGroup& group() {
+  static std::unique_ptr<runtime::ProcessGroup> pg = runtime::ProcessGroup::from_environment();
+  return *pg;
+}
+ops::RingAttnContext& ring_ctx() {
+  static std::unique_ptr<ops::RingAttnContext> c = std::make_unique<ops::RingAttnContext>(group());
+  return *c;
+}
+ops::UlyssesAttnContext& ulysses_ctx() {
+  static std::unique_ptr<ops::UlyssesAttnContext> c = std::make_unique<ops::UlyssesAttnContext>(group());
+  return *c;
+}
+
+bool skip_reason(std::string* why) {
+  if (tessera::testing::visible_gpus() < 1) return *why = "needs a GPU", true;
+  int major = 0;
+  TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  if (major != 9) return *why = "needs an sm_90 (Hopper) GPU", true;
+  return false;
+}
+
+struct Buf {
+  void* p = nullptr;
+  explicit Buf(size_t bytes) { TESSERA_CUDA_CHECK(cudaMalloc(&p, bytes)); }
+  ~Buf() { cudaFree(p); }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+};
+
+template <class T>
+std::vector<T> down(const void* p, size_t n) {
+  std::vector<T> h(n);
+  TESSERA_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+float bf(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+struct Case {
+  int64_t hkv, d;
+};
+
+void run_case(const Case& cs, bool causal) {
+  runtime::ProcessGroup& pg = group();
+  const int R = pg.world(), rank = pg.rank();
+  const int64_t B = 2, C = 256, S = 2 * R * C, L = 2 * C, H = 4, Hkv = cs.hkv, D = cs.d;
+  std::mt19937_64 rng(20261126 + 7 * Hkv + D + causal);  // the same global tensors on every rank
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const size_t nq = B * S * H * D, nk = B * S * Hkv * D;
+  Buf q(nq * 2), k(nk * 2), v(nk * 2), o(nq * 2), lse(B * H * S * 4);
+  for (auto [buf, n] : {std::pair{&q, nq}, std::pair{&k, nk}, std::pair{&v, nk}}) {
+    std::vector<__nv_bfloat16> h(n);
+    for (auto& x : h) x = __float2bfloat16(nd(rng));
+    TESSERA_CUDA_CHECK(cudaMemcpy(buf->p, h.data(), n * 2, cudaMemcpyHostToDevice));
+  }
+  const int chunks[2] = {rank, 2 * R - 1 - rank};
+  auto global_row = [&](int64_t i) { return chunks[i / C] * C + i % C; };
+  Buf sq(B * L * H * D * 2), sk(B * L * Hkv * D * 2), sv(B * L * Hkv * D * 2), so(B * L * H * D * 2),
+      slse(B * H * L * 4);
+  for (auto [dst, src, heads] : {std::tuple{&sq, &q, H}, std::tuple{&sk, &k, Hkv}, std::tuple{&sv, &v, Hkv}}) {
+    const size_t row = heads * D * 2;
+    for (int i = 0; i < 2; ++i)
+      TESSERA_CUDA_CHECK(cudaMemcpy2D(static_cast<char*>(dst->p) + i * C * row, L * row,
+                                      static_cast<const char*>(src->p) + chunks[i] * C * row, S * row, C * row, B,
+                                      cudaMemcpyDeviceToDevice));
+  }
+  tk::AttentionArgs full;
+  full.q = q.p;
+  full.k = k.p;
+  full.v = v.p;
+  full.o = o.p;
+  full.lse = static_cast<float*>(lse.p);
+  full.batch = B;
+  full.seqlen_q = full.seqlen_k = S;
+  full.heads_q = H;
+  full.heads_kv = Hkv;
+  full.head_dim = D;
+  full.causal = causal;
+  tk::attention(full);
+  const auto o_full = down<uint16_t>(o.p, nq);
+  const auto lse_full = down<float>(lse.p, B * H * S);
+
+  ops::SpAttnArgs a;
+  a.q = sq.p;
+  a.k = sk.p;
+  a.v = sv.p;
+  a.o = so.p;
+  a.lse = static_cast<float*>(slse.p);
+  a.batch = B;
+  a.seq = S;
+  a.heads_q = H;
+  a.heads_kv = Hkv;
+  a.head_dim = D;
+  a.causal = causal;
+
+  const bool ulysses_ok = H % R == 0 && Hkv % R == 0;
+  std::vector<std::pair<std::string, std::function<void()>>> runs;
+  auto ring = [&](ops::RingStrategy s, const char* name) {
+    runs.emplace_back(std::string("ring ") + name, [&, s] { ops::ring_attention(ring_ctx(), a, s); });
+  };
+  auto uly = [&](ops::UlyssesStrategy s, int groups, const std::string& name) {
+    runs.emplace_back("ulysses " + name, [&, s, groups] { ops::ulysses_attention(ulysses_ctx(), a, s, groups); });
+  };
+  // Strategies alternate so every transition of the flag protocol runs.
+  ring(ops::RingStrategy::sequential, "sequential");
+  ring(ops::RingStrategy::overlapped, "overlapped");
+  ring(ops::RingStrategy::overlapped, "overlapped (again)");
+  ring(ops::RingStrategy::sequential, "sequential (after overlapped)");
+  ring(ops::RingStrategy::overlapped, "overlapped (after sequential)");
+  if (ulysses_ok) {
+    uly(ops::UlyssesStrategy::sequential, 0, "sequential");
+    uly(ops::UlyssesStrategy::pipelined, 0, "pipelined");
+    uly(ops::UlyssesStrategy::pipelined, 0, "pipelined (again)");
+    if ((Hkv / R) % 2 == 0) uly(ops::UlyssesStrategy::pipelined, 2, "pipelined, 2 head groups");
+    uly(ops::UlyssesStrategy::sequential, 0, "sequential (after pipelined)");
+  } else {
+    std::cout << "[   NOTE   ] rank " << rank << ": ulysses skipped for heads " << H << "/" << Hkv << " at world " << R
+              << " (heads_kv not a multiple of the world); its rejection is checked instead\n";
+    try {
+      ops::ulysses_attention(ulysses_ctx(), a);
+      ADD_FAILURE() << "ulysses accepted heads_kv " << Hkv << " at world " << R;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("heads_kv"), std::string::npos) << e.what();
+    }
+  }
+
+  for (auto& [name, call] : runs) {
+    TESSERA_CUDA_CHECK(cudaMemset(so.p, 0xFF, B * L * H * D * 2));
+    TESSERA_CUDA_CHECK(cudaMemset(slse.p, 0xFF, B * H * L * 4));
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    call();
+    pg.synchronize(pg.stream(), "ring_attention test");
+    const auto o_sh = down<uint16_t>(so.p, B * L * H * D);
+    const auto lse_sh = down<float>(slse.p, B * H * L);
+    double num = 0, den = 0, lse_err = 0;
+    int64_t bad = 0;
+    const size_t row = H * D;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < L; ++i) {
+        const int64_t g = global_row(i);
+        const uint16_t* x = &o_sh[(b * L + i) * row];
+        const uint16_t* y = &o_full[(b * S + g) * row];
+        for (size_t j = 0; j < row; ++j) {
+          bad += !std::isfinite(bf(x[j]));
+          num += (bf(x[j]) - bf(y[j])) * (bf(x[j]) - bf(y[j]));
+          den += bf(y[j]) * bf(y[j]);
+        }
+        for (int64_t h = 0; h < H; ++h) {
+          const float l0 = lse_sh[(b * H + h) * L + i], l1 = lse_full[(b * H + h) * S + g];
+          bad += !std::isfinite(l0);
+          lse_err = std::max(lse_err, static_cast<double>(std::abs(l0 - l1)));
+        }
+      }
+    const std::string what = name + (causal ? " causal" : "") + " heads " + std::to_string(H) + "/" +
+                             std::to_string(Hkv) + " d " + std::to_string(D) + " rank " + std::to_string(rank) + "/" +
+                             std::to_string(R);
+    EXPECT_EQ(bad, 0) << what << ": non-finite outputs (poison left or NaN)";
+    EXPECT_LT(std::sqrt(num / den), 1e-2) << what;
+    EXPECT_LT(lse_err, 1e-3) << what;
+  }
+}
+
+}  // namespace
+
+TEST(RingAttentionGpu, MhaHeadDim128) {
+  std::string why;
+  if (skip_reason(&why)) GTEST_SKIP() << why;
+  for (bool causal : {true, false}) run_case({4, 128}, causal);
+}
+
+TEST(RingAttentionGpu, GqaHeadDim128) {
+  std::string why;
+  if (skip_reason(&why)) GTEST_SKIP() << why;
+  for (bool causal : {true, false}) run_case({2, 128}, causal);
+}
+
+TEST(RingAttentionGpu, MhaHeadDim64) {
+  std::string why;
+  if (skip_reason(&why)) GTEST_SKIP() << why;
+  run_case({4, 64}, true);
+}
+
+TEST(RingAttentionGpu, RejectsBadInputBeforeLaunch) {
+  std::string why;
+  if (skip_reason(&why)) GTEST_SKIP() << why;
+  runtime::ProcessGroup& pg = group();
+  const int R = pg.world();
+  Buf x(1 << 20);
+  ops::SpAttnArgs a;
+  a.q = a.k = a.v = x.p;
+  a.o = x.p;
+  a.seq = 2 * R * 8;
+  a.heads_q = 4 * R;
+  a.heads_kv = 2 * R;
+  a.head_dim = 128;
+  auto expect_error = [&](const char* what, const std::string& needle) {
+    for (int op = 0; op < 2; ++op) {
+      try {
+        if (op == 0)
+          ops::ring_attention(ring_ctx(), a);
+        else
+          ops::ulysses_attention(ulysses_ctx(), a);
+        ADD_FAILURE() << (op ? "ulysses" : "ring") << " accepted " << what;
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << what << ": " << e.what();
+      }
+    }
+  };
+  a.seq = 2 * R * 8 + 1;
+  expect_error("seq not a multiple of 2R", "multiple of 2 x world");
+  a.seq = 2 * R * 8;
+  a.head_dim = 96;
+  expect_error("head_dim 96", "head_dim");
+  a.head_dim = 128;
+  a.dtype = DType::f32;
+  expect_error("dtype f32", "dtype");
+  a.dtype = DType::bf16;
+  a.heads_q = 6 * R;
+  a.heads_kv = 4 * R;
+  expect_error("heads 6R / 4R", "not a multiple of heads_kv");
+  a.heads_q = 4 * R;
+  a.heads_kv = 2 * R;
+  try {
+    ops::ulysses_attention(ulysses_ctx(), a, ops::UlyssesStrategy::pipelined, 3);
+    ADD_FAILURE() << "ulysses accepted 3 head groups";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("head_groups = 3"), std::string::npos) << e.what();
+  }
+  if (R > 1) {
+    a.heads_q = 4 * R + 1;
+    a.heads_kv = 4 * R + 1;
+    try {
+      ops::ulysses_attention(ulysses_ctx(), a);
+      ADD_FAILURE() << "ulysses accepted heads " << a.heads_q << " at world " << R;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("heads_q"), std::string::npos) << e.what();
+    }
+  }
+}
