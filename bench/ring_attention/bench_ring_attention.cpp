@@ -1,0 +1,221 @@
+// `tessera bench ring-attention` — sequence-parallel attention schedules on
+// the zig-zag shards, run under `tessera run -n R`: ring (sequential,
+// overlapped) and Ulysses (sequential, pipelined) per case, in one
+// interleaved timing loop (every repetition runs each variant once, after a
+// barrier and pg.align_streams; the slowest rank's median is reported).
+// TFLOP/s as FlashAttention counts them (4·B·Hq·D·admitted pairs of the
+// whole sequence), per GPU (divided by R). Memory: what each variant needs
+// per rank beyond its input and output shards (workspace), and the shards.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "command.hpp"
+#include "common/timing.hpp"
+#include "tessera/ops/ring_attention.hpp"
+#include "tessera/ops/ulysses_attention.hpp"
+#include "tessera/runtime/error.hpp"
+#include "tessera/runtime/process_group.hpp"
+
+namespace tessera::bench::ring_attention {
+namespace {
+
+struct Case {
+  std::string name;
+  std::int64_t seq, hq, hkv;
+  bool causal;
+};
+
+// bf16, head dim 128, batch 1: MHA 32 heads and GQA 32/8, causal and not, 16k and 32k tokens.
+std::vector<Case> all_cases() {
+  std::vector<Case> v;
+  for (std::int64_t seq : {16384, 32768})
+    for (auto [hq, hkv] : {std::pair<std::int64_t, std::int64_t>{32, 32}, {32, 8}})
+      for (bool causal : {true, false})
+        v.push_back({fmt::format("{} {}k{}", hq == hkv ? "32h" : "GQA 32/8", seq / 1024, causal ? " causal" : ""), seq,
+                     hq, hkv, causal});
+  return v;
+}
+
+struct Options {
+  std::vector<int> cases;  // indices into all_cases(); empty = all
+  int batch = 1;
+  int head_groups = 0;
+  int reps = 10;
+  int warmup = 2;
+  std::string json, device_kind = "unknown", commit = "unknown";
+};
+
+struct Dev {
+  void* p = nullptr;
+  explicit Dev(std::size_t bytes) { TESSERA_CUDA_CHECK(cudaMalloc(&p, bytes)); }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+};
+
+void fill_random(void* p, std::size_t n, std::mt19937_64& rng) {
+  std::vector<__nv_bfloat16> h(std::min<std::size_t>(n, std::size_t{1} << 22));
+  std::uniform_real_distribution<float> u(-2.f, 2.f);
+  for (auto& x : h) x = __float2bfloat16(u(rng));
+  for (std::size_t off = 0; off < n; off += h.size()) {
+    const std::size_t cnt = std::min(h.size(), n - off);
+    TESSERA_CUDA_CHECK(cudaMemcpy(static_cast<__nv_bfloat16*>(p) + off, h.data(), cnt * 2, cudaMemcpyHostToDevice));
+  }
+}
+
+std::string json_str(const std::string& s) {
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    o += c;
+  }
+  return o + "\"";
+}
+std::string json_num(double x) { return std::isfinite(x) ? fmt::format("{:.6g}", x) : "null"; }
+
+void run(const Options& o) {
+  auto pg = runtime::ProcessGroup::from_environment();
+  const int R = pg->world();
+  const cudaStream_t s = pg->stream();
+  std::mt19937_64 rng(1234 + pg->rank());
+  ops::RingAttnContext ring(*pg);
+  ops::UlyssesAttnContext uly(*pg);
+  const std::vector<Case> cases = all_cases();
+  std::vector<int> idx = o.cases;
+  if (idx.empty())
+    for (int i = 0; i < static_cast<int>(cases.size()); ++i) idx.push_back(i);
+  Table table({"case", "variant", "ms", "TFLOP/s/GPU", "workspace GiB/rank", "shards GiB/rank"});
+  std::vector<std::string> records;
+  const std::int64_t D = 128, B = o.batch;
+  for (int ci : idx) {
+    TESSERA_CHECK(ci >= 0 && ci < static_cast<int>(cases.size()), "bench ring-attention: case {} out of range [0, {})",
+                  ci, cases.size());
+    const Case& c = cases[ci];
+    const std::int64_t L = c.seq / R;
+    const std::size_t nq = static_cast<std::size_t>(B * L * c.hq * D), nk = static_cast<std::size_t>(B * L * c.hkv * D);
+    Dev q(nq * 2), k(nk * 2), v(nk * 2), out(nq * 2), lse(static_cast<std::size_t>(B * c.hq * L) * 4);
+    fill_random(q.p, nq, rng);
+    fill_random(k.p, nk, rng);
+    fill_random(v.p, nk, rng);
+    ops::SpAttnArgs a;
+    a.q = q.p;
+    a.k = k.p;
+    a.v = v.p;
+    a.o = out.p;
+    a.lse = static_cast<float*>(lse.p);
+    a.batch = B;
+    a.seq = c.seq;
+    a.heads_q = c.hq;
+    a.heads_kv = c.hkv;
+    a.head_dim = D;
+    a.causal = c.causal;
+    const double pairs = c.causal ? static_cast<double>(c.seq) * (c.seq + 1) / 2 : static_cast<double>(c.seq) * c.seq;
+    const double flops = 4.0 * B * c.hq * D * pairs;
+    const double shards_gib = static_cast<double>((2 * nq + 2 * nk) * 2 + B * c.hq * L * 4) / (1u << 30);
+
+    struct Variant {
+      std::string name;
+      std::function<void()> body;
+      std::size_t workspace;
+      double ms = 0;
+    };
+    std::vector<Variant> vs;
+    vs.push_back({"ring sequential", [&] { ops::ring_attention(ring, a, ops::RingStrategy::sequential); },
+                  ops::ring_attention_workspace_bytes(a, R)});
+    if (R == 1 || pg->lsa_reachable())
+      vs.push_back({"ring overlapped", [&] { ops::ring_attention(ring, a, ops::RingStrategy::overlapped); },
+                    ops::ring_attention_workspace_bytes(a, R)});
+    if (c.hq % R == 0 && c.hkv % R == 0) {
+      const int g = ops::ulysses_head_groups(a, R, ops::UlyssesStrategy::pipelined, o.head_groups);
+      vs.push_back({"ulysses sequential", [&] { ops::ulysses_attention(uly, a, ops::UlyssesStrategy::sequential); },
+                    ops::ulysses_attention_workspace_bytes(a, R, 1)});
+      vs.push_back({fmt::format("ulysses pipelined G={}", g),
+                    [&, g] { ops::ulysses_attention(uly, a, ops::UlyssesStrategy::pipelined, g); },
+                    ops::ulysses_attention_workspace_bytes(a, R, g)});
+    } else if (pg->rank() == 0) {
+      fmt::print("{}: ulysses skipped (heads {}/{} not multiples of world {})\n", c.name, c.hq, c.hkv, R);
+    }
+    for (Variant& x : vs) x.body();  // sizes the workspaces, checks shapes across ranks
+    pg->synchronize(s, "bench ring-attention: first calls");
+    InterleavedTimer timer(s, o.warmup, o.reps, [&] {
+      pg->barrier();
+      pg->align_streams(s);
+    });
+    for (Variant& x : vs) timer.add(&x.ms, x.body);
+    timer.run([&](double t) { return pg->allreduce_max(t); });
+    pg->synchronize(s, "bench ring-attention: timed calls");
+    for (const Variant& x : vs) {
+      const double tflops = flops / R / (x.ms * 1e-3) / 1e12;
+      const double ws_gib = static_cast<double>(x.workspace) / (1u << 30);
+      table.add({c.name, x.name, fmt::format("{:.3f}", x.ms), fmt::format("{:.0f}", tflops),
+                 fmt::format("{:.3f}", ws_gib), fmt::format("{:.3f}", shards_gib)});
+      const std::string cs = json_str(fmt::format("{} R={}: {}", c.name, R, x.name));
+      records.push_back(
+          fmt::format("    {{\"metric\": \"time_ms\", \"case\": {}, \"value\": {}, \"unit\": \"ms\", \"series\": {}, "
+                      "\"size\": {}}}",
+                      cs, json_num(x.ms), json_str(x.name), c.seq));
+      records.push_back(
+          fmt::format("    {{\"metric\": \"TFLOP/s per GPU\", \"case\": {}, \"value\": {}, \"unit\": \"TFLOP/s\"}}", cs,
+                      json_num(tflops)));
+      records.push_back(
+          fmt::format("    {{\"metric\": \"workspace GiB per rank\", \"case\": {}, \"value\": {}, \"unit\": \"GiB\"}}",
+                      cs, json_num(ws_gib)));
+    }
+  }
+  if (pg->rank() != 0) return;
+  fmt::print("tessera bench ring-attention: R={} on {} (bf16, head dim 128, batch {}; median of {}, slowest rank)\n{}",
+             R, pg->device_properties().name, B, o.reps, table.str());
+  if (!o.json.empty()) {  // bench/results format (bench/results/README.md): provenance + records
+    const auto now = std::chrono::system_clock::now();
+    std::string j = "{\n  \"provenance\": {";
+    j += fmt::format(
+        "\"device\": {}, \"gpu\": {}, \"date\": \"{:%Y-%m-%d}\", \"commit\": {}, \"command\": {}, "
+        "\"topic\": \"attention\", \"issue\": 21, \"world\": {}, \"dtype\": \"bf16\", \"head_dim\": 128, "
+        "\"batch\": {}, \"reps\": {}, \"warmup\": {}",
+        json_str(o.device_kind), json_str(pg->device_properties().name),
+        fmt::localtime(std::chrono::system_clock::to_time_t(now)), json_str(o.commit),
+        json_str(fmt::format("tessera run -n {} -- tessera bench ring-attention", R)), R, B, o.reps, o.warmup);
+    j += "},\n  \"records\": [\n";
+    for (std::size_t i = 0; i < records.size(); ++i) j += records[i] + (i + 1 < records.size() ? ",\n" : "\n");
+    j += "  ]\n}\n";
+    std::ofstream f(o.json);
+    TESSERA_CHECK(f.good(), "bench ring-attention: cannot write {}", o.json);
+    f << j;
+  }
+}
+
+}  // namespace
+
+TESSERA_REGISTER_COMMAND([](CLI::App& root) {
+  auto& bench = tools::subcommand(root, "bench", "Benchmarks");
+  auto opts = std::make_shared<Options>();
+  auto* cmd = bench.add_subcommand("ring-attention",
+                                   "sequence-parallel attention: ring and Ulysses strategies on zig-zag shards");
+  cmd->add_option("--cases", opts->cases,
+                  "case indices (default all): 0 32h 16k causal, 1 32h 16k, 2 GQA 32/8 16k causal, 3 GQA 32/8 16k, "
+                  "4-7 the same at 32k")
+      ->delimiter(',');
+  cmd->add_option("--batch", opts->batch, "batch size")->check(CLI::Range(1, 64));
+  cmd->add_option("--head-groups", opts->head_groups, "Ulysses pipelined head groups (0: automatic)")
+      ->check(CLI::Range(0, 64));
+  cmd->add_option("--reps", opts->reps, "timed repetitions (median)")->check(CLI::Range(1, 100000));
+  cmd->add_option("--warmup", opts->warmup, "warm-up repetitions")->check(CLI::Range(0, 100000));
+  cmd->add_option("--json", opts->json, "write the figures here (rank 0, bench/results format)");
+  cmd->add_option("--device-kind", opts->device_kind, "device kind recorded in --json (e.g. nvidia-h200-x2)");
+  cmd->add_option("--commit", opts->commit, "commit recorded in --json");
+  cmd->callback([opts] { run(*opts); });
+});
+
+}  // namespace tessera::bench::ring_attention
