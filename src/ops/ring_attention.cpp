@@ -9,6 +9,7 @@
 #include <array>
 #include <set>
 
+#include "seq_parallel_detail.hpp"
 #include "tessera/kernels/attention.hpp"
 #include "tessera/kernels/attention_merge.hpp"
 #include "tessera/link/host_primitives.hpp"
@@ -133,6 +134,73 @@ void validate(RingAttnContext::Impl& c, const RingAttnArgs& a) {
 
 }  // namespace
 
+namespace detail {
+
+void ring_attend(const RingAttnArgs& a, int world, const RingAttnPlan::Step& s, const void* k, const void* v, void* o,
+                 float* lse, cudaStream_t stream) {
+  const std::int64_t L = a.seq / world;
+  const std::size_t q_row = static_cast<std::size_t>(a.heads_q * a.head_dim) * dtype_size(a.dtype);
+  kernels::AttentionArgs ka;
+  ka.q = static_cast<const unsigned char*>(a.q) + s.row0 * q_row;
+  ka.o = static_cast<unsigned char*>(o) + s.row0 * q_row;
+  ka.k = k;
+  ka.v = v;
+  ka.batch = a.batch;
+  ka.seqlen_q = s.rows;
+  ka.seqlen_k = s.kv_len;
+  ka.heads_q = a.heads_q;
+  ka.heads_kv = a.heads_kv;
+  ka.head_dim = a.head_dim;
+  ka.q_stride = ka.o_stride = {L * a.heads_q * a.head_dim, a.heads_q * a.head_dim, a.head_dim};
+  ka.k_stride = ka.v_stride = {L * a.heads_kv * a.head_dim, a.heads_kv * a.head_dim, a.head_dim};
+  ka.dtype = a.dtype;
+  ka.causal = s.causal;
+  ka.q_offset = 0;
+  ka.softmax_scale = a.softmax_scale;
+  if (lse) {
+    ka.lse = lse + s.row0;
+    ka.lse_batch_stride = a.heads_q * L;
+    ka.lse_head_stride = L;
+  }
+  kernels::attention(ka, stream);
+}
+
+void ring_merge(const RingAttnArgs& a, const RingAttnPlan& plan, int j, float* o_acc, float* lse_acc,
+                const void* o_part, const float* lse_part, cudaStream_t stream) {
+  const RingAttnPlan::Step& s = plan.steps[j];
+  const std::int64_t L = 2 * plan.chunk;
+  const bool last = j == plan.world - 1;
+  kernels::AttentionMergeArgs m;
+  m.o_acc = o_acc;
+  m.lse_acc = lse_acc;
+  m.o_part = o_part;
+  m.lse_part = lse_part;
+  m.init = j == 0;
+  m.write_acc = !last;
+  m.o_out = last ? a.o : nullptr;
+  m.lse_out = last ? a.lse : nullptr;
+  m.batch = a.batch;
+  m.seq = L;
+  m.heads = a.heads_q;
+  m.head_dim = a.head_dim;
+  m.row0 = s.row0;
+  m.rows = s.rows;
+  m.dtype = a.dtype;
+  kernels::attention_merge(m, stream);
+  if (last) {  // rows this step did not see: the accumulator, rounded once
+    m.o_part = nullptr;
+    m.lse_part = nullptr;
+    m.row0 = 0;
+    m.rows = s.row0;
+    kernels::attention_merge(m, stream);
+    m.row0 = s.row0 + s.rows;
+    m.rows = L - m.row0;
+    kernels::attention_merge(m, stream);
+  }
+}
+
+}  // namespace detail
+
 std::size_t ring_attention_workspace_bytes(const RingAttnArgs& a, int world) {
   if (world <= 1) return 0;
   return sizes(a, world).scratch(true);
@@ -147,41 +215,10 @@ void ring_attention(RingAttnContext& ctx, const RingAttnArgs& a, RingStrategy st
                 "use sequential",
                 c.pg.lsa_size(), R);
   const RingAttnPlan plan = plan_ring_attention(a.seq, R, rank, a.causal);
-  const std::int64_t B = a.batch, L = 2 * plan.chunk;
-  const std::size_t es = dtype_size(a.dtype);
-  const std::size_t q_row = static_cast<std::size_t>(a.heads_q * a.head_dim) * es;
   cudaStream_t st = c.pg.stream();
 
-  // One step's attention: local Q rows of `s` against the first kv_len rows
-  // of the KV shard at (k, v), into (o, lse) at the same rows.
-  auto attend = [&](const RingAttnPlan::Step& s, const void* k, const void* v, void* o, float* lse) {
-    kernels::AttentionArgs ka;
-    ka.q = static_cast<const unsigned char*>(a.q) + s.row0 * q_row;
-    ka.o = static_cast<unsigned char*>(o) + s.row0 * q_row;
-    ka.k = k;
-    ka.v = v;
-    ka.batch = B;
-    ka.seqlen_q = s.rows;
-    ka.seqlen_k = s.kv_len;
-    ka.heads_q = a.heads_q;
-    ka.heads_kv = a.heads_kv;
-    ka.head_dim = a.head_dim;
-    ka.q_stride = ka.o_stride = {L * a.heads_q * a.head_dim, a.heads_q * a.head_dim, a.head_dim};
-    ka.k_stride = ka.v_stride = {L * a.heads_kv * a.head_dim, a.heads_kv * a.head_dim, a.head_dim};
-    ka.dtype = a.dtype;
-    ka.causal = s.causal;
-    ka.q_offset = 0;
-    ka.softmax_scale = a.softmax_scale;
-    if (lse) {
-      ka.lse = lse + s.row0;
-      ka.lse_batch_stride = a.heads_q * L;
-      ka.lse_head_stride = L;
-    }
-    kernels::attention(ka, st);
-  };
-
   if (R == 1) {  // one step, nothing to merge
-    attend(plan.steps[0], a.k, a.v, a.o, a.lse);
+    detail::ring_attend(a, R, plan.steps[0], a.k, a.v, a.o, a.lse, st);
     return;
   }
 
@@ -204,36 +241,9 @@ void ring_attention(RingAttnContext& ctx, const RingAttnArgs& a, RingStrategy st
   auto held_k = [&](int j) -> const void* { return j == 0 ? a.k : slot_k(slots, j % 2); };
   auto held_v = [&](int j) -> const void* { return j == 0 ? a.v : slot_k(slots, j % 2) + sz.kv_shard; };
 
-  auto merge = [&](int j) {
-    const RingAttnPlan::Step& s = plan.steps[j];
-    const bool last = j == R - 1;
-    kernels::AttentionMergeArgs m;
-    m.o_acc = o_acc;
-    m.lse_acc = lse_acc;
-    m.o_part = o_part;
-    m.lse_part = lse_part;
-    m.init = j == 0;
-    m.write_acc = !last;
-    m.o_out = last ? a.o : nullptr;
-    m.lse_out = last ? a.lse : nullptr;
-    m.batch = B;
-    m.seq = L;
-    m.heads = a.heads_q;
-    m.head_dim = a.head_dim;
-    m.row0 = s.row0;
-    m.rows = s.rows;
-    m.dtype = a.dtype;
-    kernels::attention_merge(m, st);
-    if (last) {  // rows this step did not see: the accumulator rounded once
-      m.o_part = nullptr;
-      m.lse_part = nullptr;
-      m.row0 = 0;
-      m.rows = s.row0;
-      kernels::attention_merge(m, st);
-      m.row0 = s.row0 + s.rows;
-      m.rows = L - m.row0;
-      kernels::attention_merge(m, st);
-    }
+  auto step = [&](int j) {
+    detail::ring_attend(a, R, plan.steps[j], held_k(j), held_v(j), o_part, lse_part, st);
+    detail::ring_merge(a, plan, j, o_acc, lse_acc, o_part, lse_part, st);
   };
 
   switch (strategy) {
@@ -248,8 +258,7 @@ void ring_attention(RingAttnContext& ctx, const RingAttnArgs& a, RingStrategy st
           TESSERA_NCCL_CHECK(ncclRecv(next + sz.kv_shard, sz.kv_shard, ncclUint8, plan.recv_from, c.pg.nccl(), st));
           TESSERA_NCCL_CHECK(ncclGroupEnd());
         }
-        attend(plan.steps[j], held_k(j), held_v(j), o_part, lse_part);
-        merge(j);
+        step(j);
       }
       break;
     }
@@ -273,8 +282,7 @@ void ring_attention(RingAttnContext& ctx, const RingAttnArgs& a, RingStrategy st
           TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_push, cs));
         }
         if (j >= 1) link::rank_wait(st, *c.data, plan.recv_from, 0, c.stamp(e, j));
-        attend(plan.steps[j], held_k(j), held_v(j), o_part, lse_part);
-        merge(j);
+        step(j);
         if (j >= 1 && j + 1 < R) {  // slot j % 2 is free once read here and forwarded
           TESSERA_CUDA_CHECK(cudaStreamWaitEvent(st, c.ev_push, 0));
           link::rank_notify(st, *c.control, plan.recv_from, 0, c.stamp(e, j));

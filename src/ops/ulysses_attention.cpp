@@ -5,10 +5,12 @@
 #include <fmt/format.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <array>
 #include <set>
 #include <vector>
 
+#include "seq_parallel_detail.hpp"
 #include "tessera/kernels/attention.hpp"
 #include "tessera/runtime/error.hpp"
 
@@ -75,36 +77,6 @@ void check_heads(const UlyssesAttnArgs& a, int world) {
                 a.heads_kv, world);
 }
 
-/// Byte layout of the scratch buffer for one call.
-struct Layout {
-  std::size_t q, kv, lse;  ///< head shard: Q (and O) [B, S, H/R, D], K (and V), LSE [B, H/R, S]
-  std::size_t stage;       ///< one of send / receive staging: one group, every peer
-  std::size_t off_k, off_v, off_o, off_lse, off_send, off_recv, total;
-};
-
-Layout layout(const UlyssesAttnArgs& a, int world, int groups) {
-  const std::size_t es = dtype_size(a.dtype);
-  const std::int64_t Hl = a.heads_q / world, Hkvl = a.heads_kv / world;
-  const std::int64_t Hg = Hl / groups, Hkvg = Hkvl / groups;
-  const std::int64_t tokens = a.batch * a.seq;  // = R peers x [B, 2C]
-  Layout l{};
-  l.q = static_cast<std::size_t>(tokens * Hl * a.head_dim) * es;
-  l.kv = static_cast<std::size_t>(tokens * Hkvl * a.head_dim) * es;
-  l.lse = static_cast<std::size_t>(tokens * Hl) * 4;
-  const std::size_t in = static_cast<std::size_t>(tokens * (Hg + 2 * Hkvg) * a.head_dim) * es;
-  const std::size_t out =
-      static_cast<std::size_t>(tokens * Hg * a.head_dim) * es + static_cast<std::size_t>(tokens * Hg) * 4 + 256;
-  l.stage = align256(std::max(in, out) + 512);
-  l.off_k = align256(l.q);
-  l.off_v = l.off_k + align256(l.kv);
-  l.off_o = l.off_v + align256(l.kv);
-  l.off_lse = l.off_o + align256(l.q);
-  l.off_send = l.off_lse + align256(l.lse);
-  l.off_recv = l.off_send + l.stage;
-  l.total = l.off_recv + l.stage;
-  return l;
-}
-
 void validate(UlyssesAttnContext::Impl& c, const UlyssesAttnArgs& a, int groups) {
   const int R = c.pg.world();
   TESSERA_CHECK(a.seq >= 2 * R && a.seq % (2 * R) == 0,
@@ -137,13 +109,6 @@ void validate(UlyssesAttnContext::Impl& c, const UlyssesAttnArgs& a, int groups)
   }
 }
 
-/// cudaMemcpy2DAsync in bytes: `rows` rows of `width` bytes.
-void copy2d(cudaStream_t s, void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
-            std::size_t rows) {
-  if (rows == 0 || width == 0) return;
-  TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault, s));
-}
-
 }  // namespace
 
 int ulysses_head_groups(const UlyssesAttnArgs& a, int world, UlyssesStrategy s, int requested) {
@@ -164,7 +129,7 @@ int ulysses_head_groups(const UlyssesAttnArgs& a, int world, UlyssesStrategy s, 
 std::size_t ulysses_attention_workspace_bytes(const UlyssesAttnArgs& a, int world, int groups) {
   if (world <= 1) return 0;
   check_heads(a, world);
-  return layout(a, world, groups).total;
+  return detail::ulysses_rank(a, world, 0, groups).layout().total;
 }
 
 void ulysses_attention(UlyssesAttnContext& ctx, const UlyssesAttnArgs& a, UlyssesStrategy strategy, int head_groups) {
@@ -173,10 +138,6 @@ void ulysses_attention(UlyssesAttnContext& ctx, const UlyssesAttnArgs& a, Ulysse
   const int G = ulysses_head_groups(a, R, strategy, head_groups);
   validate(c, a, G);
   cudaStream_t st = c.pg.stream();
-  const std::int64_t B = a.batch, S = a.seq, C = S / (2 * R), L = 2 * C, D = a.head_dim;
-  const std::int64_t H = a.heads_q, Hkv = a.heads_kv, Hl = H / R, Hkvl = Hkv / R, Hg = Hl / G, Hkvg = Hkvl / G;
-  const std::size_t es = dtype_size(a.dtype);
-
   if (R == 1) {  // the shard is the whole sequence in order
     kernels::AttentionArgs k;
     k.q = a.q;
@@ -184,11 +145,11 @@ void ulysses_attention(UlyssesAttnContext& ctx, const UlyssesAttnArgs& a, Ulysse
     k.v = a.v;
     k.o = a.o;
     k.lse = a.lse;
-    k.batch = B;
-    k.seqlen_q = k.seqlen_k = S;
-    k.heads_q = H;
-    k.heads_kv = Hkv;
-    k.head_dim = D;
+    k.batch = a.batch;
+    k.seqlen_q = k.seqlen_k = a.seq;
+    k.heads_q = a.heads_q;
+    k.heads_kv = a.heads_kv;
+    k.head_dim = a.head_dim;
     k.dtype = a.dtype;
     k.causal = a.causal;
     k.softmax_scale = a.softmax_scale;
@@ -196,119 +157,41 @@ void ulysses_attention(UlyssesAttnContext& ctx, const UlyssesAttnArgs& a, Ulysse
     return;
   }
 
-  const Layout lay = layout(a, R, G);
-  unsigned char* base = static_cast<unsigned char*>(c.ensure_scratch(lay.total));
-  unsigned char* fq = base;
-  unsigned char* fk = base + lay.off_k;
-  unsigned char* fv = base + lay.off_v;
-  unsigned char* fo = base + lay.off_o;
-  float* flse = reinterpret_cast<float*>(base + lay.off_lse);
-  unsigned char* send = base + lay.off_send;
-  unsigned char* recv = base + lay.off_recv;
+  detail::UlyssesRank u = detail::ulysses_rank(a, R, rank, G);
+  u.place(c.ensure_scratch(u.layout().total));
   c.ensure_events(G);
 
-  // Global chunk of peer p's local chunk i.
-  auto chunk_of = [&](int p, int i) -> std::int64_t { return i == 0 ? p : 2 * R - 1 - p; };
-  const std::size_t hrow = static_cast<std::size_t>(D) * es;              // one head of one token
-  const std::size_t blk_q = static_cast<std::size_t>(B * L * Hg) * hrow;  // per peer, staging
-  const std::size_t blk_kv = static_cast<std::size_t>(B * L * Hkvg) * hrow;
-  const std::size_t blk_lse = static_cast<std::size_t>(B * Hg * L) * 4;
-
-  // Sequence shard -> head shard for group g, on stream s.
-  auto all_to_all_in = [&](int g, cudaStream_t s) {
-    struct T {
-      const void* src;
-      unsigned char* full;
-      std::int64_t heads, local, group;
-      std::size_t blk, off;
-    };
-    const T ts[3] = {{a.q, fq, H, Hl, Hg, blk_q, 0},
-                     {a.k, fk, Hkv, Hkvl, Hkvg, blk_kv, static_cast<std::size_t>(R) * blk_q},
-                     {a.v, fv, Hkv, Hkvl, Hkvg, blk_kv, static_cast<std::size_t>(R) * (blk_q + blk_kv)}};
-    for (const T& t : ts)  // pack: peer p gets my rows of its group-g heads
-      for (int p = 0; p < R; ++p)
-        copy2d(s, send + t.off + p * t.blk, t.group * hrow,
-               static_cast<const unsigned char*>(t.src) + (p * t.local + g * t.group) * hrow, t.heads * hrow,
-               t.group * hrow, B * L);
+  // One NCCL group: segment i of peer p from send to p, into recv from p.
+  auto exchange = [&](const detail::UlyssesRank::Segments& sg, cudaStream_t s) {
     TESSERA_NCCL_CHECK(ncclGroupStart());
-    for (const T& t : ts)
+    for (int i = 0; i < sg.n; ++i)
       for (int p = 0; p < R; ++p) {
-        TESSERA_NCCL_CHECK(ncclSend(send + t.off + p * t.blk, t.blk, ncclUint8, p, c.pg.nccl(), s));
-        TESSERA_NCCL_CHECK(ncclRecv(recv + t.off + p * t.blk, t.blk, ncclUint8, p, c.pg.nccl(), s));
+        const std::size_t off = sg.off[i] + p * sg.bytes[i];
+        TESSERA_NCCL_CHECK(ncclSend(u.send + off, sg.bytes[i], ncclUint8, p, c.pg.nccl(), s));
+        TESSERA_NCCL_CHECK(ncclRecv(u.recv + off, sg.bytes[i], ncclUint8, p, c.pg.nccl(), s));
       }
     TESSERA_NCCL_CHECK(ncclGroupEnd());
-    for (const T& t : ts)  // unpack: peer p's two chunks to their global rows
-      for (int p = 0; p < R; ++p)
-        for (int i = 0; i < 2; ++i)
-          for (std::int64_t b = 0; b < B; ++b)
-            copy2d(s, t.full + ((b * S + chunk_of(p, i) * C) * t.local + g * t.group) * hrow, t.local * hrow,
-                   recv + t.off + p * t.blk + (b * L + i * C) * t.group * hrow, t.group * hrow, t.group * hrow, C);
   };
-
-  // Head shard -> sequence shard for group g's O and LSE, on stream s.
+  auto all_to_all_in = [&](int g, cudaStream_t s) {
+    detail::ulysses_pack_in(u, a, g, s);
+    exchange(u.segments_in(), s);
+    detail::ulysses_unpack_in(u, g, s);
+  };
   auto all_to_all_out = [&](int g, cudaStream_t s) {
-    const std::size_t off_lse = static_cast<std::size_t>(R) * blk_q;
-    for (int p = 0; p < R; ++p)
-      for (int i = 0; i < 2; ++i)
-        for (std::int64_t b = 0; b < B; ++b) {
-          copy2d(s, send + p * blk_q + (b * L + i * C) * Hg * hrow, Hg * hrow,
-                 fo + ((b * S + chunk_of(p, i) * C) * Hl + g * Hg) * hrow, Hl * hrow, Hg * hrow, C);
-          if (a.lse)
-            copy2d(s, send + off_lse + p * blk_lse + ((b * Hg) * L + i * C) * 4, L * 4,
-                   flse + (b * Hl + g * Hg) * S + chunk_of(p, i) * C, S * 4, C * 4, Hg);
-        }
-    TESSERA_NCCL_CHECK(ncclGroupStart());
-    for (int p = 0; p < R; ++p) {
-      TESSERA_NCCL_CHECK(ncclSend(send + p * blk_q, blk_q, ncclUint8, p, c.pg.nccl(), s));
-      TESSERA_NCCL_CHECK(ncclRecv(recv + p * blk_q, blk_q, ncclUint8, p, c.pg.nccl(), s));
-      if (a.lse) {
-        TESSERA_NCCL_CHECK(ncclSend(send + off_lse + p * blk_lse, blk_lse, ncclUint8, p, c.pg.nccl(), s));
-        TESSERA_NCCL_CHECK(ncclRecv(recv + off_lse + p * blk_lse, blk_lse, ncclUint8, p, c.pg.nccl(), s));
-      }
-    }
-    TESSERA_NCCL_CHECK(ncclGroupEnd());
-    for (int p = 0; p < R; ++p) {  // peer p's heads of my rows
-      copy2d(s, static_cast<unsigned char*>(a.o) + (p * Hl + g * Hg) * hrow, H * hrow, recv + p * blk_q, Hg * hrow,
-             Hg * hrow, B * L);
-      if (a.lse)
-        copy2d(s, a.lse + (p * Hl + g * Hg) * L, H * L * 4, recv + off_lse + p * blk_lse, Hg * L * 4, Hg * L * 4, B);
-    }
-  };
-
-  auto attend = [&](int g) {
-    kernels::AttentionArgs k;
-    k.q = fq + g * Hg * hrow;
-    k.k = fk + g * Hkvg * hrow;
-    k.v = fv + g * Hkvg * hrow;
-    k.o = fo + g * Hg * hrow;
-    k.batch = B;
-    k.seqlen_q = k.seqlen_k = S;
-    k.heads_q = Hg;
-    k.heads_kv = Hkvg;
-    k.head_dim = D;
-    k.q_stride = k.o_stride = {S * Hl * D, Hl * D, D};
-    k.k_stride = k.v_stride = {S * Hkvl * D, Hkvl * D, D};
-    k.dtype = a.dtype;
-    k.causal = a.causal;
-    k.q_offset = 0;
-    k.softmax_scale = a.softmax_scale;
-    if (a.lse) {
-      k.lse = flse + g * Hg * S;
-      k.lse_batch_stride = Hl * S;
-      k.lse_head_stride = S;
-    }
-    kernels::attention(k, st);
+    detail::ulysses_pack_out(u, a, g, s);
+    exchange(u.segments_out(a.lse != nullptr), s);
+    detail::ulysses_unpack_out(u, a, g, s);
   };
 
   if (strategy == UlyssesStrategy::sequential || G == 1) {
     all_to_all_in(0, st);
-    for (int g = 0; g < G; ++g) attend(g);
+    for (int g = 0; g < G; ++g) detail::ulysses_attend(u, a, g, st);
     for (int g = 0; g < G; ++g) all_to_all_out(g, st);
     return;
   }
   // Pipelined: the communication stream runs in(0), then per g in(g+1) and
   // out(g) (after attend(g)); the compute stream attends group g once in(g)
-  // is unpacked. The staging buffers are reused in the stream's order.
+  // is unpacked. The staging buffers are reused in that stream's order.
   cudaStream_t cs = c.pg.comm_stream(0);
   TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, st));
   TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, c.ev_ready, 0));
@@ -316,7 +199,7 @@ void ulysses_attention(UlyssesAttnContext& ctx, const UlyssesAttnArgs& a, Ulysse
   TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_in[0], cs));
   for (int g = 0; g < G; ++g) {
     TESSERA_CUDA_CHECK(cudaStreamWaitEvent(st, c.ev_in[g], 0));
-    attend(g);
+    detail::ulysses_attend(u, a, g, st);
     TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_attn[g], st));
     if (g + 1 < G) {
       all_to_all_in(g + 1, cs);
@@ -327,7 +210,179 @@ void ulysses_attention(UlyssesAttnContext& ctx, const UlyssesAttnArgs& a, Ulysse
   }
   TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_done, cs));
   TESSERA_CUDA_CHECK(cudaStreamWaitEvent(st, c.ev_done, 0));
-  (void)rank;
 }
+
+namespace detail {
+
+namespace {
+
+/// cudaMemcpy2DAsync in bytes: `rows` rows of `width` bytes.
+void copy2d(cudaStream_t s, void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
+            std::size_t rows) {
+  if (rows == 0 || width == 0) return;
+  TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault, s));
+}
+
+/// Global chunk of peer p's local chunk i.
+std::int64_t chunk_of(const UlyssesRank& u, int p, int i) { return i == 0 ? p : 2 * u.world - 1 - p; }
+
+/// The three input tensors of a group: source shard, head shard, heads.
+struct InTensor {
+  const void* src;
+  unsigned char* full;
+  std::int64_t heads, local, group;
+};
+
+}  // namespace
+
+UlyssesRank ulysses_rank(const UlyssesAttnArgs& a, int world, int rank, int groups) {
+  UlyssesRank u;
+  u.world = world;
+  u.rank = rank;
+  u.groups = groups;
+  u.B = a.batch;
+  u.S = a.seq;
+  u.C = a.seq / (2 * world);
+  u.L = 2 * u.C;
+  u.D = a.head_dim;
+  u.H = a.heads_q;
+  u.Hkv = a.heads_kv;
+  u.Hl = u.H / world;
+  u.Hkvl = u.Hkv / world;
+  u.Hg = u.Hl / groups;
+  u.Hkvg = u.Hkvl / groups;
+  u.hrow = static_cast<std::size_t>(u.D) * dtype_size(a.dtype);
+  u.blk_q = static_cast<std::size_t>(u.B * u.L * u.Hg) * u.hrow;
+  u.blk_kv = static_cast<std::size_t>(u.B * u.L * u.Hkvg) * u.hrow;
+  u.blk_lse = static_cast<std::size_t>(u.B * u.Hg * u.L) * 4;
+  return u;
+}
+
+UlyssesRank::Layout UlyssesRank::layout() const {
+  const std::size_t tokens = static_cast<std::size_t>(B * S);  // = world peers x [B, 2C]
+  const std::size_t q = tokens * Hl * hrow, kv = tokens * Hkvl * hrow, lse = tokens * Hl * 4;
+  const Segments in = segments_in(), out = segments_out(true);
+  const std::size_t stage = align256(std::max(in.off[2] + world * in.bytes[2], out.off[1] + world * out.bytes[1]));
+  Layout l{};
+  l.off_k = align256(q);
+  l.off_v = l.off_k + align256(kv);
+  l.off_o = l.off_v + align256(kv);
+  l.off_lse = l.off_o + align256(q);
+  l.off_send = l.off_lse + align256(lse);
+  l.off_recv = l.off_send + stage;
+  l.total = l.off_recv + stage;
+  return l;
+}
+
+void UlyssesRank::place(void* base) {
+  unsigned char* b = static_cast<unsigned char*>(base);
+  const Layout l = layout();
+  fq = b;
+  fk = b + l.off_k;
+  fv = b + l.off_v;
+  fo = b + l.off_o;
+  flse = reinterpret_cast<float*>(b + l.off_lse);
+  send = b + l.off_send;
+  recv = b + l.off_recv;
+}
+
+UlyssesRank::Segments UlyssesRank::segments_in() const {
+  Segments s;
+  s.n = 3;
+  s.off[0] = 0;
+  s.bytes[0] = blk_q;
+  s.off[1] = align256(world * blk_q);
+  s.bytes[1] = blk_kv;
+  s.off[2] = s.off[1] + align256(world * blk_kv);
+  s.bytes[2] = blk_kv;
+  return s;
+}
+
+UlyssesRank::Segments UlyssesRank::segments_out(bool lse) const {
+  Segments s;
+  s.n = lse ? 2 : 1;
+  s.off[0] = 0;
+  s.bytes[0] = blk_q;
+  s.off[1] = align256(world * blk_q);
+  s.bytes[1] = blk_lse;
+  return s;
+}
+
+void ulysses_pack_in(const UlyssesRank& u, const UlyssesAttnArgs& a, int g, cudaStream_t s) {
+  const UlyssesRank::Segments sg = u.segments_in();
+  const InTensor ts[3] = {
+      {a.q, u.fq, u.H, u.Hl, u.Hg}, {a.k, u.fk, u.Hkv, u.Hkvl, u.Hkvg}, {a.v, u.fv, u.Hkv, u.Hkvl, u.Hkvg}};
+  for (int t = 0; t < 3; ++t)  // peer p gets my rows of its group-g heads
+    for (int p = 0; p < u.world; ++p)
+      copy2d(s, u.send + sg.off[t] + p * sg.bytes[t], ts[t].group * u.hrow,
+             static_cast<const unsigned char*>(ts[t].src) + (p * ts[t].local + g * ts[t].group) * u.hrow,
+             ts[t].heads * u.hrow, ts[t].group * u.hrow, u.B * u.L);
+}
+
+void ulysses_unpack_in(const UlyssesRank& u, int g, cudaStream_t s) {
+  const UlyssesRank::Segments sg = u.segments_in();
+  const InTensor ts[3] = {
+      {nullptr, u.fq, u.H, u.Hl, u.Hg}, {nullptr, u.fk, u.Hkv, u.Hkvl, u.Hkvg}, {nullptr, u.fv, u.Hkv, u.Hkvl, u.Hkvg}};
+  for (int t = 0; t < 3; ++t)  // peer p's two chunks to their global rows
+    for (int p = 0; p < u.world; ++p)
+      for (int i = 0; i < 2; ++i)
+        for (std::int64_t b = 0; b < u.B; ++b)
+          copy2d(s, ts[t].full + ((b * u.S + chunk_of(u, p, i) * u.C) * ts[t].local + g * ts[t].group) * u.hrow,
+                 ts[t].local * u.hrow,
+                 u.recv + sg.off[t] + p * sg.bytes[t] + (b * u.L + i * u.C) * ts[t].group * u.hrow,
+                 ts[t].group * u.hrow, ts[t].group * u.hrow, u.C);
+}
+
+void ulysses_attend(const UlyssesRank& u, const UlyssesAttnArgs& a, int g, cudaStream_t s) {
+  kernels::AttentionArgs k;
+  k.q = u.fq + g * u.Hg * u.hrow;
+  k.k = u.fk + g * u.Hkvg * u.hrow;
+  k.v = u.fv + g * u.Hkvg * u.hrow;
+  k.o = u.fo + g * u.Hg * u.hrow;
+  k.batch = u.B;
+  k.seqlen_q = k.seqlen_k = u.S;
+  k.heads_q = u.Hg;
+  k.heads_kv = u.Hkvg;
+  k.head_dim = u.D;
+  k.q_stride = k.o_stride = {u.S * u.Hl * u.D, u.Hl * u.D, u.D};
+  k.k_stride = k.v_stride = {u.S * u.Hkvl * u.D, u.Hkvl * u.D, u.D};
+  k.dtype = a.dtype;
+  k.causal = a.causal;
+  k.q_offset = 0;
+  k.softmax_scale = a.softmax_scale;
+  if (a.lse) {
+    k.lse = u.flse + g * u.Hg * u.S;
+    k.lse_batch_stride = u.Hl * u.S;
+    k.lse_head_stride = u.S;
+  }
+  kernels::attention(k, s);
+}
+
+void ulysses_pack_out(const UlyssesRank& u, const UlyssesAttnArgs& a, int g, cudaStream_t s) {
+  const UlyssesRank::Segments sg = u.segments_out(a.lse != nullptr);
+  for (int p = 0; p < u.world; ++p)
+    for (int i = 0; i < 2; ++i)
+      for (std::int64_t b = 0; b < u.B; ++b) {
+        const std::int64_t row = b * u.S + chunk_of(u, p, i) * u.C;  // first global row of the chunk
+        copy2d(s, u.send + sg.off[0] + p * sg.bytes[0] + (b * u.L + i * u.C) * u.Hg * u.hrow, u.Hg * u.hrow,
+               u.fo + (row * u.Hl + g * u.Hg) * u.hrow, u.Hl * u.hrow, u.Hg * u.hrow, u.C);
+        if (a.lse)  // [B, Hl, S] -> per peer [B, Hg, 2C]
+          copy2d(s, u.send + sg.off[1] + p * sg.bytes[1] + (b * u.Hg * u.L + i * u.C) * 4, u.L * 4,
+                 u.flse + (b * u.Hl + g * u.Hg) * u.S + chunk_of(u, p, i) * u.C, u.S * 4, u.C * 4, u.Hg);
+      }
+}
+
+void ulysses_unpack_out(const UlyssesRank& u, const UlyssesAttnArgs& a, int g, cudaStream_t s) {
+  const UlyssesRank::Segments sg = u.segments_out(a.lse != nullptr);
+  for (int p = 0; p < u.world; ++p) {  // peer p's heads of my rows
+    copy2d(s, static_cast<unsigned char*>(a.o) + (p * u.Hl + g * u.Hg) * u.hrow, u.H * u.hrow,
+           u.recv + sg.off[0] + p * sg.bytes[0], u.Hg * u.hrow, u.Hg * u.hrow, u.B * u.L);
+    if (a.lse)
+      copy2d(s, a.lse + (p * u.Hl + g * u.Hg) * u.L, u.H * u.L * 4, u.recv + sg.off[1] + p * sg.bytes[1],
+             u.Hg * u.L * 4, u.Hg * u.L * 4, u.B);
+  }
+}
+
+}  // namespace detail
 
 }  // namespace tessera::ops

@@ -1,0 +1,75 @@
+// src/ops/seq_parallel_detail.hpp — the per-rank pieces of ring and Ulysses
+// attention (ring_attention.cpp, ulysses_attention.cpp) with every buffer
+// explicit, so that a one-GPU test can run R emulated ranks through the same
+// code (tests/ops/ring_attention_emulated_test.cpp), with plain copies in
+// place of the transfers.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tessera/ops/ring_attention.hpp"
+#include "tessera/ops/ulysses_attention.hpp"
+
+namespace tessera::ops::detail {
+
+// ---- ring ----
+
+/// Step s of a ring plan: local Q rows of `s` against the first kv_len rows
+/// of the KV shard at (k, v) (packed [B, 2C, Hkv, D]), into (o, lse) at the
+/// same rows (o: [B, 2C, Hq, D] in a.dtype, lse: [B, Hq, 2C] or null).
+void ring_attend(const RingAttnArgs& a, int world, const RingAttnPlan::Step& s, const void* k, const void* v, void* o,
+                 float* lse, cudaStream_t stream);
+
+/// Merges step j's partial (o_part, lse_part) into the float32 running
+/// (o_acc, lse_acc); the last step writes a.o and a.lse instead, every row.
+void ring_merge(const RingAttnArgs& a, const RingAttnPlan& plan, int j, float* o_acc, float* lse_acc,
+                const void* o_part, const float* lse_part, cudaStream_t stream);
+
+// ---- Ulysses ----
+
+/// One rank's shapes for `groups` head groups, and where its buffers are.
+struct UlyssesRank {
+  int world = 1, rank = 0, groups = 1;
+  std::int64_t B = 0, S = 0, C = 0, L = 0, D = 0, H = 0, Hkv = 0, Hl = 0, Hkvl = 0, Hg = 0, Hkvg = 0;
+  std::size_t hrow = 0;                            ///< bytes of one head of one token
+  std::size_t blk_q = 0, blk_kv = 0, blk_lse = 0;  ///< per peer, one group, in the staging buffers
+  // Buffers: the head shard (all tokens, local heads) and the staging.
+  unsigned char *fq = nullptr, *fk = nullptr, *fv = nullptr, *fo = nullptr;
+  float* flse = nullptr;
+  unsigned char *send = nullptr, *recv = nullptr;
+
+  /// Scratch layout: offsets of the buffers above in one allocation.
+  struct Layout {
+    std::size_t off_k, off_v, off_o, off_lse, off_send, off_recv, total;
+  };
+  Layout layout() const;
+  /// Points the buffers into `base` (at least layout().total bytes).
+  void place(void* base);
+
+  /// Staging segments of the in / out all-to-all: segment i of peer p is at
+  /// off[i] + p * bytes[i] in send (to p) and in recv (from p).
+  struct Segments {
+    int n = 0;
+    std::size_t off[3] = {0, 0, 0}, bytes[3] = {0, 0, 0};
+  };
+  Segments segments_in() const;
+  Segments segments_out(bool lse) const;
+};
+
+UlyssesRank ulysses_rank(const UlyssesAttnArgs& a, int world, int rank, int groups);
+
+/// Sequence shard -> staging (every peer's heads of group g out of my rows).
+void ulysses_pack_in(const UlyssesRank& u, const UlyssesAttnArgs& a, int g, cudaStream_t s);
+/// Staging received -> head shard (every peer's two chunks to their global rows).
+void ulysses_unpack_in(const UlyssesRank& u, int g, cudaStream_t s);
+/// The kernel on group g of the head shard.
+void ulysses_attend(const UlyssesRank& u, const UlyssesAttnArgs& a, int g, cudaStream_t s);
+/// Head shard O / LSE of group g -> staging (each peer's rows).
+void ulysses_pack_out(const UlyssesRank& u, const UlyssesAttnArgs& a, int g, cudaStream_t s);
+/// Staging received -> a.o / a.lse (every peer's heads of group g of my rows).
+void ulysses_unpack_out(const UlyssesRank& u, const UlyssesAttnArgs& a, int g, cudaStream_t s);
+
+}  // namespace tessera::ops::detail
