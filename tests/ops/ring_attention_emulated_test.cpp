@@ -179,8 +179,8 @@ struct Emulation {
           }
         }
       const std::string at = what + " world " + std::to_string(pb.world) + " rank " + std::to_string(r) + " chunk " +
-                             std::to_string(C) + " heads " + std::to_string(H) + "/" + std::to_string(pb.hkv) +
-                             " d " + std::to_string(D) + (pb.causal ? " causal" : "");
+                             std::to_string(C) + " heads " + std::to_string(H) + "/" + std::to_string(pb.hkv) + " d " +
+                             std::to_string(D) + (pb.causal ? " causal" : "");
       EXPECT_EQ(bad, 0) << at << ": non-finite outputs";
       EXPECT_LT(std::sqrt(num / den), 1e-2) << at;
       EXPECT_LT(lse_err, 1e-3) << at;
@@ -232,8 +232,9 @@ void run_ulysses(Emulation& s, int groups) {
       for (int p = 0; p < W; ++p) {
         const auto sg = in ? us[p].segments_in() : us[p].segments_out(true);
         for (int i = 0; i < sg.n; ++i)
-          TESSERA_CUDA_CHECK(cudaMemcpy(us[r].recv + sg.off[i] + p * sg.bytes[i], us[p].send + sg.off[i] + r * sg.bytes[i],
-                                        sg.bytes[i], cudaMemcpyDeviceToDevice));
+          TESSERA_CUDA_CHECK(cudaMemcpy(us[r].recv + sg.off[i] + p * sg.bytes[i],
+                                        us[p].send + sg.off[i] + r * sg.bytes[i], sg.bytes[i],
+                                        cudaMemcpyDeviceToDevice));
       }
   };
   for (int g = 0; g < groups; ++g) {
