@@ -8,6 +8,7 @@
 
 #include <array>
 #include <set>
+#include <vector>
 
 #include "seq_parallel_detail.hpp"
 #include "tessera/kernels/attention.hpp"
@@ -29,11 +30,10 @@ struct RingAttnContext::Impl {
       control = std::make_unique<runtime::Signals>(pg, 1);
     }
     TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_ready, cudaEventDisableTiming));
-    TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_push, cudaEventDisableTiming));
   }
   ~Impl() {
     if (ev_ready) cudaEventDestroy(ev_ready);
-    if (ev_push) cudaEventDestroy(ev_push);
+    for (cudaEvent_t ev : ev_push) cudaEventDestroy(ev);
     if (scratch) cudaFree(scratch);
   }
 
@@ -45,10 +45,17 @@ struct RingAttnContext::Impl {
   void* scratch = nullptr;                    ///< accumulator, partial result; without lsa the slots too
   std::size_t scratch_bytes = 0;
   std::uint64_t epoch = 0;
-  cudaEvent_t ev_ready = nullptr, ev_push = nullptr;
+  cudaEvent_t ev_ready = nullptr;
+  std::vector<cudaEvent_t> ev_push;  ///< per step: its forward is done
   std::set<std::array<std::int64_t, 7>> validated;
 
-  std::uint64_t stamp(std::uint64_t e, int j) const { return e * (pg.world() + 1) + j; }
+  void ensure_events(int n) {
+    while (static_cast<int>(ev_push.size()) < n) {
+      cudaEvent_t ev = nullptr;
+      TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+      ev_push.push_back(ev);
+    }
+  }
 
   void ensure_ws(std::size_t bytes) {
     if (!ws.empty() && ws.bytes() >= bytes) return;
@@ -241,62 +248,58 @@ void ring_attention(RingAttnContext& ctx, const RingAttnArgs& a, RingStrategy st
   auto held_k = [&](int j) -> const void* { return j == 0 ? a.k : slot_k(slots, j % 2); };
   auto held_v = [&](int j) -> const void* { return j == 0 ? a.v : slot_k(slots, j % 2) + sz.kv_shard; };
 
-  auto step = [&](int j) {
-    detail::ring_attend(a, R, plan.steps[j], held_k(j), held_v(j), o_part, lse_part, st);
-    detail::ring_merge(a, plan, j, o_acc, lse_acc, o_part, lse_part, st);
-  };
-
-  switch (strategy) {
-    case RingStrategy::sequential: {
-      for (int j = 0; j < R; ++j) {
-        if (j + 1 < R) {  // the held shard to rank r-1, the next one from rank r+1
-          unsigned char* next = slot_k(slots, (j + 1) % 2);
-          TESSERA_NCCL_CHECK(ncclGroupStart());
-          TESSERA_NCCL_CHECK(ncclSend(held_k(j), sz.kv_shard, ncclUint8, plan.send_to, c.pg.nccl(), st));
-          TESSERA_NCCL_CHECK(ncclSend(held_v(j), sz.kv_shard, ncclUint8, plan.send_to, c.pg.nccl(), st));
-          TESSERA_NCCL_CHECK(ncclRecv(next, sz.kv_shard, ncclUint8, plan.recv_from, c.pg.nccl(), st));
-          TESSERA_NCCL_CHECK(ncclRecv(next + sz.kv_shard, sz.kv_shard, ncclUint8, plan.recv_from, c.pg.nccl(), st));
-          TESSERA_NCCL_CHECK(ncclGroupEnd());
-        }
-        step(j);
+  cudaStream_t cs = c.lsa ? c.pg.comm_stream(0) : st;
+  c.ensure_events(R);
+  for (const detail::RingOp& op : detail::ring_schedule(plan, strategy, e, c.lsa)) {
+    cudaStream_t s = op.comm ? cs : st;
+    const int j = op.step;
+    switch (op.kind) {
+      case detail::RingOp::record_ready:
+        TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, s));
+        break;
+      case detail::RingOp::wait_ready:
+        TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, c.ev_ready, 0));
+        break;
+      case detail::RingOp::wait_data:
+        link::rank_wait(s, *c.data, plan.recv_from, 0, op.value);
+        break;
+      case detail::RingOp::wait_control:
+        link::rank_wait(s, *c.control, plan.send_to, 0, op.value);
+        break;
+      case detail::RingOp::push: {
+        unsigned char* dst = slot_k(c.ws.peer(plan.send_to), (j + 1) % 2);
+        link::rank_copy_data(s, dst, held_k(j), sz.kv_shard);
+        link::rank_copy_data(s, dst + sz.kv_shard, held_v(j), sz.kv_shard);
+        break;
       }
-      break;
-    }
-    case RingStrategy::overlapped: {
-      cudaStream_t cs = c.pg.comm_stream(0);
-      TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, st));
-      TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, c.ev_ready, 0));
-      for (int j = 0; j < R; ++j) {
-        if (j + 1 < R) {  // forward the held shard into rank r-1's slot (j+1) % 2 while step j computes
-          if (j >= 1) link::rank_wait(cs, *c.data, plan.recv_from, 0, c.stamp(e, j));
-          // The destination slot was last read at step j-1 of this call, or
-          // (j < 2) in the previous call.
-          if (j >= 2)
-            link::rank_wait(cs, *c.control, plan.send_to, 0, c.stamp(e, j - 1));
-          else if (e > 1)
-            link::rank_wait(cs, *c.control, plan.send_to, 0, c.stamp(e - 1, R));
-          unsigned char* dst = slot_k(c.ws.peer(plan.send_to), (j + 1) % 2);
-          link::rank_copy_data(cs, dst, held_k(j), sz.kv_shard);
-          link::rank_copy_data(cs, dst + sz.kv_shard, held_v(j), sz.kv_shard);
-          link::rank_notify(cs, *c.data, plan.send_to, 0, c.stamp(e, j + 1));
-          TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_push, cs));
-        }
-        if (j >= 1) link::rank_wait(st, *c.data, plan.recv_from, 0, c.stamp(e, j));
-        step(j);
-        if (j >= 1 && j + 1 < R) {  // slot j % 2 is free once read here and forwarded
-          TESSERA_CUDA_CHECK(cudaStreamWaitEvent(st, c.ev_push, 0));
-          link::rank_notify(st, *c.control, plan.recv_from, 0, c.stamp(e, j));
-        }
+      case detail::RingOp::notify_data:
+        link::rank_notify(s, *c.data, plan.send_to, 0, op.value);
+        break;
+      case detail::RingOp::record_push:
+        TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_push[j], s));
+        break;
+      case detail::RingOp::wait_push:
+        TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, c.ev_push[j], 0));
+        break;
+      case detail::RingOp::exchange: {  // the held shard to rank r-1, the next one from rank r+1
+        unsigned char* next = slot_k(slots, (j + 1) % 2);
+        TESSERA_NCCL_CHECK(ncclGroupStart());
+        TESSERA_NCCL_CHECK(ncclSend(held_k(j), sz.kv_shard, ncclUint8, plan.send_to, c.pg.nccl(), s));
+        TESSERA_NCCL_CHECK(ncclSend(held_v(j), sz.kv_shard, ncclUint8, plan.send_to, c.pg.nccl(), s));
+        TESSERA_NCCL_CHECK(ncclRecv(next, sz.kv_shard, ncclUint8, plan.recv_from, c.pg.nccl(), s));
+        TESSERA_NCCL_CHECK(ncclRecv(next + sz.kv_shard, sz.kv_shard, ncclUint8, plan.recv_from, c.pg.nccl(), s));
+        TESSERA_NCCL_CHECK(ncclGroupEnd());
+        break;
       }
-      // The forwards read the inputs (j = 0) and the slots: the call ends
-      // after them.
-      TESSERA_CUDA_CHECK(cudaStreamWaitEvent(st, c.ev_push, 0));
-      break;
+      case detail::RingOp::attend:
+        detail::ring_attend(a, R, plan.steps[j], held_k(j), held_v(j), o_part, lse_part, s);
+        detail::ring_merge(a, plan, j, o_acc, lse_acc, o_part, lse_part, s);
+        break;
+      case detail::RingOp::notify_control:
+        link::rank_notify(s, *c.control, plan.recv_from, 0, op.value);
+        break;
     }
   }
-  // Stamp (e, R): this rank's slots are free for the next call, whichever
-  // strategy it uses.
-  if (c.lsa) link::rank_notify(st, *c.control, plan.recv_from, 0, c.stamp(e, R));
 }
 
 }  // namespace tessera::ops

@@ -1,6 +1,7 @@
 // The zig-zag ring attention plan (ring_attention.hpp).
 #include <algorithm>
 
+#include "seq_parallel_detail.hpp"
 #include "tessera/ops/ring_attention.hpp"
 #include "tessera/runtime/error.hpp"
 
@@ -50,5 +51,56 @@ RingAttnPlan plan_ring_attention(std::int64_t seq, int world, int rank, bool cau
   }
   return p;
 }
+
+namespace detail {
+
+std::vector<RingOp> ring_schedule(const RingAttnPlan& plan, RingStrategy s, std::uint64_t e, bool flags) {
+  const int R = plan.world;
+  TESSERA_CHECK(R > 1 && e >= 1, "ring_schedule: world {} and epoch {} (needs world > 1, epoch >= 1)", R, e);
+  TESSERA_CHECK(s == RingStrategy::sequential || flags, "ring_schedule: overlapped needs the flags");
+  auto stamp = [&](int j, std::uint64_t epoch) { return ring_stamp(epoch, j, R); };
+  std::vector<RingOp> ops;
+  auto add = [&](RingOp::Kind k, bool comm, int step = 0, std::uint64_t value = 0) {
+    ops.push_back({k, comm, step, value});
+  };
+  if (s == RingStrategy::sequential) {
+    for (int j = 0; j < R; ++j) {
+      if (j + 1 < R) add(RingOp::exchange, false, j);
+      add(RingOp::attend, false, j);
+    }
+  } else {
+    add(RingOp::record_ready, false);
+    add(RingOp::wait_ready, true);
+    for (int j = 0; j < R; ++j) {
+      if (j + 1 < R) {  // forward the held shard into rank r-1's slot (j+1) % 2 while step j computes
+        if (j >= 1) add(RingOp::wait_data, true, j, stamp(j, e));
+        // That slot was last read at step j-1 of this call, or (j < 2) in
+        // the previous call.
+        if (j >= 2)
+          add(RingOp::wait_control, true, j, stamp(j - 1, e));
+        else if (e > 1)
+          add(RingOp::wait_control, true, j, stamp(R, e - 1));
+        add(RingOp::push, true, j);
+        add(RingOp::notify_data, true, j, stamp(j + 1, e));
+        add(RingOp::record_push, true, j);
+      }
+      if (j >= 1) add(RingOp::wait_data, false, j, stamp(j, e));
+      add(RingOp::attend, false, j);
+      if (j >= 1 && j + 1 < R) {  // slot j % 2 is free once read here and forwarded
+        add(RingOp::wait_push, false, j);
+        add(RingOp::notify_control, false, j, stamp(j, e));
+      }
+    }
+    // The forwards read the inputs (j = 0) and the slots: the call ends
+    // after them.
+    add(RingOp::wait_push, false, R - 2);
+  }
+  // Stamp (e, R): this rank's slots are free for the next call, whichever
+  // strategy it uses.
+  if (flags) add(RingOp::notify_control, false, R, stamp(R, e));
+  return ops;
+}
+
+}  // namespace detail
 
 }  // namespace tessera::ops

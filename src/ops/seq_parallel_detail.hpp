@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "tessera/ops/ring_attention.hpp"
 #include "tessera/ops/ulysses_attention.hpp"
@@ -27,6 +28,42 @@ void ring_attend(const RingAttnArgs& a, int world, const RingAttnPlan::Step& s, 
 /// (o_acc, lse_acc); the last step writes a.o and a.lse instead, every row.
 void ring_merge(const RingAttnArgs& a, const RingAttnPlan& plan, int j, float* o_acc, float* lse_acc,
                 const void* o_part, const float* lse_part, cudaStream_t stream);
+
+/// One rank's ring call as a host-ordered list of operations, each on the
+/// compute or the communication stream: the flag protocol as data, executed
+/// by ring_attention() and checked by a model of R ranks in
+/// tests/ops/ring_attention_protocol_test.cpp. Flags: `data` (from rank r+1,
+/// "the shard of step j is in your slot"), `control` (from rank r-1, "my
+/// slot of step j is free"); values are stamps (ring_stamp).
+struct RingOp {
+  enum Kind {
+    record_ready,    ///< compute: event "inputs ready"
+    wait_ready,      ///< comm: waits for it
+    wait_data,       ///< wait until the data flag from rank r+1 >= value
+    wait_control,    ///< wait until the control flag from rank r-1 >= value
+    push,            ///< comm: the shard held at `step` into slot (step+1) % 2 of rank r-1 (copy engine)
+    notify_data,     ///< data flag on rank r-1 = value
+    record_push,     ///< comm: event "push of `step` done"
+    wait_push,       ///< compute: waits for that event
+    exchange,        ///< compute: NCCL send of the shard held at `step` to r-1, receive of the next from r+1
+    attend,          ///< compute: step's attention and merge (reads the shard held at `step`)
+    notify_control,  ///< control flag on rank r+1 = value
+  };
+  Kind kind;
+  bool comm = false;  ///< on the communication stream
+  int step = 0;
+  std::uint64_t value = 0;
+};
+
+/// Stamp of step j (0..R; R: the call is over) of call `epoch` (1, 2, ...).
+inline std::uint64_t ring_stamp(std::uint64_t epoch, int j, int world) {
+  return epoch * static_cast<std::uint64_t>(world + 1) + static_cast<std::uint64_t>(j);
+}
+
+/// The operations of call `epoch` of a rank with plan `plan` (world > 1);
+/// `flags`: the ranks have symmetric memory (the call ends with the control
+/// stamp (epoch, R), which the next overlapped call waits for).
+std::vector<RingOp> ring_schedule(const RingAttnPlan& plan, RingStrategy s, std::uint64_t epoch, bool flags);
 
 // ---- Ulysses ----
 
