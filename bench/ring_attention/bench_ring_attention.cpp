@@ -1,6 +1,7 @@
 // `tessera bench ring-attention` — sequence-parallel attention schedules on
 // the zig-zag shards, run under `tessera run -n R`: ring (sequential,
-// overlapped) and Ulysses (sequential, pipelined) per case, in one
+// overlapped), Ulysses (sequential, pipelined) and, for reference, part 1's
+// all-gather KV (sp_attention: sequential, fused_ce) per case, in one
 // interleaved timing loop (every repetition runs each variant once, after a
 // barrier and pg.align_streams; the slowest rank's median is reported).
 // TFLOP/s as FlashAttention counts them (4·B·Hq·D·admitted pairs of the
@@ -24,6 +25,7 @@
 #include "command.hpp"
 #include "common/timing.hpp"
 #include "tessera/ops/ring_attention.hpp"
+#include "tessera/ops/sp_attention.hpp"
 #include "tessera/ops/ulysses_attention.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/runtime/process_group.hpp"
@@ -52,6 +54,7 @@ struct Options {
   std::vector<int> cases;  // indices into all_cases(); empty = all
   int batch = 1;
   int head_groups = 0;
+  bool agkv = true;
   int reps = 10;
   int warmup = 2;
   std::string json, device_kind = "unknown", commit = "unknown";
@@ -92,6 +95,9 @@ void run(const Options& o) {
   std::mt19937_64 rng(1234 + pg->rank());
   ops::RingAttnContext ring(*pg);
   ops::UlyssesAttnContext uly(*pg);
+  std::unique_ptr<ops::SpAttnContext> sp_ctx;
+  if (o.agkv && (R == 1 || pg->lsa_reachable())) sp_ctx = std::make_unique<ops::SpAttnContext>(*pg);
+  ops::SpAttnContext* sp_ptr = sp_ctx.get();
   const std::vector<Case> cases = all_cases();
   std::vector<int> idx = o.cases;
   if (idx.empty())
@@ -137,6 +143,12 @@ void run(const Options& o) {
     if (R == 1 || pg->lsa_reachable())
       vs.push_back({"ring overlapped", [&] { ops::ring_attention(ring, a, ops::RingStrategy::overlapped); },
                     ops::ring_attention_workspace_bytes(a, R)});
+    if (sp_ptr) {  // part 1's all-gather KV (sp_attention), for reference
+      const std::size_t kv_all = static_cast<std::size_t>(2 * B * c.seq * c.hkv * D) * 2;  // gathered K and V
+      vs.push_back({"ag-kv sequential", [&] { ops::sp_attention(*sp_ptr, a, ops::SpStrategy::sequential); },
+                    kv_all + static_cast<std::size_t>(R) * nk * 2 * 2});  // + NCCL staging of K and V shards
+      vs.push_back({"ag-kv fused_ce", [&] { ops::sp_attention(*sp_ptr, a, ops::SpStrategy::fused_ce); }, kv_all});
+    }
     if (c.hq % R == 0 && c.hkv % R == 0) {
       const int g = ops::ulysses_head_groups(a, R, ops::UlyssesStrategy::pipelined, o.head_groups);
       vs.push_back({"ulysses sequential", [&] { ops::ulysses_attention(uly, a, ops::UlyssesStrategy::sequential); },
@@ -210,6 +222,7 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   cmd->add_option("--batch", opts->batch, "batch size")->check(CLI::Range(1, 64));
   cmd->add_option("--head-groups", opts->head_groups, "Ulysses pipelined head groups (0: automatic)")
       ->check(CLI::Range(0, 64));
+  cmd->add_flag("!--no-agkv", opts->agkv, "leave out part 1's all-gather-KV operator (sp_attention)");
   cmd->add_option("--reps", opts->reps, "timed repetitions (median)")->check(CLI::Range(1, 100000));
   cmd->add_option("--warmup", opts->warmup, "warm-up repetitions")->check(CLI::Range(0, 100000));
   cmd->add_option("--json", opts->json, "write the figures here (rank 0, bench/results format)");
