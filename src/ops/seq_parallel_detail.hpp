@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "tessera/ops/ring_attention.hpp"
@@ -98,15 +99,22 @@ struct UlyssesRank {
 
 UlyssesRank ulysses_rank(const UlyssesAttnArgs& a, int world, int rank, int groups);
 
+/// A 2-D copy in bytes: `rows` rows of `width` bytes, row pitches dpitch /
+/// spitch. The operators enqueue cudaMemcpy2DAsync (stream_copy2d); a CPU
+/// test moves host memory through the same index arithmetic.
+using Copy2d = std::function<void(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
+                                  std::size_t rows)>;
+Copy2d stream_copy2d(cudaStream_t s);
+
 /// Sequence shard -> staging (every peer's heads of group g out of my rows).
-void ulysses_pack_in(const UlyssesRank& u, const UlyssesAttnArgs& a, int g, cudaStream_t s);
+void ulysses_pack_in(const UlyssesRank& u, const UlyssesAttnArgs& a, int g, const Copy2d& copy);
 /// Staging received -> head shard (every peer's two chunks to their global rows).
-void ulysses_unpack_in(const UlyssesRank& u, int g, cudaStream_t s);
+void ulysses_unpack_in(const UlyssesRank& u, int g, const Copy2d& copy);
 /// The kernel on group g of the head shard.
 void ulysses_attend(const UlyssesRank& u, const UlyssesAttnArgs& a, int g, cudaStream_t s);
 /// Head shard O / LSE of group g -> staging (each peer's rows).
-void ulysses_pack_out(const UlyssesRank& u, const UlyssesAttnArgs& a, int g, cudaStream_t s);
+void ulysses_pack_out(const UlyssesRank& u, const UlyssesAttnArgs& a, int g, const Copy2d& copy);
 /// Staging received -> a.o / a.lse (every peer's heads of group g of my rows).
-void ulysses_unpack_out(const UlyssesRank& u, const UlyssesAttnArgs& a, int g, cudaStream_t s);
+void ulysses_unpack_out(const UlyssesRank& u, const UlyssesAttnArgs& a, int g, const Copy2d& copy);
 
 }  // namespace tessera::ops::detail

@@ -173,14 +173,16 @@ void ulysses_attention(UlyssesAttnContext& ctx, const UlyssesAttnArgs& a, Ulysse
     TESSERA_NCCL_CHECK(ncclGroupEnd());
   };
   auto all_to_all_in = [&](int g, cudaStream_t s) {
-    detail::ulysses_pack_in(u, a, g, s);
+    const detail::Copy2d copy = detail::stream_copy2d(s);
+    detail::ulysses_pack_in(u, a, g, copy);
     exchange(u.segments_in(), s);
-    detail::ulysses_unpack_in(u, g, s);
+    detail::ulysses_unpack_in(u, g, copy);
   };
   auto all_to_all_out = [&](int g, cudaStream_t s) {
-    detail::ulysses_pack_out(u, a, g, s);
+    const detail::Copy2d copy = detail::stream_copy2d(s);
+    detail::ulysses_pack_out(u, a, g, copy);
     exchange(u.segments_out(a.lse != nullptr), s);
-    detail::ulysses_unpack_out(u, a, g, s);
+    detail::ulysses_unpack_out(u, a, g, copy);
   };
 
   if (strategy == UlyssesStrategy::sequential || G == 1) {
@@ -216,13 +218,6 @@ namespace detail {
 
 namespace {
 
-/// cudaMemcpy2DAsync in bytes: `rows` rows of `width` bytes.
-void copy2d(cudaStream_t s, void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
-            std::size_t rows) {
-  if (rows == 0 || width == 0) return;
-  TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault, s));
-}
-
 /// Global chunk of peer p's local chunk i.
 std::int64_t chunk_of(const UlyssesRank& u, int p, int i) { return i == 0 ? p : 2 * u.world - 1 - p; }
 
@@ -234,6 +229,13 @@ struct InTensor {
 };
 
 }  // namespace
+
+Copy2d stream_copy2d(cudaStream_t s) {
+  return [s](void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width, std::size_t rows) {
+    if (rows == 0 || width == 0) return;
+    TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault, s));
+  };
+}
 
 UlyssesRank ulysses_rank(const UlyssesAttnArgs& a, int world, int rank, int groups) {
   UlyssesRank u;
@@ -308,18 +310,18 @@ UlyssesRank::Segments UlyssesRank::segments_out(bool lse) const {
   return s;
 }
 
-void ulysses_pack_in(const UlyssesRank& u, const UlyssesAttnArgs& a, int g, cudaStream_t s) {
+void ulysses_pack_in(const UlyssesRank& u, const UlyssesAttnArgs& a, int g, const Copy2d& copy) {
   const UlyssesRank::Segments sg = u.segments_in();
   const InTensor ts[3] = {
       {a.q, u.fq, u.H, u.Hl, u.Hg}, {a.k, u.fk, u.Hkv, u.Hkvl, u.Hkvg}, {a.v, u.fv, u.Hkv, u.Hkvl, u.Hkvg}};
   for (int t = 0; t < 3; ++t)  // peer p gets my rows of its group-g heads
     for (int p = 0; p < u.world; ++p)
-      copy2d(s, u.send + sg.off[t] + p * sg.bytes[t], ts[t].group * u.hrow,
-             static_cast<const unsigned char*>(ts[t].src) + (p * ts[t].local + g * ts[t].group) * u.hrow,
-             ts[t].heads * u.hrow, ts[t].group * u.hrow, u.B * u.L);
+      copy(u.send + sg.off[t] + p * sg.bytes[t], ts[t].group * u.hrow,
+           static_cast<const unsigned char*>(ts[t].src) + (p * ts[t].local + g * ts[t].group) * u.hrow,
+           ts[t].heads * u.hrow, ts[t].group * u.hrow, u.B * u.L);
 }
 
-void ulysses_unpack_in(const UlyssesRank& u, int g, cudaStream_t s) {
+void ulysses_unpack_in(const UlyssesRank& u, int g, const Copy2d& copy) {
   const UlyssesRank::Segments sg = u.segments_in();
   const InTensor ts[3] = {
       {nullptr, u.fq, u.H, u.Hl, u.Hg}, {nullptr, u.fk, u.Hkv, u.Hkvl, u.Hkvg}, {nullptr, u.fv, u.Hkv, u.Hkvl, u.Hkvg}};
@@ -327,10 +329,9 @@ void ulysses_unpack_in(const UlyssesRank& u, int g, cudaStream_t s) {
     for (int p = 0; p < u.world; ++p)
       for (int i = 0; i < 2; ++i)
         for (std::int64_t b = 0; b < u.B; ++b)
-          copy2d(s, ts[t].full + ((b * u.S + chunk_of(u, p, i) * u.C) * ts[t].local + g * ts[t].group) * u.hrow,
-                 ts[t].local * u.hrow,
-                 u.recv + sg.off[t] + p * sg.bytes[t] + (b * u.L + i * u.C) * ts[t].group * u.hrow,
-                 ts[t].group * u.hrow, ts[t].group * u.hrow, u.C);
+          copy(ts[t].full + ((b * u.S + chunk_of(u, p, i) * u.C) * ts[t].local + g * ts[t].group) * u.hrow,
+               ts[t].local * u.hrow, u.recv + sg.off[t] + p * sg.bytes[t] + (b * u.L + i * u.C) * ts[t].group * u.hrow,
+               ts[t].group * u.hrow, ts[t].group * u.hrow, u.C);
 }
 
 void ulysses_attend(const UlyssesRank& u, const UlyssesAttnArgs& a, int g, cudaStream_t s) {
@@ -358,28 +359,28 @@ void ulysses_attend(const UlyssesRank& u, const UlyssesAttnArgs& a, int g, cudaS
   kernels::attention(k, s);
 }
 
-void ulysses_pack_out(const UlyssesRank& u, const UlyssesAttnArgs& a, int g, cudaStream_t s) {
+void ulysses_pack_out(const UlyssesRank& u, const UlyssesAttnArgs& a, int g, const Copy2d& copy) {
   const UlyssesRank::Segments sg = u.segments_out(a.lse != nullptr);
   for (int p = 0; p < u.world; ++p)
     for (int i = 0; i < 2; ++i)
       for (std::int64_t b = 0; b < u.B; ++b) {
         const std::int64_t row = b * u.S + chunk_of(u, p, i) * u.C;  // first global row of the chunk
-        copy2d(s, u.send + sg.off[0] + p * sg.bytes[0] + (b * u.L + i * u.C) * u.Hg * u.hrow, u.Hg * u.hrow,
-               u.fo + (row * u.Hl + g * u.Hg) * u.hrow, u.Hl * u.hrow, u.Hg * u.hrow, u.C);
+        copy(u.send + sg.off[0] + p * sg.bytes[0] + (b * u.L + i * u.C) * u.Hg * u.hrow, u.Hg * u.hrow,
+             u.fo + (row * u.Hl + g * u.Hg) * u.hrow, u.Hl * u.hrow, u.Hg * u.hrow, u.C);
         if (a.lse)  // [B, Hl, S] -> per peer [B, Hg, 2C]
-          copy2d(s, u.send + sg.off[1] + p * sg.bytes[1] + (b * u.Hg * u.L + i * u.C) * 4, u.L * 4,
-                 u.flse + (b * u.Hl + g * u.Hg) * u.S + chunk_of(u, p, i) * u.C, u.S * 4, u.C * 4, u.Hg);
+          copy(u.send + sg.off[1] + p * sg.bytes[1] + (b * u.Hg * u.L + i * u.C) * 4, u.L * 4,
+               u.flse + (b * u.Hl + g * u.Hg) * u.S + chunk_of(u, p, i) * u.C, u.S * 4, u.C * 4, u.Hg);
       }
 }
 
-void ulysses_unpack_out(const UlyssesRank& u, const UlyssesAttnArgs& a, int g, cudaStream_t s) {
+void ulysses_unpack_out(const UlyssesRank& u, const UlyssesAttnArgs& a, int g, const Copy2d& copy) {
   const UlyssesRank::Segments sg = u.segments_out(a.lse != nullptr);
   for (int p = 0; p < u.world; ++p) {  // peer p's heads of my rows
-    copy2d(s, static_cast<unsigned char*>(a.o) + (p * u.Hl + g * u.Hg) * u.hrow, u.H * u.hrow,
-           u.recv + sg.off[0] + p * sg.bytes[0], u.Hg * u.hrow, u.Hg * u.hrow, u.B * u.L);
+    copy(static_cast<unsigned char*>(a.o) + (p * u.Hl + g * u.Hg) * u.hrow, u.H * u.hrow,
+         u.recv + sg.off[0] + p * sg.bytes[0], u.Hg * u.hrow, u.Hg * u.hrow, u.B * u.L);
     if (a.lse)
-      copy2d(s, a.lse + (p * u.Hl + g * u.Hg) * u.L, u.H * u.L * 4, u.recv + sg.off[1] + p * sg.bytes[1],
-             u.Hg * u.L * 4, u.Hg * u.L * 4, u.B);
+      copy(a.lse + (p * u.Hl + g * u.Hg) * u.L, u.H * u.L * 4, u.recv + sg.off[1] + p * sg.bytes[1], u.Hg * u.L * 4,
+           u.Hg * u.L * 4, u.B);
   }
 }
 

@@ -237,14 +237,15 @@ void run_ulysses(Emulation& s, int groups) {
                                         cudaMemcpyDeviceToDevice));
       }
   };
+  const ops::detail::Copy2d copy = ops::detail::stream_copy2d(nullptr);
   for (int g = 0; g < groups; ++g) {
-    for (int r = 0; r < W; ++r) ops::detail::ulysses_pack_in(us[r], as[r], g, nullptr);
+    for (int r = 0; r < W; ++r) ops::detail::ulysses_pack_in(us[r], as[r], g, copy);
     exchange(true);
-    for (int r = 0; r < W; ++r) ops::detail::ulysses_unpack_in(us[r], g, nullptr);
+    for (int r = 0; r < W; ++r) ops::detail::ulysses_unpack_in(us[r], g, copy);
     for (int r = 0; r < W; ++r) ops::detail::ulysses_attend(us[r], as[r], g, nullptr);
-    for (int r = 0; r < W; ++r) ops::detail::ulysses_pack_out(us[r], as[r], g, nullptr);
+    for (int r = 0; r < W; ++r) ops::detail::ulysses_pack_out(us[r], as[r], g, copy);
     exchange(false);
-    for (int r = 0; r < W; ++r) ops::detail::ulysses_unpack_out(us[r], as[r], g, nullptr);
+    for (int r = 0; r < W; ++r) ops::detail::ulysses_unpack_out(us[r], as[r], g, copy);
   }
   s.check("ulysses groups " + std::to_string(groups), true);
 }
