@@ -69,6 +69,12 @@ std::vector<RingOp> ring_schedule(const RingAttnPlan& plan, RingStrategy s, std:
 // ---- Ulysses ----
 
 /// One rank's shapes for `groups` head groups, and where its buffers are.
+///
+/// The head shard is group-major: tensor X with `n` heads per group holds
+/// group g at X + g·B·S·n·hrow as [B, S, n, D] (LSE: [G][B, Hg, S]), so that
+/// with batch 1 the rows of one zig-zag chunk of one group are contiguous
+/// and NCCL moves them in place (direct(): no unpack of Q, K, V, no pack of
+/// O). With batch > 1 everything goes through the staging buffers.
 struct UlyssesRank {
   int world = 1, rank = 0, groups = 1;
   std::int64_t B = 0, S = 0, C = 0, L = 0, D = 0, H = 0, Hkv = 0, Hl = 0, Hkvl = 0, Hg = 0, Hkvg = 0;
@@ -79,6 +85,16 @@ struct UlyssesRank {
   float* flse = nullptr;
   unsigned char *send = nullptr, *recv = nullptr;
 
+  bool direct() const { return B == 1; }
+  /// Byte offset of local head hl (of `n` per group) of token t, batch b, in a head-shard tensor.
+  std::size_t head_row(std::int64_t n, std::int64_t b, std::int64_t t, std::int64_t hl) const {
+    return static_cast<std::size_t>((((hl / n) * B + b) * S + t) * n + hl % n) * hrow;
+  }
+  /// Index of local head hl's LSE of token t, batch b, in flse.
+  std::int64_t lse_index(std::int64_t b, std::int64_t t, std::int64_t hl) const {
+    return (((hl / Hg) * B + b) * Hg + hl % Hg) * S + t;
+  }
+
   /// Scratch layout: offsets of the buffers above in one allocation.
   struct Layout {
     std::size_t off_k, off_v, off_o, off_lse, off_send, off_recv, total;
@@ -87,14 +103,16 @@ struct UlyssesRank {
   /// Points the buffers into `base` (at least layout().total bytes).
   void place(void* base);
 
-  /// Staging segments of the in / out all-to-all: segment i of peer p is at
-  /// off[i] + p * bytes[i] in send (to p) and in recv (from p).
-  struct Segments {
-    int n = 0;
-    std::size_t off[3] = {0, 0, 0}, bytes[3] = {0, 0, 0};
+  /// One NCCL send / receive pair with `peer`. Rank r's k-th transfer with
+  /// peer p sends what p's k-th transfer with r receives (same bytes).
+  struct Transfer {
+    int peer;
+    const unsigned char* send;
+    unsigned char* recv;
+    std::size_t bytes;
   };
-  Segments segments_in() const;
-  Segments segments_out(bool lse) const;
+  std::vector<Transfer> transfers_in(int g) const;
+  std::vector<Transfer> transfers_out(int g, bool lse) const;
 };
 
 UlyssesRank ulysses_rank(const UlyssesAttnArgs& a, int world, int rank, int groups);

@@ -161,27 +161,25 @@ void ulysses_attention(UlyssesAttnContext& ctx, const UlyssesAttnArgs& a, Ulysse
   u.place(c.ensure_scratch(u.layout().total));
   c.ensure_events(G);
 
-  // One NCCL group: segment i of peer p from send to p, into recv from p.
-  auto exchange = [&](const detail::UlyssesRank::Segments& sg, cudaStream_t s) {
+  // One NCCL group of every transfer of a direction.
+  auto exchange = [&](const std::vector<detail::UlyssesRank::Transfer>& ts, cudaStream_t s) {
     TESSERA_NCCL_CHECK(ncclGroupStart());
-    for (int i = 0; i < sg.n; ++i)
-      for (int p = 0; p < R; ++p) {
-        const std::size_t off = sg.off[i] + p * sg.bytes[i];
-        TESSERA_NCCL_CHECK(ncclSend(u.send + off, sg.bytes[i], ncclUint8, p, c.pg.nccl(), s));
-        TESSERA_NCCL_CHECK(ncclRecv(u.recv + off, sg.bytes[i], ncclUint8, p, c.pg.nccl(), s));
-      }
+    for (const detail::UlyssesRank::Transfer& t : ts) {
+      TESSERA_NCCL_CHECK(ncclSend(t.send, t.bytes, ncclUint8, t.peer, c.pg.nccl(), s));
+      TESSERA_NCCL_CHECK(ncclRecv(t.recv, t.bytes, ncclUint8, t.peer, c.pg.nccl(), s));
+    }
     TESSERA_NCCL_CHECK(ncclGroupEnd());
   };
   auto all_to_all_in = [&](int g, cudaStream_t s) {
     const detail::Copy2d copy = detail::stream_copy2d(s);
     detail::ulysses_pack_in(u, a, g, copy);
-    exchange(u.segments_in(), s);
+    exchange(u.transfers_in(g), s);
     detail::ulysses_unpack_in(u, g, copy);
   };
   auto all_to_all_out = [&](int g, cudaStream_t s) {
     const detail::Copy2d copy = detail::stream_copy2d(s);
     detail::ulysses_pack_out(u, a, g, copy);
-    exchange(u.segments_out(a.lse != nullptr), s);
+    exchange(u.transfers_out(g, a.lse != nullptr), s);
     detail::ulysses_unpack_out(u, a, g, copy);
   };
 
@@ -226,6 +224,7 @@ struct InTensor {
   const void* src;
   unsigned char* full;
   std::int64_t heads, local, group;
+  std::size_t off, blk;  ///< staging: the tensor's first block, bytes per peer
 };
 
 }  // namespace
@@ -260,11 +259,35 @@ UlyssesRank ulysses_rank(const UlyssesAttnArgs& a, int world, int rank, int grou
   return u;
 }
 
+namespace {
+
+/// Staging offsets: the in direction holds Q, K, V blocks of every peer, the
+/// out direction O and LSE blocks.
+struct Staging {
+  std::size_t in_k, in_v, in_end, out_lse, out_end;
+};
+Staging staging(const UlyssesRank& u) {
+  Staging s{};
+  s.in_k = align256(u.world * u.blk_q);
+  s.in_v = s.in_k + align256(u.world * u.blk_kv);
+  s.in_end = s.in_v + align256(u.world * u.blk_kv);
+  s.out_lse = align256(u.world * u.blk_q);
+  s.out_end = s.out_lse + align256(u.world * u.blk_lse);
+  return s;
+}
+
+/// Group g of a group-major head-shard tensor with n heads per group.
+unsigned char* group_base(const UlyssesRank& u, unsigned char* full, std::int64_t n, int g) {
+  return full + static_cast<std::size_t>(g * u.B * u.S * n) * u.hrow;
+}
+
+}  // namespace
+
 UlyssesRank::Layout UlyssesRank::layout() const {
   const std::size_t tokens = static_cast<std::size_t>(B * S);  // = world peers x [B, 2C]
   const std::size_t q = tokens * Hl * hrow, kv = tokens * Hkvl * hrow, lse = tokens * Hl * 4;
-  const Segments in = segments_in(), out = segments_out(true);
-  const std::size_t stage = align256(std::max(in.off[2] + world * in.bytes[2], out.off[1] + world * out.bytes[1]));
+  const Staging st = staging(*this);
+  const std::size_t stage = std::max(st.in_end, st.out_end);
   Layout l{};
   l.off_k = align256(q);
   l.off_v = l.off_k + align256(kv);
@@ -288,98 +311,123 @@ void UlyssesRank::place(void* base) {
   recv = b + l.off_recv;
 }
 
-UlyssesRank::Segments UlyssesRank::segments_in() const {
-  Segments s;
-  s.n = 3;
-  s.off[0] = 0;
-  s.bytes[0] = blk_q;
-  s.off[1] = align256(world * blk_q);
-  s.bytes[1] = blk_kv;
-  s.off[2] = s.off[1] + align256(world * blk_kv);
-  s.bytes[2] = blk_kv;
-  return s;
+std::vector<UlyssesRank::Transfer> UlyssesRank::transfers_in(int g) const {
+  const Staging st = staging(*this);
+  struct T {
+    std::size_t off, blk;
+    unsigned char* full;
+    std::int64_t n;
+  };
+  const T ts[3] = {{0, blk_q, fq, Hg}, {st.in_k, blk_kv, fk, Hkvg}, {st.in_v, blk_kv, fv, Hkvg}};
+  std::vector<Transfer> out;
+  for (const T& t : ts)
+    for (int p = 0; p < world; ++p) {
+      const unsigned char* blk = send + t.off + p * t.blk;
+      if (direct()) {  // each chunk of p straight to its global rows
+        const std::size_t chunk = static_cast<std::size_t>(C * t.n) * hrow;
+        for (int i = 0; i < 2; ++i)
+          out.push_back({p, blk + i * chunk, group_base(*this, t.full, t.n, g) + chunk_of(*this, p, i) * chunk, chunk});
+      } else {
+        out.push_back({p, blk, recv + t.off + p * t.blk, t.blk});
+      }
+    }
+  return out;
 }
 
-UlyssesRank::Segments UlyssesRank::segments_out(bool lse) const {
-  Segments s;
-  s.n = lse ? 2 : 1;
-  s.off[0] = 0;
-  s.bytes[0] = blk_q;
-  s.off[1] = align256(world * blk_q);
-  s.bytes[1] = blk_lse;
-  return s;
+std::vector<UlyssesRank::Transfer> UlyssesRank::transfers_out(int g, bool lse) const {
+  const Staging st = staging(*this);
+  std::vector<Transfer> out;
+  for (int p = 0; p < world; ++p) {
+    if (direct()) {  // p's two chunks of my heads straight from the head shard
+      const std::size_t chunk = static_cast<std::size_t>(C * Hg) * hrow;
+      for (int i = 0; i < 2; ++i)
+        out.push_back(
+            {p, group_base(*this, fo, Hg, g) + chunk_of(*this, p, i) * chunk, recv + p * blk_q + i * chunk, chunk});
+    } else {
+      out.push_back({p, send + p * blk_q, recv + p * blk_q, blk_q});
+    }
+    if (lse) out.push_back({p, send + st.out_lse + p * blk_lse, recv + st.out_lse + p * blk_lse, blk_lse});
+  }
+  return out;
 }
 
 void ulysses_pack_in(const UlyssesRank& u, const UlyssesAttnArgs& a, int g, const Copy2d& copy) {
-  const UlyssesRank::Segments sg = u.segments_in();
-  const InTensor ts[3] = {
-      {a.q, u.fq, u.H, u.Hl, u.Hg}, {a.k, u.fk, u.Hkv, u.Hkvl, u.Hkvg}, {a.v, u.fv, u.Hkv, u.Hkvl, u.Hkvg}};
-  for (int t = 0; t < 3; ++t)  // peer p gets my rows of its group-g heads
+  const Staging st = staging(u);
+  const InTensor ts[3] = {{a.q, u.fq, u.H, u.Hl, u.Hg, 0, u.blk_q},
+                          {a.k, u.fk, u.Hkv, u.Hkvl, u.Hkvg, st.in_k, u.blk_kv},
+                          {a.v, u.fv, u.Hkv, u.Hkvl, u.Hkvg, st.in_v, u.blk_kv}};
+  for (const InTensor& t : ts)  // peer p gets my rows of its group-g heads
     for (int p = 0; p < u.world; ++p)
-      copy(u.send + sg.off[t] + p * sg.bytes[t], ts[t].group * u.hrow,
-           static_cast<const unsigned char*>(ts[t].src) + (p * ts[t].local + g * ts[t].group) * u.hrow,
-           ts[t].heads * u.hrow, ts[t].group * u.hrow, u.B * u.L);
+      copy(u.send + t.off + p * t.blk, t.group * u.hrow,
+           static_cast<const unsigned char*>(t.src) + (p * t.local + g * t.group) * u.hrow, t.heads * u.hrow,
+           t.group * u.hrow, u.B * u.L);
 }
 
 void ulysses_unpack_in(const UlyssesRank& u, int g, const Copy2d& copy) {
-  const UlyssesRank::Segments sg = u.segments_in();
-  const InTensor ts[3] = {
-      {nullptr, u.fq, u.H, u.Hl, u.Hg}, {nullptr, u.fk, u.Hkv, u.Hkvl, u.Hkvg}, {nullptr, u.fv, u.Hkv, u.Hkvl, u.Hkvg}};
-  for (int t = 0; t < 3; ++t)  // peer p's two chunks to their global rows
+  if (u.direct()) return;  // NCCL placed the rows
+  const Staging st = staging(u);
+  const InTensor ts[3] = {{nullptr, u.fq, u.H, u.Hl, u.Hg, 0, u.blk_q},
+                          {nullptr, u.fk, u.Hkv, u.Hkvl, u.Hkvg, st.in_k, u.blk_kv},
+                          {nullptr, u.fv, u.Hkv, u.Hkvl, u.Hkvg, st.in_v, u.blk_kv}};
+  for (const InTensor& t : ts)  // peer p's two chunks to their global rows
     for (int p = 0; p < u.world; ++p)
       for (int i = 0; i < 2; ++i)
-        for (std::int64_t b = 0; b < u.B; ++b)
-          copy(ts[t].full + ((b * u.S + chunk_of(u, p, i) * u.C) * ts[t].local + g * ts[t].group) * u.hrow,
-               ts[t].local * u.hrow, u.recv + sg.off[t] + p * sg.bytes[t] + (b * u.L + i * u.C) * ts[t].group * u.hrow,
-               ts[t].group * u.hrow, ts[t].group * u.hrow, u.C);
+        for (std::int64_t b = 0; b < u.B; ++b) {
+          const std::size_t rows = static_cast<std::size_t>(t.group) * u.hrow;  // one token's group heads
+          copy(group_base(u, t.full, t.group, g) + (b * u.S + chunk_of(u, p, i) * u.C) * rows, rows,
+               u.recv + t.off + p * t.blk + (b * u.L + i * u.C) * rows, rows, rows, u.C);
+        }
 }
 
 void ulysses_attend(const UlyssesRank& u, const UlyssesAttnArgs& a, int g, cudaStream_t s) {
   kernels::AttentionArgs k;
-  k.q = u.fq + g * u.Hg * u.hrow;
-  k.k = u.fk + g * u.Hkvg * u.hrow;
-  k.v = u.fv + g * u.Hkvg * u.hrow;
-  k.o = u.fo + g * u.Hg * u.hrow;
+  k.q = group_base(u, u.fq, u.Hg, g);
+  k.k = group_base(u, u.fk, u.Hkvg, g);
+  k.v = group_base(u, u.fv, u.Hkvg, g);
+  k.o = group_base(u, u.fo, u.Hg, g);
   k.batch = u.B;
   k.seqlen_q = k.seqlen_k = u.S;
   k.heads_q = u.Hg;
   k.heads_kv = u.Hkvg;
   k.head_dim = u.D;
-  k.q_stride = k.o_stride = {u.S * u.Hl * u.D, u.Hl * u.D, u.D};
-  k.k_stride = k.v_stride = {u.S * u.Hkvl * u.D, u.Hkvl * u.D, u.D};
+  k.q_stride = k.o_stride = {u.S * u.Hg * u.D, u.Hg * u.D, u.D};
+  k.k_stride = k.v_stride = {u.S * u.Hkvg * u.D, u.Hkvg * u.D, u.D};
   k.dtype = a.dtype;
   k.causal = a.causal;
   k.q_offset = 0;
   k.softmax_scale = a.softmax_scale;
   if (a.lse) {
-    k.lse = u.flse + g * u.Hg * u.S;
-    k.lse_batch_stride = u.Hl * u.S;
+    k.lse = u.flse + g * u.B * u.Hg * u.S;
+    k.lse_batch_stride = u.Hg * u.S;
     k.lse_head_stride = u.S;
   }
   kernels::attention(k, s);
 }
 
 void ulysses_pack_out(const UlyssesRank& u, const UlyssesAttnArgs& a, int g, const Copy2d& copy) {
-  const UlyssesRank::Segments sg = u.segments_out(a.lse != nullptr);
+  const Staging st = staging(u);
+  const std::size_t rows = static_cast<std::size_t>(u.Hg) * u.hrow;  // one token's group heads
+  const float* lse_g = u.flse + g * u.B * u.Hg * u.S;
   for (int p = 0; p < u.world; ++p)
     for (int i = 0; i < 2; ++i)
       for (std::int64_t b = 0; b < u.B; ++b) {
-        const std::int64_t row = b * u.S + chunk_of(u, p, i) * u.C;  // first global row of the chunk
-        copy(u.send + sg.off[0] + p * sg.bytes[0] + (b * u.L + i * u.C) * u.Hg * u.hrow, u.Hg * u.hrow,
-             u.fo + (row * u.Hl + g * u.Hg) * u.hrow, u.Hl * u.hrow, u.Hg * u.hrow, u.C);
-        if (a.lse)  // [B, Hl, S] -> per peer [B, Hg, 2C]
-          copy(u.send + sg.off[1] + p * sg.bytes[1] + (b * u.Hg * u.L + i * u.C) * 4, u.L * 4,
-               u.flse + (b * u.Hl + g * u.Hg) * u.S + chunk_of(u, p, i) * u.C, u.S * 4, u.C * 4, u.Hg);
+        const std::int64_t t0 = chunk_of(u, p, i) * u.C;  // the chunk's first global token
+        if (!u.direct())
+          copy(u.send + p * u.blk_q + (b * u.L + i * u.C) * rows, rows,
+               group_base(u, u.fo, u.Hg, g) + (b * u.S + t0) * rows, rows, rows, u.C);
+        if (a.lse)  // [B, Hg, S] -> per peer [B, Hg, 2C]
+          copy(u.send + st.out_lse + p * u.blk_lse + (b * u.Hg * u.L + i * u.C) * 4, u.L * 4,
+               lse_g + b * u.Hg * u.S + t0, u.S * 4, u.C * 4, u.Hg);
       }
 }
 
 void ulysses_unpack_out(const UlyssesRank& u, const UlyssesAttnArgs& a, int g, const Copy2d& copy) {
-  const UlyssesRank::Segments sg = u.segments_out(a.lse != nullptr);
+  const Staging st = staging(u);
   for (int p = 0; p < u.world; ++p) {  // peer p's heads of my rows
-    copy(static_cast<unsigned char*>(a.o) + (p * u.Hl + g * u.Hg) * u.hrow, u.H * u.hrow,
-         u.recv + sg.off[0] + p * sg.bytes[0], u.Hg * u.hrow, u.Hg * u.hrow, u.B * u.L);
+    copy(static_cast<unsigned char*>(a.o) + (p * u.Hl + g * u.Hg) * u.hrow, u.H * u.hrow, u.recv + p * u.blk_q,
+         u.Hg * u.hrow, u.Hg * u.hrow, u.B * u.L);
     if (a.lse)
-      copy(a.lse + (p * u.Hl + g * u.Hg) * u.L, u.H * u.L * 4, u.recv + sg.off[1] + p * sg.bytes[1], u.Hg * u.L * 4,
+      copy(a.lse + (p * u.Hl + g * u.Hg) * u.L, u.H * u.L * 4, u.recv + st.out_lse + p * u.blk_lse, u.Hg * u.L * 4,
            u.Hg * u.L * 4, u.B);
   }
 }

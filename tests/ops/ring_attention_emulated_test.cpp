@@ -7,7 +7,7 @@
 // same global positions: O to a relative L2 error < 1e-2, LSE within 1e-3.
 // Ulysses attends whole sequences per head, so it is expected to match
 // bitwise; differences are reported. Worlds 1-4 (Ulysses where the heads
-// divide), causal and not, MHA and GQA, head dim 128 and 64, batch 2, chunks
+// divide), causal and not, MHA and GQA, head dim 128 and 64, batch 2 and 1, chunks
 // aligned and not aligned to the 128-row query tile.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -72,18 +72,19 @@ struct Problem {
   int world;
   int64_t chunk, hq, hkv, d;
   bool causal;
+  int64_t batch = 2;
 };
 
 /// Global tensors, their whole-sequence attention, and every rank's shard.
 struct Emulation {
   Problem pb;
-  int64_t B = 2, S, L;
+  int64_t B, S, L;
   std::unique_ptr<Buf> q, k, v, o, lse;
   std::vector<std::unique_ptr<Buf>> sq, sk, sv, so, slse;
   std::vector<uint16_t> o_full;
   std::vector<float> lse_full;
 
-  explicit Emulation(const Problem& p) : pb(p), S(2 * p.world * p.chunk), L(2 * p.chunk) {
+  explicit Emulation(const Problem& p) : pb(p), B(p.batch), S(2 * p.world * p.chunk), L(2 * p.chunk) {
     const size_t nq = B * S * p.hq * p.d, nk = B * S * p.hkv * p.d;
     q = std::make_unique<Buf>(nq * 2);
     k = std::make_unique<Buf>(nk * 2);
@@ -227,24 +228,32 @@ void run_ulysses(Emulation& s, int groups) {
     scratch.push_back(std::make_unique<Buf>(us[r].layout().total));
     us[r].place(scratch[r]->p);
   }
-  auto exchange = [&](bool in) {  // what NCCL does: rank p's send block for r -> rank r's recv block from p
+  // What NCCL does: rank r's k-th transfer with peer p feeds p's k-th transfer with r.
+  auto exchange = [&](int g, bool in) {
+    auto with = [&](int r, int p) {
+      std::vector<ops::detail::UlyssesRank::Transfer> v;
+      for (const auto& t : in ? us[r].transfers_in(g) : us[r].transfers_out(g, true))
+        if (t.peer == p) v.push_back(t);
+      return v;
+    };
     for (int r = 0; r < W; ++r)
       for (int p = 0; p < W; ++p) {
-        const auto sg = in ? us[p].segments_in() : us[p].segments_out(true);
-        for (int i = 0; i < sg.n; ++i)
-          TESSERA_CUDA_CHECK(cudaMemcpy(us[r].recv + sg.off[i] + p * sg.bytes[i],
-                                        us[p].send + sg.off[i] + r * sg.bytes[i], sg.bytes[i],
-                                        cudaMemcpyDeviceToDevice));
+        const auto sends = with(r, p), recvs = with(p, r);
+        ASSERT_EQ(sends.size(), recvs.size());
+        for (size_t k = 0; k < sends.size(); ++k) {
+          ASSERT_EQ(sends[k].bytes, recvs[k].bytes);
+          TESSERA_CUDA_CHECK(cudaMemcpy(recvs[k].recv, sends[k].send, sends[k].bytes, cudaMemcpyDeviceToDevice));
+        }
       }
   };
   const ops::detail::Copy2d copy = ops::detail::stream_copy2d(nullptr);
   for (int g = 0; g < groups; ++g) {
     for (int r = 0; r < W; ++r) ops::detail::ulysses_pack_in(us[r], as[r], g, copy);
-    exchange(true);
+    exchange(g, true);
     for (int r = 0; r < W; ++r) ops::detail::ulysses_unpack_in(us[r], g, copy);
     for (int r = 0; r < W; ++r) ops::detail::ulysses_attend(us[r], as[r], g, nullptr);
     for (int r = 0; r < W; ++r) ops::detail::ulysses_pack_out(us[r], as[r], g, copy);
-    exchange(false);
+    exchange(g, false);
     for (int r = 0; r < W; ++r) ops::detail::ulysses_unpack_out(us[r], as[r], g, copy);
   }
   s.check("ulysses groups " + std::to_string(groups), true);
@@ -264,6 +273,10 @@ TEST(RingAttentionEmulated, RingAndUlyssesMatchWholeSequence) {
   problems.push_back({2, 80, 4, 4, 64, true});  // chunks not aligned to the query tile, head dim 64
   problems.push_back({4, 96, 8, 4, 128, true});
   problems.push_back({2, 200, 8, 8, 64, false});
+  // Batch 1: Ulysses moves rows in place (no staging copies).
+  problems.push_back({2, 128, 8, 4, 128, true, 1});
+  problems.push_back({4, 64, 8, 8, 128, false, 1});
+  problems.push_back({3, 96, 6, 3, 64, true, 1});
   for (const Problem& p : problems) {
     Emulation s(p);
     run_ring(s);

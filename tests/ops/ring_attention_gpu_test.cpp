@@ -81,12 +81,13 @@ float bf(uint16_t b) {
 
 struct Case {
   int64_t hkv, d;
+  int64_t batch = 2;
 };
 
 void run_case(const Case& cs, bool causal) {
   runtime::ProcessGroup& pg = group();
   const int R = pg.world(), rank = pg.rank();
-  const int64_t B = 2, C = 256, S = 2 * R * C, L = 2 * C, H = 4, Hkv = cs.hkv, D = cs.d;
+  const int64_t B = cs.batch, C = 256, S = 2 * R * C, L = 2 * C, H = 4, Hkv = cs.hkv, D = cs.d;
   std::mt19937_64 rng(20261126 + 7 * Hkv + D + causal);  // the same global tensors on every rank
   std::normal_distribution<float> nd(0.f, 1.f);
   const size_t nq = B * S * H * D, nk = B * S * Hkv * D;
@@ -233,6 +234,13 @@ TEST(RingAttentionGpu, MhaHeadDim64) {
   std::string why;
   if (skip_reason(&why)) GTEST_SKIP() << why;
   run_case({4, 64}, true);
+}
+
+// Batch 1: Ulysses receives rows in place (no staging copies).
+TEST(RingAttentionGpu, MhaBatch1) {
+  std::string why;
+  if (skip_reason(&why)) GTEST_SKIP() << why;
+  run_case({4, 128, 1}, true);
 }
 
 TEST(RingAttentionGpu, RejectsBadInputBeforeLaunch) {

@@ -46,15 +46,29 @@ std::uint64_t row_code(const unsigned char* buf, std::int64_t T, std::int64_t H,
   std::memcpy(&v, buf + ((b * T + t) * H + h) * kD * 2, 8);
   return v;
 }
+std::uint64_t head_code(const unsigned char* p) {
+  std::uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
 
-/// One emulated exchange: rank p's send segment for r -> rank r's receive segment from p.
-void exchange(std::vector<UlyssesRank>& us, bool in, bool lse) {
+/// One emulated all-to-all: rank r's k-th transfer with peer p feeds p's k-th transfer with r.
+void exchange(const std::vector<UlyssesRank>& us, int g, bool in, bool lse) {
   const int W = static_cast<int>(us.size());
+  auto with = [&](int r, int p) {
+    std::vector<UlyssesRank::Transfer> v;
+    for (const auto& t : in ? us[r].transfers_in(g) : us[r].transfers_out(g, lse))
+      if (t.peer == p) v.push_back(t);
+    return v;
+  };
   for (int r = 0; r < W; ++r)
     for (int p = 0; p < W; ++p) {
-      const auto sg = in ? us[p].segments_in() : us[p].segments_out(lse);
-      for (int i = 0; i < sg.n; ++i)
-        std::memcpy(us[r].recv + sg.off[i] + p * sg.bytes[i], us[p].send + sg.off[i] + r * sg.bytes[i], sg.bytes[i]);
+      const auto sends = with(r, p), recvs = with(p, r);
+      ASSERT_EQ(sends.size(), recvs.size());
+      for (std::size_t k = 0; k < sends.size(); ++k) {
+        ASSERT_EQ(sends[k].bytes, recvs[k].bytes);
+        std::memcpy(recvs[k].recv, sends[k].send, sends[k].bytes);
+      }
     }
 }
 
@@ -98,19 +112,19 @@ std::string run(int W, std::int64_t B, std::int64_t H, std::int64_t Hkv, int G, 
   const std::int64_t Hl = H / W, Hkvl = Hkv / W;
   for (int g = 0; g < G; ++g) {
     for (int r = 0; r < W; ++r) ops::detail::ulysses_pack_in(us[r], as[r], g, copy);
-    exchange(us, true, with_lse);
+    exchange(us, g, true, with_lse);
     for (int r = 0; r < W; ++r) ops::detail::ulysses_unpack_in(us[r], g, copy);
   }
   for (int r = 0; r < W; ++r)
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t t = 0; t < S; ++t) {
         for (std::int64_t h = 0; h < Hl; ++h)
-          if (row_code(us[r].fq, S, Hl, b, t, h) != code(1, b, t, r * Hl + h))
+          if (head_code(us[r].fq + us[r].head_row(us[r].Hg, b, t, h)) != code(1, b, t, r * Hl + h))
             return "Q head shard of rank " + std::to_string(r) + " at (" + std::to_string(b) + ", " +
                    std::to_string(t) + ", " + std::to_string(h) + ")";
         for (std::int64_t h = 0; h < Hkvl; ++h)
-          if (row_code(us[r].fk, S, Hkvl, b, t, h) != code(2, b, t, r * Hkvl + h) ||
-              row_code(us[r].fv, S, Hkvl, b, t, h) != code(3, b, t, r * Hkvl + h))
+          if (head_code(us[r].fk + us[r].head_row(us[r].Hkvg, b, t, h)) != code(2, b, t, r * Hkvl + h) ||
+              head_code(us[r].fv + us[r].head_row(us[r].Hkvg, b, t, h)) != code(3, b, t, r * Hkvl + h))
             return "K/V head shard of rank " + std::to_string(r) + " at (" + std::to_string(b) + ", " +
                    std::to_string(t) + ", " + std::to_string(h) + ")";
       }
@@ -120,12 +134,12 @@ std::string run(int W, std::int64_t B, std::int64_t H, std::int64_t Hkv, int G, 
       for (std::int64_t t = 0; t < S; ++t)
         for (std::int64_t h = 0; h < Hl; ++h) {
           const std::uint64_t c = code(4, b, t, r * Hl + h);
-          std::memcpy(us[r].fo + ((b * S + t) * Hl + h) * kD * 2, &c, 8);
-          us[r].flse[(b * Hl + h) * S + t] = static_cast<float>((b * H + r * Hl + h) * S + t);
+          std::memcpy(us[r].fo + us[r].head_row(us[r].Hg, b, t, h), &c, 8);
+          us[r].flse[us[r].lse_index(b, t, h)] = static_cast<float>((b * H + r * Hl + h) * S + t);
         }
   for (int g = 0; g < G; ++g) {
     for (int r = 0; r < W; ++r) ops::detail::ulysses_pack_out(us[r], as[r], g, copy);
-    exchange(us, false, with_lse);
+    exchange(us, g, false, with_lse);
     for (int r = 0; r < W; ++r) ops::detail::ulysses_unpack_out(us[r], as[r], g, copy);
   }
   for (int r = 0; r < W; ++r)
