@@ -183,10 +183,10 @@ void ulysses_attention(UlyssesAttnContext& ctx, const UlyssesAttnArgs& a, Ulysse
     detail::ulysses_unpack_out(u, a, g, copy);
   };
 
-  if (strategy == UlyssesStrategy::sequential || G == 1) {
+  if (G == 1) {  // sequential (always one group), or nothing to pipeline
     all_to_all_in(0, st);
-    for (int g = 0; g < G; ++g) detail::ulysses_attend(u, a, g, st);
-    for (int g = 0; g < G; ++g) all_to_all_out(g, st);
+    detail::ulysses_attend(u, a, 0, st);
+    all_to_all_out(0, st);
     return;
   }
   // Pipelined: the communication stream runs in(0), then per g in(g+1) and
