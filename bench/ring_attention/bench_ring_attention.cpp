@@ -7,7 +7,6 @@
 // TFLOP/s as FlashAttention counts them (4·B·Hq·D·admitted pairs of the
 // whole sequence), per GPU (divided by R). Memory: what each variant needs
 // per rank beyond its input and output shards (workspace), and the shards.
-#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <fmt/chrono.h>
 #include <fmt/format.h>
@@ -23,6 +22,7 @@
 #include <vector>
 
 #include "command.hpp"
+#include "common/device_buffer.hpp"
 #include "common/timing.hpp"
 #include "tessera/ops/ring_attention.hpp"
 #include "tessera/ops/sp_attention.hpp"
@@ -60,24 +60,6 @@ struct Options {
   std::string json, device_kind = "unknown", commit = "unknown";
 };
 
-struct Dev {
-  void* p = nullptr;
-  explicit Dev(std::size_t bytes) { TESSERA_CUDA_CHECK(cudaMalloc(&p, bytes)); }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-};
-
-void fill_random(void* p, std::size_t n, std::mt19937_64& rng) {
-  std::vector<__nv_bfloat16> h(std::min<std::size_t>(n, std::size_t{1} << 22));
-  std::uniform_real_distribution<float> u(-2.f, 2.f);
-  for (auto& x : h) x = __float2bfloat16(u(rng));
-  for (std::size_t off = 0; off < n; off += h.size()) {
-    const std::size_t cnt = std::min(h.size(), n - off);
-    TESSERA_CUDA_CHECK(cudaMemcpy(static_cast<__nv_bfloat16*>(p) + off, h.data(), cnt * 2, cudaMemcpyHostToDevice));
-  }
-}
-
 std::string json_str(const std::string& s) {
   std::string o = "\"";
   for (char c : s) {
@@ -111,10 +93,10 @@ void run(const Options& o) {
     const Case& c = cases[ci];
     const std::int64_t L = c.seq / R;
     const std::size_t nq = static_cast<std::size_t>(B * L * c.hq * D), nk = static_cast<std::size_t>(B * L * c.hkv * D);
-    Dev q(nq * 2), k(nk * 2), v(nk * 2), out(nq * 2), lse(static_cast<std::size_t>(B * c.hq * L) * 4);
-    fill_random(q.p, nq, rng);
-    fill_random(k.p, nk, rng);
-    fill_random(v.p, nk, rng);
+    DeviceBuffer q(nq * 2), k(nk * 2), v(nk * 2), out(nq * 2), lse(static_cast<std::size_t>(B * c.hq * L) * 4);
+    fill_random_16bit(q.p, nq, rng);
+    fill_random_16bit(k.p, nk, rng);
+    fill_random_16bit(v.p, nk, rng);
     ops::SpAttnArgs a;
     a.q = q.p;
     a.k = k.p;

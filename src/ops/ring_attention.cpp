@@ -111,6 +111,11 @@ Sizes sizes(const RingAttnArgs& a, int world) {
 
 void validate(RingAttnContext::Impl& c, const RingAttnArgs& a) {
   const int R = c.pg.world();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TESSERA_CUDA_CHECK(cudaStreamIsCapturing(c.pg.stream(), &capture));
+  TESSERA_CHECK(capture == cudaStreamCaptureStatusNone,
+                "ring_attention: cannot be captured into a CUDA graph (its flags carry a per-call epoch that a replay "
+                "would repeat); call it eagerly");
   TESSERA_CHECK(a.seq >= 2 * R && a.seq % (2 * R) == 0,
                 "ring_attention: seq = {} must be a positive multiple of 2 x world = {} (zig-zag chunks)", a.seq,
                 2 * R);

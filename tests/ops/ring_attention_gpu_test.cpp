@@ -289,6 +289,27 @@ TEST(RingAttentionGpu, RejectsBadInputBeforeLaunch) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("head_groups = 3"), std::string::npos) << e.what();
   }
+  {  // inside a CUDA-graph capture: refused before anything is enqueued
+    a.heads_q = 4 * R;
+    a.heads_kv = 2 * R;
+    TESSERA_CUDA_CHECK(cudaStreamBeginCapture(pg.stream(), cudaStreamCaptureModeRelaxed));
+    std::string errors;
+    for (int op = 0; op < 2; ++op) {
+      try {
+        if (op == 0)
+          ops::ring_attention(ring_ctx(), a);
+        else
+          ops::ulysses_attention(ulysses_ctx(), a);
+        errors += op ? "ulysses accepted a capture; " : "ring accepted a capture; ";
+      } catch (const Error& e) {
+        if (std::string(e.what()).find("CUDA graph") == std::string::npos) errors += std::string(e.what()) + "; ";
+      }
+    }
+    cudaGraph_t graph = nullptr;
+    TESSERA_CUDA_CHECK(cudaStreamEndCapture(pg.stream(), &graph));
+    if (graph) TESSERA_CUDA_CHECK(cudaGraphDestroy(graph));
+    EXPECT_EQ(errors, "");
+  }
   if (R > 1) {
     a.heads_q = 4 * R + 1;
     a.heads_kv = 4 * R + 1;

@@ -104,7 +104,8 @@ std::size_t ring_attention_workspace_bytes(const RingAttnArgs& a, int world);
 /// Ring attention over the zig-zag shards. Collective, stream-ordered on
 /// pg.stream(). Bad input (seq, dtype, head_dim, GQA divisibility, shapes
 /// that differ between ranks) throws tessera::Error before any launch;
-/// `overlapped` without load/store reach between all ranks too.
+/// `overlapped` without load/store reach between all ranks too, and a call
+/// inside a CUDA-graph capture (the flags carry a per-call epoch).
 void ring_attention(RingAttnContext& ctx, const RingAttnArgs& a, RingStrategy s = RingStrategy::overlapped);
 
 }  // namespace tessera::ops

@@ -59,7 +59,8 @@ std::size_t ulysses_attention_workspace_bytes(const UlyssesAttnArgs& a, int worl
 
 /// Ulysses attention. Collective, stream-ordered on pg.stream(). Bad input
 /// (seq, heads not divisible by the world, dtype, head_dim, head_groups,
-/// shapes that differ between ranks) throws tessera::Error before launch.
+/// shapes that differ between ranks) throws tessera::Error before launch;
+/// so does a call inside a CUDA-graph capture (not supported yet).
 void ulysses_attention(UlyssesAttnContext& ctx, const UlyssesAttnArgs& a,
                        UlyssesStrategy s = UlyssesStrategy::pipelined, int head_groups = 0);
 
