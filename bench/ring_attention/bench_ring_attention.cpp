@@ -12,7 +12,9 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <fstream>
 #include <functional>
@@ -57,7 +59,7 @@ struct Options {
   bool agkv = true;
   int reps = 10;
   int warmup = 2;
-  std::string json, device_kind = "unknown", commit = "unknown";
+  std::string json, device_kind, commit;
 };
 
 std::string json_str(const std::string& s) {
@@ -68,6 +70,20 @@ std::string json_str(const std::string& s) {
   }
   return o + "\"";
 }
+/// The machine kind as the results files name it (e.g. nvidia-h200-x2).
+std::string machine_kind(const char* gpu_name, int world) {
+  std::string s;
+  int tokens = 0;
+  for (const char* c = gpu_name; *c && tokens < 2; ++c) {
+    if (*c == ' ') {
+      if (++tokens < 2) s += '-';
+      continue;
+    }
+    s += static_cast<char>(std::tolower(static_cast<unsigned char>(*c)));
+  }
+  return world > 1 ? fmt::format("{}-x{}", s, world) : s;
+}
+
 std::string json_num(double x) { return std::isfinite(x) ? fmt::format("{:.6g}", x) : "null"; }
 
 void run(const Options& o) {
@@ -172,15 +188,18 @@ void run(const Options& o) {
   fmt::print("tessera bench ring-attention: R={} on {} (bf16, head dim 128, batch {}; median of {}, slowest rank)\n{}",
              R, pg->device_properties().name, B, o.reps, table.str());
   if (!o.json.empty()) {  // bench/results format (bench/results/README.md): provenance + records
+    const char* env_commit = std::getenv("TESSERA_COMMIT");
+    const std::string commit = !o.commit.empty() ? o.commit : env_commit && *env_commit ? env_commit : "unknown";
     const auto now = std::chrono::system_clock::now();
     std::string j = "{\n  \"provenance\": {";
     j += fmt::format(
         "\"device\": {}, \"gpu\": {}, \"date\": \"{:%Y-%m-%d}\", \"commit\": {}, \"command\": {}, "
         "\"topic\": \"attention\", \"issue\": 21, \"world\": {}, \"dtype\": \"bf16\", \"head_dim\": 128, "
         "\"batch\": {}, \"reps\": {}, \"warmup\": {}",
-        json_str(o.device_kind), json_str(pg->device_properties().name),
-        fmt::localtime(std::chrono::system_clock::to_time_t(now)), json_str(o.commit),
-        json_str(fmt::format("tessera run -n {} -- tessera bench ring-attention", R)), R, B, o.reps, o.warmup);
+        json_str(o.device_kind.empty() ? machine_kind(pg->device_properties().name, R) : o.device_kind),
+        json_str(pg->device_properties().name), fmt::gmtime(std::chrono::system_clock::to_time_t(now)),
+        json_str(commit), json_str(fmt::format("tessera run -n {} -- tessera bench ring-attention", R)), R, B, o.reps,
+        o.warmup);
     j += "},\n  \"records\": [\n";
     for (std::size_t i = 0; i < records.size(); ++i) j += records[i] + (i + 1 < records.size() ? ",\n" : "\n");
     j += "  ]\n}\n";
@@ -208,8 +227,9 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   cmd->add_option("--reps", opts->reps, "timed repetitions (median)")->check(CLI::Range(1, 100000));
   cmd->add_option("--warmup", opts->warmup, "warm-up repetitions")->check(CLI::Range(0, 100000));
   cmd->add_option("--json", opts->json, "write the figures here (rank 0, bench/results format)");
-  cmd->add_option("--device-kind", opts->device_kind, "device kind recorded in --json (e.g. nvidia-h200-x2)");
-  cmd->add_option("--commit", opts->commit, "commit recorded in --json");
+  cmd->add_option("--device-kind", opts->device_kind,
+                  "device kind recorded in --json (default: from the GPU name and R, e.g. nvidia-h200-x2)");
+  cmd->add_option("--commit", opts->commit, "commit recorded in --json (default: $TESSERA_COMMIT)");
   cmd->callback([opts] { run(*opts); });
 });
 
