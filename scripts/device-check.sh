@@ -2,8 +2,8 @@
 # Builds Tessera on a lent GPU machine and runs every GPU test and benchmark
 # in one call, leaving logs under $OUT (default ./device-out).
 #
-#   scripts/device-check.sh [step...]     steps: build cpu tests sanitize moe moeep attention comm gemm gemmgap
-#                                          mlp asynctp commir kernels signal python decoder faults
+#   scripts/device-check.sh [step...]     steps: build cpu tests sanitize moe moeep attention ringattn comm gemm
+#                                          gemmgap mlp asynctp commir kernels signal python decoder faults
 #                                          (default: build tests comm gemm), run in the order given
 # sanitize: compute-sanitizer memcheck, racecheck and synccheck over every
 # one-process GPU test (SANITIZE_TESTS: a ctest -R filter; SANITIZE_EXCLUDE: a
@@ -17,7 +17,8 @@
 # ASYNCTP_SHAPES overrides it for asynctp. MLP_ARGS, ASYNCTP_ARGS, SIGNAL_ARGS, KERNELS_ARGS, COMMIR_ARGS, GEMM_ARGS
 # add options to those benchmarks (e.g. MLP_ARGS=--no-variants). attention: ATTN_SEQS (16384,32768,65536),
 # ATTN_CASES (all six), ATTN_ARGS / ATTN_TORCH_ARGS (options of the bench / the PyTorch script), ATTN_TIMEOUT
-# (300 s for each half).
+# (300 s for each half). ringattn: bench ring-attention (ring, Ulysses and AG-KV strategies); RING_ARGS,
+# RING_TIMEOUT (300 s).
 #
 # Carry .deps (scripts/vendor-deps.sh): the GPU machines cannot install
 # packages. Multi-GPU tests run with one process per visible GPU.
@@ -145,6 +146,13 @@ step_attention() {
   note "bench sp-attention rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-sp-attention.log" | tail -30 | tee -a "$summary"
 }
 
+# Ring and Ulysses attention beside AG-KV (bench ring-attention); ring-attention.json is a bench/results file.
+step_ringattn() {
+  TESSERA_COMMIT="${commit:-unknown}" timeout "${RING_TIMEOUT:-300}" "$bin" run -n "$ngpu" -- "$bin" bench ring-attention \
+      --json "$out/ring-attention.json" ${RING_ARGS:-} >"$out/bench-ring-attention.log" 2>&1
+  note "bench ring-attention rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-ring-attention.log" | tail -45 | tee -a "$summary"
+}
+
 step_comm() {
   timeout 300 "$bin" run -n "$ngpu" -- "$bin" bench comm --markdown "$out/comm.md" >"$out/bench-comm.log" 2>&1
   note "bench comm rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-comm.log" | tail -30 | tee -a "$summary"
@@ -223,7 +231,7 @@ if command -v nvidia-smi >/dev/null; then
 fi
 : >"$out/steps.txt"
 for s in "${steps[@]}"; do
-  declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests sanitize moe moeep attention comm gemm gemmgap mlp asynctp commir kernels signal python decoder faults)"; continue; }
+  declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests sanitize moe moeep attention ringattn comm gemm gemmgap mlp asynctp commir kernels signal python decoder faults)"; continue; }
   echo "$s start $(date +%s.%N)" >>"$out/steps.txt"
   "step_$s"
   echo "$s end $(date +%s.%N)" >>"$out/steps.txt"
