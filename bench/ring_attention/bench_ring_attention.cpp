@@ -138,9 +138,8 @@ void run(const Options& o) {
     std::vector<Variant> vs;
     vs.push_back({"ring sequential", [&] { ops::ring_attention(ring, a, ops::RingStrategy::sequential); },
                   ops::ring_attention_workspace_bytes(a, R)});
-    if (R == 1 || pg->lsa_reachable())
-      vs.push_back({"ring overlapped", [&] { ops::ring_attention(ring, a, ops::RingStrategy::overlapped); },
-                    ops::ring_attention_workspace_bytes(a, R)});
+    vs.push_back({"ring overlapped", [&] { ops::ring_attention(ring, a, ops::RingStrategy::overlapped); },
+                  ops::ring_attention_workspace_bytes(a, R)});
     if (sp_ptr) {  // part 1's all-gather KV (sp_attention), for reference
       const std::size_t kv_all = static_cast<std::size_t>(2 * B * c.seq * c.hkv * D) * 2;  // gathered K and V
       vs.push_back({"ag-kv sequential", [&] { ops::sp_attention(*sp_ptr, a, ops::SpStrategy::sequential); },

@@ -23,9 +23,9 @@ namespace tessera::ops {
 struct RingAttnContext::Impl {
   explicit Impl(runtime::ProcessGroup& g) : pg(g) {
     TESSERA_CHECK(pg.world() <= runtime::kMaxPeers, "ring_attention: world {} > {}", pg.world(), runtime::kMaxPeers);
+    TESSERA_CHECK(pg.comm_stream_count() >= 1, "ring_attention: the process group has no communication stream");
     lsa = pg.world() > 1 && pg.lsa_reachable();
     if (lsa) {
-      TESSERA_CHECK(pg.comm_stream_count() >= 1, "ring_attention: the process group has no communication stream");
       data = std::make_unique<runtime::Signals>(pg, 1);
       control = std::make_unique<runtime::Signals>(pg, 1);
     }
@@ -34,6 +34,7 @@ struct RingAttnContext::Impl {
   ~Impl() {
     if (ev_ready) cudaEventDestroy(ev_ready);
     for (cudaEvent_t ev : ev_push) cudaEventDestroy(ev);
+    for (cudaEvent_t ev : ev_attend) cudaEventDestroy(ev);
     if (scratch) cudaFree(scratch);
   }
 
@@ -46,15 +47,17 @@ struct RingAttnContext::Impl {
   std::size_t scratch_bytes = 0;
   std::uint64_t epoch = 0;
   cudaEvent_t ev_ready = nullptr;
-  std::vector<cudaEvent_t> ev_push;  ///< per step: its forward is done
+  std::vector<cudaEvent_t> ev_push;    ///< per step: its forward is done
+  std::vector<cudaEvent_t> ev_attend;  ///< per step: its attention is done (overlapped without lsa)
   std::set<std::array<std::int64_t, 7>> validated;
 
   void ensure_events(int n) {
-    while (static_cast<int>(ev_push.size()) < n) {
-      cudaEvent_t ev = nullptr;
-      TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-      ev_push.push_back(ev);
-    }
+    for (std::vector<cudaEvent_t>* evs : {&ev_push, &ev_attend})
+      while (static_cast<int>(evs->size()) < n) {
+        cudaEvent_t ev = nullptr;
+        TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+        evs->push_back(ev);
+      }
   }
 
   void ensure_ws(std::size_t bytes) {
@@ -222,10 +225,8 @@ void ring_attention(RingAttnContext& ctx, const RingAttnArgs& a, RingStrategy st
   RingAttnContext::Impl& c = ctx.impl();
   validate(c, a);
   const int R = c.pg.world(), rank = c.pg.rank();
-  TESSERA_CHECK(strategy == RingStrategy::sequential || R == 1 || c.lsa,
-                "ring_attention: strategy overlapped needs every rank load/store reachable (lsa size {} of {}); "
-                "use sequential",
-                c.pg.lsa_size(), R);
+  TESSERA_CHECK(strategy == RingStrategy::sequential || strategy == RingStrategy::overlapped,
+                "ring_attention: strategy code {} (sequential or overlapped)", static_cast<int>(strategy));
   const RingAttnPlan plan = plan_ring_attention(a.seq, R, rank, a.causal);
   cudaStream_t st = c.pg.stream();
 
@@ -253,7 +254,7 @@ void ring_attention(RingAttnContext& ctx, const RingAttnArgs& a, RingStrategy st
   auto held_k = [&](int j) -> const void* { return j == 0 ? a.k : slot_k(slots, j % 2); };
   auto held_v = [&](int j) -> const void* { return j == 0 ? a.v : slot_k(slots, j % 2) + sz.kv_shard; };
 
-  cudaStream_t cs = c.lsa ? c.pg.comm_stream(0) : st;
+  cudaStream_t cs = c.pg.comm_stream(0);
   c.ensure_events(R);
   for (const detail::RingOp& op : detail::ring_schedule(plan, strategy, e, c.lsa)) {
     cudaStream_t s = op.comm ? cs : st;
@@ -302,6 +303,12 @@ void ring_attention(RingAttnContext& ctx, const RingAttnArgs& a, RingStrategy st
         break;
       case detail::RingOp::notify_control:
         link::rank_notify(s, *c.control, plan.recv_from, 0, op.value);
+        break;
+      case detail::RingOp::record_attend:
+        TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_attend[j], s));
+        break;
+      case detail::RingOp::wait_attend:
+        TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, c.ev_attend[j], 0));
         break;
     }
   }

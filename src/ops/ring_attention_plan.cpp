@@ -57,7 +57,6 @@ namespace detail {
 std::vector<RingOp> ring_schedule(const RingAttnPlan& plan, RingStrategy s, std::uint64_t e, bool flags) {
   const int R = plan.world;
   TESSERA_CHECK(R > 1 && e >= 1, "ring_schedule: world {} and epoch {} (needs world > 1, epoch >= 1)", R, e);
-  TESSERA_CHECK(s == RingStrategy::sequential || flags, "ring_schedule: overlapped needs the flags");
   auto stamp = [&](int j, std::uint64_t epoch) { return ring_stamp(epoch, j, R); };
   std::vector<RingOp> ops;
   auto add = [&](RingOp::Kind k, bool comm, int step = 0, std::uint64_t value = 0) {
@@ -68,6 +67,24 @@ std::vector<RingOp> ring_schedule(const RingAttnPlan& plan, RingStrategy s, std:
       if (j + 1 < R) add(RingOp::exchange, false, j);
       add(RingOp::attend, false, j);
     }
+  } else if (!flags) {
+    // Overlapped without symmetric memory: the NCCL exchange of step j runs
+    // on the communication stream during step j's attention. Its receive
+    // overwrites local slot (j+1) % 2, last read by step j-1 (or, j < 2, by
+    // the previous call, which ended before record_ready).
+    add(RingOp::record_ready, false);
+    add(RingOp::wait_ready, true);
+    for (int j = 0; j < R; ++j) {
+      if (j + 1 < R) {
+        if (j >= 2) add(RingOp::wait_attend, true, j - 1);
+        add(RingOp::exchange, true, j);
+        add(RingOp::record_push, true, j);
+      }
+      if (j >= 1) add(RingOp::wait_push, false, j - 1);
+      add(RingOp::attend, false, j);
+      if (j >= 1 && j + 3 <= R) add(RingOp::record_attend, false, j);  // awaited by the exchange of step j + 1
+    }
+    add(RingOp::wait_push, false, R - 2);  // the exchanges read the inputs and the slots
   } else {
     add(RingOp::record_ready, false);
     add(RingOp::wait_ready, true);

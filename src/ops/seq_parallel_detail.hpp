@@ -44,11 +44,14 @@ struct RingOp {
     wait_control,    ///< wait until the control flag from rank r-1 >= value
     push,            ///< comm: the shard held at `step` into slot (step+1) % 2 of rank r-1 (copy engine)
     notify_data,     ///< data flag on rank r-1 = value
-    record_push,     ///< comm: event "push of `step` done"
+    record_push,     ///< comm: event "push (or exchange) of `step` done"
     wait_push,       ///< compute: waits for that event
-    exchange,        ///< compute: NCCL send of the shard held at `step` to r-1, receive of the next from r+1
+    exchange,        ///< NCCL send of the shard held at `step` to r-1, receive of the next from r+1 into
+                     ///< local slot (step+1) % 2
     attend,          ///< compute: step's attention and merge (reads the shard held at `step`)
     notify_control,  ///< control flag on rank r+1 = value
+    record_attend,   ///< compute: event "attention of `step` done"
+    wait_attend,     ///< comm: waits for that event
   };
   Kind kind;
   bool comm = false;  ///< on the communication stream
@@ -63,7 +66,8 @@ inline std::uint64_t ring_stamp(std::uint64_t epoch, int j, int world) {
 
 /// The operations of call `epoch` of a rank with plan `plan` (world > 1);
 /// `flags`: the ranks have symmetric memory (the call ends with the control
-/// stamp (epoch, R), which the next overlapped call waits for).
+/// stamp (epoch, R), which the next overlapped call waits for). Overlapped
+/// without flags moves the shards by NCCL on the communication stream.
 std::vector<RingOp> ring_schedule(const RingAttnPlan& plan, RingStrategy s, std::uint64_t epoch, bool flags);
 
 // ---- Ulysses ----

@@ -6,7 +6,8 @@
 // each call. Ring merges partial results in another order than the kernel's
 // online softmax, so the figures are tolerances: relative L2 error of O
 // < 1e-2, LSE within 1e-3. Strategies alternate call after call (the flag
-// protocol and the epochs). Bad input is rejected before launch.
+// protocol and the epochs). Bad input is rejected before launch. With
+// TESSERA_NO_LSA=1 the overlapped ring runs its NCCL form (no flags).
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>

@@ -10,8 +10,9 @@
 //     is forwarded, forwarded (no push lands in a slot still being read);
 //   - flags only grow; a call ends after its pushes (the inputs are free);
 //   - no interleaving deadlocks.
-// A schedule without its control, data or event waits must be caught (the
-// model has teeth).
+// Without flags (no symmetric memory) the overlapped schedule's exchanges
+// run on the communication stream, ordered by events. A schedule without
+// its control, data or event waits must be caught (the model has teeth).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -71,13 +72,14 @@ std::string simulate(int world, const std::vector<RingStrategy>& calls, bool fla
   }
   auto prev = [&](int r) { return (r - 1 + world) % world; };
   auto next = [&](int r) { return (r + 1) % world; };
-  // Has rank r's compute stream reached (or passed) the exchange of (epoch, step)?
+  // Has rank r reached (or passed) the exchange of (epoch, step), on whichever stream runs it?
   auto reached_exchange = [&](int r, std::uint64_t e, int j) {
     const RankState& x = rs[r];
-    for (std::size_t i = 0; i < x.q[0].size(); ++i) {
-      const TaggedOp& t = x.q[0][i];
-      if (t.op.kind == RingOp::exchange && t.epoch == e && t.op.step == j) return x.pc[0] >= i;
-    }
+    for (int s = 0; s < 2; ++s)
+      for (std::size_t i = 0; i < x.q[s].size(); ++i) {
+        const TaggedOp& t = x.q[s][i];
+        if (t.op.kind == RingOp::exchange && t.epoch == e && t.op.step == j) return x.pc[s] >= i;
+      }
     return false;
   };
   // Has stream `s` of rank r executed the op of `kind` (epoch, step)?
@@ -135,6 +137,9 @@ std::string simulate(int world, const std::vector<RingStrategy>& calls, bool fla
             break;
           case RingOp::wait_push:
             ok = executed(r, 1, RingOp::record_push, t.epoch, t.op.step);
+            break;
+          case RingOp::wait_attend:
+            ok = executed(r, 0, RingOp::record_attend, t.epoch, t.op.step);
             break;
           case RingOp::exchange:
             ok = reached_exchange(prev(r), t.epoch, t.op.step) && reached_exchange(next(r), t.epoch, t.op.step);
@@ -196,9 +201,10 @@ std::string simulate(int world, const std::vector<RingStrategy>& calls, bool fla
     }
     if (s == 0 && t.last_of_call)  // the call is over for the caller: its pushes must be done
       for (const TaggedOp& u : x.q[1])
-        if (u.call == t.call && u.op.kind == RingOp::push && !executed(r, 1, RingOp::push, u.epoch, u.op.step))
-          return "rank " + std::to_string(r) + " ends call " + std::to_string(t.epoch) + " before its push of step " +
-                 std::to_string(u.op.step);
+        if (u.call == t.call && (u.op.kind == RingOp::push || u.op.kind == RingOp::exchange) &&
+            !executed(r, 1, u.op.kind, u.epoch, u.op.step))
+          return "rank " + std::to_string(r) + " ends call " + std::to_string(t.epoch) +
+                 " before its transfer of step " + std::to_string(u.op.step);
     ++x.pc[s];
   }
 }
@@ -217,11 +223,16 @@ TEST(RingAttentionProtocol, RandomInterleavingsOfMixedStrategies) {
     }
 }
 
-TEST(RingAttentionProtocol, SequentialWithoutFlags) {
-  for (int world : {2, 3, 4})
-    for (std::uint64_t seed = 0; seed < 20; ++seed)
-      ASSERT_EQ(simulate(world, std::vector<RingStrategy>(4, RingStrategy::sequential), false, seed), "")
-          << "world " << world;
+// Without symmetric memory (no flags): sequential, and overlapped by NCCL on
+// the communication stream, mixed.
+TEST(RingAttentionProtocol, WithoutFlags) {
+  std::mt19937_64 pick(7);
+  for (int world : {2, 3, 4, 5, 8})
+    for (int trial = 0; trial < 40; ++trial) {
+      std::vector<RingStrategy> calls;
+      for (int c = 0; c < 6; ++c) calls.push_back(pick() % 2 ? RingStrategy::overlapped : RingStrategy::sequential);
+      ASSERT_EQ(simulate(world, calls, false, pick()), "") << "world " << world << " trial " << trial;
+    }
 }
 
 TEST(RingAttentionProtocol, ModelCatchesMissingWaits) {
@@ -230,6 +241,12 @@ TEST(RingAttentionProtocol, ModelCatchesMissingWaits) {
     for (std::uint64_t seed = 0; seed < 200; ++seed)
       caught += simulate(4, std::vector<RingStrategy>(4, RingStrategy::overlapped), true, seed, k) != "";
     EXPECT_GT(caught, 0) << "dropping every wait of kind " << k << " went unnoticed in 200 interleavings";
+  }
+  for (RingOp::Kind k : {RingOp::wait_attend, RingOp::wait_push, RingOp::wait_ready}) {
+    int caught = 0;
+    for (std::uint64_t seed = 0; seed < 200; ++seed)
+      caught += simulate(4, std::vector<RingStrategy>(4, RingStrategy::overlapped), false, seed, k) != "";
+    EXPECT_GT(caught, 0) << "without flags, dropping every wait of kind " << k << " went unnoticed";
   }
 }
 
@@ -248,7 +265,16 @@ TEST(RingAttentionProtocol, ScheduleShape) {
   EXPECT_EQ(attends, 4);
   EXPECT_EQ(ops.back().kind, RingOp::notify_control);
   EXPECT_EQ(ops.back().value, detail::ring_stamp(3, 4, 4));
-  EXPECT_THROW(detail::ring_schedule(plan, RingStrategy::overlapped, 1, false), tessera::Error);
+  int exchanges = 0;
+  for (const RingOp& op : detail::ring_schedule(plan, RingStrategy::overlapped, 3, false)) {
+    EXPECT_NE(op.kind, RingOp::push);
+    EXPECT_NE(op.kind, RingOp::notify_control);
+    if (op.kind == RingOp::exchange) {
+      EXPECT_TRUE(op.comm);
+      ++exchanges;
+    }
+  }
+  EXPECT_EQ(exchanges, 3);
   EXPECT_THROW(detail::ring_schedule(plan_ring_attention(16, 1, 0, true), RingStrategy::sequential, 1, true),
                tessera::Error);
 }

@@ -21,16 +21,18 @@
 // freely call after call):
 //   sequential: per step, an NCCL send / recv of the held shard into the
 //     other slot, then the step's attention and merge on the compute stream.
-//     No flags: it is the correctness reference, and the fallback where the
-//     ranks are not load/store reachable.
-//   overlapped: the shards travel on the copy engine. Per step j < R-1, on
-//     the communication stream: wait for shard j to be here (data flag),
+//     No flags: it is the correctness reference.
+//   overlapped: the next shard moves while the step computes. Where every
+//     rank is load/store reachable, on the copy engine: per step j < R-1, on
+//     the communication stream, wait for shard j to be here (data flag),
 //     wait until rank r-1 freed the slot it will receive into (control
 //     flag), copy the shard into that slot of rank r-1's double-buffered
-//     workspace (link::rank_copy_data), notify (link::rank_notify). The
+//     workspace (link::rank_copy_data), notify (link::rank_notify); the
 //     compute stream waits for shard j's data flag (link::rank_wait), runs
 //     the step, and after the step (and the forward of the slot) tells rank
-//     r+1 that the slot is free again.
+//     r+1 that the slot is free again. Otherwise (no symmetric memory) the
+//     NCCL send / recv of step j runs on the communication stream during
+//     step j, ordered by events (its receive slot was read by step j-1).
 // Flag values are stamps e·(R+1) + j of the call's epoch e and the step j
 // (j = R: the call is over), so they only grow, across calls and steps.
 // Every call on R > 1 ranks with symmetric memory ends with the stamp
@@ -103,9 +105,9 @@ std::size_t ring_attention_workspace_bytes(const RingAttnArgs& a, int world);
 
 /// Ring attention over the zig-zag shards. Collective, stream-ordered on
 /// pg.stream(). Bad input (seq, dtype, head_dim, GQA divisibility, shapes
-/// that differ between ranks) throws tessera::Error before any launch;
-/// `overlapped` without load/store reach between all ranks too, and a call
-/// inside a CUDA-graph capture (the flags carry a per-call epoch).
+/// that differ between ranks) throws tessera::Error before any launch, and
+/// so does a call inside a CUDA-graph capture (the flags carry a per-call
+/// epoch).
 void ring_attention(RingAttnContext& ctx, const RingAttnArgs& a, RingStrategy s = RingStrategy::overlapped);
 
 }  // namespace tessera::ops
