@@ -158,6 +158,29 @@ TEST(Capi, SpAttentionExAndResolveRejectANullSession) {
   EXPECT_NE(last().find("tessera_sp_attention_resolve: out is null"), std::string::npos) << last();
 }
 
+// The element-wise entry points check their arguments before any launch,
+// so these fail with a message on a machine without a GPU too.
+TEST(Capi, ElementwiseEntryPointsRejectBadArgumentsNamingThem) {
+  alignas(16) static unsigned char buf[4096];
+  EXPECT_EQ(tessera_transpose(nullptr, nullptr, buf, 4, 4, 0), -1);
+  EXPECT_NE(last().find("in = "), std::string::npos) << last();
+  EXPECT_EQ(tessera_transpose(nullptr, buf, buf, 4, 4, 0), -1);
+  EXPECT_NE(last().find("distinct"), std::string::npos) << last();
+  EXPECT_EQ(tessera_transpose(nullptr, buf, buf + 64, 4, 4, 7), -1);
+  EXPECT_NE(last().find("dtype code 7"), std::string::npos) << last();
+  EXPECT_EQ(tessera_transpose(nullptr, buf, buf + 64, -1, 4, 0), -1);
+  EXPECT_NE(last().find("rows = -1"), std::string::npos) << last();
+  EXPECT_EQ(tessera_swiglu_forward(nullptr, buf, buf + 64, 2, 6, 0), -1);
+  EXPECT_NE(last().find("inter = 6"), std::string::npos) << last();
+  EXPECT_EQ(tessera_swiglu_forward(nullptr, buf + 1, buf + 64, 2, 8, 0), -1);
+  EXPECT_NE(last().find("gu = "), std::string::npos) << last();
+  EXPECT_EQ(tessera_swiglu_backward(nullptr, buf, nullptr, buf + 64, nullptr, 2, 8, 0), -1);
+  EXPECT_NE(last().find("dh = "), std::string::npos) << last();
+  // Empty problems are no-ops.
+  EXPECT_EQ(tessera_transpose(nullptr, buf, buf + 64, 0, 4, 0), 0);
+  EXPECT_EQ(tessera_swiglu_forward(nullptr, buf, buf + 64, 0, 8, 0), 0);
+}
+
 TEST(Capi, VersionAndNcclVersions) {
   EXPECT_STRNE(tessera_version(), "unknown");
   int header = 0, runtime = 0;
