@@ -69,6 +69,8 @@ def _prototypes(lib):
         "tessera_mlp_ex": ([vp, vp, vp, vp, vp, vp, i64, i64, i64, i64, i32, i32, i32], i32),
         "tessera_resolve": ([vp, i32, i64, i64, i64, i64, i32, i32, vp, vp, vp, pi], i32),
         "tessera_transpose": ([vp, vp, vp, i64, i64, i32], i32),
+        "tessera_strategy_name": ([i32], ctypes.c_char_p),
+        "tessera_strategy_accepts": ([i32, i32], i32),
         "tessera_swiglu_forward": ([vp, vp, vp, i64, i64, i32], i32),
         "tessera_swiglu_backward": ([vp, vp, vp, vp, vp, i64, i64, i32], i32),
         "tessera_sp_attention_ex": ([vp, vp, vp, vp, vp, vp, vp, i64, i64, i64, i64, i64, i32, i32, ctypes.c_float,

@@ -167,6 +167,19 @@ extern "C" {
 
 const char* tessera_version(void) { return TESSERA_VERSION_STRING; }
 
+const char* tessera_strategy_name(int code) {
+  const tessera::ops::StrategyInfo* i = tessera::ops::find_strategy(code);
+  return i ? i->name.data() : nullptr;  // the table's names are string literals
+}
+
+int tessera_strategy_accepts(int op, int code) {
+  using tessera::ops::OpKind;
+  static constexpr OpKind kOps[] = {OpKind::ag_gemm, OpKind::gemm_rs, OpKind::gemm_ar, OpKind::sp_attention};
+  const tessera::ops::StrategyInfo* i = tessera::ops::find_strategy(code);
+  if (op < 0 || op > 3 || i == nullptr) return 0;
+  return tessera::ops::accepts(kOps[op], i->strategy) ? 1 : 0;
+}
+
 int tessera_nccl_versions(int* header, int* runtime) {
   return guarded("tessera_nccl_versions", [&] {
     TESSERA_CHECK(header != nullptr && runtime != nullptr, "tessera_nccl_versions: null output");

@@ -10,29 +10,49 @@
 
 namespace tessera::ops {
 
+namespace {
+constexpr unsigned bit(OpKind k) { return static_cast<unsigned>(k); }
+constexpr unsigned kAll =
+    bit(OpKind::ag_gemm) | bit(OpKind::gemm_rs) | bit(OpKind::gemm_ar) | bit(OpKind::sp_attention);
+constexpr std::array<StrategyInfo, 6> kStrategies{{
+    {Strategy::automatic, "automatic", kAll},
+    {Strategy::sequential, "sequential", kAll},
+    {Strategy::decomposition, "decomposition", bit(OpKind::ag_gemm) | bit(OpKind::gemm_rs)},
+    {Strategy::fused_ce, "fused_ce", kAll},
+    {Strategy::fused_sm, "fused_sm", bit(OpKind::ag_gemm) | bit(OpKind::gemm_rs)},
+    {Strategy::ring, "ring", bit(OpKind::gemm_rs)},
+}};
+static_assert(
+    [] {
+      for (std::size_t i = 0; i < kStrategies.size(); ++i)
+        if (static_cast<std::size_t>(kStrategies[i].strategy) != i) return false;
+      return true;
+    }(),
+    "kStrategies is indexed by strategy code");
+}  // namespace
+
+const std::array<StrategyInfo, 6>& strategy_table() { return kStrategies; }
+
+const StrategyInfo* find_strategy(int code) {
+  return code >= 0 && code < static_cast<int>(kStrategies.size()) ? &kStrategies[static_cast<std::size_t>(code)]
+                                                                  : nullptr;
+}
+
+bool accepts(OpKind op, Strategy s) {
+  const StrategyInfo* i = find_strategy(static_cast<int>(s));
+  return i != nullptr && (i->ops & bit(op)) != 0;
+}
+
 std::string_view strategy_name(Strategy s) {
-  switch (s) {
-    case Strategy::automatic:
-      return "auto";
-    case Strategy::sequential:
-      return "sequential";
-    case Strategy::decomposition:
-      return "decomposition";
-    case Strategy::fused_ce:
-      return "fused_ce";
-    case Strategy::fused_sm:
-      return "fused_sm";
-    case Strategy::ring:
-      return "ring";
-  }
-  return "?";
+  const StrategyInfo* i = find_strategy(static_cast<int>(s));
+  return i ? i->name : "?";
 }
 
 Strategy parse_strategy(std::string_view name) {
-  for (Strategy s : {Strategy::automatic, Strategy::sequential, Strategy::decomposition, Strategy::fused_ce,
-                     Strategy::fused_sm, Strategy::ring})
-    if (name == strategy_name(s)) return s;
-  TESSERA_FAIL("unknown strategy '{}' (auto, sequential, decomposition, fused_ce, fused_sm, ring)", name);
+  if (name == "auto") return Strategy::automatic;
+  for (const StrategyInfo& i : kStrategies)
+    if (name == i.name) return i.strategy;
+  TESSERA_FAIL("unknown strategy '{}' (automatic, sequential, decomposition, fused_ce, fused_sm, ring)", name);
 }
 
 std::int64_t ShardRows::rows(std::int64_t m, int s) const {

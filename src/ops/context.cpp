@@ -283,7 +283,9 @@ void check_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, const OpOptions& o) 
                 kMaxChannels);
   TESSERA_CHECK(o.comm_ctas >= 1 && o.comm_ctas < c.pg.sm_count(), "ag_gemm: comm_ctas = {} outside [1, {})",
                 o.comm_ctas, c.pg.sm_count());
-  TESSERA_CHECK(o.strategy != Strategy::ring, "ag_gemm: strategy ring exists only for gemm_rs (ring reduce-scatter)");
+  TESSERA_CHECK(accepts(OpKind::ag_gemm, o.strategy), "ag_gemm: strategy {} is not an AG+GEMM strategy{}",
+                strategy_name(o.strategy),
+                o.strategy == Strategy::ring ? " (ring exists only for gemm_rs: ring reduce-scatter)" : "");
   check_reach(c, o.strategy, "ag_gemm");
   c.check_agreement(signature(a, o.strategy), "ag_gemm");
 }
@@ -305,10 +307,9 @@ void check_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, const OpOptions& o) 
 void check_gemm_ar(TpContext::Impl& c, const GemmArArgs& a, const OpOptions& o) {
   c.check_usable("gemm_ar");
   validate(a, c.pg.rank(), c.pg.world());
-  TESSERA_CHECK(
-      o.strategy == Strategy::automatic || o.strategy == Strategy::sequential || o.strategy == Strategy::fused_ce,
-      "gemm_ar: strategy {} is not implemented for GEMM+AllReduce (sequential, fused_ce or automatic)",
-      strategy_name(o.strategy));
+  TESSERA_CHECK(accepts(OpKind::gemm_ar, o.strategy),
+                "gemm_ar: strategy {} is not implemented for GEMM+AllReduce (sequential, fused_ce or automatic)",
+                strategy_name(o.strategy));
   TESSERA_CHECK(o.strategy != Strategy::fused_ce || rs_tile_row_shards(a.m, c.pg.world()),
                 "gemm_ar: strategy fused_ce needs each rank's {} rows (ceil(M/R), M = {}, R = {}) to be a multiple "
                 "of the {}-row tile; use sequential or automatic",

@@ -181,6 +181,23 @@ TEST(Capi, ElementwiseEntryPointsRejectBadArgumentsNamingThem) {
   EXPECT_EQ(tessera_swiglu_forward(nullptr, buf, buf + 64, 0, 8, 0), 0);
 }
 
+TEST(Capi, StrategyTable) {
+  const char* names[] = {"automatic", "sequential", "decomposition", "fused_ce", "fused_sm", "ring"};
+  for (int code = 0; code < 6; ++code) {
+    ASSERT_NE(tessera_strategy_name(code), nullptr) << code;
+    EXPECT_STREQ(tessera_strategy_name(code), names[code]);
+  }
+  EXPECT_EQ(tessera_strategy_name(6), nullptr);
+  EXPECT_EQ(tessera_strategy_name(-1), nullptr);
+  EXPECT_EQ(tessera_strategy_accepts(1, TESSERA_RING), 1);  // gemm_rs takes ring
+  EXPECT_EQ(tessera_strategy_accepts(0, TESSERA_RING), 0);  // ag_gemm does not
+  EXPECT_EQ(tessera_strategy_accepts(2, TESSERA_FUSED_SM), 0);
+  EXPECT_EQ(tessera_strategy_accepts(3, TESSERA_FUSED_CE), 1);
+  EXPECT_EQ(tessera_strategy_accepts(3, TESSERA_DECOMPOSITION), 0);
+  EXPECT_EQ(tessera_strategy_accepts(4, TESSERA_SEQUENTIAL), 0);
+  EXPECT_EQ(tessera_strategy_accepts(0, 9), 0);
+}
+
 TEST(Capi, VersionAndNcclVersions) {
   EXPECT_STRNE(tessera_version(), "unknown");
   int header = 0, runtime = 0;

@@ -45,6 +45,12 @@ enum {
   TESSERA_RING = 5
 };
 
+/* The strategy table (ops::strategy_table): the name of a strategy code, or
+ * NULL for a code that names none; and whether an operator takes a strategy
+ * (op: 0 ag_gemm, 1 gemm_rs, 2 gemm_ar, 3 sp_attention; 1 yes, 0 no). */
+const char* tessera_strategy_name(int code);
+int tessera_strategy_accepts(int op, int code);
+
 /* Size of an NCCL unique id (ncclUniqueId). */
 #define TESSERA_UNIQUE_ID_BYTES 128
 

@@ -12,6 +12,7 @@
 // once per new shape signature.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -39,8 +40,28 @@ namespace tessera::ops {
 ///  automatic     — the tuner's cached or measured choice
 enum class Strategy : int { automatic = 0, sequential = 1, decomposition = 2, fused_ce = 3, fused_sm = 4, ring = 5 };
 
+/// The operators a strategy table entry names (a bit each).
+enum class OpKind : unsigned { ag_gemm = 1u, gemm_rs = 2u, gemm_ar = 4u, sp_attention = 8u };
+
+/// The strategy table: each strategy's code (the enum value, also the C
+/// API's TESSERA_* code), its name, and the operators that take it. The
+/// operators' strategy checks, the C API (tessera_strategy_name /
+/// tessera_strategy_accepts) and Python (checked against it when a context
+/// opens) read this one table.
+struct StrategyInfo {
+  Strategy strategy;
+  std::string_view name;
+  unsigned ops;  ///< OpKind bits
+};
+const std::array<StrategyInfo, 6>& strategy_table();
+/// The entry of a strategy code; nullptr for a code that names none.
+const StrategyInfo* find_strategy(int code);
+/// True when `op` takes strategy `s` (explicitly; automatic resolves to one of them).
+bool accepts(OpKind op, Strategy s);
+
 std::string_view strategy_name(Strategy s);
-/// Parses a strategy name (as printed by strategy_name); throws tessera::Error.
+/// Parses a strategy name (as printed by strategy_name; "auto" is taken for
+/// automatic too); throws tessera::Error.
 Strategy parse_strategy(std::string_view name);
 
 /// D[M, N] = AllGather(A)[M, K] · Bᵀ. With swiglu, B is the fused gate/up

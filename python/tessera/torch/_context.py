@@ -11,7 +11,23 @@ import torch
 from .. import _lib
 from .._lib import TesseraError
 
+# The library's strategy table (ops::strategy_table), as names by code. It is
+# spelled here so that the fake implementations work without the library;
+# check_strategy_table() compares it with the library's when a context opens.
 STRATEGIES = {"automatic": 0, "sequential": 1, "decomposition": 2, "fused_ce": 3, "fused_sm": 4, "ring": 5}
+
+
+def check_strategy_table(lib):
+    """Raises TesseraError unless the library names every code as STRATEGIES does (a package and a library of
+    different versions)."""
+    for name, code in STRATEGIES.items():
+        got = lib.tessera_strategy_name(code)
+        got = got.decode() if got is not None else None
+        if got != name:
+            raise TesseraError(f"strategy code {code} is {name!r} here but {got!r} in {_lib.library_path()}: the "
+                               "tessera package and its library come from different versions")
+    if lib.tessera_strategy_name(len(STRATEGIES)) is not None:
+        raise TesseraError(f"the library {_lib.library_path()} knows more strategies than this package")
 
 # handle -> weakref(Context): the custom ops take the handle (an int, so
 # torch.compile treats it as a constant) and look the context up here.
@@ -127,6 +143,7 @@ class Context:
         self.device = device
 
         lib = _lib.load()
+        check_strategy_table(lib)
         # Every rank of the group on this node, each on its own GPU (the operators need load/store reach).
         if self.world > 1:
             keys = [None] * self.world
