@@ -19,7 +19,9 @@
 //   __device__ int kv_block(int i, int n_blocks) const;  // i-th block to visit
 // a permutation of [0, n_blocks) for every n_blocks (the CTA's causal
 // prefix). Default: descending, n_blocks - 1 - i (masked blocks first).
-// sp_attention visits chunks in the order they arrive.
+// Only tests define one so far: sp_attention's hook keeps the default
+// order, so a CTA can wait on a chunk that lands late while chunks that
+// have landed wait behind it (docs/design/attention.md).
 //
 // ops::sp_attention waits for all-gathered KV chunks through KvFlagWait
 // below: the engine's FlagWait (row readiness, rows_per_flag = the chunk
