@@ -7,12 +7,15 @@
 #include <nccl.h>
 
 #include <array>
+#include <map>
+#include <tuple>
 #include <set>
 
 #include "sp_attention_kernels.hpp"
 #include "tuning.hpp"
 #include "tessera/kernels/attention.hpp"
 #include "tessera/link/host_primitives.hpp"
+#include "tessera/runtime/env.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/runtime/signals.hpp"
 #include "tessera/runtime/symmetric_heap.hpp"
@@ -31,6 +34,7 @@ struct SpAttnContext::Impl {
     TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_comm_done, cudaEventDisableTiming));
   }
   ~Impl() {
+    for (auto& [key, table] : orders) cudaFree(table);
     if (ev_ready) cudaEventDestroy(ev_ready);
     if (ev_comm_done) cudaEventDestroy(ev_comm_done);
     if (staging) cudaFree(staging);
@@ -45,6 +49,21 @@ struct SpAttnContext::Impl {
   std::size_t staging_bytes = 0;
   std::uint64_t epoch = 0;
   cudaEvent_t ev_ready = nullptr, ev_comm_done = nullptr;
+  /// kv_arrival_order tables on the device, per (rank's plan, kv_len, block rows); kept for the context's life.
+  std::map<std::tuple<std::int64_t, int, int, std::int64_t, int>, std::int32_t*> orders;
+
+  /// The device table of kv_arrival_order(plan, kv_len, block_rows), made once.
+  const std::int32_t* arrival_order(const SpAttnPlan& plan, std::int64_t kv_len, int block_rows) {
+    const auto key = std::make_tuple(plan.seq, plan.world, plan.rank, kv_len, block_rows);
+    if (auto it = orders.find(key); it != orders.end()) return it->second;
+    const std::vector<std::int32_t> host = kv_arrival_order(plan, kv_len, block_rows);
+    std::int32_t* dev = nullptr;
+    TESSERA_CUDA_CHECK(cudaMalloc(&dev, host.size() * sizeof(std::int32_t)));
+    orders[key] = dev;
+    // Synchronous: once per shape, before the kernel that reads it is queued.
+    TESSERA_CUDA_CHECK(cudaMemcpy(dev, host.data(), host.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice));
+    return dev;
+  }
   std::set<std::array<std::int64_t, 8>> validated;  ///< shapes and strategies already checked across ranks
   detail::TuneState tune;                           ///< automatic's choices and cache
 
@@ -153,7 +172,10 @@ void run_sp_attention(SpAttnContext::Impl& c, const SpAttnArgs& a, SpStrategy st
     f.rank = rank;
     f.chunk = C;
     f.epoch = e;
+    static const bool arrival = env::find_int("TESSERA_SP_ARRIVAL_ORDER", 0, 1).value_or(0) != 0;
+    const int block_rows = detail::sp_attention_kv_block_rows(static_cast<int>(a.head_dim));
     for (const SpAttnPlan::Part& part : plan.parts) {
+      f.order = hooked && R > 1 && arrival ? c.arrival_order(plan, part.kv_len, block_rows) : nullptr;
       kernels::AttentionArgs k;
       k.q = static_cast<const unsigned char*>(a.q) + part.local_row0 * q_row;
       k.o = static_cast<unsigned char*>(a.o) + part.local_row0 * q_row;

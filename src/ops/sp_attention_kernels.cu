@@ -15,6 +15,12 @@ struct SpKvWait {
   static constexpr bool kActive = true;
   kernels::engine::FlagWait<std::uint64_t, true> w;  ///< flags, expected = epoch, timeout, diag
   int slots, world, rank, chunk;
+  const std::int32_t* order;  ///< kv_arrival_order's table, or null: descending
+
+  /// The i-th of the CTA's n KV blocks to visit (a permutation of [0, n)).
+  __device__ __forceinline__ int kv_block(int i, int n) const {
+    return order ? order[static_cast<long long>(n) * (n - 1) / 2 + i] : n - 1 - i;
+  }
 
   __device__ __forceinline__ void wait(const kernels::attn::KvBlockInfo& b) const {
     const int last = min(b.row0 + b.rows, b.seqlen_k) - 1;
@@ -36,6 +42,10 @@ void launch(const kernels::AttentionArgs& a, const SpKvWait& h, cudaStream_t s) 
 
 }  // namespace
 
+int sp_attention_kv_block_rows(int head_dim) {
+  return head_dim == 64 ? kernels::AttnCfgOf<64, true>::BN : kernels::AttnCfgOf<128, true>::BN;
+}
+
 void launch_sp_attention_part(const kernels::AttentionArgs& a, const SpKvFlags& f, cudaStream_t stream) {
   SpKvWait h{};
   h.w.flags = f.flags;
@@ -46,6 +56,7 @@ void launch_sp_attention_part(const kernels::AttentionArgs& a, const SpKvFlags& 
   h.world = f.world;
   h.rank = f.rank;
   h.chunk = static_cast<int>(f.chunk);
+  h.order = f.order;
   if (a.dtype == DType::f16)
     launch<__half>(a, h, stream);
   else

@@ -19,7 +19,13 @@ struct SpKvFlags {
   int world = 1, rank = 0;
   std::int64_t chunk = 0;  ///< tokens per chunk (C)
   std::uint64_t epoch = 0;
+  /// kv_arrival_order's table on the device, or null for the kernel's
+  /// default (descending) visiting order.
+  const std::int32_t* order = nullptr;
 };
+
+/// Rows of the fused kernel's KV blocks for head_dim (kv_arrival_order's block_rows).
+int sp_attention_kv_block_rows(int head_dim);
 
 /// kernels::attention(a) whose producer waits, before each KV block, for the
 /// flags of every remote chunk the block covers (a.seqlen_k keys of the

@@ -15,6 +15,37 @@ std::int64_t SpAttnPlan::pairs() const {
   return n;
 }
 
+std::vector<std::int32_t> kv_arrival_order(const SpAttnPlan& plan, std::int64_t kv_len, int block_rows) {
+  TESSERA_CHECK(block_rows >= 1, "kv_arrival_order: block_rows = {} must be >= 1", block_rows);
+  TESSERA_CHECK(kv_len >= 1 && kv_len <= plan.seq, "kv_arrival_order: kv_len = {} outside [1, seq = {}]", kv_len,
+                plan.seq);
+  const std::int64_t n_blocks = (kv_len + block_rows - 1) / block_rows;
+  TESSERA_CHECK(n_blocks <= (1 << 14), "kv_arrival_order: {} KV blocks (at most 2^14)", n_blocks);
+  // Landing key of each block: 2 x arrival step + slot of the latest chunk it covers.
+  std::vector<int> key(static_cast<std::size_t>(n_blocks), 0);
+  for (std::int64_t b = 0; b < n_blocks; ++b) {
+    const std::int64_t lo = b * block_rows, hi = std::min(kv_len, lo + block_rows) - 1;
+    for (std::int64_t c = lo / plan.chunk; c <= hi / plan.chunk; ++c) {
+      const int ci = static_cast<int>(c);
+      key[static_cast<std::size_t>(b)] =
+          std::max(key[static_cast<std::size_t>(b)], 2 * plan.arrival_step(ci) + SpAttnPlan::slot(ci, plan.world));
+    }
+  }
+  std::vector<std::int32_t> table;
+  table.reserve(static_cast<std::size_t>(n_blocks * (n_blocks + 1) / 2));
+  std::vector<std::int32_t> order;
+  for (std::int64_t n = 1; n <= n_blocks; ++n) {
+    order.resize(static_cast<std::size_t>(n));
+    for (std::int64_t b = 0; b < n; ++b) order[static_cast<std::size_t>(b)] = static_cast<std::int32_t>(b);
+    std::sort(order.begin(), order.end(), [&](std::int32_t x, std::int32_t y) {
+      const int kx = key[static_cast<std::size_t>(x)], ky = key[static_cast<std::size_t>(y)];
+      return kx != ky ? kx < ky : x > y;
+    });
+    table.insert(table.end(), order.begin(), order.end());
+  }
+  return table;
+}
+
 SpAttnPlan plan_sp_attention(std::int64_t seq, int world, int rank, bool causal) {
   TESSERA_CHECK(world >= 1, "sp_attention: world = {} must be >= 1", world);
   TESSERA_CHECK(rank >= 0 && rank < world, "sp_attention: rank = {} out of range [0, {})", rank, world);

@@ -69,3 +69,41 @@ TEST(SpAttentionPlan, RejectsBadShapes) {
   EXPECT_THROW(plan_sp_attention(64, 2, 2, true), tessera::Error);
   EXPECT_THROW(plan_sp_attention(2, 2, 0, true), tessera::Error);
 }
+
+// Every prefix's order is a permutation of its blocks, blocks come by the
+// arrival step of the latest chunk they cover, and descending within one.
+TEST(SpAttentionPlan, ArrivalOrderIsAPermutationByLandingStep) {
+  for (int world : {2, 3, 4})
+    for (int rank = 0; rank < world; ++rank)
+      for (const auto& [seq, block] :
+           {std::pair{2048 * world, 176}, std::pair{512 * world, 128}, std::pair{48 * world, 176}}) {
+        const SpAttnPlan p = plan_sp_attention(seq, world, rank, true);
+        for (const SpAttnPlan::Part& part : p.parts) {
+          const auto t = tessera::ops::kv_arrival_order(p, part.kv_len, block);
+          const std::int64_t nb = (part.kv_len + block - 1) / block;
+          ASSERT_EQ(static_cast<std::int64_t>(t.size()), nb * (nb + 1) / 2);
+          auto landing = [&](std::int32_t b) {
+            const std::int64_t lo = std::int64_t{b} * block, hi = std::min(part.kv_len, lo + block) - 1;
+            int k = 0;
+            for (std::int64_t c = lo / p.chunk; c <= hi / p.chunk; ++c)
+              k = std::max(k, 2 * p.arrival_step(static_cast<int>(c)) + SpAttnPlan::slot(static_cast<int>(c), world));
+            return k;
+          };
+          for (std::int64_t n = 1; n <= nb; ++n) {
+            const auto* o = t.data() + n * (n - 1) / 2;
+            std::set<std::int32_t> seen(o, o + n);
+            ASSERT_EQ(static_cast<std::int64_t>(seen.size()), n);
+            ASSERT_EQ(*seen.begin(), 0);
+            ASSERT_EQ(*seen.rbegin(), n - 1);
+            for (std::int64_t i = 1; i < n; ++i) {
+              const int k0 = landing(o[i - 1]), k1 = landing(o[i]);
+              ASSERT_TRUE(k0 < k1 || (k0 == k1 && o[i - 1] > o[i]))
+                  << "world " << world << " rank " << rank << " n " << n << " at " << i;
+            }
+          }
+        }
+      }
+  const SpAttnPlan p = plan_sp_attention(1024, 2, 0, false);
+  EXPECT_THROW(tessera::ops::kv_arrival_order(p, 0, 128), tessera::Error);
+  EXPECT_THROW(tessera::ops::kv_arrival_order(p, 1024, 0), tessera::Error);
+}

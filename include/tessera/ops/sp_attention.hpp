@@ -87,6 +87,17 @@ struct SpAttnPlan {
 /// and seq % (2·world) == 0.
 SpAttnPlan plan_sp_attention(std::int64_t seq, int world, int rank, bool causal);
 
+/// The order in which the fused kernel's CTAs visit the KV blocks of a part
+/// with kv_len keys in blocks of block_rows, as the table its KV hook reads:
+/// for every n in [1, ceil(kv_len / block_rows)] (a CTA's causal prefix of n
+/// blocks) entries [n(n-1)/2, n(n+1)/2) are a permutation of [0, n). Blocks
+/// come in the order their data lands: by the arrival step of the latest
+/// chunk they cover (own chunks first, then rank r+1's, r+2's, ..., a rank's
+/// first chunk before its second), descending within one step. The default
+/// descending order can make a CTA wait for a chunk that lands late while
+/// chunks that have landed wait behind it. Opt-in: TESSERA_SP_ARRIVAL_ORDER=1.
+std::vector<std::int32_t> kv_arrival_order(const SpAttnPlan& plan, std::int64_t kv_len, int block_rows);
+
 /// One rank's shard: Q, K, V, O packed [batch, 2C, heads, head_dim] (local
 /// rows [0, C) = global chunk r, [C, 2C) = chunk 2R-1-r), LSE packed
 /// [batch, heads_q, 2C] float32 or null. Same shapes on every rank (checked).
