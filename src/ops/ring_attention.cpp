@@ -236,13 +236,19 @@ void ring_attention(RingAttnContext& ctx, const RingAttnArgs& a, RingStrategy st
   }
 
   const Sizes sz = sizes(a, R);
-  unsigned char* scr = static_cast<unsigned char*>(c.ensure_scratch(sz.scratch(!c.lsa)));
+  // NCCL receives (sequential, or overlapped without load/store reach) land
+  // in local scratch slots, never in the symmetric window: a window buffer
+  // is registered with NCCL, and a receive into one from an unregistered
+  // send buffer is not a path this operator relies on. Only the copy-engine
+  // pushes of overlapped use the window.
+  const bool window_slots = c.lsa && strategy == RingStrategy::overlapped;
+  unsigned char* scr = static_cast<unsigned char*>(c.ensure_scratch(sz.scratch(!window_slots)));
   float* o_acc = reinterpret_cast<float*>(scr);
   float* lse_acc = reinterpret_cast<float*>(scr + align256(sz.o_acc));
   float* lse_part = reinterpret_cast<float*>(scr + align256(sz.o_acc) + align256(sz.lse));
   void* o_part = scr + align256(sz.o_acc) + 2 * align256(sz.lse);
   unsigned char* slots = nullptr;
-  if (c.lsa) {
+  if (window_slots) {
     c.ensure_ws(sz.slots());
     slots = c.ws.local();
   } else {
