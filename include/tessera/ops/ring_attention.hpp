@@ -3,8 +3,10 @@
 // 2R-1-r of Q, K, V (C = S / (2R) tokens each; local rows [0, C), [C, 2C)).
 //
 // Known defect: at R = 2 on GPUs its test (tests/ops/ring_attention_gpu_test)
-// does not pass — rank 0 times out in the first call and rank 1 crashes —
-// while the one-GPU test with emulated ranks passes. Do not use it yet.
+// did not pass — rank 0 timed out in the first call, rank 1 crashed — while
+// the one-GPU test with emulated ranks passes. NCCL receives now land in
+// local scratch instead of the symmetric window (the likeliest cause); that
+// has not run on GPUs yet. Do not rely on it before its GPU test passes.
 //
 // R steps. At step j rank r holds the KV shard of rank (r + j) mod R (its
 // own at j = 0) and attends its two Q chunks to it; meanwhile it forwards
