@@ -19,4 +19,7 @@ export TESSERA_GPU_TEST_TIMEOUT="${TESSERA_GPU_TEST_TIMEOUT:-120}" TESTS_TIMEOUT
 export MLP_SHAPES="${MLP_SHAPES:-1,2,3,4,5,6}" MLP_ARGS="${MLP_ARGS:---no-variants}" MLP_TIMEOUT="${MLP_TIMEOUT:-200}"
 export ASYNCTP_TIMEOUT="${ASYNCTP_TIMEOUT:-120}" COMMIR_TIMEOUT="${COMMIR_TIMEOUT:-120}"
 export SIGNAL_ARGS="${SIGNAL_ARGS:---budget-s 100}" SIGNAL_TIMEOUT="${SIGNAL_TIMEOUT:-150}"
-exec "$root/scripts/device-check.sh" build tests comm mlp asynctp commir signal
+# SCALE_STEPS overrides the steps, e.g. "build tests attention moe moeep decoder"
+# for the sequence-parallel, MoE and decoder-layer runs of issue 25.
+# shellcheck disable=SC2086
+exec "$root/scripts/device-check.sh" ${SCALE_STEPS:-build tests comm mlp asynctp commir signal}
