@@ -238,9 +238,9 @@ void ring_attention(RingAttnContext& ctx, const RingAttnArgs& a, RingStrategy st
   const Sizes sz = sizes(a, R);
   // NCCL receives (sequential, or overlapped without load/store reach) land
   // in local scratch slots, never in the symmetric window: a window buffer
-  // is registered with NCCL, and a receive into one from an unregistered
-  // send buffer is not a path this operator relies on. Only the copy-engine
-  // pushes of overlapped use the window.
+  // is registered with NCCL, and point-to-point receives into one from
+  // unregistered send buffers are not a path this operator relies on. Only
+  // the copy-engine pushes of overlapped use the window.
   const bool window_slots = c.lsa && strategy == RingStrategy::overlapped;
   unsigned char* scr = static_cast<unsigned char*>(c.ensure_scratch(sz.scratch(!window_slots)));
   float* o_acc = reinterpret_cast<float*>(scr);

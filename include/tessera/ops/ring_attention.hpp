@@ -5,8 +5,9 @@
 // Known defect: at R = 2 on GPUs its test (tests/ops/ring_attention_gpu_test)
 // did not pass — rank 0 timed out in the first call, rank 1 crashed — while
 // the one-GPU test with emulated ranks passes. NCCL receives now land in
-// local scratch instead of the symmetric window (the likeliest cause); that
-// has not run on GPUs yet. Do not rely on it before its GPU test passes.
+// local scratch instead of the symmetric window: a suspect, not a proven
+// cause (all-gathers into a window do run), and not run on GPUs yet. Do not
+// rely on it before its GPU test passes.
 //
 // R steps. At step j rank r holds the KV shard of rank (r + j) mod R (its
 // own at j = 0) and attends its two Q chunks to it; meanwhile it forwards
