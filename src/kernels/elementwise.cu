@@ -115,11 +115,8 @@ void launch_swiglu(const SwigluArgs& a, cudaStream_t stream, const char* what) {
   TESSERA_CHECK(a.rows <= (std::int64_t{1} << 40) / a.inter, "{}: rows x inter = {} x {} is too large", what, a.rows,
                 a.inter);
   const std::int64_t quads = a.rows * a.inter / 4;
-  int sms = 0, dev = 0;
-  detail::cuda_check(cudaGetDevice(&dev), what);
-  detail::cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), what);
-  const std::int64_t need = (quads + 255) / 256;
-  const int blocks = static_cast<int>(need < 8LL * sms ? need : 8LL * sms);
+  const std::int64_t need = (quads + 255) / 256, cap = 8LL * detail::sm_count();
+  const int blocks = static_cast<int>(need < cap ? need : cap);
   auto go = [&](auto tag) {
     using T = decltype(tag);
     swiglu_kernel<T, kBackward>
