@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -97,9 +98,7 @@ void TpContext::Impl::check_agreement(const ShapeSignature& sig, const char* op)
 }
 
 void TpContext::Impl::before_growth(const char* what) {
-  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  TESSERA_CUDA_CHECK(cudaStreamIsCapturing(pg.stream(), &st));
-  TESSERA_CHECK(st == cudaStreamCaptureStatusNone,
+  TESSERA_CHECK(!runtime::stream_capturing(pg.stream()),
                 "{}: the workspace must grow inside a CUDA-graph capture; run the same call once eagerly before "
                 "capturing it",
                 what);
@@ -328,13 +327,12 @@ void check_gemm_ar(TpContext::Impl& c, const GemmArArgs& a, const OpOptions& o) 
 // error before anything is enqueued.
 namespace {
 
-bool capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  TESSERA_CUDA_CHECK(cudaStreamIsCapturing(stream, &st));
-  return st != cudaStreamCaptureStatusNone;
-}
-
-Strategy captured_strategy(Strategy s, const char* op) {
+/// Inside a capture of the context's stream: sequential, or an error for a
+/// strategy that cannot be captured; marks the context as captured. Outside
+/// one: nullopt.
+std::optional<Strategy> captured_choice(TpContext::Impl& c, Strategy s, const char* op) {
+  if (!runtime::stream_capturing(c.pg.stream())) return std::nullopt;
+  c.captured = true;
   TESSERA_CHECK(s == Strategy::automatic || s == Strategy::sequential,
                 "{}: strategy {} cannot be captured into a CUDA graph (its flags carry a per-call epoch that a replay "
                 "would repeat); capture sequential or automatic, which captures sequential",
@@ -350,10 +348,7 @@ Strategy captured_strategy(Strategy s, const char* op) {
 // costs no collective).
 Strategy TpContext::resolve(const AgGemmArgs& a, const OpOptions& o, TuneReport* report) {
   check_ag_gemm(*impl_, a, o);
-  if (capturing(impl_->pg.stream())) {
-    impl_->captured = true;
-    return captured_strategy(o.strategy, "ag_gemm");
-  }
+  if (const auto s = captured_choice(*impl_, o.strategy, "ag_gemm")) return *s;
   if (o.strategy != Strategy::automatic) return o.strategy;
   const std::vector<std::int64_t> shape{a.m, a.n, a.k, a.swiglu ? 1 : 0};
   return tune_choice(
@@ -363,10 +358,7 @@ Strategy TpContext::resolve(const AgGemmArgs& a, const OpOptions& o, TuneReport*
 
 Strategy TpContext::resolve(const GemmRsArgs& a, const OpOptions& o, TuneReport* report) {
   check_gemm_rs(*impl_, a, o);
-  if (capturing(impl_->pg.stream())) {
-    impl_->captured = true;
-    return captured_strategy(o.strategy, "gemm_rs");
-  }
+  if (const auto s = captured_choice(*impl_, o.strategy, "gemm_rs")) return *s;
   if (o.strategy != Strategy::automatic) return o.strategy;
   // The fused candidate's speed depends on where it reduces: part of the key.
   const std::vector<std::int64_t> shape{a.m, a.n, a.k, static_cast<std::int64_t>(o.rs_reduce)};
@@ -378,10 +370,7 @@ Strategy TpContext::resolve(const GemmRsArgs& a, const OpOptions& o, TuneReport*
 
 Strategy TpContext::resolve(const GemmArArgs& a, const OpOptions& o, TuneReport* report) {
   check_gemm_ar(*impl_, a, o);
-  if (capturing(impl_->pg.stream())) {
-    impl_->captured = true;
-    return captured_strategy(o.strategy, "gemm_ar");
-  }
+  if (const auto s = captured_choice(*impl_, o.strategy, "gemm_ar")) return *s;
   if (o.strategy != Strategy::automatic) return o.strategy;
   const std::vector<std::int64_t> shape{a.m, a.n, a.k};
   return tune_choice(
@@ -412,11 +401,9 @@ void mlp(TpContext& ctx, const MlpArgs& a, const OpOptions& ag, const OpOptions&
   auto& c = ctx.impl();
   c.check_usable("mlp");
   validate(a, c.pg.rank(), c.pg.world());
-  if (capturing(c.pg.stream())) {  // both halves refused before the first is enqueued
-    c.captured = true;
-    captured_strategy(ag.strategy, "mlp (all-gather half)");
-    captured_strategy(rs.strategy, "mlp (reduce-scatter half)");
-  }
+  // Both halves refused before the first is enqueued.
+  captured_choice(c, ag.strategy, "mlp (all-gather half)");
+  captured_choice(c, rs.strategy, "mlp (reduce-scatter half)");
   check_fused_ce_rs(a.m, c.pg.world(), rs);  // before the AG half launches
   const std::size_t hidden_bytes = static_cast<std::size_t>(a.m) * a.i_local * dtype_size(a.dtype);
   void* hidden = c.hidden.ensure(hidden_bytes, c.pg.stream());

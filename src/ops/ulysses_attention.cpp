@@ -81,9 +81,7 @@ void validate(UlyssesAttnContext::Impl& c, const UlyssesAttnArgs& a, int groups)
   const int R = c.pg.world();
   // Not captured: the staging buffers grow on demand and the streams fork
   // and join per call; capture is left to a later change with its test.
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  TESSERA_CUDA_CHECK(cudaStreamIsCapturing(c.pg.stream(), &capture));
-  TESSERA_CHECK(capture == cudaStreamCaptureStatusNone,
+  TESSERA_CHECK(!runtime::stream_capturing(c.pg.stream()),
                 "ulysses_attention: cannot be captured into a CUDA graph yet; call it eagerly");
   TESSERA_CHECK(a.seq >= 2 * R && a.seq % (2 * R) == 0,
                 "ulysses_attention: seq = {} must be a positive multiple of 2 x world = {} (zig-zag chunks)", a.seq,

@@ -226,6 +226,12 @@ ProcessGroup::~ProcessGroup() {
   }
 }
 
+bool stream_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  TESSERA_CUDA_CHECK(cudaStreamIsCapturing(stream, &st));
+  return st != cudaStreamCaptureStatusNone;
+}
+
 void ProcessGroup::register_signals(const Signals* s) {
   std::lock_guard lock(signals_mutex_);
   signals_.push_back(s);

@@ -178,6 +178,10 @@ class ProcessGroup {
   float* align_token_ = nullptr;  ///< align_streams' operand (allocated at first use)
 };
 
+/// True while `stream` is being captured into a CUDA graph (operators whose
+/// flags carry a per-call epoch refuse to be captured).
+bool stream_capturing(cudaStream_t stream);
+
 /// NCCL version of the loaded library, checked against the header at start-up.
 int nccl_runtime_version();
 
