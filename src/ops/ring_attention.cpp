@@ -47,9 +47,9 @@ struct RingAttnContext::Impl {
   std::size_t scratch_bytes = 0;
   std::uint64_t epoch = 0;
   cudaEvent_t ev_ready = nullptr;
-  std::vector<cudaEvent_t> ev_push;    ///< per step: its forward is done
-  std::vector<cudaEvent_t> ev_attend;  ///< per step: its attention is done (overlapped without lsa)
-  std::set<std::array<std::int64_t, 7>> validated;
+  std::vector<cudaEvent_t> ev_push;             ///< per step: its forward is done
+  std::vector<cudaEvent_t> ev_attend;           ///< per step: its attention is done (overlapped without lsa)
+  std::set<detail::ZigzagSignature> validated;  ///< shapes and strategies already checked across ranks
 
   void ensure_events(int n) {
     for (std::vector<cudaEvent_t>* evs : {&ev_push, &ev_attend})
@@ -110,41 +110,6 @@ Sizes sizes(const RingAttnArgs& a, int world) {
   s.lse = static_cast<std::size_t>(a.batch * a.heads_q * L) * 4;
   s.o_part = static_cast<std::size_t>(a.batch * L * a.heads_q * a.head_dim) * es;
   return s;
-}
-
-void validate(RingAttnContext::Impl& c, const RingAttnArgs& a) {
-  const int R = c.pg.world();
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  TESSERA_CUDA_CHECK(cudaStreamIsCapturing(c.pg.stream(), &capture));
-  TESSERA_CHECK(capture == cudaStreamCaptureStatusNone,
-                "ring_attention: cannot be captured into a CUDA graph (its flags carry a per-call epoch that a replay "
-                "would repeat); call it eagerly");
-  TESSERA_CHECK(a.seq >= 2 * R && a.seq % (2 * R) == 0,
-                "ring_attention: seq = {} must be a positive multiple of 2 x world = {} (zig-zag chunks)", a.seq,
-                2 * R);
-  kernels::AttentionArgs k;
-  k.q = a.q;
-  k.k = a.k;
-  k.v = a.v;
-  k.o = a.o;
-  k.batch = a.batch;
-  k.seqlen_q = k.seqlen_k = a.seq / R;
-  k.heads_q = a.heads_q;
-  k.heads_kv = a.heads_kv;
-  k.head_dim = a.head_dim;
-  k.dtype = a.dtype;
-  k.causal = a.causal;
-  k.softmax_scale = a.softmax_scale;
-  kernels::validate(k, "ring_attention");
-  const std::array<std::int64_t, 7> sig{a.batch, a.seq, a.heads_q, a.heads_kv, a.head_dim, static_cast<int>(a.dtype),
-                                        a.causal};
-  if (!c.validated.count(sig)) {
-    c.pg.check_same_on_all_ranks(
-        fmt::format("ring_attention: shapes (batch {}, seq {}, heads {}/{}, head_dim {}, dtype {}, causal {})", a.batch,
-                    a.seq, a.heads_q, a.heads_kv, a.head_dim, dtype_name(a.dtype), a.causal),
-        sig);
-    c.validated.insert(sig);
-  }
 }
 
 }  // namespace
@@ -223,10 +188,11 @@ std::size_t ring_attention_workspace_bytes(const RingAttnArgs& a, int world) {
 
 void ring_attention(RingAttnContext& ctx, const RingAttnArgs& a, RingStrategy strategy) {
   RingAttnContext::Impl& c = ctx.impl();
-  validate(c, a);
-  const int R = c.pg.world(), rank = c.pg.rank();
   TESSERA_CHECK(strategy == RingStrategy::sequential || strategy == RingStrategy::overlapped,
                 "ring_attention: strategy code {} (sequential or overlapped)", static_cast<int>(strategy));
+  detail::validate_zigzag(c.pg, a, "ring_attention", static_cast<int>(strategy),
+                          strategy == RingStrategy::sequential ? "sequential" : "overlapped", c.validated);
+  const int R = c.pg.world(), rank = c.pg.rank();
   const RingAttnPlan plan = plan_ring_attention(a.seq, R, rank, a.causal);
   cudaStream_t st = c.pg.stream();
 

@@ -7,15 +7,32 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <set>
+#include <string_view>
 #include <vector>
 
 #include "tessera/ops/ring_attention.hpp"
 #include "tessera/ops/ulysses_attention.hpp"
 
 namespace tessera::ops::detail {
+
+// ---- shared by sp_attention and ring attention ----
+
+/// Shapes, dtype, causal and strategy of a zig-zag call, compared across ranks.
+using ZigzagSignature = std::array<std::int64_t, 8>;
+
+/// The checks of a zig-zag operator (`op`) before it launches anything: not
+/// inside a CUDA-graph capture (its flags carry a per-call epoch), seq a
+/// multiple of 2R, the attention kernel's own checks on one shard's shapes,
+/// and, once per signature (recorded in `agreed`), the same shapes and
+/// strategy on every rank: ranks on different strategies would wait for
+/// transfers and flags that never come.
+void validate_zigzag(runtime::ProcessGroup& pg, const SpAttnArgs& a, const char* op, int strategy,
+                     std::string_view strategy_name, std::set<ZigzagSignature>& agreed);
 
 // ---- ring ----
 

@@ -11,6 +11,7 @@
 #include <tuple>
 #include <set>
 
+#include "seq_parallel_detail.hpp"
 #include "sp_attention_kernels.hpp"
 #include "tuning.hpp"
 #include "tessera/kernels/attention.hpp"
@@ -64,8 +65,8 @@ struct SpAttnContext::Impl {
     TESSERA_CUDA_CHECK(cudaMemcpy(dev, host.data(), host.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice));
     return dev;
   }
-  std::set<std::array<std::int64_t, 8>> validated;  ///< shapes and strategies already checked across ranks
-  detail::TuneState tune;                           ///< automatic's choices and cache
+  std::set<detail::ZigzagSignature> validated;  ///< shapes and strategies already checked across ranks
+  detail::TuneState tune;                       ///< automatic's choices and cache
 
   void drain(const char* what) {
     const std::initializer_list<const runtime::Signals*> all{data.get(), control.get()};
@@ -105,48 +106,10 @@ void copy_chunk(cudaStream_t s, void* dst, const void* src, int i, std::int64_t 
 }
 
 void validate(SpAttnContext::Impl& c, const SpAttnArgs& a, SpStrategy strategy) {
-  const int R = c.pg.world();
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  TESSERA_CUDA_CHECK(cudaStreamIsCapturing(c.pg.stream(), &capture));
-  TESSERA_CHECK(capture == cudaStreamCaptureStatusNone,
-                "sp_attention: cannot be captured into a CUDA graph (its flags carry a per-call epoch that a replay "
-                "would repeat); call it eagerly");
   TESSERA_CHECK(
       strategy == SpStrategy::automatic || strategy == SpStrategy::sequential || strategy == SpStrategy::fused_ce,
       "sp_attention: strategy code {} (automatic 0, sequential 1 or fused_ce 3)", static_cast<int>(strategy));
-  TESSERA_CHECK(a.seq >= 2 * R && a.seq % (2 * R) == 0,
-                "sp_attention: seq = {} must be a positive multiple of 2 x world = {} (zig-zag chunks)", a.seq, 2 * R);
-  // The kernel's own checks (dtype, head dim, GQA divisibility, pointers)
-  // on the shapes of one part, before anything is launched or gathered.
-  kernels::AttentionArgs k;
-  k.q = a.q;
-  k.k = a.k;
-  k.v = a.v;
-  k.o = a.o;
-  k.batch = a.batch;
-  k.seqlen_q = k.seqlen_k = a.seq / R;
-  k.heads_q = a.heads_q;
-  k.heads_kv = a.heads_kv;
-  k.head_dim = a.head_dim;
-  k.dtype = a.dtype;
-  k.causal = a.causal;
-  k.softmax_scale = a.softmax_scale;
-  kernels::validate(k, "sp_attention");
-  // The strategy too: ranks on different strategies would wait for
-  // collectives and flags that never come.
-  const std::array<std::int64_t, 8> sig{a.batch,    a.seq,
-                                        a.heads_q,  a.heads_kv,
-                                        a.head_dim, static_cast<int>(a.dtype),
-                                        a.causal,   static_cast<int>(strategy)};
-  if (!c.validated.count(sig)) {
-    c.pg.check_same_on_all_ranks(
-        fmt::format("sp_attention: shapes and strategy (batch {}, seq {}, heads {}/{}, head_dim {}, dtype {}, causal "
-                    "{}, strategy {})",
-                    a.batch, a.seq, a.heads_q, a.heads_kv, a.head_dim, dtype_name(a.dtype), a.causal,
-                    sp_strategy_name(strategy)),
-        sig);
-    c.validated.insert(sig);
-  }
+  detail::validate_zigzag(c.pg, a, "sp_attention", static_cast<int>(strategy), sp_strategy_name(strategy), c.validated);
 }
 
 /// One call with a concrete strategy; `a` is validated.
@@ -319,5 +282,45 @@ void sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, SpStrategy s) {
   o.strategy = s;
   sp_attention(ctx, a, o);
 }
+
+namespace detail {
+
+void validate_zigzag(runtime::ProcessGroup& pg, const SpAttnArgs& a, const char* op, int strategy,
+                     std::string_view strategy_name, std::set<ZigzagSignature>& agreed) {
+  const int R = pg.world();
+  TESSERA_CHECK(!runtime::stream_capturing(pg.stream()),
+                "{}: cannot be captured into a CUDA graph (its flags carry a per-call epoch that a replay would "
+                "repeat); call it eagerly",
+                op);
+  TESSERA_CHECK(a.seq >= 2 * R && a.seq % (2 * R) == 0,
+                "{}: seq = {} must be a positive multiple of 2 x world = {} (zig-zag chunks)", op, a.seq, 2 * R);
+  // The kernel's own checks (dtype, head dim, GQA divisibility, pointers)
+  // on one shard's shapes.
+  kernels::AttentionArgs k;
+  k.q = a.q;
+  k.k = a.k;
+  k.v = a.v;
+  k.o = a.o;
+  k.batch = a.batch;
+  k.seqlen_q = k.seqlen_k = a.seq / R;
+  k.heads_q = a.heads_q;
+  k.heads_kv = a.heads_kv;
+  k.head_dim = a.head_dim;
+  k.dtype = a.dtype;
+  k.causal = a.causal;
+  k.softmax_scale = a.softmax_scale;
+  kernels::validate(k, op);
+  const ZigzagSignature sig{a.batch,  a.seq,   a.heads_q, a.heads_kv, a.head_dim, static_cast<std::int64_t>(a.dtype),
+                            a.causal, strategy};
+  if (agreed.count(sig)) return;
+  pg.check_same_on_all_ranks(
+      fmt::format("{}: shapes and strategy (batch {}, seq {}, heads {}/{}, head_dim {}, dtype "
+                  "{}, causal {}, strategy {})",
+                  op, a.batch, a.seq, a.heads_q, a.heads_kv, a.head_dim, dtype_name(a.dtype), a.causal, strategy_name),
+      sig);
+  agreed.insert(sig);
+}
+
+}  // namespace detail
 
 }  // namespace tessera::ops
