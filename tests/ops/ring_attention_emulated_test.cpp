@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "ops/seq_parallel_detail.hpp"
+#include "support/device_buffers.hpp"
 #include "support/test_support.hpp"
 #include "tessera/kernels/attention.hpp"
 #include "tessera/kernels/attention_merge.hpp"
@@ -32,41 +33,12 @@
 using namespace tessera;
 namespace tk = tessera::kernels;
 
+using tessera::testing::bf16_to_float;
+using tessera::testing::DeviceBuffer;
+using tessera::testing::download;
+using tessera::testing::hopper_skip_reason;
+
 namespace {
-
-struct Buf {
-  void* p = nullptr;
-  explicit Buf(size_t bytes) { TESSERA_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 256))); }
-  ~Buf() { cudaFree(p); }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-};
-
-template <class T>
-std::vector<T> down(const void* p, size_t n) {
-  std::vector<T> h(n);
-  TESSERA_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
-
-float bf(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-bool skip_reason(std::string* why) {
-  if (tessera::testing::visible_gpus() < 1) return *why = "needs a GPU", true;
-  int major = 0;
-  TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
-  if (major != 9) return *why = "needs an sm_90 (Hopper) GPU", true;
-  return false;
-}
 
 struct Problem {
   int world;
@@ -79,18 +51,18 @@ struct Problem {
 struct Emulation {
   Problem pb;
   int64_t B, S, L;
-  std::unique_ptr<Buf> q, k, v, o, lse;
-  std::vector<std::unique_ptr<Buf>> sq, sk, sv, so, slse;
+  std::unique_ptr<DeviceBuffer> q, k, v, o, lse;
+  std::vector<std::unique_ptr<DeviceBuffer>> sq, sk, sv, so, slse;
   std::vector<uint16_t> o_full;
   std::vector<float> lse_full;
 
   explicit Emulation(const Problem& p) : pb(p), B(p.batch), S(2 * p.world * p.chunk), L(2 * p.chunk) {
     const size_t nq = B * S * p.hq * p.d, nk = B * S * p.hkv * p.d;
-    q = std::make_unique<Buf>(nq * 2);
-    k = std::make_unique<Buf>(nk * 2);
-    v = std::make_unique<Buf>(nk * 2);
-    o = std::make_unique<Buf>(nq * 2);
-    lse = std::make_unique<Buf>(B * p.hq * S * 4);
+    q = std::make_unique<DeviceBuffer>(nq * 2);
+    k = std::make_unique<DeviceBuffer>(nk * 2);
+    v = std::make_unique<DeviceBuffer>(nk * 2);
+    o = std::make_unique<DeviceBuffer>(nq * 2);
+    lse = std::make_unique<DeviceBuffer>(B * p.hq * S * 4);
     std::mt19937_64 rng(777 + p.world * 31 + p.chunk + p.hkv + p.d + p.causal);
     std::normal_distribution<float> nd(0.f, 1.f);
     for (auto [buf, n] : {std::pair{q.get(), nq}, std::pair{k.get(), nk}, std::pair{v.get(), nk}}) {
@@ -111,19 +83,19 @@ struct Emulation {
     full.head_dim = p.d;
     full.causal = p.causal;
     tk::attention(full);
-    o_full = down<uint16_t>(o->p, nq);
-    lse_full = down<float>(lse->p, B * p.hq * S);
+    o_full = download<uint16_t>(o->p, nq);
+    lse_full = download<float>(lse->p, B * p.hq * S);
     for (int r = 0; r < p.world; ++r) {
       sq.push_back(shard(*q, p.hq, r));
       sk.push_back(shard(*k, p.hkv, r));
       sv.push_back(shard(*v, p.hkv, r));
-      so.push_back(std::make_unique<Buf>(B * L * p.hq * p.d * 2));
-      slse.push_back(std::make_unique<Buf>(B * p.hq * L * 4));
+      so.push_back(std::make_unique<DeviceBuffer>(B * L * p.hq * p.d * 2));
+      slse.push_back(std::make_unique<DeviceBuffer>(B * p.hq * L * 4));
     }
   }
   int chunk_of(int r, int i) const { return i == 0 ? r : 2 * pb.world - 1 - r; }
-  std::unique_ptr<Buf> shard(const Buf& g, int64_t heads, int r) const {
-    auto b = std::make_unique<Buf>(B * L * heads * pb.d * 2);
+  std::unique_ptr<DeviceBuffer> shard(const DeviceBuffer& g, int64_t heads, int r) const {
+    auto b = std::make_unique<DeviceBuffer>(B * L * heads * pb.d * 2);
     const size_t row = heads * pb.d * 2;
     for (int i = 0; i < 2; ++i)
       TESSERA_CUDA_CHECK(cudaMemcpy2D(b->as<char>() + i * pb.chunk * row, L * row,
@@ -157,8 +129,8 @@ struct Emulation {
     TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
     const int64_t H = pb.hq, D = pb.d, C = pb.chunk;
     for (int r = 0; r < pb.world; ++r) {
-      const auto o_sh = down<uint16_t>(so[r]->p, B * L * H * D);
-      const auto lse_sh = down<float>(slse[r]->p, B * H * L);
+      const auto o_sh = download<uint16_t>(so[r]->p, B * L * H * D);
+      const auto lse_sh = download<float>(slse[r]->p, B * H * L);
       double num = 0, den = 0, lse_err = 0;
       int64_t bad = 0, differ = 0;
       for (int64_t b = 0; b < B; ++b)
@@ -167,10 +139,10 @@ struct Emulation {
           const uint16_t* x = &o_sh[(b * L + i) * H * D];
           const uint16_t* y = &o_full[(b * S + g) * H * D];
           for (int64_t j = 0; j < H * D; ++j) {
-            bad += !std::isfinite(bf(x[j]));
+            bad += !std::isfinite(bf16_to_float(x[j]));
             differ += x[j] != y[j];
-            num += (bf(x[j]) - bf(y[j])) * (bf(x[j]) - bf(y[j]));
-            den += bf(y[j]) * bf(y[j]);
+            num += (bf16_to_float(x[j]) - bf16_to_float(y[j])) * (bf16_to_float(x[j]) - bf16_to_float(y[j]));
+            den += bf16_to_float(y[j]) * bf16_to_float(y[j]);
           }
           for (int64_t h = 0; h < H; ++h) {
             const float l0 = lse_sh[(b * H + h) * L + i], l1 = lse_full[(b * H + h) * S + g];
@@ -195,7 +167,7 @@ void run_ring(Emulation& s) {
   const int W = s.pb.world;
   s.poison();
   const int64_t H = s.pb.hq, D = s.pb.d;
-  Buf o_acc(s.B * s.L * H * D * 4), lse_acc(s.B * H * s.L * 4), o_part(s.B * s.L * H * D * 2),
+  DeviceBuffer o_acc(s.B * s.L * H * D * 4), lse_acc(s.B * H * s.L * 4), o_part(s.B * s.L * H * D * 2),
       lse_part(s.B * H * s.L * 4);
   for (int r = 0; r < W; ++r) {
     const ops::SpAttnArgs a = s.args(r);
@@ -221,11 +193,11 @@ void run_ulysses(Emulation& s, int groups) {
   s.poison();
   std::vector<ops::SpAttnArgs> as;
   std::vector<ops::detail::UlyssesRank> us;
-  std::vector<std::unique_ptr<Buf>> scratch;
+  std::vector<std::unique_ptr<DeviceBuffer>> scratch;
   for (int r = 0; r < W; ++r) {
     as.push_back(s.args(r));
     us.push_back(ops::detail::ulysses_rank(as[r], W, r, groups));
-    scratch.push_back(std::make_unique<Buf>(us[r].layout().total));
+    scratch.push_back(std::make_unique<DeviceBuffer>(us[r].layout().total));
     us[r].place(scratch[r]->p);
   }
   // What NCCL does: rank r's k-th transfer with peer p feeds p's k-th transfer with r.
@@ -263,7 +235,7 @@ void run_ulysses(Emulation& s, int groups) {
 
 TEST(RingAttentionEmulated, RingAndUlyssesMatchWholeSequence) {
   std::string why;
-  if (skip_reason(&why)) GTEST_SKIP() << why;
+  if (hopper_skip_reason(&why)) GTEST_SKIP() << why;
   std::vector<Problem> problems;
   for (int world : {1, 2, 3, 4})
     for (bool causal : {true, false}) {
@@ -290,11 +262,11 @@ TEST(RingAttentionEmulated, RingAndUlyssesMatchWholeSequence) {
 
 TEST(RingAttentionEmulated, MergeKernelEdgeCases) {
   std::string why;
-  if (skip_reason(&why)) GTEST_SKIP() << why;
+  if (hopper_skip_reason(&why)) GTEST_SKIP() << why;
   // One (batch, row, head) with D = 64: accumulator LSE -inf (no key yet)
   // merged with a partial, a partial with LSE -inf, and both -inf.
   const int64_t D = 64;
-  Buf o_acc(3 * D * 4), lse_acc(3 * 4), o_part(3 * D * 2), lse_part(3 * 4), o_out(3 * D * 2), lse_out(3 * 4);
+  DeviceBuffer o_acc(3 * D * 4), lse_acc(3 * 4), o_part(3 * D * 2), lse_part(3 * 4), o_out(3 * D * 2), lse_out(3 * 4);
   std::vector<float> acc(3 * D, 0.f), la = {-INFINITY, 1.5f, -INFINITY}, lb = {0.25f, -INFINITY, -INFINITY};
   std::vector<__nv_bfloat16> part(3 * D);
   for (int64_t j = 0; j < D; ++j) {
@@ -320,14 +292,14 @@ TEST(RingAttentionEmulated, MergeKernelEdgeCases) {
   m.head_dim = D;
   m.rows = 3;
   tk::attention_merge(m, nullptr);
-  const auto o = down<uint16_t>(o_out.p, 3 * D);
-  const auto l = down<float>(lse_out.p, 3);
-  const auto oa = down<float>(o_acc.p, 3 * D);
+  const auto o = download<uint16_t>(o_out.p, 3 * D);
+  const auto l = download<float>(lse_out.p, 3);
+  const auto oa = download<float>(o_acc.p, 3 * D);
   EXPECT_NEAR(l[0], 0.25f, 1e-6);
   EXPECT_NEAR(l[1], 1.5f, 1e-6);
   EXPECT_TRUE(std::isinf(l[2]) && l[2] < 0);
   for (int64_t j = 0; j < D; ++j) {
-    EXPECT_EQ(bf(o[j]), __bfloat162float(part[j])) << j;
+    EXPECT_EQ(bf16_to_float(o[j]), __bfloat162float(part[j])) << j;
     EXPECT_EQ(oa[D + j], 0.5f + j) << j;
     EXPECT_EQ(oa[2 * D + j], 0.f) << j;
   }
@@ -338,8 +310,8 @@ TEST(RingAttentionEmulated, MergeKernelEdgeCases) {
   m.row0 = 1;
   m.rows = 1;
   tk::attention_merge(m, nullptr);
-  const auto o2 = down<float>(o_acc.p, 3 * D);
-  const auto l2 = down<float>(lse_acc.p, 3);
+  const auto o2 = download<float>(o_acc.p, 3 * D);
+  const auto l2 = download<float>(lse_acc.p, 3);
   EXPECT_NEAR(l2[1], 2.f + std::log(2.f), 1e-5);
   EXPECT_NEAR(o2[D + 3], 0.5f * (0.5f + 3.f) + 0.5f * __bfloat162float(part[D + 3]), 1e-2);
   EXPECT_EQ(o2[2 * D], 0.f);  // row 2 outside [row0, row0 + rows): untouched

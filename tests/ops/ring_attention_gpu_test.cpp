@@ -25,6 +25,8 @@
 #include <utility>
 #include <vector>
 
+#include "support/device_buffers.hpp"
+#include "support/gpu_group.hpp"
 #include "support/test_support.hpp"
 #include "tessera/kernels/attention.hpp"
 #include "tessera/ops/ring_attention.hpp"
@@ -35,12 +37,14 @@
 using namespace tessera;
 namespace tk = tessera::kernels;
 
+using tessera::testing::bf16_to_float;
+using tessera::testing::DeviceBuffer;
+using tessera::testing::download;
+using tessera::testing::group;
+using tessera::testing::hopper_skip_reason;
+
 namespace {
 
-runtime::ProcessGroup& group() {
-  static std::unique_ptr<runtime::ProcessGroup> pg = runtime::ProcessGroup::from_environment();
-  return *pg;
-}
 ops::RingAttnContext& ring_ctx() {
   static std::unique_ptr<ops::RingAttnContext> c = std::make_unique<ops::RingAttnContext>(group());
   return *c;
@@ -48,36 +52,6 @@ ops::RingAttnContext& ring_ctx() {
 ops::UlyssesAttnContext& ulysses_ctx() {
   static std::unique_ptr<ops::UlyssesAttnContext> c = std::make_unique<ops::UlyssesAttnContext>(group());
   return *c;
-}
-
-bool skip_reason(std::string* why) {
-  if (tessera::testing::visible_gpus() < 1) return *why = "needs a GPU", true;
-  int major = 0;
-  TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
-  if (major != 9) return *why = "needs an sm_90 (Hopper) GPU", true;
-  return false;
-}
-
-struct Buf {
-  void* p = nullptr;
-  explicit Buf(size_t bytes) { TESSERA_CUDA_CHECK(cudaMalloc(&p, bytes)); }
-  ~Buf() { cudaFree(p); }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-};
-
-template <class T>
-std::vector<T> down(const void* p, size_t n) {
-  std::vector<T> h(n);
-  TESSERA_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
-
-float bf(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
 }
 
 struct Case {
@@ -92,7 +66,7 @@ void run_case(const Case& cs, bool causal) {
   std::mt19937_64 rng(20261126 + 7 * Hkv + D + causal);  // the same global tensors on every rank
   std::normal_distribution<float> nd(0.f, 1.f);
   const size_t nq = B * S * H * D, nk = B * S * Hkv * D;
-  Buf q(nq * 2), k(nk * 2), v(nk * 2), o(nq * 2), lse(B * H * S * 4);
+  DeviceBuffer q(nq * 2), k(nk * 2), v(nk * 2), o(nq * 2), lse(B * H * S * 4);
   for (auto [buf, n] : {std::pair{&q, nq}, std::pair{&k, nk}, std::pair{&v, nk}}) {
     std::vector<__nv_bfloat16> h(n);
     for (auto& x : h) x = __float2bfloat16(nd(rng));
@@ -100,7 +74,7 @@ void run_case(const Case& cs, bool causal) {
   }
   const int chunks[2] = {rank, 2 * R - 1 - rank};
   auto global_row = [&](int64_t i) { return chunks[i / C] * C + i % C; };
-  Buf sq(B * L * H * D * 2), sk(B * L * Hkv * D * 2), sv(B * L * Hkv * D * 2), so(B * L * H * D * 2),
+  DeviceBuffer sq(B * L * H * D * 2), sk(B * L * Hkv * D * 2), sv(B * L * Hkv * D * 2), so(B * L * H * D * 2),
       slse(B * H * L * 4);
   for (auto [dst, src, heads] : {std::tuple{&sq, &q, H}, std::tuple{&sk, &k, Hkv}, std::tuple{&sv, &v, Hkv}}) {
     const size_t row = heads * D * 2;
@@ -122,8 +96,8 @@ void run_case(const Case& cs, bool causal) {
   full.head_dim = D;
   full.causal = causal;
   tk::attention(full);
-  const auto o_full = down<uint16_t>(o.p, nq);
-  const auto lse_full = down<float>(lse.p, B * H * S);
+  const auto o_full = download<uint16_t>(o.p, nq);
+  const auto lse_full = download<float>(lse.p, B * H * S);
 
   ops::SpAttnArgs a;
   a.q = sq.p;
@@ -186,8 +160,8 @@ void run_case(const Case& cs, bool causal) {
     TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
     run.call();
     pg.synchronize(pg.stream(), "ring_attention test");
-    const auto o_sh = down<uint16_t>(so.p, B * L * H * D);
-    const auto lse_sh = down<float>(slse.p, B * H * L);
+    const auto o_sh = download<uint16_t>(so.p, B * L * H * D);
+    const auto lse_sh = download<float>(slse.p, B * H * L);
     double num = 0, den = 0, lse_err = 0;
     int64_t bad = 0;
     const size_t row = H * D;
@@ -197,9 +171,9 @@ void run_case(const Case& cs, bool causal) {
         const uint16_t* x = &o_sh[(b * L + i) * row];
         const uint16_t* y = &o_full[(b * S + g) * row];
         for (size_t j = 0; j < row; ++j) {
-          bad += !std::isfinite(bf(x[j]));
-          num += (bf(x[j]) - bf(y[j])) * (bf(x[j]) - bf(y[j]));
-          den += bf(y[j]) * bf(y[j]);
+          bad += !std::isfinite(bf16_to_float(x[j]));
+          num += (bf16_to_float(x[j]) - bf16_to_float(y[j])) * (bf16_to_float(x[j]) - bf16_to_float(y[j]));
+          den += bf16_to_float(y[j]) * bf16_to_float(y[j]);
         }
         for (int64_t h = 0; h < H; ++h) {
           const float l0 = lse_sh[(b * H + h) * L + i], l1 = lse_full[(b * H + h) * S + g];
@@ -221,35 +195,35 @@ void run_case(const Case& cs, bool causal) {
 
 TEST(RingAttentionGpu, MhaHeadDim128) {
   std::string why;
-  if (skip_reason(&why)) GTEST_SKIP() << why;
+  if (hopper_skip_reason(&why)) GTEST_SKIP() << why;
   for (bool causal : {true, false}) run_case({4, 128}, causal);
 }
 
 TEST(RingAttentionGpu, GqaHeadDim128) {
   std::string why;
-  if (skip_reason(&why)) GTEST_SKIP() << why;
+  if (hopper_skip_reason(&why)) GTEST_SKIP() << why;
   for (bool causal : {true, false}) run_case({2, 128}, causal);
 }
 
 TEST(RingAttentionGpu, MhaHeadDim64) {
   std::string why;
-  if (skip_reason(&why)) GTEST_SKIP() << why;
+  if (hopper_skip_reason(&why)) GTEST_SKIP() << why;
   run_case({4, 64}, true);
 }
 
 // Batch 1: Ulysses receives rows in place (no staging copies).
 TEST(RingAttentionGpu, MhaBatch1) {
   std::string why;
-  if (skip_reason(&why)) GTEST_SKIP() << why;
+  if (hopper_skip_reason(&why)) GTEST_SKIP() << why;
   run_case({4, 128, 1}, true);
 }
 
 TEST(RingAttentionGpu, RejectsBadInputBeforeLaunch) {
   std::string why;
-  if (skip_reason(&why)) GTEST_SKIP() << why;
+  if (hopper_skip_reason(&why)) GTEST_SKIP() << why;
   runtime::ProcessGroup& pg = group();
   const int R = pg.world();
-  Buf x(1 << 20);
+  DeviceBuffer x(1 << 20);
   ops::SpAttnArgs a;
   a.q = a.k = a.v = x.p;
   a.o = x.p;

@@ -16,6 +16,7 @@
 #include <random>
 #include <vector>
 
+#include "support/device_buffers.hpp"
 #include "support/test_support.hpp"
 #include "tessera/kernels/attention.hpp"
 #include "tessera/ops/sp_attention.hpp"
@@ -25,30 +26,13 @@ namespace tk = tessera::kernels;
 using tessera::ops::plan_sp_attention;
 using tessera::ops::SpAttnPlan;
 
-namespace {
-
-struct Buf {
-  void* p = nullptr;
-  explicit Buf(size_t bytes) { TESSERA_CUDA_CHECK(cudaMalloc(&p, bytes)); }
-  ~Buf() { cudaFree(p); }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-};
-
-template <class T>
-std::vector<T> down(const void* p, size_t n) {
-  std::vector<T> h(n);
-  TESSERA_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
-
-}  // namespace
+using tessera::testing::DeviceBuffer;
+using tessera::testing::download;
+using tessera::testing::hopper_skip_reason;
 
 TEST(SpAttentionEmulated, ZigZagShardsEqualWholeSequenceAttention) {
-  TESSERA_REQUIRE_GPUS(1);
-  int major = 0;
-  TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
-  if (major != 9) GTEST_SKIP() << "needs an sm_90 (Hopper) GPU";
+  std::string why;
+  if (hopper_skip_reason(&why)) GTEST_SKIP() << why;
   std::mt19937_64 rng(std::random_device{}());
   std::normal_distribution<float> nd(0.f, 1.f);
   const int64_t B = 2, H = 4, Hkv = 2, D = 128;
@@ -57,7 +41,7 @@ TEST(SpAttentionEmulated, ZigZagShardsEqualWholeSequenceAttention) {
       for (bool causal : {true, false}) {
         const int64_t S = 2 * world * C;
         const size_t nq = B * S * H * D, nk = B * S * Hkv * D;
-        Buf q(nq * 2), k(nk * 2), v(nk * 2), o(nq * 2), lse(B * H * S * 4);
+        DeviceBuffer q(nq * 2), k(nk * 2), v(nk * 2), o(nq * 2), lse(B * H * S * 4);
         for (auto [buf, n] : {std::pair{&q, nq}, std::pair{&k, nk}, std::pair{&v, nk}}) {
           std::vector<__nv_bfloat16> h(n);
           for (auto& x : h) x = __float2bfloat16(nd(rng));
@@ -76,13 +60,13 @@ TEST(SpAttentionEmulated, ZigZagShardsEqualWholeSequenceAttention) {
         full.head_dim = D;
         full.causal = causal;
         tk::attention(full);
-        const auto o_full = down<uint16_t>(o.p, nq);
-        const auto lse_full = down<float>(lse.p, B * H * S);
+        const auto o_full = download<uint16_t>(o.p, nq);
+        const auto lse_full = download<float>(lse.p, B * H * S);
 
         for (int r = 0; r < world; ++r) {
           const SpAttnPlan plan = plan_sp_attention(S, world, r, causal);
           const int64_t L = 2 * C;  // shard rows
-          Buf sq(B * L * H * D * 2), so(B * L * H * D * 2), slse(B * H * L * 4);
+          DeviceBuffer sq(B * L * H * D * 2), so(B * L * H * D * 2), slse(B * H * L * 4);
           TESSERA_CUDA_CHECK(cudaMemset(so.p, 0xFF, B * L * H * D * 2));
           TESSERA_CUDA_CHECK(cudaMemset(slse.p, 0xFF, B * H * L * 4));
           const size_t row_bytes = H * D * 2;
@@ -104,8 +88,8 @@ TEST(SpAttentionEmulated, ZigZagShardsEqualWholeSequenceAttention) {
             a.lse_head_stride = L;
             tk::attention(a);
           }
-          const auto o_sh = down<uint16_t>(so.p, B * L * H * D);
-          const auto lse_sh = down<float>(slse.p, B * H * L);
+          const auto o_sh = download<uint16_t>(so.p, B * L * H * D);
+          const auto lse_sh = download<float>(slse.p, B * H * L);
           int64_t o_diff = 0, lse_diff = 0;
           for (int64_t b = 0; b < B; ++b)
             for (int64_t i = 0; i < L; ++i) {

@@ -23,6 +23,8 @@
 #include <vector>
 #include <algorithm>
 
+#include "support/device_buffers.hpp"
+#include "support/gpu_group.hpp"
 #include "support/test_support.hpp"
 #include "tessera/kernels/attention.hpp"
 #include "tessera/ops/sp_attention.hpp"
@@ -32,66 +34,38 @@
 using namespace tessera;
 namespace tk = tessera::kernels;
 
+using tessera::testing::bf16_to_float;
+using tessera::testing::DeviceBuffer;
+using tessera::testing::download;
+using tessera::testing::group;
+using tessera::testing::hopper_skip_reason;
+
 namespace {
 
-runtime::ProcessGroup& group() {
-  static std::unique_ptr<runtime::ProcessGroup> pg = runtime::ProcessGroup::from_environment();
-  return *pg;
-}
 ops::SpAttnContext& ctx() {
   static std::unique_ptr<ops::SpAttnContext> c = std::make_unique<ops::SpAttnContext>(group());
   return *c;
-}
-
-bool skip_reason(std::string* why) {
-  if (tessera::testing::visible_gpus() < 1) return *why = "needs a GPU", true;
-  int major = 0;
-  TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
-  if (major != 9) return *why = "needs an sm_90 (Hopper) GPU", true;
-  return false;
-}
-
-struct Buf {
-  void* p = nullptr;
-  explicit Buf(size_t bytes) { TESSERA_CUDA_CHECK(cudaMalloc(&p, bytes)); }
-  ~Buf() { cudaFree(p); }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-};
-
-template <class T>
-std::vector<T> down(const void* p, size_t n) {
-  std::vector<T> h(n);
-  TESSERA_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
-
-float bf(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
 }
 
 }  // namespace
 
 TEST(SpAttentionGpu, StrategiesMatchWholeSequenceAttention) {
   std::string why;
-  if (skip_reason(&why)) GTEST_SKIP() << why;
+  if (hopper_skip_reason(&why)) GTEST_SKIP() << why;
   runtime::ProcessGroup& pg = group();
   const int R = pg.world(), rank = pg.rank();
   const int64_t B = 2, C = 256, S = 2 * R * C, L = 2 * C, H = 4, Hkv = 2, D = 128;
   std::mt19937_64 rng(20261124);  // the same global tensors on every rank
   std::normal_distribution<float> nd(0.f, 1.f);
   const size_t nq = B * S * H * D, nk = B * S * Hkv * D;
-  Buf q(nq * 2), k(nk * 2), v(nk * 2), o(nq * 2), lse(B * H * S * 4);
+  DeviceBuffer q(nq * 2), k(nk * 2), v(nk * 2), o(nq * 2), lse(B * H * S * 4);
   for (auto [buf, n] : {std::pair{&q, nq}, std::pair{&k, nk}, std::pair{&v, nk}}) {
     std::vector<__nv_bfloat16> h(n);
     for (auto& x : h) x = __float2bfloat16(nd(rng));
     TESSERA_CUDA_CHECK(cudaMemcpy(buf->p, h.data(), n * 2, cudaMemcpyHostToDevice));
   }
   const ops::SpAttnPlan plan = ops::plan_sp_attention(S, R, rank, true);
-  Buf sq(B * L * H * D * 2), sk(B * L * Hkv * D * 2), sv(B * L * Hkv * D * 2), so(B * L * H * D * 2),
+  DeviceBuffer sq(B * L * H * D * 2), sk(B * L * Hkv * D * 2), sv(B * L * Hkv * D * 2), so(B * L * H * D * 2),
       slse(B * H * L * 4);
   for (auto [dst, src, heads] : {std::tuple{&sq, &q, H}, std::tuple{&sk, &k, Hkv}, std::tuple{&sv, &v, Hkv}}) {
     const size_t row = heads * D * 2;
@@ -114,8 +88,8 @@ TEST(SpAttentionGpu, StrategiesMatchWholeSequenceAttention) {
     full.head_dim = D;
     full.causal = causal;
     tk::attention(full);
-    const auto o_full = down<uint16_t>(o.p, nq);
-    const auto lse_full = down<float>(lse.p, B * H * S);
+    const auto o_full = download<uint16_t>(o.p, nq);
+    const auto lse_full = download<float>(lse.p, B * H * S);
     for (ops::SpStrategy s : {ops::SpStrategy::sequential, ops::SpStrategy::fused_ce, ops::SpStrategy::fused_ce,
                               ops::SpStrategy::automatic}) {
       ops::SpAttnOptions opt;
@@ -155,8 +129,8 @@ TEST(SpAttentionGpu, StrategiesMatchWholeSequenceAttention) {
       const bool fused = ran == ops::SpStrategy::fused_ce;
       ops::sp_attention(ctx(), a, opt);
       pg.synchronize(pg.stream(), "sp_attention test");
-      const auto o_sh = down<uint16_t>(so.p, B * L * H * D);
-      const auto lse_sh = down<float>(slse.p, B * H * L);
+      const auto o_sh = download<uint16_t>(so.p, B * L * H * D);
+      const auto lse_sh = download<float>(slse.p, B * H * L);
       const bool bitwise = !fused || R == 1;
       int64_t o_diff = 0, lse_diff = 0;
       double num = 0, den = 0, lse_err = 0;
@@ -168,8 +142,8 @@ TEST(SpAttentionGpu, StrategiesMatchWholeSequenceAttention) {
           const uint16_t* y = &o_full[(b * S + g) * row];
           o_diff += std::memcmp(x, y, row * 2) != 0;
           for (size_t j = 0; j < row; ++j) {
-            num += (bf(x[j]) - bf(y[j])) * (bf(x[j]) - bf(y[j]));
-            den += bf(y[j]) * bf(y[j]);
+            num += (bf16_to_float(x[j]) - bf16_to_float(y[j])) * (bf16_to_float(x[j]) - bf16_to_float(y[j]));
+            den += bf16_to_float(y[j]) * bf16_to_float(y[j]);
           }
           for (int64_t h = 0; h < H; ++h) {
             const float l0 = lse_sh[(b * H + h) * L + i], l1 = lse_full[(b * H + h) * S + g];
@@ -193,9 +167,9 @@ TEST(SpAttentionGpu, StrategiesMatchWholeSequenceAttention) {
 
 TEST(SpAttentionGpu, RejectsBadInputBeforeLaunch) {
   std::string why;
-  if (skip_reason(&why)) GTEST_SKIP() << why;
+  if (hopper_skip_reason(&why)) GTEST_SKIP() << why;
   runtime::ProcessGroup& pg = group();
-  Buf x(1 << 20);
+  DeviceBuffer x(1 << 20);
   ops::SpAttnArgs a;
   a.q = a.k = a.v = x.p;
   a.o = x.p;
