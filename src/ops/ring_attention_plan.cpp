@@ -15,19 +15,15 @@ std::int64_t RingAttnPlan::pairs() const {
 }
 
 RingAttnPlan plan_ring_attention(std::int64_t seq, int world, int rank, bool causal) {
-  TESSERA_CHECK(world >= 1, "ring_attention: world = {} must be >= 1", world);
-  TESSERA_CHECK(rank >= 0 && rank < world, "ring_attention: rank = {} out of range [0, {})", rank, world);
-  TESSERA_CHECK(seq >= 2 * world && seq % (2 * world) == 0,
-                "ring_attention: seq = {} must be a positive multiple of 2 x world = {} (zig-zag chunks)", seq,
-                2 * world);
+  const SpAttnPlan z = plan_sp_attention(seq, world, rank, causal);  // the zig-zag shards, checked
   RingAttnPlan p;
   p.rank = rank;
   p.world = world;
   p.seq = seq;
-  p.chunk = seq / (2 * world);
+  p.chunk = z.chunk;
   p.causal = causal;
-  p.chunks[0] = rank;
-  p.chunks[1] = 2 * world - 1 - rank;
+  p.chunks[0] = z.chunks[0];
+  p.chunks[1] = z.chunks[1];
   p.send_to = (rank - 1 + world) % world;
   p.recv_from = (rank + 1) % world;
   const std::int64_t C = p.chunk;

@@ -47,10 +47,10 @@ std::vector<std::int32_t> kv_arrival_order(const SpAttnPlan& plan, std::int64_t 
 }
 
 SpAttnPlan plan_sp_attention(std::int64_t seq, int world, int rank, bool causal) {
-  TESSERA_CHECK(world >= 1, "sp_attention: world = {} must be >= 1", world);
-  TESSERA_CHECK(rank >= 0 && rank < world, "sp_attention: rank = {} out of range [0, {})", rank, world);
+  TESSERA_CHECK(world >= 1, "zig-zag plan: world = {} must be >= 1", world);
+  TESSERA_CHECK(rank >= 0 && rank < world, "zig-zag plan: rank = {} out of range [0, {})", rank, world);
   TESSERA_CHECK(seq >= 2 * world && seq % (2 * world) == 0,
-                "sp_attention: sequence length {} must be a positive multiple of 2 x world = {} (zig-zag chunks)", seq,
+                "zig-zag plan: sequence length {} must be a positive multiple of 2 x world = {} (zig-zag chunks)", seq,
                 2 * world);
   SpAttnPlan p;
   p.rank = rank;
