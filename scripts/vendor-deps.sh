@@ -7,7 +7,12 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 d="$root/.deps"
-rm -rf "$d"; mkdir -p "$d/include"
-cp -r /usr/include/CLI /usr/include/nlohmann /usr/include/fmt "$d/include/"
-cp -r /usr/src/googletest "$d/googletest"
+# Built aside and moved in whole: a partial .deps (a header missing here)
+# would make scripts/setup.sh skip installing the packages.
+tmp="$(mktemp -d "$root/.deps.XXXXXX")"
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$tmp/include"
+cp -r /usr/include/CLI /usr/include/nlohmann /usr/include/fmt "$tmp/include/"
+cp -r /usr/src/googletest "$tmp/googletest"
+rm -rf "$d"; mv "$tmp" "$d"; trap - EXIT
 du -sh "$d"
