@@ -10,6 +10,7 @@
 # ctest -E filter, by default the test whose kernel traps on purpose, which
 # memcheck counts as an error; SANITIZE_TOOLS, SANITIZE_TIMEOUT per run).
 # TESTS_ARGS adds ctest options to the tests step (e.g. -E kernels_).
+# BUILD_TARGETS limits the build step to those ninja targets.
 # CUDA_VISIBLE_DEVICES=0,1 runs every multi-GPU step at R = 2 on a larger machine.
 # Clocks, power and throttle reasons are sampled throughout (clocks.csv) and
 # summarised per step at the end of summary.txt (scripts/clock-summary.py).
@@ -52,7 +53,8 @@ step_build() {
       >"$out/configure.log" 2>&1 || { note "configure FAILED"; tail -40 "$out/configure.log"; exit 1; }
   grep -E "tessera: using NCCL|fmt header-only" "$out/configure.log" | tee -a "$summary"
   # Keep going past a failing target so one broken test does not hide the rest.
-  if ninja -C "$build" -j"$jobs" -k 0 >"$out/build.log" 2>&1; then
+  # BUILD_TARGETS (e.g. "tessera kernels_gemm_gpu_test") builds only those.
+  if ninja -C "$build" -j"$jobs" -k 0 ${BUILD_TARGETS:-} >"$out/build.log" 2>&1; then
     note "build ok in $(( $(date +%s) - t0 )) s"
   else
     note "build FAILED in $(( $(date +%s) - t0 )) s:"; grep -E "^FAILED" "$out/build.log" | tee -a "$summary"
