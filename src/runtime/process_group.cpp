@@ -292,6 +292,12 @@ void ProcessGroup::abort() {
                  info_.rank, static_cast<unsigned long long>(wait_timeout_ns() / 1000000));
 }
 
+void ProcessGroup::throw_aborted(const char* what) const {
+  throw Error(fmt::format("[tessera rank {}] ProcessGroup::{}: the NCCL communicator was aborted after a failed "
+                          "wait; create a new process group",
+                          info_.rank, what));
+}
+
 cudaStream_t ProcessGroup::comm_stream(int i) const {
   TESSERA_CHECK(i >= 0 && i < comm_stream_count(), "comm_stream({}) out of range: {} communication streams", i,
                 comm_stream_count());

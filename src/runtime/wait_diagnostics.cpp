@@ -98,7 +98,7 @@ void bounded_wait(const std::function<cudaError_t()>& query, const char* what, P
         cuda = query();
         if (cuda == cudaSuccess) return PollState::done;
         if (cuda != cudaErrorNotReady) return PollState::failed;
-        if (pg != nullptr && pg->nccl() != nullptr && !pg->aborted()) {
+        if (pg != nullptr && !pg->aborted() && pg->nccl() != nullptr) {
           ncclResult_t async = ncclSuccess;
           const ncclResult_t rc = ncclCommGetAsyncError(pg->nccl(), &async);
           nccl = rc != ncclSuccess ? rc : async;
@@ -117,7 +117,7 @@ void bounded_wait(const std::function<cudaError_t()>& query, const char* what, P
     TESSERA_FAIL("{}: {}: CUDA error {} ({})", what, who, cudaGetErrorName(cuda), cudaGetErrorString(cuda));
   }
   if (diag) diag->check(what);  // a device wait that trapped names itself
-  const bool had_comm = pg != nullptr && pg->nccl() != nullptr && !pg->aborted();
+  const bool had_comm = pg != nullptr && !pg->aborted() && pg->nccl() != nullptr;
   // Stream waits for a missing peer's flag never end by themselves: release
   // them so the device drains, then abort, which ends the NCCL kernels that
   // wait for the peer (and whose cudaFree needs a drained device).

@@ -2,11 +2,38 @@
 
 #include <cuda_runtime_api.h>
 
+#include <execinfo.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <limits>
 
 namespace tessera::testing {
+
+namespace {
+
+// A test process that crashes prints the faulting thread's stack to stderr
+// before dying (a multi-rank test otherwise shows only a peer's timeout).
+// Async-signal-safe: backtrace_symbols_fd writes without allocating.
+void print_stack_and_die(int sig) {
+  static const char head[] = "\n*** fatal signal in test process; stack:\n";
+  (void)!write(STDERR_FILENO, head, sizeof(head) - 1);
+  void* frames[64];
+  backtrace_symbols_fd(frames, backtrace(frames, 64), STDERR_FILENO);
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
+[[maybe_unused]] const bool crash_handler_installed = [] {
+  void* warm[1];
+  backtrace(warm, 1);  // loads libgcc's unwinder now, not inside the handler
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL}) std::signal(sig, print_stack_and_die);
+  return true;
+}();
+
+}  // namespace
 
 int visible_gpus() {
   int n = 0;

@@ -82,9 +82,18 @@ class ProcessGroup {
   int device() const { return device_; }
   const LaunchInfo& launch_info() const { return info_; }
 
-  ncclComm_t nccl() const { return comm_; }
-  /// The NCCL device communicator (symmetric-memory device API).
-  const ncclDevComm& dev_comm() const { return dev_comm_; }
+  /// Throws tessera::Error once abort() ran: the communicator is gone, and
+  /// an NCCL call on it would touch freed memory.
+  ncclComm_t nccl() const {
+    if (aborted_) throw_aborted("nccl()");
+    return comm_;
+  }
+  /// The NCCL device communicator (symmetric-memory device API); throws
+  /// after abort() as nccl() does.
+  const ncclDevComm& dev_comm() const {
+    if (aborted_) throw_aborted("dev_comm()");
+    return dev_comm_;
+  }
   /// True when every rank is in this rank's load/store-accessible team.
   /// False also when TESSERA_NO_LSA=1 / TESSERA_TOPOLOGY=net turn it off.
   bool lsa_reachable() const { return !lsa_off_ && lsa_size_ == info_.world; }
@@ -171,6 +180,7 @@ class ProcessGroup {
   int lsa_size_ = 0;
   bool lsa_off_ = false;  ///< TESSERA_NO_LSA / TESSERA_TOPOLOGY=net
   bool aborted_ = false;
+  [[noreturn]] void throw_aborted(const char* what) const;
   std::mutex signals_mutex_;
   std::vector<const Signals*> signals_;
   cudaStream_t stream_ = nullptr;
