@@ -7,6 +7,9 @@
 // TFLOP/s as FlashAttention counts them (4·B·Hq·D·admitted pairs of the
 // whole sequence), per GPU (divided by R). Memory: what each variant needs
 // per rank beyond its input and output shards (workspace), and the shards.
+// "automatic" is sp_attention's tuner choosing among all of them
+// (sp_attention_candidates), measured afresh on its first call (no cache);
+// its time over the best variant's is the tuner's record per case.
 #include <cuda_runtime_api.h>
 #include <fmt/chrono.h>
 #include <fmt/format.h>
@@ -41,14 +44,22 @@ struct Case {
   bool causal;
 };
 
-// bf16, head dim 128, batch 1: MHA 32 heads and GQA 32/8, causal and not, 16k and 32k tokens.
+// bf16, head dim 128, batch 1: MHA 32 heads and GQA 32/8, causal and not,
+// 16k and 32k tokens (0-7); then 64 heads at 16k, and 64k / 128k causal (8-12).
 std::vector<Case> all_cases() {
   std::vector<Case> v;
+  auto name = [](std::int64_t seq, std::int64_t hq, std::int64_t hkv, bool causal) {
+    const std::string heads = hq == hkv ? fmt::format("{}h", hq) : fmt::format("GQA {}/{}", hq, hkv);
+    return fmt::format("{} {}k{}", heads, seq / 1024, causal ? " causal" : "");
+  };
   for (std::int64_t seq : {16384, 32768})
     for (auto [hq, hkv] : {std::pair<std::int64_t, std::int64_t>{32, 32}, {32, 8}})
-      for (bool causal : {true, false})
-        v.push_back({fmt::format("{} {}k{}", hq == hkv ? "32h" : "GQA 32/8", seq / 1024, causal ? " causal" : ""), seq,
-                     hq, hkv, causal});
+      for (bool causal : {true, false}) v.push_back({name(seq, hq, hkv, causal), seq, hq, hkv, causal});
+  v.push_back({name(16384, 64, 64, true), 16384, 64, 64, true});
+  v.push_back({name(65536, 32, 32, true), 65536, 32, 32, true});
+  v.push_back({name(65536, 32, 8, true), 65536, 32, 8, true});
+  v.push_back({name(131072, 32, 32, true), 131072, 32, 32, true});
+  v.push_back({name(131072, 32, 8, true), 131072, 32, 8, true});
   return v;
 }
 
@@ -156,6 +167,11 @@ void run(const Options& o) {
     } else if (pg->rank() == 0) {
       fmt::print("{}: ulysses skipped (heads {}/{} not multiples of world {})\n", c.name, c.hq, c.hkv, R);
     }
+    if (sp_ptr && R > 1) {  // the tuner's pick, tuned afresh on its first call below
+      ops::SpAttnOptions autom;
+      autom.use_cache = false;
+      vs.push_back({"automatic", [&, autom] { ops::sp_attention(*sp_ptr, a, autom); }, 0});
+    }
     for (Variant& x : vs) x.body();  // sizes the workspaces, checks shapes across ranks
     pg->synchronize(s, "bench ring-attention: first calls");
     InterleavedTimer timer(s, o.warmup, o.reps, [&] {
@@ -165,6 +181,22 @@ void run(const Options& o) {
     for (Variant& x : vs) timer.add(&x.ms, x.body);
     timer.run([&](double t) { return pg->allreduce_max(t); });
     pg->synchronize(s, "bench ring-attention: timed calls");
+    if (sp_ptr && R > 1) {  // automatic: its pick, and its time against the best variant's
+      ops::SpAttnOptions autom;
+      autom.use_cache = false;
+      const ops::SpStrategy pick = ops::resolve_sp_attention(*sp_ptr, a, autom);  // memoized: no new tuning
+      Variant& au = vs.back();
+      double best = au.ms;
+      std::string best_name = au.name;
+      for (const Variant& x : vs)
+        if (&x != &au && x.ms < best) best = x.ms, best_name = x.name;
+      au.name = fmt::format("automatic ({})", ops::sp_strategy_name(pick));
+      records.push_back(fmt::format(
+          "    {{\"metric\": \"best / automatic\", \"case\": {}, \"value\": {}, \"unit\": \"ratio\", \"baseline\": {}, "
+          "\"target\": {{\"op\": \">=\", \"value\": 0.95, \"text\": \"tuner's pick >= 95 % of the best measured "
+          "schedule\"}}}}",
+          json_str(fmt::format("{} R={}", c.name, R)), json_num(best / au.ms), json_str(best_name)));
+    }
     for (const Variant& x : vs) {
       const double tflops = flops / R / (x.ms * 1e-3) / 1e12;
       const double ws_gib = static_cast<double>(x.workspace) / (1u << 30);
@@ -217,7 +249,8 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
                                    "sequence-parallel attention: ring and Ulysses strategies on zig-zag shards");
   cmd->add_option("--cases", opts->cases,
                   "case indices (default all): 0 32h 16k causal, 1 32h 16k, 2 GQA 32/8 16k causal, 3 GQA 32/8 16k, "
-                  "4-7 the same at 32k")
+                  "4-7 the same at 32k, 8 64h 16k causal, 9 32h 64k causal, 10 GQA 32/8 64k causal, 11 32h 128k "
+                  "causal, 12 GQA 32/8 128k causal")
       ->delimiter(',');
   cmd->add_option("--batch", opts->batch, "batch size")->check(CLI::Range(1, 64));
   cmd->add_option("--head-groups", opts->head_groups, "Ulysses pipelined head groups (0: automatic)")

@@ -424,8 +424,11 @@ tessera::ops::SpAttnArgs sp_args(const char* fn, const void* q, const void* k, c
 }
 
 tessera::ops::SpAttnOptions sp_options_of(const char* fn, const tessera_session* s, int strategy) {
-  TESSERA_CHECK(strategy == TESSERA_AUTOMATIC || strategy == TESSERA_SEQUENTIAL || strategy == TESSERA_FUSED_CE,
-                "{}: strategy code {} (TESSERA_AUTOMATIC 0, TESSERA_SEQUENTIAL 1 or TESSERA_FUSED_CE 3)", fn, strategy);
+  TESSERA_CHECK(
+      tessera::ops::accepts(tessera::ops::OpKind::sp_attention, static_cast<tessera::ops::Strategy>(strategy)),
+      "{}: strategy code {} (TESSERA_AUTOMATIC 0, TESSERA_SEQUENTIAL 1, TESSERA_FUSED_CE 3, TESSERA_RING 5 "
+      "or TESSERA_ULYSSES 6)",
+      fn, strategy);
   tessera::ops::SpAttnOptions o;
   o.strategy = static_cast<tessera::ops::SpStrategy>(strategy);
   o.use_cache = s == nullptr || s->use_cache;

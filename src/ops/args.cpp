@@ -14,13 +14,14 @@ namespace {
 constexpr unsigned bit(OpKind k) { return static_cast<unsigned>(k); }
 constexpr unsigned kAll =
     bit(OpKind::ag_gemm) | bit(OpKind::gemm_rs) | bit(OpKind::gemm_ar) | bit(OpKind::sp_attention);
-constexpr std::array<StrategyInfo, 6> kStrategies{{
+constexpr std::array<StrategyInfo, 7> kStrategies{{
     {Strategy::automatic, "automatic", kAll},
     {Strategy::sequential, "sequential", kAll},
     {Strategy::decomposition, "decomposition", bit(OpKind::ag_gemm) | bit(OpKind::gemm_rs)},
     {Strategy::fused_ce, "fused_ce", kAll},
     {Strategy::fused_sm, "fused_sm", bit(OpKind::ag_gemm) | bit(OpKind::gemm_rs)},
-    {Strategy::ring, "ring", bit(OpKind::gemm_rs)},
+    {Strategy::ring, "ring", bit(OpKind::gemm_rs) | bit(OpKind::sp_attention)},
+    {Strategy::ulysses, "ulysses", bit(OpKind::sp_attention)},
 }};
 static_assert(
     [] {
@@ -31,7 +32,7 @@ static_assert(
     "kStrategies is indexed by strategy code");
 }  // namespace
 
-const std::array<StrategyInfo, 6>& strategy_table() { return kStrategies; }
+const std::array<StrategyInfo, 7>& strategy_table() { return kStrategies; }
 
 const StrategyInfo* find_strategy(int code) {
   return code >= 0 && code < static_cast<int>(kStrategies.size()) ? &kStrategies[static_cast<std::size_t>(code)]

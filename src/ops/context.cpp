@@ -284,7 +284,7 @@ void check_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, const OpOptions& o) 
                 o.comm_ctas, c.pg.sm_count());
   TESSERA_CHECK(accepts(OpKind::ag_gemm, o.strategy), "ag_gemm: strategy {} is not an AG+GEMM strategy{}",
                 strategy_name(o.strategy),
-                o.strategy == Strategy::ring ? " (ring exists only for gemm_rs: ring reduce-scatter)" : "");
+                o.strategy == Strategy::ring ? " (ring is gemm_rs's ring reduce-scatter)" : "");
   check_reach(c, o.strategy, "ag_gemm");
   c.check_agreement(signature(a, o.strategy), "ag_gemm");
 }

@@ -16,6 +16,8 @@
 #include "tuning.hpp"
 #include "tessera/kernels/attention.hpp"
 #include "tessera/link/host_primitives.hpp"
+#include "tessera/ops/ring_attention.hpp"
+#include "tessera/ops/ulysses_attention.hpp"
 #include "tessera/runtime/env.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/runtime/signals.hpp"
@@ -67,6 +69,10 @@ struct SpAttnContext::Impl {
   }
   std::set<detail::ZigzagSignature> validated;  ///< shapes and strategies already checked across ranks
   detail::TuneState tune;                       ///< automatic's choices and cache
+  /// The ring and Ulysses strategies' own contexts, made by their first call
+  /// (collective: every rank runs the same strategy, checked beforehand).
+  std::unique_ptr<RingAttnContext> ring;
+  std::unique_ptr<UlyssesAttnContext> ulysses;
 
   void drain(const char* what) {
     const std::initializer_list<const runtime::Signals*> all{data.get(), control.get()};
@@ -106,14 +112,33 @@ void copy_chunk(cudaStream_t s, void* dst, const void* src, int i, std::int64_t 
 }
 
 void validate(SpAttnContext::Impl& c, const SpAttnArgs& a, SpStrategy strategy) {
-  TESSERA_CHECK(
-      strategy == SpStrategy::automatic || strategy == SpStrategy::sequential || strategy == SpStrategy::fused_ce,
-      "sp_attention: strategy code {} (automatic 0, sequential 1 or fused_ce 3)", static_cast<int>(strategy));
+  TESSERA_CHECK(accepts(OpKind::sp_attention, static_cast<Strategy>(strategy)),
+                "sp_attention: strategy code {} (automatic 0, sequential 1, fused_ce 3, ring 5 or ulysses 6)",
+                static_cast<int>(strategy));
   detail::validate_zigzag(c.pg, a, "sp_attention", static_cast<int>(strategy), sp_strategy_name(strategy), c.validated);
+  if (strategy == SpStrategy::ulysses) {
+    const int R = c.pg.world();
+    TESSERA_CHECK(a.heads_q % R == 0 && a.heads_kv % R == 0,
+                  "sp_attention: strategy ulysses needs heads_q = {} and heads_kv = {} to be multiples of the world "
+                  "size {}",
+                  a.heads_q, a.heads_kv, R);
+  }
 }
+
+bool heads_divide(const SpAttnArgs& a, int world) { return a.heads_q % world == 0 && a.heads_kv % world == 0; }
 
 /// One call with a concrete strategy; `a` is validated.
 void run_sp_attention(SpAttnContext::Impl& c, const SpAttnArgs& a, SpStrategy strategy) {
+  if (strategy == SpStrategy::ring) {
+    if (!c.ring) c.ring = std::make_unique<RingAttnContext>(c.pg);
+    ring_attention(*c.ring, a, RingStrategy::overlapped);
+    return;
+  }
+  if (strategy == SpStrategy::ulysses) {
+    if (!c.ulysses) c.ulysses = std::make_unique<UlyssesAttnContext>(c.pg);
+    ulysses_attention(*c.ulysses, a, UlyssesStrategy::sequential);
+    return;
+  }
   const int R = c.pg.world(), rank = c.pg.rank();
   const SpAttnPlan plan = plan_sp_attention(a.seq, R, rank, a.causal);
   const std::int64_t B = a.batch, C = plan.chunk, S = a.seq, L = 2 * C;
@@ -208,6 +233,9 @@ void run_sp_attention(SpAttnContext::Impl& c, const SpAttnArgs& a, SpStrategy st
     }
     case SpStrategy::automatic:
       TESSERA_FAIL("sp_attention: automatic reached the implementation unresolved");
+    case SpStrategy::ring:
+    case SpStrategy::ulysses:
+      TESSERA_FAIL("sp_attention: {} is run by its own operator above", sp_strategy_name(strategy));
     case SpStrategy::fused_ce: {
       copy_own(st);
       if (R > 1) {
@@ -250,6 +278,10 @@ std::string_view sp_strategy_name(SpStrategy s) {
       return "sequential";
     case SpStrategy::fused_ce:
       return "fused_ce";
+    case SpStrategy::ring:
+      return "ring";
+    case SpStrategy::ulysses:
+      return "ulysses";
   }
   return "unknown";
 }
@@ -267,8 +299,9 @@ SpStrategy resolve_sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, const S
                             4,
                             o.use_cache,
                             o.tune_on_miss};
-  const Strategy s =
-      detail::tune_choice(c.pg, c.tune, q, sp_attention_candidates(c.pg.world(), c.pg.lsa_reachable()), hooks, report);
+  const Strategy s = detail::tune_choice(
+      c.pg, c.tune, q, sp_attention_candidates(c.pg.world(), c.pg.lsa_reachable(), heads_divide(a, c.pg.world())),
+      hooks, report);
   return static_cast<SpStrategy>(s);
 }
 

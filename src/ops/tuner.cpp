@@ -46,9 +46,8 @@ std::optional<Strategy> choice_from_json(const nlohmann::json& j) {
     for (auto it = t.begin(); it != t.end(); ++it)
       if (!it->is_number() || !std::isfinite(it->get<double>()) || it->get<double>() <= 0) return std::nullopt;
   }
-  for (Strategy s :
-       {Strategy::sequential, Strategy::decomposition, Strategy::fused_ce, Strategy::fused_sm, Strategy::ring})
-    if (name == strategy_name(s)) return s;
+  for (const StrategyInfo& i : strategy_table())
+    if (i.strategy != Strategy::automatic && name == i.name) return i.strategy;
   return std::nullopt;
 }
 
@@ -115,9 +114,12 @@ std::vector<Strategy> gemm_ar_candidates(int world, bool tile_row_shards, bool l
   return c;
 }
 
-std::vector<Strategy> sp_attention_candidates(int world, bool lsa) {
+std::vector<Strategy> sp_attention_candidates(int world, bool lsa, bool heads_divide) {
   std::vector<Strategy> c{Strategy::sequential};
-  if (lsa && world > 1) c.push_back(Strategy::fused_ce);
+  if (world == 1 || !lsa) return c;  // the operator's flags live in symmetric memory
+  c.push_back(Strategy::fused_ce);
+  c.push_back(Strategy::ring);
+  if (heads_divide) c.push_back(Strategy::ulysses);
   return c;
 }
 

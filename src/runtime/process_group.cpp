@@ -293,9 +293,10 @@ void ProcessGroup::abort() {
 }
 
 void ProcessGroup::throw_aborted(const char* what) const {
-  throw Error(fmt::format("[tessera rank {}] ProcessGroup::{}: the NCCL communicator was aborted after a failed "
-                          "wait; create a new process group",
-                          info_.rank, what));
+  throw Error(
+      fmt::format("[tessera rank {}] ProcessGroup::{}: the NCCL communicator was aborted after a failed "
+                  "wait; create a new process group",
+                  info_.rank, what));
 }
 
 cudaStream_t ProcessGroup::comm_stream(int i) const {

@@ -122,7 +122,8 @@ TEST(Capi, SpAttentionRejectsBadArgumentsNamingThem) {
       {[](Call& c) { c.scale = -1.f; }, "softmax_scale = -1"},
       {[](Call& c) { c.scale = std::nanf(""); }, "softmax_scale = nan"},
       {[](Call& c) { c.strategy = TESSERA_DECOMPOSITION; }, "strategy code 2"},
-      {[](Call& c) { c.strategy = TESSERA_RING; }, "strategy code 5"},
+      {[](Call& c) { c.strategy = TESSERA_FUSED_SM; }, "strategy code 4"},
+      {[](Call& c) { c.strategy = 7; }, "strategy code 7"},
       {[](Call& c) { c.q = nullptr; }, "q is null"},
   };
   for (const auto& [edit, text] : bad) {
@@ -132,7 +133,7 @@ TEST(Capi, SpAttentionRejectsBadArgumentsNamingThem) {
     const std::string want = text.empty() ? "tessera_sp_attention: null session" : "tessera_sp_attention: " + text;
     EXPECT_NE(last().find(want), std::string::npos) << "want '" << want << "', got: " << last();
   }
-  for (int s : {TESSERA_AUTOMATIC, TESSERA_SEQUENTIAL, TESSERA_FUSED_CE}) {
+  for (int s : {TESSERA_AUTOMATIC, TESSERA_SEQUENTIAL, TESSERA_FUSED_CE, TESSERA_RING, TESSERA_ULYSSES}) {
     Call c;
     c.strategy = s;
     EXPECT_EQ(call(c), -1);
@@ -182,15 +183,18 @@ TEST(Capi, ElementwiseEntryPointsRejectBadArgumentsNamingThem) {
 }
 
 TEST(Capi, StrategyTable) {
-  const char* names[] = {"automatic", "sequential", "decomposition", "fused_ce", "fused_sm", "ring"};
-  for (int code = 0; code < 6; ++code) {
+  const char* names[] = {"automatic", "sequential", "decomposition", "fused_ce", "fused_sm", "ring", "ulysses"};
+  for (int code = 0; code < 7; ++code) {
     ASSERT_NE(tessera_strategy_name(code), nullptr) << code;
     EXPECT_STREQ(tessera_strategy_name(code), names[code]);
   }
-  EXPECT_EQ(tessera_strategy_name(6), nullptr);
+  EXPECT_EQ(tessera_strategy_name(7), nullptr);
   EXPECT_EQ(tessera_strategy_name(-1), nullptr);
   EXPECT_EQ(tessera_strategy_accepts(1, TESSERA_RING), 1);  // gemm_rs takes ring
   EXPECT_EQ(tessera_strategy_accepts(0, TESSERA_RING), 0);  // ag_gemm does not
+  EXPECT_EQ(tessera_strategy_accepts(3, TESSERA_RING), 1);  // sp_attention: ring attention
+  EXPECT_EQ(tessera_strategy_accepts(3, TESSERA_ULYSSES), 1);
+  EXPECT_EQ(tessera_strategy_accepts(1, TESSERA_ULYSSES), 0);
   EXPECT_EQ(tessera_strategy_accepts(2, TESSERA_FUSED_SM), 0);
   EXPECT_EQ(tessera_strategy_accepts(3, TESSERA_FUSED_CE), 1);
   EXPECT_EQ(tessera_strategy_accepts(3, TESSERA_DECOMPOSITION), 0);

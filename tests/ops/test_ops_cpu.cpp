@@ -144,6 +144,16 @@ TEST(OpsValidate, GemmAr) {
   EXPECT_EQ(gemm_ar_candidates(1, true), std::vector<Strategy>{Strategy::sequential});
 }
 
+TEST(OpsPlan, SpAttentionCandidates) {
+  using V = std::vector<Strategy>;
+  EXPECT_EQ(sp_attention_candidates(1, true, true), V{Strategy::sequential});
+  EXPECT_EQ(sp_attention_candidates(2, false, true), V{Strategy::sequential});
+  EXPECT_EQ(sp_attention_candidates(2, true, true),
+            (V{Strategy::sequential, Strategy::fused_ce, Strategy::ring, Strategy::ulysses}));
+  EXPECT_EQ(sp_attention_candidates(4, true, false), (V{Strategy::sequential, Strategy::fused_ce, Strategy::ring}));
+  for (Strategy s : sp_attention_candidates(4, true, true)) EXPECT_TRUE(accepts(OpKind::sp_attention, s));
+}
+
 TEST(OpsPlan, AllGatherOrderMatchesArrival) {
   for (int world : {2, 4, 8})
     for (int r = 0; r < world; ++r) {

@@ -42,7 +42,8 @@ enum {
   TESSERA_DECOMPOSITION = 2,
   TESSERA_FUSED_CE = 3,
   TESSERA_FUSED_SM = 4,
-  TESSERA_RING = 5
+  TESSERA_RING = 5,
+  TESSERA_ULYSSES = 6
 };
 
 /* The strategy table (ops::strategy_table): the name of a strategy code, or
@@ -149,6 +150,7 @@ int tessera_swiglu_backward(void* stream, const void* gu, const void* dh, void* 
  * float32 [batch, heads_q, 2C], natural log. causal: 0 or 1; softmax_scale
  * 0: 1/sqrt(head_dim). head_dim 64 or 128, heads_q a multiple of heads_kv,
  * seq a multiple of 2R. Strategies: TESSERA_SEQUENTIAL, TESSERA_FUSED_CE,
+ * TESSERA_RING, TESSERA_ULYSSES (heads_q and heads_kv multiples of R),
  * TESSERA_AUTOMATIC. Needs every rank load/store reachable (the session's
  * attention context is created with it; otherwise the call fails). */
 int tessera_sp_attention(tessera_session* s, const void* q, const void* k, const void* v, void* o, float* lse,

@@ -38,7 +38,15 @@ namespace tessera::ops {
 ///                  GEMMs in ring order, running sums passed to rank r-1 chunk by
 ///                  chunk (RingRsPlan); for R > 2 (at R = 2 it is the direct push)
 ///  automatic     — the tuner's cached or measured choice
-enum class Strategy : int { automatic = 0, sequential = 1, decomposition = 2, fused_ce = 3, fused_sm = 4, ring = 5 };
+enum class Strategy : int {
+  automatic = 0,
+  sequential = 1,
+  decomposition = 2,
+  fused_ce = 3,
+  fused_sm = 4,
+  ring = 5,
+  ulysses = 6,
+};
 
 /// The operators a strategy table entry names (a bit each).
 enum class OpKind : unsigned { ag_gemm = 1u, gemm_rs = 2u, gemm_ar = 4u, sp_attention = 8u };
@@ -53,7 +61,7 @@ struct StrategyInfo {
   std::string_view name;
   unsigned ops;  ///< OpKind bits
 };
-const std::array<StrategyInfo, 6>& strategy_table();
+const std::array<StrategyInfo, 7>& strategy_table();
 /// The entry of a strategy code; nullptr for a code that names none.
 const StrategyInfo* find_strategy(int code);
 /// True when `op` takes strategy `s` (explicitly; automatic resolves to one of them).

@@ -117,12 +117,19 @@ struct SpAttnArgs {
 /// How sp_attention runs; the codes are ops::Strategy's (and the C API's).
 ///  sequential — NCCL all-gather of the K/V shards, then the plain kernel
 ///  fused_ce   — copy-engine pushes, the kernel waiting per KV block
-///  automatic  — the ops tuner's choice for the shape (tuner.hpp): both
-///               measured on first use (max over ranks, so every rank
-///               agrees), cached under "ops.sp_attention", never one slower
-///               than sequential; sequential alone at R = 1; without
-///               tune_on_miss, a neighbour's choice (SpAttnOptions)
-enum class SpStrategy : int { automatic = 0, sequential = 1, fused_ce = 3 };
+///  ring       — ring attention (ring_attention.hpp, overlapped): KV shards
+///               passed rank to rank, partial results merged by LSE; a
+///               workspace of two shards instead of the whole sequence
+///  ulysses    — Ulysses (ulysses_attention.hpp, sequential): all-to-all
+///               from sequence to head shards and back; heads_q and
+///               heads_kv must be multiples of R
+///  automatic  — the ops tuner's choice for the shape (tuner.hpp): every
+///               candidate (sp_attention_candidates) measured on first use
+///               (max over ranks, so every rank agrees), cached under
+///               "ops.sp_attention", never one slower than sequential;
+///               sequential alone at R = 1; without tune_on_miss, a
+///               neighbour's choice (SpAttnOptions)
+enum class SpStrategy : int { automatic = 0, sequential = 1, fused_ce = 3, ring = 5, ulysses = 6 };
 
 std::string_view sp_strategy_name(SpStrategy s);
 

@@ -87,9 +87,10 @@ std::vector<Strategy> gemm_rs_candidates(int world, bool tile_row_shards = true,
 /// boundary falls on a tile row and the ranks are load/store reachable.
 std::vector<Strategy> gemm_ar_candidates(int world, bool tile_row_shards = true, bool lsa = true);
 
-/// sp_attention strategies: sequential, and fused_ce when R > 1 and the
-/// ranks are load/store reachable (at R = 1 nothing is gathered).
-std::vector<Strategy> sp_attention_candidates(int world, bool lsa = true);
+/// sp_attention strategies: sequential alone at R = 1 (nothing moves) or
+/// without load/store reach; otherwise also fused_ce, ring, and ulysses when
+/// `heads_divide` (heads_q and heads_kv multiples of R).
+std::vector<Strategy> sp_attention_candidates(int world, bool lsa = true, bool heads_divide = true);
 
 /// True for the strategies that need every rank load/store reachable
 /// (symmetric memory, peer stores): all but sequential (and automatic, which
