@@ -286,23 +286,76 @@ std::string_view sp_strategy_name(SpStrategy s) {
   return "unknown";
 }
 
+std::size_t sp_attention_workspace_bytes(const SpAttnArgs& a, int world, SpStrategy s) {
+  TESSERA_CHECK(world >= 1, "sp_attention_workspace_bytes: world {}", world);
+  const std::size_t kv_bytes =
+      static_cast<std::size_t>(a.batch * a.seq * a.heads_kv * a.head_dim) * dtype_size(a.dtype);  // one gathered tensor
+  switch (s) {
+    case SpStrategy::sequential:
+      return 4 * kv_bytes;  // gathered K and V, and NCCL's staging of both
+    case SpStrategy::fused_ce:
+      return 2 * kv_bytes;
+    case SpStrategy::ring:
+      return ring_attention_workspace_bytes(a, world);
+    case SpStrategy::ulysses:
+      return ulysses_attention_workspace_bytes(a, world, 1);
+    case SpStrategy::automatic:
+      break;
+  }
+  TESSERA_FAIL("sp_attention_workspace_bytes: strategy {} (a concrete strategy)", sp_strategy_name(s));
+}
+
+namespace {
+
+/// `candidates` within the workspace limit (all when there is none); throws
+/// naming each one's need when none fits.
+std::vector<Strategy> within_limit(const SpAttnArgs& a, int world, const std::vector<Strategy>& candidates,
+                                   std::size_t limit) {
+  if (limit == 0) return candidates;
+  std::vector<Strategy> fit;
+  std::string needs;
+  for (Strategy s : candidates) {
+    const std::size_t need = sp_attention_workspace_bytes(a, world, static_cast<SpStrategy>(s));
+    if (need <= limit) fit.push_back(s);
+    needs += fmt::format("{}{} {:.3f} GiB", needs.empty() ? "" : ", ", strategy_name(s),
+                         static_cast<double>(need) / (1u << 30));
+  }
+  TESSERA_CHECK(!fit.empty(), "sp_attention: no strategy fits the workspace limit of {:.3f} GiB per rank ({})",
+                static_cast<double>(limit) / (1u << 30), needs);
+  return fit;
+}
+
+}  // namespace
+
 SpStrategy resolve_sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, const SpAttnOptions& o, TuneReport* report) {
   SpAttnContext::Impl& c = ctx.impl();
   validate(c, a, o.strategy);
-  if (o.strategy != SpStrategy::automatic) return o.strategy;
+  if (o.strategy != SpStrategy::automatic) {
+    const std::size_t need = sp_attention_workspace_bytes(a, c.pg.world(), o.strategy);
+    TESSERA_CHECK(o.workspace_limit_bytes == 0 || need <= o.workspace_limit_bytes,
+                  "sp_attention: strategy {} needs {:.3f} GiB of workspace per rank, over the limit of {:.3f} GiB",
+                  sp_strategy_name(o.strategy), static_cast<double>(need) / (1u << 30),
+                  static_cast<double>(o.workspace_limit_bytes) / (1u << 30));
+    return o.strategy;
+  }
+  const std::vector<Strategy> all =
+      sp_attention_candidates(c.pg.world(), c.pg.lsa_reachable(), heads_divide(a, c.pg.world()));
+  const std::vector<Strategy> candidates = within_limit(a, c.pg.world(), all, o.workspace_limit_bytes);
   const detail::TuneHooks hooks{[&](const char* what) { c.drain(what); },
                                 [&](Strategy s) { run_sp_attention(c, a, static_cast<SpStrategy>(s)); }};
   // seq, batch and the head counts are compared by ratio for a neighbour's
   // choice; head_dim and causal are flags.
-  const detail::TuneQuery q{tune::key_prefix(detail::machine_id(c.pg), a.dtype, "ops.sp_attention"),
-                            {a.seq, a.batch, a.heads_q, a.heads_kv, a.head_dim, a.causal ? 1 : 0},
-                            4,
-                            o.use_cache,
-                            o.tune_on_miss};
-  const Strategy s = detail::tune_choice(
-      c.pg, c.tune, q, sp_attention_candidates(c.pg.world(), c.pg.lsa_reachable(), heads_divide(a, c.pg.world())),
-      hooks, report);
-  return static_cast<SpStrategy>(s);
+  detail::TuneQuery q{tune::key_prefix(detail::machine_id(c.pg), a.dtype, "ops.sp_attention"),
+                      {a.seq, a.batch, a.heads_q, a.heads_kv, a.head_dim, a.causal ? 1 : 0},
+                      4,
+                      o.use_cache,
+                      o.tune_on_miss};
+  if (candidates != all) {  // a limit left some out: a choice among fewer is keyed apart
+    std::int64_t mask = 0;
+    for (Strategy s : candidates) mask |= std::int64_t{1} << static_cast<int>(s);
+    q.shape.push_back(mask);
+  }
+  return static_cast<SpStrategy>(detail::tune_choice(c.pg, c.tune, q, candidates, hooks, report));
 }
 
 void sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, const SpAttnOptions& o) {

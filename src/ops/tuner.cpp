@@ -8,19 +8,20 @@
 
 namespace tessera::ops {
 
-Strategy choose_strategy(const std::map<Strategy, double>& times_ms, double margin) {
-  const auto seq = times_ms.find(Strategy::sequential);
-  TESSERA_CHECK(seq != times_ms.end(), "choose_strategy: no sequential time among {} candidates", times_ms.size());
+Strategy choose_strategy(const std::map<Strategy, double>& times_ms, double margin, Strategy baseline) {
+  const auto seq = times_ms.find(baseline);
+  TESSERA_CHECK(seq != times_ms.end(), "choose_strategy: no {} time among {} candidates", strategy_name(baseline),
+                times_ms.size());
   TESSERA_CHECK(margin >= 0 && margin < 1, "choose_strategy: margin {} outside [0, 1)", margin);
   for (const auto& [s, t] : times_ms)
     TESSERA_CHECK(s != Strategy::automatic, "choose_strategy: 'auto' is not a candidate");
   for (const auto& [s, t] : times_ms)
     TESSERA_CHECK(std::isfinite(t) && t > 0, "choose_strategy: time of {} is {} ms (must be finite and > 0)",
                   strategy_name(s), t);
-  Strategy best = Strategy::sequential;
+  Strategy best = baseline;
   double best_t = seq->second;
   for (const auto& [s, t] : times_ms) {
-    if (s == Strategy::sequential) continue;
+    if (s == baseline) continue;
     if (t < seq->second * (1.0 - margin) && t < best_t) {
       best = s;
       best_t = t;

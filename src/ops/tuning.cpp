@@ -168,21 +168,21 @@ Strategy tune_choice(runtime::ProcessGroup& pg, TuneState& st, const TuneQuery& 
   }
   if (!q.tune_on_miss) {
     // The nearest measured shape's choice (this process's or the cache's),
-    // else sequential; a host exchange makes every rank take the same one.
+    // else the baseline; a host exchange makes every rank take the same one.
     nlohmann::json pool = st.measured;
     if (q.use_cache) pool.update(st.cache->entries());
     const auto nb = nearest_choice(pool, q.prefix, q.shape, q.sized, candidates);
-    const int mine = static_cast<int>(nb.value_or(Strategy::sequential));
+    const int mine = static_cast<int>(nb.value_or(candidates.front()));
     const std::vector<int> votes = pg.allgather(mine);
     const bool agree = std::all_of(votes.begin(), votes.end(), [&](int v) { return v == mine; });
-    const Strategy s = agree ? static_cast<Strategy>(mine) : Strategy::sequential;
+    const Strategy s = agree ? static_cast<Strategy>(mine) : candidates.front();
     st.guessed[key] = s;
     if (report) report->chosen = s, report->from_cache = agree && nb.has_value();
     return s;
   }
   double load_ms = 0;
   const std::map<Strategy, double> times = time_candidates(pg, hooks, candidates, 2, 11, &load_ms);
-  const Strategy best = choose_strategy(times);
+  const Strategy best = choose_strategy(times, 0.01, candidates.front());
   st.memo[key] = best;
   st.measured[key] = choice_to_json(best, times, q.shape);
   if (q.use_cache) st.cache->put(key, st.measured[key]);

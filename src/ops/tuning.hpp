@@ -64,9 +64,10 @@ std::map<Strategy, double> time_candidates(runtime::ProcessGroup& pg, const Tune
 /// on-disk cache when every rank holds the same valid choice (`use_cache`),
 /// else — with tune_on_miss — measured now and stored, or — without — the
 /// nearest measured shape's choice (tuner.hpp's nearest_choice), or
-/// sequential, agreed by one host exchange. Collective: every rank calls it
-/// with the same query and candidates. A single candidate is taken without
-/// measuring.
+/// the baseline, agreed by one host exchange. Collective: every rank calls
+/// it with the same query and candidates. The first candidate is the
+/// baseline (normally sequential): the default without a measurement and the
+/// time any other must beat. A single candidate is taken without measuring.
 Strategy tune_choice(runtime::ProcessGroup& pg, TuneState& st, const TuneQuery& q,
                      const std::vector<Strategy>& candidates, const TuneHooks& hooks, TuneReport* report);
 

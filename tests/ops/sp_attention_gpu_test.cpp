@@ -210,4 +210,22 @@ TEST(SpAttentionGpu, RejectsBadInputBeforeLaunch) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("strategy code 2"), std::string::npos) << e.what();
   }
+  // Workspace limits: an explicit strategy over it, and a limit nothing fits.
+  ops::SpAttnOptions o;
+  o.strategy = ops::SpStrategy::fused_ce;
+  o.workspace_limit_bytes = ops::sp_attention_workspace_bytes(a, pg.world(), ops::SpStrategy::fused_ce) - 1;
+  try {
+    ops::sp_attention(ctx(), a, o);
+    ADD_FAILURE() << "fused_ce ran over its workspace limit";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("over the limit"), std::string::npos) << e.what();
+  }
+  o.strategy = ops::SpStrategy::automatic;
+  o.workspace_limit_bytes = 1;
+  try {
+    ops::sp_attention(ctx(), a, o);
+    ADD_FAILURE() << "automatic ran with a 1-byte workspace limit";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no strategy fits"), std::string::npos) << e.what();
+  }
 }

@@ -8,6 +8,9 @@
 
 #include "tessera/ops/args.hpp"
 #include "tessera/ops/plan.hpp"
+#include "tessera/ops/ring_attention.hpp"
+#include "tessera/ops/sp_attention.hpp"
+#include "tessera/ops/ulysses_attention.hpp"
 #include "tessera/ops/tp_mlp.hpp"
 #include "tessera/ops/tuner.hpp"
 #include "tessera/runtime/error.hpp"
@@ -142,6 +145,34 @@ TEST(OpsValidate, GemmAr) {
   EXPECT_EQ(gemm_ar_candidates(2, true), (std::vector<Strategy>{Strategy::sequential, Strategy::fused_ce}));
   EXPECT_EQ(gemm_ar_candidates(2, false), std::vector<Strategy>{Strategy::sequential});
   EXPECT_EQ(gemm_ar_candidates(1, true), std::vector<Strategy>{Strategy::sequential});
+}
+
+TEST(OpsPlan, SpAttentionWorkspaceBytes) {
+  SpAttnArgs a;
+  a.batch = 2;
+  a.seq = 4096;
+  a.heads_q = 8;
+  a.heads_kv = 2;
+  a.head_dim = 128;
+  const std::size_t kv = 2 * 4096 * 2 * 128 * 2;  // one gathered tensor, bf16
+  EXPECT_EQ(sp_attention_workspace_bytes(a, 2, SpStrategy::fused_ce), 2 * kv);
+  EXPECT_EQ(sp_attention_workspace_bytes(a, 2, SpStrategy::sequential), 4 * kv);
+  EXPECT_EQ(sp_attention_workspace_bytes(a, 4, SpStrategy::ring), ring_attention_workspace_bytes(a, 4));
+  EXPECT_EQ(sp_attention_workspace_bytes(a, 2, SpStrategy::ulysses), ulysses_attention_workspace_bytes(a, 2, 1));
+  // Ring's workspace shrinks with the world; the gathered KV does not (MHA:
+  // with GQA, ring's float32 accumulator over every query head dominates).
+  a.heads_kv = a.heads_q;
+  EXPECT_LT(sp_attention_workspace_bytes(a, 8, SpStrategy::ring),
+            sp_attention_workspace_bytes(a, 8, SpStrategy::fused_ce));
+  EXPECT_THROW(sp_attention_workspace_bytes(a, 2, SpStrategy::automatic), tessera::Error);
+}
+
+TEST(OpsPlan, ChooseStrategyAgainstAnotherBaseline) {
+  // Without sequential (a workspace limit left it out) the first candidate is the baseline.
+  const std::map<Strategy, double> t{{Strategy::fused_ce, 10.0}, {Strategy::ring, 9.95}};
+  EXPECT_EQ(choose_strategy(t, 0.01, Strategy::fused_ce), Strategy::fused_ce);  // within the margin
+  EXPECT_EQ(choose_strategy(t, 0.001, Strategy::fused_ce), Strategy::ring);
+  EXPECT_THROW(choose_strategy(t), tessera::Error);  // no sequential time
 }
 
 TEST(OpsPlan, SpAttentionCandidates) {

@@ -141,7 +141,19 @@ struct SpAttnOptions {
   /// batch and heads within a factor 2; head_dim and causal equal), or
   /// sequential (OpOptions::tune_on_miss).
   bool tune_on_miss = true;
+  /// Workspace bytes per rank the call may use beyond its shards (0: no
+  /// limit). automatic considers only the strategies within it (the first
+  /// that fits, in sp_attention_candidates' order, is its baseline); an
+  /// explicit strategy over it, or a shape no strategy fits, throws before
+  /// any launch. Workspaces already grown by earlier calls are not freed.
+  std::size_t workspace_limit_bytes = 0;
 };
+
+/// Workspace bytes per rank that strategy `s` (not automatic) needs for `a`
+/// at world size `world`, beyond the input and output shards: the gathered
+/// K and V (sequential: plus NCCL's staging), ring's two shard slots and
+/// accumulators, Ulysses' head shard and staging.
+std::size_t sp_attention_workspace_bytes(const SpAttnArgs& a, int world, SpStrategy s);
 
 /// Per process group: the gathered-KV workspace (symmetric), flags, epochs.
 class SpAttnContext {

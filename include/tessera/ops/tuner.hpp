@@ -37,11 +37,12 @@ struct TuneReport {
   double load_ms = 0;
 };
 
-/// Chooses from measured times (ms per strategy; must contain sequential).
-/// Throws tessera::Error if sequential is missing or a time is not finite
-/// and positive. Fastest wins; a non-sequential winner must be faster than
-/// sequential·(1 − margin), else sequential.
-Strategy choose_strategy(const std::map<Strategy, double>& times_ms, double margin = 0.01);
+/// Chooses from measured times (ms per strategy; must contain `baseline`,
+/// normally sequential). Throws tessera::Error if the baseline is missing or
+/// a time is not finite and positive. Fastest wins; another winner must be
+/// faster than baseline·(1 − margin), else the baseline.
+Strategy choose_strategy(const std::map<Strategy, double>& times_ms, double margin = 0.01,
+                         Strategy baseline = Strategy::sequential);
 
 /// The cache entry for a choice: {"strategy": name, "times_ms": {...}, "shape": [...]}.
 nlohmann::json choice_to_json(Strategy s, const std::map<Strategy, double>& times_ms,
