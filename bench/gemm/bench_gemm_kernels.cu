@@ -24,9 +24,9 @@ __global__ void fill_kernel(uint16_t* p, int64_t n, bool bf16, uint64_t seed) {
     }
   }
 }
-// The pre-memo FlagWait (session 2): a stateless prologue, so the kernel
-// proxy-fences after every tile, and one ld.acquire per flag per tile (since
-// v7 on the producer's waiter thread, like the memoized FlagWait).
+// The pre-memo FlagWait: a stateless prologue, so the kernel proxy-fences
+// after every tile, and one ld.acquire per flag per tile (on the producer's
+// waiter thread, like the memoized FlagWait).
 struct PerTileWait {
   static constexpr bool kActive = true;
   kernels::engine::FlagWait<uint32_t, false> w;

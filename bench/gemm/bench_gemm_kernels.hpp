@@ -21,7 +21,7 @@ enum class Hooks { Both, WaitOnly, NotifyOnly, WaitPerTile };
 /// increments one counter per tile. bf16 in/out, B [N, K] only.
 /// WaitPerTile: the same flags through a stateless prologue that acquires
 /// every flag of every tile (ld.acquire) and so is proxy-fenced per tile —
-/// the FlagWait of session 2, kept to measure what the memo saves.
+/// the FlagWait before the memo, kept to measure what the memo saves.
 void gemm_idle_hooks(Hooks which, const kernels::GemmArgs& a, const kernels::GemmOptions& o,
                      const uint32_t* ready_flags, uint32_t epoch, uint32_t* tile_counters, cudaStream_t s);
 

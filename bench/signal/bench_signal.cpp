@@ -19,53 +19,25 @@
 // group's NCCL kernel fits on the SMs the persistent GEMM leaves free. The
 // baselines (comm, non-overlap, decomposition) keep the process group's
 // communicator (NCCL defaults on sm_90: up to 32 CTAs in clusters of 4).
-// Session 2 ran the groups on that default communicator and measured
-// "engine GEMM + every group's collective in turn" (within ~5 %, R = 2):
-// nothing overlapped. The searched plan is also run on the default
-// communicator ("overlap def comm") for a before/after in one run.
+// On the default communicator the groups' collectives cannot start beside
+// the persistent GEMM (nothing overlaps), so the searched plan also runs
+// there ("overlap def comm") for a comparison in one run.
 // Second table per op, "where the time goes": engine GEMM plain vs with the
 // group epilogue, collective alone on each communicator, the plan's group
 // collectives alone, a concurrency probe (engine GEMM || whole collective on
 // unrelated data, each communicator), the GEMM's end inside the overlapped
 // run, and the "nothing overlaps" model beside the overlap model.
-// Predictions for the next run (nvidia-h200-x2, R = 2, --nccl-sms 16; ms;
-// written before measuring, docs/design/signal.md has the reasoning):
-//   GEMM||comm: default communicator ~ sum (concurrency <= 0.2; MLP-1 AR
-//   ~0.80), split >= 0.7 (MLP-1 AR 0.57-0.62); overlap def comm = session 2
-//   +-5 % (MLP-1 AR 1.04, RS 0.91); comm@ov 1.0-1.35x comm; epi % within +-5;
-//   tessera MLP-1 AR 0.62-0.70 (1.03-1.16x), MLP-2 AR 0.75-0.84, MLP-3 AR
-//   0.66-0.74, MLP-1 RS 0.57-0.64; MLP-4..6 <= 1.05x; 1.25x still missed
-//   (engine on 116 SMs 0.553 vs cuBLASLt 0.465: 9 waves vs 8); mean
-//   predictor error <= 15 % (from 32); searched >= 99 % of exhaustive on at
-//   least half the swept shapes (from 0 of 11).
-// Session 3, last change (not yet run): the overlap model charges the GEMM a
-// penalty per group launched beside it (signal::OverlapCost::
-// gemm_penalty_per_group), learned from the shapes measured before each one
-// (--gemm-penalty-us to fix it). Session 3 measured the in-run slowdown at
-// ~10-20 us per group (docs/design/signal.md). Prediction (x2, R = 2, 16 SMs):
-// mean predictor error 11.5 % -> <= 6 % after the first few shapes; the
-// searched partitions move to 3-5 groups on MLP-1..3 (exhaustive best
-// [2,3,2,2] etc.) or to no overlap; "slower than non-overlap" falls from
-// 30/62 to <= 10/62 (the remaining misses are the model's noise near the
-// break-even); MLP AR stays ~0.98-1.02x (the ceiling with 16 SMs is ~1.20x).
-// docs/design/signal.md: tessera = the verified choice
-// (see above); "no overlap" is predicted with the measured default-
-// communicator collective (the split curve biased it +5.8 % AR / +2.9 % RS);
-// --comm-slowdown-pct prices the slower collectives beside the GEMM (fit on
-// the f8380bd log, held-out). Prediction with --comm-slowdown-pct 25
-// --gemm-penalty-us 20: searched-partition error ~3-5 % (from 6.7 / 6.5),
-// predictive choice slower than non-overlap on <= 3 AR / <= 4 RS shapes
-// (from 11 / 13), verified choice on 0; MLP AR still < 1.25x.
-// Session 5: the prediction is the library's (tune::signal_overlap_cost on
-// a tune::MachineProfile of the offline stage), and "no overlap" is
-// predicted with an offline curve on the default communicator (one more
-// curve per op, ~0.1 s) instead of each shape's own collective timing, so
-// SignalTuner predicts exactly what this bench predicts from the stored
-// profile (format 2: + comm slowdown, + default-communicator curves). The
-// summary reports the no-overlap prediction error and that curve against
-// each shape's measured collective. --comm-slowdown-pct and
-// --gemm-penalty-us keep their defaults (0, learned): the fit (25 %, 20 us)
-// is for H200 x2 with 16 NCCL SMs; pass them there (docs/design/signal.md).
+// The prediction is the library's (tune::signal_overlap_cost on a
+// tune::MachineProfile of the offline stage): the overlap model charges the
+// GEMM a penalty per group launched beside it (signal::OverlapCost::
+// gemm_penalty_per_group, learned from the shapes measured before each one,
+// or --gemm-penalty-us), prices the slower collectives beside the GEMM
+// (--comm-slowdown-pct), and predicts "no overlap" with an offline curve on
+// the default communicator, so SignalTuner predicts exactly what this bench
+// predicts from the stored profile. The summary reports the no-overlap
+// prediction error and that curve against each shape's measured collective.
+// --comm-slowdown-pct and --gemm-penalty-us default to 0 / learned; the
+// fitted values for H200 x2 with 16 NCCL SMs are in docs/design/signal.md.
 // Measured top-k refinement (issue 5): the k best predicted overlapped
 // partitions (--top-k, default 3; signal::PredictiveSearch::top_overlapped,
 // exact) are timed with non-overlap in one interleaved loop (same warm-up and
@@ -777,7 +749,7 @@ Row measure(Problem& P, const tune::MachineProfile& model, signal::WaitMode mode
     // Concurrency probe: the engine GEMM and a whole collective on unrelated
     // data, on two streams, no waits. ~max(GEMM, comm) when NCCL runs beside
     // the GEMM on the free SMs; ~GEMM + comm when it cannot start until the
-    // GEMM's CTAs retire (session 2's symptom).
+    // GEMM's CTAs retire (what the default communicator shows).
     const auto beside = [&](ncclComm_t comm, const char* which) {
       Event f, j;
       return timed(
@@ -1486,8 +1458,8 @@ void run_kernels(const KOptions& o) {
     // Diagnostic: the RS shard's gather read through a precomputed chunk table
     // (the A2A map's mechanism: one global load per chunk instead of index
     // math), same memory access pattern as the RS column: the gap between the
-    // two is what the index math costs (session 9: +14..19 % against +2..6 %
-    // at N <= 2048, which led to signal/fast_gather.hpp).
+    // two is what the index math costs (measured +14..19 % against +2..6 %
+    // at N <= 2048, hence signal/fast_gather.hpp).
     const std::int64_t rs_chunks = (n + 127) / 128;
     std::vector<std::int64_t> rs_src(static_cast<std::size_t>(rs.rows() * rs_chunks));
     for (std::int64_t r = 0; r < rs.rows(); ++r)

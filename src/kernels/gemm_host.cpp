@@ -264,7 +264,7 @@ int resolve_cluster(const GemmArgs& a, const GemmOptions& o, GemmTile t) {
 
 bool plain_uses_ping_pong(const GemmArgs& a, const GemmOptions& o) {
   // Above ~4e11 multiply-adds the cooperative 128x256 kernel is the safer
-  // choice: measured in one binary (nvidia-h200-x2, 36ee3d8, session 4 call 7),
+  // choice: measured in one binary on nvidia-h200-x2 (docs/design/gemm-engine.md),
   // ping-pong 64x256 is 0.96-1.00x cuBLASLt there when the GPU is power-capped
   // but 1.03-1.06x at boost clocks, the cooperative one 0.99-1.03x and
   // 0.97-1.01x. Below it ping-pong wins in both states (0.94-1.00x).

@@ -6,7 +6,7 @@
 // itself); every strategy ends by telling every peer kAgFree = epoch once
 // its GEMM has read the workspace; a rank pushes into a peer only after that
 // peer's kAgFree reached the previous epoch.
-// (Tried in session 2: the fused copy-in on the communication stream, chunk
+// (Tried and not kept: the fused copy-in on the communication stream, chunk
 // by chunk behind own-row flags, to take its ~20 us off the critical path.
 // Not kept: a same-GPU device-to-device copy may run as a kernel, which the
 // fused_ce GEMM holding every SM would block; unverified either way.)

@@ -163,7 +163,7 @@ __device__ __forceinline__ void load_row(const T* __restrict__ recv, const std::
 // cap: 65536 / (256 * this)). Short rows are latency-bound per row, so their
 // throughput follows the CTAs in flight per SM; left alone, ptxas gave the AR
 // map's VPT = 1 kernel 48 registers (5 CTAs per SM) against the plain
-// kernel's 32 (8). Measured (session 9, one H200, % over the plain kernel):
+// kernel's 32 (8). Measured (one H200, % over the plain kernel):
 // the caps took AR 4096x2048 from +18 to +10 %, 4096x4096 from +2.9 to
 // +1.6 %, A2A 16384x1024 from +12.8 to +7.2 %. No kernel spills under them
 // (ptxas -v, sm_90a).
@@ -353,7 +353,7 @@ cudaError_t rmsnorm_t(const Map& map, const void* recv, const void* weight, void
   // at VPT = 8 that is 121..128 registers (ptxas, sm_90a, no spills), still
   // the 2 CTAs per SM of a one-set kernel (94). More rows in flight (a ring
   // of 4 register sets, unrolled) measured slower at N <= 4096 (4096x4096
-  // AR +29 % against +3..8 %: 100 registers, 2 CTAs per SM; session 9).
+  // AR +29 % against +3..8 %: 100 registers, 2 CTAs per SM).
   if (vpt <= 1) return launch_rows<Map, T, 1>(map, recv, weight, out, ld_out, eps, smem, sms, stream);
   if (vpt <= 2) return launch_rows<Map, T, 2>(map, recv, weight, out, ld_out, eps, smem, sms, stream);
   if (vpt <= 4) return launch_rows<Map, T, 4>(map, recv, weight, out, ld_out, eps, smem, sms, stream);

@@ -377,8 +377,8 @@ struct RsBandPrologue {
 
   __device__ __forceinline__ bool wait(const kernels::engine::TileInfo& t, State&) const {
     // !own_tile(t.row0, rank, per_rank), written out: through the helper
-    // ptxas allocates this waiter compare differently, and the kernel was
-    // verified on the GPU (session 7, call 11) with this form.
+    // ptxas allocates this waiter compare differently; this form is the one
+    // verified on the GPU.
     const std::int64_t lo = static_cast<std::int64_t>(rank) * per_rank;
     if (t.row0 < lo || t.row0 >= lo + per_rank) return false;
     if (diag_skip & kDiagSkipBandWait) return false;  // the replayed epoch's flags are set

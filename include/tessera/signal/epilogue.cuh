@@ -50,7 +50,7 @@ struct GroupEpilogue {
   /// (li & (sub_rows - 1)) * tile_n. sub_rows is BM or BM / R, a power of two
   /// (DeviceEpilogueTables checks it on the host): the store has no division
   /// and no branch. (A division fallback beside the shift, written out at
-  /// every store8 site, measured +1.2 / +1.7 % for this epilogue; session 7.)
+  /// every store8 site, measured +1.2 / +1.7 % for this epilogue.)
   struct Bound {
     OutT* base;
     std::int64_t seg;

@@ -112,7 +112,7 @@ class SignalTuner {
   static constexpr double kDefaultVerdictMargin = 0.01;
   /// `min_gain`: overlap only when predicted at least this fraction faster
   /// than no overlap (signal::PredictiveSearch; default 3 %, about a third of
-  /// the model's mean error measured in session 3).
+  /// the model's measured mean error).
   SignalTuner(MachineProfile profile, Cache& plans, double min_gain = 0.03);
 
   std::optional<SignalChoice> choose(const SignalQuery& q);
