@@ -1,5 +1,6 @@
 """Training step (forward + backward) of a Llama-style decoder layer with TP + sequence parallelism:
-tessera.torch.TensorParallelDecoderLayer (automatic strategies, and every strategy forced to sequential) against
+tessera.torch.TensorParallelDecoderLayer (automatic strategies; after Context.calibrate, the step-level choice; and
+every strategy forced to sequential) against
 the same layer in plain PyTorch (nn.Linear weights, torch.distributed all-gather / reduce-scatter + matmul) and in
 PyTorch async-TP (the symmetric-memory ops torch.ops.symm_mem.fused_all_gather_matmul / fused_matmul_reduce_scatter
 that Inductor's micro-pipeline TP emits, wired by hand into forward and backward). Checks first that loss and
@@ -235,9 +236,18 @@ def main():
             for label, model in (("plain_pytorch", plain), ("tessera", tes), ("tessera_sequential", seq),
                                  ("async_tp", async_tp)):
                 row[label + "_ms"] = time_steps(model, x, a.warmup, a.iters) if model is not None else None
+            # The step-level choice: automatic calls that lose inside the step run sequential (Context.calibrate).
+            cal = ctx.calibrate(lambda: step(tes, x), warmup=a.warmup, reps=max(3, a.iters // 2))
+            row["calibrated_overrides"] = [" ".join(map(str, k)) for k in cal["overrides"]]
+            row["calibration_ms"] = {k if isinstance(k, str) else " ".join(map(str, k)): v
+                                     for k, v in cal["times_ms"].items()}
+            row["tessera_calibrated_ms"] = time_steps(tes, x, a.warmup, a.iters)
+            ctx.set_overrides({})
             row["speedup_vs_plain"] = row["plain_pytorch_ms"] / row["tessera_ms"]
+            row["speedup_calibrated_vs_plain"] = row["plain_pytorch_ms"] / row["tessera_calibrated_ms"]
             if row["async_tp_ms"]:
                 row["speedup_vs_async_tp"] = row["async_tp_ms"] / row["tessera_ms"]
+                row["speedup_calibrated_vs_async_tp"] = row["async_tp_ms"] / row["tessera_calibrated_ms"]
             else:
                 row["async_tp_error"] = async_error
             if a.profile:

@@ -593,3 +593,38 @@ def test_zigzag_shard_round_trip(world):
         tt.zigzag_shard(torch.zeros(1, 6, 2), 4, 0)
     with pytest.raises(ValueError, match="rank 2 outside"):
         tt.zigzag_shard(x, 2, 2)
+
+
+# ---- step-level calibration ------------------------------------------------------------------------------------
+def test_greedy_overrides_keeps_only_flips_that_pay():
+    a, b, c = ("ag_gemm", 8192, 3072, 4096, False), ("gemm_rs", 8192, 4096, 3072), ("gemm_rs", 8192, 4096, 7168)
+    # Forcing b to sequential saves 1 ms, c costs 0.5 ms, a is noise.
+    def time_ms(ov):
+        return 20.0 - (1.0 if ov.get(b) else 0.0) + (0.5 if ov.get(c) else 0.0) + (0.01 if ov.get(a) else 0.0)
+    chosen, times = _context.greedy_overrides([a, b, c], time_ms, margin=0.02)
+    # All sequential (19.51) beats automatic by the margin, so it is the start; flipping c back to automatic pays,
+    # flipping a or b does not (a's 0.01 ms is noise: it stays as started).
+    assert chosen == {a: "sequential", b: "sequential"}
+    assert times["automatic"] == 20.0 and times["sequential"] == 19.51
+    assert len(times) == 2 + 3
+
+
+def test_greedy_overrides_starts_from_all_sequential_when_it_wins():
+    keys = [("gemm_rs", 64, 64, 64), ("gemm_rs", 128, 64, 64)]
+    def time_ms(ov):  # every automatic call costs 2 ms
+        return 10.0 + 2.0 * sum(1 for k in keys if k not in ov)
+    chosen, _ = _context.greedy_overrides(keys, time_ms)
+    assert chosen == {k: "sequential" for k in keys}
+    assert _context.greedy_overrides([], time_ms) == ({}, {"automatic": 14.0})
+
+
+def test_strategy_for_applies_overrides_to_automatic_calls_only():
+    c = _context.Context._for_shapes(0, 2)
+    key = ("gemm_rs", 64, 32, 16)
+    c.set_overrides({key: "sequential"})
+    assert c.strategy_for(key, 0) == tt.STRATEGIES["sequential"]
+    assert c.strategy_for(key, tt.STRATEGIES["fused_ce"]) == tt.STRATEGIES["fused_ce"]  # explicit wins
+    assert c.strategy_for(("gemm_rs", 1, 2, 3), 0) == 0
+    assert c.overrides == {key: "sequential"}
+    with pytest.raises(ValueError):
+        c.set_overrides({key: "nonsense"})

@@ -98,6 +98,32 @@ def _device_key(dev):
     return f"{socket.gethostname()}/{ident}"
 
 
+def greedy_overrides(keys, time_ms, margin=0.02):
+    """The step-level choice behind Context.calibrate, given `time_ms(overrides) -> ms` (the step's time with those
+    operator calls forced to sequential; the same on every rank). Starts from whichever of "all automatic" and "all
+    sequential" is faster (the latter must win by `margin`), then flips one call at a time to the other and keeps a
+    flip that is faster by `margin`. Returns (overrides {key: "sequential"}, {label: ms} of every timing)."""
+    keys = list(keys)
+    times = {"automatic": time_ms({})}
+    all_seq = {k: "sequential" for k in keys}
+    if not keys:
+        return {}, times
+    times["sequential"] = time_ms(all_seq)
+    current = dict(all_seq) if times["sequential"] < times["automatic"] * (1 - margin) else {}
+    best = min(times["automatic"], times["sequential"]) if current else times["automatic"]
+    for k in keys:
+        trial = dict(current)
+        if k in trial:
+            del trial[k]
+        else:
+            trial[k] = "sequential"
+        t = time_ms(trial)
+        times[("automatic " if k not in trial else "sequential ") + " ".join(map(str, k))] = t
+        if t < best * (1 - margin):
+            current, best = trial, t
+    return current, times
+
+
 class Context:
     """Tessera's communicator over exactly the ranks of `group` (a torch.distributed ProcessGroup; None: the
     default group, or a one-rank context when torch.distributed is not initialized).
@@ -118,6 +144,7 @@ class Context:
     def __init__(self, group=None, device=None, timeout_s=None, use_cache=True, tune_on_miss=False):
         self._h = None
         self.handle = None
+        self._overrides, self._seen = {}, None
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
@@ -188,6 +215,7 @@ class Context:
         """A context with no library session: shapes only (fake/meta tensors, CPU tests)."""
         self = cls.__new__(cls)
         self._h, self._lib, self.group = None, None, None
+        self._overrides, self._seen = {}, None
         self.rank, self.world, self.device = rank, world, torch.device(device)
         self._register()
         return self
@@ -272,6 +300,74 @@ class Context:
             out[tuple(s)] = names[r.value]
         torch.cuda.synchronize(self.device)
         return out
+
+    # ---- step-level choice ------------------------------------------------------------------------------------
+    def strategy_for(self, key, code):
+        """The strategy code an operator call runs: `code` unless it is automatic (0) and calibrate() or
+        set_overrides() forced this call's key — (op, m, n, k) or ("ag_gemm", m, n, k, swiglu) — to another."""
+        if code != 0:
+            return code
+        if self._seen is not None:
+            self._seen.add(key)
+        return strategy_code(self._overrides.get(key, "automatic"))
+
+    @property
+    def overrides(self):
+        """{call key: strategy name} that automatic calls of this context run instead (calibrate's result)."""
+        return dict(self._overrides)
+
+    def set_overrides(self, overrides):
+        """Replaces the overrides (e.g. a calibrate() result saved from an earlier run). Every rank the same."""
+        for k, v in overrides.items():
+            strategy_code(v)
+        self._overrides = dict(overrides)
+
+    def calibrate(self, step, warmup=2, reps=5, margin=0.02):
+        """Chooses, for the whole `step`, which automatic operator calls run sequential instead.
+
+        Each operator's automatic choice is measured alone (pretune); inside a training step its neighbours, the
+        clock state and the ranks' drift change what overlaps, and a choice that wins alone can lose there. This
+        times `step()` (collective, repeatable: forward and backward, no optimizer step) with every automatic call
+        as chosen, with all of them sequential, and with each call flipped in turn (greedy_overrides: len(calls)
+        + 2 timings of warmup + reps steps, medians, max over ranks so every rank decides alike), and keeps the
+        fastest. The result stays in this context (overrides) for later steps. Returns {"overrides": ...,
+        "times_ms": ...}."""
+        import statistics
+
+        import torch.distributed as dist
+
+        self._overrides, self._seen = {}, set()
+        try:
+            step()
+        finally:
+            keys, self._seen = sorted(self._seen, key=repr), None
+        torch.cuda.synchronize(self.device)
+
+        def time_ms(overrides):
+            self._overrides = dict(overrides)
+            for _ in range(warmup):
+                step()
+            samples = []
+            for _ in range(reps):
+                if self.world > 1:
+                    dist.barrier(group=self.group)
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                step()
+                b.record()
+                b.synchronize()
+                samples.append(a.elapsed_time(b))
+            t = torch.tensor([statistics.median(samples)], device=self.device)
+            if self.world > 1:
+                dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+            return t.item()
+
+        try:
+            chosen, times = greedy_overrides(keys, time_ms, margin)
+        finally:
+            self._overrides = {}
+        self._overrides = chosen
+        return {"overrides": dict(chosen), "times_ms": times}
 
     # ---- operator shortcuts (torch.ops.tessera.*) -------------------------------------------------------------
     def ag_gemm(self, a_shard, b, m=None, swiglu=False, strategy="automatic"):

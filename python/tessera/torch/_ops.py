@@ -79,6 +79,7 @@ def _ag_run(a, b, ctx_handle, m, swiglu, strategy, gathered):
     out = torch.empty((m, n_out), dtype=a.dtype, device=a.device)
     g = torch.empty((m, a.shape[1]), dtype=a.dtype, device=a.device) if gathered else None
     lib = _lib.load()
+    strategy = ctx.strategy_for(("ag_gemm", m, b.shape[0], b.shape[1], bool(swiglu)), strategy)
     _lib.check(lib.tessera_ag_gemm_ex(ctx.session, _stream(ctx), a.data_ptr(), b.data_ptr(), out.data_ptr(),
                                       g.data_ptr() if gathered else None, m, a.shape[0], b.shape[0], b.shape[1], 0,
                                       _DTYPES[dt], 1 if swiglu else 0, strategy))
@@ -127,6 +128,7 @@ def gemm_rs(a: Tensor, b: Tensor, ctx: int, strategy: int = 0) -> Tensor:
     m_local = _rs_shapes("gemm_rs", c, a, b)
     out = torch.empty((m_local, b.shape[0]), dtype=a.dtype, device=a.device)
     lib = _lib.load()
+    strategy = c.strategy_for(("gemm_rs", a.shape[0], b.shape[0], b.shape[1]), strategy)
     _lib.check(lib.tessera_gemm_rs_ex(c.session, _stream(c), a.data_ptr(), b.data_ptr(), out.data_ptr(), a.shape[0],
                                       m_local, b.shape[0], b.shape[1], _DTYPES[dt], strategy))
     return out
@@ -147,6 +149,7 @@ def gemm_ar(a: Tensor, b: Tensor, ctx: int, strategy: int = 0) -> Tensor:
     _need(a.shape[1] == b.shape[1], f"tessera::gemm_ar: a has K = {a.shape[1]} but b has K = {b.shape[1]}")
     out = torch.empty((a.shape[0], b.shape[0]), dtype=a.dtype, device=a.device)
     lib = _lib.load()
+    strategy = c.strategy_for(("gemm_ar", a.shape[0], b.shape[0], b.shape[1]), strategy)
     _lib.check(lib.tessera_gemm_ar_ex(c.session, _stream(c), a.data_ptr(), b.data_ptr(), out.data_ptr(), a.shape[0],
                                       b.shape[0], b.shape[1], _DTYPES[dt], strategy))
     return out
@@ -179,6 +182,8 @@ def mlp(x: Tensor, w_gate_up: Tensor, w_down: Tensor, ctx: int, m: int, ag_strat
     h, i_local = _mlp_shapes(c, x, w_gate_up, w_down, m)
     out = torch.empty_like(x)
     lib = _lib.load()
+    ag_strategy = c.strategy_for(("ag_gemm", m, 2 * i_local, h, True), ag_strategy)
+    rs_strategy = c.strategy_for(("gemm_rs", m, h, i_local), rs_strategy)
     _lib.check(lib.tessera_mlp_ex(c.session, _stream(c), x.data_ptr(), w_gate_up.data_ptr(), w_down.data_ptr(),
                                   out.data_ptr(), m, x.shape[0], h, i_local, _DTYPES[dt], ag_strategy, rs_strategy))
     return out
