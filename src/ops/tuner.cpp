@@ -46,8 +46,8 @@ std::optional<Strategy> choice_from_json(const nlohmann::json& j) {
     for (auto it = t.begin(); it != t.end(); ++it)
       if (!it->is_number() || !std::isfinite(it->get<double>()) || it->get<double>() <= 0) return std::nullopt;
   }
-  for (Strategy s :
-       {Strategy::sequential, Strategy::decomposition, Strategy::fused_ce, Strategy::fused_sm, Strategy::ring})
+  for (Strategy s : {Strategy::sequential, Strategy::decomposition, Strategy::fused_ce, Strategy::fused_sm,
+                     Strategy::ring, Strategy::pipelined})
     if (name == strategy_name(s)) return s;
   return std::nullopt;
 }
