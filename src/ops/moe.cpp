@@ -9,7 +9,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "moe_scratch.hpp"
@@ -37,6 +39,10 @@ int status_index(int q, bool down) { return kStatusBase + (2 * q + (down ? 1 : 0
 /// Compared byte for byte across ranks: all 64-bit, so no padding.
 struct TpShape {
   std::int64_t tokens_local, hidden, inter_local, experts, topk, dtype, strategy, comm_ctas;
+  bool operator<(const TpShape& o) const {
+    return std::tie(tokens_local, hidden, inter_local, experts, topk, dtype, strategy, comm_ctas) <
+           std::tie(o.tokens_local, o.hidden, o.inter_local, o.experts, o.topk, o.dtype, o.strategy, o.comm_ctas);
+  }
 };
 
 }  // namespace
@@ -47,6 +53,7 @@ struct MoeContext::Impl {
   std::int32_t* flags_ptr = nullptr;  ///< see kStatusBase and status_index
   int last_status_shards = 0;         ///< shards whose GEMM status words the last call wrote (0: none)
   detail::TuneState tune;             ///< automatic's choices and cache
+  std::set<TpShape> agreed;           ///< signatures every rank has confirmed (one host exchange each)
 
   // pipelined: the split communicator and the per-step events.
   std::unique_ptr<signal::OverlapComm> comm;
@@ -397,9 +404,10 @@ void run_moe_tp(MoeContext& ctx, const MoeTpArgs& a, Strategy strategy, int comm
 
 namespace {
 
-/// One host exchange: every rank calls with the same shape, dtype, requested
-/// strategy and comm_ctas (before the tuner runs anything collective).
-void check_agreement(runtime::ProcessGroup& pg, const MoeTpArgs& a, const MoeTpOptions& o) {
+/// Every rank calls with the same shape, dtype, requested strategy and
+/// comm_ctas (before the tuner runs anything collective): one host exchange
+/// per new signature, as TpContext does, so a steady-state call has none.
+void check_agreement(runtime::ProcessGroup& pg, std::set<TpShape>& agreed, const MoeTpArgs& a, const MoeTpOptions& o) {
   const TpShape shape{a.tokens_local,
                       a.hidden,
                       a.inter_local,
@@ -408,11 +416,13 @@ void check_agreement(runtime::ProcessGroup& pg, const MoeTpArgs& a, const MoeTpO
                       static_cast<std::int64_t>(a.dtype),
                       static_cast<std::int64_t>(o.strategy),
                       o.comm_ctas};
+  if (agreed.count(shape)) return;
   pg.check_same_on_all_ranks(
       fmt::format("moe_tp: shape (tokens_local {}, hidden {}, inter_local {}, experts {}, topk {}, strategy {}, "
                   "comm_ctas {})",
                   a.tokens_local, a.hidden, a.inter_local, a.experts, a.topk, strategy_name(o.strategy), o.comm_ctas),
       shape);
+  agreed.insert(shape);
 }
 
 }  // namespace
@@ -422,7 +432,7 @@ Strategy resolve_moe_tp(MoeContext& ctx, const MoeTpArgs& a, const MoeTpOptions&
   const int R = pg.world();
   validate(a, R);
   validate(o, pg.sm_count());
-  check_agreement(pg, a, o);
+  check_agreement(pg, ctx.impl().agreed, a, o);
   if (o.strategy != Strategy::automatic) return o.strategy;
   // Nothing to hide at R = 1; the tuner cannot run inside a capture.
   if (R == 1 || runtime::stream_capturing(pg.stream())) return Strategy::sequential;
