@@ -1,11 +1,14 @@
 // `tessera bench moe` — the TP MoE layer (ops::moe_tp) on MoE-1..6 of
 // ../shared/WORKLOADS.md at the launched world size (tokens and each
 // expert's I sharded over the ranks), with uniform and skewed routing:
-//   layer    the whole call (all-gather, routing sort, gather, grouped
-//            GEMMs, combine, reduce-scatter);
-//   experts  the two grouped GEMMs alone on the same routing;
+//   seq / pipe  the whole call (all-gather, routing sort, gather, grouped
+//            GEMMs, combine, reduce-scatter), strategy sequential and
+//            pipelined (per-shard GEMMs overlapped with the transfers);
+//   auto     what automatic chose (the tuner, measured here, no disk cache);
+//   experts  the two grouped GEMMs alone on the same routing (one launch
+//            each over all R·T_l·k rows);
 //   comm     the all-gather and reduce-scatter alone;
-//   ideal    max(experts, comm) and layer / ideal.
+//   ideal    max(experts, comm); "% ideal" = ideal / time of each strategy.
 // Each rank times the same bodies interleaved run by run (events, warm-up,
 // median, max over ranks). The PyTorch sequential layer on the same shapes
 // and routing is scripts/bench_moe_torch.py; --torch-json FILE reads its
@@ -132,7 +135,8 @@ void run(const Options& o) {
   const int R = pg->world();
   const cudaStream_t s = pg->stream();
   const auto torch = read_torch(o.torch_json);
-  Table table({"shape", "routing", "layer ms", "experts ms", "comm ms", "layer/ideal", "torch ms", "torch/layer"});
+  Table table({"shape", "routing", "seq ms", "pipe ms", "auto", "experts ms", "comm ms", "seq %ideal", "pipe %ideal",
+               "seq/pipe", "torch ms", "torch/best"});
   std::ostringstream js;
   js << "[";
   bool first = true;
@@ -165,7 +169,17 @@ void run(const Options& o) {
       a.inter_local = Il;
       a.experts = sh.E;
       a.topk = sh.k;
-      ops::moe_tp(ctx, a);  // sizes the workspaces; checks the routing
+      ops::MoeTpOptions seq, pipe, autom;
+      seq.strategy = ops::Strategy::sequential;
+      pipe.strategy = ops::Strategy::pipelined;
+      autom.use_cache = false;  // measure here, whatever an earlier run cached
+      // Sizes the workspaces, builds the pipeline communicator, checks the routing.
+      ops::moe_tp(ctx, a, seq);
+      ctx.check_status();
+      ops::moe_tp(ctx, a, pipe);
+      ctx.check_status();
+      ops::TuneReport report;
+      const ops::Strategy chosen = ops::resolve_moe_tp(ctx, a, autom, &report);
       ctx.check_status();
       // The experts alone: the same grouped GEMMs on the same counts.
       const std::int64_t rows = sh.S * k;
@@ -195,12 +209,13 @@ void run(const Options& o) {
       down.status = static_cast<int*>(status.p) + 4;
       down.n = H;
       down.k = Il;
-      double layer = 0, experts = 0, comm = 0;
+      double t_seq = 0, t_pipe = 0, experts = 0, comm = 0;
       InterleavedTimer timer(s, o.warmup, o.reps, [&] {
         pg->barrier();
         pg->align_streams(s);
       });
-      timer.add(&layer, [&] { ops::moe_tp(ctx, a); });
+      timer.add(&t_seq, [&] { ops::moe_tp(ctx, a, seq); });
+      timer.add(&t_pipe, [&] { ops::moe_tp(ctx, a, pipe); });
       timer.add(&experts, [&] {
         kernels::grouped_gemm(up, uo, s);
         kernels::grouped_gemm(down, {}, s);
@@ -213,24 +228,33 @@ void run(const Options& o) {
       timer.run([&](double v) { return pg->allreduce_max(v); });
       ctx.check_status();
       kernels::check_grouped_gemm_status(up.status, s, "bench moe: gate/up");
-      const double ideal = std::max(experts, comm);
+      const double ideal = std::max(experts, comm), best = std::min(t_seq, t_pipe);
       const auto t = torch.find(std::string(sh.name) + "/" + routing + "/tp");
       const double torch_ms = t == torch.end() ? 0 : t->second;
-      table.add({sh.name, routing, fmt::format("{:.3f}", layer), fmt::format("{:.3f}", experts),
-                 fmt::format("{:.3f}", comm), fmt::format("{:.3f}", layer / ideal),
-                 torch_ms > 0 ? fmt::format("{:.3f}", torch_ms) : "-",
-                 torch_ms > 0 ? fmt::format("{:.3f}", torch_ms / layer) : "-"});
+      const std::string chosen_name(ops::strategy_name(chosen));
+      auto tuned = [&](ops::Strategy st) {
+        const auto it = report.times_ms.find(st);
+        return it == report.times_ms.end() ? 0.0 : it->second;
+      };
+      table.add({sh.name, routing, fmt::format("{:.3f}", t_seq), fmt::format("{:.3f}", t_pipe), chosen_name,
+                 fmt::format("{:.3f}", experts), fmt::format("{:.3f}", comm),
+                 fmt::format("{:.1f}", 100.0 * ideal / t_seq), fmt::format("{:.1f}", 100.0 * ideal / t_pipe),
+                 fmt::format("{:.3f}", t_seq / t_pipe), torch_ms > 0 ? fmt::format("{:.3f}", torch_ms) : "-",
+                 torch_ms > 0 ? fmt::format("{:.3f}", torch_ms / best) : "-"});
       js << (first ? "" : ",")
          << fmt::format(
                 "\n{{\"shape\": \"{}\", \"routing\": \"{}\", \"world\": {}, \"layer_ms\": {:.5f}, "
+                "\"sequential_ms\": {:.5f}, \"pipelined_ms\": {:.5f}, \"auto\": \"{}\", "
+                "\"tuner_sequential_ms\": {:.5f}, \"tuner_pipelined_ms\": {:.5f}, "
                 "\"experts_ms\": {:.5f}, \"comm_ms\": {:.5f}, \"torch_ms\": {:.5f}}}",
-                sh.name, routing, R, layer, experts, comm, torch_ms);
+                sh.name, routing, R, t_seq, t_seq, t_pipe, chosen_name, tuned(ops::Strategy::sequential),
+                tuned(ops::Strategy::pipelined), experts, comm, torch_ms);
       first = false;
     }
   }
   js << "\n]\n";
   if (pg->rank() == 0) {
-    std::printf("tessera bench moe: TP=%d on %s (ms, median of %d, slowest rank; sequential strategy)\n%s", R,
+    std::printf("tessera bench moe: TP=%d on %s (ms, median of %d, slowest rank; ideal = max(experts, comm))\n%s", R,
                 pg->device_properties().name, o.reps, table.str().c_str());
     if (!o.json.empty()) {
       std::ofstream f(o.json);
@@ -397,7 +421,9 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   auto& bench = tools::subcommand(root, "bench", "Benchmarks");
   auto opts = std::make_shared<Options>();
   auto* cmd = bench.add_subcommand(
-      "moe", "MoE layers on MoE-1..6: TP (ops::moe_tp) or, with --ep, EP (ops::moe_ep); layer, experts, comm, PyTorch");
+      "moe",
+      "MoE layers on MoE-1..6: TP (ops::moe_tp: sequential, pipelined, automatic) or, with --ep, EP (ops::moe_ep); "
+      "experts, comm, PyTorch");
   cmd->add_option("--shapes", opts->shapes, "MoE shapes 1..6")->delimiter(',');
   cmd->add_option("--routing", opts->routings, "uniform, skewed")->delimiter(',');
   cmd->add_option("--reps", opts->reps, "timed repetitions (median)")->check(CLI::Range(1, 100000));

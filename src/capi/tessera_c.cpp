@@ -3,6 +3,7 @@
 // exception stops here and becomes -1 plus tessera_last_error().
 #include "tessera/capi/tessera.h"
 
+#include <iterator>
 #include <optional>
 #include <utility>
 #include <cuda_runtime_api.h>
@@ -174,9 +175,10 @@ const char* tessera_strategy_name(int code) {
 
 int tessera_strategy_accepts(int op, int code) {
   using tessera::ops::OpKind;
-  static constexpr OpKind kOps[] = {OpKind::ag_gemm, OpKind::gemm_rs, OpKind::gemm_ar, OpKind::sp_attention};
+  static constexpr OpKind kOps[] = {OpKind::ag_gemm, OpKind::gemm_rs, OpKind::gemm_ar, OpKind::sp_attention,
+                                    OpKind::moe_tp};
   const tessera::ops::StrategyInfo* i = tessera::ops::find_strategy(code);
-  if (op < 0 || op > 3 || i == nullptr) return 0;
+  if (op < 0 || op >= static_cast<int>(std::size(kOps)) || i == nullptr) return 0;
   return tessera::ops::accepts(kOps[op], i->strategy) ? 1 : 0;
 }
 

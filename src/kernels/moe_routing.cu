@@ -285,6 +285,17 @@ __global__ void combine_kernel(CombineArgs a) {
         for (int j = 0; j < n; ++j) acc[j] += g * to_f32(row[j]);
       }
     }
+    for (int j = 0; j < a.addends; ++j) {
+      const T* row = static_cast<const T*>(a.addend) + j * a.addend_stride + t * a.ld_add + c0;
+      if (n == 8) {
+        const uint4 u = *reinterpret_cast<const uint4*>(row);
+        const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+        for (int q = 0; q < 8; ++q) acc[q] += to_f32(e[q]);
+      } else {
+        for (int q = 0; q < n; ++q) acc[q] += to_f32(row[q]);
+      }
+    }
     T* o = static_cast<T*>(a.out) + t * a.ldo + c0;
     if (n == 8) {
       uint4 u;
@@ -435,6 +446,13 @@ void combine(const CombineArgs& a, cudaStream_t stream) {
   check_rows("moe::combine", a.out, a.ldo, a.cols, a.dtype, "out");
   TESSERA_CHECK(a.cols >= 1, "moe::combine: cols = {} must be >= 1", a.cols);
   TESSERA_CHECK(a.entry_row != nullptr && a.weights != nullptr, "moe::combine: entry_row and weights must be non-null");
+  TESSERA_CHECK(a.addends >= 0, "moe::combine: addends = {} must be >= 0", a.addends);
+  if (a.addends > 0) {
+    check_rows("moe::combine", a.addend, a.ld_add, a.cols, a.dtype, "addend");
+    TESSERA_CHECK(a.addend_stride >= a.tokens * a.ld_add && a.addend_stride % 8 == 0,
+                  "moe::combine: addend_stride = {} must be a multiple of 8 and >= tokens ({}) x ld_add ({})",
+                  a.addend_stride, a.tokens, a.ld_add);
+  }
   if (a.tokens == 0) return;
   constexpr int kThreads = 256;
   const int grid = grid_for(a.tokens * ((a.cols + 7) / 8), kThreads);

@@ -14,14 +14,15 @@ namespace {
 constexpr unsigned bit(OpKind k) { return static_cast<unsigned>(k); }
 constexpr unsigned kAll =
     bit(OpKind::ag_gemm) | bit(OpKind::gemm_rs) | bit(OpKind::gemm_ar) | bit(OpKind::sp_attention);
-constexpr std::array<StrategyInfo, 7> kStrategies{{
-    {Strategy::automatic, "automatic", kAll},
-    {Strategy::sequential, "sequential", kAll},
+constexpr std::array<StrategyInfo, kStrategyCount> kStrategies{{
+    {Strategy::automatic, "automatic", kAll | bit(OpKind::moe_tp)},
+    {Strategy::sequential, "sequential", kAll | bit(OpKind::moe_tp)},
     {Strategy::decomposition, "decomposition", bit(OpKind::ag_gemm) | bit(OpKind::gemm_rs)},
     {Strategy::fused_ce, "fused_ce", kAll},
     {Strategy::fused_sm, "fused_sm", bit(OpKind::ag_gemm) | bit(OpKind::gemm_rs)},
     {Strategy::ring, "ring", bit(OpKind::gemm_rs) | bit(OpKind::sp_attention)},
     {Strategy::ulysses, "ulysses", bit(OpKind::sp_attention)},
+    {Strategy::pipelined, "pipelined", bit(OpKind::moe_tp)},
 }};
 static_assert(
     [] {
@@ -32,7 +33,7 @@ static_assert(
     "kStrategies is indexed by strategy code");
 }  // namespace
 
-const std::array<StrategyInfo, 7>& strategy_table() { return kStrategies; }
+const std::array<StrategyInfo, kStrategyCount>& strategy_table() { return kStrategies; }
 
 const StrategyInfo* find_strategy(int code) {
   return code >= 0 && code < static_cast<int>(kStrategies.size()) ? &kStrategies[static_cast<std::size_t>(code)]
@@ -53,7 +54,8 @@ Strategy parse_strategy(std::string_view name) {
   if (name == "auto") return Strategy::automatic;
   for (const StrategyInfo& i : kStrategies)
     if (name == i.name) return i.strategy;
-  TESSERA_FAIL("unknown strategy '{}' (automatic, sequential, decomposition, fused_ce, fused_sm, ring)", name);
+  TESSERA_FAIL("unknown strategy '{}' (automatic, sequential, decomposition, fused_ce, fused_sm, ring, pipelined)",
+               name);
 }
 
 std::int64_t ShardRows::rows(std::int64_t m, int s) const {

@@ -1,33 +1,130 @@
-// The TP MoE layer's sequential strategy (tessera/ops/moe.hpp).
+// The TP MoE layer (tessera/ops/moe.hpp): sequential and pipelined
+// strategies, and automatic through the ops tuner. Design:
+// docs/design/moe_tp.md.
 #include "tessera/ops/moe.hpp"
 
 #include <algorithm>
-#include <array>
 #include <fmt/format.h>
 #include <nccl.h>
 
 #include <cstdint>
+#include <memory>
+#include <set>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "moe_scratch.hpp"
 #include "tessera/kernels/grouped_gemm.hpp"
 #include "tessera/kernels/moe_routing.hpp"
+#include "tessera/ops/plan.hpp"
 #include "tessera/runtime/error.hpp"
+#include "tessera/signal/overlap_comm.hpp"
+#include "tessera/tune/key.hpp"
+#include "tuning.hpp"
 
 namespace tessera::ops {
 
 using detail::Scratch;
+
+namespace {
+
 constexpr std::int64_t kMaxDim = detail::kMoeMaxDim;
+constexpr int kStatusBase = 2;  // flags: [0] invalid ids, [1] unused
+
+/// Status words of shard q's gate/up (down = false) or down GEMM; the
+/// sequential strategy uses q = 0.
+int status_index(int q, bool down) { return kStatusBase + (2 * q + (down ? 1 : 0)) * kernels::kGroupedStatusInts; }
+
+/// Compared byte for byte across ranks: all 64-bit, so no padding.
+struct TpShape {
+  std::int64_t tokens_local, hidden, inter_local, experts, topk, dtype, strategy, comm_ctas;
+  bool operator<(const TpShape& o) const {
+    return std::tie(tokens_local, hidden, inter_local, experts, topk, dtype, strategy, comm_ctas) <
+           std::tie(o.tokens_local, o.hidden, o.inter_local, o.experts, o.topk, o.dtype, o.strategy, o.comm_ctas);
+  }
+};
+
+}  // namespace
 
 struct MoeContext::Impl {
   Scratch x_full, ids_full, w_full, offsets, counts, sorted, rows, permute_ws, gathered, inter, expert_out, partial,
-      flags;
-  std::int32_t* flags_ptr = nullptr;  ///< [0] invalid ids, [1] unused, [2..5] gate/up status, [6..9] down status
-  std::int64_t last_entries = 0;
+      recv, flags, warm;
+  std::int32_t* flags_ptr = nullptr;  ///< see kStatusBase and status_index
+  int last_status_shards = 0;         ///< shards whose GEMM status words the last call wrote (0: none)
+  detail::TuneState tune;             ///< automatic's choices and cache
+  std::set<TpShape> agreed;           ///< signatures every rank has confirmed (one host exchange each)
+
+  // pipelined: the split communicator and the per-step events.
+  std::unique_ptr<signal::OverlapComm> comm;
+  int comm_ctas = 0;
+  cudaEvent_t ev_start = nullptr, ev_route = nullptr, ev_rs_done = nullptr;
+  std::vector<cudaEvent_t> ev_x, ev_part;
+
+  ~Impl() {
+    for (cudaEvent_t e : {ev_start, ev_route, ev_rs_done})
+      if (e) cudaEventDestroy(e);
+    for (auto* v : {&ev_x, &ev_part})
+      for (cudaEvent_t e : *v) cudaEventDestroy(e);
+  }
+
+  static cudaEvent_t make_event() {
+    cudaEvent_t e = nullptr;
+    TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+
+  bool pipeline_ready(int ctas, int world) const {
+    return comm && comm_ctas == ctas && static_cast<int>(ev_x.size()) >= world;
+  }
+
+  /// Collective (every rank's first pipelined call, or a new comm_ctas):
+  /// splits the communicator, then connects every ring step's pair both
+  /// ways once, so no connection is set up inside a timed call.
+  void ensure_pipeline(runtime::ProcessGroup& pg, int ctas) {
+    const int R = pg.world();
+    if (!comm || comm_ctas != ctas) {
+      TESSERA_CHECK(!runtime::stream_capturing(pg.stream()),
+                    "moe_tp: the pipelined strategy builds its communicator on its first call; run it once eagerly "
+                    "(same comm_ctas) before capturing it into a CUDA graph");
+      pg.synchronize_all("moe_tp: new pipeline communicator");  // nothing of ours in flight on the old one
+      comm.reset();
+      signal::OverlapCommConfig cfg;
+      cfg.max_ctas = ctas;
+      comm = std::make_unique<signal::OverlapComm>(pg.nccl(), cfg);
+      comm_ctas = ctas;
+      std::int32_t* w = warm.get<std::int32_t>(4, pg);
+      const cudaStream_t cs = pg.comm_stream(0);
+      for (int d = 1; d < R; ++d) {
+        const int to = (pg.rank() + d) % R, from = (pg.rank() - d + R) % R;
+        TESSERA_NCCL_CHECK(ncclGroupStart());
+        TESSERA_NCCL_CHECK(ncclSend(w, 1, ncclInt32, to, comm->get(), cs));
+        TESSERA_NCCL_CHECK(ncclRecv(w + 1, 1, ncclInt32, from, comm->get(), cs));
+        TESSERA_NCCL_CHECK(ncclSend(w + 2, 1, ncclInt32, from, comm->get(), cs));
+        TESSERA_NCCL_CHECK(ncclRecv(w + 3, 1, ncclInt32, to, comm->get(), cs));
+        TESSERA_NCCL_CHECK(ncclGroupEnd());
+      }
+      pg.synchronize(cs, "moe_tp: pipeline warm-up");
+    }
+    for (cudaEvent_t* e : {&ev_start, &ev_route, &ev_rs_done})
+      if (!*e) *e = make_event();
+    while (static_cast<int>(ev_x.size()) < R) ev_x.push_back(make_event());
+    while (static_cast<int>(ev_part.size()) < R) ev_part.push_back(make_event());
+  }
+
+  /// Bounded wait for every stream a call uses (the tuner's drain).
+  void drain(runtime::ProcessGroup& pg, const char* what) {
+    pg.synchronize(pg.stream(), what);
+    pg.synchronize(pg.comm_stream(0), what);
+  }
 };
 
 MoeContext::MoeContext(runtime::ProcessGroup& pg) : pg_(&pg), impl_(std::make_unique<Impl>()) {}
-MoeContext::~MoeContext() = default;
+MoeContext::~MoeContext() {
+  // After a peer failure the group is aborted; finalizing the split
+  // communicator collectively would then wait for the dead peer.
+  if (impl_->comm && pg_->aborted()) impl_->comm->abort();
+}
 
 void validate(const MoeTpArgs& a, int world) {
   detail::validate_moe_sizes(
@@ -46,115 +143,316 @@ void validate(const MoeTpArgs& a, int world) {
     TESSERA_CHECK((reinterpret_cast<std::uintptr_t>(p) & 15u) == 0, "moe_tp: pointer {} is not 16-byte aligned", p);
 }
 
-void moe_tp(MoeContext& ctx, const MoeTpArgs& a) {
+void validate(const MoeTpOptions& o, int sms) {
+  TESSERA_CHECK(accepts(OpKind::moe_tp, o.strategy),
+                "moe_tp: strategy {} is not a TP MoE strategy (automatic, sequential, pipelined)",
+                strategy_name(o.strategy));
+  TESSERA_CHECK(o.comm_ctas >= 1 && o.comm_ctas <= 64 && o.comm_ctas < sms,
+                "moe_tp: comm_ctas = {} out of range [1, min(64, SMs - 1 = {})]", o.comm_ctas, sms - 1);
+}
+
+namespace {
+
+/// The per-call buffers and the kernels both strategies share.
+struct Call {
+  runtime::ProcessGroup& pg;
+  MoeContext::Impl& m;
+  const MoeTpArgs& a;
+  cudaStream_t s;
+  int R, rank;
+  std::int64_t Tl, k, H, I, E, per;  ///< per = Tl * k: routed entries of one shard
+  std::size_t es;
+  unsigned char *x_full, *gathered, *inter, *expert_out, *partial;
+  std::int32_t *ids_full, *offsets, *counts, *sorted, *rows;
+  float* w_full;
+  void* permute_ws;
+  std::size_t permute_ws_bytes;
+
+  Call(runtime::ProcessGroup& g, MoeContext::Impl& mi, const MoeTpArgs& args)
+      : pg(g), m(mi), a(args), s(g.stream()), R(g.world()), rank(g.rank()) {
+    Tl = a.tokens_local;
+    k = a.topk;
+    H = a.hidden;
+    I = a.inter_local;
+    E = a.experts;
+    per = Tl * k;
+    es = dtype_size(a.dtype);
+    const std::int64_t T = Tl * R, entries = T * k;
+    // Shard-major layouts (shard s at s * Tl tokens, s * per entries): the
+    // sequential all-gather writes the same layout in one collective.
+    x_full = static_cast<unsigned char*>(m.x_full.get(static_cast<std::size_t>(T * H) * es + 16, pg));
+    ids_full = m.ids_full.get<std::int32_t>(entries, pg);
+    w_full = m.w_full.get<float>(entries, pg);
+    offsets = m.offsets.get<std::int32_t>(R * (E + 1), pg);
+    counts = m.counts.get<std::int32_t>(R * E, pg);
+    sorted = m.sorted.get<std::int32_t>(entries, pg);
+    rows = m.rows.get<std::int32_t>(entries, pg);
+    // The permute of one shard (pipelined) needs no more than that of all.
+    permute_ws_bytes = kernels::moe::permute_workspace_bytes(entries, a.experts);
+    permute_ws = m.permute_ws.get(permute_ws_bytes + 16, pg);
+    gathered = static_cast<unsigned char*>(m.gathered.get(static_cast<std::size_t>(entries * H) * es + 16, pg));
+    inter = static_cast<unsigned char*>(m.inter.get(static_cast<std::size_t>(entries * I) * es + 16, pg));
+    expert_out = static_cast<unsigned char*>(m.expert_out.get(static_cast<std::size_t>(entries * H) * es + 16, pg));
+    partial = static_cast<unsigned char*>(m.partial.get(static_cast<std::size_t>(T * H) * es + 16, pg));
+    const int flag_words = kStatusBase + 2 * R * kernels::kGroupedStatusInts;
+    m.flags_ptr = m.flags.get<std::int32_t>(flag_words, pg);
+    TESSERA_CUDA_CHECK(cudaMemsetAsync(m.flags_ptr, 0, static_cast<std::size_t>(flag_words) * 4, s));
+  }
+
+  /// Expert sort of `tokens` tokens' routing `ids` into table slot q
+  /// (offsets/counts q, rows from q * per).
+  void permute(const std::int32_t* ids, std::int64_t tokens, int q) {
+    kernels::moe::PermuteArgs p;
+    p.expert_ids = ids;
+    p.tokens = tokens;
+    p.experts = a.experts;
+    p.k = a.topk;
+    p.expert_offsets = offsets + q * (E + 1);
+    p.expert_counts = counts + q * E;
+    p.sorted_entry = sorted + q * per;
+    p.entry_row = rows + q * per;
+    p.invalid = m.flags_ptr;
+    p.workspace_bytes = kernels::moe::permute_workspace_bytes(tokens * k, a.experts);
+    p.workspace = permute_ws;
+    kernels::moe::permute(p, s);
+  }
+
+  /// Rows of `x` (tokens of table slot q) gathered into the sorted rows from q * per.
+  void gather(const void* x, int q, std::int64_t max_rows) {
+    kernels::moe::GatherArgs g;
+    g.x = x;
+    g.ldx = H;
+    g.gathered = gathered + static_cast<std::size_t>(q * per * H) * es;
+    g.ldg = H;
+    g.cols = H;
+    g.sorted_entry = sorted + q * per;
+    g.expert_offsets = offsets + q * (E + 1);
+    g.experts = a.experts;
+    g.k = a.topk;
+    g.max_rows = max_rows;
+    g.dtype = a.dtype;
+    kernels::moe::gather_rows(g, s);
+  }
+
+  /// The gate/up (down = false) or down grouped GEMM over table slot q's
+  /// rows (at most max_rows); max_ctas 0 = all SMs.
+  void gemm(int q, bool down, std::int64_t max_rows, int max_ctas) {
+    if (max_rows == 0) return;
+    kernels::GroupedGemmArgs g;
+    g.group_rows = counts + q * E;
+    g.status = m.flags_ptr + status_index(q, down);
+    g.groups = E;
+    g.max_rows = max_rows;
+    kernels::GroupedGemmOptions go;
+    go.max_ctas = max_ctas;
+    if (!down) {
+      g.a = gathered + static_cast<std::size_t>(q * per * H) * es;
+      g.b = a.w_gate_up;
+      g.d = inter + static_cast<std::size_t>(q * per * I) * es;
+      g.n = 2 * I;
+      g.k = H;
+      go.epilogue = kernels::GroupedEpilogueKind::SwiGLU;
+    } else {
+      g.a = inter + static_cast<std::size_t>(q * per * I) * es;
+      g.b = a.w_down;
+      g.d = expert_out + static_cast<std::size_t>(q * per * H) * es;
+      g.n = H;
+      g.k = I;
+    }
+    kernels::grouped_gemm(g, go, s);
+  }
+
+  /// Top-k combine of `tokens` tokens of table slot q (weights `w`) into
+  /// `out`, adding `addends` blocks of [tokens, H] from `addend`.
+  void combine(int q, std::int64_t tokens, const float* w, void* out, const void* addend = nullptr, int addends = 0) {
+    kernels::moe::CombineArgs c;
+    c.y = expert_out + static_cast<std::size_t>(q * per * H) * es;
+    c.ldy = H;
+    c.entry_row = rows + q * per;
+    c.weights = w;
+    c.out = out;
+    c.ldo = H;
+    c.tokens = tokens;
+    c.cols = H;
+    c.k = a.topk;
+    c.dtype = a.dtype;
+    c.addend = addend;
+    c.addends = addends;
+    c.ld_add = H;
+    c.addend_stride = tokens * H;
+    kernels::moe::combine(c, s);
+  }
+};
+
+/// Sequential: one all-gather, one expert sort of all R·T_l tokens, one
+/// grouped GEMM pair, one combine, one reduce-scatter.
+void run_sequential(Call& c) {
+  const MoeTpArgs& a = c.a;
+  const std::int64_t T = c.Tl * c.R, entries = T * c.k;
+  runtime::ProcessGroup& pg = c.pg;
+  TESSERA_NCCL_CHECK(ncclAllGather(a.x_shard, c.x_full, static_cast<std::size_t>(c.Tl * c.H),
+                                   runtime::nccl_dtype(a.dtype), pg.nccl(), c.s));
+  TESSERA_NCCL_CHECK(
+      ncclAllGather(a.expert_ids, c.ids_full, static_cast<std::size_t>(c.per), ncclInt32, pg.nccl(), c.s));
+  TESSERA_NCCL_CHECK(ncclAllGather(a.weights, c.w_full, static_cast<std::size_t>(c.per), ncclFloat32, pg.nccl(), c.s));
+  // Table slot 0 holds the whole layer's sort (rows 0 .. T·k).
+  c.permute(c.ids_full, T, 0);
+  c.gather(c.x_full, 0, entries);
+  c.gemm(0, false, entries, 0);
+  c.gemm(0, true, entries, 0);
+  c.combine(0, T, c.w_full, c.partial);
+  TESSERA_NCCL_CHECK(ncclReduceScatter(c.partial, a.out_shard, static_cast<std::size_t>(c.Tl * c.H),
+                                       runtime::nccl_dtype(a.dtype), ncclSum, pg.nccl(), c.s));
+  c.m.last_status_shards = entries > 0 ? 1 : 0;
+}
+
+/// Pipelined (plan_moe_tp): table slot q = shard q; see the header comment.
+void run_pipelined(Call& c, int comm_ctas) {
+  const MoeTpArgs& a = c.a;
+  runtime::ProcessGroup& pg = c.pg;
+  MoeContext::Impl& m = c.m;
+  const int R = c.R, rank = c.rank;
+  const MoeTpPlan plan = plan_moe_tp(c.Tl, a.topk, R, rank);
+  const cudaStream_t s = c.s, cs = pg.comm_stream(0);
+  const ncclComm_t comm = m.comm->get();
+  const ncclDataType_t dt = runtime::nccl_dtype(a.dtype);
+  const std::size_t shard_elems = static_cast<std::size_t>(c.Tl * c.H);
+  const int beside_ctas = pg.sm_count() - comm_ctas;
+  auto x_of = [&](int q) -> const void* {
+    return q == rank ? a.x_shard
+                     : static_cast<const void*>(c.x_full + static_cast<std::size_t>(q) * shard_elems * c.es);
+  };
+  auto ids_of = [&](int q) { return q == rank ? a.expert_ids : c.ids_full + q * c.per; };
+  auto w_of = [&](int q) { return q == rank ? a.weights : c.w_full + q * c.per; };
+  auto partial_of = [&](int q) { return c.partial + static_cast<std::size_t>(q) * shard_elems * c.es; };
+  auto* recv = static_cast<unsigned char*>(
+      m.recv.get(static_cast<std::size_t>(R - 1) * shard_elems * c.es + 16, pg));  // RS slabs 0..R-2
+
+  // Communication stream, part 1: the routing of every shard (small), then
+  // the tokens step by step. It starts after the caller's inputs.
+  TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_start, s));
+  TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, m.ev_start, 0));
+  TESSERA_NCCL_CHECK(ncclGroupStart());
+  for (int d = 1; d < R; ++d) {
+    const int to = plan.send_to[d - 1], from = plan.recv_from[d - 1];
+    TESSERA_NCCL_CHECK(ncclSend(a.expert_ids, static_cast<std::size_t>(c.per), ncclInt32, to, comm, cs));
+    TESSERA_NCCL_CHECK(ncclRecv(c.ids_full + from * c.per, static_cast<std::size_t>(c.per), ncclInt32, from, comm, cs));
+    TESSERA_NCCL_CHECK(ncclSend(a.weights, static_cast<std::size_t>(c.per), ncclFloat32, to, comm, cs));
+    TESSERA_NCCL_CHECK(ncclRecv(c.w_full + from * c.per, static_cast<std::size_t>(c.per), ncclFloat32, from, comm, cs));
+  }
+  TESSERA_NCCL_CHECK(ncclGroupEnd());
+  TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_route, cs));
+  for (int d = 1; d < R; ++d) {
+    const int to = plan.send_to[d - 1], from = plan.recv_from[d - 1];
+    TESSERA_NCCL_CHECK(ncclGroupStart());
+    TESSERA_NCCL_CHECK(ncclSend(a.x_shard, shard_elems, dt, to, comm, cs));
+    TESSERA_NCCL_CHECK(ncclRecv(const_cast<void*>(x_of(from)), shard_elems, dt, from, comm, cs));
+    TESSERA_NCCL_CHECK(ncclGroupEnd());
+    TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_x[d], cs));
+  }
+
+  // Compute stream, part 1: the own shard at once, beside the transfers.
+  c.permute(a.expert_ids, c.Tl, rank);
+  c.gather(a.x_shard, rank, c.per);
+  c.gemm(rank, false, c.per, plan.gate_up[0].beside_comm ? beside_ctas : 0);
+  TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_route, 0));
+  for (int j = 1; j < R; ++j) c.permute(ids_of(plan.gate_up[j].shard), c.Tl, plan.gate_up[j].shard);
+  for (int j = 1; j < R; ++j) {
+    const MoeTpStep& st = plan.gate_up[j];
+    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_x[st.comm_step], 0));
+    c.gather(x_of(st.shard), st.shard, c.per);
+    c.gemm(st.shard, false, c.per, st.beside_comm ? beside_ctas : 0);
+  }
+
+  // Part 2: down + combine per shard in owner order; each remote partial
+  // leaves at its step while the next shard computes.
+  for (int j = 0; j < R; ++j) {
+    const MoeTpStep& st = plan.down[j];
+    c.gemm(st.shard, true, c.per, st.beside_comm ? beside_ctas : 0);
+    if (st.shard == rank) break;  // the own shard is last: combined below with the received partials
+    c.combine(st.shard, c.Tl, w_of(st.shard), partial_of(st.shard));
+    const int d = st.comm_step;
+    TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_part[d], s));
+    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, m.ev_part[d], 0));
+    TESSERA_NCCL_CHECK(ncclGroupStart());
+    TESSERA_NCCL_CHECK(ncclSend(partial_of(st.shard), shard_elems, dt, plan.send_to[d - 1], comm, cs));
+    TESSERA_NCCL_CHECK(ncclRecv(recv + static_cast<std::size_t>(plan.rs_slab(d)) * shard_elems * c.es, shard_elems, dt,
+                                plan.recv_from[d - 1], comm, cs));
+    TESSERA_NCCL_CHECK(ncclGroupEnd());
+  }
+  TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_rs_done, cs));
+  TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_rs_done, 0));  // joins the communication stream
+  c.combine(rank, c.Tl, a.weights, a.out_shard, recv, R - 1);
+  m.last_status_shards = c.per > 0 ? R : 0;
+}
+
+void run_moe_tp(MoeContext& ctx, const MoeTpArgs& a, Strategy strategy, int comm_ctas) {
+  runtime::ProcessGroup& pg = ctx.group();
+  MoeContext::Impl& m = ctx.impl();
+  const int R = pg.world();
+  // Pipelined has nothing to overlap at R = 1 or without tokens.
+  const bool pipelined = strategy == Strategy::pipelined && R > 1 && a.tokens_local > 0;
+  if (pipelined) m.ensure_pipeline(pg, comm_ctas);
+  Call c(pg, m, a);
+  if (pipelined)
+    run_pipelined(c, comm_ctas);
+  else
+    run_sequential(c);
+}
+
+}  // namespace
+
+namespace {
+
+/// Every rank calls with the same shape, dtype, requested strategy and
+/// comm_ctas (before the tuner runs anything collective): one host exchange
+/// per new signature, as TpContext does, so a steady-state call has none.
+void check_agreement(runtime::ProcessGroup& pg, std::set<TpShape>& agreed, const MoeTpArgs& a, const MoeTpOptions& o) {
+  const TpShape shape{a.tokens_local,
+                      a.hidden,
+                      a.inter_local,
+                      a.experts,
+                      a.topk,
+                      static_cast<std::int64_t>(a.dtype),
+                      static_cast<std::int64_t>(o.strategy),
+                      o.comm_ctas};
+  if (agreed.count(shape)) return;
+  pg.check_same_on_all_ranks(
+      fmt::format("moe_tp: shape (tokens_local {}, hidden {}, inter_local {}, experts {}, topk {}, strategy {}, "
+                  "comm_ctas {})",
+                  a.tokens_local, a.hidden, a.inter_local, a.experts, a.topk, strategy_name(o.strategy), o.comm_ctas),
+      shape);
+  agreed.insert(shape);
+}
+
+}  // namespace
+
+Strategy resolve_moe_tp(MoeContext& ctx, const MoeTpArgs& a, const MoeTpOptions& o, TuneReport* report) {
   runtime::ProcessGroup& pg = ctx.group();
   const int R = pg.world();
   validate(a, R);
-  // No padding: every byte is compared across ranks.
-  const std::array<std::int64_t, 6> shape{a.tokens_local, a.hidden, a.inter_local,
-                                          a.experts,      a.topk,   static_cast<std::int64_t>(a.dtype)};
-  pg.check_same_on_all_ranks(
-      fmt::format("moe_tp: shape (tokens_local {}, hidden {}, inter_local {}, experts {}, topk {})", a.tokens_local,
-                  a.hidden, a.inter_local, a.experts, a.topk),
-      shape);
-
+  validate(o, pg.sm_count());
+  check_agreement(pg, ctx.impl().agreed, a, o);
+  if (o.strategy != Strategy::automatic) return o.strategy;
+  // Nothing to hide at R = 1; the tuner cannot run inside a capture.
+  if (R == 1 || runtime::stream_capturing(pg.stream())) return Strategy::sequential;
   MoeContext::Impl& m = ctx.impl();
-  const cudaStream_t s = pg.stream();
-  const std::int64_t T = a.tokens_local * R, k = a.topk, H = a.hidden, I = a.inter_local, E = a.experts;
-  const std::int64_t entries = T * k;
-  const std::size_t es = dtype_size(a.dtype);
+  const detail::TuneHooks hooks{[&](const char* what) { m.drain(pg, what); },
+                                [&](Strategy s) { run_moe_tp(ctx, a, s, o.comm_ctas); }};
+  // tokens, hidden and inter are compared by ratio for a neighbour's choice;
+  // experts, topk and comm_ctas are flags.
+  const detail::TuneQuery q{tune::key_prefix(detail::machine_id(pg), a.dtype, "ops.moe_tp"),
+                            {a.tokens_local, a.hidden, a.inter_local, a.experts, a.topk, o.comm_ctas},
+                            3,
+                            o.use_cache,
+                            o.tune_on_miss};
+  // Collective and agreed across ranks (the times are maxima over ranks).
+  return detail::tune_choice(pg, m.tune, q, moe_tp_candidates(R), hooks, report);
+}
 
-  // 1. All-gather tokens and routing (rank order = token order).
-  auto* x_full = static_cast<unsigned char*>(m.x_full.get(static_cast<std::size_t>(T * H) * es + 16, pg));
-  auto* ids_full = m.ids_full.get<std::int32_t>(entries, pg);
-  auto* w_full = m.w_full.get<float>(entries, pg);
-  TESSERA_NCCL_CHECK(ncclAllGather(a.x_shard, x_full, static_cast<std::size_t>(a.tokens_local * H),
-                                   runtime::nccl_dtype(a.dtype), pg.nccl(), s));
-  TESSERA_NCCL_CHECK(
-      ncclAllGather(a.expert_ids, ids_full, static_cast<std::size_t>(a.tokens_local * k), ncclInt32, pg.nccl(), s));
-  TESSERA_NCCL_CHECK(
-      ncclAllGather(a.weights, w_full, static_cast<std::size_t>(a.tokens_local * k), ncclFloat32, pg.nccl(), s));
-
-  // 2. Expert sort, on the device.
-  m.flags_ptr = m.flags.get<std::int32_t>(16, pg);
-  TESSERA_CUDA_CHECK(cudaMemsetAsync(m.flags_ptr, 0, 16 * sizeof(std::int32_t), s));
-  kernels::moe::PermuteArgs p;
-  p.expert_ids = ids_full;
-  p.tokens = T;
-  p.experts = a.experts;
-  p.k = a.topk;
-  p.expert_offsets = m.offsets.get<std::int32_t>(E + 1, pg);
-  p.expert_counts = m.counts.get<std::int32_t>(E, pg);
-  p.sorted_entry = m.sorted.get<std::int32_t>(entries, pg);
-  p.entry_row = m.rows.get<std::int32_t>(entries, pg);
-  p.invalid = m.flags_ptr;
-  p.workspace_bytes = kernels::moe::permute_workspace_bytes(entries, a.experts);
-  p.workspace = m.permute_ws.get(p.workspace_bytes + 16, pg);
-  kernels::moe::permute(p, s);
-
-  // 3. Gather, then the two grouped GEMMs.
-  void* gathered = m.gathered.get(static_cast<std::size_t>(entries * H) * es + 16, pg);
-  kernels::moe::GatherArgs g;
-  g.x = x_full;
-  g.ldx = H;
-  g.gathered = gathered;
-  g.ldg = H;
-  g.cols = H;
-  g.sorted_entry = p.sorted_entry;
-  g.expert_offsets = p.expert_offsets;
-  g.experts = a.experts;
-  g.k = a.topk;
-  g.max_rows = entries;
-  g.dtype = a.dtype;
-  kernels::moe::gather_rows(g, s);
-
-  void* inter = m.inter.get(static_cast<std::size_t>(entries * I) * es + 16, pg);
-  void* expert_out = m.expert_out.get(static_cast<std::size_t>(entries * H) * es + 16, pg);
-  if (entries > 0) {
-    kernels::GroupedGemmArgs up;
-    up.a = gathered;
-    up.b = a.w_gate_up;
-    up.d = inter;
-    up.group_rows = p.expert_counts;
-    up.status = m.flags_ptr + 2;
-    up.groups = E;
-    up.n = 2 * I;
-    up.k = H;
-    up.max_rows = entries;
-    kernels::GroupedGemmOptions uo;
-    uo.epilogue = kernels::GroupedEpilogueKind::SwiGLU;
-    kernels::grouped_gemm(up, uo, s);
-
-    kernels::GroupedGemmArgs down;
-    down.a = inter;
-    down.b = a.w_down;
-    down.d = expert_out;
-    down.group_rows = p.expert_counts;
-    down.status = m.flags_ptr + 6;
-    down.groups = E;
-    down.n = H;
-    down.k = I;
-    down.max_rows = entries;
-    kernels::grouped_gemm(down, {}, s);
-  }
-
-  // 4. Combine into this rank's partial of every token, then reduce-scatter.
-  void* partial = m.partial.get(static_cast<std::size_t>(T * H) * es + 16, pg);
-  kernels::moe::CombineArgs c;
-  c.y = expert_out;
-  c.ldy = H;
-  c.entry_row = p.entry_row;
-  c.weights = w_full;
-  c.out = partial;
-  c.ldo = H;
-  c.tokens = T;
-  c.cols = H;
-  c.k = a.topk;
-  c.dtype = a.dtype;
-  kernels::moe::combine(c, s);
-  TESSERA_NCCL_CHECK(ncclReduceScatter(partial, a.out_shard, static_cast<std::size_t>(a.tokens_local * H),
-                                       runtime::nccl_dtype(a.dtype), ncclSum, pg.nccl(), s));
-  m.last_entries = entries;
+void moe_tp(MoeContext& ctx, const MoeTpArgs& a, const MoeTpOptions& o) {
+  const Strategy strategy = resolve_moe_tp(ctx, a, o);  // validates and agrees first
+  run_moe_tp(ctx, a, strategy, o.comm_ctas);
 }
 
 void MoeContext::check_status() {
@@ -166,9 +464,11 @@ void MoeContext::check_status() {
   pg_->synchronize(s, "moe_tp: check_status");
   TESSERA_CHECK(invalid == 0, "moe_tp: {} routed entries had an expert id outside [0, experts) and were left out",
                 invalid);
-  if (m.last_entries > 0) {
-    kernels::check_grouped_gemm_status(m.flags_ptr + 2, s, "moe_tp: gate/up grouped GEMM");
-    kernels::check_grouped_gemm_status(m.flags_ptr + 6, s, "moe_tp: down grouped GEMM");
+  for (int q = 0; q < m.last_status_shards; ++q) {
+    const std::string what = m.last_status_shards > 1 ? fmt::format("moe_tp: shard {} ", q) : std::string("moe_tp: ");
+    kernels::check_grouped_gemm_status(m.flags_ptr + status_index(q, false), s,
+                                       (what + "gate/up grouped GEMM").c_str());
+    kernels::check_grouped_gemm_status(m.flags_ptr + status_index(q, true), s, (what + "down grouped GEMM").c_str());
   }
 }
 

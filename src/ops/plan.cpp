@@ -113,4 +113,59 @@ RingRsPlan plan_ring_rs(std::int64_t m, std::int64_t n, int world, int rank, int
   return p;
 }
 
+MoeTpPlan plan_moe_tp(std::int64_t tokens_local, int topk, int world, int rank) {
+  TESSERA_CHECK(world >= 1 && world <= 1024 && rank >= 0 && rank < world, "plan_moe_tp: rank {} / world {} invalid",
+                rank, world);
+  TESSERA_CHECK(tokens_local >= 0 && topk >= 1, "plan_moe_tp: tokens_local = {}, topk = {} invalid", tokens_local,
+                topk);
+  MoeTpPlan p;
+  p.rank = rank;
+  p.world = world;
+  p.topk = topk;
+  p.tokens_local = tokens_local;
+  for (int d = 1; d < world; ++d) {
+    p.send_to.push_back((rank + d) % world);
+    p.recv_from.push_back((rank - d + world) % world);
+  }
+  // Part 1: shard r-j arrives at step j; steps after j may still be in flight.
+  for (int j = 0; j < world; ++j) p.gate_up.push_back({(rank - j + world) % world, j, j < world - 1});
+  // Part 2: shard r+1+j's partial leaves at step j+1; earlier sends may still be in flight.
+  for (int j = 0; j < world; ++j) {
+    const int shard = (rank + 1 + j) % world;
+    p.down.push_back({shard, shard == rank ? 0 : j + 1, j > 0});
+  }
+  return p;
+}
+
+MoeShardOrder moe_shard_expert_order(const std::vector<std::int32_t>& expert_ids, std::int64_t tokens_local, int world,
+                                     int experts, int topk) {
+  TESSERA_CHECK(world >= 1 && experts >= 1 && topk >= 1 && tokens_local >= 0,
+                "moe_shard_expert_order: world {}, experts {}, topk {}, tokens_local {} invalid", world, experts, topk,
+                tokens_local);
+  const std::int64_t per = tokens_local * topk, entries = per * world;
+  TESSERA_CHECK(static_cast<std::int64_t>(expert_ids.size()) == entries,
+                "moe_shard_expert_order: {} expert ids for {} entries", expert_ids.size(), entries);
+  MoeShardOrder o;
+  o.sorted_entry.assign(static_cast<std::size_t>(entries), -1);
+  o.entry_row.assign(static_cast<std::size_t>(entries), -1);
+  o.group_rows.assign(static_cast<std::size_t>(world) * experts, 0);
+  for (int s = 0; s < world; ++s) {
+    std::int64_t row = s * per;
+    for (int e = 0; e < experts; ++e)
+      for (std::int64_t i = s * per; i < (s + 1) * per; ++i)
+        if (expert_ids[static_cast<std::size_t>(i)] == e) {
+          o.sorted_entry[static_cast<std::size_t>(row)] = static_cast<std::int32_t>(i);
+          o.entry_row[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(row);
+          ++o.group_rows[static_cast<std::size_t>(s) * experts + e];
+          ++row;
+        }
+  }
+  return o;
+}
+
+std::vector<Strategy> moe_tp_candidates(int world) {
+  if (world > 1) return {Strategy::sequential, Strategy::pipelined};
+  return {Strategy::sequential};
+}
+
 }  // namespace tessera::ops

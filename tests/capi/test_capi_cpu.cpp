@@ -183,12 +183,13 @@ TEST(Capi, ElementwiseEntryPointsRejectBadArgumentsNamingThem) {
 }
 
 TEST(Capi, StrategyTable) {
-  const char* names[] = {"automatic", "sequential", "decomposition", "fused_ce", "fused_sm", "ring", "ulysses"};
-  for (int code = 0; code < 7; ++code) {
+  const char* names[] = {"automatic", "sequential", "decomposition", "fused_ce", "fused_sm", "ring", "ulysses",
+                         "pipelined"};
+  for (int code = 0; code < 8; ++code) {
     ASSERT_NE(tessera_strategy_name(code), nullptr) << code;
     EXPECT_STREQ(tessera_strategy_name(code), names[code]);
   }
-  EXPECT_EQ(tessera_strategy_name(7), nullptr);
+  EXPECT_EQ(tessera_strategy_name(8), nullptr);
   EXPECT_EQ(tessera_strategy_name(-1), nullptr);
   EXPECT_EQ(tessera_strategy_accepts(1, TESSERA_RING), 1);  // gemm_rs takes ring
   EXPECT_EQ(tessera_strategy_accepts(0, TESSERA_RING), 0);  // ag_gemm does not
@@ -198,8 +199,13 @@ TEST(Capi, StrategyTable) {
   EXPECT_EQ(tessera_strategy_accepts(2, TESSERA_FUSED_SM), 0);
   EXPECT_EQ(tessera_strategy_accepts(3, TESSERA_FUSED_CE), 1);
   EXPECT_EQ(tessera_strategy_accepts(3, TESSERA_DECOMPOSITION), 0);
-  EXPECT_EQ(tessera_strategy_accepts(4, TESSERA_SEQUENTIAL), 0);
+  EXPECT_EQ(tessera_strategy_accepts(4, TESSERA_SEQUENTIAL), 1);  // op 4: moe_tp
   EXPECT_EQ(tessera_strategy_accepts(0, 9), 0);
+  EXPECT_EQ(tessera_strategy_accepts(4, TESSERA_PIPELINED), 1);  // moe_tp takes pipelined
+  EXPECT_EQ(tessera_strategy_accepts(4, TESSERA_AUTOMATIC), 1);
+  EXPECT_EQ(tessera_strategy_accepts(4, TESSERA_FUSED_CE), 0);
+  EXPECT_EQ(tessera_strategy_accepts(1, TESSERA_PIPELINED), 0);   // gemm_rs does not
+  EXPECT_EQ(tessera_strategy_accepts(5, TESSERA_SEQUENTIAL), 0);  // no op 5
 }
 
 TEST(Capi, VersionAndNcclVersions) {

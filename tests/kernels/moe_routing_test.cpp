@@ -261,6 +261,35 @@ TEST(MoeRouting, GatherThenCombineIsWeightedRowSum) {
       }
     }
     EXPECT_LT(tessera::testing::relative_error(got, want), dt == DType::bf16 ? 8e-3 : 1e-3) << dtype_name(dt);
+
+    // With two addend blocks (a reduce-scatter's received partials), added in
+    // f32 before the rounding.
+    const std::int64_t block = static_cast<std::int64_t>(T) * ld + 8;  // a gap between the blocks
+    std::vector<std::uint16_t> add(static_cast<std::size_t>(2 * block));
+    for (auto& v : add) v = testk::to_bits(nd(rng), dt);
+    DevBuf dadd = upload(add), out2 = poisoned(2 * static_cast<std::size_t>(T) * ld);
+    c.out = out2.p;
+    c.addend = dadd.p;
+    c.addends = 2;
+    c.ld_add = ld;
+    c.addend_stride = block;
+    combine(c, nullptr);
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto go2 = download<std::uint16_t>(out2, static_cast<std::size_t>(T) * ld);
+    got.clear();
+    want.clear();
+    for (int t = 0; t < T; ++t) {
+      double ws_ = 0;
+      for (int s = 0; s < k; ++s) ws_ += w[static_cast<std::size_t>(t) * k + s];
+      for (std::int64_t j = 0; j < cols; ++j) {
+        got.push_back(testk::from_bits(go2[t * ld + j], dt));
+        want.push_back(ws_ * testk::from_bits(x[t * ld + j], dt) + testk::from_bits(add[t * ld + j], dt) +
+                       testk::from_bits(add[block + t * ld + j], dt));
+      }
+      ASSERT_EQ(go2[t * ld + cols], 0xA5A5u) << "row tail of token " << t << " was written";
+    }
+    EXPECT_LT(tessera::testing::relative_error(got, want), dt == DType::bf16 ? 8e-3 : 1e-3)
+        << dtype_name(dt) << " with addends";
   }
 }
 
@@ -390,6 +419,15 @@ TEST(MoeRouting, BadInputIsRejectedBeforeLaunch) {
   c.k = 1;
   c.entry_row = buf.as<std::int32_t>();
   c.weights = buf.as<float>();
+  EXPECT_THROW(combine(c, nullptr), tessera::Error);
+  c.y = buf.p;
+  c.addend = buf.p;
+  c.addends = 2;
+  c.ld_add = 8;
+  c.addend_stride = 4;  // shorter than one block of tokens x ld_add
+  EXPECT_THROW(combine(c, nullptr), tessera::Error);
+  c.addend_stride = 8;
+  c.addends = -1;
   EXPECT_THROW(combine(c, nullptr), tessera::Error);
 }
 

@@ -1,11 +1,16 @@
 // GPU test of ops::moe_tp at the launched world size (1 on one GPU): every
-// rank's output shard against a float64 CPU reference of the whole layer,
-// under uniform and skewed routing (an expert with no tokens), and the
-// status report of an invalid expert id.
+// rank's output shard, for each strategy (sequential, pipelined, automatic)
+// on a NaN-poisoned output, against a float64 CPU reference of the whole
+// layer, under uniform and skewed routing (an expert with no tokens),
+// shard-disjoint routing (each shard's tokens use experts no other shard
+// uses: every per-shard grouped GEMM has empty experts) and concentrated
+// routing (the last rank's tokens all go to experts 0..k-1, none to the
+// others); and the status report of an invalid expert id.
 #include <gtest/gtest.h>
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -41,16 +46,19 @@ struct Dev {
   }
 };
 
+enum class Routing { uniform, skewed, shard_disjoint, concentrated };
+
 struct Problem {
   std::int64_t T_local, H, I;  // I: the full intermediate size
   int E, k;
-  bool skewed;
+  Routing routing;
 };
 
 void run_case(const Problem& c) {
   runtime::ProcessGroup& pg = tessera::testing::group();
   const int R = pg.world(), rank = pg.rank();
   ASSERT_EQ(c.I % R, 0);
+  ASSERT_TRUE(c.routing != Routing::shard_disjoint || c.E / R >= c.k) << "fewer than k experts per shard";
   const std::int64_t T = c.T_local * R, H = c.H, I = c.I, Il = c.I / R;
   std::mt19937 rng(2024 + c.E * 3 + c.k);  // the same problem on every rank
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -62,14 +70,25 @@ void run_case(const Problem& c) {
   for (float& v : down) v = rounded(1.f / std::sqrt(static_cast<float>(I)));
   std::vector<std::int32_t> ids(T * c.k);
   std::vector<float> w(T * c.k);
+  const bool skewed = c.routing == Routing::skewed;
   for (std::int64_t t = 0; t < T; ++t) {
     float sum = 0;
+    const int shard = static_cast<int>(t / c.T_local);
     for (int s = 0; s < c.k; ++s) {
       // Distinct experts per token; skewed: expert 0 takes one slot of most
       // tokens and the last expert gets none.
-      int e = c.skewed && s == 0 && (rng() % 4 != 0) ? 0 : static_cast<int>(rng() % (c.E - (c.skewed ? 1 : 0)));
+      int e = skewed && s == 0 && (rng() % 4 != 0) ? 0 : static_cast<int>(rng() % (c.E - (skewed ? 1 : 0)));
       for (int q = 0; q < s; ++q)
-        if (ids[t * c.k + q] == e) e = (e + 1) % (c.E - (c.skewed ? 1 : 0)), q = -1;
+        if (ids[t * c.k + q] == e) e = (e + 1) % (c.E - (skewed ? 1 : 0)), q = -1;
+      if (c.routing == Routing::shard_disjoint) {
+        // Experts e with e % R == shard only (E / R >= k of them).
+        const int own = c.E / R;
+        e = static_cast<int>((rng() % own) * R + shard);
+        for (int q = 0; q < s; ++q)
+          if (ids[t * c.k + q] == e) e = ((e / R + 1) % own) * R + shard, q = -1;
+      } else if (c.routing == Routing::concentrated && shard == R - 1) {
+        e = s;  // experts 0..k-1
+      }
       ids[t * c.k + s] = e;
       w[t * c.k + s] = 0.2f + static_cast<float>(rng() % 100) / 100.f;
       sum += w[t * c.k + s];
@@ -98,7 +117,6 @@ void run_case(const Problem& c) {
   ddn.put(dn);
   dids.put(ids_l);
   dw.put(w_l);
-  TESSERA_CUDA_CHECK(cudaMemset(dout.p, 0xFF, c.T_local * H * 2));  // NaN poison
   MoeContext ctx(pg);
   MoeTpArgs a;
   a.x_shard = dx.p;
@@ -112,12 +130,8 @@ void run_case(const Problem& c) {
   a.inter_local = Il;
   a.experts = c.E;
   a.topk = c.k;
-  moe_tp(ctx, a);
-  ctx.check_status();
-  std::vector<std::uint16_t> out(c.T_local * H);
-  TESSERA_CUDA_CHECK(cudaMemcpy(out.data(), dout.p, out.size() * 2, cudaMemcpyDeviceToHost));
   // Reference: the whole layer in float64 over the full I.
-  std::vector<double> got, want;
+  std::vector<double> want;
   std::vector<double> hbuf(I);
   for (std::int64_t tl = 0; tl < c.T_local; ++tl) {
     const std::int64_t t = rank * c.T_local + tl;
@@ -138,23 +152,85 @@ void run_case(const Problem& c) {
         o[h] += w[t * c.k + s] * acc;
       }
     }
-    for (std::int64_t h = 0; h < H; ++h) {
-      got.push_back(bf16_value(out[tl * H + h]));
-      want.push_back(o[h]);
-    }
+    for (std::int64_t h = 0; h < H; ++h) want.push_back(o[h]);
   }
-  const double err = tessera::testing::relative_error(got, want);
-  EXPECT_LT(err, 2e-2) << "rank " << rank << " of " << R;
+  for (Strategy st : {Strategy::sequential, Strategy::pipelined, Strategy::automatic}) {
+    // NaN poison, ordered before the call on its stream.
+    TESSERA_CUDA_CHECK(cudaMemsetAsync(dout.p, 0xFF, c.T_local * H * 2, pg.stream()));
+    MoeTpOptions o;
+    o.strategy = st;
+    o.use_cache = false;  // automatic: measured here, no cache file written
+    moe_tp(ctx, a, o);
+    ctx.check_status();
+    std::vector<std::uint16_t> out(c.T_local * H);
+    TESSERA_CUDA_CHECK(cudaMemcpy(out.data(), dout.p, out.size() * 2, cudaMemcpyDeviceToHost));
+    std::vector<double> got;
+    for (std::uint16_t v : out) got.push_back(bf16_value(v));
+    const double err = tessera::testing::relative_error(got, want);
+    EXPECT_LT(err, 2e-2) << "rank " << rank << " of " << R << ", strategy " << strategy_name(st);
+  }
 }
 
 TEST(MoeTp, UniformRoutingMatchesReference) {
   TESSERA_REQUIRE_WORLD_GPUS(1);
-  run_case({96, 256, 256, 8, 2, false});
+  run_case({96, 256, 256, 8, 2, Routing::uniform});
 }
 
 TEST(MoeTp, SkewedRoutingWithAnIdleExpertMatchesReference) {
   TESSERA_REQUIRE_WORLD_GPUS(1);
-  run_case({130, 192, 128, 6, 3, true});
+  run_case({130, 192, 128, 6, 3, Routing::skewed});
+}
+
+TEST(MoeTp, ShardDisjointRoutingMatchesReference) {
+  TESSERA_REQUIRE_WORLD_GPUS(1);
+  // E / R >= k experts per shard at any world size.
+  const int R = tessera::testing::group().world();
+  run_case({72, 128, 128, std::max(8, 2 * R), 2, Routing::shard_disjoint});
+}
+
+TEST(MoeTp, ConcentratedRoutingOfTheLastRankMatchesReference) {
+  TESSERA_REQUIRE_WORLD_GPUS(1);
+  run_case({80, 128, 256, 8, 2, Routing::concentrated});
+}
+
+TEST(MoeTp, PipelinedReportsInvalidIdsOfAPeerShard) {
+  TESSERA_REQUIRE_WORLD_GPUS(1);
+  runtime::ProcessGroup& pg = tessera::testing::group();
+  const std::int64_t T = 48, H = 64, Il = 32;
+  const int E = 4, k = 2;
+  std::vector<std::int32_t> ids(T * k, 2);
+  if (pg.rank() == pg.world() - 1) ids[3] = -1;  // one bad id on the last rank only
+  std::vector<float> w(T * k, 0.5f);
+  Dev dx(T * H * 2), dgu(E * 2 * Il * H * 2), ddn(E * H * Il * 2), dids(ids.size() * 4), dw(w.size() * 4),
+      dout(T * H * 2);
+  TESSERA_CUDA_CHECK(cudaMemset(dx.p, 0, T * H * 2));
+  TESSERA_CUDA_CHECK(cudaMemset(dgu.p, 0, E * 2 * Il * H * 2));
+  TESSERA_CUDA_CHECK(cudaMemset(ddn.p, 0, E * H * Il * 2));
+  dids.put(ids);
+  dw.put(w);
+  MoeContext ctx(pg);
+  MoeTpArgs a;
+  a.x_shard = dx.p;
+  a.expert_ids = static_cast<const std::int32_t*>(dids.p);
+  a.weights = static_cast<const float*>(dw.p);
+  a.w_gate_up = dgu.p;
+  a.w_down = ddn.p;
+  a.out_shard = dout.p;
+  a.tokens_local = T;
+  a.hidden = H;
+  a.inter_local = Il;
+  a.experts = E;
+  a.topk = k;
+  MoeTpOptions o;
+  o.strategy = Strategy::pipelined;
+  moe_tp(ctx, a, o);
+  // Every rank sorts every shard's routing, so every rank reports it.
+  EXPECT_THROW(ctx.check_status(), tessera::Error);
+  o.strategy = Strategy::fused_ce;  // not a moe_tp strategy
+  EXPECT_THROW(moe_tp(ctx, a, o), tessera::Error);
+  o.strategy = Strategy::pipelined;
+  o.comm_ctas = 0;
+  EXPECT_THROW(moe_tp(ctx, a, o), tessera::Error);
 }
 
 TEST(MoeTp, InvalidExpertIdIsReportedAfterTheCall) {

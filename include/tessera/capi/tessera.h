@@ -43,12 +43,13 @@ enum {
   TESSERA_FUSED_CE = 3,
   TESSERA_FUSED_SM = 4,
   TESSERA_RING = 5,
-  TESSERA_ULYSSES = 6
+  TESSERA_ULYSSES = 6,
+  TESSERA_PIPELINED = 7 /* the TP MoE layer only (op 4) */
 };
 
 /* The strategy table (ops::strategy_table): the name of a strategy code, or
  * NULL for a code that names none; and whether an operator takes a strategy
- * (op: 0 ag_gemm, 1 gemm_rs, 2 gemm_ar, 3 sp_attention; 1 yes, 0 no). */
+ * (op: 0 ag_gemm, 1 gemm_rs, 2 gemm_ar, 3 sp_attention, 4 moe_tp; 1 yes, 0 no). */
 const char* tessera_strategy_name(int code);
 int tessera_strategy_accepts(int op, int code);
 

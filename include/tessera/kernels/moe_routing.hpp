@@ -146,6 +146,9 @@ void scatter_rows(const ScatterArgs& a, cudaStream_t stream);
 /// out[t, :] = sum over s < k of weights[t, s] * y[entry_row[t * k + s], :]
 /// in f32 (in slot order), rounded to dtype; entries with entry_row -1
 /// contribute nothing. y rows are the grouped GEMM's sorted output.
+/// With addends > 0, the rows addend[j * addend_stride + t * ld_add, :] for
+/// j = 0 .. addends - 1 are added (in f32, in j order, after the slots)
+/// before the rounding: the peers' partials of a reduce-scatter.
 struct CombineArgs {
   const void* y = nullptr;
   std::int64_t ldy = 0;
@@ -157,6 +160,10 @@ struct CombineArgs {
   std::int64_t cols = 0;
   int k = 0;
   DType dtype = DType::bf16;
+  const void* addend = nullptr;    ///< optional: [addends] blocks of [tokens, cols] rows, dtype
+  int addends = 0;                 ///< blocks to add (0: none)
+  std::int64_t ld_add = 0;         ///< row stride of an addend block (elements, multiple of 8)
+  std::int64_t addend_stride = 0;  ///< elements between addend blocks (multiple of 8)
 };
 void combine(const CombineArgs& a, cudaStream_t stream);
 

@@ -37,6 +37,10 @@ namespace tessera::ops {
 ///  ring          — GEMM+RS only: TileLink's ring reduce-scatter (Fig. 4): per-shard
 ///                  GEMMs in ring order, running sums passed to rank r-1 chunk by
 ///                  chunk (RingRsPlan); for R > 2 (at R = 2 it is the direct push)
+///  pipelined     — moe_tp only: per-token-shard grouped GEMMs pipelined with
+///                  NCCL send/recv on a comm stream (all-gather steps hidden
+///                  behind the own shard's gate/up GEMM, reduce-scatter steps
+///                  behind the next shard's down GEMM; docs/design/moe_tp.md)
 ///  automatic     — the tuner's cached or measured choice
 enum class Strategy : int {
   automatic = 0,
@@ -46,10 +50,11 @@ enum class Strategy : int {
   fused_sm = 4,
   ring = 5,
   ulysses = 6,
+  pipelined = 7,
 };
 
 /// The operators a strategy table entry names (a bit each).
-enum class OpKind : unsigned { ag_gemm = 1u, gemm_rs = 2u, gemm_ar = 4u, sp_attention = 8u };
+enum class OpKind : unsigned { ag_gemm = 1u, gemm_rs = 2u, gemm_ar = 4u, sp_attention = 8u, moe_tp = 16u };
 
 /// The strategy table: each strategy's code (the enum value, also the C
 /// API's TESSERA_* code), its name, and the operators that take it. The
@@ -61,7 +66,9 @@ struct StrategyInfo {
   std::string_view name;
   unsigned ops;  ///< OpKind bits
 };
-const std::array<StrategyInfo, 7>& strategy_table();
+/// Entries of the strategy table (codes 0 .. kStrategyCount - 1).
+inline constexpr std::size_t kStrategyCount = 8;
+const std::array<StrategyInfo, kStrategyCount>& strategy_table();
 /// The entry of a strategy code; nullptr for a code that names none.
 const StrategyInfo* find_strategy(int code);
 /// True when `op` takes strategy `s` (explicitly; automatic resolves to one of them).

@@ -20,9 +20,30 @@
 // call. check_status() reports, after the stream has reached it, an invalid
 // expert id or a routing table the grouped GEMM refused.
 //
-// Strategies: sequential (NCCL collectives around the kernels, this file).
-// The fused strategy (per-chunk waits of the expert tiles through link's
-// dynamic maps, reduce-scatter fused as in gemm_rs) is not built yet.
+// Strategies (ops::Strategy codes from the strategy table, OpKind::moe_tp;
+// docs/design/moe_tp.md):
+//   sequential: the steps above in order on pg.stream(), NCCL collectives
+//     on the group's communicator, every GEMM on all SMs.
+//   pipelined: the routed entries ordered by (source shard, expert): shard
+//     s's entries fill the sorted rows [s·T_l·k, (s+1)·T_l·k) (a size the
+//     host knows), expert-major, so each shard's grouped GEMMs start as soon
+//     as that shard has arrived. Transfers are NCCL send/recv on
+//     pg.comm_stream(0) through a split communicator of comm_ctas CTAs
+//     (signal::OverlapComm), one group per ring step, an event after each:
+//       part 1: routing of every shard first (small), then step d = 1..R-1
+//         sends the own tokens to r+d and receives shard r-d; gate/up runs
+//         own shard first (beside the transfers), then r-1, r-2, ...;
+//       part 2: down + combine per shard in owner order r+1, r+2, ..., own
+//         last; after shard r+d's partial is combined it is sent to r+d
+//         (step d) while the next shard computes; the own shard's combine
+//         adds the R-1 received partials (f32) and writes out_shard.
+//     GEMMs that run beside a transfer leave comm_ctas SMs free.
+//   automatic: the ops tuner's choice (tuner.hpp) between sequential and
+//     pipelined for the shape: measured on first use (both strategies run,
+//     max over ranks; pipelined must win by the tuner's margin), cached on
+//     disk; sequential at R = 1 and inside a CUDA-graph capture.
+// The tuner times the routing of the call that tunes; the choice is then
+// kept for the shape (the host never sees the routing of later calls).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -31,6 +52,8 @@
 #include <memory>
 #include <string>
 
+#include "tessera/ops/args.hpp"
+#include "tessera/ops/tuner.hpp"
 #include "tessera/runtime/dtype.hpp"
 #include "tessera/runtime/process_group.hpp"
 
@@ -57,6 +80,20 @@ struct MoeTpArgs {
 /// accepts on `world` ranks (checked on the host, before any launch).
 void validate(const MoeTpArgs& a, int world);
 
+struct MoeTpOptions {
+  /// automatic, sequential or pipelined (accepts(OpKind::moe_tp, s)).
+  Strategy strategy = Strategy::automatic;
+  /// pipelined: CTAs of the split communicator's kernels, and the SMs the
+  /// GEMMs beside them leave free. Part of the cross-rank check.
+  int comm_ctas = 16;
+  bool use_cache = true;     ///< automatic: read/write the on-disk choice cache
+  bool tune_on_miss = true;  ///< automatic: measure an unseen shape (else a neighbour's choice or sequential)
+};
+
+/// Throws tessera::Error unless `o` is valid for a group of `world` ranks
+/// with `sms` SMs (strategy taken by moe_tp, comm_ctas in [1, min(64, sms - 1)]).
+void validate(const MoeTpOptions& o, int sms);
+
 class MoeContext {
  public:
   explicit MoeContext(runtime::ProcessGroup& pg);
@@ -80,7 +117,12 @@ class MoeContext {
 };
 
 /// The TP MoE layer (see the header comment). Collective: every rank calls
-/// it with the same shapes; stream-ordered on the group's stream.
-void moe_tp(MoeContext& ctx, const MoeTpArgs& a);
+/// it with the same shapes and options; stream-ordered on the group's stream.
+void moe_tp(MoeContext& ctx, const MoeTpArgs& a, const MoeTpOptions& o = {});
+
+/// The strategy moe_tp runs for `a` under `o` (automatic: tunes on a miss,
+/// which runs the layer and synchronizes; collective). `report` (optional)
+/// receives the tuner's times.
+Strategy resolve_moe_tp(MoeContext& ctx, const MoeTpArgs& a, const MoeTpOptions& o = {}, TuneReport* report = nullptr);
 
 }  // namespace tessera::ops

@@ -135,4 +135,60 @@ struct RingRsPlan {
 /// world in [1, kRingMaxWorld], channels in [1, kMaxChannels]; throws tessera::Error.
 RingRsPlan plan_ring_rs(std::int64_t m, std::int64_t n, int world, int rank, int channels);
 
+// TP MoE layer, pipelined strategy (ops::moe_tp, docs/design/moe_tp.md).
+//   Every rank holds T_l tokens (shard s = tokens [s·T_l, (s+1)·T_l)) and
+//   all E experts' I/R slice. The routed entries (token, slot) are ordered
+//   by (source shard, expert): shard s's T_l·k entries own the sorted rows
+//   [s·T_l·k, (s+1)·T_l·k) of the expert buffers (row_base), expert-major
+//   inside (kernels::moe::permute of that shard's routing alone). The
+//   region's size is known on the host, its per-expert split only on the
+//   device: no host sync.
+//   Part 1 (all-gather + gate/up): step d = 1..R-1 sends the own shard to
+//   r+d and receives shard r-d; gate/up runs in arrival order r, r-1, ...,
+//   r-R+1. Part 2 (down + combine + reduce-scatter): shards in owner order
+//   r+1, r+2, ..., r (own last); the partial of shard r+d is sent to its
+//   owner at step d, and rank r-d's partial of shard r is received then.
+//   Part 1's last shard is part 2's first (r+1), so its down GEMM follows its
+//   gate/up directly.
+struct MoeTpStep {
+  int shard = 0;             ///< whose tokens (part 1) or whose output rows (part 2)
+  int comm_step = 0;         ///< ring step d of its transfer (0: none, the own shard)
+  bool beside_comm = false;  ///< a transfer may run beside this GEMM: leave comm_ctas SMs free
+};
+
+struct MoeTpPlan {
+  int rank = 0, world = 1, topk = 1;
+  std::int64_t tokens_local = 0;
+  std::vector<MoeTpStep> gate_up;  ///< R entries: part 1's order (gate_up[0].shard == rank)
+  std::vector<MoeTpStep> down;     ///< R entries: part 2's order (down.back().shard == rank)
+  std::vector<int> send_to;        ///< send_to[d-1] = r+d: AG step d's and RS step d's destination
+  std::vector<int> recv_from;      ///< recv_from[d-1] = r-d: AG step d's and RS step d's source
+  /// First sorted row of shard s's entries; entries of the whole layer: R·T_l·k.
+  std::int64_t row_base(int s) const { return static_cast<std::int64_t>(s) * tokens_local * topk; }
+  std::int64_t rows_per_shard() const { return tokens_local * topk; }
+  /// Receive slab (0..R-2) that holds rank recv_from[d-1]'s partial of the own shard: d-1.
+  int rs_slab(int step) const { return step - 1; }
+};
+/// world in [1, 1024], rank in [0, world), tokens_local >= 0, topk >= 1;
+/// throws tessera::Error.
+MoeTpPlan plan_moe_tp(std::int64_t tokens_local, int topk, int world, int rank);
+
+/// The order of the routed entries under the pipelined strategy, on the
+/// host (the CPU reference of what the per-shard permutes produce): for the
+/// routing of all R·T_l tokens (expert_ids [R·T_l, k], ids outside [0, E)
+/// dropped), sorted_entry[p] = the global entry t·k + s at sorted row p, in
+/// (source shard, expert, entry) order; rows past a shard's valid entries
+/// (dropped ids) are -1. group_rows[s·E + e] = rows of expert e in shard s.
+struct MoeShardOrder {
+  std::vector<std::int32_t> sorted_entry;  ///< [R·T_l·k]
+  std::vector<std::int32_t> entry_row;     ///< [R·T_l·k]: sorted row of each entry, -1 if dropped
+  std::vector<std::int32_t> group_rows;    ///< [R·E]
+};
+MoeShardOrder moe_shard_expert_order(const std::vector<std::int32_t>& expert_ids, std::int64_t tokens_local, int world,
+                                     int experts, int topk);
+
+/// Strategies moe_tp's tuner measures: sequential and pipelined (R > 1),
+/// sequential alone at R = 1.
+std::vector<Strategy> moe_tp_candidates(int world);
+
 }  // namespace tessera::ops

@@ -14,7 +14,8 @@ from .._lib import TesseraError
 # The library's strategy table (ops::strategy_table), as names by code. It is
 # spelled here so that the fake implementations work without the library;
 # check_strategy_table() compares it with the library's when a context opens.
-STRATEGIES = {"automatic": 0, "sequential": 1, "decomposition": 2, "fused_ce": 3, "fused_sm": 4, "ring": 5, "ulysses": 6}
+STRATEGIES = {"automatic": 0, "sequential": 1, "decomposition": 2, "fused_ce": 3, "fused_sm": 4, "ring": 5,
+              "ulysses": 6, "pipelined": 7}
 
 
 def check_strategy_table(lib):

@@ -1,0 +1,254 @@
+// CPU tests of ops::moe_tp's host-side logic: the pipelined strategy's plan
+// (shard orders, ring-step pairing, which GEMMs run beside a transfer), the
+// (source shard, expert) order of the routed entries, a host emulation of
+// the pipelined data flow against the direct formula, and the strategy
+// table entries and option checks (the layer itself: moe_gpu_test.cpp).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "tessera/ops/args.hpp"
+#include "tessera/ops/moe.hpp"
+#include "tessera/ops/plan.hpp"
+#include "tessera/ops/tuner.hpp"
+#include "tessera/runtime/error.hpp"
+
+namespace tessera::ops {
+namespace {
+
+TEST(MoeTpPlan, OrdersArePermutationsOwnFirstThenOwnLast) {
+  for (int R = 1; R <= 8; ++R)
+    for (int r = 0; r < R; ++r) {
+      const MoeTpPlan p = plan_moe_tp(100, 2, R, r);
+      ASSERT_EQ(static_cast<int>(p.gate_up.size()), R);
+      ASSERT_EQ(static_cast<int>(p.down.size()), R);
+      ASSERT_EQ(static_cast<int>(p.send_to.size()), R - 1);
+      ASSERT_EQ(static_cast<int>(p.recv_from.size()), R - 1);
+      EXPECT_EQ(p.gate_up.front().shard, r);
+      EXPECT_EQ(p.gate_up.front().comm_step, 0);
+      EXPECT_EQ(p.down.back().shard, r);
+      EXPECT_EQ(p.down.back().comm_step, 0);
+      // Part 1's last shard is part 2's first: its down follows its gate/up.
+      EXPECT_EQ(p.gate_up.back().shard, p.down.front().shard);
+      std::set<int> up, dn;
+      for (int j = 0; j < R; ++j) {
+        up.insert(p.gate_up[j].shard);
+        dn.insert(p.down[j].shard);
+        // Part 1: shard r-j arrives at step j, sent by its owner.
+        EXPECT_EQ(p.gate_up[j].comm_step, j);
+        if (j > 0) EXPECT_EQ(p.recv_from[j - 1], p.gate_up[j].shard);
+        EXPECT_EQ(p.gate_up[j].beside_comm, j < R - 1) << "R " << R << " j " << j;
+        // Part 2: a remote shard's partial leaves at its step, to its owner.
+        if (p.down[j].shard != r) EXPECT_EQ(p.send_to[p.down[j].comm_step - 1], p.down[j].shard);
+        EXPECT_EQ(p.down[j].beside_comm, j > 0);
+      }
+      EXPECT_EQ(static_cast<int>(up.size()), R);
+      EXPECT_EQ(static_cast<int>(dn.size()), R);
+    }
+}
+
+TEST(MoeTpPlan, RingStepsPairUpAcrossRanks) {
+  // At step d every rank sends to r+d and receives from r-d: the send of one
+  // rank is the receive of its destination at the same step (NCCL groups
+  // issued in the same order everywhere cannot deadlock).
+  for (int R = 2; R <= 8; ++R) {
+    std::vector<MoeTpPlan> plans;
+    for (int r = 0; r < R; ++r) plans.push_back(plan_moe_tp(8, 1, R, r));
+    for (int r = 0; r < R; ++r)
+      for (int d = 1; d < R; ++d) {
+        const int to = plans[r].send_to[d - 1];
+        EXPECT_EQ(plans[to].recv_from[d - 1], r) << "R " << R << " r " << r << " d " << d;
+        // What r sends at RS step d is shard `to`; `to` receives a partial of its own shard.
+        const auto it = std::find_if(plans[r].down.begin(), plans[r].down.end(),
+                                     [&](const MoeTpStep& s) { return s.comm_step == d; });
+        ASSERT_NE(it, plans[r].down.end());
+        EXPECT_EQ(it->shard, to);
+      }
+  }
+}
+
+TEST(MoeTpPlan, RowRegionsTileTheExpertBuffers) {
+  const MoeTpPlan p = plan_moe_tp(37, 5, 4, 1);
+  EXPECT_EQ(p.rows_per_shard(), 37 * 5);
+  for (int s = 0; s < 4; ++s) EXPECT_EQ(p.row_base(s), s * 37 * 5);
+  EXPECT_EQ(p.row_base(3) + p.rows_per_shard(), 4 * 37 * 5);
+  EXPECT_EQ(p.rs_slab(1), 0);
+  EXPECT_EQ(p.rs_slab(3), 2);
+  const MoeTpPlan empty = plan_moe_tp(0, 2, 2, 0);
+  EXPECT_EQ(empty.rows_per_shard(), 0);
+  EXPECT_THROW(plan_moe_tp(8, 0, 2, 0), tessera::Error);
+  EXPECT_THROW(plan_moe_tp(8, 2, 2, 2), tessera::Error);
+  EXPECT_THROW(plan_moe_tp(-1, 2, 2, 0), tessera::Error);
+}
+
+TEST(MoeShardOrder, SmallExampleByHand) {
+  // R = 2, T_l = 2, k = 2, E = 3. Entries (global): shard 0 = 0..3, shard 1 = 4..7.
+  const std::vector<std::int32_t> ids{2, 0, 1, 0, /* shard 1 */ 1, 2, 7, 1};  // 7: invalid, dropped
+  const MoeShardOrder o = moe_shard_expert_order(ids, 2, 2, 3, 2);
+  // Shard 0: expert 0 = entries 1, 3; expert 1 = 2; expert 2 = 0.
+  // Shard 1 (rows from 4): expert 1 = 4, 7; expert 2 = 5; the dropped entry leaves row 7 empty.
+  EXPECT_EQ(o.sorted_entry, (std::vector<std::int32_t>{1, 3, 2, 0, 4, 7, 5, -1}));
+  EXPECT_EQ(o.entry_row, (std::vector<std::int32_t>{3, 0, 2, 1, 4, 6, -1, 5}));
+  EXPECT_EQ(o.group_rows, (std::vector<std::int32_t>{2, 1, 1, 0, 2, 1}));
+  EXPECT_THROW(moe_shard_expert_order(ids, 3, 2, 3, 2), tessera::Error);  // wrong size
+}
+
+TEST(MoeShardOrder, RandomRoutingIsShardThenExpertThenEntry) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 20; ++trial) {
+    const int R = 1 + static_cast<int>(rng() % 4), E = 1 + static_cast<int>(rng() % 9);
+    const int k = 1 + static_cast<int>(rng() % 3);
+    const std::int64_t Tl = static_cast<std::int64_t>(rng() % 17);
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(R * Tl * k));
+    for (auto& v : ids) v = static_cast<std::int32_t>(rng() % (E + 1)) - (rng() % 13 == 0 ? 5 : 0);  // some invalid
+    const MoeShardOrder o = moe_shard_expert_order(ids, Tl, R, E, k);
+    const std::int64_t per = Tl * k;
+    for (int s = 0; s < R; ++s) {
+      std::int64_t valid = 0;
+      for (int e = 0; e < E; ++e) valid += o.group_rows[static_cast<std::size_t>(s * E + e)];
+      std::int64_t prev_key = -1;
+      for (std::int64_t p = s * per; p < (s + 1) * per; ++p) {
+        const std::int32_t i = o.sorted_entry[static_cast<std::size_t>(p)];
+        if (p - s * per >= valid) {
+          EXPECT_EQ(i, -1);
+          continue;
+        }
+        ASSERT_GE(i, s * per);  // only the shard's own entries
+        ASSERT_LT(i, (s + 1) * per);
+        const std::int32_t e = ids[static_cast<std::size_t>(i)];
+        ASSERT_TRUE(e >= 0 && e < E);
+        const std::int64_t key = static_cast<std::int64_t>(e) * R * per + i;  // (expert, entry) order
+        EXPECT_GT(key, prev_key);
+        prev_key = key;
+        EXPECT_EQ(o.entry_row[static_cast<std::size_t>(i)], p);
+      }
+    }
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      if (ids[i] < 0 || ids[i] >= E) EXPECT_EQ(o.entry_row[i], -1);
+  }
+}
+
+// The pipelined data flow on the host: each rank holds a slice of every
+// expert (scalar "weights" a[r][e]: expert e's contribution from rank r's
+// slice is a[r][e] * x), the partials of remote shards travel along the
+// plan's RS steps and the own shard adds what it received. The result
+// must equal the direct sum over ranks of every token's routed experts.
+TEST(MoeTpPlan, HostEmulationOfThePipelinedLayerMatchesTheDirectSum) {
+  std::mt19937 rng(11);
+  for (int R = 1; R <= 6; ++R) {
+    const int E = 5, k = 2;
+    const std::int64_t Tl = 7;
+    std::vector<double> x(static_cast<std::size_t>(R * Tl));
+    for (auto& v : x) v = static_cast<double>(rng() % 100) / 10.0;
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(R * Tl * k));
+    for (auto& v : ids) v = static_cast<std::int32_t>(rng() % E);
+    std::vector<double> w(ids.size());
+    for (auto& v : w) v = static_cast<double>(1 + rng() % 9) / 10.0;
+    std::vector<std::vector<double>> a(static_cast<std::size_t>(R), std::vector<double>(E));
+    for (auto& row : a)
+      for (auto& v : row) v = static_cast<double>(1 + rng() % 7);
+    const MoeShardOrder order = moe_shard_expert_order(ids, Tl, R, E, k);
+    // Per rank: the expert outputs of every sorted row (its slice), then the
+    // partial of every shard through the combine.
+    std::vector<std::vector<std::vector<double>>> partial(static_cast<std::size_t>(R));
+    for (int r = 0; r < R; ++r) {
+      const MoeTpPlan p = plan_moe_tp(Tl, k, R, r);
+      std::vector<double> y(order.sorted_entry.size(), 0.0);
+      for (const MoeTpStep& st : p.gate_up)  // every shard's rows, in the plan's order
+        for (std::int64_t row = p.row_base(st.shard); row < p.row_base(st.shard) + p.rows_per_shard(); ++row) {
+          const std::int32_t i = order.sorted_entry[static_cast<std::size_t>(row)];
+          if (i >= 0) y[static_cast<std::size_t>(row)] = a[r][ids[i]] * x[i / k];
+        }
+      partial[r].assign(static_cast<std::size_t>(R), std::vector<double>(static_cast<std::size_t>(Tl), 0.0));
+      for (const MoeTpStep& st : p.down)
+        for (std::int64_t t = 0; t < Tl; ++t)
+          for (int s = 0; s < k; ++s) {
+            const std::int64_t i = (st.shard * Tl + t) * k + s;
+            const std::int32_t row = order.entry_row[static_cast<std::size_t>(i)];
+            if (row >= 0) partial[r][st.shard][t] += w[i] * y[row];
+          }
+    }
+    // RS along the plan: at step d rank r sends its partial of shard
+    // send_to[d-1] there; the owner adds what it received to its own.
+    std::vector<std::vector<double>> out(static_cast<std::size_t>(R));
+    for (int r = 0; r < R; ++r) out[r] = partial[r][r];
+    for (int d = 1; d < R; ++d)
+      for (int r = 0; r < R; ++r) {
+        const MoeTpPlan p = plan_moe_tp(Tl, k, R, r);
+        const int to = p.send_to[d - 1];
+        const MoeTpPlan q = plan_moe_tp(Tl, k, R, to);
+        ASSERT_EQ(q.recv_from[d - 1], r);
+        for (std::int64_t t = 0; t < Tl; ++t) out[to][t] += partial[r][to][t];
+      }
+    for (int r = 0; r < R; ++r)
+      for (std::int64_t t = 0; t < Tl; ++t) {
+        double want = 0;
+        const std::int64_t tg = r * Tl + t;
+        for (int s = 0; s < k; ++s)
+          for (int q = 0; q < R; ++q) want += w[tg * k + s] * a[q][ids[tg * k + s]] * x[tg];
+        EXPECT_NEAR(out[r][t], want, 1e-9 * (1 + std::abs(want))) << "R " << R << " rank " << r << " token " << t;
+      }
+  }
+}
+
+TEST(MoeTpStrategies, TableEntriesAndOptions) {
+  EXPECT_EQ(parse_strategy("pipelined"), Strategy::pipelined);
+  EXPECT_EQ(strategy_name(Strategy::pipelined), "pipelined");
+  EXPECT_EQ(static_cast<int>(Strategy::pipelined), 7);
+  EXPECT_EQ(strategy_table().size(), kStrategyCount);
+  EXPECT_EQ(find_strategy(static_cast<int>(kStrategyCount)), nullptr);
+  for (Strategy s : {Strategy::automatic, Strategy::sequential, Strategy::pipelined})
+    EXPECT_TRUE(accepts(OpKind::moe_tp, s)) << strategy_name(s);
+  for (Strategy s : {Strategy::decomposition, Strategy::fused_ce, Strategy::fused_sm, Strategy::ring})
+    EXPECT_FALSE(accepts(OpKind::moe_tp, s)) << strategy_name(s);
+  for (OpKind op : {OpKind::ag_gemm, OpKind::gemm_rs, OpKind::gemm_ar, OpKind::sp_attention})
+    EXPECT_FALSE(accepts(op, Strategy::pipelined));
+  EXPECT_EQ(moe_tp_candidates(1), (std::vector<Strategy>{Strategy::sequential}));
+  EXPECT_EQ(moe_tp_candidates(2), (std::vector<Strategy>{Strategy::sequential, Strategy::pipelined}));
+  // The tuner's cache entries can hold the choice.
+  const auto j = choice_to_json(Strategy::pipelined, {{Strategy::sequential, 1.0}, {Strategy::pipelined, 0.8}}, {1});
+  EXPECT_EQ(choice_from_json(j, moe_tp_candidates(2)), Strategy::pipelined);
+  EXPECT_EQ(choice_from_json(j, moe_tp_candidates(1)), std::nullopt);
+
+  MoeTpOptions o;
+  EXPECT_NO_THROW(validate(o, 132));
+  o.strategy = Strategy::fused_ce;
+  EXPECT_THROW(validate(o, 132), tessera::Error);
+  o.strategy = Strategy::pipelined;
+  o.comm_ctas = 0;
+  EXPECT_THROW(validate(o, 132), tessera::Error);
+  o.comm_ctas = 65;
+  EXPECT_THROW(validate(o, 132), tessera::Error);
+  o.comm_ctas = 16;
+  EXPECT_THROW(validate(o, 16), tessera::Error);  // no SM left for the GEMM
+  EXPECT_NO_THROW(validate(o, 17));
+}
+
+TEST(MoeTpStrategies, ValidateRejectsBadShapes) {
+  MoeTpArgs a;
+  alignas(16) int buf[64] = {};
+  a.x_shard = a.w_gate_up = a.w_down = a.out_shard = buf;
+  a.expert_ids = buf;
+  a.weights = reinterpret_cast<const float*>(buf);
+  a.tokens_local = 16;
+  a.hidden = 64;
+  a.inter_local = 32;
+  a.experts = 4;
+  a.topk = 2;
+  EXPECT_NO_THROW(validate(a, 2));
+  a.topk = 5;  // top-k > E
+  EXPECT_THROW(validate(a, 2), tessera::Error);
+  a.topk = 2;
+  a.experts = 1025;
+  EXPECT_THROW(validate(a, 2), tessera::Error);
+}
+
+}  // namespace
+}  // namespace tessera::ops
