@@ -183,8 +183,8 @@ TEST(Capi, ElementwiseEntryPointsRejectBadArgumentsNamingThem) {
 }
 
 TEST(Capi, StrategyTable) {
-  const char* names[] = {"automatic", "sequential", "decomposition", "fused_ce", "fused_sm", "ring", "ulysses",
-                         "pipelined"};
+  const char* names[] = {"automatic", "sequential", "decomposition", "fused_ce",
+                         "fused_sm",  "ring",       "ulysses",       "pipelined"};
   for (int code = 0; code < 8; ++code) {
     ASSERT_NE(tessera_strategy_name(code), nullptr) << code;
     EXPECT_STREQ(tessera_strategy_name(code), names[code]);
