@@ -30,6 +30,8 @@ TileShape tile_shape(GemmTile t) {
       return {64, 256};
     case GemmTile::T64x64:
       return {64, 64};
+    case GemmTile::T128x192:
+      return {128, 192};
     case GemmTile::Auto:
       break;
   }
@@ -48,6 +50,8 @@ std::string tile_name(GemmTile t) {
       return "64x256";
     case GemmTile::T64x64:
       return "64x64";
+    case GemmTile::T128x192:
+      return "128x192";
     case GemmTile::Auto:
       return "auto";
   }
@@ -277,8 +281,9 @@ GemmTile resolve_tile(const GemmArgs& a, const GemmOptions& o) {
   TESSERA_CHECK(o.raster_group >= 1, "gemm: raster_group = {} must be >= 1", o.raster_group);
   TESSERA_CHECK(o.rotate_m >= 0, "gemm: rotate_m = {} must be >= 0", o.rotate_m);
   TESSERA_CHECK(o.max_ctas >= 0, "gemm: max_ctas = {} must be >= 0", o.max_ctas);
-  TESSERA_CHECK(o.tile != GemmTile::T64x64,
-                "gemm: tile 64x64 is compiled for the plain gemm() only (not for the policy entry points)");
+  TESSERA_CHECK(o.tile != GemmTile::T64x64 && o.tile != GemmTile::T128x192,
+                "gemm: tile {} is compiled for the plain gemm() only (not for the policy entry points)",
+                tile_name(o.tile));
   if (o.epilogue_overlap) {
     TESSERA_CHECK(o.tile == GemmTile::Auto || o.tile == GemmTile::T128x128 || o.tile == GemmTile::T64x256,
                   "gemm: tile {} is not compiled with epilogue_overlap (ping-pong: 128x128 or 64x256)",
@@ -340,6 +345,11 @@ double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p) {
   } else if (p.tile == GemmTile::T64x256) {
     eff = 1.0;
     fix = 0.5;
+  } else if (p.tile == GemmTile::T128x192) {
+    // Assumed equal to 128x256 per FLOP (one m64n192 atom per consumer and
+    // K step) until fitted.
+    eff = 1.198;
+    fix = 1.2;
   } else if (p.tile == GemmTile::T64x64) {
     // One m64n64 atom per K block; a lower wgmma rate per FLOP than 64x256
     // assumed (narrow N), not fitted yet. Its use is load-bound small M,
@@ -387,6 +397,16 @@ GemmPlan plan_gemm(const GemmArgs& a, const GemmOptions& o) {
         o.tile == GemmTile::T64x64 ? GemmTile::T64x64 : (o.epilogue_overlap ? GemmTile::T64x256 : GemmTile::T128x128);
     p.ping_pong = o.epilogue_overlap || o.tile == GemmTile::T64x64;
     p.k_splits = o.k_splits;
+    return p;
+  }
+  if (o.tile == GemmTile::T128x192) {
+    // Explicit 128x192 cooperative over whole K: no clusters, no ping-pong,
+    // stores the input type only.
+    TESSERA_CHECK(o.cluster_m <= 1, "gemm: tile 128x192 runs without clusters (cluster_m = {})", o.cluster_m);
+    TESSERA_CHECK(!o.epilogue_overlap, "gemm: tile 128x192 has no ping-pong kernel (epilogue_overlap)");
+    TESSERA_CHECK(same_type, "gemm: tile 128x192 is compiled for output type == input type ({} -> {})",
+                  dtype_name(a.in), dtype_name(a.out));
+    p.tile = GemmTile::T128x192;
     return p;
   }
   if (o.tile == GemmTile::T64x64) {

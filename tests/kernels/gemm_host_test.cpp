@@ -203,6 +203,40 @@ TEST(GemmHeuristic, SmallMTile64x64InModelAndOptions) {
   EXPECT_THROW(tk::resolve_tile(a, o), tessera::Error);
 }
 
+// 128x192 cooperative: explicit options reach it for the plain gemm() only
+// (whole K, no clusters, no ping-pong, output type == input type); the
+// policy entry points (resolve_tile) reject it.
+TEST(GemmHeuristic, Tile128x192Options) {
+  tk::GemmArgs a = good();
+  a.m = 4428;
+  a.n = 552;
+  a.k = 864;
+  a.lda = a.ldb = 0;
+  EXPECT_EQ(tk::tile_shape(tk::GemmTile::T128x192).bm, 128);
+  EXPECT_EQ(tk::tile_shape(tk::GemmTile::T128x192).bn, 192);
+  EXPECT_EQ(tk::tile_name(tk::GemmTile::T128x192), "128x192");
+  tk::GemmOptions o;
+  o.tile = tk::GemmTile::T128x192;
+  const tk::GemmPlan p = tk::plan_gemm(a, o);
+  EXPECT_EQ(p.tile, tk::GemmTile::T128x192);
+  EXPECT_FALSE(p.ping_pong);
+  EXPECT_EQ(p.cluster_m, 1);
+  EXPECT_EQ(p.k_splits, 1);
+  EXPECT_EQ(tk::plan_name(p), "128x192/c1");
+  EXPECT_THROW(tk::resolve_tile(a, o), tessera::Error);
+  o.k_splits = 2;
+  EXPECT_THROW(tk::plan_gemm(a, o), tessera::Error);
+  o.k_splits = 0;
+  o.cluster_m = 2;
+  EXPECT_THROW(tk::plan_gemm(a, o), tessera::Error);
+  o.cluster_m = 0;
+  o.epilogue_overlap = true;
+  EXPECT_THROW(tk::plan_gemm(a, o), tessera::Error);
+  o.epilogue_overlap = false;
+  a.out = tessera::DType::f32;
+  EXPECT_THROW(tk::plan_gemm(a, o), tessera::Error);
+}
+
 // A host model of the ping-pong ring protocol of kernel.cuh (producer fills
 // ring indices in order; consumer c takes tiles c, c+2, ...; parity waits on
 // full/empty mbarriers; order barriers between the consumers' main loops),
