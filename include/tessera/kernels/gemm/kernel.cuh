@@ -319,6 +319,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         produce_tile_cp_async<Cfg, InT, kTransB>(sm, p.src, p.M, p.N, p.K, t.m * Cfg::BM, t.n * Cfg::BN, k_blocks,
                                                  stage, phase, static_cast<int>(threadIdx.x));
       }
+      finish_cp_async();
     } else if (warp_idx == 0 && ptx::elect_one_sync()) {  // the TMA thread: one lane of warp 0
       ptx::tma_prefetch_desc(&tma_a);
       ptx::tma_prefetch_desc(&tma_b);

@@ -66,10 +66,11 @@ struct TileConfig {
   static_assert(kRowsPerConsumer % 64 == 0, "each consumer owns whole 64-row wgmma atoms");
   static_assert(BN % 64 == 0 && BN <= 256, "BN must be a multiple of 64, at most 256");
   static_assert(BM <= 256, "TMA boxes are at most 256 rows");
-  // Register budget after setmaxnreg: producer 40, consumers the rest
-  // (128 x 48 + 256 x 232 = 65536 with the cp.async producer).
-  // The cp.async producer keeps addresses for 128 threads' copies: 48.
-  static constexpr int kProducerRegs = kCpAsync ? 48 : 40;
+  // Register budget after setmaxnreg: producer 40, consumers the rest. The
+  // launch gives every thread 168 (__launch_bounds__(384, 1)); setmaxnreg.inc
+  // only takes what the producer's dec freed (128 x 128 = 256 x 64), so a
+  // producer above 40 would leave the consumers' inc waiting forever.
+  static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = kConsumers == 2 ? 232 : 240;
 };
 
@@ -228,6 +229,10 @@ __device__ __forceinline__ void produce_tile_cp_async(const SmemLayout<Cfg, InT>
     }
   }
 }
+
+/// The cp.async producer's last act: its copies (and their arrivals) are
+/// complete before the thread exits.
+__device__ __forceinline__ void finish_cp_async() { ptx::cp_async_wait_all(); }
 
 /// All of K (blocks [0, k_blocks)).
 template <class Cfg, class InT, bool kTransB>
