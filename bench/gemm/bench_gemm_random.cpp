@@ -191,9 +191,6 @@ void run_random(const RandomOptions& o) {
       GemmOptions g;
       g.tile = GemmTile::T128x192;
       kernels_diag.push_back({"128x192/c1", g});
-      g.tile = GemmTile::T128x256;
-      g.cp_async_loads = true;
-      kernels_diag.push_back({"128x256/c1/ca", g});
     }
     for (int k : {2, 4, 8}) {
       GemmOptions g;

@@ -281,7 +281,6 @@ GemmTile resolve_tile(const GemmArgs& a, const GemmOptions& o) {
   TESSERA_CHECK(o.raster_group >= 1, "gemm: raster_group = {} must be >= 1", o.raster_group);
   TESSERA_CHECK(o.rotate_m >= 0, "gemm: rotate_m = {} must be >= 0", o.rotate_m);
   TESSERA_CHECK(o.max_ctas >= 0, "gemm: max_ctas = {} must be >= 0", o.max_ctas);
-  TESSERA_CHECK(!o.cp_async_loads, "gemm: cp_async_loads is for the plain gemm() only (not the policy entry points)");
   TESSERA_CHECK(o.tile != GemmTile::T64x64 && o.tile != GemmTile::T128x192,
                 "gemm: tile {} is compiled for the plain gemm() only (not for the policy entry points)",
                 tile_name(o.tile));
@@ -388,18 +387,6 @@ GemmPlan plan_gemm(const GemmArgs& a, const GemmOptions& o) {
   TESSERA_CHECK(o.k_splits >= 0, "gemm: k_splits = {} must be >= 0 (0 = heuristic)", o.k_splits);
   GemmPlan p;
   const bool same_type = a.in == a.out;
-  if (o.cp_async_loads) {
-    // Explicit cp.async producer: 128x256 cooperative, whole K, cluster 1.
-    TESSERA_CHECK(o.tile == GemmTile::Auto || o.tile == GemmTile::T128x256,
-                  "gemm: cp_async_loads runs tile 128x256 only, not {}", tile_name(o.tile));
-    TESSERA_CHECK(o.cluster_m <= 1 && !o.epilogue_overlap && o.k_splits <= 1,
-                  "gemm: cp_async_loads runs without clusters, ping-pong or split-K");
-    TESSERA_CHECK(same_type, "gemm: cp_async_loads is compiled for output type == input type ({} -> {})",
-                  dtype_name(a.in), dtype_name(a.out));
-    p.tile = GemmTile::T128x256;
-    p.cp_async = true;
-    return p;
-  }
   if (o.k_splits > 1) {
     // Forced split: 64x64 ping-pong when named, 64x256 ping-pong with
     // epilogue_overlap, else 128x128.
@@ -517,7 +504,6 @@ GemmPlan plan_gemm(const GemmArgs& a, const GemmOptions& o) {
 std::string plan_name(const GemmPlan& p) {
   std::string s = tile_name(p.tile) + (p.ping_pong ? "/pp" : "/c" + std::to_string(p.cluster_m));
   if (p.k_splits > 1) s += "/k" + std::to_string(p.k_splits);
-  if (p.cp_async) s += "/ca";
   return s;
 }
 

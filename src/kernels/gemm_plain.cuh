@@ -3,9 +3,8 @@
 // (input type, layout) in gemm_plain_*.cu so the kernels compile in parallel.
 // plan_gemm() picks the kernel: cooperative (128x256, 256x128, 128x128;
 // 2-CTA clusters for the first two; 128x192 for output type == input type),
-// ping-pong (128x128, 64x256, 64x64; output type == input type only),
-// split-K on 128x128 / 64x256 / 64x64 (splitk.cuh), or 128x256 with the
-// cp.async producer (output type == input type).
+// ping-pong (128x128, 64x256, 64x64; output type == input type only), or
+// split-K on 128x128 / 64x256 / 64x64 (splitk.cuh).
 #pragma once
 
 #include <string>
@@ -126,25 +125,9 @@ void gemm_plain_t128x192(const GemmArgs& a, const GemmOptions& o, cudaStream_t s
   gemm_with_tile<GemmTile::T128x192, InT, L, 1>(a, po, engine::NoWait{}, epi, raster_from(o), stream);
 }
 
-/// The 128x256 cooperative kernel with the cp.async producer (output type
-/// == input type).
-template <class InT, BLayout L>
-void gemm_plain_cp_async(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
-  engine::StdEpilogue<InT> epi;
-  epi.d = static_cast<InT*>(a.d);
-  epi.ldd = a.ldd_or_packed();
-  GemmOptions po = o;
-  po.cluster_m = 1;
-  launch_config<CpAsyncCfg128x256, InT, L>(a, po, engine::NoWait{}, epi, raster_from(o), stream);
-}
-
 template <class InT, BLayout L>
 void gemm_plain(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
   const GemmPlan plan = plan_gemm(a, o);
-  if (plan.cp_async) {
-    if (plan.k_splits > 1 || a.out != a.in) fail("gemm: cp.async loads run whole K with output type == input type");
-    return gemm_plain_cp_async<InT, L>(a, o, stream);
-  }
   if (plan.tile == GemmTile::T128x192) {
     // plan_gemm() gives it whole K and output type == input type only.
     if (plan.k_splits > 1 || a.out != a.in) fail("gemm: tile 128x192 runs whole K with output type == input type");

@@ -237,36 +237,6 @@ TEST(GemmHeuristic, Tile128x192Options) {
   EXPECT_THROW(tk::plan_gemm(a, o), tessera::Error);
 }
 
-// The cp.async producer: explicit option of the plain gemm() only (128x256
-// cooperative, whole K, no clusters, output type == input type).
-TEST(GemmHeuristic, CpAsyncLoadsOptions) {
-  tk::GemmArgs a = good();
-  a.k = 2184;  // 16-byte rows
-  a.lda = a.ldb = 0;
-  tk::GemmOptions o;
-  o.cp_async_loads = true;
-  const tk::GemmPlan p = tk::plan_gemm(a, o);
-  EXPECT_TRUE(p.cp_async);
-  EXPECT_EQ(tk::plan_name(p), "128x256/c1/ca");
-  o.tile = tk::GemmTile::T128x256;
-  EXPECT_EQ(tk::plan_name(tk::plan_gemm(a, o)), "128x256/c1/ca");
-  EXPECT_THROW(tk::resolve_tile(a, o), tessera::Error);
-  o.tile = tk::GemmTile::T128x192;
-  EXPECT_THROW(tk::plan_gemm(a, o), tessera::Error);
-  o.tile = tk::GemmTile::Auto;
-  o.k_splits = 3;
-  EXPECT_THROW(tk::plan_gemm(a, o), tessera::Error);
-  o.k_splits = 0;
-  o.cluster_m = 2;
-  EXPECT_THROW(tk::plan_gemm(a, o), tessera::Error);
-  o.cluster_m = 0;
-  o.epilogue_overlap = true;
-  EXPECT_THROW(tk::plan_gemm(a, o), tessera::Error);
-  o.epilogue_overlap = false;
-  a.out = tessera::DType::f32;
-  EXPECT_THROW(tk::plan_gemm(a, o), tessera::Error);
-}
-
 // The fitted model on three shapes of the --diag sweep where the measured
 // best kernel is a tile the plan did not consider before: 64x64 for a small
 // M above 64, 128x192 for N = 552 and for a 1.4-wave problem (data in

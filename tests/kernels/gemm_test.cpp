@@ -712,47 +712,6 @@ TEST(GemmGpu, Tile128x192MatchesCublas) {
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
-// The cp.async producer (128x256 cooperative): rows only 16-byte aligned
-// (K or N = 8 mod 16), 32-byte aligned, and packed 128-byte rows; M, N and K
-// tails, K and N not multiples of 8 (padded lda / ldb: partial chunks), both
-// layouts and input types, outputs poisoned first; bad options rejected.
-TEST(GemmGpu, CpAsyncLoadsMatchCublas) {
-  TESSERA_REQUIRE_GPUS(1);
-  const std::vector<std::array<int64_t, 3>> shapes = {{1, 8, 8},         {130, 264, 1000}, {3812, 1104, 2184},
-                                                      {257, 1000, 1003}, {600, 4104, 520},  {128, 256, 4096},
-                                                      {77, 1001, 1001}};
-  for (const auto& sh : shapes)
-    for (DType in : {DType::bf16, DType::f16})
-      for (auto layout : {tk::BLayout::NK, tk::BLayout::KN}) {
-        const Problem p{sh[0], sh[1], sh[2], in, in, layout};
-        Buffers s = make(p);
-        tt::poison(s.d);
-        tk::GemmOptions o;
-        o.cp_async_loads = true;
-        EXPECT_EQ(tk::plan_name(tk::plan_gemm(s.args, o)), "128x256/c1/ca");
-        tk::gemm(s.args, o);
-        TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
-        tt::poison(s.ref);
-        EXPECT_LT(error_vs_cublas(s), tolerance(p.out)) << name(p, tk::GemmTile::T128x256) << " cp.async";
-      }
-  Buffers s = make(Problem{256, 384, 512});
-  tk::GemmOptions o;
-  o.cp_async_loads = true;
-  o.cluster_m = 2;
-  EXPECT_THROW(tk::gemm(s.args, o), tessera::Error);
-  o.cluster_m = 0;
-  o.k_splits = 2;
-  EXPECT_THROW(tk::gemm(s.args, o), tessera::Error);
-  o.k_splits = 0;
-  o.tile = tk::GemmTile::T128x128;
-  EXPECT_THROW(tk::gemm(s.args, o), tessera::Error);
-  o.tile = tk::GemmTile::Auto;
-  EXPECT_THROW(tk::resolve_tile(s.args, o), tessera::Error);
-  s.args.out = DType::f32;
-  EXPECT_THROW(tk::gemm(s.args, o), tessera::Error);
-  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
-}
-
 // Split-K is deterministic: the same plan gives the same bytes twice, and the
 // policy entry points refuse it.
 TEST(GemmGpu, SplitKIsDeterministicAndPlainOnly) {

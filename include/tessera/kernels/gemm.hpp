@@ -105,11 +105,6 @@ struct GemmOptions {
   /// the 128x128 cooperative kernel (with epilogue_overlap: 64x256 ping-pong,
   /// or 64x64 ping-pong when tile is T64x64).
   int k_splits = 0;
-  /// Load A and B with cp.async from all producer threads instead of TMA
-  /// (plain gemm() only: the 128x256 cooperative tile, no clusters, whole K,
-  /// output type == input type). For rows only 16- or 32-byte aligned,
-  /// where TMA loads slow down; plan_gemm() does not pick it by itself.
-  bool cp_async_loads = false;
 };
 
 /// Throws tessera::Error naming `op` and the offending value unless `a` is a
@@ -149,7 +144,6 @@ struct GemmPlan {
   bool ping_pong = false;
   int cluster_m = 1;
   int k_splits = 1;
-  bool cp_async = false;  ///< cp.async producer instead of TMA (GemmOptions::cp_async_loads)
 };
 
 /// The plan gemm(a, o) follows on the current device (validates o's fields).
@@ -174,7 +168,7 @@ int row_alignment(const GemmArgs& a);
 /// traffic and reduce launch.
 double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p);
 
-/// "128x256/c1", "64x256/pp", "128x128/c1/k3", "128x256/c1/ca" (cp.async), ...
+/// "128x256/c1", "64x256/pp", "128x128/c1/k3", ...
 std::string plan_name(const GemmPlan& p);
 
 /// D = A · op(B) on `stream`. Validates first (tessera::Error on bad input).

@@ -43,7 +43,6 @@ struct KernelParams {
   Prologue prologue;
   Epilogue epilogue;
   Scheduler scheduler;
-  CpAsyncSources src;  ///< A and B for the cp.async producer (Cfg::kCpAsync); unused with TMA
 };
 
 // Named barriers (kNotifyBarrier, kOrderBarrier, kNotifyFreeBarrier), the
@@ -213,8 +212,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int warpgroup = warp_idx / 4;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Cfg::kStages; ++s) {
-      // the local producer's arrive.expect_tx, or (cp.async) one arrival per producer thread
-      ptx::mbar_init(sm.full(s), Cfg::kCpAsync ? 128 : 1);
+      ptx::mbar_init(sm.full(s), 1);  // the local producer's arrive.expect_tx
       // one arrive per consumer warp of every CTA that reads this slot's data
       // (ping-pong: only the warps of the consumer that owns the tile)
       ptx::mbar_init(sm.empty(s), Cfg::kEmptyArrivals);
@@ -310,17 +308,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // Exits after its last tile: no barrier counts it any more.
       }
     }
-    if constexpr (Cfg::kCpAsync) {
-      // cp.async producer: all 128 threads load every tile's K blocks.
-      static_assert(!Prologue::kActive && !Epilogue::kNotify && !kSplitK,
-                    "cp.async loads: no prologue, no notify, no split-K (every producer warp loads)");
-      for (int pos = walk.first; pos < walk.count; pos += walk.stride) {
-        const TileCoord t = walk.at(p.scheduler, pos);
-        produce_tile_cp_async<Cfg, InT, kTransB>(sm, p.src, p.M, p.N, p.K, t.m * Cfg::BM, t.n * Cfg::BN, k_blocks,
-                                                 stage, phase, static_cast<int>(threadIdx.x));
-      }
-      finish_cp_async();
-    } else if (warp_idx == 0 && ptx::elect_one_sync()) {  // the TMA thread: one lane of warp 0
+    if (warp_idx == 0 && ptx::elect_one_sync()) {  // the TMA thread: one lane of warp 0
       ptx::tma_prefetch_desc(&tma_a);
       ptx::tma_prefetch_desc(&tma_b);
       [[maybe_unused]] int iter = 0;  // CTA-local tile index (waiter ring only)

@@ -63,10 +63,6 @@ struct TileCfgOf<GemmTile::T128x192, 1> {
   using type = engine::TileConfig<128, 192, 5, 1>;
 };
 
-/// 128x256 cooperative with the cp.async producer (plain gemm() only, for
-/// rows that are not 64-byte aligned): 4 x 48 KiB stages, no clusters.
-using CpAsyncCfg128x256 = engine::TileConfig<128, 256, 4, 1, 2, false, true>;
-
 /// Ping-pong configs: each consumer warpgroup owns a whole tile (kMAtoms =
 /// BM/64 atoms, 128 accumulator registers per thread in both). Stages fill the
 /// 227 KiB of shared memory: 7 x 32 KiB, 5 x 40 KiB.
@@ -95,18 +91,11 @@ void launch_config(const GemmArgs& a, const GemmOptions& o, const Pro& pro, cons
   constexpr bool kTransB = Layout == BLayout::KN;
   detail::check_instantiation(a, Layout, std::is_same_v<InT, __half> ? DType::f16 : DType::bf16, o.max_ctas);
 
-  CUtensorMap tma_a{}, tma_b{};
+  CUtensorMap tma_a, tma_b;
+  detail::make_tma_a(a, Cfg::BM, &tma_a);
+  detail::make_tma_b(a, Cfg::BN / kClusterM, &tma_b);  // each CTA of a cluster loads its share of B
+
   engine::KernelParams<Pro, Epi, Sched> p{};
-  if constexpr (Cfg::kCpAsync) {
-    // The cp.async producer reads A and B through plain pointers.
-    p.src.a = static_cast<const uint8_t*>(a.a);
-    p.src.b = static_cast<const uint8_t*>(a.b);
-    p.src.lda = a.lda_or_packed();
-    p.src.ldb = a.ldb_or_packed();
-  } else {
-    detail::make_tma_a(a, Cfg::BM, &tma_a);
-    detail::make_tma_b(a, Cfg::BN / kClusterM, &tma_b);  // each CTA of a cluster loads its share of B
-  }
   p.M = static_cast<int>(a.m);
   p.N = static_cast<int>(a.n);
   p.K = static_cast<int>(a.k);

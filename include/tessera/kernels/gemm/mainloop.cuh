@@ -35,17 +35,9 @@ namespace tessera::kernels::engine {
 ///    a whole BM x BN tile (kMAtoms = BM/64 atoms). While one stores its tile
 ///    the other runs its main loop, so the epilogue overlaps wgmma. Main loops
 ///    are ordered by named barriers (kernel.cuh); no clusters.
-///  * kCpAsync: the whole producer warpgroup loads A and B with 16-byte
-///    cp.async (LSU) instead of one thread issuing TMA boxes: for rows that
-///    are only 16- or 32-byte aligned, where TMA's L2 -> SM rate falls to a
-///    third (docs/design/gemm.md). Cooperative, no clusters, no prologue and
-///    no notify (the producer's warps all load).
-template <int BM_, int BN_, int kStages_, int kClusterM_ = 1, int kConsumers_ = 2, bool kPingPong_ = false,
-          bool kCpAsync_ = false>
+template <int BM_, int BN_, int kStages_, int kClusterM_ = 1, int kConsumers_ = 2, bool kPingPong_ = false>
 struct TileConfig {
   static constexpr int BM = BM_, BN = BN_, BK = 64;
-  static constexpr bool kCpAsync = kCpAsync_;
-  static_assert(!kCpAsync || (kClusterM_ == 1 && !kPingPong_), "cp.async loads: cooperative, no clusters");
   /// CTAs per cluster along M (1 or 2). With 2, the two CTAs compute tiles
   /// (2i, n) and (2i+1, n), each loads half of the shared B tile and
   /// multicasts it to both (halving B's L2->SM traffic).
@@ -66,10 +58,7 @@ struct TileConfig {
   static_assert(kRowsPerConsumer % 64 == 0, "each consumer owns whole 64-row wgmma atoms");
   static_assert(BN % 64 == 0 && BN <= 256, "BN must be a multiple of 64, at most 256");
   static_assert(BM <= 256, "TMA boxes are at most 256 rows");
-  // Register budget after setmaxnreg: producer 40, consumers the rest. The
-  // launch gives every thread 168 (__launch_bounds__(384, 1)); setmaxnreg.inc
-  // only takes what the producer's dec freed (128 x 128 = 256 x 64), so a
-  // producer above 40 would leave the consumers' inc waiting forever.
+  // Register budget after setmaxnreg: producer 40, consumers the rest.
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = kConsumers == 2 ? 232 : 240;
 };
@@ -165,74 +154,6 @@ __device__ __forceinline__ void produce_tile(const SmemLayout<Cfg, InT>& sm, con
     }
   }
 }
-
-/// Where the cp.async producer reads A and B (KernelParams::src).
-struct CpAsyncSources {
-  const uint8_t* a = nullptr;  ///< A [M, K], row stride lda elements
-  const uint8_t* b = nullptr;  ///< B [N, K] (NK) or [K, N] (KN), row stride ldb elements
-  int64_t lda = 0, ldb = 0;
-};
-
-/// One 128-byte swizzled smem row (64 16-bit elements) of 8 16-byte chunks:
-/// chunk c of row r lands at chunk c ^ (r % 8), the layout TMA's 128-byte
-/// swizzle writes (slots are 1024-byte aligned), so the consumers' wgmma
-/// descriptors are the same for both producers.
-__device__ __forceinline__ uint8_t* swizzled_chunk(uint8_t* slot, int r, int c) {
-  return slot + r * 128 + ((c ^ (r & 7)) << 4);
-}
-
-/// cp.async producer side of one tile (Cfg::kCpAsync): all 128 threads of
-/// the producer warpgroup (thread t) wait for a free slot, copy their share
-/// of the K block's 16-byte chunks of A (BM rows x 8 chunks) and B, zero-fill
-/// what lies outside M, N or K (a partial chunk at a K or N tail gets its
-/// valid bytes), and arrive on the slot's full barrier when their copies
-/// land (full[s] counts 128 arrivals). Rows may be any 16-byte-aligned
-/// stride.
-template <class Cfg, class InT, bool kTransB>
-__device__ __forceinline__ void produce_tile_cp_async(const SmemLayout<Cfg, InT>& sm, const CpAsyncSources& src, int M,
-                                                      int N, int K, int row0, int col0, int k_blocks, int& stage,
-                                                      uint32_t& phase, int t) {
-  for (int kb = 0; kb < k_blocks; ++kb) {
-    ptx::mbar_wait(sm.empty(stage), phase ^ 1);
-    const int k0 = kb * Cfg::BK;
-    uint8_t* sa = sm.a(stage);
-    for (int i = t; i < Cfg::BM * 8; i += 128) {
-      const int r = i >> 3, c = i & 7, row = row0 + r, k = k0 + c * 8;
-      const bool in = row < M && k < K;
-      const uint32_t bytes = in ? static_cast<uint32_t>(min(16, (K - k) * 2)) : 0u;
-      const uint8_t* g = in ? src.a + (static_cast<int64_t>(row) * src.lda + k) * 2 : src.a;
-      ptx::cp_async_16(swizzled_chunk(sa, r, c), g, bytes);
-    }
-    uint8_t* sb = sm.b(stage);
-    if constexpr (!kTransB) {
-      for (int i = t; i < Cfg::BN * 8; i += 128) {
-        const int r = i >> 3, c = i & 7, row = col0 + r, k = k0 + c * 8;
-        const bool in = row < N && k < K;
-        const uint32_t bytes = in ? static_cast<uint32_t>(min(16, (K - k) * 2)) : 0u;
-        const uint8_t* g = in ? src.b + (static_cast<int64_t>(row) * src.ldb + k) * 2 : src.b;
-        ptx::cp_async_16(swizzled_chunk(sb, r, c), g, bytes);
-      }
-    } else {
-      // B [K, N]: BN / 64 column chunks, each 64 K-rows of 64 N (128 bytes).
-      for (int i = t; i < Cfg::BN * 8; i += 128) {
-        const int j = i >> 9, r = (i >> 3) & 63, c = i & 7, k = k0 + r, n = col0 + j * 64 + c * 8;
-        const bool in = k < K && n < N;
-        const uint32_t bytes = in ? static_cast<uint32_t>(min(16, (N - n) * 2)) : 0u;
-        const uint8_t* g = in ? src.b + (static_cast<int64_t>(k) * src.ldb + n) * 2 : src.b;
-        ptx::cp_async_16(swizzled_chunk(sb + j * 64 * 128, r, c), g, bytes);
-      }
-    }
-    ptx::cp_async_mbar_arrive_noinc(sm.full(stage));
-    if (++stage == Cfg::kStages) {
-      stage = 0;
-      phase ^= 1;
-    }
-  }
-}
-
-/// The cp.async producer's last act: its copies (and their arrivals) are
-/// complete before the thread exits.
-__device__ __forceinline__ void finish_cp_async() { ptx::cp_async_wait_all(); }
 
 /// All of K (blocks [0, k_blocks)).
 template <class Cfg, class InT, bool kTransB>

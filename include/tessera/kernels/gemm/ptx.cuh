@@ -102,24 +102,6 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorM
       : "memory");
 }
 
-// ---- cp.async (LSU loads into shared memory) ------------------------------------
-/// 16-byte asynchronous copy global -> shared through L2 only (.cg): the
-/// first `src_bytes` (0..16) bytes come from `src`, the rest are zero-filled
-/// (src_bytes = 0 reads nothing; `src` must still be a valid address). Both
-/// addresses 16-byte aligned. Generic proxy, like ordinary stores.
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, uint32_t src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
-               : "memory");
-}
-/// Arrives on `bar` once every cp.async this thread issued before has
-/// completed; .noinc: the arrival counts against the barrier's expected
-/// count (mbar_init), it is not added to it.
-__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-/// Waits until every cp.async this thread issued has completed.
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
 // ---- clusters -----------------------------------------------------------------
 __device__ __forceinline__ uint32_t cluster_ctarank() {
   uint32_t r;
