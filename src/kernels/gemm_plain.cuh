@@ -134,7 +134,7 @@ void gemm_plain(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
     return gemm_plain_t128x192<InT, L>(a, o, stream);
   }
   if (plan.tile == GemmTile::T64x64) {
-    // M <= 64 (plan_gemm): split-K, or whole K when the output type is the
+    // Few tiles (plan_gemm): split-K, or whole K when the output type is the
     // input type (the ping-pong kernels store only that type).
     if (plan.k_splits > 1 || a.out != a.in)
       return gemm_plain_splitk_cfg<typename PingPongCfgOf<GemmTile::T64x64>::type, InT, L>(a, o, plan.k_splits, stream);

@@ -679,8 +679,8 @@ TEST(GemmGpu, SmallMTile64x64MatchesCublasWholeKAndSplit) {
 // options it rejects are rejected before launch.
 TEST(GemmGpu, Tile128x192MatchesCublas) {
   TESSERA_REQUIRE_GPUS(1);
-  const std::vector<std::array<int64_t, 3>> shapes = {
-      {1, 192, 64}, {130, 200, 1000}, {1307, 696, 3520}, {4428, 552, 864}, {257, 1104, 2184}, {300, 4095, 100}};
+  const std::vector<std::array<int64_t, 3>> shapes = {{1, 192, 64},     {130, 200, 1000},  {1307, 696, 3520},
+                                                      {4428, 552, 864}, {257, 1104, 2184}, {300, 4095, 100}};
   for (const auto& sh : shapes)
     for (DType in : {DType::bf16, DType::f16})
       for (auto layout : {tk::BLayout::NK, tk::BLayout::KN}) {

@@ -164,8 +164,9 @@ int row_alignment(const GemmArgs& a);
 
 /// Estimated time (us) of plan p on num_sms SMs: waves of work units, each
 /// the slower of wgmma and TMA per K block (TMA bytes per SM falling with
-/// row_alignment) plus a fixed tile cost; a DRAM floor; the split-K partials'
-/// traffic and reduce launch.
+/// row_alignment) plus a fixed tile cost; a DRAM floor; a fixed cost per
+/// launch; the split-K partials' traffic and reduce. The constants are fitted
+/// to measured timings of every compiled kernel (docs/design/gemm.md).
 double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p);
 
 /// "128x256/c1", "64x256/pp", "128x128/c1/k3", ...
