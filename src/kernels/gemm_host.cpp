@@ -324,7 +324,7 @@ double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p) {
   // every compiled kernel timed per shape with `bench gemm --random --diag`,
   // 1,632 timings; least squares on log time, timings within 1.5x of the
   // shape's best weighted 5x). Picking among the timed kernels by the model
-  // comes within 1.016x of the best one (1.016-1.023x with one seed held
+  // comes within 1.016x of the best one (1.013-1.022x with one seed held
   // out; docs/design/gemm.md). They are relative costs, not hardware rates:
   // kFlopPerUs over eff gives each kernel's wgmma time per K block,
   // total_bw the L2->SM bytes/us the whole GPU sustains for a row alignment
