@@ -187,6 +187,11 @@ void run_random(const RandomOptions& o) {
         g.k_splits = 1;
         kernels_diag.push_back({tile_name(t) + "/c" + std::to_string(c), g});
       }
+    {
+      GemmOptions g;
+      g.tile = GemmTile::T128x192;
+      kernels_diag.push_back({"128x192/c1", g});
+    }
     for (int k : {2, 4, 8}) {
       GemmOptions g;
       g.k_splits = k;
@@ -201,7 +206,7 @@ void run_random(const RandomOptions& o) {
       g.epilogue_overlap = true;
       kernels_diag.push_back({tile_name(t) + "/pp", g});
     }
-    // 64x64 ping-pong (whole K and split): plan_gemm() considers it for M <= 64.
+    // 64x64 ping-pong (whole K and split), for every M.
     for (int k : {1, 2, 4, 8}) {
       GemmOptions g;
       g.tile = GemmTile::T64x64;

@@ -2,9 +2,9 @@
 // RasterScheduler) for one input type and B layout; instantiated once per
 // (input type, layout) in gemm_plain_*.cu so the kernels compile in parallel.
 // plan_gemm() picks the kernel: cooperative (128x256, 256x128, 128x128;
-// 2-CTA clusters for the first two), ping-pong (128x128, 64x256, and 64x64
-// for M <= 64; output type == input type only), or split-K on 128x128 /
-// 64x256 / 64x64 (splitk.cuh).
+// 2-CTA clusters for the first two; 128x192 for output type == input type),
+// ping-pong (128x128, 64x256, 64x64; output type == input type only), or
+// split-K on 128x128 / 64x256 / 64x64 (splitk.cuh).
 #pragma once
 
 #include <string>
@@ -112,11 +112,29 @@ void gemm_plain_t64x64(const GemmArgs& a, const GemmOptions& o, cudaStream_t str
   gemm_with_tile_overlap<GemmTile::T64x64, InT, L>(a, po, engine::NoWait{}, epi, raster_from(o), stream);
 }
 
+/// The 128x192 cooperative kernel over whole K (output type == input type).
+template <class InT, BLayout L>
+void gemm_plain_t128x192(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
+  engine::StdEpilogue<InT> epi;
+  epi.d = static_cast<InT*>(a.d);
+  epi.ldd = a.ldd_or_packed();
+  GemmOptions po = o;
+  po.cluster_m = 1;
+  po.epilogue_overlap = false;
+  po.k_splits = 1;
+  gemm_with_tile<GemmTile::T128x192, InT, L, 1>(a, po, engine::NoWait{}, epi, raster_from(o), stream);
+}
+
 template <class InT, BLayout L>
 void gemm_plain(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
   const GemmPlan plan = plan_gemm(a, o);
+  if (plan.tile == GemmTile::T128x192) {
+    // plan_gemm() gives it whole K and output type == input type only.
+    if (plan.k_splits > 1 || a.out != a.in) fail("gemm: tile 128x192 runs whole K with output type == input type");
+    return gemm_plain_t128x192<InT, L>(a, o, stream);
+  }
   if (plan.tile == GemmTile::T64x64) {
-    // M <= 64 (plan_gemm): split-K, or whole K when the output type is the
+    // Few tiles (plan_gemm): split-K, or whole K when the output type is the
     // input type (the ping-pong kernels store only that type).
     if (plan.k_splits > 1 || a.out != a.in)
       return gemm_plain_splitk_cfg<typename PingPongCfgOf<GemmTile::T64x64>::type, InT, L>(a, o, plan.k_splits, stream);

@@ -203,6 +203,67 @@ TEST(GemmHeuristic, SmallMTile64x64InModelAndOptions) {
   EXPECT_THROW(tk::resolve_tile(a, o), tessera::Error);
 }
 
+// 128x192 cooperative: explicit options reach it for the plain gemm() only
+// (whole K, no clusters, no ping-pong, output type == input type); the
+// policy entry points (resolve_tile) reject it.
+TEST(GemmHeuristic, Tile128x192Options) {
+  tk::GemmArgs a = good();
+  a.m = 4428;
+  a.n = 552;
+  a.k = 864;
+  a.lda = a.ldb = 0;
+  EXPECT_EQ(tk::tile_shape(tk::GemmTile::T128x192).bm, 128);
+  EXPECT_EQ(tk::tile_shape(tk::GemmTile::T128x192).bn, 192);
+  EXPECT_EQ(tk::tile_name(tk::GemmTile::T128x192), "128x192");
+  tk::GemmOptions o;
+  o.tile = tk::GemmTile::T128x192;
+  const tk::GemmPlan p = tk::plan_gemm(a, o);
+  EXPECT_EQ(p.tile, tk::GemmTile::T128x192);
+  EXPECT_FALSE(p.ping_pong);
+  EXPECT_EQ(p.cluster_m, 1);
+  EXPECT_EQ(p.k_splits, 1);
+  EXPECT_EQ(tk::plan_name(p), "128x192/c1");
+  EXPECT_THROW(tk::resolve_tile(a, o), tessera::Error);
+  o.k_splits = 2;
+  EXPECT_THROW(tk::plan_gemm(a, o), tessera::Error);
+  o.k_splits = 0;
+  o.cluster_m = 2;
+  EXPECT_THROW(tk::plan_gemm(a, o), tessera::Error);
+  o.cluster_m = 0;
+  o.epilogue_overlap = true;
+  EXPECT_THROW(tk::plan_gemm(a, o), tessera::Error);
+  o.epilogue_overlap = false;
+  a.out = tessera::DType::f32;
+  EXPECT_THROW(tk::plan_gemm(a, o), tessera::Error);
+}
+
+// The fitted model on three shapes of the --diag sweep where the measured
+// best kernel is a tile the plan did not consider before: 64x64 for a small
+// M above 64, 128x192 for N = 552 and for a 1.4-wave problem (data in
+// bench/results/gemm-random-2026-11-26.json).
+TEST(GemmHeuristic, ModelPrefersTheMeasuredBestTile) {
+  auto plan = [](tk::GemmTile t, bool pp, int cluster) {
+    tk::GemmPlan p;
+    p.tile = t;
+    p.ping_pong = pp;
+    p.cluster_m = cluster;
+    return p;
+  };
+  const tk::GemmPlan c256 = plan(tk::GemmTile::T128x256, false, 1), c128 = plan(tk::GemmTile::T128x128, false, 1),
+                     pp64 = plan(tk::GemmTile::T64x64, true, 1), c192 = plan(tk::GemmTile::T128x192, false, 1);
+  tk::GemmArgs a = good();
+  a.lda = a.ldb = 0;
+  a.m = 196, a.n = 536, a.k = 840;  // 128x128: 1.81x cuBLASLt, 64x64: 1.23x
+  EXPECT_LT(tk::model_gemm_us(a, 132, pp64), tk::model_gemm_us(a, 132, c128));
+  a.m = 4428, a.n = 552, a.k = 864;  // 128x256: 1.54x, 128x192: 1.12x
+  EXPECT_LT(tk::model_gemm_us(a, 132, c192), tk::model_gemm_us(a, 132, c256));
+  EXPECT_LT(tk::model_gemm_us(a, 132, c192), tk::model_gemm_us(a, 132, c128));
+  a.m = 1793, a.n = 3216, a.k = 7776;  // 128x128: 1.27x, 128x192: 1.07x
+  EXPECT_LT(tk::model_gemm_us(a, 132, c192), tk::model_gemm_us(a, 132, c128));
+  EXPECT_LT(tk::model_gemm_us(a, 132, c192), tk::model_gemm_us(a, 132, c256));
+  EXPECT_EQ(tk::plan_name(c192), "128x192/c1");
+}
+
 // A host model of the ping-pong ring protocol of kernel.cuh (producer fills
 // ring indices in order; consumer c takes tiles c, c+2, ...; parity waits on
 // full/empty mbarriers; order barriers between the consumers' main loops),

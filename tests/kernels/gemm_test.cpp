@@ -673,6 +673,45 @@ TEST(GemmGpu, SmallMTile64x64MatchesCublasWholeKAndSplit) {
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
+// 128x192 cooperative (plain gemm() only, output type == input type): M, N
+// and K tails (N not a multiple of 192 or of 8, K not a multiple of 64), one
+// and many tiles, both layouts and input types, outputs poisoned first; the
+// options it rejects are rejected before launch.
+TEST(GemmGpu, Tile128x192MatchesCublas) {
+  TESSERA_REQUIRE_GPUS(1);
+  const std::vector<std::array<int64_t, 3>> shapes = {{1, 192, 64},     {130, 200, 1000},  {1307, 696, 3520},
+                                                      {4428, 552, 864}, {257, 1104, 2184}, {300, 4095, 100}};
+  for (const auto& sh : shapes)
+    for (DType in : {DType::bf16, DType::f16})
+      for (auto layout : {tk::BLayout::NK, tk::BLayout::KN}) {
+        const Problem p{sh[0], sh[1], sh[2], in, in, layout};
+        Buffers s = make(p);
+        tt::poison(s.d);
+        tk::GemmOptions o;
+        o.tile = tk::GemmTile::T128x192;
+        EXPECT_EQ(tk::plan_name(tk::plan_gemm(s.args, o)), "128x192/c1");
+        tk::gemm(s.args, o);
+        TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+        tt::poison(s.ref);
+        EXPECT_LT(error_vs_cublas(s), tolerance(p.out)) << name(p, tk::GemmTile::T128x192);
+      }
+  Buffers s = make(Problem{256, 384, 512});
+  tk::GemmOptions o;
+  o.tile = tk::GemmTile::T128x192;
+  o.cluster_m = 2;
+  EXPECT_THROW(tk::gemm(s.args, o), tessera::Error);
+  o.cluster_m = 0;
+  o.k_splits = 2;
+  EXPECT_THROW(tk::gemm(s.args, o), tessera::Error);
+  o.k_splits = 0;
+  o.epilogue_overlap = true;
+  EXPECT_THROW(tk::gemm(s.args, o), tessera::Error);
+  o.epilogue_overlap = false;
+  s.args.out = DType::f32;
+  EXPECT_THROW(tk::gemm(s.args, o), tessera::Error);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 // Split-K is deterministic: the same plan gives the same bytes twice, and the
 // policy entry points refuse it.
 TEST(GemmGpu, SplitKIsDeterministicAndPlainOnly) {

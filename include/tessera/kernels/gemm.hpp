@@ -65,10 +65,14 @@ struct GemmArgs {
 /// 128x128. With GemmOptions::epilogue_overlap (ping-pong) each consumer owns
 /// a whole tile: 128x128 or 64x256 (64x256 exists only there). 64x64
 /// (ping-pong) is compiled for the plain gemm() only, output type == input
-/// type or split-K: plan_gemm() considers it where M <= 64 (twice the CTAs
-/// of a 128-column tile loading B, the bound there); the policy entry points
+/// type or split-K: plan_gemm() considers it where few tiles would leave SMs
+/// idle (4x the CTAs of a 128x128 tile loading B, the bound there); the
+/// policy entry points reject it. 128x192 (cooperative, no clusters) is
+/// compiled for the plain gemm() only, output type == input type: a third
+/// column granularity between 128 and 256 for problems whose N or tile count
+/// sits badly against 128-wide or 256-wide tiles; the policy entry points
 /// reject it.
-enum class GemmTile { Auto, T128x256, T256x128, T128x128, T64x256, T64x64 };
+enum class GemmTile { Auto, T128x256, T256x128, T128x128, T64x256, T64x64, T128x192 };
 
 struct TileShape {
   int bm, bn;
@@ -160,8 +164,9 @@ int row_alignment(const GemmArgs& a);
 
 /// Estimated time (us) of plan p on num_sms SMs: waves of work units, each
 /// the slower of wgmma and TMA per K block (TMA bytes per SM falling with
-/// row_alignment) plus a fixed tile cost; a DRAM floor; the split-K partials'
-/// traffic and reduce launch.
+/// row_alignment) plus a fixed tile cost; a DRAM floor; a fixed cost per
+/// launch; the split-K partials' traffic and reduce. The constants are fitted
+/// to measured timings of every compiled kernel (docs/design/gemm.md).
 double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p);
 
 /// "128x256/c1", "64x256/pp", "128x128/c1/k3", ...

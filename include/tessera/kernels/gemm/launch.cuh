@@ -56,6 +56,12 @@ template <int C>
 struct TileCfgOf<GemmTile::T128x128, C> {
   using type = engine::TileConfig<128, 128, 6, C>;
 };
+/// 128x192 (plain gemm() only): 5 x 40 KiB stages; no clusters (a 96-column
+/// half of B is not a whole number of 64-column chunks).
+template <>
+struct TileCfgOf<GemmTile::T128x192, 1> {
+  using type = engine::TileConfig<128, 192, 5, 1>;
+};
 
 /// Ping-pong configs: each consumer warpgroup owns a whole tile (kMAtoms =
 /// BM/64 atoms, 128 accumulator registers per thread in both). Stages fill the
