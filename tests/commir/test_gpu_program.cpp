@@ -502,23 +502,27 @@ TEST(CommirGpuProgram, AttentionPartialsRideTheRing) {
 // Schedules outside the GPU executor's limits are refused at build time,
 // before anything could launch, naming the schedule and why.
 TEST(CommirGpuProgram, AttentionOutsideTheLimitsIsRefusedNamingTheSchedule) {
-  for (const std::string name : {"two_level", "usp", "ring"}) {
-    const Plan p = lower(scheduled(make_attention(1, 8, 8, 16, 16, 64, {2, 2}), name));
-    try {
-      build_gpu_program(p, 0, GpuProgramOptions{true, name});
-      FAIL() << name << " on a 2x2 mesh built";
-    } catch (const std::exception& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find("(" + name + ")"), std::string::npos) << what;
-      EXPECT_NE(what.find("one-level meshes only"), std::string::npos) << what;
+  for (const auto& mesh : std::vector<std::vector<int>>{{2, 2}, {1, 2}, {1, 8}})
+    for (const std::string& name : schedule_names("attention", 2)) {
+      SCOPED_TRACE(fmt::format("{} on {}", name, mesh_string(mesh)));
+      const Plan p = lower(scheduled(make_attention(1, 8, 8, 256, 256, 64, mesh), name));
+      try {
+        build_gpu_program(p, 0, GpuProgramOptions{true, name});
+        FAIL() << name << " on a 2x2 mesh built";
+      } catch (const std::exception& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("(" + name + ")"), std::string::npos) << what;
+        EXPECT_NE(what.find("one-level meshes only"), std::string::npos) << what;
+      }
     }
-  }
 }
 
-// The GPU test's shapes build on every rank (no "is not present").
+// The GPU test's shapes and the benchmark's default shape (bench commir
+// --attention) build on every rank (no "is not present").
 TEST(CommirGpuProgram, AttentionGpuTestShapesBuildOnEveryRank) {
   for (int world : {2, 4, 8})
-    for (const auto& sh : std::vector<std::vector<std::int64_t>>{{2, 8, 8, 256, 256, 64}, {1, 8, 2, 384, 384, 128}})
+    for (const auto& sh : std::vector<std::vector<std::int64_t>>{
+             {2, 8, 2, 256, 256, 64}, {1, 8, 8, 384, 384, 128}, {1, 32, 8, 16384, 16384, 128}})
       for (const auto& name : schedule_names("attention", 1)) {
         const Plan p = lower(scheduled(make_attention(sh[0], sh[1], sh[2], sh[3], sh[4], sh[5], {world}), name));
         for (int r = 0; r < world; ++r) {
