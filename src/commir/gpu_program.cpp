@@ -207,6 +207,7 @@ struct Builder {
   std::int64_t head_dim = 0;
   std::map<int, std::vector<std::pair<int, const Step*>>> coll_steps;  // collective id -> (rank, step), rank order
   std::map<std::string, int> remaining;  // output cell -> contributions still to come on this rank (box_text)
+  std::map<std::string, std::vector<int>> retired;  // freed blocks (their memory stays allocated)
 
   std::string pre() const {
     return opts.schedule.empty() ? std::string("commir gpu executor")
@@ -719,6 +720,7 @@ struct Builder {
     auto& v = store[s.buffer];
     v.erase(std::find(v.begin(), v.end(), b));
     received_partials.erase(b);
+    retired[s.buffer].push_back(b);  // blocks are never reused: a later send may still read it
     emitted.insert(&s);
   }
 
@@ -959,7 +961,23 @@ struct Builder {
       if (s->kind != StepKind::send) continue;
       const std::string what = step_text(*s);
       if (s->buffer != out_name) {
-        src[s] = assemble_in(s->buffer, s->box, DevStream::compute, true, what);
+        // A send posted steps before its receive (the block's last use on
+        // this rank, with further loops inside the shifted one) leaves with
+        // the receive's group, after the plan freed the block here: its
+        // memory is never reused, so it is read from the retired block.
+        int c = containing(s->buffer, s->box);
+        if (c < 0)
+          for (int b : retired[s->buffer])
+            if (info(b).box.contains(s->box)) {
+              c = b;
+              break;
+            }
+        if (c >= 0 && !contiguous_in(info(c).box, s->box)) {
+          const int tmp = new_nd(s->buffer, s->box, false, info(c).elem);
+          copy_nd(c, tmp, s->box, DevStream::compute, what);
+          c = tmp;
+        }
+        src[s] = c >= 0 ? c : assemble_in(s->buffer, s->box, DevStream::compute, true, what);
       } else if (s->partial) {
         int b = exact(out_name, s->box);
         if (b < 0) fail(fmt::format("{}: the partial block is not here (holds {})", what, held(out_name)));

@@ -18,6 +18,7 @@
 #include "tessera/commir/gpu_program.hpp"
 #include "tessera/commir/schedules.hpp"
 #include "tessera/commir/transforms.hpp"
+#include "tessera/commir/tuner.hpp"
 
 using namespace tessera::commir;
 
@@ -404,6 +405,37 @@ TEST(CommirGpuProgram, EveryAttentionScheduleSimulatesExactly) {
         EXPECT_GT(run.ops, 0);
       }
   EXPECT_GE(ran, 3 * 4 * 6 - 4);
+}
+
+// Every schedule `tessera plan attention` ranks for a one-level mesh (the
+// tuner's feasible candidates: head / query / kv parallel, gathers,
+// all-to-alls, rings of K/V or of partials, extra kv tiling merged locally,
+// reduce-scatters along q or h) simulates to the reference too, or is
+// refused at build time — none is, today.
+TEST(CommirGpuProgram, EveryTunerAttentionCandidateSimulatesExactly) {
+  const MachineProfile h100 = builtin_profile("h100");
+  int ran = 0;
+  for (int world : {2, 4})
+    for (const auto& sh : std::vector<std::vector<std::int64_t>>{{1, 8, 2, 16, 16, 2}, {2, 4, 4, 12, 10, 2}}) {
+      const Grid op = make_attention(sh[0], sh[1], sh[2], sh[3], sh[4], sh[5], {world}, tessera::DType::f32);
+      const TuneResult res = tune(op, h100);
+      ASSERT_GT(res.ranked.size(), 0u);
+      for (const Candidate& c : res.ranked) {
+        SCOPED_TRACE(fmt::format("{} on {} ranks, shape {}", c.script, world, fmt::join(sh, ",")));
+        const Plan p = lower(c.grid);
+        const Data d = fresh(p);
+        ASSERT_LT(run_cpu(p, d.in, d.ref).max_rel_error, 1e-12);
+        try {
+          const GpuSimRun run = simulate_gpu_programs(p, d.in, d.ref, GpuProgramOptions{true, c.script});
+          EXPECT_LT(run.max_rel_error, 1e-12);
+          EXPECT_EQ(run.checked_elements, final_elements(p));
+          ++ran;
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << e.what() << "\n" << describe(p, 40);
+        }
+      }
+    }
+  EXPECT_GT(ran, 50);
 }
 
 // What each schedule's program does on rank 0 of 2 (GQA 4/2 heads, batch 2):
