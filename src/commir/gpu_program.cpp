@@ -865,6 +865,31 @@ struct Builder {
     replace(out_name, held, result);
   }
 
+  // The compute stream's wait for the blocks compute t reads from the
+  // communication stream, emitted before the prefetch group of step t + 1:
+  // an event waits for everything issued on the stream so far, so emitted
+  // after that group it would make step t's kernel wait for step t + 1's
+  // transfer (no overlap from R = 3 on).
+  void prewait(int t) {
+    const int c = static_cast<int>(DevStream::comm);
+    auto since_wait = [&](const std::map<int, std::int64_t>& m, int b) {
+      auto it = m.find(b);
+      return it != m.end() && it->second > seen_by_other[c];
+    };
+    bool wait = false;
+    for (const auto& s : steps_of_rank()) {
+      if (s.time != t || s.kind != StepKind::compute) continue;
+      for (const auto& name : g.body.ins) {
+        const Box bx = project(g.buffer(name), s.box);
+        for (int b : store[name]) wait = wait || (info(b).box.intersects(bx) && since_wait(comm_wrote, b));
+      }
+      const Box cell = project(g.buffer(out_name), s.box);
+      for (int b : store[out_name])
+        wait = wait || (info(b).box.intersects(cell) && (since_wait(comm_wrote, b) || since_wait(comm_read, b)));
+    }
+    if (wait) event(DevOpKind::compute_waits_comm);
+  }
+
   void compute_attn(const Step& s) {
     const Buffer &qb = g.buffer(g.body.ins[0]), &kb = g.buffer(g.body.ins[1]), &vb = g.buffer(g.body.ins[2]),
                  &ob = g.buffer(g.body.out);
@@ -1172,6 +1197,7 @@ struct Builder {
       } else {
         for (const Step* s : colls) collective(*s);
       }
+      if (attn) prewait(t);
       attn ? exchange_attn(t + 1, false) : exchange(t + 1, false);  // prefetch: overlaps compute t
       for (const auto& s : steps)
         if (s.time == t && s.kind == StepKind::compute) attn ? compute_attn(s) : compute(s);

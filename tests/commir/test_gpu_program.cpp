@@ -490,6 +490,35 @@ TEST(CommirGpuProgram, AttentionProgramsHaveTheExpectedShape) {
   }
 }
 
+// The ring at R = 4: step t's kernel waits for step t's K/V block only, not
+// for step t + 1's, which is in flight during it (the compute stream's wait
+// comes before the next prefetch group is posted).
+TEST(CommirGpuProgram, RingAttentionOverlapsTheNextTransfer) {
+  for (int world : {3, 4, 8}) {
+    const Plan plan = attention_plan({1, 8, 8, 64, 64, 64}, world, "ring");
+    for (int r = 0; r < world; ++r) {
+      SCOPED_TRACE(fmt::format("{} ranks, rank {}", world, r));
+      const DevProgram p = build_gpu_program(plan, r);
+      const auto calls = positions(p, DevOpKind::attention), waits = positions(p, DevOpKind::compute_waits_comm),
+                 groups = positions(p, DevOpKind::group_start);
+      ASSERT_EQ(static_cast<int>(calls.size()), world);
+      for (int t = 1; t + 1 < world; ++t) {
+        auto before = [&](const std::vector<std::size_t>& v) {
+          std::size_t last = 0;
+          for (auto i : v)
+            if (i < calls[t]) last = i;
+          return last;
+        };
+        EXPECT_LT(before(waits), before(groups)) << "step " << t << "\n" << listing(p);
+        EXPECT_GT(before(waits), calls[t - 1]) << "step " << t << "\n" << listing(p);
+      }
+    }
+    const Data d = fresh(attention_plan({1, 4, 4, 12, 12, 2}, world, "ring"));
+    EXPECT_LT(simulate_gpu_programs(attention_plan({1, 4, 4, 12, 12, 2}, world, "ring"), d.in, d.ref).max_rel_error,
+              1e-12);
+  }
+}
+
 // GQA boxes that start inside a group of query heads sharing a KV head are
 // split into kernel calls that each index their KV heads from 0.
 TEST(CommirGpuProgram, AttentionSplitsHeadRunsAcrossKvGroups) {
