@@ -578,6 +578,20 @@ TEST(CommirGpuProgram, AttentionOutsideTheLimitsIsRefusedNamingTheSchedule) {
     }
 }
 
+// On a one-level mesh the two-level schedules are not listed: two_level
+// degenerates to the ring (the same grid, so it runs as ring does) and usp
+// is refused when it is scheduled, naming itself and why.
+TEST(CommirGpuProgram, TwoLevelSchedulesOnOneLevelMeshes) {
+  const Grid op = make_attention(1, 8, 8, 16, 16, 64, {2});
+  EXPECT_EQ(scheduled(op, "two_level"), scheduled(op, "ring"));
+  try {
+    scheduled(op, "usp");
+    FAIL() << "usp on a one-level mesh was scheduled";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("schedule usp: needs a two-level mesh"), std::string::npos) << e.what();
+  }
+}
+
 // The GPU test's shapes and the benchmark's default shape (bench commir
 // --attention) build on every rank (no "is not present").
 TEST(CommirGpuProgram, AttentionGpuTestShapesBuildOnEveryRank) {
