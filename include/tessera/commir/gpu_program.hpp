@@ -43,8 +43,8 @@
 // that NCCL can address: AllGather/ReduceScatter parts equal, contiguous,
 // full-width and in rank order; no AllToAll.
 //
-// Attention plans (kernel "attention", one-level meshes; see "Attention"
-// below) use the same builder with N-D blocks: a block holds a box of its
+// Attention plans (kernel "attention", one-level meshes; design notes in
+// docs/design/commir.md) use the same builder with N-D blocks: a block holds a box of its
 // buffer's dimensions (Q, O: [b, h, q], K, V: [b, h/g, kv]) row-major with
 // `elem` (head_dim) trailing elements — the kernel's [batch, heads, seq,
 // head_dim] with strides. Differences from GEMM plans:
@@ -66,6 +66,12 @@
 //    a step needs one box. AllReduce / ReduceScatter of partial attention
 //    results (tree schedules) exchange the partials the same way and merge
 //    them in rank order (same result on every rank).
+//    Collectives of one time on distinct buffers share one group.
+//  - the compute stream's wait for step t's received blocks comes before
+//    step t + 1's prefetch group (so step t's kernel does not wait for step
+//    t + 1's transfer); a send the plan posts steps before its receive
+//    leaves with the receive's group, reading the block even if the plan
+//    freed it meanwhile (no block's memory is reused within a run).
 //  - the inputs are bf16 and the output is returned in bf16 whatever the
 //    Grid's dtype (the kernel computes in bf16 with float32 accumulation).
 //  - limits left to the executor (checked before any launch): the kernel's
