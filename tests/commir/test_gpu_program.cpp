@@ -592,6 +592,25 @@ TEST(CommirGpuProgram, TwoLevelSchedulesOnOneLevelMeshes) {
   }
 }
 
+// CommirGpu.TunerAttentionCandidates' shape: every candidate the tuner
+// ranks builds on every rank, and simulates exactly at 2 ranks.
+TEST(CommirGpuProgram, TunerCandidatesOfTheGpuTestShapeBuild) {
+  for (int world : {2, 4, 8}) {
+    const Grid op = make_attention(1, 8, 2, 256, 256, 64, {world});
+    const TuneResult res = tune(op, builtin_profile("h100"));
+    ASSERT_GT(res.ranked.size(), 0u);
+    for (const Candidate& c : res.ranked) {
+      SCOPED_TRACE(fmt::format("{} on {} ranks", c.script, world));
+      const Plan p = lower(c.grid);
+      for (int r = 0; r < world; ++r) ASSERT_NO_THROW(build_gpu_program(p, r, GpuProgramOptions{true, c.script}));
+      if (world == 2) {
+        const Data d = fresh(p);
+        EXPECT_LT(simulate_gpu_programs(p, d.in, d.ref).max_rel_error, 1e-12);
+      }
+    }
+  }
+}
+
 // The GPU test's shapes and the benchmark's default shape (bench commir
 // --attention) build on every rank (no "is not present").
 TEST(CommirGpuProgram, AttentionGpuTestShapesBuildOnEveryRank) {
