@@ -3,7 +3,8 @@
 # in one call, leaving logs under $OUT (default ./device-out).
 #
 #   scripts/device-check.sh [step...]     steps: build cpu tests sanitize moe moeep attention ringattn comm gemm
-#                                          gemmgap mlp asynctp commir kernels signal python decoder faults
+#                                          gemmgap mlp asynctp commir commirattn kernels signal python decoder
+#                                          faults
 #                                          (default: build tests comm gemm), run in the order given
 # sanitize: compute-sanitizer memcheck, racecheck and synccheck over every
 # one-process GPU test (SANITIZE_TESTS: a ctest -R filter; SANITIZE_EXCLUDE: a
@@ -19,7 +20,8 @@
 # add options to those benchmarks (e.g. MLP_ARGS=--no-variants). attention: ATTN_SEQS (16384,32768,65536),
 # ATTN_CASES (all six), ATTN_ARGS / ATTN_TORCH_ARGS (options of the bench / the PyTorch script), ATTN_TIMEOUT
 # (300 s for each half). ringattn: bench ring-attention (ring, Ulysses and AG-KV strategies); RING_ARGS,
-# RING_TIMEOUT (300 s).
+# RING_TIMEOUT (300 s). commirattn: bench commir --attention (COMMIR_ATTN_ARGS, e.g. --seq 32768;
+# COMMIR_ATTN_TIMEOUT, 300 s).
 #
 # Carry .deps (scripts/vendor-deps.sh): the GPU machines cannot install
 # packages. Multi-GPU tests run with one process per visible GPU.
@@ -206,6 +208,12 @@ step_commir() {
   note "bench commir rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-commir.log" | tail -20 | tee -a "$summary"
 }
 
+step_commirattn() {  # the CommIR attention plans beside ops::sp_attention (issue 21 item 2)
+  timeout "${COMMIR_ATTN_TIMEOUT:-300}" "$bin" run -n "$ngpu" -- "$bin" bench commir --attention ${COMMIR_ATTN_ARGS:-} \
+      --markdown "$out/commir-attention.md" >"$out/bench-commir-attention.log" 2>&1
+  note "bench commir --attention rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-commir-attention.log" | tail -20 | tee -a "$summary"
+}
+
 step_kernels() {
   timeout "${KERNELS_TIMEOUT:-120}" "$bin" bench signal-kernels ${KERNELS_ARGS:-} >"$out/bench-signal-kernels.log" 2>&1
   note "bench signal-kernels rc=$?"; tail -60 "$out/bench-signal-kernels.log" | tee -a "$summary"
@@ -233,7 +241,7 @@ if command -v nvidia-smi >/dev/null; then
 fi
 : >"$out/steps.txt"
 for s in "${steps[@]}"; do
-  declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests sanitize moe moeep attention ringattn comm gemm gemmgap mlp asynctp commir kernels signal python decoder faults)"; continue; }
+  declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests sanitize moe moeep attention ringattn comm gemm gemmgap mlp asynctp commir commirattn kernels signal python decoder faults)"; continue; }
   echo "$s start $(date +%s.%N)" >>"$out/steps.txt"
   "step_$s"
   echo "$s end $(date +%s.%N)" >>"$out/steps.txt"

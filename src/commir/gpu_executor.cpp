@@ -1,6 +1,8 @@
-// GPU executor of CommIR GEMM plans: NCCL for communication, cuBLASLt for the
-// local GEMMs (what the hand-built operators' sequential strategy uses), the
-// add kernel (kernels::add_2d) for bf16 partial merges (see gpu_executor.hpp).
+// GPU executor of CommIR GEMM and attention plans: NCCL for communication,
+// cuBLASLt for the local GEMMs (what the hand-built operators' sequential
+// strategy uses), the add kernel (kernels::add_2d) for bf16 partial merges,
+// kernels::attention and kernels::attention_merge for attention plans (see
+// gpu_executor.hpp).
 #include "tessera/commir/gpu_executor.hpp"
 
 #include <cublasLt.h>
@@ -15,6 +17,8 @@
 #include <thread>
 
 #include "tessera/commir/gpu_program.hpp"
+#include "tessera/kernels/attention.hpp"
+#include "tessera/kernels/attention_merge.hpp"
 #include "tessera/kernels/elementwise.hpp"
 #include "tessera/runtime/env.hpp"
 #include "tessera/runtime/error.hpp"
@@ -169,12 +173,15 @@ struct GpuExecutor::Impl {
   std::vector<void*> mem;     // per block
   std::vector<LtGemm> gemms;  // prepared GEMMs / f32 adds, indexed through prepared[op]
   std::vector<LtAddF32> adds;
-  std::vector<int> prepared;  // per op: index into gemms or adds, -1 otherwise
+  std::vector<kernels::AttentionArgs> attns;  // prepared attention calls (validated)
+  std::vector<kernels::AttentionMergeArgs> merges;
+  std::vector<int> prepared;  // per op: index into gemms, adds, attns or merges, -1 otherwise
   int add_ctas = 1;           // CTAs of the bf16 add kernel (all SMs: it runs alone or after the GEMM)
   int comm_sms = 8;           // SMs a GEMM leaves to NCCL kernels in flight (TESSERA_COMMIR_COMM_SMS)
   cudaEvent_t ev = nullptr;
 
   std::size_t esize(int blk) const { return prog.blocks[blk].f32 ? 4 : 2; }
+  std::size_t block_bytes(int blk) const { return prog.blocks[blk].elements() * esize(blk); }
   char* ptr(const DevView& v) const { return static_cast<char*>(mem.at(v.block)) + v.offset * esize(v.block); }
   cudaStream_t stream(DevStream s) const { return s == DevStream::compute ? cs : ms; }
   static ncclDataType_t nccl_type(bool f32) { return f32 ? ncclFloat : ncclBfloat16; }
@@ -223,7 +230,58 @@ struct GpuExecutor::Impl {
         default:
           break;
       }
-      if (op.kind == DevOpKind::gemm) {
+      if (op.kind == DevOpKind::attention) {
+        const DevAttn& d = op.attn;
+        kernels::AttentionArgs a;
+        a.q = ptr(d.q);
+        a.k = ptr(d.k);
+        a.v = ptr(d.v);
+        a.o = ptr(d.o);
+        a.lse = reinterpret_cast<float*>(ptr(d.lse));
+        a.lse_batch_stride = d.lse_stride[0];
+        a.lse_head_stride = d.lse_stride[1];
+        a.batch = d.batch;
+        a.seqlen_q = d.seq_q;
+        a.seqlen_k = d.seq_k;
+        a.heads_q = d.heads_q;
+        a.heads_kv = d.heads_kv;
+        a.head_dim = d.head_dim;
+        // DevAttn strides are (batch, head, seq); AttnStrides (batch, seq, head).
+        a.q_stride = {d.q_stride[0], d.q_stride[2], d.q_stride[1]};
+        a.k_stride = {d.k_stride[0], d.k_stride[2], d.k_stride[1]};
+        a.v_stride = {d.v_stride[0], d.v_stride[2], d.v_stride[1]};
+        a.o_stride = {d.o_stride[0], d.o_stride[2], d.o_stride[1]};
+        a.dtype = DType::bf16;
+        a.causal = false;
+        kernels::validate(a, op.what.c_str());  // the kernel's limits (head_dim, sm_90, alignment), before any launch
+        attns.push_back(a);
+        prepared[i] = static_cast<int>(attns.size()) - 1;
+      } else if (op.kind == DevOpKind::merge) {
+        const DevMerge& d = op.merge;
+        kernels::AttentionMergeArgs m;
+        m.o_acc = reinterpret_cast<float*>(ptr(d.acc));
+        m.lse_acc = reinterpret_cast<float*>(ptr(d.acc_lse));
+        if (d.part.block >= 0) {
+          m.o_part = ptr(d.part);
+          m.lse_part = reinterpret_cast<const float*>(ptr(d.part_lse));
+        }
+        m.init = d.init;
+        m.write_acc = d.write_acc;
+        if (d.out.block >= 0) {
+          m.o_out = ptr(d.out);
+          m.lse_out = reinterpret_cast<float*>(ptr(d.out_lse));
+        }
+        m.batch = 1;  // whole blocks of one box: a flat list of query rows
+        m.seq = std::max<std::int64_t>(d.points, 1);
+        m.heads = 1;
+        m.head_dim = d.head_dim;
+        m.row0 = 0;
+        m.rows = d.points;
+        m.dtype = DType::bf16;
+        kernels::validate(m);
+        merges.push_back(m);
+        prepared[i] = static_cast<int>(merges.size()) - 1;
+      } else if (op.kind == DevOpKind::gemm) {
         gemms.emplace_back();
         prepared[i] = static_cast<int>(gemms.size()) - 1;
         const int target = comm_in_flight && comm_sms > 0 ? add_ctas - comm_sms : 0;
@@ -249,8 +307,13 @@ struct GpuExecutor::Impl {
     const cudaStream_t s = stream(op.stream);
     switch (op.kind) {
       case DevOpKind::zero:
-        TESSERA_CUDA_CHECK(
-            cudaMemsetAsync(mem.at(op.dst.block), 0, prog.blocks[op.dst.block].box.volume() * esize(op.dst.block), s));
+        TESSERA_CUDA_CHECK(cudaMemsetAsync(mem.at(op.dst.block), 0, block_bytes(op.dst.block), s));
+        break;
+      case DevOpKind::attention:
+        kernels::attention(attns.at(prepared[i]), s);
+        break;
+      case DevOpKind::merge:
+        kernels::attention_merge(merges.at(prepared[i]), s);
         break;
       case DevOpKind::copy: {
         const std::size_t e = op.f32 ? 4 : 2;
@@ -324,6 +387,7 @@ GpuExecutor::GpuExecutor(const Plan& plan, int rank, ncclComm_t comm, cudaStream
   auto& I = *impl_;
   GpuProgramOptions po;
   po.b_nk = opts.b_nk;
+  po.schedule = opts.schedule;
   I.prog = build_gpu_program(plan, rank, po);  // every check, before anything is allocated or launched
   int dev = 0;
   TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
@@ -341,8 +405,18 @@ GpuExecutor::GpuExecutor(const Plan& plan, int rank, ncclComm_t comm, cudaStream
   // issued ops, so communication and compute keep overlapping; run() reuses them.
   I.mem.assign(I.prog.blocks.size(), nullptr);
   for (std::size_t b = 0; b < I.prog.blocks.size(); ++b)
-    TESSERA_CUDA_CHECK(cudaMalloc(&I.mem[b], std::max<std::size_t>(I.prog.blocks[b].box.volume() * I.esize(b), 16)));
-  I.prepare();
+    TESSERA_CUDA_CHECK(cudaMalloc(&I.mem[b], std::max<std::size_t>(I.block_bytes(static_cast<int>(b)), 16)));
+  try {
+    I.prepare();  // may refuse the plan (cuBLASLt, the attention kernel's limits): nothing has launched
+  } catch (...) {
+    for (auto& g : I.gemms) g.destroy();
+    for (auto& a : I.adds) a.destroy();
+    for (void* p : I.mem) cudaFree(p);
+    cudaFree(I.ws);
+    cudaEventDestroy(I.ev);
+    cublasLtDestroy(I.lt);
+    throw;
+  }
 }
 
 GpuExecutor::~GpuExecutor() {
@@ -368,6 +442,43 @@ void GpuExecutor::set_input(const std::string& name, const std::vector<float>& f
   auto& I = *impl_;
   const Grid& g = I.plan.grid;
   const Buffer& b = g.buffer(name, "commir gpu executor");
+  if (g.kernel == "attention") {  // N-D blocks: row-major over the box, elem values per point
+    std::vector<std::int64_t> ext;
+    std::int64_t total = b.elem;
+    for (const auto& d : b.dims) {
+      ext.push_back((g.axis(d.axis).extent + d.group - 1) / d.group);
+      total *= ext.back();
+    }
+    TESSERA_CHECK(static_cast<std::int64_t>(full.size()) == total, "commir gpu executor: {} has {} values, expected {}",
+                  name, full.size(), total);
+    TESSERA_CHECK(I.plan.initial.count(name), "commir gpu executor: {} is not an input of the plan", name);
+    for (const auto& [buf, blk] : I.prog.inputs) {
+      if (buf != name) continue;
+      const DevBlockInfo& d = I.prog.blocks[blk];
+      std::vector<__nv_bfloat16> host(d.elements());
+      const std::size_t n = d.box.r.size();
+      const std::int64_t run = d.box.r[n - 1].size() * b.elem;  // contiguous on both sides
+      std::vector<std::int64_t> p(n);
+      for (std::size_t i = 0; i < n; ++i) p[i] = d.box.r[i].lo;
+      std::int64_t at = 0;
+      while (d.box.volume() > 0) {
+        std::int64_t src = 0;
+        for (std::size_t i = 0; i < n; ++i) src = src * ext[i] + p[i];
+        src *= b.elem;
+        for (std::int64_t e = 0; e < run; ++e) host[at + e] = __float2bfloat16(full[src + e]);
+        at += run;
+        int k = static_cast<int>(n) - 2;
+        while (k >= 0 && ++p[k] == d.box.r[k].hi) {
+          p[k] = d.box.r[k].lo;
+          --k;
+        }
+        if (k < 0) break;
+      }
+      TESSERA_CUDA_CHECK(
+          cudaMemcpyAsync(I.mem[blk], host.data(), host.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice, I.cs));
+    }
+    return;
+  }
   const std::int64_t cols = g.axis(b.dims[1].axis).extent, rows = g.axis(b.dims[0].axis).extent;
   TESSERA_CHECK(static_cast<std::int64_t>(full.size()) == rows * cols,
                 "commir gpu executor: {} has {} values, expected {}", name, full.size(), rows * cols);
@@ -394,7 +505,7 @@ void GpuExecutor::poison() {
   for (const auto& [buf, blk] : I.prog.inputs) input[blk] = true;
   for (std::size_t b = 0; b < I.prog.blocks.size(); ++b)
     if (!input[b])  // all ones: NaN in bf16 and f32
-      TESSERA_CUDA_CHECK(cudaMemsetAsync(I.mem[b], 0xFF, I.prog.blocks[b].box.volume() * I.esize(b), I.cs));
+      TESSERA_CUDA_CHECK(cudaMemsetAsync(I.mem[b], 0xFF, I.block_bytes(static_cast<int>(b)), I.cs));
 }
 
 void GpuExecutor::run() {
@@ -415,10 +526,11 @@ std::vector<std::pair<Box, std::vector<float>>> GpuExecutor::output(const std::s
   auto it = I.prog.outputs.find(name);
   TESSERA_CHECK(it != I.prog.outputs.end(), "commir gpu executor: {} is not an output of the plan", name);
   std::vector<std::pair<Box, std::vector<float>>> out;
+  const std::int64_t elem = I.plan.grid.buffer(name).elem;
   for (const auto& [want, pieces] : it->second) {
-    std::vector<float> vals(want.volume(), std::numeric_limits<float>::quiet_NaN());
-    const std::int64_t w = want.r[1].size();
+    std::vector<float> vals(want.volume() * elem, std::numeric_limits<float>::quiet_NaN());
     for (const auto& p : pieces) {
+      const std::int64_t w = p.host_ld > 0 ? p.host_ld : want.r[1].size();
       if (I.prog.blocks[p.src.block].f32) {
         TESSERA_CUDA_CHECK(cudaMemcpy2D(vals.data() + p.host_offset, w * 4, I.ptr(p.src), p.src.ld * 4, p.cols * 4,
                                         p.rows, cudaMemcpyDeviceToHost));

@@ -150,8 +150,110 @@ struct Sim {
               at(r, op.dst, i, j) = sum;
           }
         break;
+      case DevOpKind::attention:
+        attention(r, op);
+        break;
+      case DevOpKind::merge:
+        merge(r, op);
+        break;
       default:
         TESSERA_FAIL("gpu program simulation: rank {}: unexpected {}", r, dev_op_name(op.kind));
+    }
+  }
+
+  double& elem_at(int r, int blk, std::int64_t e) {
+    auto& d = ranks[r].data.at(blk);
+    TESSERA_CHECK(e >= 0 && e < static_cast<std::int64_t>(d.size()),
+                  "gpu program simulation: rank {}: element {} outside block {} ({} elements)", r, e, blk, d.size());
+    return d[e];
+  }
+
+  // kernels::attention in double: O normalized, LSE natural log, scale 1/sqrt(head_dim).
+  void attention(int r, const DevOp& op) {
+    const DevAttn& a = op.attn;
+    for (int b : {a.q.block, a.k.block, a.v.block}) touch(r, op, b, false);
+    for (int b : {a.o.block, a.lse.block}) touch(r, op, b, true);
+    TESSERA_CHECK(a.heads_kv > 0 && a.heads_q % a.heads_kv == 0,
+                  "gpu program simulation: rank {}: {}: heads_q {} not a multiple of heads_kv {}", r, op.what,
+                  a.heads_q, a.heads_kv);
+    const std::int64_t G = a.heads_q / a.heads_kv, D = a.head_dim;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    std::vector<double> sc(a.seq_k);
+    for (std::int64_t b = 0; b < a.batch; ++b)
+      for (std::int64_t h = 0; h < a.heads_q; ++h)
+        for (std::int64_t i = 0; i < a.seq_q; ++i) {
+          const std::int64_t qo = a.q.offset + b * a.q_stride[0] + h * a.q_stride[1] + i * a.q_stride[2];
+          double mx = -std::numeric_limits<double>::infinity();
+          for (std::int64_t j = 0; j < a.seq_k; ++j) {
+            const std::int64_t ko = a.k.offset + b * a.k_stride[0] + (h / G) * a.k_stride[1] + j * a.k_stride[2];
+            double dot = 0;
+            for (std::int64_t e = 0; e < D; ++e) dot += elem_at(r, a.q.block, qo + e) * elem_at(r, a.k.block, ko + e);
+            sc[j] = dot * scale;
+            mx = std::max(mx, sc[j]);
+          }
+          double sum = 0;
+          for (auto& x : sc) sum += (x = std::exp(x - mx));
+          const std::int64_t oo = a.o.offset + b * a.o_stride[0] + h * a.o_stride[1] + i * a.o_stride[2];
+          for (std::int64_t e = 0; e < D; ++e) {
+            double v = 0;
+            for (std::int64_t j = 0; j < a.seq_k; ++j)
+              v += sc[j] / sum *
+                   elem_at(r, a.v.block,
+                           a.v.offset + b * a.v_stride[0] + (h / G) * a.v_stride[1] + j * a.v_stride[2] + e);
+            elem_at(r, a.o.block, oo + e) = v;
+          }
+          elem_at(r, a.lse.block, a.lse.offset + b * a.lse_stride[0] + h * a.lse_stride[1] + i) = mx + std::log(sum);
+        }
+  }
+
+  // kernels::attention_merge in double (the same weights, the same skipping
+  // of a zero weight, so a never-written accumulator under init stays unread).
+  void merge(int r, const DevOp& op) {
+    const DevMerge& m = op.merge;
+    if (!m.init) {
+      touch(r, op, m.acc.block, false);
+      touch(r, op, m.acc_lse.block, false);
+    }
+    if (m.part.block >= 0) {
+      touch(r, op, m.part.block, false);
+      touch(r, op, m.part_lse.block, false);
+    }
+    if (m.write_acc) {
+      touch(r, op, m.acc.block, true);
+      touch(r, op, m.acc_lse.block, true);
+    }
+    if (m.out.block >= 0) {
+      touch(r, op, m.out.block, true);
+      touch(r, op, m.out_lse.block, true);
+    }
+    constexpr double kInf = std::numeric_limits<double>::infinity();
+    const std::int64_t D = m.head_dim;
+    std::vector<double> v(D);
+    for (std::int64_t p = 0; p < m.points; ++p) {
+      const double la = m.init ? -kInf : elem_at(r, m.acc_lse.block, m.acc_lse.offset + p);
+      const double lb = m.part.block >= 0 ? elem_at(r, m.part_lse.block, m.part_lse.offset + p) : -kInf;
+      const double mx = std::max(la, lb);
+      double wa = 0, wb = 0, lse = -kInf;
+      if (mx != -kInf) {
+        wa = std::exp(la - mx);
+        wb = std::exp(lb - mx);
+        const double sum = wa + wb;
+        lse = mx + std::log(sum);
+        wa /= sum;
+        wb /= sum;
+      }
+      for (std::int64_t e = 0; e < D; ++e) {
+        double x = 0;
+        if (wa != 0) x += wa * elem_at(r, m.acc.block, m.acc.offset + p * D + e);
+        if (wb != 0) x += wb * elem_at(r, m.part.block, m.part.offset + p * D + e);
+        v[e] = x;
+      }
+      for (std::int64_t e = 0; e < D; ++e) {
+        if (m.write_acc) elem_at(r, m.acc.block, m.acc.offset + p * D + e) = v[e];
+        if (m.out.block >= 0) elem_at(r, m.out.block, m.out.offset + p * D + e) = v[e];
+      }
+      if (m.write_acc) elem_at(r, m.acc_lse.block, m.acc_lse.offset + p) = lse;
+      if (m.out.block >= 0) elem_at(r, m.out_lse.block, m.out_lse.offset + p) = lse;
     }
   }
 
@@ -355,22 +457,45 @@ GpuSimRun simulate_gpu_programs(const Plan& plan, std::vector<DevProgram> progra
   Sim sim(plan);
   sim.progs = std::move(programs);
   sim.ranks.resize(W);
-  auto width = [&](const std::string& name) { return g.axis(g.buffer(name).dims[1].axis).extent; };
+  // Row-major index of a point (and element) of buffer `name` in its full tensor.
+  auto full_index = [&](const std::string& name, const std::vector<std::int64_t>& p, std::int64_t e) {
+    const Buffer& b = g.buffer(name);
+    std::int64_t i = 0;
+    for (std::size_t d = 0; d < b.dims.size(); ++d)
+      i = i * ((g.axis(b.dims[d].axis).extent + b.dims[d].group - 1) / b.dims[d].group) + p[d];
+    return i * b.elem + e;
+  };
+  // Calls fn(point, k) for every point of `bx` in row-major order (k = 0, 1, ...).
+  auto for_points = [](const Box& bx, const auto& fn) {
+    if (bx.volume() == 0) return;
+    std::vector<std::int64_t> p(bx.r.size());
+    for (std::size_t i = 0; i < p.size(); ++i) p[i] = bx.r[i].lo;
+    for (std::int64_t k = 0;; ++k) {
+      fn(p, k);
+      int d = static_cast<int>(p.size()) - 1;
+      while (d >= 0 && ++p[d] == bx.r[d].hi) {
+        p[d] = bx.r[d].lo;
+        --d;
+      }
+      if (d < 0) return;
+    }
+  };
   for (int r = 0; r < W; ++r) {
     RankSim& R = sim.ranks[r];
     R.prog = &sim.progs[r];
-    for (const auto& b : R.prog->blocks) R.data.emplace_back(b.box.volume(), kNaN);
+    for (const auto& b : R.prog->blocks) R.data.emplace_back(b.elements(), kNaN);
     R.access.resize(R.prog->blocks.size());
     for (const auto& [name, blk] : R.prog->inputs) {
       auto it = inputs.find(name);
       TESSERA_CHECK(it != inputs.end(), "gpu program simulation: no input tensor {}", name);
       const Box& bx = R.prog->blocks[blk].box;
       const bool tr = R.prog->blocks[blk].transposed;  // column-major, as the executor uploads it
-      const std::int64_t w = width(name);
-      for (std::int64_t i = bx.r[0].lo; i < bx.r[0].hi; ++i)
-        for (std::int64_t j = bx.r[1].lo; j < bx.r[1].hi; ++j)
-          R.data[blk][tr ? (j - bx.r[1].lo) * bx.r[0].size() + (i - bx.r[0].lo)
-                         : (i - bx.r[0].lo) * bx.r[1].size() + (j - bx.r[1].lo)] = it->second.at(i * w + j);
+      const std::int64_t el = R.prog->blocks[blk].elem;
+      for_points(bx, [&](const std::vector<std::int64_t>& p, std::int64_t k) {
+        for (std::int64_t e = 0; e < el; ++e)
+          R.data[blk][tr ? (p[1] - bx.r[1].lo) * bx.r[0].size() + (p[0] - bx.r[0].lo) : k * el + e] =
+              it->second.at(full_index(name, p, e));
+      });
     }
   }
   sim.run();
@@ -381,21 +506,23 @@ GpuSimRun simulate_gpu_programs(const Plan& plan, std::vector<DevProgram> progra
     for (const auto& [name, boxes] : sim.progs[r].outputs) {
       auto it = expected.find(name);
       TESSERA_CHECK(it != expected.end(), "gpu program simulation: no expected tensor {}", name);
-      const std::int64_t w = width(name);
+      const std::int64_t el = g.buffer(name).elem;
       for (const auto& [want, pieces] : boxes) {
-        std::vector<double> got(want.volume(), kNaN);
-        for (const auto& p : pieces)
+        std::vector<double> got(want.volume() * el, kNaN);
+        for (const auto& p : pieces) {
+          const std::int64_t ld = p.host_ld > 0 ? p.host_ld : want.r[1].size();
           for (std::int64_t i = 0; i < p.rows; ++i)
-            for (std::int64_t j = 0; j < p.cols; ++j)
-              got[p.host_offset + i * want.r[1].size() + j] = sim.at(r, p.src, i, j);
-        for (std::int64_t i = 0; i < want.r[0].size(); ++i)
-          for (std::int64_t j = 0; j < want.r[1].size(); ++j) {
-            const double ref = it->second.at((want.r[0].lo + i) * w + want.r[1].lo + j);
-            const double diff = got[i * want.r[1].size() + j] - ref;
+            for (std::int64_t j = 0; j < p.cols; ++j) got.at(p.host_offset + i * ld + j) = sim.at(r, p.src, i, j);
+        }
+        for_points(want, [&](const std::vector<std::int64_t>& pt, std::int64_t k) {
+          for (std::int64_t e = 0; e < el; ++e) {
+            const double ref = it->second.at(full_index(name, pt, e));
+            const double diff = got[k * el + e] - ref;
             num += std::isnan(diff) ? std::numeric_limits<double>::infinity() : diff * diff;
             den += ref * ref;
           }
-        res.checked_elements += want.volume();
+        });
+        res.checked_elements += want.volume() * el;
       }
     }
     const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);

@@ -655,12 +655,15 @@ void Lowerer::accumulate_output(const Buffer& b, int t, const std::vector<std::i
       it->second.second = t;
       continue;
     }
+    bool ring = false, moved = false;  // ring: the output is reduced along a shifted loop (no collective)
     for (int si = static_cast<int>(seq.size()) - 1; si >= 0; --si) {
       const Loop& lp = g.loops[seq[si]];
-      if (lp.shift_by.empty() || tv[si] == 0) continue;
+      if (lp.shift_by.empty()) continue;
       const int lvl = level_of(lp.shift_by);
       const Placement* p = pl[lvl];
       if (!p || !p->along_is_loop || p->along != lp.name) continue;
+      ring = true;
+      if (tv[si] == 0) continue;
       const int q = neighbor(r, lvl, +1);
       auto tv2 = tv;
       tv2[si] -= 1;
@@ -670,8 +673,24 @@ void Lowerer::accumulate_output(const Buffer& b, int t, const std::vector<std::i
       if (jt == theirs.end() || jt->second.second != t2) continue;
       p2p(q, r, b.name, cell, t2, Slot::partial_send, t, true, aes);
       theirs.erase(jt);
+      moved = true;
       break;
     }
+    // A ring-reduced cell is never reduced by a collective, so its partial
+    // must reach the rank that continues it even when the neighbour did not
+    // finish it one step earlier (further sequential loops inside the shifted
+    // one, or an order that revisits cells after the ring wrapped): from
+    // whichever rank holds it, after that rank's last use.
+    if (ring && !moved)
+      for (int q = 0; q < W; ++q) {
+        if (q == r) continue;
+        auto& theirs = acc[b.name][q];
+        auto jt = theirs.find(key_of(cell));
+        if (jt == theirs.end() || jt->second.second >= t) continue;
+        p2p(q, r, b.name, cell, jt->second.second, Slot::partial_send, t, true, aes);
+        theirs.erase(jt);
+        break;
+      }
     mine[key_of(cell)] = {cell, t};
     // An upper bound: a cell moved away stays counted on the rank it left.
     charge(r, t, T + 1, cell.volume() * aes);

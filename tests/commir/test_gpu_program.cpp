@@ -17,6 +17,8 @@
 #include "tessera/commir/cpu_executor.hpp"
 #include "tessera/commir/gpu_program.hpp"
 #include "tessera/commir/schedules.hpp"
+#include "tessera/commir/transforms.hpp"
+#include "tessera/commir/tuner.hpp"
 
 using namespace tessera::commir;
 
@@ -346,4 +348,283 @@ TEST(CommirGpuProgram, OutsideTheGpuLimitsIsAClearError) {
   const Plan p = gemm_plan(13, 10, 11, 2, "async_ag_gemm");
   const Data d = fresh(p);
   EXPECT_LT(simulate_gpu_programs(p, d.in, d.ref).max_rel_error, 1e-12);
+}
+
+// ---- attention plans ------------------------------------------------------
+
+namespace {
+
+Plan attention_plan(const std::vector<std::int64_t>& s, int world, const std::string& name) {
+  return lower(scheduled(make_attention(s[0], s[1], s[2], s[3], s[4], s[5], {world}, tessera::DType::f32), name));
+}
+
+std::int64_t final_elements(const Plan& p) {
+  std::int64_t n = 0;
+  for (const auto& [b, regions] : p.final)
+    for (const auto& reg : regions)
+      for (const auto& bx : reg) n += bx.volume() * p.grid.buffer(b).elem;
+  return n;
+}
+
+int count_ops(const DevProgram& prog, DevOpKind k) { return static_cast<int>(positions(prog, k).size()); }
+
+}  // namespace
+
+// Every attention schedule `tessera plan attention` lists for a one-level
+// mesh: the device programs of all ranks (attention calls, LSE merges,
+// point-to-point transfers of the plan's boxes) simulate to the reference —
+// the same result the CPU executor reaches — MHA and GQA, regular and ragged
+// lengths, batch 1 and 2 (boxes that are not contiguous in their blocks).
+TEST(CommirGpuProgram, EveryAttentionScheduleSimulatesExactly) {
+  const std::vector<std::vector<std::int64_t>> shapes{
+      {1, 8, 8, 16, 16, 4}, {2, 8, 2, 11, 13, 3}, {1, 8, 4, 9, 10, 2}, {2, 4, 1, 8, 12, 2}};
+  int ran = 0;
+  for (int world : {2, 4, 8})
+    for (const auto& sh : shapes)
+      for (const auto& name : schedule_names("attention", 1)) {
+        SCOPED_TRACE(fmt::format("{} on {} ranks, attention b{} h{} hkv{} q{} kv{} d{}", name, world, sh[0], sh[1],
+                                 sh[2], sh[3], sh[4], sh[5]));
+        Plan p;
+        try {
+          p = attention_plan(sh, world, name);
+        } catch (const std::exception&) {  // the schedule does not fit the shape (4 heads on 8 ranks)
+          EXPECT_EQ(sh[1], 4);
+          continue;
+        }
+        ++ran;
+        const Data d = fresh(p);
+        ASSERT_LT(run_cpu(p, d.in, d.ref).max_rel_error, 1e-12);
+        GpuSimRun run;
+        try {
+          run = simulate_gpu_programs(p, d.in, d.ref, GpuProgramOptions{true, name});
+        } catch (const std::exception& e) {
+          FAIL() << e.what() << "\n" << describe(p, 40);
+        }
+        EXPECT_LT(run.max_rel_error, 1e-12);
+        EXPECT_EQ(run.checked_elements, final_elements(p));
+        EXPECT_GT(run.ops, 0);
+      }
+  EXPECT_GE(ran, 3 * 4 * 6 - 4);
+}
+
+// Every schedule `tessera plan attention` ranks for a one-level mesh (the
+// tuner's feasible candidates: head / query / kv parallel, gathers,
+// all-to-alls, rings of K/V or of partials, extra kv tiling merged locally,
+// reduce-scatters along q or h) simulates to the reference too, or is
+// refused at build time — none is, today.
+TEST(CommirGpuProgram, EveryTunerAttentionCandidateSimulatesExactly) {
+  const MachineProfile h100 = builtin_profile("h100");
+  int ran = 0;
+  for (int world : {2, 4})
+    for (const auto& sh : std::vector<std::vector<std::int64_t>>{{1, 8, 2, 16, 16, 2}, {2, 4, 4, 12, 10, 2}}) {
+      const Grid op = make_attention(sh[0], sh[1], sh[2], sh[3], sh[4], sh[5], {world}, tessera::DType::f32);
+      const TuneResult res = tune(op, h100);
+      ASSERT_GT(res.ranked.size(), 0u);
+      for (const Candidate& c : res.ranked) {
+        SCOPED_TRACE(fmt::format("{} on {} ranks, shape {}", c.script, world, fmt::join(sh, ",")));
+        const Plan p = lower(c.grid);
+        const Data d = fresh(p);
+        ASSERT_LT(run_cpu(p, d.in, d.ref).max_rel_error, 1e-12);
+        try {
+          const GpuSimRun run = simulate_gpu_programs(p, d.in, d.ref, GpuProgramOptions{true, c.script});
+          EXPECT_LT(run.max_rel_error, 1e-12);
+          EXPECT_EQ(run.checked_elements, final_elements(p));
+          ++ran;
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << e.what() << "\n" << describe(p, 40);
+        }
+      }
+    }
+  EXPECT_GT(ran, 50);
+}
+
+// What each schedule's program does on rank 0 of 2 (GQA 4/2 heads, batch 2):
+// the kernel calls, the merges and the NCCL transfers the plan implies.
+TEST(CommirGpuProgram, AttentionProgramsHaveTheExpectedShape) {
+  const std::vector<std::int64_t> sh{2, 4, 2, 16, 16, 64};
+  auto prog = [&](const std::string& name) { return build_gpu_program(attention_plan(sh, 2, name), 0); };
+  {  // context parallel, K/V replicated: one kernel call, nothing moves
+    const DevProgram p = prog("cp");
+    EXPECT_EQ(count_ops(p, DevOpKind::attention), 1);
+    EXPECT_EQ(count_ops(p, DevOpKind::merge), 0);
+    EXPECT_EQ(count_ops(p, DevOpKind::send) + count_ops(p, DevOpKind::recv), 0);
+  }
+  {  // all-gather of K and V (one send + one receive each), then one call
+    const DevProgram p = prog("cp_ag");
+    EXPECT_EQ(count_ops(p, DevOpKind::attention), 1);
+    EXPECT_EQ(count_ops(p, DevOpKind::send), 2);
+    EXPECT_EQ(count_ops(p, DevOpKind::recv), 2);
+    EXPECT_EQ(count_ops(p, DevOpKind::merge), 0);
+  }
+  {  // ring: the peer's K/V block arrives during step 0's call; step 1 merges
+    // into the accumulator made from step 0's partial and writes the bf16 result
+    const DevProgram p = prog("ring");
+    EXPECT_EQ(count_ops(p, DevOpKind::attention), 2);
+    EXPECT_EQ(count_ops(p, DevOpKind::merge), 2);
+    const auto group = positions(p, DevOpKind::group_start), calls = positions(p, DevOpKind::attention);
+    ASSERT_EQ(group.size(), 1u);
+    EXPECT_LT(group[0], calls[0]) << listing(p);
+    const auto waits = positions(p, DevOpKind::compute_waits_comm);
+    ASSERT_EQ(waits.size(), 1u) << listing(p);
+    EXPECT_GT(waits[0], calls[0]) << listing(p);
+    EXPECT_LT(waits[0], calls[1]) << listing(p);
+    const DevOp& last = p.ops[positions(p, DevOpKind::merge).back()];
+    EXPECT_FALSE(last.merge.write_acc);
+    ASSERT_GE(last.merge.out.block, 0);
+    EXPECT_FALSE(p.blocks[last.merge.out.block].f32);  // the result is the bf16 partial
+  }
+  {  // Ulysses: three all-to-alls in (one NCCL group: a send and a receive each), one call, one out (O and its LSE)
+    const DevProgram p = prog("ulysses");
+    EXPECT_EQ(count_ops(p, DevOpKind::attention), 1);
+    EXPECT_EQ(count_ops(p, DevOpKind::send), 5);
+    EXPECT_EQ(count_ops(p, DevOpKind::recv), 5);
+    EXPECT_EQ(count_ops(p, DevOpKind::group_start), 2);
+    for (const auto& op : p.ops)
+      if (op.kind == DevOpKind::send || op.kind == DevOpKind::recv)
+        EXPECT_EQ(op.f32, op.what.find("LSE") != std::string::npos) << op.what;
+  }
+  {  // tree (AllReduce of partials): the peer's partial merged with the own one, in rank order
+    const DevProgram p = prog("tree");
+    EXPECT_EQ(count_ops(p, DevOpKind::attention), 1);
+    EXPECT_EQ(count_ops(p, DevOpKind::merge), 2);
+  }
+}
+
+// The ring at R = 4: step t's kernel waits for step t's K/V block only, not
+// for step t + 1's, which is in flight during it (the compute stream's wait
+// comes before the next prefetch group is posted).
+TEST(CommirGpuProgram, RingAttentionOverlapsTheNextTransfer) {
+  for (int world : {3, 4, 8}) {
+    const Plan plan = attention_plan({1, 8, 8, 64, 64, 64}, world, "ring");
+    for (int r = 0; r < world; ++r) {
+      SCOPED_TRACE(fmt::format("{} ranks, rank {}", world, r));
+      const DevProgram p = build_gpu_program(plan, r);
+      const auto calls = positions(p, DevOpKind::attention), waits = positions(p, DevOpKind::compute_waits_comm),
+                 groups = positions(p, DevOpKind::group_start);
+      ASSERT_EQ(static_cast<int>(calls.size()), world);
+      for (int t = 1; t + 1 < world; ++t) {
+        auto before = [&](const std::vector<std::size_t>& v) {
+          std::size_t last = 0;
+          for (auto i : v)
+            if (i < calls[t]) last = i;
+          return last;
+        };
+        EXPECT_LT(before(waits), before(groups)) << "step " << t << "\n" << listing(p);
+        EXPECT_GT(before(waits), calls[t - 1]) << "step " << t << "\n" << listing(p);
+      }
+    }
+    const Data d = fresh(attention_plan({1, 4, 4, 12, 12, 2}, world, "ring"));
+    EXPECT_LT(simulate_gpu_programs(attention_plan({1, 4, 4, 12, 12, 2}, world, "ring"), d.in, d.ref).max_rel_error,
+              1e-12);
+  }
+}
+
+// GQA boxes that start inside a group of query heads sharing a KV head are
+// split into kernel calls that each index their KV heads from 0.
+TEST(CommirGpuProgram, AttentionSplitsHeadRunsAcrossKvGroups) {
+  // 6 heads over 3 ranks: [0,2) [2,4) [4,6) with groups of 3 -> rank 1 gets heads 2 | 3.
+  const Plan p = lower(scheduled(make_attention(1, 6, 2, 8, 8, 64, {3}, tessera::DType::f32), "ulysses"));
+  const DevProgram prog = build_gpu_program(p, 1);
+  const auto calls = positions(prog, DevOpKind::attention);
+  ASSERT_EQ(calls.size(), 2u) << listing(prog);
+  for (auto i : calls) {
+    EXPECT_EQ(prog.ops[i].attn.heads_q, 1);
+    EXPECT_EQ(prog.ops[i].attn.heads_kv, 1);
+  }
+  const Data d = fresh(p);
+  EXPECT_LT(simulate_gpu_programs(p, d.in, d.ref).max_rel_error, 1e-12);
+}
+
+// Partial attention results that ride a ring (kv parallel, q shifted: Q and
+// O pass rank to rank) carry O and LSE and merge on arrival.
+TEST(CommirGpuProgram, AttentionPartialsRideTheRing) {
+  for (int world : {2, 3, 4}) {
+    SCOPED_TRACE(fmt::format("{} ranks", world));
+    Grid g = make_attention(1, 2, 2, 8 + world, 12, 2, {world}, tessera::DType::f32);
+    tessera::commir::apply(
+        g, fmt::format("tile(kv,{0}) parallelize(kv0,0) tile(q,{0}) shift(q0,kv0) patch(attention)", world));
+    const Plan p = lower(g);
+    const Data d = fresh(p);
+    ASSERT_LT(run_cpu(p, d.in, d.ref).max_rel_error, 1e-12);
+    GpuSimRun run;
+    try {
+      run = simulate_gpu_programs(p, d.in, d.ref);
+    } catch (const std::exception& e) {
+      FAIL() << e.what() << "\n" << describe(p, 40);
+    }
+    EXPECT_LT(run.max_rel_error, 1e-12);
+    bool partial_lse = false;
+    for (const auto& op : build_gpu_program(p, 0).ops)
+      partial_lse |= op.kind == DevOpKind::send && op.f32 && op.what.find("partial") != std::string::npos;
+    EXPECT_TRUE(partial_lse);
+  }
+}
+
+// Schedules outside the GPU executor's limits are refused at build time,
+// before anything could launch, naming the schedule and why.
+TEST(CommirGpuProgram, AttentionOutsideTheLimitsIsRefusedNamingTheSchedule) {
+  for (const auto& mesh : std::vector<std::vector<int>>{{2, 2}, {1, 2}, {1, 8}})
+    for (const std::string& name : schedule_names("attention", 2)) {
+      SCOPED_TRACE(fmt::format("{} on {}", name, mesh_string(mesh)));
+      const Plan p = lower(scheduled(make_attention(1, 8, 8, 256, 256, 64, mesh), name));
+      try {
+        build_gpu_program(p, 0, GpuProgramOptions{true, name});
+        FAIL() << name << " on a 2x2 mesh built";
+      } catch (const std::exception& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("(" + name + ")"), std::string::npos) << what;
+        EXPECT_NE(what.find("one-level meshes only"), std::string::npos) << what;
+      }
+    }
+}
+
+// On a one-level mesh the two-level schedules are not listed: two_level
+// degenerates to the ring (the same grid, so it runs as ring does) and usp
+// is refused when it is scheduled, naming itself and why.
+TEST(CommirGpuProgram, TwoLevelSchedulesOnOneLevelMeshes) {
+  const Grid op = make_attention(1, 8, 8, 16, 16, 64, {2});
+  EXPECT_EQ(scheduled(op, "two_level"), scheduled(op, "ring"));
+  try {
+    scheduled(op, "usp");
+    FAIL() << "usp on a one-level mesh was scheduled";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("schedule usp: needs a two-level mesh"), std::string::npos) << e.what();
+  }
+}
+
+// CommirGpu.TunerAttentionCandidates' shape: every candidate the tuner
+// ranks builds on every rank, and simulates exactly at 2 ranks.
+TEST(CommirGpuProgram, TunerCandidatesOfTheGpuTestShapeBuild) {
+  for (int world : {2, 4, 8}) {
+    const Grid op = make_attention(1, 8, 2, 256, 256, 64, {world});
+    const TuneResult res = tune(op, builtin_profile("h100"));
+    ASSERT_GT(res.ranked.size(), 0u);
+    for (const Candidate& c : res.ranked) {
+      SCOPED_TRACE(fmt::format("{} on {} ranks", c.script, world));
+      const Plan p = lower(c.grid);
+      for (int r = 0; r < world; ++r) ASSERT_NO_THROW(build_gpu_program(p, r, GpuProgramOptions{true, c.script}));
+      if (world == 2) {
+        const Data d = fresh(p);
+        EXPECT_LT(simulate_gpu_programs(p, d.in, d.ref).max_rel_error, 1e-12);
+      }
+    }
+  }
+}
+
+// The GPU test's shapes and the benchmark's default shape (bench commir
+// --attention) build on every rank (no "is not present").
+TEST(CommirGpuProgram, AttentionGpuTestShapesBuildOnEveryRank) {
+  for (int world : {2, 4, 8})
+    for (const auto& sh : std::vector<std::vector<std::int64_t>>{
+             {2, 8, 2, 256, 256, 64}, {1, 8, 8, 384, 384, 128}, {1, 32, 8, 16384, 16384, 128}})
+      for (const auto& name : schedule_names("attention", 1)) {
+        const Plan p = lower(scheduled(make_attention(sh[0], sh[1], sh[2], sh[3], sh[4], sh[5], {world}), name));
+        for (int r = 0; r < world; ++r) {
+          SCOPED_TRACE(fmt::format("{} on {} ranks, rank {}", name, world, r));
+          DevProgram prog;
+          ASSERT_NO_THROW(prog = build_gpu_program(p, r, GpuProgramOptions{true, name}));
+          ASSERT_EQ(prog.outputs.count("O"), 1u);
+          EXPECT_GT(prog.bytes(), 0);
+        }
+      }
 }

@@ -149,3 +149,23 @@ TEST(CommirExec, ReadRingsStartFromTheOwnBlock) {
     EXPECT_LT(run_cpu(pl, in, reference(g, in)).max_rel_error, 1e-12) << describe(pl, 20);
   }
 }
+
+// A ring-reduced output whose partials do not pass to the neighbour one step
+// after it was last used — further sequential loops inside the shifted one,
+// or the shifted loop inside another so that the ring wraps and revisits
+// every cell — still reaches the rank that continues it (from whichever
+// rank holds it). `tessera plan attention` ranked such plans that dropped
+// partials (relative error ~0.4-1 on the CPU executor) before 2026-11-26.
+TEST(CommirExec, RingReducedPartialsSurviveInnerLoopsAndWraps) {
+  for (int p : {2, 4})
+    for (const std::string extra :
+         {"tile(kv,2)", "tile(kv,2) reorder(kv1,q0)", "tile(h,2)", "tile(h,2) reorder(h0,q0)"}) {
+      Grid g = make_attention(2, 4, 2, 8 + p, 12, 2, {p}, tessera::DType::f32);
+      tessera::commir::apply(
+          g, fmt::format("tile(kv,{0}) parallelize(kv0,0) tile(q,{0}) shift(q0,kv0) {1} patch(attention)", p, extra));
+      SCOPED_TRACE(print(g));
+      const Plan pl = lower(g);
+      const Tensors in = random_inputs(g, fresh_seed());
+      EXPECT_LT(run_cpu(pl, in, reference(g, in)).max_rel_error, 1e-12) << describe(pl, 30);
+    }
+}

@@ -1,6 +1,8 @@
-// tessera/commir/gpu_executor.hpp — runs a lowered GEMM Plan on GPUs with
-// NCCL (one process per rank) and cuBLASLt for the local GEMMs (what the
-// hand-built operators' sequential strategy uses).
+// tessera/commir/gpu_executor.hpp — runs a lowered GEMM or attention Plan on
+// GPUs with NCCL (one process per rank), cuBLASLt for the local GEMMs (what
+// the hand-built operators' sequential strategy uses) and Tessera's attention
+// kernel (kernels::attention, partial results merged by
+// kernels::attention_merge) for attention plans.
 //
 // The construction translates this rank's plan into a program of device ops
 // (commir/gpu_program.hpp: which blocks exist, where each step reads and
@@ -24,8 +26,17 @@
 // non-input block from the inputs; it starts after the previous run and the
 // uploads on both streams), so a benchmark times run() alone.
 //
-// Limits (checked, tessera::Error before anything is launched): GEMM plans
-// only; one-level meshes whose size equals the communicator's; collectives
+// Attention plans (gpu_program.hpp, "Attention plans"): every one-level
+// schedule `tessera plan attention` lists (cp, cp_ag, ring, ulysses, tree,
+// tree_rs). Inputs Q [b, h, q, d], K / V [b, h/g, kv, d] (the IR's
+// dimension order, head_dim innermost) are uploaded as bf16; the output O is
+// read back from bf16 whatever the Grid's dtype. Every kernel call's
+// arguments are checked by kernels::validate at construction (head_dim 64 or
+// 128, sm_90). Non-causal only: the IR has no causal attention.
+//
+// Limits (checked, tessera::Error before anything is launched, naming
+// GpuExecutorOptions::schedule when set): GEMM and attention plans;
+// one-level meshes whose size equals the communicator's; GEMM collectives
 // need equal, contiguous, full-width row blocks in rank order (extents
 // divisible by the world size); no AllToAll; a bf16 partial merge needs row
 // widths that are multiples of 8 elements. output() and the destructor wait
@@ -50,6 +61,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "tessera/commir/plan.hpp"
@@ -61,6 +73,8 @@ struct GpuExecutorOptions {
   int comm_sms = -1;
   /// Store B as [n, k] where the plan allows (see GpuProgramOptions::b_nk).
   bool b_nk = true;
+  /// The schedule's name, for messages (GpuProgramOptions::schedule).
+  std::string schedule;
 };
 
 class GpuExecutor {
@@ -73,7 +87,8 @@ class GpuExecutor {
   GpuExecutor& operator=(const GpuExecutor&) = delete;
 
   /// Uploads this rank's initial region of input `name` from the full
-  /// row-major host tensor (float values, converted to bf16).
+  /// row-major host tensor (float values, converted to bf16; attention
+  /// buffers [dims..., head_dim]).
   void set_input(const std::string& name, const std::vector<float>& full);
   /// Issues every step of this rank's plan (asynchronous on the streams).
   void run();
@@ -85,7 +100,7 @@ class GpuExecutor {
   /// Whether B is stored [n, k] in this run (the option and the plan allow it).
   bool b_nk() const;
   /// Waits for completion and returns this rank's required final region of
-  /// output `name` as (box, row-major values) pairs.
+  /// output `name` as (box, row-major values) pairs (attention: [box..., head_dim]).
   std::vector<std::pair<Box, std::vector<float>>> output(const std::string& name);
 
  private:

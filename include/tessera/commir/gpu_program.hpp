@@ -42,6 +42,41 @@
 // bf16 or f32; collectives over the whole world on row blocks
 // that NCCL can address: AllGather/ReduceScatter parts equal, contiguous,
 // full-width and in rank order; no AllToAll.
+//
+// Attention plans (kernel "attention", one-level meshes; design notes in
+// docs/design/commir.md) use the same builder with N-D blocks: a block holds a box of its
+// buffer's dimensions (Q, O: [b, h, q], K, V: [b, h/g, kv]) row-major with
+// `elem` (head_dim) trailing elements — the kernel's [batch, heads, seq,
+// head_dim] with strides. Differences from GEMM plans:
+//  - compute: one kernels::attention call per run of query heads that maps
+//    onto its KV heads (GQA boxes that start inside a KV-head group are
+//    split), writing a fresh partial (O in bf16, LSE in f32: the kernel's
+//    outputs); the first contribution to an output cell is that partial;
+//    later ones merge into it (kernels::attention_merge: a float32 running
+//    accumulator, initialized from the held partial; the last contribution
+//    known on this rank writes the bf16 partial instead of the accumulator).
+//  - every output block has a companion LSE block (DevBlockInfo::lse);
+//    output transfers carry both (O bf16, LSE f32), and a block is always a
+//    bf16 partial when it leaves, is collected or is read back.
+//  - every collective is an NCCL group of sends/receives with the plan's
+//    boxes (AllGather, AllToAll, Broadcast: each member sends each other
+//    member the part of its `before` region the other's `after` region
+//    needs; pieces not contiguous in their block are copied out first);
+//    the received pieces are held as blocks and assembled (N-D copies) where
+//    a step needs one box. AllReduce / ReduceScatter of partial attention
+//    results (tree schedules) exchange the partials the same way and merge
+//    them in rank order (same result on every rank).
+//    Collectives of one time on distinct buffers share one group.
+//  - the compute stream's wait for step t's received blocks comes before
+//    step t + 1's prefetch group (so step t's kernel does not wait for step
+//    t + 1's transfer); a send the plan posts steps before its receive
+//    leaves with the receive's group, reading the block even if the plan
+//    freed it meanwhile (no block's memory is reused within a run).
+//  - the inputs are bf16 and the output is returned in bf16 whatever the
+//    Grid's dtype (the kernel computes in bf16 with float32 accumulation).
+//  - limits left to the executor (checked before any launch): the kernel's
+//    (head_dim 64 or 128, sm_90); non-causal only (the IR has no causal
+//    attention).
 #pragma once
 
 #include <cstdint>
@@ -61,11 +96,18 @@ namespace tessera::commir {
 /// readback ever touches such a block.
 struct DevBlockInfo {
   std::string buffer;
-  Box box;  // [rows, cols] in buffer coordinates
+  Box box;  // [rows, cols] in buffer coordinates (attention: N-D, see elem)
   bool f32 = false;
   bool transposed = false;
+  std::int64_t elem = 1;  // trailing elements per point (attention: head_dim; 1 for LSE and GEMM blocks)
+  /// Attention output blocks: the companion block of float32 LSE values (one
+  /// per point, same box); -1 otherwise. An output block with f32 set is a
+  /// running accumulator (kernels::attention_merge's o_acc / lse_acc), else
+  /// a bf16 partial (normalized O and its LSE).
+  int lse = -1;
   std::int64_t rows() const { return box.r[0].size(); }
   std::int64_t cols() const { return box.r[1].size(); }
+  std::int64_t elements() const { return box.volume() * elem; }
 };
 
 /// Element (offset) of a block with a leading dimension, in elements. In a
@@ -96,8 +138,32 @@ enum class DevOpKind {
   broadcast,           // count elements from `root`'s src into every rank's dst
   comm_waits_compute,  // event: the comm stream waits for work issued on compute so far
   compute_waits_comm,  // event: the compute stream waits for work issued on comm so far
+  attention,           // kernels::attention: DevOp::attn (Q, K, V bf16 -> O bf16 + LSE f32)
+  merge,               // kernels::attention_merge: DevOp::merge (whole blocks of one box)
 };
 const char* dev_op_name(DevOpKind k);
+
+/// An attention call: [batch, heads, seq, head_dim] views with element
+/// strides (batch, head, seq) into their blocks; LSE [batch, heads_q, seq_q]
+/// with strides (batch, head), rows contiguous.
+struct DevAttn {
+  DevView q, k, v, o, lse;
+  std::int64_t batch = 0, seq_q = 0, seq_k = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
+  std::int64_t q_stride[3] = {0, 0, 0}, k_stride[3] = {0, 0, 0}, v_stride[3] = {0, 0, 0}, o_stride[3] = {0, 0, 0};
+  std::int64_t lse_stride[2] = {0, 0};
+};
+
+/// A merge of one partial into a running accumulator over `points` query
+/// rows of head_dim values, all views whole blocks of the same box (so the
+/// layout is a flat list of points): kernels::attention_merge with batch 1,
+/// heads 1, seq = points.
+struct DevMerge {
+  DevView acc, acc_lse;    // float32 running O and LSE (read unless init; written if write_acc)
+  DevView part, part_lse;  // bf16 O and float32 LSE, or block -1 (finalize only)
+  DevView out, out_lse;    // bf16 O and float32 LSE written, or block -1
+  bool init = false, write_acc = true;
+  std::int64_t points = 0, head_dim = 0;
+};
 
 struct DevOp {
   DevOpKind kind;
@@ -110,6 +176,8 @@ struct DevOp {
   bool accumulate = false;           // gemm: add to dst (beta = 1) instead of overwriting it
   bool b_nk = false;                 // gemm: B stored [n, k] (see DevOpKind::gemm)
   int peer = -1, root = -1;
+  DevAttn attn;      // attention
+  DevMerge merge;    // merge
   std::string what;  // the plan step it comes from (diagnostics)
 };
 
@@ -118,6 +186,7 @@ struct DevOp {
 struct DevReadback {
   DevView src;
   std::int64_t rows = 0, cols = 0, host_offset = 0;
+  std::int64_t host_ld = 0;  // leading dimension on the host; 0 = the wanted box's width (2-D GEMM boxes)
 };
 
 struct DevProgram {
@@ -127,7 +196,8 @@ struct DevProgram {
   std::vector<std::pair<std::string, int>> inputs;
   std::vector<DevOp> ops;
   /// Per output buffer: this rank's required final boxes, each with the
-  /// pieces that assemble it (later pieces overwrite earlier ones).
+  /// pieces that assemble it (later pieces overwrite earlier ones); the
+  /// host layout of a box is row-major over its dimensions and elem.
   std::map<std::string, std::vector<std::pair<Box, std::vector<DevReadback>>>> outputs;
   bool b_nk = false;           // B's blocks are stored transposed ([n, k], the weight layout)
   std::int64_t bytes() const;  // device memory of all blocks
@@ -141,6 +211,8 @@ struct GpuProgramOptions {
   /// every compute reads its B box from one input block; otherwise the
   /// program stays [k, n] (DevProgram::b_nk tells which).
   bool b_nk = true;
+  /// The schedule's name, for messages only ("commir gpu executor (ring): ...").
+  std::string schedule;
 };
 
 /// Builds rank `rank`'s program; throws tessera::Error ("commir gpu
