@@ -251,8 +251,9 @@ struct Builder {
         if (info(b).box == box) return b;
     return -1;
   }
-  // Blocks of `buf` intersecting `box`, in store order; Error unless they cover it.
-  std::vector<int> covering(const std::string& buf, const Box& box, const std::string& what) const {
+  // Blocks of `buf` intersecting `box`, in store order; Error unless they
+  // cover it (2-D boxes: covers_2d; any rank: covers_nd).
+  std::vector<int> covering(const std::string& buf, const Box& box, const std::string& what, bool nd = false) const {
     std::vector<int> ids;
     std::vector<Box> boxes;
     auto it = store.find(buf);
@@ -262,7 +263,7 @@ struct Builder {
           ids.push_back(b);
           boxes.push_back(info(b).box);
         }
-    if (!covers_2d(boxes, box))
+    if (!(nd ? covers_nd(boxes, box) : covers_2d(boxes, box)))
       fail(fmt::format("{}: {}{} is not present (holds {})", what, buf, box_text(box), held(buf)));
     return ids;
   }
@@ -765,18 +766,7 @@ struct Builder {
     *it = new_blk;
   }
   std::vector<int> covering_nd(const std::string& buf, const Box& box, const std::string& what) const {
-    std::vector<int> ids;
-    std::vector<Box> boxes;
-    auto it = store.find(buf);
-    if (it != store.end())
-      for (int b : it->second)
-        if (info(b).box.intersects(box)) {
-          ids.push_back(b);
-          boxes.push_back(info(b).box);
-        }
-    if (!covers_nd(boxes, box))
-      fail(fmt::format("{}: {}{} is not present (holds {})", what, buf, box_text(box), held(buf)));
-    return ids;
+    return covering(buf, box, what, true);
   }
   // Copies box `in` from block src to block dst (same elem and dtype).
   void copy_nd(int src, int dst, const Box& in, DevStream s, const std::string& what) {

@@ -49,15 +49,14 @@ struct TpShape {
 
 struct MoeContext::Impl {
   Scratch x_full, ids_full, w_full, offsets, counts, sorted, rows, permute_ws, gathered, inter, expert_out, partial,
-      recv, flags, warm;
+      recv, flags;
   std::int32_t* flags_ptr = nullptr;  ///< see kStatusBase and status_index
   int last_status_shards = 0;         ///< shards whose GEMM status words the last call wrote (0: none)
   detail::TuneState tune;             ///< automatic's choices and cache
   std::set<TpShape> agreed;           ///< signatures every rank has confirmed (one host exchange each)
 
   // pipelined: the split communicator and the per-step events.
-  std::unique_ptr<signal::OverlapComm> comm;
-  int comm_ctas = 0;
+  detail::PipelineComm pipe;
   cudaEvent_t ev_start = nullptr, ev_route = nullptr, ev_rs_done = nullptr;
   std::vector<cudaEvent_t> ev_x, ev_part;
 
@@ -74,38 +73,16 @@ struct MoeContext::Impl {
     return e;
   }
 
-  bool pipeline_ready(int ctas, int world) const {
-    return comm && comm_ctas == ctas && static_cast<int>(ev_x.size()) >= world;
-  }
+  bool pipeline_ready(int ctas, int world) const { return pipe.ready(ctas) && static_cast<int>(ev_x.size()) >= world; }
 
   /// Collective (every rank's first pipelined call, or a new comm_ctas):
-  /// splits the communicator, then connects every ring step's pair both
-  /// ways once, so no connection is set up inside a timed call.
+  /// the split communicator (PipelineComm) and the per-step events.
   void ensure_pipeline(runtime::ProcessGroup& pg, int ctas) {
     const int R = pg.world();
-    if (!comm || comm_ctas != ctas) {
-      TESSERA_CHECK(!runtime::stream_capturing(pg.stream()),
-                    "moe_tp: the pipelined strategy builds its communicator on its first call; run it once eagerly "
-                    "(same comm_ctas) before capturing it into a CUDA graph");
-      pg.synchronize_all("moe_tp: new pipeline communicator");  // nothing of ours in flight on the old one
-      comm.reset();
-      signal::OverlapCommConfig cfg;
-      cfg.max_ctas = ctas;
-      comm = std::make_unique<signal::OverlapComm>(pg.nccl(), cfg);
-      comm_ctas = ctas;
-      std::int32_t* w = warm.get<std::int32_t>(4, pg);
-      const cudaStream_t cs = pg.comm_stream(0);
-      for (int d = 1; d < R; ++d) {
-        const int to = (pg.rank() + d) % R, from = (pg.rank() - d + R) % R;
-        TESSERA_NCCL_CHECK(ncclGroupStart());
-        TESSERA_NCCL_CHECK(ncclSend(w, 1, ncclInt32, to, comm->get(), cs));
-        TESSERA_NCCL_CHECK(ncclRecv(w + 1, 1, ncclInt32, from, comm->get(), cs));
-        TESSERA_NCCL_CHECK(ncclSend(w + 2, 1, ncclInt32, from, comm->get(), cs));
-        TESSERA_NCCL_CHECK(ncclRecv(w + 3, 1, ncclInt32, to, comm->get(), cs));
-        TESSERA_NCCL_CHECK(ncclGroupEnd());
-      }
-      pg.synchronize(cs, "moe_tp: pipeline warm-up");
-    }
+    TESSERA_CHECK(pipe.ready(ctas) || !runtime::stream_capturing(pg.stream()),
+                  "moe_tp: the pipelined strategy builds its communicator on its first call; run it once eagerly "
+                  "(same comm_ctas) before capturing it into a CUDA graph");
+    pipe.ensure(pg, ctas, "moe_tp: new pipeline communicator");
     for (cudaEvent_t* e : {&ev_start, &ev_route, &ev_rs_done})
       if (!*e) *e = make_event();
     while (static_cast<int>(ev_x.size()) < R) ev_x.push_back(make_event());
@@ -123,7 +100,7 @@ MoeContext::MoeContext(runtime::ProcessGroup& pg) : pg_(&pg), impl_(std::make_un
 MoeContext::~MoeContext() {
   // After a peer failure the group is aborted; finalizing the split
   // communicator collectively would then wait for the dead peer.
-  if (impl_->comm && pg_->aborted()) impl_->comm->abort();
+  if (impl_->pipe.comm && pg_->aborted()) impl_->pipe.comm->abort();
 }
 
 void validate(const MoeTpArgs& a, int world) {
@@ -314,7 +291,7 @@ void run_pipelined(Call& c, int comm_ctas) {
   const int R = c.R, rank = c.rank;
   const MoeTpPlan plan = plan_moe_tp(c.Tl, a.topk, R, rank);
   const cudaStream_t s = c.s, cs = pg.comm_stream(0);
-  const ncclComm_t comm = m.comm->get();
+  const ncclComm_t comm = m.pipe.get();
   const ncclDataType_t dt = runtime::nccl_dtype(a.dtype);
   const std::size_t shard_elems = static_cast<std::size_t>(c.Tl * c.H);
   const int beside_ctas = pg.sm_count() - comm_ctas;

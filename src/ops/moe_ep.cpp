@@ -36,16 +36,14 @@ struct EpShape {
 }  // namespace
 
 struct MoeEpContext::Impl {
-  Scratch offsets, sorted, rows, permute_ws, block_counts, slots, recv_counts, send, recv, inter, yexp, ret, flags,
-      warm;
+  Scratch offsets, sorted, rows, permute_ws, block_counts, slots, recv_counts, send, recv, inter, yexp, ret, flags;
   std::int32_t* flags_ptr = nullptr;  ///< see kStatusBase and status_index
   int last_world = 0;
   bool last_gemms = false;  ///< the last call launched its GEMMs (their status words are valid)
   std::int64_t last_capacity = 0;
 
   // pipelined: the split communicator and the per-step events.
-  std::unique_ptr<signal::OverlapComm> comm;
-  int comm_ctas = 0;
+  detail::PipelineComm pipe;
   cudaEvent_t ev_packed = nullptr, ev_ret = nullptr;
   std::vector<cudaEvent_t> ev_recv, ev_done;
 
@@ -63,30 +61,10 @@ struct MoeEpContext::Impl {
   }
 
   /// Collective (every rank's first pipelined call, or a new comm_ctas):
-  /// splits the communicator, then connects every peer both ways once, so
-  /// no connection is set up inside a timed call.
+  /// the split communicator (PipelineComm) and the per-step events.
   void ensure_pipeline(runtime::ProcessGroup& pg, int ctas) {
     const int R = pg.world();
-    if (!comm || comm_ctas != ctas) {
-      pg.synchronize_all("moe_ep: new pipeline communicator");  // nothing of ours in flight on the old one
-      comm.reset();
-      signal::OverlapCommConfig cfg;
-      cfg.max_ctas = ctas;
-      comm = std::make_unique<signal::OverlapComm>(pg.nccl(), cfg);
-      comm_ctas = ctas;
-      std::int32_t* w = warm.get<std::int32_t>(4, pg);
-      const cudaStream_t cs = pg.comm_stream(0);
-      for (int d = 1; d < R; ++d) {
-        const int to = (pg.rank() + d) % R, from = (pg.rank() - d + R) % R;
-        TESSERA_NCCL_CHECK(ncclGroupStart());
-        TESSERA_NCCL_CHECK(ncclSend(w, 1, ncclInt32, to, comm->get(), cs));
-        TESSERA_NCCL_CHECK(ncclRecv(w + 1, 1, ncclInt32, from, comm->get(), cs));
-        TESSERA_NCCL_CHECK(ncclSend(w + 2, 1, ncclInt32, from, comm->get(), cs));
-        TESSERA_NCCL_CHECK(ncclRecv(w + 3, 1, ncclInt32, to, comm->get(), cs));
-        TESSERA_NCCL_CHECK(ncclGroupEnd());
-      }
-      pg.synchronize(cs, "moe_ep: pipeline warm-up");
-    }
+    pipe.ensure(pg, ctas, "moe_ep: new pipeline communicator");
     if (!ev_packed) ev_packed = make_event();
     if (!ev_ret) ev_ret = make_event();
     while (static_cast<int>(ev_recv.size()) < R) ev_recv.push_back(make_event());
@@ -98,7 +76,7 @@ MoeEpContext::MoeEpContext(runtime::ProcessGroup& pg) : pg_(&pg), impl_(std::mak
 MoeEpContext::~MoeEpContext() {
   // After a peer failure the group is aborted; finalizing the split
   // communicator collectively would then wait for the dead peer.
-  if (impl_->comm && pg_->aborted()) impl_->comm->abort();
+  if (impl_->pipe.comm && pg_->aborted()) impl_->pipe.comm->abort();
 }
 
 std::string_view moe_ep_strategy_name(MoeEpStrategy s) {
@@ -300,7 +278,7 @@ void moe_ep(MoeEpContext& ctx, const MoeEpArgs& a, const MoeEpOptions& o) {
     // Step d: send slab to rank + d, receive from rank - d (whose GEMMs run
     // at step d here); the return of step d goes the other way.
     const cudaStream_t cs = pg.comm_stream(0);
-    const ncclComm_t comm = m.comm->get();
+    const ncclComm_t comm = m.pipe.get();
     TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_packed, s));
     TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, m.ev_packed, 0));
     for (int d = 1; d < R; ++d) {

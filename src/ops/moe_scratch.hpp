@@ -1,15 +1,19 @@
 // Private to the MoE operators (moe.cpp, moe_ep.cpp): a grow-only device
-// buffer and the size limit their validation shares.
+// buffer, the size limits their validation shares, and the communicator
+// their pipelined strategies send and receive on.
 #pragma once
 
 #include <cuda_runtime_api.h>
+#include <nccl.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "tessera/runtime/dtype.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/runtime/process_group.hpp"
+#include "tessera/signal/overlap_comm.hpp"
 
 namespace tessera::ops::detail {
 
@@ -68,6 +72,43 @@ class Scratch {
  private:
   void* p_ = nullptr;
   std::size_t bytes_ = 0;
+};
+
+/// The pipelined MoE strategies' communicator: a split of the group's with
+/// at most `ctas` CTAs per NCCL kernel (signal::OverlapComm), so the grouped
+/// GEMMs beside a transfer keep the other SMs. ensure() is collective (every
+/// rank's first pipelined call, or a new ctas): it splits, then connects every
+/// peer both ways once, so no connection is set up inside a timed call.
+struct PipelineComm {
+  std::unique_ptr<signal::OverlapComm> comm;
+  int ctas = 0;
+  Scratch warm;  ///< the warm-up exchange's four int32
+
+  bool ready(int want_ctas) const { return comm && ctas == want_ctas; }
+  ncclComm_t get() const { return comm->get(); }
+
+  void ensure(runtime::ProcessGroup& pg, int want_ctas, const char* op) {
+    if (ready(want_ctas)) return;
+    pg.synchronize_all(op);  // nothing of ours in flight on the old one
+    comm.reset();
+    signal::OverlapCommConfig cfg;
+    cfg.max_ctas = want_ctas;
+    comm = std::make_unique<signal::OverlapComm>(pg.nccl(), cfg);
+    ctas = want_ctas;
+    const int R = pg.world();
+    std::int32_t* w = warm.get<std::int32_t>(4, pg);
+    const cudaStream_t cs = pg.comm_stream(0);
+    for (int d = 1; d < R; ++d) {
+      const int to = (pg.rank() + d) % R, from = (pg.rank() - d + R) % R;
+      TESSERA_NCCL_CHECK(ncclGroupStart());
+      TESSERA_NCCL_CHECK(ncclSend(w, 1, ncclInt32, to, comm->get(), cs));
+      TESSERA_NCCL_CHECK(ncclRecv(w + 1, 1, ncclInt32, from, comm->get(), cs));
+      TESSERA_NCCL_CHECK(ncclSend(w + 2, 1, ncclInt32, from, comm->get(), cs));
+      TESSERA_NCCL_CHECK(ncclRecv(w + 3, 1, ncclInt32, to, comm->get(), cs));
+      TESSERA_NCCL_CHECK(ncclGroupEnd());
+    }
+    pg.synchronize(cs, op);
+  }
 };
 
 }  // namespace tessera::ops::detail
