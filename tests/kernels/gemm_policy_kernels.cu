@@ -1,4 +1,5 @@
 // Policy instantiations and helper kernels for the GEMM tests (see .hpp).
+#include "tessera/link/memory_order.cuh"
 #include "gemm_policy_kernels.hpp"
 
 #include <cuda_bf16.h>
@@ -101,9 +102,9 @@ namespace {
 __global__ void release_chunks_kernel(const bf16* src, bf16* dst, int64_t m, int64_t k, int64_t ld, int rows,
                                       uint32_t* flags, uint32_t value, uint64_t delay_ns) {
   // One block does it all, chunk by chunk, so later chunks are released later.
-  const uint64_t start = engine::ptx::globaltimer_ns();
+  const uint64_t start = tessera::link::mo::globaltimer_ns();
   if (threadIdx.x == 0)
-    while (engine::ptx::globaltimer_ns() - start < delay_ns) __nanosleep(1000);
+    while (tessera::link::mo::globaltimer_ns() - start < delay_ns) __nanosleep(1000);
   __syncthreads();
   const int chunks = static_cast<int>((m + rows - 1) / rows);
   for (int c = 0; c < chunks; ++c) {
@@ -128,9 +129,9 @@ __global__ void observe_tiles_kernel(const uint32_t* flags, uint32_t expected, c
   for (int t = blockIdx.x; t < tiles_m * tiles_n; t += gridDim.x) {
     if (threadIdx.x == 0) {
       ok = 1;
-      const uint64_t start = engine::ptx::globaltimer_ns();
-      while (engine::ptx::ld_acquire_gpu(flags + t) < expected) {
-        if (engine::ptx::globaltimer_ns() - start > timeout_ns) {
+      const uint64_t start = tessera::link::mo::globaltimer_ns();
+      while (tessera::link::mo::ld_acquire_gpu(flags + t) < expected) {
+        if (tessera::link::mo::globaltimer_ns() - start > timeout_ns) {
           ok = 0;
           atomicExch(status, 1);
           break;

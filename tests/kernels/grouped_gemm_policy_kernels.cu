@@ -1,5 +1,6 @@
 // Policy-instantiated grouped GEMMs and helper kernels for
 // grouped_gemm_test.cpp (no fmt here: see grouped_launch.cuh). bf16, B [G, N, K].
+#include "tessera/link/memory_order.cuh"
 #include "grouped_gemm_policy_kernels.hpp"
 
 #include "tessera/kernels/gemm/grouped_launch.cuh"
@@ -13,9 +14,9 @@ void launch(const GroupedGemmArgs& a, const Pro& pro, const Epi& epi, cudaStream
 }
 
 __global__ void release_after_kernel(uint32_t* flags, int count, uint32_t value, uint64_t delay_ns) {
-  const uint64_t start = engine::ptx::globaltimer_ns();
-  while (engine::ptx::globaltimer_ns() - start < delay_ns) __nanosleep(1000);
-  for (int i = threadIdx.x; i < count; i += blockDim.x) engine::ptx::red_release_gpu_add(flags + i, value);
+  const uint64_t start = tessera::link::mo::globaltimer_ns();
+  while (tessera::link::mo::globaltimer_ns() - start < delay_ns) __nanosleep(1000);
+  for (int i = threadIdx.x; i < count; i += blockDim.x) tessera::link::mo::red_add_release_gpu(flags + i, value);
 }
 }  // namespace
 

@@ -62,14 +62,31 @@ __device__ __forceinline__ void red_add_relaxed_gpu(std::uint64_t* p, std::uint6
   asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-// ---- 32-bit counters (wave-group counters of the signal layer) -------------
+// ---- 32-bit flags and counters (GEMM tile flags, wave-group counters) -----
 __device__ __forceinline__ std::uint32_t ld_acquire_gpu(const std::uint32_t* p) {
   std::uint32_t v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+__device__ __forceinline__ std::uint32_t ld_acquire_sys(const std::uint32_t* p) {
+  std::uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 __device__ __forceinline__ void red_add_release_gpu(std::uint32_t* p, std::uint32_t v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void red_add_release_sys(std::uint32_t* p, std::uint32_t v) {
+  asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+/// Relaxed (strong) adds: a release only after the same thread's
+/// fence.acq_rel at that scope (the GEMM notifier's fence precedes every
+/// tile's add; kernels/gemm/epilogue.cuh, visibility contract).
+__device__ __forceinline__ void red_add_relaxed_gpu(std::uint32_t* p, std::uint32_t v) {
+  asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void red_add_relaxed_sys(std::uint32_t* p, std::uint32_t v) {
+  asm volatile("red.relaxed.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
 // ---- fences ----------------------------------------------------------------

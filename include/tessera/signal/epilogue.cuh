@@ -21,6 +21,7 @@
 
 #include <cstdint>
 
+#include "tessera/link/memory_order.cuh"
 #include "tessera/kernels/gemm/epilogue.cuh"
 #include "tessera/kernels/gemm/ptx.cuh"
 #include "tessera/kernels/gemm/tile.cuh"
@@ -72,7 +73,7 @@ struct GroupEpilogue {
   /// (kernels/gemm/epilogue.cuh, visibility contract); a red.release would
   /// execute a second fence per tile.
   __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {
-    kernels::engine::ptx::red_relaxed_gpu_add(counters + tile_group[t.linear()], 1u);
+    link::mo::red_add_relaxed_gpu(counters + tile_group[t.linear()], 1u);
   }
 };
 
@@ -96,7 +97,7 @@ struct A2aEpilogue {
   }
 
   __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {
-    kernels::engine::ptx::red_release_gpu_add(counters + tile_group[t.linear()], 1u);
+    link::mo::red_add_release_gpu(counters + tile_group[t.linear()], 1u);
   }
 };
 

@@ -47,6 +47,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "tessera/link/memory_order.cuh"
 #include "tessera/kernels/gemm/ptx.cuh"
 #include "tessera/kernels/gemm/tile.cuh"
 
@@ -343,9 +344,9 @@ struct StdEpilogue {
     if constexpr (kNotify) {
       const int f = tile_to_flag ? tile_to_flag[t.linear()] : t.linear();
       if constexpr (kSysScope)
-        ptx::red_relaxed_sys_add(flags + f, notify_add);
+        link::mo::red_add_relaxed_sys(flags + f, notify_add);
       else
-        ptx::red_relaxed_gpu_add(flags + f, notify_add);
+        link::mo::red_add_relaxed_gpu(flags + f, notify_add);
     }
   }
 };

@@ -36,6 +36,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "tessera/link/memory_order.cuh"
 #include "tessera/kernels/gemm/barriers.cuh"
 #include "tessera/kernels/gemm/epilogue.cuh"
 #include "tessera/kernels/gemm/grouped_scheduler.cuh"
@@ -185,9 +186,9 @@ struct GroupedEpilogue {
     if constexpr (kNotify) {
       const int f = per_group ? t.group : t.pos;
       if constexpr (kSysScope)
-        ptx::red_relaxed_sys_add(flags + f, notify_add);
+        link::mo::red_add_relaxed_sys(flags + f, notify_add);
       else
-        ptx::red_relaxed_gpu_add(flags + f, notify_add);
+        link::mo::red_add_relaxed_gpu(flags + f, notify_add);
     }
   }
 };
@@ -246,9 +247,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             ptx::named_barrier_arrive(kNotifyFreeBarrier + (iter & 1), Cfg::kStoreThreads + 32);
           if (lane0) {
             if constexpr (Epilogue::kSysScope)
-              ptx::fence_acq_rel_sys();
+              link::mo::fence_acq_rel_sys();
             else
-              ptx::fence_acq_rel_gpu();
+              link::mo::fence_acq_rel_gpu();
             p.epilogue.tile_done(t);
           }
         }

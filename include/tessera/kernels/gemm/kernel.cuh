@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "tessera/link/memory_order.cuh"
 #include "tessera/kernels/gemm/barriers.cuh"
 #include "tessera/kernels/gemm/epilogue.cuh"
 #include "tessera/kernels/gemm/mainloop.cuh"
@@ -259,9 +260,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             ptx::named_barrier_arrive(kNotifyFreeBarrier + (iter & 1), Cfg::kStoreThreads + 32);
           if (lane0 && t.m < p.tiles_m) {
             if constexpr (Epilogue::kSysScope)
-              ptx::fence_acq_rel_sys();
+              link::mo::fence_acq_rel_sys();
             else
-              ptx::fence_acq_rel_gpu();
+              link::mo::fence_acq_rel_gpu();
             p.epilogue.tile_done(info_of(t, pos));
           }
         }

@@ -44,6 +44,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "tessera/link/memory_order.cuh"
 #include "tessera/kernels/gemm/flag_memo.hpp"
 #include "tessera/kernels/gemm/ptx.cuh"
 #include "tessera/kernels/gemm/tile.cuh"
@@ -209,17 +210,17 @@ struct FlagWait {
 
   __device__ __forceinline__ FlagT load(int f) const {
     if constexpr (kSys)
-      return ptx::ld_acquire_sys(flags + f);
+      return link::mo::ld_acquire_sys(flags + f);
     else
-      return ptx::ld_acquire_gpu(flags + f);
+      return link::mo::ld_acquire_gpu(flags + f);
   }
 
   __device__ __forceinline__ void wait_one(const TileInfo& t, int f) const {
     FlagT seen = load(f);
     if (seen >= expected) return;
-    const uint64_t start = ptx::globaltimer_ns();
+    const uint64_t start = link::mo::globaltimer_ns();
     while ((seen = load(f)) < expected) {
-      if (ptx::globaltimer_ns() - start > timeout_ns) {
+      if (link::mo::globaltimer_ns() - start > timeout_ns) {
         record_timeout(diag, t, f, static_cast<uint64_t>(expected), static_cast<uint64_t>(seen), timeout_ns);
         __trap();
       }
@@ -259,9 +260,9 @@ struct FlagWait {
     }
     __device__ __forceinline__ void fence_acquire() const {
       if constexpr (kSys)
-        ptx::fence_acq_rel_sys();
+        link::mo::fence_acq_rel_sys();
       else
-        ptx::fence_acq_rel_gpu();
+        link::mo::fence_acq_rel_gpu();
     }
     __device__ __forceinline__ void spin(int f) const { w->wait_one(t, f); }
   };
