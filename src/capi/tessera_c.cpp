@@ -40,6 +40,7 @@ struct tessera_session {
   std::unique_ptr<tessera::ops::SpAttnContext> sp;
   bool use_cache = true;
   bool tune_on_miss = true;
+  std::uint64_t sp_workspace_limit = 0;  ///< bytes per rank; 0: none
   // Fork/join with the caller's stream (the *_ex entry points).
   cudaEvent_t ev_in = nullptr;
   cudaEvent_t ev_out = nullptr;
@@ -306,6 +307,10 @@ void tessera_session_tune_on_miss(tessera_session* s, int on) {
   if (s) s->tune_on_miss = on != 0;
 }
 
+void tessera_session_sp_workspace_limit(tessera_session* s, uint64_t bytes) {
+  if (s) s->sp_workspace_limit = bytes;
+}
+
 }  // extern "C"
 
 namespace {
@@ -435,6 +440,7 @@ tessera::ops::SpAttnOptions sp_options_of(const char* fn, const tessera_session*
   o.strategy = static_cast<tessera::ops::SpStrategy>(strategy);
   o.use_cache = s == nullptr || s->use_cache;
   o.tune_on_miss = s == nullptr || s->tune_on_miss;
+  o.workspace_limit_bytes = s == nullptr ? 0 : static_cast<std::size_t>(s->sp_workspace_limit);
   return o;
 }
 

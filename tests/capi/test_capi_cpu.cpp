@@ -182,6 +182,13 @@ TEST(Capi, ElementwiseEntryPointsRejectBadArgumentsNamingThem) {
   EXPECT_EQ(tessera_swiglu_forward(nullptr, buf, buf + 64, 0, 8, 0), 0);
 }
 
+TEST(Capi, SessionSettersTakeANullSession) {
+  tessera_session_use_cache(nullptr, 0);
+  tessera_session_tune_on_miss(nullptr, 0);
+  tessera_session_sp_workspace_limit(nullptr, 1u << 20);
+  SUCCEED();
+}
+
 TEST(Capi, StrategyTable) {
   const char* names[] = {"automatic", "sequential", "decomposition", "fused_ce",
                          "fused_sm",  "ring",       "ulysses",       "pipelined"};

@@ -628,3 +628,9 @@ def test_strategy_for_applies_overrides_to_automatic_calls_only():
     assert c.overrides == {key: "sequential"}
     with pytest.raises(ValueError):
         c.set_overrides({key: "nonsense"})
+
+
+def test_context_rejects_a_bad_workspace_limit_before_anything():
+    for bad in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="sp_workspace_limit_gb"):
+            tt.Context(sp_workspace_limit_gb=bad)

@@ -97,6 +97,11 @@ void tessera_session_use_cache(tessera_session* s, int on);
  * nearest measured shape's choice, or sequential (ops/tuner.hpp).
  * tessera_resolve always measures. */
 void tessera_session_tune_on_miss(tessera_session* s, int on);
+/* Workspace bytes per rank that sp_attention may use beyond its shards (0,
+ * the default: no limit; SpAttnOptions::workspace_limit_bytes): automatic
+ * chooses among the strategies that fit, and an explicit strategy over it
+ * fails before launch. Every rank the same. */
+void tessera_session_sp_workspace_limit(tessera_session* s, uint64_t bytes);
 
 /* D[M, N] = AllGather(A shard [m_local, K]) · B[N, K]ᵀ; swiglu: B holds gate
  * and up rows interleaved per ops::AgGemmArgs and D is [M, N/2]. Packed rows

@@ -140,12 +140,18 @@ class Context:
     strategy cache. tune_on_miss: what `automatic` does for a shape never measured (by pretune, `tessera tune`
     or an earlier run): False (default) takes the nearest measured shape's choice, or sequential, so a training
     or serving step never stops for a collective tuning pass; True measures the candidates inside that call.
+    sp_workspace_limit_gb: workspace per rank that sp_attention may use beyond its shards (None or 0: no limit);
+    `automatic` then chooses among the schedules that fit (ring needs two KV shards, the all-gather the whole
+    sequence's K and V), and an explicit strategy over it is refused.
     """
 
-    def __init__(self, group=None, device=None, timeout_s=None, use_cache=True, tune_on_miss=False):
+    def __init__(self, group=None, device=None, timeout_s=None, use_cache=True, tune_on_miss=False,
+                 sp_workspace_limit_gb=None):
         self._h = None
         self.handle = None
         self._overrides, self._seen = {}, None
+        if sp_workspace_limit_gb is not None and not (0 <= sp_workspace_limit_gb < float("inf")):
+            raise ValueError(f"sp_workspace_limit_gb = {sp_workspace_limit_gb}: a finite number >= 0 (0: no limit)")
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
@@ -203,6 +209,8 @@ class Context:
         self._lib = lib
         lib.tessera_session_use_cache(h, 1 if use_cache else 0)
         lib.tessera_session_tune_on_miss(h, 1 if tune_on_miss else 0)
+        if sp_workspace_limit_gb:
+            lib.tessera_session_sp_workspace_limit(h, int(sp_workspace_limit_gb * (1 << 30)))
         net_only = os.environ.get("TESSERA_NO_LSA", "0") == "1" or os.environ.get("TESSERA_TOPOLOGY") == "net"
         if not lib.tessera_session_lsa_reachable(h) and not net_only:
             self.close()

@@ -407,6 +407,25 @@ def test_sp_attention_matches_whole_sequence_attention(world, ctx, strategy, cau
         assert tt.resolve_sp_attention(qs, ks, vs, ctx, causal=causal) in ("sequential", "fused_ce", "ring", "ulysses")
 
 
+def test_sp_attention_under_a_workspace_limit(world):
+    """A context whose sp_attention workspace is capped at fused_ce's need: sequential (which also stages NCCL's
+    gather) is refused before launch, automatic runs a schedule that fits and matches an uncapped call."""
+    rank, w, dev = world
+    if w < 2:
+        pytest.skip("one rank moves nothing")
+    S, hq, hkv, d = 384 * 2 * w, 8, 2, 128
+    q, k, v = (randn(1, S, h, d, seed=s, dev=dev) for s, h in ((40, hq), (41, hkv), (42, hkv)))
+    qs, ks, vs = (tt.zigzag_shard(t, w, rank) for t in (q, k, v))
+    fused_need_gb = 2 * S * hkv * d * 2 / (1 << 30)  # the gathered K and V
+    with tt.Context(sp_workspace_limit_gb=fused_need_gb) as capped, tt.Context() as free:
+        with pytest.raises(Exception, match="over the limit"):
+            tt.sp_attention(qs, ks, vs, capped, causal=True, strategy="sequential")
+        o = tt.sp_attention(qs, ks, vs, capped, causal=True, strategy="automatic")
+        ref = tt.sp_attention(qs, ks, vs, free, causal=True, strategy="sequential")
+        assert rel_err(o, ref) < TOL
+        assert tt.resolve_sp_attention(qs, ks, vs, capped, causal=True) != "sequential"
+
+
 def test_sp_attention_rejects_bad_input_before_launch(world, ctx):
     rank, w, dev = world
     q = randn(1, 256, 6, 128, seed=1, dev=dev)
