@@ -606,7 +606,18 @@ def test_greedy_overrides_keeps_only_flips_that_pay():
     # flipping a or b does not (a's 0.01 ms is noise: it stays as started).
     assert chosen == {a: "sequential", b: "sequential"}
     assert times["automatic"] == 20.0 and times["sequential"] == 19.51
-    assert len(times) == 2 + 3
+    assert len(times) == 2 + 3 + 2  # start points, one flip per call, the confirmation medians
+
+
+def test_greedy_overrides_drops_a_choice_that_does_not_confirm():
+    keys = [("gemm_rs", 64, 64, 64)]
+    calls = []
+    def time_ms(ov):  # a lucky first sample of the sequential step, then no difference
+        calls.append(dict(ov))
+        return 9.0 if len(calls) == 2 else 10.0
+    chosen, times = _context.greedy_overrides(keys, time_ms)
+    assert chosen == {}
+    assert times["confirm chosen"] == times["confirm automatic"] == 10.0
 
 
 def test_greedy_overrides_starts_from_all_sequential_when_it_wins():
@@ -615,6 +626,7 @@ def test_greedy_overrides_starts_from_all_sequential_when_it_wins():
         return 10.0 + 2.0 * sum(1 for k in keys if k not in ov)
     chosen, _ = _context.greedy_overrides(keys, time_ms)
     assert chosen == {k: "sequential" for k in keys}
+    assert _context.greedy_overrides(keys, time_ms, confirm_rounds=0)[0] == chosen
     assert _context.greedy_overrides([], time_ms) == ({}, {"automatic": 14.0})
 
 

@@ -99,11 +99,14 @@ def _device_key(dev):
     return f"{socket.gethostname()}/{ident}"
 
 
-def greedy_overrides(keys, time_ms, margin=0.02):
+def greedy_overrides(keys, time_ms, margin=0.02, confirm_rounds=3):
     """The step-level choice behind Context.calibrate, given `time_ms(overrides) -> ms` (the step's time with those
     operator calls forced to sequential; the same on every rank). Starts from whichever of "all automatic" and "all
     sequential" is faster (the latter must win by `margin`), then flips one call at a time to the other and keeps a
-    flip that is faster by `margin`. Returns (overrides {key: "sequential"}, {label: ms} of every timing)."""
+    flip that is faster by `margin`. A search over noisy timings favours lucky samples, so the result must then
+    beat "all automatic" again in `confirm_rounds` fresh rounds, the two timed alternately (medians, by half the
+    margin); otherwise no override is kept. Returns (overrides {key: "sequential"}, {label: ms} of every
+    timing)."""
     keys = list(keys)
     times = {"automatic": time_ms({})}
     all_seq = {k: "sequential" for k in keys}
@@ -122,6 +125,17 @@ def greedy_overrides(keys, time_ms, margin=0.02):
         times[("automatic " if k not in trial else "sequential ") + " ".join(map(str, k))] = t
         if t < best * (1 - margin):
             current, best = trial, t
+    if current and confirm_rounds > 0:
+        chosen, auto = [], []
+        for _ in range(confirm_rounds):
+            chosen.append(time_ms(current))
+            auto.append(time_ms({}))
+        chosen.sort()
+        auto.sort()
+        times["confirm chosen"] = chosen[len(chosen) // 2]
+        times["confirm automatic"] = auto[len(auto) // 2]
+        if not times["confirm chosen"] < times["confirm automatic"] * (1 - margin / 2):
+            current = {}
     return current, times
 
 
@@ -337,10 +351,10 @@ class Context:
         Each operator's automatic choice is measured alone (pretune); inside a training step its neighbours, the
         clock state and the ranks' drift change what overlaps, and a choice that wins alone can lose there. This
         times `step()` (collective, repeatable: forward and backward, no optimizer step) with every automatic call
-        as chosen, with all of them sequential, and with each call flipped in turn (greedy_overrides: len(calls)
-        + 2 timings of warmup + reps steps, medians, max over ranks so every rank decides alike), and keeps the
-        fastest. The result stays in this context (overrides) for later steps. Returns {"overrides": ...,
-        "times_ms": ...}."""
+        as chosen, with all of them sequential, and with each call flipped in turn, then confirms the result
+        against all-automatic in fresh alternating rounds (greedy_overrides: len(calls) + 8 timings of warmup +
+        reps steps, medians, max over ranks so every rank decides alike). The result stays in this context
+        (overrides) for later steps. Returns {"overrides": ..., "times_ms": ...}."""
         import statistics
 
         import torch.distributed as dist
