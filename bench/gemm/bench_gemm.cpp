@@ -3,7 +3,7 @@
 // several buffer sets so L2 never holds them, fresh random data (never zeros).
 // Prints per shape: both times, TFLOP/s, ours/cuBLASLt, the relative error of
 // ours vs cuBLASLt, (--hooks) the time with idle hooks compiled in, and
-// (--overlap) the ping-pong kernels (GemmOptions::epilogue_overlap, tiles
+// (--overlap) the ping-pong kernels (GemmOptions::ping_pong, tiles
 // 128x128 and 64x256) against cuBLASLt, with a bitwise check against ours.
 #include <cuda_runtime_api.h>
 #include <fmt/chrono.h>
@@ -250,7 +250,7 @@ void run(const Options& o) {
         GemmOptions po = opt;
         po.tile = t;
         po.cluster_m = 0;
-        po.epilogue_overlap = true;
+        po.ping_pong = true;
         pp_opts.push_back(po);
         TESSERA_CUDA_CHECK(cudaMemsetAsync(d.p, 0xFF, m * n * 2, stream));
         kernels::gemm(args_for(0, d.p), po, stream);
@@ -455,9 +455,8 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   cmd->add_option("--tile", opts->tile, "auto, 128x256, 256x128, 128x128");
   cmd->add_option("--cluster", opts->cluster, "CTAs per cluster along M: 0 auto, 1, 2")->check(CLI::Range(0, 2));
   cmd->add_option("--hooks", opts->hooks, "also time the GEMM with idle hooks compiled in (bf16, nk)");
-  cmd->add_option(
-      "--overlap", opts->overlap,
-      "also time the ping-pong kernels (epilogue_overlap; 128x128 and 64x256), checked bitwise against ours");
+  cmd->add_option("--overlap", opts->overlap,
+                  "also time the ping-pong kernels (ping_pong; 128x128 and 64x256), checked bitwise against ours");
   cmd->add_flag("--rs-epilogue", opts->rs_epilogue,
                 "also time GEMM+RS fused_ce's kernel on this GPU (pretend world 2, flags set; bf16, nk): its cost "
                 "over the plain ping-pong kernel, with parts left out (ops::DiagSkip), and the plain kernel in its "

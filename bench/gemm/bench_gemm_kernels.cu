@@ -62,19 +62,19 @@ void gemm_idle_hooks(Hooks which, const kernels::GemmArgs& a, const kernels::Gem
   plain.d = e.d;
   plain.ldd = e.ldd;
   // Hooks on the kernel the plain gemm() would run for these options.
-  if (o.epilogue_overlap || plain_uses_ping_pong(a, o)) {
+  if (o.ping_pong || plain_uses_ping_pong(a, o)) {
     GemmOptions po = o;
-    po.epilogue_overlap = true;
-    const GemmTile t = o.epilogue_overlap ? resolve_tile(a, po) : GemmTile::T64x256;
+    po.ping_pong = true;
+    const GemmTile t = o.ping_pong ? resolve_tile(a, po) : GemmTile::T64x256;
     switch (which) {
       case Hooks::Both:
-        return gemm_with_layout_overlap<__nv_bfloat16, BLayout::NK>(t, a, po, w, e, raster_from(o), s);
+        return gemm_with_layout_ping_pong<__nv_bfloat16, BLayout::NK>(t, a, po, w, e, raster_from(o), s);
       case Hooks::WaitOnly:
-        return gemm_with_layout_overlap<__nv_bfloat16, BLayout::NK>(t, a, po, w, plain, raster_from(o), s);
+        return gemm_with_layout_ping_pong<__nv_bfloat16, BLayout::NK>(t, a, po, w, plain, raster_from(o), s);
       case Hooks::NotifyOnly:
-        return gemm_with_layout_overlap<__nv_bfloat16, BLayout::NK>(t, a, po, engine::NoWait{}, e, raster_from(o), s);
+        return gemm_with_layout_ping_pong<__nv_bfloat16, BLayout::NK>(t, a, po, engine::NoWait{}, e, raster_from(o), s);
       case Hooks::WaitPerTile:
-        return gemm_with_layout_overlap<__nv_bfloat16, BLayout::NK>(t, a, po, pw, plain, raster_from(o), s);
+        return gemm_with_layout_ping_pong<__nv_bfloat16, BLayout::NK>(t, a, po, pw, plain, raster_from(o), s);
     }
   }
   const GemmTile t = resolve_tile(a, o);

@@ -196,14 +196,14 @@ void run_random(const RandomOptions& o) {
       GemmOptions g;
       g.k_splits = k;
       kernels_diag.push_back({"128x128/c1/k" + std::to_string(k), g});
-      g.epilogue_overlap = true;
+      g.ping_pong = true;
       g.tile = GemmTile::T64x256;
       kernels_diag.push_back({"64x256/pp/k" + std::to_string(k), g});
     }
     for (GemmTile t : {GemmTile::T128x128, GemmTile::T64x256}) {
       GemmOptions g;
       g.tile = t;
-      g.epilogue_overlap = true;
+      g.ping_pong = true;
       kernels_diag.push_back({tile_name(t) + "/pp", g});
     }
     // 64x64 ping-pong (whole K and split), for every M.

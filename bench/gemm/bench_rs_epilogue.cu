@@ -52,7 +52,7 @@ void gemm_rs_epilogue(RsEpi which, const kernels::GemmArgs& a, const RsEpilogueB
   pro.diag = wait_diagnostics();
   GemmOptions o{};
   o.tile = GemmTile::T64x256;
-  o.epilogue_overlap = true;
+  o.ping_pong = true;
   // Rank 0's order: the remote shard's tile rows first (ops::plan_rs's rotation).
   const engine::RasterScheduler sched{8, false, tiles_m / 2};
   switch (which) {
@@ -62,8 +62,8 @@ void gemm_rs_epilogue(RsEpi which, const kernels::GemmArgs& a, const RsEpilogueB
       e.d = static_cast<__nv_bfloat16*>(a.d);
       e.ldd = a.n;
       const int rot = which == RsEpi::PlainHere ? 0 : tiles_m / 2;
-      gemm_with_tile_overlap<GemmTile::T64x256, __nv_bfloat16, BLayout::NK>(a, o, engine::NoWait{}, e,
-                                                                            engine::RasterScheduler{8, false, rot}, s);
+      gemm_with_tile_ping_pong<GemmTile::T64x256, __nv_bfloat16, BLayout::NK>(
+          a, o, engine::NoWait{}, e, engine::RasterScheduler{8, false, rot}, s);
       return;
     }
     default: {
@@ -75,7 +75,7 @@ void gemm_rs_epilogue(RsEpi which, const kernels::GemmArgs& a, const RsEpilogueB
       fill_epilogue(e, b, a.m, a.n);
       e.diag_skip = skip;
       pro.diag_skip = skip;
-      gemm_with_tile_overlap<GemmTile::T64x256, __nv_bfloat16, BLayout::NK>(a, o, pro, e, sched, s);
+      gemm_with_tile_ping_pong<GemmTile::T64x256, __nv_bfloat16, BLayout::NK>(a, o, pro, e, sched, s);
       return;
     }
   }

@@ -118,7 +118,7 @@ void run(const Options& o) {
   // "engine": the plain GEMM on the fused operators' tile (ping-pong 64x256),
   // named explicitly since the plain default turns cooperative on large shapes.
   kernels::GemmOptions fused_tile;
-  fused_tile.epilogue_overlap = true;
+  fused_tile.ping_pong = true;
   fused_tile.tile = kernels::GemmTile::T64x256;
   // Lead GEMM [8192, 8192, 4096] (~0.7 ms) on its own random operands.
   constexpr std::int64_t kLead = 8192, kLeadK = 4096;

@@ -253,8 +253,8 @@ GemmTile choose_tile(const GemmArgs& a, int num_sms) {
 
 int resolve_cluster(const GemmArgs& a, const GemmOptions& o, GemmTile t) {
   TESSERA_CHECK(o.cluster_m >= 0 && o.cluster_m <= 2, "gemm: cluster_m = {} (0 = auto, 1 or 2)", o.cluster_m);
-  if (o.epilogue_overlap) {
-    TESSERA_CHECK(o.cluster_m <= 1, "gemm: cluster_m = {} with epilogue_overlap (ping-pong runs without clusters)",
+  if (o.ping_pong) {
+    TESSERA_CHECK(o.cluster_m <= 1, "gemm: cluster_m = {} with ping_pong (ping-pong runs without clusters)",
                   o.cluster_m);
     return 1;
   }
@@ -274,7 +274,7 @@ bool plain_uses_ping_pong(const GemmArgs& a, const GemmOptions& o) {
   // 0.97-1.01x. Below it ping-pong wins in both states (0.94-1.00x).
   constexpr double kPingPongMaxMnk = 4e11;
   const double mnk = static_cast<double>(a.m) * static_cast<double>(a.n) * static_cast<double>(a.k);
-  return !o.epilogue_overlap && o.tile == GemmTile::Auto && o.cluster_m <= 1 && a.in == a.out && mnk < kPingPongMaxMnk;
+  return !o.ping_pong && o.tile == GemmTile::Auto && o.cluster_m <= 1 && a.in == a.out && mnk < kPingPongMaxMnk;
 }
 
 GemmTile resolve_tile(const GemmArgs& a, const GemmOptions& o) {
@@ -284,15 +284,14 @@ GemmTile resolve_tile(const GemmArgs& a, const GemmOptions& o) {
   TESSERA_CHECK(o.tile != GemmTile::T64x64 && o.tile != GemmTile::T128x192,
                 "gemm: tile {} is compiled for the plain gemm() only (not for the policy entry points)",
                 tile_name(o.tile));
-  if (o.epilogue_overlap) {
+  if (o.ping_pong) {
     TESSERA_CHECK(o.tile == GemmTile::Auto || o.tile == GemmTile::T128x128 || o.tile == GemmTile::T64x256,
-                  "gemm: tile {} is not compiled with epilogue_overlap (ping-pong: 128x128 or 64x256)",
-                  tile_name(o.tile));
-    TESSERA_CHECK(o.cluster_m <= 1, "gemm: cluster_m = {} with epilogue_overlap (ping-pong runs without clusters)",
+                  "gemm: tile {} is not compiled with ping_pong (ping-pong: 128x128 or 64x256)", tile_name(o.tile));
+    TESSERA_CHECK(o.cluster_m <= 1, "gemm: cluster_m = {} with ping_pong (ping-pong runs without clusters)",
                   o.cluster_m);
     return o.tile == GemmTile::Auto ? GemmTile::T128x128 : o.tile;
   }
-  TESSERA_CHECK(o.tile != GemmTile::T64x256, "gemm: tile 64x256 exists only with epilogue_overlap (ping-pong)");
+  TESSERA_CHECK(o.tile != GemmTile::T64x256, "gemm: tile 64x256 exists only with ping_pong (ping-pong)");
   if (o.tile != GemmTile::Auto) return o.tile;
   const int sms = o.max_ctas > 0 ? std::min(o.max_ctas, detail::sm_count()) : detail::sm_count();
   return choose_tile(a, sms);
@@ -389,16 +388,15 @@ GemmPlan plan_gemm(const GemmArgs& a, const GemmOptions& o) {
   const bool same_type = a.in == a.out;
   if (o.k_splits > 1) {
     // Forced split: 64x64 ping-pong when named, 64x256 ping-pong with
-    // epilogue_overlap, else 128x128.
+    // ping_pong, else 128x128.
     TESSERA_CHECK(o.tile == GemmTile::Auto || o.tile == GemmTile::T64x64 ||
-                      (o.epilogue_overlap ? o.tile == GemmTile::T64x256 : o.tile == GemmTile::T128x128),
-                  "gemm: k_splits = {} runs tile 128x128 (cooperative), 64x256 (epilogue_overlap) or 64x64, not {}",
+                      (o.ping_pong ? o.tile == GemmTile::T64x256 : o.tile == GemmTile::T128x128),
+                  "gemm: k_splits = {} runs tile 128x128 (cooperative), 64x256 (ping_pong) or 64x64, not {}",
                   o.k_splits, tile_name(o.tile));
     TESSERA_CHECK(o.cluster_m <= 1, "gemm: k_splits = {} runs without clusters (cluster_m = {})", o.k_splits,
                   o.cluster_m);
-    p.tile =
-        o.tile == GemmTile::T64x64 ? GemmTile::T64x64 : (o.epilogue_overlap ? GemmTile::T64x256 : GemmTile::T128x128);
-    p.ping_pong = o.epilogue_overlap || o.tile == GemmTile::T64x64;
+    p.tile = o.tile == GemmTile::T64x64 ? GemmTile::T64x64 : (o.ping_pong ? GemmTile::T64x256 : GemmTile::T128x128);
+    p.ping_pong = o.ping_pong || o.tile == GemmTile::T64x64;
     p.k_splits = o.k_splits;
     return p;
   }
@@ -406,7 +404,7 @@ GemmPlan plan_gemm(const GemmArgs& a, const GemmOptions& o) {
     // Explicit 128x192 cooperative over whole K: no clusters, no ping-pong,
     // stores the input type only.
     TESSERA_CHECK(o.cluster_m <= 1, "gemm: tile 128x192 runs without clusters (cluster_m = {})", o.cluster_m);
-    TESSERA_CHECK(!o.epilogue_overlap, "gemm: tile 128x192 has no ping-pong kernel (epilogue_overlap)");
+    TESSERA_CHECK(!o.ping_pong, "gemm: tile 128x192 has no ping-pong kernel (ping_pong)");
     TESSERA_CHECK(same_type, "gemm: tile 128x192 is compiled for output type == input type ({} -> {})",
                   dtype_name(a.in), dtype_name(a.out));
     p.tile = GemmTile::T128x192;
@@ -421,7 +419,7 @@ GemmPlan plan_gemm(const GemmArgs& a, const GemmOptions& o) {
     p.ping_pong = true;
     return p;
   }
-  if (o.tile != GemmTile::Auto || o.epilogue_overlap || o.cluster_m != 0) {
+  if (o.tile != GemmTile::Auto || o.ping_pong || o.cluster_m != 0) {
     // Explicit choices: the kernel they name, never split.
     if (plain_uses_ping_pong(a, o)) {
       p.tile = GemmTile::T64x256;
@@ -429,7 +427,7 @@ GemmPlan plan_gemm(const GemmArgs& a, const GemmOptions& o) {
       return p;
     }
     p.tile = resolve_tile(a, o);
-    p.ping_pong = o.epilogue_overlap;
+    p.ping_pong = o.ping_pong;
     p.cluster_m = resolve_cluster(a, o, p.tile);
     return p;
   }

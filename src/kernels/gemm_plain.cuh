@@ -23,14 +23,14 @@ void gemm_plain_out(GemmTile t, const GemmArgs& a, const GemmOptions& o, cudaStr
   epi.d = static_cast<OutT*>(a.d);
   epi.ldd = a.ldd_or_packed();
   if constexpr (std::is_same_v<OutT, InT>) {
-    if (o.epilogue_overlap)
-      gemm_with_layout_overlap<InT, L>(t, a, o, pro, epi, sched, stream);
+    if (o.ping_pong)
+      gemm_with_layout_ping_pong<InT, L>(t, a, o, pro, epi, sched, stream);
     else
       gemm_with_layout<InT, L>(t, a, o, pro, epi, sched, stream);
   } else {
     // Ping-pong kernels are compiled for output type == input type only.
-    if (o.epilogue_overlap)
-      fail("gemm: epilogue_overlap is not compiled for " + std::string(dtype_name(a.in)) + " inputs with " +
+    if (o.ping_pong)
+      fail("gemm: ping_pong is not compiled for " + std::string(dtype_name(a.in)) + " inputs with " +
            std::string(dtype_name(a.out)) + " output (output type must equal the input type)");
     // Mixed input/output types are compiled for the 128x256 tile only.
     if (o.tile != GemmTile::Auto && o.tile != GemmTile::T128x256)
@@ -58,7 +58,7 @@ void gemm_plain_splitk_cfg(const GemmArgs& a, const GemmOptions& o, int splits, 
   epi.tiles_div = engine::FastDivmod::make(static_cast<uint32_t>(tm * tn));
   GemmOptions so = o;
   so.cluster_m = 1;
-  so.epilogue_overlap = false;
+  so.ping_pong = false;
   launch_config<Cfg, InT, L>(a, so, engine::NoWait{}, epi, sched, stream);
   const int64_t total = a.m * ((a.n + 7) / 8);
   const int blocks = static_cast<int>(std::min<int64_t>((total + 255) / 256, int64_t{sm_count()} * 16));
@@ -107,9 +107,9 @@ void gemm_plain_t64x64(const GemmArgs& a, const GemmOptions& o, cudaStream_t str
   epi.ldd = a.ldd_or_packed();
   GemmOptions po = o;
   po.cluster_m = 1;
-  po.epilogue_overlap = true;
+  po.ping_pong = true;
   po.k_splits = 1;
-  gemm_with_tile_overlap<GemmTile::T64x64, InT, L>(a, po, engine::NoWait{}, epi, raster_from(o), stream);
+  gemm_with_tile_ping_pong<GemmTile::T64x64, InT, L>(a, po, engine::NoWait{}, epi, raster_from(o), stream);
 }
 
 /// The 128x192 cooperative kernel over whole K (output type == input type).
@@ -120,7 +120,7 @@ void gemm_plain_t128x192(const GemmArgs& a, const GemmOptions& o, cudaStream_t s
   epi.ldd = a.ldd_or_packed();
   GemmOptions po = o;
   po.cluster_m = 1;
-  po.epilogue_overlap = false;
+  po.ping_pong = false;
   po.k_splits = 1;
   gemm_with_tile<GemmTile::T128x192, InT, L, 1>(a, po, engine::NoWait{}, epi, raster_from(o), stream);
 }
@@ -148,7 +148,7 @@ void gemm_plain(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
   }
   GemmOptions po = o;
   po.tile = plan.tile;
-  po.epilogue_overlap = plan.ping_pong;
+  po.ping_pong = plan.ping_pong;
   po.cluster_m = plan.cluster_m;
   po.k_splits = 1;
   switch (a.out) {

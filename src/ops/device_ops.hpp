@@ -15,7 +15,7 @@ namespace tessera::ops::detail {
 
 /// Output tiles of the fused TP GEMMs.
 /// AG+GEMM: the engine's ping-pong 64x256 kernel (GemmOptions::
-/// epilogue_overlap): one consumer warpgroup stores its tile while the other
+/// ping_pong): one consumer warpgroup stores its tile while the other
 /// runs its main loop; measured 0.988x cuBLASLt (median) against 1.019x for
 /// the cooperative 128x256 on the MLP shapes (nvidia-h200-x2, 0e9d5cb).
 /// GEMM+RS: the same ping-pong 64x256, so the owner tiles' epilogue (the

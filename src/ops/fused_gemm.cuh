@@ -60,7 +60,7 @@ void ag_gemm_typed(const AgGemmLaunch& p, cudaStream_t s) {
   g.b_layout = kernels::BLayout::NK;
   kernels::GemmOptions o{};
   o.tile = kAgTile;
-  o.epilogue_overlap = true;
+  o.ping_pong = true;
   o.max_ctas = p.max_ctas;
   AgPrologue pro;
   pro.map = p.map;
@@ -82,12 +82,12 @@ void ag_gemm_typed(const AgGemmLaunch& p, cudaStream_t s) {
     kernels::engine::StdEpilogue<T, kernels::engine::kEpiSwiGLU> epi;
     epi.d = static_cast<T*>(p.d);
     epi.ldd = p.ldd;
-    kernels::gemm_with_tile_overlap<kAgTile, T, kernels::BLayout::NK>(g, o, pro, epi, sched, s);
+    kernels::gemm_with_tile_ping_pong<kAgTile, T, kernels::BLayout::NK>(g, o, pro, epi, sched, s);
   } else {
     kernels::engine::StdEpilogue<T, kernels::engine::kEpiPlain> epi;
     epi.d = static_cast<T*>(p.d);
     epi.ldd = p.ldd;
-    kernels::gemm_with_tile_overlap<kAgTile, T, kernels::BLayout::NK>(g, o, pro, epi, sched, s);
+    kernels::gemm_with_tile_ping_pong<kAgTile, T, kernels::BLayout::NK>(g, o, pro, epi, sched, s);
   }
 }
 
@@ -117,7 +117,7 @@ void gemm_rs_stage(const GemmRsLaunch& p, const kernels::GemmArgs& g, const kern
   pro.world = p.world;
   pro.band_shift = band_shift;
   pro.diag_skip = p.diag_skip;
-  kernels::gemm_with_tile_overlap<kRsTile, T, kernels::BLayout::NK>(g, o, pro, epi, sched, s);
+  kernels::gemm_with_tile_ping_pong<kRsTile, T, kernels::BLayout::NK>(g, o, pro, epi, sched, s);
 }
 
 template <class T>
@@ -137,7 +137,7 @@ void gemm_rs_typed(const GemmRsLaunch& p, cudaStream_t s) {
   g.b_layout = kernels::BLayout::NK;
   kernels::GemmOptions o{};
   o.tile = kRsTile;
-  o.epilogue_overlap = true;
+  o.ping_pong = true;
   o.max_ctas = p.max_ctas;
   // Remotely-owned tiles first: start at shard (rank + 1) mod R.
   const kernels::engine::RasterScheduler sched{p.raster_group, false, p.rotate_m};
@@ -159,7 +159,7 @@ void gemm_rs_typed(const GemmRsLaunch& p, cudaStream_t s) {
     pro.expected = static_cast<std::uint64_t>(p.world - 1);
     pro.timeout_ns = runtime::wait_timeout_ns();
     pro.diag = kernels::wait_diagnostics();
-    kernels::gemm_with_tile_overlap<kRsTile, T, kernels::BLayout::NK>(g, o, pro, epi, sched, s);
+    kernels::gemm_with_tile_ping_pong<kRsTile, T, kernels::BLayout::NK>(g, o, pro, epi, sched, s);
     return;
   }
   RsEpilogue<T> epi;
@@ -170,7 +170,7 @@ void gemm_rs_typed(const GemmRsLaunch& p, cudaStream_t s) {
   epi.per_rank = p.per_rank;
   epi.ld = p.ld_recv;
   epi.rank = p.rank;
-  kernels::gemm_with_tile_overlap<kRsTile, T, kernels::BLayout::NK>(g, o, kernels::engine::NoWait{}, epi, sched, s);
+  kernels::gemm_with_tile_ping_pong<kRsTile, T, kernels::BLayout::NK>(g, o, kernels::engine::NoWait{}, epi, sched, s);
 }
 
 template <class T>

@@ -91,7 +91,7 @@ TEST(GemmHeuristic, PrefersLargeTilesAndFillsWaves) {
 TEST(GemmHeuristic, EpilogueOverlapResolvesToPingPongTiles) {
   tk::GemmArgs a = good();
   tk::GemmOptions o;
-  o.epilogue_overlap = true;
+  o.ping_pong = true;
   EXPECT_EQ(tk::resolve_tile(a, o), tk::GemmTile::T128x128);
   o.tile = tk::GemmTile::T64x256;
   EXPECT_EQ(tk::resolve_tile(a, o), tk::GemmTile::T64x256);
@@ -108,7 +108,7 @@ TEST(GemmHeuristic, EpilogueOverlapResolvesToPingPongTiles) {
   plain.tile = tk::GemmTile::T64x256;  // ping-pong only
   EXPECT_THROW(tk::resolve_tile(a, plain), tessera::Error);
   // The default stays the cooperative path.
-  EXPECT_FALSE(tk::GemmOptions{}.epilogue_overlap);
+  EXPECT_FALSE(tk::GemmOptions{}.ping_pong);
 }
 
 TEST(GemmHeuristic, ModelSplitsSmallMLongKAndPrefersClustersForMisalignedRows) {
@@ -199,7 +199,7 @@ TEST(GemmHeuristic, SmallMTile64x64InModelAndOptions) {
   EXPECT_THROW(tk::plan_gemm(a, o), tessera::Error);
   o.cluster_m = 0;
   EXPECT_THROW(tk::resolve_tile(a, o), tessera::Error);
-  o.epilogue_overlap = true;
+  o.ping_pong = true;
   EXPECT_THROW(tk::resolve_tile(a, o), tessera::Error);
 }
 
@@ -230,9 +230,9 @@ TEST(GemmHeuristic, Tile128x192Options) {
   o.cluster_m = 2;
   EXPECT_THROW(tk::plan_gemm(a, o), tessera::Error);
   o.cluster_m = 0;
-  o.epilogue_overlap = true;
+  o.ping_pong = true;
   EXPECT_THROW(tk::plan_gemm(a, o), tessera::Error);
-  o.epilogue_overlap = false;
+  o.ping_pong = false;
   a.out = tessera::DType::f32;
   EXPECT_THROW(tk::plan_gemm(a, o), tessera::Error);
 }

@@ -58,7 +58,7 @@ TEST(GemmPeer, StoreNotifyAndPartialThroughAPeerGpu) {
   EXPECT_TRUE(std::all_of(f.begin(), f.end(), [](uint32_t v) { return v == 1; }));
 
   // The same through the ping-pong kernel (T128x128 in the policy helpers;
-  // epilogue_overlap): peer stores and .sys notifies per 128x128 tile.
+  // ping_pong): peer stores and .sys notifies per 128x128 tile.
   {
     const int tiles_pp = static_cast<int>(((m + 127) / 128) * ((n + 127) / 128));
     TESSERA_CUDA_CHECK(cudaSetDevice(1));

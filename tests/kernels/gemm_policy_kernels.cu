@@ -28,11 +28,11 @@ void run(const GemmArgs& a, GemmTile t, int max_ctas, const Pro& pro, const Epi&
   o.max_ctas = max_ctas;
   // Two cooperative tiles compiled for policy tests: enough to exercise 1 and
   // 2 wgmma atoms per consumer; 2-CTA clusters for the 128x256 tile. T128x128
-  // means the ping-pong kernel (epilogue_overlap; 2 atoms per consumer).
+  // means the ping-pong kernel (ping_pong; 2 atoms per consumer).
   if (t == GemmTile::T128x128) {
     if (cluster != 1) detail::fail("policy test: the ping-pong kernel has no clusters");
-    o.epilogue_overlap = true;
-    gemm_with_tile_overlap<GemmTile::T128x128, bf16, BLayout::NK>(a, o, pro, epi, sched, s);
+    o.ping_pong = true;
+    gemm_with_tile_ping_pong<GemmTile::T128x128, bf16, BLayout::NK>(a, o, pro, epi, sched, s);
   } else if (t == GemmTile::T256x128) {
     gemm_with_tile<GemmTile::T256x128, bf16, BLayout::NK>(a, o, pro, epi, sched, s);
   } else if (t == GemmTile::T128x256) {

@@ -5,7 +5,7 @@
 //
 // Tiles: T128x256 (also with cluster 2), T256x128 (cooperative kernels), or
 // T128x128, which here selects the PING-PONG 128x128 kernel
-// (GemmOptions::epilogue_overlap): every policy is tested on it too.
+// (GemmOptions::ping_pong): every policy is tested on it too.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -124,7 +124,7 @@ TEST(GemmGpu, EveryTileLayoutTypeAndShapeMatchesCublas) {
           }
 }
 
-// Ping-pong schedule (GemmOptions::epilogue_overlap): both ping-pong tiles,
+// Ping-pong schedule (GemmOptions::ping_pong): both ping-pong tiles,
 // aligned and ragged shapes, both layouts and input types. Each result is
 // compared with cuBLASLt and BITWISE with the default (cooperative) path: the
 // per-element K order is the same, so any difference is a schedule bug (a
@@ -150,7 +150,7 @@ TEST(GemmGpu, OverlapMatchesDefaultBitwiseAndCublas) {
           tt::poison(s.d);
           tk::GemmOptions o;
           o.tile = tile;
-          o.epilogue_overlap = true;
+          o.ping_pong = true;
           tk::gemm(s.args, o);
           TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
           EXPECT_TRUE(tt::bytes_of(s.d) == want) << "overlap differs from default: " << name(p, tile);
@@ -186,7 +186,7 @@ TEST(GemmGpu, OverlapTileOrdersAndSmCapGiveIdenticalResults) {
       tt::poison(s.d);
       tk::GemmOptions o;
       o.tile = tile;
-      o.epilogue_overlap = true;
+      o.ping_pong = true;
       o.raster_group = v.group;
       o.raster_along_m = v.along_m;
       o.rotate_m = v.rotate;
@@ -212,7 +212,7 @@ TEST(GemmGpu, OverlapRejectsWhatItDoesNotCompile) {
   const Problem p{256, 256, 128, DType::bf16, DType::f32};
   Buffers s = make(p);
   tk::GemmOptions o;
-  o.epilogue_overlap = true;
+  o.ping_pong = true;
   EXPECT_THROW(tk::gemm(s.args, o), tessera::Error);  // f32 output from bf16 inputs
   s.args.out = DType::bf16;
   o.tile = tk::GemmTile::T128x256;
@@ -460,7 +460,7 @@ TEST(GemmGpu, ReorderMapStoresTilesIntoSlots) {
     Buffers s = make(p);
     tk::GemmOptions o;
     o.tile = tile;
-    o.epilogue_overlap = tile == tk::GemmTile::T128x128;
+    o.ping_pong = tile == tk::GemmTile::T128x128;
     tk::gemm(s.args, o);
     TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
     const auto plain = tt::download(s.d.p, p.m, p.n, s.args.ldd, p.out);
@@ -589,7 +589,7 @@ TEST(GemmGpu, CoverageShapesMatchCublasOnEveryPlan) {
             tt::poison(s.d);
             tk::GemmOptions o;
             o.k_splits = v.splits;
-            o.epilogue_overlap = v.overlap;
+            o.ping_pong = v.overlap;
             if (v.overlap) o.tile = tk::GemmTile::T64x256;
             tk::gemm(s.args, o);
             TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
@@ -704,9 +704,9 @@ TEST(GemmGpu, Tile128x192MatchesCublas) {
   o.k_splits = 2;
   EXPECT_THROW(tk::gemm(s.args, o), tessera::Error);
   o.k_splits = 0;
-  o.epilogue_overlap = true;
+  o.ping_pong = true;
   EXPECT_THROW(tk::gemm(s.args, o), tessera::Error);
-  o.epilogue_overlap = false;
+  o.ping_pong = false;
   s.args.out = DType::f32;
   EXPECT_THROW(tk::gemm(s.args, o), tessera::Error);
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());

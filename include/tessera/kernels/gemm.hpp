@@ -62,7 +62,7 @@ struct GemmArgs {
 /// Output tile shapes the engine is compiled for (rows x columns of D per
 /// tile). All use BK = 64 and two consumer warpgroups. Default (cooperative)
 /// schedule: both consumers share one tile per CTA — 128x256, 256x128,
-/// 128x128. With GemmOptions::epilogue_overlap (ping-pong) each consumer owns
+/// 128x128. With GemmOptions::ping_pong each consumer owns
 /// a whole tile: 128x128 or 64x256 (64x256 exists only there). 64x64
 /// (ping-pong) is compiled for the plain gemm() only, output type == input
 /// type or split-K: plan_gemm() considers it where few tiles would leave SMs
@@ -99,10 +99,10 @@ struct GemmOptions {
   /// The plain gemm() compiles it for output type == input type only, and
   /// picks it by itself (64x256) where plain_uses_ping_pong() says so; policy
   /// entry points (gemm_with_layout / gemm_with_tile) never pick it.
-  bool epilogue_overlap = false;
+  bool ping_pong = false;
   /// Split-K (plain gemm() only; the policy entry points never split):
   /// 0 = plan_gemm()'s choice, 1 = never split, > 1 = that many K splits on
-  /// the 128x128 cooperative kernel (with epilogue_overlap: 64x256 ping-pong,
+  /// the 128x128 cooperative kernel (with ping_pong: 64x256 ping-pong,
   /// or 64x64 ping-pong when tile is T64x64).
   int k_splits = 0;
 };
@@ -117,12 +117,12 @@ void validate(const GemmArgs& a, const char* op = "gemm");
 GemmTile choose_tile(const GemmArgs& a, int num_sms);
 
 /// Resolves GemmTile::Auto for the current device; returns `o.tile` otherwise.
-/// With o.epilogue_overlap: Auto -> 128x128; 128x128 and 64x256 accepted,
+/// With o.ping_pong: Auto -> 128x128; 128x128 and 64x256 accepted,
 /// any other tile is a tessera::Error. Without it, 64x256 is an Error.
 GemmTile resolve_tile(const GemmArgs& a, const GemmOptions& o);
 
 /// True when the plain gemm() runs the ping-pong 64x256 kernel although
-/// o.epilogue_overlap is off: tile Auto, cluster_m 0 or 1, output type ==
+/// o.ping_pong is off: tile Auto, cluster_m 0 or 1, output type ==
 /// input type, and M·N·K below 4e11. Larger problems run the cooperative tile
 /// choose_tile() picks. On the issue-3 shapes (nvidia-h200-x2, 36ee3d8) the
 /// two kernels were measured power-capped and at boost clocks; this split
@@ -131,7 +131,7 @@ GemmTile resolve_tile(const GemmArgs& a, const GemmOptions& o);
 bool plain_uses_ping_pong(const GemmArgs& a, const GemmOptions& o);
 
 /// Cluster size for tile `t`: o.cluster_m if set (checked: 1 or 2), else 1.
-/// Always 1 with o.epilogue_overlap (cluster_m = 2 is then an Error).
+/// Always 1 with o.ping_pong (cluster_m = 2 is then an Error).
 /// cluster_m = 2 is tested and measured at parity with 1 on H100 (within
 /// noise, docs/design/gemm-engine.md), so auto keeps 1.
 int resolve_cluster(const GemmArgs& a, const GemmOptions& o, GemmTile t);

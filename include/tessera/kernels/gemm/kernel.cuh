@@ -15,7 +15,7 @@
 //    multiply with wgmma, then hand each accumulator pair to the Epilogue and,
 //    if it notifies, fence + barrier + tile_done (see epilogue.cuh).
 //    Cooperative configs (default): both consumers share every tile.
-//    Ping-pong configs (Cfg::kPingPong, GemmOptions::epilogue_overlap): the
+//    Ping-pong configs (Cfg::kPingPong, GemmOptions::ping_pong): the
 //    consumers take alternate tiles, so one's epilogue runs while the other's
 //    wgmma main loop runs; named barriers order their main loops.
 // Producer and consumers never exchange tile indices: both evaluate the same

@@ -3,12 +3,12 @@
 //
 //   gemm_with<InT>(args, options, prologue, epilogue, scheduler, stream)
 //   gemm_with_tile<GemmTile::T128x256, InT, BLayout::NK>(...)   // one kernel only
-//   gemm_with_tile_overlap<GemmTile::T128x128, InT, BLayout::NK>(...)  // ping-pong
-//   gemm_with_layout_overlap<InT, BLayout::NK>(tile, ...)      // both ping-pong tiles
+//   gemm_with_tile_ping_pong<GemmTile::T128x128, InT, BLayout::NK>(...)  // ping-pong
+//   gemm_with_layout_ping_pong<InT, BLayout::NK>(tile, ...)      // both ping-pong tiles
 //
-// Ping-pong (GemmOptions::epilogue_overlap) kernels are compiled only where a
+// Ping-pong (GemmOptions::ping_pong) kernels are compiled only where a
 // caller asks for them through the *_overlap entry points, so existing callers
-// compile no extra kernels; the other entry points reject epilogue_overlap.
+// compile no extra kernels; the other entry points reject ping_pong.
 //
 // InT is __nv_bfloat16 or __half and must match args.in. The epilogue owns
 // the output (args.d / args.out are ignored here; StdEpilogue carries d, ldd);
@@ -165,33 +165,33 @@ void launch_config(const GemmArgs& a, const GemmOptions& o, const Pro& pro, cons
 template <GemmTile Tile, class InT, BLayout Layout, int kClusterM = 1, class Pro, class Epi, class Sched>
 void gemm_with_tile(const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi, const Sched& sched,
                     cudaStream_t stream) {
-  if (o.epilogue_overlap)
-    detail::fail("gemm: epilogue_overlap needs the ping-pong kernels (gemm_with_tile_overlap); tile " +
-                 tile_name(Tile) + " is the cooperative kernel");
+  if (o.ping_pong)
+    detail::fail("gemm: ping_pong needs the ping-pong kernels (gemm_with_tile_ping_pong); tile " + tile_name(Tile) +
+                 " is the cooperative kernel");
   launch_config<typename TileCfgOf<Tile, kClusterM>::type, InT, Layout>(a, o, pro, epi, sched, stream);
 }
 
-/// One ping-pong kernel (Tile: T128x128 or T64x256), whatever o.epilogue_overlap
+/// One ping-pong kernel (Tile: T128x128 or T64x256), whatever o.ping_pong
 /// says. No clusters (o.cluster_m must be 0 or 1).
 template <GemmTile Tile, class InT, BLayout Layout, class Pro, class Epi, class Sched>
-void gemm_with_tile_overlap(const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi, const Sched& sched,
-                            cudaStream_t stream) {
+void gemm_with_tile_ping_pong(const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi,
+                              const Sched& sched, cudaStream_t stream) {
   if (o.cluster_m > 1)
     detail::fail("gemm: cluster_m = " + std::to_string(o.cluster_m) + " with the ping-pong kernel (no clusters)");
   launch_config<typename PingPongCfgOf<Tile>::type, InT, Layout>(a, o, pro, epi, sched, stream);
 }
 
 /// Dispatches over the ping-pong tiles (t: T128x128 or T64x256, already
-/// resolved, e.g. by resolve_tile with epilogue_overlap set). T64x64 is not
+/// resolved, e.g. by resolve_tile with ping_pong set). T64x64 is not
 /// dispatched here (the plain gemm() instantiates it itself).
 template <class InT, BLayout L, class Pro, class Epi, class Sched>
-void gemm_with_layout_overlap(GemmTile t, const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi,
-                              const Sched& sched, cudaStream_t stream) {
+void gemm_with_layout_ping_pong(GemmTile t, const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi,
+                                const Sched& sched, cudaStream_t stream) {
   switch (t) {
     case GemmTile::T128x128:
-      return gemm_with_tile_overlap<GemmTile::T128x128, InT, L>(a, o, pro, epi, sched, stream);
+      return gemm_with_tile_ping_pong<GemmTile::T128x128, InT, L>(a, o, pro, epi, sched, stream);
     case GemmTile::T64x256:
-      return gemm_with_tile_overlap<GemmTile::T64x256, InT, L>(a, o, pro, epi, sched, stream);
+      return gemm_with_tile_ping_pong<GemmTile::T64x256, InT, L>(a, o, pro, epi, sched, stream);
     default:
       detail::fail("gemm: tile " + tile_name(t) + " has no ping-pong kernel (128x128 or 64x256)");
   }
@@ -204,8 +204,8 @@ void gemm_with_layout_overlap(GemmTile t, const GemmArgs& a, const GemmOptions& 
 template <class InT, BLayout L, class Pro, class Epi, class Sched>
 void gemm_with_layout(GemmTile t, const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi,
                       const Sched& sched, cudaStream_t stream) {
-  if (o.epilogue_overlap)
-    detail::fail("gemm: epilogue_overlap is compiled only through gemm_with_layout_overlap / gemm_with_tile_overlap");
+  if (o.ping_pong)
+    detail::fail("gemm: ping_pong is compiled only through gemm_with_layout_ping_pong / gemm_with_tile_ping_pong");
   if (o.k_splits > 1)
     detail::fail("gemm: k_splits = " + std::to_string(o.k_splits) +
                  " is for the plain gemm() only (policies see whole tiles)");

@@ -30,7 +30,7 @@ namespace tessera::kernels::engine {
 ///  * Cooperative (kPingPong = false, the default): kConsumers consumer
 ///    warpgroups split the BM rows of one tile; each owns BM/kConsumers rows =
 ///    kMAtoms wgmma atoms of 64 rows, and both store the tile together.
-///  * Ping-pong (kPingPong = true, GemmOptions::epilogue_overlap): the two
+///  * Ping-pong (kPingPong = true, GemmOptions::ping_pong): the two
 ///    consumer warpgroups take alternate tiles of the CTA's schedule; each owns
 ///    a whole BM x BN tile (kMAtoms = BM/64 atoms). While one stores its tile
 ///    the other runs its main loop, so the epilogue overlaps wgmma. Main loops
