@@ -16,7 +16,7 @@
 
 #include "tessera/kernels/gemm/fast_divmod.cuh"
 #include "tessera/signal/a2a.hpp"
-#include "tessera/signal/hd.hpp"
+#include "tessera/runtime/host_device.hpp"
 #include "tessera/signal/reorder.hpp"
 
 namespace tessera::signal::detail {

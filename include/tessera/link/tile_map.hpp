@@ -24,12 +24,7 @@
 #include <cstdint>
 
 #include "tessera/runtime/dtype.hpp"
-
-#if defined(__CUDACC__)
-#define TESSERA_HD __host__ __device__ __forceinline__
-#else
-#define TESSERA_HD inline
-#endif
+#include "tessera/runtime/host_device.hpp"
 
 namespace tessera::link {
 

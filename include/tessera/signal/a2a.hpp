@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "tessera/signal/group_plan.hpp"
-#include "tessera/signal/hd.hpp"
+#include "tessera/runtime/host_device.hpp"
 #include "tessera/signal/reorder.hpp"
 #include "tessera/signal/wave_model.hpp"
 

@@ -65,7 +65,7 @@
 #include "tessera/runtime/wait_diagnostics.hpp"
 #include "tessera/signal/a2a.hpp"
 #include "tessera/signal/group_plan.hpp"
-#include "tessera/signal/hd.hpp"
+#include "tessera/runtime/host_device.hpp"
 #include "tessera/signal/reorder.hpp"
 
 namespace tessera::signal {

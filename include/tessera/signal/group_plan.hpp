@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "tessera/signal/hd.hpp"
+#include "tessera/runtime/host_device.hpp"
 #include "tessera/signal/wave_model.hpp"
 
 namespace tessera::signal {

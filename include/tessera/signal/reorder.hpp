@@ -23,7 +23,7 @@
 #include <cstdint>
 
 #include "tessera/signal/group_plan.hpp"
-#include "tessera/signal/hd.hpp"
+#include "tessera/runtime/host_device.hpp"
 #include "tessera/signal/tile_order.hpp"
 
 namespace tessera::signal {

@@ -18,7 +18,7 @@
 
 #include <cstdint>
 
-#include "tessera/signal/hd.hpp"
+#include "tessera/runtime/host_device.hpp"
 
 namespace tessera::signal {
 

@@ -1,4 +1,5 @@
-// cuBLASLt baseline for the GEMM engine (tests and `tessera bench gemm`).
+// cuBLASLt GEMM: the operators' sequential strategy and CommIR's local GEMMs run
+// it, and tests and `tessera bench gemm` compare the engine against it.
 //
 // Row-major D[M,N] = A[M,K]·op(B) is computed as the column-major product
 // Dᵀ[N,M] = op(B)ᵀ·Aᵀ: cuBLAS's "A" is our B (transposed when B is [N,K]),
