@@ -4,7 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "device_ops.hpp"
+#include "tp_launchers.hpp"
 #include "tessera/kernels/elementwise.hpp"
 #include "tessera/kernels/gemm/host_detail.hpp"
 #include "tessera/link/device_primitives.cuh"

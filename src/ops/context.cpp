@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "context_impl.hpp"
-#include "device_ops.hpp"
+#include "tp_launchers.hpp"
 #include "tessera/link/host_primitives.hpp"
 #include "tessera/ops/tuner.hpp"
 #include "tessera/runtime/error.hpp"

@@ -1,14 +1,14 @@
 // src/ops/fused_gemm.cuh — instantiations of the fused TP GEMMs for one
 // input type (included by fused_gemm_bf16.cu / fused_gemm_f16.cu so that the
 // two types compile in parallel). One tile for every fused GEMM (the
-// ping-pong 64x256; see device_ops.hpp) keeps the kernel count, and the
+// ping-pong 64x256; see tp_launchers.hpp) keeps the kernel count, and the
 // build time, small.
 #pragma once
 
 #include <string>
 
 #include "tessera/ops/fused_policies.cuh"
-#include "device_ops.hpp"
+#include "tp_launchers.hpp"
 #include "tessera/kernels/gemm/launch.cuh"
 #include "tessera/kernels/gemm/wait_diag.hpp"
 #include "tessera/runtime/wait_diagnostics.hpp"

@@ -10,7 +10,7 @@
 #include <nccl.h>
 
 #include "context_impl.hpp"
-#include "device_ops.hpp"
+#include "tp_launchers.hpp"
 #include "tessera/runtime/error.hpp"
 
 namespace tessera::ops {

@@ -14,7 +14,7 @@
 #include <nccl.h>
 
 #include "context_impl.hpp"
-#include "device_ops.hpp"
+#include "tp_launchers.hpp"
 #include "tessera/kernels/elementwise.hpp"
 #include "tessera/kernels/gemm.hpp"
 #include "tessera/link/host_primitives.hpp"

@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-#include "device_ops.hpp"
+#include "tp_launchers.hpp"
 #include "tessera/kernels/gemm.hpp"
 #include "tessera/runtime/env.hpp"
 #include "tessera/runtime/error.hpp"

@@ -1,4 +1,4 @@
-// src/ops/device_ops.hpp — launchers of the TP-MLP operators' device code
+// src/ops/tp_launchers.hpp — launchers of the TP-MLP operators' device code
 // (compiled in the .cu files of src/ops; no fmt here: nvcc 13 cannot compile
 // it, so these only report errors through kernels::detail::fail/cuda_check).
 #pragma once
