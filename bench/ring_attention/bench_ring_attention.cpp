@@ -28,6 +28,7 @@
 
 #include "command.hpp"
 #include "common/device_buffer.hpp"
+#include "common/results.hpp"
 #include "common/timing.hpp"
 #include "tessera/ops/ring_attention.hpp"
 #include "tessera/ops/sp_attention.hpp"
@@ -81,19 +82,6 @@ std::string json_str(const std::string& s) {
     o += c;
   }
   return o + "\"";
-}
-/// The machine kind as the results files name it (e.g. nvidia-h200-x2).
-std::string machine_kind(const char* gpu_name, int world) {
-  std::string s;
-  int tokens = 0;
-  for (const char* c = gpu_name; *c && tokens < 2; ++c) {
-    if (*c == ' ') {
-      if (++tokens < 2) s += '-';
-      continue;
-    }
-    s += static_cast<char>(std::tolower(static_cast<unsigned char>(*c)));
-  }
-  return world > 1 ? fmt::format("{}-x{}", s, world) : s;
 }
 
 std::string json_num(double x) { return std::isfinite(x) ? fmt::format("{:.6g}", x) : "null"; }

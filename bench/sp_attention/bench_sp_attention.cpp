@@ -36,6 +36,7 @@
 
 #include "command.hpp"
 #include "common/device_buffer.hpp"
+#include "common/results.hpp"
 #include "common/timing.hpp"
 #include "tessera/kernels/attention.hpp"
 #include "tessera/ops/sp_attention.hpp"
@@ -89,20 +90,6 @@ std::map<std::string, TorchFigures> read_torch(const std::string& path, int worl
     out[fmt::format("{}/{}", j["case"].get<std::string>(), j["seq"].get<std::int64_t>())] = t;
   }
   return out;
-}
-
-/// The machine kind as the results files name it (e.g. nvidia-h200-x2).
-std::string device_kind(const char* gpu_name, int world) {
-  std::string s;
-  int tokens = 0;
-  for (const char* c = gpu_name; *c && tokens < 2; ++c) {
-    if (*c == ' ') {
-      if (++tokens < 2) s += '-';
-      continue;
-    }
-    s += static_cast<char>(std::tolower(static_cast<unsigned char>(*c)));
-  }
-  return world > 1 ? fmt::format("{}-x{}", s, world) : s;
 }
 
 std::string today_utc() {
@@ -287,7 +274,7 @@ void run(const Options& o) {
   if (o.json.empty()) return;
   const char* commit = std::getenv("TESSERA_COMMIT");
   nlohmann::json doc{{"provenance",
-                      {{"device", o.device.empty() ? device_kind(pg->device_properties().name, R) : o.device},
+                      {{"device", o.device.empty() ? machine_kind(pg->device_properties().name, R) : o.device},
                        {"date", today_utc()},
                        {"commit", commit && *commit ? commit : "unknown"},
                        {"command", command_line()},
