@@ -3,7 +3,7 @@
 # in one call, leaving logs under $OUT (default ./device-out).
 #
 #   scripts/device-check.sh [step...]     steps: build cpu tests sanitize moe moeep attention ringattn comm gemm
-#                                          gemmgap mlp asynctp commir commirattn kernels signal python decoder
+#                                          gemmgap mlp asynctp commir commirattn commirtune kernels signal python decoder
 #                                          faults
 #                                          (default: build tests comm gemm), run in the order given
 # sanitize: compute-sanitizer memcheck, racecheck and synccheck over every
@@ -21,7 +21,7 @@
 # ATTN_CASES (all six), ATTN_ARGS / ATTN_TORCH_ARGS (options of the bench / the PyTorch script), ATTN_TIMEOUT
 # (300 s for each half). ringattn: bench ring-attention (ring, Ulysses and AG-KV strategies); RING_ARGS,
 # RING_TIMEOUT (300 s). commirattn: bench commir --attention (COMMIR_ATTN_ARGS, e.g. --seq 32768;
-# COMMIR_ATTN_TIMEOUT, 300 s).
+# COMMIR_ATTN_TIMEOUT, 300 s). commirtune: bench commir-tuner (COMMIR_TUNER_ARGS, COMMIR_TUNER_TIMEOUT 240 s).
 #
 # Carry .deps (scripts/vendor-deps.sh): the GPU machines cannot install
 # packages. Multi-GPU tests run with one process per visible GPU.
@@ -208,6 +208,13 @@ step_commir() {
   note "bench commir rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-commir.log" | tail -20 | tee -a "$summary"
 }
 
+# The measured CommIR autotuner (bench commir-tuner): model top-k, calibration, pick vs the best measured.
+step_commirtune() {
+  TESSERA_COMMIT="${commit:-unknown}" timeout "${COMMIR_TUNER_TIMEOUT:-240}" "$bin" run -n "$ngpu" -- "$bin" bench commir-tuner \
+      --json "$out/commir-tuner.json" ${COMMIR_TUNER_ARGS:-} >"$out/bench-commir-tuner.log" 2>&1
+  note "bench commir-tuner rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-commir-tuner.log" | tail -40 | tee -a "$summary"
+}
+
 step_commirattn() {  # the CommIR attention plans beside ops::sp_attention (issue 21 item 2)
   timeout "${COMMIR_ATTN_TIMEOUT:-300}" "$bin" run -n "$ngpu" -- "$bin" bench commir --attention ${COMMIR_ATTN_ARGS:-} \
       --markdown "$out/commir-attention.md" >"$out/bench-commir-attention.log" 2>&1
@@ -241,7 +248,7 @@ if command -v nvidia-smi >/dev/null; then
 fi
 : >"$out/steps.txt"
 for s in "${steps[@]}"; do
-  declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests sanitize moe moeep attention ringattn comm gemm gemmgap mlp asynctp commir commirattn kernels signal python decoder faults)"; continue; }
+  declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests sanitize moe moeep attention ringattn comm gemm gemmgap mlp asynctp commir commirattn commirtune kernels signal python decoder faults)"; continue; }
   echo "$s start $(date +%s.%N)" >>"$out/steps.txt"
   "step_$s"
   echo "$s end $(date +%s.%N)" >>"$out/steps.txt"

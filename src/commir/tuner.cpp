@@ -276,15 +276,8 @@ TuneResult tune(const Grid& op, const MachineProfile& prof, const TuneOptions& o
             }
             Candidate c{script.substr(1), std::move(g), estimate(plan, prof)};
             if (opt.contract) {
-              double rs = 0;
-              for (const auto& [name, regions] : opt.contract->inputs)
-                rs += reshard_time(op.mesh, regions, plan.initial.at(name),
-                                   static_cast<double>(op.elem_bytes() * op.buffer(name).elem), prof);
-              for (const auto& [name, regions] : opt.contract->outputs)
-                rs += reshard_time(op.mesh, plan.final.at(name), regions,
-                                   static_cast<double>(op.elem_bytes() * op.buffer(name).elem), prof);
-              c.est.reshard_us = rs;
-              c.est.time_us += rs;
+              c.est.reshard_us = contract_reshard_time(*opt.contract, plan, prof);
+              c.est.time_us += c.est.reshard_us;
             }
             if (static_cast<double>(c.est.peak_bytes) > limit) {
               ++res.pruned_memory;
@@ -349,6 +342,18 @@ double reshard_time(const std::vector<int>& mesh, const std::vector<Region>& hav
     if (missing > 0) worst = std::max(worst, links[level].latency_us + xfer_us(missing * es, links[level].p2p_gbps));
   }
   return worst;
+}
+
+double contract_reshard_time(const Layout& contract, const Plan& plan, const MachineProfile& prof) {
+  const Grid& op = plan.grid;
+  double rs = 0;
+  for (const auto& [name, regions] : contract.inputs)
+    rs += reshard_time(op.mesh, regions, plan.initial.at(name),
+                       static_cast<double>(op.elem_bytes() * op.buffer(name).elem), prof);
+  for (const auto& [name, regions] : contract.outputs)
+    rs += reshard_time(op.mesh, plan.final.at(name), regions,
+                       static_cast<double>(op.elem_bytes() * op.buffer(name).elem), prof);
+  return rs;
 }
 
 double reshard_cost(const Plan& from, const std::string& out, const Plan& to, const std::string& in,

@@ -49,6 +49,10 @@ double reshard_time(const std::vector<int>& mesh, const std::vector<Region>& hav
 
 Estimate estimate(const Plan& plan, const MachineProfile& prof);
 
+/// Time to bring `plan`'s inputs from `contract`'s layout into the plan's
+/// initial layout and its outputs from its final layout into `contract`'s.
+double contract_reshard_time(const Layout& contract, const Plan& plan, const MachineProfile& prof);
+
 struct Candidate {
   std::string script;
   Grid grid;
