@@ -4,7 +4,7 @@
 #
 #   scripts/device-check.sh [step...]     steps: build cpu tests sanitize moe moeep attention ringattn comm gemm
 #                                          gemmgap mlp asynctp commir commirattn commirtune kernels signal python decoder
-#                                          faults
+#                                          readme faults
 #                                          (default: build tests comm gemm), run in the order given
 # sanitize: compute-sanitizer memcheck, racecheck and synccheck over every
 # one-process GPU test (SANITIZE_TESTS: a ctest -R filter; SANITIZE_EXCLUDE: a
@@ -194,6 +194,14 @@ step_python() {
   TESSERA_C_LIB="$build/lib/libtessera_c.so" PYTHONPATH="$root/python" python3 -m tessera.env >>"$summary" 2>&1
 }
 
+# The README's Python example, as written (its first ```python block), under torchrun.
+step_readme() {
+  awk '/^```python$/{f=1;next} /^```$/{if(f){exit}} f' "$root/README.md" >"$out/readme_example.py"
+  TESSERA_C_LIB="$build/lib/libtessera_c.so" PYTHONPATH="$root/python" timeout "${README_TIMEOUT:-180}" \
+    torchrun --nproc-per-node "$ngpu" "$out/readme_example.py" >"$out/readme-example.log" 2>&1
+  note "README python example rc=$? ($(wc -l <"$out/readme_example.py") lines)"; tail -5 "$out/readme-example.log" | tee -a "$summary"
+}
+
 # python/examples/bench_decoder_layer.py: the decoder-layer training step, Tessera vs plain PyTorch TP.
 step_decoder() {
   TESSERA_C_LIB="$build/lib/libtessera_c.so" PYTHONPATH="$root/python" timeout "${DECODER_TIMEOUT:-300}" \
@@ -248,7 +256,7 @@ if command -v nvidia-smi >/dev/null; then
 fi
 : >"$out/steps.txt"
 for s in "${steps[@]}"; do
-  declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests sanitize moe moeep attention ringattn comm gemm gemmgap mlp asynctp commir commirattn commirtune kernels signal python decoder faults)"; continue; }
+  declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests sanitize moe moeep attention ringattn comm gemm gemmgap mlp asynctp commir commirattn commirtune kernels signal python readme decoder faults)"; continue; }
   echo "$s start $(date +%s.%N)" >>"$out/steps.txt"
   "step_$s"
   echo "$s end $(date +%s.%N)" >>"$out/steps.txt"
