@@ -141,10 +141,10 @@ void two_level_attention(TwoLevelAttnContext& ctx, const SpAttnArgs& a, int inne
   // launch; the shapes, the degree and the ring strategy agree across ranks.
   const int u = two_level_inner_degree(a, R, inner);
   const TwoLevelPlan p = plan_two_level_attention(a.seq, R, rank, u);
-  detail::validate_zigzag(c.pg, a, "two_level_attention", static_cast<int>(ring) + 256 * u,
-                          fmt::format("{}x{}, ring {}", u, p.outer,
-                                      ring == RingStrategy::sequential ? "sequential" : "overlapped"),
-                          c.validated);
+  detail::validate_zigzag(
+      c.pg, a, "two_level_attention", static_cast<int>(ring) + 256 * u,
+      fmt::format("{}x{}, ring {}", u, p.outer, ring == RingStrategy::sequential ? "sequential" : "overlapped"),
+      c.validated);
   SpAttnArgs h = a;  // the ring's problem on the head shard
   h.heads_q = a.heads_q / u;
   h.heads_kv = a.heads_kv / u;

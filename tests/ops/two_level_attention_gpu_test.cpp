@@ -214,8 +214,7 @@ void run_case(const Case& cs, bool causal) {
       }
     const std::string what = run.name + (causal ? " causal" : "") + " heads " + std::to_string(H) + "/" +
                              std::to_string(Hkv) + " d " + std::to_string(D) + " " + std::string(dtype_name(cs.dtype)) +
-                             " batch " + std::to_string(B) + " rank " + std::to_string(rank) + "/" +
-                             std::to_string(R);
+                             " batch " + std::to_string(B) + " rank " + std::to_string(rank) + "/" + std::to_string(R);
     EXPECT_EQ(bad, 0) << what << ": non-finite outputs (poison left or NaN)";
     EXPECT_LT(std::sqrt(num / den), 1e-2) << what;
     EXPECT_LT(lse_err, 1e-3) << what;

@@ -226,9 +226,9 @@ std::string check_head_shards(int R, int u, std::int64_t B, std::int64_t H, std:
             const std::int64_t tok = ps[g].head_shard_chunk(static_cast<int>(t / C)) * C + t % C;
             const std::uint64_t want = code(f.tensor, b, tok, ps[g].index * f.local + hl);
             if (got != want)
-              return "R " + std::to_string(R) + " u " + std::to_string(u) + " rank " + std::to_string(g) +
-                     " tensor " + std::to_string(f.tensor) + " b " + std::to_string(b) + " row " + std::to_string(t) +
-                     " head " + std::to_string(hl);
+              return "R " + std::to_string(R) + " u " + std::to_string(u) + " rank " + std::to_string(g) + " tensor " +
+                     std::to_string(f.tensor) + " b " + std::to_string(b) + " row " + std::to_string(t) + " head " +
+                     std::to_string(hl);
           }
   }
   return "";
@@ -278,8 +278,8 @@ TEST(TwoLevelPlan, RingOverHeadShardsCoversTheMask) {
           for (std::int64_t ki = 0; ki < S; ++ki)
             if (!causal || ki <= qi) {
               ++want;
-              EXPECT_EQ((seen[{qi, ki}]), 1) << "R " << R << " u " << u << " causal " << causal << " pair " << qi
-                                             << "," << ki;
+              EXPECT_EQ((seen[{qi, ki}]), 1)
+                  << "R " << R << " u " << u << " causal " << causal << " pair " << qi << "," << ki;
             }
         EXPECT_EQ(static_cast<std::int64_t>(seen.size()), want) << "R " << R << " u " << u;
       }

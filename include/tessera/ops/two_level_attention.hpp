@@ -47,10 +47,10 @@ namespace tessera::ops {
 /// One rank's place on the u x r mesh (pure host logic, CPU-tested).
 struct TwoLevelPlan {
   int world = 1, rank = 0;
-  int inner = 1;  ///< u: the Ulysses degree (ranks per group)
-  int outer = 1;  ///< r = R / u: the ring degree (groups)
-  int group = 0;  ///< o = rank / u
-  int index = 0;  ///< i = rank % u
+  int inner = 1;                    ///< u: the Ulysses degree (ranks per group)
+  int outer = 1;                    ///< r = R / u: the ring degree (groups)
+  int group = 0;                    ///< o = rank / u
+  int index = 0;                    ///< i = rank % u
   std::int64_t seq = 0, chunk = 0;  ///< S, C = S / (2R)
   std::vector<int> group_ranks;     ///< global ranks of my Ulysses group, by inner index
   std::vector<int> ring_ranks;      ///< global ranks of my ring, by group
