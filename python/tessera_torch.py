@@ -25,7 +25,7 @@ import os
 import torch
 
 STRATEGIES = {"automatic": 0, "sequential": 1, "decomposition": 2, "fused_ce": 3, "fused_sm": 4, "ring": 5,
-              "ulysses": 6, "pipelined": 7}
+              "ulysses": 6, "pipelined": 7, "two_level": 8}
 STRATEGY_NAMES = {v: k for k, v in STRATEGIES.items()}
 _DTYPES = {torch.bfloat16: 0, torch.float16: 1}
 

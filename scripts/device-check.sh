@@ -19,7 +19,7 @@
 # ASYNCTP_SHAPES overrides it for asynctp. MLP_ARGS, ASYNCTP_ARGS, SIGNAL_ARGS, KERNELS_ARGS, COMMIR_ARGS, GEMM_ARGS
 # add options to those benchmarks (e.g. MLP_ARGS=--no-variants). attention: ATTN_SEQS (16384,32768,65536),
 # ATTN_CASES (all six), ATTN_ARGS / ATTN_TORCH_ARGS (options of the bench / the PyTorch script), ATTN_TIMEOUT
-# (300 s for each half). ringattn: bench ring-attention (ring, Ulysses and AG-KV strategies); RING_ARGS,
+# (300 s for each half). ringattn: bench ring-attention (ring, Ulysses, two-level and AG-KV); RING_ARGS,
 # RING_TIMEOUT (300 s). commirattn: bench commir --attention (COMMIR_ATTN_ARGS, e.g. --seq 32768;
 # COMMIR_ATTN_TIMEOUT, 300 s). commirtune: bench commir-tuner (COMMIR_TUNER_ARGS, COMMIR_TUNER_TIMEOUT 240 s).
 #

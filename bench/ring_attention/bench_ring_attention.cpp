@@ -1,6 +1,10 @@
 // `tessera bench ring-attention` — sequence-parallel attention schedules on
 // the zig-zag shards, run under `tessera run -n R`: ring (sequential,
-// overlapped), Ulysses (sequential, pipelined) and, for reference, part 1's
+// overlapped), Ulysses (sequential, pipelined), two-level (sp_attention's
+// two_level: Ulysses inside groups of u, ring across R / u groups, one
+// variant per factorisation with 1 < u < R the heads allow; at R = 2 and 3
+// there is none, u = 1 and u = R being the ring and Ulysses) and, for
+// reference, part 1's
 // all-gather KV (sp_attention: sequential, fused_ce) per case, in one
 // interleaved timing loop (every repetition runs each variant once, after a
 // barrier and pg.align_streams; the slowest rank's median is reported).
@@ -32,6 +36,7 @@
 #include "common/timing.hpp"
 #include "tessera/ops/ring_attention.hpp"
 #include "tessera/ops/sp_attention.hpp"
+#include "tessera/ops/two_level_attention.hpp"
 #include "tessera/ops/ulysses_attention.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/runtime/process_group.hpp"
@@ -156,6 +161,15 @@ void run(const Options& o) {
     } else if (pg->rank() == 0) {
       fmt::print("{}: ulysses skipped (heads {}/{} not multiples of world {})\n", c.name, c.hq, c.hkv, R);
     }
+    if (sp_ptr)  // two-level at every proper factorisation u x r the heads allow
+      for (int u : ops::two_level_inner_degrees(a, R)) {
+        if (u == 1 || u == R) continue;
+        ops::SpAttnOptions tl;
+        tl.strategy = ops::SpStrategy::two_level;
+        tl.two_level_inner = u;
+        vs.push_back({fmt::format("two-level {}x{}", u, R / u), [&, tl] { ops::sp_attention(*sp_ptr, a, tl); },
+                      ops::two_level_attention_workspace_bytes(a, R, u)});
+      }
     if (sp_ptr && R > 1) {  // the tuner's pick, tuned afresh on its first call below
       ops::SpAttnOptions autom;
       autom.use_cache = false;
@@ -177,7 +191,7 @@ void run(const Options& o) {
       autom.workspace_limit_bytes = static_cast<std::size_t>(o.memory_gb * (1u << 30));
       const ops::SpStrategy pick = ops::resolve_sp_attention(*sp_ptr, a, autom);  // memoized: no new tuning
       Variant& au = vs.back();
-      au.workspace = ops::sp_attention_workspace_bytes(a, R, pick);
+      au.workspace = ops::sp_attention_workspace_bytes(a, R, pick, autom.two_level_inner);
       double best = au.ms;
       std::string best_name = au.name;
       const std::size_t limit = autom.workspace_limit_bytes;
@@ -241,7 +255,8 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   auto& bench = tools::subcommand(root, "bench", "Benchmarks");
   auto opts = std::make_shared<Options>();
   auto* cmd = bench.add_subcommand("ring-attention",
-                                   "sequence-parallel attention: ring and Ulysses strategies on zig-zag shards");
+                                   "sequence-parallel attention: ring, Ulysses and two-level strategies on zig-zag "
+                                   "shards");
   cmd->add_option("--cases", opts->cases,
                   "case indices (default all): 0 32h 16k causal, 1 32h 16k, 2 GQA 32/8 16k causal, 3 GQA 32/8 16k, "
                   "4-7 the same at 32k, 8 64h 16k causal, 9 32h 64k causal, 10 GQA 32/8 64k causal, 11 32h 128k "

@@ -64,6 +64,7 @@ def _prototypes(lib):
         "tessera_session_use_cache": ([vp, i32], None),
         "tessera_session_tune_on_miss": ([vp, i32], None),
         "tessera_session_sp_workspace_limit": ([vp, ctypes.c_uint64], None),
+        "tessera_session_sp_two_level_inner": ([vp, i32], None),
         "tessera_ag_gemm_ex": ([vp, vp, vp, vp, vp, vp, i64, i64, i64, i64, i64, i32, i32, i32], i32),
         "tessera_gemm_rs_ex": ([vp, vp, vp, vp, vp, i64, i64, i64, i64, i32, i32], i32),
         "tessera_gemm_ar_ex": ([vp, vp, vp, vp, vp, i64, i64, i64, i32, i32], i32),

@@ -41,6 +41,7 @@ struct tessera_session {
   bool use_cache = true;
   bool tune_on_miss = true;
   std::uint64_t sp_workspace_limit = 0;  ///< bytes per rank; 0: none
+  int sp_two_level_inner = 0;            ///< SpAttnOptions::two_level_inner
   // Fork/join with the caller's stream (the *_ex entry points).
   cudaEvent_t ev_in = nullptr;
   cudaEvent_t ev_out = nullptr;
@@ -311,6 +312,10 @@ void tessera_session_sp_workspace_limit(tessera_session* s, uint64_t bytes) {
   if (s) s->sp_workspace_limit = bytes;
 }
 
+void tessera_session_sp_two_level_inner(tessera_session* s, int inner) {
+  if (s) s->sp_two_level_inner = inner;
+}
+
 }  // extern "C"
 
 namespace {
@@ -433,14 +438,15 @@ tessera::ops::SpAttnArgs sp_args(const char* fn, const void* q, const void* k, c
 tessera::ops::SpAttnOptions sp_options_of(const char* fn, const tessera_session* s, int strategy) {
   TESSERA_CHECK(
       tessera::ops::accepts(tessera::ops::OpKind::sp_attention, static_cast<tessera::ops::Strategy>(strategy)),
-      "{}: strategy code {} (TESSERA_AUTOMATIC 0, TESSERA_SEQUENTIAL 1, TESSERA_FUSED_CE 3, TESSERA_RING 5 "
-      "or TESSERA_ULYSSES 6)",
+      "{}: strategy code {} (TESSERA_AUTOMATIC 0, TESSERA_SEQUENTIAL 1, TESSERA_FUSED_CE 3, TESSERA_RING 5, "
+      "TESSERA_ULYSSES 6 or TESSERA_TWO_LEVEL 8)",
       fn, strategy);
   tessera::ops::SpAttnOptions o;
   o.strategy = static_cast<tessera::ops::SpStrategy>(strategy);
   o.use_cache = s == nullptr || s->use_cache;
   o.tune_on_miss = s == nullptr || s->tune_on_miss;
   o.workspace_limit_bytes = s == nullptr ? 0 : static_cast<std::size_t>(s->sp_workspace_limit);
+  o.two_level_inner = s == nullptr ? 0 : s->sp_two_level_inner;
   return o;
 }
 

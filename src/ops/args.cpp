@@ -23,6 +23,7 @@ constexpr std::array<StrategyInfo, kStrategyCount> kStrategies{{
     {Strategy::ring, "ring", bit(OpKind::gemm_rs) | bit(OpKind::sp_attention)},
     {Strategy::ulysses, "ulysses", bit(OpKind::sp_attention)},
     {Strategy::pipelined, "pipelined", bit(OpKind::moe_tp)},
+    {Strategy::two_level, "two_level", bit(OpKind::sp_attention)},
 }};
 static_assert(
     [] {
@@ -54,8 +55,10 @@ Strategy parse_strategy(std::string_view name) {
   if (name == "auto") return Strategy::automatic;
   for (const StrategyInfo& i : kStrategies)
     if (name == i.name) return i.strategy;
-  TESSERA_FAIL("unknown strategy '{}' (automatic, sequential, decomposition, fused_ce, fused_sm, ring, pipelined)",
-               name);
+  TESSERA_FAIL(
+      "unknown strategy '{}' (automatic, sequential, decomposition, fused_ce, fused_sm, ring, ulysses, pipelined, "
+      "two_level)",
+      name);
 }
 
 std::int64_t ShardRows::rows(std::int64_t m, int s) const {

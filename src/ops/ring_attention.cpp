@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <array>
 #include <set>
 #include <vector>
@@ -40,6 +41,7 @@ struct RingAttnContext::Impl {
 
   runtime::ProcessGroup& pg;
   bool lsa = false;                           ///< R > 1 and every rank load/store reachable
+  int ring_world = 0;                         ///< the ring size of the calls so far (0: none yet)
   std::unique_ptr<runtime::Signals> data;     ///< from rank r+1: shard of step j landed (stamp)
   std::unique_ptr<runtime::Signals> control;  ///< from rank r-1: done with step j's slot (stamp)
   runtime::SymBuffer<unsigned char> ws;       ///< lsa: 2 slots of (K, V) shards
@@ -192,8 +194,29 @@ void ring_attention(RingAttnContext& ctx, const RingAttnArgs& a, RingStrategy st
                 "ring_attention: strategy code {} (sequential or overlapped)", static_cast<int>(strategy));
   detail::validate_zigzag(c.pg, a, "ring_attention", static_cast<int>(strategy),
                           strategy == RingStrategy::sequential ? "sequential" : "overlapped", c.validated);
-  const int R = c.pg.world(), rank = c.pg.rank();
+  std::vector<int> all(static_cast<std::size_t>(c.pg.world()));
+  for (int p = 0; p < c.pg.world(); ++p) all[static_cast<std::size_t>(p)] = p;
+  detail::ring_attention_among(ctx, a, strategy, all);
+}
+
+namespace detail {
+
+void ring_attention_among(RingAttnContext& ctx, const RingAttnArgs& a, RingStrategy strategy,
+                          const std::vector<int>& ring) {
+  RingAttnContext::Impl& c = ctx.impl();
+  const int R = static_cast<int>(ring.size());
+  const auto me = std::find(ring.begin(), ring.end(), c.pg.rank());
+  TESSERA_CHECK(R >= 1 && me != ring.end(), "ring_attention: rank {} is not in its ring of {} ranks", c.pg.rank(), R);
+  // Stamps count steps of this ring's size: one context serves one ring size.
+  TESSERA_CHECK(c.ring_world == 0 || c.ring_world == R,
+                "ring_attention: a context used for rings of {} ranks cannot run a ring of {} (one context per ring "
+                "size)",
+                c.ring_world, R);
+  c.ring_world = R;
+  const int rank = static_cast<int>(me - ring.begin());
   const RingAttnPlan plan = plan_ring_attention(a.seq, R, rank, a.causal);
+  const int send_to = ring[static_cast<std::size_t>(plan.send_to)];  // global ranks of the ring neighbours
+  const int recv_from = ring[static_cast<std::size_t>(plan.recv_from)];
   cudaStream_t st = c.pg.stream();
 
   if (R == 1) {  // one step, nothing to merge
@@ -239,19 +262,19 @@ void ring_attention(RingAttnContext& ctx, const RingAttnArgs& a, RingStrategy st
         TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, c.ev_ready, 0));
         break;
       case detail::RingOp::wait_data:
-        link::rank_wait(s, *c.data, plan.recv_from, 0, op.value);
+        link::rank_wait(s, *c.data, recv_from, 0, op.value);
         break;
       case detail::RingOp::wait_control:
-        link::rank_wait(s, *c.control, plan.send_to, 0, op.value);
+        link::rank_wait(s, *c.control, send_to, 0, op.value);
         break;
       case detail::RingOp::push: {
-        unsigned char* dst = slot_k(c.ws.peer(plan.send_to), (j + 1) % 2);
+        unsigned char* dst = slot_k(c.ws.peer(send_to), (j + 1) % 2);
         link::rank_copy_data(s, dst, held_k(j), sz.kv_shard);
         link::rank_copy_data(s, dst + sz.kv_shard, held_v(j), sz.kv_shard);
         break;
       }
       case detail::RingOp::notify_data:
-        link::rank_notify(s, *c.data, plan.send_to, 0, op.value);
+        link::rank_notify(s, *c.data, send_to, 0, op.value);
         break;
       case detail::RingOp::record_push:
         TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_push[j], s));
@@ -262,10 +285,10 @@ void ring_attention(RingAttnContext& ctx, const RingAttnArgs& a, RingStrategy st
       case detail::RingOp::exchange: {  // the held shard to rank r-1, the next one from rank r+1
         unsigned char* next = slot_k(slots, (j + 1) % 2);
         TESSERA_NCCL_CHECK(ncclGroupStart());
-        TESSERA_NCCL_CHECK(ncclSend(held_k(j), sz.kv_shard, ncclUint8, plan.send_to, c.pg.nccl(), s));
-        TESSERA_NCCL_CHECK(ncclSend(held_v(j), sz.kv_shard, ncclUint8, plan.send_to, c.pg.nccl(), s));
-        TESSERA_NCCL_CHECK(ncclRecv(next, sz.kv_shard, ncclUint8, plan.recv_from, c.pg.nccl(), s));
-        TESSERA_NCCL_CHECK(ncclRecv(next + sz.kv_shard, sz.kv_shard, ncclUint8, plan.recv_from, c.pg.nccl(), s));
+        TESSERA_NCCL_CHECK(ncclSend(held_k(j), sz.kv_shard, ncclUint8, send_to, c.pg.nccl(), s));
+        TESSERA_NCCL_CHECK(ncclSend(held_v(j), sz.kv_shard, ncclUint8, send_to, c.pg.nccl(), s));
+        TESSERA_NCCL_CHECK(ncclRecv(next, sz.kv_shard, ncclUint8, recv_from, c.pg.nccl(), s));
+        TESSERA_NCCL_CHECK(ncclRecv(next + sz.kv_shard, sz.kv_shard, ncclUint8, recv_from, c.pg.nccl(), s));
         TESSERA_NCCL_CHECK(ncclGroupEnd());
         break;
       }
@@ -274,7 +297,7 @@ void ring_attention(RingAttnContext& ctx, const RingAttnArgs& a, RingStrategy st
         detail::ring_merge(a, plan, j, o_acc, lse_acc, o_part, lse_part, s);
         break;
       case detail::RingOp::notify_control:
-        link::rank_notify(s, *c.control, plan.recv_from, 0, op.value);
+        link::rank_notify(s, *c.control, recv_from, 0, op.value);
         break;
       case detail::RingOp::record_attend:
         TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_attend[j], s));
@@ -285,5 +308,7 @@ void ring_attention(RingAttnContext& ctx, const RingAttnArgs& a, RingStrategy st
     }
   }
 }
+
+}  // namespace detail
 
 }  // namespace tessera::ops

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cuda_runtime_api.h>
+#include <nccl.h>
 
 #include <array>
 #include <cstddef>
@@ -76,6 +77,15 @@ struct RingOp {
   std::uint64_t value = 0;
 };
 
+/// Ring attention among the ranks `ring` of the process group (ring rank j
+/// is global rank ring[j]; this rank is one of them), over the zig-zag shards
+/// of a.seq / ring.size() rows each; `a` is validated by the caller. The
+/// neighbours' flags and workspace slots are the global ranks'; every rank
+/// of the process group runs the same call at once (the workspace grows
+/// collectively). One context serves rings of one size (the stamps count
+/// its steps). ring_attention() is this with every rank in order.
+void ring_attention_among(RingAttnContext& ctx, const RingAttnArgs& a, RingStrategy s, const std::vector<int>& ring);
+
 /// Stamp of step j (0..R; R: the call is over) of call `epoch` (1, 2, ...).
 inline std::uint64_t ring_stamp(std::uint64_t epoch, int j, int world) {
   return epoch * static_cast<std::uint64_t>(world + 1) + static_cast<std::uint64_t>(j);
@@ -137,6 +147,11 @@ struct UlyssesRank {
 };
 
 UlyssesRank ulysses_rank(const UlyssesAttnArgs& a, int world, int rank, int groups);
+
+/// One NCCL group of the transfers of a direction on `s`; transfer peer p
+/// (an index into the all-to-all's group) is global rank peers[p].
+void ulysses_exchange(ncclComm_t comm, const std::vector<UlyssesRank::Transfer>& ts, const std::vector<int>& peers,
+                      cudaStream_t s);
 
 /// A 2-D copy in bytes: `rows` rows of `width` bytes, row pitches dpitch /
 /// spitch. The operators enqueue cudaMemcpy2DAsync (stream_copy2d); a CPU

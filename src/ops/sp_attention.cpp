@@ -17,6 +17,7 @@
 #include "tessera/kernels/attention.hpp"
 #include "tessera/link/host_primitives.hpp"
 #include "tessera/ops/ring_attention.hpp"
+#include "tessera/ops/two_level_attention.hpp"
 #include "tessera/ops/ulysses_attention.hpp"
 #include "tessera/runtime/env.hpp"
 #include "tessera/runtime/error.hpp"
@@ -73,6 +74,7 @@ struct SpAttnContext::Impl {
   /// (collective: every rank runs the same strategy, checked beforehand).
   std::unique_ptr<RingAttnContext> ring;
   std::unique_ptr<UlyssesAttnContext> ulysses;
+  std::unique_ptr<TwoLevelAttnContext> two_level;
 
   void drain(const char* what) {
     const std::initializer_list<const runtime::Signals*> all{data.get(), control.get()};
@@ -111,11 +113,24 @@ void copy_chunk(cudaStream_t s, void* dst, const void* src, int i, std::int64_t 
                                        C * row_bytes, B, cudaMemcpyDefault, s));
 }
 
-void validate(SpAttnContext::Impl& c, const SpAttnArgs& a, SpStrategy strategy) {
+/// The Ulysses degree of two_level for `a` under `o`: checked when two_level
+/// runs or is a candidate (an explicit degree the shape cannot take is an
+/// error naming two_level_inner either way).
+int two_level_degree(const SpAttnArgs& a, int world, const SpAttnOptions& o) {
+  return two_level_inner_degree(a, world, o.two_level_inner);
+}
+
+/// two_level is a schedule of its own (not the ring or Ulysses) at this degree.
+bool two_level_distinct(int u, int world) { return u > 1 && u < world; }
+
+void validate(SpAttnContext::Impl& c, const SpAttnArgs& a, SpStrategy strategy, int u) {
   TESSERA_CHECK(accepts(OpKind::sp_attention, static_cast<Strategy>(strategy)),
-                "sp_attention: strategy code {} (automatic 0, sequential 1, fused_ce 3, ring 5 or ulysses 6)",
+                "sp_attention: strategy code {} (automatic 0, sequential 1, fused_ce 3, ring 5, ulysses 6 or "
+                "two_level 8)",
                 static_cast<int>(strategy));
-  detail::validate_zigzag(c.pg, a, "sp_attention", static_cast<int>(strategy), sp_strategy_name(strategy), c.validated);
+  // two_level's degree is part of what the ranks must agree on.
+  const int code = static_cast<int>(strategy) + (strategy == SpStrategy::two_level ? 256 * u : 0);
+  detail::validate_zigzag(c.pg, a, "sp_attention", code, sp_strategy_name(strategy), c.validated);
   if (strategy == SpStrategy::ulysses) {
     const int R = c.pg.world();
     TESSERA_CHECK(a.heads_q % R == 0 && a.heads_kv % R == 0,
@@ -127,8 +142,13 @@ void validate(SpAttnContext::Impl& c, const SpAttnArgs& a, SpStrategy strategy) 
 
 bool heads_divide(const SpAttnArgs& a, int world) { return a.heads_q % world == 0 && a.heads_kv % world == 0; }
 
-/// One call with a concrete strategy; `a` is validated.
-void run_sp_attention(SpAttnContext::Impl& c, const SpAttnArgs& a, SpStrategy strategy) {
+/// One call with a concrete strategy; `a` is validated; `u`: two_level's degree.
+void run_sp_attention(SpAttnContext::Impl& c, const SpAttnArgs& a, SpStrategy strategy, int u) {
+  if (strategy == SpStrategy::two_level) {
+    if (!c.two_level) c.two_level = std::make_unique<TwoLevelAttnContext>(c.pg);
+    two_level_attention(*c.two_level, a, u, RingStrategy::overlapped);
+    return;
+  }
   if (strategy == SpStrategy::ring) {
     if (!c.ring) c.ring = std::make_unique<RingAttnContext>(c.pg);
     ring_attention(*c.ring, a, RingStrategy::overlapped);
@@ -235,6 +255,7 @@ void run_sp_attention(SpAttnContext::Impl& c, const SpAttnArgs& a, SpStrategy st
       TESSERA_FAIL("sp_attention: automatic reached the implementation unresolved");
     case SpStrategy::ring:
     case SpStrategy::ulysses:
+    case SpStrategy::two_level:
       TESSERA_FAIL("sp_attention: {} is run by its own operator above", sp_strategy_name(strategy));
     case SpStrategy::fused_ce: {
       copy_own(st);
@@ -282,11 +303,13 @@ std::string_view sp_strategy_name(SpStrategy s) {
       return "ring";
     case SpStrategy::ulysses:
       return "ulysses";
+    case SpStrategy::two_level:
+      return "two_level";
   }
   return "unknown";
 }
 
-std::size_t sp_attention_workspace_bytes(const SpAttnArgs& a, int world, SpStrategy s) {
+std::size_t sp_attention_workspace_bytes(const SpAttnArgs& a, int world, SpStrategy s, int two_level_inner) {
   TESSERA_CHECK(world >= 1, "sp_attention_workspace_bytes: world {}", world);
   const std::size_t kv_bytes =
       static_cast<std::size_t>(a.batch * a.seq * a.heads_kv * a.head_dim) * dtype_size(a.dtype);  // one gathered tensor
@@ -299,6 +322,8 @@ std::size_t sp_attention_workspace_bytes(const SpAttnArgs& a, int world, SpStrat
       return ring_attention_workspace_bytes(a, world);
     case SpStrategy::ulysses:
       return ulysses_attention_workspace_bytes(a, world, 1);
+    case SpStrategy::two_level:
+      return two_level_attention_workspace_bytes(a, world, two_level_inner);
     case SpStrategy::automatic:
       break;
   }
@@ -310,12 +335,12 @@ namespace {
 /// `candidates` within the workspace limit (all when there is none); throws
 /// naming each one's need when none fits.
 std::vector<Strategy> within_limit(const SpAttnArgs& a, int world, const std::vector<Strategy>& candidates,
-                                   std::size_t limit) {
+                                   std::size_t limit, int u) {
   if (limit == 0) return candidates;
   std::vector<Strategy> fit;
   std::string needs;
   for (Strategy s : candidates) {
-    const std::size_t need = sp_attention_workspace_bytes(a, world, static_cast<SpStrategy>(s));
+    const std::size_t need = sp_attention_workspace_bytes(a, world, static_cast<SpStrategy>(s), u);
     if (need <= limit) fit.push_back(s);
     needs += fmt::format("{}{} {:.3f} GiB", needs.empty() ? "" : ", ", strategy_name(s),
                          static_cast<double>(need) / (1u << 30));
@@ -329,20 +354,25 @@ std::vector<Strategy> within_limit(const SpAttnArgs& a, int world, const std::ve
 
 SpStrategy resolve_sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, const SpAttnOptions& o, TuneReport* report) {
   SpAttnContext::Impl& c = ctx.impl();
-  validate(c, a, o.strategy);
+  const int R = c.pg.world();
+  // two_level's degree: checked (before any launch) when it runs or may run.
+  const bool explicit_two_level = o.strategy == SpStrategy::two_level;
+  int u = explicit_two_level ? two_level_degree(a, R, o) : 1;
+  validate(c, a, o.strategy, u);
+  if (o.strategy == SpStrategy::automatic) u = two_level_degree(a, R, o);
   if (o.strategy != SpStrategy::automatic) {
-    const std::size_t need = sp_attention_workspace_bytes(a, c.pg.world(), o.strategy);
+    const std::size_t need = sp_attention_workspace_bytes(a, R, o.strategy, u);
     TESSERA_CHECK(o.workspace_limit_bytes == 0 || need <= o.workspace_limit_bytes,
                   "sp_attention: strategy {} needs {:.3f} GiB of workspace per rank, over the limit of {:.3f} GiB",
                   sp_strategy_name(o.strategy), static_cast<double>(need) / (1u << 30),
                   static_cast<double>(o.workspace_limit_bytes) / (1u << 30));
     return o.strategy;
   }
-  const std::vector<Strategy> all =
-      sp_attention_candidates(c.pg.world(), c.pg.lsa_reachable(), heads_divide(a, c.pg.world()));
-  const std::vector<Strategy> candidates = within_limit(a, c.pg.world(), all, o.workspace_limit_bytes);
+  const bool two_level = two_level_distinct(u, R);
+  const std::vector<Strategy> all = sp_attention_candidates(R, c.pg.lsa_reachable(), heads_divide(a, R), two_level);
+  const std::vector<Strategy> candidates = within_limit(a, R, all, o.workspace_limit_bytes, u);
   const detail::TuneHooks hooks{[&](const char* what) { c.drain(what); },
-                                [&](Strategy s) { run_sp_attention(c, a, static_cast<SpStrategy>(s)); }};
+                                [&](Strategy s) { run_sp_attention(c, a, static_cast<SpStrategy>(s), u); }};
   // seq, batch and the head counts are compared by ratio for a neighbour's
   // choice; head_dim and causal are flags.
   detail::TuneQuery q{tune::key_prefix(detail::machine_id(c.pg), a.dtype, "ops.sp_attention"),
@@ -355,12 +385,16 @@ SpStrategy resolve_sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, const S
     for (Strategy s : candidates) mask |= std::int64_t{1} << static_cast<int>(s);
     q.shape.push_back(mask);
   }
+  // A two_level measured at an explicit degree is keyed apart from the
+  // chosen degree's (negative: never a mask).
+  if (two_level && o.two_level_inner != 0) q.shape.push_back(-u);
   return static_cast<SpStrategy>(detail::tune_choice(c.pg, c.tune, q, candidates, hooks, report));
 }
 
 void sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, const SpAttnOptions& o) {
   const SpStrategy s = resolve_sp_attention(ctx, a, o);  // checks everything first
-  run_sp_attention(ctx.impl(), a, s);
+  const int u = s == SpStrategy::two_level ? two_level_degree(a, ctx.impl().pg.world(), o) : 1;
+  run_sp_attention(ctx.impl(), a, s, u);
 }
 
 void sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, SpStrategy s) {

@@ -115,12 +115,13 @@ std::vector<Strategy> gemm_ar_candidates(int world, bool tile_row_shards, bool l
   return c;
 }
 
-std::vector<Strategy> sp_attention_candidates(int world, bool lsa, bool heads_divide) {
+std::vector<Strategy> sp_attention_candidates(int world, bool lsa, bool heads_divide, bool two_level) {
   std::vector<Strategy> c{Strategy::sequential};
   if (world == 1 || !lsa) return c;  // the operator's flags live in symmetric memory
   c.push_back(Strategy::fused_ce);
   c.push_back(Strategy::ring);
   if (heads_divide) c.push_back(Strategy::ulysses);
+  if (two_level && world >= 4) c.push_back(Strategy::two_level);
   return c;
 }
 

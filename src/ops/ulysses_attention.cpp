@@ -165,14 +165,10 @@ void ulysses_attention(UlyssesAttnContext& ctx, const UlyssesAttnArgs& a, Ulysse
   u.place(c.ensure_scratch(u.layout().total));
   c.ensure_events(G);
 
-  // One NCCL group of every transfer of a direction.
+  std::vector<int> all(static_cast<std::size_t>(R));  // the all-to-all's group: every rank
+  for (int p = 0; p < R; ++p) all[static_cast<std::size_t>(p)] = p;
   auto exchange = [&](const std::vector<detail::UlyssesRank::Transfer>& ts, cudaStream_t s) {
-    TESSERA_NCCL_CHECK(ncclGroupStart());
-    for (const detail::UlyssesRank::Transfer& t : ts) {
-      TESSERA_NCCL_CHECK(ncclSend(t.send, t.bytes, ncclUint8, t.peer, c.pg.nccl(), s));
-      TESSERA_NCCL_CHECK(ncclRecv(t.recv, t.bytes, ncclUint8, t.peer, c.pg.nccl(), s));
-    }
-    TESSERA_NCCL_CHECK(ncclGroupEnd());
+    detail::ulysses_exchange(c.pg.nccl(), ts, all, s);
   };
   auto all_to_all_in = [&](int g, cudaStream_t s) {
     const detail::Copy2d copy = detail::stream_copy2d(s);
@@ -232,6 +228,17 @@ struct InTensor {
 };
 
 }  // namespace
+
+void ulysses_exchange(ncclComm_t comm, const std::vector<UlyssesRank::Transfer>& ts, const std::vector<int>& peers,
+                      cudaStream_t s) {
+  TESSERA_NCCL_CHECK(ncclGroupStart());
+  for (const UlyssesRank::Transfer& t : ts) {
+    const int peer = peers.at(static_cast<std::size_t>(t.peer));
+    TESSERA_NCCL_CHECK(ncclSend(t.send, t.bytes, ncclUint8, peer, comm, s));
+    TESSERA_NCCL_CHECK(ncclRecv(t.recv, t.bytes, ncclUint8, peer, comm, s));
+  }
+  TESSERA_NCCL_CHECK(ncclGroupEnd());
+}
 
 Copy2d stream_copy2d(cudaStream_t s) {
   return [s](void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width, std::size_t rows) {

@@ -133,7 +133,8 @@ TEST(Capi, SpAttentionRejectsBadArgumentsNamingThem) {
     const std::string want = text.empty() ? "tessera_sp_attention: null session" : "tessera_sp_attention: " + text;
     EXPECT_NE(last().find(want), std::string::npos) << "want '" << want << "', got: " << last();
   }
-  for (int s : {TESSERA_AUTOMATIC, TESSERA_SEQUENTIAL, TESSERA_FUSED_CE, TESSERA_RING, TESSERA_ULYSSES}) {
+  for (int s :
+       {TESSERA_AUTOMATIC, TESSERA_SEQUENTIAL, TESSERA_FUSED_CE, TESSERA_RING, TESSERA_ULYSSES, TESSERA_TWO_LEVEL}) {
     Call c;
     c.strategy = s;
     EXPECT_EQ(call(c), -1);
@@ -186,23 +187,26 @@ TEST(Capi, SessionSettersTakeANullSession) {
   tessera_session_use_cache(nullptr, 0);
   tessera_session_tune_on_miss(nullptr, 0);
   tessera_session_sp_workspace_limit(nullptr, 1u << 20);
+  tessera_session_sp_two_level_inner(nullptr, 2);
   SUCCEED();
 }
 
 TEST(Capi, StrategyTable) {
-  const char* names[] = {"automatic", "sequential", "decomposition", "fused_ce",
-                         "fused_sm",  "ring",       "ulysses",       "pipelined"};
-  for (int code = 0; code < 8; ++code) {
+  const char* names[] = {"automatic", "sequential", "decomposition", "fused_ce", "fused_sm",
+                         "ring",      "ulysses",    "pipelined",     "two_level"};
+  for (int code = 0; code < 9; ++code) {
     ASSERT_NE(tessera_strategy_name(code), nullptr) << code;
     EXPECT_STREQ(tessera_strategy_name(code), names[code]);
   }
-  EXPECT_EQ(tessera_strategy_name(8), nullptr);
+  EXPECT_EQ(tessera_strategy_name(9), nullptr);
   EXPECT_EQ(tessera_strategy_name(-1), nullptr);
   EXPECT_EQ(tessera_strategy_accepts(1, TESSERA_RING), 1);  // gemm_rs takes ring
   EXPECT_EQ(tessera_strategy_accepts(0, TESSERA_RING), 0);  // ag_gemm does not
   EXPECT_EQ(tessera_strategy_accepts(3, TESSERA_RING), 1);  // sp_attention: ring attention
   EXPECT_EQ(tessera_strategy_accepts(3, TESSERA_ULYSSES), 1);
   EXPECT_EQ(tessera_strategy_accepts(1, TESSERA_ULYSSES), 0);
+  EXPECT_EQ(tessera_strategy_accepts(3, TESSERA_TWO_LEVEL), 1);
+  EXPECT_EQ(tessera_strategy_accepts(0, TESSERA_TWO_LEVEL), 0);
   EXPECT_EQ(tessera_strategy_accepts(2, TESSERA_FUSED_SM), 0);
   EXPECT_EQ(tessera_strategy_accepts(3, TESSERA_FUSED_CE), 1);
   EXPECT_EQ(tessera_strategy_accepts(3, TESSERA_DECOMPOSITION), 0);

@@ -44,7 +44,8 @@ enum {
   TESSERA_FUSED_SM = 4,
   TESSERA_RING = 5,
   TESSERA_ULYSSES = 6,
-  TESSERA_PIPELINED = 7 /* the TP MoE layer only (op 4) */
+  TESSERA_PIPELINED = 7, /* the TP MoE layer only (op 4) */
+  TESSERA_TWO_LEVEL = 8  /* sp_attention only (op 3): Ulysses inside groups, ring across */
 };
 
 /* The strategy table (ops::strategy_table): the name of a strategy code, or
@@ -102,6 +103,11 @@ void tessera_session_tune_on_miss(tessera_session* s, int on);
  * chooses among the strategies that fit, and an explicit strategy over it
  * fails before launch. Every rank the same. */
 void tessera_session_sp_workspace_limit(tessera_session* s, uint64_t bytes);
+/* sp_attention's two_level Ulysses degree u (ranks per group; the ring runs
+ * across R / u groups): a divisor of R dividing heads_q and heads_kv, checked
+ * by the call; 0, the default, chooses (SpAttnOptions::two_level_inner).
+ * Every rank the same. */
+void tessera_session_sp_two_level_inner(tessera_session* s, int inner);
 
 /* D[M, N] = AllGather(A shard [m_local, K]) · B[N, K]ᵀ; swiglu: B holds gate
  * and up rows interleaved per ops::AgGemmArgs and D is [M, N/2]. Packed rows
@@ -157,6 +163,8 @@ int tessera_swiglu_backward(void* stream, const void* gu, const void* dh, void* 
  * 0: 1/sqrt(head_dim). head_dim 64 or 128, heads_q a multiple of heads_kv,
  * seq a multiple of 2R. Strategies: TESSERA_SEQUENTIAL, TESSERA_FUSED_CE,
  * TESSERA_RING, TESSERA_ULYSSES (heads_q and heads_kv multiples of R),
+ * TESSERA_TWO_LEVEL (heads_q and heads_kv multiples of the Ulysses degree,
+ * tessera_session_sp_two_level_inner),
  * TESSERA_AUTOMATIC. Needs every rank load/store reachable (the session's
  * attention context is created with it; otherwise the call fails). */
 int tessera_sp_attention(tessera_session* s, const void* q, const void* k, const void* v, void* o, float* lse,

@@ -41,6 +41,9 @@ namespace tessera::ops {
 ///                  NCCL send/recv on a comm stream (all-gather steps hidden
 ///                  behind the own shard's gate/up GEMM, reduce-scatter steps
 ///                  behind the next shard's down GEMM; docs/design/moe_tp.md)
+///  ulysses       — sp_attention only: all-to-all sequence <-> heads, then whole-sequence attention
+///  two_level     — sp_attention only: Ulysses inside groups of u ranks, ring
+///                  attention across the R / u groups (two_level_attention.hpp)
 ///  automatic     — the tuner's cached or measured choice
 enum class Strategy : int {
   automatic = 0,
@@ -51,6 +54,7 @@ enum class Strategy : int {
   ring = 5,
   ulysses = 6,
   pipelined = 7,
+  two_level = 8,
 };
 
 /// The operators a strategy table entry names (a bit each).
@@ -67,7 +71,7 @@ struct StrategyInfo {
   unsigned ops;  ///< OpKind bits
 };
 /// Entries of the strategy table (codes 0 .. kStrategyCount - 1).
-inline constexpr std::size_t kStrategyCount = 8;
+inline constexpr std::size_t kStrategyCount = 9;
 const std::array<StrategyInfo, kStrategyCount>& strategy_table();
 /// The entry of a strategy code; nullptr for a code that names none.
 const StrategyInfo* find_strategy(int code);

@@ -123,13 +123,17 @@ struct SpAttnArgs {
 ///  ulysses    — Ulysses (ulysses_attention.hpp, sequential): all-to-all
 ///               from sequence to head shards and back; heads_q and
 ///               heads_kv must be multiples of R
+///  two_level  — Ulysses inside groups of u ranks, ring across the R / u
+///               groups (two_level_attention.hpp); u from
+///               SpAttnOptions::two_level_inner; heads_q and heads_kv must be
+///               multiples of u
 ///  automatic  — the ops tuner's choice for the shape (tuner.hpp): every
 ///               candidate (sp_attention_candidates) measured on first use
 ///               (max over ranks, so every rank agrees), cached under
 ///               "ops.sp_attention", never one slower than sequential;
 ///               sequential alone at R = 1; without tune_on_miss, a
 ///               neighbour's choice (SpAttnOptions)
-enum class SpStrategy : int { automatic = 0, sequential = 1, fused_ce = 3, ring = 5, ulysses = 6 };
+enum class SpStrategy : int { automatic = 0, sequential = 1, fused_ce = 3, ring = 5, ulysses = 6, two_level = 8 };
 
 std::string_view sp_strategy_name(SpStrategy s);
 
@@ -147,13 +151,20 @@ struct SpAttnOptions {
   /// explicit strategy over it, or a shape no strategy fits, throws before
   /// any launch. Workspaces already grown by earlier calls are not freed.
   std::size_t workspace_limit_bytes = 0;
+  /// two_level: the Ulysses degree u (ranks per group; the ring runs over
+  /// R / u groups), a divisor of R that divides heads_q and heads_kv. 0: the
+  /// smallest such u with 1 < u < R, else 1 (two_level_inner_degree). Under
+  /// automatic it is the two_level candidate's degree (a candidate only when
+  /// 1 < u < R: otherwise it is the ring or Ulysses).
+  int two_level_inner = 0;
 };
 
 /// Workspace bytes per rank that strategy `s` (not automatic) needs for `a`
 /// at world size `world`, beyond the input and output shards: the gathered
 /// K and V (sequential: plus NCCL's staging), ring's two shard slots and
-/// accumulators, Ulysses' head shard and staging.
-std::size_t sp_attention_workspace_bytes(const SpAttnArgs& a, int world, SpStrategy s);
+/// accumulators, Ulysses' head shard and staging, two_level's head shard,
+/// staging and ring workspace (Ulysses degree `two_level_inner`, 0: chosen).
+std::size_t sp_attention_workspace_bytes(const SpAttnArgs& a, int world, SpStrategy s, int two_level_inner = 0);
 
 /// Per process group: the gathered-KV workspace (symmetric), flags, epochs.
 class SpAttnContext {

@@ -89,9 +89,12 @@ std::vector<Strategy> gemm_rs_candidates(int world, bool tile_row_shards = true,
 std::vector<Strategy> gemm_ar_candidates(int world, bool tile_row_shards = true, bool lsa = true);
 
 /// sp_attention strategies: sequential alone at R = 1 (nothing moves) or
-/// without load/store reach; otherwise also fused_ce, ring, and ulysses when
-/// `heads_divide` (heads_q and heads_kv multiples of R).
-std::vector<Strategy> sp_attention_candidates(int world, bool lsa = true, bool heads_divide = true);
+/// without load/store reach; otherwise also fused_ce, ring, ulysses when
+/// `heads_divide` (heads_q and heads_kv multiples of R), and two_level when
+/// `two_level` (its Ulysses degree u has 1 < u < R, so R >= 4: at u = 1 or
+/// u = R it is the ring or Ulysses).
+std::vector<Strategy> sp_attention_candidates(int world, bool lsa = true, bool heads_divide = true,
+                                              bool two_level = false);
 
 /// True for the strategies that need every rank load/store reachable
 /// (symmetric memory, peer stores): all but sequential (and automatic, which

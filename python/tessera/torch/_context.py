@@ -15,7 +15,7 @@ from .._lib import TesseraError
 # spelled here so that the fake implementations work without the library;
 # check_strategy_table() compares it with the library's when a context opens.
 STRATEGIES = {"automatic": 0, "sequential": 1, "decomposition": 2, "fused_ce": 3, "fused_sm": 4, "ring": 5,
-              "ulysses": 6, "pipelined": 7}
+              "ulysses": 6, "pipelined": 7, "two_level": 8}
 
 
 def check_strategy_table(lib):
@@ -157,15 +157,20 @@ class Context:
     sp_workspace_limit_gb: workspace per rank that sp_attention may use beyond its shards (None or 0: no limit);
     `automatic` then chooses among the schedules that fit (ring needs two KV shards, the all-gather the whole
     sequence's K and V), and an explicit strategy over it is refused.
+    sp_two_level_inner: the Ulysses degree u of sp_attention's "two_level" schedule (Ulysses inside groups of u
+    ranks, ring across world / u groups): a divisor of the world dividing both head counts (checked by the call);
+    None or 0: chosen by the library.
     """
 
     def __init__(self, group=None, device=None, timeout_s=None, use_cache=True, tune_on_miss=False,
-                 sp_workspace_limit_gb=None):
+                 sp_workspace_limit_gb=None, sp_two_level_inner=None):
         self._h = None
         self.handle = None
         self._overrides, self._seen = {}, None
         if sp_workspace_limit_gb is not None and not (0 <= sp_workspace_limit_gb < float("inf")):
             raise ValueError(f"sp_workspace_limit_gb = {sp_workspace_limit_gb}: a finite number >= 0 (0: no limit)")
+        if sp_two_level_inner is not None and (not isinstance(sp_two_level_inner, int) or sp_two_level_inner < 0):
+            raise ValueError(f"sp_two_level_inner = {sp_two_level_inner!r}: an int >= 0 (0: chosen)")
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
@@ -225,6 +230,8 @@ class Context:
         lib.tessera_session_tune_on_miss(h, 1 if tune_on_miss else 0)
         if sp_workspace_limit_gb:
             lib.tessera_session_sp_workspace_limit(h, int(sp_workspace_limit_gb * (1 << 30)))
+        if sp_two_level_inner:
+            lib.tessera_session_sp_two_level_inner(h, int(sp_two_level_inner))
         net_only = os.environ.get("TESSERA_NO_LSA", "0") == "1" or os.environ.get("TESSERA_TOPOLOGY") == "net"
         if not lib.tessera_session_lsa_reachable(h) and not net_only:
             self.close()

@@ -284,7 +284,7 @@ def _(w):
 
 
 # ---- sp_attention / sp_attention_lse ---------------------------------------------------------------------------
-_SP_STRATEGIES = (0, 1, 3, 5, 6)  # automatic, sequential, fused_ce, ring, ulysses
+_SP_STRATEGIES = (0, 1, 3, 5, 6, 8)  # automatic, sequential, fused_ce, ring, ulysses, two_level
 
 
 def _sp_shapes(op, q, k, v, softmax_scale, strategy):
@@ -303,7 +303,8 @@ def _sp_shapes(op, q, k, v, softmax_scale, strategy):
     _need(softmax_scale >= 0 and softmax_scale == softmax_scale and softmax_scale != float("inf"),
           f"tessera::{op}: softmax_scale = {softmax_scale} (finite, >= 0; 0: 1/sqrt(head_dim))")
     _need(strategy in _SP_STRATEGIES,
-          f"tessera::{op}: strategy {strategy}: automatic (0), sequential (1), fused_ce (3), ring (5) or ulysses (6)")
+          f"tessera::{op}: strategy {strategy}: automatic (0), sequential (1), fused_ce (3), ring (5), ulysses (6) or "
+          "two_level (8)")
     return b, rows, hq, hkv, d
 
 

@@ -376,7 +376,7 @@ def test_decoder_layer_matches_plain_pytorch(world, ctx):
 
 
 # ---- sequence-parallel attention --------------------------------------------------------------------------------
-@pytest.mark.parametrize("strategy", ["sequential", "fused_ce", "ring", "ulysses", "automatic"])
+@pytest.mark.parametrize("strategy", ["sequential", "fused_ce", "ring", "ulysses", "two_level", "automatic"])
 @pytest.mark.parametrize("causal", [True, False])
 def test_sp_attention_matches_whole_sequence_attention(world, ctx, strategy, causal):
     """Zig-zag shards of one global problem (same seed on every rank) against float32 attention on the whole
@@ -404,7 +404,8 @@ def test_sp_attention_matches_whole_sequence_attention(world, ctx, strategy, cau
     o2 = tt.sp_attention(qs, ks, vs, ctx, causal=causal, strategy=strategy)  # O only, a second call (epochs)
     assert rel_err(o2, o) < 1e-3
     if strategy == "automatic":
-        assert tt.resolve_sp_attention(qs, ks, vs, ctx, causal=causal) in ("sequential", "fused_ce", "ring", "ulysses")
+        assert tt.resolve_sp_attention(qs, ks, vs, ctx, causal=causal) in ("sequential", "fused_ce", "ring", "ulysses",
+                                                                           "two_level")
 
 
 def test_sp_attention_under_a_workspace_limit(world):
