@@ -5,6 +5,7 @@
 //   tessera run -n 2 -- tessera bench commir [--shapes 1,2,3] [--reps 10]
 //   tessera run -n 2 -- tessera bench commir --attention [--seq 16384]
 //       [--heads 32] [--kv-heads 8] [--head-dim 128] [--batch 1] [--reps 10]
+//       [--mesh AxB]
 //
 // --attention (issue 21 item 2): every one-level CommIR attention plan
 // (`tessera plan attention`: cp, cp_ag, ring, ulysses, tree, tree_rs) on one
@@ -19,6 +20,13 @@
 // executor's blocks are [b, h, s, d], ops' shards [b, s, h, d] in the
 // zig-zag order) but the work is the same: non-causal attention of S/R
 // queries per rank against all S keys.
+// Two-level plans: when the world factors into a 2-D mesh (the smallest
+// outer level >= 2 whose inner level is >= 2: 2x2 at R = 4, 2x4 at R = 8) or
+// --mesh names one (any AxB = world, 1x2 and 2x1 included), every schedule
+// `tessera plan attention` names for it (cp, cp_ag, ring = two_level,
+// ulysses, tree, tree_rs over both levels, usp) runs too, labelled
+// "<plan> AxB", beside the fastest ops strategy for scale (the hand-built
+// operators are one-level); MiB/rank as above.
 //
 // Column-parallel (AG + GEMM): C[S, I] = A[S, H] · B[H, I] over R ranks,
 // plans ag_gemm / async_ag_gemm, against ops::ag_gemm (N = I/R per rank).
@@ -116,7 +124,24 @@ struct CommirOptions {
   // --attention
   bool attention = false;
   std::int64_t batch = 1, seq = 16384, heads = 32, kv_heads = 8, head_dim = 128;
+  std::string mesh;  // --mesh AxB: the two-level mesh (default: two_level_mesh(world))
 };
+
+// The 2-D mesh whose plans --attention adds: --mesh when given (its product
+// must be the world), else the smallest outer level >= 2 that leaves an
+// inner level >= 2; none (empty) when the world has no such factorization.
+std::vector<int> two_level_mesh(const CommirOptions& o, int world) {
+  if (!o.mesh.empty()) {
+    const std::vector<int> m = commir::parse_mesh(o.mesh);
+    TESSERA_CHECK(m.size() == 2 && m[0] * m[1] == world,
+                  "bench commir --attention: --mesh {} must be two levels AxB with A x B = the world size {}", o.mesh,
+                  world);
+    return m;
+  }
+  for (int a = 2; a * 2 <= world; ++a)
+    if (world % a == 0) return {a, world / a};
+  return {};
+}
 
 // Cheap deterministic fill in [-1, 1) (values only have to be finite and
 // varied; correctness is the tests' job).
@@ -331,6 +356,13 @@ void run_commir_attention(const CommirOptions& o) {
   std::vector<std::pair<std::string, commir::Plan>> plans;  // complete before any executor refers to one
   for (const std::string& name : commir::schedule_names("attention", 1))
     plans.push_back({name, commir::lower(commir::scheduled(op, name))});
+  const std::vector<int> mesh2 = two_level_mesh(o, R);
+  if (!mesh2.empty()) {
+    const commir::Grid op2 = commir::make_attention(B, H, HKV, S, S, D, mesh2);
+    for (const std::string& name : commir::schedule_names("attention", 2))
+      plans.push_back(
+          {fmt::format("{} {}", name, commir::mesh_string(mesh2)), commir::lower(commir::scheduled(op2, name))});
+  }
   std::vector<PlanRun> runs;  // after plans: destroyed first
   for (const auto& [name, plan] : plans) {
     commir::GpuExecutorOptions eo;
@@ -404,13 +436,17 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   cmd->add_option("--markdown", opts->markdown, "append the table as Markdown to this file (rank 0)");
   cmd->add_flag("!--no-variants", opts->variants, "time only each plan's default executor (B [n,k], reserved SMs)");
   cmd->add_flag("--attention", opts->attention,
-                "time the attention plans (cp, cp_ag, ring, ulysses, tree, tree_rs) beside ops::sp_attention");
+                "time the attention plans (cp, cp_ag, ring, ulysses, tree, tree_rs; on a 2-D mesh also usp, "
+                "two_level) beside ops::sp_attention");
   cmd->add_option("--batch", opts->batch, "--attention: batch")->check(CLI::Range(1, 64));
   cmd->add_option("--seq", opts->seq, "--attention: global tokens S (multiple of 2 x ranks)")
       ->check(CLI::Range(2, 1 << 22));
   cmd->add_option("--heads", opts->heads, "--attention: query heads")->check(CLI::Range(1, 1024));
   cmd->add_option("--kv-heads", opts->kv_heads, "--attention: K/V heads (divides --heads)")->check(CLI::Range(1, 1024));
   cmd->add_option("--head-dim", opts->head_dim, "--attention: head_dim (64 or 128)")->check(CLI::IsMember({64, 128}));
+  cmd->add_option("--mesh", opts->mesh,
+                  "--attention: also run the two-level plans on this mesh AxB (A x B = world; default: 2x2 at 4 "
+                  "ranks, 2x4 at 8, none at 2)");
   cmd->callback([opts] { opts->attention ? run_commir_attention(*opts) : run_commir(*opts); });
 });
 

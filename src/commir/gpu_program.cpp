@@ -417,10 +417,8 @@ struct Builder {
     TESSERA_CHECK(g.kernel == "gemm" || g.kernel == "attention",
                   "{}: only GEMM and attention plans run on GPUs for now, got kernel '{}'", pre(), g.kernel);
     attn = g.kernel == "attention";
-    TESSERA_CHECK(g.mesh.size() == 1,
-                  "{}: one-level meshes only, got {} (schedules over several mesh levels, e.g. two_level and usp, "
-                  "are not supported on GPUs yet)",
-                  pre(), mesh_string(g.mesh));
+    TESSERA_CHECK(attn || g.mesh.size() == 1, "{}: GEMM plans run on one-level meshes only, got {}", pre(),
+                  mesh_string(g.mesh));
     TESSERA_CHECK(rank >= 0 && rank < static_cast<int>(plan.ranks.size()), "{}: rank {} out of range [0, {})", pre(),
                   rank, plan.ranks.size());
     out_name = g.body.out;

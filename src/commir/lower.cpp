@@ -114,6 +114,36 @@ Key key_of(const Box& b) {
   return k;
 }
 
+// True when the union of `have` (boxes may overlap) covers `b`: what is
+// left of b after taking away each box of `have` in turn is empty.
+bool covers_union(const Region& have, const Box& b) {
+  Region left{b};
+  for (const auto& h : have) {
+    Region next;
+    for (Box x : left) {
+      if (!x.intersects(h)) {
+        next.push_back(x);
+        continue;
+      }
+      for (std::size_t d = 0; d < x.r.size(); ++d) {  // the slabs of x outside h along d, then x narrows to h
+        if (x.r[d].lo < h.r[d].lo) {
+          Box s = x;
+          s.r[d] = {x.r[d].lo, h.r[d].lo};
+          next.push_back(s);
+        }
+        if (h.r[d].hi < x.r[d].hi) {
+          Box s = x;
+          s.r[d] = {h.r[d].hi, x.r[d].hi};
+          next.push_back(s);
+        }
+        x.r[d] = {std::max(x.r[d].lo, h.r[d].lo), std::min(x.r[d].hi, h.r[d].hi)};
+      }
+    }
+    left = std::move(next);
+  }
+  return std::all_of(left.begin(), left.end(), [](const Box& x) { return x.volume() == 0; });
+}
+
 std::vector<Range> merge(std::vector<Range> v) {
   std::sort(v.begin(), v.end(), [](const Range& a, const Range& b) { return a.lo < b.lo; });
   std::vector<Range> o;
@@ -315,7 +345,7 @@ struct Lowerer {
 
   void add(int rank, Step s) { plan.ranks[rank].steps.push_back(std::move(s)); }
   void charge(int rank, int t_from, int t_to, std::int64_t bytes) {
-    for (int t = std::max(t_from, -1); t <= std::min(t_to, T + 1); ++t) mem[rank][t + 1] += bytes;
+    for (int t = std::max(t_from, -1); t <= std::min(t_to, T + 2); ++t) mem[rank][t + 1] += bytes;
   }
 
   void p2p(int from, int to, const std::string& buf, const Box& box, int t_send, Slot send_slot, int t_recv,
@@ -394,6 +424,9 @@ struct Lowerer {
 
   void setup();
   void gather_input(const Buffer& b);
+  void check_within_group(const Buffer& b, const std::vector<const Placement*>& pl, int l, CollKind kind,
+                          const std::vector<int>& grp, const std::vector<Region>& before,
+                          const std::vector<Region>& after) const;
   void step(int t);
   void fetch_input(const Buffer& b, int t, const std::vector<std::int64_t>& tv, const std::vector<Box>& kb);
   bool fetch_shifted(const Buffer& b, int r, int t, const std::vector<std::int64_t>& tv, const Box& need, Held& now);
@@ -406,9 +439,19 @@ struct Lowerer {
   void reduce_levels(const Buffer& b, std::vector<Region>& cur, std::vector<bool>& partial,
                      std::vector<const Placement*>& state);
   void redistribute_levels(const Buffer& b, std::vector<Region>& cur, std::vector<const Placement*>& state);
+  static std::vector<Region> finished(const std::vector<Region>& cur, const std::vector<bool>& partial);
   void settle_partials(const Buffer& b, std::vector<Region>& cur);
-  void fill_final(const Buffer& b, std::vector<Region>& cur);
+  void fill_final(const Buffer& b, std::vector<Region>& cur, const std::vector<Region>& ready);
+  void fill_from(const Buffer& b, int r, const Box& f, const std::vector<Region>& src, std::vector<Region>& cur, int t);
   Plan finalize();
+  // The last time of the plan: T + 1, or T + 2 when the epilogue forwards
+  // pieces received at T + 1.
+  int last_time() const {
+    int t = T + 1;
+    for (const auto& rp : plan.ranks)
+      for (const auto& s : rp.steps) t = std::max(t, s.time);
+    return t;
+  }
 
   Plan run() {
     setup();
@@ -449,7 +492,7 @@ void Lowerer::setup() {
     plan.ranks[r].rank = r;
     plan.ranks[r].coords = coords[r];
   }
-  mem.assign(W, std::vector<std::int64_t>(T + 3, 0));
+  mem.assign(W, std::vector<std::int64_t>(T + 4, 0));
   es = static_cast<std::int64_t>(g.elem_bytes());
   for (const auto& b : g.buffers) {
     if (b.access == Access::read)
@@ -486,6 +529,7 @@ void Lowerer::gather_input(const Buffer& b) {
         before.push_back(hold[m]);
         after.push_back(holding(b, m, next));
       }
+      check_within_group(b, pl, l, kind, grp, before, after);
       collective(kind, b.name, -1, grp, l, -1, before, after, bes);
       for (std::size_t i = 0; i < grp.size(); ++i) {
         if (kind == CollKind::all_to_all) charge(grp[i], -1, -1, volume(before[i]) * bes);
@@ -494,8 +538,34 @@ void Lowerer::gather_input(const Buffer& b) {
     }
     pl = next;
   }
-  for (int r = 0; r < W; ++r) charge(r, -1, T + 1, volume(hold[r]) * bes);
+  for (int r = 0; r < W; ++r) charge(r, -1, T + 2, volume(hold[r]) * bes);
   base[b.name] = hold;
+}
+
+// A prologue collective moves data within its group only: every member's
+// new region must come from the group's old ones. Shards on several levels
+// can break that (an outer shard along an axis that an inner parallel loop
+// tiles splits each inner cell, not the axis), and such a schedule is
+// refused naming the placements.
+void Lowerer::check_within_group(const Buffer& b, const std::vector<const Placement*>& pl, int l, CollKind kind,
+                                 const std::vector<int>& grp, const std::vector<Region>& before,
+                                 const std::vector<Region>& after) const {
+  Region have;
+  for (const auto& reg : before) have.insert(have.end(), reg.begin(), reg.end());
+  for (std::size_t i = 0; i < grp.size(); ++i)
+    for (const auto& x : after[i]) {
+      if (covers_union(have, x)) continue;
+      std::string others;
+      for (int k = 0; k < L; ++k)
+        if (k != l && pl[k] && pl[k]->kind == PlacementKind::shard)
+          others += fmt::format(" with shard({},{},{}) on level {}", b.name, pl[k]->loop, pl[k]->along, k);
+      TESSERA_FAIL(
+          "lower: shard({},{},{}){}: the level-{} {} of {} that undoes it cannot give rank {} {}{}: no rank of its "
+          "group {{{}}} holds it (an outer shard along an axis that an inner parallel loop tiles splits each inner "
+          "cell, not the axis; shard that level along another axis)",
+          b.name, pl[l]->loop, pl[l]->along, others, l, coll_name(kind), b.name, grp[i], b.name, box_text(x),
+          fmt::join(grp, ","));
+    }
 }
 
 // Main loop, step t: every rank obtains the input blocks its kernel block
@@ -693,7 +763,7 @@ void Lowerer::accumulate_output(const Buffer& b, int t, const std::vector<std::i
       }
     mine[key_of(cell)] = {cell, t};
     // An upper bound: a cell moved away stays counted on the rank it left.
-    charge(r, t, T + 1, cell.volume() * aes);
+    charge(r, t, T + 2, cell.volume() * aes);
   }
 }
 
@@ -707,8 +777,9 @@ void Lowerer::finish_output(const Buffer& b) {
   std::vector<const Placement*> state(L, nullptr);  // the layout so far (default)
   reduce_levels(b, cur, partial, state);
   redistribute_levels(b, cur, state);
+  const std::vector<Region> ready = finished(cur, partial);  // before T + 1
   if (std::find(partial.begin(), partial.end(), true) != partial.end()) settle_partials(b, cur);
-  fill_final(b, cur);
+  fill_final(b, cur, ready);
 }
 
 // Reduction levels, outer -> inner: shards along an axis nest outer level
@@ -799,6 +870,20 @@ void Lowerer::redistribute_levels(const Buffer& b, std::vector<Region>& cur, std
   }
 }
 
+// The cells each rank holds finished after reduce_levels: not those that
+// several of the ranks left partial hold (settle_partials completes them at
+// T + 1).
+std::vector<Region> Lowerer::finished(const std::vector<Region>& cur, const std::vector<bool>& partial) {
+  std::map<Key, int> holders;
+  for (std::size_t r = 0; r < cur.size(); ++r)
+    if (partial[r])
+      for (const auto& x : cur[r]) ++holders[key_of(x)];
+  std::vector<Region> out = cur;
+  for (std::size_t r = 0; r < out.size(); ++r)
+    if (partial[r]) std::erase_if(out[r], [&](const Box& x) { return holders[key_of(x)] > 1; });
+  return out;
+}
+
 // Partials left by reduce_levels: each cell held by several ranks is summed
 // at one holder (one whose final layout covers it, if any) by P2P.
 void Lowerer::settle_partials(const Buffer& b, std::vector<Region>& cur) {
@@ -826,34 +911,48 @@ void Lowerer::settle_partials(const Buffer& b, std::vector<Region>& cur) {
   }
 }
 
-// Whatever a rank's final layout still lacks comes by P2P from a holder.
-void Lowerer::fill_final(const Buffer& b, std::vector<Region>& cur) {
-  const std::int64_t aes = es * acc_elem(g, b);
-  for (int r = 0; r < W; ++r) {
-    for (const auto& f : plan.final[b.name][r]) {
-      if (covers(cur[r], f)) continue;
-      for (int q = 0; q < W; ++q) {
-        if (q == r) continue;
-        for (const auto& x : Region(cur[q])) {
-          if (!x.intersects(f)) continue;
-          const Box piece = x.intersect(f);
-          if (covers(cur[r], piece)) continue;
-          p2p(q, r, b.name, piece, T + 1, Slot::pre_send, T + 1, false, aes);
-          charge(r, T + 1, T + 1, piece.volume() * aes);
-          cur[r].push_back(piece);
-        }
-      }
+// Whatever a rank's final layout still lacks comes by P2P from a holder:
+// at T + 1 from what a rank held finished before it (`ready`), at T + 2 from
+// what it received at T + 1 (a settled partial, or a piece another rank
+// filled), so that no rank sends a piece before it has it. The nearest
+// holder (the deepest mesh level shared) sends.
+void Lowerer::fill_final(const Buffer& b, std::vector<Region>& cur, const std::vector<Region>& ready) {
+  for (const int t : {T + 1, T + 2}) {
+    const std::vector<Region> src = t == T + 1 ? ready : cur;
+    for (int r = 0; r < W; ++r)
+      for (const auto& f : plan.final[b.name][r])
+        if (!covers(cur[r], f)) fill_from(b, r, f, src, cur, t);
+  }
+  for (int r = 0; r < W; ++r)
+    for (const auto& f : plan.final[b.name][r])
       TESSERA_CHECK(covers(cur[r], f), "lower: rank {} must end with {}{} but no rank holds all of it", r, b.name,
                     box_text(f));
+}
+
+// The pieces of `f` that rank r lacks, from the holders in `src`, nearest first.
+void Lowerer::fill_from(const Buffer& b, int r, const Box& f, const std::vector<Region>& src, std::vector<Region>& cur,
+                        int t) {
+  const std::int64_t aes = es * acc_elem(g, b);
+  std::vector<int> order;
+  for (int q = 0; q < W; ++q)
+    if (q != r) order.push_back(q);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int c) { return link_level(a, r) > link_level(c, r); });
+  for (int q : order)
+    for (const auto& x : src[q]) {
+      if (!x.intersects(f)) continue;
+      const Box piece = x.intersect(f);
+      if (covers(cur[r], piece)) continue;
+      p2p(q, r, b.name, piece, t, Slot::pre_send, t, false, aes);
+      charge(r, t, t, piece.volume() * aes);
+      cur[r].push_back(piece);
     }
-  }
 }
 
 Plan Lowerer::finalize() {
   for (int r = 0; r < W; ++r) {
     Step f;
     f.kind = StepKind::finalize;
-    f.time = T + 1;
+    f.time = last_time();
     f.slot = Slot::free;
     add(r, f);
     auto& st = plan.ranks[r].steps;

@@ -37,6 +37,7 @@
 #include <memory>
 #include <random>
 
+#include "commir/attention_gpu_check.hpp"
 #include "support/test_support.hpp"
 #include "tessera/commir/cpu_executor.hpp"
 #include "tessera/commir/gpu_executor.hpp"
@@ -46,6 +47,7 @@
 #include "tessera/runtime/process_group.hpp"
 
 using namespace tessera::commir;
+using namespace tessera::commir::gpu_check;
 
 TEST(CommirGpu, TensorParallelGemmPlans) {
   const int world = tessera::testing::launched_world_size();
@@ -121,96 +123,6 @@ TEST(CommirGpu, TensorParallelGemmPlans) {
       }
 }
 
-namespace {
-
-struct AttnShape {
-  std::int64_t b, h, hkv, s, d;
-};
-
-// Fresh inputs, the same on every rank (rank 0 draws the seed), rounded to
-// bf16 so that the float64 runs see what the GPU sees; and the reference.
-struct AttnData {
-  Tensors in, ref;
-  std::map<std::string, std::vector<float>> in_f;
-};
-AttnData attn_data(tessera::runtime::ProcessGroup& pg, const Grid& op) {
-  AttnData d;
-  const std::uint64_t seed = pg.allgather(static_cast<std::uint64_t>(std::random_device{}()))[0];
-  d.in = random_inputs(op, seed);
-  for (auto& [name, v] : d.in)
-    for (auto& x : v) {
-      x = __bfloat162float(__float2bfloat16(static_cast<float>(x)));
-      d.in_f[name].push_back(static_cast<float>(x));
-    }
-  d.ref = reference(op, d.in);
-  return d;
-}
-
-// Runs `plan` 4 times (non-input blocks poisoned before each run) and checks
-// this rank's O against the reference: relative L2 error < 1e-2.
-void run_attention_plan(tessera::runtime::ProcessGroup& pg, const Plan& plan, const std::string& label,
-                        const AttnShape& sh, const AttnData& d) {
-  GpuExecutorOptions eo;
-  eo.schedule = label;
-  std::unique_ptr<GpuExecutor> ex;
-  std::string why;
-  try {
-    ex = std::make_unique<GpuExecutor>(plan, pg.rank(), pg.nccl(), pg.stream(), pg.comm_stream(0), eo);
-    for (const char* b : {"Q", "K", "V"}) ex->set_input(b, d.in_f.at(b));
-    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
-  } catch (const std::exception& e) {
-    why = e.what();
-    ex.reset();
-  }
-  const auto ok = pg.allgather(static_cast<int>(why.empty()));
-  if (std::count(ok.begin(), ok.end(), 0) > 0) {
-    ADD_FAILURE() << "rank " << pg.rank() << ": " << (why.empty() ? "another rank could not build the plan" : why);
-    return;
-  }
-  const std::vector<double>& O = d.ref.at("O");
-  std::vector<double> times;
-  double err = 0;
-  std::int64_t checked = 0;
-  for (int it = 0; it < 4; ++it) {
-    ex->poison();
-    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
-    pg.barrier();
-    const auto t0 = std::chrono::steady_clock::now();
-    ex->run();
-    const auto out = ex->output("O");
-    times.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
-    double num = 0, den = 0;
-    checked = 0;
-    for (const auto& [box, vals] : out) {
-      // Box over O's [b, h, q]; values [box..., d] row-major.
-      std::int64_t k = 0;
-      for (std::int64_t b = box.r[0].lo; b < box.r[0].hi; ++b)
-        for (std::int64_t h = box.r[1].lo; h < box.r[1].hi; ++h)
-          for (std::int64_t q = box.r[2].lo; q < box.r[2].hi; ++q)
-            for (std::int64_t e = 0; e < sh.d; ++e, ++k) {
-              const double want = O[((b * sh.h + h) * sh.s + q) * sh.d + e];
-              const double got = vals[k];
-              num += std::isnan(got) ? INFINITY : (got - want) * (got - want);
-              den += want * want;
-            }
-      checked += k;
-    }
-    const double e = std::sqrt(num / den);
-    err = std::isnan(e) ? INFINITY : std::max(err, e);
-  }
-  EXPECT_GT(checked, 0);
-  EXPECT_LT(err, 1e-2) << "rank " << pg.rank();
-  std::sort(times.begin() + 1, times.end());
-  std::printf(
-      "rank %d attention %s b%lld h%lld/%lld s%lld d%lld: rel err %.2e, median %.1f us incl. readback (not a "
-      "benchmark)\n",
-      pg.rank(), label.c_str(), static_cast<long long>(sh.b), static_cast<long long>(sh.h),
-      static_cast<long long>(sh.hkv), static_cast<long long>(sh.s), static_cast<long long>(sh.d), err,
-      times[times.size() / 2]);
-}
-
-}  // namespace
-
 TEST(CommirGpu, AttentionPlans) {
   const int world = tessera::testing::launched_world_size();
   TESSERA_REQUIRE_GPUS(2);
@@ -248,15 +160,16 @@ TEST(CommirGpu, TunerAttentionCandidates) {
 }
 
 // Schedules outside the executor's limits are refused at construction,
-// before any launch, with a message naming the schedule: the two-level
-// schedules on a two-level mesh of the launched ranks (1 x world).
+// before any launch, with a message naming the schedule: GEMM plans on a
+// two-level mesh of the launched ranks (1 x world; attention plans run
+// there: commir_gpu_two_level).
 TEST(CommirGpu, AttentionOutsideTheLimitsIsRefusedBeforeLaunch) {
   const int world = tessera::testing::launched_world_size();
   TESSERA_REQUIRE_GPUS(2);
   if (world < 2) GTEST_SKIP() << "start with tessera run -n 2 (one process per GPU)";
   auto pg = tessera::runtime::ProcessGroup::from_environment();
-  for (const std::string name : schedule_names("attention", 2)) {
-    const Plan plan = lower(scheduled(make_attention(1, 8, 8, 256, 256, 64, {1, pg->world()}), name));
+  for (const std::string name : {"ag_gemm", "gemm_rs"}) {
+    const Plan plan = lower(scheduled(make_gemm(256, 256, 256, {1, pg->world()}), name));
     GpuExecutorOptions eo;
     eo.schedule = name;
     try {

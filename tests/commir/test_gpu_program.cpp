@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <random>
+#include <set>
 #include <tuple>
 
 #include "tessera/commir/cpu_executor.hpp"
@@ -560,22 +561,112 @@ TEST(CommirGpuProgram, AttentionPartialsRideTheRing) {
   }
 }
 
-// Schedules outside the GPU executor's limits are refused at build time,
-// before anything could launch, naming the schedule and why.
-TEST(CommirGpuProgram, AttentionOutsideTheLimitsIsRefusedNamingTheSchedule) {
-  for (const auto& mesh : std::vector<std::vector<int>>{{2, 2}, {1, 2}, {1, 8}})
-    for (const std::string& name : schedule_names("attention", 2)) {
-      SCOPED_TRACE(fmt::format("{} on {}", name, mesh_string(mesh)));
-      const Plan p = lower(scheduled(make_attention(1, 8, 8, 256, 256, 64, mesh), name));
-      try {
-        build_gpu_program(p, 0, GpuProgramOptions{true, name});
-        FAIL() << name << " on a 2x2 mesh built";
-      } catch (const std::exception& e) {
-        const std::string what = e.what();
-        EXPECT_NE(what.find("(" + name + ")"), std::string::npos) << what;
-        EXPECT_NE(what.find("one-level meshes only"), std::string::npos) << what;
+// Schedules outside the GPU limits are refused at build time, before
+// anything could launch, naming the schedule and why: GEMM plans on a
+// two-level mesh (attention plans run there).
+TEST(CommirGpuProgram, TwoLevelGemmIsRefusedNamingTheSchedule) {
+  for (const std::string& name : schedule_names("gemm", 2)) {
+    const Plan p = lower(scheduled(make_gemm(16, 16, 16, {2, 2}), name));
+    try {
+      build_gpu_program(p, 0, GpuProgramOptions{true, name});
+      FAIL() << name << " on a 2x2 mesh built";
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("(" + name + ")"), std::string::npos) << what;
+      EXPECT_NE(what.find("one-level meshes only"), std::string::npos) << what;
+    }
+  }
+}
+
+// ---- attention on two-level meshes ----------------------------------------
+
+namespace {
+
+Plan attention_plan_2d(const std::vector<std::int64_t>& s, const std::vector<int>& mesh, const std::string& name,
+                       tessera::DType dt = tessera::DType::f32) {
+  return lower(scheduled(make_attention(s[0], s[1], s[2], s[3], s[4], s[5], mesh, dt), name));
+}
+
+// The CPU executor's result and the simulated GPU programs' both equal the
+// reference to 1e-12, so they equal each other.
+void expect_sim_equals_cpu(const Plan& p, const std::string& label) {
+  const Data d = fresh(p);
+  ASSERT_LT(run_cpu(p, d.in, d.ref).max_rel_error, 1e-12);
+  GpuSimRun run;
+  try {
+    run = simulate_gpu_programs(p, d.in, d.ref, GpuProgramOptions{true, label});
+  } catch (const std::exception& e) {
+    FAIL() << e.what() << "\n" << describe(p, 40);
+  }
+  EXPECT_LT(run.max_rel_error, 1e-12);
+  EXPECT_EQ(run.checked_elements, final_elements(p));
+}
+
+}  // namespace
+
+// Every attention schedule `tessera plan attention` names for a two-level
+// mesh (cp, cp_ag, ring = two_level, ulysses, tree, tree_rs over both
+// levels; usp: Ulysses inside, ring across) simulates to the CPU executor's
+// result at 2x2, 2x4 and 4x2, and on the degenerate meshes 1x2, 2x1, 1x4,
+// 4x1: the per-level transfers run on sub-groups of ranks (those sharing the
+// other coordinate) over the world communicator.
+TEST(CommirGpuProgram, EveryTwoLevelAttentionScheduleSimulatesExactly) {
+  const std::vector<std::vector<std::int64_t>> shapes{
+      {1, 8, 8, 16, 16, 4}, {2, 8, 2, 11, 13, 3}, {1, 8, 4, 9, 10, 2}, {2, 4, 1, 8, 12, 2}};
+  int ran = 0;
+  for (const auto& mesh : std::vector<std::vector<int>>{{2, 2}, {2, 4}, {4, 2}, {1, 2}, {2, 1}, {1, 4}, {4, 1}})
+    for (const auto& sh : shapes)
+      for (const auto& name : schedule_names("attention", 2)) {
+        SCOPED_TRACE(fmt::format("{} on {}, attention b{} h{} hkv{} q{} kv{} d{}", name, mesh_string(mesh), sh[0],
+                                 sh[1], sh[2], sh[3], sh[4], sh[5]));
+        Plan p;
+        try {
+          p = attention_plan_2d(sh, mesh, name);
+        } catch (const std::exception& e) {  // 4 heads cannot be split 8 ways (ulysses)
+          EXPECT_EQ(sh[1], 4) << e.what();
+          continue;
+        }
+        ++ran;
+        expect_sim_equals_cpu(p, name);
+      }
+  EXPECT_GE(ran, 7 * 4 * 8 - 8);
+}
+
+// Every schedule `tessera plan attention` ranks for a 2x2 and a 2x4 mesh
+// (the tuner's feasible candidates: each level parallel over b, h, q or kv,
+// with gathers, all-to-alls, rings of K/V or of partials, extra tiling, both
+// loop orders) simulates to the CPU executor's result.
+TEST(CommirGpuProgram, EveryTunerTwoLevelAttentionCandidateSimulatesExactly) {
+  const MachineProfile h100 = builtin_profile("h100");
+  int ran = 0;
+  for (const auto& mesh : std::vector<std::vector<int>>{{2, 2}, {2, 4}})
+    for (const auto& sh : std::vector<std::vector<std::int64_t>>{{1, 8, 2, 16, 16, 2}, {2, 4, 4, 12, 10, 2}}) {
+      const Grid op = make_attention(sh[0], sh[1], sh[2], sh[3], sh[4], sh[5], mesh, tessera::DType::f32);
+      const TuneResult res = tune(op, h100);
+      ASSERT_GT(res.ranked.size(), 0u);
+      for (const Candidate& c : res.ranked) {
+        SCOPED_TRACE(fmt::format("{} on {}, shape {}", c.script, mesh_string(mesh), fmt::join(sh, ",")));
+        expect_sim_equals_cpu(lower(c.grid), c.script);
+        ++ran;
       }
     }
+  EXPECT_GT(ran, 1000);
+}
+
+// usp on 2x2: the Ulysses all-to-alls stay inside level 1 (rank 0 exchanges
+// with rank 1 only) and the K/V ring runs across level 0 (rank 0 receives
+// from rank 2); one kernel call per ring step.
+TEST(CommirGpuProgram, UspExchangesPerLevel) {
+  const Plan p = attention_plan_2d({1, 8, 8, 64, 64, 64}, {2, 2}, "usp", tessera::DType::bf16);
+  const DevProgram prog = build_gpu_program(p, 0, GpuProgramOptions{true, "usp"});
+  EXPECT_EQ(count_ops(prog, DevOpKind::attention), 2) << listing(prog);
+  std::set<int> a2a_peers, ring_peers;
+  for (const auto& op : prog.ops) {
+    if (op.kind != DevOpKind::send && op.kind != DevOpKind::recv) continue;
+    (op.what.find("AllToAll") != std::string::npos ? a2a_peers : ring_peers).insert(op.peer);
+  }
+  EXPECT_EQ(a2a_peers, std::set<int>{1}) << listing(prog);
+  EXPECT_EQ(ring_peers, std::set<int>{2}) << listing(prog);
 }
 
 // On a one-level mesh the two-level schedules are not listed: two_level
@@ -627,4 +718,36 @@ TEST(CommirGpuProgram, AttentionGpuTestShapesBuildOnEveryRank) {
           EXPECT_GT(prog.bytes(), 0);
         }
       }
+}
+
+// The two-level GPU test's meshes and shapes (CommirGpu.TwoLevelAttention*:
+// the 2-D factorizations of R = 2 and 4) and the benchmark's default shape on
+// its default meshes (2x2 at R = 4, 2x4 at R = 8) build on every rank; the
+// GPU test's smaller shape simulates exactly at 2x2.
+TEST(CommirGpuProgram, TwoLevelGpuTestShapesBuildOnEveryRank) {
+  struct Case {
+    std::vector<int> mesh;
+    std::vector<std::int64_t> sh;
+  };
+  std::vector<Case> cases;
+  for (const auto& mesh : std::vector<std::vector<int>>{{1, 2}, {2, 1}, {2, 2}, {1, 4}, {4, 1}})
+    for (const auto& sh : std::vector<std::vector<std::int64_t>>{{2, 8, 2, 256, 256, 64}, {1, 8, 8, 384, 384, 128}})
+      cases.push_back({mesh, sh});
+  for (const auto& mesh : std::vector<std::vector<int>>{{2, 2}, {2, 4}})
+    cases.push_back({mesh, {1, 32, 8, 16384, 16384, 128}});
+  for (const auto& [mesh, sh] : cases)
+    for (const auto& name : schedule_names("attention", 2)) {
+      const Plan p = lower(scheduled(make_attention(sh[0], sh[1], sh[2], sh[3], sh[4], sh[5], mesh), name));
+      for (int r = 0; r < p.grid.world(); ++r) {
+        SCOPED_TRACE(fmt::format("{} on {}, rank {}, seq {}", name, mesh_string(mesh), r, sh[3]));
+        DevProgram prog;
+        ASSERT_NO_THROW(prog = build_gpu_program(p, r, GpuProgramOptions{true, name}));
+        ASSERT_EQ(prog.outputs.count("O"), 1u);
+        EXPECT_GT(prog.bytes(), 0);
+      }
+    }
+  for (const auto& name : schedule_names("attention", 2)) {
+    SCOPED_TRACE(name + " on 2x2 at the GPU test's shape");
+    expect_sim_equals_cpu(attention_plan_2d({2, 8, 2, 256, 256, 64}, {2, 2}, name), name);
+  }
 }

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <map>
 #include <random>
 
 #include "tessera/commir/cpu_executor.hpp"
@@ -168,4 +169,50 @@ TEST(CommirExec, RingReducedPartialsSurviveInnerLoopsAndWraps) {
       const Tensors in = random_inputs(g, fresh_seed());
       EXPECT_LT(run_cpu(pl, in, reference(g, in)).max_rel_error, 1e-12) << describe(pl, 30);
     }
+}
+
+// On a 2-D mesh an output reduced along a ring on one level and by an
+// AllReduce on the other ends on the wrong ranks and is moved in the
+// epilogue: a rank that receives a piece at T + 1 forwards it at T + 2, never
+// before it has it (kv over both levels, h shifted by the outer kv loop).
+TEST(CommirExec, EpilogueForwardsOnlyWhatHasArrived) {
+  for (const std::string& script :
+       {"tile(kv,2) parallelize(kv0,0) tile(kv,4) parallelize(kv1,1) tile(h,2) shift(h0,kv0) patch(attention)",
+        "tile(kv,2) parallelize(kv0,0) tile(kv,4) parallelize(kv1,1) tile(q,4) shift(q0,kv1) patch(attention)"}) {
+    SCOPED_TRACE(script);
+    Grid g = make_attention(2, 4, 4, 12, 10, 2, {2, 4}, tessera::DType::f32);
+    apply(g, script);
+    const Plan p = lower(g);
+    const Tensors in = random_inputs(g, fresh_seed());
+    const Tensors ref = reference(g, in);
+    try {
+      EXPECT_LT(run_cpu(p, in, ref).max_rel_error, 1e-12);
+    } catch (const std::exception& e) {
+      FAIL() << e.what() << "\n" << describe(p, 30);
+    }
+    for (const auto& rp : p.ranks) {  // a rank's send of a finished O box follows its receive of it
+      std::map<std::string, int> got;
+      for (const auto& s : rp.steps)
+        if (s.kind == StepKind::recv && s.buffer == "O" && !s.partial) got[box_text(s.box)] = s.time;
+      for (const auto& s : rp.steps)
+        if (s.kind == StepKind::send && s.buffer == "O" && !s.partial && got.count(box_text(s.box)))
+          EXPECT_GT(s.time, got[box_text(s.box)]) << "rank " << rp.rank << " sends O" << box_text(s.box);
+    }
+  }
+}
+
+// Shards on two levels whose prologue collective would need data from
+// outside its group are refused by lowering, naming the placements and why.
+TEST(CommirExec, ShardsThatLeaveTheGroupAreRefused) {
+  Grid g = make_attention(2, 4, 4, 12, 10, 2, {2, 4}, tessera::DType::f32);
+  apply(g, "tile(kv,2) parallelize(kv0,0) tile(q,4) parallelize(q0,1) shard(Q,kv0,q) shard(Q,q0,h) patch(attention)");
+  try {
+    lower(g);
+    FAIL() << "lowered";
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("shard(Q,q0,h)"), std::string::npos) << what;
+    EXPECT_NE(what.find("shard(Q,kv0,q)"), std::string::npos) << what;
+    EXPECT_NE(what.find("no rank of its group"), std::string::npos) << what;
+  }
 }

@@ -26,17 +26,17 @@
 // non-input block from the inputs; it starts after the previous run and the
 // uploads on both streams), so a benchmark times run() alone.
 //
-// Attention plans (gpu_program.hpp, "Attention plans"): every one-level
-// schedule `tessera plan attention` lists (cp, cp_ag, ring, ulysses, tree,
-// tree_rs). Inputs Q [b, h, q, d], K / V [b, h/g, kv, d] (the IR's
-// dimension order, head_dim innermost) are uploaded as bf16; the output O is
-// read back from bf16 whatever the Grid's dtype. Every kernel call's
-// arguments are checked by kernels::validate at construction (head_dim 64 or
-// 128, sm_90). Non-causal only: the IR has no causal attention.
+// Attention plans (gpu_program.hpp, "Attention plans"): every schedule
+// `tessera plan attention` lists, on one-level meshes (cp, cp_ag, ring,
+// ulysses, tree, tree_rs) and two-level ones (the same over both levels, and
+// usp, two_level), the mesh's product equal to the communicator's size. Inputs Q [b, h, q, d], K / V [b, h/g, kv, d]
+// (the IR's dimension order, head_dim innermost) are uploaded as bf16; the output O is read back from bf16 whatever the
+// Grid's dtype. Every kernel call's arguments are checked by kernels::validate at construction (head_dim 64 or 128,
+// sm_90). Non-causal only: the IR has no causal attention.
 //
 // Limits (checked, tessera::Error before anything is launched, naming
 // GpuExecutorOptions::schedule when set): GEMM and attention plans;
-// one-level meshes whose size equals the communicator's; GEMM collectives
+// meshes whose size equals the communicator's, one-level for GEMM; GEMM collectives
 // need equal, contiguous, full-width row blocks in rank order (extents
 // divisible by the world size); no AllToAll; a bf16 partial merge needs row
 // widths that are multiples of 8 elements. output() and the destructor wait

@@ -43,7 +43,7 @@
 // that NCCL can address: AllGather/ReduceScatter parts equal, contiguous,
 // full-width and in rank order; no AllToAll.
 //
-// Attention plans (kernel "attention", one-level meshes; design notes in
+// Attention plans (kernel "attention", meshes of any depth; design notes in
 // docs/design/commir.md) use the same builder with N-D blocks: a block holds a box of its
 // buffer's dimensions (Q, O: [b, h, q], K, V: [b, h/g, kv]) row-major with
 // `elem` (head_dim) trailing elements — the kernel's [batch, heads, seq,
@@ -66,7 +66,12 @@
 //    a step needs one box. AllReduce / ReduceScatter of partial attention
 //    results (tree schedules) exchange the partials the same way and merge
 //    them in rank order (same result on every rank).
-//    Collectives of one time on distinct buffers share one group.
+//    Collectives of one time on distinct buffers share one group. On a
+//    mesh of several levels a collective's members are the ranks that share
+//    the other coordinates (Step::group); its transfers are point-to-point
+//    calls on the world communicator with global ranks as peers, and every
+//    rank issues its collectives in the plan's id order, so two ranks meet
+//    their common transfers in the same order whatever groups they belong to.
 //  - the compute stream's wait for step t's received blocks comes before
 //    step t + 1's prefetch group (so step t's kernel does not wait for step
 //    t + 1's transfer); a send the plan posts steps before its receive

@@ -28,7 +28,12 @@
 // waits on sends posted before t, or on owner sends that wait on nothing):
 // pre-sends, collectives, receives, forward sends, compute, partial sends, frees.
 // Time -1 is the prologue, time T (steps_per_rank) the epilogue collectives,
-// T + 1 the P2P fallback of the epilogue and the finalize step.
+// T + 1 the P2P fallback of the epilogue (partials settled at a holder, and
+// final pieces from ranks that held them before T + 1), T + 2 the final
+// pieces forwarded by ranks that received them at T + 1 (only when needed);
+// the finalize step comes last.
+// A prologue collective whose group cannot supply what a member needs (shards
+// on several levels that do not nest) is refused naming the placements.
 #pragma once
 
 #include <cstdint>
