@@ -89,7 +89,8 @@ CaseResult run_case(runtime::ProcessGroup& pg, const TunerBenchOptions& o, std::
     }
   }
   for (const auto& p : c.tuned.plans)
-    if (p.measured_us > 0 && (c.best_us == 0 || p.total_us() < c.best_us)) c.best_us = p.total_us(), c.best_label = p.label;
+    if (p.measured_us > 0 && (c.best_us == 0 || p.total_us() < c.best_us))
+      c.best_us = p.total_us(), c.best_label = p.label;
   return c;
 }
 
@@ -117,9 +118,10 @@ nlohmann::json records_of(const CaseResult& c, const std::string& shape) {
     if (p.measured_us > 0) {
       auto x = rec("plan time", p.total_us() / 1e3, "ms");
       x["series"] = p.label;
-      x["source"] = fmt::format("measured {:.3f} ms + calibrated resharding {:.3f} ms; model {:.3f} ms, calibrated {:.3f} ms; {}",
-                                p.measured_us / 1e3, p.calibrated.reshard_us / 1e3, p.model.time_us / 1e3,
-                                p.calibrated.time_us / 1e3, p.script);
+      x["source"] =
+          fmt::format("measured {:.3f} ms + calibrated resharding {:.3f} ms; model {:.3f} ms, calibrated {:.3f} ms; {}",
+                      p.measured_us / 1e3, p.calibrated.reshard_us / 1e3, p.model.time_us / 1e3,
+                      p.calibrated.time_us / 1e3, p.script);
       r.push_back(x);
     }
   return r;
@@ -139,10 +141,11 @@ void print_case(const CaseResult& c, const std::string& shape) {
                fmt::format("{:.3f}", p.calibrated.reshard_us / 1e3),
                fmt::format("{:.0f}", p.model.peak_bytes / 1048576.0), mark});
   }
-  fmt::print("{}: compute x{:.2f}, links x{:.2f} (rms log error {:.2f}); {} plans run by the tuner; pick {} = {:.3f} "
-             "of the best measured ({})\n{}",
-             shape, t.calibration.compute_scale, t.calibration.comm_scale, t.calibration.rms_log_error, c.runs_by_tuner,
-             t.plans[t.pick].label, c.best_us / t.plans[t.pick].total_us(), c.best_label, table.str());
+  fmt::print(
+      "{}: compute x{:.2f}, links x{:.2f} (rms log error {:.2f}); {} plans run by the tuner; pick {} = {:.3f} "
+      "of the best measured ({})\n{}",
+      shape, t.calibration.compute_scale, t.calibration.comm_scale, t.calibration.rms_log_error, c.runs_by_tuner,
+      t.plans[t.pick].label, c.best_us / t.plans[t.pick].total_us(), c.best_label, table.str());
 }
 
 void run_tuner_bench(const TunerBenchOptions& o) {
@@ -156,8 +159,8 @@ void run_tuner_bench(const TunerBenchOptions& o) {
   const commir::MachineProfile prof = commir::builtin_profile(o.machine);
   nlohmann::json records = nlohmann::json::array();
   for (std::int64_t seq : o.seqs) {
-    const std::string shape =
-        fmt::format("b{} S={} h{}/{} d{} mesh {}", o.batch, seq, o.heads, o.kv_heads, o.head_dim, commir::mesh_string(mesh));
+    const std::string shape = fmt::format("b{} S={} h{}/{} d{} mesh {}", o.batch, seq, o.heads, o.kv_heads, o.head_dim,
+                                          commir::mesh_string(mesh));
     const CaseResult c = run_case(*pg, o, seq, prof, mesh);
     if (pg->rank() != 0) continue;
     print_case(c, shape);
@@ -173,7 +176,9 @@ void run_tuner_bench(const TunerBenchOptions& o) {
         {"device", o.device_kind.empty() ? machine_kind(pg->device_properties().name, R) : o.device_kind},
         {"gpu", pg->device_properties().name},
         {"date", fmt::format("{:%Y-%m-%d}", fmt::gmtime(now))},
-        {"commit", !o.commit.empty() ? o.commit : env_commit && *env_commit ? env_commit : "unknown"},
+        {"commit", !o.commit.empty()           ? o.commit
+                   : env_commit && *env_commit ? env_commit
+                                               : "unknown"},
         {"command", fmt::format("tessera run -n {} -- tessera bench commir-tuner --top-k {} --exhaustive {}", R,
                                 o.top_k, o.exhaustive)},
         {"model_profile", o.machine},

@@ -180,7 +180,7 @@ void run_sp_attention(SpAttnContext::Impl& c, const SpAttnArgs& a, SpStrategy st
     f.rank = rank;
     f.chunk = C;
     f.epoch = e;
-    static const bool arrival = env::find_int("TESSERA_SP_ARRIVAL_ORDER", 0, 1).value_or(0) != 0;
+    static const bool arrival = env::find_int("TESSERA_SP_ARRIVAL_ORDER", 0, 1).value_or(1) != 0;
     const int block_rows = detail::sp_attention_kv_block_rows(static_cast<int>(a.head_dim));
     for (const SpAttnPlan::Part& part : plan.parts) {
       f.order = hooked && R > 1 && arrival ? c.arrival_order(plan, part.kv_len, block_rows) : nullptr;

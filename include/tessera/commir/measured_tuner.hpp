@@ -9,8 +9,8 @@
 //      scaled by two factors fitted to the measurements (least squares on
 //      log time, grid search), and every candidate is re-estimated with the
 //      calibrated profile.
-//   4. The calibrated top_k not yet run are run; the fastest measured plan
-//      is the pick.
+//   4. The next top_k of the calibrated ranking not yet run are run; the
+//      fastest measured plan is the pick (2·top_k plans run in all).
 //   With a layout contract (MeasureOptions::search.contract, e.g. Mercury's
 //   sequence-sharded attention), a plan's execution is measured and the
 //   resharding from and to the contract is charged by the (calibrated)
@@ -44,23 +44,23 @@ namespace tessera::commir {
 using PlanRunner = std::function<double(const Plan& plan, const std::string& label)>;
 
 struct MeasureOptions {
-  int top_k = 3;                 ///< plans run per round (two rounds at most)
-  TuneOptions search;            ///< the model's search (memory limit, budget, contract)
-  bool named_schedules = true;   ///< add schedules.hpp's schedules to the search's candidates
-  std::string cache_name;        ///< tune::Cache file name ("" = no cache)
-  std::string cache_dir;         ///< "" = tune::cache_dir() ($TESSERA_CACHE_DIR or ~/.cache/tessera)
-  std::string cache_prefix;      ///< key prefix (tune::key_prefix: machine, dtype, what)
-  bool refresh = false;          ///< measure even when the bucket has a cached pick
+  int top_k = 3;                ///< plans run per round (two rounds)
+  TuneOptions search;           ///< the model's search (memory limit, budget, contract)
+  bool named_schedules = true;  ///< add schedules.hpp's schedules to the search's candidates
+  std::string cache_name;       ///< tune::Cache file name ("" = no cache)
+  std::string cache_dir;        ///< "" = tune::cache_dir() ($TESSERA_CACHE_DIR or ~/.cache/tessera)
+  std::string cache_prefix;     ///< key prefix (tune::key_prefix: machine, dtype, what)
+  bool refresh = false;         ///< measure even when the bucket has a cached pick
 };
 
 struct MeasuredPlan {
   std::string label;   ///< named schedule or "search #i"
   std::string script;  ///< schedule script (apply() reproduces the grid)
   Grid grid;
-  Estimate model;             ///< with the given profile (time_us includes reshard_us)
-  Estimate calibrated;        ///< with the calibrated profile (likewise)
-  double measured_us = -1;    ///< the plan's execution on the hardware; < 0: not run
-  std::string error;          ///< why it could not run (when it was tried)
+  Estimate model;           ///< with the given profile (time_us includes reshard_us)
+  Estimate calibrated;      ///< with the calibrated profile (likewise)
+  double measured_us = -1;  ///< the plan's execution on the hardware; < 0: not run
+  std::string error;        ///< why it could not run (when it was tried)
   /// Measured execution plus the calibrated model's resharding from and to
   /// the contract layout (0 without a contract): what the pick minimizes.
   double total_us() const { return measured_us + calibrated.reshard_us; }

@@ -95,7 +95,8 @@ SpAttnPlan plan_sp_attention(std::int64_t seq, int world, int rank, bool causal)
 /// chunk they cover (own chunks first, then rank r+1's, r+2's, ..., a rank's
 /// first chunk before its second), descending within one step. The default
 /// descending order can make a CTA wait for a chunk that lands late while
-/// chunks that have landed wait behind it. Opt-in: TESSERA_SP_ARRIVAL_ORDER=1.
+/// chunks that have landed wait behind it. The fused strategy's default;
+/// TESSERA_SP_ARRIVAL_ORDER=0 restores the descending order.
 std::vector<std::int32_t> kv_arrival_order(const SpAttnPlan& plan, std::int64_t kv_len, int block_rows);
 
 /// One rank's shard: Q, K, V, O packed [batch, 2C, heads, head_dim] (local

@@ -19,9 +19,9 @@
 //   __device__ int kv_block(int i, int n_blocks) const;  // i-th block to visit
 // a permutation of [0, n_blocks) for every n_blocks (the CTA's causal
 // prefix). Default: descending, n_blocks - 1 - i (masked blocks first).
-// Only tests define one so far: sp_attention's hook keeps the default
-// order, so a CTA can wait on a chunk that lands late while chunks that
-// have landed wait behind it (docs/design/attention.md).
+// sp_attention's hook visits blocks in the order their chunks land
+// (ops::kv_arrival_order), so a CTA does not wait on a late chunk while
+// chunks that have landed wait behind it (docs/design/attention.md).
 //
 // ops::sp_attention waits for all-gathered KV chunks through KvFlagWait
 // below: the engine's FlagWait (row readiness, rows_per_flag = the chunk
