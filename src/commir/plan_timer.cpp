@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "tessera/commir/gpu_executor.hpp"
@@ -17,12 +18,10 @@ namespace {
 
 // Uniform values in [-1, 1) (finite and varied; the tests check correctness).
 std::vector<float> random_values(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
   std::vector<float> v(n);
-  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (auto& f : v) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    f = static_cast<float>(static_cast<std::int64_t>(x >> 40) - (1 << 23)) / static_cast<float>(1 << 23);
-  }
+  for (auto& f : v) f = u(rng);
   return v;
 }
 
