@@ -25,8 +25,9 @@
 // --mesh names one (any AxB = world, 1x2 and 2x1 included), every schedule
 // `tessera plan attention` names for it (cp, cp_ag, ring = two_level,
 // ulysses, tree, tree_rs over both levels, usp) runs too, labelled
-// "<plan> AxB", beside the fastest ops strategy for scale (the hand-built
-// operators are one-level); MiB/rank as above.
+// "<plan> AxB". usp (ring across level 0, Ulysses inside level 1) is
+// measured against ops' two_level with Ulysses degree B; the others against
+// the fastest ops strategy for scale; MiB/rank as above.
 //
 // Column-parallel (AG + GEMM): C[S, I] = A[S, H] · B[H, I] over R ranks,
 // plans ag_gemm / async_ag_gemm, against ops::ag_gemm (N = I/R per rank).
@@ -337,16 +338,26 @@ void run_commir_attention(const CommirOptions& o) {
   a.head_dim = D;
   a.causal = false;
   struct OpsRun {
-    ops::SpStrategy st;
+    ops::SpAttnOptions opt;  // strategy, and two_level_inner for two_level
     double ms = 0;
     std::size_t bytes = 0;
   };
+  const std::vector<int> mesh2 = two_level_mesh(o, R);
   std::vector<OpsRun> opsr;
-  for (const ops::SpStrategy st : {ops::SpStrategy::sequential, ops::SpStrategy::ring, ops::SpStrategy::ulysses}) {
-    if (st == ops::SpStrategy::ulysses && (H % R != 0 || HKV % R != 0)) continue;  // Ulysses splits heads
-    ops::sp_attention(ctx, a, st);                                                 // sizes the workspaces before timing
-    opsr.push_back({st, 0, (2 * nq + 2 * nkv) * 2 + ops::sp_attention_workspace_bytes(a, R, st)});
-  }
+  auto add_ops = [&](ops::SpStrategy st, int inner = 0) {
+    OpsRun r;
+    r.opt.strategy = st;
+    r.opt.two_level_inner = inner;
+    ops::sp_attention(ctx, a, r.opt);  // sizes the workspaces before timing
+    r.bytes = (2 * nq + 2 * nkv) * 2 + ops::sp_attention_workspace_bytes(a, R, st, inner);
+    opsr.push_back(r);
+  };
+  add_ops(ops::SpStrategy::sequential);
+  add_ops(ops::SpStrategy::ring);
+  if (H % R == 0 && HKV % R == 0) add_ops(ops::SpStrategy::ulysses);  // Ulysses splits heads
+  // usp on the 2-D mesh (ring across level 0, Ulysses inside level 1) is the
+  // hand-built two-level operator with the inner level as its Ulysses degree.
+  if (!mesh2.empty() && H % mesh2[1] == 0 && HKV % mesh2[1] == 0) add_ops(ops::SpStrategy::two_level, mesh2[1]);
 
   // The CommIR plans: full host tensors, each rank uploads its region.
   const commir::Grid op = commir::make_attention(B, H, HKV, S, S, D, {R});
@@ -356,7 +367,6 @@ void run_commir_attention(const CommirOptions& o) {
   std::vector<std::pair<std::string, commir::Plan>> plans;  // complete before any executor refers to one
   for (const std::string& name : commir::schedule_names("attention", 1))
     plans.push_back({name, commir::lower(commir::scheduled(op, name))});
-  const std::vector<int> mesh2 = two_level_mesh(o, R);
   if (!mesh2.empty()) {
     const commir::Grid op2 = commir::make_attention(B, H, HKV, S, S, D, mesh2);
     for (const std::string& name : commir::schedule_names("attention", 2))
@@ -376,7 +386,7 @@ void run_commir_attention(const CommirOptions& o) {
   pg->synchronize(s, "bench commir --attention: set-up");
 
   InterleavedTimer timer(s, o.warmup, o.reps, barrier);
-  for (auto& r : opsr) timer.add(&r.ms, [&, st = r.st] { ops::sp_attention(ctx, a, st); });
+  for (auto& r : opsr) timer.add(&r.ms, [&, opt = r.opt] { ops::sp_attention(ctx, a, opt); });
   for (auto& r : runs)
     timer.add(&r.median_ms, [&, ex = r.ex.get()] {
       TESSERA_CUDA_CHECK(cudaEventRecord(ev, s));
@@ -389,14 +399,20 @@ void run_commir_attention(const CommirOptions& o) {
   for (auto& r : opsr) r.ms = pg->allreduce_max(r.ms);
   double best = 0;
   for (const auto& r : opsr) best = best == 0 ? r.ms : std::min(best, r.ms);
+  const std::string usp2 = mesh2.empty() ? std::string() : "usp " + commir::mesh_string(mesh2);
   auto counterpart = [&](const std::string& plan) -> const OpsRun* {
     const ops::SpStrategy st = plan == "cp_ag"     ? ops::SpStrategy::sequential
                                : plan == "ring"    ? ops::SpStrategy::ring
                                : plan == "ulysses" ? ops::SpStrategy::ulysses
+                               : plan == usp2      ? ops::SpStrategy::two_level
                                                    : ops::SpStrategy::automatic;
     for (const auto& r : opsr)
-      if (r.st == st) return &r;
+      if (r.opt.strategy == st) return &r;
     return nullptr;
+  };
+  auto ops_name = [](const OpsRun& r) {
+    return r.opt.strategy == ops::SpStrategy::two_level ? fmt::format("two_level u={}", r.opt.two_level_inner)
+                                                        : std::string(ops::sp_strategy_name(r.opt.strategy));
   };
   auto mib = [](double b) { return fmt::format("{:.0f}", b / (1 << 20)); };
   Table table({"shape", "plan", "commir ms", "MiB/rank", "hand-built", "ops ms", "ops MiB/rank", "commir / ops"});
@@ -405,8 +421,7 @@ void run_commir_attention(const CommirOptions& o) {
     const double t = pg->allreduce_max(r.median_ms);
     const double bytes = pg->allreduce_max(static_cast<double>(r.ex->device_bytes()));
     const OpsRun* c = counterpart(r.label);
-    table.add({shape, r.label, fmt::format("{:.3f}", t), mib(bytes),
-               c ? std::string(ops::sp_strategy_name(c->st)) : std::string("- (best ops)"),
+    table.add({shape, r.label, fmt::format("{:.3f}", t), mib(bytes), c ? ops_name(*c) : std::string("- (best ops)"),
                fmt::format("{:.3f}", c ? c->ms : best), c ? mib(static_cast<double>(c->bytes)) : std::string("-"),
                fmt::format("{:.2f}", t / (c ? c->ms : best))});
   }
