@@ -225,7 +225,7 @@ step_commirtune() {
 
 step_commirattn() {  # the CommIR attention plans beside ops::sp_attention (issue 21 item 2)
   timeout "${COMMIR_ATTN_TIMEOUT:-300}" "$bin" run -n "$ngpu" -- "$bin" bench commir --attention ${COMMIR_ATTN_ARGS:-} \
-      --markdown "$out/commir-attention.md" >"$out/bench-commir-attention.log" 2>&1
+      --markdown "$out/commir-attention.md" --json "$out/commir-attention.json" >"$out/bench-commir-attention.log" 2>&1
   note "bench commir --attention rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-commir-attention.log" | tail -20 | tee -a "$summary"
 }
 

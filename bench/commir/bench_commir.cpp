@@ -96,15 +96,21 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <fmt/chrono.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "command.hpp"
 #include "common/mlp_shapes.hpp"
+#include "common/results.hpp"
 #include "common/timing.hpp"
 #include "tessera/commir/gpu_executor.hpp"
 #include "tessera/commir/schedules.hpp"
@@ -122,6 +128,7 @@ struct CommirOptions {
   int warmup = 2;
   bool variants = true;  // also B [k,n] and, for the AsyncTP plans, all SMs to the GEMM
   std::string markdown;
+  std::string json;  // --attention: bench/results records (rank 0)
   // --attention
   bool attention = false;
   std::int64_t batch = 1, seq = 16384, heads = 32, kv_heads = 8, head_dim = 128;
@@ -416,6 +423,7 @@ void run_commir_attention(const CommirOptions& o) {
   };
   auto mib = [](double b) { return fmt::format("{:.0f}", b / (1 << 20)); };
   Table table({"shape", "plan", "commir ms", "MiB/rank", "hand-built", "ops ms", "ops MiB/rank", "commir / ops"});
+  nlohmann::json records = nlohmann::json::array();
   for (auto& r : runs) {
     (void)r.ex->output("O");  // waits (bounded) and surfaces an asynchronous NCCL error
     const double t = pg->allreduce_max(r.median_ms);
@@ -424,6 +432,45 @@ void run_commir_attention(const CommirOptions& o) {
     table.add({shape, r.label, fmt::format("{:.3f}", t), mib(bytes), c ? ops_name(*c) : std::string("- (best ops)"),
                fmt::format("{:.3f}", c ? c->ms : best), c ? mib(static_cast<double>(c->bytes)) : std::string("-"),
                fmt::format("{:.2f}", t / (c ? c->ms : best))});
+    const std::string cs = fmt::format("{} R={}: {}", shape, R, r.label);
+    records.push_back(
+        {{"case", cs}, {"metric", "time_ms"}, {"value", t}, {"unit", "ms"}, {"series", "commir " + r.label}});
+    records.push_back({{"case", cs}, {"metric", "MiB per rank"}, {"value", bytes / (1 << 20)}, {"unit", "MiB"}});
+    if (c) {
+      records.push_back(
+          {{"case", cs},
+           {"metric", "commir / hand-built"},
+           {"value", t / c->ms},
+           {"unit", "ratio"},
+           {"baseline", "ops::sp_attention " + ops_name(*c)},
+           {"target",
+            {{"op", "<="}, {"value", 1.10}, {"text", "CommIR plan within 10 % of its hand-built counterpart"}}}});
+    }
+  }
+  for (const auto& r : opsr) {
+    const std::string cs = fmt::format("{} R={}: ops {}", shape, R, ops_name(r));
+    records.push_back(
+        {{"case", cs}, {"metric", "time_ms"}, {"value", r.ms}, {"unit", "ms"}, {"series", "ops " + ops_name(r)}});
+  }
+  if (pg->rank() == 0 && !o.json.empty()) {
+    const char* env_commit = std::getenv("TESSERA_COMMIT");
+    const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+    const nlohmann::json doc{
+        {"provenance",
+         {{"topic", "attention"},
+          {"issue", 21},
+          {"device", machine_kind(pg->device_properties().name, R)},
+          {"gpu", pg->device_properties().name},
+          {"date", fmt::format("{:%Y-%m-%d}", fmt::gmtime(now))},
+          {"commit", env_commit && *env_commit ? env_commit : "unknown"},
+          {"command",
+           fmt::format("tessera run -n {} -- tessera bench commir --attention --reps {} (non-causal; median, "
+                       "slowest rank)",
+                       R, o.reps)}}},
+        {"records", records}};
+    std::ofstream f(o.json);
+    TESSERA_CHECK(f.good(), "bench commir --attention: cannot write {}", o.json);
+    f << doc.dump(1) << "\n";
   }
   if (pg->rank() == 0) {
     std::printf(
@@ -449,6 +496,7 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   cmd->add_option("--reps", opts->reps, "timed repetitions")->check(CLI::Range(1, 1000));
   cmd->add_option("--warmup", opts->warmup, "warm-up repetitions")->check(CLI::Range(0, 1000));
   cmd->add_option("--markdown", opts->markdown, "append the table as Markdown to this file (rank 0)");
+  cmd->add_option("--json", opts->json, "--attention: write bench/results records here (rank 0)");
   cmd->add_flag("!--no-variants", opts->variants, "time only each plan's default executor (B [n,k], reserved SMs)");
   cmd->add_flag("--attention", opts->attention,
                 "time the attention plans (cp, cp_ag, ring, ulysses, tree, tree_rs; on a 2-D mesh also usp, "
