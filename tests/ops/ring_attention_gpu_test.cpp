@@ -28,6 +28,7 @@
 #include "support/device_buffers.hpp"
 #include "support/gpu_group.hpp"
 #include "support/test_support.hpp"
+#include "support/zigzag_attention.hpp"
 #include "tessera/kernels/attention.hpp"
 #include "tessera/ops/ring_attention.hpp"
 #include "tessera/ops/ulysses_attention.hpp"
@@ -62,55 +63,11 @@ struct Case {
 void run_case(const Case& cs, bool causal) {
   runtime::ProcessGroup& pg = group();
   const int R = pg.world(), rank = pg.rank();
-  const int64_t B = cs.batch, C = 256, S = 2 * R * C, L = 2 * C, H = 4, Hkv = cs.hkv, D = cs.d;
-  std::mt19937_64 rng(20261126 + 7 * Hkv + D + causal);  // the same global tensors on every rank
-  std::normal_distribution<float> nd(0.f, 1.f);
-  const size_t nq = B * S * H * D, nk = B * S * Hkv * D;
-  DeviceBuffer q(nq * 2), k(nk * 2), v(nk * 2), o(nq * 2), lse(B * H * S * 4);
-  for (auto [buf, n] : {std::pair{&q, nq}, std::pair{&k, nk}, std::pair{&v, nk}}) {
-    std::vector<__nv_bfloat16> h(n);
-    for (auto& x : h) x = __float2bfloat16(nd(rng));
-    TESSERA_CUDA_CHECK(cudaMemcpy(buf->p, h.data(), n * 2, cudaMemcpyHostToDevice));
-  }
-  const int chunks[2] = {rank, 2 * R - 1 - rank};
-  auto global_row = [&](int64_t i) { return chunks[i / C] * C + i % C; };
-  DeviceBuffer sq(B * L * H * D * 2), sk(B * L * Hkv * D * 2), sv(B * L * Hkv * D * 2), so(B * L * H * D * 2),
-      slse(B * H * L * 4);
-  for (auto [dst, src, heads] : {std::tuple{&sq, &q, H}, std::tuple{&sk, &k, Hkv}, std::tuple{&sv, &v, Hkv}}) {
-    const size_t row = heads * D * 2;
-    for (int i = 0; i < 2; ++i)
-      TESSERA_CUDA_CHECK(cudaMemcpy2D(static_cast<char*>(dst->p) + i * C * row, L * row,
-                                      static_cast<const char*>(src->p) + chunks[i] * C * row, S * row, C * row, B,
-                                      cudaMemcpyDeviceToDevice));
-  }
-  tk::AttentionArgs full;
-  full.q = q.p;
-  full.k = k.p;
-  full.v = v.p;
-  full.o = o.p;
-  full.lse = static_cast<float*>(lse.p);
-  full.batch = B;
-  full.seqlen_q = full.seqlen_k = S;
-  full.heads_q = H;
-  full.heads_kv = Hkv;
-  full.head_dim = D;
-  full.causal = causal;
-  tk::attention(full);
-  const auto o_full = download<uint16_t>(o.p, nq);
-  const auto lse_full = download<float>(lse.p, B * H * S);
-
-  ops::SpAttnArgs a;
-  a.q = sq.p;
-  a.k = sk.p;
-  a.v = sv.p;
-  a.o = so.p;
-  a.lse = static_cast<float*>(slse.p);
-  a.batch = B;
-  a.seq = S;
-  a.heads_q = H;
-  a.heads_kv = Hkv;
-  a.head_dim = D;
-  a.causal = causal;
+  const int64_t H = 4, Hkv = cs.hkv, D = cs.d;
+  // The same global tensors on every rank.
+  const tessera::testing::ZigZagAttention zz(R, rank, cs.batch, 256, H, Hkv, D, DType::bf16, causal,
+                                             20261126 + 7 * Hkv + D + causal);
+  const ops::SpAttnArgs a = zz.args();
 
   const bool ulysses_ok = H % R == 0 && Hkv % R == 0;
   struct Run {
@@ -155,39 +112,16 @@ void run_case(const Case& cs, bool causal) {
   }
 
   for (const Run& run : runs) {
-    TESSERA_CUDA_CHECK(cudaMemset(so.p, 0xFF, B * L * H * D * 2));
-    TESSERA_CUDA_CHECK(cudaMemset(slse.p, 0xFF, B * H * L * 4));
-    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    zz.poison();
     run.call();
     pg.synchronize(pg.stream(), "ring_attention test");
-    const auto o_sh = download<uint16_t>(so.p, B * L * H * D);
-    const auto lse_sh = download<float>(slse.p, B * H * L);
-    double num = 0, den = 0, lse_err = 0;
-    int64_t bad = 0;
-    const size_t row = H * D;
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t i = 0; i < L; ++i) {
-        const int64_t g = global_row(i);
-        const uint16_t* x = &o_sh[(b * L + i) * row];
-        const uint16_t* y = &o_full[(b * S + g) * row];
-        for (size_t j = 0; j < row; ++j) {
-          bad += !std::isfinite(bf16_to_float(x[j]));
-          num += (bf16_to_float(x[j]) - bf16_to_float(y[j])) * (bf16_to_float(x[j]) - bf16_to_float(y[j]));
-          den += bf16_to_float(y[j]) * bf16_to_float(y[j]);
-        }
-        for (int64_t h = 0; h < H; ++h) {
-          const float l0 = lse_sh[(b * H + h) * L + i], l1 = lse_full[(b * H + h) * S + g];
-          if (!run.lse) continue;
-          bad += !std::isfinite(l0);
-          lse_err = std::max(lse_err, static_cast<double>(std::abs(l0 - l1)));
-        }
-      }
+    const auto d = zz.compare(run.lse);
     const std::string what = run.name + (causal ? " causal" : "") + " heads " + std::to_string(H) + "/" +
                              std::to_string(Hkv) + " d " + std::to_string(D) + " rank " + std::to_string(rank) + "/" +
                              std::to_string(R);
-    EXPECT_EQ(bad, 0) << what << ": non-finite outputs (poison left or NaN)";
-    EXPECT_LT(std::sqrt(num / den), 1e-2) << what;
-    EXPECT_LT(lse_err, 1e-3) << what;
+    EXPECT_EQ(d.nonfinite, 0) << what << ": non-finite outputs (poison left or NaN)";
+    EXPECT_LT(d.o_rel, 1e-2) << what;
+    EXPECT_LT(d.lse_max, 1e-3) << what;
   }
 }
 

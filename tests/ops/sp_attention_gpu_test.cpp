@@ -26,6 +26,7 @@
 #include "support/device_buffers.hpp"
 #include "support/gpu_group.hpp"
 #include "support/test_support.hpp"
+#include "support/zigzag_attention.hpp"
 #include "tessera/kernels/attention.hpp"
 #include "tessera/ops/sp_attention.hpp"
 #include "tessera/runtime/error.hpp"
@@ -54,42 +55,11 @@ TEST(SpAttentionGpu, StrategiesMatchWholeSequenceAttention) {
   if (hopper_skip_reason(&why)) GTEST_SKIP() << why;
   runtime::ProcessGroup& pg = group();
   const int R = pg.world(), rank = pg.rank();
-  const int64_t B = 2, C = 256, S = 2 * R * C, L = 2 * C, H = 4, Hkv = 2, D = 128;
-  std::mt19937_64 rng(20261124);  // the same global tensors on every rank
-  std::normal_distribution<float> nd(0.f, 1.f);
-  const size_t nq = B * S * H * D, nk = B * S * Hkv * D;
-  DeviceBuffer q(nq * 2), k(nk * 2), v(nk * 2), o(nq * 2), lse(B * H * S * 4);
-  for (auto [buf, n] : {std::pair{&q, nq}, std::pair{&k, nk}, std::pair{&v, nk}}) {
-    std::vector<__nv_bfloat16> h(n);
-    for (auto& x : h) x = __float2bfloat16(nd(rng));
-    TESSERA_CUDA_CHECK(cudaMemcpy(buf->p, h.data(), n * 2, cudaMemcpyHostToDevice));
-  }
-  const ops::SpAttnPlan plan = ops::plan_sp_attention(S, R, rank, true);
-  DeviceBuffer sq(B * L * H * D * 2), sk(B * L * Hkv * D * 2), sv(B * L * Hkv * D * 2), so(B * L * H * D * 2),
-      slse(B * H * L * 4);
-  for (auto [dst, src, heads] : {std::tuple{&sq, &q, H}, std::tuple{&sk, &k, Hkv}, std::tuple{&sv, &v, Hkv}}) {
-    const size_t row = heads * D * 2;
-    for (int i = 0; i < 2; ++i)
-      TESSERA_CUDA_CHECK(cudaMemcpy2D(static_cast<char*>(dst->p) + i * C * row, L * row,
-                                      static_cast<const char*>(src->p) + plan.chunks[i] * C * row, S * row, C * row, B,
-                                      cudaMemcpyDeviceToDevice));
-  }
+  const int64_t H = 4, Hkv = 2;
   for (bool causal : {true, false}) {
-    tk::AttentionArgs full;
-    full.q = q.p;
-    full.k = k.p;
-    full.v = v.p;
-    full.o = o.p;
-    full.lse = static_cast<float*>(lse.p);
-    full.batch = B;
-    full.seqlen_q = full.seqlen_k = S;
-    full.heads_q = H;
-    full.heads_kv = Hkv;
-    full.head_dim = D;
-    full.causal = causal;
-    tk::attention(full);
-    const auto o_full = download<uint16_t>(o.p, nq);
-    const auto lse_full = download<float>(lse.p, B * H * S);
+    // The same global tensors on every rank.
+    const tessera::testing::ZigZagAttention zz(R, rank, 2, 256, H, Hkv, 128, DType::bf16, causal, 20261124);
+    const ops::SpAttnArgs a = zz.args();
     // Strategies alternate so every transition between their protocols runs.
     std::vector<ops::SpStrategy> order{ops::SpStrategy::sequential, ops::SpStrategy::fused_ce,
                                        ops::SpStrategy::ring,       ops::SpStrategy::fused_ce,
@@ -101,21 +71,6 @@ TEST(SpAttentionGpu, StrategiesMatchWholeSequenceAttention) {
       ops::SpAttnOptions opt;
       opt.strategy = s;
       opt.use_cache = false;
-      TESSERA_CUDA_CHECK(cudaMemset(so.p, 0xFF, B * L * H * D * 2));
-      TESSERA_CUDA_CHECK(cudaMemset(slse.p, 0xFF, B * H * L * 4));
-      TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
-      ops::SpAttnArgs a;
-      a.q = sq.p;
-      a.k = sk.p;
-      a.v = sv.p;
-      a.o = so.p;
-      a.lse = static_cast<float*>(slse.p);
-      a.batch = B;
-      a.seq = S;
-      a.heads_q = H;
-      a.heads_kv = Hkv;
-      a.head_dim = D;
-      a.causal = causal;
       ops::TuneReport report;
       const ops::SpStrategy ran = ops::resolve_sp_attention(ctx(), a, opt, &report);
       if (s == ops::SpStrategy::automatic) {
@@ -128,48 +83,27 @@ TEST(SpAttentionGpu, StrategiesMatchWholeSequenceAttention) {
           EXPECT_LE(report.times_ms[static_cast<ops::Strategy>(ran)], report.times_ms[ops::Strategy::sequential]);
         }
         pg.synchronize(pg.stream(), "sp_attention test: tuning");
-        TESSERA_CUDA_CHECK(cudaMemset(so.p, 0xFF, B * L * H * D * 2));
-        TESSERA_CUDA_CHECK(cudaMemset(slse.p, 0xFF, B * H * L * 4));
-        TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
       } else {
         EXPECT_EQ(ran, s);
       }
-      // The sequential gather runs the whole-sequence kernel's K order;
-      // the others merge or split differently.
-      const bool exact_order = ran == ops::SpStrategy::sequential;
+      zz.poison();
       ops::sp_attention(ctx(), a, opt);
       pg.synchronize(pg.stream(), "sp_attention test");
-      const auto o_sh = download<uint16_t>(so.p, B * L * H * D);
-      const auto lse_sh = download<float>(slse.p, B * H * L);
-      const bool bitwise = exact_order || R == 1;
-      int64_t o_diff = 0, lse_diff = 0;
-      double num = 0, den = 0, lse_err = 0;
-      const size_t row = H * D;
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t i = 0; i < L; ++i) {
-          const int64_t g = plan.global_row(i);
-          const uint16_t* x = &o_sh[(b * L + i) * row];
-          const uint16_t* y = &o_full[(b * S + g) * row];
-          o_diff += std::memcmp(x, y, row * 2) != 0;
-          for (size_t j = 0; j < row; ++j) {
-            num += (bf16_to_float(x[j]) - bf16_to_float(y[j])) * (bf16_to_float(x[j]) - bf16_to_float(y[j]));
-            den += bf16_to_float(y[j]) * bf16_to_float(y[j]);
-          }
-          for (int64_t h = 0; h < H; ++h) {
-            const float l0 = lse_sh[(b * H + h) * L + i], l1 = lse_full[(b * H + h) * S + g];
-            lse_diff += std::memcmp(&l0, &l1, 4) != 0;
-            lse_err = std::max(lse_err, static_cast<double>(std::abs(l0 - l1)));
-          }
-        }
+      const auto d = zz.compare();
+      // The sequential gather runs the whole-sequence kernel's K order (and
+      // at R = 1 every strategy does): bitwise equal. The others merge or
+      // split differently.
+      const bool bitwise = ran == ops::SpStrategy::sequential || R == 1;
       const std::string what = std::string(ops::sp_strategy_name(s)) + " (" + std::string(ops::sp_strategy_name(ran)) +
                                ")" + (causal ? " causal" : "") + " rank " + std::to_string(rank) + "/" +
                                std::to_string(R);
+      EXPECT_EQ(d.nonfinite, 0) << what << ": non-finite outputs (poison left or NaN)";
       if (bitwise) {
-        EXPECT_EQ(o_diff, 0) << what << ": O rows differing from whole-sequence attention";
-        EXPECT_EQ(lse_diff, 0) << what << ": LSE entries differing";
+        EXPECT_EQ(d.o_rows_differ, 0) << what << ": O rows differing from whole-sequence attention";
+        EXPECT_EQ(d.lse_differ, 0) << what << ": LSE entries differing";
       } else {
-        EXPECT_LT(std::sqrt(num / den), 1e-2) << what;
-        EXPECT_LT(lse_err, 1e-3) << what;
+        EXPECT_LT(d.o_rel, 1e-2) << what;
+        EXPECT_LT(d.lse_max, 1e-3) << what;
       }
     }
   }

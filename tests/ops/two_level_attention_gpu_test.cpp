@@ -32,6 +32,7 @@
 #include "support/device_buffers.hpp"
 #include "support/gpu_group.hpp"
 #include "support/test_support.hpp"
+#include "support/zigzag_attention.hpp"
 #include "tessera/kernels/attention.hpp"
 #include "tessera/ops/sp_attention.hpp"
 #include "tessera/ops/two_level_attention.hpp"
@@ -67,27 +68,6 @@ bool skip(std::string* why) {
   return false;
 }
 
-float to_float(std::uint16_t x, DType t) {
-  if (t == DType::f16) {
-    __half h;
-    std::memcpy(&h, &x, 2);
-    return __half2float(h);
-  }
-  return bf16_to_float(x);
-}
-
-std::uint16_t from_float(float x, DType t) {
-  std::uint16_t r;
-  if (t == DType::f16) {
-    const __half h = __float2half(x);
-    std::memcpy(&r, &h, 2);
-  } else {
-    const __nv_bfloat16 h = __float2bfloat16(x);
-    std::memcpy(&r, &h, 2);
-  }
-  return r;
-}
-
 struct Case {
   int64_t hq, hkv, d = 128, batch = 2;
   DType dtype = DType::bf16;
@@ -96,57 +76,12 @@ struct Case {
 void run_case(const Case& cs, bool causal) {
   runtime::ProcessGroup& pg = group();
   const int R = pg.world(), rank = pg.rank();
-  const int64_t B = cs.batch, C = 192, S = 2 * R * C, L = 2 * C, H = cs.hq, Hkv = cs.hkv, D = cs.d;
-  std::mt19937_64 rng(20261127 + 7 * Hkv + 3 * H + D + causal + 11 * static_cast<int>(cs.dtype) + 13 * B);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  const size_t nq = B * S * H * D, nk = B * S * Hkv * D;
-  DeviceBuffer q(nq * 2), k(nk * 2), v(nk * 2), o(nq * 2), lse(B * H * S * 4);
-  for (auto [buf, n] : {std::pair{&q, nq}, std::pair{&k, nk}, std::pair{&v, nk}}) {
-    std::vector<uint16_t> h(n);
-    for (auto& x : h) x = from_float(nd(rng), cs.dtype);
-    TESSERA_CUDA_CHECK(cudaMemcpy(buf->p, h.data(), n * 2, cudaMemcpyHostToDevice));
-  }
-  const int chunks[2] = {rank, 2 * R - 1 - rank};
-  auto global_row = [&](int64_t i) { return chunks[i / C] * C + i % C; };
-  DeviceBuffer sq(B * L * H * D * 2), sk(B * L * Hkv * D * 2), sv(B * L * Hkv * D * 2), so(B * L * H * D * 2),
-      slse(B * H * L * 4);
-  for (auto [dst, src, heads] : {std::tuple{&sq, &q, H}, std::tuple{&sk, &k, Hkv}, std::tuple{&sv, &v, Hkv}}) {
-    const size_t row = heads * D * 2;
-    for (int i = 0; i < 2; ++i)
-      TESSERA_CUDA_CHECK(cudaMemcpy2D(static_cast<char*>(dst->p) + i * C * row, L * row,
-                                      static_cast<const char*>(src->p) + chunks[i] * C * row, S * row, C * row, B,
-                                      cudaMemcpyDeviceToDevice));
-  }
-  tk::AttentionArgs full;
-  full.q = q.p;
-  full.k = k.p;
-  full.v = v.p;
-  full.o = o.p;
-  full.lse = static_cast<float*>(lse.p);
-  full.batch = B;
-  full.seqlen_q = full.seqlen_k = S;
-  full.heads_q = H;
-  full.heads_kv = Hkv;
-  full.head_dim = D;
-  full.dtype = cs.dtype;
-  full.causal = causal;
-  tk::attention(full);
-  const auto o_full = download<uint16_t>(o.p, nq);
-  const auto lse_full = download<float>(lse.p, B * H * S);
-
-  ops::SpAttnArgs a;
-  a.q = sq.p;
-  a.k = sk.p;
-  a.v = sv.p;
-  a.o = so.p;
-  a.lse = static_cast<float*>(slse.p);
-  a.batch = B;
-  a.seq = S;
-  a.heads_q = H;
-  a.heads_kv = Hkv;
-  a.head_dim = D;
-  a.dtype = cs.dtype;
-  a.causal = causal;
+  const int64_t B = cs.batch, H = cs.hq, Hkv = cs.hkv, D = cs.d;
+  // The same global tensors on every rank.
+  const tessera::testing::ZigZagAttention zz(
+      R, rank, B, 192, H, Hkv, D, cs.dtype, causal,
+      20261127 + 7 * Hkv + 3 * H + D + causal + 11 * static_cast<int>(cs.dtype) + 13 * B);
+  const ops::SpAttnArgs a = zz.args();
   ops::SpAttnArgs no_lse = a;
   no_lse.lse = nullptr;
 
@@ -184,40 +119,16 @@ void run_case(const Case& cs, bool causal) {
                   [&] { ops::sp_attention(sp_ctx(), a, ops::SpStrategy::two_level); }});
 
   for (const Run& run : runs) {
-    TESSERA_CUDA_CHECK(cudaMemset(so.p, 0xFF, B * L * H * D * 2));
-    TESSERA_CUDA_CHECK(cudaMemset(slse.p, 0xFF, B * H * L * 4));
-    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    zz.poison();
     run.call();
     pg.synchronize_all("two_level_attention test");
-    const auto o_sh = download<uint16_t>(so.p, B * L * H * D);
-    const auto lse_sh = download<float>(slse.p, B * H * L);
-    double num = 0, den = 0, lse_err = 0;
-    int64_t bad = 0;
-    const size_t row = H * D;
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t i = 0; i < L; ++i) {
-        const int64_t g = global_row(i);
-        const uint16_t* x = &o_sh[(b * L + i) * row];
-        const uint16_t* y = &o_full[(b * S + g) * row];
-        for (size_t j = 0; j < row; ++j) {
-          const float xf = to_float(x[j], cs.dtype), yf = to_float(y[j], cs.dtype);
-          bad += !std::isfinite(xf);
-          num += (xf - yf) * (xf - yf);
-          den += yf * yf;
-        }
-        if (!run.lse) continue;
-        for (int64_t h = 0; h < H; ++h) {
-          const float l0 = lse_sh[(b * H + h) * L + i], l1 = lse_full[(b * H + h) * S + g];
-          bad += !std::isfinite(l0);
-          lse_err = std::max(lse_err, static_cast<double>(std::abs(l0 - l1)));
-        }
-      }
+    const auto d = zz.compare(run.lse);
     const std::string what = run.name + (causal ? " causal" : "") + " heads " + std::to_string(H) + "/" +
                              std::to_string(Hkv) + " d " + std::to_string(D) + " " + std::string(dtype_name(cs.dtype)) +
                              " batch " + std::to_string(B) + " rank " + std::to_string(rank) + "/" + std::to_string(R);
-    EXPECT_EQ(bad, 0) << what << ": non-finite outputs (poison left or NaN)";
-    EXPECT_LT(std::sqrt(num / den), 1e-2) << what;
-    EXPECT_LT(lse_err, 1e-3) << what;
+    EXPECT_EQ(d.nonfinite, 0) << what << ": non-finite outputs (poison left or NaN)";
+    EXPECT_LT(d.o_rel, 1e-2) << what;
+    EXPECT_LT(d.lse_max, 1e-3) << what;
   }
 }
 
