@@ -57,10 +57,7 @@ void run(const Options& o) {
   std::mt19937_64 rng(std::random_device{}());
   cudaStream_t stream;
   TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaDeviceProp prop{};
-  int dev = 0;
-  TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
-  TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  const cudaDeviceProp prop = current_device_properties();
   Table table({"case", "B", "Lq", "Lk", "Hq/Hkv", "causal", "ms (median)", "min", "max", "TFLOP/s"});
   std::string json = fmt::format("{{\"device\": \"{}\", \"dtype\": \"{}\", \"head_dim\": {}, \"results\": [", prop.name,
                                  o.dtype, o.head_dim);

@@ -28,4 +28,12 @@ void fill_random_16bit(void* p, std::size_t n, std::mt19937_64& rng) {
   }
 }
 
+cudaDeviceProp current_device_properties() {
+  cudaDeviceProp prop{};
+  int dev = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
+  TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  return prop;
+}
+
 }  // namespace tessera::bench

@@ -1,6 +1,8 @@
-// bench/common/device_buffer.hpp — device memory and random inputs for the
-// benchmarks.
+// bench/common/device_buffer.hpp — device memory, random inputs and the
+// current device for the benchmarks.
 #pragma once
+
+#include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <random>
@@ -19,5 +21,8 @@ struct DeviceBuffer {
 /// Fills `n` 16-bit elements at `p` with random bf16 values in [-2, 2)
 /// (never zeros; a block of up to 2^24 values drawn on the host, repeated).
 void fill_random_16bit(void* p, std::size_t n, std::mt19937_64& rng);
+
+/// The current device's properties (name, SM count) for the tables' headers.
+cudaDeviceProp current_device_properties();
 
 }  // namespace tessera::bench

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "command.hpp"
+#include "common/device_buffer.hpp"
 #include "common/timing.hpp"
 #include "gemm/bench_gemm_kernels.hpp"
 #include "gemm/bench_gemm_random.hpp"
@@ -158,26 +159,18 @@ void replace_section(const std::string& path, const std::string& heading, const 
   out << text;
 }
 
-void run(const Options& o) {
-  using namespace kernels;
-  const DType in = o.dtype == "f16" ? DType::f16 : DType::bf16;
-  TESSERA_CHECK(o.dtype == "bf16" || o.dtype == "f16", "bench gemm: --dtype {} (bf16 or f16)", o.dtype);
-  TESSERA_CHECK(o.layout == "nk" || o.layout == "kn", "bench gemm: --layout {} (nk or kn)", o.layout);
-  const BLayout layout = o.layout == "nk" ? BLayout::NK : BLayout::KN;
-  const bool hooks = o.hooks && in == DType::bf16 && layout == BLayout::NK;
-  cudaDeviceProp prop{};
-  int dev = 0;
-  TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
-  TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+/// What every shape shares: options, stream, dtype, layout and the table.
+struct Setup {
+  const Options& o;
   cudaStream_t stream;
-  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  fmt::print("bench gemm on {} ({} SMs), {} in/out, B {}, M = {}, median of {} after {} warm-up, {} input sets, {}\n",
-             prop.name, prop.multiProcessorCount, o.dtype, layout == BLayout::NK ? "[N,K]" : "[K,N]", o.m, o.reps,
-             o.warmup, o.sets,
-             o.gap_ms > 0 ? fmt::format("{} ms idle before each run", o.gap_ms) : std::string("back to back"));
+  DType in;
+  kernels::BLayout layout;
+  bool hooks;   ///< idle-hook columns (bf16, B [N, K])
+  bool rs_epi;  ///< --rs-epilogue columns
+  std::vector<kernels::GemmTile> pp_tiles;
+};
 
-  const std::vector<GemmTile> pp_tiles =
-      o.overlap ? std::vector<GemmTile>{GemmTile::T128x128, GemmTile::T64x256} : std::vector<GemmTile>{};
+std::vector<std::string> table_columns(const Setup& su) {
   std::vector<std::string> columns = {"M",
                                       "N",
                                       "K",
@@ -192,247 +185,325 @@ void run(const Options& o) {
                                       "idle both",
                                       "idle wait/tile",
                                       "rel err"};
-  for (GemmTile t : pp_tiles) {
+  for (kernels::GemmTile t : su.pp_tiles) {
     columns.push_back("overlap " + tile_name(t) + " ms");
     columns.push_back("overlap " + tile_name(t) + "/cuBLASLt");
   }
-  if (!pp_tiles.empty()) columns.push_back("overlap == ours");
+  if (!su.pp_tiles.empty()) columns.push_back("overlap == ours");
   columns.push_back("cooperative/cuBLASLt");
-  // --rs-epilogue: GEMM+RS fused_ce's kernel on this one GPU (bench_rs_epilogue.hpp).
-  const bool rs_epi = o.rs_epilogue && in == DType::bf16 && layout == BLayout::NK;
-  TESSERA_CHECK(!o.rs_epilogue || rs_epi, "bench gemm: --rs-epilogue needs --dtype bf16 --layout nk");
-  TESSERA_CHECK(!rs_epi || o.m % 128 == 0, "bench gemm: --rs-epilogue needs M (--m {}) a multiple of 128", o.m);
-  if (rs_epi) {
+  if (su.rs_epi) {
     for (const char* c : {"RS kernel", "RS - owner add", "RS - all three", "plain rotated", "plain (this launch)"})
       columns.push_back(c);
     columns.push_back("RS == ours");
   }
-  Table table(columns);
-  std::vector<double> ratios;
-  std::vector<std::vector<double>> pp_ratios(pp_tiles.size());
-  for (const std::string& shape : o.shapes) {
-    int64_t n = 0, k = 0;
-    TESSERA_CHECK(std::sscanf(shape.c_str(), "%ldx%ld", &n, &k) == 2, "bench gemm: shape '{}' is not NxK", shape);
-    const int64_t m = o.m;
-    GemmOptions opt;
-    opt.tile = parse_tile(o.tile);
-    opt.cluster_m = o.cluster;
-    std::vector<std::unique_ptr<Dev>> as, bs;
-    for (int s = 0; s < o.sets; ++s) {
+  return columns;
+}
+
+/// One shape's rotated inputs and outputs.
+struct ShapeBuffers {
+  int64_t m, n, k;
+  DType in;
+  kernels::BLayout layout;
+  std::vector<std::unique_ptr<Dev>> as, bs;
+  Dev d, ref;
+
+  ShapeBuffers(const Setup& su, int64_t m_, int64_t n_, int64_t k_)
+      : m(m_), n(n_), k(k_), in(su.in), layout(su.layout), d(m * n * 2), ref(m * n * 2) {
+    for (int s = 0; s < su.o.sets; ++s) {
       as.push_back(std::make_unique<Dev>(m * k * 2));
       bs.push_back(std::make_unique<Dev>(n * k * 2));
-      fill_random(as.back()->p, m * k, in, 1000 + 2 * s, stream);
-      fill_random(bs.back()->p, n * k, in, 1001 + 2 * s, stream);
+      fill_random(as.back()->p, m * k, in, 1000 + 2 * s, su.stream);
+      fill_random(bs.back()->p, n * k, in, 1001 + 2 * s, su.stream);
     }
-    Dev d(m * n * 2), ref(m * n * 2);
-    // One counter per tile of the smallest tile (64 rows, 128 columns) covers every kernel.
-    const int64_t counter_bytes = ((m + 63) / 64) * ((n + 127) / 128) * 4;
-    Dev flags(((m + 127) / 128) * 4), counters(counter_bytes);
-    TESSERA_CUDA_CHECK(cudaMemset(flags.p, 0xFF, ((m + 127) / 128) * 4));  // always ready (>= any epoch)
-    TESSERA_CUDA_CHECK(cudaMemset(counters.p, 0, counter_bytes));
-    auto args_for = [&](int s, void* out) {
-      GemmArgs a{as[s]->p, bs[s]->p, out, m, n, k, 0, 0, 0, in, in, layout};
-      return a;
-    };
-    // Correctness of this very configuration first.
-    TESSERA_CUDA_CHECK(cudaMemsetAsync(d.p, 0xFF, m * n * 2, stream));
-    kernels::gemm(args_for(0, d.p), opt, stream);
-    kernels::cublaslt_gemm(args_for(0, ref.p), stream);
-    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
-    const double err = in == DType::bf16 ? rel_err_device(d.p, ref.p, m * n) : NAN;
-    // Ping-pong kernels: each must reproduce ours bit for bit.
-    std::vector<GemmOptions> pp_opts;
-    bool pp_identical = true;
-    if (!pp_tiles.empty()) {
-      std::vector<uint8_t> want(m * n * 2), got(m * n * 2);
-      TESSERA_CUDA_CHECK(cudaMemcpy(want.data(), d.p, want.size(), cudaMemcpyDeviceToHost));
-      for (GemmTile t : pp_tiles) {
-        GemmOptions po = opt;
-        po.tile = t;
-        po.cluster_m = 0;
-        po.ping_pong = true;
-        pp_opts.push_back(po);
-        TESSERA_CUDA_CHECK(cudaMemsetAsync(d.p, 0xFF, m * n * 2, stream));
-        kernels::gemm(args_for(0, d.p), po, stream);
-        TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
-        TESSERA_CUDA_CHECK(cudaMemcpy(got.data(), d.p, got.size(), cudaMemcpyDeviceToHost));
-        if (got != want) {
-          pp_identical = false;
-          fmt::print("WARNING {}x{}x{}: overlap {} differs from ours (rel err vs cuBLASLt {:.1e})\n", m, n, k,
-                     tile_name(t), in == DType::bf16 ? rel_err_device(d.p, ref.p, m * n) : NAN);
-        }
-      }
-    }
-
-    // The cooperative kernel the tile heuristic picks (the default before the
-    // ping-pong one), for comparison when the default is ping-pong.
-    GemmArgs probe = args_for(0, d.p);
-    const bool default_pp = plain_uses_ping_pong(probe, opt);
-    GemmOptions coop = opt;
-    coop.tile = resolve_tile(probe, opt);
-    int i_ours = 0, i_ref = 0, i_wait = 0, i_notify = 0, i_both = 0, i_tile = 0, i_coop = 0;
-    std::vector<std::function<void()>> variants = {
-        [&] { kernels::gemm(args_for(i_ours++ % o.sets, d.p), opt, stream); },
-        [&] { kernels::cublaslt_gemm(args_for(i_ref++ % o.sets, ref.p), stream); }};
-    auto hooked = [&](Hooks which, int& i) {
-      return [&, which] {
-        gemm_idle_hooks(which, args_for(i++ % o.sets, d.p), opt, static_cast<const uint32_t*>(flags.p), 1,
-                        static_cast<uint32_t*>(counters.p), stream);
-      };
-    };
-    if (hooks) {
-      variants.push_back(hooked(Hooks::WaitOnly, i_wait));
-      variants.push_back(hooked(Hooks::NotifyOnly, i_notify));
-      variants.push_back(hooked(Hooks::Both, i_both));
-      variants.push_back(hooked(Hooks::WaitPerTile, i_tile));
-    }
-    const size_t i_coop_v = variants.size();
-    if (default_pp) variants.push_back([&] { kernels::gemm(args_for(i_coop++ % o.sets, d.p), coop, stream); });
-    // GEMM+RS fused_ce's kernel at a pretend world of 2 (rank 0), flags set:
-    // remote rows land in stage rows M/2.., own rows in rs_d after adding the
-    // peer slab of rs_recv, which is zero, so both halves must equal ours.
-    const int64_t ld8 = (n + 7) / 8 * 8;
-    std::unique_ptr<Dev> rs_stage, rs_recv, rs_d, rs_flags, rs_count;
-    RsEpilogueBuffers rsb;
-    size_t i_rs_v = 0;
-    const std::vector<RsEpi> rs_kinds = {RsEpi::Current, RsEpi::NoOwnerAdd, RsEpi::SkipAll, RsEpi::PlainRotated,
-                                         RsEpi::PlainHere};
-    std::vector<int> i_rs(rs_kinds.size(), 0);
-    std::string rs_same = "-";
-    if (rs_epi) {
-      rs_stage = std::make_unique<Dev>(m * ld8 * 2);
-      rs_recv = std::make_unique<Dev>(m * ld8 * 2);
-      rs_d = std::make_unique<Dev>(m / 2 * n * 2);
-      rs_flags = std::make_unique<Dev>(2 * (m / 512 + 1) * 8);
-      rs_count = std::make_unique<Dev>((m / 512 + 1) * 8);
-      TESSERA_CUDA_CHECK(cudaMemset(rs_recv->p, 0, m * ld8 * 2));
-      TESSERA_CUDA_CHECK(cudaMemset(rs_flags->p, 0xFF, 2 * (m / 512 + 1) * 8));  // >= epoch 1
-      TESSERA_CUDA_CHECK(cudaMemset(rs_count->p, 0, (m / 512 + 1) * 8));
-      rsb = {rs_stage->p, rs_recv->p, rs_d->p, static_cast<const uint64_t*>(rs_flags->p),
-             static_cast<uint64_t*>(rs_count->p)};
-      std::vector<uint8_t> want(m * n * 2);
-      TESSERA_CUDA_CHECK(cudaMemsetAsync(d.p, 0xFF, m * n * 2, stream));
-      kernels::gemm(args_for(0, d.p), opt, stream);
-      TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
-      TESSERA_CUDA_CHECK(cudaMemcpy(want.data(), d.p, want.size(), cudaMemcpyDeviceToHost));
-      bool same = true;
-      for (RsEpi which : rs_kinds) {
-        if (which >= RsEpi::PlainRotated) {  // the plain epilogue into d
-          std::vector<uint8_t> got(m * n * 2);
-          TESSERA_CUDA_CHECK(cudaMemsetAsync(d.p, 0xFF, m * n * 2, stream));
-          gemm_rs_epilogue(which, args_for(0, d.p), rsb, stream);
-          TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
-          TESSERA_CUDA_CHECK(cudaMemcpy(got.data(), d.p, got.size(), cudaMemcpyDeviceToHost));
-          same = same && got == want;
-          continue;
-        }
-        TESSERA_CUDA_CHECK(cudaMemsetAsync(rs_stage->p, 0xFF, m * ld8 * 2, stream));
-        TESSERA_CUDA_CHECK(cudaMemsetAsync(rs_d->p, 0xFF, m / 2 * n * 2, stream));
-        gemm_rs_epilogue(which, args_for(0, d.p), rsb, stream);
-        TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
-        std::vector<uint8_t> own(m / 2 * n * 2), remote(m / 2 * n * 2);
-        TESSERA_CUDA_CHECK(cudaMemcpy(own.data(), rs_d->p, own.size(), cudaMemcpyDeviceToHost));
-        TESSERA_CUDA_CHECK(cudaMemcpy2D(remote.data(), n * 2, static_cast<uint8_t*>(rs_stage->p) + m / 2 * ld8 * 2,
-                                        ld8 * 2, n * 2, m / 2, cudaMemcpyDeviceToHost));
-        same = same && std::equal(own.begin(), own.end(), want.begin()) &&
-               std::equal(remote.begin(), remote.end(), want.begin() + m / 2 * n * 2);
-      }
-      rs_same = same ? "yes" : "NO";
-      if (!same) fmt::print("WARNING {}x{}x{}: the RS kernel's output differs from ours\n", m, n, k);
-      i_rs_v = variants.size();
-      for (size_t v = 0; v < rs_kinds.size(); ++v)
-        variants.push_back([&, v] { gemm_rs_epilogue(rs_kinds[v], args_for(i_rs[v]++ % o.sets, d.p), rsb, stream); });
-    }
-    const size_t first_pp = variants.size();
-    std::vector<int> i_pp(pp_opts.size(), 0);
-    for (size_t v = 0; v < pp_opts.size(); ++v)
-      variants.push_back([&, v] { kernels::gemm(args_for(i_pp[v]++ % o.sets, d.p), pp_opts[v], stream); });
-    const std::vector<Stats> st = time_interleaved(stream, variants, o.warmup, o.reps, o.gap_ms);
-    const Stats& ours = st[0];
-    const Stats& base = st[1];
-    auto cost = [&](size_t v) -> std::string {
-      if (!hooks) return "-";
-      return fmt::format("{:+.1f}%", (st[v].median_ms / ours.median_ms - 1) * 100);
-    };
-    const std::string wait_cost = cost(2), notify_cost = cost(3), both_cost = cost(4), tile_cost = cost(5);
-    const double flops = 2.0 * m * n * k;
-    const double ratio = ours.median_ms / base.median_ms;
-    ratios.push_back(ratio);
-    std::vector<std::string> row = {fmt::format("{}", m),
-                                    fmt::format("{}", n),
-                                    fmt::format("{}", k),
-                                    default_pp
-                                        ? std::string("64x256/pp")
-                                        : tile_name(resolve_tile(probe, opt)) + "/c" +
-                                              std::to_string(resolve_cluster(probe, opt, resolve_tile(probe, opt))),
-                                    fmt::format("{:.3f}", ours.median_ms),
-                                    fmt::format("{:.3f}", base.median_ms),
-                                    fmt::format("{:.0f}", flops / ours.median_ms * 1e-9),
-                                    fmt::format("{:.0f}", flops / base.median_ms * 1e-9),
-                                    fmt::format("{:.3f}", ratio),
-                                    wait_cost,
-                                    notify_cost,
-                                    both_cost,
-                                    tile_cost,
-                                    fmt::format("{:.1e}", err)};
-    for (size_t v = 0; v < pp_opts.size(); ++v) {
-      const double r = st[first_pp + v].median_ms / base.median_ms;
-      pp_ratios[v].push_back(r);
-      row.push_back(fmt::format("{:.3f}", st[first_pp + v].median_ms));
-      row.push_back(fmt::format("{:.3f}", r));
-    }
-    if (!pp_opts.empty()) row.push_back(pp_identical ? "yes" : "NO");
-    row.push_back(default_pp ? fmt::format("{:.3f}", st[i_coop_v].median_ms / base.median_ms) : "-");
-    if (rs_epi) {
-      // Against the plain ping-pong kernel: ours when it is the default.
-      const double pp_ms = default_pp ? ours.median_ms : NAN;
-      for (size_t v = 0; v < rs_kinds.size(); ++v)
-        row.push_back(fmt::format("{:+.1f}%", (st[i_rs_v + v].median_ms / pp_ms - 1) * 100));
-      row.push_back(rs_same);
-    }
-    table.add(row);
-    fmt::print("{}x{}x{}: ours {:.3f} ms, cuBLASLt {:.3f} ms, ratio {:.3f}\n", m, n, k, ours.median_ms, base.median_ms,
-               ratio);
-    std::fflush(stdout);
   }
-  std::vector<double> sorted = ratios;
+  kernels::GemmArgs args_for(int s, void* out) const {
+    return kernels::GemmArgs{as[s]->p, bs[s]->p, out, m, n, k, 0, 0, 0, in, in, layout};
+  }
+  /// D (poisoned first) from `gemm` on input set 0, copied to the host.
+  template <class F>
+  std::vector<uint8_t> output_of(F&& gemm, cudaStream_t stream) {
+    std::vector<uint8_t> out(m * n * 2);
+    TESSERA_CUDA_CHECK(cudaMemsetAsync(d.p, 0xFF, m * n * 2, stream));
+    gemm(args_for(0, d.p));
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    TESSERA_CUDA_CHECK(cudaMemcpy(out.data(), d.p, out.size(), cudaMemcpyDeviceToHost));
+    return out;
+  }
+};
+
+/// The ping-pong kernels' options; each must reproduce `want` (ours) bit for bit.
+std::vector<kernels::GemmOptions> ping_pong_options(const Setup& su, ShapeBuffers& sb, const kernels::GemmOptions& opt,
+                                                    const std::vector<uint8_t>& want, bool& identical) {
+  std::vector<kernels::GemmOptions> pp_opts;
+  identical = true;
+  for (kernels::GemmTile t : su.pp_tiles) {
+    kernels::GemmOptions po = opt;
+    po.tile = t;
+    po.cluster_m = 0;
+    po.ping_pong = true;
+    pp_opts.push_back(po);
+    const std::vector<uint8_t> got =
+        sb.output_of([&](const kernels::GemmArgs& a) { kernels::gemm(a, po, su.stream); }, su.stream);
+    if (got != want) {
+      identical = false;
+      fmt::print("WARNING {}x{}x{}: overlap {} differs from ours (rel err vs cuBLASLt {:.1e})\n", sb.m, sb.n, sb.k,
+                 tile_name(t), su.in == DType::bf16 ? rel_err_device(sb.d.p, sb.ref.p, sb.m * sb.n) : NAN);
+    }
+  }
+  return pp_opts;
+}
+
+/// GEMM+RS fused_ce's kernel at a pretend world of 2 (rank 0), flags set:
+/// remote rows land in stage rows M/2.., own rows in rs_d after adding the
+/// peer slab of rs_recv, which is zero, so both halves must equal ours.
+struct RsKernelCheck {
+  static constexpr RsEpi kKinds[] = {RsEpi::Current, RsEpi::NoOwnerAdd, RsEpi::SkipAll, RsEpi::PlainRotated,
+                                     RsEpi::PlainHere};
+  int64_t m, n, ld8;
+  Dev stage, recv, d, flags, count;
+  RsEpilogueBuffers rsb;
+  std::string same = "-";
+
+  explicit RsKernelCheck(const ShapeBuffers& sb)
+      : m(sb.m),
+        n(sb.n),
+        ld8((sb.n + 7) / 8 * 8),
+        stage(m * ld8 * 2),
+        recv(m * ld8 * 2),
+        d(m / 2 * n * 2),
+        flags(2 * (m / 512 + 1) * 8),
+        count((m / 512 + 1) * 8) {
+    TESSERA_CUDA_CHECK(cudaMemset(recv.p, 0, m * ld8 * 2));
+    TESSERA_CUDA_CHECK(cudaMemset(flags.p, 0xFF, 2 * (m / 512 + 1) * 8));  // >= epoch 1
+    TESSERA_CUDA_CHECK(cudaMemset(count.p, 0, (m / 512 + 1) * 8));
+    rsb = {stage.p, recv.p, d.p, static_cast<const uint64_t*>(flags.p), static_cast<uint64_t*>(count.p)};
+  }
+
+  /// Every kind's output against ours (`want`); sets `same`.
+  void verify(ShapeBuffers& sb, const std::vector<uint8_t>& want, cudaStream_t stream) {
+    bool ok = true;
+    for (RsEpi which : kKinds) {
+      if (which >= RsEpi::PlainRotated) {  // the plain epilogue into d
+        const std::vector<uint8_t> got =
+            sb.output_of([&](const kernels::GemmArgs& a) { gemm_rs_epilogue(which, a, rsb, stream); }, stream);
+        ok = ok && got == want;
+        continue;
+      }
+      TESSERA_CUDA_CHECK(cudaMemsetAsync(stage.p, 0xFF, m * ld8 * 2, stream));
+      TESSERA_CUDA_CHECK(cudaMemsetAsync(d.p, 0xFF, m / 2 * n * 2, stream));
+      gemm_rs_epilogue(which, sb.args_for(0, sb.d.p), rsb, stream);
+      TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+      std::vector<uint8_t> own(m / 2 * n * 2), remote(m / 2 * n * 2);
+      TESSERA_CUDA_CHECK(cudaMemcpy(own.data(), d.p, own.size(), cudaMemcpyDeviceToHost));
+      TESSERA_CUDA_CHECK(cudaMemcpy2D(remote.data(), n * 2, static_cast<uint8_t*>(stage.p) + m / 2 * ld8 * 2, ld8 * 2,
+                                      n * 2, m / 2, cudaMemcpyDeviceToHost));
+      ok = ok && std::equal(own.begin(), own.end(), want.begin()) &&
+           std::equal(remote.begin(), remote.end(), want.begin() + m / 2 * n * 2);
+    }
+    same = ok ? "yes" : "NO";
+    if (!ok) fmt::print("WARNING {}x{}x{}: the RS kernel's output differs from ours\n", m, n, sb.k);
+  }
+};
+
+/// Summary of the ratios: median and worst.
+struct Ratios {
+  std::vector<double> ours;
+  std::vector<std::vector<double>> pp;
+};
+
+/// One shape: correctness first, then every variant timed in one interleaved
+/// loop, then its table row.
+void run_shape(const Setup& su, const std::string& shape, Table& table, Ratios& ratios) {
+  using namespace kernels;
+  const Options& o = su.o;
+  cudaStream_t stream = su.stream;
+  int64_t n = 0, k = 0;
+  TESSERA_CHECK(std::sscanf(shape.c_str(), "%ldx%ld", &n, &k) == 2, "bench gemm: shape '{}' is not NxK", shape);
+  const int64_t m = o.m;
+  GemmOptions opt;
+  opt.tile = parse_tile(o.tile);
+  opt.cluster_m = o.cluster;
+  ShapeBuffers sb(su, m, n, k);
+  Dev& d = sb.d;
+  // One counter per tile of the smallest tile (64 rows, 128 columns) covers every kernel.
+  const int64_t counter_bytes = ((m + 63) / 64) * ((n + 127) / 128) * 4;
+  Dev flags(((m + 127) / 128) * 4), counters(counter_bytes);
+  TESSERA_CUDA_CHECK(cudaMemset(flags.p, 0xFF, ((m + 127) / 128) * 4));  // always ready (>= any epoch)
+  TESSERA_CUDA_CHECK(cudaMemset(counters.p, 0, counter_bytes));
+  const auto args_for = [&](int s, void* out) { return sb.args_for(s, out); };
+  // Correctness of this very configuration first.
+  TESSERA_CUDA_CHECK(cudaMemsetAsync(d.p, 0xFF, m * n * 2, stream));
+  kernels::gemm(args_for(0, d.p), opt, stream);
+  kernels::cublaslt_gemm(args_for(0, sb.ref.p), stream);
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const double err = su.in == DType::bf16 ? rel_err_device(d.p, sb.ref.p, m * n) : NAN;
+  std::vector<GemmOptions> pp_opts;
+  bool pp_identical = true;
+  if (!su.pp_tiles.empty()) {
+    std::vector<uint8_t> want(m * n * 2);
+    TESSERA_CUDA_CHECK(cudaMemcpy(want.data(), d.p, want.size(), cudaMemcpyDeviceToHost));
+    pp_opts = ping_pong_options(su, sb, opt, want, pp_identical);
+  }
+
+  // The cooperative kernel the tile heuristic picks (the default before the
+  // ping-pong one), for comparison when the default is ping-pong.
+  GemmArgs probe = args_for(0, d.p);
+  const bool default_pp = plain_uses_ping_pong(probe, opt);
+  GemmOptions coop = opt;
+  coop.tile = resolve_tile(probe, opt);
+  int i_ours = 0, i_ref = 0, i_wait = 0, i_notify = 0, i_both = 0, i_tile = 0, i_coop = 0;
+  std::vector<std::function<void()>> variants = {
+      [&] { kernels::gemm(args_for(i_ours++ % o.sets, d.p), opt, stream); },
+      [&] { kernels::cublaslt_gemm(args_for(i_ref++ % o.sets, sb.ref.p), stream); }};
+  auto hooked = [&](Hooks which, int& i) {
+    return [&, which] {
+      gemm_idle_hooks(which, args_for(i++ % o.sets, d.p), opt, static_cast<const uint32_t*>(flags.p), 1,
+                      static_cast<uint32_t*>(counters.p), stream);
+    };
+  };
+  if (su.hooks) {
+    variants.push_back(hooked(Hooks::WaitOnly, i_wait));
+    variants.push_back(hooked(Hooks::NotifyOnly, i_notify));
+    variants.push_back(hooked(Hooks::Both, i_both));
+    variants.push_back(hooked(Hooks::WaitPerTile, i_tile));
+  }
+  const size_t i_coop_v = variants.size();
+  if (default_pp) variants.push_back([&] { kernels::gemm(args_for(i_coop++ % o.sets, d.p), coop, stream); });
+  std::unique_ptr<RsKernelCheck> rs;
+  size_t i_rs_v = 0;
+  std::vector<int> i_rs(std::size(RsKernelCheck::kKinds), 0);
+  if (su.rs_epi) {
+    rs = std::make_unique<RsKernelCheck>(sb);
+    const std::vector<uint8_t> want = sb.output_of([&](const GemmArgs& a) { kernels::gemm(a, opt, stream); }, stream);
+    rs->verify(sb, want, stream);
+    i_rs_v = variants.size();
+    for (size_t v = 0; v < i_rs.size(); ++v)
+      variants.push_back(
+          [&, v] { gemm_rs_epilogue(RsKernelCheck::kKinds[v], args_for(i_rs[v]++ % o.sets, d.p), rs->rsb, stream); });
+  }
+  const size_t first_pp = variants.size();
+  std::vector<int> i_pp(pp_opts.size(), 0);
+  for (size_t v = 0; v < pp_opts.size(); ++v)
+    variants.push_back([&, v] { kernels::gemm(args_for(i_pp[v]++ % o.sets, d.p), pp_opts[v], stream); });
+  const std::vector<Stats> st = time_interleaved(stream, variants, o.warmup, o.reps, o.gap_ms);
+
+  const Stats& ours = st[0];
+  const Stats& base = st[1];
+  auto cost = [&](size_t v) -> std::string {
+    if (!su.hooks) return "-";
+    return fmt::format("{:+.1f}%", (st[v].median_ms / ours.median_ms - 1) * 100);
+  };
+  const double flops = 2.0 * m * n * k;
+  const double ratio = ours.median_ms / base.median_ms;
+  ratios.ours.push_back(ratio);
+  std::vector<std::string> row = {fmt::format("{}", m),
+                                  fmt::format("{}", n),
+                                  fmt::format("{}", k),
+                                  default_pp
+                                      ? std::string("64x256/pp")
+                                      : tile_name(resolve_tile(probe, opt)) + "/c" +
+                                            std::to_string(resolve_cluster(probe, opt, resolve_tile(probe, opt))),
+                                  fmt::format("{:.3f}", ours.median_ms),
+                                  fmt::format("{:.3f}", base.median_ms),
+                                  fmt::format("{:.0f}", flops / ours.median_ms * 1e-9),
+                                  fmt::format("{:.0f}", flops / base.median_ms * 1e-9),
+                                  fmt::format("{:.3f}", ratio),
+                                  cost(2),
+                                  cost(3),
+                                  cost(4),
+                                  cost(5),
+                                  fmt::format("{:.1e}", err)};
+  for (size_t v = 0; v < pp_opts.size(); ++v) {
+    const double r = st[first_pp + v].median_ms / base.median_ms;
+    ratios.pp[v].push_back(r);
+    row.push_back(fmt::format("{:.3f}", st[first_pp + v].median_ms));
+    row.push_back(fmt::format("{:.3f}", r));
+  }
+  if (!pp_opts.empty()) row.push_back(pp_identical ? "yes" : "NO");
+  row.push_back(default_pp ? fmt::format("{:.3f}", st[i_coop_v].median_ms / base.median_ms) : "-");
+  if (su.rs_epi) {
+    // Against the plain ping-pong kernel: ours when it is the default.
+    const double pp_ms = default_pp ? ours.median_ms : NAN;
+    for (size_t v = 0; v < i_rs.size(); ++v)
+      row.push_back(fmt::format("{:+.1f}%", (st[i_rs_v + v].median_ms / pp_ms - 1) * 100));
+    row.push_back(rs->same);
+  }
+  table.add(row);
+  fmt::print("{}x{}x{}: ours {:.3f} ms, cuBLASLt {:.3f} ms, ratio {:.3f}\n", m, n, k, ours.median_ms, base.median_ms,
+             ratio);
+  std::fflush(stdout);
+}
+
+void write_results_md(const Setup& su, const cudaDeviceProp& prop, const Table& table, double median_ratio,
+                      double worst, const std::string& pp_summary) {
+  const Options& o = su.o;
+  const auto now = std::chrono::system_clock::now();
+  const std::string body = fmt::format(
+      "Device kind: {} ({}, {} SMs). Date: {:%Y-%m-%d}. Commit: {}.\n"
+      "Command: `{}`\n\n"
+      "bf16 inputs unless stated, f32 accumulation, B as {}; time = median of {} CUDA-event-timed runs after {} "
+      "warm-ups (all variants interleaved run by run), inputs rotated over {} buffer sets. ours/cuBLASLt < 1 means "
+      "ours is faster. \"idle wait / notify / "
+      "both\" = extra time of the same GEMM (same kernel as \"ours\") with a FlagWait prologue whose flags are "
+      "already "
+      "set (memoized; waited for by the producer's waiter warp ahead of the TMA thread), a per-tile notify epilogue, "
+      "or both, compiled in; \"idle wait/tile\" = the same "
+      "flags acquired on every tile with a proxy fence per tile (the FlagWait before the memo; same waiter). Tile "
+      "\"64x256/pp\" = the ping-pong kernel the plain "
+      "gemm() picks by default; \"cooperative\" = the cooperative kernel the tile heuristic picks (the default "
+      "before).\n\n"
+      "{}\nMedian ours/cuBLASLt = {:.3f}; worst = {:.3f}.\n{}",
+      o.device_kind, prop.name, prop.multiProcessorCount, fmt::localtime(std::chrono::system_clock::to_time_t(now)),
+      o.commit, o.command_line, su.layout == kernels::BLayout::NK ? "[N, K]" : "[K, N]", o.reps, o.warmup, o.sets,
+      table.markdown(), median_ratio, worst, pp_summary);
+  replace_section(o.results_md, "GEMM engine", body);
+  fmt::print("wrote section \"GEMM engine\" of {}\n", o.results_md);
+}
+
+void run(const Options& o) {
+  using namespace kernels;
+  const DType in = o.dtype == "f16" ? DType::f16 : DType::bf16;
+  TESSERA_CHECK(o.dtype == "bf16" || o.dtype == "f16", "bench gemm: --dtype {} (bf16 or f16)", o.dtype);
+  TESSERA_CHECK(o.layout == "nk" || o.layout == "kn", "bench gemm: --layout {} (nk or kn)", o.layout);
+  const BLayout layout = o.layout == "nk" ? BLayout::NK : BLayout::KN;
+  const cudaDeviceProp prop = current_device_properties();
+  cudaStream_t stream;
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  fmt::print("bench gemm on {} ({} SMs), {} in/out, B {}, M = {}, median of {} after {} warm-up, {} input sets, {}\n",
+             prop.name, prop.multiProcessorCount, o.dtype, layout == BLayout::NK ? "[N,K]" : "[K,N]", o.m, o.reps,
+             o.warmup, o.sets,
+             o.gap_ms > 0 ? fmt::format("{} ms idle before each run", o.gap_ms) : std::string("back to back"));
+  // --rs-epilogue: GEMM+RS fused_ce's kernel on this one GPU (bench_rs_epilogue.hpp).
+  const bool rs_epi = o.rs_epilogue && in == DType::bf16 && layout == BLayout::NK;
+  const Setup su{o,
+                 stream,
+                 in,
+                 layout,
+                 o.hooks && in == DType::bf16 && layout == BLayout::NK,
+                 rs_epi,
+                 o.overlap ? std::vector<GemmTile>{GemmTile::T128x128, GemmTile::T64x256} : std::vector<GemmTile>{}};
+  const std::vector<std::string> columns = table_columns(su);
+  TESSERA_CHECK(!o.rs_epilogue || rs_epi, "bench gemm: --rs-epilogue needs --dtype bf16 --layout nk");
+  TESSERA_CHECK(!rs_epi || o.m % 128 == 0, "bench gemm: --rs-epilogue needs M (--m {}) a multiple of 128", o.m);
+  Table table(columns);
+  Ratios ratios;
+  ratios.pp.resize(su.pp_tiles.size());
+  for (const std::string& shape : o.shapes) run_shape(su, shape, table, ratios);
+  std::vector<double> sorted = ratios.ours;
   std::sort(sorted.begin(), sorted.end());
   const double median_ratio = sorted.empty() ? NAN : sorted[sorted.size() / 2];
   const double worst = sorted.empty() ? NAN : sorted.back();
   fmt::print("\n{}\nmedian ours/cuBLASLt = {:.3f}, worst = {:.3f}\n", table.str(), median_ratio, worst);
   std::string pp_summary;
-  for (size_t v = 0; v < pp_tiles.size(); ++v) {
-    std::vector<double> r = pp_ratios[v];
+  for (size_t v = 0; v < su.pp_tiles.size(); ++v) {
+    std::vector<double> r = ratios.pp[v];
     std::sort(r.begin(), r.end());
     if (r.empty()) continue;
     pp_summary += fmt::format("Overlap (ping-pong) {}: median /cuBLASLt = {:.3f}; worst = {:.3f}.\n",
-                              tile_name(pp_tiles[v]), r[r.size() / 2], r.back());
+                              tile_name(su.pp_tiles[v]), r[r.size() / 2], r.back());
   }
   fmt::print("{}", pp_summary);
-
-  if (!o.results_md.empty()) {
-    const auto now = std::chrono::system_clock::now();
-    const std::string body = fmt::format(
-        "Device kind: {} ({}, {} SMs). Date: {:%Y-%m-%d}. Commit: {}.\n"
-        "Command: `{}`\n\n"
-        "bf16 inputs unless stated, f32 accumulation, B as {}; time = median of {} CUDA-event-timed runs after {} "
-        "warm-ups (all variants interleaved run by run), inputs rotated over {} buffer sets. ours/cuBLASLt < 1 means "
-        "ours is faster. \"idle wait / notify / "
-        "both\" = extra time of the same GEMM (same kernel as \"ours\") with a FlagWait prologue whose flags are "
-        "already "
-        "set (memoized; waited for by the producer's waiter warp ahead of the TMA thread), a per-tile notify epilogue, "
-        "or both, compiled in; \"idle wait/tile\" = the same "
-        "flags acquired on every tile with a proxy fence per tile (the FlagWait before the memo; same waiter). Tile "
-        "\"64x256/pp\" = the ping-pong kernel the plain "
-        "gemm() picks by default; \"cooperative\" = the cooperative kernel the tile heuristic picks (the default "
-        "before).\n\n"
-        "{}\nMedian ours/cuBLASLt = {:.3f}; worst = {:.3f}.\n{}",
-        o.device_kind, prop.name, prop.multiProcessorCount, fmt::localtime(std::chrono::system_clock::to_time_t(now)),
-        o.commit, o.command_line, layout == BLayout::NK ? "[N, K]" : "[K, N]", o.reps, o.warmup, o.sets,
-        table.markdown(), median_ratio, worst, pp_summary);
-    replace_section(o.results_md, "GEMM engine", body);
-    fmt::print("wrote section \"GEMM engine\" of {}\n", o.results_md);
-  }
+  if (!o.results_md.empty()) write_results_md(su, prop, table, median_ratio, worst, pp_summary);
   TESSERA_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 

@@ -26,6 +26,7 @@
 #include <random>
 #include <vector>
 
+#include "common/device_buffer.hpp"
 #include "gemm/bench_gemm_kernels.hpp"
 #include "tessera/kernels/gemm.hpp"
 #include "tessera/runtime/error.hpp"
@@ -148,12 +149,10 @@ std::vector<std::array<int64_t, 3>> draw_shapes(int count, uint64_t seed) {
   return out;
 }
 
-void run_random(const RandomOptions& o) {
-  using namespace kernels;
-  TESSERA_CHECK(o.dtype == "bf16" || o.dtype == "f16", "bench gemm: --dtype {} (bf16 or f16)", o.dtype);
-  TESSERA_CHECK(o.layout == "nk" || o.layout == "kn", "bench gemm: --layout {} (nk or kn)", o.layout);
-  const DType in = o.dtype == "f16" ? DType::f16 : DType::bf16;
-  const BLayout layout = o.layout == "nk" ? BLayout::NK : BLayout::KN;
+namespace {
+
+// The shapes: --mnk's list, or --random draws.
+std::vector<std::array<int64_t, 3>> shapes_of(const RandomOptions& o) {
   std::vector<std::array<int64_t, 3>> shapes;
   if (!o.mnk.empty()) {
     for (const std::string& s : o.mnk) {
@@ -165,17 +164,12 @@ void run_random(const RandomOptions& o) {
     TESSERA_CHECK(o.count > 0, "bench gemm: --random {} must be positive", o.count);
     shapes = draw_shapes(o.count, o.seed);
   }
-  cudaDeviceProp prop{};
-  int dev = 0;
-  TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
-  TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
-  cudaStream_t stream;
-  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  fmt::print("bench gemm {} on {} ({} SMs), {} in/out, B {}, median of {} after {} warm-up, {} input sets\n",
-             o.mnk.empty() ? fmt::format("--random {} --seed {}", o.count, o.seed) : std::string("--mnk"), prop.name,
-             prop.multiProcessorCount, o.dtype, layout == BLayout::NK ? "[N,K]" : "[K,N]", o.reps, o.warmup, o.sets);
+  return shapes;
+}
 
-  // Explicit kernels timed under --diag: (name, options).
+// Explicit kernels timed under --diag: (name, options).
+std::vector<std::pair<std::string, kernels::GemmOptions>> diag_kernels(const RandomOptions& o) {
+  using namespace kernels;
   std::vector<std::pair<std::string, GemmOptions>> kernels_diag;
   if (o.diag) {
     for (GemmTile t : {GemmTile::T128x256, GemmTile::T256x128, GemmTile::T128x128})
@@ -215,98 +209,108 @@ void run_random(const RandomOptions& o) {
     }
   }
 
-  std::vector<Record> recs;
-  for (const auto& sh : shapes) {
-    const int64_t m = sh[0], n = sh[1], k = sh[2];
-    const bool nk = layout == BLayout::NK;
-    // Storage leading dimensions: packed, or (diag, K tail) rows padded to 64
-    // elements so the padded views below can share the buffers.
-    const bool ktail = k % 64 != 0;
-    const int64_t kpad = (k + 63) / 64 * 64;
-    const int64_t lda_store = o.diag && ktail ? kpad : k;
-    const int64_t ldb_store = nk ? lda_store : n;
-    const int64_t b_rows = nk ? n : k;
-    std::vector<std::unique_ptr<Buf>> as, bs;
-    for (int s = 0; s < o.sets; ++s) {
-      as.push_back(std::make_unique<Buf>(m * lda_store * 2));
-      bs.push_back(std::make_unique<Buf>(b_rows * ldb_store * 2));
-      fill_random(as.back()->p, m * lda_store, in, o.seed * 7919 + 1000 + 2 * s, stream);
-      fill_random(bs.back()->p, b_rows * ldb_store, in, o.seed * 7919 + 1001 + 2 * s, stream);
-    }
-    const size_t dbytes = static_cast<size_t>(m * n) * dtype_size(in);
-    Buf d(dbytes), ref(dbytes);
-    // Packed view (what the sweep measures): lda = K; the rows of the
-    // storage are then simply reinterpreted (the data is noise either way).
-    auto args = [&](int s, void* out, bool padded) {
-      GemmArgs a{as[s]->p, bs[s]->p, out, m, n, k, 0, 0, 0, in, in, layout};
-      if (padded) {
-        a.lda = kpad;
-        if (nk) a.ldb = kpad;
-      }
-      return a;
-    };
-    const GemmOptions opt{};
-    const GemmPlan plan = plan_gemm(args(0, d.p, false), opt);
-    TESSERA_CUDA_CHECK(cudaMemsetAsync(d.p, 0xFF, dbytes, stream));
-    TESSERA_CUDA_CHECK(cudaMemsetAsync(ref.p, 0xFF, dbytes, stream));
-    kernels::gemm(args(0, d.p, false), opt, stream);
-    kernels::cublaslt_gemm(args(0, ref.p, false), stream);
-    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
-    const double err = rel_err(d.p, ref.p, m, n, in);
+  return kernels_diag;
+}
 
-    int i_ours = 0, i_ref = 0;
-    std::vector<std::function<void()>> variants = {
-        [&] { kernels::gemm(args(i_ours++ % o.sets, d.p, false), opt, stream); },
-        [&] { kernels::cublaslt_gemm(args(i_ref++ % o.sets, ref.p, false), stream); }};
-    std::vector<std::string> diag_names;
-    std::vector<int> diag_i(kernels_diag.size() + 2, 0);
-    for (size_t v = 0; v < kernels_diag.size(); ++v) {
-      diag_names.push_back(kernels_diag[v].first);
-      variants.push_back(
-          [&, v] { kernels::gemm(args(diag_i[v]++ % o.sets, d.p, false), kernels_diag[v].second, stream); });
-    }
-    if (o.diag && ktail) {
-      const size_t v0 = kernels_diag.size();
-      diag_names.push_back("ours ld64");
-      variants.push_back([&, v0] { kernels::gemm(args(diag_i[v0]++ % o.sets, d.p, true), opt, stream); });
-      diag_names.push_back("cuBLASLt ld64");
-      variants.push_back([&, v0] { kernels::cublaslt_gemm(args(diag_i[v0 + 1]++ % o.sets, ref.p, true), stream); });
-    }
-    const std::vector<Stats> st = time_interleaved(stream, variants, o.warmup, o.reps, 0);
-    // --diag: host time per call (enqueue only), ours and cuBLASLt: on small
-    // problems the GPU waits for it.
-    double host_ours = NAN, host_ref = NAN;
-    if (o.diag) {
-      auto host_us = [&](const std::function<void()>& f) {
-        constexpr int kCalls = 50;
-        TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int i = 0; i < kCalls; ++i) f();
-        const auto t1 = std::chrono::steady_clock::now();
-        TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
-        return std::chrono::duration<double, std::micro>(t1 - t0).count() / kCalls;
-      };
-      host_ours = host_us(variants[0]);
-      host_ref = host_us(variants[1]);
-    }
-    Record r{m, n, k, plan_name(plan), st[0].median_ms, st[1].median_ms, st[0].median_ms / st[1].median_ms, err, {}};
-    for (size_t v = 0; v < diag_names.size(); ++v) r.diag.push_back({diag_names[v], st[2 + v].median_ms});
-    if (o.diag) {
-      r.diag.push_back({"host ours", host_ours * 1e-3});
-      r.diag.push_back({"host cuBLASLt", host_ref * 1e-3});
-    }
-    const double flops = 2.0 * m * n * k;
-    std::string line = fmt::format(
-        "{:>5} {:>5} {:>5} {:<16} ours {:8.4f} ms {:4.0f} TF/s  cuBLASLt {:8.4f} ms {:4.0f} TF/s  "
-        "ratio {:.3f}  err {:.1e}",
-        m, n, k, r.plan, r.ours_ms, flops / r.ours_ms * 1e-9, r.ref_ms, flops / r.ref_ms * 1e-9, r.ratio, err);
-    for (const auto& [name, ms] : r.diag) line += fmt::format("  {} {:.3f}", name, ms / r.ref_ms);
-    fmt::print("{}{}\n", line, err > 1e-2 || !std::isfinite(err) ? "  ERROR" : "");
-    std::fflush(stdout);
-    recs.push_back(std::move(r));
+// Host time per call (enqueue only) of `f`, in microseconds.
+double host_us(const std::function<void()>& f, cudaStream_t stream) {
+  constexpr int kCalls = 50;
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kCalls; ++i) f();
+  const auto t1 = std::chrono::steady_clock::now();
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return std::chrono::duration<double, std::micro>(t1 - t0).count() / kCalls;
+}
+
+// One shape: correctness against cuBLASLt, then ours, cuBLASLt and the
+// --diag kernels timed in one interleaved loop; prints its line.
+Record measure_shape(const RandomOptions& o, DType in, kernels::BLayout layout,
+                     const std::vector<std::pair<std::string, kernels::GemmOptions>>& kernels_diag,
+                     const std::array<int64_t, 3>& sh, cudaStream_t stream) {
+  using namespace kernels;
+  const int64_t m = sh[0], n = sh[1], k = sh[2];
+  const bool nk = layout == BLayout::NK;
+  // Storage leading dimensions: packed, or (diag, K tail) rows padded to 64
+  // elements so the padded views below can share the buffers.
+  const bool ktail = k % 64 != 0;
+  const int64_t kpad = (k + 63) / 64 * 64;
+  const int64_t lda_store = o.diag && ktail ? kpad : k;
+  const int64_t ldb_store = nk ? lda_store : n;
+  const int64_t b_rows = nk ? n : k;
+  std::vector<std::unique_ptr<Buf>> as, bs;
+  for (int s = 0; s < o.sets; ++s) {
+    as.push_back(std::make_unique<Buf>(m * lda_store * 2));
+    bs.push_back(std::make_unique<Buf>(b_rows * ldb_store * 2));
+    fill_random(as.back()->p, m * lda_store, in, o.seed * 7919 + 1000 + 2 * s, stream);
+    fill_random(bs.back()->p, b_rows * ldb_store, in, o.seed * 7919 + 1001 + 2 * s, stream);
   }
+  const size_t dbytes = static_cast<size_t>(m * n) * dtype_size(in);
+  Buf d(dbytes), ref(dbytes);
+  // Packed view (what the sweep measures): lda = K; the rows of the
+  // storage are then simply reinterpreted (the data is noise either way).
+  auto args = [&](int s, void* out, bool padded) {
+    GemmArgs a{as[s]->p, bs[s]->p, out, m, n, k, 0, 0, 0, in, in, layout};
+    if (padded) {
+      a.lda = kpad;
+      if (nk) a.ldb = kpad;
+    }
+    return a;
+  };
+  const GemmOptions opt{};
+  const GemmPlan plan = plan_gemm(args(0, d.p, false), opt);
+  TESSERA_CUDA_CHECK(cudaMemsetAsync(d.p, 0xFF, dbytes, stream));
+  TESSERA_CUDA_CHECK(cudaMemsetAsync(ref.p, 0xFF, dbytes, stream));
+  kernels::gemm(args(0, d.p, false), opt, stream);
+  kernels::cublaslt_gemm(args(0, ref.p, false), stream);
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const double err = rel_err(d.p, ref.p, m, n, in);
 
-  // Summaries: all shapes, then per pattern.
+  int i_ours = 0, i_ref = 0;
+  std::vector<std::function<void()>> variants = {
+      [&] { kernels::gemm(args(i_ours++ % o.sets, d.p, false), opt, stream); },
+      [&] { kernels::cublaslt_gemm(args(i_ref++ % o.sets, ref.p, false), stream); }};
+  std::vector<std::string> diag_names;
+  std::vector<int> diag_i(kernels_diag.size() + 2, 0);
+  for (size_t v = 0; v < kernels_diag.size(); ++v) {
+    diag_names.push_back(kernels_diag[v].first);
+    variants.push_back(
+        [&, v] { kernels::gemm(args(diag_i[v]++ % o.sets, d.p, false), kernels_diag[v].second, stream); });
+  }
+  if (o.diag && ktail) {
+    const size_t v0 = kernels_diag.size();
+    diag_names.push_back("ours ld64");
+    variants.push_back([&, v0] { kernels::gemm(args(diag_i[v0]++ % o.sets, d.p, true), opt, stream); });
+    diag_names.push_back("cuBLASLt ld64");
+    variants.push_back([&, v0] { kernels::cublaslt_gemm(args(diag_i[v0 + 1]++ % o.sets, ref.p, true), stream); });
+  }
+  const std::vector<Stats> st = time_interleaved(stream, variants, o.warmup, o.reps, 0);
+  // --diag: host time per call (enqueue only), ours and cuBLASLt: on small
+  // problems the GPU waits for it.
+  double host_ours = NAN, host_ref = NAN;
+  if (o.diag) {
+    host_ours = host_us(variants[0], stream);
+    host_ref = host_us(variants[1], stream);
+  }
+  Record r{m, n, k, plan_name(plan), st[0].median_ms, st[1].median_ms, st[0].median_ms / st[1].median_ms, err, {}};
+  for (size_t v = 0; v < diag_names.size(); ++v) r.diag.push_back({diag_names[v], st[2 + v].median_ms});
+  if (o.diag) {
+    r.diag.push_back({"host ours", host_ours * 1e-3});
+    r.diag.push_back({"host cuBLASLt", host_ref * 1e-3});
+  }
+  const double flops = 2.0 * m * n * k;
+  std::string line = fmt::format(
+      "{:>5} {:>5} {:>5} {:<16} ours {:8.4f} ms {:4.0f} TF/s  cuBLASLt {:8.4f} ms {:4.0f} TF/s  "
+      "ratio {:.3f}  err {:.1e}",
+      m, n, k, r.plan, r.ours_ms, flops / r.ours_ms * 1e-9, r.ref_ms, flops / r.ref_ms * 1e-9, r.ratio, err);
+  for (const auto& [name, ms] : r.diag) line += fmt::format("  {} {:.3f}", name, ms / r.ref_ms);
+  fmt::print("{}{}\n", line, err > 1e-2 || !std::isfinite(err) ? "  ERROR" : "");
+  std::fflush(stdout);
+  return r;
+}
+
+// Summaries: all shapes, then per pattern; prints them and the largest error.
+std::vector<Summary> summaries(const RandomOptions& o, const std::vector<Record>& recs, double& max_err) {
   struct Pattern {
     std::string name;
     std::function<bool(const Record&)> in;
@@ -330,7 +334,7 @@ void run_random(const RandomOptions& o) {
       if (p.in(r)) rs.push_back(r.ratio);
     sums.push_back(summarize_ratios(p.name, rs));
   }
-  double max_err = 0;
+  max_err = 0;
   for (const Record& r : recs) max_err = std::max(max_err, std::isfinite(r.err) ? r.err : INFINITY);
   fmt::print("\n");
   for (const Summary& s : sums)
@@ -351,62 +355,88 @@ void run_random(const RandomOptions& o) {
                s.above_110);
   }
 
-  if (!o.json.empty()) {
-    // bench/results format (bench/results/README.md): provenance + records.
-    const auto now = std::chrono::system_clock::now();
-    const std::string draw =
-        o.mnk.empty() ? fmt::format("random {} seed {}", o.count, o.seed) : std::string("mnk list");
-    std::string j = "{\n  \"provenance\": {";
-    j += fmt::format(
-        "\"device\": {}, \"gpu\": {}, \"sms\": {}, \"date\": \"{:%Y-%m-%d}\", \"commit\": {}, "
-        "\"command\": {}, \"topic\": \"gemm\", \"issue\": 19, \"dtype\": {}, \"layout\": {}, "
-        "\"reps\": {}, \"warmup\": {}, \"sets\": {}",
-        json_str(o.device_kind), json_str(prop.name), prop.multiProcessorCount,
-        fmt::localtime(std::chrono::system_clock::to_time_t(now)), json_str(o.commit), json_str(o.command_line),
-        json_str(o.dtype), json_str(o.layout), o.reps, o.warmup, o.sets);
-    j += "},\n  \"records\": [\n";
-    std::vector<std::string> rs;
-    for (const Summary& s : sums) {
-      if (s.count == 0) continue;
-      std::string tg, tw;
-      if (s.name == "all") {
-        tg = ", \"target\": {\"op\": \"<=\", \"value\": 1.02, \"text\": \"geomean <= 1.02\"}";
-        tw = ", \"target\": {\"op\": \"<=\", \"value\": 1.20, \"text\": \"worst <= 1.20\"}";
-      } else if (s.name.rfind("M>=1024", 0) == 0) {
-        tg = ", \"target\": {\"op\": \"<=\", \"value\": 1.00, \"text\": \"geomean <= 1.00\"}";
-      }
-      const std::string c = json_str(draw + ": " + s.name);
-      rs.push_back(
-          fmt::format("    {{\"metric\": \"geomean ours/cuBLASLt\", \"case\": {}, \"value\": {}, \"unit\": "
-                      "\"ratio\", \"baseline\": \"cuBLASLt\", \"count\": {}{}}}",
-                      c, json_num(s.geomean), s.count, tg));
-      rs.push_back(
-          fmt::format("    {{\"metric\": \"worst ours/cuBLASLt\", \"case\": {}, \"value\": {}, \"unit\": "
-                      "\"ratio\", \"baseline\": \"cuBLASLt\"{}}}",
-                      c, json_num(s.worst), tw));
-      rs.push_back(fmt::format("    {{\"metric\": \"count ours/cuBLASLt > 1.10\", \"case\": {}, \"value\": {}}}", c,
-                               s.above_110));
+  return sums;
+}
+
+// bench/results format (bench/results/README.md): provenance + records.
+void write_json(const RandomOptions& o, const cudaDeviceProp& prop, const std::vector<Summary>& sums, double max_err,
+                const std::vector<Record>& recs) {
+  const auto now = std::chrono::system_clock::now();
+  const std::string draw = o.mnk.empty() ? fmt::format("random {} seed {}", o.count, o.seed) : std::string("mnk list");
+  std::string j = "{\n  \"provenance\": {";
+  j += fmt::format(
+      "\"device\": {}, \"gpu\": {}, \"sms\": {}, \"date\": \"{:%Y-%m-%d}\", \"commit\": {}, "
+      "\"command\": {}, \"topic\": \"gemm\", \"issue\": 19, \"dtype\": {}, \"layout\": {}, "
+      "\"reps\": {}, \"warmup\": {}, \"sets\": {}",
+      json_str(o.device_kind), json_str(prop.name), prop.multiProcessorCount,
+      fmt::localtime(std::chrono::system_clock::to_time_t(now)), json_str(o.commit), json_str(o.command_line),
+      json_str(o.dtype), json_str(o.layout), o.reps, o.warmup, o.sets);
+  j += "},\n  \"records\": [\n";
+  std::vector<std::string> rs;
+  for (const Summary& s : sums) {
+    if (s.count == 0) continue;
+    std::string tg, tw;
+    if (s.name == "all") {
+      tg = ", \"target\": {\"op\": \"<=\", \"value\": 1.02, \"text\": \"geomean <= 1.02\"}";
+      tw = ", \"target\": {\"op\": \"<=\", \"value\": 1.20, \"text\": \"worst <= 1.20\"}";
+    } else if (s.name.rfind("M>=1024", 0) == 0) {
+      tg = ", \"target\": {\"op\": \"<=\", \"value\": 1.00, \"text\": \"geomean <= 1.00\"}";
     }
-    rs.push_back(fmt::format("    {{\"metric\": \"max rel err vs cuBLASLt\", \"case\": {}, \"value\": {}}}",
-                             json_str(draw), std::isfinite(max_err) ? fmt::format("{:.3e}", max_err) : "1e9"));
-    for (const Record& r : recs) {
-      std::string dg;
-      for (const auto& [name, ms] : r.diag)
-        dg += fmt::format("{}{}: {}", dg.empty() ? "" : ", ", json_str(name), json_num(ms));
-      rs.push_back(fmt::format(
-          "    {{\"metric\": \"ours/cuBLASLt\", \"case\": \"M={} N={} K={}\", \"value\": {}, \"unit\": \"ratio\", "
-          "\"baseline\": \"cuBLASLt\", \"series\": {}, \"plan\": {}, \"ours_ms\": {}, \"cublaslt_ms\": {}, "
-          "\"rel_err\": {}{}}}",
-          r.m, r.n, r.k, json_num(r.ratio), json_str(draw), json_str(r.plan), json_num(r.ours_ms), json_num(r.ref_ms),
-          json_num(r.err), dg.empty() ? "" : ", \"diag_ms\": {" + dg + "}"));
-    }
-    for (size_t i = 0; i < rs.size(); ++i) j += rs[i] + (i + 1 < rs.size() ? ",\n" : "\n");
-    j += "  ]\n}\n";
-    std::ofstream f(o.json);
-    TESSERA_CHECK(f.good(), "bench gemm: cannot write --json {}", o.json);
-    f << j;
-    fmt::print("wrote {}\n", o.json);
+    const std::string c = json_str(draw + ": " + s.name);
+    rs.push_back(
+        fmt::format("    {{\"metric\": \"geomean ours/cuBLASLt\", \"case\": {}, \"value\": {}, \"unit\": "
+                    "\"ratio\", \"baseline\": \"cuBLASLt\", \"count\": {}{}}}",
+                    c, json_num(s.geomean), s.count, tg));
+    rs.push_back(
+        fmt::format("    {{\"metric\": \"worst ours/cuBLASLt\", \"case\": {}, \"value\": {}, \"unit\": "
+                    "\"ratio\", \"baseline\": \"cuBLASLt\"{}}}",
+                    c, json_num(s.worst), tw));
+    rs.push_back(
+        fmt::format("    {{\"metric\": \"count ours/cuBLASLt > 1.10\", \"case\": {}, \"value\": {}}}", c, s.above_110));
   }
+  rs.push_back(fmt::format("    {{\"metric\": \"max rel err vs cuBLASLt\", \"case\": {}, \"value\": {}}}",
+                           json_str(draw), std::isfinite(max_err) ? fmt::format("{:.3e}", max_err) : "1e9"));
+  for (const Record& r : recs) {
+    std::string dg;
+    for (const auto& [name, ms] : r.diag)
+      dg += fmt::format("{}{}: {}", dg.empty() ? "" : ", ", json_str(name), json_num(ms));
+    rs.push_back(fmt::format(
+        "    {{\"metric\": \"ours/cuBLASLt\", \"case\": \"M={} N={} K={}\", \"value\": {}, \"unit\": \"ratio\", "
+        "\"baseline\": \"cuBLASLt\", \"series\": {}, \"plan\": {}, \"ours_ms\": {}, \"cublaslt_ms\": {}, "
+        "\"rel_err\": {}{}}}",
+        r.m, r.n, r.k, json_num(r.ratio), json_str(draw), json_str(r.plan), json_num(r.ours_ms), json_num(r.ref_ms),
+        json_num(r.err), dg.empty() ? "" : ", \"diag_ms\": {" + dg + "}"));
+  }
+  for (size_t i = 0; i < rs.size(); ++i) j += rs[i] + (i + 1 < rs.size() ? ",\n" : "\n");
+  j += "  ]\n}\n";
+  std::ofstream f(o.json);
+  TESSERA_CHECK(f.good(), "bench gemm: cannot write --json {}", o.json);
+  f << j;
+  fmt::print("wrote {}\n", o.json);
+}
+
+}  // namespace
+
+void run_random(const RandomOptions& o) {
+  using namespace kernels;
+  TESSERA_CHECK(o.dtype == "bf16" || o.dtype == "f16", "bench gemm: --dtype {} (bf16 or f16)", o.dtype);
+  TESSERA_CHECK(o.layout == "nk" || o.layout == "kn", "bench gemm: --layout {} (nk or kn)", o.layout);
+  const DType in = o.dtype == "f16" ? DType::f16 : DType::bf16;
+  const BLayout layout = o.layout == "nk" ? BLayout::NK : BLayout::KN;
+  const std::vector<std::array<int64_t, 3>> shapes = shapes_of(o);
+  const cudaDeviceProp prop = current_device_properties();
+  cudaStream_t stream;
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  fmt::print("bench gemm {} on {} ({} SMs), {} in/out, B {}, median of {} after {} warm-up, {} input sets\n",
+             o.mnk.empty() ? fmt::format("--random {} --seed {}", o.count, o.seed) : std::string("--mnk"), prop.name,
+             prop.multiProcessorCount, o.dtype, layout == BLayout::NK ? "[N,K]" : "[K,N]", o.reps, o.warmup, o.sets);
+
+  const std::vector<std::pair<std::string, GemmOptions>> kernels_diag = diag_kernels(o);
+  std::vector<Record> recs;
+  for (const auto& sh : shapes) recs.push_back(measure_shape(o, in, layout, kernels_diag, sh, stream));
+  double max_err = 0;
+  const std::vector<Summary> sums = summaries(o, recs, max_err);
+  if (!o.json.empty()) write_json(o, prop, sums, max_err, recs);
   TESSERA_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 

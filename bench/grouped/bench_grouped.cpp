@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "command.hpp"
+#include "common/device_buffer.hpp"
 #include "common/timing.hpp"
 #include "gemm/bench_gemm_kernels.hpp"
 #include "tessera/kernels/gemm.hpp"
@@ -128,28 +129,24 @@ double geomean(const std::vector<double>& v) {
   return std::exp(s / static_cast<double>(v.size()));
 }
 
-void run(const Options& o) {
-  cudaDeviceProp prop{};
-  int dev = 0;
-  TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
-  TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
-  cudaStream_t stream;
-  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-
+/// Rows of a --torch-json file (scripts/bench_grouped_torch.py), by problem key.
+std::map<std::string, nlohmann::json> read_torch(const Options& o) {
   std::map<std::string, nlohmann::json> torch;
-  if (!o.torch_json.empty()) {
-    std::ifstream in(o.torch_json);
-    TESSERA_CHECK(in.good(), "bench grouped: cannot read --torch-json {}", o.torch_json);
-    std::string line;
-    while (std::getline(in, line)) {
-      if (line.empty() || line[0] != '{') continue;
-      const auto j = nlohmann::json::parse(line);
-      if (!j.contains("shape") || !j.contains("torch_ms")) continue;
-      torch[key(j["shape"], j["tp"], j["gemm"], j["routing"])] = j;
-    }
+  if (o.torch_json.empty()) return torch;
+  std::ifstream in(o.torch_json);
+  TESSERA_CHECK(in.good(), "bench grouped: cannot read --torch-json {}", o.torch_json);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] != '{') continue;
+    const auto j = nlohmann::json::parse(line);
+    if (!j.contains("shape") || !j.contains("torch_ms")) continue;
+    torch[key(j["shape"], j["tp"], j["gemm"], j["routing"])] = j;
   }
+  return torch;
+}
 
-  // Buffers for the largest problem (rows = S * topk, N and K up to 4096, 32 experts).
+/// Elements of the largest A, B and D (rows = S * topk, N and K up to 4096, 32 experts).
+std::array<int64_t, 3> largest_operands(const Options& o) {
   int64_t max_a = 0, max_b = 0, max_d = 0;
   for (const Moe& m : kMoe)
     for (int tp : o.tp) {
@@ -161,11 +158,237 @@ void run(const Options& o) {
         max_d = std::max(max_d, T * n);
       }
     }
-  Dev a(max_a * 2), b(max_b * 2), d(max_d * 2), ref(max_d * 2), rows_buf(4096), status(64);
-  gemm::fill_random(a.p, max_a, DType::bf16, 71, stream);
-  gemm::fill_random(b.p, max_b, DType::bf16, 72, stream);
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return {max_a, max_b, max_d};
+}
 
+/// Operands for the largest problem, shared by every problem.
+struct Buffers {
+  std::array<int64_t, 3> max;  ///< elements of A, B, D
+  Dev a, b, d, ref, rows_buf, status;
+  Buffers(const Options& o, cudaStream_t stream)
+      : max(largest_operands(o)),
+        a(max[0] * 2),
+        b(max[1] * 2),
+        d(max[2] * 2),
+        ref(max[2] * 2),
+        rows_buf(4096),
+        status(64) {
+    gemm::fill_random(a.p, max[0], DType::bf16, 71, stream);
+    gemm::fill_random(b.p, max[1], DType::bf16, 72, stream);
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+};
+
+/// One grouped GEMM of one MoE shape: gate/up or down, one routing.
+struct Problem {
+  const Moe& m;
+  int tp;
+  const char* which;
+  std::string rt;
+  int64_t n, k, T;
+  std::vector<int> counts;
+  kernels::GroupedGemmArgs ga;
+  kernels::GemmArgs dense;  ///< every routed row in one GEMM against expert 0's weight, into ref
+};
+
+Problem make_problem(Buffers& buf, const Moe& m, int tp, const char* which, const std::string& rt) {
+  TESSERA_CHECK(rt == "uniform" || rt == "skewed", "bench grouped: routing '{}' (uniform or skewed)", rt);
+  const bool gateup = std::string(which) == "gateup";
+  Problem p{m,
+            tp,
+            which,
+            rt,
+            gateup ? 2 * m.I / tp : m.H,
+            gateup ? m.H : m.I / tp,
+            m.S * m.topk,
+            routing(m.S, m.E, m.topk, rt == "skewed"),
+            {},
+            {}};
+  TESSERA_CUDA_CHECK(cudaMemcpy(buf.rows_buf.p, p.counts.data(), p.counts.size() * 4, cudaMemcpyHostToDevice));
+  p.ga.a = buf.a.p;
+  p.ga.b = buf.b.p;
+  p.ga.d = buf.d.p;
+  p.ga.group_rows = static_cast<const int*>(buf.rows_buf.p);
+  p.ga.status = static_cast<int*>(buf.status.p);
+  p.ga.groups = m.E;
+  p.ga.n = p.n;
+  p.ga.k = p.k;
+  p.ga.max_rows = p.T;
+  p.dense.a = buf.a.p;
+  p.dense.b = buf.b.p;
+  p.dense.d = buf.ref.p;
+  p.dense.m = p.T;
+  p.dense.n = p.n;
+  p.dense.k = p.k;
+  return p;
+}
+
+/// The per-expert cuBLASLt loop into `out`.
+void expert_loop(const Problem& p, const Buffers& buf, void* out, cudaStream_t stream) {
+  int64_t off = 0;
+  for (int64_t g = 0; g < p.m.E; ++g) {
+    if (p.counts[g] == 0) continue;
+    kernels::GemmArgs e;
+    e.a = static_cast<const uint16_t*>(buf.a.p) + off * p.k;
+    e.b = static_cast<const uint16_t*>(buf.b.p) + g * p.n * p.k;
+    e.d = static_cast<uint16_t*>(out) + off * p.n;
+    e.m = p.counts[g];
+    e.n = p.n;
+    e.k = p.k;
+    kernels::cublaslt_gemm(e, stream);
+    off += p.counts[g];
+  }
+}
+
+struct Times {
+  double ours = 0, loop = 0, dcub = 0, dours = 0;
+  std::vector<double> tiles, bands;
+};
+
+/// Every variant of one problem in one interleaved loop.
+Times time_problem(const Options& o, const Problem& p, const Buffers& buf, const std::vector<GroupedTile>& extra_tiles,
+                   cudaStream_t stream) {
+  const kernels::GroupedGemmOptions go{};
+  Times t;
+  t.tiles.resize(extra_tiles.size());
+  t.bands.resize(o.bands.size());
+  InterleavedTimer timer(stream, o.warmup, o.reps);
+  timer.add(&t.ours, [&] { kernels::grouped_gemm(p.ga, go, stream); });
+  timer.add(&t.loop, [&] { expert_loop(p, buf, buf.d.p, stream); });
+  timer.add(&t.dcub, [&] { kernels::cublaslt_gemm(p.dense, stream); });
+  timer.add(&t.dours, [&] { kernels::gemm(p.dense, {}, stream); });
+  for (size_t i = 0; i < extra_tiles.size(); ++i) {
+    kernels::GroupedGemmOptions to;
+    to.tile = extra_tiles[i];
+    timer.add(&t.tiles[i], [&, to] { kernels::grouped_gemm(p.ga, to, stream); });
+  }
+  for (size_t i = 0; i < o.bands.size(); ++i) {
+    kernels::GroupedGemmOptions bo;
+    bo.raster_band = o.bands[i];
+    timer.add(&t.bands[i], [&, bo] { kernels::grouped_gemm(p.ga, bo, stream); });
+  }
+  timer.run();
+  kernels::check_grouped_gemm_status(p.ga.status, stream, "bench grouped");
+  return t;
+}
+
+/// The table, the JSON records and the ratios over every problem.
+struct Results {
+  Table table;
+  nlohmann::json records = nlohmann::json::array();
+  std::vector<double> vs_torch, vs_dense, vs_loop;
+  double worst_err = 0;
+};
+
+void add_result(const Options& o, const Problem& p, const std::vector<GroupedTile>& extra_tiles, GroupedTile tile,
+                const Times& t, double err, std::map<std::string, nlohmann::json>& torch, Results& res) {
+  const double flop = 2.0 * static_cast<double>(p.T) * static_cast<double>(p.n) * static_cast<double>(p.k);
+  const double t_dense = std::min(t.dcub, t.dours);
+  const std::string k_ = key(p.m.name, p.tp, p.which, p.rt);
+  const double t_torch = torch.count(k_) ? torch[k_]["torch_ms"].get<double>() : NAN;
+  if (!std::isnan(t_torch)) res.vs_torch.push_back(t_torch / t.ours);
+  res.vs_dense.push_back(t_dense / t.ours);
+  res.vs_loop.push_back(t.loop / t.ours);
+  std::vector<std::string> row = {fmt::format("{} TP{} {} {}", p.m.name, p.tp, p.which, p.rt),
+                                  std::to_string(p.n),
+                                  std::to_string(p.k),
+                                  kernels::grouped_tile_name(tile),
+                                  fmt::format("{:.4f}", t.ours),
+                                  fmt::format("{:.0f}", flop / t.ours / 1e9),
+                                  std::isnan(t_torch) ? "-" : fmt::format("{:.4f}", t_torch),
+                                  std::isnan(t_torch) ? "-" : fmt::format("{:.3f}", t_torch / t.ours),
+                                  fmt::format("{:.4f}", t.dcub),
+                                  fmt::format("{:.4f}", t.dours),
+                                  fmt::format("{:.3f}", t_dense / t.ours),
+                                  fmt::format("{:.4f}", t.loop),
+                                  fmt::format("{:.2f}", t.loop / t.ours),
+                                  fmt::format("{:.1e}", err)};
+  nlohmann::json rec = {{"shape", p.m.name},
+                        {"tp", p.tp},
+                        {"gemm", p.which},
+                        {"routing", p.rt},
+                        {"n", p.n},
+                        {"k", p.k},
+                        {"rows", p.T},
+                        {"experts", p.m.E},
+                        {"tile", kernels::grouped_tile_name(tile)},
+                        {"ours_ms", t.ours},
+                        {"ours_tflops", flop / t.ours / 1e9},
+                        {"loop_ms", t.loop},
+                        {"dense_cublaslt_ms", t.dcub},
+                        {"dense_ours_ms", t.dours},
+                        {"rel_err", err},
+                        {"counts", p.counts}};
+  if (!std::isnan(t_torch)) {
+    rec["torch_ms"] = t_torch;
+    rec["ours_over_torch_throughput"] = t_torch / t.ours;
+  }
+  rec["ours_over_dense_throughput"] = t_dense / t.ours;
+  for (size_t i = 0; i < extra_tiles.size(); ++i) {
+    row.push_back(fmt::format("{:.4f}", t.tiles[i]));
+    rec["tiles_ms"][kernels::grouped_tile_name(extra_tiles[i])] = t.tiles[i];
+  }
+  for (size_t i = 0; i < o.bands.size(); ++i) {
+    row.push_back(fmt::format("{:.4f}", t.bands[i]));
+    rec["bands_ms"][std::to_string(o.bands[i])] = t.bands[i];
+  }
+  res.table.add(row);
+  res.records.push_back(rec);
+  fmt::print("{}\n", rec.dump());
+  std::fflush(stdout);
+}
+
+/// One problem: correctness (poisoned D against the per-expert loop), then its timings.
+void run_problem(const Options& o, Buffers& buf, const Problem& p, const std::vector<GroupedTile>& extra_tiles,
+                 std::map<std::string, nlohmann::json>& torch, Results& res, cudaStream_t stream) {
+  const kernels::GroupedGemmOptions go{};
+  const GroupedTile tile = kernels::resolve_grouped_tile(p.ga, go);
+  TESSERA_CUDA_CHECK(cudaMemsetAsync(buf.d.p, 0xFF, p.T * p.n * 2, stream));
+  kernels::grouped_gemm(p.ga, go, stream);
+  expert_loop(p, buf, buf.ref.p, stream);
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  kernels::check_grouped_gemm_status(p.ga.status, stream, "bench grouped");
+  const double err = sampled_rel_err(buf.d.p, buf.ref.p, p.T, p.n, p.counts);
+  res.worst_err = std::max(res.worst_err, err);
+  const Times t = time_problem(o, p, buf, extra_tiles, stream);
+  add_result(o, p, extra_tiles, tile, t, err, torch, res);
+}
+
+void print_and_write(const Options& o, const cudaDeviceProp& prop, const Results& res) {
+  fmt::print("\n{}\n", res.table.str());
+  auto mn = [](const std::vector<double>& v) { return v.empty() ? NAN : *std::min_element(v.begin(), v.end()); };
+  const std::string summary = fmt::format(
+      "ours/torch._grouped_mm throughput: geomean {:.3f}, min {:.3f} ({} problems); ours/dense (best of cuBLASLt "
+      "and gemm()): geomean {:.3f}, min {:.3f}; ours/per-expert cuBLASLt loop: geomean {:.2f}, min {:.2f}; worst "
+      "rel err {:.1e}",
+      geomean(res.vs_torch), mn(res.vs_torch), res.vs_torch.size(), geomean(res.vs_dense), mn(res.vs_dense),
+      geomean(res.vs_loop), mn(res.vs_loop), res.worst_err);
+  fmt::print("{}\n", summary);
+  if (o.json.empty()) return;
+  nlohmann::json j = {{"device", fmt::format("{} ({}, {} SMs)", o.device_kind, prop.name, prop.multiProcessorCount)},
+                      {"commit", o.commit},
+                      {"command", o.command_line},
+                      {"method",
+                       "CUDA events per call, warm-up, median; variants interleaved run by run; "
+                       "torch._grouped_mm timed by scripts/bench_grouped_torch.py in the same device call"},
+                      {"summary",
+                       {{"ours_over_torch_geomean", geomean(res.vs_torch)},
+                        {"ours_over_torch_min", mn(res.vs_torch)},
+                        {"ours_over_dense_geomean", geomean(res.vs_dense)},
+                        {"ours_over_dense_min", mn(res.vs_dense)},
+                        {"ours_over_loop_geomean", geomean(res.vs_loop)},
+                        {"worst_rel_err", res.worst_err}}},
+                      {"problems", res.records}};
+  std::ofstream(o.json) << j.dump(1) << "\n";
+  fmt::print("wrote {}\n", o.json);
+}
+
+void run(const Options& o) {
+  const cudaDeviceProp prop = current_device_properties();
+  cudaStream_t stream;
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::map<std::string, nlohmann::json> torch = read_torch(o);
+  Buffers buf(o, stream);
   std::vector<std::string> cols = {"problem",       "N",          "K",
                                    "tile",          "ours ms",    "ours TF/s",
                                    "torch ms",      "ours/torch", "dense cuBLASLt ms",
@@ -177,167 +400,15 @@ void run(const Options& o) {
                    GroupedTile::PingPong64x256};
   for (GroupedTile t : extra_tiles) cols.push_back(kernels::grouped_tile_name(t) + " ms");
   for (int band : o.bands) cols.push_back(fmt::format("band {} ms", band));
-  Table table(cols);
-  nlohmann::json records = nlohmann::json::array();
-  std::vector<double> vs_torch, vs_dense, vs_loop;
-  double worst_err = 0;
-
+  Results res{Table(cols)};
   for (int tp : o.tp)
     for (const Moe& m : kMoe) {
       if (!o.shapes.empty() && std::find(o.shapes.begin(), o.shapes.end(), m.name) == o.shapes.end()) continue;
       for (const char* which : {"gateup", "down"})
-        for (const std::string& rt : o.routing) {
-          TESSERA_CHECK(rt == "uniform" || rt == "skewed", "bench grouped: routing '{}' (uniform or skewed)", rt);
-          const bool gateup = std::string(which) == "gateup";
-          const int64_t n = gateup ? 2 * m.I / tp : m.H, k = gateup ? m.H : m.I / tp, T = m.S * m.topk;
-          const std::vector<int> counts = routing(m.S, m.E, m.topk, rt == "skewed");
-          TESSERA_CUDA_CHECK(cudaMemcpy(rows_buf.p, counts.data(), counts.size() * 4, cudaMemcpyHostToDevice));
-          kernels::GroupedGemmArgs ga;
-          ga.a = a.p;
-          ga.b = b.p;
-          ga.d = d.p;
-          ga.group_rows = static_cast<const int*>(rows_buf.p);
-          ga.status = static_cast<int*>(status.p);
-          ga.groups = m.E;
-          ga.n = n;
-          ga.k = k;
-          ga.max_rows = T;
-          const kernels::GroupedGemmOptions go{};
-          const GroupedTile tile = kernels::resolve_grouped_tile(ga, go);
-          auto loop = [&](void* out) {
-            int64_t off = 0;
-            for (int64_t g = 0; g < m.E; ++g) {
-              if (counts[g] == 0) continue;
-              kernels::GemmArgs e;
-              e.a = static_cast<const uint16_t*>(a.p) + off * k;
-              e.b = static_cast<const uint16_t*>(b.p) + g * n * k;
-              e.d = static_cast<uint16_t*>(out) + off * n;
-              e.m = counts[g];
-              e.n = n;
-              e.k = k;
-              kernels::cublaslt_gemm(e, stream);
-              off += counts[g];
-            }
-          };
-          kernels::GemmArgs dense;
-          dense.a = a.p;
-          dense.b = b.p;
-          dense.d = ref.p;
-          dense.m = T;
-          dense.n = n;
-          dense.k = k;
-          // Correctness of this configuration: poisoned D against the loop.
-          TESSERA_CUDA_CHECK(cudaMemsetAsync(d.p, 0xFF, T * n * 2, stream));
-          kernels::grouped_gemm(ga, go, stream);
-          loop(ref.p);
-          TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
-          kernels::check_grouped_gemm_status(ga.status, stream, "bench grouped");
-          const double err = sampled_rel_err(d.p, ref.p, T, n, counts);
-          worst_err = std::max(worst_err, err);
-
-          double t_ours = 0, t_loop = 0, t_dcub = 0, t_dours = 0;
-          std::vector<double> t_tiles(extra_tiles.size()), t_bands(o.bands.size());
-          InterleavedTimer timer(stream, o.warmup, o.reps);
-          timer.add(&t_ours, [&] { kernels::grouped_gemm(ga, go, stream); });
-          timer.add(&t_loop, [&] { loop(d.p); });
-          timer.add(&t_dcub, [&] { kernels::cublaslt_gemm(dense, stream); });
-          timer.add(&t_dours, [&] { kernels::gemm(dense, {}, stream); });
-          for (size_t i = 0; i < extra_tiles.size(); ++i) {
-            kernels::GroupedGemmOptions to;
-            to.tile = extra_tiles[i];
-            timer.add(&t_tiles[i], [&, to] { kernels::grouped_gemm(ga, to, stream); });
-          }
-          for (size_t i = 0; i < o.bands.size(); ++i) {
-            kernels::GroupedGemmOptions bo;
-            bo.raster_band = o.bands[i];
-            timer.add(&t_bands[i], [&, bo] { kernels::grouped_gemm(ga, bo, stream); });
-          }
-          timer.run();
-          kernels::check_grouped_gemm_status(ga.status, stream, "bench grouped");
-
-          const double flop = 2.0 * static_cast<double>(T) * static_cast<double>(n) * static_cast<double>(k);
-          const double t_dense = std::min(t_dcub, t_dours);
-          const std::string k_ = key(m.name, tp, which, rt);
-          const double t_torch = torch.count(k_) ? torch[k_]["torch_ms"].get<double>() : NAN;
-          if (!std::isnan(t_torch)) vs_torch.push_back(t_torch / t_ours);
-          vs_dense.push_back(t_dense / t_ours);
-          vs_loop.push_back(t_loop / t_ours);
-          std::vector<std::string> row = {fmt::format("{} TP{} {} {}", m.name, tp, which, rt),
-                                          std::to_string(n),
-                                          std::to_string(k),
-                                          kernels::grouped_tile_name(tile),
-                                          fmt::format("{:.4f}", t_ours),
-                                          fmt::format("{:.0f}", flop / t_ours / 1e9),
-                                          std::isnan(t_torch) ? "-" : fmt::format("{:.4f}", t_torch),
-                                          std::isnan(t_torch) ? "-" : fmt::format("{:.3f}", t_torch / t_ours),
-                                          fmt::format("{:.4f}", t_dcub),
-                                          fmt::format("{:.4f}", t_dours),
-                                          fmt::format("{:.3f}", t_dense / t_ours),
-                                          fmt::format("{:.4f}", t_loop),
-                                          fmt::format("{:.2f}", t_loop / t_ours),
-                                          fmt::format("{:.1e}", err)};
-          nlohmann::json rec = {{"shape", m.name},
-                                {"tp", tp},
-                                {"gemm", which},
-                                {"routing", rt},
-                                {"n", n},
-                                {"k", k},
-                                {"rows", T},
-                                {"experts", m.E},
-                                {"tile", kernels::grouped_tile_name(tile)},
-                                {"ours_ms", t_ours},
-                                {"ours_tflops", flop / t_ours / 1e9},
-                                {"loop_ms", t_loop},
-                                {"dense_cublaslt_ms", t_dcub},
-                                {"dense_ours_ms", t_dours},
-                                {"rel_err", err},
-                                {"counts", counts}};
-          if (!std::isnan(t_torch)) {
-            rec["torch_ms"] = t_torch;
-            rec["ours_over_torch_throughput"] = t_torch / t_ours;
-          }
-          rec["ours_over_dense_throughput"] = t_dense / t_ours;
-          for (size_t i = 0; i < extra_tiles.size(); ++i) {
-            row.push_back(fmt::format("{:.4f}", t_tiles[i]));
-            rec["tiles_ms"][kernels::grouped_tile_name(extra_tiles[i])] = t_tiles[i];
-          }
-          for (size_t i = 0; i < o.bands.size(); ++i) {
-            row.push_back(fmt::format("{:.4f}", t_bands[i]));
-            rec["bands_ms"][std::to_string(o.bands[i])] = t_bands[i];
-          }
-          table.add(row);
-          records.push_back(rec);
-          fmt::print("{}\n", rec.dump());
-          std::fflush(stdout);
-        }
+        for (const std::string& rt : o.routing)
+          run_problem(o, buf, make_problem(buf, m, tp, which, rt), extra_tiles, torch, res, stream);
     }
-  fmt::print("\n{}\n", table.str());
-  auto mn = [](const std::vector<double>& v) { return v.empty() ? NAN : *std::min_element(v.begin(), v.end()); };
-  const std::string summary = fmt::format(
-      "ours/torch._grouped_mm throughput: geomean {:.3f}, min {:.3f} ({} problems); ours/dense (best of cuBLASLt "
-      "and gemm()): geomean {:.3f}, min {:.3f}; ours/per-expert cuBLASLt loop: geomean {:.2f}, min {:.2f}; worst "
-      "rel err {:.1e}",
-      geomean(vs_torch), mn(vs_torch), vs_torch.size(), geomean(vs_dense), mn(vs_dense), geomean(vs_loop), mn(vs_loop),
-      worst_err);
-  fmt::print("{}\n", summary);
-  if (!o.json.empty()) {
-    nlohmann::json j = {{"device", fmt::format("{} ({}, {} SMs)", o.device_kind, prop.name, prop.multiProcessorCount)},
-                        {"commit", o.commit},
-                        {"command", o.command_line},
-                        {"method",
-                         "CUDA events per call, warm-up, median; variants interleaved run by run; "
-                         "torch._grouped_mm timed by scripts/bench_grouped_torch.py in the same device call"},
-                        {"summary",
-                         {{"ours_over_torch_geomean", geomean(vs_torch)},
-                          {"ours_over_torch_min", mn(vs_torch)},
-                          {"ours_over_dense_geomean", geomean(vs_dense)},
-                          {"ours_over_dense_min", mn(vs_dense)},
-                          {"ours_over_loop_geomean", geomean(vs_loop)},
-                          {"worst_rel_err", worst_err}}},
-                        {"problems", records}};
-    std::ofstream(o.json) << j.dump(1) << "\n";
-    fmt::print("wrote {}\n", o.json);
-  }
+  print_and_write(o, prop, res);
   TESSERA_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 

@@ -104,6 +104,458 @@ std::string ms(double v) { return v > 0 ? fmt::format("{:.3f}", v) : std::string
 
 using ops::Strategy;
 
+/// What every shape shares: the group, the context, the lead GEMM and the tables.
+struct Bench {
+  const Options& o;
+  runtime::ProcessGroup& pg;
+  ops::TpContext& ctx;
+  cudaStream_t st;
+  DType t;
+  ncclDataType_t nt;
+  /// "engine": the plain GEMM on the fused operators' tile (ping-pong 64x256),
+  /// named explicitly since the plain default turns cooperative on large shapes.
+  kernels::GemmOptions fused_tile;
+  kernels::GemmArgs lead_args;
+  Table table{{"shape", "part", "GEMM", "GEMM TF/s", "engine", "comm", "sequential", "decomp", "best fused", "which",
+               "tessera", "choice", "ideal", "speedup", "of ideal"}};
+  Table var{{"shape", "part", "variant", "ms", "vs sequential"}};
+};
+
+/// One part's columns of the main table.
+struct PartResult {
+  double gemm = 0, engine = 0, comm = 0, seq = 0, dec = 0, best = 0, tes = 0;
+  std::string which, choice;
+  double flop = 0;
+};
+
+/// One MLP shape: its inputs, every timed body (registered in one
+/// interleaved loop by the add_* steps, in a fixed order), and its rows.
+class ShapeBench {
+ public:
+  ShapeBench(Bench& b, const MlpShape& sh)
+      : b_(b),
+        sh_(sh),
+        m_(sh.s),
+        ml_(sh.s / b.pg.world()),
+        h_(sh.h),
+        il_(sh.i / b.pg.world()),
+        agout_(m_ * il_ * 2),
+        gemm_out_(m_ * 2 * il_ * 2),
+        part_(m_ * h_ * 2),
+        out_(ml_ * h_ * 2),
+        timer_(b.st, b.o.warmup, b.o.reps, [&b] {
+          TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+          if (b.o.gap_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(b.o.gap_ms));
+          b.pg.barrier();
+          if (b.o.lead) kernels::cublaslt_gemm(b.lead_args, b.st);  // the host queues the run while this runs
+          b.pg.align_streams(b.st);                                 // the ranks start each run together
+        }) {
+    fill_inputs();
+    ag_base_.channels = b.o.channels;
+    ag_base_.comm_ctas = b.o.comm_ctas;
+    ag_base_.use_cache = false;
+    rs_base_.comm_ctas = b.o.comm_ctas;
+    rs_base_.use_cache = false;
+    ar_base_.use_cache = false;
+    // GEMM+RS on the copy engine needs the shards on tile rows.
+    rs_ce_ok_ = ops::shard_rows(m_, b.pg.world()).per_rank % ops::kRsFusedTileRows == 0;
+  }
+  ShapeBench(const ShapeBench&) = delete;
+  ShapeBench& operator=(const ShapeBench&) = delete;
+
+  /// Every figure of this shape is timed in ONE interleaved loop (the add_*
+  /// steps register, timer.run() measures, report() reads), so all columns
+  /// see the same clocks; per-rank medians, then the max over ranks.
+  void measure() {
+    add_ag();
+    add_rs();
+    add_ar();
+    add_mlp();
+    print_tuner_choices();
+    timer_.run([&](double median) { return b_.pg.allreduce_max(median); });
+  }
+
+  void report() {
+    report_ag();
+    report_rs_ar();
+    report_mlp();
+    report_variants();
+  }
+
+ private:
+  struct Variant {
+    std::string part, name;
+    double ms = 0;
+  };
+
+  void fill_inputs() {
+    in_.resize(static_cast<std::size_t>(b_.o.sets));
+    std::uint64_t seed = 1000 + 100 * static_cast<std::uint64_t>(b_.pg.rank());
+    for (auto& set : in_) {
+      auto make = [&](std::int64_t elems) {
+        auto p = std::make_unique<Buf>(static_cast<std::size_t>(elems) * 2);
+        gemm::fill_random(p->p, elems, b_.t, seed++, b_.st);
+        return p;
+      };
+      set.x = make(ml_ * h_);
+      set.xfull = make(m_ * h_);
+      set.wgu = make(2 * il_ * h_);  // its first I/R rows are the non-gated weight [I/R, H]
+      set.wd = make(h_ * il_);
+      set.hid = make(m_ * il_);
+    }
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(b_.st));
+  }
+
+  InputSet& next() { return in_[static_cast<std::size_t>(turn_++ % b_.o.sets)]; }
+
+  void variant(const std::string& part_name, const std::string& name, std::function<void()> body) {
+    variants_.push_back({part_name, name});
+    timer_.add(&variants_.back().ms, std::move(body));
+  }
+
+  ops::AgGemmArgs ag_args(InputSet& s, bool gated, void* d) const {
+    ops::AgGemmArgs a;
+    a.a = s.x->p;
+    a.b = s.wgu->p;
+    a.d = d;
+    a.m = m_;
+    a.m_local = ml_;
+    a.n = gated ? 2 * il_ : il_;
+    a.k = h_;
+    a.ldd = il_;
+    a.dtype = b_.t;
+    a.swiglu = gated;
+    return a;
+  }
+  ops::GemmRsArgs rs_args(InputSet& s) const {
+    ops::GemmRsArgs a;
+    a.a = s.hid->p;
+    a.b = s.wd->p;
+    a.d = out_.p;
+    a.m = m_;
+    a.m_local = ml_;
+    a.n = h_;
+    a.k = il_;
+    a.dtype = b_.t;
+    return a;
+  }
+  ops::GemmArArgs ar_args(InputSet& s) const {
+    ops::GemmArArgs a;
+    a.a = s.hid->p;
+    a.b = s.wd->p;
+    a.d = part_.p;
+    a.m = m_;
+    a.n = h_;
+    a.k = il_;
+    a.dtype = b_.t;
+    return a;
+  }
+  std::function<void()> ag_call(ops::OpOptions op, bool gated) {
+    return [this, op, gated] { ops::ag_gemm(b_.ctx, ag_args(next(), gated, agout_.p), op); };
+  }
+  std::function<void()> rs_call(ops::OpOptions op) {
+    return [this, op] { ops::gemm_rs(b_.ctx, rs_args(next()), op); };
+  }
+  std::function<void()> ar_call(ops::OpOptions op) {
+    return [this, op] { ops::gemm_ar(b_.ctx, ar_args(next()), op); };
+  }
+  std::function<void()> mlp_call(ops::OpOptions oa, ops::OpOptions orr) {
+    return [this, oa, orr] {
+      auto& s = next();
+      ops::MlpArgs ma{s.x->p, s.wgu->p, s.wd->p, out_.p, m_, ml_, h_, il_, b_.t};
+      ops::mlp(b_.ctx, ma, oa, orr);
+    };
+  }
+
+  // ---- AG + GEMM (non-gated N = I/R, and gated N = 2·I/R with SiLU·up) -----
+  void add_ag() {
+    timer_.add(&ag_res_[0].comm, [this] {
+      auto& s = next();
+      TESSERA_NCCL_CHECK(
+          ncclAllGather(s.x->p, s.xfull->p, static_cast<std::size_t>(ml_ * h_), b_.nt, b_.pg.nccl(), b_.st));
+    });
+    for (int gated = 0; gated < 2; ++gated) add_ag_part(gated != 0);
+  }
+
+  void add_ag_part(bool gated) {
+    PartResult& r = ag_res_[gated ? 1 : 0];
+    const std::int64_t n = gated ? 2 * il_ : il_;
+    r.flop = 2.0 * m_ * n * h_;
+    auto gemm_args = [this, n](InputSet& s) {
+      return kernels::GemmArgs{s.xfull->p, s.wgu->p, gemm_out_.p, m_,   n,    h_,
+                               h_,         h_,       n,           b_.t, b_.t, kernels::BLayout::NK};
+    };
+    timer_.add(&r.gemm, [this, gemm_args] { kernels::cublaslt_gemm(gemm_args(next()), b_.st); });
+    // The plain GEMM on the fused AG+GEMM's tile (ping-pong 64x256).
+    timer_.add(&r.engine, [this, gemm_args] { kernels::gemm(gemm_args(next()), b_.fused_tile, b_.st); });
+    for (Strategy sg : {Strategy::sequential, Strategy::decomposition, Strategy::fused_ce, Strategy::fused_sm}) {
+      ops::OpOptions op = ag_base_;
+      op.strategy = sg;
+      timer_.add(&ag_tm_[gated ? 1 : 0][sg], ag_call(op, gated));
+    }
+    // Strategy::automatic: the tuner decides on the first (warm-up) call.
+    timer_.add(&r.tes, ag_call(ag_base_, gated));
+    const char* part_name = gated ? "AG+GEMM gated" : "AG+GEMM";
+    if (b_.o.kernel_only) {
+      // After the fused_ce body above in every round of the interleaved
+      // loop, so the epoch it replays is always stored.
+      ops::OpOptions op = ag_base_;
+      op.strategy = Strategy::fused_ce;
+      op.diag_kernel_only = true;
+      variant(part_name, "fused_ce kernel only (no comm)", ag_call(op, gated));
+    }
+    if (!b_.o.variants) return;
+    for (int ch : {1, 8}) {
+      if (ch == b_.o.channels) continue;
+      ops::OpOptions op = ag_base_;
+      op.strategy = Strategy::fused_ce;
+      op.channels = ch;
+      variant(part_name, "fused_ce ch=" + std::to_string(ch), ag_call(op, gated));
+    }
+    for (int cc : {4, 8}) {
+      if (cc == b_.o.comm_ctas) continue;
+      ops::OpOptions op = ag_base_;
+      op.strategy = Strategy::fused_sm;
+      op.comm_ctas = cc;
+      variant(part_name, "fused_sm ctas=" + std::to_string(cc), ag_call(op, gated));
+    }
+  }
+
+  // ---- GEMM + RS ------------------------------------------------------------
+  void add_rs() {
+    rs_.flop = 2.0 * m_ * h_ * il_;
+    auto rs_gemm_args = [this](InputSet& s) {
+      return kernels::GemmArgs{s.hid->p, s.wd->p, part_.p, m_, h_, il_, il_, il_, h_, b_.t, b_.t, kernels::BLayout::NK};
+    };
+    timer_.add(&rs_.gemm, [this, rs_gemm_args] { kernels::cublaslt_gemm(rs_gemm_args(next()), b_.st); });
+    // The fused GEMM+RS's tile (ping-pong 64x256).
+    timer_.add(&rs_.engine, [this, rs_gemm_args] { kernels::gemm(rs_gemm_args(next()), b_.fused_tile, b_.st); });
+    timer_.add(&rs_.comm, [this] {
+      TESSERA_NCCL_CHECK(
+          ncclReduceScatter(part_.p, out_.p, static_cast<std::size_t>(ml_ * h_), b_.nt, ncclSum, b_.pg.nccl(), b_.st));
+    });
+    ops::OpOptions op = rs_base_;
+    op.strategy = Strategy::sequential;
+    timer_.add(&rs_.seq, rs_call(op));
+    op.strategy = Strategy::decomposition;
+    timer_.add(&rs_.dec, rs_call(op));
+    op.strategy = Strategy::fused_sm;
+    op.rs_reduce = ops::RsReduce::epilogue;  // OpOptions' default
+    timer_.add(&rs_sm_, rs_call(op));
+    if (rs_ce_ok_) add_rs_fused_ce(op);
+    op.rs_reduce = ops::RsReduce::kernel;
+    variant("GEMM+RS", "fused_sm reduce=kernel ctas=" + std::to_string(b_.o.comm_ctas), rs_call(op));
+    if (b_.o.variants)
+      for (int cc : {4, 8}) {
+        if (cc == b_.o.comm_ctas) continue;
+        op.comm_ctas = cc;
+        variant("GEMM+RS", "fused_sm reduce=kernel ctas=" + std::to_string(cc), rs_call(op));
+      }
+    timer_.add(&rs_.tes, rs_call(rs_base_));
+  }
+
+  /// fused_ce, then its kernel-only rows (after it in every round, so the
+  /// epoch they replay is stored).
+  void add_rs_fused_ce(ops::OpOptions op) {
+    op.strategy = Strategy::fused_ce;
+    timer_.add(&rs_ce_, rs_call(op));
+    if (!b_.o.kernel_only) return;
+    op.diag_kernel_only = true;
+    variant("GEMM+RS", "fused_ce kernel only (no comm)", rs_call(op));
+    if (!b_.o.kernel_split) return;
+    // The kernel with parts of its work left out (OpOptions::diag_skip):
+    // each row's difference to the one above is that part's cost.
+    const std::pair<unsigned, const char*> splits[] = {
+        {ops::kDiagSkipOwnerAdd, "kernel only - owner add"},
+        {ops::kDiagSkipBandWait, "kernel only - band wait"},
+        {ops::kDiagSkipNotify, "kernel only - notify add"},
+        {ops::kDiagSkipOwnerAdd | ops::kDiagSkipBandWait | ops::kDiagSkipNotify, "kernel only - all three"},
+    };
+    for (const auto& [bits, name] : splits) {
+      op.diag_skip = bits;
+      variant("GEMM+RS", name, rs_call(op));
+    }
+  }
+
+  // ---- GEMM + AR (same GEMM; the full [S, H] sum on every rank, into `part`) ---
+  void add_ar() {
+    ar_.flop = rs_.flop;
+    timer_.add(&ar_.comm, [this] {
+      TESSERA_NCCL_CHECK(
+          ncclAllReduce(part_.p, part_.p, static_cast<std::size_t>(m_ * h_), b_.nt, ncclSum, b_.pg.nccl(), b_.st));
+    });
+    ops::OpOptions op = ar_base_;
+    op.strategy = Strategy::sequential;
+    timer_.add(&ar_.seq, ar_call(op));
+    if (rs_ce_ok_) {
+      op.strategy = Strategy::fused_ce;
+      timer_.add(&ar_ce_, ar_call(op));
+    }
+    timer_.add(&ar_.tes, ar_call(ar_base_));
+  }
+
+  // ---- whole layer (gated AG+GEMM, then GEMM+RS) -----------------------------
+  void add_mlp() {
+    ops::OpOptions oa = ag_base_, orr = rs_base_;
+    oa.strategy = orr.strategy = Strategy::sequential;
+    timer_.add(&layer_.seq, mlp_call(oa, orr));
+    oa.strategy = orr.strategy = Strategy::decomposition;
+    timer_.add(&layer_.dec, mlp_call(oa, orr));
+    orr.strategy = Strategy::fused_sm;
+    oa.strategy = Strategy::fused_ce;
+    timer_.add(&ml_ce_, mlp_call(oa, orr));
+    oa.strategy = Strategy::fused_sm;
+    timer_.add(&ml_sm_, mlp_call(oa, orr));
+    if (rs_ce_ok_) {
+      oa.strategy = orr.strategy = Strategy::fused_ce;
+      timer_.add(&ml_cece_, mlp_call(oa, orr));
+    }
+    if (b_.o.variants) {
+      // The same two fused halves as separate calls (hidden in the input set
+      // rather than ops::mlp's own buffer): isolates what mlp() adds.
+      ops::OpOptions oce = ag_base_, osm = rs_base_;
+      oce.strategy = Strategy::fused_ce;
+      osm.strategy = Strategy::fused_sm;
+      variant("MLP", "fused_ce+fused_sm as two calls", [this, oce, osm] {
+        auto& s = next();
+        ops::ag_gemm(b_.ctx, ag_args(s, true, s.hid->p), oce);
+        ops::gemm_rs(b_.ctx, rs_args(s), osm);
+      });
+    }
+    timer_.add(&layer_.tes, mlp_call(ag_base_, rs_base_));
+  }
+
+  /// Tunes here, as the first automatic call would (same collective
+  /// measurement, then memoized), to print what the tuner measured.
+  void print_tuner_choices() {
+    ops::TuneReport tuned[4];
+    for (int gated = 0; gated < 2; ++gated) b_.ctx.resolve(ag_args(in_[0], gated, agout_.p), ag_base_, &tuned[gated]);
+    b_.ctx.resolve(rs_args(in_[0]), rs_base_, &tuned[2]);
+    b_.ctx.resolve(ar_args(in_[0]), ar_base_, &tuned[3]);
+    if (b_.pg.rank() != 0) return;
+    const char* parts[4] = {"AG+GEMM", "AG+GEMM gated", "GEMM+RS", "GEMM+AR"};
+    for (int i = 0; i < 4; ++i) {
+      std::string times;
+      for (const auto& [k, v] : tuned[i].times_ms) times += fmt::format(" {} {:.3f}", ops::strategy_name(k), v);
+      fmt::print("{} {}: tuner chose {} ({}; ms:{}; load GEMMs {:.3f} ms)\n", sh_.name, parts[i],
+                 ops::strategy_name(tuned[i].chosen), tuned[i].from_cache ? "cached" : "measured", times,
+                 tuned[i].load_ms);
+    }
+  }
+
+  void add_row(const char* part_name, const PartResult& r, double ideal) {
+    b_.table.add({sh_.name, part_name, ms(r.gemm), r.flop > 0 ? fmt::format("{:.0f}", r.flop / r.gemm * 1e-9) : "-",
+                  r.engine > 0 ? ms(r.engine) : "-", ms(r.comm), ms(r.seq), ms(r.dec), ms(r.best), r.which, ms(r.tes),
+                  r.choice, ms(ideal), fmt::format("{:.2f}x", r.seq / r.tes),
+                  fmt::format("{:.0f}%", 100.0 * ideal / r.tes)});
+  }
+
+  void report_ag() {
+    ag_res_[1].comm = ag_res_[0].comm;
+    for (int gated = 0; gated < 2; ++gated) {
+      PartResult& r = ag_res_[gated];
+      std::map<Strategy, double>& tm = ag_tm_[gated];
+      r.seq = tm[Strategy::sequential];
+      r.dec = tm[Strategy::decomposition];
+      const Strategy best = tm[Strategy::fused_ce] <= tm[Strategy::fused_sm] ? Strategy::fused_ce : Strategy::fused_sm;
+      r.best = tm[best];
+      r.which = std::string(ops::strategy_name(best));
+      r.choice = std::string(ops::strategy_name(b_.ctx.resolve(ag_args(in_[0], gated, agout_.p), ag_base_)));
+      add_row(gated ? "AG+GEMM gated" : "AG+GEMM", r, std::max(r.gemm, r.comm));
+    }
+  }
+
+  void report_rs_ar() {
+    const bool ce_wins = rs_ce_ok_ && rs_ce_ < rs_sm_;
+    rs_.best = ce_wins ? rs_ce_ : rs_sm_;
+    rs_.which = ce_wins ? "fused_ce" : "fused_sm";
+    rs_.choice = std::string(ops::strategy_name(b_.ctx.resolve(rs_args(in_[0]), rs_base_)));
+    add_row("GEMM+RS", rs_, std::max(rs_.gemm, rs_.comm));
+    ar_.gemm = rs_.gemm;
+    ar_.engine = rs_.engine;
+    if (rs_ce_ok_) {
+      ar_.best = ar_ce_;
+      ar_.which = "fused_ce";
+    }
+    ar_.choice = std::string(ops::strategy_name(b_.ctx.resolve(ar_args(in_[0]), ar_base_)));
+    add_row("GEMM+AR", ar_, std::max(ar_.gemm, ar_.comm));
+  }
+
+  void report_mlp() {
+    const PartResult& g = ag_res_[1];
+    layer_.gemm = g.gemm + rs_.gemm;
+    layer_.engine = g.engine + rs_.engine;
+    layer_.comm = g.comm + rs_.comm;
+    layer_.best = std::min(ml_ce_, ml_sm_);
+    layer_.which = ml_ce_ <= ml_sm_ ? "fused_ce+fused_sm" : "fused_sm+fused_sm";
+    if (rs_ce_ok_ && ml_cece_ < layer_.best) {
+      layer_.best = ml_cece_;
+      layer_.which = "fused_ce+fused_ce";
+    }
+    layer_.choice = g.choice + "+" + rs_.choice;
+    add_row("MLP", layer_, std::max(g.gemm, g.comm) + std::max(rs_.gemm, rs_.comm));
+  }
+
+  double seq_of(const std::string& part_name) const {
+    if (part_name == "AG+GEMM") return ag_res_[0].seq;
+    if (part_name == "AG+GEMM gated") return ag_res_[1].seq;
+    if (part_name == "GEMM+RS") return rs_.seq;
+    if (part_name == "GEMM+AR") return ar_.seq;
+    return layer_.seq;
+  }
+
+  void var_row(const std::string& part_name, const std::string& name, double v) {
+    b_.var.add({sh_.name, part_name, name, ms(v), fmt::format("{:.2f}x", seq_of(part_name) / v)});
+  }
+
+  void report_variants() {
+    for (int gated = 0; gated < 2; ++gated) {
+      const char* part_name = gated ? "AG+GEMM gated" : "AG+GEMM";
+      var_row(part_name, "fused_ce ch=" + std::to_string(b_.o.channels), ag_tm_[gated][Strategy::fused_ce]);
+      var_row(part_name, "fused_sm ctas=" + std::to_string(b_.o.comm_ctas), ag_tm_[gated][Strategy::fused_sm]);
+    }
+    var_row("GEMM+RS", "fused_sm reduce=epilogue", rs_sm_);
+    if (rs_ce_ok_) var_row("GEMM+RS", "fused_ce (copy engine)", rs_ce_);
+    if (rs_ce_ok_) var_row("GEMM+AR", "fused_ce (copy engine)", ar_ce_);
+    var_row("MLP", "fused_ce+fused_sm", ml_ce_);
+    var_row("MLP", "fused_sm+fused_sm", ml_sm_);
+    if (rs_ce_ok_) var_row("MLP", "fused_ce+fused_ce", ml_cece_);
+    for (const Variant& v : variants_) var_row(v.part, v.name, v.ms);
+  }
+
+  Bench& b_;
+  const MlpShape& sh_;
+  const std::int64_t m_, ml_, h_, il_;
+  std::vector<InputSet> in_;
+  Buf agout_, gemm_out_, part_, out_;
+  int turn_ = 0;
+  InterleavedTimer timer_;
+  std::deque<Variant> variants_;  // deque: stable addresses for the timer
+  ops::OpOptions ag_base_, rs_base_, ar_base_;
+  bool rs_ce_ok_ = false;
+  PartResult ag_res_[2], rs_, ar_, layer_;  // layer_: the whole MLP
+  std::map<Strategy, double> ag_tm_[2];
+  double rs_sm_ = 0, rs_ce_ = 0, ar_ce_ = 0, ml_ce_ = 0, ml_sm_ = 0, ml_cece_ = 0;
+};
+
+void print_tables(const Bench& b) {
+  const Options& o = b.o;
+  const std::string head = fmt::format(
+      "bench mlp: TP={} {} on {} (ms, median of {}, max over ranks, inputs rotated "
+      "over {} sets, {})",
+      b.pg.world(), o.dtype, b.pg.device_properties().name, o.reps, o.sets,
+      fmt::format("{}{}", o.lead ? "lead GEMM before each run" : "no lead GEMM",
+                  o.gap_ms > 0 ? fmt::format(", {} ms idle before", o.gap_ms) : std::string()));
+  fmt::print("tessera {}\n{}", head, b.table.str());
+  const bool var_table = o.variants || o.kernel_only;
+  if (var_table) fmt::print("\nfused variants:\n{}", b.var.str());
+  if (o.markdown.empty()) return;
+  std::ofstream f(o.markdown, std::ios::app);
+  TESSERA_CHECK(f.good(), "bench mlp: cannot open {}", o.markdown);
+  f << "\n### " << head << "\n\n" << b.table.markdown() << "\n";
+  if (var_table) f << "\nFused variants (A/B of OpOptions):\n\n" << b.var.markdown() << "\n";
+}
+
 void run(const Options& o) {
   auto pg = runtime::ProcessGroup::from_environment();
   const int R = pg->world(), rank = pg->rank();
@@ -111,12 +563,6 @@ void run(const Options& o) {
   const DType t = o.dtype == "f16" ? DType::f16 : DType::bf16;
   ops::TpContext ctx(*pg);
   cudaStream_t st = pg->stream();
-  const ncclDataType_t nt = t == DType::f16 ? ncclFloat16 : ncclBfloat16;
-  Table table({"shape", "part", "GEMM", "GEMM TF/s", "engine", "comm", "sequential", "decomp", "best fused", "which",
-               "tessera", "choice", "ideal", "speedup", "of ideal"});
-  Table var({"shape", "part", "variant", "ms", "vs sequential"});
-  // "engine": the plain GEMM on the fused operators' tile (ping-pong 64x256),
-  // named explicitly since the plain default turns cooperative on large shapes.
   kernels::GemmOptions fused_tile;
   fused_tile.ping_pong = true;
   fused_tile.tile = kernels::GemmTile::T64x256;
@@ -127,376 +573,16 @@ void run(const Options& o) {
   gemm::fill_random(lead_b.p, kLead * kLeadK, t, 88 + rank, st);
   const kernels::GemmArgs lead_args{lead_a.p, lead_b.p, lead_d.p, kLead, kLead, kLeadK,
                                     kLeadK,   kLeadK,   kLead,    t,     t,     kernels::BLayout::NK};
+  Bench b{o, *pg, ctx, st, t, t == DType::f16 ? ncclFloat16 : ncclBfloat16, fused_tile, lead_args};
   for (int idx : o.shapes) {
     TESSERA_CHECK(idx >= 1 && idx <= 6, "bench mlp: shape {} not in 1..6", idx);
     const MlpShape sh = mlp_shape(idx);
     TESSERA_CHECK(sh.i % R == 0 && sh.s % R == 0, "bench mlp: {} does not split over {} ranks", sh.name, R);
-    const std::int64_t m = sh.s, ml = sh.s / R, h = sh.h, il = sh.i / R;
-    std::vector<InputSet> in(static_cast<std::size_t>(o.sets));
-    std::uint64_t seed = 1000 + 100 * static_cast<std::uint64_t>(rank);
-    for (auto& set : in) {
-      auto make = [&](std::int64_t elems) {
-        auto b = std::make_unique<Buf>(static_cast<std::size_t>(elems) * 2);
-        gemm::fill_random(b->p, elems, t, seed++, st);
-        return b;
-      };
-      set.x = make(ml * h);
-      set.xfull = make(m * h);
-      set.wgu = make(2 * il * h);  // its first I/R rows are the non-gated weight [I/R, H]
-      set.wd = make(h * il);
-      set.hid = make(m * il);
-    }
-    Buf agout(m * il * 2), gemm_out(m * 2 * il * 2), part(m * h * 2), out(ml * h * 2);
-    TESSERA_CUDA_CHECK(cudaStreamSynchronize(st));
-    int turn = 0;
-    auto next = [&]() -> InputSet& { return in[static_cast<std::size_t>(turn++ % o.sets)]; };
-
-    struct PartResult {
-      double gemm = 0, engine = 0, comm = 0, seq = 0, dec = 0, best = 0, tes = 0;
-      std::string which, choice;
-      double flop = 0;
-    };
-    auto add = [&](const char* part_name, const PartResult& r, double ideal) {
-      table.add({sh.name, part_name, ms(r.gemm), r.flop > 0 ? fmt::format("{:.0f}", r.flop / r.gemm * 1e-9) : "-",
-                 r.engine > 0 ? ms(r.engine) : "-", ms(r.comm), ms(r.seq), ms(r.dec), ms(r.best), r.which, ms(r.tes),
-                 r.choice, ms(ideal), fmt::format("{:.2f}x", r.seq / r.tes),
-                 fmt::format("{:.0f}%", 100.0 * ideal / r.tes)});
-    };
-    // Every figure of this shape is timed in ONE interleaved loop (phase 1
-    // registers, timer.run() measures, phase 2 reads), so all columns see the
-    // same clocks; per-rank medians, then the max over ranks.
-    InterleavedTimer timer(st, o.warmup, o.reps, [&] {
-      TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
-      if (o.gap_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(o.gap_ms));
-      pg->barrier();
-      if (o.lead) kernels::cublaslt_gemm(lead_args, st);  // the host queues the run while this runs
-      pg->align_streams(st);                              // the ranks start each run together
-    });
-    struct Variant {
-      std::string part, name;
-      double ms = 0;
-    };
-    std::deque<Variant> variants;  // deque: stable addresses for the timer
-    auto variant = [&](const std::string& part_name, const std::string& name, std::function<void()> body) {
-      variants.push_back({part_name, name});
-      timer.add(&variants.back().ms, std::move(body));
-    };
-
-    // ---- AG + GEMM (non-gated N = I/R, and gated N = 2·I/R with SiLU·up) -----
-    PartResult ag_res[2];
-    std::map<Strategy, double> ag_tm[2];
-    timer.add(&ag_res[0].comm, [&] {
-      auto& s = next();
-      TESSERA_NCCL_CHECK(ncclAllGather(s.x->p, s.xfull->p, static_cast<std::size_t>(ml * h), nt, pg->nccl(), st));
-    });
-    ops::OpOptions ag_base;
-    ag_base.channels = o.channels;
-    ag_base.comm_ctas = o.comm_ctas;
-    ag_base.use_cache = false;
-    auto ag_args = [&](InputSet& s, bool gated, void* d) {
-      ops::AgGemmArgs a;
-      a.a = s.x->p;
-      a.b = s.wgu->p;
-      a.d = d;
-      a.m = m;
-      a.m_local = ml;
-      a.n = gated ? 2 * il : il;
-      a.k = h;
-      a.ldd = il;
-      a.dtype = t;
-      a.swiglu = gated;
-      return a;
-    };
-    for (int gated = 0; gated < 2; ++gated) {
-      PartResult& r = ag_res[gated];
-      const std::int64_t n = gated ? 2 * il : il;
-      r.flop = 2.0 * m * n * h;
-      auto gemm_args = [&, n](InputSet& s) {
-        return kernels::GemmArgs{s.xfull->p, s.wgu->p, gemm_out.p, m, n, h, h, h, n, t, t, kernels::BLayout::NK};
-      };
-      timer.add(&r.gemm, [&, gemm_args] { kernels::cublaslt_gemm(gemm_args(next()), st); });
-      // The plain GEMM on the fused AG+GEMM's tile (ping-pong 64x256).
-      timer.add(&r.engine, [&, gemm_args] { kernels::gemm(gemm_args(next()), fused_tile, st); });
-      for (Strategy sg : {Strategy::sequential, Strategy::decomposition, Strategy::fused_ce, Strategy::fused_sm}) {
-        ops::OpOptions op = ag_base;
-        op.strategy = sg;
-        timer.add(&ag_tm[gated][sg], [&, op, gated] { ops::ag_gemm(ctx, ag_args(next(), gated, agout.p), op); });
-      }
-      // Strategy::automatic: the tuner decides on the first (warm-up) call.
-      timer.add(&r.tes, [&, gated] { ops::ag_gemm(ctx, ag_args(next(), gated, agout.p), ag_base); });
-      if (o.kernel_only) {
-        // After the fused_ce body above in every round of the interleaved
-        // loop, so the epoch it replays is always stored.
-        ops::OpOptions op = ag_base;
-        op.strategy = Strategy::fused_ce;
-        op.diag_kernel_only = true;
-        variant(gated ? "AG+GEMM gated" : "AG+GEMM", "fused_ce kernel only (no comm)",
-                [&, op, gated] { ops::ag_gemm(ctx, ag_args(next(), gated, agout.p), op); });
-      }
-      if (o.variants) {
-        const char* part_name = gated ? "AG+GEMM gated" : "AG+GEMM";
-        for (int ch : {1, 8}) {
-          if (ch == o.channels) continue;
-          ops::OpOptions op = ag_base;
-          op.strategy = Strategy::fused_ce;
-          op.channels = ch;
-          variant(part_name, "fused_ce ch=" + std::to_string(ch),
-                  [&, op, gated] { ops::ag_gemm(ctx, ag_args(next(), gated, agout.p), op); });
-        }
-        for (int cc : {4, 8}) {
-          if (cc == o.comm_ctas) continue;
-          ops::OpOptions op = ag_base;
-          op.strategy = Strategy::fused_sm;
-          op.comm_ctas = cc;
-          variant(part_name, "fused_sm ctas=" + std::to_string(cc),
-                  [&, op, gated] { ops::ag_gemm(ctx, ag_args(next(), gated, agout.p), op); });
-        }
-      }
-    }
-
-    // ---- GEMM + RS ------------------------------------------------------------
-    PartResult rs;
-    rs.flop = 2.0 * m * h * il;
-    auto rs_gemm_args = [&](InputSet& s) {
-      return kernels::GemmArgs{s.hid->p, s.wd->p, part.p, m, h, il, il, il, h, t, t, kernels::BLayout::NK};
-    };
-    timer.add(&rs.gemm, [&] { kernels::cublaslt_gemm(rs_gemm_args(next()), st); });
-    // The fused GEMM+RS's tile (ping-pong 64x256).
-    timer.add(&rs.engine, [&] { kernels::gemm(rs_gemm_args(next()), fused_tile, st); });
-    timer.add(&rs.comm, [&] {
-      TESSERA_NCCL_CHECK(
-          ncclReduceScatter(part.p, out.p, static_cast<std::size_t>(ml * h), nt, ncclSum, pg->nccl(), st));
-    });
-    auto rs_args = [&](InputSet& s) {
-      ops::GemmRsArgs a;
-      a.a = s.hid->p;
-      a.b = s.wd->p;
-      a.d = out.p;
-      a.m = m;
-      a.m_local = ml;
-      a.n = h;
-      a.k = il;
-      a.dtype = t;
-      return a;
-    };
-    // GEMM+RS on the copy engine needs the shards on tile rows.
-    const bool rs_ce_ok = ops::shard_rows(m, R).per_rank % ops::kRsFusedTileRows == 0;
-    double rs_sm = 0, rs_ce = 0;
-    ops::OpOptions rs_base;
-    rs_base.comm_ctas = o.comm_ctas;
-    rs_base.use_cache = false;
-    auto rs_call = [&](ops::OpOptions op) { return [&, op] { ops::gemm_rs(ctx, rs_args(next()), op); }; };
-    {
-      ops::OpOptions op = rs_base;
-      op.strategy = Strategy::sequential;
-      timer.add(&rs.seq, rs_call(op));
-      op.strategy = Strategy::decomposition;
-      timer.add(&rs.dec, rs_call(op));
-      op.strategy = Strategy::fused_sm;
-      op.rs_reduce = ops::RsReduce::epilogue;  // OpOptions' default
-      timer.add(&rs_sm, rs_call(op));
-      if (rs_ce_ok) {
-        op.strategy = Strategy::fused_ce;
-        timer.add(&rs_ce, rs_call(op));
-        if (o.kernel_only) {
-          op.diag_kernel_only = true;
-          variant("GEMM+RS", "fused_ce kernel only (no comm)", rs_call(op));
-          if (o.kernel_split) {
-            // The kernel with parts of its work left out (OpOptions::diag_skip):
-            // each row's difference to the one above is that part's cost.
-            const std::pair<unsigned, const char*> splits[] = {
-                {ops::kDiagSkipOwnerAdd, "kernel only - owner add"},
-                {ops::kDiagSkipBandWait, "kernel only - band wait"},
-                {ops::kDiagSkipNotify, "kernel only - notify add"},
-                {ops::kDiagSkipOwnerAdd | ops::kDiagSkipBandWait | ops::kDiagSkipNotify, "kernel only - all three"},
-            };
-            for (const auto& [bits, name] : splits) {
-              op.diag_skip = bits;
-              variant("GEMM+RS", name, rs_call(op));
-            }
-            op.diag_skip = 0;
-          }
-          op.diag_kernel_only = false;
-        }
-        op.strategy = Strategy::fused_sm;
-      }
-      op.rs_reduce = ops::RsReduce::kernel;
-      variant("GEMM+RS", "fused_sm reduce=kernel ctas=" + std::to_string(o.comm_ctas), rs_call(op));
-      if (o.variants)
-        for (int cc : {4, 8}) {
-          if (cc == o.comm_ctas) continue;
-          op.comm_ctas = cc;
-          variant("GEMM+RS", "fused_sm reduce=kernel ctas=" + std::to_string(cc), rs_call(op));
-        }
-    }
-    timer.add(&rs.tes, rs_call(rs_base));
-
-    // ---- GEMM + AR (same GEMM; the full [S, H] sum on every rank, into `part`) ---
-    PartResult ar;
-    ar.flop = rs.flop;
-    timer.add(&ar.comm, [&] {
-      TESSERA_NCCL_CHECK(ncclAllReduce(part.p, part.p, static_cast<std::size_t>(m * h), nt, ncclSum, pg->nccl(), st));
-    });
-    auto ar_args = [&](InputSet& s) {
-      ops::GemmArArgs a;
-      a.a = s.hid->p;
-      a.b = s.wd->p;
-      a.d = part.p;
-      a.m = m;
-      a.n = h;
-      a.k = il;
-      a.dtype = t;
-      return a;
-    };
-    double ar_ce = 0;
-    ops::OpOptions ar_base;
-    ar_base.use_cache = false;
-    auto ar_call = [&](ops::OpOptions op) { return [&, op] { ops::gemm_ar(ctx, ar_args(next()), op); }; };
-    {
-      ops::OpOptions op = ar_base;
-      op.strategy = Strategy::sequential;
-      timer.add(&ar.seq, ar_call(op));
-      if (rs_ce_ok) {
-        op.strategy = Strategy::fused_ce;
-        timer.add(&ar_ce, ar_call(op));
-      }
-    }
-    timer.add(&ar.tes, ar_call(ar_base));
-
-    // ---- whole layer (gated AG+GEMM, then GEMM+RS) -----------------------------
-    auto mlp_call = [&](ops::OpOptions oa, ops::OpOptions orr) {
-      return [&, oa, orr] {
-        auto& s = next();
-        ops::MlpArgs ma{s.x->p, s.wgu->p, s.wd->p, out.p, m, ml, h, il, t};
-        ops::mlp(ctx, ma, oa, orr);
-      };
-    };
-    ops::OpOptions oa = ag_base, orr = rs_base;
-    PartResult ml_r;
-    double ml_ce = 0, ml_sm = 0, ml_cece = 0;
-    oa.strategy = orr.strategy = Strategy::sequential;
-    timer.add(&ml_r.seq, mlp_call(oa, orr));
-    oa.strategy = orr.strategy = Strategy::decomposition;
-    timer.add(&ml_r.dec, mlp_call(oa, orr));
-    orr.strategy = Strategy::fused_sm;
-    oa.strategy = Strategy::fused_ce;
-    timer.add(&ml_ce, mlp_call(oa, orr));
-    oa.strategy = Strategy::fused_sm;
-    timer.add(&ml_sm, mlp_call(oa, orr));
-    if (rs_ce_ok) {
-      oa.strategy = orr.strategy = Strategy::fused_ce;
-      timer.add(&ml_cece, mlp_call(oa, orr));
-    }
-    if (o.variants) {
-      // The same two fused halves as separate calls (hidden in the input set
-      // rather than ops::mlp's own buffer): isolates what mlp() adds.
-      ops::OpOptions oce = ag_base, osm = rs_base;
-      oce.strategy = Strategy::fused_ce;
-      osm.strategy = Strategy::fused_sm;
-      variant("MLP", "fused_ce+fused_sm as two calls", [&, oce, osm] {
-        auto& s = next();
-        ops::ag_gemm(ctx, ag_args(s, true, s.hid->p), oce);
-        ops::gemm_rs(ctx, rs_args(s), osm);
-      });
-    }
-    ops::OpOptions oauto = ag_base, rauto = rs_base;
-    timer.add(&ml_r.tes, mlp_call(oauto, rauto));
-
-    // Tune here, as the first automatic call would (same collective
-    // measurement, then memoized), to print what the tuner measured.
-    ops::TuneReport tuned[4];
-    for (int gated = 0; gated < 2; ++gated) ctx.resolve(ag_args(in[0], gated, agout.p), ag_base, &tuned[gated]);
-    ctx.resolve(rs_args(in[0]), rs_base, &tuned[2]);
-    ctx.resolve(ar_args(in[0]), ar_base, &tuned[3]);
-    if (pg->rank() == 0) {
-      const char* parts[4] = {"AG+GEMM", "AG+GEMM gated", "GEMM+RS", "GEMM+AR"};
-      for (int i = 0; i < 4; ++i) {
-        std::string times;
-        for (const auto& [k, v] : tuned[i].times_ms) times += fmt::format(" {} {:.3f}", ops::strategy_name(k), v);
-        fmt::print("{} {}: tuner chose {} ({}; ms:{}; load GEMMs {:.3f} ms)\n", sh.name, parts[i],
-                   ops::strategy_name(tuned[i].chosen), tuned[i].from_cache ? "cached" : "measured", times,
-                   tuned[i].load_ms);
-      }
-    }
-    timer.run([&](double median) { return pg->allreduce_max(median); });
-    ag_res[1].comm = ag_res[0].comm;
-    Strategy ag_best[2];
-    for (int gated = 0; gated < 2; ++gated) {
-      PartResult& r = ag_res[gated];
-      r.seq = ag_tm[gated][Strategy::sequential];
-      r.dec = ag_tm[gated][Strategy::decomposition];
-      ag_best[gated] = ag_tm[gated][Strategy::fused_ce] <= ag_tm[gated][Strategy::fused_sm] ? Strategy::fused_ce
-                                                                                            : Strategy::fused_sm;
-      r.best = ag_tm[gated][ag_best[gated]];
-      r.which = std::string(ops::strategy_name(ag_best[gated]));
-      r.choice = std::string(ops::strategy_name(ctx.resolve(ag_args(in[0], gated, agout.p), ag_base)));
-      add(gated ? "AG+GEMM gated" : "AG+GEMM", r, std::max(r.gemm, r.comm));
-    }
-    const bool ce_wins = rs_ce_ok && rs_ce < rs_sm;
-    rs.best = ce_wins ? rs_ce : rs_sm;
-    rs.which = ce_wins ? "fused_ce" : "fused_sm";
-    rs.choice = std::string(ops::strategy_name(ctx.resolve(rs_args(in[0]), rs_base)));
-    add("GEMM+RS", rs, std::max(rs.gemm, rs.comm));
-    ar.gemm = rs.gemm;
-    ar.engine = rs.engine;
-    if (rs_ce_ok) {
-      ar.best = ar_ce;
-      ar.which = "fused_ce";
-    }
-    ar.choice = std::string(ops::strategy_name(ctx.resolve(ar_args(in[0]), ar_base)));
-    add("GEMM+AR", ar, std::max(ar.gemm, ar.comm));
-    const PartResult& g = ag_res[1];
-    ml_r.gemm = g.gemm + rs.gemm;
-    ml_r.engine = g.engine + rs.engine;
-    ml_r.comm = g.comm + rs.comm;
-    ml_r.best = std::min(ml_ce, ml_sm);
-    ml_r.which = ml_ce <= ml_sm ? "fused_ce+fused_sm" : "fused_sm+fused_sm";
-    if (rs_ce_ok && ml_cece < ml_r.best) {
-      ml_r.best = ml_cece;
-      ml_r.which = "fused_ce+fused_ce";
-    }
-    ml_r.choice = g.choice + "+" + rs.choice;
-    add("MLP", ml_r, std::max(g.gemm, g.comm) + std::max(rs.gemm, rs.comm));
-    auto seq_of = [&](const std::string& part_name) {
-      if (part_name == "AG+GEMM") return ag_res[0].seq;
-      if (part_name == "AG+GEMM gated") return ag_res[1].seq;
-      if (part_name == "GEMM+RS") return rs.seq;
-      if (part_name == "GEMM+AR") return ar.seq;
-      return ml_r.seq;
-    };
-    auto var_row = [&](const std::string& part_name, const std::string& name, double v) {
-      var.add({sh.name, part_name, name, ms(v), fmt::format("{:.2f}x", seq_of(part_name) / v)});
-    };
-    for (int gated = 0; gated < 2; ++gated) {
-      const char* part_name = gated ? "AG+GEMM gated" : "AG+GEMM";
-      var_row(part_name, "fused_ce ch=" + std::to_string(o.channels), ag_tm[gated][Strategy::fused_ce]);
-      var_row(part_name, "fused_sm ctas=" + std::to_string(o.comm_ctas), ag_tm[gated][Strategy::fused_sm]);
-    }
-    var_row("GEMM+RS", "fused_sm reduce=epilogue", rs_sm);
-    if (rs_ce_ok) var_row("GEMM+RS", "fused_ce (copy engine)", rs_ce);
-    if (rs_ce_ok) var_row("GEMM+AR", "fused_ce (copy engine)", ar_ce);
-    var_row("MLP", "fused_ce+fused_sm", ml_ce);
-    var_row("MLP", "fused_sm+fused_sm", ml_sm);
-    if (rs_ce_ok) var_row("MLP", "fused_ce+fused_ce", ml_cece);
-    for (const Variant& v : variants) var_row(v.part, v.name, v.ms);
+    ShapeBench shape(b, sh);
+    shape.measure();
+    shape.report();
   }
-  if (rank == 0) {
-    const std::string head = fmt::format(
-        "bench mlp: TP={} {} on {} (ms, median of {}, max over ranks, inputs rotated "
-        "over {} sets, {})",
-        R, o.dtype, pg->device_properties().name, o.reps, o.sets,
-        fmt::format("{}{}", o.lead ? "lead GEMM before each run" : "no lead GEMM",
-                    o.gap_ms > 0 ? fmt::format(", {} ms idle before", o.gap_ms) : std::string()));
-    fmt::print("tessera {}\n{}", head, table.str());
-    const bool var_table = o.variants || o.kernel_only;
-    if (var_table) fmt::print("\nfused variants:\n{}", var.str());
-    if (!o.markdown.empty()) {
-      std::ofstream f(o.markdown, std::ios::app);
-      TESSERA_CHECK(f.good(), "bench mlp: cannot open {}", o.markdown);
-      f << "\n### " << head << "\n\n" << table.markdown() << "\n";
-      if (var_table) f << "\nFused variants (A/B of OpOptions):\n\n" << var.markdown() << "\n";
-    }
-  }
+  if (rank == 0) print_tables(b);
 }
 
 }  // namespace

@@ -264,6 +264,107 @@ void run(const Options& o) {
   }
 }
 
+/// EP routing of one shape: this rank's rows per expert, and the capacity —
+/// the busiest (source, destination) pair, at least the capacity factor's
+/// share, a multiple of 8.
+struct EpRouting {
+  std::vector<int> counts;
+  std::int64_t cap = 0;
+};
+
+EpRouting ep_routing(const std::vector<std::int32_t>& all_ids, int R, int rank, std::int64_t Tl, std::int64_t k,
+                     std::int64_t El, double capacity_factor) {
+  EpRouting r;
+  std::int64_t busiest = 0;
+  r.counts.assign(static_cast<std::size_t>(El), 0);
+  for (int src = 0; src < R; ++src) {
+    std::vector<std::int64_t> n(static_cast<std::size_t>(R), 0);
+    for (std::int64_t i = src * Tl * k; i < (src + 1) * Tl * k; ++i) {
+      const int e = all_ids[i];
+      ++n[e / El];
+      if (e / El == rank) ++r.counts[e % El];
+    }
+    for (std::int64_t v : n) busiest = std::max(busiest, v);
+  }
+  r.cap = std::max<std::int64_t>(
+      busiest, static_cast<std::int64_t>(std::ceil(capacity_factor * static_cast<double>(Tl * k) / R)));
+  r.cap = (r.cap + 7) / 8 * 8;
+  return r;
+}
+
+/// The EP layer's parts alone: the experts (one grouped GEMM pair over this
+/// rank's received rows) and the slab exchange (dispatch, then return).
+struct EpAlone {
+  int R, rank;
+  std::int64_t rows = 0;
+  std::size_t slab;
+  Dev dcounts, status, xa, hbuf, y, sbuf, rbuf;
+  kernels::GroupedGemmArgs up, down;
+  kernels::GroupedGemmOptions uo;
+
+  static std::int64_t sum(const std::vector<int>& counts) {
+    std::int64_t rows = 0;
+    for (int c : counts) rows += c;
+    return rows;
+  }
+
+  EpAlone(const std::vector<int>& counts, std::int64_t cap, void* w_gate_up, void* w_down, std::int64_t I,
+          std::int64_t H, int world, int r)
+      : R(world),
+        rank(r),
+        rows(sum(counts)),
+        slab(static_cast<std::size_t>(cap * H)),
+        dcounts(static_cast<std::int64_t>(counts.size()) * 4),
+        status(64),
+        xa(std::max<std::int64_t>(rows, 1) * H * 2),
+        hbuf(std::max<std::int64_t>(rows, 1) * I * 2),
+        y(std::max<std::int64_t>(rows, 1) * H * 2),
+        sbuf(cap * R * H * 2),
+        rbuf(cap * R * H * 2) {
+    TESSERA_CUDA_CHECK(cudaMemcpy(dcounts.p, counts.data(), counts.size() * 4, cudaMemcpyHostToDevice));
+    fill_bf16(xa.p, std::max<std::int64_t>(rows, 1) * H, 1.f, 4);
+    up.a = xa.p;
+    up.b = w_gate_up;
+    up.d = hbuf.p;
+    up.group_rows = static_cast<const int*>(dcounts.p);
+    up.status = static_cast<int*>(status.p);
+    up.groups = static_cast<int>(counts.size());
+    up.n = 2 * I;
+    up.k = H;
+    up.max_rows = rows;
+    uo.epilogue = kernels::GroupedEpilogueKind::SwiGLU;
+    down = up;
+    down.a = hbuf.p;
+    down.b = w_down;
+    down.d = y.p;
+    down.status = static_cast<int*>(status.p) + 4;
+    down.n = H;
+    down.k = I;
+  }
+
+  void experts(cudaStream_t s) const {
+    if (rows == 0) return;
+    kernels::grouped_gemm(up, uo, s);
+    kernels::grouped_gemm(down, {}, s);
+  }
+
+  void exchange(void* send_base, void* recv_base, ncclComm_t comm, cudaStream_t s) const {
+    TESSERA_NCCL_CHECK(ncclGroupStart());
+    for (int q = 0; q < R; ++q) {
+      if (q == rank) continue;
+      TESSERA_NCCL_CHECK(ncclSend(static_cast<__nv_bfloat16*>(send_base) + q * slab, slab, ncclBfloat16, q, comm, s));
+      TESSERA_NCCL_CHECK(ncclRecv(static_cast<__nv_bfloat16*>(recv_base) + q * slab, slab, ncclBfloat16, q, comm, s));
+    }
+    TESSERA_NCCL_CHECK(ncclGroupEnd());
+  }
+
+  void comm(ncclComm_t c, cudaStream_t s) const {
+    if (R == 1) return;
+    exchange(sbuf.p, rbuf.p, c, s);  // dispatch
+    exchange(rbuf.p, sbuf.p, c, s);  // return
+  }
+};
+
 void run_ep(const Options& o) {
   auto pg = runtime::ProcessGroup::from_environment();
   const int R = pg->world(), rank = pg->rank();
@@ -291,21 +392,9 @@ void run_ep(const Options& o) {
       const auto all_ids = route(0, sh.S, sh.E, sh.k, skewed);
       TESSERA_CUDA_CHECK(cudaMemcpy(ids.p, all_ids.data() + rank * Tl * k, static_cast<std::size_t>(Tl * k) * 4,
                                     cudaMemcpyHostToDevice));
-      // The busiest (source, destination) pair, and this rank's rows per expert.
-      std::int64_t busiest = 0;
-      std::vector<int> counts(static_cast<std::size_t>(El), 0);
-      for (int src = 0; src < R; ++src) {
-        std::vector<std::int64_t> n(static_cast<std::size_t>(R), 0);
-        for (std::int64_t i = src * Tl * k; i < (src + 1) * Tl * k; ++i) {
-          const int e = all_ids[i];
-          ++n[e / El];
-          if (e / El == rank) ++counts[e % El];
-        }
-        for (std::int64_t v : n) busiest = std::max(busiest, v);
-      }
-      std::int64_t cap = std::max<std::int64_t>(
-          busiest, static_cast<std::int64_t>(std::ceil(o.capacity_factor * static_cast<double>(Tl * k) / R)));
-      cap = (cap + 7) / 8 * 8;
+      const EpRouting er = ep_routing(all_ids, R, rank, Tl, k, El, o.capacity_factor);
+      const std::vector<int>& counts = er.counts;
+      const std::int64_t cap = er.cap;
       ops::MoeEpContext ctx(*pg);
       ops::MoeEpArgs a;
       a.x_shard = x.p;
@@ -328,45 +417,7 @@ void run_ep(const Options& o) {
       ctx.check_status();
       ops::moe_ep(ctx, a, pipe);
       ctx.check_status();
-      // The experts alone: one grouped GEMM pair over this rank's received rows.
-      std::int64_t rows = 0;
-      for (int c : counts) rows += c;
-      const std::int64_t rows_alloc = std::max<std::int64_t>(rows, 1);
-      Dev dcounts(El * 4), status(64), xa(rows_alloc * H * 2), hbuf(rows_alloc * I * 2), y(rows_alloc * H * 2),
-          sbuf(cap * R * H * 2), rbuf(cap * R * H * 2);
-      TESSERA_CUDA_CHECK(cudaMemcpy(dcounts.p, counts.data(), counts.size() * 4, cudaMemcpyHostToDevice));
-      fill_bf16(xa.p, rows_alloc * H, 1.f, 4);
-      kernels::GroupedGemmArgs up;
-      up.a = xa.p;
-      up.b = gu.p;
-      up.d = hbuf.p;
-      up.group_rows = static_cast<const int*>(dcounts.p);
-      up.status = static_cast<int*>(status.p);
-      up.groups = El;
-      up.n = 2 * I;
-      up.k = H;
-      up.max_rows = rows;
-      kernels::GroupedGemmOptions uo;
-      uo.epilogue = kernels::GroupedEpilogueKind::SwiGLU;
-      kernels::GroupedGemmArgs down = up;
-      down.a = hbuf.p;
-      down.b = dn.p;
-      down.d = y.p;
-      down.status = static_cast<int*>(status.p) + 4;
-      down.n = H;
-      down.k = I;
-      const std::size_t slab = static_cast<std::size_t>(cap * H);
-      auto slabs = [&](void* send_base, void* recv_base) {
-        TESSERA_NCCL_CHECK(ncclGroupStart());
-        for (int q = 0; q < R; ++q) {
-          if (q == rank) continue;
-          TESSERA_NCCL_CHECK(
-              ncclSend(static_cast<__nv_bfloat16*>(send_base) + q * slab, slab, ncclBfloat16, q, pg->nccl(), s));
-          TESSERA_NCCL_CHECK(
-              ncclRecv(static_cast<__nv_bfloat16*>(recv_base) + q * slab, slab, ncclBfloat16, q, pg->nccl(), s));
-        }
-        TESSERA_NCCL_CHECK(ncclGroupEnd());
-      };
+      EpAlone alone(counts, cap, gu.p, dn.p, I, H, R, rank);
       double t_seq = 0, t_pipe = 0, experts = 0, comm = 0;
       InterleavedTimer timer(s, o.warmup, o.reps, [&] {
         pg->barrier();
@@ -374,19 +425,11 @@ void run_ep(const Options& o) {
       });
       timer.add(&t_seq, [&] { ops::moe_ep(ctx, a, seq); });
       timer.add(&t_pipe, [&] { ops::moe_ep(ctx, a, pipe); });
-      timer.add(&experts, [&] {
-        if (rows == 0) return;
-        kernels::grouped_gemm(up, uo, s);
-        kernels::grouped_gemm(down, {}, s);
-      });
-      timer.add(&comm, [&] {
-        if (R == 1) return;
-        slabs(sbuf.p, rbuf.p);  // dispatch
-        slabs(rbuf.p, sbuf.p);  // return
-      });
+      timer.add(&experts, [&] { alone.experts(s); });
+      timer.add(&comm, [&] { alone.comm(pg->nccl(), s); });
       timer.run([&](double v) { return pg->allreduce_max(v); });
       ctx.check_status();
-      if (rows > 0) kernels::check_grouped_gemm_status(up.status, s, "bench moe --ep: gate/up");
+      if (alone.rows > 0) kernels::check_grouped_gemm_status(alone.up.status, s, "bench moe --ep: gate/up");
       const double ideal = std::max(experts, comm), best = std::min(t_seq, t_pipe);
       const auto t = torch.find(std::string(sh.name) + "/" + routing + "/ep");
       const double torch_ms = t == torch.end() ? 0 : t->second;

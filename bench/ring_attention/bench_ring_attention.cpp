@@ -91,162 +91,196 @@ std::string json_str(const std::string& s) {
 
 std::string json_num(double x) { return std::isfinite(x) ? fmt::format("{:.6g}", x) : "null"; }
 
+/// The operators' contexts, shared by every case.
+struct Contexts {
+  ops::RingAttnContext ring;
+  ops::UlyssesAttnContext uly;
+  std::unique_ptr<ops::SpAttnContext> sp;  ///< AG-KV, two-level and automatic (with load/store reach)
+  Contexts(runtime::ProcessGroup& pg, const Options& o) : ring(pg), uly(pg) {
+    if (o.agkv && (pg.world() == 1 || pg.lsa_reachable())) sp = std::make_unique<ops::SpAttnContext>(pg);
+  }
+};
+
+struct Variant {
+  std::string name;
+  std::function<void()> body;
+  std::size_t workspace;
+  double ms = 0;
+};
+
+/// automatic's options: fresh tuning, the --memory-gb workspace limit.
+ops::SpAttnOptions automatic_options(const Options& o) {
+  ops::SpAttnOptions autom;
+  autom.use_cache = false;
+  autom.workspace_limit_bytes = static_cast<std::size_t>(o.memory_gb * (1u << 30));
+  return autom;
+}
+
+/// Every schedule the shape allows, with its workspace per rank; `a` and
+/// `ctx` must outlive the bodies.
+std::vector<Variant> make_variants(const Options& o, runtime::ProcessGroup& pg, Contexts& ctx, const ops::SpAttnArgs& a,
+                                   const Case& c, std::size_t nk) {
+  const int R = pg.world();
+  const std::int64_t D = a.head_dim, B = a.batch;
+  ops::SpAttnContext* sp = ctx.sp.get();
+  std::vector<Variant> vs;
+  vs.push_back({"ring sequential", [&] { ops::ring_attention(ctx.ring, a, ops::RingStrategy::sequential); },
+                ops::ring_attention_workspace_bytes(a, R)});
+  vs.push_back({"ring overlapped", [&] { ops::ring_attention(ctx.ring, a, ops::RingStrategy::overlapped); },
+                ops::ring_attention_workspace_bytes(a, R)});
+  if (sp) {  // part 1's all-gather KV (sp_attention), for reference
+    const std::size_t kv_all = static_cast<std::size_t>(2 * B * c.seq * c.hkv * D) * 2;  // gathered K and V
+    vs.push_back({"ag-kv sequential", [sp, &a] { ops::sp_attention(*sp, a, ops::SpStrategy::sequential); },
+                  kv_all + static_cast<std::size_t>(R) * nk * 2 * 2});  // + NCCL staging of K and V shards
+    vs.push_back({"ag-kv fused_ce", [sp, &a] { ops::sp_attention(*sp, a, ops::SpStrategy::fused_ce); }, kv_all});
+  }
+  if (c.hq % R == 0 && c.hkv % R == 0) {
+    const int g = ops::ulysses_head_groups(a, R, ops::UlyssesStrategy::pipelined, o.head_groups);
+    vs.push_back({"ulysses sequential", [&] { ops::ulysses_attention(ctx.uly, a, ops::UlyssesStrategy::sequential); },
+                  ops::ulysses_attention_workspace_bytes(a, R, 1)});
+    vs.push_back({fmt::format("ulysses pipelined G={}", g),
+                  [&, g] { ops::ulysses_attention(ctx.uly, a, ops::UlyssesStrategy::pipelined, g); },
+                  ops::ulysses_attention_workspace_bytes(a, R, g)});
+  } else if (pg.rank() == 0) {
+    fmt::print("{}: ulysses skipped (heads {}/{} not multiples of world {})\n", c.name, c.hq, c.hkv, R);
+  }
+  if (sp)  // two-level at every proper factorisation u x r the heads allow
+    for (int u : ops::two_level_inner_degrees(a, R)) {
+      if (u == 1 || u == R) continue;
+      ops::SpAttnOptions tl;
+      tl.strategy = ops::SpStrategy::two_level;
+      tl.two_level_inner = u;
+      vs.push_back({fmt::format("two-level {}x{}", u, R / u), [sp, &a, tl] { ops::sp_attention(*sp, a, tl); },
+                    ops::two_level_attention_workspace_bytes(a, R, u)});
+    }
+  if (sp && R > 1) {  // the tuner's pick, tuned afresh on its first call
+    const ops::SpAttnOptions autom = automatic_options(o);
+    vs.push_back({"automatic", [sp, &a, autom] { ops::sp_attention(*sp, a, autom); }, 0});
+  }
+  return vs;
+}
+
+/// automatic (the last variant): its pick, and its time against the best
+/// variant's that fits the workspace limit.
+std::string automatic_record(const Options& o, ops::SpAttnContext& sp, const ops::SpAttnArgs& a, const Case& c, int R,
+                             std::vector<Variant>& vs) {
+  const ops::SpAttnOptions autom = automatic_options(o);
+  const ops::SpStrategy pick = ops::resolve_sp_attention(sp, a, autom);  // memoized: no new tuning
+  Variant& au = vs.back();
+  au.workspace = ops::sp_attention_workspace_bytes(a, R, pick, autom.two_level_inner);
+  double best = au.ms;
+  std::string best_name = au.name;
+  const std::size_t limit = autom.workspace_limit_bytes;
+  for (const Variant& x : vs)  // the best among the variants that fit the limit
+    if (&x != &au && x.ms < best && (limit == 0 || x.workspace <= limit)) best = x.ms, best_name = x.name;
+  au.name = fmt::format("automatic ({})", ops::sp_strategy_name(pick));
+  return fmt::format(
+      "    {{\"metric\": \"best / automatic\", \"case\": {}, \"value\": {}, \"unit\": \"ratio\", \"baseline\": {}, "
+      "\"target\": {{\"op\": \">=\", \"value\": 0.95, \"text\": \"tuner's pick >= 95 % of the best measured "
+      "schedule\"}}}}",
+      json_str(fmt::format("{} R={}{}", c.name, R,
+                           limit ? fmt::format(", workspace <= {:g} GiB", o.memory_gb) : std::string())),
+      json_num(best / au.ms), json_str(best_name));
+}
+
+/// One case: its shards, every variant in one interleaved loop, its rows and records.
+void run_case(const Options& o, runtime::ProcessGroup& pg, Contexts& ctx, const Case& c, std::mt19937_64& rng,
+              Table& table, std::vector<std::string>& records) {
+  const int R = pg.world();
+  const cudaStream_t s = pg.stream();
+  const std::int64_t D = 128, B = o.batch;
+  const std::int64_t L = c.seq / R;
+  const std::size_t nq = static_cast<std::size_t>(B * L * c.hq * D), nk = static_cast<std::size_t>(B * L * c.hkv * D);
+  DeviceBuffer q(nq * 2), k(nk * 2), v(nk * 2), out(nq * 2), lse(static_cast<std::size_t>(B * c.hq * L) * 4);
+  fill_random_16bit(q.p, nq, rng);
+  fill_random_16bit(k.p, nk, rng);
+  fill_random_16bit(v.p, nk, rng);
+  ops::SpAttnArgs a;
+  a.q = q.p;
+  a.k = k.p;
+  a.v = v.p;
+  a.o = out.p;
+  a.lse = static_cast<float*>(lse.p);
+  a.batch = B;
+  a.seq = c.seq;
+  a.heads_q = c.hq;
+  a.heads_kv = c.hkv;
+  a.head_dim = D;
+  a.causal = c.causal;
+  const double pairs = c.causal ? static_cast<double>(c.seq) * (c.seq + 1) / 2 : static_cast<double>(c.seq) * c.seq;
+  const double flops = 4.0 * B * c.hq * D * pairs;
+  const double shards_gib = static_cast<double>((2 * nq + 2 * nk) * 2 + B * c.hq * L * 4) / (1u << 30);
+  std::vector<Variant> vs = make_variants(o, pg, ctx, a, c, nk);
+  for (Variant& x : vs) x.body();  // sizes the workspaces, checks shapes across ranks
+  pg.synchronize(s, "bench ring-attention: first calls");
+  InterleavedTimer timer(s, o.warmup, o.reps, [&] {
+    pg.barrier();
+    pg.align_streams(s);
+  });
+  for (Variant& x : vs) timer.add(&x.ms, x.body);
+  timer.run([&](double t) { return pg.allreduce_max(t); });
+  pg.synchronize(s, "bench ring-attention: timed calls");
+  if (ctx.sp && R > 1) records.push_back(automatic_record(o, *ctx.sp, a, c, R, vs));
+  for (const Variant& x : vs) {
+    const double tflops = flops / R / (x.ms * 1e-3) / 1e12;
+    const double ws_gib = static_cast<double>(x.workspace) / (1u << 30);
+    table.add({c.name, x.name, fmt::format("{:.3f}", x.ms), fmt::format("{:.0f}", tflops),
+               fmt::format("{:.3f}", ws_gib), fmt::format("{:.3f}", shards_gib)});
+    const std::string cs = json_str(fmt::format("{} R={}: {}", c.name, R, x.name));
+    records.push_back(
+        fmt::format("    {{\"metric\": \"time_ms\", \"case\": {}, \"value\": {}, \"unit\": \"ms\", \"series\": {}, "
+                    "\"size\": {}}}",
+                    cs, json_num(x.ms), json_str(x.name), c.seq));
+    records.push_back(
+        fmt::format("    {{\"metric\": \"TFLOP/s per GPU\", \"case\": {}, \"value\": {}, \"unit\": \"TFLOP/s\"}}", cs,
+                    json_num(tflops)));
+    records.push_back(
+        fmt::format("    {{\"metric\": \"workspace GiB per rank\", \"case\": {}, \"value\": {}, \"unit\": \"GiB\"}}",
+                    cs, json_num(ws_gib)));
+  }
+}
+
+/// bench/results format (bench/results/README.md): provenance + records.
+void write_json(const Options& o, runtime::ProcessGroup& pg, const std::vector<std::string>& records) {
+  const int R = pg.world();
+  const char* env_commit = std::getenv("TESSERA_COMMIT");
+  const std::string commit = !o.commit.empty() ? o.commit : env_commit && *env_commit ? env_commit : "unknown";
+  const auto now = std::chrono::system_clock::now();
+  std::string j = "{\n  \"provenance\": {";
+  j += fmt::format(
+      "\"device\": {}, \"gpu\": {}, \"date\": \"{:%Y-%m-%d}\", \"commit\": {}, \"command\": {}, "
+      "\"topic\": \"attention\", \"issue\": 21, \"world\": {}, \"dtype\": \"bf16\", \"head_dim\": 128, "
+      "\"batch\": {}, \"reps\": {}, \"warmup\": {}",
+      json_str(o.device_kind.empty() ? machine_kind(pg.device_properties().name, R) : o.device_kind),
+      json_str(pg.device_properties().name), fmt::gmtime(std::chrono::system_clock::to_time_t(now)), json_str(commit),
+      json_str(fmt::format("tessera run -n {} -- tessera bench ring-attention", R)), R, o.batch, o.reps, o.warmup);
+  j += "},\n  \"records\": [\n";
+  for (std::size_t i = 0; i < records.size(); ++i) j += records[i] + (i + 1 < records.size() ? ",\n" : "\n");
+  j += "  ]\n}\n";
+  std::ofstream f(o.json);
+  TESSERA_CHECK(f.good(), "bench ring-attention: cannot write {}", o.json);
+  f << j;
+}
+
 void run(const Options& o) {
   auto pg = runtime::ProcessGroup::from_environment();
-  const int R = pg->world();
-  const cudaStream_t s = pg->stream();
   std::mt19937_64 rng(1234 + pg->rank());
-  ops::RingAttnContext ring(*pg);
-  ops::UlyssesAttnContext uly(*pg);
-  std::unique_ptr<ops::SpAttnContext> sp_ctx;
-  if (o.agkv && (R == 1 || pg->lsa_reachable())) sp_ctx = std::make_unique<ops::SpAttnContext>(*pg);
-  ops::SpAttnContext* sp_ptr = sp_ctx.get();
+  Contexts ctx(*pg, o);
   const std::vector<Case> cases = all_cases();
   std::vector<int> idx = o.cases;
   if (idx.empty())
     for (int i = 0; i < static_cast<int>(cases.size()); ++i) idx.push_back(i);
   Table table({"case", "variant", "ms", "TFLOP/s/GPU", "workspace GiB/rank", "shards GiB/rank"});
   std::vector<std::string> records;
-  const std::int64_t D = 128, B = o.batch;
   for (int ci : idx) {
     TESSERA_CHECK(ci >= 0 && ci < static_cast<int>(cases.size()), "bench ring-attention: case {} out of range [0, {})",
                   ci, cases.size());
-    const Case& c = cases[ci];
-    const std::int64_t L = c.seq / R;
-    const std::size_t nq = static_cast<std::size_t>(B * L * c.hq * D), nk = static_cast<std::size_t>(B * L * c.hkv * D);
-    DeviceBuffer q(nq * 2), k(nk * 2), v(nk * 2), out(nq * 2), lse(static_cast<std::size_t>(B * c.hq * L) * 4);
-    fill_random_16bit(q.p, nq, rng);
-    fill_random_16bit(k.p, nk, rng);
-    fill_random_16bit(v.p, nk, rng);
-    ops::SpAttnArgs a;
-    a.q = q.p;
-    a.k = k.p;
-    a.v = v.p;
-    a.o = out.p;
-    a.lse = static_cast<float*>(lse.p);
-    a.batch = B;
-    a.seq = c.seq;
-    a.heads_q = c.hq;
-    a.heads_kv = c.hkv;
-    a.head_dim = D;
-    a.causal = c.causal;
-    const double pairs = c.causal ? static_cast<double>(c.seq) * (c.seq + 1) / 2 : static_cast<double>(c.seq) * c.seq;
-    const double flops = 4.0 * B * c.hq * D * pairs;
-    const double shards_gib = static_cast<double>((2 * nq + 2 * nk) * 2 + B * c.hq * L * 4) / (1u << 30);
-
-    struct Variant {
-      std::string name;
-      std::function<void()> body;
-      std::size_t workspace;
-      double ms = 0;
-    };
-    std::vector<Variant> vs;
-    vs.push_back({"ring sequential", [&] { ops::ring_attention(ring, a, ops::RingStrategy::sequential); },
-                  ops::ring_attention_workspace_bytes(a, R)});
-    vs.push_back({"ring overlapped", [&] { ops::ring_attention(ring, a, ops::RingStrategy::overlapped); },
-                  ops::ring_attention_workspace_bytes(a, R)});
-    if (sp_ptr) {  // part 1's all-gather KV (sp_attention), for reference
-      const std::size_t kv_all = static_cast<std::size_t>(2 * B * c.seq * c.hkv * D) * 2;  // gathered K and V
-      vs.push_back({"ag-kv sequential", [&] { ops::sp_attention(*sp_ptr, a, ops::SpStrategy::sequential); },
-                    kv_all + static_cast<std::size_t>(R) * nk * 2 * 2});  // + NCCL staging of K and V shards
-      vs.push_back({"ag-kv fused_ce", [&] { ops::sp_attention(*sp_ptr, a, ops::SpStrategy::fused_ce); }, kv_all});
-    }
-    if (c.hq % R == 0 && c.hkv % R == 0) {
-      const int g = ops::ulysses_head_groups(a, R, ops::UlyssesStrategy::pipelined, o.head_groups);
-      vs.push_back({"ulysses sequential", [&] { ops::ulysses_attention(uly, a, ops::UlyssesStrategy::sequential); },
-                    ops::ulysses_attention_workspace_bytes(a, R, 1)});
-      vs.push_back({fmt::format("ulysses pipelined G={}", g),
-                    [&, g] { ops::ulysses_attention(uly, a, ops::UlyssesStrategy::pipelined, g); },
-                    ops::ulysses_attention_workspace_bytes(a, R, g)});
-    } else if (pg->rank() == 0) {
-      fmt::print("{}: ulysses skipped (heads {}/{} not multiples of world {})\n", c.name, c.hq, c.hkv, R);
-    }
-    if (sp_ptr)  // two-level at every proper factorisation u x r the heads allow
-      for (int u : ops::two_level_inner_degrees(a, R)) {
-        if (u == 1 || u == R) continue;
-        ops::SpAttnOptions tl;
-        tl.strategy = ops::SpStrategy::two_level;
-        tl.two_level_inner = u;
-        vs.push_back({fmt::format("two-level {}x{}", u, R / u), [&, tl] { ops::sp_attention(*sp_ptr, a, tl); },
-                      ops::two_level_attention_workspace_bytes(a, R, u)});
-      }
-    if (sp_ptr && R > 1) {  // the tuner's pick, tuned afresh on its first call below
-      ops::SpAttnOptions autom;
-      autom.use_cache = false;
-      autom.workspace_limit_bytes = static_cast<std::size_t>(o.memory_gb * (1u << 30));
-      vs.push_back({"automatic", [&, autom] { ops::sp_attention(*sp_ptr, a, autom); }, 0});
-    }
-    for (Variant& x : vs) x.body();  // sizes the workspaces, checks shapes across ranks
-    pg->synchronize(s, "bench ring-attention: first calls");
-    InterleavedTimer timer(s, o.warmup, o.reps, [&] {
-      pg->barrier();
-      pg->align_streams(s);
-    });
-    for (Variant& x : vs) timer.add(&x.ms, x.body);
-    timer.run([&](double t) { return pg->allreduce_max(t); });
-    pg->synchronize(s, "bench ring-attention: timed calls");
-    if (sp_ptr && R > 1) {  // automatic: its pick, and its time against the best variant's
-      ops::SpAttnOptions autom;
-      autom.use_cache = false;
-      autom.workspace_limit_bytes = static_cast<std::size_t>(o.memory_gb * (1u << 30));
-      const ops::SpStrategy pick = ops::resolve_sp_attention(*sp_ptr, a, autom);  // memoized: no new tuning
-      Variant& au = vs.back();
-      au.workspace = ops::sp_attention_workspace_bytes(a, R, pick, autom.two_level_inner);
-      double best = au.ms;
-      std::string best_name = au.name;
-      const std::size_t limit = autom.workspace_limit_bytes;
-      for (const Variant& x : vs)  // the best among the variants that fit the limit
-        if (&x != &au && x.ms < best && (limit == 0 || x.workspace <= limit)) best = x.ms, best_name = x.name;
-      au.name = fmt::format("automatic ({})", ops::sp_strategy_name(pick));
-      records.push_back(fmt::format(
-          "    {{\"metric\": \"best / automatic\", \"case\": {}, \"value\": {}, \"unit\": \"ratio\", \"baseline\": {}, "
-          "\"target\": {{\"op\": \">=\", \"value\": 0.95, \"text\": \"tuner's pick >= 95 % of the best measured "
-          "schedule\"}}}}",
-          json_str(fmt::format("{} R={}{}", c.name, R,
-                               limit ? fmt::format(", workspace <= {:g} GiB", o.memory_gb) : std::string())),
-          json_num(best / au.ms), json_str(best_name)));
-    }
-    for (const Variant& x : vs) {
-      const double tflops = flops / R / (x.ms * 1e-3) / 1e12;
-      const double ws_gib = static_cast<double>(x.workspace) / (1u << 30);
-      table.add({c.name, x.name, fmt::format("{:.3f}", x.ms), fmt::format("{:.0f}", tflops),
-                 fmt::format("{:.3f}", ws_gib), fmt::format("{:.3f}", shards_gib)});
-      const std::string cs = json_str(fmt::format("{} R={}: {}", c.name, R, x.name));
-      records.push_back(
-          fmt::format("    {{\"metric\": \"time_ms\", \"case\": {}, \"value\": {}, \"unit\": \"ms\", \"series\": {}, "
-                      "\"size\": {}}}",
-                      cs, json_num(x.ms), json_str(x.name), c.seq));
-      records.push_back(
-          fmt::format("    {{\"metric\": \"TFLOP/s per GPU\", \"case\": {}, \"value\": {}, \"unit\": \"TFLOP/s\"}}", cs,
-                      json_num(tflops)));
-      records.push_back(
-          fmt::format("    {{\"metric\": \"workspace GiB per rank\", \"case\": {}, \"value\": {}, \"unit\": \"GiB\"}}",
-                      cs, json_num(ws_gib)));
-    }
+    run_case(o, *pg, ctx, cases[ci], rng, table, records);
   }
   if (pg->rank() != 0) return;
   fmt::print("tessera bench ring-attention: R={} on {} (bf16, head dim 128, batch {}; median of {}, slowest rank)\n{}",
-             R, pg->device_properties().name, B, o.reps, table.str());
-  if (!o.json.empty()) {  // bench/results format (bench/results/README.md): provenance + records
-    const char* env_commit = std::getenv("TESSERA_COMMIT");
-    const std::string commit = !o.commit.empty() ? o.commit : env_commit && *env_commit ? env_commit : "unknown";
-    const auto now = std::chrono::system_clock::now();
-    std::string j = "{\n  \"provenance\": {";
-    j += fmt::format(
-        "\"device\": {}, \"gpu\": {}, \"date\": \"{:%Y-%m-%d}\", \"commit\": {}, \"command\": {}, "
-        "\"topic\": \"attention\", \"issue\": 21, \"world\": {}, \"dtype\": \"bf16\", \"head_dim\": 128, "
-        "\"batch\": {}, \"reps\": {}, \"warmup\": {}",
-        json_str(o.device_kind.empty() ? machine_kind(pg->device_properties().name, R) : o.device_kind),
-        json_str(pg->device_properties().name), fmt::gmtime(std::chrono::system_clock::to_time_t(now)),
-        json_str(commit), json_str(fmt::format("tessera run -n {} -- tessera bench ring-attention", R)), R, B, o.reps,
-        o.warmup);
-    j += "},\n  \"records\": [\n";
-    for (std::size_t i = 0; i < records.size(); ++i) j += records[i] + (i + 1 < records.size() ? ",\n" : "\n");
-    j += "  ]\n}\n";
-    std::ofstream f(o.json);
-    TESSERA_CHECK(f.good(), "bench ring-attention: cannot write {}", o.json);
-    f << j;
-  }
+             pg->world(), pg->device_properties().name, o.batch, o.reps, table.str());
+  if (!o.json.empty()) write_json(o, *pg, records);
 }
 
 }  // namespace

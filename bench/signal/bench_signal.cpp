@@ -640,157 +640,205 @@ double check_result(Problem& P, const signal::WaveModel& wm, void* buf, void* re
   return pg.allreduce_max(err);
 }
 
-// `model`: the offline stage's profile (both curves, per-group overhead,
-// comm slowdown) with this shape's GEMM penalty; the prediction is
-// tune::signal_overlap_cost() on it, the library's model.
-Row measure(Problem& P, const tune::MachineProfile& model, signal::WaitMode mode, const Progress& progress) {
-  const Options& o = P.o;
-  runtime::ProcessGroup& pg = P.pg;
-  const Shape sh = P.sh;
-  const bool ar = P.ar;
-  const int R = pg.world();
-  const auto t_start = Clock::now();
-  const std::string name = fmt::format("{} {}", ar ? "ar" : "rs", shape_name(sh));
-  const tune::Collective coll = ar ? tune::Collective::AllReduce : tune::Collective::ReduceScatter;
-  const tune::BandwidthCurve& curve = model.curve(coll);
-  const double overhead = model.per_group_overhead;
-  Row row;
-  row.shape = sh;
-  const std::int64_t mn = sh.m * sh.n;
-  DevMem A(sh.m * sh.k * 2), B(sh.n * sh.k * 2), D(mn * 2), C(mn * 2);
-  fill_random_bf16(A.p, sh.m * sh.k, 1000 + pg.rank(), pg.stream());
-  fill_random_bf16(B.p, sh.n * sh.k, 2000 + pg.rank(), pg.stream());
-  TESSERA_CUDA_CHECK(cudaGetLastError());
+// One shape's operands, baselines' buffers and timing settings: what every
+// step of measure() shares.
+struct ShapeData {
+  Problem& P;
+  const Options& o;
+  runtime::ProcessGroup& pg;
+  const Shape sh;
+  const bool ar;
+  const int R;
+  const signal::WaitMode mode;
+  const tune::MachineProfile& model;
+  const tune::Collective coll;
+  const tune::BandwidthCurve& curve;
+  const std::string name;
+  const std::int64_t mn;
+  DevMem A, B, D, C;
   kernels::GemmArgs args;
-  args.a = A.p;
-  args.b = B.p;
-  args.d = D.p;
-  args.m = sh.m;
-  args.n = sh.n;
-  args.k = sh.k;
-  cudaStream_t cs = pg.stream(), ms = pg.comm_stream(0);
-  const int W = o.warmup, N = o.reps;
+  cudaStream_t cs, ms;
+  const int W, N;  ///< warm-up and timed repetitions
 
-  // Baselines.
-  row.gemm = timed(
-      pg, cs, [&] { kernels::cublaslt_gemm(args, cs); }, W, N, name + ": cuBLASLt GEMM");
-  row.comm = timed(
-      pg, cs, [&] { collective(ar, D.p, C.p, mn, R, pg.nccl(), cs); }, W, N, name + ": NCCL");
-  // Non-overlap (cuBLASLt, then NCCL): timed below, interleaved with the
-  // searched overlapped partition (the measured verdict compares the two).
-  const auto non_overlap = [&] {
+  ShapeData(Problem& p, const tune::MachineProfile& m, signal::WaitMode wait)
+      : P(p),
+        o(p.o),
+        pg(p.pg),
+        sh(p.sh),
+        ar(p.ar),
+        R(p.pg.world()),
+        mode(wait),
+        model(m),
+        coll(p.ar ? tune::Collective::AllReduce : tune::Collective::ReduceScatter),
+        curve(m.curve(coll)),
+        name(fmt::format("{} {}", p.ar ? "ar" : "rs", shape_name(p.sh))),
+        mn(p.sh.m * p.sh.n),
+        A(sh.m * sh.k * 2),
+        B(sh.n * sh.k * 2),
+        D(mn * 2),
+        C(mn * 2),
+        cs(pg.stream()),
+        ms(pg.comm_stream(0)),
+        W(o.warmup),
+        N(o.reps) {
+    fill_random_bf16(A.p, sh.m * sh.k, 1000 + pg.rank(), pg.stream());
+    fill_random_bf16(B.p, sh.n * sh.k, 2000 + pg.rank(), pg.stream());
+    TESSERA_CUDA_CHECK(cudaGetLastError());
+    args.a = A.p;
+    args.b = B.p;
+    args.d = D.p;
+    args.m = sh.m;
+    args.n = sh.n;
+    args.k = sh.k;
+  }
+
+  /// The non-overlapped baseline: cuBLASLt, then NCCL.
+  void non_overlap() const {
     kernels::cublaslt_gemm(args, cs);
     collective(ar, D.p, C.p, mn, R, pg.nccl(), cs);
+  }
+};
+
+// The overlapped GEMM's set-up: SMs minus NCCL's, the engine's tile for that
+// budget (stored in P.args / P.gopts), its wave model and the reordered
+// buffers the group collectives run on.
+struct OverlapSetup {
+  kernels::TileShape ts;
+  signal::WaveModel wm;
+  signal::ArMap am;
+  DevMem buf, recv;
+
+  explicit OverlapSetup(ShapeData& d)
+      : ts(configure(d)),
+        wm(signal::GemmTiling{d.sh.m, d.sh.n, ts.bm, ts.bn}, d.P.gopts.max_ctas, d.P.gopts.raster_group,
+           d.P.gopts.raster_along_m ? signal::Raster::AlongM : signal::Raster::AlongN),
+        am(check_and_map(d, wm, ts)),
+        buf(am.buffer_elems() * 2),
+        recv(am.buffer_elems() * 2 / d.R + 256) {}
+
+  double bytes_per_tile() const { return double(ts.bm) * ts.bn * 2; }
+
+ private:
+  static kernels::TileShape configure(ShapeData& d) {
+    d.P.args = d.args;
+    d.P.gopts = kernels::GemmOptions{};
+    d.P.gopts.max_ctas = d.pg.sm_count() - d.o.nccl_sms;
+    d.P.gopts.tile = kernels::resolve_tile(d.args, d.P.gopts);
+    return kernels::tile_shape(d.P.gopts.tile);
+  }
+  static signal::ArMap check_and_map(const ShapeData& d, const signal::WaveModel& wm, const kernels::TileShape& ts) {
+    TESSERA_CHECK(d.ar || ts.bm % d.R == 0, "bench signal: tile height {} not divisible by {} ranks", ts.bm, d.R);
+    return signal::make_ar_map(wm);
+  }
+};
+
+// cuBLASLt alone, NCCL alone, and the decomposition baseline (4 row chunks,
+// each one's collective on the comm stream behind its GEMM).
+void measure_baselines(ShapeData& d, Row& row) {
+  runtime::ProcessGroup& pg = d.pg;
+  const Shape& sh = d.sh;
+  cudaStream_t cs = d.cs, ms = d.ms;
+  row.gemm = timed(
+      pg, cs, [&] { kernels::cublaslt_gemm(d.args, cs); }, d.W, d.N, d.name + ": cuBLASLt GEMM");
+  row.comm = timed(
+      pg, cs, [&] { collective(d.ar, d.D.p, d.C.p, d.mn, d.R, pg.nccl(), cs); }, d.W, d.N, d.name + ": NCCL");
+  const int chunks = 4;
+  std::vector<std::unique_ptr<Event>> ev;
+  for (int c = 0; c < chunks; ++c) ev.push_back(std::make_unique<Event>());
+  Event fork, join;
+  const std::int64_t rows = (sh.m / chunks + 127) / 128 * 128;
+  const int R = d.R;
+  const bool ar = d.ar;
+  row.decomp = timed(
+      pg, cs,
+      [&] {
+        TESSERA_CUDA_CHECK(cudaEventRecord(fork.e, cs));
+        TESSERA_CUDA_CHECK(cudaStreamWaitEvent(ms, fork.e));
+        for (int c = 0; c < chunks; ++c) {
+          const std::int64_t r0 = c * rows, r1 = std::min(sh.m, r0 + rows);
+          if (r0 >= r1) break;
+          kernels::GemmArgs part = d.args;
+          part.a = static_cast<const char*>(d.args.a) + r0 * sh.k * 2;
+          part.d = static_cast<char*>(d.args.d) + r0 * sh.n * 2;
+          part.m = r1 - r0;
+          kernels::cublaslt_gemm(part, cs);
+          TESSERA_CUDA_CHECK(cudaEventRecord(ev[c]->e, cs));
+          TESSERA_CUDA_CHECK(cudaStreamWaitEvent(ms, ev[c]->e));
+          const std::int64_t e = (r1 - r0) * sh.n / (ar ? 1 : R) * (ar ? 1 : R);
+          collective(ar, part.d, static_cast<char*>(d.C.p) + r0 * sh.n * 2 / (ar ? 1 : R), e, R, pg.nccl(), ms);
+        }
+        TESSERA_CUDA_CHECK(cudaEventRecord(join.e, ms));
+        TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, join.e));
+      },
+      d.W, d.N, d.name + ": decomposition");
+}
+
+// Compute alone under overlap conditions (budgeted SMs, group epilogue, one
+// group; row.engine_epi). Also loads the GEMM kernel's module before any
+// stream wait. Beside it: the plain engine GEMM (same tile, same SMs, its
+// standard epilogue), so the group epilogue's own cost shows (engine+epi /
+// plain), the whole collective alone on the overlap communicator, and the
+// concurrency probes.
+void measure_compute_alone(ShapeData& d, OverlapSetup& ov, Row& row) {
+  runtime::ProcessGroup& pg = d.pg;
+  Problem& P = d.P;
+  cudaStream_t cs = d.cs, ms = d.ms;
+  const signal::GroupPlan one = signal::GroupPlan::single(ov.wm);
+  const signal::DeviceEpilogueTables dt(signal::epilogue_tables(ov.wm, one, ov.am));
+  signal::GroupCounters cnt(1);
+  const auto engine_one_group = [&] {
+    gemm_into_groups(P.args, P.gopts, ov.buf.p, dt.tile_base(), dt.seg_stride(), dt.tile_group(), dt.sub_rows(),
+                     dt.tile_n(), cnt.device(), cs);
   };
-  {
-    const int chunks = 4;
-    std::vector<std::unique_ptr<Event>> ev;
-    for (int c = 0; c < chunks; ++c) ev.push_back(std::make_unique<Event>());
-    Event fork, join;
-    const std::int64_t rows = (sh.m / chunks + 127) / 128 * 128;
-    row.decomp = timed(
+  row.engine_epi = timed(pg, cs, engine_one_group, d.W, d.N, d.name + ": engine GEMM on the budgeted SMs");
+  kernels::GemmArgs plain = d.args;  // writes D (row-major), the baselines' buffer
+  row.engine_plain = timed(
+      pg, cs, [&] { kernels::gemm(plain, P.gopts, cs); }, d.W, d.N, d.name + ": engine GEMM, plain epilogue");
+  // The whole collective on the overlap communicator, alone.
+  row.comm_ov = timed(
+      pg, cs, [&] { collective(d.ar, d.D.p, d.C.p, d.mn, d.R, P.ocomm, cs); }, d.W, d.N,
+      d.name + ": NCCL on the overlap communicator");
+  // Concurrency probe: the engine GEMM and a whole collective on unrelated
+  // data, on two streams, no waits. ~max(GEMM, comm) when NCCL runs beside
+  // the GEMM on the free SMs; ~GEMM + comm when it cannot start until the
+  // GEMM's CTAs retire (what the default communicator shows).
+  const auto beside = [&](ncclComm_t comm, const char* which) {
+    Event f, j;
+    return timed(
         pg, cs,
         [&] {
-          TESSERA_CUDA_CHECK(cudaEventRecord(fork.e, cs));
-          TESSERA_CUDA_CHECK(cudaStreamWaitEvent(ms, fork.e));
-          for (int c = 0; c < chunks; ++c) {
-            const std::int64_t r0 = c * rows, r1 = std::min(sh.m, r0 + rows);
-            if (r0 >= r1) break;
-            kernels::GemmArgs part = args;
-            part.a = static_cast<const char*>(args.a) + r0 * sh.k * 2;
-            part.d = static_cast<char*>(args.d) + r0 * sh.n * 2;
-            part.m = r1 - r0;
-            kernels::cublaslt_gemm(part, cs);
-            TESSERA_CUDA_CHECK(cudaEventRecord(ev[c]->e, cs));
-            TESSERA_CUDA_CHECK(cudaStreamWaitEvent(ms, ev[c]->e));
-            const std::int64_t e = (r1 - r0) * sh.n / (ar ? 1 : R) * (ar ? 1 : R);
-            collective(ar, part.d, static_cast<char*>(C.p) + r0 * sh.n * 2 / (ar ? 1 : R), e, R, pg.nccl(), ms);
-          }
-          TESSERA_CUDA_CHECK(cudaEventRecord(join.e, ms));
-          TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, join.e));
+          TESSERA_CUDA_CHECK(cudaEventRecord(f.e, cs));
+          TESSERA_CUDA_CHECK(cudaStreamWaitEvent(ms, f.e));
+          engine_one_group();  // first, as in the overlapped run: the GEMM holds its SMs when NCCL launches
+          collective(d.ar, d.D.p, d.C.p, d.mn, d.R, comm, ms);
+          TESSERA_CUDA_CHECK(cudaEventRecord(j.e, ms));
+          TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, j.e));
         },
-        W, N, name + ": decomposition");
-  }
+        d.W, d.N, fmt::format("{}: engine GEMM beside NCCL ({} communicator)", d.name, which));
+  };
+  row.beside_ov = beside(P.ocomm, "overlap");
+  row.beside_def = P.ocomm == pg.nccl() ? row.beside_ov : beside(pg.nccl(), "default");
+}
 
-  // The overlapped GEMM: SMs minus NCCL's, the engine's tile for that budget.
-  P.args = args;
-  P.gopts = kernels::GemmOptions{};
-  P.gopts.max_ctas = pg.sm_count() - o.nccl_sms;
-  P.gopts.tile = kernels::resolve_tile(args, P.gopts);
-  const kernels::TileShape ts = kernels::tile_shape(P.gopts.tile);
-  const signal::WaveModel wm(signal::GemmTiling{sh.m, sh.n, ts.bm, ts.bn}, P.gopts.max_ctas, P.gopts.raster_group,
-                             P.gopts.raster_along_m ? signal::Raster::AlongM : signal::Raster::AlongN);
-  row.waves = wm.waves();
-  TESSERA_CHECK(ar || ts.bm % R == 0, "bench signal: tile height {} not divisible by {} ranks", ts.bm, R);
-  const signal::ArMap am = signal::make_ar_map(wm);
-  DevMem buf(am.buffer_elems() * 2), recv(am.buffer_elems() * 2 / R + 256);
-  // Compute alone under overlap conditions (budgeted SMs, group epilogue, one
-  // group). Also loads the GEMM kernel's module before any stream wait.
-  // Beside it: the plain engine GEMM (same tile, same SMs, its standard
-  // epilogue), so the group epilogue's own cost shows (engine+epi / plain).
-  double gemm_budget_ms = 0;
-  {
-    const signal::GroupPlan one = signal::GroupPlan::single(wm);
-    const signal::DeviceEpilogueTables dt(signal::epilogue_tables(wm, one, am));
-    signal::GroupCounters cnt(1);
-    const auto engine_one_group = [&] {
-      gemm_into_groups(P.args, P.gopts, buf.p, dt.tile_base(), dt.seg_stride(), dt.tile_group(), dt.sub_rows(),
-                       dt.tile_n(), cnt.device(), cs);
-    };
-    gemm_budget_ms = timed(pg, cs, engine_one_group, W, N, name + ": engine GEMM on the budgeted SMs");
-    row.engine_epi = gemm_budget_ms;
-    kernels::GemmArgs plain = args;  // writes D (row-major), the baselines' buffer
-    row.engine_plain = timed(
-        pg, cs, [&] { kernels::gemm(plain, P.gopts, cs); }, W, N, name + ": engine GEMM, plain epilogue");
-    // The whole collective on the overlap communicator, alone.
-    row.comm_ov = timed(
-        pg, cs, [&] { collective(ar, D.p, C.p, mn, R, P.ocomm, cs); }, W, N,
-        name + ": NCCL on the overlap communicator");
-    // Concurrency probe: the engine GEMM and a whole collective on unrelated
-    // data, on two streams, no waits. ~max(GEMM, comm) when NCCL runs beside
-    // the GEMM on the free SMs; ~GEMM + comm when it cannot start until the
-    // GEMM's CTAs retire (what the default communicator shows).
-    const auto beside = [&](ncclComm_t comm, const char* which) {
-      Event f, j;
-      return timed(
-          pg, cs,
-          [&] {
-            TESSERA_CUDA_CHECK(cudaEventRecord(f.e, cs));
-            TESSERA_CUDA_CHECK(cudaStreamWaitEvent(ms, f.e));
-            engine_one_group();  // first, as in the overlapped run: the GEMM holds its SMs when NCCL launches
-            collective(ar, D.p, C.p, mn, R, comm, ms);
-            TESSERA_CUDA_CHECK(cudaEventRecord(j.e, ms));
-            TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, j.e));
-          },
-          W, N, fmt::format("{}: engine GEMM beside NCCL ({} communicator)", name, which));
-    };
-    row.beside_ov = beside(P.ocomm, "overlap");
-    row.beside_def = P.ocomm == pg.nccl() ? row.beside_ov : beside(pg.nccl(), "default");
-  }
-  row.timing = {sh.m,
-                sh.n,
-                sh.k,
-                ts.bm,
-                ts.bn,
-                P.gopts.raster_group,
-                P.gopts.max_ctas,
-                gemm_budget_ms * 1e-3 / wm.waves(),
+// Predict and search (online stage) with the library's model, from the
+// profile that --store-profile stores (so SignalTuner predicts the same).
+// "No overlap" runs its collective on the process group's (default)
+// communicator, not on the split one: it is predicted with the default
+// communicator's offline curve (the split curve biased the search towards
+// overlap; docs/design/signal.md). Returns the searched partition's plan.
+signal::GroupPlan predict(const ShapeData& d, const OverlapSetup& ov, Row& row) {
+  const signal::WaveModel& wm = ov.wm;
+  const kernels::GemmOptions& g = d.P.gopts;
+  row.timing = {d.sh.m,         d.sh.n,         d.sh.k,     ov.ts.bm,
+                ov.ts.bn,       g.raster_group, g.max_ctas, row.engine_epi * 1e-3 / wm.waves(),
                 row.gemm * 1e-3};
-  // Predict and search (online stage) with the library's model, from the
-  // profile that --store-profile stores (so SignalTuner predicts the same).
-  // "No overlap" runs its collective on the process group's (default)
-  // communicator, not on the split one: it is predicted with the default
-  // communicator's offline curve (the split curve made the sequential
-  // prediction 5.8 % (AR) / 2.9 % (RS) too slow in the session-4 log, i.e.
-  // biased the search towards overlap; docs/design/signal.md).
-  const double bytes_per_tile = double(ts.bm) * ts.bn * 2;
-  row.query = tune::SignalQuery{coll, sh.m, sh.n, sh.k, ts.bm, ts.bn, P.gopts.raster_group, wm.order().raster};
-  const signal::OverlapCost cost = tune::signal_overlap_cost(model, row.query, row.timing);
-  row.penalty_used = model.gemm_penalty_per_group * 1e3;
-  const signal::PredictiveSearch search(cost, o.min_gain_pct / 100);
+  row.query = tune::SignalQuery{d.coll, d.sh.m, d.sh.n, d.sh.k, ov.ts.bm, ov.ts.bn, g.raster_group, wm.order().raster};
+  const signal::OverlapCost cost = tune::signal_overlap_cost(d.model, row.query, row.timing);
+  row.penalty_used = d.model.gemm_penalty_per_group * 1e3;
+  const signal::PredictiveSearch search(cost, d.o.min_gain_pct / 100);
   // The k best overlapped partitions by prediction; candidate 0 is the
   // searched one (best_overlapped(), tested in signal_search_test).
-  const std::vector<signal::Prediction> cands = search.top_overlapped(o.top_k);
+  const std::vector<signal::Prediction> cands = search.top_overlapped(d.o.top_k);
   const signal::Prediction& searched = cands.front();
   const signal::Prediction final_choice = search.best();
   const signal::GroupPlan searched_plan(wm, searched.waves_per_group);
@@ -807,64 +855,85 @@ Row measure(Problem& P, const tune::MachineProfile& model, signal::WaitMode mode
     row.cand_str.push_back(signal::GroupPlan(wm, c.waves_per_group).str());
     row.cand_pred.push_back(c.latency * 1e3);
   }
-  // The searched partition is measured in every case (predictor error).
-  // First on the default communicator (the session-2 path, for comparison),
-  // then on the overlap one, whose result is checked.
-  if (o.compare_default && P.ocomm != pg.nccl())
-    row.overlap_def = run_overlap(P, wm, searched_plan, mode, buf.p, recv.p, W, N, pg.nccl());
-  {
-    // Non-overlap and the top-k candidates in one interleaved loop, every one
-    // with the same warm-up and repetitions: the measured verdict (tune::
-    // keep_overlap, as SignalTuner::record_measured of the candidates)
-    // compares these medians.
-    std::vector<std::unique_ptr<OverlapRun>> runs;
-    std::vector<Timed> bodies{{non_overlap, name + ": non-overlap", {}, nullptr}};
-    for (const auto& c : row.cand_waves) {
-      runs.push_back(std::make_unique<OverlapRun>(P, wm, signal::GroupPlan(wm, c), mode, buf.p, recv.p));
+  return searched_plan;
+}
+
+// Non-overlap and the given partitions in one interleaved loop, every one
+// with the same warm-up and `reps` repetitions. The runs stay set up (and
+// finished) so that one can run again; t[0] is non-overlap's.
+struct InterleavedPartitions {
+  std::vector<std::unique_ptr<OverlapRun>> runs;
+  std::vector<TimedResult> t;
+
+  InterleavedPartitions(ShapeData& d, OverlapSetup& ov, const std::vector<std::vector<int>>& parts,
+                        const std::string& non_overlap_name, bool gemm_end, int reps) {
+    std::vector<Timed> bodies{{[&d] { d.non_overlap(); }, d.name + non_overlap_name, {}, nullptr}};
+    for (const auto& w : parts) {
+      runs.push_back(
+          std::make_unique<OverlapRun>(d.P, ov.wm, signal::GroupPlan(ov.wm, w), d.mode, ov.buf.p, ov.recv.p));
       OverlapRun* r = runs.back().get();
-      bodies.push_back({[r] { r->body(); }, r->what(), [r] { r->stuck(); }, r->gemm_end.e});
+      bodies.push_back({[r] { r->body(); }, r->what(), [r] { r->stuck(); }, gemm_end ? r->gemm_end.e : nullptr});
     }
-    const std::vector<TimedResult> t = timed_interleaved(pg, cs, bodies, W, N);
+    t = timed_interleaved(d.pg, d.cs, bodies, d.W, reps);
     for (auto& r : runs) r->finish();
-    row.seq = t[0].ms;
-    for (std::size_t c = 0; c < runs.size(); ++c) {
-      row.cand_meas.push_back(t[c + 1].ms);
-      if (t[c + 1].ms < row.cand_meas[row.fastest]) row.fastest = static_cast<int>(c);  // ties: better predicted
-    }
-    row.overlap_meas = row.cand_meas[0];
-    row.ov_gemm_end = t[1].mid_ms;
-    // The result checked below is the fastest candidate's: one more run of it
-    // (the interleaved loop's last run may be another partition; they all
-    // write the same layout, but the check must be of the chosen one).
-    runs[row.fastest]->body();
-    runs[row.fastest]->finish();
   }
-  row.rel_err = check_result(P, wm, buf.p, recv.p, D.p, C.p);
+};
+
+// The searched partition is measured in every case (predictor error): first
+// on the default communicator (for comparison), then with the other top-k
+// candidates on the overlap one, whose fastest result is checked.
+void measure_candidates(ShapeData& d, OverlapSetup& ov, const signal::GroupPlan& searched_plan, Row& row) {
+  if (d.o.compare_default && d.P.ocomm != d.pg.nccl())
+    row.overlap_def = run_overlap(d.P, ov.wm, searched_plan, d.mode, ov.buf.p, ov.recv.p, d.W, d.N, d.pg.nccl());
+  // The measured verdict (tune::keep_overlap, as SignalTuner::record_measured
+  // of the candidates) compares these medians.
+  InterleavedPartitions m(d, ov, row.cand_waves, ": non-overlap", true, d.N);
+  row.seq = m.t[0].ms;
+  for (std::size_t c = 0; c < m.runs.size(); ++c) {
+    row.cand_meas.push_back(m.t[c + 1].ms);
+    if (m.t[c + 1].ms < row.cand_meas[row.fastest]) row.fastest = static_cast<int>(c);  // ties: better predicted
+  }
+  row.overlap_meas = row.cand_meas[0];
+  row.ov_gemm_end = m.t[1].mid_ms;
+  // The result checked is the fastest candidate's: one more run of it (the
+  // interleaved loop's last run may be another partition; they all write the
+  // same layout, but the check must be of the chosen one).
+  m.runs[row.fastest]->body();
+  m.runs[row.fastest]->finish();
+  row.rel_err = check_result(d.P, ov.wm, ov.buf.p, ov.recv.p, d.D.p, d.C.p);
+}
+
+// Where the time goes: the GEMM's slowdown per group launched beside it, the
+// group collectives alone, the equal-partition sweep, the serial model.
+void measure_diagnostics(ShapeData& d, OverlapSetup& ov, const signal::GroupPlan& searched_plan, Row& row) {
+  const signal::WaveModel& wm = ov.wm;
   // What each group launched during the GEMM cost it in this run: the slowdown
   // of the GEMM inside the overlapped run over its groups but the last.
   if (searched_plan.groups() > 1)
     row.penalty_seen = std::max(0.0, row.ov_gemm_end - row.engine_epi) / (searched_plan.groups() - 1);
-  row.groups_alone = groups_alone(P, wm, searched_plan, buf.p, recv.p);
-  if (o.group_sweep)
+  row.groups_alone = groups_alone(d.P, wm, searched_plan, ov.buf.p, ov.recv.p);
+  if (d.o.group_sweep)
     for (int G : {1, 2, 3, 4, 6, 9}) {
       if (G > wm.waves()) break;
       std::vector<int> parts;  // W waves in G nearly equal groups, larger ones first
       for (int g = 0; g < G; ++g) parts.push_back(wm.waves() / G + (g < wm.waves() % G ? 1 : 0));
       double end_ms = 0;
-      const double t = run_overlap(P, wm, signal::GroupPlan(wm, parts), mode, buf.p, recv.p, W, N, nullptr, &end_ms);
+      const double t =
+          run_overlap(d.P, wm, signal::GroupPlan(wm, parts), d.mode, ov.buf.p, ov.recv.p, d.W, d.N, nullptr, &end_ms);
       row.group_sweep.push_back({G, t, end_ms});
     }
-  {
-    double sum = 0;
-    for (int g = 0; g < searched_plan.groups(); ++g)
-      sum += overhead + curve.time(double(searched_plan.tiles_in(g)) * bytes_per_tile);
-    row.serial_model = gemm_budget_ms + sum * 1e3;
-  }
-  // The predictive choice, measured; then the verified one: the fastest
-  // measured top-k candidate is kept only when it measured faster than
-  // non-overlap by the verdict margin (tune::keep_overlap, as SignalTuner::
-  // record_measured); verified1: the same rule on the searched partition
-  // alone (what --top-k 1 decides, from the same measurements).
+  double sum = 0;
+  for (int g = 0; g < searched_plan.groups(); ++g)
+    sum += d.model.per_group_overhead + d.curve.time(double(searched_plan.tiles_in(g)) * ov.bytes_per_tile());
+  row.serial_model = row.engine_epi + sum * 1e3;
+}
+
+// The predictive choice, measured; then the verified one: the fastest
+// measured top-k candidate is kept only when it measured faster than
+// non-overlap by the verdict margin (tune::keep_overlap, as SignalTuner::
+// record_measured); verified1: the same rule on the searched partition
+// alone (what --top-k 1 decides, from the same measurements).
+void verdict(const Options& o, Row& row) {
   row.predictive = row.overlap ? row.overlap_meas : row.seq;
   row.verified_meas = row.cand_meas[row.fastest];
   row.verified_waves = row.cand_waves[row.fastest];
@@ -872,73 +941,89 @@ Row measure(Problem& P, const tune::MachineProfile& model, signal::WaitMode mode
   row.verified1_overlap = tune::keep_overlap(row.overlap_meas, row.seq, o.verdict_margin_pct / 100);
   row.verified = row.verified_overlap ? row.cand_str[row.fastest] : "no overlap";
   row.tessera = row.verified_overlap ? row.verified_meas : row.seq;
+}
 
-  // Exhaustive (measured) partition search on shapes with few waves.
-  const int waves = wm.waves();
-  const double exh_cost_s = std::ldexp(1.0, waves - 1) * (o.exh_reps + 1) * (gemm_budget_ms + 0.3) * 1e-3;
-  if (waves <= o.exh_max_waves && exh_cost_s <= o.exh_cap_s) {
-    row.exhaustive = true;
-    row.exh_best_ms = row.seq;  // "no overlap" is a candidate too
-    row.exh_best = "no overlap";
-    for (unsigned long long mask = 0; mask < (1ull << (waves - 1)); ++mask) {
-      std::vector<int> groups;
-      int last = 0;
-      for (int i = 1; i < waves; ++i)
-        if (mask >> (i - 1) & 1) {
-          groups.push_back(i - last);
-          last = i;
-        }
-      groups.push_back(waves - last);
-      const signal::GroupPlan plan(wm, groups);
-      const double t = run_overlap(P, wm, plan, mode, buf.p, recv.p, 1, o.exh_reps);
-      ++row.exh_count;
-      if (groups == searched.waves_per_group) row.exh_searched_ms = row.exh_verified1_ms = t;
-      if (groups == row.verified_waves) row.exh_verified_ms = t;
-      if (t < row.exh_best_ms) {
-        row.exh_best_ms = t;
-        row.exh_best = plan.str();
-        row.exh_best_waves = groups;
+// Head to head (--exhaustive-confirm): every distinct partition among
+// {sweep's best, searched, verified} and non-overlap, interleaved with equal
+// warm-up and repetitions; each choice then reads its partition's median (or
+// non-overlap's).
+void exhaustive_confirm(ShapeData& d, OverlapSetup& ov, Row& row) {
+  std::vector<std::vector<int>> parts;
+  const auto index_of = [&](const std::vector<int>& w) -> int {
+    if (w.empty()) return -1;  // no overlap
+    for (std::size_t i = 0; i < parts.size(); ++i)
+      if (parts[i] == w) return static_cast<int>(i);
+    parts.push_back(w);
+    return static_cast<int>(parts.size()) - 1;
+  };
+  const int i_exh = index_of(row.exh_best_waves);
+  const int i_searched = index_of(row.overlap ? row.searched_waves : std::vector<int>{});
+  const int i_verified = index_of(row.verified_overlap ? row.verified_waves : std::vector<int>{});
+  const int i_verified1 = index_of(row.verified1_overlap ? row.searched_waves : std::vector<int>{});
+  const InterleavedPartitions m(d, ov, parts, ": non-overlap (head to head)", false, d.o.exh_confirm_reps);
+  const auto ms_of = [&](int i) { return m.t[static_cast<std::size_t>(i + 1)].ms; };  // -1 -> non-overlap
+  row.h2h_exh_ms = ms_of(i_exh);
+  row.h2h_searched_ms = ms_of(i_searched);
+  row.h2h_verified_ms = ms_of(i_verified);
+  row.h2h_verified1_ms = ms_of(i_verified1);
+}
+
+// Exhaustive (measured) partition search, on shapes with few waves: every
+// one of the 2^(W-1) partitions timed alone.
+void measure_exhaustive(ShapeData& d, OverlapSetup& ov, Row& row) {
+  const int waves = ov.wm.waves();
+  const double exh_cost_s = std::ldexp(1.0, waves - 1) * (d.o.exh_reps + 1) * (row.engine_epi + 0.3) * 1e-3;
+  if (waves > d.o.exh_max_waves || exh_cost_s > d.o.exh_cap_s) return;
+  row.exhaustive = true;
+  row.exh_best_ms = row.seq;  // "no overlap" is a candidate too
+  row.exh_best = "no overlap";
+  for (unsigned long long mask = 0; mask < (1ull << (waves - 1)); ++mask) {
+    std::vector<int> groups;
+    int last = 0;
+    for (int i = 1; i < waves; ++i)
+      if (mask >> (i - 1) & 1) {
+        groups.push_back(i - last);
+        last = i;
       }
-    }
-    if (!row.overlap) row.exh_searched_ms = row.seq;  // the predictive choice was "no overlap"
-    if (!row.verified_overlap) row.exh_verified_ms = row.seq;
-    if (!row.verified1_overlap) row.exh_verified1_ms = row.seq;
-    if (o.exh_confirm) {
-      // Every distinct partition among {sweep's best, searched, verified} and
-      // non-overlap, interleaved with equal warm-up and repetitions; each
-      // choice then reads its partition's median (or non-overlap's).
-      std::vector<std::vector<int>> parts;
-      const auto index_of = [&](const std::vector<int>& w) -> int {
-        if (w.empty()) return -1;  // no overlap
-        for (std::size_t i = 0; i < parts.size(); ++i)
-          if (parts[i] == w) return static_cast<int>(i);
-        parts.push_back(w);
-        return static_cast<int>(parts.size()) - 1;
-      };
-      const int i_exh = index_of(row.exh_best_waves);
-      const int i_searched = index_of(row.overlap ? searched.waves_per_group : std::vector<int>{});
-      const int i_verified = index_of(row.verified_overlap ? row.verified_waves : std::vector<int>{});
-      const int i_verified1 = index_of(row.verified1_overlap ? searched.waves_per_group : std::vector<int>{});
-      std::vector<std::unique_ptr<OverlapRun>> runs;
-      std::vector<Timed> bodies{{non_overlap, name + ": non-overlap (head to head)", {}, nullptr}};
-      for (const auto& w : parts) {
-        runs.push_back(std::make_unique<OverlapRun>(P, wm, signal::GroupPlan(wm, w), mode, buf.p, recv.p));
-        OverlapRun* r = runs.back().get();
-        bodies.push_back({[r] { r->body(); }, r->what(), [r] { r->stuck(); }, nullptr});
-      }
-      const std::vector<TimedResult> t = timed_interleaved(pg, cs, bodies, W, o.exh_confirm_reps);
-      for (auto& r : runs) r->finish();
-      const auto ms_of = [&](int i) { return t[static_cast<std::size_t>(i + 1)].ms; };  // -1 -> non-overlap
-      row.h2h_exh_ms = ms_of(i_exh);
-      row.h2h_searched_ms = ms_of(i_searched);
-      row.h2h_verified_ms = ms_of(i_verified);
-      row.h2h_verified1_ms = ms_of(i_verified1);
+    groups.push_back(waves - last);
+    const signal::GroupPlan plan(ov.wm, groups);
+    const double t = run_overlap(d.P, ov.wm, plan, d.mode, ov.buf.p, ov.recv.p, 1, d.o.exh_reps);
+    ++row.exh_count;
+    if (groups == row.searched_waves) row.exh_searched_ms = row.exh_verified1_ms = t;
+    if (groups == row.verified_waves) row.exh_verified_ms = t;
+    if (t < row.exh_best_ms) {
+      row.exh_best_ms = t;
+      row.exh_best = plan.str();
+      row.exh_best_waves = groups;
     }
   }
+  if (!row.overlap) row.exh_searched_ms = row.seq;  // the predictive choice was "no overlap"
+  if (!row.verified_overlap) row.exh_verified_ms = row.seq;
+  if (!row.verified1_overlap) row.exh_verified1_ms = row.seq;
+  if (d.o.exh_confirm) exhaustive_confirm(d, ov, row);
+}
+
+// `model`: the offline stage's profile (both curves, per-group overhead,
+// comm slowdown) with this shape's GEMM penalty; the prediction is
+// tune::signal_overlap_cost() on it, the library's model.
+Row measure(Problem& P, const tune::MachineProfile& model, signal::WaitMode mode, const Progress& progress) {
+  const auto t_start = Clock::now();
+  ShapeData d(P, model, mode);
+  Row row;
+  row.shape = d.sh;
+  measure_baselines(d, row);
+  OverlapSetup ov(d);
+  row.waves = ov.wm.waves();
+  measure_compute_alone(d, ov, row);
+  const signal::GroupPlan searched_plan = predict(d, ov, row);
+  measure_candidates(d, ov, searched_plan, row);
+  measure_diagnostics(d, ov, searched_plan, row);
+  verdict(P.o, row);
+  measure_exhaustive(d, ov, row);
   // Seed §6.4 bound from the measured standalone times.
-  const signal::WaveModel full = wm.with_sms(pg.sm_count());
+  const signal::WaveModel full = ov.wm.with_sms(d.pg.sm_count());
   const double first_wave = row.gemm / full.waves();
-  const double last_wave_comm = curve.time(double(full.tiles_in_wave(full.waves() - 1)) * bytes_per_tile) * 1e3;
+  const double last_wave_comm = d.curve.time(double(full.tiles_in_wave(full.waves() - 1)) * ov.bytes_per_tile()) * 1e3;
   row.bound = row.gemm >= row.comm ? row.gemm + last_wave_comm : first_wave + row.comm;
   row.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
   (void)progress;
@@ -951,14 +1036,13 @@ struct OpResult {
   std::string text, markdown;
 };
 
-// One op: offline stage, every shape within `deadline`, table + summary.
-OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, bool ar,
-                const std::vector<Shape>& shapes, Clock::time_point deadline, const Progress& progress) {
+// The offline stage of one op: the NCCL bandwidth curves and the per-group
+// overhead, as the tune::MachineProfile the model predicts with (stored by
+// --store-profile): the same curve on the default communicator predicts "no
+// overlap" (what a non-overlapped run uses; < 1 s of device time per op).
+tune::MachineProfile offline_stage(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, bool ar,
+                                   signal::WaitMode mode, std::int64_t max_bytes, const Progress& progress) {
   const std::string op = ar ? "ar" : "rs";
-  const signal::WaitMode mode = o.wait == "memop" ? signal::WaitMode::StreamMemOp : signal::WaitMode::SpinKernel;
-  std::int64_t max_bytes = 0;
-  for (const Shape& s : shapes) max_bytes = std::max(max_bytes, s.m * s.n * 2);
-
   progress("{}: offline stage: NCCL bandwidth curve up to {} MiB", op, max_bytes >> 20);
   const tune::BandwidthCurve curve = measure_curve(pg, ocomm, ar, max_bytes, o, progress);
   progress("{}: offline stage: per-group overhead, stream memop waits ...", op);
@@ -969,9 +1053,6 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
   const double overhead = mode == signal::WaitMode::StreamMemOp ? ovh_memop : ovh_spin;
   progress("{}: per-group overhead: stream memop {:.2f} us, spinning kernel {:.2f} us (using {})", op, ovh_memop * 1e6,
            ovh_spin * 1e6, o.wait);
-  // The model's inputs as a tune::MachineProfile (stored by --store-profile):
-  // the same curve on the default communicator predicts "no overlap" (what
-  // a non-overlapped run uses; < 1 s of device time per op).
   const tune::Collective coll = ar ? tune::Collective::AllReduce : tune::Collective::ReduceScatter;
   tune::MachineProfile model;
   model.machine = {pg.device_properties().name, o.topology, pg.world()};
@@ -988,47 +1069,12 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
     model.no_overlap_curves[coll] = curve;
   }
   model.validate();
+  return model;
+}
 
-  // "predicted choice": the predictive search (min-gain margin); "verified":
-  // the measured verdict on the fastest of the top-k candidates (tessera =
-  // the verified choice, measured); "top-1 verified": the verdict on the
-  // searched partition alone; "pick": which candidate was fastest.
-  Table table({"shape",
-               "M",
-               "N",
-               "K",
-               "waves",
-               "predicted choice",
-               "pred. speedup",
-               "verified",
-               "top-1 verified",
-               "pick",
-               "GEMM",
-               "comm",
-               "non-overlap",
-               "decomp",
-               "tessera",
-               "speedup",
-               "bound",
-               "of bound",
-               "searched overlap",
-               "predicted",
-               "pred err %",
-               "exhaustive best",
-               "searched/exh",
-               "verified/exh",
-               "top-1 verified/exh",
-               "h2h searched/exh",
-               "h2h verified/exh",
-               "h2h top-1/exh",
-               "rel err"});
-  // Every measured top-k candidate (same interleaved loop as non-overlap).
-  Table cand_table({"shape", "M", "N", "K", "#", "partition", "predicted", "measured", "pred err %", "vs #1 pred %",
-                    "vs #1 meas %", "vs non-overlap"});
-  // Where the time of the searched overlapped plan goes (issue 5).
-  Table diag({"shape", "M", "N", "K", "groups", "engine plain", "engine+epi", "epi %", "comm", "comm@ov",
-              "groups alone", "GEMM||comm ov", "GEMM||comm def", "ov GEMM end", "overlap", "overlap def comm",
-              "serial model", "overlap model"});
+// One op's figures over its shapes: the per-shape tables and the sums the
+// summaries report.
+struct OpStats {
   double serial_err_sum = 0, beside_sum = 0, beside_def_sum = 0, epi_sum = 0;
   double err_sum = 0, err_all_sum = 0, seq_err_sum = 0, seq_err_signed_sum = 0, comm_curve_err_sum = 0;
   int err_n = 0, err_all_n = 0, slower = 0, slower_pred = 0, exh_n = 0, exh_ok = 0, exh_ok_verified = 0, done = 0;
@@ -1045,256 +1091,335 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
   double speedup1_sum = 0;
   double speedup_pred_sum = 0, speedup_sum = 0;
   int flipped_off = 0, flipped_on = 0;  // verdict vs prediction
-  std::vector<std::string> mlp_lines;
-  std::vector<tune::GemmTiming> timings;
+};
+
+// One shape's ratios against the exhaustive sweep and the head to head
+// (0: not run), and its top-1 verified choice.
+struct ShapeRatios {
+  std::string verified1;
+  bool changed = false;  ///< the top-k changed the verified choice
+  double err = 0;        ///< predictor error of the searched partition (%)
+  double exh = 0, exh_v = 0, exh_v1 = 0;
+  double h2h_s = 0, h2h_v = 0, h2h_v1 = 0;
+};
+
+// One op (AR or RS): offline stage, every shape within the deadline,
+// tables, summaries, and the stored profile.
+class OpRun {
+ public:
+  OpRun(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, bool ar, const Progress& progress)
+      : pg_(pg),
+        ocomm_(ocomm),
+        o_(o),
+        ar_(ar),
+        op_(ar ? "ar" : "rs"),
+        mode_(o.wait == "memop" ? signal::WaitMode::StreamMemOp : signal::WaitMode::SpinKernel),
+        coll_(ar ? tune::Collective::AllReduce : tune::Collective::ReduceScatter),
+        progress_(progress) {}
+
+  OpResult run(const std::vector<Shape>& shapes, Clock::time_point deadline) {
+    std::int64_t max_bytes = 0;
+    for (const Shape& s : shapes) max_bytes = std::max(max_bytes, s.m * s.n * 2);
+    model_ = offline_stage(pg_, ocomm_, o_, ar_, mode_, max_bytes, progress_);
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      // Every rank must take the same decision: rank 0's clock decides.
+      double out_of_time = Clock::now() >= deadline ? 1.0 : 0.0;
+      out_of_time = pg_.allreduce_max(out_of_time);
+      if (out_of_time > 0) {
+        progress_("{}: budget spent: {} of {} shapes measured, stopping", op_, st_.done, shapes.size());
+        break;
+      }
+      progress_("{}: shape {}/{} {} ...", op_, i + 1, shapes.size(), shape_name(shapes[i]));
+      measure_shape(shapes[i]);
+    }
+    OpResult res = result(shapes.size());
+    if (o_.store_profile && pg_.rank() == 0) store_profile();
+    return res;
+  }
+
+ private:
   struct Verdict {
     tune::SignalQuery q;
     std::vector<tune::MeasuredPartition> measured;  // every top-k candidate
     double sequential_s;
   };
-  std::vector<Verdict> verdicts;       // for the stored plan cache (--store-profile)
-  std::vector<double> penalties_seen;  // ms, from the shapes measured so far
-  Table sweep({"shape", "M", "N", "K", "groups", "overlap", "ov GEMM end", "GEMM slowdown", "per extra group"});
-  const auto learned_penalty = [&] {
-    if (penalties_seen.empty()) return 0.0;
-    std::vector<double> v = penalties_seen;
+
+  static std::string label(const Shape& s) { return s.label.empty() ? "-" : s.label; }
+
+  /// The median of the in-run GEMM slowdowns per group of the shapes so far (ms).
+  double learned_penalty() const {
+    if (penalties_seen_.empty()) return 0.0;
+    std::vector<double> v = penalties_seen_;
     std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
     return v[v.size() / 2];
-  };
-  for (std::size_t i = 0; i < shapes.size(); ++i) {
-    const Shape& s = shapes[i];
-    // Every rank must take the same decision: rank 0's clock decides.
-    double out_of_time = Clock::now() >= deadline ? 1.0 : 0.0;
-    out_of_time = pg.allreduce_max(out_of_time);
-    if (out_of_time > 0) {
-      progress("{}: budget spent: {} of {} shapes measured, stopping", op, done, shapes.size());
-      break;
-    }
-    progress("{}: shape {}/{} {} ...", op, i + 1, shapes.size(), shape_name(s));
-    Problem P{o, pg, ar, s, {}, {}, ocomm};
+  }
+
+  void measure_shape(const Shape& s) {
+    Problem P{o_, pg_, ar_, s, {}, {}, ocomm_};
     // The model's GEMM penalty: given, or learned from earlier shapes only
     // (never from the shape being predicted). Every rank uses rank 0's value.
-    double penalty_ms = o.gemm_penalty_us >= 0 ? o.gemm_penalty_us * 1e-3 : learned_penalty();
-    penalty_ms = pg.allreduce_max(pg.rank() == 0 ? penalty_ms : 0.0);
-    model.gemm_penalty_per_group = penalty_ms * 1e-3;
-    const Row r = measure(P, model, mode, progress);
-    ++done;
-    if (r.penalty_seen >= 0) penalties_seen.push_back(pg.allreduce_max(r.penalty_seen));
+    double penalty_ms = o_.gemm_penalty_us >= 0 ? o_.gemm_penalty_us * 1e-3 : learned_penalty();
+    penalty_ms = pg_.allreduce_max(pg_.rank() == 0 ? penalty_ms : 0.0);
+    model_.gemm_penalty_per_group = penalty_ms * 1e-3;
+    const Row r = measure(P, model_, mode_, progress_);
+    ++st_.done;
+    if (r.penalty_seen >= 0) penalties_seen_.push_back(pg_.allreduce_max(r.penalty_seen));
     for (const auto& q : r.group_sweep) {
       const double slow = q.gemm_end - r.engine_epi;
-      sweep.add({s.label.empty() ? "-" : s.label, std::to_string(s.m), std::to_string(s.n), std::to_string(s.k),
-                 std::to_string(q.groups), f3(q.overlap), f3(q.gemm_end), f3(slow),
-                 q.groups > 1 ? fmt::format("{:.1f} us", slow / (q.groups - 1) * 1e3) : "-"});
+      sweep_.add({label(s), std::to_string(s.m), std::to_string(s.n), std::to_string(s.k), std::to_string(q.groups),
+                  f3(q.overlap), f3(q.gemm_end), f3(slow),
+                  q.groups > 1 ? fmt::format("{:.1f} us", slow / (q.groups - 1) * 1e3) : "-"});
     }
-    timings.push_back(r.timing);
-    {
-      Verdict v{r.query, {}, r.seq * 1e-3};
-      for (std::size_t c = 0; c < r.cand_waves.size(); ++c)
-        v.measured.push_back({r.cand_waves[c], r.cand_meas[c] * 1e-3});
-      verdicts.push_back(std::move(v));
-    }
+    timings_.push_back(r.timing);
+    Verdict v{r.query, {}, r.seq * 1e-3};
+    for (std::size_t c = 0; c < r.cand_waves.size(); ++c)
+      v.measured.push_back({r.cand_waves[c], r.cand_meas[c] * 1e-3});
+    verdicts_.push_back(std::move(v));
+    const ShapeRatios x = record(s, r);
+    add_rows(s, r, x);
+    report_shape(s, r, x);
+  }
+
+  /// Adds the shape to the sums and the candidate table.
+  ShapeRatios record(const Shape& s, const Row& r) {
+    ShapeRatios x;
     // The top-k candidates, and how the top-k changed the verified choice.
-    const std::string verified1 = r.verified1_overlap ? r.searched : "no overlap";
-    const bool changed = r.verified != verified1;
-    topk_changed += changed;
-    topk_changed_on += changed && !r.verified1_overlap;
-    topk_changed_off += changed && !r.verified_overlap;
-    topk_not_first += r.fastest != 0;
+    x.verified1 = r.verified1_overlap ? r.searched : "no overlap";
+    x.changed = r.verified != x.verified1;
+    st_.topk_changed += x.changed;
+    st_.topk_changed_on += x.changed && !r.verified1_overlap;
+    st_.topk_changed_off += x.changed && !r.verified_overlap;
+    st_.topk_not_first += r.fastest != 0;
     const double tessera1 = r.verified1_overlap ? r.overlap_meas : r.seq;
-    slower1 += tessera1 > r.seq * 1.005;
-    speedup1_sum += r.seq / tessera1;
+    st_.slower1 += tessera1 > r.seq * 1.005;
+    st_.speedup1_sum += r.seq / tessera1;
     for (std::size_t c = 0; c < r.cand_waves.size(); ++c) {
       const double e = (r.cand_pred[c] / r.cand_meas[c] - 1) * 100;
-      cand_err_sum += std::abs(e);
-      ++cand_err_n;
-      cand_table.add({s.label.empty() ? "-" : s.label, std::to_string(s.m), std::to_string(s.n), std::to_string(s.k),
-                      fmt::format("{}{}", c + 1, int(c) == r.fastest ? "*" : ""), r.cand_str[c], f3(r.cand_pred[c]),
-                      f3(r.cand_meas[c]), fmt::format("{:+.1f}", e),
-                      fmt::format("{:+.1f}", (r.cand_pred[c] / r.cand_pred[0] - 1) * 100),
-                      fmt::format("{:+.1f}", (r.cand_meas[c] / r.cand_meas[0] - 1) * 100),
-                      fmt::format("{:.3f}x", r.seq / r.cand_meas[c])});
+      st_.cand_err_sum += std::abs(e);
+      ++st_.cand_err_n;
+      cand_table_.add({label(s), std::to_string(s.m), std::to_string(s.n), std::to_string(s.k),
+                       fmt::format("{}{}", c + 1, int(c) == r.fastest ? "*" : ""), r.cand_str[c], f3(r.cand_pred[c]),
+                       f3(r.cand_meas[c]), fmt::format("{:+.1f}", e),
+                       fmt::format("{:+.1f}", (r.cand_pred[c] / r.cand_pred[0] - 1) * 100),
+                       fmt::format("{:+.1f}", (r.cand_meas[c] / r.cand_meas[0] - 1) * 100),
+                       fmt::format("{:.3f}x", r.seq / r.cand_meas[c])});
     }
     // The no-overlap prediction against its measurement, and the default
     // communicator's curve against this shape's own collective timing.
-    seq_err_sum += std::abs(r.seq_pred - r.seq) / r.seq * 100;
-    seq_err_signed_sum += (r.seq_pred / r.seq - 1) * 100;
-    comm_curve_err_sum +=
-        std::abs(model.no_overlap_curve(coll).time(double(s.m) * double(s.n) * 2) * 1e3 - r.comm) / r.comm * 100;
+    st_.seq_err_sum += std::abs(r.seq_pred - r.seq) / r.seq * 100;
+    st_.seq_err_signed_sum += (r.seq_pred / r.seq - 1) * 100;
+    st_.comm_curve_err_sum +=
+        std::abs(model_.no_overlap_curve(coll_).time(double(s.m) * double(s.n) * 2) * 1e3 - r.comm) / r.comm * 100;
     // Predictor error of the searched overlapped partition (always measured).
-    const double err = std::abs(r.overlap_pred - r.overlap_meas) / r.overlap_meas * 100;
-    err_sum += err;
-    ++err_n;
+    x.err = std::abs(r.overlap_pred - r.overlap_meas) / r.overlap_meas * 100;
+    st_.err_sum += x.err;
+    ++st_.err_n;
     // Error of the predictive choice's prediction against its measurement.
-    err_all_sum += std::abs(r.chosen_pred - r.predictive) / r.predictive * 100;
-    ++err_all_n;
-    slower += r.tessera > r.seq * 1.005;
-    slower_pred += r.predictive > r.seq * 1.005;
-    speedup_sum += r.seq / r.tessera;
-    speedup_pred_sum += r.seq / r.predictive;
-    flipped_off += r.overlap && !r.verified_overlap;
-    flipped_on += !r.overlap && r.verified_overlap;
-    double exh_ratio = 0, exh_ratio_v = 0, exh_ratio_v1 = 0;
+    st_.err_all_sum += std::abs(r.chosen_pred - r.predictive) / r.predictive * 100;
+    ++st_.err_all_n;
+    st_.slower += r.tessera > r.seq * 1.005;
+    st_.slower_pred += r.predictive > r.seq * 1.005;
+    st_.speedup_sum += r.seq / r.tessera;
+    st_.speedup_pred_sum += r.seq / r.predictive;
+    st_.flipped_off += r.overlap && !r.verified_overlap;
+    st_.flipped_on += !r.overlap && r.verified_overlap;
+    record_exhaustive(r, x);
+    return x;
+  }
+
+  void record_exhaustive(const Row& r, ShapeRatios& x) {
     if (r.exhaustive && r.exh_searched_ms > 0) {
-      exh_ratio = r.exh_best_ms / r.exh_searched_ms;
-      ++exh_n;
-      exh_ok += exh_ratio >= 0.99;
+      x.exh = r.exh_best_ms / r.exh_searched_ms;
+      ++st_.exh_n;
+      st_.exh_ok += x.exh >= 0.99;
       if (r.exh_verified_ms > 0) {
-        exh_ratio_v = r.exh_best_ms / r.exh_verified_ms;
-        exh_ok_verified += exh_ratio_v >= 0.99;
+        x.exh_v = r.exh_best_ms / r.exh_verified_ms;
+        st_.exh_ok_verified += x.exh_v >= 0.99;
       }
       if (r.exh_verified1_ms > 0) {
-        exh_ratio_v1 = r.exh_best_ms / r.exh_verified1_ms;
-        exh_ok_verified1 += exh_ratio_v1 >= 0.99;
+        x.exh_v1 = r.exh_best_ms / r.exh_verified1_ms;
+        st_.exh_ok_verified1 += x.exh_v1 >= 0.99;
       }
     }
     const auto h2h = [&](double choice_ms) {
       return r.h2h_exh_ms > 0 && choice_ms > 0 ? r.h2h_exh_ms / choice_ms : 0.0;
     };
-    const double h2h_s = h2h(r.h2h_searched_ms), h2h_v = h2h(r.h2h_verified_ms), h2h_v1 = h2h(r.h2h_verified1_ms);
+    x.h2h_s = h2h(r.h2h_searched_ms);
+    x.h2h_v = h2h(r.h2h_verified_ms);
+    x.h2h_v1 = h2h(r.h2h_verified1_ms);
     if (r.exhaustive && r.h2h_exh_ms > 0) {
-      ++h2h_n;
-      h2h_sum_s += h2h_s;
-      h2h_sum_v += h2h_v;
-      h2h_min_s = std::min(h2h_min_s, h2h_s);
-      h2h_min_v = std::min(h2h_min_v, h2h_v);
-      h2h_ok += h2h_s >= 0.99;
-      h2h_ok_verified += h2h_v >= 0.99;
-      h2h_ok_verified1 += h2h_v1 >= 0.99;
+      ++st_.h2h_n;
+      st_.h2h_sum_s += x.h2h_s;
+      st_.h2h_sum_v += x.h2h_v;
+      st_.h2h_min_s = std::min(st_.h2h_min_s, x.h2h_s);
+      st_.h2h_min_v = std::min(st_.h2h_min_v, x.h2h_v);
+      st_.h2h_ok += x.h2h_s >= 0.99;
+      st_.h2h_ok_verified += x.h2h_v >= 0.99;
+      st_.h2h_ok_verified1 += x.h2h_v1 >= 0.99;
     }
-    const auto pct = [&](double x) {
-      return r.exhaustive && x > 0 ? fmt::format("{:.1f}%", x * 100) : std::string("-");
+  }
+
+  /// The shape's rows of the main and the diagnostic tables, and the diagnostic sums.
+  void add_rows(const Shape& s, const Row& r, const ShapeRatios& x) {
+    const auto pct = [&](double v) {
+      return r.exhaustive && v > 0 ? fmt::format("{:.1f}%", v * 100) : std::string("-");
     };
-    table.add({s.label.empty() ? "-" : s.label,
-               std::to_string(s.m),
-               std::to_string(s.n),
-               std::to_string(s.k),
-               std::to_string(r.waves),
-               r.choice,
-               fmt::format("{:.3f}", r.seq / r.predictive),
-               r.verified,
-               verified1,
-               fmt::format("#{} of {}{}", r.fastest + 1, r.cand_waves.size(), changed ? " (changed)" : ""),
-               f3(r.gemm),
-               f3(r.comm),
-               f3(r.seq),
-               f3(r.decomp),
-               f3(r.tessera),
-               fmt::format("{:.3f}", r.seq / r.tessera),
-               f3(r.bound),
-               fmt::format("{:.2f}", r.bound / r.tessera),
-               f3(r.overlap_meas),
-               f3(r.overlap_pred),
-               fmt::format("{:.1f}", err),
-               r.exhaustive ? fmt::format("{} {} ({} meas.)", f3(r.exh_best_ms), r.exh_best, r.exh_count) : "-",
-               r.exhaustive ? fmt::format("{:.1f}%", exh_ratio * 100) : "-",
-               r.exhaustive && exh_ratio_v > 0 ? fmt::format("{:.1f}%", exh_ratio_v * 100) : "-",
-               r.exhaustive && exh_ratio_v1 > 0 ? fmt::format("{:.1f}%", exh_ratio_v1 * 100) : "-",
-               pct(h2h_s),
-               pct(h2h_v),
-               pct(h2h_v1),
-               fmt::format("{:.1e}", r.rel_err)});
+    table_.add({label(s),
+                std::to_string(s.m),
+                std::to_string(s.n),
+                std::to_string(s.k),
+                std::to_string(r.waves),
+                r.choice,
+                fmt::format("{:.3f}", r.seq / r.predictive),
+                r.verified,
+                x.verified1,
+                fmt::format("#{} of {}{}", r.fastest + 1, r.cand_waves.size(), x.changed ? " (changed)" : ""),
+                f3(r.gemm),
+                f3(r.comm),
+                f3(r.seq),
+                f3(r.decomp),
+                f3(r.tessera),
+                fmt::format("{:.3f}", r.seq / r.tessera),
+                f3(r.bound),
+                fmt::format("{:.2f}", r.bound / r.tessera),
+                f3(r.overlap_meas),
+                f3(r.overlap_pred),
+                fmt::format("{:.1f}", x.err),
+                r.exhaustive ? fmt::format("{} {} ({} meas.)", f3(r.exh_best_ms), r.exh_best, r.exh_count) : "-",
+                r.exhaustive ? fmt::format("{:.1f}%", x.exh * 100) : "-",
+                r.exhaustive && x.exh_v > 0 ? fmt::format("{:.1f}%", x.exh_v * 100) : "-",
+                r.exhaustive && x.exh_v1 > 0 ? fmt::format("{:.1f}%", x.exh_v1 * 100) : "-",
+                pct(x.h2h_s),
+                pct(x.h2h_v),
+                pct(x.h2h_v1),
+                fmt::format("{:.1e}", r.rel_err)});
     const int groups = static_cast<int>(std::count(r.searched.begin(), r.searched.end(), ',')) + 1;
-    diag.add({s.label.empty() ? "-" : s.label, std::to_string(s.m), std::to_string(s.n), std::to_string(s.k),
-              std::to_string(groups), f3(r.engine_plain), f3(r.engine_epi),
-              fmt::format("{:+.1f}", (r.engine_epi / r.engine_plain - 1) * 100), f3(r.comm), f3(r.comm_ov),
-              f3(r.groups_alone), f3(r.beside_ov), f3(r.beside_def), f3(r.ov_gemm_end), f3(r.overlap_meas),
-              r.overlap_def >= 0 ? f3(r.overlap_def) : "-", f3(r.serial_model), f3(r.overlap_pred)});
-    serial_err_sum += std::abs(r.serial_model - r.overlap_meas) / r.overlap_meas * 100;
+    diag_.add({label(s), std::to_string(s.m), std::to_string(s.n), std::to_string(s.k), std::to_string(groups),
+               f3(r.engine_plain), f3(r.engine_epi), fmt::format("{:+.1f}", (r.engine_epi / r.engine_plain - 1) * 100),
+               f3(r.comm), f3(r.comm_ov), f3(r.groups_alone), f3(r.beside_ov), f3(r.beside_def), f3(r.ov_gemm_end),
+               f3(r.overlap_meas), r.overlap_def >= 0 ? f3(r.overlap_def) : "-", f3(r.serial_model),
+               f3(r.overlap_pred)});
+    st_.serial_err_sum += std::abs(r.serial_model - r.overlap_meas) / r.overlap_meas * 100;
     // Concurrency of GEMM || comm: 0 = fully serialized (sum), 1 = perfect (max).
     const auto concurrency = [&](double both, double comm) {
       const double lo = std::max(r.engine_epi, comm), hi = r.engine_epi + comm;
       return hi > lo ? std::clamp((hi - both) / (hi - lo), -1.0, 2.0) : 1.0;
     };
-    beside_sum += concurrency(r.beside_ov, r.comm_ov);
-    beside_def_sum += concurrency(r.beside_def, r.comm);
-    epi_sum += (r.engine_epi / r.engine_plain - 1) * 100;
-    progress(
+    st_.beside_sum += concurrency(r.beside_ov, r.comm_ov);
+    st_.beside_def_sum += concurrency(r.beside_def, r.comm);
+    st_.epi_sum += (r.engine_epi / r.engine_plain - 1) * 100;
+  }
+
+  void report_shape(const Shape& s, const Row& r, const ShapeRatios& x) {
+    progress_(
         "{}: {} done in {:.1f} s: tessera (verified) {:.3f} ms ({}), predicted choice {}, speedup {:.3f}, "
         "non-overlap {:.3f}, verified speedup {:.3f}, searched overlap "
         "{:.3f} ms predicted {:.3f} ({:+.1f}%, GEMM penalty {:.1f} us/group; seen {}), rel err {:.1e}{}",
-        op, shape_name(s), r.seconds, r.tessera,
+        op_, shape_name(s), r.seconds, r.tessera,
         fmt::format("{}, candidate #{} of {}{}", r.verified, r.fastest + 1, r.cand_waves.size(),
-                    changed ? ", changed by the top-k" : ""),
+                    x.changed ? ", changed by the top-k" : ""),
         r.choice, r.seq / r.predictive, r.seq, r.seq / r.tessera, r.overlap_meas, r.overlap_pred,
         (r.overlap_pred / r.overlap_meas - 1) * 100, r.penalty_used * 1e3,
         r.penalty_seen >= 0 ? fmt::format("{:.1f} us", r.penalty_seen * 1e3) : std::string("- (one group)"), r.rel_err,
         r.exhaustive ? fmt::format(", exhaustive best {:.3f} ms of {} ({:.1f}% of searched)", r.exh_best_ms,
-                                   r.exh_count, exh_ratio * 100)
+                                   r.exh_count, x.exh * 100)
                      : "");
     if (!s.label.empty())
-      mlp_lines.push_back(
+      mlp_lines_.push_back(
           fmt::format("{} {}: {:.3f}x over cuBLASLt+NCCL sequential ({:.3f} vs {:.3f} ms; verified "
                       "choice {}, predictive choice {} at {:.3f}x){}",
-                      s.label, op, r.seq / r.tessera, r.tessera, r.seq, r.verified, r.choice, r.seq / r.predictive,
-                      ar ? (r.seq / r.tessera >= 1.25 ? " — meets 1.25x" : " — below 1.25x") : ""));
+                      s.label, op_, r.seq / r.tessera, r.tessera, r.seq, r.verified, r.choice, r.seq / r.predictive,
+                      ar_ ? (r.seq / r.tessera >= 1.25 ? " — meets 1.25x" : " — below 1.25x") : ""));
   }
-  const std::string summary = fmt::format(
-      "op {} on {} ranks, wait {}, NCCL SMs reserved {}: {} of {} shapes measured; mean predictor error {:.2f}% "
-      "(searched overlapped partition, {} shapes), {:.2f}% (predictive choice); slower than non-overlap "
-      "(> 0.5%): predictive choice on {} of {}, verified choice on {} of {} (verdict margin {:.1f}%: {} predicted "
-      "overlaps dropped, {} rejected partitions kept); mean speedup predictive {:.3f}, verified {:.3f}; searched "
-      ">= 99% of exhaustive (measured, shapes with <= {} waves and <= {} s of sweep) on {} of {} (verified top-{} "
-      "choice: {} of {}; verified top-1 choice: {} of {}; head to head, the sweep's best re-timed interleaved with "
-      "the choices ({} reps): searched {} of {}, verified {} of {}, top-1 verified {} of {}; mean ratio searched "
-      "{:.2f}%, verified {:.2f}%, worst {:.2f}% / {:.2f}%); top-{} refinement: the fastest measured candidate was "
-      "not the searched one on {} of {} shapes, the verified choice changed on {} ({} from no overlap to an "
-      "overlap, {} to no overlap), top-1 verified choice slower than non-overlap on {}, mean verified speedup "
-      "top-1 {:.3f}, predictor error over every candidate {:.2f}% mean ({} runs); model: comm beside the GEMM "
-      "+{:.0f}%, non-overlap predicted with the default communicator's curve: non-overlap prediction error "
-      "{:.2f}% mean (signed {:+.2f}%), that curve vs each shape's measured collective {:.2f}% mean",
-      op, pg.world(), o.wait, o.nccl_sms, done, shapes.size(), err_n ? err_sum / err_n : 0.0, err_n,
-      err_all_n ? err_all_sum / err_all_n : 0.0, slower_pred, done, slower, done, o.verdict_margin_pct, flipped_off,
-      flipped_on, done ? speedup_pred_sum / done : 0.0, done ? speedup_sum / done : 0.0, o.exh_max_waves, o.exh_cap_s,
-      exh_ok, exh_n, o.top_k, exh_ok_verified, exh_n, exh_ok_verified1, exh_n, o.exh_confirm_reps, h2h_ok, h2h_n,
-      h2h_ok_verified, h2h_n, h2h_ok_verified1, h2h_n, h2h_n ? h2h_sum_s / h2h_n * 100 : 0.0,
-      h2h_n ? h2h_sum_v / h2h_n * 100 : 0.0, h2h_n ? h2h_min_s * 100 : 0.0, h2h_n ? h2h_min_v * 100 : 0.0, o.top_k,
-      topk_not_first, done, topk_changed, topk_changed_on, topk_changed_off, slower1, done ? speedup1_sum / done : 0.0,
-      cand_err_n ? cand_err_sum / cand_err_n : 0.0, cand_err_n, o.comm_slowdown_pct, done ? seq_err_sum / done : 0.0,
-      done ? seq_err_signed_sum / done : 0.0, done ? comm_curve_err_sum / done : 0.0);
-  const std::string diag_summary = fmt::format(
-      "where the time goes ({} shapes, overlap communicator: {}): group epilogue costs {:+.1f}% of the engine GEMM "
-      "(mean); GEMM||comm concurrency (0 = serialized, 1 = full overlap) {:.2f} on the overlap communicator, {:.2f} "
-      "on the default one; mean |error| of the overlapped run against the 'nothing overlaps' model (engine+epi + "
-      "sum of group curve times) {:.1f}% vs the overlap model's {:.1f}%; GEMM penalty per group: {} (median of "
-      "the in-run slowdowns per group: {:.1f} us over {} shapes)",
-      done,
-      ocomm == pg.nccl() ? "default (process group)"
-                         : fmt::format("split, maxCTAs {}, cgaClusterSize {}", o.nccl_sms, o.nccl_cga),
-      done ? epi_sum / done : 0.0, done ? beside_sum / done : 0.0, done ? beside_def_sum / done : 0.0,
-      done ? serial_err_sum / done : 0.0, err_n ? err_sum / err_n : 0.0,
-      o.gemm_penalty_us >= 0 ? fmt::format("{:.1f} us (given)", o.gemm_penalty_us)
-                             : std::string("learned from the earlier shapes"),
-      learned_penalty() * 1e3, penalties_seen.size());
-  OpResult res;
-  res.text = fmt::format("\n{}\n{}\n\n{}\n{}\n", table.str(), summary, diag.str(), diag_summary);
-  res.text += fmt::format("\nTop-{} candidates (* = fastest measured; medians of the interleaved loop, ms):\n{}\n",
-                          o.top_k, cand_table.str());
-  if (o.group_sweep)
-    res.text += fmt::format(
-        "\nGEMM slowdown against the group count (equal partitions; slowdown = ov GEMM end - "
-        "engine+epi, ms):\n{}\n",
-        sweep.str());
-  for (const auto& l : mlp_lines) res.text += l + "\n";
-  res.markdown = fmt::format(
-      "### bench signal --op {} (ms; tessera = the verified choice)\n\n{}\n{}\n\n"
-      "Where the time goes (ms):\n\n{}\n{}\n\n",
-      op, table.markdown(), summary, diag.markdown(), diag_summary);
-  res.markdown += fmt::format("Top-{} candidates (* = fastest measured; ms):\n\n{}\n", o.top_k, cand_table.markdown());
-  for (const auto& l : mlp_lines) res.markdown += "- " + l + "\n";
 
-  if (o.store_profile && pg.rank() == 0) {
-    if (o.comm_slowdown_pct == 0)
-      progress(
+  std::string summary(std::size_t shapes) const {
+    const Options& o = o_;
+    const OpStats& s = st_;
+    const int done = s.done;
+    return fmt::format(
+        "op {} on {} ranks, wait {}, NCCL SMs reserved {}: {} of {} shapes measured; mean predictor error {:.2f}% "
+        "(searched overlapped partition, {} shapes), {:.2f}% (predictive choice); slower than non-overlap "
+        "(> 0.5%): predictive choice on {} of {}, verified choice on {} of {} (verdict margin {:.1f}%: {} predicted "
+        "overlaps dropped, {} rejected partitions kept); mean speedup predictive {:.3f}, verified {:.3f}; searched "
+        ">= 99% of exhaustive (measured, shapes with <= {} waves and <= {} s of sweep) on {} of {} (verified top-{} "
+        "choice: {} of {}; verified top-1 choice: {} of {}; head to head, the sweep's best re-timed interleaved with "
+        "the choices ({} reps): searched {} of {}, verified {} of {}, top-1 verified {} of {}; mean ratio searched "
+        "{:.2f}%, verified {:.2f}%, worst {:.2f}% / {:.2f}%); top-{} refinement: the fastest measured candidate was "
+        "not the searched one on {} of {} shapes, the verified choice changed on {} ({} from no overlap to an "
+        "overlap, {} to no overlap), top-1 verified choice slower than non-overlap on {}, mean verified speedup "
+        "top-1 {:.3f}, predictor error over every candidate {:.2f}% mean ({} runs); model: comm beside the GEMM "
+        "+{:.0f}%, non-overlap predicted with the default communicator's curve: non-overlap prediction error "
+        "{:.2f}% mean (signed {:+.2f}%), that curve vs each shape's measured collective {:.2f}% mean",
+        op_, pg_.world(), o.wait, o.nccl_sms, done, shapes, s.err_n ? s.err_sum / s.err_n : 0.0, s.err_n,
+        s.err_all_n ? s.err_all_sum / s.err_all_n : 0.0, s.slower_pred, done, s.slower, done, o.verdict_margin_pct,
+        s.flipped_off, s.flipped_on, done ? s.speedup_pred_sum / done : 0.0, done ? s.speedup_sum / done : 0.0,
+        o.exh_max_waves, o.exh_cap_s, s.exh_ok, s.exh_n, o.top_k, s.exh_ok_verified, s.exh_n, s.exh_ok_verified1,
+        s.exh_n, o.exh_confirm_reps, s.h2h_ok, s.h2h_n, s.h2h_ok_verified, s.h2h_n, s.h2h_ok_verified1, s.h2h_n,
+        s.h2h_n ? s.h2h_sum_s / s.h2h_n * 100 : 0.0, s.h2h_n ? s.h2h_sum_v / s.h2h_n * 100 : 0.0,
+        s.h2h_n ? s.h2h_min_s * 100 : 0.0, s.h2h_n ? s.h2h_min_v * 100 : 0.0, o.top_k, s.topk_not_first, done,
+        s.topk_changed, s.topk_changed_on, s.topk_changed_off, s.slower1, done ? s.speedup1_sum / done : 0.0,
+        s.cand_err_n ? s.cand_err_sum / s.cand_err_n : 0.0, s.cand_err_n, o.comm_slowdown_pct,
+        done ? s.seq_err_sum / done : 0.0, done ? s.seq_err_signed_sum / done : 0.0,
+        done ? s.comm_curve_err_sum / done : 0.0);
+  }
+
+  std::string diag_summary() const {
+    const Options& o = o_;
+    const OpStats& s = st_;
+    const int done = s.done;
+    return fmt::format(
+        "where the time goes ({} shapes, overlap communicator: {}): group epilogue costs {:+.1f}% of the engine GEMM "
+        "(mean); GEMM||comm concurrency (0 = serialized, 1 = full overlap) {:.2f} on the overlap communicator, {:.2f} "
+        "on the default one; mean |error| of the overlapped run against the 'nothing overlaps' model (engine+epi + "
+        "sum of group curve times) {:.1f}% vs the overlap model's {:.1f}%; GEMM penalty per group: {} (median of "
+        "the in-run slowdowns per group: {:.1f} us over {} shapes)",
+        done,
+        ocomm_ == pg_.nccl() ? "default (process group)"
+                             : fmt::format("split, maxCTAs {}, cgaClusterSize {}", o.nccl_sms, o.nccl_cga),
+        done ? s.epi_sum / done : 0.0, done ? s.beside_sum / done : 0.0, done ? s.beside_def_sum / done : 0.0,
+        done ? s.serial_err_sum / done : 0.0, s.err_n ? s.err_sum / s.err_n : 0.0,
+        o.gemm_penalty_us >= 0 ? fmt::format("{:.1f} us (given)", o.gemm_penalty_us)
+                               : std::string("learned from the earlier shapes"),
+        learned_penalty() * 1e3, penalties_seen_.size());
+  }
+
+  OpResult result(std::size_t shapes) const {
+    const std::string sum = summary(shapes), dsum = diag_summary();
+    OpResult res;
+    res.text = fmt::format("\n{}\n{}\n\n{}\n{}\n", table_.str(), sum, diag_.str(), dsum);
+    res.text += fmt::format("\nTop-{} candidates (* = fastest measured; medians of the interleaved loop, ms):\n{}\n",
+                            o_.top_k, cand_table_.str());
+    if (o_.group_sweep)
+      res.text += fmt::format(
+          "\nGEMM slowdown against the group count (equal partitions; slowdown = ov GEMM end - "
+          "engine+epi, ms):\n{}\n",
+          sweep_.str());
+    for (const auto& l : mlp_lines_) res.text += l + "\n";
+    res.markdown = fmt::format(
+        "### bench signal --op {} (ms; tessera = the verified choice)\n\n{}\n{}\n\n"
+        "Where the time goes (ms):\n\n{}\n{}\n\n",
+        op_, table_.markdown(), sum, diag_.markdown(), dsum);
+    res.markdown +=
+        fmt::format("Top-{} candidates (* = fastest measured; ms):\n\n{}\n", o_.top_k, cand_table_.markdown());
+    for (const auto& l : mlp_lines_) res.markdown += "- " + l + "\n";
+    return res;
+  }
+
+  // The model as used (both curves, overhead, comm slowdown), the penalty
+  // given or learned over every shape, and this op's GEMM timings; the other
+  // op's curves and timings already stored are kept. The overhead, penalty
+  // and slowdown are one per profile: the last op stored wins. Then the
+  // measured verdicts: later SignalTuner::choose() calls get them (source
+  // "verified") for these shapes and their neighbours.
+  void store_profile() const {
+    if (o_.comm_slowdown_pct == 0)
+      progress_(
           "{}: note: the stored profile has comm slowdown beside the GEMM 0 (the curve as measured); the fit "
           "for H200 x2 with 16 NCCL SMs is --comm-slowdown-pct 25 --gemm-penalty-us 20 (docs/design/signal.md)",
-          op);
-    // The model as used (both curves, overhead, comm slowdown), the penalty
-    // given or learned over every shape, and this op's GEMM timings; the
-    // other op's curves and timings already stored are kept. The overhead,
-    // penalty and slowdown are one per profile: the last op stored wins.
-    tune::MachineProfile prof = model;
-    prof.gemm_penalty_per_group = (o.gemm_penalty_us >= 0 ? o.gemm_penalty_us * 1e-3 : learned_penalty()) * 1e-3;
-    prof.gemms = timings;
+          op_);
+    tune::MachineProfile prof = model_;
+    prof.gemm_penalty_per_group = (o_.gemm_penalty_us >= 0 ? o_.gemm_penalty_us * 1e-3 : learned_penalty()) * 1e-3;
+    prof.gemms = timings_;
     tune::Cache cache("machine_profile", tune::MachineProfile::kCacheVersion);
     if (auto old = tune::MachineProfile::load(cache, prof.machine, prof.dtype)) {
       for (const auto& [c, cv] : old->curves)
@@ -1305,16 +1430,76 @@ OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, b
         if (!prof.find_gemm(g.m, g.n, g.k, g.tile_m, g.tile_n)) prof.gemms.push_back(g);
     }
     prof.store(cache);
-    progress("stored machine profile in {}", cache.file().string());
-    // The measured verdicts: later SignalTuner::choose() calls get them
-    // (source "verified") for these shapes and their neighbours.
+    progress_("stored machine profile in {}", cache.file().string());
     tune::Cache plans("signal_plans", tune::SignalTuner::kCacheVersion);
-    tune::SignalTuner tuner(prof, plans, o.min_gain_pct / 100);
-    for (const Verdict& v : verdicts)
-      tuner.record_measured_candidates(v.q, v.measured, v.sequential_s, o.verdict_margin_pct / 100);
-    progress("stored {} measured verdicts in {}", verdicts.size(), plans.file().string());
+    tune::SignalTuner tuner(prof, plans, o_.min_gain_pct / 100);
+    for (const Verdict& v : verdicts_)
+      tuner.record_measured_candidates(v.q, v.measured, v.sequential_s, o_.verdict_margin_pct / 100);
+    progress_("stored {} measured verdicts in {}", verdicts_.size(), plans.file().string());
   }
-  return res;
+
+  runtime::ProcessGroup& pg_;
+  ncclComm_t ocomm_;
+  const Options& o_;
+  const bool ar_;
+  const std::string op_;
+  const signal::WaitMode mode_;
+  const tune::Collective coll_;
+  const Progress& progress_;
+  tune::MachineProfile model_;
+  OpStats st_;
+  // "predicted choice": the predictive search (min-gain margin); "verified":
+  // the measured verdict on the fastest of the top-k candidates (tessera =
+  // the verified choice, measured); "top-1 verified": the verdict on the
+  // searched partition alone; "pick": which candidate was fastest.
+  Table table_{{"shape",
+                "M",
+                "N",
+                "K",
+                "waves",
+                "predicted choice",
+                "pred. speedup",
+                "verified",
+                "top-1 verified",
+                "pick",
+                "GEMM",
+                "comm",
+                "non-overlap",
+                "decomp",
+                "tessera",
+                "speedup",
+                "bound",
+                "of bound",
+                "searched overlap",
+                "predicted",
+                "pred err %",
+                "exhaustive best",
+                "searched/exh",
+                "verified/exh",
+                "top-1 verified/exh",
+                "h2h searched/exh",
+                "h2h verified/exh",
+                "h2h top-1/exh",
+                "rel err"}};
+  // Every measured top-k candidate (same interleaved loop as non-overlap).
+  Table cand_table_{{"shape", "M", "N", "K", "#", "partition", "predicted", "measured", "pred err %", "vs #1 pred %",
+                     "vs #1 meas %", "vs non-overlap"}};
+  // Where the time of the searched overlapped plan goes.
+  Table diag_{{"shape", "M", "N", "K", "groups", "engine plain", "engine+epi", "epi %", "comm", "comm@ov",
+               "groups alone", "GEMM||comm ov", "GEMM||comm def", "ov GEMM end", "overlap", "overlap def comm",
+               "serial model", "overlap model"}};
+  Table sweep_{{"shape", "M", "N", "K", "groups", "overlap", "ov GEMM end", "GEMM slowdown", "per extra group"}};
+  std::vector<std::string> mlp_lines_;
+  std::vector<tune::GemmTiming> timings_;
+  std::vector<Verdict> verdicts_;       // for the stored plan cache (--store-profile)
+  std::vector<double> penalties_seen_;  // ms, from the shapes measured so far
+};
+
+// One op: offline stage, every shape within `deadline`, table + summary.
+OpResult run_op(runtime::ProcessGroup& pg, ncclComm_t ocomm, const Options& o, bool ar,
+                const std::vector<Shape>& shapes, Clock::time_point deadline, const Progress& progress) {
+  OpRun r(pg, ocomm, o, ar, progress);
+  return r.run(shapes, deadline);
 }
 
 void run_all(const Options& o);

@@ -112,11 +112,7 @@ std::string command_line() {
 
 std::string ms(double v) { return fmt::format("{:.3f}", v); }
 
-void run(const Options& o) {
-  auto pg = runtime::ProcessGroup::from_environment();
-  const int R = pg->world(), rank = pg->rank();
-  const cudaStream_t s = pg->stream();
-  const auto torch = read_torch(o.torch_json, R);
+std::vector<const Case*> selected_cases(const Options& o, int R) {
   std::vector<const Case*> cases;
   for (const Case& c : kCases)
     if (o.cases.empty() || std::find(o.cases.begin(), o.cases.end(), c.name) != o.cases.end()) cases.push_back(&c);
@@ -127,7 +123,181 @@ void run(const Options& o) {
     TESSERA_CHECK(S >= 2 * R && S % (2 * R) == 0, "bench sp-attention: --seqs {} is not a multiple of 2 x world = {}",
                   S, 2 * R);
   TESSERA_CHECK(o.batch >= 1, "bench sp-attention: --batch {} must be >= 1", o.batch);
+  return cases;
+}
 
+/// One case at one sequence length: this rank's shards, the gathered K/V
+/// (for the attention alone) and the all-gather's staging.
+struct CaseBuffers {
+  std::int64_t B, S, L;
+  std::size_t nq, nkv, shard_bytes, gathered;
+  DeviceBuffer q, k, v, out, lse, gk, gv, stg;
+  CaseBuffers(const Case& c, std::int64_t batch, std::int64_t seq, int R, std::mt19937_64& rng)
+      : B(batch),
+        S(seq),
+        L(seq / R),
+        nq(B * L * c.hq * kHeadDim),
+        nkv(B * L * c.hkv * kHeadDim),
+        shard_bytes(nkv * 2),
+        gathered(static_cast<std::size_t>(B * S * c.hkv * kHeadDim)),
+        q(nq * 2),
+        k(shard_bytes),
+        v(shard_bytes),
+        out(nq * 2),
+        lse(B * c.hq * L * 4),
+        gk(gathered * 2),
+        gv(gathered * 2),
+        stg(2 * R * shard_bytes) {
+    fill_random_16bit(q.p, nq, rng);
+    fill_random_16bit(k.p, nkv, rng);
+    fill_random_16bit(v.p, nkv, rng);
+    fill_random_16bit(gk.p, gathered, rng);
+    fill_random_16bit(gv.p, gathered, rng);
+  }
+  ops::SpAttnArgs args(const Case& c) const {
+    ops::SpAttnArgs a;
+    a.q = q.p;
+    a.k = k.p;
+    a.v = v.p;
+    a.o = out.p;
+    a.lse = static_cast<float*>(lse.p);
+    a.batch = B;
+    a.seq = S;
+    a.heads_q = c.hq;
+    a.heads_kv = c.hkv;
+    a.head_dim = kHeadDim;
+    a.causal = c.causal;
+    return a;
+  }
+};
+
+/// The attention alone: the plain kernel over this rank's parts, KV already
+/// gathered in global order (what sequential runs after NCCL).
+std::vector<kernels::AttentionArgs> attention_parts(const ops::SpAttnPlan& plan, const Case& c, const CaseBuffers& b) {
+  const std::int64_t D = kHeadDim, L = b.L;
+  std::vector<kernels::AttentionArgs> parts;
+  for (const ops::SpAttnPlan::Part& p : plan.parts) {
+    kernels::AttentionArgs k2;
+    const std::int64_t q_row = c.hq * D;
+    k2.q = static_cast<const std::uint16_t*>(b.q.p) + p.local_row0 * q_row;
+    k2.o = static_cast<std::uint16_t*>(b.out.p) + p.local_row0 * q_row;
+    k2.k = b.gk.p;
+    k2.v = b.gv.p;
+    k2.batch = b.B;
+    k2.seqlen_q = p.rows;
+    k2.seqlen_k = p.kv_len;
+    k2.heads_q = c.hq;
+    k2.heads_kv = c.hkv;
+    k2.head_dim = D;
+    k2.q_stride = k2.o_stride = {L * q_row, q_row, D};
+    k2.k_stride = k2.v_stride = {b.S * c.hkv * D, c.hkv * D, D};
+    k2.causal = c.causal;
+    k2.q_offset = p.q_offset;
+    k2.lse = static_cast<float*>(b.lse.p) + p.local_row0;
+    k2.lse_batch_stride = c.hq * L;
+    k2.lse_head_stride = L;
+    kernels::validate(k2, "bench sp-attention");
+    parts.push_back(k2);
+  }
+  return parts;
+}
+
+/// One case's figures (ms, max over ranks) and what they give.
+struct CaseFigures {
+  double seq = 0, fused = 0, automatic = 0, attn = 0, ag = 0;
+  std::string pick;
+  TorchFigures torch;
+  double ideal() const { return std::max(attn, ag); }
+  double pct_ideal() const { return 100.0 * ideal() / fused; }
+  double speedup() const { return seq / fused; }
+  double overlap() const { return (attn + ag - fused) / ag; }
+};
+
+void add_records(nlohmann::json& records, const Case& c, std::int64_t S, int R, const CaseFigures& f) {
+  const std::string cs = fmt::format("{} S={}k R={}", c.label, S / 1024, R);
+  auto rec = [&](const std::string& metric, double value, const char* unit) {
+    nlohmann::json r{{"case", cs}, {"metric", metric}, {"value", value}, {"unit", unit}};
+    records.push_back(r);
+    return &records.back();
+  };
+  auto timed = [&](const std::string& what, double value) {
+    auto* r = rec("time_ms " + what, value, "ms");
+    (*r)["size"] = S;
+    (*r)["series"] = fmt::format("{} {}", what, c.label);
+    return r;
+  };
+  const TorchFigures& tt = f.torch;
+  timed("sp_attention sequential", f.seq);
+  timed("sp_attention fused_ce", f.fused);
+  (*timed("sp_attention automatic", f.automatic))["strategy"] = f.pick;
+  timed("attention alone (gathered KV)", f.attn);
+  timed("K/V all-gather alone (NCCL)", f.ag);
+  (*rec("fused_ce % of ideal", f.pct_ideal(), "%"))["target"] = {
+      {"op", ">="}, {"value", 95.0}, {"text", ">= 95 % of max(attention alone, all-gather alone)"}};
+  auto* sp = rec("speed-up fused_ce / sequential", f.speedup(), "ratio");
+  (*sp)["baseline"] = "sp_attention sequential (NCCL all-gather + kernel)";
+  (*sp)["target"] = {{"op", ">"}, {"value", 1.0}, {"text", "faster than sequential"}};
+  (*rec("overlap ratio fused_ce", f.overlap(), "ratio"))["baseline"] =
+      "(attention alone + all-gather alone - fused) / all-gather alone";
+  if (tt.seq_ms > 0) {
+    timed("PyTorch all-gather + cuDNN SDPA", tt.seq_ms);
+    (*rec("speed-up fused_ce / PyTorch sequential", tt.seq_ms / f.fused, "ratio"))["baseline"] =
+        "dist.all_gather_into_tensor + SDPA cuDNN";
+  }
+  if (tt.cp_ms > 0) {
+    timed("PyTorch context_parallel", tt.cp_ms);
+    auto* r = rec("speed-up fused_ce / PyTorch context_parallel", tt.cp_ms / f.fused, "ratio");
+    (*r)["baseline"] = "torch.distributed.tensor.experimental.context_parallel (ring)";
+    if (c.causal && S == 32768 && R == 2)
+      (*r)["target"] = {{"op", ">="}, {"value", 1.15}, {"text", ">= 1.15x context_parallel, causal 32k, TP = 2"}};
+  }
+}
+
+/// One case at one sequence length: set-up, every variant in one
+/// interleaved loop, then its table row, line and records.
+CaseFigures measure_case(const Options& o, runtime::ProcessGroup& pg, ops::SpAttnContext& ctx, const Case& c,
+                         std::int64_t S, std::mt19937_64& rng) {
+  const int R = pg.world(), rank = pg.rank();
+  const cudaStream_t s = pg.stream();
+  const ops::SpAttnPlan plan = ops::plan_sp_attention(S, R, rank, c.causal);
+  CaseBuffers b(c, o.batch, S, R, rng);
+  const ops::SpAttnArgs a = b.args(c);
+  ops::sp_attention(ctx, a, ops::SpStrategy::sequential);  // sizes the workspaces
+  ops::SpAttnOptions autom;
+  autom.use_cache = false;
+  ops::TuneReport rep;
+  const ops::SpStrategy pick = ops::resolve_sp_attention(ctx, a, autom, &rep);
+  pg.synchronize(s, "bench sp-attention: set-up");
+  const std::vector<kernels::AttentionArgs> parts = attention_parts(plan, c, b);
+  CaseFigures f;
+  f.pick = std::string(ops::sp_strategy_name(pick));
+  InterleavedTimer timer(s, o.warmup, o.reps, [&] {
+    pg.barrier();
+    pg.align_streams(s);
+  });
+  timer.add(&f.seq, [&] { ops::sp_attention(ctx, a, ops::SpStrategy::sequential); });
+  timer.add(&f.fused, [&] { ops::sp_attention(ctx, a, ops::SpStrategy::fused_ce); });
+  timer.add(&f.automatic, [&] { ops::sp_attention(ctx, a, autom); });
+  timer.add(&f.attn, [&] {
+    for (const auto& p : parts) kernels::attention(p, s);
+  });
+  timer.add(&f.ag, [&] {
+    auto* st = static_cast<unsigned char*>(b.stg.p);
+    TESSERA_NCCL_CHECK(ncclGroupStart());
+    TESSERA_NCCL_CHECK(ncclAllGather(b.k.p, st, b.shard_bytes, ncclUint8, pg.nccl(), s));
+    TESSERA_NCCL_CHECK(ncclAllGather(b.v.p, st + R * b.shard_bytes, b.shard_bytes, ncclUint8, pg.nccl(), s));
+    TESSERA_NCCL_CHECK(ncclGroupEnd());
+  });
+  timer.run([&](double x) { return pg.allreduce_max(x); });
+  pg.synchronize(s, "bench sp-attention");
+  return f;
+}
+
+void run(const Options& o) {
+  auto pg = runtime::ProcessGroup::from_environment();
+  const int R = pg->world(), rank = pg->rank();
+  const auto torch = read_torch(o.torch_json, R);
+  const std::vector<const Case*> cases = selected_cases(o, R);
   ops::SpAttnContext ctx(*pg);
   std::mt19937_64 rng(0x5A7 + rank);
   Table table({"case", "S", "seq ms", "fused ms", "auto ms (pick)", "attn ms", "AG ms", "ideal ms", "fused %ideal",
@@ -135,137 +305,23 @@ void run(const Options& o) {
   nlohmann::json records = nlohmann::json::array();
   for (std::int64_t S : o.seqs)
     for (const Case* c : cases) {
-      const std::int64_t B = o.batch, D = kHeadDim, L = S / R, C = S / (2 * R);
-      const ops::SpAttnPlan plan = ops::plan_sp_attention(S, R, rank, c->causal);
-      const std::size_t nq = B * L * c->hq * D, nkv = B * L * c->hkv * D;
-      const std::size_t shard_bytes = nkv * 2, gathered = static_cast<std::size_t>(B * S * c->hkv * D);
-      DeviceBuffer q(nq * 2), k(shard_bytes), v(shard_bytes), out(nq * 2), lse(B * c->hq * L * 4), gk(gathered * 2),
-          gv(gathered * 2), stg(2 * R * shard_bytes);
-      fill_random_16bit(q.p, nq, rng);
-      fill_random_16bit(k.p, nkv, rng);
-      fill_random_16bit(v.p, nkv, rng);
-      fill_random_16bit(gk.p, gathered, rng);
-      fill_random_16bit(gv.p, gathered, rng);
-      ops::SpAttnArgs a;
-      a.q = q.p;
-      a.k = k.p;
-      a.v = v.p;
-      a.o = out.p;
-      a.lse = static_cast<float*>(lse.p);
-      a.batch = B;
-      a.seq = S;
-      a.heads_q = c->hq;
-      a.heads_kv = c->hkv;
-      a.head_dim = D;
-      a.causal = c->causal;
-      ops::sp_attention(ctx, a, ops::SpStrategy::sequential);  // sizes the workspaces
-      ops::SpAttnOptions autom;
-      autom.use_cache = false;
-      ops::TuneReport rep;
-      const ops::SpStrategy pick = ops::resolve_sp_attention(ctx, a, autom, &rep);
-      pg->synchronize(s, "bench sp-attention: set-up");
-
-      // The attention alone: the plain kernel over this rank's parts, KV
-      // already gathered in global order (what sequential runs after NCCL).
-      std::vector<kernels::AttentionArgs> parts;
-      for (const ops::SpAttnPlan::Part& p : plan.parts) {
-        kernels::AttentionArgs k2;
-        const std::int64_t q_row = c->hq * D;
-        k2.q = static_cast<const std::uint16_t*>(q.p) + p.local_row0 * q_row;
-        k2.o = static_cast<std::uint16_t*>(out.p) + p.local_row0 * q_row;
-        k2.k = gk.p;
-        k2.v = gv.p;
-        k2.batch = B;
-        k2.seqlen_q = p.rows;
-        k2.seqlen_k = p.kv_len;
-        k2.heads_q = c->hq;
-        k2.heads_kv = c->hkv;
-        k2.head_dim = D;
-        k2.q_stride = k2.o_stride = {L * q_row, q_row, D};
-        k2.k_stride = k2.v_stride = {S * c->hkv * D, c->hkv * D, D};
-        k2.causal = c->causal;
-        k2.q_offset = p.q_offset;
-        k2.lse = static_cast<float*>(lse.p) + p.local_row0;
-        k2.lse_batch_stride = c->hq * L;
-        k2.lse_head_stride = L;
-        kernels::validate(k2, "bench sp-attention");
-        parts.push_back(k2);
-      }
-      double t_seq = 0, t_fused = 0, t_auto = 0, t_attn = 0, t_ag = 0;
-      InterleavedTimer timer(s, o.warmup, o.reps, [&] {
-        pg->barrier();
-        pg->align_streams(s);
-      });
-      timer.add(&t_seq, [&] { ops::sp_attention(ctx, a, ops::SpStrategy::sequential); });
-      timer.add(&t_fused, [&] { ops::sp_attention(ctx, a, ops::SpStrategy::fused_ce); });
-      timer.add(&t_auto, [&] { ops::sp_attention(ctx, a, autom); });
-      timer.add(&t_attn, [&] {
-        for (const auto& p : parts) kernels::attention(p, s);
-      });
-      timer.add(&t_ag, [&] {
-        auto* st = static_cast<unsigned char*>(stg.p);
-        TESSERA_NCCL_CHECK(ncclGroupStart());
-        TESSERA_NCCL_CHECK(ncclAllGather(k.p, st, shard_bytes, ncclUint8, pg->nccl(), s));
-        TESSERA_NCCL_CHECK(ncclAllGather(v.p, st + R * shard_bytes, shard_bytes, ncclUint8, pg->nccl(), s));
-        TESSERA_NCCL_CHECK(ncclGroupEnd());
-      });
-      timer.run([&](double x) { return pg->allreduce_max(x); });
-      pg->synchronize(s, "bench sp-attention");
-
-      const double ideal = std::max(t_attn, t_ag);
-      const double pct_ideal = 100.0 * ideal / t_fused, speedup = t_seq / t_fused;
-      const double overlap = (t_attn + t_ag - t_fused) / t_ag;
+      CaseFigures f = measure_case(o, *pg, ctx, *c, S, rng);
       const auto tf = torch.find(fmt::format("{}/{}", c->name, S));
-      const TorchFigures tt = tf == torch.end() ? TorchFigures{} : tf->second;
-      const std::string pick_name(ops::sp_strategy_name(pick));
-      table.add({c->label, fmt::format("{}k", S / 1024), ms(t_seq), ms(t_fused),
-                 fmt::format("{} ({})", ms(t_auto), pick_name), ms(t_attn), ms(t_ag), ms(ideal),
-                 fmt::format("{:.1f}", pct_ideal), fmt::format("{:.3f}", speedup), fmt::format("{:.3f}", overlap),
-                 tt.seq_ms > 0 ? ms(tt.seq_ms) : "-", tt.cp_ms > 0 ? ms(tt.cp_ms) : (tt.cp_note.empty() ? "-" : "n/a"),
-                 tt.seq_ms > 0 ? fmt::format("{:.3f}", tt.seq_ms / t_fused) : "-",
-                 tt.cp_ms > 0 ? fmt::format("{:.3f}", tt.cp_ms / t_fused) : "-"});
+      f.torch = tf == torch.end() ? TorchFigures{} : tf->second;
+      const TorchFigures& tt = f.torch;
+      table.add({c->label, fmt::format("{}k", S / 1024), ms(f.seq), ms(f.fused),
+                 fmt::format("{} ({})", ms(f.automatic), f.pick), ms(f.attn), ms(f.ag), ms(f.ideal()),
+                 fmt::format("{:.1f}", f.pct_ideal()), fmt::format("{:.3f}", f.speedup()),
+                 fmt::format("{:.3f}", f.overlap()), tt.seq_ms > 0 ? ms(tt.seq_ms) : "-",
+                 tt.cp_ms > 0 ? ms(tt.cp_ms) : (tt.cp_note.empty() ? "-" : "n/a"),
+                 tt.seq_ms > 0 ? fmt::format("{:.3f}", tt.seq_ms / f.fused) : "-",
+                 tt.cp_ms > 0 ? fmt::format("{:.3f}", tt.cp_ms / f.fused) : "-"});
       if (rank == 0)
         fmt::print(
             "{} S={} R={}: sequential {:.3f} ms, fused_ce {:.3f}, automatic {:.3f} ({}), attention {:.3f}, "
             "all-gather {:.3f}; {:.1f} % of ideal, overlap ratio {:.3f}\n",
-            c->label, S, R, t_seq, t_fused, t_auto, pick_name, t_attn, t_ag, pct_ideal, overlap);
-
-      const std::string cs = fmt::format("{} S={}k R={}", c->label, S / 1024, R);
-      auto rec = [&](const std::string& metric, double value, const char* unit) {
-        nlohmann::json r{{"case", cs}, {"metric", metric}, {"value", value}, {"unit", unit}};
-        records.push_back(r);
-        return &records.back();
-      };
-      auto timed = [&](const std::string& what, double value) {
-        auto* r = rec("time_ms " + what, value, "ms");
-        (*r)["size"] = S;
-        (*r)["series"] = fmt::format("{} {}", what, c->label);
-        return r;
-      };
-      timed("sp_attention sequential", t_seq);
-      timed("sp_attention fused_ce", t_fused);
-      (*timed("sp_attention automatic", t_auto))["strategy"] = pick_name;
-      timed("attention alone (gathered KV)", t_attn);
-      timed("K/V all-gather alone (NCCL)", t_ag);
-      (*rec("fused_ce % of ideal", pct_ideal, "%"))["target"] = {
-          {"op", ">="}, {"value", 95.0}, {"text", ">= 95 % of max(attention alone, all-gather alone)"}};
-      auto* sp = rec("speed-up fused_ce / sequential", speedup, "ratio");
-      (*sp)["baseline"] = "sp_attention sequential (NCCL all-gather + kernel)";
-      (*sp)["target"] = {{"op", ">"}, {"value", 1.0}, {"text", "faster than sequential"}};
-      (*rec("overlap ratio fused_ce", overlap, "ratio"))["baseline"] =
-          "(attention alone + all-gather alone - fused) / all-gather alone";
-      if (tt.seq_ms > 0) {
-        timed("PyTorch all-gather + cuDNN SDPA", tt.seq_ms);
-        (*rec("speed-up fused_ce / PyTorch sequential", tt.seq_ms / t_fused, "ratio"))["baseline"] =
-            "dist.all_gather_into_tensor + SDPA cuDNN";
-      }
-      if (tt.cp_ms > 0) {
-        timed("PyTorch context_parallel", tt.cp_ms);
-        auto* r = rec("speed-up fused_ce / PyTorch context_parallel", tt.cp_ms / t_fused, "ratio");
-        (*r)["baseline"] = "torch.distributed.tensor.experimental.context_parallel (ring)";
-        if (c->causal && S == 32768 && R == 2)
-          (*r)["target"] = {{"op", ">="}, {"value", 1.15}, {"text", ">= 1.15x context_parallel, causal 32k, TP = 2"}};
-      }
+            c->label, S, R, f.seq, f.fused, f.automatic, f.pick, f.attn, f.ag, f.pct_ideal(), f.overlap());
+      add_records(records, *c, S, R, f);
     }
   if (rank != 0) return;
   fmt::print(

@@ -127,205 +127,257 @@ bool is_identifier(const std::string& s) {
 
 }  // namespace
 
-void validate(const Grid& g, const char* what) {
-  const std::string gn = g.name;
-  auto ident = [&](const std::string& s, const char* kind) {
+namespace {
+
+// validate()'s checks of one grid, section by section; every message names
+// the caller (`what`) and the grid.
+struct GridCheck {
+  const Grid& g;
+  const char* what;
+  const std::string gn;
+
+  void ident(const std::string& s, const char* kind) const {
     TESSERA_CHECK(is_identifier(s),
                   "{}: grid '{}': {} name '{}' is not an identifier (letter or '_' first, then "
                   "letters, digits, '_', '.', '-'; at most {} characters)",
                   what, gn, kind, s.substr(0, 80), kMaxName);
-  };
-  ident(g.name, "grid");
+  }
+
+  // Axes: their names (every name once).
+  std::set<std::string> axes() const {
+    TESSERA_CHECK(!g.axes.empty() && g.axes.size() <= static_cast<std::size_t>(kMaxAxes),
+                  "{}: grid '{}' has {} axes (1..{})", what, gn, g.axes.size(), kMaxAxes);
+    std::set<std::string> names;
+    std::int64_t points = 1;
+    for (const auto& a : g.axes) {
+      ident(a.name, "axis");
+      TESSERA_CHECK(names.insert(a.name).second, "{}: grid '{}': axis '{}' is declared twice", what, gn, a.name);
+      TESSERA_CHECK(a.extent >= 1 && a.extent <= kMaxExtent,
+                    "{}: grid '{}': axis {} has extent {} (must be in [1, 2^40])", what, gn, a.name, a.extent);
+      points = checked_mul(points, a.extent, kMaxGridPoints,
+                           fmt::format("{}: grid '{}': product of the axis extents", what, gn).c_str());
+    }
+    return names;
+  }
+
+  // Tiling: every level of an existing axis splits into non-empty cells.
+  // Returns the number of tile factors.
+  std::size_t tiling() const {
+    std::size_t factors = 0;
+    for (const auto& [axis, ns] : g.tiling) {
+      const Axis* a = g.find_axis(axis);
+      TESSERA_CHECK(a, "{}: grid '{}': tile of '{}', which is not an axis", what, gn, axis);
+      TESSERA_CHECK(!ns.empty() && ns.size() <= static_cast<std::size_t>(kMaxTileLevels),
+                    "{}: grid '{}': axis {} has {} tiling levels (1..{})", what, gn, axis, ns.size(), kMaxTileLevels);
+      std::int64_t cell = a->extent;
+      for (std::size_t lv = 0; lv < ns.size(); ++lv) {
+        TESSERA_CHECK(ns[lv] >= 1 && ns[lv] <= cell,
+                      "{}: grid '{}': tile {}#{} into {} cells: the smallest cell has {} element(s) (need 1..{} cells)",
+                      what, gn, axis, lv, ns[lv], cell, cell);
+        cell /= ns[lv];
+      }
+      factors += ns.size();
+    }
+    return factors;
+  }
+
+  // Loops: each factor covered once, parallel loops on distinct mesh levels
+  // of their extent, the plan's steps bounded. Returns the loops' names.
+  std::set<std::string> loops(std::size_t factors) const {
+    const int L = static_cast<int>(g.mesh.size());
+    TESSERA_CHECK(g.loops.size() <= static_cast<std::size_t>(kMaxLoops), "{}: grid '{}' has {} loops (at most {})",
+                  what, gn, g.loops.size(), kMaxLoops);
+    std::set<std::string> lnames;
+    std::set<std::pair<std::string, int>> covered;
+    std::vector<const Loop*> level_loop(L, nullptr);
+    std::int64_t steps = 1;
+    for (const auto& l : g.loops) {
+      ident(l.name, "loop");
+      TESSERA_CHECK(lnames.insert(l.name).second, "{}: grid '{}': loop '{}' is declared twice", what, gn, l.name);
+      TESSERA_CHECK(!l.factors.empty(), "{}: grid '{}': loop {} has no factor", what, gn, l.name);
+      for (const auto& f : l.factors) {
+        auto it = g.tiling.find(f.axis);
+        TESSERA_CHECK(it != g.tiling.end() && f.level >= 0 && f.level < static_cast<int>(it->second.size()),
+                      "{}: grid '{}': loop {} names factor {}#{} that no tile line defines", what, gn, l.name, f.axis,
+                      f.level);
+        TESSERA_CHECK(covered.insert({f.axis, f.level}).second,
+                      "{}: grid '{}': factor {}#{} is covered by 2 loops (expected 1)", what, gn, f.axis, f.level);
+      }
+      const std::int64_t e = g.loop_extent(l);
+      if (l.parallel()) {
+        TESSERA_CHECK(l.mesh_level < L,
+                      "{}: grid '{}': loop {} is parallel on level {} but the mesh {} has {} level(s)", what, gn,
+                      l.name, l.mesh_level, mesh_string(g.mesh), L);
+        TESSERA_CHECK(!level_loop[l.mesh_level], "{}: grid '{}': mesh level {} is taken by loops {} and {}", what, gn,
+                      l.mesh_level, level_loop[l.mesh_level] ? level_loop[l.mesh_level]->name : "", l.name);
+        level_loop[l.mesh_level] = &l;
+        TESSERA_CHECK(e == g.mesh[l.mesh_level],
+                      "{}: grid '{}': loop {} has extent {} but mesh level {} has {} devices; they must be equal", what,
+                      gn, l.name, e, l.mesh_level, g.mesh[l.mesh_level]);
+      } else {
+        TESSERA_CHECK(l.mesh_level == -1, "{}: grid '{}': loop {} has mesh level {}", what, gn, l.name, l.mesh_level);
+        steps =
+            checked_mul(steps, e, kMaxSteps, fmt::format("{}: grid '{}': sequential steps per rank", what, gn).c_str());
+      }
+    }
+    if (covered.size() != factors)
+      for (const auto& [axis, ns] : g.tiling)
+        for (std::size_t lv = 0; lv < ns.size(); ++lv)
+          TESSERA_CHECK(covered.count({axis, static_cast<int>(lv)}),
+                        "{}: grid '{}': factor {}#{} is covered by 0 loops (expected 1)", what, gn, axis, lv);
+    checked_mul(steps, g.world(), kMaxRankSteps,
+                fmt::format("{}: grid '{}': ranks x steps of the plan", what, gn).c_str());
+    return lnames;
+  }
+
+  // Shifts: a sequential loop follows one parallel loop of its extent.
+  void shifts() const {
+    std::set<std::string> shifters;
+    for (const auto& l : g.loops) {
+      if (l.shift_by.empty()) continue;
+      const std::string call = fmt::format("{}: grid '{}': loop {} shift {}", what, gn, l.name, l.shift_by);
+      TESSERA_CHECK(l.shift_by != l.name, "{}: a loop cannot shift itself", call);
+      const Loop* p = g.find_loop(l.shift_by);
+      TESSERA_CHECK(p, "{}: no loop '{}'", call, l.shift_by);
+      TESSERA_CHECK(p->parallel(), "{}: {} is not parallel; shift follows a parallel loop", call, l.shift_by);
+      TESSERA_CHECK(!l.parallel(), "{}: {} is parallel; only sequential loops are shifted", call, l.name);
+      TESSERA_CHECK(shifters.insert(l.shift_by).second, "{}: {} already shifts another loop", call, l.shift_by);
+      TESSERA_CHECK(g.loop_extent(l) == g.loop_extent(*p), "{}: extents {} and {} differ", call, g.loop_extent(l),
+                    g.loop_extent(*p));
+    }
+  }
+
+  // Buffers: named apart from axes and loops, indexed by axes, bounded bytes.
+  void buffers(const std::set<std::string>& names, const std::set<std::string>& lnames) const {
+    TESSERA_CHECK(!g.buffers.empty() && g.buffers.size() <= static_cast<std::size_t>(kMaxBuffers),
+                  "{}: grid '{}' has {} buffers (1..{})", what, gn, g.buffers.size(), kMaxBuffers);
+    std::set<std::string> bnames;
+    for (const auto& b : g.buffers) {
+      ident(b.name, "buffer");
+      TESSERA_CHECK(bnames.insert(b.name).second, "{}: grid '{}': buffer '{}' is declared twice", what, gn, b.name);
+      TESSERA_CHECK(!names.count(b.name), "{}: grid '{}': buffer '{}' has the name of an axis", what, gn, b.name);
+      TESSERA_CHECK(!lnames.count(b.name), "{}: grid '{}': buffer '{}' has the name of a loop", what, gn, b.name);
+      TESSERA_CHECK(!b.dims.empty() && b.dims.size() <= static_cast<std::size_t>(kMaxDims),
+                    "{}: grid '{}': buffer {} has {} dimensions (1..{})", what, gn, b.name, b.dims.size(), kMaxDims);
+      TESSERA_CHECK(b.elem >= 1 && b.elem <= kMaxElem, "{}: grid '{}': buffer {} has {} elements per point (1..2^20)",
+                    what, gn, b.name, b.elem);
+      std::set<std::string> used;
+      std::int64_t bytes =
+          checked_mul(b.elem, static_cast<std::int64_t>(g.elem_bytes()), kMaxBufferBytes, "buffer bytes");
+      for (const auto& d : b.dims) {
+        const Axis* a = g.find_axis(d.axis);
+        TESSERA_CHECK(a, "{}: grid '{}': buffer {} is indexed by '{}', which is not an axis", what, gn, b.name, d.axis);
+        TESSERA_CHECK(used.insert(d.axis).second, "{}: grid '{}': buffer {} is indexed by axis {} twice", what, gn,
+                      b.name, d.axis);
+        TESSERA_CHECK(d.group >= 1 && d.group <= a->extent,
+                      "{}: grid '{}': buffer {}: group {} of axis {} outside [1, {}]", what, gn, b.name, d.group,
+                      d.axis, a->extent);
+        bytes = checked_mul(bytes, (a->extent + d.group - 1) / d.group, kMaxBufferBytes,
+                            fmt::format("{}: grid '{}': bytes of buffer {}", what, gn, b.name).c_str());
+      }
+    }
+  }
+
+  // Body: the operands are existing buffers, the output written, the inputs
+  // read, each buffer used once.
+  void body() const {
+    const Body& body = g.body;
+    TESSERA_CHECK(!body.out.empty(), "{}: grid '{}' has no body", what, gn);
+    const std::size_t want = body.kind == BodyKind::contract ? 2 : body.kind == BodyKind::attend ? 3 : 0;
+    TESSERA_CHECK(
+        want ? body.ins.size() == want : !body.ins.empty() && body.ins.size() < static_cast<std::size_t>(kMaxBuffers),
+        "{}: grid '{}': the body has {} input(s)", what, gn, body.ins.size());
+    std::set<std::string> operands;
+    auto operand = [&](const std::string& n, Access acc) {
+      const Buffer* b = g.find_buffer(n);
+      TESSERA_CHECK(b, "{}: grid '{}': the body names '{}', which is not a buffer", what, gn, n);
+      TESSERA_CHECK(b->access == acc, "{}: grid '{}': the body {} buffer {}, declared {}", what, gn,
+                    acc == Access::write ? "writes" : "reads", n, b->access == Access::write ? "write" : "read");
+      TESSERA_CHECK(operands.insert(n).second, "{}: grid '{}': buffer {} appears twice in the body", what, gn, n);
+    };
+    operand(body.out, Access::write);
+    for (const auto& n : body.ins) operand(n, Access::read);
+    for (const auto& b : g.buffers)
+      TESSERA_CHECK(operands.count(b.name), "{}: grid '{}': buffer {} is not used by the body", what, gn, b.name);
+  }
+
+  // Kernel: must match the body (patch's checks).
+  void kernel() const {
+    if (!g.kernel.empty()) {
+      Grid c;
+      c.name = g.name;
+      c.dtype = g.dtype;
+      c.axes = g.axes;
+      c.buffers = g.buffers;
+      c.body = g.body;
+      patch(c, g.kernel);
+    }
+  }
+
+  // Placements: shard or replicate a buffer on a parallel loop's level.
+  void placements() const {
+    TESSERA_CHECK(g.placements.size() <= static_cast<std::size_t>(kMaxPlacements),
+                  "{}: grid '{}' has {} placements (at most {})", what, gn, g.placements.size(), kMaxPlacements);
+    std::set<std::pair<std::string, std::string>> placed;
+    for (const auto& p : g.placements) {
+      const std::string call = fmt::format("{}: grid '{}': {} {} {}", what, gn,
+                                           p.kind == PlacementKind::shard ? "shard" : "replicate", p.buffer, p.loop);
+      const Buffer* b = g.find_buffer(p.buffer);
+      TESSERA_CHECK(b, "{}: no buffer '{}'", call, p.buffer);
+      const Loop* pl = g.find_loop(p.loop);
+      TESSERA_CHECK(pl && pl->parallel(), "{}: {} is not a parallel loop", call, p.loop);
+      TESSERA_CHECK(placed.insert({p.buffer, p.loop}).second, "{}: {} is placed twice on the level of {}", call,
+                    p.buffer, p.loop);
+      if (p.kind == PlacementKind::replicate) {
+        TESSERA_CHECK(p.along.empty() && !p.along_is_loop, "{}: a replicated buffer has no 'along'", call);
+        continue;
+      }
+      bool indexed = false;
+      for (const auto& f : pl->factors) indexed |= b->indexed_by(f.axis);
+      if (p.along_is_loop) {
+        const Loop* al = g.find_loop(p.along);
+        TESSERA_CHECK(al, "{}: along {}: no loop '{}'", call, p.along, p.along);
+        TESSERA_CHECK(!al->parallel(), "{}: along {}: the loop is parallel; shard along a sequential loop", call,
+                      p.along);
+        bool al_indexes = false;
+        for (const auto& f : al->factors) al_indexes |= b->indexed_by(f.axis);
+        TESSERA_CHECK(al_indexes, "{}: along {}: the loop does not index {}", call, p.along, p.buffer);
+        TESSERA_CHECK(!indexed, "{}: {} is partitioned by {}; shard it along an axis, not a loop", call, p.buffer,
+                      p.loop);
+        TESSERA_CHECK(g.loop_extent(*al) == g.loop_extent(*pl), "{}: along {}: extents {} and {} differ", call, p.along,
+                      g.loop_extent(*al), g.loop_extent(*pl));
+      } else {
+        const Axis* a = g.find_axis(p.along);
+        TESSERA_CHECK(a, "{}: along {}: no axis '{}'", call, p.along, p.along);
+        TESSERA_CHECK(b->indexed_by(p.along), "{}: along {}: the axis does not index {}", call, p.along, p.buffer);
+        for (const auto& f : pl->factors)
+          TESSERA_CHECK(f.axis != p.along, "{}: along {}: {} already splits that axis", call, p.along, p.loop);
+        std::int64_t ext = a->extent;
+        for (const auto& d : b->dims)
+          if (d.axis == p.along) ext = (ext + d.group - 1) / d.group;
+        TESSERA_CHECK(ext >= g.loop_extent(*pl), "{}: along {}: {} entries, fewer than the {} ranks", call, p.along,
+                      ext, g.loop_extent(*pl));
+      }
+    }
+  }
+};
+
+}  // namespace
+
+void validate(const Grid& g, const char* what) {
+  const GridCheck c{g, what, g.name};
+  c.ident(g.name, "grid");
   // Mesh.
   TESSERA_CHECK(g.mesh.size() <= static_cast<std::size_t>(kMaxMeshLevels),
-                "{}: grid '{}': mesh has {} levels (at most {})", what, gn, g.mesh.size(), kMaxMeshLevels);
+                "{}: grid '{}': mesh has {} levels (at most {})", what, c.gn, g.mesh.size(), kMaxMeshLevels);
   (void)g.world();  // level sizes and the world bound
-  const int L = static_cast<int>(g.mesh.size());
-  // Axes.
-  TESSERA_CHECK(!g.axes.empty() && g.axes.size() <= static_cast<std::size_t>(kMaxAxes),
-                "{}: grid '{}' has {} axes (1..{})", what, gn, g.axes.size(), kMaxAxes);
-  std::set<std::string> names;
-  std::int64_t points = 1;
-  for (const auto& a : g.axes) {
-    ident(a.name, "axis");
-    TESSERA_CHECK(names.insert(a.name).second, "{}: grid '{}': axis '{}' is declared twice", what, gn, a.name);
-    TESSERA_CHECK(a.extent >= 1 && a.extent <= kMaxExtent,
-                  "{}: grid '{}': axis {} has extent {} (must be in [1, 2^40])", what, gn, a.name, a.extent);
-    points = checked_mul(points, a.extent, kMaxGridPoints,
-                         fmt::format("{}: grid '{}': product of the axis extents", what, gn).c_str());
-  }
-  // Tiling: every level of an existing axis splits into non-empty cells.
-  std::size_t factors = 0;
-  for (const auto& [axis, ns] : g.tiling) {
-    const Axis* a = g.find_axis(axis);
-    TESSERA_CHECK(a, "{}: grid '{}': tile of '{}', which is not an axis", what, gn, axis);
-    TESSERA_CHECK(!ns.empty() && ns.size() <= static_cast<std::size_t>(kMaxTileLevels),
-                  "{}: grid '{}': axis {} has {} tiling levels (1..{})", what, gn, axis, ns.size(), kMaxTileLevels);
-    std::int64_t cell = a->extent;
-    for (std::size_t lv = 0; lv < ns.size(); ++lv) {
-      TESSERA_CHECK(ns[lv] >= 1 && ns[lv] <= cell,
-                    "{}: grid '{}': tile {}#{} into {} cells: the smallest cell has {} element(s) (need 1..{} cells)",
-                    what, gn, axis, lv, ns[lv], cell, cell);
-      cell /= ns[lv];
-    }
-    factors += ns.size();
-  }
-  // Loops.
-  TESSERA_CHECK(g.loops.size() <= static_cast<std::size_t>(kMaxLoops), "{}: grid '{}' has {} loops (at most {})", what,
-                gn, g.loops.size(), kMaxLoops);
-  std::set<std::string> lnames;
-  std::set<std::pair<std::string, int>> covered;
-  std::vector<const Loop*> level_loop(L, nullptr);
-  std::int64_t steps = 1;
-  for (const auto& l : g.loops) {
-    ident(l.name, "loop");
-    TESSERA_CHECK(lnames.insert(l.name).second, "{}: grid '{}': loop '{}' is declared twice", what, gn, l.name);
-    TESSERA_CHECK(!l.factors.empty(), "{}: grid '{}': loop {} has no factor", what, gn, l.name);
-    for (const auto& f : l.factors) {
-      auto it = g.tiling.find(f.axis);
-      TESSERA_CHECK(it != g.tiling.end() && f.level >= 0 && f.level < static_cast<int>(it->second.size()),
-                    "{}: grid '{}': loop {} names factor {}#{} that no tile line defines", what, gn, l.name, f.axis,
-                    f.level);
-      TESSERA_CHECK(covered.insert({f.axis, f.level}).second,
-                    "{}: grid '{}': factor {}#{} is covered by 2 loops (expected 1)", what, gn, f.axis, f.level);
-    }
-    const std::int64_t e = g.loop_extent(l);
-    if (l.parallel()) {
-      TESSERA_CHECK(l.mesh_level < L, "{}: grid '{}': loop {} is parallel on level {} but the mesh {} has {} level(s)",
-                    what, gn, l.name, l.mesh_level, mesh_string(g.mesh), L);
-      TESSERA_CHECK(!level_loop[l.mesh_level], "{}: grid '{}': mesh level {} is taken by loops {} and {}", what, gn,
-                    l.mesh_level, level_loop[l.mesh_level] ? level_loop[l.mesh_level]->name : "", l.name);
-      level_loop[l.mesh_level] = &l;
-      TESSERA_CHECK(e == g.mesh[l.mesh_level],
-                    "{}: grid '{}': loop {} has extent {} but mesh level {} has {} devices; they must be equal", what,
-                    gn, l.name, e, l.mesh_level, g.mesh[l.mesh_level]);
-    } else {
-      TESSERA_CHECK(l.mesh_level == -1, "{}: grid '{}': loop {} has mesh level {}", what, gn, l.name, l.mesh_level);
-      steps =
-          checked_mul(steps, e, kMaxSteps, fmt::format("{}: grid '{}': sequential steps per rank", what, gn).c_str());
-    }
-  }
-  if (covered.size() != factors)
-    for (const auto& [axis, ns] : g.tiling)
-      for (std::size_t lv = 0; lv < ns.size(); ++lv)
-        TESSERA_CHECK(covered.count({axis, static_cast<int>(lv)}),
-                      "{}: grid '{}': factor {}#{} is covered by 0 loops (expected 1)", what, gn, axis, lv);
-  checked_mul(steps, g.world(), kMaxRankSteps,
-              fmt::format("{}: grid '{}': ranks x steps of the plan", what, gn).c_str());
-  std::set<std::string> shifters;
-  for (const auto& l : g.loops) {
-    if (l.shift_by.empty()) continue;
-    const std::string call = fmt::format("{}: grid '{}': loop {} shift {}", what, gn, l.name, l.shift_by);
-    TESSERA_CHECK(l.shift_by != l.name, "{}: a loop cannot shift itself", call);
-    const Loop* p = g.find_loop(l.shift_by);
-    TESSERA_CHECK(p, "{}: no loop '{}'", call, l.shift_by);
-    TESSERA_CHECK(p->parallel(), "{}: {} is not parallel; shift follows a parallel loop", call, l.shift_by);
-    TESSERA_CHECK(!l.parallel(), "{}: {} is parallel; only sequential loops are shifted", call, l.name);
-    TESSERA_CHECK(shifters.insert(l.shift_by).second, "{}: {} already shifts another loop", call, l.shift_by);
-    TESSERA_CHECK(g.loop_extent(l) == g.loop_extent(*p), "{}: extents {} and {} differ", call, g.loop_extent(l),
-                  g.loop_extent(*p));
-  }
-  // Buffers.
-  TESSERA_CHECK(!g.buffers.empty() && g.buffers.size() <= static_cast<std::size_t>(kMaxBuffers),
-                "{}: grid '{}' has {} buffers (1..{})", what, gn, g.buffers.size(), kMaxBuffers);
-  std::set<std::string> bnames;
-  for (const auto& b : g.buffers) {
-    ident(b.name, "buffer");
-    TESSERA_CHECK(bnames.insert(b.name).second, "{}: grid '{}': buffer '{}' is declared twice", what, gn, b.name);
-    TESSERA_CHECK(!names.count(b.name), "{}: grid '{}': buffer '{}' has the name of an axis", what, gn, b.name);
-    TESSERA_CHECK(!lnames.count(b.name), "{}: grid '{}': buffer '{}' has the name of a loop", what, gn, b.name);
-    TESSERA_CHECK(!b.dims.empty() && b.dims.size() <= static_cast<std::size_t>(kMaxDims),
-                  "{}: grid '{}': buffer {} has {} dimensions (1..{})", what, gn, b.name, b.dims.size(), kMaxDims);
-    TESSERA_CHECK(b.elem >= 1 && b.elem <= kMaxElem, "{}: grid '{}': buffer {} has {} elements per point (1..2^20)",
-                  what, gn, b.name, b.elem);
-    std::set<std::string> used;
-    std::int64_t bytes =
-        checked_mul(b.elem, static_cast<std::int64_t>(g.elem_bytes()), kMaxBufferBytes, "buffer bytes");
-    for (const auto& d : b.dims) {
-      const Axis* a = g.find_axis(d.axis);
-      TESSERA_CHECK(a, "{}: grid '{}': buffer {} is indexed by '{}', which is not an axis", what, gn, b.name, d.axis);
-      TESSERA_CHECK(used.insert(d.axis).second, "{}: grid '{}': buffer {} is indexed by axis {} twice", what, gn,
-                    b.name, d.axis);
-      TESSERA_CHECK(d.group >= 1 && d.group <= a->extent,
-                    "{}: grid '{}': buffer {}: group {} of axis {} outside [1, {}]", what, gn, b.name, d.group, d.axis,
-                    a->extent);
-      bytes = checked_mul(bytes, (a->extent + d.group - 1) / d.group, kMaxBufferBytes,
-                          fmt::format("{}: grid '{}': bytes of buffer {}", what, gn, b.name).c_str());
-    }
-  }
-  // Body: the operands are existing buffers, the output written, the inputs read, each buffer used once.
-  const Body& body = g.body;
-  TESSERA_CHECK(!body.out.empty(), "{}: grid '{}' has no body", what, gn);
-  const std::size_t want = body.kind == BodyKind::contract ? 2 : body.kind == BodyKind::attend ? 3 : 0;
-  TESSERA_CHECK(
-      want ? body.ins.size() == want : !body.ins.empty() && body.ins.size() < static_cast<std::size_t>(kMaxBuffers),
-      "{}: grid '{}': the body has {} input(s)", what, gn, body.ins.size());
-  std::set<std::string> operands;
-  auto operand = [&](const std::string& n, Access acc) {
-    const Buffer* b = g.find_buffer(n);
-    TESSERA_CHECK(b, "{}: grid '{}': the body names '{}', which is not a buffer", what, gn, n);
-    TESSERA_CHECK(b->access == acc, "{}: grid '{}': the body {} buffer {}, declared {}", what, gn,
-                  acc == Access::write ? "writes" : "reads", n, b->access == Access::write ? "write" : "read");
-    TESSERA_CHECK(operands.insert(n).second, "{}: grid '{}': buffer {} appears twice in the body", what, gn, n);
-  };
-  operand(body.out, Access::write);
-  for (const auto& n : body.ins) operand(n, Access::read);
-  for (const auto& b : g.buffers)
-    TESSERA_CHECK(operands.count(b.name), "{}: grid '{}': buffer {} is not used by the body", what, gn, b.name);
-  // Kernel: must match the body (patch's checks).
-  if (!g.kernel.empty()) {
-    Grid c;
-    c.name = g.name;
-    c.dtype = g.dtype;
-    c.axes = g.axes;
-    c.buffers = g.buffers;
-    c.body = g.body;
-    patch(c, g.kernel);
-  }
-  // Placements.
-  TESSERA_CHECK(g.placements.size() <= static_cast<std::size_t>(kMaxPlacements),
-                "{}: grid '{}' has {} placements (at most {})", what, gn, g.placements.size(), kMaxPlacements);
-  std::set<std::pair<std::string, std::string>> placed;
-  for (const auto& p : g.placements) {
-    const std::string call = fmt::format("{}: grid '{}': {} {} {}", what, gn,
-                                         p.kind == PlacementKind::shard ? "shard" : "replicate", p.buffer, p.loop);
-    const Buffer* b = g.find_buffer(p.buffer);
-    TESSERA_CHECK(b, "{}: no buffer '{}'", call, p.buffer);
-    const Loop* pl = g.find_loop(p.loop);
-    TESSERA_CHECK(pl && pl->parallel(), "{}: {} is not a parallel loop", call, p.loop);
-    TESSERA_CHECK(placed.insert({p.buffer, p.loop}).second, "{}: {} is placed twice on the level of {}", call, p.buffer,
-                  p.loop);
-    if (p.kind == PlacementKind::replicate) {
-      TESSERA_CHECK(p.along.empty() && !p.along_is_loop, "{}: a replicated buffer has no 'along'", call);
-      continue;
-    }
-    bool indexed = false;
-    for (const auto& f : pl->factors) indexed |= b->indexed_by(f.axis);
-    if (p.along_is_loop) {
-      const Loop* al = g.find_loop(p.along);
-      TESSERA_CHECK(al, "{}: along {}: no loop '{}'", call, p.along, p.along);
-      TESSERA_CHECK(!al->parallel(), "{}: along {}: the loop is parallel; shard along a sequential loop", call,
-                    p.along);
-      bool al_indexes = false;
-      for (const auto& f : al->factors) al_indexes |= b->indexed_by(f.axis);
-      TESSERA_CHECK(al_indexes, "{}: along {}: the loop does not index {}", call, p.along, p.buffer);
-      TESSERA_CHECK(!indexed, "{}: {} is partitioned by {}; shard it along an axis, not a loop", call, p.buffer,
-                    p.loop);
-      TESSERA_CHECK(g.loop_extent(*al) == g.loop_extent(*pl), "{}: along {}: extents {} and {} differ", call, p.along,
-                    g.loop_extent(*al), g.loop_extent(*pl));
-    } else {
-      const Axis* a = g.find_axis(p.along);
-      TESSERA_CHECK(a, "{}: along {}: no axis '{}'", call, p.along, p.along);
-      TESSERA_CHECK(b->indexed_by(p.along), "{}: along {}: the axis does not index {}", call, p.along, p.buffer);
-      for (const auto& f : pl->factors)
-        TESSERA_CHECK(f.axis != p.along, "{}: along {}: {} already splits that axis", call, p.along, p.loop);
-      std::int64_t ext = a->extent;
-      for (const auto& d : b->dims)
-        if (d.axis == p.along) ext = (ext + d.group - 1) / d.group;
-      TESSERA_CHECK(ext >= g.loop_extent(*pl), "{}: along {}: {} entries, fewer than the {} ranks", call, p.along, ext,
-                    g.loop_extent(*pl));
-    }
-  }
+  const std::set<std::string> names = c.axes();
+  const std::set<std::string> lnames = c.loops(c.tiling());
+  c.shifts();
+  c.buffers(names, lnames);
+  c.body();
+  c.kernel();
+  c.placements();
 }
 
 Grid make_gemm(std::int64_t m, std::int64_t n, std::int64_t k, std::vector<int> mesh, DType dt) {

@@ -87,6 +87,126 @@ std::string print(const Grid& g) {
   return s + "}\n";
 }
 
+namespace {
+
+// Drops a comment: '#' inside "axis#level" is part of a factor; a comment
+// starts with "# " or at column 0 / after spaces.
+void strip_comment(std::string& raw) {
+  const auto h = raw.find('#');
+  if (h == std::string::npos) return;
+  const auto first = raw.find_first_not_of(" \t");
+  if (first == h)
+    raw.clear();
+  else if (auto c = raw.find(" #"); c != std::string::npos && (c + 2 >= raw.size() || raw[c + 2] == ' '))
+    raw.resize(c);
+}
+
+// One statement of a CommIR text: its tokens and the checks that name its
+// line; the statements with a structure of their own parse here.
+struct Statement {
+  const std::vector<std::string>& t;
+  const std::string& raw;
+  int line;
+
+  void expect(bool ok, const char* what) const {
+    TESSERA_CHECK(ok, "parse: line {}: expected {} in '{}'", line, what,
+                  raw.size() > 120 ? raw.substr(0, 120) + "..." : raw);
+  }
+  std::int64_t num(const std::string& s) const {
+    expect(!s.empty() && s.find_first_not_of("0123456789") == std::string::npos, "a non-negative integer");
+    std::int64_t v = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    TESSERA_CHECK(ec == std::errc() && end == s.data() + s.size() && v <= kMaxExtent,
+                  "parse: line {}: number {} is too large (at most 2^40)", line, s.substr(0, 40));
+    return v;
+  }
+
+  // buffer NAME [ axis[/group], ... ] : ELEM read|write
+  Buffer buffer() const {
+    expect(t.size() >= 7 && t[2] == "[", "'buffer NAME[dims] : ELEM read|write'");
+    Buffer b;
+    b.name = t[1];
+    std::size_t i = 3;
+    while (i < t.size() && t[i] != "]") {
+      Dim d{t[i], 1};
+      ++i;
+      if (i < t.size() && t[i] == "/") {
+        expect(i + 1 < t.size(), "a group size after '/'");
+        d.group = num(t[i + 1]);
+        i += 2;
+      }
+      b.dims.push_back(d);
+      expect(b.dims.size() <= static_cast<std::size_t>(kMaxDims), "at most 8 dimensions");
+      if (i < t.size() && t[i] == ",") ++i;
+    }
+    expect(i + 4 == t.size() && t[i] == "]" && t[i + 1] == ":", "'] : ELEM read|write' to end the buffer");
+    b.elem = num(t[i + 2]);
+    expect(t[i + 3] == "read" || t[i + 3] == "write", "read or write");
+    b.access = t[i + 3] == "read" ? Access::read : Access::write;
+    return b;
+  }
+
+  // body C += A * B | body O = attend(Q, K, V) | body Y = X1 + X2 ...
+  Body body() const {  // t.size() >= 4, checked by the caller
+    Body b;
+    b.out = t[1];
+    if (t[2] == "+" && t[3] == "=") {
+      expect(t.size() == 7 && t[5] == "*", "'body C += A * B'");
+      b.kind = BodyKind::contract;
+      b.ins = {t[4], t[6]};
+    } else if (t[2] == "=" && t[3] == "attend") {
+      expect(t.size() == 11 && t[4] == "(" && t[6] == "," && t[8] == "," && t[10] == ")", "'body O = attend(Q, K, V)'");
+      b.kind = BodyKind::attend;
+      b.ins = {t[5], t[7], t[9]};
+    } else {
+      expect(t[2] == "=", "'=' or '+='");
+      b.kind = BodyKind::add;
+      expect(t.size() % 2 == 0, "'body Y = X1 + X2 ...' (a summand after every '+')");
+      for (std::size_t i = 3; i < t.size(); i += 2) {
+        b.ins.push_back(t[i]);
+        expect(i + 1 == t.size() || t[i + 1] == "+", "'+' between summands");
+      }
+    }
+    return b;
+  }
+
+  // loop NAME = axis#level [* ...] [parallel L] [shift P]
+  Loop loop() const {
+    expect(t.size() >= 6 && t[2] == "=", "'loop NAME = axis#level [* ...] [parallel L] [shift P]'");
+    Loop l;
+    l.name = t[1];
+    std::size_t i = 3;
+    while (i + 2 < t.size() && t[i + 1] == "#") {
+      const std::int64_t level = num(t[i + 2]);
+      expect(level < kMaxTileLevels, "a tiling level below 16");
+      l.factors.push_back({t[i], static_cast<int>(level)});
+      expect(l.factors.size() <= static_cast<std::size_t>(kMaxAxes * kMaxTileLevels), "fewer factors");
+      i += 3;
+      if (i < t.size() && t[i] == "*")
+        ++i;
+      else
+        break;
+    }
+    expect(!l.factors.empty(), "a factor axis#level");
+    while (i < t.size()) {
+      expect(i + 1 < t.size() && (t[i] == "parallel" || t[i] == "shift"), "'parallel L' or 'shift P'");
+      if (t[i] == "parallel") {
+        expect(!l.parallel(), "one 'parallel L'");
+        const std::int64_t level = num(t[i + 1]);
+        expect(level < kMaxMeshLevels, "a mesh level below 8");
+        l.mesh_level = static_cast<int>(level);
+      } else {
+        expect(l.shift_by.empty(), "one 'shift P'");
+        l.shift_by = t[i + 1];
+      }
+      i += 2;
+    }
+    return l;
+  }
+};
+
+}  // namespace
+
 Grid parse(const std::string& text) {
   TESSERA_CHECK(text.size() <= kMaxTextBytes, "parse: the text has {} bytes (at most {})", text.size(), kMaxTextBytes);
   TESSERA_CHECK(text.find('\0') == std::string::npos, "parse: the text contains a NUL byte (not a CommIR text file?)");
@@ -98,28 +218,12 @@ Grid parse(const std::string& text) {
   bool open = false, closed = false;
   while (std::getline(in, raw)) {
     ++line;
-    if (auto h = raw.find('#'); h != std::string::npos) {
-      // '#' inside "axis#level" is part of a factor; a comment starts with "# " or at column 0 / after spaces.
-      const auto first = raw.find_first_not_of(" \t");
-      if (first == h)
-        raw.clear();
-      else if (auto c = raw.find(" #"); c != std::string::npos && (c + 2 >= raw.size() || raw[c + 2] == ' '))
-        raw.resize(c);
-    }
-    auto t = tokens(raw);
+    strip_comment(raw);
+    const auto t = tokens(raw);
     if (t.empty()) continue;
-    auto expect = [&](bool ok, const char* what) {
-      TESSERA_CHECK(ok, "parse: line {}: expected {} in '{}'", line, what,
-                    raw.size() > 120 ? raw.substr(0, 120) + "..." : raw);
-    };
-    auto num = [&](const std::string& s) -> std::int64_t {
-      expect(!s.empty() && s.find_first_not_of("0123456789") == std::string::npos, "a non-negative integer");
-      std::int64_t v = 0;
-      const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-      TESSERA_CHECK(ec == std::errc() && end == s.data() + s.size() && v <= kMaxExtent,
-                    "parse: line {}: number {} is too large (at most 2^40)", line, s.substr(0, 40));
-      return v;
-    };
+    const Statement st{t, raw, line};
+    const auto expect = [&](bool ok, const char* what) { st.expect(ok, what); };
+    const auto num = [&](const std::string& v) { return st.num(v); };
     auto once = [&](const std::string& what) {
       TESSERA_CHECK(seen.insert(what).second, "parse: line {}: a second '{}' statement", line, what);
     };
@@ -147,52 +251,13 @@ Grid parse(const std::string& text) {
       expect(g.axes.size() < static_cast<std::size_t>(kMaxAxes), "at most 16 axes");
       g.axes.push_back({t[1], num(t[3]), t[4] == "spatial" ? AxisKind::spatial : AxisKind::reduction});
     } else if (kw == "buffer") {
-      expect(t.size() >= 7 && t[2] == "[", "'buffer NAME[dims] : ELEM read|write'");
-      Buffer b;
-      b.name = t[1];
-      std::size_t i = 3;
-      while (i < t.size() && t[i] != "]") {
-        Dim d{t[i], 1};
-        ++i;
-        if (i < t.size() && t[i] == "/") {
-          expect(i + 1 < t.size(), "a group size after '/'");
-          d.group = num(t[i + 1]);
-          i += 2;
-        }
-        b.dims.push_back(d);
-        expect(b.dims.size() <= static_cast<std::size_t>(kMaxDims), "at most 8 dimensions");
-        if (i < t.size() && t[i] == ",") ++i;
-      }
-      expect(i + 4 == t.size() && t[i] == "]" && t[i + 1] == ":", "'] : ELEM read|write' to end the buffer");
-      b.elem = num(t[i + 2]);
-      expect(t[i + 3] == "read" || t[i + 3] == "write", "read or write");
-      b.access = t[i + 3] == "read" ? Access::read : Access::write;
+      Buffer b = st.buffer();
       expect(g.buffers.size() < static_cast<std::size_t>(kMaxBuffers), "at most 16 buffers");
-      g.buffers.push_back(b);
+      g.buffers.push_back(std::move(b));
     } else if (kw == "body") {
       expect(t.size() >= 4, "a body");
       once("body");
-      Body b;
-      b.out = t[1];
-      if (t[2] == "+" && t[3] == "=") {
-        expect(t.size() == 7 && t[5] == "*", "'body C += A * B'");
-        b.kind = BodyKind::contract;
-        b.ins = {t[4], t[6]};
-      } else if (t[2] == "=" && t[3] == "attend") {
-        expect(t.size() == 11 && t[4] == "(" && t[6] == "," && t[8] == "," && t[10] == ")",
-               "'body O = attend(Q, K, V)'");
-        b.kind = BodyKind::attend;
-        b.ins = {t[5], t[7], t[9]};
-      } else {
-        expect(t[2] == "=", "'=' or '+='");
-        b.kind = BodyKind::add;
-        expect(t.size() % 2 == 0, "'body Y = X1 + X2 ...' (a summand after every '+')");
-        for (std::size_t i = 3; i < t.size(); i += 2) {
-          b.ins.push_back(t[i]);
-          expect(i + 1 == t.size() || t[i + 1] == "+", "'+' between summands");
-        }
-      }
-      g.body = b;
+      g.body = st.body();
     } else if (kw == "kernel") {
       expect(t.size() == 2, "'kernel NAME'");
       once("kernel");
@@ -203,37 +268,9 @@ Grid parse(const std::string& text) {
       expect(t.size() - 2 <= static_cast<std::size_t>(kMaxTileLevels), "at most 16 tiling levels");
       for (std::size_t i = 2; i < t.size(); ++i) g.tiling[t[1]].push_back(num(t[i]));
     } else if (kw == "loop") {
-      expect(t.size() >= 6 && t[2] == "=", "'loop NAME = axis#level [* ...] [parallel L] [shift P]'");
-      Loop l;
-      l.name = t[1];
-      std::size_t i = 3;
-      while (i + 2 < t.size() && t[i + 1] == "#") {
-        const std::int64_t level = num(t[i + 2]);
-        expect(level < kMaxTileLevels, "a tiling level below 16");
-        l.factors.push_back({t[i], static_cast<int>(level)});
-        expect(l.factors.size() <= static_cast<std::size_t>(kMaxAxes * kMaxTileLevels), "fewer factors");
-        i += 3;
-        if (i < t.size() && t[i] == "*")
-          ++i;
-        else
-          break;
-      }
-      expect(!l.factors.empty(), "a factor axis#level");
-      while (i < t.size()) {
-        expect(i + 1 < t.size() && (t[i] == "parallel" || t[i] == "shift"), "'parallel L' or 'shift P'");
-        if (t[i] == "parallel") {
-          expect(!l.parallel(), "one 'parallel L'");
-          const std::int64_t level = num(t[i + 1]);
-          expect(level < kMaxMeshLevels, "a mesh level below 8");
-          l.mesh_level = static_cast<int>(level);
-        } else {
-          expect(l.shift_by.empty(), "one 'shift P'");
-          l.shift_by = t[i + 1];
-        }
-        i += 2;
-      }
+      Loop l = st.loop();
       expect(g.loops.size() < static_cast<std::size_t>(kMaxLoops), "at most 64 loops");
-      g.loops.push_back(l);
+      g.loops.push_back(std::move(l));
     } else if (kw == "shard") {
       expect(t.size() == 6 && t[3] == "along" && (t[5] == "loop" || t[5] == "axis"),
              "'shard BUF LOOP along X loop|axis'");

@@ -1,5 +1,5 @@
 // TpContext: workspaces, agreement checks, the tuner, and the public
-// operator entry points (validation → strategy → implementation).
+// operator entry points (validation → strategy → the operator's registry).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -257,11 +257,18 @@ namespace {
 bool rs_tile_row_shards(std::int64_t m, int world) {
   return world == 1 || shard_rows(m, world).per_rank % detail::kRsTileM == 0;
 }
-void check_fused_ce_rs(std::int64_t m, int world, const OpOptions& o) {
-  TESSERA_CHECK(o.strategy != Strategy::fused_ce || rs_tile_row_shards(m, world),
-                "gemm_rs: strategy fused_ce needs each rank's {} rows (ceil(M/R), M = {}, R = {}) to be a multiple "
-                "of the {}-row tile; use fused_sm or automatic",
-                shard_rows(m, world).per_rank, m, world, detail::kRsTileM);
+/// A strategy whose protocol needs tile-row shards (StrategyNeeds) is
+/// refused on other shapes before anything launches; `instead` names what runs.
+template <class Args>
+void check_tile_row_shards(const TpRegistry<Args>& r, Strategy s, std::int64_t m, int world, const char* instead) {
+  if (s == Strategy::automatic || !r.find(s).needs.tile_row_shards) return;
+  TESSERA_CHECK(rs_tile_row_shards(m, world),
+                "{}: strategy {} needs each rank's {} rows (ceil(M/R), M = {}, R = {}) to be a multiple of the {}-row "
+                "tile; use {} or automatic",
+                r.name(), strategy_name(s), shard_rows(m, world).per_rank, m, world, detail::kRsTileM, instead);
+}
+void check_rs_tile_rows(std::int64_t m, int world, const OpOptions& o) {
+  check_tile_row_shards(gemm_rs_registry(), o.strategy, m, world, "fused_sm");
 }
 
 /// Without load/store reach only the NCCL-based strategy runs.
@@ -295,7 +302,7 @@ void check_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, const OpOptions& o) 
   validate(a, c.pg.rank(), c.pg.world());
   TESSERA_CHECK(o.comm_ctas >= 1 && o.comm_ctas < c.pg.sm_count(), "gemm_rs: comm_ctas = {} outside [1, {})",
                 o.comm_ctas, c.pg.sm_count());
-  check_fused_ce_rs(a.m, c.pg.world(), o);
+  check_rs_tile_rows(a.m, c.pg.world(), o);
   TESSERA_CHECK(o.channels >= 1 && o.channels <= kMaxChannels, "gemm_rs: channels (ring) = {} outside [1, {}]",
                 o.channels, kMaxChannels);
   check_reach(c, o.strategy, "gemm_rs");
@@ -309,10 +316,7 @@ void check_gemm_ar(TpContext::Impl& c, const GemmArArgs& a, const OpOptions& o) 
   TESSERA_CHECK(accepts(OpKind::gemm_ar, o.strategy),
                 "gemm_ar: strategy {} is not implemented for GEMM+AllReduce (sequential, fused_ce or automatic)",
                 strategy_name(o.strategy));
-  TESSERA_CHECK(o.strategy != Strategy::fused_ce || rs_tile_row_shards(a.m, c.pg.world()),
-                "gemm_ar: strategy fused_ce needs each rank's {} rows (ceil(M/R), M = {}, R = {}) to be a multiple "
-                "of the {}-row tile; use sequential or automatic",
-                shard_rows(a.m, c.pg.world()).per_rank, a.m, c.pg.world(), detail::kRsTileM);
+  check_tile_row_shards(gemm_ar_registry(), o.strategy, a.m, c.pg.world(), "sequential");
   TESSERA_CHECK(!o.diag_kernel_only && o.diag_skip == 0,
                 "gemm_ar: diag_kernel_only / diag_skip are gemm_rs diagnostics");
   check_reach(c, o.strategy, "gemm_ar");
@@ -404,7 +408,7 @@ void mlp(TpContext& ctx, const MlpArgs& a, const OpOptions& ag, const OpOptions&
   // Both halves refused before the first is enqueued.
   captured_choice(c, ag.strategy, "mlp (all-gather half)");
   captured_choice(c, rs.strategy, "mlp (reduce-scatter half)");
-  check_fused_ce_rs(a.m, c.pg.world(), rs);  // before the AG half launches
+  check_rs_tile_rows(a.m, c.pg.world(), rs);  // before the AG half launches
   const std::size_t hidden_bytes = static_cast<std::size_t>(a.m) * a.i_local * dtype_size(a.dtype);
   void* hidden = c.hidden.ensure(hidden_bytes, c.pg.stream());
   AgGemmArgs g;

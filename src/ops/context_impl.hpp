@@ -15,6 +15,7 @@
 #include "tessera/ops/tp_mlp.hpp"
 #include "tessera/runtime/signals.hpp"
 #include "tessera/runtime/symmetric_heap.hpp"
+#include "strategy_registry.hpp"
 #include "tessera/tune/cache.hpp"
 #include "tuning.hpp"
 
@@ -118,25 +119,25 @@ struct TpContext::Impl {
   cudaStream_t comm() const { return pg.comm_stream(0); }
 };
 
-/// Implementations of each strategy (ag_gemm.cpp, gemm_rs.cpp); validation
-/// and agreement are done by the caller.
+/// A TP operator's strategy launcher: enqueues one call with one strategy
+/// (src/ops/<operator>/<strategy>.cpp); validation and agreement are done
+/// by the caller.
+template <class Args>
+using TpLaunch = void (*)(TpContext::Impl&, const Args&, const OpOptions&);
+template <class Args>
+using TpRegistry = detail::StrategyRegistry<TpLaunch<Args>>;
+template <class Args>
+using TpStrategy = detail::StrategyEntry<TpLaunch<Args>>;
+
+/// The TP operators' registries (ag_gemm.cpp, gemm_rs.cpp, gemm_ar.cpp).
+const TpRegistry<AgGemmArgs>& ag_gemm_registry();
+const TpRegistry<GemmRsArgs>& gemm_rs_registry();
+const TpRegistry<GemmArArgs>& gemm_ar_registry();
+
+/// One call of strategy `s` through the operator's registry (an error
+/// naming the operator for a strategy it does not have).
 void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOptions& o);
 void run_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, Strategy s, const OpOptions& o);
 void run_gemm_ar(TpContext::Impl& c, const GemmArArgs& a, Strategy s, const OpOptions& o);
-
-/// cuBLASLt D[rows, N] (row stride ldd) = rows [row0, row0 + rows) of A · Bᵀ
-/// (gemm_rs.cpp; the row-parallel operators' plain GEMM).
-void row_parallel_gemm(const GemmRsArgs& a, std::int64_t row0, std::int64_t rows, void* d, std::int64_t ldd,
-                       cudaStream_t s);
-
-/// GEMM+AR's full output, for fused_ce's all-gather half (gemm_rs.cpp).
-struct ArTail {
-  void* d = nullptr;  ///< [M, N], row stride ldd
-  std::int64_t ldd = 0;
-};
-/// fused_ce GEMM+RS (gemm_rs.cpp); with `ar`, also GEMM+AR's all-gather of
-/// the reduced bands into ar->d (a.d must then be this rank's rows of it).
-void run_fused_ce(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan, bool kernel_only, unsigned diag_skip,
-                  const ArTail* ar = nullptr);
 
 }  // namespace tessera::ops

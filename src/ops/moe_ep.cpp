@@ -120,96 +120,102 @@ void validate(const MoeEpArgs& a, int world) {
     TESSERA_CHECK((reinterpret_cast<std::uintptr_t>(p) & 15u) == 0, "moe_ep: pointer {} is not 16-byte aligned", p);
 }
 
-void moe_ep(MoeEpContext& ctx, const MoeEpArgs& a, const MoeEpOptions& o) {
-  runtime::ProcessGroup& pg = ctx.group();
-  const int R = pg.world(), rank = pg.rank();
-  validate(a, R);
-  TESSERA_CHECK(o.comm_ctas >= 1 && o.comm_ctas <= 64 && o.comm_ctas < pg.sm_count(),
-                "moe_ep: comm_ctas = {} out of range [1, min(64, SMs - 1 = {})]", o.comm_ctas, pg.sm_count() - 1);
-  MoeEpStrategy strategy = o.strategy;
-  if (strategy == MoeEpStrategy::automatic) strategy = R > 1 ? MoeEpStrategy::pipelined : MoeEpStrategy::sequential;
-  const std::int64_t cap = moe_ep_capacity(a);
-  const EpShape shape{a.hidden,
-                      a.inter,
-                      cap,
-                      a.experts,
-                      a.topk,
-                      static_cast<std::int64_t>(a.dtype),
-                      static_cast<std::int64_t>(strategy),
-                      o.comm_ctas};
-  pg.check_same_on_all_ranks(
-      fmt::format("moe_ep: shape (hidden {}, inter {}, capacity {}, experts {}, topk {}, strategy {}, comm_ctas {})",
-                  a.hidden, a.inter, cap, a.experts, a.topk, moe_ep_strategy_name(strategy), o.comm_ctas),
-      shape);
+namespace {
 
-  MoeEpContext::Impl& m = ctx.impl();
-  const bool pipelined = strategy == MoeEpStrategy::pipelined && R > 1;
-  if (pipelined) m.ensure_pipeline(pg, o.comm_ctas);
-  const cudaStream_t s = pg.stream();
-  const std::int64_t k = a.topk, H = a.hidden, I = a.inter, E = a.experts, El = E / R;
-  const std::int64_t entries = a.tokens_local * k;
-  const std::size_t es = dtype_size(a.dtype);
-  const ncclDataType_t dt = runtime::nccl_dtype(a.dtype);
+// One moe_ep call's pieces: the routing tables, the slabs and the steps
+// (route, dispatch, experts, return, combine) both strategies run.
+struct EpCall {
+  runtime::ProcessGroup& pg;
+  MoeEpContext::Impl& m;
+  const MoeEpArgs& a;
+  const MoeEpOptions& o;
+  const int R, rank;
+  const cudaStream_t s;
+  const std::int64_t cap, H, I, E, El, entries;
+  const std::size_t es;
+  const ncclDataType_t dt;
+  const std::size_t slab_h;  ///< elements of one hidden-wide slab
+  kernels::moe::BlockLayoutArgs l;
+  unsigned char *send = nullptr, *recv = nullptr, *inter = nullptr, *yexp = nullptr, *ret = nullptr;
+  std::int32_t* recv_counts = nullptr;
+
+  EpCall(runtime::ProcessGroup& g, MoeEpContext::Impl& impl, const MoeEpArgs& args, const MoeEpOptions& opts,
+         std::int64_t capacity)
+      : pg(g),
+        m(impl),
+        a(args),
+        o(opts),
+        R(g.world()),
+        rank(g.rank()),
+        s(g.stream()),
+        cap(capacity),
+        H(args.hidden),
+        I(args.inter),
+        E(args.experts),
+        El(args.experts / g.world()),
+        entries(args.tokens_local * args.topk),
+        es(dtype_size(args.dtype)),
+        dt(runtime::nccl_dtype(args.dtype)),
+        slab_h(static_cast<std::size_t>(capacity * args.hidden)) {}
+
+  unsigned char* slab(unsigned char* base, int q, std::int64_t cols) const {
+    return base + static_cast<std::size_t>(q) * static_cast<std::size_t>(cap * cols) * es;
+  }
 
   // 1. Routing: expert sort, slab layout, send slabs.
-  const int flag_words = kStatusBase + 2 * R * kernels::kGroupedStatusInts;
-  m.flags_ptr = m.flags.get<std::int32_t>(flag_words, pg);
-  TESSERA_CUDA_CHECK(cudaMemsetAsync(m.flags_ptr, 0, static_cast<std::size_t>(flag_words) * 4, s));
-  kernels::moe::PermuteArgs p;
-  p.expert_ids = a.expert_ids;
-  p.tokens = a.tokens_local;
-  p.experts = a.experts;
-  p.k = a.topk;
-  p.expert_offsets = m.offsets.get<std::int32_t>(E + 1, pg);
-  p.sorted_entry = m.sorted.get<std::int32_t>(entries, pg);
-  p.entry_row = m.rows.get<std::int32_t>(entries, pg);
-  p.invalid = m.flags_ptr;
-  p.workspace_bytes = kernels::moe::permute_workspace_bytes(entries, a.experts);
-  p.workspace = m.permute_ws.get(p.workspace_bytes + 16, pg);
-  kernels::moe::permute(p, s);
+  void route() {
+    const int flag_words = kStatusBase + 2 * R * kernels::kGroupedStatusInts;
+    m.flags_ptr = m.flags.get<std::int32_t>(flag_words, pg);
+    TESSERA_CUDA_CHECK(cudaMemsetAsync(m.flags_ptr, 0, static_cast<std::size_t>(flag_words) * 4, s));
+    kernels::moe::PermuteArgs p;
+    p.expert_ids = a.expert_ids;
+    p.tokens = a.tokens_local;
+    p.experts = a.experts;
+    p.k = a.topk;
+    p.expert_offsets = m.offsets.get<std::int32_t>(E + 1, pg);
+    p.sorted_entry = m.sorted.get<std::int32_t>(entries, pg);
+    p.entry_row = m.rows.get<std::int32_t>(entries, pg);
+    p.invalid = m.flags_ptr;
+    p.workspace_bytes = kernels::moe::permute_workspace_bytes(entries, a.experts);
+    p.workspace = m.permute_ws.get(p.workspace_bytes + 16, pg);
+    kernels::moe::permute(p, s);
 
-  kernels::moe::BlockLayoutArgs l;
-  l.expert_ids = a.expert_ids;
-  l.expert_offsets = p.expert_offsets;
-  l.entry_row = p.entry_row;
-  l.tokens = a.tokens_local;
-  l.experts = a.experts;
-  l.k = a.topk;
-  l.blocks = R;
-  l.capacity = cap;
-  l.block_counts = m.block_counts.get<std::int32_t>(E, pg);
-  l.entry_slot = m.slots.get<std::int32_t>(entries, pg);
-  l.overflow = m.flags_ptr + 1;
-  kernels::moe::block_layout(l, s);
+    l.expert_ids = a.expert_ids;
+    l.expert_offsets = p.expert_offsets;
+    l.entry_row = p.entry_row;
+    l.tokens = a.tokens_local;
+    l.experts = a.experts;
+    l.k = a.topk;
+    l.blocks = R;
+    l.capacity = cap;
+    l.block_counts = m.block_counts.get<std::int32_t>(E, pg);
+    l.entry_slot = m.slots.get<std::int32_t>(entries, pg);
+    l.overflow = m.flags_ptr + 1;
+    kernels::moe::block_layout(l, s);
 
-  const std::int64_t slab_rows = cap * R;
-  auto* send = static_cast<unsigned char*>(m.send.get(static_cast<std::size_t>(slab_rows * H) * es + 16, pg));
-  auto* recv = static_cast<unsigned char*>(m.recv.get(static_cast<std::size_t>(slab_rows * H) * es + 16, pg));
-  auto* inter = static_cast<unsigned char*>(m.inter.get(static_cast<std::size_t>(slab_rows * I) * es + 16, pg));
-  auto* yexp = static_cast<unsigned char*>(m.yexp.get(static_cast<std::size_t>(slab_rows * H) * es + 16, pg));
-  auto* ret = static_cast<unsigned char*>(m.ret.get(static_cast<std::size_t>(slab_rows * H) * es + 16, pg));
-  auto* recv_counts = m.recv_counts.get<std::int32_t>(E, pg);
-  kernels::moe::ScatterArgs sc;
-  sc.x = a.x_shard;
-  sc.ldx = H;
-  sc.dst = send;
-  sc.ldd = H;
-  sc.cols = H;
-  sc.entry_slot = l.entry_slot;
-  sc.entries = entries;
-  sc.k = a.topk;
-  sc.dtype = a.dtype;
-  kernels::moe::scatter_rows(sc, s);
-
-  const std::size_t slab_h = static_cast<std::size_t>(cap * H);  // elements of one hidden-wide slab
-  auto slab = [&](unsigned char* base, int q, std::int64_t cols) {
-    return base + static_cast<std::size_t>(q) * static_cast<std::size_t>(cap * cols) * es;
-  };
+    const std::int64_t slab_rows = cap * R;
+    send = static_cast<unsigned char*>(m.send.get(static_cast<std::size_t>(slab_rows * H) * es + 16, pg));
+    recv = static_cast<unsigned char*>(m.recv.get(static_cast<std::size_t>(slab_rows * H) * es + 16, pg));
+    inter = static_cast<unsigned char*>(m.inter.get(static_cast<std::size_t>(slab_rows * I) * es + 16, pg));
+    yexp = static_cast<unsigned char*>(m.yexp.get(static_cast<std::size_t>(slab_rows * H) * es + 16, pg));
+    ret = static_cast<unsigned char*>(m.ret.get(static_cast<std::size_t>(slab_rows * H) * es + 16, pg));
+    recv_counts = m.recv_counts.get<std::int32_t>(E, pg);
+    kernels::moe::ScatterArgs sc;
+    sc.x = a.x_shard;
+    sc.ldx = H;
+    sc.dst = send;
+    sc.ldd = H;
+    sc.cols = H;
+    sc.entry_slot = l.entry_slot;
+    sc.entries = entries;
+    sc.k = a.topk;
+    sc.dtype = a.dtype;
+    kernels::moe::scatter_rows(sc, s);
+  }
 
   // 3. Slab q's grouped GEMMs (gate/up or down); the own slab is read from
   // the send buffer and its output written straight into the return buffer.
-  const int sms = pg.sm_count();
-  auto gemm = [&](int q, bool down, bool beside_comm) {
+  void gemm(int q, bool down, bool beside_comm) const {
     if (cap == 0) return;
     kernels::GroupedGemmArgs g;
     g.group_rows = q == rank ? l.block_counts + rank * El : recv_counts + q * El;
@@ -217,7 +223,7 @@ void moe_ep(MoeEpContext& ctx, const MoeEpArgs& a, const MoeEpOptions& o) {
     g.groups = El;
     g.max_rows = cap;
     kernels::GroupedGemmOptions go;
-    go.max_ctas = beside_comm ? sms - o.comm_ctas : 0;
+    go.max_ctas = beside_comm ? pg.sm_count() - o.comm_ctas : 0;
     if (!down) {
       g.a = slab(q == rank ? send : recv, q, H);
       g.b = a.w_gate_up;
@@ -233,21 +239,23 @@ void moe_ep(MoeEpContext& ctx, const MoeEpArgs& a, const MoeEpOptions& o) {
       g.k = I;
     }
     kernels::grouped_gemm(g, go, s);
-  };
+  }
+
   // One exchange step with `to` (sends) and `from` (receives); `data_to` /
   // `data_from` are the slabs, counts_* the per-expert counts (or null).
-  auto exchange = [&](ncclComm_t comm, cudaStream_t st, int to, const void* data_to, const std::int32_t* counts_to,
-                      int from, void* data_from, std::int32_t* counts_from) {
+  void exchange(ncclComm_t comm, cudaStream_t st, int to, const void* data_to, const std::int32_t* counts_to, int from,
+                void* data_from, std::int32_t* counts_from) const {
     TESSERA_NCCL_CHECK(ncclGroupStart());
     if (counts_to) TESSERA_NCCL_CHECK(ncclSend(counts_to, static_cast<std::size_t>(El), ncclInt32, to, comm, st));
     if (counts_from) TESSERA_NCCL_CHECK(ncclRecv(counts_from, static_cast<std::size_t>(El), ncclInt32, from, comm, st));
     TESSERA_NCCL_CHECK(ncclSend(data_to, slab_h, dt, to, comm, st));
     TESSERA_NCCL_CHECK(ncclRecv(data_from, slab_h, dt, from, comm, st));
     TESSERA_NCCL_CHECK(ncclGroupEnd());
-  };
+  }
 
-  if (!pipelined) {
-    // 2. Dispatch: counts and slabs with every peer, one NCCL group.
+  // Sequential: dispatch (counts and slabs with every peer, one NCCL group),
+  // the experts slab by slab, then the return.
+  void run_sequential() const {
     if (R > 1) {
       TESSERA_NCCL_CHECK(ncclGroupStart());
       for (int q = 0; q < R; ++q) {
@@ -259,12 +267,10 @@ void moe_ep(MoeEpContext& ctx, const MoeEpArgs& a, const MoeEpOptions& o) {
       }
       TESSERA_NCCL_CHECK(ncclGroupEnd());
     }
-    // 3. Experts, slab by slab.
     for (int q = 0; q < R; ++q) {
       gemm(q, false, false);
       gemm(q, true, false);
     }
-    // 4. Return.
     if (R > 1) {
       TESSERA_NCCL_CHECK(ncclGroupStart());
       for (int q = 0; q < R; ++q) {
@@ -274,9 +280,11 @@ void moe_ep(MoeEpContext& ctx, const MoeEpArgs& a, const MoeEpOptions& o) {
       }
       TESSERA_NCCL_CHECK(ncclGroupEnd());
     }
-  } else {
-    // Step d: send slab to rank + d, receive from rank - d (whose GEMMs run
-    // at step d here); the return of step d goes the other way.
+  }
+
+  // Pipelined, step d: send slab to rank + d, receive from rank - d (whose
+  // GEMMs run at step d here); the return of step d goes the other way.
+  void run_pipelined() const {
     const cudaStream_t cs = pg.comm_stream(0);
     const ncclComm_t comm = m.pipe.get();
     TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_packed, s));
@@ -305,18 +313,56 @@ void moe_ep(MoeEpContext& ctx, const MoeEpArgs& a, const MoeEpOptions& o) {
   }
 
   // 4. Top-k weighted combine from the returned slabs.
-  kernels::moe::CombineArgs c;
-  c.y = ret;
-  c.ldy = H;
-  c.entry_row = l.entry_slot;
-  c.weights = a.weights;
-  c.out = a.out_shard;
-  c.ldo = H;
-  c.tokens = a.tokens_local;
-  c.cols = H;
-  c.k = a.topk;
-  c.dtype = a.dtype;
-  kernels::moe::combine(c, s);
+  void combine() const {
+    kernels::moe::CombineArgs c;
+    c.y = ret;
+    c.ldy = H;
+    c.entry_row = l.entry_slot;
+    c.weights = a.weights;
+    c.out = a.out_shard;
+    c.ldo = H;
+    c.tokens = a.tokens_local;
+    c.cols = H;
+    c.k = a.topk;
+    c.dtype = a.dtype;
+    kernels::moe::combine(c, s);
+  }
+};
+
+}  // namespace
+
+void moe_ep(MoeEpContext& ctx, const MoeEpArgs& a, const MoeEpOptions& o) {
+  runtime::ProcessGroup& pg = ctx.group();
+  const int R = pg.world();
+  validate(a, R);
+  TESSERA_CHECK(o.comm_ctas >= 1 && o.comm_ctas <= 64 && o.comm_ctas < pg.sm_count(),
+                "moe_ep: comm_ctas = {} out of range [1, min(64, SMs - 1 = {})]", o.comm_ctas, pg.sm_count() - 1);
+  MoeEpStrategy strategy = o.strategy;
+  if (strategy == MoeEpStrategy::automatic) strategy = R > 1 ? MoeEpStrategy::pipelined : MoeEpStrategy::sequential;
+  const std::int64_t cap = moe_ep_capacity(a);
+  const EpShape shape{a.hidden,
+                      a.inter,
+                      cap,
+                      a.experts,
+                      a.topk,
+                      static_cast<std::int64_t>(a.dtype),
+                      static_cast<std::int64_t>(strategy),
+                      o.comm_ctas};
+  pg.check_same_on_all_ranks(
+      fmt::format("moe_ep: shape (hidden {}, inter {}, capacity {}, experts {}, topk {}, strategy {}, comm_ctas {})",
+                  a.hidden, a.inter, cap, a.experts, a.topk, moe_ep_strategy_name(strategy), o.comm_ctas),
+      shape);
+
+  MoeEpContext::Impl& m = ctx.impl();
+  const bool pipelined = strategy == MoeEpStrategy::pipelined && R > 1;
+  if (pipelined) m.ensure_pipeline(pg, o.comm_ctas);
+  EpCall call(pg, m, a, o, cap);
+  call.route();
+  if (pipelined)
+    call.run_pipelined();
+  else
+    call.run_sequential();
+  call.combine();
   m.last_world = R;
   m.last_gemms = cap > 0;
   m.last_capacity = cap;

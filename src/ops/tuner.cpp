@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "context_impl.hpp"
 #include "tessera/runtime/error.hpp"
 
 namespace tessera::ops {
@@ -95,24 +96,18 @@ std::optional<Strategy> nearest_choice(const nlohmann::json& entries, const std:
   return best;
 }
 
-std::vector<Strategy> ag_gemm_candidates(int /*world*/, bool lsa) {
-  if (!lsa) return {Strategy::sequential};
-  return {Strategy::sequential, Strategy::decomposition, Strategy::fused_ce, Strategy::fused_sm};
+// The TP operators' candidates are their registries' (context_impl.hpp):
+// each strategy states when it is measured (StrategyNeeds).
+std::vector<Strategy> ag_gemm_candidates(int world, bool lsa) {
+  return ag_gemm_registry().candidates({.world = world, .lsa = lsa});
 }
 
 std::vector<Strategy> gemm_rs_candidates(int world, bool tile_row_shards, bool lsa) {
-  if (!lsa) return {Strategy::sequential};  // the others store into peers' memory
-  std::vector<Strategy> c{Strategy::sequential, Strategy::decomposition, Strategy::fused_sm};
-  if (tile_row_shards && world > 1) c.push_back(Strategy::fused_ce);
-  // At R = 2 the ring is the direct push (one step of one send): no new candidate.
-  if (world > 2) c.push_back(Strategy::ring);
-  return c;
+  return gemm_rs_registry().candidates({.world = world, .lsa = lsa, .tile_row_shards = tile_row_shards});
 }
 
 std::vector<Strategy> gemm_ar_candidates(int world, bool tile_row_shards, bool lsa) {
-  std::vector<Strategy> c{Strategy::sequential};
-  if (lsa && tile_row_shards && world > 1) c.push_back(Strategy::fused_ce);
-  return c;
+  return gemm_ar_registry().candidates({.world = world, .lsa = lsa, .tile_row_shards = tile_row_shards});
 }
 
 std::vector<Strategy> sp_attention_candidates(int world, bool lsa, bool heads_divide, bool two_level) {

@@ -300,15 +300,15 @@ struct Bootstrap::Impl {
 
   void connect_as_root(Deadline d);
   void connect_as_peer(Deadline d);
+  struct RootHandshake;
 };
 
 // ---- handshake ---------------------------------------------------------------
 
-void Bootstrap::Impl::connect_as_root(Deadline d) {
-  const auto colon = address.rfind(':');
-  const std::string host = address.substr(0, colon);
-  net::Fd listener = net::listen_on(host.front() == '[' ? host.substr(1, host.size() - 2) : host,
-                                    std::stoi(address.substr(colon + 1)), std::min(world + 16, 4096), bind_host);
+// Rank 0's side of the handshake (connect_as_root): the connections still
+// handshaking, the refused ones (reported on a timeout), and the steps of
+// its poll loop.
+struct Bootstrap::Impl::RootHandshake {
   // One connection that has not finished the handshake.
   struct Pending {
     net::Fd fd;
@@ -320,32 +320,40 @@ void Bootstrap::Impl::connect_as_root(Deadline d) {
     std::uint8_t nonce[kNonce] = {};  // ours (Ns)
     Proof proof{};
   };
+  Impl& b;
+  net::Fd listener;
   std::vector<Pending> pending;
   std::vector<std::string> notes;  // refused connections, reported on timeout
   int connected = 0;
-  auto note = [&](std::string n) {
+
+  RootHandshake(Impl& impl, net::Fd l) : b(impl), listener(std::move(l)) {}
+
+  void note(std::string n) {
     if (notes.size() < 16)
       notes.push_back(std::move(n));
     else if (notes.size() == 16)
       notes.push_back("(more refused connections not listed)");
-  };
+  }
 
-  auto reply = [&](int fd, Status status, const std::string& reason) {
-    const HelloReply rep{kHelloMagic, kVersion, static_cast<std::uint32_t>(status), static_cast<std::uint32_t>(world),
+  IoResult reply(int fd, Status status, const std::string& reason) const {
+    const HelloReply rep{kHelloMagic, kVersion, static_cast<std::uint32_t>(status), static_cast<std::uint32_t>(b.world),
                          static_cast<std::uint32_t>(reason.size())};
     const Deadline rd = net::Clock::now() + std::chrono::milliseconds(1000);
     IoResult r = net::send_all(fd, &rep, sizeof rep, rd);
     if (r.status == IoStatus::ok) r = net::send_all(fd, reason.data(), reason.size(), rd);
     return r;
-  };
-  auto refuse = [&](Pending& p, const std::string& why) {  // tell that connection why, close it, nothing else
+  }
+
+  void refuse(Pending& p, const std::string& why) {  // tell that connection why, close it, nothing else
     note(fmt::format("refused {}: {}", p.from, why));
     (void)reply(p.fd.get(), Status::rejected, why);
     p.fd.reset();
-  };
+  }
+
   // A complete hello: plain checks, then the challenge (with our proof).
-  auto on_hello = [&](Pending& p) {
+  void on_hello(Pending& p) {
     const Hello& h = p.hello;
+    const int world = b.world;
     if (h.version != kVersion)
       return refuse(p, fmt::format("protocol version {} differs from rank 0's {}", h.version, kVersion));
     if (h.world != static_cast<std::uint32_t>(world))
@@ -357,7 +365,7 @@ void Bootstrap::Impl::connect_as_root(Deadline d) {
     Challenge c{kChallengeMagic, kVersion, {}, {}};
     crypto::random_bytes(p.nonce, kNonce);
     std::memcpy(c.nonce, p.nonce, kNonce);
-    const crypto::Digest mine = handshake_mac(key, "server", h.nonce, p.nonce, h.world, h.rank);
+    const crypto::Digest mine = handshake_mac(b.key, "server", h.nonce, p.nonce, h.world, h.rank);
     std::memcpy(c.proof, mine.data(), mine.size());
     // 64 bytes into a fresh socket's empty send buffer: never blocks for long.
     if (net::send_all(p.fd.get(), &c, sizeof c, net::Clock::now() + std::chrono::milliseconds(500)).status !=
@@ -368,51 +376,52 @@ void Bootstrap::Impl::connect_as_root(Deadline d) {
     }
     p.challenged = true;
     p.got = 0;
-  };
+  }
+
   // A complete proof: constant-time check, then the rank takes its slot.
-  auto on_proof = [&](Pending& p) {
+  void on_proof(Pending& p) {
     const Hello& h = p.hello;
-    const crypto::Digest want = handshake_mac(key, "client", h.nonce, p.nonce, h.world, h.rank);
+    const crypto::Digest want = handshake_mac(b.key, "client", h.nonce, p.nonce, h.world, h.rank);
     if (!crypto::equal_constant_time(want.data(), p.proof.mac, want.size()))
       return refuse(p, fmt::format("authentication failed for rank {}: the process does not know this job's secret "
                                    "({}; every rank must see the same TESSERA_JOB_SECRET)",
-                                   h.rank, key_source));
-    if (peers[h.rank].valid())
-      return refuse(p, fmt::format("rank {} is already connected from {}", h.rank, peer_addr[h.rank]));
-    peers[h.rank] = std::move(p.fd);
-    peer_addr[h.rank] = p.from;
+                                   h.rank, b.key_source));
+    if (b.peers[h.rank].valid())
+      return refuse(p, fmt::format("rank {} is already connected from {}", h.rank, b.peer_addr[h.rank]));
+    b.peers[h.rank] = std::move(p.fd);
+    b.peer_addr[h.rank] = p.from;
     ++connected;
-  };
+  }
 
-  while (connected < world - 1) {
+  // Handshakes that take too long: closed, nothing else.
+  void expire() {
     const auto now = net::Clock::now();
-    for (auto& p : pending)  // handshakes that take too long: closed, nothing else
+    for (auto& p : pending)
       if (p.limit <= now) {
         note(fmt::format("a connection from {} did not complete the handshake within {} ms", p.from,
                          std::chrono::duration_cast<std::chrono::milliseconds>(kHandshakeLimit).count()));
         p.fd.reset();
       }
     std::erase_if(pending, [](const Pending& p) { return !p.fd.valid(); });
-    Deadline wake = d;
-    for (const auto& p : pending) wake = std::min(wake, p.limit);
-    std::vector<pollfd> pfds{{listener.get(), POLLIN, 0}};
-    for (auto& p : pending) pfds.push_back({p.fd.get(), POLLIN, 0});
-    const int rc = ::poll(pfds.data(), pfds.size(), net::ms_left(wake));
-    if (rc < 0 && errno == EINTR) continue;
-    TESSERA_CHECK(rc >= 0, "{}: poll(): {}", where(), net::errno_text(errno));
-    if (rc == 0 && net::ms_left(d) == 0) {
-      std::vector<int> missing;
-      for (int r = 1; r < world; ++r)
-        if (!peers[r].valid()) missing.push_back(r);
-      std::string why = fmt::format("timed out after {} ms waiting for rank(s) {} to connect to {}", timeout.count(),
-                                    join_ranks(missing), address);
-      for (const auto& n : notes) why += "; " + n;
-      for (int r = 1; r < world; ++r)
-        if (peers[r].valid()) (void)reply(peers[r].get(), Status::rejected, why);
-      broken = why;
-      TESSERA_FAIL("{}: {}", where(), why);
-    }
-    for (std::size_t i = 1; i < pfds.size(); ++i) {  // handshakes in progress
+  }
+
+  // The job did not complete in time: every connected rank is told why.
+  [[noreturn]] void time_out() {
+    std::vector<int> missing;
+    for (int r = 1; r < b.world; ++r)
+      if (!b.peers[r].valid()) missing.push_back(r);
+    std::string why = fmt::format("timed out after {} ms waiting for rank(s) {} to connect to {}", b.timeout.count(),
+                                  join_ranks(missing), b.address);
+    for (const auto& n : notes) why += "; " + n;
+    for (int r = 1; r < b.world; ++r)
+      if (b.peers[r].valid()) (void)reply(b.peers[r].get(), Status::rejected, why);
+    b.broken = why;
+    TESSERA_FAIL("{}: {}", b.where(), why);
+  }
+
+  // Handshakes in progress: what arrived on pending[i - 1] (pfds[i]).
+  void read(const std::vector<pollfd>& pfds) {
+    for (std::size_t i = 1; i < pfds.size(); ++i) {
       if (pfds[i].revents == 0) continue;
       Pending& p = pending[i - 1];
       char* buf = p.challenged ? reinterpret_cast<char*>(&p.proof) : reinterpret_cast<char*>(&p.hello);
@@ -439,38 +448,60 @@ void Bootstrap::Impl::connect_as_root(Deadline d) {
         on_proof(p);
     }
     std::erase_if(pending, [](const Pending& p) { return !p.fd.valid(); });
-    if (pfds[0].revents != 0) {  // new connections: take all that are queued
-      for (;;) {
-        std::string from;
-        int err = 0;
-        net::Fd fd = net::accept_until(listener.get(), net::Clock::now(), &from, &err);
-        if (!fd.valid() && err != 0) {
-          // Out of descriptors: drop the oldest unfinished handshake, or back
-          // off briefly when there is none (the peers hold them).
-          if (!pending.empty()) {
-            note(fmt::format("closed an idle connection from {}: out of file descriptors ({})", pending.front().from,
-                             net::errno_text(err)));
-            pending.erase(pending.begin());
-          } else {
-            ::poll(nullptr, 0, 10);
-          }
-          break;
-        }
-        if (!fd.valid()) break;
-        if (pending.size() >= kMaxPending) {  // the oldest goes: a real rank finishes in well under a second
-          note(fmt::format("closed an idle connection from {}: more than {} connections were handshaking",
-                           pending.front().from, kMaxPending));
+  }
+
+  // New connections: take all that are queued.
+  void accept_all() {
+    for (;;) {
+      std::string from;
+      int err = 0;
+      net::Fd fd = net::accept_until(listener.get(), net::Clock::now(), &from, &err);
+      if (!fd.valid() && err != 0) {
+        // Out of descriptors: drop the oldest unfinished handshake, or back
+        // off briefly when there is none (the peers hold them).
+        if (!pending.empty()) {
+          note(fmt::format("closed an idle connection from {}: out of file descriptors ({})", pending.front().from,
+                           net::errno_text(err)));
           pending.erase(pending.begin());
+        } else {
+          ::poll(nullptr, 0, 10);
         }
-        pending.push_back(
-            {std::move(fd), from, net::Clock::now() + std::min<std::chrono::milliseconds>(timeout, kHandshakeLimit)});
+        break;
       }
+      if (!fd.valid()) break;
+      if (pending.size() >= kMaxPending) {  // the oldest goes: a real rank finishes in well under a second
+        note(fmt::format("closed an idle connection from {}: more than {} connections were handshaking",
+                         pending.front().from, kMaxPending));
+        pending.erase(pending.begin());
+      }
+      pending.push_back(
+          {std::move(fd), from, net::Clock::now() + std::min<std::chrono::milliseconds>(b.timeout, kHandshakeLimit)});
     }
   }
-  listener.reset();  // the job is complete: later strays get "connection refused"
-  pending.clear();
+};
+
+void Bootstrap::Impl::connect_as_root(Deadline d) {
+  const auto colon = address.rfind(':');
+  const std::string host = address.substr(0, colon);
+  RootHandshake hs(*this, net::listen_on(host.front() == '[' ? host.substr(1, host.size() - 2) : host,
+                                         std::stoi(address.substr(colon + 1)), std::min(world + 16, 4096), bind_host));
+  while (hs.connected < world - 1) {
+    hs.expire();
+    Deadline wake = d;
+    for (const auto& p : hs.pending) wake = std::min(wake, p.limit);
+    std::vector<pollfd> pfds{{hs.listener.get(), POLLIN, 0}};
+    for (auto& p : hs.pending) pfds.push_back({p.fd.get(), POLLIN, 0});
+    const int rc = ::poll(pfds.data(), pfds.size(), net::ms_left(wake));
+    if (rc < 0 && errno == EINTR) continue;
+    TESSERA_CHECK(rc >= 0, "{}: poll(): {}", where(), net::errno_text(errno));
+    if (rc == 0 && net::ms_left(d) == 0) hs.time_out();
+    hs.read(pfds);
+    if (pfds[0].revents != 0) hs.accept_all();
+  }
+  hs.listener.reset();  // the job is complete: later strays get "connection refused"
+  hs.pending.clear();
   for (int r = 1; r < world; ++r) {
-    const IoResult res = reply(peers[r].get(), Status::ok, "");
+    const IoResult res = hs.reply(peers[r].get(), Status::ok, "");
     if (res.status != IoStatus::ok) fail(io_failure(res, r, "the handshake"));
   }
 }

@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "ops/strategy_registry.hpp"
 #include "tessera/ops/args.hpp"
 #include "tessera/ops/plan.hpp"
 #include "tessera/ops/ring_attention.hpp"
@@ -290,6 +291,53 @@ TEST(OpsStrategy, NamesRoundTrip) {
        {Strategy::automatic, Strategy::sequential, Strategy::decomposition, Strategy::fused_ce, Strategy::fused_sm})
     EXPECT_EQ(parse_strategy(strategy_name(s)), s);
   EXPECT_THROW(parse_strategy("fast"), tessera::Error);
+}
+
+namespace strategies_test {
+using Launch = void (*)(int&);
+void noop(int&) {}
+using Entry = ops::detail::StrategyEntry<Launch>;
+using Registry = ops::detail::StrategyRegistry<Launch>;
+const Entry seq{.strategy = Strategy::sequential, .needs = {}, .launch = &noop};
+const Entry ce{
+    .strategy = Strategy::fused_ce, .needs = {.min_world = 2, .lsa = true, .tile_row_shards = true}, .launch = &noop};
+const Entry ring{.strategy = Strategy::ring, .needs = {.min_world = 3, .lsa = true}, .launch = &noop};
+}  // namespace strategies_test
+
+TEST(OpsStrategy, RegistryHoldsExactlyTheTablesStrategies) {
+  using namespace strategies_test;
+  using V = std::vector<Strategy>;
+  const Registry r(OpKind::gemm_ar, "gemm_ar", {&seq, &ce});
+  EXPECT_EQ(r.strategies(), (V{Strategy::sequential, Strategy::fused_ce}));
+  EXPECT_EQ(r.candidates({.world = 2}), (V{Strategy::sequential, Strategy::fused_ce}));
+  EXPECT_EQ(r.candidates({.world = 1}), V{Strategy::sequential});
+  EXPECT_EQ(r.candidates({.world = 2, .lsa = false}), V{Strategy::sequential});
+  EXPECT_EQ(r.candidates({.world = 2, .tile_row_shards = false}), V{Strategy::sequential});
+  EXPECT_EQ(&r.find(Strategy::fused_ce), &ce);
+  EXPECT_NE(error_of([&] { r.find(Strategy::ring); }).find("gemm_ar: strategy ring"), std::string::npos);
+  // The table gives gemm_ar fused_ce: leaving it out, adding ring, a
+  // duplicate or a baseline other than sequential is refused.
+  EXPECT_THROW(Registry(OpKind::gemm_ar, "gemm_ar", {&seq}), Error);
+  EXPECT_THROW(Registry(OpKind::gemm_ar, "gemm_ar", {&seq, &ce, &ring}), Error);
+  EXPECT_THROW(Registry(OpKind::gemm_ar, "gemm_ar", {&seq, &ce, &ce}), Error);
+  EXPECT_THROW(Registry(OpKind::gemm_ar, "gemm_ar", {&ce, &seq}), Error);
+}
+
+TEST(OpsStrategy, TpCandidatesCoverTheTable) {
+  // Every strategy the table gives an operator is measured somewhere (the
+  // registries are built, and checked against the table, on first use).
+  const std::pair<OpKind, std::vector<Strategy>> ops[] = {
+      {OpKind::ag_gemm, ag_gemm_candidates(8, true)},
+      {OpKind::gemm_rs, gemm_rs_candidates(8, true, true)},
+      {OpKind::gemm_ar, gemm_ar_candidates(8, true, true)},
+  };
+  for (const auto& [op, cands] : ops) {
+    std::set<Strategy> want;
+    for (const StrategyInfo& i : strategy_table())
+      if (i.strategy != Strategy::automatic && accepts(op, i.strategy)) want.insert(i.strategy);
+    EXPECT_EQ(std::set<Strategy>(cands.begin(), cands.end()), want) << static_cast<unsigned>(op);
+    EXPECT_EQ(cands.front(), Strategy::sequential);
+  }
 }
 
 TEST(OpsValidate, UpperBoundsAndOverflowCheckedSizes) {
