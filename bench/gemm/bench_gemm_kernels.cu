@@ -4,7 +4,7 @@
 #include <cuda_fp16.h>
 
 #include "tessera/kernels/gemm/launch.cuh"
-#include "tessera/kernels/gemm/wait_diag.hpp"
+#include "tessera/runtime/wait_diagnostics.hpp"
 
 namespace tessera::bench::gemm {
 namespace {
@@ -51,7 +51,7 @@ void gemm_idle_hooks(Hooks which, const kernels::GemmArgs& a, const kernels::Gem
   w.flags = ready_flags;
   w.expected = epoch;
   w.rows_per_flag = 128;
-  w.diag = wait_diagnostics();
+  w.diag = runtime::process_wait_diagnostics().device_record();
   PerTileWait pw;
   pw.w = w;
   engine::StdEpilogue<__nv_bfloat16, engine::kEpiNotify> e;

@@ -11,7 +11,7 @@
 
 #include "tessera/ops/fused_policies.cuh"
 #include "tessera/kernels/gemm/launch.cuh"
-#include "tessera/kernels/gemm/wait_diag.hpp"
+#include "tessera/runtime/wait_diagnostics.hpp"
 
 namespace tessera::bench::gemm {
 namespace {
@@ -49,7 +49,7 @@ void gemm_rs_epilogue(RsEpi which, const kernels::GemmArgs& a, const RsEpilogueB
   pro.band_shift = 3;
   pro.epoch = 1;
   pro.timeout_ns = 2'000'000'000ull;
-  pro.diag = wait_diagnostics();
+  pro.diag = runtime::process_wait_diagnostics().device_record();
   GemmOptions o{};
   o.tile = GemmTile::T64x256;
   o.ping_pong = true;

@@ -13,7 +13,6 @@
 
 #include "tessera/kernels/gemm.hpp"
 #include "tessera/kernels/gemm/host_detail.hpp"
-#include "tessera/kernels/gemm/wait_diag.hpp"
 #include "tessera/runtime/error.hpp"
 
 namespace tessera::kernels {
@@ -504,29 +503,5 @@ std::string plan_name(const GemmPlan& p) {
   if (p.k_splits > 1) s += "/k" + std::to_string(p.k_splits);
   return s;
 }
-
-}  // namespace tessera::kernels
-
-namespace tessera::kernels {
-
-engine::WaitDiag* wait_diagnostics() {
-  static engine::WaitDiag* d = [] {
-    void* p = nullptr;
-    TESSERA_CUDA_CHECK(cudaHostAlloc(&p, sizeof(engine::WaitDiag), cudaHostAllocMapped | cudaHostAllocPortable));
-    std::memset(p, 0, sizeof(engine::WaitDiag));
-    return static_cast<engine::WaitDiag*>(p);
-  }();
-  return d;
-}
-
-std::string last_wait_timeout() {
-  const volatile engine::WaitDiag* d = wait_diagnostics();
-  if (d->magic != engine::WaitDiag::kMagic) return "";
-  return fmt::format(
-      "gemm prologue wait timed out after {} ns: block {} waiting for tile ({}, {}): flag[{}] expected >= {}, seen {}",
-      d->timeout_ns, d->block, d->tile_m, d->tile_n, d->flag, d->expected, d->seen);
-}
-
-void clear_wait_timeout() { std::memset(wait_diagnostics(), 0, sizeof(engine::WaitDiag)); }
 
 }  // namespace tessera::kernels

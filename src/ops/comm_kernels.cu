@@ -8,7 +8,6 @@
 #include "tessera/kernels/elementwise.hpp"
 #include "tessera/kernels/gemm/host_detail.hpp"
 #include "tessera/link/device_primitives.cuh"
-#include "tessera/link/memory_order.cuh"
 
 namespace tessera::ops::detail {
 
@@ -110,12 +109,12 @@ __global__ void reduce_kernel(ReduceLaunch p) {
   }
 }
 
-/// Chunks in step order; every CTA copies its slice of a chunk, then the last
-/// CTA to finish it (fence + relaxed counter: fence-fence synchronization)
-/// resets the counter and release-stores the flag at the destination.
+/// Chunks in step order; every CTA pushes its slice of a chunk
+/// (link::tile_push_data), then the last CTA to finish it
+/// (link::last_cta_arrive) release-stores the flag at the destination.
 __global__ void push_kernel(PushLaunch p) {
   const int total = p.steps * p.channels;
-  char* src_base = static_cast<char*>(p.ws[p.sv.rank]);
+  const char* src_base = static_cast<const char*>(p.ws[p.sv.rank]);
   for (int q = 0; q < total; ++q) {
     const int j = q / p.channels, c = q % p.channels;
     const int dst = p.push_to[j];
@@ -128,21 +127,12 @@ __global__ void push_kernel(PushLaunch p) {
     std::int64_t b_lo = c_lo + per_block * blockIdx.x;
     std::int64_t b_hi = b_lo + per_block;
     if (b_hi > c_hi) b_hi = c_hi;
-    if (b_lo < b_hi) {
-      const std::int64_t off = (p.lo + b_lo) * p.row_bytes;
-      link::copy_tile_bytes(static_cast<char*>(p.ws[dst]) + off, p.row_bytes, src_base + off, p.row_bytes, b_hi - b_lo,
-                            p.row_bytes, threadIdx.x, blockDim.x);
-    }
+    if (b_lo < b_hi)
+      link::tile_push_data(static_cast<char*>(p.ws[dst]), p.row_bytes, p.lo + b_lo, src_base, p.row_bytes, p.lo + b_lo,
+                           b_hi - b_lo, p.row_bytes, threadIdx.x, blockDim.x);
     __syncthreads();
-    if (threadIdx.x == 0) {
-      link::mo::fence_acq_rel_sys();
-      const unsigned old = atomicAdd(p.done + q, 1u);
-      if (old == gridDim.x - 1) {
-        atomicExch(p.done + q, 0u);
-        link::mo::fence_acq_rel_sys();
-        link::mo::st_release_sys(p.sv.flag_at(dst, c), p.epoch);
-      }
-    }
+    if (threadIdx.x == 0 && link::last_cta_arrive<link::Scope::sys>(p.done + q, gridDim.x))
+      link::flag_notify<link::Scope::sys>(p.sv.flag_at(dst, c), p.epoch);
   }
 }
 

@@ -10,7 +10,6 @@
 #include "tessera/ops/fused_policies.cuh"
 #include "tp_launchers.hpp"
 #include "tessera/kernels/gemm/launch.cuh"
-#include "tessera/kernels/gemm/wait_diag.hpp"
 #include "tessera/runtime/wait_diagnostics.hpp"
 
 namespace tessera::ops::detail {
@@ -28,7 +27,7 @@ void set_flag_wait(Pro& pro, const std::uint64_t* flags, int flag_stride, int ra
   pro.rank = rank;
   pro.epoch = epoch;
   pro.timeout_ns = runtime::wait_timeout_ns();
-  pro.diag = kernels::wait_diagnostics();
+  pro.diag = runtime::process_wait_diagnostics().device_record();
 }
 
 /// The fields the owner-adding GEMM+RS epilogues share (RsStageEpilogue,
@@ -158,7 +157,7 @@ void gemm_rs_typed(const GemmRsLaunch& p, cudaStream_t s) {
     pro.rank = p.rank;
     pro.expected = static_cast<std::uint64_t>(p.world - 1);
     pro.timeout_ns = runtime::wait_timeout_ns();
-    pro.diag = kernels::wait_diagnostics();
+    pro.diag = runtime::process_wait_diagnostics().device_record();
     kernels::gemm_with_tile_ping_pong<kRsTile, T, kernels::BLayout::NK>(g, o, pro, epi, sched, s);
     return;
   }

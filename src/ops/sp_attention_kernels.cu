@@ -1,10 +1,9 @@
 // The attention kernel with sp_attention's KV hook: per KV block, the
-// engine's FlagWait (.sys acquire, timeout -> WaitDiag + trap) on the flag of
+// engine's FlagWait (.sys acquire, timeout -> WaitRecord + trap) on the flag of
 // every remote zig-zag chunk the block covers.
 #include "sp_attention_kernels.hpp"
 #include "tessera/kernels/attention/launch.cuh"
 #include "tessera/kernels/gemm/prologue.cuh"
-#include "tessera/kernels/gemm/wait_diag.hpp"
 #include "tessera/runtime/wait_diagnostics.hpp"
 
 namespace tessera::ops::detail {
@@ -51,7 +50,7 @@ void launch_sp_attention_part(const kernels::AttentionArgs& a, const SpKvFlags& 
   h.w.flags = f.flags;
   h.w.expected = f.epoch;
   h.w.timeout_ns = runtime::wait_timeout_ns();
-  h.w.diag = kernels::wait_diagnostics();
+  h.w.diag = runtime::process_wait_diagnostics().device_record();
   h.slots = f.slots;
   h.world = f.world;
   h.rank = f.rank;

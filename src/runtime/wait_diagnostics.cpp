@@ -25,6 +25,8 @@ const char* wait_kind_name(WaitKind k) {
       return "rank_wait";
     case WaitKind::bad_id:
       return "id check";
+    case WaitKind::tile_flag:
+      return "tile flag wait";
     case WaitKind::none:
       break;
   }
@@ -32,7 +34,8 @@ const char* wait_kind_name(WaitKind k) {
 }
 
 WaitDiagnostics::WaitDiagnostics() {
-  TESSERA_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_), sizeof(WaitRecord), cudaHostAllocMapped));
+  TESSERA_CUDA_CHECK(
+      cudaHostAlloc(reinterpret_cast<void**>(&host_), sizeof(WaitRecord), cudaHostAllocMapped | cudaHostAllocPortable));
   *host_ = WaitRecord{};
   TESSERA_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_), host_, 0));
 }
@@ -41,20 +44,36 @@ WaitDiagnostics::~WaitDiagnostics() {
   if (host_) (void)cudaFreeHost(host_);
 }
 
+std::string describe_wait(const WaitRecord& r) {
+  const auto kind = static_cast<WaitKind>(r.kind);
+  if (kind == WaitKind::bad_id)
+    return fmt::format("rank {}: tile {} maps to id {} outside [0, {})", r.rank, r.tile,
+                       static_cast<std::int64_t>(r.seen), r.expected);
+  const std::string who = r.peer >= 0 ? fmt::format(" from rank {}", r.peer) : std::string();
+  if (kind == WaitKind::tile_flag) {
+    const std::string where = r.rank >= 0 ? fmt::format("rank {}: ", r.rank) : std::string();
+    return fmt::format(
+        "{}{} timed out after {} ns: block {} waiting for tile ({}, {}): flag[{}]{} expected >= {}, seen {}", where,
+        wait_kind_name(kind), r.timeout_ns, r.block, r.tile_m, r.tile_n, r.channel, who, r.expected, r.seen);
+  }
+  return fmt::format("{} timed out on rank {}: tile {} channel {}{} expected >= {} but saw {} after {} ms",
+                     wait_kind_name(kind), r.rank, r.tile, r.channel, who, r.expected, r.seen, r.timeout_ns / 1000000);
+}
+
 std::optional<std::string> WaitDiagnostics::describe() const {
   // The device wrote the record with system-scope stores followed by a
   // system fence before trapping; an acquire load of `claimed` orders the
   // reads of the other fields after it.
   const unsigned claimed = std::atomic_ref<unsigned>(host_->claimed).load(std::memory_order_acquire);
   if (claimed != 1) return std::nullopt;
-  const WaitRecord& r = *host_;
-  if (static_cast<WaitKind>(r.kind) == WaitKind::bad_id)
-    return fmt::format("rank {}: tile {} maps to id {} outside [0, {})", r.rank, r.tile,
-                       static_cast<std::int64_t>(r.seen), r.expected);
-  std::string who = r.peer >= 0 ? fmt::format(" from rank {}", r.peer) : std::string();
-  return fmt::format("{} timed out on rank {}: tile {} channel {}{} expected >= {} but saw {} after {} ms",
-                     wait_kind_name(static_cast<WaitKind>(r.kind)), r.rank, r.tile, r.channel, who, r.expected, r.seen,
-                     r.timeout_ns / 1000000);
+  return describe_wait(*host_);
+}
+
+void WaitDiagnostics::clear() { *host_ = WaitRecord{}; }
+
+WaitDiagnostics& process_wait_diagnostics() {
+  static WaitDiagnostics* d = new WaitDiagnostics();  // never freed: kernels may hold it until exit
+  return *d;
 }
 
 void WaitDiagnostics::check(const char* context) const {

@@ -1,31 +1,33 @@
-// The spinning waiter of CommDriver (WaitMode::SpinKernel): one thread polls
-// the group counter with ld.acquire.gpu until it reaches the target
-// (counter_reached: cyclic, the same test as the stream memop wait); on
-// timeout it fills the WaitRecord (link::record_wait_timeout), prints and
-// traps.
+// The spinning waiter of CommDriver (WaitMode::SpinKernel): one thread waits
+// for the group counter with link::wait_until at Scope::gpu (acquire),
+// using counter_reached (cyclic, the same test as the stream memop wait); on
+// timeout it fills the WaitRecord, prints the same line and traps.
 #include <cstdio>
 
-#include "tessera/link/device_primitives.cuh"
+#include "tessera/link/wait.cuh"
 #include "tessera/signal/comm_driver.hpp"
-#include "tessera/signal/device.cuh"
 
 namespace tessera::signal::detail {
 namespace {
 
+/// The waiter's timeout report: this kernel holds no wgmma, so it may call
+/// printf.
+struct PrintTimeout {
+  int rank, group;
+  std::uint32_t target;
+  std::uint64_t timeout_ns;
+  __device__ void operator()(std::uint64_t seen) const {
+    printf("tessera: rank %d: signal group %d counter wait timed out after %llu ns: expected >= %u, seen %u\n", rank,
+           group, static_cast<unsigned long long>(timeout_ns), target, static_cast<std::uint32_t>(seen));
+  }
+};
+
 __global__ void spin_wait_kernel(const std::uint32_t* counter, std::uint32_t target, std::uint64_t timeout_ns, int rank,
                                  int group, runtime::WaitRecord* record) {
-  const std::uint64_t start = link::mo::globaltimer_ns();
-  std::uint32_t seen = ld_acquire_gpu_u32(counter);
-  while (!counter_reached(seen, target)) {  // cyclic, as cuStreamWaitValue32(GEQ)
-    if (link::mo::globaltimer_ns() - start > timeout_ns) {
-      link::record_wait_timeout(record, runtime::WaitKind::counter, rank, group, -1, -1, target, seen, timeout_ns);
-      printf("tessera: rank %d: signal group %d counter wait timed out after %llu ns: expected >= %u, seen %u\n", rank,
-             group, static_cast<unsigned long long>(timeout_ns), target, seen);
-      __trap();
-    }
-    __nanosleep(128);
-    seen = ld_acquire_gpu_u32(counter);
-  }
+  link::wait_until<link::Scope::gpu>(
+      counter, [target](std::uint32_t seen) { return counter_reached(seen, target); }, target,
+      link::WaitLimit{timeout_ns, record}, link::WaitSite{runtime::WaitKind::counter, rank, group},
+      PrintTimeout{rank, group, target, timeout_ns});
 }
 
 }  // namespace

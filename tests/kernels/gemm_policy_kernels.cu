@@ -5,7 +5,7 @@
 #include <cuda_bf16.h>
 
 #include "tessera/kernels/gemm/launch.cuh"
-#include "tessera/kernels/gemm/wait_diag.hpp"
+#include "tessera/runtime/wait_diagnostics.hpp"
 
 namespace tessera::kernels::testk {
 namespace {
@@ -57,7 +57,7 @@ void gemm_flag_wait(const GemmArgs& a, GemmTile t, const uint32_t* flags, int ro
   w.expected = expected;
   w.rows_per_flag = rows_per_flag;
   w.timeout_ns = timeout_ns;
-  w.diag = wait_diagnostics();
+  w.diag = runtime::process_wait_diagnostics().device_record();
   run(a, t, max_ctas, w, epi_for<engine::kEpiPlain>(a), engine::RasterScheduler{}, s, cluster);
 }
 

@@ -17,7 +17,7 @@
 #include "gemm_test_util.hpp"
 #include "support/test_support.hpp"
 #include "tessera/kernels/gemm.hpp"
-#include "tessera/kernels/gemm/wait_diag.hpp"
+#include "tessera/runtime/wait_diagnostics.hpp"
 
 namespace tk = tessera::kernels;
 namespace tt = tessera::kernels::testk;
@@ -349,10 +349,11 @@ void wait_on_a_flag_never_set() {
   Buffers s = make(p);
   tt::DevBuf flags(64);
   TESSERA_CUDA_CHECK(cudaMemset(flags.p, 0, 64));
-  tk::clear_wait_timeout();
+  tessera::runtime::process_wait_diagnostics().clear();
   tt::gemm_flag_wait(s.args, tk::GemmTile::T128x256, flags.as<uint32_t>(), 128, 1, 50'000'000ull, 0, nullptr);
   const cudaError_t e = cudaDeviceSynchronize();
-  fprintf(stderr, "gemm wait ended: %s; %s\n", cudaGetErrorString(e), tk::last_wait_timeout().c_str());
+  fprintf(stderr, "gemm wait ended: %s; %s\n", cudaGetErrorString(e),
+          tessera::runtime::process_wait_diagnostics().describe().value_or("").c_str());
   if (e != cudaSuccess) std::abort();
 }
 }  // namespace

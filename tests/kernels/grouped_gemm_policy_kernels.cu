@@ -39,7 +39,7 @@ void grouped_flag_wait(const GroupedGemmArgs& a, bool ping_pong, const uint32_t*
   pro.expected = expected;
   pro.rows_per_flag = rows_per_flag;
   pro.timeout_ns = timeout_ns;
-  pro.diag = wait_diagnostics();
+  pro.diag = runtime::process_wait_diagnostics().device_record();
   engine::StdEpilogue<__nv_bfloat16> epi;
   epi.d = static_cast<__nv_bfloat16*>(a.d);
   epi.ldd = a.ldd ? a.ldd : a.n;

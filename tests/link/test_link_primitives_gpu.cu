@@ -54,6 +54,42 @@ __device__ void record_error(ErrorLog* log, std::int64_t row, std::int64_t col, 
   }
 }
 
+// The by-address primitives on one GPU: every CTA of the producer writes
+// its slice and counts itself on `counter`; the last CTA to arrive
+// (last_cta_arrive) sets `flag` to the epoch. The consumer (one CTA,
+// launched first on another stream) waits for both, then checks every word.
+constexpr int kWords = 1 << 16;
+constexpr int kProducerCtas = 8;
+
+__global__ void by_address_produce(std::uint32_t* data, unsigned int* done, std::uint64_t* flag, std::uint64_t* counter,
+                                   std::uint64_t epoch) {
+  random_delay(epoch, static_cast<int>(blockIdx.x));
+  const int per = kWords / kProducerCtas;
+  for (int i = threadIdx.x; i < per; i += blockDim.x) {
+    const int w = static_cast<int>(blockIdx.x) * per + i;
+    data[w] = payload(epoch, w, 0);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    link::counter_notify<link::Scope::gpu>(counter, std::uint64_t{1});
+    if (link::last_cta_arrive<link::Scope::gpu>(done, gridDim.x)) link::flag_notify<link::Scope::gpu>(flag, epoch);
+  }
+}
+
+__global__ void by_address_consume(const std::uint32_t* data, const std::uint64_t* flag, const std::uint64_t* counter,
+                                   std::uint64_t epoch, link::WaitLimit limit, ErrorLog* log) {
+  if (threadIdx.x == 0) {
+    const link::WaitSite site{runtime::WaitKind::peer_tile, 0, 0, -1, -1, 0, 0};
+    link::flag_wait<link::Scope::gpu>(flag, epoch, limit, site);
+    link::flag_wait<link::Scope::gpu>(counter, epoch * kProducerCtas, limit, site);
+  }
+  __syncthreads();
+  for (int w = threadIdx.x; w < kWords; w += blockDim.x) {
+    const std::uint32_t want = payload(epoch, w, 0);
+    if (data[w] != want) record_error(log, w, 0, data[w], want);
+  }
+}
+
 // Every consumer tile of `gathered` (local) after its channels complete.
 // The last block to finish acknowledges the epoch to every rank.
 __global__ void consume_kernel(SignalView sv, AllGatherTileMap map, const std::uint32_t* gathered, int cols,
@@ -331,6 +367,48 @@ TEST(LinkPrimitives, CopyEngineWithStreamSignals) {
   link::synchronize(f.cons, f.sig, "copy engine (consumer)");
   f.expect_clean(log.host(), "rank_copy_data + rank_notify + rank_wait");
   f.pg.barrier();
+}
+
+TEST(LinkPrimitives, ByAddressNotifyAndWaitOnOneGpu) {
+  TESSERA_REQUIRE_WORLD_GPUS(1);
+  auto& pg = tessera::testing::group();
+  // Both kernels are loaded before the consumer spins: a lazily loaded
+  // producer would wait for the running consumer.
+  cudaFuncAttributes attr{};
+  TESSERA_CUDA_CHECK(cudaFuncGetAttributes(&attr, by_address_produce));
+  TESSERA_CUDA_CHECK(cudaFuncGetAttributes(&attr, by_address_consume));
+  std::uint32_t* data = nullptr;
+  unsigned int* done = nullptr;
+  std::uint64_t* words = nullptr;  // [0] flag, [1] counter
+  ErrorLog* log = nullptr;
+  TESSERA_CUDA_CHECK(cudaMalloc(&data, kWords * sizeof(std::uint32_t)));
+  TESSERA_CUDA_CHECK(cudaMalloc(&done, sizeof(unsigned int)));
+  TESSERA_CUDA_CHECK(cudaMalloc(&words, 2 * sizeof(std::uint64_t)));
+  TESSERA_CUDA_CHECK(cudaMallocManaged(&log, sizeof(ErrorLog)));
+  TESSERA_CUDA_CHECK(cudaMemset(data, 0xFF, kWords * sizeof(std::uint32_t)));  // poison
+  TESSERA_CUDA_CHECK(cudaMemset(done, 0, sizeof(unsigned int)));
+  TESSERA_CUDA_CHECK(cudaMemset(words, 0, 2 * sizeof(std::uint64_t)));
+  *log = ErrorLog{};
+  cudaStream_t prod = nullptr, cons = nullptr;
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&prod, cudaStreamNonBlocking));
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&cons, cudaStreamNonBlocking));
+  auto& diag = runtime::process_wait_diagnostics();
+  const link::WaitLimit limit{runtime::wait_timeout_ns(), diag.device_record()};
+  for (std::uint64_t epoch = 1; epoch <= 20; ++epoch) {
+    by_address_consume<<<1, kThreads, 0, cons>>>(data, words, words + 1, epoch, limit, log);
+    TESSERA_CUDA_CHECK(cudaGetLastError());
+    by_address_produce<<<kProducerCtas, kThreads, 0, prod>>>(data, done, words, words + 1, epoch);
+    TESSERA_CUDA_CHECK(cudaGetLastError());
+    runtime::synchronize(cons, &diag, "by-address consumer");
+    runtime::synchronize(prod, &diag, "by-address producer");
+  }
+  EXPECT_EQ(log->count, 0ull) << "word " << log->row << ": got " << log->got << " want " << log->want;
+  cudaStreamDestroy(prod);
+  cudaStreamDestroy(cons);
+  cudaFree(data);
+  cudaFree(done);
+  cudaFree(words);
+  cudaFree(log);
 }
 
 TEST(LinkPrimitives, HostWaitTimesOutWithDiagnostic) {

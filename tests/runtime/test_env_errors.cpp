@@ -8,6 +8,7 @@
 #include "tessera/runtime/env.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/runtime/process_group.hpp"
+#include "tessera/runtime/wait_diagnostics.hpp"
 
 namespace env = tessera::env;
 
@@ -78,4 +79,70 @@ TEST(NcclDtype, MapsEveryReducibleTypeAndRejectsTheRest) {
   } catch (const tessera::Error& e) {
     EXPECT_NE(std::string(e.what()).find("nccl_dtype"), std::string::npos) << e.what();
   }
+}
+
+namespace {
+tessera::runtime::WaitRecord record(tessera::runtime::WaitKind kind) {
+  tessera::runtime::WaitRecord r{};
+  r.claimed = 1;
+  r.kind = static_cast<int>(kind);
+  r.rank = r.block = r.tile = r.tile_m = r.tile_n = r.channel = r.peer = -1;
+  return r;
+}
+}  // namespace
+
+// The one record every device wait fills: each kind reads as the wait it was.
+TEST(WaitRecord, LinkWaitsNameRankTileChannelAndPeer) {
+  using tessera::runtime::WaitKind;
+  auto r = record(WaitKind::consumer_tile);
+  r.rank = 1;
+  r.tile = 3;
+  r.channel = 5;
+  r.expected = 8;
+  r.seen = 6;
+  r.timeout_ns = 300'000'000;
+  EXPECT_EQ(tessera::runtime::describe_wait(r),
+            "consumer_tile_wait timed out on rank 1: tile 3 channel 5 expected >= 8 but saw 6 after 300 ms");
+  r.kind = static_cast<int>(WaitKind::peer_tile);
+  r.peer = 2;
+  EXPECT_EQ(tessera::runtime::describe_wait(r),
+            "peer_tile_wait timed out on rank 1: tile 3 channel 5 from rank 2 expected >= 8 but saw 6 after 300 ms");
+  r = record(WaitKind::counter);
+  r.rank = 0;
+  r.tile = 4;  // the signal group
+  r.expected = 12;
+  r.seen = 11;
+  r.timeout_ns = 5'000'000'000;
+  EXPECT_EQ(tessera::runtime::describe_wait(r),
+            "counter wait timed out on rank 0: tile 4 channel -1 expected >= 12 but saw 11 after 5000 ms");
+}
+
+TEST(WaitRecord, BadIdNamesTheIdAndItsLimit) {
+  auto r = record(tessera::runtime::WaitKind::bad_id);
+  r.rank = 2;
+  r.tile = 7;
+  r.expected = 16;
+  r.seen = static_cast<std::uint64_t>(std::int64_t{-1});
+  EXPECT_EQ(tessera::runtime::describe_wait(r), "rank 2: tile 7 maps to id -1 outside [0, 16)");
+}
+
+TEST(WaitRecord, TileFlagNamesBlockTileAndFlag) {
+  auto r = record(tessera::runtime::WaitKind::tile_flag);
+  r.block = 12;
+  r.tile_m = 3;
+  r.tile_n = 0;
+  r.channel = 2;
+  r.expected = 1;
+  r.seen = 0;
+  r.timeout_ns = 50'000'000;
+  // The engine's FlagWait does not know the rank.
+  EXPECT_EQ(tessera::runtime::describe_wait(r),
+            "tile flag wait timed out after 50000000 ns: block 12 waiting for tile (3, 0): flag[2] expected >= 1, "
+            "seen 0");
+  // The ops' prologues do, and name the source rank of a per-source flag.
+  r.rank = 1;
+  r.peer = 0;
+  EXPECT_EQ(tessera::runtime::describe_wait(r),
+            "rank 1: tile flag wait timed out after 50000000 ns: block 12 waiting for tile (3, 0): flag[2] from "
+            "rank 0 expected >= 1, seen 0");
 }

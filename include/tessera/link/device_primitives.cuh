@@ -21,99 +21,102 @@
 //    wait on a barrier behind it before reading the data.
 //  * Counters only grow. Epoch e (1, 2, ...) waits for e * (notifications
 //    per epoch), so back-to-back iterations need no reset.
-//  * Every wait gives up after sv.timeout_ns: it records rank, tile,
-//    channel, expected and seen value in the WaitRecord, prints them and
-//    traps (runtime::synchronize turns that into a tessera::Error).
+//  * Every wait is link::wait_until (wait.cuh): it gives up after
+//    sv.timeout_ns, records rank, tile, channel, expected and seen value in
+//    the WaitRecord and traps (runtime::synchronize turns that into a
+//    tessera::Error naming the wait).
+//  * counter_notify / counter_notify_fenced / flag_notify / flag_wait are
+//    the same operations by address, for code that holds per-rank arrays
+//    rather than a SignalView (the GEMM engine's policies).
 #pragma once
 
 #include <cstdint>
 
 #include "tessera/link/memory_order.cuh"
 #include "tessera/link/tile_map.hpp"
+#include "tessera/link/wait.cuh"
 #include "tessera/runtime/signals.hpp"
 
 namespace tessera::link {
 
 enum class NotifyMode { p2p, broadcast };
 
-namespace detail {
+// ---- counters and flags by address ------------------------------------------
+// The shapes the GEMM engine's notifier and waiter threads need: they hold
+// per-rank arrays (an owner's counters, a peer's flag rows), not a
+// SignalView. Same contract as the primitives below; Scope S is the wider of
+// the writer's and the observer's: gpu when both are on this GPU (its SMs,
+// its stream front end, its copy engine), sys otherwise.
 
-/// First-waiter-wins claim of the process's WaitRecord. It lives in device
-/// memory: a system-scope atomic on host-mapped memory needs host-native
-/// atomics, which PCIe hosts do not give (compute-sanitizer rejects it).
-/// One word per translation unit: after the first trap the context is lost,
-/// so two units filling the record at once is not worth a global word.
-static __device__ unsigned int wait_record_claim = 0;
+/// Counts `v` notifications on `counter` (any rank's): red.release.S. Call
+/// from ONE thread after every writer of the data has passed a barrier with
+/// it.
+template <Scope S, class T>
+__device__ __forceinline__ void counter_notify(T* counter, T v = 1) {
+  mo::red_add_release<S>(counter, v);
+}
 
-}  // namespace detail
+/// The same as a relaxed add, for a thread that has executed fence.acq_rel
+/// at scope S after the data's stores (the GEMM engine's notifier,
+/// kernels/gemm/epilogue.cuh): the fence makes the add a release, and a
+/// red.release would execute a second fence per tile.
+template <Scope S, class T>
+__device__ __forceinline__ void counter_notify_fenced(T* counter, T v = 1) {
+  mo::red_add_relaxed<S>(counter, v);
+}
 
-/// Fills the host-mapped WaitRecord `r` (may be null) unless another waiter
-/// of this unit already did, and publishes it: the fields, a system fence,
-/// then `claimed` = 1, which the host reads with acquire semantics
-/// (runtime::WaitDiagnostics). Call-free, so it may sit in a wgmma kernel.
-__device__ __forceinline__ void record_wait_timeout(runtime::WaitRecord* r, runtime::WaitKind kind, int rank, int tile,
-                                                    int channel, int peer, std::uint64_t expected, std::uint64_t seen,
-                                                    std::uint64_t timeout_ns) {
-  if (r == nullptr || atomicCAS(&detail::wait_record_claim, 0u, 1u) != 0u) return;
-  r->kind = static_cast<int>(kind);
-  r->rank = rank;
-  r->tile = tile;
-  r->channel = channel;
-  r->peer = peer;
-  r->expected = expected;
-  r->seen = seen;
-  r->timeout_ns = timeout_ns;
-  __threadfence_system();
-  *reinterpret_cast<volatile unsigned int*>(&r->claimed) = 1u;
-  __threadfence_system();
+/// Sets `flag` to `value` (st.release.S): per-source flags, written by one
+/// rank only, carrying the epoch. Call as counter_notify.
+template <Scope S>
+__device__ __forceinline__ void flag_notify(std::uint64_t* flag, std::uint64_t value) {
+  mo::st_release<S>(flag, value);
+}
+
+/// Waits until *word >= target (acquire at S; link/wait.cuh: timeout,
+/// diagnostic naming `site`, trap). Returns the value seen.
+template <Scope S, class T>
+__device__ __forceinline__ T flag_wait(const T* word, T target, const WaitLimit& limit, const WaitSite& site) {
+  return wait_geq<S>(word, target, limit, site);
+}
+
+/// One CTA's arrival at the end of a job shared by `ctas` CTAs, counted on
+/// `done` (this GPU's memory, zero before the job). Call from ONE thread of
+/// the CTA after a barrier over the CTA's writers of the job. Returns true
+/// in the last CTA to arrive only, after resetting `done` to zero for the
+/// next job and executing fence.acq_rel.S: that thread's next release at S
+/// (flag_notify, counter_notify) then publishes the writes of every CTA of
+/// the job (fence-fence synchronization through the relaxed add on `done`,
+/// which each CTA precedes with its own fence.acq_rel.S).
+template <Scope S>
+__device__ __forceinline__ bool last_cta_arrive(unsigned int* done, unsigned int ctas) {
+  mo::fence_acq_rel<S>();
+  if (atomicAdd(done, 1u) != ctas - 1) return false;
+  atomicExch(done, 0u);
+  mo::fence_acq_rel<S>();
+  return true;
 }
 
 namespace detail {
 
-/// Records a timed-out wait and traps. Call-free on purpose (no printf):
-/// any call inlined into a wgmma kernel makes ptxas serialize its wgmmas,
-/// so the diagnostic goes to the host-mapped WaitRecord only and the host
-/// prints it (runtime::synchronize / WaitDiagnostics).
-__device__ __forceinline__ void wait_timed_out(const runtime::SignalView& sv, runtime::WaitKind kind, int tile,
-                                               int channel, int peer, std::uint64_t expected, std::uint64_t seen) {
-  record_wait_timeout(sv.diag, kind, sv.rank, tile, channel, peer, expected, seen, sv.timeout_ns);
-  __trap();
-}
-
-/// Spins until *flag >= target (acquire, .sys), with exponential back-off
-/// and a timeout. Returns the value seen.
-__device__ __forceinline__ std::uint64_t wait_geq_sys(const runtime::SignalView& sv, const std::uint64_t* flag,
-                                                      std::uint64_t target, runtime::WaitKind kind, int tile,
-                                                      int channel, int peer) {
-  std::uint64_t v = mo::ld_acquire_sys(flag);
-  if (v >= target) return v;
-  const std::uint64_t start = mo::globaltimer_ns();
-  unsigned backoff = 32;
-  for (unsigned it = 1;; ++it) {
-    __nanosleep(backoff);
-    if (backoff < 256) backoff <<= 1;
-    v = mo::ld_acquire_sys(flag);
-    if (v >= target) return v;
-    if ((it & 63u) == 0 && mo::globaltimer_ns() - start > sv.timeout_ns)
-      wait_timed_out(sv, kind, tile, channel, peer, target, v);
-  }
+__device__ __forceinline__ WaitLimit limit_of(const runtime::SignalView& sv) {
+  return WaitLimit{sv.timeout_ns, sv.diag};
 }
 
 /// A tile or slot id outside its map or signal array: recorded as a wait
 /// whose expected value is the limit and seen value the id, then trap.
 __device__ __forceinline__ void check_id(const runtime::SignalView& sv, int id, int limit, int tile) {
   if (id < 0 || id >= limit)
-    wait_timed_out(sv, runtime::WaitKind::bad_id, tile, id, -1, static_cast<std::uint64_t>(limit),
-                   static_cast<std::uint64_t>(static_cast<std::int64_t>(id)));
+    wait_failed(limit_of(sv), WaitSite{runtime::WaitKind::bad_id, sv.rank, tile, -1, -1, id, -1},
+                static_cast<std::uint64_t>(limit), static_cast<std::uint64_t>(static_cast<std::int64_t>(id)));
 }
 
 /// Adds one to counter `slot` on rank dst with release semantics: .gpu for
 /// this GPU, .sys for a peer.
 __device__ __forceinline__ void notify_counter(const runtime::SignalView& sv, int dst, int slot) {
   if (dst == sv.rank) {
-    mo::red_add_release_gpu(sv.counter(slot), 1);
+    counter_notify<Scope::gpu>(sv.counter(slot), std::uint64_t{1});
   } else {
-    mo::red_add_release_sys(sv.peer_counter(dst, slot), 1);
+    counter_notify<Scope::sys>(sv.peer_counter(dst, slot), std::uint64_t{1});
   }
 }
 
@@ -157,7 +160,8 @@ __device__ __forceinline__ void consumer_tile_wait(const runtime::SignalView& sv
   for (int ch = cr.lo; ch < cr.hi; ++ch) {
     detail::check_id(sv, ch, sv.slots, tile_c);
     const std::uint64_t target = epoch * static_cast<std::uint64_t>(map.tiles_in_channel(ch)) * notifiers;
-    detail::wait_geq_sys(sv, sv.counter(ch), target, runtime::WaitKind::consumer_tile, tile_c, ch, -1);
+    wait_geq<Scope::sys>(sv.counter(ch), target, detail::limit_of(sv),
+                         WaitSite{runtime::WaitKind::consumer_tile, sv.rank, tile_c, -1, -1, ch, -1});
   }
 }
 
@@ -166,7 +170,8 @@ __device__ __forceinline__ void consumer_tile_wait(const runtime::SignalView& sv
 __device__ __forceinline__ void counter_wait(const runtime::SignalView& sv, int slot, std::uint64_t target,
                                              int tile = -1) {
   detail::check_id(sv, slot, sv.slots, tile);
-  detail::wait_geq_sys(sv, sv.counter(slot), target, runtime::WaitKind::counter, tile, slot, -1);
+  wait_geq<Scope::sys>(sv.counter(slot), target, detail::limit_of(sv),
+                       WaitSite{runtime::WaitKind::counter, sv.rank, tile, -1, -1, slot, -1});
 }
 
 /// Waits until the counter at `counter` reaches `target`: the same wait as
@@ -175,7 +180,8 @@ __device__ __forceinline__ void counter_wait(const runtime::SignalView& sv, int 
 /// timeout diagnostic. Returns the value seen.
 __device__ __forceinline__ std::uint64_t counter_wait_at(const runtime::SignalView& sv, const std::uint64_t* counter,
                                                          std::uint64_t target, int tile) {
-  return detail::wait_geq_sys(sv, counter, target, runtime::WaitKind::counter, tile, tile, -1);
+  return wait_geq<Scope::sys>(counter, target, detail::limit_of(sv),
+                              WaitSite{runtime::WaitKind::counter, sv.rank, tile, -1, -1, tile, -1});
 }
 
 /// Sets my flag `slot` on rank dst_rank to `value` (release; .sys for a
@@ -186,9 +192,9 @@ __device__ __forceinline__ void peer_tile_notify(const runtime::SignalView& sv, 
   detail::check_id(sv, slot, sv.slots, slot);
   detail::check_id(sv, dst_rank, sv.world, slot);
   if (dst_rank == sv.rank) {
-    mo::st_release_gpu(sv.flag_at(dst_rank, slot), value);
+    flag_notify<Scope::gpu>(sv.flag_at(dst_rank, slot), value);
   } else {
-    mo::st_release_sys(sv.flag_at(dst_rank, slot), value);
+    flag_notify<Scope::sys>(sv.flag_at(dst_rank, slot), value);
   }
 }
 
@@ -197,7 +203,8 @@ __device__ __forceinline__ void peer_tile_wait(const runtime::SignalView& sv, in
                                                std::uint64_t value) {
   detail::check_id(sv, slot, sv.slots, slot);
   detail::check_id(sv, src_rank, sv.world, slot);
-  detail::wait_geq_sys(sv, sv.flag_from(src_rank, slot), value, runtime::WaitKind::peer_tile, slot, slot, src_rank);
+  wait_geq<Scope::sys>(sv.flag_from(src_rank, slot), value, detail::limit_of(sv),
+                       WaitSite{runtime::WaitKind::peer_tile, sv.rank, slot, -1, -1, slot, src_rank});
 }
 
 // ---- data movement ---------------------------------------------------------

@@ -101,3 +101,56 @@ __device__ __forceinline__ std::uint64_t globaltimer_ns() {
 }
 
 }  // namespace tessera::link::mo
+
+namespace tessera::link {
+
+/// The scope of a memory operation, as a parameter (NCCL's device API takes
+/// a cuda::thread_scope the same way): `gpu` when every other party runs on
+/// this GPU (its SMs, its stream front end, its copy engine), `sys` when one
+/// is a peer GPU or the host.
+enum class Scope { gpu, sys };
+
+}  // namespace tessera::link
+
+namespace tessera::link::mo {
+
+// ---- the same operations with the scope as a template parameter -----------
+// Each compiles to exactly the named operation above (if constexpr).
+
+template <Scope S, class T>
+__device__ __forceinline__ T ld_acquire(const T* p) {
+  if constexpr (S == Scope::sys)
+    return ld_acquire_sys(p);
+  else
+    return ld_acquire_gpu(p);
+}
+template <Scope S, class T>
+__device__ __forceinline__ void red_add_release(T* p, T v) {
+  if constexpr (S == Scope::sys)
+    red_add_release_sys(p, v);
+  else
+    red_add_release_gpu(p, v);
+}
+template <Scope S, class T>
+__device__ __forceinline__ void red_add_relaxed(T* p, T v) {
+  if constexpr (S == Scope::sys)
+    red_add_relaxed_sys(p, v);
+  else
+    red_add_relaxed_gpu(p, v);
+}
+template <Scope S>
+__device__ __forceinline__ void st_release(std::uint64_t* p, std::uint64_t v) {
+  if constexpr (S == Scope::sys)
+    st_release_sys(p, v);
+  else
+    st_release_gpu(p, v);
+}
+template <Scope S>
+__device__ __forceinline__ void fence_acq_rel() {
+  if constexpr (S == Scope::sys)
+    fence_acq_rel_sys();
+  else
+    fence_acq_rel_gpu();
+}
+
+}  // namespace tessera::link::mo

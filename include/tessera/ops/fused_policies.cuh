@@ -12,29 +12,19 @@
 
 #include "tessera/kernels/gemm/epilogue.cuh"
 #include "tessera/kernels/gemm/prologue.cuh"
-#include "tessera/link/memory_order.cuh"
+#include "tessera/link/device_primitives.cuh"
 #include "tessera/link/tile_map.hpp"
 #include "tessera/ops/diag.hpp"
 #include "tessera/runtime/symmetric_heap.hpp"
+#include "tessera/runtime/wait_diagnostics.hpp"
 
 namespace tessera::ops::detail {
 
-/// Spins until *f >= expected (ld.acquire.sys: the flag's writer released at
-/// .sys scope). After timeout_ns: records (tile, flag_id, expected, seen)
-/// and traps; the host's synchronize reports it.
-__device__ __forceinline__ void wait_flag_geq_sys(const std::uint64_t* f, std::uint64_t expected,
-                                                  const kernels::engine::TileInfo& t, int flag_id,
-                                                  std::uint64_t timeout_ns, kernels::engine::WaitDiag* diag) {
-  std::uint64_t seen = link::mo::ld_acquire_sys(f);
-  if (seen >= expected) return;
-  const std::uint64_t start = link::mo::globaltimer_ns();
-  while ((seen = link::mo::ld_acquire_sys(f)) < expected) {
-    if (link::mo::globaltimer_ns() - start > timeout_ns) {
-      kernels::engine::record_timeout(diag, t, flag_id, expected, seen, timeout_ns);
-      __trap();
-    }
-    __nanosleep(64);
-  }
+/// Where a fused prologue's wait is, for its diagnostic: GEMM tile t,
+/// flag `flag_id` (from rank `peer`, -1: any) of rank `rank`.
+__device__ __forceinline__ link::WaitSite tile_flag_site(const kernels::engine::TileInfo& t, int rank, int flag_id,
+                                                         int peer = -1) {
+  return link::WaitSite{runtime::WaitKind::tile_flag, rank, -1, t.m, t.n, flag_id, peer};
 }
 
 /// Whether a tile starting at global row row0 is rank's own (fused_ce: the
@@ -101,7 +91,7 @@ struct AgPrologue {
   int rank = 0;
   std::uint64_t epoch = 0;
   std::uint64_t timeout_ns = 0;
-  kernels::engine::WaitDiag* diag = nullptr;
+  runtime::WaitRecord* diag = nullptr;
   std::int64_t local_lo = 0, local_hi = 0;  // own rows in gathered coordinates; empty: off
   CUtensorMap local_a;                      // the own shard [m_local, K] in the caller's A (same box and swizzle)
 
@@ -135,8 +125,8 @@ struct AgPrologue {
     for (int ch = c0; ch <= c1; ++ch) {
       const int src = ch / map.C;
       if (src == rank) continue;
-      wait_flag_geq_sys(flags + static_cast<std::int64_t>(src) * flag_stride + (ch - src * map.C), epoch, t, ch,
-                        timeout_ns, diag);
+      link::flag_wait<link::Scope::sys>(flags + static_cast<std::int64_t>(src) * flag_stride + (ch - src * map.C),
+                                        epoch, link::WaitLimit{timeout_ns, diag}, tile_flag_site(t, rank, ch, src));
       acquired = true;
     }
     s.c0 = c0;
@@ -169,7 +159,7 @@ struct RsEpilogue {
   __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {
     const int last_row = (t.row0 + t.bm < t.M ? t.row0 + t.bm : t.M) - 1;
     const int o0 = static_cast<int>(t.row0 / per_rank), o1 = static_cast<int>(last_row / per_rank);
-    for (int o = o0; o <= o1; ++o) link::mo::red_add_release_sys(counters[o] + t.m, 1);
+    for (int o = o0; o <= o1; ++o) link::counter_notify<link::Scope::sys>(counters[o] + t.m);
   }
 };
 
@@ -223,7 +213,7 @@ struct RsOwnerEpilogue {
   __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {
     const int o = static_cast<int>(t.row0 / per_rank);
     if (o != rank)
-      link::mo::red_add_release_sys(counters[o] + t.linear(), 1);
+      link::counter_notify<link::Scope::sys>(counters[o] + t.linear());
     else if (world > 1)
       atomicAdd(reinterpret_cast<unsigned long long*>(counters[rank] + t.linear()),
                 0ull - static_cast<unsigned long long>(world - 1));
@@ -240,11 +230,12 @@ struct RsOwnerPrologue {
   int rank = 0;
   std::uint64_t expected = 0;  ///< R - 1
   std::uint64_t timeout_ns = 0;
-  kernels::engine::WaitDiag* diag = nullptr;
+  runtime::WaitRecord* diag = nullptr;
 
   __device__ __forceinline__ void wait(const kernels::engine::TileInfo& t) const {
     if (static_cast<int>(t.row0 / per_rank) != rank || expected == 0) return;
-    wait_flag_geq_sys(counters + t.linear(), expected, t, t.linear(), timeout_ns, diag);
+    link::flag_wait<link::Scope::sys>(counters + t.linear(), expected, link::WaitLimit{timeout_ns, diag},
+                                      tile_flag_site(t, rank, t.linear()));
   }
 };
 
@@ -349,7 +340,7 @@ struct RsStageEpilogue {
 
   __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {
     if ((count_own || !own_tile(t.row0, rank, per_rank)) && !(diag_skip & kDiagSkipNotify))
-      link::mo::red_add_relaxed_gpu(band_count + (t.m >> band_shift), 1);
+      link::counter_notify_fenced<link::Scope::gpu>(band_count + (t.m >> band_shift));
   }
 };
 
@@ -373,7 +364,7 @@ struct RsBandPrologue {
   unsigned diag_skip = 0;  ///< ops::DiagSkip bits (kernel-only diagnostics; 0 otherwise)
   std::uint64_t epoch = 0;
   std::uint64_t timeout_ns = 0;
-  kernels::engine::WaitDiag* diag = nullptr;
+  runtime::WaitRecord* diag = nullptr;
 
   __device__ __forceinline__ bool wait(const kernels::engine::TileInfo& t, State&) const {
     // !own_tile(t.row0, rank, per_rank), written out: through the helper
@@ -385,8 +376,9 @@ struct RsBandPrologue {
     const int band = t.m >> band_shift;
     for (int src = 0; src < world; ++src) {
       if (src == rank) continue;
-      wait_flag_geq_sys(flags + static_cast<std::int64_t>(src) * flag_stride + band, epoch, t, src * flag_stride + band,
-                        timeout_ns, diag);
+      link::flag_wait<link::Scope::sys>(flags + static_cast<std::int64_t>(src) * flag_stride + band, epoch,
+                                        link::WaitLimit{timeout_ns, diag},
+                                        tile_flag_site(t, rank, src * flag_stride + band, src));
     }
     return true;
   }

@@ -1,11 +1,14 @@
 // tessera/runtime/wait_diagnostics.hpp — how a device-side wait that timed
 // out reports itself to the host.
 //
-// A waiting thread that exceeds its timeout claims the WaitRecord (host
-// pinned, mapped into the device), fills in what it waited for, prints the
-// same line with printf and traps. The trap kills the CUDA context; the host
-// side (WaitDiagnostics::check / synchronize) then throws a tessera::Error
-// that names the wait instead of the bare "unspecified launch failure".
+// Every device wait with a timeout (link::wait_until, link/wait.cuh: the
+// link primitives, the GEMM engine's FlagWait, the ops' prologues, the
+// signal layer's spinning waiter) fills the same WaitRecord, host pinned and
+// mapped into the device, then traps. The trap kills the CUDA context; the
+// host side (WaitDiagnostics::check / synchronize) then throws a
+// tessera::Error that names the wait instead of the bare "unspecified launch
+// failure". Device code stays call-free (no printf: a call in a wgmma
+// kernel serializes its wgmmas), so the host prints the record.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -28,24 +31,33 @@ enum class WaitKind : int {
   counter = 3,        ///< a group/tile counter (GEMM prologue, signal driver)
   host_rank = 4,      ///< link::rank_wait (stream memory operation)
   bad_id = 5,         ///< a tile/slot id outside its map (expected = limit, seen = id)
+  tile_flag = 6,      ///< a tile's flag: the engine's FlagWait (GEMM, attention KV blocks), the ops' prologues
 };
 
 const char* wait_kind_name(WaitKind k);
 
-/// Filled by the first device thread whose wait times out. `claimed` is 0
-/// (free), 2 (being written) or 1 (complete). Plain old data:
-/// lives in pinned host memory mapped into the device.
+/// Filled by the first device thread whose wait times out
+/// (link::record_wait_timeout). `claimed` is 0 (free) or 1 (complete: the
+/// other fields are written and fenced before it). Plain old data: lives in
+/// pinned host memory mapped into the device. A field the waiter does not
+/// know is -1.
 struct WaitRecord {
-  unsigned int claimed;  ///< 1 once a waiter filled the record (link::record_wait_timeout)
+  unsigned int claimed;  ///< 1 once a waiter filled the record
   int kind;              ///< WaitKind
   int rank;              ///< rank of the waiting process
+  int block;             ///< blockIdx.x of the waiting thread
   int tile;              ///< tile id (or group id for counters)
-  int channel;           ///< channel / slot waited on
-  int peer;              ///< source rank for peer waits, -1 otherwise
+  int tile_m, tile_n;    ///< a GEMM tile's coordinates (tile_flag waits)
+  int channel;           ///< channel / slot / flag index waited on
+  int peer;              ///< source rank for peer waits
   std::uint64_t expected;
   std::uint64_t seen;
   std::uint64_t timeout_ns;
 };
+
+/// The diagnostic line of a complete record (the wait, where, expected and
+/// seen values, the timeout). Pure: unit-tested on the CPU.
+std::string describe_wait(const WaitRecord& r);
 
 /// Owns one WaitRecord in mapped pinned memory.
 class WaitDiagnostics {
@@ -61,11 +73,21 @@ class WaitDiagnostics {
   std::optional<std::string> describe() const;
   /// Throws tessera::Error naming the timed-out wait, if any.
   void check(const char* context) const;
+  /// Frees the record for the next wait (a test's fresh context). The
+  /// device side's claim word is per translation unit and is not reset: a
+  /// trap loses the context, so a unit claims at most once per process.
+  void clear();
 
  private:
   WaitRecord* host_ = nullptr;
   WaitRecord* device_ = nullptr;
 };
+
+/// The process's record for waits that have no Signals of their own (the
+/// GEMM engine's FlagWait, the ops' fused prologues, sp_attention's KV
+/// waits): pinned, mapped and portable (valid on every device), created on
+/// first use and never freed.
+WaitDiagnostics& process_wait_diagnostics();
 
 /// The wait timeout for device and host waits: TESSERA_WAIT_TIMEOUT_MS
 /// (default 5000 ms), in nanoseconds.

@@ -1,6 +1,5 @@
 // tessera/signal/device.cuh — the device side of the wave-group signal:
-// what a GEMM epilogue calls once a tile is stored, and the acquire load the
-// spinning waiter uses.
+// what a kernel calls once a tile of a group is stored.
 //
 // Memory-order contract (producer = epilogue, consumer = the NCCL kernel
 // launched on the communication stream after the group's wait):
@@ -10,33 +9,27 @@
 //     cp.async.bulk.wait_group 0 — not the .read variant);
 //  2. signal_tile_done() runs __syncthreads() (CTA-scope ordering of all
 //     threads' stores before thread 0) and thread 0 then does a
-//     red.release.gpu add of 1 to the group's counter; release is cumulative,
-//     so all the CTA's stores are visible at GPU scope before the counter
-//     can be seen incremented;
-//  3. the waiter (cuStreamWaitValue32 or wait_counter_geq's ld.acquire.gpu)
-//     observes counter >= target; the NCCL kernel is a later kernel in
-//     stream order and reads the data from L2/memory.
+//     red.release.gpu add of 1 to the group's counter (link::counter_notify);
+//     release is cumulative, so all the CTA's stores are visible at GPU
+//     scope before the counter can be seen incremented;
+//  3. the waiter (cuStreamWaitValue32, or the spinning waiter's
+//     link::wait_until at Scope::gpu) observes counter >= target; the NCCL
+//     kernel is a later kernel in stream order and reads the data from
+//     L2/memory.
 // Counters are epoch based (target = epoch * tiles of the group); never reset.
 #pragma once
 
 #include <cstdint>
 
-#include "tessera/link/memory_order.cuh"
+#include "tessera/link/device_primitives.cuh"
 
 namespace tessera::signal {
-
-__device__ __forceinline__ std::uint32_t ld_acquire_gpu_u32(const std::uint32_t* p) {
-  return link::mo::ld_acquire_gpu(p);
-}
-
-__device__ __forceinline__ void red_add_release_gpu_u32(std::uint32_t* p, std::uint32_t v) {
-  link::mo::red_add_release_gpu(p, v);
-}
 
 /// Called by every thread of the CTA after its stores of one tile of `group`.
 __device__ __forceinline__ void signal_tile_done(std::uint32_t* counters, int group) {
   __syncthreads();
-  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) red_add_release_gpu_u32(counters + group, 1u);
+  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0)
+    link::counter_notify<link::Scope::gpu>(counters + group);
 }
 
 }  // namespace tessera::signal

@@ -21,7 +21,7 @@
 
 #include <cstdint>
 
-#include "tessera/link/memory_order.cuh"
+#include "tessera/link/device_primitives.cuh"
 #include "tessera/kernels/gemm/epilogue.cuh"
 #include "tessera/kernels/gemm/ptx.cuh"
 #include "tessera/kernels/gemm/tile.cuh"
@@ -73,7 +73,7 @@ struct GroupEpilogue {
   /// (kernels/gemm/epilogue.cuh, visibility contract); a red.release would
   /// execute a second fence per tile.
   __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {
-    link::mo::red_add_relaxed_gpu(counters + tile_group[t.linear()], 1u);
+    link::counter_notify_fenced<link::Scope::gpu>(counters + tile_group[t.linear()]);
   }
 };
 
@@ -97,7 +97,7 @@ struct A2aEpilogue {
   }
 
   __device__ __forceinline__ void tile_done(const kernels::engine::TileInfo& t) const {
-    link::mo::red_add_release_gpu(counters + tile_group[t.linear()], 1u);
+    link::counter_notify<link::Scope::gpu>(counters + tile_group[t.linear()]);
   }
 };
 

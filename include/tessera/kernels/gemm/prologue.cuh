@@ -44,30 +44,14 @@
 #include <type_traits>
 #include <utility>
 
-#include "tessera/link/memory_order.cuh"
 #include "tessera/kernels/gemm/flag_memo.hpp"
 #include "tessera/kernels/gemm/ptx.cuh"
 #include "tessera/kernels/gemm/tile.cuh"
-#include "tessera/kernels/gemm/wait_diag.hpp"
+#include "tessera/link/memory_order.cuh"
+#include "tessera/link/wait.cuh"
+#include "tessera/runtime/wait_diagnostics.hpp"
 
 namespace tessera::kernels::engine {
-
-__device__ __forceinline__ void record_timeout(WaitDiag* d, const TileInfo& t, int flag, uint64_t expected,
-                                               uint64_t seen, uint64_t timeout_ns) {
-  if (!d) return;
-  if (atomicCAS(reinterpret_cast<unsigned int*>(&d->magic), 0u, 1u) != 0u) return;  // someone else recorded
-  volatile WaitDiag* v = d;
-  v->block = static_cast<int>(blockIdx.x);
-  v->tile_m = t.m;
-  v->tile_n = t.n;
-  v->flag = flag;
-  v->expected = expected;
-  v->seen = seen;
-  v->timeout_ns = timeout_ns;
-  __threadfence_system();
-  v->magic = WaitDiag::kMagic;
-  __threadfence_system();
-}
 
 /// No wait: the default; compiles to nothing.
 struct NoWait {
@@ -188,10 +172,11 @@ __device__ __forceinline__ uint32_t ld_relaxed_ready16(const uint64_t* p, uint64
 /// one acquire fence on a miss; nothing at all on a hit). `flags` should be
 /// 16-byte aligned (see Loader; misaligned works, with scalar loads).
 ///
-/// A wait longer than timeout_ns records block, tile, flag index, expected and
-/// seen values in `diag` (host-mapped memory from kernels::wait_diagnostics(),
-/// readable after the context is lost; kernels::last_wait_timeout() formats
-/// it), then traps: the host sees cudaErrorLaunchFailure from the next
+/// The spin is link::wait_until (link/wait.cuh): a wait longer than
+/// timeout_ns records block, tile, flag index, expected and seen values in
+/// `diag` (a runtime::WaitRecord, e.g. runtime::process_wait_diagnostics()'s,
+/// readable after the context is lost; WaitDiagnostics::describe formats it),
+/// then traps: the host sees cudaErrorLaunchFailure from the next
 /// synchronising call.
 ///
 /// No printf here on purpose: any call in the kernel makes ptxas serialize
@@ -206,26 +191,12 @@ struct FlagWait {
   int rows_per_flag = 0;
   int cols_per_flag = 0;
   uint64_t timeout_ns = 10'000'000'000ull;  // 10 s
-  WaitDiag* diag = nullptr;                 // where a timeout is recorded (may be null)
-
-  __device__ __forceinline__ FlagT load(int f) const {
-    if constexpr (kSys)
-      return link::mo::ld_acquire_sys(flags + f);
-    else
-      return link::mo::ld_acquire_gpu(flags + f);
-  }
+  runtime::WaitRecord* diag = nullptr;      // where a timeout is recorded (may be null)
+  static constexpr link::Scope kScope = kSys ? link::Scope::sys : link::Scope::gpu;
 
   __device__ __forceinline__ void wait_one(const TileInfo& t, int f) const {
-    FlagT seen = load(f);
-    if (seen >= expected) return;
-    const uint64_t start = link::mo::globaltimer_ns();
-    while ((seen = load(f)) < expected) {
-      if (link::mo::globaltimer_ns() - start > timeout_ns) {
-        record_timeout(diag, t, f, static_cast<uint64_t>(expected), static_cast<uint64_t>(seen), timeout_ns);
-        __trap();
-      }
-      __nanosleep(64);
-    }
+    link::wait_geq<kScope>(flags + f, expected, link::WaitLimit{timeout_ns, diag},
+                           link::WaitSite{runtime::WaitKind::tile_flag, -1, -1, t.m, t.n, f, -1});
   }
 
   /// Relaxed reads of a window of flags per miss: 16 bytes (4 u32 / 2 u64),
@@ -258,12 +229,7 @@ struct FlagWait {
       for (int j = 0; j < kWindow; ++j) bits |= uint32_t{j <= last - first && v[j] >= e} << j;
       return bits;
     }
-    __device__ __forceinline__ void fence_acquire() const {
-      if constexpr (kSys)
-        link::mo::fence_acq_rel_sys();
-      else
-        link::mo::fence_acq_rel_gpu();
-    }
+    __device__ __forceinline__ void fence_acquire() const { link::mo::fence_acq_rel<kScope>(); }
     __device__ __forceinline__ void spin(int f) const { w->wait_one(t, f); }
   };
 
