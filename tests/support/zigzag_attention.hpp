@@ -114,9 +114,7 @@ class ZigZagAttention {
   }
 
   /// Global position of local row i of the shard.
-  std::int64_t global_row(std::int64_t i) const {
-    return (i < C ? rank : 2 * world - 1 - rank) * C + i % C;
-  }
+  std::int64_t global_row(std::int64_t i) const { return (i < C ? rank : 2 * world - 1 - rank) * C + i % C; }
 
   /// The operator's arguments: this rank's shards, its O and LSE.
   ops::SpAttnArgs args() const {
