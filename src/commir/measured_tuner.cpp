@@ -45,6 +45,7 @@ bool same_grid_as_any(const std::vector<Entry>& v, const Grid& g) {
 std::vector<Entry> candidates(const Grid& op, const MachineProfile& prof, const MeasureOptions& opt) {
   const double limit_gb = opt.search.memory_limit_gb > 0 ? opt.search.memory_limit_gb : prof.memory_gb;
   const auto limit_bytes = static_cast<std::int64_t>(limit_gb * 1e9);
+  const TuneResult r = tune(op, prof, opt.search);  // first: it checks the search options
   std::vector<Entry> v;
   auto add = [&](std::string label, std::string script, Grid g) {
     if (same_grid_as_any(v, g)) return;
@@ -67,7 +68,6 @@ std::vector<Entry> candidates(const Grid& op, const MachineProfile& prof, const 
       }
     }
   }
-  const TuneResult r = tune(op, prof, opt.search);
   for (std::size_t i = 0; i < r.ranked.size() && i < kMaxSearchCandidates; ++i)
     add(fmt::format("search #{}", i), r.ranked[i].script, r.ranked[i].grid);
   TESSERA_CHECK(!v.empty(), "tune_measured: no schedule of {} on mesh {} fits {} GB per GPU", op.name,
@@ -84,8 +84,8 @@ std::vector<int> order_by(const std::vector<Entry>& v, Key key) {
   return idx;
 }
 
-// Runs the first k of `order` not run yet; returns how many ran or failed.
-int measure_round(std::vector<Entry>& v, const std::vector<int>& order, int k, const PlanRunner& run) {
+// Runs the first k of `order` not run yet (a failure is recorded and counts).
+void measure_round(std::vector<Entry>& v, const std::vector<int>& order, int k, const PlanRunner& run) {
   int tried = 0;
   for (int i : order) {
     if (tried == k) break;
@@ -100,7 +100,6 @@ int measure_round(std::vector<Entry>& v, const std::vector<int>& order, int k, c
       e.mp.error = err.what();
     }
   }
-  return tried;
 }
 
 double log_error(const MachineProfile& p, const std::vector<const Plan*>& plans, const std::vector<double>& us) {
@@ -175,13 +174,43 @@ Calibration calibrate(const MachineProfile& prof, const std::vector<const Plan*>
   return c;
 }
 
-std::string shape_bucket_key(const std::string& prefix, const Grid& op) {
+namespace {
+
+// The contract's layout with every range as a fraction of its buffer
+// dimension (in 1/1024ths), so that shapes of one bucket under the same
+// sharding share it; FNV-1a of that text, in hex.
+std::string contract_signature(const Layout& c, const Grid& op) {
+  std::string text;
+  for (const auto* side : {&c.inputs, &c.outputs}) {
+    for (const auto& [name, per_rank] : *side) {
+      const Buffer& b = op.buffer(name, "shape_bucket_key");
+      text += name + ":";
+      for (const Region& reg : per_rank) {
+        for (const Box& box : reg)
+          for (std::size_t d = 0; d < box.r.size() && d < b.dims.size(); ++d) {
+            const double ext = static_cast<double>(op.axis(b.dims[d].axis).extent / b.dims[d].group);
+            text += fmt::format("{},{};", std::lround(1024 * box.r[d].lo / ext), std::lround(1024 * box.r[d].hi / ext));
+          }
+        text += "|";
+      }
+    }
+    text += "/";
+  }
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
+  return fmt::format("{:016x}", h);
+}
+
+}  // namespace
+
+std::string shape_bucket_key(const std::string& prefix, const Grid& op, const Layout* contract) {
   std::string k = prefix + "|" + op.name + "|b";
   // Quarter-octave buckets: extents within ~9 % share a decision.
   for (const Axis& a : op.axes)
     k += fmt::format("_{}{}", a.name,
                      std::lround(4 * std::log2(static_cast<double>(std::max<std::int64_t>(a.extent, 1)))));
-  return k + "|mesh" + mesh_string(op.mesh);
+  k += "|mesh" + mesh_string(op.mesh);
+  return contract ? k + "|contract" + contract_signature(*contract, op) : k;
 }
 
 MeasureResult tune_measured(const Grid& op, const MachineProfile& prof, const MeasureOptions& opt,
@@ -195,7 +224,7 @@ MeasureResult tune_measured(const Grid& op, const MachineProfile& prof, const Me
   if (!opt.cache_name.empty()) {
     cache.emplace(opt.cache_name, kCacheVersion,
                   opt.cache_dir.empty() ? tune::cache_dir() : std::filesystem::path(opt.cache_dir));
-    res.cache_key = shape_bucket_key(opt.cache_prefix, op);
+    res.cache_key = shape_bucket_key(opt.cache_prefix, op, opt.search.contract);
     if (!opt.refresh)
       if (auto j = cache->get(res.cache_key))
         if (auto mp = cached_pick(op, prof, opt.search.contract, *j)) {

@@ -130,6 +130,30 @@ TEST(MeasuredTuner, CachesThePickPerShapeBucket) {
   EXPECT_NE(shape_bucket_key(o.cache_prefix, op), shape_bucket_key(o.cache_prefix, far));
 }
 
+TEST(MeasuredTuner, TheContractIsPartOfTheCacheKey) {
+  TempDir dir;
+  const Grid op = make_attention(1, 32, 8, 16384, 16384, 128, {2});
+  const Grid near = make_attention(1, 32, 8, 16384 + 512, 16384 + 512, 128, {2});
+  const Layout seq = layout_of(lower(scheduled(op, "ring")));
+  const Layout seq_near = layout_of(lower(scheduled(near, "ring")));
+  const Layout by_kv = layout_of(lower(scheduled(op, "tree")));  // K, V sharded along kv; Q whole
+  const std::string p = "test";
+  EXPECT_NE(shape_bucket_key(p, op), shape_bucket_key(p, op, &seq));
+  EXPECT_NE(shape_bucket_key(p, op, &seq), shape_bucket_key(p, op, &by_kv));
+  EXPECT_EQ(shape_bucket_key(p, op, &seq), shape_bucket_key(p, near, &seq_near));  // same sharding, same bucket
+
+  // A pick cached without a contract is not reused under one.
+  SimulatedMachine hw{scaled_profile(kModel, 0.9, 0.5)};
+  MeasureOptions o;
+  o.cache_name = "commir-test";
+  o.cache_dir = dir.path.string();
+  o.cache_prefix = p;
+  EXPECT_FALSE(tune_measured(op, kModel, o, std::ref(hw)).from_cache);
+  o.search.contract = &seq;
+  EXPECT_FALSE(tune_measured(op, kModel, o, std::ref(hw)).from_cache);
+  EXPECT_TRUE(tune_measured(op, kModel, o, std::ref(hw)).from_cache);
+}
+
 TEST(MeasuredTuner, PlansThatCannotRunAreSkippedAndNamed) {
   const Grid op = make_attention(1, 32, 8, 16384, 16384, 128, {2});
   SimulatedMachine hw{kModel};

@@ -16,7 +16,7 @@
 //   resharding from and to the contract is charged by the (calibrated)
 //   model: the runner executes plans on their own input layout.
 //   5. The pick is cached per shape bucket (axis extents rounded to quarter
-//      octaves, plus the mesh) under a caller-given key prefix; a later call
+//      octaves, the mesh and the contract) under a caller-given key prefix; a later call
 //      in the same bucket re-applies the cached script without measuring.
 //
 // Every rank must call tune_measured with the same arguments: the runner is
@@ -91,8 +91,10 @@ MachineProfile scaled_profile(const MachineProfile& p, double compute_scale, dou
 Calibration calibrate(const MachineProfile& prof, const std::vector<const Plan*>& plans,
                       const std::vector<double>& measured_us);
 
-/// The cache key of `op`'s shape bucket under `prefix`.
-std::string shape_bucket_key(const std::string& prefix, const Grid& op);
+/// The cache key of `op`'s shape bucket under `prefix`; a layout contract
+/// (its sharding, as fractions of each dimension) is part of the key, since
+/// it changes what the plans cost.
+std::string shape_bucket_key(const std::string& prefix, const Grid& op, const Layout* contract = nullptr);
 
 /// Steps 1-5 above for the unscheduled operator `op`. Throws tessera::Error
 /// when no candidate fits or none of those tried could run.
