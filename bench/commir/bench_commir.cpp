@@ -96,12 +96,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
-#include <fmt/chrono.h>
-
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -452,26 +448,18 @@ void run_commir_attention(const CommirOptions& o) {
     records.push_back(
         {{"case", cs}, {"metric", "time_ms"}, {"value", r.ms}, {"unit", "ms"}, {"series", "ops " + ops_name(r)}});
   }
-  if (pg->rank() == 0 && !o.json.empty()) {
-    const char* env_commit = std::getenv("TESSERA_COMMIT");
-    const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-    const nlohmann::json doc{
-        {"provenance",
-         {{"topic", "attention"},
-          {"issue", 21},
-          {"device", machine_kind(pg->device_properties().name, R)},
-          {"gpu", pg->device_properties().name},
-          {"date", fmt::format("{:%Y-%m-%d}", fmt::gmtime(now))},
-          {"commit", env_commit && *env_commit ? env_commit : "unknown"},
-          {"command",
-           fmt::format("tessera run -n {} -- tessera bench commir --attention --reps {} (non-causal; median, "
-                       "slowest rank)",
-                       R, o.reps)}}},
-        {"records", records}};
-    std::ofstream f(o.json);
-    TESSERA_CHECK(f.good(), "bench commir --attention: cannot write {}", o.json);
-    f << doc.dump(1) << "\n";
-  }
+  if (pg->rank() == 0 && !o.json.empty())
+    write_results(o.json,
+                  {{"topic", "attention"},
+                   {"issue", 21},
+                   {"device", machine_kind(pg->device_properties().name, R)},
+                   {"gpu", pg->device_properties().name},
+                   {"date", results_date()},
+                   {"commit", results_commit()},
+                   {"command", fmt::format("tessera run -n {} -- tessera bench commir --attention --reps {} "
+                                           "(non-causal; median, slowest rank)",
+                                           R, o.reps)}},
+                  records, "bench commir --attention");
   if (pg->rank() == 0) {
     std::printf(
         "tessera bench commir --attention: R=%d on %s, non-causal (ms, median of %d, slowest rank; bf16, f32 "

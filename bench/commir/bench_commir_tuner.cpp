@@ -12,12 +12,8 @@
 // contract (default: sequence-sharded, as the hand-built operators take their
 // inputs) is charged by the calibrated model. Non-causal: the IR has no
 // causal body.
-#include <fmt/chrono.h>
 #include <fmt/format.h>
 
-#include <chrono>
-#include <cstdlib>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -167,26 +163,18 @@ void run_tuner_bench(const TunerBenchOptions& o) {
     for (auto& r : records_of(c, shape)) records.push_back(std::move(r));
   }
   if (pg->rank() != 0 || o.json.empty()) return;
-  const char* env_commit = std::getenv("TESSERA_COMMIT");
-  const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-  nlohmann::json doc{
-      {"provenance",
-       {{"topic", "commir-tuner"},
-        {"issue", 21},
-        {"device", o.device_kind.empty() ? machine_kind(pg->device_properties().name, R) : o.device_kind},
-        {"gpu", pg->device_properties().name},
-        {"date", fmt::format("{:%Y-%m-%d}", fmt::gmtime(now))},
-        {"commit", !o.commit.empty()           ? o.commit
-                   : env_commit && *env_commit ? env_commit
-                                               : "unknown"},
-        {"command", fmt::format("tessera run -n {} -- tessera bench commir-tuner --top-k {} --exhaustive {}", R,
-                                o.top_k, o.exhaustive)},
-        {"model_profile", o.machine},
-        {"reps", o.reps}}},
-      {"records", records}};
-  std::ofstream f(o.json);
-  TESSERA_CHECK(f.good(), "bench commir-tuner: cannot write {}", o.json);
-  f << doc.dump(1) << "\n";
+  write_results(o.json,
+                {{"topic", "commir-tuner"},
+                 {"issue", 21},
+                 {"device", o.device_kind.empty() ? machine_kind(pg->device_properties().name, R) : o.device_kind},
+                 {"gpu", pg->device_properties().name},
+                 {"date", results_date()},
+                 {"commit", results_commit(o.commit)},
+                 {"command", fmt::format("tessera run -n {} -- tessera bench commir-tuner --top-k {} --exhaustive {}",
+                                         R, o.top_k, o.exhaustive)},
+                 {"model_profile", o.machine},
+                 {"reps", o.reps}},
+                records, "bench commir-tuner");
 }
 
 }  // namespace

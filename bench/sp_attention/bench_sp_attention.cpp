@@ -22,7 +22,6 @@
 #include <cctype>
 #include <cstdint>
 #include <cstdlib>
-#include <ctime>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -92,16 +91,6 @@ std::map<std::string, TorchFigures> read_torch(const std::string& path, int worl
   return out;
 }
 
-std::string today_utc() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[16];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm);
-  return buf;
-}
-
-/// This process's command line (argv joined by spaces).
 std::string command_line() {
   std::ifstream f("/proc/self/cmdline", std::ios::binary);
   std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
@@ -328,18 +317,14 @@ void run(const Options& o) {
       "\ntessera bench sp-attention: R={} on {} (bf16, head dim {}, batch {}; ms, median of {}, slowest rank)\n{}", R,
       pg->device_properties().name, kHeadDim, o.batch, o.reps, table.str());
   if (o.json.empty()) return;
-  const char* commit = std::getenv("TESSERA_COMMIT");
-  nlohmann::json doc{{"provenance",
-                      {{"device", o.device.empty() ? machine_kind(pg->device_properties().name, R) : o.device},
-                       {"date", today_utc()},
-                       {"commit", commit && *commit ? commit : "unknown"},
-                       {"command", command_line()},
-                       {"topic", "attention"},
-                       {"issue", 20}}},
-                     {"records", records}};
-  std::ofstream f(o.json);
-  TESSERA_CHECK(f.good(), "bench sp-attention: cannot write {}", o.json);
-  f << doc.dump(1) << "\n";
+  write_results(o.json,
+                {{"device", o.device.empty() ? machine_kind(pg->device_properties().name, R) : o.device},
+                 {"date", results_date()},
+                 {"commit", results_commit()},
+                 {"command", command_line()},
+                 {"topic", "attention"},
+                 {"issue", 20}},
+                records, "bench sp-attention");
 }
 
 }  // namespace
