@@ -22,6 +22,8 @@
 # (300 s for each half). ringattn: bench ring-attention (ring, Ulysses, two-level and AG-KV); RING_ARGS,
 # RING_TIMEOUT (300 s). commirattn: bench commir --attention (COMMIR_ATTN_ARGS, e.g. --seq 32768;
 # COMMIR_ATTN_TIMEOUT, 300 s). commirtune: bench commir-tuner (COMMIR_TUNER_ARGS, COMMIR_TUNER_TIMEOUT 240 s).
+# TRACE_STEPS=moe,decoder records those steps' GPU timelines (CUPTI, tools/kernel_trace) and writes
+# trace-<step>.md (scripts/trace_summary.py; TRACE_SUMMARY_ARGS adds its options) and trace-<step>.tgz.
 #
 # Carry .deps (scripts/vendor-deps.sh): the GPU machines cannot install
 # packages. Multi-GPU tests run with one process per visible GPU.
@@ -258,7 +260,17 @@ fi
 for s in "${steps[@]}"; do
   declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests sanitize moe moeep attention ringattn comm gemm gemmgap mlp asynctp commir commirattn commirtune kernels signal python readme decoder faults)"; continue; }
   echo "$s start $(date +%s.%N)" >>"$out/steps.txt"
-  "step_$s"
+  if [[ ",${TRACE_STEPS:-}," == *",$s,"* ]] && [ -f "$build/lib/libtessera_kernel_trace.so" ]; then
+    # The step's GPU timeline (tools/kernel_trace): one trace per process, condensed by trace_summary.py.
+    mkdir -p "$out/trace-$s"
+    CUDA_INJECTION64_PATH="$build/lib/libtessera_kernel_trace.so" TESSERA_KERNEL_TRACE_DIR="$out/trace-$s" "step_$s"
+    python3 "$root/scripts/trace_summary.py" --timeline ${TRACE_SUMMARY_ARGS:-} "$out/trace-$s"/trace-*.json \
+        >"$out/trace-$s.md" 2>&1
+    note "trace of step $s: trace-$s.md ($(ls "$out/trace-$s" | wc -l) processes)"
+    tar czf "$out/trace-$s.tgz" -C "$out" "trace-$s" && rm -rf "$out/trace-$s"
+  else
+    "step_$s"
+  fi
   echo "$s end $(date +%s.%N)" >>"$out/steps.txt"
 done
 if [ -n "$sampler" ]; then
