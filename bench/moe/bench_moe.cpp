@@ -48,6 +48,7 @@
 #include "tessera/kernels/moe_routing.hpp"
 #include "tessera/ops/moe.hpp"
 #include "tessera/ops/moe_ep.hpp"
+#include "tessera/ops/plan.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/runtime/process_group.hpp"
 
@@ -135,8 +136,8 @@ void run(const Options& o) {
   const int R = pg->world();
   const cudaStream_t s = pg->stream();
   const auto torch = read_torch(o.torch_json);
-  Table table({"shape", "routing", "seq ms", "pipe ms", "auto", "experts ms", "comm ms", "seq %ideal", "pipe %ideal",
-               "seq/pipe", "torch ms", "torch/best"});
+  Table table({"shape", "routing", "seq ms", "pipe ms", "chunks", "pipe 1ch ms", "auto", "experts ms", "comm ms",
+               "seq %ideal", "pipe %ideal", "seq/pipe", "torch ms", "torch/best"});
   std::ostringstream js;
   js << "[";
   bool first = true;
@@ -169,14 +170,20 @@ void run(const Options& o) {
       a.inter_local = Il;
       a.experts = sh.E;
       a.topk = sh.k;
-      ops::MoeTpOptions seq, pipe, autom;
+      ops::MoeTpOptions seq, pipe, pipe1, autom;
       seq.strategy = ops::Strategy::sequential;
       pipe.strategy = ops::Strategy::pipelined;
+      // Pipelined with part 2 in one chunk: what the column chunks buy.
+      pipe1.strategy = ops::Strategy::pipelined;
+      pipe1.rs_chunks = 1;
+      const int chunks = ops::moe_rs_chunks(H, pipe.rs_chunks);
       autom.use_cache = false;  // measure here, whatever an earlier run cached
       // Sizes the workspaces, builds the pipeline communicator, checks the routing.
       ops::moe_tp(ctx, a, seq);
       ctx.check_status();
       ops::moe_tp(ctx, a, pipe);
+      ctx.check_status();
+      ops::moe_tp(ctx, a, pipe1);
       ctx.check_status();
       ops::TuneReport report;
       const ops::Strategy chosen = ops::resolve_moe_tp(ctx, a, autom, &report);
@@ -209,13 +216,14 @@ void run(const Options& o) {
       down.status = static_cast<int*>(status.p) + 4;
       down.n = H;
       down.k = Il;
-      double t_seq = 0, t_pipe = 0, experts = 0, comm = 0;
+      double t_seq = 0, t_pipe = 0, t_pipe1 = 0, experts = 0, comm = 0;
       InterleavedTimer timer(s, o.warmup, o.reps, [&] {
         pg->barrier();
         pg->align_streams(s);
       });
       timer.add(&t_seq, [&] { ops::moe_tp(ctx, a, seq); });
       timer.add(&t_pipe, [&] { ops::moe_tp(ctx, a, pipe); });
+      if (chunks > 1) timer.add(&t_pipe1, [&] { ops::moe_tp(ctx, a, pipe1); });
       timer.add(&experts, [&] {
         kernels::grouped_gemm(up, uo, s);
         kernels::grouped_gemm(down, {}, s);
@@ -236,19 +244,21 @@ void run(const Options& o) {
         const auto it = report.times_ms.find(st);
         return it == report.times_ms.end() ? 0.0 : it->second;
       };
-      table.add({sh.name, routing, fmt::format("{:.3f}", t_seq), fmt::format("{:.3f}", t_pipe), chosen_name,
-                 fmt::format("{:.3f}", experts), fmt::format("{:.3f}", comm),
-                 fmt::format("{:.1f}", 100.0 * ideal / t_seq), fmt::format("{:.1f}", 100.0 * ideal / t_pipe),
-                 fmt::format("{:.3f}", t_seq / t_pipe), torch_ms > 0 ? fmt::format("{:.3f}", torch_ms) : "-",
+      table.add({sh.name, routing, fmt::format("{:.3f}", t_seq), fmt::format("{:.3f}", t_pipe), std::to_string(chunks),
+                 chunks > 1 ? fmt::format("{:.3f}", t_pipe1) : "-", chosen_name, fmt::format("{:.3f}", experts),
+                 fmt::format("{:.3f}", comm), fmt::format("{:.1f}", 100.0 * ideal / t_seq),
+                 fmt::format("{:.1f}", 100.0 * ideal / t_pipe), fmt::format("{:.3f}", t_seq / t_pipe),
+                 torch_ms > 0 ? fmt::format("{:.3f}", torch_ms) : "-",
                  torch_ms > 0 ? fmt::format("{:.3f}", torch_ms / best) : "-"});
       js << (first ? "" : ",")
          << fmt::format(
                 "\n{{\"shape\": \"{}\", \"routing\": \"{}\", \"world\": {}, \"layer_ms\": {:.5f}, "
-                "\"sequential_ms\": {:.5f}, \"pipelined_ms\": {:.5f}, \"auto\": \"{}\", "
+                "\"sequential_ms\": {:.5f}, \"pipelined_ms\": {:.5f}, \"rs_chunks\": {}, "
+                "\"pipelined_one_chunk_ms\": {:.5f}, \"auto\": \"{}\", "
                 "\"tuner_sequential_ms\": {:.5f}, \"tuner_pipelined_ms\": {:.5f}, "
                 "\"experts_ms\": {:.5f}, \"comm_ms\": {:.5f}, \"torch_ms\": {:.5f}}}",
-                sh.name, routing, R, t_seq, t_seq, t_pipe, chosen_name, tuned(ops::Strategy::sequential),
-                tuned(ops::Strategy::pipelined), experts, comm, torch_ms);
+                sh.name, routing, R, t_seq, t_seq, t_pipe, chunks, chunks > 1 ? t_pipe1 : t_pipe, chosen_name,
+                tuned(ops::Strategy::sequential), tuned(ops::Strategy::pipelined), experts, comm, torch_ms);
       first = false;
     }
   }

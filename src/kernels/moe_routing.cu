@@ -186,23 +186,32 @@ __global__ void permute_scatter_kernel(PermuteArgs a, std::int64_t entries, cons
   a.sorted_entry[row] = static_cast<std::int32_t>(i);
 }
 
+/// One warp per sorted row: the row's token is read once, then the warp
+/// copies the row in 16-byte vectors, four in flight per lane. Rows
+/// beyond the sorted total are left untouched.
 template <class T>
-__global__ void gather_rows_kernel(GatherArgs a) {
-  const std::int32_t total = a.expert_offsets[a.experts];
+__global__ void __launch_bounds__(256, 4) gather_rows_kernel(GatherArgs a) {
+  const std::int64_t total = a.expert_offsets[a.experts];
+  const int lane = threadIdx.x % 32;
+  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / 32);
   const std::int64_t vecs = a.cols / 8;  // 16-byte vectors per row
-  const std::int64_t tail0 = vecs * 8;
-  const std::int64_t per_row = vecs + (a.cols - tail0);
-  const std::int64_t work = static_cast<std::int64_t>(total) * per_row;
-  for (std::int64_t w = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; w < work;
-       w += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t p = w / per_row, c = w % per_row;
+  for (std::int64_t p = blockIdx.x * static_cast<std::int64_t>(blockDim.x / 32) + threadIdx.x / 32; p < total;
+       p += warps) {
     const std::int64_t t = a.sorted_entry[p] / a.k;
     const T* src = static_cast<const T*>(a.x) + t * a.ldx;
     T* dst = static_cast<T*>(a.gathered) + p * a.ldg;
-    if (c < vecs)
-      reinterpret_cast<uint4*>(dst)[c] = reinterpret_cast<const uint4*>(src)[c];
-    else
-      dst[tail0 + (c - vecs)] = src[tail0 + (c - vecs)];
+    const uint4* s4 = reinterpret_cast<const uint4*>(src);
+    uint4* d4 = reinterpret_cast<uint4*>(dst);
+    std::int64_t c = lane;
+    for (; c + 96 < vecs; c += 128) {
+      const uint4 v0 = __ldg(s4 + c), v1 = __ldg(s4 + c + 32), v2 = __ldg(s4 + c + 64), v3 = __ldg(s4 + c + 96);
+      d4[c] = v0;
+      d4[c + 32] = v1;
+      d4[c + 64] = v2;
+      d4[c + 96] = v3;
+    }
+    for (; c < vecs; c += 32) d4[c] = __ldg(s4 + c);
+    for (std::int64_t j = vecs * 8 + lane; j < a.cols; j += 32) dst[j] = src[j];
   }
 }
 
@@ -261,50 +270,89 @@ __global__ void scatter_rows_kernel(ScatterArgs a) {
 using detail::from_f32;
 using detail::to_f32;
 
-/// One thread per (token, 8 columns): sums the k rows in slot order.
+/// One warp per token: lane s < k reads slot s's row and weight once, the
+/// warp then walks the columns in 16-byte vectors (8 per lane), issuing the
+/// loads of four slots before it adds them, in slot order (the sum is the
+/// same, bit for bit, whatever the grid). Addends follow the slots.
 template <class T>
 __global__ void combine_kernel(CombineArgs a) {
+  constexpr int kBatch = 4;
+  const int lane = threadIdx.x % 32;
+  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / 32);
   const std::int64_t groups = (a.cols + 7) / 8;
-  const std::int64_t work = a.tokens * groups;
-  for (std::int64_t w = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; w < work;
-       w += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t t = w / groups, c0 = (w % groups) * 8;
-    const int n = a.cols - c0 < 8 ? static_cast<int>(a.cols - c0) : 8;
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    for (int s = 0; s < a.k; ++s) {
-      const std::int32_t r = a.entry_row[t * a.k + s];
-      if (r < 0) continue;
-      const float g = a.weights[t * a.k + s];
-      const T* row = static_cast<const T*>(a.y) + static_cast<std::int64_t>(r) * a.ldy + c0;
-      if (n == 8) {
-        const uint4 u = *reinterpret_cast<const uint4*>(row);
-        const T* e = reinterpret_cast<const T*>(&u);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc[j] += g * to_f32(e[j]);
-      } else {
-        for (int j = 0; j < n; ++j) acc[j] += g * to_f32(row[j]);
-      }
+  for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x / 32) + threadIdx.x / 32; t < a.tokens;
+       t += warps) {
+    std::int32_t my_row = -1;
+    float my_weight = 0.f;
+    if (lane < a.k) {
+      my_row = a.entry_row[t * a.k + lane];
+      my_weight = my_row < 0 ? 0.f : a.weights[t * a.k + lane];
     }
-    for (int j = 0; j < a.addends; ++j) {
-      const T* row = static_cast<const T*>(a.addend) + j * a.addend_stride + t * a.ld_add + c0;
-      if (n == 8) {
-        const uint4 u = *reinterpret_cast<const uint4*>(row);
-        const T* e = reinterpret_cast<const T*>(&u);
+    // The column loop runs the same trips on every lane (the shuffles
+    // need the whole warp); lanes past the last column group idle.
+    for (std::int64_t g0 = 0; g0 < groups; g0 += 32) {
+      const std::int64_t g = g0 + lane;
+      const bool active = g < groups;
+      const std::int64_t c0 = g * 8;
+      const int n = !active ? 0 : (a.cols - c0 < 8 ? static_cast<int>(a.cols - c0) : 8);
+      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      for (int s0 = 0; s0 < a.k; s0 += kBatch) {
+        uint4 v[kBatch];
+        float w[kBatch];
+        bool used[kBatch];
 #pragma unroll
-        for (int q = 0; q < 8; ++q) acc[q] += to_f32(e[q]);
-      } else {
-        for (int q = 0; q < n; ++q) acc[q] += to_f32(row[q]);
+        for (int b = 0; b < kBatch; ++b) {
+          // Every lane takes part in the shuffles; idle lanes and slots past
+          // k or without a row load nothing.
+          const std::int32_t r = __shfl_sync(0xffffffffu, my_row, (s0 + b) & 31);
+          w[b] = __shfl_sync(0xffffffffu, my_weight, (s0 + b) & 31);
+          v[b] = make_uint4(0u, 0u, 0u, 0u);
+          used[b] = n > 0 && s0 + b < a.k && r >= 0;
+          if (used[b] && n == 8) {
+            v[b] = __ldg(
+                reinterpret_cast<const uint4*>(static_cast<const T*>(a.y) + static_cast<std::int64_t>(r) * a.ldy + c0));
+          } else if (used[b]) {  // the row's last, partial group: scalar loads, same order
+            const T* row = static_cast<const T*>(a.y) + static_cast<std::int64_t>(r) * a.ldy + c0;
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+              if (j < n) acc[j] += w[b] * to_f32(row[j]);
+            used[b] = false;
+          }
+        }
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+          if (!used[b]) continue;
+          const T* e = reinterpret_cast<const T*>(&v[b]);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[j] += w[b] * to_f32(e[j]);
+        }
       }
-    }
-    T* o = static_cast<T*>(a.out) + t * a.ldo + c0;
-    if (n == 8) {
-      uint4 u;
-      T* e = reinterpret_cast<T*>(&u);
+      if (!active) continue;
+      for (int j = 0; j < a.addends; ++j) {
+        const T* row = static_cast<const T*>(a.addend) + j * a.addend_stride + t * a.ld_add + c0;
+        if (n == 8) {
+          const uint4 u = __ldg(reinterpret_cast<const uint4*>(row));
+          const T* e = reinterpret_cast<const T*>(&u);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) e[j] = from_f32<T>(acc[j]);
-      *reinterpret_cast<uint4*>(o) = u;
-    } else {
-      for (int j = 0; j < n; ++j) o[j] = from_f32<T>(acc[j]);
+          for (int q = 0; q < 8; ++q) acc[q] += to_f32(e[q]);
+        } else {
+#pragma unroll
+          for (int q = 0; q < 8; ++q)
+            if (q < n) acc[q] += to_f32(row[q]);
+        }
+      }
+      T* o = static_cast<T*>(a.out) + t * a.ldo + c0;
+      if (n == 8) {
+        uint4 u;
+        T* e = reinterpret_cast<T*>(&u);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) e[j] = from_f32<T>(acc[j]);
+        *reinterpret_cast<uint4*>(o) = u;
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          if (j < n) o[j] = from_f32<T>(acc[j]);
+      }
     }
   }
 }
@@ -395,7 +443,7 @@ void gather_rows(const GatherArgs& a, cudaStream_t stream) {
                 "moe::gather_rows: sorted_entry and expert_offsets must be non-null");
   if (a.max_rows == 0) return;
   constexpr int kThreads = 256;
-  const int grid = grid_for(a.max_rows * (a.cols / 8 + a.cols % 8), kThreads);
+  const int grid = grid_for(a.max_rows * 32, kThreads);  // a warp per row
   if (a.dtype == DType::f16)
     gather_rows_kernel<__half><<<grid, kThreads, 0, stream>>>(a);
   else
@@ -455,7 +503,7 @@ void combine(const CombineArgs& a, cudaStream_t stream) {
   }
   if (a.tokens == 0) return;
   constexpr int kThreads = 256;
-  const int grid = grid_for(a.tokens * ((a.cols + 7) / 8), kThreads);
+  const int grid = grid_for(a.tokens * 32, kThreads);  // a warp per token
   if (a.dtype == DType::f16)
     combine_kernel<__half><<<grid, kThreads, 0, stream>>>(a);
   else

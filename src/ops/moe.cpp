@@ -38,10 +38,11 @@ int status_index(int q, bool down) { return kStatusBase + (2 * q + (down ? 1 : 0
 
 /// Compared byte for byte across ranks: all 64-bit, so no padding.
 struct TpShape {
-  std::int64_t tokens_local, hidden, inter_local, experts, topk, dtype, strategy, comm_ctas;
+  std::int64_t tokens_local, hidden, inter_local, experts, topk, dtype, strategy, comm_ctas, rs_chunks;
   bool operator<(const TpShape& o) const {
-    return std::tie(tokens_local, hidden, inter_local, experts, topk, dtype, strategy, comm_ctas) <
-           std::tie(o.tokens_local, o.hidden, o.inter_local, o.experts, o.topk, o.dtype, o.strategy, o.comm_ctas);
+    return std::tie(tokens_local, hidden, inter_local, experts, topk, dtype, strategy, comm_ctas, rs_chunks) <
+           std::tie(o.tokens_local, o.hidden, o.inter_local, o.experts, o.topk, o.dtype, o.strategy, o.comm_ctas,
+                    o.rs_chunks);
   }
 };
 
@@ -57,13 +58,14 @@ struct MoeContext::Impl {
 
   // pipelined: the split communicator and the per-step events.
   detail::PipelineComm pipe;
-  cudaEvent_t ev_start = nullptr, ev_route = nullptr, ev_rs_done = nullptr;
-  std::vector<cudaEvent_t> ev_x, ev_part;
+  cudaEvent_t ev_start = nullptr;
+  std::vector<cudaEvent_t> ev_x;     ///< [R]: AG step d's tokens and routing have arrived
+  std::vector<cudaEvent_t> ev_part;  ///< [R * chunks]: step d's partial chunk c is combined
+  std::vector<cudaEvent_t> ev_rs;    ///< [chunks]: chunk c of every peer's partial has arrived
 
   ~Impl() {
-    for (cudaEvent_t e : {ev_start, ev_route, ev_rs_done})
-      if (e) cudaEventDestroy(e);
-    for (auto* v : {&ev_x, &ev_part})
+    if (ev_start) cudaEventDestroy(ev_start);
+    for (auto* v : {&ev_x, &ev_part, &ev_rs})
       for (cudaEvent_t e : *v) cudaEventDestroy(e);
   }
 
@@ -73,20 +75,18 @@ struct MoeContext::Impl {
     return e;
   }
 
-  bool pipeline_ready(int ctas, int world) const { return pipe.ready(ctas) && static_cast<int>(ev_x.size()) >= world; }
-
   /// Collective (every rank's first pipelined call, or a new comm_ctas):
-  /// the split communicator (PipelineComm) and the per-step events.
-  void ensure_pipeline(runtime::ProcessGroup& pg, int ctas) {
+  /// the split communicator (PipelineComm); and the per-step events.
+  void ensure_pipeline(runtime::ProcessGroup& pg, int ctas, int chunks) {
     const int R = pg.world();
     TESSERA_CHECK(pipe.ready(ctas) || !runtime::stream_capturing(pg.stream()),
                   "moe_tp: the pipelined strategy builds its communicator on its first call; run it once eagerly "
                   "(same comm_ctas) before capturing it into a CUDA graph");
     pipe.ensure(pg, ctas, "moe_tp: new pipeline communicator");
-    for (cudaEvent_t* e : {&ev_start, &ev_route, &ev_rs_done})
-      if (!*e) *e = make_event();
+    if (!ev_start) ev_start = make_event();
     while (static_cast<int>(ev_x.size()) < R) ev_x.push_back(make_event());
-    while (static_cast<int>(ev_part.size()) < R) ev_part.push_back(make_event());
+    while (static_cast<int>(ev_part.size()) < R * chunks) ev_part.push_back(make_event());
+    while (static_cast<int>(ev_rs.size()) < chunks) ev_rs.push_back(make_event());
   }
 
   /// Bounded wait for every stream a call uses (the tuner's drain).
@@ -212,8 +212,9 @@ struct Call {
   }
 
   /// The gate/up (down = false) or down grouped GEMM over table slot q's
-  /// rows (at most max_rows); max_ctas 0 = all SMs.
-  void gemm(int q, bool down, std::int64_t max_rows, int max_ctas) {
+  /// rows (at most max_rows); max_ctas 0 = all SMs. The down GEMM computes
+  /// output columns [col0, col0 + cols) of hidden (cols 0: all).
+  void gemm(int q, bool down, std::int64_t max_rows, int max_ctas, std::int64_t col0 = 0, std::int64_t cols = 0) {
     if (max_rows == 0) return;
     kernels::GroupedGemmArgs g;
     g.group_rows = counts + q * E;
@@ -230,33 +231,46 @@ struct Call {
       g.k = H;
       go.epilogue = kernels::GroupedEpilogueKind::SwiGLU;
     } else {
+      // Expert e's rows [col0, col0 + cols) of w_down [E, H, I]: B's groups
+      // stay H x I apart; D keeps hidden's row stride.
       g.a = inter + static_cast<std::size_t>(q * per * I) * es;
-      g.b = a.w_down;
-      g.d = expert_out + static_cast<std::size_t>(q * per * H) * es;
-      g.n = H;
+      g.b = static_cast<const unsigned char*>(a.w_down) + static_cast<std::size_t>(col0 * I) * es;
+      g.d = expert_out + static_cast<std::size_t>(q * per * H + col0) * es;
+      g.n = cols > 0 ? cols : H;
       g.k = I;
+      g.ldd = H;
+      g.stride_b = H * I;
     }
     kernels::grouped_gemm(g, go, s);
   }
 
   /// Top-k combine of `tokens` tokens of table slot q (weights `w`) into
-  /// `out`, adding `addends` blocks of [tokens, H] from `addend`.
+  /// `out` [tokens, H], adding `addends` blocks of [tokens, H] from `addend`.
   void combine(int q, std::int64_t tokens, const float* w, void* out, const void* addend = nullptr, int addends = 0) {
+    combine_columns(q, tokens, w, 0, H, out, H, addend, addends, H, tokens * H);
+  }
+
+  /// Columns [col0, col0 + cols) of the combine: `out` and each addend
+  /// block point at the chunk's first column (row strides ldo, ld_add;
+  /// addend_stride elements between addend blocks).
+  void combine_columns(int q, std::int64_t tokens, const float* w, std::int64_t col0, std::int64_t cols, void* out,
+                       std::int64_t ldo, const void* addend, int addends, std::int64_t ld_add,
+                       std::int64_t addend_stride) {
     kernels::moe::CombineArgs c;
-    c.y = expert_out + static_cast<std::size_t>(q * per * H) * es;
+    c.y = expert_out + static_cast<std::size_t>(q * per * H + col0) * es;
     c.ldy = H;
     c.entry_row = rows + q * per;
     c.weights = w;
     c.out = out;
-    c.ldo = H;
+    c.ldo = ldo;
     c.tokens = tokens;
-    c.cols = H;
+    c.cols = cols;
     c.k = a.topk;
     c.dtype = a.dtype;
     c.addend = addend;
     c.addends = addends;
-    c.ld_add = H;
-    c.addend_stride = tokens * H;
+    c.ld_add = ld_add;
+    c.addend_stride = addend_stride;
     kernels::moe::combine(c, s);
   }
 };
@@ -267,11 +281,14 @@ void run_sequential(Call& c) {
   const MoeTpArgs& a = c.a;
   const std::int64_t T = c.Tl * c.R, entries = T * c.k;
   runtime::ProcessGroup& pg = c.pg;
+  // One NCCL group: the three all-gathers are one launch.
+  TESSERA_NCCL_CHECK(ncclGroupStart());
   TESSERA_NCCL_CHECK(ncclAllGather(a.x_shard, c.x_full, static_cast<std::size_t>(c.Tl * c.H),
                                    runtime::nccl_dtype(a.dtype), pg.nccl(), c.s));
   TESSERA_NCCL_CHECK(
       ncclAllGather(a.expert_ids, c.ids_full, static_cast<std::size_t>(c.per), ncclInt32, pg.nccl(), c.s));
   TESSERA_NCCL_CHECK(ncclAllGather(a.weights, c.w_full, static_cast<std::size_t>(c.per), ncclFloat32, pg.nccl(), c.s));
+  TESSERA_NCCL_CHECK(ncclGroupEnd());
   // Table slot 0 holds the whole layer's sort (rows 0 .. T·k).
   c.permute(c.ids_full, T, 0);
   c.gather(c.x_full, 0, entries);
@@ -284,7 +301,10 @@ void run_sequential(Call& c) {
 }
 
 /// Pipelined (plan_moe_tp): table slot q = shard q; see the header comment.
-void run_pipelined(Call& c, int comm_ctas) {
+/// Part 2 runs in `chunks` column chunks of hidden (Hc columns each): a
+/// remote shard's partial is laid out chunk-major ([chunks][T_l][Hc], so
+/// each chunk is one contiguous message) and so is each receive slab.
+void run_pipelined(Call& c, int comm_ctas, int chunks) {
   const MoeTpArgs& a = c.a;
   runtime::ProcessGroup& pg = c.pg;
   MoeContext::Impl& m = c.m;
@@ -294,6 +314,8 @@ void run_pipelined(Call& c, int comm_ctas) {
   const ncclComm_t comm = m.pipe.get();
   const ncclDataType_t dt = runtime::nccl_dtype(a.dtype);
   const std::size_t shard_elems = static_cast<std::size_t>(c.Tl * c.H);
+  const std::int64_t Hc = c.H / chunks;
+  const std::size_t chunk_elems = static_cast<std::size_t>(c.Tl * Hc);
   const int beside_ctas = pg.sm_count() - comm_ctas;
   auto x_of = [&](int q) -> const void* {
     return q == rank ? a.x_shard
@@ -301,78 +323,92 @@ void run_pipelined(Call& c, int comm_ctas) {
   };
   auto ids_of = [&](int q) { return q == rank ? a.expert_ids : c.ids_full + q * c.per; };
   auto w_of = [&](int q) { return q == rank ? a.weights : c.w_full + q * c.per; };
-  auto partial_of = [&](int q) { return c.partial + static_cast<std::size_t>(q) * shard_elems * c.es; };
+  auto partial_chunk = [&](int q, int ch) {
+    return c.partial + (static_cast<std::size_t>(q) * shard_elems + ch * chunk_elems) * c.es;
+  };
   auto* recv = static_cast<unsigned char*>(
       m.recv.get(static_cast<std::size_t>(R - 1) * shard_elems * c.es + 16, pg));  // RS slabs 0..R-2
+  auto recv_chunk = [&](int slab, int ch) {
+    return recv + (static_cast<std::size_t>(slab) * shard_elems + ch * chunk_elems) * c.es;
+  };
 
-  // Communication stream, part 1: the routing of every shard (small), then
-  // the tokens step by step. It starts after the caller's inputs.
+  // Communication stream, part 1: step d's tokens and their routing in one
+  // group. It starts after the caller's inputs.
   TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_start, s));
   TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, m.ev_start, 0));
-  TESSERA_NCCL_CHECK(ncclGroupStart());
   for (int d = 1; d < R; ++d) {
     const int to = plan.send_to[d - 1], from = plan.recv_from[d - 1];
+    TESSERA_NCCL_CHECK(ncclGroupStart());
     TESSERA_NCCL_CHECK(ncclSend(a.expert_ids, static_cast<std::size_t>(c.per), ncclInt32, to, comm, cs));
     TESSERA_NCCL_CHECK(ncclRecv(c.ids_full + from * c.per, static_cast<std::size_t>(c.per), ncclInt32, from, comm, cs));
     TESSERA_NCCL_CHECK(ncclSend(a.weights, static_cast<std::size_t>(c.per), ncclFloat32, to, comm, cs));
     TESSERA_NCCL_CHECK(ncclRecv(c.w_full + from * c.per, static_cast<std::size_t>(c.per), ncclFloat32, from, comm, cs));
-  }
-  TESSERA_NCCL_CHECK(ncclGroupEnd());
-  TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_route, cs));
-  for (int d = 1; d < R; ++d) {
-    const int to = plan.send_to[d - 1], from = plan.recv_from[d - 1];
-    TESSERA_NCCL_CHECK(ncclGroupStart());
     TESSERA_NCCL_CHECK(ncclSend(a.x_shard, shard_elems, dt, to, comm, cs));
     TESSERA_NCCL_CHECK(ncclRecv(const_cast<void*>(x_of(from)), shard_elems, dt, from, comm, cs));
     TESSERA_NCCL_CHECK(ncclGroupEnd());
     TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_x[d], cs));
   }
 
-  // Compute stream, part 1: the own shard at once, beside the transfers.
+  // Compute stream, part 1: the own shard at once, beside the transfers,
+  // then each remote shard as it arrives.
   c.permute(a.expert_ids, c.Tl, rank);
   c.gather(a.x_shard, rank, c.per);
   c.gemm(rank, false, c.per, plan.gate_up[0].beside_comm ? beside_ctas : 0);
-  TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_route, 0));
-  for (int j = 1; j < R; ++j) c.permute(ids_of(plan.gate_up[j].shard), c.Tl, plan.gate_up[j].shard);
   for (int j = 1; j < R; ++j) {
     const MoeTpStep& st = plan.gate_up[j];
     TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_x[st.comm_step], 0));
+    c.permute(ids_of(st.shard), c.Tl, st.shard);
     c.gather(x_of(st.shard), st.shard, c.per);
     c.gemm(st.shard, false, c.per, st.beside_comm ? beside_ctas : 0);
   }
 
-  // Part 2: down + combine per shard in owner order; each remote partial
-  // leaves at its step while the next shard computes.
-  for (int j = 0; j < R; ++j) {
-    const MoeTpStep& st = plan.down[j];
-    c.gemm(st.shard, true, c.per, st.beside_comm ? beside_ctas : 0);
-    if (st.shard == rank) break;  // the own shard is last: combined below with the received partials
-    c.combine(st.shard, c.Tl, w_of(st.shard), partial_of(st.shard));
+  // Part 2: down + combine per shard in owner order, chunk by chunk; each
+  // remote partial chunk leaves at its step while the next chunk computes.
+  int last_step = 0;
+  for (const MoeTpStep& st : plan.down) last_step = std::max(last_step, st.comm_step);
+  for (const MoeTpStep& st : plan.down) {
+    if (st.shard == rank) {  // the own shard is last: combined below with the received partials
+      c.gemm(rank, true, c.per, st.beside_comm ? beside_ctas : 0);
+      break;
+    }
     const int d = st.comm_step;
-    TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_part[d], s));
-    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, m.ev_part[d], 0));
-    TESSERA_NCCL_CHECK(ncclGroupStart());
-    TESSERA_NCCL_CHECK(ncclSend(partial_of(st.shard), shard_elems, dt, plan.send_to[d - 1], comm, cs));
-    TESSERA_NCCL_CHECK(ncclRecv(recv + static_cast<std::size_t>(plan.rs_slab(d)) * shard_elems * c.es, shard_elems, dt,
-                                plan.recv_from[d - 1], comm, cs));
-    TESSERA_NCCL_CHECK(ncclGroupEnd());
+    for (int ch = 0; ch < chunks; ++ch) {
+      c.gemm(st.shard, true, c.per, st.beside_comm || ch > 0 ? beside_ctas : 0, ch * Hc, Hc);
+      c.combine_columns(st.shard, c.Tl, w_of(st.shard), ch * Hc, Hc, partial_chunk(st.shard, ch), Hc, nullptr, 0, Hc,
+                        0);
+      cudaEvent_t done = m.ev_part[d * chunks + ch];
+      TESSERA_CUDA_CHECK(cudaEventRecord(done, s));
+      TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, done, 0));
+      TESSERA_NCCL_CHECK(ncclGroupStart());
+      TESSERA_NCCL_CHECK(ncclSend(partial_chunk(st.shard, ch), chunk_elems, dt, plan.send_to[d - 1], comm, cs));
+      TESSERA_NCCL_CHECK(ncclRecv(recv_chunk(plan.rs_slab(d), ch), chunk_elems, dt, plan.recv_from[d - 1], comm, cs));
+      TESSERA_NCCL_CHECK(ncclGroupEnd());
+      // The last step's chunk ch completes chunk ch of every slab (the
+      // communication stream runs the steps in order).
+      if (d == last_step) TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_rs[ch], cs));
+    }
   }
-  TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_rs_done, cs));
-  TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_rs_done, 0));  // joins the communication stream
-  c.combine(rank, c.Tl, a.weights, a.out_shard, recv, R - 1);
+  // The own shard's combine per chunk, once every peer's chunk arrived; the
+  // last wait also joins the communication stream.
+  for (int ch = 0; ch < chunks; ++ch) {
+    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_rs[ch], 0));
+    c.combine_columns(rank, c.Tl, a.weights, ch * Hc, Hc, static_cast<unsigned char*>(a.out_shard) + ch * Hc * c.es,
+                      c.H, recv_chunk(0, ch), R - 1, Hc, static_cast<std::int64_t>(shard_elems));
+  }
   m.last_status_shards = c.per > 0 ? R : 0;
 }
 
-void run_moe_tp(MoeContext& ctx, const MoeTpArgs& a, Strategy strategy, int comm_ctas) {
+void run_moe_tp(MoeContext& ctx, const MoeTpArgs& a, Strategy strategy, const MoeTpOptions& o) {
   runtime::ProcessGroup& pg = ctx.group();
   MoeContext::Impl& m = ctx.impl();
   const int R = pg.world();
   // Pipelined has nothing to overlap at R = 1 or without tokens.
   const bool pipelined = strategy == Strategy::pipelined && R > 1 && a.tokens_local > 0;
-  if (pipelined) m.ensure_pipeline(pg, comm_ctas);
+  const int chunks = moe_rs_chunks(a.hidden, o.rs_chunks);
+  if (pipelined) m.ensure_pipeline(pg, o.comm_ctas, chunks);
   Call c(pg, m, a);
   if (pipelined)
-    run_pipelined(c, comm_ctas);
+    run_pipelined(c, o.comm_ctas, chunks);
   else
     run_sequential(c);
 }
@@ -392,12 +428,14 @@ void check_agreement(runtime::ProcessGroup& pg, std::set<TpShape>& agreed, const
                       a.topk,
                       static_cast<std::int64_t>(a.dtype),
                       static_cast<std::int64_t>(o.strategy),
-                      o.comm_ctas};
+                      o.comm_ctas,
+                      moe_rs_chunks(a.hidden, o.rs_chunks)};
   if (agreed.count(shape)) return;
   pg.check_same_on_all_ranks(
       fmt::format("moe_tp: shape (tokens_local {}, hidden {}, inter_local {}, experts {}, topk {}, strategy {}, "
-                  "comm_ctas {})",
-                  a.tokens_local, a.hidden, a.inter_local, a.experts, a.topk, strategy_name(o.strategy), o.comm_ctas),
+                  "comm_ctas {}, rs_chunks {})",
+                  a.tokens_local, a.hidden, a.inter_local, a.experts, a.topk, strategy_name(o.strategy), o.comm_ctas,
+                  shape.rs_chunks),
       shape);
   agreed.insert(shape);
 }
@@ -415,21 +453,22 @@ Strategy resolve_moe_tp(MoeContext& ctx, const MoeTpArgs& a, const MoeTpOptions&
   if (R == 1 || runtime::stream_capturing(pg.stream())) return Strategy::sequential;
   MoeContext::Impl& m = ctx.impl();
   const detail::TuneHooks hooks{[&](const char* what) { m.drain(pg, what); },
-                                [&](Strategy s) { run_moe_tp(ctx, a, s, o.comm_ctas); }};
+                                [&](Strategy s) { run_moe_tp(ctx, a, s, o); }};
   // tokens, hidden and inter are compared by ratio for a neighbour's choice;
-  // experts, topk and comm_ctas are flags.
-  const detail::TuneQuery q{tune::key_prefix(detail::machine_id(pg), a.dtype, "ops.moe_tp"),
-                            {a.tokens_local, a.hidden, a.inter_local, a.experts, a.topk, o.comm_ctas},
-                            3,
-                            o.use_cache,
-                            o.tune_on_miss};
+  // experts, topk, comm_ctas and rs_chunks are flags.
+  const detail::TuneQuery q{
+      tune::key_prefix(detail::machine_id(pg), a.dtype, "ops.moe_tp"),
+      {a.tokens_local, a.hidden, a.inter_local, a.experts, a.topk, o.comm_ctas, moe_rs_chunks(a.hidden, o.rs_chunks)},
+      3,
+      o.use_cache,
+      o.tune_on_miss};
   // Collective and agreed across ranks (the times are maxima over ranks).
   return detail::tune_choice(pg, m.tune, q, moe_tp_candidates(R), hooks, report);
 }
 
 void moe_tp(MoeContext& ctx, const MoeTpArgs& a, const MoeTpOptions& o) {
   const Strategy strategy = resolve_moe_tp(ctx, a, o);  // validates and agrees first
-  run_moe_tp(ctx, a, strategy, o.comm_ctas);
+  run_moe_tp(ctx, a, strategy, o);
 }
 
 void MoeContext::check_status() {

@@ -250,5 +250,27 @@ TEST(MoeTpStrategies, ValidateRejectsBadShapes) {
   EXPECT_THROW(validate(a, 2), tessera::Error);
 }
 
+TEST(MoeTpPlan, PartTwoColumnChunks) {
+  // Automatic: the most of {4, 2, 1} that leave >= 512 columns, a multiple of 64.
+  EXPECT_EQ(moe_rs_chunks(2048, 0), 4);
+  EXPECT_EQ(moe_rs_chunks(8192, 0), 4);
+  EXPECT_EQ(moe_rs_chunks(1024, 0), 2);
+  EXPECT_EQ(moe_rs_chunks(1536, 0), 2);  // 4 x 384: below 512
+  EXPECT_EQ(moe_rs_chunks(2176, 0), 2);  // 4 x 544: not a multiple of 64; 2 x 1088 is
+  EXPECT_EQ(moe_rs_chunks(1000, 0), 1);
+  EXPECT_EQ(moe_rs_chunks(256, 0), 1);
+  for (std::int64_t h : {64, 512, 1000, 2048, 4096, 5120, 7168}) {
+    const int c = moe_rs_chunks(h, 0);
+    EXPECT_EQ(h % c, 0) << h;
+    EXPECT_EQ((h / c) % 8, 0) << h;
+  }
+  // Explicit: any count that divides hidden into multiples of 8 columns.
+  EXPECT_EQ(moe_rs_chunks(192, 4), 4);
+  EXPECT_EQ(moe_rs_chunks(2048, 1), 1);
+  EXPECT_THROW(moe_rs_chunks(192, 5), tessera::Error);  // does not divide
+  EXPECT_THROW(moe_rs_chunks(200, 2), tessera::Error);  // 100 columns: not a multiple of 8
+  EXPECT_THROW(moe_rs_chunks(2048, -1), tessera::Error);
+}
+
 }  // namespace
 }  // namespace tessera::ops

@@ -30,13 +30,15 @@
 //     as that shard has arrived. Transfers are NCCL send/recv on
 //     pg.comm_stream(0) through a split communicator of comm_ctas CTAs
 //     (signal::OverlapComm), one group per ring step, an event after each:
-//       part 1: routing of every shard first (small), then step d = 1..R-1
-//         sends the own tokens to r+d and receives shard r-d; gate/up runs
-//         own shard first (beside the transfers), then r-1, r-2, ...;
+//       part 1: step d = 1..R-1 sends the own tokens and their routing to
+//         r+d and receives shard r-d's (one NCCL group); gate/up runs own
+//         shard first (beside the transfers), then r-1, r-2, ...;
 //       part 2: down + combine per shard in owner order r+1, r+2, ..., own
-//         last; after shard r+d's partial is combined it is sent to r+d
-//         (step d) while the next shard computes; the own shard's combine
-//         adds the R-1 received partials (f32) and writes out_shard.
+//         last, in column chunks of hidden (rs_chunks); each chunk of shard
+//         r+d's partial is sent to r+d (step d) as soon as it is combined,
+//         while the next chunk computes; the own shard's combine adds the
+//         R-1 received partials (f32), chunk by chunk as they arrive, and
+//         writes out_shard.
 //     GEMMs that run beside a transfer leave comm_ctas SMs free.
 //   automatic: the ops tuner's choice (tuner.hpp) between sequential and
 //     pipelined for the shape: measured on first use (both strategies run,
@@ -86,6 +88,11 @@ struct MoeTpOptions {
   /// pipelined: CTAs of the split communicator's kernels, and the SMs the
   /// GEMMs beside them leave free. Part of the cross-rank check.
   int comm_ctas = 16;
+  /// pipelined: column chunks of part 2 (down GEMM, combine and partial
+  /// send per chunk of hidden, so a chunk's send runs beside the next
+  /// chunk's GEMM). 0 = moe_rs_chunks(hidden)'s choice; else it must
+  /// divide hidden into multiples of 8 columns. Part of the cross-rank check.
+  int rs_chunks = 0;
   bool use_cache = true;     ///< automatic: read/write the on-disk choice cache
   bool tune_on_miss = true;  ///< automatic: measure an unseen shape (else a neighbour's choice or sequential)
 };

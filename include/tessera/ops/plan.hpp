@@ -187,6 +187,14 @@ struct MoeShardOrder {
 MoeShardOrder moe_shard_expert_order(const std::vector<std::int32_t>& expert_ids, std::int64_t tokens_local, int world,
                                      int experts, int topk);
 
+/// Column chunks of the pipelined TP MoE layer's part 2 for `hidden`
+/// columns: `requested` if > 0 (it must divide hidden into multiples of 8
+/// columns; throws tessera::Error otherwise), else the most chunks in
+/// {4, 2, 1} that leave each at least 512 columns and a multiple of 64
+/// (a chunk's down GEMM keeps whole 256-column tiles' worth of work, and
+/// its send stays a few MiB).
+int moe_rs_chunks(std::int64_t hidden, int requested);
+
 /// Strategies moe_tp's tuner measures: sequential and pipelined (R > 1),
 /// sequential alone at R = 1.
 std::vector<Strategy> moe_tp_candidates(int world);
