@@ -43,6 +43,10 @@ def records(bench, gpu_tests):
              "unit": "bool", "baseline": f"tuner medians: sequential {b['tuner_sequential_ms']:.4f} ms, "
                                          f"pipelined {b['tuner_pipelined_ms']:.4f} ms"},
         ]
+        if b.get("rs_chunks", 1) > 1:
+            recs.append({"metric": "layer time", "case": case, "value": round(b["pipelined_one_chunk_ms"], 5),
+                         "unit": "ms", "series": "ours (pipelined, part 2 in one chunk)",
+                         "baseline": f"pipelined above ran part 2 in {b['rs_chunks']} column chunks"})
         if b.get("torch_ms", 0) > 0:
             recs += [
                 {"metric": "PyTorch layer time", "case": case, "value": round(b["torch_ms"], 5), "unit": "ms",

@@ -171,7 +171,7 @@ int moe_rs_chunks(std::int64_t hidden, int requested) {
   }
   TESSERA_CHECK(requested == 0, "moe_tp: rs_chunks = {} must be >= 0 (0: automatic)", requested);
   for (int c : {4, 2})
-    if (hidden % c == 0 && hidden / c >= 512 && (hidden / c) % 64 == 0) return c;
+    if (hidden % c == 0 && hidden / c >= 1024 && (hidden / c) % 64 == 0) return c;
   return 1;
 }
 

@@ -251,13 +251,14 @@ TEST(MoeTpStrategies, ValidateRejectsBadShapes) {
 }
 
 TEST(MoeTpPlan, PartTwoColumnChunks) {
-  // Automatic: the most of {4, 2, 1} that leave >= 512 columns, a multiple of 64.
-  EXPECT_EQ(moe_rs_chunks(2048, 0), 4);
+  // Automatic: the most of {4, 2, 1} that leave >= 1024 columns, a multiple of 64.
+  EXPECT_EQ(moe_rs_chunks(4096, 0), 4);
   EXPECT_EQ(moe_rs_chunks(8192, 0), 4);
-  EXPECT_EQ(moe_rs_chunks(1024, 0), 2);
-  EXPECT_EQ(moe_rs_chunks(1536, 0), 2);  // 4 x 384: below 512
-  EXPECT_EQ(moe_rs_chunks(2176, 0), 2);  // 4 x 544: not a multiple of 64; 2 x 1088 is
-  EXPECT_EQ(moe_rs_chunks(1000, 0), 1);
+  EXPECT_EQ(moe_rs_chunks(2048, 0), 2);
+  EXPECT_EQ(moe_rs_chunks(3072, 0), 2);  // 4 x 768: below 1024
+  EXPECT_EQ(moe_rs_chunks(2176, 0), 2);  // 2 x 1088
+  EXPECT_EQ(moe_rs_chunks(2112, 0), 1);  // 2 x 1056: not a multiple of 64
+  EXPECT_EQ(moe_rs_chunks(1024, 0), 1);
   EXPECT_EQ(moe_rs_chunks(256, 0), 1);
   for (std::int64_t h : {64, 512, 1000, 2048, 4096, 5120, 7168}) {
     const int c = moe_rs_chunks(h, 0);
