@@ -47,6 +47,10 @@ def records(bench, gpu_tests):
             recs.append({"metric": "layer time", "case": case, "value": round(b["pipelined_one_chunk_ms"], 5),
                          "unit": "ms", "series": "ours (pipelined, part 2 in one chunk)",
                          "baseline": f"pipelined above ran part 2 in {b['rs_chunks']} column chunks"})
+        if b.get("transport") == "copy_engine":
+            recs.append({"metric": "layer time", "case": case, "value": round(b["pipelined_nccl_ms"], 5),
+                         "unit": "ms", "series": "ours (pipelined over NCCL send/recv)",
+                         "baseline": "pipelined above moved its data with the copy engine"})
         if b.get("torch_ms", 0) > 0:
             recs += [
                 {"metric": "PyTorch layer time", "case": case, "value": round(b["torch_ms"], 5), "unit": "ms",

@@ -136,8 +136,8 @@ void run(const Options& o) {
   const int R = pg->world();
   const cudaStream_t s = pg->stream();
   const auto torch = read_torch(o.torch_json);
-  Table table({"shape", "routing", "seq ms", "pipe ms", "chunks", "pipe 1ch ms", "auto", "experts ms", "comm ms",
-               "seq %ideal", "pipe %ideal", "seq/pipe", "torch ms", "torch/best"});
+  Table table({"shape", "routing", "seq ms", "pipe ms", "transport", "chunks", "pipe 1ch ms", "pipe nccl ms", "auto",
+               "experts ms", "comm ms", "seq %ideal", "pipe %ideal", "seq/pipe", "torch ms", "torch/best"});
   std::ostringstream js;
   js << "[";
   bool first = true;
@@ -170,13 +170,17 @@ void run(const Options& o) {
       a.inter_local = Il;
       a.experts = sh.E;
       a.topk = sh.k;
-      ops::MoeTpOptions seq, pipe, pipe1, autom;
+      ops::MoeTpOptions seq, pipe, pipe1, pipe_nccl, autom;
       seq.strategy = ops::Strategy::sequential;
       pipe.strategy = ops::Strategy::pipelined;
       // Pipelined with part 2 in one chunk: what the column chunks buy.
       pipe1.strategy = ops::Strategy::pipelined;
       pipe1.rs_chunks = 1;
-      const int chunks = ops::moe_rs_chunks(H, pipe.rs_chunks);
+      // Pipelined over NCCL send/recv: what the copy-engine transport buys.
+      pipe_nccl.strategy = ops::Strategy::pipelined;
+      pipe_nccl.transport = ops::MoeTransport::nccl;
+      const bool ce = pg->lsa_reachable();  // automatic's transport outside a capture
+      const int chunks = ops::moe_rs_chunks(H, pipe.rs_chunks, ce);
       autom.use_cache = false;  // measure here, whatever an earlier run cached
       // Sizes the workspaces, builds the pipeline communicator, checks the routing.
       ops::moe_tp(ctx, a, seq);
@@ -184,6 +188,8 @@ void run(const Options& o) {
       ops::moe_tp(ctx, a, pipe);
       ctx.check_status();
       ops::moe_tp(ctx, a, pipe1);
+      ctx.check_status();
+      ops::moe_tp(ctx, a, pipe_nccl);
       ctx.check_status();
       ops::TuneReport report;
       const ops::Strategy chosen = ops::resolve_moe_tp(ctx, a, autom, &report);
@@ -216,7 +222,7 @@ void run(const Options& o) {
       down.status = static_cast<int*>(status.p) + 4;
       down.n = H;
       down.k = Il;
-      double t_seq = 0, t_pipe = 0, t_pipe1 = 0, experts = 0, comm = 0;
+      double t_seq = 0, t_pipe = 0, t_pipe1 = 0, t_nccl = 0, experts = 0, comm = 0;
       InterleavedTimer timer(s, o.warmup, o.reps, [&] {
         pg->barrier();
         pg->align_streams(s);
@@ -224,6 +230,7 @@ void run(const Options& o) {
       timer.add(&t_seq, [&] { ops::moe_tp(ctx, a, seq); });
       timer.add(&t_pipe, [&] { ops::moe_tp(ctx, a, pipe); });
       if (chunks > 1) timer.add(&t_pipe1, [&] { ops::moe_tp(ctx, a, pipe1); });
+      if (ce) timer.add(&t_nccl, [&] { ops::moe_tp(ctx, a, pipe_nccl); });
       timer.add(&experts, [&] {
         kernels::grouped_gemm(up, uo, s);
         kernels::grouped_gemm(down, {}, s);
@@ -244,8 +251,9 @@ void run(const Options& o) {
         const auto it = report.times_ms.find(st);
         return it == report.times_ms.end() ? 0.0 : it->second;
       };
-      table.add({sh.name, routing, fmt::format("{:.3f}", t_seq), fmt::format("{:.3f}", t_pipe), std::to_string(chunks),
-                 chunks > 1 ? fmt::format("{:.3f}", t_pipe1) : "-", chosen_name, fmt::format("{:.3f}", experts),
+      table.add({sh.name, routing, fmt::format("{:.3f}", t_seq), fmt::format("{:.3f}", t_pipe),
+                 ce ? "copy_engine" : "nccl", std::to_string(chunks), chunks > 1 ? fmt::format("{:.3f}", t_pipe1) : "-",
+                 ce ? fmt::format("{:.3f}", t_nccl) : "-", chosen_name, fmt::format("{:.3f}", experts),
                  fmt::format("{:.3f}", comm), fmt::format("{:.1f}", 100.0 * ideal / t_seq),
                  fmt::format("{:.1f}", 100.0 * ideal / t_pipe), fmt::format("{:.3f}", t_seq / t_pipe),
                  torch_ms > 0 ? fmt::format("{:.3f}", torch_ms) : "-",
@@ -254,11 +262,13 @@ void run(const Options& o) {
          << fmt::format(
                 "\n{{\"shape\": \"{}\", \"routing\": \"{}\", \"world\": {}, \"layer_ms\": {:.5f}, "
                 "\"sequential_ms\": {:.5f}, \"pipelined_ms\": {:.5f}, \"rs_chunks\": {}, "
-                "\"pipelined_one_chunk_ms\": {:.5f}, \"auto\": \"{}\", "
+                "\"pipelined_one_chunk_ms\": {:.5f}, \"transport\": \"{}\", \"pipelined_nccl_ms\": {:.5f}, "
+                "\"auto\": \"{}\", "
                 "\"tuner_sequential_ms\": {:.5f}, \"tuner_pipelined_ms\": {:.5f}, "
                 "\"experts_ms\": {:.5f}, \"comm_ms\": {:.5f}, \"torch_ms\": {:.5f}}}",
-                sh.name, routing, R, t_seq, t_seq, t_pipe, chunks, chunks > 1 ? t_pipe1 : t_pipe, chosen_name,
-                tuned(ops::Strategy::sequential), tuned(ops::Strategy::pipelined), experts, comm, torch_ms);
+                sh.name, routing, R, t_seq, t_seq, t_pipe, chunks, chunks > 1 ? t_pipe1 : t_pipe,
+                ce ? "copy_engine" : "nccl", ce ? t_nccl : t_pipe, chosen_name, tuned(ops::Strategy::sequential),
+                tuned(ops::Strategy::pipelined), experts, comm, torch_ms);
       first = false;
     }
   }

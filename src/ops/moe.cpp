@@ -17,8 +17,11 @@
 #include "moe_scratch.hpp"
 #include "tessera/kernels/grouped_gemm.hpp"
 #include "tessera/kernels/moe_routing.hpp"
+#include "tessera/link/host_primitives.hpp"
 #include "tessera/ops/plan.hpp"
 #include "tessera/runtime/error.hpp"
+#include "tessera/runtime/signals.hpp"
+#include "tessera/runtime/symmetric_heap.hpp"
 #include "tessera/signal/overlap_comm.hpp"
 #include "tessera/tune/key.hpp"
 #include "tuning.hpp"
@@ -38,13 +41,34 @@ int status_index(int q, bool down) { return kStatusBase + (2 * q + (down ? 1 : 0
 
 /// Compared byte for byte across ranks: all 64-bit, so no padding.
 struct TpShape {
-  std::int64_t tokens_local, hidden, inter_local, experts, topk, dtype, strategy, comm_ctas, rs_chunks;
+  std::int64_t tokens_local, hidden, inter_local, experts, topk, dtype, strategy, comm_ctas, rs_chunks, transport;
   bool operator<(const TpShape& o) const {
-    return std::tie(tokens_local, hidden, inter_local, experts, topk, dtype, strategy, comm_ctas, rs_chunks) <
-           std::tie(o.tokens_local, o.hidden, o.inter_local, o.experts, o.topk, o.dtype, o.strategy, o.comm_ctas,
-                    o.rs_chunks);
+    return std::tie(tokens_local, hidden, inter_local, experts, topk, dtype, strategy, comm_ctas, rs_chunks,
+                    transport) < std::tie(o.tokens_local, o.hidden, o.inter_local, o.experts, o.topk, o.dtype,
+                                          o.strategy, o.comm_ctas, o.rs_chunks, o.transport);
   }
 };
+
+constexpr int kMaxChunks = 16;  ///< rs_chunks' bound: the copy-engine transport's flags per call
+
+/// The transport a call of `o` uses (the same on every rank: reachability
+/// is a property of the group, capture of the call).
+MoeTransport resolve_transport(runtime::ProcessGroup& pg, const MoeTpOptions& o) {
+  if (o.transport != MoeTransport::automatic) return o.transport;
+  return pg.lsa_reachable() && !runtime::stream_capturing(pg.stream()) ? MoeTransport::copy_engine : MoeTransport::nccl;
+}
+
+const char* transport_name(MoeTransport t) {
+  switch (t) {
+    case MoeTransport::automatic:
+      return "automatic";
+    case MoeTransport::nccl:
+      return "nccl";
+    case MoeTransport::copy_engine:
+      return "copy_engine";
+  }
+  return "?";
+}
 
 }  // namespace
 
@@ -62,9 +86,17 @@ struct MoeContext::Impl {
   std::vector<cudaEvent_t> ev_x;     ///< [R]: AG step d's tokens and routing have arrived
   std::vector<cudaEvent_t> ev_part;  ///< [R * chunks]: step d's partial chunk c is combined
   std::vector<cudaEvent_t> ev_rs;    ///< [chunks]: chunk c of every peer's partial has arrived
+  cudaEvent_t ev_comm_done = nullptr;
+
+  // The copy-engine transport: flags, the buffers peers push into, the call's epoch.
+  std::unique_ptr<runtime::Signals> data;     ///< slot 0: a step's tokens landed; 1 + c: partial chunk c (= epoch)
+  std::unique_ptr<runtime::Signals> control;  ///< slot 0: my receive buffers are free again (= epoch)
+  runtime::SymBuffer<unsigned char> sym;      ///< [x_full | ids_full | w_full | receive slabs], SymLayout
+  std::uint64_t epoch = 0;                    ///< copy-engine calls so far (the same on every rank)
 
   ~Impl() {
     if (ev_start) cudaEventDestroy(ev_start);
+    if (ev_comm_done) cudaEventDestroy(ev_comm_done);
     for (auto* v : {&ev_x, &ev_part, &ev_rs})
       for (cudaEvent_t e : *v) cudaEventDestroy(e);
   }
@@ -75,26 +107,79 @@ struct MoeContext::Impl {
     return e;
   }
 
-  /// Collective (every rank's first pipelined call, or a new comm_ctas):
-  /// the split communicator (PipelineComm); and the per-step events.
-  void ensure_pipeline(runtime::ProcessGroup& pg, int ctas, int chunks) {
+  /// Collective (every rank's first pipelined call, or a new comm_ctas /
+  /// transport): the split communicator (PipelineComm, nccl) or the flags
+  /// (copy_engine); and the per-step events.
+  void ensure_pipeline(runtime::ProcessGroup& pg, int ctas, int chunks, MoeTransport transport) {
     const int R = pg.world();
-    TESSERA_CHECK(pipe.ready(ctas) || !runtime::stream_capturing(pg.stream()),
-                  "moe_tp: the pipelined strategy builds its communicator on its first call; run it once eagerly "
-                  "(same comm_ctas) before capturing it into a CUDA graph");
-    pipe.ensure(pg, ctas, "moe_tp: new pipeline communicator");
+    if (transport == MoeTransport::nccl) {
+      TESSERA_CHECK(pipe.ready(ctas) || !runtime::stream_capturing(pg.stream()),
+                    "moe_tp: the pipelined strategy builds its communicator on its first call; run it once eagerly "
+                    "(same comm_ctas) before capturing it into a CUDA graph");
+      pipe.ensure(pg, ctas, "moe_tp: new pipeline communicator");
+    } else {
+      TESSERA_CHECK(!runtime::stream_capturing(pg.stream()),
+                    "moe_tp: the copy-engine transport cannot be captured into a CUDA graph (its flags carry a "
+                    "per-call epoch that a replay would repeat); use MoeTransport::nccl or automatic");
+      TESSERA_CHECK(pg.lsa_reachable(),
+                    "moe_tp: the copy-engine transport needs every rank load/store reachable "
+                    "(lsa size {} of {}); use MoeTransport::nccl or automatic",
+                    pg.lsa_size(), R);
+      if (!data) {
+        data = std::make_unique<runtime::Signals>(pg, 1 + kMaxChunks);
+        control = std::make_unique<runtime::Signals>(pg, 1);
+      }
+    }
     if (!ev_start) ev_start = make_event();
+    if (!ev_comm_done) ev_comm_done = make_event();
     while (static_cast<int>(ev_x.size()) < R) ev_x.push_back(make_event());
     while (static_cast<int>(ev_part.size()) < R * chunks) ev_part.push_back(make_event());
     while (static_cast<int>(ev_rs.size()) < chunks) ev_rs.push_back(make_event());
   }
 
-  /// Bounded wait for every stream a call uses (the tuner's drain).
+  /// Collective: `bytes` of symmetric buffers on every rank (same size: the
+  /// shapes were agreed). Growth waits until no peer reads or pushes.
+  void ensure_sym(runtime::ProcessGroup& pg, std::size_t bytes) {
+    if (!sym.empty() && sym.bytes() >= bytes) return;
+    drain(pg, "moe_tp: symmetric buffer growth");
+    pg.barrier();
+    sym = runtime::SymBuffer<unsigned char>();
+    sym = runtime::SymBuffer<unsigned char>(pg, bytes);
+  }
+
+  /// Bounded wait for every stream a call uses (the tuner's drain); with
+  /// flags, a stuck stream wait is reported by name and released.
   void drain(runtime::ProcessGroup& pg, const char* what) {
+    if (data) {
+      const std::initializer_list<const runtime::Signals*> all{data.get(), control.get()};
+      link::synchronize(pg.stream(), all, what);
+      link::synchronize(pg.comm_stream(0), all, what);
+      return;
+    }
     pg.synchronize(pg.stream(), what);
     pg.synchronize(pg.comm_stream(0), what);
   }
 };
+
+namespace {
+
+/// Byte offsets of the copy-engine transport's symmetric buffer: the
+/// gathered tokens, ids and weights (shard s at s x its size, as in the
+/// sequential all-gather's layout) and the R - 1 receive slabs.
+struct SymLayout {
+  std::size_t x = 0, ids = 0, w = 0, recv = 0, bytes = 0;
+  SymLayout(int R, std::int64_t tokens_local, std::int64_t hidden, std::int64_t topk, std::size_t es) {
+    auto up = [](std::size_t v) { return (v + 255) / 256 * 256; };
+    const std::size_t shard = static_cast<std::size_t>(tokens_local * hidden) * es;
+    const std::size_t route = static_cast<std::size_t>(R * tokens_local * topk) * 4;
+    ids = up(R * shard);
+    w = ids + up(route);
+    recv = w + up(route);
+    bytes = recv + up(static_cast<std::size_t>(R - 1) * shard) + 256;
+  }
+};
+
+}  // namespace
 
 MoeContext::MoeContext(runtime::ProcessGroup& pg) : pg_(&pg), impl_(std::make_unique<Impl>()) {}
 MoeContext::~MoeContext() {
@@ -145,7 +230,9 @@ struct Call {
   void* permute_ws;
   std::size_t permute_ws_bytes;
 
-  Call(runtime::ProcessGroup& g, MoeContext::Impl& mi, const MoeTpArgs& args)
+  /// `sym`: the gathered tokens and routing live in m.sym (the copy-engine
+  /// transport's pushes land there); nullptr: in scratch memory.
+  Call(runtime::ProcessGroup& g, MoeContext::Impl& mi, const MoeTpArgs& args, const SymLayout* sym = nullptr)
       : pg(g), m(mi), a(args), s(g.stream()), R(g.world()), rank(g.rank()) {
     Tl = a.tokens_local;
     k = a.topk;
@@ -157,9 +244,16 @@ struct Call {
     const std::int64_t T = Tl * R, entries = T * k;
     // Shard-major layouts (shard s at s * Tl tokens, s * per entries): the
     // sequential all-gather writes the same layout in one collective.
-    x_full = static_cast<unsigned char*>(m.x_full.get(static_cast<std::size_t>(T * H) * es + 16, pg));
-    ids_full = m.ids_full.get<std::int32_t>(entries, pg);
-    w_full = m.w_full.get<float>(entries, pg);
+    if (sym) {
+      unsigned char* base = m.sym.local();
+      x_full = base + sym->x;
+      ids_full = reinterpret_cast<std::int32_t*>(base + sym->ids);
+      w_full = reinterpret_cast<float*>(base + sym->w);
+    } else {
+      x_full = static_cast<unsigned char*>(m.x_full.get(static_cast<std::size_t>(T * H) * es + 16, pg));
+      ids_full = m.ids_full.get<std::int32_t>(entries, pg);
+      w_full = m.w_full.get<float>(entries, pg);
+    }
     offsets = m.offsets.get<std::int32_t>(R * (E + 1), pg);
     counts = m.counts.get<std::int32_t>(R * E, pg);
     sorted = m.sorted.get<std::int32_t>(entries, pg);
@@ -304,40 +398,52 @@ void run_sequential(Call& c) {
 /// Part 2 runs in `chunks` column chunks of hidden (Hc columns each): a
 /// remote shard's partial is laid out chunk-major ([chunks][T_l][Hc], so
 /// each chunk is one contiguous message) and so is each receive slab.
-void run_pipelined(Call& c, int comm_ctas, int chunks) {
+/// `sym` (copy_engine): the layout of m.sym, where peers push; nullptr: NCCL.
+void run_pipelined(Call& c, int comm_ctas, int chunks, const SymLayout* sym) {
   const MoeTpArgs& a = c.a;
   runtime::ProcessGroup& pg = c.pg;
   MoeContext::Impl& m = c.m;
   const int R = c.R, rank = c.rank;
+  const bool ce = sym != nullptr;
   const MoeTpPlan plan = plan_moe_tp(c.Tl, a.topk, R, rank);
   const cudaStream_t s = c.s, cs = pg.comm_stream(0);
-  const ncclComm_t comm = m.pipe.get();
+  const ncclComm_t comm = ce ? nullptr : m.pipe.get();
   const ncclDataType_t dt = runtime::nccl_dtype(a.dtype);
-  const std::size_t shard_elems = static_cast<std::size_t>(c.Tl * c.H);
+  const std::size_t shard_elems = static_cast<std::size_t>(c.Tl * c.H), shard_bytes = shard_elems * c.es;
   const std::int64_t Hc = c.H / chunks;
-  const std::size_t chunk_elems = static_cast<std::size_t>(c.Tl * Hc);
-  const int beside_ctas = pg.sm_count() - comm_ctas;
+  const std::size_t chunk_elems = static_cast<std::size_t>(c.Tl * Hc), chunk_bytes = chunk_elems * c.es;
+  const std::size_t route_bytes = static_cast<std::size_t>(c.per) * 4;
+  // The copy engine takes no SM: GEMMs beside its transfers keep them all.
+  const int beside_ctas = ce ? 0 : pg.sm_count() - comm_ctas;
+  const std::uint64_t e = ce ? ++m.epoch : 0;
   auto x_of = [&](int q) -> const void* {
-    return q == rank ? a.x_shard
-                     : static_cast<const void*>(c.x_full + static_cast<std::size_t>(q) * shard_elems * c.es);
+    return q == rank ? a.x_shard : static_cast<const void*>(c.x_full + static_cast<std::size_t>(q) * shard_bytes);
   };
   auto ids_of = [&](int q) { return q == rank ? a.expert_ids : c.ids_full + q * c.per; };
   auto w_of = [&](int q) { return q == rank ? a.weights : c.w_full + q * c.per; };
-  auto partial_chunk = [&](int q, int ch) {
-    return c.partial + (static_cast<std::size_t>(q) * shard_elems + ch * chunk_elems) * c.es;
-  };
-  auto* recv = static_cast<unsigned char*>(
-      m.recv.get(static_cast<std::size_t>(R - 1) * shard_elems * c.es + 16, pg));  // RS slabs 0..R-2
-  auto recv_chunk = [&](int slab, int ch) {
-    return recv + (static_cast<std::size_t>(slab) * shard_elems + ch * chunk_elems) * c.es;
-  };
+  auto partial_chunk = [&](int q, int ch) { return c.partial + q * shard_bytes + ch * chunk_bytes; };
+  // RS slabs 0..R-2, chunk-major; with the copy engine they are where peers push.
+  unsigned char* recv =
+      ce ? m.sym.local() + sym->recv : static_cast<unsigned char*>(m.recv.get((R - 1) * shard_bytes + 16, pg));
+  auto recv_chunk = [&](unsigned char* base, int slab, int ch) { return base + slab * shard_bytes + ch * chunk_bytes; };
 
-  // Communication stream, part 1: step d's tokens and their routing in one
-  // group. It starts after the caller's inputs.
+  // Communication stream, part 1: step d's tokens and their routing. It
+  // starts after the caller's inputs.
   TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_start, s));
   TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, m.ev_start, 0));
   for (int d = 1; d < R; ++d) {
     const int to = plan.send_to[d - 1], from = plan.recv_from[d - 1];
+    if (ce) {
+      // `to` said it no longer reads what I pushed in the last call; then
+      // my shard into its slot `rank`, and the flag.
+      if (e > 1) link::rank_wait(cs, *m.control, to, 0, e - 1);
+      unsigned char* peer = m.sym.peer(to);
+      link::rank_copy_data(cs, peer + sym->x + rank * shard_bytes, a.x_shard, shard_bytes);
+      link::rank_copy_data(cs, peer + sym->ids + rank * route_bytes, a.expert_ids, route_bytes);
+      link::rank_copy_data(cs, peer + sym->w + rank * route_bytes, a.weights, route_bytes);
+      link::rank_notify(cs, *m.data, to, 0, e);
+      continue;
+    }
     TESSERA_NCCL_CHECK(ncclGroupStart());
     TESSERA_NCCL_CHECK(ncclSend(a.expert_ids, static_cast<std::size_t>(c.per), ncclInt32, to, comm, cs));
     TESSERA_NCCL_CHECK(ncclRecv(c.ids_full + from * c.per, static_cast<std::size_t>(c.per), ncclInt32, from, comm, cs));
@@ -356,7 +462,10 @@ void run_pipelined(Call& c, int comm_ctas, int chunks) {
   c.gemm(rank, false, c.per, plan.gate_up[0].beside_comm ? beside_ctas : 0);
   for (int j = 1; j < R; ++j) {
     const MoeTpStep& st = plan.gate_up[j];
-    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_x[st.comm_step], 0));
+    if (ce)
+      link::rank_wait(s, *m.data, st.shard, 0, e);
+    else
+      TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_x[st.comm_step], 0));
     c.permute(ids_of(st.shard), c.Tl, st.shard);
     c.gather(x_of(st.shard), st.shard, c.per);
     c.gemm(st.shard, false, c.per, st.beside_comm ? beside_ctas : 0);
@@ -371,7 +480,7 @@ void run_pipelined(Call& c, int comm_ctas, int chunks) {
       c.gemm(rank, true, c.per, st.beside_comm ? beside_ctas : 0);
       break;
     }
-    const int d = st.comm_step;
+    const int d = st.comm_step, to = plan.send_to[d - 1];
     for (int ch = 0; ch < chunks; ++ch) {
       c.gemm(st.shard, true, c.per, st.beside_comm || ch > 0 ? beside_ctas : 0, ch * Hc, Hc);
       c.combine_columns(st.shard, c.Tl, w_of(st.shard), ch * Hc, Hc, partial_chunk(st.shard, ch), Hc, nullptr, 0, Hc,
@@ -379,22 +488,40 @@ void run_pipelined(Call& c, int comm_ctas, int chunks) {
       cudaEvent_t done = m.ev_part[d * chunks + ch];
       TESSERA_CUDA_CHECK(cudaEventRecord(done, s));
       TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, done, 0));
+      if (ce) {
+        // Into `to`'s slab for this step (rs_slab(d) there: I am its r - d).
+        link::rank_copy_data(cs, recv_chunk(m.sym.peer(to) + sym->recv, plan.rs_slab(d), ch),
+                             partial_chunk(st.shard, ch), chunk_bytes);
+        link::rank_notify(cs, *m.data, to, 1 + ch, e);
+        continue;
+      }
       TESSERA_NCCL_CHECK(ncclGroupStart());
-      TESSERA_NCCL_CHECK(ncclSend(partial_chunk(st.shard, ch), chunk_elems, dt, plan.send_to[d - 1], comm, cs));
-      TESSERA_NCCL_CHECK(ncclRecv(recv_chunk(plan.rs_slab(d), ch), chunk_elems, dt, plan.recv_from[d - 1], comm, cs));
+      TESSERA_NCCL_CHECK(ncclSend(partial_chunk(st.shard, ch), chunk_elems, dt, to, comm, cs));
+      TESSERA_NCCL_CHECK(
+          ncclRecv(recv_chunk(recv, plan.rs_slab(d), ch), chunk_elems, dt, plan.recv_from[d - 1], comm, cs));
       TESSERA_NCCL_CHECK(ncclGroupEnd());
       // The last step's chunk ch completes chunk ch of every slab (the
       // communication stream runs the steps in order).
       if (d == last_step) TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_rs[ch], cs));
     }
   }
-  // The own shard's combine per chunk, once every peer's chunk arrived; the
-  // last wait also joins the communication stream.
+  // The own shard's combine per chunk, once every peer's chunk arrived.
   for (int ch = 0; ch < chunks; ++ch) {
-    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_rs[ch], 0));
+    if (ce) {
+      for (int d = 1; d < R; ++d) link::rank_wait(s, *m.data, plan.recv_from[d - 1], 1 + ch, e);
+    } else {
+      TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_rs[ch], 0));
+    }
     c.combine_columns(rank, c.Tl, a.weights, ch * Hc, Hc, static_cast<unsigned char*>(a.out_shard) + ch * Hc * c.es,
-                      c.H, recv_chunk(0, ch), R - 1, Hc, static_cast<std::int64_t>(shard_elems));
+                      c.H, recv_chunk(recv, 0, ch), R - 1, Hc, static_cast<std::int64_t>(shard_elems));
   }
+  // Join the communication stream; then (copy engine) tell every peer that
+  // my receive buffers are free for its next call's pushes.
+  TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_comm_done, cs));
+  TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_comm_done, 0));
+  if (ce)
+    for (int p = 0; p < R; ++p)
+      if (p != rank) link::rank_notify(s, *m.control, p, 0, e);
   m.last_status_shards = c.per > 0 ? R : 0;
 }
 
@@ -404,13 +531,23 @@ void run_moe_tp(MoeContext& ctx, const MoeTpArgs& a, Strategy strategy, const Mo
   const int R = pg.world();
   // Pipelined has nothing to overlap at R = 1 or without tokens.
   const bool pipelined = strategy == Strategy::pipelined && R > 1 && a.tokens_local > 0;
-  const int chunks = moe_rs_chunks(a.hidden, o.rs_chunks);
-  if (pipelined) m.ensure_pipeline(pg, o.comm_ctas, chunks);
-  Call c(pg, m, a);
-  if (pipelined)
-    run_pipelined(c, o.comm_ctas, chunks);
-  else
+  if (!pipelined) {
+    Call c(pg, m, a);
     run_sequential(c);
+    return;
+  }
+  const MoeTransport transport = resolve_transport(pg, o);
+  const int chunks = moe_rs_chunks(a.hidden, o.rs_chunks, transport == MoeTransport::copy_engine);
+  m.ensure_pipeline(pg, o.comm_ctas, chunks, transport);
+  if (transport == MoeTransport::copy_engine) {
+    const SymLayout layout(R, a.tokens_local, a.hidden, a.topk, dtype_size(a.dtype));
+    m.ensure_sym(pg, layout.bytes);
+    Call c(pg, m, a, &layout);
+    run_pipelined(c, o.comm_ctas, chunks, &layout);
+  } else {
+    Call c(pg, m, a);
+    run_pipelined(c, o.comm_ctas, chunks, nullptr);
+  }
 }
 
 }  // namespace
@@ -429,13 +566,14 @@ void check_agreement(runtime::ProcessGroup& pg, std::set<TpShape>& agreed, const
                       static_cast<std::int64_t>(a.dtype),
                       static_cast<std::int64_t>(o.strategy),
                       o.comm_ctas,
-                      moe_rs_chunks(a.hidden, o.rs_chunks)};
+                      moe_rs_chunks(a.hidden, o.rs_chunks, resolve_transport(pg, o) == MoeTransport::copy_engine),
+                      static_cast<std::int64_t>(resolve_transport(pg, o))};
   if (agreed.count(shape)) return;
   pg.check_same_on_all_ranks(
       fmt::format("moe_tp: shape (tokens_local {}, hidden {}, inter_local {}, experts {}, topk {}, strategy {}, "
-                  "comm_ctas {}, rs_chunks {})",
+                  "comm_ctas {}, rs_chunks {}, transport {})",
                   a.tokens_local, a.hidden, a.inter_local, a.experts, a.topk, strategy_name(o.strategy), o.comm_ctas,
-                  shape.rs_chunks),
+                  shape.rs_chunks, transport_name(static_cast<MoeTransport>(shape.transport))),
       shape);
   agreed.insert(shape);
 }
@@ -455,10 +593,12 @@ Strategy resolve_moe_tp(MoeContext& ctx, const MoeTpArgs& a, const MoeTpOptions&
   const detail::TuneHooks hooks{[&](const char* what) { m.drain(pg, what); },
                                 [&](Strategy s) { run_moe_tp(ctx, a, s, o); }};
   // tokens, hidden and inter are compared by ratio for a neighbour's choice;
-  // experts, topk, comm_ctas and rs_chunks are flags.
+  // experts, topk, comm_ctas, rs_chunks and the transport are flags.
   const detail::TuneQuery q{
       tune::key_prefix(detail::machine_id(pg), a.dtype, "ops.moe_tp"),
-      {a.tokens_local, a.hidden, a.inter_local, a.experts, a.topk, o.comm_ctas, moe_rs_chunks(a.hidden, o.rs_chunks)},
+      {a.tokens_local, a.hidden, a.inter_local, a.experts, a.topk, o.comm_ctas,
+       moe_rs_chunks(a.hidden, o.rs_chunks, resolve_transport(pg, o) == MoeTransport::copy_engine),
+       static_cast<std::int64_t>(resolve_transport(pg, o))},
       3,
       o.use_cache,
       o.tune_on_miss};

@@ -163,13 +163,14 @@ MoeShardOrder moe_shard_expert_order(const std::vector<std::int32_t>& expert_ids
   return o;
 }
 
-int moe_rs_chunks(std::int64_t hidden, int requested) {
+int moe_rs_chunks(std::int64_t hidden, int requested, bool copy_engine) {
   if (requested > 0) {
     TESSERA_CHECK(hidden % requested == 0 && (hidden / requested) % 8 == 0,
                   "moe_tp: rs_chunks = {} must divide hidden = {} into multiples of 8 columns", requested, hidden);
     return requested;
   }
   TESSERA_CHECK(requested == 0, "moe_tp: rs_chunks = {} must be >= 0 (0: automatic)", requested);
+  if (copy_engine) return 1;
   for (int c : {4, 2})
     if (hidden % c == 0 && hidden / c >= 1024 && (hidden / c) % 64 == 0) return c;
   return 1;

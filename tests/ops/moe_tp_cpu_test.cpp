@@ -252,25 +252,28 @@ TEST(MoeTpStrategies, ValidateRejectsBadShapes) {
 
 TEST(MoeTpPlan, PartTwoColumnChunks) {
   // Automatic: the most of {4, 2, 1} that leave >= 1024 columns, a multiple of 64.
-  EXPECT_EQ(moe_rs_chunks(4096, 0), 4);
-  EXPECT_EQ(moe_rs_chunks(8192, 0), 4);
-  EXPECT_EQ(moe_rs_chunks(2048, 0), 2);
-  EXPECT_EQ(moe_rs_chunks(3072, 0), 2);  // 4 x 768: below 1024
-  EXPECT_EQ(moe_rs_chunks(2176, 0), 2);  // 2 x 1088
-  EXPECT_EQ(moe_rs_chunks(2112, 0), 1);  // 2 x 1056: not a multiple of 64
-  EXPECT_EQ(moe_rs_chunks(1024, 0), 1);
-  EXPECT_EQ(moe_rs_chunks(256, 0), 1);
+  EXPECT_EQ(moe_rs_chunks(4096, 0, false), 4);
+  EXPECT_EQ(moe_rs_chunks(8192, 0, false), 4);
+  EXPECT_EQ(moe_rs_chunks(2048, 0, false), 2);
+  EXPECT_EQ(moe_rs_chunks(3072, 0, false), 2);  // 4 x 768: below 1024
+  EXPECT_EQ(moe_rs_chunks(2176, 0, false), 2);  // 2 x 1088
+  EXPECT_EQ(moe_rs_chunks(2112, 0, false), 1);  // 2 x 1056: not a multiple of 64
+  EXPECT_EQ(moe_rs_chunks(1024, 0, false), 1);
+  EXPECT_EQ(moe_rs_chunks(256, 0, false), 1);
   for (std::int64_t h : {64, 512, 1000, 2048, 4096, 5120, 7168}) {
-    const int c = moe_rs_chunks(h, 0);
+    const int c = moe_rs_chunks(h, 0, false);
     EXPECT_EQ(h % c, 0) << h;
     EXPECT_EQ((h / c) % 8, 0) << h;
   }
+  // Over the copy engine: one chunk unless asked.
+  EXPECT_EQ(moe_rs_chunks(8192, 0, true), 1);
+  EXPECT_EQ(moe_rs_chunks(8192, 4, true), 4);
   // Explicit: any count that divides hidden into multiples of 8 columns.
-  EXPECT_EQ(moe_rs_chunks(192, 4), 4);
-  EXPECT_EQ(moe_rs_chunks(2048, 1), 1);
-  EXPECT_THROW(moe_rs_chunks(192, 5), tessera::Error);  // does not divide
-  EXPECT_THROW(moe_rs_chunks(200, 2), tessera::Error);  // 100 columns: not a multiple of 8
-  EXPECT_THROW(moe_rs_chunks(2048, -1), tessera::Error);
+  EXPECT_EQ(moe_rs_chunks(192, 4, false), 4);
+  EXPECT_EQ(moe_rs_chunks(2048, 1, false), 1);
+  EXPECT_THROW(moe_rs_chunks(192, 5, false), tessera::Error);  // does not divide
+  EXPECT_THROW(moe_rs_chunks(200, 2, false), tessera::Error);  // 100 columns: not a multiple of 8
+  EXPECT_THROW(moe_rs_chunks(2048, -1, false), tessera::Error);
 }
 
 }  // namespace

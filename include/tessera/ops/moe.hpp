@@ -27,11 +27,15 @@
 //   pipelined: the routed entries ordered by (source shard, expert): shard
 //     s's entries fill the sorted rows [s·T_l·k, (s+1)·T_l·k) (a size the
 //     host knows), expert-major, so each shard's grouped GEMMs start as soon
-//     as that shard has arrived. Transfers are NCCL send/recv on
-//     pg.comm_stream(0) through a split communicator of comm_ctas CTAs
-//     (signal::OverlapComm), one group per ring step, an event after each:
+//     as that shard has arrived. Transfers run on pg.comm_stream(0),
+//     either as copy-engine pushes into the peer's symmetric buffers, each
+//     followed by a flag the receiving stream waits on
+//     (MoeTransport::copy_engine, the default where every rank is
+//     load/store reachable), or as NCCL send/recv through a split
+//     communicator of comm_ctas CTAs (signal::OverlapComm), an event per
+//     step (MoeTransport::nccl; inside a CUDA-graph capture):
 //       part 1: step d = 1..R-1 sends the own tokens and their routing to
-//         r+d and receives shard r-d's (one NCCL group); gate/up runs own
+//         r+d and receives shard r-d's; gate/up runs own
 //         shard first (beside the transfers), then r-1, r-2, ...;
 //       part 2: down + combine per shard in owner order r+1, r+2, ..., own
 //         last, in column chunks of hidden (rs_chunks); each chunk of shard
@@ -39,7 +43,7 @@
 //         while the next chunk computes; the own shard's combine adds the
 //         R-1 received partials (f32), chunk by chunk as they arrive, and
 //         writes out_shard.
-//     GEMMs that run beside a transfer leave comm_ctas SMs free.
+//     With NCCL, GEMMs that run beside a transfer leave comm_ctas SMs free.
 //   automatic: the ops tuner's choice (tuner.hpp) between sequential and
 //     pipelined for the shape: measured on first use (both strategies run,
 //     max over ranks; pipelined must win by the tuner's margin), cached on
@@ -82,6 +86,13 @@ struct MoeTpArgs {
 /// accepts on `world` ranks (checked on the host, before any launch).
 void validate(const MoeTpArgs& a, int world);
 
+/// How the pipelined TP MoE layer moves tokens and partials between ranks.
+enum class MoeTransport {
+  automatic,    ///< copy_engine where every rank is load/store reachable and no graph is captured, else nccl
+  nccl,         ///< NCCL send/recv on a split communicator of comm_ctas CTAs (capturable)
+  copy_engine,  ///< copy-engine pushes into symmetric buffers, stream flags per step and chunk (no SM taken)
+};
+
 struct MoeTpOptions {
   /// automatic, sequential or pipelined (accepts(OpKind::moe_tp, s)).
   Strategy strategy = Strategy::automatic;
@@ -90,9 +101,12 @@ struct MoeTpOptions {
   int comm_ctas = 16;
   /// pipelined: column chunks of part 2 (down GEMM, combine and partial
   /// send per chunk of hidden, so a chunk's send runs beside the next
-  /// chunk's GEMM). 0 = moe_rs_chunks(hidden)'s choice; else it must
+  /// chunk's GEMM). 0 = moe_rs_chunks' choice for the transport; else it must
   /// divide hidden into multiples of 8 columns. Part of the cross-rank check.
   int rs_chunks = 0;
+  /// pipelined: the transport (resolved per call; part of the cross-rank
+  /// check). copy_engine needs lsa_reachable() and no stream capture.
+  MoeTransport transport = MoeTransport::automatic;
   bool use_cache = true;     ///< automatic: read/write the on-disk choice cache
   bool tune_on_miss = true;  ///< automatic: measure an unseen shape (else a neighbour's choice or sequential)
 };

@@ -189,12 +189,13 @@ MoeShardOrder moe_shard_expert_order(const std::vector<std::int32_t>& expert_ids
 
 /// Column chunks of the pipelined TP MoE layer's part 2 for `hidden`
 /// columns: `requested` if > 0 (it must divide hidden into multiples of 8
-/// columns; throws tessera::Error otherwise), else the most chunks in
-/// {4, 2, 1} that leave each at least 1024 columns and a multiple of 64.
-/// Narrower chunks cost more in the down GEMM's partial waves than their
-/// earlier sends hide (measured: 512-column chunks lost 2-5 % against one
-/// chunk on H = 2048, 1024-column chunks gained 3-4 % on H = 4096).
-int moe_rs_chunks(std::int64_t hidden, int requested);
+/// columns; throws tessera::Error otherwise). Else one chunk over the copy
+/// engine, whose transfer hides behind the own shard's down GEMM (measured:
+/// 2 or 4 chunks lost 2-7 % there); over NCCL's 16-CTA send/recv, the most
+/// chunks in {4, 2, 1} that leave each at least 1024 columns and a multiple
+/// of 64 (512-column chunks lost 2-5 % against one chunk on H = 2048,
+/// 1024-column chunks gained 3-4 % on H = 4096).
+int moe_rs_chunks(std::int64_t hidden, int requested, bool copy_engine);
 
 /// Strategies moe_tp's tuner measures: sequential and pipelined (R > 1),
 /// sequential alone at R = 1.
