@@ -15,17 +15,13 @@
 // (sp_attention_candidates), measured afresh on its first call (no cache);
 // its time over the best variant's is the tuner's record per case.
 #include <cuda_runtime_api.h>
-#include <fmt/chrono.h>
 #include <fmt/format.h>
 
-#include <chrono>
-#include <cctype>
 #include <cmath>
-#include <cstdlib>
 #include <cstdint>
-#include <fstream>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -80,16 +76,12 @@ struct Options {
   std::string json, device_kind, commit;
 };
 
-std::string json_str(const std::string& s) {
-  std::string o = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    o += c;
-  }
-  return o + "\"";
+/// A figure as the results file records it: six significant digits, null
+/// when not finite.
+nlohmann::json json_num(double x) {
+  if (!std::isfinite(x)) return nullptr;
+  return std::stod(fmt::format("{:.6g}", x));
 }
-
-std::string json_num(double x) { return std::isfinite(x) ? fmt::format("{:.6g}", x) : "null"; }
 
 /// The operators' contexts, shared by every case.
 struct Contexts {
@@ -162,8 +154,8 @@ std::vector<Variant> make_variants(const Options& o, runtime::ProcessGroup& pg, 
 
 /// automatic (the last variant): its pick, and its time against the best
 /// variant's that fits the workspace limit.
-std::string automatic_record(const Options& o, ops::SpAttnContext& sp, const ops::SpAttnArgs& a, const Case& c, int R,
-                             std::vector<Variant>& vs) {
+nlohmann::json automatic_record(const Options& o, ops::SpAttnContext& sp, const ops::SpAttnArgs& a, const Case& c,
+                                int R, std::vector<Variant>& vs) {
   const ops::SpAttnOptions autom = automatic_options(o);
   const ops::SpStrategy pick = ops::resolve_sp_attention(sp, a, autom);  // memoized: no new tuning
   Variant& au = vs.back();
@@ -174,18 +166,18 @@ std::string automatic_record(const Options& o, ops::SpAttnContext& sp, const ops
   for (const Variant& x : vs)  // the best among the variants that fit the limit
     if (&x != &au && x.ms < best && (limit == 0 || x.workspace <= limit)) best = x.ms, best_name = x.name;
   au.name = fmt::format("automatic ({})", ops::sp_strategy_name(pick));
-  return fmt::format(
-      "    {{\"metric\": \"best / automatic\", \"case\": {}, \"value\": {}, \"unit\": \"ratio\", \"baseline\": {}, "
-      "\"target\": {{\"op\": \">=\", \"value\": 0.95, \"text\": \"tuner's pick >= 95 % of the best measured "
-      "schedule\"}}}}",
-      json_str(fmt::format("{} R={}{}", c.name, R,
-                           limit ? fmt::format(", workspace <= {:g} GiB", o.memory_gb) : std::string())),
-      json_num(best / au.ms), json_str(best_name));
+  return {{"metric", "best / automatic"},
+          {"case", fmt::format("{} R={}{}", c.name, R,
+                               limit ? fmt::format(", workspace <= {:g} GiB", o.memory_gb) : std::string())},
+          {"value", json_num(best / au.ms)},
+          {"unit", "ratio"},
+          {"baseline", best_name},
+          {"target", {{"op", ">="}, {"value", 0.95}, {"text", "tuner's pick >= 95 % of the best measured schedule"}}}};
 }
 
 /// One case: its shards, every variant in one interleaved loop, its rows and records.
 void run_case(const Options& o, runtime::ProcessGroup& pg, Contexts& ctx, const Case& c, std::mt19937_64& rng,
-              Table& table, std::vector<std::string>& records) {
+              Table& table, nlohmann::json& records) {
   const int R = pg.world();
   const cudaStream_t s = pg.stream();
   const std::int64_t D = 128, B = o.batch;
@@ -226,40 +218,37 @@ void run_case(const Options& o, runtime::ProcessGroup& pg, Contexts& ctx, const 
     const double ws_gib = static_cast<double>(x.workspace) / (1u << 30);
     table.add({c.name, x.name, fmt::format("{:.3f}", x.ms), fmt::format("{:.0f}", tflops),
                fmt::format("{:.3f}", ws_gib), fmt::format("{:.3f}", shards_gib)});
-    const std::string cs = json_str(fmt::format("{} R={}: {}", c.name, R, x.name));
+    const std::string cs = fmt::format("{} R={}: {}", c.name, R, x.name);
+    records.push_back({{"metric", "time_ms"},
+                       {"case", cs},
+                       {"value", json_num(x.ms)},
+                       {"unit", "ms"},
+                       {"series", x.name},
+                       {"size", c.seq}});
+    records.push_back({{"metric", "TFLOP/s per GPU"}, {"case", cs}, {"value", json_num(tflops)}, {"unit", "TFLOP/s"}});
     records.push_back(
-        fmt::format("    {{\"metric\": \"time_ms\", \"case\": {}, \"value\": {}, \"unit\": \"ms\", \"series\": {}, "
-                    "\"size\": {}}}",
-                    cs, json_num(x.ms), json_str(x.name), c.seq));
-    records.push_back(
-        fmt::format("    {{\"metric\": \"TFLOP/s per GPU\", \"case\": {}, \"value\": {}, \"unit\": \"TFLOP/s\"}}", cs,
-                    json_num(tflops)));
-    records.push_back(
-        fmt::format("    {{\"metric\": \"workspace GiB per rank\", \"case\": {}, \"value\": {}, \"unit\": \"GiB\"}}",
-                    cs, json_num(ws_gib)));
+        {{"metric", "workspace GiB per rank"}, {"case", cs}, {"value", json_num(ws_gib)}, {"unit", "GiB"}});
   }
 }
 
 /// bench/results format (bench/results/README.md): provenance + records.
-void write_json(const Options& o, runtime::ProcessGroup& pg, const std::vector<std::string>& records) {
+void write_json(const Options& o, runtime::ProcessGroup& pg, const nlohmann::json& records) {
   const int R = pg.world();
-  const char* env_commit = std::getenv("TESSERA_COMMIT");
-  const std::string commit = !o.commit.empty() ? o.commit : env_commit && *env_commit ? env_commit : "unknown";
-  const auto now = std::chrono::system_clock::now();
-  std::string j = "{\n  \"provenance\": {";
-  j += fmt::format(
-      "\"device\": {}, \"gpu\": {}, \"date\": \"{:%Y-%m-%d}\", \"commit\": {}, \"command\": {}, "
-      "\"topic\": \"attention\", \"issue\": 21, \"world\": {}, \"dtype\": \"bf16\", \"head_dim\": 128, "
-      "\"batch\": {}, \"reps\": {}, \"warmup\": {}",
-      json_str(o.device_kind.empty() ? machine_kind(pg.device_properties().name, R) : o.device_kind),
-      json_str(pg.device_properties().name), fmt::gmtime(std::chrono::system_clock::to_time_t(now)), json_str(commit),
-      json_str(fmt::format("tessera run -n {} -- tessera bench ring-attention", R)), R, o.batch, o.reps, o.warmup);
-  j += "},\n  \"records\": [\n";
-  for (std::size_t i = 0; i < records.size(); ++i) j += records[i] + (i + 1 < records.size() ? ",\n" : "\n");
-  j += "  ]\n}\n";
-  std::ofstream f(o.json);
-  TESSERA_CHECK(f.good(), "bench ring-attention: cannot write {}", o.json);
-  f << j;
+  write_results(o.json,
+                {{"device", o.device_kind.empty() ? machine_kind(pg.device_properties().name, R) : o.device_kind},
+                 {"gpu", pg.device_properties().name},
+                 {"date", results_date()},
+                 {"commit", results_commit(o.commit)},
+                 {"command", fmt::format("tessera run -n {} -- tessera bench ring-attention", R)},
+                 {"topic", "attention"},
+                 {"issue", 21},
+                 {"world", R},
+                 {"dtype", "bf16"},
+                 {"head_dim", 128},
+                 {"batch", o.batch},
+                 {"reps", o.reps},
+                 {"warmup", o.warmup}},
+                records, "bench ring-attention");
 }
 
 void run(const Options& o) {
@@ -271,7 +260,7 @@ void run(const Options& o) {
   if (idx.empty())
     for (int i = 0; i < static_cast<int>(cases.size()); ++i) idx.push_back(i);
   Table table({"case", "variant", "ms", "TFLOP/s/GPU", "workspace GiB/rank", "shards GiB/rank"});
-  std::vector<std::string> records;
+  nlohmann::json records = nlohmann::json::array();
   for (int ci : idx) {
     TESSERA_CHECK(ci >= 0 && ci < static_cast<int>(cases.size()), "bench ring-attention: case {} out of range [0, {})",
                   ci, cases.size());

@@ -1,6 +1,6 @@
-// Private to the MoE operators (moe.cpp, moe_ep.cpp): a grow-only device
-// buffer, the size limits their validation shares, and the communicator
-// their pipelined strategies send and receive on.
+// Private to the MoE operators (moe.cpp, moe_ep.cpp): their grow-only
+// device buffers (scratch.hpp), the size limits their validation shares, and
+// the communicator their pipelined strategies send and receive on.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "scratch.hpp"
 #include "tessera/runtime/dtype.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/runtime/process_group.hpp"
@@ -39,39 +40,11 @@ inline void validate_moe_sizes(const char* op, int world, DType dtype, std::int6
                 "{}: topk = {} out of range [1, min({}, experts = {})]", op, topk, max_topk, experts);
 }
 
-/// A device buffer that only grows; contents are not kept across growth.
-/// Growth first waits (bounded) for pg.stream(): a kernel of an earlier call
-/// may still use the old buffer, and every operator joins its other streams
-/// into pg.stream() before returning.
-class Scratch {
+/// The MoE layers' scratch: growth waits for pg.stream() (both layers join
+/// their communication stream into it before returning).
+class Scratch : public ScratchBuffer {
  public:
-  Scratch() = default;
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  ~Scratch() {
-    if (p_) cudaFree(p_);
-  }
-  void* get(std::size_t bytes, runtime::ProcessGroup& pg, const char* what = "moe: workspace growth") {
-    if (bytes > bytes_) {
-      if (p_) {
-        pg.synchronize(pg.stream(), what);
-        TESSERA_CUDA_CHECK(cudaFree(p_));
-        p_ = nullptr;
-        bytes_ = 0;
-      }
-      TESSERA_CUDA_CHECK(cudaMalloc(&p_, bytes));
-      bytes_ = bytes;
-    }
-    return p_;
-  }
-  template <class T>
-  T* get(std::int64_t count, runtime::ProcessGroup& pg, const char* what = "moe: workspace growth") {
-    return static_cast<T*>(get(static_cast<std::size_t>(count > 0 ? count : 1) * sizeof(T), pg, what));
-  }
-
- private:
-  void* p_ = nullptr;
-  std::size_t bytes_ = 0;
+  Scratch() : ScratchBuffer("moe: workspace growth") {}
 };
 
 /// The pipelined MoE strategies' communicator: a split of the group's with

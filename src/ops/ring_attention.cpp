@@ -11,6 +11,7 @@
 #include <set>
 #include <vector>
 
+#include "scratch.hpp"
 #include "seq_parallel_detail.hpp"
 #include "tessera/kernels/attention.hpp"
 #include "tessera/kernels/attention_merge.hpp"
@@ -36,7 +37,6 @@ struct RingAttnContext::Impl {
     if (ev_ready) cudaEventDestroy(ev_ready);
     for (cudaEvent_t ev : ev_push) cudaEventDestroy(ev);
     for (cudaEvent_t ev : ev_attend) cudaEventDestroy(ev);
-    if (scratch) cudaFree(scratch);
   }
 
   runtime::ProcessGroup& pg;
@@ -45,8 +45,8 @@ struct RingAttnContext::Impl {
   std::unique_ptr<runtime::Signals> data;     ///< from rank r+1: shard of step j landed (stamp)
   std::unique_ptr<runtime::Signals> control;  ///< from rank r-1: done with step j's slot (stamp)
   runtime::SymBuffer<unsigned char> ws;       ///< lsa: 2 slots of (K, V) shards
-  void* scratch = nullptr;                    ///< accumulator, partial result; without lsa the slots too
-  std::size_t scratch_bytes = 0;
+  /// Accumulator, partial result; without lsa the slots too.
+  detail::ScratchBuffer scratch{"ring_attention: scratch growth"};
   std::uint64_t epoch = 0;
   cudaEvent_t ev_ready = nullptr;
   std::vector<cudaEvent_t> ev_push;             ///< per step: its forward is done
@@ -60,27 +60,6 @@ struct RingAttnContext::Impl {
         TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
         evs->push_back(ev);
       }
-  }
-
-  void ensure_ws(std::size_t bytes) {
-    if (!ws.empty() && ws.bytes() >= bytes) return;
-    const std::initializer_list<const runtime::Signals*> all{data.get(), control.get()};
-    link::synchronize(pg.stream(), all, "ring_attention: workspace growth");
-    for (int i = 0; i < pg.comm_stream_count(); ++i)
-      link::synchronize(pg.comm_stream(i), all, "ring_attention: workspace growth");
-    pg.barrier();  // no peer still pushes into or reads the old workspace
-    ws = runtime::SymBuffer<unsigned char>();
-    ws = runtime::SymBuffer<unsigned char>(pg, bytes);
-  }
-  void* ensure_scratch(std::size_t bytes) {
-    if (bytes <= scratch_bytes) return scratch;
-    pg.synchronize(pg.stream(), "ring_attention: scratch growth");  // bounded: a dead peer is reported
-    if (scratch) TESSERA_CUDA_CHECK(cudaFree(scratch));
-    scratch = nullptr;
-    scratch_bytes = 0;
-    TESSERA_CUDA_CHECK(cudaMalloc(&scratch, bytes));
-    scratch_bytes = bytes;
-    return scratch;
   }
 };
 
@@ -231,14 +210,14 @@ void ring_attention_among(RingAttnContext& ctx, const RingAttnArgs& a, RingStrat
   // unregistered send buffers are not a path this operator relies on. Only
   // the copy-engine pushes of overlapped use the window.
   const bool window_slots = c.lsa && strategy == RingStrategy::overlapped;
-  unsigned char* scr = static_cast<unsigned char*>(c.ensure_scratch(sz.scratch(!window_slots)));
+  unsigned char* scr = static_cast<unsigned char*>(c.scratch.get(sz.scratch(!window_slots), c.pg));
   float* o_acc = reinterpret_cast<float*>(scr);
   float* lse_acc = reinterpret_cast<float*>(scr + align256(sz.o_acc));
   float* lse_part = reinterpret_cast<float*>(scr + align256(sz.o_acc) + align256(sz.lse));
   void* o_part = scr + align256(sz.o_acc) + 2 * align256(sz.lse);
   unsigned char* slots = nullptr;
   if (window_slots) {
-    c.ensure_ws(sz.slots());
+    detail::grow_symmetric(c.ws, sz.slots(), c.pg, {c.data.get(), c.control.get()}, "ring_attention: workspace growth");
     slots = c.ws.local();
   } else {
     slots = scr + align256(sz.o_acc) + 2 * align256(sz.lse) + align256(sz.o_part);

@@ -4,9 +4,11 @@
 // find() and the tuner measures candidates(), so no operator switches over
 // strategies. A registry holds exactly the strategies the strategy table
 // (args.hpp) gives its operator, checked when it is built. The launcher type
-// is the operator's own (its context and arguments), so operators with other
-// contexts (sp_attention, the MoE layers) can hold a registry of the same
-// kind. Internal to src/ops.
+// is the operator's own (its context and arguments), and an operator that
+// asks more of a strategy than its launcher names that in `Info` (sp_attention:
+// its workspace), so operators with other contexts (the TP operators,
+// sp_attention, the MoE layers) hold registries of the same kind. Internal to
+// src/ops.
 #pragma once
 
 #include <algorithm>
@@ -25,6 +27,7 @@ struct CandidateQuery {
   bool lsa = true;              ///< every rank load/store reachable
   bool tile_row_shards = true;  ///< every shard boundary on a tile row of the operator's tile
   bool heads_divide = true;     ///< attention: heads_q and heads_kv multiples of the world size
+  bool two_level_mesh = true;   ///< attention: two_level's degree u has 1 < u < R (neither the ring nor Ulysses)
 };
 
 /// When the tuner measures a strategy: the conditions its protocol needs.
@@ -33,30 +36,35 @@ struct StrategyNeeds {
   bool lsa = false;              ///< symmetric memory, peer stores or copies
   bool tile_row_shards = false;  ///< no tile with two owners
   bool heads_divide = false;     ///< head-sharded layouts
+  bool two_level_mesh = false;   ///< a u x R/u mesh of its own
   constexpr bool met_by(const CandidateQuery& q) const {
     return q.world >= min_world && (q.lsa || !lsa) && (q.tile_row_shards || !tile_row_shards) &&
-           (q.heads_divide || !heads_divide);
+           (q.heads_divide || !heads_divide) && (q.two_level_mesh || !two_level_mesh);
   }
 };
 
-/// One strategy of an operator: its code, when the tuner measures it, and
-/// its launcher (enqueues one call on the operator's stream; arguments and
-/// options already validated).
-template <class Launch>
+/// Nothing asked of a strategy beyond its launcher (the TP operators).
+struct NoStrategyInfo {};
+
+/// One strategy of an operator: its code, when the tuner measures it, its
+/// launcher (enqueues one call on the operator's stream; arguments and
+/// options already validated) and what else the operator asks of it.
+template <class Launch, class Info = NoStrategyInfo>
 struct StrategyEntry {
   Strategy strategy = Strategy::sequential;
   StrategyNeeds needs{};
   Launch launch = nullptr;
   /// Runs OpOptions::diag_kernel_only (replays its kernel without communication).
   bool diag_kernel_only = false;
+  Info info{};
 };
 
 /// An operator's strategies, in candidate order: the first is the tuner's
 /// baseline and must be sequential.
-template <class Launch>
+template <class Launch, class Info = NoStrategyInfo>
 class StrategyRegistry {
  public:
-  using Entry = StrategyEntry<Launch>;
+  using Entry = StrategyEntry<Launch, Info>;
 
   /// Throws tessera::Error when the entries and the strategy table disagree
   /// for `op` (a missing or extra strategy, a duplicate, no sequential first).

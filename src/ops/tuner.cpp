@@ -97,7 +97,8 @@ std::optional<Strategy> nearest_choice(const nlohmann::json& entries, const std:
 }
 
 // The TP operators' candidates are their registries' (context_impl.hpp):
-// each strategy states when it is measured (StrategyNeeds).
+// each strategy states when it is measured (StrategyNeeds). sp_attention's
+// come from its registry too (sp_attention.cpp).
 std::vector<Strategy> ag_gemm_candidates(int world, bool lsa) {
   return ag_gemm_registry().candidates({.world = world, .lsa = lsa});
 }
@@ -108,16 +109,6 @@ std::vector<Strategy> gemm_rs_candidates(int world, bool tile_row_shards, bool l
 
 std::vector<Strategy> gemm_ar_candidates(int world, bool tile_row_shards, bool lsa) {
   return gemm_ar_registry().candidates({.world = world, .lsa = lsa, .tile_row_shards = tile_row_shards});
-}
-
-std::vector<Strategy> sp_attention_candidates(int world, bool lsa, bool heads_divide, bool two_level) {
-  std::vector<Strategy> c{Strategy::sequential};
-  if (world == 1 || !lsa) return c;  // the operator's flags live in symmetric memory
-  c.push_back(Strategy::fused_ce);
-  c.push_back(Strategy::ring);
-  if (heads_divide) c.push_back(Strategy::ulysses);
-  if (two_level && world >= 4) c.push_back(Strategy::two_level);
-  return c;
 }
 
 bool needs_lsa(Strategy s) { return s != Strategy::sequential && s != Strategy::automatic; }

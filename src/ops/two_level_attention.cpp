@@ -9,6 +9,7 @@
 #include <set>
 #include <vector>
 
+#include "scratch.hpp"
 #include "seq_parallel_detail.hpp"
 #include "tessera/kernels/attention.hpp"
 #include "tessera/runtime/error.hpp"
@@ -101,26 +102,14 @@ std::size_t two_level_attention_workspace_bytes(const SpAttnArgs& a, int world, 
 
 struct TwoLevelAttnContext::Impl {
   explicit Impl(runtime::ProcessGroup& g) : pg(g) {}
-  ~Impl() {
-    if (scratch) cudaFree(scratch);
-  }
 
   runtime::ProcessGroup& pg;
-  void* scratch = nullptr;  ///< the head shard (Q, K, V, O, LSE) and the all-to-all's staging
-  std::size_t scratch_bytes = 0;
+  /// The head shard (Q, K, V, O, LSE) and the all-to-all's staging; growth
+  /// drains every stream, the inner ring's communication stream included.
+  detail::ScratchBuffer scratch{"two_level_attention: scratch growth", detail::ScratchBuffer::Drain::all_streams};
   std::map<int, std::unique_ptr<RingAttnContext>> rings;  ///< by ring size
   std::set<detail::ZigzagSignature> validated;
 
-  void* ensure_scratch(std::size_t bytes) {
-    if (bytes <= scratch_bytes) return scratch;
-    pg.synchronize_all("two_level_attention: scratch growth");  // bounded: a dead peer is reported
-    if (scratch) TESSERA_CUDA_CHECK(cudaFree(scratch));
-    scratch = nullptr;
-    scratch_bytes = 0;
-    TESSERA_CUDA_CHECK(cudaMalloc(&scratch, bytes));
-    scratch_bytes = bytes;
-    return scratch;
-  }
   RingAttnContext& ring(int size) {  // collective on first use of a size: every rank runs the same degree
     std::unique_ptr<RingAttnContext>& r = rings[size];
     if (!r) r = std::make_unique<RingAttnContext>(pg);
@@ -173,7 +162,7 @@ void two_level_attention(TwoLevelAttnContext& ctx, const SpAttnArgs& a, int inne
 
   const SpAttnArgs ga = group_args(a, p);
   detail::UlyssesRank ur = detail::ulysses_rank(ga, u, p.index, 1);
-  ur.place(c.ensure_scratch(ur.layout().total));
+  ur.place(c.scratch.get(ur.layout().total, c.pg));
   const detail::Copy2d copy = detail::stream_copy2d(st);
 
   // All-to-all in among the group: the head shard, in ring-shard order.

@@ -10,6 +10,7 @@
 #include <set>
 #include <vector>
 
+#include "scratch.hpp"
 #include "seq_parallel_detail.hpp"
 #include "tessera/kernels/attention.hpp"
 #include "tessera/runtime/error.hpp"
@@ -26,26 +27,16 @@ struct UlyssesAttnContext::Impl {
     for (cudaEvent_t ev : ev_attn) cudaEventDestroy(ev);
     if (ev_ready) cudaEventDestroy(ev_ready);
     if (ev_done) cudaEventDestroy(ev_done);
-    if (scratch) cudaFree(scratch);
   }
 
   runtime::ProcessGroup& pg;
-  void* scratch = nullptr;  ///< head-shard Q, K, V, O, LSE; send and receive staging
-  std::size_t scratch_bytes = 0;
+  /// Head-shard Q, K, V, O, LSE; send and receive staging. The pipelined
+  /// strategy's exchanges run on the communication stream.
+  detail::ScratchBuffer scratch{"ulysses_attention: scratch growth", detail::ScratchBuffer::Drain::all_streams};
   cudaEvent_t ev_ready = nullptr, ev_done = nullptr;
   std::vector<cudaEvent_t> ev_in, ev_attn;  ///< per head group: inputs unpacked / attention done
   std::set<std::array<std::int64_t, 7>> validated;
 
-  void* ensure_scratch(std::size_t bytes) {
-    if (bytes <= scratch_bytes) return scratch;
-    pg.synchronize_all("ulysses_attention: scratch growth");  // bounded: a dead peer is reported
-    if (scratch) TESSERA_CUDA_CHECK(cudaFree(scratch));
-    scratch = nullptr;
-    scratch_bytes = 0;
-    TESSERA_CUDA_CHECK(cudaMalloc(&scratch, bytes));
-    scratch_bytes = bytes;
-    return scratch;
-  }
   void ensure_events(int groups) {
     while (static_cast<int>(ev_in.size()) < groups) {
       cudaEvent_t a = nullptr, b = nullptr;
@@ -162,7 +153,7 @@ void ulysses_attention(UlyssesAttnContext& ctx, const UlyssesAttnArgs& a, Ulysse
   }
 
   detail::UlyssesRank u = detail::ulysses_rank(a, R, rank, G);
-  u.place(c.ensure_scratch(u.layout().total));
+  u.place(c.scratch.get(u.layout().total, c.pg));
   c.ensure_events(G);
 
   std::vector<int> all(static_cast<std::size_t>(R));  // the all-to-all's group: every rank

@@ -13,6 +13,7 @@
 #include "tessera/ops/sp_attention.hpp"
 #include "tessera/ops/ulysses_attention.hpp"
 #include "tessera/ops/tp_mlp.hpp"
+#include "tessera/ops/two_level_attention.hpp"
 #include "tessera/ops/tuner.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/tune/cache.hpp"
@@ -160,12 +161,17 @@ TEST(OpsPlan, SpAttentionWorkspaceBytes) {
   EXPECT_EQ(sp_attention_workspace_bytes(a, 2, SpStrategy::sequential), 4 * kv);
   EXPECT_EQ(sp_attention_workspace_bytes(a, 4, SpStrategy::ring), ring_attention_workspace_bytes(a, 4));
   EXPECT_EQ(sp_attention_workspace_bytes(a, 2, SpStrategy::ulysses), ulysses_attention_workspace_bytes(a, 2, 1));
+  EXPECT_EQ(sp_attention_workspace_bytes(a, 4, SpStrategy::two_level, 2), two_level_attention_workspace_bytes(a, 4, 2));
   // Ring's workspace shrinks with the world; the gathered KV does not (MHA:
   // with GQA, ring's float32 accumulator over every query head dominates).
   a.heads_kv = a.heads_q;
   EXPECT_LT(sp_attention_workspace_bytes(a, 8, SpStrategy::ring),
             sp_attention_workspace_bytes(a, 8, SpStrategy::fused_ce));
   EXPECT_THROW(sp_attention_workspace_bytes(a, 2, SpStrategy::automatic), tessera::Error);
+  // A code sp_attention does not take (decomposition) is refused, and named as unknown.
+  EXPECT_THROW(sp_attention_workspace_bytes(a, 2, static_cast<SpStrategy>(2)), tessera::Error);
+  EXPECT_EQ(sp_strategy_name(static_cast<SpStrategy>(2)), "unknown");
+  EXPECT_EQ(sp_strategy_name(SpStrategy::two_level), "two_level");
 }
 
 TEST(OpsPlan, ChooseStrategyAgainstAnotherBaseline) {
@@ -323,13 +329,14 @@ TEST(OpsStrategy, RegistryHoldsExactlyTheTablesStrategies) {
   EXPECT_THROW(Registry(OpKind::gemm_ar, "gemm_ar", {&ce, &seq}), Error);
 }
 
-TEST(OpsStrategy, TpCandidatesCoverTheTable) {
+TEST(OpsStrategy, CandidatesCoverTheTable) {
   // Every strategy the table gives an operator is measured somewhere (the
   // registries are built, and checked against the table, on first use).
   const std::pair<OpKind, std::vector<Strategy>> ops[] = {
       {OpKind::ag_gemm, ag_gemm_candidates(8, true)},
       {OpKind::gemm_rs, gemm_rs_candidates(8, true, true)},
       {OpKind::gemm_ar, gemm_ar_candidates(8, true, true)},
+      {OpKind::sp_attention, sp_attention_candidates(8, true, true, true)},
   };
   for (const auto& [op, cands] : ops) {
     std::set<Strategy> want;

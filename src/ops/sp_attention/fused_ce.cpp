@@ -1,0 +1,50 @@
+// sp_attention fused_ce: this rank's chunks copied into its own workspace on
+// the compute stream; on the communication stream, per step, its chunks
+// pushed into the destination's workspace on the copy engine (after that
+// peer said its workspace is free), each followed by a flag; the kernel per
+// part waits per KV block for the chunks it covers.
+#include "sp_attention.hpp"
+#include "tessera/link/host_primitives.hpp"
+#include "tessera/runtime/error.hpp"
+
+namespace tessera::ops::sp {
+
+namespace {
+
+void run(SpAttnContext::Impl& c, const SpAttnArgs& a, int /*u*/) {
+  const Call k = begin(c, a);
+  const std::uint64_t e = k.epoch;
+  copy_own(k, k.st);
+  if (k.world > 1) {
+    // Pushes on the communication stream, after the inputs are ready.
+    cudaStream_t cs = c.pg.comm_stream(0);
+    TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, k.st));
+    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, c.ev_ready, 0));
+    for (int dst : k.plan.push_to) {
+      if (e > 1) link::rank_wait(cs, *c.control, dst, 0, e - 1);  // dst is done with the last call's KV
+      unsigned char* pk = c.ws.peer(dst);
+      unsigned char* pv = pk + k.kv_bytes;
+      for (int i = 0; i < 2; ++i) {
+        copy_chunk(cs, pk, a.k, i, k.plan.chunks[i] * k.C, k.B, k.C, k.S, k.kv_row);
+        copy_chunk(cs, pv, a.v, i, k.plan.chunks[i] * k.C, k.B, k.C, k.S, k.kv_row);
+        link::rank_notify(cs, *c.data, dst, i, e);
+      }
+    }
+    TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_comm_done, cs));
+  }
+  run_parts(k, true);
+  if (k.world > 1) TESSERA_CUDA_CHECK(cudaStreamWaitEvent(k.st, c.ev_comm_done, 0));
+  finish(k);
+}
+
+/// The gathered K and V.
+std::size_t workspace(const SpAttnArgs& a, int /*world*/, int /*u*/) { return 2 * gathered_kv_bytes(a); }
+
+}  // namespace
+
+const SpStrategyEntry fused_ce{.strategy = Strategy::fused_ce,
+                               .needs = {.min_world = 2, .lsa = true},
+                               .launch = &run,
+                               .info = {.workspace = &workspace}};
+
+}  // namespace tessera::ops::sp

@@ -1,0 +1,122 @@
+// src/ops/sp_attention/sp_attention.hpp — what sp_attention's strategies
+// share (sp_attention.cpp): the context, one call's geometry over the
+// gathered-KV workspace, the attention parts and the end of a call. Each
+// strategy's launcher is in its own file here and registered in
+// sp_attention.cpp; ring, ulysses and two_level run their own operators
+// through contexts made on first use. sp_attention.hpp describes the plan
+// and the flag protocol. Internal to src/ops.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <tuple>
+
+#include "../scratch.hpp"
+#include "../seq_parallel_detail.hpp"
+#include "../strategy_registry.hpp"
+#include "../tuning.hpp"
+#include "tessera/ops/ring_attention.hpp"
+#include "tessera/ops/sp_attention.hpp"
+#include "tessera/ops/two_level_attention.hpp"
+#include "tessera/ops/ulysses_attention.hpp"
+#include "tessera/runtime/signals.hpp"
+#include "tessera/runtime/symmetric_heap.hpp"
+
+namespace tessera::ops {
+
+struct SpAttnContext::Impl {
+  explicit Impl(runtime::ProcessGroup& g);
+  ~Impl();
+
+  static constexpr int kSlots = 2;  ///< data flags: my chunk 0 / 1 landed (value = epoch)
+  runtime::ProcessGroup& pg;
+  std::unique_ptr<runtime::Signals> data;     ///< per-source chunk flags
+  std::unique_ptr<runtime::Signals> control;  ///< slot 0: "my workspace is free again" (value = epoch)
+  runtime::SymBuffer<unsigned char> ws;       ///< gathered K, then V: 2 x [B, S, Hkv, D] (detail::grow_symmetric)
+  /// sequential: NCCL's [R][B, 2C, Hkv, D] for K, then V.
+  detail::ScratchBuffer staging{"sp_attention: staging growth"};
+  std::uint64_t epoch = 0;
+  cudaEvent_t ev_ready = nullptr, ev_comm_done = nullptr;
+  /// kv_arrival_order tables on the device, per (rank's plan, kv_len, block rows); kept for the context's life.
+  std::map<std::tuple<std::int64_t, int, int, std::int64_t, int>, std::int32_t*> orders;
+  std::set<detail::ZigzagSignature> validated;  ///< shapes and strategies already checked across ranks
+  detail::TuneState tune;                       ///< automatic's choices and cache
+  /// The ring, Ulysses and two-level strategies' own contexts, made by their
+  /// first call (collective: every rank runs the same strategy, checked beforehand).
+  std::unique_ptr<RingAttnContext> ring;
+  std::unique_ptr<UlyssesAttnContext> ulysses;
+  std::unique_ptr<TwoLevelAttnContext> two_level;
+
+  /// The device table of kv_arrival_order(plan, kv_len, block_rows), made once.
+  const std::int32_t* arrival_order(const SpAttnPlan& plan, std::int64_t kv_len, int block_rows);
+  /// Bounded waits for every stream of the group; a stuck flag wait is reported and released.
+  void drain(const char* what);
+};
+
+/// sp_attention's strategy launcher: enqueues one call on pg.stream(); `a`
+/// is validated and agreed on by every rank; `u`: two_level's Ulysses degree.
+using SpLaunch = void (*)(SpAttnContext::Impl& c, const SpAttnArgs& a, int u);
+/// What sp_attention asks of a strategy beyond its launcher.
+struct SpStrategyInfo {
+  /// Workspace bytes per rank for `a` at world size `world`
+  /// (sp_attention_workspace_bytes; `u`: two_level's degree, 0: chosen).
+  std::size_t (*workspace)(const SpAttnArgs& a, int world, int u) = nullptr;
+};
+using SpRegistry = detail::StrategyRegistry<SpLaunch, SpStrategyInfo>;
+using SpStrategyEntry = detail::StrategyEntry<SpLaunch, SpStrategyInfo>;
+
+/// sp_attention's registry (sp_attention.cpp).
+const SpRegistry& sp_attention_registry();
+
+namespace sp {
+
+/// One gathered-KV call (sequential, fused_ce): the plan, the sizes and the
+/// workspace (grown by begin()), and the call's epoch.
+struct Call {
+  SpAttnContext::Impl& c;
+  const SpAttnArgs& a;
+  SpAttnPlan plan;
+  int world = 1, rank = 0;
+  cudaStream_t st = nullptr;
+  std::int64_t B = 0, C = 0, S = 0, L = 0;  ///< batch, chunk rows, global rows, shard rows (2C)
+  std::size_t kv_row = 0;                   ///< bytes of one token's K (or V) heads
+  std::size_t kv_bytes = 0;                 ///< one gathered tensor [B, S, Hkv, D]
+  unsigned char *ws_k = nullptr, *ws_v = nullptr;
+  std::uint64_t epoch = 0;
+};
+
+/// Bytes of one gathered tensor [B, S, Hkv, D] (K or V).
+std::size_t gathered_kv_bytes(const SpAttnArgs& a);
+/// The plan, the workspace grown to the gathered K and V, and a new epoch.
+Call begin(SpAttnContext::Impl& c, const SpAttnArgs& a);
+/// Copies chunk `i` (C rows) of a shard [B, 2C, H, D] to rows [g0, g0 + C) of
+/// a [B, S, H, D] tensor (any address of the symmetric heap or local memory).
+void copy_chunk(cudaStream_t s, void* dst, const void* src, int i, std::int64_t g0, std::int64_t B, std::int64_t C,
+                std::int64_t S, std::size_t row_bytes);
+/// This rank's chunks into its own rows of the workspace.
+void copy_own(const Call& k, cudaStream_t s);
+/// Waits on `s` until every peer finished call epoch - 1: its kernels no
+/// longer read, and its pushes no longer write, any workspace.
+void wait_peers_done(const Call& k, cudaStream_t s);
+/// The attention kernel per part of the plan over the workspace; `hooked`:
+/// with per-block waits on the chunks' flags (R > 1).
+void run_parts(const Call& k, bool hooked);
+/// Control flag = epoch on every peer: my kernels of this call are done with
+/// my workspace and every push I made in it has landed. Both gathered-KV
+/// strategies end with it, so the next call may follow either one.
+void finish(const Call& k);
+
+/// The strategies (one file each).
+extern const SpStrategyEntry sequential;
+extern const SpStrategyEntry fused_ce;
+extern const SpStrategyEntry ring;
+extern const SpStrategyEntry ulysses;
+extern const SpStrategyEntry two_level;
+
+}  // namespace sp
+}  // namespace tessera::ops
