@@ -1,5 +1,5 @@
-/* tessera/capi/tessera.h — a plain C interface to Tessera's tensor- and
- * sequence-parallel operators, for callers that are not C++ (the `tessera`
+/* tessera/capi/tessera.h — a plain C interface to Tessera's tensor-,
+ * sequence- and expert-parallel operators, for callers that are not C++ (the `tessera`
  * Python package loads it with ctypes; libtessera_c.so).
  *
  * A session is one rank's process group plus its TpContext (and, when every
