@@ -360,3 +360,17 @@ def test_compiled_layer_has_no_graph_break(ctx1):
         eager = layer(x)
         compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")(x)
     assert torch.equal(eager, compiled)
+
+
+def test_opcheck_schema_and_fake(ctx1):
+    a = moe_args(device="cpu")
+    g = torch.Generator().manual_seed(0)
+    a["x"] = torch.randn(6, 16, generator=g).to(BF16)
+    a["w_gate_up"], a["w_down"] = torch.randn(4, 16, 16, generator=g).to(BF16), torch.randn(4, 16, 8).to(BF16)
+    a["expert_ids"] = torch.randint(0, 4, (6, 2), generator=g, dtype=torch.int32)
+    a["weights"] = torch.rand(6, 2, generator=g)
+    utils = ("test_schema", "test_faketensor")
+    args = (a["x"], a["expert_ids"], a["weights"], a["w_gate_up"], a["w_down"], ctx1.handle)
+    torch.library.opcheck(torch.ops.tessera.moe_tp.default, args + (7,), test_utils=utils)
+    torch.library.opcheck(torch.ops.tessera.moe_topk.default, (torch.randn(6, 4, generator=g), 2, False),
+                          test_utils=utils)
