@@ -260,6 +260,17 @@ def test_library_rejects_a_null_session_and_bad_router_arguments():
     assert b"null session" in lib.tessera_last_error() and out.value == -1
 
 
+def test_shapes_only_context_has_no_status_to_check(ctx1):
+    for check in (ctx1.moe_tp_check_status, ctx1.moe_ep_check_status):
+        with pytest.raises(tessera.TesseraError, match="no library session"):
+            check()
+    a = moe_args(device="cpu")
+    with pytest.raises(tessera.TesseraError, match="no library session"):
+        ctx1.resolve_moe_tp(*a.values())
+    with pytest.raises(ValueError, match="tessera::moe_tp: topk = 5"):
+        ctx1.resolve_moe_tp(*moe_args(k=5, device="cpu").values())  # checked before the library
+
+
 # ---- no backward ------------------------------------------------------------------------------------------------
 def test_backward_through_the_ops_raises(ctx1):
     a = moe_args(device="cpu")

@@ -426,24 +426,27 @@ class Context:
     def moe_tp_check_status(self):
         """Waits for this context's last moe_tp call and raises TesseraError if it met an expert id outside
         [0, experts) (those entries were left out of the output) or a routing table the grouped GEMM refused."""
-        _lib.check(self._lib.tessera_moe_tp_check_status(self.session))
+        session = self.session
+        _lib.check(self._lib.tessera_moe_tp_check_status(session))
 
     def moe_ep_check_status(self):
         """Waits for this context's last moe_ep call and raises TesseraError if it met an expert id outside
         [0, experts) or more rows for a rank than the capacity (left out of the output; the message gives the
         capacity that would have fit), or a routing table the grouped GEMM refused."""
-        _lib.check(self._lib.tessera_moe_ep_check_status(self.session))
+        session = self.session
+        _lib.check(self._lib.tessera_moe_ep_check_status(session))
 
     def resolve_moe_tp(self, x_shard, expert_ids, weights, w_gate_up, w_down):
         """The strategy name moe_tp's `automatic` runs for this shape (collective; a shape never measured is
         measured now, which runs the layer, whatever tune_on_miss says)."""
         from ._ops import _DTYPES, _moe_pointers, _moe_shapes
         t, h, i, e, k = _moe_shapes("moe_tp", self, True, x_shard, expert_ids, weights, w_gate_up, w_down, 0, 1)
+        session = self.session
         out = torch.empty_like(x_shard)
         px, pids, pw, pout, _keep = _moe_pointers("moe_tp", x_shard, expert_ids, weights, w_gate_up, w_down, out)
         r = ctypes.c_int()
         torch.cuda.current_stream(self.device).synchronize()
-        _lib.check(self._lib.tessera_moe_tp_resolve(self.session, px, pids, pw, w_gate_up.data_ptr(),
+        _lib.check(self._lib.tessera_moe_tp_resolve(session, px, pids, pw, w_gate_up.data_ptr(),
                                                     w_down.data_ptr(), pout, t, h, i, e, k, _DTYPES[x_shard.dtype],
                                                     ctypes.byref(r)))
         return {v: n for n, v in STRATEGIES.items()}[r.value]
