@@ -19,6 +19,9 @@
 #include <tuple>
 
 #include "tessera/kernels/elementwise.hpp"
+#include "tessera/kernels/moe_routing.hpp"
+#include "tessera/ops/moe.hpp"
+#include "tessera/ops/moe_ep.hpp"
 #include "tessera/ops/sp_attention.hpp"
 #include "tessera/ops/tp_mlp.hpp"
 #include "tessera/runtime/error.hpp"
@@ -38,6 +41,10 @@ struct tessera_session {
   /// sp_attention's context; created with the session (collectively) when
   /// every rank is load/store reachable, else null.
   std::unique_ptr<tessera::ops::SpAttnContext> sp;
+  /// The MoE layers' contexts, created on each layer's first call (their
+  /// construction is local; the collective set-up happens inside the calls).
+  std::unique_ptr<tessera::ops::MoeContext> moe_tp;
+  std::unique_ptr<tessera::ops::MoeEpContext> moe_ep;
   bool use_cache = true;
   bool tune_on_miss = true;
   std::uint64_t sp_workspace_limit = 0;  ///< bytes per rank; 0: none
@@ -177,8 +184,8 @@ const char* tessera_strategy_name(int code) {
 
 int tessera_strategy_accepts(int op, int code) {
   using tessera::ops::OpKind;
-  static constexpr OpKind kOps[] = {OpKind::ag_gemm, OpKind::gemm_rs, OpKind::gemm_ar, OpKind::sp_attention,
-                                    OpKind::moe_tp};
+  static constexpr OpKind kOps[] = {OpKind::ag_gemm,      OpKind::gemm_rs, OpKind::gemm_ar,
+                                    OpKind::sp_attention, OpKind::moe_tp,  OpKind::moe_ep};
   const tessera::ops::StrategyInfo* i = tessera::ops::find_strategy(code);
   if (op < 0 || op >= static_cast<int>(std::size(kOps)) || i == nullptr) return 0;
   return tessera::ops::accepts(kOps[op], i->strategy) ? 1 : 0;
@@ -282,7 +289,9 @@ void tessera_session_destroy(tessera_session* s) {
       if (s->ev_in) (void)cudaEventDestroy(s->ev_in);
       if (s->ev_out) (void)cudaEventDestroy(s->ev_out);
     }
-    s->sp.reset();  // before the process group they use
+    s->moe_ep.reset();  // the contexts before the process group they use
+    s->moe_tp.reset();
+    s->sp.reset();
     s->ctx.reset();
     s->pg.reset();
   });
@@ -585,6 +594,205 @@ int tessera_swiglu_forward(void* stream, const void* gu, void* h, int64_t rows, 
 int tessera_swiglu_backward(void* stream, const void* gu, const void* dh, void* dgu, void* h, int64_t rows,
                             int64_t inter, int dtype) {
   return swiglu_call("tessera_swiglu_backward", stream, gu, dh, dgu, h, rows, inter, dtype, true);
+}
+
+namespace {
+
+// The MoE layers' arguments, checked before the session is looked at (the
+// layers check them again against the session's world and the pointers'
+// alignment).
+void check_moe(const char* fn, const void* x_shard, const int32_t* expert_ids, const float* weights,
+               const void* w_gate_up, const void* w_down, const void* out_shard, int64_t tokens_local, int64_t hidden,
+               const char* inter_name, int64_t inter, int experts, int topk, int dtype) {
+  using tessera::kernels::moe::kMaxExperts;
+  using tessera::kernels::moe::kMaxTopK;
+  check_size(fn, "tokens_local", tokens_local, 0);
+  check_size(fn, "hidden", hidden, 1);
+  check_size(fn, inter_name, inter, 1);
+  TESSERA_CHECK(experts >= 1 && experts <= kMaxExperts, "{}: experts = {} out of range [1, {}]", fn, experts,
+                kMaxExperts);
+  TESSERA_CHECK(topk >= 1 && topk <= kMaxTopK && topk <= experts,
+                "{}: topk = {} out of range [1, min({}, experts = {})]", fn, topk, kMaxTopK, experts);
+  TESSERA_CHECK(dtype == TESSERA_BF16, "{}: dtype code {} (the MoE layers take TESSERA_BF16 = 0 only)", fn, dtype);
+  for (auto [name, p] : {std::pair{"x_shard", x_shard}, std::pair{"expert_ids", static_cast<const void*>(expert_ids)},
+                         std::pair{"weights", static_cast<const void*>(weights)}, std::pair{"w_gate_up", w_gate_up},
+                         std::pair{"w_down", w_down}, std::pair{"out_shard", out_shard}})
+    TESSERA_CHECK(p != nullptr, "{}: {} is null", fn, name);
+}
+
+// A MoE layer's strategy code, from the strategy table.
+tessera::ops::Strategy moe_strategy_of(const char* fn, tessera::ops::OpKind op, int strategy) {
+  const auto st = static_cast<tessera::ops::Strategy>(strategy);
+  TESSERA_CHECK(tessera::ops::accepts(op, st),
+                "{}: strategy code {} (TESSERA_AUTOMATIC 0, TESSERA_SEQUENTIAL 1 or TESSERA_PIPELINED 7)", fn,
+                strategy);
+  return st;
+}
+
+tessera::ops::MoeTpArgs moe_tp_args(const char* fn, const void* x_shard, const int32_t* expert_ids,
+                                    const float* weights, const void* w_gate_up, const void* w_down, void* out_shard,
+                                    int64_t tokens_local, int64_t hidden, int64_t inter_local, int experts, int topk,
+                                    int dtype) {
+  check_moe(fn, x_shard, expert_ids, weights, w_gate_up, w_down, out_shard, tokens_local, hidden, "inter_local",
+            inter_local, experts, topk, dtype);
+  tessera::ops::MoeTpArgs a;
+  a.x_shard = x_shard;
+  a.expert_ids = expert_ids;
+  a.weights = weights;
+  a.w_gate_up = w_gate_up;
+  a.w_down = w_down;
+  a.out_shard = out_shard;
+  a.tokens_local = tokens_local;
+  a.hidden = hidden;
+  a.inter_local = inter_local;
+  a.experts = experts;
+  a.topk = topk;
+  a.dtype = dtype_of(dtype);
+  return a;
+}
+
+tessera::ops::MoeTpOptions moe_tp_options_of(const char* fn, const tessera_session* s, int strategy) {
+  tessera::ops::MoeTpOptions o;
+  o.strategy = moe_strategy_of(fn, tessera::ops::OpKind::moe_tp, strategy);
+  o.use_cache = s == nullptr || s->use_cache;
+  o.tune_on_miss = s == nullptr || s->tune_on_miss;
+  return o;
+}
+
+tessera::ops::MoeContext& need_moe_tp(tessera_session* s, const char* fn) {
+  need(s, fn);
+  if (!s->moe_tp) s->moe_tp = std::make_unique<tessera::ops::MoeContext>(*s->pg);
+  return *s->moe_tp;
+}
+
+tessera::ops::MoeEpContext& need_moe_ep(tessera_session* s, const char* fn) {
+  need(s, fn);
+  if (!s->moe_ep) s->moe_ep = std::make_unique<tessera::ops::MoeEpContext>(*s->pg);
+  return *s->moe_ep;
+}
+
+}  // namespace
+
+int tessera_moe_tp_ex(tessera_session* s, void* stream, const void* x_shard, const int32_t* expert_ids,
+                      const float* weights, const void* w_gate_up, const void* w_down, void* out_shard,
+                      int64_t tokens_local, int64_t hidden, int64_t inter_local, int experts, int topk, int dtype,
+                      int strategy) {
+  const char* fn = "tessera_moe_tp_ex";
+  return guarded(fn, [&] {
+    const auto a = moe_tp_args(fn, x_shard, expert_ids, weights, w_gate_up, w_down, out_shard, tokens_local, hidden,
+                               inter_local, experts, topk, dtype);
+    const auto o = moe_tp_options_of(fn, s, strategy);
+    auto& ctx = need_moe_tp(s, fn);
+    run_on(s, stream, [&] { tessera::ops::moe_tp(ctx, a, o); });
+  });
+}
+
+int tessera_moe_tp_resolve(tessera_session* s, const void* x_shard, const int32_t* expert_ids, const float* weights,
+                           const void* w_gate_up, const void* w_down, void* out_shard, int64_t tokens_local,
+                           int64_t hidden, int64_t inter_local, int experts, int topk, int dtype, int* out) {
+  const char* fn = "tessera_moe_tp_resolve";
+  return guarded(fn, [&] {
+    const auto a = moe_tp_args(fn, x_shard, expert_ids, weights, w_gate_up, w_down, out_shard, tokens_local, hidden,
+                               inter_local, experts, topk, dtype);
+    TESSERA_CHECK(out != nullptr, "{}: out is null", fn);
+    auto o = moe_tp_options_of(fn, s, TESSERA_AUTOMATIC);
+    o.tune_on_miss = true;  // resolving is the place to measure
+    auto& ctx = need_moe_tp(s, fn);
+    tessera::ops::Strategy chosen{};
+    run_on(s, std::nullopt, [&] { chosen = tessera::ops::resolve_moe_tp(ctx, a, o); });
+    *out = static_cast<int>(chosen);
+  });
+}
+
+int tessera_moe_tp_check_status(tessera_session* s) {
+  const char* fn = "tessera_moe_tp_check_status";
+  return guarded(fn, [&] {
+    need(s, fn);
+    if (s->moe_tp) run_on(s, std::nullopt, [&] { s->moe_tp->check_status(); });
+  });
+}
+
+int tessera_moe_ep_ex(tessera_session* s, void* stream, const void* x_shard, const int32_t* expert_ids,
+                      const float* weights, const void* w_gate_up, const void* w_down, void* out_shard,
+                      int64_t tokens_local, int64_t hidden, int64_t inter, int experts, int topk, int64_t capacity,
+                      int dtype, int strategy) {
+  const char* fn = "tessera_moe_ep_ex";
+  return guarded(fn, [&] {
+    check_moe(fn, x_shard, expert_ids, weights, w_gate_up, w_down, out_shard, tokens_local, hidden, "inter", inter,
+              experts, topk, dtype);
+    check_size(fn, "capacity", capacity, 0);
+    tessera::ops::MoeEpArgs a;
+    a.x_shard = x_shard;
+    a.expert_ids = expert_ids;
+    a.weights = weights;
+    a.w_gate_up = w_gate_up;
+    a.w_down = w_down;
+    a.out_shard = out_shard;
+    a.tokens_local = tokens_local;
+    a.hidden = hidden;
+    a.inter = inter;
+    a.experts = experts;
+    a.topk = topk;
+    a.capacity = capacity;
+    a.dtype = dtype_of(dtype);
+    using tessera::ops::MoeEpStrategy;
+    using tessera::ops::Strategy;
+    tessera::ops::MoeEpOptions o;
+    switch (moe_strategy_of(fn, tessera::ops::OpKind::moe_ep, strategy)) {
+      case Strategy::sequential:
+        o.strategy = MoeEpStrategy::sequential;
+        break;
+      case Strategy::pipelined:
+        o.strategy = MoeEpStrategy::pipelined;
+        break;
+      default:
+        o.strategy = MoeEpStrategy::automatic;
+        break;
+    }
+    auto& ctx = need_moe_ep(s, fn);
+    run_on(s, stream, [&] { tessera::ops::moe_ep(ctx, a, o); });
+  });
+}
+
+int tessera_moe_ep_check_status(tessera_session* s) {
+  const char* fn = "tessera_moe_ep_check_status";
+  return guarded(fn, [&] {
+    need(s, fn);
+    if (s->moe_ep) run_on(s, std::nullopt, [&] { s->moe_ep->check_status(); });
+  });
+}
+
+int tessera_moe_topk_gating(void* stream, const void* logits, int32_t* expert_ids, float* weights, int64_t tokens,
+                            int experts, int k, int64_t ld_logits, int logits_dtype, int renormalize) {
+  const char* fn = "tessera_moe_topk_gating";
+  return guarded(fn, [&] {
+    using tessera::kernels::moe::kMaxExperts;
+    using tessera::kernels::moe::kMaxTopK;
+    check_size(fn, "tokens", tokens, 0);
+    TESSERA_CHECK(experts >= 1 && experts <= kMaxExperts, "{}: experts = {} out of range [1, {}]", fn, experts,
+                  kMaxExperts);
+    TESSERA_CHECK(k >= 1 && k <= kMaxTopK && k <= experts, "{}: k = {} out of range [1, min({}, experts = {})]", fn, k,
+                  kMaxTopK, experts);
+    TESSERA_CHECK(ld_logits == 0 || (ld_logits >= experts && ld_logits < (int64_t{1} << 31)),
+                  "{}: ld_logits = {} (0: experts, else >= experts = {})", fn, ld_logits, experts);
+    TESSERA_CHECK(logits_dtype == TESSERA_F32 || logits_dtype == TESSERA_BF16 || logits_dtype == TESSERA_F16,
+                  "{}: logits dtype code {} (TESSERA_BF16 = 0, TESSERA_F16 = 1 or TESSERA_F32 = 2)", fn, logits_dtype);
+    TESSERA_CHECK(renormalize == 0 || renormalize == 1, "{}: renormalize = {} (0 or 1)", fn, renormalize);
+    for (auto [name, p] : {std::pair{"logits", logits}, std::pair{"expert_ids", static_cast<const void*>(expert_ids)},
+                           std::pair{"weights", static_cast<const void*>(weights)}})
+      TESSERA_CHECK(p != nullptr, "{}: {} is null", fn, name);
+    tessera::kernels::moe::TopKArgs a;
+    a.logits = logits;
+    a.logits_dtype = logits_dtype == TESSERA_F32 ? tessera::DType::f32 : dtype_of(logits_dtype);
+    a.ld_logits = ld_logits;
+    a.tokens = tokens;
+    a.experts = experts;
+    a.k = k;
+    a.renormalize = renormalize != 0;
+    a.expert_ids = expert_ids;
+    a.weights = weights;
+    tessera::kernels::moe::topk_gating(a, static_cast<cudaStream_t>(stream));
+  });
 }
 
 int tessera_device_count(int* out) {

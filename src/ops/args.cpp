@@ -14,15 +14,16 @@ namespace {
 constexpr unsigned bit(OpKind k) { return static_cast<unsigned>(k); }
 constexpr unsigned kAll =
     bit(OpKind::ag_gemm) | bit(OpKind::gemm_rs) | bit(OpKind::gemm_ar) | bit(OpKind::sp_attention);
+constexpr unsigned kMoe = bit(OpKind::moe_tp) | bit(OpKind::moe_ep);
 constexpr std::array<StrategyInfo, kStrategyCount> kStrategies{{
-    {Strategy::automatic, "automatic", kAll | bit(OpKind::moe_tp)},
-    {Strategy::sequential, "sequential", kAll | bit(OpKind::moe_tp)},
+    {Strategy::automatic, "automatic", kAll | kMoe},
+    {Strategy::sequential, "sequential", kAll | kMoe},
     {Strategy::decomposition, "decomposition", bit(OpKind::ag_gemm) | bit(OpKind::gemm_rs)},
     {Strategy::fused_ce, "fused_ce", kAll},
     {Strategy::fused_sm, "fused_sm", bit(OpKind::ag_gemm) | bit(OpKind::gemm_rs)},
     {Strategy::ring, "ring", bit(OpKind::gemm_rs) | bit(OpKind::sp_attention)},
     {Strategy::ulysses, "ulysses", bit(OpKind::sp_attention)},
-    {Strategy::pipelined, "pipelined", bit(OpKind::moe_tp)},
+    {Strategy::pipelined, "pipelined", kMoe},
     {Strategy::two_level, "two_level", bit(OpKind::sp_attention)},
 }};
 static_assert(

@@ -215,8 +215,115 @@ TEST(Capi, StrategyTable) {
   EXPECT_EQ(tessera_strategy_accepts(4, TESSERA_PIPELINED), 1);  // moe_tp takes pipelined
   EXPECT_EQ(tessera_strategy_accepts(4, TESSERA_AUTOMATIC), 1);
   EXPECT_EQ(tessera_strategy_accepts(4, TESSERA_FUSED_CE), 0);
-  EXPECT_EQ(tessera_strategy_accepts(1, TESSERA_PIPELINED), 0);   // gemm_rs does not
-  EXPECT_EQ(tessera_strategy_accepts(5, TESSERA_SEQUENTIAL), 0);  // no op 5
+  EXPECT_EQ(tessera_strategy_accepts(1, TESSERA_PIPELINED), 0);  // gemm_rs does not
+  for (int code : {TESSERA_AUTOMATIC, TESSERA_SEQUENTIAL, TESSERA_PIPELINED})
+    EXPECT_EQ(tessera_strategy_accepts(5, code), 1) << code;  // op 5: moe_ep
+  EXPECT_EQ(tessera_strategy_accepts(5, TESSERA_FUSED_CE), 0);
+  EXPECT_EQ(tessera_strategy_accepts(5, TESSERA_RING), 0);
+  EXPECT_EQ(tessera_strategy_accepts(6, TESSERA_SEQUENTIAL), 0);  // no op 6
+}
+
+// The MoE layers' arguments are checked before the session is looked at:
+// each bad value is named with a null session, and a good call then reaches
+// the null-session check.
+TEST(Capi, MoeLayersRejectBadArgumentsNamingThem) {
+  void* p = reinterpret_cast<void*>(0x1000);
+  const auto* ids = reinterpret_cast<const int32_t*>(0x2000);
+  const auto* w = reinterpret_cast<const float*>(0x3000);
+  struct Call {
+    int64_t tokens = 64, hidden = 256, inter = 128, capacity = 0;
+    int experts = 8, topk = 2, dtype = TESSERA_BF16, strategy = TESSERA_AUTOMATIC;
+    const void* x = reinterpret_cast<void*>(0x1000);
+  };
+  const std::pair<std::function<void(Call&)>, std::string> bad[] = {
+      {[](Call& c) { c.tokens = -1; }, "tokens_local = -1 out of range"},
+      {[](Call& c) { c.tokens = 0; }, ""},  // an empty shard is a valid call
+      {[](Call& c) { c.hidden = 0; }, "hidden = 0 out of range"},
+      {[](Call& c) { c.experts = 0; }, "experts = 0 out of range [1, 1024]"},
+      {[](Call& c) { c.experts = 1025; }, "experts = 1025 out of range [1, 1024]"},
+      {[](Call& c) { c.topk = 0; }, "topk = 0 out of range"},
+      {[](Call& c) { c.topk = 17; }, "topk = 17 out of range [1, min(16, experts = 8)]"},
+      {[](Call& c) { c.topk = 9; }, "topk = 9 out of range"},
+      {[](Call& c) { c.dtype = TESSERA_F16; }, "dtype code 1 (the MoE layers take TESSERA_BF16 = 0 only)"},
+      {[](Call& c) { c.strategy = TESSERA_FUSED_CE; }, "strategy code 3 (TESSERA_AUTOMATIC 0, TESSERA_SEQUENTIAL 1 or"},
+      {[](Call& c) { c.strategy = TESSERA_DECOMPOSITION; }, "strategy code 2"},
+      {[](Call& c) { c.strategy = 99; }, "strategy code 99"},
+      {[](Call& c) { c.x = nullptr; }, "x_shard is null"},
+  };
+  for (const bool ep : {false, true}) {
+    const std::string fn = ep ? "tessera_moe_ep_ex" : "tessera_moe_tp_ex";
+    auto call = [&](const Call& c) {
+      return ep ? tessera_moe_ep_ex(nullptr, nullptr, c.x, ids, w, p, p, p, c.tokens, c.hidden, c.inter, c.experts,
+                                    c.topk, c.capacity, c.dtype, c.strategy)
+                : tessera_moe_tp_ex(nullptr, nullptr, c.x, ids, w, p, p, p, c.tokens, c.hidden, c.inter, c.experts,
+                                    c.topk, c.dtype, c.strategy);
+    };
+    for (const auto& [edit, text] : bad) {
+      Call c;
+      edit(c);
+      EXPECT_EQ(call(c), -1);
+      const std::string want = fn + ": " + (text.empty() ? std::string("null session") : text);
+      EXPECT_NE(last().find(want), std::string::npos) << "want '" << want << "', got: " << last();
+    }
+    for (int s : {TESSERA_AUTOMATIC, TESSERA_SEQUENTIAL, TESSERA_PIPELINED}) {
+      Call c;
+      c.strategy = s;
+      EXPECT_EQ(call(c), -1);
+      EXPECT_NE(last().find(fn + ": null session"), std::string::npos) << last();
+    }
+  }
+  EXPECT_EQ(tessera_moe_tp_ex(nullptr, nullptr, p, nullptr, w, p, p, p, 64, 256, 128, 8, 2, TESSERA_BF16, 0), -1);
+  EXPECT_NE(last().find("tessera_moe_tp_ex: expert_ids is null"), std::string::npos) << last();
+  EXPECT_EQ(tessera_moe_tp_ex(nullptr, nullptr, p, ids, w, p, nullptr, p, 64, 256, 128, 8, 2, TESSERA_BF16, 0), -1);
+  EXPECT_NE(last().find("tessera_moe_tp_ex: w_down is null"), std::string::npos) << last();
+  EXPECT_EQ(tessera_moe_tp_ex(nullptr, nullptr, p, ids, w, p, p, p, 64, 256, 0, 8, 2, TESSERA_BF16, 0), -1);
+  EXPECT_NE(last().find("tessera_moe_tp_ex: inter_local = 0 out of range"), std::string::npos) << last();
+  EXPECT_EQ(tessera_moe_ep_ex(nullptr, nullptr, p, ids, w, p, p, p, 64, 256, 0, 8, 2, 0, TESSERA_BF16, 0), -1);
+  EXPECT_NE(last().find("tessera_moe_ep_ex: inter = 0 out of range"), std::string::npos) << last();
+  EXPECT_EQ(tessera_moe_ep_ex(nullptr, nullptr, p, ids, w, p, p, p, 64, 256, 128, 8, 2, -5, TESSERA_BF16, 0), -1);
+  EXPECT_NE(last().find("tessera_moe_ep_ex: capacity = -5 out of range"), std::string::npos) << last();
+  int out = -7;
+  EXPECT_EQ(tessera_moe_tp_resolve(nullptr, p, ids, w, p, p, p, 64, 256, 128, 8, 2, TESSERA_BF16, &out), -1);
+  EXPECT_NE(last().find("tessera_moe_tp_resolve: null session"), std::string::npos) << last();
+  EXPECT_EQ(out, -7);
+  EXPECT_EQ(tessera_moe_tp_resolve(nullptr, p, ids, w, p, p, p, 64, 256, 128, 8, 2, TESSERA_BF16, nullptr), -1);
+  EXPECT_NE(last().find("tessera_moe_tp_resolve: out is null"), std::string::npos) << last();
+  EXPECT_EQ(tessera_moe_tp_check_status(nullptr), -1);
+  EXPECT_NE(last().find("tessera_moe_tp_check_status: null session"), std::string::npos) << last();
+  EXPECT_EQ(tessera_moe_ep_check_status(nullptr), -1);
+  EXPECT_NE(last().find("tessera_moe_ep_check_status: null session"), std::string::npos) << last();
+}
+
+// The router checks its arguments before any launch, so these fail with a
+// message on a machine without a GPU too; no tokens is a no-op.
+TEST(Capi, MoeTopkGatingRejectsBadArgumentsNamingThem) {
+  void* p = reinterpret_cast<void*>(0x1000);
+  auto* ids = reinterpret_cast<int32_t*>(0x2000);
+  auto* w = reinterpret_cast<float*>(0x3000);
+  const char* fn = "tessera_moe_topk_gating: ";
+  struct Case {
+    int64_t tokens = 16, ld = 0;
+    int experts = 8, k = 2, dtype = TESSERA_F32, renorm = 1;
+    std::string want;
+  };
+  const Case bad[] = {
+      {.tokens = -1, .want = "tokens = -1 out of range"},
+      {.experts = 0, .want = "experts = 0 out of range [1, 1024]"},
+      {.experts = 2000, .want = "experts = 2000 out of range"},
+      {.k = 0, .want = "k = 0 out of range"},
+      {.k = 9, .want = "k = 9 out of range [1, min(16, experts = 8)]"},
+      {.ld = 4, .want = "ld_logits = 4 (0: experts, else >= experts = 8)"},
+      {.dtype = 3, .want = "logits dtype code 3"},
+      {.renorm = 2, .want = "renormalize = 2 (0 or 1)"},
+  };
+  for (const Case& c : bad) {
+    EXPECT_EQ(tessera_moe_topk_gating(nullptr, p, ids, w, c.tokens, c.experts, c.k, c.ld, c.dtype, c.renorm), -1);
+    EXPECT_NE(last().find(fn + c.want), std::string::npos) << "want '" << c.want << "', got: " << last();
+  }
+  EXPECT_EQ(tessera_moe_topk_gating(nullptr, p, nullptr, w, 16, 8, 2, 0, TESSERA_BF16, 1), -1);
+  EXPECT_NE(last().find("expert_ids is null"), std::string::npos) << last();
+  for (int dt : {TESSERA_F32, TESSERA_BF16, TESSERA_F16})
+    EXPECT_EQ(tessera_moe_topk_gating(nullptr, p, ids, w, 0, 8, 2, 0, dt, 0), 0) << last();  // no tokens: no launch
 }
 
 TEST(Capi, VersionAndNcclVersions) {

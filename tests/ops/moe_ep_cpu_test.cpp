@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "tessera/ops/args.hpp"
 #include "tessera/ops/moe_ep.hpp"
 #include "tessera/runtime/error.hpp"
 
@@ -38,6 +39,18 @@ TEST(MoeEp, ValidateRejectsBadShapes) {
   EXPECT_THROW(validate(a, 2), tessera::Error);
   EXPECT_THROW(parse_moe_ep_strategy("fused"), tessera::Error);
   EXPECT_EQ(parse_moe_ep_strategy("pipelined"), MoeEpStrategy::pipelined);
+}
+
+// The C API and Python take moe_ep's strategy codes from the one strategy
+// table: exactly the MoeEpStrategy values, under the table's names.
+TEST(MoeEp, StrategyTableGivesItsStrategies) {
+  for (const StrategyInfo& i : strategy_table()) {
+    const bool own =
+        i.strategy == Strategy::automatic || i.strategy == Strategy::sequential || i.strategy == Strategy::pipelined;
+    EXPECT_EQ(accepts(OpKind::moe_ep, i.strategy), own) << i.name;
+    if (own && i.strategy != Strategy::automatic)
+      EXPECT_EQ(moe_ep_strategy_name(parse_moe_ep_strategy(i.name)), i.name);
+  }
 }
 
 TEST(MoeEp, DefaultCapacityIsLossless) {

@@ -1,5 +1,5 @@
-/* tessera/capi/tessera.h — a plain C interface to Tessera's tensor- and
- * sequence-parallel operators, for callers that are not C++ (the `tessera`
+/* tessera/capi/tessera.h — a plain C interface to Tessera's tensor-,
+ * sequence- and expert-parallel operators, for callers that are not C++ (the `tessera`
  * Python package loads it with ctypes; libtessera_c.so).
  *
  * A session is one rank's process group plus its TpContext (and, when every
@@ -33,8 +33,8 @@ extern "C" {
 
 typedef struct tessera_session tessera_session;
 
-/* dtype codes */
-enum { TESSERA_BF16 = 0, TESSERA_F16 = 1 };
+/* dtype codes (TESSERA_F32: the MoE router's logits only) */
+enum { TESSERA_BF16 = 0, TESSERA_F16 = 1, TESSERA_F32 = 2 };
 /* strategy codes (ops::Strategy) */
 enum {
   TESSERA_AUTOMATIC = 0,
@@ -44,13 +44,14 @@ enum {
   TESSERA_FUSED_SM = 4,
   TESSERA_RING = 5,
   TESSERA_ULYSSES = 6,
-  TESSERA_PIPELINED = 7, /* the TP MoE layer only (op 4) */
+  TESSERA_PIPELINED = 7, /* the MoE layers only (ops 4 and 5) */
   TESSERA_TWO_LEVEL = 8  /* sp_attention only (op 3): Ulysses inside groups, ring across */
 };
 
 /* The strategy table (ops::strategy_table): the name of a strategy code, or
  * NULL for a code that names none; and whether an operator takes a strategy
- * (op: 0 ag_gemm, 1 gemm_rs, 2 gemm_ar, 3 sp_attention, 4 moe_tp; 1 yes, 0 no). */
+ * (op: 0 ag_gemm, 1 gemm_rs, 2 gemm_ar, 3 sp_attention, 4 moe_tp, 5 moe_ep;
+ * 1 yes, 0 no). */
 const char* tessera_strategy_name(int code);
 int tessera_strategy_accepts(int op, int code);
 
@@ -180,6 +181,67 @@ int tessera_sp_attention_ex(tessera_session* s, void* stream, const void* q, con
 int tessera_sp_attention_resolve(tessera_session* s, const void* q, const void* k, const void* v, void* o,
                                  int64_t batch, int64_t seq, int64_t heads_q, int64_t heads_kv, int64_t head_dim,
                                  int dtype, int causal, int* out);
+
+/* Mixture-of-Experts layers, bf16 (dtype TESSERA_BF16), ordered inside the
+ * caller's `stream` (see Streams). Routing is the caller's: expert_ids
+ * [tokens_local, topk] int32 (global expert ids in [0, experts)) and weights
+ * [tokens_local, topk] float32 for this rank's tokens (from
+ * tessera_moe_topk_gating or elsewhere). x_shard and out_shard are this
+ * rank's [tokens_local, hidden] tokens; every matrix packed, 16-byte
+ * aligned. Each expert's gated MLP is
+ *   y = w_down · (SiLU(gate) · up),  [gate, up] = w_gate_up · x,
+ * with w_gate_up's rows 2j / 2j + 1 holding gate / up column j (nn.Linear
+ * layout per expert), and out = sum over the topk slots of weight · y.
+ * The session creates each layer's context on its first call. Collective:
+ * every rank calls with the same shapes and strategy. Nothing synchronizes
+ * with the host inside a call, so the device-side checks (an expert id
+ * outside [0, experts), a capacity overflow, a routing table the grouped
+ * GEMM refused) are reported by the layer's *_check_status, which waits for
+ * the session's stream and fails with a message naming the problem if the
+ * last call met one (0 when there is nothing to report, or before a call).
+ *
+ * tessera_moe_tp_ex (ops::moe_tp, tensor parallel): every rank holds all
+ * `experts`, sharded along the intermediate dimension: w_gate_up [experts,
+ * 2 * inter_local, hidden], w_down [experts, hidden, inter_local]; the
+ * layer all-gathers the tokens and routing, runs the experts on its shard
+ * and reduce-scatters the sum back to the token shards. Strategies:
+ * TESSERA_SEQUENTIAL, TESSERA_PIPELINED, TESSERA_AUTOMATIC (the ops tuner,
+ * as tessera_session_use_cache / tune_on_miss say). */
+int tessera_moe_tp_ex(tessera_session* s, void* stream, const void* x_shard, const int32_t* expert_ids,
+                      const float* weights, const void* w_gate_up, const void* w_down, void* out_shard,
+                      int64_t tokens_local, int64_t hidden, int64_t inter_local, int experts, int topk, int dtype,
+                      int strategy);
+/* The strategy TESSERA_AUTOMATIC resolves to for this moe_tp call (measures
+ * if the shape was never measured, which runs the layer; collective;
+ * whatever tessera_session_tune_on_miss says). *out receives a strategy
+ * code. */
+int tessera_moe_tp_resolve(tessera_session* s, const void* x_shard, const int32_t* expert_ids, const float* weights,
+                           const void* w_gate_up, const void* w_down, void* out_shard, int64_t tokens_local,
+                           int64_t hidden, int64_t inter_local, int experts, int topk, int dtype, int* out);
+int tessera_moe_tp_check_status(tessera_session* s);
+/* tessera_moe_ep_ex (ops::moe_ep, expert parallel): rank r owns experts
+ * [r * experts / R, (r + 1) * experts / R) whole: w_gate_up [experts / R,
+ * 2 * inter, hidden], w_down [experts / R, hidden, inter]; experts a
+ * multiple of R. Rows travel in fixed slabs of `capacity` rows per
+ * destination rank (0: tokens_local * topk, which cannot overflow and needs
+ * the same tokens_local on every rank); rows over a smaller capacity are
+ * left out of the output and reported by tessera_moe_ep_check_status.
+ * Strategies: TESSERA_SEQUENTIAL, TESSERA_PIPELINED, TESSERA_AUTOMATIC
+ * (pipelined when R > 1). */
+int tessera_moe_ep_ex(tessera_session* s, void* stream, const void* x_shard, const int32_t* expert_ids,
+                      const float* weights, const void* w_gate_up, const void* w_down, void* out_shard,
+                      int64_t tokens_local, int64_t hidden, int64_t inter, int experts, int topk, int64_t capacity,
+                      int dtype, int strategy);
+int tessera_moe_ep_check_status(tessera_session* s);
+/* The top-k router (kernels::moe::topk_gating), on `stream`, no session:
+ * softmax over the experts of logits [tokens, experts] (row stride
+ * ld_logits elements, 0: experts; dtype TESSERA_F32, TESSERA_BF16 or
+ * TESSERA_F16) in float32, then the k largest (ties to the lower id), slots
+ * in descending weight: expert_ids [tokens, k] int32, weights [tokens, k]
+ * float32; renormalize 1 divides a token's k weights by their sum.
+ * experts <= 1024, k <= min(16, experts). */
+int tessera_moe_topk_gating(void* stream, const void* logits, int32_t* expert_ids, float* weights, int64_t tokens,
+                            int experts, int k, int64_t ld_logits, int logits_dtype, int renormalize);
 
 /* Environment queries (python -m tessera.env). tessera_lsa_probe creates an
  * NCCL communicator over devices 0..ndev-1 in this process and reports how

@@ -37,10 +37,12 @@ namespace tessera::ops {
 ///  ring          — GEMM+RS only: TileLink's ring reduce-scatter (Fig. 4): per-shard
 ///                  GEMMs in ring order, running sums passed to rank r-1 chunk by
 ///                  chunk (RingRsPlan); for R > 2 (at R = 2 it is the direct push)
-///  pipelined     — moe_tp only: per-token-shard grouped GEMMs pipelined with
-///                  NCCL send/recv on a comm stream (all-gather steps hidden
-///                  behind the own shard's gate/up GEMM, reduce-scatter steps
-///                  behind the next shard's down GEMM; docs/design/moe_tp.md)
+///  pipelined     — the MoE layers only: moe_tp's per-token-shard grouped GEMMs
+///                  pipelined with NCCL send/recv on a comm stream (all-gather
+///                  steps hidden behind the own shard's gate/up GEMM,
+///                  reduce-scatter steps behind the next shard's down GEMM;
+///                  docs/design/moe_tp.md); moe_ep's per-slab GEMMs beside
+///                  the dispatch and return (docs/design/moe_ep.md)
 ///  ulysses       — sp_attention only: all-to-all sequence <-> heads, then whole-sequence attention
 ///  two_level     — sp_attention only: Ulysses inside groups of u ranks, ring
 ///                  attention across the R / u groups (two_level_attention.hpp)
@@ -58,7 +60,16 @@ enum class Strategy : int {
 };
 
 /// The operators a strategy table entry names (a bit each).
-enum class OpKind : unsigned { ag_gemm = 1u, gemm_rs = 2u, gemm_ar = 4u, sp_attention = 8u, moe_tp = 16u };
+/// moe_ep's own option type is MoeEpStrategy; the C API and Python take its
+/// codes from this table (automatic, sequential, pipelined).
+enum class OpKind : unsigned {
+  ag_gemm = 1u,
+  gemm_rs = 2u,
+  gemm_ar = 4u,
+  sp_attention = 8u,
+  moe_tp = 16u,
+  moe_ep = 32u,
+};
 
 /// The strategy table: each strategy's code (the enum value, also the C
 /// API's TESSERA_* code), its name, and the operators that take it. The

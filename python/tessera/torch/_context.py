@@ -413,6 +413,44 @@ class Context:
         """all_reduce(a @ b.T), the same on every rank."""
         return torch.ops.tessera.gemm_ar(a, b, self.handle, strategy_code(strategy))
 
+    def moe_tp(self, x_shard, expert_ids, weights, w_gate_up, w_down, strategy="automatic"):
+        """This rank's tokens of the tensor-parallel MoE layer (torch.ops.tessera.moe_tp; forward only)."""
+        return torch.ops.tessera.moe_tp(x_shard, expert_ids, weights, w_gate_up, w_down, self.handle,
+                                        strategy_code(strategy))
+
+    def moe_ep(self, x_shard, expert_ids, weights, w_gate_up, w_down, capacity=0, strategy="automatic"):
+        """This rank's tokens of the expert-parallel MoE layer (torch.ops.tessera.moe_ep; forward only)."""
+        return torch.ops.tessera.moe_ep(x_shard, expert_ids, weights, w_gate_up, w_down, self.handle, capacity,
+                                        strategy_code(strategy))
+
+    def moe_tp_check_status(self):
+        """Waits for this context's last moe_tp call and raises TesseraError if it met an expert id outside
+        [0, experts) (those entries were left out of the output) or a routing table the grouped GEMM refused."""
+        session = self.session
+        _lib.check(self._lib.tessera_moe_tp_check_status(session))
+
+    def moe_ep_check_status(self):
+        """Waits for this context's last moe_ep call and raises TesseraError if it met an expert id outside
+        [0, experts) or more rows for a rank than the capacity (left out of the output; the message gives the
+        capacity that would have fit), or a routing table the grouped GEMM refused."""
+        session = self.session
+        _lib.check(self._lib.tessera_moe_ep_check_status(session))
+
+    def resolve_moe_tp(self, x_shard, expert_ids, weights, w_gate_up, w_down):
+        """The strategy name moe_tp's `automatic` runs for this shape (collective; a shape never measured is
+        measured now, which runs the layer, whatever tune_on_miss says)."""
+        from ._ops import _DTYPES, _moe_pointers, _moe_shapes
+        t, h, i, e, k = _moe_shapes("moe_tp", self, True, x_shard, expert_ids, weights, w_gate_up, w_down, 0, 1)
+        session = self.session
+        out = torch.empty_like(x_shard)
+        px, pids, pw, pout, _keep = _moe_pointers("moe_tp", x_shard, expert_ids, weights, w_gate_up, w_down, out)
+        r = ctypes.c_int()
+        torch.cuda.current_stream(self.device).synchronize()
+        _lib.check(self._lib.tessera_moe_tp_resolve(session, px, pids, pw, w_gate_up.data_ptr(),
+                                                    w_down.data_ptr(), pout, t, h, i, e, k, _DTYPES[x_shard.dtype],
+                                                    ctypes.byref(r)))
+        return {v: n for n, v in STRATEGIES.items()}[r.value]
+
     def mlp(self, x_shard, w_gate_up, w_down, m=None, ag_strategy="automatic", rs_strategy="automatic"):
         """This rank's rows of the TP MLP: RS(SiLU(gate)*up(AG(x) @ w_gate_up.T) @ w_down.T)."""
         m = x_shard.shape[0] * self.world if m is None else m

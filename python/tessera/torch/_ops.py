@@ -1,5 +1,5 @@
 """torch.library custom ops tessera::ag_gemm, ag_gemm_gathered, gemm_rs, gemm_ar, mlp, transpose, swiglu,
-swiglu_backward, sp_attention, sp_attention_lse.
+swiglu_backward, sp_attention, sp_attention_lse, moe_tp, moe_ep, moe_topk.
 
 Each takes the context's integer handle (tessera.torch.Context.handle) and a strategy code, validates its
 arguments before anything is launched (ValueError / TypeError naming the argument), has a fake (meta)
@@ -25,7 +25,21 @@ Sequence-parallel attention (4-D BSHD tensors, contiguous; head_dim 64 or 128; h
   sp_attention_lse(...) -> (o, lse[B, Hq, 2C] float32, natural log)
 over zig-zag shards: the global sequence of 2C·world tokens is cut into 2·world chunks of C, and rank r holds chunks
 r and 2·world−1−r, in that order (tessera.torch.zigzag_shard). softmax_scale 0: 1/sqrt(D). Strategies: automatic
-(0), sequential (1), fused_ce (3).
+(0), sequential (1), fused_ce (3), ring (5), ulysses (6), two_level (8).
+
+Mixture-of-Experts layers (bf16; routing int32 ids and float32 gate weights [T_local, topk] of this rank's tokens;
+per expert y = w_down · (SiLU(gate) · up) with [gate, up] = w_gate_up · x, gate/up rows interleaved as fuse_gate_up
+makes them, and out = Σ over the topk slots of weight · y; strategies automatic (0), sequential (1), pipelined (7)):
+  moe_tp(x[T_local, H], expert_ids, weights, w_gate_up[E, 2·I_local, H], w_down[E, H, I_local], ctx, strategy)
+      -> [T_local, H]: tensor parallel, every rank holds every expert's I / world shard (ops::moe_tp)
+  moe_ep(x[T_local, H], expert_ids, weights, w_gate_up[E/world, 2·I, H], w_down[E/world, H, I], ctx, capacity,
+         strategy) -> [T_local, H]: expert parallel, rank r owns experts [r·E/world, (r+1)·E/world) (ops::moe_ep);
+      capacity: rows per destination rank (0: T_local·topk, no overflow possible)
+  moe_topk(logits[T, E] float32/bf16/fp16, k, renormalize) -> (expert_ids[T, k] int32, weights[T, k] float32): the
+      router (softmax, the k largest, slots by descending weight; no context)
+An expert id outside [0, E) or rows over moe_ep's capacity are left out on the device and reported by
+Context.moe_tp_check_status() / moe_ep_check_status() (which wait for the stream), never silently. These ops have
+no autograd formula: a backward through them raises (forward only).
 """
 import torch
 
@@ -348,3 +362,148 @@ def sp_attention_lse(q: Tensor, k: Tensor, v: Tensor, ctx: int, causal: bool = T
 def _(q, k, v, ctx, causal=True, softmax_scale=0.0, strategy=0):
     b, rows, hq, _, _ = _sp_fake("sp_attention_lse", q, k, v, ctx, softmax_scale, strategy)
     return torch.empty_like(q), q.new_empty((b, hq, rows), dtype=torch.float32)
+
+
+# ---- Mixture-of-Experts layers: moe_tp / moe_ep, and the router moe_topk -------------------------------------------
+_MOE_STRATEGIES = (0, 1, 7)  # automatic, sequential, pipelined
+_MOE_MAX_EXPERTS, _MOE_MAX_TOPK = 1024, 16  # kernels::moe::kMaxExperts, kMaxTopK
+_ROUTER_DTYPES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
+
+
+def _moe_shapes(op, c, device_check, x, expert_ids, weights, w_gate_up, w_down, strategy, experts_per_weight):
+    """(tokens_local, hidden, inter, experts, topk) after the checks the library makes before a launch.
+    experts = experts_per_weight · w_gate_up.shape[0] (1 for moe_tp, whose ranks hold every expert; the world for
+    moe_ep, whose rank holds its E / world)."""
+    _check_tensors(op, c, device_check, x=x)
+    dt = _check_tensors(op, c, device_check, ndim=3, w_gate_up=w_gate_up, w_down=w_down)
+    _need(x.dtype == torch.bfloat16, f"tessera::{op}: x has dtype {x.dtype}; the MoE layers take bf16 only", TypeError)
+    _need(dt == x.dtype, f"tessera::{op}: w_gate_up has dtype {dt} but x has {x.dtype}", TypeError)
+    t, h = x.shape
+    for name, r, want in (("expert_ids", expert_ids, torch.int32), ("weights", weights, torch.float32)):
+        _need(r.dim() == 2, f"tessera::{op}: {name} must be 2-D [tokens_local, topk], got shape {tuple(r.shape)}")
+        _need(r.dtype == want, f"tessera::{op}: {name} has dtype {r.dtype}; it must be {want}", TypeError)
+        _need(r.is_contiguous(), f"tessera::{op}: {name} must be contiguous (row-major), got strides {r.stride()}")
+        if device_check:
+            _need(r.device == c.device,
+                  f"tessera::{op}: {name} is on {r.device}, but the context's device is {c.device}")
+        _need(r.shape[0] == t, f"tessera::{op}: {name} has {r.shape[0]} rows but x has {t} tokens")
+    k = expert_ids.shape[1]
+    _need(tuple(weights.shape) == tuple(expert_ids.shape),
+          f"tessera::{op}: weights is {tuple(weights.shape)} but expert_ids is {tuple(expert_ids.shape)}")
+    e_local, i = w_down.shape[0], w_down.shape[2]
+    inter = "inter_local" if op == "moe_tp" else "inter"
+    _need(tuple(w_down.shape) == (e_local, h, i),
+          f"tessera::{op}: w_down is {tuple(w_down.shape)}, expected (experts, hidden = {h}, {inter})")
+    _need(tuple(w_gate_up.shape) == (e_local, 2 * i, h),
+          f"tessera::{op}: w_gate_up is {tuple(w_gate_up.shape)}, expected {(e_local, 2 * i, h)} "
+          f"(experts, 2·{inter}, hidden) to match w_down {tuple(w_down.shape)}")
+    _need(h >= 8 and h % 8 == 0, f"tessera::{op}: hidden = {h} must be a positive multiple of 8")
+    _need(i >= 8 and i % 8 == 0, f"tessera::{op}: {inter} = {i} must be a positive multiple of 8")
+    e = e_local * experts_per_weight
+    _need(1 <= e <= _MOE_MAX_EXPERTS, f"tessera::{op}: experts = {e} out of range [1, {_MOE_MAX_EXPERTS}]")
+    _need(1 <= k <= min(_MOE_MAX_TOPK, e),
+          f"tessera::{op}: topk = {k} (expert_ids' columns) out of range [1, min({_MOE_MAX_TOPK}, experts = {e})]")
+    _need(strategy in _MOE_STRATEGIES,
+          f"tessera::{op}: strategy {strategy}: automatic (0), sequential (1) or pipelined (7)")
+    return t, h, i, e, k
+
+
+def _moe_pointers(op, x, expert_ids, weights, w_gate_up, w_down, out):
+    """Device pointers for the library: 16-byte aligned matrices; an empty token shard (tokens_local = 0, which a
+    rank may have and must still join the collective with) passes a scratch buffer the layer never reads."""
+    for name, t in (("x", x), ("w_gate_up", w_gate_up), ("w_down", w_down)):
+        _need(t.data_ptr() % 16 == 0, f"tessera::{op}: {name} is not 16-byte aligned (storage offset "
+                                      f"{t.storage_offset()}); pass a tensor of its own (.clone())")
+    ts = (x, expert_ids, weights, out)
+    if x.shape[0] == 0:
+        scratch = torch.empty(16, dtype=torch.float32, device=x.device)
+        return (scratch.data_ptr(),) * 4 + (scratch,)
+    return tuple(t.data_ptr() for t in ts) + (None,)
+
+
+@torch.library.custom_op("tessera::moe_tp", mutates_args=(), device_types="cuda")
+def moe_tp(x: Tensor, expert_ids: Tensor, weights: Tensor, w_gate_up: Tensor, w_down: Tensor, ctx: int,
+           strategy: int = 0) -> Tensor:
+    c = lookup(ctx)
+    t, h, i, e, k = _moe_shapes("moe_tp", c, True, x, expert_ids, weights, w_gate_up, w_down, strategy, 1)
+    out = torch.empty_like(x)
+    px, pids, pw, pout, _keep = _moe_pointers("moe_tp", x, expert_ids, weights, w_gate_up, w_down, out)
+    lib = _lib.load()
+    _lib.check(lib.tessera_moe_tp_ex(c.session, _stream(c), px, pids, pw, w_gate_up.data_ptr(), w_down.data_ptr(),
+                                     pout, t, h, i, e, k, _DTYPES[x.dtype], strategy))
+    return out
+
+
+@moe_tp.register_fake
+def _(x, expert_ids, weights, w_gate_up, w_down, ctx, strategy=0):
+    _moe_shapes("moe_tp", lookup(ctx), False, x, expert_ids, weights, w_gate_up, w_down, strategy, 1)
+    return torch.empty_like(x)
+
+
+def _check_capacity(op, capacity):
+    _need(isinstance(capacity, int) and 0 <= capacity < 2 ** 31,
+          f"tessera::{op}: capacity = {capacity!r} (rows per destination rank, >= 0; 0: tokens_local · topk)")
+
+
+@torch.library.custom_op("tessera::moe_ep", mutates_args=(), device_types="cuda")
+def moe_ep(x: Tensor, expert_ids: Tensor, weights: Tensor, w_gate_up: Tensor, w_down: Tensor, ctx: int,
+           capacity: int = 0, strategy: int = 0) -> Tensor:
+    c = lookup(ctx)
+    t, h, i, e, k = _moe_shapes("moe_ep", c, True, x, expert_ids, weights, w_gate_up, w_down, strategy, c.world)
+    _check_capacity("moe_ep", capacity)
+    out = torch.empty_like(x)
+    px, pids, pw, pout, _keep = _moe_pointers("moe_ep", x, expert_ids, weights, w_gate_up, w_down, out)
+    lib = _lib.load()
+    _lib.check(lib.tessera_moe_ep_ex(c.session, _stream(c), px, pids, pw, w_gate_up.data_ptr(), w_down.data_ptr(),
+                                     pout, t, h, i, e, k, capacity, _DTYPES[x.dtype], strategy))
+    return out
+
+
+@moe_ep.register_fake
+def _(x, expert_ids, weights, w_gate_up, w_down, ctx, capacity=0, strategy=0):
+    c = lookup(ctx)
+    _moe_shapes("moe_ep", c, False, x, expert_ids, weights, w_gate_up, w_down, strategy, c.world)
+    _check_capacity("moe_ep", capacity)
+    return torch.empty_like(x)
+
+
+def _topk_shapes(logits, k):
+    _need(logits.dim() == 2, f"tessera::moe_topk: logits must be 2-D [tokens, experts], got {tuple(logits.shape)}")
+    _need(logits.dtype in _ROUTER_DTYPES, f"tessera::moe_topk: logits has dtype {logits.dtype}; float32, bf16 or fp16",
+          TypeError)
+    _need(logits.is_contiguous(), f"tessera::moe_topk: logits must be contiguous (row-major), got strides "
+                                  f"{logits.stride()}")
+    e = logits.shape[1]
+    _need(1 <= e <= _MOE_MAX_EXPERTS, f"tessera::moe_topk: experts = {e} (logits' columns) out of range "
+                                      f"[1, {_MOE_MAX_EXPERTS}]")
+    _need(1 <= k <= min(_MOE_MAX_TOPK, e), f"tessera::moe_topk: k = {k} out of range [1, min({_MOE_MAX_TOPK}, "
+                                           f"experts = {e})]")
+    return logits.shape[0], e
+
+
+def moe_topk_reference(logits, k, renormalize=True):
+    """The router in float32 (softmax, the k largest, ties to the lower expert id; renormalized to sum 1)."""
+    p = torch.softmax(logits.float(), dim=-1)
+    w, ids = torch.topk(p, k, dim=-1, sorted=True)
+    if renormalize:
+        w = w / w.sum(-1, keepdim=True)
+    return ids.to(torch.int32), w
+
+
+@torch.library.custom_op("tessera::moe_topk", mutates_args=(), device_types="cuda")
+def moe_topk(logits: Tensor, k: int, renormalize: bool = True) -> tuple[Tensor, Tensor]:
+    t, e = _topk_shapes(logits, k)
+    ids = torch.empty((t, k), dtype=torch.int32, device=logits.device)
+    w = torch.empty((t, k), dtype=torch.float32, device=logits.device)
+    if t:
+        lib = _lib.load()
+        _lib.check(lib.tessera_moe_topk_gating(torch.cuda.current_stream(logits.device).cuda_stream,
+                                               logits.data_ptr(), ids.data_ptr(), w.data_ptr(), t, e, k, 0,
+                                               _ROUTER_DTYPES[logits.dtype], 1 if renormalize else 0))
+    return ids, w
+
+
+@moe_topk.register_fake
+def _(logits, k, renormalize=True):
+    t, _ = _topk_shapes(logits, k)
+    return logits.new_empty((t, k), dtype=torch.int32), logits.new_empty((t, k), dtype=torch.float32)

@@ -435,3 +435,200 @@ def test_sp_attention_rejects_bad_input_before_launch(world, ctx):
         tt.sp_attention(q, kv, kv, ctx)
     with pytest.raises(ValueError, match="strategy 2"):
         torch.ops.tessera.sp_attention(q, q, q, ctx.handle, True, 0.0, 2)
+
+
+# ---- Mixture-of-Experts layers ---------------------------------------------------------------------------------
+def moe_reference(x, ids, weights, w_gate_up, w_down):
+    """float32: per expert y = w_down · (SiLU(gate) · up) of its routed tokens (gate/up rows interleaved), summed
+    with the gate weights; ids outside [0, E) contribute nothing."""
+    out = torch.zeros(x.shape[0], w_down.shape[1], dtype=torch.float32, device=x.device)
+    for e in range(w_gate_up.shape[0]):
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        if tok.numel() == 0:
+            continue
+        gu = x[tok].float() @ w_gate_up[e].float().t()
+        y = (F.silu(gu[:, 0::2]) * gu[:, 1::2]) @ w_down[e].float().t()
+        out.index_add_(0, tok, y * weights[tok, slot, None])
+    return out
+
+
+def moe_routing(t, e, k, skewed, seed, dev):
+    """uniform: the router's top-k of random logits (tessera::moe_topk, checked against the float32 router);
+    skewed: slot 0 always expert 0, the others spread over 1 .. e-2, so expert e-1 gets no token on any rank."""
+    g = torch.Generator(device=dev).manual_seed(seed)
+    if not skewed:
+        logits = torch.randn(t, e, generator=g, device=dev)
+        ids, w = tt.moe_topk(logits, k)
+        ref_ids, ref_w = tt._ops.moe_topk_reference(logits, k)
+        assert torch.equal(ids, ref_ids) and (w - ref_w).abs().max().item() < 1e-5
+        return ids, w
+    ids = torch.randint(1, e - 1, (t, k), generator=g, device=dev, dtype=torch.int32)
+    ids[:, 0] = 0
+    w = torch.rand(t, k, generator=g, device=dev) + 0.1
+    return ids, w / w.sum(-1, keepdim=True)
+
+
+def moe_weights(e, inter, h, dev, seed=900):
+    """Full layer weights, the same on every rank: fused gate/up [E, 2I, H] (rows interleaved) and down [E, H, I]."""
+    w_gate = randn(e, inter, h, seed=seed, dev=dev, scale=h ** -0.5)
+    w_up = randn(e, inter, h, seed=seed + 1, dev=dev, scale=h ** -0.5)
+    w_down = randn(e, h, inter, seed=seed + 2, dev=dev, scale=inter ** -0.5)
+    return w_gate, w_up, w_down, tt.fuse_gate_up_experts(w_gate, w_up)
+
+
+def poisoned_call(fn, like):
+    """Runs fn with the caching allocator's next block of `like`'s size NaN-filled, so an output row the layer
+    never writes shows as NaN."""
+    poison = torch.full_like(like, float("nan"))
+    del poison
+    return fn()
+
+
+def gather_rows(t):
+    out = torch.empty((t.shape[0] * dist.get_world_size(),) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+    dist.all_gather_into_tensor(out, t.contiguous())
+    return out
+
+
+@pytest.mark.parametrize("strategy", ["sequential", "pipelined", "automatic"])
+@pytest.mark.parametrize("skewed", [False, True])
+def test_moe_tp_matches_reference(world, ctx, strategy, skewed):
+    """Every rank holds every expert's I / R shard: the float32 reference all-gathers the tokens and routing, runs
+    the rank's shard of every expert, and reduce-scatters the partial sums."""
+    rank, w, dev = world
+    t, h, inter, e, k = 96, 256, 128 * w, 8, 2
+    il = inter // w
+    _, _, w_down, w_gate_up = moe_weights(e, inter, h, dev)
+    wgu_r = w_gate_up[:, 2 * rank * il:2 * (rank + 1) * il].contiguous()  # the rank's interleaved gate/up rows
+    wd_r = w_down[:, :, rank * il:(rank + 1) * il].contiguous()
+    x = randn(t, h, seed=1000 + rank, dev=dev)
+    ids, gw = moe_routing(t, e, k, skewed, 1100 + rank, dev)
+    part = moe_reference(gather_rows(x), gather_rows(ids), gather_rows(gw), wgu_r, wd_r)
+    ref = torch.empty(t, h, dtype=torch.float32, device=dev)
+    dist.reduce_scatter_tensor(ref, part)
+    y = poisoned_call(lambda: ctx.moe_tp(x, ids, gw, wgu_r, wd_r, strategy=strategy), x)
+    ctx.moe_tp_check_status()
+    assert y.shape == x.shape and y.dtype == torch.bfloat16
+    assert not y.isnan().any()
+    assert rel_err(y, ref) < TOL
+    y2 = ctx.moe_tp(x, ids, gw, wgu_r, wd_r, strategy=strategy)  # a second call (epochs, cached buffers)
+    ctx.moe_tp_check_status()
+    assert rel_err(y2, y) < 1e-3
+    if strategy == "automatic":
+        assert ctx.resolve_moe_tp(x, ids, gw, wgu_r, wd_r) in ("sequential", "pipelined")
+
+
+@pytest.mark.parametrize("strategy", ["sequential", "pipelined", "automatic"])
+@pytest.mark.parametrize("skewed", [False, True])
+def test_moe_ep_matches_reference(world, ctx, strategy, skewed):
+    """Rank r owns experts [r·E/R, (r+1)·E/R) whole; the reference runs every expert on the rank's own tokens."""
+    rank, w, dev = world
+    t, h, inter, e, k = 96, 256, 128, 4 * w, 2
+    el = e // w
+    _, _, w_down, w_gate_up = moe_weights(e, inter, h, dev)
+    wgu_r, wd_r = w_gate_up[rank * el:(rank + 1) * el].contiguous(), w_down[rank * el:(rank + 1) * el].contiguous()
+    x = randn(t, h, seed=1200 + rank, dev=dev)
+    ids, gw = moe_routing(t, e, k, skewed, 1300 + rank, dev)
+    ref = moe_reference(x, ids, gw, w_gate_up, w_down)
+    y = poisoned_call(lambda: ctx.moe_ep(x, ids, gw, wgu_r, wd_r, strategy=strategy), x)
+    ctx.moe_ep_check_status()
+    assert y.shape == x.shape and not y.isnan().any()
+    assert rel_err(y, ref) < TOL
+    y2 = ctx.moe_ep(x, ids, gw, wgu_r, wd_r, capacity=t * k, strategy=strategy)  # the default capacity, explicit
+    ctx.moe_ep_check_status()
+    assert rel_err(y2, y) < 1e-3
+
+
+def test_moe_invalid_expert_id_and_overflow_are_reported(world, ctx):
+    """An id outside [0, E) is left out and reported by check_status (never silently); so is moe_ep's capacity
+    overflow. A good call afterwards reports nothing."""
+    rank, w, dev = world
+    t, h, inter, e, k = 64, 128, 64 * w, 4 * w, 2
+    il, el = inter // w, e // w
+    _, _, w_down, w_gate_up = moe_weights(e, inter, h, dev)
+    x = randn(t, h, seed=1400 + rank, dev=dev)
+    ids, gw = moe_routing(t, e, k, False, 1500 + rank, dev)
+    bad = ids.clone()
+    bad[3, 1] = e  # one invalid id on every rank
+    tp_w = (w_gate_up[:, 2 * rank * il:2 * (rank + 1) * il].contiguous(), w_down[:, :, rank * il:(rank + 1) * il]
+            .contiguous())
+    ep_w = (w_gate_up[rank * el:(rank + 1) * el].contiguous(), w_down[rank * el:(rank + 1) * el].contiguous())
+    ctx.moe_tp(x, bad, gw, *tp_w, strategy="sequential")
+    with pytest.raises(tt.TesseraError, match=r"moe_tp: \d+ routed entries had an expert id outside \[0, experts\)"):
+        ctx.moe_tp_check_status()
+    ctx.moe_tp(x, ids, gw, *tp_w, strategy="sequential")
+    ctx.moe_tp_check_status()
+    y = ctx.moe_ep(x, bad, gw, *ep_w, strategy="sequential")
+    with pytest.raises(tt.TesseraError, match=r"moe_ep: rank \d+; 1 routed entries had an expert id outside"):
+        ctx.moe_ep_check_status()
+    assert rel_err(y, moe_reference(x, bad, gw, w_gate_up, w_down)) < TOL  # the invalid entry left out
+    if w > 1:
+        skew = torch.zeros_like(ids)  # every entry to rank 0's first expert: t·k rows for rank 0
+        skew[:, 1] = 1
+        ctx.moe_ep(x, skew, gw, *ep_w, capacity=t, strategy="sequential")
+        with pytest.raises(tt.TesseraError, match="capacity overflow"):
+            ctx.moe_ep_check_status()
+    ctx.moe_ep(x, ids, gw, *ep_w, strategy="sequential")
+    ctx.moe_ep_check_status()
+
+
+def test_moe_runs_on_the_callers_stream(world, ctx):
+    """The input is produced on a side stream behind a long GPU sleep; moe_tp, called right after on that stream,
+    must see it."""
+    rank, w, dev = world
+    t, h, inter, e, k = 64, 128, 64 * w, 8, 2
+    il = inter // w
+    _, _, w_down, w_gate_up = moe_weights(e, inter, h, dev)
+    wgu_r = w_gate_up[:, 2 * rank * il:2 * (rank + 1) * il].contiguous()
+    wd_r = w_down[:, :, rank * il:(rank + 1) * il].contiguous()
+    src = randn(t, h, seed=1600 + rank, dev=dev)
+    ids, gw = moe_routing(t, e, k, False, 1700 + rank, dev)
+    ref = ctx.moe_tp(src, ids, gw, wgu_r, wd_r, strategy="sequential")
+    side = torch.cuda.Stream(dev)
+    x = torch.zeros_like(src)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)
+        x.copy_(src)
+        y = ctx.moe_tp(x, ids, gw, wgu_r, wd_r, strategy="sequential")
+        done = torch.cuda.Event()
+        done.record(side)
+    done.synchronize()
+    assert rel_err(y, ref) < 1e-3
+
+
+def test_moe_rejects_bad_input_before_launch(world, ctx):
+    _, w, dev = world
+    x = randn(16, 64, seed=1, dev=dev)
+    ids = torch.zeros(16, 2, dtype=torch.int32, device=dev)
+    gw = torch.full((16, 2), 0.5, device=dev)
+    wgu, wd = randn(4, 16, 64, seed=2, dev=dev), randn(4, 64, 8, seed=3, dev=dev)
+    with pytest.raises(ValueError, match="tessera::moe_tp: x is on cpu, but the context's device is cuda"):
+        ctx.moe_tp(x.cpu(), ids, gw, wgu, wd)
+    with pytest.raises(ValueError, match="tessera::moe_tp: expert_ids is on cpu"):
+        ctx.moe_tp(x, ids.cpu(), gw, wgu, wd)
+    with pytest.raises(TypeError, match="tessera::moe_ep: expert_ids has dtype torch.int64"):
+        ctx.moe_ep(x, ids.long(), gw, wgu, wd)
+    with pytest.raises(ValueError, match="tessera::moe_tp: x is not 16-byte aligned"):
+        ctx.moe_tp(randn(17 * 64 + 4, seed=4, dev=dev)[4:].view(17, 64)[:16], ids, gw, wgu, wd)
+
+
+def test_moe_layer_matches_reference_and_has_no_backward(world, ctx):
+    rank, w, dev = world
+    t, h, inter, e, k = 64, 256, 128 * w, 8, 2
+    w_gate, w_up, w_down, w_gate_up = moe_weights(e, inter, h, dev)
+    router = randn(e, h, seed=1800, dev=dev)
+    layer = tt.TensorParallelMoE(h, inter, e, k, ctx, strategy="sequential").load_full(w_gate, w_up, w_down, router)
+    x = randn(t, h, seed=1900 + rank, dev=dev)
+    with torch.no_grad():
+        y = layer(x)
+    with torch.no_grad():
+        logits = F.linear(x, layer.router)
+        ids, gw = layer.route(x)  # the library's router (bf16 logits may tie; ties go to the lower id there)
+    ref_ids, ref_gw = tt._ops.moe_topk_reference(logits, k)
+    assert (ids == ref_ids).float().mean().item() > 0.9 and (gw - ref_gw).abs()[ids == ref_ids].max().item() < 1e-4
+    xs, idss, gws = gather_rows(x), gather_rows(ids), gather_rows(gw)
+    ref_all = moe_reference(xs, idss, gws, w_gate_up, w_down)
+    assert rel_err(y, ref_all[rank * t:(rank + 1) * t]) < TOL
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        layer(x.clone().requires_grad_(True)).float().sum().backward()
