@@ -326,7 +326,9 @@ GemmTuneResult gemm_tune(const k::GemmArgs& a, cudaStream_t caller, const GemmTu
   // The model's pick stays unless another plan beats it by the margin.
   if (std::isfinite(model_us) && res.times_us[pick].second > model_us * (1 - kGemmTuneMargin))
     res.plan = res.model_plan;
-  if (cache) {
+  // A pick outside the candidates (plan_gemm()'s own, where its rule names
+  // a kernel the search would not) is what gemm() runs anyway: not cached.
+  if (cache && k::gemm_plan_valid(a, res.plan)) {
     nlohmann::json times = nlohmann::json::object();
     for (const auto& [p, t] : res.times_us) times[k::plan_name(p)] = t;
     double chosen_us = NAN;
