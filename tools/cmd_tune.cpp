@@ -9,6 +9,13 @@
 // [M/R, K] and multiplies by B [N, K]; gemm_rs and gemm_ar take A [M, K]
 // (this rank's K shard) and B [N, K]. Collective: every rank runs the same
 // command. Prints one line per shape with the choice and the measured times.
+//
+// `--op gemm` fills the plain GEMM's measured override instead (one GPU, no
+// `tessera run`; tune/gemm_tuner.hpp): the model's --top-k plans and its own
+// pick timed per shape, the fastest cached for the shape's bucket, which
+// kernels::gemm_tuned() (or any gemm() under TESSERA_GEMM_TUNED=1) then runs:
+//
+//   tessera tune --op gemm --shape 24x992x536 --shape 3812x1104x2184 --layout nk --out bf16
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
@@ -22,7 +29,9 @@
 #include <vector>
 
 #include "command.hpp"
+#include "tessera/kernels/gemm.hpp"
 #include "tessera/ops/tp_mlp.hpp"
+#include "tessera/tune/gemm_tuner.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/runtime/process_group.hpp"
 
@@ -35,6 +44,11 @@ struct TuneOptions {
   std::string dtype = "bf16";
   bool swiglu = false;
   bool no_cache = false;
+  // --op gemm
+  std::string layout = "nk";
+  std::string out;  ///< output dtype; "" = the input's
+  int top_k = 5;
+  bool refresh = false;
 };
 
 struct Shape {
@@ -92,10 +106,43 @@ std::string times_text(const ops::TuneReport& r) {
   return t;
 }
 
+// --op gemm: the plain GEMM's plans, measured on this process's GPU.
+void run_tune_gemm(const TuneOptions& opt) {
+  namespace k = tessera::kernels;
+  TESSERA_CHECK(opt.layout == "nk" || opt.layout == "kn", "tune: --layout '{}' (nk or kn)", opt.layout);
+  TESSERA_CHECK(opt.out.empty() || opt.out == "bf16" || opt.out == "f16" || opt.out == "f32",
+                "tune: --out '{}' (bf16, f16 or f32)", opt.out);
+  const DType in = opt.dtype == "f16" ? DType::f16 : DType::bf16;
+  const DType out = opt.out.empty() ? in : opt.out == "f32" ? DType::f32 : opt.out == "f16" ? DType::f16 : DType::bf16;
+  const k::BLayout layout = opt.layout == "kn" ? k::BLayout::KN : k::BLayout::NK;
+  tune::GemmTuneOptions to;
+  to.top_k = opt.top_k;
+  to.refresh = opt.refresh;
+  to.use_cache = !opt.no_cache;
+  for (const std::string& text : opt.shapes) {
+    const Shape s = parse_shape(text);
+    // Packed rows must be 16-byte multiples (kernels::validate): round the
+    // leading dimensions up as a caller would pad them.
+    const std::int64_t lda = (s.k + 7) / 8 * 8, ldb = layout == k::BLayout::NK ? lda : (s.n + 7) / 8 * 8;
+    RandomBuffer a(s.m * lda, 1), b((layout == k::BLayout::NK ? s.n : s.k) * ldb, 2);
+    RandomBuffer d(s.m * s.n * static_cast<std::int64_t>(dtype_size(out)) / 2, 3);
+    k::GemmArgs g{a.p, b.p, d.p, s.m, s.n, s.k, lda, ldb, 0, in, out, layout};
+    const tune::GemmTuneResult r = tune::gemm_tune(g, nullptr, to);
+    std::string times;
+    for (const auto& [p, us] : r.times_us)
+      times += fmt::format("{}{} {:.2f} us", times.empty() ? "" : ", ", k::plan_name(p), us);
+    fmt::print("gemm {}x{}x{} {} -> {} {}: {} (model {}){}{}\n", s.m, s.n, s.k, dtype_name(in), dtype_name(out),
+               opt.layout, k::plan_name(r.plan), k::plan_name(r.model_plan), r.from_cache ? " (cached)" : "",
+               times.empty() ? "" : " [" + times + "]");
+    for (const std::string& e : r.errors) fmt::print("  could not run {}\n", e);
+  }
+}
+
 void run_tune(const TuneOptions& opt) {
-  TESSERA_CHECK(opt.op == "ag_gemm" || opt.op == "gemm_rs" || opt.op == "gemm_ar",
-                "tune: --op '{}' (ag_gemm, gemm_rs or gemm_ar)", opt.op);
+  TESSERA_CHECK(opt.op == "ag_gemm" || opt.op == "gemm_rs" || opt.op == "gemm_ar" || opt.op == "gemm",
+                "tune: --op '{}' (ag_gemm, gemm_rs, gemm_ar or gemm)", opt.op);
   TESSERA_CHECK(opt.dtype == "bf16" || opt.dtype == "f16", "tune: --dtype '{}' (bf16 or f16)", opt.dtype);
+  if (opt.op == "gemm") return run_tune_gemm(opt);
   TESSERA_CHECK(!opt.swiglu || opt.op == "ag_gemm", "tune: --swiglu is an ag_gemm option");
   std::vector<Shape> shapes;
   for (const auto& s : opt.shapes) shapes.push_back(parse_shape(s));
@@ -139,13 +186,22 @@ void run_tune(const TuneOptions& opt) {
 TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   auto opt = std::make_shared<TuneOptions>();
   CLI::App* cmd = root.add_subcommand(
-      "tune", "measure `automatic`'s choice for given shapes now and cache it (run under `tessera run -n R`)");
-  cmd->add_option("--op", opt->op, "ag_gemm, gemm_rs or gemm_ar")
-      ->check(CLI::IsMember({"ag_gemm", "gemm_rs", "gemm_ar"}));
+      "tune",
+      "measure `automatic`'s choice for given shapes now and cache it (run under `tessera run -n R`); --op gemm: "
+      "the plain GEMM's plan per shape bucket, one GPU");
+  cmd->add_option("--op", opt->op, "ag_gemm, gemm_rs, gemm_ar, or gemm (the plain GEMM's plan, one GPU)")
+      ->check(CLI::IsMember({"ag_gemm", "gemm_rs", "gemm_ar", "gemm"}));
   cmd->add_option("--shape", opt->shapes, "MxNxK as the operator takes it (repeatable)")->required();
   cmd->add_option("--dtype", opt->dtype, "bf16 or f16")->check(CLI::IsMember({"bf16", "f16"}));
   cmd->add_flag("--swiglu", opt->swiglu, "ag_gemm with SiLU·up fused (B holds gate/up rows interleaved)");
   cmd->add_flag("--no-cache", opt->no_cache, "measure without reading or writing the on-disk cache");
+  cmd->add_option("--layout", opt->layout, "--op gemm: B as nk ([N, K]) or kn ([K, N])")
+      ->check(CLI::IsMember({"nk", "kn"}));
+  cmd->add_option("--out", opt->out, "--op gemm: output dtype (bf16, f16, f32; default the input's)")
+      ->check(CLI::IsMember({"bf16", "f16", "f32"}));
+  cmd->add_option("--top-k", opt->top_k, "--op gemm: the model's k cheapest plans measured per shape")
+      ->check(CLI::Range(1, 64));
+  cmd->add_flag("--refresh", opt->refresh, "--op gemm: measure even when the shape's bucket holds a plan");
   cmd->callback([opt] { run_tune(*opt); });
 });
 

@@ -1,8 +1,14 @@
 // `tessera bench gemm --random N --seed S` (issue 19.3): the engine against
-// cuBLASLt on N shapes drawn at random, side by side in one process (CUDA
-// events, interleaved runs, warm-up, medians; inputs rotated over --sets
-// buffer sets). Every shape is first checked against cuBLASLt on a poisoned
-// output (relative error; an unwritten element reads NaN and fails the check).
+// cuBLASLt on N shapes drawn at random, side by side in one process. GPU time
+// only: each variant's calls are captured into a CUDA graph between two
+// event-record nodes (tune/graph_timing.hpp), so neither library's enqueue
+// cost is counted however short the problem; the graphs run interleaved
+// round by round after warm-up rounds, medians per call; inputs rotate over
+// --sets buffer sets within each graph. Every shape is first checked against
+// cuBLASLt on a poisoned output (relative error; an unwritten element reads
+// NaN and fails the check). --tuned measures each shape's plans first
+// (tune::gemm_tune) and adds "ours (tuned)" (kernels::gemm_tuned), checked
+// the same way.
 // Prints per shape ours/cuBLASLt and the plan gemm() ran, then the geometric
 // mean, the worst, the count above 1.10, the largest error, and the same per
 // pattern (K tail, small M, small N, the target subset). --diag adds every
@@ -20,16 +26,19 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <random>
 #include <vector>
 
 #include "common/device_buffer.hpp"
+#include "common/results.hpp"
 #include "gemm/bench_gemm_kernels.hpp"
 #include "tessera/kernels/gemm.hpp"
+#include "tessera/kernels/gemm_plan.hpp"
 #include "tessera/runtime/error.hpp"
+#include "tessera/tune/gemm_tuner.hpp"
+#include "tessera/tune/graph_timing.hpp"
 
 namespace tessera::bench::gemm {
 namespace {
@@ -95,6 +104,11 @@ struct Record {
   std::string plan;
   double ours_ms, ref_ms, ratio, err;
   std::vector<std::pair<std::string, double>> diag;  // name -> ms
+  // --tuned: the plan gemm_tuned() ran, its time, ratio and error.
+  std::string tuned_plan;
+  double tuned_ms = NAN, tuned_ratio = NAN, tuned_err = NAN;
+  int calls = 1;         // calls per timed graph
+  bool gpu_only = true;  // false: graph capture failed, host-recorded events
 };
 
 double geomean(const std::vector<double>& r) {
@@ -105,6 +119,7 @@ double geomean(const std::vector<double>& r) {
 }
 
 struct Summary {
+  std::string variant = "ours";  // or "ours (tuned)"
   std::string name;
   int count = 0;
   double geomean = NAN, worst = NAN;
@@ -120,17 +135,6 @@ Summary summarize_ratios(const std::string& name, const std::vector<double>& r) 
   s.above_110 = static_cast<int>(std::count_if(r.begin(), r.end(), [](double x) { return x > 1.10; }));
   return s;
 }
-
-std::string json_str(const std::string& s) {
-  std::string o = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    o += c;
-  }
-  return o + "\"";
-}
-
-std::string json_num(double x) { return std::isfinite(x) ? fmt::format("{:.6g}", x) : "null"; }
 
 }  // namespace
 
@@ -266,34 +270,70 @@ Record measure_shape(const RandomOptions& o, DType in, kernels::BLayout layout,
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
   const double err = rel_err(d.p, ref.p, m, n, in);
 
-  int i_ours = 0, i_ref = 0;
-  std::vector<std::function<void()>> variants = {
-      [&] { kernels::gemm(args(i_ours++ % o.sets, d.p, false), opt, stream); },
-      [&] { kernels::cublaslt_gemm(args(i_ref++ % o.sets, ref.p, false), stream); }};
+  // --tuned: measure this shape's plans (cached in its bucket), then check
+  // what gemm_tuned() runs like the default plan.
+  std::string tuned_plan;
+  double tuned_err = NAN;
+  if (o.tuned) {
+    tune::GemmTuneOptions to;
+    to.top_k = o.tune_top_k;
+    to.refresh = true;
+    const tune::GemmTuneResult tr = tune::gemm_tune(args(0, d.p, false), stream, to);
+    for (const std::string& e : tr.errors) fmt::print("  tune: {}\n", e);
+    const GemmOptions used = kernels::tuned_options(args(0, d.p, false), opt);
+    tuned_plan = plan_name(plan_gemm(args(0, d.p, false), used));
+    TESSERA_CUDA_CHECK(cudaMemsetAsync(d.p, 0xFF, dbytes, stream));
+    kernels::gemm_tuned(args(0, d.p, false), opt, stream);
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    tuned_err = rel_err(d.p, ref.p, m, n, in);
+  }
+
+  // Every variant's body takes the call's index within its graph and uses
+  // input set (call % sets): consecutive calls never reuse a set.
+  std::vector<std::function<void(int)>> variants = {
+      [&](int i) { kernels::gemm(args(i % o.sets, d.p, false), opt, stream); },
+      [&](int i) { kernels::cublaslt_gemm(args(i % o.sets, ref.p, false), stream); }};
+  if (o.tuned) variants.push_back([&](int i) { kernels::gemm_tuned(args(i % o.sets, d.p, false), opt, stream); });
+  const size_t first_diag = variants.size();
   std::vector<std::string> diag_names;
-  std::vector<int> diag_i(kernels_diag.size() + 2, 0);
   for (size_t v = 0; v < kernels_diag.size(); ++v) {
     diag_names.push_back(kernels_diag[v].first);
-    variants.push_back(
-        [&, v] { kernels::gemm(args(diag_i[v]++ % o.sets, d.p, false), kernels_diag[v].second, stream); });
+    variants.push_back([&, v](int i) { kernels::gemm(args(i % o.sets, d.p, false), kernels_diag[v].second, stream); });
   }
   if (o.diag && ktail) {
-    const size_t v0 = kernels_diag.size();
     diag_names.push_back("ours ld64");
-    variants.push_back([&, v0] { kernels::gemm(args(diag_i[v0]++ % o.sets, d.p, true), opt, stream); });
+    variants.push_back([&](int i) { kernels::gemm(args(i % o.sets, d.p, true), opt, stream); });
     diag_names.push_back("cuBLASLt ld64");
-    variants.push_back([&, v0] { kernels::cublaslt_gemm(args(diag_i[v0 + 1]++ % o.sets, ref.p, true), stream); });
+    variants.push_back([&](int i) { kernels::cublaslt_gemm(args(i % o.sets, ref.p, true), stream); });
   }
-  const std::vector<Stats> st = time_interleaved(stream, variants, o.warmup, o.reps, 0);
+  // Calls per graph: every input set at least once, and about 100 us of GPU
+  // work per timed interval by the model's estimate (at most 16 calls).
+  tune::GraphTimingOptions g;
+  g.warmup = o.warmup;
+  g.reps = o.reps;
+  const double est_us = std::max(1.0, model_gemm_us(args(0, d.p, false), plan_sm_count(opt), plan));
+  g.calls = std::max(o.sets, static_cast<int>(std::min(16.0, std::ceil(100.0 / est_us))));
+  const tune::GraphTimes timed = tune::time_graphs_interleaved(stream, variants, g, "bench gemm");
+  if (!timed.gpu_only) fmt::print("  timed by host-recorded events (no graph: {})\n", timed.why);
+  auto med_ms = [&](size_t v) { return 1e-3 * tune::median_of(timed.us[v]); };
   // --diag: host time per call (enqueue only), ours and cuBLASLt: on small
-  // problems the GPU waits for it.
+  // problems the GPU waits for it when calls are issued one by one.
   double host_ours = NAN, host_ref = NAN;
   if (o.diag) {
-    host_ours = host_us(variants[0], stream);
-    host_ref = host_us(variants[1], stream);
+    int i_ours = 0, i_ref = 0;
+    host_ours = host_us([&] { variants[0](i_ours++); }, stream);
+    host_ref = host_us([&] { variants[1](i_ref++); }, stream);
   }
-  Record r{m, n, k, plan_name(plan), st[0].median_ms, st[1].median_ms, st[0].median_ms / st[1].median_ms, err, {}};
-  for (size_t v = 0; v < diag_names.size(); ++v) r.diag.push_back({diag_names[v], st[2 + v].median_ms});
+  Record r{m, n, k, plan_name(plan), med_ms(0), med_ms(1), med_ms(0) / med_ms(1), err, {}};
+  r.calls = g.calls;
+  r.gpu_only = timed.gpu_only;
+  if (o.tuned) {
+    r.tuned_plan = tuned_plan;
+    r.tuned_ms = med_ms(2);
+    r.tuned_ratio = r.tuned_ms / r.ref_ms;
+    r.tuned_err = tuned_err;
+  }
+  for (size_t v = 0; v < diag_names.size(); ++v) r.diag.push_back({diag_names[v], med_ms(first_diag + v)});
   if (o.diag) {
     r.diag.push_back({"host ours", host_ours * 1e-3});
     r.diag.push_back({"host cuBLASLt", host_ref * 1e-3});
@@ -303,8 +343,13 @@ Record measure_shape(const RandomOptions& o, DType in, kernels::BLayout layout,
       "{:>5} {:>5} {:>5} {:<16} ours {:8.4f} ms {:4.0f} TF/s  cuBLASLt {:8.4f} ms {:4.0f} TF/s  "
       "ratio {:.3f}  err {:.1e}",
       m, n, k, r.plan, r.ours_ms, flops / r.ours_ms * 1e-9, r.ref_ms, flops / r.ref_ms * 1e-9, r.ratio, err);
+  if (o.tuned)
+    line += fmt::format("  tuned {} {:8.4f} ms ratio {:.3f} err {:.1e}", r.tuned_plan, r.tuned_ms, r.tuned_ratio,
+                        r.tuned_err);
   for (const auto& [name, ms] : r.diag) line += fmt::format("  {} {:.3f}", name, ms / r.ref_ms);
-  fmt::print("{}{}\n", line, err > 1e-2 || !std::isfinite(err) ? "  ERROR" : "");
+  const bool bad =
+      err > 1e-2 || !std::isfinite(err) || (o.tuned && (r.tuned_err > 1e-2 || !std::isfinite(r.tuned_err)));
+  fmt::print("{}{}\n", line, bad ? "  ERROR" : "");
   std::fflush(stdout);
   return r;
 }
@@ -328,18 +373,25 @@ std::vector<Summary> summaries(const RandomOptions& o, const std::vector<Record>
       {"N >= 1024", [](const Record& r) { return r.n >= 1024; }},
   };
   std::vector<Summary> sums;
-  for (const Pattern& p : patterns) {
-    std::vector<double> rs;
-    for (const Record& r : recs)
-      if (p.in(r)) rs.push_back(r.ratio);
-    sums.push_back(summarize_ratios(p.name, rs));
+  for (bool tuned : {false, true}) {
+    if (tuned && !o.tuned) continue;
+    for (const Pattern& p : patterns) {
+      std::vector<double> rs;
+      for (const Record& r : recs)
+        if (p.in(r)) rs.push_back(tuned ? r.tuned_ratio : r.ratio);
+      sums.push_back(summarize_ratios(p.name, rs));
+      if (tuned) sums.back().variant = "ours (tuned)";
+    }
   }
   max_err = 0;
-  for (const Record& r : recs) max_err = std::max(max_err, std::isfinite(r.err) ? r.err : INFINITY);
+  for (const Record& r : recs) {
+    max_err = std::max(max_err, std::isfinite(r.err) ? r.err : INFINITY);
+    if (o.tuned) max_err = std::max(max_err, std::isfinite(r.tuned_err) ? r.tuned_err : INFINITY);
+  }
   fmt::print("\n");
   for (const Summary& s : sums)
-    fmt::print("{:<40} n={:3}  geomean {:.3f}  worst {:.3f}  >1.10: {}\n", s.name, s.count, s.geomean, s.worst,
-               s.above_110);
+    fmt::print("{:<14}{:<40} n={:3}  geomean {:.3f}  worst {:.3f}  >1.10: {}\n", s.variant, s.name, s.count, s.geomean,
+               s.worst, s.above_110);
   fmt::print("max rel err vs cuBLASLt: {:.2e}{}\n", max_err, max_err > 1e-2 ? "  ERROR" : "");
   if (o.diag) {
     // Best explicit kernel per shape (what a perfect choice among them would give).
@@ -351,67 +403,83 @@ std::vector<Summary> summaries(const RandomOptions& o, const std::vector<Record>
       best.push_back(b / r.ref_ms);
     }
     const Summary s = summarize_ratios("best compiled kernel", best);
-    fmt::print("{:<40} n={:3}  geomean {:.3f}  worst {:.3f}  >1.10: {}\n", s.name, s.count, s.geomean, s.worst,
-               s.above_110);
+    fmt::print("{:<14}{:<40} n={:3}  geomean {:.3f}  worst {:.3f}  >1.10: {}\n", "", s.name, s.count, s.geomean,
+               s.worst, s.above_110);
   }
 
   return sums;
 }
 
-// bench/results format (bench/results/README.md): provenance + records.
+nlohmann::json num(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); }
+
+// bench/results format (bench/results/README.md): provenance + records,
+// written by write_results.
 void write_json(const RandomOptions& o, const cudaDeviceProp& prop, const std::vector<Summary>& sums, double max_err,
                 const std::vector<Record>& recs) {
-  const auto now = std::chrono::system_clock::now();
   const std::string draw = o.mnk.empty() ? fmt::format("random {} seed {}", o.count, o.seed) : std::string("mnk list");
-  std::string j = "{\n  \"provenance\": {";
-  j += fmt::format(
-      "\"device\": {}, \"gpu\": {}, \"sms\": {}, \"date\": \"{:%Y-%m-%d}\", \"commit\": {}, "
-      "\"command\": {}, \"topic\": \"gemm\", \"issue\": 19, \"dtype\": {}, \"layout\": {}, "
-      "\"reps\": {}, \"warmup\": {}, \"sets\": {}",
-      json_str(o.device_kind), json_str(prop.name), prop.multiProcessorCount,
-      fmt::localtime(std::chrono::system_clock::to_time_t(now)), json_str(o.commit), json_str(o.command_line),
-      json_str(o.dtype), json_str(o.layout), o.reps, o.warmup, o.sets);
-  j += "},\n  \"records\": [\n";
-  std::vector<std::string> rs;
+  const nlohmann::json provenance = {
+      {"device", o.device_kind},
+      {"gpu", prop.name},
+      {"sms", prop.multiProcessorCount},
+      {"date", results_date()},
+      {"commit", results_commit(o.commit == "unknown" ? std::string() : o.commit)},
+      {"command", o.command_line},
+      {"topic", "gemm"},
+      {"issue", 19},
+      {"dtype", o.dtype},
+      {"layout", o.layout},
+      {"reps", o.reps},
+      {"warmup", o.warmup},
+      {"sets", o.sets},
+      {"timing", "GPU time: CUDA graphs of calls_per_graph calls between event-record nodes, interleaved"}};
+  nlohmann::json records = nlohmann::json::array();
   for (const Summary& s : sums) {
     if (s.count == 0) continue;
-    std::string tg, tw;
+    const std::string c = draw + ": " + s.name;
+    const std::string what = s.variant + "/cuBLASLt";
+    nlohmann::json g = {{"metric", "geomean " + what}, {"case", c},       {"value", num(s.geomean)}, {"unit", "ratio"},
+                        {"baseline", "cuBLASLt"},      {"count", s.count}};
+    nlohmann::json w = {
+        {"metric", "worst " + what}, {"case", c}, {"value", num(s.worst)}, {"unit", "ratio"}, {"baseline", "cuBLASLt"}};
     if (s.name == "all") {
-      tg = ", \"target\": {\"op\": \"<=\", \"value\": 1.02, \"text\": \"geomean <= 1.02\"}";
-      tw = ", \"target\": {\"op\": \"<=\", \"value\": 1.20, \"text\": \"worst <= 1.20\"}";
+      g["target"] = {{"op", "<="}, {"value", 1.02}, {"text", "geomean <= 1.02"}};
+      w["target"] = {{"op", "<="}, {"value", 1.20}, {"text", "worst <= 1.20"}};
     } else if (s.name.rfind("M>=1024", 0) == 0) {
-      tg = ", \"target\": {\"op\": \"<=\", \"value\": 1.00, \"text\": \"geomean <= 1.00\"}";
+      g["target"] = {{"op", "<="}, {"value", 1.00}, {"text", "geomean <= 1.00"}};
     }
-    const std::string c = json_str(draw + ": " + s.name);
-    rs.push_back(
-        fmt::format("    {{\"metric\": \"geomean ours/cuBLASLt\", \"case\": {}, \"value\": {}, \"unit\": "
-                    "\"ratio\", \"baseline\": \"cuBLASLt\", \"count\": {}{}}}",
-                    c, json_num(s.geomean), s.count, tg));
-    rs.push_back(
-        fmt::format("    {{\"metric\": \"worst ours/cuBLASLt\", \"case\": {}, \"value\": {}, \"unit\": "
-                    "\"ratio\", \"baseline\": \"cuBLASLt\"{}}}",
-                    c, json_num(s.worst), tw));
-    rs.push_back(
-        fmt::format("    {{\"metric\": \"count ours/cuBLASLt > 1.10\", \"case\": {}, \"value\": {}}}", c, s.above_110));
+    records.push_back(g);
+    records.push_back(w);
+    records.push_back({{"metric", "count " + what + " > 1.10"}, {"case", c}, {"value", s.above_110}});
   }
-  rs.push_back(fmt::format("    {{\"metric\": \"max rel err vs cuBLASLt\", \"case\": {}, \"value\": {}}}",
-                           json_str(draw), std::isfinite(max_err) ? fmt::format("{:.3e}", max_err) : "1e9"));
+  records.push_back(
+      {{"metric", "max rel err vs cuBLASLt"}, {"case", draw}, {"value", std::isfinite(max_err) ? max_err : 1e9}});
   for (const Record& r : recs) {
-    std::string dg;
-    for (const auto& [name, ms] : r.diag)
-      dg += fmt::format("{}{}: {}", dg.empty() ? "" : ", ", json_str(name), json_num(ms));
-    rs.push_back(fmt::format(
-        "    {{\"metric\": \"ours/cuBLASLt\", \"case\": \"M={} N={} K={}\", \"value\": {}, \"unit\": \"ratio\", "
-        "\"baseline\": \"cuBLASLt\", \"series\": {}, \"plan\": {}, \"ours_ms\": {}, \"cublaslt_ms\": {}, "
-        "\"rel_err\": {}{}}}",
-        r.m, r.n, r.k, json_num(r.ratio), json_str(draw), json_str(r.plan), json_num(r.ours_ms), json_num(r.ref_ms),
-        json_num(r.err), dg.empty() ? "" : ", \"diag_ms\": {" + dg + "}"));
+    nlohmann::json j = {{"metric", "ours/cuBLASLt"},
+                        {"case", fmt::format("M={} N={} K={}", r.m, r.n, r.k)},
+                        {"value", num(r.ratio)},
+                        {"unit", "ratio"},
+                        {"baseline", "cuBLASLt"},
+                        {"series", draw},
+                        {"plan", r.plan},
+                        {"ours_ms", num(r.ours_ms)},
+                        {"cublaslt_ms", num(r.ref_ms)},
+                        {"rel_err", num(r.err)},
+                        {"calls_per_graph", r.calls},
+                        {"gpu_time_only", r.gpu_only}};
+    if (o.tuned) {
+      j["tuned_plan"] = r.tuned_plan;
+      j["tuned_ms"] = num(r.tuned_ms);
+      j["tuned_ratio"] = num(r.tuned_ratio);
+      j["tuned_rel_err"] = num(r.tuned_err);
+    }
+    if (!r.diag.empty()) {
+      nlohmann::json dg = nlohmann::json::object();
+      for (const auto& [name, ms] : r.diag) dg[name] = num(ms);
+      j["diag_ms"] = dg;
+    }
+    records.push_back(j);
   }
-  for (size_t i = 0; i < rs.size(); ++i) j += rs[i] + (i + 1 < rs.size() ? ",\n" : "\n");
-  j += "  ]\n}\n";
-  std::ofstream f(o.json);
-  TESSERA_CHECK(f.good(), "bench gemm: cannot write --json {}", o.json);
-  f << j;
+  write_results(o.json, provenance, records, "bench gemm");
   fmt::print("wrote {}\n", o.json);
 }
 
@@ -430,6 +498,12 @@ void run_random(const RandomOptions& o) {
   fmt::print("bench gemm {} on {} ({} SMs), {} in/out, B {}, median of {} after {} warm-up, {} input sets\n",
              o.mnk.empty() ? fmt::format("--random {} --seed {}", o.count, o.seed) : std::string("--mnk"), prop.name,
              prop.multiProcessorCount, o.dtype, layout == BLayout::NK ? "[N,K]" : "[K,N]", o.reps, o.warmup, o.sets);
+  fmt::print("GPU time per call: each variant's calls in one CUDA graph between event-record nodes, interleaved\n");
+  if (o.tuned) {
+    TESSERA_CHECK(o.tune_top_k >= 1 && o.tune_top_k <= 64, "bench gemm: --tune-top-k {} outside [1, 64]", o.tune_top_k);
+    fmt::print("--tuned: each shape's plans measured first (top {} of the model + its pick), cache {}\n", o.tune_top_k,
+               (tune::cache_dir() / (std::string(tune::kGemmCacheName) + ".json")).string());
+  }
 
   const std::vector<std::pair<std::string, GemmOptions>> kernels_diag = diag_kernels(o);
   std::vector<Record> recs;

@@ -25,7 +25,11 @@ struct RandomOptions {
   int warmup = 5;
   int sets = 3;
   bool diag = false;  ///< also time every compiled kernel and padded leading dimensions
-  std::string json;   ///< write per-shape records and the summary here
+  /// Tune each shape first (tune::gemm_tune, re-measured and cached under
+  /// $TESSERA_CACHE_DIR) and time "ours (tuned)" (kernels::gemm_tuned) too.
+  bool tuned = false;
+  int tune_top_k = 5;
+  std::string json;  ///< write per-shape records and the summary here
   std::string commit = "unknown";
   std::string device_kind = "unknown";
   std::string command_line;

@@ -4,7 +4,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include <optional>
+
 #include "tessera/kernels/gemm/host_detail.hpp"
+#include "tessera/kernels/gemm_plan.hpp"
+#include "tessera/runtime/env.hpp"
 
 #include "tessera/runtime/error.hpp"
 
@@ -16,8 +20,47 @@ void gemm_plain_f16_nk(const GemmArgs&, const GemmOptions&, cudaStream_t);
 void gemm_plain_f16_kn(const GemmArgs&, const GemmOptions&, cudaStream_t);
 }  // namespace detail
 
-void gemm(const GemmArgs& args, const GemmOptions& o, cudaStream_t stream) {
-  validate(args, "gemm");
+GemmOptions tuned_options(const GemmArgs& a, const GemmOptions& o) {
+  if (o.tile != GemmTile::Auto || o.ping_pong || o.cluster_m != 0 || o.k_splits != 0) return o;
+  const GemmPlanLookup lookup = gemm_plan_lookup();
+  TESSERA_CHECK(lookup != nullptr,
+                "gemm: a tuned plan was asked for (gemm_tuned or TESSERA_GEMM_TUNED=1) but no tuned-plan source is "
+                "installed (call tune::install_gemm_tuned_plans())");
+  const std::optional<GemmPlan> p = lookup(a, plan_sm_count(o));
+  // The source validates against the same candidates; checked again here
+  // so that no source can make gemm() run a plan plan_gemm() could not.
+  if (!p || !gemm_plan_valid(a, *p)) return o;
+  return plan_options(*p, o);
+}
+
+bool gemm_tuned_by_env() {
+  static const bool on = [] {
+    const std::optional<std::string> v = env::get("TESSERA_GEMM_TUNED");
+    TESSERA_CHECK(!v || *v == "0" || *v == "1", "TESSERA_GEMM_TUNED = '{}' (0 or 1)", *v);
+    return v && *v == "1";
+  }();
+  return on;
+}
+
+namespace {
+
+void gemm_impl(const GemmArgs& args, const GemmOptions& o, cudaStream_t stream);
+
+}  // namespace
+
+void gemm_tuned(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
+  validate(a, "gemm");
+  gemm_impl(a, tuned_options(a, o), stream);
+}
+
+void gemm(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
+  validate(a, "gemm");
+  gemm_impl(a, gemm_tuned_by_env() ? tuned_options(a, o) : o, stream);
+}
+
+namespace {
+
+void gemm_impl(const GemmArgs& args, const GemmOptions& o, cudaStream_t stream) {
   GemmArgs a = args;
   void* staged = nullptr;
   if (!d_rows_aligned(args)) {
@@ -39,5 +82,7 @@ void gemm(const GemmArgs& args, const GemmOptions& o, cudaStream_t stream) {
     detail::release_workspace(staged, stream);
   }
 }
+
+}  // namespace
 
 }  // namespace tessera::kernels

@@ -5,13 +5,16 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "tessera/kernels/gemm.hpp"
+#include "tessera/kernels/gemm_plan.hpp"
 #include "tessera/kernels/gemm/host_detail.hpp"
 #include "tessera/runtime/error.hpp"
 
@@ -381,6 +384,84 @@ bool d_rows_aligned(const GemmArgs& a) {
   return aligned16(a.d) && (a.ldd_or_packed() * static_cast<int64_t>(dtype_size(a.out))) % 16 == 0;
 }
 
+namespace detail {
+
+// The model search's candidates, in the order the search breaks ties by
+// (the first of equally cheap plans wins).
+std::vector<GemmPlan> plan_candidates(const GemmArgs& a, bool allow_split) {
+  struct Cand {
+    GemmTile t;
+    bool pp;
+    int cluster;
+    bool splittable;
+    bool mixed_ok;  // compiled for an output type other than the input's
+  };
+  const Cand cands[] = {
+      {GemmTile::T128x256, false, 1, false, true},  {GemmTile::T128x256, false, 2, false, false},
+      {GemmTile::T256x128, false, 1, false, false}, {GemmTile::T256x128, false, 2, false, false},
+      {GemmTile::T128x128, false, 1, true, false},  {GemmTile::T128x128, true, 1, false, false},
+      {GemmTile::T64x256, true, 1, true, false},    {GemmTile::T64x64, true, 1, true, false},
+      {GemmTile::T128x192, false, 1, false, false},
+  };
+  const bool same_type = a.in == a.out;
+  const int64_t kb_total = std::max<int64_t>(1, (a.k + 63) / 64);
+  std::vector<GemmPlan> out;
+  for (const Cand& c : cands) {
+    const TileShape ts = tile_shape(c.t);
+    if (c.cluster == 2 && (a.m + ts.bm - 1) / ts.bm < 2) continue;
+    const int max_splits = c.splittable && allow_split ? static_cast<int>(std::min<int64_t>(32, kb_total / 4)) : 1;
+    for (int s = 1; s <= std::max(1, max_splits); ++s) {
+      // Split kernels write f32 partials whatever the output type.
+      if (!same_type && !c.mixed_ok && s == 1) continue;
+      GemmPlan q;
+      q.tile = c.t;
+      q.ping_pong = c.pp;
+      q.cluster_m = c.cluster;
+      q.k_splits = canonical_k_splits(a, s);
+      if (s > 1 && q.k_splits == 1) continue;
+      if (std::find(out.begin(), out.end(), q) == out.end()) out.push_back(q);
+    }
+  }
+  return out;
+}
+
+}  // namespace detail
+
+int canonical_k_splits(const GemmArgs& a, int splits) {
+  const int64_t kb_total = std::max<int64_t>(1, (a.k + 63) / 64);
+  const int64_t s = std::clamp<int64_t>(splits, 1, kb_total);
+  const int64_t per = (kb_total + s - 1) / s;
+  return static_cast<int>((kb_total + per - 1) / per);
+}
+
+std::vector<GemmPlan> gemm_plan_candidates(const GemmArgs& a) { return detail::plan_candidates(a, true); }
+
+bool gemm_plan_valid(const GemmArgs& a, const GemmPlan& p) {
+  const std::vector<GemmPlan> c = gemm_plan_candidates(a);
+  return std::find(c.begin(), c.end(), p) != c.end();
+}
+
+GemmOptions plan_options(const GemmPlan& p, GemmOptions base) {
+  base.tile = p.tile;
+  // plan_gemm() runs 64x64 as ping-pong by itself; its ping_pong option
+  // would name the 64x256 split kernel.
+  base.ping_pong = p.ping_pong && p.tile != GemmTile::T64x64;
+  base.cluster_m = p.cluster_m;
+  base.k_splits = p.k_splits;
+  return base;
+}
+
+int plan_sm_count(const GemmOptions& o) {
+  return o.max_ctas > 0 ? std::min(o.max_ctas, detail::sm_count()) : detail::sm_count();
+}
+
+namespace {
+std::atomic<GemmPlanLookup> g_plan_lookup{nullptr};
+}  // namespace
+
+void set_gemm_plan_lookup(GemmPlanLookup lookup) { g_plan_lookup.store(lookup); }
+GemmPlanLookup gemm_plan_lookup() { return g_plan_lookup.load(); }
+
 GemmPlan plan_gemm(const GemmArgs& a, const GemmOptions& o) {
   TESSERA_CHECK(o.k_splits >= 0, "gemm: k_splits = {} must be >= 0 (0 = heuristic)", o.k_splits);
   GemmPlan p;
@@ -456,40 +537,12 @@ GemmPlan plan_gemm(const GemmArgs& a, const GemmOptions& o) {
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
   }
-  struct Cand {
-    GemmTile t;
-    bool pp;
-    int cluster;
-    bool splittable;
-    bool mixed_ok;  // compiled for an output type other than the input's
-  };
-  const Cand cands[] = {
-      {GemmTile::T128x256, false, 1, false, true},  {GemmTile::T128x256, false, 2, false, false},
-      {GemmTile::T256x128, false, 1, false, false}, {GemmTile::T256x128, false, 2, false, false},
-      {GemmTile::T128x128, false, 1, true, false},  {GemmTile::T128x128, true, 1, false, false},
-      {GemmTile::T64x256, true, 1, true, false},    {GemmTile::T64x64, true, 1, true, false},
-      {GemmTile::T128x192, false, 1, false, false},
-  };
-  const int64_t kb_total = (a.k + 63) / 64;
   double best = 1e300;
-  for (const Cand& c : cands) {
-    const TileShape ts = tile_shape(c.t);
-    if (c.cluster == 2 && (a.m + ts.bm - 1) / ts.bm < 2) continue;
-    const int max_splits = c.splittable && o.k_splits == 0 ? static_cast<int>(std::min<int64_t>(32, kb_total / 4)) : 1;
-    for (int s = 1; s <= std::max(1, max_splits); ++s) {
-      // Split kernels write f32 partials whatever the output type.
-      if (!same_type && !c.mixed_ok && s == 1) continue;
-      GemmPlan q;
-      q.tile = c.t;
-      q.ping_pong = c.pp;
-      q.cluster_m = c.cluster;
-      q.k_splits = static_cast<int>((kb_total + (kb_total + s - 1) / s - 1) / ((kb_total + s - 1) / s));
-      if (s > 1 && q.k_splits == 1) continue;
-      const double t = model_gemm_us(a, sms, q);
-      if (t < best * 0.999) {
-        best = t;
-        p = q;
-      }
+  for (const GemmPlan& q : detail::plan_candidates(a, o.k_splits == 0)) {
+    const double t = model_gemm_us(a, sms, q);
+    if (t < best * 0.999) {
+      best = t;
+      p = q;
     }
   }
   std::lock_guard<std::mutex> lock(cache_mu);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <functional>
 #include <random>
 #include <set>
@@ -12,6 +13,7 @@
 #include <string>
 
 #include "tessera/kernels/gemm.hpp"
+#include "tessera/kernels/gemm_plan.hpp"
 #include "tessera/kernels/gemm/barriers.cuh"
 #include "tessera/kernels/gemm/scheduler.cuh"
 #include "tessera/ops/plan.hpp"
@@ -109,6 +111,55 @@ TEST(GemmHeuristic, EpilogueOverlapResolvesToPingPongTiles) {
   EXPECT_THROW(tk::resolve_tile(a, plain), tessera::Error);
   // The default stays the cooperative path.
   EXPECT_FALSE(tk::GemmOptions{}.ping_pong);
+}
+
+// Every plan of the model search is reachable through explicit options: what
+// the measured override relies on to run a cached plan (plan_options).
+TEST(GemmPlanCandidates, EachRunsThroughItsOptionsAndOnlyValidOnesAreListed) {
+  for (auto [m, n, k] : {std::array<int64_t, 3>{19, 1728, 12048}, {4096, 4096, 4096}, {100, 600, 256}, {1, 64, 8}}) {
+    for (DType out : {DType::bf16, DType::f32}) {
+      tk::GemmArgs a = good();
+      a.m = m, a.n = n, a.k = k, a.out = out;
+      const std::vector<tk::GemmPlan> c = tk::gemm_plan_candidates(a);
+      ASSERT_FALSE(c.empty());
+      for (const tk::GemmPlan& p : c) {
+        SCOPED_TRACE(tk::plan_name(p) + " " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k));
+        EXPECT_TRUE(tk::plan_gemm(a, tk::plan_options(p)) == p);
+        EXPECT_TRUE(tk::gemm_plan_valid(a, p));
+        EXPECT_EQ(p.k_splits, tk::canonical_k_splits(a, p.k_splits));
+        // Output type != input type: 128x256 whole K or a split kernel only.
+        if (out != a.in) EXPECT_TRUE(p.k_splits > 1 || (p.tile == tk::GemmTile::T128x256 && p.cluster_m == 1));
+        // Cluster 2 needs two tile rows.
+        if (p.cluster_m == 2) EXPECT_GE((m + tk::tile_shape(p.tile).bm - 1) / tk::tile_shape(p.tile).bm, 2);
+        EXPECT_LE(p.k_splits, std::max<int64_t>(1, std::min<int64_t>(32, (k + 63) / 64 / 4)));
+      }
+      // No duplicates.
+      for (size_t i = 0; i < c.size(); ++i)
+        for (size_t j = i + 1; j < c.size(); ++j) EXPECT_FALSE(c[i] == c[j]);
+    }
+  }
+  tk::GemmArgs a = good();
+  a.m = 100, a.n = 600, a.k = 256;  // 4 K blocks: no splits; one 128-row tile row
+  tk::GemmPlan p;
+  p.cluster_m = 2;
+  EXPECT_FALSE(tk::gemm_plan_valid(a, p));  // 128x256/c2 with one tile row
+  p = {tk::GemmTile::T128x128, false, 1, 2};
+  EXPECT_FALSE(tk::gemm_plan_valid(a, p));  // 4 K blocks cannot split
+  p = {tk::GemmTile::T128x192, true, 1, 1};
+  EXPECT_FALSE(tk::gemm_plan_valid(a, p));  // no 128x192 ping-pong kernel
+  p = {tk::GemmTile::T64x256, false, 1, 1};
+  EXPECT_FALSE(tk::gemm_plan_valid(a, p));  // 64x256 is ping-pong only
+  a.out = DType::f32;
+  p = {tk::GemmTile::T64x64, true, 1, 1};
+  EXPECT_FALSE(tk::gemm_plan_valid(a, p));  // whole-K 64x64 stores the input type only
+  a.k = 64 * 40;                            // 40 K blocks: 10 splits at most; 7 asked run as 7 (6 blocks each)
+  EXPECT_EQ(tk::canonical_k_splits(a, 7), 7);
+  EXPECT_EQ(tk::canonical_k_splits(a, 9), 8);  // 5 blocks each: 8 splits
+  EXPECT_EQ(tk::canonical_k_splits(a, 1000), 40);
+  p = {tk::GemmTile::T128x128, false, 1, 9};
+  EXPECT_FALSE(tk::gemm_plan_valid(a, p));  // not a canonical count
+  p.k_splits = 8;
+  EXPECT_TRUE(tk::gemm_plan_valid(a, p));
 }
 
 TEST(GemmHeuristic, ModelSplitsSmallMLongKAndPrefersClustersForMisalignedRows) {

@@ -1,0 +1,74 @@
+// tessera/kernels/gemm_plan.hpp — the plain GEMM's plans as values: the set
+// plan_gemm() chooses from, the options that run a given plan, and the
+// measured override (a plan per shape bucket, measured ahead of time and
+// cached by the tune layer: tessera/tune/gemm_tuner.hpp,
+// docs/design/gemm.md "Measured override").
+//
+// The override is opt-in and never measures inside a call:
+//   - gemm_tuned(a, o, stream) runs the installed source's plan for a's shape
+//     bucket when there is one, else what gemm(a, o, stream) runs;
+//   - TESSERA_GEMM_TUNED=1 (read once per process) makes every plain gemm()
+//     call do the same.
+// Either way only when o names no plan itself (tile Auto, ping_pong off,
+// cluster_m 0, k_splits 0): explicit options run what they name. The kernels
+// layer sits below the tune cache, so the source is installed from above
+// (tune::install_gemm_tuned_plans, or tune::gemm_tune, which installs it).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <optional>
+#include <vector>
+
+#include "tessera/kernels/gemm.hpp"
+
+namespace tessera::kernels {
+
+inline bool operator==(const GemmPlan& x, const GemmPlan& y) {
+  return x.tile == y.tile && x.ping_pong == y.ping_pong && x.cluster_m == y.cluster_m && x.k_splits == y.k_splits;
+}
+
+/// Every plan plan_gemm()'s model search considers for this problem with
+/// default options: each compiled kernel the problem may run (cluster 2 only
+/// with at least two tile rows; output type != input type only 128x256 and
+/// the split kernels) and, on the splittable kernels (128x128 cooperative,
+/// 64x256 and 64x64 ping-pong), each split count in [2, min(32, K blocks /
+/// 4)] written as the count that runs (canonical_k_splits). Host only (no
+/// device query). A measured plan must be one of these to run.
+std::vector<GemmPlan> gemm_plan_candidates(const GemmArgs& a);
+
+/// True when `p` is one of gemm_plan_candidates(a).
+bool gemm_plan_valid(const GemmArgs& a, const GemmPlan& p);
+
+/// The split count that runs when `splits` are asked for a's K blocks (kb):
+/// ceil(kb / ceil(kb / splits)), splits clamped to [1, kb].
+int canonical_k_splits(const GemmArgs& a, int splits);
+
+/// `base` with tile, ping_pong, cluster_m and k_splits set so that
+/// plan_gemm(a, result) == p for every p in gemm_plan_candidates(a).
+GemmOptions plan_options(const GemmPlan& p, GemmOptions base = {});
+
+/// The SM count plan_gemm() plans for under `o` (max_ctas caps the device's).
+int plan_sm_count(const GemmOptions& o);
+
+/// A source of measured plans: for the problem and plan_sm_count(), a plan
+/// or nullopt (then plan_gemm() decides). A plan it returns that is not
+/// gemm_plan_valid for the problem is ignored.
+using GemmPlanLookup = std::optional<GemmPlan> (*)(const GemmArgs& a, int num_sms);
+/// Installs the source (nullptr uninstalls); thread-safe.
+void set_gemm_plan_lookup(GemmPlanLookup lookup);
+GemmPlanLookup gemm_plan_lookup();
+
+/// The options gemm_tuned(a, o) runs under: o with the source's plan for a
+/// (plan_options) when o names no plan and the source has one; o otherwise.
+/// A tessera::Error when no source is installed.
+GemmOptions tuned_options(const GemmArgs& a, const GemmOptions& o);
+
+/// gemm(a, tuned_options(a, o), stream).
+void gemm_tuned(const GemmArgs& a, const GemmOptions& o = {}, cudaStream_t stream = nullptr);
+
+/// True when TESSERA_GEMM_TUNED=1 (read once): plain gemm() then behaves as
+/// gemm_tuned(). Any other value than unset, "0" or "1" is an Error.
+bool gemm_tuned_by_env();
+
+}  // namespace tessera::kernels
