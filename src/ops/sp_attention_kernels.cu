@@ -1,6 +1,7 @@
 // The attention kernel with sp_attention's KV hook: per KV block, the
 // engine's FlagWait (.sys acquire, timeout -> WaitRecord + trap) on the flag of
-// every remote zig-zag chunk the block covers.
+// every remote zig-zag chunk the block covers that the CTA has not acquired
+// yet (a chunk spans many blocks: one acquire and one proxy fence per chunk).
 #include "sp_attention_kernels.hpp"
 #include "tessera/kernels/attention/launch.cuh"
 #include "tessera/kernels/gemm/prologue.cuh"
@@ -12,6 +13,7 @@ namespace {
 
 struct SpKvWait {
   static constexpr bool kActive = true;
+  using State = kernels::engine::FlagMemo;           ///< flags (owner * slots + slot) this CTA acquired
   kernels::engine::FlagWait<std::uint64_t, true> w;  ///< flags, expected = epoch, timeout, diag
   int slots, world, rank, chunk;
   const std::int32_t* order;  ///< kv_arrival_order's table, or null: descending
@@ -21,13 +23,19 @@ struct SpKvWait {
     return order ? order[static_cast<long long>(n) * (n - 1) / 2 + i] : n - 1 - i;
   }
 
-  __device__ __forceinline__ void wait(const kernels::attn::KvBlockInfo& b) const {
+  __device__ __forceinline__ bool wait(const kernels::attn::KvBlockInfo& b, State& memo) const {
     const int last = min(b.row0 + b.rows, b.seqlen_k) - 1;
     const kernels::engine::TileInfo t{b.block, 0, b.block, b.row0, 0, b.rows, 1, 1, 1, b.seqlen_k, 1};
+    bool acquired = false;
     for (int c = b.row0 / chunk; c <= last / chunk; ++c) {
       const int owner = c < world ? c : 2 * world - 1 - c;
-      if (owner != rank) w.wait_one(t, owner * slots + (c < world ? 0 : 1));
+      const int f = owner * slots + (c < world ? 0 : 1);
+      if (owner == rank || memo.has(f)) continue;
+      w.wait_one(t, f);
+      memo.mark(f);
+      acquired = true;
     }
+    return acquired;
   }
 };
 

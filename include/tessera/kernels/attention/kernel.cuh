@@ -255,11 +255,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         ptx::tma_load_4d(sm.q() + c * Cfg::BM * 128, &tma_q, sm.q_full(), c * 64, m0, blk.head, blk.batch);
       int stage = 0;
       uint32_t phase = 0;
+      [[maybe_unused]] typename KvWaitState<Hook>::type hook_state{};
       for (int i = 0; i < blk.n_max; ++i) {
         const int n = kv_block_at(p.hook, i, blk.n_max);
         if constexpr (Hook::kActive) {
-          p.hook.wait(KvBlockInfo{blk.batch, head_kv, n, n * BN, BN, p.seqlen_k});
-          ptx::fence_proxy_async_global();
+          const KvBlockInfo info{blk.batch, head_kv, n, n * BN, BN, p.seqlen_k};
+          if constexpr (KvWaitState<Hook>::kStateful) {
+            if (p.hook.wait(info, hook_state)) ptx::fence_proxy_async_global();  // only after a new acquire
+          } else {
+            p.hook.wait(info);
+            ptx::fence_proxy_async_global();
+          }
         }
         ptx::mbar_wait(sm.k_empty(stage), phase ^ 1);
         ptx::mbar_arrive_expect_tx(sm.k_full(stage), Cfg::kKVBytes);

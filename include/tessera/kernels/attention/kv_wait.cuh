@@ -4,6 +4,9 @@
 // Concept:
 //   static constexpr bool kActive;            // false: the kernel emits nothing
 //   __device__ void wait(const KvBlockInfo& b) const;
+//   or, stateful (preferred):
+//   using State = ...;                        // per CTA, value-initialized
+//   __device__ bool wait(const KvBlockInfo& b, State& s) const;  // true: it acquired
 // wait() runs on the producer's TMA thread before it loads K and V rows
 // [b.row0, b.row0 + b.rows) of (b.batch, b.head_kv), for every KV block of
 // the CTA in load order (descending b.block: the diagonal / ragged blocks
@@ -11,8 +14,14 @@
 // visible at the scope they were published at (acquire). The TMA thread
 // then executes fence.proxy.async.global and issues the loads (same thread:
 // the acquire is ordered before the async-proxy reads by program order and
-// the fence). wait() runs under the producer's register budget (24 or 40,
-// AttnConfig): keep it small and call-free (no printf: see FlagWait).
+// the fence). A stateful hook remembers what it acquired (flags never
+// decrease during the kernel) and returns false when it acquired nothing new;
+// the kernel then skips the fence, since an earlier fence on this thread
+// already ordered that acquire before every later TMA load. The stateless
+// form fences every block: an acquire and a proxy fence per block cost the
+// hooked kernel 22 % (docs/design/attention.md). wait() runs under the
+// producer's register budget (24 or 40, AttnConfig): keep it small and
+// call-free (no printf: see FlagWait).
 //
 // Optionally, a hook chooses the order in which the CTA visits its KV blocks
 // (producer and consumers alike; the online softmax is order-free):
@@ -50,6 +59,18 @@ struct HasKvBlockOrder : std::false_type {};
 template <class H>
 struct HasKvBlockOrder<H, std::void_t<decltype(std::declval<const H&>().kv_block(0, 1))>> : std::true_type {};
 
+/// A stateful hook's per-CTA State (see the concept above), else an empty type.
+template <class H, class = void>
+struct KvWaitState {
+  struct type {};
+  static constexpr bool kStateful = false;
+};
+template <class H>
+struct KvWaitState<H, std::void_t<typename H::State>> {
+  using type = typename H::State;
+  static constexpr bool kStateful = true;
+};
+
 /// The i-th KV block of n_blocks the CTA visits under hook h.
 template <class H>
 __device__ __forceinline__ int kv_block_at(const H& h, int i, int n_blocks) {
@@ -72,11 +93,12 @@ struct NoKvWait {
 template <class FlagT = uint32_t, bool kSys = false>
 struct KvFlagWait {
   static constexpr bool kActive = true;
+  using State = engine::FlagMemo;  ///< the flags this CTA has acquired
   engine::FlagWait<FlagT, kSys> flags;
-  __device__ __forceinline__ void wait(const KvBlockInfo& b) const {
+  __device__ __forceinline__ bool wait(const KvBlockInfo& b, State& memo) const {
     const engine::TileInfo t{b.block, 0,          b.block, b.row0, 0, b.rows, 1, (b.seqlen_k + b.rows - 1) / b.rows,
                              1,       b.seqlen_k, 1};
-    flags.wait(t);
+    return flags.wait(t, memo);
   }
 };
 
