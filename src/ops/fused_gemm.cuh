@@ -181,24 +181,24 @@ void preload_typed() {
   kernels::detail::cuda_check(
       cudaFuncGetAttributes(
           &attr, kernels::engine::gemm_kernel<Cfg, T, false, AgPrologue,
-                                              kernels::engine::StdEpilogue<T, kernels::engine::kEpiPlain>, Sched>),
+                                              kernels::engine::StdEpilogue<T, kernels::engine::kEpiPlain>, Sched>()),
       "ops: preload AG GEMM");
   kernels::detail::cuda_check(
       cudaFuncGetAttributes(
           &attr, kernels::engine::gemm_kernel<Cfg, T, false, AgPrologue,
-                                              kernels::engine::StdEpilogue<T, kernels::engine::kEpiSwiGLU>, Sched>),
+                                              kernels::engine::StdEpilogue<T, kernels::engine::kEpiSwiGLU>, Sched>()),
       "ops: preload AG GEMM (SiLU*up)");
   kernels::detail::cuda_check(
       cudaFuncGetAttributes(
-          &attr, kernels::engine::gemm_kernel<RsCfg, T, false, kernels::engine::NoWait, RsEpilogue<T>, Sched>),
+          &attr, kernels::engine::gemm_kernel<RsCfg, T, false, kernels::engine::NoWait, RsEpilogue<T>, Sched>()),
       "ops: preload RS GEMM");
   kernels::detail::cuda_check(
-      cudaFuncGetAttributes(&attr,
-                            kernels::engine::gemm_kernel<RsCfg, T, false, RsOwnerPrologue, RsOwnerEpilogue<T>, Sched>),
+      cudaFuncGetAttributes(
+          &attr, kernels::engine::gemm_kernel<RsCfg, T, false, RsOwnerPrologue, RsOwnerEpilogue<T>, Sched>()),
       "ops: preload RS GEMM (owner epilogue)");
   kernels::detail::cuda_check(
       cudaFuncGetAttributes(&attr,
-                            kernels::engine::gemm_kernel<RsCfg, T, false, RsBandPrologue, RsStageEpilogue<T>, Sched>),
+                            kernels::engine::gemm_kernel<RsCfg, T, false, RsBandPrologue, RsStageEpilogue<T>, Sched>()),
       "ops: preload RS GEMM (copy engine)");
 }
 

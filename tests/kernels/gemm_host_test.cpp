@@ -9,12 +9,14 @@
 #include <functional>
 #include <random>
 #include <set>
+#include <type_traits>
 #include <vector>
 #include <string>
 
 #include "tessera/kernels/gemm.hpp"
 #include "tessera/kernels/gemm_plan.hpp"
 #include "tessera/kernels/gemm/barriers.cuh"
+#include "tessera/kernels/gemm/pipeline.cuh"
 #include "tessera/kernels/gemm/scheduler.cuh"
 #include "tessera/ops/plan.hpp"
 #include "tessera/runtime/error.hpp"
@@ -315,12 +317,12 @@ TEST(GemmHeuristic, ModelPrefersTheMeasuredBestTile) {
   EXPECT_EQ(tk::plan_name(c192), "128x192/c1");
 }
 
-// A host model of the ping-pong ring protocol of kernel.cuh (producer fills
+// A host model of the ping-pong ring protocol of kernel_ping_pong.cuh (producer fills
 // ring indices in order; consumer c takes tiles c, c+2, ...; parity waits on
 // full/empty mbarriers; order barriers between the consumers' main loops),
 // run under random interleavings: every full-wait that passes must see the
 // fill of exactly the ring index the consumer expects, and nothing deadlocks.
-// It checks the argument in kernel.cuh, not the device code itself.
+// It checks the argument in kernel_ping_pong.cuh, not the device code itself.
 TEST(GemmPingPongModel, ParityWaitsSeeTheirOwnFill) {
   std::mt19937_64 rng(12345);
   for (int stages : {2, 5, 7})
@@ -852,7 +854,48 @@ TEST(GemmNotifyModel, GemmRsOnPingPongTilesFinishesOnEveryRank) {
           }
 }
 
-// The prologue-waiter ring (barriers.cuh, WaiterRing; kernel.cuh): for random
+// PipelineState (pipeline.cuh): advancing from the start reaches at(i) after
+// i slots, for every ring depth the kernels use; the ping-pong consumers rely
+// on at() to start a tile at its first ring index.
+TEST(GemmPipelineState, AtMatchesAdvance) {
+  auto check = [](auto tag) {
+    constexpr int kStages = decltype(tag)::value;
+    eng::PipelineState<kStages> s;
+    for (int64_t i = 0; i < 10 * kStages + 3; ++i) {
+      const auto a = eng::PipelineState<kStages>::at(i);
+      ASSERT_EQ(a.stage, s.stage) << "stages " << kStages << " index " << i;
+      ASSERT_EQ(a.phase, s.phase) << "stages " << kStages << " index " << i;
+      ASSERT_EQ(s.stage, static_cast<int>(i % kStages));
+      ASSERT_EQ(s.phase, static_cast<uint32_t>((i / kStages) & 1));
+      s.advance();
+    }
+  };
+  check(std::integral_constant<int, 4>{});
+  check(std::integral_constant<int, 5>{});
+  check(std::integral_constant<int, 6>{});
+  check(std::integral_constant<int, 7>{});
+  check(std::integral_constant<int, 13>{});
+}
+
+// The warp roles (barriers.cuh): warpgroup 0 produces, warpgroup 1 + c is
+// consumer c, and the waiter ring's waiter warp is the producer's kWaiter.
+TEST(GemmWarpRoles, RolesOfEveryWarp) {
+  for (int warp = 0; warp < 12; ++warp) {
+    const int warpgroup = warp / 4;
+    if (warpgroup == 0) {
+      EXPECT_EQ(eng::warpgroup_role(warpgroup), eng::WarpGroupRole::kProducer);
+      EXPECT_EQ(static_cast<int>(eng::producer_warp_role(warp)), warp);
+    } else {
+      EXPECT_EQ(eng::warpgroup_role(warpgroup), eng::WarpGroupRole::kConsumer);
+      EXPECT_EQ(eng::consumer_of(warpgroup), warpgroup - 1);
+    }
+  }
+  EXPECT_EQ(eng::producer_warp_role(eng::WaiterRing::kWaiterWarp), eng::ProducerWarpRole::kWaiter);
+  EXPECT_EQ(eng::producer_warp_role(0), eng::ProducerWarpRole::kTma);
+  EXPECT_EQ(eng::producer_warp_role(1), eng::ProducerWarpRole::kNotifier);
+}
+
+// The prologue-waiter ring (barriers.cuh, WaiterRing; kernel_common.cuh): for random
 // tile counts, ring depths, K blocks and waiter speeds (slow: flags set late
 // or a long round trip; fast: flags already set), the TMA thread takes every
 // tile exactly once, in order, only after the waiter signalled THAT tile (no

@@ -1,5 +1,6 @@
 // tessera/kernels/gemm/barriers.cuh — the named barriers of the GEMM kernel
-// (kernel.cuh) and the handshake that keeps the notify barriers safe. Host-
+// (kernel_common.cuh, kernel_cooperative.cuh, kernel_ping_pong.cuh), its warp
+// roles, and the handshake that keeps the notify barriers safe. Host-
 // compilable (constexpr only), so tests/kernels/gemm_host_test.cpp models the
 // protocol with the very predicates the kernel uses.
 //
@@ -43,6 +44,30 @@
 
 namespace tessera::kernels::engine {
 
+/// The warpgroups of a GEMM CTA (kernel_common.cuh): warpgroup 0 produces, warpgroup
+/// 1 + c is consumer c (consumer_of).
+enum class WarpGroupRole : int { kProducer, kConsumer };
+
+/// The warps of the producer warpgroup, by their index in it: the TMA thread
+/// is one elected lane of kTma; kNotifier runs Epilogue::tile_done (only when
+/// the Epilogue notifies); lane 0 of kWaiter runs the Prologue's waits (only
+/// when the Prologue is active); kIdle has no work.
+enum class ProducerWarpRole : int { kTma = 0, kNotifier = 1, kWaiter = 2, kIdle = 3 };
+
+/// The role of warpgroup `warpgroup` (warp index / 4). Derive it from a
+/// warp-uniform warp index (canonical_warp_idx, kernel_common.cuh) so that the
+/// role branches stay uniform.
+__host__ __device__ constexpr WarpGroupRole warpgroup_role(int warpgroup) {
+  return warpgroup == 0 ? WarpGroupRole::kProducer : WarpGroupRole::kConsumer;
+}
+/// The consumer index (0, 1, ...) of consumer warpgroup `warpgroup`.
+__host__ __device__ constexpr int consumer_of(int warpgroup) { return warpgroup - 1; }
+/// The role of warp `warp_idx` of the producer warpgroup. The producer is
+/// warpgroup 0, so its warps' CTA indices are their indices in it (0..3).
+__host__ __device__ constexpr ProducerWarpRole producer_warp_role(int warp_idx) {
+  return static_cast<ProducerWarpRole>(warp_idx);
+}
+
 constexpr int kNotifyBarrier = 2;
 constexpr int kOrderBarrier = 4;
 constexpr int kNotifyFreeBarrier = 6;
@@ -60,7 +85,7 @@ struct NotifyHandshake {
   __host__ __device__ static constexpr bool notifier_frees(int iter, int tiles) { return iter + 2 < tiles; }
 };
 
-/// The prologue-waiter ring (kernel.cuh, only when Prologue::kActive;
+/// The prologue-waiter ring (kernel_common.cuh, only when Prologue::kActive;
 /// docs/design/gemm-engine.md). The waiter (lane 0 of warp kWaiterWarp of the producer
 /// warpgroup) runs the Prologue's wait for the CTA's tiles in schedule order,
 /// AHEAD of the TMA thread, and hands each tile over through kSlots slots of
@@ -90,7 +115,7 @@ struct NotifyHandshake {
 /// Host model: tests/kernels/gemm_host_test.cpp (GemmWaiterRingModel).
 struct WaiterRing {
   static constexpr int kSlots = 2;
-  static constexpr int kWaiterWarp = 2;  ///< warp 1 is the notifier (Epilogue::kNotify)
+  static constexpr int kWaiterWarp = static_cast<int>(ProducerWarpRole::kWaiter);
   __host__ __device__ static constexpr int slot(int j) { return j % kSlots; }
   __host__ __device__ static constexpr uint32_t ready_parity(int j) { return static_cast<uint32_t>((j / kSlots) & 1); }
   __host__ __device__ static constexpr uint32_t free_parity(int j) {

@@ -7,7 +7,7 @@
 // plus a proxy fence per tile on the producer thread showed as +1..5% even
 // with every flag already set (bench/RESULTS-archive.md, "ping-pong default").
 // Since v7 the wait runs on a separate waiter thread ahead of the TMA
-// thread (kernel.cuh); the memo stays: fewer L2 round trips, MEMBARs and L1
+// thread (kernel_common.cuh); the memo stays: fewer L2 round trips, MEMBARs and L1
 // invalidations (ld.acquire) on the SM, at no cost to the TMA issue path.
 //
 // What: memo_wait() waits for flags [f0, f1] (the flags one tile needs).
@@ -30,7 +30,7 @@
 // fence.proxy.async after that fence, then its ready arrive (release.cta) and
 // the TMA thread's wait on it (acquire.cta), order every later TMA load (of
 // this and all later tiles: program order of both threads) after the acquire
-// (kernel.cuh, the waiter ring). A vector load counts as
+// (kernel_common.cuh, the waiter ring). A vector load counts as
 // one strong relaxed read per element (PTX: vector accesses are a set of
 // scalar accesses), so the pattern holds for each flag of the window. Reducing
 // the values to a mask before the fence changes nothing: what is acquired is

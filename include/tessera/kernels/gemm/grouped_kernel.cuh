@@ -13,7 +13,7 @@
 //      rows and to N).
 //
 // Roles, barriers, the prologue-waiter ring and the notify handshake are the
-// engine's (kernel.cuh, barriers.cuh), with GroupedTileInfo (group field,
+// engine's (kernel_common.cuh, barriers.cuh), with GroupedTileInfo (group field,
 // grouped_scheduler.cuh) handed to the policies:
 //   Prologue: static constexpr bool kActive;
 //             __device__ void wait(const GroupedTileInfo&) const;   (or the
@@ -40,8 +40,9 @@
 #include "tessera/kernels/gemm/barriers.cuh"
 #include "tessera/kernels/gemm/epilogue.cuh"
 #include "tessera/kernels/gemm/grouped_scheduler.cuh"
-#include "tessera/kernels/gemm/kernel.cuh"
+#include "tessera/kernels/gemm/kernel_common.cuh"
 #include "tessera/kernels/gemm/mainloop.cuh"
+#include "tessera/kernels/gemm/pipeline.cuh"
 #include "tessera/kernels/gemm/prologue.cuh"
 
 namespace tessera::kernels::engine {
@@ -65,11 +66,12 @@ struct GroupedParams {
 template <class Cfg, class InT, bool kTransB>
 __device__ __forceinline__ void produce_grouped_tile(const SmemLayout<Cfg, InT>& sm, const CUtensorMap* tma_a,
                                                      const CUtensorMap* tma_b, int row0, int col0, int g, int k_blocks,
-                                                     int& stage, uint32_t& phase) {
+                                                     PipelineState<Cfg::kStages>& pipe) {
   static_assert(Cfg::kClusterM == 1, "grouped GEMM: no clusters");
   using L = SmemLayout<Cfg, InT>;
   for (int kb = 0; kb < k_blocks; ++kb) {
-    ptx::mbar_wait(sm.empty(stage), phase ^ 1);
+    const int stage = pipe.stage;
+    ptx::mbar_wait(sm.empty(stage), pipe.phase ^ 1);
     ptx::mbar_arrive_expect_tx(sm.full(stage), L::kStageBytes);
     const int k0 = kb * Cfg::BK;
     ptx::tma_load_2d(sm.a(stage), tma_a, sm.full(stage), k0, row0);
@@ -80,10 +82,7 @@ __device__ __forceinline__ void produce_grouped_tile(const SmemLayout<Cfg, InT>&
       for (int c = 0; c < Cfg::BN / 64; ++c)
         ptx::tma_load_3d(sm.b(stage) + c * 64 * 64 * 2, tma_b, sm.full(stage), col0 + c * 64, k0, g);
     }
-    if (++stage == Cfg::kStages) {
-      stage = 0;
-      phase ^= 1;
-    }
+    pipe.advance();
   }
 }
 
@@ -206,7 +205,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const L sm{reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023))};
   const GroupedTable tab = GroupedTable::at(sm.base + L::kBytes);
 
-  const int warp_idx = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 32, 0);
+  const int warp_idx = canonical_warp_idx();
   const bool lane0 = threadIdx.x % 32 == 0;
   const int warpgroup = warp_idx / 4;
   if (threadIdx.x == 0) {
@@ -229,14 +228,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int first = blockIdx.x, stride = gridDim.x;
   const int k_blocks = (p.K + Cfg::BK - 1) / Cfg::BK;
   auto cursor_at = [&](GroupCursor<Cfg::BM, Cfg::BN>& c, int pos) { return c.at(tab, pos, p.raster, p.N); };
-  int stage = 0;
-  uint32_t phase = 0;
+  PipelineState<Cfg::kStages> pipe;  // the TMA thread's, or this consumer's
 
-  if (warpgroup == 0) {
+  if (warpgroup_role(warpgroup) == WarpGroupRole::kProducer) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
+    const ProducerWarpRole role = producer_warp_role(warp_idx);
     if constexpr (Epilogue::kNotify) {
-      if (warp_idx == 1) {
-        // Notifier (kernel.cuh): barrier of tile iter -> handshake -> fence -> tile_done.
+      if (role == ProducerWarpRole::kNotifier) {
+        // Notifier (kernel_common.cuh): barrier of tile iter -> handshake -> fence -> tile_done.
         GroupCursor<Cfg::BM, Cfg::BN> cur;
         const int tiles = first < total ? (total - first + stride - 1) / stride : 0;
         int iter = 0;
@@ -256,8 +255,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
     }
     if constexpr (Prologue::kActive) {
-      if (warp_idx == WaiterRing::kWaiterWarp && lane0) {
-        // Waiter (kernel.cuh): the Prologue's wait per tile, kSlots ahead of the TMA thread.
+      if (role == ProducerWarpRole::kWaiter && lane0) {
+        // Waiter (kernel_common.cuh): the Prologue's wait per tile, kSlots ahead of the TMA thread.
         GroupCursor<Cfg::BM, Cfg::BN> cur;
         PrologueState<Prologue> prologue_state{};
         int iter = 0;
@@ -270,7 +269,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
       }
     }
-    if (warp_idx == 0 && ptx::elect_one_sync()) {  // the TMA thread
+    if (role == ProducerWarpRole::kTma && ptx::elect_one_sync()) {  // the TMA thread
       ptx::tma_prefetch_desc(&tma_a);
       ptx::tma_prefetch_desc(&tma_b);
       GroupCursor<Cfg::BM, Cfg::BN> cur;
@@ -286,12 +285,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const CUtensorMap* map_a = &tma_a;
         int row_a = t.row0;
         prologue_a_source(p.prologue, map_a, row_a);
-        produce_grouped_tile<Cfg, InT, kTransB>(sm, map_a, &tma_b, row_a, t.col0, t.group, k_blocks, stage, phase);
+        produce_grouped_tile<Cfg, InT, kTransB>(sm, map_a, &tma_b, row_a, t.col0, t.group, k_blocks, pipe);
       }
     }
   } else {
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-    const int consumer = warpgroup - 1;
+    const int consumer = consumer_of(warpgroup);
     const int warp = (threadIdx.x % 128) / 32;
     const int lane = threadIdx.x % 32;
     float acc[Cfg::kMAtoms][Cfg::BN / 2];
@@ -300,7 +299,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       int iter = 0;
       for (int pos = first; pos < total; pos += stride, ++iter) {
         const GroupedTileInfo t = cursor_at(cur, pos);
-        consume_tile<Cfg, InT, kTransB>(sm, consumer, k_blocks, acc, stage, phase, 0u);
+        consume_tile<Cfg, InT, kTransB>(sm, consumer, k_blocks, acc, pipe, 0u);
         const auto bound = grouped_bind(p.epilogue, t);
         grouped_store_tile<Cfg>(p.epilogue, bound, t, acc, consumer, warp, lane);
         if constexpr (Epilogue::kNotify) {
@@ -310,16 +309,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
       }
     } else {
-      // Ping-pong (kernel.cuh explains the ring indices and order barriers):
-      // consumer c takes the CTA's tiles iter = c, c + 2, ...
+      // Ping-pong (kernel_ping_pong.cuh explains the ring indices and order
+      // barriers): consumer c takes the CTA's tiles iter = c, c + 2, ...
       for (int pos = first + consumer * stride, iter = consumer; pos < total; pos += 2 * stride, iter += 2) {
         const GroupedTileInfo t = cursor_at(cur, pos);
-        const int64_t first_index = static_cast<int64_t>(iter) * k_blocks;
-        stage = static_cast<int>(first_index % Cfg::kStages);
-        phase = static_cast<uint32_t>((first_index / Cfg::kStages) & 1);
+        pipe = PipelineState<Cfg::kStages>::at(static_cast<int64_t>(iter) * k_blocks);
         if (iter > 0) ptx::named_barrier_sync(kOrderBarrier + consumer, 256);
         const bool next_exists = pos + stride < total;
-        consume_tile<Cfg, InT, kTransB>(sm, consumer, k_blocks, acc, stage, phase, 0u, [&] {
+        consume_tile<Cfg, InT, kTransB>(sm, consumer, k_blocks, acc, pipe, 0u, [&] {
           if (next_exists) ptx::named_barrier_arrive(kOrderBarrier + (consumer ^ 1), 256);
         });
         const auto bound = grouped_bind(p.epilogue, t);

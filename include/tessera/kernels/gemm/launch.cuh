@@ -82,6 +82,27 @@ struct PingPongCfgOf<GemmTile::T64x64> {
   using type = engine::TileConfig<64, 64, 13, 1, 2, true>;
 };
 
+/// The kernel's parameters for configuration Cfg, made once per launch: the
+/// problem in tiles and the policies, with a RasterScheduler's divisions
+/// prepared (scheduler.cuh) for the grid the kernel walks: tile pairs with a
+/// cluster (TileWalk, kernel_common.cuh).
+template <class Cfg, class Pro, class Epi, class Sched>
+engine::KernelParams<Pro, Epi, Sched> make_kernel_params(const GemmArgs& a, const Pro& pro, const Epi& epi,
+                                                         const Sched& sched) {
+  engine::KernelParams<Pro, Epi, Sched> p{};
+  p.M = static_cast<int>(a.m);
+  p.N = static_cast<int>(a.n);
+  p.K = static_cast<int>(a.k);
+  p.tiles_m = static_cast<int>((a.m + Cfg::BM - 1) / Cfg::BM);
+  p.tiles_n = static_cast<int>((a.n + Cfg::BN - 1) / Cfg::BN);
+  p.prologue = pro;
+  p.epilogue = epi;
+  p.scheduler = sched;
+  if constexpr (std::is_same_v<Sched, engine::RasterScheduler>)
+    p.scheduler.prepare(Cfg::kClusterM == 1 ? p.tiles_m : (p.tiles_m + 1) / 2, p.tiles_n);
+  return p;
+}
+
 /// Launches the kernel of configuration Cfg (shared by the entry points below).
 template <class Cfg, class InT, BLayout Layout, class Pro, class Epi, class Sched>
 void launch_config(const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi, const Sched& sched,
@@ -95,24 +116,11 @@ void launch_config(const GemmArgs& a, const GemmOptions& o, const Pro& pro, cons
   detail::make_tma_a(a, Cfg::BM, &tma_a);
   detail::make_tma_b(a, Cfg::BN / kClusterM, &tma_b);  // each CTA of a cluster loads its share of B
 
-  engine::KernelParams<Pro, Epi, Sched> p{};
-  p.M = static_cast<int>(a.m);
-  p.N = static_cast<int>(a.n);
-  p.K = static_cast<int>(a.k);
-  p.tiles_m = static_cast<int>((a.m + Cfg::BM - 1) / Cfg::BM);
-  p.tiles_n = static_cast<int>((a.n + Cfg::BN - 1) / Cfg::BN);
-  p.prologue = pro;
-  p.epilogue = epi;
-  p.scheduler = sched;
-  if constexpr (std::is_same_v<Sched, engine::RasterScheduler>) {
-    // Fast divisions and a reduced rotation (scheduler.cuh), for the grid
-    // the kernel walks: tile pairs with a cluster (TileWalk, kernel.cuh).
-    p.scheduler.prepare(kClusterM == 1 ? p.tiles_m : (p.tiles_m + 1) / 2, p.tiles_n);
-  }
+  const engine::KernelParams<Pro, Epi, Sched> p = make_kernel_params<Cfg>(a, pro, epi, sched);
 
   const int sms = detail::sm_count();
   const int cap = o.max_ctas > 0 ? std::min(o.max_ctas, sms) : sms;
-  auto kernel = engine::gemm_kernel<Cfg, InT, kTransB, Pro, Epi, Sched>;
+  const auto kernel = engine::gemm_kernel<Cfg, InT, kTransB, Pro, Epi, Sched>();
   constexpr int smem = engine::SmemLayout<Cfg, InT>::kLaunchBytes;
   // Per kernel and device, once (a driver call per launch is host time the
   // GPU waits for on small problems); one bit per device.
@@ -161,7 +169,7 @@ void launch_config(const GemmArgs& a, const GemmOptions& o, const Pro& pro, cons
 
 /// One kernel: tile shape, input type, B layout and cluster size fixed.
 /// kClusterM = 2 runs 2-CTA clusters along M with B multicast; the Scheduler
-/// then orders tile pairs (see TileWalk in kernel.cuh).
+/// then orders tile pairs (see TileWalk in kernel_common.cuh).
 template <GemmTile Tile, class InT, BLayout Layout, int kClusterM = 1, class Pro, class Epi, class Sched>
 void gemm_with_tile(const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi, const Sched& sched,
                     cudaStream_t stream) {

@@ -2,7 +2,8 @@
 // pipeline of one CTA: tile configuration, shared-memory ring layout, wgmma
 // matrix descriptors, and the producer / consumer loops over one tile's K.
 //
-// Ring protocol (kStages slots, each with a `full` and an `empty` mbarrier):
+// Ring protocol (kStages slots, each with a `full` and an `empty` mbarrier;
+// each side walks the slots with a PipelineState, pipeline.cuh):
 //   producer: wait empty[s] (parity ph^1) -> arrive.expect_tx(full[s], bytes)
 //             -> TMA A and B into slot s (complete_tx on full[s])
 //   consumer: wait full[s] (parity ph) -> wgmma on slot s -> after the wgmma
@@ -21,6 +22,7 @@
 #include <cstdint>
 
 #include "tessera/kernels/gemm/barriers.cuh"
+#include "tessera/kernels/gemm/pipeline.cuh"
 #include "tessera/kernels/gemm/ptx.cuh"
 #include "tessera/kernels/gemm/wgmma.cuh"
 
@@ -34,7 +36,7 @@ namespace tessera::kernels::engine {
 ///    consumer warpgroups take alternate tiles of the CTA's schedule; each owns
 ///    a whole BM x BN tile (kMAtoms = BM/64 atoms). While one stores its tile
 ///    the other runs its main loop, so the epilogue overlaps wgmma. Main loops
-///    are ordered by named barriers (kernel.cuh); no clusters.
+///    are ordered by named barriers (kernel_ping_pong.cuh); no clusters.
 template <int BM_, int BN_, int kStages_, int kClusterM_ = 1, int kConsumers_ = 2, bool kPingPong_ = false>
 struct TileConfig {
   static constexpr int BM = BM_, BN = BN_, BK = 64;
@@ -118,10 +120,11 @@ __device__ __forceinline__ uint64_t make_desc(const void* smem, uint32_t lbo, ui
 template <class Cfg, class InT, bool kTransB>
 __device__ __forceinline__ void produce_tile(const SmemLayout<Cfg, InT>& sm, const CUtensorMap* tma_a,
                                              const CUtensorMap* tma_b, int row0, int col0, int kb_begin, int k_blocks,
-                                             int& stage, uint32_t& phase, uint32_t cta_rank) {
+                                             PipelineState<Cfg::kStages>& pipe, uint32_t cta_rank) {
   using L = SmemLayout<Cfg, InT>;
   for (int kb = kb_begin; kb < kb_begin + k_blocks; ++kb) {
-    ptx::mbar_wait(sm.empty(stage), phase ^ 1);
+    const int stage = pipe.stage;
+    ptx::mbar_wait(sm.empty(stage), pipe.phase ^ 1);
     ptx::mbar_arrive_expect_tx(sm.full(stage), L::kStageBytes);
     const int k0 = kb * Cfg::BK;
     ptx::tma_load_2d(sm.a(stage), tma_a, sm.full(stage), k0, row0);
@@ -148,19 +151,16 @@ __device__ __forceinline__ void produce_tile(const SmemLayout<Cfg, InT>& sm, con
         }
       }
     }
-    if (++stage == Cfg::kStages) {
-      stage = 0;
-      phase ^= 1;
-    }
+    pipe.advance();
   }
 }
 
 /// All of K (blocks [0, k_blocks)).
 template <class Cfg, class InT, bool kTransB>
 __device__ __forceinline__ void produce_tile(const SmemLayout<Cfg, InT>& sm, const CUtensorMap* tma_a,
-                                             const CUtensorMap* tma_b, int row0, int col0, int k_blocks, int& stage,
-                                             uint32_t& phase, uint32_t cta_rank) {
-  produce_tile<Cfg, InT, kTransB>(sm, tma_a, tma_b, row0, col0, 0, k_blocks, stage, phase, cta_rank);
+                                             const CUtensorMap* tma_b, int row0, int col0, int k_blocks,
+                                             PipelineState<Cfg::kStages>& pipe, uint32_t cta_rank) {
+  produce_tile<Cfg, InT, kTransB>(sm, tma_a, tma_b, row0, col0, 0, k_blocks, pipe, cta_rank);
 }
 
 /// Frees slot s for the producers: this CTA's, and with a cluster the peer's
@@ -188,7 +188,7 @@ struct NoHook {
 /// tensor cores to the other consumer there).
 template <class Cfg, class InT, bool kTransB, class Hook = NoHook>
 __device__ __forceinline__ void consume_tile(const SmemLayout<Cfg, InT>& sm, int consumer, int k_blocks,
-                                             float (&acc)[Cfg::kMAtoms][Cfg::BN / 2], int& stage, uint32_t& phase,
+                                             float (&acc)[Cfg::kMAtoms][Cfg::BN / 2], PipelineState<Cfg::kStages>& pipe,
                                              uint32_t cta_rank, const Hook& after_last_issue = {}) {
   using Mma = Wgmma<InT, Cfg::BN, kTransB ? 1 : 0>;
   const bool warp_leader = (threadIdx.x % 32) == 0;
@@ -196,7 +196,8 @@ __device__ __forceinline__ void consume_tile(const SmemLayout<Cfg, InT>& sm, int
 #pragma unroll
   for (int a = 0; a < Cfg::kMAtoms; ++a) ptx::fence_regs(acc[a]);
   for (int kb = 0; kb < k_blocks; ++kb) {
-    ptx::mbar_wait(sm.full(stage), phase);
+    const int stage = pipe.stage;
+    ptx::mbar_wait(sm.full(stage), pipe.phase);
     ptx::wgmma_fence();
     // Ping-pong: the consumer owns the whole A slot (all BM rows).
     const uint8_t* a_base = sm.a(stage) + (Cfg::kPingPong ? 0 : consumer * Cfg::kRowsPerConsumer * 128);
@@ -219,10 +220,7 @@ __device__ __forceinline__ void consume_tile(const SmemLayout<Cfg, InT>& sm, int
       if (warp_leader) release_slot<Cfg>(sm.empty(prev), cta_rank);
     }
     prev = stage;
-    if (++stage == Cfg::kStages) {
-      stage = 0;
-      phase ^= 1;
-    }
+    pipe.advance();
   }
   after_last_issue();
   ptx::wgmma_wait<0>();

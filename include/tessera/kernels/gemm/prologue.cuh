@@ -15,7 +15,7 @@
 // visible at the scope they were published at (acquire). The waiter then
 // executes fence.proxy.async.global and arrives on the ring's ready mbarrier
 // (release.cta); the TMA thread's wait on it (acquire.cta) orders the tile's
-// TMA loads (async proxy) after the acquire (argument in kernel.cuh). The
+// TMA loads (async proxy) after the acquire (argument in kernel_common.cuh, run_waiter). The
 // stateful form returns whether it executed an acquire; when it returns
 // false (every input of t was acquired while waiting for an earlier tile)
 // the waiter skips the proxy fence: the fence that followed that earlier

@@ -128,7 +128,7 @@ __device__ __forceinline__ void cluster_sync() {
 /// Orders this thread's earlier generic-proxy global accesses (e.g. an
 /// acquire load of a ready flag) before later async-proxy (TMA) accesses: its
 /// own, and those of threads it then synchronises with (release/acquire, e.g.
-/// an mbarrier arrive / wait: the GEMM's prologue waiter, kernel.cuh).
+/// an mbarrier arrive / wait: the GEMM's prologue waiter, kernel_common.cuh).
 __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
 
 // ---- wgmma --------------------------------------------------------------------

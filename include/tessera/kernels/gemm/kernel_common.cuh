@@ -1,0 +1,331 @@
+// tessera/kernels/gemm/kernel_common.cuh — what both schedules of the GEMM
+// kernel share (kernel_cooperative.cuh, kernel_ping_pong.cuh): the kernel
+// parameters, the CTA's set-up, the tile walk, the warp roles and the
+// producer warpgroup.
+//
+// Block = 1 producer warpgroup + Cfg::kConsumers consumer warpgroups.
+//  * producer (warpgroup 0): drops to kProducerRegs registers; one thread
+//    (one lane of warp ProducerWarpRole::kTma, elected: the TMA thread) walks
+//    the schedule and streams each tile's K blocks into the smem ring with
+//    TMA. If the Prologue is active, lane 0 of warp kWaiter walks the same
+//    schedule up to WaiterRing::kSlots tiles ahead, runs Prologue::wait + the
+//    proxy fence for each tile and hands it to the TMA thread through the
+//    waiter ring (barriers.cuh), so no flag round trip sits on the TMA issue
+//    path. If the Epilogue notifies, warp kNotifier is the notifier (see
+//    epilogue.cuh).
+//  * consumers: raise to kConsumerRegs registers; walk the same schedule,
+//    multiply with wgmma, then hand each accumulator pair to the Epilogue and,
+//    if it notifies, fence + barrier + tile_done (see epilogue.cuh). How the
+//    consumers share the tiles is the schedule's (cooperative or ping-pong).
+// Producer and consumers never exchange tile indices: both evaluate the same
+// Scheduler on the same positions (blockIdx.x + i * gridDim.x).
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "tessera/link/memory_order.cuh"
+#include "tessera/kernels/gemm/barriers.cuh"
+#include "tessera/kernels/gemm/epilogue.cuh"
+#include "tessera/kernels/gemm/mainloop.cuh"
+#include "tessera/kernels/gemm/pipeline.cuh"
+#include "tessera/kernels/gemm/prologue.cuh"
+#include "tessera/kernels/gemm/scheduler.cuh"
+#include "tessera/kernels/gemm/tile.cuh"
+
+namespace tessera::kernels::engine {
+
+/// The kernel's parameters, made once on the host (make_kernel_params,
+/// launch.cuh) from GemmArgs and the policies.
+template <class Prologue, class Epilogue, class Scheduler>
+struct KernelParams {
+  int M, N, K;
+  int tiles_m, tiles_n;
+  Prologue prologue;
+  Epilogue epilogue;
+  Scheduler scheduler;
+};
+
+// Named barriers (kNotifyBarrier, kOrderBarrier, kNotifyFreeBarrier), the
+// notify handshake, the prologue-waiter ring (WaiterRing) and the warp roles:
+// see barriers.cuh.
+
+/// wgmma accumulator layout (m64nN, f32): register i of thread (warp w,
+/// lane l) holds row 16w + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + i%2.
+/// A lane quad shares a row; for each group g of 4 column blocks of 8 it
+/// holds one float2 per (lane, block). A 4x4 transpose of float2 inside the
+/// quad (3 shuffle rounds) gives lane q = lane % 4 the 8 consecutive columns
+/// of block 4g+q of row half h in v, so each store is 8 contiguous elements.
+template <int kAccRegs>
+__device__ __forceinline__ void quad_transpose8(const float (&acc)[kAccRegs], int g, int h, int lane, float (&v)[8]) {
+  const int q = lane & 3;
+  float2 e[4], f[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) e[j] = make_float2(acc[4 * (4 * g + j) + 2 * h], acc[4 * (4 * g + j) + 2 * h + 1]);
+#pragma unroll
+  for (int c = 0; c < 4; ++c) f[c] = e[c];  // f[q] = e[q] is the diagonal
+#pragma unroll
+  for (int r = 1; r < 4; ++r) {
+    const int send_idx = (q - r) & 3, from = (q + r) & 3;
+    float2 send = e[0];
+#pragma unroll
+    for (int j = 1; j < 4; ++j) send = send_idx == j ? e[j] : send;
+    float2 recv;
+    recv.x = __shfl_sync(0xffffffffu, send.x, (lane & ~3) | from);
+    recv.y = __shfl_sync(0xffffffffu, send.y, (lane & ~3) | from);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) f[c] = c == from ? recv : f[c];
+  }
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    v[2 * c] = f[c].x;
+    v[2 * c + 1] = f[c].y;
+  }
+}
+
+/// Walks this CTA's share of the schedule. Without clusters, CTA b takes
+/// positions b, b + gridDim.x, ... of a schedule over all tiles. With a
+/// 2-CTA cluster the Scheduler orders tile PAIRS (tile rows 2i and 2i+1 of one
+/// tile column): cluster c takes pair positions c, c + clusters, ..., and CTA
+/// rank r of the cluster computes tile row 2i + r. When tiles_m is odd the
+/// last pair's second tile does not exist: that CTA still loads (its A rows
+/// are out of bounds, TMA fills zeros) so its peer gets its half of B, but it
+/// waits for nothing, stores nothing and notifies nothing (valid == false).
+template <class Cfg, class Scheduler>
+struct TileWalk {
+  int first, stride, count, tiles_m, tiles_n;
+  uint32_t rank;
+  __device__ TileWalk(int tm, int tn) : TileWalk(tm, tn, tm * tn) {}
+  /// units: positions of the schedule without clusters (tm * tn, or more for
+  /// a split-K schedule: sched_units).
+  __device__ TileWalk(int tm, int tn, int units) : tiles_m(tm), tiles_n(tn) {
+    if constexpr (Cfg::kClusterM == 1) {
+      first = blockIdx.x;
+      stride = gridDim.x;
+      count = units;
+      rank = 0;
+    } else {
+      first = blockIdx.x / 2;
+      stride = gridDim.x / 2;
+      count = ((tm + 1) / 2) * tn;
+      rank = ptx::cluster_ctarank();
+    }
+  }
+  __device__ __forceinline__ TileCoord at(const Scheduler& s, int pos) const {
+    if constexpr (Cfg::kClusterM == 1) {
+      return s.tile(pos, tiles_m, tiles_n);
+    } else {
+      TileCoord t = s.tile(pos, (tiles_m + 1) / 2, tiles_n);
+      t.m = 2 * t.m + static_cast<int>(rank);
+      return t;
+    }
+  }
+};
+
+/// What the policies are told about tile `t` at schedule position `pos`.
+template <class Cfg, class Params>
+__device__ __forceinline__ TileInfo tile_info(const Params& p, const TileCoord& t, int pos) {
+  return TileInfo{t.m, t.n, pos, t.m * Cfg::BM, t.n * Cfg::BN, Cfg::BM, Cfg::BN, p.tiles_m, p.tiles_n, p.M, p.N};
+}
+
+/// The warp index of the calling thread, warp-uniform (as CUTLASS's
+/// canonical_warp_idx_sync). The shuffle tells ptxas the warp index is the
+/// same in every lane, so the role branches are uniform; the TMA thread is
+/// chosen by elect.sync, so ptxas knows one lane runs its loop and keeps the
+/// loop's addresses in uniform registers. With threadIdx.x tests instead, a
+/// second producer role (notifier, waiter) made ptxas move the TMA operands
+/// to vector registers (~4 R2UR per TMA issue, and every issue wrapped in an
+/// ELECT / BRA.U.ANY loop), which lengthened the TMA thread's reaction to a
+/// freed slot: the idle hooks' cost (docs/design/gemm-engine.md).
+__device__ __forceinline__ int canonical_warp_idx() {
+  return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 32, 0);
+}
+
+/// One CTA of the kernel after set-up: its shared memory, the calling
+/// thread's warp-uniform warp and warpgroup indices (and whether it is lane 0
+/// of its warp), its tile walk and the K blocks of every tile.
+template <class Cfg, class InT, class Scheduler>
+struct GemmCta {
+  SmemLayout<Cfg, InT> sm;
+  int warp_idx;
+  bool lane0;
+  int warpgroup;
+  TileWalk<Cfg, Scheduler> walk;
+  int k_blocks;
+};
+
+/// The CTA's set-up, run by every thread: aligns the dynamic shared memory,
+/// initialises the ring's mbarriers (and the waiter ring's, with an active
+/// Prologue) and publishes them to the CTA (to the cluster: the peer's
+/// barriers exist before anyone multicasts or arrives remotely).
+template <class Cfg, class InT, class Prologue, class Params>
+__device__ __forceinline__ auto gemm_cta_setup(const Params& p) {
+  using L = SmemLayout<Cfg, InT>;
+  using Scheduler = decltype(p.scheduler);
+  extern __shared__ uint8_t smem_raw[];
+  const L sm{reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023))};
+  const int warp_idx = canonical_warp_idx();
+  const bool lane0 = threadIdx.x % 32 == 0;
+  const int warpgroup = warp_idx / 4;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      ptx::mbar_init(sm.full(s), 1);  // the local producer's arrive.expect_tx
+      // one arrive per consumer warp of every CTA that reads this slot's data
+      // (ping-pong: only the warps of the consumer that owns the tile)
+      ptx::mbar_init(sm.empty(s), Cfg::kEmptyArrivals);
+    }
+    if constexpr (Prologue::kActive) {
+      for (int s = 0; s < WaiterRing::kSlots; ++s) {
+        ptx::mbar_init(sm.prologue_ready(s), 1);  // the waiter's arrive
+        ptx::mbar_init(sm.prologue_free(s), 1);   // the TMA thread's arrive
+      }
+    }
+    ptx::fence_barrier_init();
+  }
+  if constexpr (Cfg::kClusterM == 1)
+    __syncthreads();
+  else
+    ptx::cluster_sync();
+
+  // Split-K (a scheduler with kSplitK): more units than tiles, each over one
+  // split's share of K; clusters are not combined with it.
+  static_assert(!IsSplitK<Scheduler>::value || Cfg::kClusterM == 1, "split-K runs without clusters");
+  const TileWalk<Cfg, Scheduler> walk(p.tiles_m, p.tiles_n, sched_units(p.scheduler, p.tiles_m, p.tiles_n));
+  const int k_blocks = sched_k_blocks(p.scheduler, (p.K + Cfg::BK - 1) / Cfg::BK);
+  return GemmCta<Cfg, InT, Scheduler>{sm, warp_idx, lane0, warpgroup, walk, k_blocks};
+}
+
+/// Notifier (ProducerWarpRole::kNotifier, Epilogue::kNotify): waits until all
+/// consumer threads stored tile i, makes the stores visible at the epilogue's
+/// scope, publishes tile_done. Then (before the fence: the store threads may
+/// wait for it) frees the barrier for tile i + 2 (NotifyHandshake,
+/// barriers.cuh).
+template <class Cfg, class Params, class Cta>
+__device__ __forceinline__ void run_notifier(const Params& p, const Cta& cta) {
+  using Epilogue = decltype(p.epilogue);
+  const auto& walk = cta.walk;
+  const int tiles = walk.first < walk.count ? (walk.count - walk.first + walk.stride - 1) / walk.stride : 0;
+  int iter = 0;
+  for (int pos = walk.first; pos < walk.count; pos += walk.stride, ++iter) {
+    const TileCoord t = walk.at(p.scheduler, pos);
+    ptx::named_barrier_sync(kNotifyBarrier + (iter & 1), Cfg::kStoreThreads + 32);
+    if (NotifyHandshake::notifier_frees(iter, tiles))
+      ptx::named_barrier_arrive(kNotifyFreeBarrier + (iter & 1), Cfg::kStoreThreads + 32);
+    if (cta.lane0 && t.m < p.tiles_m) {
+      if constexpr (Epilogue::kSysScope)
+        link::mo::fence_acq_rel_sys();
+      else
+        link::mo::fence_acq_rel_gpu();
+      p.epilogue.tile_done(tile_info<Cfg>(p, t, pos));
+    }
+  }
+}
+
+/// Waiter (lane 0 of ProducerWarpRole::kWaiter, Prologue::kActive): the
+/// Prologue's wait for every tile of this CTA, in schedule order, at most
+/// WaiterRing::kSlots tiles ahead of the TMA thread.
+///
+/// Memory order (why the TMA thread's loads of tile j see the data the
+/// flags publish, although another thread acquired them):
+///   remote writes -> release (flag store, any scope the prologue uses)
+///   -> waiter: acquire of the flag (ld.acquire, or relaxed loads +
+///      fence.acq_rel: FlagMemo), generic proxy
+///   -> waiter: fence.proxy.async.global (orders the acquired global
+///      data, generic proxy, before later async-proxy accesses)
+///   -> waiter: mbarrier.arrive on ready[s] (release, CTA scope)
+///   -> TMA thread: mbarrier.try_wait on ready[s] (acquire, CTA scope)
+///   -> TMA thread: cp.async.bulk.tensor loads of tile j (async proxy).
+/// Every arrow is program order or a release/acquire pair, so the
+/// remote writes happen before the TMA reads; the proxy crossing is
+/// made by the thread that did the generic-proxy access, before the
+/// CTA-scope synchronisation — the pattern CUTLASS uses for a TMA
+/// store of smem written by other threads (each writer
+/// fence.proxy.async, then a barrier, then one thread issues the TMA).
+/// When a stateful prologue (FlagWait's memo) acquired nothing new for
+/// tile j, the fence is skipped: the acquire and fence that covered
+/// its flags preceded an earlier ready arrive, which the TMA thread
+/// acquired before tile j's loads (program order). Tiles with
+/// t.m >= tiles_m (the missing second tile of a 2-CTA cluster pair)
+/// wait for nothing but still take a ring slot, so both threads count
+/// the same tiles. The waiter exits after its last tile: no barrier counts
+/// it any more.
+template <class Cfg, class Params, class Cta>
+__device__ __forceinline__ void run_waiter(const Params& p, const Cta& cta) {
+  using Prologue = decltype(p.prologue);
+  const auto& walk = cta.walk;
+  PrologueState<Prologue> prologue_state{};  // e.g. FlagWait's memo of acquired flags
+  int iter = 0;
+  for (int pos = walk.first; pos < walk.count; pos += walk.stride, ++iter) {
+    const TileCoord t = walk.at(p.scheduler, pos);
+    const int s = WaiterRing::slot(iter);
+    ptx::mbar_wait(cta.sm.prologue_free(s), WaiterRing::free_parity(iter));
+    if (t.m < p.tiles_m && prologue_wait(p.prologue, tile_info<Cfg>(p, t, pos), prologue_state))
+      ptx::fence_proxy_async_global();
+    ptx::mbar_arrive(cta.sm.prologue_ready(s));
+  }
+}
+
+/// The TMA thread (one elected lane of ProducerWarpRole::kTma): streams every
+/// tile's K blocks into the ring, in schedule order; with an active Prologue
+/// each tile only after the waiter handed it over.
+template <class Cfg, class InT, bool kTransB, class Params, class Cta>
+__device__ __forceinline__ void run_tma_thread(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const Params& p,
+                                               const Cta& cta) {
+  using Prologue = decltype(p.prologue);
+  constexpr bool kSplitK = IsSplitK<decltype(p.scheduler)>::value;
+  const auto& sm = cta.sm;
+  const auto& walk = cta.walk;
+  ptx::tma_prefetch_desc(&tma_a);
+  ptx::tma_prefetch_desc(&tma_b);
+  PipelineState<Cfg::kStages> pipe;
+  [[maybe_unused]] int iter = 0;  // CTA-local tile index (waiter ring only)
+  for (int pos = walk.first; pos < walk.count; pos += walk.stride) {
+    if constexpr (Prologue::kActive) {
+      // Normally complete long ago: the waiter runs up to kSlots tiles
+      // ahead. Frees the slot at once (the waiter may start tile
+      // iter + kSlots while this thread loads tile iter).
+      const int s = WaiterRing::slot(iter);
+      ptx::mbar_wait(sm.prologue_ready(s), WaiterRing::ready_parity(iter));
+      ptx::mbar_arrive(sm.prologue_free(s));
+      ++iter;
+    }
+    const TileCoord t = walk.at(p.scheduler, pos);
+    const CUtensorMap* map_a = &tma_a;
+    int row_a = t.m * Cfg::BM;
+    prologue_a_source(p.prologue, map_a, row_a);  // e.g. the own shard read in place
+    if constexpr (kSplitK)
+      produce_tile<Cfg, InT, kTransB>(sm, map_a, &tma_b, row_a, t.n * Cfg::BN, p.scheduler.k_begin(pos), cta.k_blocks,
+                                      pipe, walk.rank);
+    else
+      produce_tile<Cfg, InT, kTransB>(sm, map_a, &tma_b, row_a, t.n * Cfg::BN, cta.k_blocks, pipe, walk.rank);
+  }
+  if constexpr (Cfg::kClusterM > 1) {
+    // Tail: wait until every slot was released by both CTAs' consumers, so
+    // no remote arrive can target this CTA's smem after it exits.
+    for (int i = 0; i < Cfg::kStages; ++i) {
+      ptx::mbar_wait(sm.empty(pipe.stage), pipe.phase ^ 1);
+      pipe.advance();
+    }
+  }
+}
+
+/// The producer warpgroup: lowers its register budget and runs each warp's
+/// role (ProducerWarpRole; a role whose hook is compiled out has no work).
+template <class Cfg, class InT, bool kTransB, class Params, class Cta>
+__device__ __forceinline__ void run_producer_warpgroup(const CUtensorMap& tma_a, const CUtensorMap& tma_b,
+                                                       const Params& p, const Cta& cta) {
+  using Prologue = decltype(p.prologue);
+  using Epilogue = decltype(p.epilogue);
+  ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
+  const ProducerWarpRole role = producer_warp_role(cta.warp_idx);
+  if constexpr (Epilogue::kNotify) {
+    if (role == ProducerWarpRole::kNotifier) run_notifier<Cfg>(p, cta);
+  }
+  if constexpr (Prologue::kActive) {
+    if (cta.lane0 && role == ProducerWarpRole::kWaiter) run_waiter<Cfg>(p, cta);
+  }
+  if (role == ProducerWarpRole::kTma && ptx::elect_one_sync()) run_tma_thread<Cfg, InT, kTransB>(tma_a, tma_b, p, cta);
+}
+
+}  // namespace tessera::kernels::engine

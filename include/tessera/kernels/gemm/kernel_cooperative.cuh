@@ -1,0 +1,94 @@
+// tessera/kernels/gemm/kernel_cooperative.cuh — the cooperative schedule of
+// the GEMM kernel (the default): both consumer warpgroups work on every tile,
+// consumer c on its kRowsPerConsumer rows, and both store the tile together.
+// Set-up, warp roles and the producer warpgroup: kernel_common.cuh.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "tessera/kernels/gemm/kernel_common.cuh"
+
+namespace tessera::kernels::engine {
+
+/// The cooperative kernel. The consumer loop is written out here, in the
+/// kernel function itself: moved into a function of its own, the loop
+/// compiles to different SASS (the SwiGLU epilogue's stores and the quad
+/// transpose's selects are scheduled differently), and this path is kept as
+/// measured.
+template <class Cfg, class InT, bool kTransB, class Prologue, class Epilogue, class Scheduler>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    gemm_kernel_cooperative(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
+                            const __grid_constant__ KernelParams<Prologue, Epilogue, Scheduler> p) {
+  static_assert(!Cfg::kPingPong, "the cooperative schedule");
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  const auto cta = gemm_cta_setup<Cfg, InT, Prologue>(p);
+  PipelineState<Cfg::kStages> pipe;  // the consumer's ring position
+  if (warpgroup_role(cta.warpgroup) == WarpGroupRole::kProducer) {
+    run_producer_warpgroup<Cfg, InT, kTransB>(tma_a, tma_b, p, cta);
+    return;
+  }
+  // Consumer warpgroup `consumer`: every tile of the CTA's walk, its rows
+  // consumer * kRowsPerConsumer ..; the store threads of both consumers
+  // arrive together on the tile's notify barrier.
+  ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
+  const int consumer = consumer_of(cta.warpgroup);
+  const auto& walk = cta.walk;
+  const int warp = (threadIdx.x % 128) / 32;
+  const int lane = threadIdx.x % 32;
+  const int q = lane & 3;  // position in the lane quad that shares a row
+  float acc[Cfg::kMAtoms][Cfg::BN / 2];
+  int iter = 0;
+  for (int pos = walk.first; pos < walk.count; pos += walk.stride, ++iter) {
+    const TileCoord t = walk.at(p.scheduler, pos);
+    consume_tile<Cfg, InT, kTransB>(cta.sm, consumer, cta.k_blocks, acc, pipe, walk.rank);
+    const TileInfo info = tile_info<Cfg>(p, t, pos);
+    const auto epi = bind_tile(p.epilogue, info);  // per-tile work once (epilogue.cuh)
+                                                   // The quad transpose of quad_transpose8(), written out: through the
+                                                   // helper this path compiles to different SASS, and it is kept as
+                                                   // measured (the ping-pong path uses the helper).
+#pragma unroll
+    for (int a = 0; a < Cfg::kMAtoms; ++a) {
+      const int row_base = info.row0 + consumer * Cfg::kRowsPerConsumer + a * 64 + warp * 16 + lane / 4;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = row_base + 8 * h;
+#pragma unroll
+        for (int g = 0; g < Cfg::BN / 32; ++g) {
+          float2 e[4], f[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            e[j] = make_float2(acc[a][4 * (4 * g + j) + 2 * h], acc[a][4 * (4 * g + j) + 2 * h + 1]);
+#pragma unroll
+          for (int c = 0; c < 4; ++c) f[c] = e[c];  // f[q] = e[q] is the diagonal
+#pragma unroll
+          for (int r = 1; r < 4; ++r) {
+            const int send_idx = (q - r) & 3, from = (q + r) & 3;
+            float2 send = e[0];
+#pragma unroll
+            for (int j = 1; j < 4; ++j) send = send_idx == j ? e[j] : send;
+            float2 recv;
+            recv.x = __shfl_sync(0xffffffffu, send.x, (lane & ~3) | from);
+            recv.y = __shfl_sync(0xffffffffu, send.y, (lane & ~3) | from);
+#pragma unroll
+            for (int c = 0; c < 4; ++c) f[c] = c == from ? recv : f[c];
+          }
+          const float v[8] = {f[0].x, f[0].y, f[1].x, f[1].y, f[2].x, f[2].y, f[3].x, f[3].y};
+          const int col = info.col0 + 8 * (4 * g + q);
+          if (row < p.M && col < p.N) epi_store8(p.epilogue, epi, info, row, col, v, min(8, p.N - col));
+        }
+      }
+    }
+    if constexpr (Epilogue::kNotify) {
+      // Wait until the notifier consumed tile iter - 2's arrival on this
+      // barrier (barriers.cuh: an early arrival would complete its phase).
+      if (NotifyHandshake::store_waits_free(iter))
+        ptx::named_barrier_sync(kNotifyFreeBarrier + (iter & 1), Cfg::kConsumers * 128 + 32);
+      ptx::named_barrier_arrive(kNotifyBarrier + (iter & 1), Cfg::kConsumers * 128 + 32);
+    }
+  }
+#endif
+}
+
+}  // namespace tessera::kernels::engine
