@@ -2,7 +2,8 @@
 // library's default, for A/B timing in scripts/bench_attention.py
 // (--variants; bf16; head dim 64 has its own variants 1-3). Variant 0 is
 // the library's attention(); n > 0 the AttnConfig below; 9 the KV-hook kernel
-// (KvFlagWait, every flag already set: the cost of the per-block waits).
+// (KvFlagWait, every flag already set: the cost of the per-block waits); 10
+// the hook's configuration without a hook.
 #include <cuda_bf16.h>
 
 #include "tessera/kernels/attention/launch.cuh"
@@ -42,6 +43,10 @@ void attention_variant(int variant, const AttentionArgs& a, cudaStream_t s) {
       return attention_launch<T, 128, H, attn::AttnConfig<128, 176, 2, false, false, false>>(a, h, s);
     case 8:
       return attention_launch<T, 128, H, attn::AttnConfig<128, 128, 2, false, false, false>>(a, h, s);
+    // 10: the hooked kernel's register split (producer 40, consumers 232)
+    // and BN, without a hook: what the split costs apart from the waits.
+    case 10:
+      return attention_launch<T, 128, H, attn::AttnConfig<128, 176, 2, false, true>>(a, h, s);
     case 9: {
       static uint32_t* flags = [] {
         void* p = nullptr;
