@@ -49,7 +49,7 @@ struct TpShape {
   }
 };
 
-constexpr int kMaxChunks = 16;  ///< rs_chunks' bound: the copy-engine transport's flags per call
+constexpr int kMaxChunks = kMoeMaxRsChunks;  ///< the copy-engine transport's partial-chunk flags
 
 /// The transport a call of `o` uses (the same on every rank: reachability
 /// is a property of the group, capture of the call).

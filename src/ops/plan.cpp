@@ -165,6 +165,7 @@ MoeShardOrder moe_shard_expert_order(const std::vector<std::int32_t>& expert_ids
 
 int moe_rs_chunks(std::int64_t hidden, int requested, bool copy_engine) {
   if (requested > 0) {
+    TESSERA_CHECK(requested <= kMoeMaxRsChunks, "moe_tp: rs_chunks = {} exceeds {}", requested, kMoeMaxRsChunks);
     TESSERA_CHECK(hidden % requested == 0 && (hidden / requested) % 8 == 0,
                   "moe_tp: rs_chunks = {} must divide hidden = {} into multiples of 8 columns", requested, hidden);
     return requested;

@@ -274,6 +274,8 @@ TEST(MoeTpPlan, PartTwoColumnChunks) {
   EXPECT_THROW(moe_rs_chunks(192, 5, false), tessera::Error);  // does not divide
   EXPECT_THROW(moe_rs_chunks(200, 2, false), tessera::Error);  // 100 columns: not a multiple of 8
   EXPECT_THROW(moe_rs_chunks(2048, -1, false), tessera::Error);
+  EXPECT_EQ(moe_rs_chunks(2048, kMoeMaxRsChunks, true), kMoeMaxRsChunks);
+  EXPECT_THROW(moe_rs_chunks(4096, 2 * kMoeMaxRsChunks, true), tessera::Error);  // more chunks than flags
 }
 
 }  // namespace

@@ -196,6 +196,8 @@ MoeShardOrder moe_shard_expert_order(const std::vector<std::int32_t>& expert_ids
 /// of 64 (512-column chunks lost 2-5 % against one chunk on H = 2048,
 /// 1024-column chunks gained 3-4 % on H = 4096).
 int moe_rs_chunks(std::int64_t hidden, int requested, bool copy_engine);
+/// rs_chunks' upper bound (the copy-engine transport keeps a flag per chunk).
+inline constexpr int kMoeMaxRsChunks = 16;
 
 /// Strategies moe_tp's tuner measures: sequential and pipelined (R > 1),
 /// sequential alone at R = 1.
