@@ -629,13 +629,16 @@ tessera::ops::Strategy moe_strategy_of(const char* fn, tessera::ops::OpKind op, 
   return st;
 }
 
-tessera::ops::MoeTpArgs moe_tp_args(const char* fn, const void* x_shard, const int32_t* expert_ids,
-                                    const float* weights, const void* w_gate_up, const void* w_down, void* out_shard,
-                                    int64_t tokens_local, int64_t hidden, int64_t inter_local, int experts, int topk,
-                                    int dtype) {
-  check_moe(fn, x_shard, expert_ids, weights, w_gate_up, w_down, out_shard, tokens_local, hidden, "inter_local",
-            inter_local, experts, topk, dtype);
-  tessera::ops::MoeTpArgs a;
+/// The fields MoeTpArgs and MoeEpArgs share, checked (check_moe) and set;
+/// the caller sets the layer's own (inter_local / inter, capacity). C++
+/// linkage: this block sits inside the file's extern "C" section.
+extern "C++" template <class Args>
+Args moe_args(const char* fn, const void* x_shard, const int32_t* expert_ids, const float* weights,
+              const void* w_gate_up, const void* w_down, void* out_shard, int64_t tokens_local, int64_t hidden,
+              const char* inter_name, int64_t inter, int experts, int topk, int dtype) {
+  check_moe(fn, x_shard, expert_ids, weights, w_gate_up, w_down, out_shard, tokens_local, hidden, inter_name, inter,
+            experts, topk, dtype);
+  Args a;
   a.x_shard = x_shard;
   a.expert_ids = expert_ids;
   a.weights = weights;
@@ -644,10 +647,19 @@ tessera::ops::MoeTpArgs moe_tp_args(const char* fn, const void* x_shard, const i
   a.out_shard = out_shard;
   a.tokens_local = tokens_local;
   a.hidden = hidden;
-  a.inter_local = inter_local;
   a.experts = experts;
   a.topk = topk;
   a.dtype = dtype_of(dtype);
+  return a;
+}
+
+tessera::ops::MoeTpArgs moe_tp_args(const char* fn, const void* x_shard, const int32_t* expert_ids,
+                                    const float* weights, const void* w_gate_up, const void* w_down, void* out_shard,
+                                    int64_t tokens_local, int64_t hidden, int64_t inter_local, int experts, int topk,
+                                    int dtype) {
+  auto a = moe_args<tessera::ops::MoeTpArgs>(fn, x_shard, expert_ids, weights, w_gate_up, w_down, out_shard,
+                                             tokens_local, hidden, "inter_local", inter_local, experts, topk, dtype);
+  a.inter_local = inter_local;
   return a;
 }
 
@@ -718,23 +730,11 @@ int tessera_moe_ep_ex(tessera_session* s, void* stream, const void* x_shard, con
                       int dtype, int strategy) {
   const char* fn = "tessera_moe_ep_ex";
   return guarded(fn, [&] {
-    check_moe(fn, x_shard, expert_ids, weights, w_gate_up, w_down, out_shard, tokens_local, hidden, "inter", inter,
-              experts, topk, dtype);
+    auto a = moe_args<tessera::ops::MoeEpArgs>(fn, x_shard, expert_ids, weights, w_gate_up, w_down, out_shard,
+                                               tokens_local, hidden, "inter", inter, experts, topk, dtype);
     check_size(fn, "capacity", capacity, 0);
-    tessera::ops::MoeEpArgs a;
-    a.x_shard = x_shard;
-    a.expert_ids = expert_ids;
-    a.weights = weights;
-    a.w_gate_up = w_gate_up;
-    a.w_down = w_down;
-    a.out_shard = out_shard;
-    a.tokens_local = tokens_local;
-    a.hidden = hidden;
     a.inter = inter;
-    a.experts = experts;
-    a.topk = topk;
     a.capacity = capacity;
-    a.dtype = dtype_of(dtype);
     using tessera::ops::MoeEpStrategy;
     using tessera::ops::Strategy;
     tessera::ops::MoeEpOptions o;

@@ -58,6 +58,16 @@ MoeTransport resolve_transport(runtime::ProcessGroup& pg, const MoeTpOptions& o)
   return pg.lsa_reachable() && !runtime::stream_capturing(pg.stream()) ? MoeTransport::copy_engine : MoeTransport::nccl;
 }
 
+/// A pipelined call's transport and part-2 column chunks, resolved once.
+struct PipelineChoice {
+  MoeTransport transport;
+  int chunks;
+};
+PipelineChoice resolve_pipeline(runtime::ProcessGroup& pg, const MoeTpArgs& a, const MoeTpOptions& o) {
+  const MoeTransport t = resolve_transport(pg, o);
+  return {t, moe_rs_chunks(a.hidden, o.rs_chunks, t == MoeTransport::copy_engine)};
+}
+
 const char* transport_name(MoeTransport t) {
   switch (t) {
     case MoeTransport::automatic:
@@ -536,8 +546,7 @@ void run_moe_tp(MoeContext& ctx, const MoeTpArgs& a, Strategy strategy, const Mo
     run_sequential(c);
     return;
   }
-  const MoeTransport transport = resolve_transport(pg, o);
-  const int chunks = moe_rs_chunks(a.hidden, o.rs_chunks, transport == MoeTransport::copy_engine);
+  const auto [transport, chunks] = resolve_pipeline(pg, a, o);
   m.ensure_pipeline(pg, o.comm_ctas, chunks, transport);
   if (transport == MoeTransport::copy_engine) {
     const SymLayout layout(R, a.tokens_local, a.hidden, a.topk, dtype_size(a.dtype));
@@ -558,6 +567,7 @@ namespace {
 /// comm_ctas (before the tuner runs anything collective): one host exchange
 /// per new signature, as TpContext does, so a steady-state call has none.
 void check_agreement(runtime::ProcessGroup& pg, std::set<TpShape>& agreed, const MoeTpArgs& a, const MoeTpOptions& o) {
+  const PipelineChoice pc = resolve_pipeline(pg, a, o);
   const TpShape shape{a.tokens_local,
                       a.hidden,
                       a.inter_local,
@@ -566,8 +576,8 @@ void check_agreement(runtime::ProcessGroup& pg, std::set<TpShape>& agreed, const
                       static_cast<std::int64_t>(a.dtype),
                       static_cast<std::int64_t>(o.strategy),
                       o.comm_ctas,
-                      moe_rs_chunks(a.hidden, o.rs_chunks, resolve_transport(pg, o) == MoeTransport::copy_engine),
-                      static_cast<std::int64_t>(resolve_transport(pg, o))};
+                      pc.chunks,
+                      static_cast<std::int64_t>(pc.transport)};
   if (agreed.count(shape)) return;
   pg.check_same_on_all_ranks(
       fmt::format("moe_tp: shape (tokens_local {}, hidden {}, inter_local {}, experts {}, topk {}, strategy {}, "
@@ -594,14 +604,13 @@ Strategy resolve_moe_tp(MoeContext& ctx, const MoeTpArgs& a, const MoeTpOptions&
                                 [&](Strategy s) { run_moe_tp(ctx, a, s, o); }};
   // tokens, hidden and inter are compared by ratio for a neighbour's choice;
   // experts, topk, comm_ctas, rs_chunks and the transport are flags.
-  const detail::TuneQuery q{
-      tune::key_prefix(detail::machine_id(pg), a.dtype, "ops.moe_tp"),
-      {a.tokens_local, a.hidden, a.inter_local, a.experts, a.topk, o.comm_ctas,
-       moe_rs_chunks(a.hidden, o.rs_chunks, resolve_transport(pg, o) == MoeTransport::copy_engine),
-       static_cast<std::int64_t>(resolve_transport(pg, o))},
-      3,
-      o.use_cache,
-      o.tune_on_miss};
+  const PipelineChoice pc = resolve_pipeline(pg, a, o);
+  const detail::TuneQuery q{tune::key_prefix(detail::machine_id(pg), a.dtype, "ops.moe_tp"),
+                            {a.tokens_local, a.hidden, a.inter_local, a.experts, a.topk, o.comm_ctas, pc.chunks,
+                             static_cast<std::int64_t>(pc.transport)},
+                            3,
+                            o.use_cache,
+                            o.tune_on_miss};
   // Collective and agreed across ranks (the times are maxima over ranks).
   return detail::tune_choice(pg, m.tune, q, moe_tp_candidates(R), hooks, report);
 }

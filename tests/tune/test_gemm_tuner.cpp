@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <random>
 
+#include "support/temp_dir.hpp"
 #include "tessera/kernels/gemm_plan.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/tune/gemm_tuner.hpp"
@@ -18,19 +19,7 @@ using tessera::DType;
 
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() /
-            ("tessera_gemm_tuner_test_" + std::to_string(::getpid()) + "_" + std::to_string(std::random_device{}()));
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using tessera::testing::TempDir;
 
 tk::GemmArgs problem(int64_t m, int64_t n, int64_t k) {
   tk::GemmArgs a;
@@ -98,7 +87,7 @@ TEST(GemmTuneCache, PlanJsonAndCacheRoundTrip) {
     "cluster_m": 1, "k_splits": 0})")));
   EXPECT_FALSE(gemm_plan_from_json(nlohmann::json::parse(R"([1, 2])")));
 
-  TempDir dir;
+  TempDir dir("tessera_gemm_tuner_test");
   const tk::GemmPlan p = plan(tk::GemmTile::T64x256, true, 1, 16);
   ASSERT_TRUE(tk::gemm_plan_valid(a, p));
   {
@@ -117,7 +106,7 @@ TEST(GemmTuneCache, PlanJsonAndCacheRoundTrip) {
 }
 
 TEST(GemmTuneCache, InvalidEntriesAreIgnored) {
-  TempDir dir;
+  TempDir dir("tessera_gemm_tuner_test");
   Cache c(kGemmCacheName, kGemmCacheVersion, dir.path());
   const tk::GemmArgs a = problem(100, 600, 256);  // one 128-row tile row, 4 K blocks
   const std::string key = gemm_bucket_key(kH200, a);
@@ -146,7 +135,7 @@ TEST(GemmTuneCache, InvalidEntriesAreIgnored) {
 }
 
 TEST(GemmTuneCache, NearestBucketReuse) {
-  TempDir dir;
+  TempDir dir("tessera_gemm_tuner_test");
   Cache c(kGemmCacheName, kGemmCacheVersion, dir.path());
   const tk::GemmPlan split = plan(tk::GemmTile::T64x256, true, 1, 8);
   // Tuned at 32 x 4096 x 8192 (128 K blocks, 8 splits of 16).

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <random>
 
+#include "support/temp_dir.hpp"
 #include "kernels/gemm_test_util.hpp"
 #include "support/test_support.hpp"
 #include "tessera/kernels/gemm.hpp"
@@ -25,19 +26,7 @@ using tessera::kernels::testk::DevBuf;
 
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() /
-            ("tessera_gemm_tuner_gpu_" + std::to_string(::getpid()) + "_" + std::to_string(std::random_device{}()));
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string str() const { return path_.string(); }
-
- private:
-  fs::path path_;
-};
+using tessera::testing::TempDir;
 
 // One problem's buffers: random A and B, D and a cuBLASLt reference.
 struct Problem {
@@ -109,7 +98,7 @@ TEST(GraphTiming, TimesEveryBodyOnTheGpu) {
 
 TEST(GemmTuner, TunedPlanIsCachedInstalledAndCorrect) {
   TESSERA_REQUIRE_GPUS(1);
-  TempDir dir;
+  TempDir dir("tessera_gemm_tuner_gpu");
   std::mt19937_64 rng(19);
   struct Shape {
     int64_t m, n, k;
@@ -149,7 +138,7 @@ TEST(GemmTuner, TunedPlanIsCachedInstalledAndCorrect) {
 
 TEST(GemmTuner, ForgedEntryIsIgnored) {
   TESSERA_REQUIRE_GPUS(1);
-  TempDir dir;
+  TempDir dir("tessera_gemm_tuner_gpu");
   std::mt19937_64 rng(7);
   Problem p(24, 992, 536, DType::bf16, rng);
   {

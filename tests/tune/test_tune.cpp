@@ -11,6 +11,7 @@
 #include <fstream>
 #include <random>
 
+#include "support/temp_dir.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/tune/cache.hpp"
 #include "tessera/tune/key.hpp"
@@ -23,20 +24,7 @@ using tessera::DType;
 
 namespace {
 
-// A fresh directory per test, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() /
-            ("tessera_tune_test_" + std::to_string(::getpid()) + "_" + std::to_string(std::random_device{}()));
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using tessera::testing::TempDir;
 
 MachineProfile sample_profile() {
   MachineProfile p;
@@ -71,7 +59,7 @@ std::optional<MachineProfile> store_and_reload(const MachineProfile& p, const fs
 }  // namespace
 
 TEST(Cache, RoundTripAcrossInstancesAndAtomicWrite) {
-  TempDir dir;
+  TempDir dir("tessera_tune_test");
   {
     Cache c("plans", 3, dir.path());
     EXPECT_FALSE(c.get("a").has_value());
@@ -96,7 +84,7 @@ TEST(Cache, RoundTripAcrossInstancesAndAtomicWrite) {
 }
 
 TEST(Cache, VersionMismatchIsIgnoredAndReplaced) {
-  TempDir dir;
+  TempDir dir("tessera_tune_test");
   Cache("plans", 1, dir.path()).put("a", 1);
   Cache v2("plans", 2, dir.path());
   EXPECT_FALSE(v2.get("a").has_value());
@@ -106,7 +94,7 @@ TEST(Cache, VersionMismatchIsIgnoredAndReplaced) {
 }
 
 TEST(Cache, CorruptFileThrowsOrIsMovedAside) {
-  TempDir dir;
+  TempDir dir("tessera_tune_test");
   std::ofstream(dir.path() / "plans.json") << "{ \"tessera_cache\": \"plans\", \"version\": 1, \"entries\": {";
   EXPECT_THROW(Cache("plans", 1, dir.path(), OnCorrupt::Throw), tessera::Error);
   try {
@@ -125,7 +113,7 @@ TEST(Cache, CorruptFileThrowsOrIsMovedAside) {
 }
 
 TEST(Cache, DirectoryComesFromTheEnvironment) {
-  TempDir dir;
+  TempDir dir("tessera_tune_test");
   ::setenv("TESSERA_CACHE_DIR", dir.path().c_str(), 1);
   EXPECT_EQ(cache_dir(), dir.path());
   ::setenv("TESSERA_CACHE_DIR", "", 1);
@@ -137,7 +125,7 @@ TEST(Cache, DirectoryComesFromTheEnvironment) {
 }
 
 TEST(Key, NearestNeighbourUsesLogDistanceWithinThePrefix) {
-  TempDir dir;
+  TempDir dir("tessera_tune_test");
   Cache c("plans", 1, dir.path());
   const MachineId m{"NVIDIA H200", "NV18", 2};
   const std::string p = key_prefix(m, DType::bf16, "signal.all_reduce");
@@ -174,7 +162,7 @@ TEST(BandwidthCurve, InterpolatesLogLinearlyAndIsMonotone) {
 }
 
 TEST(MachineProfile, JsonAndCacheRoundTrip) {
-  TempDir dir;
+  TempDir dir("tessera_tune_test");
   const MachineProfile p = sample_profile();
   const auto q = store_and_reload(p, dir.path());
   Cache c("machine_profile", MachineProfile::kCacheVersion, dir.path());
@@ -197,7 +185,7 @@ TEST(MachineProfile, JsonAndCacheRoundTrip) {
 }
 
 TEST(SignalTuner, SearchesCachesAndReusesNeighbours) {
-  TempDir dir;
+  TempDir dir("tessera_tune_test");
   Cache plans("signal_plans", SignalTuner::kCacheVersion, dir.path());
   SignalTuner t(sample_profile(), plans);
   SignalQuery q{Collective::AllReduce, 8192, 8192, 4096, 128, 256};
@@ -248,7 +236,7 @@ TEST(SignalVerdict, KeepsOverlapOnlyWhenMeasuredFasterByTheMargin) {
 }
 
 TEST(SignalVerdict, RecordedVerdictOverridesThePredictionAndPersists) {
-  TempDir dir;
+  TempDir dir("tessera_tune_test");
   const SignalQuery q{Collective::AllReduce, 8192, 8192, 4096, 128, 256};
   std::vector<int> searched;
   bool predicted_overlap = false;
@@ -300,7 +288,7 @@ TEST(SignalVerdict, RecordedVerdictOverridesThePredictionAndPersists) {
 }
 
 TEST(SignalVerdict, NeighboursCarryTheVerdict) {
-  TempDir dir;
+  TempDir dir("tessera_tune_test");
   Cache plans("signal_plans", SignalTuner::kCacheVersion, dir.path());
   SignalTuner t(sample_profile(), plans);
   const SignalQuery q{Collective::AllReduce, 8192, 8192, 4096, 128, 256};
@@ -338,7 +326,7 @@ TEST(SignalVerdict, NeighboursCarryTheVerdict) {
 }
 
 TEST(SignalVerdict, BadMeasurementsAreRejectedAndLeaveTheCacheAlone) {
-  TempDir dir;
+  TempDir dir("tessera_tune_test");
   Cache plans("signal_plans", SignalTuner::kCacheVersion, dir.path());
   SignalTuner t(sample_profile(), plans);
   const SignalQuery q{Collective::AllReduce, 8192, 8192, 4096, 128, 256};
@@ -372,7 +360,7 @@ BandwidthCurve scaled(const BandwidthCurve& c, double f) {
 }  // namespace
 
 TEST(MachineProfile, FormatTwoRoundTripsAndFormatOneLoads) {
-  TempDir dir;
+  TempDir dir("tessera_tune_test");
   MachineProfile p = sample_profile();
   p.comm_slowdown_beside_gemm = 0.25;
   p.no_overlap_curves[Collective::AllReduce] = scaled(p.curve(Collective::AllReduce), 0.8);
@@ -431,7 +419,7 @@ TEST(MachineProfile, FormatTwoRoundTripsAndFormatOneLoads) {
 }
 
 TEST(SignalTuner, CostUsesCommSlowdownAndTheNoOverlapCurve) {
-  TempDir dir;
+  TempDir dir("tessera_tune_test");
   Cache plans("signal_plans", SignalTuner::kCacheVersion, dir.path());
   MachineProfile p = sample_profile();
   p.comm_slowdown_beside_gemm = 0.4;
@@ -470,7 +458,7 @@ TEST(SignalTuner, CostUsesCommSlowdownAndTheNoOverlapCurve) {
 namespace {
 // What a fresh tuner (empty plan cache) chooses for q on profile p.
 SignalChoice choose_fresh(const SignalQuery& q, const MachineProfile& p) {
-  TempDir dir;
+  TempDir dir("tessera_tune_test");
   Cache plans("signal_plans", SignalTuner::kCacheVersion, dir.path());
   SignalTuner t(p, plans);
   return *t.choose(q);
@@ -514,7 +502,7 @@ TEST(SignalTuner, NoOverlapCurveChangesTheChoice) {
 // ---- measured top-k refinement ----------------------------------------------
 
 TEST(SignalTuner, CandidatesAreTheKBestPredictedPartitions) {
-  TempDir dir;
+  TempDir dir("tessera_tune_test");
   Cache plans("signal_plans", SignalTuner::kCacheVersion, dir.path());
   SignalTuner t(sample_profile(), plans);
   const SignalQuery q{Collective::AllReduce, 8192, 8192, 4096, 128, 256};
@@ -540,7 +528,7 @@ TEST(SignalTuner, CandidatesAreTheKBestPredictedPartitions) {
 }
 
 TEST(SignalVerdict, TopKRecordsTheFastestMeasuredCandidate) {
-  TempDir dir;
+  TempDir dir("tessera_tune_test");
   const SignalQuery q{Collective::AllReduce, 8192, 8192, 4096, 128, 256};
   std::vector<std::vector<int>> cand;
   {
@@ -600,7 +588,7 @@ TEST(SignalVerdict, TopKRecordsTheFastestMeasuredCandidate) {
 }
 
 TEST(CacheHardening, RefusesLinksFifosHugeAndDeepFiles) {
-  TempDir dir;
+  TempDir dir("tessera_tune_test");
   const fs::path f = dir.path() / "ops.json";
   const std::string doc = R"({"tessera_cache": "ops", "version": 2, "entries": {"k": 1}})";
   auto expect_refused = [&](const char* what, const char* fragment) {
@@ -632,7 +620,7 @@ TEST(CacheHardening, RefusesLinksFifosHugeAndDeepFiles) {
 }
 
 TEST(CacheHardening, TemporaryFilesAreExclusiveAndLocksNotFollowed) {
-  TempDir dir;
+  TempDir dir("tessera_tune_test");
   std::ofstream(dir.path() / "victim") << "precious";
   // The old predictable temporary name, planted as a link: left alone.
   fs::create_symlink(dir.path() / "victim", dir.path() / ("ops.json.tmp." + std::to_string(::getpid())));
@@ -657,7 +645,7 @@ TEST(CacheHardening, IntegersAreRangeCheckedNotTruncated) {
   EXPECT_THROW(json_int(nlohmann::json("2"), "version", 0, 10), tessera::Error);
   EXPECT_THROW(json_int(nlohmann::json(18446744073709551615ULL), "x", 0, 10), tessera::Error);
   // A profile entry whose world reads as 2 after truncation is refused.
-  TempDir dir;
+  TempDir dir("tessera_tune_test");
   const MachineProfile p = sample_profile();
   nlohmann::json j = p;
   j["world"] = 4294967298ULL;
