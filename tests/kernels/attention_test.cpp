@@ -2,8 +2,8 @@
 // reference: fresh random data, poisoned outputs (NaN), causal and not,
 // explicit q_offset (a shard mid-sequence, rows with no admitted key), Lq !=
 // Lk, GQA / MQA, ragged lengths, head dims 64 and 128, bf16 and fp16, BSHD
-// and BHSD strides, the LSE, the KV wait hook (flags released late by the
-// host), and bad input rejected before launch.
+// and BHSD strides, the LSE, the KV wait hook (K / V chunks and their flags
+// released late from the host), and bad input rejected before launch.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -283,16 +283,25 @@ TEST_F(AttentionGpu, KvFlagWaitWaitsForLateChunks) {
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
   expect_matches(c, plain);
 
-  Problem hooked = setup(c);  // same inputs as plain, fresh poisoned outputs
-  for (auto [dst, src] :
-       {std::pair{&hooked.q, &plain.q}, std::pair{&hooked.k, &plain.k}, std::pair{&hooked.v, &plain.v}}) {
-    TESSERA_CUDA_CHECK(cudaMemcpy(dst->dev.p, src->dev.p, src->dev.bytes, cudaMemcpyDeviceToDevice));
+  // Same inputs as plain, fresh poisoned outputs; K and V are poisoned (NaN)
+  // too until their chunk lands: the copy stream copies a chunk's key rows,
+  // then sets its flag, so a load the hook did not order after the flag reads
+  // NaN and breaks the bitwise comparison below.
+  Problem hooked = setup(c);
+  TESSERA_CUDA_CHECK(cudaMemcpy(hooked.q.dev.p, plain.q.dev.p, plain.q.dev.bytes, cudaMemcpyDeviceToDevice));
+  hooked.q.host = plain.q.host;
+  for (auto [dst, src] : {std::pair{&hooked.k, &plain.k}, std::pair{&hooked.v, &plain.v}}) {
+    TESSERA_CUDA_CHECK(cudaMemset(dst->dev.p, 0xFF, dst->dev.bytes));  // NaN in bf16
     dst->host = src->host;
   }
   constexpr int kChunk = 256;  // key rows per flag
   const int flags_n = static_cast<int>((c.Lk + kChunk - 1) / kChunk);
+  const size_t row_bytes = static_cast<size_t>(c.Hkv * c.D) * 2;  // BSHD packed, batch 1: chunks are contiguous
   DevBuf flags(static_cast<size_t>(flags_n) * 4);
   TESSERA_CUDA_CHECK(cudaMemset(flags.p, 0, flags.bytes));
+  // The poison and the flags' zeros are complete before the non-blocking
+  // streams below start (they do not order behind the legacy stream).
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
   cudaStream_t s_kernel, s_copy;
   TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&s_kernel, cudaStreamNonBlocking));
   TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&s_copy, cudaStreamNonBlocking));
@@ -300,9 +309,16 @@ TEST_F(AttentionGpu, KvFlagWaitWaitsForLateChunks) {
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(cudaStreamQuery(s_kernel), cudaErrorNotReady) << "the kernel finished before its KV chunks were released";
   const std::vector<uint32_t> ones(flags_n, 1u);
-  for (int f = flags_n - 1; f >= 0; --f)  // chunks arrive one by one
+  for (int f = flags_n - 1; f >= 0; --f) {  // chunks arrive one by one: K and V rows, then the flag
+    const size_t off = static_cast<size_t>(f) * kChunk * row_bytes;
+    const size_t bytes = static_cast<size_t>(std::min<int64_t>(kChunk, c.Lk - int64_t{f} * kChunk)) * row_bytes;
+    for (auto [dst, src] : {std::pair{&hooked.k, &plain.k}, std::pair{&hooked.v, &plain.v}})
+      TESSERA_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst->dev.p) + off,
+                                         static_cast<const char*>(src->dev.p) + off, bytes, cudaMemcpyDeviceToDevice,
+                                         s_copy));
     TESSERA_CUDA_CHECK(
         cudaMemcpyAsync(static_cast<uint32_t*>(flags.p) + f, &ones[f], 4, cudaMemcpyHostToDevice, s_copy));
+  }
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(s_copy));
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(s_kernel));
   expect_matches(c, hooked);

@@ -2,13 +2,18 @@
 // (sm_90a): one CTA per (128-row query tile, query head, batch).
 //
 // Roles (384 threads, three warpgroups, as the GEMM engine's kernel.cuh):
-//   warpgroup 0, producer: one elected lane of warp 0 loads the CTA's Q tile
-//     once and then, for every KV block (descending by default: the causal-
-//     diagonal and ragged-tail blocks, which need masks, come first; a hook
-//     may choose another order, kv_wait.cuh), waits for the
-//     block through the KV hook (kv_wait.cuh) and TMA-loads K and V into a
-//     kStages-deep ring, K and V with separate full / empty mbarriers so that
-//     S = Q·Kᵀ can start before V lands. setmaxnreg gives the registers away.
+//   warpgroup 0, producer: one elected lane of warp 0 (the TMA thread) loads
+//     the CTA's Q tile once and then, for every KV block (descending by
+//     default: the causal-diagonal and ragged-tail blocks, which need masks,
+//     come first; a hook may choose another order, kv_wait.cuh), TMA-loads K
+//     and V into a kStages-deep ring, K and V with separate full / empty
+//     mbarriers so that S = Q·Kᵀ can start before V lands. With an active KV
+//     hook, lane 0 of warp engine::WaiterRing::kWaiterWarp (the waiter) runs
+//     the hook's wait for each block in the same order, up to
+//     WaiterRing::kSlots blocks ahead, and hands each block to the TMA thread
+//     through the waiter ring (2 x 2 mbarriers, the GEMM's protocol:
+//     gemm/barriers.cuh), so no flag round trip or acquire fence sits on the
+//     TMA issue path. setmaxnreg gives the registers away.
 //   warpgroups 1 and 2, consumers: 64 query rows each (one wgmma M atom).
 //     Per KV block n (FlashAttention-3's intra-warpgroup overlap):
 //       issue S_n = Q·K_nᵀ (SS wgmma);  issue O += P_{n+1}·V_{n+1} (RS wgmma,
@@ -31,6 +36,16 @@
 // the TMA's writes are seen by the wgmma and the wgmma's reads are finished
 // before a slot is overwritten.
 //
+// Waiter ring (active hooks only; engine::WaiterRing, KV block i of the CTA's
+// visiting order in slot i % kSlots):
+//   waiter:     wait free[s] (free_parity(i)) -> hook wait -> fence.proxy.async
+//               (when it acquired) -> arrive ready[s]
+//   TMA thread: wait ready[s] (ready_parity(i)) -> arrive free[s] -> K and V
+//               loads of block i
+// The same rules as the GEMM's prologue waiter (barriers.cuh argues the
+// parities; tests/kernels/gemm_host_test.cpp, GemmWaiterRingModel, checks
+// them), with a KV block in place of a tile.
+//
 // Shared-memory layouts (128-byte swizzle; TMA and wgmma agree on it):
 //   Q: D/64 chunks, each BM rows x 64 elements (row r at byte r*128).
 //   K, V slot: D/64 chunks, each BN key rows x 64 elements. K is read as the
@@ -47,18 +62,23 @@
 
 #include "tessera/kernels/attention/kv_wait.cuh"
 #include "tessera/kernels/attention/wgmma_rs.cuh"
+#include "tessera/kernels/gemm/barriers.cuh"  // WaiterRing, ProducerWarpRole
 #include "tessera/kernels/gemm/mainloop.cuh"  // make_desc, Wgmma, ptx
 
 namespace tessera::kernels::attn {
 
 namespace ptx = engine::ptx;
+using engine::WaiterRing;
 
 /// Compile-time configuration. BM = 128 query rows (two consumer warpgroups
-/// of 64), BN keys per KV block, kStages K/V ring slots.
+/// of 64), BN keys per KV block, kStages K/V ring slots. kHookActive: the
+/// configuration of a kernel with an active KV hook (the producer's register
+/// budget and the waiter ring's mbarriers); a hook-free kernel may use it too.
 template <int D_, int BN_, int kStages_, bool kPingPong_, bool kHookActive_, bool kSmemEpilogue_ = true>
 struct AttnConfig {
   static constexpr int D = D_, BM = 128, BN = BN_, kStages = kStages_;
   static constexpr bool kPingPong = kPingPong_;
+  static constexpr bool kHookActive = kHookActive_;
   /// Epilogue through shared memory: each consumer stages its 64 x D tile
   /// of O in its own (then unused) rows of the Q buffer and stores 16-byte
   /// vectors, whole rows per warp; false: 4-byte stores from registers.
@@ -70,8 +90,10 @@ struct AttnConfig {
   static constexpr int kQBytes = BM * D * 2;
   static constexpr int kKVBytes = BN * D * 2;  ///< one K (or V) slot
   static constexpr int kBarrierOffset = kQBytes + 2 * kStages * kKVBytes;
-  // Barriers: q_full, k_full[S], k_empty[S], v_full[S], v_empty[S].
-  static constexpr int kBytes = kBarrierOffset + (1 + 4 * kStages) * 8;
+  // Barriers: q_full, k_full[S], k_empty[S], v_full[S], v_empty[S], and with
+  // kHookActive the waiter ring's ready[kSlots], free[kSlots].
+  static constexpr int kRingBarriers = kHookActive ? 2 * WaiterRing::kSlots : 0;
+  static constexpr int kBytes = kBarrierOffset + (1 + 4 * kStages + kRingBarriers) * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;  ///< +1 KiB to align the base
   static_assert(kLaunchBytes <= 227 * 1024, "shared memory");
   /// Register budget after setmaxnreg. 168 per thread at launch (384 threads,
@@ -95,6 +117,10 @@ struct AttnSmem {
   __device__ uint64_t* k_empty(int s) const { return bars() + 1 + Cfg::kStages + s; }
   __device__ uint64_t* v_full(int s) const { return bars() + 1 + 2 * Cfg::kStages + s; }
   __device__ uint64_t* v_empty(int s) const { return bars() + 1 + 3 * Cfg::kStages + s; }
+  // The waiter ring (Cfg::kHookActive only): the waiter arrives on ready, the
+  // TMA thread on free.
+  __device__ uint64_t* kv_ready(int s) const { return bars() + 1 + 4 * Cfg::kStages + s; }
+  __device__ uint64_t* kv_free(int s) const { return bars() + 1 + 4 * Cfg::kStages + WaiterRing::kSlots + s; }
 };
 
 /// Kernel parameters (built once on the host: attention/launch.cuh).
@@ -217,12 +243,54 @@ __device__ __forceinline__ void softmax_block(float (&s)[BN / 2], float (&m)[2],
   for (int r = 0; r < 2; ++r) l[r] = l[r] * corr[r] + sum[r];
 }
 
+/// The waiter (lane 0 of warp WaiterRing::kWaiterWarp, Hook::kActive): the
+/// hook's wait for every KV block of the CTA, in the TMA thread's visiting
+/// order, at most WaiterRing::kSlots blocks ahead of it.
+///
+/// Memory order (why the TMA thread's K / V loads of block i see the rows
+/// the flags publish, although another thread acquired them):
+///   remote writes (peer stores, copy engine) -> release (flag store or
+///   notify, at the scope the hook waits at)
+///   -> waiter: acquire of the flag (ld.acquire, or relaxed loads +
+///      fence.acq_rel: FlagMemo), generic proxy
+///   -> waiter: fence.proxy.async.global (orders the acquired global data,
+///      generic proxy, before later async-proxy accesses)
+///   -> waiter: mbarrier.arrive on ready[s] (release, CTA scope)
+///   -> TMA thread: mbarrier.try_wait on ready[s] (acquire, CTA scope)
+///   -> TMA thread: cp.async.bulk.tensor loads of block i (async proxy).
+/// Every arrow is program order or a release/acquire pair, so the remote
+/// writes happen before the TMA reads; the proxy crossing is made by the
+/// thread that did the generic-proxy access, before the CTA-scope
+/// synchronisation (the GEMM's waiter, gemm/kernel_common.cuh run_waiter,
+/// and CUTLASS's pattern for a TMA store of smem other threads wrote). When
+/// a stateful hook (FlagWait's memo) acquired nothing new for block i, the
+/// fence is skipped: the acquire and fence that covered its flags preceded an
+/// earlier ready arrive, which the TMA thread acquired before block i's loads
+/// (program order of both threads). The waiter exits after its last block:
+/// no barrier counts it any more (the TMA thread's last free arrivals are
+/// never waited on).
+template <class Cfg, class Hook>
+__device__ __forceinline__ void run_kv_waiter(const AttnParams<Hook>& p, const AttnSmem<Cfg>& sm, const AttnBlock& blk,
+                                              int head_kv) {
+  typename KvWaitState<Hook>::type state{};  // e.g. FlagWait's memo of acquired flags
+  for (int i = 0; i < blk.n_max; ++i) {
+    const int n = kv_block_at(p.hook, i, blk.n_max);
+    const int s = WaiterRing::slot(i);
+    ptx::mbar_wait(sm.kv_free(s), WaiterRing::free_parity(i));
+    if (kv_wait(p.hook, KvBlockInfo{blk.batch, head_kv, n, n * Cfg::BN, Cfg::BN, p.seqlen_k}, state))
+      ptx::fence_proxy_async_global();
+    ptx::mbar_arrive(sm.kv_ready(s));
+  }
+}
+
 template <class Cfg, class T, class Hook>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     attention_fwd_kernel(const __grid_constant__ CUtensorMap tma_q, const __grid_constant__ CUtensorMap tma_k,
                          const __grid_constant__ CUtensorMap tma_v, const __grid_constant__ AttnParams<Hook> p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   constexpr int BN = Cfg::BN, D = Cfg::D, S = Cfg::kStages;
+  static_assert(!Hook::kActive || Cfg::kHookActive,
+                "an active KV hook needs a kHookActive configuration (register budget, waiter ring)");
   extern __shared__ uint8_t smem_raw[];
   const AttnSmem<Cfg> sm{reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023))};
   const int warp_idx = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 32, 0);
@@ -235,6 +303,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       ptx::mbar_init(sm.k_empty(s), Cfg::kEmptyArrivals);
       ptx::mbar_init(sm.v_empty(s), Cfg::kEmptyArrivals);
     }
+    if constexpr (Hook::kActive) {
+      for (int s = 0; s < WaiterRing::kSlots; ++s) {
+        ptx::mbar_init(sm.kv_ready(s), 1);  // the waiter's arrive
+        ptx::mbar_init(sm.kv_free(s), 1);   // the TMA thread's arrive
+      }
+    }
     ptx::fence_barrier_init();
   }
   __syncthreads();
@@ -245,7 +319,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (warp_idx == 0 && ptx::elect_one_sync() && blk.n_max > 0) {
+    // Roles by the warp-uniform warp index (engine::ProducerWarpRole). The
+    // TMA warp comes first and leaves as a whole warp: with the waiter's
+    // wait (which may trap on a timeout) in a later branch, ptxas keeps the
+    // TMA loop's operands in uniform registers only in this shape (checked
+    // with cuobjdump: no R2UR before a UTMALDG).
+    if (engine::producer_warp_role(warp_idx) == engine::ProducerWarpRole::kTma) {
+      if (!ptx::elect_one_sync() || blk.n_max <= 0) return;
       ptx::tma_prefetch_desc(&tma_q);
       ptx::tma_prefetch_desc(&tma_k);
       ptx::tma_prefetch_desc(&tma_v);
@@ -255,17 +335,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         ptx::tma_load_4d(sm.q() + c * Cfg::BM * 128, &tma_q, sm.q_full(), c * 64, m0, blk.head, blk.batch);
       int stage = 0;
       uint32_t phase = 0;
-      [[maybe_unused]] typename KvWaitState<Hook>::type hook_state{};
       for (int i = 0; i < blk.n_max; ++i) {
         const int n = kv_block_at(p.hook, i, blk.n_max);
         if constexpr (Hook::kActive) {
-          const KvBlockInfo info{blk.batch, head_kv, n, n * BN, BN, p.seqlen_k};
-          if constexpr (KvWaitState<Hook>::kStateful) {
-            if (p.hook.wait(info, hook_state)) ptx::fence_proxy_async_global();  // only after a new acquire
-          } else {
-            p.hook.wait(info);
-            ptx::fence_proxy_async_global();
-          }
+          // Normally complete long ago: the waiter runs up to kSlots blocks
+          // ahead. Frees the slot at once (the waiter may start block
+          // i + kSlots while this thread loads block i).
+          const int r = WaiterRing::slot(i);
+          ptx::mbar_wait(sm.kv_ready(r), WaiterRing::ready_parity(i));
+          ptx::mbar_arrive(sm.kv_free(r));
         }
         ptx::mbar_wait(sm.k_empty(stage), phase ^ 1);
         ptx::mbar_arrive_expect_tx(sm.k_full(stage), Cfg::kKVBytes);
@@ -282,6 +360,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           phase ^= 1;
         }
       }
+      return;
+    }
+    if constexpr (Hook::kActive) {
+      if (engine::producer_warp_role(warp_idx) == engine::ProducerWarpRole::kWaiter && threadIdx.x % 32 == 0 &&
+          blk.n_max > 0)
+        run_kv_waiter<Cfg>(p, sm, blk, head_kv);
     }
     return;
   }

@@ -7,21 +7,24 @@
 //   or, stateful (preferred):
 //   using State = ...;                        // per CTA, value-initialized
 //   __device__ bool wait(const KvBlockInfo& b, State& s) const;  // true: it acquired
-// wait() runs on the producer's TMA thread before it loads K and V rows
-// [b.row0, b.row0 + b.rows) of (b.batch, b.head_kv), for every KV block of
-// the CTA in load order (descending b.block: the diagonal / ragged blocks
-// first). It must not return before those rows are in global memory and
-// visible at the scope they were published at (acquire). The TMA thread
-// then executes fence.proxy.async.global and issues the loads (same thread:
-// the acquire is ordered before the async-proxy reads by program order and
-// the fence). A stateful hook remembers what it acquired (flags never
+// wait() runs on the producer warpgroup's waiter thread (lane 0 of warp
+// engine::WaiterRing::kWaiterWarp, gemm/barriers.cuh), for every KV block of
+// the CTA in visiting order (kv_block_at: descending b.block by default, the
+// diagonal / ragged blocks first), up to WaiterRing::kSlots blocks ahead of
+// the TMA thread that loads K and V rows [b.row0, b.row0 + b.rows) of
+// (b.batch, b.head_kv); one thread calls it for every block, so State lives
+// across blocks. It must not return before those rows are in global memory
+// and visible at the scope they were published at (acquire). The waiter then
+// executes fence.proxy.async.global and arrives on the ring's ready mbarrier
+// (release.cta); the TMA thread's wait on it (acquire.cta) orders the block's
+// TMA loads (async proxy) after the acquire (argument in kernel.cuh,
+// run_kv_waiter). A stateful hook remembers what it acquired (flags never
 // decrease during the kernel) and returns false when it acquired nothing new;
-// the kernel then skips the fence, since an earlier fence on this thread
-// already ordered that acquire before every later TMA load. The stateless
-// form fences every block: an acquire and a proxy fence per block cost the
-// hooked kernel 22 % (docs/design/attention.md). wait() runs under the
-// producer's register budget (24 or 40, AttnConfig): keep it small and
-// call-free (no printf: see FlagWait).
+// the waiter then skips the fence: the acquire and fence that covered those
+// flags preceded an earlier ready arrive, which the TMA thread acquired before
+// this block's loads. The stateless form is fenced after every block. wait()
+// runs under the producer's register budget (40 with a hook, AttnConfig):
+// keep it small and call-free (no printf: see FlagWait).
 //
 // Optionally, a hook chooses the order in which the CTA visits its KV blocks
 // (producer and consumers alike; the online softmax is order-free):
@@ -78,6 +81,19 @@ __device__ __forceinline__ int kv_block_at(const H& h, int i, int n_blocks) {
     return h.kv_block(i, n_blocks);
   else
     return n_blocks - 1 - i;
+}
+
+/// Calls h's stateful wait if it has a State, else the stateless one.
+/// Returns whether the waiter must execute fence.proxy.async.global before
+/// it hands the block to the TMA thread (always true for a stateless hook).
+template <class H>
+__device__ __forceinline__ bool kv_wait(const H& h, const KvBlockInfo& b, typename KvWaitState<H>::type& s) {
+  if constexpr (KvWaitState<H>::kStateful) {
+    return h.wait(b, s);
+  } else {
+    h.wait(b);
+    return true;
+  }
 }
 
 /// No wait: a plain attention kernel.
