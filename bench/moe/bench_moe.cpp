@@ -391,7 +391,7 @@ void run_ep(const Options& o) {
   const cudaStream_t s = pg->stream();
   const auto torch = read_torch(o.torch_json);
   Table table({"shape", "routing", "capacity", "seq ms", "pipe ms", "experts ms", "comm ms", "pipe/ideal", "seq/pipe",
-               "torch ms", "torch/best"});
+               "pipe nccl ms", "torch ms", "torch/best"});
   std::ostringstream js;
   js << "[";
   bool first = true;
@@ -429,22 +429,29 @@ void run_ep(const Options& o) {
       a.experts = sh.E;
       a.topk = sh.k;
       a.capacity = cap;
-      ops::MoeEpOptions seq, pipe;
+      ops::MoeEpOptions seq, pipe, pipe_nccl;
       seq.strategy = ops::MoeEpStrategy::sequential;
       pipe.strategy = ops::MoeEpStrategy::pipelined;
+      // Pipelined over NCCL send/recv: what the copy-engine transport buys.
+      pipe_nccl.strategy = ops::MoeEpStrategy::pipelined;
+      pipe_nccl.transport = ops::MoeTransport::nccl;
+      const bool ce = pg->lsa_reachable();  // automatic's transport outside a capture
       // Sizes the workspaces, builds the pipeline communicator, checks the routing.
       ops::moe_ep(ctx, a, seq);
       ctx.check_status();
       ops::moe_ep(ctx, a, pipe);
       ctx.check_status();
+      ops::moe_ep(ctx, a, pipe_nccl);
+      ctx.check_status();
       EpAlone alone(counts, cap, gu.p, dn.p, I, H, R, rank);
-      double t_seq = 0, t_pipe = 0, experts = 0, comm = 0;
+      double t_seq = 0, t_pipe = 0, t_nccl = 0, experts = 0, comm = 0;
       InterleavedTimer timer(s, o.warmup, o.reps, [&] {
         pg->barrier();
         pg->align_streams(s);
       });
       timer.add(&t_seq, [&] { ops::moe_ep(ctx, a, seq); });
       timer.add(&t_pipe, [&] { ops::moe_ep(ctx, a, pipe); });
+      if (ce) timer.add(&t_nccl, [&] { ops::moe_ep(ctx, a, pipe_nccl); });
       timer.add(&experts, [&] { alone.experts(s); });
       timer.add(&comm, [&] { alone.comm(pg->nccl(), s); });
       timer.run([&](double v) { return pg->allreduce_max(v); });
@@ -456,14 +463,15 @@ void run_ep(const Options& o) {
       table.add({sh.name, routing, std::to_string(cap), fmt::format("{:.3f}", t_seq), fmt::format("{:.3f}", t_pipe),
                  fmt::format("{:.3f}", experts), fmt::format("{:.3f}", comm),
                  ideal > 0 ? fmt::format("{:.3f}", t_pipe / ideal) : "-", fmt::format("{:.3f}", t_seq / t_pipe),
-                 torch_ms > 0 ? fmt::format("{:.3f}", torch_ms) : "-",
+                 ce ? fmt::format("{:.3f}", t_nccl) : "-", torch_ms > 0 ? fmt::format("{:.3f}", torch_ms) : "-",
                  torch_ms > 0 ? fmt::format("{:.3f}", torch_ms / best) : "-"});
       js << (first ? "" : ",")
          << fmt::format(
                 "\n{{\"shape\": \"{}\", \"routing\": \"{}\", \"world\": {}, \"mode\": \"ep\", \"capacity\": {}, "
-                "\"sequential_ms\": {:.5f}, \"pipelined_ms\": {:.5f}, \"experts_ms\": {:.5f}, \"comm_ms\": {:.5f}, "
-                "\"torch_ms\": {:.5f}}}",
-                sh.name, routing, R, cap, t_seq, t_pipe, experts, comm, torch_ms);
+                "\"sequential_ms\": {:.5f}, \"pipelined_ms\": {:.5f}, \"transport\": \"{}\", "
+                "\"pipelined_nccl_ms\": {:.5f}, \"experts_ms\": {:.5f}, \"comm_ms\": {:.5f}, \"torch_ms\": {:.5f}}}",
+                sh.name, routing, R, cap, t_seq, t_pipe, ce ? "copy_engine" : "nccl", ce ? t_nccl : t_pipe, experts,
+                comm, torch_ms);
       first = false;
     }
   }

@@ -13,7 +13,10 @@
 #include "moe_scratch.hpp"
 #include "tessera/kernels/grouped_gemm.hpp"
 #include "tessera/kernels/moe_routing.hpp"
+#include "tessera/link/host_primitives.hpp"
 #include "tessera/runtime/error.hpp"
+#include "tessera/runtime/signals.hpp"
+#include "tessera/runtime/symmetric_heap.hpp"
 #include "tessera/signal/overlap_comm.hpp"
 
 namespace tessera::ops {
@@ -30,8 +33,18 @@ int status_index(int q, bool down) { return kStatusBase + (2 * q + (down ? 1 : 0
 
 /// Compared byte for byte across ranks: all 64-bit, so no padding.
 struct EpShape {
-  std::int64_t hidden, inter, capacity, experts, topk, dtype, strategy, comm_ctas;
+  std::int64_t hidden, inter, capacity, experts, topk, dtype, strategy, comm_ctas, transport;
 };
+
+/// The transport a pipelined call of `o` uses (the same on every rank).
+MoeTransport resolve_ep_transport(runtime::ProcessGroup& pg, const MoeEpOptions& o) {
+  if (o.transport != MoeTransport::automatic) return o.transport;
+  return pg.lsa_reachable() && !runtime::stream_capturing(pg.stream()) ? MoeTransport::copy_engine : MoeTransport::nccl;
+}
+
+/// Flag slots of the copy-engine transport (value = the call's epoch).
+constexpr int kSlotDispatch = 0;  ///< a peer's slab and counts for me landed
+constexpr int kSlotReturn = 1;    ///< a peer returned my slab's expert output
 
 }  // namespace
 
@@ -44,6 +57,11 @@ struct MoeEpContext::Impl {
 
   // pipelined: the split communicator and the per-step events.
   detail::PipelineComm pipe;
+  // The copy-engine transport: flags, the slabs peers push into, the call's epoch.
+  std::unique_ptr<runtime::Signals> data;     ///< kSlotDispatch / kSlotReturn (= epoch)
+  std::unique_ptr<runtime::Signals> control;  ///< slot 0: my receive slabs are free again (= epoch)
+  runtime::SymBuffer<unsigned char> sym;      ///< [recv slabs | return slabs | recv counts]
+  std::uint64_t epoch = 0;
   cudaEvent_t ev_packed = nullptr, ev_ret = nullptr;
   std::vector<cudaEvent_t> ev_recv, ev_done;
 
@@ -60,15 +78,42 @@ struct MoeEpContext::Impl {
     return e;
   }
 
-  /// Collective (every rank's first pipelined call, or a new comm_ctas):
-  /// the split communicator (PipelineComm) and the per-step events.
-  void ensure_pipeline(runtime::ProcessGroup& pg, int ctas) {
+  /// Collective (every rank's first pipelined call, or a new comm_ctas or
+  /// transport): the split communicator (nccl) or the flags (copy_engine),
+  /// and the per-step events.
+  void ensure_pipeline(runtime::ProcessGroup& pg, int ctas, MoeTransport transport) {
     const int R = pg.world();
-    pipe.ensure(pg, ctas, "moe_ep: new pipeline communicator");
+    if (transport == MoeTransport::nccl) {
+      pipe.ensure(pg, ctas, "moe_ep: new pipeline communicator");
+    } else {
+      TESSERA_CHECK(!runtime::stream_capturing(pg.stream()),
+                    "moe_ep: the copy-engine transport cannot be captured into a CUDA graph (its flags carry a "
+                    "per-call epoch); use MoeTransport::nccl or automatic");
+      TESSERA_CHECK(pg.lsa_reachable(),
+                    "moe_ep: the copy-engine transport needs every rank load/store reachable (lsa size {} of {}); "
+                    "use MoeTransport::nccl or automatic",
+                    pg.lsa_size(), R);
+      if (!data) {
+        data = std::make_unique<runtime::Signals>(pg, 2);
+        control = std::make_unique<runtime::Signals>(pg, 1);
+      }
+    }
     if (!ev_packed) ev_packed = make_event();
     if (!ev_ret) ev_ret = make_event();
     while (static_cast<int>(ev_recv.size()) < R) ev_recv.push_back(make_event());
     while (static_cast<int>(ev_done.size()) < R) ev_done.push_back(make_event());
+  }
+
+  /// Collective: `bytes` of symmetric slabs on every rank (the shapes were
+  /// agreed). Growth waits until no peer reads or pushes.
+  void ensure_sym(runtime::ProcessGroup& pg, std::size_t bytes) {
+    if (!sym.empty() && sym.bytes() >= bytes) return;
+    const std::initializer_list<const runtime::Signals*> all{data.get(), control.get()};
+    link::synchronize(pg.stream(), all, "moe_ep: symmetric slab growth");
+    link::synchronize(pg.comm_stream(0), all, "moe_ep: symmetric slab growth");
+    pg.barrier();
+    sym = runtime::SymBuffer<unsigned char>();
+    sym = runtime::SymBuffer<unsigned char>(pg, bytes);
   }
 };
 
@@ -139,6 +184,8 @@ struct EpCall {
   unsigned char *send = nullptr, *recv = nullptr, *inter = nullptr, *yexp = nullptr, *ret = nullptr;
   std::int32_t* recv_counts = nullptr;
 
+  bool ce = false;  ///< copy-engine transport: recv, ret and recv_counts live in m.sym
+
   EpCall(runtime::ProcessGroup& g, MoeEpContext::Impl& impl, const MoeEpArgs& args, const MoeEpOptions& opts,
          std::int64_t capacity)
       : pg(g),
@@ -161,6 +208,15 @@ struct EpCall {
   unsigned char* slab(unsigned char* base, int q, std::int64_t cols) const {
     return base + static_cast<std::size_t>(q) * static_cast<std::size_t>(cap * cols) * es;
   }
+
+  // The copy-engine transport's symmetric buffer: R receive slabs, R return
+  // slabs (hidden wide, slot q = rank q's), then R x El receive counts.
+  static std::size_t up256(std::size_t v) { return (v + 255) / 256 * 256; }
+  std::size_t slabs_bytes() const { return up256(static_cast<std::size_t>(R) * slab_h * es); }
+  std::size_t sym_recv() const { return 0; }
+  std::size_t sym_ret() const { return slabs_bytes(); }
+  std::size_t sym_counts() const { return 2 * slabs_bytes(); }
+  std::size_t sym_bytes() const { return sym_counts() + up256(static_cast<std::size_t>(E) * 4) + 256; }
 
   // 1. Routing: expert sort, slab layout, send slabs.
   void route() {
@@ -195,11 +251,18 @@ struct EpCall {
 
     const std::int64_t slab_rows = cap * R;
     send = static_cast<unsigned char*>(m.send.get(static_cast<std::size_t>(slab_rows * H) * es + 16, pg));
-    recv = static_cast<unsigned char*>(m.recv.get(static_cast<std::size_t>(slab_rows * H) * es + 16, pg));
     inter = static_cast<unsigned char*>(m.inter.get(static_cast<std::size_t>(slab_rows * I) * es + 16, pg));
     yexp = static_cast<unsigned char*>(m.yexp.get(static_cast<std::size_t>(slab_rows * H) * es + 16, pg));
-    ret = static_cast<unsigned char*>(m.ret.get(static_cast<std::size_t>(slab_rows * H) * es + 16, pg));
-    recv_counts = m.recv_counts.get<std::int32_t>(E, pg);
+    if (ce) {
+      unsigned char* base = m.sym.local();
+      recv = base + sym_recv();
+      ret = base + sym_ret();
+      recv_counts = reinterpret_cast<std::int32_t*>(base + sym_counts());
+    } else {
+      recv = static_cast<unsigned char*>(m.recv.get(static_cast<std::size_t>(slab_rows * H) * es + 16, pg));
+      ret = static_cast<unsigned char*>(m.ret.get(static_cast<std::size_t>(slab_rows * H) * es + 16, pg));
+      recv_counts = m.recv_counts.get<std::int32_t>(E, pg);
+    }
     kernels::moe::ScatterArgs sc;
     sc.x = a.x_shard;
     sc.ldx = H;
@@ -223,7 +286,7 @@ struct EpCall {
     g.groups = El;
     g.max_rows = cap;
     kernels::GroupedGemmOptions go;
-    go.max_ctas = beside_comm ? pg.sm_count() - o.comm_ctas : 0;
+    go.max_ctas = beside_comm && !ce ? pg.sm_count() - o.comm_ctas : 0;  // the copy engine takes no SM
     if (!down) {
       g.a = slab(q == rank ? send : recv, q, H);
       g.b = a.w_gate_up;
@@ -312,6 +375,50 @@ struct EpCall {
     TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_ret, 0));
   }
 
+  // Pipelined over the copy engine: the same steps as run_pipelined, each
+  // transfer a push into the peer's symmetric slab followed by a flag its
+  // compute stream waits on. A rank pushes into a peer only after the peer's
+  // control flag says it finished the previous call (it reads its receive and
+  // return slabs until its combine); every push into a rank in call e is
+  // waited on by that rank within call e.
+  void run_pipelined_copy_engine() const {
+    const cudaStream_t cs = pg.comm_stream(0);
+    const std::uint64_t e = ++m.epoch;
+    TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_packed, s));
+    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, m.ev_packed, 0));
+    for (int d = 1; d < R; ++d) {
+      const int to = (rank + d) % R;
+      if (e > 1) link::rank_wait(cs, *m.control, to, 0, e - 1);
+      unsigned char* peer = m.sym.peer(to);
+      link::rank_copy_data(cs, peer + sym_counts() + static_cast<std::size_t>(rank * El) * 4, l.block_counts + to * El,
+                           static_cast<std::size_t>(El) * 4);
+      link::rank_copy_data(cs, slab(peer + sym_recv(), rank, H), slab(send, to, H), slab_h * es);
+      link::rank_notify(cs, *m.data, to, kSlotDispatch, e);
+    }
+    gemm(rank, false, true);  // beside the dispatch
+    for (int d = 1; d < R; ++d) {
+      const int from = (rank - d + R) % R;
+      link::rank_wait(s, *m.data, from, kSlotDispatch, e);
+      gemm(from, false, true);
+      gemm(from, true, true);
+      TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_done[d], s));
+      TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, m.ev_done[d], 0));
+      // The expert output of `from`'s slab goes back into its return slab `rank`.
+      link::rank_copy_data(cs, slab(m.sym.peer(from) + sym_ret(), rank, H), slab(yexp, from, H), slab_h * es);
+      link::rank_notify(cs, *m.data, from, kSlotReturn, e);
+    }
+    gemm(rank, true, true);  // beside the last return
+    for (int d = 1; d < R; ++d) link::rank_wait(s, *m.data, (rank + d) % R, kSlotReturn, e);
+    TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_ret, cs));
+    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_ret, 0));  // joins the communication stream
+  }
+
+  // After the combine (copy engine): my receive and return slabs are free.
+  void release_slabs() const {
+    for (int p = 0; p < R; ++p)
+      if (p != rank) link::rank_notify(s, *m.control, p, 0, m.epoch);
+  }
+
   // 4. Top-k weighted combine from the returned slabs.
   void combine() const {
     kernels::moe::CombineArgs c;
@@ -340,6 +447,7 @@ void moe_ep(MoeEpContext& ctx, const MoeEpArgs& a, const MoeEpOptions& o) {
   MoeEpStrategy strategy = o.strategy;
   if (strategy == MoeEpStrategy::automatic) strategy = R > 1 ? MoeEpStrategy::pipelined : MoeEpStrategy::sequential;
   const std::int64_t cap = moe_ep_capacity(a);
+  const MoeTransport transport = resolve_ep_transport(pg, o);
   const EpShape shape{a.hidden,
                       a.inter,
                       cap,
@@ -347,22 +455,31 @@ void moe_ep(MoeEpContext& ctx, const MoeEpArgs& a, const MoeEpOptions& o) {
                       a.topk,
                       static_cast<std::int64_t>(a.dtype),
                       static_cast<std::int64_t>(strategy),
-                      o.comm_ctas};
+                      o.comm_ctas,
+                      static_cast<std::int64_t>(transport)};
   pg.check_same_on_all_ranks(
-      fmt::format("moe_ep: shape (hidden {}, inter {}, capacity {}, experts {}, topk {}, strategy {}, comm_ctas {})",
-                  a.hidden, a.inter, cap, a.experts, a.topk, moe_ep_strategy_name(strategy), o.comm_ctas),
+      fmt::format("moe_ep: shape (hidden {}, inter {}, capacity {}, experts {}, topk {}, strategy {}, comm_ctas {}, "
+                  "transport {})",
+                  a.hidden, a.inter, cap, a.experts, a.topk, moe_ep_strategy_name(strategy), o.comm_ctas,
+                  transport == MoeTransport::copy_engine ? "copy_engine" : "nccl"),
       shape);
 
   MoeEpContext::Impl& m = ctx.impl();
   const bool pipelined = strategy == MoeEpStrategy::pipelined && R > 1;
-  if (pipelined) m.ensure_pipeline(pg, o.comm_ctas);
+  const bool ce = pipelined && transport == MoeTransport::copy_engine;
+  if (pipelined) m.ensure_pipeline(pg, o.comm_ctas, transport);
   EpCall call(pg, m, a, o, cap);
+  call.ce = ce;
+  if (ce) m.ensure_sym(pg, call.sym_bytes());
   call.route();
-  if (pipelined)
+  if (ce)
+    call.run_pipelined_copy_engine();
+  else if (pipelined)
     call.run_pipelined();
   else
     call.run_sequential();
   call.combine();
+  if (ce) call.release_slabs();
   m.last_world = R;
   m.last_gemms = cap > 0;
   m.last_capacity = cap;

@@ -223,6 +223,24 @@ void run_case(const Problem& p, std::int64_t capacity) {
     EXPECT_LT(err, 2e-2) << "strategy " << moe_ep_strategy_name(s) << ", rank " << rank << " of " << R << ", capacity "
                          << cap;
   }
+  // Both transports move the same bytes into the same slabs: bitwise equal.
+  // The copy engine runs twice to cross a call boundary (epochs, slab reuse).
+  std::vector<double> over_nccl;
+  for (MoeTransport t : {MoeTransport::nccl, MoeTransport::copy_engine, MoeTransport::copy_engine}) {
+    if (t == MoeTransport::copy_engine && !pg.lsa_reachable()) continue;
+    poison(b, p.H);
+    MoeEpOptions o;
+    o.strategy = MoeEpStrategy::pipelined;
+    o.transport = t;
+    moe_ep(ctx, b.args(L, cap), o);
+    ctx.check_status();
+    const std::vector<double> got = b.output(p.H);
+    if (t == MoeTransport::nccl)
+      over_nccl = got;
+    else
+      EXPECT_TRUE(got == over_nccl) << "rank " << rank << " of " << R
+                                    << ": the copy-engine transport differs from NCCL's";
+  }
 }
 
 TEST(MoeEp, UniformRoutingMatchesReference) {

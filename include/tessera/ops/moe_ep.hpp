@@ -53,6 +53,7 @@
 #include <memory>
 #include <string_view>
 
+#include "tessera/ops/moe.hpp"
 #include "tessera/runtime/dtype.hpp"
 #include "tessera/runtime/process_group.hpp"
 
@@ -89,6 +90,12 @@ struct MoeEpOptions {
   /// pipelined: CTAs of the split communicator's kernels, and the SMs the
   /// GEMMs beside them leave free. Part of the cross-rank check.
   int comm_ctas = 16;
+  /// pipelined: how slabs travel (MoeTransport, as moe_tp's): copy-engine
+  /// pushes into the peers' symmetric slabs with a flag per step, or NCCL
+  /// send/recv on the split communicator. automatic: copy_engine where every
+  /// rank is load/store reachable and no graph is captured. Part of the
+  /// cross-rank check.
+  MoeTransport transport = MoeTransport::automatic;
 };
 
 /// The capacity a call uses: a.capacity, or tokens_local * topk when 0.
