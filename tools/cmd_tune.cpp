@@ -13,7 +13,8 @@
 // `--op gemm` fills the plain GEMM's measured override instead (one GPU, no
 // `tessera run`; tune/gemm_tuner.hpp): the model's --top-k plans and its own
 // pick timed per shape, the fastest cached for the shape's bucket, which
-// kernels::gemm_tuned() (or any gemm() under TESSERA_GEMM_TUNED=1) then runs:
+// kernels::gemm() with plan_source Tuned (or any gemm() under
+// TESSERA_GEMM_TUNED=1) then runs:
 //
 //   tessera tune --op gemm --shape 24x992x536 --shape 3812x1104x2184 --layout nk --out bf16
 #include <cuda_bf16.h>

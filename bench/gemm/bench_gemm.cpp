@@ -547,9 +547,10 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
                 "with --random / --mnk: also time every compiled kernel and, for a K tail, 64-element leading "
                 "dimensions");
   cmd->add_option("--json", ropts->json, "with --random / --mnk: write per-shape records and the summary here");
-  cmd->add_flag("--tuned", ropts->tuned,
-                "with --random / --mnk: measure each shape's plans first (tune::gemm_tune, cached per shape bucket "
-                "under $TESSERA_CACHE_DIR) and time \"ours (tuned)\" (kernels::gemm_tuned) beside ours and cuBLASLt");
+  cmd->add_flag(
+      "--tuned", ropts->tuned,
+      "with --random / --mnk: measure each shape's plans first (tune::gemm_tune, cached per shape bucket "
+      "under $TESSERA_CACHE_DIR) and time \"ours (tuned)\" (gemm, plan_source Tuned) beside ours and cuBLASLt");
   cmd->add_option("--tune-top-k", ropts->tune_top_k, "with --tuned: the model's k cheapest plans measured per shape")
       ->check(CLI::Range(1, 64));
   cmd->callback([opts, ropts, cmd] {

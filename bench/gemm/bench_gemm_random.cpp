@@ -7,8 +7,8 @@
 // --sets buffer sets within each graph. Every shape is first checked against
 // cuBLASLt on a poisoned output (relative error; an unwritten element reads
 // NaN and fails the check). --tuned measures each shape's plans first
-// (tune::gemm_tune) and adds "ours (tuned)" (kernels::gemm_tuned), checked
-// the same way.
+// (tune::gemm_tune) and adds "ours (tuned)" (kernels::gemm with plan_source
+// Tuned), checked the same way.
 // Prints per shape ours/cuBLASLt and the plan gemm() ran, then the geometric
 // mean, the worst, the count above 1.10, the largest error, and the same per
 // pattern (K tail, small M, small N, the target subset). --diag adds every
@@ -104,7 +104,7 @@ struct Record {
   std::string plan;
   double ours_ms, ref_ms, ratio, err;
   std::vector<std::pair<std::string, double>> diag;  // name -> ms
-  // --tuned: the plan gemm_tuned() ran, its time, ratio and error.
+  // --tuned: the plan gemm() ran under plan_source Tuned, its time, ratio and error.
   std::string tuned_plan;
   double tuned_ms = NAN, tuned_ratio = NAN, tuned_err = NAN;
   int calls = 1;         // calls per timed graph
@@ -262,6 +262,8 @@ Record measure_shape(const RandomOptions& o, DType in, kernels::BLayout layout,
     return a;
   };
   const GemmOptions opt{};
+  GemmOptions tuned_opt;
+  tuned_opt.plan_source = kernels::GemmPlanSource::Tuned;
   const GemmPlan plan = plan_gemm(args(0, d.p, false), opt);
   TESSERA_CUDA_CHECK(cudaMemsetAsync(d.p, 0xFF, dbytes, stream));
   TESSERA_CUDA_CHECK(cudaMemsetAsync(ref.p, 0xFF, dbytes, stream));
@@ -271,7 +273,7 @@ Record measure_shape(const RandomOptions& o, DType in, kernels::BLayout layout,
   const double err = rel_err(d.p, ref.p, m, n, in);
 
   // --tuned: measure this shape's plans (cached in its bucket), then check
-  // what gemm_tuned() runs like the default plan.
+  // what gemm() runs under plan_source Tuned like the default plan.
   std::string tuned_plan;
   double tuned_err = NAN;
   if (o.tuned) {
@@ -280,10 +282,10 @@ Record measure_shape(const RandomOptions& o, DType in, kernels::BLayout layout,
     to.refresh = true;
     const tune::GemmTuneResult tr = tune::gemm_tune(args(0, d.p, false), stream, to);
     for (const std::string& e : tr.errors) fmt::print("  tune: {}\n", e);
-    const GemmOptions used = kernels::tuned_options(args(0, d.p, false), opt);
+    const GemmOptions used = kernels::resolve_options(args(0, d.p, false), tuned_opt);
     tuned_plan = plan_name(plan_gemm(args(0, d.p, false), used));
     TESSERA_CUDA_CHECK(cudaMemsetAsync(d.p, 0xFF, dbytes, stream));
-    kernels::gemm_tuned(args(0, d.p, false), opt, stream);
+    kernels::gemm(args(0, d.p, false), tuned_opt, stream);
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
     tuned_err = rel_err(d.p, ref.p, m, n, in);
   }
@@ -293,7 +295,7 @@ Record measure_shape(const RandomOptions& o, DType in, kernels::BLayout layout,
   std::vector<std::function<void(int)>> variants = {
       [&](int i) { kernels::gemm(args(i % o.sets, d.p, false), opt, stream); },
       [&](int i) { kernels::cublaslt_gemm(args(i % o.sets, ref.p, false), stream); }};
-  if (o.tuned) variants.push_back([&](int i) { kernels::gemm_tuned(args(i % o.sets, d.p, false), opt, stream); });
+  if (o.tuned) variants.push_back([&](int i) { kernels::gemm(args(i % o.sets, d.p, false), tuned_opt, stream); });
   const size_t first_diag = variants.size();
   std::vector<std::string> diag_names;
   for (size_t v = 0; v < kernels_diag.size(); ++v) {

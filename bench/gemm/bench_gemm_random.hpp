@@ -26,7 +26,7 @@ struct RandomOptions {
   int sets = 3;
   bool diag = false;  ///< also time every compiled kernel and padded leading dimensions
   /// Tune each shape first (tune::gemm_tune, re-measured and cached under
-  /// $TESSERA_CACHE_DIR) and time "ours (tuned)" (kernels::gemm_tuned) too.
+  /// $TESSERA_CACHE_DIR) and time "ours (tuned)" (kernels::gemm, plan_source Tuned) too.
   bool tuned = false;
   int tune_top_k = 5;
   std::string json;  ///< write per-shape records and the summary here

@@ -20,20 +20,10 @@ void gemm_plain_f16_nk(const GemmArgs&, const GemmOptions&, cudaStream_t);
 void gemm_plain_f16_kn(const GemmArgs&, const GemmOptions&, cudaStream_t);
 }  // namespace detail
 
-GemmOptions tuned_options(const GemmArgs& a, const GemmOptions& o) {
-  if (o.tile != GemmTile::Auto || o.ping_pong || o.cluster_m != 0 || o.k_splits != 0) return o;
-  const GemmPlanLookup lookup = gemm_plan_lookup();
-  TESSERA_CHECK(lookup != nullptr,
-                "gemm: a tuned plan was asked for (gemm_tuned or TESSERA_GEMM_TUNED=1) but no tuned-plan source is "
-                "installed (call tune::install_gemm_tuned_plans())");
-  const std::optional<GemmPlan> p = lookup(a, plan_sm_count(o));
-  // The source validates against the same candidates; checked again here
-  // so that no source can make gemm() run a plan plan_gemm() could not.
-  if (!p || !gemm_plan_valid(a, *p)) return o;
-  return plan_options(*p, o);
-}
+namespace {
 
-bool gemm_tuned_by_env() {
+// TESSERA_GEMM_TUNED=1: GemmPlanSource::Default means Tuned. Read once.
+bool tuned_by_env() {
   static const bool on = [] {
     const std::optional<std::string> v = env::get("TESSERA_GEMM_TUNED");
     TESSERA_CHECK(!v || *v == "0" || *v == "1", "TESSERA_GEMM_TUNED = '{}' (0 or 1)", *v);
@@ -42,20 +32,38 @@ bool gemm_tuned_by_env() {
   return on;
 }
 
-namespace {
+bool names_plan(const GemmOptions& o) {
+  return o.tile != GemmTile::Auto || o.ping_pong || o.cluster_m != 0 || o.k_splits != 0;
+}
 
 void gemm_impl(const GemmArgs& args, const GemmOptions& o, cudaStream_t stream);
 
 }  // namespace
 
-void gemm_tuned(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
-  validate(a, "gemm");
-  gemm_impl(a, tuned_options(a, o), stream);
+GemmOptions resolve_options(const GemmArgs& a, const GemmOptions& o) {
+  TESSERA_CHECK(o.plan_source == GemmPlanSource::Default || o.plan_source == GemmPlanSource::Model ||
+                    o.plan_source == GemmPlanSource::Tuned,
+                "gemm: plan_source = {} (Default, Model or Tuned)", static_cast<int>(o.plan_source));
+  GemmOptions r = o;
+  r.plan_source = GemmPlanSource::Model;
+  if (names_plan(o)) return r;
+  const bool tuned =
+      o.plan_source == GemmPlanSource::Tuned || (o.plan_source == GemmPlanSource::Default && tuned_by_env());
+  if (!tuned) return r;
+  const GemmPlanLookup lookup = gemm_plan_lookup();
+  TESSERA_CHECK(lookup != nullptr,
+                "gemm: a tuned plan was asked for (plan_source Tuned or TESSERA_GEMM_TUNED=1) but no tuned-plan "
+                "source is installed (call tune::install_gemm_tuned_plans())");
+  const std::optional<GemmPlan> p = lookup(a, plan_sm_count(o));
+  // The source validates against the same candidates; checked again here
+  // so that no source can make gemm() run a plan plan_gemm() could not.
+  if (!p || !gemm_plan_valid(a, *p)) return r;
+  return plan_options(*p, r);
 }
 
 void gemm(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
   validate(a, "gemm");
-  gemm_impl(a, gemm_tuned_by_env() ? tuned_options(a, o) : o, stream);
+  gemm_impl(a, resolve_options(a, o), stream);
 }
 
 namespace {

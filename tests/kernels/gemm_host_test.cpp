@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
+#include <optional>
 #include <functional>
 #include <random>
 #include <set>
@@ -162,6 +164,123 @@ TEST(GemmPlanCandidates, EachRunsThroughItsOptionsAndOnlyValidOnesAreListed) {
   EXPECT_FALSE(tk::gemm_plan_valid(a, p));  // not a canonical count
   p.k_splits = 8;
   EXPECT_TRUE(tk::gemm_plan_valid(a, p));
+}
+
+namespace {
+int g_lookups = 0;
+std::optional<tk::GemmPlan> counting_lookup(const tk::GemmArgs&, int) {
+  ++g_lookups;
+  return tk::GemmPlan{tk::GemmTile::T128x128, false, 1, 2};
+}
+}  // namespace
+
+// gemm(args, options, stream) is the one entry point: the plan source
+// (Default, Model, Tuned: the measured override) applies only where the
+// options name no plan, so every option combination that names one keeps
+// the plan plan_gemm() names for it, whatever the source. Host only: these
+// combinations plan without a device query.
+TEST(GemmEntry, PlanSourceKeepsThePlansOptionsName) {
+  tk::set_gemm_plan_lookup(nullptr);
+  tk::GemmArgs a = good();
+  a.m = a.n = a.k = 4096;
+  a.lda = a.ldb = a.ldd = 0;
+  struct Combo {
+    DType out;
+    tk::GemmTile tile;
+    bool ping_pong;
+    int cluster_m, k_splits, max_ctas;
+    const char* plan;
+  };
+  const Combo combos[] = {
+      {DType::bf16, tk::GemmTile::T128x256, false, 0, 0, 0, "128x256/c1"},
+      {DType::bf16, tk::GemmTile::T128x256, false, 2, 0, 0, "128x256/c2"},
+      {DType::bf16, tk::GemmTile::T256x128, false, 2, 0, 0, "256x128/c2"},
+      {DType::bf16, tk::GemmTile::T256x128, false, 1, 0, 66, "256x128/c1"},
+      {DType::bf16, tk::GemmTile::T128x128, false, 2, 0, 0, "128x128/c1"},
+      {DType::bf16, tk::GemmTile::Auto, true, 0, 0, 0, "128x128/pp"},
+      {DType::bf16, tk::GemmTile::T64x256, true, 1, 0, 0, "64x256/pp"},
+      {DType::bf16, tk::GemmTile::T64x64, false, 0, 0, 0, "64x64/pp"},
+      {DType::bf16, tk::GemmTile::T128x192, false, 0, 0, 0, "128x192/c1"},
+      {DType::bf16, tk::GemmTile::T128x256, false, 0, 1, 0, "128x256/c1"},
+      {DType::bf16, tk::GemmTile::Auto, false, 0, 4, 0, "128x128/c1/k4"},
+      {DType::bf16, tk::GemmTile::Auto, true, 0, 4, 0, "64x256/pp/k4"},
+      {DType::bf16, tk::GemmTile::T64x64, false, 0, 3, 0, "64x64/pp/k3"},
+      {DType::f32, tk::GemmTile::T128x256, false, 0, 0, 0, "128x256/c1"},
+      {DType::f32, tk::GemmTile::Auto, false, 0, 2, 0, "128x128/c1/k2"},
+  };
+  g_lookups = 0;
+  for (const bool installed : {false, true}) {
+    tk::set_gemm_plan_lookup(installed ? counting_lookup : nullptr);
+    for (const Combo& c : combos) {
+      a.out = c.out;
+      tk::GemmOptions o;
+      o.tile = c.tile;
+      o.ping_pong = c.ping_pong;
+      o.cluster_m = c.cluster_m;
+      o.k_splits = c.k_splits;
+      o.max_ctas = c.max_ctas;
+      o.raster_along_m = true;
+      SCOPED_TRACE(std::string(c.plan) + (installed ? " (source installed)" : ""));
+      EXPECT_EQ(tk::plan_name(tk::plan_gemm(a, o)), c.plan);
+      for (tk::GemmPlanSource src :
+           {tk::GemmPlanSource::Default, tk::GemmPlanSource::Model, tk::GemmPlanSource::Tuned}) {
+        o.plan_source = src;
+        const tk::GemmOptions r = tk::resolve_options(a, o);
+        EXPECT_EQ(r.plan_source, tk::GemmPlanSource::Model);
+        EXPECT_EQ(r.tile, o.tile);
+        EXPECT_EQ(r.ping_pong, o.ping_pong);
+        EXPECT_EQ(r.cluster_m, o.cluster_m);
+        EXPECT_EQ(r.k_splits, o.k_splits);
+        EXPECT_EQ(r.max_ctas, o.max_ctas);
+        EXPECT_TRUE(r.raster_along_m);
+        EXPECT_EQ(tk::plan_name(tk::plan_gemm(a, r)), c.plan);
+        EXPECT_EQ(tk::plan_name(tk::plan_gemm(a, o)), c.plan);  // plan_gemm does not read plan_source
+      }
+    }
+  }
+  EXPECT_EQ(g_lookups, 0);  // options that name a plan never ask the source
+
+  // Naming only k_splits = 1 (whole K) names a plan too: no lookup.
+  a.out = DType::bf16;
+  tk::GemmOptions whole;
+  whole.k_splits = 1;
+  whole.plan_source = tk::GemmPlanSource::Tuned;
+  EXPECT_EQ(tk::resolve_options(a, whole).tile, tk::GemmTile::Auto);
+  EXPECT_EQ(tk::resolve_options(a, whole).k_splits, 1);
+  EXPECT_EQ(g_lookups, 0);
+
+  // Nothing named: Model returns the options as given, Tuned without a
+  // source is an Error that says how to install one (no device touched).
+  tk::set_gemm_plan_lookup(nullptr);
+  tk::GemmOptions none;
+  none.plan_source = tk::GemmPlanSource::Model;
+  none.max_ctas = 7;
+  const tk::GemmOptions r = tk::resolve_options(a, none);
+  EXPECT_EQ(r.tile, tk::GemmTile::Auto);
+  EXPECT_FALSE(r.ping_pong);
+  EXPECT_EQ(r.cluster_m, 0);
+  EXPECT_EQ(r.k_splits, 0);
+  EXPECT_EQ(r.max_ctas, 7);
+  none.plan_source = tk::GemmPlanSource::Tuned;
+  try {
+    tk::resolve_options(a, none);
+    ADD_FAILURE() << "Tuned without a source must throw";
+  } catch (const tessera::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("install_gemm_tuned_plans"), std::string::npos) << e.what();
+  }
+  const char* env = std::getenv("TESSERA_GEMM_TUNED");
+  if (!env || std::string(env) != "1") {
+    none.plan_source = tk::GemmPlanSource::Default;
+    EXPECT_EQ(tk::resolve_options(a, none).tile, tk::GemmTile::Auto);
+  }
+  none.plan_source = static_cast<tk::GemmPlanSource>(7);
+  try {
+    tk::resolve_options(a, none);
+    ADD_FAILURE() << "an unknown plan_source must throw";
+  } catch (const tessera::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("plan_source"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(tk::GemmOptions{}.plan_source, tk::GemmPlanSource::Default);
 }
 
 TEST(GemmHeuristic, ModelSplitsSmallMLongKAndPrefersClustersForMisalignedRows) {

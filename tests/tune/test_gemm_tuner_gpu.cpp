@@ -1,7 +1,8 @@
 // GPU tests of the GEMM measured override: graph timing returns GPU times,
-// gemm_tune measures, caches and installs a plan that gemm_tuned() then runs
-// (checked against cuBLASLt on a poisoned output), a second call reads the
-// cache, and a forged entry is ignored (the model's plan runs, still right).
+// gemm_tune measures, caches and installs a plan that gemm() under
+// GemmPlanSource::Tuned then runs (checked against cuBLASLt on a poisoned
+// output), a second call reads the cache, and a forged entry is ignored (the
+// model's plan runs, still right).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -27,6 +28,11 @@ using tessera::kernels::testk::DevBuf;
 namespace {
 
 using tessera::testing::TempDir;
+
+tk::GemmOptions tuned(tk::GemmOptions o = {}) {
+  o.plan_source = tk::GemmPlanSource::Tuned;
+  return o;
+}
 
 // One problem's buffers: random A and B, D and a cuBLASLt reference.
 struct Problem {
@@ -119,15 +125,19 @@ TEST(GemmTuner, TunedPlanIsCachedInstalledAndCorrect) {
     ASSERT_GE(r.times_us.size(), 3u);
     for (const auto& [plan, us] : r.times_us) EXPECT_TRUE(std::isfinite(us) && us > 0) << tk::plan_name(plan);
     EXPECT_TRUE(tk::gemm_plan_valid(p.a, r.plan)) << tk::plan_name(r.plan);
-    // gemm_tuned runs the pick, and it is right.
-    const tk::GemmOptions used = tk::tuned_options(p.a, {});
+    // gemm() under plan_source Tuned runs the pick, and it is right.
+    const tk::GemmOptions used = tk::resolve_options(p.a, tuned());
     EXPECT_TRUE(tk::plan_gemm(p.a, used) == r.plan) << tk::plan_name(tk::plan_gemm(p.a, used));
-    EXPECT_LT(p.error_of([&] { tk::gemm_tuned(p.a, {}, nullptr); }), 1e-2);
+    EXPECT_LT(p.error_of([&] { tk::gemm(p.a, tuned(), nullptr); }), 1e-2);
+    // plan_source Model ignores the installed source.
+    tk::GemmOptions model;
+    model.plan_source = tk::GemmPlanSource::Model;
+    EXPECT_TRUE(tk::plan_gemm(p.a, tk::resolve_options(p.a, model)) == tk::plan_gemm(p.a, {}));
     // Explicit options win over the cache.
     tk::GemmOptions split;
     split.k_splits = 1;
-    EXPECT_EQ(tk::tuned_options(p.a, split).k_splits, 1);
-    EXPECT_EQ(tk::tuned_options(p.a, split).tile, tk::GemmTile::Auto);
+    EXPECT_EQ(tk::resolve_options(p.a, tuned(split)).k_splits, 1);
+    EXPECT_EQ(tk::resolve_options(p.a, tuned(split)).tile, tk::GemmTile::Auto);
     // A second call finds the bucket's plan without measuring.
     const tt::GemmTuneResult again = tt::gemm_tune(p.a, nullptr, o);
     EXPECT_TRUE(again.from_cache);
@@ -149,7 +159,7 @@ TEST(GemmTuner, ForgedEntryIsIgnored) {
           {{"plan", tt::gemm_plan_to_json(forged)}, {"shape", {p.a.m, p.a.n, p.a.k}}});
   }
   tt::install_gemm_tuned_plans(dir.str());
-  const tk::GemmOptions used = tk::tuned_options(p.a, {});
+  const tk::GemmOptions used = tk::resolve_options(p.a, tuned());
   EXPECT_TRUE(tk::plan_gemm(p.a, used) == tk::plan_gemm(p.a, {}));
-  EXPECT_LT(p.error_of([&] { tk::gemm_tuned(p.a, {}, nullptr); }), 1e-2);
+  EXPECT_LT(p.error_of([&] { tk::gemm(p.a, tuned(), nullptr); }), 1e-2);
 }

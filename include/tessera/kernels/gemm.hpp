@@ -23,11 +23,20 @@
 // (Hopper). The policy entry points (launch.cuh) store through their
 // epilogue and keep the 16-byte rule for it.
 //
+// One entry point: gemm(args, options, stream). GemmArgs states the problem
+// (pointers, shape, strides, input and output types, B's layout);
+// GemmOptions states how to run it: tile, schedule (ping_pong), cluster,
+// K splits, the persistent grid's cap and raster order, and where the plan
+// comes from when the options name none (plan_source: the model, or the
+// measured override of gemm_plan.hpp). plan_gemm(a, resolve_options(a, o))
+// is the plan gemm(a, o) runs.
+//
 // Policies (a per-tile wait before the main loop, epilogue variants that
 // add a partial, store through a reorder map, notify flags, fuse bias or
-// SiLU(gate)·up, and explicit tile orders) are reached through the templated
-// entry point in tessera/kernels/gemm/launch.cuh; this header's gemm() is the
-// plain, policy-free GEMM.
+// SiLU(gate)·up, and explicit tile orders) are device hooks: they are
+// reached through the templated entry points in
+// tessera/kernels/gemm/launch.cuh, which fix the kernel at compile time;
+// this header's gemm() is the plain, policy-free GEMM.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -80,6 +89,22 @@ struct TileShape {
 TileShape tile_shape(GemmTile t);
 std::string tile_name(GemmTile t);
 
+/// Where the plain gemm() takes its plan when the options name none (tile
+/// Auto, ping_pong off, cluster_m 0, k_splits 0). Options that name a plan
+/// run it whatever the source.
+enum class GemmPlanSource {
+  /// Tuned when TESSERA_GEMM_TUNED=1 (read once per process), else Model.
+  Default,
+  /// plan_gemm(): the rule measured on the benchmark shapes for large
+  /// aligned problems, the cost model (model_gemm_us) elsewhere.
+  Model,
+  /// The measured plan of the problem's shape bucket from the source the
+  /// tune layer installs (gemm_plan.hpp, tune::install_gemm_tuned_plans)
+  /// where it holds one, else Model. A tessera::Error when no source is
+  /// installed.
+  Tuned,
+};
+
 struct GemmOptions {
   GemmTile tile = GemmTile::Auto;
   /// Cap on the CTAs (one per SM) the persistent grid uses; 0 = all SMs.
@@ -97,14 +122,17 @@ struct GemmOptions {
   /// one stores its finished tile (epilogue) while the other runs its wgmma
   /// main loop. Tiles 128x128 (Auto) or 64x256; cluster_m must be 0 or 1.
   /// The plain gemm() compiles it for output type == input type only, and
-  /// picks it by itself (64x256) where plain_uses_ping_pong() says so; policy
-  /// entry points (gemm_with_layout / gemm_with_tile) never pick it.
+  /// picks it by itself (64x256) where plain_uses_ping_pong() says so; the
+  /// policy entry points (gemm_with_layout / gemm_with_tile) never pick it.
   bool ping_pong = false;
   /// Split-K (plain gemm() only; the policy entry points never split):
   /// 0 = plan_gemm()'s choice, 1 = never split, > 1 = that many K splits on
   /// the 128x128 cooperative kernel (with ping_pong: 64x256 ping-pong,
   /// or 64x64 ping-pong when tile is T64x64).
   int k_splits = 0;
+  /// Where the plan comes from when the fields above name none (plain
+  /// gemm() only; the policy entry points run the kernel they are given).
+  GemmPlanSource plan_source = GemmPlanSource::Default;
 };
 
 /// Throws tessera::Error naming `op` and the offending value unless `a` is a
@@ -146,8 +174,10 @@ struct GemmPlan {
   int k_splits = 1;
 };
 
-/// The plan gemm(a, o) follows on the current device (validates o's fields).
-/// With every option at its default: large problems whose rows are 128-byte
+/// The plan gemm() runs under options `o` on the current device when the
+/// plan comes from the model (validates o's fields; o.plan_source is not
+/// read: gemm() resolves it first, resolve_options in gemm_plan.hpp). With
+/// every option at its default: large problems whose rows are 128-byte
 /// aligned keep the rule measured on the 13 benchmark shapes
 /// (plain_uses_ping_pong, choose_tile); every other problem takes the plan
 /// (tile, schedule, cluster, K splits) that model_gemm_us() finds cheapest.
@@ -172,7 +202,9 @@ double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p);
 /// "128x256/c1", "64x256/pp", "128x128/c1/k3", ...
 std::string plan_name(const GemmPlan& p);
 
-/// D = A · op(B) on `stream`. Validates first (tessera::Error on bad input).
+/// D = A · op(B) on `stream`: the plan plan_gemm(a, resolve_options(a, o))
+/// (gemm_plan.hpp). Validates first (tessera::Error on bad input, before any
+/// launch).
 void gemm(const GemmArgs& a, const GemmOptions& o = {}, cudaStream_t stream = nullptr);
 
 /// cuBLASLt reference for the same problem (used by tests and `tessera bench

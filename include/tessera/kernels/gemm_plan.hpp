@@ -5,17 +5,16 @@
 // docs/design/gemm.md "Measured override").
 //
 // The override is opt-in and never measures inside a call:
-//   - gemm_tuned(a, o, stream) runs the installed source's plan for a's shape
-//     bucket when there is one, else what gemm(a, o, stream) runs;
+//   - gemm(a, o, stream) with o.plan_source = GemmPlanSource::Tuned runs the
+//     installed source's plan for a's shape bucket when there is one, else
+//     the model's plan;
 //   - TESSERA_GEMM_TUNED=1 (read once per process) makes every plain gemm()
-//     call do the same.
+//     call whose plan_source is Default do the same.
 // Either way only when o names no plan itself (tile Auto, ping_pong off,
 // cluster_m 0, k_splits 0): explicit options run what they name. The kernels
 // layer sits below the tune cache, so the source is installed from above
 // (tune::install_gemm_tuned_plans, or tune::gemm_tune, which installs it).
 #pragma once
-
-#include <cuda_runtime_api.h>
 
 #include <optional>
 #include <vector>
@@ -59,16 +58,12 @@ using GemmPlanLookup = std::optional<GemmPlan> (*)(const GemmArgs& a, int num_sm
 void set_gemm_plan_lookup(GemmPlanLookup lookup);
 GemmPlanLookup gemm_plan_lookup();
 
-/// The options gemm_tuned(a, o) runs under: o with the source's plan for a
-/// (plan_options) when o names no plan and the source has one; o otherwise.
-/// A tessera::Error when no source is installed.
-GemmOptions tuned_options(const GemmArgs& a, const GemmOptions& o);
-
-/// gemm(a, tuned_options(a, o), stream).
-void gemm_tuned(const GemmArgs& a, const GemmOptions& o = {}, cudaStream_t stream = nullptr);
-
-/// True when TESSERA_GEMM_TUNED=1 (read once): plain gemm() then behaves as
-/// gemm_tuned(). Any other value than unset, "0" or "1" is an Error.
-bool gemm_tuned_by_env();
+/// The options gemm(a, o) runs its kernel under: o.plan_source resolved.
+/// Under Tuned (or Default with TESSERA_GEMM_TUNED=1), when o names no plan
+/// and the source holds one for a: o with that plan's fields
+/// (plan_options); o otherwise. plan_gemm(a, resolve_options(a, o)) is the
+/// plan gemm(a, o) runs. The result's plan_source is Model (resolved). A
+/// tessera::Error when Tuned applies and no source is installed.
+GemmOptions resolve_options(const GemmArgs& a, const GemmOptions& o);
 
 }  // namespace tessera::kernels

@@ -6,9 +6,10 @@
 // plan_gemm()'s own pick, GPU time only (tune/graph_timing.hpp: interleaved
 // CUDA graphs, warm-up, median), keeps the fastest — the model's pick unless
 // another plan measured faster by more than kGemmTuneMargin — and stores it
-// in the tune::Cache "gemm" under gemm_bucket_key(). kernels::gemm_tuned()
-// (and every kernels::gemm() with TESSERA_GEMM_TUNED=1) reads it back
-// through install_gemm_tuned_plans(); nothing measures inside a GEMM call.
+// in the tune::Cache "gemm" under gemm_bucket_key(). kernels::gemm() with
+// GemmOptions::plan_source Tuned (and every kernels::gemm() with
+// TESSERA_GEMM_TUNED=1) reads it back through install_gemm_tuned_plans();
+// nothing measures inside a GEMM call.
 //
 // Key = key_prefix({gpu name, "sm<SMs>", 1}, in dtype, "gemm.plan") +
 //       "|out:<dtype>|<nk|kn>|row<align>" + "|b<bm>_<bn>_<bk>"
@@ -108,10 +109,12 @@ struct GemmTuneResult {
 /// holds a valid plan and !refresh). Writes D (a.d) many times: D is scratch.
 /// Synchronizes `stream` first and leaves the work done on return. With
 /// use_cache, installs the tuned-plan source (install_gemm_tuned_plans) over
-/// the same directory, so gemm_tuned() runs the pick from then on.
+/// the same directory, so gemm() under plan_source Tuned runs the pick from
+/// then on.
 GemmTuneResult gemm_tune(const kernels::GemmArgs& a, cudaStream_t stream = nullptr, const GemmTuneOptions& o = {});
 
-/// Installs the source kernels::gemm_tuned() reads (kernels/gemm_plan.hpp):
+/// Installs the source kernels::gemm() reads under plan_source Tuned
+/// (kernels/gemm_plan.hpp):
 /// lookup_gemm_plan over the cache "gemm" in `cache_dir` ("" = cache_dir()),
 /// read once and memoized per problem (gemm_tune's writes refresh it).
 void install_gemm_tuned_plans(const std::string& cache_dir = "");
