@@ -89,6 +89,10 @@ Call begin(SpAttnContext::Impl& c, const SpAttnArgs& a) {
   k.L = 2 * k.C;
   k.kv_row = static_cast<std::size_t>(a.heads_kv * a.head_dim) * dtype_size(a.dtype);
   k.kv_bytes = static_cast<std::size_t>(k.B * k.S) * k.kv_row;
+  k.head_groups = sp_attention_head_groups(a.heads_kv, a.head_dim, dtype_size(a.dtype));
+  // Measurement override: the pieces per chunk (1 = one flag per chunk).
+  static const std::optional<int> forced = env::find_int("TESSERA_SP_HEAD_GROUPS", 1, kSpMaxHeadGroups);
+  if (forced && a.heads_kv % *forced == 0) k.head_groups = *forced;
   detail::grow_symmetric(c.ws, 2 * k.kv_bytes, c.pg, {c.data.get(), c.control.get()}, "sp_attention: workspace growth");
   k.epoch = ++c.epoch;
   k.ws_k = c.ws.local();
@@ -101,6 +105,19 @@ void copy_chunk(cudaStream_t s, void* dst, const void* src, int i, std::int64_t 
   TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<unsigned char*>(dst) + g0 * row_bytes, S * row_bytes,
                                        static_cast<const unsigned char*>(src) + i * C * row_bytes, 2 * C * row_bytes,
                                        C * row_bytes, B, cudaMemcpyDefault, s));
+}
+
+void copy_chunk_heads(const Call& k, cudaStream_t s, void* dst, const void* src, int i, std::int64_t g0, int g) {
+  if (k.head_groups == 1) {
+    copy_chunk(s, dst, src, i, g0, k.B, k.C, k.S, k.kv_row);
+    return;
+  }
+  const std::size_t piece = k.kv_row / static_cast<std::size_t>(k.head_groups);
+  for (std::int64_t b = 0; b < k.B; ++b)
+    TESSERA_CUDA_CHECK(
+        cudaMemcpy2DAsync(static_cast<unsigned char*>(dst) + (b * k.S + g0) * k.kv_row + g * piece, k.kv_row,
+                          static_cast<const unsigned char*>(src) + (b * 2 * k.C + i * k.C) * k.kv_row + g * piece,
+                          k.kv_row, piece, k.C, cudaMemcpyDefault, s));
 }
 
 void copy_own(const Call& k, cudaStream_t s) {
@@ -127,6 +144,8 @@ void run_parts(const Call& k, bool hooked) {
   f.rank = k.rank;
   f.chunk = k.C;
   f.epoch = k.epoch;
+  f.head_groups = k.head_groups;
+  f.heads_per_group = static_cast<int>(a.heads_kv) / k.head_groups;
   static const bool arrival = env::find_int("TESSERA_SP_ARRIVAL_ORDER", 0, 1).value_or(1) != 0;
   const int block_rows = detail::sp_attention_kv_block_rows(static_cast<int>(a.head_dim));
   for (const SpAttnPlan::Part& part : k.plan.parts) {

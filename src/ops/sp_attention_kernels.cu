@@ -1,7 +1,8 @@
 // The attention kernel with sp_attention's KV hook: per KV block, the
 // engine's FlagWait (.sys acquire, timeout -> WaitRecord + trap) on the flag of
-// every remote zig-zag chunk the block covers that the CTA has not acquired
-// yet (a chunk spans many blocks: one acquire and one proxy fence per chunk).
+// every remote zig-zag chunk piece (the CTA's head group of the chunk) the
+// block covers that the CTA has not acquired yet (a chunk spans many blocks:
+// one acquire and one proxy fence per chunk).
 #include "sp_attention_kernels.hpp"
 #include "tessera/kernels/attention/launch.cuh"
 #include "tessera/kernels/gemm/prologue.cuh"
@@ -15,7 +16,7 @@ struct SpKvWait {
   static constexpr bool kActive = true;
   using State = kernels::engine::FlagMemo;           ///< flags (owner * slots + slot) this CTA acquired
   kernels::engine::FlagWait<std::uint64_t, true> w;  ///< flags, expected = epoch, timeout, diag
-  int slots, world, rank, chunk;
+  int slots, world, rank, chunk, head_groups, heads_per_group;
   const std::int32_t* order;  ///< kv_arrival_order's table, or null: descending
 
   /// The i-th of the CTA's n KV blocks to visit (a permutation of [0, n)).
@@ -27,12 +28,14 @@ struct SpKvWait {
     const int last = min(b.row0 + b.rows, b.seqlen_k) - 1;
     const kernels::engine::TileInfo t{b.block, 0, b.block, b.row0, 0, b.rows, 1, 1, 1, b.seqlen_k, 1};
     bool acquired = false;
+    const int group = b.head_kv / heads_per_group;  // one head per CTA: the memo needs no group
     for (int c = b.row0 / chunk; c <= last / chunk; ++c) {
       const int owner = c < world ? c : 2 * world - 1 - c;
-      const int f = owner * slots + (c < world ? 0 : 1);
-      if (owner == rank || memo.has(f)) continue;
-      w.wait_one(t, f);
-      memo.mark(f);
+      const int half = c < world ? 0 : 1;
+      const int m = 2 * owner + half;
+      if (owner == rank || memo.has(m)) continue;
+      w.wait_one(t, owner * slots + half * head_groups + group);
+      memo.mark(m);
       acquired = true;
     }
     return acquired;
@@ -63,6 +66,8 @@ void launch_sp_attention_part(const kernels::AttentionArgs& a, const SpKvFlags& 
   h.world = f.world;
   h.rank = f.rank;
   h.chunk = static_cast<int>(f.chunk);
+  h.head_groups = f.head_groups;
+  h.heads_per_group = f.heads_per_group;
   h.order = f.order;
   if (a.dtype == DType::f16)
     launch<__half>(a, h, stream);

@@ -11,11 +11,14 @@
 namespace tessera::ops::detail {
 
 /// Where the gathered KV chunks' flags are: this rank's peer-flag rows of a
-/// Signals object (flag of source s, slot i at flags[s * slots + i]); chunk c
-/// of the zig-zag layout is its owner's slot (c < R ? 0 : 1).
+/// Signals object (flag of source s, slot i at flags[s * slots + i]). Chunk c
+/// of the zig-zag layout is its owner's half h = (c < R ? 0 : 1), pushed in
+/// head_groups pieces: KV head j's rows of it are published by slot
+/// h * head_groups + j / heads_per_group.
 struct SpKvFlags {
   const std::uint64_t* flags = nullptr;
   int slots = 2;
+  int head_groups = 1, heads_per_group = 1;
   int world = 1, rank = 0;
   std::int64_t chunk = 0;  ///< tokens per chunk (C)
   std::uint64_t epoch = 0;

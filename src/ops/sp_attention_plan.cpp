@@ -46,6 +46,17 @@ std::vector<std::int32_t> kv_arrival_order(const SpAttnPlan& plan, std::int64_t 
   return table;
 }
 
+int sp_attention_head_groups(std::int64_t heads_kv, std::int64_t head_dim, std::size_t elem_bytes) {
+  TESSERA_CHECK(heads_kv >= 1 && head_dim >= 1 && elem_bytes >= 1,
+                "sp_attention_head_groups: heads_kv = {}, head_dim = {}, element bytes = {} must be >= 1", heads_kv,
+                head_dim, elem_bytes);
+  constexpr std::int64_t kMinPieceBytes = 512;
+  for (int g = kSpMaxHeadGroups; g > 1; g /= 2)
+    if (heads_kv % g == 0 && heads_kv / g * head_dim * static_cast<std::int64_t>(elem_bytes) >= kMinPieceBytes)
+      return g;
+  return 1;
+}
+
 SpAttnPlan plan_sp_attention(std::int64_t seq, int world, int rank, bool causal) {
   TESSERA_CHECK(world >= 1, "zig-zag plan: world = {} must be >= 1", world);
   TESSERA_CHECK(rank >= 0 && rank < world, "zig-zag plan: rank = {} out of range [0, {})", rank, world);

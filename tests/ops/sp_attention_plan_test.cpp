@@ -107,3 +107,31 @@ TEST(SpAttentionPlan, ArrivalOrderIsAPermutationByLandingStep) {
   EXPECT_THROW(tessera::ops::kv_arrival_order(p, 0, 128), tessera::Error);
   EXPECT_THROW(tessera::ops::kv_arrival_order(p, 1024, 0), tessera::Error);
 }
+
+// fused_ce's head groups: a power of two <= kSpMaxHeadGroups dividing the KV
+// heads, pieces of at least 512 bytes per row, the largest such.
+TEST(SpAttentionPlan, HeadGroups) {
+  using tessera::ops::kSpMaxHeadGroups;
+  using tessera::ops::sp_attention_head_groups;
+  EXPECT_EQ(sp_attention_head_groups(32, 128, 2), 8);  // 4 heads x 256 B = 1 KiB pieces
+  EXPECT_EQ(sp_attention_head_groups(8, 128, 2), 4);   // GQA 8 KV heads: 2 heads = 512 B
+  EXPECT_EQ(sp_attention_head_groups(8, 64, 2), 2);
+  EXPECT_EQ(sp_attention_head_groups(1, 128, 2), 1);  // MQA
+  EXPECT_EQ(sp_attention_head_groups(6, 128, 2), 2);  // 3 heads = 768 B
+  EXPECT_EQ(sp_attention_head_groups(3, 128, 2), 1);
+  for (std::int64_t h = 1; h <= 128; ++h)
+    for (std::int64_t d : {64, 128}) {
+      const int g = sp_attention_head_groups(h, d, 2);
+      ASSERT_GE(g, 1);
+      ASSERT_LE(g, kSpMaxHeadGroups);
+      ASSERT_EQ(g & (g - 1), 0);
+      ASSERT_EQ(h % g, 0);
+      if (g > 1) {
+        ASSERT_GE(h / g * d * 2, 512);
+      }
+      if (2 * g <= kSpMaxHeadGroups && h % (2 * g) == 0) {
+        ASSERT_LT(h / (2 * g) * d * 2, 512) << h << " heads, d " << d << ": a larger group count fits";
+      }
+    }
+  EXPECT_THROW(sp_attention_head_groups(0, 128, 2), tessera::Error);
+}

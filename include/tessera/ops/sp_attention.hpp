@@ -99,6 +99,18 @@ SpAttnPlan plan_sp_attention(std::int64_t seq, int world, int rank, bool causal)
 /// TESSERA_SP_ARRIVAL_ORDER=0 restores the descending order.
 std::vector<std::int32_t> kv_arrival_order(const SpAttnPlan& plan, std::int64_t kv_len, int block_rows);
 
+/// Most head groups sp_attention_head_groups() returns (flags per chunk).
+inline constexpr int kSpMaxHeadGroups = 8;
+
+/// The head groups fused_ce splits each pushed KV chunk into, one flag per
+/// (chunk, group): the kernel's CTAs run head-major, so a CTA needs only its
+/// own KV head's rows and the first wave only the first heads'. With one
+/// flag per chunk, every CTA of the first wave waits for the whole remote
+/// chunk (all heads) while it could have worked on the heads that landed.
+/// The largest of 8, 4, 2 that divides heads_kv and leaves pieces of at least
+/// 512 bytes per row (narrower copy-engine rows lose bandwidth); else 1.
+int sp_attention_head_groups(std::int64_t heads_kv, std::int64_t head_dim, std::size_t elem_bytes);
+
 /// One rank's shard: Q, K, V, O packed [batch, 2C, heads, head_dim] (local
 /// rows [0, C) = global chunk r, [C, 2C) = chunk 2R-1-r), LSE packed
 /// [batch, heads_q, 2C] float32 or null. Same shapes on every rank (checked).

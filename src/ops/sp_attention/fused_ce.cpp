@@ -1,8 +1,9 @@
 // sp_attention fused_ce: this rank's chunks copied into its own workspace on
 // the compute stream; on the communication stream, per step, its chunks
 // pushed into the destination's workspace on the copy engine (after that
-// peer said its workspace is free), each followed by a flag; the kernel per
-// part waits per KV block for the chunks it covers.
+// peer said its workspace is free), in head groups, each piece followed by a
+// flag; the kernel per part waits per KV block for the pieces of its head
+// that the block covers.
 #include "sp_attention.hpp"
 #include "tessera/link/host_primitives.hpp"
 #include "tessera/runtime/error.hpp"
@@ -24,11 +25,14 @@ void run(SpAttnContext::Impl& c, const SpAttnArgs& a, int /*u*/) {
       if (e > 1) link::rank_wait(cs, *c.control, dst, 0, e - 1);  // dst is done with the last call's KV
       unsigned char* pk = c.ws.peer(dst);
       unsigned char* pv = pk + k.kv_bytes;
-      for (int i = 0; i < 2; ++i) {
-        copy_chunk(cs, pk, a.k, i, k.plan.chunks[i] * k.C, k.B, k.C, k.S, k.kv_row);
-        copy_chunk(cs, pv, a.v, i, k.plan.chunks[i] * k.C, k.B, k.C, k.S, k.kv_row);
-        link::rank_notify(cs, *c.data, dst, i, e);
-      }
+      // Head group by head group (the kernel's CTAs run head-major), each
+      // group's two chunks before the next group's.
+      for (int g = 0; g < k.head_groups; ++g)
+        for (int i = 0; i < 2; ++i) {
+          copy_chunk_heads(k, cs, pk, a.k, i, k.plan.chunks[i] * k.C, g);
+          copy_chunk_heads(k, cs, pv, a.v, i, k.plan.chunks[i] * k.C, g);
+          link::rank_notify(cs, *c.data, dst, i * k.head_groups + g, e);
+        }
     }
     TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_comm_done, cs));
   }

@@ -33,7 +33,9 @@ struct SpAttnContext::Impl {
   explicit Impl(runtime::ProcessGroup& g);
   ~Impl();
 
-  static constexpr int kSlots = 2;  ///< data flags: my chunk 0 / 1 landed (value = epoch)
+  /// Data flags per source: slot half * G + group = "my chunk `half` (0 / 1),
+  /// heads of `group` landed" (value = epoch), G = Call::head_groups.
+  static constexpr int kSlots = 2 * kSpMaxHeadGroups;
   runtime::ProcessGroup& pg;
   std::unique_ptr<runtime::Signals> data;     ///< per-source chunk flags
   std::unique_ptr<runtime::Signals> control;  ///< slot 0: "my workspace is free again" (value = epoch)
@@ -86,6 +88,7 @@ struct Call {
   std::int64_t B = 0, C = 0, S = 0, L = 0;  ///< batch, chunk rows, global rows, shard rows (2C)
   std::size_t kv_row = 0;                   ///< bytes of one token's K (or V) heads
   std::size_t kv_bytes = 0;                 ///< one gathered tensor [B, S, Hkv, D]
+  int head_groups = 1;                      ///< fused_ce's pieces per chunk (sp_attention_head_groups)
   unsigned char *ws_k = nullptr, *ws_v = nullptr;
   std::uint64_t epoch = 0;
 };
@@ -100,6 +103,9 @@ void copy_chunk(cudaStream_t s, void* dst, const void* src, int i, std::int64_t 
                 std::int64_t S, std::size_t row_bytes);
 /// This rank's chunks into its own rows of the workspace.
 void copy_own(const Call& k, cudaStream_t s);
+/// Copies head group `g` of chunk `i` of a shard to the gathered tensor at
+/// rows [g0, g0 + C), as copy_chunk does for all heads (k.head_groups groups).
+void copy_chunk_heads(const Call& k, cudaStream_t s, void* dst, const void* src, int i, std::int64_t g0, int g);
 /// Waits on `s` until every peer finished call epoch - 1: its kernels no
 /// longer read, and its pushes no longer write, any workspace.
 void wait_peers_done(const Call& k, cudaStream_t s);
