@@ -20,6 +20,7 @@
 
 #include "ops/seq_parallel_detail.hpp"
 #include "tessera/ops/sp_attention.hpp"
+#include "tessera/ops/two_level_attention.hpp"
 #include "tessera/runtime/bootstrap.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/runtime/launch.hpp"
@@ -111,6 +112,29 @@ TEST(SpAttentionValidate, HeadShardedStrategiesNeedHeadsDivisibleByTheWorld) {
   // ulysses out of its candidates instead (sp_attention_candidates).
   for (SpStrategy s : {SpStrategy::automatic, SpStrategy::sequential, SpStrategy::fused_ce, SpStrategy::ring})
     EXPECT_NO_THROW(detail::check_sp_heads(a, 8, s)) << sp_strategy_name(s);
+}
+
+// Two-level attention: the Ulysses degree u must divide the world and both
+// head counts (each group shards the query and the KV heads).
+TEST(SpAttentionValidate, TwoLevelDegreeMustDivideWorldAndHeads) {
+  const auto error = [](const SpAttnArgs& a, int world, int u) {
+    try {
+      two_level_inner_degree(a, world, u);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  SpAttnArgs a = good();  // 8 query heads, 2 KV heads
+  EXPECT_EQ(error(a, 8, 2), "");
+  EXPECT_NE(error(a, 8, 3).find("two_level_inner = 3 must be a divisor of the world size 8"), std::string::npos);
+  EXPECT_NE(error(a, 8, 4).find("heads_kv = 2 is not a multiple of two_level_inner = 4"), std::string::npos);
+  EXPECT_NE(error(a, 8, -1).find("two_level_inner = -1 must be >= 0"), std::string::npos);
+  a.heads_q = 6;
+  a.heads_kv = 6;
+  EXPECT_NE(error(a, 8, 4).find("heads_q = 6 is not a multiple of two_level_inner = 4"), std::string::npos);
+  a.heads_kv = 4;
+  EXPECT_NE(error(a, 8, 0).find("heads_q = 6 is not a multiple of heads_kv = 4"), std::string::npos);
 }
 
 runtime::LaunchInfo loopback(int rank, int world, int port) {
