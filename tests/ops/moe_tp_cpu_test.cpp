@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "ops/moe_scratch.hpp"
 #include "tessera/ops/args.hpp"
 #include "tessera/ops/moe.hpp"
 #include "tessera/ops/plan.hpp"
@@ -337,6 +338,48 @@ TEST(MoeTpStrategies, ValidateNamesEachBadArgument) {
   o = {};
   o.comm_ctas = -3;
   EXPECT_NE(option_error(o, 132).find("moe_tp: comm_ctas = -3 out of range [1, min(64, SMs - 1 = 131)]"),
+            std::string::npos);
+}
+
+// The shared pointer and transport checks (moe_scratch.hpp) name the
+// argument: each matrix 16-byte aligned, the routing 4-byte, and only the
+// transports MoeTransport defines.
+TEST(MoeTpStrategies, SharedPointerAndTransportChecksNameTheArgument) {
+  const auto* m = reinterpret_cast<const void*>(0x10000);
+  const auto* ids = reinterpret_cast<const std::int32_t*>(0x20000);
+  const auto* w = reinterpret_cast<const float*>(0x30000);
+  const auto error = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const tessera::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const auto check = [&](const void* x, const std::int32_t* i, const float* wt, const void* gu, const void* dn,
+                         const void* out) {
+    return error([=] { detail::validate_moe_pointers("moe_tp", x, i, wt, gu, dn, out); });
+  };
+  EXPECT_EQ(check(m, ids, w, m, m, m), "");
+  const char* c = reinterpret_cast<const char*>(m);
+  EXPECT_NE(check(nullptr, ids, w, m, m, m).find("moe_tp: x_shard is null"), std::string::npos);
+  EXPECT_NE(check(c + 8, ids, w, m, m, m).find("moe_tp: x_shard = 0x10008 is not 16-byte aligned"), std::string::npos);
+  EXPECT_NE(check(m, ids, w, c + 4, m, m).find("moe_tp: w_gate_up = 0x10004 is not 16-byte aligned"),
+            std::string::npos);
+  EXPECT_NE(check(m, ids, w, m, c + 2, m).find("moe_tp: w_down = 0x10002 is not 16-byte aligned"), std::string::npos);
+  EXPECT_NE(check(m, ids, w, m, m, nullptr).find("moe_tp: out_shard is null"), std::string::npos);
+  EXPECT_NE(check(m, nullptr, w, m, m, m).find("moe_tp: expert_ids is null"), std::string::npos);
+  EXPECT_NE(check(m, reinterpret_cast<const std::int32_t*>(0x20002), w, m, m, m)
+                .find("moe_tp: expert_ids = 0x20002 is not 4-byte aligned"),
+            std::string::npos);
+  EXPECT_NE(check(m, ids, reinterpret_cast<const float*>(0x30001), m, m, m)
+                .find("moe_tp: weights = 0x30001 is not 4-byte aligned"),
+            std::string::npos);
+  for (MoeTransport t : {MoeTransport::automatic, MoeTransport::nccl, MoeTransport::copy_engine})
+    EXPECT_EQ(error([=] { detail::validate_moe_transport("moe_ep", t); }), "");
+  EXPECT_NE(error([] {
+              detail::validate_moe_transport("moe_ep", static_cast<MoeTransport>(5));
+            }).find("moe_ep: transport code 5 (automatic 0, nccl 1 or copy_engine 2)"),
             std::string::npos);
 }
 
