@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -91,6 +92,14 @@ tessera::ops::OpOptions options_of(const tessera_session* s, int strategy) {
 // check them again against the session's world and the data's layout).
 void check_size(const char* fn, const char* name, int64_t v, int64_t lo) {
   TESSERA_CHECK(v >= lo && v < (int64_t{1} << 31), "{}: {} = {} out of range [{}, 2^31)", fn, name, v, lo);
+}
+
+/// Throws naming `fn`, the argument and its address unless p is a multiple
+/// of `bytes` (checked here, before any launch: the operators' vector loads
+/// and TMA descriptors need it).
+void check_aligned(const char* fn, const char* name, const void* p, std::uintptr_t bytes) {
+  TESSERA_CHECK(reinterpret_cast<std::uintptr_t>(p) % bytes == 0, "{}: {} = {} is not {}-byte aligned", fn, name, p,
+                bytes);
 }
 
 void need(const tessera_session* s, const char* fn) {
@@ -425,8 +434,11 @@ tessera::ops::SpAttnArgs sp_args(const char* fn, const void* q, const void* k, c
   TESSERA_CHECK(std::isfinite(softmax_scale) && softmax_scale >= 0,
                 "{}: softmax_scale = {} (finite, >= 0; 0: 1/sqrt(head_dim))", fn, softmax_scale);
   for (auto [name, p] :
-       {std::pair{"q", q}, std::pair{"k", k}, std::pair{"v", v}, std::pair{"o", static_cast<const void*>(o)}})
+       {std::pair{"q", q}, std::pair{"k", k}, std::pair{"v", v}, std::pair{"o", static_cast<const void*>(o)}}) {
     TESSERA_CHECK(p != nullptr, "{}: {} is null", fn, name);
+    check_aligned(fn, name, p, 16);
+  }
+  check_aligned(fn, "lse", lse, alignof(float));
   tessera::ops::SpAttnArgs a;
   a.q = q;
   a.k = k;
@@ -618,6 +630,11 @@ void check_moe(const char* fn, const void* x_shard, const int32_t* expert_ids, c
                          std::pair{"weights", static_cast<const void*>(weights)}, std::pair{"w_gate_up", w_gate_up},
                          std::pair{"w_down", w_down}, std::pair{"out_shard", out_shard}})
     TESSERA_CHECK(p != nullptr, "{}: {} is null", fn, name);
+  for (auto [name, p] : {std::pair{"x_shard", x_shard}, std::pair{"w_gate_up", w_gate_up}, std::pair{"w_down", w_down},
+                         std::pair{"out_shard", out_shard}})
+    check_aligned(fn, name, p, 16);
+  check_aligned(fn, "expert_ids", expert_ids, alignof(int32_t));
+  check_aligned(fn, "weights", weights, alignof(float));
 }
 
 // A MoE layer's strategy code, from the strategy table.

@@ -64,6 +64,9 @@ namespace {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+/// Largest row stride (elements of 2 bytes) a TMA descriptor takes: < 2^40 bytes.
+constexpr int64_t kMaxTmaStrideElems = int64_t{1} << 39;
+
 // Compute capability of the current device, checked once per device.
 void require_hopper(const char* op) {
   static std::mutex mu;
@@ -81,26 +84,10 @@ void require_hopper(const char* op) {
   if (dev < 64) seen[dev] = 1;
 }
 
-}  // namespace
-
-namespace detail {
-
-void fail(const std::string& msg) { TESSERA_FAIL("{}", msg); }
-
-void cuda_check(cudaError_t rc, const char* what) {
-  TESSERA_CHECK(rc == cudaSuccess, "{}: {} ({})", what, cudaGetErrorString(rc), static_cast<int>(rc));
-}
-
-void check_instantiation(const GemmArgs& a, BLayout layout, DType in, int max_ctas) {
-  validate_inputs(a, "gemm");
-  TESSERA_CHECK(a.b_layout == layout, "gemm: args.b_layout ({}) does not match the instantiated layout ({})",
-                a.b_layout == BLayout::NK ? "NK" : "KN", layout == BLayout::NK ? "NK" : "KN");
-  TESSERA_CHECK(a.in == in, "gemm: args.in = {} does not match the instantiated input type {}", dtype_name(a.in),
-                dtype_name(in));
-  TESSERA_CHECK(max_ctas >= 0, "gemm: max_ctas = {} must be >= 0", max_ctas);
-}
-
-void validate_inputs(const GemmArgs& a, const char* op) {
+// validate_inputs' argument checks without the device check: every bad
+// argument is named before the GPU is looked at (the host tests run them on
+// machines without one).
+void check_input_args(const GemmArgs& a, const char* op) {
   TESSERA_CHECK(a.in == DType::bf16 || a.in == DType::f16, "{}: input dtype {} not supported (bf16 or f16)", op,
                 dtype_name(a.in));
   TESSERA_CHECK(a.m >= 1 && a.m < (int64_t{1} << 31), "{}: M = {} out of range [1, 2^31)", op, a.m);
@@ -126,6 +113,34 @@ void validate_inputs(const GemmArgs& a, const char* op) {
   const int64_t brow = a.b_layout == BLayout::NK ? a.k : a.n;
   TESSERA_CHECK(ldb >= brow && ldb % 8 == 0, "{}: ldb = {} must be >= {} ({}) and a multiple of 8", op, ldb, brow,
                 a.b_layout == BLayout::NK ? "K, B is [N, K]" : "N, B is [K, N]");
+  // TMA takes row strides below 2^40 bytes; larger ones would fail to encode
+  // (or wrap in lda * 2) after the checks above.
+  TESSERA_CHECK(lda < kMaxTmaStrideElems, "{}: lda = {} elements exceeds TMA's 2^40-byte row stride", op, lda);
+  TESSERA_CHECK(ldb < kMaxTmaStrideElems, "{}: ldb = {} elements exceeds TMA's 2^40-byte row stride", op, ldb);
+}
+
+}  // namespace
+
+namespace detail {
+
+void fail(const std::string& msg) { TESSERA_FAIL("{}", msg); }
+
+void cuda_check(cudaError_t rc, const char* what) {
+  TESSERA_CHECK(rc == cudaSuccess, "{}: {} ({})", what, cudaGetErrorString(rc), static_cast<int>(rc));
+}
+
+void check_instantiation(const GemmArgs& a, BLayout layout, DType in, int max_ctas) {
+  check_input_args(a, "gemm");
+  TESSERA_CHECK(a.b_layout == layout, "gemm: args.b_layout ({}) does not match the instantiated layout ({})",
+                a.b_layout == BLayout::NK ? "NK" : "KN", layout == BLayout::NK ? "NK" : "KN");
+  TESSERA_CHECK(a.in == in, "gemm: args.in = {} does not match the instantiated input type {}", dtype_name(a.in),
+                dtype_name(in));
+  TESSERA_CHECK(max_ctas >= 0, "gemm: max_ctas = {} must be >= 0", max_ctas);
+  require_hopper("gemm");
+}
+
+void validate_inputs(const GemmArgs& a, const char* op) {
+  check_input_args(a, op);
   require_hopper(op);
 }
 
@@ -217,13 +232,17 @@ void check_launch(const char* what) {
 }  // namespace detail
 
 void validate(const GemmArgs& a, const char* op) {
-  detail::validate_inputs(a, op);
+  // Every argument first, the device last: bad input is named without a GPU.
+  check_input_args(a, op);
+  TESSERA_CHECK(a.out == DType::bf16 || a.out == DType::f16 || a.out == DType::f32,
+                "{}: output dtype code {} not supported (bf16, f16 or f32)", op, static_cast<int>(a.out));
   TESSERA_CHECK(a.d != nullptr, "{}: D is null", op);
   const size_t es = dtype_size(a.out);
   TESSERA_CHECK(reinterpret_cast<uintptr_t>(a.d) % es == 0, "{}: D = {} is not aligned to its {}-byte elements", op,
                 a.d, es);
   const int64_t ldd = a.ldd_or_packed();
-  TESSERA_CHECK(ldd >= a.n && ldd < (int64_t{1} << 40), "{}: ldd = {} must be >= N = {}", op, ldd, a.n);
+  TESSERA_CHECK(ldd >= a.n && ldd < (int64_t{1} << 40), "{}: ldd = {} must be >= N = {} and < 2^40", op, ldd, a.n);
+  require_hopper(op);
 }
 
 GemmTile choose_tile(const GemmArgs& a, int num_sms) {

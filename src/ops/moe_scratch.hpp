@@ -1,5 +1,5 @@
 // Private to the MoE operators (moe.cpp, moe_ep.cpp): their grow-only
-// device buffers (scratch.hpp), the size limits their validation shares, and
+// device buffers (scratch.hpp), the checks their validation shares, and
 // the communicator their pipelined strategies send and receive on.
 #pragma once
 
@@ -9,8 +9,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 #include "scratch.hpp"
+#include "tessera/ops/moe.hpp"
 #include "tessera/runtime/dtype.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/runtime/process_group.hpp"
@@ -38,6 +40,35 @@ inline void validate_moe_sizes(const char* op, int world, DType dtype, std::int6
                 max_experts);
   TESSERA_CHECK(topk >= 1 && topk <= max_topk && topk <= experts,
                 "{}: topk = {} out of range [1, min({}, experts = {})]", op, topk, max_topk, experts);
+}
+
+/// The pointer checks both MoE layers need, each naming its argument: the
+/// matrices non-null and 16-byte aligned (the grouped GEMM's TMA and the
+/// row kernels' vector loads), the routing non-null and aligned to its
+/// 4-byte elements.
+inline void validate_moe_pointers(const char* op, const void* x_shard, const std::int32_t* expert_ids,
+                                  const float* weights, const void* w_gate_up, const void* w_down,
+                                  const void* out_shard) {
+  const auto addr = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
+  for (const auto& [name, p] : {std::pair{"x_shard", x_shard}, std::pair{"w_gate_up", w_gate_up},
+                                std::pair{"w_down", w_down}, std::pair{"out_shard", out_shard}}) {
+    TESSERA_CHECK(p != nullptr, "{}: {} is null", op, name);
+    TESSERA_CHECK(addr(p) % 16 == 0, "{}: {} = {} is not 16-byte aligned", op, name, p);
+  }
+  TESSERA_CHECK(expert_ids != nullptr, "{}: expert_ids is null", op);
+  TESSERA_CHECK(addr(expert_ids) % alignof(std::int32_t) == 0, "{}: expert_ids = {} is not 4-byte aligned", op,
+                static_cast<const void*>(expert_ids));
+  TESSERA_CHECK(weights != nullptr, "{}: weights is null", op);
+  TESSERA_CHECK(addr(weights) % alignof(float) == 0, "{}: weights = {} is not 4-byte aligned", op,
+                static_cast<const void*>(weights));
+}
+
+/// A transport value MoeTransport defines (a C++ caller's cast of another
+/// value would otherwise run as NCCL in one place and the copy engine in
+/// another).
+inline void validate_moe_transport(const char* op, MoeTransport t) {
+  TESSERA_CHECK(t == MoeTransport::automatic || t == MoeTransport::nccl || t == MoeTransport::copy_engine,
+                "{}: transport code {} (automatic 0, nccl 1 or copy_engine 2)", op, static_cast<int>(t));
 }
 
 /// The MoE layers' scratch: growth waits for pg.stream() (both layers join

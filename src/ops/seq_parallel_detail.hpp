@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <set>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -27,13 +28,50 @@ namespace tessera::ops::detail {
 using ZigzagSignature = std::array<std::int64_t, 8>;
 
 /// The checks of a zig-zag operator (`op`) before it launches anything: not
-/// inside a CUDA-graph capture (its flags carry a per-call epoch), seq a
-/// multiple of 2R, the attention kernel's own checks on one shard's shapes,
-/// and, once per signature (recorded in `agreed`), the same shapes and
-/// strategy on every rank: ranks on different strategies would wait for
-/// transfers and flags that never come.
+/// inside a CUDA-graph capture (its flags carry a per-call epoch), then
+/// validate_zigzag_shape, then agree_zigzag through the group's
+/// check_same_on_all_ranks.
 void validate_zigzag(runtime::ProcessGroup& pg, const SpAttnArgs& a, const char* op, int strategy,
                      std::string_view strategy_name, std::set<ZigzagSignature>& agreed);
+
+/// One rank's checks of a zig-zag call on `world` ranks: seq a positive
+/// multiple of 2·world, then the attention kernel's own checks on one
+/// shard's shapes (dtype, head dim, heads_q a multiple of heads_kv, null and
+/// misaligned pointers, strides), each error naming the argument; the
+/// kernel's device check (sm_90) comes last.
+void validate_zigzag_shape(const SpAttnArgs& a, int world, const char* op);
+
+/// The cross-rank exchange agree_zigzag uses: throws on every rank, naming
+/// `what` and the disagreeing ranks, unless the bytes agree everywhere
+/// (ProcessGroup::check_same_on_all_ranks; a Bootstrap's check_same in the
+/// CPU tests).
+using CheckSameOnAllRanks = std::function<void(const std::string& what, const void* data, std::size_t bytes)>;
+
+/// Once per signature (recorded in `agreed`): the same shapes (batch, seq,
+/// head counts, head dim), dtype, causal and strategy on every rank, so that
+/// mismatched shapes or head counts are an error on every rank before any
+/// launch; ranks on different strategies would wait for transfers and flags
+/// that never come.
+void agree_zigzag(const SpAttnArgs& a, const char* op, int strategy, std::string_view strategy_name,
+                  std::set<ZigzagSignature>& agreed, const CheckSameOnAllRanks& check_same);
+
+// ---- Ulysses ----
+
+/// Shapes, dtype and causal (packed), and the head groups of a Ulysses call,
+/// compared across ranks.
+using UlyssesSignature = std::array<std::int64_t, 7>;
+
+/// Once per signature (recorded in `agreed`): the same shapes, head counts,
+/// dtype, causal and head groups on every rank (the all-to-all's sizes
+/// follow from them), so a mismatch is an error on every rank before any
+/// launch.
+void agree_ulysses(const UlyssesAttnArgs& a, int groups, std::set<UlyssesSignature>& agreed,
+                   const CheckSameOnAllRanks& check_same);
+
+/// sp_attention's head-sharded strategies (those whose StrategyNeeds ask
+/// heads_divide: ulysses) need heads_q and heads_kv multiples of the world
+/// size; throws naming both and the strategy otherwise.
+void check_sp_heads(const SpAttnArgs& a, int world, SpStrategy strategy);
 
 // ---- ring ----
 

@@ -7,7 +7,9 @@
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "sp_attention/sp_attention.hpp"
@@ -223,11 +225,7 @@ void validate(SpAttnContext::Impl& c, const SpAttnArgs& a, SpStrategy strategy, 
   // two_level's degree is part of what the ranks must agree on.
   const int code = static_cast<int>(strategy) + (strategy == SpStrategy::two_level ? 256 * u : 0);
   detail::validate_zigzag(c.pg, a, "sp_attention", code, sp_strategy_name(strategy), c.validated);
-  const int R = c.pg.world();
-  if (s != Strategy::automatic && sp_attention_registry().find(s).needs.heads_divide)
-    TESSERA_CHECK(heads_divide(a, R),
-                  "sp_attention: strategy {} needs heads_q = {} and heads_kv = {} to be multiples of the world size {}",
-                  sp_strategy_name(strategy), a.heads_q, a.heads_kv, R);
+  detail::check_sp_heads(a, c.pg.world(), strategy);
 }
 
 /// One call with a concrete strategy; `a` is validated; `u`: two_level's degree.
@@ -323,24 +321,21 @@ void sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, SpStrategy s) {
 
 namespace detail {
 
-void validate_zigzag(runtime::ProcessGroup& pg, const SpAttnArgs& a, const char* op, int strategy,
-                     std::string_view strategy_name, std::set<ZigzagSignature>& agreed) {
-  const int R = pg.world();
-  TESSERA_CHECK(!runtime::stream_capturing(pg.stream()),
-                "{}: cannot be captured into a CUDA graph (its flags carry a per-call epoch that a replay would "
-                "repeat); call it eagerly",
-                op);
-  TESSERA_CHECK(a.seq >= 2 * R && a.seq % (2 * R) == 0,
-                "{}: seq = {} must be a positive multiple of 2 x world = {} (zig-zag chunks)", op, a.seq, 2 * R);
+void validate_zigzag_shape(const SpAttnArgs& a, int world, const char* op) {
+  TESSERA_CHECK(world >= 1, "{}: world = {} must be >= 1", op, world);
+  TESSERA_CHECK(a.seq >= 2 * world && a.seq % (2 * world) == 0,
+                "{}: seq = {} must be a positive multiple of 2 x world = {} (zig-zag chunks)", op, a.seq, 2 * world);
+  TESSERA_CHECK(reinterpret_cast<std::uintptr_t>(a.lse) % alignof(float) == 0,
+                "{}: lse = {} is not aligned to its 4-byte (float32) elements", op, static_cast<const void*>(a.lse));
   // The kernel's own checks (dtype, head dim, GQA divisibility, pointers)
-  // on one shard's shapes.
+  // on one shard's shapes; its device check comes last.
   kernels::AttentionArgs k;
   k.q = a.q;
   k.k = a.k;
   k.v = a.v;
   k.o = a.o;
   k.batch = a.batch;
-  k.seqlen_q = k.seqlen_k = a.seq / R;
+  k.seqlen_q = k.seqlen_k = a.seq / world;
   k.heads_q = a.heads_q;
   k.heads_kv = a.heads_kv;
   k.head_dim = a.head_dim;
@@ -348,15 +343,40 @@ void validate_zigzag(runtime::ProcessGroup& pg, const SpAttnArgs& a, const char*
   k.causal = a.causal;
   k.softmax_scale = a.softmax_scale;
   kernels::validate(k, op);
+}
+
+void agree_zigzag(const SpAttnArgs& a, const char* op, int strategy, std::string_view strategy_name,
+                  std::set<ZigzagSignature>& agreed, const CheckSameOnAllRanks& check_same) {
+  static_assert(std::has_unique_object_representations_v<ZigzagSignature>, "compared byte-wise across ranks");
   const ZigzagSignature sig{a.batch,  a.seq,   a.heads_q, a.heads_kv, a.head_dim, static_cast<std::int64_t>(a.dtype),
                             a.causal, strategy};
   if (agreed.count(sig)) return;
-  pg.check_same_on_all_ranks(
+  check_same(
       fmt::format("{}: shapes and strategy (batch {}, seq {}, heads {}/{}, head_dim {}, dtype "
                   "{}, causal {}, strategy {})",
                   op, a.batch, a.seq, a.heads_q, a.heads_kv, a.head_dim, dtype_name(a.dtype), a.causal, strategy_name),
-      sig);
+      sig.data(), sizeof sig);
   agreed.insert(sig);
+}
+
+void validate_zigzag(runtime::ProcessGroup& pg, const SpAttnArgs& a, const char* op, int strategy,
+                     std::string_view strategy_name, std::set<ZigzagSignature>& agreed) {
+  TESSERA_CHECK(!runtime::stream_capturing(pg.stream()),
+                "{}: cannot be captured into a CUDA graph (its flags carry a per-call epoch that a replay would "
+                "repeat); call it eagerly",
+                op);
+  validate_zigzag_shape(a, pg.world(), op);
+  agree_zigzag(a, op, strategy, strategy_name, agreed, [&pg](const std::string& what, const void* data, std::size_t n) {
+    pg.check_same_on_all_ranks(what, data, n);
+  });
+}
+
+void check_sp_heads(const SpAttnArgs& a, int world, SpStrategy strategy) {
+  const Strategy s = static_cast<Strategy>(strategy);
+  if (s != Strategy::automatic && sp_attention_registry().find(s).needs.heads_divide)
+    TESSERA_CHECK(heads_divide(a, world),
+                  "sp_attention: strategy {} needs heads_q = {} and heads_kv = {} to be multiples of the world size {}",
+                  sp_strategy_name(strategy), a.heads_q, a.heads_kv, world);
 }
 
 }  // namespace detail

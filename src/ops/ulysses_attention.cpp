@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <array>
 #include <set>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "scratch.hpp"
@@ -35,7 +37,7 @@ struct UlyssesAttnContext::Impl {
   detail::ScratchBuffer scratch{"ulysses_attention: scratch growth", detail::ScratchBuffer::Drain::all_streams};
   cudaEvent_t ev_ready = nullptr, ev_done = nullptr;
   std::vector<cudaEvent_t> ev_in, ev_attn;  ///< per head group: inputs unpacked / attention done
-  std::set<std::array<std::int64_t, 7>> validated;
+  std::set<detail::UlyssesSignature> validated;
 
   void ensure_events(int groups) {
     while (static_cast<int>(ev_in.size()) < groups) {
@@ -92,19 +94,29 @@ void validate(UlyssesAttnContext::Impl& c, const UlyssesAttnArgs& a, int groups)
   k.causal = a.causal;
   k.softmax_scale = a.softmax_scale;
   kernels::validate(k, "ulysses_attention");
-  const std::array<std::int64_t, 7> sig{
-      a.batch, a.seq, a.heads_q, a.heads_kv, a.head_dim, static_cast<int>(a.dtype) * 2 + a.causal, groups};
-  if (!c.validated.count(sig)) {
-    c.pg.check_same_on_all_ranks(
-        fmt::format("ulysses_attention: shapes (batch {}, seq {}, heads {}/{}, head_dim {}, dtype {}, causal {}, "
-                    "head groups {})",
-                    a.batch, a.seq, a.heads_q, a.heads_kv, a.head_dim, dtype_name(a.dtype), a.causal, groups),
-        sig);
-    c.validated.insert(sig);
-  }
+  detail::agree_ulysses(a, groups, c.validated, [&c](const std::string& what, const void* data, std::size_t n) {
+    c.pg.check_same_on_all_ranks(what, data, n);
+  });
 }
 
 }  // namespace
+
+namespace detail {
+
+void agree_ulysses(const UlyssesAttnArgs& a, int groups, std::set<UlyssesSignature>& agreed,
+                   const CheckSameOnAllRanks& check_same) {
+  static_assert(std::has_unique_object_representations_v<UlyssesSignature>, "compared byte-wise across ranks");
+  const UlyssesSignature sig{
+      a.batch, a.seq, a.heads_q, a.heads_kv, a.head_dim, static_cast<int>(a.dtype) * 2 + a.causal, groups};
+  if (agreed.count(sig)) return;
+  check_same(fmt::format("ulysses_attention: shapes (batch {}, seq {}, heads {}/{}, head_dim {}, dtype {}, causal {}, "
+                         "head groups {})",
+                         a.batch, a.seq, a.heads_q, a.heads_kv, a.head_dim, dtype_name(a.dtype), a.causal, groups),
+             sig.data(), sizeof sig);
+  agreed.insert(sig);
+}
+
+}  // namespace detail
 
 int ulysses_head_groups(const UlyssesAttnArgs& a, int world, UlyssesStrategy s, int requested) {
   check_heads(a, world);

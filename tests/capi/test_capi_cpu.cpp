@@ -142,6 +142,29 @@ TEST(Capi, SpAttentionRejectsBadArgumentsNamingThem) {
   }
 }
 
+// Misaligned pointers are named before the session is looked at: q, k, v
+// and o 16-byte aligned (TMA), lse 4-byte (float32).
+TEST(Capi, SpAttentionRejectsMisalignedPointersNamingThem) {
+  auto* p = reinterpret_cast<char*>(0x1000);
+  const char* fn = "tessera_sp_attention: ";
+  EXPECT_EQ(tessera_sp_attention(nullptr, p + 4, p, p, p, nullptr, 1, 64, 8, 2, 128, TESSERA_BF16, 1, 0.f, 0), -1);
+  EXPECT_NE(last().find(std::string(fn) + "q = 0x1004 is not 16-byte aligned"), std::string::npos) << last();
+  EXPECT_EQ(tessera_sp_attention(nullptr, p, p + 8, p, p, nullptr, 1, 64, 8, 2, 128, TESSERA_BF16, 1, 0.f, 0), -1);
+  EXPECT_NE(last().find(std::string(fn) + "k = 0x1008 is not 16-byte aligned"), std::string::npos) << last();
+  EXPECT_EQ(tessera_sp_attention(nullptr, p, p, p + 2, p, nullptr, 1, 64, 8, 2, 128, TESSERA_BF16, 1, 0.f, 0), -1);
+  EXPECT_NE(last().find(std::string(fn) + "v = 0x1002 is not 16-byte aligned"), std::string::npos) << last();
+  EXPECT_EQ(tessera_sp_attention(nullptr, p, p, p, p + 12, nullptr, 1, 64, 8, 2, 128, TESSERA_BF16, 1, 0.f, 0), -1);
+  EXPECT_NE(last().find(std::string(fn) + "o = 0x100c is not 16-byte aligned"), std::string::npos) << last();
+  auto* lse = reinterpret_cast<float*>(0x2002);
+  EXPECT_EQ(tessera_sp_attention_ex(nullptr, nullptr, p, p, p, p, lse, 1, 64, 8, 2, 128, TESSERA_BF16, 1, 0.f, 0), -1);
+  EXPECT_NE(last().find("tessera_sp_attention_ex: lse = 0x2002 is not 4-byte aligned"), std::string::npos) << last();
+  // Aligned pointers reach the session check.
+  EXPECT_EQ(tessera_sp_attention_ex(nullptr, nullptr, p, p, p, p, reinterpret_cast<float*>(0x2004), 1, 64, 8, 2, 128,
+                                    TESSERA_BF16, 1, 0.f, 0),
+            -1);
+  EXPECT_NE(last().find("tessera_sp_attention_ex: null session"), std::string::npos) << last();
+}
+
 TEST(Capi, SpAttentionExAndResolveRejectANullSession) {
   void* p = reinterpret_cast<void*>(0x1000);
   EXPECT_EQ(tessera_sp_attention_ex(nullptr, nullptr, p, p, p, p, nullptr, 1, 64, 8, 8, 64, TESSERA_F16, 0, 0.f,
@@ -292,6 +315,41 @@ TEST(Capi, MoeLayersRejectBadArgumentsNamingThem) {
   EXPECT_NE(last().find("tessera_moe_tp_check_status: null session"), std::string::npos) << last();
   EXPECT_EQ(tessera_moe_ep_check_status(nullptr), -1);
   EXPECT_NE(last().find("tessera_moe_ep_check_status: null session"), std::string::npos) << last();
+}
+
+// Misaligned pointers of the MoE layers are named before the session is
+// looked at: matrices 16-byte aligned, the routing 4-byte.
+TEST(Capi, MoeLayersRejectMisalignedPointersNamingThem) {
+  auto* p = reinterpret_cast<char*>(0x1000);
+  const auto* ids = reinterpret_cast<const int32_t*>(0x2000);
+  const auto* w = reinterpret_cast<const float*>(0x3000);
+  struct Case {
+    const void *x, *ids, *w, *gu, *dn, *out;
+    std::string want;
+  };
+  const Case cases[] = {
+      {p + 8, ids, w, p, p, p, "x_shard = 0x1008 is not 16-byte aligned"},
+      {p, reinterpret_cast<const char*>(ids) + 2, w, p, p, p, "expert_ids = 0x2002 is not 4-byte aligned"},
+      {p, ids, reinterpret_cast<const char*>(w) + 1, p, p, p, "weights = 0x3001 is not 4-byte aligned"},
+      {p, ids, w, p + 4, p, p, "w_gate_up = 0x1004 is not 16-byte aligned"},
+      {p, ids, w, p, p + 2, p, "w_down = 0x1002 is not 16-byte aligned"},
+      {p, ids, w, p, p, p + 8, "out_shard = 0x1008 is not 16-byte aligned"},
+  };
+  for (const Case& c : cases) {
+    const auto* cid = static_cast<const int32_t*>(c.ids);
+    const auto* cw = static_cast<const float*>(c.w);
+    void* out = const_cast<void*>(c.out);
+    EXPECT_EQ(tessera_moe_tp_ex(nullptr, nullptr, c.x, cid, cw, c.gu, c.dn, out, 64, 256, 128, 8, 2, TESSERA_BF16, 0),
+              -1);
+    EXPECT_NE(last().find("tessera_moe_tp_ex: " + c.want), std::string::npos) << last();
+    EXPECT_EQ(
+        tessera_moe_ep_ex(nullptr, nullptr, c.x, cid, cw, c.gu, c.dn, out, 64, 256, 128, 8, 2, 0, TESSERA_BF16, 0), -1);
+    EXPECT_NE(last().find("tessera_moe_ep_ex: " + c.want), std::string::npos) << last();
+    int chosen = -7;
+    EXPECT_EQ(tessera_moe_tp_resolve(nullptr, c.x, cid, cw, c.gu, c.dn, out, 64, 256, 128, 8, 2, TESSERA_BF16, &chosen),
+              -1);
+    EXPECT_NE(last().find("tessera_moe_tp_resolve: " + c.want), std::string::npos) << last();
+  }
 }
 
 // The router checks its arguments before any launch, so these fail with a

@@ -14,10 +14,12 @@
 #include <type_traits>
 #include <vector>
 #include <string>
+#include <utility>
 
 #include "tessera/kernels/gemm.hpp"
 #include "tessera/kernels/gemm_plan.hpp"
 #include "tessera/kernels/gemm/barriers.cuh"
+#include "tessera/kernels/gemm/host_detail.hpp"
 #include "tessera/kernels/gemm/pipeline.cuh"
 #include "tessera/kernels/gemm/scheduler.cuh"
 #include "tessera/ops/plan.hpp"
@@ -77,6 +79,77 @@ TEST(GemmValidate, RejectsBadInputWithAClearMessage) {
   a = good();
   a.b = nullptr;
   EXPECT_NE(error_of(a).find("B is null"), std::string::npos);
+}
+
+// Issue 19's bad input: negative or overflowing sizes, misaligned pointers,
+// dtype mismatch and the output's own arguments are each named before the
+// device is looked at (validate() checks the device last, so on a machine
+// without a GPU a good problem fails only there).
+TEST(GemmValidate, RejectsEachBadArgumentBeforeTheDevice) {
+  const std::pair<std::function<void(tk::GemmArgs&)>, std::string> bad[] = {
+      {[](tk::GemmArgs& a) { a.m = -1; }, "M = -1 out of range [1, 2^31)"},
+      {[](tk::GemmArgs& a) { a.n = -8; }, "N = -8 out of range [1, 2^31)"},
+      {[](tk::GemmArgs& a) { a.k = -64; }, "K = -64 out of range [1, 2^31)"},
+      {[](tk::GemmArgs& a) { a.m = int64_t{1} << 31; }, "M = 2147483648 out of range"},
+      {[](tk::GemmArgs& a) { a.n = int64_t{1} << 31; }, "N = 2147483648 out of range"},
+      {[](tk::GemmArgs& a) { a.k = int64_t{1} << 40; }, "K = 1099511627776 out of range"},
+      {[](tk::GemmArgs& a) { a.lda = int64_t{1} << 39; }, "lda = 549755813888 elements exceeds TMA's"},
+      {[](tk::GemmArgs& a) { a.ldb = int64_t{1} << 40; }, "ldb = 1099511627776 elements exceeds TMA's"},
+      {[](tk::GemmArgs& a) { a.lda = -128; }, "lda = -128 must be >= K"},
+      {[](tk::GemmArgs& a) { a.ldb = 120; }, "ldb = 120 must be >= 128"},
+      {[](tk::GemmArgs& a) { a.b = reinterpret_cast<const void*>(0x20008); }, "B = 0x20008 is not 16-byte aligned"},
+      {[](tk::GemmArgs& a) { a.a = nullptr; }, "A is null"},
+      {[](tk::GemmArgs& a) { a.in = DType::f32; }, "input dtype f32 not supported (bf16 or f16)"},
+      {[](tk::GemmArgs& a) { a.out = static_cast<DType>(7); }, "output dtype code 7 not supported"},
+      {[](tk::GemmArgs& a) { a.d = nullptr; }, "D is null"},
+      {[](tk::GemmArgs& a) { a.d = reinterpret_cast<void*>(0x30001); }, "D = 0x30001 is not aligned to its 2-byte"},
+      {[](tk::GemmArgs& a) {
+         a.out = DType::f32;
+         a.d = reinterpret_cast<void*>(0x30002);
+       },
+       "D = 0x30002 is not aligned to its 4-byte elements"},
+      {[](tk::GemmArgs& a) { a.ldd = 500; }, "ldd = 500 must be >= N = 512"},
+      {[](tk::GemmArgs& a) { a.ldd = int64_t{1} << 40; }, "ldd = 1099511627776 must be >= N = 512 and < 2^40"},
+  };
+  for (const auto& [edit, want] : bad) {
+    auto a = good();
+    edit(a);
+    const std::string e = error_of(a);
+    EXPECT_NE(e.find("gemm: " + want), std::string::npos) << "want '" << want << "', got: " << e;
+  }
+  // An f32 output of bf16 inputs and a padded D pass the argument checks:
+  // whatever fails is the device check, named as such.
+  auto a = good();
+  a.out = DType::f32;
+  a.ldd = 520;
+  const std::string e = error_of(a);
+  if (!e.empty()) EXPECT_EQ(e.find("gemm: D"), std::string::npos) << e;
+}
+
+// The policy entry points (launch.cuh) check that the arguments match the
+// kernel they instantiate, before the device check too.
+TEST(GemmValidate, InstantiationMismatchIsNamed) {
+  const auto rejected = [](const tk::GemmArgs& a, tk::BLayout l, DType in, int max_ctas) -> std::string {
+    try {
+      tk::detail::check_instantiation(a, l, in, max_ctas);
+    } catch (const tessera::Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  auto a = good();
+  EXPECT_NE(rejected(a, tk::BLayout::KN, DType::bf16, 0)
+                .find("args.b_layout (NK) does not match the instantiated layout (KN)"),
+            std::string::npos);
+  EXPECT_NE(
+      rejected(a, tk::BLayout::NK, DType::f16, 0).find("args.in = bf16 does not match the instantiated input type f16"),
+      std::string::npos);
+  EXPECT_NE(rejected(a, tk::BLayout::NK, DType::bf16, -1).find("max_ctas = -1 must be >= 0"), std::string::npos);
+  a.k = 100;  // the argument checks come first
+  EXPECT_NE(rejected(a, tk::BLayout::NK, DType::bf16, 0).find("K = 100"), std::string::npos);
+  a = good();
+  a.a = reinterpret_cast<const void*>(0x10004);
+  EXPECT_NE(rejected(a, tk::BLayout::NK, DType::bf16, 0).find("A = 0x10004 is not 16-byte aligned"), std::string::npos);
 }
 
 TEST(GemmHeuristic, PrefersLargeTilesAndFillsWaves) {

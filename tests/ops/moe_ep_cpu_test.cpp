@@ -3,6 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <utility>
 
 #include "tessera/ops/args.hpp"
 #include "tessera/ops/moe_ep.hpp"
@@ -39,6 +43,66 @@ TEST(MoeEp, ValidateRejectsBadShapes) {
   EXPECT_THROW(validate(a, 2), tessera::Error);
   EXPECT_THROW(parse_moe_ep_strategy("fused"), tessera::Error);
   EXPECT_EQ(parse_moe_ep_strategy("pipelined"), MoeEpStrategy::pipelined);
+}
+
+/// A pointer as the library's messages print it (fmt's {} of a pointer).
+std::string address(const void* p) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%p", p);
+  return b;
+}
+
+// Issue 22's bad input, each named before any launch: experts not a
+// multiple of the world, top-k > E, capacity negative or overflowing,
+// sizes, dtype, null and misaligned pointers. Expert ids outside [0, E) and
+// rows over the capacity are device data: check_status() reports them after
+// the call (moe_ep_gpu_test.cpp), as it does mismatched expert counts
+// across ranks (two GPUs).
+TEST(MoeEp, ValidateNamesEachBadArgument) {
+  alignas(16) static int buf[64] = {};
+  const auto good = [] {
+    MoeEpArgs a;
+    a.x_shard = a.w_gate_up = a.w_down = a.out_shard = buf;
+    a.expert_ids = buf;
+    a.weights = reinterpret_cast<const float*>(buf);
+    a.tokens_local = 16;
+    a.hidden = 64;
+    a.inter = 32;
+    a.experts = 8;
+    a.topk = 2;
+    return a;
+  };
+  const void* misaligned = reinterpret_cast<const char*>(buf) + 8;
+  const std::pair<std::function<void(MoeEpArgs&, int&)>, std::string> bad[] = {
+      {[](MoeEpArgs&, int& world) { world = 3; }, "experts = 8 is not a multiple of the world size 3"},
+      {[](MoeEpArgs& a, int&) { a.topk = 9; }, "topk = 9 out of range [1, min(16, experts = 8)]"},
+      {[](MoeEpArgs& a, int&) { a.experts = 2048; }, "experts = 2048 out of range [1, 1024]"},
+      {[](MoeEpArgs& a, int&) { a.capacity = -1; }, "capacity = -1 must be >= 0 (0: tokens_local * topk)"},
+      {[](MoeEpArgs& a, int&) { a.capacity = std::int64_t{1} << 30; },
+       "capacity (1073741824) * world (2) must stay below 2^31"},
+      {[](MoeEpArgs& a, int&) { a.tokens_local = -5; }, "tokens_local = -5 out of range [0, 2^31)"},
+      {[](MoeEpArgs& a, int&) { a.tokens_local = std::int64_t{1} << 30; },
+       "tokens_local (1073741824) * topk (2) must stay below 2^31"},
+      {[](MoeEpArgs& a, int&) { a.inter = 12; }, "inter = 12 must be a positive multiple of 8"},
+      {[](MoeEpArgs& a, int&) { a.dtype = DType::f32; }, "dtype f32 not supported (bf16)"},
+      {[](MoeEpArgs& a, int&) { a.out_shard = nullptr; }, "x_shard and out_shard must be non-null"},
+      {[](MoeEpArgs& a, int&) { a.weights = nullptr; }, "expert_ids and weights must be non-null"},
+      {[&](MoeEpArgs& a, int&) { a.x_shard = misaligned; },
+       "pointer " + address(misaligned) + " is not 16-byte aligned"},
+  };
+  EXPECT_NO_THROW(validate(good(), 2));
+  for (const auto& [edit, want] : bad) {
+    MoeEpArgs a = good();
+    int world = 2;
+    edit(a, world);
+    std::string e;
+    try {
+      validate(a, world);
+    } catch (const tessera::Error& x) {
+      e = x.what();
+    }
+    EXPECT_NE(e.find("moe_ep: " + want), std::string::npos) << "want '" << want << "', got: '" << e << "'";
+  }
 }
 
 // The C API and Python take moe_ep's strategy codes from the one strategy

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "support/gpu_group.hpp"
@@ -313,6 +314,27 @@ TEST(MoeEp, MismatchedExpertCountsAreRejectedOnEveryRank) {
   MoeEpArgs a = b.args(L, 0);
   if (pg.rank() == 1) a.experts = 2 * p.E;  // still a multiple of R: only the cross-rank check catches it
   EXPECT_THROW(moe_ep(ctx, a), tessera::Error);
+}
+
+// The transport is part of the cross-rank check too: ranks on different
+// transports would wait for flags or receives that never come.
+TEST(MoeEp, MismatchedTransportsAreRejectedOnEveryRank) {
+  TESSERA_REQUIRE_WORLD_GPUS(2);
+  runtime::ProcessGroup& pg = tessera::testing::group();
+  if (!pg.lsa_reachable()) GTEST_SKIP() << "the copy-engine transport needs every rank load/store reachable";
+  const Problem p{32, 64, 32, 8, 2, Routing::uniform};
+  const Layer L(p, pg.world(), pg.rank());
+  const Buffers b(L);
+  MoeEpContext ctx(pg);
+  MoeEpOptions o;
+  o.strategy = MoeEpStrategy::pipelined;
+  o.transport = pg.rank() == 1 ? MoeTransport::nccl : MoeTransport::copy_engine;
+  try {
+    moe_ep(ctx, b.args(L, 0), o);
+    ADD_FAILURE() << "mismatched transports accepted";
+  } catch (const tessera::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("differs between ranks"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

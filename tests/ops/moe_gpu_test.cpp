@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "support/gpu_group.hpp"
@@ -292,6 +293,62 @@ TEST(MoeTp, InvalidExpertIdIsReportedAfterTheCall) {
   EXPECT_THROW(ctx.check_status(), tessera::Error);
   a.topk = E + 1;  // more slots than experts
   EXPECT_THROW(moe_tp(ctx, a), tessera::Error);
+}
+
+// Issue 22: mismatched expert counts (or transports) across ranks are
+// rejected on every rank by the cross-rank check, before any launch.
+TEST(MoeTp, MismatchedExpertCountsOrTransportsAreRejectedOnEveryRank) {
+  TESSERA_REQUIRE_WORLD_GPUS(2);
+  runtime::ProcessGroup& pg = tessera::testing::group();
+  const std::int64_t T = 64, H = 64, Il = 32;
+  const int E = 4, k = 2;
+  std::vector<std::int32_t> ids(T * k, 1);
+  std::vector<float> w(T * k, 0.5f);
+  // Weights sized for 2E experts, so the larger count is a valid call on its own.
+  Dev dx(T * H * 2), dgu(2 * E * 2 * Il * H * 2), ddn(2 * E * H * Il * 2), dids(ids.size() * 4), dw(w.size() * 4),
+      dout(T * H * 2);
+  TESSERA_CUDA_CHECK(cudaMemset(dx.p, 0, T * H * 2));
+  TESSERA_CUDA_CHECK(cudaMemset(dgu.p, 0, 2 * E * 2 * Il * H * 2));
+  TESSERA_CUDA_CHECK(cudaMemset(ddn.p, 0, 2 * E * H * Il * 2));
+  dids.put(ids);
+  dw.put(w);
+  MoeTpArgs a;
+  a.x_shard = dx.p;
+  a.expert_ids = static_cast<const std::int32_t*>(dids.p);
+  a.weights = static_cast<const float*>(dw.p);
+  a.w_gate_up = dgu.p;
+  a.w_down = ddn.p;
+  a.out_shard = dout.p;
+  a.tokens_local = T;
+  a.hidden = H;
+  a.inter_local = Il;
+  a.experts = E;
+  a.topk = k;
+  for (Strategy s : {Strategy::sequential, Strategy::pipelined}) {
+    MoeContext ctx(pg);
+    MoeTpArgs mine = a;
+    if (pg.rank() == 1) mine.experts = 2 * E;
+    MoeTpOptions o;
+    o.strategy = s;
+    try {
+      moe_tp(ctx, mine, o);
+      ADD_FAILURE() << "mismatched expert counts accepted (strategy " << strategy_name(s) << ")";
+    } catch (const tessera::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("differs between ranks"), std::string::npos) << e.what();
+    }
+  }
+  if (pg.lsa_reachable()) {
+    MoeContext ctx(pg);
+    MoeTpOptions o;
+    o.strategy = Strategy::pipelined;
+    o.transport = pg.rank() == 1 ? MoeTransport::nccl : MoeTransport::copy_engine;
+    try {
+      moe_tp(ctx, a, o);
+      ADD_FAILURE() << "mismatched transports accepted";
+    } catch (const tessera::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("differs between ranks"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(MoeTp, ValidateRejectsBadShapes) {

@@ -8,12 +8,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <functional>
 #include <map>
 #include <optional>
 #include <random>
 #include <set>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "ops/moe_scratch.hpp"
 #include "tessera/ops/args.hpp"
 #include "tessera/ops/moe.hpp"
 #include "tessera/ops/plan.hpp"
@@ -248,6 +253,134 @@ TEST(MoeTpStrategies, ValidateRejectsBadShapes) {
   a.topk = 2;
   a.experts = 1025;
   EXPECT_THROW(validate(a, 2), tessera::Error);
+}
+
+/// A pointer as the library's messages print it (fmt's {} of a pointer).
+std::string address(const void* p) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%p", p);
+  return b;
+}
+
+// Issue 22's bad input, each named before any launch: top-k > E, experts
+// outside the grouped GEMM's table, negative or overflowing sizes, dtype,
+// null and misaligned pointers; then the options (strategy, comm_ctas).
+// Expert ids outside [0, E) are device data: check_status() reports them
+// after the call (moe_gpu_test.cpp); mismatched expert counts across ranks
+// are the cross-rank check's (moe_gpu_test.cpp, two GPUs).
+TEST(MoeTpStrategies, ValidateNamesEachBadArgument) {
+  alignas(16) static int buf[64] = {};
+  const auto good = [] {
+    MoeTpArgs a;
+    a.x_shard = a.w_gate_up = a.w_down = a.out_shard = buf;
+    a.expert_ids = buf;
+    a.weights = reinterpret_cast<const float*>(buf);
+    a.tokens_local = 16;
+    a.hidden = 64;
+    a.inter_local = 32;
+    a.experts = 4;
+    a.topk = 2;
+    return a;
+  };
+  const void* misaligned = reinterpret_cast<const char*>(buf) + 4;
+  const std::pair<std::function<void(MoeTpArgs&, int&)>, std::string> bad[] = {
+      {[](MoeTpArgs& a, int&) { a.topk = 5; }, "topk = 5 out of range [1, min(16, experts = 4)]"},
+      {[](MoeTpArgs& a, int&) { a.topk = 0; }, "topk = 0 out of range"},
+      {[](MoeTpArgs& a, int&) {
+         a.experts = 64;
+         a.topk = 17;
+       },
+       "topk = 17 out of range [1, min(16, experts = 64)]"},
+      {[](MoeTpArgs& a, int&) { a.experts = 0; }, "experts = 0 out of range [1, 1024]"},
+      {[](MoeTpArgs& a, int&) { a.experts = 1025; }, "experts = 1025 out of range [1, 1024]"},
+      {[](MoeTpArgs& a, int&) { a.tokens_local = -1; }, "tokens_local = -1 out of range [0, 2^31)"},
+      {[](MoeTpArgs& a, int&) { a.tokens_local = std::int64_t{1} << 40; }, "tokens_local = 1099511627776 out of range"},
+      {[](MoeTpArgs& a, int&) { a.tokens_local = std::int64_t{1} << 29; },
+       "tokens (1073741824) * topk (2) must stay below 2^31"},
+      {[](MoeTpArgs& a, int&) { a.hidden = 60; }, "hidden = 60 must be a positive multiple of 8 below 2^31"},
+      {[](MoeTpArgs& a, int&) { a.hidden = -64; }, "hidden = -64 must be a positive multiple of 8"},
+      {[](MoeTpArgs& a, int&) { a.inter_local = 0; }, "inter_local = 0 must be a positive multiple of 8"},
+      {[](MoeTpArgs& a, int&) { a.inter_local = std::int64_t{1} << 31; }, "inter_local = 2147483648 must be"},
+      {[](MoeTpArgs& a, int&) { a.dtype = DType::f16; }, "dtype f16 not supported (bf16)"},
+      {[](MoeTpArgs&, int& world) { world = 0; }, "world = 0 must be >= 1"},
+      {[](MoeTpArgs& a, int&) { a.x_shard = nullptr; }, "x_shard and out_shard must be non-null"},
+      {[](MoeTpArgs& a, int&) { a.expert_ids = nullptr; }, "expert_ids and weights must be non-null"},
+      {[](MoeTpArgs& a, int&) { a.w_down = nullptr; }, "w_gate_up and w_down must be non-null"},
+      {[&](MoeTpArgs& a, int&) { a.w_gate_up = misaligned; },
+       "pointer " + address(misaligned) + " is not 16-byte aligned"},
+      {[&](MoeTpArgs& a, int&) { a.out_shard = const_cast<void*>(misaligned); },
+       "pointer " + address(misaligned) + " is not 16-byte aligned"},
+  };
+  EXPECT_NO_THROW(validate(good(), 2));
+  for (const auto& [edit, want] : bad) {
+    MoeTpArgs a = good();
+    int world = 2;
+    edit(a, world);
+    std::string e;
+    try {
+      validate(a, world);
+    } catch (const tessera::Error& x) {
+      e = x.what();
+    }
+    EXPECT_NE(e.find("moe_tp: " + want), std::string::npos) << "want '" << want << "', got: '" << e << "'";
+  }
+  const auto option_error = [](const MoeTpOptions& o, int sms) {
+    try {
+      validate(o, sms);
+    } catch (const tessera::Error& x) {
+      return std::string(x.what());
+    }
+    return std::string();
+  };
+  MoeTpOptions o;
+  o.strategy = Strategy::ring;
+  EXPECT_NE(option_error(o, 132).find("moe_tp: strategy ring is not a TP MoE strategy"), std::string::npos);
+  o = {};
+  o.comm_ctas = -3;
+  EXPECT_NE(option_error(o, 132).find("moe_tp: comm_ctas = -3 out of range [1, min(64, SMs - 1 = 131)]"),
+            std::string::npos);
+}
+
+// The shared pointer and transport checks (moe_scratch.hpp) name the
+// argument: each matrix 16-byte aligned, the routing 4-byte, and only the
+// transports MoeTransport defines.
+TEST(MoeTpStrategies, SharedPointerAndTransportChecksNameTheArgument) {
+  const auto* m = reinterpret_cast<const void*>(0x10000);
+  const auto* ids = reinterpret_cast<const std::int32_t*>(0x20000);
+  const auto* w = reinterpret_cast<const float*>(0x30000);
+  const auto error = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const tessera::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const auto check = [&](const void* x, const std::int32_t* i, const float* wt, const void* gu, const void* dn,
+                         const void* out) {
+    return error([=] { detail::validate_moe_pointers("moe_tp", x, i, wt, gu, dn, out); });
+  };
+  EXPECT_EQ(check(m, ids, w, m, m, m), "");
+  const char* c = reinterpret_cast<const char*>(m);
+  EXPECT_NE(check(nullptr, ids, w, m, m, m).find("moe_tp: x_shard is null"), std::string::npos);
+  EXPECT_NE(check(c + 8, ids, w, m, m, m).find("moe_tp: x_shard = 0x10008 is not 16-byte aligned"), std::string::npos);
+  EXPECT_NE(check(m, ids, w, c + 4, m, m).find("moe_tp: w_gate_up = 0x10004 is not 16-byte aligned"),
+            std::string::npos);
+  EXPECT_NE(check(m, ids, w, m, c + 2, m).find("moe_tp: w_down = 0x10002 is not 16-byte aligned"), std::string::npos);
+  EXPECT_NE(check(m, ids, w, m, m, nullptr).find("moe_tp: out_shard is null"), std::string::npos);
+  EXPECT_NE(check(m, nullptr, w, m, m, m).find("moe_tp: expert_ids is null"), std::string::npos);
+  EXPECT_NE(check(m, reinterpret_cast<const std::int32_t*>(0x20002), w, m, m, m)
+                .find("moe_tp: expert_ids = 0x20002 is not 4-byte aligned"),
+            std::string::npos);
+  EXPECT_NE(check(m, ids, reinterpret_cast<const float*>(0x30001), m, m, m)
+                .find("moe_tp: weights = 0x30001 is not 4-byte aligned"),
+            std::string::npos);
+  for (MoeTransport t : {MoeTransport::automatic, MoeTransport::nccl, MoeTransport::copy_engine})
+    EXPECT_EQ(error([=] { detail::validate_moe_transport("moe_ep", t); }), "");
+  EXPECT_NE(error([] {
+              detail::validate_moe_transport("moe_ep", static_cast<MoeTransport>(5));
+            }).find("moe_ep: transport code 5 (automatic 0, nccl 1 or copy_engine 2)"),
+            std::string::npos);
 }
 
 TEST(MoeTpPlan, PartTwoColumnChunks) {

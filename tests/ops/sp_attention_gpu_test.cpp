@@ -144,6 +144,18 @@ TEST(SpAttentionGpu, RejectsBadInputBeforeLaunch) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("strategy code 2"), std::string::npos) << e.what();
   }
+  // Head counts that differ across ranks (each valid on its own rank): every
+  // rank gets the error, before anything is launched.
+  if (pg.world() >= 2) {
+    ops::SpAttnArgs mine = a;
+    if (pg.rank() == 1) mine.heads_kv = 4;
+    try {
+      ops::sp_attention(ctx(), mine, ops::SpStrategy::sequential);
+      ADD_FAILURE() << "accepted head counts differing across ranks";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("differs between ranks"), std::string::npos) << e.what();
+    }
+  }
   // Workspace limits: an explicit strategy over it, and a limit nothing fits.
   ops::SpAttnOptions o;
   o.strategy = ops::SpStrategy::fused_ce;

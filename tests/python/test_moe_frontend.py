@@ -210,6 +210,17 @@ def test_device_is_checked_before_launch():
         c.close()
 
 
+def test_misaligned_weights_are_rejected_before_launch():
+    """The real (CUDA) path passes raw pointers: a matrix at an odd storage offset is named, not launched."""
+    a = moe_args(device="cpu")
+    out = torch.empty_like(a["x"])
+    _ops._moe_pointers("moe_tp", a["x"], a["expert_ids"], a["weights"], a["w_gate_up"], a["w_down"], out)
+    base = torch.zeros(1 + a["w_down"].numel(), dtype=BF16)
+    shifted = base[1:].view(a["w_down"].shape)
+    with pytest.raises(ValueError, match=r"tessera::moe_ep: w_down is not 16-byte aligned \(storage offset 1\)"):
+        _ops._moe_pointers("moe_ep", a["x"], a["expert_ids"], a["weights"], a["w_gate_up"], shifted, out)
+
+
 def test_topk_rejects_bad_arguments_naming_them():
     lg = torch.empty(9, 8, device="meta")
     for logits, k, exc, msg in (

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed: the torch f
 
 import tessera  # noqa: E402
 import tessera.torch as tt  # noqa: E402
-from tessera.torch import _context  # noqa: E402
+from tessera.torch import _context, _ops  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -549,6 +549,26 @@ def test_sp_attention_rejects_bad_input_naming_the_argument():
     with pytest.raises(ValueError, match="q must be contiguous"):
         op(meta(1, 8, 64, 128).transpose(1, 2), kv, kv, c.handle)
     c.close()
+
+
+def test_sp_attention_checks_device_and_alignment_before_launch():
+    """The real (CUDA) path checks every tensor's device against the context's and that q, k, v are 16-byte
+    aligned (a contiguous view at an odd storage offset is not); fake tensors skip both."""
+    c = tt.Context._for_shapes(rank=0, world=1, device="cuda:0")
+    try:
+        q, kv = meta(1, 64, 8, 128), meta(1, 64, 2, 128)
+        with pytest.raises(ValueError, match=r"tessera::sp_attention: q is on meta, but the context's device is "
+                                             r"cuda:0"):
+            _ops._check_tensors("sp_attention", c, True, ndim=4, q=q, k=kv, v=kv)
+    finally:
+        c.close()
+    base = torch.zeros(1 + 64 * 8 * 128, dtype=torch.bfloat16)
+    shifted = base[1:].view(1, 64, 8, 128)  # contiguous, 2 bytes past an aligned start
+    assert shifted.is_contiguous()
+    aligned = torch.zeros(1, 64, 8, 128, dtype=torch.bfloat16)
+    _ops._check_aligned("sp_attention", q=aligned, k=aligned, v=aligned)
+    with pytest.raises(ValueError, match=r"tessera::sp_attention: k is not 16-byte aligned \(storage offset 1\)"):
+        _ops._check_aligned("sp_attention", q=aligned, k=shifted, v=aligned)
 
 
 def test_sp_attention_at_tp1_matches_reference(ctx1):

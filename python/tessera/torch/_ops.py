@@ -71,6 +71,13 @@ def _check_tensors(op, ctx, device_check, ndim=2, **ts):
     return dtype
 
 
+def _check_aligned(op, **ts):
+    """16-byte aligned data (the kernels' TMA descriptors and vector loads); a view at an odd storage offset is not."""
+    for name, t in ts.items():
+        _need(t.data_ptr() % 16 == 0, f"tessera::{op}: {name} is not 16-byte aligned (storage offset "
+                                      f"{t.storage_offset()}); pass a tensor of its own (.clone())")
+
+
 def _ag_shapes(op, ctx, a, b, m, swiglu):
     _need(a.shape[1] == b.shape[1], f"tessera::{op}: a has K = {a.shape[1]} but b has K = {b.shape[1]}")
     _need(m >= 1, f"tessera::{op}: m = {m} (total rows) must be >= 1")
@@ -326,6 +333,7 @@ def _sp_run(op, q, k, v, ctx_handle, causal, softmax_scale, strategy, want_lse):
     c = lookup(ctx_handle)
     dt = _check_tensors(op, c, True, ndim=4, q=q, k=k, v=v)
     b, rows, hq, hkv, d = _sp_shapes(op, q, k, v, softmax_scale, strategy)
+    _check_aligned(op, q=q, k=k, v=v)
     o = torch.empty_like(q)
     lse = torch.empty((b, hq, rows), dtype=torch.float32, device=q.device) if want_lse else None
     lib = _lib.load()
@@ -411,9 +419,7 @@ def _moe_shapes(op, c, device_check, x, expert_ids, weights, w_gate_up, w_down, 
 def _moe_pointers(op, x, expert_ids, weights, w_gate_up, w_down, out):
     """Device pointers for the library: 16-byte aligned matrices; an empty token shard (tokens_local = 0, which a
     rank may have and must still join the collective with) passes a scratch buffer the layer never reads."""
-    for name, t in (("x", x), ("w_gate_up", w_gate_up), ("w_down", w_down)):
-        _need(t.data_ptr() % 16 == 0, f"tessera::{op}: {name} is not 16-byte aligned (storage offset "
-                                      f"{t.storage_offset()}); pass a tensor of its own (.clone())")
+    _check_aligned(op, x=x, w_gate_up=w_gate_up, w_down=w_down)
     ts = (x, expert_ids, weights, out)
     if x.shape[0] == 0:
         scratch = torch.empty(16, dtype=torch.float32, device=x.device)
