@@ -112,7 +112,9 @@ def target_met(r):
 def status_table(recs):
     """Latest record per (issue, metric, case) that carries a target."""
     latest = OrderedDict()
-    for r in sorted(recs, key=lambda r: (str(r.get("issue", "")), r["metric"], str(r.get("case", "")), r["date"])):
+    # Same date: the provenance's optional "time" (UTC, HH:MM) orders the runs.
+    for r in sorted(recs, key=lambda r: (str(r.get("issue", "")), r["metric"], str(r.get("case", "")), r["date"],
+                                         str(r.get("time", "")))):
         if r.get("target") is None:
             continue
         latest[(str(r.get("issue", "")), r["metric"], str(r.get("case", "")))] = r

@@ -50,7 +50,7 @@ int sp_attention_head_groups(std::int64_t heads_kv, std::int64_t head_dim, std::
   TESSERA_CHECK(heads_kv >= 1 && head_dim >= 1 && elem_bytes >= 1,
                 "sp_attention_head_groups: heads_kv = {}, head_dim = {}, element bytes = {} must be >= 1", heads_kv,
                 head_dim, elem_bytes);
-  constexpr std::int64_t kMinPieceBytes = 512;
+  constexpr std::int64_t kMinPieceBytes = 1024;
   for (int g = kSpMaxHeadGroups; g > 1; g /= 2)
     if (heads_kv % g == 0 && heads_kv / g * head_dim * static_cast<std::int64_t>(elem_bytes) >= kMinPieceBytes)
       return g;

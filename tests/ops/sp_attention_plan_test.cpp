@@ -109,15 +109,16 @@ TEST(SpAttentionPlan, ArrivalOrderIsAPermutationByLandingStep) {
 }
 
 // fused_ce's head groups: a power of two <= kSpMaxHeadGroups dividing the KV
-// heads, pieces of at least 512 bytes per row, the largest such.
+// heads, pieces of at least 1 KiB per row, the largest such.
 TEST(SpAttentionPlan, HeadGroups) {
   using tessera::ops::kSpMaxHeadGroups;
   using tessera::ops::sp_attention_head_groups;
   EXPECT_EQ(sp_attention_head_groups(32, 128, 2), 8);  // 4 heads x 256 B = 1 KiB pieces
-  EXPECT_EQ(sp_attention_head_groups(8, 128, 2), 4);   // GQA 8 KV heads: 2 heads = 512 B
-  EXPECT_EQ(sp_attention_head_groups(8, 64, 2), 2);
-  EXPECT_EQ(sp_attention_head_groups(1, 128, 2), 1);  // MQA
-  EXPECT_EQ(sp_attention_head_groups(6, 128, 2), 2);  // 3 heads = 768 B
+  EXPECT_EQ(sp_attention_head_groups(64, 128, 2), 8);
+  EXPECT_EQ(sp_attention_head_groups(8, 128, 2), 2);  // GQA 8 KV heads: 4 heads = 1 KiB
+  EXPECT_EQ(sp_attention_head_groups(8, 64, 2), 1);
+  EXPECT_EQ(sp_attention_head_groups(1, 128, 2), 1);   // MQA
+  EXPECT_EQ(sp_attention_head_groups(12, 128, 2), 2);  // 6 heads = 1.5 KiB
   EXPECT_EQ(sp_attention_head_groups(3, 128, 2), 1);
   for (std::int64_t h = 1; h <= 128; ++h)
     for (std::int64_t d : {64, 128}) {
@@ -127,10 +128,10 @@ TEST(SpAttentionPlan, HeadGroups) {
       ASSERT_EQ(g & (g - 1), 0);
       ASSERT_EQ(h % g, 0);
       if (g > 1) {
-        ASSERT_GE(h / g * d * 2, 512);
+        ASSERT_GE(h / g * d * 2, 1024);
       }
       if (2 * g <= kSpMaxHeadGroups && h % (2 * g) == 0) {
-        ASSERT_LT(h / (2 * g) * d * 2, 512) << h << " heads, d " << d << ": a larger group count fits";
+        ASSERT_LT(h / (2 * g) * d * 2, 1024) << h << " heads, d " << d << ": a larger group count fits";
       }
     }
   EXPECT_THROW(sp_attention_head_groups(0, 128, 2), tessera::Error);
