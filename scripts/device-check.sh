@@ -9,7 +9,8 @@
 # sanitize: compute-sanitizer memcheck, racecheck and synccheck over every
 # one-process GPU test (SANITIZE_TESTS: a ctest -R filter; SANITIZE_EXCLUDE: a
 # ctest -E filter, by default the test whose kernel traps on purpose, which
-# memcheck counts as an error; SANITIZE_TOOLS, SANITIZE_TIMEOUT per run).
+# memcheck counts as an error; SANITIZE_TOOLS, SANITIZE_TIMEOUT per run,
+# SANITIZE_JOBS runs at once).
 # TESTS_ARGS adds ctest options to the tests step (e.g. -E kernels_).
 # BUILD_TARGETS limits the build step to those ninja targets.
 # CUDA_VISIBLE_DEVICES=0,1 runs every multi-GPU step at R = 2 on a larger machine.
@@ -79,34 +80,37 @@ step_tests() {
 
 step_sanitize() {
   # The one-process GPU tests, as ctest runs them (multi-rank tests start
-  # through `tessera run` and are left to the tests step).
-  local tests
-  tests=$(cd "$build" && ctest -L gpu ${SANITIZE_TESTS:+-R "$SANITIZE_TESTS"} -E "${SANITIZE_EXCLUDE:-^test_wait_timeout_gpu$}" --show-only=json-v1 2>/dev/null | python3 -c '
+  # through `tessera run` and are left to the tests step), under each tool;
+  # SANITIZE_JOBS runs at once (they share the GPU; the tools are CPU-bound).
+  (cd "$build" && ctest -L gpu ${SANITIZE_TESTS:+-R "$SANITIZE_TESTS"} -E "${SANITIZE_EXCLUDE:-^test_wait_timeout_gpu$}" \
+      --show-only=json-v1 2>/dev/null) | python3 -c '
 import json, sys
+tools = sys.argv[1].split()
 for t in json.load(sys.stdin)["tests"]:
     cmd = t.get("command") or []
     if cmd and not any(c.endswith("/tessera") for c in cmd[:1]):
-        print(t["name"] + "\t" + " ".join(cmd))')
-  local failed=0
-  while IFS=$'\t' read -r name cmd; do
-    [ -n "$name" ] || continue
-    for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
-      local log="$out/sanitize-$name-$tool.log"
-      # API errors are not reported: NCCL probes kernels of other
-      # architectures at init and frees memory it may not own at destroy,
-      # which memcheck would count; CUDA errors of our own calls are checked
-      # by the tests themselves.
-      timeout "${SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool "$tool" --error-exitcode 86 \
-          --report-api-errors no --print-limit 20 $cmd >"$log" 2>&1
-      local rc=$?
-      local summ
-      summ=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)
-      note "sanitize $name $tool rc=$rc ${summ:-no summary}"
-      [ $rc -eq 0 ] || failed=$((failed + 1))
-    done
-  done <<<"$tests"
+        for tool in tools:
+            print(t["name"] + "\t" + tool + "\t" + " ".join(cmd))' "${SANITIZE_TOOLS:-memcheck racecheck synccheck}" \
+      >"$out/sanitize-runs.txt"
+  # API errors are not reported: NCCL probes kernels of other architectures
+  # at init and frees memory it may not own at destroy, which memcheck would
+  # count; CUDA errors of our own calls are checked by the tests themselves.
+  # One line per run: name tool rc summary (rc 124: timed out, not clean).
+  export SANITIZE_TIMEOUT="${SANITIZE_TIMEOUT:-300}" out
+  xargs -P "${SANITIZE_JOBS:-1}" -d '\n' -n 1 bash -c '
+    IFS=$'"'"'\t'"'"' read -r name tool cmd <<<"$1"
+    log="$out/sanitize-$name-$tool.log"
+    timeout "$SANITIZE_TIMEOUT" compute-sanitizer --tool "$tool" --error-exitcode 86 --report-api-errors no \
+        --print-limit 20 $cmd >"$log" 2>&1
+    rc=$?
+    summ=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)
+    echo "sanitize $name $tool rc=$rc ${summ:-no summary}"' _ <"$out/sanitize-runs.txt" | sort | tee -a "$summary" \
+      >"$out/sanitize-results.txt"
+  local failed timedout
+  failed=$(grep -vc " rc=0 " "$out/sanitize-results.txt")
+  timedout=$(grep -c " rc=124 " "$out/sanitize-results.txt")
   (cd "$out" && tar czf sanitize-logs.tgz sanitize-*.log 2>/dev/null && rm -f sanitize-*.log)
-  note "sanitize: $failed failing runs"
+  note "sanitize: $(wc -l <"$out/sanitize-results.txt") runs, $failed not clean ($timedout of them timed out)"
 }
 
 # The TP MoE layer and the PyTorch sequential layer on the same shapes and routing.
