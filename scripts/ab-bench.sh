@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# scripts/ab-bench.sh — the same benchmarks from two builds in one device
+# call, runs alternating, so a change is judged against its base under the
+# same clocks and neighbours.
+#
+#   scripts/ab-bench.sh prepare BASE_REF      (here) source of BASE_REF into .ab-base/
+#   scripts/ab-bench.sh build                 (device) build-ab-base/bin/tessera, in the background
+#   scripts/ab-bench.sh run [bench...]        (device) benches: gemm mlp signal (default all)
+#
+# `run` needs build-dev/bin/tessera (scripts/device-check.sh build) and the
+# base build. Carry .ab-base beside .deps. Each bench runs AB_ROUNDS times
+# per build (default 2), base and head alternating, logs under
+# $OUT/ab-<bench>-<base|head>-<round>.log; scripts/ab_summary.py turns them
+# into a results file. GEMM_AB_ARGS, MLP_AB_ARGS, SIGNAL_AB_ARGS replace each
+# bench's options.
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+out="${OUT:-$root/device-out}"
+base_src="$root/.ab-base"
+base_build="$root/build-ab-base"
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 CUDA_MODULE_LOADING=EAGER
+
+cmd="${1:-}"
+shift || true
+case "$cmd" in
+  prepare)
+    ref="${1:?usage: ab-bench.sh prepare BASE_REF}"
+    rm -rf "$base_src" && mkdir -p "$base_src"
+    git -C "$root" archive --format=tar "$ref" | tar -x -C "$base_src" || exit 1
+    git -C "$root" rev-parse --short "$ref" >"$base_src/.ab-commit"
+    echo "ab-bench: $(cat "$base_src/.ab-commit") in $base_src (carry .ab-base)"
+    ;;
+  build)
+    [ -d "$base_src" ] || { echo "ab-bench: no $base_src (run prepare here and carry it)"; exit 1; }
+    ln -sfn "$root/.deps" "$base_src/.deps"
+    mkdir -p "$out"
+    (cmake -S "$base_src" -B "$base_build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_BUILD_TESTS=OFF \
+        >"$out/ab-base-configure.log" 2>&1 &&
+      ninja -C "$base_build" -j"$(nproc)" tessera_cli >"$out/ab-base-build.log" 2>&1 ||
+      ninja -C "$base_build" -j"$(nproc)" >>"$out/ab-base-build.log" 2>&1
+     echo "ab-bench: base build rc=$?" >"$out/ab-base-build.rc") &
+    echo "ab-bench: building the base in the background (pid $!)"
+    ;;
+  run)
+    mkdir -p "$out"
+    while [ ! -f "$out/ab-base-build.rc" ]; do sleep 2; done
+    cat "$out/ab-base-build.rc"
+    declare -A bins=([base]="$base_build/bin/tessera" [head]="$root/build-dev/bin/tessera")
+    for b in base head; do
+      [ -x "${bins[$b]}" ] || { echo "ab-bench: no ${bins[$b]}"; exit 1; }
+    done
+    ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+    benches=("$@")
+    [ ${#benches[@]} -gt 0 ] || benches=(gemm mlp signal)
+    for bench in "${benches[@]}"; do
+      for ((r = 1; r <= ${AB_ROUNDS:-2}; ++r)); do
+        order=(base head)
+        [ $((r % 2)) -eq 0 ] && order=(head base)
+        for b in "${order[@]}"; do
+          t="${bins[$b]}"
+          log="$out/ab-$bench-$b-$r.log"
+          case "$bench" in
+            gemm) timeout 120 "$t" bench gemm ${GEMM_AB_ARGS:-} >"$log" 2>&1 ;;
+            mlp) timeout 150 "$t" run -n "$ngpu" -- "$t" bench mlp ${MLP_AB_ARGS:---no-variants} >"$log" 2>&1 ;;
+            signal) timeout 150 "$t" run -n "$ngpu" -- "$t" bench signal ${SIGNAL_AB_ARGS:---no-sweep --budget-s 30} \
+                >"$log" 2>&1 ;;
+            *) echo "ab-bench: unknown bench $bench (gemm mlp signal)"; continue 2 ;;
+          esac
+          echo "ab-bench: $bench $b round $r rc=$?"
+        done
+      done
+    done
+    ;;
+  *)
+    sed -n '2,16p' "$0"
+    exit 2
+    ;;
+esac
