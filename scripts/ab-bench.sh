@@ -10,12 +10,11 @@
 # `run` needs build-dev/bin/tessera (scripts/device-check.sh build) and the
 # base build. Carry .ab-base beside .deps. Each bench runs AB_ROUNDS times
 # per build (default 2), base and head alternating, logs under
-# $OUT/ab-<bench>-<base|head>-<round>.log; scripts/ab_summary.py turns them
-# into a results file. GEMM_AB_ARGS, MLP_AB_ARGS, SIGNAL_AB_ARGS replace each
+# $OUT/ab/<bench>-<base|head>-<round>.log. GEMM_AB_ARGS, MLP_AB_ARGS, SIGNAL_AB_ARGS replace each
 # bench's options.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-out="${OUT:-$root/device-out}"
+out="${OUT:-$root/device-out}/ab"  # a folder of its own: device-check packs and removes $OUT's files
 base_src="$root/.ab-base"
 base_build="$root/build-ab-base"
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 CUDA_MODULE_LOADING=EAGER
@@ -36,14 +35,15 @@ case "$cmd" in
     mkdir -p "$out"
     (cmake -S "$base_src" -B "$base_build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_BUILD_TESTS=OFF \
         >"$out/ab-base-configure.log" 2>&1 &&
-      ninja -C "$base_build" -j"$(nproc)" tessera_cli >"$out/ab-base-build.log" 2>&1 ||
-      ninja -C "$base_build" -j"$(nproc)" >>"$out/ab-base-build.log" 2>&1
+      ninja -C "$base_build" -j"$(nproc)" tessera_cli >"$out/ab-base-build.log" 2>&1
      echo "ab-bench: base build rc=$?" >"$out/ab-base-build.rc") &
     echo "ab-bench: building the base in the background (pid $!)"
     ;;
   run)
     mkdir -p "$out"
-    while [ ! -f "$out/ab-base-build.rc" ]; do sleep 2; done
+    w=0
+    while [ ! -f "$out/ab-base-build.rc" ] && [ $w -lt "${AB_BUILD_WAIT_S:-600}" ]; do sleep 2; w=$((w + 2)); done
+    [ -f "$out/ab-base-build.rc" ] || { echo "ab-bench: the base build did not finish"; exit 1; }
     cat "$out/ab-base-build.rc"
     declare -A bins=([base]="$base_build/bin/tessera" [head]="$root/build-dev/bin/tessera")
     for b in base head; do
@@ -58,7 +58,7 @@ case "$cmd" in
         [ $((r % 2)) -eq 0 ] && order=(head base)
         for b in "${order[@]}"; do
           t="${bins[$b]}"
-          log="$out/ab-$bench-$b-$r.log"
+          log="$out/$bench-$b-$r.log"
           case "$bench" in
             gemm) timeout 120 "$t" bench gemm ${GEMM_AB_ARGS:-} >"$log" 2>&1 ;;
             mlp) timeout 150 "$t" run -n "$ngpu" -- "$t" bench mlp ${MLP_AB_ARGS:---no-variants} >"$log" 2>&1 ;;
