@@ -86,7 +86,31 @@ enum class GemmTile { Auto, T128x256, T256x128, T128x128, T64x256, T64x64, T128x
 struct TileShape {
   int bm, bn;
 };
-TileShape tile_shape(GemmTile t);
+namespace detail {
+/// Throws tessera::Error: GemmTile::Auto has no shape until resolved.
+[[noreturn]] void fail_unresolved_tile_shape();
+}  // namespace detail
+/// The rows and columns of tile `t`: the one statement of each tile's shape
+/// (the kernels' tile configurations and the operators' tile constants read it).
+constexpr TileShape tile_shape(GemmTile t) {
+  switch (t) {
+    case GemmTile::T128x256:
+      return {128, 256};
+    case GemmTile::T256x128:
+      return {256, 128};
+    case GemmTile::T128x128:
+      return {128, 128};
+    case GemmTile::T64x256:
+      return {64, 256};
+    case GemmTile::T64x64:
+      return {64, 64};
+    case GemmTile::T128x192:
+      return {128, 192};
+    case GemmTile::Auto:
+      break;
+  }
+  detail::fail_unresolved_tile_shape();
+}
 std::string tile_name(GemmTile t);
 
 /// Where the plain gemm() takes its plan when the options name none (tile

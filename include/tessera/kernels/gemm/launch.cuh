@@ -42,44 +42,50 @@
 
 namespace tessera::kernels {
 
+/// The kernel configuration of cooperative tile T: its shape is
+/// tile_shape(T); the specializations state the smem stages.
+template <GemmTile T, int kStages, int kClusterM>
+using CoopCfg = engine::TileConfig<tile_shape(T).bm, tile_shape(T).bn, kStages, kClusterM>;
 template <GemmTile T, int kClusterM>
 struct TileCfgOf;
 template <int C>
 struct TileCfgOf<GemmTile::T128x256, C> {
-  using type = engine::TileConfig<128, 256, 4, C>;
+  using type = CoopCfg<GemmTile::T128x256, 4, C>;
 };
 template <int C>
 struct TileCfgOf<GemmTile::T256x128, C> {
-  using type = engine::TileConfig<256, 128, 4, C>;
+  using type = CoopCfg<GemmTile::T256x128, 4, C>;
 };
 template <int C>
 struct TileCfgOf<GemmTile::T128x128, C> {
-  using type = engine::TileConfig<128, 128, 6, C>;
+  using type = CoopCfg<GemmTile::T128x128, 6, C>;
 };
 /// 128x192 (plain gemm() only): 5 x 40 KiB stages; no clusters (a 96-column
 /// half of B is not a whole number of 64-column chunks).
 template <>
 struct TileCfgOf<GemmTile::T128x192, 1> {
-  using type = engine::TileConfig<128, 192, 5, 1>;
+  using type = CoopCfg<GemmTile::T128x192, 5, 1>;
 };
 
 /// Ping-pong configs: each consumer warpgroup owns a whole tile (kMAtoms =
 /// BM/64 atoms, 128 accumulator registers per thread in both). Stages fill the
 /// 227 KiB of shared memory: 7 x 32 KiB, 5 x 40 KiB.
+template <GemmTile T, int kStages>
+using PingPongCfg = engine::TileConfig<tile_shape(T).bm, tile_shape(T).bn, kStages, 1, 2, true>;
 template <GemmTile T>
 struct PingPongCfgOf;
 template <>
 struct PingPongCfgOf<GemmTile::T128x128> {
-  using type = engine::TileConfig<128, 128, 7, 1, 2, true>;
+  using type = PingPongCfg<GemmTile::T128x128, 7>;
 };
 template <>
 struct PingPongCfgOf<GemmTile::T64x256> {
-  using type = engine::TileConfig<64, 256, 5, 1, 2, true>;
+  using type = PingPongCfg<GemmTile::T64x256, 5>;
 };
 /// 64x64 (plain gemm() for M <= 64, and its split-K): 13 x 16 KiB stages.
 template <>
 struct PingPongCfgOf<GemmTile::T64x64> {
-  using type = engine::TileConfig<64, 64, 13, 1, 2, true>;
+  using type = PingPongCfg<GemmTile::T64x64, 13>;
 };
 
 /// The kernel's parameters for configuration Cfg, made once per launch: the
