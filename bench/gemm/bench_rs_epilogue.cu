@@ -35,8 +35,7 @@ void gemm_rs_epilogue(RsEpi which, const kernels::GemmArgs& a, const RsEpilogueB
       e.d = static_cast<__nv_bfloat16*>(a.d);
       e.ldd = a.n;
       if (which == RsEpi::PlainHere) o.rotate_m = 0;
-      gemm_with_tile_ping_pong<GemmTile::T64x256, __nv_bfloat16, BLayout::NK>(a, o, engine::NoWait{}, e, raster_from(o),
-                                                                              s);
+      gemm_with<PingPong<GemmTile::T64x256>, __nv_bfloat16, BLayout::NK>(a, o, engine::NoWait{}, e, raster_from(o), s);
       return;
     }
     default: {
@@ -57,7 +56,7 @@ void gemm_rs_epilogue(RsEpi which, const kernels::GemmArgs& a, const RsEpilogueB
                            : 0u;
       auto pro = ops::detail::RsBandPrologue::to_params(a, o, args);
       pro.timeout_ns = 2'000'000'000ull;
-      gemm_with_tile_ping_pong<GemmTile::T64x256, __nv_bfloat16, BLayout::NK>(
+      gemm_with<PingPong<GemmTile::T64x256>, __nv_bfloat16, BLayout::NK>(
           a, o, pro, ops::detail::RsStageEpilogue<__nv_bfloat16>::to_params(a, o, args), raster_from(o), s);
       return;
     }

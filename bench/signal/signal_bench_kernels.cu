@@ -39,8 +39,8 @@ void gemm_into_groups(const kernels::GemmArgs& a, const kernels::GemmOptions& o,
                       int sub_rows, int tile_n, std::uint32_t* counters, cudaStream_t s) {
   signal::GroupEpilogue<__nv_bfloat16> epi{
       static_cast<__nv_bfloat16*>(buffer), tile_base, seg_stride, tile_group, counters, sub_rows, tile_n};
-  kernels::gemm_with<__nv_bfloat16>(a, o, kernels::engine::NoWait{}, epi,
-                                    kernels::engine::RasterScheduler{o.raster_group, o.raster_along_m, 0}, s);
+  kernels::gemm_with<kernels::CooperativeTiles, __nv_bfloat16, kernels::BLayout::NK, kernels::BLayout::KN>(
+      a, o, kernels::engine::NoWait{}, epi, kernels::engine::RasterScheduler{o.raster_group, o.raster_along_m, 0}, s);
 }
 
 }  // namespace tessera::bench::signalb

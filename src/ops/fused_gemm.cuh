@@ -17,7 +17,7 @@ namespace tessera::ops::detail {
 template <kernels::GemmTile Tile, class T, class Pro, class Epi>
 void run_fused(const kernels::GemmArgs& problem, const kernels::GemmOptions& options,
                const typename Pro::Arguments& pro, const typename Epi::Arguments& epi, cudaStream_t s) {
-  kernels::gemm_with_tile_ping_pong<Tile, T, kernels::BLayout::NK>(
+  kernels::gemm_with<kernels::PingPong<Tile>, T, kernels::BLayout::NK>(
       problem, options, Pro::to_params(problem, options, pro), Epi::to_params(problem, options, epi),
       kernels::raster_from(options), s);
 }
@@ -36,10 +36,10 @@ void ag_gemm_typed(const AgGemmArguments& p, cudaStream_t s) {
   const AgPrologue pro = AgPrologue::to_params(p.problem, p.options, p.prologue);
   const kernels::engine::RasterScheduler sched = kernels::raster_from(p.options);
   if (p.swiglu)
-    kernels::gemm_with_tile_ping_pong<kAgTile, T, kernels::BLayout::NK>(
+    kernels::gemm_with<kernels::PingPong<kAgTile>, T, kernels::BLayout::NK>(
         p.problem, p.options, pro, output_epilogue<T, kernels::engine::kEpiSwiGLU>(p.problem), sched, s);
   else
-    kernels::gemm_with_tile_ping_pong<kAgTile, T, kernels::BLayout::NK>(
+    kernels::gemm_with<kernels::PingPong<kAgTile>, T, kernels::BLayout::NK>(
         p.problem, p.options, pro, output_epilogue<T, kernels::engine::kEpiPlain>(p.problem), sched, s);
 }
 
@@ -52,7 +52,7 @@ void gemm_rs_typed(const GemmRsArguments& p, cudaStream_t s) {
       return run_fused<kRsTile, T, RsOwnerPrologue, RsOwnerEpilogue<T>>(p.problem, p.options, p.rs.shards, p.rs.shards,
                                                                         s);
     case RsEpilogueKind::slabs:
-      return kernels::gemm_with_tile_ping_pong<kRsTile, T, kernels::BLayout::NK>(
+      return kernels::gemm_with<kernels::PingPong<kRsTile>, T, kernels::BLayout::NK>(
           p.problem, p.options, kernels::engine::NoWait{}, RsEpilogue<T>::to_params(p.problem, p.options, p.rs.shards),
           kernels::raster_from(p.options), s);
   }

@@ -127,7 +127,7 @@ TEST(SignalEpilogueGpu, AllReduceAndReduceScatterLayouts) {
                                 dt.sub_rows(),
                                 dt.tile_n()};
         for (int epoch = 1; epoch <= 2; ++epoch)  // counters are not reset between calls
-          kernels::gemm_with_tile<kernels::GemmTile::T128x128, bf16, kernels::BLayout::NK>(
+          kernels::gemm_with<kernels::Cooperative<kernels::GemmTile::T128x128>, bf16, kernels::BLayout::NK>(
               s.args, s.opts, eng::NoWait{}, epi, sched(p), nullptr);
         CUDA_OK(cudaDeviceSynchronize());
         const auto got = download(buf, elems);
@@ -188,8 +188,8 @@ TEST(SignalEpilogueGpu, AllToAllPools) {
     CUDA_OK(cudaMalloc(&counters, 4));
     CUDA_OK(cudaMemset(counters, 0, 4));
     A2aEpilogue<bf16> epi{reinterpret_cast<bf16*>(buf), map, d_groups, counters};
-    kernels::gemm_with_tile<kernels::GemmTile::T128x128, bf16, kernels::BLayout::NK>(s.args, s.opts, eng::NoWait{}, epi,
-                                                                                     sched(p), nullptr);
+    kernels::gemm_with<kernels::Cooperative<kernels::GemmTile::T128x128>, bf16, kernels::BLayout::NK>(
+        s.args, s.opts, eng::NoWait{}, epi, sched(p), nullptr);
     CUDA_OK(cudaDeviceSynchronize());
     const auto got = download(buf, elems);
     const A2aSendMap hmap = plan.send_map(0);

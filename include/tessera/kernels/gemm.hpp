@@ -147,7 +147,8 @@ struct GemmOptions {
   /// main loop. Tiles 128x128 (Auto) or 64x256; cluster_m must be 0 or 1.
   /// The plain gemm() compiles it for output type == input type only, and
   /// picks it by itself (64x256) where plain_uses_ping_pong() says so; the
-  /// policy entry points (gemm_with_layout / gemm_with_tile) never pick it.
+  /// policy entry point (gemm_with) runs it only where its kernel set is a
+  /// ping-pong one (PingPong, PingPongTiles).
   bool ping_pong = false;
   /// Split-K (plain gemm() only; the policy entry points never split):
   /// 0 = plan_gemm()'s choice, 1 = never split, > 1 = that many K splits on
