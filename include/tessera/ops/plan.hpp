@@ -202,8 +202,8 @@ int moe_rs_chunks(std::int64_t hidden, int requested, bool copy_engine);
 /// rs_chunks' upper bound (the copy-engine transport keeps a flag per chunk).
 inline constexpr int kMoeMaxRsChunks = 16;
 
-/// Strategies moe_tp's tuner measures: sequential and pipelined (R > 1),
-/// sequential alone at R = 1.
+/// Strategies moe_tp's tuner measures, read from its strategy registry:
+/// sequential and pipelined (R > 1), sequential alone at R = 1.
 std::vector<Strategy> moe_tp_candidates(int world);
 
 }  // namespace tessera::ops
