@@ -123,9 +123,9 @@ void launch_swiglu(const void* in, std::int64_t ld_in, void* out, std::int64_t l
 
 /// dst rows (pitch dst_pitch bytes) = src rows (pitch src_pitch): `rows` rows
 /// of `row_bytes` bytes, all three multiples of 16. An SM copy: the AG
-/// copy-in of a rank's shard, which as a 2D memcpy ran on a copy engine at
-/// ~1 TB/s (measured: taking it off the decomposition path saved 50-70 us
-/// per 32-64 MiB shard).
+/// copy-in of a rank's shard, which as a 2D memcpy runs on a copy engine at
+/// ~1 TB/s, several times slower than the SMs copy it, on the decomposition
+/// path's critical path.
 void launch_copy_rows(void* dst, std::int64_t dst_pitch, const void* src, std::int64_t src_pitch,
                       std::int64_t row_bytes, std::int64_t rows, cudaStream_t s);
 

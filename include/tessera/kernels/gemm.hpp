@@ -177,10 +177,11 @@ GemmTile resolve_tile(const GemmArgs& a, const GemmOptions& o);
 /// True when the plain gemm() runs the ping-pong 64x256 kernel although
 /// o.ping_pong is off: tile Auto, cluster_m 0 or 1, output type ==
 /// input type, and M·N·K below 4e11. Larger problems run the cooperative tile
-/// choose_tile() picks. On the issue-3 shapes (nvidia-h200-x2, 36ee3d8) the
-/// two kernels were measured power-capped and at boost clocks; this split
-/// keeps both states within 1.04x of cuBLASLt (ping-pong alone: 1.001x /
-/// 1.062x worst). Ask for an explicit tile to get a particular kernel.
+/// choose_tile() picks. Why: ping-pong wins where power caps the clock,
+/// cooperative on large shapes at boost clocks; this split keeps both clock
+/// states close to cuBLASLt on the benchmark shapes, where either kernel
+/// alone loses in one of them (docs/design/gemm-engine.md). Ask for an
+/// explicit tile to get a particular kernel.
 bool plain_uses_ping_pong(const GemmArgs& a, const GemmOptions& o);
 
 /// Cluster size for tile `t`: o.cluster_m if set (checked: 1 or 2), else 1.

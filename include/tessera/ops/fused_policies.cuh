@@ -62,7 +62,7 @@ void set_owner_rows(Epi& p, const RsShardArguments& a) {
 
 /// Whether a tile starting at global row row0 is rank's own (fused_ce: the
 /// shards lie on tile rows, so its first row decides): a range compare, no
-/// division on the tile boundary (a 64-bit division per tile here measured
+/// division on the tile boundary (a 64-bit division per tile here costs
 /// ~1 point of the GEMM+RS kernel; docs/design/operators.md).
 __device__ __forceinline__ bool own_tile(std::int64_t row0, int rank, std::int64_t per_rank) {
   const std::int64_t lo = static_cast<std::int64_t>(rank) * per_rank;
@@ -81,7 +81,7 @@ __device__ __forceinline__ bool own_tile(std::int64_t row0, int rank, std::int64
 /// Why the rank loop is not unrolled (`unroll 1`) and the epilogues end in
 /// ONE store: the kernel inlines store8 at each of a thread's 16 call sites
 /// per tile. Unrolled over R, with a store per path, the ping-pong RS kernels
-/// were 12.8k instructions against the plain kernel's 2.8k (cuobjdump), and
+/// are 12.8k instructions against the plain kernel's 2.8k (cuobjdump), and
 /// a ping-pong consumer's epilogue runs beside the other consumer's main
 /// loop on the same SM sub-partitions, so its code competes with the main
 /// loop's for the instruction caches (docs/design/operators.md).
@@ -367,8 +367,8 @@ inline int band_shift_of(const kernels::GemmOptions& options) {
 ///    end, then its copy engine), which reads this GPU's memory through its
 ///    L2, the point of coherence a .gpu release orders the stores at. The
 ///    signal layer's group counters (FlashOverlap's epilogue) rely on the
-///    same contract with the same stream wait. The .sys release it replaced
-///    measured the same (bench/RESULTS-archive.md, "the fused_ce cost split").
+///    same contract with the same stream wait. A .sys release measures the
+///    same (bench/RESULTS-archive.md, "the fused_ce cost split").
 ///  * o == rank: the producer (RsBandPrologue) has waited until every peer's
 ///    band flag >= epoch (the peer's copy of this band landed); the
 ///    consumers add the peers' slab values and their own f32 accumulator in
