@@ -549,8 +549,7 @@ struct OverlapRun {
       drv.all_reduce(plan, am, buf, DType::bf16, counters, epoch);
     else
       drv.reduce_scatter(plan, rm, buf, recv, DType::bf16, counters, epoch);
-    gemm_into_groups(P.args, P.gopts, buf, dt.tile_base(), dt.seg_stride(), dt.tile_group(), dt.sub_rows(), dt.tile_n(),
-                     counters.device(), cs);
+    gemm_into_groups(P.args, P.gopts, {buf, &dt, counters.device()}, cs);
     TESSERA_CUDA_CHECK(cudaEventRecord(gemm_end.e, cs));
     TESSERA_CUDA_CHECK(cudaEventRecord(join.e, ms));
     TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, join.e));
@@ -786,10 +785,7 @@ void measure_compute_alone(ShapeData& d, OverlapSetup& ov, Row& row) {
   const signal::GroupPlan one = signal::GroupPlan::single(ov.wm);
   const signal::DeviceEpilogueTables dt(signal::epilogue_tables(ov.wm, one, ov.am));
   signal::GroupCounters cnt(1);
-  const auto engine_one_group = [&] {
-    gemm_into_groups(P.args, P.gopts, ov.buf.p, dt.tile_base(), dt.seg_stride(), dt.tile_group(), dt.sub_rows(),
-                     dt.tile_n(), cnt.device(), cs);
-  };
+  const auto engine_one_group = [&] { gemm_into_groups(P.args, P.gopts, {ov.buf.p, &dt, cnt.device()}, cs); };
   row.engine_epi = timed(pg, cs, engine_one_group, d.W, d.N, d.name + ": engine GEMM on the budgeted SMs");
   kernels::GemmArgs plain = d.args;  // writes D (row-major), the baselines' buffer
   row.engine_plain = timed(
