@@ -9,7 +9,10 @@
 
 #include <cuda_bf16.h>
 
+#include <string>
+
 #include "tessera/ops/fused_policies.cuh"
+#include "tessera/ops/plan.hpp"
 #include "tessera/kernels/gemm/launch.cuh"
 #include "tessera/runtime/wait_diagnostics.hpp"
 
@@ -19,11 +22,14 @@ void gemm_rs_epilogue(RsEpi which, const kernels::GemmArgs& a, const RsEpilogueB
   using namespace kernels;
   if (a.b_layout != BLayout::NK || a.in != DType::bf16 || a.out != DType::bf16)
     detail::fail("bench gemm --rs-epilogue: compiled for bf16, B [N, K] only");
-  if (a.m % 128 != 0)
-    detail::fail("bench gemm --rs-epilogue: M must be a multiple of 128 (two shards on 64-row tiles)");
-  const int tiles_m = static_cast<int>(a.m / tile_shape(GemmTile::T64x256).bm);
+  constexpr GemmTile kTile = ops::kRsFusedTile;
+  constexpr int kTileRows = tile_shape(kTile).bm;
+  if (a.m % (2 * kTileRows) != 0)
+    detail::fail("bench gemm --rs-epilogue: M must be a multiple of " + std::to_string(2 * kTileRows) +
+                 " (two shards on tile rows)");
+  const int tiles_m = static_cast<int>(a.m / kTileRows);
   GemmOptions o{};
-  o.tile = GemmTile::T64x256;
+  o.tile = kTile;
   o.ping_pong = true;
   // Rank 0's order: the remote shard's tile rows first (ops::plan_rs's
   // rotation); bands of o.raster_group = 8 tile rows.
@@ -35,7 +41,7 @@ void gemm_rs_epilogue(RsEpi which, const kernels::GemmArgs& a, const RsEpilogueB
       e.d = static_cast<__nv_bfloat16*>(a.d);
       e.ldd = a.n;
       if (which == RsEpi::PlainHere) o.rotate_m = 0;
-      gemm_with<PingPong<GemmTile::T64x256>, __nv_bfloat16, BLayout::NK>(a, o, engine::NoWait{}, e, raster_from(o), s);
+      gemm_with<PingPong<kTile>, __nv_bfloat16, BLayout::NK>(a, o, engine::NoWait{}, e, raster_from(o), s);
       return;
     }
     default: {
@@ -56,7 +62,7 @@ void gemm_rs_epilogue(RsEpi which, const kernels::GemmArgs& a, const RsEpilogueB
                            : 0u;
       auto pro = ops::detail::RsBandPrologue::to_params(a, o, args);
       pro.timeout_ns = 2'000'000'000ull;
-      gemm_with<PingPong<GemmTile::T64x256>, __nv_bfloat16, BLayout::NK>(
+      gemm_with<PingPong<kTile>, __nv_bfloat16, BLayout::NK>(
           a, o, pro, ops::detail::RsStageEpilogue<__nv_bfloat16>::to_params(a, o, args), raster_from(o), s);
       return;
     }
