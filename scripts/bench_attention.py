@@ -16,7 +16,7 @@ q_offset, Lq != Lk, GQA / MQA, ragged lengths, head dims 64 and 128, bf16 and
 fp16, BSHD and BHSD strides; O by relative Frobenius error (and max abs), LSE
 (natural log, [B, Hq, Lq] float32) by max abs error.
 
---bench: bf16, head dim 128, batch 1 (the issue-20 cases plus 64 heads and
+--bench: bf16, head dim 128, batch 1 (the target cases plus 64 heads and
 32k..128k where memory allows); --head-dim 64 / --dtype f16 for the others. Every column of a case is timed in one
 interleaved loop (each repetition runs each column once, so clock and
 temperature drifts hit all alike), CUDA events around each run, warm-up

@@ -240,7 +240,7 @@ step_commirtune() {
   note "bench commir-tuner rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-commir-tuner.log" | tail -40 | tee -a "$summary"
 }
 
-step_commirattn() {  # the CommIR attention plans beside ops::sp_attention (issue 21 item 2)
+step_commirattn() {  # the CommIR attention plans beside ops::sp_attention
   timeout "${COMMIR_ATTN_TIMEOUT:-300}" "$bin" run -n "$ngpu" -- "$bin" bench commir --attention ${COMMIR_ATTN_ARGS:-} \
       --markdown "$out/commir-attention.md" --json "$out/commir-attention.json" >"$out/bench-commir-attention.log" 2>&1
   note "bench commir --attention rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-commir-attention.log" | tail -20 | tee -a "$summary"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fault injection (issue 24): a rank killed or stopped inside each strategy
+# Fault injection: a rank killed or stopped inside each strategy
 # of each operator, the same without load/store reach, a corrupted tuning
 # cache, and a wrong NCCL library. Needs >= 2 GPUs; with fewer it says so and
 # runs nothing. Prints (and writes to $OUT/faults.txt) a table

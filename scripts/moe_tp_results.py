@@ -8,7 +8,7 @@ OUT_DIR holds moe.json (`tessera bench moe --json`: sequential and
 pipelined layer times, automatic's choice, grouped GEMMs alone, collectives
 alone, the PyTorch time read from scripts/bench_moe_torch.py). Per case
 ("MoE-1 uniform TP2"): both layer times, % of ideal (ideal = max(grouped
-GEMMs alone, collectives alone)) with issue 22's 90 % target on pipelined,
+GEMMs alone, collectives alone)) with the 90 % target on pipelined,
 sequential / pipelined, whether automatic chose pipelined, and PyTorch
 sequential / the faster strategy with the 1.3x target. Then run
 scripts/results.py to regenerate bench/RESULTS.md.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The scale run of issue 7: on a machine of 4 or 8 GPUs, builds, runs every
+# The scale run: on a machine of 4 or 8 GPUs, builds, runs every
 # multi-GPU test with one rank per GPU, then every benchmark at TP = R:
 # bench comm, bench mlp (MLP-1..6, sequential and decomposition baselines in
 # the same process) with PyTorch async-TP right after in the same call,
@@ -20,6 +20,6 @@ export MLP_SHAPES="${MLP_SHAPES:-1,2,3,4,5,6}" MLP_ARGS="${MLP_ARGS:---no-varian
 export ASYNCTP_TIMEOUT="${ASYNCTP_TIMEOUT:-120}" COMMIR_TIMEOUT="${COMMIR_TIMEOUT:-120}"
 export SIGNAL_ARGS="${SIGNAL_ARGS:---budget-s 100}" SIGNAL_TIMEOUT="${SIGNAL_TIMEOUT:-150}"
 # SCALE_STEPS overrides the steps, e.g. "build tests attention moe moeep decoder"
-# for the sequence-parallel, MoE and decoder-layer runs of issue 25.
+# for the sequence-parallel, MoE and decoder-layer runs.
 # shellcheck disable=SC2086
 exec "$root/scripts/device-check.sh" ${SCALE_STEPS:-build tests comm mlp asynctp commir signal}

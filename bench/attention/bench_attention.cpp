@@ -33,7 +33,7 @@ struct Case {
   bool causal;
 };
 
-// The issue-20 cases (bf16, head dim 128, batch 1) and larger ones.
+// The target cases (bf16, head dim 128, batch 1) and larger ones.
 const std::vector<Case> kCases = {
     {"32h Q8k KV16k", 1, 8192, 16384, 32, 32, false},   {"32h 16k causal", 1, 16384, 16384, 32, 32, true},
     {"32h Q16k KV32k", 1, 16384, 32768, 32, 32, false}, {"GQA 32/8 Q8k KV16k", 1, 8192, 16384, 32, 8, false},

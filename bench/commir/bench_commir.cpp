@@ -1,18 +1,18 @@
 // `tessera bench commir` — CommIR's GPU executor against the hand-built
-// operators (ops::) on the tensor-parallel MLP GEMMs. Issue 6 asks the
-// executor's TP GEMM plans to be within 10% of the hand-built operators.
+// operators (ops::) on the tensor-parallel MLP GEMMs. The target: the
+// executor's TP GEMM plans within 10% of the hand-built operators.
 //
 //   tessera run -n 2 -- tessera bench commir [--shapes 1,2,3] [--reps 10]
 //   tessera run -n 2 -- tessera bench commir --attention [--seq 16384]
 //       [--heads 32] [--kv-heads 8] [--head-dim 128] [--batch 1] [--reps 10]
 //       [--mesh AxB]
 //
-// --attention (issue 21 item 2): every one-level CommIR attention plan
+// --attention: every one-level CommIR attention plan
 // (`tessera plan attention`: cp, cp_ag, ring, ulysses, tree, tree_rs) on one
 // non-causal shape, beside ops::sp_attention's strategies: cp_ag against
 // sequential (NCCL all-gather of K/V + the kernel), ring against ring,
-// ulysses against ulysses (the issue's "within 10 % of its hand-built
-// counterpart"); cp, tree and tree_rs have no counterpart (shown against
+// ulysses against ulysses (the target: within 10 % of its hand-built
+// counterpart); cp, tree and tree_rs have no counterpart (shown against
 // the fastest ops strategy for scale). One interleaved loop, random data,
 // each figure the median of the slowest rank; memory per rank: the
 // executor's device blocks (inputs, received blocks, partials, output) and
@@ -38,61 +38,20 @@
 // B[k,n]. Every executor variant is built before timing (allocation,
 // cuBLASLt algorithm choice); ops sequential, ops' tuned strategy and every
 // variant run once per repetition in one interleaved loop (InterleavedTimer),
-// on random data all (ops used to get zeros), each figure the median of the
-// slowest rank, a run() from its first enqueue to the end of both streams.
+// on random data all, each figure the median of the slowest rank, a run()
+// from its first enqueue to the end of both streams.
 //
-// Issue 6, diagnosis (2026-11-22, CPU only, from the 8f3e451 run on
-// nvidia-h200-x2; figures MLP-1 / 2 / 3, ms):
-//  - The same-algorithm pairs were all ~1.09x: ag_gemm / ops sequential
-//    1.09 / 1.07 / 1.09, gemm_rs / ops sequential 1.08 / 1.09 / 1.10. The
-//    program of ag_gemm is ops' sequential one (NCCL AllGather, one cuBLASLt
-//    GEMM), so this is a systematic difference of the comparison, three
-//    candidates: (a) ops' operands were cudaMemset zeros, the executor's
-//    random — a GEMM on zeros draws less power and holds higher clocks
-//    (~10-15% on power-limited GPUs, a known effect); (b) ops were timed
-//    first, on a cooler GPU (the MLP bench measured that drift at ~7-10%);
-//    (c) B [k, n] (cuBLASLt "NN", B N-major) against ops' [n, k] ("TN").
-//  - async_ag_gemm's program (test_gpu_program: AsyncAgGemmPosts...) is the
-//    intended one: the send of the own A block and the receive of the
-//    peer's are one NCCL group posted before the step-0 GEMM; the compute
-//    stream waits once, right before the step-1 GEMM that reads the
-//    received block in place (no copy). What differs from ops'
-//    decomposition: the exchange is NCCL's SM kernel, so the step-0 GEMM is
-//    sized for SMs - 16 (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET): at MLP-1
-//    G(M/2) is ~704 tiles of 128x256, 5.3 waves on 132 SMs, 6.1 on 116 —
-//    ~+14% on half the work, ~+0.03 ms; ops pushes with the copy engine and
-//    both its GEMMs get every SM. Its 1.19 / 1.14 / 1.14x = the ~1.09x of
-//    the comparison x ~1.05-1.09 of the reserved SMs and NCCL's interference.
-//  - Fixed here: (a), (b) in this bench, (c) in the executor (B [n, k] by
-//    default). Not fixed: the copy-engine exchange (needs symmetric blocks,
-//    a ProcessGroup in the executor and flag signalling with back-pressure
-//    across runs; runtime/symmetric_heap.hpp and link/host_primitives.hpp
-//    have the pieces).
-//
-// Prediction for the next run (written before it; H200 x2; ratios to the
-// same-run ops figures, which rise ~5-10% on random data, interleaved):
-//  - ag_gemm / ops sequential: 1.00-1.03 (same program, same layout now).
-//  - gemm_rs / ops sequential: 1.00-1.03.
-//  - async_gemm_rs / ops best: 1.00-1.05.
-//  - async_ag_gemm / ops best (decomposition): 1.05-1.10 — within 10%, but
-//    the last 5% is the SM reservation beside NCCL; "8 SMs" ~0.01 ms faster
-//    than the default if NCCL's P2P kernel fits 8 SMs without slowing the
-//    exchange past G(M/2) (~0.26 ms at MLP-1); "all SMs" either ~0.02 ms
-//    faster (NCCL's CTAs co-resident with the GEMM's) or >= 0.1 ms slower
-//    (the GEMM's last CTAs wait for the exchange to retire).
-//  - "B[k,n]" rows within 3% of the default: if they are, (c) was not the
-//    cause and the change of the ratios is the data and the drift.
-//  - The ops figures themselves: ops seq ~0.65-0.68 at MLP-1 (was 0.619
-//    with zeros, first in line).
-//
-// Earlier model (da267a3 / 8f3e451; G(m) = cuBLASLt bf16 GEMM of m rows):
-// ag_gemm ~0.63, async_ag_gemm ~0.54 (2 x 0.26 + 0.02 contention),
-// gemm_rs ~0.61, async_gemm_rs ~0.53-0.55; measured 0.672 / 0.599 / 0.662 /
-// 0.671 at MLP-1 — the model had no term for the SM reservation and took
-// ops' zero-data GEMM rate for the executor's.
-// The last run before that model (f32 outputs) was 1.5-2.1x ops: f32
-// accumulators, f32 transfers, cuBLASLt heuristics on every call, and the
-// AsyncTP GEMM+RS second GEMM waiting for the whole transfer.
+// Why so: a GEMM on zeros draws less power and holds higher clocks than on
+// random data (~10-15% on power-limited GPUs), and whatever runs first runs
+// on a cooler GPU, so both sides get random operands and one interleaved
+// loop; B is [n, k] on both sides (cuBLASLt "TN"), since the layout changes
+// cuBLASLt's kernel. What still differs between async_ag_gemm and ops'
+// decomposition: the executor exchanges through NCCL's SM kernel, so its
+// step-0 GEMM runs on SMs - 16 (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET) while
+// ops pushes with the copy engine and gives both GEMMs every SM; a
+// copy-engine exchange in the executor needs symmetric blocks, a
+// ProcessGroup and flag signalling with back-pressure across runs
+// (runtime/symmetric_heap.hpp and link/host_primitives.hpp have the pieces).
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 

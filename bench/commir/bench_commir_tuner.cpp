@@ -6,7 +6,7 @@
 // Per sequence length: the model's top-k plans run, the model is calibrated
 // to them, the calibrated top-k run, and the fastest is the pick. Then up to
 // --exhaustive more candidates (calibrated order) run, so that the pick can
-// be compared with the best plan measured at all (issue 21: the pick is
+// be compared with the best plan measured at all (the target: the pick is
 // >= 95 % of the best). Each plan is timed alone (random inputs, warm-up,
 // median of --reps, slowest rank); resharding from and to the --layout
 // contract (default: sequence-sharded, as the hand-built operators take their

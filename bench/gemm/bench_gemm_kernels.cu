@@ -65,28 +65,27 @@ void gemm_idle_hooks(Hooks which, const kernels::GemmArgs& a, const kernels::Gem
   if (o.ping_pong || plain_uses_ping_pong(a, o)) {
     GemmOptions po = o;
     po.ping_pong = true;
-    const GemmTile t = o.ping_pong ? resolve_tile(a, po) : GemmTile::T64x256;
+    po.tile = o.ping_pong ? resolve_tile(a, po) : GemmTile::T64x256;
     switch (which) {
       case Hooks::Both:
-        return gemm_with_layout_ping_pong<__nv_bfloat16, BLayout::NK>(t, a, po, w, e, raster_from(o), s);
+        return gemm_with<PingPongTiles, __nv_bfloat16, BLayout::NK>(a, po, w, e, raster_from(o), s);
       case Hooks::WaitOnly:
-        return gemm_with_layout_ping_pong<__nv_bfloat16, BLayout::NK>(t, a, po, w, plain, raster_from(o), s);
+        return gemm_with<PingPongTiles, __nv_bfloat16, BLayout::NK>(a, po, w, plain, raster_from(o), s);
       case Hooks::NotifyOnly:
-        return gemm_with_layout_ping_pong<__nv_bfloat16, BLayout::NK>(t, a, po, engine::NoWait{}, e, raster_from(o), s);
+        return gemm_with<PingPongTiles, __nv_bfloat16, BLayout::NK>(a, po, engine::NoWait{}, e, raster_from(o), s);
       case Hooks::WaitPerTile:
-        return gemm_with_layout_ping_pong<__nv_bfloat16, BLayout::NK>(t, a, po, pw, plain, raster_from(o), s);
+        return gemm_with<PingPongTiles, __nv_bfloat16, BLayout::NK>(a, po, pw, plain, raster_from(o), s);
     }
   }
-  const GemmTile t = resolve_tile(a, o);
   switch (which) {
     case Hooks::Both:
-      return gemm_with_layout<__nv_bfloat16, BLayout::NK>(t, a, o, w, e, raster_from(o), s);
+      return gemm_with<CooperativeTiles, __nv_bfloat16, BLayout::NK>(a, o, w, e, raster_from(o), s);
     case Hooks::WaitOnly:
-      return gemm_with_layout<__nv_bfloat16, BLayout::NK>(t, a, o, w, plain, raster_from(o), s);
+      return gemm_with<CooperativeTiles, __nv_bfloat16, BLayout::NK>(a, o, w, plain, raster_from(o), s);
     case Hooks::NotifyOnly:
-      return gemm_with_layout<__nv_bfloat16, BLayout::NK>(t, a, o, engine::NoWait{}, e, raster_from(o), s);
+      return gemm_with<CooperativeTiles, __nv_bfloat16, BLayout::NK>(a, o, engine::NoWait{}, e, raster_from(o), s);
     case Hooks::WaitPerTile:
-      return gemm_with_layout<__nv_bfloat16, BLayout::NK>(t, a, o, pw, plain, raster_from(o), s);
+      return gemm_with<CooperativeTiles, __nv_bfloat16, BLayout::NK>(a, o, pw, plain, raster_from(o), s);
   }
 }
 

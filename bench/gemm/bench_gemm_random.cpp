@@ -1,4 +1,4 @@
-// `tessera bench gemm --random N --seed S` (issue 19.3): the engine against
+// `tessera bench gemm --random N --seed S`: the engine against
 // cuBLASLt on N shapes drawn at random, side by side in one process. GPU time
 // only: each variant's calls are captured into a CUDA graph between two
 // event-record nodes (tune/graph_timing.hpp), so neither library's enqueue

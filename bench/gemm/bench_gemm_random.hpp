@@ -1,5 +1,5 @@
 // bench/gemm/bench_gemm_random.hpp — `tessera bench gemm --random N --seed S`:
-// the engine against cuBLASLt on shapes drawn at random (issue 19.3), or on an
+// the engine against cuBLASLt on shapes drawn at random, or on an
 // explicit M x N x K list (--mnk), every shape checked against cuBLASLt.
 #pragma once
 
@@ -35,7 +35,7 @@ struct RandomOptions {
   std::string command_line;
 };
 
-/// Draws the issue-19 distribution: M log-uniform in [16, 16384]; N and K
+/// Draws the shape distribution: M log-uniform in [16, 16384]; N and K
 /// log-uniform in [512, 16384], rounded to multiples of 8. Deterministic per seed.
 std::vector<std::array<int64_t, 3>> draw_shapes(int count, uint64_t seed);
 

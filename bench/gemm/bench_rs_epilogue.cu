@@ -9,73 +9,61 @@
 
 #include <cuda_bf16.h>
 
+#include <string>
+
 #include "tessera/ops/fused_policies.cuh"
+#include "tessera/ops/plan.hpp"
 #include "tessera/kernels/gemm/launch.cuh"
 #include "tessera/runtime/wait_diagnostics.hpp"
 
 namespace tessera::bench::gemm {
-namespace {
-
-template <class Epi>
-void fill_epilogue(Epi& e, const RsEpilogueBuffers& b, std::int64_t m, std::int64_t n) {
-  e.stage = static_cast<__nv_bfloat16*>(b.stage);
-  e.recv = static_cast<const __nv_bfloat16*>(b.recv);
-  e.band_count = b.band_count;
-  e.d = static_cast<__nv_bfloat16*>(b.d);
-  e.ldd = n;
-  e.per_rank = m / 2;
-  e.ld = (n + 7) / 8 * 8;
-  e.rank = 0;
-  e.world = 2;
-  e.band_shift = 3;  // bands of 8 tile rows
-  e.diag_skip = 0;
-}
-
-}  // namespace
 
 void gemm_rs_epilogue(RsEpi which, const kernels::GemmArgs& a, const RsEpilogueBuffers& b, cudaStream_t s) {
   using namespace kernels;
   if (a.b_layout != BLayout::NK || a.in != DType::bf16 || a.out != DType::bf16)
     detail::fail("bench gemm --rs-epilogue: compiled for bf16, B [N, K] only");
-  if (a.m % 128 != 0)
-    detail::fail("bench gemm --rs-epilogue: M must be a multiple of 128 (two shards on 64-row tiles)");
-  const int tiles_m = static_cast<int>(a.m / 64);
-  ops::detail::RsBandPrologue pro;
-  pro.flags = b.band_flags;
-  pro.flag_stride = tiles_m / 8;
-  pro.per_rank = a.m / 2;
-  pro.rank = 0;
-  pro.world = 2;
-  pro.band_shift = 3;
-  pro.epoch = 1;
-  pro.timeout_ns = 2'000'000'000ull;
-  pro.diag = runtime::process_wait_diagnostics().device_record();
+  constexpr GemmTile kTile = ops::kRsFusedTile;
+  constexpr int kTileRows = tile_shape(kTile).bm;
+  if (a.m % (2 * kTileRows) != 0)
+    detail::fail("bench gemm --rs-epilogue: M must be a multiple of " + std::to_string(2 * kTileRows) +
+                 " (two shards on tile rows)");
+  const int tiles_m = static_cast<int>(a.m / kTileRows);
   GemmOptions o{};
-  o.tile = GemmTile::T64x256;
+  o.tile = kTile;
   o.ping_pong = true;
-  // Rank 0's order: the remote shard's tile rows first (ops::plan_rs's rotation).
-  const engine::RasterScheduler sched{8, false, tiles_m / 2};
+  // Rank 0's order: the remote shard's tile rows first (ops::plan_rs's
+  // rotation); bands of o.raster_group = 8 tile rows.
+  o.rotate_m = tiles_m / 2;
   switch (which) {
     case RsEpi::PlainRotated:
     case RsEpi::PlainHere: {
       engine::StdEpilogue<__nv_bfloat16> e;
       e.d = static_cast<__nv_bfloat16*>(a.d);
       e.ldd = a.n;
-      const int rot = which == RsEpi::PlainHere ? 0 : tiles_m / 2;
-      gemm_with_tile_ping_pong<GemmTile::T64x256, __nv_bfloat16, BLayout::NK>(
-          a, o, engine::NoWait{}, e, engine::RasterScheduler{8, false, rot}, s);
+      if (which == RsEpi::PlainHere) o.rotate_m = 0;
+      gemm_with<PingPong<kTile>, __nv_bfloat16, BLayout::NK>(a, o, engine::NoWait{}, e, raster_from(o), s);
       return;
     }
     default: {
-      const unsigned skip = which == RsEpi::NoOwnerAdd ? ops::kDiagSkipOwnerAdd
-                            : which == RsEpi::SkipAll
-                                ? (ops::kDiagSkipOwnerAdd | ops::kDiagSkipBandWait | ops::kDiagSkipNotify)
-                                : 0u;
-      ops::detail::RsStageEpilogue<__nv_bfloat16> e;
-      fill_epilogue(e, b, a.m, a.n);
-      e.diag_skip = skip;
-      pro.diag_skip = skip;
-      gemm_with_tile_ping_pong<GemmTile::T64x256, __nv_bfloat16, BLayout::NK>(a, o, pro, e, sched, s);
+      ops::detail::RsStageArguments args;
+      args.shards.recv[0] = const_cast<void*>(b.recv);
+      args.shards.per_rank = a.m / 2;
+      args.shards.ld_recv = (a.n + 7) / 8 * 8;
+      args.shards.rank = 0;
+      args.shards.world = 2;
+      args.shards.d = b.d;
+      args.shards.ldd = a.n;
+      args.stage = b.stage;
+      args.band_count = b.band_count;
+      args.band_flags = {b.band_flags, tiles_m / o.raster_group, 1};
+      args.diag_skip = which == RsEpi::NoOwnerAdd ? ops::kDiagSkipOwnerAdd
+                       : which == RsEpi::SkipAll
+                           ? (ops::kDiagSkipOwnerAdd | ops::kDiagSkipBandWait | ops::kDiagSkipNotify)
+                           : 0u;
+      auto pro = ops::detail::RsBandPrologue::to_params(a, o, args);
+      pro.timeout_ns = 2'000'000'000ull;
+      gemm_with<PingPong<kTile>, __nv_bfloat16, BLayout::NK>(
+          a, o, pro, ops::detail::RsStageEpilogue<__nv_bfloat16>::to_params(a, o, args), raster_from(o), s);
       return;
     }
   }

@@ -6,7 +6,7 @@
 //                    SiLU(gate)·up (what ops::mlp runs)
 //   GEMM+RS        — row-parallel GEMM2 [S, I/R] · Wd[H, I/R]ᵀ + ReduceScatter
 //   GEMM+AR        — the same GEMM + AllReduce (ops::gemm_ar: the row-parallel
-//                    GEMM without sequence parallelism; issue 5's MLP
+//                    GEMM without sequence parallelism: the MLP
 //                    down-projection target); comm = ncclAllReduce, no
 //                    decomposition strategy
 //   MLP            — ops::mlp (gated AG+GEMM then GEMM+RS)

@@ -12,7 +12,7 @@
 //   when not chosen (for the predictor error), the seed's §6.4 bound, speedup,
 //   fraction of bound; on shapes with few waves every partition is measured
 //   (exhaustive) and compared with the searched one.
-// Communicators (issue 5, docs/design/signal.md): the overlapped groups, the
+// Communicators (docs/design/signal.md): the overlapped groups, the
 // offline curve and the per-group overhead run on signal::OverlapComm, a
 // split of the process group's communicator with maxCTAs = --nccl-sms and
 // no thread-block clusters (--nccl-comm split, the default), so that each
@@ -38,7 +38,7 @@
 // prediction error and that curve against each shape's measured collective.
 // --comm-slowdown-pct and --gemm-penalty-us default to 0 / learned; the
 // fitted values for H200 x2 with 16 NCCL SMs are in docs/design/signal.md.
-// Measured top-k refinement (issue 5): the k best predicted overlapped
+// Measured top-k refinement: the k best predicted overlapped
 // partitions (--top-k, default 3; signal::PredictiveSearch::top_overlapped,
 // exact) are timed with non-overlap in one interleaved loop (same warm-up and
 // repetitions each); the verified choice is the fastest of them if it beats
@@ -477,7 +477,7 @@ struct Row {
   double seconds = 0;
   tune::GemmTiming timing;  ///< for the stored machine profile
   tune::SignalQuery query;  ///< this shape as the library's tuner sees it
-  // Where the time goes (issue 5; all ms, medians, max over ranks):
+  // Where the time goes (all ms, medians, max over ranks):
   double engine_plain = 0;   ///< engine GEMM, plain epilogue, budgeted SMs, the overlap's tile
   double engine_epi = 0;     ///< the same with the group epilogue (reorder store + counter), 1 group
   double comm_ov = 0;        ///< whole collective alone on the overlap communicator
@@ -549,8 +549,7 @@ struct OverlapRun {
       drv.all_reduce(plan, am, buf, DType::bf16, counters, epoch);
     else
       drv.reduce_scatter(plan, rm, buf, recv, DType::bf16, counters, epoch);
-    gemm_into_groups(P.args, P.gopts, buf, dt.tile_base(), dt.seg_stride(), dt.tile_group(), dt.sub_rows(), dt.tile_n(),
-                     counters.device(), cs);
+    gemm_into_groups(P.args, P.gopts, {buf, &dt, counters.device()}, cs);
     TESSERA_CUDA_CHECK(cudaEventRecord(gemm_end.e, cs));
     TESSERA_CUDA_CHECK(cudaEventRecord(join.e, ms));
     TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, join.e));
@@ -786,10 +785,7 @@ void measure_compute_alone(ShapeData& d, OverlapSetup& ov, Row& row) {
   const signal::GroupPlan one = signal::GroupPlan::single(ov.wm);
   const signal::DeviceEpilogueTables dt(signal::epilogue_tables(ov.wm, one, ov.am));
   signal::GroupCounters cnt(1);
-  const auto engine_one_group = [&] {
-    gemm_into_groups(P.args, P.gopts, ov.buf.p, dt.tile_base(), dt.seg_stride(), dt.tile_group(), dt.sub_rows(),
-                     dt.tile_n(), cnt.device(), cs);
-  };
+  const auto engine_one_group = [&] { gemm_into_groups(P.args, P.gopts, {ov.buf.p, &dt, cnt.device()}, cs); };
   row.engine_epi = timed(pg, cs, engine_one_group, d.W, d.N, d.name + ": engine GEMM on the budgeted SMs");
   kernels::GemmArgs plain = d.args;  // writes D (row-major), the baselines' buffer
   row.engine_plain = timed(
@@ -1507,7 +1503,7 @@ void run_all(const Options& o);
 // Any error (a stuck wait above all) is printed by every rank and the
 // process exits at once: destroying the communicator or freeing memory while
 // a stream still waits would synchronize the device and hang, hiding the
-// diagnostic (issue 5). The driver reclaims the context at exit.
+// diagnostic. The driver reclaims the context at exit.
 void run(const Options& o) {
   try {
     run_all(o);

@@ -11,7 +11,7 @@ and prints its error next to the overlap model's. Rows where the inversion
 is ill-posed (comm-bound: the prediction does not depend on the GEMM time)
 show gemm116 = 0 and a large error; ignore those.
 
-Usage: serial_model.py LOG [LOG...]   (docs/design/signal.md, issue 5)
+Usage: serial_model.py LOG [LOG...]   (docs/design/signal.md)
 """
 import re, math, sys
 def parse(path):

@@ -34,13 +34,12 @@ void fill_random_bf16(void* p, std::int64_t n, std::uint64_t seed, cudaStream_t 
   fill_kernel<<<1024, 256, 0, s>>>(static_cast<__nv_bfloat16*>(p), n, seed);
 }
 
-void gemm_into_groups(const kernels::GemmArgs& a, const kernels::GemmOptions& o, void* buffer,
-                      const std::int64_t* tile_base, const std::int64_t* seg_stride, const int* tile_group,
-                      int sub_rows, int tile_n, std::uint32_t* counters, cudaStream_t s) {
-  signal::GroupEpilogue<__nv_bfloat16> epi{
-      static_cast<__nv_bfloat16*>(buffer), tile_base, seg_stride, tile_group, counters, sub_rows, tile_n};
-  kernels::gemm_with<__nv_bfloat16>(a, o, kernels::engine::NoWait{}, epi,
-                                    kernels::engine::RasterScheduler{o.raster_group, o.raster_along_m, 0}, s);
+void gemm_into_groups(const kernels::GemmArgs& a, const kernels::GemmOptions& o,
+                      const signal::GroupEpilogueArguments& epi, cudaStream_t s) {
+  using Epi = signal::GroupEpilogue<__nv_bfloat16>;
+  kernels::gemm_with<kernels::CooperativeTiles, __nv_bfloat16, kernels::BLayout::NK, kernels::BLayout::KN>(
+      a, o, kernels::engine::NoWait{}, Epi::to_params(a, o, epi),
+      kernels::engine::RasterScheduler{o.raster_group, o.raster_along_m, 0}, s);
 }
 
 }  // namespace tessera::bench::signalb

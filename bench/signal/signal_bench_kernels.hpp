@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "tessera/kernels/gemm.hpp"
+#include "tessera/signal/epilogue_tables.hpp"
 
 namespace tessera::bench::signalb {
 
@@ -22,10 +23,9 @@ void gpu_sleep(double us, cudaStream_t s);
 void fill_random_bf16(void* p, std::int64_t n, std::uint64_t seed, cudaStream_t s);
 
 /// The engine GEMM (bf16 in/out) writing its tiles through the signal
-/// layer's GroupEpilogue (tables from signal::DeviceEpilogueTables) and
-/// bumping `counters`. Tile order: RasterScheduler{o.raster_group, o.raster_along_m}.
-void gemm_into_groups(const kernels::GemmArgs& a, const kernels::GemmOptions& o, void* buffer,
-                      const std::int64_t* tile_base, const std::int64_t* seg_stride, const int* tile_group,
-                      int sub_rows, int tile_n, std::uint32_t* counters, cudaStream_t s);
+/// layer's GroupEpilogue (`epi`: the buffer, the group plan's device tables
+/// and the counters it bumps). Tile order: RasterScheduler{o.raster_group, o.raster_along_m}.
+void gemm_into_groups(const kernels::GemmArgs& a, const kernels::GemmOptions& o,
+                      const signal::GroupEpilogueArguments& epi, cudaStream_t s);
 
 }  // namespace tessera::bench::signalb

@@ -20,25 +20,11 @@
 
 namespace tessera::kernels {
 
-TileShape tile_shape(GemmTile t) {
-  switch (t) {
-    case GemmTile::T128x256:
-      return {128, 256};
-    case GemmTile::T256x128:
-      return {256, 128};
-    case GemmTile::T128x128:
-      return {128, 128};
-    case GemmTile::T64x256:
-      return {64, 256};
-    case GemmTile::T64x64:
-      return {64, 64};
-    case GemmTile::T128x192:
-      return {128, 192};
-    case GemmTile::Auto:
-      break;
-  }
+namespace detail {
+void fail_unresolved_tile_shape() {
   TESSERA_FAIL("tile_shape: GemmTile::Auto has no shape; resolve it first (resolve_tile)");
 }
+}  // namespace detail
 
 std::string tile_name(GemmTile t) {
   switch (t) {

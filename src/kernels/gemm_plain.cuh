@@ -15,8 +15,9 @@
 
 namespace tessera::kernels::detail {
 
+/// The kernel of o.tile and o.ping_pong (resolved by plan_gemm) with output type OutT.
 template <class InT, BLayout L, class OutT>
-void gemm_plain_out(GemmTile t, const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
+void gemm_plain_out(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
   const engine::RasterScheduler sched = raster_from(o);
   const engine::NoWait pro{};
   engine::StdEpilogue<OutT> epi;
@@ -24,9 +25,9 @@ void gemm_plain_out(GemmTile t, const GemmArgs& a, const GemmOptions& o, cudaStr
   epi.ldd = a.ldd_or_packed();
   if constexpr (std::is_same_v<OutT, InT>) {
     if (o.ping_pong)
-      gemm_with_layout_ping_pong<InT, L>(t, a, o, pro, epi, sched, stream);
+      gemm_with<PingPongTiles, InT, L>(a, o, pro, epi, sched, stream);
     else
-      gemm_with_layout<InT, L>(t, a, o, pro, epi, sched, stream);
+      gemm_with<CooperativeTiles, InT, L>(a, o, pro, epi, sched, stream);
   } else {
     // Ping-pong kernels are compiled for output type == input type only.
     if (o.ping_pong)
@@ -36,7 +37,7 @@ void gemm_plain_out(GemmTile t, const GemmArgs& a, const GemmOptions& o, cudaStr
     if (o.tile != GemmTile::Auto && o.tile != GemmTile::T128x256)
       fail("gemm: tile " + tile_name(o.tile) + " is not compiled for " + std::string(dtype_name(a.in)) +
            " inputs with " + std::string(dtype_name(a.out)) + " output (only 128x256)");
-    gemm_with_tile<GemmTile::T128x256, InT, L, 1>(a, o, pro, epi, sched, stream);
+    gemm_with<Cooperative<GemmTile::T128x256>, InT, L>(a, o, pro, epi, sched, stream);
   }
 }
 
@@ -109,7 +110,7 @@ void gemm_plain_t64x64(const GemmArgs& a, const GemmOptions& o, cudaStream_t str
   po.cluster_m = 1;
   po.ping_pong = true;
   po.k_splits = 1;
-  gemm_with_tile_ping_pong<GemmTile::T64x64, InT, L>(a, po, engine::NoWait{}, epi, raster_from(o), stream);
+  gemm_with<PingPong<GemmTile::T64x64>, InT, L>(a, po, engine::NoWait{}, epi, raster_from(o), stream);
 }
 
 /// The 128x192 cooperative kernel over whole K (output type == input type).
@@ -122,7 +123,7 @@ void gemm_plain_t128x192(const GemmArgs& a, const GemmOptions& o, cudaStream_t s
   po.cluster_m = 1;
   po.ping_pong = false;
   po.k_splits = 1;
-  gemm_with_tile<GemmTile::T128x192, InT, L, 1>(a, po, engine::NoWait{}, epi, raster_from(o), stream);
+  gemm_with<Cooperative<GemmTile::T128x192>, InT, L>(a, po, engine::NoWait{}, epi, raster_from(o), stream);
 }
 
 template <class InT, BLayout L>
@@ -153,11 +154,11 @@ void gemm_plain(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
   po.k_splits = 1;
   switch (a.out) {
     case DType::bf16:
-      return gemm_plain_out<InT, L, __nv_bfloat16>(plan.tile, a, po, stream);
+      return gemm_plain_out<InT, L, __nv_bfloat16>(a, po, stream);
     case DType::f16:
-      return gemm_plain_out<InT, L, __half>(plan.tile, a, po, stream);
+      return gemm_plain_out<InT, L, __half>(a, po, stream);
     case DType::f32:
-      return gemm_plain_out<InT, L, float>(plan.tile, a, po, stream);
+      return gemm_plain_out<InT, L, float>(a, po, stream);
   }
   fail("gemm: output dtype " + std::string(dtype_name(a.out)) + " not supported");
 }

@@ -110,31 +110,31 @@ void push_copy_engine(const Call& k, const unsigned char* src) {
 
 void launch_fused(const Call& k, int max_ctas, bool from_input) {
   const AgGemmArgs& a = k.a;
-  detail::AgGemmLaunch g;
-  g.a = k.ws;
-  g.b = a.b;
-  g.d = a.d;
-  g.m = a.m;
-  g.n = a.n;
-  g.k = a.k;
-  g.ldb = a.ldb ? a.ldb : a.k;
-  g.ldd = k.ldd;
-  g.dtype = a.dtype;
-  g.swiglu = a.swiglu;
-  g.map = k.plan.map;
+  detail::AgGemmArguments g;
+  g.problem.a = k.ws;
+  g.problem.b = a.b;
+  g.problem.d = a.d;
+  g.problem.m = a.m;
+  g.problem.n = a.n;
+  g.problem.k = a.k;
+  g.problem.lda = a.k;
+  g.problem.ldb = a.ldb ? a.ldb : a.k;
+  g.problem.ldd = k.ldd;
+  g.problem.in = g.problem.out = a.dtype;
+  g.problem.b_layout = kernels::BLayout::NK;
+  // Own shard first, then shards in arrival order (plan.hpp).
+  g.options = detail::fused_options(detail::kAgTile, k.plan.rotate_m, max_ctas);
+  g.prologue.map = k.plan.map;
   const runtime::SignalView v = k.c.ag_flags->view();
-  g.flags = v.flag_from(0, 0);
-  g.flag_stride = v.slots;
-  g.rank = k.rank;
-  g.epoch = k.epoch;
-  g.rotate_m = k.plan.rotate_m;
-  g.max_ctas = max_ctas;
+  g.prologue.flags = {v.flag_from(0, 0), v.slots, k.epoch};
+  g.prologue.rank = k.rank;
   if (from_input) {
-    g.local = a.a;
-    g.local_lo = k.lo;
-    g.local_rows = a.m_local;
-    g.local_lda = k.lda;
+    g.prologue.local = a.a;
+    g.prologue.local_lo = k.lo;
+    g.prologue.local_rows = a.m_local;
+    g.prologue.local_lda = k.lda;
   }
+  g.swiglu = a.swiglu;
   detail::launch_ag_gemm(g, k.st);
 }
 

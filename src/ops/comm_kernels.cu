@@ -11,20 +11,20 @@
 
 namespace tessera::ops::detail {
 
-void ag_gemm_bf16(const AgGemmLaunch& p, cudaStream_t s);
-void ag_gemm_f16(const AgGemmLaunch& p, cudaStream_t s);
-void gemm_rs_bf16(const GemmRsLaunch& p, cudaStream_t s);
-void gemm_rs_f16(const GemmRsLaunch& p, cudaStream_t s);
+void ag_gemm_bf16(const AgGemmArguments& p, cudaStream_t s);
+void ag_gemm_f16(const AgGemmArguments& p, cudaStream_t s);
+void gemm_rs_bf16(const GemmRsArguments& p, cudaStream_t s);
+void gemm_rs_f16(const GemmRsArguments& p, cudaStream_t s);
 void preload_bf16();
 void preload_f16();
 
-void launch_ag_gemm(const AgGemmLaunch& p, cudaStream_t s) {
-  if (p.dtype == DType::f16) return ag_gemm_f16(p, s);
+void launch_ag_gemm(const AgGemmArguments& p, cudaStream_t s) {
+  if (p.problem.in == DType::f16) return ag_gemm_f16(p, s);
   return ag_gemm_bf16(p, s);
 }
 
-void launch_gemm_rs(const GemmRsLaunch& p, cudaStream_t s) {
-  if (p.dtype == DType::f16) return gemm_rs_f16(p, s);
+void launch_gemm_rs(const GemmRsArguments& p, cudaStream_t s) {
+  if (p.problem.in == DType::f16) return gemm_rs_f16(p, s);
   return gemm_rs_bf16(p, s);
 }
 

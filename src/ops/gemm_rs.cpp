@@ -11,8 +11,6 @@
 
 namespace tessera::ops {
 
-static_assert(detail::kRsTileM == kRsFusedTileRows, "the fused GEMM+RS tile and the public constant must agree");
-
 const TpRegistry<GemmRsArgs>& gemm_rs_registry() {
   static const TpRegistry<GemmRsArgs> r(OpKind::gemm_rs, "gemm_rs",
                                         {&rs::sequential, &rs::decomposition, &rs::fused_sm, &rs::fused_ce, &rs::ring});
@@ -61,22 +59,36 @@ RsPlan tile_plan(const TpContext::Impl& c, const GemmRsArgs& a) {
   return plan_rs(a.m, a.n, c.pg.world(), c.pg.rank(), detail::kRsTileM, detail::kRsTileN);
 }
 
-detail::GemmRsLaunch fused_launch(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan) {
-  detail::GemmRsLaunch g;
-  g.a = a.a;
-  g.b = a.b;
-  g.m = a.m;
-  g.n = a.n;
-  g.k = a.k;
-  g.lda = a.lda ? a.lda : a.k;
-  g.ldb = a.ldb ? a.ldb : a.k;
-  g.dtype = a.dtype;
-  for (int r = 0; r < c.pg.world(); ++r) g.recv[r] = c.rs_recv.peer(r);
-  g.per_rank = plan.shards.per_rank;
-  g.ld_recv = plan.ld_recv;
-  g.rank = c.pg.rank();
-  g.world = c.pg.world();
-  g.rotate_m = plan.rotate_m;
+detail::GemmRsArguments fused_launch(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan,
+                                     detail::RsEpilogueKind kind, int max_ctas) {
+  detail::GemmRsArguments g;
+  g.problem.a = a.a;
+  g.problem.b = a.b;
+  g.problem.d = c.rs_recv.peer(c.pg.rank());  // unused by the epilogues; keeps validation meaningful
+  g.problem.m = a.m;
+  g.problem.n = a.n;
+  g.problem.k = a.k;
+  g.problem.lda = a.lda ? a.lda : a.k;
+  g.problem.ldb = a.ldb ? a.ldb : a.k;
+  g.problem.ldd = plan.ld_recv;
+  g.problem.in = g.problem.out = a.dtype;
+  g.problem.b_layout = kernels::BLayout::NK;
+  // Remotely-owned tiles first: start at shard (rank + 1) mod R.
+  g.options = detail::fused_options(detail::kRsTile, plan.rotate_m, max_ctas);
+  g.kind = kind;
+  detail::RsShardArguments& sh = g.rs.shards;
+  for (int r = 0; r < c.pg.world(); ++r) sh.recv[r] = c.rs_recv.peer(r);
+  sh.per_rank = plan.shards.per_rank;
+  sh.ld_recv = plan.ld_recv;
+  sh.rank = c.pg.rank();
+  sh.world = c.pg.world();
+  if (kind != detail::RsEpilogueKind::slabs) {
+    // The owner-adding epilogues: per-tile shards, the raster band of
+    // owner_raster_group tile rows, this rank's output rows.
+    g.options.raster_group = plan.owner_raster_group();
+    sh.d = a.d;
+    sh.ldd = a.ldd ? a.ldd : a.n;
+  }
   return g;
 }
 

@@ -1,4 +1,4 @@
-// Private to the MoE operators (moe.cpp, moe_ep.cpp): their grow-only
+// Private to the MoE operators (moe_tp/, moe_ep/): their grow-only
 // device buffers (scratch.hpp), the checks their validation shares, and
 // the communicator their pipelined strategies send and receive on.
 #pragma once

@@ -177,9 +177,4 @@ int moe_rs_chunks(std::int64_t hidden, int requested, bool copy_engine) {
   return 1;
 }
 
-std::vector<Strategy> moe_tp_candidates(int world) {
-  if (world > 1) return {Strategy::sequential, Strategy::pipelined};
-  return {Strategy::sequential};
-}
-
 }  // namespace tessera::ops

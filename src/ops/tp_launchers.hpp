@@ -7,94 +7,77 @@
 
 #include <cstdint>
 
+#include "tessera/kernels/gemm.hpp"
 #include "tessera/link/tile_map.hpp"
+#include "tessera/ops/fused_arguments.hpp"
+#include "tessera/ops/plan.hpp"
 #include "tessera/runtime/dtype.hpp"
 #include "tessera/runtime/signals.hpp"
 
 namespace tessera::ops::detail {
 
-/// Output tiles of the fused TP GEMMs.
-/// AG+GEMM: the engine's ping-pong 64x256 kernel (GemmOptions::
-/// ping_pong): one consumer warpgroup stores its tile while the other
-/// runs its main loop; measured 0.988x cuBLASLt (median) against 1.019x for
-/// the cooperative 128x256 on the MLP shapes (nvidia-h200-x2, 0e9d5cb).
-/// GEMM+RS: the same ping-pong 64x256, so the owner tiles' epilogue (the
-/// add of the peers' slabs) runs while the other consumer's main loop runs.
-/// (Its earlier device wait timeout on small shapes, da267a3, was the notify
-/// handshake race fixed in c8a72a0 / 465e829; the cooperative 128x256 was
-/// used until that fix was verified, 72b5420.)
-/// Plans (plan_ag / plan_rs) use the same rows and columns.
-inline constexpr int kAgTileM = 64;
-inline constexpr int kRsTileM = 64;  // = ops::kRsFusedTileRows (plan.hpp; checked in gemm_rs.cpp)
-inline constexpr int kRsTileN = 256;
+/// Output tiles of the fused TP GEMMs: the engine's ping-pong 64x256, one
+/// tile for every fused GEMM (one kernel per policy pair keeps the build
+/// small). One consumer warpgroup stores its tile while the other runs its
+/// main loop: AG+GEMM's plain or SiLU·up store, and GEMM+RS's owner add of
+/// the peers' slabs. Plans (plan_ag / plan_rs) use the same rows and columns.
+inline constexpr kernels::GemmTile kAgTile = kernels::GemmTile::T64x256;
+inline constexpr kernels::GemmTile kRsTile = kRsFusedTile;
+inline constexpr int kAgTileM = kernels::tile_shape(kAgTile).bm;
+inline constexpr int kRsTileM = kernels::tile_shape(kRsTile).bm;
+inline constexpr int kRsTileN = kernels::tile_shape(kRsTile).bn;
 
-/// Fused AG+GEMM: D = A_gathered · Bᵀ (or SiLU·up with swiglu) with the
-/// Tessera engine (kAgTileM x 256 ping-pong tile), per-tile waits on the AG data flags.
-struct AgGemmLaunch {
-  const void* a = nullptr;  ///< gathered A [M, K], packed (the symmetric workspace)
-  /// Optional: the own shard read in place ([local_rows, K], row stride
-  /// local_lda, rows local_lo.. in gathered coordinates) instead of from the
-  /// workspace. Requires local_lo and local_rows on tile rows (or the shard
-  /// ending at M).
-  const void* local = nullptr;
-  std::int64_t local_lo = 0, local_rows = 0, local_lda = 0;
-  const void* b = nullptr;
-  void* d = nullptr;
-  std::int64_t m = 0, n = 0, k = 0, ldb = 0, ldd = 0;
-  DType dtype = DType::bf16;
-  bool swiglu = false;
-  link::AllGatherTileMap map;            ///< channels = flag slots per source
-  const std::uint64_t* flags = nullptr;  ///< this rank's per-source flag rows (Signals base + slots)
-  int flag_stride = 0;                   ///< slots per source row
-  int rank = 0;
-  std::uint64_t epoch = 0;
-  int rotate_m = 0;
-  int max_ctas = 0;
-};
-void launch_ag_gemm(const AgGemmLaunch& p, cudaStream_t s);
-/// Whether own rows [lo, lo + rows) of M can be read in place (AgGemmLaunch::local):
-/// they start on a tile row and end on one or at M, so no tile straddles A and the workspace.
-inline bool ag_local_rows_on_tiles(std::int64_t lo, std::int64_t rows, std::int64_t m) {
-  return lo % kAgTileM == 0 && (rows % kAgTileM == 0 || lo + rows == m);
+/// The options every fused GEMM runs with: its ping-pong tile, the default
+/// raster bands, tile rows rotated by rotate_m, at most max_ctas CTAs (0: all).
+inline kernels::GemmOptions fused_options(kernels::GemmTile tile, int rotate_m, int max_ctas) {
+  kernels::GemmOptions o{};
+  o.tile = tile;
+  o.ping_pong = true;
+  o.rotate_m = rotate_m;
+  o.max_ctas = max_ctas;
+  return o;
 }
 
-/// Fused GEMM+RS: partial = A · Bᵀ; each row goes to its owner's receive
-/// slab row block [rank][...]; tile_done adds 1 to counter[tile_m] on each owner.
-struct GemmRsLaunch {
-  const void* a = nullptr;
-  const void* b = nullptr;
-  std::int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0;
-  DType dtype = DType::bf16;
-  void* recv[runtime::kMaxPeers] = {};               ///< each owner's slab base ([world][per_rank][ld_recv])
-  std::uint64_t* counters[runtime::kMaxPeers] = {};  ///< each owner's counter array (by tile row)
-  std::int64_t per_rank = 0, ld_recv = 0;
-  int rank = 0, world = 1;
-  int rotate_m = 0;
-  int max_ctas = 0;
-  /// Owner add in the epilogue (RsOwnerEpilogue): counters are per TILE, own
-  /// tiles are reduced into d (this rank's rows, row stride ldd) instead of
-  /// going to the own slab.
-  bool owner_epilogue = false;
-  int raster_group = 8;  ///< RasterScheduler band height (see RsPlan::owner_raster_group)
-  void* d = nullptr;
-  std::int64_t ldd = 0;
-  /// Copy-engine variant (RsStageEpilogue / RsBandPrologue, Strategy::
-  /// fused_ce): remote rows to the local `stage` slabs, counted per band of
-  /// raster_group tile rows on band_count; own tiles wait for the peers'
-  /// band flags (band_flags[src * flag_stride + band] >= epoch) and add
-  /// recv[rank]'s slabs. Needs owner_epilogue's tile-row shards.
-  bool stage_ce = false;
-  void* stage = nullptr;
-  std::uint64_t* band_count = nullptr;
-  const std::uint64_t* band_flags = nullptr;
-  int flag_stride = 0;
-  std::uint64_t epoch = 0;
-  unsigned diag_skip = 0;  ///< OpOptions::diag_skip (kernel-only runs only)
-  /// fused_ce for GEMM+AR: own tiles are counted on band_count too (d then
-  /// points at this rank's rows of the full output).
-  bool count_own = false;
+/// Fused AG+GEMM: D = A_gathered · Bᵀ (or SiLU·up with swiglu), per-tile
+/// waits on the AG data flags (AgPrologue). problem.a is the gathered A
+/// (the symmetric workspace), problem.d the output; B is [N, K].
+struct AgGemmArguments {
+  kernels::GemmArgs problem;
+  kernels::GemmOptions options;  ///< fused_options(kAgTile, ...)
+  AgPrologueArguments prologue;
+  bool swiglu = false;
 };
-void launch_gemm_rs(const GemmRsLaunch& p, cudaStream_t s);
+void launch_ag_gemm(const AgGemmArguments& p, cudaStream_t s);
+/// Whether own rows [lo, lo + rows) of M can be read in place (AgPrologueArguments::local):
+/// they start on a tile row and end on one or at M, so no tile straddles A and the workspace.
+inline bool ag_local_rows_on_tiles(std::int64_t lo, std::int64_t rows, std::int64_t m) {
+  return rows_on_tiles(lo, rows, m, kAgTileM);
+}
+
+/// Which GEMM+RS epilogue a fused launch runs.
+enum class RsEpilogueKind {
+  /// RsEpilogue: every row to its owner's slab; tile_done adds 1 to
+  /// counters[owner][tile_m] (a reduce kernel adds the slabs).
+  slabs,
+  /// RsOwnerEpilogue + RsOwnerPrologue: per-TILE counters; own tiles are
+  /// reduced into shards.d instead of going to the own slab.
+  owner_add,
+  /// RsStageEpilogue + RsBandPrologue (Strategy::fused_ce): the copy engine
+  /// moves the staged rows; needs owner_add's tile-row shards.
+  stage_ce,
+};
+
+/// Fused GEMM+RS: partial = A · Bᵀ (B [N, K]) through the epilogue `kind`;
+/// the fields of `rs` it reads are those its policies name (shards for
+/// every kind, the rest for stage_ce). options.raster_group is the raster
+/// band (RsPlan::owner_raster_group), which stage_ce counts on.
+struct GemmRsArguments {
+  kernels::GemmArgs problem;
+  kernels::GemmOptions options;  ///< fused_options(kRsTile, ...)
+  RsEpilogueKind kind = RsEpilogueKind::slabs;
+  RsStageArguments rs;
+};
+void launch_gemm_rs(const GemmRsArguments& p, cudaStream_t s);
 
 /// Owner's reduction: out[r, :] = Σ_{s=0..R-1} slab[s][r, :] in rank order,
 /// for its rows, tile row by tile row; when `counters` is set, waits for
@@ -140,9 +123,9 @@ void launch_swiglu(const void* in, std::int64_t ld_in, void* out, std::int64_t l
 
 /// dst rows (pitch dst_pitch bytes) = src rows (pitch src_pitch): `rows` rows
 /// of `row_bytes` bytes, all three multiples of 16. An SM copy: the AG
-/// copy-in of a rank's shard, which as a 2D memcpy ran on a copy engine at
-/// ~1 TB/s (measured: taking it off the decomposition path saved 50-70 us
-/// per 32-64 MiB shard).
+/// copy-in of a rank's shard, which as a 2D memcpy runs on a copy engine at
+/// ~1 TB/s, several times slower than the SMs copy it, on the decomposition
+/// path's critical path.
 void launch_copy_rows(void* dst, std::int64_t dst_pitch, const void* src, std::int64_t src_pitch,
                       std::int64_t row_bytes, std::int64_t rows, cudaStream_t s);
 

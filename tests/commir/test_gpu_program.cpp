@@ -117,7 +117,7 @@ TEST(CommirGpuProgram, TpPlansStoreBInTheWeightLayout) {
       }
 }
 
-// AsyncTP AllGather-GEMM on 2 ranks at MLP-1's shape (issue 6): the whole
+// AsyncTP AllGather-GEMM on 2 ranks at MLP-1's shape: the whole
 // exchange (send of the own A block, receive of the peer's) is one NCCL group
 // posted before the step-0 GEMM; the compute stream waits for the
 // communication stream once, right before the step-1 GEMM that reads the
@@ -202,9 +202,9 @@ TEST(CommirGpuProgram, GpuTestShapeBuildsOnEveryRank) {
     }
 }
 
-// The GPU failure seen on commit 3a4d62a: AsyncTP AllGather-GEMM leaves each
-// rank's output column block in one block per step; the output is assembled
-// from all of them.
+// AsyncTP AllGather-GEMM leaves each rank's output column block in one block
+// per step; the output is assembled from all of them (an output taken from
+// one step's block alone is wrong on the GPU).
 TEST(CommirGpuProgram, AsyncAllGatherOutputAssembledFromStepBlocks) {
   const Plan p = gemm_plan(2048, 2048, 2048, 2, "async_ag_gemm");
   const DevProgram prog = build_gpu_program(p, 0);
@@ -287,7 +287,7 @@ TEST(CommirGpuProgram, Bf16OutputsStoreAndMoveBf16) {
 // the peer's rows, the second the own rows (ring reduce-scatter order), so the
 // sum is the rank's output block: the only transfer is the partial — no
 // epilogue exchange of the finished result (it cost ~0.11 ms on h200-x2 at
-// MLP-1, issue 6).
+// MLP-1).
 TEST(CommirGpuProgram, AsyncGemmRsOverlapsThePartialTransfer) {
   const Plan p = lower(scheduled(make_gemm(2048, 2048, 2048, {2}), "async_gemm_rs"));
   for (int r = 0; r < 2; ++r) {

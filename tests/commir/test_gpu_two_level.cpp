@@ -1,4 +1,4 @@
-// GPU executor, attention on two-level meshes (issue 21, item 2): every
+// GPU executor, attention on two-level meshes: every
 // schedule `tessera plan attention` names for a 2-D mesh (cp, cp_ag, ring =
 // two_level, ulysses, tree, tree_rs over both levels, and usp: Ulysses inside
 // level 1, the K/V ring across level 0) on every 2-D factorization of the

@@ -650,7 +650,7 @@ TEST(GemmScheduler, PreparedRasterEqualsPlainDivision) {
 }
 
 // ---------------------------------------------------------------------------
-// Host model of the ping-pong CTA WITH the notifier (issue 4): producer ring,
+// Host model of the ping-pong CTA WITH the notifier: producer ring,
 // two consumers (order barriers), store threads that arrive on the notify
 // barriers 2/3, the notifier warp that bar.syncs them and calls tile_done,
 // and the notify-free handshake of barriers.cuh (the kernel's own predicates).

@@ -32,14 +32,14 @@ void run(const GemmArgs& a, GemmTile t, int max_ctas, const Pro& pro, const Epi&
   if (t == GemmTile::T128x128) {
     if (cluster != 1) detail::fail("policy test: the ping-pong kernel has no clusters");
     o.ping_pong = true;
-    gemm_with_tile_ping_pong<GemmTile::T128x128, bf16, BLayout::NK>(a, o, pro, epi, sched, s);
+    gemm_with<PingPong<GemmTile::T128x128>, bf16, BLayout::NK>(a, o, pro, epi, sched, s);
   } else if (t == GemmTile::T256x128) {
-    gemm_with_tile<GemmTile::T256x128, bf16, BLayout::NK>(a, o, pro, epi, sched, s);
+    gemm_with<Cooperative<GemmTile::T256x128>, bf16, BLayout::NK>(a, o, pro, epi, sched, s);
   } else if (t == GemmTile::T128x256) {
     if (cluster == 2)
-      gemm_with_tile<GemmTile::T128x256, bf16, BLayout::NK, 2>(a, o, pro, epi, sched, s);
+      gemm_with<Cooperative<GemmTile::T128x256, 2>, bf16, BLayout::NK>(a, o, pro, epi, sched, s);
     else
-      gemm_with_tile<GemmTile::T128x256, bf16, BLayout::NK>(a, o, pro, epi, sched, s);
+      gemm_with<Cooperative<GemmTile::T128x256>, bf16, BLayout::NK>(a, o, pro, epi, sched, s);
   } else {
     detail::fail("policy test: tile " + tile_name(t) + " not compiled here");
   }

@@ -560,7 +560,7 @@ TEST(GemmGpu, SwiGLUOfInterleavedGateAndUp) {
   }
 }
 
-// Shape coverage (issue 19): K tails of every 16-byte residue (K % 64 = 8,
+// Shape coverage: K tails of every 16-byte residue (K % 64 = 8,
 // 24, 40, 56, 16), M = 1 and other tiny M, N tails (N % 8 != 0 with a padded
 // ldd), whatever plan_gemm() picks and every forced split-K variant; both
 // layouts and input types, bf16 / f32 output, outputs poisoned first.
@@ -601,7 +601,7 @@ TEST(GemmGpu, CoverageShapesMatchCublasOnEveryPlan) {
         }
 }
 
-// Any N and K with 16-byte row strides (issue 19): K and N not multiples of
+// Any N and K with 16-byte row strides: K and N not multiples of
 // 8 with padded lda / ldb, and a packed D whose rows are not 16-byte
 // multiples (staged through an aligned buffer and a 2-D copy).
 TEST(GemmGpu, OddNAndKWithAlignedRowsMatchCublas) {

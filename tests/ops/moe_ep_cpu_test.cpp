@@ -1,5 +1,5 @@
-// CPU tests of ops::moe_ep's host-side checks: validation before any launch
-// and the strategy names (the layer itself: moe_ep_gpu_test.cpp).
+// CPU tests of ops::moe_ep's host-side checks: validation before any launch,
+// the strategy names and its registry (the layer itself: moe_ep_gpu_test.cpp).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -7,7 +7,9 @@
 #include <functional>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include "ops/moe_ep/moe_ep.hpp"
 #include "tessera/ops/args.hpp"
 #include "tessera/ops/moe_ep.hpp"
 #include "tessera/runtime/error.hpp"
@@ -115,6 +117,15 @@ TEST(MoeEp, StrategyTableGivesItsStrategies) {
     if (own && i.strategy != Strategy::automatic)
       EXPECT_EQ(moe_ep_strategy_name(parse_moe_ep_strategy(i.name)), i.name);
   }
+}
+
+// moe_ep dispatches through its registry, which holds exactly the table's
+// strategies for it (checked when it is built), the baseline first.
+TEST(MoeEp, RegistryHoldsTheTablesStrategies) {
+  const moeep::Registry& r = moe_ep_registry();
+  EXPECT_EQ(r.strategies(), (std::vector<Strategy>{Strategy::sequential, Strategy::pipelined}));
+  EXPECT_EQ(r.candidates({.world = 1}), std::vector<Strategy>{Strategy::sequential});
+  EXPECT_EQ(r.candidates({.world = 2}), (std::vector<Strategy>{Strategy::sequential, Strategy::pipelined}));
 }
 
 TEST(MoeEp, DefaultCapacityIsLossless) {

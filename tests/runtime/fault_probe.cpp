@@ -1,5 +1,5 @@
 // fault_probe — the program scripts/fault-check.sh starts through `tessera
-// run` to inject faults into a running job (issue 24: a peer dying or
+// run` to inject faults into a running job (the contract: a peer dying or
 // stopping inside an NCCL collective or a load/store wait must give the
 // survivors a clear error within TESSERA_WAIT_TIMEOUT_MS, never a hang).
 //

@@ -491,7 +491,7 @@ TEST(BootstrapCrypto, Sha256AndHmacMatchPublishedVectors) {
   EXPECT_NE(std::memcmp(r1, r2, 16), 0);
 }
 
-// ---- attacks on the rendezvous (issue 24, finding 1) ------------------------
+// ---- attacks on the rendezvous -----------------------------------------------
 // The wire format as an attacker sees it (bootstrap.cpp): everything but the
 // secret is public.
 struct WireHello {

@@ -1,4 +1,4 @@
-// Bounded host waits on a real GPU (issue 24, finding 4), one process: a
+// Bounded host waits on a real GPU, one process: a
 // stream that never drains (a kernel spinning on a host flag stands in for a
 // collective whose peer died) makes the bounded wait throw within the
 // timeout, naming the rank and the operation, and abort the group (the abort

@@ -1,4 +1,4 @@
-// Issue 24, findings 4 and 7 on the CPU: the bounded waiting loop that every
+// On the CPU: the bounded waiting loop that every
 // peer-dependent host wait uses (runtime::poll_until), and the operators'
 // strategy candidates and cache-key topology with and without load/store
 // reach between the ranks.

@@ -389,8 +389,8 @@ TEST(FastGather, EqualsTheMapsChunkOffsets) {
       }
 }
 
-// The counter test is cuStreamWaitValue32(GEQ)'s cyclic comparison (issue 5:
-// a 0xFFFFFFFF "always passes" sentinel never passed a memop wait).
+// The counter test is cuStreamWaitValue32(GEQ)'s cyclic comparison (so a
+// 0xFFFFFFFF "always passes" sentinel never passes a memop wait).
 TEST(CounterReached, CyclicLikeStreamMemopGeq) {
   using tessera::signal::counter_reached;
   EXPECT_TRUE(counter_reached(5, 5));

@@ -119,15 +119,9 @@ TEST(SignalEpilogueGpu, AllReduceAndReduceScatterLayouts) {
         CUDA_OK(cudaMemset(buf, 0xFF, elems * 2));  // NaN poison
         CUDA_OK(cudaMalloc(&counters, plan.groups() * 4));
         CUDA_OK(cudaMemset(counters, 0, plan.groups() * 4));
-        GroupEpilogue<bf16> epi{reinterpret_cast<bf16*>(buf),
-                                dt.tile_base(),
-                                dt.seg_stride(),
-                                dt.tile_group(),
-                                counters,
-                                dt.sub_rows(),
-                                dt.tile_n()};
+        const auto epi = GroupEpilogue<bf16>::to_params(s.args, s.opts, {buf, &dt, counters});
         for (int epoch = 1; epoch <= 2; ++epoch)  // counters are not reset between calls
-          kernels::gemm_with_tile<kernels::GemmTile::T128x128, bf16, kernels::BLayout::NK>(
+          kernels::gemm_with<kernels::Cooperative<kernels::GemmTile::T128x128>, bf16, kernels::BLayout::NK>(
               s.args, s.opts, eng::NoWait{}, epi, sched(p), nullptr);
         CUDA_OK(cudaDeviceSynchronize());
         const auto got = download(buf, elems);
@@ -188,8 +182,8 @@ TEST(SignalEpilogueGpu, AllToAllPools) {
     CUDA_OK(cudaMalloc(&counters, 4));
     CUDA_OK(cudaMemset(counters, 0, 4));
     A2aEpilogue<bf16> epi{reinterpret_cast<bf16*>(buf), map, d_groups, counters};
-    kernels::gemm_with_tile<kernels::GemmTile::T128x128, bf16, kernels::BLayout::NK>(s.args, s.opts, eng::NoWait{}, epi,
-                                                                                     sched(p), nullptr);
+    kernels::gemm_with<kernels::Cooperative<kernels::GemmTile::T128x128>, bf16, kernels::BLayout::NK>(
+        s.args, s.opts, eng::NoWait{}, epi, sched(p), nullptr);
     CUDA_OK(cudaDeviceSynchronize());
     const auto got = download(buf, elems);
     const A2aSendMap hmap = plan.send_map(0);

@@ -1,4 +1,4 @@
-// The bad-input table of issue 24, re-run: CommIR files through `tessera plan
+// The bad-input table: CommIR files through `tessera plan
 // file`, `tessera plan` arguments, tuning-cache files, the C API and the ops'
 // argument validation. Each input must end in a clear error (a non-zero exit
 // with a message, a tessera::Error, -1 from the C API, or a bad cache entry

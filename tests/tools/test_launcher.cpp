@@ -353,7 +353,7 @@ TEST(Launcher, ProgramThatCannotBeExecuted) {
   EXPECT_LT(r.took, 3s);
 }
 
-// ---- no process outlives the job (issue 24, finding 3) ----------------------
+// ---- no process outlives the job --------------------------------------------
 
 /// Every pid the grandchildren helper printed: ranks, grandchildren, daemons.
 std::vector<pid_t> job_pids(const std::string& out) {

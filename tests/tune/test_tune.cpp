@@ -217,7 +217,7 @@ TEST(SignalTuner, SearchesCachesAndReusesNeighbours) {
   EXPECT_THROW(t.cost(untimed), tessera::Error);
 }
 
-// ---- the measured verdict (issue 5: never slower than non-overlap) ---------
+// ---- the measured verdict (never slower than non-overlap) ------------------
 
 TEST(SignalVerdict, KeepsOverlapOnlyWhenMeasuredFasterByTheMargin) {
   EXPECT_TRUE(keep_overlap(0.97e-3, 1.0e-3, 0.01));

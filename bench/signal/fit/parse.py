@@ -1,4 +1,4 @@
-# bench/signal/fit/parse.py — parse a bench signal log (f8380bd table format, rank 0 lines) into data.json (FIT_DATA): python3 parse.py bench-signal.log
+# bench/signal/fit/parse.py — parse a bench signal log (its table format, rank 0 lines) into data.json (FIT_DATA): python3 parse.py bench-signal.log
 import re, json, sys
 L=[l[len('[rank 0] '):].rstrip('\n') for l in open(sys.argv[1]) if l.startswith('[rank 0]')]
 ops={}

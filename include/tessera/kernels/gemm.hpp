@@ -86,7 +86,31 @@ enum class GemmTile { Auto, T128x256, T256x128, T128x128, T64x256, T64x64, T128x
 struct TileShape {
   int bm, bn;
 };
-TileShape tile_shape(GemmTile t);
+namespace detail {
+/// Throws tessera::Error: GemmTile::Auto has no shape until resolved.
+[[noreturn]] void fail_unresolved_tile_shape();
+}  // namespace detail
+/// The rows and columns of tile `t`: the one statement of each tile's shape
+/// (the kernels' tile configurations and the operators' tile constants read it).
+constexpr TileShape tile_shape(GemmTile t) {
+  switch (t) {
+    case GemmTile::T128x256:
+      return {128, 256};
+    case GemmTile::T256x128:
+      return {256, 128};
+    case GemmTile::T128x128:
+      return {128, 128};
+    case GemmTile::T64x256:
+      return {64, 256};
+    case GemmTile::T64x64:
+      return {64, 64};
+    case GemmTile::T128x192:
+      return {128, 192};
+    case GemmTile::Auto:
+      break;
+  }
+  detail::fail_unresolved_tile_shape();
+}
 std::string tile_name(GemmTile t);
 
 /// Where the plain gemm() takes its plan when the options name none (tile
@@ -123,7 +147,8 @@ struct GemmOptions {
   /// main loop. Tiles 128x128 (Auto) or 64x256; cluster_m must be 0 or 1.
   /// The plain gemm() compiles it for output type == input type only, and
   /// picks it by itself (64x256) where plain_uses_ping_pong() says so; the
-  /// policy entry points (gemm_with_layout / gemm_with_tile) never pick it.
+  /// policy entry point (gemm_with) runs it only where its kernel set is a
+  /// ping-pong one (PingPong, PingPongTiles).
   bool ping_pong = false;
   /// Split-K (plain gemm() only; the policy entry points never split):
   /// 0 = plan_gemm()'s choice, 1 = never split, > 1 = that many K splits on
@@ -152,10 +177,11 @@ GemmTile resolve_tile(const GemmArgs& a, const GemmOptions& o);
 /// True when the plain gemm() runs the ping-pong 64x256 kernel although
 /// o.ping_pong is off: tile Auto, cluster_m 0 or 1, output type ==
 /// input type, and M·N·K below 4e11. Larger problems run the cooperative tile
-/// choose_tile() picks. On the issue-3 shapes (nvidia-h200-x2, 36ee3d8) the
-/// two kernels were measured power-capped and at boost clocks; this split
-/// keeps both states within 1.04x of cuBLASLt (ping-pong alone: 1.001x /
-/// 1.062x worst). Ask for an explicit tile to get a particular kernel.
+/// choose_tile() picks. Why: ping-pong wins where power caps the clock,
+/// cooperative on large shapes at boost clocks; this split keeps both clock
+/// states close to cuBLASLt on the benchmark shapes, where either kernel
+/// alone loses in one of them (docs/design/gemm-engine.md). Ask for an
+/// explicit tile to get a particular kernel.
 bool plain_uses_ping_pong(const GemmArgs& a, const GemmOptions& o);
 
 /// Cluster size for tile `t`: o.cluster_m if set (checked: 1 or 2), else 1.

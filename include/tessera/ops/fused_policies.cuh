@@ -2,6 +2,11 @@
 // operators (see tessera/kernels/gemm/{prologue,epilogue}.cuh for the
 // concepts). Device code here is call-free (no printf): a call anywhere in
 // the GEMM kernel serializes its wgmma.
+//
+// Each policy is its own device Params: `Arguments` (fused_arguments.hpp) is
+// what the operator knows, and `to_params(problem, options, arguments)`
+// makes the policy once on the host, CUTLASS-3 style; problem and options
+// are the launch's GemmArgs and GemmOptions.
 #pragma once
 
 #include <cuda.h>
@@ -10,11 +15,16 @@
 
 #include <cstdint>
 
+#include <string>
+
+#include "tessera/kernels/gemm.hpp"
 #include "tessera/kernels/gemm/epilogue.cuh"
+#include "tessera/kernels/gemm/host_detail.hpp"
 #include "tessera/kernels/gemm/prologue.cuh"
 #include "tessera/link/device_primitives.cuh"
 #include "tessera/link/tile_map.hpp"
 #include "tessera/ops/diag.hpp"
+#include "tessera/ops/fused_arguments.hpp"
 #include "tessera/runtime/symmetric_heap.hpp"
 #include "tessera/runtime/wait_diagnostics.hpp"
 
@@ -27,9 +37,32 @@ __device__ __forceinline__ link::WaitSite tile_flag_site(const kernels::engine::
   return link::WaitSite{runtime::WaitKind::tile_flag, rank, -1, t.m, t.n, flag_id, peer};
 }
 
+/// The runtime's limit on a policy's flag waits: the timeout, and the
+/// process's record a timed-out wait fills (wait_diagnostics.hpp).
+struct WaitLimitParams {
+  std::uint64_t timeout_ns = 0;
+  runtime::WaitRecord* diag = nullptr;
+};
+inline WaitLimitParams runtime_wait_limit() {
+  return {runtime::wait_timeout_ns(), runtime::process_wait_diagnostics().device_record()};
+}
+
+/// The fields the owner-adding GEMM+RS epilogues (RsOwnerEpilogue,
+/// RsStageEpilogue) take from the shard geometry: this rank's output rows,
+/// the slabs' rows and row stride, the rank and the world.
+template <class Epi>
+void set_owner_rows(Epi& p, const RsShardArguments& a) {
+  p.d = static_cast<decltype(p.d)>(a.d);
+  p.ldd = a.ldd;
+  p.per_rank = a.per_rank;
+  p.ld = a.ld_recv;
+  p.rank = a.rank;
+  p.world = a.world;
+}
+
 /// Whether a tile starting at global row row0 is rank's own (fused_ce: the
 /// shards lie on tile rows, so its first row decides): a range compare, no
-/// division on the tile boundary (a 64-bit division per tile here measured
+/// division on the tile boundary (a 64-bit division per tile here costs
 /// ~1 point of the GEMM+RS kernel; docs/design/operators.md).
 __device__ __forceinline__ bool own_tile(std::int64_t row0, int rank, std::int64_t per_rank) {
   const std::int64_t lo = static_cast<std::int64_t>(rank) * per_rank;
@@ -48,7 +81,7 @@ __device__ __forceinline__ bool own_tile(std::int64_t row0, int rank, std::int64
 /// Why the rank loop is not unrolled (`unroll 1`) and the epilogues end in
 /// ONE store: the kernel inlines store8 at each of a thread's 16 call sites
 /// per tile. Unrolled over R, with a store per path, the ping-pong RS kernels
-/// were 12.8k instructions against the plain kernel's 2.8k (cuobjdump), and
+/// are 12.8k instructions against the plain kernel's 2.8k (cuobjdump), and
 /// a ping-pong consumer's epilogue runs beside the other consumer's main
 /// loop on the same SM sub-partitions, so its code competes with the main
 /// loop's for the instruction caches (docs/design/operators.md).
@@ -85,6 +118,7 @@ __device__ __forceinline__ void owner_sum8(const OutT* slab, std::int64_t slab_s
 /// one or at M, so no tile straddles the caller's A and the workspace.
 struct AgPrologue {
   static constexpr bool kActive = true;
+  using Arguments = AgPrologueArguments;
   link::AllGatherTileMap map;
   const std::uint64_t* flags = nullptr;
   int flag_stride = 0;
@@ -94,6 +128,34 @@ struct AgPrologue {
   runtime::WaitRecord* diag = nullptr;
   std::int64_t local_lo = 0, local_hi = 0;  // own rows in gathered coordinates; empty: off
   CUtensorMap local_a;                      // the own shard [m_local, K] in the caller's A (same box and swizzle)
+
+  /// The own shard's TMA map has the problem's box (BM rows of the tile
+  /// options.tile) and swizzle; its rows must lie on tile rows (or end at M).
+  static AgPrologue to_params(const kernels::GemmArgs& problem, const kernels::GemmOptions& options,
+                              const Arguments& args) {
+    AgPrologue p;
+    p.map = args.map;
+    p.flags = args.flags.flags;
+    p.flag_stride = args.flags.flag_stride;
+    p.rank = args.rank;
+    p.epoch = args.flags.epoch;
+    const WaitLimitParams lim = runtime_wait_limit();
+    p.timeout_ns = lim.timeout_ns;
+    p.diag = lim.diag;
+    if (args.local && args.local_rows > 0) {
+      const int bm = kernels::tile_shape(options.tile).bm;
+      if (!rows_on_tiles(args.local_lo, args.local_rows, problem.m, bm))
+        kernels::detail::fail("ag_gemm: the own shard read in place must start on a tile row and end on one or at M");
+      kernels::GemmArgs l = problem;
+      l.a = args.local;
+      l.m = args.local_rows;
+      l.lda = args.local_lda;
+      kernels::detail::make_tma_a(l, bm, &p.local_a);
+      p.local_lo = args.local_lo;
+      p.local_hi = args.local_lo + args.local_rows;
+    }
+    return p;
+  }
 
   __device__ __forceinline__ void a_source(const CUtensorMap*& m, int& row) const {
     if (row >= local_lo && row < local_hi) {
@@ -144,10 +206,23 @@ template <class OutT>
 struct RsEpilogue {
   static constexpr bool kNotify = true;
   static constexpr bool kSysScope = true;
+  using Arguments = RsShardArguments;
   OutT* recv[runtime::kMaxPeers];
   std::uint64_t* counters[runtime::kMaxPeers];
   std::int64_t per_rank = 0, ld = 0;
   int rank = 0;
+
+  static RsEpilogue to_params(const kernels::GemmArgs&, const kernels::GemmOptions&, const Arguments& args) {
+    RsEpilogue p;
+    for (int r = 0; r < runtime::kMaxPeers; ++r) {
+      p.recv[r] = static_cast<OutT*>(args.recv[r]);
+      p.counters[r] = args.counters[r];
+    }
+    p.per_rank = args.per_rank;
+    p.ld = args.ld_recv;
+    p.rank = args.rank;
+    return p;
+  }
 
   __device__ __forceinline__ void store8(const kernels::engine::TileInfo&, int row, int col, const float (&acc)[8],
                                          int valid) const {
@@ -186,12 +261,23 @@ template <class OutT>
 struct RsOwnerEpilogue {
   static constexpr bool kNotify = true;
   static constexpr bool kSysScope = true;
+  using Arguments = RsShardArguments;
   OutT* recv[runtime::kMaxPeers];
   std::uint64_t* counters[runtime::kMaxPeers];  ///< each owner's per-tile counters
   OutT* d = nullptr;                            ///< this rank's output rows [m_local, N]
   std::int64_t ldd = 0;
   std::int64_t per_rank = 0, ld = 0;
   int rank = 0, world = 1;
+
+  static RsOwnerEpilogue to_params(const kernels::GemmArgs&, const kernels::GemmOptions&, const Arguments& args) {
+    RsOwnerEpilogue p;
+    for (int r = 0; r < runtime::kMaxPeers; ++r) {
+      p.recv[r] = static_cast<OutT*>(args.recv[r]);
+      p.counters[r] = args.counters[r];
+    }
+    set_owner_rows(p, args);
+    return p;
+  }
 
   __device__ __forceinline__ void store8(const kernels::engine::TileInfo&, int row, int col, const float (&acc)[8],
                                          int valid) const {
@@ -225,6 +311,7 @@ struct RsOwnerEpilogue {
 /// trap). Remote-owned tiles do not wait.
 struct RsOwnerPrologue {
   static constexpr bool kActive = true;
+  using Arguments = RsShardArguments;
   const std::uint64_t* counters = nullptr;  ///< this rank's per-tile counters
   std::int64_t per_rank = 0;
   int rank = 0;
@@ -232,12 +319,37 @@ struct RsOwnerPrologue {
   std::uint64_t timeout_ns = 0;
   runtime::WaitRecord* diag = nullptr;
 
+  static RsOwnerPrologue to_params(const kernels::GemmArgs&, const kernels::GemmOptions&, const Arguments& args) {
+    RsOwnerPrologue p;
+    p.counters = args.counters[args.rank];
+    p.per_rank = args.per_rank;
+    p.rank = args.rank;
+    p.expected = static_cast<std::uint64_t>(args.world - 1);
+    const WaitLimitParams lim = runtime_wait_limit();
+    p.timeout_ns = lim.timeout_ns;
+    p.diag = lim.diag;
+    return p;
+  }
+
   __device__ __forceinline__ void wait(const kernels::engine::TileInfo& t) const {
     if (static_cast<int>(t.row0 / per_rank) != rank || expected == 0) return;
     link::flag_wait<link::Scope::sys>(counters + t.linear(), expected, link::WaitLimit{timeout_ns, diag},
                                       tile_flag_site(t, rank, t.linear()));
   }
 };
+
+/// fused_ce's bands are the raster bands (options.raster_group tile rows,
+/// RsPlan::owner_raster_group()): a power of two, so the kernel finds a
+/// tile's band with a shift; returns that shift.
+inline int band_shift_of(const kernels::GemmOptions& options) {
+  const int band_rows = options.raster_group;
+  if (band_rows < 1 || (band_rows & (band_rows - 1)) != 0)
+    kernels::detail::fail("gemm_rs fused_ce: raster band of " + std::to_string(band_rows) +
+                          " tile rows is not a power of two");
+  int shift = 0;
+  while ((1 << shift) < band_rows) ++shift;
+  return shift;
+}
 
 /// GEMM+RS on the copy engine (Strategy::fused_ce). Shards on tile rows
 /// (as RsOwnerEpilogue); tile rows grouped in bands of 2^band_shift tile rows
@@ -255,8 +367,8 @@ struct RsOwnerPrologue {
 ///    end, then its copy engine), which reads this GPU's memory through its
 ///    L2, the point of coherence a .gpu release orders the stores at. The
 ///    signal layer's group counters (FlashOverlap's epilogue) rely on the
-///    same contract with the same stream wait. The .sys release it replaced
-///    measured the same (bench/RESULTS-archive.md, "the fused_ce cost split").
+///    same contract with the same stream wait. A .sys release measures the
+///    same (bench/RESULTS-archive.md, "the fused_ce cost split").
 ///  * o == rank: the producer (RsBandPrologue) has waited until every peer's
 ///    band flag >= epoch (the peer's copy of this band landed); the
 ///    consumers add the peers' slab values and their own f32 accumulator in
@@ -272,6 +384,7 @@ template <class OutT>
 struct RsStageEpilogue {
   static constexpr bool kNotify = true;
   static constexpr bool kSysScope = false;
+  using Arguments = RsStageArguments;
   OutT* stage = nullptr;                ///< local [world][per_rank][ld] staging slabs
   const OutT* recv = nullptr;           ///< this rank's receive slabs [world][per_rank][ld]
   std::uint64_t* band_count = nullptr;  ///< this rank's own band counters (by band)
@@ -285,6 +398,19 @@ struct RsStageEpilogue {
   /// (same release as the remote ones), so the copy stream can send each
   /// finished band of reduced rows to the peers.
   bool count_own = false;
+
+  static RsStageEpilogue to_params(const kernels::GemmArgs&, const kernels::GemmOptions& options,
+                                   const Arguments& args) {
+    RsStageEpilogue p;
+    p.stage = static_cast<OutT*>(args.stage);
+    p.recv = static_cast<const OutT*>(args.shards.recv[args.shards.rank]);
+    p.band_count = args.band_count;
+    set_owner_rows(p, args.shards);
+    p.band_shift = band_shift_of(options);
+    p.diag_skip = args.diag_skip;
+    p.count_own = args.count_own;
+    return p;
+  }
 
   /// One tile's epilogue (kernels/gemm/epilogue.cuh: per-tile binding). Shards
   /// lie on tile rows (fused_ce's precondition), so the tile's first row
@@ -356,6 +482,7 @@ struct RsStageEpilogue {
 struct RsBandPrologue {
   static constexpr bool kActive = true;
   using State = kernels::engine::detail::NoPrologueState;
+  using Arguments = RsStageArguments;
   const std::uint64_t* flags = nullptr;  ///< this rank's per-source band flag rows
   int flag_stride = 0;
   std::int64_t per_rank = 0;
@@ -365,6 +492,23 @@ struct RsBandPrologue {
   std::uint64_t epoch = 0;
   std::uint64_t timeout_ns = 0;
   runtime::WaitRecord* diag = nullptr;
+
+  static RsBandPrologue to_params(const kernels::GemmArgs&, const kernels::GemmOptions& options,
+                                  const Arguments& args) {
+    RsBandPrologue p;
+    p.flags = args.band_flags.flags;
+    p.flag_stride = args.band_flags.flag_stride;
+    p.per_rank = args.shards.per_rank;
+    p.rank = args.shards.rank;
+    p.world = args.shards.world;
+    p.band_shift = band_shift_of(options);
+    p.diag_skip = args.diag_skip;
+    p.epoch = args.band_flags.epoch;
+    const WaitLimitParams lim = runtime_wait_limit();
+    p.timeout_ns = lim.timeout_ns;
+    p.diag = lim.diag;
+    return p;
+  }
 
   __device__ __forceinline__ bool wait(const kernels::engine::TileInfo& t, State&) const {
     // !own_tile(t.row0, rank, per_rank), written out: through the helper

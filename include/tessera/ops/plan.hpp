@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "tessera/kernels/gemm.hpp"
 #include "tessera/link/tile_map.hpp"
 #include "tessera/ops/args.hpp"
 
@@ -53,9 +54,11 @@ struct AgPlan {
 /// channels in [1, kMaxChannels]; throws tessera::Error on bad parameters.
 AgPlan plan_ag(std::int64_t m, int world, int rank, int channels, int tile_m);
 
-/// Rows of the fused GEMM+RS tile: the owner-add strategies (fused_sm with
-/// RsReduce::epilogue, fused_ce) need ceil(M/R) to be a multiple of it.
-inline constexpr int kRsFusedTileRows = 64;
+/// The fused GEMM+RS tile (the engine's ping-pong 64x256) and its rows: the
+/// owner-add strategies (fused_sm with RsReduce::epilogue, fused_ce) need
+/// ceil(M/R) to be a multiple of them.
+inline constexpr kernels::GemmTile kRsFusedTile = kernels::GemmTile::T64x256;
+inline constexpr int kRsFusedTileRows = kernels::tile_shape(kRsFusedTile).bm;
 
 struct RsPlan {
   int rank = 0, world = 1;
@@ -199,8 +202,8 @@ int moe_rs_chunks(std::int64_t hidden, int requested, bool copy_engine);
 /// rs_chunks' upper bound (the copy-engine transport keeps a flag per chunk).
 inline constexpr int kMoeMaxRsChunks = 16;
 
-/// Strategies moe_tp's tuner measures: sequential and pipelined (R > 1),
-/// sequential alone at R = 1.
+/// Strategies moe_tp's tuner measures, read from its strategy registry:
+/// sequential and pipelined (R > 1), sequential alone at R = 1.
 std::vector<Strategy> moe_tp_candidates(int world);
 
 }  // namespace tessera::ops

@@ -21,11 +21,13 @@
 
 #include <cstdint>
 
+#include "tessera/kernels/gemm.hpp"
 #include "tessera/link/device_primitives.cuh"
 #include "tessera/kernels/gemm/epilogue.cuh"
 #include "tessera/kernels/gemm/ptx.cuh"
 #include "tessera/kernels/gemm/tile.cuh"
 #include "tessera/signal/a2a.hpp"
+#include "tessera/signal/epilogue_tables.hpp"
 
 namespace tessera::signal {
 
@@ -44,6 +46,21 @@ struct GroupEpilogue {
   std::uint32_t* counters = nullptr;  ///< GroupCounters::device()
   int sub_rows = 1;
   int tile_n = 1;
+
+  /// CUTLASS-3 style: the caller's Arguments (epilogue_tables.hpp) make the
+  /// policy once on the host.
+  using Arguments = GroupEpilogueArguments;
+  static GroupEpilogue to_params(const kernels::GemmArgs&, const kernels::GemmOptions&, const Arguments& a) {
+    GroupEpilogue p;
+    p.buffer = static_cast<OutT*>(a.buffer);
+    p.tile_base = a.tables->tile_base();
+    p.seg_stride = a.tables->seg_stride();
+    p.tile_group = a.tables->tile_group();
+    p.counters = a.counters;
+    p.sub_rows = a.tables->sub_rows();
+    p.tile_n = a.tables->tile_n();
+    return p;
+  }
 
   /// One tile's destination: its span in the group buffer, looked up once
   /// per tile (kernels/gemm/epilogue.cuh, "per-tile binding"). Row li of the

@@ -56,4 +56,13 @@ class DeviceEpilogueTables {
   int sub_rows_ = 0, tile_n_ = 0;
 };
 
+/// What a GroupEpilogue launch knows (GroupEpilogue<OutT>::Arguments,
+/// signal/epilogue.cuh): the group (send) buffer, the group plan's device
+/// tables (they outlive the launch) and the counters (GroupCounters::device()).
+struct GroupEpilogueArguments {
+  void* buffer = nullptr;
+  const DeviceEpilogueTables* tables = nullptr;
+  std::uint32_t* counters = nullptr;
+};
+
 }  // namespace tessera::signal

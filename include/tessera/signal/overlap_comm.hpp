@@ -2,14 +2,14 @@
 // overlap runs its per-group collectives on: a split of the process group's
 // communicator whose kernels fit on the SMs the persistent GEMM leaves free.
 //
-// Why (issue 5, docs/design/signal.md): NCCL 2.28's defaults on sm_90 are up to 32
+// Why (docs/design/signal.md): NCCL 2.28's defaults on sm_90 are up to 32
 // CTAs per collective (maxCTAs 32) launched as thread-block clusters of 4
 // (cgaClusterSize 4). A persistent GEMM holding sms - nccl_sms SMs with one
 // CTA each (≈ all shared memory) leaves nccl_sms SMs free, scattered over
 // the GPCs; a 4-CTA cluster needs 4 free SMs in one GPC and 32 CTAs need 32
-// SMs, so the group collectives could not start (or not all their channels)
-// until the GEMM's CTAs retired: the session-2 measurements follow
-// "engine GEMM + sum of every group's collective" within ~5 % (R = 2).
+// SMs, so the group collectives cannot start (or not all their channels)
+// until the GEMM's CTAs retire, and the overlapped time is then the engine
+// GEMM plus the sum of every group's collective.
 // This communicator has maxCTAs = nccl_sms and no clusters
 // (cgaClusterSize 0), so each group's collective fits beside the GEMM.
 //

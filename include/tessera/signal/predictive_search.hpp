@@ -59,7 +59,7 @@ struct OverlapCost {
   double gemm_penalty_per_group = 0;
   /// Relative slowdown of a group's collective while the GEMM still runs
   /// (every group but the last, which runs after the GEMM's last wave): its
-  /// time is group_comm * (1 + this). Fitted offline on the session-4 log
+  /// time is group_comm * (1 + this). Fitted offline on bench signal logs
   /// (docs/design/signal.md, "The cost model"): 0.15-0.35 on H200 x2,
   /// NCCL on 16 CTAs beside the persistent GEMM. 0 = the curve as measured.
   double comm_slowdown_beside_gemm = 0;

@@ -9,7 +9,7 @@
 // 3. the nearest cached shape for the same machine/dtype/collective/tile;
 // 4. nullopt (the caller falls back to no overlap, or profiles the shape).
 //
-// Measured verdict (issue 5: "never slower than non-overlap"): the model
+// Measured verdict (the contract: never slower than non-overlap): the model
 // errs by 5-15 % on small shapes, so a predicted win can be a measured loss.
 // record_measured() takes the measured time of an overlapped partition and
 // of no overlap (same shape, ideally timed interleaved) and stores the

@@ -53,7 +53,7 @@ void fork_comm(const Call& k);
 /// workspace, or A itself) to every peer, channel by channel, each followed
 /// by a flag store (value = epoch) on the destination.
 void push_copy_engine(const Call& k, const unsigned char* src);
-/// The fused kernel (kAgTileM x 256 ping-pong, per-tile waits on the
+/// The fused kernel (kAgTile ping-pong, per-tile waits on the
 /// channels' flags), leaving `max_ctas` SMs (0: all); with `from_input` my
 /// rows are read from A in place.
 void launch_fused(const Call& k, int max_ctas, bool from_input);

@@ -101,19 +101,12 @@ void run_fused_ce(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan, b
   const runtime::SignalView bv = c.rs_bands->view();
 
   TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, st));  // inputs ready; staging free (stream order)
-  detail::GemmRsLaunch g = rs::fused_launch(c, a, plan);
-  g.raster_group = G;
-  g.d = a.d;
-  g.ldd = a.ldd ? a.ldd : a.n;
-  g.max_ctas = 0;
-  g.stage_ce = true;
-  g.stage = stage;
-  g.band_count = bv.flag_from(rank, 0);
-  g.band_flags = bv.flag_from(0, 0);
-  g.flag_stride = bv.slots;
-  g.epoch = e;
-  g.diag_skip = diag_skip;
-  g.count_own = ar != nullptr;
+  detail::GemmRsArguments g = rs::fused_launch(c, a, plan, detail::RsEpilogueKind::stage_ce, 0);
+  g.rs.stage = stage;
+  g.rs.band_count = bv.flag_from(rank, 0);
+  g.rs.band_flags = {bv.flag_from(0, 0), bv.slots, e};
+  g.rs.diag_skip = diag_skip;
+  g.rs.count_own = ar != nullptr;
   detail::launch_gemm_rs(g, st);
 
   const std::uint64_t band_tiles = static_cast<std::uint64_t>(G) * plan.tiles_n;

@@ -24,23 +24,18 @@ void run(TpContext::Impl& c, const GemmRsArgs& a, const OpOptions& o) {
     for (int p = 0; p < R; ++p)
       if (p != rank) link::rank_wait(st, *c.control, p, kRsFree, e - 1);
   TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, st));
-  detail::GemmRsLaunch g = fused_launch(c, a, plan);
   const runtime::SignalView cv = c.rs_counters->view();
-  for (int r = 0; r < R; ++r) g.counters[r] = cv.peer_counter(r, 0);
   if (owner_epi) {
     // No reduce kernel: the GEMM keeps every SM and nothing runs on the
     // comm stream.
-    g.owner_epilogue = true;
-    g.raster_group = plan.owner_raster_group();
-    g.d = a.d;
-    g.ldd = a.ldd ? a.ldd : a.n;
-    g.counters[rank] = cv.counter(0);
-    g.max_ctas = 0;
+    detail::GemmRsArguments g = fused_launch(c, a, plan, detail::RsEpilogueKind::owner_add, 0);
+    for (int r = 0; r < R; ++r) g.rs.shards.counters[r] = r == rank ? cv.counter(0) : cv.peer_counter(r, 0);
     detail::launch_gemm_rs(g, st);
     notify_free(c, e);
     return;
   }
-  g.max_ctas = c.pg.sm_count() - o.comm_ctas;
+  detail::GemmRsArguments g = fused_launch(c, a, plan, detail::RsEpilogueKind::slabs, c.pg.sm_count() - o.comm_ctas);
+  for (int r = 0; r < R; ++r) g.rs.shards.counters[r] = cv.peer_counter(r, 0);
   // GEMM first, then the reducer (which spins on the GEMMs' counters): a
   // lazily loaded reducer module then waits for nothing that waits for it.
   detail::launch_gemm_rs(g, st);

@@ -44,10 +44,14 @@ Env env(const TpContext::Impl& c, const GemmRsArgs& a);
 /// The plan of the fused tile (kRsTileM x kRsTileN), which every strategy
 /// but ring uses for its shards and slabs.
 RsPlan tile_plan(const TpContext::Impl& c, const GemmRsArgs& a);
-/// The fused GEMM+RS launch's fields common to fused_sm and fused_ce:
-/// operands, every rank's receive slab, the shard geometry and the schedule
-/// (remote shards first: RasterScheduler rotate_m).
-detail::GemmRsLaunch fused_launch(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan);
+/// The fused GEMM+RS launch of epilogue `kind` on at most max_ctas CTAs
+/// (0: all), as far as fused_sm and fused_ce share it: operands, every
+/// rank's receive slab, the shard geometry, the schedule (remote shards
+/// first: RasterScheduler rotate_m) and, for the owner-adding kinds, the
+/// raster band and this rank's output rows. The caller adds the counters
+/// (and fused_ce's staging and band flags).
+detail::GemmRsArguments fused_launch(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan,
+                                     detail::RsEpilogueKind kind, int max_ctas);
 /// The owner's reduction of its receive slabs into D (no counters set).
 detail::ReduceLaunch reduce_launch(const TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan);
 /// The compute stream waits for `cs`'s work so far.

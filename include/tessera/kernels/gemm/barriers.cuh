@@ -16,7 +16,7 @@
 //         of tile iter + 2 bar.sync on it before they arrive on the notify
 //         barrier. kStoreThreads + 32 threads.
 //
-// Why notify-free exists (issue 4, the ping-pong GEMM+RS timeout): a named
+// Why notify-free exists (without it the ping-pong GEMM+RS times out): a named
 // barrier counts arriving warps and completes, and resets, as soon as the count
 // reaches the expected number — it has no notion of whose arrival it is. The
 // store threads never waited for the notifier, so when the notifier lagged by

@@ -1,14 +1,16 @@
 // tessera/kernels/gemm/launch.cuh — templated host entry point of the GEMM
-// engine, for callers that plug in their own policies (ops::, signal::).
+// engine, for callers that plug in their own policies (ops::, signal::):
 //
-//   gemm_with<InT>(args, options, prologue, epilogue, scheduler, stream)
-//   gemm_with_tile<GemmTile::T128x256, InT, BLayout::NK>(...)   // one kernel only
-//   gemm_with_tile_ping_pong<GemmTile::T128x128, InT, BLayout::NK>(...)  // ping-pong
-//   gemm_with_layout_ping_pong<InT, BLayout::NK>(tile, ...)      // both ping-pong tiles
+//   gemm_with<Kernels, InT, Layout...>(args, options, prologue, epilogue, scheduler, stream)
 //
-// Ping-pong (GemmOptions::ping_pong) kernels are compiled only where a
-// caller asks for them through the *_overlap entry points, so existing callers
-// compile no extra kernels; the other entry points reject ping_pong.
+// `Kernels` is a kernel set naming the kernels the call may run, and the
+// only ones it compiles: Cooperative<Tile, kClusterM> or PingPong<Tile> (one
+// kernel), CooperativeTiles or PingPongTiles (the tiles of the policy entry
+// point, chosen by options.tile at run time). Each listed B layout compiles
+// the set once more; args.b_layout picks one at run time.
+//
+//   gemm_with<PingPong<GemmTile::T64x256>, InT, BLayout::NK>(...)     // one kernel
+//   gemm_with<CooperativeTiles, InT, BLayout::NK, BLayout::KN>(...)   // 10 kernels
 //
 // InT is __nv_bfloat16 or __half and must match args.in. The epilogue owns
 // the output (args.d / args.out are ignored here; StdEpilogue carries d, ldd);
@@ -20,10 +22,6 @@
 // This header does not include tessera/runtime/error.hpp: fmt 9's headers do
 // not compile under nvcc 13 (constexpr errors), so every check lives in host
 // .cpp code reached through detail:: functions (which throw tessera::Error).
-//
-// Every instantiation compiles one kernel per (tile, layout) it can reach:
-// gemm_with reaches 6, gemm_with_tile exactly 1 — prefer it in ops code that
-// knows its tile.
 #pragma once
 
 #include <cuda.h>
@@ -42,44 +40,50 @@
 
 namespace tessera::kernels {
 
+/// The kernel configuration of cooperative tile T: its shape is
+/// tile_shape(T); the specializations state the smem stages.
+template <GemmTile T, int kStages, int kClusterM>
+using CoopCfg = engine::TileConfig<tile_shape(T).bm, tile_shape(T).bn, kStages, kClusterM>;
 template <GemmTile T, int kClusterM>
 struct TileCfgOf;
 template <int C>
 struct TileCfgOf<GemmTile::T128x256, C> {
-  using type = engine::TileConfig<128, 256, 4, C>;
+  using type = CoopCfg<GemmTile::T128x256, 4, C>;
 };
 template <int C>
 struct TileCfgOf<GemmTile::T256x128, C> {
-  using type = engine::TileConfig<256, 128, 4, C>;
+  using type = CoopCfg<GemmTile::T256x128, 4, C>;
 };
 template <int C>
 struct TileCfgOf<GemmTile::T128x128, C> {
-  using type = engine::TileConfig<128, 128, 6, C>;
+  using type = CoopCfg<GemmTile::T128x128, 6, C>;
 };
 /// 128x192 (plain gemm() only): 5 x 40 KiB stages; no clusters (a 96-column
 /// half of B is not a whole number of 64-column chunks).
 template <>
 struct TileCfgOf<GemmTile::T128x192, 1> {
-  using type = engine::TileConfig<128, 192, 5, 1>;
+  using type = CoopCfg<GemmTile::T128x192, 5, 1>;
 };
 
 /// Ping-pong configs: each consumer warpgroup owns a whole tile (kMAtoms =
 /// BM/64 atoms, 128 accumulator registers per thread in both). Stages fill the
 /// 227 KiB of shared memory: 7 x 32 KiB, 5 x 40 KiB.
+template <GemmTile T, int kStages>
+using PingPongCfg = engine::TileConfig<tile_shape(T).bm, tile_shape(T).bn, kStages, 1, 2, true>;
 template <GemmTile T>
 struct PingPongCfgOf;
 template <>
 struct PingPongCfgOf<GemmTile::T128x128> {
-  using type = engine::TileConfig<128, 128, 7, 1, 2, true>;
+  using type = PingPongCfg<GemmTile::T128x128, 7>;
 };
 template <>
 struct PingPongCfgOf<GemmTile::T64x256> {
-  using type = engine::TileConfig<64, 256, 5, 1, 2, true>;
+  using type = PingPongCfg<GemmTile::T64x256, 5>;
 };
 /// 64x64 (plain gemm() for M <= 64, and its split-K): 13 x 16 KiB stages.
 template <>
 struct PingPongCfgOf<GemmTile::T64x64> {
-  using type = engine::TileConfig<64, 64, 13, 1, 2, true>;
+  using type = PingPongCfg<GemmTile::T64x64, 13>;
 };
 
 /// The kernel's parameters for configuration Cfg, made once per launch: the
@@ -167,87 +171,107 @@ void launch_config(const GemmArgs& a, const GemmOptions& o, const Pro& pro, cons
   detail::check_launch("gemm kernel launch");
 }
 
-/// One kernel: tile shape, input type, B layout and cluster size fixed.
-/// kClusterM = 2 runs 2-CTA clusters along M with B multicast; the Scheduler
-/// then orders tile pairs (see TileWalk in kernel_common.cuh).
-template <GemmTile Tile, class InT, BLayout Layout, int kClusterM = 1, class Pro, class Epi, class Sched>
-void gemm_with_tile(const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi, const Sched& sched,
-                    cudaStream_t stream) {
-  if (o.ping_pong)
-    detail::fail("gemm: ping_pong needs the ping-pong kernels (gemm_with_tile_ping_pong); tile " + tile_name(Tile) +
-                 " is the cooperative kernel");
-  launch_config<typename TileCfgOf<Tile, kClusterM>::type, InT, Layout>(a, o, pro, epi, sched, stream);
-}
-
-/// One ping-pong kernel (Tile: T128x128 or T64x256), whatever o.ping_pong
-/// says. No clusters (o.cluster_m must be 0 or 1).
-template <GemmTile Tile, class InT, BLayout Layout, class Pro, class Epi, class Sched>
-void gemm_with_tile_ping_pong(const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi,
-                              const Sched& sched, cudaStream_t stream) {
-  if (o.cluster_m > 1)
-    detail::fail("gemm: cluster_m = " + std::to_string(o.cluster_m) + " with the ping-pong kernel (no clusters)");
-  launch_config<typename PingPongCfgOf<Tile>::type, InT, Layout>(a, o, pro, epi, sched, stream);
-}
-
-/// Dispatches over the ping-pong tiles (t: T128x128 or T64x256, already
-/// resolved, e.g. by resolve_tile with ping_pong set). T64x64 is not
-/// dispatched here (the plain gemm() instantiates it itself).
-template <class InT, BLayout L, class Pro, class Epi, class Sched>
-void gemm_with_layout_ping_pong(GemmTile t, const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi,
-                                const Sched& sched, cudaStream_t stream) {
-  switch (t) {
-    case GemmTile::T128x128:
-      return gemm_with_tile_ping_pong<GemmTile::T128x128, InT, L>(a, o, pro, epi, sched, stream);
-    case GemmTile::T64x256:
-      return gemm_with_tile_ping_pong<GemmTile::T64x256, InT, L>(a, o, pro, epi, sched, stream);
-    default:
-      detail::fail("gemm: tile " + tile_name(t) + " has no ping-pong kernel (128x128 or 64x256)");
+/// Kernel sets: gemm_with's compile-time argument, naming the kernels one
+/// instantiation compiles (each is one kernel per policy combination and B
+/// layout, so a caller names only those it runs; fused ops name ONE tile).
+///
+/// One cooperative kernel (o.ping_pong must be off). kClusterM = 2 runs
+/// 2-CTA clusters along M with B multicast; the Scheduler then orders tile
+/// pairs (see TileWalk in kernel_common.cuh).
+template <GemmTile Tile, int kClusterM = 1>
+struct Cooperative {
+  template <class InT, BLayout L, class Pro, class Epi, class Sched>
+  static void launch(const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi, const Sched& sched,
+                     cudaStream_t stream) {
+    if (o.ping_pong)
+      detail::fail("gemm: ping_pong needs a ping-pong kernel set (PingPong, PingPongTiles); tile " + tile_name(Tile) +
+                   " is the cooperative kernel");
+    launch_config<typename TileCfgOf<Tile, kClusterM>::type, InT, L>(a, o, pro, epi, sched, stream);
   }
-}
+};
 
-/// Dispatches over the tile shape `t` and cluster size (resolve_cluster) for
-/// one B layout. Clusters are used with RasterScheduler only (its rotate_m is
-/// then converted to pairs; an odd rotate_m keeps cluster 1): other
-/// schedulers see single tiles.
-template <class InT, BLayout L, class Pro, class Epi, class Sched>
-void gemm_with_layout(GemmTile t, const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi,
-                      const Sched& sched, cudaStream_t stream) {
-  if (o.ping_pong)
-    detail::fail("gemm: ping_pong is compiled only through gemm_with_layout_ping_pong / gemm_with_tile_ping_pong");
-  if (o.k_splits > 1)
-    detail::fail("gemm: k_splits = " + std::to_string(o.k_splits) +
-                 " is for the plain gemm() only (policies see whole tiles)");
-  int cluster = 1;
-  Sched s = sched;
-  if constexpr (std::is_same_v<Sched, engine::RasterScheduler>) {
-    cluster = resolve_cluster(a, o, t);
-    if (cluster == 2 && s.rotate_m % 2 != 0) cluster = 1;
-    if (cluster == 2) s.rotate_m /= 2;
+/// One ping-pong kernel (T128x128, T64x256; T64x64 for the plain gemm()),
+/// whatever o.ping_pong says. No clusters (o.cluster_m must be 0 or 1).
+template <GemmTile Tile>
+struct PingPong {
+  template <class InT, BLayout L, class Pro, class Epi, class Sched>
+  static void launch(const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi, const Sched& sched,
+                     cudaStream_t stream) {
+    if (o.cluster_m > 1)
+      detail::fail("gemm: cluster_m = " + std::to_string(o.cluster_m) + " with the ping-pong kernel (no clusters)");
+    launch_config<typename PingPongCfgOf<Tile>::type, InT, L>(a, o, pro, epi, sched, stream);
   }
-  switch (t) {
-    case GemmTile::T128x256:
-      if (cluster == 2) return gemm_with_tile<GemmTile::T128x256, InT, L, 2>(a, o, pro, epi, s, stream);
-      return gemm_with_tile<GemmTile::T128x256, InT, L, 1>(a, o, pro, epi, s, stream);
-    case GemmTile::T256x128:
-      if (cluster == 2) return gemm_with_tile<GemmTile::T256x128, InT, L, 2>(a, o, pro, epi, s, stream);
-      return gemm_with_tile<GemmTile::T256x128, InT, L, 1>(a, o, pro, epi, s, stream);
-    case GemmTile::T128x128:
-      return gemm_with_tile<GemmTile::T128x128, InT, L, 1>(a, o, pro, epi, s, stream);
-    default:
-      detail::fail("gemm: unresolved tile " + tile_name(t));
-  }
-}
+};
 
-/// Dispatches over the tile shape (options.tile, or the heuristic) and B's layout.
-template <class InT, class Pro, class Epi, class Sched>
+/// The ping-pong tiles of the policy entry point, by o.tile: T128x128
+/// (also for Auto) or T64x256. T64x64 is not in the set (the plain gemm()
+/// names it itself).
+struct PingPongTiles {
+  template <class InT, BLayout L, class Pro, class Epi, class Sched>
+  static void launch(const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi, const Sched& sched,
+                     cudaStream_t stream) {
+    switch (o.tile) {
+      case GemmTile::Auto:
+      case GemmTile::T128x128:
+        return PingPong<GemmTile::T128x128>::launch<InT, L>(a, o, pro, epi, sched, stream);
+      case GemmTile::T64x256:
+        return PingPong<GemmTile::T64x256>::launch<InT, L>(a, o, pro, epi, sched, stream);
+      default:
+        detail::fail("gemm: tile " + tile_name(o.tile) + " has no ping-pong kernel (128x128 or 64x256)");
+    }
+  }
+};
+
+/// The cooperative tiles of the policy entry point, by o.tile (Auto: the
+/// heuristic, resolve_tile) and cluster size (resolve_cluster): 128x256 and
+/// 256x128 (1- and 2-CTA clusters), 128x128. Clusters are used with
+/// RasterScheduler only (its rotate_m is then converted to pairs; an odd
+/// rotate_m keeps cluster 1): other schedulers see single tiles. o.ping_pong
+/// and o.k_splits > 1 are rejected (policies see whole tiles).
+struct CooperativeTiles {
+  template <class InT, BLayout L, class Pro, class Epi, class Sched>
+  static void launch(const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi, const Sched& sched,
+                     cudaStream_t stream) {
+    if (o.ping_pong) detail::fail("gemm: ping_pong needs a ping-pong kernel set (PingPong, PingPongTiles)");
+    if (o.k_splits > 1)
+      detail::fail("gemm: k_splits = " + std::to_string(o.k_splits) +
+                   " is for the plain gemm() only (policies see whole tiles)");
+    if (o.tile == GemmTile::Auto) detail::validate_inputs(a, "gemm");  // the heuristic reads the shape
+    const GemmTile t = resolve_tile(a, o);
+    int cluster = 1;
+    Sched s = sched;
+    if constexpr (std::is_same_v<Sched, engine::RasterScheduler>) {
+      cluster = resolve_cluster(a, o, t);
+      if (cluster == 2 && s.rotate_m % 2 != 0) cluster = 1;
+      if (cluster == 2) s.rotate_m /= 2;
+    }
+    switch (t) {
+      case GemmTile::T128x256:
+        if (cluster == 2) return Cooperative<GemmTile::T128x256, 2>::launch<InT, L>(a, o, pro, epi, s, stream);
+        return Cooperative<GemmTile::T128x256, 1>::launch<InT, L>(a, o, pro, epi, s, stream);
+      case GemmTile::T256x128:
+        if (cluster == 2) return Cooperative<GemmTile::T256x128, 2>::launch<InT, L>(a, o, pro, epi, s, stream);
+        return Cooperative<GemmTile::T256x128, 1>::launch<InT, L>(a, o, pro, epi, s, stream);
+      case GemmTile::T128x128:
+        return Cooperative<GemmTile::T128x128, 1>::launch<InT, L>(a, o, pro, epi, s, stream);
+      default:
+        detail::fail("gemm: tile " + tile_name(t) + " is not a cooperative tile of the policy entry point");
+    }
+  }
+};
+
+/// The one policy entry point: runs the kernel of set `Kernels` that
+/// (args, options) select, with B layout args.b_layout among `Layout,
+/// More...` (each listed layout compiles the set's kernels once more).
+template <class Kernels, class InT, BLayout Layout, BLayout... More, class Pro, class Epi, class Sched>
 void gemm_with(const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi, const Sched& sched,
                cudaStream_t stream) {
-  detail::validate_inputs(a, "gemm");
-  const GemmTile t = resolve_tile(a, o);
-  if (a.b_layout == BLayout::NK)
-    gemm_with_layout<InT, BLayout::NK>(t, a, o, pro, epi, sched, stream);
-  else
-    gemm_with_layout<InT, BLayout::KN>(t, a, o, pro, epi, sched, stream);
+  if constexpr (sizeof...(More) > 0) {
+    if (a.b_layout == Layout) return Kernels::template launch<InT, Layout>(a, o, pro, epi, sched, stream);
+    return gemm_with<Kernels, InT, More...>(a, o, pro, epi, sched, stream);
+  } else {
+    Kernels::template launch<InT, Layout>(a, o, pro, epi, sched, stream);
+  }
 }
 
 /// The RasterScheduler described by the options.

@@ -6,8 +6,8 @@
 // small N, long K): the units then fill the machine.
 //
 // Hooks: the split kernel has no prologue and no notify; the policy entry
-// points (gemm_with_layout / gemm_with_tile) never split, so the fused
-// operators keep their per-tile waits and notifies on whole tiles.
+// point (gemm_with, launch.cuh) never splits, so the fused operators keep
+// their per-tile waits and notifies on whole tiles.
 #pragma once
 
 #include <cuda_bf16.h>
