@@ -91,14 +91,11 @@ void validate(const MoeTpArgs& a, int world) {
   TESSERA_CHECK(tokens * a.topk <= (std::int64_t{1} << 60) / (a.hidden + 2 * a.inter_local),
                 "moe_tp: the expert buffers of {} rows x (hidden {} + 2 x inter_local {}) overflow 64-bit sizes",
                 tokens * a.topk, a.hidden, a.inter_local);
-  TESSERA_CHECK(a.x_shard != nullptr && a.out_shard != nullptr, "moe_tp: x_shard and out_shard must be non-null");
-  TESSERA_CHECK(a.expert_ids != nullptr && a.weights != nullptr, "moe_tp: expert_ids and weights must be non-null");
-  TESSERA_CHECK(a.w_gate_up != nullptr && a.w_down != nullptr, "moe_tp: w_gate_up and w_down must be non-null");
-  for (const void* p : {a.x_shard, a.w_gate_up, a.w_down, static_cast<const void*>(a.out_shard)})
-    TESSERA_CHECK((reinterpret_cast<std::uintptr_t>(p) & 15u) == 0, "moe_tp: pointer {} is not 16-byte aligned", p);
+  detail::validate_moe_pointers("moe_tp", a.x_shard, a.expert_ids, a.weights, a.w_gate_up, a.w_down, a.out_shard);
 }
 
 void validate(const MoeTpOptions& o, int sms) {
+  detail::validate_moe_transport("moe_tp", o.transport);
   TESSERA_CHECK(accepts(OpKind::moe_tp, o.strategy),
                 "moe_tp: strategy {} is not a TP MoE strategy (automatic, sequential, pipelined)",
                 strategy_name(o.strategy));

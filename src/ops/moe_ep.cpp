@@ -86,17 +86,14 @@ void validate(const MoeEpArgs& a, int world) {
   TESSERA_CHECK(cap * world <= (std::int64_t{1} << 60) / (2 * a.hidden + 2 * a.inter),
                 "moe_ep: the slabs of {} rows x (2 x hidden {} + 2 x inter {}) overflow 64-bit sizes", cap * world,
                 a.hidden, a.inter);
-  TESSERA_CHECK(a.x_shard != nullptr && a.out_shard != nullptr, "moe_ep: x_shard and out_shard must be non-null");
-  TESSERA_CHECK(a.expert_ids != nullptr && a.weights != nullptr, "moe_ep: expert_ids and weights must be non-null");
-  TESSERA_CHECK(a.w_gate_up != nullptr && a.w_down != nullptr, "moe_ep: w_gate_up and w_down must be non-null");
-  for (const void* p : {a.x_shard, a.w_gate_up, a.w_down, static_cast<const void*>(a.out_shard)})
-    TESSERA_CHECK((reinterpret_cast<std::uintptr_t>(p) & 15u) == 0, "moe_ep: pointer {} is not 16-byte aligned", p);
+  detail::validate_moe_pointers("moe_ep", a.x_shard, a.expert_ids, a.weights, a.w_gate_up, a.w_down, a.out_shard);
 }
 
 void moe_ep(MoeEpContext& ctx, const MoeEpArgs& a, const MoeEpOptions& o) {
   runtime::ProcessGroup& pg = ctx.group();
   const int R = pg.world();
   validate(a, R);
+  detail::validate_moe_transport("moe_ep", o.transport);
   TESSERA_CHECK(o.comm_ctas >= 1 && o.comm_ctas <= 64 && o.comm_ctas < pg.sm_count(),
                 "moe_ep: comm_ctas = {} out of range [1, min(64, SMs - 1 = {})]", o.comm_ctas, pg.sm_count() - 1);
   MoeEpStrategy strategy = o.strategy;

@@ -87,10 +87,10 @@ TEST(MoeEp, ValidateNamesEachBadArgument) {
        "tokens_local (1073741824) * topk (2) must stay below 2^31"},
       {[](MoeEpArgs& a, int&) { a.inter = 12; }, "inter = 12 must be a positive multiple of 8"},
       {[](MoeEpArgs& a, int&) { a.dtype = DType::f32; }, "dtype f32 not supported (bf16)"},
-      {[](MoeEpArgs& a, int&) { a.out_shard = nullptr; }, "x_shard and out_shard must be non-null"},
-      {[](MoeEpArgs& a, int&) { a.weights = nullptr; }, "expert_ids and weights must be non-null"},
+      {[](MoeEpArgs& a, int&) { a.out_shard = nullptr; }, "out_shard is null"},
+      {[](MoeEpArgs& a, int&) { a.weights = nullptr; }, "weights is null"},
       {[&](MoeEpArgs& a, int&) { a.x_shard = misaligned; },
-       "pointer " + address(misaligned) + " is not 16-byte aligned"},
+       "x_shard = " + address(misaligned) + " is not 16-byte aligned"},
   };
   EXPECT_NO_THROW(validate(good(), 2));
   for (const auto& [edit, want] : bad) {
