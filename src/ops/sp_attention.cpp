@@ -49,14 +49,12 @@ SpAttnContext::Impl::Impl(runtime::ProcessGroup& g) : pg(g) {
   control = std::make_unique<runtime::Signals>(pg, 1);
   TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_ready, cudaEventDisableTiming));
   TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_comm_done, cudaEventDisableTiming));
-  TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_own_done, cudaEventDisableTiming));
 }
 
 SpAttnContext::Impl::~Impl() {
   for (auto& [key, table] : orders) cudaFree(table);
   if (ev_ready) cudaEventDestroy(ev_ready);
   if (ev_comm_done) cudaEventDestroy(ev_comm_done);
-  if (ev_own_done) cudaEventDestroy(ev_own_done);
 }
 
 const std::int32_t* SpAttnContext::Impl::arrival_order(const SpAttnPlan& plan, std::int64_t kv_len, int block_rows) {
@@ -137,7 +135,7 @@ void wait_peers_done(const Call& k, cudaStream_t s) {
       if (p != k.rank) link::rank_wait(s, *k.c.control, p, 0, k.epoch - 1);
 }
 
-void run_parts(const Call& k, bool hooked, bool own_flags) {
+void run_parts(const Call& k, bool hooked) {
   const SpAttnArgs& a = k.a;
   const int R = k.world;
   const std::size_t q_row = static_cast<std::size_t>(a.heads_q * a.head_dim) * dtype_size(a.dtype);
@@ -148,7 +146,6 @@ void run_parts(const Call& k, bool hooked, bool own_flags) {
   f.rank = k.rank;
   f.chunk = k.C;
   f.epoch = k.epoch;
-  f.own_flags = own_flags;
   f.head_groups = k.head_groups;
   f.heads_per_group = static_cast<int>(a.heads_kv) / k.head_groups;
   static const bool arrival = env::find_int("TESSERA_SP_ARRIVAL_ORDER", 0, 1).value_or(1) != 0;

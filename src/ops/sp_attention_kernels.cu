@@ -17,7 +17,6 @@ struct SpKvWait {
   using State = kernels::engine::FlagMemo;           ///< flags (owner * slots + slot) this CTA acquired
   kernels::engine::FlagWait<std::uint64_t, true> w;  ///< flags, expected = epoch, timeout, diag
   int slots, world, rank, chunk, head_groups, heads_per_group;
-  bool own_flags;             ///< wait for this rank's own chunks too
   const std::int32_t* order;  ///< kv_arrival_order's table, or null: descending
 
   /// The i-th of the CTA's n KV blocks to visit (a permutation of [0, n)).
@@ -34,7 +33,7 @@ struct SpKvWait {
       const int owner = c < world ? c : 2 * world - 1 - c;
       const int half = c < world ? 0 : 1;
       const int m = 2 * owner + half;
-      if ((owner == rank && !own_flags) || memo.has(m)) continue;
+      if (owner == rank || memo.has(m)) continue;
       w.wait_one(t, owner * slots + half * head_groups + group);
       memo.mark(m);
       acquired = true;
@@ -68,7 +67,6 @@ void launch_sp_attention_part(const kernels::AttentionArgs& a, const SpKvFlags& 
   h.rank = f.rank;
   h.chunk = static_cast<int>(f.chunk);
   h.head_groups = f.head_groups;
-  h.own_flags = f.own_flags;
   h.heads_per_group = f.heads_per_group;
   h.order = f.order;
   if (a.dtype == DType::f16)

@@ -19,9 +19,6 @@ struct SpKvFlags {
   const std::uint64_t* flags = nullptr;
   int slots = 2;
   int head_groups = 1, heads_per_group = 1;
-  /// This rank's own chunks wait on its own flag row too (copied in beside
-  /// the kernel); false: they are in place before the kernel starts.
-  bool own_flags = false;
   int world = 1, rank = 0;
   std::int64_t chunk = 0;  ///< tokens per chunk (C)
   std::uint64_t epoch = 0;

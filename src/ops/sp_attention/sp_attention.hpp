@@ -43,7 +43,7 @@ struct SpAttnContext::Impl {
   /// sequential: NCCL's [R][B, 2C, Hkv, D] for K, then V.
   detail::ScratchBuffer staging{"sp_attention: staging growth"};
   std::uint64_t epoch = 0;
-  cudaEvent_t ev_ready = nullptr, ev_comm_done = nullptr, ev_own_done = nullptr;
+  cudaEvent_t ev_ready = nullptr, ev_comm_done = nullptr;
   /// kv_arrival_order tables on the device, per (rank's plan, kv_len, block rows); kept for the context's life.
   std::map<std::tuple<std::int64_t, int, int, std::int64_t, int>, std::int32_t*> orders;
   std::set<detail::ZigzagSignature> validated;  ///< shapes and strategies already checked across ranks
@@ -110,10 +110,8 @@ void copy_chunk_heads(const Call& k, cudaStream_t s, void* dst, const void* src,
 /// longer read, and its pushes no longer write, any workspace.
 void wait_peers_done(const Call& k, cudaStream_t s);
 /// The attention kernel per part of the plan over the workspace; `hooked`:
-/// with per-block waits on the chunks' flags (R > 1); `own_flags`: this
-/// rank's own chunks are flagged too (copied in beside the kernel, each
-/// piece notified to this rank's own flag row) instead of stream-ordered.
-void run_parts(const Call& k, bool hooked, bool own_flags = false);
+/// with per-block waits on the chunks' flags (R > 1).
+void run_parts(const Call& k, bool hooked);
 /// Control flag = epoch on every peer: my kernels of this call are done with
 /// my workspace and every push I made in it has landed. Both gathered-KV
 /// strategies end with it, so the next call may follow either one.
