@@ -62,28 +62,12 @@ __global__ void splitk_reduce(const float* __restrict__ ws, int splits, int64_t 
     const int col = static_cast<int>(i - static_cast<int64_t>(row) * groups) * 8;
     const float* p = ws + static_cast<int64_t>(row) * ldw + col;
     float v[8];
-    {
-      const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
-      v[0] = a.x;
-      v[1] = a.y;
-      v[2] = a.z;
-      v[3] = a.w;
-      v[4] = b.x;
-      v[5] = b.y;
-      v[6] = b.z;
-      v[7] = b.w;
-    }
+    OutConv<float>::load8(p, v);
     for (int s = 1; s < splits; ++s) {
-      const float* q = p + s * split_stride;
-      const float4 a = reinterpret_cast<const float4*>(q)[0], b = reinterpret_cast<const float4*>(q)[1];
-      v[0] += a.x;
-      v[1] += a.y;
-      v[2] += a.z;
-      v[3] += a.w;
-      v[4] += b.x;
-      v[5] += b.y;
-      v[6] += b.z;
-      v[7] += b.w;
+      float w[8];
+      OutConv<float>::load8(p + s * split_stride, w);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] += w[j];
     }
     store_first8(d + static_cast<int64_t>(row) * ldd + col, v, min(8, N - col));
   }
