@@ -752,20 +752,8 @@ int tessera_moe_ep_ex(tessera_session* s, void* stream, const void* x_shard, con
     check_size(fn, "capacity", capacity, 0);
     a.inter = inter;
     a.capacity = capacity;
-    using tessera::ops::MoeEpStrategy;
-    using tessera::ops::Strategy;
     tessera::ops::MoeEpOptions o;
-    switch (moe_strategy_of(fn, tessera::ops::OpKind::moe_ep, strategy)) {
-      case Strategy::sequential:
-        o.strategy = MoeEpStrategy::sequential;
-        break;
-      case Strategy::pipelined:
-        o.strategy = MoeEpStrategy::pipelined;
-        break;
-      default:
-        o.strategy = MoeEpStrategy::automatic;
-        break;
-    }
+    o.strategy = moe_strategy_of(fn, tessera::ops::OpKind::moe_ep, strategy);
     auto& ctx = need_moe_ep(s, fn);
     run_on(s, stream, [&] { tessera::ops::moe_ep(ctx, a, o); });
   });

@@ -37,12 +37,6 @@ MoeTransport resolve_ep_transport(runtime::ProcessGroup& pg, const MoeEpOptions&
   return pg.lsa_reachable() && !runtime::stream_capturing(pg.stream()) ? MoeTransport::copy_engine : MoeTransport::nccl;
 }
 
-/// The strategy table's code of a resolved moe_ep strategy (MoeEpStrategy
-/// names the table's strategies moe_ep accepts).
-Strategy table_strategy(MoeEpStrategy s) {
-  return s == MoeEpStrategy::pipelined ? Strategy::pipelined : Strategy::sequential;
-}
-
 }  // namespace
 
 MoeEpContext::MoeEpContext(runtime::ProcessGroup& pg) : pg_(&pg), impl_(std::make_unique<Impl>()) {}
@@ -52,23 +46,13 @@ MoeEpContext::~MoeEpContext() {
   if (impl_->pipe.comm && pg_->aborted()) impl_->pipe.comm->abort();
 }
 
-std::string_view moe_ep_strategy_name(MoeEpStrategy s) {
-  switch (s) {
-    case MoeEpStrategy::automatic:
-      return "auto";
-    case MoeEpStrategy::sequential:
-      return "sequential";
-    case MoeEpStrategy::pipelined:
-      return "pipelined";
-  }
-  return "?";
-}
+std::string_view moe_ep_strategy_name(MoeEpStrategy s) { return strategy_name(s); }
 
 MoeEpStrategy parse_moe_ep_strategy(std::string_view name) {
-  if (name == "auto" || name == "automatic") return MoeEpStrategy::automatic;
-  if (name == "sequential") return MoeEpStrategy::sequential;
-  if (name == "pipelined") return MoeEpStrategy::pipelined;
-  TESSERA_FAIL("moe_ep: unknown strategy '{}' (auto, sequential, pipelined)", name);
+  const Strategy s = parse_strategy(name);
+  TESSERA_CHECK(accepts(OpKind::moe_ep, s),
+                "moe_ep: strategy '{}' is not an EP MoE strategy (automatic, sequential, pipelined)", name);
+  return s;
 }
 
 std::int64_t moe_ep_capacity(const MoeEpArgs& a) { return a.capacity > 0 ? a.capacity : a.tokens_local * a.topk; }
@@ -96,8 +80,11 @@ void moe_ep(MoeEpContext& ctx, const MoeEpArgs& a, const MoeEpOptions& o) {
   detail::validate_moe_transport("moe_ep", o.transport);
   TESSERA_CHECK(o.comm_ctas >= 1 && o.comm_ctas <= 64 && o.comm_ctas < pg.sm_count(),
                 "moe_ep: comm_ctas = {} out of range [1, min(64, SMs - 1 = {})]", o.comm_ctas, pg.sm_count() - 1);
-  MoeEpStrategy strategy = o.strategy;
-  if (strategy == MoeEpStrategy::automatic) strategy = R > 1 ? MoeEpStrategy::pipelined : MoeEpStrategy::sequential;
+  TESSERA_CHECK(accepts(OpKind::moe_ep, o.strategy),
+                "moe_ep: strategy {} is not an EP MoE strategy (automatic, sequential, pipelined)",
+                strategy_name(o.strategy));
+  Strategy strategy = o.strategy;
+  if (strategy == Strategy::automatic) strategy = R > 1 ? Strategy::pipelined : Strategy::sequential;
   const std::int64_t cap = moe_ep_capacity(a);
   const MoeTransport transport = resolve_ep_transport(pg, o);
   const EpShape shape{a.hidden,
@@ -116,7 +103,7 @@ void moe_ep(MoeEpContext& ctx, const MoeEpArgs& a, const MoeEpOptions& o) {
                   transport == MoeTransport::copy_engine ? "copy_engine" : "nccl"),
       shape);
 
-  moe_ep_registry().find(table_strategy(strategy)).launch(ctx, a, o, transport);
+  moe_ep_registry().find(strategy).launch(ctx, a, o, transport);
   MoeEpContext::Impl& m = ctx.impl();
   m.last_world = R;
   m.last_gemms = cap > 0;

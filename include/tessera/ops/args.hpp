@@ -60,8 +60,6 @@ enum class Strategy : int {
 };
 
 /// The operators a strategy table entry names (a bit each).
-/// moe_ep's own option type is MoeEpStrategy; the C API and Python take its
-/// codes from this table (automatic, sequential, pipelined).
 enum class OpKind : unsigned {
   ag_gemm = 1u,
   gemm_rs = 2u,

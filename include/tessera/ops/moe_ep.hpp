@@ -80,9 +80,12 @@ struct MoeEpArgs {
   DType dtype = DType::bf16;  ///< bf16 (the grouped GEMM's plain entry point)
 };
 
-enum class MoeEpStrategy : int { automatic = 0, sequential = 1, pipelined = 2 };
+/// moe_ep's strategies are the strategy table's (args.hpp) that it accepts:
+/// automatic, sequential, pipelined (accepts(OpKind::moe_ep, s)).
+using MoeEpStrategy = Strategy;
+/// strategy_name(s).
 std::string_view moe_ep_strategy_name(MoeEpStrategy s);
-/// Parses "auto" / "automatic", "sequential", "pipelined"; throws tessera::Error.
+/// parse_strategy(name), which moe_ep must accept; throws tessera::Error.
 MoeEpStrategy parse_moe_ep_strategy(std::string_view name);
 
 struct MoeEpOptions {
