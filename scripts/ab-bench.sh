@@ -33,6 +33,7 @@ case "$cmd" in
     [ -d "$base_src" ] || { echo "ab-bench: no $base_src (run prepare here and carry it)"; exit 1; }
     ln -sfn "$root/.deps" "$base_src/.deps"
     mkdir -p "$out"
+    rm -f "$out/ab-base-build.rc"  # a finished earlier build must not start `run`
     (cmake -S "$base_src" -B "$base_build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_BUILD_TESTS=OFF \
         >"$out/ab-base-configure.log" 2>&1 &&
       ninja -C "$base_build" -j"$(nproc)" tessera_cli >"$out/ab-base-build.log" 2>&1
@@ -45,11 +46,15 @@ case "$cmd" in
     while [ ! -f "$out/ab-base-build.rc" ] && [ $w -lt "${AB_BUILD_WAIT_S:-600}" ]; do sleep 2; w=$((w + 2)); done
     [ -f "$out/ab-base-build.rc" ] || { echo "ab-bench: the base build did not finish"; exit 1; }
     cat "$out/ab-base-build.rc"
+    # A failed build may leave an older base binary in place: never time it.
+    grep -q "rc=0$" "$out/ab-base-build.rc" || { echo "ab-bench: the base build failed (ab-base-build.log)"; exit 1; }
+    echo "ab-bench: base $(cat "$base_src/.ab-commit" 2>/dev/null || echo unknown) against the working tree"
     declare -A bins=([base]="$base_build/bin/tessera" [head]="$root/build-dev/bin/tessera")
     for b in base head; do
       [ -x "${bins[$b]}" ] || { echo "ab-bench: no ${bins[$b]}"; exit 1; }
     done
     ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+    [ "${ngpu:-0}" -ge 1 ] || { echo "ab-bench: no GPU (nvidia-smi -L lists none)"; exit 1; }
     benches=("$@")
     [ ${#benches[@]} -gt 0 ] || benches=(gemm mlp signal)
     for bench in "${benches[@]}"; do
@@ -60,9 +65,9 @@ case "$cmd" in
           t="${bins[$b]}"
           log="$out/$bench-$b-$r.log"
           case "$bench" in
-            gemm) timeout 120 "$t" bench gemm ${GEMM_AB_ARGS:-} >"$log" 2>&1 ;;
-            mlp) timeout 150 "$t" run -n "$ngpu" -- "$t" bench mlp ${MLP_AB_ARGS:---no-variants} >"$log" 2>&1 ;;
-            signal) timeout 150 "$t" run -n "$ngpu" -- "$t" bench signal ${SIGNAL_AB_ARGS:---no-sweep --budget-s 30} \
+            gemm) timeout 120 "$t" bench gemm ${GEMM_AB_ARGS-} >"$log" 2>&1 ;;
+            mlp) timeout 150 "$t" run -n "$ngpu" -- "$t" bench mlp ${MLP_AB_ARGS---no-variants} >"$log" 2>&1 ;;
+            signal) timeout 150 "$t" run -n "$ngpu" -- "$t" bench signal ${SIGNAL_AB_ARGS---no-sweep --budget-s 30} \
                 >"$log" 2>&1 ;;
             *) echo "ab-bench: unknown bench $bench (gemm mlp signal)"; continue 2 ;;
           esac

@@ -261,7 +261,10 @@ Record measure_shape(const RandomOptions& o, DType in, kernels::BLayout layout,
     }
     return a;
   };
-  const GemmOptions opt{};
+  // "ours" is the model's plan, named by plan_gemm (TESSERA_GEMM_TUNED
+  // would otherwise switch the default to the tuned plan under that name).
+  GemmOptions opt;
+  opt.plan_source = kernels::GemmPlanSource::Model;
   GemmOptions tuned_opt;
   tuned_opt.plan_source = kernels::GemmPlanSource::Tuned;
   const GemmPlan plan = plan_gemm(args(0, d.p, false), opt);

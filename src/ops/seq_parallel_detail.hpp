@@ -24,8 +24,15 @@ namespace tessera::ops::detail {
 
 // ---- shared by sp_attention and ring attention ----
 
-/// Shapes, dtype, causal and strategy of a zig-zag call, compared across ranks.
-using ZigzagSignature = std::array<std::int64_t, 8>;
+/// Shapes, dtype, causal, strategy and fused_ce's head groups of a zig-zag
+/// call, compared across ranks.
+using ZigzagSignature = std::array<std::int64_t, 9>;
+
+/// fused_ce's pieces per pushed chunk for `a`: sp_attention_head_groups(),
+/// or TESSERA_SP_HEAD_GROUPS (measurement; must divide heads_kv, checked).
+/// Part of the cross-rank signature: ranks that split differently would wait
+/// on flags nobody writes.
+int sp_head_groups(const SpAttnArgs& a);
 
 /// The checks of a zig-zag operator (`op`) before it launches anything: not
 /// inside a CUDA-graph capture (its flags carry a per-call epoch), then

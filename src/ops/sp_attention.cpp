@@ -91,10 +91,7 @@ Call begin(SpAttnContext::Impl& c, const SpAttnArgs& a) {
   k.L = 2 * k.C;
   k.kv_row = static_cast<std::size_t>(a.heads_kv * a.head_dim) * dtype_size(a.dtype);
   k.kv_bytes = static_cast<std::size_t>(k.B * k.S) * k.kv_row;
-  k.head_groups = sp_attention_head_groups(a.heads_kv, a.head_dim, dtype_size(a.dtype));
-  // Measurement override: the pieces per chunk (1 = one flag per chunk).
-  static const std::optional<int> forced = env::find_int("TESSERA_SP_HEAD_GROUPS", 1, kSpMaxHeadGroups);
-  if (forced && a.heads_kv % *forced == 0) k.head_groups = *forced;
+  k.head_groups = detail::sp_head_groups(a);
   detail::grow_symmetric(c.ws, 2 * k.kv_bytes, c.pg, {c.data.get(), c.control.get()}, "sp_attention: workspace growth");
   k.epoch = ++c.epoch;
   k.ws_k = c.ws.local();
@@ -345,17 +342,26 @@ void validate_zigzag_shape(const SpAttnArgs& a, int world, const char* op) {
   kernels::validate(k, op);
 }
 
+int sp_head_groups(const SpAttnArgs& a) {
+  static const std::optional<int> forced = env::find_int("TESSERA_SP_HEAD_GROUPS", 1, kSpMaxHeadGroups);
+  if (!forced) return sp_attention_head_groups(a.heads_kv, a.head_dim, dtype_size(a.dtype));
+  TESSERA_CHECK(a.heads_kv % *forced == 0, "sp_attention: TESSERA_SP_HEAD_GROUPS = {} does not divide heads_kv = {}",
+                *forced, a.heads_kv);
+  return *forced;
+}
+
 void agree_zigzag(const SpAttnArgs& a, const char* op, int strategy, std::string_view strategy_name,
                   std::set<ZigzagSignature>& agreed, const CheckSameOnAllRanks& check_same) {
   static_assert(std::has_unique_object_representations_v<ZigzagSignature>, "compared byte-wise across ranks");
-  const ZigzagSignature sig{a.batch,  a.seq,   a.heads_q, a.heads_kv, a.head_dim, static_cast<std::int64_t>(a.dtype),
-                            a.causal, strategy};
+  const int groups = sp_head_groups(a);
+  const ZigzagSignature sig{a.batch,  a.seq,    a.heads_q, a.heads_kv, a.head_dim, static_cast<std::int64_t>(a.dtype),
+                            a.causal, strategy, groups};
   if (agreed.count(sig)) return;
-  check_same(
-      fmt::format("{}: shapes and strategy (batch {}, seq {}, heads {}/{}, head_dim {}, dtype "
-                  "{}, causal {}, strategy {})",
-                  op, a.batch, a.seq, a.heads_q, a.heads_kv, a.head_dim, dtype_name(a.dtype), a.causal, strategy_name),
-      sig.data(), sizeof sig);
+  check_same(fmt::format("{}: shapes and strategy (batch {}, seq {}, heads {}/{}, head_dim {}, dtype "
+                         "{}, causal {}, strategy {}, KV head groups {})",
+                         op, a.batch, a.seq, a.heads_q, a.heads_kv, a.head_dim, dtype_name(a.dtype), a.causal,
+                         strategy_name, groups),
+             sig.data(), sizeof sig);
   agreed.insert(sig);
 }
 

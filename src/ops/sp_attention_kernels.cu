@@ -34,7 +34,7 @@ struct SpKvWait {
       const int half = c < world ? 0 : 1;
       const int m = 2 * owner + half;
       if (owner == rank || memo.has(m)) continue;
-      w.wait_one(t, owner * slots + half * head_groups + group);
+      w.wait_one(t, owner * slots + sp_kv_flag_slot(half, group, head_groups));
       memo.mark(m);
       acquired = true;
     }

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "tessera/kernels/attention.hpp"
+#include "tessera/runtime/host_device.hpp"
 
 namespace tessera::ops::detail {
 
@@ -26,6 +27,11 @@ struct SpKvFlags {
   /// default (descending) visiting order.
   const std::int32_t* order = nullptr;
 };
+
+/// The flag slot that publishes head group `group` (of `groups`) of half
+/// `half` (0: the owner's chunk r, 1: its chunk 2R-1-r): the pushes notify
+/// it, the kernel's hook waits on it.
+TESSERA_HD constexpr int sp_kv_flag_slot(int half, int group, int groups) { return half * groups + group; }
 
 /// Rows of the fused kernel's KV blocks for head_dim (kv_arrival_order's block_rows).
 int sp_attention_kv_block_rows(int head_dim);

@@ -4,8 +4,8 @@
 // equal to the same order computed with plain divisions; and the host-side
 // tile bound (grid sizing) covers every table the bound admits; and every
 // bad argument is rejected by validate() on the host, named, before any
-// device work (issue 19's "bad input": misaligned pointers, dtype mismatch,
-// negative or overflowing sizes, more groups than the table holds).
+// device work (misaligned pointers, dtype mismatch, negative or overflowing
+// sizes, more groups than the table holds).
 #include <gtest/gtest.h>
 
 #include <algorithm>

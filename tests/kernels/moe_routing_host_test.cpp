@@ -1,5 +1,5 @@
-// CPU tests of the MoE routing kernels' host checks (issue 22's bad input at
-// the kernel level): top-k > E, experts outside the compiled table, negative
+// CPU tests of the MoE routing kernels' host checks, each naming the
+// argument before any launch: top-k > E, experts outside the compiled table, negative
 // or overflowing sizes, null and misaligned pointers, short workspaces and
 // strides are each rejected, named, before any launch. Expert ids outside
 // [0, E) and capacity overflows are device data, counted by the kernels and

@@ -109,6 +109,46 @@ TEST(SpAttentionGpu, StrategiesMatchWholeSequenceAttention) {
   }
 }
 
+// fused_ce pushes each chunk in head groups (a flag per chunk and group):
+// shapes whose KV rows split into 2 and 8 groups, both dtypes and head
+// dims, against whole-sequence attention, two calls each (the second reuses
+// the flags at the next epoch).
+TEST(SpAttentionGpu, FusedHeadGroupsMatchWholeSequenceAttention) {
+  std::string why;
+  if (hopper_skip_reason(&why)) GTEST_SKIP() << why;
+  runtime::ProcessGroup& pg = group();
+  const int R = pg.world(), rank = pg.rank();
+  if (R < 2 || !pg.lsa_reachable()) GTEST_SKIP() << "fused_ce needs 2 load/store-reachable ranks";
+  struct Case {
+    int64_t heads, heads_kv, head_dim;
+    DType dtype;
+    int groups;  // sp_attention_head_groups()
+  };
+  for (const Case& c : {Case{16, 8, 128, DType::bf16, 2}, Case{32, 32, 128, DType::bf16, 8},
+                        Case{32, 16, 64, DType::f16, 2}, Case{64, 64, 64, DType::bf16, 8}}) {
+    ASSERT_EQ(ops::sp_attention_head_groups(c.heads_kv, c.head_dim, 2), c.groups);
+    for (bool causal : {true, false}) {
+      const tessera::testing::ZigZagAttention zz(R, rank, 1, 128, c.heads, c.heads_kv, c.head_dim, c.dtype, causal,
+                                                 20261127);
+      ops::SpAttnOptions opt;
+      opt.strategy = ops::SpStrategy::fused_ce;
+      opt.use_cache = false;
+      for (int call = 0; call < 2; ++call) {
+        zz.poison();
+        ops::sp_attention(ctx(), zz.args(), opt);
+        pg.synchronize(pg.stream(), "sp_attention head-group test");
+        const auto d = zz.compare();
+        const std::string what = std::to_string(c.heads) + "/" + std::to_string(c.heads_kv) + " heads, d " +
+                                 std::to_string(c.head_dim) + (causal ? " causal" : "") + ", call " +
+                                 std::to_string(call) + ", rank " + std::to_string(rank) + "/" + std::to_string(R);
+        EXPECT_EQ(d.nonfinite, 0) << what << ": non-finite outputs (poison left or NaN)";
+        EXPECT_LT(d.o_rel, 1e-2) << what;
+        EXPECT_LT(d.lse_max, 1e-3) << what;
+      }
+    }
+  }
+}
+
 TEST(SpAttentionGpu, RejectsBadInputBeforeLaunch) {
   std::string why;
   if (hopper_skip_reason(&why)) GTEST_SKIP() << why;

@@ -1,5 +1,5 @@
-// CPU tests of the sequence-parallel attention operators' bad-input checks
-// (issue 20), before any launch and without a GPU: one rank's shape checks
+// CPU tests of the sequence-parallel attention operators' bad-input checks,
+// before any launch and without a GPU: one rank's shape checks
 // (seq against the world, GQA divisibility, dtype, head dim, pointers), the
 // head-sharded strategies' head-count rule, and the cross-rank agreement on
 // shapes, head counts and strategy (sp_attention, ring and two-level

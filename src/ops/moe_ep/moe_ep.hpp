@@ -77,6 +77,8 @@ struct MoeEpContext::Impl {
   /// and the per-step events.
   void ensure_pipeline(runtime::ProcessGroup& pg, int ctas, MoeTransport transport) {
     const int R = pg.world();
+    TESSERA_CHECK(pg.comm_stream_count() >= 1,
+                  "moe_ep: the pipelined strategy needs a communication stream (the process group has none)");
     if (transport == MoeTransport::nccl) {
       pipe.ensure(pg, ctas, "moe_ep: new pipeline communicator");
     } else {

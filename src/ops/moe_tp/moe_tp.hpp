@@ -103,6 +103,8 @@ struct MoeContext::Impl {
   /// (copy_engine); and the per-step events.
   void ensure_pipeline(runtime::ProcessGroup& pg, int ctas, int chunks, MoeTransport transport) {
     const int R = pg.world();
+    TESSERA_CHECK(pg.comm_stream_count() >= 1,
+                  "moe_tp: the pipelined strategy needs a communication stream (the process group has none)");
     if (transport == MoeTransport::nccl) {
       TESSERA_CHECK(pipe.ready(ctas) || !runtime::stream_capturing(pg.stream()),
                     "moe_tp: the pipelined strategy builds its communicator on its first call; run it once eagerly "

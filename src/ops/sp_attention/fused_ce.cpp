@@ -5,6 +5,7 @@
 // flag; the kernel per part waits per KV block for the pieces of its head
 // that the block covers.
 #include "sp_attention.hpp"
+#include "../sp_attention_kernels.hpp"
 #include "tessera/link/host_primitives.hpp"
 #include "tessera/runtime/error.hpp"
 
@@ -18,7 +19,7 @@ void run(SpAttnContext::Impl& c, const SpAttnArgs& a, int /*u*/) {
   // The pushes wait for the inputs, not for the own copy below. The own
   // copy stays stream-ordered before the kernel: flagged beside it, a local
   // pitched copy may run on SMs and starve behind a grid spinning on its
-  // flags (seen as a wait-timeout trap at 32 heads, 16k).
+  // flags (the kernel's flag wait then times out).
   TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, k.st));
   copy_own(k, k.st);
   if (k.world > 1) {
@@ -35,7 +36,7 @@ void run(SpAttnContext::Impl& c, const SpAttnArgs& a, int /*u*/) {
         for (int i = 0; i < 2; ++i) {
           copy_chunk_heads(k, cs, pk, a.k, i, k.plan.chunks[i] * k.C, g);
           copy_chunk_heads(k, cs, pv, a.v, i, k.plan.chunks[i] * k.C, g);
-          link::rank_notify(cs, *c.data, dst, i * k.head_groups + g, e);
+          link::rank_notify(cs, *c.data, dst, detail::sp_kv_flag_slot(i, g, k.head_groups), e);
         }
     }
     TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_comm_done, cs));

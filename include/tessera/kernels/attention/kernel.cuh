@@ -322,8 +322,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // Roles by the warp-uniform warp index (engine::ProducerWarpRole). The
     // TMA warp comes first and leaves as a whole warp: with the waiter's
     // wait (which may trap on a timeout) in a later branch, ptxas keeps the
-    // TMA loop's operands in uniform registers only in this shape (checked
-    // with cuobjdump: no R2UR before a UTMALDG).
+    // TMA loop's operands in uniform registers only in this shape (no R2UR
+    // before a UTMALDG in the SASS).
     if (engine::producer_warp_role(warp_idx) == engine::ProducerWarpRole::kTma) {
       if (!ptx::elect_one_sync() || blk.n_max <= 0) return;
       ptx::tma_prefetch_desc(&tma_q);

@@ -113,8 +113,8 @@ struct NotifyHandshake {
 /// counts depend on nobody else: the waiter may exit after its last tile
 /// (the TMA thread's last kSlots free arrivals are simply never waited on).
 /// Host model: tests/kernels/gemm_host_test.cpp (GemmWaiterRingModel). The
-// attention kernel (attention/kernel.cuh, run_kv_waiter) runs the same ring
-// for its KV hook, with the CTA's KV blocks in visiting order for the tiles.
+/// attention kernel (attention/kernel.cuh, run_kv_waiter) runs the same ring
+/// for its KV hook, with the CTA's KV blocks in visiting order for the tiles.
 struct WaiterRing {
   static constexpr int kSlots = 2;
   static constexpr int kWaiterWarp = static_cast<int>(ProducerWarpRole::kWaiter);
