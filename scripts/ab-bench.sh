@@ -10,8 +10,9 @@
 # `run` needs build-dev/bin/tessera (scripts/device-check.sh build) and the
 # base build. Carry .ab-base beside .deps. Each bench runs AB_ROUNDS times
 # per build (default 2), base and head alternating, logs under
-# $OUT/ab/<bench>-<base|head>-<round>.log. GEMM_AB_ARGS, MLP_AB_ARGS, SIGNAL_AB_ARGS replace each
-# bench's options.
+# $OUT/ab/<bench>-<base|head>-<round>.log; scripts/ab_summary.py turns them
+# into a bench/results file (head / base per row, geomean per bench).
+# GEMM_AB_ARGS, MLP_AB_ARGS, SIGNAL_AB_ARGS replace each bench's options.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${OUT:-$root/device-out}/ab"  # a folder of its own: device-check packs and removes $OUT's files
@@ -77,7 +78,7 @@ case "$cmd" in
     done
     ;;
   *)
-    sed -n '2,16p' "$0"
+    sed -n '2,15p' "$0"
     exit 2
     ;;
 esac

@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Turns scripts/ab-bench.sh logs into a bench/results file: head / base per row.
+
+    scripts/ab_summary.py AB_DIR --commit HEAD --base BASE --device nvidia-h200-x2 --date 2026-11-27 \\
+        [--time HH:MM] > bench/results/ab-<topic>-<date>.json
+    scripts/ab_summary.py --self-test
+
+AB_DIR holds <bench>-<base|head>-<round>.log (bench: gemm, mlp, signal).
+Each log's table (bench/common/timing.hpp Table::str(): right-aligned
+columns two spaces apart, "[rank 0] " prefixes allowed) is read by the
+header's column edges, so empty cells and values with single spaces stay in
+their column. Per row the medians over rounds give head / base of:
+  gemm    "ours ms"   keyed by M, N, K
+  mlp     "tessera"   keyed by shape, part
+  signal  "tessera"   keyed by shape, M, N, K
+and per bench the geometric mean, with the no-regression target of a
+refactor (<= 1.02). A row missing from either build is reported on stderr.
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import re
+import statistics
+import sys
+
+BENCHES = {
+    "gemm": (("M", "N", "K"), "ours ms"),
+    "mlp": (("shape", "part"), "tessera"),
+    "signal": (("shape", "M", "N", "K"), "tessera"),
+}
+TARGET = {"op": "<=", "value": 1.02, "text": "no regression beyond noise against the base (same call)"}
+
+
+def strip_rank(line):
+    return line[9:] if line.startswith("[rank 0] ") else line
+
+
+def read_tables(text):
+    """Every table in text: a list of row dicts per header line.
+
+    A header is a line whose cells (two or more spaces apart) include the
+    wanted key and value columns of some bench. Table::str() pads every line
+    of a table to the same width, so the table is the run of lines after the
+    header that have the header's length."""
+    lines = [strip_rank(l.rstrip("\n")) for l in text.splitlines() if not l.startswith("[rank ") or
+             l.startswith("[rank 0] ")]
+    tables = []
+    i = 0
+    while i < len(lines):
+        labels = [c for c in re.split(r"\s{2,}", lines[i].strip()) if c]
+        if len(labels) >= 3 and any(set(k) | {v} <= set(labels) for k, v in BENCHES.values()):
+            # Right edge of each column: where its (right-aligned) label ends.
+            edges, pos = [], 0
+            for lab in labels:
+                pos = lines[i].index(lab, pos) + len(lab)
+                edges.append(pos)
+            rows = []
+            j = i + 1
+            while j < len(lines) and len(lines[j]) == len(lines[i]) and lines[j].strip():
+                cells, left = {}, 0
+                for lab, right in zip(labels, edges):
+                    cells[lab] = lines[j][left:right].strip()
+                    left = right
+                rows.append(cells)
+                j += 1
+            tables.append(rows)
+            i = j
+        else:
+            i += 1
+    return tables
+
+
+def rows_of(path, bench):
+    keys, value = BENCHES[bench]
+    with open(path, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    out = {}
+    for table in read_tables(text):
+        for r in table:
+            if all(k in r for k in keys) and value in r:
+                try:
+                    out[tuple(r[k] for k in keys)] = float(r[value])
+                except ValueError:
+                    pass
+    return out
+
+
+def summarize(ab_dir):
+    recs = []
+    for bench, (keys, value) in BENCHES.items():
+        runs = {"base": {}, "head": {}}
+        for build in runs:
+            for path in sorted(glob.glob(os.path.join(ab_dir, f"{bench}-{build}-*.log"))):
+                for key, v in rows_of(path, bench).items():
+                    runs[build].setdefault(key, []).append(v)
+        if not runs["base"] and not runs["head"]:
+            continue
+        ratios = []
+        for key in sorted(set(runs["base"]) | set(runs["head"])):
+            if key not in runs["base"] or key not in runs["head"]:
+                print(f"ab_summary: {bench} {' '.join(key)} ran only on the "
+                      f"{'head' if key in runs['head'] else 'base'}", file=sys.stderr)
+                continue
+            r = statistics.median(runs["head"][key]) / statistics.median(runs["base"][key])
+            ratios.append(r)
+            recs.append({"metric": f"head / base ({value})", "case": f"bench {bench} {' '.join(key)}",
+                         "value": round(r, 4), "unit": "ratio", "series": bench,
+                         "baseline": f"medians of {len(runs['base'][key])} base and {len(runs['head'][key])} head runs"})
+        if ratios:
+            gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+            recs.append({"metric": f"geomean head / base ({value})", "case": f"bench {bench}, {len(ratios)} rows",
+                         "value": round(gm, 4), "unit": "ratio", "issue": 18, "target": TARGET,
+                         "source": f"min {min(ratios):.4f}, max {max(ratios):.4f}"})
+    return recs
+
+
+def table_str(header, rows):
+    """Table::str() of bench/common/timing.cpp: right-aligned, two spaces after each cell."""
+    w = [max(len(r[i]) if i < len(r) else 0 for r in [header] + rows) for i in range(len(header))]
+    return "".join("".join(f"{(r[i] if i < len(r) else ''):>{w[i]}}  " for i in range(len(w))) + "\n"
+                   for r in [header] + rows)
+
+
+def sample_logs(a, b):
+    gemm = ("bench gemm on NVIDIA H200 (132 SMs), bf16 in/out\n"
+            "8192x5504x4096: ours 0.546 ms, cuBLASLt 0.560 ms, ratio 0.976\n\n" +
+            table_str(["M", "N", "K", "tile", "ours ms", "cuBLASLt ms", "overlap == ours"],
+                      [["8192", "5504", "4096", "64x256/pp", a, "0.560", "yes"],
+                       ["8192", "4096", "5504", "128x256/c1", b, "0.567", ""]]) +
+            "\nmedian ours/cuBLASLt = 0.997, worst = 1.031\n")
+    mlp_rows = [["MLP-1", "AG+GEMM", "0.585", "0.581", "fused_ce", a, "fused_ce"],
+                ["MLP-1", "AG+GEMM gated", "1.105", "1.103", "fused_ce (copy engine)", b, "fused_ce"]]
+    main = table_str(["shape", "part", "GEMM", "best fused", "which", "tessera", "choice"], mlp_rows)
+    # A second table of other columns right after it (bench mlp's variants):
+    # its rows must not be read as the first table's.
+    variants = table_str(["shape", "part", "variant", "ms", "speedup"],
+                         [["MLP-1", "AG+GEMM", "fused_ce ch=4", "7.777", "1.1x"]])
+    mlp = "".join("[rank 0] " + l + "\n" for l in (main + variants).splitlines())
+    mlp += "[rank 1] " + main.splitlines()[1].replace(a, "9.999") + "\n"
+    return gemm, mlp
+
+
+def self_test():
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        for build, (a, b) in {"base": ("0.500", "1.000"), "head": ("0.510", "0.990")}.items():
+            gemm, mlp = sample_logs(a, b)
+            for r in (1, 2):
+                with open(os.path.join(d, f"gemm-{build}-{r}.log"), "w") as f:
+                    f.write(gemm)
+                with open(os.path.join(d, f"mlp-{build}-{r}.log"), "w") as f:
+                    f.write(mlp)
+        recs = summarize(d)
+    by_case = {r["case"]: r["value"] for r in recs}
+    assert by_case["bench gemm 8192 5504 4096"] == 1.02, by_case
+    assert by_case["bench gemm 8192 4096 5504"] == 0.99, by_case
+    assert by_case["bench mlp MLP-1 AG+GEMM"] == 1.02, by_case  # rank 1's row ignored
+    assert by_case["bench mlp MLP-1 AG+GEMM gated"] == 0.99, by_case
+    gm = by_case["bench gemm, 2 rows"]
+    assert abs(gm - math.sqrt(1.02 * 0.99)) < 1e-4, gm
+    assert "bench signal" not in " ".join(by_case), by_case  # no logs, no rows
+    print("ab_summary self-test: ok")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("ab_dir", nargs="?")
+    ap.add_argument("--commit")
+    ap.add_argument("--base")
+    ap.add_argument("--device")
+    ap.add_argument("--date")
+    ap.add_argument("--time")
+    ap.add_argument("--self-test", action="store_true")
+    o = ap.parse_args()
+    if o.self_test:
+        self_test()
+        return
+    missing = [n for n in ("ab_dir", "commit", "base", "device", "date") if not getattr(o, n)]
+    if missing:
+        ap.error("needs " + ", ".join(missing))
+    recs = summarize(o.ab_dir)
+    if not recs:
+        sys.exit(f"ab_summary: no rows in {o.ab_dir} (<bench>-<base|head>-<round>.log)")
+    prov = {"topic": "ab", "device": o.device, "date": o.date, "commit": o.commit,
+            "command": f"scripts/ab-bench.sh prepare {o.base}; on the device: scripts/ab-bench.sh build, run; "
+                       f"scripts/ab_summary.py", "baseline_commit": o.base}
+    if o.time:
+        prov["time"] = o.time
+    json.dump({"provenance": prov, "records": recs}, sys.stdout, indent=1)
+    print()
+
+
+if __name__ == "__main__":
+    main()
