@@ -13,8 +13,12 @@
 #include "tessera/ops/args.hpp"
 #include "tessera/ops/moe_ep.hpp"
 #include "tessera/runtime/error.hpp"
+#include "support/test_support.hpp"
 
 namespace tessera::ops {
+using tessera::testing::error_message;
+using tessera::testing::pointer_text;
+
 namespace {
 
 TEST(MoeEp, ValidateRejectsBadShapes) {
@@ -45,13 +49,6 @@ TEST(MoeEp, ValidateRejectsBadShapes) {
   EXPECT_THROW(validate(a, 2), tessera::Error);
   EXPECT_THROW(parse_moe_ep_strategy("fused"), tessera::Error);
   EXPECT_EQ(parse_moe_ep_strategy("pipelined"), MoeEpStrategy::pipelined);
-}
-
-/// A pointer as the library's messages print it (fmt's {} of a pointer).
-std::string address(const void* p) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%p", p);
-  return b;
 }
 
 // Issue 22's bad input, each named before any launch: experts not a
@@ -90,19 +87,14 @@ TEST(MoeEp, ValidateNamesEachBadArgument) {
       {[](MoeEpArgs& a, int&) { a.out_shard = nullptr; }, "out_shard is null"},
       {[](MoeEpArgs& a, int&) { a.weights = nullptr; }, "weights is null"},
       {[&](MoeEpArgs& a, int&) { a.x_shard = misaligned; },
-       "x_shard = " + address(misaligned) + " is not 16-byte aligned"},
+       "x_shard = " + pointer_text(misaligned) + " is not 16-byte aligned"},
   };
   EXPECT_NO_THROW(validate(good(), 2));
   for (const auto& [edit, want] : bad) {
     MoeEpArgs a = good();
     int world = 2;
     edit(a, world);
-    std::string e;
-    try {
-      validate(a, world);
-    } catch (const tessera::Error& x) {
-      e = x.what();
-    }
+    const std::string e = error_message([&] { validate(a, world); });
     EXPECT_NE(e.find("moe_ep: " + want), std::string::npos) << "want '" << want << "', got: '" << e << "'";
   }
 }

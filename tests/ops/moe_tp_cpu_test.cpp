@@ -24,8 +24,12 @@
 #include "tessera/ops/plan.hpp"
 #include "tessera/ops/tuner.hpp"
 #include "tessera/runtime/error.hpp"
+#include "support/test_support.hpp"
 
 namespace tessera::ops {
+using tessera::testing::error_message;
+using tessera::testing::pointer_text;
+
 namespace {
 
 TEST(MoeTpPlan, OrdersArePermutationsOwnFirstThenOwnLast) {
@@ -255,13 +259,6 @@ TEST(MoeTpStrategies, ValidateRejectsBadShapes) {
   EXPECT_THROW(validate(a, 2), tessera::Error);
 }
 
-/// A pointer as the library's messages print it (fmt's {} of a pointer).
-std::string address(const void* p) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%p", p);
-  return b;
-}
-
 // Issue 22's bad input, each named before any launch: top-k > E, experts
 // outside the grouped GEMM's table, negative or overflowing sizes, dtype,
 // null and misaligned pointers; then the options (strategy, comm_ctas).
@@ -307,31 +304,19 @@ TEST(MoeTpStrategies, ValidateNamesEachBadArgument) {
       {[](MoeTpArgs& a, int&) { a.expert_ids = nullptr; }, "expert_ids is null"},
       {[](MoeTpArgs& a, int&) { a.w_down = nullptr; }, "w_down is null"},
       {[&](MoeTpArgs& a, int&) { a.w_gate_up = misaligned; },
-       "w_gate_up = " + address(misaligned) + " is not 16-byte aligned"},
+       "w_gate_up = " + pointer_text(misaligned) + " is not 16-byte aligned"},
       {[&](MoeTpArgs& a, int&) { a.out_shard = const_cast<void*>(misaligned); },
-       "out_shard = " + address(misaligned) + " is not 16-byte aligned"},
+       "out_shard = " + pointer_text(misaligned) + " is not 16-byte aligned"},
   };
   EXPECT_NO_THROW(validate(good(), 2));
   for (const auto& [edit, want] : bad) {
     MoeTpArgs a = good();
     int world = 2;
     edit(a, world);
-    std::string e;
-    try {
-      validate(a, world);
-    } catch (const tessera::Error& x) {
-      e = x.what();
-    }
+    const std::string e = error_message([&] { validate(a, world); });
     EXPECT_NE(e.find("moe_tp: " + want), std::string::npos) << "want '" << want << "', got: '" << e << "'";
   }
-  const auto option_error = [](const MoeTpOptions& o, int sms) {
-    try {
-      validate(o, sms);
-    } catch (const tessera::Error& x) {
-      return std::string(x.what());
-    }
-    return std::string();
-  };
+  const auto option_error = [](const MoeTpOptions& o, int sms) { return error_message([&] { validate(o, sms); }); };
   MoeTpOptions o;
   o.strategy = Strategy::ring;
   EXPECT_NE(option_error(o, 132).find("moe_tp: strategy ring is not a TP MoE strategy"), std::string::npos);

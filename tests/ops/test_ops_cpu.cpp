@@ -17,9 +17,12 @@
 #include "tessera/ops/tuner.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/tune/cache.hpp"
+#include "support/test_support.hpp"
 
 using namespace tessera;
 using namespace tessera::ops;
+
+using tessera::testing::error_message;
 
 namespace {
 
@@ -38,16 +41,6 @@ AgGemmArgs good_ag(std::int64_t m, int rank, int world) {
   return a;
 }
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const tessera::Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 }  // namespace
 
 TEST(OpsValidate, AcceptsAlignedAndRaggedShapes) {
@@ -63,31 +56,31 @@ TEST(OpsValidate, RejectsBadInputWithClearMessages) {
   auto a = good_ag(8192, 0, 2);
   auto bad = a;
   bad.dtype = DType::f32;
-  EXPECT_NE(error_of([&] { validate(bad, 0, 2); }).find("dtype f32"), std::string::npos);
+  EXPECT_NE(error_message([&] { validate(bad, 0, 2); }).find("dtype f32"), std::string::npos);
   bad = a;
   bad.a = fake(0x1008);
-  EXPECT_NE(error_of([&] { validate(bad, 0, 2); }).find("16-byte aligned"), std::string::npos);
+  EXPECT_NE(error_message([&] { validate(bad, 0, 2); }).find("16-byte aligned"), std::string::npos);
   bad = a;
   bad.b = nullptr;
-  EXPECT_NE(error_of([&] { validate(bad, 0, 2); }).find("B is null"), std::string::npos);
+  EXPECT_NE(error_message([&] { validate(bad, 0, 2); }).find("B is null"), std::string::npos);
   bad = a;
   bad.k = 500;
-  EXPECT_NE(error_of([&] { validate(bad, 0, 2); }).find("multiple of 8"), std::string::npos);
+  EXPECT_NE(error_message([&] { validate(bad, 0, 2); }).find("multiple of 8"), std::string::npos);
   bad = a;
   bad.m_local = 4000;
-  EXPECT_NE(error_of([&] { validate(bad, 0, 2); }).find("m_local = 4000"), std::string::npos);
+  EXPECT_NE(error_message([&] { validate(bad, 0, 2); }).find("m_local = 4000"), std::string::npos);
   bad = a;
   bad.lda = 516;
-  EXPECT_NE(error_of([&] { validate(bad, 0, 2); }).find("lda"), std::string::npos);
+  EXPECT_NE(error_message([&] { validate(bad, 0, 2); }).find("lda"), std::string::npos);
   bad = a;
   bad.swiglu = true;
   bad.n = 1023;
-  EXPECT_NE(error_of([&] { validate(bad, 0, 2); }).find("even"), std::string::npos);
-  EXPECT_NE(error_of([&] { validate(a, 0, 17); }).find("world size 17"), std::string::npos);
-  EXPECT_NE(error_of([&] { validate(a, 2, 2); }).find("rank 2"), std::string::npos);
+  EXPECT_NE(error_message([&] { validate(bad, 0, 2); }).find("even"), std::string::npos);
+  EXPECT_NE(error_message([&] { validate(a, 0, 17); }).find("world size 17"), std::string::npos);
+  EXPECT_NE(error_message([&] { validate(a, 2, 2); }).find("rank 2"), std::string::npos);
   // M = 5 over 4 ranks: shards of 2 leave rank 3 empty.
   auto tiny = good_ag(5, 0, 4);
-  EXPECT_NE(error_of([&] { validate(tiny, 0, 4); }).find("without rows"), std::string::npos);
+  EXPECT_NE(error_message([&] { validate(tiny, 0, 4); }).find("without rows"), std::string::npos);
 }
 
 TEST(OpsValidate, GemmRsAndMlp) {
@@ -320,7 +313,7 @@ TEST(OpsStrategy, RegistryHoldsExactlyTheTablesStrategies) {
   EXPECT_EQ(r.candidates({.world = 2, .lsa = false}), V{Strategy::sequential});
   EXPECT_EQ(r.candidates({.world = 2, .tile_row_shards = false}), V{Strategy::sequential});
   EXPECT_EQ(&r.find(Strategy::fused_ce), &ce);
-  EXPECT_NE(error_of([&] { r.find(Strategy::ring); }).find("gemm_ar: strategy ring"), std::string::npos);
+  EXPECT_NE(error_message([&] { r.find(Strategy::ring); }).find("gemm_ar: strategy ring"), std::string::npos);
   // The table gives gemm_ar fused_ce: leaving it out, adding ring, a
   // duplicate or a baseline other than sequential is refused.
   EXPECT_THROW(Registry(OpKind::gemm_ar, "gemm_ar", {&seq}), Error);
@@ -351,15 +344,15 @@ TEST(OpsValidate, UpperBoundsAndOverflowCheckedSizes) {
   auto a = good_ag(8192, 0, 2);
   auto bad = a;
   bad.lda = std::int64_t{1} << 40;
-  EXPECT_NE(error_of([&] { validate(bad, 0, 2); }).find("lda"), std::string::npos);
+  EXPECT_NE(error_message([&] { validate(bad, 0, 2); }).find("lda"), std::string::npos);
   bad = a;
   bad.ldd = std::int64_t{1} << 62;
-  EXPECT_NE(error_of([&] { validate(bad, 0, 2); }).find("ldd"), std::string::npos);
+  EXPECT_NE(error_message([&] { validate(bad, 0, 2); }).find("ldd"), std::string::npos);
   GemmRsArgs r;
   r.a = r.b = fake(0x1000);
   r.d = fake(0x2000);
   r.m = 8192, r.m_local = 4096, r.n = 4096 * 64, r.k = 4096, r.ldb = (std::int64_t{1} << 31) - 8;
-  EXPECT_NE(error_of([&] { validate(r, 0, 2); }).find("2^48 bytes"), std::string::npos);
+  EXPECT_NE(error_message([&] { validate(r, 0, 2); }).find("2^48 bytes"), std::string::npos);
   MlpArgs m;
   m.x = fake(0x1000);
   m.w_gate_up = fake(0x2000);
@@ -369,10 +362,10 @@ TEST(OpsValidate, UpperBoundsAndOverflowCheckedSizes) {
   m.m_local = 4096;
   m.h = 4096;
   m.i_local = std::int64_t{1} << 62;  // 2 * I/R would overflow
-  EXPECT_NE(error_of([&] { validate(m, 0, 2); }).find("I/R"), std::string::npos);
+  EXPECT_NE(error_message([&] { validate(m, 0, 2); }).find("I/R"), std::string::npos);
   m.i_local = 5504;
   m.h = std::int64_t{1} << 40;
-  EXPECT_NE(error_of([&] { validate(m, 0, 2); }).find("H ="), std::string::npos);
+  EXPECT_NE(error_message([&] { validate(m, 0, 2); }).find("H ="), std::string::npos);
 }
 
 TEST(OpsTuner, CachedChoiceMustBeACandidateWithSaneTimes) {

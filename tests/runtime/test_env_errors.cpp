@@ -9,8 +9,11 @@
 #include "tessera/runtime/error.hpp"
 #include "tessera/runtime/process_group.hpp"
 #include "tessera/runtime/wait_diagnostics.hpp"
+#include "support/test_support.hpp"
 
 namespace env = tessera::env;
+
+using tessera::testing::error_message;
 
 namespace {
 struct ScopedEnv {
@@ -24,14 +27,6 @@ struct ScopedEnv {
   ~ScopedEnv() { unsetenv(name); }
 };
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const tessera::Error& e) {
-    return e.what();
-  }
-  return "";
-}
 }  // namespace
 
 TEST(Env, UnsetGivesFallbackAndSetValueIsParsed) {
@@ -46,25 +41,25 @@ TEST(Env, UnsetGivesFallbackAndSetValueIsParsed) {
 TEST(Env, MalformedOrOutOfRangeValueIsAnErrorNamingTheVariable) {
   for (const char* bad : {"", "12x", "x", "1e3", " 5", "99999999999999999999999"}) {
     ScopedEnv a("TESSERA_TEST_INT", bad);
-    const std::string m = message_of([] { env::get_int("TESSERA_TEST_INT", 1); });
+    const std::string m = error_message([] { env::get_int("TESSERA_TEST_INT", 1); });
     EXPECT_NE(m.find("TESSERA_TEST_INT"), std::string::npos) << "value '" << bad << "': " << m;
   }
   ScopedEnv a("TESSERA_TEST_INT", "0");
-  const std::string m = message_of([] { env::get_int("TESSERA_TEST_INT", 1, 1, 10); });
+  const std::string m = error_message([] { env::get_int("TESSERA_TEST_INT", 1, 1, 10); });
   EXPECT_NE(m.find("out of range [1, 10]"), std::string::npos) << m;
 }
 
 TEST(Error, ChecksNameFileValueAndRank) {
-  const std::string m = message_of([] { TESSERA_CHECK(1 + 1 == 3, "shape {} is wrong", 7); });
+  const std::string m = error_message([] { TESSERA_CHECK(1 + 1 == 3, "shape {} is wrong", 7); });
   EXPECT_NE(m.find("shape 7 is wrong"), std::string::npos) << m;
   EXPECT_NE(m.find("test_env_errors.cpp"), std::string::npos) << m;
   tessera::detail::set_current_rank(3);
-  const std::string r = message_of([] { TESSERA_FAIL("boom"); });
+  const std::string r = error_message([] { TESSERA_FAIL("boom"); });
   tessera::detail::set_current_rank(-1);
   EXPECT_NE(r.find("[tessera rank 3]"), std::string::npos) << r;
-  const std::string c = message_of([] { TESSERA_CUDA_CHECK(2); });  // cudaErrorMemoryAllocation
+  const std::string c = error_message([] { TESSERA_CUDA_CHECK(2); });  // cudaErrorMemoryAllocation
   EXPECT_NE(c.find("cudaErrorMemoryAllocation"), std::string::npos) << c;
-  const std::string n = message_of([] { TESSERA_NCCL_CHECK(4); });  // ncclInvalidArgument
+  const std::string n = error_message([] { TESSERA_NCCL_CHECK(4); });  // ncclInvalidArgument
   EXPECT_NE(n.find("NCCL error 4"), std::string::npos) << n;
 }
 

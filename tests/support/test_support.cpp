@@ -7,8 +7,11 @@
 
 #include <cmath>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
+
+#include "tessera/runtime/error.hpp"
 
 namespace tessera::testing {
 
@@ -62,6 +65,21 @@ double relative_error(const std::vector<double>& out, const std::vector<double>&
   }
   if (den == 0) return num == 0 ? 0.0 : std::numeric_limits<double>::infinity();
   return std::sqrt(num / den);
+}
+
+std::string error_message(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const tessera::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string pointer_text(const void* p) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%p", p);
+  return b;
 }
 
 }  // namespace tessera::testing

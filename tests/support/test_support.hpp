@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 namespace tessera::testing {
@@ -16,6 +18,12 @@ int launched_world_size();
 
 /// ‖a − b‖₂ / ‖b‖₂ in double precision; NaN/inf anywhere gives +inf.
 double relative_error(const std::vector<double>& out, const std::vector<double>& ref);
+
+/// The message of the tessera::Error `f` throws; "" when it throws none.
+std::string error_message(const std::function<void()>& f);
+
+/// A pointer as the library's messages print it (fmt's {} of a pointer).
+std::string pointer_text(const void* p);
 
 }  // namespace tessera::testing
 
