@@ -12,8 +12,10 @@ header's column edges, so empty cells and values with single spaces stay in
 their column. Per row the medians over rounds give head / base of:
   gemm    "ours ms"   keyed by M, N, K
   mlp     "tessera"   keyed by shape, part
-  signal  "tessera"   keyed by shape, M, N, K
-and per bench the geometric mean, with the no-regression target of a
+  signal  "tessera"   keyed by op, shape, M, N, K
+(bench signal prints one table per op, ar then rs, with the same rows: a
+table's op is the one named by the last "<op>: shape i/n" progress line
+before it) and per bench the geometric mean, with the no-regression target of a
 refactor (<= 1.02). A row missing from either build is reported on stderr.
 """
 import argparse
@@ -28,7 +30,7 @@ import sys
 BENCHES = {
     "gemm": (("M", "N", "K"), "ours ms"),
     "mlp": (("shape", "part"), "tessera"),
-    "signal": (("shape", "M", "N", "K"), "tessera"),
+    "signal": (("op", "shape", "M", "N", "K"), "tessera"),
 }
 TARGET = {"op": "<=", "value": 1.02, "text": "no regression beyond noise against the base (same call)"}
 
@@ -37,8 +39,13 @@ def strip_rank(line):
     return line[9:] if line.startswith("[rank 0] ") else line
 
 
+OP_LINE = re.compile(r"\] (\w+): shape \d+/\d+")
+
+
 def read_tables(text):
-    """Every table in text: a list of row dicts per header line.
+    """Every table in text: a list of row dicts per header line, each row
+    carrying "op", the operator of the last "<op>: shape i/n" line before
+    the table (empty if none).
 
     A header is a line whose cells (two or more spaces apart) include the
     wanted key and value columns of some bench. Table::str() pads every line
@@ -47,10 +54,14 @@ def read_tables(text):
     lines = [strip_rank(l.rstrip("\n")) for l in text.splitlines() if not l.startswith("[rank ") or
              l.startswith("[rank 0] ")]
     tables = []
+    op = ""
     i = 0
     while i < len(lines):
+        m = OP_LINE.search(lines[i])
+        if m:
+            op = m.group(1)
         labels = [c for c in re.split(r"\s{2,}", lines[i].strip()) if c]
-        if len(labels) >= 3 and any(set(k) | {v} <= set(labels) for k, v in BENCHES.values()):
+        if len(labels) >= 3 and any(set(k) - {"op"} | {v} <= set(labels) for k, v in BENCHES.values()):
             # Right edge of each column: where its (right-aligned) label ends.
             edges, pos = [], 0
             for lab in labels:
@@ -59,7 +70,7 @@ def read_tables(text):
             rows = []
             j = i + 1
             while j < len(lines) and len(lines[j]) == len(lines[i]) and lines[j].strip():
-                cells, left = {}, 0
+                cells, left = {"op": op}, 0
                 for lab, right in zip(labels, edges):
                     cells[lab] = lines[j][left:right].strip()
                     left = right
@@ -139,15 +150,23 @@ def sample_logs(a, b):
                          [["MLP-1", "AG+GEMM", "fused_ce ch=4", "7.777", "1.1x"]])
     mlp = "".join("[rank 0] " + l + "\n" for l in (main + variants).splitlines())
     mlp += "[rank 1] " + main.splitlines()[1].replace(a, "9.999") + "\n"
-    return gemm, mlp
+    sig_rows = lambda v: [["MLP-1", "8192", "4096", "5504", v]]
+    signal = "".join("[rank 0] " + l + "\n" for l in (
+        "[    1.4 s] ar: shape 1/1 MLP-1 8192x4096x5504 ...\n" +
+        table_str(["shape", "M", "N", "K", "tessera"], sig_rows(a)) +
+        "[    9.7 s] rs: shape 1/1 MLP-1 8192x4096x5504 ...\n" +
+        table_str(["shape", "M", "N", "K", "tessera"], sig_rows(b))).splitlines())
+    return gemm, mlp, signal
 
 
 def self_test():
     import tempfile
     with tempfile.TemporaryDirectory() as d:
         for build, (a, b) in {"base": ("0.500", "1.000"), "head": ("0.510", "0.990")}.items():
-            gemm, mlp = sample_logs(a, b)
+            gemm, mlp, signal = sample_logs(a, b)
             for r in (1, 2):
+                with open(os.path.join(d, f"signal-{build}-{r}.log"), "w") as f:
+                    f.write(signal)
                 with open(os.path.join(d, f"gemm-{build}-{r}.log"), "w") as f:
                     f.write(gemm)
                 with open(os.path.join(d, f"mlp-{build}-{r}.log"), "w") as f:
@@ -160,7 +179,8 @@ def self_test():
     assert by_case["bench mlp MLP-1 AG+GEMM gated"] == 0.99, by_case
     gm = by_case["bench gemm, 2 rows"]
     assert abs(gm - math.sqrt(1.02 * 0.99)) < 1e-4, gm
-    assert "bench signal" not in " ".join(by_case), by_case  # no logs, no rows
+    assert by_case["bench signal ar MLP-1 8192 4096 5504"] == 1.02, by_case  # one row per op
+    assert by_case["bench signal rs MLP-1 8192 4096 5504"] == 0.99, by_case
     print("ab_summary self-test: ok")
 
 

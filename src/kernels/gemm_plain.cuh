@@ -100,30 +100,19 @@ void gemm_plain_splitk_cfg(const GemmArgs& a, const GemmOptions& o, int splits, 
   release_workspace(ws, stream);
 }
 
-/// The 64x64 ping-pong kernel over whole K (output type == input type).
-template <class InT, BLayout L>
-void gemm_plain_t64x64(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
+/// A kernel set that `gemm_with` runs only as planned here (the 64x64
+/// ping-pong and 128x192 cooperative tiles): whole K, no cluster, output
+/// type == input type.
+template <class KernelSet, class InT, BLayout L>
+void gemm_plain_whole_k(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
   engine::StdEpilogue<InT> epi;
   epi.d = static_cast<InT*>(a.d);
   epi.ldd = a.ldd_or_packed();
   GemmOptions po = o;
   po.cluster_m = 1;
-  po.ping_pong = true;
+  po.ping_pong = KernelSet::kPingPong;
   po.k_splits = 1;
-  gemm_with<PingPong<GemmTile::T64x64>, InT, L>(a, po, engine::NoWait{}, epi, raster_from(o), stream);
-}
-
-/// The 128x192 cooperative kernel over whole K (output type == input type).
-template <class InT, BLayout L>
-void gemm_plain_t128x192(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
-  engine::StdEpilogue<InT> epi;
-  epi.d = static_cast<InT*>(a.d);
-  epi.ldd = a.ldd_or_packed();
-  GemmOptions po = o;
-  po.cluster_m = 1;
-  po.ping_pong = false;
-  po.k_splits = 1;
-  gemm_with<Cooperative<GemmTile::T128x192>, InT, L>(a, po, engine::NoWait{}, epi, raster_from(o), stream);
+  gemm_with<KernelSet, InT, L>(a, po, engine::NoWait{}, epi, raster_from(o), stream);
 }
 
 template <class InT, BLayout L>
@@ -132,14 +121,14 @@ void gemm_plain(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
   if (plan.tile == GemmTile::T128x192) {
     // plan_gemm() gives it whole K and output type == input type only.
     if (plan.k_splits > 1 || a.out != a.in) fail("gemm: tile 128x192 runs whole K with output type == input type");
-    return gemm_plain_t128x192<InT, L>(a, o, stream);
+    return gemm_plain_whole_k<Cooperative<GemmTile::T128x192>, InT, L>(a, o, stream);
   }
   if (plan.tile == GemmTile::T64x64) {
     // Few tiles (plan_gemm): split-K, or whole K when the output type is the
     // input type (the ping-pong kernels store only that type).
     if (plan.k_splits > 1 || a.out != a.in)
       return gemm_plain_splitk_cfg<typename PingPongCfgOf<GemmTile::T64x64>::type, InT, L>(a, o, plan.k_splits, stream);
-    return gemm_plain_t64x64<InT, L>(a, o, stream);
+    return gemm_plain_whole_k<PingPong<GemmTile::T64x64>, InT, L>(a, o, stream);
   }
   if (plan.k_splits > 1) {
     if (plan.ping_pong)

@@ -9,6 +9,12 @@ N = 64, 128, 192, 256 live in ../gemm/wgmma.cuh (gen_wgmma.py); this file adds
   * the Wgmma<T, N, TransB> specialization for the KV block width 176
     (S = Q·Kᵀ with N = BN keys), of gemm/wgmma.cuh's primary template.
 """
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gemm"))
+from gen_wgmma import ss_struct  # noqa: E402  (the one shared-memory-A form)
+
 NS = [64, 128, 256]
 SS_EXTRA = [176]
 TYPES = [("__nv_bfloat16", "bf16"), ("__half", "f16")]
@@ -62,22 +68,5 @@ print("// Shared-memory A and B (as gemm/wgmma.cuh), N = KV block widths the GEM
 print("// does not use.")
 for ctype, ptype in TYPES:
     for n in SS_EXTRA:
-        r = n // 2
-        regs = ", ".join(f"%{i}" for i in range(r))
-        outs = ", ".join(f'"+f"(d[{i}])' for i in range(r))
-        print(f"""template <int TransB>
-struct Wgmma<{ctype}, {n}, TransB> {{
-  static constexpr int kRegs = {r};
-  __device__ __forceinline__ static void run(float (&d)[{r}], uint64_t desc_a, uint64_t desc_b, int scale_d) {{
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-    asm volatile(
-        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r+2}, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} "
-        "{{{regs}}}, %{r}, %{r+1}, p, 1, 1, 0, %{r+3};\\n}}\\n"
-        : {outs}
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
-#endif
-  }}
-}};
-""")
+        print(ss_struct(ctype, ptype, n))
 print("}  // namespace tessera::kernels::engine")

@@ -180,6 +180,7 @@ void launch_config(const GemmArgs& a, const GemmOptions& o, const Pro& pro, cons
 /// pairs (see TileWalk in kernel_common.cuh).
 template <GemmTile Tile, int kClusterM = 1>
 struct Cooperative {
+  static constexpr bool kPingPong = false;
   template <class InT, BLayout L, class Pro, class Epi, class Sched>
   static void launch(const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi, const Sched& sched,
                      cudaStream_t stream) {
@@ -194,6 +195,7 @@ struct Cooperative {
 /// whatever o.ping_pong says. No clusters (o.cluster_m must be 0 or 1).
 template <GemmTile Tile>
 struct PingPong {
+  static constexpr bool kPingPong = true;
   template <class InT, BLayout L, class Pro, class Epi, class Sched>
   static void launch(const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi, const Sched& sched,
                      cudaStream_t stream) {
