@@ -45,9 +45,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     consume_tile<Cfg, InT, kTransB>(cta.sm, consumer, cta.k_blocks, acc, pipe, walk.rank);
     const TileInfo info = tile_info<Cfg>(p, t, pos);
     const auto epi = bind_tile(p.epilogue, info);  // per-tile work once (epilogue.cuh)
-                                                   // The quad transpose of quad_transpose8(), written out: through the
-                                                   // helper this path compiles to different SASS, and it is kept as
-                                                   // measured (the ping-pong path uses the helper).
 #pragma unroll
     for (int a = 0; a < Cfg::kMAtoms; ++a) {
       const int row_base = info.row0 + consumer * Cfg::kRowsPerConsumer + a * 64 + warp * 16 + lane / 4;
@@ -56,25 +53,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const int row = row_base + 8 * h;
 #pragma unroll
         for (int g = 0; g < Cfg::BN / 32; ++g) {
-          float2 e[4], f[4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j)
-            e[j] = make_float2(acc[a][4 * (4 * g + j) + 2 * h], acc[a][4 * (4 * g + j) + 2 * h + 1]);
-#pragma unroll
-          for (int c = 0; c < 4; ++c) f[c] = e[c];  // f[q] = e[q] is the diagonal
-#pragma unroll
-          for (int r = 1; r < 4; ++r) {
-            const int send_idx = (q - r) & 3, from = (q + r) & 3;
-            float2 send = e[0];
-#pragma unroll
-            for (int j = 1; j < 4; ++j) send = send_idx == j ? e[j] : send;
-            float2 recv;
-            recv.x = __shfl_sync(0xffffffffu, send.x, (lane & ~3) | from);
-            recv.y = __shfl_sync(0xffffffffu, send.y, (lane & ~3) | from);
-#pragma unroll
-            for (int c = 0; c < 4; ++c) f[c] = c == from ? recv : f[c];
-          }
-          const float v[8] = {f[0].x, f[0].y, f[1].x, f[1].y, f[2].x, f[2].y, f[3].x, f[3].y};
+          float v[8];
+          quad_transpose8(acc[a], g, h, lane, v);
           const int col = info.col0 + 8 * (4 * g + q);
           if (row < p.M && col < p.N) epi_store8(p.epilogue, epi, info, row, col, v, min(8, p.N - col));
         }
