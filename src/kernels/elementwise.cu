@@ -82,7 +82,8 @@ __global__ void swiglu_kernel(const Oct<T>* __restrict__ gu, Quad<T>* h, const Q
   }
 }
 
-/// One 32x32 tile per block of 32x8 threads: 4 rows each in, 4 rows each out.
+/// Any shape: one 32x32 tile of 16-bit elements per block of 32x8 threads,
+/// 4 rows each in, 4 rows each out (64-byte rows per warp access).
 __global__ void transpose_kernel(const std::uint16_t* __restrict__ in, std::uint16_t* __restrict__ out,
                                  std::int64_t rows, std::int64_t cols) {
   __shared__ std::uint16_t tile[32][33];
@@ -97,6 +98,36 @@ __global__ void transpose_kernel(const std::uint16_t* __restrict__ in, std::uint
   for (int i = threadIdx.y; i < 32; i += 8) {
     const std::int64_t c = c0 + i, r = r0 + threadIdx.x;
     if (c < cols && r < rows) out[c * rows + r] = tile[threadIdx.x][i];
+  }
+}
+
+/// Even rows and cols, 4-byte aligned: one 64x64 tile per block of 32x8
+/// threads, moved as 32-bit pairs so every warp access is a 128-byte row.
+/// Thread x loads pair x of input rows y, y+8, ..., then builds output pair
+/// x of output rows 2w and 2w+1 from input rows 2x and 2x+1 (column pair w).
+/// The shared tile is XOR-swizzled by row pair (word w of row i sits at
+/// w ^ (i/2 % 32)) so both the row-wise stores and the row-pair reads hit 32
+/// distinct banks.
+__global__ void transpose_pairs_kernel(const std::uint32_t* __restrict__ in, std::uint32_t* __restrict__ out,
+                                       std::int64_t rows, std::int64_t cols) {
+  __shared__ std::uint32_t tile[64][32];
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * 64, c0 = static_cast<std::int64_t>(blockIdx.x) * 64;
+  const std::int64_t in_words = cols / 2, out_words = rows / 2;
+  const int x = threadIdx.x;
+#pragma unroll
+  for (int i = threadIdx.y; i < 64; i += 8) {
+    const std::int64_t r = r0 + i, w = c0 / 2 + x;
+    if (r < rows && w < in_words) tile[i][x ^ ((i / 2) & 31)] = in[r * in_words + w];
+  }
+  __syncthreads();
+  const bool row_pair_in = r0 / 2 + x < out_words;
+#pragma unroll
+  for (int w = threadIdx.y; w < 32; w += 8) {
+    const std::int64_t c = c0 + 2 * w;
+    if (c >= cols || !row_pair_in) continue;
+    const std::uint32_t lo = tile[2 * x][w ^ x], hi = tile[2 * x + 1][w ^ x];  // input rows 2x, 2x+1
+    out[c * out_words + r0 / 2 + x] = __byte_perm(lo, hi, 0x5410);             // column c: low halves
+    out[(c + 1) * out_words + r0 / 2 + x] = __byte_perm(lo, hi, 0x7632);       // column c + 1: high halves
   }
 }
 
@@ -167,9 +198,17 @@ void transpose_2d(const void* in, void* out, std::int64_t rows, std::int64_t col
                 in, out);
   TESSERA_CHECK(rows <= std::int64_t{65535} * 32 && cols <= std::int64_t{0x7fffffff} * 32,
                 "transpose_2d: {} x {} exceeds the grid (rows <= 2097120)", rows, cols);
-  const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>((rows + 31) / 32));
-  transpose_kernel<<<grid, dim3(32, 8), 0, stream>>>(static_cast<const std::uint16_t*>(in),
-                                                     static_cast<std::uint16_t*>(out), rows, cols);
+  const bool pairs = rows % 2 == 0 && cols % 2 == 0 && reinterpret_cast<std::uintptr_t>(in) % 4 == 0 &&
+                     reinterpret_cast<std::uintptr_t>(out) % 4 == 0;
+  if (pairs) {
+    const dim3 grid(static_cast<unsigned>((cols + 63) / 64), static_cast<unsigned>((rows + 63) / 64));
+    transpose_pairs_kernel<<<grid, dim3(32, 8), 0, stream>>>(static_cast<const std::uint32_t*>(in),
+                                                             static_cast<std::uint32_t*>(out), rows, cols);
+  } else {
+    const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>((rows + 31) / 32));
+    transpose_kernel<<<grid, dim3(32, 8), 0, stream>>>(static_cast<const std::uint16_t*>(in),
+                                                       static_cast<std::uint16_t*>(out), rows, cols);
+  }
   detail::check_launch("transpose_2d");
 }
 

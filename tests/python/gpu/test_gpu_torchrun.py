@@ -77,7 +77,9 @@ def test_swiglu_ops_match_float32(world, rows, inter, dtype):
         torch.ops.tessera.swiglu_backward(gu, dh[:, :-1] if inter > 1 else dh[:0])
 
 
-@pytest.mark.parametrize("rows,cols,dtype", [(3072, 4096, torch.bfloat16), (37, 1001, torch.float16),
+# Even shapes take the 32-bit-pair kernel (whole and partial 64x64 tiles), odd ones the 16-bit kernel.
+@pytest.mark.parametrize("rows,cols,dtype", [(3072, 4096, torch.bfloat16), (130, 4098, torch.bfloat16),
+                                             (66, 70, torch.float16), (37, 1001, torch.float16),
                                              (0, 8, torch.bfloat16)])
 def test_transpose_op_is_exact(world, rows, cols, dtype):
     _, _, dev = world
