@@ -4,7 +4,8 @@ every strategy forced to sequential) against
 the same layer in plain PyTorch (nn.Linear weights, torch.distributed all-gather / reduce-scatter + matmul) and in
 PyTorch async-TP (the symmetric-memory ops torch.ops.symm_mem.fused_all_gather_matmul / fused_matmul_reduce_scatter
 that Inductor's micro-pipeline TP emits, wired by hand into forward and backward). Checks first that loss and
-gradients agree, then times each variant in the same process (CUDA events, warm-up, median).
+gradients agree, then times each variant's step and its forward alone in the same process (CUDA events, warm-up,
+median).
 
     torchrun --nproc-per-node <GPUs> python/examples/bench_decoder_layer.py [--shapes 8b,70b] [--tokens 8192]
         [--iters 10] [--json out.json]
@@ -162,6 +163,25 @@ def time_steps(model, x, warmup, iters):
     return t.item()
 
 
+def time_forwards(model, x, warmup, iters):
+    """Median time of the forward alone, as a training step runs it (autograd recording, graph then dropped)."""
+    xs = x.detach().requires_grad_(True)
+    for _ in range(warmup):
+        model(xs)
+    times = []
+    for _ in range(iters):
+        dist.barrier()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        model(xs)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    t = torch.tensor([statistics.median(times)], device=x.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
 def profile_step(model, x, path, rank, steps=2):
     """The CUDA kernels of `steps` training steps, by total GPU time (rank 0 writes the table)."""
     from torch.profiler import ProfilerActivity, profile
@@ -236,6 +256,7 @@ def main():
             for label, model in (("plain_pytorch", plain), ("tessera", tes), ("tessera_sequential", seq),
                                  ("async_tp", async_tp)):
                 row[label + "_ms"] = time_steps(model, x, a.warmup, a.iters) if model is not None else None
+                row[label + "_fwd_ms"] = time_forwards(model, x, a.warmup, a.iters) if model is not None else None
             # The step-level choice: automatic calls that lose inside the step run sequential (Context.calibrate).
             cal = ctx.calibrate(lambda: step(tes, x), warmup=a.warmup, reps=max(3, a.iters // 2))
             row["calibrated_overrides"] = [" ".join(map(str, k)) for k in cal["overrides"]]
@@ -244,6 +265,7 @@ def main():
             row["tessera_calibrated_ms"] = time_steps(tes, x, a.warmup, a.iters)
             ctx.set_overrides({})
             row["speedup_vs_plain"] = row["plain_pytorch_ms"] / row["tessera_ms"]
+            row["fwd_speedup_vs_plain"] = row["plain_pytorch_fwd_ms"] / row["tessera_fwd_ms"]
             row["speedup_calibrated_vs_plain"] = row["plain_pytorch_ms"] / row["tessera_calibrated_ms"]
             if row["async_tp_ms"]:
                 row["speedup_vs_async_tp"] = row["async_tp_ms"] / row["tessera_ms"]
