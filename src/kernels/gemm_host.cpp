@@ -183,6 +183,22 @@ int sm_count() {
   return n;
 }
 
+namespace {
+
+/// This thread's stream-capture mode set to relaxed for the scope's life.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() { TESSERA_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode_)); }
+  ~RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&mode_); }  // restores; cannot fail for a valid mode
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
+}  // namespace
+
 void* acquire_workspace(size_t bytes, cudaStream_t stream) {
   static std::mutex mu;
   static std::array<cudaMemPool_t, 64> pools{};
@@ -193,6 +209,12 @@ void* acquire_workspace(size_t bytes, cudaStream_t stream) {
   {
     std::lock_guard<std::mutex> lock(mu);
     if (!pools[dev]) {
+      // The first split-K call may come inside a stream capture (a CUDA
+      // graph of the training step); cudaMemPoolCreate is not a stream
+      // operation, and global capture mode forbids it on every thread. It
+      // runs once per device in this thread's relaxed mode, then the
+      // caller's mode is restored.
+      RelaxedCaptureMode relaxed;
       cudaMemPoolProps props{};
       props.allocType = cudaMemAllocationTypePinned;
       props.location.type = cudaMemLocationTypeDevice;
