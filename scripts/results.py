@@ -142,11 +142,11 @@ def topic_sections(recs):
         for (date, commit, device, command) in sorted(runs, reverse=True):
             rs = runs[(date, commit, device, command)]
             out += [f"- {device}, {date}, commit {commit}: `{command}`", ""]
-            out += ["| metric | case | baseline | value | target |", "|---|---|---|---|---|"]
+            out += ["| metric | case | baseline or series | value | target |", "|---|---|---|---|---|"]
             for r in rs:
                 t = r.get("target")
                 tt = (t.get("text") or f"{t['op']} {fmt_num(t['value'])}") if t else ""
-                out.append(f"| {r['metric']} | {r.get('case', '-')} | {r.get('baseline', '-')} | {fmt_value(r)} | {tt} |")
+                out.append(f"| {r['metric']} | {r.get('case', '-')} | {r.get('baseline') or r.get('series') or '-'} | {fmt_value(r)} | {tt} |")
             out.append("")
     return out
 
