@@ -10,7 +10,9 @@
 # one-process GPU test (SANITIZE_TESTS: a ctest -R filter; SANITIZE_EXCLUDE: a
 # ctest -E filter, by default the test whose kernel traps on purpose, which
 # memcheck counts as an error; SANITIZE_TOOLS, SANITIZE_TIMEOUT per run,
-# SANITIZE_JOBS runs at once).
+# SANITIZE_JOBS runs at once; SANITIZE_SPLIT: a regex of ctest names run as
+# one job per gtest case, by default kernels_gemm, whose sweeps are slow
+# under synccheck).
 # TESTS_ARGS adds ctest options to the tests step (e.g. -E kernels_).
 # BUILD_TARGETS limits the build step to those ninja targets.
 # CUDA_VISIBLE_DEVICES=0,1 runs every multi-GPU step at R = 2 on a larger machine.
@@ -84,14 +86,33 @@ step_sanitize() {
   # SANITIZE_JOBS runs at once (they share the GPU; the tools are CPU-bound).
   (cd "$build" && ctest -L gpu ${SANITIZE_TESTS:+-R "$SANITIZE_TESTS"} -E "${SANITIZE_EXCLUDE:-^test_wait_timeout_gpu$}" \
       --show-only=json-v1 2>"$out/sanitize-ctest.err") | python3 -c '
-import json, sys
-tools = sys.argv[1].split()
+import json, re, subprocess, sys
+tools, split = sys.argv[1].split(), re.compile(sys.argv[2])
+def cases(cmd):
+    """The gtest cases of a test binary (--gtest_list_tests), death tests left out."""
+    out = subprocess.run(cmd + ["--gtest_list_tests"], capture_output=True, text=True, timeout=60).stdout
+    suite, names = "", []
+    for line in out.splitlines():
+        if not line.strip():
+            continue
+        if not line.startswith(" "):
+            first = line.split()[0]
+            suite = first if first.endswith(".") else ""  # not a suite: e.g. "Running main() ..."
+        elif suite:
+            names.append(suite + line.split()[0])
+    return [n for n in names if "DeathTest" not in n]
 for t in json.load(sys.stdin)["tests"]:
     cmd = t.get("command") or []
-    if cmd and not any(c.endswith("/tessera") for c in cmd[:1]):
+    if not cmd or any(c.endswith("/tessera") for c in cmd[:1]):
+        continue
+    # Death tests trap on purpose (and fork): never under a sanitizer.
+    runs = [(t["name"], "-*DeathTest*")]
+    if split.search(t["name"]):
+        runs = [(t["name"] + "." + c, c) for c in cases(cmd)] or runs
+    for name, filt in runs:
         for tool in tools:
-            print(t["name"] + "\t" + tool + "\t" + " ".join(cmd))' "${SANITIZE_TOOLS:-memcheck racecheck synccheck}" \
-      >"$out/sanitize-runs.txt"
+            print(name + "\t" + tool + "\t" + filt + "\t" + " ".join(cmd))' \
+      "${SANITIZE_TOOLS:-memcheck racecheck synccheck}" "${SANITIZE_SPLIT:-^kernels_gemm\$}" >"$out/sanitize-runs.txt"
   # API errors are not reported: NCCL probes kernels of other architectures
   # at init and frees memory it may not own at destroy, which memcheck would
   # count; CUDA errors of our own calls are checked by the tests themselves.
@@ -99,12 +120,11 @@ for t in json.load(sys.stdin)["tests"]:
   [ -s "$out/sanitize-runs.txt" ] || { note "sanitize: no tests selected (sanitize-ctest.err)"; return; }
   export SANITIZE_TIMEOUT="${SANITIZE_TIMEOUT:-300}" out
   xargs -r -P "${SANITIZE_JOBS:-1}" -d '\n' -n 1 bash -c '
-    IFS=$'"'"'\t'"'"' read -r name tool cmd <<<"$1"
-    log="$out/sanitize-$name-$tool.log"
-    # Death tests trap on purpose (and fork): not under a sanitizer. Every
-    # report is printed (--print-limit 0): racecheck reports are classified below.
+    IFS=$'"'"'\t'"'"' read -r name tool filt cmd <<<"$1"
+    log="$out/sanitize-${name//\//_}-$tool.log"  # parameterized gtest names hold slashes
+    # Every report is printed (--print-limit 0): racecheck reports are classified below.
     timeout "$SANITIZE_TIMEOUT" compute-sanitizer --tool "$tool" --error-exitcode 86 --report-api-errors no \
-        --print-limit 0 $cmd "--gtest_filter=-*DeathTest*" >"$log" 2>&1
+        --print-limit 0 $cmd "--gtest_filter=$filt" >"$log" 2>&1
     rc=$?
     summ=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)
     # A multi-rank test at one rank skips every case and makes no CUDA call.

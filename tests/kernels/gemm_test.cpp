@@ -103,26 +103,32 @@ TEST(GemmGpu, MatchesFloat64ReferenceOnSmallRaggedProblem) {
   }
 }
 
-TEST(GemmGpu, EveryTileLayoutTypeAndShapeMatchesCublas) {
+// One case per shape, so a sanitizer run can take the shapes as separate jobs.
+class GemmTileSweep : public ::testing::TestWithParam<std::array<int64_t, 3>> {};
+
+TEST_P(GemmTileSweep, EveryTileLayoutTypeAndShapeMatchesCublas) {
   TESSERA_REQUIRE_GPUS(1);
-  const std::vector<std::array<int64_t, 3>> shapes = {
-      {512, 768, 1024}, {300, 200, 72}, {129, 257, 136}, {1000, 520, 2056}};
-  for (const auto& sh : shapes)
-    for (DType in : {DType::bf16, DType::f16})
-      for (auto layout : {tk::BLayout::NK, tk::BLayout::KN})
-        for (auto tile : {tk::GemmTile::T128x256, tk::GemmTile::T256x128, tk::GemmTile::T128x128})
-          for (int cluster : {1, 2}) {
-            if (tile == tk::GemmTile::T128x128 && cluster == 2) continue;
-            const Problem p{sh[0], sh[1], sh[2], in, in, layout, (sh[0] % 2) ? 8 : 0};
-            Buffers s = make(p);
-            tk::GemmOptions o;
-            o.tile = tile;
-            o.cluster_m = cluster;
-            tk::gemm(s.args, o);
-            const double err = error_vs_cublas(s);
-            EXPECT_LT(err, tolerance(p.out)) << name(p, tile) << " cluster " << cluster;
-          }
+  const std::array<int64_t, 3> sh = GetParam();
+  for (DType in : {DType::bf16, DType::f16})
+    for (auto layout : {tk::BLayout::NK, tk::BLayout::KN})
+      for (auto tile : {tk::GemmTile::T128x256, tk::GemmTile::T256x128, tk::GemmTile::T128x128})
+        for (int cluster : {1, 2}) {
+          if (tile == tk::GemmTile::T128x128 && cluster == 2) continue;
+          const Problem p{sh[0], sh[1], sh[2], in, in, layout, (sh[0] % 2) ? 8 : 0};
+          Buffers s = make(p);
+          tk::GemmOptions o;
+          o.tile = tile;
+          o.cluster_m = cluster;
+          tk::gemm(s.args, o);
+          const double err = error_vs_cublas(s);
+          EXPECT_LT(err, tolerance(p.out)) << name(p, tile) << " cluster " << cluster;
+        }
 }
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GemmTileSweep,
+                         ::testing::Values(std::array<int64_t, 3>{512, 768, 1024}, std::array<int64_t, 3>{300, 200, 72},
+                                           std::array<int64_t, 3>{129, 257, 136},
+                                           std::array<int64_t, 3>{1000, 520, 2056}));
 
 // Ping-pong schedule (GemmOptions::ping_pong): both ping-pong tiles,
 // aligned and ragged shapes, both layouts and input types. Each result is
