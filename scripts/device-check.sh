@@ -3,7 +3,8 @@
 # in one call, leaving logs under $OUT (default ./device-out).
 #
 #   scripts/device-check.sh [step...]     steps: build cpu tests sanitize moe moeep attention ringattn comm gemm
-#                                          gemmgap mlp asynctp commir commirattn commirtune kernels signal python decoder
+#                                          gemmgap mlp mlprandom asynctp commir commirattn commirtune kernels signal
+#                                          python decoder
 #                                          readme faults
 #                                          (default: build tests comm gemm), run in the order given
 # sanitize: compute-sanitizer memcheck, racecheck and synccheck over every
@@ -218,6 +219,15 @@ step_mlp() {
   note "bench mlp rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-mlp.log" | tail -40 | tee -a "$summary"
 }
 
+# bench mlp --random: the operators' automatic choice against sequential on
+# drawn shapes (issue 19: never slower). MLP_RANDOM shapes (20), MLP_SEED (1).
+step_mlprandom() {
+  TESSERA_COMMIT="${commit:-unknown}" timeout "${MLP_RANDOM_TIMEOUT:-420}" "$bin" run -n "$ngpu" -- "$bin" bench mlp \
+      --random "${MLP_RANDOM:-20}" --seed "${MLP_SEED:-1}" --no-variants --no-kernel-only --reps 10 --warmup 3 \
+      --json "$out/mlp-random.json" >"$out/bench-mlp-random.log" 2>&1
+  note "bench mlp --random rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-mlp-random.log" | tail -12 | tee -a "$summary"
+}
+
 step_asynctp() {
   TESSERA_C_LIB="$build/lib/libtessera_c.so" timeout "${ASYNCTP_TIMEOUT:-120}" torchrun --nproc-per-node "$ngpu" "$root/scripts/bench_async_tp.py" \
       --shapes "${ASYNCTP_SHAPES:-${MLP_SHAPES:-1,2,3,4,5,6}}" ${ASYNCTP_ARGS:-} --markdown "$out/asynctp.md" >"$out/bench-asynctp.log" 2>&1
@@ -296,7 +306,7 @@ if command -v nvidia-smi >/dev/null; then
 fi
 : >"$out/steps.txt"
 for s in "${steps[@]}"; do
-  declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests sanitize moe moeep attention ringattn comm gemm gemmgap mlp asynctp commir commirattn commirtune kernels signal python readme decoder faults)"; continue; }
+  declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests sanitize moe moeep attention ringattn comm gemm gemmgap mlp mlprandom asynctp commir commirattn commirtune kernels signal python readme decoder faults)"; continue; }
   echo "$s start $(date +%s.%N)" >>"$out/steps.txt"
   if [[ ",${TRACE_STEPS:-}," == *",$s,"* ]] && [ -f "$build/lib/libtessera_kernel_trace.so" ]; then
     # The step's GPU timeline (tools/kernel_trace): one trace per process, condensed by trace_summary.py.

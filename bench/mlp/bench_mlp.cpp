@@ -41,12 +41,19 @@
 // GEMM, as inside a training step: the run starts on a busy GPU with the host
 // already ahead, so neither launch latency nor an idle-clock burst lands in
 // any column. scripts/bench_async_tp.py does the same for PyTorch.
+// --random N [--seed S] replaces MLP-1..6 by N shapes drawn as bench gemm
+// --random draws its GEMMs (gemm::draw_shapes): tokens S = M rounded up to a
+// multiple of R, H = K, I/R = N. After the tables it prints, per part,
+// Tessera (automatic) / sequential: geometric mean, worst, and how many
+// shapes were slower than sequential (issue 19: never); --json writes them.
 // Run with: tessera run -n R -- tessera bench mlp [--shapes 1,2,3] [--markdown FILE]
+//           tessera run -n R -- tessera bench mlp --random 20 --seed 1 --no-variants --json FILE
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <thread>
 #include <utility>
 #include <deque>
@@ -62,6 +69,8 @@
 #include "gemm/bench_gemm_kernels.hpp"
 #include "tessera/kernels/gemm.hpp"
 #include "common/mlp_shapes.hpp"
+#include "common/results.hpp"
+#include "gemm/bench_gemm_random.hpp"
 #include "tessera/ops/tp_mlp.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/runtime/process_group.hpp"
@@ -85,6 +94,12 @@ struct Options {
   /// (OpOptions::diag_skip), to place its cost over the engine.
   bool kernel_split = true;
   std::string markdown;
+  int random = 0;          ///< shapes to draw instead of MLP-1..6 (--random N)
+  std::uint64_t seed = 1;  ///< --seed S
+  std::string json;        ///< with --random: per-shape records and the summary
+  std::string device_kind = "unknown";
+  std::string commit;
+  std::string command_line;
 };
 
 struct Buf {
@@ -126,6 +141,13 @@ struct PartResult {
   double gemm = 0, engine = 0, comm = 0, seq = 0, dec = 0, best = 0, tes = 0;
   std::string which, choice;
   double flop = 0;
+};
+
+/// What --random summarizes of one part of one shape.
+struct PartOutcome {
+  std::string part;
+  double seq = 0, tes = 0;
+  std::string choice;
 };
 
 /// One MLP shape: its inputs, every timed body (registered in one
@@ -180,6 +202,15 @@ class ShapeBench {
     report_rs_ar();
     report_mlp();
     report_variants();
+  }
+
+  /// Sequential and automatic per part (after report()).
+  std::vector<PartOutcome> outcomes() const {
+    return {{"AG+GEMM", ag_res_[0].seq, ag_res_[0].tes, ag_res_[0].choice},
+            {"AG+GEMM gated", ag_res_[1].seq, ag_res_[1].tes, ag_res_[1].choice},
+            {"GEMM+RS", rs_.seq, rs_.tes, rs_.choice},
+            {"GEMM+AR", ar_.seq, ar_.tes, ar_.choice},
+            {"MLP", layer_.seq, layer_.tes, layer_.choice}};
   }
 
  private:
@@ -556,6 +587,104 @@ void print_tables(const Bench& b) {
   if (var_table) f << "\nFused variants (A/B of OpOptions):\n\n" << b.var.markdown() << "\n";
 }
 
+/// MLP-1..6 as --shapes lists them.
+std::vector<MlpShape> listed_shapes(const Options& o, int R) {
+  std::vector<MlpShape> out;
+  for (int idx : o.shapes) {
+    TESSERA_CHECK(idx >= 1 && idx <= 6, "bench mlp: shape {} not in 1..6", idx);
+    const MlpShape sh = mlp_shape(idx);
+    TESSERA_CHECK(sh.i % R == 0 && sh.s % R == 0, "bench mlp: {} does not split over {} ranks", sh.name, R);
+    out.push_back(sh);
+  }
+  return out;
+}
+
+/// --random's shapes: bench gemm's draw (M, N, K) as tokens S = M rounded up
+/// to a multiple of R, I/R = N, H = K. Names live as long as the process.
+std::vector<MlpShape> random_shapes(const Options& o, int R) {
+  static std::deque<std::string> names;
+  std::vector<MlpShape> out;
+  for (const auto& [m, n, k] : gemm::draw_shapes(o.random, o.seed)) {
+    const std::int64_t s = (m + R - 1) / R * R;
+    names.push_back(fmt::format("S{}-H{}-I{}", s, k, n * R));
+    out.push_back({names.back().c_str(), s, k, n * R});
+  }
+  return out;
+}
+
+/// --random's summary: per part, Tessera (automatic) / sequential over the
+/// drawn shapes; "slower" counts shapes where automatic took longer than
+/// sequential (> 1.00) and beyond 2 % (> 1.02, about the run-to-run noise).
+void summarize_random(const Options& o, const Bench& b,
+                      const std::vector<std::pair<MlpShape, std::vector<PartOutcome>>>& outcomes) {
+  const std::string series = fmt::format("random {} seed {}", o.random, o.seed);
+  nlohmann::json records = nlohmann::json::array();
+  Table sum{{"part", "shapes", "geomean tessera/seq", "worst", "worst shape", "> 1.00", "> 1.02"}};
+  for (const char* part : {"AG+GEMM", "AG+GEMM gated", "GEMM+RS", "GEMM+AR", "MLP"}) {
+    double log_sum = 0, worst = 0;
+    int n = 0, over = 0, over2 = 0;
+    std::string worst_shape;
+    for (const auto& [sh, parts] : outcomes)
+      for (const PartOutcome& p : parts) {
+        if (p.part != part || p.seq <= 0 || p.tes <= 0) continue;
+        const double r = p.tes / p.seq;
+        log_sum += std::log(r);
+        ++n;
+        over += r > 1.0;
+        over2 += r > 1.02;
+        if (r > worst) worst = r, worst_shape = sh.name;
+        records.push_back({{"metric", "tessera / sequential"},
+                           {"case", fmt::format("{} {}", sh.name, part)},
+                           {"value", r},
+                           {"unit", "ratio"},
+                           {"baseline", "sequential (cuBLASLt + NCCL)"},
+                           {"series", series},
+                           {"tessera_ms", p.tes},
+                           {"sequential_ms", p.seq},
+                           {"choice", p.choice}});
+      }
+    if (n == 0) continue;
+    const double gm = std::exp(log_sum / n);
+    sum.add({part, std::to_string(n), fmt::format("{:.3f}", gm), fmt::format("{:.3f}", worst), worst_shape,
+             std::to_string(over), std::to_string(over2)});
+    const std::string c = fmt::format("{}: {}", series, part);
+    records.push_back({{"metric", "geomean tessera / sequential"},
+                       {"case", c},
+                       {"value", gm},
+                       {"unit", "ratio"},
+                       {"baseline", "sequential (cuBLASLt + NCCL)"},
+                       {"count", n}});
+    records.push_back(
+        {{"metric", "worst tessera / sequential"},
+         {"case", c},
+         {"value", worst},
+         {"unit", "ratio"},
+         {"baseline", "sequential (cuBLASLt + NCCL)"},
+         {"issue", 19},
+         {"target",
+          {{"op", "<="}, {"value", 1.0}, {"text", "automatic never slower than sequential on any random shape"}}}});
+    records.push_back({{"metric", "count tessera / sequential > 1.02"}, {"case", c}, {"value", over2}});
+  }
+  fmt::print("\nbench mlp --random {} --seed {}: Tessera (automatic) / sequential per part\n{}", o.random, o.seed,
+             sum.str());
+  if (o.json.empty()) return;
+  const nlohmann::json prov{
+      {"topic", "mlp"},
+      {"issue", 19},
+      {"device",
+       o.device_kind != "unknown" ? o.device_kind : machine_kind(b.pg.device_properties().name, b.pg.world())},
+      {"gpu", b.pg.device_properties().name},
+      {"world", b.pg.world()},
+      {"date", results_date()},
+      {"commit", results_commit(o.commit)},
+      {"command", o.command_line},
+      {"dtype", o.dtype},
+      {"reps", o.reps},
+      {"lead", o.lead}};
+  write_results(o.json, prov, records, "bench mlp");
+  fmt::print("wrote {}\n", o.json);
+}
+
 void run(const Options& o) {
   auto pg = runtime::ProcessGroup::from_environment();
   const int R = pg->world(), rank = pg->rank();
@@ -574,15 +703,17 @@ void run(const Options& o) {
   const kernels::GemmArgs lead_args{lead_a.p, lead_b.p, lead_d.p, kLead, kLead, kLeadK,
                                     kLeadK,   kLeadK,   kLead,    t,     t,     kernels::BLayout::NK};
   Bench b{o, *pg, ctx, st, t, t == DType::f16 ? ncclFloat16 : ncclBfloat16, fused_tile, lead_args};
-  for (int idx : o.shapes) {
-    TESSERA_CHECK(idx >= 1 && idx <= 6, "bench mlp: shape {} not in 1..6", idx);
-    const MlpShape sh = mlp_shape(idx);
-    TESSERA_CHECK(sh.i % R == 0 && sh.s % R == 0, "bench mlp: {} does not split over {} ranks", sh.name, R);
+  const std::vector<MlpShape> shapes = o.random > 0 ? random_shapes(o, R) : listed_shapes(o, R);
+  std::vector<std::pair<MlpShape, std::vector<PartOutcome>>> outcomes;
+  for (const MlpShape& sh : shapes) {
     ShapeBench shape(b, sh);
     shape.measure();
     shape.report();
+    outcomes.emplace_back(sh, shape.outcomes());
   }
-  if (rank == 0) print_tables(b);
+  if (rank != 0) return;
+  print_tables(b);
+  if (o.random > 0) summarize_random(o, b, outcomes);
 }
 
 }  // namespace
@@ -615,7 +746,27 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
                 "with --kernel-only: GEMM+RS kernel-only rows with the owner add, band waits or notify adds left out "
                 "(OpOptions::diag_skip)");
   cmd->add_option("--markdown", opts->markdown, "append the tables (markdown) to this file");
-  cmd->callback([opts] { run(*opts); });
+  cmd->add_option("--random", opts->random,
+                  "N shapes drawn as bench gemm --random draws its GEMMs (tokens = M, I/R = N, H = K) instead of "
+                  "--shapes; prints Tessera (automatic) / sequential per part")
+      ->check(CLI::Range(1, 10000));
+  cmd->add_option("--seed", opts->seed, "seed of --random's draw");
+  cmd->add_option("--json", opts->json, "with --random: write per-shape records and the summary here");
+  cmd->add_option("--device-kind", opts->device_kind,
+                  "device kind recorded in --json (default: from the GPU's name and the world size)");
+  cmd->add_option("--commit", opts->commit, "commit recorded in --json (default $TESSERA_COMMIT)");
+  cmd->callback([opts, cmd] {
+    Options o = *opts;
+    o.command_line = "tessera bench mlp";
+    for (const auto* opt : cmd->get_options())
+      if (opt->count() > 0 && opt->get_name() != "--help")
+        o.command_line += " " + opt->get_name() + " " + [&] {
+          std::string v;
+          for (const auto& r : opt->results()) v += (v.empty() ? "" : ",") + r;
+          return v;
+        }();
+    run(o);
+  });
 });
 
 }  // namespace tessera::bench
