@@ -18,6 +18,8 @@ Shapes (B always [N, K], the nn.Linear weight layout; all row-major, contiguous,
   transpose(w[R, C]) -> [C, R] contiguous (a tiled kernel; the backward's B operands)
   swiglu(gu[M, 2I]) -> h[M, I] = SiLU(gu[:, 0::2]) * gu[:, 1::2] (gate/up interleaved; no context)
   swiglu_backward(gu[M, 2I], dh[M, I]) -> (dgu[M, 2I], h[M, I]): one pass, h recomputed for the weight gradient
+  (transpose, swiglu and swiglu_backward also take CPU tensors: the reference math, so the modules run at TP = 1
+  on the CPU)
 Row shards follow ceil(M / world) rows per rank, the last ones shorter.
 
 Sequence-parallel attention (4-D BSHD tensors, contiguous; head_dim 64 or 128; heads_q a multiple of heads_kv):
@@ -265,6 +267,13 @@ def _(gu):
     return gu.new_empty((gu.shape[0], gu.shape[1] // 2))
 
 
+@swiglu.register_kernel("cpu")
+def _(gu):
+    # The same op on CPU tensors (a TP = 1 module on the CPU): the reference math.
+    _swiglu_shapes("swiglu", gu)
+    return swiglu_reference(gu)
+
+
 @torch.library.custom_op("tessera::swiglu_backward", mutates_args=(), device_types="cuda")
 def swiglu_backward(gu: Tensor, dh: Tensor) -> tuple[Tensor, Tensor]:
     _swiglu_shapes("swiglu_backward", gu, dh)
@@ -282,6 +291,12 @@ def swiglu_backward(gu: Tensor, dh: Tensor) -> tuple[Tensor, Tensor]:
 def _(gu, dh):
     _swiglu_shapes("swiglu_backward", gu, dh)
     return torch.empty_like(gu), gu.new_empty((gu.shape[0], gu.shape[1] // 2))
+
+
+@swiglu_backward.register_kernel("cpu")
+def _(gu, dh):
+    _swiglu_shapes("swiglu_backward", gu, dh)
+    return swiglu_backward_reference(gu, dh)
 
 
 # ---- transpose (no context) --------------------------------------------------------------------------------------
@@ -302,6 +317,12 @@ def transpose(w: Tensor) -> Tensor:
 def _(w):
     _need(w.dim() == 2, f"tessera::transpose: w must be 2-D, got shape {tuple(w.shape)}")
     return w.new_empty((w.shape[1], w.shape[0]))
+
+
+@transpose.register_kernel("cpu")
+def _(w):
+    _need(w.dim() == 2, f"tessera::transpose: w must be 2-D, got shape {tuple(w.shape)}")
+    return w.t().contiguous()
 
 
 # ---- sp_attention / sp_attention_lse ---------------------------------------------------------------------------
