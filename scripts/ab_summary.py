@@ -14,8 +14,8 @@ their column. Per row the medians over rounds give head / base of:
   mlp     "tessera"   keyed by shape, part
   signal  "tessera"   keyed by op, shape, M, N, K
 (bench signal prints one table per op, ar then rs, with the same rows: a
-table's op is the one named by the last "<op>: shape i/n" progress line
-before it) and per bench the geometric mean, with the no-regression target of a
+table's op is the one named by the last "<op>: shape i/n", "<op>: offline
+stage" or "<op>: budget spent" progress line before it) and per bench the geometric mean, with the no-regression target of a
 refactor (<= 1.02). A row missing from either build is reported on stderr.
 """
 import argparse
@@ -39,13 +39,13 @@ def strip_rank(line):
     return line[9:] if line.startswith("[rank 0] ") else line
 
 
-OP_LINE = re.compile(r"\] (\w+): shape \d+/\d+")
+OP_LINE = re.compile(r"\] (\w+): (shape \d+/\d+|offline stage|budget spent)")
 
 
 def read_tables(text):
     """Every table in text: a list of row dicts per header line, each row
-    carrying "op", the operator of the last "<op>: shape i/n" line before
-    the table (empty if none).
+    carrying "op", the operator of the last progress line of an op (OP_LINE)
+    before the table (empty if none).
 
     A header is a line whose cells (two or more spaces apart) include the
     wanted key and value columns of some bench. Table::str() pads every line

@@ -9,13 +9,17 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 # the front end's tests (PyPI's torch 2.11, as on the GPU machines); without
 # them the suite reports skipped. TESSERA_NO_PY_DEPS=1 leaves the Python
 # environment as it is.
+# The interpreter is the one ctest runs the suite with (CMake's Python3).
 if [ "${TESSERA_NO_PY_DEPS:-0}" != 1 ]; then
+  py=$(sed -n 's/^_\{0,1\}Python3_EXECUTABLE:[A-Z]*=//p' "$root/build/CMakeCache.txt" 2>/dev/null | head -1 || true)
+  py=${py:-python3}
   py_need=()
-  python3 -c "import pytest" 2>/dev/null || py_need+=(pytest)
-  python3 -c "import torch" 2>/dev/null || py_need+=("torch>=2.11,<2.12")
+  "$py" -c "import pytest" 2>/dev/null || py_need+=(pytest)
+  "$py" -c "import torch" 2>/dev/null || py_need+=("torch>=2.11,<2.12")
   if [ ${#py_need[@]} -gt 0 ]; then
-    echo "test: installing ${py_need[*]} for the Python suite"
-    python3 -m pip install --quiet "${py_need[@]}" || echo "test: pip failed; the Python suite will report skipped"
+    echo "test: installing ${py_need[*]} into $py for the Python suite"
+    "$py" -m pip install --quiet "${py_need[@]}" ||
+      echo "test: WARNING: pip failed; the Python suite (python_package_test) will report skipped"
   fi
 fi
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1

@@ -95,6 +95,7 @@ struct Options {
   bool kernel_split = true;
   std::string markdown;
   int random = 0;          ///< shapes to draw instead of MLP-1..6 (--random N)
+  double budget_s = 0;     ///< with --random: no new shape after this many seconds (0: none)
   std::uint64_t seed = 1;  ///< --seed S
   std::string json;        ///< with --random: per-shape records and the summary
   std::string device_kind = "unknown";
@@ -616,7 +617,7 @@ std::vector<MlpShape> random_shapes(const Options& o, int R) {
 /// drawn shapes; "slower" counts shapes where automatic took longer than
 /// sequential (> 1.00) and beyond 2 % (> 1.02, about the run-to-run noise).
 void summarize_random(const Options& o, const Bench& b,
-                      const std::vector<std::pair<MlpShape, std::vector<PartOutcome>>>& outcomes) {
+                      const std::vector<std::pair<MlpShape, std::vector<PartOutcome>>>& outcomes, bool print) {
   const std::string series = fmt::format("random {} seed {}", o.random, o.seed);
   nlohmann::json records = nlohmann::json::array();
   Table sum{{"part", "shapes", "geomean tessera/seq", "worst", "worst shape", "> 1.00", "> 1.02"}};
@@ -665,8 +666,9 @@ void summarize_random(const Options& o, const Bench& b,
           {{"op", "<="}, {"value", 1.0}, {"text", "automatic never slower than sequential on any random shape"}}}});
     records.push_back({{"metric", "count tessera / sequential > 1.02"}, {"case", c}, {"value", over2}});
   }
-  fmt::print("\nbench mlp --random {} --seed {}: Tessera (automatic) / sequential per part\n{}", o.random, o.seed,
-             sum.str());
+  if (print)
+    fmt::print("\nbench mlp --random {} --seed {}: Tessera (automatic) / sequential per part, {} of {} shapes\n{}",
+               o.random, o.seed, outcomes.size(), o.random, sum.str());
   if (o.json.empty()) return;
   const nlohmann::json prov{
       {"topic", "mlp"},
@@ -680,9 +682,10 @@ void summarize_random(const Options& o, const Bench& b,
       {"command", o.command_line},
       {"dtype", o.dtype},
       {"reps", o.reps},
-      {"lead", o.lead}};
+      {"lead", o.lead},
+      {"shapes_measured", outcomes.size()}};
   write_results(o.json, prov, records, "bench mlp");
-  fmt::print("wrote {}\n", o.json);
+  if (print) fmt::print("wrote {}\n", o.json);
 }
 
 void run(const Options& o) {
@@ -705,15 +708,27 @@ void run(const Options& o) {
   Bench b{o, *pg, ctx, st, t, t == DType::f16 ? ncclFloat16 : ncclBfloat16, fused_tile, lead_args};
   const std::vector<MlpShape> shapes = o.random > 0 ? random_shapes(o, R) : listed_shapes(o, R);
   std::vector<std::pair<MlpShape, std::vector<PartOutcome>>> outcomes;
+  const auto t0 = std::chrono::steady_clock::now();
   for (const MlpShape& sh : shapes) {
+    // Every rank stops at the same shape: the slowest rank's clock decides.
+    const double elapsed =
+        pg->allreduce_max(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (o.budget_s > 0 && elapsed > o.budget_s) {
+      if (rank == 0)
+        fmt::print("bench mlp: budget spent ({:.0f} s): {} of {} shapes measured\n", elapsed, outcomes.size(),
+                   shapes.size());
+      break;
+    }
     ShapeBench shape(b, sh);
     shape.measure();
     shape.report();
     outcomes.emplace_back(sh, shape.outcomes());
+    // The records so far, so a run cut short keeps every finished shape.
+    if (o.random > 0 && rank == 0) summarize_random(o, b, outcomes, false);
   }
   if (rank != 0) return;
   print_tables(b);
-  if (o.random > 0) summarize_random(o, b, outcomes);
+  if (o.random > 0) summarize_random(o, b, outcomes, true);
 }
 
 }  // namespace
@@ -751,6 +766,9 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
                   "--shapes; prints Tessera (automatic) / sequential per part")
       ->check(CLI::Range(1, 10000));
   cmd->add_option("--seed", opts->seed, "seed of --random's draw");
+  cmd->add_option("--budget-s", opts->budget_s,
+                  "with --random: start no new shape after this many seconds (0: measure all)")
+      ->check(CLI::Range(0.0, 1e6));
   cmd->add_option("--json", opts->json, "with --random: write per-shape records and the summary here");
   cmd->add_option("--device-kind", opts->device_kind,
                   "device kind recorded in --json (default: from the GPU's name and the world size)");
@@ -759,12 +777,17 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
     Options o = *opts;
     o.command_line = "tessera bench mlp";
     for (const auto* opt : cmd->get_options())
-      if (opt->count() > 0 && opt->get_name() != "--help")
-        o.command_line += " " + opt->get_name() + " " + [&] {
-          std::string v;
-          for (const auto& r : opt->results()) v += (v.empty() ? "" : ",") + r;
-          return v;
-        }();
+      if (opt->count() > 0 && opt->get_name() != "--help") {
+        std::string v;
+        for (const auto& r : opt->results()) v += (v.empty() ? "" : ",") + r;
+        // Flags (--x,!--no-x) as typed; options with their values.
+        if (opt->get_type_size() == 0)
+          o.command_line += " " + (v == "false" ? "--no-" + opt->get_name().substr(2) : opt->get_name());
+        else
+          o.command_line += " " + opt->get_name() + " " + v;
+      }
+    TESSERA_CHECK(o.random > 0 || (o.json.empty() && o.budget_s == 0),
+                  "bench mlp: --json and --budget-s go with --random");
     run(o);
   });
 });

@@ -5,7 +5,9 @@
 // against cuBLASLt each time (poisoned output).
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <random>
+#include <string>
 
 #include "gemm_test_util.hpp"
 #include "support/test_support.hpp"
@@ -17,7 +19,9 @@ using tessera::DType;
 
 TEST(GemmGpuCapture, SplitKFirstCalledInsideAGlobalCapture) {
   TESSERA_REQUIRE_GPUS(1);
-  std::mt19937_64 rng(std::random_device{}());
+  const std::uint64_t seed = std::random_device{}();
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
   const int64_t m = 96, n = 512, k = 4096;  // few tiles, long K: a split the options force anyway
   tt::DevBuf a = tt::random_matrix(m, k, k, DType::bf16, rng, nullptr);
   tt::DevBuf b = tt::random_matrix(n, k, k, DType::bf16, rng, nullptr);
@@ -36,10 +40,12 @@ TEST(GemmGpuCapture, SplitKFirstCalledInsideAGlobalCapture) {
   TESSERA_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
 
   for (int replay = 0; replay < 3; ++replay) {
-    // Fresh A each replay (same buffer, new values), output poisoned.
+    // Fresh A each replay (same buffer, new values), output poisoned; both
+    // complete before the replay (s does not sync with the legacy stream).
     tt::DevBuf fresh = tt::random_matrix(m, k, k, DType::bf16, rng, nullptr);
     TESSERA_CUDA_CHECK(cudaMemcpy(a.p, fresh.p, a.bytes, cudaMemcpyDeviceToDevice));
     tt::poison(d);
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
     TESSERA_CUDA_CHECK(cudaGraphLaunch(exec, s));
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
     tk::GemmArgs r = args;

@@ -106,6 +106,13 @@ TEST(GemmGpu, MatchesFloat64ReferenceOnSmallRaggedProblem) {
 // One case per shape, so a sanitizer run can take the shapes as separate jobs.
 class GemmTileSweep : public ::testing::TestWithParam<std::array<int64_t, 3>> {};
 
+namespace {
+std::string sweep_case_name(const ::testing::TestParamInfo<std::array<int64_t, 3>>& info) {
+  const std::array<int64_t, 3>& p = info.param;
+  return "M" + std::to_string(p[0]) + "_N" + std::to_string(p[1]) + "_K" + std::to_string(p[2]);
+}
+}  // namespace
+
 TEST_P(GemmTileSweep, EveryTileLayoutTypeAndShapeMatchesCublas) {
   TESSERA_REQUIRE_GPUS(1);
   const std::array<int64_t, 3> sh = GetParam();
@@ -128,7 +135,8 @@ TEST_P(GemmTileSweep, EveryTileLayoutTypeAndShapeMatchesCublas) {
 INSTANTIATE_TEST_SUITE_P(Shapes, GemmTileSweep,
                          ::testing::Values(std::array<int64_t, 3>{512, 768, 1024}, std::array<int64_t, 3>{300, 200, 72},
                                            std::array<int64_t, 3>{129, 257, 136},
-                                           std::array<int64_t, 3>{1000, 520, 2056}));
+                                           std::array<int64_t, 3>{1000, 520, 2056}),
+                         sweep_case_name);
 
 // Ping-pong schedule (GemmOptions::ping_pong): both ping-pong tiles,
 // aligned and ragged shapes, both layouts and input types. Each result is

@@ -265,6 +265,25 @@ def run_step(model, x, dy):
     return y, x.grad
 
 
+def test_elementwise_ops_run_on_cpu():
+    """transpose, swiglu and swiglu_backward take CPU tensors (the reference math): fresh outputs, never views of
+    the input (custom ops may not alias), schema and fake checked by opcheck."""
+    torch.manual_seed(4)
+    for shape in [(5, 1), (1, 5), (3, 4), (0, 2)]:
+        w = torch.randn(shape).bfloat16()
+        t = torch.ops.tessera.transpose(w)
+        assert t.shape == (shape[1], shape[0]) and t.is_contiguous() and torch.equal(t, w.t())
+        assert w.numel() == 0 or t.data_ptr() != w.data_ptr()
+        torch.library.opcheck(torch.ops.tessera.transpose.default, (w,))
+    gu, dh = torch.randn(6, 8).bfloat16(), torch.randn(6, 4).bfloat16()
+    assert torch.equal(torch.ops.tessera.swiglu(gu), _ops.swiglu_reference(gu))
+    dgu, h = torch.ops.tessera.swiglu_backward(gu, dh)
+    ref_dgu, ref_h = _ops.swiglu_backward_reference(gu, dh)
+    assert torch.equal(dgu, ref_dgu) and torch.equal(h, ref_h)
+    torch.library.opcheck(torch.ops.tessera.swiglu.default, (gu,))
+    torch.library.opcheck(torch.ops.tessera.swiglu_backward.default, (gu, dh))
+
+
 @pytest.mark.parametrize("bias,backend", [(False, None), (True, None), (False, "aot_eager"), (True, "aot_eager"),
                                           (True, "inductor")])
 def test_modules_match_nn_linear_at_tp1(ctx1, bias, backend):

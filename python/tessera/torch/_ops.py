@@ -304,7 +304,7 @@ def _(gu, dh):
 def transpose(w: Tensor) -> Tensor:
     _need(w.dim() == 2, f"tessera::transpose: w must be 2-D, got shape {tuple(w.shape)}")
     if w.dtype not in _DTYPES or not w.is_contiguous() or w.shape[0] > 65535 * 32:
-        return w.t().contiguous()
+        return w.t().clone(memory_format=torch.contiguous_format)
     out = w.new_empty((w.shape[1], w.shape[0]))
     if w.numel():
         lib = _lib.load()
@@ -322,7 +322,7 @@ def _(w):
 @transpose.register_kernel("cpu")
 def _(w):
     _need(w.dim() == 2, f"tessera::transpose: w must be 2-D, got shape {tuple(w.shape)}")
-    return w.t().contiguous()
+    return w.t().clone(memory_format=torch.contiguous_format)
 
 
 # ---- sp_attention / sp_attention_lse ---------------------------------------------------------------------------

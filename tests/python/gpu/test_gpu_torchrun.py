@@ -77,13 +77,16 @@ def test_swiglu_ops_match_float32(world, rows, inter, dtype):
         torch.ops.tessera.swiglu_backward(gu, dh[:, :-1] if inter > 1 else dh[:0])
 
 
-# Even shapes take the 32-bit-pair kernel (whole and partial 64x64 tiles), odd ones the 16-bit kernel.
-@pytest.mark.parametrize("rows,cols,dtype", [(3072, 4096, torch.bfloat16), (130, 4098, torch.bfloat16),
-                                             (66, 70, torch.float16), (37, 1001, torch.float16),
-                                             (0, 8, torch.bfloat16)])
-def test_transpose_op_is_exact(world, rows, cols, dtype):
+# Even shapes on 4-byte-aligned storage take the 32-bit-pair kernel (whole and partial 64x64 tiles); odd shapes
+# and storage offset by one element take the 16-bit kernel.
+@pytest.mark.parametrize("rows,cols,dtype,offset", [(3072, 4096, torch.bfloat16, 0), (130, 4098, torch.bfloat16, 0),
+                                                    (66, 70, torch.float16, 0), (64, 71, torch.bfloat16, 0),
+                                                    (66, 70, torch.bfloat16, 1), (37, 1001, torch.float16, 0),
+                                                    (0, 8, torch.bfloat16, 0)])
+def test_transpose_op_is_exact(world, rows, cols, dtype, offset):
     _, _, dev = world
-    w = randn(rows, cols, seed=3, dev=dev).to(dtype)
+    flat = randn(rows * cols + offset, 1, seed=3, dev=dev).to(dtype).reshape(-1)
+    w = flat[offset:].view(rows, cols)  # contiguous; data_ptr 2 bytes past an aligned one when offset = 1
     t = torch.ops.tessera.transpose(w)
     assert t.shape == (cols, rows) and t.is_contiguous() and torch.equal(t, w.t())
 

@@ -12,6 +12,7 @@ N = 64, 128, 192, 256 live in ../gemm/wgmma.cuh (gen_wgmma.py); this file adds
 import os
 import sys
 
+sys.dont_write_bytecode = True  # no __pycache__ inside include/ (installed as headers)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gemm"))
 from gen_wgmma import ss_struct  # noqa: E402  (the one shared-memory-A form)
 
