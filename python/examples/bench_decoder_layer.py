@@ -146,40 +146,33 @@ def step(model, x):
     return loss, xs.grad
 
 
-def time_steps(model, x, warmup, iters):
+def time_median(body, device, warmup, iters):
+    """Median of `iters` timed calls of body() after `warmup` untimed ones (CUDA events, ranks started together by
+    a barrier), max over ranks."""
     for _ in range(warmup):
-        step(model, x)
+        body()
     times = []
     for _ in range(iters):
         dist.barrier()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        step(model, x)
+        body()
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b))
-    t = torch.tensor([statistics.median(times)], device=x.device)
+    t = torch.tensor([statistics.median(times)], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
+
+
+def time_steps(model, x, warmup, iters):
+    return time_median(lambda: step(model, x), x.device, warmup, iters)
 
 
 def time_forwards(model, x, warmup, iters):
-    """Median time of the forward alone, as a training step runs it (autograd recording, graph then dropped)."""
+    """The forward alone, as a training step runs it (autograd recording, graph then dropped)."""
     xs = x.detach().requires_grad_(True)
-    for _ in range(warmup):
-        model(xs)
-    times = []
-    for _ in range(iters):
-        dist.barrier()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        model(xs)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    t = torch.tensor([statistics.median(times)], device=x.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
+    return time_median(lambda: model(xs), x.device, warmup, iters)
 
 
 def profile_step(model, x, path, rank, steps=2):
