@@ -29,6 +29,8 @@
 # TRACE_STEPS=moe,decoder records those steps' GPU timelines (CUPTI, tools/kernel_trace) and writes
 # trace-<step>.md (scripts/trace_summary.py; TRACE_SUMMARY_ARGS adds its options) and trace-<step>.tgz.
 #
+# DEVICE_BUILD_DIR (default build-dev) puts the build elsewhere, e.g. outside a
+# carried tree, so that the next call on the warm machine reuses it.
 # Carry .deps (scripts/vendor-deps.sh): the GPU machines cannot install
 # packages. Multi-GPU tests run with one process per visible GPU.
 set -uo pipefail
@@ -44,7 +46,7 @@ ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 # CUDA_VISIBLE_DEVICES=0,1 on a machine of 4 runs the R = 2 steps there.
 [ -n "${CUDA_VISIBLE_DEVICES:-}" ] && ngpu=$(awk -F, '{print NF}' <<<"$CUDA_VISIBLE_DEVICES")
 jobs=$(nproc 2>/dev/null || echo 16)
-build="$root/build-dev"
+build="${DEVICE_BUILD_DIR:-$root/build-dev}"
 summary="$out/summary.txt"
 : >"$summary"
 note() { echo "$*" | tee -a "$summary"; }
