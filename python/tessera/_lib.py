@@ -12,6 +12,9 @@ import warnings
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 UNIQUE_ID_BYTES = 128
+# Operator flags (tessera.h): ag_gemm's SiLU*up epilogue; B given as [K, N] (ag_gemm, gemm_rs).
+AG_SWIGLU = 1
+B_KN = 2
 
 
 class TesseraError(RuntimeError):
@@ -67,6 +70,7 @@ def _prototypes(lib):
         "tessera_session_sp_two_level_inner": ([vp, i32], None),
         "tessera_ag_gemm_ex": ([vp, vp, vp, vp, vp, vp, i64, i64, i64, i64, i64, i32, i32, i32], i32),
         "tessera_gemm_rs_ex": ([vp, vp, vp, vp, vp, i64, i64, i64, i64, i32, i32], i32),
+        "tessera_gemm_rs_ex2": ([vp, vp, vp, vp, vp, i64, i64, i64, i64, i32, i32, i32], i32),
         "tessera_gemm_ar_ex": ([vp, vp, vp, vp, vp, i64, i64, i64, i32, i32], i32),
         "tessera_mlp_ex": ([vp, vp, vp, vp, vp, vp, i64, i64, i64, i64, i32, i32, i32], i32),
         "tessera_resolve": ([vp, i32, i64, i64, i64, i64, i32, i32, vp, vp, vp, pi], i32),

@@ -106,8 +106,18 @@ void need(const tessera_session* s, const char* fn) {
   TESSERA_CHECK(s != nullptr && s->ctx != nullptr, "{}: null session", fn);
 }
 
+// A flags word (TESSERA_AG_SWIGLU, TESSERA_B_KN) with no bit outside `known`.
+void check_flags(const char* fn, int flags, int known) {
+  TESSERA_CHECK((flags & ~known) == 0, "{}: flags = {:#x} has unknown bits (this entry point takes {:#x})", fn, flags,
+                known);
+}
+
+constexpr int kAgFlags = TESSERA_AG_SWIGLU | TESSERA_B_KN;
+constexpr int kRsFlags = TESSERA_B_KN;
+
+// `flags` checked by the caller (check_flags with kAgFlags).
 tessera::ops::AgGemmArgs ag_args(const void* a, const void* b, void* d, int64_t m, int64_t m_local, int64_t n,
-                                 int64_t k, int64_t ldd, int dtype, int swiglu) {
+                                 int64_t k, int64_t ldd, int dtype, int flags) {
   return {.a = a,
           .b = b,
           .d = d,
@@ -117,12 +127,22 @@ tessera::ops::AgGemmArgs ag_args(const void* a, const void* b, void* d, int64_t 
           .k = k,
           .ldd = ldd,
           .dtype = dtype_of(dtype),
-          .swiglu = swiglu != 0};
+          .swiglu = (flags & TESSERA_AG_SWIGLU) != 0,
+          .b_kn = (flags & TESSERA_B_KN) != 0};
 }
 
+// `flags` checked by the caller (check_flags with kRsFlags).
 tessera::ops::GemmRsArgs rs_args(const void* a, const void* b, void* d, int64_t m, int64_t m_local, int64_t n,
-                                 int64_t k, int dtype) {
-  return {.a = a, .b = b, .d = d, .m = m, .m_local = m_local, .n = n, .k = k, .dtype = dtype_of(dtype)};
+                                 int64_t k, int dtype, int flags) {
+  return {.a = a,
+          .b = b,
+          .d = d,
+          .m = m,
+          .m_local = m_local,
+          .n = n,
+          .k = k,
+          .dtype = dtype_of(dtype),
+          .b_kn = (flags & TESSERA_B_KN) != 0};
 }
 
 // Makes the session's device current for the scope.
@@ -356,6 +376,7 @@ int ag_gemm_call(const char* fn, tessera_session* s, CallerStream stream, const 
     check_size(fn, "n", n, 1);
     check_size(fn, "k", k, 1);
     check_size(fn, "ldd", ldd, 0);
+    check_flags(fn, swiglu, kAgFlags);
     need(s, fn);
     auto args = ag_args(a, b, d, m, m_local, n, k, ldd, dtype, swiglu);
     args.gathered_a = gathered_a;
@@ -365,14 +386,15 @@ int ag_gemm_call(const char* fn, tessera_session* s, CallerStream stream, const 
 }
 
 int gemm_rs_call(const char* fn, tessera_session* s, CallerStream stream, const void* a, const void* b, void* d,
-                 int64_t m, int64_t m_local, int64_t n, int64_t k, int dtype, int strategy) {
+                 int64_t m, int64_t m_local, int64_t n, int64_t k, int dtype, int strategy, int flags = 0) {
   return guarded(fn, [&] {
     check_size(fn, "m", m, 1);
     check_size(fn, "m_local", m_local, 0);
     check_size(fn, "n", n, 1);
     check_size(fn, "k", k, 1);
+    check_flags(fn, flags, kRsFlags);
     need(s, fn);
-    const auto args = rs_args(a, b, d, m, m_local, n, k, dtype);
+    const auto args = rs_args(a, b, d, m, m_local, n, k, dtype, flags);
     const auto o = options_of(s, strategy);
     run_on(s, stream, [&] { tessera::ops::gemm_rs(*s->ctx, args, o); });
   });
@@ -557,6 +579,11 @@ int tessera_ag_gemm_ex(tessera_session* s, void* stream, const void* a, const vo
 int tessera_gemm_rs_ex(tessera_session* s, void* stream, const void* a, const void* b, void* d, int64_t m,
                        int64_t m_local, int64_t n, int64_t k, int dtype, int strategy) {
   return gemm_rs_call("tessera_gemm_rs_ex", s, stream, a, b, d, m, m_local, n, k, dtype, strategy);
+}
+
+int tessera_gemm_rs_ex2(tessera_session* s, void* stream, const void* a, const void* b, void* d, int64_t m,
+                        int64_t m_local, int64_t n, int64_t k, int dtype, int strategy, int flags) {
+  return gemm_rs_call("tessera_gemm_rs_ex2", s, stream, a, b, d, m, m_local, n, k, dtype, strategy, flags);
 }
 
 int tessera_gemm_ar_ex(tessera_session* s, void* stream, const void* a, const void* b, void* d, int64_t m, int64_t n,
@@ -839,13 +866,14 @@ int tessera_resolve(tessera_session* s, int op, int64_t m, int64_t m_local, int6
     for (auto [name, v, lo] :
          {std::tuple{"m", m, 1}, std::tuple{"m_local", m_local, 0}, std::tuple{"n", n, 1}, std::tuple{"k", k, 1}})
       check_size("tessera_resolve", name, v, lo);
+    TESSERA_CHECK(op == 0 || op == 1, "tessera_resolve: op {} (0 ag_gemm, 1 gemm_rs)", op);
+    check_flags("tessera_resolve", swiglu, op == 0 ? kAgFlags : kRsFlags);
     need(s, "tessera_resolve");
     TESSERA_CHECK(out != nullptr, "tessera_resolve: out is null");
-    TESSERA_CHECK(op == 0 || op == 1, "tessera_resolve: op {} (0 ag_gemm, 1 gemm_rs)", op);
     auto o = options_of(s, TESSERA_AUTOMATIC);
     o.tune_on_miss = true;  // resolving is the place to measure
     const auto chosen = op == 0 ? s->ctx->resolve(ag_args(a, b, d, m, m_local, n, k, 0, dtype, swiglu), o)
-                                : s->ctx->resolve(rs_args(a, b, d, m, m_local, n, k, dtype), o);
+                                : s->ctx->resolve(rs_args(a, b, d, m, m_local, n, k, dtype, swiglu), o);
     *out = static_cast<int>(chosen);
   });
 }

@@ -54,6 +54,10 @@ void copy_in(const Call& k) {
 
 std::int64_t swiglu_tmp_ld(std::int64_t n) { return (n + 7) / 8 * 8; }
 
+kernels::BLayout b_layout(const AgGemmArgs& a) { return a.b_kn ? kernels::BLayout::KN : kernels::BLayout::NK; }
+
+std::int64_t b_ld(const AgGemmArgs& a) { return a.ldb ? a.ldb : (a.b_kn ? a.n : a.k); }
+
 void stage_shard(Call& k, bool skip_copy_in) {
   if (!skip_copy_in) copy_in(k);
   if (k.a.swiglu) k.tmp = k.c.staging.ensure(static_cast<std::size_t>(k.a.m * swiglu_tmp_ld(k.a.n) * k.es), k.st);
@@ -68,10 +72,10 @@ void local_gemm(const AgGemmArgs& a, const void* a_rows, std::int64_t rows, void
   g.n = a.n;
   g.k = a.k;
   g.lda = a.k;
-  g.ldb = a.ldb ? a.ldb : a.k;
+  g.ldb = b_ld(a);
   g.in = a.dtype;
   g.out = a.dtype;
-  g.b_layout = kernels::BLayout::NK;
+  g.b_layout = b_layout(a);
   const std::int64_t n_out = a.swiglu ? a.n / 2 : a.n;
   const std::int64_t ldd = a.ldd ? a.ldd : n_out;
   if (!a.swiglu) {
@@ -118,10 +122,10 @@ void launch_fused(const Call& k, int max_ctas, bool from_input) {
   g.problem.n = a.n;
   g.problem.k = a.k;
   g.problem.lda = a.k;
-  g.problem.ldb = a.ldb ? a.ldb : a.k;
+  g.problem.ldb = b_ld(a);
   g.problem.ldd = k.ldd;
   g.problem.in = g.problem.out = a.dtype;
-  g.problem.b_layout = kernels::BLayout::NK;
+  g.problem.b_layout = b_layout(a);
   // Own shard first, then shards in arrival order (plan.hpp).
   g.options = detail::fused_options(detail::kAgTile, k.plan.rotate_m, max_ctas);
   g.prologue.map = k.plan.map;

@@ -126,6 +126,17 @@ void check_nk(const char* op, std::int64_t n, std::int64_t k) {
   TESSERA_CHECK(k % 8 == 0, "{}: K = {} must be a multiple of 8 (16-byte rows for TMA)", op, k);
 }
 
+// B of the layout: [N, K] (row length K) or with b_kn [K, N] (row length N,
+// which must then keep 16-byte rows for the B tensor map).
+void check_b(const char* op, bool b_kn, std::int64_t n, std::int64_t k, std::int64_t ldb) {
+  if (b_kn)
+    TESSERA_CHECK(n % 8 == 0, "{}: N = {} must be a multiple of 8 with b_kn (B [K, N] needs 16-byte rows for TMA)", op,
+                  n);
+  const std::int64_t row = b_kn ? n : k, rows = b_kn ? k : n;
+  check_ld(op, "ldb", ldb ? ldb : row, row);
+  check_extent_bytes(op, "B", rows, ldb ? ldb : row);
+}
+
 }  // namespace
 
 void validate(const AgGemmArgs& a, int rank, int world, const char* op) {
@@ -137,19 +148,21 @@ void validate(const AgGemmArgs& a, int rank, int world, const char* op) {
   check_ptr(op, "D", a.d);
   if (a.gathered_a) check_ptr(op, "gathered_a", a.gathered_a);
   if (a.swiglu) TESSERA_CHECK(a.n % 2 == 0, "{}: N = {} must be even with the SiLU(gate)*up epilogue", op, a.n);
+  TESSERA_CHECK(!(a.swiglu && a.b_kn),
+                "{}: swiglu needs B as [N, K] (gate and up interleaved by rows); b_kn = true is not supported with it",
+                op);
   check_ld(op, "lda", a.lda ? a.lda : a.k, a.k);
-  check_ld(op, "ldb", a.ldb ? a.ldb : a.k, a.k);
+  check_b(op, a.b_kn, a.n, a.k, a.ldb);
   const std::int64_t n_out = a.swiglu ? a.n / 2 : a.n;
   check_ld(op, "ldd", a.ldd ? a.ldd : n_out, n_out);
   check_extent_bytes(op, "A", a.m, a.lda ? a.lda : a.k);  // gathered
-  check_extent_bytes(op, "B", a.n, a.ldb ? a.ldb : a.k);
-  check_extent_bytes(op, "D", a.m, a.ldd ? a.ldd : n_out);
 }
 
 namespace {
-// The row-parallel GEMM's operands (gemm_rs, gemm_ar): D[rows, N] = A[M, K]·Bᵀ.
+// The row-parallel GEMM's operands (gemm_rs, gemm_ar): D[rows, N] = A[M, K]·Bᵀ
+// (b_kn: A·B).
 template <class Args>
-void check_row_parallel(const Args& a, std::int64_t m_local, int rank, int world, const char* op) {
+void check_row_parallel(const Args& a, std::int64_t m_local, bool b_kn, int rank, int world, const char* op) {
   check_common(op, a.dtype, rank, world);
   check_nk(op, a.n, a.k);
   check_rows(op, a.m, m_local, rank, world);
@@ -157,21 +170,20 @@ void check_row_parallel(const Args& a, std::int64_t m_local, int rank, int world
   check_ptr(op, "B", a.b);
   check_ptr(op, "D", a.d);
   check_ld(op, "lda", a.lda ? a.lda : a.k, a.k);
-  check_ld(op, "ldb", a.ldb ? a.ldb : a.k, a.k);
+  check_b(op, b_kn, a.n, a.k, a.ldb);
   check_ld(op, "ldd", a.ldd ? a.ldd : a.n, a.n);
   check_extent_bytes(op, "A", a.m, a.lda ? a.lda : a.k);
-  check_extent_bytes(op, "B", a.n, a.ldb ? a.ldb : a.k);
   check_extent_bytes(op, "D", a.m, a.ldd ? a.ldd : a.n);
 }
 }  // namespace
 
 void validate(const GemmRsArgs& a, int rank, int world, const char* op) {
-  check_row_parallel(a, a.m_local, rank, world, op);
+  check_row_parallel(a, a.m_local, a.b_kn, rank, world, op);
 }
 
 void validate(const GemmArArgs& a, int rank, int world, const char* op) {
   // Every rank owns (reduces) a ragged row shard, as in gemm_rs.
-  check_row_parallel(a, shard_rows(a.m, world).rows(a.m, rank), rank, world, op);
+  check_row_parallel(a, shard_rows(a.m, world).rows(a.m, rank), false, rank, world, op);
 }
 
 void validate(const MlpArgs& a, int rank, int world, const char* op) {

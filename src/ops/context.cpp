@@ -216,18 +216,18 @@ ShapeSignature signature(const AgGemmArgs& a, Strategy s) {
   return ShapeSignature{1,
                         static_cast<std::int32_t>(a.dtype),
                         static_cast<std::int32_t>(s),
-                        (a.swiglu ? 1 : 0) | (a.gathered_a ? 2 : 0),
+                        (a.swiglu ? 1 : 0) | (a.gathered_a ? 2 : 0) | (a.b_kn ? 4 : 0),
                         a.m,
                         a.n,
                         a.k};
 }
 ShapeSignature signature(const GemmRsArgs& a, Strategy s, RsReduce r, int channels) {
-  // rs_reduce picks the counter layout, channels the ring's flag values:
-  // every rank must use the same.
+  // rs_reduce picks the counter layout, channels the ring's flag values,
+  // b_kn the kernel: every rank must use the same.
   return ShapeSignature{2,
                         static_cast<std::int32_t>(a.dtype),
                         static_cast<std::int32_t>(s),
-                        static_cast<std::int32_t>(r) | (channels << 4),
+                        static_cast<std::int32_t>(r) | (a.b_kn ? 8 : 0) | (channels << 4),
                         a.m,
                         a.n,
                         a.k};
@@ -354,7 +354,8 @@ Strategy TpContext::resolve(const AgGemmArgs& a, const OpOptions& o, TuneReport*
   check_ag_gemm(*impl_, a, o);
   if (const auto s = captured_choice(*impl_, o.strategy, "ag_gemm")) return *s;
   if (o.strategy != Strategy::automatic) return o.strategy;
-  const std::vector<std::int64_t> shape{a.m, a.n, a.k, a.swiglu ? 1 : 0};
+  // Flags: swiglu (1) and B's layout (2: [K, N]); an NK key is as before.
+  const std::vector<std::int64_t> shape{a.m, a.n, a.k, (a.swiglu ? 1 : 0) | (a.b_kn ? 2 : 0)};
   return tune_choice(
       *this, a, o, "ag_gemm", shape, ag_gemm_candidates(impl_->pg.world(), impl_->lsa),
       [&](Strategy s) { run_ag_gemm(*impl_, a, s, o); }, report);
@@ -364,8 +365,10 @@ Strategy TpContext::resolve(const GemmRsArgs& a, const OpOptions& o, TuneReport*
   check_gemm_rs(*impl_, a, o);
   if (const auto s = captured_choice(*impl_, o.strategy, "gemm_rs")) return *s;
   if (o.strategy != Strategy::automatic) return o.strategy;
-  // The fused candidate's speed depends on where it reduces: part of the key.
-  const std::vector<std::int64_t> shape{a.m, a.n, a.k, static_cast<std::int64_t>(o.rs_reduce)};
+  // The fused candidate's speed depends on where it reduces and on B's
+  // layout: part of the key (rs_reduce, plus 2 for B as [K, N]; an NK key is
+  // as before).
+  const std::vector<std::int64_t> shape{a.m, a.n, a.k, static_cast<std::int64_t>(o.rs_reduce) | (a.b_kn ? 2 : 0)};
   return tune_choice(
       *this, a, o, "gemm_rs", shape,
       gemm_rs_candidates(impl_->pg.world(), rs_tile_row_shards(a.m, impl_->pg.world()), impl_->lsa),

@@ -2,7 +2,9 @@
 // input type (included by fused_gemm_bf16.cu / fused_gemm_f16.cu so that the
 // two types compile in parallel). One tile for every fused GEMM (kAgTile,
 // kRsTile; tp_launchers.hpp) keeps the kernel count, and the build time,
-// small.
+// small. B is [N, K] or [K, N] (AgGemmArgs / GemmRsArgs b_kn): every fused
+// kernel but AG's SiLU·up one (NK only, args.cpp) compiles for both layouts
+// and gemm_with picks problem.b_layout's.
 #pragma once
 
 #include "tessera/ops/fused_policies.cuh"
@@ -17,7 +19,7 @@ namespace tessera::ops::detail {
 template <kernels::GemmTile Tile, class T, class Pro, class Epi>
 void run_fused(const kernels::GemmArgs& problem, const kernels::GemmOptions& options,
                const typename Pro::Arguments& pro, const typename Epi::Arguments& epi, cudaStream_t s) {
-  kernels::gemm_with<kernels::PingPong<Tile>, T, kernels::BLayout::NK>(
+  kernels::gemm_with<kernels::PingPong<Tile>, T, kernels::BLayout::NK, kernels::BLayout::KN>(
       problem, options, Pro::to_params(problem, options, pro), Epi::to_params(problem, options, epi),
       kernels::raster_from(options), s);
 }
@@ -39,7 +41,7 @@ void ag_gemm_typed(const AgGemmArguments& p, cudaStream_t s) {
     kernels::gemm_with<kernels::PingPong<kAgTile>, T, kernels::BLayout::NK>(
         p.problem, p.options, pro, output_epilogue<T, kernels::engine::kEpiSwiGLU>(p.problem), sched, s);
   else
-    kernels::gemm_with<kernels::PingPong<kAgTile>, T, kernels::BLayout::NK>(
+    kernels::gemm_with<kernels::PingPong<kAgTile>, T, kernels::BLayout::NK, kernels::BLayout::KN>(
         p.problem, p.options, pro, output_epilogue<T, kernels::engine::kEpiPlain>(p.problem), sched, s);
 }
 
@@ -52,40 +54,48 @@ void gemm_rs_typed(const GemmRsArguments& p, cudaStream_t s) {
       return run_fused<kRsTile, T, RsOwnerPrologue, RsOwnerEpilogue<T>>(p.problem, p.options, p.rs.shards, p.rs.shards,
                                                                         s);
     case RsEpilogueKind::slabs:
-      return kernels::gemm_with<kernels::PingPong<kRsTile>, T, kernels::BLayout::NK>(
+      return kernels::gemm_with<kernels::PingPong<kRsTile>, T, kernels::BLayout::NK, kernels::BLayout::KN>(
           p.problem, p.options, kernels::engine::NoWait{}, RsEpilogue<T>::to_params(p.problem, p.options, p.rs.shards),
           kernels::raster_from(p.options), s);
   }
 }
 
-template <class T>
-void preload_typed() {
+/// Loads (attribute query) every fused kernel of one B layout (kTransB: KN).
+template <class T, bool kTransB>
+void preload_layout() {
   using Cfg = kernels::PingPongCfgOf<kAgTile>::type;
   using RsCfg = kernels::PingPongCfgOf<kRsTile>::type;
   using Sched = kernels::engine::RasterScheduler;
   cudaFuncAttributes attr{};
   kernels::detail::cuda_check(
       cudaFuncGetAttributes(
-          &attr, kernels::engine::gemm_kernel<Cfg, T, false, AgPrologue,
+          &attr, kernels::engine::gemm_kernel<Cfg, T, kTransB, AgPrologue,
                                               kernels::engine::StdEpilogue<T, kernels::engine::kEpiPlain>, Sched>()),
       "ops: preload AG GEMM");
+  if constexpr (!kTransB)  // SiLU*up takes B as [N, K] only
+    kernels::detail::cuda_check(
+        cudaFuncGetAttributes(
+            &attr, kernels::engine::gemm_kernel<Cfg, T, false, AgPrologue,
+                                                kernels::engine::StdEpilogue<T, kernels::engine::kEpiSwiGLU>, Sched>()),
+        "ops: preload AG GEMM (SiLU*up)");
   kernels::detail::cuda_check(
       cudaFuncGetAttributes(
-          &attr, kernels::engine::gemm_kernel<Cfg, T, false, AgPrologue,
-                                              kernels::engine::StdEpilogue<T, kernels::engine::kEpiSwiGLU>, Sched>()),
-      "ops: preload AG GEMM (SiLU*up)");
-  kernels::detail::cuda_check(
-      cudaFuncGetAttributes(
-          &attr, kernels::engine::gemm_kernel<RsCfg, T, false, kernels::engine::NoWait, RsEpilogue<T>, Sched>()),
+          &attr, kernels::engine::gemm_kernel<RsCfg, T, kTransB, kernels::engine::NoWait, RsEpilogue<T>, Sched>()),
       "ops: preload RS GEMM");
   kernels::detail::cuda_check(
       cudaFuncGetAttributes(
-          &attr, kernels::engine::gemm_kernel<RsCfg, T, false, RsOwnerPrologue, RsOwnerEpilogue<T>, Sched>()),
+          &attr, kernels::engine::gemm_kernel<RsCfg, T, kTransB, RsOwnerPrologue, RsOwnerEpilogue<T>, Sched>()),
       "ops: preload RS GEMM (owner epilogue)");
   kernels::detail::cuda_check(
-      cudaFuncGetAttributes(&attr,
-                            kernels::engine::gemm_kernel<RsCfg, T, false, RsBandPrologue, RsStageEpilogue<T>, Sched>()),
+      cudaFuncGetAttributes(
+          &attr, kernels::engine::gemm_kernel<RsCfg, T, kTransB, RsBandPrologue, RsStageEpilogue<T>, Sched>()),
       "ops: preload RS GEMM (copy engine)");
+}
+
+template <class T>
+void preload_typed() {
+  preload_layout<T, false>();
+  preload_layout<T, true>();
 }
 
 }  // namespace tessera::ops::detail

@@ -28,7 +28,7 @@ void run_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, Strategy s, const OpOp
   entry.launch(c, a, o);
 }
 
-// cuBLASLt D[rows, N] = A[row0 : row0 + rows, K] · Bᵀ (see gemm_rs/gemm_rs.hpp).
+// cuBLASLt D[rows, N] = A[row0 : row0 + rows, K] · Bᵀ (b_kn: · B; see gemm_rs/gemm_rs.hpp).
 void row_parallel_gemm(const GemmRsArgs& a, std::int64_t row0, std::int64_t rows, void* d, std::int64_t ldd,
                        cudaStream_t s) {
   if (rows <= 0) return;
@@ -41,15 +41,19 @@ void row_parallel_gemm(const GemmRsArgs& a, std::int64_t row0, std::int64_t rows
   g.n = a.n;
   g.k = a.k;
   g.lda = lda;
-  g.ldb = a.ldb ? a.ldb : a.k;
+  g.ldb = rs::b_ld(a);
   g.ldd = ldd;
   g.in = a.dtype;
   g.out = a.dtype;
-  g.b_layout = kernels::BLayout::NK;
+  g.b_layout = rs::b_layout(a);
   kernels::cublaslt_gemm(g, s);
 }
 
 namespace rs {
+
+kernels::BLayout b_layout(const GemmRsArgs& a) { return a.b_kn ? kernels::BLayout::KN : kernels::BLayout::NK; }
+
+std::int64_t b_ld(const GemmRsArgs& a) { return a.ldb ? a.ldb : (a.b_kn ? a.n : a.k); }
 
 Env env(const TpContext::Impl& c, const GemmRsArgs& a) {
   return {c.pg.world(), c.pg.rank(), c.pg.stream(), static_cast<std::int64_t>(dtype_size(a.dtype))};
@@ -69,10 +73,10 @@ detail::GemmRsArguments fused_launch(TpContext::Impl& c, const GemmRsArgs& a, co
   g.problem.n = a.n;
   g.problem.k = a.k;
   g.problem.lda = a.lda ? a.lda : a.k;
-  g.problem.ldb = a.ldb ? a.ldb : a.k;
+  g.problem.ldb = b_ld(a);
   g.problem.ldd = plan.ld_recv;
   g.problem.in = g.problem.out = a.dtype;
-  g.problem.b_layout = kernels::BLayout::NK;
+  g.problem.b_layout = b_layout(a);
   // Remotely-owned tiles first: start at shard (rank + 1) mod R.
   g.options = detail::fused_options(detail::kRsTile, plan.rotate_m, max_ctas);
   g.kind = kind;

@@ -49,6 +49,32 @@ TEST(Capi, OperatorsRejectANullSession) {
   tessera_session_destroy(nullptr);  // a no-op, like free(NULL)
 }
 
+// The operator flags words: unknown bits are refused before the session is
+// looked at (so a null session shows it), the known ones pass on to it.
+TEST(Capi, OperatorFlagsRejectUnknownBits) {
+  char buf[64] = {};
+  void* p = buf;
+  EXPECT_EQ(tessera_ag_gemm_ex(nullptr, nullptr, p, p, p, nullptr, 128, 64, 128, 128, 0, TESSERA_BF16, 4, 0), -1);
+  EXPECT_NE(last().find("tessera_ag_gemm_ex: flags = 0x4 has unknown bits"), std::string::npos) << last();
+  EXPECT_EQ(tessera_ag_gemm(nullptr, p, p, p, 128, 64, 128, 128, 0, TESSERA_BF16, 8, 0), -1);
+  EXPECT_NE(last().find("tessera_ag_gemm: flags = 0x8 has unknown bits"), std::string::npos) << last();
+  EXPECT_EQ(tessera_ag_gemm_ex(nullptr, nullptr, p, p, p, nullptr, 128, 64, 128, 128, 0, TESSERA_BF16,
+                               TESSERA_AG_SWIGLU | TESSERA_B_KN, 0),
+            -1);
+  EXPECT_NE(last().find("tessera_ag_gemm_ex: null session"), std::string::npos) << last();
+  // gemm_rs takes TESSERA_B_KN only.
+  EXPECT_EQ(tessera_gemm_rs_ex2(nullptr, nullptr, p, p, p, 128, 64, 128, 128, TESSERA_BF16, 0, TESSERA_AG_SWIGLU), -1);
+  EXPECT_NE(last().find("tessera_gemm_rs_ex2: flags = 0x1 has unknown bits"), std::string::npos) << last();
+  EXPECT_EQ(tessera_gemm_rs_ex2(nullptr, nullptr, p, p, p, 128, 64, 128, 128, TESSERA_BF16, 0, TESSERA_B_KN), -1);
+  EXPECT_NE(last().find("tessera_gemm_rs_ex2: null session"), std::string::npos) << last();
+  int out = -7;
+  EXPECT_EQ(tessera_resolve(nullptr, 1, 128, 64, 128, 128, TESSERA_BF16, TESSERA_AG_SWIGLU, p, p, p, &out), -1);
+  EXPECT_NE(last().find("tessera_resolve: flags = 0x1 has unknown bits"), std::string::npos) << last();
+  EXPECT_EQ(tessera_resolve(nullptr, 0, 128, 64, 128, 128, TESSERA_BF16, TESSERA_B_KN, p, p, p, &out), -1);
+  EXPECT_NE(last().find("tessera_resolve: null session"), std::string::npos) << last();
+  EXPECT_EQ(out, -7);
+}
+
 TEST(Capi, NullArgumentsNeverCrash) {
   EXPECT_EQ(tessera_gemm_rs(nullptr, nullptr, nullptr, nullptr, 1, 1, 1, 1, 0, 0), -1);
   EXPECT_FALSE(last().empty());

@@ -109,6 +109,63 @@ TEST(OpsValidate, GemmRsAndMlp) {
   EXPECT_THROW(validate(m, 0, 2), tessera::Error);
 }
 
+// B as [K, N] (b_kn): ldb and the extent follow the layout, N keeps 16-byte
+// rows, and the SiLU*up epilogue (gate/up interleaved by rows of [N, K]) is refused.
+TEST(OpsValidate, BAsKN) {
+  auto a = good_ag(8192, 0, 2);  // N = 1024, K = 512
+  a.b_kn = true;
+  EXPECT_NO_THROW(validate(a, 0, 2));
+  a.ldb = 1024;  // >= N: valid for [K, N] although larger than K
+  EXPECT_NO_THROW(validate(a, 0, 2));
+  auto bad = a;
+  bad.ldb = 512;  // the row length of [N, K], too short for [K, N]
+  std::string msg = error_message([&] { validate(bad, 0, 2); });
+  EXPECT_NE(msg.find("ldb = 512 is smaller than the row length 1024"), std::string::npos) << msg;
+  bad = a;
+  bad.ldb = 0;
+  bad.n = 1020;  // packed [K, N] rows of 2040 bytes
+  msg = error_message([&] { validate(bad, 0, 2); });
+  EXPECT_NE(msg.find("N = 1020 must be a multiple of 8 with b_kn"), std::string::npos) << msg;
+  bad.b_kn = false;  // [N, K] takes any N (with a padded D)
+  bad.ldd = 1024;
+  EXPECT_NO_THROW(validate(bad, 0, 2));
+  bad = a;
+  bad.swiglu = true;
+  msg = error_message([&] { validate(bad, 0, 2); });
+  EXPECT_NE(msg.find("ag_gemm: swiglu needs B as [N, K]"), std::string::npos) << msg;
+  // B's bytes are counted as K rows of ldb.
+  bad = a;
+  bad.k = std::int64_t{1} << 24;
+  bad.ldb = std::int64_t{1} << 30;  // 2^24 rows x 2^30 x 2 bytes = 2^55
+  bad.lda = 0;
+  msg = error_message([&] { validate(bad, 0, 2); });
+  EXPECT_NE(msg.find("B of 16777216 rows"), std::string::npos) << msg;
+
+  GemmRsArgs r;
+  r.a = fake(0x1000);
+  r.b = fake(0x2000);
+  r.d = fake(0x3000);
+  r.m = 8000;
+  r.m_local = 4000;
+  r.n = 4096;
+  r.k = 5504;
+  r.b_kn = true;
+  EXPECT_NO_THROW(validate(r, 1, 2));
+  r.n = 8192;
+  r.k = 4096;
+  r.ldb = 4096;  // >= K (the [N, K] row) but < N: too short for [K, N]
+  EXPECT_NE(error_message([&] { validate(r, 1, 2); }).find("gemm_rs: ldb = 4096 is smaller than the row length 8192"),
+            std::string::npos);
+  r.b_kn = false;
+  EXPECT_NO_THROW(validate(r, 1, 2));
+  r.b_kn = true;
+  r.ldb = 0;
+  r.n = 4092;
+  r.ldd = 4096;
+  msg = error_message([&] { validate(r, 1, 2); });
+  EXPECT_NE(msg.find("gemm_rs: N = 4092 must be a multiple of 8 with b_kn"), std::string::npos) << msg;
+}
+
 TEST(OpsValidate, GemmAr) {
   GemmArArgs a;
   a.a = fake(0x1000);

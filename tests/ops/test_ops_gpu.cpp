@@ -319,6 +319,133 @@ TEST_P(OpsTp, GemmRsAllStrategiesMatchReference) {
   }
 }
 
+/// Bᵀ of a host matrix ([N, K] -> [K, N]).
+Mat transposed(const Mat& b) {
+  Mat t{b.cols, b.rows, std::vector<double>(b.v.size())};
+  for (std::int64_t r = 0; r < b.rows; ++r)
+    for (std::int64_t c = 0; c < b.cols; ++c) t.at(c, r) = b.at(r, c);
+  return t;
+}
+
+// Shapes for B as [K, N] (b_kn): N a multiple of 8 (16-byte rows of B), the
+// ragged ones (M, N and K off the tiles) with B's rows padded (ldb > N).
+struct KnShape {
+  std::int64_t m, n, k, ldb_pad;
+};
+const KnShape kKnShapes[] = {{1024, 768, 256, 0}, {1000, 704, 264, 8}, {1024, 712, 264, 16}, {2048, 4352, 64, 0}};
+
+// Every AG+GEMM strategy with B given as [K, N] (the backward's dX = dY·W
+// with W the nn.Linear weight), against A·B in double; with and without
+// gathered_a (the runs without it read a second A: see
+// AgGemmAllStrategiesMatchReference).
+TEST_P(OpsTp, AgGemmAllStrategiesWithBAsKNMatchReference) {
+  if (skip()) GTEST_SKIP() << "needs >= 2 ranks with a GPU each";
+  auto& pg = group();
+  const DType t = GetParam();
+  const int R = pg.world(), rank = pg.rank();
+  for (const KnShape& sh : kKnShapes) {
+    const std::uint64_t seed = shared_seed();
+    const Mat b = random_mat(sh.n, sh.k, seed + 1 + rank, t, 0.5);  // [N, K]; uploaded as Bᵀ [K, N]
+    const std::int64_t ldb = sh.n + sh.ldb_pad;
+    auto db = upload(transposed(b), 0, sh.k, ldb, t);
+    const ShardRows s = shard_rows(sh.m, R);
+    const std::int64_t m_local = s.rows(sh.m, rank);
+    const std::int64_t ldd = sh.n;
+    Dev dd(static_cast<std::size_t>(sh.m * ldd * 2)), dg(static_cast<std::size_t>(sh.m * sh.k * 2));
+    const Mat a = random_mat(sh.m, sh.k, seed, t), a2 = random_mat(sh.m, sh.k, seed + 7919, t);
+    auto da = upload(a, s.lo(rank), m_local, sh.k, t), da2 = upload(a2, s.lo(rank), m_local, sh.k, t);
+    const std::vector<double> ref_a = matmul_nt(a, 0, sh.m, b), ref_a2 = matmul_nt(a2, 0, sh.m, b);
+    const std::pair<Strategy, bool> runs[] = {{Strategy::sequential, true},     {Strategy::decomposition, true},
+                                              {Strategy::fused_ce, true},       {Strategy::fused_sm, true},
+                                              {Strategy::decomposition, false}, {Strategy::fused_ce, false},
+                                              {Strategy::sequential, false}};
+    for (const auto& [st, want_gathered] : runs) {
+      const std::vector<double>& ref = want_gathered ? ref_a : ref_a2;
+      AgGemmArgs g;
+      g.a = want_gathered ? da->p : da2->p;
+      g.b = db->p;
+      g.d = dd.p;
+      g.m = sh.m;
+      g.m_local = m_local;
+      g.n = sh.n;
+      g.k = sh.k;
+      g.ldb = sh.ldb_pad ? ldb : 0;  // 0: packed [K, N], ldb = N
+      g.ldd = ldd;
+      g.dtype = t;
+      g.b_kn = true;
+      g.gathered_a = want_gathered ? dg.p : nullptr;
+      OpOptions o;
+      o.strategy = st;
+      o.channels = 3;
+      dd.poison();
+      dg.poison();
+      TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+      ops::ag_gemm(ctx(), g, o);
+      TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
+      const double err = tessera::testing::relative_error(download(dd.p, sh.m, sh.n, ldd, t), ref);
+      EXPECT_LT(err, t == DType::bf16 ? 2e-2 : 5e-3)
+          << strategy_name(st) << " b_kn M " << sh.m << " N " << sh.n << " K " << sh.k << " ldb " << ldb
+          << " gathered_a " << want_gathered;
+      if (want_gathered)
+        EXPECT_EQ(tessera::testing::relative_error(download(dg.p, sh.m, sh.k, sh.k, t), a.v), 0.0) << strategy_name(st);
+    }
+  }
+}
+
+// Every GEMM+RS variant with B given as [K, N] against Σ_r A_r·B_r in
+// double; a few back-to-back calls each, bitwise equal to the first where
+// the reduction order is fixed.
+TEST_P(OpsTp, GemmRsAllStrategiesWithBAsKNMatchReference) {
+  if (skip()) GTEST_SKIP() << "needs >= 2 ranks with a GPU each";
+  auto& pg = group();
+  const DType t = GetParam();
+  const int R = pg.world(), rank = pg.rank();
+  for (const KnShape& sh : kKnShapes) {
+    const ShardRows s = shard_rows(sh.m, R);
+    const std::int64_t m_local = s.rows(sh.m, rank), lo = s.lo(rank);
+    const RowParallelCase cs = row_parallel_case({sh.m, sh.n, sh.k, 0}, t, R, lo, m_local);
+    const std::int64_t ldb = sh.n + sh.ldb_pad, ldd = sh.n;
+    auto da = upload(cs.as[rank], 0, sh.m, sh.k, t);
+    auto db = upload(transposed(cs.bs[rank]), 0, sh.k, ldb, t);
+    Dev dd(static_cast<std::size_t>(m_local * ldd * 2));
+    for (const RsVariant& var : kRsVariants) {
+      const Strategy st = var.strategy;
+      if (st == Strategy::fused_ce && !rs_tile_row_shards(sh.m, R)) continue;  // rejected (the NK test checks it)
+      GemmRsArgs g;
+      g.a = da->p;
+      g.b = db->p;
+      g.d = dd.p;
+      g.m = sh.m;
+      g.m_local = m_local;
+      g.n = sh.n;
+      g.k = sh.k;
+      g.ldb = sh.ldb_pad ? ldb : 0;
+      g.ldd = ldd;
+      g.dtype = t;
+      g.b_kn = true;
+      OpOptions o;
+      o.strategy = st;
+      o.rs_reduce = var.reduce;
+      o.channels = var.channels;
+      std::vector<double> first;
+      for (int it = 0; it < (st == Strategy::sequential ? 1 : 3); ++it) {
+        dd.poison();
+        ops::gemm_rs(ctx(), g, o);
+        TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
+        const auto out = download(dd.p, m_local, sh.n, ldd, t);
+        if (it == 0) {
+          first = out;
+          EXPECT_LT(tessera::testing::relative_error(out, cs.ref), t == DType::bf16 ? 2e-2 : 5e-3)
+              << strategy_name(st) << " b_kn reduce " << rs_reduce_name(var.reduce) << " channels " << var.channels
+              << " M " << sh.m << " N " << sh.n << " K " << sh.k << " ldb " << ldb;
+        } else {
+          ASSERT_EQ(out, first) << strategy_name(st) << " b_kn iteration " << it << " differs (non-deterministic)";
+        }
+      }
+    }
+  }
+}
+
 // Ring GEMM+RS at R = WORLD against sequential (cuBLASLt + NCCL) on the
 // same data, aligned and ragged: many calls enqueued back to back with no
 // host sync between them, interleaved with the other strategies (shared

@@ -31,13 +31,15 @@ def _one_rank(handle):
     assert c.world == 1, "the CPU reference kernels model a one-rank group only"
 
 
-def _ref_mm(a, b):
-    return (a.float() @ b.float().t()).to(a.dtype)
+def _ref_mm(a, b, b_kn=False):
+    """a @ b.T, or a @ b with b_kn (b [K, N])."""
+    return (a.float() @ (b.float() if b_kn else b.float().t())).to(a.dtype)
 
 
-def _ref_ag(a, b, ctx, m, swiglu=False, strategy=0):
+def _ref_ag(a, b, ctx, m, swiglu=False, strategy=0, b_kn=False):
     _one_rank(ctx)
-    gu = _ref_mm(a, b)
+    assert not (swiglu and b_kn)
+    gu = _ref_mm(a, b, b_kn)
     if swiglu:
         g, u = gu[:, 0::2].float(), gu[:, 1::2].float()
         gu = (torch.nn.functional.silu(g) * u).to(a.dtype)
@@ -45,9 +47,11 @@ def _ref_ag(a, b, ctx, m, swiglu=False, strategy=0):
 
 
 torch.library.register_kernel("tessera::ag_gemm", "cpu", _ref_ag)
-torch.library.register_kernel("tessera::ag_gemm_gathered", "cpu",
-                              lambda a, b, ctx, m, swiglu=False, strategy=0: (_ref_ag(a, b, ctx, m, swiglu), a.clone()))
-torch.library.register_kernel("tessera::gemm_rs", "cpu", lambda a, b, ctx, strategy=0: (_one_rank(ctx), _ref_mm(a, b))[1])
+torch.library.register_kernel(
+    "tessera::ag_gemm_gathered", "cpu",
+    lambda a, b, ctx, m, swiglu=False, strategy=0, b_kn=False: (_ref_ag(a, b, ctx, m, swiglu, b_kn=b_kn), a.clone()))
+torch.library.register_kernel("tessera::gemm_rs", "cpu",
+                              lambda a, b, ctx, strategy=0, b_kn=False: (_one_rank(ctx), _ref_mm(a, b, b_kn))[1])
 torch.library.register_kernel("tessera::gemm_ar", "cpu", lambda a, b, ctx, strategy=0: (_one_rank(ctx), _ref_mm(a, b))[1])
 torch.library.register_kernel(
     "tessera::mlp", "cpu",
@@ -153,7 +157,10 @@ def test_fake_shapes(world):
         assert torch.ops.tessera.ag_gemm(meta(ml, k), meta(n, k), c.handle, m, True).shape == (m, n // 2)
         out, g = torch.ops.tessera.ag_gemm_gathered(meta(ml, k), meta(n, k), c.handle, m)
         assert out.shape == (m, n) and g.shape == (m, k)
+        out, g = torch.ops.tessera.ag_gemm_gathered(meta(ml, k), meta(k, n), c.handle, m, False, 0, True)  # b_kn
+        assert out.shape == (m, n) and g.shape == (m, k)
         assert torch.ops.tessera.gemm_rs(meta(m, k), meta(n, k), c.handle).shape == (ml, n)
+        assert torch.ops.tessera.gemm_rs(meta(m, k), meta(k, n), c.handle, 0, True).shape == (ml, n)  # b_kn
         assert torch.ops.tessera.gemm_ar(meta(m, k), meta(n, k), c.handle).shape == (m, n)
         assert torch.ops.tessera.mlp(meta(ml, h), meta(2 * i, h), meta(h, i), c.handle, m).shape == (ml, h)
         c.close()
@@ -180,6 +187,15 @@ def test_bad_input_is_rejected_naming_the_argument():
         op.mlp(meta(64, 32), meta(48, 32), meta(32, 16), c.handle, 128)
     with pytest.raises(ValueError, match="x must be 2-D"):
         op.mlp(meta(64, 32, 1), meta(32, 32), meta(32, 16), c.handle, 128)
+    # b_kn: b is [K, N]
+    with pytest.raises(ValueError, match=r"gemm_rs: a has K = 32 but b \(b_kn: \[K, N\]\) has K = 16 rows"):
+        op.gemm_rs(meta(128, 32), meta(16, 32), c.handle, 0, True)
+    with pytest.raises(ValueError, match="ag_gemm_gathered: b_kn needs N a multiple of 8.*N = 12"):
+        op.ag_gemm_gathered(meta(64, 32), meta(32, 12), c.handle, 128, False, 0, True)
+    with pytest.raises(ValueError, match="gemm_rs: b_kn needs N a multiple of 8.*N = 20"):
+        op.gemm_rs(meta(128, 32), meta(32, 20), c.handle, 0, True)
+    with pytest.raises(ValueError, match="ag_gemm_gathered: swiglu needs b as \\[N, K\\].*b_kn"):
+        op.ag_gemm_gathered(meta(64, 32), meta(32, 16), c.handle, 128, True, 0, True)
     c.close()
 
 
@@ -202,6 +218,10 @@ def test_opcheck_schema_and_fake():
     torch.library.opcheck(torch.ops.tessera.ag_gemm.default, (a, b, c.handle, 64, False, 0), test_utils=utils)
     torch.library.opcheck(torch.ops.tessera.ag_gemm_gathered.default, (a, b, c.handle, 64, True, 0), test_utils=utils)
     torch.library.opcheck(torch.ops.tessera.gemm_rs.default, (a, b, c.handle, 0), test_utils=utils)
+    bkn = torch.randn(32, 48, generator=g).bfloat16()
+    torch.library.opcheck(torch.ops.tessera.ag_gemm_gathered.default, (a, bkn, c.handle, 64, False, 0, True),
+                          test_utils=utils)
+    torch.library.opcheck(torch.ops.tessera.gemm_rs.default, (a, bkn, c.handle, 0, True), test_utils=utils)
     torch.library.opcheck(torch.ops.tessera.gemm_ar.default, (a, b, c.handle, 0), test_utils=utils)
     torch.library.opcheck(torch.ops.tessera.mlp.default,
                           (a, torch.randn(64, 32, generator=g).bfloat16(), torch.randn(32, 32, generator=g).bfloat16(),
@@ -463,10 +483,11 @@ def test_tuning_shapes_of_a_decoder_layer():
     layer = tt.TensorParallelDecoderLayer(64, 128, 8, 2, c, device="meta")
     s = tt.tuning_shapes(layer, 1024)
     qkv_n = (4 + 2 * 1) * 8
-    assert s == [("ag_gemm", 1024, qkv_n, 64), ("gemm_rs", 1024, 64, qkv_n),      # QKV forward / dX
-                 ("gemm_rs", 1024, 64, 32), ("ag_gemm", 1024, 32, 64),            # O forward / dX
-                 ("ag_gemm", 1024, 128, 64), ("gemm_rs", 1024, 64, 128),          # gate/up forward / dX
-                 ("gemm_rs", 1024, 64, 64), ("ag_gemm", 1024, 64, 64)]            # down forward / dX
+    # The dX GEMMs take the weight as B [K, N] (b_kn: the trailing True).
+    assert s == [("ag_gemm", 1024, qkv_n, 64), ("gemm_rs", 1024, 64, qkv_n, True),           # QKV forward / dX
+                 ("gemm_rs", 1024, 64, 32), ("ag_gemm", 1024, 32, 64, False, True),         # O forward / dX
+                 ("ag_gemm", 1024, 128, 64), ("gemm_rs", 1024, 64, 128, True),              # gate/up forward / dX
+                 ("gemm_rs", 1024, 64, 64), ("ag_gemm", 1024, 64, 64, False, True)]         # down forward / dX
     assert tt.tuning_shapes(layer.mlp, 1024, training=False) == [("ag_gemm", 1024, 128, 64, True),
                                                                  ("gemm_rs", 1024, 64, 64)]
     fixed = tt.ColumnParallelLinear(64, 128, c, device="meta", strategy="sequential")
@@ -487,10 +508,16 @@ def test_pretune_resolves_each_shape_with_this_ranks_shard(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     c = tt.Context._for_shapes(rank=1, world=2)  # buffers on the CPU here
     c._h, c._lib = 0x1, Lib()
-    got = c.pretune([("ag_gemm", 1000, 256, 64), ("gemm_rs", 1000, 64, 128), ("ag_gemm", 1000, 256, 64, True)])
+    got = c.pretune([("ag_gemm", 1000, 256, 64), ("gemm_rs", 1000, 64, 128), ("ag_gemm", 1000, 256, 64, True),
+                     ("gemm_rs", 1000, 64, 128, True), ("ag_gemm", 1000, 256, 64, False, True)])
     assert got == {("ag_gemm", 1000, 256, 64): "fused_ce", ("gemm_rs", 1000, 64, 128): "sequential",
-                   ("ag_gemm", 1000, 256, 64, True): "fused_ce"}
-    assert calls == [(0, 1000, 500, 256, 64, 0, 0), (1, 1000, 500, 64, 128, 0, 0), (0, 1000, 500, 256, 64, 0, 1)]
+                   ("ag_gemm", 1000, 256, 64, True): "fused_ce", ("gemm_rs", 1000, 64, 128, True): "sequential",
+                   ("ag_gemm", 1000, 256, 64, False, True): "fused_ce"}
+    # flags: 1 swiglu, 2 B as [K, N]
+    assert calls == [(0, 1000, 500, 256, 64, 0, 0), (1, 1000, 500, 64, 128, 0, 0), (0, 1000, 500, 256, 64, 0, 1),
+                     (1, 1000, 500, 64, 128, 0, 2), (0, 1000, 500, 256, 64, 0, 2)]
+    with pytest.raises(ValueError, match="pretune: shape"):
+        c.pretune([("gemm_rs", 10, 16, 16, True, True)])
     with pytest.raises(ValueError, match="pretune: op 'mlp'"):
         c.pretune([("mlp", 10, 10, 10)])
     c._h = None

@@ -110,9 +110,21 @@ void tessera_session_sp_workspace_limit(tessera_session* s, uint64_t bytes);
  * Every rank the same. */
 void tessera_session_sp_two_level_inner(tessera_session* s, int inner);
 
-/* D[M, N] = AllGather(A shard [m_local, K]) · B[N, K]ᵀ; swiglu: B holds gate
- * and up rows interleaved per ops::AgGemmArgs and D is [M, N/2]. Packed rows
- * when ld* is 0. */
+/* Operator flags (the ag_gemm entry points' `swiglu` word, tessera_gemm_rs_ex2's
+ * and tessera_resolve's `swiglu`); a bit an entry point does not take is
+ * rejected (-1, tessera_last_error names the flags), before any other use:
+ *   TESSERA_AG_SWIGLU  ag_gemm only: B holds gate and up rows interleaved per
+ *                      ops::AgGemmArgs and D is [M, N/2] (the value 1 the
+ *                      `int swiglu` argument always had)
+ *   TESSERA_B_KN       ag_gemm, gemm_rs: B is [K, N] row-major (packed, N a
+ *                      multiple of 8) and the GEMM is A · B instead of A · Bᵀ
+ *                      (not with TESSERA_AG_SWIGLU) */
+#define TESSERA_AG_SWIGLU 1
+#define TESSERA_B_KN 2
+
+/* D[M, N] = AllGather(A shard [m_local, K]) · B[N, K]ᵀ; `swiglu` is a flags
+ * word (TESSERA_AG_SWIGLU, TESSERA_B_KN; 0 or 1 as before). Packed rows when
+ * ld* is 0. */
 int tessera_ag_gemm(tessera_session* s, const void* a, const void* b, void* d, int64_t m, int64_t m_local, int64_t n,
                     int64_t k, int64_t ldd, int dtype, int swiglu, int strategy);
 /* D[m_local, N] = this rank's rows of ReduceScatter(A[M, K] · B[N, K]ᵀ). */
@@ -131,12 +143,16 @@ int tessera_mlp(tessera_session* s, const void* x, const void* w_gate_up, const 
                 int64_t m_local, int64_t h, int64_t i_local, int dtype, int ag_strategy, int rs_strategy);
 /* The same operators ordered inside the caller's `stream` (see Streams).
  * tessera_ag_gemm_ex: gathered_a (optional, NULL for none) receives the
- * gathered A [M, K], packed. */
+ * gathered A [M, K], packed; `swiglu` is the flags word above.
+ * tessera_gemm_rs_ex2: tessera_gemm_rs_ex with a flags word (TESSERA_B_KN:
+ * B [K, N], D = RS(A · B)); tessera_gemm_rs_ex is it with flags 0. */
 int tessera_ag_gemm_ex(tessera_session* s, void* stream, const void* a, const void* b, void* d, void* gathered_a,
                        int64_t m, int64_t m_local, int64_t n, int64_t k, int64_t ldd, int dtype, int swiglu,
                        int strategy);
 int tessera_gemm_rs_ex(tessera_session* s, void* stream, const void* a, const void* b, void* d, int64_t m,
                        int64_t m_local, int64_t n, int64_t k, int dtype, int strategy);
+int tessera_gemm_rs_ex2(tessera_session* s, void* stream, const void* a, const void* b, void* d, int64_t m,
+                        int64_t m_local, int64_t n, int64_t k, int dtype, int strategy, int flags);
 int tessera_gemm_ar_ex(tessera_session* s, void* stream, const void* a, const void* b, void* d, int64_t m, int64_t n,
                        int64_t k, int dtype, int strategy);
 int tessera_mlp_ex(tessera_session* s, void* stream, const void* x, const void* w_gate_up, const void* w_down,
@@ -251,7 +267,9 @@ int tessera_can_access_peer(int device, int peer, int* out);
 int tessera_lsa_probe(int ndev, int* lsa_size);
 
 /* The strategy `automatic` resolves to for this shape (tunes if needed;
- * collective). *out receives a strategy code. op: 0 ag_gemm, 1 gemm_rs. */
+ * collective). *out receives a strategy code. op: 0 ag_gemm, 1 gemm_rs;
+ * `swiglu` is the op's flags word (ag_gemm: TESSERA_AG_SWIGLU, TESSERA_B_KN;
+ * gemm_rs: TESSERA_B_KN). */
 int tessera_resolve(tessera_session* s, int op, int64_t m, int64_t m_local, int64_t n, int64_t k, int dtype, int swiglu,
                     const void* a, const void* b, void* d, int* out);
 

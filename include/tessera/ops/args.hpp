@@ -3,8 +3,10 @@
 //
 // Row sharding over R ranks (ragged allowed): shard s holds rows
 // [s*ceil(M/R), min((s+1)*ceil(M/R), M)); every shard must be non-empty
-// (M > (R-1)*ceil(M/R)). All matrices row-major; B is always [N, K] (the
-// nn.Linear weight layout, D = A·Bᵀ). A, B, D share one dtype (bf16 or f16).
+// (M > (R-1)*ceil(M/R)). All matrices row-major; B is [N, K] (the nn.Linear
+// weight layout, D = A·Bᵀ), or with b_kn (ag_gemm, gemm_rs) [K, N] (D = A·B:
+// the backward's dX = dY·W with W the nn.Linear weight, read in place instead
+// of transposed). A, B, D share one dtype (bf16 or f16).
 //
 // Validation here is pure host logic (no CUDA call, no communication), so it
 // is CPU-tested; the cross-rank agreement check (same shape/dtype/strategy on
@@ -94,10 +96,11 @@ Strategy parse_strategy(std::string_view name);
 
 /// D[M, N] = AllGather(A)[M, K] · Bᵀ. With swiglu, B is the fused gate/up
 /// weight with gate and up interleaved by rows (row 2j = gate_j, row 2j+1 =
-/// up_j), N even, and D[M, N/2] = SiLU(gate)·up.
+/// up_j), N even, and D[M, N/2] = SiLU(gate)·up. With b_kn, B is [K, N]
+/// and D = AllGather(A)·B (not with swiglu).
 struct AgGemmArgs {
   const void* a = nullptr;   ///< this rank's shard [m_local, K], row stride lda
-  const void* b = nullptr;   ///< [N, K], row stride ldb
+  const void* b = nullptr;   ///< [N, K] (b_kn: [K, N]), row stride ldb
   void* d = nullptr;         ///< [M, N] (or [M, N/2] with swiglu), row stride ldd
   std::int64_t m = 0;        ///< total (gathered) rows
   std::int64_t m_local = 0;  ///< rows of this rank's shard
@@ -105,17 +108,20 @@ struct AgGemmArgs {
   std::int64_t lda = 0, ldb = 0, ldd = 0;  ///< elements; 0 = packed
   DType dtype = DType::bf16;
   bool swiglu = false;
+  bool b_kn = false;           ///< B given as [K, N] row-major (ldb >= N, N % 8 == 0)
   void* gathered_a = nullptr;  ///< optional out: the gathered A [M, K], packed
 };
 
-/// D_local[m_local, N] = rows of this rank's shard of Σ_ranks A_r[M, K] · B_rᵀ.
+/// D_local[m_local, N] = rows of this rank's shard of Σ_ranks A_r[M, K] · B_rᵀ
+/// (with b_kn: Σ_ranks A_r · B_r, B_r [K, N]).
 struct GemmRsArgs {
   const void* a = nullptr;  ///< [M, K] (this rank's K shard), row stride lda
-  const void* b = nullptr;  ///< [N, K], row stride ldb
+  const void* b = nullptr;  ///< [N, K] (b_kn: [K, N]), row stride ldb
   void* d = nullptr;        ///< [m_local, N], row stride ldd
   std::int64_t m = 0, m_local = 0, n = 0, k = 0;
   std::int64_t lda = 0, ldb = 0, ldd = 0;
   DType dtype = DType::bf16;
+  bool b_kn = false;  ///< B given as [K, N] row-major (ldb >= N, N % 8 == 0)
 };
 
 /// D[M, N] = Σ_ranks A_r[M, K] · B_rᵀ on every rank (GEMM + AllReduce: the
@@ -154,7 +160,8 @@ ShardRows shard_rows(std::int64_t m, int world);
 /// bf16/f16, pointers non-null and 16-byte aligned (TMA), K % 8 == 0,
 /// leading dimensions multiples of 8 and >= row length, world in [1, 16],
 /// m_local equal to this rank's ragged shard, every shard non-empty,
-/// swiglu ⇒ N even. Upper bounds: M, N, K, H and every leading dimension
+/// swiglu ⇒ N even; b_kn ⇒ N % 8 == 0, ldb >= N, not with swiglu (the
+/// gate/up interleave is by rows of [N, K]). Upper bounds: M, N, K, H and every leading dimension
 /// below 2^31, I/R below 2^30 (checked before 2·I/R is formed), and every
 /// operand's rows x leading dimension x 2 bytes at most 2^48 (overflow-checked).
 void validate(const AgGemmArgs& a, int rank, int world, const char* op = "ag_gemm");
@@ -167,7 +174,7 @@ struct ShapeSignature {
   std::int32_t op = 0;  ///< 1 ag_gemm, 2 gemm_rs, 3 mlp, 4 gemm_ar
   std::int32_t dtype = 0;
   std::int32_t strategy = 0;
-  std::int32_t flags = 0;  ///< swiglu, gathered_a requested
+  std::int32_t flags = 0;  ///< per op: swiglu, gathered_a requested, b_kn, rs_reduce, channels
   std::int64_t m = 0, n = 0, k = 0;
   bool operator<(const ShapeSignature& o) const;
 };

@@ -59,8 +59,9 @@ def shard_rows(m, world, rank):
 
 
 def tuning_shapes(module, m, training=True):
-    """The (op, m, n, k[, swiglu]) shapes that `module`'s tessera layers run with strategy automatic at m tokens
-    (forward, and backward when training), for Context.pretune."""
+    """The (op, m, n, k[, ...flags]) shapes that `module`'s tessera layers run with strategy automatic at m tokens
+    (forward, and backward when training), for Context.pretune. The backward's dX GEMMs take the weight as B
+    [K, N]: ("gemm_rs", m, n, k, True) and ("ag_gemm", m, n, k, False, True)."""
     from . import modules as tm
     auto = STRATEGIES["automatic"]
     out = []
@@ -69,22 +70,22 @@ def tuning_shapes(module, m, training=True):
             if mod.strategy == auto:
                 out.append(("ag_gemm", m, mod.out_per_rank, mod.in_features))
             if training and mod.backward_strategy == auto:
-                out.append(("gemm_rs", m, mod.in_features, mod.out_per_rank))
+                out.append(("gemm_rs", m, mod.in_features, mod.out_per_rank, True))
         elif isinstance(mod, tm.RowParallelLinear):
             if mod.strategy == auto:
                 out.append(("gemm_rs", m, mod.out_features, mod.in_per_rank))
             if training and mod.backward_strategy == auto:
-                out.append(("ag_gemm", m, mod.in_per_rank, mod.out_features))
+                out.append(("ag_gemm", m, mod.in_per_rank, mod.out_features, False, True))
         elif isinstance(mod, tm.TensorParallelMLP):
             h, i = mod.hidden, mod.i_per_rank
             if mod.strategy == auto:
                 out.append(("ag_gemm", m, 2 * i, h) if training else ("ag_gemm", m, 2 * i, h, True))
                 if training:
-                    out.append(("gemm_rs", m, h, 2 * i))
+                    out.append(("gemm_rs", m, h, 2 * i, True))
             if mod.rs_strategy == auto:
                 out.append(("gemm_rs", m, h, i))
                 if training:
-                    out.append(("ag_gemm", m, i, h))
+                    out.append(("ag_gemm", m, i, h, False, True))
     seen, uniq = set(), []
     for s in out:
         if s not in seen:
@@ -303,8 +304,9 @@ class Context:
         """Makes `automatic`'s choice now for each shape, so the training or serving step finds it made (in this
         context, and in the on-disk cache when use_cache). Collective: every rank of the group, the same list.
 
-        shapes: (op, m, n, k) or (op, m, n, k, swiglu) as the operators are called — op 'ag_gemm' (m total rows,
-        B [n, k]) or 'gemm_rs' (A [m, k], B [n, k]); for a model, tuning_shapes(model, tokens) lists them:
+        shapes: as the operators are called — ('ag_gemm', m, n, k[, swiglu[, b_kn]]) (m total rows, B [n, k], or
+        [k, n] with b_kn) or ('gemm_rs', m, n, k[, b_kn]) (A [m, k], B [n, k] or [k, n]); for a model,
+        tuning_shapes(model, tokens) lists them:
             ctx.pretune(tt.tuning_shapes(model, 8192))
         Returns {shape: strategy name}. A choice is stored for the exact shape and serves, with
         tune_on_miss off, the shapes near it (within a factor 2 per dimension) as well."""
@@ -315,17 +317,24 @@ class Context:
         out = {}
         for s in shapes:
             op, m, n, k, *rest = s
-            swiglu = bool(rest[0]) if rest else False
             if op not in codes:
                 raise ValueError(f"pretune: op {op!r} (ag_gemm or gemm_rs)")
+            if len(rest) > (2 if op == "ag_gemm" else 1):
+                raise ValueError(f"pretune: shape {tuple(s)}: ('ag_gemm', m, n, k[, swiglu[, b_kn]]) or "
+                                 "('gemm_rs', m, n, k[, b_kn])")
+            if op == "gemm_rs":
+                rest = [False] + rest
+            swiglu = bool(rest[0]) if rest else False
+            b_kn = bool(rest[1]) if len(rest) > 1 else False
             ml = shard_rows(m, self.world, self.rank)
             def buf(r, c):
                 return torch.randn(r, c, device=self.device, dtype=dtype).mul_(0.01)
             a = buf(ml, k) if op == "ag_gemm" else buf(m, k)
             d = buf(m, n // 2 if swiglu else n) if op == "ag_gemm" else buf(ml, n)
-            b = buf(n, k)
+            b = buf(k, n) if b_kn else buf(n, k)
+            flags = (_lib.AG_SWIGLU if swiglu else 0) | (_lib.B_KN if b_kn else 0)
             r = ctypes.c_int()
-            _lib.check(self._lib.tessera_resolve(self.session, codes[op], m, ml, n, k, dt, 1 if swiglu else 0,
+            _lib.check(self._lib.tessera_resolve(self.session, codes[op], m, ml, n, k, dt, flags,
                                                  a.data_ptr(), b.data_ptr(), d.data_ptr(), ctypes.byref(r)))
             out[tuple(s)] = names[r.value]
         torch.cuda.synchronize(self.device)
@@ -334,7 +343,8 @@ class Context:
     # ---- step-level choice ------------------------------------------------------------------------------------
     def strategy_for(self, key, code):
         """The strategy code an operator call runs: `code` unless it is automatic (0) and calibrate() or
-        set_overrides() forced this call's key — (op, m, n, k) or ("ag_gemm", m, n, k, swiglu) — to another."""
+        set_overrides() forced this call's key — (op, m, n, k), ("ag_gemm", m, n, k, swiglu), either with a True
+        appended for B as [K, N] (b_kn) — to another."""
         if code != 0:
             return code
         if self._seen is not None:

@@ -8,11 +8,14 @@ library orders the operator inside that stream (an event each way), so the input
 the caller's later work — including the caching allocator's reuse of freed inputs, which is ordered on that
 same stream — follows it, and no record_stream is needed. Outputs are allocated on the current stream.
 
-Shapes (B always [N, K], the nn.Linear weight layout; all row-major, contiguous, bf16 or fp16):
+Shapes (B [N, K], the nn.Linear weight layout, unless b_kn; all row-major, contiguous, bf16 or fp16):
   ag_gemm(a[m_local, K], b[N, K], ctx, m, swiglu, strategy) -> [m, N] (or [m, N/2] with swiglu: b holds gate
       and up rows interleaved, out = SiLU(gate) * up)
-  ag_gemm_gathered(...) -> (the same, the gathered a [m, K])
-  gemm_rs(a[M, K], b[N, K], ctx, strategy) -> [m_local, N]: this rank's rows of reduce_scatter(a @ b.T)
+  ag_gemm_gathered(a, b, ctx, m, swiglu, strategy, b_kn) -> (the same, the gathered a [m, K]); b_kn: b is [K, N]
+      and out = all_gather(a) @ b (N a multiple of 8; not with swiglu)
+  gemm_rs(a[M, K], b[N, K], ctx, strategy, b_kn) -> [m_local, N]: this rank's rows of reduce_scatter(a @ b.T);
+      b_kn: b is [K, N] and the product a @ b (N a multiple of 8)
+  (b_kn lets the backward pass the nn.Linear weight W [N_out, K_in] itself for dX = dY @ W, no transposed copy)
   gemm_ar(a[M, K], b[N, K], ctx, strategy) -> [M, N]: all_reduce(a @ b.T)
   mlp(x[m_local, H], w_gate_up[2I, H], w_down[H, I], ctx, m, ag_strategy, rs_strategy) -> [m_local, H]
   transpose(w[R, C]) -> [C, R] contiguous (a tiled kernel; the backward's B operands)
@@ -80,14 +83,27 @@ def _check_aligned(op, **ts):
                                       f"{t.storage_offset()}); pass a tensor of its own (.clone())")
 
 
-def _ag_shapes(op, ctx, a, b, m, swiglu):
-    _need(a.shape[1] == b.shape[1], f"tessera::{op}: a has K = {a.shape[1]} but b has K = {b.shape[1]}")
+def _b_nk(op, a, b, b_kn):
+    """(N, K) of b: [N, K], or [K, N] with b_kn; checks K against a's and, for b_kn, N's 16-byte rows."""
+    n, k = (b.shape[1], b.shape[0]) if b_kn else (b.shape[0], b.shape[1])
+    if b_kn:
+        _need(a.shape[1] == k, f"tessera::{op}: a has K = {a.shape[1]} but b (b_kn: [K, N]) has K = {k} rows")
+        _need(n % 8 == 0, f"tessera::{op}: b_kn needs N a multiple of 8 (16-byte rows of b [K, N]); b has N = {n}")
+    else:
+        _need(a.shape[1] == k, f"tessera::{op}: a has K = {a.shape[1]} but b has K = {k}")
+    return n, k
+
+
+def _ag_shapes(op, ctx, a, b, m, swiglu, b_kn=False):
+    _need(not (swiglu and b_kn), f"tessera::{op}: swiglu needs b as [N, K] (gate/up interleaved by rows); b_kn = True "
+                                 "is not supported with it")
+    n, _ = _b_nk(op, a, b, b_kn)
     _need(m >= 1, f"tessera::{op}: m = {m} (total rows) must be >= 1")
     _need(a.shape[0] == shard_rows(m, ctx.world, ctx.rank),
           f"tessera::{op}: a has {a.shape[0]} rows but rank {ctx.rank}'s shard of m = {m} over {ctx.world} ranks has "
           f"{shard_rows(m, ctx.world, ctx.rank)}")
-    _need(not swiglu or b.shape[0] % 2 == 0, f"tessera::{op}: swiglu needs an even N, b has {b.shape[0]} rows")
-    return b.shape[0] // 2 if swiglu else b.shape[0]
+    _need(not swiglu or n % 2 == 0, f"tessera::{op}: swiglu needs an even N, b has {n} rows")
+    return n // 2 if swiglu else n
 
 
 def _stream(ctx):
@@ -95,23 +111,26 @@ def _stream(ctx):
 
 
 # ---- ag_gemm / ag_gemm_gathered -------------------------------------------------------------------------------
-def _ag_run(a, b, ctx_handle, m, swiglu, strategy, gathered):
+def _ag_run(op, a, b, ctx_handle, m, swiglu, strategy, gathered, b_kn=False):
     ctx = lookup(ctx_handle)
-    dt = _check_tensors("ag_gemm", ctx, True, a=a, b=b)
-    n_out = _ag_shapes("ag_gemm", ctx, a, b, m, swiglu)
+    dt = _check_tensors(op, ctx, True, a=a, b=b)
+    n_out = _ag_shapes(op, ctx, a, b, m, swiglu, b_kn)
+    n, k = _b_nk(op, a, b, b_kn)
     out = torch.empty((m, n_out), dtype=a.dtype, device=a.device)
     g = torch.empty((m, a.shape[1]), dtype=a.dtype, device=a.device) if gathered else None
     lib = _lib.load()
-    strategy = ctx.strategy_for(("ag_gemm", m, b.shape[0], b.shape[1], bool(swiglu)), strategy)
+    # The key of an NK call is as before; a [K, N] B adds a True (Context.pretune's shapes).
+    strategy = ctx.strategy_for(("ag_gemm", m, n, k, bool(swiglu)) + ((True,) if b_kn else ()), strategy)
+    flags = (_lib.AG_SWIGLU if swiglu else 0) | (_lib.B_KN if b_kn else 0)
     _lib.check(lib.tessera_ag_gemm_ex(ctx.session, _stream(ctx), a.data_ptr(), b.data_ptr(), out.data_ptr(),
-                                      g.data_ptr() if gathered else None, m, a.shape[0], b.shape[0], b.shape[1], 0,
-                                      _DTYPES[dt], 1 if swiglu else 0, strategy))
+                                      g.data_ptr() if gathered else None, m, a.shape[0], n, k, 0, _DTYPES[dt], flags,
+                                      strategy))
     return out, g
 
 
 @torch.library.custom_op("tessera::ag_gemm", mutates_args=(), device_types="cuda")
 def ag_gemm(a: Tensor, b: Tensor, ctx: int, m: int, swiglu: bool = False, strategy: int = 0) -> Tensor:
-    return _ag_run(a, b, ctx, m, swiglu, strategy, False)[0]
+    return _ag_run("ag_gemm", a, b, ctx, m, swiglu, strategy, False)[0]
 
 
 @ag_gemm.register_fake
@@ -123,45 +142,47 @@ def _(a, b, ctx, m, swiglu=False, strategy=0):
 
 
 @torch.library.custom_op("tessera::ag_gemm_gathered", mutates_args=(), device_types="cuda")
-def ag_gemm_gathered(a: Tensor, b: Tensor, ctx: int, m: int, swiglu: bool = False,
-                     strategy: int = 0) -> tuple[Tensor, Tensor]:
-    return _ag_run(a, b, ctx, m, swiglu, strategy, True)
+def ag_gemm_gathered(a: Tensor, b: Tensor, ctx: int, m: int, swiglu: bool = False, strategy: int = 0,
+                     b_kn: bool = False) -> tuple[Tensor, Tensor]:
+    return _ag_run("ag_gemm_gathered", a, b, ctx, m, swiglu, strategy, True, b_kn)
 
 
 @ag_gemm_gathered.register_fake
-def _(a, b, ctx, m, swiglu=False, strategy=0):
+def _(a, b, ctx, m, swiglu=False, strategy=0, b_kn=False):
     c = lookup(ctx)
     _check_tensors("ag_gemm_gathered", c, False, a=a, b=b)
-    n_out = _ag_shapes("ag_gemm_gathered", c, a, b, m, swiglu)
+    n_out = _ag_shapes("ag_gemm_gathered", c, a, b, m, swiglu, b_kn)
     return a.new_empty((m, n_out)), a.new_empty((m, a.shape[1]))
 
 
 # ---- gemm_rs ---------------------------------------------------------------------------------------------------
-def _rs_shapes(op, ctx, a, b):
-    _need(a.shape[1] == b.shape[1], f"tessera::{op}: a has K = {a.shape[1]} but b has K = {b.shape[1]}")
+def _rs_shapes(op, ctx, a, b, b_kn=False):
+    _b_nk(op, a, b, b_kn)
     m_local = shard_rows(a.shape[0], ctx.world, ctx.rank)
     _need(m_local >= 1, f"tessera::{op}: a has {a.shape[0]} rows, leaving rank {ctx.rank} of {ctx.world} no rows")
     return m_local
 
 
 @torch.library.custom_op("tessera::gemm_rs", mutates_args=(), device_types="cuda")
-def gemm_rs(a: Tensor, b: Tensor, ctx: int, strategy: int = 0) -> Tensor:
+def gemm_rs(a: Tensor, b: Tensor, ctx: int, strategy: int = 0, b_kn: bool = False) -> Tensor:
     c = lookup(ctx)
     dt = _check_tensors("gemm_rs", c, True, a=a, b=b)
-    m_local = _rs_shapes("gemm_rs", c, a, b)
-    out = torch.empty((m_local, b.shape[0]), dtype=a.dtype, device=a.device)
+    m_local = _rs_shapes("gemm_rs", c, a, b, b_kn)
+    n, k = _b_nk("gemm_rs", a, b, b_kn)
+    out = torch.empty((m_local, n), dtype=a.dtype, device=a.device)
     lib = _lib.load()
-    strategy = c.strategy_for(("gemm_rs", a.shape[0], b.shape[0], b.shape[1]), strategy)
-    _lib.check(lib.tessera_gemm_rs_ex(c.session, _stream(c), a.data_ptr(), b.data_ptr(), out.data_ptr(), a.shape[0],
-                                      m_local, b.shape[0], b.shape[1], _DTYPES[dt], strategy))
+    strategy = c.strategy_for(("gemm_rs", a.shape[0], n, k) + ((True,) if b_kn else ()), strategy)
+    _lib.check(lib.tessera_gemm_rs_ex2(c.session, _stream(c), a.data_ptr(), b.data_ptr(), out.data_ptr(), a.shape[0],
+                                       m_local, n, k, _DTYPES[dt], strategy, _lib.B_KN if b_kn else 0))
     return out
 
 
 @gemm_rs.register_fake
-def _(a, b, ctx, strategy=0):
+def _(a, b, ctx, strategy=0, b_kn=False):
     c = lookup(ctx)
     _check_tensors("gemm_rs", c, False, a=a, b=b)
-    return a.new_empty((_rs_shapes("gemm_rs", c, a, b), b.shape[0]))
+    m_local = _rs_shapes("gemm_rs", c, a, b, b_kn)
+    return a.new_empty((m_local, b.shape[1] if b_kn else b.shape[0]))
 
 
 # ---- gemm_ar ---------------------------------------------------------------------------------------------------

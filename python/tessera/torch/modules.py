@@ -10,6 +10,7 @@ The gathered activations needed by the weight gradients come out of the forward/
 (ag_gemm_gathered), not from a separate all-gather. Gradients that a replicated parameter would need summed
 over the group (RowParallelLinear's bias) are computed from the gathered dY, so they are already the full
 sum, identical on every rank: do not all-reduce them again over the TP group.
+The backward's dX GEMMs take the weight itself as B [K, N] (the ops' b_kn), so no transposed copy is made.
 
 main_grad (Megatron's gradient-accumulation fusion): with accumulate_into_main_grad=True and a `main_grad`
 tensor on the weight, the weight gradient is added into weight.main_grad in backward; the autograd gradient
@@ -61,7 +62,7 @@ class _ColumnParallelFn(torch.autograd.Function):
         dy = dy.contiguous()
         dx = None
         if ctx.needs_input_grad[0]:
-            dx = torch.ops.tessera.gemm_rs(dy, torch.ops.tessera.transpose(weight), ctx.handle, ctx.bwd_strategy)
+            dx = torch.ops.tessera.gemm_rs(dy, weight, ctx.handle, ctx.bwd_strategy, True)  # dy · W, W as [K, N]
         dw = _weight_grad(weight, dy.t().mm(xg), ctx.accumulate) if ctx.needs_input_grad[1] else None
         db = dy.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return dx, dw, db, None, None, None, None, None
@@ -82,8 +83,7 @@ class _RowParallelFn(torch.autograd.Function):
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
         dy = dy.contiguous()
-        dx, dyg = torch.ops.tessera.ag_gemm_gathered(dy, torch.ops.tessera.transpose(weight), ctx.handle, ctx.m, False,
-                                                     ctx.bwd_strategy)
+        dx, dyg = torch.ops.tessera.ag_gemm_gathered(dy, weight, ctx.handle, ctx.m, False, ctx.bwd_strategy, True)
         dw = _weight_grad(weight, dyg.t().mm(x), ctx.accumulate) if ctx.needs_input_grad[1] else None
         db = dyg.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return (dx if ctx.needs_input_grad[0] else None), dw, db, None, None, None, None
@@ -105,14 +105,13 @@ class _MlpFn(torch.autograd.Function):
         xg, gu, w_gate_up, w_down = ctx.saved_tensors
         dy = dy.contiguous()
         # Down projection (row parallel): dh = AG(dy) · W_d, dW_d = AG(dy)ᵀ · h.
-        dh, dyg = torch.ops.tessera.ag_gemm_gathered(dy, torch.ops.tessera.transpose(w_down), ctx.handle, ctx.m, False,
-                                                     ctx.rs_strategy)
+        dh, dyg = torch.ops.tessera.ag_gemm_gathered(dy, w_down, ctx.handle, ctx.m, False, ctx.rs_strategy, True)
         dgu, h = torch.ops.tessera.swiglu_backward(gu, dh)  # one pass; h recomputed rather than kept
         dwd = _weight_grad(w_down, dyg.t().mm(h), ctx.accumulate) if ctx.needs_input_grad[2] else None
         # Gate/up projection (column parallel): dx = RS(dgu · W_gu), dW_gu = dguᵀ · AG(x).
         dx = None
         if ctx.needs_input_grad[0]:
-            dx = torch.ops.tessera.gemm_rs(dgu, torch.ops.tessera.transpose(w_gate_up), ctx.handle, ctx.ag_strategy)
+            dx = torch.ops.tessera.gemm_rs(dgu, w_gate_up, ctx.handle, ctx.ag_strategy, True)
         dwgu = _weight_grad(w_gate_up, dgu.t().mm(xg), ctx.accumulate) if ctx.needs_input_grad[1] else None
         return dx, dwgu, dwd, None, None, None, None, None
 

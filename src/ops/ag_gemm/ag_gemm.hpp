@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "../context_impl.hpp"
+#include "tessera/kernels/gemm.hpp"
 
 namespace tessera::ops::ag {
 
@@ -44,7 +45,10 @@ void copy_in(const Call& k);
 void stage_shard(Call& k, bool skip_copy_in);
 /// Leading dimension of the swiglu staging buffer: N rounded up to 8 elements.
 std::int64_t swiglu_tmp_ld(std::int64_t n);
-/// cuBLASLt D[rows, N] = A[rows, K] · Bᵀ, or with swiglu through `tmp`
+/// B's layout and row stride (packed: K for [N, K], N for b_kn's [K, N]).
+kernels::BLayout b_layout(const AgGemmArgs& a);
+std::int64_t b_ld(const AgGemmArgs& a);
+/// cuBLASLt D[rows, N] = A[rows, K] · Bᵀ (b_kn: A · B), or with swiglu through `tmp`
 /// ([rows, N]) and the SiLU·up kernel into D[rows, N/2].
 void local_gemm(const AgGemmArgs& a, const void* a_rows, std::int64_t rows, void* d_rows, void* tmp, cudaStream_t s);
 /// The comm stream waits for the compute stream's work so far.

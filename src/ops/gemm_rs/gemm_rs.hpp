@@ -16,7 +16,7 @@
 namespace tessera::ops {
 
 /// cuBLASLt D[rows, N] (row stride ldd) = rows [row0, row0 + rows) of A · Bᵀ
-/// (the row-parallel operators' plain GEMM).
+/// (b_kn: A · B; the row-parallel operators' plain GEMM).
 void row_parallel_gemm(const GemmRsArgs& a, std::int64_t row0, std::int64_t rows, void* d, std::int64_t ldd,
                        cudaStream_t s);
 
@@ -40,6 +40,9 @@ struct Env {
   std::int64_t es;  ///< element bytes
 };
 Env env(const TpContext::Impl& c, const GemmRsArgs& a);
+/// B's layout and row stride (packed: K for [N, K], N for b_kn's [K, N]).
+kernels::BLayout b_layout(const GemmRsArgs& a);
+std::int64_t b_ld(const GemmRsArgs& a);
 
 /// The plan of the fused tile (kRsTileM x kRsTileN), which every strategy
 /// but ring uses for its shards and slabs.

@@ -231,11 +231,13 @@ def test_ops_run_on_the_callers_stream(world, ctx):
 
 # ---- modules against nn.Linear on the whole layer --------------------------------------------------------------
 class Block(torch.nn.Module):
-    def __init__(self, ctx, h, f, bias):
+    """The linear layers' backward (dX: the weight passed as B [K, N], b_kn) runs `backward`; the MLP runs it in
+    both directions (its backward's strategies are its forward's)."""
+    def __init__(self, ctx, h, f, bias, backward="sequential"):
         super().__init__()
-        self.fc1 = tt.ColumnParallelLinear(h, f, ctx, bias=bias, strategy="sequential")
-        self.fc2 = tt.RowParallelLinear(f, h, ctx, bias=bias, strategy="sequential")
-        self.mlp = tt.TensorParallelMLP(h, f, ctx, strategy="sequential")
+        self.fc1 = tt.ColumnParallelLinear(h, f, ctx, bias=bias, strategy="sequential", backward_strategy=backward)
+        self.fc2 = tt.RowParallelLinear(f, h, ctx, bias=bias, strategy="sequential", backward_strategy=backward)
+        self.mlp = tt.TensorParallelMLP(h, f, ctx, strategy=backward)
 
     def forward(self, x):
         return self.mlp(self.fc2(F.gelu(self.fc1(x))))
@@ -255,11 +257,11 @@ class RefBlock(torch.nn.Module):
         return self.down(F.silu(self.gate(y)) * self.up(y))
 
 
-def check_modules(world, ctx, bias, compiled, m=1024, h=512, f=1024):
+def check_modules(world, ctx, bias, compiled, m=1024, h=512, f=1024, backward="sequential"):
     rank, w, dev = world
     torch.manual_seed(1234)  # the same full weights and data on every rank
     ref = RefBlock(h, f, bias, dev)
-    tes = Block(ctx, h, f, bias)
+    tes = Block(ctx, h, f, bias, backward)
     tes.fc1.load_full(ref.fc1.weight, ref.fc1.bias)
     tes.fc2.load_full(ref.fc2.weight, ref.fc2.bias)
     tes.mlp.load_full(ref.gate.weight, ref.up.weight, ref.down.weight)
@@ -285,7 +287,7 @@ def check_modules(world, ctx, bias, compiled, m=1024, h=512, f=1024):
     if bias:
         errs["fc1.bias"] = rel_err(tes.fc1.bias.grad, ref.fc1.bias.grad[rank * n1:(rank + 1) * n1])
         errs["fc2.bias"] = rel_err(tes.fc2.bias.grad, ref.fc2.bias.grad)
-    print(f"[rank {rank}/{w}] bias={bias} compiled={compiled} rel errors:",
+    print(f"[rank {rank}/{w}] bias={bias} compiled={compiled} backward={backward} rel errors:",
           " ".join(f"{k}={v:.2e}" for k, v in errs.items()))
     bad = {k: v for k, v in errs.items() if not v < TOL}
     assert not bad, f"over {TOL}: {bad}"
@@ -294,6 +296,15 @@ def check_modules(world, ctx, bias, compiled, m=1024, h=512, f=1024):
 @pytest.mark.parametrize("bias", [False, True])
 def test_modules_match_nn_linear(world, ctx, bias):
     check_modules(world, ctx, bias, compiled=False)
+
+
+# The backward's dX GEMMs take the weight itself as B [K, N] (b_kn): every strategy's B-as-[K, N] kernel
+# (cuBLASLt for sequential/decomposition, the fused engine's KN instantiations for fused_ce/fused_sm).
+@pytest.mark.parametrize("backward", ["decomposition", "fused_ce", "fused_sm"])
+def test_modules_backward_strategies_match_nn_linear(world, ctx, backward):
+    if world[1] < 2:
+        pytest.skip(f"the overlapped strategies need 2 GPUs; world size is {world[1]}")
+    check_modules(world, ctx, True, compiled=False, backward=backward)
 
 
 def test_modules_compiled_fullgraph(world, ctx):
