@@ -7,7 +7,9 @@
 //
 // Shapes are M x N x K as the operators take them: ag_gemm gathers A
 // [M/R, K] and multiplies by B [N, K]; gemm_rs and gemm_ar take A [M, K]
-// (this rank's K shard) and B [N, K]. Collective: every rank runs the same
+// (this rank's K shard) and B [N, K]. `--layout kn` tunes ag_gemm / gemm_rs
+// with B as [K, N] (b_kn: the backward's dX GEMMs, a key of its own).
+// Collective: every rank runs the same
 // command. Prints one line per shape with the choice and the measured times.
 //
 // `--op gemm` fills the plain GEMM's measured override instead (one GPU, no
@@ -145,6 +147,10 @@ void run_tune(const TuneOptions& opt) {
   TESSERA_CHECK(opt.dtype == "bf16" || opt.dtype == "f16", "tune: --dtype '{}' (bf16 or f16)", opt.dtype);
   if (opt.op == "gemm") return run_tune_gemm(opt);
   TESSERA_CHECK(!opt.swiglu || opt.op == "ag_gemm", "tune: --swiglu is an ag_gemm option");
+  const bool b_kn = opt.layout == "kn";
+  TESSERA_CHECK(!b_kn || opt.op != "gemm_ar",
+                "tune: --layout kn is for ag_gemm, gemm_rs and gemm (gemm_ar takes B [N, K])");
+  TESSERA_CHECK(!b_kn || !opt.swiglu, "tune: --swiglu needs B as [N, K]; --layout kn is not supported with it");
   std::vector<Shape> shapes;
   for (const auto& s : opt.shapes) shapes.push_back(parse_shape(s));
   auto pg = runtime::ProcessGroup::from_environment();
@@ -165,11 +171,13 @@ void run_tune(const TuneOptions& opt) {
       ops::AgGemmArgs g;
       g.a = a.p, g.b = b.p, g.d = d.p, g.m = s.m, g.m_local = ml, g.n = s.n, g.k = s.k, g.dtype = dt;
       g.swiglu = opt.swiglu;
+      g.b_kn = b_kn;
       chosen = ctx.resolve(g, o, &report);
     } else if (opt.op == "gemm_rs") {
       RandomBuffer a(s.m * s.k, 1 + rank), b(s.n * s.k, 2), d(ml * s.n, 3);
       ops::GemmRsArgs g;
       g.a = a.p, g.b = b.p, g.d = d.p, g.m = s.m, g.m_local = ml, g.n = s.n, g.k = s.k, g.dtype = dt;
+      g.b_kn = b_kn;
       chosen = ctx.resolve(g, o, &report);
     } else {
       RandomBuffer a(s.m * s.k, 1 + rank), b(s.n * s.k, 2), d(s.m * s.n, 3);
@@ -179,8 +187,8 @@ void run_tune(const TuneOptions& opt) {
     }
     pg->synchronize(pg->stream(), "tessera tune");
     if (rank == 0)
-      fmt::print("{} {}x{}x{}{} at R = {}: {} ({})\n", opt.op, s.m, s.n, s.k, opt.swiglu ? " swiglu" : "", R,
-                 strategy_name(chosen), times_text(report));
+      fmt::print("{} {}x{}x{}{}{} at R = {}: {} ({})\n", opt.op, s.m, s.n, s.k, opt.swiglu ? " swiglu" : "",
+                 b_kn ? " B [K, N]" : "", R, strategy_name(chosen), times_text(report));
   }
 }
 
@@ -196,7 +204,7 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   cmd->add_option("--dtype", opt->dtype, "bf16 or f16")->check(CLI::IsMember({"bf16", "f16"}));
   cmd->add_flag("--swiglu", opt->swiglu, "ag_gemm with SiLU·up fused (B holds gate/up rows interleaved)");
   cmd->add_flag("--no-cache", opt->no_cache, "measure without reading or writing the on-disk cache");
-  cmd->add_option("--layout", opt->layout, "--op gemm: B as nk ([N, K]) or kn ([K, N])")
+  cmd->add_option("--layout", opt->layout, "B as nk ([N, K]) or kn ([K, N]; ag_gemm, gemm_rs, gemm)")
       ->check(CLI::IsMember({"nk", "kn"}));
   cmd->add_option("--out", opt->out, "--op gemm: output dtype (bf16, f16, f32; default the input's)")
       ->check(CLI::IsMember({"bf16", "f16", "f32"}));
