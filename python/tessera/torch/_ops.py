@@ -18,7 +18,7 @@ Shapes (B [N, K], the nn.Linear weight layout, unless b_kn; all row-major, conti
   (b_kn lets the backward pass the nn.Linear weight W [N_out, K_in] itself for dX = dY @ W, no transposed copy)
   gemm_ar(a[M, K], b[N, K], ctx, strategy) -> [M, N]: all_reduce(a @ b.T)
   mlp(x[m_local, H], w_gate_up[2I, H], w_down[H, I], ctx, m, ag_strategy, rs_strategy) -> [m_local, H]
-  transpose(w[R, C]) -> [C, R] contiguous (a tiled kernel; the backward's B operands)
+  transpose(w[R, C]) -> [C, R] contiguous (a tiled kernel)
   swiglu(gu[M, 2I]) -> h[M, I] = SiLU(gu[:, 0::2]) * gu[:, 1::2] (gate/up interleaved; no context)
   swiglu_backward(gu[M, 2I], dh[M, I]) -> (dgu[M, 2I], h[M, I]): one pass, h recomputed for the weight gradient
   (transpose, swiglu and swiglu_backward also take CPU tensors: the reference math, so the modules run at TP = 1
