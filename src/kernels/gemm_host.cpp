@@ -16,6 +16,7 @@
 #include "tessera/kernels/gemm.hpp"
 #include "tessera/kernels/gemm_plan.hpp"
 #include "tessera/kernels/gemm/host_detail.hpp"
+#include "tessera/runtime/env.hpp"
 #include "tessera/runtime/error.hpp"
 
 namespace tessera::kernels {
@@ -181,6 +182,11 @@ int sm_count() {
   TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
   if (dev < 64) cache[dev] = n;
   return n;
+}
+
+bool dependent_launch_enabled() {
+  static const bool on = env::find_int("TESSERA_GEMM_PDL", 0, 1).value_or(1) != 0;
+  return on;
 }
 
 namespace {

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gemm_policy_kernels.hpp"
@@ -749,6 +750,77 @@ TEST(GemmGpu, SplitKIsDeterministicAndPlainOnly) {
   o.k_splits = -1;
   EXPECT_THROW(tk::gemm(s.args, o), tessera::Error);
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// Programmatic dependent launch: a chain of plain GEMMs queued back to back
+// behind a long GEMM, each reading the previous one's output (Y = X·W1ᵀ) or
+// overwriting the input the previous one read (X = Y·W2ᵀ), gives the same
+// bytes as the chain with the stream synchronized after every GEMM, and
+// matches cuBLASLt's chain; for every kind of plan (cooperative, 2-CTA
+// cluster, ping-pong, 64x64, 128x192, split-K), with few tiles (SMs left
+// idle for the next kernel's early CTAs) and with more tiles than SMs.
+TEST(GemmGpu, DependentLaunchChainMatchesSynchronizedChain) {
+  TESSERA_REQUIRE_GPUS(1);
+  struct Plan {
+    const char* what;
+    tk::GemmTile tile;
+    int cluster, splits;
+    bool ping_pong;
+  };
+  const Plan plans[] = {{"auto", tk::GemmTile::Auto, 0, 0, false},
+                        {"128x256 cluster 2", tk::GemmTile::T128x256, 2, 1, false},
+                        {"64x256 ping-pong", tk::GemmTile::T64x256, 0, 1, true},
+                        {"64x64", tk::GemmTile::T64x64, 0, 1, false},
+                        {"128x192", tk::GemmTile::T128x192, 0, 1, false},
+                        {"split 3", tk::GemmTile::Auto, 0, 3, false},
+                        {"64x64 split 3", tk::GemmTile::T64x64, 0, 3, false}};
+  const std::vector<std::array<int64_t, 3>> shapes = {{192, 1024, 776}, {2304, 2048, 520}};
+  constexpr int kRounds = 3;
+  cudaStream_t st = nullptr;
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  const Problem big{4096, 4096, 4096};
+  Buffers lead = make(big);
+  for (const auto& sh : shapes) {
+    const int64_t m = sh[0], n = sh[1], k = sh[2];
+    const tt::DevBuf x0 = tt::random_matrix(m, k, k, DType::bf16, rng());
+    const tt::DevBuf w1 = tt::random_matrix(n, k, k, DType::bf16, rng());
+    const tt::DevBuf w2 = tt::random_matrix(k, n, n, DType::bf16, rng());
+    tt::DevBuf x(x0.bytes), y(static_cast<size_t>(m * n) * 2);
+    // Y = X·W1ᵀ, then X = Y·W2ᵀ, kRounds times; `gemm` runs one of them.
+    const tk::GemmArgs to_y{x.p, w1.p, y.p, m, n, k, k, k, n, DType::bf16, DType::bf16, tk::BLayout::NK};
+    const tk::GemmArgs to_x{y.p, w2.p, x.p, m, k, n, n, n, k, DType::bf16, DType::bf16, tk::BLayout::NK};
+    auto chain = [&](auto&& gemm, bool sync) {
+      TESSERA_CUDA_CHECK(cudaMemcpy(x.p, x0.p, x0.bytes, cudaMemcpyDeviceToDevice));
+      tt::poison(y);
+      TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+      tk::gemm(lead.args, {}, st);  // keeps the GPU busy while the chain is queued
+      for (int r = 0; r < kRounds; ++r)
+        for (const tk::GemmArgs* g : {&to_y, &to_x}) {
+          gemm(*g);
+          if (sync) TESSERA_CUDA_CHECK(cudaStreamSynchronize(st));
+        }
+      TESSERA_CUDA_CHECK(cudaStreamSynchronize(st));
+      return std::make_pair(tt::bytes_of(x), tt::bytes_of(y));
+    };
+    chain([&](const tk::GemmArgs& g) { tk::cublaslt_gemm(g, st); }, true);
+    const auto want_x = tt::download(x.p, m, k, k, DType::bf16), want_y = tt::download(y.p, m, n, n, DType::bf16);
+    for (const Plan& pl : plans) {
+      tk::GemmOptions o;
+      o.tile = pl.tile;
+      o.cluster_m = pl.cluster;
+      o.k_splits = pl.splits;
+      o.ping_pong = pl.ping_pong;
+      const std::string what = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " " + pl.what +
+                               " plan " + tk::plan_name(tk::plan_gemm(to_y, o));
+      const auto ours = [&](const tk::GemmArgs& g) { tk::gemm(g, o, st); };
+      const auto synced = chain(ours, true);
+      const auto queued = chain(ours, false);
+      EXPECT_TRUE(queued.first == synced.first && queued.second == synced.second) << what;
+      EXPECT_LT(relative_error(tt::download(x.p, m, k, k, DType::bf16), want_x), 5e-2) << what;
+      EXPECT_LT(relative_error(tt::download(y.p, m, n, n, DType::bf16), want_y), 5e-2) << what;
+    }
+  }
+  TESSERA_CUDA_CHECK(cudaStreamDestroy(st));
 }
 
 TEST(GemmGpu, BadInputThrowsBeforeLaunch) {

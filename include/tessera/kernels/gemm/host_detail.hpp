@@ -27,6 +27,10 @@ void make_tma_a(const GemmArgs& a, int bm, CUtensorMap* out);
 void make_tma_b(const GemmArgs& a, int bn, CUtensorMap* out);
 /// Multiprocessor count of the current device (cached per device).
 int sm_count();
+
+/// Whether the plain kernels are launched as programmatic dependents
+/// (launch.cuh): on unless TESSERA_GEMM_PDL=0 (read once per process).
+bool dependent_launch_enabled();
 /// Throws tessera::Error naming `what` if the last launch failed.
 void check_launch(const char* what);
 /// Stream-ordered device memory for split-K partials, from a memory pool of

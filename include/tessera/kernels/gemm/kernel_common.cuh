@@ -47,6 +47,15 @@ struct KernelParams {
   Scheduler scheduler;
 };
 
+/// Kernels launched as programmatic dependents of the previous kernel in the
+/// stream, which in turn let the next one be scheduled early: those that
+/// neither wait on other streams or ranks (Prologue) nor publish tiles to
+/// them (Epilogue::kNotify), i.e. the plain GEMM and split-K. A hooked
+/// kernel keeps the stream's full serialization: the early CTAs of its
+/// dependent would hold SMs that the work it waits for may need.
+template <class Prologue, class Epilogue>
+inline constexpr bool kDependentLaunch = !Prologue::kActive && !Epilogue::kNotify;
+
 // Named barriers (kNotifyBarrier, kOrderBarrier, kNotifyFreeBarrier), the
 // notify handshake, the prologue-waiter ring (WaiterRing) and the warp roles:
 // see barriers.cuh.
@@ -187,6 +196,13 @@ __device__ __forceinline__ auto gemm_cta_setup(const Params& p) {
     __syncthreads();
   else
     ptx::cluster_sync();
+  // Programmatic dependent launch (kDependentLaunch): the set-up above may
+  // overlap the previous kernel's tail; nothing in global memory is read or
+  // written before this wait (a no-op without the launch attribute). Then
+  // the next kernel's CTAs may be scheduled, onto SMs this grid leaves idle
+  // or frees.
+  ptx::grid_dependency_wait();
+  if constexpr (kDependentLaunch<Prologue, decltype(p.epilogue)>) ptx::grid_dependents_launch();
 
   // Split-K (a scheduler with kSplitK): more units than tiles, each over one
   // split's share of K; clusters are not combined with it.

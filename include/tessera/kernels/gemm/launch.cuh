@@ -136,21 +136,34 @@ void launch_config(const GemmArgs& a, const GemmOptions& o, const Pro& pro, cons
                        "cudaFuncSetAttribute(gemm kernel, max dynamic smem)");
     if (smem_dev < 64) smem_set.fetch_or(uint64_t{1} << smem_dev, std::memory_order_relaxed);
   }
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr[2];
+  cfg.blockDim = dim3(Cfg::kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 0;
+  if constexpr (kClusterM > 1) {
+    attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+    attr[cfg.numAttrs].val.clusterDim.x = kClusterM;
+    attr[cfg.numAttrs].val.clusterDim.y = 1;
+    attr[cfg.numAttrs].val.clusterDim.z = 1;
+    ++cfg.numAttrs;
+  }
+  // Programmatic dependent launch for kernels without hooks (kernel_common.cuh,
+  // kDependentLaunch): this launch and the CTAs' set-up overlap the previous
+  // kernel's tail; the kernel waits for that kernel before touching memory.
+  if constexpr (engine::kDependentLaunch<Pro, Epi>) {
+    if (detail::dependent_launch_enabled()) {
+      attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
+      ++cfg.numAttrs;
+    }
+  }
   if constexpr (kClusterM == 1) {
-    const int grid = std::min(cap, engine::sched_units(p.scheduler, p.tiles_m, p.tiles_n));
-    kernel<<<grid, Cfg::kThreads, smem, stream>>>(tma_a, tma_b, p);
+    cfg.gridDim = dim3(std::min(cap, engine::sched_units(p.scheduler, p.tiles_m, p.tiles_n)));
+    detail::cuda_check(cudaLaunchKernelEx(&cfg, kernel, tma_a, tma_b, p), "cudaLaunchKernelEx(gemm kernel)");
   } else {
-    cudaLaunchConfig_t cfg{};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = kClusterM;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.blockDim = dim3(Cfg::kThreads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
     // Persistent grid: no more clusters than can be resident at once (not
     // every GPC has an even number of free SMs), nor than there are pairs.
     static int resident_clusters[64] = {};

@@ -173,4 +173,15 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 /// A no-op in a kernel launched without the attribute.
 __device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
+/// Programmatic dependent launch, the other side: lets the next kernel in
+/// the stream, if it was launched with the attribute, be scheduled once every
+/// CTA of this grid executed this (or exited). It says nothing about this
+/// grid's memory: the dependent still waits (grid_dependency_wait) for this
+/// grid's completion before it touches what this grid writes. A kernel that
+/// waits on work outside its own stream must not trigger early: the
+/// dependent's CTAs would hold SMs that work may need.
+__device__ __forceinline__ void grid_dependents_launch() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 }  // namespace tessera::kernels::engine::ptx

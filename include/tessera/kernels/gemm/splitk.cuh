@@ -54,6 +54,7 @@ struct SplitKEpilogue {
 template <class OutT>
 __global__ void splitk_reduce(const float* __restrict__ ws, int splits, int64_t split_stride, int64_t ldw, int M, int N,
                               OutT* __restrict__ d, int64_t ldd) {
+  ptx::grid_dependents_launch();  // plain: the next GEMM's set-up may overlap this one
   ptx::grid_dependency_wait();
   const int groups = (N + 7) / 8;
   const int64_t total = static_cast<int64_t>(M) * groups;
