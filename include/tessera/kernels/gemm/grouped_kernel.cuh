@@ -221,6 +221,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     ptx::fence_barrier_init();
   }
+  // Programmatic dependent launch (kDependentLaunch, kernel_common.cuh): the
+  // group sizes may come from the previous kernel, so the wait precedes the
+  // table's reads.
+  ptx::grid_dependency_wait();
+  if constexpr (kDependentLaunch<Prologue, Epilogue>) ptx::grid_dependents_launch();
   // The table (ends with __syncthreads, which also publishes the barriers).
   build_grouped_table<Cfg::kThreads, Cfg::BM>(tab, p.group_rows, p.groups, p.tiles_n, p.max_rows, p.status);
 
