@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "sp_attention/sp_attention.hpp"
@@ -126,6 +127,18 @@ void copy_own(const Call& k, cudaStream_t s) {
   }
 }
 
+void copy_own_edges(const Call& k, cudaStream_t s) {
+  const int block_rows = detail::sp_attention_kv_block_rows(static_cast<int>(k.a.head_dim));
+  for (int i = 0; i < 2; ++i) {
+    const std::int64_t g = k.plan.chunks[i] * k.C;
+    for (const auto& [lo, hi] : sp_own_edge_rows(g, k.C, block_rows))
+      for (auto [dst, src] : {std::pair{k.ws_k, k.a.k}, std::pair{k.ws_v, k.a.v}})
+        TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(dst + lo * k.kv_row, k.S * k.kv_row,
+                                             static_cast<const unsigned char*>(src) + (i * k.C + lo - g) * k.kv_row,
+                                             k.L * k.kv_row, (hi - lo) * k.kv_row, k.B, cudaMemcpyDefault, s));
+  }
+}
+
 void wait_peers_done(const Call& k, cudaStream_t s) {
   if (k.epoch > 1)
     for (int p = 0; p < k.world; ++p)
@@ -145,6 +158,12 @@ void run_parts(const Call& k, bool hooked) {
   f.epoch = k.epoch;
   f.head_groups = k.head_groups;
   f.heads_per_group = static_cast<int>(a.heads_kv) / k.head_groups;
+  if (hooked && k.own_in_place) {
+    f.own_k = a.k;
+    f.own_v = a.v;
+    f.own_stride = {k.L * a.heads_kv * a.head_dim, a.heads_kv * a.head_dim, a.head_dim};
+    for (int i = 0; i < 2; ++i) f.own_start[i] = k.plan.chunks[i] * k.C;
+  }
   static const bool arrival = env::find_int("TESSERA_SP_ARRIVAL_ORDER", 0, 1).value_or(1) != 0;
   const int block_rows = detail::sp_attention_kv_block_rows(static_cast<int>(a.head_dim));
   for (const SpAttnPlan::Part& part : k.plan.parts) {

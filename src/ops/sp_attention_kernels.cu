@@ -14,14 +14,33 @@ namespace {
 
 struct SpKvWait {
   static constexpr bool kActive = true;
+  CUtensorMap own_k, own_v;                          ///< the own shards' maps (SpKvFlags::own_k), valid if own_in_place
   using State = kernels::engine::FlagMemo;           ///< flags (owner * slots + slot) this CTA acquired
   kernels::engine::FlagWait<std::uint64_t, true> w;  ///< flags, expected = epoch, timeout, diag
   int slots, world, rank, chunk, head_groups, heads_per_group;
   const std::int32_t* order;  ///< kv_arrival_order's table, or null: descending
+  bool own_in_place;
+  int own_start[2];  ///< global row of the own shard's chunk 0 and 1
 
   /// The i-th of the CTA's n KV blocks to visit (a permutation of [0, n)).
   __device__ __forceinline__ int kv_block(int i, int n) const {
     return order ? order[static_cast<long long>(n) * (n - 1) / 2 + i] : n - 1 - i;
+  }
+
+  /// A block inside an own chunk loads from the caller's shard (local row
+  /// = row within the chunk + i * chunk).
+  __device__ __forceinline__ bool kv_source(const kernels::attn::KvBlockInfo& b, const CUtensorMap*& k,
+                                            const CUtensorMap*& v, int& row) const {
+    if (!own_in_place) return false;
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      if (sp_block_in_own_chunk(b.row0, b.rows, own_start[i], chunk)) {
+        k = &own_k;
+        v = &own_v;
+        row = b.row0 - own_start[i] + i * chunk;
+        return true;
+      }
+    return false;
   }
 
   __device__ __forceinline__ bool wait(const kernels::attn::KvBlockInfo& b, State& memo) const {
@@ -69,6 +88,20 @@ void launch_sp_attention_part(const kernels::AttentionArgs& a, const SpKvFlags& 
   h.head_groups = f.head_groups;
   h.heads_per_group = f.heads_per_group;
   h.order = f.order;
+  h.own_in_place = f.own_k != nullptr;
+  if (h.own_in_place) {
+    // The own shards' K and V maps, with the box and swizzle of the kernel's.
+    kernels::AttentionArgs own = a;
+    own.k = f.own_k;
+    own.v = f.own_v;
+    own.seqlen_k = 2 * f.chunk;
+    own.k_stride = own.v_stride = f.own_stride;
+    CUtensorMap q_unused;
+    kernels::detail::attn_make_tma(own, 128, sp_attention_kv_block_rows(static_cast<int>(a.head_dim)), &q_unused,
+                                   &h.own_k, &h.own_v);
+    h.own_start[0] = static_cast<int>(f.own_start[0]);
+    h.own_start[1] = static_cast<int>(f.own_start[1]);
+  }
   if (a.dtype == DType::f16)
     launch<__half>(a, h, stream);
   else

@@ -26,7 +26,25 @@ struct SpKvFlags {
   /// kv_arrival_order's table on the device, or null for the kernel's
   /// default (descending) visiting order.
   const std::int32_t* order = nullptr;
+  /// The rank's own chunks read in place: the caller's K and V shards
+  /// [batch, 2 * chunk, heads_kv, head_dim] (element strides own_stride),
+  /// holding global rows [own_start[i], own_start[i] + chunk) as their chunk
+  /// i. Blocks inside one of them (sp_block_in_own_chunk) load from there;
+  /// every other block from the gathered KV, which must then hold the own
+  /// rows ops::sp_own_edge_rows names. Null own_k: every block from the gathered KV.
+  const void* own_k = nullptr;
+  const void* own_v = nullptr;
+  kernels::AttnStrides own_stride;
+  std::int64_t own_start[2] = {0, 0};
 };
+
+/// Whether the KV block of key rows [row0, row0 + rows) lies inside the own
+/// chunk of global rows [start, start + chunk): the kernel then reads it in
+/// place (SpKvFlags::own_k), host and device alike.
+TESSERA_HD constexpr bool sp_block_in_own_chunk(std::int64_t row0, std::int64_t rows, std::int64_t start,
+                                                std::int64_t chunk) {
+  return row0 >= start && row0 + rows <= start + chunk;
+}
 
 /// The flag slot that publishes head group `group` (of `groups`) of half
 /// `half` (0: the owner's chunk r, 1: its chunk 2R-1-r): the pushes notify

@@ -46,6 +46,20 @@ std::vector<std::int32_t> kv_arrival_order(const SpAttnPlan& plan, std::int64_t 
   return table;
 }
 
+std::vector<std::pair<std::int64_t, std::int64_t>> sp_own_edge_rows(std::int64_t start, std::int64_t chunk,
+                                                                    std::int64_t block_rows) {
+  TESSERA_CHECK(start >= 0 && chunk >= 1 && block_rows >= 1,
+                "sp_own_edge_rows: start = {}, chunk = {}, block_rows = {} (start >= 0, the others >= 1)", start, chunk,
+                block_rows);
+  const std::int64_t first = (start + block_rows - 1) / block_rows * block_rows;  // first block inside
+  const std::int64_t end = (start + chunk) / block_rows * block_rows;             // end of the last one
+  if (first + block_rows > start + chunk) return {{start, start + chunk}};        // no block inside
+  std::vector<std::pair<std::int64_t, std::int64_t>> r;
+  if (first > start) r.emplace_back(start, first);
+  if (end < start + chunk) r.emplace_back(end, start + chunk);
+  return r;
+}
+
 int sp_attention_head_groups(std::int64_t heads_kv, std::int64_t head_dim, std::size_t elem_bytes) {
   TESSERA_CHECK(heads_kv >= 1 && head_dim >= 1 && elem_bytes >= 1,
                 "sp_attention_head_groups: heads_kv = {}, head_dim = {}, element bytes = {} must be >= 1", heads_kv,

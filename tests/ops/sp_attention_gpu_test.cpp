@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -147,6 +148,55 @@ TEST(SpAttentionGpu, FusedHeadGroupsMatchWholeSequenceAttention) {
       }
     }
   }
+}
+
+// fused_ce reads the own chunks in place (TESSERA_SP_OWN_IN_PLACE, default
+// on) and copies only the own rows of KV blocks that straddle a chunk
+// boundary (ops::sp_own_edge_rows): bitwise the same O and LSE as copying
+// the whole chunks (same kernel, same blocks). Before each in-place call a
+// call on other data leaves other own rows in the workspace, so a missing
+// edge row cannot pass. Chunks shorter than a block, a multiple of it, and
+// neither; both head dims (176- and 128-row blocks), GQA, batch 2.
+TEST(SpAttentionGpu, FusedOwnChunksInPlaceMatchTheCopy) {
+  std::string why;
+  if (hopper_skip_reason(&why)) GTEST_SKIP() << why;
+  runtime::ProcessGroup& pg = group();
+  const int R = pg.world(), rank = pg.rank();
+  if (R < 2 || !pg.lsa_reachable()) GTEST_SKIP() << "fused_ce needs 2 load/store-reachable ranks";
+  struct EnvScope {
+    ~EnvScope() { unsetenv("TESSERA_SP_OWN_IN_PLACE"); }
+  } restore;
+  ops::SpAttnOptions opt;
+  opt.strategy = ops::SpStrategy::fused_ce;
+  opt.use_cache = false;
+  for (int64_t d : {64, 128})
+    for (int64_t chunk : {96, 200, 256, 352})
+      for (bool causal : {true, false}) {
+        const tessera::testing::ZigZagAttention zz(R, rank, 2, chunk, 4, 2, d, DType::bf16, causal, 20261127 + chunk);
+        const tessera::testing::ZigZagAttention other(R, rank, 2, chunk, 4, 2, d, DType::bf16, causal, 7 + chunk);
+        const ops::SpAttnArgs a = zz.args();
+        const std::size_t o_elems = static_cast<std::size_t>(zz.B * zz.L * zz.H * zz.D);
+        const std::size_t lse_elems = static_cast<std::size_t>(zz.B * zz.H * zz.L);
+        auto run = [&](const tessera::testing::ZigZagAttention& z, const char* in_place) {
+          setenv("TESSERA_SP_OWN_IN_PLACE", in_place, 1);
+          z.poison();
+          ops::sp_attention(ctx(), z.args(), opt);
+          pg.synchronize(pg.stream(), "sp_attention in-place test");
+        };
+        run(zz, "0");
+        const auto o_copy = download<std::uint16_t>(a.o, o_elems);
+        const auto lse_copy = download<float>(a.lse, lse_elems);
+        run(other, "0");
+        run(zz, "1");
+        const std::string what = "d " + std::to_string(d) + ", chunk " + std::to_string(chunk) +
+                                 (causal ? " causal" : "") + ", rank " + std::to_string(rank) + "/" + std::to_string(R);
+        EXPECT_TRUE(download<std::uint16_t>(a.o, o_elems) == o_copy) << what << ": O differs from the copy";
+        EXPECT_TRUE(download<float>(a.lse, lse_elems) == lse_copy) << what << ": LSE differs from the copy";
+        const auto diff = zz.compare();
+        EXPECT_EQ(diff.nonfinite, 0) << what;
+        EXPECT_LT(diff.o_rel, 1e-2) << what;
+        EXPECT_LT(diff.lse_max, 1e-3) << what;
+      }
 }
 
 TEST(SpAttentionGpu, RejectsBadInputBeforeLaunch) {

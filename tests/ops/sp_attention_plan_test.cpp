@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <set>
+#include <vector>
 
 #include "tessera/ops/sp_attention.hpp"
 #include "tessera/runtime/error.hpp"
@@ -135,4 +136,38 @@ TEST(SpAttentionPlan, HeadGroups) {
       }
     }
   EXPECT_THROW(sp_attention_head_groups(0, 128, 2), tessera::Error);
+}
+
+// The own rows the fused kernel still reads from the workspace when it reads
+// its own chunks in place: with the blocks inside the chunk they cover the
+// chunk exactly once; only head and tail; every edge row lies in a block
+// that also covers a row outside the chunk.
+TEST(SpAttentionPlan, OwnEdgeRowsAndInsideBlocksCoverTheChunkOnce) {
+  using tessera::ops::sp_own_edge_rows;
+  for (std::int64_t block : {1, 64, 128, 176})
+    for (std::int64_t chunk : {1, 50, 96, 128, 176, 200, 352, 4096})
+      for (std::int64_t start : {std::int64_t{0}, chunk, 3 * chunk, 7 * chunk + 0}) {
+        std::vector<int> cover(static_cast<std::size_t>(chunk), 0);
+        const auto edges = sp_own_edge_rows(start, chunk, block);
+        ASSERT_LE(edges.size(), 2u);
+        for (const auto& [lo, hi] : edges) {
+          ASSERT_LT(lo, hi);
+          ASSERT_GE(lo, start);
+          ASSERT_LE(hi, start + chunk);
+          for (std::int64_t r = lo; r < hi; ++r) {
+            ++cover[static_cast<std::size_t>(r - start)];
+            const std::int64_t b0 = r / block * block;
+            EXPECT_TRUE(b0 < start || b0 + block > start + chunk)
+                << "edge row " << r << " lies in a block inside the chunk";
+          }
+        }
+        for (std::int64_t b0 = start / block * block; b0 < start + chunk; b0 += block)
+          if (b0 >= start && b0 + block <= start + chunk)
+            for (std::int64_t r = b0; r < b0 + block; ++r) ++cover[static_cast<std::size_t>(r - start)];
+        for (std::int64_t i = 0; i < chunk; ++i)
+          ASSERT_EQ(cover[static_cast<std::size_t>(i)], 1)
+              << "row " << start + i << " of chunk [" << start << ", +" << chunk << ") block " << block;
+      }
+  EXPECT_THROW(sp_own_edge_rows(0, 0, 176), tessera::Error);
+  EXPECT_THROW(sp_own_edge_rows(0, 64, 0), tessera::Error);
 }

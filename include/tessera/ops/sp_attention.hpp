@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <memory>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tessera/ops/tuner.hpp"
@@ -98,6 +99,16 @@ SpAttnPlan plan_sp_attention(std::int64_t seq, int world, int rank, bool causal)
 /// chunks that have landed wait behind it. The fused strategy's default;
 /// TESSERA_SP_ARRIVAL_ORDER=0 restores the descending order.
 std::vector<std::int32_t> kv_arrival_order(const SpAttnPlan& plan, std::int64_t kv_len, int block_rows);
+
+/// The global row ranges [first, second) of an own chunk (global rows
+/// [start, start + chunk)) that the fused kernel reads from the gathered KV
+/// although the rank owns them, when it reads its own chunks in place: the
+/// rows of KV blocks (block_rows rows, aligned to multiples of it) that also
+/// cover another chunk. At most the chunk's head and tail; the whole chunk
+/// when no block lies inside it. The other rows are exactly those of blocks
+/// inside the chunk, which the kernel loads from the caller's K and V.
+std::vector<std::pair<std::int64_t, std::int64_t>> sp_own_edge_rows(std::int64_t start, std::int64_t chunk,
+                                                                    std::int64_t block_rows);
 
 /// Most head groups sp_attention_head_groups() returns (flags per chunk).
 inline constexpr int kSpMaxHeadGroups = 8;

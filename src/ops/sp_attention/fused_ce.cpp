@@ -1,5 +1,8 @@
-// sp_attention fused_ce: this rank's chunks copied into its own workspace on
-// the compute stream; on the communication stream, per step, its chunks
+// sp_attention fused_ce: the kernel reads this rank's chunks in place from
+// the caller's K and V, except the rows of KV blocks that straddle another
+// chunk, which are copied into its own workspace on the compute stream
+// (TESSERA_SP_OWN_IN_PLACE=0: the whole chunks, A/B); on the communication
+// stream, per step, its chunks
 // pushed into the destination's workspace on the copy engine (after that
 // peer said its workspace is free), in head groups, each piece followed by a
 // flag; the kernel per part waits per KV block for the pieces of its head
@@ -7,6 +10,7 @@
 #include "sp_attention.hpp"
 #include "../sp_attention_kernels.hpp"
 #include "tessera/link/host_primitives.hpp"
+#include "tessera/runtime/env.hpp"
 #include "tessera/runtime/error.hpp"
 
 namespace tessera::ops::sp {
@@ -14,14 +18,18 @@ namespace tessera::ops::sp {
 namespace {
 
 void run(SpAttnContext::Impl& c, const SpAttnArgs& a, int /*u*/) {
-  const Call k = begin(c, a);
+  Call k = begin(c, a);
+  k.own_in_place = k.world > 1 && env::find_int("TESSERA_SP_OWN_IN_PLACE", 0, 1).value_or(1) != 0;
   const std::uint64_t e = k.epoch;
   // The pushes wait for the inputs, not for the own copy below. The own
   // copy stays stream-ordered before the kernel: flagged beside it, a local
   // pitched copy may run on SMs and starve behind a grid spinning on its
   // flags (the kernel's flag wait then times out).
   TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, k.st));
-  copy_own(k, k.st);
+  if (k.own_in_place)
+    copy_own_edges(k, k.st);
+  else
+    copy_own(k, k.st);
   if (k.world > 1) {
     // Pushes on the communication stream, after the inputs are ready.
     cudaStream_t cs = c.pg.comm_stream(0);

@@ -91,6 +91,10 @@ struct Call {
   int head_groups = 1;                      ///< fused_ce's pieces per chunk (sp_attention_head_groups)
   unsigned char *ws_k = nullptr, *ws_v = nullptr;
   std::uint64_t epoch = 0;
+  /// fused_ce: the hooked kernel reads blocks inside the own chunks from the
+  /// caller's K and V (SpKvFlags::own_k); the workspace holds only the own
+  /// rows of the other blocks (copy_own_edges).
+  bool own_in_place = false;
 };
 
 /// Bytes of one gathered tensor [B, S, Hkv, D] (K or V).
@@ -103,6 +107,9 @@ void copy_chunk(cudaStream_t s, void* dst, const void* src, int i, std::int64_t 
                 std::int64_t S, std::size_t row_bytes);
 /// This rank's chunks into its own rows of the workspace.
 void copy_own(const Call& k, cudaStream_t s);
+/// The own rows that the hooked kernel, reading its own chunks in place,
+/// still reads from the workspace (sp_own_edge_rows for its KV blocks).
+void copy_own_edges(const Call& k, cudaStream_t s);
 /// Copies head group `g` of chunk `i` of a shard to the gathered tensor at
 /// rows [g0, g0 + C), as copy_chunk does for all heads (k.head_groups groups).
 void copy_chunk_heads(const Call& k, cudaStream_t s, void* dst, const void* src, int i, std::int64_t g0, int g);

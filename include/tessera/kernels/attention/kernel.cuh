@@ -345,16 +345,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           ptx::mbar_wait(sm.kv_ready(r), WaiterRing::ready_parity(i));
           ptx::mbar_arrive(sm.kv_free(r));
         }
+        const CUtensorMap* map_k = &tma_k;
+        const CUtensorMap* map_v = &tma_v;
+        int row = n * BN;
+        kv_block_source(p.hook, KvBlockInfo{blk.batch, head_kv, n, n * BN, BN, p.seqlen_k}, map_k, map_v, row);
         ptx::mbar_wait(sm.k_empty(stage), phase ^ 1);
         ptx::mbar_arrive_expect_tx(sm.k_full(stage), Cfg::kKVBytes);
 #pragma unroll
         for (int c = 0; c < Cfg::kDChunks; ++c)
-          ptx::tma_load_4d(sm.k(stage) + c * BN * 128, &tma_k, sm.k_full(stage), c * 64, n * BN, head_kv, blk.batch);
+          ptx::tma_load_4d(sm.k(stage) + c * BN * 128, map_k, sm.k_full(stage), c * 64, row, head_kv, blk.batch);
         ptx::mbar_wait(sm.v_empty(stage), phase ^ 1);
         ptx::mbar_arrive_expect_tx(sm.v_full(stage), Cfg::kKVBytes);
 #pragma unroll
         for (int c = 0; c < Cfg::kDChunks; ++c)
-          ptx::tma_load_4d(sm.v(stage) + c * BN * 128, &tma_v, sm.v_full(stage), c * 64, n * BN, head_kv, blk.batch);
+          ptx::tma_load_4d(sm.v(stage) + c * BN * 128, map_v, sm.v_full(stage), c * 64, row, head_kv, blk.batch);
         if (++stage == S) {
           stage = 0;
           phase ^= 1;
