@@ -551,6 +551,9 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
       "--tuned", ropts->tuned,
       "with --random / --mnk: measure each shape's plans first (tune::gemm_tune, cached per shape bucket "
       "under $TESSERA_CACHE_DIR) and time \"ours (tuned)\" (gemm, plan_source Tuned) beside ours and cuBLASLt");
+  cmd->add_flag("--pdl-ab", ropts->pdl_ab,
+                "with --random / --mnk: also time \"ours (no PDL)\", the same plan launched without programmatic "
+                "dependent launch, interleaved with the others");
   cmd->add_option("--tune-top-k", ropts->tune_top_k, "with --tuned: the model's k cheapest plans measured per shape")
       ->check(CLI::Range(1, 64));
   cmd->callback([opts, ropts, cmd] {

@@ -172,9 +172,18 @@ std::vector<std::array<int64_t, 3>> shapes_of(const RandomOptions& o) {
 }
 
 // Explicit kernels timed under --diag: (name, options).
+/// The --pdl-ab variant's name among the diag timings.
+constexpr const char* kNoPdl = "ours (no PDL)";
+
 std::vector<std::pair<std::string, kernels::GemmOptions>> diag_kernels(const RandomOptions& o) {
   using namespace kernels;
   std::vector<std::pair<std::string, GemmOptions>> kernels_diag;
+  if (o.pdl_ab) {
+    GemmOptions g;
+    g.plan_source = GemmPlanSource::Model;  // the plan "ours" runs
+    g.dependent_launch = false;
+    kernels_diag.push_back({kNoPdl, g});
+  }
   if (o.diag) {
     for (GemmTile t : {GemmTile::T128x256, GemmTile::T256x128, GemmTile::T128x128})
       for (int c : {1, 2}) {
@@ -359,6 +368,15 @@ Record measure_shape(const RandomOptions& o, DType in, kernels::BLayout layout,
   return r;
 }
 
+/// --pdl-ab: geometric mean over the shapes of ours / ours without PDL.
+double pdl_geomean(const std::vector<Record>& recs) {
+  std::vector<double> r;
+  for (const Record& x : recs)
+    for (const auto& [name, ms] : x.diag)
+      if (name == kNoPdl) r.push_back(x.ours_ms / ms);
+  return geomean(r);
+}
+
 // Summaries: all shapes, then per pattern; prints them and the largest error.
 std::vector<Summary> summaries(const RandomOptions& o, const std::vector<Record>& recs, double& max_err) {
   struct Pattern {
@@ -398,6 +416,7 @@ std::vector<Summary> summaries(const RandomOptions& o, const std::vector<Record>
     fmt::print("{:<14}{:<40} n={:3}  geomean {:.3f}  worst {:.3f}  >1.10: {}\n", s.variant, s.name, s.count, s.geomean,
                s.worst, s.above_110);
   fmt::print("max rel err vs cuBLASLt: {:.2e}{}\n", max_err, max_err > 1e-2 ? "  ERROR" : "");
+  if (o.pdl_ab) fmt::print("geomean ours / {}: {:.3f}\n", kNoPdl, pdl_geomean(recs));
   if (o.diag) {
     // Best explicit kernel per shape (what a perfect choice among them would give).
     std::vector<double> best;
@@ -458,6 +477,15 @@ void write_json(const RandomOptions& o, const cudaDeviceProp& prop, const std::v
   }
   records.push_back(
       {{"metric", "max rel err vs cuBLASLt"}, {"case", draw}, {"value", std::isfinite(max_err) ? max_err : 1e9}});
+  if (o.pdl_ab) {
+    const double g = pdl_geomean(recs);
+    records.push_back({{"metric", std::string("geomean ours/") + kNoPdl},
+                       {"case", draw + ": all"},
+                       {"value", num(g)},
+                       {"unit", "ratio"},
+                       {"baseline", kNoPdl},
+                       {"count", static_cast<int>(recs.size())}});
+  }
   for (const Record& r : recs) {
     nlohmann::json j = {{"metric", "ours/cuBLASLt"},
                         {"case", fmt::format("M={} N={} K={}", r.m, r.n, r.k)},

@@ -29,6 +29,8 @@ struct RandomOptions {
   /// $TESSERA_CACHE_DIR) and time "ours (tuned)" (kernels::gemm, plan_source Tuned) too.
   bool tuned = false;
   int tune_top_k = 5;
+  /// Also time "ours (no PDL)": the same plan with GemmOptions::dependent_launch off.
+  bool pdl_ab = false;
   std::string json;  ///< write per-shape records and the summary here
   std::string commit = "unknown";
   std::string device_kind = "unknown";

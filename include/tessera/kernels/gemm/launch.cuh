@@ -154,7 +154,7 @@ void launch_config(const GemmArgs& a, const GemmOptions& o, const Pro& pro, cons
   // kDependentLaunch): this launch and the CTAs' set-up overlap the previous
   // kernel's tail; the kernel waits for that kernel before touching memory.
   if constexpr (engine::kDependentLaunch<Pro, Epi>) {
-    if (detail::dependent_launch_enabled()) {
+    if (o.dependent_launch && detail::dependent_launch_enabled()) {
       attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
       attr[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
       ++cfg.numAttrs;
