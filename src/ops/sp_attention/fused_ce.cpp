@@ -1,8 +1,8 @@
 // sp_attention fused_ce: the kernel reads this rank's chunks in place from
 // the caller's K and V, except the rows of KV blocks that straddle another
 // chunk, which are copied into its own workspace on the compute stream
-// (TESSERA_SP_OWN_IN_PLACE=0: the whole chunks, A/B); on the communication
-// stream, per step, its chunks
+// (TESSERA_SP_OWN_IN_PLACE=0: the whole chunks, A/B), and is queued first;
+// then on the communication stream, per step, its chunks
 // pushed into the destination's workspace on the copy engine (after that
 // peer said its workspace is free), in head groups, each piece followed by a
 // flag; the kernel per part waits per KV block for the pieces of its head
@@ -30,6 +30,12 @@ void run(SpAttnContext::Impl& c, const SpAttnArgs& a, int /*u*/) {
     copy_own_edges(k, k.st);
   else
     copy_own(k, k.st);
+  // The kernel is queued before the pushes: their host calls (a copy and a
+  // flag per chunk piece, some 200 us for 32 heads) would otherwise delay
+  // its launch whenever the GPU is not behind the host. It waits only for
+  // the peers' pushes, and pushes and flags need no SM (copy engine, stream
+  // memory operations), so it cannot hold back its own rank's.
+  run_parts(k, true);
   if (k.world > 1) {
     // Pushes on the communication stream, after the inputs are ready.
     cudaStream_t cs = c.pg.comm_stream(0);
@@ -49,7 +55,6 @@ void run(SpAttnContext::Impl& c, const SpAttnArgs& a, int /*u*/) {
     }
     TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_comm_done, cs));
   }
-  run_parts(k, true);
   if (k.world > 1) TESSERA_CUDA_CHECK(cudaStreamWaitEvent(k.st, c.ev_comm_done, 0));
   finish(k);
 }
