@@ -198,11 +198,10 @@ __device__ __forceinline__ auto gemm_cta_setup(const Params& p) {
     ptx::cluster_sync();
   // Programmatic dependent launch (kDependentLaunch): the set-up above may
   // overlap the previous kernel's tail; nothing in global memory is read or
-  // written before this wait (a no-op without the launch attribute). Then
-  // the next kernel's CTAs may be scheduled, onto SMs this grid leaves idle
-  // or frees.
+  // written before this wait (a no-op without the launch attribute). The
+  // TMA thread lets the next kernel be scheduled once it issued its last
+  // load (run_tma_thread).
   ptx::grid_dependency_wait();
-  if constexpr (kDependentLaunch<Prologue, decltype(p.epilogue)>) ptx::grid_dependents_launch();
 
   // Split-K (a scheduler with kSplitK): more units than tiles, each over one
   // split's share of K; clusters are not combined with it.
@@ -316,6 +315,13 @@ __device__ __forceinline__ void run_tma_thread(const CUtensorMap& tma_a, const C
     else
       produce_tile<Cfg, InT, kTransB>(sm, map_a, &tma_b, row_a, t.n * Cfg::BN, cta.k_blocks, pipe, walk.rank);
   }
+  // The CTA's last load is issued: the next kernel's CTAs may now be
+  // scheduled (one thread's trigger counts for the CTA), onto SMs this grid
+  // leaves idle or frees, and run their set-up during this CTA's last tiles.
+  // Triggered at the start instead, they waited through the whole kernel on
+  // idle SMs, which measured up to 20 % slower on mid-size grids smaller
+  // than the GPU (docs/design/gemm.md).
+  if constexpr (kDependentLaunch<Prologue, decltype(p.epilogue)>) ptx::grid_dependents_launch();
   if constexpr (Cfg::kClusterM > 1) {
     // Tail: wait until every slot was released by both CTAs' consumers, so
     // no remote arrive can target this CTA's smem after it exits.
