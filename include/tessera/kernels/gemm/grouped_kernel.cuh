@@ -221,10 +221,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     ptx::fence_barrier_init();
   }
-  // Programmatic dependent launch (kDependentLaunch, kernel_common.cuh): the
-  // group sizes may come from the previous kernel, so the wait precedes the
-  // table's reads.
-  ptx::grid_dependency_wait();
   // The table (ends with __syncthreads, which also publishes the barriers).
   build_grouped_table<Cfg::kThreads, Cfg::BM>(tab, p.group_rows, p.groups, p.tiles_n, p.max_rows, p.status);
 
@@ -291,7 +287,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         prologue_a_source(p.prologue, map_a, row_a);
         produce_grouped_tile<Cfg, InT, kTransB>(sm, map_a, &tma_b, row_a, t.col0, t.group, k_blocks, pipe);
       }
-      if constexpr (kDependentLaunch<Prologue, Epilogue>) ptx::grid_dependents_launch();  // as run_tma_thread
     }
   } else {
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();

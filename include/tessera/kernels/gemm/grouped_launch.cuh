@@ -90,23 +90,7 @@ void grouped_launch_config(const GroupedGemmArgs& a, const GroupedGemmOptions& o
   static_assert(smem <= 227 * 1024, "grouped GEMM: stages + group table exceed shared memory");
   detail::cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                      "cudaFuncSetAttribute(grouped gemm kernel, max dynamic smem)");
-  cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute attr[1];
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(Cfg::kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 0;
-  // As the plain GEMM (launch.cuh): hook-free kernels are programmatic dependents.
-  if constexpr (engine::kDependentLaunch<Pro, Epi>) {
-    if (detail::dependent_launch_enabled()) {
-      attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attr[0].val.programmaticStreamSerializationAllowed = 1;
-      cfg.numAttrs = 1;
-    }
-  }
-  detail::cuda_check(cudaLaunchKernelEx(&cfg, kernel, tma_a, tma_b, p), "cudaLaunchKernelEx(grouped gemm kernel)");
+  kernel<<<grid, Cfg::kThreads, smem, stream>>>(tma_a, tma_b, p);
   detail::check_launch("grouped gemm kernel launch");
 }
 
