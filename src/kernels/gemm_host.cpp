@@ -353,6 +353,10 @@ int row_alignment(const GemmArgs& a) {
   return al;
 }
 
+bool plain_dependent_launch(const GemmArgs& a, const GemmOptions& o, const GemmPlan& p, int num_sms) {
+  return o.dependent_launch && model_gemm_us(a, num_sms, p) < kDependentLaunchMaxUs;
+}
+
 double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p) {
   // Constants fitted to 90 random shapes on nvidia-h200 (seeds 1, 2 and 5,
   // every compiled kernel timed per shape with `bench gemm --random --diag`,

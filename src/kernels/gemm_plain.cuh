@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "tessera/kernels/gemm/launch.cuh"
+#include "tessera/kernels/gemm_plan.hpp"
 #include "tessera/kernels/gemm/splitk.cuh"
 
 namespace tessera::kernels::detail {
@@ -116,8 +117,10 @@ void gemm_plain_whole_k(const GemmArgs& a, const GemmOptions& o, cudaStream_t st
 }
 
 template <class InT, BLayout L>
-void gemm_plain(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
-  const GemmPlan plan = plan_gemm(a, o);
+void gemm_plain(const GemmArgs& a, const GemmOptions& opts, cudaStream_t stream) {
+  const GemmPlan plan = plan_gemm(a, opts);
+  GemmOptions o = opts;
+  o.dependent_launch = plain_dependent_launch(a, opts, plan, plan_sm_count(opts));
   if (plan.tile == GemmTile::T128x192) {
     // plan_gemm() gives it whole K and output type == input type only.
     if (plan.k_splits > 1 || a.out != a.in) fail("gemm: tile 128x192 runs whole K with output type == input type");

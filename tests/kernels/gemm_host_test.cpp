@@ -1138,3 +1138,27 @@ TEST(GemmWaiterRingModel, WithoutBackPressureTheWaiterLapsTheRing) {
     }
   EXPECT_GT(broken, 0) << "the model never caught the waiter lapping the ring in " << runs << " runs";
 }
+
+// Programmatic dependent launch only where the model estimates a short
+// problem (it measured faster there and slower on longer ones), and never
+// when the options turn it off.
+TEST(GemmPlan, DependentLaunchOnlyForShortProblems) {
+  tk::GemmPlan pp64;
+  pp64.tile = tk::GemmTile::T64x64;
+  pp64.ping_pong = true;
+  tk::GemmPlan c256;
+  c256.tile = tk::GemmTile::T128x256;
+  c256.cluster_m = 2;
+  tk::GemmArgs a = good();
+  a.lda = a.ldb = 0;
+  a.m = 44, a.n = 2944, a.k = 592;  // ~4 us
+  tk::GemmOptions o;
+  ASSERT_LT(tk::model_gemm_us(a, 132, pp64), tk::kDependentLaunchMaxUs);
+  EXPECT_TRUE(tk::plain_dependent_launch(a, o, pp64, 132));
+  o.dependent_launch = false;
+  EXPECT_FALSE(tk::plain_dependent_launch(a, o, pp64, 132));
+  o.dependent_launch = true;
+  a.m = 4833, a.n = 5048, a.k = 4408;  // ~300 us
+  ASSERT_GT(tk::model_gemm_us(a, 132, c256), tk::kDependentLaunchMaxUs);
+  EXPECT_FALSE(tk::plain_dependent_launch(a, o, c256, 132));
+}

@@ -158,10 +158,11 @@ struct GemmOptions {
   /// Where the plan comes from when the fields above name none (plain
   /// gemm() only; the policy entry points run the kernel they are given).
   GemmPlanSource plan_source = GemmPlanSource::Default;
-  /// Programmatic dependent launch for the hook-free kernels (the plain
-  /// gemm(), split-K): their launch and CTA set-up overlap the previous
-  /// kernel's tail in the stream (docs/design/gemm.md). false: the stream's
-  /// full serialization. TESSERA_GEMM_PDL=0 turns it off for every call.
+  /// Programmatic dependent launch for the hook-free kernels: their launch
+  /// and CTA set-up overlap the previous kernel's tail in the stream. The
+  /// plain gemm() uses it where the model estimates under 10 us (longer
+  /// problems measured slower with it; docs/design/gemm.md). false: the
+  /// stream's full serialization. TESSERA_GEMM_PDL=0 turns it off everywhere.
   bool dependent_launch = true;
 };
 

@@ -50,6 +50,16 @@ GemmOptions plan_options(const GemmPlan& p, GemmOptions base = {});
 /// The SM count plan_gemm() plans for under `o` (max_ctas caps the device's).
 int plan_sm_count(const GemmOptions& o);
 
+/// Problems the model puts under this many microseconds run as programmatic
+/// dependents; longer ones measured slower so (docs/design/gemm.md,
+/// "Programmatic dependent launch").
+inline constexpr double kDependentLaunchMaxUs = 10.0;
+
+/// Whether the plain gemm() launches plan p for `a` as a programmatic
+/// dependent: asked for (o.dependent_launch) and modelled on num_sms SMs
+/// under kDependentLaunchMaxUs.
+bool plain_dependent_launch(const GemmArgs& a, const GemmOptions& o, const GemmPlan& p, int num_sms);
+
 /// A source of measured plans: for the problem and plan_sm_count(), a plan
 /// or nullopt (then plan_gemm() decides). A plan it returns that is not
 /// gemm_plan_valid for the problem is ignored.

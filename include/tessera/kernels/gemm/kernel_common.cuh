@@ -317,10 +317,8 @@ __device__ __forceinline__ void run_tma_thread(const CUtensorMap& tma_a, const C
   }
   // The CTA's last load is issued: the next kernel's CTAs may now be
   // scheduled (one thread's trigger counts for the CTA), onto SMs this grid
-  // leaves idle or frees, and run their set-up during this CTA's last tiles.
-  // Triggered at the start instead, they waited through the whole kernel on
-  // idle SMs, which measured up to 20 % slower on mid-size grids smaller
-  // than the GPU (docs/design/gemm.md).
+  // leaves idle or frees, and run their set-up during this CTA's last tiles
+  // rather than wait on those SMs through the whole kernel.
   if constexpr (kDependentLaunch<Prologue, decltype(p.epilogue)>) ptx::grid_dependents_launch();
   if constexpr (Cfg::kClusterM > 1) {
     // Tail: wait until every slot was released by both CTAs' consumers, so
