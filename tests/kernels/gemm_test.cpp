@@ -146,33 +146,41 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemmTileSweep,
 // slot read at the wrong phase, a tile stored twice or not at all).
 // 2304x2176x4096 has more tiles than SMs (several per CTA, ring wrapping);
 // 300x200x72 has fewer K blocks than ring stages and single-tile CTAs.
-TEST(GemmGpu, OverlapMatchesDefaultBitwiseAndCublas) {
+// One case per shape (sanitizer jobs), as GemmTileSweep.
+class GemmOverlapShapes : public ::testing::TestWithParam<std::array<int64_t, 3>> {};
+
+TEST_P(GemmOverlapShapes, OverlapMatchesDefaultBitwiseAndCublas) {
   TESSERA_REQUIRE_GPUS(1);
-  const std::vector<std::array<int64_t, 3>> shapes = {
-      {512, 768, 1024}, {300, 200, 72}, {129, 257, 136}, {1000, 520, 2056}, {2304, 2176, 4096}};
-  for (const auto& sh : shapes)
-    for (DType in : {DType::bf16, DType::f16})
-      for (auto layout : {tk::BLayout::NK, tk::BLayout::KN}) {
-        const Problem p{sh[0], sh[1], sh[2], in, in, layout, (sh[0] % 2) ? 8 : 0};
-        Buffers s = make(p);
-        tk::GemmOptions whole_k;
-        whole_k.k_splits = 1;       // split-K sums in another order: whole-K kernels only
-        tk::gemm(s.args, whole_k);  // default path
+  const std::array<int64_t, 3> sh = GetParam();
+  for (DType in : {DType::bf16, DType::f16})
+    for (auto layout : {tk::BLayout::NK, tk::BLayout::KN}) {
+      const Problem p{sh[0], sh[1], sh[2], in, in, layout, (sh[0] % 2) ? 8 : 0};
+      Buffers s = make(p);
+      tk::GemmOptions whole_k;
+      whole_k.k_splits = 1;       // split-K sums in another order: whole-K kernels only
+      tk::gemm(s.args, whole_k);  // default path
+      TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto want = tt::bytes_of(s.d);
+      EXPECT_LT(error_vs_cublas(s), tolerance(p.out)) << "default path: " << name(p, tk::GemmTile::Auto);
+      for (auto tile : {tk::GemmTile::Auto, tk::GemmTile::T128x128, tk::GemmTile::T64x256}) {
+        tt::poison(s.d);
+        tk::GemmOptions o;
+        o.tile = tile;
+        o.ping_pong = true;
+        tk::gemm(s.args, o);
         TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
-        const auto want = tt::bytes_of(s.d);
-        EXPECT_LT(error_vs_cublas(s), tolerance(p.out)) << "default path: " << name(p, tk::GemmTile::Auto);
-        for (auto tile : {tk::GemmTile::Auto, tk::GemmTile::T128x128, tk::GemmTile::T64x256}) {
-          tt::poison(s.d);
-          tk::GemmOptions o;
-          o.tile = tile;
-          o.ping_pong = true;
-          tk::gemm(s.args, o);
-          TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
-          EXPECT_TRUE(tt::bytes_of(s.d) == want) << "overlap differs from default: " << name(p, tile);
-          EXPECT_LT(error_vs_cublas(s), tolerance(p.out)) << "overlap: " << name(p, tile);
-        }
+        EXPECT_TRUE(tt::bytes_of(s.d) == want) << "overlap differs from default: " << name(p, tile);
+        EXPECT_LT(error_vs_cublas(s), tolerance(p.out)) << "overlap: " << name(p, tile);
       }
+    }
 }
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GemmOverlapShapes,
+                         ::testing::Values(std::array<int64_t, 3>{512, 768, 1024}, std::array<int64_t, 3>{300, 200, 72},
+                                           std::array<int64_t, 3>{129, 257, 136},
+                                           std::array<int64_t, 3>{1000, 520, 2056},
+                                           std::array<int64_t, 3>{2304, 2176, 4096}),
+                         sweep_case_name);
 
 // Ping-pong with tile orders and SM caps: odd CTA counts leave one consumer
 // with one tile fewer; a cap of 1 runs every tile through one CTA.
