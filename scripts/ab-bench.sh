@@ -5,14 +5,15 @@
 #
 #   scripts/ab-bench.sh prepare BASE_REF      (here) source of BASE_REF into .ab-base/
 #   scripts/ab-bench.sh build                 (device) build-ab-base/bin/tessera, in the background
-#   scripts/ab-bench.sh run [bench...]        (device) benches: gemm mlp signal (default all)
+#   scripts/ab-bench.sh run [bench...]        (device) benches: gemm mlp signal sp-attention
+#                                             (default gemm mlp signal)
 #
 # `run` needs build-dev/bin/tessera (scripts/device-check.sh build) and the
 # base build. Carry .ab-base beside .deps. Each bench runs AB_ROUNDS times
 # per build (default 2), base and head alternating, logs under
 # $OUT/ab/<bench>-<base|head>-<round>.log; scripts/ab_summary.py turns them
 # into a bench/results file (head / base per row, geomean per bench).
-# GEMM_AB_ARGS, MLP_AB_ARGS, SIGNAL_AB_ARGS replace each bench's options.
+# GEMM_AB_ARGS, MLP_AB_ARGS, SIGNAL_AB_ARGS, SP_AB_ARGS replace each bench's options.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${OUT:-$root/device-out}/ab"  # a folder of its own: device-check packs and removes $OUT's files
@@ -70,7 +71,9 @@ case "$cmd" in
             mlp) timeout 150 "$t" run -n "$ngpu" -- "$t" bench mlp ${MLP_AB_ARGS---no-variants} >"$log" 2>&1 ;;
             signal) timeout 150 "$t" run -n "$ngpu" -- "$t" bench signal ${SIGNAL_AB_ARGS---no-sweep --budget-s 30} \
                 >"$log" 2>&1 ;;
-            *) echo "ab-bench: unknown bench $bench (gemm mlp signal)"; continue 2 ;;
+            sp-attention) timeout 150 "$t" run -n "$ngpu" -- "$t" bench sp-attention \
+                ${SP_AB_ARGS---seqs 16384,32768 --cases 32h-causal,32h,64h-causal,gqa-causal} >"$log" 2>&1 ;;
+            *) echo "ab-bench: unknown bench $bench (gemm mlp signal sp-attention)"; continue 2 ;;
           esac
           echo "ab-bench: $bench $b round $r rc=$?"
         done

@@ -2,10 +2,11 @@
 """Turns scripts/ab-bench.sh logs into a bench/results file: head / base per row.
 
     scripts/ab_summary.py AB_DIR --commit HEAD --base BASE --device nvidia-h200-x2 --date 2026-11-27 \\
-        [--time HH:MM] > bench/results/ab-<topic>-<date>.json
+        [--time HH:MM] [--issue N] > bench/results/ab-<topic>-<date>.json
     scripts/ab_summary.py --self-test
 
-AB_DIR holds <bench>-<base|head>-<round>.log (bench: gemm, mlp, signal).
+AB_DIR holds <bench>-<base|head>-<round>.log (bench: gemm, mlp, signal,
+sp-attention).
 Each log's table (bench/common/timing.hpp Table::str(): right-aligned
 columns two spaces apart, "[rank 0] " prefixes allowed) is read by the
 header's column edges, so empty cells and values with single spaces stay in
@@ -13,6 +14,7 @@ their column. Per row the medians over rounds give head / base of:
   gemm    "ours ms"   keyed by M, N, K
   mlp     "tessera"   keyed by shape, part
   signal  "tessera"   keyed by op, shape, M, N, K
+  sp-attention  "fused ms"  keyed by case, S
 (bench signal prints one table per op, ar then rs, with the same rows: a
 table's op is the one named by the last "<op>: shape i/n", "<op>: offline
 stage" or "<op>: budget spent" progress line before it) and per bench the geometric mean, with the no-regression target of a
@@ -31,6 +33,7 @@ BENCHES = {
     "gemm": (("M", "N", "K"), "ours ms"),
     "mlp": (("shape", "part"), "tessera"),
     "signal": (("op", "shape", "M", "N", "K"), "tessera"),
+    "sp-attention": (("case", "S"), "fused ms"),
 }
 TARGET = {"op": "<=", "value": 1.02, "text": "no regression beyond noise against the base (same call)"}
 
@@ -98,7 +101,7 @@ def rows_of(path, bench):
     return out
 
 
-def summarize(ab_dir):
+def summarize(ab_dir, issue=18):
     recs = []
     for bench, (keys, value) in BENCHES.items():
         runs = {"base": {}, "head": {}}
@@ -122,7 +125,7 @@ def summarize(ab_dir):
         if ratios:
             gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
             recs.append({"metric": f"geomean head / base ({value})", "case": f"bench {bench}, {len(ratios)} rows",
-                         "value": round(gm, 4), "unit": "ratio", "issue": 18, "target": TARGET,
+                         "value": round(gm, 4), "unit": "ratio", "issue": issue, "target": TARGET,
                          "source": f"min {min(ratios):.4f}, max {max(ratios):.4f}"})
     return recs
 
@@ -156,15 +159,21 @@ def sample_logs(a, b):
         table_str(["shape", "M", "N", "K", "tessera"], sig_rows(a)) +
         "[    9.7 s] rs: shape 1/1 MLP-1 8192x4096x5504 ...\n" +
         table_str(["shape", "M", "N", "K", "tessera"], sig_rows(b))).splitlines())
-    return gemm, mlp, signal
+    sp = "".join("[rank 0] " + l + "\n" for l in table_str(
+        ["case", "S", "seq ms", "fused ms", "auto ms (pick)", "attn ms"],
+        [["32h causal", "16k", "2.451", a, "1.958 (fused_ce)", "1.722"],
+         ["GQA 32/8 causal", "32k", "7.154", b, "7.152 (sequential)", "6.720"]]).splitlines())
+    return gemm, mlp, signal, sp
 
 
 def self_test():
     import tempfile
     with tempfile.TemporaryDirectory() as d:
         for build, (a, b) in {"base": ("0.500", "1.000"), "head": ("0.510", "0.990")}.items():
-            gemm, mlp, signal = sample_logs(a, b)
+            gemm, mlp, signal, sp = sample_logs(a, b)
             for r in (1, 2):
+                with open(os.path.join(d, f"sp-attention-{build}-{r}.log"), "w") as f:
+                    f.write(sp)
                 with open(os.path.join(d, f"signal-{build}-{r}.log"), "w") as f:
                     f.write(signal)
                 with open(os.path.join(d, f"gemm-{build}-{r}.log"), "w") as f:
@@ -181,6 +190,8 @@ def self_test():
     assert abs(gm - math.sqrt(1.02 * 0.99)) < 1e-4, gm
     assert by_case["bench signal ar MLP-1 8192 4096 5504"] == 1.02, by_case  # one row per op
     assert by_case["bench signal rs MLP-1 8192 4096 5504"] == 0.99, by_case
+    assert by_case["bench sp-attention 32h causal 16k"] == 1.02, by_case
+    assert by_case["bench sp-attention GQA 32/8 causal 32k"] == 0.99, by_case
     print("ab_summary self-test: ok")
 
 
@@ -192,6 +203,7 @@ def main():
     ap.add_argument("--device")
     ap.add_argument("--date")
     ap.add_argument("--time")
+    ap.add_argument("--issue", type=int, default=18, help="the issue the geometric means are recorded for")
     ap.add_argument("--self-test", action="store_true")
     o = ap.parse_args()
     if o.self_test:
@@ -200,7 +212,7 @@ def main():
     missing = [n for n in ("ab_dir", "commit", "base", "device", "date") if not getattr(o, n)]
     if missing:
         ap.error("needs " + ", ".join(missing))
-    recs = summarize(o.ab_dir)
+    recs = summarize(o.ab_dir, o.issue)
     if not recs:
         sys.exit(f"ab_summary: no rows in {o.ab_dir} (<bench>-<base|head>-<round>.log)")
     prov = {"topic": "ab", "device": o.device, "date": o.date, "commit": o.commit,
