@@ -337,5 +337,35 @@ TEST(MoeEp, MismatchedTransportsAreRejectedOnEveryRank) {
   }
 }
 
+// As moe_tp's: the copy-engine transport is refused inside a capture before
+// anything is queued; the capture ends cleanly and the next eager call runs.
+TEST(MoeEp, CopyEngineTransportIsRefusedUnderCapture) {
+  TESSERA_REQUIRE_WORLD_GPUS(2);
+  runtime::ProcessGroup& pg = tessera::testing::group();
+  if (!pg.lsa_reachable()) GTEST_SKIP() << "the copy-engine transport needs every rank load/store reachable";
+  const Problem p{32, 64, 32, 8, 2, Routing::uniform};
+  const Layer L(p, pg.world(), pg.rank());
+  const Buffers b(L);
+  MoeEpContext ctx(pg);
+  MoeEpOptions o;
+  o.strategy = MoeEpStrategy::pipelined;
+  o.transport = MoeTransport::copy_engine;
+  moe_ep(ctx, b.args(L, 0), o);  // eager: slabs and flags exist before the capture
+  pg.synchronize(pg.stream(), "moe_ep capture test: eager call");
+  TESSERA_CUDA_CHECK(cudaStreamBeginCapture(pg.stream(), cudaStreamCaptureModeThreadLocal));
+  try {
+    moe_ep(ctx, b.args(L, 0), o);
+    ADD_FAILURE() << "the copy-engine transport was captured";
+  } catch (const tessera::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot be captured"), std::string::npos) << e.what();
+  }
+  cudaGraph_t g = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(pg.stream(), &g), cudaSuccess) << "the refused call left the capture invalid";
+  if (g) TESSERA_CUDA_CHECK(cudaGraphDestroy(g));
+  moe_ep(ctx, b.args(L, 0), o);
+  pg.synchronize(pg.stream(), "moe_ep capture test: eager call after the capture");
+  EXPECT_NO_THROW(ctx.check_status());
+}
+
 }  // namespace
 }  // namespace tessera::ops

@@ -351,6 +351,58 @@ TEST(MoeTp, MismatchedExpertCountsOrTransportsAreRejectedOnEveryRank) {
   }
 }
 
+// The copy-engine transport cannot be captured (its flags carry a per-call
+// epoch): asked for inside a capture it is refused with that reason before
+// anything is queued, so the capture ends cleanly, and the next eager call
+// runs.
+TEST(MoeTp, CopyEngineTransportIsRefusedUnderCapture) {
+  TESSERA_REQUIRE_WORLD_GPUS(2);
+  runtime::ProcessGroup& pg = tessera::testing::group();
+  if (!pg.lsa_reachable()) GTEST_SKIP() << "the copy-engine transport needs every rank load/store reachable";
+  const std::int64_t T = 64, H = 64, Il = 32;
+  const int E = 4, k = 2;
+  std::vector<std::int32_t> ids(T * k, 1);
+  std::vector<float> w(T * k, 0.5f);
+  Dev dx(T * H * 2), dgu(E * 2 * Il * H * 2), ddn(E * H * Il * 2), dids(ids.size() * 4), dw(w.size() * 4),
+      dout(T * H * 2);
+  TESSERA_CUDA_CHECK(cudaMemset(dx.p, 0, T * H * 2));
+  TESSERA_CUDA_CHECK(cudaMemset(dgu.p, 0, E * 2 * Il * H * 2));
+  TESSERA_CUDA_CHECK(cudaMemset(ddn.p, 0, E * H * Il * 2));
+  dids.put(ids);
+  dw.put(w);
+  MoeTpArgs a;
+  a.x_shard = dx.p;
+  a.expert_ids = static_cast<const std::int32_t*>(dids.p);
+  a.weights = static_cast<const float*>(dw.p);
+  a.w_gate_up = dgu.p;
+  a.w_down = ddn.p;
+  a.out_shard = dout.p;
+  a.tokens_local = T;
+  a.hidden = H;
+  a.inter_local = Il;
+  a.experts = E;
+  a.topk = k;
+  MoeContext ctx(pg);
+  MoeTpOptions o;
+  o.strategy = Strategy::pipelined;
+  o.transport = MoeTransport::copy_engine;
+  moe_tp(ctx, a, o);  // eager: buffers and flags exist before the capture
+  pg.synchronize(pg.stream(), "moe_tp capture test: eager call");
+  TESSERA_CUDA_CHECK(cudaStreamBeginCapture(pg.stream(), cudaStreamCaptureModeThreadLocal));
+  try {
+    moe_tp(ctx, a, o);
+    ADD_FAILURE() << "the copy-engine transport was captured";
+  } catch (const tessera::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot be captured"), std::string::npos) << e.what();
+  }
+  cudaGraph_t g = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(pg.stream(), &g), cudaSuccess) << "the refused call left the capture invalid";
+  if (g) TESSERA_CUDA_CHECK(cudaGraphDestroy(g));
+  moe_tp(ctx, a, o);
+  pg.synchronize(pg.stream(), "moe_tp capture test: eager call after the capture");
+  EXPECT_NO_THROW(ctx.check_status());
+}
+
 TEST(MoeTp, ValidateRejectsBadShapes) {
   MoeTpArgs a;
   alignas(16) int buf[64] = {};
