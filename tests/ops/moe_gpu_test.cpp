@@ -221,34 +221,50 @@ TEST(MoeTp, ConcentratedRoutingOfTheLastRankMatchesReference) {
   run_case({80, 128, 256, 8, 2, Routing::concentrated});
 }
 
+/// A small moe_tp call on zero activations and weights: H 64, inter 32, E 4
+/// experts, top-2, one token per two entries of `ids` (each entry's weight
+/// 0.5); weights allocated for `weight_experts` experts.
+struct ZeroTpCall {
+  static constexpr std::int64_t H = 64, Il = 32;
+  static constexpr int E = 4, k = 2;
+  const std::int64_t T;
+  Dev dx, dgu, ddn, dids, dw, dout;
+  MoeTpArgs a;
+  explicit ZeroTpCall(const std::vector<std::int32_t>& ids, int weight_experts = E)
+      : T(static_cast<std::int64_t>(ids.size()) / k),
+        dx(T * H * 2),
+        dgu(weight_experts * 2 * Il * H * 2),
+        ddn(weight_experts * H * Il * 2),
+        dids(ids.size() * 4),
+        dw(ids.size() * 4),
+        dout(T * H * 2) {
+    TESSERA_CUDA_CHECK(cudaMemset(dx.p, 0, T * H * 2));
+    TESSERA_CUDA_CHECK(cudaMemset(dgu.p, 0, weight_experts * 2 * Il * H * 2));
+    TESSERA_CUDA_CHECK(cudaMemset(ddn.p, 0, weight_experts * H * Il * 2));
+    dids.put(ids);
+    dw.put(std::vector<float>(ids.size(), 0.5f));
+    a.x_shard = dx.p;
+    a.expert_ids = static_cast<const std::int32_t*>(dids.p);
+    a.weights = static_cast<const float*>(dw.p);
+    a.w_gate_up = dgu.p;
+    a.w_down = ddn.p;
+    a.out_shard = dout.p;
+    a.tokens_local = T;
+    a.hidden = H;
+    a.inter_local = Il;
+    a.experts = E;
+    a.topk = k;
+  }
+};
+
 TEST(MoeTp, PipelinedReportsInvalidIdsOfAPeerShard) {
   TESSERA_REQUIRE_WORLD_GPUS(1);
   runtime::ProcessGroup& pg = tessera::testing::group();
-  const std::int64_t T = 48, H = 64, Il = 32;
-  const int E = 4, k = 2;
-  std::vector<std::int32_t> ids(T * k, 2);
+  std::vector<std::int32_t> ids(48 * ZeroTpCall::k, 2);
   if (pg.rank() == pg.world() - 1) ids[3] = -1;  // one bad id on the last rank only
-  std::vector<float> w(T * k, 0.5f);
-  Dev dx(T * H * 2), dgu(E * 2 * Il * H * 2), ddn(E * H * Il * 2), dids(ids.size() * 4), dw(w.size() * 4),
-      dout(T * H * 2);
-  TESSERA_CUDA_CHECK(cudaMemset(dx.p, 0, T * H * 2));
-  TESSERA_CUDA_CHECK(cudaMemset(dgu.p, 0, E * 2 * Il * H * 2));
-  TESSERA_CUDA_CHECK(cudaMemset(ddn.p, 0, E * H * Il * 2));
-  dids.put(ids);
-  dw.put(w);
+  const ZeroTpCall call(ids);
+  const MoeTpArgs& a = call.a;
   MoeContext ctx(pg);
-  MoeTpArgs a;
-  a.x_shard = dx.p;
-  a.expert_ids = static_cast<const std::int32_t*>(dids.p);
-  a.weights = static_cast<const float*>(dw.p);
-  a.w_gate_up = dgu.p;
-  a.w_down = ddn.p;
-  a.out_shard = dout.p;
-  a.tokens_local = T;
-  a.hidden = H;
-  a.inter_local = Il;
-  a.experts = E;
-  a.topk = k;
   MoeTpOptions o;
   o.strategy = Strategy::pipelined;
   moe_tp(ctx, a, o);
@@ -264,31 +280,12 @@ TEST(MoeTp, PipelinedReportsInvalidIdsOfAPeerShard) {
 TEST(MoeTp, InvalidExpertIdIsReportedAfterTheCall) {
   TESSERA_REQUIRE_WORLD_GPUS(1);
   runtime::ProcessGroup& pg = tessera::testing::group();
-  const std::int64_t T = 64, H = 64, Il = 32;
-  const int E = 4, k = 2;
-  std::vector<std::int32_t> ids(T * k, 1);
+  const int E = ZeroTpCall::E;
+  std::vector<std::int32_t> ids(64 * ZeroTpCall::k, 1);
   ids[5] = E + 3;  // out of range
-  std::vector<float> w(T * k, 0.5f);
-  Dev dx(T * H * 2), dgu(E * 2 * Il * H * 2), ddn(E * H * Il * 2), dids(ids.size() * 4), dw(w.size() * 4),
-      dout(T * H * 2);
-  TESSERA_CUDA_CHECK(cudaMemset(dx.p, 0, T * H * 2));
-  TESSERA_CUDA_CHECK(cudaMemset(dgu.p, 0, E * 2 * Il * H * 2));
-  TESSERA_CUDA_CHECK(cudaMemset(ddn.p, 0, E * H * Il * 2));
-  dids.put(ids);
-  dw.put(w);
+  const ZeroTpCall call(ids);
+  MoeTpArgs a = call.a;
   MoeContext ctx(pg);
-  MoeTpArgs a;
-  a.x_shard = dx.p;
-  a.expert_ids = static_cast<const std::int32_t*>(dids.p);
-  a.weights = static_cast<const float*>(dw.p);
-  a.w_gate_up = dgu.p;
-  a.w_down = ddn.p;
-  a.out_shard = dout.p;
-  a.tokens_local = T;
-  a.hidden = H;
-  a.inter_local = Il;
-  a.experts = E;
-  a.topk = k;
   moe_tp(ctx, a);
   EXPECT_THROW(ctx.check_status(), tessera::Error);
   a.topk = E + 1;  // more slots than experts
@@ -300,30 +297,10 @@ TEST(MoeTp, InvalidExpertIdIsReportedAfterTheCall) {
 TEST(MoeTp, MismatchedExpertCountsOrTransportsAreRejectedOnEveryRank) {
   TESSERA_REQUIRE_WORLD_GPUS(2);
   runtime::ProcessGroup& pg = tessera::testing::group();
-  const std::int64_t T = 64, H = 64, Il = 32;
-  const int E = 4, k = 2;
-  std::vector<std::int32_t> ids(T * k, 1);
-  std::vector<float> w(T * k, 0.5f);
+  const int E = ZeroTpCall::E;
   // Weights sized for 2E experts, so the larger count is a valid call on its own.
-  Dev dx(T * H * 2), dgu(2 * E * 2 * Il * H * 2), ddn(2 * E * H * Il * 2), dids(ids.size() * 4), dw(w.size() * 4),
-      dout(T * H * 2);
-  TESSERA_CUDA_CHECK(cudaMemset(dx.p, 0, T * H * 2));
-  TESSERA_CUDA_CHECK(cudaMemset(dgu.p, 0, 2 * E * 2 * Il * H * 2));
-  TESSERA_CUDA_CHECK(cudaMemset(ddn.p, 0, 2 * E * H * Il * 2));
-  dids.put(ids);
-  dw.put(w);
-  MoeTpArgs a;
-  a.x_shard = dx.p;
-  a.expert_ids = static_cast<const std::int32_t*>(dids.p);
-  a.weights = static_cast<const float*>(dw.p);
-  a.w_gate_up = dgu.p;
-  a.w_down = ddn.p;
-  a.out_shard = dout.p;
-  a.tokens_local = T;
-  a.hidden = H;
-  a.inter_local = Il;
-  a.experts = E;
-  a.topk = k;
+  const ZeroTpCall call(std::vector<std::int32_t>(64 * ZeroTpCall::k, 1), 2 * E);
+  const MoeTpArgs& a = call.a;
   for (Strategy s : {Strategy::sequential, Strategy::pipelined}) {
     MoeContext ctx(pg);
     MoeTpArgs mine = a;
@@ -359,29 +336,8 @@ TEST(MoeTp, CopyEngineTransportIsRefusedUnderCapture) {
   TESSERA_REQUIRE_WORLD_GPUS(2);
   runtime::ProcessGroup& pg = tessera::testing::group();
   if (!pg.lsa_reachable()) GTEST_SKIP() << "the copy-engine transport needs every rank load/store reachable";
-  const std::int64_t T = 64, H = 64, Il = 32;
-  const int E = 4, k = 2;
-  std::vector<std::int32_t> ids(T * k, 1);
-  std::vector<float> w(T * k, 0.5f);
-  Dev dx(T * H * 2), dgu(E * 2 * Il * H * 2), ddn(E * H * Il * 2), dids(ids.size() * 4), dw(w.size() * 4),
-      dout(T * H * 2);
-  TESSERA_CUDA_CHECK(cudaMemset(dx.p, 0, T * H * 2));
-  TESSERA_CUDA_CHECK(cudaMemset(dgu.p, 0, E * 2 * Il * H * 2));
-  TESSERA_CUDA_CHECK(cudaMemset(ddn.p, 0, E * H * Il * 2));
-  dids.put(ids);
-  dw.put(w);
-  MoeTpArgs a;
-  a.x_shard = dx.p;
-  a.expert_ids = static_cast<const std::int32_t*>(dids.p);
-  a.weights = static_cast<const float*>(dw.p);
-  a.w_gate_up = dgu.p;
-  a.w_down = ddn.p;
-  a.out_shard = dout.p;
-  a.tokens_local = T;
-  a.hidden = H;
-  a.inter_local = Il;
-  a.experts = E;
-  a.topk = k;
+  const ZeroTpCall call(std::vector<std::int32_t>(64 * ZeroTpCall::k, 1));
+  const MoeTpArgs& a = call.a;
   MoeContext ctx(pg);
   MoeTpOptions o;
   o.strategy = Strategy::pipelined;
