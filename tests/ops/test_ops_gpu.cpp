@@ -184,6 +184,50 @@ const RsVariant kRsVariants[] = {
 /// fused_ce GEMM+RS runs only when every shard boundary is on a tile row.
 bool rs_tile_row_shards(std::int64_t m, int world) { return shard_rows(m, world).per_rank % kRsFusedTileRows == 0; }
 
+double op_tolerance(DType t) { return t == DType::bf16 ? 2e-2 : 5e-3; }
+
+/// ag_gemm(g) under strategy st (3 channels) into a poisoned D (and gathered
+/// A): D [g.m, n_out] within the dtype's tolerance of ref, and with
+/// g.gathered_a the gathered A bitwise a_full.
+void expect_ag_gemm_matches(const AgGemmArgs& g, Strategy st, Dev& dd, Dev& dg, std::int64_t n_out,
+                            const std::vector<double>& ref, const std::vector<double>& a_full, DType t,
+                            const std::string& what) {
+  OpOptions o;
+  o.strategy = st;
+  o.channels = 3;
+  dd.poison();
+  dg.poison();
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  ops::ag_gemm(ctx(), g, o);
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(group().stream()));
+  EXPECT_LT(tessera::testing::relative_error(download(dd.p, g.m, n_out, g.ldd, t), ref), op_tolerance(t))
+      << strategy_name(st) << what;
+  if (g.gathered_a)
+    EXPECT_EQ(tessera::testing::relative_error(download(dg.p, g.m, g.k, g.k, t), a_full), 0.0)
+        << strategy_name(st) << what;
+}
+
+/// gemm_rs(g, o) `calls` times back to back without resets, each into a
+/// poisoned D: the first result within the dtype's tolerance of ref, every
+/// later one bitwise equal to it (a fixed reduction order). Callers wrap it
+/// in ASSERT_NO_FATAL_FAILURE.
+void expect_gemm_rs_matches(const GemmRsArgs& g, const OpOptions& o, Dev& dd, int calls, const std::vector<double>& ref,
+                            DType t, const std::string& what) {
+  std::vector<double> first;
+  for (int it = 0; it < calls; ++it) {
+    dd.poison();
+    ops::gemm_rs(ctx(), g, o);
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(group().stream()));
+    const auto out = download(dd.p, g.m_local, g.n, g.ldd, t);
+    if (it == 0) {
+      first = out;
+      EXPECT_LT(tessera::testing::relative_error(out, ref), op_tolerance(t)) << what;
+    } else {
+      ASSERT_EQ(out, first) << what << ": iteration " << it << " differs (non-deterministic)";
+    }
+  }
+}
+
 }  // namespace
 
 class OpsTp : public ::testing::TestWithParam<DType> {};
@@ -239,21 +283,10 @@ TEST_P(OpsTp, AgGemmAllStrategiesMatchReference) {
         g.dtype = t;
         g.swiglu = swiglu;
         g.gathered_a = want_gathered ? dg.p : nullptr;
-        OpOptions o;
-        o.strategy = st;
-        o.channels = 3;
-        dd.poison();
-        dg.poison();
-        TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
-        ops::ag_gemm(ctx(), g, o);
-        TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
-        const double err = tessera::testing::relative_error(download(dd.p, sh.m, n_out, ldd, t), ref);
-        EXPECT_LT(err, t == DType::bf16 ? 2e-2 : 5e-3)
-            << strategy_name(st) << " M " << sh.m << " N " << sh.n << " K " << sh.k << " swiglu " << swiglu
-            << " gathered_a " << want_gathered;
-        if (want_gathered)
-          EXPECT_EQ(tessera::testing::relative_error(download(dg.p, sh.m, sh.k, sh.k, t), a.v), 0.0)
-              << strategy_name(st);
+        expect_ag_gemm_matches(g, st, dd, dg, n_out, ref, a.v, t,
+                               " M " + std::to_string(sh.m) + " N " + std::to_string(sh.n) + " K " +
+                                   std::to_string(sh.k) + " swiglu " + std::to_string(swiglu) + " gathered_a " +
+                                   std::to_string(want_gathered));
       }
     }
 }
@@ -272,7 +305,6 @@ TEST_P(OpsTp, GemmRsAllStrategiesMatchReference) {
     auto db = upload(cs.bs[rank], 0, sh.n, sh.k, t);
     const std::int64_t ldd = (sh.n + 7) / 8 * 8 + sh.ldd_pad;
     Dev dd(static_cast<std::size_t>(m_local * ldd * 2));
-    std::vector<double> first;
     for (const RsVariant& var : kRsVariants) {
       const Strategy st = var.strategy;
       GemmRsArgs g;
@@ -300,21 +332,10 @@ TEST_P(OpsTp, GemmRsAllStrategiesMatchReference) {
       }
       // Back-to-back without resets; a fixed reduction order gives bitwise
       // equal results run to run (fused / decomposition).
-      for (int it = 0; it < (st == Strategy::sequential ? 1 : 25); ++it) {
-        dd.poison();
-        ops::gemm_rs(ctx(), g, o);
-        TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
-        const auto out = download(dd.p, m_local, sh.n, ldd, t);
-        if (it == 0) {
-          first = out;
-          EXPECT_LT(tessera::testing::relative_error(out, ref), t == DType::bf16 ? 2e-2 : 5e-3)
-              << strategy_name(st) << " reduce " << rs_reduce_name(var.reduce) << " channels " << var.channels << " M "
-              << sh.m << " N " << sh.n;
-        } else {
-          ASSERT_EQ(out, first) << strategy_name(st) << " reduce " << rs_reduce_name(var.reduce) << " iteration " << it
-                                << " differs (non-deterministic)";
-        }
-      }
+      ASSERT_NO_FATAL_FAILURE(expect_gemm_rs_matches(
+          g, o, dd, st == Strategy::sequential ? 1 : 25, ref, t,
+          std::string(strategy_name(st)) + " reduce " + std::string(rs_reduce_name(var.reduce)) + " channels " +
+              std::to_string(var.channels) + " M " + std::to_string(sh.m) + " N " + std::to_string(sh.n)));
     }
   }
 }
@@ -374,20 +395,10 @@ TEST_P(OpsTp, AgGemmAllStrategiesWithBAsKNMatchReference) {
       g.dtype = t;
       g.b_kn = true;
       g.gathered_a = want_gathered ? dg.p : nullptr;
-      OpOptions o;
-      o.strategy = st;
-      o.channels = 3;
-      dd.poison();
-      dg.poison();
-      TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
-      ops::ag_gemm(ctx(), g, o);
-      TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
-      const double err = tessera::testing::relative_error(download(dd.p, sh.m, sh.n, ldd, t), ref);
-      EXPECT_LT(err, t == DType::bf16 ? 2e-2 : 5e-3)
-          << strategy_name(st) << " b_kn M " << sh.m << " N " << sh.n << " K " << sh.k << " ldb " << ldb
-          << " gathered_a " << want_gathered;
-      if (want_gathered)
-        EXPECT_EQ(tessera::testing::relative_error(download(dg.p, sh.m, sh.k, sh.k, t), a.v), 0.0) << strategy_name(st);
+      expect_ag_gemm_matches(g, st, dd, dg, sh.n, ref, a.v, t,
+                             " b_kn M " + std::to_string(sh.m) + " N " + std::to_string(sh.n) + " K " +
+                                 std::to_string(sh.k) + " ldb " + std::to_string(ldb) + " gathered_a " +
+                                 std::to_string(want_gathered));
     }
   }
 }
@@ -427,21 +438,11 @@ TEST_P(OpsTp, GemmRsAllStrategiesWithBAsKNMatchReference) {
       o.strategy = st;
       o.rs_reduce = var.reduce;
       o.channels = var.channels;
-      std::vector<double> first;
-      for (int it = 0; it < (st == Strategy::sequential ? 1 : 3); ++it) {
-        dd.poison();
-        ops::gemm_rs(ctx(), g, o);
-        TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
-        const auto out = download(dd.p, m_local, sh.n, ldd, t);
-        if (it == 0) {
-          first = out;
-          EXPECT_LT(tessera::testing::relative_error(out, cs.ref), t == DType::bf16 ? 2e-2 : 5e-3)
-              << strategy_name(st) << " b_kn reduce " << rs_reduce_name(var.reduce) << " channels " << var.channels
-              << " M " << sh.m << " N " << sh.n << " K " << sh.k << " ldb " << ldb;
-        } else {
-          ASSERT_EQ(out, first) << strategy_name(st) << " b_kn iteration " << it << " differs (non-deterministic)";
-        }
-      }
+      ASSERT_NO_FATAL_FAILURE(expect_gemm_rs_matches(
+          g, o, dd, st == Strategy::sequential ? 1 : 3, cs.ref, t,
+          std::string(strategy_name(st)) + " b_kn reduce " + std::string(rs_reduce_name(var.reduce)) + " channels " +
+              std::to_string(var.channels) + " M " + std::to_string(sh.m) + " N " + std::to_string(sh.n) + " K " +
+              std::to_string(sh.k) + " ldb " + std::to_string(ldb)));
     }
   }
 }
