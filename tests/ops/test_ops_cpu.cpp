@@ -41,6 +41,19 @@ AgGemmArgs good_ag(std::int64_t m, int rank, int world) {
   return a;
 }
 
+/// A GEMM+RS call validate() accepts at R = 2 (M 8000, rank 1's 4000 rows).
+GemmRsArgs good_rs() {
+  GemmRsArgs r;
+  r.a = fake(0x1000);
+  r.b = fake(0x2000);
+  r.d = fake(0x3000);
+  r.m = 8000;
+  r.m_local = 4000;
+  r.n = 4096;
+  r.k = 5504;
+  return r;
+}
+
 }  // namespace
 
 TEST(OpsValidate, AcceptsAlignedAndRaggedShapes) {
@@ -84,14 +97,7 @@ TEST(OpsValidate, RejectsBadInputWithClearMessages) {
 }
 
 TEST(OpsValidate, GemmRsAndMlp) {
-  GemmRsArgs r;
-  r.a = fake(0x1000);
-  r.b = fake(0x2000);
-  r.d = fake(0x3000);
-  r.m = 8000;
-  r.m_local = 4000;
-  r.n = 4096;
-  r.k = 5504;
+  GemmRsArgs r = good_rs();
   EXPECT_NO_THROW(validate(r, 1, 2));
   r.ldd = 4100;
   EXPECT_THROW(validate(r, 1, 2), tessera::Error);
@@ -141,14 +147,7 @@ TEST(OpsValidate, BAsKN) {
   msg = error_message([&] { validate(bad, 0, 2); });
   EXPECT_NE(msg.find("B of 16777216 rows"), std::string::npos) << msg;
 
-  GemmRsArgs r;
-  r.a = fake(0x1000);
-  r.b = fake(0x2000);
-  r.d = fake(0x3000);
-  r.m = 8000;
-  r.m_local = 4000;
-  r.n = 4096;
-  r.k = 5504;
+  GemmRsArgs r = good_rs();
   r.b_kn = true;
   EXPECT_NO_THROW(validate(r, 1, 2));
   r.n = 8192;
