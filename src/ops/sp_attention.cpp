@@ -100,11 +100,16 @@ Call begin(SpAttnContext::Impl& c, const SpAttnArgs& a) {
   return k;
 }
 
+void copy_chunk_rows(cudaStream_t s, void* dst, const void* src, int i, std::int64_t g0, std::int64_t B, std::int64_t C,
+                     std::int64_t S, std::size_t row_bytes, std::int64_t r0, std::int64_t rows) {
+  TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<unsigned char*>(dst) + (g0 + r0) * row_bytes, S * row_bytes,
+                                       static_cast<const unsigned char*>(src) + (i * C + r0) * row_bytes,
+                                       2 * C * row_bytes, rows * row_bytes, B, cudaMemcpyDefault, s));
+}
+
 void copy_chunk(cudaStream_t s, void* dst, const void* src, int i, std::int64_t g0, std::int64_t B, std::int64_t C,
                 std::int64_t S, std::size_t row_bytes) {
-  TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<unsigned char*>(dst) + g0 * row_bytes, S * row_bytes,
-                                       static_cast<const unsigned char*>(src) + i * C * row_bytes, 2 * C * row_bytes,
-                                       C * row_bytes, B, cudaMemcpyDefault, s));
+  copy_chunk_rows(s, dst, src, i, g0, B, C, S, row_bytes, 0, C);
 }
 
 void copy_chunk_heads(const Call& k, cudaStream_t s, void* dst, const void* src, int i, std::int64_t g0, int g) {
@@ -131,11 +136,10 @@ void copy_own_edges(const Call& k, cudaStream_t s) {
   const int block_rows = detail::sp_attention_kv_block_rows(static_cast<int>(k.a.head_dim));
   for (int i = 0; i < 2; ++i) {
     const std::int64_t g = k.plan.chunks[i] * k.C;
-    for (const auto& [lo, hi] : sp_own_edge_rows(g, k.C, block_rows))
-      for (auto [dst, src] : {std::pair{k.ws_k, k.a.k}, std::pair{k.ws_v, k.a.v}})
-        TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(dst + lo * k.kv_row, k.S * k.kv_row,
-                                             static_cast<const unsigned char*>(src) + (i * k.C + lo - g) * k.kv_row,
-                                             k.L * k.kv_row, (hi - lo) * k.kv_row, k.B, cudaMemcpyDefault, s));
+    for (const auto& [lo, hi] : sp_own_edge_rows(g, k.C, block_rows)) {
+      copy_chunk_rows(s, k.ws_k, k.a.k, i, g, k.B, k.C, k.S, k.kv_row, lo - g, hi - lo);
+      copy_chunk_rows(s, k.ws_v, k.a.v, i, g, k.B, k.C, k.S, k.kv_row, lo - g, hi - lo);
+    }
   }
 }
 

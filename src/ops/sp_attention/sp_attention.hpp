@@ -101,8 +101,12 @@ struct Call {
 std::size_t gathered_kv_bytes(const SpAttnArgs& a);
 /// The plan, the workspace grown to the gathered K and V, and a new epoch.
 Call begin(SpAttnContext::Impl& c, const SpAttnArgs& a);
-/// Copies chunk `i` (C rows) of a shard [B, 2C, H, D] to rows [g0, g0 + C) of
-/// a [B, S, H, D] tensor (any address of the symmetric heap or local memory).
+/// Copies rows [r0, r0 + rows) of chunk `i` (C rows) of a shard [B, 2C, H, D]
+/// to rows [g0 + r0, g0 + r0 + rows) of a [B, S, H, D] tensor (any address of
+/// the symmetric heap or local memory); row_bytes is one token's H x D.
+void copy_chunk_rows(cudaStream_t s, void* dst, const void* src, int i, std::int64_t g0, std::int64_t B, std::int64_t C,
+                     std::int64_t S, std::size_t row_bytes, std::int64_t r0, std::int64_t rows);
+/// The whole chunk: copy_chunk_rows with rows [0, C).
 void copy_chunk(cudaStream_t s, void* dst, const void* src, int i, std::int64_t g0, std::int64_t B, std::int64_t C,
                 std::int64_t S, std::size_t row_bytes);
 /// This rank's chunks into its own rows of the workspace.
