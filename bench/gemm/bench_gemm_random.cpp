@@ -172,8 +172,29 @@ std::vector<std::array<int64_t, 3>> shapes_of(const RandomOptions& o) {
 }
 
 // Explicit kernels timed under --diag: (name, options).
-/// The --pdl-ab variant's name among the diag timings.
+/// The --pdl-ab and --sk-ab variants' names among the diag timings.
 constexpr const char* kNoPdl = "ours (no PDL)";
+constexpr const char* kNoSk = "ours (no stream-K)";
+
+/// --sk-ab: the options of the model's cheapest plan for `a` without
+/// stream-K where the model's plan is stream-K (`plan`), else `opt`.
+kernels::GemmOptions without_stream_k(const kernels::GemmArgs& a, const kernels::GemmOptions& opt,
+                                      const kernels::GemmPlan& plan) {
+  using namespace kernels;
+  if (!plan.stream_k) return opt;
+  const int sms = plan_sm_count(opt);
+  GemmPlan best;
+  double best_us = 1e300;
+  for (const GemmPlan& q : gemm_plan_candidates(a)) {
+    if (q.stream_k) continue;
+    const double t = model_gemm_us(a, sms, q);
+    if (t < best_us * 0.999) {
+      best_us = t;
+      best = q;
+    }
+  }
+  return plan_options(best, opt);
+}
 
 std::vector<std::pair<std::string, kernels::GemmOptions>> diag_kernels(const RandomOptions& o) {
   using namespace kernels;
@@ -212,6 +233,12 @@ std::vector<std::pair<std::string, kernels::GemmOptions>> diag_kernels(const Ran
       g.tile = t;
       g.ping_pong = true;
       kernels_diag.push_back({tile_name(t) + "/pp", g});
+    }
+    for (GemmTile t : {GemmTile::T128x256, GemmTile::T128x128}) {
+      GemmOptions g;
+      g.tile = t;
+      g.stream_k = true;
+      kernels_diag.push_back({tile_name(t) + "/c1/sk", g});
     }
     // 64x64 ping-pong (whole K and split), for every M.
     for (int k : {1, 2, 4, 8}) {
@@ -314,6 +341,12 @@ Record measure_shape(const RandomOptions& o, DType in, kernels::BLayout layout,
     diag_names.push_back(kernels_diag[v].first);
     variants.push_back([&, v](int i) { kernels::gemm(args(i % o.sets, d.p, false), kernels_diag[v].second, stream); });
   }
+  GemmOptions no_sk_opt;
+  if (o.sk_ab) {
+    no_sk_opt = without_stream_k(args(0, d.p, false), opt, plan);
+    diag_names.push_back(kNoSk);
+    variants.push_back([&](int i) { kernels::gemm(args(i % o.sets, d.p, false), no_sk_opt, stream); });
+  }
   if (o.diag && ktail) {
     diag_names.push_back("ours ld64");
     variants.push_back([&](int i) { kernels::gemm(args(i % o.sets, d.p, true), opt, stream); });
@@ -368,12 +401,12 @@ Record measure_shape(const RandomOptions& o, DType in, kernels::BLayout layout,
   return r;
 }
 
-/// --pdl-ab: geometric mean over the shapes of ours / ours without PDL.
-double pdl_geomean(const std::vector<Record>& recs) {
+/// --pdl-ab / --sk-ab: geometric mean over the shapes of ours / the variant `what`.
+double variant_geomean(const std::vector<Record>& recs, const char* what) {
   std::vector<double> r;
   for (const Record& x : recs)
     for (const auto& [name, ms] : x.diag)
-      if (name == kNoPdl) r.push_back(x.ours_ms / ms);
+      if (name == what) r.push_back(x.ours_ms / ms);
   return geomean(r);
 }
 
@@ -416,7 +449,8 @@ std::vector<Summary> summaries(const RandomOptions& o, const std::vector<Record>
     fmt::print("{:<14}{:<40} n={:3}  geomean {:.3f}  worst {:.3f}  >1.10: {}\n", s.variant, s.name, s.count, s.geomean,
                s.worst, s.above_110);
   fmt::print("max rel err vs cuBLASLt: {:.2e}{}\n", max_err, max_err > 1e-2 ? "  ERROR" : "");
-  if (o.pdl_ab) fmt::print("geomean ours / {}: {:.3f}\n", kNoPdl, pdl_geomean(recs));
+  if (o.pdl_ab) fmt::print("geomean ours / {}: {:.3f}\n", kNoPdl, variant_geomean(recs, kNoPdl));
+  if (o.sk_ab) fmt::print("geomean ours / {}: {:.3f}\n", kNoSk, variant_geomean(recs, kNoSk));
   if (o.diag) {
     // Best explicit kernel per shape (what a perfect choice among them would give).
     std::vector<double> best;
@@ -477,13 +511,13 @@ void write_json(const RandomOptions& o, const cudaDeviceProp& prop, const std::v
   }
   records.push_back(
       {{"metric", "max rel err vs cuBLASLt"}, {"case", draw}, {"value", std::isfinite(max_err) ? max_err : 1e9}});
-  if (o.pdl_ab) {
-    const double g = pdl_geomean(recs);
-    records.push_back({{"metric", std::string("geomean ours/") + kNoPdl},
+  for (const auto& [on, what] : {std::pair{o.pdl_ab, kNoPdl}, std::pair{o.sk_ab, kNoSk}}) {
+    if (!on) continue;
+    records.push_back({{"metric", std::string("geomean ours/") + what},
                        {"case", draw + ": all"},
-                       {"value", num(g)},
+                       {"value", num(variant_geomean(recs, what))},
                        {"unit", "ratio"},
-                       {"baseline", kNoPdl},
+                       {"baseline", what},
                        {"count", static_cast<int>(recs.size())}});
   }
   for (const Record& r : recs) {

@@ -400,6 +400,29 @@ double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p) {
   }
   const int64_t tm = (a.m + ts.bm - 1) / ts.bm, tn = (a.n + ts.bn - 1) / ts.bn;
   const int64_t kb_total = (a.k + 63) / 64;
+  const double out_bytes = static_cast<double>(a.m) * a.n * dtype_size(a.out);
+  const double dram = (static_cast<double>(a.m) * a.k + static_cast<double>(a.n) * a.k) * dtype_size(a.in) + out_bytes;
+  if (p.stream_k) {
+    // Every CTA runs ceil(iterations / CTAs) K blocks in a few segments (a
+    // per-tile cost each); the split tiles (at most one per CTA boundary)
+    // cost two f32 partial tiles each, written and read back, and the fixup
+    // launch (kSplitUs).
+    const int64_t iters = tm * tn * kb_total;
+    const int64_t units = std::min<int64_t>(num_sms, iters);
+    const int64_t per = (iters + units - 1) / units;
+    const double segments = static_cast<double>(per) / kb_total + 2.0;
+    const double rows = static_cast<double>(std::min<int64_t>(ts.bm, a.m)) + std::min<int64_t>(ts.bn, a.n);
+    const double t_comp = 2.0 * ts.bm * ts.bn * 64 / (kFlopPerUs * eff);
+    const double t_load = rows * 128 / std::min(kSmBw, total_bw / static_cast<double>(units));
+    double t = per * std::max(t_comp, t_load) + segments * fix;
+    t = std::max(t, dram / kDramBytesPerUs + fix) + kLaunchUs;
+    const int64_t split_tiles = std::min<int64_t>(units - 1, tm * tn);
+    if (split_tiles > 0) {
+      const double partial = static_cast<double>(std::min<int64_t>(ts.bm, a.m)) * std::min<int64_t>(ts.bn, a.n) * 4;
+      t += kSplitUs + split_tiles * partial * 2 * 2 / kDramBytesPerUs;
+    }
+    return t;
+  }
   const int64_t kb = (kb_total + p.k_splits - 1) / p.k_splits;
   const int64_t splits = (kb_total + kb - 1) / kb;
   const int64_t units = tm * tn * splits;
@@ -410,8 +433,6 @@ double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p) {
                       static_cast<double>(std::min<int64_t>(ts.bn, a.n)) / p.cluster_m;
   const double t_load = rows * 128 / std::min(kSmBw, total_bw / active);
   double t = waves * (kb * std::max(t_comp, t_load) + fix);
-  const double out_bytes = static_cast<double>(a.m) * a.n * dtype_size(a.out);
-  const double dram = (static_cast<double>(a.m) * a.k + static_cast<double>(a.n) * a.k) * dtype_size(a.in) + out_bytes;
   t = std::max(t, dram / kDramBytesPerUs + fix) + kLaunchUs;
   if (splits > 1) t += kSplitUs + (static_cast<double>(a.m) * a.n * 4 * splits * 2 + out_bytes) / kDramBytesPerUs;
   return t;
@@ -459,6 +480,15 @@ std::vector<GemmPlan> plan_candidates(const GemmArgs& a, bool allow_split) {
       if (std::find(out.begin(), out.end(), q) == out.end()) out.push_back(q);
     }
   }
+  // Stream-K sums K in another order too: only where splitting is allowed.
+  if (same_type && allow_split) {
+    for (GemmTile t : {GemmTile::T128x256, GemmTile::T128x128}) {
+      GemmPlan q;
+      q.tile = t;
+      q.stream_k = true;
+      out.push_back(q);
+    }
+  }
   return out;
 }
 
@@ -485,6 +515,7 @@ GemmOptions plan_options(const GemmPlan& p, GemmOptions base) {
   base.ping_pong = p.ping_pong && p.tile != GemmTile::T64x64;
   base.cluster_m = p.cluster_m;
   base.k_splits = p.k_splits;
+  base.stream_k = p.stream_k;
   return base;
 }
 
@@ -503,6 +534,19 @@ GemmPlan plan_gemm(const GemmArgs& a, const GemmOptions& o) {
   TESSERA_CHECK(o.k_splits >= 0, "gemm: k_splits = {} must be >= 0 (0 = heuristic)", o.k_splits);
   GemmPlan p;
   const bool same_type = a.in == a.out;
+  if (o.stream_k) {
+    // Explicit stream-K: 128x256 (Auto) or 128x128, cooperative, whole K.
+    TESSERA_CHECK(o.tile == GemmTile::Auto || o.tile == GemmTile::T128x256 || o.tile == GemmTile::T128x128,
+                  "gemm: stream_k runs tile 128x256 or 128x128, not {}", tile_name(o.tile));
+    TESSERA_CHECK(!o.ping_pong, "gemm: stream_k runs the cooperative kernel (ping_pong is set)");
+    TESSERA_CHECK(o.cluster_m <= 1, "gemm: stream_k runs without clusters (cluster_m = {})", o.cluster_m);
+    TESSERA_CHECK(o.k_splits <= 1, "gemm: stream_k splits K by itself (k_splits = {})", o.k_splits);
+    TESSERA_CHECK(same_type, "gemm: stream_k is compiled for output type == input type ({} -> {})", dtype_name(a.in),
+                  dtype_name(a.out));
+    p.tile = o.tile == GemmTile::T128x128 ? GemmTile::T128x128 : GemmTile::T128x256;
+    p.stream_k = true;
+    return p;
+  }
   if (o.k_splits > 1) {
     // Forced split: 64x64 ping-pong when named, 64x256 ping-pong with
     // ping_pong, else 128x128.
@@ -591,6 +635,7 @@ GemmPlan plan_gemm(const GemmArgs& a, const GemmOptions& o) {
 std::string plan_name(const GemmPlan& p) {
   std::string s = tile_name(p.tile) + (p.ping_pong ? "/pp" : "/c" + std::to_string(p.cluster_m));
   if (p.k_splits > 1) s += "/k" + std::to_string(p.k_splits);
+  if (p.stream_k) s += "/sk";
   return s;
 }
 

@@ -3,8 +3,9 @@
 // (input type, layout) in gemm_plain_*.cu so the kernels compile in parallel.
 // plan_gemm() picks the kernel: cooperative (128x256, 256x128, 128x128;
 // 2-CTA clusters for the first two; 128x192 for output type == input type),
-// ping-pong (128x128, 64x256, 64x64; output type == input type only), or
-// split-K on 128x128 / 64x256 / 64x64 (splitk.cuh).
+// ping-pong (128x128, 64x256, 64x64; output type == input type only),
+// split-K on 128x128 / 64x256 / 64x64 (splitk.cuh), or stream-K on 128x256 /
+// 128x128 (kernel_stream_k.cuh; output type == input type).
 #pragma once
 
 #include <string>
@@ -101,6 +102,52 @@ void gemm_plain_splitk_cfg(const GemmArgs& a, const GemmOptions& o, int splits, 
   release_workspace(ws, stream);
 }
 
+/// Stream-K with configuration Cfg (cooperative, no cluster, output type ==
+/// input type): one CTA per SM (fewer when there are fewer K blocks in all),
+/// an f32 workspace of two tile slots per CTA for the split tiles, and
+/// stream_k_fixup summing them into D when any tile is split.
+template <class Cfg, class InT, BLayout L>
+void gemm_plain_stream_k_cfg(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
+  if (a.out != a.in) fail("gemm: stream-K is compiled for output type == input type");
+  const int tm = static_cast<int>((a.m + Cfg::BM - 1) / Cfg::BM), tn = static_cast<int>((a.n + Cfg::BN - 1) / Cfg::BN);
+  const int kb = static_cast<int>((a.k + Cfg::BK - 1) / Cfg::BK);
+  if (static_cast<int64_t>(tm) * tn * kb >= (int64_t{1} << 31))
+    fail("gemm: stream-K: " + std::to_string(static_cast<int64_t>(tm) * tn * kb) +
+         " tile K blocks exceed 2^31 (run split-K or whole tiles)");
+  const engine::StreamKScheduler sched = engine::StreamKScheduler::make(raster_from(o), tm, tn, kb, plan_sm_count(o));
+  bool any_split = false;
+  for (int t = 0; t < sched.tiles && !any_split; ++t) any_split = sched.split(t);
+  const size_t slot_bytes = static_cast<size_t>(Cfg::BM) * Cfg::BN * sizeof(float);
+  float* ws = any_split ? static_cast<float*>(acquire_workspace(2 * sched.units * slot_bytes, stream)) : nullptr;
+  engine::StreamKEpilogue<InT> epi;
+  epi.d = static_cast<InT*>(a.d);
+  epi.ldd = a.ldd_or_packed();
+  epi.ws = ws;
+  GemmOptions so = o;
+  so.cluster_m = 1;
+  so.ping_pong = false;
+  launch_config<Cfg, InT, L>(a, so, engine::NoWait{}, epi, sched, stream);
+  if (!any_split) return;
+  // Programmatic dependent launch: the fixup grid is set up while the
+  // stream-K kernel runs (stream_k_fixup waits for it before reading).
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  constexpr int kGroups = Cfg::BM * Cfg::BN / 8;
+  cfg.gridDim = dim3(std::max(1, kGroups / (256 * 8)), static_cast<unsigned>(sched.units - 1));
+  cfg.blockDim = dim3(256);
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cuda_check(
+      cudaLaunchKernelEx(&cfg, engine::stream_k_fixup<InT, Cfg::BM, Cfg::BN>, sched, static_cast<const float*>(ws), tm,
+                         tn, static_cast<int>(a.m), static_cast<int>(a.n), static_cast<InT*>(a.d), a.ldd_or_packed()),
+      "cudaLaunchKernelEx(gemm stream-K fixup)");
+  check_launch("gemm stream-K fixup launch");
+  release_workspace(ws, stream);
+}
+
 /// A kernel set that `gemm_with` runs only as planned here (the 64x64
 /// ping-pong and 128x192 cooperative tiles): whole K, no cluster, output
 /// type == input type.
@@ -121,6 +168,11 @@ void gemm_plain(const GemmArgs& a, const GemmOptions& opts, cudaStream_t stream)
   const GemmPlan plan = plan_gemm(a, opts);
   GemmOptions o = opts;
   o.dependent_launch = plain_dependent_launch(a, opts, plan, plan_sm_count(opts));
+  if (plan.stream_k) {
+    if (plan.tile == GemmTile::T128x128)
+      return gemm_plain_stream_k_cfg<typename TileCfgOf<GemmTile::T128x128, 1>::type, InT, L>(a, o, stream);
+    return gemm_plain_stream_k_cfg<typename TileCfgOf<GemmTile::T128x256, 1>::type, InT, L>(a, o, stream);
+  }
   if (plan.tile == GemmTile::T128x192) {
     // plan_gemm() gives it whole K and output type == input type only.
     if (plan.k_splits > 1 || a.out != a.in) fail("gemm: tile 128x192 runs whole K with output type == input type");

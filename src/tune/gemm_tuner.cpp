@@ -92,11 +92,8 @@ std::string gemm_bucket_key(const MachineId& m, const k::GemmArgs& a) {
 }
 
 nlohmann::json gemm_plan_to_json(const k::GemmPlan& p) {
-  return {{"tile", k::tile_name(p.tile)},
-          {"ping_pong", p.ping_pong},
-          {"cluster_m", p.cluster_m},
-          {"k_splits", p.k_splits},
-          {"name", k::plan_name(p)}};
+  return {{"tile", k::tile_name(p.tile)}, {"ping_pong", p.ping_pong}, {"cluster_m", p.cluster_m},
+          {"k_splits", p.k_splits},       {"stream_k", p.stream_k},   {"name", k::plan_name(p)}};
 }
 
 std::optional<k::GemmPlan> gemm_plan_from_json(const nlohmann::json& j) {
@@ -120,6 +117,12 @@ std::optional<k::GemmPlan> gemm_plan_from_json(const nlohmann::json& j) {
   p.ping_pong = pp->get<bool>();
   p.cluster_m = static_cast<int>(c);
   p.k_splits = static_cast<int>(s);
+  // Optional: entries written before stream-K existed have no such field.
+  const auto sk = j.find("stream_k");
+  if (sk != j.end()) {
+    if (!sk->is_boolean()) return std::nullopt;
+    p.stream_k = sk->get<bool>();
+  }
   return p;
 }
 

@@ -605,6 +605,46 @@ TEST(GemmScheduler, RasterOrdersArePermutations) {
           }
 }
 
+// Stream-K: the CTAs' ranges cover every iteration once, unit_of() names
+// the CTA holding an iteration, each CTA stores at most two partial
+// segments (slots 0 and 1, distinct), and split() holds exactly for the
+// tiles more than one CTA works on. The kernel and the fixup rely on each.
+TEST(GemmScheduler, StreamKRangesCoverEveryIterationOnce) {
+  for (int tiles_m : {1, 3, 9})
+    for (int tiles_n : {1, 5, 22})
+      for (int kb : {1, 2, 7, 73})
+        for (int units : {1, 2, 7, 131, 132, 1000}) {
+          const auto s = tk::engine::StreamKScheduler::make({}, tiles_m, tiles_n, kb, units);
+          SCOPED_TRACE(std::to_string(tiles_m) + "x" + std::to_string(tiles_n) + " kb " + std::to_string(kb) +
+                       " units " + std::to_string(units));
+          const int64_t iters = int64_t{tiles_m} * tiles_n * kb;
+          ASSERT_EQ(s.units, std::min<int64_t>(units, iters));
+          ASSERT_EQ(s.begin(0), 0);
+          ASSERT_EQ(s.begin(s.units), iters);
+          std::vector<int> covered(static_cast<size_t>(iters), 0);
+          std::vector<std::set<int>> ctas_of_tile(static_cast<size_t>(s.tiles));
+          for (int b = 0; b < s.units; ++b) {
+            ASSERT_LT(s.begin(b), s.begin(b + 1));  // every CTA has work
+            std::set<int> slots;
+            for (int64_t it = s.begin(b); it < s.begin(b + 1);) {
+              const int t = static_cast<int>(it / kb);
+              const int64_t k0 = it - int64_t{t} * kb;
+              const int64_t k1 = std::min<int64_t>(kb, k0 + (s.begin(b + 1) - it));
+              for (int64_t i = it; i < it + (k1 - k0); ++i) {
+                ++covered[static_cast<size_t>(i)];
+                ASSERT_EQ(s.unit_of(i), b);
+              }
+              ctas_of_tile[static_cast<size_t>(t)].insert(b);
+              if (k0 != 0 || k1 != kb) EXPECT_TRUE(slots.insert(s.slot_of(b, t)).second) << "CTA " << b;
+              it += k1 - k0;
+            }
+            EXPECT_LE(slots.size(), 2u);
+          }
+          for (int c : covered) ASSERT_EQ(c, 1);
+          for (int t = 0; t < s.tiles; ++t) EXPECT_EQ(s.split(t), ctas_of_tile[static_cast<size_t>(t)].size() > 1);
+        }
+}
+
 TEST(GemmScheduler, FastDivmodMatchesDivision) {
   std::vector<uint32_t> divisors;
   for (uint32_t d = 1; d <= 4096; ++d) divisors.push_back(d);

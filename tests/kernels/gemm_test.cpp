@@ -736,6 +736,55 @@ TEST(GemmGpu, Tile128x192MatchesCublas) {
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
+// Stream-K (plain gemm() only, output type == input type): 128x256 and
+// 128x128, M, N and K tails, M = 1, one tile and many, whole tiles and
+// tiles split over several CTAs (the SM cap changes the ranges: 1 CTA runs
+// every tile whole, 3 and 7 split tiles and cover several per CTA);
+// outputs poisoned first; the same call twice gives the same bytes; the
+// options it does not compile are rejected before launch.
+TEST(GemmGpu, StreamKMatchesCublasAndIsDeterministic) {
+  TESSERA_REQUIRE_GPUS(1);
+  const std::vector<std::array<int64_t, 3>> shapes = {{1, 520, 1032},    {45, 10520, 4344}, {130, 200, 1000},
+                                                      {525, 2704, 4672}, {300, 4095, 100},  {2092, 2304, 3568}};
+  for (const auto& sh : shapes)
+    for (DType in : {DType::bf16, DType::f16})
+      for (auto layout : {tk::BLayout::NK, tk::BLayout::KN}) {
+        const Problem p{sh[0], sh[1], sh[2], in, in, layout};
+        Buffers s = make(p);
+        for (tk::GemmTile t : {tk::GemmTile::T128x256, tk::GemmTile::T128x128})
+          for (int ctas : {0, 1, 3, 7}) {
+            tk::GemmOptions o;
+            o.tile = t;
+            o.stream_k = true;
+            o.max_ctas = ctas;
+            EXPECT_TRUE(tk::plan_gemm(s.args, o).stream_k);
+            tt::poison(s.d);
+            tk::gemm(s.args, o);
+            TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+            const auto first = tt::bytes_of(s.d);
+            tt::poison(s.ref);
+            EXPECT_LT(error_vs_cublas(s), tolerance(p.out)) << name(p, t) << " stream-K, max_ctas " << ctas;
+            tt::poison(s.d);
+            tk::gemm(s.args, o);
+            TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+            EXPECT_TRUE(tt::bytes_of(s.d) == first) << name(p, t) << " stream-K, max_ctas " << ctas;
+          }
+      }
+  Buffers s = make(Problem{256, 384, 512});
+  tk::GemmOptions o;
+  o.stream_k = true;
+  for (auto bad :
+       {+[](tk::GemmOptions& x) { x.tile = tk::GemmTile::T256x128; }, +[](tk::GemmOptions& x) { x.ping_pong = true; },
+        +[](tk::GemmOptions& x) { x.cluster_m = 2; }, +[](tk::GemmOptions& x) { x.k_splits = 2; }}) {
+    tk::GemmOptions b = o;
+    bad(b);
+    EXPECT_THROW(tk::gemm(s.args, b), tessera::Error);
+  }
+  s.args.out = DType::f32;
+  EXPECT_THROW(tk::gemm(s.args, o), tessera::Error);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 // Split-K is deterministic: the same plan gives the same bytes twice, and the
 // policy entry points refuse it.
 TEST(GemmGpu, SplitKIsDeterministicAndPlainOnly) {

@@ -151,10 +151,17 @@ struct GemmOptions {
   /// ping-pong one (PingPong, PingPongTiles).
   bool ping_pong = false;
   /// Split-K (plain gemm() only; the policy entry points never split):
-  /// 0 = plan_gemm()'s choice, 1 = never split, > 1 = that many K splits on
+  /// 0 = plan_gemm()'s choice, 1 = never split (nor stream-K: K is summed
+  /// in one order, whole K per tile), > 1 = that many K splits on
   /// the 128x128 cooperative kernel (with ping_pong: 64x256 ping-pong,
   /// or 64x64 ping-pong when tile is T64x64).
   int k_splits = 0;
+  /// Stream-K (plain gemm() only, output type == input type): every CTA
+  /// runs an equal share of all tiles' K blocks; tiles split between CTAs
+  /// are summed by a second kernel. Runs tile 128x256 (Auto) or 128x128,
+  /// cooperative, no cluster, whole K (k_splits 0 or 1). plan_gemm() picks
+  /// it by itself where the model finds it cheapest.
+  bool stream_k = false;
   /// Where the plan comes from when the fields above name none (plain
   /// gemm() only; the policy entry points run the kernel they are given).
   GemmPlanSource plan_source = GemmPlanSource::Default;
@@ -198,12 +205,14 @@ int resolve_cluster(const GemmArgs& a, const GemmOptions& o, GemmTile t);
 
 /// What the plain gemm() runs for a problem: the kernel (tile, ping-pong or
 /// cooperative), the cluster size and the number of K splits (> 1: each split
-/// writes an f32 partial, a second kernel sums them into D).
+/// writes an f32 partial, a second kernel sums them into D), or stream-K
+/// (GemmOptions::stream_k; k_splits 1, cluster 1).
 struct GemmPlan {
   GemmTile tile = GemmTile::T128x256;
   bool ping_pong = false;
   int cluster_m = 1;
   int k_splits = 1;
+  bool stream_k = false;
 };
 
 /// The plan gemm() runs under options `o` on the current device when the

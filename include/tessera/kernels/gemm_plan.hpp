@@ -24,7 +24,8 @@
 namespace tessera::kernels {
 
 inline bool operator==(const GemmPlan& x, const GemmPlan& y) {
-  return x.tile == y.tile && x.ping_pong == y.ping_pong && x.cluster_m == y.cluster_m && x.k_splits == y.k_splits;
+  return x.tile == y.tile && x.ping_pong == y.ping_pong && x.cluster_m == y.cluster_m && x.k_splits == y.k_splits &&
+         x.stream_k == y.stream_k;
 }
 
 /// Every plan plan_gemm()'s model search considers for this problem with
@@ -32,7 +33,8 @@ inline bool operator==(const GemmPlan& x, const GemmPlan& y) {
 /// with at least two tile rows; output type != input type only 128x256 and
 /// the split kernels) and, on the splittable kernels (128x128 cooperative,
 /// 64x256 and 64x64 ping-pong), each split count in [2, min(32, K blocks /
-/// 4)] written as the count that runs (canonical_k_splits). Host only (no
+/// 4)] written as the count that runs (canonical_k_splits), and stream-K on
+/// 128x256 and 128x128 (output type == input type). Host only (no
 /// device query). A measured plan must be one of these to run.
 std::vector<GemmPlan> gemm_plan_candidates(const GemmArgs& a);
 
@@ -43,7 +45,7 @@ bool gemm_plan_valid(const GemmArgs& a, const GemmPlan& p);
 /// ceil(kb / ceil(kb / splits)), splits clamped to [1, kb].
 int canonical_k_splits(const GemmArgs& a, int splits);
 
-/// `base` with tile, ping_pong, cluster_m and k_splits set so that
+/// `base` with tile, ping_pong, cluster_m, k_splits and stream_k set so that
 /// plan_gemm(a, result) == p for every p in gemm_plan_candidates(a).
 GemmOptions plan_options(const GemmPlan& p, GemmOptions base = {});
 

@@ -125,6 +125,62 @@ struct SplitKScheduler {
   __host__ __device__ __forceinline__ int k_begin(int pos) const { return split_of(pos) * kb_per_split; }
 };
 
+/// Stream-K: the iteration space of `tiles` output tiles x `k_blocks` K
+/// blocks each (tile-major: iteration it is K block it % k_blocks of the
+/// tile at position it / k_blocks of `inner`'s schedule) is cut into `units`
+/// contiguous ranges of equal length (+-1), one per CTA: CTA b runs
+/// iterations [begin(b), begin(b + 1)). A CTA's range is a sequence of
+/// segments, each one tile's K blocks [k0, k1): whole tiles in the middle, a
+/// partial tile at either end. Every CTA has at least one iteration
+/// (units <= tiles * k_blocks), so begin() is strictly increasing. The
+/// stream-K kernel (kernel_stream_k.cuh) stores whole tiles into D and each
+/// partial segment into a slot of an f32 workspace; stream_k_fixup sums the
+/// split tiles' slots. Pure arithmetic: producer, consumers and the fixup
+/// evaluate it independently.
+struct StreamKScheduler {
+  static constexpr bool kStreamK = true;
+  RasterScheduler inner;
+  int tiles = 1;
+  int k_blocks = 1;
+  int units = 1;
+  int64_t iters = 1;
+
+  /// units is clamped to [1, tiles * k_blocks].
+  static StreamKScheduler make(RasterScheduler r, int tiles_m, int tiles_n, int k_blocks, int units) {
+    StreamKScheduler s;
+    r.prepare(tiles_m, tiles_n);
+    s.inner = r;
+    s.tiles = tiles_m * tiles_n;
+    s.k_blocks = k_blocks < 1 ? 1 : k_blocks;
+    s.iters = static_cast<int64_t>(s.tiles) * s.k_blocks;
+    s.units = units < 1 ? 1 : (units > s.iters ? static_cast<int>(s.iters) : units);
+    return s;
+  }
+  /// First iteration of CTA b (b in [0, units]; begin(units) = iters).
+  __host__ __device__ __forceinline__ int64_t begin(int b) const { return iters * b / units; }
+  /// The CTA whose range holds iteration it: the largest b with begin(b) <= it.
+  __host__ __device__ __forceinline__ int unit_of(int64_t it) const {
+    return static_cast<int>(((it + 1) * units - 1) / iters);
+  }
+  /// Workspace slot of CTA b's segment of tile position t: 0 for its first
+  /// segment, 1 for its last (only partial segments are stored there).
+  __host__ __device__ __forceinline__ int slot_of(int b, int t) const { return begin(b) / k_blocks == t ? 0 : 1; }
+  /// Whether tile position t is split over several CTAs.
+  __host__ __device__ __forceinline__ bool split(int t) const {
+    const int64_t first = static_cast<int64_t>(t) * k_blocks;
+    return unit_of(first) != unit_of(first + k_blocks - 1);
+  }
+};
+
+template <class S, class = void>
+struct IsStreamK {
+  static constexpr bool value = false;
+};
+template <class S>
+struct IsStreamK<S, decltype(void(S::kStreamK))> {
+  static constexpr bool value = S::kStreamK;
+};
+
 template <class S, class = void>
 struct IsSplitK {
   static constexpr bool value = false;
@@ -134,12 +190,14 @@ struct IsSplitK<S, decltype(void(S::kSplitK))> {
   static constexpr bool value = S::kSplitK;
 };
 
-/// Work units of a schedule over tiles_m x tiles_n tiles (tiles, or tiles x
-/// splits for a split-K scheduler).
+/// Work units of a schedule over tiles_m x tiles_n tiles (tiles, tiles x
+/// splits for a split-K scheduler, the CTAs of a stream-K one).
 template <class S>
 __host__ __device__ __forceinline__ int sched_units(const S& s, int tiles_m, int tiles_n) {
   if constexpr (IsSplitK<S>::value)
     return tiles_m * tiles_n * s.splits;
+  else if constexpr (IsStreamK<S>::value)
+    return s.units;
   else
     return tiles_m * tiles_n;
 }
