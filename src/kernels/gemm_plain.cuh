@@ -103,9 +103,10 @@ void gemm_plain_splitk_cfg(const GemmArgs& a, const GemmOptions& o, int splits, 
 }
 
 /// Stream-K with configuration Cfg (cooperative, no cluster, output type ==
-/// input type): one CTA per SM (fewer when there are fewer K blocks in all),
-/// an f32 workspace of two tile slots per CTA for the split tiles, and
-/// stream_k_fixup summing them into D when any tile is split.
+/// input type): one CTA per SM (with fewer tiles than SMs, fewer CTAs, so
+/// each runs at least kStreamKMinBlocks K blocks), an f32 workspace of two
+/// tile slots per CTA for the split tiles, and stream_k_fixup summing them
+/// into D when any tile is split.
 template <class Cfg, class InT, BLayout L>
 void gemm_plain_stream_k_cfg(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
   if (a.out != a.in) fail("gemm: stream-K is compiled for output type == input type");
@@ -114,9 +115,10 @@ void gemm_plain_stream_k_cfg(const GemmArgs& a, const GemmOptions& o, cudaStream
   if (static_cast<int64_t>(tm) * tn * kb >= (int64_t{1} << 31))
     fail("gemm: stream-K: " + std::to_string(static_cast<int64_t>(tm) * tn * kb) +
          " tile K blocks exceed 2^31 (run split-K or whole tiles)");
-  const engine::StreamKScheduler sched = engine::StreamKScheduler::make(raster_from(o), tm, tn, kb, plan_sm_count(o));
+  const engine::StreamKScheduler sched =
+      engine::StreamKScheduler::make(raster_from(o), tm, tn, kb, plan_sm_count(o), kStreamKMinBlocks);
   bool any_split = false;
-  for (int t = 0; t < sched.tiles && !any_split; ++t) any_split = sched.split(t);
+  for (int t = 0; t < sched.tiles - sched.dp_tiles && !any_split; ++t) any_split = sched.split(t);
   const size_t slot_bytes = static_cast<size_t>(Cfg::BM) * Cfg::BN * sizeof(float);
   float* ws = any_split ? static_cast<float*>(acquire_workspace(2 * sched.units * slot_bytes, stream)) : nullptr;
   engine::StreamKEpilogue<InT> epi;
@@ -134,8 +136,8 @@ void gemm_plain_stream_k_cfg(const GemmArgs& a, const GemmOptions& o, cudaStream
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
-  constexpr int kGroups = Cfg::BM * Cfg::BN / 8;
-  cfg.gridDim = dim3(std::max(1, kGroups / (256 * 8)), static_cast<unsigned>(sched.units - 1));
+  constexpr int kGroups = Cfg::BM * Cfg::BN / 8;  // one per fixup thread
+  cfg.gridDim = dim3(kGroups / 256, static_cast<unsigned>(sched.units - 1));
   cfg.blockDim = dim3(256);
   cfg.stream = stream;
   cfg.attrs = attr;

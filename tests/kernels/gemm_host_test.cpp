@@ -605,44 +605,63 @@ TEST(GemmScheduler, RasterOrdersArePermutations) {
           }
 }
 
-// Stream-K: the CTAs' ranges cover every iteration once, unit_of() names
-// the CTA holding an iteration, each CTA stores at most two partial
-// segments (slots 0 and 1, distinct), and split() holds exactly for the
-// tiles more than one CTA works on. The kernel and the fixup rely on each.
-TEST(GemmScheduler, StreamKRangesCoverEveryIterationOnce) {
-  for (int tiles_m : {1, 3, 9})
+// Stream-K: the CTAs' walks (StreamKWalk, as the kernel runs them) cover
+// every K block of every tile once; the data-parallel head is whole waves
+// of whole tiles and leaves one to two waves (or every tile) to stream-K;
+// unit_of() names the CTA holding a stream-K iteration; each CTA stores at
+// most two partial segments (slots 0 and 1, distinct); split() holds exactly
+// for the stream-K tiles more than one CTA works on; with fewer tiles than
+// CTAs each CTA runs at least min_blocks K blocks (where there are that
+// many). The kernel and the fixup rely on each.
+TEST(GemmScheduler, StreamKWalksCoverEveryBlockOnce) {
+  for (int tiles_m : {1, 3, 9, 40})
     for (int tiles_n : {1, 5, 22})
       for (int kb : {1, 2, 7, 73})
-        for (int units : {1, 2, 7, 131, 132, 1000}) {
-          const auto s = tk::engine::StreamKScheduler::make({}, tiles_m, tiles_n, kb, units);
-          SCOPED_TRACE(std::to_string(tiles_m) + "x" + std::to_string(tiles_n) + " kb " + std::to_string(kb) +
-                       " units " + std::to_string(units));
-          const int64_t iters = int64_t{tiles_m} * tiles_n * kb;
-          ASSERT_EQ(s.units, std::min<int64_t>(units, iters));
-          ASSERT_EQ(s.begin(0), 0);
-          ASSERT_EQ(s.begin(s.units), iters);
-          std::vector<int> covered(static_cast<size_t>(iters), 0);
-          std::vector<std::set<int>> ctas_of_tile(static_cast<size_t>(s.tiles));
-          for (int b = 0; b < s.units; ++b) {
-            ASSERT_LT(s.begin(b), s.begin(b + 1));  // every CTA has work
-            std::set<int> slots;
-            for (int64_t it = s.begin(b); it < s.begin(b + 1);) {
-              const int t = static_cast<int>(it / kb);
-              const int64_t k0 = it - int64_t{t} * kb;
-              const int64_t k1 = std::min<int64_t>(kb, k0 + (s.begin(b + 1) - it));
-              for (int64_t i = it; i < it + (k1 - k0); ++i) {
-                ++covered[static_cast<size_t>(i)];
-                ASSERT_EQ(s.unit_of(i), b);
-              }
-              ctas_of_tile[static_cast<size_t>(t)].insert(b);
-              if (k0 != 0 || k1 != kb) EXPECT_TRUE(slots.insert(s.slot_of(b, t)).second) << "CTA " << b;
-              it += k1 - k0;
+        for (int units : {1, 2, 7, 131, 132, 1000})
+          for (int min_blocks : {1, 8}) {
+            const auto s = tk::engine::StreamKScheduler::make({}, tiles_m, tiles_n, kb, units, min_blocks);
+            SCOPED_TRACE(std::to_string(tiles_m) + "x" + std::to_string(tiles_n) + " kb " + std::to_string(kb) +
+                         " units " + std::to_string(units) + " min " + std::to_string(min_blocks));
+            const int tiles = tiles_m * tiles_n;
+            const int64_t all = int64_t{tiles} * kb;
+            ASSERT_GE(s.units, 1);
+            ASSERT_LE(s.units, std::min<int64_t>(units, all));
+            if (tiles < units && all >= int64_t{min_blocks} * units) EXPECT_GE(all / s.units, min_blocks);
+            ASSERT_EQ(s.dp_tiles % s.units, 0);
+            const int sk_tiles = tiles - s.dp_tiles;
+            if (tiles >= s.units) {
+              EXPECT_GE(sk_tiles, s.units);
+              EXPECT_LT(sk_tiles, 2 * s.units);
+            } else {
+              EXPECT_EQ(s.dp_tiles, 0);
             }
-            EXPECT_LE(slots.size(), 2u);
+            ASSERT_EQ(s.iters, int64_t{sk_tiles} * kb);
+            ASSERT_EQ(s.begin(0), 0);
+            ASSERT_EQ(s.begin(s.units), s.iters);
+            std::vector<int> covered(static_cast<size_t>(all), 0);
+            std::vector<std::set<int>> ctas_of_tile(static_cast<size_t>(sk_tiles));
+            for (int b = 0; b < s.units; ++b) {
+              ASSERT_LT(s.begin(b), s.begin(b + 1));  // every CTA has stream-K work
+              for (int64_t it = s.begin(b); it < s.begin(b + 1); ++it) ASSERT_EQ(s.unit_of(it), b);
+              std::set<int> slots;
+              tk::engine::StreamKWalk walk(s, b);
+              tk::engine::StreamKSegment g;
+              while (walk.next(g)) {
+                ASSERT_TRUE(g.tile >= 0 && g.tile < tiles && 0 <= g.k0 && g.k0 < g.k1 && g.k1 <= kb);
+                for (int k = g.k0; k < g.k1; ++k) ++covered[static_cast<size_t>(int64_t{g.tile} * kb + k)];
+                if (g.tile < s.dp_tiles) {
+                  EXPECT_TRUE(g.k0 == 0 && g.k1 == kb);
+                  continue;
+                }
+                const int local = g.tile - s.dp_tiles;
+                ctas_of_tile[static_cast<size_t>(local)].insert(b);
+                if (g.k0 != 0 || g.k1 != kb) EXPECT_TRUE(slots.insert(s.slot_of(b, local)).second) << "CTA " << b;
+              }
+              EXPECT_LE(slots.size(), 2u);
+            }
+            for (int c : covered) ASSERT_EQ(c, 1);
+            for (int t = 0; t < sk_tiles; ++t) EXPECT_EQ(s.split(t), ctas_of_tile[static_cast<size_t>(t)].size() > 1);
           }
-          for (int c : covered) ASSERT_EQ(c, 1);
-          for (int t = 0; t < s.tiles; ++t) EXPECT_EQ(s.split(t), ctas_of_tile[static_cast<size_t>(t)].size() > 1);
-        }
 }
 
 TEST(GemmScheduler, FastDivmodMatchesDivision) {

@@ -52,6 +52,11 @@ GemmOptions plan_options(const GemmPlan& p, GemmOptions base = {});
 /// The SM count plan_gemm() plans for under `o` (max_ctas caps the device's).
 int plan_sm_count(const GemmOptions& o);
 
+/// Stream-K runs with at least this many K blocks per CTA where the problem
+/// has fewer tiles than SMs (then fewer CTAs than SMs): a shorter range
+/// balances less than its partial tile costs to write and sum.
+inline constexpr int kStreamKMinBlocks = 8;
+
 /// Problems the model puts under this many microseconds run as programmatic
 /// dependents; longer ones measured slower so (docs/design/gemm.md,
 /// "Programmatic dependent launch").

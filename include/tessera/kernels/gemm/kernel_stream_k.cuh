@@ -1,7 +1,8 @@
 // tessera/kernels/gemm/kernel_stream_k.cuh — the stream-K schedule of the
-// GEMM kernel (plain gemm() only): every CTA runs an equal share of all
-// tiles' K blocks (StreamKScheduler, scheduler.cuh), so no SM idles in a
-// last partial wave and a grid smaller than the GPU cannot happen. Whole
+// GEMM kernel (plain gemm() only): whole waves of tiles data-parallel, then
+// every CTA an equal share of the last one to two waves' K blocks
+// (StreamKScheduler, scheduler.cuh), so no SM idles in a last partial wave
+// and a problem with fewer tiles than SMs still fills the GPU. Whole
 // tiles are stored into D by the CTA that ran them; a tile split between
 // CTAs is stored as f32 partial tiles into a workspace, and stream_k_fixup
 // (launched after the kernel, as its programmatic dependent) sums each
@@ -50,28 +51,6 @@ struct StreamKEpilogue {
   }
 };
 
-/// One segment of a CTA's stream-K range: K blocks [k0, k1) of the tile at
-/// schedule position `tile`.
-struct StreamKSegment {
-  int tile, k0, k1;
-};
-
-/// Walks CTA b's segments in order: next() returns false past the last.
-struct StreamKWalk {
-  const StreamKScheduler& s;
-  int64_t it, end;
-  __device__ __forceinline__ StreamKWalk(const StreamKScheduler& sched, int b)
-      : s(sched), it(sched.begin(b)), end(sched.begin(b + 1)) {}
-  __device__ __forceinline__ bool next(StreamKSegment& g) {
-    if (it >= end) return false;
-    g.tile = static_cast<int>(it / s.k_blocks);
-    g.k0 = static_cast<int>(it - static_cast<int64_t>(g.tile) * s.k_blocks);
-    g.k1 = static_cast<int>(min(static_cast<int64_t>(s.k_blocks), g.k0 + (end - it)));
-    it += g.k1 - g.k0;
-    return true;
-  }
-};
-
 template <class Cfg, class InT, bool kTransB, class Prologue, class Epilogue, class Scheduler>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     gemm_kernel_stream_k(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
@@ -114,27 +93,31 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (g.k0 == 0 && g.k1 == s.k_blocks)
       store_tile_with<Cfg>(p, info, acc, consumer, warp, lane, p.epilogue.bind(info));
     else
-      store_tile_with<Cfg>(p, info, acc, consumer, warp, lane, p.epilogue.bind_partial(info, b, s.slot_of(b, g.tile)));
+      store_tile_with<Cfg>(p, info, acc, consumer, warp, lane,
+                           p.epilogue.bind_partial(info, b, s.slot_of(b, g.tile - s.dp_tiles)));
   }
 #endif
 }
 
 /// D for the split tiles of a stream-K run: block (x, y) handles the split
-/// tile whose first CTA boundary is CTA y + 1 (other blocks exit), its
-/// 8-column groups x, x + gridDim.x, ... (256 threads per block): the sum
-/// over the tile's CTAs, in CTA order, of their partial slots, converted to
-/// OutT. Waits for the stream-K kernel (programmatic dependent launch).
+/// tile whose first CTA boundary is CTA y + 1 (other blocks exit), one
+/// 8-column group per thread (group x * 256 + threadIdx.x, and on by
+/// gridDim.x * 256): the sum over the tile's CTAs, in CTA order, of their
+/// partial slots, converted to OutT. The slots are loaded kLoads at a time,
+/// so a tile split over many CTAs pays a few L2 round trips, not one per
+/// CTA. Waits for the stream-K kernel (programmatic dependent launch).
 template <class OutT, int BM, int BN>
 __global__ void __launch_bounds__(256) stream_k_fixup(StreamKScheduler s, const float* __restrict__ ws, int tiles_m,
                                                       int tiles_n, int M, int N, OutT* __restrict__ d, int64_t ldd) {
+  constexpr int kLoads = 4;
   ptx::grid_dependents_launch();
   const int boundary = blockIdx.y + 1;
   const int64_t at = s.begin(boundary);
-  const int tile = static_cast<int>(at / s.k_blocks);
-  const int64_t first = static_cast<int64_t>(tile) * s.k_blocks;
+  const int local = static_cast<int>(at / s.k_blocks);
+  const int64_t first = static_cast<int64_t>(local) * s.k_blocks;
   if (at == first || s.unit_of(first) + 1 != boundary) return;  // not a split tile's first boundary
-  const int last = s.unit_of(first + s.k_blocks - 1);
-  const TileCoord t = s.inner.tile(tile, tiles_m, tiles_n);
+  const int lo = boundary - 1, hi = s.unit_of(first + s.k_blocks - 1);
+  const TileCoord t = s.inner.tile(s.dp_tiles + local, tiles_m, tiles_n);
   const int row0 = t.m * BM, col0 = t.n * BN;
   const int rows = min(BM, M - row0), cols = min(BN, N - col0);
   const int groups = (cols + 7) / 8;
@@ -142,14 +125,19 @@ __global__ void __launch_bounds__(256) stream_k_fixup(StreamKScheduler s, const 
   for (int i = blockIdx.x * 256 + threadIdx.x; i < rows * groups; i += gridDim.x * 256) {
     const int r = i / groups, c = (i - r * groups) * 8;
     const int64_t off = static_cast<int64_t>(r) * BN + c;
-    float v[8];
-    OutConv<float>::load8(ws + (2 * static_cast<int64_t>(boundary - 1) + s.slot_of(boundary - 1, tile)) * BM * BN + off,
-                          v);
-    for (int u = boundary; u <= last; ++u) {
-      float w[8];
-      OutConv<float>::load8(ws + (2 * static_cast<int64_t>(u) + s.slot_of(u, tile)) * BM * BN + off, w);
+    float v[8] = {};
+    for (int u0 = lo; u0 <= hi; u0 += kLoads) {
+      float w[kLoads][8];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] += w[j];
+      for (int j = 0; j < kLoads; ++j)
+        if (u0 + j <= hi)
+          OutConv<float>::load8(ws + (2 * static_cast<int64_t>(u0 + j) + s.slot_of(u0 + j, local)) * BM * BN + off,
+                                w[j]);
+#pragma unroll
+      for (int j = 0; j < kLoads; ++j)
+        if (u0 + j <= hi)
+#pragma unroll
+          for (int e = 0; e < 8; ++e) v[e] += w[j][e];
     }
     store_first8(d + static_cast<int64_t>(row0 + r) * ldd + col0 + c, v, min(8, cols - c));
   }

@@ -125,50 +125,98 @@ struct SplitKScheduler {
   __host__ __device__ __forceinline__ int k_begin(int pos) const { return split_of(pos) * kb_per_split; }
 };
 
-/// Stream-K: the iteration space of `tiles` output tiles x `k_blocks` K
-/// blocks each (tile-major: iteration it is K block it % k_blocks of the
-/// tile at position it / k_blocks of `inner`'s schedule) is cut into `units`
-/// contiguous ranges of equal length (+-1), one per CTA: CTA b runs
-/// iterations [begin(b), begin(b + 1)). A CTA's range is a sequence of
-/// segments, each one tile's K blocks [k0, k1): whole tiles in the middle, a
-/// partial tile at either end. Every CTA has at least one iteration
-/// (units <= tiles * k_blocks), so begin() is strictly increasing. The
-/// stream-K kernel (kernel_stream_k.cuh) stores whole tiles into D and each
-/// partial segment into a slot of an f32 workspace; stream_k_fixup sums the
-/// split tiles' slots. Pure arithmetic: producer, consumers and the fixup
-/// evaluate it independently.
+/// Stream-K with a data-parallel head. The first dp_tiles positions of
+/// `inner`'s schedule (whole waves of `units` CTAs, all but the last full
+/// one) run data-parallel: CTA b takes positions b, b + units, ... whole, as
+/// the persistent kernel does, so concurrent CTAs share A and B panels in
+/// L2. The rest (between one and two waves' worth, or every tile when there
+/// are fewer tiles than CTAs) runs stream-K: its iteration space, sk_tiles x
+/// k_blocks (tile-major: iteration it is K block it % k_blocks of position
+/// dp_tiles + it / k_blocks), is cut into `units` contiguous ranges of equal
+/// length (+-1), one per CTA: CTA b runs iterations [begin(b), begin(b + 1)),
+/// a sequence of segments, each one tile's K blocks [k0, k1): whole tiles in
+/// the middle, a partial tile at either end. Every CTA has at least one
+/// iteration (units <= sk iterations), so begin() is strictly increasing.
+/// The stream-K kernel (kernel_stream_k.cuh) stores whole tiles into D and
+/// each partial segment into a slot of an f32 workspace; stream_k_fixup sums
+/// the split tiles' slots. Pure arithmetic: producer, consumers and the
+/// fixup evaluate it independently. Tile indices below (slot_of, split) are
+/// stream-K-local: position dp_tiles + t.
 struct StreamKScheduler {
   static constexpr bool kStreamK = true;
   RasterScheduler inner;
   int tiles = 1;
   int k_blocks = 1;
   int units = 1;
-  int64_t iters = 1;
+  int dp_tiles = 0;
+  int64_t iters = 1;  ///< stream-K iterations: (tiles - dp_tiles) * k_blocks
 
-  /// units is clamped to [1, tiles * k_blocks].
-  static StreamKScheduler make(RasterScheduler r, int tiles_m, int tiles_n, int k_blocks, int units) {
+  /// units is clamped to [1, tiles * k_blocks]; at least `min_blocks` K blocks
+  /// per CTA where there are fewer tiles than CTAs (shorter ranges cost more
+  /// partial traffic than they balance).
+  static StreamKScheduler make(RasterScheduler r, int tiles_m, int tiles_n, int k_blocks, int units,
+                               int min_blocks = 1) {
     StreamKScheduler s;
     r.prepare(tiles_m, tiles_n);
     s.inner = r;
     s.tiles = tiles_m * tiles_n;
     s.k_blocks = k_blocks < 1 ? 1 : k_blocks;
-    s.iters = static_cast<int64_t>(s.tiles) * s.k_blocks;
-    s.units = units < 1 ? 1 : (units > s.iters ? static_cast<int>(s.iters) : units);
+    const int64_t all = static_cast<int64_t>(s.tiles) * s.k_blocks;
+    int64_t u = units < 1 ? 1 : units;
+    if (s.tiles < u) {
+      const int64_t most = all / (min_blocks < 1 ? 1 : min_blocks);
+      u = most < u ? most : u;
+    }
+    s.units = static_cast<int>(u < 1 ? 1 : (u > all ? all : u));
+    const int waves = s.tiles / s.units;
+    s.dp_tiles = waves >= 2 ? (waves - 1) * s.units : 0;
+    s.iters = static_cast<int64_t>(s.tiles - s.dp_tiles) * s.k_blocks;
     return s;
   }
-  /// First iteration of CTA b (b in [0, units]; begin(units) = iters).
+  /// First stream-K iteration of CTA b (b in [0, units]; begin(units) = iters).
   __host__ __device__ __forceinline__ int64_t begin(int b) const { return iters * b / units; }
   /// The CTA whose range holds iteration it: the largest b with begin(b) <= it.
   __host__ __device__ __forceinline__ int unit_of(int64_t it) const {
     return static_cast<int>(((it + 1) * units - 1) / iters);
   }
-  /// Workspace slot of CTA b's segment of tile position t: 0 for its first
+  /// Workspace slot of CTA b's segment of stream-K tile t: 0 for its first
   /// segment, 1 for its last (only partial segments are stored there).
   __host__ __device__ __forceinline__ int slot_of(int b, int t) const { return begin(b) / k_blocks == t ? 0 : 1; }
-  /// Whether tile position t is split over several CTAs.
+  /// Whether stream-K tile t is split over several CTAs.
   __host__ __device__ __forceinline__ bool split(int t) const {
     const int64_t first = static_cast<int64_t>(t) * k_blocks;
     return unit_of(first) != unit_of(first + k_blocks - 1);
+  }
+};
+
+/// One segment of a CTA's work: K blocks [k0, k1) of the tile at schedule
+/// position `tile` (whole tiles in the data-parallel head).
+struct StreamKSegment {
+  int tile, k0, k1;
+};
+
+/// Walks CTA b's segments in order, its data-parallel tiles first: next()
+/// returns false past the last.
+struct StreamKWalk {
+  const StreamKScheduler& s;
+  int dp_pos;
+  int64_t it, end;
+  __host__ __device__ __forceinline__ StreamKWalk(const StreamKScheduler& sched, int b)
+      : s(sched), dp_pos(b), it(sched.begin(b)), end(sched.begin(b + 1)) {}
+  __host__ __device__ __forceinline__ bool next(StreamKSegment& g) {
+    if (dp_pos < s.dp_tiles) {
+      g = StreamKSegment{dp_pos, 0, s.k_blocks};
+      dp_pos += s.units;
+      return true;
+    }
+    if (it >= end) return false;
+    const int local = static_cast<int>(it / s.k_blocks);
+    g.tile = s.dp_tiles + local;
+    g.k0 = static_cast<int>(it - static_cast<int64_t>(local) * s.k_blocks);
+    const int64_t left = end - it;
+    g.k1 = left < s.k_blocks - g.k0 ? g.k0 + static_cast<int>(left) : s.k_blocks;
+    it += g.k1 - g.k0;
+    return true;
   }
 };
 
