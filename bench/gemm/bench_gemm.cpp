@@ -554,9 +554,6 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   cmd->add_flag("--pdl-ab", ropts->pdl_ab,
                 "with --random / --mnk: also time \"ours (no PDL)\", the same plan launched without programmatic "
                 "dependent launch, interleaved with the others");
-  cmd->add_flag("--sk-ab", ropts->sk_ab,
-                "with --random / --mnk: also time \"ours (no stream-K)\": where ours runs stream-K, the model's "
-                "cheapest plan without it, interleaved with the others");
   cmd->add_option("--tune-top-k", ropts->tune_top_k, "with --tuned: the model's k cheapest plans measured per shape")
       ->check(CLI::Range(1, 64));
   cmd->callback([opts, ropts, cmd] {

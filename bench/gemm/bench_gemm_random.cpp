@@ -172,29 +172,8 @@ std::vector<std::array<int64_t, 3>> shapes_of(const RandomOptions& o) {
 }
 
 // Explicit kernels timed under --diag: (name, options).
-/// The --pdl-ab and --sk-ab variants' names among the diag timings.
+/// The --pdl-ab variant's name among the diag timings.
 constexpr const char* kNoPdl = "ours (no PDL)";
-constexpr const char* kNoSk = "ours (no stream-K)";
-
-/// --sk-ab: the options of the model's cheapest plan for `a` without
-/// stream-K where the model's plan is stream-K (`plan`), else `opt`.
-kernels::GemmOptions without_stream_k(const kernels::GemmArgs& a, const kernels::GemmOptions& opt,
-                                      const kernels::GemmPlan& plan) {
-  using namespace kernels;
-  if (!plan.stream_k) return opt;
-  const int sms = plan_sm_count(opt);
-  GemmPlan best;
-  double best_us = 1e300;
-  for (const GemmPlan& q : gemm_plan_candidates(a)) {
-    if (q.stream_k) continue;
-    const double t = model_gemm_us(a, sms, q);
-    if (t < best_us * 0.999) {
-      best_us = t;
-      best = q;
-    }
-  }
-  return plan_options(best, opt);
-}
 
 std::vector<std::pair<std::string, kernels::GemmOptions>> diag_kernels(const RandomOptions& o) {
   using namespace kernels;
@@ -341,12 +320,6 @@ Record measure_shape(const RandomOptions& o, DType in, kernels::BLayout layout,
     diag_names.push_back(kernels_diag[v].first);
     variants.push_back([&, v](int i) { kernels::gemm(args(i % o.sets, d.p, false), kernels_diag[v].second, stream); });
   }
-  GemmOptions no_sk_opt;
-  if (o.sk_ab) {
-    no_sk_opt = without_stream_k(args(0, d.p, false), opt, plan);
-    diag_names.push_back(kNoSk);
-    variants.push_back([&](int i) { kernels::gemm(args(i % o.sets, d.p, false), no_sk_opt, stream); });
-  }
   if (o.diag && ktail) {
     diag_names.push_back("ours ld64");
     variants.push_back([&](int i) { kernels::gemm(args(i % o.sets, d.p, true), opt, stream); });
@@ -401,7 +374,7 @@ Record measure_shape(const RandomOptions& o, DType in, kernels::BLayout layout,
   return r;
 }
 
-/// --pdl-ab / --sk-ab: geometric mean over the shapes of ours / the variant `what`.
+/// --pdl-ab: geometric mean over the shapes of ours / the variant `what`.
 double variant_geomean(const std::vector<Record>& recs, const char* what) {
   std::vector<double> r;
   for (const Record& x : recs)
@@ -450,7 +423,6 @@ std::vector<Summary> summaries(const RandomOptions& o, const std::vector<Record>
                s.worst, s.above_110);
   fmt::print("max rel err vs cuBLASLt: {:.2e}{}\n", max_err, max_err > 1e-2 ? "  ERROR" : "");
   if (o.pdl_ab) fmt::print("geomean ours / {}: {:.3f}\n", kNoPdl, variant_geomean(recs, kNoPdl));
-  if (o.sk_ab) fmt::print("geomean ours / {}: {:.3f}\n", kNoSk, variant_geomean(recs, kNoSk));
   if (o.diag) {
     // Best explicit kernel per shape (what a perfect choice among them would give).
     std::vector<double> best;
@@ -511,13 +483,12 @@ void write_json(const RandomOptions& o, const cudaDeviceProp& prop, const std::v
   }
   records.push_back(
       {{"metric", "max rel err vs cuBLASLt"}, {"case", draw}, {"value", std::isfinite(max_err) ? max_err : 1e9}});
-  for (const auto& [on, what] : {std::pair{o.pdl_ab, kNoPdl}, std::pair{o.sk_ab, kNoSk}}) {
-    if (!on) continue;
-    records.push_back({{"metric", std::string("geomean ours/") + what},
+  if (o.pdl_ab) {
+    records.push_back({{"metric", std::string("geomean ours/") + kNoPdl},
                        {"case", draw + ": all"},
-                       {"value", num(variant_geomean(recs, what))},
+                       {"value", num(variant_geomean(recs, kNoPdl))},
                        {"unit", "ratio"},
-                       {"baseline", what},
+                       {"baseline", kNoPdl},
                        {"count", static_cast<int>(recs.size())}});
   }
   for (const Record& r : recs) {

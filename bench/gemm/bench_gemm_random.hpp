@@ -31,9 +31,6 @@ struct RandomOptions {
   int tune_top_k = 5;
   /// Also time "ours (no PDL)": the same plan with GemmOptions::dependent_launch off.
   bool pdl_ab = false;
-  /// Also time "ours (no stream-K)": where the plan is stream-K, the model's
-  /// cheapest plan without it; elsewhere the same plan.
-  bool sk_ab = false;
   std::string json;  ///< write per-shape records and the summary here
   std::string commit = "unknown";
   std::string device_kind = "unknown";

@@ -402,36 +402,6 @@ double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p) {
   const int64_t kb_total = (a.k + 63) / 64;
   const double out_bytes = static_cast<double>(a.m) * a.n * dtype_size(a.out);
   const double dram = (static_cast<double>(a.m) * a.k + static_cast<double>(a.n) * a.k) * dtype_size(a.in) + out_bytes;
-  if (p.stream_k) {
-    // StreamKScheduler: whole waves data-parallel, the last one to two
-    // waves' K blocks split evenly over the CTAs (a per-tile cost per
-    // segment); each split tile (at most one per CTA boundary) costs its
-    // partial tiles, written and read back, and the fixup a launch
-    // (kSplitUs) and an L2 round trip per kLoads (4) partials it sums.
-    const int64_t tiles = tm * tn, all = tiles * kb_total;
-    int64_t units = num_sms;
-    if (tiles < units) units = std::min<int64_t>(units, all / kStreamKMinBlocks);
-    units = std::clamp<int64_t>(units, 1, all);
-    const int64_t waves = tiles / units;
-    const int64_t dp_waves = waves >= 2 ? waves - 1 : 0;
-    const int64_t sk_tiles = tiles - dp_waves * units;
-    const int64_t per = (sk_tiles * kb_total + units - 1) / units;
-    const double rows = static_cast<double>(std::min<int64_t>(ts.bm, a.m)) + std::min<int64_t>(ts.bn, a.n);
-    const double t_comp = 2.0 * ts.bm * ts.bn * 64 / (kFlopPerUs * eff);
-    const double t_load = rows * 128 / std::min(kSmBw, total_bw / static_cast<double>(units));
-    const double t_kb = std::max(t_comp, t_load);
-    double t = dp_waves * (kb_total * t_kb + fix) + per * t_kb + (static_cast<double>(per) / kb_total + 2.0) * fix;
-    t = std::max(t, dram / kDramBytesPerUs + fix) + kLaunchUs;
-    const int64_t split_tiles = std::min<int64_t>(units - 1, sk_tiles);
-    if (split_tiles > 0) {
-      constexpr double kRoundTripUs = 1.0;
-      const double partial = static_cast<double>(std::min<int64_t>(ts.bm, a.m)) * std::min<int64_t>(ts.bn, a.n) * 4;
-      const int64_t ctas_per_tile = (kb_total + per - 1) / per + 1;
-      t += kSplitUs + split_tiles * partial * 2 * 2 / kDramBytesPerUs +
-           static_cast<double>((ctas_per_tile + 3) / 4) * kRoundTripUs;
-    }
-    return t;
-  }
   const int64_t kb = (kb_total + p.k_splits - 1) / p.k_splits;
   const int64_t splits = (kb_total + kb - 1) / kb;
   const int64_t units = tm * tn * splits;
@@ -487,15 +457,6 @@ std::vector<GemmPlan> plan_candidates(const GemmArgs& a, bool allow_split) {
       q.k_splits = canonical_k_splits(a, s);
       if (s > 1 && q.k_splits == 1) continue;
       if (std::find(out.begin(), out.end(), q) == out.end()) out.push_back(q);
-    }
-  }
-  // Stream-K sums K in another order too: only where splitting is allowed.
-  if (same_type && allow_split) {
-    for (GemmTile t : {GemmTile::T128x256, GemmTile::T128x128}) {
-      GemmPlan q;
-      q.tile = t;
-      q.stream_k = true;
-      out.push_back(q);
     }
   }
   return out;

@@ -159,8 +159,9 @@ struct GemmOptions {
   /// Stream-K (plain gemm() only, output type == input type): every CTA
   /// runs an equal share of all tiles' K blocks; tiles split between CTAs
   /// are summed by a second kernel. Runs tile 128x256 (Auto) or 128x128,
-  /// cooperative, no cluster, whole K (k_splits 0 or 1). plan_gemm() picks
-  /// it by itself where the model finds it cheapest.
+  /// cooperative, no cluster, whole K (k_splits 0 or 1). Only when asked
+  /// for: measured slower than the plans plan_gemm() picks on every random
+  /// shape tried (docs/design/gemm.md, "Stream-K").
   bool stream_k = false;
   /// Where the plan comes from when the fields above name none (plain
   /// gemm() only; the policy entry points run the kernel they are given).

@@ -33,8 +33,9 @@ inline bool operator==(const GemmPlan& x, const GemmPlan& y) {
 /// with at least two tile rows; output type != input type only 128x256 and
 /// the split kernels) and, on the splittable kernels (128x128 cooperative,
 /// 64x256 and 64x64 ping-pong), each split count in [2, min(32, K blocks /
-/// 4)] written as the count that runs (canonical_k_splits), and stream-K on
-/// 128x256 and 128x128 (output type == input type). Host only (no
+/// 4)] written as the count that runs (canonical_k_splits). Stream-K is
+/// not among them: it runs only when asked for (GemmOptions::stream_k;
+/// docs/design/gemm.md, "Stream-K"). Host only (no
 /// device query). A measured plan must be one of these to run.
 std::vector<GemmPlan> gemm_plan_candidates(const GemmArgs& a);
 
