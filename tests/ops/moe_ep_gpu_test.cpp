@@ -352,16 +352,8 @@ TEST(MoeEp, CopyEngineTransportIsRefusedUnderCapture) {
   o.transport = MoeTransport::copy_engine;
   moe_ep(ctx, b.args(L, 0), o);  // eager: slabs and flags exist before the capture
   pg.synchronize(pg.stream(), "moe_ep capture test: eager call");
-  TESSERA_CUDA_CHECK(cudaStreamBeginCapture(pg.stream(), cudaStreamCaptureModeThreadLocal));
-  try {
-    moe_ep(ctx, b.args(L, 0), o);
-    ADD_FAILURE() << "the copy-engine transport was captured";
-  } catch (const tessera::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("cannot be captured"), std::string::npos) << e.what();
-  }
-  cudaGraph_t g = nullptr;
-  EXPECT_EQ(cudaStreamEndCapture(pg.stream(), &g), cudaSuccess) << "the refused call left the capture invalid";
-  if (g) TESSERA_CUDA_CHECK(cudaGraphDestroy(g));
+  tessera::testing::expect_refused_under_capture(
+      pg, [&] { moe_ep(ctx, b.args(L, 0), o); }, "cannot be captured");
   moe_ep(ctx, b.args(L, 0), o);
   pg.synchronize(pg.stream(), "moe_ep capture test: eager call after the capture");
   EXPECT_NO_THROW(ctx.check_status());
