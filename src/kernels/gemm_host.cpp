@@ -400,8 +400,6 @@ double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p) {
   }
   const int64_t tm = (a.m + ts.bm - 1) / ts.bm, tn = (a.n + ts.bn - 1) / ts.bn;
   const int64_t kb_total = (a.k + 63) / 64;
-  const double out_bytes = static_cast<double>(a.m) * a.n * dtype_size(a.out);
-  const double dram = (static_cast<double>(a.m) * a.k + static_cast<double>(a.n) * a.k) * dtype_size(a.in) + out_bytes;
   const int64_t kb = (kb_total + p.k_splits - 1) / p.k_splits;
   const int64_t splits = (kb_total + kb - 1) / kb;
   const int64_t units = tm * tn * splits;
@@ -412,6 +410,8 @@ double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p) {
                       static_cast<double>(std::min<int64_t>(ts.bn, a.n)) / p.cluster_m;
   const double t_load = rows * 128 / std::min(kSmBw, total_bw / active);
   double t = waves * (kb * std::max(t_comp, t_load) + fix);
+  const double out_bytes = static_cast<double>(a.m) * a.n * dtype_size(a.out);
+  const double dram = (static_cast<double>(a.m) * a.k + static_cast<double>(a.n) * a.k) * dtype_size(a.in) + out_bytes;
   t = std::max(t, dram / kDramBytesPerUs + fix) + kLaunchUs;
   if (splits > 1) t += kSplitUs + (static_cast<double>(a.m) * a.n * 4 * splits * 2 + out_bytes) / kDramBytesPerUs;
   return t;

@@ -10,6 +10,7 @@
 
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "tessera/kernels/gemm/launch.cuh"
 #include "tessera/kernels/gemm_plan.hpp"
@@ -43,6 +44,26 @@ void gemm_plain_out(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream
   }
 }
 
+/// Launches `kernel` (256-thread blocks, no shared memory) as a programmatic
+/// dependent of the previous kernel in `stream`: its grid is set up while
+/// that kernel runs, and the kernel waits for it (griddepcontrol.wait)
+/// before reading its output. The split-K reduce and the stream-K fixup.
+template <class... Params, class... Args>
+void launch_dependent_256(void (*kernel)(Params...), dim3 grid, cudaStream_t stream, const char* what, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(256);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cuda_check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what);
+  check_launch(what);
+}
+
 /// Split-K with configuration Cfg (no clusters): units write f32 partials
 /// into a stream-ordered workspace, splitk_reduce sums them into D.
 template <class Cfg, class InT, BLayout L>
@@ -67,38 +88,24 @@ void gemm_plain_splitk_cfg(const GemmArgs& a, const GemmOptions& o, int splits, 
   const int blocks = static_cast<int>(std::min<int64_t>((total + 255) / 256, int64_t{sm_count()} * 16));
   const int M = static_cast<int>(a.m), N = static_cast<int>(a.n);
   const int64_t ldd = a.ldd_or_packed();
-  // Programmatic dependent launch: the reduce grid is set up while the split
-  // kernel runs and starts as its last CTA exits (splitk_reduce waits for it).
-  cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.gridDim = dim3(blocks);
-  cfg.blockDim = dim3(256);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
   const float* wsc = ws;
   const int splits_run = sched.splits;
+  const dim3 grid(blocks);
+  constexpr const char* kWhat = "cudaLaunchKernelEx(gemm split-K reduce)";
   switch (a.out) {
     case DType::bf16:
-      cuda_check(cudaLaunchKernelEx(&cfg, engine::splitk_reduce<__nv_bfloat16>, wsc, splits_run, stride, ldw, M, N,
-                                    static_cast<__nv_bfloat16*>(a.d), ldd),
-                 "cudaLaunchKernelEx(gemm split-K reduce)");
+      launch_dependent_256(engine::splitk_reduce<__nv_bfloat16>, grid, stream, kWhat, wsc, splits_run, stride, ldw, M,
+                           N, static_cast<__nv_bfloat16*>(a.d), ldd);
       break;
     case DType::f16:
-      cuda_check(cudaLaunchKernelEx(&cfg, engine::splitk_reduce<__half>, wsc, splits_run, stride, ldw, M, N,
-                                    static_cast<__half*>(a.d), ldd),
-                 "cudaLaunchKernelEx(gemm split-K reduce)");
+      launch_dependent_256(engine::splitk_reduce<__half>, grid, stream, kWhat, wsc, splits_run, stride, ldw, M, N,
+                           static_cast<__half*>(a.d), ldd);
       break;
     case DType::f32:
-      cuda_check(cudaLaunchKernelEx(&cfg, engine::splitk_reduce<float>, wsc, splits_run, stride, ldw, M, N,
-                                    static_cast<float*>(a.d), ldd),
-                 "cudaLaunchKernelEx(gemm split-K reduce)");
+      launch_dependent_256(engine::splitk_reduce<float>, grid, stream, kWhat, wsc, splits_run, stride, ldw, M, N,
+                           static_cast<float*>(a.d), ldd);
       break;
   }
-  check_launch("gemm split-K reduce launch");
   release_workspace(ws, stream);
 }
 
@@ -130,23 +137,10 @@ void gemm_plain_stream_k_cfg(const GemmArgs& a, const GemmOptions& o, cudaStream
   so.ping_pong = false;
   launch_config<Cfg, InT, L>(a, so, engine::NoWait{}, epi, sched, stream);
   if (!any_split) return;
-  // Programmatic dependent launch: the fixup grid is set up while the
-  // stream-K kernel runs (stream_k_fixup waits for it before reading).
-  cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
   constexpr int kGroups = Cfg::BM * Cfg::BN / 8;  // one per fixup thread
-  cfg.gridDim = dim3(kGroups / 256, static_cast<unsigned>(sched.units - 1));
-  cfg.blockDim = dim3(256);
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  cuda_check(
-      cudaLaunchKernelEx(&cfg, engine::stream_k_fixup<InT, Cfg::BM, Cfg::BN>, sched, static_cast<const float*>(ws), tm,
-                         tn, static_cast<int>(a.m), static_cast<int>(a.n), static_cast<InT*>(a.d), a.ldd_or_packed()),
-      "cudaLaunchKernelEx(gemm stream-K fixup)");
-  check_launch("gemm stream-K fixup launch");
+  launch_dependent_256(engine::stream_k_fixup<InT, Cfg::BM, Cfg::BN>, dim3(kGroups / 256, sched.units - 1), stream,
+                       "cudaLaunchKernelEx(gemm stream-K fixup)", sched, static_cast<const float*>(ws), tm, tn,
+                       static_cast<int>(a.m), static_cast<int>(a.n), static_cast<InT*>(a.d), a.ldd_or_packed());
   release_workspace(ws, stream);
 }
 
