@@ -226,6 +226,16 @@ std::vector<std::pair<std::string, kernels::GemmOptions>> diag_kernels(const Ran
       g.k_splits = k;
       kernels_diag.push_back({"64x64/pp" + (k > 1 ? "/k" + std::to_string(k) : std::string()), g});
     }
+    // Swapped operands (B [N,K], M <= kSwapMaxM; measure_shape skips them
+    // elsewhere), whole K and split.
+    for (GemmTile t : {GemmTile::T128x32, GemmTile::T128x64, GemmTile::T128x96})
+      for (int k : {1, 2, 4}) {
+        GemmOptions g;
+        g.tile = t;
+        g.swap_ab = true;
+        g.k_splits = k;
+        kernels_diag.push_back({tile_name(t) + "/swap" + (k > 1 ? "/k" + std::to_string(k) : std::string()), g});
+      }
   }
 
   return kernels_diag;
@@ -316,7 +326,17 @@ Record measure_shape(const RandomOptions& o, DType in, kernels::BLayout layout,
   if (o.tuned) variants.push_back([&](int i) { kernels::gemm(args(i % o.sets, d.p, false), tuned_opt, stream); });
   const size_t first_diag = variants.size();
   std::vector<std::string> diag_names;
+  double diag_err = 0;  // the largest error of the swapped variants (checked: they are new)
   for (size_t v = 0; v < kernels_diag.size(); ++v) {
+    const GemmOptions& dopt = kernels_diag[v].second;
+    if (dopt.swap_ab) {
+      if (!nk || m > kernels::kSwapMaxM) continue;
+      TESSERA_CUDA_CHECK(cudaMemsetAsync(d.p, 0xFF, dbytes, stream));
+      kernels::gemm(args(0, d.p, false), dopt, stream);
+      TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+      const double e = rel_err(d.p, ref.p, m, n, in);
+      diag_err = std::isfinite(e) ? std::max(diag_err, e) : INFINITY;
+    }
     diag_names.push_back(kernels_diag[v].first);
     variants.push_back([&, v](int i) { kernels::gemm(args(i % o.sets, d.p, false), kernels_diag[v].second, stream); });
   }
@@ -367,8 +387,9 @@ Record measure_shape(const RandomOptions& o, DType in, kernels::BLayout layout,
     line += fmt::format("  tuned {} {:8.4f} ms ratio {:.3f} err {:.1e}", r.tuned_plan, r.tuned_ms, r.tuned_ratio,
                         r.tuned_err);
   for (const auto& [name, ms] : r.diag) line += fmt::format("  {} {:.3f}", name, ms / r.ref_ms);
-  const bool bad =
-      err > 1e-2 || !std::isfinite(err) || (o.tuned && (r.tuned_err > 1e-2 || !std::isfinite(r.tuned_err)));
+  if (diag_err > 0) line += fmt::format("  swap err {:.1e}", diag_err);
+  const bool bad = err > 1e-2 || !std::isfinite(err) ||
+                   (o.tuned && (r.tuned_err > 1e-2 || !std::isfinite(r.tuned_err))) || !(diag_err <= 1e-2);
   fmt::print("{}{}\n", line, bad ? "  ERROR" : "");
   std::fflush(stdout);
   return r;

@@ -41,6 +41,12 @@ std::string tile_name(GemmTile t) {
       return "64x64";
     case GemmTile::T128x192:
       return "128x192";
+    case GemmTile::T128x32:
+      return "128x32";
+    case GemmTile::T128x64:
+      return "128x64";
+    case GemmTile::T128x96:
+      return "128x96";
     case GemmTile::Auto:
       return "auto";
   }
@@ -301,6 +307,8 @@ int resolve_cluster(const GemmArgs& a, const GemmOptions& o, GemmTile t) {
   return 1;
 }
 
+bool is_swap_tile(GemmTile t) { return t == GemmTile::T128x32 || t == GemmTile::T128x64 || t == GemmTile::T128x96; }
+
 bool plain_uses_ping_pong(const GemmArgs& a, const GemmOptions& o) {
   // Above ~4e11 multiply-adds the cooperative 128x256 kernel is the safer
   // choice: measured in one binary on nvidia-h200-x2 (docs/design/gemm-engine.md),
@@ -316,7 +324,7 @@ GemmTile resolve_tile(const GemmArgs& a, const GemmOptions& o) {
   TESSERA_CHECK(o.raster_group >= 1, "gemm: raster_group = {} must be >= 1", o.raster_group);
   TESSERA_CHECK(o.rotate_m >= 0, "gemm: rotate_m = {} must be >= 0", o.rotate_m);
   TESSERA_CHECK(o.max_ctas >= 0, "gemm: max_ctas = {} must be >= 0", o.max_ctas);
-  TESSERA_CHECK(o.tile != GemmTile::T64x64 && o.tile != GemmTile::T128x192,
+  TESSERA_CHECK(o.tile != GemmTile::T64x64 && o.tile != GemmTile::T128x192 && !is_swap_tile(o.tile),
                 "gemm: tile {} is compiled for the plain gemm() only (not for the policy entry points)",
                 tile_name(o.tile));
   if (o.ping_pong) {
@@ -369,15 +377,22 @@ double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p) {
   // (shared by the active CTAs, at most kSmBw each), fix a per-unit cost,
   // kLaunchUs what every launch costs besides its waves (launch, ramp,
   // drain), kSplitUs the split-K extras (reduce launch, workspace) besides
-  // the partials' traffic.
+  // the partials' traffic. DRAM: at most kDramBytesPerUs, and no more than
+  // the bytes the active CTAs' pipelines hold in flight per kDramLatencyUs
+  // (Little's law: where M is small, a deep ring of weight rows streams
+  // faster than a shallow one); both fitted to seeds 8 and 11 under
+  // GPU-only timing with the other constants held.
   constexpr double kFlopPerUs = 5.63e6;
-  constexpr double kDramBytesPerUs = 3.3e6;
+  constexpr double kDramBytesPerUs = 3.98e6;
+  constexpr double kDramLatencyUs = 1.62;
   constexpr double kSmBw = 91.2e3;
   constexpr double kLaunchUs = 6.04;
   constexpr double kSplitUs = 2.0;
   const int al = row_alignment(a);
   const double total_bw = al >= 128 ? 17.2e6 : al >= 32 ? 11.1e6 : 7.58e6;
   const TileShape ts = tile_shape(p.tile);
+  // A swapped plan tiles D^T: its rows run over N, its columns over M.
+  const int64_t pm = p.swap_ab ? a.n : a.m, pn = p.swap_ab ? a.m : a.n;
   double eff = 1.12, fix = p.cluster_m == 2 ? 2.83 : 2.41;  // 128x256 cooperative
   if (p.tile == GemmTile::T256x128) {
     eff = p.cluster_m == 2 ? 1.06 : 1.10;
@@ -397,8 +412,19 @@ double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p) {
     // SM loads.
     eff = 0.638;
     fix = 0.0;
+  } else if (p.tile == GemmTile::T128x32) {
+    // Swapped tiles: narrow wgmma N; their use is small M, where the K-block
+    // time is the 128 weight rows each SM loads.
+    eff = 0.55;
+    fix = 0.5;
+  } else if (p.tile == GemmTile::T128x64) {
+    eff = 0.8;
+    fix = 0.5;
+  } else if (p.tile == GemmTile::T128x96) {
+    eff = 0.95;
+    fix = 0.5;
   }
-  const int64_t tm = (a.m + ts.bm - 1) / ts.bm, tn = (a.n + ts.bn - 1) / ts.bn;
+  const int64_t tm = (pm + ts.bm - 1) / ts.bm, tn = (pn + ts.bn - 1) / ts.bn;
   const int64_t kb_total = (a.k + 63) / 64;
   const int64_t kb = (kb_total + p.k_splits - 1) / p.k_splits;
   const int64_t splits = (kb_total + kb - 1) / kb;
@@ -406,13 +432,14 @@ double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p) {
   const int64_t waves = (units + num_sms - 1) / num_sms;
   const double active = static_cast<double>(std::min<int64_t>(units, num_sms));
   const double t_comp = 2.0 * ts.bm * ts.bn * 64 / (kFlopPerUs * eff);
-  const double rows = static_cast<double>(std::min<int64_t>(ts.bm, a.m)) +
-                      static_cast<double>(std::min<int64_t>(ts.bn, a.n)) / p.cluster_m;
+  const double rows = static_cast<double>(std::min<int64_t>(ts.bm, pm)) +
+                      static_cast<double>(std::min<int64_t>(ts.bn, pn)) / p.cluster_m;
   const double t_load = rows * 128 / std::min(kSmBw, total_bw / active);
   double t = waves * (kb * std::max(t_comp, t_load) + fix);
   const double out_bytes = static_cast<double>(a.m) * a.n * dtype_size(a.out);
   const double dram = (static_cast<double>(a.m) * a.k + static_cast<double>(a.n) * a.k) * dtype_size(a.in) + out_bytes;
-  t = std::max(t, dram / kDramBytesPerUs + fix) + kLaunchUs;
+  const double in_flight = active * tile_stages(p.tile, p.ping_pong) * rows * 128;
+  t = std::max(t, dram / std::min(kDramBytesPerUs, in_flight / kDramLatencyUs) + fix) + kLaunchUs;
   if (splits > 1) t += kSplitUs + (static_cast<double>(a.m) * a.n * 4 * splits * 2 + out_bytes) / kDramBytesPerUs;
   return t;
 }
@@ -459,6 +486,22 @@ std::vector<GemmPlan> plan_candidates(const GemmArgs& a, bool allow_split) {
       if (std::find(out.begin(), out.end(), q) == out.end()) out.push_back(q);
     }
   }
+  if (a.b_layout == BLayout::NK && a.m <= kSwapMaxM) {
+    // Swapped tiles (D^T = B A^T): whole K stores the input type only.
+    for (GemmTile t : {GemmTile::T128x32, GemmTile::T128x64, GemmTile::T128x96}) {
+      const int max_splits = allow_split ? static_cast<int>(std::min<int64_t>(32, kb_total / 4)) : 1;
+      for (int s = 1; s <= std::max(1, max_splits); ++s) {
+        if (!same_type && s == 1) continue;
+        GemmPlan q;
+        q.tile = t;
+        q.cluster_m = 1;
+        q.swap_ab = true;
+        q.k_splits = canonical_k_splits(a, s);
+        if (s > 1 && q.k_splits == 1) continue;
+        if (std::find(out.begin(), out.end(), q) == out.end()) out.push_back(q);
+      }
+    }
+  }
   return out;
 }
 
@@ -486,6 +529,7 @@ GemmOptions plan_options(const GemmPlan& p, GemmOptions base) {
   base.cluster_m = p.cluster_m;
   base.k_splits = p.k_splits;
   base.stream_k = p.stream_k;
+  base.swap_ab = p.swap_ab;
   return base;
 }
 
@@ -513,8 +557,29 @@ GemmPlan plan_gemm(const GemmArgs& a, const GemmOptions& o) {
     TESSERA_CHECK(o.k_splits <= 1, "gemm: stream_k splits K by itself (k_splits = {})", o.k_splits);
     TESSERA_CHECK(same_type, "gemm: stream_k is compiled for output type == input type ({} -> {})", dtype_name(a.in),
                   dtype_name(a.out));
+    TESSERA_CHECK(!o.swap_ab, "gemm: stream_k and swap_ab cannot be combined");
     p.tile = o.tile == GemmTile::T128x128 ? GemmTile::T128x128 : GemmTile::T128x256;
     p.stream_k = true;
+    return p;
+  }
+  TESSERA_CHECK(o.swap_ab || !is_swap_tile(o.tile), "gemm: tile {} runs only with swap_ab (D^T = B A^T)",
+                tile_name(o.tile));
+  if (o.swap_ab) {
+    // Explicit swapped operands: D^T = B A^T on a 128-row tile of N.
+    TESSERA_CHECK(a.b_layout == BLayout::NK, "gemm: swap_ab needs B as [N, K] (b_layout NK)");
+    TESSERA_CHECK(o.tile == GemmTile::Auto || is_swap_tile(o.tile),
+                  "gemm: swap_ab runs tile 128x32, 128x64 or 128x96, not {}", tile_name(o.tile));
+    TESSERA_CHECK(!o.ping_pong, "gemm: swap_ab runs the cooperative kernel (ping_pong is set)");
+    TESSERA_CHECK(o.cluster_m <= 1, "gemm: swap_ab runs without clusters (cluster_m = {})", o.cluster_m);
+    TESSERA_CHECK(same_type || o.k_splits > 1,
+                  "gemm: swap_ab over whole K is compiled for output type == input type ({} -> {}); set k_splits > 1",
+                  dtype_name(a.in), dtype_name(a.out));
+    p.tile = o.tile != GemmTile::Auto ? o.tile
+             : a.m <= 32              ? GemmTile::T128x32
+             : a.m <= 64              ? GemmTile::T128x64
+                                      : GemmTile::T128x96;
+    p.swap_ab = true;
+    p.k_splits = std::max(1, o.k_splits);
     return p;
   }
   if (o.k_splits > 1) {
@@ -606,6 +671,7 @@ std::string plan_name(const GemmPlan& p) {
   std::string s = tile_name(p.tile) + (p.ping_pong ? "/pp" : "/c" + std::to_string(p.cluster_m));
   if (p.k_splits > 1) s += "/k" + std::to_string(p.k_splits);
   if (p.stream_k) s += "/sk";
+  if (p.swap_ab) s += "/swap";
   return s;
 }
 

@@ -4,8 +4,9 @@
 // plan_gemm() picks the kernel: cooperative (128x256, 256x128, 128x128;
 // 2-CTA clusters for the first two; 128x192 for output type == input type),
 // ping-pong (128x128, 64x256, 64x64; output type == input type only),
-// split-K on 128x128 / 64x256 / 64x64 (splitk.cuh), or stream-K on 128x256 /
-// 128x128 (kernel_stream_k.cuh; output type == input type).
+// split-K on 128x128 / 64x256 / 64x64 (splitk.cuh), stream-K on 128x256 /
+// 128x128 (kernel_stream_k.cuh; output type == input type), or swapped
+// operands on 128x32 / 128x64 / 128x96 (swap_ab.cuh; B [N,K] only).
 #pragma once
 
 #include <string>
@@ -15,6 +16,7 @@
 #include "tessera/kernels/gemm/launch.cuh"
 #include "tessera/kernels/gemm_plan.hpp"
 #include "tessera/kernels/gemm/splitk.cuh"
+#include "tessera/kernels/gemm/swap_ab.cuh"
 
 namespace tessera::kernels::detail {
 
@@ -64,18 +66,35 @@ void launch_dependent_256(void (*kernel)(Params...), dim3 grid, cudaStream_t str
   check_launch(what);
 }
 
+/// The problem D^T = B A^T of a (B [N,K]): A and B, M and N exchanged; the
+/// kernel's tensor maps and tile counts come from it, D from a.
+inline GemmArgs swapped_args(const GemmArgs& a) {
+  GemmArgs s = a;
+  s.a = a.b;
+  s.b = a.a;
+  s.m = a.n;
+  s.n = a.m;
+  s.lda = a.ldb_or_packed();
+  s.ldb = a.lda_or_packed();
+  return s;
+}
+
 /// Split-K with configuration Cfg (no clusters): units write f32 partials
-/// into a stream-ordered workspace, splitk_reduce sums them into D.
-template <class Cfg, class InT, BLayout L>
+/// into a stream-ordered workspace, splitk_reduce sums them into D. kSwap:
+/// the kernel runs swapped_args(a) and stores its partials transposed, so
+/// the workspace and the reduce are D's either way.
+template <class Cfg, class InT, BLayout L, bool kSwap = false>
 void gemm_plain_splitk_cfg(const GemmArgs& a, const GemmOptions& o, int splits, cudaStream_t stream) {
-  const int tm = static_cast<int>((a.m + Cfg::BM - 1) / Cfg::BM), tn = static_cast<int>((a.n + Cfg::BN - 1) / Cfg::BN);
+  const GemmArgs ka = kSwap ? swapped_args(a) : a;  // the kernel's problem
+  const int tm = static_cast<int>((ka.m + Cfg::BM - 1) / Cfg::BM),
+            tn = static_cast<int>((ka.n + Cfg::BN - 1) / Cfg::BN);
   const int kb = static_cast<int>((a.k + Cfg::BK - 1) / Cfg::BK);
   const engine::SplitKScheduler sched = engine::SplitKScheduler::make(raster_from(o), tm, tn, kb, splits);
   const int64_t ldw = (a.n + 7) / 8 * 8;
   const int64_t stride = a.m * ldw;
   float* ws =
       static_cast<float*>(acquire_workspace(static_cast<size_t>(stride * sched.splits) * sizeof(float), stream));
-  engine::SplitKEpilogue epi;
+  std::conditional_t<kSwap, engine::SplitKTransposedEpilogue, engine::SplitKEpilogue> epi;
   epi.ws = ws;
   epi.ldw = ldw;
   epi.split_stride = stride;
@@ -83,7 +102,7 @@ void gemm_plain_splitk_cfg(const GemmArgs& a, const GemmOptions& o, int splits, 
   GemmOptions so = o;
   so.cluster_m = 1;
   so.ping_pong = false;
-  launch_config<Cfg, InT, L>(a, so, engine::NoWait{}, epi, sched, stream);
+  launch_config<Cfg, InT, L>(ka, so, engine::NoWait{}, epi, sched, stream);
   const int64_t total = a.m * ((a.n + 7) / 8);
   const int blocks = static_cast<int>(std::min<int64_t>((total + 255) / 256, int64_t{sm_count()} * 16));
   const int M = static_cast<int>(a.m), N = static_cast<int>(a.n);
@@ -159,6 +178,26 @@ void gemm_plain_whole_k(const GemmArgs& a, const GemmOptions& o, cudaStream_t st
   gemm_with<KernelSet, InT, L>(a, po, engine::NoWait{}, epi, raster_from(o), stream);
 }
 
+/// Swapped operands on swap tile Cfg (B [N,K]): the cooperative kernel runs
+/// swapped_args(a) and stores D transposed; split over `splits` when > 1.
+template <class Cfg, class InT, BLayout L>
+void gemm_plain_swapped_cfg(const GemmArgs& a, const GemmOptions& o, int splits, cudaStream_t stream) {
+  if constexpr (L != BLayout::NK) {
+    fail("gemm: swap_ab needs B as [N, K] (b_layout NK)");
+  } else {
+    if (splits > 1) return gemm_plain_splitk_cfg<Cfg, InT, L, true>(a, o, splits, stream);
+    if (a.out != a.in) fail("gemm: swap_ab over whole K is compiled for output type == input type");
+    engine::TransposedEpilogue<InT> epi;
+    epi.d = static_cast<InT*>(a.d);
+    epi.ldd = a.ldd_or_packed();
+    GemmOptions so = o;
+    so.cluster_m = 1;
+    so.ping_pong = false;
+    so.k_splits = 1;
+    launch_config<Cfg, InT, L>(swapped_args(a), so, engine::NoWait{}, epi, raster_from(o), stream);
+  }
+}
+
 template <class InT, BLayout L>
 void gemm_plain(const GemmArgs& a, const GemmOptions& opts, cudaStream_t stream) {
   const GemmPlan plan = plan_gemm(a, opts);
@@ -168,6 +207,21 @@ void gemm_plain(const GemmArgs& a, const GemmOptions& opts, cudaStream_t stream)
     if (plan.tile == GemmTile::T128x128)
       return gemm_plain_stream_k_cfg<typename TileCfgOf<GemmTile::T128x128, 1>::type, InT, L>(a, o, stream);
     return gemm_plain_stream_k_cfg<typename TileCfgOf<GemmTile::T128x256, 1>::type, InT, L>(a, o, stream);
+  }
+  if (plan.swap_ab) {
+    switch (plan.tile) {
+      case GemmTile::T128x32:
+        return gemm_plain_swapped_cfg<typename TileCfgOf<GemmTile::T128x32, 1>::type, InT, L>(a, o, plan.k_splits,
+                                                                                              stream);
+      case GemmTile::T128x64:
+        return gemm_plain_swapped_cfg<typename TileCfgOf<GemmTile::T128x64, 1>::type, InT, L>(a, o, plan.k_splits,
+                                                                                              stream);
+      case GemmTile::T128x96:
+        return gemm_plain_swapped_cfg<typename TileCfgOf<GemmTile::T128x96, 1>::type, InT, L>(a, o, plan.k_splits,
+                                                                                              stream);
+      default:
+        fail("gemm: swap_ab runs tile 128x32, 128x64 or 128x96, not " + tile_name(plan.tile));
+    }
   }
   if (plan.tile == GemmTile::T128x192) {
     // plan_gemm() gives it whole K and output type == input type only.

@@ -21,7 +21,8 @@ namespace k = tessera::kernels;
 namespace {
 
 constexpr k::GemmTile kTiles[] = {k::GemmTile::T128x256, k::GemmTile::T256x128, k::GemmTile::T128x128,
-                                  k::GemmTile::T64x256,  k::GemmTile::T64x64,   k::GemmTile::T128x192};
+                                  k::GemmTile::T64x256,  k::GemmTile::T64x64,   k::GemmTile::T128x192,
+                                  k::GemmTile::T128x32,  k::GemmTile::T128x64,  k::GemmTile::T128x96};
 
 int bucket_of(int64_t x) {
   return static_cast<int>(std::lround(4 * std::log2(static_cast<double>(std::max<int64_t>(x, 1)))));
@@ -93,7 +94,8 @@ std::string gemm_bucket_key(const MachineId& m, const k::GemmArgs& a) {
 
 nlohmann::json gemm_plan_to_json(const k::GemmPlan& p) {
   return {{"tile", k::tile_name(p.tile)}, {"ping_pong", p.ping_pong}, {"cluster_m", p.cluster_m},
-          {"k_splits", p.k_splits},       {"stream_k", p.stream_k},   {"name", k::plan_name(p)}};
+          {"k_splits", p.k_splits},       {"stream_k", p.stream_k},   {"swap_ab", p.swap_ab},
+          {"name", k::plan_name(p)}};
 }
 
 std::optional<k::GemmPlan> gemm_plan_from_json(const nlohmann::json& j) {
@@ -122,6 +124,11 @@ std::optional<k::GemmPlan> gemm_plan_from_json(const nlohmann::json& j) {
   if (sk != j.end()) {
     if (!sk->is_boolean()) return std::nullopt;
     p.stream_k = sk->get<bool>();
+  }
+  const auto sw = j.find("swap_ab");  // optional likewise (entries before swapped tiles)
+  if (sw != j.end()) {
+    if (!sw->is_boolean()) return std::nullopt;
+    p.swap_ab = sw->get<bool>();
   }
   return p;
 }

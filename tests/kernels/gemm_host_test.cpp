@@ -482,6 +482,76 @@ TEST(GemmHeuristic, Tile128x192Options) {
   EXPECT_THROW(tk::plan_gemm(a, o), tessera::Error);
 }
 
+// Swapped operands: the model search lists the swapped tiles for B [N,K]
+// and M <= kSwapMaxM only; explicit swap_ab resolves Auto to the narrowest
+// tile holding M and rejects what the swapped kernels do not compile.
+TEST(GemmHeuristic, SwapAbOptionsAndCandidates) {
+  auto has_swap = [](const tk::GemmArgs& a) {
+    for (const tk::GemmPlan& p : tk::gemm_plan_candidates(a))
+      if (p.swap_ab) {
+        EXPECT_TRUE(tk::is_swap_tile(p.tile));
+        return true;
+      }
+    return false;
+  };
+  tk::GemmArgs a = good();
+  a.n = 4096;
+  a.k = 2048;
+  a.lda = a.ldb = 0;
+  a.m = tk::kSwapMaxM;
+  EXPECT_TRUE(has_swap(a));
+  a.m = tk::kSwapMaxM + 1;
+  EXPECT_FALSE(has_swap(a));
+  a.m = 40;
+  a.b_layout = tk::BLayout::KN;
+  EXPECT_FALSE(has_swap(a));
+  a.b_layout = tk::BLayout::NK;
+  tk::GemmOptions o;
+  o.swap_ab = true;
+  for (auto [m, t] : {std::pair<int64_t, tk::GemmTile>{1, tk::GemmTile::T128x32},
+                      {32, tk::GemmTile::T128x32},
+                      {33, tk::GemmTile::T128x64},
+                      {64, tk::GemmTile::T128x64},
+                      {65, tk::GemmTile::T128x96},
+                      {1000, tk::GemmTile::T128x96}}) {
+    a.m = m;
+    const tk::GemmPlan p = tk::plan_gemm(a, o);
+    EXPECT_EQ(p.tile, t) << m;
+    EXPECT_TRUE(p.swap_ab);
+    EXPECT_EQ(p.k_splits, 1);
+  }
+  a.m = 40;
+  o.tile = tk::GemmTile::T128x96;
+  o.k_splits = 3;
+  EXPECT_EQ(tk::plan_name(tk::plan_gemm(a, o)), "128x96/c1/k3/swap");
+  EXPECT_EQ(tk::tile_shape(tk::GemmTile::T128x32).bn, 32);
+  EXPECT_THROW(tk::resolve_tile(a, o), tessera::Error);  // not a policy entry point tile
+  o.tile = tk::GemmTile::T128x256;
+  EXPECT_THROW(tk::plan_gemm(a, o), tessera::Error);
+  o.tile = tk::GemmTile::Auto;
+  o.cluster_m = 2;
+  EXPECT_THROW(tk::plan_gemm(a, o), tessera::Error);
+  o.cluster_m = 0;
+  o.ping_pong = true;
+  EXPECT_THROW(tk::plan_gemm(a, o), tessera::Error);
+  o.ping_pong = false;
+  o.stream_k = true;
+  EXPECT_THROW(tk::plan_gemm(a, o), tessera::Error);
+  o.stream_k = false;
+  o.k_splits = 0;
+  a.out = tessera::DType::f32;
+  EXPECT_THROW(tk::plan_gemm(a, o), tessera::Error);  // whole K stores the input type only
+  o.k_splits = 2;
+  EXPECT_TRUE(tk::plan_gemm(a, o).swap_ab);
+  a.out = a.in;
+  a.b_layout = tk::BLayout::KN;
+  EXPECT_THROW(tk::plan_gemm(a, o), tessera::Error);
+  tk::GemmOptions unswapped;
+  unswapped.tile = tk::GemmTile::T128x64;
+  a.b_layout = tk::BLayout::NK;
+  EXPECT_THROW(tk::plan_gemm(a, unswapped), tessera::Error);
+}
+
 // The fitted model on three shapes of the --diag sweep where the measured
 // best kernel is a tile the plan did not consider before: 64x64 for a small
 // M above 64, 128x192 for N = 552 and for a 1.4-wave problem (data in

@@ -785,6 +785,69 @@ TEST(GemmGpu, StreamKMatchesCublasAndIsDeterministic) {
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
+// Swapped operands (plain gemm() only, B [N,K]): D^T = B A^T on the 128x32,
+// 128x64 and 128x96 tiles, whole K and split, M = 1, M above one tile, M,
+// N and K tails (N not a multiple of 8 or of 128, K not of 64), padded
+// rows (the transposed store's row stride), f32 output through the split
+// path; outputs poisoned first. What the swapped kernels do not compile is
+// rejected before launch.
+TEST(GemmGpu, SwapAbMatchesCublas) {
+  TESSERA_REQUIRE_GPUS(1);
+  const std::vector<std::array<int64_t, 3>> shapes = {{1, 520, 1032},  {22, 4100, 5040}, {45, 1000, 344},
+                                                      {96, 2000, 136}, {130, 200, 1000}, {288, 4095, 100}};
+  for (const auto& sh : shapes)
+    for (DType in : {DType::bf16, DType::f16})
+      for (int64_t pad : {0, 8}) {
+        const Problem p{sh[0], sh[1], sh[2], in, in, tk::BLayout::NK, pad};
+        Buffers s = make(p);
+        for (tk::GemmTile t : {tk::GemmTile::T128x32, tk::GemmTile::T128x64, tk::GemmTile::T128x96})
+          for (int splits : {1, 3}) {
+            tk::GemmOptions o;
+            o.tile = t;
+            o.swap_ab = true;
+            o.k_splits = splits;
+            const tk::GemmPlan plan = tk::plan_gemm(s.args, o);
+            EXPECT_TRUE(plan.swap_ab && plan.tile == t);
+            tt::poison(s.d);
+            tk::gemm(s.args, o);
+            TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+            tt::poison(s.ref);
+            EXPECT_LT(error_vs_cublas(s), tolerance(p.out)) << name(p, t) << " swap_ab, k_splits " << splits;
+          }
+      }
+  {
+    const Problem p{45, 1000, 344, DType::bf16, DType::f32};
+    Buffers s = make(p);
+    tk::GemmOptions o;
+    o.swap_ab = true;
+    o.k_splits = 2;
+    EXPECT_EQ(tk::plan_gemm(s.args, o).tile, tk::GemmTile::T128x64);  // Auto: the narrowest that holds M
+    tt::poison(s.d);
+    tk::gemm(s.args, o);
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    tt::poison(s.ref);
+    EXPECT_LT(error_vs_cublas(s), tolerance(p.out)) << name(p, tk::GemmTile::T128x64) << " swap_ab f32";
+    o.k_splits = 1;  // whole K stores the input type only
+    EXPECT_THROW(tk::gemm(s.args, o), tessera::Error);
+  }
+  Buffers s = make(Problem{64, 384, 512});
+  tk::GemmOptions o;
+  o.swap_ab = true;
+  for (auto bad :
+       {+[](tk::GemmOptions& x) { x.tile = tk::GemmTile::T128x128; }, +[](tk::GemmOptions& x) { x.ping_pong = true; },
+        +[](tk::GemmOptions& x) { x.cluster_m = 2; }, +[](tk::GemmOptions& x) { x.stream_k = true; }}) {
+    tk::GemmOptions b = o;
+    bad(b);
+    EXPECT_THROW(tk::gemm(s.args, b), tessera::Error);
+  }
+  tk::GemmOptions unswapped;
+  unswapped.tile = tk::GemmTile::T128x32;  // a swapped tile without swap_ab
+  EXPECT_THROW(tk::gemm(s.args, unswapped), tessera::Error);
+  Buffers kn = make(Problem{64, 384, 512, DType::bf16, DType::bf16, tk::BLayout::KN});
+  EXPECT_THROW(tk::gemm(kn.args, o), tessera::Error);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 // Split-K is deterministic: the same plan gives the same bytes twice, and the
 // policy entry points refuse it.
 TEST(GemmGpu, SplitKIsDeterministicAndPlainOnly) {

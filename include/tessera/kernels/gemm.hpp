@@ -80,8 +80,12 @@ struct GemmArgs {
 /// compiled for the plain gemm() only, output type == input type: a third
 /// column granularity between 128 and 256 for problems whose N or tile count
 /// sits badly against 128-wide or 256-wide tiles; the policy entry points
-/// reject it.
-enum class GemmTile { Auto, T128x256, T256x128, T128x128, T64x256, T64x64, T128x192 };
+/// reject it. 128x32, 128x64 and 128x96 (cooperative, no clusters) run only
+/// with GemmOptions::swap_ab, where the kernel computes D^T = B A^T: their
+/// 128 rows are D's columns and their 32 / 64 / 96 columns D's rows, so a
+/// small M costs a narrow wgmma N instead of a 64-row atom mostly of
+/// padding.
+enum class GemmTile { Auto, T128x256, T256x128, T128x128, T64x256, T64x64, T128x192, T128x32, T128x64, T128x96 };
 
 struct TileShape {
   int bm, bn;
@@ -106,12 +110,48 @@ constexpr TileShape tile_shape(GemmTile t) {
       return {64, 64};
     case GemmTile::T128x192:
       return {128, 192};
+    case GemmTile::T128x32:
+      return {128, 32};
+    case GemmTile::T128x64:
+      return {128, 64};
+    case GemmTile::T128x96:
+      return {128, 96};
     case GemmTile::Auto:
       break;
   }
   detail::fail_unresolved_tile_shape();
 }
 std::string tile_name(GemmTile t);
+/// The shared-memory pipeline depth (K blocks in flight per CTA) of tile
+/// `t`'s kernel, cooperative or (ping_pong) ping-pong: the one statement of
+/// it, read by the kernels' configurations (launch.cuh) and the cost model.
+/// Each fills the 227 KiB of shared memory with its (BM + BN) x 64 stages.
+constexpr int tile_stages(GemmTile t, bool ping_pong) {
+  switch (t) {
+    case GemmTile::T128x256:
+    case GemmTile::T256x128:
+      return 4;
+    case GemmTile::T128x128:
+      return ping_pong ? 7 : 6;
+    case GemmTile::T64x256:
+    case GemmTile::T128x192:
+      return 5;
+    case GemmTile::T64x64:
+      return 13;
+    case GemmTile::T128x32:
+      return 11;
+    case GemmTile::T128x64:
+      return 9;
+    case GemmTile::T128x96:
+      return 8;
+    case GemmTile::Auto:
+      break;
+  }
+  detail::fail_unresolved_tile_shape();
+}
+/// True for the swapped-operand tiles (128x32, 128x64, 128x96), which run
+/// only with GemmOptions::swap_ab.
+bool is_swap_tile(GemmTile t);
 
 /// Where the plain gemm() takes its plan when the options name none (tile
 /// Auto, ping_pong off, cluster_m 0, k_splits 0). Options that name a plan
@@ -163,6 +203,13 @@ struct GemmOptions {
   /// for: measured slower than the plans plan_gemm() picks on every random
   /// shape tried (docs/design/gemm.md, "Stream-K").
   bool stream_k = false;
+  /// Swapped operands (plain gemm() only, B layout NK): the kernel computes
+  /// D^T = B A^T on tile 128x32, 128x64 or 128x96 (Auto: the narrowest
+  /// that holds M, at most 96) and stores it transposed into D. Whole K
+  /// (output type == input type) or split over k_splits (any output type).
+  /// For small M the weight rows fill the 128-row side and M only the
+  /// narrow one (docs/design/gemm.md, "Small M: swapped operands").
+  bool swap_ab = false;
   /// Where the plan comes from when the fields above name none (plain
   /// gemm() only; the policy entry points run the kernel they are given).
   GemmPlanSource plan_source = GemmPlanSource::Default;
@@ -214,6 +261,7 @@ struct GemmPlan {
   int cluster_m = 1;
   int k_splits = 1;
   bool stream_k = false;
+  bool swap_ab = false;  ///< D^T = B A^T on a swapped tile (GemmOptions::swap_ab)
 };
 
 /// The plan gemm() runs under options `o` on the current device when the

@@ -25,7 +25,7 @@ namespace tessera::kernels {
 
 inline bool operator==(const GemmPlan& x, const GemmPlan& y) {
   return x.tile == y.tile && x.ping_pong == y.ping_pong && x.cluster_m == y.cluster_m && x.k_splits == y.k_splits &&
-         x.stream_k == y.stream_k;
+         x.stream_k == y.stream_k && x.swap_ab == y.swap_ab;
 }
 
 /// Every plan plan_gemm()'s model search considers for this problem with
@@ -33,7 +33,9 @@ inline bool operator==(const GemmPlan& x, const GemmPlan& y) {
 /// with at least two tile rows; output type != input type only 128x256 and
 /// the split kernels) and, on the splittable kernels (128x128 cooperative,
 /// 64x256 and 64x64 ping-pong), each split count in [2, min(32, K blocks /
-/// 4)] written as the count that runs (canonical_k_splits). Stream-K is
+/// 4)] written as the count that runs (canonical_k_splits); with B [N,K]
+/// and M <= kSwapMaxM, the swapped tiles 128x32, 128x64 and 128x96 (whole
+/// K for output type == input type, and split likewise). Stream-K is
 /// not among them: it runs only when asked for (GemmOptions::stream_k;
 /// docs/design/gemm.md, "Stream-K"). Host only (no
 /// device query). A measured plan must be one of these to run.
@@ -46,12 +48,16 @@ bool gemm_plan_valid(const GemmArgs& a, const GemmPlan& p);
 /// ceil(kb / ceil(kb / splits)), splits clamped to [1, kb].
 int canonical_k_splits(const GemmArgs& a, int splits);
 
-/// `base` with tile, ping_pong, cluster_m, k_splits and stream_k set so that
+/// `base` with tile, ping_pong, cluster_m, k_splits, stream_k and swap_ab set so that
 /// plan_gemm(a, result) == p for every p in gemm_plan_candidates(a).
 GemmOptions plan_options(const GemmPlan& p, GemmOptions base = {});
 
 /// The SM count plan_gemm() plans for under `o` (max_ctas caps the device's).
 int plan_sm_count(const GemmOptions& o);
+
+/// The largest M for which the model search considers the swapped tiles
+/// (D^T = B A^T, GemmOptions::swap_ab): up to three 96-row tiles of M.
+inline constexpr int64_t kSwapMaxM = 288;
 
 /// Stream-K runs with at least this many K blocks per CTA where the problem
 /// has fewer tiles than SMs (then fewer CTAs than SMs): a shorter range

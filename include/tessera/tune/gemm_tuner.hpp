@@ -69,7 +69,7 @@ std::string gemm_key_prefix(const MachineId& m, const kernels::GemmArgs& a);
 std::string gemm_bucket_key(const MachineId& m, const kernels::GemmArgs& a);
 
 /// {"tile": "128x256", "ping_pong": bool, "cluster_m": c, "k_splits": s, "stream_k": bool,
-/// "name": plan_name} ("stream_k" may be absent: false).
+/// "swap_ab": bool, "name": plan_name} ("stream_k" and "swap_ab" may be absent: false).
 nlohmann::json gemm_plan_to_json(const kernels::GemmPlan& p);
 /// The plan of gemm_plan_to_json's form; nullopt if malformed (never throws).
 std::optional<kernels::GemmPlan> gemm_plan_from_json(const nlohmann::json& j);

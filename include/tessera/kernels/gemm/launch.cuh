@@ -41,28 +41,44 @@
 namespace tessera::kernels {
 
 /// The kernel configuration of cooperative tile T: its shape is
-/// tile_shape(T); the specializations state the smem stages.
+/// tile_shape(T), its smem stages tile_stages(T); the specializations name
+/// the tiles and clusters that are compiled.
 template <GemmTile T, int kStages, int kClusterM>
 using CoopCfg = engine::TileConfig<tile_shape(T).bm, tile_shape(T).bn, kStages, kClusterM>;
 template <GemmTile T, int kClusterM>
 struct TileCfgOf;
 template <int C>
 struct TileCfgOf<GemmTile::T128x256, C> {
-  using type = CoopCfg<GemmTile::T128x256, 4, C>;
+  using type = CoopCfg<GemmTile::T128x256, tile_stages(GemmTile::T128x256, false), C>;
 };
 template <int C>
 struct TileCfgOf<GemmTile::T256x128, C> {
-  using type = CoopCfg<GemmTile::T256x128, 4, C>;
+  using type = CoopCfg<GemmTile::T256x128, tile_stages(GemmTile::T256x128, false), C>;
 };
 template <int C>
 struct TileCfgOf<GemmTile::T128x128, C> {
-  using type = CoopCfg<GemmTile::T128x128, 6, C>;
+  using type = CoopCfg<GemmTile::T128x128, tile_stages(GemmTile::T128x128, false), C>;
 };
 /// 128x192 (plain gemm() only): 5 x 40 KiB stages; no clusters (a 96-column
 /// half of B is not a whole number of 64-column chunks).
 template <>
 struct TileCfgOf<GemmTile::T128x192, 1> {
-  using type = CoopCfg<GemmTile::T128x192, 5, 1>;
+  using type = CoopCfg<GemmTile::T128x192, tile_stages(GemmTile::T128x192, false), 1>;
+};
+
+/// Swapped tiles (plain gemm() with swap_ab only: D^T = B A^T, 128 rows of
+/// N and 32, 64 or 96 of M): 11 x 20 KiB, 9 x 24 KiB, 8 x 28 KiB stages.
+template <>
+struct TileCfgOf<GemmTile::T128x32, 1> {
+  using type = CoopCfg<GemmTile::T128x32, tile_stages(GemmTile::T128x32, false), 1>;
+};
+template <>
+struct TileCfgOf<GemmTile::T128x64, 1> {
+  using type = CoopCfg<GemmTile::T128x64, tile_stages(GemmTile::T128x64, false), 1>;
+};
+template <>
+struct TileCfgOf<GemmTile::T128x96, 1> {
+  using type = CoopCfg<GemmTile::T128x96, tile_stages(GemmTile::T128x96, false), 1>;
 };
 
 /// Ping-pong configs: each consumer warpgroup owns a whole tile (kMAtoms =
@@ -74,16 +90,16 @@ template <GemmTile T>
 struct PingPongCfgOf;
 template <>
 struct PingPongCfgOf<GemmTile::T128x128> {
-  using type = PingPongCfg<GemmTile::T128x128, 7>;
+  using type = PingPongCfg<GemmTile::T128x128, tile_stages(GemmTile::T128x128, true)>;
 };
 template <>
 struct PingPongCfgOf<GemmTile::T64x256> {
-  using type = PingPongCfg<GemmTile::T64x256, 5>;
+  using type = PingPongCfg<GemmTile::T64x256, tile_stages(GemmTile::T64x256, true)>;
 };
 /// 64x64 (plain gemm() for M <= 64, and its split-K): 13 x 16 KiB stages.
 template <>
 struct PingPongCfgOf<GemmTile::T64x64> {
-  using type = PingPongCfg<GemmTile::T64x64, 13>;
+  using type = PingPongCfg<GemmTile::T64x64, tile_stages(GemmTile::T64x64, true)>;
 };
 
 /// The kernel's parameters for configuration Cfg, made once per launch: the

@@ -45,7 +45,7 @@ struct TileConfig {
   /// multicasts it to both (halving B's L2->SM traffic).
   static constexpr int kClusterM = kClusterM_;
   static_assert(kClusterM == 1 || kClusterM == 2, "cluster along M: 1 or 2 CTAs");
-  static_assert(BN % (64 * kClusterM) == 0, "B halves must be whole 64-column chunks");
+  static_assert(kClusterM == 1 || BN % (64 * kClusterM) == 0, "B halves must be whole 64-column chunks");
   static constexpr int kStages = kStages_;
   static constexpr int kConsumers = kConsumers_;
   static constexpr bool kPingPong = kPingPong_;
@@ -58,7 +58,9 @@ struct TileConfig {
   static constexpr int kMAtoms = kRowsPerConsumer / 64;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static_assert(kRowsPerConsumer % 64 == 0, "each consumer owns whole 64-row wgmma atoms");
-  static_assert(BN % 64 == 0 && BN <= 256, "BN must be a multiple of 64, at most 256");
+  // The store loop takes 32 columns per lane quad; N-major B loads 64-column
+  // chunks (produce_tile), so BN 32 and 96 run K-major B only.
+  static_assert(BN % 32 == 0 && BN <= 256, "BN must be a multiple of 32, at most 256");
   static_assert(BM <= 256, "TMA boxes are at most 256 rows");
   // Register budget after setmaxnreg: producer 40, consumers the rest.
   static constexpr int kProducerRegs = 40;
@@ -132,6 +134,7 @@ __device__ __forceinline__ void produce_tile(const SmemLayout<Cfg, InT>& sm, con
       if constexpr (!kTransB) {
         ptx::tma_load_2d(sm.b(stage), tma_b, sm.full(stage), k0, col0);
       } else {
+        static_assert(Cfg::BN % 64 == 0, "N-major B is loaded in 64-column chunks");
 #pragma unroll
         for (int c = 0; c < Cfg::BN / 64; ++c)
           ptx::tma_load_2d(sm.b(stage) + c * 64 * 64 * 2, tma_b, sm.full(stage), col0 + c * 64, k0);
