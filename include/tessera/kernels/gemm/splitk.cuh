@@ -21,22 +21,40 @@
 
 namespace tessera::kernels::engine {
 
+/// D[col + e, row] = v[e] for the first `valid` of 8 values at d (row stride
+/// ld): the store of a swapped-operand kernel (GemmOptions::swap_ab), whose
+/// tile row is D's column. For one e the 8 lanes of a row group write 8
+/// consecutive columns of D (16 bytes of a 16-bit D, 32 of an f32 slab).
+template <class T>
+__device__ __forceinline__ void store_transposed8(T* d, int64_t ld, int row, int col, const float (&v)[8], int valid) {
+  T* p = d + static_cast<int64_t>(col) * ld + row;
+#pragma unroll
+  for (int e = 0; e < 8; ++e)
+    if (e < valid) p[e * ld] = OutConv<T>::one(v[e]);
+}
+
 /// Stores unit pos's accumulators into slab split = pos / tiles of the f32
 /// workspace: ws + split * split_stride + row * ldw + col. ldw is a multiple
-/// of 8 (32-byte rows), ws 256-byte aligned.
-struct SplitKEpilogue {
+/// of 8 (32-byte rows), ws 256-byte aligned. kTransposed (swapped operands:
+/// the kernel's rows are D's columns): the slab keeps D's layout, the kernel's
+/// (row, col) lands at col * ldw + row, so splitk_reduce is the same.
+template <bool kTransposed>
+struct SplitKEpilogueOf {
   static constexpr bool kNotify = false;
   static constexpr bool kSysScope = false;
   float* ws = nullptr;
   int64_t ldw = 0;
   int64_t split_stride = 0;
-  FastDivmod tiles_div;  ///< by tiles_m * tiles_n
+  FastDivmod tiles_div;  ///< by the kernel's tiles_m * tiles_n
 
   struct Bound {
     float* base;
     int64_t ldw;
     __device__ __forceinline__ void store8(int row, int col, const float (&v)[8], int valid) const {
-      store_first8(base + static_cast<int64_t>(row) * ldw + col, v, valid);
+      if constexpr (kTransposed)
+        store_transposed8(base, ldw, row, col, v, valid);
+      else
+        store_first8(base + static_cast<int64_t>(row) * ldw + col, v, valid);
     }
   };
   __device__ __forceinline__ Bound bind(const TileInfo& t) const {
@@ -45,6 +63,8 @@ struct SplitKEpilogue {
   }
   __device__ __forceinline__ void tile_done(const TileInfo&) const {}
 };
+using SplitKEpilogue = SplitKEpilogueOf<false>;
+using SplitKTransposedEpilogue = SplitKEpilogueOf<true>;
 
 /// D[row, col..col+7] = sum over splits of the workspace, converted to OutT;
 /// one thread per 8 outputs, grid-stride. Columns past N are not written.
