@@ -641,21 +641,35 @@ GemmPlan plan_gemm(const GemmArgs& a, const GemmOptions& o) {
     p.cluster_m = 1;
     return p;
   }
-  // Everything else: the cheapest plan under the model (model_gemm_us),
-  // cached per problem (the search is ~100 model evaluations: host time
-  // that small problems would wait for).
-  using Key = std::tuple<int64_t, int64_t, int64_t, int, int, int, int, int>;
+  // Everything else: the cheapest plan under the model.
+  return model_plan(a, sms, o.k_splits == 0);
+}
+
+GemmPlan model_plan(const GemmArgs& a, int num_sms, bool allow_split) {
+  // Cached per problem (the search is ~100 model evaluations: host time
+  // that small problems would wait for). The B layout is part of the
+  // problem: only B [N,K] has the swapped tiles among its candidates.
+  using Key = std::tuple<int64_t, int64_t, int64_t, int, int, int, int, int, bool>;
   static std::mutex cache_mu;
   static std::map<Key, GemmPlan> cache;
-  const Key key{a.m, a.n, a.k, al, static_cast<int>(a.in), static_cast<int>(a.out), sms, o.k_splits};
+  const Key key{a.m,
+                a.n,
+                a.k,
+                row_alignment(a),
+                static_cast<int>(a.in),
+                static_cast<int>(a.out),
+                static_cast<int>(a.b_layout),
+                num_sms,
+                allow_split};
   {
     std::lock_guard<std::mutex> lock(cache_mu);
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
   }
+  GemmPlan p;
   double best = 1e300;
-  for (const GemmPlan& q : detail::plan_candidates(a, o.k_splits == 0)) {
-    const double t = model_gemm_us(a, sms, q);
+  for (const GemmPlan& q : detail::plan_candidates(a, allow_split)) {
+    const double t = model_gemm_us(a, num_sms, q);
     if (t < best * 0.999) {
       best = t;
       p = q;

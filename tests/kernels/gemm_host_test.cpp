@@ -550,6 +550,16 @@ TEST(GemmHeuristic, SwapAbOptionsAndCandidates) {
   unswapped.tile = tk::GemmTile::T128x64;
   a.b_layout = tk::BLayout::NK;
   EXPECT_THROW(tk::plan_gemm(a, unswapped), tessera::Error);
+  // The model search's cache keeps the layouts apart: a decode shape whose
+  // [N,K] plan is swapped, then the same shape with B [K,N] (no swapped
+  // tiles), then [N,K] again.
+  a.m = 78, a.n = 9744, a.k = 2536;  // 128x96/swap in the seed 12 sweep
+  const tk::GemmPlan nk = tk::model_plan(a, 132, true);
+  EXPECT_TRUE(nk.swap_ab) << tk::plan_name(nk);
+  a.b_layout = tk::BLayout::KN;
+  EXPECT_FALSE(tk::model_plan(a, 132, true).swap_ab);
+  a.b_layout = tk::BLayout::NK;
+  EXPECT_TRUE(tk::model_plan(a, 132, true) == nk);
 }
 
 // The fitted model on three shapes of the --diag sweep where the measured

@@ -845,6 +845,20 @@ TEST(GemmGpu, SwapAbMatchesCublas) {
   EXPECT_THROW(tk::gemm(s.args, unswapped), tessera::Error);
   Buffers kn = make(Problem{64, 384, 512, DType::bf16, DType::bf16, tk::BLayout::KN});
   EXPECT_THROW(tk::gemm(kn.args, o), tessera::Error);
+  // The model's plan cache keeps the layouts apart: the same shape with B
+  // [N,K] (where a swapped tile may win) and then [K,N] (no swapped tiles).
+  for (const auto& sh : shapes)
+    for (auto layout : {tk::BLayout::NK, tk::BLayout::KN}) {
+      const Problem p{sh[0], sh[1], sh[2], DType::bf16, DType::bf16, layout};
+      Buffers b = make(p);
+      const tk::GemmPlan plan = tk::plan_gemm(b.args, tk::GemmOptions{});
+      if (layout == tk::BLayout::KN) EXPECT_FALSE(plan.swap_ab) << name(p, plan.tile);
+      tt::poison(b.d);
+      tk::gemm(b.args);
+      TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+      tt::poison(b.ref);
+      EXPECT_LT(error_vs_cublas(b), tolerance(p.out)) << name(p, plan.tile) << " plan " << tk::plan_name(plan);
+    }
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
 }
 

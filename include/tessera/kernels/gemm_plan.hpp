@@ -41,6 +41,12 @@ inline bool operator==(const GemmPlan& x, const GemmPlan& y) {
 /// device query). A measured plan must be one of these to run.
 std::vector<GemmPlan> gemm_plan_candidates(const GemmArgs& a);
 
+/// plan_gemm()'s model search on `num_sms` SMs (no device query): the
+/// first of gemm_plan_candidates(a) (without splits unless allow_split)
+/// that model_gemm_us() finds cheapest, cached per problem, B layout
+/// included.
+GemmPlan model_plan(const GemmArgs& a, int num_sms, bool allow_split);
+
 /// True when `p` is one of gemm_plan_candidates(a).
 bool gemm_plan_valid(const GemmArgs& a, const GemmPlan& p);
 
