@@ -96,8 +96,10 @@ __device__ __forceinline__ void quad_transpose8(const float (&acc)[kAccRegs], in
 /// The store loop of one consumer warpgroup's share of a tile through one bound
 /// epilogue `epi` (NotBound when the Epilogue has no bind()): hands the
 /// accumulators to store8, 8 consecutive columns per call, masked to the
-/// problem.
-template <class Cfg, class Params, class Bound>
+/// problem. kLoadAhead: a bound with load() issues its loads ahead of its
+/// stores (the ping-pong and stream-K kernels); the cooperative kernel keeps
+/// its measured one-at-a-time order (false).
+template <class Cfg, bool kLoadAhead = true, class Params, class Bound>
 __device__ __forceinline__ void store_tile_with(const Params& p, const TileInfo& info,
                                                 const float (&acc)[Cfg::kMAtoms][Cfg::BN / 2], int consumer, int warp,
                                                 int lane, const Bound& epi) {
@@ -109,7 +111,7 @@ __device__ __forceinline__ void store_tile_with(const Params& p, const TileInfo&
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = row_base + 8 * h;
-      if constexpr (HasLoadAhead<Bound>::value) {
+      if constexpr (kLoadAhead && HasLoadAhead<Bound>::value) {
         // Load-ahead (epilogue.cuh): the loads of kLoadAhead column blocks
         // are issued before their stores, so they overlap instead of each
         // waiting behind the previous store (possible aliasing).

@@ -37,29 +37,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const auto& walk = cta.walk;
   const int warp = (threadIdx.x % 128) / 32;
   const int lane = threadIdx.x % 32;
-  const int q = lane & 3;  // position in the lane quad that shares a row
   float acc[Cfg::kMAtoms][Cfg::BN / 2];
   int iter = 0;
   for (int pos = walk.first; pos < walk.count; pos += walk.stride, ++iter) {
     const TileCoord t = walk.at(p.scheduler, pos);
     consume_tile<Cfg, InT, kTransB>(cta.sm, consumer, cta.k_blocks, acc, pipe, walk.rank);
     const TileInfo info = tile_info<Cfg>(p, t, pos);
-    const auto epi = bind_tile(p.epilogue, info);  // per-tile work once (epilogue.cuh)
-#pragma unroll
-    for (int a = 0; a < Cfg::kMAtoms; ++a) {
-      const int row_base = info.row0 + consumer * Cfg::kRowsPerConsumer + a * 64 + warp * 16 + lane / 4;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = row_base + 8 * h;
-#pragma unroll
-        for (int g = 0; g < Cfg::BN / 32; ++g) {
-          float v[8];
-          quad_transpose8(acc[a], g, h, lane, v);
-          const int col = info.col0 + 8 * (4 * g + q);
-          if (row < p.M && col < p.N) epi_store8(p.epilogue, epi, info, row, col, v, min(8, p.N - col));
-        }
-      }
-    }
+    // Per-tile work once (epilogue.cuh), then the store loop.
+    store_tile_with<Cfg, false>(p, info, acc, consumer, warp, lane, bind_tile(p.epilogue, info));
     if constexpr (Epilogue::kNotify) {
       // Wait until the notifier consumed tile iter - 2's arrival on this
       // barrier (barriers.cuh: an early arrival would complete its phase).
