@@ -299,6 +299,14 @@ Record measure_shape(const RandomOptions& o, DType in, kernels::BLayout layout,
   kernels::cublaslt_gemm(args(0, ref.p, false), stream);
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
   const double err = rel_err(d.p, ref.p, m, n, in);
+  // The error of gemm() under `g` against the cuBLASLt result above, into a
+  // poisoned D.
+  auto err_of = [&](const GemmOptions& g) {
+    TESSERA_CUDA_CHECK(cudaMemsetAsync(d.p, 0xFF, dbytes, stream));
+    kernels::gemm(args(0, d.p, false), g, stream);
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return rel_err(d.p, ref.p, m, n, in);
+  };
 
   // --tuned: measure this shape's plans (cached in its bucket), then check
   // what gemm() runs under plan_source Tuned like the default plan.
@@ -312,10 +320,7 @@ Record measure_shape(const RandomOptions& o, DType in, kernels::BLayout layout,
     for (const std::string& e : tr.errors) fmt::print("  tune: {}\n", e);
     const GemmOptions used = kernels::resolve_options(args(0, d.p, false), tuned_opt);
     tuned_plan = plan_name(plan_gemm(args(0, d.p, false), used));
-    TESSERA_CUDA_CHECK(cudaMemsetAsync(d.p, 0xFF, dbytes, stream));
-    kernels::gemm(args(0, d.p, false), tuned_opt, stream);
-    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
-    tuned_err = rel_err(d.p, ref.p, m, n, in);
+    tuned_err = err_of(tuned_opt);
   }
 
   // Every variant's body takes the call's index within its graph and uses
@@ -331,10 +336,7 @@ Record measure_shape(const RandomOptions& o, DType in, kernels::BLayout layout,
     const GemmOptions& dopt = kernels_diag[v].second;
     if (dopt.swap_ab) {
       if (!nk || m > kernels::kSwapMaxM) continue;
-      TESSERA_CUDA_CHECK(cudaMemsetAsync(d.p, 0xFF, dbytes, stream));
-      kernels::gemm(args(0, d.p, false), dopt, stream);
-      TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
-      const double e = rel_err(d.p, ref.p, m, n, in);
+      const double e = err_of(dopt);
       diag_err = std::isfinite(e) ? std::max(diag_err, e) : INFINITY;
     }
     diag_names.push_back(kernels_diag[v].first);
