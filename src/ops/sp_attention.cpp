@@ -49,13 +49,19 @@ SpAttnContext::Impl::Impl(runtime::ProcessGroup& g) : pg(g) {
   data = std::make_unique<runtime::Signals>(pg, kSlots);
   control = std::make_unique<runtime::Signals>(pg, 1);
   TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_ready, cudaEventDisableTiming));
-  TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_comm_done, cudaEventDisableTiming));
+  for (int p = 1; p < pg.world(); ++p) {
+    push_streams.push_back(nullptr);
+    TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&push_streams.back(), cudaStreamNonBlocking));
+    push_done.push_back(nullptr);
+    TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&push_done.back(), cudaEventDisableTiming));
+  }
 }
 
 SpAttnContext::Impl::~Impl() {
   for (auto& [key, table] : orders) cudaFree(table);
   if (ev_ready) cudaEventDestroy(ev_ready);
-  if (ev_comm_done) cudaEventDestroy(ev_comm_done);
+  for (cudaEvent_t e : push_done) cudaEventDestroy(e);
+  for (cudaStream_t s : push_streams) cudaStreamDestroy(s);
 }
 
 const std::int32_t* SpAttnContext::Impl::arrival_order(const SpAttnPlan& plan, std::int64_t kv_len, int block_rows) {
@@ -70,7 +76,10 @@ const std::int32_t* SpAttnContext::Impl::arrival_order(const SpAttnPlan& plan, s
   return dev;
 }
 
-void SpAttnContext::Impl::drain(const char* what) { detail::drain_streams(pg, {data.get(), control.get()}, what); }
+void SpAttnContext::Impl::drain(const char* what) {
+  detail::drain_streams(pg, {data.get(), control.get()}, what);
+  for (cudaStream_t s : push_streams) link::synchronize(s, {data.get(), control.get()}, what);
+}
 
 SpAttnContext::SpAttnContext(runtime::ProcessGroup& pg) : impl_(std::make_unique<Impl>(pg)) {}
 SpAttnContext::~SpAttnContext() = default;
@@ -112,17 +121,23 @@ void copy_chunk(cudaStream_t s, void* dst, const void* src, int i, std::int64_t 
   copy_chunk_rows(s, dst, src, i, g0, B, C, S, row_bytes, 0, C);
 }
 
-void copy_chunk_heads(const Call& k, cudaStream_t s, void* dst, const void* src, int i, std::int64_t g0, int g) {
-  if (k.head_groups == 1) {
-    copy_chunk(s, dst, src, i, g0, k.B, k.C, k.S, k.kv_row);
-    return;
-  }
+void copy_chunks_heads(const Call& k, cudaStream_t s, void* dst, const void* src, int g) {
+  // Depth 2: source slices C rows apart, destination slices (chunks[1] -
+  // chunks[0]) x C rows apart (zig-zag: chunks[1] > chunks[0]).
   const std::size_t piece = k.kv_row / static_cast<std::size_t>(k.head_groups);
-  for (std::int64_t b = 0; b < k.B; ++b)
-    TESSERA_CUDA_CHECK(
-        cudaMemcpy2DAsync(static_cast<unsigned char*>(dst) + (b * k.S + g0) * k.kv_row + g * piece, k.kv_row,
-                          static_cast<const unsigned char*>(src) + (b * 2 * k.C + i * k.C) * k.kv_row + g * piece,
-                          k.kv_row, piece, k.C, cudaMemcpyDefault, s));
+  const std::int64_t gap = (k.plan.chunks[1] - k.plan.chunks[0]) * k.C;
+  for (std::int64_t b = 0; b < k.B; ++b) {
+    cudaMemcpy3DParms p{};
+    p.srcPtr = make_cudaPitchedPtr(
+        const_cast<unsigned char*>(static_cast<const unsigned char*>(src)) + (b * 2 * k.C) * k.kv_row + g * piece,
+        k.kv_row, piece, static_cast<std::size_t>(k.C));
+    p.dstPtr = make_cudaPitchedPtr(
+        static_cast<unsigned char*>(dst) + (b * k.S + k.plan.chunks[0] * k.C) * k.kv_row + g * piece, k.kv_row, piece,
+        static_cast<std::size_t>(gap));
+    p.extent = make_cudaExtent(piece, static_cast<std::size_t>(k.C), 2);
+    p.kind = cudaMemcpyDefault;
+    TESSERA_CUDA_CHECK(cudaMemcpy3DAsync(&p, s));
+  }
 }
 
 void copy_own(const Call& k, cudaStream_t s) {

@@ -15,6 +15,7 @@
 #include <memory>
 #include <set>
 #include <tuple>
+#include <vector>
 
 #include "../scratch.hpp"
 #include "../seq_parallel_detail.hpp"
@@ -43,7 +44,12 @@ struct SpAttnContext::Impl {
   /// sequential: NCCL's [R][B, 2C, Hkv, D] for K, then V.
   detail::ScratchBuffer staging{"sp_attention: staging growth"};
   std::uint64_t epoch = 0;
-  cudaEvent_t ev_ready = nullptr, ev_comm_done = nullptr;
+  cudaEvent_t ev_ready = nullptr;
+  /// fused_ce's push streams, one per peer (world - 1), each with the event
+  /// that marks its pushes done: concurrent copies to different peers run on
+  /// different copy engines.
+  std::vector<cudaStream_t> push_streams;
+  std::vector<cudaEvent_t> push_done;
   /// kv_arrival_order tables on the device, per (rank's plan, kv_len, block rows); kept for the context's life.
   std::map<std::tuple<std::int64_t, int, int, std::int64_t, int>, std::int32_t*> orders;
   std::set<detail::ZigzagSignature> validated;  ///< shapes and strategies already checked across ranks
@@ -114,9 +120,10 @@ void copy_own(const Call& k, cudaStream_t s);
 /// The own rows that the hooked kernel, reading its own chunks in place,
 /// still reads from the workspace (sp_own_edge_rows for its KV blocks).
 void copy_own_edges(const Call& k, cudaStream_t s);
-/// Copies head group `g` of chunk `i` of a shard to the gathered tensor at
-/// rows [g0, g0 + C), as copy_chunk does for all heads (k.head_groups groups).
-void copy_chunk_heads(const Call& k, cudaStream_t s, void* dst, const void* src, int i, std::int64_t g0, int g);
+/// Copies head group `g` (of k.head_groups) of both chunks of a shard to
+/// their rows of the gathered tensor, k.plan.chunks[i] x C, in one copy per
+/// batch row (a 3D copy: the chunks are the depth).
+void copy_chunks_heads(const Call& k, cudaStream_t s, void* dst, const void* src, int g);
 /// Waits on `s` until every peer finished call epoch - 1: its kernels no
 /// longer read, and its pushes no longer write, any workspace.
 void wait_peers_done(const Call& k, cudaStream_t s);
