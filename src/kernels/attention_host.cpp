@@ -100,6 +100,13 @@ void validate(const AttentionArgs& a, const char* op) {
   if (a.causal && a.q_offset) {
     TESSERA_CHECK(*a.q_offset > -kMax && *a.q_offset < kMax, "{}: q_offset = {} out of range", op, *a.q_offset);
   }
+  if (a.q_split != 0) {
+    TESSERA_CHECK(a.causal, "{}: q_split = {} needs causal attention", op, a.q_split);
+    TESSERA_CHECK(a.q_split > 0 && a.q_split < a.seqlen_q && a.q_split % 128 == 0,
+                  "{}: q_split = {} must be a multiple of 128 in (0, seqlen_q = {})", op, a.q_split, a.seqlen_q);
+    TESSERA_CHECK(a.q_offset_split > -kMax && a.q_offset_split < kMax, "{}: q_offset_split = {} out of range", op,
+                  a.q_offset_split);
+  }
   TESSERA_CHECK(!(a.softmax_scale < 0.f) && std::isfinite(a.softmax_scale),
                 "{}: softmax_scale = {} must be finite and >= 0 (0: 1/sqrt(head_dim))", op, a.softmax_scale);
   int dev = 0, major = 0, minor = 0;
@@ -115,9 +122,8 @@ double attention_flops(const AttentionArgs& a) {
   if (!a.causal) {
     pairs = static_cast<double>(a.seqlen_q) * static_cast<double>(a.seqlen_k);
   } else {
-    const int64_t off = a.causal_offset();
     for (int64_t i = 0; i < a.seqlen_q; ++i) {
-      const int64_t keys = std::min<int64_t>(a.seqlen_k, std::max<int64_t>(0, i + off + 1));
+      const int64_t keys = std::min<int64_t>(a.seqlen_k, std::max<int64_t>(0, i + a.causal_offset(i) + 1));
       pairs += static_cast<double>(keys);
     }
   }

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -185,7 +186,22 @@ void run_parts(const Call& k, bool hooked) {
   }
   static const bool arrival = env::find_int("TESSERA_SP_ARRIVAL_ORDER", 0, 1).value_or(1) != 0;
   const int block_rows = detail::sp_attention_kv_block_rows(static_cast<int>(a.head_dim));
-  for (const SpAttnPlan::Part& part : k.plan.parts) {
+  // A causal plan's two parts (the zig-zag chunks) run as one launch, Q
+  // rows >= C at the second chunk's offset, when C is a multiple of the
+  // kernel's 128 query rows: one grid lets a part's CTAs whose KV is here
+  // run while the other's wait for peers (TESSERA_SP_ONE_LAUNCH=0: a launch
+  // per part, A/B). Its KV length is the second part's; the first part's
+  // rows mask the extra keys.
+  static const bool one_launch = env::find_int("TESSERA_SP_ONE_LAUNCH", 0, 1).value_or(1) != 0;
+  std::vector<SpAttnPlan::Part> launches = k.plan.parts;
+  std::int64_t q_split = 0, q_offset_split = 0;
+  if (one_launch && launches.size() == 2 && k.C % 128 == 0 && launches[1].local_row0 == launches[0].rows) {
+    q_split = launches[0].rows;
+    q_offset_split = launches[1].q_offset - q_split;
+    launches = {{0, launches[0].rows + launches[1].rows, launches[0].q_offset,
+                 std::max(launches[0].kv_len, launches[1].kv_len)}};
+  }
+  for (const SpAttnPlan::Part& part : launches) {
     f.order = hooked && R > 1 && arrival ? k.c.arrival_order(k.plan, part.kv_len, block_rows) : nullptr;
     kernels::AttentionArgs ka;
     ka.q = static_cast<const unsigned char*>(a.q) + part.local_row0 * q_row;
@@ -203,6 +219,8 @@ void run_parts(const Call& k, bool hooked) {
     ka.dtype = a.dtype;
     ka.causal = a.causal;
     ka.q_offset = part.q_offset;
+    ka.q_split = q_split;
+    ka.q_offset_split = q_offset_split;
     ka.softmax_scale = a.softmax_scale;
     if (a.lse) {
       ka.lse = a.lse + part.local_row0;

@@ -82,6 +82,14 @@ TEST(AttentionHost, RejectsEachBadArgumentByName) {
   a = good();
   a.lse_head_stride = -5;
   expect_rejected(a, "LSE strides");
+  a = good();
+  a.q_split = 128;  // good() is not causal
+  expect_rejected(a, "q_split = 128 needs causal");
+  a.causal = true;
+  a.q_split = 100;
+  expect_rejected(a, "q_split = 100 must be a multiple of 128");
+  a.q_split = 384;  // seqlen_q = 300
+  expect_rejected(a, "q_split = 384 must be a multiple of 128");
 }
 
 TEST(AttentionHost, DefaultsAndFlops) {
@@ -103,4 +111,13 @@ TEST(AttentionHost, DefaultsAndFlops) {
   EXPECT_DOUBLE_EQ(tk::attention_flops(a), 4.0 * 2 * 8 * 128 * (300.0 * 701 + 299.0 * 300 / 2));
   a.seqlen_q = a.seqlen_k = 1000;
   EXPECT_DOUBLE_EQ(tk::attention_flops(a), 4.0 * 2 * 8 * 128 * (1000.0 * 1001 / 2));
+  // Rows >= 256 at offset 100: rows 0..255 admit 701 + i, rows 256..299 admit 101 + i keys.
+  a.seqlen_q = 300;
+  a.q_split = 256;
+  a.q_offset_split = 100;
+  EXPECT_EQ(a.causal_offset(255), 700);
+  EXPECT_EQ(a.causal_offset(256), 100);
+  double pairs = 0;
+  for (int i = 0; i < 300; ++i) pairs += i < 256 ? 701 + i : 101 + i;
+  EXPECT_DOUBLE_EQ(tk::attention_flops(a), 4.0 * 2 * 8 * 128 * pairs);
 }

@@ -134,13 +134,15 @@ struct Case {
   std::optional<int64_t> q_offset{};
   bool bhsd = false;
   float scale = 0.f;
+  int64_t q_split = 0, q_offset_split = 0;  ///< rows >= q_split use q_offset_split
 };
 
 std::string name(const Case& c) {
   return "B" + std::to_string(c.B) + " Lq" + std::to_string(c.Lq) + " Lk" + std::to_string(c.Lk) + " H" +
          std::to_string(c.Hq) + "/" + std::to_string(c.Hkv) + " D" + std::to_string(c.D) + (c.causal ? " causal" : "") +
-         (c.q_offset ? " q_offset " + std::to_string(*c.q_offset) : "") + (c.bhsd ? " BHSD" : "") + " " +
-         std::string(tessera::dtype_name(c.dtype));
+         (c.q_offset ? " q_offset " + std::to_string(*c.q_offset) : "") +
+         (c.q_split ? " split " + std::to_string(c.q_split) + "@" + std::to_string(c.q_offset_split) : "") +
+         (c.bhsd ? " BHSD" : "") + " " + std::string(tessera::dtype_name(c.dtype));
 }
 
 /// float64 reference: O [b][i][h][d] and LSE [b][h][i] (-inf for no key).
@@ -155,7 +157,8 @@ void reference(const Case& c, const Tensor& q, const Tensor& k, const Tensor& v,
   for (int64_t b = 0; b < c.B; ++b)
     for (int64_t h = 0; h < c.Hq; ++h)
       for (int64_t i = 0; i < c.Lq; ++i) {
-        const int64_t keys = c.causal ? std::clamp<int64_t>(i + off + 1, 0, c.Lk) : c.Lk;
+        const int64_t row_off = c.q_split > 0 && i >= c.q_split ? c.q_offset_split : off;
+        const int64_t keys = c.causal ? std::clamp<int64_t>(i + row_off + 1, 0, c.Lk) : c.Lk;
         if (keys == 0) continue;
         double mx = -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j < keys; ++j) {
@@ -204,6 +207,8 @@ Problem setup(const Case& c) {
   a.dtype = c.dtype;
   a.causal = c.causal;
   a.q_offset = c.q_offset;
+  a.q_split = c.q_split;
+  a.q_offset_split = c.q_offset_split;
   a.softmax_scale = c.scale;
   return r;
 }
@@ -265,6 +270,10 @@ TEST_F(AttentionGpu, MatchesReferenceAcrossShapes) {
   cases.push_back({2, 130, 390, 4, 2, 128, false, DType::bf16, std::nullopt, true});      // BHSD strides
   cases.push_back({1, 129, 129, 2, 1, 64, true, DType::bf16, std::nullopt, true, 0.3f});  // explicit scale
   cases.push_back({1, 1, 300, 4, 4, 128, true, DType::bf16});                             // one query row
+  // Two segments of the sequence in one Q (a zig-zag shard): rows 0..255 at
+  // global 256.., rows 256..383 at global 896..; and rows with no key after the split.
+  cases.push_back({1, 384, 1024, 4, 2, 128, true, DType::bf16, int64_t{256}, false, 0.f, 256, 640});
+  cases.push_back({2, 300, 500, 2, 1, 64, true, DType::f16, int64_t{100}, false, 0.f, 128, -200});
   for (const Case& c : cases) {
     Problem r = setup(c);
     tk::attention(r.args);

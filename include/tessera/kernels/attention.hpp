@@ -22,7 +22,9 @@
 // positions of the sequence), as FlashAttention-2/3 and PyTorch's
 // bottom-right mask do. Pass q_offset explicitly to place a Q shard anywhere
 // in the global sequence (sequence parallelism: the shard's first global
-// position, with K/V holding positions 0 .. seqlen_k-1).
+// position, with K/V holding positions 0 .. seqlen_k-1). A Q made of two
+// segments of the sequence (a zig-zag shard) runs in one launch: rows i >=
+// q_split (a multiple of 128) attend keys j <= i + q_offset_split.
 //
 // Limits (validate() throws tessera::Error naming the argument before any
 // launch): dtype bf16 or f16; head_dim 64 or 128; batch, seqlens, heads >= 1
@@ -71,7 +73,10 @@ struct AttentionArgs {
   DType dtype = DType::bf16;  ///< of Q, K, V and O
   bool causal = false;
   std::optional<int64_t> q_offset;  ///< causal only; default seqlen_k - seqlen_q
-  float softmax_scale = 0.f;        ///< 0: 1 / sqrt(head_dim)
+  /// Causal only: rows >= q_split use q_offset_split (0: one segment).
+  int64_t q_split = 0;
+  int64_t q_offset_split = 0;
+  float softmax_scale = 0.f;  ///< 0: 1 / sqrt(head_dim)
 
   /// Strides with packed defaults filled in.
   AttnStrides q_strides() const { return fill(q_stride, seqlen_q, heads_q); }
@@ -79,6 +84,8 @@ struct AttentionArgs {
   AttnStrides v_strides() const { return fill(v_stride, seqlen_k, heads_kv); }
   AttnStrides o_strides() const { return fill(o_stride, seqlen_q, heads_q); }
   int64_t causal_offset() const { return q_offset.value_or(seqlen_k - seqlen_q); }
+  /// The causal offset of query row i.
+  int64_t causal_offset(int64_t i) const { return q_split > 0 && i >= q_split ? q_offset_split : causal_offset(); }
   float scale() const;
 
  private:

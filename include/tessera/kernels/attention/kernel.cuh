@@ -130,7 +130,9 @@ template <class Hook>
 struct AttnParams {
   int batch, seqlen_q, seqlen_k, heads_q, group;  ///< group = heads_q / heads_kv
   int causal;
-  int q_offset;      ///< causal: row i attends keys j <= i + q_offset
+  int q_offset;  ///< causal: row i attends keys j <= i + q_offset
+  int q_split;   ///< causal: rows >= q_split (> 0, a multiple of BM) use q_offset_split
+  int q_offset_split;
   int m_blocks;      ///< ceil(seqlen_q / BM)
   float scale;       ///< softmax scale (natural units, for the LSE)
   float scale_log2;  ///< scale * log2(e)
@@ -146,6 +148,7 @@ struct AttnBlock {
   int m_block, head, batch;
   int n_max;     ///< KV blocks [0, n_max) are visited (descending)
   int n_nomask;  ///< blocks n < n_nomask need no mask
+  int q_offset;  ///< causal: the tile's row i attends keys j <= i + q_offset
 };
 
 template <class Cfg, class Hook>
@@ -160,12 +163,13 @@ __device__ __forceinline__ AttnBlock attn_block(const AttnParams<Hook>& p) {
   b.m_block = p.causal ? p.m_blocks - 1 - x : x;
   const int n_blocks = (p.seqlen_k + Cfg::BN - 1) / Cfg::BN;
   const int m0 = b.m_block * Cfg::BM;
+  b.q_offset = p.q_split > 0 && m0 >= p.q_split ? p.q_offset_split : p.q_offset;
   int n_full = p.seqlen_k / Cfg::BN;  // blocks without a ragged tail
   if (p.causal) {
     const int last_row = min(m0 + Cfg::BM, p.seqlen_q) - 1;
-    const int64_t keys = int64_t{last_row} + p.q_offset + 1;  // keys the last row admits
+    const int64_t keys = int64_t{last_row} + b.q_offset + 1;  // keys the last row admits
     b.n_max = keys <= 0 ? 0 : static_cast<int>(min(int64_t{n_blocks}, (keys + Cfg::BN - 1) / Cfg::BN));
-    const int64_t first_keys = int64_t{m0} + p.q_offset + 1;  // keys the first row admits
+    const int64_t first_keys = int64_t{m0} + b.q_offset + 1;  // keys the first row admits
     const int n_diag = first_keys <= 0 ? 0 : static_cast<int>(min(int64_t{n_blocks}, first_keys / Cfg::BN));
     n_full = min(n_full, n_diag);
   } else {
@@ -393,7 +397,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = m0 + row_in_tile + 8 * r;
-    lim[r] = p.causal ? static_cast<int>(max(int64_t{0}, min(int64_t{p.seqlen_k}, int64_t{row} + p.q_offset + 1)))
+    lim[r] = p.causal ? static_cast<int>(max(int64_t{0}, min(int64_t{p.seqlen_k}, int64_t{row} + blk.q_offset + 1)))
                       : p.seqlen_k;
   }
 

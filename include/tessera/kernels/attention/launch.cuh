@@ -51,6 +51,8 @@ void attention_launch(const AttentionArgs& a, const Hook& hook, cudaStream_t str
   p.group = static_cast<int>(a.heads_q / a.heads_kv);
   p.causal = a.causal ? 1 : 0;
   p.q_offset = static_cast<int>(a.causal_offset());
+  p.q_split = a.causal ? static_cast<int>(a.q_split) : 0;
+  p.q_offset_split = static_cast<int>(a.q_offset_split);
   p.m_blocks = static_cast<int>((a.seqlen_q + Cfg::BM - 1) / Cfg::BM);
   p.scale = a.scale();
   p.scale_log2 = p.scale * 1.4426950408889634f;
