@@ -50,19 +50,13 @@ SpAttnContext::Impl::Impl(runtime::ProcessGroup& g) : pg(g) {
   data = std::make_unique<runtime::Signals>(pg, kSlots);
   control = std::make_unique<runtime::Signals>(pg, 1);
   TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_ready, cudaEventDisableTiming));
-  for (int p = 1; p < pg.world(); ++p) {
-    push_streams.push_back(nullptr);
-    TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&push_streams.back(), cudaStreamNonBlocking));
-    push_done.push_back(nullptr);
-    TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&push_done.back(), cudaEventDisableTiming));
-  }
+  TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_comm_done, cudaEventDisableTiming));
 }
 
 SpAttnContext::Impl::~Impl() {
   for (auto& [key, table] : orders) cudaFree(table);
   if (ev_ready) cudaEventDestroy(ev_ready);
-  for (cudaEvent_t e : push_done) cudaEventDestroy(e);
-  for (cudaStream_t s : push_streams) cudaStreamDestroy(s);
+  if (ev_comm_done) cudaEventDestroy(ev_comm_done);
 }
 
 const std::int32_t* SpAttnContext::Impl::arrival_order(const SpAttnPlan& plan, std::int64_t kv_len, int block_rows) {
@@ -77,10 +71,7 @@ const std::int32_t* SpAttnContext::Impl::arrival_order(const SpAttnPlan& plan, s
   return dev;
 }
 
-void SpAttnContext::Impl::drain(const char* what) {
-  detail::drain_streams(pg, {data.get(), control.get()}, what);
-  for (cudaStream_t s : push_streams) link::synchronize(s, {data.get(), control.get()}, what);
-}
+void SpAttnContext::Impl::drain(const char* what) { detail::drain_streams(pg, {data.get(), control.get()}, what); }
 
 SpAttnContext::SpAttnContext(runtime::ProcessGroup& pg) : impl_(std::make_unique<Impl>(pg)) {}
 SpAttnContext::~SpAttnContext() = default;

@@ -2,15 +2,12 @@
 // the caller's K and V, except the rows of KV blocks that straddle another
 // chunk, which are copied into its own workspace on the compute stream
 // (TESSERA_SP_OWN_IN_PLACE=0: the whole chunks, A/B), and is queued first;
-// then, on one stream per peer, its two chunks pushed into each peer's
-// workspace on the copy engines (after that peer said its workspace is
+// then, on the communication stream, its two chunks pushed into each peer's
+// workspace on the copy engine (after that peer said its workspace is
 // free), head group by head group, each piece followed by its flags; the
 // kernel per part waits per KV block for the pieces of its head that the
 // block covers.
 #include "sp_attention.hpp"
-
-#include <algorithm>
-
 #include "../sp_attention_kernels.hpp"
 #include "tessera/link/host_primitives.hpp"
 #include "tessera/runtime/env.hpp"
@@ -40,33 +37,25 @@ void run(SpAttnContext::Impl& c, const SpAttnArgs& a, int /*u*/) {
   // memory operations), so it cannot hold back its own rank's.
   run_parts(k, true);
   if (k.world > 1) {
-    // One push stream per peer (TESSERA_SP_PUSH_STREAMS: fewer, shared
-    // round-robin, for A/B), each after the inputs are ready and after its
-    // peer is done with the last call's KV. Issued head group by head group
-    // across the peers: the kernels' CTAs run head-major, so every peer's
-    // first group lands first.
-    static const int max_streams =
-        static_cast<int>(env::find_int("TESSERA_SP_PUSH_STREAMS", 1, runtime::kMaxPeers).value_or(runtime::kMaxPeers));
-    const int n_peers = static_cast<int>(k.plan.push_to.size());
-    const int n_streams = std::min(n_peers, max_streams);
-    for (int j = 0; j < n_streams; ++j) TESSERA_CUDA_CHECK(cudaStreamWaitEvent(c.push_streams[j], c.ev_ready, 0));
+    // Pushes on the communication stream, after the inputs are ready and
+    // after each peer is done with the last call's KV. Head group by head
+    // group across the peers: the kernel's CTAs run head-major, so every
+    // peer's first group lands first. (A stream per peer, copies to the
+    // peers at once, measured slower: docs/design/attention.md.)
+    cudaStream_t cs = c.pg.comm_stream(0);
+    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, c.ev_ready, 0));
     if (e > 1)
-      for (int j = 0; j < n_peers; ++j)  // the peer is done with the last call's KV
-        link::rank_wait(c.push_streams[j % n_streams], *c.control, k.plan.push_to[j], 0, e - 1);
+      for (int dst : k.plan.push_to) link::rank_wait(cs, *c.control, dst, 0, e - 1);
     for (int g = 0; g < k.head_groups; ++g)
-      for (int j = 0; j < n_peers; ++j) {
-        const int dst = k.plan.push_to[j];
-        cudaStream_t ps = c.push_streams[j % n_streams];
+      for (int dst : k.plan.push_to) {
         unsigned char* pk = c.ws.peer(dst);
-        copy_chunks_heads(k, ps, pk, a.k, g);
-        copy_chunks_heads(k, ps, pk + k.kv_bytes, a.v, g);
+        copy_chunks_heads(k, cs, pk, a.k, g);
+        copy_chunks_heads(k, cs, pk + k.kv_bytes, a.v, g);
         for (int i = 0; i < 2; ++i)
-          link::rank_notify(ps, *c.data, dst, detail::sp_kv_flag_slot(i, g, k.head_groups), e);
+          link::rank_notify(cs, *c.data, dst, detail::sp_kv_flag_slot(i, g, k.head_groups), e);
       }
-    for (int j = 0; j < n_streams; ++j) {
-      TESSERA_CUDA_CHECK(cudaEventRecord(c.push_done[j], c.push_streams[j]));
-      TESSERA_CUDA_CHECK(cudaStreamWaitEvent(k.st, c.push_done[j], 0));
-    }
+    TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_comm_done, cs));
+    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(k.st, c.ev_comm_done, 0));
   }
   finish(k);
 }

@@ -15,7 +15,6 @@
 #include <memory>
 #include <set>
 #include <tuple>
-#include <vector>
 
 #include "../scratch.hpp"
 #include "../seq_parallel_detail.hpp"
@@ -44,12 +43,7 @@ struct SpAttnContext::Impl {
   /// sequential: NCCL's [R][B, 2C, Hkv, D] for K, then V.
   detail::ScratchBuffer staging{"sp_attention: staging growth"};
   std::uint64_t epoch = 0;
-  cudaEvent_t ev_ready = nullptr;
-  /// fused_ce's push streams, one per peer (world - 1), each with the event
-  /// that marks its pushes done: concurrent copies to different peers run on
-  /// different copy engines.
-  std::vector<cudaStream_t> push_streams;
-  std::vector<cudaEvent_t> push_done;
+  cudaEvent_t ev_ready = nullptr, ev_comm_done = nullptr;
   /// kv_arrival_order tables on the device, per (rank's plan, kv_len, block rows); kept for the context's life.
   std::map<std::tuple<std::int64_t, int, int, std::int64_t, int>, std::int32_t*> orders;
   std::set<detail::ZigzagSignature> validated;  ///< shapes and strategies already checked across ranks
