@@ -167,7 +167,6 @@ void run_parts(const Call& k, bool hooked) {
   f.rank = k.rank;
   f.chunk = k.C;
   f.epoch = k.epoch;
-  f.head_groups = k.head_groups;
   f.heads_per_group = static_cast<int>(a.heads_kv) / k.head_groups;
   if (hooked && k.own_in_place) {
     f.own_k = a.k;

@@ -1,8 +1,8 @@
 // The attention kernel with sp_attention's KV hook: per KV block, the
-// engine's FlagWait (.sys acquire, timeout -> WaitRecord + trap) on the flag of
-// every remote zig-zag chunk piece (the CTA's head group of the chunk) the
-// block covers that the CTA has not acquired yet (a chunk spans many blocks:
-// one acquire and one proxy fence per chunk).
+// engine's FlagWait (.sys acquire, timeout -> WaitRecord + trap) on the flag
+// of the CTA's head group from every remote owner of a zig-zag chunk the
+// block covers that the CTA has not acquired yet (an owner's chunks span
+// many blocks: one acquire and one proxy fence per owner).
 #include "sp_attention_kernels.hpp"
 #include "tessera/kernels/attention/launch.cuh"
 #include "tessera/kernels/gemm/prologue.cuh"
@@ -17,7 +17,7 @@ struct SpKvWait {
   CUtensorMap own_k, own_v;                          ///< the own shards' maps (SpKvFlags::own_k), valid if own_in_place
   using State = kernels::engine::FlagMemo;           ///< flags (owner * slots + slot) this CTA acquired
   kernels::engine::FlagWait<std::uint64_t, true> w;  ///< flags, expected = epoch, timeout, diag
-  int slots, world, rank, chunk, head_groups, heads_per_group;
+  int slots, world, rank, chunk, heads_per_group;
   const std::int32_t* order;  ///< kv_arrival_order's table, or null: descending
   bool own_in_place;
   int own_start[2];  ///< global row of the own shard's chunk 0 and 1
@@ -50,11 +50,9 @@ struct SpKvWait {
     const int group = b.head_kv / heads_per_group;  // one head per CTA: the memo needs no group
     for (int c = b.row0 / chunk; c <= last / chunk; ++c) {
       const int owner = c < world ? c : 2 * world - 1 - c;
-      const int half = c < world ? 0 : 1;
-      const int m = 2 * owner + half;
-      if (owner == rank || memo.has(m)) continue;
-      w.wait_one(t, owner * slots + sp_kv_flag_slot(half, group, head_groups));
-      memo.mark(m);
+      if (owner == rank || memo.has(owner)) continue;
+      w.wait_one(t, owner * slots + sp_kv_flag_slot(group));
+      memo.mark(owner);
       acquired = true;
     }
     return acquired;
@@ -85,7 +83,6 @@ void launch_sp_attention_part(const kernels::AttentionArgs& a, const SpKvFlags& 
   h.world = f.world;
   h.rank = f.rank;
   h.chunk = static_cast<int>(f.chunk);
-  h.head_groups = f.head_groups;
   h.heads_per_group = f.heads_per_group;
   h.order = f.order;
   h.own_in_place = f.own_k != nullptr;

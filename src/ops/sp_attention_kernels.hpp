@@ -13,13 +13,13 @@ namespace tessera::ops::detail {
 
 /// Where the gathered KV chunks' flags are: this rank's peer-flag rows of a
 /// Signals object (flag of source s, slot i at flags[s * slots + i]). Chunk c
-/// of the zig-zag layout is its owner's half h = (c < R ? 0 : 1), pushed in
-/// head_groups pieces: KV head j's rows of it are published by slot
-/// h * head_groups + j / heads_per_group.
+/// of the zig-zag layout is owned by rank (c < R ? c : 2R-1-c); an owner
+/// pushes both its chunks in head_groups pieces, and slot j /
+/// heads_per_group publishes KV head j's rows of both.
 struct SpKvFlags {
   const std::uint64_t* flags = nullptr;
   int slots = 2;
-  int head_groups = 1, heads_per_group = 1;
+  int heads_per_group = 1;
   int world = 1, rank = 0;
   std::int64_t chunk = 0;  ///< tokens per chunk (C)
   std::uint64_t epoch = 0;
@@ -46,10 +46,10 @@ TESSERA_HD constexpr bool sp_block_in_own_chunk(std::int64_t row0, std::int64_t 
   return row0 >= start && row0 + rows <= start + chunk;
 }
 
-/// The flag slot that publishes head group `group` (of `groups`) of half
-/// `half` (0: the owner's chunk r, 1: its chunk 2R-1-r): the pushes notify
-/// it, the kernel's hook waits on it.
-TESSERA_HD constexpr int sp_kv_flag_slot(int half, int group, int groups) { return half * groups + group; }
+/// The flag slot that publishes head group `group` of both the owner's
+/// chunks (they land in one copy): the pushes notify it, the kernel's hook
+/// waits on it.
+TESSERA_HD constexpr int sp_kv_flag_slot(int group) { return group; }
 
 /// Rows of the fused kernel's KV blocks for head_dim (kv_arrival_order's block_rows).
 int sp_attention_kv_block_rows(int head_dim);

@@ -9,28 +9,29 @@
 // attention.
 //
 // K and V are all-gathered in GLOBAL order into each rank's workspace
-// [B, S, Hkv, D]: at step j = 1..R-1 rank r pushes its two chunks to rank
-// (r - j) mod R (so it receives, at step j, the chunks of rank (r + j) mod R),
-// each chunk followed by a flag (its owner's slot 0 or 1, value = epoch).
-// The attention kernel visits KV blocks in arrival order (its own chunks
-// first) and its producer waits per block for the flags of the chunks the
-// block covers (attention/kv_wait.cuh).
+// [B, S, Hkv, D]: rank r pushes its two chunks to rank (r - j) mod R for
+// j = 1..R-1 (so its j-th source is rank (r + j) mod R), head group by head
+// group across the peers, each group's rows of both chunks followed by one
+// flag (the owner's slot `group`, value = epoch). The attention kernel visits
+// KV blocks in arrival order (its own chunks first) and its producer waits
+// per block for the flags of the chunks the block covers
+// (attention/kv_wait.cuh).
 //
-// Causal: the two local Q chunks are two attention calls, each against the
-// gathered-KV prefix it needs: chunk c has q_offset = c·C (its first global
-// position) and kv_len = (c+1)·C keys. Non-causal: one call, all 2C rows
-// against all S keys.
+// Causal: chunk c of the local Q has q_offset = c·C (its first global
+// position) and needs the gathered-KV prefix of (c+1)·C keys; both chunks run
+// in one launch when C is a multiple of 128 (AttentionArgs::q_split), else
+// one launch each. Non-causal: one call, all 2C rows against all S keys.
 //
 // The operator (sp_attention below), per call with epoch e:
 //   sequential: NCCL all-gather of the K and V shards into staging, reordered
 //     into global order by copies, then the plain kernel per part.
-//   fused_ce: this rank's chunks copied into its own workspace (compute
-//     stream); on the communication stream, per step, the chunks pushed to
-//     the destination's workspace on the copy engine (link::rank_copy_data,
-//     after that peer said its workspace is free: control flag >= e - 1),
-//     each followed by a flag (link::rank_notify, value e); the kernel per
-//     part waits per KV block for the chunks it covers (KvFlagWait-style,
-//     .sys acquire with the engine's timeout diagnostic).
+//   fused_ce: the kernel reads this rank's chunks in place; on the
+//     communication stream the chunks are pushed to every peer's workspace
+//     on the copy engine (after that peer said its workspace is free:
+//     control flag >= e - 1), each head group followed by a flag
+//     (link::rank_notify, value e); the kernel waits per KV block for the
+//     pieces it covers (KvFlagWait-style, .sys acquire with the engine's
+//     timeout diagnostic).
 // At the end of every call, either strategy, once its kernels and its pushes
 // are done, a rank sets its control flag on every peer to e. A fused push
 // into a peer waits for that peer's flag >= e - 1 (it no longer reads its
@@ -72,8 +73,8 @@ struct SpAttnPlan {
   std::vector<int> push_to;    ///< push_to[j-1]: destination at step j
   std::vector<int> recv_from;  ///< recv_from[j]: whose chunks arrive at step j (j = 0: own)
 
-  /// Owner rank of global chunk c, and which of its two chunks it is (the
-  /// flag slot its owner notifies): c < R ? (c, 0) : (2R-1-c, 1).
+  /// Owner rank of global chunk c, and which of its two chunks it is
+  /// (0: chunk r, 1: chunk 2R-1-r): c < R ? (c, 0) : (2R-1-c, 1).
   static int owner(int c, int world) { return c < world ? c : 2 * world - 1 - c; }
   static int slot(int c, int world) { return c < world ? 0 : 1; }
   /// Global row of local shard row i.
@@ -110,11 +111,11 @@ std::vector<std::int32_t> kv_arrival_order(const SpAttnPlan& plan, std::int64_t 
 std::vector<std::pair<std::int64_t, std::int64_t>> sp_own_edge_rows(std::int64_t start, std::int64_t chunk,
                                                                     std::int64_t block_rows);
 
-/// Most head groups sp_attention_head_groups() returns (flags per chunk).
+/// Most head groups sp_attention_head_groups() returns (flags per source).
 inline constexpr int kSpMaxHeadGroups = 8;
 
 /// The head groups fused_ce splits each pushed KV chunk into, one flag per
-/// (chunk, group): the kernel's CTAs run head-major, so a CTA needs only its
+/// (source, group): the kernel's CTAs run head-major, so a CTA needs only its
 /// own KV head's rows and the first wave only the first heads'. With one
 /// flag per chunk, every CTA of the first wave waits for the whole remote
 /// chunk (all heads) while it could have worked on the heads that landed.

@@ -4,7 +4,7 @@
 // (TESSERA_SP_OWN_IN_PLACE=0: the whole chunks, A/B), and is queued first;
 // then, on the communication stream, its two chunks pushed into each peer's
 // workspace on the copy engine (after that peer said its workspace is
-// free), head group by head group, each piece followed by its flags; the
+// free), head group by head group, each piece followed by its flag; the
 // kernel per part waits per KV block for the pieces of its head that the
 // block covers.
 #include "sp_attention.hpp"
@@ -31,7 +31,7 @@ void run(SpAttnContext::Impl& c, const SpAttnArgs& a, int /*u*/) {
   else
     copy_own(k, k.st);
   // The kernel is queued before the pushes: their host calls (two copies and
-  // two flags per head group and peer) would otherwise delay
+  // a flag per head group and peer) would otherwise delay
   // its launch whenever the GPU is not behind the host. It waits only for
   // the peers' pushes, and pushes and flags need no SM (copy engine, stream
   // memory operations), so it cannot hold back its own rank's.
@@ -51,8 +51,7 @@ void run(SpAttnContext::Impl& c, const SpAttnArgs& a, int /*u*/) {
         unsigned char* pk = c.ws.peer(dst);
         copy_chunks_heads(k, cs, pk, a.k, g);
         copy_chunks_heads(k, cs, pk + k.kv_bytes, a.v, g);
-        for (int i = 0; i < 2; ++i)
-          link::rank_notify(cs, *c.data, dst, detail::sp_kv_flag_slot(i, g, k.head_groups), e);
+        link::rank_notify(cs, *c.data, dst, detail::sp_kv_flag_slot(g), e);
       }
     TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_comm_done, cs));
     TESSERA_CUDA_CHECK(cudaStreamWaitEvent(k.st, c.ev_comm_done, 0));

@@ -33,9 +33,9 @@ struct SpAttnContext::Impl {
   explicit Impl(runtime::ProcessGroup& g);
   ~Impl();
 
-  /// Data flags per source: slot half * G + group = "my chunk `half` (0 / 1),
-  /// heads of `group` landed" (value = epoch), G = Call::head_groups.
-  static constexpr int kSlots = 2 * kSpMaxHeadGroups;
+  /// Data flags per source: slot `group` = "the heads of `group` of both my
+  /// chunks landed" (value = epoch; groups: Call::head_groups).
+  static constexpr int kSlots = kSpMaxHeadGroups;
   runtime::ProcessGroup& pg;
   std::unique_ptr<runtime::Signals> data;     ///< per-source chunk flags
   std::unique_ptr<runtime::Signals> control;  ///< slot 0: "my workspace is free again" (value = epoch)
