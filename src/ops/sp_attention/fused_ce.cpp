@@ -5,8 +5,8 @@
 // then, on the communication stream, its two chunks pushed into each peer's
 // workspace on the copy engine (after that peer said its workspace is
 // free), head group by head group, each piece followed by its flag; the
-// kernel per part waits per KV block for the pieces of its head that the
-// block covers.
+// kernel (run_parts: one launch, or one per causal chunk) waits per KV block
+// for the pieces of its head that the block covers.
 #include "sp_attention.hpp"
 #include "../sp_attention_kernels.hpp"
 #include "tessera/link/host_primitives.hpp"

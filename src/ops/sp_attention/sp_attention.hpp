@@ -116,7 +116,7 @@ void copy_own(const Call& k, cudaStream_t s);
 void copy_own_edges(const Call& k, cudaStream_t s);
 /// Copies head group `g` (of k.head_groups) of both chunks of a shard to
 /// their rows of the gathered tensor, k.plan.chunks[i] x C, in one copy per
-/// batch row (a 3D copy: the chunks are the depth).
+/// batch entry (a 3D copy: the chunks are the depth).
 void copy_chunks_heads(const Call& k, cudaStream_t s, void* dst, const void* src, int g);
 /// Waits on `s` until every peer finished call epoch - 1: its kernels no
 /// longer read, and its pushes no longer write, any workspace.
