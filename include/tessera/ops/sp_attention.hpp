@@ -24,7 +24,8 @@
 //
 // The operator (sp_attention below), per call with epoch e:
 //   sequential: NCCL all-gather of the K and V shards into staging, reordered
-//     into global order by copies, then the plain kernel per part.
+//     into global order by copies, then the plain kernel (causal: one
+//     launch or one per chunk, as above).
 //   fused_ce: the kernel reads this rank's chunks in place; on the
 //     communication stream the chunks are pushed to every peer's workspace
 //     on the copy engine (after that peer said its workspace is free:
