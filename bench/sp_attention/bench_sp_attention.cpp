@@ -8,6 +8,9 @@
 //   automatic   the ops tuner's pick (tuned afresh before the loop, no cache)
 //   attention   the plain kernel over the same parts on an already-gathered KV
 //   all-gather  the K/V all-gather alone (NCCL, as sequential runs it)
+// and with --diag fused_ce's hooked kernel alone over the KV it gathered
+// (sp_attention_diag_fused_kernel: as run, in descending block order, and
+// reading the own chunks from the workspace), right after each fused call,
 // and from them ideal = max(attention, all-gather), fused's % of ideal, its
 // speed-up over sequential, and TileLink's overlap ratio
 // (attention + all-gather − fused) / all-gather. scripts/bench_sp_attention_torch.py
@@ -61,6 +64,7 @@ struct Options {
   std::vector<std::string> cases;  // empty: all
   std::int64_t batch = 1;
   int warmup = 2, reps = 10;
+  bool diag = false;
   std::string torch_json, json, device;
 };
 
@@ -100,6 +104,14 @@ std::string command_line() {
 }
 
 std::string ms(double v) { return fmt::format("{:.3f}", v); }
+
+/// The --diag series of sp_attention_diag_fused_kernel's variant.
+std::string diag_label(unsigned variant) {
+  std::string s = "fused_ce kernel alone (KV landed";
+  if (variant & ops::kSpDiagDescending) s += ", descending order";
+  if (variant & ops::kSpDiagOwnFromWorkspace) s += ", own chunks from the workspace";
+  return s + ")";
+}
 
 std::vector<const Case*> selected_cases(const Options& o, int R) {
   std::vector<const Case*> cases;
@@ -194,6 +206,8 @@ std::vector<kernels::AttentionArgs> attention_parts(const ops::SpAttnPlan& plan,
 /// One case's figures (ms, max over ranks) and what they give.
 struct CaseFigures {
   double seq = 0, fused = 0, automatic = 0, attn = 0, ag = 0;
+  /// --diag: the hooked kernel alone, per sp_attention_diag_fused_kernel variant.
+  std::vector<std::pair<unsigned, double>> kernel_alone;
   std::string pick;
   TorchFigures torch;
   double ideal() const { return std::max(attn, ag); }
@@ -221,6 +235,7 @@ void add_records(nlohmann::json& records, const Case& c, std::int64_t S, int R, 
   (*timed("sp_attention automatic", f.automatic))["strategy"] = f.pick;
   timed("attention alone (gathered KV)", f.attn);
   timed("K/V all-gather alone (NCCL)", f.ag);
+  for (const auto& [variant, t] : f.kernel_alone) (*timed(diag_label(variant), t))["diag"] = true;
   (*rec("fused_ce % of ideal", f.pct_ideal(), "%"))["target"] = {
       {"op", ">="}, {"value", 95.0}, {"text", ">= 95 % of max(attention alone, all-gather alone)"}};
   auto* sp = rec("speed-up fused_ce / sequential", f.speedup(), "ratio");
@@ -266,6 +281,14 @@ CaseFigures measure_case(const Options& o, runtime::ProcessGroup& pg, ops::SpAtt
   });
   timer.add(&f.seq, [&] { ops::sp_attention(ctx, a, ops::SpStrategy::sequential); });
   timer.add(&f.fused, [&] { ops::sp_attention(ctx, a, ops::SpStrategy::fused_ce); });
+  // Right after fused_ce: the replays re-read its epoch's flags and KV.
+  if (o.diag) {
+    const unsigned variants[] = {0u, ops::kSpDiagDescending, ops::kSpDiagOwnFromWorkspace};
+    f.kernel_alone.reserve(std::size(variants));
+    for (unsigned v : variants) f.kernel_alone.emplace_back(v, 0.0);
+    for (auto& [v, t] : f.kernel_alone)
+      timer.add(&t, [&ctx, &a, v = v] { ops::sp_attention_diag_fused_kernel(ctx, a, v); });
+  }
   timer.add(&f.automatic, [&] { ops::sp_attention(ctx, a, autom); });
   timer.add(&f.attn, [&] {
     for (const auto& p : parts) kernels::attention(p, s);
@@ -306,6 +329,10 @@ void run(const Options& o) {
                  tt.seq_ms > 0 ? fmt::format("{:.3f}", tt.seq_ms / f.fused) : "-",
                  tt.cp_ms > 0 ? fmt::format("{:.3f}", tt.cp_ms / f.fused) : "-"});
       if (rank == 0)
+        for (const auto& [v, t] : f.kernel_alone)
+          fmt::print("{} S={} R={}: {} {:.3f} ms ({:.4f} x attention alone)\n", c->label, S, R, diag_label(v), t,
+                     t / f.attn);
+      if (rank == 0)
         fmt::print(
             "{} S={} R={}: sequential {:.3f} ms, fused_ce {:.3f}, automatic {:.3f} ({}), attention {:.3f}, "
             "all-gather {:.3f}; {:.1f} % of ideal, overlap ratio {:.3f}\n",
@@ -341,6 +368,8 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   cmd->add_option("--reps", opts->reps, "timed repetitions (median)")->check(CLI::Range(1, 100000));
   cmd->add_option("--warmup", opts->warmup, "warm-up repetitions")->check(CLI::Range(0, 100000));
   cmd->add_option("--torch-json", opts->torch_json, "scripts/bench_sp_attention_torch.py's output");
+  cmd->add_flag("--diag", opts->diag,
+                "also time fused_ce's hooked kernel alone over the KV it gathered (three variants)");
   cmd->add_option("--json", opts->json, "write a bench/results record file here (rank 0)");
   cmd->add_option("--device", opts->device, "device kind for --json (default: from the GPU name and world)");
   cmd->callback([opts] { run(*opts); });

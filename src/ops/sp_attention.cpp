@@ -174,7 +174,6 @@ void run_parts(const Call& k, bool hooked) {
     f.own_stride = {k.L * a.heads_kv * a.head_dim, a.heads_kv * a.head_dim, a.head_dim};
     for (int i = 0; i < 2; ++i) f.own_start[i] = k.plan.chunks[i] * k.C;
   }
-  static const bool arrival = env::find_int("TESSERA_SP_ARRIVAL_ORDER", 0, 1).value_or(1) != 0;
   const int block_rows = detail::sp_attention_kv_block_rows(static_cast<int>(a.head_dim));
   // A causal plan's two parts (the zig-zag chunks) run as one launch, Q
   // rows >= C at the second chunk's offset, when C is a multiple of the
@@ -192,7 +191,7 @@ void run_parts(const Call& k, bool hooked) {
                  std::max(launches[0].kv_len, launches[1].kv_len)}};
   }
   for (const SpAttnPlan::Part& part : launches) {
-    f.order = hooked && R > 1 && arrival ? k.c.arrival_order(k.plan, part.kv_len, block_rows) : nullptr;
+    f.order = hooked && R > 1 && k.arrival_order ? k.c.arrival_order(k.plan, part.kv_len, block_rows) : nullptr;
     kernels::AttentionArgs ka;
     ka.q = static_cast<const unsigned char*>(a.q) + part.local_row0 * q_row;
     ka.o = static_cast<unsigned char*>(a.o) + part.local_row0 * q_row;

@@ -221,4 +221,19 @@ void sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, SpStrategy s = SpStra
 SpStrategy resolve_sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, const SpAttnOptions& o = {},
                                 TuneReport* report = nullptr);
 
+/// Variants of sp_attention_diag_fused_kernel (bits).
+enum SpDiagKernel : unsigned {
+  kSpDiagDescending = 1u << 0,        ///< blocks in the kernel's default order, not their chunks' arrival order
+  kSpDiagOwnFromWorkspace = 1u << 1,  ///< own chunks read from the workspace, not in place (its own rows are stale)
+};
+
+/// Diagnostics (bench sp-attention --diag): fused_ce's hooked kernel alone,
+/// re-run over the KV the context's last call gathered, with no pushes and
+/// no new epoch, so its flag waits pass at once: the kernel's cost beside
+/// the plain kernel's. Valid only right after a fused_ce call with the same
+/// `a` (checked; throws otherwise), and only until any rank starts its next
+/// sp_attention call. Not collective; the output is timing only when
+/// kSpDiagOwnFromWorkspace is set.
+void sp_attention_diag_fused_kernel(SpAttnContext& ctx, const SpAttnArgs& a, unsigned variant = 0);
+
 }  // namespace tessera::ops

@@ -19,7 +19,10 @@ namespace {
 
 void run(SpAttnContext::Impl& c, const SpAttnArgs& a, int /*u*/) {
   Call k = begin(c, a);
-  k.own_in_place = k.world > 1 && env::find_int("TESSERA_SP_OWN_IN_PLACE", 0, 1).value_or(1) != 0;
+  static const bool in_place = env::find_int("TESSERA_SP_OWN_IN_PLACE", 0, 1).value_or(1) != 0;
+  static const bool arrival = env::find_int("TESSERA_SP_ARRIVAL_ORDER", 0, 1).value_or(1) != 0;
+  k.own_in_place = k.world > 1 && in_place;
+  k.arrival_order = arrival;
   const std::uint64_t e = k.epoch;
   // The pushes wait for the inputs, not for the own copy below. The own
   // copy stays stream-ordered before the kernel: flagged beside it, a local
@@ -57,6 +60,7 @@ void run(SpAttnContext::Impl& c, const SpAttnArgs& a, int /*u*/) {
     TESSERA_CUDA_CHECK(cudaStreamWaitEvent(k.st, c.ev_comm_done, 0));
   }
   finish(k);
+  c.last_fused = {k.epoch, a};
 }
 
 /// The gathered K and V.
@@ -70,3 +74,29 @@ const SpStrategyEntry fused_ce{.strategy = Strategy::fused_ce,
                                .info = {.workspace = &workspace}};
 
 }  // namespace tessera::ops::sp
+
+namespace tessera::ops {
+
+void sp_attention_diag_fused_kernel(SpAttnContext& ctx, const SpAttnArgs& a, unsigned variant) {
+  SpAttnContext::Impl& c = ctx.impl();
+  const auto& [epoch, last] = c.last_fused;
+  const bool same = epoch != 0 && epoch == c.epoch && last.q == a.q && last.k == a.k && last.v == a.v &&
+                    last.o == a.o && last.lse == a.lse && last.batch == a.batch && last.seq == a.seq &&
+                    last.heads_q == a.heads_q && last.heads_kv == a.heads_kv && last.head_dim == a.head_dim &&
+                    last.dtype == a.dtype && last.causal == a.causal && last.softmax_scale == a.softmax_scale;
+  TESSERA_CHECK(same && c.pg.world() > 1,
+                "sp_attention_diag_fused_kernel: the context's last call was not fused_ce with these arguments at "
+                "world > 1 (its flags and gathered KV are what the kernel re-reads)");
+  TESSERA_CHECK((variant & ~(kSpDiagDescending | kSpDiagOwnFromWorkspace)) == 0,
+                "sp_attention_diag_fused_kernel: unknown variant bits {:#x}", variant);
+  // begin() starts a new epoch; the replay keeps the last one, whose flags
+  // are set on this rank and whose workspace no peer writes until every rank
+  // starts its next call.
+  sp::Call k = sp::begin(c, a);
+  k.epoch = --c.epoch;
+  k.own_in_place = (variant & kSpDiagOwnFromWorkspace) == 0;
+  k.arrival_order = (variant & kSpDiagDescending) == 0;
+  sp::run_parts(k, true);
+}
+
+}  // namespace tessera::ops

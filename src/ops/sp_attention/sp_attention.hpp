@@ -15,6 +15,7 @@
 #include <memory>
 #include <set>
 #include <tuple>
+#include <utility>
 
 #include "../scratch.hpp"
 #include "../seq_parallel_detail.hpp"
@@ -53,6 +54,8 @@ struct SpAttnContext::Impl {
   std::unique_ptr<RingAttnContext> ring;
   std::unique_ptr<UlyssesAttnContext> ulysses;
   std::unique_ptr<TwoLevelAttnContext> two_level;
+  /// The epoch and arguments of the last fused_ce call (sp_attention_diag_fused_kernel).
+  std::pair<std::uint64_t, SpAttnArgs> last_fused{0, {}};
 
   /// The device table of kv_arrival_order(plan, kv_len, block_rows), made once.
   const std::int32_t* arrival_order(const SpAttnPlan& plan, std::int64_t kv_len, int block_rows);
@@ -95,6 +98,9 @@ struct Call {
   /// caller's K and V (SpKvFlags::own_k); the workspace holds only the own
   /// rows of the other blocks (copy_own_edges).
   bool own_in_place = false;
+  /// fused_ce: the hooked kernel visits its KV blocks in the order their
+  /// chunks land (kv_arrival_order), else descending (the kernel's default).
+  bool arrival_order = true;
 };
 
 /// Bytes of one gathered tensor [B, S, Hkv, D] (K or V).
