@@ -8,6 +8,10 @@
 // interleaved timing loop, in scripts/bench_attention.py --bench (it reaches
 // the kernel through scripts/attention_ctypes.cpp); this subcommand gives the
 // kernel's own figures without PyTorch.
+//
+// --hook-ab times, in one interleaved loop per case, the plain kernel beside
+// the same kernel under KV hooks that never wait (hook_ab.cu): what
+// sp_attention's hooked kernel costs before any flag is late.
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -16,11 +20,14 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
+#include <iterator>
 #include <vector>
 
 #include "command.hpp"
 #include "common/device_buffer.hpp"
 #include "common/timing.hpp"
+#include "hook_ab.hpp"
 #include "tessera/kernels/attention.hpp"
 #include "tessera/runtime/error.hpp"
 
@@ -48,10 +55,36 @@ struct Options {
   std::string dtype = "bf16";
   int reps = 10;
   int warmup = 2;
+  bool hook_ab = false;
   std::string json;
 };
 
 using Dev = DeviceBuffer;
+
+/// --hook-ab: the plain kernel and the never-waiting hook variants of one
+/// case, interleaved; prints each as a ratio to the plain kernel.
+void run_hook_ab(const Options& o, const Case& c, const kernels::AttentionArgs& a, cudaStream_t stream) {
+  TESSERA_CHECK(o.head_dim == 128 && a.dtype == DType::bf16, "bench attention --hook-ab: bf16, head dim 128 only");
+  const std::int64_t n_flags = (a.seqlen_k + kHookAbRowsPerFlag - 1) / kHookAbRowsPerFlag;
+  const size_t flag_bytes = static_cast<size_t>(n_flags) * sizeof(std::uint32_t);
+  Dev flags(flag_bytes);
+  TESSERA_CUDA_CHECK(cudaMemsetAsync(flags.p, 0x01, flag_bytes, stream));  // 0x01010101 >= 1
+  const auto* set = static_cast<const std::uint32_t*>(flags.p);
+  const std::pair<const char*, HookVariant> variants[] = {{"hooked config, no hook", HookVariant::config_only},
+                                                          {"ring hand-over only", HookVariant::hand_over},
+                                                          {"flag wait, flags set", HookVariant::flags_set}};
+  double plain = 0;
+  double t[std::size(variants)] = {};
+  InterleavedTimer timer(stream, o.warmup, o.reps);
+  timer.add(&plain, [&] { kernels::attention(a, stream); });
+  for (std::size_t i = 0; i < std::size(variants); ++i)
+    timer.add(&t[i], [&, i] { launch_hook_variant(variants[i].second, a, set, stream); });
+  timer.run();
+  fmt::print("{}: plain {:.3f} ms", c.name, plain);
+  for (std::size_t i = 0; i < std::size(variants); ++i)
+    fmt::print("; {} {:.3f} ({:.4f}x)", variants[i].first, t[i], t[i] / plain);
+  fmt::print("\n");
+}
 
 void run(const Options& o) {
   std::mt19937_64 rng(std::random_device{}());
@@ -91,6 +124,10 @@ void run(const Options& o) {
     a.o = out.p;
     a.lse = static_cast<float*>(lse.p);
     kernels::validate(a, "bench attention");
+    if (o.hook_ab) {
+      run_hook_ab(o, c, a, stream);
+      continue;
+    }
     const Stats s = time_on_stream(
         stream, [&] { kernels::attention(a, stream); }, o.warmup, o.reps);
     const double tflops = kernels::attention_flops(a) / (s.median_ms * 1e-3) / 1e12;
@@ -131,6 +168,8 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   cmd->add_option("--reps", opts->reps, "timed repetitions (median)")->check(CLI::Range(1, 100000));
   cmd->add_option("--warmup", opts->warmup, "warm-up repetitions")->check(CLI::Range(0, 100000));
   cmd->add_option("--json", opts->json, "write the figures here");
+  cmd->add_flag("--hook-ab", opts->hook_ab,
+                "time the plain kernel beside KV hooks that never wait, per case (bf16, head dim 128)");
   cmd->callback([opts] { run(*opts); });
 });
 

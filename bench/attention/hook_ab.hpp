@@ -1,0 +1,27 @@
+// bench attention --hook-ab: the kernel with hooks that never wait
+// (hook_ab.cu), callable from the bench's host code.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "tessera/kernels/attention.hpp"
+
+namespace tessera::bench::attention {
+
+enum class HookVariant {
+  config_only,  ///< the hooked configuration (waiter ring barriers) with no hook
+  hand_over,    ///< an active hook that acquires nothing: the ring's hand-over per block
+  flags_set,    ///< the engine's flag wait (KvFlagWait) on flags already set
+};
+
+/// Key rows per flag of the flags_set variant; the caller's flag array holds
+/// ceil(seqlen_k / kHookAbRowsPerFlag) values >= 1.
+inline constexpr int kHookAbRowsPerFlag = 4096;
+
+/// One launch of the head-dim-128 bf16 kernel under hook variant v.
+void launch_hook_variant(HookVariant v, const kernels::AttentionArgs& a, const std::uint32_t* set_flags,
+                         cudaStream_t s);
+
+}  // namespace tessera::bench::attention
