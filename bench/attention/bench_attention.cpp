@@ -70,9 +70,15 @@ void run_hook_ab(const Options& o, const Case& c, const kernels::AttentionArgs& 
   Dev flags(flag_bytes);
   TESSERA_CUDA_CHECK(cudaMemsetAsync(flags.p, 0x01, flag_bytes, stream));  // 0x01010101 >= 1
   const auto* set = static_cast<const std::uint32_t*>(flags.p);
-  const std::pair<const char*, HookVariant> variants[] = {{"hooked config, no hook", HookVariant::config_only},
-                                                          {"ring hand-over only", HookVariant::hand_over},
-                                                          {"flag wait, flags set", HookVariant::flags_set}};
+  const std::pair<const char*, HookVariant> variants[] = {
+      {"hooked config, no hook", HookVariant::config_only},
+      {"ring hand-over only", HookVariant::hand_over},
+      {"acquire.gpu once", HookVariant::acquire_gpu},
+      {"acquire.sys once", HookVariant::acquire_sys},
+      {"acquire.sys + proxy fence once", HookVariant::acquire_sys_fence},
+      {"proxy fence once", HookVariant::fence_first},
+      {"proxy fence every block", HookVariant::fence_every},
+      {"flag wait, flags set", HookVariant::flags_set}};
   double plain = 0;
   double t[std::size(variants)] = {};
   InterleavedTimer timer(stream, o.warmup, o.reps);

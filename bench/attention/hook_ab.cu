@@ -9,6 +9,7 @@
 
 #include "hook_ab.hpp"
 #include "tessera/kernels/attention/launch.cuh"
+#include "tessera/link/memory_order.cuh"
 
 namespace tessera::bench::attention {
 namespace {
@@ -19,6 +20,40 @@ struct HandOverOnly {
   static constexpr bool kActive = true;
   struct State {};
   __device__ __forceinline__ bool wait(const kernels::attn::KvBlockInfo&, State&) const { return false; }
+};
+
+/// Once per CTA, at its first block: an acquire load of a set flag at
+/// scope kSys (sys or gpu), then (kFence) the kernel's proxy fence.
+template <bool kSys, bool kFence>
+struct AcquireOnce {
+  static constexpr bool kActive = true;
+  struct State {
+    bool done = false;
+  };
+  const std::uint32_t* flag;
+  __device__ __forceinline__ bool wait(const kernels::attn::KvBlockInfo&, State& s) const {
+    if (s.done) return false;
+    s.done = true;
+    if constexpr (kSys)
+      (void)link::mo::ld_acquire_sys(flag);
+    else
+      (void)link::mo::ld_acquire_gpu(flag);
+    return kFence;
+  }
+};
+
+/// No load: the kernel's proxy fence at the first block only, or at every block.
+template <bool kEveryBlock>
+struct ProxyFence {
+  static constexpr bool kActive = true;
+  struct State {
+    bool done = false;
+  };
+  __device__ __forceinline__ bool wait(const kernels::attn::KvBlockInfo&, State& s) const {
+    const bool fence = kEveryBlock || !s.done;
+    s.done = true;
+    return fence;
+  }
 };
 
 }  // namespace
@@ -33,6 +68,21 @@ void launch_hook_variant(HookVariant v, const kernels::AttentionArgs& a, const s
       return;
     case HookVariant::hand_over:
       kernels::attention_with<T, 128>(a, HandOverOnly{}, s);
+      return;
+    case HookVariant::acquire_gpu:
+      kernels::attention_with<T, 128>(a, AcquireOnce<false, false>{set_flags}, s);
+      return;
+    case HookVariant::acquire_sys:
+      kernels::attention_with<T, 128>(a, AcquireOnce<true, false>{set_flags}, s);
+      return;
+    case HookVariant::acquire_sys_fence:
+      kernels::attention_with<T, 128>(a, AcquireOnce<true, true>{set_flags}, s);
+      return;
+    case HookVariant::fence_first:
+      kernels::attention_with<T, 128>(a, ProxyFence<false>{}, s);
+      return;
+    case HookVariant::fence_every:
+      kernels::attention_with<T, 128>(a, ProxyFence<true>{}, s);
       return;
     case HookVariant::flags_set: {
       kernels::attn::KvFlagWait<std::uint32_t, false> h;

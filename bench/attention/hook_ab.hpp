@@ -11,9 +11,14 @@
 namespace tessera::bench::attention {
 
 enum class HookVariant {
-  config_only,  ///< the hooked configuration (waiter ring barriers) with no hook
-  hand_over,    ///< an active hook that acquires nothing: the ring's hand-over per block
-  flags_set,    ///< the engine's flag wait (KvFlagWait) on flags already set
+  config_only,        ///< the hooked configuration (waiter ring barriers) with no hook
+  hand_over,          ///< an active hook that acquires nothing: the ring's hand-over per block
+  acquire_gpu,        ///< one ld.acquire.gpu of a set flag per CTA, no proxy fence
+  acquire_sys,        ///< one ld.acquire.sys of a set flag per CTA, no proxy fence
+  acquire_sys_fence,  ///< one ld.acquire.sys per CTA, then the proxy fence (sp_attention's per owner)
+  fence_first,        ///< the proxy fence once per CTA, no load
+  fence_every,        ///< the proxy fence at every block, no load
+  flags_set,          ///< the engine's flag wait (KvFlagWait) on flags already set
 };
 
 /// Key rows per flag of the flags_set variant; the caller's flag array holds
