@@ -9,8 +9,9 @@
 //   attention   the plain kernel over the same parts on an already-gathered KV
 //   all-gather  the K/V all-gather alone (NCCL, as sequential runs it)
 // and with --diag fused_ce's hooked kernel alone over the KV it gathered
-// (sp_attention_diag_fused_kernel: as run, in descending block order, and
-// reading the own chunks from the workspace), right after each fused call,
+// (sp_attention_diag_fused_kernel: as run, in descending block order,
+// reading the own chunks from the workspace) and the plain kernel over that
+// workspace, right after each fused call,
 // and from them ideal = max(attention, all-gather), fused's % of ideal, its
 // speed-up over sequential, and TileLink's overlap ratio
 // (attention + all-gather − fused) / all-gather. scripts/bench_sp_attention_torch.py
@@ -107,6 +108,7 @@ std::string ms(double v) { return fmt::format("{:.3f}", v); }
 
 /// The --diag series of sp_attention_diag_fused_kernel's variant.
 std::string diag_label(unsigned variant) {
+  if (variant & ops::kSpDiagPlainKernel) return "plain kernel over fused_ce's workspace";
   std::string s = "fused_ce kernel alone (KV landed";
   if (variant & ops::kSpDiagDescending) s += ", descending order";
   if (variant & ops::kSpDiagOwnFromWorkspace) s += ", own chunks from the workspace";
@@ -283,7 +285,7 @@ CaseFigures measure_case(const Options& o, runtime::ProcessGroup& pg, ops::SpAtt
   timer.add(&f.fused, [&] { ops::sp_attention(ctx, a, ops::SpStrategy::fused_ce); });
   // Right after fused_ce: the replays re-read its epoch's flags and KV.
   if (o.diag) {
-    const unsigned variants[] = {0u, ops::kSpDiagDescending, ops::kSpDiagOwnFromWorkspace};
+    const unsigned variants[] = {0u, ops::kSpDiagDescending, ops::kSpDiagOwnFromWorkspace, ops::kSpDiagPlainKernel};
     f.kernel_alone.reserve(std::size(variants));
     for (unsigned v : variants) f.kernel_alone.emplace_back(v, 0.0);
     for (auto& [v, t] : f.kernel_alone)
@@ -368,8 +370,9 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   cmd->add_option("--reps", opts->reps, "timed repetitions (median)")->check(CLI::Range(1, 100000));
   cmd->add_option("--warmup", opts->warmup, "warm-up repetitions")->check(CLI::Range(0, 100000));
   cmd->add_option("--torch-json", opts->torch_json, "scripts/bench_sp_attention_torch.py's output");
-  cmd->add_flag("--diag", opts->diag,
-                "also time fused_ce's hooked kernel alone over the KV it gathered (three variants)");
+  cmd->add_flag(
+      "--diag", opts->diag,
+      "also time fused_ce's hooked kernel alone over the KV it gathered (three variants) and the plain kernel there");
   cmd->add_option("--json", opts->json, "write a bench/results record file here (rank 0)");
   cmd->add_option("--device", opts->device, "device kind for --json (default: from the GPU name and world)");
   cmd->callback([opts] { run(*opts); });

@@ -225,6 +225,7 @@ SpStrategy resolve_sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, const S
 enum SpDiagKernel : unsigned {
   kSpDiagDescending = 1u << 0,        ///< blocks in the kernel's default order, not their chunks' arrival order
   kSpDiagOwnFromWorkspace = 1u << 1,  ///< own chunks read from the workspace, not in place (its own rows are stale)
+  kSpDiagPlainKernel = 1u << 2,       ///< the plain kernel (no hook) over the workspace (its own rows are stale)
 };
 
 /// Diagnostics (bench sp-attention --diag): fused_ce's hooked kernel alone,
@@ -233,7 +234,7 @@ enum SpDiagKernel : unsigned {
 /// the plain kernel's. Valid only right after a fused_ce call with the same
 /// `a` (checked; throws otherwise), and only until any rank starts its next
 /// sp_attention call. Not collective; the output is timing only when
-/// kSpDiagOwnFromWorkspace is set.
+/// kSpDiagOwnFromWorkspace or kSpDiagPlainKernel is set.
 void sp_attention_diag_fused_kernel(SpAttnContext& ctx, const SpAttnArgs& a, unsigned variant = 0);
 
 }  // namespace tessera::ops

@@ -87,7 +87,7 @@ void sp_attention_diag_fused_kernel(SpAttnContext& ctx, const SpAttnArgs& a, uns
   TESSERA_CHECK(same && c.pg.world() > 1,
                 "sp_attention_diag_fused_kernel: the context's last call was not fused_ce with these arguments at "
                 "world > 1 (its flags and gathered KV are what the kernel re-reads)");
-  TESSERA_CHECK((variant & ~(kSpDiagDescending | kSpDiagOwnFromWorkspace)) == 0,
+  TESSERA_CHECK((variant & ~(kSpDiagDescending | kSpDiagOwnFromWorkspace | kSpDiagPlainKernel)) == 0,
                 "sp_attention_diag_fused_kernel: unknown variant bits {:#x}", variant);
   // begin() starts a new epoch; the replay keeps the last one, whose flags
   // are set on this rank and whose workspace no peer writes until every rank
@@ -96,7 +96,7 @@ void sp_attention_diag_fused_kernel(SpAttnContext& ctx, const SpAttnArgs& a, uns
   k.epoch = --c.epoch;
   k.own_in_place = (variant & kSpDiagOwnFromWorkspace) == 0;
   k.arrival_order = (variant & kSpDiagDescending) == 0;
-  sp::run_parts(k, true);
+  sp::run_parts(k, (variant & kSpDiagPlainKernel) == 0);
 }
 
 }  // namespace tessera::ops
