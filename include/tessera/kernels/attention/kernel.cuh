@@ -70,6 +70,16 @@ namespace tessera::kernels::attn {
 namespace ptx = engine::ptx;
 using engine::WaiterRing;
 
+/// What the waiter hands the TMA thread for one KV block (ring slot data):
+/// the block and where its K and V rows are loaded from (the hook's order
+/// and kv_source, resolved off the TMA thread's path).
+struct KvHandOver {
+  const CUtensorMap* k;
+  const CUtensorMap* v;
+  int row;    ///< first key row in k / v
+  int block;  ///< KV block index
+};
+
 /// Compile-time configuration. BM = 128 query rows (two consumer warpgroups
 /// of 64), BN keys per KV block, kStages K/V ring slots. kHookActive: the
 /// configuration of a kernel with an active KV hook (the producer's register
@@ -93,7 +103,12 @@ struct AttnConfig {
   // Barriers: q_full, k_full[S], k_empty[S], v_full[S], v_empty[S], and with
   // kHookActive the waiter ring's ready[kSlots], free[kSlots].
   static constexpr int kRingBarriers = kHookActive ? 2 * WaiterRing::kSlots : 0;
-  static constexpr int kBytes = kBarrierOffset + (1 + 4 * kStages + kRingBarriers) * 8;
+  /// With kHookActive, after the barriers: the waiter's hand-over per ring
+  /// slot (KvHandOver) and the KV block each K/V stage holds (for the consumers).
+  static constexpr int kHandOverOffset = kBarrierOffset + (1 + 4 * kStages + kRingBarriers) * 8;
+  static constexpr int kHandOverBytes =
+      kHookActive ? WaiterRing::kSlots * static_cast<int>(sizeof(KvHandOver)) + kStages * 4 : 0;
+  static constexpr int kBytes = kHandOverOffset + kHandOverBytes;
   static constexpr int kLaunchBytes = kBytes + 1024;  ///< +1 KiB to align the base
   static_assert(kLaunchBytes <= 227 * 1024, "shared memory");
   /// Register budget after setmaxnreg. 168 per thread at launch (384 threads,
@@ -123,6 +138,17 @@ struct AttnSmem {
   // TMA thread on free.
   __device__ uint64_t* kv_ready(int s) const { return bars() + 1 + 4 * Cfg::kStages + s; }
   __device__ uint64_t* kv_free(int s) const { return bars() + 1 + 4 * Cfg::kStages + WaiterRing::kSlots + s; }
+  // Cfg::kHookActive only: the waiter writes hand_over(s) before it arrives
+  // on kv_ready(s); the TMA thread reads it before it arrives on kv_free(s).
+  // The TMA thread writes stage_block(s) after k_empty(s) and before its
+  // arrive on k_full(s); the consumers read it after k_full(s), before their
+  // arrive on k_empty(s). mbarrier arrives release and waits acquire (CTA).
+  __device__ KvHandOver* hand_over(int s) const {
+    return reinterpret_cast<KvHandOver*>(base + Cfg::kHandOverOffset) + s;
+  }
+  __device__ int* stage_block(int s) const {
+    return reinterpret_cast<int*>(base + Cfg::kHandOverOffset + WaiterRing::kSlots * sizeof(KvHandOver)) + s;
+  }
 };
 
 /// Kernel parameters (built once on the host: attention/launch.cuh).
@@ -275,16 +301,24 @@ __device__ __forceinline__ void softmax_block(float (&s)[BN / 2], float (&m)[2],
 /// (program order of both threads). The waiter exits after its last block:
 /// no barrier counts it any more (the TMA thread's last free arrivals are
 /// never waited on).
+/// The waiter also resolves the hook's visiting order and kv_source for
+/// each block and hands the result over in the ring slot (KvHandOver), so
+/// the TMA thread and the consumers run no hook code: a block's order-table
+/// load and source checks sat between one block's V load and the next K
+/// load, and cost ~3 % of the kernel with every flag already set.
 template <class Cfg, class Hook>
 __device__ __forceinline__ void run_kv_waiter(const AttnParams<Hook>& p, const AttnSmem<Cfg>& sm, const AttnBlock& blk,
-                                              int head_kv) {
+                                              int head_kv, const CUtensorMap* tma_k, const CUtensorMap* tma_v) {
   typename KvWaitState<Hook>::type state{};  // e.g. FlagWait's memo of acquired flags
   for (int i = 0; i < blk.n_max; ++i) {
     const int n = kv_block_at(p.hook, i, blk.n_max);
     const int s = WaiterRing::slot(i);
+    const KvBlockInfo b{blk.batch, head_kv, n, n * Cfg::BN, Cfg::BN, p.seqlen_k};
+    KvHandOver h{tma_k, tma_v, n * Cfg::BN, n};
+    kv_block_source(p.hook, b, h.k, h.v, h.row);
     ptx::mbar_wait(sm.kv_free(s), WaiterRing::free_parity(i));
-    if (kv_wait(p.hook, KvBlockInfo{blk.batch, head_kv, n, n * Cfg::BN, Cfg::BN, p.seqlen_k}, state))
-      ptx::fence_proxy_async_global();
+    if (kv_wait(p.hook, b, state)) ptx::fence_proxy_async_global();
+    *sm.hand_over(s) = h;
     ptx::mbar_arrive(sm.kv_ready(s));
   }
 }
@@ -342,20 +376,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       int stage = 0;
       uint32_t phase = 0;
       for (int i = 0; i < blk.n_max; ++i) {
-        const int n = kv_block_at(p.hook, i, blk.n_max);
-        if constexpr (Hook::kActive) {
-          // Normally complete long ago: the waiter runs up to kSlots blocks
-          // ahead. Frees the slot at once (the waiter may start block
-          // i + kSlots while this thread loads block i).
-          const int r = WaiterRing::slot(i);
-          ptx::mbar_wait(sm.kv_ready(r), WaiterRing::ready_parity(i));
-          ptx::mbar_arrive(sm.kv_free(r));
-        }
         const CUtensorMap* map_k = &tma_k;
         const CUtensorMap* map_v = &tma_v;
-        int row = n * BN;
-        kv_block_source(p.hook, KvBlockInfo{blk.batch, head_kv, n, n * BN, BN, p.seqlen_k}, map_k, map_v, row);
+        int row, n;
+        if constexpr (Hook::kActive) {
+          // Normally complete long ago: the waiter runs up to kSlots blocks
+          // ahead. Frees the slot once its hand-over is read (the waiter
+          // may then start block i + kSlots while this thread loads block i).
+          const int r = WaiterRing::slot(i);
+          ptx::mbar_wait(sm.kv_ready(r), WaiterRing::ready_parity(i));
+          const KvHandOver h = *sm.hand_over(r);
+          ptx::mbar_arrive(sm.kv_free(r));
+          map_k = h.k;
+          map_v = h.v;
+          row = h.row;
+          n = h.block;
+        } else {
+          n = kv_block_at(p.hook, i, blk.n_max);
+          row = n * BN;
+        }
         ptx::mbar_wait(sm.k_empty(stage), phase ^ 1);
+        if constexpr (Hook::kActive) *sm.stage_block(stage) = n;
         ptx::mbar_arrive_expect_tx(sm.k_full(stage), Cfg::kKVBytes);
 #pragma unroll
         for (int c = 0; c < Cfg::kDChunks; ++c)
@@ -375,7 +416,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if constexpr (Hook::kActive) {
       if (engine::producer_warp_role(warp_idx) == engine::ProducerWarpRole::kWaiter && threadIdx.x % 32 == 0 &&
           blk.n_max > 0)
-        run_kv_waiter<Cfg>(p, sm, blk, head_kv);
+        run_kv_waiter<Cfg>(p, sm, blk, head_kv, &tma_k, &tma_v);
     }
     return;
   }
@@ -454,9 +495,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     uint32_t phase = 0;
     ptx::mbar_wait(sm.q_full(), 0);
 
+    // The i-th visited KV block: with an active hook the TMA thread's word
+    // for the stage (read after k_full, before this thread's k_empty
+    // arrive), else the default order.
+    auto wait_k_full = [&](int i, int& n) {
+      if constexpr (!Hook::kActive) n = kv_block_at(p.hook, i, blk.n_max);
+      ptx::mbar_wait(sm.k_full(stage), phase);
+      if constexpr (Hook::kActive) n = *sm.stage_block(stage);
+    };
+
     // First block: S only.
-    int n = kv_block_at(p.hook, 0, blk.n_max);
-    ptx::mbar_wait(sm.k_full(stage), phase);
+    int n;
+    wait_k_full(0, n);
     sched_wait();
     ptx::wgmma_fence();
     issue_s(s, stage);
@@ -475,8 +525,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
 
     for (int i = 1; i < blk.n_max; ++i) {
-      n = kv_block_at(p.hook, i, blk.n_max);
-      ptx::mbar_wait(sm.k_full(stage), phase);
+      wait_k_full(i, n);
       sched_wait();
       ptx::fence_regs(o);
       ptx::wgmma_fence();

@@ -23,11 +23,12 @@
 // the waiter then skips the fence: the acquire and fence that covered those
 // flags preceded an earlier ready arrive, which the TMA thread acquired before
 // this block's loads. The stateless form is fenced after every block. wait()
-// runs under the producer's register budget (40 with a hook, AttnConfig):
+// runs under the producer's register budget (AttnConfig::kProducerRegs):
 // keep it small and call-free (no printf: see FlagWait).
 //
 // Optionally, a hook chooses the order in which the CTA visits its KV blocks
-// (producer and consumers alike; the online softmax is order-free):
+// (the online softmax is order-free; the waiter resolves it and hands each
+// block to the TMA thread, which tells the consumers through shared memory):
 //   __device__ int kv_block(int i, int n_blocks) const;  // i-th block to visit
 // a permutation of [0, n_blocks) for every n_blocks (the CTA's causal
 // prefix). Default: descending, n_blocks - 1 - i (masked blocks first).
@@ -36,7 +37,8 @@
 // chunks that have landed wait behind it (docs/design/attention.md).
 //
 // Optionally, a hook reads some KV blocks from other tensor maps (the same
-// box and swizzle as the kernel's K and V maps), called by the TMA thread:
+// box and swizzle as the kernel's K and V maps), called by the waiter, which
+// hands the choice to the TMA thread with the block (KvHandOver, kernel.cuh):
 //   __device__ bool kv_source(const KvBlockInfo& b, const CUtensorMap*& k,
 //                             const CUtensorMap*& v, int& row) const;
 // true: block b's K and V rows are loaded from k and v at key row `row`
