@@ -70,15 +70,13 @@ namespace tessera::kernels::attn {
 namespace ptx = engine::ptx;
 using engine::WaiterRing;
 
-/// What the waiter hands the TMA thread for one KV block (ring slot data):
-/// the block and where its K and V rows are loaded from (the hook's order
-/// and kv_source, resolved off the TMA thread's path).
-struct KvHandOver {
-  const CUtensorMap* k;
-  const CUtensorMap* v;
-  int row;    ///< first key row in k / v
-  int block;  ///< KV block index
-};
+/// What the waiter hands the TMA thread for one KV block (ring slot data,
+/// two words): the first key row to load, and the block index with
+/// kHandOverAlt set when the rows come from the hook's alternate maps
+/// (kv_source). The hook's order and source are resolved off the TMA
+/// thread's path.
+inline constexpr uint32_t kHandOverAlt = 1u << 31;
+inline constexpr int kHandOverBytes = 8;
 
 /// Compile-time configuration. BM = 128 query rows (two consumer warpgroups
 /// of 64), BN keys per KV block, kStages K/V ring slots. kHookActive: the
@@ -106,9 +104,8 @@ struct AttnConfig {
   /// With kHookActive, after the barriers: the waiter's hand-over per ring
   /// slot (KvHandOver) and the KV block each K/V stage holds (for the consumers).
   static constexpr int kHandOverOffset = kBarrierOffset + (1 + 4 * kStages + kRingBarriers) * 8;
-  static constexpr int kHandOverBytes =
-      kHookActive ? WaiterRing::kSlots * static_cast<int>(sizeof(KvHandOver)) + kStages * 4 : 0;
-  static constexpr int kBytes = kHandOverOffset + kHandOverBytes;
+  static constexpr int kHandOverSize = kHookActive ? WaiterRing::kSlots * kHandOverBytes + kStages * 4 : 0;
+  static constexpr int kBytes = kHandOverOffset + kHandOverSize;
   static constexpr int kLaunchBytes = kBytes + 1024;  ///< +1 KiB to align the base
   static_assert(kLaunchBytes <= 227 * 1024, "shared memory");
   /// Register budget after setmaxnreg. 168 per thread at launch (384 threads,
@@ -143,11 +140,13 @@ struct AttnSmem {
   // The TMA thread writes stage_block(s) after k_empty(s) and before its
   // arrive on k_full(s); the consumers read it after k_full(s), before their
   // arrive on k_empty(s). mbarrier arrives release and waits acquire (CTA).
-  __device__ KvHandOver* hand_over(int s) const {
-    return reinterpret_cast<KvHandOver*>(base + Cfg::kHandOverOffset) + s;
+  // Shared addresses (ptx::ld_shared_*, st_shared_*).
+  __device__ uint32_t hand_over(int s) const {
+    return ptx::smem_addr(base + Cfg::kHandOverOffset) + static_cast<uint32_t>(s * kHandOverBytes);
   }
-  __device__ int* stage_block(int s) const {
-    return reinterpret_cast<int*>(base + Cfg::kHandOverOffset + WaiterRing::kSlots * sizeof(KvHandOver)) + s;
+  __device__ uint32_t stage_block(int s) const {
+    return ptx::smem_addr(base + Cfg::kHandOverOffset + WaiterRing::kSlots * kHandOverBytes) +
+           static_cast<uint32_t>(4 * s);
   }
 };
 
@@ -302,23 +301,22 @@ __device__ __forceinline__ void softmax_block(float (&s)[BN / 2], float (&m)[2],
 /// no barrier counts it any more (the TMA thread's last free arrivals are
 /// never waited on).
 /// The waiter also resolves the hook's visiting order and kv_source for
-/// each block and hands the result over in the ring slot (KvHandOver), so
-/// the TMA thread and the consumers run no hook code: a block's order-table
-/// load and source checks sat between one block's V load and the next K
-/// load, and cost ~3 % of the kernel with every flag already set.
+/// each block and hands the result over in the ring slot (kHandOverBytes),
+/// so the TMA thread and the consumers run no hook code.
 template <class Cfg, class Hook>
 __device__ __forceinline__ void run_kv_waiter(const AttnParams<Hook>& p, const AttnSmem<Cfg>& sm, const AttnBlock& blk,
-                                              int head_kv, const CUtensorMap* tma_k, const CUtensorMap* tma_v) {
+                                              int head_kv) {
   typename KvWaitState<Hook>::type state{};  // e.g. FlagWait's memo of acquired flags
   for (int i = 0; i < blk.n_max; ++i) {
     const int n = kv_block_at(p.hook, i, blk.n_max);
     const int s = WaiterRing::slot(i);
     const KvBlockInfo b{blk.batch, head_kv, n, n * Cfg::BN, Cfg::BN, p.seqlen_k};
-    KvHandOver h{tma_k, tma_v, n * Cfg::BN, n};
-    kv_block_source(p.hook, b, h.k, h.v, h.row);
+    int row = n * Cfg::BN;
+    const bool alt = kv_block_source(p.hook, b, row);
     ptx::mbar_wait(sm.kv_free(s), WaiterRing::free_parity(i));
     if (kv_wait(p.hook, b, state)) ptx::fence_proxy_async_global();
-    *sm.hand_over(s) = h;
+    ptx::st_shared_v2(sm.hand_over(s), static_cast<uint32_t>(row),
+                      static_cast<uint32_t>(n) | (alt ? kHandOverAlt : 0u));
     ptx::mbar_arrive(sm.kv_ready(s));
   }
 }
@@ -375,37 +373,45 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         ptx::tma_load_4d(sm.q() + c * Cfg::BM * 128, &tma_q, sm.q_full(), c * 64, m0, blk.head, blk.batch);
       int stage = 0;
       uint32_t phase = 0;
+      // One block's K and V from maps mk / mv at key row `row` (the maps are
+      // kernel parameters, so their addresses stay in uniform registers).
+      auto load_kv = [&](const CUtensorMap* mk, const CUtensorMap* mv, int row) {
+        ptx::mbar_arrive_expect_tx(sm.k_full(stage), Cfg::kKVBytes);
+#pragma unroll
+        for (int c = 0; c < Cfg::kDChunks; ++c)
+          ptx::tma_load_4d(sm.k(stage) + c * BN * 128, mk, sm.k_full(stage), c * 64, row, head_kv, blk.batch);
+        ptx::mbar_wait(sm.v_empty(stage), phase ^ 1);
+        ptx::mbar_arrive_expect_tx(sm.v_full(stage), Cfg::kKVBytes);
+#pragma unroll
+        for (int c = 0; c < Cfg::kDChunks; ++c)
+          ptx::tma_load_4d(sm.v(stage) + c * BN * 128, mv, sm.v_full(stage), c * 64, row, head_kv, blk.batch);
+      };
       for (int i = 0; i < blk.n_max; ++i) {
-        const CUtensorMap* map_k = &tma_k;
-        const CUtensorMap* map_v = &tma_v;
-        int row, n;
         if constexpr (Hook::kActive) {
           // Normally complete long ago: the waiter runs up to kSlots blocks
           // ahead. Frees the slot once its hand-over is read (the waiter
           // may then start block i + kSlots while this thread loads block i).
           const int r = WaiterRing::slot(i);
           ptx::mbar_wait(sm.kv_ready(r), WaiterRing::ready_parity(i));
-          const KvHandOver h = *sm.hand_over(r);
+          uint32_t row, word;
+          ptx::ld_shared_v2(sm.hand_over(r), row, word);
           ptx::mbar_arrive(sm.kv_free(r));
-          map_k = h.k;
-          map_v = h.v;
-          row = h.row;
-          n = h.block;
+          ptx::mbar_wait(sm.k_empty(stage), phase ^ 1);
+          ptx::st_shared_u32(sm.stage_block(stage), word & ~kHandOverAlt);
+          if constexpr (HasKvSource<Hook>::value) {
+            if (word & kHandOverAlt) {
+              load_kv(&p.hook.alt_k, &p.hook.alt_v, static_cast<int>(row));
+            } else {
+              load_kv(&tma_k, &tma_v, static_cast<int>(row));
+            }
+          } else {
+            load_kv(&tma_k, &tma_v, static_cast<int>(row));
+          }
         } else {
-          n = kv_block_at(p.hook, i, blk.n_max);
-          row = n * BN;
+          const int n = kv_block_at(p.hook, i, blk.n_max);
+          ptx::mbar_wait(sm.k_empty(stage), phase ^ 1);
+          load_kv(&tma_k, &tma_v, n * BN);
         }
-        ptx::mbar_wait(sm.k_empty(stage), phase ^ 1);
-        if constexpr (Hook::kActive) *sm.stage_block(stage) = n;
-        ptx::mbar_arrive_expect_tx(sm.k_full(stage), Cfg::kKVBytes);
-#pragma unroll
-        for (int c = 0; c < Cfg::kDChunks; ++c)
-          ptx::tma_load_4d(sm.k(stage) + c * BN * 128, map_k, sm.k_full(stage), c * 64, row, head_kv, blk.batch);
-        ptx::mbar_wait(sm.v_empty(stage), phase ^ 1);
-        ptx::mbar_arrive_expect_tx(sm.v_full(stage), Cfg::kKVBytes);
-#pragma unroll
-        for (int c = 0; c < Cfg::kDChunks; ++c)
-          ptx::tma_load_4d(sm.v(stage) + c * BN * 128, map_v, sm.v_full(stage), c * 64, row, head_kv, blk.batch);
         if (++stage == S) {
           stage = 0;
           phase ^= 1;
@@ -416,7 +422,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if constexpr (Hook::kActive) {
       if (engine::producer_warp_role(warp_idx) == engine::ProducerWarpRole::kWaiter && threadIdx.x % 32 == 0 &&
           blk.n_max > 0)
-        run_kv_waiter<Cfg>(p, sm, blk, head_kv, &tma_k, &tma_v);
+        run_kv_waiter<Cfg>(p, sm, blk, head_kv);
     }
     return;
   }
@@ -501,7 +507,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     auto wait_k_full = [&](int i, int& n) {
       if constexpr (!Hook::kActive) n = kv_block_at(p.hook, i, blk.n_max);
       ptx::mbar_wait(sm.k_full(stage), phase);
-      if constexpr (Hook::kActive) n = *sm.stage_block(stage);
+      if constexpr (Hook::kActive) n = static_cast<int>(ptx::ld_shared_u32(sm.stage_block(stage)));
     };
 
     // First block: S only.
