@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <memory>
@@ -65,10 +66,10 @@ using Dev = DeviceBuffer;
 /// case, interleaved; prints each as a ratio to the plain kernel.
 void run_hook_ab(const Options& o, const Case& c, const kernels::AttentionArgs& a, cudaStream_t stream) {
   TESSERA_CHECK(o.head_dim == 128 && a.dtype == DType::bf16, "bench attention --hook-ab: bf16, head dim 128 only");
-  const std::int64_t n_flags = (a.seqlen_k + kHookAbRowsPerFlag - 1) / kHookAbRowsPerFlag;
-  const size_t flag_bytes = static_cast<size_t>(n_flags) * sizeof(std::uint32_t);
+  const std::int64_t n_flags = std::max<std::int64_t>((a.seqlen_k + kHookAbRowsPerFlag - 1) / kHookAbRowsPerFlag, 4);
+  const size_t flag_bytes = static_cast<size_t>(n_flags) * sizeof(std::uint64_t);
   Dev flags(flag_bytes);
-  TESSERA_CUDA_CHECK(cudaMemsetAsync(flags.p, 0x01, flag_bytes, stream));  // 0x01010101 >= 1
+  TESSERA_CUDA_CHECK(cudaMemsetAsync(flags.p, 0x01, flag_bytes, stream));  // every u32 / u64 >= 1
   const auto* set = static_cast<const std::uint32_t*>(flags.p);
   const std::pair<const char*, HookVariant> variants[] = {
       {"hooked config, no hook", HookVariant::config_only},

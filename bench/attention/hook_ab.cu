@@ -9,6 +9,7 @@
 
 #include "hook_ab.hpp"
 #include "tessera/kernels/attention/launch.cuh"
+#include "tessera/kernels/gemm/prologue.cuh"
 #include "tessera/link/memory_order.cuh"
 
 namespace tessera::bench::attention {
@@ -56,6 +57,51 @@ struct ProxyFence {
   }
 };
 
+/// The hand-over hook with two more tensor maps in its parameters
+/// (sp_attention's hook carries its own chunks' maps).
+struct HandOverPadded : HandOverOnly {
+  CUtensorMap pad_k, pad_v;
+};
+
+/// Once per CTA, through the engine's timed wait (timeout, diagnostic,
+/// trap path) on a set 64-bit flag at sys scope, as sp_attention's hook
+/// acquires each owner's flag; then the proxy fence.
+struct TimedAcquireOnce {
+  static constexpr bool kActive = true;
+  using State = kernels::engine::FlagMemo;
+  kernels::engine::FlagWait<std::uint64_t, true> w;
+  __device__ __forceinline__ bool wait(const kernels::attn::KvBlockInfo& b, State& memo) const {
+    if (memo.has(0)) return false;
+    const kernels::engine::TileInfo t{b.block, 0, b.block, b.row0, 0, b.rows, 1, 1, 1, b.seqlen_k, 1};
+    w.wait_one(t, 0);
+    memo.mark(0);
+    return true;
+  }
+};
+
+/// sp_attention's per-block logic at R = 2, rank 0 (chunks of seqlen_k / 4,
+/// owners 0 1 1 0): every block walks the chunks it covers and acquires a
+/// peer owner's flag once, through the timed wait.
+struct SpLikeWait {
+  static constexpr bool kActive = true;
+  using State = kernels::engine::FlagMemo;
+  kernels::engine::FlagWait<std::uint64_t, true> w;
+  int chunk, world, rank;
+  __device__ __forceinline__ bool wait(const kernels::attn::KvBlockInfo& b, State& memo) const {
+    const int last = min(b.row0 + b.rows, b.seqlen_k) - 1;
+    const kernels::engine::TileInfo t{b.block, 0, b.block, b.row0, 0, b.rows, 1, 1, 1, b.seqlen_k, 1};
+    bool acquired = false;
+    for (int c = b.row0 / chunk; c <= last / chunk; ++c) {
+      const int owner = c < world ? c : 2 * world - 1 - c;
+      if (owner == rank || memo.has(owner)) continue;
+      w.wait_one(t, owner);
+      memo.mark(owner);
+      acquired = true;
+    }
+    return acquired;
+  }
+};
+
 }  // namespace
 
 void launch_hook_variant(HookVariant v, const kernels::AttentionArgs& a, const std::uint32_t* set_flags,
@@ -84,6 +130,26 @@ void launch_hook_variant(HookVariant v, const kernels::AttentionArgs& a, const s
     case HookVariant::fence_every:
       kernels::attention_with<T, 128>(a, ProxyFence<true>{}, s);
       return;
+    case HookVariant::params_padded:
+      kernels::attention_with<T, 128>(a, HandOverPadded{}, s);
+      return;
+    case HookVariant::timed_acquire: {
+      TimedAcquireOnce h{};
+      h.w.flags = reinterpret_cast<const std::uint64_t*>(set_flags);
+      h.w.expected = 1;
+      kernels::attention_with<T, 128>(a, h, s);
+      return;
+    }
+    case HookVariant::sp_like: {
+      SpLikeWait h{};
+      h.w.flags = reinterpret_cast<const std::uint64_t*>(set_flags);
+      h.w.expected = 1;
+      h.chunk = static_cast<int>((a.seqlen_k + 3) / 4);
+      h.world = 2;
+      h.rank = 0;
+      kernels::attention_with<T, 128>(a, h, s);
+      return;
+    }
     case HookVariant::flags_set: {
       kernels::attn::KvFlagWait<std::uint32_t, false> h;
       h.flags.flags = set_flags;

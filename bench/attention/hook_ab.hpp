@@ -18,11 +18,15 @@ enum class HookVariant {
   acquire_sys_fence,  ///< one ld.acquire.sys per CTA, then the proxy fence (sp_attention's per owner)
   fence_first,        ///< the proxy fence once per CTA, no load
   fence_every,        ///< the proxy fence at every block, no load
+  params_padded,      ///< hand_over with two more tensor maps in the hook (parameter size)
+  timed_acquire,      ///< the engine's timed wait (timeout, trap path) on one set sys flag per CTA
+  sp_like,            ///< sp_attention's per-block chunk walk and timed acquire (R = 2, rank 0)
   flags_set,          ///< the engine's flag wait (KvFlagWait) on flags already set
 };
 
-/// Key rows per flag of the flags_set variant; the caller's flag array holds
-/// ceil(seqlen_k / kHookAbRowsPerFlag) values >= 1.
+/// Key rows per flag of the flags_set variant. The caller's flag array holds
+/// max(ceil(seqlen_k / kHookAbRowsPerFlag), 4) 64-bit words, every byte 0x01
+/// (each u32 and u64 value >= 1).
 inline constexpr int kHookAbRowsPerFlag = 4096;
 
 /// One launch of the head-dim-128 bf16 kernel under hook variant v.

@@ -14,7 +14,7 @@ namespace {
 
 struct SpKvWait {
   static constexpr bool kActive = true;
-  CUtensorMap alt_k, alt_v;                          ///< the own shards' maps (SpKvFlags::own_k), valid if own_in_place
+  CUtensorMap own_k, own_v;                          ///< the own shards' maps (SpKvFlags::own_k), valid if own_in_place
   using State = kernels::engine::FlagMemo;           ///< flags (owner * slots + slot) this CTA acquired
   kernels::engine::FlagWait<std::uint64_t, true> w;  ///< flags, expected = epoch, timeout, diag
   int slots, world, rank, chunk, heads_per_group;
@@ -27,13 +27,16 @@ struct SpKvWait {
     return order ? order[static_cast<long long>(n) * (n - 1) / 2 + i] : n - 1 - i;
   }
 
-  /// A block inside an own chunk loads from the caller's shard (alt_k /
-  /// alt_v at local row = row within the chunk + i * chunk).
-  __device__ __forceinline__ bool kv_source(const kernels::attn::KvBlockInfo& b, int& row) const {
+  /// A block inside an own chunk loads from the caller's shard (local row
+  /// = row within the chunk + i * chunk).
+  __device__ __forceinline__ bool kv_source(const kernels::attn::KvBlockInfo& b, const CUtensorMap*& k,
+                                            const CUtensorMap*& v, int& row) const {
     if (!own_in_place) return false;
 #pragma unroll
     for (int i = 0; i < 2; ++i)
       if (sp_block_in_own_chunk(b.row0, b.rows, own_start[i], chunk)) {
+        k = &own_k;
+        v = &own_v;
         row = b.row0 - own_start[i] + i * chunk;
         return true;
       }
@@ -92,7 +95,7 @@ void launch_sp_attention_part(const kernels::AttentionArgs& a, const SpKvFlags& 
     own.k_stride = own.v_stride = f.own_stride;
     CUtensorMap q_unused;
     kernels::detail::attn_make_tma(own, 128, sp_attention_kv_block_rows(static_cast<int>(a.head_dim)), &q_unused,
-                                   &h.alt_k, &h.alt_v);
+                                   &h.own_k, &h.own_v);
     h.own_start[0] = static_cast<int>(f.own_start[0]);
     h.own_start[1] = static_cast<int>(f.own_start[1]);
   }

@@ -70,14 +70,6 @@ namespace tessera::kernels::attn {
 namespace ptx = engine::ptx;
 using engine::WaiterRing;
 
-/// What the waiter hands the TMA thread for one KV block (ring slot data,
-/// two words): the first key row to load, and the block index with
-/// kHandOverAlt set when the rows come from the hook's alternate maps
-/// (kv_source). The hook's order and source are resolved off the TMA
-/// thread's path.
-inline constexpr uint32_t kHandOverAlt = 1u << 31;
-inline constexpr int kHandOverBytes = 8;
-
 /// Compile-time configuration. BM = 128 query rows (two consumer warpgroups
 /// of 64), BN keys per KV block, kStages K/V ring slots. kHookActive: the
 /// configuration of a kernel with an active KV hook (the producer's register
@@ -101,11 +93,7 @@ struct AttnConfig {
   // Barriers: q_full, k_full[S], k_empty[S], v_full[S], v_empty[S], and with
   // kHookActive the waiter ring's ready[kSlots], free[kSlots].
   static constexpr int kRingBarriers = kHookActive ? 2 * WaiterRing::kSlots : 0;
-  /// With kHookActive, after the barriers: the waiter's hand-over per ring
-  /// slot (KvHandOver) and the KV block each K/V stage holds (for the consumers).
-  static constexpr int kHandOverOffset = kBarrierOffset + (1 + 4 * kStages + kRingBarriers) * 8;
-  static constexpr int kHandOverSize = kHookActive ? WaiterRing::kSlots * kHandOverBytes + kStages * 4 : 0;
-  static constexpr int kBytes = kHandOverOffset + kHandOverSize;
+  static constexpr int kBytes = kBarrierOffset + (1 + 4 * kStages + kRingBarriers) * 8;
   static constexpr int kLaunchBytes = kBytes + 1024;  ///< +1 KiB to align the base
   static_assert(kLaunchBytes <= 227 * 1024, "shared memory");
   /// Register budget after setmaxnreg. 168 per thread at launch (384 threads,
@@ -135,19 +123,6 @@ struct AttnSmem {
   // TMA thread on free.
   __device__ uint64_t* kv_ready(int s) const { return bars() + 1 + 4 * Cfg::kStages + s; }
   __device__ uint64_t* kv_free(int s) const { return bars() + 1 + 4 * Cfg::kStages + WaiterRing::kSlots + s; }
-  // Cfg::kHookActive only: the waiter writes hand_over(s) before it arrives
-  // on kv_ready(s); the TMA thread reads it before it arrives on kv_free(s).
-  // The TMA thread writes stage_block(s) after k_empty(s) and before its
-  // arrive on k_full(s); the consumers read it after k_full(s), before their
-  // arrive on k_empty(s). mbarrier arrives release and waits acquire (CTA).
-  // Shared addresses (ptx::ld_shared_*, st_shared_*).
-  __device__ uint32_t hand_over(int s) const {
-    return ptx::smem_addr(base + Cfg::kHandOverOffset) + static_cast<uint32_t>(s * kHandOverBytes);
-  }
-  __device__ uint32_t stage_block(int s) const {
-    return ptx::smem_addr(base + Cfg::kHandOverOffset + WaiterRing::kSlots * kHandOverBytes) +
-           static_cast<uint32_t>(4 * s);
-  }
 };
 
 /// Kernel parameters (built once on the host: attention/launch.cuh).
@@ -300,9 +275,6 @@ __device__ __forceinline__ void softmax_block(float (&s)[BN / 2], float (&m)[2],
 /// (program order of both threads). The waiter exits after its last block:
 /// no barrier counts it any more (the TMA thread's last free arrivals are
 /// never waited on).
-/// The waiter also resolves the hook's visiting order and kv_source for
-/// each block and hands the result over in the ring slot (kHandOverBytes),
-/// so the TMA thread and the consumers run no hook code.
 template <class Cfg, class Hook>
 __device__ __forceinline__ void run_kv_waiter(const AttnParams<Hook>& p, const AttnSmem<Cfg>& sm, const AttnBlock& blk,
                                               int head_kv) {
@@ -310,13 +282,9 @@ __device__ __forceinline__ void run_kv_waiter(const AttnParams<Hook>& p, const A
   for (int i = 0; i < blk.n_max; ++i) {
     const int n = kv_block_at(p.hook, i, blk.n_max);
     const int s = WaiterRing::slot(i);
-    const KvBlockInfo b{blk.batch, head_kv, n, n * Cfg::BN, Cfg::BN, p.seqlen_k};
-    int row = n * Cfg::BN;
-    const bool alt = kv_block_source(p.hook, b, row);
     ptx::mbar_wait(sm.kv_free(s), WaiterRing::free_parity(i));
-    if (kv_wait(p.hook, b, state)) ptx::fence_proxy_async_global();
-    ptx::st_shared_v2(sm.hand_over(s), static_cast<uint32_t>(row),
-                      static_cast<uint32_t>(n) | (alt ? kHandOverAlt : 0u));
+    if (kv_wait(p.hook, KvBlockInfo{blk.batch, head_kv, n, n * Cfg::BN, Cfg::BN, p.seqlen_k}, state))
+      ptx::fence_proxy_async_global();
     ptx::mbar_arrive(sm.kv_ready(s));
   }
 }
@@ -373,45 +341,30 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         ptx::tma_load_4d(sm.q() + c * Cfg::BM * 128, &tma_q, sm.q_full(), c * 64, m0, blk.head, blk.batch);
       int stage = 0;
       uint32_t phase = 0;
-      // One block's K and V from maps mk / mv at key row `row` (the maps are
-      // kernel parameters, so their addresses stay in uniform registers).
-      auto load_kv = [&](const CUtensorMap* mk, const CUtensorMap* mv, int row) {
+      for (int i = 0; i < blk.n_max; ++i) {
+        const int n = kv_block_at(p.hook, i, blk.n_max);
+        if constexpr (Hook::kActive) {
+          // Normally complete long ago: the waiter runs up to kSlots blocks
+          // ahead. Frees the slot at once (the waiter may start block
+          // i + kSlots while this thread loads block i).
+          const int r = WaiterRing::slot(i);
+          ptx::mbar_wait(sm.kv_ready(r), WaiterRing::ready_parity(i));
+          ptx::mbar_arrive(sm.kv_free(r));
+        }
+        const CUtensorMap* map_k = &tma_k;
+        const CUtensorMap* map_v = &tma_v;
+        int row = n * BN;
+        kv_block_source(p.hook, KvBlockInfo{blk.batch, head_kv, n, n * BN, BN, p.seqlen_k}, map_k, map_v, row);
+        ptx::mbar_wait(sm.k_empty(stage), phase ^ 1);
         ptx::mbar_arrive_expect_tx(sm.k_full(stage), Cfg::kKVBytes);
 #pragma unroll
         for (int c = 0; c < Cfg::kDChunks; ++c)
-          ptx::tma_load_4d(sm.k(stage) + c * BN * 128, mk, sm.k_full(stage), c * 64, row, head_kv, blk.batch);
+          ptx::tma_load_4d(sm.k(stage) + c * BN * 128, map_k, sm.k_full(stage), c * 64, row, head_kv, blk.batch);
         ptx::mbar_wait(sm.v_empty(stage), phase ^ 1);
         ptx::mbar_arrive_expect_tx(sm.v_full(stage), Cfg::kKVBytes);
 #pragma unroll
         for (int c = 0; c < Cfg::kDChunks; ++c)
-          ptx::tma_load_4d(sm.v(stage) + c * BN * 128, mv, sm.v_full(stage), c * 64, row, head_kv, blk.batch);
-      };
-      for (int i = 0; i < blk.n_max; ++i) {
-        if constexpr (Hook::kActive) {
-          // Normally complete long ago: the waiter runs up to kSlots blocks
-          // ahead. Frees the slot once its hand-over is read (the waiter
-          // may then start block i + kSlots while this thread loads block i).
-          const int r = WaiterRing::slot(i);
-          ptx::mbar_wait(sm.kv_ready(r), WaiterRing::ready_parity(i));
-          uint32_t row, word;
-          ptx::ld_shared_v2(sm.hand_over(r), row, word);
-          ptx::mbar_arrive(sm.kv_free(r));
-          ptx::mbar_wait(sm.k_empty(stage), phase ^ 1);
-          ptx::st_shared_u32(sm.stage_block(stage), word & ~kHandOverAlt);
-          if constexpr (HasKvSource<Hook>::value) {
-            if (word & kHandOverAlt) {
-              load_kv(&p.hook.alt_k, &p.hook.alt_v, static_cast<int>(row));
-            } else {
-              load_kv(&tma_k, &tma_v, static_cast<int>(row));
-            }
-          } else {
-            load_kv(&tma_k, &tma_v, static_cast<int>(row));
-          }
-        } else {
-          const int n = kv_block_at(p.hook, i, blk.n_max);
-          ptx::mbar_wait(sm.k_empty(stage), phase ^ 1);
-          load_kv(&tma_k, &tma_v, n * BN);
-        }
+          ptx::tma_load_4d(sm.v(stage) + c * BN * 128, map_v, sm.v_full(stage), c * 64, row, head_kv, blk.batch);
         if (++stage == S) {
           stage = 0;
           phase ^= 1;
@@ -501,18 +454,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     uint32_t phase = 0;
     ptx::mbar_wait(sm.q_full(), 0);
 
-    // The i-th visited KV block: with an active hook the TMA thread's word
-    // for the stage (read after k_full, before this thread's k_empty
-    // arrive), else the default order.
-    auto wait_k_full = [&](int i, int& n) {
-      if constexpr (!Hook::kActive) n = kv_block_at(p.hook, i, blk.n_max);
-      ptx::mbar_wait(sm.k_full(stage), phase);
-      if constexpr (Hook::kActive) n = static_cast<int>(ptx::ld_shared_u32(sm.stage_block(stage)));
-    };
-
     // First block: S only.
-    int n;
-    wait_k_full(0, n);
+    int n = kv_block_at(p.hook, 0, blk.n_max);
+    ptx::mbar_wait(sm.k_full(stage), phase);
     sched_wait();
     ptx::wgmma_fence();
     issue_s(s, stage);
@@ -531,7 +475,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
 
     for (int i = 1; i < blk.n_max; ++i) {
-      wait_k_full(i, n);
+      n = kv_block_at(p.hook, i, blk.n_max);
+      ptx::mbar_wait(sm.k_full(stage), phase);
       sched_wait();
       ptx::fence_regs(o);
       ptx::wgmma_fence();

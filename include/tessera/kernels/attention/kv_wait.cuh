@@ -27,8 +27,7 @@
 // keep it small and call-free (no printf: see FlagWait).
 //
 // Optionally, a hook chooses the order in which the CTA visits its KV blocks
-// (the online softmax is order-free; the waiter resolves it and hands each
-// block to the TMA thread, which tells the consumers through shared memory):
+// (producer and consumers alike; the online softmax is order-free):
 //   __device__ int kv_block(int i, int n_blocks) const;  // i-th block to visit
 // a permutation of [0, n_blocks) for every n_blocks (the CTA's causal
 // prefix). Default: descending, n_blocks - 1 - i (masked blocks first).
@@ -36,16 +35,14 @@
 // (ops::kv_arrival_order), so a CTA does not wait on a late chunk while
 // chunks that have landed wait behind it (docs/design/attention.md).
 //
-// Optionally, a hook reads some KV blocks from a second pair of tensor maps,
-// its members alt_k and alt_v (the same box and swizzle as the kernel's K and
-// V maps), chosen per block by the waiter:
-//   CUtensorMap alt_k, alt_v;
-//   __device__ bool kv_source(const KvBlockInfo& b, int& row) const;
-// true: block b's K and V rows are loaded from alt_k and alt_v at key row
-// `row` instead of b.row0 of the kernel's maps. The data must be in global
-// memory before the kernel starts (the hook's wait does not cover it).
-// sp_attention reads the rank's own chunks in place from the caller's K and
-// V this way.
+// Optionally, a hook reads some KV blocks from other tensor maps (the same
+// box and swizzle as the kernel's K and V maps), called by the TMA thread:
+//   __device__ bool kv_source(const KvBlockInfo& b, const CUtensorMap*& k,
+//                             const CUtensorMap*& v, int& row) const;
+// true: block b's K and V rows are loaded from k and v at key row `row`
+// instead of b.row0 of the kernel's maps. The data must be in global memory
+// before the kernel starts (the hook's wait does not cover it). sp_attention
+// reads the rank's own chunks in place from the caller's K and V this way.
 //
 // ops::sp_attention waits for all-gathered KV chunks through KvFlagWait
 // below: the engine's FlagWait (row readiness, rows_per_flag = the chunk
@@ -79,19 +76,16 @@ struct HasKvBlockOrder<H, std::void_t<decltype(std::declval<const H&>().kv_block
 template <class H, class = void>
 struct HasKvSource : std::false_type {};
 template <class H>
-struct HasKvSource<H, std::void_t<decltype(std::declval<const H&>().kv_source(std::declval<const KvBlockInfo&>(),
-                                                                              std::declval<int&>())),
-                                  decltype(std::declval<const H&>().alt_k), decltype(std::declval<const H&>().alt_v)>>
-    : std::true_type {};
+struct HasKvSource<H, std::void_t<decltype(std::declval<const H&>().kv_source(
+                          std::declval<const KvBlockInfo&>(), std::declval<const CUtensorMap*&>(),
+                          std::declval<const CUtensorMap*&>(), std::declval<int&>()))>> : std::true_type {};
 
-/// Whether hook h loads block b from its alternate maps, at key row `row`
-/// (see the concept above); false for hooks without kv_source.
+/// Lets hook h redirect block b's K and V loads (see the concept above); a
+/// no-op for hooks without kv_source.
 template <class H>
-__device__ __forceinline__ bool kv_block_source(const H& h, const KvBlockInfo& b, int& row) {
-  if constexpr (HasKvSource<H>::value)
-    return h.kv_source(b, row);
-  else
-    return false;
+__device__ __forceinline__ void kv_block_source(const H& h, const KvBlockInfo& b, const CUtensorMap*& k,
+                                                const CUtensorMap*& v, int& row) {
+  if constexpr (HasKvSource<H>::value) h.kv_source(b, k, v, row);
 }
 
 /// A stateful hook's per-CTA State (see the concept above), else an empty type.
