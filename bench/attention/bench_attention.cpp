@@ -79,6 +79,9 @@ void run_hook_ab(const Options& o, const Case& c, const kernels::AttentionArgs& 
       {"acquire.sys + proxy fence once", HookVariant::acquire_sys_fence},
       {"proxy fence once", HookVariant::fence_first},
       {"proxy fence every block", HookVariant::fence_every},
+      {"hand-over, 2 more maps", HookVariant::params_padded},
+      {"timed acquire.sys once", HookVariant::timed_acquire},
+      {"sp-like chunk walk", HookVariant::sp_like},
       {"flag wait, flags set", HookVariant::flags_set}};
   double plain = 0;
   double t[std::size(variants)] = {};
