@@ -81,6 +81,7 @@ void run_hook_ab(const Options& o, const Case& c, const kernels::AttentionArgs& 
       {"proxy fence every block", HookVariant::fence_every},
       {"hand-over, 2 more maps", HookVariant::params_padded},
       {"timed acquire.sys once", HookVariant::timed_acquire},
+      {"polled acquire.sys once", HookVariant::polled_acquire},
       {"sp-like chunk walk", HookVariant::sp_like},
       {"flag wait, flags set", HookVariant::flags_set}};
   double plain = 0;

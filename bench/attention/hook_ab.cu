@@ -79,6 +79,27 @@ struct TimedAcquireOnce {
   }
 };
 
+/// Once per CTA, an acquire spin on a set 64-bit sys flag whose only bound
+/// is a poll count (trap past it): no timer read anywhere in the kernel.
+/// A timer read (globaltimer or clock64) in the waiter makes ptxas schedule
+/// the consumers' softmax loop differently from the plain kernel's (SASS),
+/// the suspected cost of the timed waits.
+struct PolledAcquireOnce {
+  static constexpr bool kActive = true;
+  struct State {
+    bool done = false;
+  };
+  const std::uint64_t* flag;
+  __device__ __forceinline__ bool wait(const kernels::attn::KvBlockInfo&, State& s) const {
+    if (s.done) return false;
+    s.done = true;
+    unsigned polls = 0;
+    while (link::mo::ld_acquire_sys(flag) < 1)
+      if (++polls > (1u << 30)) __trap();
+    return true;
+  }
+};
+
 /// sp_attention's per-block logic at R = 2, rank 0 (chunks of seqlen_k / 4,
 /// owners 0 1 1 0): every block walks the chunks it covers and acquires a
 /// peer owner's flag once, through the timed wait.
@@ -140,6 +161,9 @@ void launch_hook_variant(HookVariant v, const kernels::AttentionArgs& a, const s
       kernels::attention_with<T, 128>(a, h, s);
       return;
     }
+    case HookVariant::polled_acquire:
+      kernels::attention_with<T, 128>(a, PolledAcquireOnce{reinterpret_cast<const std::uint64_t*>(set_flags)}, s);
+      return;
     case HookVariant::sp_like: {
       SpLikeWait h{};
       h.w.flags = reinterpret_cast<const std::uint64_t*>(set_flags);

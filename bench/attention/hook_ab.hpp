@@ -20,6 +20,7 @@ enum class HookVariant {
   fence_every,        ///< the proxy fence at every block, no load
   params_padded,      ///< hand_over with two more tensor maps in the hook (parameter size)
   timed_acquire,      ///< the engine's timed wait (timeout, trap path) on one set sys flag per CTA
+  polled_acquire,     ///< one acquire spin per CTA bounded by a poll count (no timer read)
   sp_like,            ///< sp_attention's per-block chunk walk and timed acquire (R = 2, rank 0)
   flags_set,          ///< the engine's flag wait (KvFlagWait) on flags already set
 };
