@@ -1,0 +1,105 @@
+// The attention kernel under waiter waits of several forms, for
+// scripts/sass/schedule.py: which forms leave the consumers' instruction
+// order as in the plain kernel (docs/design/waits.md). Never linked; only
+// compiled to SASS. Each hook waits once per CTA on a 64-bit flag.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "tessera/kernels/attention/launch.cuh"
+#include "tessera/link/wait.cuh"
+
+namespace tessera::sass_forms {
+
+enum Form : int {
+  kSpin = 0,          ///< unbounded acquire spin
+  kSpinSleep,         ///< unbounded spin with nanosleep
+  kPollCountTrap,     ///< spin bounded by a poll count that traps
+  kAbortWordTrap,     ///< spin that traps when an abort word is set
+  kTimerTrap,         ///< globaltimer timeout, trap
+  kClockTrap,         ///< clock64 timeout, trap
+  kPollCountRecord,   ///< poll count, WaitRecord filled, trap
+  kAbortWordStores,   ///< abort word, plain stores of the site, trap
+  kBoundedExit,       ///< bounded loop that exits normally
+  kWaitUntil,         ///< link::wait_until as the library runs it
+  kTimerSmemTrap,     ///< globaltimer timeout, the start kept in shared memory, trap
+  kAbortOffsetTrap,   ///< abort word at an immediate offset from the flag (no register), trap
+};
+
+template <int kForm>
+struct Wait {
+  static constexpr bool kActive = true;
+  struct State {
+    bool done = false;
+  };
+  const std::uint64_t* flag;
+  const std::uint64_t* abort_word;
+  runtime::WaitRecord* rec;
+  std::uint64_t timeout;
+  __device__ __forceinline__ bool wait(const kernels::attn::KvBlockInfo&, State& s) const {
+    if (s.done) return false;
+    s.done = true;
+    std::uint64_t v = 0;
+    if constexpr (kForm == kSpin) {
+      while (link::mo::ld_acquire_sys(flag) < 1) {}
+    } else if constexpr (kForm == kSpinSleep) {
+      while (link::mo::ld_acquire_sys(flag) < 1) __nanosleep(64);
+    } else if constexpr (kForm == kPollCountTrap) {
+      unsigned k = 0;
+      while (link::mo::ld_acquire_sys(flag) < 1)
+        if (++k > (1u << 30)) __trap();
+    } else if constexpr (kForm == kAbortWordTrap) {
+      while (link::mo::ld_acquire_sys(flag) < 1)
+        if (link::mo::ld_relaxed_sys(abort_word) != 0) __trap();
+    } else if constexpr (kForm == kTimerTrap) {
+      const std::uint64_t t0 = link::mo::globaltimer_ns();
+      while (link::mo::ld_acquire_sys(flag) < 1)
+        if (link::mo::globaltimer_ns() - t0 > timeout) __trap();
+    } else if constexpr (kForm == kClockTrap) {
+      const long long c0 = clock64();
+      while (link::mo::ld_acquire_sys(flag) < 1)
+        if (clock64() - c0 > static_cast<long long>(timeout)) __trap();
+    } else if constexpr (kForm == kPollCountRecord) {
+      unsigned k = 0;
+      while ((v = link::mo::ld_acquire_sys(flag)) < 1)
+        if (++k > (1u << 30)) {
+          link::record_wait_timeout(rec, link::WaitSite{runtime::WaitKind::tile_flag}, 1, v, timeout);
+          __trap();
+        }
+    } else if constexpr (kForm == kAbortWordStores) {
+      while ((v = link::mo::ld_acquire_sys(flag)) < 1)
+        if (link::mo::ld_relaxed_sys(abort_word) != 0) {
+          rec->seen = v;
+          rec->block = static_cast<int>(blockIdx.x);
+          __trap();
+        }
+    } else if constexpr (kForm == kBoundedExit) {
+      for (int k = 0; k < 1000000 && link::mo::ld_acquire_sys(flag) < 1; ++k) {}
+    } else if constexpr (kForm == kTimerSmemTrap) {
+      __shared__ std::uint64_t start;
+      start = link::mo::globaltimer_ns();
+      while (link::mo::ld_acquire_sys(flag) < 1)
+        if (link::mo::globaltimer_ns() - start > timeout) __trap();
+    } else if constexpr (kForm == kAbortOffsetTrap) {
+      while (link::mo::ld_acquire_sys(flag) < 1)
+        if (link::mo::ld_relaxed_sys(flag + 8) != 0) __trap();
+    } else {
+      link::wait_geq<link::Scope::sys>(flag, std::uint64_t{1}, link::WaitLimit{timeout, rec},
+                                       link::WaitSite{runtime::WaitKind::tile_flag});
+    }
+    return true;
+  }
+};
+
+template <int... kForms>
+void instantiate(const kernels::AttentionArgs& a, cudaStream_t s, const std::uint64_t* f, runtime::WaitRecord* r) {
+  kernels::attention_with<__nv_bfloat16, 128>(a, kernels::attn::NoKvWait{}, s);
+  (kernels::attention_with<__nv_bfloat16, 128>(a, Wait<kForms>{f, f + 1, r, 1}, s), ...);
+}
+
+void all_forms(const kernels::AttentionArgs& a, cudaStream_t s, const std::uint64_t* f, runtime::WaitRecord* r) {
+  instantiate<kSpin, kSpinSleep, kPollCountTrap, kAbortWordTrap, kTimerTrap, kClockTrap, kPollCountRecord,
+              kAbortWordStores, kBoundedExit, kWaitUntil, kTimerSmemTrap, kAbortOffsetTrap>(a, s, f, r);
+}
+
+}  // namespace tessera::sass_forms
