@@ -12,18 +12,18 @@
 namespace tessera::sass_forms {
 
 enum Form : int {
-  kSpin = 0,          ///< unbounded acquire spin
-  kSpinSleep,         ///< unbounded spin with nanosleep
-  kPollCountTrap,     ///< spin bounded by a poll count that traps
-  kAbortWordTrap,     ///< spin that traps when an abort word is set
-  kTimerTrap,         ///< globaltimer timeout, trap
-  kClockTrap,         ///< clock64 timeout, trap
-  kPollCountRecord,   ///< poll count, WaitRecord filled, trap
-  kAbortWordStores,   ///< abort word, plain stores of the site, trap
-  kBoundedExit,       ///< bounded loop that exits normally
-  kWaitUntil,         ///< link::wait_until as the library runs it
-  kTimerSmemTrap,     ///< globaltimer timeout, the start kept in shared memory, trap
-  kAbortOffsetTrap,   ///< abort word at an immediate offset from the flag (no register), trap
+  kSpin = 0,         ///< unbounded acquire spin
+  kSpinSleep,        ///< unbounded spin with nanosleep
+  kPollCountTrap,    ///< spin bounded by a poll count that traps
+  kAbortWordTrap,    ///< spin that traps when an abort word is set
+  kTimerTrap,        ///< globaltimer timeout, trap
+  kClockTrap,        ///< clock64 timeout, trap
+  kPollCountRecord,  ///< poll count, WaitRecord filled, trap
+  kAbortWordStores,  ///< abort word, plain stores of the site, trap
+  kBoundedExit,      ///< bounded loop that exits normally
+  kWaitUntil,        ///< link::wait_until as the library runs it
+  kTimerSmemTrap,    ///< globaltimer timeout, the start kept in shared memory, trap
+  kAbortOffsetTrap,  ///< abort word at an immediate offset from the flag (no register), trap
 };
 
 template <int kForm>
@@ -41,7 +41,8 @@ struct Wait {
     s.done = true;
     std::uint64_t v = 0;
     if constexpr (kForm == kSpin) {
-      while (link::mo::ld_acquire_sys(flag) < 1) {}
+      while (link::mo::ld_acquire_sys(flag) < 1) {
+      }
     } else if constexpr (kForm == kSpinSleep) {
       while (link::mo::ld_acquire_sys(flag) < 1) __nanosleep(64);
     } else if constexpr (kForm == kPollCountTrap) {
@@ -74,7 +75,8 @@ struct Wait {
           __trap();
         }
     } else if constexpr (kForm == kBoundedExit) {
-      for (int k = 0; k < 1000000 && link::mo::ld_acquire_sys(flag) < 1; ++k) {}
+      for (int k = 0; k < 1000000 && link::mo::ld_acquire_sys(flag) < 1; ++k) {
+      }
     } else if constexpr (kForm == kTimerSmemTrap) {
       __shared__ std::uint64_t start;
       start = link::mo::globaltimer_ns();
