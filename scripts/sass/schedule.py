@@ -24,7 +24,8 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FORMS = ["spin", "spin + nanosleep", "poll count, trap", "abort word, trap", "globaltimer, trap",
          "clock64, trap", "poll count, WaitRecord, trap", "abort word, stores, trap", "bounded loop, normal exit",
-         "link::wait_geq", "globaltimer (start in shared memory), trap", "abort word at an offset, trap"]
+         "link::wait_geq", "globaltimer (start in shared memory), trap", "abort word at an offset, trap",
+         "globaltimer in us, 32-bit start, trap"]
 
 
 def sass_functions(obj, cuobjdump):

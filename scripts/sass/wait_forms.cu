@@ -24,6 +24,7 @@ enum Form : int {
   kWaitUntil,        ///< link::wait_until as the library runs it
   kTimerSmemTrap,    ///< globaltimer timeout, the start kept in shared memory, trap
   kAbortOffsetTrap,  ///< abort word at an immediate offset from the flag (no register), trap
+  kTimer32Trap,      ///< globaltimer in microseconds, a 32-bit start and timeout, trap
 };
 
 template <int kForm>
@@ -85,6 +86,11 @@ struct Wait {
     } else if constexpr (kForm == kAbortOffsetTrap) {
       while (link::mo::ld_acquire_sys(flag) < 1)
         if (link::mo::ld_relaxed_sys(flag + 8) != 0) __trap();
+    } else if constexpr (kForm == kTimer32Trap) {
+      const auto now_us = [] { return static_cast<std::uint32_t>(link::mo::globaltimer_ns() >> 10); };
+      const std::uint32_t start = now_us();
+      while (link::mo::ld_acquire_sys(flag) < 1)
+        if (now_us() - start > static_cast<std::uint32_t>(timeout)) __trap();
     } else {
       link::wait_geq<link::Scope::sys>(flag, std::uint64_t{1}, link::WaitLimit{timeout, rec},
                                        link::WaitSite{runtime::WaitKind::tile_flag});
@@ -101,7 +107,7 @@ void instantiate(const kernels::AttentionArgs& a, cudaStream_t s, const std::uin
 
 void all_forms(const kernels::AttentionArgs& a, cudaStream_t s, const std::uint64_t* f, runtime::WaitRecord* r) {
   instantiate<kSpin, kSpinSleep, kPollCountTrap, kAbortWordTrap, kTimerTrap, kClockTrap, kPollCountRecord,
-              kAbortWordStores, kBoundedExit, kWaitUntil, kTimerSmemTrap, kAbortOffsetTrap>(a, s, f, r);
+              kAbortWordStores, kBoundedExit, kWaitUntil, kTimerSmemTrap, kAbortOffsetTrap, kTimer32Trap>(a, s, f, r);
 }
 
 }  // namespace tessera::sass_forms
