@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 FORMS = ["spin", "spin + nanosleep", "poll count, trap", "abort word, trap", "globaltimer, trap",
          "clock64, trap", "poll count, WaitRecord, trap", "abort word, stores, trap", "bounded loop, normal exit",
          "link::wait_geq", "globaltimer (start in shared memory), trap", "abort word at an offset, trap",
-         "globaltimer in us, 32-bit start, trap"]
+         "globaltimer in us, 32-bit start, trap", "sp_attention's chunk walk, abort word at an offset"]
 
 
 def sass_functions(obj, cuobjdump):

@@ -25,6 +25,7 @@ enum Form : int {
   kTimerSmemTrap,    ///< globaltimer timeout, the start kept in shared memory, trap
   kAbortOffsetTrap,  ///< abort word at an immediate offset from the flag (no register), trap
   kTimer32Trap,      ///< globaltimer in microseconds, a 32-bit start and timeout, trap
+  kSpChunkWalk,      ///< sp_attention's per-block chunk walk (R = 2) with kAbortOffsetTrap's wait
 };
 
 template <int kForm>
@@ -37,7 +38,22 @@ struct Wait {
   const std::uint64_t* abort_word;
   runtime::WaitRecord* rec;
   std::uint64_t timeout;
-  __device__ __forceinline__ bool wait(const kernels::attn::KvBlockInfo&, State& s) const {
+  __device__ __forceinline__ bool wait(const kernels::attn::KvBlockInfo& b, State& s) const {
+    if constexpr (kForm == kSpChunkWalk) {
+      // The memo of owners acquired lives in `done` (R = 2: one peer).
+      const int chunk = (b.seqlen_k + 3) / 4, world = 2, rank = 0;
+      const int last = min(b.row0 + b.rows, b.seqlen_k) - 1;
+      bool acquired = false;
+      for (int c = b.row0 / chunk; c <= last / chunk; ++c) {
+        const int owner = c < world ? c : 2 * world - 1 - c;
+        if (owner == rank || s.done) continue;
+        while (link::mo::ld_acquire_sys(flag + owner) < 1)
+          if (link::mo::ld_relaxed_sys(flag + 8) != 0) __trap();
+        s.done = true;
+        acquired = true;
+      }
+      return acquired;
+    }
     if (s.done) return false;
     s.done = true;
     std::uint64_t v = 0;
@@ -107,7 +123,8 @@ void instantiate(const kernels::AttentionArgs& a, cudaStream_t s, const std::uin
 
 void all_forms(const kernels::AttentionArgs& a, cudaStream_t s, const std::uint64_t* f, runtime::WaitRecord* r) {
   instantiate<kSpin, kSpinSleep, kPollCountTrap, kAbortWordTrap, kTimerTrap, kClockTrap, kPollCountRecord,
-              kAbortWordStores, kBoundedExit, kWaitUntil, kTimerSmemTrap, kAbortOffsetTrap, kTimer32Trap>(a, s, f, r);
+              kAbortWordStores, kBoundedExit, kWaitUntil, kTimerSmemTrap, kAbortOffsetTrap, kTimer32Trap, kSpChunkWalk>(
+      a, s, f, r);
 }
 
 }  // namespace tessera::sass_forms
