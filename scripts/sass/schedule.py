@@ -25,7 +25,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 FORMS = ["spin", "spin + nanosleep", "poll count, trap", "abort word, trap", "globaltimer, trap",
          "clock64, trap", "poll count, WaitRecord, trap", "abort word, stores, trap", "bounded loop, normal exit",
          "link::wait_geq", "globaltimer (start in shared memory), trap", "abort word at an offset, trap",
-         "globaltimer in us, 32-bit start, trap", "sp_attention's chunk walk, abort word at an offset"]
+         "globaltimer in us, 32-bit start, trap", "sp_attention's chunk walk, abort word at an offset",
+         "the walk with a multiply-high and a 32-bit memo", "the flag per block from a table"]
 
 
 def sass_functions(obj, cuobjdump):

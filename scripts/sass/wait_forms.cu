@@ -26,6 +26,8 @@ enum Form : int {
   kAbortOffsetTrap,  ///< abort word at an immediate offset from the flag (no register), trap
   kTimer32Trap,      ///< globaltimer in microseconds, a 32-bit start and timeout, trap
   kSpChunkWalk,      ///< sp_attention's per-block chunk walk (R = 2) with kAbortOffsetTrap's wait
+  kSpSlimWalk,       ///< the same walk with a multiply-high for the division and a 32-bit memo
+  kTableFlag,        ///< the flag to acquire per block read from a host-made table (0: none)
 };
 
 template <int kForm>
@@ -46,6 +48,28 @@ struct Wait {
       bool acquired = false;
       for (int c = b.row0 / chunk; c <= last / chunk; ++c) {
         const int owner = c < world ? c : 2 * world - 1 - c;
+        if (owner == rank || s.done) continue;
+        while (link::mo::ld_acquire_sys(flag + owner) < 1)
+          if (link::mo::ld_relaxed_sys(flag + 8) != 0) __trap();
+        s.done = true;
+        acquired = true;
+      }
+      return acquired;
+    }
+    if constexpr (kForm == kTableFlag) {
+      const int f = reinterpret_cast<const int*>(abort_word)[b.block];
+      if (f == 0) return false;
+      while (link::mo::ld_acquire_sys(flag + f) < 1)
+        if (link::mo::ld_relaxed_sys(flag) != 0) __trap();
+      return true;
+    }
+    if constexpr (kForm == kSpSlimWalk) {
+      // chunk = seqlen_k / 4 via magic (host-computed in a real hook): c = umulhi(row, magic) >> shift.
+      const unsigned magic = static_cast<unsigned>(timeout), world = 2, rank = 0;
+      const unsigned last = static_cast<unsigned>(min(b.row0 + b.rows, b.seqlen_k) - 1);
+      bool acquired = false;
+      for (unsigned c = __umulhi(static_cast<unsigned>(b.row0), magic); c <= __umulhi(last, magic); ++c) {
+        const unsigned owner = c < world ? c : 2 * world - 1 - c;
         if (owner == rank || s.done) continue;
         while (link::mo::ld_acquire_sys(flag + owner) < 1)
           if (link::mo::ld_relaxed_sys(flag + 8) != 0) __trap();
@@ -123,8 +147,8 @@ void instantiate(const kernels::AttentionArgs& a, cudaStream_t s, const std::uin
 
 void all_forms(const kernels::AttentionArgs& a, cudaStream_t s, const std::uint64_t* f, runtime::WaitRecord* r) {
   instantiate<kSpin, kSpinSleep, kPollCountTrap, kAbortWordTrap, kTimerTrap, kClockTrap, kPollCountRecord,
-              kAbortWordStores, kBoundedExit, kWaitUntil, kTimerSmemTrap, kAbortOffsetTrap, kTimer32Trap, kSpChunkWalk>(
-      a, s, f, r);
+              kAbortWordStores, kBoundedExit, kWaitUntil, kTimerSmemTrap, kAbortOffsetTrap, kTimer32Trap, kSpChunkWalk,
+              kSpSlimWalk, kTableFlag>(a, s, f, r);
 }
 
 }  // namespace tessera::sass_forms
