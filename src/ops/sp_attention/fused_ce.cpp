@@ -19,9 +19,9 @@ namespace {
 
 void run(SpAttnContext::Impl& c, const SpAttnArgs& a, int /*u*/) {
   Call k = begin(c, a);
-  static const bool in_place = env::find_int("TESSERA_SP_OWN_IN_PLACE", 0, 1).value_or(1) != 0;
+  // Read per call: tests switch TESSERA_SP_OWN_IN_PLACE between calls.
   static const bool arrival = env::find_int("TESSERA_SP_ARRIVAL_ORDER", 0, 1).value_or(1) != 0;
-  k.own_in_place = k.world > 1 && in_place;
+  k.own_in_place = k.world > 1 && env::find_int("TESSERA_SP_OWN_IN_PLACE", 0, 1).value_or(1) != 0;
   k.arrival_order = arrival;
   const std::uint64_t e = k.epoch;
   // The pushes wait for the inputs, not for the own copy below. The own
