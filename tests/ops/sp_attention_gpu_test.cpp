@@ -7,7 +7,8 @@
 // block width (within tolerance, LSE to 1e-3). Two calls in a row exercise the
 // epochs; automatic (tuned afresh, no cache) follows with the strategy it
 // picked, which must be no slower than sequential as measured. Bad input is
-// rejected before launch.
+// rejected before launch. The --diag replay of the fused kernel is checked
+// against the call it replays.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -197,6 +198,55 @@ TEST(SpAttentionGpu, FusedOwnChunksInPlaceMatchTheCopy) {
         EXPECT_LT(diff.o_rel, 1e-2) << what;
         EXPECT_LT(diff.lse_max, 1e-3) << what;
       }
+}
+
+// sp_attention_diag_fused_kernel (bench sp-attention --diag) re-runs
+// fused_ce's hooked kernel over the KV the last call gathered: as run it is
+// bitwise the call's O and LSE (same kernel, blocks and order); in the
+// default order it matches the reference; the plain-kernel variant runs.
+// After a sequential call, and with unknown variant bits, it throws.
+TEST(SpAttentionGpu, DiagReplayOfTheFusedKernel) {
+  std::string why;
+  if (hopper_skip_reason(&why)) GTEST_SKIP() << why;
+  runtime::ProcessGroup& pg = group();
+  const int R = pg.world(), rank = pg.rank();
+  if (R < 2 || !pg.lsa_reachable()) GTEST_SKIP() << "fused_ce needs 2 load/store-reachable ranks";
+  for (bool causal : {true, false}) {
+    const tessera::testing::ZigZagAttention zz(R, rank, 1, 384, 4, 2, 128, DType::bf16, causal, 20261128);
+    const ops::SpAttnArgs a = zz.args();
+    const std::size_t o_elems = static_cast<std::size_t>(zz.B * zz.L * zz.H * zz.D);
+    const std::size_t lse_elems = static_cast<std::size_t>(zz.B * zz.H * zz.L);
+    const std::string what = std::string(causal ? "causal" : "non-causal") + ", rank " + std::to_string(rank);
+    zz.poison();
+    ops::sp_attention(ctx(), a, ops::SpStrategy::fused_ce);
+    pg.synchronize(pg.stream(), "sp_attention diag test: fused_ce");
+    const auto o_fused = download<std::uint16_t>(a.o, o_elems);
+    const auto lse_fused = download<float>(a.lse, lse_elems);
+    zz.poison();
+    ops::sp_attention_diag_fused_kernel(ctx(), a, 0);
+    pg.synchronize(pg.stream(), "sp_attention diag test: replay");
+    EXPECT_TRUE(download<std::uint16_t>(a.o, o_elems) == o_fused) << what << ": the replay's O differs";
+    EXPECT_TRUE(download<float>(a.lse, lse_elems) == lse_fused) << what << ": the replay's LSE differs";
+    zz.poison();
+    ops::sp_attention_diag_fused_kernel(ctx(), a, ops::kSpDiagDescending);
+    pg.synchronize(pg.stream(), "sp_attention diag test: descending replay");
+    const auto diff = zz.compare();
+    EXPECT_EQ(diff.nonfinite, 0) << what;
+    EXPECT_LT(diff.o_rel, 1e-2) << what;
+    EXPECT_LT(diff.lse_max, 1e-3) << what;
+    ops::sp_attention_diag_fused_kernel(ctx(), a, ops::kSpDiagPlainKernel);
+    pg.synchronize(pg.stream(), "sp_attention diag test: plain kernel");
+    EXPECT_THROW(ops::sp_attention_diag_fused_kernel(ctx(), a, 1u << 7), Error) << what;
+    pg.barrier();  // every rank is done with the workspace before the next call
+    ops::sp_attention(ctx(), a, ops::SpStrategy::sequential);
+    pg.synchronize(pg.stream(), "sp_attention diag test: sequential");
+    try {
+      ops::sp_attention_diag_fused_kernel(ctx(), a, 0);
+      ADD_FAILURE() << what << ": replayed after a sequential call";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("was not fused_ce"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(SpAttentionGpu, RejectsBadInputBeforeLaunch) {
