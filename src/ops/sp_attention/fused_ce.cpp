@@ -19,10 +19,10 @@ namespace {
 
 void run(SpAttnContext::Impl& c, const SpAttnArgs& a, int /*u*/) {
   Call k = begin(c, a);
-  // Read per call: tests switch TESSERA_SP_OWN_IN_PLACE between calls.
   static const bool arrival = env::find_int("TESSERA_SP_ARRIVAL_ORDER", 0, 1).value_or(1) != 0;
-  k.own_in_place = k.world > 1 && env::find_int("TESSERA_SP_OWN_IN_PLACE", 0, 1).value_or(1) != 0;
   k.arrival_order = arrival;
+  // Read per call: tests switch TESSERA_SP_OWN_IN_PLACE between calls.
+  k.own_in_place = k.world > 1 && env::find_int("TESSERA_SP_OWN_IN_PLACE", 0, 1).value_or(1) != 0;
   const std::uint64_t e = k.epoch;
   // The pushes wait for the inputs, not for the own copy below. The own
   // copy stays stream-ordered before the kernel: flagged beside it, a local
