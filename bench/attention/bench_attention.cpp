@@ -30,6 +30,7 @@
 #include "common/timing.hpp"
 #include "hook_ab.hpp"
 #include "tessera/kernels/attention.hpp"
+#include "tessera/ops/sp_attention.hpp"
 #include "tessera/runtime/error.hpp"
 
 namespace tessera::bench::attention {
@@ -71,6 +72,33 @@ void run_hook_ab(const Options& o, const Case& c, const kernels::AttentionArgs& 
   Dev flags(flag_bytes);
   TESSERA_CUDA_CHECK(cudaMemsetAsync(flags.p, 0x01, flag_bytes, stream));  // every u32 / u64 >= 1
   const auto* set = static_cast<const std::uint32_t*>(flags.p);
+  // sp_slim (R = 2, rank 0: chunks of seqlen_k / 4, owners 0 1 1 0): the
+  // abort word (0) and the peer's flag (index 2 = owner 1 + 1), and per KV
+  // block 2 where it covers a peer chunk, else 0.
+  const std::uint64_t slim_host[4] = {0, 1, 1, 1};
+  Dev slim(sizeof(slim_host));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(slim.p, slim_host, sizeof(slim_host), cudaMemcpyHostToDevice, stream));
+  const std::int64_t rows = hook_ab_block_rows(), chunk = (a.seqlen_k + 3) / 4;
+  std::vector<std::int32_t> owners(static_cast<size_t>((a.seqlen_k + rows - 1) / rows), 0);
+  for (std::size_t b = 0; b < owners.size(); ++b) {
+    const std::int64_t first = static_cast<std::int64_t>(b) * rows / chunk;
+    const std::int64_t last = (std::min<std::int64_t>((b + 1) * rows, a.seqlen_k) - 1) / chunk;
+    for (std::int64_t c = first; c <= last; ++c)
+      if (c == 1 || c == 2) owners[b] = 2;
+  }
+  Dev owner_table(owners.size() * sizeof(std::int32_t));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(owner_table.p, owners.data(), owners.size() * sizeof(std::int32_t),
+                                     cudaMemcpyHostToDevice, stream));
+  // sp_slim_full's visiting order: sp_attention's at R = 2, rank 0.
+  const std::vector<std::int32_t> order =
+      ops::kv_arrival_order(ops::plan_sp_attention(4 * chunk, 2, 0, a.causal), a.seqlen_k, static_cast<int>(rows));
+  Dev order_table(order.size() * sizeof(std::int32_t));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(order_table.p, order.data(), order.size() * sizeof(std::int32_t),
+                                     cudaMemcpyHostToDevice, stream));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const auto* order_ptr = static_cast<const std::int32_t*>(order_table.p);
+  const auto* slim_flags = static_cast<const std::uint64_t*>(slim.p);
+  const auto* owner_ptr = static_cast<const std::int32_t*>(owner_table.p);
   const std::pair<const char*, HookVariant> variants[] = {
       {"hooked config, no hook", HookVariant::config_only},
       {"ring hand-over only", HookVariant::hand_over},
@@ -82,6 +110,8 @@ void run_hook_ab(const Options& o, const Case& c, const kernels::AttentionArgs& 
       {"hand-over, 2 more maps", HookVariant::params_padded},
       {"timed acquire.sys once", HookVariant::timed_acquire},
       {"polled acquire.sys once", HookVariant::polled_acquire},
+      {"sp slim: owner table, abort word", HookVariant::sp_slim},
+      {"sp slim + order + in-place source", HookVariant::sp_slim_full},
       {"sp-like chunk walk", HookVariant::sp_like},
       {"flag wait, flags set", HookVariant::flags_set}};
   double plain = 0;
@@ -89,7 +119,8 @@ void run_hook_ab(const Options& o, const Case& c, const kernels::AttentionArgs& 
   InterleavedTimer timer(stream, o.warmup, o.reps);
   timer.add(&plain, [&] { kernels::attention(a, stream); });
   for (std::size_t i = 0; i < std::size(variants); ++i)
-    timer.add(&t[i], [&, i] { launch_hook_variant(variants[i].second, a, set, stream); });
+    timer.add(&t[i],
+              [&, i] { launch_hook_variant(variants[i].second, a, set, slim_flags, owner_ptr, order_ptr, stream); });
   timer.run();
   fmt::print("{}: plain {:.3f} ms", c.name, plain);
   for (std::size_t i = 0; i < std::size(variants); ++i)

@@ -22,6 +22,8 @@ enum class HookVariant {
   timed_acquire,      ///< the engine's timed wait (timeout, trap path) on one set sys flag per CTA
   polled_acquire,     ///< one acquire spin per CTA bounded by a poll count (no timer read)
   sp_like,            ///< sp_attention's per-block chunk walk and timed acquire (R = 2, rank 0)
+  sp_slim,            ///< the slim candidate: flag per block from a table, abort-word spin (R = 2, rank 0)
+  sp_slim_full,       ///< sp_slim with sp_attention's arrival order and in-place own chunks
   flags_set,          ///< the engine's flag wait (KvFlagWait) on flags already set
 };
 
@@ -30,8 +32,15 @@ enum class HookVariant {
 /// (each u32 and u64 value >= 1).
 inline constexpr int kHookAbRowsPerFlag = 4096;
 
+/// Key rows per KV block of the hooked head-dim-128 kernel (sp_slim's table).
+int hook_ab_block_rows();
+
 /// One launch of the head-dim-128 bf16 kernel under hook variant v.
+/// sp_slim reads `slim_flags` (abort word 0, then owner flags >= 1) and
+/// `owner_table` (per KV block: 0, or the flag index to acquire);
+/// sp_slim_full also `order_table` (ops::kv_arrival_order's, R = 2, rank 0).
 void launch_hook_variant(HookVariant v, const kernels::AttentionArgs& a, const std::uint32_t* set_flags,
-                         cudaStream_t s);
+                         const std::uint64_t* slim_flags, const std::int32_t* owner_table,
+                         const std::int32_t* order_table, cudaStream_t s);
 
 }  // namespace tessera::bench::attention

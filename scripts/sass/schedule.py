@@ -48,8 +48,8 @@ def label(name):
     m = re.search(r"4WaitILi(\d+)E", name)
     if m:
         return f"form {m.group(1)}: {FORMS[int(m.group(1))]}"
-    m = re.search(r"(NoKvWait|[A-Z][A-Za-z]*(?:Wait|Once|Only|Padded|Fence)[A-Za-z]*(?:ILb[01]E)*)", name.split("bfloat16", 1)[-1])
-    return m.group(1) if m else name[-80:]
+    m = re.search(r"\d+([A-Z][A-Za-z]*(?:Wait|Once|Only|Padded|Fence))(I[A-Za-z0-9]*?E)?E", name.split("bfloat16", 1)[-1])
+    return (m.group(1) + (m.group(2) or "")) if m else name[-80:]
 
 
 def main():

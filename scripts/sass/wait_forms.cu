@@ -139,10 +139,101 @@ struct Wait {
   }
 };
 
+/// The slim candidate with the rest of sp_attention's hook: the arrival
+/// order table (kv_block) and the own chunks read in place (kv_source), the
+/// flag per block from a table, the abort-word spin; stateless.
+struct SpSlimFull {
+  static constexpr bool kActive = true;
+  CUtensorMap own_k, own_v;
+  const std::uint64_t* flags;
+  const std::int32_t* flag_of_block;
+  const std::int32_t* order;
+  int chunk;
+  int own_start[2];
+  __device__ __forceinline__ int kv_block(int i, int n) const {
+    return order ? order[static_cast<long long>(n) * (n - 1) / 2 + i] : n - 1 - i;
+  }
+  __device__ __forceinline__ bool kv_source(const kernels::attn::KvBlockInfo& b, const CUtensorMap*& k,
+                                            const CUtensorMap*& v, int& row) const {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      if (b.row0 >= own_start[i] && b.row0 + b.rows <= own_start[i] + chunk) {
+        k = &own_k;
+        v = &own_v;
+        row = b.row0 - own_start[i] + i * chunk;
+        return true;
+      }
+    return false;
+  }
+  __device__ __forceinline__ void wait(const kernels::attn::KvBlockInfo& b) const {
+    const int f = flag_of_block[b.block];
+    if (f == 0) return;
+    while (link::mo::ld_acquire_sys(flags + f) < 1)
+      if (link::mo::ld_relaxed_sys(flags) != 0) __trap();
+  }
+};
+
+/// SpSlimFull without kv_source (own chunks from the workspace).
+struct SpSlimOrderOnly {
+  static constexpr bool kActive = true;
+  const std::uint64_t* flags;
+  const std::int32_t* flag_of_block;
+  const std::int32_t* order;
+  __device__ __forceinline__ int kv_block(int i, int n) const {
+    return order ? order[static_cast<long long>(n) * (n - 1) / 2 + i] : n - 1 - i;
+  }
+  __device__ __forceinline__ void wait(const kernels::attn::KvBlockInfo& b) const {
+    const int f = flag_of_block[b.block];
+    if (f == 0) return;
+    while (link::mo::ld_acquire_sys(flags + f) < 1)
+      if (link::mo::ld_relaxed_sys(flags) != 0) __trap();
+  }
+};
+
+/// SpSlimFull without kv_block (the kernel's descending order).
+struct SpSlimSourceOnly {
+  static constexpr bool kActive = true;
+  CUtensorMap own_k, own_v;
+  const std::uint64_t* flags;
+  const std::int32_t* flag_of_block;
+  int chunk;
+  int own_start[2];
+  __device__ __forceinline__ bool kv_source(const kernels::attn::KvBlockInfo& b, const CUtensorMap*& k,
+                                            const CUtensorMap*& v, int& row) const {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      if (b.row0 >= own_start[i] && b.row0 + b.rows <= own_start[i] + chunk) {
+        k = &own_k;
+        v = &own_v;
+        row = b.row0 - own_start[i] + i * chunk;
+        return true;
+      }
+    return false;
+  }
+  __device__ __forceinline__ void wait(const kernels::attn::KvBlockInfo& b) const {
+    const int f = flag_of_block[b.block];
+    if (f == 0) return;
+    while (link::mo::ld_acquire_sys(flags + f) < 1)
+      if (link::mo::ld_relaxed_sys(flags) != 0) __trap();
+  }
+};
+
 template <int... kForms>
 void instantiate(const kernels::AttentionArgs& a, cudaStream_t s, const std::uint64_t* f, runtime::WaitRecord* r) {
   kernels::attention_with<__nv_bfloat16, 128>(a, kernels::attn::NoKvWait{}, s);
   (kernels::attention_with<__nv_bfloat16, 128>(a, Wait<kForms>{f, f + 1, r, 1}, s), ...);
+  SpSlimFull full{};
+  full.flags = f;
+  full.flag_of_block = reinterpret_cast<const std::int32_t*>(f + 2);
+  full.chunk = 1024;
+  kernels::attention_with<__nv_bfloat16, 128>(a, full, s);
+  kernels::attention_with<__nv_bfloat16, 128>(
+      a, SpSlimOrderOnly{f, reinterpret_cast<const std::int32_t*>(f + 2), nullptr}, s);
+  SpSlimSourceOnly source{};
+  source.flags = f;
+  source.flag_of_block = reinterpret_cast<const std::int32_t*>(f + 2);
+  source.chunk = 1024;
+  kernels::attention_with<__nv_bfloat16, 128>(a, source, s);
 }
 
 void all_forms(const kernels::AttentionArgs& a, cudaStream_t s, const std::uint64_t* f, runtime::WaitRecord* r) {
