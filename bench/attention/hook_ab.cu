@@ -1,8 +1,11 @@
 // The attention kernel with KV hooks that never wait (bench attention
 // --hook-ab): what the hook machinery costs by itself beside the plain
 // kernel, part by part — the hooked configuration with no hook, the waiter
-// ring handing every block over with nothing to acquire, and the engine's
-// flag wait on flags that are already set.
+// ring handing every block over with nothing to acquire, acquires and proxy
+// fences, the engine's flag wait on flags that are already set, replicas of
+// sp_attention's hook logic, and the slim candidate for that hook. Each
+// variant's consumer schedule in SASS: scripts/sass/schedule.py --object on
+// this file's object (docs/design/waits.md).
 #include <cuda_bf16.h>
 
 #include <cstdint>
