@@ -140,6 +140,7 @@ struct SpAttnArgs {
   DType dtype = DType::bf16;
   bool causal = true;
   float softmax_scale = 0.f;  ///< 0: 1 / sqrt(head_dim)
+  bool operator==(const SpAttnArgs&) const = default;
 };
 
 /// How sp_attention runs; the codes are ops::Strategy's (and the C API's).

@@ -80,10 +80,7 @@ namespace tessera::ops {
 void sp_attention_diag_fused_kernel(SpAttnContext& ctx, const SpAttnArgs& a, unsigned variant) {
   SpAttnContext::Impl& c = ctx.impl();
   const auto& [epoch, last] = c.last_fused;
-  const bool same = epoch != 0 && epoch == c.epoch && last.q == a.q && last.k == a.k && last.v == a.v &&
-                    last.o == a.o && last.lse == a.lse && last.batch == a.batch && last.seq == a.seq &&
-                    last.heads_q == a.heads_q && last.heads_kv == a.heads_kv && last.head_dim == a.head_dim &&
-                    last.dtype == a.dtype && last.causal == a.causal && last.softmax_scale == a.softmax_scale;
+  const bool same = epoch != 0 && epoch == c.epoch && last == a;
   TESSERA_CHECK(same && c.pg.world() > 1,
                 "sp_attention_diag_fused_kernel: the context's last call was not fused_ce with these arguments at "
                 "world > 1 (its flags and gathered KV are what the kernel re-reads)");
