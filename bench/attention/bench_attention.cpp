@@ -63,42 +63,42 @@ struct Options {
 
 using Dev = DeviceBuffer;
 
+/// `v` in a new device buffer, copied on `stream` before it returns.
+template <class T>
+Dev upload(const std::vector<T>& v, cudaStream_t stream) {
+  Dev d(v.size() * sizeof(T));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(d.p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, stream));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return d;
+}
+
 /// --hook-ab: the plain kernel and the never-waiting hook variants of one
 /// case, interleaved; prints each as a ratio to the plain kernel.
 void run_hook_ab(const Options& o, const Case& c, const kernels::AttentionArgs& a, cudaStream_t stream) {
   TESSERA_CHECK(o.head_dim == 128 && a.dtype == DType::bf16, "bench attention --hook-ab: bf16, head dim 128 only");
   const std::int64_t n_flags = std::max<std::int64_t>((a.seqlen_k + kHookAbRowsPerFlag - 1) / kHookAbRowsPerFlag, 4);
-  const size_t flag_bytes = static_cast<size_t>(n_flags) * sizeof(std::uint64_t);
-  Dev flags(flag_bytes);
-  TESSERA_CUDA_CHECK(cudaMemsetAsync(flags.p, 0x01, flag_bytes, stream));  // every u32 / u64 >= 1
-  const auto* set = static_cast<const std::uint32_t*>(flags.p);
+  // Every byte 0x01: each u32 and u64 view reads >= 1.
+  const Dev flags = upload(std::vector<std::uint64_t>(static_cast<size_t>(n_flags), 0x0101010101010101ull), stream);
   // sp_slim (R = 2, rank 0: chunks of seqlen_k / 4, owners 0 1 1 0): the
   // abort word (0) and the peer's flag (index 2 = owner 1 + 1), and per KV
   // block 2 where it covers a peer chunk, else 0.
-  const std::uint64_t slim_host[4] = {0, 1, 1, 1};
-  Dev slim(sizeof(slim_host));
-  TESSERA_CUDA_CHECK(cudaMemcpyAsync(slim.p, slim_host, sizeof(slim_host), cudaMemcpyHostToDevice, stream));
+  const Dev slim = upload(std::vector<std::uint64_t>{0, 1, 1, 1}, stream);
   const std::int64_t rows = hook_ab_block_rows(), chunk = (a.seqlen_k + 3) / 4;
   std::vector<std::int32_t> owners(static_cast<size_t>((a.seqlen_k + rows - 1) / rows), 0);
   for (std::size_t b = 0; b < owners.size(); ++b) {
     const std::int64_t first = static_cast<std::int64_t>(b) * rows / chunk;
     const std::int64_t last = (std::min<std::int64_t>((b + 1) * rows, a.seqlen_k) - 1) / chunk;
-    for (std::int64_t c = first; c <= last; ++c)
-      if (c == 1 || c == 2) owners[b] = 2;
+    if (first <= 2 && last >= 1) owners[b] = 2;  // covers chunk 1 or 2
   }
-  Dev owner_table(owners.size() * sizeof(std::int32_t));
-  TESSERA_CUDA_CHECK(cudaMemcpyAsync(owner_table.p, owners.data(), owners.size() * sizeof(std::int32_t),
-                                     cudaMemcpyHostToDevice, stream));
+  const Dev owner_table = upload(owners, stream);
   // sp_slim_full's visiting order: sp_attention's at R = 2, rank 0.
-  const std::vector<std::int32_t> order =
-      ops::kv_arrival_order(ops::plan_sp_attention(4 * chunk, 2, 0, a.causal), a.seqlen_k, static_cast<int>(rows));
-  Dev order_table(order.size() * sizeof(std::int32_t));
-  TESSERA_CUDA_CHECK(cudaMemcpyAsync(order_table.p, order.data(), order.size() * sizeof(std::int32_t),
-                                     cudaMemcpyHostToDevice, stream));
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  const auto* order_ptr = static_cast<const std::int32_t*>(order_table.p);
+  const Dev order_table = upload(
+      ops::kv_arrival_order(ops::plan_sp_attention(4 * chunk, 2, 0, a.causal), a.seqlen_k, static_cast<int>(rows)),
+      stream);
+  const auto* set = static_cast<const std::uint32_t*>(flags.p);
   const auto* slim_flags = static_cast<const std::uint64_t*>(slim.p);
   const auto* owner_ptr = static_cast<const std::int32_t*>(owner_table.p);
+  const auto* order_ptr = static_cast<const std::int32_t*>(order_table.p);
   const std::pair<const char*, HookVariant> variants[] = {
       {"hooked config, no hook", HookVariant::config_only},
       {"ring hand-over only", HookVariant::hand_over},

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "hook_ab.hpp"
+#include "slim_hook.cuh"
 #include "tessera/kernels/attention/launch.cuh"
 #include "tessera/kernels/gemm/prologue.cuh"
 #include "tessera/link/memory_order.cuh"
@@ -103,51 +104,6 @@ struct PolledAcquireOnce {
   }
 };
 
-/// The candidate slim form of sp_attention's hook: the flag to acquire per
-/// KV block from a host-made table (0: none), and a spin that traps only
-/// when the abort word (flags[0]) is set, the timeout left to the host. No
-/// timer, record, division or memo in the waiter (a memo's variable shifts
-/// already reschedule the consumers, scripts/sass/schedule.py): every block
-/// of a peer chunk acquires again, an acquire and a proxy fence that were
-/// measured at 0.5 % or less per block.
-struct SpSlimWait {
-  static constexpr bool kActive = true;
-  const std::uint64_t* flags;
-  const std::int32_t* flag_of_block;
-  __device__ __forceinline__ void wait(const kernels::attn::KvBlockInfo& b) const {
-    const int f = flag_of_block[b.block];
-    if (f == 0) return;
-    while (link::mo::ld_acquire_sys(flags + f) < 1)
-      if (link::mo::ld_relaxed_sys(flags) != 0) __trap();
-  }
-};
-
-/// SpSlimWait with the rest of sp_attention's hook: the arrival order
-/// (kv_block, from ops::kv_arrival_order) and the own chunks read through a
-/// second pair of maps (kv_source). For timing only: the second maps view
-/// the same K and V, so own blocks read other rows.
-struct SpSlimFull : SpSlimWait {
-  CUtensorMap own_k, own_v;
-  const std::int32_t* order;
-  int chunk;
-  int own_start[2];
-  __device__ __forceinline__ int kv_block(int i, int n) const {
-    return order[static_cast<long long>(n) * (n - 1) / 2 + i];
-  }
-  __device__ __forceinline__ bool kv_source(const kernels::attn::KvBlockInfo& b, const CUtensorMap*& k,
-                                            const CUtensorMap*& v, int& row) const {
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-      if (b.row0 >= own_start[i] && b.row0 + b.rows <= own_start[i] + chunk) {
-        k = &own_k;
-        v = &own_v;
-        row = b.row0 - own_start[i] + i * chunk;
-        return true;
-      }
-    return false;
-  }
-};
-
 /// sp_attention's per-block logic at R = 2, rank 0 (chunks of seqlen_k / 4,
 /// owners 0 1 1 0): every block walks the chunks it covers and acquires a
 /// peer owner's flag once, through the timed wait.
@@ -216,10 +172,10 @@ void launch_hook_variant(HookVariant v, const kernels::AttentionArgs& a, const s
       kernels::attention_with<T, 128>(a, PolledAcquireOnce{reinterpret_cast<const std::uint64_t*>(set_flags)}, s);
       return;
     case HookVariant::sp_slim:
-      kernels::attention_with<T, 128>(a, SpSlimWait{slim_flags, owner_table}, s);
+      kernels::attention_with<T, 128>(a, SlimFlagWait{slim_flags, owner_table}, s);
       return;
     case HookVariant::sp_slim_full: {
-      SpSlimFull h{};
+      SlimHook h{};
       h.flags = slim_flags;
       h.flag_of_block = owner_table;
       h.order = order_table;

@@ -14,6 +14,7 @@ struct DeviceBuffer {
   void* p = nullptr;
   explicit DeviceBuffer(std::size_t bytes);
   ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p(o.p) { o.p = nullptr; }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 };

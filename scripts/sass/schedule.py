@@ -48,7 +48,7 @@ def label(name):
     m = re.search(r"4WaitILi(\d+)E", name)
     if m:
         return f"form {m.group(1)}: {FORMS[int(m.group(1))]}"
-    m = re.search(r"\d+([A-Z][A-Za-z]*(?:Wait|Once|Only|Padded|Fence))(I[A-Za-z0-9]*?E)?E", name.split("bfloat16", 1)[-1])
+    m = re.search(r"\d+([A-Z][A-Za-z]*(?:Wait|Once|Only|Padded|Fence|Hook))(I[A-Za-z0-9]*?E)?E", name.split("bfloat16", 1)[-1])
     return (m.group(1) + (m.group(2) or "")) if m else name[-80:]
 
 
@@ -63,7 +63,7 @@ def main():
     obj = args.object
     if obj is None:
         obj = os.path.join(tempfile.mkdtemp(prefix="tessera-sass-"), "wait_forms.o")
-        subprocess.run([args.nvcc, "-I", os.path.join(ROOT, "include"), "-O3", "-DNDEBUG",
+        subprocess.run([args.nvcc, "-I", os.path.join(ROOT, "include"), "-I", os.path.join(ROOT, "bench"), "-O3", "-DNDEBUG",
                         "--generate-code=arch=compute_90a,code=[sm_90a]", "--expt-relaxed-constexpr", "-std=c++17",
                         "-x", "cu", "-c", os.path.join(ROOT, "scripts", "sass", "wait_forms.cu"), "-o", obj],
                        check=True)

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "tessera/kernels/attention/launch.cuh"
+#include "attention/slim_hook.cuh"
 #include "tessera/link/wait.cuh"
 
 namespace tessera::sass_forms {
@@ -27,7 +28,6 @@ enum Form : int {
   kTimer32Trap,      ///< globaltimer in microseconds, a 32-bit start and timeout, trap
   kSpChunkWalk,      ///< sp_attention's per-block chunk walk (R = 2) with kAbortOffsetTrap's wait
   kSpSlimWalk,       ///< the same walk with a multiply-high for the division and a 32-bit memo
-  kTableFlag,        ///< the flag to acquire per block read from a host-made table (0: none)
 };
 
 template <int kForm>
@@ -41,35 +41,20 @@ struct Wait {
   runtime::WaitRecord* rec;
   std::uint64_t timeout;
   __device__ __forceinline__ bool wait(const kernels::attn::KvBlockInfo& b, State& s) const {
-    if constexpr (kForm == kSpChunkWalk) {
-      // The memo of owners acquired lives in `done` (R = 2: one peer).
-      const int chunk = (b.seqlen_k + 3) / 4, world = 2, rank = 0;
-      const int last = min(b.row0 + b.rows, b.seqlen_k) - 1;
+    if constexpr (kForm == kSpChunkWalk || kForm == kSpSlimWalk) {
+      // R = 2, rank 0 (owners 0 1 1 0); the memo of the one peer is `done`.
+      // The chunk of a row by division, or by a multiply-high with a magic
+      // number (host-computed in a real hook; `timeout` stands in for it).
+      const auto chunk_of = [&](int row) {
+        if constexpr (kForm == kSpChunkWalk)
+          return row / ((b.seqlen_k + 3) / 4);
+        else
+          return static_cast<int>(__umulhi(static_cast<unsigned>(row), static_cast<unsigned>(timeout)));
+      };
+      const int world = 2, rank = 0, last = min(b.row0 + b.rows, b.seqlen_k) - 1;
       bool acquired = false;
-      for (int c = b.row0 / chunk; c <= last / chunk; ++c) {
+      for (int c = chunk_of(b.row0); c <= chunk_of(last); ++c) {
         const int owner = c < world ? c : 2 * world - 1 - c;
-        if (owner == rank || s.done) continue;
-        while (link::mo::ld_acquire_sys(flag + owner) < 1)
-          if (link::mo::ld_relaxed_sys(flag + 8) != 0) __trap();
-        s.done = true;
-        acquired = true;
-      }
-      return acquired;
-    }
-    if constexpr (kForm == kTableFlag) {
-      const int f = reinterpret_cast<const int*>(abort_word)[b.block];
-      if (f == 0) return false;
-      while (link::mo::ld_acquire_sys(flag + f) < 1)
-        if (link::mo::ld_relaxed_sys(flag) != 0) __trap();
-      return true;
-    }
-    if constexpr (kForm == kSpSlimWalk) {
-      // chunk = seqlen_k / 4 via magic (host-computed in a real hook): c = umulhi(row, magic) >> shift.
-      const unsigned magic = static_cast<unsigned>(timeout), world = 2, rank = 0;
-      const unsigned last = static_cast<unsigned>(min(b.row0 + b.rows, b.seqlen_k) - 1);
-      bool acquired = false;
-      for (unsigned c = __umulhi(static_cast<unsigned>(b.row0), magic); c <= __umulhi(last, magic); ++c) {
-        const unsigned owner = c < world ? c : 2 * world - 1 - c;
         if (owner == rank || s.done) continue;
         while (link::mo::ld_acquire_sys(flag + owner) < 1)
           if (link::mo::ld_relaxed_sys(flag + 8) != 0) __trap();
@@ -139,107 +124,36 @@ struct Wait {
   }
 };
 
-/// The slim candidate with the rest of sp_attention's hook: the arrival
-/// order table (kv_block) and the own chunks read in place (kv_source), the
-/// flag per block from a table, the abort-word spin; stateless.
-struct SpSlimFull {
-  static constexpr bool kActive = true;
-  CUtensorMap own_k, own_v;
-  const std::uint64_t* flags;
-  const std::int32_t* flag_of_block;
-  const std::int32_t* order;
-  int chunk;
-  int own_start[2];
-  __device__ __forceinline__ int kv_block(int i, int n) const {
-    return order ? order[static_cast<long long>(n) * (n - 1) / 2 + i] : n - 1 - i;
-  }
-  __device__ __forceinline__ bool kv_source(const kernels::attn::KvBlockInfo& b, const CUtensorMap*& k,
-                                            const CUtensorMap*& v, int& row) const {
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-      if (b.row0 >= own_start[i] && b.row0 + b.rows <= own_start[i] + chunk) {
-        k = &own_k;
-        v = &own_v;
-        row = b.row0 - own_start[i] + i * chunk;
-        return true;
-      }
-    return false;
-  }
-  __device__ __forceinline__ void wait(const kernels::attn::KvBlockInfo& b) const {
-    const int f = flag_of_block[b.block];
-    if (f == 0) return;
-    while (link::mo::ld_acquire_sys(flags + f) < 1)
-      if (link::mo::ld_relaxed_sys(flags) != 0) __trap();
-  }
-};
-
-/// SpSlimFull without kv_source (own chunks from the workspace).
-struct SpSlimOrderOnly {
-  static constexpr bool kActive = true;
-  const std::uint64_t* flags;
-  const std::int32_t* flag_of_block;
-  const std::int32_t* order;
-  __device__ __forceinline__ int kv_block(int i, int n) const {
-    return order ? order[static_cast<long long>(n) * (n - 1) / 2 + i] : n - 1 - i;
-  }
-  __device__ __forceinline__ void wait(const kernels::attn::KvBlockInfo& b) const {
-    const int f = flag_of_block[b.block];
-    if (f == 0) return;
-    while (link::mo::ld_acquire_sys(flags + f) < 1)
-      if (link::mo::ld_relaxed_sys(flags) != 0) __trap();
-  }
-};
-
-/// SpSlimFull without kv_block (the kernel's descending order).
-struct SpSlimSourceOnly {
-  static constexpr bool kActive = true;
-  CUtensorMap own_k, own_v;
-  const std::uint64_t* flags;
-  const std::int32_t* flag_of_block;
-  int chunk;
-  int own_start[2];
-  __device__ __forceinline__ bool kv_source(const kernels::attn::KvBlockInfo& b, const CUtensorMap*& k,
-                                            const CUtensorMap*& v, int& row) const {
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-      if (b.row0 >= own_start[i] && b.row0 + b.rows <= own_start[i] + chunk) {
-        k = &own_k;
-        v = &own_v;
-        row = b.row0 - own_start[i] + i * chunk;
-        return true;
-      }
-    return false;
-  }
-  __device__ __forceinline__ void wait(const kernels::attn::KvBlockInfo& b) const {
-    const int f = flag_of_block[b.block];
-    if (f == 0) return;
-    while (link::mo::ld_acquire_sys(flags + f) < 1)
-      if (link::mo::ld_relaxed_sys(flags) != 0) __trap();
-  }
-};
+/// The slim hook's pieces (bench/attention/slim_hook.cuh) one at a time.
+struct SlimOrderOnly : bench::attention::SlimFlagWait, bench::attention::ArrivalOrder {};
+struct SlimSourceOnly : bench::attention::SlimFlagWait, bench::attention::OwnChunksInPlace {};
 
 template <int... kForms>
 void instantiate(const kernels::AttentionArgs& a, cudaStream_t s, const std::uint64_t* f, runtime::WaitRecord* r) {
   kernels::attention_with<__nv_bfloat16, 128>(a, kernels::attn::NoKvWait{}, s);
   (kernels::attention_with<__nv_bfloat16, 128>(a, Wait<kForms>{f, f + 1, r, 1}, s), ...);
-  SpSlimFull full{};
-  full.flags = f;
-  full.flag_of_block = reinterpret_cast<const std::int32_t*>(f + 2);
-  full.chunk = 1024;
-  kernels::attention_with<__nv_bfloat16, 128>(a, full, s);
-  kernels::attention_with<__nv_bfloat16, 128>(
-      a, SpSlimOrderOnly{f, reinterpret_cast<const std::int32_t*>(f + 2), nullptr}, s);
-  SpSlimSourceOnly source{};
+  const auto* table = reinterpret_cast<const std::int32_t*>(f + 2);
+  kernels::attention_with<__nv_bfloat16, 128>(a, bench::attention::SlimFlagWait{f, table}, s);
+  SlimOrderOnly order{};
+  order.flags = f;
+  order.flag_of_block = order.order = table;
+  kernels::attention_with<__nv_bfloat16, 128>(a, order, s);
+  SlimSourceOnly source{};
   source.flags = f;
-  source.flag_of_block = reinterpret_cast<const std::int32_t*>(f + 2);
+  source.flag_of_block = table;
   source.chunk = 1024;
   kernels::attention_with<__nv_bfloat16, 128>(a, source, s);
+  bench::attention::SlimHook full{};
+  full.flags = f;
+  full.flag_of_block = full.order = table;
+  full.chunk = 1024;
+  kernels::attention_with<__nv_bfloat16, 128>(a, full, s);
 }
 
 void all_forms(const kernels::AttentionArgs& a, cudaStream_t s, const std::uint64_t* f, runtime::WaitRecord* r) {
   instantiate<kSpin, kSpinSleep, kPollCountTrap, kAbortWordTrap, kTimerTrap, kClockTrap, kPollCountRecord,
               kAbortWordStores, kBoundedExit, kWaitUntil, kTimerSmemTrap, kAbortOffsetTrap, kTimer32Trap, kSpChunkWalk,
-              kSpSlimWalk, kTableFlag>(a, s, f, r);
+              kSpSlimWalk>(a, s, f, r);
 }
 
 }  // namespace tessera::sass_forms
