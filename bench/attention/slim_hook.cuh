@@ -25,7 +25,7 @@ namespace tessera::bench::attention {
 
 struct SlimFlagWait {
   static constexpr bool kActive = true;
-  const std::uint64_t* flags;          ///< flags[0]: abort word; flags[f]: flag f
+  const std::uint64_t* flags;         ///< flags[0]: abort word; flags[f]: flag f
   const std::int32_t* flag_of_block;  ///< per KV block: the flag to acquire, 0 for none
   __device__ __forceinline__ void wait(const kernels::attn::KvBlockInfo& b) const {
     const int f = flag_of_block[b.block];
