@@ -93,14 +93,15 @@ run_case() {
 
 ops_strategies=("ag_gemm sequential" "ag_gemm decomposition" "ag_gemm fused_ce" "ag_gemm fused_sm"
                 "gemm_rs sequential" "gemm_rs decomposition" "gemm_rs fused_sm" "gemm_rs fused_ce"
-                "gemm_ar sequential" "gemm_ar fused_ce")
+                "gemm_ar sequential" "gemm_ar fused_ce"
+                "sp_attention sequential" "sp_attention fused_ce" "sp_attention_causal fused_ce")
 [ "$n" -gt 2 ] && ops_strategies+=("gemm_rs ring")
 
 for os in "${ops_strategies[@]}"; do
   set -- $os
   run_case "kill rank 1: $1 $2" detect FAULT=kill FAULT_RANK=1 FAULT_AT=3 -- "$1" "$2"
 done
-for os in "ag_gemm sequential" "gemm_rs fused_sm" "gemm_ar fused_ce"; do
+for os in "ag_gemm sequential" "gemm_rs fused_sm" "gemm_ar fused_ce" "sp_attention fused_ce"; do
   set -- $os
   run_case "stall rank 1 (SIGSTOP): $1 $2" detect FAULT=stall FAULT_RANK=1 FAULT_AT=3 -- "$1" "$2"
 done

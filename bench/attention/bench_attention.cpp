@@ -73,8 +73,9 @@ Dev upload(const std::vector<T>& v, cudaStream_t stream) {
 }
 
 /// --hook-ab: the plain kernel and the never-waiting hook variants of one
-/// case, interleaved; prints each as a ratio to the plain kernel.
-void run_hook_ab(const Options& o, const Case& c, const kernels::AttentionArgs& a, cudaStream_t stream) {
+/// case, interleaved; prints each as a ratio to the plain kernel and returns
+/// them as JSON records (--json).
+std::string run_hook_ab(const Options& o, const Case& c, const kernels::AttentionArgs& a, cudaStream_t stream) {
   TESSERA_CHECK(o.head_dim == 128 && a.dtype == DType::bf16, "bench attention --hook-ab: bf16, head dim 128 only");
   const std::int64_t n_flags = std::max<std::int64_t>((a.seqlen_k + kHookAbRowsPerFlag - 1) / kHookAbRowsPerFlag, 4);
   // Every byte 0x01: each u32 and u64 view reads >= 1.
@@ -95,6 +96,12 @@ void run_hook_ab(const Options& o, const Case& c, const kernels::AttentionArgs& 
   const Dev order_table = upload(
       ops::kv_arrival_order(ops::plan_sp_attention(4 * chunk, 2, 0, a.causal), a.seqlen_k, static_cast<int>(rows)),
       stream);
+  // sp_shard's table: R = 2, rank 0 (the peer's shard is the first half of
+  // the keys), one head group, one slot per source: flag index 1 of `flags`.
+  const Dev shard_table = upload(ops::sp_shard_flag_table(ops::plan_sp_attention(4 * chunk, 2, 0, false),
+                                                          static_cast<int>(rows), a.heads_kv, 1, 1),
+                                 stream);
+  const auto* shard_ptr = static_cast<const std::int32_t*>(shard_table.p);
   const auto* set = static_cast<const std::uint32_t*>(flags.p);
   const auto* slim_flags = static_cast<const std::uint64_t*>(slim.p);
   const auto* owner_ptr = static_cast<const std::int32_t*>(owner_table.p);
@@ -113,19 +120,28 @@ void run_hook_ab(const Options& o, const Case& c, const kernels::AttentionArgs& 
       {"sp slim: owner table, abort word", HookVariant::sp_slim},
       {"sp slim + order + in-place source", HookVariant::sp_slim_full},
       {"sp-like chunk walk", HookVariant::sp_like},
-      {"flag wait, flags set", HookVariant::flags_set}};
+      {"flag wait, flags set", HookVariant::flags_set},
+      {"sp shard-layout wait (SpShardWait)", HookVariant::sp_shard}};
   double plain = 0;
   double t[std::size(variants)] = {};
   InterleavedTimer timer(stream, o.warmup, o.reps);
   timer.add(&plain, [&] { kernels::attention(a, stream); });
   for (std::size_t i = 0; i < std::size(variants); ++i)
-    timer.add(&t[i],
-              [&, i] { launch_hook_variant(variants[i].second, a, set, slim_flags, owner_ptr, order_ptr, stream); });
+    timer.add(&t[i], [&, i] {
+      launch_hook_variant(variants[i].second, a, set, slim_flags, owner_ptr, order_ptr, shard_ptr, stream);
+    });
   timer.run();
   fmt::print("{}: plain {:.3f} ms", c.name, plain);
-  for (std::size_t i = 0; i < std::size(variants); ++i)
+  std::string json;
+  for (std::size_t i = 0; i < std::size(variants); ++i) {
     fmt::print("; {} {:.3f} ({:.4f}x)", variants[i].first, t[i], t[i] / plain);
+    json += fmt::format(
+        "{}\n  {{\"case\": \"{}\", \"variant\": \"{}\", \"plain_ms\": {:.4f}, \"median_ms\": {:.4f}, "
+        "\"ratio\": {:.4f}}}",
+        i == 0 ? "" : ",", c.name, variants[i].first, plain, t[i], t[i] / plain);
+  }
   fmt::print("\n");
+  return json;
 }
 
 void run(const Options& o) {
@@ -167,7 +183,8 @@ void run(const Options& o) {
     a.lse = static_cast<float*>(lse.p);
     kernels::validate(a, "bench attention");
     if (o.hook_ab) {
-      run_hook_ab(o, c, a, stream);
+      json += (first ? "" : ",") + run_hook_ab(o, c, a, stream);
+      first = false;
       continue;
     }
     const Stats s = time_on_stream(

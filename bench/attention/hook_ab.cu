@@ -15,6 +15,7 @@
 #include "tessera/kernels/attention/launch.cuh"
 #include "tessera/kernels/gemm/prologue.cuh"
 #include "tessera/link/memory_order.cuh"
+#include "tessera/ops/sp_shard_wait.cuh"
 
 namespace tessera::bench::attention {
 namespace {
@@ -133,7 +134,7 @@ int hook_ab_block_rows() { return kernels::AttnCfgOf<128, true>::BN; }
 
 void launch_hook_variant(HookVariant v, const kernels::AttentionArgs& a, const std::uint32_t* set_flags,
                          const std::uint64_t* slim_flags, const std::int32_t* owner_table,
-                         const std::int32_t* order_table, cudaStream_t s) {
+                         const std::int32_t* order_table, const std::int32_t* shard_table, cudaStream_t s) {
   using T = __nv_bfloat16;
   switch (v) {
     case HookVariant::config_only:
@@ -194,6 +195,16 @@ void launch_hook_variant(HookVariant v, const kernels::AttentionArgs& a, const s
       h.chunk = static_cast<int>((a.seqlen_k + 3) / 4);
       h.world = 2;
       h.rank = 0;
+      kernels::attention_with<T, 128>(a, h, s);
+      return;
+    }
+    case HookVariant::sp_shard: {
+      ops::SpShardWait h{};
+      h.flags = reinterpret_cast<const std::uint64_t*>(set_flags);
+      h.flags_of_block = reinterpret_cast<const int2*>(shard_table);
+      h.n_blocks = static_cast<int>((a.seqlen_k + hook_ab_block_rows() - 1) / hook_ab_block_rows());
+      h.polls = 1u << 30;
+      h.epoch = 1;
       kernels::attention_with<T, 128>(a, h, s);
       return;
     }

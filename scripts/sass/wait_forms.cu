@@ -9,6 +9,7 @@
 #include "tessera/kernels/attention/launch.cuh"
 #include "attention/slim_hook.cuh"
 #include "tessera/link/wait.cuh"
+#include "tessera/ops/sp_shard_wait.cuh"
 
 namespace tessera::sass_forms {
 
@@ -128,6 +129,54 @@ struct Wait {
 struct SlimOrderOnly : bench::attention::SlimFlagWait, bench::attention::ArrivalOrder {};
 struct SlimSourceOnly : bench::attention::SlimFlagWait, bench::attention::OwnChunksInPlace {};
 
+/// SpShardWait's parts one at a time (bits: 1 pair of flags, 2 64-bit epoch
+/// from a parameter, 4 poll budget with nanosleep, 8 row of the KV head, 16
+/// the flag's low word against a 32-bit epoch).
+template <int kBits>
+struct ShardPartsWait {
+  static constexpr bool kActive = true;
+  const std::uint64_t* flags;
+  const int2* table;
+  int n_blocks;
+  unsigned polls;
+  std::uint64_t epoch;
+  __device__ __forceinline__ void spin(int i) const {
+    const std::uint64_t e = (kBits & 2) ? epoch : 1;
+    unsigned left = polls;
+    const auto short_of = [&] {
+      if constexpr ((kBits & 16) != 0)  // the flag's low word against a 32-bit epoch, wrap-safe
+        return static_cast<int>(link::mo::ld_acquire_sys(reinterpret_cast<const std::uint32_t*>(flags + i)) -
+                                static_cast<std::uint32_t>(epoch)) < 0;
+      else
+        return link::mo::ld_acquire_sys(flags + i) < e;
+    };
+    while (short_of()) {
+      if constexpr ((kBits & 4) != 0) {
+        if (--left == 0) __trap();
+        __nanosleep(1024);
+      }
+    }
+  }
+  __device__ __forceinline__ void wait(const kernels::attn::KvBlockInfo& b) const {
+    const int idx = (kBits & 8) ? b.head_kv * n_blocks + b.block : b.block;
+    if constexpr ((kBits & 1) != 0) {
+      const int2 f = table[idx];
+      if (f.x != 0) spin(f.x - 1);
+      if (f.y != 0) spin(f.y - 1);
+    } else {
+      const int f = reinterpret_cast<const int*>(table)[idx];
+      if (f != 0) spin(f - 1);
+    }
+  }
+};
+
+template <int... kBits>
+void shard_parts(const kernels::AttentionArgs& a, cudaStream_t s, const std::uint64_t* f) {
+  (kernels::attention_with<__nv_bfloat16, 128>(
+       a, ShardPartsWait<kBits>{f, reinterpret_cast<const int2*>(f + 2), 64, 1u << 20, 1}, s),
+   ...);
+}
+
 template <int... kForms>
 void instantiate(const kernels::AttentionArgs& a, cudaStream_t s, const std::uint64_t* f, runtime::WaitRecord* r) {
   kernels::attention_with<__nv_bfloat16, 128>(a, kernels::attn::NoKvWait{}, s);
@@ -148,6 +197,10 @@ void instantiate(const kernels::AttentionArgs& a, cudaStream_t s, const std::uin
   full.flag_of_block = full.order = table;
   full.chunk = 1024;
   kernels::attention_with<__nv_bfloat16, 128>(a, full, s);
+  shard_parts<1, 2, 4, 8, 17, 29>(a, s, f);
+  // sp_attention's hook over the shard layout, as the operator runs it.
+  kernels::attention_with<__nv_bfloat16, 128>(
+      a, ops::SpShardWait{f, reinterpret_cast<const int2*>(table), 64, 1u << 20, 1}, s);
 }
 
 void all_forms(const kernels::AttentionArgs& a, cudaStream_t s, const std::uint64_t* f, runtime::WaitRecord* r) {

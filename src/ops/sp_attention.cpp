@@ -54,21 +54,40 @@ SpAttnContext::Impl::Impl(runtime::ProcessGroup& g) : pg(g) {
 }
 
 SpAttnContext::Impl::~Impl() {
-  for (auto& [key, table] : orders) cudaFree(table);
+  for (auto& [key, table] : tables) cudaFree(table);
   if (ev_ready) cudaEventDestroy(ev_ready);
   if (ev_comm_done) cudaEventDestroy(ev_comm_done);
 }
 
-const std::int32_t* SpAttnContext::Impl::arrival_order(const SpAttnPlan& plan, std::int64_t kv_len, int block_rows) {
-  const auto key = std::make_tuple(plan.seq, plan.world, plan.rank, kv_len, block_rows);
-  if (auto it = orders.find(key); it != orders.end()) return it->second;
-  const std::vector<std::int32_t> host = kv_arrival_order(plan, kv_len, block_rows);
+namespace {
+
+/// The device copy of make()'s table under `key`, made once per context.
+template <class Make>
+const std::int32_t* device_table(std::map<std::vector<std::int64_t>, std::int32_t*>& tables,
+                                 std::vector<std::int64_t> key, Make make) {
+  if (auto it = tables.find(key); it != tables.end()) return it->second;
+  const std::vector<std::int32_t> host = make();
   std::int32_t* dev = nullptr;
   TESSERA_CUDA_CHECK(cudaMalloc(&dev, host.size() * sizeof(std::int32_t)));
-  orders[key] = dev;
+  tables[std::move(key)] = dev;
   // Synchronous: once per shape, before the kernel that reads it is queued.
   TESSERA_CUDA_CHECK(cudaMemcpy(dev, host.data(), host.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice));
   return dev;
+}
+
+enum TableTag : std::int64_t { kArrivalOrderTable = 0, kShardFlagTable = 1 };
+
+}  // namespace
+
+const std::int32_t* SpAttnContext::Impl::arrival_order(const SpAttnPlan& plan, std::int64_t kv_len, int block_rows) {
+  return device_table(tables, {kArrivalOrderTable, plan.seq, plan.world, plan.rank, kv_len, block_rows},
+                      [&] { return kv_arrival_order(plan, kv_len, block_rows); });
+}
+
+const std::int32_t* SpAttnContext::Impl::shard_flags(const SpAttnPlan& plan, int block_rows, std::int64_t heads_kv,
+                                                     int head_groups) {
+  return device_table(tables, {kShardFlagTable, plan.seq, plan.world, plan.rank, block_rows, heads_kv, head_groups},
+                      [&] { return sp_shard_flag_table(plan, block_rows, heads_kv, head_groups, kSlots); });
 }
 
 void SpAttnContext::Impl::drain(const char* what) { detail::drain_streams(pg, {data.get(), control.get()}, what); }
@@ -132,6 +151,32 @@ void copy_chunks_heads(const Call& k, cudaStream_t s, void* dst, const void* src
   }
 }
 
+bool use_shard_layout(const Call& k) {
+  return sp_shard_layout_fits(k.plan, detail::sp_attention_kv_block_rows(static_cast<int>(k.a.head_dim))) &&
+         env::find_int("TESSERA_SP_SHARD_LAYOUT", 0, 1).value_or(1) != 0;
+}
+
+void copy_own_shard(const Call& k, cudaStream_t s) {
+  const std::size_t shard = static_cast<std::size_t>(k.L) * k.kv_row;
+  const std::size_t at = static_cast<std::size_t>(sp_shard_slot(k.world, k.rank, k.rank)) * shard;
+  for (const auto& [dst, src] : {std::pair{k.ws_k, k.a.k}, std::pair{k.ws_v, k.a.v}})
+    TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(dst + at, static_cast<std::size_t>(k.S) * k.kv_row, src, shard, shard,
+                                         static_cast<std::size_t>(k.B), cudaMemcpyDefault, s));
+}
+
+void copy_shard_heads(const Call& k, cudaStream_t s, void* dst_base, const void* src, int dst, int g) {
+  const std::size_t piece = k.kv_row / static_cast<std::size_t>(k.head_groups);
+  const std::int64_t row0 = sp_shard_slot(k.world, dst, k.rank) * k.L;
+  cudaMemcpy3DParms p{};
+  p.srcPtr = make_cudaPitchedPtr(const_cast<unsigned char*>(static_cast<const unsigned char*>(src)) + g * piece,
+                                 k.kv_row, piece, static_cast<std::size_t>(k.L));
+  p.dstPtr = make_cudaPitchedPtr(static_cast<unsigned char*>(dst_base) + row0 * k.kv_row + g * piece, k.kv_row, piece,
+                                 static_cast<std::size_t>(k.S));
+  p.extent = make_cudaExtent(piece, static_cast<std::size_t>(k.L), static_cast<std::size_t>(k.B));
+  p.kind = cudaMemcpyDefault;
+  TESSERA_CUDA_CHECK(cudaMemcpy3DAsync(&p, s));
+}
+
 void copy_own(const Call& k, cudaStream_t s) {
   for (int i = 0; i < 2; ++i) {
     copy_chunk(s, k.ws_k, k.a.k, i, k.plan.chunks[i] * k.C, k.B, k.C, k.S, k.kv_row);
@@ -156,6 +201,25 @@ void wait_peers_done(const Call& k, cudaStream_t s) {
       if (p != k.rank) link::rank_wait(s, *k.c.control, p, 0, k.epoch - 1);
 }
 
+namespace {
+
+/// The shard-layout kernel of call k. Its waits have no timeout of their
+/// own, so every flag they read is noted as a host wait on the compute
+/// stream: a bounded synchronize that times out releases it and names it.
+void launch_shard_part(const Call& k, const kernels::AttentionArgs& ka, int block_rows) {
+  detail::SpShardFlags f;
+  f.flags = k.c.data->view().flag_from(0, 0);
+  f.table = k.c.shard_flags(k.plan, block_rows, k.a.heads_kv, k.head_groups);
+  f.epoch = k.epoch;
+  for (int src = 0; src < k.world; ++src)
+    if (src != k.rank)
+      for (int g = 0; g < k.head_groups; ++g)
+        k.c.data->note_host_wait({k.st, src, detail::sp_kv_flag_slot(g), k.epoch, "sp_attention KV wait"});
+  detail::launch_sp_attention_shards(ka, f, k.st);
+}
+
+}  // namespace
+
 void run_parts(const Call& k, bool hooked) {
   const SpAttnArgs& a = k.a;
   const int R = k.world;
@@ -168,7 +232,7 @@ void run_parts(const Call& k, bool hooked) {
   f.chunk = k.C;
   f.epoch = k.epoch;
   f.heads_per_group = static_cast<int>(a.heads_kv) / k.head_groups;
-  if (hooked && k.own_in_place) {
+  if (hooked && k.own_in_place && !k.shard_layout) {
     f.own_k = a.k;
     f.own_v = a.v;
     f.own_stride = {k.L * a.heads_kv * a.head_dim, a.heads_kv * a.head_dim, a.head_dim};
@@ -191,7 +255,8 @@ void run_parts(const Call& k, bool hooked) {
                  std::max(launches[0].kv_len, launches[1].kv_len)}};
   }
   for (const SpAttnPlan::Part& part : launches) {
-    f.order = hooked && R > 1 && k.arrival_order ? k.c.arrival_order(k.plan, part.kv_len, block_rows) : nullptr;
+    f.order = hooked && R > 1 && k.arrival_order && !k.shard_layout ? k.c.arrival_order(k.plan, part.kv_len, block_rows)
+                                                                    : nullptr;
     kernels::AttentionArgs ka;
     ka.q = static_cast<const unsigned char*>(a.q) + part.local_row0 * q_row;
     ka.o = static_cast<unsigned char*>(a.o) + part.local_row0 * q_row;
@@ -216,7 +281,9 @@ void run_parts(const Call& k, bool hooked) {
       ka.lse_batch_stride = a.heads_q * k.L;
       ka.lse_head_stride = k.L;
     }
-    if (hooked && R > 1)
+    if (hooked && R > 1 && k.shard_layout)
+      launch_shard_part(k, ka, block_rows);
+    else if (hooked && R > 1)
       detail::launch_sp_attention_part(ka, f, k.st);
     else
       kernels::attention(ka, k.st);

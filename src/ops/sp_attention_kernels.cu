@@ -1,11 +1,17 @@
-// The attention kernel with sp_attention's KV hook: per KV block, the
-// engine's FlagWait (.sys acquire, timeout -> WaitRecord + trap) on the flag
-// of the CTA's head group from every remote owner of a zig-zag chunk the
-// block covers that the CTA has not acquired yet (an owner's chunks span
-// many blocks: one acquire and one proxy fence per owner).
+// The attention kernel with sp_attention's KV hooks. Global layout
+// (causal): per KV block, the engine's FlagWait (.sys acquire, timeout ->
+// WaitRecord + trap) on the flag of the CTA's head group from every remote
+// owner of a zig-zag chunk the block covers that the CTA has not acquired
+// yet (an owner's chunks span many blocks: one acquire and one proxy fence
+// per owner). Shard layout (non-causal): SpShardWait (ops/sp_shard_wait.cuh).
 #include "sp_attention_kernels.hpp"
+
+#include <algorithm>
+
 #include "tessera/kernels/attention/launch.cuh"
 #include "tessera/kernels/gemm/prologue.cuh"
+#include "tessera/ops/sp_shard_wait.cuh"
+#include "tessera/runtime/error.hpp"
 #include "tessera/runtime/wait_diagnostics.hpp"
 
 namespace tessera::ops::detail {
@@ -59,12 +65,20 @@ struct SpKvWait {
   }
 };
 
-template <class T>
-void launch(const kernels::AttentionArgs& a, const SpKvWait& h, cudaStream_t s) {
+template <class T, class Hook>
+void launch(const kernels::AttentionArgs& a, const Hook& h, cudaStream_t s) {
   if (a.head_dim == 64)
     kernels::attention_with<T, 64>(a, h, s);
   else
     kernels::attention_with<T, 128>(a, h, s);
+}
+
+template <class Hook>
+void launch_typed(const kernels::AttentionArgs& a, const Hook& h, cudaStream_t s) {
+  if (a.dtype == DType::f16)
+    launch<__half>(a, h, s);
+  else
+    launch<__nv_bfloat16>(a, h, s);
 }
 
 }  // namespace
@@ -99,10 +113,23 @@ void launch_sp_attention_part(const kernels::AttentionArgs& a, const SpKvFlags& 
     h.own_start[0] = static_cast<int>(f.own_start[0]);
     h.own_start[1] = static_cast<int>(f.own_start[1]);
   }
-  if (a.dtype == DType::f16)
-    launch<__half>(a, h, stream);
-  else
-    launch<__nv_bfloat16>(a, h, stream);
+  launch_typed(a, h, stream);
+}
+
+void launch_sp_attention_shards(const kernels::AttentionArgs& a, const SpShardFlags& f, cudaStream_t stream) {
+  TESSERA_CHECK(!a.causal && f.table != nullptr, "launch_sp_attention_shards: a non-causal launch with a table");
+  const int block_rows = sp_attention_kv_block_rows(static_cast<int>(a.head_dim));
+  // A poll (a .sys load and a nanosleep of up to twice kSpShardPollSleepNs)
+  // takes 0.5-3 us, so this budget lasts 2-12 x the host's timeout: the
+  // host's release comes first.
+  const std::uint64_t polls = 4 * runtime::wait_timeout_ns() / kSpShardPollSleepNs;
+  SpShardWait h{};
+  h.flags = f.flags;
+  h.flags_of_block = reinterpret_cast<const int2*>(f.table);
+  h.n_blocks = static_cast<int>((a.seqlen_k + block_rows - 1) / block_rows);
+  h.polls = static_cast<unsigned>(std::clamp<std::uint64_t>(polls, 1, ~0u));
+  h.epoch = static_cast<std::uint32_t>(f.epoch);
+  launch_typed(a, h, stream);
 }
 
 }  // namespace tessera::ops::detail

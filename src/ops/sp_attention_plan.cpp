@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "sp_attention_kernels.hpp"
 #include "tessera/runtime/error.hpp"
 
 namespace tessera::ops {
@@ -58,6 +59,41 @@ std::vector<std::pair<std::int64_t, std::int64_t>> sp_own_edge_rows(std::int64_t
   if (first > start) r.emplace_back(start, first);
   if (end < start + chunk) r.emplace_back(end, start + chunk);
   return r;
+}
+
+int sp_shard_slot(int world, int dst, int owner) {
+  TESSERA_CHECK(world >= 1 && dst >= 0 && dst < world && owner >= 0 && owner < world,
+                "sp_shard_slot: dst = {}, owner = {} outside [0, world = {})", dst, owner, world);
+  return world - 1 - (owner - dst + world) % world;
+}
+
+bool sp_shard_layout_fits(const SpAttnPlan& plan, int block_rows) {
+  return !plan.causal && plan.world > 1 && block_rows >= 1 && 2 * plan.chunk >= block_rows;
+}
+
+std::vector<std::int32_t> sp_shard_flag_table(const SpAttnPlan& plan, int block_rows, std::int64_t heads_kv,
+                                              int head_groups, int slots) {
+  TESSERA_CHECK(sp_shard_layout_fits(plan, block_rows),
+                "sp_shard_flag_table: the shard layout needs a non-causal plan at R > 1 with shards (2C = {}) of at "
+                "least a block ({} rows)",
+                2 * plan.chunk, block_rows);
+  TESSERA_CHECK(head_groups >= 1 && heads_kv >= 1 && heads_kv % head_groups == 0 && head_groups <= slots,
+                "sp_shard_flag_table: heads_kv = {} in {} groups of {} slots", heads_kv, head_groups, slots);
+  const std::int64_t shard = 2 * plan.chunk, n_blocks = (plan.seq + block_rows - 1) / block_rows;
+  const std::int64_t heads_per_group = heads_kv / head_groups;
+  std::vector<std::int32_t> table(static_cast<std::size_t>(2 * heads_kv * n_blocks), 0);
+  for (std::int64_t h = 0; h < heads_kv; ++h) {
+    const int slot = detail::sp_kv_flag_slot(static_cast<int>(h / heads_per_group));
+    for (std::int64_t b = 0; b < n_blocks; ++b) {
+      const std::int64_t lo = b * block_rows, hi = std::min(plan.seq, lo + block_rows) - 1;
+      std::int32_t* entry = &table[static_cast<std::size_t>(2 * (h * n_blocks + b))];
+      for (std::int64_t j = lo / shard; j <= hi / shard; ++j) {
+        const int owner = static_cast<int>((plan.rank + plan.world - 1 - j) % plan.world);
+        if (owner != plan.rank) *entry++ = owner * slots + slot + 1;
+      }
+    }
+  }
+  return table;
 }
 
 int sp_attention_head_groups(std::int64_t heads_kv, std::int64_t head_dim, std::size_t elem_bytes) {

@@ -32,15 +32,15 @@ SignalView Signals::view() const {
 
 void Signals::note_host_wait(const HostWait& w) const {
   std::lock_guard lock(waits_mutex_);
-  auto& v = host_waits_[{w.stream, w.src, w.slot}];
-  if (w.value > v) v = w.value;
+  PendingWait& v = host_waits_[{w.stream, w.src, w.slot}];
+  if (w.value > v.value) v = {w.value, w.what};
 }
 
 std::vector<Signals::HostWait> Signals::host_waits(cudaStream_t stream) const {
   std::lock_guard lock(waits_mutex_);
   std::vector<HostWait> out;
   for (const auto& [k, v] : host_waits_) {
-    if (std::get<0>(k) == stream) out.push_back({stream, std::get<1>(k), std::get<2>(k), v});
+    if (std::get<0>(k) == stream) out.push_back({stream, std::get<1>(k), std::get<2>(k), v.value, v.what});
   }
   return out;
 }
@@ -62,7 +62,7 @@ std::string Signals::release_host_waits(cudaStream_t side, std::optional<cudaStr
         ++it;
         continue;
       }
-      waits.push_back({s, src, slot, it->second});
+      waits.push_back({s, src, slot, it->second.value, it->second.what});
       it = host_waits_.erase(it);
     }
   }
@@ -70,8 +70,8 @@ std::string Signals::release_host_waits(cudaStream_t side, std::optional<cudaStr
   for (const HostWait& w : waits) {
     const std::uint64_t seen = read_flag_from(w.src, w.slot, side);
     if (seen >= w.value) continue;
-    released += fmt::format("{}rank_wait on rank {}: slot {} from rank {} expected >= {} but saw {}",
-                            released.empty() ? "" : "; ", pg_->rank(), w.slot, w.src, w.value, seen);
+    released += fmt::format("{}{} on rank {}: slot {} from rank {} expected >= {} but saw {}",
+                            released.empty() ? "" : "; ", w.what, pg_->rank(), w.slot, w.src, w.value, seen);
     driver::stream_write_u64(side, view().flag_from(w.src, w.slot), w.value);
   }
   return released;

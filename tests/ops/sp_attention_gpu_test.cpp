@@ -151,13 +151,15 @@ TEST(SpAttentionGpu, FusedHeadGroupsMatchWholeSequenceAttention) {
   }
 }
 
-// fused_ce reads the own chunks in place (TESSERA_SP_OWN_IN_PLACE, default
-// on) and copies only the own rows of KV blocks that straddle a chunk
-// boundary (ops::sp_own_edge_rows): bitwise the same O and LSE as copying
-// the whole chunks (same kernel, same blocks). Before each in-place call a
-// call on other data leaves other own rows in the workspace, so a missing
-// edge row cannot pass. Chunks shorter than a block, a multiple of it, and
-// neither; both head dims (176- and 128-row blocks), GQA, batch 2.
+// fused_ce in the global layout reads the own chunks in place
+// (TESSERA_SP_OWN_IN_PLACE, default on) and copies only the own rows of KV
+// blocks that straddle a chunk boundary (ops::sp_own_edge_rows): bitwise the
+// same O and LSE as copying the whole chunks (same kernel, same blocks).
+// Before each in-place call a call on other data leaves other own rows in
+// the workspace, so a missing edge row cannot pass. Chunks shorter than a
+// block, a multiple of it, and neither; both head dims (176- and 128-row
+// blocks), GQA, batch 2. Non-causal calls would take the shard layout, which
+// reads nothing in place: TESSERA_SP_SHARD_LAYOUT=0 keeps them global.
 TEST(SpAttentionGpu, FusedOwnChunksInPlaceMatchTheCopy) {
   std::string why;
   if (hopper_skip_reason(&why)) GTEST_SKIP() << why;
@@ -165,7 +167,11 @@ TEST(SpAttentionGpu, FusedOwnChunksInPlaceMatchTheCopy) {
   const int R = pg.world(), rank = pg.rank();
   if (R < 2 || !pg.lsa_reachable()) GTEST_SKIP() << "fused_ce needs 2 load/store-reachable ranks";
   struct EnvScope {
-    ~EnvScope() { unsetenv("TESSERA_SP_OWN_IN_PLACE"); }
+    EnvScope() { setenv("TESSERA_SP_SHARD_LAYOUT", "0", 1); }
+    ~EnvScope() {
+      unsetenv("TESSERA_SP_OWN_IN_PLACE");
+      unsetenv("TESSERA_SP_SHARD_LAYOUT");
+    }
   } restore;
   ops::SpAttnOptions opt;
   opt.strategy = ops::SpStrategy::fused_ce;
@@ -198,6 +204,52 @@ TEST(SpAttentionGpu, FusedOwnChunksInPlaceMatchTheCopy) {
         EXPECT_LT(diff.o_rel, 1e-2) << what;
         EXPECT_LT(diff.lse_max, 1e-3) << what;
       }
+}
+
+// Non-causal fused_ce takes the shard layout (each rank's shard whole in a
+// slot of the workspace, the slim waits): against the reference, two calls
+// in a row (epochs), then a call in the global layout
+// (TESSERA_SP_SHARD_LAYOUT=0) and a sequential call between shard-layout
+// calls, so each layout follows the other over the same workspace. Shards
+// shorter than a KV block (chunk 32: 64 rows, blocks of 192 at d 128) fall
+// back to the global layout; chunks that are and are not multiples of a
+// block; both head dims,
+// GQA, head groups (16/8 heads at d 128: two), batch 2.
+TEST(SpAttentionGpu, FusedShardLayoutMatchesTheReference) {
+  std::string why;
+  if (hopper_skip_reason(&why)) GTEST_SKIP() << why;
+  runtime::ProcessGroup& pg = group();
+  const int R = pg.world(), rank = pg.rank();
+  if (R < 2 || !pg.lsa_reachable()) GTEST_SKIP() << "fused_ce needs 2 load/store-reachable ranks";
+  struct EnvScope {
+    ~EnvScope() { unsetenv("TESSERA_SP_SHARD_LAYOUT"); }
+  } restore;
+  struct Case {
+    int64_t batch, chunk, heads, heads_kv, head_dim;
+  };
+  for (const Case& c : {Case{2, 32, 4, 2, 128}, Case{2, 96, 4, 2, 64}, Case{1, 200, 16, 8, 128},
+                        Case{2, 256, 4, 4, 128}, Case{1, 352, 8, 2, 64}}) {
+    const tessera::testing::ZigZagAttention zz(R, rank, c.batch, c.chunk, c.heads, c.heads_kv, c.head_dim, DType::bf16,
+                                               false, 20261127 + c.chunk);
+    ops::SpAttnOptions opt;
+    opt.use_cache = false;
+    const char* steps[] = {"shard", "shard", "global", "shard", "sequential", "shard"};
+    for (const char* step : steps) {
+      const std::string s = step;
+      setenv("TESSERA_SP_SHARD_LAYOUT", s == "global" ? "0" : "1", 1);
+      opt.strategy = s == "sequential" ? ops::SpStrategy::sequential : ops::SpStrategy::fused_ce;
+      zz.poison();
+      ops::sp_attention(ctx(), zz.args(), opt);
+      pg.synchronize(pg.stream(), "sp_attention shard-layout test");
+      const auto d = zz.compare();
+      const std::string what = "chunk " + std::to_string(c.chunk) + ", " + std::to_string(c.heads) + "/" +
+                               std::to_string(c.heads_kv) + " heads, d " + std::to_string(c.head_dim) + ", " + s +
+                               ", rank " + std::to_string(rank) + "/" + std::to_string(R);
+      EXPECT_EQ(d.nonfinite, 0) << what << ": non-finite outputs (poison left or NaN)";
+      EXPECT_LT(d.o_rel, 1e-2) << what;
+      EXPECT_LT(d.lse_max, 1e-3) << what;
+    }
+  }
 }
 
 // sp_attention_diag_fused_kernel (bench sp-attention --diag) re-runs

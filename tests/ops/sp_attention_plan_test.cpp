@@ -171,3 +171,66 @@ TEST(SpAttentionPlan, OwnEdgeRowsAndInsideBlocksCoverTheChunkOnce) {
   EXPECT_THROW(sp_own_edge_rows(0, 0, 176), tessera::Error);
   EXPECT_THROW(sp_own_edge_rows(0, 64, 0), tessera::Error);
 }
+
+// The shard layout: every rank's shard in one slot of each workspace, the
+// own one last, the peers in arrival order (the order recv_from lists).
+TEST(SpAttentionPlan, ShardSlotsPlaceOwnLastThenArrivals) {
+  for (int world : {2, 3, 4, 8})
+    for (int dst = 0; dst < world; ++dst) {
+      const SpAttnPlan p = plan_sp_attention(2 * world * 64, world, dst, false);
+      std::set<int> slots;
+      for (int owner = 0; owner < world; ++owner) slots.insert(tessera::ops::sp_shard_slot(world, dst, owner));
+      EXPECT_EQ(slots.size(), static_cast<std::size_t>(world));
+      EXPECT_EQ(*slots.begin(), 0);
+      EXPECT_EQ(*slots.rbegin(), world - 1);
+      for (int step = 0; step < world; ++step)  // descending slots visit recv_from in order
+        EXPECT_EQ(tessera::ops::sp_shard_slot(world, dst, p.recv_from[static_cast<std::size_t>(step)]),
+                  world - 1 - step);
+    }
+  EXPECT_THROW(tessera::ops::sp_shard_slot(2, 2, 0), tessera::Error);
+  EXPECT_THROW(tessera::ops::sp_shard_slot(2, 0, -1), tessera::Error);
+}
+
+// The wait table names, for every (KV head, block), exactly the flags of the
+// peer shards whose rows the block covers (checked row by row), with the
+// head's group slot; none for the own shard; the layout refuses causal plans,
+// R = 1 and shards shorter than a block.
+TEST(SpAttentionPlan, ShardFlagTableNamesThePeerShardsOfEachBlock) {
+  using tessera::ops::sp_shard_flag_table;
+  using tessera::ops::sp_shard_slot;
+  const int slots = 8;
+  for (int world : {2, 3, 4})
+    for (std::int64_t chunk : {64, 96, 100, 200})
+      for (int block_rows : {128, 176})
+        for (int rank = 0; rank < world; ++rank) {
+          const std::int64_t seq = 2 * world * chunk, shard = 2 * chunk, heads_kv = 4;
+          const SpAttnPlan p = plan_sp_attention(seq, world, rank, false);
+          ASSERT_EQ(tessera::ops::sp_shard_layout_fits(p, block_rows), shard >= block_rows);
+          if (shard < block_rows) {
+            EXPECT_THROW(sp_shard_flag_table(p, block_rows, heads_kv, 2, slots), tessera::Error);
+            continue;
+          }
+          const auto t = sp_shard_flag_table(p, block_rows, heads_kv, 2, slots);
+          const std::int64_t n_blocks = (seq + block_rows - 1) / block_rows;
+          ASSERT_EQ(t.size(), static_cast<std::size_t>(2 * heads_kv * n_blocks));
+          for (std::int64_t h = 0; h < heads_kv; ++h)
+            for (std::int64_t b = 0; b < n_blocks; ++b) {
+              std::set<int> want;
+              for (std::int64_t row = b * block_rows; row < std::min(seq, (b + 1) * block_rows); ++row)
+                for (int owner = 0; owner < world; ++owner)
+                  if (owner != rank && sp_shard_slot(world, rank, owner) == row / shard)
+                    want.insert(owner * slots + static_cast<int>(h / 2) + 1);
+              std::set<int> got;
+              for (int i = 0; i < 2; ++i) {
+                const std::int32_t f = t[static_cast<std::size_t>(2 * (h * n_blocks + b) + i)];
+                if (f != 0) EXPECT_TRUE(got.insert(f).second) << "a flag named twice";
+              }
+              EXPECT_EQ(got, want) << "world " << world << " chunk " << chunk << " rank " << rank << " head " << h
+                                   << " block " << b;
+            }
+        }
+  EXPECT_FALSE(tessera::ops::sp_shard_layout_fits(plan_sp_attention(1024, 2, 0, true), 128));
+  EXPECT_FALSE(tessera::ops::sp_shard_layout_fits(plan_sp_attention(1024, 1, 0, false), 128));
+  EXPECT_THROW(sp_shard_flag_table(plan_sp_attention(1024, 2, 0, true), 128, 4, 2, slots), tessera::Error);
+  EXPECT_THROW(sp_shard_flag_table(plan_sp_attention(1024, 2, 0, false), 128, 4, 3, slots), tessera::Error);
+}

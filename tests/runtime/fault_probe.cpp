@@ -3,7 +3,8 @@
 // stopping inside an NCCL collective or a load/store wait must give the
 // survivors a clear error within TESSERA_WAIT_TIMEOUT_MS, never a hang).
 //
-//   fault_probe OP STRATEGY [ITERS]     OP: ag_gemm | gemm_rs | gemm_ar
+//   fault_probe OP STRATEGY [ITERS]     OP: ag_gemm | gemm_rs | gemm_ar |
+//                                           sp_attention | sp_attention_causal
 //                                       STRATEGY: a strategy name or auto
 // Environment:
 //   FAULT       none (default) | kill (SIGKILL itself) | stall (SIGSTOP itself)
@@ -27,6 +28,7 @@
 #include <memory>
 #include <string>
 
+#include "tessera/ops/sp_attention.hpp"
 #include "tessera/ops/tp_mlp.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/runtime/process_group.hpp"
@@ -55,7 +57,8 @@ void* device_zeros(std::size_t bytes) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: fault_probe ag_gemm|gemm_rs|gemm_ar STRATEGY [ITERS]\n");
+    std::fprintf(stderr,
+                 "usage: fault_probe ag_gemm|gemm_rs|gemm_ar|sp_attention|sp_attention_causal STRATEGY [ITERS]\n");
     return 64;
   }
   const std::string op = argv[1], strategy = argv[2];
@@ -79,9 +82,21 @@ int main(int argc, char** argv) {
     o.strategy = strategy == "auto" ? tessera::ops::Strategy::automatic : tessera::ops::parse_strategy(strategy);
     o.use_cache = std::getenv("TESSERA_CACHE_DIR") != nullptr;  // the cache only where the script points it
     const std::int64_t M = 2048 * R, N = 4096, K = 4096, es = 2;
+    // sp_attention: 32 heads x 128, 4k tokens per rank (Q, K, V, O share the shape).
+    std::unique_ptr<tessera::ops::SpAttnContext> sp;
+    tessera::ops::SpAttnArgs sa;
+    sa.seq = 4096 * R, sa.heads_q = sa.heads_kv = 32, sa.head_dim = 128, sa.causal = op == "sp_attention_causal";
+    tessera::ops::SpAttnOptions so;
+    so.strategy = static_cast<tessera::ops::SpStrategy>(o.strategy);
+    so.use_cache = o.use_cache;
     void* a = device_zeros(static_cast<std::size_t>(M * K * es));
     void* b = device_zeros(static_cast<std::size_t>(N * K * es));
     void* d = device_zeros(static_cast<std::size_t>(M * N * es));
+    if (op.rfind("sp_attention", 0) == 0) {
+      sp = std::make_unique<tessera::ops::SpAttnContext>(*pg);
+      sa.q = sa.k = sa.v = a;  // 4096 x 32 x 128 elements fit in A (M x K)
+      sa.o = d;
+    }
     for (int i = 0; i < iters; ++i) {
       if (i == fault_at) fault_start = Clock::now();
       if (rank == fault_rank && i == fault_at && fault != "none") {
@@ -102,6 +117,8 @@ int main(int argc, char** argv) {
         tessera::ops::GemmArArgs g;
         g.a = a, g.b = b, g.d = d, g.m = M, g.n = N, g.k = K / R;
         tessera::ops::gemm_ar(*ctx, g, o);
+      } else if (sp) {
+        tessera::ops::sp_attention(*sp, sa, so);
       } else {
         std::fprintf(stderr, "fault_probe: unknown operator '%s'\n", op.c_str());
         return 64;
@@ -110,6 +127,7 @@ int main(int argc, char** argv) {
     }
     where = "teardown";
     const auto t0 = Clock::now();
+    sp.reset();
     ctx.reset();
     for (void* p : {a, b, d}) (void)cudaFree(p);
     pg.reset();

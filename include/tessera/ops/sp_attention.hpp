@@ -8,14 +8,15 @@
 // (C²·(2R-1) + C·(C+1)): the load balance of zig-zag ring / context-parallel
 // attention.
 //
-// K and V are all-gathered in GLOBAL order into each rank's workspace
-// [B, S, Hkv, D]: rank r pushes its two chunks to rank (r - j) mod R for
-// j = 1..R-1 (so its j-th source is rank (r + j) mod R), head group by head
-// group across the peers, each group's rows of both chunks followed by one
-// flag (the owner's slot `group`, value = epoch). The attention kernel visits
-// KV blocks in arrival order (its own chunks first) and its producer waits
-// per block for the flags of the chunks the block covers
-// (attention/kv_wait.cuh).
+// K and V are all-gathered into each rank's workspace [B, S, Hkv, D], in
+// GLOBAL order (sequential, and fused_ce when causal) or in the shard
+// layout (fused_ce, non-causal; below). Rank r pushes its two chunks to
+// rank (r - j) mod R for j = 1..R-1 (so its j-th source is rank (r + j) mod
+// R), head group by head group across the peers, each group's rows of both
+// chunks followed by one flag (the owner's slot `group`, value = epoch).
+// The attention kernel visits KV blocks in arrival order (its own chunks
+// first) and its producer waits per block for the flags of the chunks the
+// block covers (attention/kv_wait.cuh).
 //
 // Causal: chunk c of the local Q has q_offset = c·C (its first global
 // position) and needs the gathered-KV prefix of (c+1)·C keys; both chunks run
@@ -26,13 +27,18 @@
 //   sequential: NCCL all-gather of the K and V shards into staging, reordered
 //     into global order by copies, then the plain kernel (causal: one
 //     launch or one per chunk, as above).
-//   fused_ce: the kernel reads this rank's chunks in place; on the
-//     communication stream the chunks are pushed to every peer's workspace
-//     on the copy engine (after that peer said its workspace is free:
-//     control flag >= e - 1), each head group followed by a flag
-//     (link::rank_notify, value e); the kernel waits per KV block for the
-//     pieces it covers (KvFlagWait-style, .sys acquire with the engine's
-//     timeout diagnostic).
+//   fused_ce: on the communication stream the chunks are pushed to every
+//     peer's workspace on the copy engine (after that peer said its
+//     workspace is free: control flag >= e - 1), each head group followed by
+//     a flag (link::rank_notify, value e); the kernel waits per KV block for
+//     the pieces it covers. Causal: the workspace in global order, the own
+//     chunks read in place, blocks visited in arrival order, the waits
+//     KvFlagWait-style (.sys acquire with the engine's timeout diagnostic).
+//     Non-causal, where the key order does not matter: the SHARD LAYOUT
+//     (sp_shard_slot): each rank's shard whole, own shard last, so the
+//     kernel's default descending order visits it first and the peers'
+//     shards as they land; the own shard copied in, and a slim wait per
+//     block (ops/sp_shard_wait.cuh) whose timeout the host owns.
 // At the end of every call, either strategy, once its kernels and its pushes
 // are done, a rank sets its control flag on every peer to e. A fused push
 // into a peer waits for that peer's flag >= e - 1 (it no longer reads its
@@ -111,6 +117,30 @@ std::vector<std::int32_t> kv_arrival_order(const SpAttnPlan& plan, std::int64_t 
 /// inside the chunk, which the kernel loads from the caller's K and V.
 std::vector<std::pair<std::int64_t, std::int64_t>> sp_own_edge_rows(std::int64_t start, std::int64_t chunk,
                                                                     std::int64_t block_rows);
+
+/// Non-causal fused_ce's shard layout: the slot (in shards of 2C rows) that
+/// `owner`'s shard takes in rank `dst`'s workspace [B, S, Hkv, D]:
+/// R - 1 - ((owner - dst) mod R). The own shard is last, so the kernel's
+/// default descending block order visits it first, then the peers' shards in
+/// the order they arrive (dst + 1's first). With no block order and no
+/// in-place reads, the kernel's waiter is the slim one of
+/// ops/sp_shard_wait.cuh. Throws unless 0 <= dst, owner < world.
+int sp_shard_slot(int world, int dst, int owner);
+
+/// Whether the shard layout serves a plan read in KV blocks of block_rows:
+/// non-causal, R > 1, and shards (2C rows) at least a block long, so a block
+/// covers at most two shards (the table below has room for two flags).
+bool sp_shard_layout_fits(const SpAttnPlan& plan, int block_rows);
+
+/// The shard-layout kernel's wait table (SpShardWait::flags_of_block) for
+/// `plan`'s rank: for KV head h and block b (block_rows rows of the S keys),
+/// entries [2 (h n_blocks + b)] and [.. + 1] name the flags to acquire as
+/// index + 1 into the rank's per-source flag rows (owner * slots + the head
+/// group's slot, sp_kv_flag_slot), 0 for none: one per peer shard the block
+/// covers, none for the own shard. heads_kv / head_groups KV heads share a
+/// group. Throws unless sp_shard_layout_fits.
+std::vector<std::int32_t> sp_shard_flag_table(const SpAttnPlan& plan, int block_rows, std::int64_t heads_kv,
+                                              int head_groups, int slots);
 
 /// Most head groups sp_attention_head_groups() returns (flags per source).
 inline constexpr int kSpMaxHeadGroups = 8;
@@ -222,7 +252,10 @@ void sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, SpStrategy s = SpStra
 SpStrategy resolve_sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, const SpAttnOptions& o = {},
                                 TuneReport* report = nullptr);
 
-/// Variants of sp_attention_diag_fused_kernel (bits).
+/// Variants of sp_attention_diag_fused_kernel (bits). After a call in the
+/// shard layout (non-causal) the first two change nothing: that kernel
+/// visits its blocks descending and reads its own shard from the workspace,
+/// which also makes the plain kernel's output valid.
 enum SpDiagKernel : unsigned {
   kSpDiagDescending = 1u << 0,        ///< blocks in the kernel's default order, not their chunks' arrival order
   kSpDiagOwnFromWorkspace = 1u << 1,  ///< own chunks read from the workspace, not in place (its own rows are stale)
@@ -234,8 +267,8 @@ enum SpDiagKernel : unsigned {
 /// no new epoch, so its flag waits pass at once: the kernel's cost beside
 /// the plain kernel's. Valid only right after a fused_ce call with the same
 /// `a` (checked; throws otherwise), and only until any rank starts its next
-/// sp_attention call. Not collective; the output is timing only when
-/// kSpDiagOwnFromWorkspace or kSpDiagPlainKernel is set.
+/// sp_attention call. Not collective; in the global layout the output is
+/// timing only when kSpDiagOwnFromWorkspace or kSpDiagPlainKernel is set.
 void sp_attention_diag_fused_kernel(SpAttnContext& ctx, const SpAttnArgs& a, unsigned variant = 0);
 
 }  // namespace tessera::ops

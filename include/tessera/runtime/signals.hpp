@@ -60,21 +60,24 @@ class Signals {
   ProcessGroup& group() const { return *pg_; }
   const WaitDiagnostics& diagnostics() const { return *diag_; }
 
-  /// Pending host-side (stream) waits, for diagnostics: the largest value
-  /// enqueued per (stream, source rank, slot). link::rank_wait records,
-  /// link::synchronize reports and clears.
+  /// Pending waits the host must be able to release, for diagnostics: the
+  /// largest value enqueued per (stream, source rank, slot). link::rank_wait
+  /// records its stream waits, and a kernel whose device waits have no
+  /// timeout of their own records the flags it spins on (sp_attention's
+  /// shard-layout kernel); link::synchronize reports and clears.
   struct HostWait {
     cudaStream_t stream;
     int src;
     int slot;
     std::uint64_t value;
+    const char* what = "rank_wait";  ///< the waiter, as the report names it (a string literal)
   };
   void note_host_wait(const HostWait& w) const;
   std::vector<HostWait> host_waits(cudaStream_t stream) const;
   void clear_host_waits(cudaStream_t stream) const;
   /// Releases pending waits: stores each one's expected value into its flag
   /// (on `side`) where the flag is still short, forgets them, and returns
-  /// those it released as "rank_wait on rank R: slot S from rank P expected
+  /// those it released as "<what> on rank R: slot S from rank P expected
   /// >= V but saw W; ..." (empty: none). `stream`: only that stream's waits;
   /// std::nullopt: every stream's.
   std::string release_host_waits(cudaStream_t side, std::optional<cudaStream_t> stream) const;
@@ -89,7 +92,11 @@ class Signals {
   SymBuffer<std::uint64_t> buf_;
   std::unique_ptr<WaitDiagnostics> diag_;
   mutable std::mutex waits_mutex_;
-  mutable std::map<std::tuple<cudaStream_t, int, int>, std::uint64_t> host_waits_;
+  struct PendingWait {
+    std::uint64_t value = 0;
+    const char* what = nullptr;
+  };
+  mutable std::map<std::tuple<cudaStream_t, int, int>, PendingWait> host_waits_;
 };
 
 }  // namespace tessera::runtime

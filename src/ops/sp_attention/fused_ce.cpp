@@ -1,12 +1,16 @@
-// sp_attention fused_ce: the kernel reads this rank's chunks in place from
-// the caller's K and V, except the rows of KV blocks that straddle another
-// chunk, which are copied into its own workspace on the compute stream
-// (TESSERA_SP_OWN_IN_PLACE=0: the whole chunks, A/B), and is queued first;
-// then, on the communication stream, its two chunks pushed into each peer's
+// sp_attention fused_ce. The kernel is queued first; then, on the
+// communication stream, this rank's shard is pushed into each peer's
 // workspace on the copy engine (after that peer said its workspace is
 // free), head group by head group, each piece followed by its flag; the
-// kernel (run_parts: one launch, or one per causal chunk) waits per KV block
-// for the pieces of its head that the block covers.
+// kernel waits per KV block for the pieces of its head that the block
+// covers. Two workspace layouts (sp_attention.hpp):
+//   global (causal): the kernel (run_parts: one launch, or one per causal
+//     chunk) reads this rank's chunks in place from the caller's K and V,
+//     except the rows of KV blocks that straddle another chunk, copied into
+//     the workspace on the compute stream (TESSERA_SP_OWN_IN_PLACE=0: the
+//     whole chunks, A/B), and visits blocks in arrival order;
+//   shard (non-causal, use_shard_layout): the own shard copied into its slot
+//     on the compute stream, the slim waits of ops/sp_shard_wait.cuh.
 #include "sp_attention.hpp"
 #include "../sp_attention_kernels.hpp"
 #include "tessera/link/host_primitives.hpp"
@@ -21,15 +25,19 @@ void run(SpAttnContext::Impl& c, const SpAttnArgs& a, int /*u*/) {
   Call k = begin(c, a);
   static const bool arrival = env::find_int("TESSERA_SP_ARRIVAL_ORDER", 0, 1).value_or(1) != 0;
   k.arrival_order = arrival;
-  // Read per call: tests switch TESSERA_SP_OWN_IN_PLACE between calls.
-  k.own_in_place = k.world > 1 && env::find_int("TESSERA_SP_OWN_IN_PLACE", 0, 1).value_or(1) != 0;
+  // Read per call: tests switch TESSERA_SP_OWN_IN_PLACE and
+  // TESSERA_SP_SHARD_LAYOUT between calls.
+  k.shard_layout = use_shard_layout(k);
+  k.own_in_place = k.world > 1 && !k.shard_layout && env::find_int("TESSERA_SP_OWN_IN_PLACE", 0, 1).value_or(1) != 0;
   const std::uint64_t e = k.epoch;
   // The pushes wait for the inputs, not for the own copy below. The own
   // copy stays stream-ordered before the kernel: flagged beside it, a local
   // pitched copy may run on SMs and starve behind a grid spinning on its
   // flags (the kernel's flag wait then times out).
   TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, k.st));
-  if (k.own_in_place)
+  if (k.shard_layout)
+    copy_own_shard(k, k.st);
+  else if (k.own_in_place)
     copy_own_edges(k, k.st);
   else
     copy_own(k, k.st);
@@ -52,15 +60,20 @@ void run(SpAttnContext::Impl& c, const SpAttnArgs& a, int /*u*/) {
     for (int g = 0; g < k.head_groups; ++g)
       for (int dst : k.plan.push_to) {
         unsigned char* pk = c.ws.peer(dst);
-        copy_chunks_heads(k, cs, pk, a.k, g);
-        copy_chunks_heads(k, cs, pk + k.kv_bytes, a.v, g);
+        if (k.shard_layout) {
+          copy_shard_heads(k, cs, pk, a.k, dst, g);
+          copy_shard_heads(k, cs, pk + k.kv_bytes, a.v, dst, g);
+        } else {
+          copy_chunks_heads(k, cs, pk, a.k, g);
+          copy_chunks_heads(k, cs, pk + k.kv_bytes, a.v, g);
+        }
         link::rank_notify(cs, *c.data, dst, detail::sp_kv_flag_slot(g), e);
       }
     TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_comm_done, cs));
     TESSERA_CUDA_CHECK(cudaStreamWaitEvent(k.st, c.ev_comm_done, 0));
   }
   finish(k);
-  c.last_fused = {k.epoch, a};
+  c.last_fused = {k.epoch, a, k.shard_layout};
 }
 
 /// The gathered K and V.
@@ -79,7 +92,7 @@ namespace tessera::ops {
 
 void sp_attention_diag_fused_kernel(SpAttnContext& ctx, const SpAttnArgs& a, unsigned variant) {
   SpAttnContext::Impl& c = ctx.impl();
-  const auto& [epoch, last] = c.last_fused;
+  const auto& [epoch, last, shard_layout] = c.last_fused;
   const bool same = epoch != 0 && epoch == c.epoch && last == a;
   TESSERA_CHECK(same && c.pg.world() > 1,
                 "sp_attention_diag_fused_kernel: the context's last call was not fused_ce with these arguments at "
@@ -91,7 +104,8 @@ void sp_attention_diag_fused_kernel(SpAttnContext& ctx, const SpAttnArgs& a, uns
   // starts its next call.
   sp::Call k = sp::begin(c, a);
   k.epoch = --c.epoch;
-  k.own_in_place = (variant & kSpDiagOwnFromWorkspace) == 0;
+  k.shard_layout = shard_layout;
+  k.own_in_place = !shard_layout && (variant & kSpDiagOwnFromWorkspace) == 0;
   k.arrival_order = (variant & kSpDiagDescending) == 0;
   sp::run_parts(k, (variant & kSpDiagPlainKernel) == 0);
 }

@@ -16,6 +16,7 @@
 #include <set>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "../scratch.hpp"
 #include "../seq_parallel_detail.hpp"
@@ -45,8 +46,9 @@ struct SpAttnContext::Impl {
   detail::ScratchBuffer staging{"sp_attention: staging growth"};
   std::uint64_t epoch = 0;
   cudaEvent_t ev_ready = nullptr, ev_comm_done = nullptr;
-  /// kv_arrival_order tables on the device, per (rank's plan, kv_len, block rows); kept for the context's life.
-  std::map<std::tuple<std::int64_t, int, int, std::int64_t, int>, std::int32_t*> orders;
+  /// Device tables (kv_arrival_order, sp_shard_flag_table) per key (a tag,
+  /// then what the table depends on); kept for the context's life.
+  std::map<std::vector<std::int64_t>, std::int32_t*> tables;
   std::set<detail::ZigzagSignature> validated;  ///< shapes and strategies already checked across ranks
   detail::TuneState tune;                       ///< automatic's choices and cache
   /// The ring, Ulysses and two-level strategies' own contexts, made by their
@@ -54,11 +56,18 @@ struct SpAttnContext::Impl {
   std::unique_ptr<RingAttnContext> ring;
   std::unique_ptr<UlyssesAttnContext> ulysses;
   std::unique_ptr<TwoLevelAttnContext> two_level;
-  /// The epoch and arguments of the last fused_ce call (sp_attention_diag_fused_kernel).
-  std::pair<std::uint64_t, SpAttnArgs> last_fused{0, {}};
+  /// The last fused_ce call (sp_attention_diag_fused_kernel): its epoch,
+  /// arguments and workspace layout.
+  struct LastFused {
+    std::uint64_t epoch = 0;
+    SpAttnArgs args;
+    bool shard_layout = false;
+  } last_fused;
 
   /// The device table of kv_arrival_order(plan, kv_len, block_rows), made once.
   const std::int32_t* arrival_order(const SpAttnPlan& plan, std::int64_t kv_len, int block_rows);
+  /// The device table of sp_shard_flag_table(plan, block_rows, heads_kv, head_groups, kSlots), made once.
+  const std::int32_t* shard_flags(const SpAttnPlan& plan, int block_rows, std::int64_t heads_kv, int head_groups);
   /// Bounded waits for every stream of the group; a stuck flag wait is reported and released.
   void drain(const char* what);
 };
@@ -101,6 +110,9 @@ struct Call {
   /// fused_ce: the hooked kernel visits its KV blocks in the order their
   /// chunks land (kv_arrival_order), else descending (the kernel's default).
   bool arrival_order = true;
+  /// fused_ce, non-causal: the workspace in the shard layout (sp_shard_slot)
+  /// instead of global order; the own shard copied in, the slim waits.
+  bool shard_layout = false;
 };
 
 /// Bytes of one gathered tensor [B, S, Hkv, D] (K or V).
@@ -120,6 +132,16 @@ void copy_own(const Call& k, cudaStream_t s);
 /// The own rows that the hooked kernel, reading its own chunks in place,
 /// still reads from the workspace (sp_own_edge_rows for its KV blocks).
 void copy_own_edges(const Call& k, cudaStream_t s);
+/// Whether fused_ce's call k takes the shard layout: sp_shard_layout_fits
+/// and TESSERA_SP_SHARD_LAYOUT (default 1; 0: the global layout, A/B), read
+/// per call.
+bool use_shard_layout(const Call& k);
+/// The shard layout: this rank's shard (K and V) into its slot.
+void copy_own_shard(const Call& k, cudaStream_t s);
+/// The shard layout: head group `g` of this rank's shard `src` (K or V) into
+/// its slot of rank `dst`'s tensor `dst_base` (one 3D copy: the batch is the
+/// depth).
+void copy_shard_heads(const Call& k, cudaStream_t s, void* dst_base, const void* src, int dst, int g);
 /// Copies head group `g` (of k.head_groups) of both chunks of a shard to
 /// their rows of the gathered tensor, k.plan.chunks[i] x C, in one copy per
 /// batch entry (a 3D copy: the chunks are the depth).
