@@ -98,9 +98,10 @@ std::string run_hook_ab(const Options& o, const Case& c, const kernels::Attentio
       stream);
   // sp_shard's table: R = 2, rank 0 (the peer's shard is the first half of
   // the keys), one head group, one slot per source: flag index 1 of `flags`.
-  const Dev shard_table = upload(ops::sp_shard_flag_table(ops::plan_sp_attention(4 * chunk, 2, 0, false),
-                                                          static_cast<int>(rows), a.heads_kv, 1, 1),
-                                 stream);
+  const Dev shard_table =
+      upload(ops::sp_kv_flag_table(ops::plan_sp_attention(4 * chunk, 2, 0, false), ops::SpKvLayout::shard,
+                                   static_cast<int>(rows), a.heads_kv, 1, 1),
+             stream);
   const auto* shard_ptr = static_cast<const std::int32_t*>(shard_table.p);
   const auto* set = static_cast<const std::uint32_t*>(flags.p);
   const auto* slim_flags = static_cast<const std::uint64_t*>(slim.p);
@@ -121,7 +122,7 @@ std::string run_hook_ab(const Options& o, const Case& c, const kernels::Attentio
       {"sp slim + order + in-place source", HookVariant::sp_slim_full},
       {"sp-like chunk walk", HookVariant::sp_like},
       {"flag wait, flags set", HookVariant::flags_set},
-      {"sp shard-layout wait (SpShardWait)", HookVariant::sp_shard}};
+      {"sp shard-layout wait (SpKvTableWait)", HookVariant::sp_shard}};
   double plain = 0;
   double t[std::size(variants)] = {};
   InterleavedTimer timer(stream, o.warmup, o.reps);

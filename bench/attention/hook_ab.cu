@@ -15,7 +15,7 @@
 #include "tessera/kernels/attention/launch.cuh"
 #include "tessera/kernels/gemm/prologue.cuh"
 #include "tessera/link/memory_order.cuh"
-#include "tessera/ops/sp_shard_wait.cuh"
+#include "tessera/ops/sp_kv_table_wait.cuh"
 
 namespace tessera::bench::attention {
 namespace {
@@ -199,7 +199,7 @@ void launch_hook_variant(HookVariant v, const kernels::AttentionArgs& a, const s
       return;
     }
     case HookVariant::sp_shard: {
-      ops::SpShardWait h{};
+      ops::SpKvTableWait h{};
       h.flags = reinterpret_cast<const std::uint64_t*>(set_flags);
       h.flags_of_block = reinterpret_cast<const int2*>(shard_table);
       h.n_blocks = static_cast<int>((a.seqlen_k + hook_ab_block_rows() - 1) / hook_ab_block_rows());

@@ -25,7 +25,7 @@ enum class HookVariant {
   sp_slim,            ///< the slim candidate: flag per block from a table, abort-word spin (R = 2, rank 0)
   sp_slim_full,       ///< sp_slim with sp_attention's arrival order and in-place own chunks
   flags_set,          ///< the engine's flag wait (KvFlagWait) on flags already set
-  sp_shard,           ///< sp_attention's shard-layout wait (ops::SpShardWait), its table at R = 2, rank 0
+  sp_shard,           ///< sp_attention's shard-layout wait (ops::SpKvTableWait), its table at R = 2, rank 0
 };
 
 /// Key rows per flag of the flags_set variant. The caller's flag array holds
@@ -40,7 +40,7 @@ int hook_ab_block_rows();
 /// sp_slim reads `slim_flags` (abort word 0, then owner flags >= 1) and
 /// `owner_table` (per KV block: 0, or the flag index to acquire);
 /// sp_slim_full also `order_table` (ops::kv_arrival_order's, R = 2, rank 0);
-/// sp_shard reads `set_flags` through `shard_table` (ops::sp_shard_flag_table's).
+/// sp_shard reads `set_flags` through `shard_table` (ops::sp_kv_flag_table's, shard layout).
 void launch_hook_variant(HookVariant v, const kernels::AttentionArgs& a, const std::uint32_t* set_flags,
                          const std::uint64_t* slim_flags, const std::int32_t* owner_table,
                          const std::int32_t* order_table, const std::int32_t* shard_table, cudaStream_t s);

@@ -9,7 +9,7 @@
 #include "tessera/kernels/attention/launch.cuh"
 #include "attention/slim_hook.cuh"
 #include "tessera/link/wait.cuh"
-#include "tessera/ops/sp_shard_wait.cuh"
+#include "tessera/ops/sp_kv_table_wait.cuh"
 
 namespace tessera::sass_forms {
 
@@ -129,7 +129,7 @@ struct Wait {
 struct SlimOrderOnly : bench::attention::SlimFlagWait, bench::attention::ArrivalOrder {};
 struct SlimSourceOnly : bench::attention::SlimFlagWait, bench::attention::OwnChunksInPlace {};
 
-/// SpShardWait's parts one at a time (bits: 1 pair of flags, 2 64-bit epoch
+/// SpKvTableWait's parts one at a time (bits: 1 pair of flags, 2 64-bit epoch
 /// from a parameter, 4 poll budget with nanosleep, 8 row of the KV head, 16
 /// the flag's low word against a 32-bit epoch).
 template <int kBits>
@@ -200,7 +200,7 @@ void instantiate(const kernels::AttentionArgs& a, cudaStream_t s, const std::uin
   shard_parts<1, 2, 4, 8, 17, 29>(a, s, f);
   // sp_attention's hook over the shard layout, as the operator runs it.
   kernels::attention_with<__nv_bfloat16, 128>(
-      a, ops::SpShardWait{f, reinterpret_cast<const int2*>(table), 64, 1u << 20, 1}, s);
+      a, ops::SpKvTableWait{f, reinterpret_cast<const int2*>(table), 64, 1u << 20, 1}, s);
 }
 
 void all_forms(const kernels::AttentionArgs& a, cudaStream_t s, const std::uint64_t* f, runtime::WaitRecord* r) {

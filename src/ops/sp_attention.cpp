@@ -75,7 +75,7 @@ const std::int32_t* device_table(std::map<std::vector<std::int64_t>, std::int32_
   return dev;
 }
 
-enum TableTag : std::int64_t { kArrivalOrderTable = 0, kShardFlagTable = 1 };
+enum TableTag : std::int64_t { kArrivalOrderTable = 0, kFlagTable = 1 };
 
 }  // namespace
 
@@ -84,10 +84,12 @@ const std::int32_t* SpAttnContext::Impl::arrival_order(const SpAttnPlan& plan, s
                       [&] { return kv_arrival_order(plan, kv_len, block_rows); });
 }
 
-const std::int32_t* SpAttnContext::Impl::shard_flags(const SpAttnPlan& plan, int block_rows, std::int64_t heads_kv,
-                                                     int head_groups) {
-  return device_table(tables, {kShardFlagTable, plan.seq, plan.world, plan.rank, block_rows, heads_kv, head_groups},
-                      [&] { return sp_shard_flag_table(plan, block_rows, heads_kv, head_groups, kSlots); });
+const std::int32_t* SpAttnContext::Impl::flag_table(const SpAttnPlan& plan, SpKvLayout layout, int block_rows,
+                                                    std::int64_t heads_kv, int head_groups) {
+  return device_table(tables,
+                      {kFlagTable, static_cast<std::int64_t>(layout), plan.seq, plan.world, plan.rank, plan.causal,
+                       block_rows, heads_kv, head_groups},
+                      [&] { return sp_kv_flag_table(plan, layout, block_rows, heads_kv, head_groups, kSlots); });
 }
 
 void SpAttnContext::Impl::drain(const char* what) { detail::drain_streams(pg, {data.get(), control.get()}, what); }
@@ -151,9 +153,14 @@ void copy_chunks_heads(const Call& k, cudaStream_t s, void* dst, const void* src
   }
 }
 
-bool use_shard_layout(const Call& k) {
-  return sp_shard_layout_fits(k.plan, detail::sp_attention_kv_block_rows(static_cast<int>(k.a.head_dim))) &&
-         env::find_int("TESSERA_SP_SHARD_LAYOUT", 0, 1).value_or(1) != 0;
+void choose_fused_layout(Call& k) {
+  const int block_rows = detail::sp_attention_kv_block_rows(static_cast<int>(k.a.head_dim));
+  const auto knob = [](const char* name) { return env::find_int(name, 0, 1).value_or(1) != 0; };
+  k.shard_layout =
+      !k.a.causal && knob("TESSERA_SP_SHARD_LAYOUT") && sp_kv_table_fits(k.plan, SpKvLayout::shard, block_rows);
+  k.table_wait = k.shard_layout || (k.a.causal && knob("TESSERA_SP_TABLE_WAIT") &&
+                                    sp_kv_table_fits(k.plan, SpKvLayout::global, block_rows));
+  k.own_in_place = k.world > 1 && !k.table_wait && knob("TESSERA_SP_OWN_IN_PLACE");
 }
 
 void copy_own_shard(const Call& k, cudaStream_t s) {
@@ -203,19 +210,21 @@ void wait_peers_done(const Call& k, cudaStream_t s) {
 
 namespace {
 
-/// The shard-layout kernel of call k. Its waits have no timeout of their
+/// The table-wait kernel of call k. Its waits have no timeout of their
 /// own, so every flag they read is noted as a host wait on the compute
 /// stream: a bounded synchronize that times out releases it and names it.
-void launch_shard_part(const Call& k, const kernels::AttentionArgs& ka, int block_rows) {
-  detail::SpShardFlags f;
+void launch_table_part(const Call& k, const kernels::AttentionArgs& ka, int block_rows) {
+  detail::SpKvTable f;
   f.flags = k.c.data->view().flag_from(0, 0);
-  f.table = k.c.shard_flags(k.plan, block_rows, k.a.heads_kv, k.head_groups);
+  f.table = k.c.flag_table(k.plan, k.shard_layout ? SpKvLayout::shard : SpKvLayout::global, block_rows, k.a.heads_kv,
+                           k.head_groups);
+  f.blocks_per_head = static_cast<int>((k.S + block_rows - 1) / block_rows);
   f.epoch = k.epoch;
   for (int src = 0; src < k.world; ++src)
     if (src != k.rank)
       for (int g = 0; g < k.head_groups; ++g)
         k.c.data->note_host_wait({k.st, src, detail::sp_kv_flag_slot(g), k.epoch, "sp_attention KV wait"});
-  detail::launch_sp_attention_shards(ka, f, k.st);
+  detail::launch_sp_attention_table(ka, f, k.st);
 }
 
 }  // namespace
@@ -232,7 +241,7 @@ void run_parts(const Call& k, bool hooked) {
   f.chunk = k.C;
   f.epoch = k.epoch;
   f.heads_per_group = static_cast<int>(a.heads_kv) / k.head_groups;
-  if (hooked && k.own_in_place && !k.shard_layout) {
+  if (hooked && k.own_in_place && !k.table_wait) {
     f.own_k = a.k;
     f.own_v = a.v;
     f.own_stride = {k.L * a.heads_kv * a.head_dim, a.heads_kv * a.head_dim, a.head_dim};
@@ -255,8 +264,8 @@ void run_parts(const Call& k, bool hooked) {
                  std::max(launches[0].kv_len, launches[1].kv_len)}};
   }
   for (const SpAttnPlan::Part& part : launches) {
-    f.order = hooked && R > 1 && k.arrival_order && !k.shard_layout ? k.c.arrival_order(k.plan, part.kv_len, block_rows)
-                                                                    : nullptr;
+    f.order = hooked && R > 1 && k.arrival_order && !k.table_wait ? k.c.arrival_order(k.plan, part.kv_len, block_rows)
+                                                                  : nullptr;
     kernels::AttentionArgs ka;
     ka.q = static_cast<const unsigned char*>(a.q) + part.local_row0 * q_row;
     ka.o = static_cast<unsigned char*>(a.o) + part.local_row0 * q_row;
@@ -281,8 +290,8 @@ void run_parts(const Call& k, bool hooked) {
       ka.lse_batch_stride = a.heads_q * k.L;
       ka.lse_head_stride = k.L;
     }
-    if (hooked && R > 1 && k.shard_layout)
-      launch_shard_part(k, ka, block_rows);
+    if (hooked && R > 1 && k.table_wait)
+      launch_table_part(k, ka, block_rows);
     else if (hooked && R > 1)
       detail::launch_sp_attention_part(ka, f, k.st);
     else

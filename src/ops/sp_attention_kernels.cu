@@ -1,16 +1,16 @@
-// The attention kernel with sp_attention's KV hooks. Global layout
-// (causal): per KV block, the engine's FlagWait (.sys acquire, timeout ->
-// WaitRecord + trap) on the flag of the CTA's head group from every remote
-// owner of a zig-zag chunk the block covers that the CTA has not acquired
-// yet (an owner's chunks span many blocks: one acquire and one proxy fence
-// per owner). Shard layout (non-causal): SpShardWait (ops/sp_shard_wait.cuh).
+// The attention kernel with sp_attention's KV hooks. The chunk walk: per
+// KV block, the engine's FlagWait (.sys acquire, timeout -> WaitRecord +
+// trap) on the flag of the CTA's head group from every remote owner of a
+// zig-zag chunk the block covers that the CTA has not acquired yet (an
+// owner's chunks span many blocks: one acquire and one proxy fence per
+// owner). The table wait: SpKvTableWait (ops/sp_kv_table_wait.cuh).
 #include "sp_attention_kernels.hpp"
 
 #include <algorithm>
 
 #include "tessera/kernels/attention/launch.cuh"
 #include "tessera/kernels/gemm/prologue.cuh"
-#include "tessera/ops/sp_shard_wait.cuh"
+#include "tessera/ops/sp_kv_table_wait.cuh"
 #include "tessera/runtime/error.hpp"
 #include "tessera/runtime/wait_diagnostics.hpp"
 
@@ -116,17 +116,18 @@ void launch_sp_attention_part(const kernels::AttentionArgs& a, const SpKvFlags& 
   launch_typed(a, h, stream);
 }
 
-void launch_sp_attention_shards(const kernels::AttentionArgs& a, const SpShardFlags& f, cudaStream_t stream) {
-  TESSERA_CHECK(!a.causal && f.table != nullptr, "launch_sp_attention_shards: a non-causal launch with a table");
+void launch_sp_attention_table(const kernels::AttentionArgs& a, const SpKvTable& f, cudaStream_t stream) {
   const int block_rows = sp_attention_kv_block_rows(static_cast<int>(a.head_dim));
-  // A poll (a .sys load and a nanosleep of up to twice kSpShardPollSleepNs)
+  TESSERA_CHECK(f.table != nullptr && static_cast<std::int64_t>(f.blocks_per_head) * block_rows >= a.seqlen_k,
+                "launch_sp_attention_table: a table of {} blocks per head for {} keys", f.blocks_per_head, a.seqlen_k);
+  // A poll (a .sys load and a nanosleep of up to twice kSpKvPollSleepNs)
   // takes 0.5-3 us, so this budget lasts 2-12 x the host's timeout: the
   // host's release comes first.
-  const std::uint64_t polls = 4 * runtime::wait_timeout_ns() / kSpShardPollSleepNs;
-  SpShardWait h{};
+  const std::uint64_t polls = 4 * runtime::wait_timeout_ns() / kSpKvPollSleepNs;
+  SpKvTableWait h{};
   h.flags = f.flags;
   h.flags_of_block = reinterpret_cast<const int2*>(f.table);
-  h.n_blocks = static_cast<int>((a.seqlen_k + block_rows - 1) / block_rows);
+  h.n_blocks = f.blocks_per_head;
   h.polls = static_cast<unsigned>(std::clamp<std::uint64_t>(polls, 1, ~0u));
   h.epoch = static_cast<std::uint32_t>(f.epoch);
   launch_typed(a, h, stream);

@@ -51,21 +51,24 @@ TESSERA_HD constexpr bool sp_block_in_own_chunk(std::int64_t row0, std::int64_t 
 /// waits on it.
 TESSERA_HD constexpr int sp_kv_flag_slot(int group) { return group; }
 
-/// The shard layout's waits (ops::sp_shard_flag_table, SpShardWait): this
+/// The table wait (ops::sp_kv_flag_table, SpKvTableWait): this
 /// rank's per-source flag rows, the device copy of the table for the
 /// launch's seqlen_k and heads_kv, and the epoch the flags must reach.
-struct SpShardFlags {
+struct SpKvTable {
   const std::uint64_t* flags = nullptr;
   const std::int32_t* table = nullptr;
+  /// Entries per KV head: the blocks of the whole gathered sequence (S), not
+  /// of the launch's seqlen_k (a causal launch reads a prefix).
+  int blocks_per_head = 0;
   std::uint64_t epoch = 0;
 };
 
-/// kernels::attention(a) (non-causal, the gathered KV in the shard layout)
-/// whose producer waits before each KV block for the flags f.table names.
+/// kernels::attention(a) over the gathered KV (either layout) whose producer
+/// waits before each KV block for the flags f.table names.
 /// The waits have no timeout of their own: the caller notes each flag as a
 /// host wait (Signals::note_host_wait) so that a bounded synchronize can
 /// release them; a poll budget of 2-12 x TESSERA_WAIT_TIMEOUT_MS traps.
-void launch_sp_attention_shards(const kernels::AttentionArgs& a, const SpShardFlags& f, cudaStream_t stream);
+void launch_sp_attention_table(const kernels::AttentionArgs& a, const SpKvTable& f, cudaStream_t stream);
 
 /// Rows of the fused kernel's KV blocks for head_dim (kv_arrival_order's block_rows).
 int sp_attention_kv_block_rows(int head_dim);

@@ -67,19 +67,27 @@ int sp_shard_slot(int world, int dst, int owner) {
   return world - 1 - (owner - dst + world) % world;
 }
 
-bool sp_shard_layout_fits(const SpAttnPlan& plan, int block_rows) {
-  return !plan.causal && plan.world > 1 && block_rows >= 1 && 2 * plan.chunk >= block_rows;
+bool sp_kv_table_fits(const SpAttnPlan& plan, SpKvLayout layout, int block_rows) {
+  const std::int64_t unit = layout == SpKvLayout::shard ? 2 * plan.chunk : plan.chunk;
+  return plan.world > 1 && block_rows >= 1 && unit >= block_rows && (layout == SpKvLayout::global || !plan.causal);
 }
 
-std::vector<std::int32_t> sp_shard_flag_table(const SpAttnPlan& plan, int block_rows, std::int64_t heads_kv,
-                                              int head_groups, int slots) {
-  TESSERA_CHECK(sp_shard_layout_fits(plan, block_rows),
-                "sp_shard_flag_table: the shard layout needs a non-causal plan at R > 1 with shards (2C = {}) of at "
-                "least a block ({} rows)",
-                2 * plan.chunk, block_rows);
+std::vector<std::int32_t> sp_kv_flag_table(const SpAttnPlan& plan, SpKvLayout layout, int block_rows,
+                                           std::int64_t heads_kv, int head_groups, int slots) {
+  const bool shard = layout == SpKvLayout::shard;
+  TESSERA_CHECK(sp_kv_table_fits(plan, layout, block_rows),
+                "sp_kv_flag_table: the {} layout's table needs R > 1 (R = {}){}, and {} of at least a block ({} rows, "
+                "block {})",
+                shard ? "shard" : "global", plan.world, shard ? " and a non-causal plan" : "",
+                shard ? "shards" : "chunks", shard ? 2 * plan.chunk : plan.chunk, block_rows);
   TESSERA_CHECK(head_groups >= 1 && heads_kv >= 1 && heads_kv % head_groups == 0 && head_groups <= slots,
-                "sp_shard_flag_table: heads_kv = {} in {} groups of {} slots", heads_kv, head_groups, slots);
-  const std::int64_t shard = 2 * plan.chunk, n_blocks = (plan.seq + block_rows - 1) / block_rows;
+                "sp_kv_flag_table: heads_kv = {} in {} groups of {} slots", heads_kv, head_groups, slots);
+  const std::int64_t unit = shard ? 2 * plan.chunk : plan.chunk, n_blocks = (plan.seq + block_rows - 1) / block_rows;
+  // The rank whose data unit u (a shard slot, or a global chunk) holds.
+  const auto owner_of = [&](std::int64_t u) {
+    return shard ? static_cast<int>((plan.rank + plan.world - 1 - u) % plan.world)
+                 : SpAttnPlan::owner(static_cast<int>(u), plan.world);
+  };
   const std::int64_t heads_per_group = heads_kv / head_groups;
   std::vector<std::int32_t> table(static_cast<std::size_t>(2 * heads_kv * n_blocks), 0);
   for (std::int64_t h = 0; h < heads_kv; ++h) {
@@ -87,9 +95,11 @@ std::vector<std::int32_t> sp_shard_flag_table(const SpAttnPlan& plan, int block_
     for (std::int64_t b = 0; b < n_blocks; ++b) {
       const std::int64_t lo = b * block_rows, hi = std::min(plan.seq, lo + block_rows) - 1;
       std::int32_t* entry = &table[static_cast<std::size_t>(2 * (h * n_blocks + b))];
-      for (std::int64_t j = lo / shard; j <= hi / shard; ++j) {
-        const int owner = static_cast<int>((plan.rank + plan.world - 1 - j) % plan.world);
-        if (owner != plan.rank) *entry++ = owner * slots + slot + 1;
+      int named = 0;  // two units at most (unit >= block_rows); two global chunks may share an owner
+      for (std::int64_t u = lo / unit; u <= hi / unit; ++u) {
+        const int owner = owner_of(u);
+        const std::int32_t flag = owner * slots + slot + 1;
+        if (owner != plan.rank && (named == 0 || entry[0] != flag)) entry[named++] = flag;
       }
     }
   }

@@ -158,8 +158,9 @@ TEST(SpAttentionGpu, FusedHeadGroupsMatchWholeSequenceAttention) {
 // Before each in-place call a call on other data leaves other own rows in
 // the workspace, so a missing edge row cannot pass. Chunks shorter than a
 // block, a multiple of it, and neither; both head dims (176- and 128-row
-// blocks), GQA, batch 2. Non-causal calls would take the shard layout, which
-// reads nothing in place: TESSERA_SP_SHARD_LAYOUT=0 keeps them global.
+// blocks), GQA, batch 2. With chunks of at least a block the calls would
+// take the table wait, which reads nothing in place: TESSERA_SP_TABLE_WAIT=0
+// and TESSERA_SP_SHARD_LAYOUT=0 keep the chunk walk.
 TEST(SpAttentionGpu, FusedOwnChunksInPlaceMatchTheCopy) {
   std::string why;
   if (hopper_skip_reason(&why)) GTEST_SKIP() << why;
@@ -167,10 +168,14 @@ TEST(SpAttentionGpu, FusedOwnChunksInPlaceMatchTheCopy) {
   const int R = pg.world(), rank = pg.rank();
   if (R < 2 || !pg.lsa_reachable()) GTEST_SKIP() << "fused_ce needs 2 load/store-reachable ranks";
   struct EnvScope {
-    EnvScope() { setenv("TESSERA_SP_SHARD_LAYOUT", "0", 1); }
+    EnvScope() {
+      setenv("TESSERA_SP_SHARD_LAYOUT", "0", 1);
+      setenv("TESSERA_SP_TABLE_WAIT", "0", 1);
+    }
     ~EnvScope() {
       unsetenv("TESSERA_SP_OWN_IN_PLACE");
       unsetenv("TESSERA_SP_SHARD_LAYOUT");
+      unsetenv("TESSERA_SP_TABLE_WAIT");
     }
   } restore;
   ops::SpAttnOptions opt;
@@ -206,99 +211,117 @@ TEST(SpAttentionGpu, FusedOwnChunksInPlaceMatchTheCopy) {
       }
 }
 
-// Non-causal fused_ce takes the shard layout (each rank's shard whole in a
-// slot of the workspace, the slim waits): against the reference, two calls
-// in a row (epochs), then a call in the global layout
-// (TESSERA_SP_SHARD_LAYOUT=0) and a sequential call between shard-layout
-// calls, so each layout follows the other over the same workspace. Shards
-// shorter than a KV block (chunk 32: 64 rows, blocks of 192 at d 128) fall
-// back to the global layout; chunks that are and are not multiples of a
-// block; both head dims,
-// GQA, head groups (16/8 heads at d 128: two), batch 2.
-TEST(SpAttentionGpu, FusedShardLayoutMatchesTheReference) {
+// fused_ce's table wait (the default where chunks are at least a KV block):
+// non-causal in the shard layout, causal in global order. Against the
+// reference: two calls in a row (epochs), then a chunk-walk call
+// (TESSERA_SP_SHARD_LAYOUT=0 / TESSERA_SP_TABLE_WAIT=0) and a sequential
+// call between table-wait calls, so each way follows the others over the
+// same workspace. Chunks shorter than a block (chunk 32: blocks of 192 rows
+// at d 128) fall back to the chunk walk (causal), or to it in global order
+// (non-causal: shards of 64 rows); chunks that are and are not multiples of
+// a block; both head dims, GQA, head groups (16/8 heads at d 128: two),
+// batch 2.
+TEST(SpAttentionGpu, FusedTableWaitMatchesTheReference) {
   std::string why;
   if (hopper_skip_reason(&why)) GTEST_SKIP() << why;
   runtime::ProcessGroup& pg = group();
   const int R = pg.world(), rank = pg.rank();
   if (R < 2 || !pg.lsa_reachable()) GTEST_SKIP() << "fused_ce needs 2 load/store-reachable ranks";
   struct EnvScope {
-    ~EnvScope() { unsetenv("TESSERA_SP_SHARD_LAYOUT"); }
+    ~EnvScope() {
+      unsetenv("TESSERA_SP_SHARD_LAYOUT");
+      unsetenv("TESSERA_SP_TABLE_WAIT");
+    }
   } restore;
   struct Case {
     int64_t batch, chunk, heads, heads_kv, head_dim;
   };
-  for (const Case& c : {Case{2, 32, 4, 2, 128}, Case{2, 96, 4, 2, 64}, Case{1, 200, 16, 8, 128},
-                        Case{2, 256, 4, 4, 128}, Case{1, 352, 8, 2, 64}}) {
-    const tessera::testing::ZigZagAttention zz(R, rank, c.batch, c.chunk, c.heads, c.heads_kv, c.head_dim, DType::bf16,
-                                               false, 20261127 + c.chunk);
-    ops::SpAttnOptions opt;
-    opt.use_cache = false;
-    const char* steps[] = {"shard", "shard", "global", "shard", "sequential", "shard"};
-    for (const char* step : steps) {
-      const std::string s = step;
-      setenv("TESSERA_SP_SHARD_LAYOUT", s == "global" ? "0" : "1", 1);
-      opt.strategy = s == "sequential" ? ops::SpStrategy::sequential : ops::SpStrategy::fused_ce;
-      zz.poison();
-      ops::sp_attention(ctx(), zz.args(), opt);
-      pg.synchronize(pg.stream(), "sp_attention shard-layout test");
-      const auto d = zz.compare();
-      const std::string what = "chunk " + std::to_string(c.chunk) + ", " + std::to_string(c.heads) + "/" +
-                               std::to_string(c.heads_kv) + " heads, d " + std::to_string(c.head_dim) + ", " + s +
-                               ", rank " + std::to_string(rank) + "/" + std::to_string(R);
-      EXPECT_EQ(d.nonfinite, 0) << what << ": non-finite outputs (poison left or NaN)";
-      EXPECT_LT(d.o_rel, 1e-2) << what;
-      EXPECT_LT(d.lse_max, 1e-3) << what;
+  for (bool causal : {false, true})
+    for (const Case& c : {Case{2, 32, 4, 2, 128}, Case{2, 96, 4, 2, 64}, Case{1, 200, 16, 8, 128},
+                          Case{2, 256, 4, 4, 128}, Case{1, 352, 8, 2, 64}}) {
+      const tessera::testing::ZigZagAttention zz(R, rank, c.batch, c.chunk, c.heads, c.heads_kv, c.head_dim,
+                                                 DType::bf16, causal, 20261127 + c.chunk);
+      ops::SpAttnOptions opt;
+      opt.use_cache = false;
+      const char* steps[] = {"table", "table", "walk", "table", "sequential", "table"};
+      for (const char* step : steps) {
+        const std::string s = step;
+        setenv("TESSERA_SP_SHARD_LAYOUT", s == "walk" ? "0" : "1", 1);
+        setenv("TESSERA_SP_TABLE_WAIT", s == "walk" ? "0" : "1", 1);
+        opt.strategy = s == "sequential" ? ops::SpStrategy::sequential : ops::SpStrategy::fused_ce;
+        zz.poison();
+        ops::sp_attention(ctx(), zz.args(), opt);
+        pg.synchronize(pg.stream(), "sp_attention table-wait test");
+        const auto d = zz.compare();
+        const std::string what = std::string(causal ? "causal" : "non-causal") + ", chunk " + std::to_string(c.chunk) +
+                                 ", " + std::to_string(c.heads) + "/" + std::to_string(c.heads_kv) + " heads, d " +
+                                 std::to_string(c.head_dim) + ", " + s + ", rank " + std::to_string(rank) + "/" +
+                                 std::to_string(R);
+        EXPECT_EQ(d.nonfinite, 0) << what << ": non-finite outputs (poison left or NaN)";
+        EXPECT_LT(d.o_rel, 1e-2) << what;
+        EXPECT_LT(d.lse_max, 1e-3) << what;
+      }
     }
-  }
 }
 
 // sp_attention_diag_fused_kernel (bench sp-attention --diag) re-runs
 // fused_ce's hooked kernel over the KV the last call gathered: as run it is
 // bitwise the call's O and LSE (same kernel, blocks and order); in the
 // default order it matches the reference; the plain-kernel variant runs.
-// After a sequential call, and with unknown variant bits, it throws.
+// After a sequential call, and with unknown variant bits, it throws. Both
+// waits: the table wait (default) and the chunk walk.
 TEST(SpAttentionGpu, DiagReplayOfTheFusedKernel) {
   std::string why;
   if (hopper_skip_reason(&why)) GTEST_SKIP() << why;
   runtime::ProcessGroup& pg = group();
   const int R = pg.world(), rank = pg.rank();
   if (R < 2 || !pg.lsa_reachable()) GTEST_SKIP() << "fused_ce needs 2 load/store-reachable ranks";
-  for (bool causal : {true, false}) {
-    const tessera::testing::ZigZagAttention zz(R, rank, 1, 384, 4, 2, 128, DType::bf16, causal, 20261128);
-    const ops::SpAttnArgs a = zz.args();
-    const std::size_t o_elems = static_cast<std::size_t>(zz.B * zz.L * zz.H * zz.D);
-    const std::size_t lse_elems = static_cast<std::size_t>(zz.B * zz.H * zz.L);
-    const std::string what = std::string(causal ? "causal" : "non-causal") + ", rank " + std::to_string(rank);
-    zz.poison();
-    ops::sp_attention(ctx(), a, ops::SpStrategy::fused_ce);
-    pg.synchronize(pg.stream(), "sp_attention diag test: fused_ce");
-    const auto o_fused = download<std::uint16_t>(a.o, o_elems);
-    const auto lse_fused = download<float>(a.lse, lse_elems);
-    zz.poison();
-    ops::sp_attention_diag_fused_kernel(ctx(), a, 0);
-    pg.synchronize(pg.stream(), "sp_attention diag test: replay");
-    EXPECT_TRUE(download<std::uint16_t>(a.o, o_elems) == o_fused) << what << ": the replay's O differs";
-    EXPECT_TRUE(download<float>(a.lse, lse_elems) == lse_fused) << what << ": the replay's LSE differs";
-    zz.poison();
-    ops::sp_attention_diag_fused_kernel(ctx(), a, ops::kSpDiagDescending);
-    pg.synchronize(pg.stream(), "sp_attention diag test: descending replay");
-    const auto diff = zz.compare();
-    EXPECT_EQ(diff.nonfinite, 0) << what;
-    EXPECT_LT(diff.o_rel, 1e-2) << what;
-    EXPECT_LT(diff.lse_max, 1e-3) << what;
-    ops::sp_attention_diag_fused_kernel(ctx(), a, ops::kSpDiagPlainKernel);
-    pg.synchronize(pg.stream(), "sp_attention diag test: plain kernel");
-    EXPECT_THROW(ops::sp_attention_diag_fused_kernel(ctx(), a, 1u << 7), Error) << what;
-    pg.barrier();  // every rank is done with the workspace before the next call
-    ops::sp_attention(ctx(), a, ops::SpStrategy::sequential);
-    pg.synchronize(pg.stream(), "sp_attention diag test: sequential");
-    try {
-      ops::sp_attention_diag_fused_kernel(ctx(), a, 0);
-      ADD_FAILURE() << what << ": replayed after a sequential call";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("was not fused_ce"), std::string::npos) << e.what();
+  struct EnvScope {
+    ~EnvScope() {
+      unsetenv("TESSERA_SP_SHARD_LAYOUT");
+      unsetenv("TESSERA_SP_TABLE_WAIT");
     }
-  }
+  } restore;
+  for (bool walk : {false, true})
+    for (bool causal : {true, false}) {
+      setenv("TESSERA_SP_SHARD_LAYOUT", walk ? "0" : "1", 1);
+      setenv("TESSERA_SP_TABLE_WAIT", walk ? "0" : "1", 1);
+      const tessera::testing::ZigZagAttention zz(R, rank, 1, 384, 4, 2, 128, DType::bf16, causal, 20261128);
+      const ops::SpAttnArgs a = zz.args();
+      const std::size_t o_elems = static_cast<std::size_t>(zz.B * zz.L * zz.H * zz.D);
+      const std::size_t lse_elems = static_cast<std::size_t>(zz.B * zz.H * zz.L);
+      const std::string what = std::string(causal ? "causal" : "non-causal") +
+                               (walk ? ", chunk walk" : ", table wait") + ", rank " + std::to_string(rank);
+      zz.poison();
+      ops::sp_attention(ctx(), a, ops::SpStrategy::fused_ce);
+      pg.synchronize(pg.stream(), "sp_attention diag test: fused_ce");
+      const auto o_fused = download<std::uint16_t>(a.o, o_elems);
+      const auto lse_fused = download<float>(a.lse, lse_elems);
+      zz.poison();
+      ops::sp_attention_diag_fused_kernel(ctx(), a, 0);
+      pg.synchronize(pg.stream(), "sp_attention diag test: replay");
+      EXPECT_TRUE(download<std::uint16_t>(a.o, o_elems) == o_fused) << what << ": the replay's O differs";
+      EXPECT_TRUE(download<float>(a.lse, lse_elems) == lse_fused) << what << ": the replay's LSE differs";
+      zz.poison();
+      ops::sp_attention_diag_fused_kernel(ctx(), a, ops::kSpDiagDescending);
+      pg.synchronize(pg.stream(), "sp_attention diag test: descending replay");
+      const auto diff = zz.compare();
+      EXPECT_EQ(diff.nonfinite, 0) << what;
+      EXPECT_LT(diff.o_rel, 1e-2) << what;
+      EXPECT_LT(diff.lse_max, 1e-3) << what;
+      ops::sp_attention_diag_fused_kernel(ctx(), a, ops::kSpDiagPlainKernel);
+      pg.synchronize(pg.stream(), "sp_attention diag test: plain kernel");
+      EXPECT_THROW(ops::sp_attention_diag_fused_kernel(ctx(), a, 1u << 7), Error) << what;
+      pg.barrier();  // every rank is done with the workspace before the next call
+      ops::sp_attention(ctx(), a, ops::SpStrategy::sequential);
+      pg.synchronize(pg.stream(), "sp_attention diag test: sequential");
+      try {
+        ops::sp_attention_diag_fused_kernel(ctx(), a, 0);
+        ADD_FAILURE() << what << ": replayed after a sequential call";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("was not fused_ce"), std::string::npos) << e.what();
+      }
+    }
 }
 
 TEST(SpAttentionGpu, RejectsBadInputBeforeLaunch) {

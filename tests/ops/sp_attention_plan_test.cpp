@@ -192,45 +192,55 @@ TEST(SpAttentionPlan, ShardSlotsPlaceOwnLastThenArrivals) {
 }
 
 // The wait table names, for every (KV head, block), exactly the flags of the
-// peer shards whose rows the block covers (checked row by row), with the
-// head's group slot; none for the own shard; the layout refuses causal plans,
-// R = 1 and shards shorter than a block.
-TEST(SpAttentionPlan, ShardFlagTableNamesThePeerShardsOfEachBlock) {
-  using tessera::ops::sp_shard_flag_table;
-  using tessera::ops::sp_shard_slot;
+// peer chunks (global order) or shards (shard layout) whose rows the block
+// covers (checked row by row), each once, with the head's group slot; none
+// for the rank's own. The shard layout refuses causal plans; both refuse
+// R = 1 and units (chunks, shards) shorter than a block.
+TEST(SpAttentionPlan, FlagTableNamesThePeerDataOfEachBlock) {
+  using tessera::ops::sp_kv_flag_table;
+  using tessera::ops::sp_kv_table_fits;
+  using tessera::ops::SpKvLayout;
   const int slots = 8;
-  for (int world : {2, 3, 4})
-    for (std::int64_t chunk : {64, 96, 100, 200})
-      for (int block_rows : {128, 176})
-        for (int rank = 0; rank < world; ++rank) {
-          const std::int64_t seq = 2 * world * chunk, shard = 2 * chunk, heads_kv = 4;
-          const SpAttnPlan p = plan_sp_attention(seq, world, rank, false);
-          ASSERT_EQ(tessera::ops::sp_shard_layout_fits(p, block_rows), shard >= block_rows);
-          if (shard < block_rows) {
-            EXPECT_THROW(sp_shard_flag_table(p, block_rows, heads_kv, 2, slots), tessera::Error);
-            continue;
-          }
-          const auto t = sp_shard_flag_table(p, block_rows, heads_kv, 2, slots);
-          const std::int64_t n_blocks = (seq + block_rows - 1) / block_rows;
-          ASSERT_EQ(t.size(), static_cast<std::size_t>(2 * heads_kv * n_blocks));
-          for (std::int64_t h = 0; h < heads_kv; ++h)
-            for (std::int64_t b = 0; b < n_blocks; ++b) {
-              std::set<int> want;
-              for (std::int64_t row = b * block_rows; row < std::min(seq, (b + 1) * block_rows); ++row)
-                for (int owner = 0; owner < world; ++owner)
-                  if (owner != rank && sp_shard_slot(world, rank, owner) == row / shard)
-                    want.insert(owner * slots + static_cast<int>(h / 2) + 1);
-              std::set<int> got;
-              for (int i = 0; i < 2; ++i) {
-                const std::int32_t f = t[static_cast<std::size_t>(2 * (h * n_blocks + b) + i)];
-                if (f != 0) EXPECT_TRUE(got.insert(f).second) << "a flag named twice";
+  for (SpKvLayout layout : {SpKvLayout::global, SpKvLayout::shard})
+    for (bool causal : {false, true})
+      for (int world : {2, 3, 4})
+        for (std::int64_t chunk : {64, 96, 100, 200})
+          for (int block_rows : {128, 192})
+            for (int rank = 0; rank < world; ++rank) {
+              const bool shard = layout == SpKvLayout::shard;
+              const std::int64_t seq = 2 * world * chunk, unit = shard ? 2 * chunk : chunk, heads_kv = 4;
+              const SpAttnPlan p = plan_sp_attention(seq, world, rank, causal);
+              const bool fits = unit >= block_rows && !(shard && causal);
+              ASSERT_EQ(sp_kv_table_fits(p, layout, block_rows), fits);
+              if (!fits) {
+                EXPECT_THROW(sp_kv_flag_table(p, layout, block_rows, heads_kv, 2, slots), tessera::Error);
+                continue;
               }
-              EXPECT_EQ(got, want) << "world " << world << " chunk " << chunk << " rank " << rank << " head " << h
-                                   << " block " << b;
+              const auto t = sp_kv_flag_table(p, layout, block_rows, heads_kv, 2, slots);
+              const std::int64_t n_blocks = (seq + block_rows - 1) / block_rows;
+              ASSERT_EQ(t.size(), static_cast<std::size_t>(2 * heads_kv * n_blocks));
+              // The owner of global row i (global order) or workspace row i (shard layout).
+              const auto owner_of = [&](std::int64_t row) {
+                if (!shard) return SpAttnPlan::owner(static_cast<int>(row / chunk), world);
+                for (int o = 0; o < world; ++o)
+                  if (tessera::ops::sp_shard_slot(world, rank, o) == row / unit) return o;
+                return -1;
+              };
+              for (std::int64_t h = 0; h < heads_kv; ++h)
+                for (std::int64_t b = 0; b < n_blocks; ++b) {
+                  std::set<int> want;
+                  for (std::int64_t row = b * block_rows; row < std::min(seq, (b + 1) * block_rows); ++row)
+                    if (owner_of(row) != rank) want.insert(owner_of(row) * slots + static_cast<int>(h / 2) + 1);
+                  std::set<int> got;
+                  for (int i = 0; i < 2; ++i) {
+                    const std::int32_t f = t[static_cast<std::size_t>(2 * (h * n_blocks + b) + i)];
+                    if (f != 0) EXPECT_TRUE(got.insert(f).second) << "a flag named twice";
+                  }
+                  EXPECT_EQ(got, want) << (shard ? "shard" : "global") << " world " << world << " chunk " << chunk
+                                       << " rank " << rank << " head " << h << " block " << b;
+                }
             }
-        }
-  EXPECT_FALSE(tessera::ops::sp_shard_layout_fits(plan_sp_attention(1024, 2, 0, true), 128));
-  EXPECT_FALSE(tessera::ops::sp_shard_layout_fits(plan_sp_attention(1024, 1, 0, false), 128));
-  EXPECT_THROW(sp_shard_flag_table(plan_sp_attention(1024, 2, 0, true), 128, 4, 2, slots), tessera::Error);
-  EXPECT_THROW(sp_shard_flag_table(plan_sp_attention(1024, 2, 0, false), 128, 4, 3, slots), tessera::Error);
+  EXPECT_FALSE(sp_kv_table_fits(plan_sp_attention(1024, 1, 0, false), SpKvLayout::global, 128));
+  EXPECT_THROW(sp_kv_flag_table(plan_sp_attention(1024, 2, 0, false), SpKvLayout::shard, 128, 4, 3, slots),
+               tessera::Error);
 }

@@ -34,11 +34,14 @@
 //     the pieces it covers. Causal: the workspace in global order, the own
 //     chunks read in place, blocks visited in arrival order, the waits
 //     KvFlagWait-style (.sys acquire with the engine's timeout diagnostic).
-//     Non-causal, where the key order does not matter: the SHARD LAYOUT
-//     (sp_shard_slot): each rank's shard whole, own shard last, so the
-//     kernel's default descending order visits it first and the peers'
-//     shards as they land; the own shard copied in, and a slim wait per
-//     block (ops/sp_shard_wait.cuh) whose timeout the host owns.
+//     Where the chunks are at least a KV block, the TABLE WAIT instead
+//     (ops/sp_kv_table_wait.cuh): the own data copied in, blocks in the
+//     kernel's default descending order, a slim wait per block whose
+//     timeout the host owns. Causal in global order (descending visits the
+//     own diagonal chunk first); non-causal, where the key order does not
+//     matter, in the SHARD LAYOUT (sp_shard_slot): each rank's shard whole,
+//     own shard last, so the descending order visits it first and the
+//     peers' shards as they land.
 // At the end of every call, either strategy, once its kernels and its pushes
 // are done, a rank sets its control flag on every peer to e. A fused push
 // into a peer waits for that peer's flag >= e - 1 (it no longer reads its
@@ -124,23 +127,29 @@ std::vector<std::pair<std::int64_t, std::int64_t>> sp_own_edge_rows(std::int64_t
 /// default descending block order visits it first, then the peers' shards in
 /// the order they arrive (dst + 1's first). With no block order and no
 /// in-place reads, the kernel's waiter is the slim one of
-/// ops/sp_shard_wait.cuh. Throws unless 0 <= dst, owner < world.
+/// ops/sp_kv_table_wait.cuh. Throws unless 0 <= dst, owner < world.
 int sp_shard_slot(int world, int dst, int owner);
 
-/// Whether the shard layout serves a plan read in KV blocks of block_rows:
-/// non-causal, R > 1, and shards (2C rows) at least a block long, so a block
-/// covers at most two shards (the table below has room for two flags).
-bool sp_shard_layout_fits(const SpAttnPlan& plan, int block_rows);
+/// Where fused_ce gathers K and V: in global order (causal), or in the
+/// shard layout (non-causal; sp_shard_slot).
+enum class SpKvLayout { global, shard };
 
-/// The shard-layout kernel's wait table (SpShardWait::flags_of_block) for
-/// `plan`'s rank: for KV head h and block b (block_rows rows of the S keys),
+/// Whether the table wait (ops/sp_kv_table_wait.cuh) serves `plan` in
+/// `layout`, read in KV blocks of block_rows: R > 1, shard layout only for
+/// a non-causal plan, and the units a block can straddle (chunks of C rows
+/// in global order, shards of 2C) at least a block long, so a block covers
+/// at most two of them (the table has room for two flags).
+bool sp_kv_table_fits(const SpAttnPlan& plan, SpKvLayout layout, int block_rows);
+
+/// The table wait's table (SpKvTableWait::flags_of_block) for `plan`'s rank
+/// in `layout`: for KV head h and block b (block_rows rows of the S keys),
 /// entries [2 (h n_blocks + b)] and [.. + 1] name the flags to acquire as
 /// index + 1 into the rank's per-source flag rows (owner * slots + the head
-/// group's slot, sp_kv_flag_slot), 0 for none: one per peer shard the block
-/// covers, none for the own shard. heads_kv / head_groups KV heads share a
-/// group. Throws unless sp_shard_layout_fits.
-std::vector<std::int32_t> sp_shard_flag_table(const SpAttnPlan& plan, int block_rows, std::int64_t heads_kv,
-                                              int head_groups, int slots);
+/// group's slot), 0 for none: one per peer chunk (or shard) the block
+/// covers, none for its own. heads_kv / head_groups KV heads share a group.
+/// Throws unless sp_kv_table_fits.
+std::vector<std::int32_t> sp_kv_flag_table(const SpAttnPlan& plan, SpKvLayout layout, int block_rows,
+                                           std::int64_t heads_kv, int head_groups, int slots);
 
 /// Most head groups sp_attention_head_groups() returns (flags per source).
 inline constexpr int kSpMaxHeadGroups = 8;
@@ -252,10 +261,11 @@ void sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, SpStrategy s = SpStra
 SpStrategy resolve_sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, const SpAttnOptions& o = {},
                                 TuneReport* report = nullptr);
 
-/// Variants of sp_attention_diag_fused_kernel (bits). After a call in the
-/// shard layout (non-causal) the first two change nothing: that kernel
-/// visits its blocks descending and reads its own shard from the workspace,
-/// which also makes the plain kernel's output valid.
+/// Variants of sp_attention_diag_fused_kernel (bits). After a call with the
+/// table wait (fused_ce's default where chunks are at least a KV block) the
+/// first two change nothing: that kernel visits its blocks descending and
+/// reads its own data from the workspace, which also makes the plain
+/// kernel's output valid.
 enum SpDiagKernel : unsigned {
   kSpDiagDescending = 1u << 0,        ///< blocks in the kernel's default order, not their chunks' arrival order
   kSpDiagOwnFromWorkspace = 1u << 1,  ///< own chunks read from the workspace, not in place (its own rows are stale)
@@ -267,7 +277,7 @@ enum SpDiagKernel : unsigned {
 /// no new epoch, so its flag waits pass at once: the kernel's cost beside
 /// the plain kernel's. Valid only right after a fused_ce call with the same
 /// `a` (checked; throws otherwise), and only until any rank starts its next
-/// sp_attention call. Not collective; in the global layout the output is
+/// sp_attention call. Not collective; after a chunk-walk call the output is
 /// timing only when kSpDiagOwnFromWorkspace or kSpDiagPlainKernel is set.
 void sp_attention_diag_fused_kernel(SpAttnContext& ctx, const SpAttnArgs& a, unsigned variant = 0);
 

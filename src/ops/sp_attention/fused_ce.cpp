@@ -3,14 +3,18 @@
 // workspace on the copy engine (after that peer said its workspace is
 // free), head group by head group, each piece followed by its flag; the
 // kernel waits per KV block for the pieces of its head that the block
-// covers. Two workspace layouts (sp_attention.hpp):
-//   global (causal): the kernel (run_parts: one launch, or one per causal
-//     chunk) reads this rank's chunks in place from the caller's K and V,
-//     except the rows of KV blocks that straddle another chunk, copied into
-//     the workspace on the compute stream (TESSERA_SP_OWN_IN_PLACE=0: the
-//     whole chunks, A/B), and visits blocks in arrival order;
-//   shard (non-causal, use_shard_layout): the own shard copied into its slot
-//     on the compute stream, the slim waits of ops/sp_shard_wait.cuh.
+// covers. choose_fused_layout picks how (sp_attention.hpp):
+//   table wait (the default where the chunks are at least a KV block): the
+//     own data copied into the workspace on the compute stream, the blocks
+//     in the kernel's descending order, ops/sp_kv_table_wait.cuh's waits;
+//     non-causal in the shard layout (own shard last: visited first),
+//     causal in global order (descending visits the own diagonal chunk
+//     first, then the chunks below it as their owners' pushes arrive);
+//   chunk walk (short chunks, or the A/B knobs): global order, the own
+//     chunks read in place from the caller's K and V except the rows of KV
+//     blocks that straddle another chunk (TESSERA_SP_OWN_IN_PLACE=0: the
+//     whole chunks copied), blocks in arrival order, the engine's timed
+//     flag wait.
 #include "sp_attention.hpp"
 #include "../sp_attention_kernels.hpp"
 #include "tessera/link/host_primitives.hpp"
@@ -25,10 +29,7 @@ void run(SpAttnContext::Impl& c, const SpAttnArgs& a, int /*u*/) {
   Call k = begin(c, a);
   static const bool arrival = env::find_int("TESSERA_SP_ARRIVAL_ORDER", 0, 1).value_or(1) != 0;
   k.arrival_order = arrival;
-  // Read per call: tests switch TESSERA_SP_OWN_IN_PLACE and
-  // TESSERA_SP_SHARD_LAYOUT between calls.
-  k.shard_layout = use_shard_layout(k);
-  k.own_in_place = k.world > 1 && !k.shard_layout && env::find_int("TESSERA_SP_OWN_IN_PLACE", 0, 1).value_or(1) != 0;
+  choose_fused_layout(k);  // per call: tests switch its knobs between calls
   const std::uint64_t e = k.epoch;
   // The pushes wait for the inputs, not for the own copy below. The own
   // copy stays stream-ordered before the kernel: flagged beside it, a local
@@ -73,7 +74,7 @@ void run(SpAttnContext::Impl& c, const SpAttnArgs& a, int /*u*/) {
     TESSERA_CUDA_CHECK(cudaStreamWaitEvent(k.st, c.ev_comm_done, 0));
   }
   finish(k);
-  c.last_fused = {k.epoch, a, k.shard_layout};
+  c.last_fused = {k.epoch, a, k.shard_layout, k.table_wait};
 }
 
 /// The gathered K and V.
@@ -92,7 +93,7 @@ namespace tessera::ops {
 
 void sp_attention_diag_fused_kernel(SpAttnContext& ctx, const SpAttnArgs& a, unsigned variant) {
   SpAttnContext::Impl& c = ctx.impl();
-  const auto& [epoch, last, shard_layout] = c.last_fused;
+  const auto& [epoch, last, shard_layout, table_wait] = c.last_fused;
   const bool same = epoch != 0 && epoch == c.epoch && last == a;
   TESSERA_CHECK(same && c.pg.world() > 1,
                 "sp_attention_diag_fused_kernel: the context's last call was not fused_ce with these arguments at "
@@ -105,7 +106,8 @@ void sp_attention_diag_fused_kernel(SpAttnContext& ctx, const SpAttnArgs& a, uns
   sp::Call k = sp::begin(c, a);
   k.epoch = --c.epoch;
   k.shard_layout = shard_layout;
-  k.own_in_place = !shard_layout && (variant & kSpDiagOwnFromWorkspace) == 0;
+  k.table_wait = table_wait;
+  k.own_in_place = !table_wait && (variant & kSpDiagOwnFromWorkspace) == 0;
   k.arrival_order = (variant & kSpDiagDescending) == 0;
   sp::run_parts(k, (variant & kSpDiagPlainKernel) == 0);
 }

@@ -46,7 +46,7 @@ struct SpAttnContext::Impl {
   detail::ScratchBuffer staging{"sp_attention: staging growth"};
   std::uint64_t epoch = 0;
   cudaEvent_t ev_ready = nullptr, ev_comm_done = nullptr;
-  /// Device tables (kv_arrival_order, sp_shard_flag_table) per key (a tag,
+  /// Device tables (kv_arrival_order, sp_kv_flag_table) per key (a tag,
   /// then what the table depends on); kept for the context's life.
   std::map<std::vector<std::int64_t>, std::int32_t*> tables;
   std::set<detail::ZigzagSignature> validated;  ///< shapes and strategies already checked across ranks
@@ -57,17 +57,18 @@ struct SpAttnContext::Impl {
   std::unique_ptr<UlyssesAttnContext> ulysses;
   std::unique_ptr<TwoLevelAttnContext> two_level;
   /// The last fused_ce call (sp_attention_diag_fused_kernel): its epoch,
-  /// arguments and workspace layout.
+  /// arguments, workspace layout and wait.
   struct LastFused {
     std::uint64_t epoch = 0;
     SpAttnArgs args;
-    bool shard_layout = false;
+    bool shard_layout = false, table_wait = false;
   } last_fused;
 
   /// The device table of kv_arrival_order(plan, kv_len, block_rows), made once.
   const std::int32_t* arrival_order(const SpAttnPlan& plan, std::int64_t kv_len, int block_rows);
-  /// The device table of sp_shard_flag_table(plan, block_rows, heads_kv, head_groups, kSlots), made once.
-  const std::int32_t* shard_flags(const SpAttnPlan& plan, int block_rows, std::int64_t heads_kv, int head_groups);
+  /// The device table of sp_kv_flag_table(plan, layout, block_rows, heads_kv, head_groups, kSlots), made once.
+  const std::int32_t* flag_table(const SpAttnPlan& plan, SpKvLayout layout, int block_rows, std::int64_t heads_kv,
+                                 int head_groups);
   /// Bounded waits for every stream of the group; a stuck flag wait is reported and released.
   void drain(const char* what);
 };
@@ -111,8 +112,14 @@ struct Call {
   /// chunks land (kv_arrival_order), else descending (the kernel's default).
   bool arrival_order = true;
   /// fused_ce, non-causal: the workspace in the shard layout (sp_shard_slot)
-  /// instead of global order; the own shard copied in, the slim waits.
+  /// instead of global order; the own shard copied in.
   bool shard_layout = false;
+  /// fused_ce: the hooked kernel waits through the table wait
+  /// (ops/sp_kv_table_wait.cuh: descending order, own data copied into the
+  /// workspace, the timeout the host's) instead of the chunk walk (arrival
+  /// order, own chunks in place, the engine's timed wait). Always with the
+  /// shard layout; in global order for causal calls (TESSERA_SP_TABLE_WAIT).
+  bool table_wait = false;
 };
 
 /// Bytes of one gathered tensor [B, S, Hkv, D] (K or V).
@@ -132,10 +139,12 @@ void copy_own(const Call& k, cudaStream_t s);
 /// The own rows that the hooked kernel, reading its own chunks in place,
 /// still reads from the workspace (sp_own_edge_rows for its KV blocks).
 void copy_own_edges(const Call& k, cudaStream_t s);
-/// Whether fused_ce's call k takes the shard layout: sp_shard_layout_fits
-/// and TESSERA_SP_SHARD_LAYOUT (default 1; 0: the global layout, A/B), read
-/// per call.
-bool use_shard_layout(const Call& k);
+/// Chooses fused_ce's layout and wait for call k (read per call, A/B knobs):
+/// non-causal, the shard layout with the table wait where it fits, unless
+/// TESSERA_SP_SHARD_LAYOUT=0; causal, the table wait in global order where
+/// it fits, unless TESSERA_SP_TABLE_WAIT=0; else the chunk walk (global
+/// order, in-place own chunks unless TESSERA_SP_OWN_IN_PLACE=0).
+void choose_fused_layout(Call& k);
 /// The shard layout: this rank's shard (K and V) into its slot.
 void copy_own_shard(const Call& k, cudaStream_t s);
 /// The shard layout: head group `g` of this rank's shard `src` (K or V) into

@@ -1,7 +1,8 @@
-// tessera/ops/sp_shard_wait.cuh — the KV hook of fused sp_attention over the
-// shard layout (non-causal; sp_attention.hpp, sp_shard_slot): the attention
-// kernel's producer waits, before each KV block, for the flags a host-made
-// table names for that (KV head, block).
+// tessera/ops/sp_kv_table_wait.cuh — the table wait, fused sp_attention's
+// KV hook where its chunks are at least a KV block (sp_attention.hpp; both
+// layouts): the attention kernel's producer waits, before each KV block,
+// for the flags a host-made table (sp_kv_flag_table) names for that
+// (KV head, block).
 //
 // The hook is slim because its code changes how ptxas schedules the
 // consumer warpgroups (docs/design/waits.md): under the producer's
@@ -25,16 +26,16 @@ namespace tessera::ops {
 
 /// Nanoseconds a shard wait sleeps between polls: a landed chunk is seen
 /// within about a microsecond, and the poll budget counts in these units.
-inline constexpr unsigned kSpShardPollSleepNs = 1024;
+inline constexpr unsigned kSpKvPollSleepNs = 1024;
 
-struct SpShardWait {
+struct SpKvTableWait {
   static constexpr bool kActive = true;
   /// This rank's per-source flag rows (runtime::SignalView::flag_from(0, 0)).
   const std::uint64_t* flags;
   /// [heads_kv][n_blocks] pairs of flag indices + 1 (0: none), from
-  /// sp_shard_flag_table: a block covers at most two shards.
+  /// sp_kv_flag_table: a block covers at most two chunks (or shards).
   const int2* flags_of_block;
-  int n_blocks;
+  int n_blocks;         ///< entries per KV head: blocks of the whole sequence (any launch reads a prefix)
   unsigned polls;       ///< polls per flag before the trap (>= 1)
   std::uint32_t epoch;  ///< the call's epoch, low 32 bits
 
@@ -50,7 +51,7 @@ struct SpShardWait {
     unsigned left = polls;
     while (short_of_epoch(index)) {
       if (--left == 0) __trap();
-      __nanosleep(kSpShardPollSleepNs);
+      __nanosleep(kSpKvPollSleepNs);
     }
   }
   __device__ __forceinline__ void wait(const kernels::attn::KvBlockInfo& b) const {
