@@ -50,6 +50,30 @@ ops::SpAttnContext& ctx() {
   return *c;
 }
 
+/// Why a fused_ce test cannot run here (no Hopper GPU, or fewer than two
+/// load/store-reachable ranks), or empty.
+std::string fused_skip_reason() {
+  std::string why;
+  if (hopper_skip_reason(&why)) return why;
+  if (group().world() < 2 || !group().lsa_reachable()) return "fused_ce needs 2 load/store-reachable ranks";
+  return {};
+}
+
+/// fused_ce's wait for the calls in its scope (its knobs are read per
+/// call): the chunk walk, or the table wait where it fits; both knobs unset
+/// at the end.
+struct FusedWait {
+  explicit FusedWait(bool walk) { set(walk); }
+  ~FusedWait() {
+    unsetenv("TESSERA_SP_SHARD_LAYOUT");
+    unsetenv("TESSERA_SP_TABLE_WAIT");
+  }
+  static void set(bool walk) {
+    setenv("TESSERA_SP_SHARD_LAYOUT", walk ? "0" : "1", 1);
+    setenv("TESSERA_SP_TABLE_WAIT", walk ? "0" : "1", 1);
+  }
+};
+
 }  // namespace
 
 TEST(SpAttentionGpu, StrategiesMatchWholeSequenceAttention) {
@@ -116,11 +140,9 @@ TEST(SpAttentionGpu, StrategiesMatchWholeSequenceAttention) {
 // dims, against whole-sequence attention, two calls each (the second reuses
 // the flags at the next epoch).
 TEST(SpAttentionGpu, FusedHeadGroupsMatchWholeSequenceAttention) {
-  std::string why;
-  if (hopper_skip_reason(&why)) GTEST_SKIP() << why;
+  if (const std::string why = fused_skip_reason(); !why.empty()) GTEST_SKIP() << why;
   runtime::ProcessGroup& pg = group();
   const int R = pg.world(), rank = pg.rank();
-  if (R < 2 || !pg.lsa_reachable()) GTEST_SKIP() << "fused_ce needs 2 load/store-reachable ranks";
   struct Case {
     int64_t heads, heads_kv, head_dim;
     DType dtype;
@@ -162,21 +184,12 @@ TEST(SpAttentionGpu, FusedHeadGroupsMatchWholeSequenceAttention) {
 // take the table wait, which reads nothing in place: TESSERA_SP_TABLE_WAIT=0
 // and TESSERA_SP_SHARD_LAYOUT=0 keep the chunk walk.
 TEST(SpAttentionGpu, FusedOwnChunksInPlaceMatchTheCopy) {
-  std::string why;
-  if (hopper_skip_reason(&why)) GTEST_SKIP() << why;
+  if (const std::string why = fused_skip_reason(); !why.empty()) GTEST_SKIP() << why;
   runtime::ProcessGroup& pg = group();
   const int R = pg.world(), rank = pg.rank();
-  if (R < 2 || !pg.lsa_reachable()) GTEST_SKIP() << "fused_ce needs 2 load/store-reachable ranks";
+  const FusedWait walk(true);
   struct EnvScope {
-    EnvScope() {
-      setenv("TESSERA_SP_SHARD_LAYOUT", "0", 1);
-      setenv("TESSERA_SP_TABLE_WAIT", "0", 1);
-    }
-    ~EnvScope() {
-      unsetenv("TESSERA_SP_OWN_IN_PLACE");
-      unsetenv("TESSERA_SP_SHARD_LAYOUT");
-      unsetenv("TESSERA_SP_TABLE_WAIT");
-    }
+    ~EnvScope() { unsetenv("TESSERA_SP_OWN_IN_PLACE"); }
   } restore;
   ops::SpAttnOptions opt;
   opt.strategy = ops::SpStrategy::fused_ce;
@@ -222,17 +235,10 @@ TEST(SpAttentionGpu, FusedOwnChunksInPlaceMatchTheCopy) {
 // a block; both head dims, GQA, head groups (16/8 heads at d 128: two),
 // batch 2.
 TEST(SpAttentionGpu, FusedTableWaitMatchesTheReference) {
-  std::string why;
-  if (hopper_skip_reason(&why)) GTEST_SKIP() << why;
+  if (const std::string why = fused_skip_reason(); !why.empty()) GTEST_SKIP() << why;
   runtime::ProcessGroup& pg = group();
   const int R = pg.world(), rank = pg.rank();
-  if (R < 2 || !pg.lsa_reachable()) GTEST_SKIP() << "fused_ce needs 2 load/store-reachable ranks";
-  struct EnvScope {
-    ~EnvScope() {
-      unsetenv("TESSERA_SP_SHARD_LAYOUT");
-      unsetenv("TESSERA_SP_TABLE_WAIT");
-    }
-  } restore;
+  const FusedWait table(false);
   struct Case {
     int64_t batch, chunk, heads, heads_kv, head_dim;
   };
@@ -246,8 +252,7 @@ TEST(SpAttentionGpu, FusedTableWaitMatchesTheReference) {
       const char* steps[] = {"table", "table", "walk", "table", "sequential", "table"};
       for (const char* step : steps) {
         const std::string s = step;
-        setenv("TESSERA_SP_SHARD_LAYOUT", s == "walk" ? "0" : "1", 1);
-        setenv("TESSERA_SP_TABLE_WAIT", s == "walk" ? "0" : "1", 1);
+        FusedWait::set(s == "walk");
         opt.strategy = s == "sequential" ? ops::SpStrategy::sequential : ops::SpStrategy::fused_ce;
         zz.poison();
         ops::sp_attention(ctx(), zz.args(), opt);
@@ -271,21 +276,13 @@ TEST(SpAttentionGpu, FusedTableWaitMatchesTheReference) {
 // After a sequential call, and with unknown variant bits, it throws. Both
 // waits: the table wait (default) and the chunk walk.
 TEST(SpAttentionGpu, DiagReplayOfTheFusedKernel) {
-  std::string why;
-  if (hopper_skip_reason(&why)) GTEST_SKIP() << why;
+  if (const std::string why = fused_skip_reason(); !why.empty()) GTEST_SKIP() << why;
   runtime::ProcessGroup& pg = group();
   const int R = pg.world(), rank = pg.rank();
-  if (R < 2 || !pg.lsa_reachable()) GTEST_SKIP() << "fused_ce needs 2 load/store-reachable ranks";
-  struct EnvScope {
-    ~EnvScope() {
-      unsetenv("TESSERA_SP_SHARD_LAYOUT");
-      unsetenv("TESSERA_SP_TABLE_WAIT");
-    }
-  } restore;
+  const FusedWait table(false);
   for (bool walk : {false, true})
     for (bool causal : {true, false}) {
-      setenv("TESSERA_SP_SHARD_LAYOUT", walk ? "0" : "1", 1);
-      setenv("TESSERA_SP_TABLE_WAIT", walk ? "0" : "1", 1);
+      FusedWait::set(walk);
       const tessera::testing::ZigZagAttention zz(R, rank, 1, 384, 4, 2, 128, DType::bf16, causal, 20261128);
       const ops::SpAttnArgs a = zz.args();
       const std::size_t o_elems = static_cast<std::size_t>(zz.B * zz.L * zz.H * zz.D);
