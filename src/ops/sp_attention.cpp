@@ -155,12 +155,18 @@ void copy_chunks_heads(const Call& k, cudaStream_t s, void* dst, const void* src
 
 void choose_fused_layout(Call& k) {
   const int block_rows = detail::sp_attention_kv_block_rows(static_cast<int>(k.a.head_dim));
-  const auto knob = [](const char* name) { return env::find_int(name, 0, 1).value_or(1) != 0; };
+  const auto knob = [](const char* name, int hi) { return env::find_int(name, 0, hi).value_or(1); };
   k.shard_layout =
-      !k.a.causal && knob("TESSERA_SP_SHARD_LAYOUT") && sp_kv_table_fits(k.plan, SpKvLayout::shard, block_rows);
-  k.table_wait = k.shard_layout || (k.a.causal && knob("TESSERA_SP_TABLE_WAIT") &&
+      !k.a.causal && knob("TESSERA_SP_SHARD_LAYOUT", 1) != 0 && sp_kv_table_fits(k.plan, SpKvLayout::shard, block_rows);
+  // Causal, the table wait visits blocks descending, which is the order the
+  // chunks land only at R = 2 (one peer). At R > 2 a part's lower chunks
+  // come from its lower-ranked owners, whose pushes land last, so the
+  // arrival-ordered chunk walk stays (TESSERA_SP_TABLE_WAIT=2 forces the
+  // table wait there, A/B).
+  const int table = knob("TESSERA_SP_TABLE_WAIT", 2);
+  k.table_wait = k.shard_layout || (k.a.causal && table != 0 && (k.world == 2 || table == 2) &&
                                     sp_kv_table_fits(k.plan, SpKvLayout::global, block_rows));
-  k.own_in_place = k.world > 1 && !k.table_wait && knob("TESSERA_SP_OWN_IN_PLACE");
+  k.own_in_place = k.world > 1 && !k.table_wait && knob("TESSERA_SP_OWN_IN_PLACE", 1) != 0;
 }
 
 void copy_own_shard(const Call& k, cudaStream_t s) {

@@ -70,7 +70,7 @@ struct FusedWait {
   }
   static void set(bool walk) {
     setenv("TESSERA_SP_SHARD_LAYOUT", walk ? "0" : "1", 1);
-    setenv("TESSERA_SP_TABLE_WAIT", walk ? "0" : "1", 1);
+    setenv("TESSERA_SP_TABLE_WAIT", walk ? "0" : "2", 1);  // 2: the causal table wait at any R
   }
 };
 

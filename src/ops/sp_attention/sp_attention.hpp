@@ -118,7 +118,8 @@ struct Call {
   /// (ops/sp_kv_table_wait.cuh: descending order, own data copied into the
   /// workspace, the timeout the host's) instead of the chunk walk (arrival
   /// order, own chunks in place, the engine's timed wait). Always with the
-  /// shard layout; in global order for causal calls (TESSERA_SP_TABLE_WAIT).
+  /// shard layout; in global order for causal calls at R = 2
+  /// (choose_fused_layout).
   bool table_wait = false;
 };
 
@@ -141,9 +142,10 @@ void copy_own(const Call& k, cudaStream_t s);
 void copy_own_edges(const Call& k, cudaStream_t s);
 /// Chooses fused_ce's layout and wait for call k (read per call, A/B knobs):
 /// non-causal, the shard layout with the table wait where it fits, unless
-/// TESSERA_SP_SHARD_LAYOUT=0; causal, the table wait in global order where
-/// it fits, unless TESSERA_SP_TABLE_WAIT=0; else the chunk walk (global
-/// order, in-place own chunks unless TESSERA_SP_OWN_IN_PLACE=0).
+/// TESSERA_SP_SHARD_LAYOUT=0; causal at R = 2, the table wait in global
+/// order where it fits, unless TESSERA_SP_TABLE_WAIT=0 (=2: at any R); else
+/// the chunk walk (global order, in-place own chunks unless
+/// TESSERA_SP_OWN_IN_PLACE=0).
 void choose_fused_layout(Call& k);
 /// The shard layout: this rank's shard (K and V) into its slot.
 void copy_own_shard(const Call& k, cudaStream_t s);
