@@ -24,7 +24,7 @@
 
 namespace tessera::ops {
 
-/// Nanoseconds a shard wait sleeps between polls: a landed chunk is seen
+/// Nanoseconds a table wait sleeps between polls: a landed chunk is seen
 /// within about a microsecond, and the poll budget counts in these units.
 inline constexpr unsigned kSpKvPollSleepNs = 1024;
 
