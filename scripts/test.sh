@@ -22,6 +22,31 @@ if [ "${TESSERA_NO_PY_DEPS:-0}" != 1 ]; then
       echo "test: WARNING: pip failed; the Python suite (python_package_test) will report skipped"
   fi
 fi
+# cuobjdump and the nvdisasm it runs, for the ctest sass_schedule (the CUDA
+# toolkit here may lack them): PyPI's nvidia-cuda-{cuobjdump,nvdisasm}
+# wheels, unpacked into build/tools; without them the test reports skipped.
+tools="$root/build/tools"
+if ! command -v cuobjdump >/dev/null && [ ! -x /usr/local/cuda/bin/cuobjdump ] && [ ! -x "$tools/cuobjdump" ]; then
+  wheels=$(mktemp -d)
+  if python3 -m pip download --quiet --no-deps -d "$wheels" "nvidia-cuda-cuobjdump>=13,<14" \
+      "nvidia-cuda-nvdisasm>=13,<14" 2>/dev/null; then
+    mkdir -p "$tools"
+    python3 - "$wheels" "$tools" <<'PY' || echo "test: WARNING: the wheels lack a tool; sass_schedule will report skipped"
+import glob, os, sys, zipfile
+for wheel in glob.glob(os.path.join(sys.argv[1], "*.whl")):
+    with zipfile.ZipFile(wheel) as z:
+        for name in z.namelist():
+            if name.endswith(("/bin/cuobjdump", "/bin/nvdisasm")):
+                dst = os.path.join(sys.argv[2], os.path.basename(name))
+                with open(dst, "wb") as f:
+                    f.write(z.read(name))
+                os.chmod(dst, 0o755)
+PY
+  else
+    echo "test: WARNING: pip could not fetch cuobjdump; sass_schedule will report skipped"
+  fi
+  rm -rf "$wheels"
+fi
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 cd "$root/build"
 ctest --output-on-failure -j "${TESSERA_TEST_JOBS:-2}" "$@"
