@@ -68,8 +68,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--object", help="an object file to read instead of compiling wait_forms.cu")
     ap.add_argument("--nvcc", default=shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc")
-    ap.add_argument("--cuobjdump", default=os.environ.get("TESSERA_CUOBJDUMP") if os.path.exists(
-        os.environ.get("TESSERA_CUOBJDUMP", "")) else shutil.which("cuobjdump") or "/usr/local/cuda/bin/cuobjdump")
+    fetched = os.environ.get("TESSERA_CUOBJDUMP", "")  # scripts/test.sh's copy, if there is one
+    ap.add_argument("--cuobjdump", default=fetched if os.path.exists(fetched) else
+                    shutil.which("cuobjdump") or "/usr/local/cuda/bin/cuobjdump")
     ap.add_argument("--require", action="append", default=[], metavar="NAME=MIN",
                     help="fail unless the kernel labelled NAME is at least MIN alike (repeatable)")
     args = ap.parse_args()

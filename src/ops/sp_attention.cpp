@@ -134,29 +134,45 @@ void copy_chunk(cudaStream_t s, void* dst, const void* src, int i, std::int64_t 
   copy_chunk_rows(s, dst, src, i, g0, B, C, S, row_bytes, 0, C);
 }
 
-void copy_chunks_heads(const Call& k, cudaStream_t s, void* dst, const void* src, int g) {
-  // Depth 2: source slices C rows apart, destination slices (chunks[1] -
-  // chunks[0]) x C rows apart (zig-zag: chunks[1] > chunks[0]).
+namespace {
+
+/// Head group `g` of `depth` slices of `rows` token rows: source slices
+/// src_slice rows apart, destination slices dst_slice rows apart, rows one
+/// token's heads (k.kv_row bytes) apart on both sides. One 3D copy.
+void copy_heads_3d(const Call& k, cudaStream_t s, unsigned char* dst, std::int64_t dst_slice, const unsigned char* src,
+                   std::int64_t src_slice, std::int64_t rows, std::int64_t depth, int g) {
   const std::size_t piece = k.kv_row / static_cast<std::size_t>(k.head_groups);
-  const std::int64_t gap = (k.plan.chunks[1] - k.plan.chunks[0]) * k.C;
-  for (std::int64_t b = 0; b < k.B; ++b) {
-    cudaMemcpy3DParms p{};
-    p.srcPtr = make_cudaPitchedPtr(
-        const_cast<unsigned char*>(static_cast<const unsigned char*>(src)) + (b * 2 * k.C) * k.kv_row + g * piece,
-        k.kv_row, piece, static_cast<std::size_t>(k.C));
-    p.dstPtr = make_cudaPitchedPtr(
-        static_cast<unsigned char*>(dst) + (b * k.S + k.plan.chunks[0] * k.C) * k.kv_row + g * piece, k.kv_row, piece,
-        static_cast<std::size_t>(gap));
-    p.extent = make_cudaExtent(piece, static_cast<std::size_t>(k.C), 2);
-    p.kind = cudaMemcpyDefault;
-    TESSERA_CUDA_CHECK(cudaMemcpy3DAsync(&p, s));
+  cudaMemcpy3DParms p{};
+  p.srcPtr = make_cudaPitchedPtr(const_cast<unsigned char*>(src) + g * piece, k.kv_row, piece,
+                                 static_cast<std::size_t>(src_slice));
+  p.dstPtr = make_cudaPitchedPtr(dst + g * piece, k.kv_row, piece, static_cast<std::size_t>(dst_slice));
+  p.extent = make_cudaExtent(piece, static_cast<std::size_t>(rows), static_cast<std::size_t>(depth));
+  p.kind = cudaMemcpyDefault;
+  TESSERA_CUDA_CHECK(cudaMemcpy3DAsync(&p, s));
+}
+
+}  // namespace
+
+void copy_heads(const Call& k, cudaStream_t s, void* dst_base, const void* src_shard, int dst, int g) {
+  auto* out = static_cast<unsigned char*>(dst_base);
+  const auto* in = static_cast<const unsigned char*>(src_shard);
+  if (k.shard_layout()) {  // the shard whole into its slot; the batch is the depth
+    const std::int64_t row0 = sp_shard_slot(k.world, dst, k.rank) * k.L;
+    copy_heads_3d(k, s, out + row0 * k.kv_row, k.S, in, k.L, k.L, k.B, g);
+    return;
   }
+  // Global order, per batch entry: the two chunks are the depth, C rows
+  // apart in the shard and (chunks[1] - chunks[0]) x C in the gathered tensor.
+  const std::int64_t gap = (k.plan.chunks[1] - k.plan.chunks[0]) * k.C;
+  for (std::int64_t b = 0; b < k.B; ++b)
+    copy_heads_3d(k, s, out + (b * k.S + k.plan.chunks[0] * k.C) * k.kv_row, gap, in + b * k.L * k.kv_row, k.C, k.C, 2,
+                  g);
 }
 
 void choose_fused_layout(Call& k) {
   const int block_rows = detail::sp_attention_kv_block_rows(static_cast<int>(k.a.head_dim));
   const auto knob = [](const char* name, int hi) { return env::find_int(name, 0, hi).value_or(1); };
-  k.shard_layout =
+  const bool shard =
       !k.a.causal && knob("TESSERA_SP_SHARD_LAYOUT", 1) != 0 && sp_kv_table_fits(k.plan, SpKvLayout::shard, block_rows);
   // Causal, the table wait visits blocks descending, which is the order the
   // chunks land only at R = 2 (one peer). At R > 2 a part's lower chunks
@@ -164,33 +180,18 @@ void choose_fused_layout(Call& k) {
   // arrival-ordered chunk walk stays (TESSERA_SP_TABLE_WAIT=2 forces the
   // table wait there, A/B).
   const int table = knob("TESSERA_SP_TABLE_WAIT", 2);
-  k.table_wait = k.shard_layout || (k.a.causal && table != 0 && (k.world == 2 || table == 2) &&
-                                    sp_kv_table_fits(k.plan, SpKvLayout::global, block_rows));
+  k.table_wait = shard || (k.a.causal && table != 0 && (k.world == 2 || table == 2) &&
+                           sp_kv_table_fits(k.plan, SpKvLayout::global, block_rows));
   k.own_in_place = k.world > 1 && !k.table_wait && knob("TESSERA_SP_OWN_IN_PLACE", 1) != 0;
 }
 
-void copy_own_shard(const Call& k, cudaStream_t s) {
-  const std::size_t shard = static_cast<std::size_t>(k.L) * k.kv_row;
-  const std::size_t at = static_cast<std::size_t>(sp_shard_slot(k.world, k.rank, k.rank)) * shard;
-  for (const auto& [dst, src] : {std::pair{k.ws_k, k.a.k}, std::pair{k.ws_v, k.a.v}})
-    TESSERA_CUDA_CHECK(cudaMemcpy2DAsync(dst + at, static_cast<std::size_t>(k.S) * k.kv_row, src, shard, shard,
-                                         static_cast<std::size_t>(k.B), cudaMemcpyDefault, s));
-}
-
-void copy_shard_heads(const Call& k, cudaStream_t s, void* dst_base, const void* src, int dst, int g) {
-  const std::size_t piece = k.kv_row / static_cast<std::size_t>(k.head_groups);
-  const std::int64_t row0 = sp_shard_slot(k.world, dst, k.rank) * k.L;
-  cudaMemcpy3DParms p{};
-  p.srcPtr = make_cudaPitchedPtr(const_cast<unsigned char*>(static_cast<const unsigned char*>(src)) + g * piece,
-                                 k.kv_row, piece, static_cast<std::size_t>(k.L));
-  p.dstPtr = make_cudaPitchedPtr(static_cast<unsigned char*>(dst_base) + row0 * k.kv_row + g * piece, k.kv_row, piece,
-                                 static_cast<std::size_t>(k.S));
-  p.extent = make_cudaExtent(piece, static_cast<std::size_t>(k.L), static_cast<std::size_t>(k.B));
-  p.kind = cudaMemcpyDefault;
-  TESSERA_CUDA_CHECK(cudaMemcpy3DAsync(&p, s));
-}
-
 void copy_own(const Call& k, cudaStream_t s) {
+  if (k.shard_layout()) {  // the shard whole: "chunk 0" of L rows
+    const std::int64_t row0 = sp_shard_slot(k.world, k.rank, k.rank) * k.L;
+    for (const auto& [dst, src] : {std::pair{k.ws_k, k.a.k}, std::pair{k.ws_v, k.a.v}})
+      copy_chunk_rows(s, dst, src, 0, row0, k.B, k.C, k.S, k.kv_row, 0, k.L);
+    return;
+  }
   for (int i = 0; i < 2; ++i) {
     copy_chunk(s, k.ws_k, k.a.k, i, k.plan.chunks[i] * k.C, k.B, k.C, k.S, k.kv_row);
     copy_chunk(s, k.ws_v, k.a.v, i, k.plan.chunks[i] * k.C, k.B, k.C, k.S, k.kv_row);
@@ -222,7 +223,7 @@ namespace {
 void launch_table_part(const Call& k, const kernels::AttentionArgs& ka, int block_rows) {
   detail::SpKvTable f;
   f.flags = k.c.data->view().flag_from(0, 0);
-  f.table = k.c.flag_table(k.plan, k.shard_layout ? SpKvLayout::shard : SpKvLayout::global, block_rows, k.a.heads_kv,
+  f.table = k.c.flag_table(k.plan, k.shard_layout() ? SpKvLayout::shard : SpKvLayout::global, block_rows, k.a.heads_kv,
                            k.head_groups);
   f.blocks_per_head = static_cast<int>((k.S + block_rows - 1) / block_rows);
   f.epoch = k.epoch;

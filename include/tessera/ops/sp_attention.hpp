@@ -14,9 +14,9 @@
 // rank (r - j) mod R for j = 1..R-1 (so its j-th source is rank (r + j) mod
 // R), head group by head group across the peers, each group's rows of both
 // chunks followed by one flag (the owner's slot `group`, value = epoch).
-// The attention kernel visits KV blocks in arrival order (its own chunks
-// first) and its producer waits per block for the flags of the chunks the
-// block covers (attention/kv_wait.cuh).
+// The attention kernel's producer waits per KV block for the flags of the
+// chunks the block covers (attention/kv_wait.cuh), its own chunks visited
+// first.
 //
 // Causal: chunk c of the local Q has q_offset = c·C (its first global
 // position) and needs the gathered-KV prefix of (c+1)·C keys; both chunks run
@@ -31,17 +31,19 @@
 //     peer's workspace on the copy engine (after that peer said its
 //     workspace is free: control flag >= e - 1), each head group followed by
 //     a flag (link::rank_notify, value e); the kernel waits per KV block for
-//     the pieces it covers. Causal: the workspace in global order, the own
-//     chunks read in place, blocks visited in arrival order, the waits
-//     KvFlagWait-style (.sys acquire with the engine's timeout diagnostic).
-//     Where the chunks are at least a KV block, the TABLE WAIT instead
-//     (ops/sp_kv_table_wait.cuh): the own data copied in, blocks in the
-//     kernel's default descending order, a slim wait per block whose
-//     timeout the host owns. Causal in global order (descending visits the
-//     own diagonal chunk first); non-causal, where the key order does not
-//     matter, in the SHARD LAYOUT (sp_shard_slot): each rank's shard whole,
-//     own shard last, so the descending order visits it first and the
-//     peers' shards as they land.
+//     the pieces it covers, in one of two ways:
+//     - the TABLE WAIT (ops/sp_kv_table_wait.cuh), where chunks are at
+//       least a KV block: the own data copied in, blocks in the kernel's
+//       default descending order, a slim wait per block whose timeout the
+//       host owns. Non-causal, where the key order does not matter, in the
+//       SHARD LAYOUT (sp_shard_slot): each rank's shard whole, own shard
+//       last, so the descending order visits it first and the peers'
+//       shards as they land. Causal in global order at R = 2, where
+//       descending (the own diagonal chunk first) is the arrival order;
+//     - the CHUNK WALK otherwise: global order, the own chunks read in
+//       place, blocks visited in arrival order (kv_arrival_order), the
+//       waits KvFlagWait-style (.sys acquire with the engine's timeout
+//       diagnostic).
 // At the end of every call, either strategy, once its kernels and its pushes
 // are done, a rank sets its control flag on every peer to e. A fused push
 // into a peer waits for that peer's flag >= e - 1 (it no longer reads its

@@ -64,7 +64,7 @@ class Signals {
   /// largest value enqueued per (stream, source rank, slot). link::rank_wait
   /// records its stream waits, and a kernel whose device waits have no
   /// timeout of their own records the flags it spins on (sp_attention's
-  /// shard-layout kernel); link::synchronize reports and clears.
+  /// table-wait kernel); link::synchronize reports and clears.
   struct HostWait {
     cudaStream_t stream;
     int src;

@@ -36,9 +36,7 @@ void run(SpAttnContext::Impl& c, const SpAttnArgs& a, int /*u*/) {
   // pitched copy may run on SMs and starve behind a grid spinning on its
   // flags (the kernel's flag wait then times out).
   TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_ready, k.st));
-  if (k.shard_layout)
-    copy_own_shard(k, k.st);
-  else if (k.own_in_place)
+  if (k.own_in_place)
     copy_own_edges(k, k.st);
   else
     copy_own(k, k.st);
@@ -61,20 +59,15 @@ void run(SpAttnContext::Impl& c, const SpAttnArgs& a, int /*u*/) {
     for (int g = 0; g < k.head_groups; ++g)
       for (int dst : k.plan.push_to) {
         unsigned char* pk = c.ws.peer(dst);
-        if (k.shard_layout) {
-          copy_shard_heads(k, cs, pk, a.k, dst, g);
-          copy_shard_heads(k, cs, pk + k.kv_bytes, a.v, dst, g);
-        } else {
-          copy_chunks_heads(k, cs, pk, a.k, g);
-          copy_chunks_heads(k, cs, pk + k.kv_bytes, a.v, g);
-        }
+        copy_heads(k, cs, pk, a.k, dst, g);
+        copy_heads(k, cs, pk + k.kv_bytes, a.v, dst, g);
         link::rank_notify(cs, *c.data, dst, detail::sp_kv_flag_slot(g), e);
       }
     TESSERA_CUDA_CHECK(cudaEventRecord(c.ev_comm_done, cs));
     TESSERA_CUDA_CHECK(cudaStreamWaitEvent(k.st, c.ev_comm_done, 0));
   }
   finish(k);
-  c.last_fused = {k.epoch, a, k.shard_layout, k.table_wait};
+  c.last_fused = {k.epoch, a, k.table_wait};
 }
 
 /// The gathered K and V.
@@ -93,7 +86,7 @@ namespace tessera::ops {
 
 void sp_attention_diag_fused_kernel(SpAttnContext& ctx, const SpAttnArgs& a, unsigned variant) {
   SpAttnContext::Impl& c = ctx.impl();
-  const auto& [epoch, last, shard_layout, table_wait] = c.last_fused;
+  const auto& [epoch, last, table_wait] = c.last_fused;
   const bool same = epoch != 0 && epoch == c.epoch && last == a;
   TESSERA_CHECK(same && c.pg.world() > 1,
                 "sp_attention_diag_fused_kernel: the context's last call was not fused_ce with these arguments at "
@@ -105,7 +98,6 @@ void sp_attention_diag_fused_kernel(SpAttnContext& ctx, const SpAttnArgs& a, uns
   // starts its next call.
   sp::Call k = sp::begin(c, a);
   k.epoch = --c.epoch;
-  k.shard_layout = shard_layout;
   k.table_wait = table_wait;
   k.own_in_place = !table_wait && (variant & kSpDiagOwnFromWorkspace) == 0;
   k.arrival_order = (variant & kSpDiagDescending) == 0;

@@ -57,11 +57,11 @@ struct SpAttnContext::Impl {
   std::unique_ptr<UlyssesAttnContext> ulysses;
   std::unique_ptr<TwoLevelAttnContext> two_level;
   /// The last fused_ce call (sp_attention_diag_fused_kernel): its epoch,
-  /// arguments, workspace layout and wait.
+  /// arguments and wait.
   struct LastFused {
     std::uint64_t epoch = 0;
     SpAttnArgs args;
-    bool shard_layout = false, table_wait = false;
+    bool table_wait = false;
   } last_fused;
 
   /// The device table of kv_arrival_order(plan, kv_len, block_rows), made once.
@@ -111,16 +111,15 @@ struct Call {
   /// fused_ce: the hooked kernel visits its KV blocks in the order their
   /// chunks land (kv_arrival_order), else descending (the kernel's default).
   bool arrival_order = true;
-  /// fused_ce, non-causal: the workspace in the shard layout (sp_shard_slot)
-  /// instead of global order; the own shard copied in.
-  bool shard_layout = false;
   /// fused_ce: the hooked kernel waits through the table wait
   /// (ops/sp_kv_table_wait.cuh: descending order, own data copied into the
   /// workspace, the timeout the host's) instead of the chunk walk (arrival
-  /// order, own chunks in place, the engine's timed wait). Always with the
-  /// shard layout; in global order for causal calls at R = 2
-  /// (choose_fused_layout).
+  /// order, own chunks in place, the engine's timed wait); non-causal in the
+  /// shard layout, causal in global order (choose_fused_layout).
   bool table_wait = false;
+  /// The workspace in the shard layout (sp_shard_slot) instead of global
+  /// order: the table wait of a non-causal call.
+  bool shard_layout() const { return table_wait && !a.causal; }
 };
 
 /// Bytes of one gathered tensor [B, S, Hkv, D] (K or V).
@@ -135,7 +134,8 @@ void copy_chunk_rows(cudaStream_t s, void* dst, const void* src, int i, std::int
 /// The whole chunk: copy_chunk_rows with rows [0, C).
 void copy_chunk(cudaStream_t s, void* dst, const void* src, int i, std::int64_t g0, std::int64_t B, std::int64_t C,
                 std::int64_t S, std::size_t row_bytes);
-/// This rank's chunks into its own rows of the workspace.
+/// This rank's chunks into its own rows of the workspace (its slot in the
+/// shard layout).
 void copy_own(const Call& k, cudaStream_t s);
 /// The own rows that the hooked kernel, reading its own chunks in place,
 /// still reads from the workspace (sp_own_edge_rows for its KV blocks).
@@ -147,16 +147,12 @@ void copy_own_edges(const Call& k, cudaStream_t s);
 /// the chunk walk (global order, in-place own chunks unless
 /// TESSERA_SP_OWN_IN_PLACE=0).
 void choose_fused_layout(Call& k);
-/// The shard layout: this rank's shard (K and V) into its slot.
-void copy_own_shard(const Call& k, cudaStream_t s);
-/// The shard layout: head group `g` of this rank's shard `src` (K or V) into
-/// its slot of rank `dst`'s tensor `dst_base` (one 3D copy: the batch is the
-/// depth).
-void copy_shard_heads(const Call& k, cudaStream_t s, void* dst_base, const void* src, int dst, int g);
-/// Copies head group `g` (of k.head_groups) of both chunks of a shard to
-/// their rows of the gathered tensor, k.plan.chunks[i] x C, in one copy per
-/// batch entry (a 3D copy: the chunks are the depth).
-void copy_chunks_heads(const Call& k, cudaStream_t s, void* dst, const void* src, int g);
+/// Copies head group `g` (of k.head_groups) of this rank's shard `src_shard`
+/// (K or V) into rank `dst`'s gathered tensor `dst_base`, in the call's
+/// layout: in global order both chunks to rows k.plan.chunks[i] x C (a 3D
+/// copy per batch entry, the chunks the depth); in the shard layout the
+/// shard whole to its slot (sp_shard_slot; one 3D copy, the batch the depth).
+void copy_heads(const Call& k, cudaStream_t s, void* dst_base, const void* src_shard, int dst, int g);
 /// Waits on `s` until every peer finished call epoch - 1: its kernels no
 /// longer read, and its pushes no longer write, any workspace.
 void wait_peers_done(const Call& k, cudaStream_t s);
