@@ -136,8 +136,9 @@ void run(const Options& o) {
   const int R = pg->world();
   const cudaStream_t s = pg->stream();
   const auto torch = read_torch(o.torch_json);
-  Table table({"shape", "routing", "seq ms", "pipe ms", "transport", "chunks", "pipe 1ch ms", "pipe nccl ms", "auto",
-               "experts ms", "comm ms", "seq %ideal", "pipe %ideal", "seq/pipe", "torch ms", "torch/best"});
+  Table table({"shape", "routing", "seq ms", "pipe ms", "seq gk ms", "pipe gk ms", "transport", "chunks", "pipe 1ch ms",
+               "pipe nccl ms", "auto", "experts ms", "comm ms", "seq %ideal", "pipe %ideal", "seq/pipe", "torch ms",
+               "torch/best"});
   std::ostringstream js;
   js << "[";
   bool first = true;
@@ -173,6 +174,9 @@ void run(const Options& o) {
       ops::MoeTpOptions seq, pipe, pipe1, pipe_nccl, autom;
       seq.strategy = ops::Strategy::sequential;
       pipe.strategy = ops::Strategy::pipelined;
+      // With a gather kernel before the gate/up GEMM: what the gathering loads buy.
+      ops::MoeTpOptions seq_gk = seq, pipe_gk = pipe;
+      seq_gk.fused_gather = pipe_gk.fused_gather = false;
       // Pipelined with part 2 in one chunk: what the column chunks buy.
       pipe1.strategy = ops::Strategy::pipelined;
       pipe1.rs_chunks = 1;
@@ -188,6 +192,10 @@ void run(const Options& o) {
       ops::moe_tp(ctx, a, pipe);
       ctx.check_status();
       ops::moe_tp(ctx, a, pipe1);
+      ctx.check_status();
+      ops::moe_tp(ctx, a, seq_gk);
+      ctx.check_status();
+      ops::moe_tp(ctx, a, pipe_gk);
       ctx.check_status();
       ops::moe_tp(ctx, a, pipe_nccl);
       ctx.check_status();
@@ -222,13 +230,15 @@ void run(const Options& o) {
       down.status = static_cast<int*>(status.p) + 4;
       down.n = H;
       down.k = Il;
-      double t_seq = 0, t_pipe = 0, t_pipe1 = 0, t_nccl = 0, experts = 0, comm = 0;
+      double t_seq = 0, t_pipe = 0, t_seq_gk = 0, t_pipe_gk = 0, t_pipe1 = 0, t_nccl = 0, experts = 0, comm = 0;
       InterleavedTimer timer(s, o.warmup, o.reps, [&] {
         pg->barrier();
         pg->align_streams(s);
       });
       timer.add(&t_seq, [&] { ops::moe_tp(ctx, a, seq); });
       timer.add(&t_pipe, [&] { ops::moe_tp(ctx, a, pipe); });
+      timer.add(&t_seq_gk, [&] { ops::moe_tp(ctx, a, seq_gk); });
+      timer.add(&t_pipe_gk, [&] { ops::moe_tp(ctx, a, pipe_gk); });
       if (chunks > 1) timer.add(&t_pipe1, [&] { ops::moe_tp(ctx, a, pipe1); });
       if (ce) timer.add(&t_nccl, [&] { ops::moe_tp(ctx, a, pipe_nccl); });
       timer.add(&experts, [&] {
@@ -252,7 +262,8 @@ void run(const Options& o) {
         return it == report.times_ms.end() ? 0.0 : it->second;
       };
       table.add({sh.name, routing, fmt::format("{:.3f}", t_seq), fmt::format("{:.3f}", t_pipe),
-                 ce ? "copy_engine" : "nccl", std::to_string(chunks), chunks > 1 ? fmt::format("{:.3f}", t_pipe1) : "-",
+                 fmt::format("{:.3f}", t_seq_gk), fmt::format("{:.3f}", t_pipe_gk), ce ? "copy_engine" : "nccl",
+                 std::to_string(chunks), chunks > 1 ? fmt::format("{:.3f}", t_pipe1) : "-",
                  ce ? fmt::format("{:.3f}", t_nccl) : "-", chosen_name, fmt::format("{:.3f}", experts),
                  fmt::format("{:.3f}", comm), fmt::format("{:.1f}", 100.0 * ideal / t_seq),
                  fmt::format("{:.1f}", 100.0 * ideal / t_pipe), fmt::format("{:.3f}", t_seq / t_pipe),
@@ -261,12 +272,13 @@ void run(const Options& o) {
       js << (first ? "" : ",")
          << fmt::format(
                 "\n{{\"shape\": \"{}\", \"routing\": \"{}\", \"world\": {}, \"layer_ms\": {:.5f}, "
-                "\"sequential_ms\": {:.5f}, \"pipelined_ms\": {:.5f}, \"rs_chunks\": {}, "
+                "\"sequential_ms\": {:.5f}, \"pipelined_ms\": {:.5f}, \"sequential_gather_kernel_ms\": {:.5f}, "
+                "\"pipelined_gather_kernel_ms\": {:.5f}, \"rs_chunks\": {}, "
                 "\"pipelined_one_chunk_ms\": {:.5f}, \"transport\": \"{}\", \"pipelined_nccl_ms\": {:.5f}, "
                 "\"auto\": \"{}\", "
                 "\"tuner_sequential_ms\": {:.5f}, \"tuner_pipelined_ms\": {:.5f}, "
                 "\"experts_ms\": {:.5f}, \"comm_ms\": {:.5f}, \"torch_ms\": {:.5f}}}",
-                sh.name, routing, R, t_seq, t_seq, t_pipe, chunks, chunks > 1 ? t_pipe1 : t_pipe,
+                sh.name, routing, R, t_seq, t_seq, t_pipe, t_seq_gk, t_pipe_gk, chunks, chunks > 1 ? t_pipe1 : t_pipe,
                 ce ? "copy_engine" : "nccl", ce ? t_nccl : t_pipe, chosen_name, tuned(ops::Strategy::sequential),
                 tuned(ops::Strategy::pipelined), experts, comm, torch_ms);
       first = false;

@@ -21,6 +21,7 @@ void grouped_gemm_bf16_nk_plain(GroupedTile, const GroupedGemmArgs&, const Group
 void grouped_gemm_bf16_kn_plain(GroupedTile, const GroupedGemmArgs&, const GroupedGemmOptions&, cudaStream_t);
 void grouped_gemm_bf16_nk_swiglu(GroupedTile, const GroupedGemmArgs&, const GroupedGemmOptions&, cudaStream_t);
 void grouped_gemm_bf16_kn_swiglu(GroupedTile, const GroupedGemmArgs&, const GroupedGemmOptions&, cudaStream_t);
+void grouped_gemm_bf16_nk_swiglu_gather(GroupedTile, const GroupedGemmArgs&, const GroupedGemmOptions&, cudaStream_t);
 }  // namespace detail
 
 namespace {
@@ -61,6 +62,15 @@ void validate_grouped_inputs(const GroupedGemmArgs& a, const char* op) {
                 "{}: stride_b = {} must be >= {} (ldb x {} rows of a group's {}) and a multiple of 8", op, sb,
                 ldb * bcount, bcount, layout_name(a.b_layout));
   TESSERA_CHECK(sb * 2 < (int64_t{1} << 40), "{}: stride_b = {} elements exceeds TMA's 2^40-byte stride", op, sb);
+  if (a.a_gather != nullptr) {
+    TESSERA_CHECK(aligned(a.a_gather, 4), "{}: a_gather = {} is not 4-byte aligned", op,
+                  static_cast<const void*>(a.a_gather));
+    TESSERA_CHECK(a.a_rows >= 1 && a.a_rows < kInt31, "{}: a_rows = {} out of range [1, 2^31) (rows of the gathered A)",
+                  op, a.a_rows);
+    TESSERA_CHECK(a.a_gather_div >= 1 && a.a_rows * a.a_gather_div < kInt31,
+                  "{}: a_gather_div = {} must be >= 1 with a_rows x a_gather_div < 2^31 (int indices)", op,
+                  a.a_gather_div);
+  }
   const int64_t tiles = grouped_max_tiles(a, TileShape{64, 64});
   TESSERA_CHECK(tiles < kInt31, "{}: up to {} tiles (max_rows = {}, G = {}, N = {}) overflow the schedule's int", op,
                 tiles, a.max_rows, a.groups, a.n);
@@ -84,13 +94,16 @@ void check_output(const GroupedGemmArgs& a, GroupedEpilogueKind e, const char* o
 
 namespace detail {
 
-void grouped_check_instantiation(const GroupedGemmArgs& a, BLayout layout, DType in, int max_ctas) {
+void grouped_check_instantiation(const GroupedGemmArgs& a, BLayout layout, DType in, int max_ctas, bool gather) {
   validate_grouped_inputs(a, "grouped_gemm");
   TESSERA_CHECK(a.b_layout == layout, "grouped_gemm: args.b_layout ({}) does not match the instantiated layout ({})",
                 layout_name(a.b_layout), layout_name(layout));
   TESSERA_CHECK(a.in == in, "grouped_gemm: args.in = {} does not match the instantiated input type {}",
                 dtype_name(a.in), dtype_name(in));
   TESSERA_CHECK(max_ctas >= 0, "grouped_gemm: max_ctas = {} must be >= 0", max_ctas);
+  TESSERA_CHECK((a.a_gather != nullptr) == gather,
+                "grouped_gemm: args.a_gather is {} but the instantiated kernel {} the row gather",
+                a.a_gather ? "set" : "null", gather ? "expects" : "does not do");
   GemmArgs probe{};  // the engine's device check (sm_90)
   probe.a = a.a;
   probe.b = a.b;
@@ -130,7 +143,8 @@ void encode(const char* what, const void* base, DType t, int rank, const cuuint6
 }  // namespace
 
 void grouped_make_tma_a(const GroupedGemmArgs& a, int bm, CUtensorMap* out) {
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(a.k), static_cast<cuuint64_t>(std::max<int64_t>(a.max_rows, 1))};
+  const int64_t rows = a.a_gather != nullptr ? a.a_rows : a.max_rows;  // gathering: the map is not read
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(a.k), static_cast<cuuint64_t>(std::max<int64_t>(rows, 1))};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(a.lda_or_packed() * 2)};
   const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(bm)};
   encode("A (stacked rows)", a.a, a.in, 2, dims, strides, box, out);
@@ -193,6 +207,10 @@ GroupedTile resolve_grouped_tile(const GroupedGemmArgs& a, const GroupedGemmOpti
   // behind the other consumer's main loop); 64x256 for narrow N or short K,
   // the cooperative 128x256 only for long K and wide N (fewest bytes loaded
   // per multiply). Within 1.01x of the best configuration in geometric mean.
+  // The row gather's cp.async producer keeps a 64-row tile fed at the TMA
+  // kernels' speed but not a 128-row one (measured on the MoE-4..6 gate/up
+  // GEMMs, K = 4096: 128x128 ping-pong 1.1-1.3x slower than with TMA).
+  if (a.a_gather != nullptr) return GroupedTile::PingPong64x256;
   if (a.n <= 1536 || a.k <= 768) return GroupedTile::PingPong64x256;
   if (a.k >= 4096 && a.n >= 4096) return GroupedTile::Coop128x256;
   return GroupedTile::PingPong128x128;
@@ -208,13 +226,19 @@ void validate(const GroupedGemmArgs& a, const GroupedGemmOptions& o) {
                 "grouped_gemm: input dtype {} is not compiled for grouped_gemm() (bf16; f16 "
                 "through grouped_gemm_with_tile)",
                 dtype_name(a.in));
+  TESSERA_CHECK(a.a_gather == nullptr || (a.b_layout == BLayout::NK && o.epilogue == GroupedEpilogueKind::SwiGLU),
+                "grouped_gemm: the row gather of A (a_gather) is compiled for B as NK with the SwiGLU epilogue "
+                "only (got B {}, {} epilogue)",
+                layout_name(a.b_layout), o.epilogue == GroupedEpilogueKind::SwiGLU ? "SwiGLU" : "plain");
 }
 
 void grouped_gemm(const GroupedGemmArgs& a, const GroupedGemmOptions& o, cudaStream_t stream) {
   validate(a, o);
   const GroupedTile t = resolve_grouped_tile(a, o);
   const bool nk = a.b_layout == BLayout::NK;
-  if (o.epilogue == GroupedEpilogueKind::SwiGLU)
+  if (a.a_gather != nullptr)
+    detail::grouped_gemm_bf16_nk_swiglu_gather(t, a, o, stream);
+  else if (o.epilogue == GroupedEpilogueKind::SwiGLU)
     nk ? detail::grouped_gemm_bf16_nk_swiglu(t, a, o, stream) : detail::grouped_gemm_bf16_kn_swiglu(t, a, o, stream);
   else
     nk ? detail::grouped_gemm_bf16_nk_plain(t, a, o, stream) : detail::grouped_gemm_bf16_kn_plain(t, a, o, stream);

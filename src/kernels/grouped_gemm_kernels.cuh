@@ -1,7 +1,8 @@
 // src/kernels/grouped_gemm_kernels.cuh — the policy-free grouped GEMM
 // (NoWait, GroupedEpilogue plain or SwiGLU) for bf16 and one B layout,
 // dispatched over the configurations; instantiated once per (layout,
-// epilogue) in grouped_gemm_kernels_*.cu so the kernels compile in parallel.
+// epilogue[, row gather of A]) in grouped_gemm_kernels_*.cu so the kernels
+// compile in parallel.
 #pragma once
 
 #include <string>
@@ -10,7 +11,7 @@
 
 namespace tessera::kernels::detail {
 
-template <BLayout L, unsigned kFeatures>
+template <BLayout L, unsigned kFeatures, bool kGatherA = false>
 void grouped_gemm_plain(GroupedTile t, const GroupedGemmArgs& a, const GroupedGemmOptions& o, cudaStream_t stream) {
   using InT = __nv_bfloat16;
   const engine::NoWait pro{};
@@ -19,13 +20,13 @@ void grouped_gemm_plain(GroupedTile t, const GroupedGemmArgs& a, const GroupedGe
   epi.store.ldd = a.ldd ? a.ldd : ((kFeatures & engine::kEpiSwiGLU) ? a.n / 2 : a.n);
   switch (t) {
     case GroupedTile::Coop128x256:
-      return grouped_gemm_with_tile<GroupedTile::Coop128x256, InT, L>(a, o, pro, epi, stream);
+      return grouped_gemm_with_tile<GroupedTile::Coop128x256, InT, L, kGatherA>(a, o, pro, epi, stream);
     case GroupedTile::Coop128x128:
-      return grouped_gemm_with_tile<GroupedTile::Coop128x128, InT, L>(a, o, pro, epi, stream);
+      return grouped_gemm_with_tile<GroupedTile::Coop128x128, InT, L, kGatherA>(a, o, pro, epi, stream);
     case GroupedTile::PingPong128x128:
-      return grouped_gemm_with_tile<GroupedTile::PingPong128x128, InT, L>(a, o, pro, epi, stream);
+      return grouped_gemm_with_tile<GroupedTile::PingPong128x128, InT, L, kGatherA>(a, o, pro, epi, stream);
     case GroupedTile::PingPong64x256:
-      return grouped_gemm_with_tile<GroupedTile::PingPong64x256, InT, L>(a, o, pro, epi, stream);
+      return grouped_gemm_with_tile<GroupedTile::PingPong64x256, InT, L, kGatherA>(a, o, pro, epi, stream);
     case GroupedTile::Auto:
       break;
   }

@@ -22,7 +22,7 @@
 namespace tessera::kernels::detail {
 // Declared in tessera/kernels/gemm/grouped_launch.cuh (a CUDA header): the
 // templated entry point's checks of its arguments against the instantiation.
-void grouped_check_instantiation(const GroupedGemmArgs& a, BLayout layout, DType in, int max_ctas);
+void grouped_check_instantiation(const GroupedGemmArgs& a, BLayout layout, DType in, int max_ctas, bool gather);
 }  // namespace tessera::kernels::detail
 
 namespace te = tessera::kernels::engine;
@@ -194,12 +194,43 @@ TEST(GroupedGemmValidate, RejectsBadOptionsByName) {
       << grouped_error(a, o);
 }
 
+// The row gather of A: its table, bounds and the one compiled combination.
+TEST(GroupedGemmValidate, RowGatherArgumentsAreNamed) {
+  tk::GroupedGemmOptions o;
+  o.epilogue = tk::GroupedEpilogueKind::SwiGLU;
+  auto a = good_grouped();
+  a.a_gather = reinterpret_cast<const std::int32_t*>(0x60000);
+  a.a_rows = 500;
+  a.a_gather_div = 2;
+  EXPECT_EQ(grouped_error(a, o), "");
+  EXPECT_NE(grouped_error(a).find("compiled for B as NK with the SwiGLU epilogue only (got B NK ([G, N, K]), plain"),
+            std::string::npos)
+      << grouped_error(a);
+  auto b = a;
+  b.b_layout = tk::BLayout::KN;
+  EXPECT_NE(grouped_error(b, o).find("got B KN ([G, K, N]), SwiGLU"), std::string::npos) << grouped_error(b, o);
+  b = a;
+  b.a_gather = reinterpret_cast<const std::int32_t*>(0x60002);
+  EXPECT_NE(grouped_error(b, o).find("a_gather = 0x60002 is not 4-byte aligned"), std::string::npos)
+      << grouped_error(b, o);
+  b = a;
+  b.a_rows = 0;
+  EXPECT_NE(grouped_error(b, o).find("a_rows = 0 out of range [1, 2^31)"), std::string::npos);
+  b = a;
+  b.a_gather_div = 0;
+  EXPECT_NE(grouped_error(b, o).find("a_gather_div = 0 must be >= 1"), std::string::npos);
+  b = a;
+  b.a_rows = int64_t{1} << 30;
+  b.a_gather_div = 4;
+  EXPECT_NE(grouped_error(b, o).find("a_rows x a_gather_div < 2^31"), std::string::npos);
+}
+
 // The templated entry point (grouped_launch.cuh) names a mismatch between its
 // arguments and the kernel it instantiates before the device check.
 TEST(GroupedGemmValidate, InstantiationMismatchIsNamed) {
   const auto rejected = [](const tk::GroupedGemmArgs& a, tk::BLayout l, tessera::DType in, int max_ctas) {
     try {
-      tk::detail::grouped_check_instantiation(a, l, in, max_ctas);
+      tk::detail::grouped_check_instantiation(a, l, in, max_ctas, a.a_gather != nullptr);
     } catch (const tessera::Error& e) {
       return std::string(e.what());
     }
@@ -217,4 +248,15 @@ TEST(GroupedGemmValidate, InstantiationMismatchIsNamed) {
   b.groups = 2000;
   EXPECT_NE(rejected(b, tk::BLayout::NK, tessera::DType::bf16, 0).find("groups = 2000 out of range"),
             std::string::npos);
+  b = a;
+  b.a_gather = reinterpret_cast<const std::int32_t*>(0x60000);
+  b.a_rows = 10;
+  try {
+    tk::detail::grouped_check_instantiation(b, tk::BLayout::NK, tessera::DType::bf16, 0, false);
+    ADD_FAILURE() << "a gathered A accepted by a kernel without the gather";
+  } catch (const tessera::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("args.a_gather is set but the instantiated kernel does not do the row gather"),
+              std::string::npos)
+        << e.what();
+  }
 }

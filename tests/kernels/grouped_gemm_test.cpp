@@ -6,6 +6,7 @@
 // table errors reported after the call, and bad input rejected before launch.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -164,6 +165,61 @@ TEST(GroupedGemmGpu, SwiGLUOfInterleavedGateAndUp) {
   TESSERA_REQUIRE_GPUS(1);
   for (auto layout : {tk::BLayout::NK, tk::BLayout::KN})
     for (auto t : kTiles) check({{0, 300, 1, 129, 0, 64}, 528, 136, layout}, t, tk::GroupedEpilogueKind::SwiGLU);
+}
+
+// The row gather of A (a_gather): the same tile over the explicitly gathered
+// rows gives the same bits, out-of-range indices read zero rows, and rows
+// past the groups' sum stay untouched; every configuration, K tails, a
+// small grid (tiles across groups) and empty groups.
+TEST(GroupedGemmGpu, RowGatherEqualsTheGatheredRowsBitwise) {
+  TESSERA_REQUIRE_GPUS(1);
+  for (const int64_t k : {200, 1024})
+    for (const int ctas : {0, 3}) {
+      const Problem p{{0, 300, 1, 129, 0, 64, 517}, 528, k};
+      const int64_t cols = p.n / 2, x_rows = 150, div = 3;
+      Buffers s = make(p, cols);  // s.a: the explicitly gathered A, filled below
+      std::vector<double> xh;
+      tt::DevBuf x = tt::random_matrix(x_rows, k, k, DType::bf16, rng(), &xh);
+      const auto x_bits = tt::bytes_of(x);
+      std::vector<int32_t> index(static_cast<size_t>(s.args.max_rows), 0x7fffffff);  // past the sum: never read
+      std::vector<uint8_t> gathered(static_cast<size_t>(s.args.max_rows * k) * 2, 0);
+      std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(x_rows * div - 1));
+      for (int64_t i = 0; i < s.total; ++i) {
+        index[i] = i % 97 == 5 ? -7 : i % 89 == 3 ? static_cast<int32_t>(x_rows * div + i) : pick(rng());
+        if (index[i] >= 0 && index[i] < x_rows * div)
+          std::copy_n(x_bits.begin() + (index[i] / div) * k * 2, k * 2, gathered.begin() + i * k * 2);
+      }
+      TESSERA_CUDA_CHECK(cudaMemcpy(s.a.p, gathered.data(), gathered.size(), cudaMemcpyHostToDevice));
+      tt::DevBuf idx(index.size() * 4), d2(s.d.bytes);
+      TESSERA_CUDA_CHECK(cudaMemcpy(idx.p, index.data(), idx.bytes, cudaMemcpyHostToDevice));
+      for (auto t : kTiles) {
+        const std::string what = name(p, t, tk::GroupedEpilogueKind::SwiGLU, ctas) + " gathered";
+        tk::GroupedGemmOptions o;
+        o.tile = t;
+        o.epilogue = tk::GroupedEpilogueKind::SwiGLU;
+        o.max_ctas = ctas;
+        tt::poison(s.d);
+        tk::grouped_gemm(s.args, o);
+        tk::GroupedGemmArgs g = s.args;
+        g.a = x.p;
+        g.a_gather = idx.as<int32_t>();
+        g.a_gather_div = div;
+        g.a_rows = x_rows;
+        g.d = d2.p;
+        tt::poison(d2);
+        tk::grouped_gemm(g, o);
+        const tk::GroupedGemmStatus st = tk::grouped_gemm_status(g.status);
+        ASSERT_TRUE(st.ok()) << what << ": " << st.message();
+        const auto want = tt::bytes_of(s.d), got = tt::bytes_of(d2);
+        const size_t stored = static_cast<size_t>(s.total * cols) * 2;
+        size_t differ = 0;
+        for (size_t i = 0; i < stored; ++i) differ += want[i] != got[i];
+        EXPECT_EQ(differ, 0u) << what << ": bytes differ from the explicitly gathered rows";
+        size_t written_past = 0;
+        for (size_t i = stored; i < got.size(); ++i) written_past += got[i] != 0xFF;
+        EXPECT_EQ(written_past, 0u) << what << ": rows past the groups' sum were written";
+      }
+    }
 }
 
 // Few CTAs: each walks many tiles across group boundaries (and empty groups).

@@ -155,11 +155,21 @@ void run_case(const Problem& c) {
     }
     for (std::int64_t h = 0; h < H; ++h) want.push_back(o[h]);
   }
-  for (Strategy st : {Strategy::sequential, Strategy::pipelined, Strategy::automatic}) {
+  // Each strategy with the gather inside the gate/up GEMM's loads (the
+  // default) and with the gather kernel: the same bits (same rows, same
+  // arithmetic).
+  const std::pair<Strategy, bool> strategies[] = {{Strategy::sequential, true},
+                                                  {Strategy::sequential, false},
+                                                  {Strategy::pipelined, true},
+                                                  {Strategy::pipelined, false},
+                                                  {Strategy::automatic, true}};
+  std::vector<std::uint16_t> fused_out;
+  for (const auto& [st, fused_gather] : strategies) {
     // NaN poison, ordered before the call on its stream.
     TESSERA_CUDA_CHECK(cudaMemsetAsync(dout.p, 0xFF, c.T_local * H * 2, pg.stream()));
     MoeTpOptions o;
     o.strategy = st;
+    o.fused_gather = fused_gather;
     o.use_cache = false;  // automatic: measured here, no cache file written
     moe_tp(ctx, a, o);
     ctx.check_status();
@@ -168,7 +178,14 @@ void run_case(const Problem& c) {
     std::vector<double> got;
     for (std::uint16_t v : out) got.push_back(bf16_value(v));
     const double err = tessera::testing::relative_error(got, want);
-    EXPECT_LT(err, 2e-2) << "rank " << rank << " of " << R << ", strategy " << strategy_name(st);
+    EXPECT_LT(err, 2e-2) << "rank " << rank << " of " << R << ", strategy " << strategy_name(st)
+                         << (fused_gather ? "" : ", gather kernel");
+    if (st == Strategy::automatic) continue;
+    if (fused_gather)
+      fused_out = out;
+    else
+      EXPECT_TRUE(out == fused_out) << "rank " << rank << " of " << R << ", strategy " << strategy_name(st)
+                                    << ": the gather kernel and the gathering GEMM differ";
   }
   // Part 2 in column chunks adds the same terms in the same order per
   // element, and both transports move the same bytes: bitwise equal to one

@@ -12,6 +12,13 @@
 //      row stride ldb, group stride stride_b (elements; 0 = packed).
 //   D: stacked [max_rows, N] (N/2 with the SwiGLU epilogue), row stride ldd.
 //      Rows >= sum M_g are not written.
+//   Row gather (optional, a_gather set): A is then any [a_rows, K] matrix
+//      (row stride lda) and stacked row i reads its row a_gather[i] /
+//      a_gather_div, so the MoE dispatch (tokens -> rows sorted by expert)
+//      happens inside the loads instead of in a gather kernel. Only the
+//      first sum(M_g) entries of a_gather are read; an index outside
+//      [0, a_rows · a_gather_div) reads a zero row. bf16, B as NK and the
+//      SwiGLU epilogue (the gate/up GEMM) only.
 //   group_rows: device int[G], M_g >= 0, sum <= max_rows. Empty groups are
 //      fine (no tiles).
 //   status: device int[4] (kGroupedStatusWords); the kernel writes it on
@@ -69,6 +76,9 @@ struct GroupedGemmArgs {
   DType in = DType::bf16;
   DType out = DType::bf16;
   BLayout b_layout = BLayout::NK;
+  const int32_t* a_gather = nullptr;  ///< device [max_rows] or nullptr (see "Row gather" above)
+  int64_t a_gather_div = 1;           ///< a_gather[i] / a_gather_div is the row of A
+  int64_t a_rows = 0;                 ///< rows of A when gathering
 
   int64_t lda_or_packed() const { return lda ? lda : k; }
   int64_t ldb_or_packed() const { return ldb ? ldb : (b_layout == BLayout::NK ? k : n); }

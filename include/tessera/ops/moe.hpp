@@ -107,6 +107,10 @@ struct MoeTpOptions {
   /// pipelined: the transport (resolved per call; part of the cross-rank
   /// check). copy_engine needs lsa_reachable() and no stream capture.
   MoeTransport transport = MoeTransport::automatic;
+  /// Every strategy: the gate/up GEMM reads each routed row straight from
+  /// the tokens (its loads gather through the sort's entry table); false: a
+  /// gather kernel writes the sorted rows first. Local to each rank.
+  bool fused_gather = true;
   bool use_cache = true;     ///< automatic: read/write the on-disk choice cache
   bool tune_on_miss = true;  ///< automatic: measure an unseen shape (else a neighbour's choice or sequential)
 };

@@ -177,6 +177,7 @@ struct Call {
   runtime::ProcessGroup& pg;
   MoeContext::Impl& m;
   const MoeTpArgs& a;
+  bool fused_gather;  ///< MoeTpOptions::fused_gather
   cudaStream_t s;
   int R, rank;
   std::int64_t Tl, k, H, I, E, per;  ///< per = Tl * k: routed entries of one shard
@@ -189,8 +190,9 @@ struct Call {
 
   /// `sym`: the gathered tokens and routing live in m.sym (the copy-engine
   /// transport's pushes land there); nullptr: in scratch memory.
-  Call(runtime::ProcessGroup& g, MoeContext::Impl& mi, const MoeTpArgs& args, const SymLayout* sym = nullptr)
-      : pg(g), m(mi), a(args), s(g.stream()), R(g.world()), rank(g.rank()) {
+  Call(runtime::ProcessGroup& g, MoeContext::Impl& mi, const MoeTpArgs& args, const MoeTpOptions& o,
+       const SymLayout* sym = nullptr)
+      : pg(g), m(mi), a(args), fused_gather(o.fused_gather), s(g.stream()), R(g.world()), rank(g.rank()) {
     Tl = a.tokens_local;
     k = a.topk;
     H = a.hidden;
@@ -218,7 +220,9 @@ struct Call {
     // The permute of one shard (pipelined) needs no more than that of all.
     permute_ws_bytes = kernels::moe::permute_workspace_bytes(entries, a.experts);
     permute_ws = m.permute_ws.get(permute_ws_bytes + 16, pg);
-    gathered = static_cast<unsigned char*>(m.gathered.get(static_cast<std::size_t>(entries * H) * es + 16, pg));
+    gathered = fused_gather
+                   ? nullptr
+                   : static_cast<unsigned char*>(m.gathered.get(static_cast<std::size_t>(entries * H) * es + 16, pg));
     inter = static_cast<unsigned char*>(m.inter.get(static_cast<std::size_t>(entries * I) * es + 16, pg));
     expert_out = static_cast<unsigned char*>(m.expert_out.get(static_cast<std::size_t>(entries * H) * es + 16, pg));
     partial = static_cast<unsigned char*>(m.partial.get(static_cast<std::size_t>(T * H) * es + 16, pg));
@@ -262,10 +266,25 @@ struct Call {
     kernels::moe::gather_rows(g, s);
   }
 
+  /// Part 1 of table slot q: the rows of `x` (x_rows tokens) its sort
+  /// routed, through the gate/up GEMM and SwiGLU into inter. With
+  /// fused_gather the GEMM's loads read them from x through the sort's entry
+  /// table (entry / k = token); else a gather kernel writes them first.
+  void gate_up(const void* x, std::int64_t x_rows, int q, std::int64_t max_rows, int max_ctas) {
+    if (fused_gather) {
+      gemm(q, false, max_rows, max_ctas, 0, 0, x, x_rows);
+      return;
+    }
+    gather(x, q, max_rows);
+    gemm(q, false, max_rows, max_ctas);
+  }
+
   /// The gate/up (down = false) or down grouped GEMM over table slot q's
   /// rows (at most max_rows); max_ctas 0 = all SMs. The down GEMM computes
-  /// output columns [col0, col0 + cols) of hidden (cols 0: all).
-  void gemm(int q, bool down, std::int64_t max_rows, int max_ctas, std::int64_t col0 = 0, std::int64_t cols = 0) {
+  /// output columns [col0, col0 + cols) of hidden (cols 0: all). gather_x:
+  /// the gate/up GEMM reads its rows from these x_rows tokens (gate_up).
+  void gemm(int q, bool down, std::int64_t max_rows, int max_ctas, std::int64_t col0 = 0, std::int64_t cols = 0,
+            const void* gather_x = nullptr, std::int64_t x_rows = 0) {
     if (max_rows == 0) return;
     kernels::GroupedGemmArgs g;
     g.group_rows = counts + q * E;
@@ -275,7 +294,16 @@ struct Call {
     kernels::GroupedGemmOptions go;
     go.max_ctas = max_ctas;
     if (!down) {
-      g.a = gathered + static_cast<std::size_t>(q * per * H) * es;
+      if (gather_x != nullptr) {
+        if (x_rows == 0) return;  // no tokens: the sort routed nothing
+        g.a = gather_x;
+        g.lda = H;
+        g.a_gather = sorted + q * per;
+        g.a_gather_div = k;
+        g.a_rows = x_rows;
+      } else {
+        g.a = gathered + static_cast<std::size_t>(q * per * H) * es;
+      }
       g.b = a.w_gate_up;
       g.d = inter + static_cast<std::size_t>(q * per * I) * es;
       g.n = 2 * I;

@@ -47,22 +47,27 @@ void run_pipelined(Call& c, int comm_ctas, int chunks, const SymLayout* sym) {
   auto recv_chunk = [&](unsigned char* base, int slab, int ch) { return base + slab * shard_bytes + ch * chunk_bytes; };
 
   // Communication stream, part 1: step d's tokens and their routing. It
-  // starts after the caller's inputs.
+  // starts after the caller's inputs. Over the copy engine, the host
+  // enqueues step 1's token push, then the own shard's kernels, then the
+  // rest (the stream order is the same): the compute stream does not wait
+  // for the host to enqueue the pushes.
   TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_start, s));
   TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, m.ev_start, 0));
-  for (int d = 1; d < R; ++d) {
+  // `to` said it no longer reads what I pushed in the last call; then my
+  // shard into its slot `rank`.
+  auto push_tokens = [&](int to) {
+    if (e > 1) link::rank_wait(cs, *m.control, to, 0, e - 1);
+    link::rank_copy_data(cs, m.sym.peer(to) + sym->x + rank * shard_bytes, a.x_shard, shard_bytes);
+  };
+  auto push_routing = [&](int to) {
+    unsigned char* peer = m.sym.peer(to);
+    link::rank_copy_data(cs, peer + sym->ids + rank * route_bytes, a.expert_ids, route_bytes);
+    link::rank_copy_data(cs, peer + sym->w + rank * route_bytes, a.weights, route_bytes);
+    link::rank_notify(cs, *m.data, to, 0, e);
+  };
+  if (ce) push_tokens(plan.send_to[0]);
+  for (int d = 1; d < R && !ce; ++d) {
     const int to = plan.send_to[d - 1], from = plan.recv_from[d - 1];
-    if (ce) {
-      // `to` said it no longer reads what I pushed in the last call; then
-      // my shard into its slot `rank`, and the flag.
-      if (e > 1) link::rank_wait(cs, *m.control, to, 0, e - 1);
-      unsigned char* peer = m.sym.peer(to);
-      link::rank_copy_data(cs, peer + sym->x + rank * shard_bytes, a.x_shard, shard_bytes);
-      link::rank_copy_data(cs, peer + sym->ids + rank * route_bytes, a.expert_ids, route_bytes);
-      link::rank_copy_data(cs, peer + sym->w + rank * route_bytes, a.weights, route_bytes);
-      link::rank_notify(cs, *m.data, to, 0, e);
-      continue;
-    }
     TESSERA_NCCL_CHECK(ncclGroupStart());
     TESSERA_NCCL_CHECK(ncclSend(a.expert_ids, static_cast<std::size_t>(c.per), ncclInt32, to, comm, cs));
     TESSERA_NCCL_CHECK(ncclRecv(c.ids_full + from * c.per, static_cast<std::size_t>(c.per), ncclInt32, from, comm, cs));
@@ -77,8 +82,11 @@ void run_pipelined(Call& c, int comm_ctas, int chunks, const SymLayout* sym) {
   // Compute stream, part 1: the own shard at once, beside the transfers,
   // then each remote shard as it arrives.
   c.permute(a.expert_ids, c.Tl, rank);
-  c.gather(a.x_shard, rank, c.per);
-  c.gemm(rank, false, c.per, plan.gate_up[0].beside_comm ? beside_ctas : 0);
+  c.gate_up(a.x_shard, c.Tl, rank, c.per, plan.gate_up[0].beside_comm ? beside_ctas : 0);
+  for (int d = 1; d < R && ce; ++d) {
+    if (d > 1) push_tokens(plan.send_to[d - 1]);
+    push_routing(plan.send_to[d - 1]);
+  }
   for (int j = 1; j < R; ++j) {
     const MoeTpStep& st = plan.gate_up[j];
     if (ce)
@@ -86,8 +94,7 @@ void run_pipelined(Call& c, int comm_ctas, int chunks, const SymLayout* sym) {
     else
       TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_x[st.comm_step], 0));
     c.permute(ids_of(st.shard), c.Tl, st.shard);
-    c.gather(x_of(st.shard), st.shard, c.per);
-    c.gemm(st.shard, false, c.per, st.beside_comm ? beside_ctas : 0);
+    c.gate_up(x_of(st.shard), c.Tl, st.shard, c.per, st.beside_comm ? beside_ctas : 0);
   }
 
   // Part 2: down + combine per shard in owner order, chunk by chunk; each
@@ -150,7 +157,7 @@ void run(MoeContext& ctx, const MoeTpArgs& a, const MoeTpOptions& o) {
   const int R = pg.world();
   // Nothing to overlap at R = 1 or without tokens.
   if (R == 1 || a.tokens_local == 0) {
-    Call c(pg, m, a);
+    Call c(pg, m, a, o);
     run_sequential(c);
     return;
   }
@@ -159,10 +166,10 @@ void run(MoeContext& ctx, const MoeTpArgs& a, const MoeTpOptions& o) {
   if (transport == MoeTransport::copy_engine) {
     const SymLayout layout(R, a.tokens_local, a.hidden, a.topk, dtype_size(a.dtype));
     m.ensure_sym(pg, layout.bytes);
-    Call c(pg, m, a, &layout);
+    Call c(pg, m, a, o, &layout);
     run_pipelined(c, o.comm_ctas, chunks, &layout);
   } else {
-    Call c(pg, m, a);
+    Call c(pg, m, a, o);
     run_pipelined(c, o.comm_ctas, chunks, nullptr);
   }
 }

@@ -23,8 +23,7 @@ void run_sequential(Call& c) {
   TESSERA_NCCL_CHECK(ncclGroupEnd());
   // Table slot 0 holds the whole layer's sort (rows 0 .. T·k).
   c.permute(c.ids_full, T, 0);
-  c.gather(c.x_full, 0, entries);
-  c.gemm(0, false, entries, 0);
+  c.gate_up(c.x_full, T, 0, entries, 0);
   c.gemm(0, true, entries, 0);
   c.combine(0, T, c.w_full, c.partial);
   TESSERA_NCCL_CHECK(ncclReduceScatter(c.partial, a.out_shard, static_cast<std::size_t>(c.Tl * c.H),
@@ -34,8 +33,8 @@ void run_sequential(Call& c) {
 
 namespace {
 
-void run(MoeContext& ctx, const MoeTpArgs& a, const MoeTpOptions&) {
-  Call c(ctx.group(), ctx.impl(), a);
+void run(MoeContext& ctx, const MoeTpArgs& a, const MoeTpOptions& o) {
+  Call c(ctx.group(), ctx.impl(), a, o);
   run_sequential(c);
 }
 

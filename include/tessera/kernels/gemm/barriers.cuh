@@ -71,6 +71,8 @@ __host__ __device__ constexpr ProducerWarpRole producer_warp_role(int warp_idx) 
 constexpr int kNotifyBarrier = 2;
 constexpr int kOrderBarrier = 4;
 constexpr int kNotifyFreeBarrier = 6;
+/// The grouped GEMM's row-gathering producer warpgroup (grouped_kernel.cuh).
+constexpr int kGatherBarrier = 8;
 
 /// The handshake on the notify barriers, per CTA-local tile index `iter`
 /// (0 .. tiles - 1, the CTA's tiles in schedule order; tiles >= 1).

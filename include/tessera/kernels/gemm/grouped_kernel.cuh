@@ -47,6 +47,18 @@
 
 namespace tessera::kernels::engine {
 
+/// Row gather of A (the MoE dispatch fused into the gate/up loads): stacked
+/// row i reads row index[i] / div of `a` ([rows, K], row stride lda) instead
+/// of row i of the stacked A. Rows past the groups' total, and indices
+/// outside [0, rows), read zeros.
+struct GroupedGather {
+  const void* a = nullptr;
+  const int* index = nullptr;  ///< device [max_rows]; only the first sum(M_g) are read
+  long long lda = 0;           ///< elements
+  int rows = 0;
+  FastDivmod div;  ///< index -> source row (MoE: the sorted entry -> its token, div = top-k)
+};
+
 template <class Prologue, class Epilogue>
 struct GroupedParams {
   int N, K;
@@ -58,6 +70,7 @@ struct GroupedParams {
   int* status;            ///< device [kGroupedStatusWords] or nullptr
   Prologue prologue;
   Epilogue epilogue;
+  GroupedGather gather;  ///< used by the kGatherA kernels only
 };
 
 /// Producer side of one grouped tile: produce_tile (mainloop.cuh) with B read
@@ -82,6 +95,73 @@ __device__ __forceinline__ void produce_grouped_tile(const SmemLayout<Cfg, InT>&
       for (int c = 0; c < Cfg::BN / 64; ++c)
         ptx::tma_load_3d(sm.b(stage) + c * 64 * 64 * 2, tma_b, sm.full(stage), col0 + c * 64, k0, g);
     }
+    pipe.advance();
+  }
+}
+
+/// Shared memory the kGatherA kernels add after the group table: the
+/// producer's source-row addresses of two tiles.
+template <class Cfg>
+inline constexpr int kGroupedGatherBytes = 2 * Cfg::BM * 8;
+
+/// Producer side of one grouped tile with A gathered row by row
+/// (GroupedGather), run by the whole producer warpgroup (one warp's
+/// cp.asyncs keep too few bytes in flight). The tile's source-row addresses
+/// go to `row_addr` (shared, BM entries, 0 = no source) once, behind one
+/// warpgroup barrier (the caller alternates two buffers, so the barrier also
+/// orders the refill after every thread's reads two tiles back). Per K block
+/// thread t copies 16-byte chunk t % 8 of rows t / 8 + 16 j: eight lanes
+/// read one row's 128 bytes, so a warp's copy touches four lines. Each
+/// chunk lands where TMA's 128-byte swizzle puts it (chunk c of row r at
+/// r * 128 + (c ^ (r % 8)) * 16); each thread arrives on the full barrier
+/// when its copies land (mbar_init counts 1 + 128 arrivals). Thread 0 loads
+/// B by TMA as produce_grouped_tile does. Chunks past K and rows without a
+/// source are zero-filled.
+template <class Cfg, class InT, bool kTransB>
+__device__ __forceinline__ void produce_gathered_tile(const SmemLayout<Cfg, InT>& sm, const GroupedGather& ga,
+                                                      unsigned long long* row_addr, const CUtensorMap* tma_b, int row0,
+                                                      int rows_total, int col0, int g, int K, int k_blocks,
+                                                      PipelineState<Cfg::kStages>& pipe) {
+  static_assert(Cfg::kClusterM == 1, "grouped GEMM: no clusters");
+  static_assert(Cfg::BM % 16 == 0 && Cfg::BM <= 128, "16 rows per pass; one source per thread");
+  using L = SmemLayout<Cfg, InT>;
+  const int t = threadIdx.x % 128, chunk = t % 8, r0 = t / 8;
+  if (t < Cfg::BM) {
+    unsigned long long addr = 0;
+    if (row0 + t < rows_total) {
+      const int idx = __ldg(ga.index + row0 + t);
+      const int src = idx < 0 ? -1 : static_cast<int>(ga.div.div(static_cast<uint32_t>(idx)));
+      if (src >= 0 && src < ga.rows)
+        addr = reinterpret_cast<unsigned long long>(static_cast<const char*>(ga.a) + src * ga.lda * 2);
+    }
+    row_addr[t] = addr;
+  }
+  ptx::named_barrier_sync(kGatherBarrier, 128);
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    const int stage = pipe.stage;
+    ptx::mbar_wait(sm.empty(stage), pipe.phase ^ 1);
+    const int k0 = kb * Cfg::BK;
+    if (t == 0) {
+      ptx::mbar_arrive_expect_tx(sm.full(stage), L::kBBytes);
+      if constexpr (!kTransB) {
+        ptx::tma_load_3d(sm.b(stage), tma_b, sm.full(stage), k0, col0, g);
+      } else {
+#pragma unroll
+        for (int c = 0; c < Cfg::BN / 64; ++c)
+          ptx::tma_load_3d(sm.b(stage) + c * 64 * 64 * 2, tma_b, sm.full(stage), col0 + c * 64, k0, g);
+      }
+    }
+    const bool k_in = k0 + chunk * 8 < K;
+    const int offset = (k0 + chunk * 8) * 2;
+    const unsigned long long any = reinterpret_cast<unsigned long long>(ga.a);  // read by no zero-fill copy
+    uint8_t* a_s = sm.a(stage) + r0 * 128 + ((chunk ^ (r0 & 7)) << 4);          // rows r0 + 16 j: the same r % 8
+#pragma unroll
+    for (int j = 0; j < Cfg::BM / 16; ++j) {
+      const unsigned long long addr = row_addr[r0 + 16 * j];
+      const bool ok = k_in && addr != 0;
+      ptx::cp_async_16(a_s + j * 16 * 128, reinterpret_cast<const char*>(ok ? addr + offset : any), ok ? 16u : 0u);
+    }
+    ptx::cp_async_mbar_arrive_noinc(sm.full(stage));
     pipe.advance();
   }
 }
@@ -193,8 +273,9 @@ struct GroupedEpilogue {
 };
 
 /// The grouped kernel. Grid: persistent, at most one CTA per SM (any size
-/// >= 1 works: CTA b takes positions b, b + gridDim.x, ...).
-template <class Cfg, class InT, bool kTransB, class Prologue, class Epilogue>
+/// >= 1 works: CTA b takes positions b, b + gridDim.x, ...). kGatherA: A's
+/// rows come through p.gather (produce_gathered_tile), not the TMA map.
+template <class Cfg, class InT, bool kTransB, class Prologue, class Epilogue, bool kGatherA = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     grouped_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                         const __grid_constant__ GroupedParams<Prologue, Epilogue> p) {
@@ -210,7 +291,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int warpgroup = warp_idx / 4;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Cfg::kStages; ++s) {
-      ptx::mbar_init(sm.full(s), 1);
+      ptx::mbar_init(sm.full(s), kGatherA ? 1 + 128 : 1);
       ptx::mbar_init(sm.empty(s), Cfg::kEmptyArrivals);
     }
     if constexpr (Prologue::kActive) {
@@ -269,7 +350,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
       }
     }
-    if (role == ProducerWarpRole::kTma && ptx::elect_one_sync()) {  // the TMA thread
+    if constexpr (kGatherA) {
+      // The whole warpgroup: cp.async rows of A, TMA of B (no waiter or notifier roles).
+      static_assert(!Prologue::kActive && !Epilogue::kNotify, "grouped GEMM: the row gather takes no hooks");
+      if (threadIdx.x == 0) ptx::tma_prefetch_desc(&tma_b);
+      unsigned long long* row_addr = reinterpret_cast<unsigned long long*>(sm.base + L::kBytes + GroupedTable::kBytes);
+      GroupCursor<Cfg::BM, Cfg::BN> cur;
+      const int rows_total = tab.row_start[p.groups];
+      int iter = 0;
+      for (int pos = first; pos < total; pos += stride, ++iter) {
+        const GroupedTileInfo t = cursor_at(cur, pos);
+        produce_gathered_tile<Cfg, InT, kTransB>(sm, p.gather, row_addr + (iter & 1) * Cfg::BM, &tma_b, t.row0,
+                                                 rows_total, t.col0, t.group, p.K, k_blocks, pipe);
+      }
+    } else if (role == ProducerWarpRole::kTma && ptx::elect_one_sync()) {  // the TMA thread
       ptx::tma_prefetch_desc(&tma_a);
       ptx::tma_prefetch_desc(&tma_b);
       GroupCursor<Cfg::BM, Cfg::BN> cur;
@@ -299,7 +393,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       int iter = 0;
       for (int pos = first; pos < total; pos += stride, ++iter) {
         const GroupedTileInfo t = cursor_at(cur, pos);
-        consume_tile<Cfg, InT, kTransB>(sm, consumer, k_blocks, acc, pipe, 0u);
+        consume_tile<Cfg, InT, kTransB, kGatherA>(sm, consumer, k_blocks, acc, pipe, 0u);
         const auto bound = grouped_bind(p.epilogue, t);
         grouped_store_tile<Cfg>(p.epilogue, bound, t, acc, consumer, warp, lane);
         if constexpr (Epilogue::kNotify) {
@@ -316,7 +410,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         pipe = PipelineState<Cfg::kStages>::at(static_cast<int64_t>(iter) * k_blocks);
         if (iter > 0) ptx::named_barrier_sync(kOrderBarrier + consumer, 256);
         const bool next_exists = pos + stride < total;
-        consume_tile<Cfg, InT, kTransB>(sm, consumer, k_blocks, acc, pipe, 0u, [&] {
+        consume_tile<Cfg, InT, kTransB, kGatherA>(sm, consumer, k_blocks, acc, pipe, 0u, [&] {
           if (next_exists) ptx::named_barrier_arrive(kOrderBarrier + (consumer ^ 1), 256);
         });
         const auto bound = grouped_bind(p.epilogue, t);

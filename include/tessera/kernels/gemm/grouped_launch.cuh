@@ -48,21 +48,23 @@ struct GroupedCfgOf<GroupedTile::PingPong64x256> {
 
 namespace detail {
 /// validate()'s input checks (A, B, table, shape; not D) + the instantiation
-/// matches (layout, input type) + max_ctas >= 0.
-void grouped_check_instantiation(const GroupedGemmArgs& a, BLayout layout, DType in, int max_ctas);
+/// matches (layout, input type, row gather or not) + max_ctas >= 0.
+void grouped_check_instantiation(const GroupedGemmArgs& a, BLayout layout, DType in, int max_ctas, bool gather);
 /// A: 2-D [max(max_rows, 1), K], box 64 x bm. B: 3-D (group outermost), box
 /// 64 x bn x 1 (NK) or 64 x 64 x 1 (KN). 128-byte swizzle, zero fill.
 void grouped_make_tma_a(const GroupedGemmArgs& a, int bm, CUtensorMap* out);
 void grouped_make_tma_b(const GroupedGemmArgs& a, int bn, CUtensorMap* out);
 }  // namespace detail
 
-/// Launches configuration Cfg.
-template <class Cfg, class InT, BLayout Layout, class Pro, class Epi>
+/// Launches configuration Cfg. kGatherA: A's rows through args.a_gather
+/// (the caller checked that it is set; see GroupedGemmArgs).
+template <class Cfg, class InT, BLayout Layout, bool kGatherA = false, class Pro, class Epi>
 void grouped_launch_config(const GroupedGemmArgs& a, const GroupedGemmOptions& o, const Pro& pro, const Epi& epi,
                            cudaStream_t stream) {
   static_assert(std::is_same_v<InT, __nv_bfloat16> || std::is_same_v<InT, __half>, "InT: bf16 or f16");
   constexpr bool kTransB = Layout == BLayout::KN;
-  detail::grouped_check_instantiation(a, Layout, std::is_same_v<InT, __half> ? DType::f16 : DType::bf16, o.max_ctas);
+  detail::grouped_check_instantiation(a, Layout, std::is_same_v<InT, __half> ? DType::f16 : DType::bf16, o.max_ctas,
+                                      kGatherA);
 
   CUtensorMap tma_a, tma_b;
   detail::grouped_make_tma_a(a, Cfg::BM, &tma_a);
@@ -79,14 +81,22 @@ void grouped_launch_config(const GroupedGemmArgs& a, const GroupedGemmOptions& o
   p.status = a.status;
   p.prologue = pro;
   p.epilogue = epi;
+  if constexpr (kGatherA) {
+    p.gather.a = a.a;
+    p.gather.index = a.a_gather;
+    p.gather.lda = a.lda_or_packed();
+    p.gather.rows = static_cast<int>(a.a_rows);
+    p.gather.div = engine::FastDivmod::make(static_cast<uint32_t>(a.a_gather_div));
+  }
 
   const int sms = detail::sm_count();
   const int cap = o.max_ctas > 0 ? std::min(o.max_ctas, sms) : sms;
   const int64_t bound = grouped_max_tiles(a, TileShape{Cfg::BM, Cfg::BN});
   // At least one CTA: it writes the status words even when nothing fits.
   const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(cap, bound)));
-  auto kernel = engine::grouped_gemm_kernel<Cfg, InT, kTransB, Pro, Epi>;
-  constexpr int smem = engine::SmemLayout<Cfg, InT>::kLaunchBytes + engine::GroupedTable::kBytes;
+  auto kernel = engine::grouped_gemm_kernel<Cfg, InT, kTransB, Pro, Epi, kGatherA>;
+  constexpr int smem = engine::SmemLayout<Cfg, InT>::kLaunchBytes + engine::GroupedTable::kBytes +
+                       (kGatherA ? engine::kGroupedGatherBytes<Cfg> : 0);
   static_assert(smem <= 227 * 1024, "grouped GEMM: stages + group table exceed shared memory");
   detail::cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                      "cudaFuncSetAttribute(grouped gemm kernel, max dynamic smem)");
@@ -94,10 +104,10 @@ void grouped_launch_config(const GroupedGemmArgs& a, const GroupedGemmOptions& o
   detail::check_launch("grouped gemm kernel launch");
 }
 
-template <GroupedTile Tile, class InT, BLayout Layout, class Pro, class Epi>
+template <GroupedTile Tile, class InT, BLayout Layout, bool kGatherA = false, class Pro, class Epi>
 void grouped_gemm_with_tile(const GroupedGemmArgs& a, const GroupedGemmOptions& o, const Pro& pro, const Epi& epi,
                             cudaStream_t stream) {
-  grouped_launch_config<typename GroupedCfgOf<Tile>::type, InT, Layout>(a, o, pro, epi, stream);
+  grouped_launch_config<typename GroupedCfgOf<Tile>::type, InT, Layout, kGatherA>(a, o, pro, epi, stream);
 }
 
 }  // namespace tessera::kernels

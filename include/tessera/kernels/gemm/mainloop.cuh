@@ -188,8 +188,10 @@ struct NoHook {
 /// read it has retired (one wgmma group kept in flight). `after_last_issue`
 /// runs once every full-wait of the tile has passed and every wgmma has been
 /// issued, before the last group retires (the ping-pong schedule hands the
-/// tensor cores to the other consumer there).
-template <class Cfg, class InT, bool kTransB, class Hook = NoHook>
+/// tensor cores to the other consumer there). kGenericA: the producer wrote
+/// A with cp.async (generic proxy), so each stage is fenced to the async
+/// proxy before wgmma reads it.
+template <class Cfg, class InT, bool kTransB, bool kGenericA = false, class Hook = NoHook>
 __device__ __forceinline__ void consume_tile(const SmemLayout<Cfg, InT>& sm, int consumer, int k_blocks,
                                              float (&acc)[Cfg::kMAtoms][Cfg::BN / 2], PipelineState<Cfg::kStages>& pipe,
                                              uint32_t cta_rank, const Hook& after_last_issue = {}) {
@@ -201,6 +203,7 @@ __device__ __forceinline__ void consume_tile(const SmemLayout<Cfg, InT>& sm, int
   for (int kb = 0; kb < k_blocks; ++kb) {
     const int stage = pipe.stage;
     ptx::mbar_wait(sm.full(stage), pipe.phase);
+    if constexpr (kGenericA) ptx::fence_proxy_async_shared();
     ptx::wgmma_fence();
     // Ping-pong: the consumer owns the whole A slot (all BM rows).
     const uint8_t* a_base = sm.a(stage) + (Cfg::kPingPong ? 0 : consumer * Cfg::kRowsPerConsumer * 128);

@@ -131,6 +131,33 @@ __device__ __forceinline__ void cluster_sync() {
 /// an mbarrier arrive / wait: the GEMM's prologue waiter, kernel_common.cuh).
 __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
 
+/// Orders shared memory this thread observed written through the generic
+/// proxy (cp.async, st.shared; seen through an mbarrier wait) before its
+/// later async-proxy reads of it (wgmma's shared-memory operands).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// ---- cp.async (per-thread 16-byte copies; the grouped GEMM's row gather) ------
+/// 16 bytes global -> shared, cached in L2 only; src_bytes 0 writes zeros
+/// (and reads nothing: `src` may then be any valid address).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+/// The same through L1 (.ca): for 16-byte pieces of 32-byte sectors that
+/// the next copies complete.
+__device__ __forceinline__ void cp_async_16_ca(void* dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+/// Arrives on `bar` once every cp.async this thread issued so far has landed
+/// (.noinc: the arrival counts against the barrier's expected count, so
+/// mbar_init must include one per arriving thread).
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
 // ---- wgmma --------------------------------------------------------------------
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
