@@ -33,6 +33,7 @@
 #include "gemm/bench_gemm_kernels.hpp"
 #include "tessera/kernels/gemm.hpp"
 #include "tessera/kernels/grouped_gemm.hpp"
+#include "tessera/kernels/moe_routing.hpp"
 #include "tessera/runtime/error.hpp"
 
 namespace tessera::bench::grouped {
@@ -54,6 +55,7 @@ struct Options {
   std::vector<std::string> routing = {"uniform", "skewed"};
   int reps = 20, warmup = 5;
   bool tiles = false;           // also time every configuration
+  bool gather = false;          // gate/up: the gathering GEMM against a gather kernel + GEMM
   std::vector<int> bands = {};  // also time these raster bands (auto tile)
   std::string torch_json, json, commit, device_kind, command_line;
 };
@@ -338,6 +340,98 @@ void add_result(const Options& o, const Problem& p, const std::vector<GroupedTil
   std::fflush(stdout);
 }
 
+/// --gather, gate/up problems: the row gather of A (GroupedGemmArgs::a_gather,
+/// SwiGLU) against the MoE gather kernel followed by the same GEMM on TMA
+/// loads, and the gathering GEMM at every tile, in one interleaved loop. The
+/// routed entries are a random permutation of the S * topk entries (token =
+/// entry / topk) over buf.a's first S rows; both paths' outputs are compared
+/// bitwise at the same tile (the gathered rows are the same).
+void run_gather_study(const Options& o, Buffers& buf, const Problem& p, Results& res, cudaStream_t stream) {
+  const int64_t S = p.m.S, topk = p.m.topk, H = p.k, E = p.m.E;
+  std::vector<int32_t> entries(static_cast<size_t>(p.T));
+  for (int64_t i = 0; i < p.T; ++i) entries[i] = static_cast<int32_t>(i);
+  std::mt19937_64 rng(73);
+  std::shuffle(entries.begin(), entries.end(), rng);
+  std::vector<int32_t> offsets(static_cast<size_t>(E + 1), 0);
+  for (int64_t e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + p.counts[e];
+  Dev sorted(p.T * 4), offs((E + 1) * 4), gathered(p.T * H * 2), d2(p.T * p.n);
+  TESSERA_CUDA_CHECK(cudaMemcpy(sorted.p, entries.data(), entries.size() * 4, cudaMemcpyHostToDevice));
+  TESSERA_CUDA_CHECK(cudaMemcpy(offs.p, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice));
+  kernels::moe::GatherArgs gk;
+  gk.x = buf.a.p;
+  gk.ldx = H;
+  gk.gathered = gathered.p;
+  gk.ldg = H;
+  gk.cols = H;
+  gk.sorted_entry = static_cast<const int32_t*>(sorted.p);
+  gk.expert_offsets = static_cast<const int32_t*>(offs.p);
+  gk.experts = static_cast<int>(E);
+  gk.k = static_cast<int>(topk);
+  gk.max_rows = p.T;
+  kernels::GroupedGemmArgs plain = p.ga;  // A = the gathered rows (TMA)
+  plain.a = gathered.p;
+  kernels::GroupedGemmArgs fused = p.ga;  // A = the tokens, gathered in the loads
+  fused.a = buf.a.p;
+  fused.d = d2.p;
+  fused.a_gather = static_cast<const int32_t*>(sorted.p);
+  fused.a_gather_div = topk;
+  fused.a_rows = S;
+  kernels::GroupedGemmOptions go;
+  go.epilogue = kernels::GroupedEpilogueKind::SwiGLU;
+  // Correctness: the same bits from both paths at the same tile.
+  kernels::GroupedGemmOptions same = go;
+  same.tile = kernels::resolve_grouped_tile(plain, go);
+  kernels::moe::gather_rows(gk, stream);
+  kernels::grouped_gemm(plain, same, stream);
+  kernels::grouped_gemm(fused, same, stream);
+  std::vector<uint16_t> h1(static_cast<size_t>(p.T * p.n / 2)), h2(h1.size());
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(h1.data(), plain.d, h1.size() * 2, cudaMemcpyDeviceToHost, stream));
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(h2.data(), fused.d, h2.size() * 2, cudaMemcpyDeviceToHost, stream));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  TESSERA_CHECK(h1 == h2, "bench grouped --gather: {} TP{}: the gathering GEMM differs from gather + GEMM", p.m.name,
+                p.tp);
+  const GroupedTile tiles[] = {GroupedTile::Coop128x256, GroupedTile::Coop128x128, GroupedTile::PingPong128x128,
+                               GroupedTile::PingPong64x256};
+  double t_gk = 0, t_gemm = 0, t_fused = 0;
+  double t_tile[4] = {};
+  InterleavedTimer timer(stream, o.warmup, o.reps);
+  timer.add(&t_gk, [&] {
+    kernels::moe::gather_rows(gk, stream);
+    kernels::grouped_gemm(plain, go, stream);
+  });
+  timer.add(&t_gemm, [&] { kernels::grouped_gemm(plain, go, stream); });
+  timer.add(&t_fused, [&] { kernels::grouped_gemm(fused, go, stream); });
+  for (int i = 0; i < 4; ++i) {
+    kernels::GroupedGemmOptions to = go;
+    to.tile = tiles[i];
+    timer.add(&t_tile[i], [&, to] { kernels::grouped_gemm(fused, to, stream); });
+  }
+  timer.run();
+  nlohmann::json rec = {{"study", "gather"},
+                        {"shape", p.m.name},
+                        {"tp", p.tp},
+                        {"routing", p.rt},
+                        {"n", p.n},
+                        {"k", p.k},
+                        {"rows", p.T},
+                        {"gather_kernel_then_gemm_ms", t_gk},
+                        {"gemm_on_gathered_rows_ms", t_gemm},
+                        {"gathering_gemm_ms", t_fused},
+                        {"gathering_tile", kernels::grouped_tile_name(kernels::resolve_grouped_tile(fused, go))},
+                        {"plain_tile", kernels::grouped_tile_name(kernels::resolve_grouped_tile(plain, go))}};
+  std::string per_tile;
+  for (int i = 0; i < 4; ++i) {
+    rec["gathering_tiles_ms"][kernels::grouped_tile_name(tiles[i])] = t_tile[i];
+    per_tile += fmt::format(" {} {:.4f}", kernels::grouped_tile_name(tiles[i]), t_tile[i]);
+  }
+  fmt::print(
+      "gather {} TP{} {}: gather kernel + GEMM {:.4f} ms (GEMM alone {:.4f}), gathering GEMM {:.4f} ms "
+      "(x{:.3f}); by tile:{}\n",
+      p.m.name, p.tp, p.rt, t_gk, t_gemm, t_fused, t_gk / t_fused, per_tile);
+  std::fflush(stdout);
+  res.records.push_back(rec);
+}
+
 /// One problem: correctness (poisoned D against the per-expert loop), then its timings.
 void run_problem(const Options& o, Buffers& buf, const Problem& p, const std::vector<GroupedTile>& extra_tiles,
                  std::map<std::string, nlohmann::json>& torch, Results& res, cudaStream_t stream) {
@@ -405,8 +499,11 @@ void run(const Options& o) {
     for (const Moe& m : kMoe) {
       if (!o.shapes.empty() && std::find(o.shapes.begin(), o.shapes.end(), m.name) == o.shapes.end()) continue;
       for (const char* which : {"gateup", "down"})
-        for (const std::string& rt : o.routing)
-          run_problem(o, buf, make_problem(buf, m, tp, which, rt), extra_tiles, torch, res, stream);
+        for (const std::string& rt : o.routing) {
+          const Problem p = make_problem(buf, m, tp, which, rt);
+          run_problem(o, buf, p, extra_tiles, torch, res, stream);
+          if (o.gather && std::string(which) == "gateup") run_gather_study(o, buf, p, res, stream);
+        }
     }
   print_and_write(o, prop, res);
   TESSERA_CUDA_CHECK(cudaStreamDestroy(stream));
@@ -427,6 +524,8 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   cmd->add_option("--reps", opts->reps, "timed repetitions (median)")->check(CLI::Range(1, 100000));
   cmd->add_option("--warmup", opts->warmup, "warm-up repetitions")->check(CLI::Range(0, 100000));
   cmd->add_flag("--tiles", opts->tiles, "also time every configuration");
+  cmd->add_flag("--gather", opts->gather,
+                "gate/up: also time the gathering GEMM (a_gather) against a gather kernel + GEMM, at every tile");
   cmd->add_option("--bands", opts->bands, "also time these raster bands (0 = row-major; auto tile)")->delimiter(',');
   cmd->add_option("--torch-json", opts->torch_json, "output of scripts/bench_grouped_torch.py on this device");
   cmd->add_option("--json", opts->json, "write the records and summary here");
