@@ -73,6 +73,20 @@ struct GroupedParams {
   GroupedGather gather;  ///< used by the kGatherA kernels only
 };
 
+/// B's K block k0 of group g, columns col0.. into ring slot `stage` by TMA
+/// (box {64, BN, 1} for NK, {64, 64, 1} chunks for KN).
+template <class Cfg, class InT, bool kTransB>
+__device__ __forceinline__ void load_grouped_b(const SmemLayout<Cfg, InT>& sm, const CUtensorMap* tma_b, int stage,
+                                               int k0, int col0, int g) {
+  if constexpr (!kTransB) {
+    ptx::tma_load_3d(sm.b(stage), tma_b, sm.full(stage), k0, col0, g);
+  } else {
+#pragma unroll
+    for (int c = 0; c < Cfg::BN / 64; ++c)
+      ptx::tma_load_3d(sm.b(stage) + c * 64 * 64 * 2, tma_b, sm.full(stage), col0 + c * 64, k0, g);
+  }
+}
+
 /// Producer side of one grouped tile: produce_tile (mainloop.cuh) with B read
 /// through the 3-D map at group `g` (box {64, BN, 1} for NK, {64, 64, 1}
 /// chunks for KN: the same smem image as the 2-D boxes).
@@ -88,13 +102,7 @@ __device__ __forceinline__ void produce_grouped_tile(const SmemLayout<Cfg, InT>&
     ptx::mbar_arrive_expect_tx(sm.full(stage), L::kStageBytes);
     const int k0 = kb * Cfg::BK;
     ptx::tma_load_2d(sm.a(stage), tma_a, sm.full(stage), k0, row0);
-    if constexpr (!kTransB) {
-      ptx::tma_load_3d(sm.b(stage), tma_b, sm.full(stage), k0, col0, g);
-    } else {
-#pragma unroll
-      for (int c = 0; c < Cfg::BN / 64; ++c)
-        ptx::tma_load_3d(sm.b(stage) + c * 64 * 64 * 2, tma_b, sm.full(stage), col0 + c * 64, k0, g);
-    }
+    load_grouped_b<Cfg, InT, kTransB>(sm, tma_b, stage, k0, col0, g);
     pipe.advance();
   }
 }
@@ -143,13 +151,7 @@ __device__ __forceinline__ void produce_gathered_tile(const SmemLayout<Cfg, InT>
     const int k0 = kb * Cfg::BK;
     if (t == 0) {
       ptx::mbar_arrive_expect_tx(sm.full(stage), L::kBBytes);
-      if constexpr (!kTransB) {
-        ptx::tma_load_3d(sm.b(stage), tma_b, sm.full(stage), k0, col0, g);
-      } else {
-#pragma unroll
-        for (int c = 0; c < Cfg::BN / 64; ++c)
-          ptx::tma_load_3d(sm.b(stage) + c * 64 * 64 * 2, tma_b, sm.full(stage), col0 + c * 64, k0, g);
-      }
+      load_grouped_b<Cfg, InT, kTransB>(sm, tma_b, stage, k0, col0, g);
     }
     const bool k_in = k0 + chunk * 8 < K;
     const int offset = (k0 + chunk * 8) * 2;
