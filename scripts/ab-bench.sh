@@ -5,15 +5,16 @@
 #
 #   scripts/ab-bench.sh prepare BASE_REF      (here) source of BASE_REF into .ab-base/
 #   scripts/ab-bench.sh build                 (device) build-ab-base/bin/tessera, in the background
-#   scripts/ab-bench.sh run [bench...]        (device) benches: gemm mlp signal sp-attention
-#                                             (default gemm mlp signal)
+#   scripts/ab-bench.sh run [bench...]        (device) benches: gemm mlp signal sp-attention moe
+#                                             grouped (default gemm mlp signal)
 #
 # `run` needs build-dev/bin/tessera (scripts/device-check.sh build) and the
 # base build. Carry .ab-base beside .deps. Each bench runs AB_ROUNDS times
 # per build (default 2), base and head alternating, logs under
 # $OUT/ab/<bench>-<base|head>-<round>.log; scripts/ab_summary.py turns them
 # into a bench/results file (head / base per row, geomean per bench).
-# GEMM_AB_ARGS, MLP_AB_ARGS, SIGNAL_AB_ARGS, SP_AB_ARGS replace each bench's options.
+# GEMM_AB_ARGS, MLP_AB_ARGS, SIGNAL_AB_ARGS, SP_AB_ARGS, MOE_AB_ARGS, GROUPED_AB_ARGS replace each
+# bench's options.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${OUT:-$root/device-out}/ab"  # a folder of its own: device-check packs and removes $OUT's files
@@ -73,7 +74,9 @@ case "$cmd" in
                 >"$log" 2>&1 ;;
             sp-attention) timeout 150 "$t" run -n "$ngpu" -- "$t" bench sp-attention \
                 ${SP_AB_ARGS---seqs 16384,32768 --cases 32h-causal,32h,64h-causal,gqa-causal} >"$log" 2>&1 ;;
-            *) echo "ab-bench: unknown bench $bench (gemm mlp signal sp-attention)"; continue 2 ;;
+            moe) timeout 200 "$t" run -n "$ngpu" -- "$t" bench moe ${MOE_AB_ARGS---routing uniform} >"$log" 2>&1 ;;
+            grouped) timeout 200 "$t" bench grouped ${GROUPED_AB_ARGS---tp 2 --routing uniform} >"$log" 2>&1 ;;
+            *) echo "ab-bench: unknown bench $bench (gemm mlp signal sp-attention moe grouped)"; continue 2 ;;
           esac
           echo "ab-bench: $bench $b round $r rc=$?"
         done

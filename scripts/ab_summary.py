@@ -6,7 +6,7 @@
     scripts/ab_summary.py --self-test
 
 AB_DIR holds <bench>-<base|head>-<round>.log (bench: gemm, mlp, signal,
-sp-attention).
+sp-attention, moe, grouped).
 Each log's table (bench/common/timing.hpp Table::str(): right-aligned
 columns two spaces apart, "[rank 0] " prefixes allowed) is read by the
 header's column edges, so empty cells and values with single spaces stay in
@@ -15,6 +15,8 @@ their column. Per row the medians over rounds give head / base of:
   mlp     "tessera"   keyed by shape, part
   signal  "tessera"   keyed by op, shape, M, N, K
   sp-attention  "fused ms"  keyed by case, S
+  moe     "pipe ms"   keyed by shape, routing
+  grouped "ours ms"   keyed by problem
 (bench signal prints one table per op, ar then rs, with the same rows: a
 table's op is the one named by the last "<op>: shape i/n", "<op>: offline
 stage" or "<op>: budget spent" progress line before it) and per bench the geometric mean, with the no-regression target of a
@@ -34,6 +36,8 @@ BENCHES = {
     "mlp": (("shape", "part"), "tessera"),
     "signal": (("op", "shape", "M", "N", "K"), "tessera"),
     "sp-attention": (("case", "S"), "fused ms"),
+    "moe": (("shape", "routing"), "pipe ms"),
+    "grouped": (("problem",), "ours ms"),
 }
 TARGET = {"op": "<=", "value": 1.02, "text": "no regression beyond noise against the base (same call)"}
 
