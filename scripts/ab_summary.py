@@ -167,15 +167,25 @@ def sample_logs(a, b):
         ["case", "S", "seq ms", "fused ms", "auto ms (pick)", "attn ms"],
         [["32h causal", "16k", "2.451", a, "1.958 (fused_ce)", "1.722"],
          ["GQA 32/8 causal", "32k", "7.154", b, "7.152 (sequential)", "6.720"]]).splitlines())
-    return gemm, mlp, signal, sp
+    moe = "".join("[rank 0] " + l + "\n" for l in table_str(
+        ["shape", "routing", "seq ms", "pipe ms", "seq gk ms", "pipe gk ms", "transport"],
+        [["MoE-1", "uniform", "0.499", a, "0.505", "0.400", "copy_engine"],
+         ["MoE-6", "uniform", "2.266", b, "2.253", "2.062", "copy_engine"]]).splitlines())
+    grouped = table_str(["problem", "N", "K", "tile", "ours ms", "ours TF/s"],
+                        [["MoE-1 TP2 gateup uniform", "1536", "2048", "64x256/pp", a, "700"],
+                         ["MoE-1 TP2 down uniform", "2048", "768", "64x256/pp", b, "650"]])
+    return gemm, mlp, signal, sp, moe, grouped
 
 
 def self_test():
     import tempfile
     with tempfile.TemporaryDirectory() as d:
         for build, (a, b) in {"base": ("0.500", "1.000"), "head": ("0.510", "0.990")}.items():
-            gemm, mlp, signal, sp = sample_logs(a, b)
+            gemm, mlp, signal, sp, moe, grouped = sample_logs(a, b)
             for r in (1, 2):
+                for bench, text in (("moe", moe), ("grouped", grouped)):
+                    with open(os.path.join(d, f"{bench}-{build}-{r}.log"), "w") as f:
+                        f.write(text)
                 with open(os.path.join(d, f"sp-attention-{build}-{r}.log"), "w") as f:
                     f.write(sp)
                 with open(os.path.join(d, f"signal-{build}-{r}.log"), "w") as f:
@@ -196,6 +206,10 @@ def self_test():
     assert by_case["bench signal rs MLP-1 8192 4096 5504"] == 0.99, by_case
     assert by_case["bench sp-attention 32h causal 16k"] == 1.02, by_case
     assert by_case["bench sp-attention GQA 32/8 causal 32k"] == 0.99, by_case
+    assert by_case["bench moe MoE-1 uniform"] == 1.02, by_case
+    assert by_case["bench moe MoE-6 uniform"] == 0.99, by_case
+    assert by_case["bench grouped MoE-1 TP2 gateup uniform"] == 1.02, by_case
+    assert by_case["bench grouped MoE-1 TP2 down uniform"] == 0.99, by_case
     print("ab_summary self-test: ok")
 
 
