@@ -7,6 +7,8 @@
 //   A: stacked [max_rows, K] (2-D TMA map; group g's rows start at the
 //      prefix sum of M_g). A tile's rows past its group's end are the next
 //      group's (or TMA zero fill past max_rows): multiplied, never stored.
+//      kGatherA kernels instead copy each stacked row from a row of another
+//      matrix through an index table (GroupedGather, produce_gathered_tile).
 //   B: [G, N, K] (NK) or [G, K, N] (KN) as ONE 3-D TMA map whose outermost
 //      coordinate is the group, so N and K tails are zero-filled per group.
 //   D: stacked [max_rows, N] (the Epilogue owns it; masked to the group's
