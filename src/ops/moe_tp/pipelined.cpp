@@ -66,7 +66,7 @@ void run_pipelined(Call& c, int comm_ctas, int chunks, const SymLayout* sym) {
     link::rank_notify(cs, *m.data, to, 0, e);
   };
   if (ce) push_tokens(plan.send_to[0]);
-  for (int d = 1; d < R && !ce; ++d) {
+  for (int d = 1; d < R && !ce; ++d) {  // NCCL: every step's send/recv here
     const int to = plan.send_to[d - 1], from = plan.recv_from[d - 1];
     TESSERA_NCCL_CHECK(ncclGroupStart());
     TESSERA_NCCL_CHECK(ncclSend(a.expert_ids, static_cast<std::size_t>(c.per), ncclInt32, to, comm, cs));
@@ -83,7 +83,7 @@ void run_pipelined(Call& c, int comm_ctas, int chunks, const SymLayout* sym) {
   // then each remote shard as it arrives.
   c.permute(a.expert_ids, c.Tl, rank);
   c.gate_up(a.x_shard, c.Tl, rank, c.per, plan.gate_up[0].beside_comm ? beside_ctas : 0);
-  for (int d = 1; d < R && ce; ++d) {
+  for (int d = 1; d < R && ce; ++d) {  // copy engine: the routing of every step, the later steps' tokens
     if (d > 1) push_tokens(plan.send_to[d - 1]);
     push_routing(plan.send_to[d - 1]);
   }
