@@ -58,6 +58,8 @@ case "$cmd" in
     done
     ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
     [ "${ngpu:-0}" -ge 1 ] || { echo "ab-bench: no GPU (nvidia-smi -L lists none)"; exit 1; }
+    # CUDA_VISIBLE_DEVICES=0,1 on a larger machine runs the multi-GPU benches at R = 2 (as device-check.sh).
+    [ -n "${CUDA_VISIBLE_DEVICES:-}" ] && ngpu=$(awk -F, '{print NF}' <<<"$CUDA_VISIBLE_DEVICES")
     benches=("$@")
     [ ${#benches[@]} -gt 0 ] || benches=(gemm mlp signal)
     for bench in "${benches[@]}"; do
