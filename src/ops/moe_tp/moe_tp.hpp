@@ -52,11 +52,6 @@ struct TpShape {
 
 inline constexpr int kMaxChunks = kMoeMaxRsChunks;  ///< the copy-engine transport's partial-chunk flags
 
-/// The copy-engine transport's data flags (value = the call's epoch): a
-/// shard's routing (ids + weights) landed, its tokens landed, partial chunk c
-/// landed (kSlotChunk0 + c).
-inline constexpr int kSlotRouting = 0, kSlotTokens = 1, kSlotChunk0 = 2, kDataSlots = kSlotChunk0 + kMaxChunks;
-
 /// A pipelined call's transport and part-2 column chunks, resolved once
 /// (the same on every rank: reachability is a property of the group,
 /// capture of the call).
@@ -85,7 +80,7 @@ struct MoeContext::Impl {
   cudaEvent_t ev_comm_done = nullptr;
 
   // The copy-engine transport: flags, the buffers peers push into, the call's epoch.
-  std::unique_ptr<runtime::Signals> data;     ///< moetp::kSlotRouting, kSlotTokens, kSlotChunk0 + c (= epoch)
+  std::unique_ptr<runtime::Signals> data;     ///< slot 0: a step's tokens landed; 1 + c: partial chunk c (= epoch)
   std::unique_ptr<runtime::Signals> control;  ///< slot 0: my receive buffers are free again (= epoch)
   runtime::SymBuffer<unsigned char> sym;      ///< [x_full | ids_full | w_full | receive slabs], SymLayout
   std::uint64_t epoch = 0;                    ///< copy-engine calls so far (the same on every rank)
@@ -124,7 +119,7 @@ struct MoeContext::Impl {
                     "(lsa size {} of {}); use MoeTransport::nccl or automatic",
                     pg.lsa_size(), R);
       if (!data) {
-        data = std::make_unique<runtime::Signals>(pg, moetp::kDataSlots);
+        data = std::make_unique<runtime::Signals>(pg, 1 + moetp::kMaxChunks);
         control = std::make_unique<runtime::Signals>(pg, 1);
       }
     }

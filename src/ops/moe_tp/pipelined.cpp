@@ -46,17 +46,27 @@ void run_pipelined(Call& c, int comm_ctas, int chunks, const SymLayout* sym) {
       ce ? m.sym.local() + sym->recv : static_cast<unsigned char*>(m.recv.get((R - 1) * shard_bytes + 16, pg));
   auto recv_chunk = [&](unsigned char* base, int slab, int ch) { return base + slab * shard_bytes + ch * chunk_bytes; };
 
-  // Part 1. Over NCCL each step d sends tokens and routing in one group on
-  // the communication stream, and the compute stream takes the shards as
-  // they arrive: own, then r - 1, r - 2, ... Over the copy engine the
-  // routing goes first, to every peer, so the remote shards' sorts run
-  // before the own shard's gate/up instead of between the gate/ups; then
-  // the tokens, step 1's beside the own gate/up. The own sort is enqueued
-  // before any copy, so the compute stream starts while the host enqueues
-  // the pushes (the stream order of each stream is what matters).
+  // Communication stream, part 1: step d's tokens and their routing. It
+  // starts after the caller's inputs. Over the copy engine, the host
+  // enqueues step 1's token push, then the own shard's kernels, then the
+  // rest (the stream order is the same): the compute stream does not wait
+  // for the host to enqueue the pushes.
   TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_start, s));
   TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, m.ev_start, 0));
-  for (int d = 1; d < R && !ce; ++d) {
+  // `to` said it no longer reads what I pushed in the last call; then my
+  // shard into its slot `rank`.
+  auto push_tokens = [&](int to) {
+    if (e > 1) link::rank_wait(cs, *m.control, to, 0, e - 1);
+    link::rank_copy_data(cs, m.sym.peer(to) + sym->x + rank * shard_bytes, a.x_shard, shard_bytes);
+  };
+  auto push_routing = [&](int to) {
+    unsigned char* peer = m.sym.peer(to);
+    link::rank_copy_data(cs, peer + sym->ids + rank * route_bytes, a.expert_ids, route_bytes);
+    link::rank_copy_data(cs, peer + sym->w + rank * route_bytes, a.weights, route_bytes);
+    link::rank_notify(cs, *m.data, to, 0, e);
+  };
+  if (ce) push_tokens(plan.send_to[0]);
+  for (int d = 1; d < R && !ce; ++d) {  // NCCL: every step's send/recv here
     const int to = plan.send_to[d - 1], from = plan.recv_from[d - 1];
     TESSERA_NCCL_CHECK(ncclGroupStart());
     TESSERA_NCCL_CHECK(ncclSend(a.expert_ids, static_cast<std::size_t>(c.per), ncclInt32, to, comm, cs));
@@ -68,40 +78,22 @@ void run_pipelined(Call& c, int comm_ctas, int chunks, const SymLayout* sym) {
     TESSERA_NCCL_CHECK(ncclGroupEnd());
     TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_x[d], cs));
   }
+
+  // Compute stream, part 1: the own shard at once, beside the transfers,
+  // then each remote shard as it arrives.
   c.permute(a.expert_ids, c.Tl, rank);
-  if (ce) {
-    // Into peer `to`'s slot `rank`, once `to` said it no longer reads what
-    // I pushed in the last call (its control flag).
-    for (int d = 1; d < R; ++d) {
-      const int to = plan.send_to[d - 1];
-      unsigned char* peer = m.sym.peer(to);
-      if (e > 1) link::rank_wait(cs, *m.control, to, 0, e - 1);
-      link::rank_copy_data(cs, peer + sym->ids + rank * route_bytes, a.expert_ids, route_bytes);
-      link::rank_copy_data(cs, peer + sym->w + rank * route_bytes, a.weights, route_bytes);
-      link::rank_notify(cs, *m.data, to, kSlotRouting, e);
-    }
-    for (int j = 1; j < R; ++j) {
-      const int q = plan.gate_up[j].shard;
-      link::rank_wait(s, *m.data, q, kSlotRouting, e);
-      c.permute(ids_of(q), c.Tl, q);
-    }
-  }
-  auto push_tokens = [&](int d) {
-    const int to = plan.send_to[d - 1];
-    link::rank_copy_data(cs, m.sym.peer(to) + sym->x + rank * shard_bytes, a.x_shard, shard_bytes);
-    link::rank_notify(cs, *m.data, to, kSlotTokens, e);
-  };
-  if (ce) push_tokens(1);
   c.gate_up(a.x_shard, c.Tl, rank, c.per, plan.gate_up[0].beside_comm ? beside_ctas : 0);
-  for (int d = 2; d < R && ce; ++d) push_tokens(d);
+  for (int d = 1; d < R && ce; ++d) {  // copy engine: the routing of every step, the later steps' tokens
+    if (d > 1) push_tokens(plan.send_to[d - 1]);
+    push_routing(plan.send_to[d - 1]);
+  }
   for (int j = 1; j < R; ++j) {
     const MoeTpStep& st = plan.gate_up[j];
-    if (ce) {
-      link::rank_wait(s, *m.data, st.shard, kSlotTokens, e);
-    } else {
+    if (ce)
+      link::rank_wait(s, *m.data, st.shard, 0, e);
+    else
       TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_x[st.comm_step], 0));
-      c.permute(ids_of(st.shard), c.Tl, st.shard);
-    }
+    c.permute(ids_of(st.shard), c.Tl, st.shard);
     c.gate_up(x_of(st.shard), c.Tl, st.shard, c.per, st.beside_comm ? beside_ctas : 0);
   }
 
@@ -126,7 +118,7 @@ void run_pipelined(Call& c, int comm_ctas, int chunks, const SymLayout* sym) {
         // Into `to`'s slab for this step (rs_slab(d) there: I am its r - d).
         link::rank_copy_data(cs, recv_chunk(m.sym.peer(to) + sym->recv, plan.rs_slab(d), ch),
                              partial_chunk(st.shard, ch), chunk_bytes);
-        link::rank_notify(cs, *m.data, to, kSlotChunk0 + ch, e);
+        link::rank_notify(cs, *m.data, to, 1 + ch, e);
         continue;
       }
       TESSERA_NCCL_CHECK(ncclGroupStart());
@@ -142,7 +134,7 @@ void run_pipelined(Call& c, int comm_ctas, int chunks, const SymLayout* sym) {
   // The own shard's combine per chunk, once every peer's chunk arrived.
   for (int ch = 0; ch < chunks; ++ch) {
     if (ce) {
-      for (int d = 1; d < R; ++d) link::rank_wait(s, *m.data, plan.recv_from[d - 1], kSlotChunk0 + ch, e);
+      for (int d = 1; d < R; ++d) link::rank_wait(s, *m.data, plan.recv_from[d - 1], 1 + ch, e);
     } else {
       TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_rs[ch], 0));
     }
