@@ -21,7 +21,8 @@
 # summarised per step at the end of summary.txt (scripts/clock-summary.py).
 # MLP_SHAPES (default 1,2,3,4,5,6) picks the MLP shapes for mlp / asynctp;
 # ASYNCTP_SHAPES overrides it for asynctp. MLP_ARGS, ASYNCTP_ARGS, SIGNAL_ARGS, KERNELS_ARGS, COMMIR_ARGS, GEMM_ARGS
-# add options to those benchmarks (e.g. MLP_ARGS=--no-variants). attention: ATTN_SEQS (16384,32768,65536),
+# add options to those benchmarks (e.g. MLP_ARGS=--no-variants); MOE_ARGS to bench moe in moe / moeep
+# (e.g. MOE_ARGS="--queued-us 300"). attention: ATTN_SEQS (16384,32768,65536),
 # ATTN_CASES (all six), ATTN_ARGS / ATTN_TORCH_ARGS (options of the bench / the PyTorch script), ATTN_TIMEOUT
 # (300 s for each half). ringattn: bench ring-attention (ring, Ulysses, two-level and AG-KV); RING_ARGS,
 # RING_TIMEOUT (300 s). commirattn: bench commir --attention (COMMIR_ATTN_ARGS, e.g. --seq 32768;
@@ -165,7 +166,7 @@ step_moe() {
   fi
   note "moe torch baseline rc=$?"
   timeout "${MOE_TIMEOUT:-300}" "$bin" run -n "$ngpu" -- "$bin" bench moe --shapes "${MOE_SHAPES:-1,2,3,4,5,6}" \
-      --torch-json "$out/moe-torch.jsonl" --json "$out/moe.json" >"$out/bench-moe.log" 2>&1
+      --torch-json "$out/moe-torch.jsonl" --json "$out/moe.json" ${MOE_ARGS:-} >"$out/bench-moe.log" 2>&1
   note "bench moe rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-moe.log" | tail -20 | tee -a "$summary"
 }
 
@@ -180,7 +181,7 @@ step_moeep() {
   fi
   note "moe ep torch baseline rc=$?"
   timeout "${MOE_TIMEOUT:-300}" "$bin" run -n "$ngpu" -- "$bin" bench moe --ep --shapes "${MOE_SHAPES:-1,2,3,4,5,6}" \
-      --torch-json "$out/moe-ep-torch.jsonl" --json "$out/moe-ep.json" >"$out/bench-moe-ep.log" 2>&1
+      --torch-json "$out/moe-ep-torch.jsonl" --json "$out/moe-ep.json" ${MOE_ARGS:-} >"$out/bench-moe-ep.log" 2>&1
   note "bench moe --ep rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-moe-ep.log" | tail -20 | tee -a "$summary"
 }
 

@@ -10,7 +10,11 @@
 //   comm     the all-gather and reduce-scatter alone;
 //   ideal    max(experts, comm); "% ideal" = ideal / time of each strategy.
 // Each rank times the same bodies interleaved run by run (events, warm-up,
-// median, max over ranks). The PyTorch sequential layer on the same shapes
+// median, max over ranks). Each run starts after a host barrier and a
+// one-element all-reduce, so by default the GPU starts the call idle while
+// the host is still enqueueing it; --queued-us N queues it behind an N-us GPU sleep instead, so
+// the GPU runs the call as it would inside a model's step, fully enqueued
+// (the ops tuner times its candidates that way). The PyTorch sequential layer on the same shapes
 // and routing is scripts/bench_moe_torch.py; --torch-json FILE reads its
 // output and adds the ratio column.
 // --ep: the expert-parallel layer (ops::moe_ep; experts split over the
@@ -43,6 +47,7 @@
 #include <vector>
 
 #include "command.hpp"
+#include "common/gpu_sleep.hpp"
 #include "common/timing.hpp"
 #include "tessera/kernels/grouped_gemm.hpp"
 #include "tessera/kernels/moe_routing.hpp"
@@ -71,7 +76,13 @@ struct Options {
   std::string torch_json, json;
   bool ep = false;
   double capacity_factor = 1.0;
+  double queued_us = 0;  ///< > 0: each timed call queued behind a GPU sleep of this long
 };
+
+/// The table title's note on --queued-us.
+std::string queued_note(const Options& o) {
+  return o.queued_us > 0 ? fmt::format("; each call queued behind a {:g} us GPU sleep", o.queued_us) : std::string();
+}
 
 /// Expert ids of tokens [t0, t0 + n) (see the header comment).
 std::vector<std::int32_t> route(std::int64_t t0, std::int64_t n, int E, int k, bool skewed) {
@@ -234,6 +245,7 @@ void run(const Options& o) {
       InterleavedTimer timer(s, o.warmup, o.reps, [&] {
         pg->barrier();
         pg->align_streams(s);
+        if (o.queued_us > 0) gpu_sleep(o.queued_us, s);
       });
       timer.add(&t_seq, [&] { ops::moe_tp(ctx, a, seq); });
       timer.add(&t_pipe, [&] { ops::moe_tp(ctx, a, pipe); });
@@ -277,17 +289,17 @@ void run(const Options& o) {
                 "\"pipelined_one_chunk_ms\": {:.5f}, \"transport\": \"{}\", \"pipelined_nccl_ms\": {:.5f}, "
                 "\"auto\": \"{}\", "
                 "\"tuner_sequential_ms\": {:.5f}, \"tuner_pipelined_ms\": {:.5f}, "
-                "\"experts_ms\": {:.5f}, \"comm_ms\": {:.5f}, \"torch_ms\": {:.5f}}}",
+                "\"experts_ms\": {:.5f}, \"comm_ms\": {:.5f}, \"torch_ms\": {:.5f}, \"queued_us\": {}}}",
                 sh.name, routing, R, t_seq, t_seq, t_pipe, t_seq_gk, t_pipe_gk, chunks, chunks > 1 ? t_pipe1 : t_pipe,
                 ce ? "copy_engine" : "nccl", ce ? t_nccl : t_pipe, chosen_name, tuned(ops::Strategy::sequential),
-                tuned(ops::Strategy::pipelined), experts, comm, torch_ms);
+                tuned(ops::Strategy::pipelined), experts, comm, torch_ms, o.queued_us);
       first = false;
     }
   }
   js << "\n]\n";
   if (pg->rank() == 0) {
-    std::printf("tessera bench moe: TP=%d on %s (ms, median of %d, slowest rank; ideal = max(experts, comm))\n%s", R,
-                pg->device_properties().name, o.reps, table.str().c_str());
+    std::printf("tessera bench moe: TP=%d on %s (ms, median of %d, slowest rank; ideal = max(experts, comm)%s)\n%s", R,
+                pg->device_properties().name, o.reps, queued_note(o).c_str(), table.str().c_str());
     if (!o.json.empty()) {
       std::ofstream f(o.json);
       TESSERA_CHECK(f.good(), "bench moe: cannot write {}", o.json);
@@ -460,6 +472,7 @@ void run_ep(const Options& o) {
       InterleavedTimer timer(s, o.warmup, o.reps, [&] {
         pg->barrier();
         pg->align_streams(s);
+        if (o.queued_us > 0) gpu_sleep(o.queued_us, s);
       });
       timer.add(&t_seq, [&] { ops::moe_ep(ctx, a, seq); });
       timer.add(&t_pipe, [&] { ops::moe_ep(ctx, a, pipe); });
@@ -489,8 +502,8 @@ void run_ep(const Options& o) {
   }
   js << "\n]\n";
   if (rank == 0) {
-    std::printf("tessera bench moe --ep: EP=%d on %s (ms, median of %d, slowest rank; capacity factor %.2f)\n%s", R,
-                pg->device_properties().name, o.reps, o.capacity_factor, table.str().c_str());
+    std::printf("tessera bench moe --ep: EP=%d on %s (ms, median of %d, slowest rank; capacity factor %.2f%s)\n%s", R,
+                pg->device_properties().name, o.reps, o.capacity_factor, queued_note(o).c_str(), table.str().c_str());
     if (!o.json.empty()) {
       std::ofstream f(o.json);
       TESSERA_CHECK(f.good(), "bench moe: cannot write {}", o.json);
@@ -517,6 +530,10 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   cmd->add_option("--capacity-factor", opts->capacity_factor,
                   "--ep: capacity = max(busiest pair, factor * tokens_local * k / R)")
       ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--queued-us", opts->queued_us,
+                  "queue each timed call behind a GPU sleep of this many us, so the host has enqueued it before "
+                  "the GPU starts it (0: the call starts on an idle GPU while the host enqueues it)")
+      ->check(CLI::Range(0.0, 100000.0));
   cmd->callback([opts] {
     if (opts->ep)
       run_ep(*opts);

@@ -98,6 +98,7 @@
 #include <vector>
 
 #include "command.hpp"
+#include "common/gpu_sleep.hpp"
 #include "common/timing.hpp"
 #include "signal/signal_bench_kernels.hpp"
 #include "tessera/kernels/gemm.hpp"

@@ -20,15 +20,7 @@ __global__ void fill_kernel(__nv_bfloat16* p, std::int64_t n, std::uint64_t seed
   }
 }
 
-__global__ void sleep_kernel(unsigned ns) {
-  // __nanosleep sleeps at most ~1 ms per call and may wake early: loop on the clock.
-  const long long end = clock64() + (long long)ns * 2;  // >= ns at <= 2 GHz SM clocks
-  while (clock64() < end) __nanosleep(1000);
-}
-
 }  // namespace
-
-void gpu_sleep(double us, cudaStream_t s) { sleep_kernel<<<1, 1, 0, s>>>(static_cast<unsigned>(us * 1000)); }
 
 void fill_random_bf16(void* p, std::int64_t n, std::uint64_t seed, cudaStream_t s) {
   fill_kernel<<<1024, 256, 0, s>>>(static_cast<__nv_bfloat16*>(p), n, seed);

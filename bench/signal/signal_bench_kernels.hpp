@@ -12,12 +12,6 @@
 
 namespace tessera::bench::signalb {
 
-/// Keeps `s` busy for at least `us` microseconds (one thread spinning on
-/// the SM clock). Queued before a timed batch of short kernels, it lets the
-/// host enqueue the batch before the GPU reaches the start event, so the
-/// events time GPU work only, not the host's launch path.
-void gpu_sleep(double us, cudaStream_t s);
-
 /// n bf16 values, uniform in [-1, 1) from a counter hash of (seed, index):
 /// fresh data per seed, never zeros.
 void fill_random_bf16(void* p, std::int64_t n, std::uint64_t seed, cudaStream_t s);
