@@ -12,11 +12,12 @@
 // Each rank times the same bodies interleaved run by run (events, warm-up,
 // median, max over ranks). Each run starts after a host barrier and a
 // one-element all-reduce, so by default the GPU starts the call idle while
-// the host is still enqueueing it; --queued-us N queues it behind an N-us GPU sleep instead, so
-// the GPU runs the call as it would inside a model's step, fully enqueued
-// (the ops tuner times its candidates that way). The PyTorch sequential layer on the same shapes
-// and routing is scripts/bench_moe_torch.py; --torch-json FILE reads its
-// output and adds the ratio column.
+// the host is still enqueueing it; --queued-us N queues it behind an N-us
+// GPU sleep instead, so the GPU runs the call as it would inside a model's
+// step, fully enqueued (the ops tuner times its candidates that way). The
+// PyTorch sequential layer on the same shapes and routing is
+// scripts/bench_moe_torch.py; --torch-json FILE reads its output and adds
+// the ratio column.
 // --ep: the expert-parallel layer (ops::moe_ep; experts split over the
 // ranks, each with its full I; tokens sharded):
 //   sequential / pipelined  the whole call per strategy;
@@ -494,9 +495,10 @@ void run_ep(const Options& o) {
          << fmt::format(
                 "\n{{\"shape\": \"{}\", \"routing\": \"{}\", \"world\": {}, \"mode\": \"ep\", \"capacity\": {}, "
                 "\"sequential_ms\": {:.5f}, \"pipelined_ms\": {:.5f}, \"transport\": \"{}\", "
-                "\"pipelined_nccl_ms\": {:.5f}, \"experts_ms\": {:.5f}, \"comm_ms\": {:.5f}, \"torch_ms\": {:.5f}}}",
+                "\"pipelined_nccl_ms\": {:.5f}, \"experts_ms\": {:.5f}, \"comm_ms\": {:.5f}, \"torch_ms\": {:.5f}, "
+                "\"queued_us\": {}}}",
                 sh.name, routing, R, cap, t_seq, t_pipe, ce ? "copy_engine" : "nccl", ce ? t_nccl : t_pipe, experts,
-                comm, torch_ms);
+                comm, torch_ms, o.queued_us);
       first = false;
     }
   }
