@@ -9,7 +9,8 @@
 #                                             grouped (default gemm mlp signal)
 #
 # `run` needs build-dev/bin/tessera (scripts/device-check.sh build) and the
-# base build. Carry .ab-base beside .deps. Each bench runs AB_ROUNDS times
+# base build (this call's, or on a warm machine an earlier call's). Carry
+# .ab-base beside .deps. Each bench runs AB_ROUNDS times
 # per build (default 2), base and head alternating, logs under
 # $OUT/ab/<bench>-<base|head>-<round>.log; scripts/ab_summary.py turns them
 # into a bench/results file (head / base per row, geomean per bench).
@@ -36,21 +37,29 @@ case "$cmd" in
     [ -d "$base_src" ] || { echo "ab-bench: no $base_src (run prepare here and carry it)"; exit 1; }
     ln -sfn "$root/.deps" "$base_src/.deps"
     mkdir -p "$out"
-    rm -f "$out/ab-base-build.rc"  # a finished earlier build must not start `run`
+    # A finished earlier build must not start `run`. The status is also kept
+    # in the build folder, which stays on a warm machine, so a later call
+    # (a fresh $OUT) can run against this build.
+    rm -f "$out/ab-base-build.rc" "$base_build/ab-base-build.rc"
     (cmake -S "$base_src" -B "$base_build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_BUILD_TESTS=OFF \
         >"$out/ab-base-configure.log" 2>&1 &&
       ninja -C "$base_build" -j"$(nproc)" tessera_cli >"$out/ab-base-build.log" 2>&1
-     echo "ab-bench: base build rc=$?" >"$out/ab-base-build.rc") &
+     rc=$?
+     echo "ab-bench: base build rc=$rc" >"$out/ab-base-build.rc"
+     [ -d "$base_build" ] && echo "ab-bench: base build rc=$rc" >"$base_build/ab-base-build.rc") &
     echo "ab-bench: building the base in the background (pid $!)"
     ;;
   run)
     mkdir -p "$out"
+    # This call's build status, else (a later call on the warm machine) the one kept in the build folder.
+    rcf="$out/ab-base-build.rc"
+    [ -f "$rcf" ] || [ ! -f "$base_build/ab-base-build.rc" ] || rcf="$base_build/ab-base-build.rc"
     w=0
-    while [ ! -f "$out/ab-base-build.rc" ] && [ $w -lt "${AB_BUILD_WAIT_S:-600}" ]; do sleep 2; w=$((w + 2)); done
-    [ -f "$out/ab-base-build.rc" ] || { echo "ab-bench: the base build did not finish"; exit 1; }
-    cat "$out/ab-base-build.rc"
+    while [ ! -f "$rcf" ] && [ $w -lt "${AB_BUILD_WAIT_S:-600}" ]; do sleep 2; w=$((w + 2)); done
+    [ -f "$rcf" ] || { echo "ab-bench: the base build did not finish"; exit 1; }
+    cat "$rcf"
     # A failed build may leave an older base binary in place: never time it.
-    grep -q "rc=0$" "$out/ab-base-build.rc" || { echo "ab-bench: the base build failed (ab-base-build.log)"; exit 1; }
+    grep -q "rc=0$" "$rcf" || { echo "ab-bench: the base build failed (ab-base-build.log)"; exit 1; }
     echo "ab-bench: base $(cat "$base_src/.ab-commit" 2>/dev/null || echo unknown) against the working tree"
     declare -A bins=([base]="$base_build/bin/tessera" [head]="$root/build-dev/bin/tessera")
     for b in base head; do
