@@ -3,6 +3,7 @@
 
     scripts/moe_tp_results.py OUT_DIR --commit HASH --device nvidia-h200-x2 --date 2026-11-26 \
         [--gpu-tests-passed N] > bench/results/moe-tp-2026-11-26.json
+    scripts/moe_tp_results.py --self-test
 
 OUT_DIR holds moe.json (`tessera bench moe --json`: sequential and
 pipelined layer times, automatic's choice, grouped GEMMs alone, collectives
@@ -71,14 +72,42 @@ def records(bench, gpu_tests):
     return recs
 
 
+def self_test():
+    """records() on made-up rows: the figures, the queued case's name, no PyTorch ratio for it."""
+    row = {"shape": "MoE-1", "routing": "uniform", "world": 2, "sequential_ms": 0.5, "pipelined_ms": 0.4,
+           "sequential_gather_kernel_ms": 0.5, "pipelined_gather_kernel_ms": 0.41, "rs_chunks": 1,
+           "pipelined_one_chunk_ms": 0.4, "transport": "copy_engine", "pipelined_nccl_ms": 0.5,
+           "auto": "pipelined", "tuner_sequential_ms": 0.5, "tuner_pipelined_ms": 0.4, "experts_ms": 0.24,
+           "comm_ms": 0.2, "torch_ms": 1.5}
+    cold = records([row], 3)
+    queued = records([dict(row, queued_us=300)], None)
+    by = {(r["metric"], r.get("series")): r for r in cold}
+    assert by[("layer time", "ours (pipelined)")]["value"] == 0.4
+    assert by[("% of ideal (pipelined)", None)]["value"] == 60.0
+    assert by[("torch sequential / ours (faster strategy)", None)]["value"] == 3.75
+    assert cold[-1] == {"metric": "GPU tests passed (ops_moe_gpu, R = 2)", "value": 3, "unit": "count"}
+    assert all(r["case"] == "MoE-1 uniform TP2 queued 300 us" for r in queued), queued
+    assert not any("torch" in r["metric"] or r.get("series") == "torch" for r in queued)
+    cold_ours = [r for r in cold[:-1] if "torch" not in r["metric"] and r.get("series") != "torch"]
+    assert [r["metric"] for r in queued] == [r["metric"] for r in cold_ours]  # the same records, renamed
+    print("moe_tp_results self-test: ok")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out_dir")
-    ap.add_argument("--commit", required=True)
-    ap.add_argument("--device", required=True)
-    ap.add_argument("--date", required=True)
+    ap.add_argument("out_dir", nargs="?")
+    ap.add_argument("--commit")
+    ap.add_argument("--device")
+    ap.add_argument("--date")
     ap.add_argument("--gpu-tests-passed", type=int)
+    ap.add_argument("--self-test", action="store_true")
     args = ap.parse_args()
+    if args.self_test:
+        self_test()
+        return
+    missing = [n for n in ("out_dir", "commit", "device", "date") if getattr(args, n) is None]
+    if missing:
+        ap.error("missing: " + ", ".join(missing))
     with open(os.path.join(args.out_dir, "moe.json"), encoding="utf-8") as f:
         bench = json.load(f)
     doc = {
