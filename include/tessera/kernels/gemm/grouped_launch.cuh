@@ -50,8 +50,10 @@ namespace detail {
 /// validate()'s input checks (A, B, table, shape; not D) + the instantiation
 /// matches (layout, input type, row gather or not) + max_ctas >= 0.
 void grouped_check_instantiation(const GroupedGemmArgs& a, BLayout layout, DType in, int max_ctas, bool gather);
-/// A: 2-D [max(max_rows, 1), K], box 64 x bm. B: 3-D (group outermost), box
-/// 64 x bn x 1 (NK) or 64 x 64 x 1 (KN). 128-byte swizzle, zero fill.
+/// A: 2-D [max(max_rows, 1), K] (gathering: the source, [a_rows, K], which
+/// the kernel reads by cp.async, not through the map), box 64 x bm. B: 3-D
+/// (group outermost), box 64 x bn x 1 (NK) or 64 x 64 x 1 (KN). 128-byte
+/// swizzle, zero fill.
 void grouped_make_tma_a(const GroupedGemmArgs& a, int bm, CUtensorMap* out);
 void grouped_make_tma_b(const GroupedGemmArgs& a, int bn, CUtensorMap* out);
 }  // namespace detail

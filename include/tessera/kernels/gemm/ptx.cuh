@@ -145,12 +145,6 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, uint32_t
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
                : "memory");
 }
-/// The same through L1 (.ca): for 16-byte pieces of 32-byte sectors that
-/// the next copies complete.
-__device__ __forceinline__ void cp_async_16_ca(void* dst, const void* src, uint32_t src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
-               : "memory");
-}
 /// Arrives on `bar` once every cp.async this thread issued so far has landed
 /// (.noinc: the arrival counts against the barrier's expected count, so
 /// mbar_init must include one per arriving thread).
