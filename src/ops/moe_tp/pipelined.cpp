@@ -48,9 +48,9 @@ void run_pipelined(Call& c, int comm_ctas, int chunks, const SymLayout* sym) {
 
   // Communication stream, part 1: step d's tokens and their routing. It
   // starts after the caller's inputs. Over the copy engine, the host
-  // enqueues step 1's token push, then the own shard's kernels, then the
-  // rest (the stream order is the same): the compute stream does not wait
-  // for the host to enqueue the pushes.
+  // enqueues the own shard's sort and gate/up before any push: the start of
+  // a call is host-bound, and the token push (shorter than the own gate/up
+  // where pipelining pays) still lands before the gate/up ends.
   TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_start, s));
   TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, m.ev_start, 0));
   // `to` said it no longer reads what I pushed in the last call; then my
@@ -65,7 +65,6 @@ void run_pipelined(Call& c, int comm_ctas, int chunks, const SymLayout* sym) {
     link::rank_copy_data(cs, peer + sym->w + rank * route_bytes, a.weights, route_bytes);
     link::rank_notify(cs, *m.data, to, 0, e);
   };
-  if (ce) push_tokens(plan.send_to[0]);
   for (int d = 1; d < R && !ce; ++d) {  // NCCL: every step's send/recv here
     const int to = plan.send_to[d - 1], from = plan.recv_from[d - 1];
     TESSERA_NCCL_CHECK(ncclGroupStart());
@@ -83,8 +82,8 @@ void run_pipelined(Call& c, int comm_ctas, int chunks, const SymLayout* sym) {
   // then each remote shard as it arrives.
   c.permute(a.expert_ids, c.Tl, rank);
   c.gate_up(a.x_shard, c.Tl, rank, c.per, plan.gate_up[0].beside_comm ? beside_ctas : 0);
-  for (int d = 1; d < R && ce; ++d) {  // copy engine: the routing of every step, the later steps' tokens
-    if (d > 1) push_tokens(plan.send_to[d - 1]);
+  for (int d = 1; d < R && ce; ++d) {  // copy engine: every step's tokens and routing
+    push_tokens(plan.send_to[d - 1]);
     push_routing(plan.send_to[d - 1]);
   }
   for (int j = 1; j < R; ++j) {
