@@ -8,6 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -74,7 +75,8 @@ struct MoeContext::Impl {
   // pipelined: the split communicator and the per-step events.
   detail::PipelineComm pipe;
   cudaEvent_t ev_start = nullptr;
-  std::vector<cudaEvent_t> ev_x;     ///< [R]: AG step d's tokens and routing have arrived
+  std::vector<cudaEvent_t>
+      ev_x;  ///< [R]: AG step d's tokens and routing have arrived (NCCL); shard's sort done (copy engine)
   std::vector<cudaEvent_t> ev_part;  ///< [R * chunks]: step d's partial chunk c is combined
   std::vector<cudaEvent_t> ev_rs;    ///< [chunks]: chunk c of every peer's partial has arrived
   cudaEvent_t ev_comm_done = nullptr;
@@ -147,6 +149,7 @@ struct MoeContext::Impl {
       const std::initializer_list<const runtime::Signals*> all{data.get(), control.get()};
       link::synchronize(pg.stream(), all, what);
       link::synchronize(pg.comm_stream(0), all, what);
+      if (pg.comm_stream_count() > 1) link::synchronize(pg.comm_stream(1), all, what);
       return;
     }
     pg.synchronize(pg.stream(), what);
@@ -186,7 +189,7 @@ struct Call {
   std::int32_t *ids_full, *offsets, *counts, *sorted, *rows;
   float* w_full;
   void* permute_ws;
-  std::size_t permute_ws_bytes;
+  std::size_t permute_ws_bytes, shard_ws_bytes;  ///< all of it; shard q's part at q * shard_ws_bytes
 
   /// `sym`: the gathered tokens and routing live in m.sym (the copy-engine
   /// transport's pushes land there); nullptr: in scratch memory.
@@ -217,8 +220,10 @@ struct Call {
     counts = m.counts.get<std::int32_t>(R * E, pg);
     sorted = m.sorted.get<std::int32_t>(entries, pg);
     rows = m.rows.get<std::int32_t>(entries, pg);
-    // The permute of one shard (pipelined) needs no more than that of all.
-    permute_ws_bytes = kernels::moe::permute_workspace_bytes(entries, a.experts);
+    // One workspace per shard (the pipelined strategy sorts remote shards on
+    // a stream of their own), or one for all of them (sequential).
+    shard_ws_bytes = (kernels::moe::permute_workspace_bytes(per, a.experts) + 255) / 256 * 256;
+    permute_ws_bytes = std::max(kernels::moe::permute_workspace_bytes(entries, a.experts), R * shard_ws_bytes);
     permute_ws = m.permute_ws.get(permute_ws_bytes + 16, pg);
     gathered = fused_gather
                    ? nullptr
@@ -232,8 +237,10 @@ struct Call {
   }
 
   /// Expert sort of `tokens` tokens' routing `ids` into table slot q
-  /// (offsets/counts q, rows from q * per).
-  void permute(const std::int32_t* ids, std::int64_t tokens, int q) {
+  /// (offsets/counts q, rows from q * per), on `stream` (default: the call's).
+  /// One shard's sort (tokens <= Tl) uses workspace part q, so sorts of
+  /// different shards may run at once; a sort of all shards uses all of it.
+  void permute(const std::int32_t* ids, std::int64_t tokens, int q, cudaStream_t stream = nullptr) {
     kernels::moe::PermuteArgs p;
     p.expert_ids = ids;
     p.tokens = tokens;
@@ -245,8 +252,8 @@ struct Call {
     p.entry_row = rows + q * per;
     p.invalid = m.flags_ptr;
     p.workspace_bytes = kernels::moe::permute_workspace_bytes(tokens * k, a.experts);
-    p.workspace = permute_ws;
-    kernels::moe::permute(p, s);
+    p.workspace = tokens <= Tl ? static_cast<unsigned char*>(permute_ws) + q * shard_ws_bytes : permute_ws;
+    kernels::moe::permute(p, stream ? stream : s);
   }
 
   /// Rows of `x` (tokens of table slot q) gathered into the sorted rows from q * per.
