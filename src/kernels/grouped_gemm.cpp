@@ -201,19 +201,17 @@ int64_t grouped_max_tiles(const GroupedGemmArgs& a, TileShape s) {
 
 GroupedTile resolve_grouped_tile(const GroupedGemmArgs& a, const GroupedGemmOptions& o) {
   if (o.tile != GroupedTile::Auto) return o.tile;
-  // Measured on nvidia-h200 over the MoE-1..6 expert GEMMs at TP 1, 2, 4,
-  // uniform and skewed routing, in two device calls (docs/design/grouped_gemm.md):
+  // Measured on nvidia-h200 over the MoE-1..6 expert GEMMs (docs/design/grouped_gemm.md):
   // the ping-pong kernels win almost everywhere (each tile's stores hide
-  // behind the other consumer's main loop); 64x256 for narrow N or short K,
-  // the cooperative 128x256 only for long K and wide N (fewest bytes loaded
-  // per multiply). Within 1.01x of the best configuration in geometric mean.
+  // behind the other consumer's main loop); with its band-of-8 raster the
+  // 64x256 one beats 128x128 on every TP = 2 problem; the cooperative
+  // 128x256 only for long K and wide N (fewest bytes loaded per multiply).
   // The row gather's cp.async producer keeps a 64-row tile fed at the TMA
   // kernels' speed but not a 128-row one (measured on the MoE-4..6 gate/up
   // GEMMs, K = 4096: 128x128 ping-pong 1.1-1.3x slower than with TMA).
   if (a.a_gather != nullptr) return GroupedTile::PingPong64x256;
-  if (a.n <= 1536 || a.k <= 768) return GroupedTile::PingPong64x256;
   if (a.k >= 4096 && a.n >= 4096) return GroupedTile::Coop128x256;
-  return GroupedTile::PingPong128x128;
+  return GroupedTile::PingPong64x256;
 }
 
 void validate(const GroupedGemmArgs& a, const GroupedGemmOptions& o) {
