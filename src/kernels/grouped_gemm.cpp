@@ -199,18 +199,16 @@ int64_t grouped_max_tiles(const GroupedGemmArgs& a, TileShape s) {
   return tile_rows * ((std::max<int64_t>(a.n, 1) + s.bn - 1) / s.bn);
 }
 
-GroupedTile resolve_grouped_tile(const GroupedGemmArgs& a, const GroupedGemmOptions& o) {
+GroupedTile resolve_grouped_tile([[maybe_unused]] const GroupedGemmArgs& a, const GroupedGemmOptions& o) {
   if (o.tile != GroupedTile::Auto) return o.tile;
-  // Measured on nvidia-h200 over the MoE-1..6 expert GEMMs (docs/design/grouped_gemm.md):
-  // the ping-pong kernels win almost everywhere (each tile's stores hide
-  // behind the other consumer's main loop); with its band-of-8 raster the
-  // 64x256 one beats 128x128 on every TP = 2 problem; the cooperative
-  // 128x256 only for long K and wide N (fewest bytes loaded per multiply).
-  // The row gather's cp.async producer keeps a 64-row tile fed at the TMA
-  // kernels' speed but not a 128-row one (measured on the MoE-4..6 gate/up
-  // GEMMs, K = 4096: 128x128 ping-pong 1.1-1.3x slower than with TMA).
-  if (a.a_gather != nullptr) return GroupedTile::PingPong64x256;
-  if (a.k >= 4096 && a.n >= 4096) return GroupedTile::Coop128x256;
+  // Measured on nvidia-h200 over the 72 MoE-1..6 expert GEMMs (TP 1, 2, 4;
+  // uniform and skewed; docs/design/grouped_gemm.md): the expert GEMMs have
+  // short K, so each tile's store is a large share of its time and ping-pong
+  // hides it behind the other consumer's main loop; with its band-of-8
+  // raster the 64x256 ping-pong tile is within 1.003x of the best
+  // configuration in geometric mean at every TP, and the 128-row tiles win
+  // nowhere by more than a few percent. The row gather's cp.async producer
+  // keeps a 64-row tile fed at the TMA kernels' speed but not a 128-row one.
   return GroupedTile::PingPong64x256;
 }
 
