@@ -76,7 +76,7 @@ struct MoeContext::Impl {
   detail::PipelineComm pipe;
   cudaEvent_t ev_start = nullptr;
   std::vector<cudaEvent_t>
-      ev_x;  ///< [R]: AG step d's tokens and routing have arrived (NCCL); shard's sort done (copy engine)
+      ev_x;  ///< [R]: AG step d's tokens and routing have arrived (NCCL); [R - 1]: remote part 1 done (copy engine)
   std::vector<cudaEvent_t> ev_part;  ///< [R * chunks]: step d's partial chunk c is combined
   std::vector<cudaEvent_t> ev_rs;    ///< [chunks]: chunk c of every peer's partial has arrived
   cudaEvent_t ev_comm_done = nullptr;
@@ -257,7 +257,7 @@ struct Call {
   }
 
   /// Rows of `x` (tokens of table slot q) gathered into the sorted rows from q * per.
-  void gather(const void* x, int q, std::int64_t max_rows) {
+  void gather(const void* x, int q, std::int64_t max_rows, cudaStream_t stream = nullptr) {
     kernels::moe::GatherArgs g;
     g.x = x;
     g.ldx = H;
@@ -270,28 +270,32 @@ struct Call {
     g.k = a.topk;
     g.max_rows = max_rows;
     g.dtype = a.dtype;
-    kernels::moe::gather_rows(g, s);
+    kernels::moe::gather_rows(g, stream ? stream : s);
   }
 
   /// Part 1 of table slot q: the rows of `x` (x_rows tokens) its sort
   /// routed, through the gate/up GEMM and SwiGLU into inter. With
   /// fused_gather the GEMM's loads read them from x through the sort's entry
-  /// table (entry / k = token); else a gather kernel writes them first.
-  void gate_up(const void* x, std::int64_t x_rows, int q, std::int64_t max_rows, int max_ctas) {
+  /// table (entry / k = token); else a gather kernel writes them first. On
+  /// `stream` (default: the call's); slots write disjoint rows, so part 1 of
+  /// different slots may run at once.
+  void gate_up(const void* x, std::int64_t x_rows, int q, std::int64_t max_rows, int max_ctas,
+               cudaStream_t stream = nullptr) {
     if (fused_gather) {
-      gemm(q, false, max_rows, max_ctas, 0, 0, x, x_rows);
+      gemm(q, false, max_rows, max_ctas, 0, 0, x, x_rows, stream);
       return;
     }
-    gather(x, q, max_rows);
-    gemm(q, false, max_rows, max_ctas);
+    gather(x, q, max_rows, stream);
+    gemm(q, false, max_rows, max_ctas, 0, 0, nullptr, 0, stream);
   }
 
   /// The gate/up (down = false) or down grouped GEMM over table slot q's
   /// rows (at most max_rows); max_ctas 0 = all SMs. The down GEMM computes
   /// output columns [col0, col0 + cols) of hidden (cols 0: all). gather_x:
   /// the gate/up GEMM reads its rows from these x_rows tokens (gate_up).
+  /// On `stream` (default: the call's).
   void gemm(int q, bool down, std::int64_t max_rows, int max_ctas, std::int64_t col0 = 0, std::int64_t cols = 0,
-            const void* gather_x = nullptr, std::int64_t x_rows = 0) {
+            const void* gather_x = nullptr, std::int64_t x_rows = 0, cudaStream_t stream = nullptr) {
     if (max_rows == 0) return;
     kernels::GroupedGemmArgs g;
     g.group_rows = counts + q * E;
@@ -327,7 +331,7 @@ struct Call {
       g.ldd = H;
       g.stride_b = H * I;
     }
-    kernels::grouped_gemm(g, go, s);
+    kernels::grouped_gemm(g, go, stream ? stream : s);
   }
 
   /// Top-k combine of `tokens` tokens of table slot q (weights `w`) into

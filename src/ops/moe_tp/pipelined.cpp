@@ -86,32 +86,32 @@ void run_pipelined(Call& c, int comm_ctas, int chunks, const SymLayout* sym) {
     push_tokens(plan.send_to[d - 1]);
     push_routing(plan.send_to[d - 1]);
   }
-  // Copy engine: each remote shard's sort runs on a stream of its own once
-  // the shard landed, beside the own gate/up (in its tail, where SMs free
-  // up), with its own workspace part; the compute stream waits for the
-  // sort's event just before that shard's gate/up.
-  const bool side_sorts = ce && pg.comm_stream_count() > 1;
-  if (side_sorts) {
+  // Copy engine: each remote shard's part 1 (sort, gate/up) runs on a
+  // stream of its own once the shard landed, with its own workspace part:
+  // its sort beside the own gate/up, its gate/up's CTAs taking SMs as the
+  // own gate/up's last tiles drain (on one stream it would wait for the
+  // whole kernel to end). Part 2 waits for the last of them; the earlier
+  // ones are done by then (one stream).
+  const bool side_part1 = ce && pg.comm_stream_count() > 1;
+  if (side_part1) {
     const cudaStream_t ss = pg.comm_stream(1);
     TESSERA_CUDA_CHECK(cudaStreamWaitEvent(ss, m.ev_start, 0));
     for (int j = 1; j < R; ++j) {
-      const int q = plan.gate_up[j].shard;
-      link::rank_wait(ss, *m.data, q, 0, e);
-      c.permute(ids_of(q), c.Tl, q, ss);
-      TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_x[j], ss));
+      const MoeTpStep& st = plan.gate_up[j];
+      link::rank_wait(ss, *m.data, st.shard, 0, e);
+      c.permute(ids_of(st.shard), c.Tl, st.shard, ss);
+      c.gate_up(x_of(st.shard), c.Tl, st.shard, c.per, 0, ss);
     }
+    TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_x[R - 1], ss));
+    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_x[R - 1], 0));
   }
-  for (int j = 1; j < R; ++j) {
+  for (int j = 1; j < R && !side_part1; ++j) {
     const MoeTpStep& st = plan.gate_up[j];
-    if (side_sorts) {
-      TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_x[j], 0));
-    } else {
-      if (ce)
-        link::rank_wait(s, *m.data, st.shard, 0, e);
-      else
-        TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_x[st.comm_step], 0));
-      c.permute(ids_of(st.shard), c.Tl, st.shard);
-    }
+    if (ce)
+      link::rank_wait(s, *m.data, st.shard, 0, e);
+    else
+      TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_x[st.comm_step], 0));
+    c.permute(ids_of(st.shard), c.Tl, st.shard);
     c.gate_up(x_of(st.shard), c.Tl, st.shard, c.per, st.beside_comm ? beside_ctas : 0);
   }
 
