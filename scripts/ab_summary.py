@@ -113,7 +113,7 @@ def rows_of(path, bench, column=None):
     return out
 
 
-def medians(ab_dir, bench, column=None):
+def column_runs(ab_dir, bench, column=None):
     """{"base"|"head": {key: [values over rounds]}} of one column."""
     runs = {"base": {}, "head": {}}
     for build in runs:
@@ -130,11 +130,11 @@ def geomean(xs):
 def summarize(ab_dir, issue=18):
     recs = []
     for bench, (keys, value) in BENCHES.items():
-        runs = medians(ab_dir, bench)
+        runs = column_runs(ab_dir, bench)
         if not runs["base"] and not runs["head"]:
             continue
         ref = REFERENCE.get(bench)
-        refs = medians(ab_dir, bench, ref) if ref else {"base": {}, "head": {}}
+        refs = column_runs(ab_dir, bench, ref) if ref else {"base": {}, "head": {}}
         normalised, drift = [], []
         ratios = []
         for key in sorted(set(runs["base"]) | set(runs["head"])):
