@@ -281,57 +281,58 @@ struct Call {
   /// different slots may run at once.
   void gate_up(const void* x, std::int64_t x_rows, int q, std::int64_t max_rows, int max_ctas,
                cudaStream_t stream = nullptr) {
-    if (fused_gather) {
-      gemm(q, false, max_rows, max_ctas, 0, 0, x, x_rows, stream);
-      return;
-    }
-    gather(x, q, max_rows, stream);
-    gemm(q, false, max_rows, max_ctas, 0, 0, nullptr, 0, stream);
-  }
-
-  /// The gate/up (down = false) or down grouped GEMM over table slot q's
-  /// rows (at most max_rows); max_ctas 0 = all SMs. The down GEMM computes
-  /// output columns [col0, col0 + cols) of hidden (cols 0: all). gather_x:
-  /// the gate/up GEMM reads its rows from these x_rows tokens (gate_up).
-  /// On `stream` (default: the call's).
-  void gemm(int q, bool down, std::int64_t max_rows, int max_ctas, std::int64_t col0 = 0, std::int64_t cols = 0,
-            const void* gather_x = nullptr, std::int64_t x_rows = 0, cudaStream_t stream = nullptr) {
     if (max_rows == 0) return;
-    kernels::GroupedGemmArgs g;
-    g.group_rows = counts + q * E;
-    g.status = m.flags_ptr + status_index(q, down);
-    g.groups = E;
-    g.max_rows = max_rows;
+    kernels::GroupedGemmArgs g = table_args(q, false, max_rows);
+    if (fused_gather) {
+      if (x_rows == 0) return;  // no tokens: the sort routed nothing
+      g.a = x;
+      g.lda = H;
+      g.a_gather = sorted + q * per;
+      g.a_gather_div = k;
+      g.a_rows = x_rows;
+    } else {
+      gather(x, q, max_rows, stream);
+      g.a = gathered + static_cast<std::size_t>(q * per * H) * es;
+    }
+    g.b = a.w_gate_up;
+    g.d = inter + static_cast<std::size_t>(q * per * I) * es;
+    g.n = 2 * I;
+    g.k = H;
     kernels::GroupedGemmOptions go;
     go.max_ctas = max_ctas;
-    if (!down) {
-      if (gather_x != nullptr) {
-        if (x_rows == 0) return;  // no tokens: the sort routed nothing
-        g.a = gather_x;
-        g.lda = H;
-        g.a_gather = sorted + q * per;
-        g.a_gather_div = k;
-        g.a_rows = x_rows;
-      } else {
-        g.a = gathered + static_cast<std::size_t>(q * per * H) * es;
-      }
-      g.b = a.w_gate_up;
-      g.d = inter + static_cast<std::size_t>(q * per * I) * es;
-      g.n = 2 * I;
-      g.k = H;
-      go.epilogue = kernels::GroupedEpilogueKind::SwiGLU;
-    } else {
-      // Expert e's rows [col0, col0 + cols) of w_down [E, H, I]: B's groups
-      // stay H x I apart; D keeps hidden's row stride.
-      g.a = inter + static_cast<std::size_t>(q * per * I) * es;
-      g.b = static_cast<const unsigned char*>(a.w_down) + static_cast<std::size_t>(col0 * I) * es;
-      g.d = expert_out + static_cast<std::size_t>(q * per * H + col0) * es;
-      g.n = cols > 0 ? cols : H;
-      g.k = I;
-      g.ldd = H;
-      g.stride_b = H * I;
-    }
+    go.epilogue = kernels::GroupedEpilogueKind::SwiGLU;
     kernels::grouped_gemm(g, go, stream ? stream : s);
+  }
+
+  /// Part 2's GEMM of table slot q: inter through w_down into expert_out,
+  /// output columns [col0, col0 + cols) of hidden (cols 0: all), over at
+  /// most max_rows rows; max_ctas 0 = all SMs.
+  void down(int q, std::int64_t max_rows, int max_ctas, std::int64_t col0 = 0, std::int64_t cols = 0) {
+    if (max_rows == 0) return;
+    kernels::GroupedGemmArgs g = table_args(q, true, max_rows);
+    // Expert e's rows [col0, col0 + cols) of w_down [E, H, I]: B's groups
+    // stay H x I apart; D keeps hidden's row stride.
+    g.a = inter + static_cast<std::size_t>(q * per * I) * es;
+    g.b = static_cast<const unsigned char*>(a.w_down) + static_cast<std::size_t>(col0 * I) * es;
+    g.d = expert_out + static_cast<std::size_t>(q * per * H + col0) * es;
+    g.n = cols > 0 ? cols : H;
+    g.k = I;
+    g.ldd = H;
+    g.stride_b = H * I;
+    kernels::GroupedGemmOptions go;
+    go.max_ctas = max_ctas;
+    kernels::grouped_gemm(g, go, s);
+  }
+
+  /// What both GEMMs of table slot q take from the sort: its per-expert row
+  /// counts, its status words, the row bound.
+  kernels::GroupedGemmArgs table_args(int q, bool is_down, std::int64_t max_rows) const {
+    kernels::GroupedGemmArgs g;
+    g.group_rows = counts + q * E;
+    g.status = m.flags_ptr + status_index(q, is_down);
+    g.groups = E;
+    g.max_rows = max_rows;
+    return g;
   }
 
   /// Top-k combine of `tokens` tokens of table slot q (weights `w`) into
