@@ -17,6 +17,10 @@ their column. Per row the medians over rounds give head / base of:
   sp-attention  "fused ms"  keyed by case, S
   moe     "pipe ms"   keyed by shape, routing
   grouped "ours ms"   keyed by problem
+moe also gives head / base of "pipe ms" over each build's own "seq ms"
+(REFERENCE): where a change leaves the sequential layer alone, this takes
+out the drift between runs that both layers share (clocks, neighbours),
+and "seq ms" head / base shows that drift.
 (bench signal prints one table per op, ar then rs, with the same rows: a
 table's op is the one named by the last "<op>: shape i/n", "<op>: offline
 stage" or "<op>: budget spent" progress line before it) and per bench the geometric mean, with the no-regression target of a
@@ -39,6 +43,8 @@ BENCHES = {
     "moe": (("shape", "routing"), "pipe ms"),
     "grouped": (("problem",), "ours ms"),
 }
+# A column of the same row that the value is also divided by, per build.
+REFERENCE = {"moe": "seq ms"}
 TARGET = {"op": "<=", "value": 1.02, "text": "no regression beyond noise against the base (same call)"}
 
 
@@ -90,31 +96,46 @@ def read_tables(text):
     return tables
 
 
-def rows_of(path, bench):
+def rows_of(path, bench, column=None):
+    """{key: float} of `column` (default: the bench's value column) in the log's tables."""
     keys, value = BENCHES[bench]
+    column = column or value
     with open(path, encoding="utf-8", errors="replace") as f:
         text = f.read()
     out = {}
     for table in read_tables(text):
         for r in table:
-            if all(k in r for k in keys) and value in r:
+            if all(k in r for k in keys) and column in r:
                 try:
-                    out[tuple(r[k] for k in keys)] = float(r[value])
+                    out[tuple(r[k] for k in keys)] = float(r[column])
                 except ValueError:
                     pass
     return out
 
 
+def column_runs(ab_dir, bench, column=None):
+    """{"base"|"head": {key: [values over rounds]}} of one column."""
+    runs = {"base": {}, "head": {}}
+    for build in runs:
+        for path in sorted(glob.glob(os.path.join(ab_dir, f"{bench}-{build}-*.log"))):
+            for key, v in rows_of(path, bench, column).items():
+                runs[build].setdefault(key, []).append(v)
+    return runs
+
+
+def geomean(xs):
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
 def summarize(ab_dir, issue=18):
     recs = []
     for bench, (keys, value) in BENCHES.items():
-        runs = {"base": {}, "head": {}}
-        for build in runs:
-            for path in sorted(glob.glob(os.path.join(ab_dir, f"{bench}-{build}-*.log"))):
-                for key, v in rows_of(path, bench).items():
-                    runs[build].setdefault(key, []).append(v)
+        runs = column_runs(ab_dir, bench)
         if not runs["base"] and not runs["head"]:
             continue
+        ref = REFERENCE.get(bench)
+        refs = column_runs(ab_dir, bench, ref) if ref else {"base": {}, "head": {}}
+        normalised, drift = [], []
         ratios = []
         for key in sorted(set(runs["base"]) | set(runs["head"])):
             if key not in runs["base"] or key not in runs["head"]:
@@ -126,11 +147,25 @@ def summarize(ab_dir, issue=18):
             recs.append({"metric": f"head / base ({value})", "case": f"bench {bench} {' '.join(key)}",
                          "value": round(r, 4), "unit": "ratio", "series": bench,
                          "baseline": f"medians of {len(runs['base'][key])} base and {len(runs['head'][key])} head runs"})
+            if key in refs["base"] and key in refs["head"]:
+                rb, rh = statistics.median(refs["base"][key]), statistics.median(refs["head"][key])
+                normalised.append(r * rb / rh)
+                drift.append(rh / rb)
+                recs.append({"metric": f"head / base ({value} / {ref})", "case": f"bench {bench} {' '.join(key)}",
+                             "value": round(normalised[-1], 4), "unit": "ratio", "series": bench,
+                             "baseline": f"each build's {value} over its own {ref}; valid where the change "
+                                         f"leaves the {ref} path alone"})
+                recs.append({"metric": f"head / base ({ref})", "case": f"bench {bench} {' '.join(key)}",
+                             "value": round(drift[-1], 4), "unit": "ratio", "series": bench})
         if ratios:
-            gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
             recs.append({"metric": f"geomean head / base ({value})", "case": f"bench {bench}, {len(ratios)} rows",
-                         "value": round(gm, 4), "unit": "ratio", "issue": issue, "target": TARGET,
+                         "value": round(geomean(ratios), 4), "unit": "ratio", "issue": issue, "target": TARGET,
                          "source": f"min {min(ratios):.4f}, max {max(ratios):.4f}"})
+        if normalised:
+            recs.append({"metric": f"geomean head / base ({value} / {ref})", "case": f"bench {bench}, {len(normalised)} rows",
+                         "value": round(geomean(normalised), 4), "unit": "ratio", "issue": issue,
+                         "source": f"min {min(normalised):.4f}, max {max(normalised):.4f}; {ref} head / base "
+                                   f"{min(drift):.4f}-{max(drift):.4f}"})
     return recs
 
 
@@ -141,7 +176,7 @@ def table_str(header, rows):
                    for r in [header] + rows)
 
 
-def sample_logs(a, b):
+def sample_logs(a, b, seq="0.499"):
     gemm = ("bench gemm on NVIDIA H200 (132 SMs), bf16 in/out\n"
             "8192x5504x4096: ours 0.546 ms, cuBLASLt 0.560 ms, ratio 0.976\n\n" +
             table_str(["M", "N", "K", "tile", "ours ms", "cuBLASLt ms", "overlap == ours"],
@@ -169,7 +204,7 @@ def sample_logs(a, b):
          ["GQA 32/8 causal", "32k", "7.154", b, "7.152 (sequential)", "6.720"]]).splitlines())
     moe = "".join("[rank 0] " + l + "\n" for l in table_str(
         ["shape", "routing", "seq ms", "pipe ms", "seq gk ms", "pipe gk ms", "transport"],
-        [["MoE-1", "uniform", "0.499", a, "0.505", "0.400", "copy_engine"],
+        [["MoE-1", "uniform", seq, a, "0.505", "0.400", "copy_engine"],
          ["MoE-6", "uniform", "2.266", b, "2.253", "2.062", "copy_engine"]]).splitlines())
     grouped = table_str(["problem", "N", "K", "tile", "ours ms", "ours TF/s"],
                         [["MoE-1 TP2 gateup uniform", "1536", "2048", "64x256/pp", a, "700"],
@@ -180,8 +215,8 @@ def sample_logs(a, b):
 def self_test():
     import tempfile
     with tempfile.TemporaryDirectory() as d:
-        for build, (a, b) in {"base": ("0.500", "1.000"), "head": ("0.510", "0.990")}.items():
-            gemm, mlp, signal, sp, moe, grouped = sample_logs(a, b)
+        for build, (a, b, seq) in {"base": ("0.500", "1.000", "0.500"), "head": ("0.510", "0.990", "0.510")}.items():
+            gemm, mlp, signal, sp, moe, grouped = sample_logs(a, b, seq)
             for r in (1, 2):
                 for bench, text in (("moe", moe), ("grouped", grouped)):
                     with open(os.path.join(d, f"{bench}-{build}-{r}.log"), "w") as f:
@@ -195,7 +230,7 @@ def self_test():
                 with open(os.path.join(d, f"mlp-{build}-{r}.log"), "w") as f:
                     f.write(mlp)
         recs = summarize(d)
-    by_case = {r["case"]: r["value"] for r in recs}
+    by_case = {r["case"]: r["value"] for r in recs if "seq ms" not in r["metric"]}
     assert by_case["bench gemm 8192 5504 4096"] == 1.02, by_case
     assert by_case["bench gemm 8192 4096 5504"] == 0.99, by_case
     assert by_case["bench mlp MLP-1 AG+GEMM"] == 1.02, by_case  # rank 1's row ignored
@@ -208,6 +243,12 @@ def self_test():
     assert by_case["bench sp-attention GQA 32/8 causal 32k"] == 0.99, by_case
     assert by_case["bench moe MoE-1 uniform"] == 1.02, by_case
     assert by_case["bench moe MoE-6 uniform"] == 0.99, by_case
+    # MoE-1: pipe and seq both 2 % slower on the head, so pipe / seq is unchanged.
+    norm = {r["case"]: r["value"] for r in recs if r["metric"] == "head / base (pipe ms / seq ms)"}
+    assert norm["bench moe MoE-1 uniform"] == 1.0, norm
+    assert norm["bench moe MoE-6 uniform"] == 0.99, norm
+    drift = {r["case"]: r["value"] for r in recs if r["metric"] == "head / base (seq ms)"}
+    assert drift["bench moe MoE-1 uniform"] == 1.02, drift
     assert by_case["bench grouped MoE-1 TP2 gateup uniform"] == 1.02, by_case
     assert by_case["bench grouped MoE-1 TP2 down uniform"] == 0.99, by_case
     print("ab_summary self-test: ok")

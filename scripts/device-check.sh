@@ -51,7 +51,13 @@ build="${DEVICE_BUILD_DIR:-$root/build-dev}"
 summary="$out/summary.txt"
 : >"$summary"
 note() { echo "$*" | tee -a "$summary"; }
+# The tree sent to a lent machine may be newer than the .git beside it:
+# tracked files that differ from HEAD mark the commit "-dirty" (then pass
+# TESSERA_COMMIT=<sha> for the figures' provenance).
 commit="${TESSERA_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null)}"
+if [ -z "${TESSERA_COMMIT:-}" ] && [ -n "$commit" ] && ! git -C "$root" diff --quiet HEAD -- 2>/dev/null; then
+  commit="$commit-dirty"
+fi
 note "device-check $(date -u +%FT%TZ) commit $commit gpus=$ngpu"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv >>"$summary" 2>&1
 [ "$ngpu" -gt 1 ] && nvidia-smi topo -m >>"$summary" 2>&1
