@@ -75,11 +75,11 @@ struct MoeContext::Impl {
   // pipelined: the split communicator and the per-step events.
   detail::PipelineComm pipe;
   cudaEvent_t ev_start = nullptr;
-  std::vector<cudaEvent_t>
-      ev_x;  ///< [R]: AG step d's tokens and routing have arrived (NCCL); [R - 1]: remote part 1 done (copy engine)
+  std::vector<cudaEvent_t> ev_x;     ///< [R]: AG step d's tokens and routing have arrived (NCCL)
   std::vector<cudaEvent_t> ev_part;  ///< [R * chunks]: step d's partial chunk c is combined
   std::vector<cudaEvent_t> ev_rs;    ///< [chunks]: chunk c of every peer's partial has arrived
   cudaEvent_t ev_comm_done = nullptr;
+  cudaEvent_t ev_remote_part1 = nullptr;  ///< copy engine: the side stream's remote sorts and gate/ups are done
 
   // The copy-engine transport: flags, the buffers peers push into, the call's epoch.
   std::unique_ptr<runtime::Signals> data;     ///< slot 0: a step's tokens landed; 1 + c: partial chunk c (= epoch)
@@ -90,6 +90,7 @@ struct MoeContext::Impl {
   ~Impl() {
     if (ev_start) cudaEventDestroy(ev_start);
     if (ev_comm_done) cudaEventDestroy(ev_comm_done);
+    if (ev_remote_part1) cudaEventDestroy(ev_remote_part1);
     for (auto* v : {&ev_x, &ev_part, &ev_rs})
       for (cudaEvent_t e : *v) cudaEventDestroy(e);
   }
@@ -127,6 +128,7 @@ struct MoeContext::Impl {
     }
     if (!ev_start) ev_start = make_event();
     if (!ev_comm_done) ev_comm_done = make_event();
+    if (!ev_remote_part1) ev_remote_part1 = make_event();
     while (static_cast<int>(ev_x.size()) < R) ev_x.push_back(make_event());
     while (static_cast<int>(ev_part.size()) < R * chunks) ev_part.push_back(make_event());
     while (static_cast<int>(ev_rs.size()) < chunks) ev_rs.push_back(make_event());
@@ -236,10 +238,14 @@ struct Call {
     TESSERA_CUDA_CHECK(cudaMemsetAsync(m.flags_ptr, 0, static_cast<std::size_t>(flag_words) * 4, s));
   }
 
+  /// `stream`, or the call's stream where it is null.
+  cudaStream_t on(cudaStream_t stream) const { return stream ? stream : s; }
+
   /// Expert sort of `tokens` tokens' routing `ids` into table slot q
   /// (offsets/counts q, rows from q * per), on `stream` (default: the call's).
-  /// One shard's sort (tokens <= Tl) uses workspace part q, so sorts of
-  /// different shards may run at once; a sort of all shards uses all of it.
+  /// Slot q's sort uses the workspace from part q: one shard's fits its
+  /// part, so sorts of different shards may run at once; a sort of all
+  /// shards (slot 0) uses all of it.
   void permute(const std::int32_t* ids, std::int64_t tokens, int q, cudaStream_t stream = nullptr) {
     kernels::moe::PermuteArgs p;
     p.expert_ids = ids;
@@ -252,8 +258,8 @@ struct Call {
     p.entry_row = rows + q * per;
     p.invalid = m.flags_ptr;
     p.workspace_bytes = kernels::moe::permute_workspace_bytes(tokens * k, a.experts);
-    p.workspace = tokens <= Tl ? static_cast<unsigned char*>(permute_ws) + q * shard_ws_bytes : permute_ws;
-    kernels::moe::permute(p, stream ? stream : s);
+    p.workspace = static_cast<unsigned char*>(permute_ws) + q * shard_ws_bytes;
+    kernels::moe::permute(p, on(stream));
   }
 
   /// Rows of `x` (tokens of table slot q) gathered into the sorted rows from q * per.
@@ -270,7 +276,7 @@ struct Call {
     g.k = a.topk;
     g.max_rows = max_rows;
     g.dtype = a.dtype;
-    kernels::moe::gather_rows(g, stream ? stream : s);
+    kernels::moe::gather_rows(g, on(stream));
   }
 
   /// Part 1 of table slot q: the rows of `x` (x_rows tokens) its sort
@@ -301,7 +307,7 @@ struct Call {
     kernels::GroupedGemmOptions go;
     go.max_ctas = max_ctas;
     go.epilogue = kernels::GroupedEpilogueKind::SwiGLU;
-    kernels::grouped_gemm(g, go, stream ? stream : s);
+    kernels::grouped_gemm(g, go, on(stream));
   }
 
   /// Part 2's GEMM of table slot q: inter through w_down into expert_out,

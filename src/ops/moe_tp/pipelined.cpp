@@ -102,8 +102,8 @@ void run_pipelined(Call& c, int comm_ctas, int chunks, const SymLayout* sym) {
       c.permute(ids_of(st.shard), c.Tl, st.shard, ss);
       c.gate_up(x_of(st.shard), c.Tl, st.shard, c.per, 0, ss);
     }
-    TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_x[R - 1], ss));
-    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_x[R - 1], 0));
+    TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_remote_part1, ss));
+    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_remote_part1, 0));
   }
   for (int j = 1; j < R && !side_part1; ++j) {
     const MoeTpStep& st = plan.gate_up[j];
