@@ -75,11 +75,11 @@ struct MoeContext::Impl {
   // pipelined: the split communicator and the per-step events.
   detail::PipelineComm pipe;
   cudaEvent_t ev_start = nullptr;
-  std::vector<cudaEvent_t>
-      ev_x;  ///< [R]: AG step d's tokens and routing have arrived (NCCL); [R - 1]: remote part 1 done (copy engine)
+  std::vector<cudaEvent_t> ev_x;     ///< [R]: AG step d's tokens and routing have arrived (NCCL)
   std::vector<cudaEvent_t> ev_part;  ///< [R * chunks]: step d's partial chunk c is combined
   std::vector<cudaEvent_t> ev_rs;    ///< [chunks]: chunk c of every peer's partial has arrived
   cudaEvent_t ev_comm_done = nullptr;
+  cudaEvent_t ev_remote_part1 = nullptr;  ///< copy engine: the side stream's remote sorts and gate/ups are done
 
   // The copy-engine transport: flags, the buffers peers push into, the call's epoch.
   std::unique_ptr<runtime::Signals> data;     ///< slot 0: a step's tokens landed; 1 + c: partial chunk c (= epoch)
@@ -90,6 +90,7 @@ struct MoeContext::Impl {
   ~Impl() {
     if (ev_start) cudaEventDestroy(ev_start);
     if (ev_comm_done) cudaEventDestroy(ev_comm_done);
+    if (ev_remote_part1) cudaEventDestroy(ev_remote_part1);
     for (auto* v : {&ev_x, &ev_part, &ev_rs})
       for (cudaEvent_t e : *v) cudaEventDestroy(e);
   }
@@ -127,6 +128,7 @@ struct MoeContext::Impl {
     }
     if (!ev_start) ev_start = make_event();
     if (!ev_comm_done) ev_comm_done = make_event();
+    if (!ev_remote_part1) ev_remote_part1 = make_event();
     while (static_cast<int>(ev_x.size()) < R) ev_x.push_back(make_event());
     while (static_cast<int>(ev_part.size()) < R * chunks) ev_part.push_back(make_event());
     while (static_cast<int>(ev_rs.size()) < chunks) ev_rs.push_back(make_event());
@@ -236,10 +238,14 @@ struct Call {
     TESSERA_CUDA_CHECK(cudaMemsetAsync(m.flags_ptr, 0, static_cast<std::size_t>(flag_words) * 4, s));
   }
 
+  /// `stream`, or the call's stream where it is null.
+  cudaStream_t on(cudaStream_t stream) const { return stream ? stream : s; }
+
   /// Expert sort of `tokens` tokens' routing `ids` into table slot q
   /// (offsets/counts q, rows from q * per), on `stream` (default: the call's).
-  /// One shard's sort (tokens <= Tl) uses workspace part q, so sorts of
-  /// different shards may run at once; a sort of all shards uses all of it.
+  /// Slot q's sort uses the workspace from part q: one shard's fits its
+  /// part, so sorts of different shards may run at once; a sort of all
+  /// shards (slot 0) uses all of it.
   void permute(const std::int32_t* ids, std::int64_t tokens, int q, cudaStream_t stream = nullptr) {
     kernels::moe::PermuteArgs p;
     p.expert_ids = ids;
@@ -252,8 +258,8 @@ struct Call {
     p.entry_row = rows + q * per;
     p.invalid = m.flags_ptr;
     p.workspace_bytes = kernels::moe::permute_workspace_bytes(tokens * k, a.experts);
-    p.workspace = tokens <= Tl ? static_cast<unsigned char*>(permute_ws) + q * shard_ws_bytes : permute_ws;
-    kernels::moe::permute(p, stream ? stream : s);
+    p.workspace = static_cast<unsigned char*>(permute_ws) + q * shard_ws_bytes;
+    kernels::moe::permute(p, on(stream));
   }
 
   /// Rows of `x` (tokens of table slot q) gathered into the sorted rows from q * per.
@@ -270,7 +276,7 @@ struct Call {
     g.k = a.topk;
     g.max_rows = max_rows;
     g.dtype = a.dtype;
-    kernels::moe::gather_rows(g, stream ? stream : s);
+    kernels::moe::gather_rows(g, on(stream));
   }
 
   /// Part 1 of table slot q: the rows of `x` (x_rows tokens) its sort
@@ -281,57 +287,58 @@ struct Call {
   /// different slots may run at once.
   void gate_up(const void* x, std::int64_t x_rows, int q, std::int64_t max_rows, int max_ctas,
                cudaStream_t stream = nullptr) {
-    if (fused_gather) {
-      gemm(q, false, max_rows, max_ctas, 0, 0, x, x_rows, stream);
-      return;
-    }
-    gather(x, q, max_rows, stream);
-    gemm(q, false, max_rows, max_ctas, 0, 0, nullptr, 0, stream);
-  }
-
-  /// The gate/up (down = false) or down grouped GEMM over table slot q's
-  /// rows (at most max_rows); max_ctas 0 = all SMs. The down GEMM computes
-  /// output columns [col0, col0 + cols) of hidden (cols 0: all). gather_x:
-  /// the gate/up GEMM reads its rows from these x_rows tokens (gate_up).
-  /// On `stream` (default: the call's).
-  void gemm(int q, bool down, std::int64_t max_rows, int max_ctas, std::int64_t col0 = 0, std::int64_t cols = 0,
-            const void* gather_x = nullptr, std::int64_t x_rows = 0, cudaStream_t stream = nullptr) {
     if (max_rows == 0) return;
-    kernels::GroupedGemmArgs g;
-    g.group_rows = counts + q * E;
-    g.status = m.flags_ptr + status_index(q, down);
-    g.groups = E;
-    g.max_rows = max_rows;
+    kernels::GroupedGemmArgs g = table_args(q, false, max_rows);
+    if (fused_gather) {
+      if (x_rows == 0) return;  // no tokens: the sort routed nothing
+      g.a = x;
+      g.lda = H;
+      g.a_gather = sorted + q * per;
+      g.a_gather_div = k;
+      g.a_rows = x_rows;
+    } else {
+      gather(x, q, max_rows, stream);
+      g.a = gathered + static_cast<std::size_t>(q * per * H) * es;
+    }
+    g.b = a.w_gate_up;
+    g.d = inter + static_cast<std::size_t>(q * per * I) * es;
+    g.n = 2 * I;
+    g.k = H;
     kernels::GroupedGemmOptions go;
     go.max_ctas = max_ctas;
-    if (!down) {
-      if (gather_x != nullptr) {
-        if (x_rows == 0) return;  // no tokens: the sort routed nothing
-        g.a = gather_x;
-        g.lda = H;
-        g.a_gather = sorted + q * per;
-        g.a_gather_div = k;
-        g.a_rows = x_rows;
-      } else {
-        g.a = gathered + static_cast<std::size_t>(q * per * H) * es;
-      }
-      g.b = a.w_gate_up;
-      g.d = inter + static_cast<std::size_t>(q * per * I) * es;
-      g.n = 2 * I;
-      g.k = H;
-      go.epilogue = kernels::GroupedEpilogueKind::SwiGLU;
-    } else {
-      // Expert e's rows [col0, col0 + cols) of w_down [E, H, I]: B's groups
-      // stay H x I apart; D keeps hidden's row stride.
-      g.a = inter + static_cast<std::size_t>(q * per * I) * es;
-      g.b = static_cast<const unsigned char*>(a.w_down) + static_cast<std::size_t>(col0 * I) * es;
-      g.d = expert_out + static_cast<std::size_t>(q * per * H + col0) * es;
-      g.n = cols > 0 ? cols : H;
-      g.k = I;
-      g.ldd = H;
-      g.stride_b = H * I;
-    }
-    kernels::grouped_gemm(g, go, stream ? stream : s);
+    go.epilogue = kernels::GroupedEpilogueKind::SwiGLU;
+    kernels::grouped_gemm(g, go, on(stream));
+  }
+
+  /// Part 2's GEMM of table slot q: inter through w_down into expert_out,
+  /// output columns [col0, col0 + cols) of hidden (cols 0: all), over at
+  /// most max_rows rows; max_ctas 0 = all SMs.
+  void down(int q, std::int64_t max_rows, int max_ctas, std::int64_t col0 = 0, std::int64_t cols = 0) {
+    if (max_rows == 0) return;
+    kernels::GroupedGemmArgs g = table_args(q, true, max_rows);
+    // Expert e's rows [col0, col0 + cols) of w_down [E, H, I]: B's groups
+    // stay H x I apart; D keeps hidden's row stride.
+    g.a = inter + static_cast<std::size_t>(q * per * I) * es;
+    g.b = static_cast<const unsigned char*>(a.w_down) + static_cast<std::size_t>(col0 * I) * es;
+    g.d = expert_out + static_cast<std::size_t>(q * per * H + col0) * es;
+    g.n = cols > 0 ? cols : H;
+    g.k = I;
+    g.ldd = H;
+    g.stride_b = H * I;
+    kernels::GroupedGemmOptions go;
+    go.max_ctas = max_ctas;
+    kernels::grouped_gemm(g, go, s);
+  }
+
+  /// What both GEMMs of table slot q take from the sort: its per-expert row
+  /// counts, its status words, the row bound.
+  kernels::GroupedGemmArgs table_args(int q, bool is_down, std::int64_t max_rows) const {
+    kernels::GroupedGemmArgs g;
+    g.group_rows = counts + q * E;
+    g.status = m.flags_ptr + status_index(q, is_down);
+    g.groups = E;
+    g.max_rows = max_rows;
+    return g;
   }
 
   /// Top-k combine of `tokens` tokens of table slot q (weights `w`) into

@@ -102,8 +102,8 @@ void run_pipelined(Call& c, int comm_ctas, int chunks, const SymLayout* sym) {
       c.permute(ids_of(st.shard), c.Tl, st.shard, ss);
       c.gate_up(x_of(st.shard), c.Tl, st.shard, c.per, 0, ss);
     }
-    TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_x[R - 1], ss));
-    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_x[R - 1], 0));
+    TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_remote_part1, ss));
+    TESSERA_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_remote_part1, 0));
   }
   for (int j = 1; j < R && !side_part1; ++j) {
     const MoeTpStep& st = plan.gate_up[j];
@@ -121,12 +121,12 @@ void run_pipelined(Call& c, int comm_ctas, int chunks, const SymLayout* sym) {
   for (const MoeTpStep& st : plan.down) last_step = std::max(last_step, st.comm_step);
   for (const MoeTpStep& st : plan.down) {
     if (st.shard == rank) {  // the own shard is last: combined below with the received partials
-      c.gemm(rank, true, c.per, st.beside_comm ? beside_ctas : 0);
+      c.down(rank, c.per, st.beside_comm ? beside_ctas : 0);
       break;
     }
     const int d = st.comm_step, to = plan.send_to[d - 1];
     for (int ch = 0; ch < chunks; ++ch) {
-      c.gemm(st.shard, true, c.per, st.beside_comm || ch > 0 ? beside_ctas : 0, ch * Hc, Hc);
+      c.down(st.shard, c.per, st.beside_comm || ch > 0 ? beside_ctas : 0, ch * Hc, Hc);
       c.combine_columns(st.shard, c.Tl, w_of(st.shard), ch * Hc, Hc, partial_chunk(st.shard, ch), Hc, nullptr, 0, Hc,
                         0);
       cudaEvent_t done = m.ev_part[d * chunks + ch];

@@ -24,7 +24,7 @@ void run_sequential(Call& c) {
   // Table slot 0 holds the whole layer's sort (rows 0 .. T·k).
   c.permute(c.ids_full, T, 0);
   c.gate_up(c.x_full, T, 0, entries, 0);
-  c.gemm(0, true, entries, 0);
+  c.down(0, entries, 0);
   c.combine(0, T, c.w_full, c.partial);
   TESSERA_NCCL_CHECK(ncclReduceScatter(c.partial, a.out_shard, static_cast<std::size_t>(c.Tl * c.H),
                                        runtime::nccl_dtype(a.dtype), ncclSum, pg.nccl(), c.s));
