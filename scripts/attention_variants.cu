@@ -1,6 +1,6 @@
 // scripts/attention_variants.cu — kernel configurations other than the
 // library's default, for A/B timing in scripts/bench_attention.py
-// (--variants; bf16; head dim 64 has its own variants 1-3). Variant 0 is
+// (--variants; bf16; head dim 64 has its own variants 1 and 3). Variant 0 is
 // the library's attention(); n > 0 the AttnConfig below; 9 the KV-hook kernel
 // (KvFlagWait, every flag already set: the cost of the per-block waits); 10
 // the hook's configuration without a hook.
@@ -16,8 +16,8 @@ void attention_variant(int variant, const AttentionArgs& a, cudaStream_t s) {
   const H h{};
   if (a.head_dim == 64) {
     switch (variant) {  // head dim 64: block width and slots
-      case 1:
-        return attention_launch<T, 64, H, attn::AttnConfig<64, 192, 4, false, false>>(a, h, s);
+      case 1:           // 128-key blocks, four slots
+        return attention_launch<T, 64, H, attn::AttnConfig<64, 128, 4, false, false>>(a, h, s);
       case 3:
         return attention_launch<T, 64, H, attn::AttnConfig<64, 128, 2, false, false>>(a, h, s);
       default:

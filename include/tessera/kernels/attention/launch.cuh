@@ -26,14 +26,14 @@
 namespace tessera::kernels {
 
 /// Kernel configuration: BN keys per KV block, K/V ring slots, consumer
-/// ping-pong. Head dim 128 takes 192-key blocks (fewer per-block softmax,
-/// rescale and barrier costs than 128 or 176; two slots fill 224 KiB of
-/// shared memory), causal and hooked too. Head dim 64 takes 128 keys, four
-/// slots. No ping-pong, and the shared-memory epilogue: each measured faster
-/// on nvidia-h200 than the alternative (docs/design/attention.md).
+/// ping-pong. Both head dims take 192-key blocks (fewer per-block softmax,
+/// rescale and barrier costs than 128 or 176), causal and hooked too: two
+/// slots at head dim 128 fill 224 KiB of shared memory, four at head dim 64
+/// take 208 KiB. No ping-pong, and the shared-memory epilogue: each measured
+/// faster on nvidia-h200 than the alternative (docs/design/attention.md).
 /// kHookActive adds the waiter ring's barriers.
 template <int D, bool kHookActive>
-using AttnCfgOf = attn::AttnConfig<D, D == 128 ? 192 : 128, D == 128 ? 2 : 4, false, kHookActive>;
+using AttnCfgOf = attn::AttnConfig<D, 192, D == 128 ? 2 : 4, false, kHookActive>;
 
 /// Launches the kernel of configuration Cfg (one instantiation).
 template <class T, int D, class Hook, class Cfg>
