@@ -39,7 +39,7 @@ os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = ["scripts/attention_ctypes.cpp", "src/kernels/attention_host.cpp", "src/kernels/gemm_host.cpp",
-           "src/kernels/attention_bf16.cu", "src/kernels/attention_f16.cu", "scripts/attention_variants.cu"]
+           "src/runtime/env.cpp", "src/kernels/attention_bf16.cu", "src/kernels/attention_f16.cu", "scripts/attention_variants.cu"]
 
 
 def build(lib):
