@@ -27,6 +27,7 @@ void run_ag_gemm(TpContext::Impl& c, const AgGemmArgs& a, Strategy s, const OpOp
   const TpStrategy<AgGemmArgs>& entry = ag_gemm_registry().find(s);
   TESSERA_CHECK(!o.diag_kernel_only || entry.diag_kernel_only,
                 "ag_gemm: diag_kernel_only needs strategy fused_ce, not {}", strategy_name(s));
+  c.begin_call();
   entry.launch(c, a, o);
 }
 

@@ -54,6 +54,7 @@ TpContext::Impl::Impl(runtime::ProcessGroup& g) : pg(g), lsa(g.lsa_reachable()) 
     control = std::make_unique<runtime::Signals>(pg, kControlSlots);
     rs_counters = std::make_unique<runtime::Signals>(pg, 64);
     rs_bands = std::make_unique<runtime::Signals>(pg, 64);
+    pg.prepare_align_streams();  // reset_flags may run inside a capture
   }
   rs_band_total.assign(64, 0);
   const std::size_t done_bytes = sizeof(unsigned) * kMaxChannels * runtime::kMaxPeers;
@@ -144,6 +145,31 @@ void TpContext::Impl::drain(const char* what) {
     pg.abort();
     throw;
   }
+}
+
+void TpContext::Impl::begin_call() {
+  if (!lsa) return;  // no flags: the NCCL strategy only
+  if (const auto id = runtime::capture_id(pg.stream())) {
+    captured = true;
+    if (*id == reset_capture) return;
+    reset_capture = *id;
+  } else if (!captured) {
+    return;
+  }
+  reset_flags();
+}
+
+void TpContext::Impl::reset_flags() {
+  cudaStream_t s = pg.stream();
+  // Every call joins its side streams back into the compute stream, so a
+  // barrier there follows all of this rank's earlier work.
+  pg.align_streams(s);
+  for (const runtime::Signals* sg : {ag_flags.get(), control.get(), rs_counters.get(), rs_bands.get()})
+    sg->zero_local(s);
+  pg.align_streams(s);
+  ag_epoch = rs_epoch = 0;
+  ag_ce_epoch = rs_ce_epoch = 0;  // the kernel-only diagnostics need a fused call first again
+  std::fill(rs_band_total.begin(), rs_band_total.end(), 0);
 }
 
 void TpContext::Impl::check_usable(const char* what) const {
@@ -325,23 +351,26 @@ void check_gemm_ar(TpContext::Impl& c, const GemmArArgs& a, const OpOptions& o) 
 
 }  // namespace
 
-// Inside a CUDA-graph capture only the NCCL strategy runs: the others pair
-// flags with a per-call epoch that a replay would repeat, and tuning cannot
-// run there. automatic captures sequential; another explicit strategy is an
-// error before anything is enqueued.
+// Inside a CUDA-graph capture every strategy runs: the capture's first call
+// resets the flags inside the graph (Impl::begin_call), so each replay
+// starts from epoch 1. What cannot run there: tuning (automatic takes the
+// measured choice of this shape or its nearest measured neighbour, else
+// sequential, as with tune_on_miss off) and the kernel-only diagnostics.
 namespace {
 
-/// Inside a capture of the context's stream: sequential, or an error for a
-/// strategy that cannot be captured; marks the context as captured. Outside
-/// one: nullopt.
-std::optional<Strategy> captured_choice(TpContext::Impl& c, Strategy s, const char* op) {
-  if (!runtime::stream_capturing(c.pg.stream())) return std::nullopt;
+/// The options a call resolves with: inside a capture of the context's
+/// stream, no tuning and no diagnostics (an error before anything is
+/// enqueued); marks the context as captured.
+OpOptions capture_options(TpContext::Impl& c, const OpOptions& o, const char* op) {
+  if (!runtime::stream_capturing(c.pg.stream())) return o;
   c.captured = true;
-  TESSERA_CHECK(s == Strategy::automatic || s == Strategy::sequential,
-                "{}: strategy {} cannot be captured into a CUDA graph (its flags carry a per-call epoch that a replay "
-                "would repeat); capture sequential or automatic, which captures sequential",
-                op, strategy_name(s));
-  return Strategy::sequential;
+  TESSERA_CHECK(!o.diag_kernel_only && o.diag_skip == 0,
+                "{}: diag_kernel_only / diag_skip cannot be captured into a CUDA graph (they replay the flags of "
+                "the last eager call)",
+                op);
+  OpOptions q = o;
+  q.tune_on_miss = false;
+  return q;
 }
 
 }  // namespace
@@ -352,36 +381,36 @@ std::optional<Strategy> captured_choice(TpContext::Impl& c, Strategy s, const ch
 // costs no collective).
 Strategy TpContext::resolve(const AgGemmArgs& a, const OpOptions& o, TuneReport* report) {
   check_ag_gemm(*impl_, a, o);
-  if (const auto s = captured_choice(*impl_, o.strategy, "ag_gemm")) return *s;
-  if (o.strategy != Strategy::automatic) return o.strategy;
+  const OpOptions q = capture_options(*impl_, o, "ag_gemm");
+  if (q.strategy != Strategy::automatic) return q.strategy;
   // Flags: swiglu (1) and B's layout (2: [K, N]); an NK key is as before.
   const std::vector<std::int64_t> shape{a.m, a.n, a.k, (a.swiglu ? 1 : 0) | (a.b_kn ? 2 : 0)};
   return tune_choice(
-      *this, a, o, "ag_gemm", shape, ag_gemm_candidates(impl_->pg.world(), impl_->lsa),
+      *this, a, q, "ag_gemm", shape, ag_gemm_candidates(impl_->pg.world(), impl_->lsa),
       [&](Strategy s) { run_ag_gemm(*impl_, a, s, o); }, report);
 }
 
 Strategy TpContext::resolve(const GemmRsArgs& a, const OpOptions& o, TuneReport* report) {
   check_gemm_rs(*impl_, a, o);
-  if (const auto s = captured_choice(*impl_, o.strategy, "gemm_rs")) return *s;
-  if (o.strategy != Strategy::automatic) return o.strategy;
+  const OpOptions q = capture_options(*impl_, o, "gemm_rs");
+  if (q.strategy != Strategy::automatic) return q.strategy;
   // The fused candidate's speed depends on where it reduces and on B's
   // layout: part of the key (rs_reduce, plus 2 for B as [K, N]; an NK key is
   // as before).
   const std::vector<std::int64_t> shape{a.m, a.n, a.k, static_cast<std::int64_t>(o.rs_reduce) | (a.b_kn ? 2 : 0)};
   return tune_choice(
-      *this, a, o, "gemm_rs", shape,
+      *this, a, q, "gemm_rs", shape,
       gemm_rs_candidates(impl_->pg.world(), rs_tile_row_shards(a.m, impl_->pg.world()), impl_->lsa),
       [&](Strategy s) { run_gemm_rs(*impl_, a, s, o); }, report);
 }
 
 Strategy TpContext::resolve(const GemmArArgs& a, const OpOptions& o, TuneReport* report) {
   check_gemm_ar(*impl_, a, o);
-  if (const auto s = captured_choice(*impl_, o.strategy, "gemm_ar")) return *s;
-  if (o.strategy != Strategy::automatic) return o.strategy;
+  const OpOptions q = capture_options(*impl_, o, "gemm_ar");
+  if (q.strategy != Strategy::automatic) return q.strategy;
   const std::vector<std::int64_t> shape{a.m, a.n, a.k};
   return tune_choice(
-      *this, a, o, "gemm_ar", shape,
+      *this, a, q, "gemm_ar", shape,
       gemm_ar_candidates(impl_->pg.world(), rs_tile_row_shards(a.m, impl_->pg.world()), impl_->lsa),
       [&](Strategy s) { run_gemm_ar(*impl_, a, s, o); }, report);
 }
@@ -409,8 +438,8 @@ void mlp(TpContext& ctx, const MlpArgs& a, const OpOptions& ag, const OpOptions&
   c.check_usable("mlp");
   validate(a, c.pg.rank(), c.pg.world());
   // Both halves refused before the first is enqueued.
-  captured_choice(c, ag.strategy, "mlp (all-gather half)");
-  captured_choice(c, rs.strategy, "mlp (reduce-scatter half)");
+  capture_options(c, ag, "mlp (all-gather half)");
+  capture_options(c, rs, "mlp (reduce-scatter half)");
   check_rs_tile_rows(a.m, c.pg.world(), rs);  // before the AG half launches
   const std::size_t hidden_bytes = static_cast<std::size_t>(a.m) * a.i_local * dtype_size(a.dtype);
   void* hidden = c.hidden.ensure(hidden_bytes, c.pg.stream());

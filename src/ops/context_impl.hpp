@@ -60,7 +60,7 @@ struct TpContext::Impl {
   /// rank's band tile counters (GEMM epilogue adds, copy stream waits for
   /// rs_band_total[band]); row src = src's "band copied" flags (epoch).
   std::unique_ptr<runtime::Signals> rs_bands;
-  std::vector<std::uint64_t> rs_band_total;   ///< tiles counted per slot so far (never reset)
+  std::vector<std::uint64_t> rs_band_total;   ///< tiles counted per slot since the flags were last zeroed
   runtime::SymBuffer<unsigned char> ag_ws;    ///< gathered A: [R·ceil(M/R), K]
   runtime::SymBuffer<unsigned char> rs_recv;  ///< receive slabs: [R][ceil(M/R)][ld_recv]
   runtime::SymBuffer<unsigned char> ar_recv;  ///< gemm_ar: the owners' reduced rows, same layout
@@ -105,8 +105,26 @@ struct TpContext::Impl {
   void before_growth(const char* what);
   /// A CUDA-graph capture ran an operator of this context. From then on a
   /// growing workspace is retired instead of freed (a graph may hold its
-  /// address) and freed with the context.
+  /// address) and freed with the context, and every eager call resets the
+  /// flags (begin_call).
   bool captured = false;
+  /// The capture whose first call enqueued reset_flags (0: none yet).
+  unsigned long long reset_capture = 0;
+  /// Every strategy's call starts here (run_ag_gemm, run_gemm_rs,
+  /// run_gemm_ar). The flags carry per-call epochs baked in at enqueue time,
+  /// and a replayed graph repeats the epochs it captured, so:
+  /// - eager, never captured: nothing; the epochs run on;
+  /// - the first call of a capture: reset_flags, enqueued into the graph, so
+  ///   every replay starts from zeroed flags and epoch 1;
+  /// - eager after a capture: reset_flags on every call (a replay, which the
+  ///   host does not see, may have left its epochs in the flags).
+  void begin_call();
+  /// Enqueues on the compute stream: a stream barrier (every rank's earlier
+  /// calls done, so no write of theirs into our flags is still coming), the
+  /// zeroing of our flags and counters, a second barrier (every rank zeroed
+  /// before any rank's next call writes a flag); restarts the host's epochs
+  /// and band totals at 0.
+  void reset_flags();
   void retire(runtime::SymBuffer<unsigned char>& b);
   void retire(std::unique_ptr<runtime::Signals>& s);
   std::vector<runtime::SymBuffer<unsigned char>> retired_buffers;

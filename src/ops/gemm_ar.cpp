@@ -12,7 +12,9 @@ const TpRegistry<GemmArArgs>& gemm_ar_registry() {
 }
 
 void run_gemm_ar(TpContext::Impl& c, const GemmArArgs& a, Strategy s, const OpOptions& o) {
-  gemm_ar_registry().find(s).launch(c, a, o);
+  const TpStrategy<GemmArArgs>& entry = gemm_ar_registry().find(s);
+  c.begin_call();
+  entry.launch(c, a, o);
 }
 
 namespace ar {

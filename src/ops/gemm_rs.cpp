@@ -25,6 +25,7 @@ void run_gemm_rs(TpContext::Impl& c, const GemmRsArgs& a, Strategy s, const OpOp
                 o.diag_skip);
   TESSERA_CHECK((o.diag_skip & ~(kDiagSkipOwnerAdd | kDiagSkipBandWait | kDiagSkipNotify)) == 0,
                 "gemm_rs: diag_skip = {:#x} has unknown bits", o.diag_skip);
+  c.begin_call();
   entry.launch(c, a, o);
 }
 

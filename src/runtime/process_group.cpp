@@ -232,6 +232,14 @@ bool stream_capturing(cudaStream_t stream) {
   return st != cudaStreamCaptureStatusNone;
 }
 
+std::optional<unsigned long long> capture_id(cudaStream_t stream) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  TESSERA_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &st, &id));
+  if (st == cudaStreamCaptureStatusNone) return std::nullopt;
+  return id;
+}
+
 void ProcessGroup::register_signals(const Signals* s) {
   std::lock_guard lock(signals_mutex_);
   signals_.push_back(s);
@@ -307,11 +315,14 @@ cudaStream_t ProcessGroup::comm_stream(int i) const {
 
 void ProcessGroup::barrier() { boot_->barrier(); }
 
+void ProcessGroup::prepare_align_streams() {
+  if (align_token_ != nullptr) return;
+  TESSERA_CUDA_CHECK(cudaMalloc(&align_token_, sizeof(float)));
+  TESSERA_CUDA_CHECK(cudaMemset(align_token_, 0, sizeof(float)));
+}
+
 void ProcessGroup::align_streams(cudaStream_t stream) {
-  if (align_token_ == nullptr) {
-    TESSERA_CUDA_CHECK(cudaMalloc(&align_token_, sizeof(float)));
-    TESSERA_CUDA_CHECK(cudaMemset(align_token_, 0, sizeof(float)));
-  }
+  prepare_align_streams();
   // Only the all-reduce's completion matters; the value is never read.
   TESSERA_NCCL_CHECK(ncclAllReduce(align_token_, align_token_, 1, ncclFloat, ncclSum, comm_, stream));
 }

@@ -45,6 +45,12 @@ std::vector<Signals::HostWait> Signals::host_waits(cudaStream_t stream) const {
   return out;
 }
 
+void Signals::zero_local(cudaStream_t stream) const {
+  TESSERA_CUDA_CHECK(cudaMemsetAsync(buf_.local(), 0, buf_.bytes(), stream));
+  std::lock_guard lock(waits_mutex_);
+  host_waits_.clear();
+}
+
 void Signals::clear_host_waits(cudaStream_t stream) const {
   std::lock_guard lock(waits_mutex_);
   for (auto it = host_waits_.begin(); it != host_waits_.end();) {

@@ -811,6 +811,119 @@ TEST_P(OpsTp, GemmArMatchesReferenceOnEveryRank) {
   }
 }
 
+// The overlapped strategies inside CUDA graphs. Two graphs, each an MLP
+// layer and a GEMM+AR: graph 0 with AG+GEMM fused_ce, GEMM+RS fused_ce
+// (fused_sm where the shards are off the tile rows) and GEMM+AR fused_ce
+// (sequential there); graph 1 with AG+GEMM fused_sm, the ring GEMM+RS and
+// GEMM+AR sequential. Captured in global mode (as torch.cuda.graph does),
+// then replayed alternately on rotating inputs with eager calls of the same
+// strategies in between: every replay's outputs bitwise equal the eager
+// call's on the same input (same kernels, same order of additions). Own
+// context: a captured context resets its flags on every later eager call.
+TEST_P(OpsTp, CapturedOverlapReplaysEqualEager) {
+  if (skip()) GTEST_SKIP() << "needs >= 2 ranks with a GPU each";
+  auto& pg = group();
+  const DType t = GetParam();
+  const int R = pg.world(), rank = pg.rank();
+  TpContext tc(pg);
+  const std::int64_t m = 1024, h = 512, il = 384, ar_m = 256;
+  const ShardRows s = shard_rows(m, R);
+  const std::int64_t m_local = s.rows(m, rank);
+  const std::size_t x_bytes = static_cast<std::size_t>(m_local * h * 2), ar_a_bytes = ar_m * il * 2,
+                    ar_d_bytes = ar_m * h * 2;
+  const std::uint64_t seed = shared_seed();
+  constexpr int kInputs = 3;
+  std::vector<std::unique_ptr<Dev>> xs, ar_as;
+  for (int i = 0; i < kInputs; ++i) {
+    xs.push_back(upload(random_mat(m, h, seed + i, t), s.lo(rank), m_local, h, t));
+    ar_as.push_back(upload(random_mat(ar_m, il, seed + 20 + 4 * i + rank, t), 0, ar_m, il, t));
+  }
+  auto dgu = upload(random_mat(2 * il, h, seed + 10 + rank, t, 0.1), 0, 2 * il, h, t);
+  auto dwd = upload(random_mat(h, il, seed + 100 + rank, t, 0.1), 0, h, il, t);
+  auto dar_b = upload(random_mat(h, il, seed + 200 + rank, t, 0.1), 0, h, il, t);
+  Dev x(x_bytes), ar_a(ar_a_bytes);  // the graphs' inputs, refilled before each run
+  Dev out0(x_bytes), out1(x_bytes), ar_d0(ar_d_bytes), ar_d1(ar_d_bytes);
+  Dev* outs[2] = {&out0, &out1};
+  Dev* ar_ds[2] = {&ar_d0, &ar_d1};
+  const bool tile_rows = rs_tile_row_shards(m, R), ar_tile_rows = rs_tile_row_shards(ar_m, R);
+  struct Config {
+    OpOptions ag, rs, ar;
+  } cfg[2];
+  cfg[0].ag.strategy = Strategy::fused_ce;
+  cfg[0].rs.strategy = tile_rows ? Strategy::fused_ce : Strategy::fused_sm;
+  cfg[0].ar.strategy = ar_tile_rows ? Strategy::fused_ce : Strategy::sequential;
+  cfg[1].ag.strategy = Strategy::fused_sm;
+  cfg[1].rs.strategy = Strategy::ring;
+  cfg[1].ar.strategy = Strategy::sequential;
+  auto enqueue = [&](int g) {
+    ops::mlp(tc, MlpArgs{x.p, dgu->p, dwd->p, outs[g]->p, m, m_local, h, il, t}, cfg[g].ag, cfg[g].rs);
+    GemmArArgs ar;
+    ar.a = ar_a.p;
+    ar.b = dar_b->p;
+    ar.d = ar_ds[g]->p;
+    ar.m = ar_m;
+    ar.n = h;
+    ar.k = il;
+    ar.dtype = t;
+    ops::gemm_ar(tc, ar, cfg[g].ar);
+  };
+  auto load_inputs = [&](int i) {
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(x.p, xs[i]->p, x_bytes, cudaMemcpyDeviceToDevice, pg.stream()));
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(ar_a.p, ar_as[i]->p, ar_a_bytes, cudaMemcpyDeviceToDevice, pg.stream()));
+  };
+  auto results = [&](int g, const char* what) {
+    pg.synchronize(pg.stream(), what);
+    auto y = download(outs[g]->p, m_local, h, h, t);
+    auto z = download(ar_ds[g]->p, ar_m, h, h, t);
+    y.insert(y.end(), z.begin(), z.end());
+    return y;
+  };
+  // Eager references (the workspaces grow here, before any capture).
+  std::vector<double> ref[2][kInputs];
+  for (int g = 0; g < 2; ++g)
+    for (int i = 0; i < kInputs; ++i) {
+      load_inputs(i);
+      outs[g]->poison();
+      ar_ds[g]->poison();
+      enqueue(g);
+      ref[g][i] = results(g, "captured-overlap test: eager reference");
+      for (const double v : ref[g][i]) ASSERT_TRUE(std::isfinite(v)) << "config " << g << " input " << i;
+    }
+  cudaGraphExec_t exec[2] = {nullptr, nullptr};
+  for (int g = 0; g < 2; ++g) {
+    cudaGraph_t graph = nullptr;
+    TESSERA_CUDA_CHECK(cudaStreamBeginCapture(pg.stream(), cudaStreamCaptureModeGlobal));
+    try {
+      enqueue(g);
+    } catch (const std::exception& e) {
+      (void)cudaStreamEndCapture(pg.stream(), &graph);
+      FAIL() << "config " << g << " refused under capture: " << e.what();
+    }
+    TESSERA_CUDA_CHECK(cudaStreamEndCapture(pg.stream(), &graph));
+    TESSERA_CUDA_CHECK(cudaGraphInstantiate(&exec[g], graph, 0));
+    TESSERA_CUDA_CHECK(cudaGraphDestroy(graph));
+  }
+  for (int r = 0; r < 40; ++r) {
+    const int g = r % 2, i = (r / 2) % kInputs;
+    load_inputs(i);
+    outs[g]->poison();
+    ar_ds[g]->poison();
+    TESSERA_CUDA_CHECK(cudaGraphLaunch(exec[g], pg.stream()));
+    ASSERT_EQ(results(g, "captured-overlap test: replay"), ref[g][i])
+        << "replay " << r << " of graph " << g << " (input " << i << ") differs from the eager call";
+    if (r % 5 == 4) {  // an eager call between replays: it resets the flags the replays left
+      const int j = (i + 1) % kInputs;
+      load_inputs(j);
+      outs[g]->poison();
+      ar_ds[g]->poison();
+      enqueue(g);
+      ASSERT_EQ(results(g, "captured-overlap test: eager after replays"), ref[g][j])
+          << "eager call after replay " << r << " (config " << g << ", input " << j << ") differs";
+    }
+  }
+  for (cudaGraphExec_t e : exec) TESSERA_CUDA_CHECK(cudaGraphExecDestroy(e));
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, OpsTp, ::testing::Values(DType::bf16, DType::f16),
                          [](const auto& i) { return std::string(dtype_name(i.param)); });
 

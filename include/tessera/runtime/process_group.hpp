@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -148,6 +149,9 @@ class ProcessGroup {
   /// of µs apart). Timing code calls it after barrier(), before its start
   /// event, so the skew does not count against work that waits for a peer.
   void align_streams(cudaStream_t stream);
+  /// Allocates align_streams' operand now, so that a later align_streams can
+  /// be enqueued inside a CUDA-graph capture (which allows no cudaMalloc).
+  void prepare_align_streams();
   /// Maximum over ranks (e.g. of a time, so a benchmark reports the slowest rank).
   double allreduce_max(double v);
   /// Throws an Error naming `what` and the disagreeing ranks unless every rank
@@ -191,6 +195,9 @@ class ProcessGroup {
 /// True while `stream` is being captured into a CUDA graph (operators whose
 /// flags carry a per-call epoch refuse to be captured).
 bool stream_capturing(cudaStream_t stream);
+/// The id of the capture sequence `stream` belongs to (streams forked into one
+/// capture share it), or std::nullopt when it is not being captured.
+std::optional<unsigned long long> capture_id(cudaStream_t stream);
 
 /// NCCL version of the loaded library, checked against the header at start-up.
 int nccl_runtime_version();

@@ -6,10 +6,12 @@
 //   peer_flags[world][slots] — per-source flags; row s is written only by
 //                              rank s (link::peer_tile_notify, rank_notify)
 //
-// Epochs: nothing is ever reset. Iteration e (1, 2, ...) waits for a counter
-// to reach e * (notifications per iteration) and a flag to reach e, so
-// back-to-back iterations need no host reset and no barrier between them.
-// 2^64 increments never wrap in practice.
+// Epochs: iteration e (1, 2, ...) waits for a counter to reach
+// e * (notifications per iteration) and a flag to reach e, so back-to-back
+// iterations need no reset and no barrier between them. 2^64 increments
+// never wrap in practice. A user that must restart its epochs (a CUDA-graph
+// replay repeats the ones it captured) zeroes the flags between two stream
+// barriers (zero_local) and starts again at e = 1.
 #pragma once
 
 #include <cstdint>
@@ -81,6 +83,12 @@ class Signals {
   /// >= V but saw W; ..." (empty: none). `stream`: only that stream's waits;
   /// std::nullopt: every stream's.
   std::string release_host_waits(cudaStream_t side, std::optional<cudaStream_t> stream) const;
+
+  /// Enqueues the zeroing of this rank's counters and flags on `stream` and
+  /// forgets every recorded host wait. Peers may write these flags: the
+  /// caller orders the zeroing after their last write and before their next
+  /// one (TpContext::Impl::reset_flags: a stream barrier on either side).
+  void zero_local(cudaStream_t stream) const;
 
   /// Host reads (debugging, tests): a copy on `stream`, synchronized.
   std::uint64_t read_counter(int slot, cudaStream_t stream) const;

@@ -93,8 +93,9 @@ def test_transpose_op_is_exact(world, rows, cols, dtype, offset):
 
 # ---- CUDA graphs ------------------------------------------------------------------------------------------------
 def test_cuda_graph_replay_equals_eager(world, ctx):
-    """A forward through the TP modules captured once (automatic captures sequential), replayed 1000 times on fresh
-    inputs, against eager calls of the same modules; then again after an eager call grew the workspaces."""
+    """A forward through the TP modules captured once (automatic takes its measured or nearest choice there, else
+    sequential), replayed 1000 times on fresh inputs, against eager calls of the same modules; then again after an
+    eager call grew the workspaces."""
     rank, w, dev = world
     torch.manual_seed(5)
     col = tt.ColumnParallelLinear(512, 1024, ctx, bias=False)
@@ -129,6 +130,45 @@ def test_cuda_graph_replay_equals_eager(world, ctx):
     static_x.copy_(randn(1024 // w, 512, seed=8, dev=dev))
     graph.replay()
     assert rel_err(static_y, forward(static_x.clone())) < TOL
+
+
+def test_cuda_graph_of_overlapped_strategies_equals_eager(world):
+    """The overlapped strategies under torch.cuda.graph: an MLP layer (AG+GEMM fused_ce, GEMM+RS fused_ce) and a
+    GEMM+AR fused_ce, captured on their own context after one eager call, replayed on fresh inputs with eager calls
+    of the same strategies in between; each replay equals the eager call on the same input exactly."""
+    rank, w, dev = world
+    m, h, inter = 1024, 512, 768
+    wgu = randn(2 * inter // w, h, seed=30 + rank, dev=dev, scale=0.1)
+    wd = randn(h, inter // w, seed=40 + rank, dev=dev, scale=0.1)
+    war = randn(h, 256, seed=50 + rank, dev=dev, scale=0.1)
+    static_x = randn(m // w, h, seed=60, dev=dev)
+    static_a = randn(256, 256, seed=70 + rank, dev=dev)
+    with tt.Context() as c:
+        def layer():
+            y = c.mlp(static_x, wgu, wd, m=m, ag_strategy="fused_ce", rs_strategy="fused_ce")
+            return y, c.gemm_ar(static_a, war, strategy="fused_ce")
+
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            layer()  # workspaces at their size before the capture
+        torch.cuda.current_stream(dev).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y, static_z = layer()
+        for i in range(60):
+            static_x.copy_(randn(m // w, h, seed=100 + i, dev=dev))
+            static_a.copy_(randn(256, 256, seed=300 + 8 * i + rank, dev=dev))
+            graph.replay()
+            y, z = static_y.clone(), static_z.clone()
+            if i % 6 == 0:
+                ey, ez = layer()
+                assert torch.equal(y, ey) and torch.equal(z, ez), f"replay {i} differs from the eager call"
+        torch.cuda.synchronize(dev)
+        ref_z = (static_a.float() @ war.float().t())
+        dist.all_reduce(ref_z)
+        assert rel_err(z, ref_z) < TOL
+        del graph
 
 
 # ---- contexts -------------------------------------------------------------------------------------------------
