@@ -4,7 +4,7 @@
 #
 #   scripts/device-check.sh [step...]     steps: build cpu tests sanitize moe moeep attention ringattn comm gemm
 #                                          gemmgap mlp mlprandom asynctp commir commirattn commirtune kernels signal
-#                                          python decoder
+#                                          python decoder graph
 #                                          readme faults
 #                                          (default: build tests comm gemm), run in the order given
 # sanitize: compute-sanitizer memcheck, racecheck and synccheck over every
@@ -267,6 +267,14 @@ step_readme() {
   note "README python example rc=$? ($(wc -l <"$out/readme_example.py") lines)"; tail -5 "$out/readme-example.log" | tee -a "$summary"
 }
 
+# scripts/bench_graph_capture.py: the TP MLP layer eager and replayed from CUDA graphs (GRAPH_ARGS).
+step_graph() {
+  TESSERA_C_LIB="$build/lib/libtessera_c.so" PYTHONPATH="$root/python" timeout "${GRAPH_TIMEOUT:-240}" \
+    torchrun --nproc-per-node "$ngpu" "$root/scripts/bench_graph_capture.py" ${GRAPH_ARGS:-} \
+      >"$out/graph.jsonl" 2>"$out/bench-graph.log"
+  note "bench graph capture rc=$?"; grep "^#" "$out/bench-graph.log" | tee -a "$summary"
+}
+
 # python/examples/bench_decoder_layer.py: the decoder-layer training step, Tessera vs plain PyTorch TP.
 step_decoder() {
   TESSERA_C_LIB="$build/lib/libtessera_c.so" PYTHONPATH="$root/python" timeout "${DECODER_TIMEOUT:-300}" \
@@ -321,7 +329,7 @@ if command -v nvidia-smi >/dev/null; then
 fi
 : >"$out/steps.txt"
 for s in "${steps[@]}"; do
-  declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests sanitize moe moeep attention ringattn comm gemm gemmgap mlp mlprandom asynctp commir commirattn commirtune kernels signal python readme decoder faults)"; continue; }
+  declare -F "step_$s" >/dev/null || { note "unknown step '$s' (steps: build cpu tests sanitize moe moeep attention ringattn comm gemm gemmgap mlp mlprandom asynctp commir commirattn commirtune kernels signal python readme decoder graph faults)"; continue; }
   echo "$s start $(date +%s.%N)" >>"$out/steps.txt"
   if [[ ",${TRACE_STEPS:-}," == *",$s,"* ]] && [ -f "$build/lib/libtessera_kernel_trace.so" ]; then
     # The step's GPU timeline (tools/kernel_trace): one trace per process, condensed by trace_summary.py.
