@@ -148,15 +148,11 @@ void TpContext::Impl::drain(const char* what) {
 }
 
 void TpContext::Impl::begin_call() {
-  if (!lsa) return;  // no flags: the NCCL strategy only
-  if (const auto id = runtime::capture_id(pg.stream())) {
-    captured = true;
-    if (*id == reset_capture) return;
-    reset_capture = *id;
-  } else if (!captured) {
-    return;
-  }
-  reset_flags();
+  const CallStart st =
+      tp_call_start(lsa, lsa ? runtime::capture_id(pg.stream()) : std::nullopt, captured, reset_capture);
+  captured = st.captured;
+  reset_capture = st.reset_capture;
+  if (st.reset) reset_flags();
 }
 
 void TpContext::Impl::reset_flags() {

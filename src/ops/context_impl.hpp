@@ -111,13 +111,11 @@ struct TpContext::Impl {
   /// The capture whose first call enqueued reset_flags (0: none yet).
   unsigned long long reset_capture = 0;
   /// Every strategy's call starts here (run_ag_gemm, run_gemm_rs,
-  /// run_gemm_ar). The flags carry per-call epochs baked in at enqueue time,
-  /// and a replayed graph repeats the epochs it captured, so:
-  /// - eager, never captured: nothing; the epochs run on;
-  /// - the first call of a capture: reset_flags, enqueued into the graph, so
-  ///   every replay starts from zeroed flags and epoch 1;
-  /// - eager after a capture: reset_flags on every call (a replay, which the
-  ///   host does not see, may have left its epochs in the flags).
+  /// run_gemm_ar): reset_flags where tp_call_start (plan.hpp) says so — at
+  /// the first call of a capture (enqueued into the graph, so every replay
+  /// starts from zeroed flags and epoch 1) and on every eager call after a
+  /// capture (a replay, which the host does not see, may have left its
+  /// epochs in the flags).
   void begin_call();
   /// Enqueues on the compute stream: a stream barrier (every rank's earlier
   /// calls done, so no write of theirs into our flags is still coming), the

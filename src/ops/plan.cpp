@@ -177,4 +177,18 @@ int moe_rs_chunks(std::int64_t hidden, int requested, bool copy_engine) {
   return 1;
 }
 
+CallStart tp_call_start(bool has_flags, std::optional<unsigned long long> capture, bool captured,
+                        unsigned long long reset_capture) {
+  CallStart r{false, captured, reset_capture};
+  if (!has_flags) return r;
+  if (capture) {
+    r.captured = true;
+    r.reset = *capture != reset_capture;
+    r.reset_capture = *capture;
+  } else {
+    r.reset = captured;
+  }
+  return r;
+}
+
 }  // namespace tessera::ops

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "tessera/kernels/gemm.hpp"
@@ -205,5 +206,21 @@ inline constexpr int kMoeMaxRsChunks = 16;
 /// Strategies moe_tp's tuner measures, read from its strategy registry:
 /// sequential and pipelined (R > 1), sequential alone at R = 1.
 std::vector<Strategy> moe_tp_candidates(int world);
+
+/// How a TP call starts (TpContext::Impl::begin_call): whether it restarts
+/// the epochs by zeroing the flags between two stream barriers. The flags'
+/// epochs are baked into what the host enqueues, and a replayed graph
+/// repeats its own, so: never without flags (no load/store reach); at the
+/// first call of each capture (`capture`: its id, nullopt when the stream is
+/// not being captured), enqueued into the graph; on every eager call once
+/// the context has been captured (a replay may have run since). `captured`
+/// and `reset_capture` are the context's state, returned updated.
+struct CallStart {
+  bool reset = false;
+  bool captured = false;
+  unsigned long long reset_capture = 0;
+};
+CallStart tp_call_start(bool has_flags, std::optional<unsigned long long> capture, bool captured,
+                        unsigned long long reset_capture);
 
 }  // namespace tessera::ops
