@@ -811,11 +811,12 @@ TEST_P(OpsTp, GemmArMatchesReferenceOnEveryRank) {
   }
 }
 
-// The overlapped strategies inside CUDA graphs. Two graphs, each an MLP
+// The overlapped strategies inside CUDA graphs. Four graphs, each an MLP
 // layer and a GEMM+AR: graph 0 with AG+GEMM fused_ce, GEMM+RS fused_ce
 // (fused_sm where the shards are off the tile rows) and GEMM+AR fused_ce
 // (sequential there); graph 1 with AG+GEMM fused_sm, the ring GEMM+RS and
-// GEMM+AR sequential. Captured in global mode (as torch.cuda.graph does),
+// GEMM+AR sequential; graph 2 with AG+GEMM decomposition and GEMM+RS fused_sm
+// (reduce kernel); graph 3 with GEMM+RS decomposition. Captured in global mode (as torch.cuda.graph does),
 // then replayed alternately on rotating inputs with eager calls of the same
 // strategies in between: every replay's outputs bitwise equal the eager
 // call's on the same input (same kernels, same order of additions). Own
@@ -842,19 +843,33 @@ TEST_P(OpsTp, CapturedOverlapReplaysEqualEager) {
   auto dwd = upload(random_mat(h, il, seed + 100 + rank, t, 0.1), 0, h, il, t);
   auto dar_b = upload(random_mat(h, il, seed + 200 + rank, t, 0.1), 0, h, il, t);
   Dev x(x_bytes), ar_a(ar_a_bytes);  // the graphs' inputs, refilled before each run
-  Dev out0(x_bytes), out1(x_bytes), ar_d0(ar_d_bytes), ar_d1(ar_d_bytes);
-  Dev* outs[2] = {&out0, &out1};
-  Dev* ar_ds[2] = {&ar_d0, &ar_d1};
+  constexpr int kGraphs = 4;
+  std::vector<std::unique_ptr<Dev>> out_bufs, ar_bufs;
+  Dev* outs[kGraphs];
+  Dev* ar_ds[kGraphs];
+  for (int g = 0; g < kGraphs; ++g) {
+    out_bufs.push_back(std::make_unique<Dev>(x_bytes));
+    ar_bufs.push_back(std::make_unique<Dev>(ar_d_bytes));
+    outs[g] = out_bufs.back().get();
+    ar_ds[g] = ar_bufs.back().get();
+  }
   const bool tile_rows = rs_tile_row_shards(m, R), ar_tile_rows = rs_tile_row_shards(ar_m, R);
   struct Config {
     OpOptions ag, rs, ar;
-  } cfg[2];
+  } cfg[kGraphs];
   cfg[0].ag.strategy = Strategy::fused_ce;
   cfg[0].rs.strategy = tile_rows ? Strategy::fused_ce : Strategy::fused_sm;
   cfg[0].ar.strategy = ar_tile_rows ? Strategy::fused_ce : Strategy::sequential;
   cfg[1].ag.strategy = Strategy::fused_sm;
   cfg[1].rs.strategy = Strategy::ring;
   cfg[1].ar.strategy = Strategy::sequential;
+  cfg[2].ag.strategy = Strategy::decomposition;
+  cfg[2].rs.strategy = Strategy::fused_sm;
+  cfg[2].rs.rs_reduce = RsReduce::kernel;
+  cfg[2].ar.strategy = Strategy::sequential;
+  cfg[3].ag.strategy = Strategy::sequential;
+  cfg[3].rs.strategy = Strategy::decomposition;
+  cfg[3].ar.strategy = Strategy::sequential;
   auto enqueue = [&](int g) {
     ops::mlp(tc, MlpArgs{x.p, dgu->p, dwd->p, outs[g]->p, m, m_local, h, il, t}, cfg[g].ag, cfg[g].rs);
     GemmArArgs ar;
@@ -880,7 +895,7 @@ TEST_P(OpsTp, CapturedOverlapReplaysEqualEager) {
   };
   // Eager references (the workspaces grow here, before any capture).
   std::vector<double> ref[2][kInputs];
-  for (int g = 0; g < 2; ++g)
+  for (int g = 0; g < kGraphs; ++g)
     for (int i = 0; i < kInputs; ++i) {
       load_inputs(i);
       outs[g]->poison();
@@ -889,8 +904,8 @@ TEST_P(OpsTp, CapturedOverlapReplaysEqualEager) {
       ref[g][i] = results(g, "captured-overlap test: eager reference");
       for (const double v : ref[g][i]) ASSERT_TRUE(std::isfinite(v)) << "config " << g << " input " << i;
     }
-  cudaGraphExec_t exec[2] = {nullptr, nullptr};
-  for (int g = 0; g < 2; ++g) {
+  cudaGraphExec_t exec[kGraphs] = {};
+  for (int g = 0; g < kGraphs; ++g) {
     cudaGraph_t graph = nullptr;
     TESSERA_CUDA_CHECK(cudaStreamBeginCapture(pg.stream(), cudaStreamCaptureModeGlobal));
     try {
@@ -903,8 +918,8 @@ TEST_P(OpsTp, CapturedOverlapReplaysEqualEager) {
     TESSERA_CUDA_CHECK(cudaGraphInstantiate(&exec[g], graph, 0));
     TESSERA_CUDA_CHECK(cudaGraphDestroy(graph));
   }
-  for (int r = 0; r < 40; ++r) {
-    const int g = r % 2, i = (r / 2) % kInputs;
+  for (int r = 0; r < 48; ++r) {
+    const int g = r % kGraphs, i = (r / kGraphs) % kInputs;
     load_inputs(i);
     outs[g]->poison();
     ar_ds[g]->poison();
