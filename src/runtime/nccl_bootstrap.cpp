@@ -127,6 +127,10 @@ void NcclBootstrap::wait(const char* what, std::size_t bytes) {
   }
 }
 
+void NcclBootstrap::order_before_exchange() {
+  if (before_exchange_) before_exchange_(stream_);
+}
+
 void NcclBootstrap::raw_allgather(const void* in, void* out, std::size_t bytes, const char* what) {
   if (bytes == 0) return;
   if (world() == 1) {
@@ -137,6 +141,7 @@ void NcclBootstrap::raw_allgather(const void* in, void* out, std::size_t bytes, 
   const std::size_t total = bytes * static_cast<std::size_t>(world());
   reserve(send + round_up(total), std::max(send, total));
   std::memcpy(host_, in, bytes);
+  order_before_exchange();
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(dev_, host_, bytes, cudaMemcpyHostToDevice, stream_));
   TESSERA_NCCL_CHECK(ncclAllGather(dev_, dev_ + send, bytes, ncclUint8, comm_, stream_));
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(host_, dev_ + send, total, cudaMemcpyDeviceToHost, stream_));
@@ -172,6 +177,7 @@ void NcclBootstrap::broadcast(void* data, std::size_t bytes, int root) {
   if (world() == 1 || bytes == 0) return;
   DeviceGuard g(device_);
   reserve(round_up(bytes), bytes);
+  order_before_exchange();
   if (rank() == root) std::memcpy(host_, data, bytes);
   if (rank() == root) TESSERA_CUDA_CHECK(cudaMemcpyAsync(dev_, host_, bytes, cudaMemcpyHostToDevice, stream_));
   TESSERA_NCCL_CHECK(ncclBroadcast(dev_, dev_, bytes, ncclUint8, root, comm_, stream_));

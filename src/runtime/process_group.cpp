@@ -2,10 +2,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -44,7 +46,46 @@ bool lsa_disabled() {
   return topo && *topo == "net";
 }
 
+// Every live ProcessGroup of the process (order_after_all_groups).
+std::mutex& group_registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::vector<ProcessGroup*>& group_registry() {
+  static std::vector<ProcessGroup*> groups;
+  return groups;
+}
+
 }  // namespace
+
+void ProcessGroup::order_after_all_groups(cudaStream_t stream, int device) {
+  std::lock_guard lock(group_registry_mutex());
+  for (const ProcessGroup* g : group_registry()) {
+    if (g->device_ != device) continue;
+    std::vector<cudaStream_t> streams = g->comm_streams_;
+    if (g->stream_) streams.push_back(g->stream_);
+    for (cudaStream_t s : streams) {
+      if (s == stream || stream_capturing(s)) continue;
+      cudaEvent_t tail = nullptr;
+      TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&tail, cudaEventDisableTiming));
+      const cudaError_t rec = cudaEventRecord(tail, s);
+      const cudaError_t wait = rec == cudaSuccess ? cudaStreamWaitEvent(stream, tail, 0) : rec;
+      (void)cudaEventDestroy(tail);  // released once the recorded work completes
+      TESSERA_CUDA_CHECK(wait);
+    }
+  }
+}
+
+void ProcessGroup::register_group() {
+  std::lock_guard lock(group_registry_mutex());
+  group_registry().push_back(this);
+}
+
+void ProcessGroup::unregister_group() {
+  std::lock_guard lock(group_registry_mutex());
+  auto& groups = group_registry();
+  groups.erase(std::remove(groups.begin(), groups.end(), this), groups.end());
+}
 
 std::unique_ptr<ProcessGroup> ProcessGroup::from_environment(ProcessGroupOptions opts) {
   return create(detect_launch_info(), opts);
@@ -113,6 +154,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::create(const LaunchInfo& info, Proce
     TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     pg->comm_streams_.push_back(s);
   }
+  pg->register_group();
   return pg;
 }
 
@@ -143,7 +185,11 @@ std::unique_ptr<ProcessGroup> ProcessGroup::create_from_unique_id(int rank, int 
 
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   TESSERA_NCCL_CHECK(ncclCommInitRankConfig(&pg->comm_, world, id, rank, &cfg));
-  pg->boot_ = std::make_unique<NcclBootstrap>(pg->comm_, rank, world, device, opts.bootstrap_timeout);
+  {
+    auto boot = std::make_unique<NcclBootstrap>(pg->comm_, rank, world, device, opts.bootstrap_timeout);
+    boot->set_before_exchange([device](cudaStream_t s) { order_after_all_groups(s, device); });
+    pg->boot_ = std::move(boot);
+  }
 
   // Every rank must use a distinct GPU (as in create()).
   struct Where {
@@ -172,12 +218,14 @@ std::unique_ptr<ProcessGroup> ProcessGroup::create_from_unique_id(int rank, int 
     TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     pg->comm_streams_.push_back(s);
   }
+  pg->register_group();
   return pg;
 }
 
 ProcessGroup::~ProcessGroup() {
   // Destructors must not throw, and must not hang on a dead peer: every wait
   // below is bounded (bounded_sync; the finalize runs on a helper thread).
+  unregister_group();
   std::vector<cudaStream_t> streams = comm_streams_;
   if (stream_) streams.push_back(stream_);
   bool idle = true;

@@ -18,6 +18,14 @@
 // NcclBootstrap throws on every later call and leaks its buffers rather than
 // free them under a collective that may never finish.
 //
+// Ordering: the exchange's private stream is not ordered with other work on
+// the device. A persistent kernel of another group that spins on its peers
+// (a fused operator) can hold the SMs that this exchange's NCCL kernel needs
+// on one rank while the opposite holds on its peer: a cross-device deadlock.
+// set_before_exchange installs a hook that runs before each exchange's
+// collectives are enqueued, with the private stream, so the owner can order
+// the exchange after such work (ProcessGroup::order_after_all_groups).
+//
 // Not thread-safe; same call order on every rank (as Bootstrap). The
 // communicator must outlive this object; nothing here calls NCCL on
 // destruction.
@@ -29,6 +37,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "tessera/runtime/bootstrap.hpp"
@@ -46,6 +55,11 @@ class NcclBootstrap final : public Bootstrap {
   void allgather(const void* in, void* out, std::size_t bytes_per_rank) override;
   void barrier() override;
   void check_same(const void* data, std::size_t bytes, const std::string& what) override;
+
+  /// `hook(stream)` runs before the collectives of every later exchange are
+  /// enqueued on `stream` (this object's private stream); it may enqueue
+  /// stream waits there. Empty: no hook.
+  void set_before_exchange(std::function<void(cudaStream_t)> hook) { before_exchange_ = std::move(hook); }
 
   /// True once an exchange failed (timeout, NCCL error, mismatch of calls).
   bool broken() const { return broken_; }
@@ -69,8 +83,12 @@ class NcclBootstrap final : public Bootstrap {
   void wait(const char* what, std::size_t bytes);
   [[noreturn]] void fail(const std::string& msg);
 
+  /// Runs before_exchange_ (if set) on the private stream.
+  void order_before_exchange();
+
   ncclComm_t comm_ = nullptr;
   int device_ = 0;
+  std::function<void(cudaStream_t)> before_exchange_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t done_ = nullptr;
   char* dev_ = nullptr;

@@ -76,6 +76,16 @@ class ProcessGroup {
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
+  /// Makes `stream` wait for the work enqueued so far on the streams of every
+  /// live ProcessGroup of this process on CUDA device `device` (streams being
+  /// captured into a graph are skipped: they hold no work). NCCL host
+  /// exchanges call it before their collectives (NcclBootstrap's hook): a
+  /// collective that runs beside another group's persistent, peer-waiting
+  /// kernel can deadlock across devices, so it runs after it. Each
+  /// operator's side streams join its group's compute stream within the
+  /// call, so the groups' own streams carry every such kernel.
+  static void order_after_all_groups(cudaStream_t stream, int device);
+
   int rank() const { return info_.rank; }
   int world() const { return info_.world; }
   int local_rank() const { return info_.local_rank; }
@@ -185,6 +195,8 @@ class ProcessGroup {
   bool lsa_off_ = false;  ///< TESSERA_NO_LSA / TESSERA_TOPOLOGY=net
   bool aborted_ = false;
   [[noreturn]] void throw_aborted(const char* what) const;
+  void register_group();  ///< into order_after_all_groups' registry (at the end of create*)
+  void unregister_group();
   std::mutex signals_mutex_;
   std::vector<const Signals*> signals_;
   cudaStream_t stream_ = nullptr;

@@ -174,6 +174,29 @@ def test_cuda_graph_of_overlapped_strategies_equals_eager(world):
 
 
 # ---- contexts -------------------------------------------------------------------------------------------------
+def test_two_contexts_with_fused_calls_in_flight(world, ctx):
+    """Two contexts over the same ranks, with fused calls of one still running when the other makes its host
+    exchanges (the agreement check of each new shape runs NCCL collectives). Those collectives are ordered after
+    the other context's in-flight work: beside a persistent fused kernel that spins on its peers they could take
+    the SMs it waits for on one rank, a deadlock across devices that the wait timeout turns into a fault."""
+    rank, w, dev = world
+    if w < 2:
+        pytest.skip(f"the fused strategies need 2 GPUs; world size is {w}")
+    h, inter = 4096, 11008  # MLP-1's layer: fused kernels of a few ms
+    wgu = randn(2 * inter // w, h, seed=80 + rank, dev=dev, scale=0.05)
+    wd = randn(h, inter // w, seed=90 + rank, dev=dev, scale=0.05)
+    with tt.Context() as other:
+        for i, m_local in enumerate((4096 // w, 2048, 1088, 2112)):  # a new shape each time: new exchanges
+            m = m_local * w
+            x = randn(m_local, h, seed=200 + i, dev=dev)
+            ys = []
+            for c in (ctx, other, ctx, other):  # nothing synchronizes between the calls
+                ys.append(c.mlp(x, wgu, wd, m=m, ag_strategy="fused_ce", rs_strategy="fused_ce"))
+            torch.cuda.synchronize(dev)
+            for y in ys[1:]:
+                assert rel_err(y, ys[0]) < 1e-3, f"m = {m}: the contexts disagree"
+
+
 def test_context_over_world_and_over_a_one_rank_group(world, ctx):
     rank, w, dev = world
     mine = None
