@@ -894,7 +894,7 @@ TEST_P(OpsTp, CapturedOverlapReplaysEqualEager) {
     return y;
   };
   // Eager references (the workspaces grow here, before any capture).
-  std::vector<double> ref[2][kInputs];
+  std::vector<double> ref[kGraphs][kInputs];
   for (int g = 0; g < kGraphs; ++g)
     for (int i = 0; i < kInputs; ++i) {
       load_inputs(i);
