@@ -174,27 +174,30 @@ def test_cuda_graph_of_overlapped_strategies_equals_eager(world):
 
 
 # ---- contexts -------------------------------------------------------------------------------------------------
-def test_two_contexts_with_fused_calls_in_flight(world, ctx):
-    """Two contexts over the same ranks, with fused calls of one still running when the other makes its host
-    exchanges (the agreement check of each new shape runs NCCL collectives). Those collectives are ordered after
-    the other context's in-flight work: beside a persistent fused kernel that spins on its peers they could take
-    the SMs it waits for on one rank, a deadlock across devices that the wait timeout turns into a fault."""
+def test_two_contexts_with_fused_calls_in_flight(world):
+    """Two contexts over the same ranks, each making host exchanges (the agreement check of a new strategy runs NCCL
+    collectives) while the other's fused calls are queued behind sequential ones. The exchanges are ordered after
+    every context's in-flight work: beside a persistent fused kernel that spins on its peers, an exchange's NCCL
+    kernel could take the SMs it waits for on one rank, a deadlock across devices that the wait timeout turns into
+    an unspecified launch failure (at R = 4, MLP-1, in 3 of 4 runs without the ordering)."""
     rank, w, dev = world
     if w < 2:
         pytest.skip(f"the fused strategies need 2 GPUs; world size is {w}")
-    h, inter = 4096, 11008  # MLP-1's layer: fused kernels of a few ms
+    h, inter = 4096, 11008  # MLP-1's layer: calls of a few ms, so the host runs ahead of the GPU
     wgu = randn(2 * inter // w, h, seed=80 + rank, dev=dev, scale=0.05)
     wd = randn(h, inter // w, seed=90 + rank, dev=dev, scale=0.05)
-    with tt.Context() as other:
-        for i, m_local in enumerate((4096 // w, 2048, 1088, 2112)):  # a new shape each time: new exchanges
+    with tt.Context() as first, tt.Context() as second:
+        for i, m_local in enumerate((8192 // w, 1088)):  # a new shape: new exchanges
             m = m_local * w
             x = randn(m_local, h, seed=200 + i, dev=dev)
             ys = []
-            for c in (ctx, other, ctx, other):  # nothing synchronizes between the calls
-                ys.append(c.mlp(x, wgu, wd, m=m, ag_strategy="fused_ce", rs_strategy="fused_ce"))
+            for strategy in ("sequential", "fused_ce"):  # nothing synchronizes between the calls
+                for c in (first, second):
+                    for _ in range(3):
+                        ys.append(c.mlp(x, wgu, wd, m=m, ag_strategy=strategy, rs_strategy=strategy))
             torch.cuda.synchronize(dev)
             for y in ys[1:]:
-                assert rel_err(y, ys[0]) < 1e-3, f"m = {m}: the contexts disagree"
+                assert rel_err(y, ys[0]) < 1e-2, f"m = {m}: the calls disagree"
 
 
 def test_context_over_world_and_over_a_one_rank_group(world, ctx):
