@@ -149,7 +149,7 @@ void TpContext::Impl::drain(const char* what) {
 
 void TpContext::Impl::begin_call() {
   const CallStart st =
-      tp_call_start(lsa, lsa ? runtime::capture_id(pg.stream()) : std::nullopt, captured, reset_capture);
+      flag_call_start(lsa, lsa ? runtime::capture_id(pg.stream()) : std::nullopt, captured, reset_capture);
   captured = st.captured;
   reset_capture = st.reset_capture;
   if (st.reset) reset_flags();

@@ -111,7 +111,7 @@ struct TpContext::Impl {
   /// The capture whose first call enqueued reset_flags (0: none yet).
   unsigned long long reset_capture = 0;
   /// Every strategy's call starts here (run_ag_gemm, run_gemm_rs,
-  /// run_gemm_ar): reset_flags where tp_call_start (plan.hpp) says so — at
+  /// run_gemm_ar): reset_flags where flag_call_start (plan.hpp) says so — at
   /// the first call of a capture (enqueued into the graph, so every replay
   /// starts from zeroed flags and epoch 1) and on every eager call after a
   /// capture (a replay, which the host does not see, may have left its

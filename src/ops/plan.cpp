@@ -177,8 +177,8 @@ int moe_rs_chunks(std::int64_t hidden, int requested, bool copy_engine) {
   return 1;
 }
 
-CallStart tp_call_start(bool has_flags, std::optional<unsigned long long> capture, bool captured,
-                        unsigned long long reset_capture) {
+CallStart flag_call_start(bool has_flags, std::optional<unsigned long long> capture, bool captured,
+                          unsigned long long reset_capture) {
   CallStart r{false, captured, reset_capture};
   if (!has_flags) return r;
   if (capture) {

@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <utility>
+#include <vector>
 
 #include "tessera/link/host_primitives.hpp"
 #include "tessera/runtime/error.hpp"
@@ -24,6 +26,10 @@ namespace tessera::ops::detail {
 /// pg.stream() alone (Drain::compute_stream: the operator joins its other
 /// streams into pg.stream() before returning) or every stream of the group
 /// (Drain::all_streams: the operator leaves work of its own on them).
+/// Growth inside a CUDA-graph capture of pg.stream() is an error naming
+/// `growth` (no allocation can be captured); after keep_replaced() a grown
+/// buffer's old allocation is kept until destruction, for graphs that hold
+/// its address.
 class ScratchBuffer {
  public:
   enum class Drain { compute_stream, all_streams };
@@ -33,17 +39,27 @@ class ScratchBuffer {
   ScratchBuffer& operator=(const ScratchBuffer&) = delete;
   ~ScratchBuffer() {
     if (p_) cudaFree(p_);
+    for (void* p : replaced_) cudaFree(p);
   }
+
+  /// From now on growth keeps the old allocation (a captured graph may read it).
+  void keep_replaced() { keep_replaced_ = true; }
 
   /// At least `bytes` bytes (the same address while it needs no growth).
   void* get(std::size_t bytes, runtime::ProcessGroup& pg) {
     if (bytes > bytes_) {
+      TESSERA_CHECK(!runtime::stream_capturing(pg.stream()),
+                    "{} inside a CUDA-graph capture: run the same call once eagerly before capturing it", growth_);
       if (p_) {
-        if (drain_ == Drain::all_streams)
-          pg.synchronize_all(growth_);
-        else
-          pg.synchronize(pg.stream(), growth_);
-        TESSERA_CUDA_CHECK(cudaFree(p_));
+        if (keep_replaced_) {
+          replaced_.push_back(p_);
+        } else {
+          if (drain_ == Drain::all_streams)
+            pg.synchronize_all(growth_);
+          else
+            pg.synchronize(pg.stream(), growth_);
+          TESSERA_CUDA_CHECK(cudaFree(p_));
+        }
         p_ = nullptr;
         bytes_ = 0;
       }
@@ -63,6 +79,8 @@ class ScratchBuffer {
   Drain drain_;
   void* p_ = nullptr;
   std::size_t bytes_ = 0;
+  bool keep_replaced_ = false;
+  std::vector<void*> replaced_;
 };
 
 /// Bounded waits for the compute stream and every communication stream of
@@ -76,12 +94,19 @@ inline void drain_streams(runtime::ProcessGroup& pg, std::initializer_list<const
 
 /// A symmetric workspace grown to at least `bytes`; collective (every rank
 /// grows in the same call). Before the old window goes: drain_streams, then
-/// a barrier, so no peer still pushes into or reads it.
+/// a barrier, so no peer still pushes into or reads it. With `replaced`, the
+/// old window moves there instead of being freed (a captured graph may hold
+/// its address). Growth inside a capture of pg.stream() is an error naming
+/// `what`.
 inline void grow_symmetric(runtime::SymBuffer<unsigned char>& ws, std::size_t bytes, runtime::ProcessGroup& pg,
-                           std::initializer_list<const runtime::Signals*> signals, const char* what) {
+                           std::initializer_list<const runtime::Signals*> signals, const char* what,
+                           std::vector<runtime::SymBuffer<unsigned char>>* replaced = nullptr) {
   if (!ws.empty() && ws.bytes() >= bytes) return;
+  TESSERA_CHECK(!runtime::stream_capturing(pg.stream()),
+                "{} inside a CUDA-graph capture: run the same call once eagerly before capturing it", what);
   drain_streams(pg, signals, what);
   pg.barrier();
+  if (replaced != nullptr && !ws.empty()) replaced->push_back(std::move(ws));
   ws = runtime::SymBuffer<unsigned char>();
   ws = runtime::SymBuffer<unsigned char>(pg, bytes);
 }

@@ -34,12 +34,18 @@ using ZigzagSignature = std::array<std::int64_t, 9>;
 /// on flags nobody writes.
 int sp_head_groups(const SpAttnArgs& a);
 
+/// Whether a zig-zag operator may run inside a CUDA-graph capture: only one
+/// whose context restarts its epochs there (sp_attention's begin_call).
+enum class ZigzagCapture { refused, allowed };
+
 /// The checks of a zig-zag operator (`op`) before it launches anything: not
-/// inside a CUDA-graph capture (its flags carry a per-call epoch), then
-/// validate_zigzag_shape, then agree_zigzag through the group's
-/// check_same_on_all_ranks.
+/// inside a CUDA-graph capture unless `capture` allows it (its flags carry a
+/// per-call epoch), then validate_zigzag_shape, then agree_zigzag through
+/// the group's check_same_on_all_ranks (inside a capture: only a signature
+/// agreed on eagerly before, since the exchange cannot be captured).
 void validate_zigzag(runtime::ProcessGroup& pg, const SpAttnArgs& a, const char* op, int strategy,
-                     std::string_view strategy_name, std::set<ZigzagSignature>& agreed);
+                     std::string_view strategy_name, std::set<ZigzagSignature>& agreed,
+                     ZigzagCapture capture = ZigzagCapture::refused);
 
 /// One rank's checks of a zig-zag call on `world` ranks: seq a positive
 /// multiple of 2·world, then the attention kernel's own checks on one

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -17,6 +18,7 @@
 #include "sp_attention/sp_attention.hpp"
 #include "sp_attention_kernels.hpp"
 #include "tessera/kernels/attention.hpp"
+#include "tessera/ops/plan.hpp"
 #include "tessera/link/host_primitives.hpp"
 #include "tessera/runtime/env.hpp"
 #include "tessera/runtime/error.hpp"
@@ -63,9 +65,12 @@ namespace {
 
 /// The device copy of make()'s table under `key`, made once per context.
 template <class Make>
-const std::int32_t* device_table(std::map<std::vector<std::int64_t>, std::int32_t*>& tables,
+const std::int32_t* device_table(runtime::ProcessGroup& pg, std::map<std::vector<std::int64_t>, std::int32_t*>& tables,
                                  std::vector<std::int64_t> key, Make make) {
   if (auto it = tables.find(key); it != tables.end()) return it->second;
+  TESSERA_CHECK(!runtime::stream_capturing(pg.stream()),
+                "sp_attention: a new shape's device table inside a CUDA-graph capture: run the same call once eagerly "
+                "before capturing it");
   const std::vector<std::int32_t> host = make();
   std::int32_t* dev = nullptr;
   TESSERA_CUDA_CHECK(cudaMalloc(&dev, host.size() * sizeof(std::int32_t)));
@@ -80,19 +85,39 @@ enum TableTag : std::int64_t { kArrivalOrderTable = 0, kFlagTable = 1 };
 }  // namespace
 
 const std::int32_t* SpAttnContext::Impl::arrival_order(const SpAttnPlan& plan, std::int64_t kv_len, int block_rows) {
-  return device_table(tables, {kArrivalOrderTable, plan.seq, plan.world, plan.rank, kv_len, block_rows},
+  return device_table(pg, tables, {kArrivalOrderTable, plan.seq, plan.world, plan.rank, kv_len, block_rows},
                       [&] { return kv_arrival_order(plan, kv_len, block_rows); });
 }
 
 const std::int32_t* SpAttnContext::Impl::flag_table(const SpAttnPlan& plan, SpKvLayout layout, int block_rows,
                                                     std::int64_t heads_kv, int head_groups) {
-  return device_table(tables,
+  return device_table(pg, tables,
                       {kFlagTable, static_cast<std::int64_t>(layout), plan.seq, plan.world, plan.rank, plan.causal,
                        block_rows, heads_kv, head_groups},
                       [&] { return sp_kv_flag_table(plan, layout, block_rows, heads_kv, head_groups, kSlots); });
 }
 
 void SpAttnContext::Impl::drain(const char* what) { detail::drain_streams(pg, {data.get(), control.get()}, what); }
+
+void SpAttnContext::Impl::begin_call() {
+  const CallStart st = flag_call_start(true, runtime::capture_id(pg.stream()), captured, reset_capture);
+  if (st.captured && !captured) staging.keep_replaced();  // a graph holds the staging's address from now on
+  captured = st.captured;
+  reset_capture = st.reset_capture;
+  if (st.reset) reset_flags();
+}
+
+void SpAttnContext::Impl::reset_flags() {
+  cudaStream_t s = pg.stream();
+  // Every call joins its communication stream back into the compute stream,
+  // so a barrier there follows all of this rank's earlier work.
+  pg.align_streams(s);
+  data->zero_local(s);
+  control->zero_local(s);
+  pg.align_streams(s);
+  epoch = 0;
+  last_fused = {};  // the kernel-only diagnostic needs a fused call first again
+}
 
 SpAttnContext::SpAttnContext(runtime::ProcessGroup& pg) : impl_(std::make_unique<Impl>(pg)) {}
 SpAttnContext::~SpAttnContext() = default;
@@ -115,7 +140,8 @@ Call begin(SpAttnContext::Impl& c, const SpAttnArgs& a) {
   k.kv_row = static_cast<std::size_t>(a.heads_kv * a.head_dim) * dtype_size(a.dtype);
   k.kv_bytes = static_cast<std::size_t>(k.B * k.S) * k.kv_row;
   k.head_groups = detail::sp_head_groups(a);
-  detail::grow_symmetric(c.ws, 2 * k.kv_bytes, c.pg, {c.data.get(), c.control.get()}, "sp_attention: workspace growth");
+  detail::grow_symmetric(c.ws, 2 * k.kv_bytes, c.pg, {c.data.get(), c.control.get()}, "sp_attention: workspace growth",
+                         c.captured ? &c.replaced : nullptr);
   k.epoch = ++c.epoch;
   k.ws_k = c.ws.local();
   k.ws_v = k.ws_k + k.kv_bytes;
@@ -343,18 +369,29 @@ std::string accepted_codes() {
   return s;
 }
 
+/// The strategies that run inside a CUDA-graph capture: the ones on this
+/// context's flags (ring, Ulysses and two_level have contexts of their own).
+bool capturable(Strategy s) { return s == Strategy::automatic || s == Strategy::sequential || s == Strategy::fused_ce; }
+
 void validate(SpAttnContext::Impl& c, const SpAttnArgs& a, SpStrategy strategy, int u) {
   const Strategy s = static_cast<Strategy>(strategy);
   TESSERA_CHECK(accepts(OpKind::sp_attention, s), "sp_attention: strategy code {} ({})", static_cast<int>(strategy),
                 accepted_codes());
   // two_level's degree is part of what the ranks must agree on.
   const int code = static_cast<int>(strategy) + (strategy == SpStrategy::two_level ? 256 * u : 0);
-  detail::validate_zigzag(c.pg, a, "sp_attention", code, sp_strategy_name(strategy), c.validated);
+  if (runtime::stream_capturing(c.pg.stream()))
+    TESSERA_CHECK(capturable(s),
+                  "sp_attention: strategy {} cannot be captured into a CUDA graph (its own context's "
+                  "flags carry per-call epochs); sequential, fused_ce and automatic can",
+                  sp_strategy_name(strategy));
+  detail::validate_zigzag(c.pg, a, "sp_attention", code, sp_strategy_name(strategy), c.validated,
+                          detail::ZigzagCapture::allowed);
   detail::check_sp_heads(a, c.pg.world(), strategy);
 }
 
 /// One call with a concrete strategy; `a` is validated; `u`: two_level's degree.
 void run_sp_attention(SpAttnContext::Impl& c, const SpAttnArgs& a, SpStrategy strategy, int u) {
+  c.begin_call();
   sp_attention_registry().find(static_cast<Strategy>(strategy)).launch(c, a, u);
 }
 
@@ -411,7 +448,7 @@ SpStrategy resolve_sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, const S
   }
   const bool two_level = two_level_distinct(u, R);
   const std::vector<Strategy> all = sp_attention_candidates(R, c.pg.lsa_reachable(), heads_divide(a, R), two_level);
-  const std::vector<Strategy> candidates = within_limit(a, R, all, o.workspace_limit_bytes, u);
+  std::vector<Strategy> candidates = within_limit(a, R, all, o.workspace_limit_bytes, u);
   const detail::TuneHooks hooks{[&](const char* what) { c.drain(what); },
                                 [&](Strategy s) { run_sp_attention(c, a, static_cast<SpStrategy>(s), u); }};
   // seq, batch and the head counts are compared by ratio for a neighbour's
@@ -429,6 +466,15 @@ SpStrategy resolve_sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, const S
   // A two_level measured at an explicit degree is keyed apart from the
   // chosen degree's (negative: never a mask).
   if (two_level && o.two_level_inner != 0) q.shape.push_back(-u);
+  if (runtime::stream_capturing(c.pg.stream())) {
+    // No tuning and no host exchange inside a capture: the choice the ranks
+    // agreed on for this shape in an eager call, where it can be captured,
+    // else sequential (the same on every rank: the agreed choices are).
+    const std::optional<Strategy> agreed = detail::agreed_choice(c.tune, q);
+    const Strategy s = agreed && capturable(*agreed) ? *agreed : Strategy::sequential;
+    if (report) report->chosen = s, report->from_cache = agreed.has_value();
+    return static_cast<SpStrategy>(s);
+  }
   return static_cast<SpStrategy>(detail::tune_choice(c.pg, c.tune, q, candidates, hooks, report));
 }
 
@@ -494,15 +540,23 @@ void agree_zigzag(const SpAttnArgs& a, const char* op, int strategy, std::string
 }
 
 void validate_zigzag(runtime::ProcessGroup& pg, const SpAttnArgs& a, const char* op, int strategy,
-                     std::string_view strategy_name, std::set<ZigzagSignature>& agreed) {
-  TESSERA_CHECK(!runtime::stream_capturing(pg.stream()),
+                     std::string_view strategy_name, std::set<ZigzagSignature>& agreed, ZigzagCapture capture) {
+  const bool capturing = runtime::stream_capturing(pg.stream());
+  TESSERA_CHECK(!capturing || capture == ZigzagCapture::allowed,
                 "{}: cannot be captured into a CUDA graph (its flags carry a per-call epoch that a replay would "
                 "repeat); call it eagerly",
                 op);
   validate_zigzag_shape(a, pg.world(), op);
-  agree_zigzag(a, op, strategy, strategy_name, agreed, [&pg](const std::string& what, const void* data, std::size_t n) {
-    pg.check_same_on_all_ranks(what, data, n);
-  });
+  agree_zigzag(a, op, strategy, strategy_name, agreed,
+               [&pg, capturing, op](const std::string& what, const void* data, std::size_t n) {
+                 // The agreement is a host exchange, which a capture cannot hold.
+                 TESSERA_CHECK(!capturing,
+                               "{}: these shapes and strategy never ran eagerly on this context; call it once "
+                               "eagerly before capturing it into a CUDA graph (the ranks' agreement on {} cannot run "
+                               "inside a capture)",
+                               op, what);
+                 pg.check_same_on_all_ranks(what, data, n);
+               });
 }
 
 void check_sp_heads(const SpAttnArgs& a, int world, SpStrategy strategy) {

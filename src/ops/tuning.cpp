@@ -190,4 +190,11 @@ Strategy tune_choice(runtime::ProcessGroup& pg, TuneState& st, const TuneQuery& 
   return best;
 }
 
+std::optional<Strategy> agreed_choice(const TuneState& st, const TuneQuery& q) {
+  const std::string key = tune::make_key(q.prefix, q.shape);
+  if (auto it = st.memo.find(key); it != st.memo.end()) return it->second;
+  if (auto it = st.guessed.find(key); it != st.guessed.end()) return it->second;
+  return std::nullopt;
+}
+
 }  // namespace tessera::ops::detail

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <map>
 #include <memory>
 #include <string>
@@ -70,5 +71,10 @@ std::map<Strategy, double> time_candidates(runtime::ProcessGroup& pg, const Tune
 /// time any other must beat. A single candidate is taken without measuring.
 Strategy tune_choice(runtime::ProcessGroup& pg, TuneState& st, const TuneQuery& q,
                      const std::vector<Strategy>& candidates, const TuneHooks& hooks, TuneReport* report);
+
+/// The choice an earlier tune_choice made for `q`'s key in this process
+/// (measured, from the cache or guessed), which every rank agreed on; no
+/// exchange, so it may be asked inside a CUDA-graph capture.
+std::optional<Strategy> agreed_choice(const TuneState& st, const TuneQuery& q);
 
 }  // namespace tessera::ops::detail

@@ -321,6 +321,103 @@ TEST(SpAttentionGpu, DiagReplayOfTheFusedKernel) {
     }
 }
 
+// CUDA graphs: sequential and fused_ce captured on their own context after
+// one eager call each, replayed on fresh inputs copied into the graph's
+// buffers, with eager calls of the same strategies in between (each resets
+// the flags the replays left). Each replay equals the eager call on the same
+// input bitwise; ring is refused inside a capture with the reason, before
+// anything is enqueued.
+TEST(SpAttentionGpu, CapturedReplaysEqualEager) {
+  std::string why;
+  if (hopper_skip_reason(&why)) GTEST_SKIP() << why;
+  runtime::ProcessGroup& pg = group();
+  const int R = pg.world(), rank = pg.rank();
+  ops::SpAttnContext c(pg);
+  cudaStream_t st = pg.stream();
+  for (bool causal : {true, false}) {
+    using tessera::testing::ZigZagAttention;
+    const ZigZagAttention graph_io(R, rank, 1, 256, 4, 2, 128, DType::bf16, causal, 7);
+    std::vector<std::unique_ptr<ZigZagAttention>> inputs;
+    for (int i = 0; i < 3; ++i)
+      inputs.push_back(std::make_unique<ZigZagAttention>(R, rank, 1, 256, 4, 2, 128, DType::bf16, causal, 100 + i));
+    const ops::SpAttnArgs g = graph_io.args();
+    const std::size_t q_bytes = static_cast<std::size_t>(g.batch * graph_io.L * g.heads_q * g.head_dim) * 2,
+                      kv_bytes = static_cast<std::size_t>(g.batch * graph_io.L * g.heads_kv * g.head_dim) * 2,
+                      lse_elems = static_cast<std::size_t>(g.batch * g.heads_q * graph_io.L);
+    const ops::SpStrategy strategies[2] = {ops::SpStrategy::sequential, ops::SpStrategy::fused_ce};
+    // Eager references (workspaces grown, signatures agreed, before any capture).
+    std::vector<std::uint16_t> ref_o[2][3];
+    std::vector<float> ref_lse[2][3];
+    for (int s = 0; s < 2; ++s)
+      for (int i = 0; i < 3; ++i) {
+        const ops::SpAttnArgs a = inputs[i]->args();
+        inputs[i]->poison();
+        ops::sp_attention(c, a, strategies[s]);
+        pg.synchronize(st, "sp_attention capture test: eager reference");
+        ref_o[s][i] = download<std::uint16_t>(a.o, q_bytes / 2);
+        ref_lse[s][i] = download<float>(a.lse, lse_elems);
+        const auto d = inputs[i]->compare();
+        ASSERT_EQ(d.nonfinite, 0);
+        ASSERT_LT(d.o_rel, 1e-2);
+      }
+    for (ops::SpStrategy s : strategies) {  // the graph's own buffers, eagerly first
+      ops::sp_attention(c, g, s);
+      pg.synchronize(st, "sp_attention capture test: warm-up");
+    }
+    cudaGraphExec_t exec[2] = {};
+    for (int s = 0; s < 2; ++s) {
+      cudaGraph_t graph = nullptr;
+      TESSERA_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+      try {
+        ops::sp_attention(c, g, strategies[s]);
+      } catch (const std::exception& e) {
+        (void)cudaStreamEndCapture(st, &graph);
+        FAIL() << ops::sp_strategy_name(strategies[s]) << " refused under capture: " << e.what();
+      }
+      TESSERA_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+      TESSERA_CUDA_CHECK(cudaGraphInstantiate(&exec[s], graph, 0));
+      TESSERA_CUDA_CHECK(cudaGraphDestroy(graph));
+    }
+    if (R > 1) {  // ring runs on a context of its own: refused before anything is enqueued
+      cudaGraph_t graph = nullptr;
+      TESSERA_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+      std::string err;
+      try {
+        ops::sp_attention(c, g, ops::SpStrategy::ring);
+      } catch (const Error& e) {
+        err = e.what();
+      }
+      TESSERA_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+      EXPECT_NE(err.find("cannot be captured"), std::string::npos) << err;
+      if (graph) TESSERA_CUDA_CHECK(cudaGraphDestroy(graph));
+    }
+    for (int r = 0; r < 30; ++r) {
+      const int s = r % 2, i = (r / 2) % 3;
+      const ops::SpAttnArgs in = inputs[i]->args();
+      graph_io.poison();
+      TESSERA_CUDA_CHECK(cudaMemcpyAsync(const_cast<void*>(g.q), in.q, q_bytes, cudaMemcpyDeviceToDevice, st));
+      TESSERA_CUDA_CHECK(cudaMemcpyAsync(const_cast<void*>(g.k), in.k, kv_bytes, cudaMemcpyDeviceToDevice, st));
+      TESSERA_CUDA_CHECK(cudaMemcpyAsync(const_cast<void*>(g.v), in.v, kv_bytes, cudaMemcpyDeviceToDevice, st));
+      TESSERA_CUDA_CHECK(cudaGraphLaunch(exec[s], st));
+      pg.synchronize(st, "sp_attention capture test: replay");
+      const std::string what = std::string(ops::sp_strategy_name(strategies[s])) + (causal ? " causal" : "") +
+                               ", replay " + std::to_string(r) + ", input " + std::to_string(i) + ", rank " +
+                               std::to_string(rank) + "/" + std::to_string(R);
+      ASSERT_TRUE(download<std::uint16_t>(g.o, q_bytes / 2) == ref_o[s][i]) << what << ": O differs from eager";
+      ASSERT_TRUE(download<float>(g.lse, lse_elems) == ref_lse[s][i]) << what << ": LSE differs from eager";
+      if (r % 5 == 4) {  // an eager call between replays resets the flags they left
+        const int j = (i + 1) % 3;
+        inputs[j]->poison();
+        ops::sp_attention(c, inputs[j]->args(), strategies[s]);
+        pg.synchronize(st, "sp_attention capture test: eager after replays");
+        ASSERT_TRUE(download<std::uint16_t>(inputs[j]->args().o, q_bytes / 2) == ref_o[s][j])
+            << what << ": the eager call after it differs";
+      }
+    }
+    for (cudaGraphExec_t e : exec) TESSERA_CUDA_CHECK(cudaGraphExecDestroy(e));
+  }
+}
+
 TEST(SpAttentionGpu, RejectsBadInputBeforeLaunch) {
   std::string why;
   if (hopper_skip_reason(&why)) GTEST_SKIP() << why;

@@ -466,28 +466,28 @@ TEST(OpsTuner, NearestChoiceReusesANeighbourOfTheSameFlags) {
 // When a TP call restarts the flags' epochs (TpContext::Impl::begin_call).
 TEST(OpsCallStart, ResetsAtEachCapturesFirstCallAndOnEagerCallsAfterACapture) {
   // Never captured: eager calls run on with their epochs.
-  CallStart s = tp_call_start(true, std::nullopt, false, 0);
+  CallStart s = flag_call_start(true, std::nullopt, false, 0);
   EXPECT_FALSE(s.reset);
   EXPECT_FALSE(s.captured);
   // A capture's first call resets inside the graph; its later calls do not.
-  s = tp_call_start(true, 7ull, s.captured, s.reset_capture);
+  s = flag_call_start(true, 7ull, s.captured, s.reset_capture);
   EXPECT_TRUE(s.reset);
   EXPECT_TRUE(s.captured);
   EXPECT_EQ(s.reset_capture, 7ull);
-  s = tp_call_start(true, 7ull, s.captured, s.reset_capture);
+  s = flag_call_start(true, 7ull, s.captured, s.reset_capture);
   EXPECT_FALSE(s.reset);
   // Eager after a capture: every call resets (a replay may have run since).
   for (int i = 0; i < 3; ++i) {
-    s = tp_call_start(true, std::nullopt, s.captured, s.reset_capture);
+    s = flag_call_start(true, std::nullopt, s.captured, s.reset_capture);
     EXPECT_TRUE(s.reset) << "eager call " << i << " after a capture";
     EXPECT_TRUE(s.captured);
   }
   // A second capture resets at its own first call.
-  s = tp_call_start(true, 8ull, s.captured, s.reset_capture);
+  s = flag_call_start(true, 8ull, s.captured, s.reset_capture);
   EXPECT_TRUE(s.reset);
   EXPECT_EQ(s.reset_capture, 8ull);
   // Without flags (no load/store reach: NCCL only) nothing is ever reset.
-  const CallStart n = tp_call_start(false, 9ull, false, 0);
+  const CallStart n = flag_call_start(false, 9ull, false, 0);
   EXPECT_FALSE(n.reset);
   EXPECT_FALSE(n.captured);
 }

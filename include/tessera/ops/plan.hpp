@@ -207,8 +207,9 @@ inline constexpr int kMoeMaxRsChunks = 16;
 /// sequential and pipelined (R > 1), sequential alone at R = 1.
 std::vector<Strategy> moe_tp_candidates(int world);
 
-/// How a TP call starts (TpContext::Impl::begin_call): whether it restarts
-/// the epochs by zeroing the flags between two stream barriers. The flags'
+/// How a call of a context with epoch flags starts (TpContext's and
+/// SpAttnContext's begin_call): whether it restarts the epochs by zeroing the
+/// flags between two stream barriers. The flags'
 /// epochs are baked into what the host enqueues, and a replayed graph
 /// repeats its own, so: never without flags (no load/store reach); at the
 /// first call of each capture (`capture`: its id, nullopt when the stream is
@@ -220,7 +221,7 @@ struct CallStart {
   bool captured = false;
   unsigned long long reset_capture = 0;
 };
-CallStart tp_call_start(bool has_flags, std::optional<unsigned long long> capture, bool captured,
-                        unsigned long long reset_capture);
+CallStart flag_call_start(bool has_flags, std::optional<unsigned long long> capture, bool captured,
+                          unsigned long long reset_capture);
 
 }  // namespace tessera::ops

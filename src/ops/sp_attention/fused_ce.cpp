@@ -91,6 +91,9 @@ void sp_attention_diag_fused_kernel(SpAttnContext& ctx, const SpAttnArgs& a, uns
   TESSERA_CHECK(same && c.pg.world() > 1,
                 "sp_attention_diag_fused_kernel: the context's last call was not fused_ce with these arguments at "
                 "world > 1 (its flags and gathered KV are what the kernel re-reads)");
+  TESSERA_CHECK(!runtime::stream_capturing(c.pg.stream()),
+                "sp_attention_diag_fused_kernel cannot be captured into a CUDA graph (it replays the flags of the last "
+                "eager call)");
   TESSERA_CHECK((variant & ~(kSpDiagDescending | kSpDiagOwnFromWorkspace | kSpDiagPlainKernel)) == 0,
                 "sp_attention_diag_fused_kernel: unknown variant bits {:#x}", variant);
   // begin() starts a new epoch; the replay keeps the last one, whose flags

@@ -50,7 +50,15 @@ struct SpAttnContext::Impl {
   /// then what the table depends on); kept for the context's life.
   std::map<std::vector<std::int64_t>, std::int32_t*> tables;
   std::set<detail::ZigzagSignature> validated;  ///< shapes and strategies already checked across ranks
-  detail::TuneState tune;                       ///< automatic's choices and cache
+  /// CUDA graphs (sequential and fused_ce), as TpContext: `captured` once a
+  /// call ran inside a capture of pg.stream(); the capture's first call and
+  /// every eager call after a capture reset the flags first (begin_call), so
+  /// a replay starts again at epoch 1. Workspaces replaced after a capture
+  /// are kept in `replaced` (a graph may hold their addresses).
+  bool captured = false;
+  unsigned long long reset_capture = 0;
+  std::vector<runtime::SymBuffer<unsigned char>> replaced;
+  detail::TuneState tune;  ///< automatic's choices and cache
   /// The ring, Ulysses and two-level strategies' own contexts, made by their
   /// first call (collective: every rank runs the same strategy, checked beforehand).
   std::unique_ptr<RingAttnContext> ring;
@@ -71,6 +79,11 @@ struct SpAttnContext::Impl {
                                  int head_groups);
   /// Bounded waits for every stream of the group; a stuck flag wait is reported and released.
   void drain(const char* what);
+  /// Before every launch: resets the flags where a capture needs it (see `captured`).
+  void begin_call();
+  /// Enqueued on pg.stream(): an all-reduce (every rank's earlier work done),
+  /// the zeroing of data and control, another all-reduce; epoch restarts at 0.
+  void reset_flags();
 };
 
 /// sp_attention's strategy launcher: enqueues one call on pg.stream(); `a`
