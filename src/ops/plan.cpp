@@ -191,4 +191,11 @@ CallStart flag_call_start(bool has_flags, std::optional<unsigned long long> capt
   return r;
 }
 
+int rs_copy_chunk_bands(std::size_t band_bytes, int owner_bands, std::size_t target_bytes) {
+  TESSERA_CHECK(owner_bands >= 1, "rs_copy_chunk_bands: {} bands", owner_bands);
+  if (target_bytes == 0 || band_bytes == 0) return 1;
+  const std::size_t want = (target_bytes + band_bytes - 1) / band_bytes;
+  return static_cast<int>(std::min<std::size_t>(want, static_cast<std::size_t>(owner_bands)));
+}
+
 }  // namespace tessera::ops

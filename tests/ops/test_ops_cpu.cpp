@@ -464,6 +464,20 @@ TEST(OpsTuner, NearestChoiceReusesANeighbourOfTheSameFlags) {
 }
 
 // When a TP call restarts the flags' epochs (TpContext::Impl::begin_call).
+TEST(OpsRsCopyChunks, CoalesceSmallBandsUpToTheTarget) {
+  const std::size_t mib = std::size_t{1} << 20;
+  // 64-row bands of a 1480-column bf16 output (190 KB): 12 per 2 MiB copy.
+  EXPECT_EQ(rs_copy_chunk_bands(64 * 1480 * 2, 23, 2 * mib), 12);
+  // Never more than the owner's bands, never fewer than one.
+  EXPECT_EQ(rs_copy_chunk_bands(64 * 1480 * 2, 5, 2 * mib), 5);
+  EXPECT_EQ(rs_copy_chunk_bands(4 * mib, 8, 2 * mib), 1);  // MLP-1's 512-row bands stay one per copy
+  EXPECT_EQ(rs_copy_chunk_bands(2 * mib, 8, 2 * mib), 1);
+  EXPECT_EQ(rs_copy_chunk_bands(2 * mib - 1, 8, 2 * mib), 2);
+  // Target 0: one band per copy (the measurement baseline).
+  EXPECT_EQ(rs_copy_chunk_bands(1000, 40, 0), 1);
+  EXPECT_THROW(rs_copy_chunk_bands(1000, 0, 2 * mib), Error);
+}
+
 TEST(OpsCallStart, ResetsAtEachCapturesFirstCallAndOnEagerCallsAfterACapture) {
   // Never captured: eager calls run on with their epochs.
   CallStart s = flag_call_start(true, std::nullopt, false, 0);

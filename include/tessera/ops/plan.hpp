@@ -89,6 +89,18 @@ struct RsPlan {
 };
 RsPlan plan_rs(std::int64_t m, std::int64_t n, int world, int rank, int tile_m, int tile_n);
 
+/// fused_ce GEMM+RS: how many consecutive raster bands of one owner one
+/// copy-engine copy carries (the receiver still sees one flag per band).
+/// Each copy and its flag operations cost microseconds on the comm stream,
+/// so one copy per band left the copies, not the GEMM, on the critical path
+/// where bands are small (a band is one 64-row tile row when a shard's tile
+/// rows are odd). The fewest bands whose bytes reach `target_bytes`, at
+/// most `owner_bands` (the owner's bands), at least 1; `target_bytes` 0
+/// gives one band per copy.
+int rs_copy_chunk_bands(std::size_t band_bytes, int owner_bands, std::size_t target_bytes);
+/// rs_copy_chunk_bands' default target (TESSERA_RS_COPY_CHUNK_KB sets another).
+inline constexpr std::size_t kRsCopyChunkBytes = std::size_t{2} << 20;
+
 // Ring GEMM+ReduceScatter (TileLink §5, Fig. 4), Strategy::ring:
 //   at step j = 0..R-1 rank r computes the partial of shard (r + j + 1) mod R
 //   (its own shard last). For j > 0 it adds, in f32, the running sum that

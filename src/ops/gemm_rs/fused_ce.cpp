@@ -6,6 +6,7 @@
 
 #include "gemm_rs.hpp"
 #include "tessera/link/host_primitives.hpp"
+#include "tessera/runtime/env.hpp"
 #include "tessera/runtime/error.hpp"
 
 namespace tessera::ops {
@@ -111,6 +112,10 @@ void run_fused_ce(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan, b
 
   const std::uint64_t band_tiles = static_cast<std::uint64_t>(G) * plan.tiles_n;
   const std::int64_t band_rows = static_cast<std::int64_t>(G) * plan.tile_m;
+  const std::size_t chunk_target =
+      static_cast<std::size_t>(env::find_int("TESSERA_RS_COPY_CHUNK_KB", 0, std::int64_t{1} << 30)
+                                   .value_or(static_cast<std::int64_t>(kRsCopyChunkBytes >> 10)))
+      << 10;
   cudaStream_t cs = c.comm();
   if (!kernel_only) TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, c.ev_ready, 0));
   for (int j = 1; j < R; ++j) {  // the schedule's order: owners rank+1, rank+2, ...
@@ -118,21 +123,29 @@ void run_fused_ce(TpContext::Impl& c, const GemmRsArgs& a, const RsPlan& plan, b
     const std::int64_t lo = plan.shards.lo(owner), rows = plan.shards.rows(a.m, owner);
     // The owner must be done with the previous call's slabs before we write them.
     if (e > 1 && !kernel_only) link::rank_wait(cs, *c.control, owner, kRsFree, e - 1);
-    for (std::int64_t r0 = 0; r0 < rows; r0 += band_rows) {
-      const int b = static_cast<int>((lo + r0) / band_rows);
-      const std::int64_t nr = std::min(band_rows, rows - r0);
-      // The kernel counts this band's tiles in every call (kernel_only too,
-      // unless told not to): the running total is what the next copy wait
-      // compares against.
-      if (!(diag_skip & kDiagSkipNotify)) c.rs_band_total[b] += band_tiles;
+    // Consecutive bands go in one copy (rs_copy_chunk_bands): wait for each
+    // band's tiles, copy them together, then store each band's flag.
+    const int owner_bands = static_cast<int>((rows + band_rows - 1) / band_rows);
+    const std::int64_t chunk_rows =
+        band_rows * rs_copy_chunk_bands(static_cast<std::size_t>(band_rows * ldr * es), owner_bands, chunk_target);
+    for (std::int64_t c0 = 0; c0 < rows; c0 += chunk_rows) {
+      const std::int64_t c1 = std::min(rows, c0 + chunk_rows);
+      for (std::int64_t r0 = c0; r0 < c1; r0 += band_rows) {
+        const int b = static_cast<int>((lo + r0) / band_rows);
+        // The kernel counts this band's tiles in every call (kernel_only too,
+        // unless told not to): the running total is what the copy wait
+        // compares against.
+        if (!(diag_skip & kDiagSkipNotify)) c.rs_band_total[b] += band_tiles;
+        if (!kernel_only) link::rank_wait(cs, *c.rs_bands, rank, b, c.rs_band_total[b]);
+      }
       if (kernel_only) continue;
-      link::rank_wait(cs, *c.rs_bands, rank, b, c.rs_band_total[b]);
-      const std::size_t off = static_cast<std::size_t>((static_cast<std::int64_t>(rank) * per_rank + r0) * ldr * es);
+      const std::size_t off = static_cast<std::size_t>((static_cast<std::int64_t>(rank) * per_rank + c0) * ldr * es);
       link::rank_copy_data(
           cs, static_cast<unsigned char*>(c.rs_recv.peer(owner)) + off,
-          stage + static_cast<std::size_t>((static_cast<std::int64_t>(owner) * per_rank + r0) * ldr * es),
-          static_cast<std::size_t>(nr * ldr * es));
-      link::rank_notify(cs, *c.rs_bands, owner, b, e);
+          stage + static_cast<std::size_t>((static_cast<std::int64_t>(owner) * per_rank + c0) * ldr * es),
+          static_cast<std::size_t>((c1 - c0) * ldr * es));
+      for (std::int64_t r0 = c0; r0 < c1; r0 += band_rows)
+        link::rank_notify(cs, *c.rs_bands, owner, static_cast<int>((lo + r0) / band_rows), e);
     }
   }
   if (kernel_only) return;
