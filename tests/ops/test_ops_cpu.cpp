@@ -7,6 +7,7 @@
 #include <set>
 
 #include "ops/strategy_registry.hpp"
+#include "ops/tuning.hpp"
 #include "tessera/ops/args.hpp"
 #include "tessera/ops/plan.hpp"
 #include "tessera/ops/ring_attention.hpp"
@@ -464,6 +465,22 @@ TEST(OpsTuner, NearestChoiceReusesANeighbourOfTheSameFlags) {
 }
 
 // When a TP call restarts the flags' epochs (TpContext::Impl::begin_call).
+// Inside a CUDA-graph capture sp_attention's automatic reads the choice an
+// eager call agreed on, with no exchange: measured (memo) before guessed,
+// nothing for a key never chosen.
+TEST(OpsAgreedChoice, MeasuredBeforeGuessedAndNoneForANewKey) {
+  ops::detail::TuneState st;
+  ops::detail::TuneQuery q{"machine/bf16/ops.sp_attention", {65536, 1, 32, 8, 128, 1}, 4, false, false};
+  EXPECT_FALSE(ops::detail::agreed_choice(st, q).has_value());
+  const std::string key = tune::make_key(q.prefix, q.shape);
+  st.guessed[key] = Strategy::sequential;
+  EXPECT_EQ(ops::detail::agreed_choice(st, q), Strategy::sequential);
+  st.memo[key] = Strategy::fused_ce;
+  EXPECT_EQ(ops::detail::agreed_choice(st, q), Strategy::fused_ce);
+  q.shape.push_back(1 << 2);  // a candidate mask keys the choice apart
+  EXPECT_FALSE(ops::detail::agreed_choice(st, q).has_value());
+}
+
 TEST(OpsRsCopyChunks, CoalesceSmallBandsUpToTheTarget) {
   const std::size_t mib = std::size_t{1} << 20;
   // 64-row bands of a 1480-column bf16 output (190 KB): 12 per 2 MiB copy.
