@@ -8,8 +8,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <optional>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -18,8 +18,8 @@
 #include "sp_attention/sp_attention.hpp"
 #include "sp_attention_kernels.hpp"
 #include "tessera/kernels/attention.hpp"
-#include "tessera/ops/plan.hpp"
 #include "tessera/link/host_primitives.hpp"
+#include "tessera/ops/plan.hpp"
 #include "tessera/runtime/env.hpp"
 #include "tessera/runtime/error.hpp"
 
@@ -448,7 +448,7 @@ SpStrategy resolve_sp_attention(SpAttnContext& ctx, const SpAttnArgs& a, const S
   }
   const bool two_level = two_level_distinct(u, R);
   const std::vector<Strategy> all = sp_attention_candidates(R, c.pg.lsa_reachable(), heads_divide(a, R), two_level);
-  std::vector<Strategy> candidates = within_limit(a, R, all, o.workspace_limit_bytes, u);
+  const std::vector<Strategy> candidates = within_limit(a, R, all, o.workspace_limit_bytes, u);
   const detail::TuneHooks hooks{[&](const char* what) { c.drain(what); },
                                 [&](Strategy s) { run_sp_attention(c, a, static_cast<SpStrategy>(s), u); }};
   // seq, batch and the head counts are compared by ratio for a neighbour's

@@ -46,14 +46,15 @@ bool lsa_disabled() {
   return topo && *topo == "net";
 }
 
-// Every live ProcessGroup of the process (order_after_all_groups).
+// Every live ProcessGroup of the process (order_after_all_groups). Never
+// destroyed: a group torn down during static destruction still finds them.
 std::mutex& group_registry_mutex() {
-  static std::mutex m;
-  return m;
+  static auto* m = new std::mutex;
+  return *m;
 }
 std::vector<ProcessGroup*>& group_registry() {
-  static std::vector<ProcessGroup*> groups;
-  return groups;
+  static auto* groups = new std::vector<ProcessGroup*>;
+  return *groups;
 }
 
 }  // namespace
