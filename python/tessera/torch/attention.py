@@ -20,7 +20,11 @@ from ._ops import _DTYPES, _check_tensors, _sp_shapes
 def sp_attention(q, k, v, ctx, causal=True, softmax_scale=None, strategy="automatic", return_lse=False):
     """Attention of this rank's zig-zag shard q [B, 2C, Hq, D] against the whole sequence's K and V, whose shards
     k, v [B, 2C, Hkv, D] every rank of `ctx` passes at the same time (collective). Returns O [B, 2C, Hq, D] (and
-    with return_lse, LSE [B, Hq, 2C] float32, natural log). softmax_scale None: 1/sqrt(D)."""
+    with return_lse, LSE [B, Hq, 2C] float32, natural log). softmax_scale None: 1/sqrt(D).
+
+    CUDA graphs: sequential, fused_ce and automatic can be captured (torch.cuda.graph) after one eager call of the
+    same shapes on the same context; automatic then runs the choice made eagerly (sequential where that choice
+    cannot be captured). ring, ulysses and two_level are refused inside a capture."""
     code = strategy_code(strategy)
     scale = 0.0 if softmax_scale is None else float(softmax_scale)
     if return_lse:
