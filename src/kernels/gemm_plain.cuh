@@ -17,6 +17,8 @@
 #include "tessera/kernels/gemm_plan.hpp"
 #include "tessera/kernels/gemm/splitk.cuh"
 #include "tessera/kernels/gemm/swap_ab.cuh"
+#include "tessera/runtime/error.hpp"
+#include "tessera/runtime/wait_diagnostics.hpp"
 
 namespace tessera::kernels::detail {
 
@@ -130,9 +132,10 @@ void gemm_plain_splitk_cfg(const GemmArgs& a, const GemmOptions& o, int splits, 
 
 /// Stream-K with configuration Cfg (cooperative, no cluster, output type ==
 /// input type): one CTA per SM (with fewer tiles than SMs, fewer CTAs, so
-/// each runs at least kStreamKMinBlocks K blocks), an f32 workspace of two
-/// tile slots per CTA for the split tiles, and stream_k_fixup summing them
-/// into D when any tile is split.
+/// each runs at least kStreamKMinBlocks K blocks). When any tile is split:
+/// an f32 workspace of one tile slot per CTA and one flag per CTA, the
+/// flags cleared on the stream before the launch (the kernel reduces split
+/// tiles itself, kernel_stream_k.cuh).
 template <class Cfg, class InT, BLayout L>
 void gemm_plain_stream_k_cfg(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
   if (a.out != a.in) fail("gemm: stream-K is compiled for output type == input type");
@@ -145,22 +148,24 @@ void gemm_plain_stream_k_cfg(const GemmArgs& a, const GemmOptions& o, cudaStream
       engine::StreamKScheduler::make(raster_from(o), tm, tn, kb, plan_sm_count(o), kStreamKMinBlocks);
   bool any_split = false;
   for (int t = 0; t < sched.tiles - sched.dp_tiles && !any_split; ++t) any_split = sched.split(t);
-  const size_t slot_bytes = static_cast<size_t>(Cfg::BM) * Cfg::BN * sizeof(float);
-  float* ws = any_split ? static_cast<float*>(acquire_workspace(2 * sched.units * slot_bytes, stream)) : nullptr;
+  const size_t slots_bytes = static_cast<size_t>(sched.units) * Cfg::BM * Cfg::BN * sizeof(float);
+  const size_t flags_bytes = static_cast<size_t>(sched.units) * sizeof(uint64_t);
+  void* ws = any_split ? acquire_workspace(slots_bytes + flags_bytes, stream) : nullptr;
   engine::StreamKEpilogue<InT> epi;
   epi.d = static_cast<InT*>(a.d);
   epi.ldd = a.ldd_or_packed();
-  epi.ws = ws;
+  if (any_split) {
+    epi.ws = static_cast<float*>(ws);
+    epi.flags = reinterpret_cast<uint64_t*>(static_cast<char*>(ws) + slots_bytes);
+    epi.timeout_ns = runtime::wait_timeout_ns();
+    epi.diag = runtime::process_wait_diagnostics().device_record();
+    TESSERA_CUDA_CHECK(cudaMemsetAsync(epi.flags, 0, flags_bytes, stream));
+  }
   GemmOptions so = o;
   so.cluster_m = 1;
   so.ping_pong = false;
   launch_config<Cfg, InT, L>(a, so, engine::NoWait{}, epi, sched, stream);
-  if (!any_split) return;
-  constexpr int kGroups = Cfg::BM * Cfg::BN / 8;  // one per fixup thread
-  launch_dependent_256(engine::stream_k_fixup<InT, Cfg::BM, Cfg::BN>, dim3(kGroups / 256, sched.units - 1), stream,
-                       "cudaLaunchKernelEx(gemm stream-K fixup)", sched, static_cast<const float*>(ws), tm, tn,
-                       static_cast<int>(a.m), static_cast<int>(a.n), static_cast<InT*>(a.d), a.ldd_or_packed());
-  release_workspace(ws, stream);
+  if (any_split) release_workspace(ws, stream);
 }
 
 /// A kernel set that `gemm_with` runs only as planned here (the 64x64

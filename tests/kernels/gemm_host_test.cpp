@@ -688,11 +688,14 @@ TEST(GemmScheduler, RasterOrdersArePermutations) {
 // Stream-K: the CTAs' walks (StreamKWalk, as the kernel runs them) cover
 // every K block of every tile once; the data-parallel head is whole waves
 // of whole tiles and leaves one to two waves (or every tile) to stream-K;
-// unit_of() names the CTA holding a stream-K iteration; each CTA stores at
-// most two partial segments (slots 0 and 1, distinct); split() holds exactly
-// for the stream-K tiles more than one CTA works on; with fewer tiles than
-// CTAs each CTA runs at least min_blocks K blocks (where there are that
-// many). The kernel and the fixup rely on each.
+// unit_of() names the CTA holding a stream-K iteration; a split tile's
+// segment ending at its last K block is walked by last_unit() and is that
+// CTA's last segment; every other partial segment (a contribution) is the
+// only one of its CTA, which lies in [first_unit(), last_unit()); split()
+// holds exactly for the stream-K tiles more than one CTA works on; with
+// fewer tiles than CTAs each CTA runs at least min_blocks K blocks (where
+// there are that many); position() permutes the stream-K tiles. The
+// kernel's in-place reduction relies on each.
 TEST(GemmScheduler, StreamKWalksCoverEveryBlockOnce) {
   for (int tiles_m : {1, 3, 9, 40})
     for (int tiles_n : {1, 5, 22})
@@ -723,11 +726,13 @@ TEST(GemmScheduler, StreamKWalksCoverEveryBlockOnce) {
             for (int b = 0; b < s.units; ++b) {
               ASSERT_LT(s.begin(b), s.begin(b + 1));  // every CTA has stream-K work
               for (int64_t it = s.begin(b); it < s.begin(b + 1); ++it) ASSERT_EQ(s.unit_of(it), b);
-              std::set<int> slots;
+              int contributions = 0;
+              bool reduced = false;  // this CTA walked a tile's reduced end
               tk::engine::StreamKWalk walk(s, b);
               tk::engine::StreamKSegment g;
               while (walk.next(g)) {
                 ASSERT_TRUE(g.tile >= 0 && g.tile < tiles && 0 <= g.k0 && g.k0 < g.k1 && g.k1 <= kb);
+                EXPECT_FALSE(reduced) << "CTA " << b << ": the reduced segment is not its last";
                 for (int k = g.k0; k < g.k1; ++k) ++covered[static_cast<size_t>(int64_t{g.tile} * kb + k)];
                 if (g.tile < s.dp_tiles) {
                   EXPECT_TRUE(g.k0 == 0 && g.k1 == kb);
@@ -735,11 +740,27 @@ TEST(GemmScheduler, StreamKWalksCoverEveryBlockOnce) {
                 }
                 const int local = g.tile - s.dp_tiles;
                 ctas_of_tile[static_cast<size_t>(local)].insert(b);
-                if (g.k0 != 0 || g.k1 != kb) EXPECT_TRUE(slots.insert(s.slot_of(b, local)).second) << "CTA " << b;
+                if (g.k0 == 0 && g.k1 == kb) continue;
+                if (g.k1 == kb) {
+                  EXPECT_EQ(b, s.last_unit(local));
+                  EXPECT_LT(s.first_unit(local), b);
+                  reduced = true;
+                } else {
+                  ++contributions;
+                  EXPECT_GE(b, s.first_unit(local));
+                  EXPECT_LT(b, s.last_unit(local));
+                }
               }
-              EXPECT_LE(slots.size(), 2u);
+              EXPECT_LE(contributions, 1) << "CTA " << b;
             }
             for (int c : covered) ASSERT_EQ(c, 1);
+            std::vector<int> at_position(static_cast<size_t>(sk_tiles), 0);  // position(): a permutation
+            for (int t = 0; t < sk_tiles; ++t) {
+              const int pos = s.position(t);
+              ASSERT_TRUE(pos >= 0 && pos < sk_tiles) << "tile " << t << " position " << pos;
+              ++at_position[static_cast<size_t>(pos)];
+            }
+            for (int c : at_position) ASSERT_EQ(c, 1);
             for (int t = 0; t < sk_tiles; ++t) EXPECT_EQ(s.split(t), ctas_of_tile[static_cast<size_t>(t)].size() > 1);
           }
 }

@@ -15,6 +15,9 @@
 //         (iter & 1) right after its bar.sync of tile iter; the store threads
 //         of tile iter + 2 bar.sync on it before they arrive on the notify
 //         barrier. kStoreThreads + 32 threads.
+//   8     gather: the grouped GEMM's row-gathering producer warpgroup.
+//   9     stream-K: the store threads of a split tile, between its partial
+//         stores and its flag, or between the flag waits and the reduction.
 //
 // Why notify-free exists (without it the ping-pong GEMM+RS times out): a named
 // barrier counts arriving warps and completes, and resets, as soon as the count
@@ -73,6 +76,8 @@ constexpr int kOrderBarrier = 4;
 constexpr int kNotifyFreeBarrier = 6;
 /// The grouped GEMM's row-gathering producer warpgroup (grouped_kernel.cuh).
 constexpr int kGatherBarrier = 8;
+/// The stream-K kernel's store threads (kernel_stream_k.cuh).
+constexpr int kStreamKBarrier = 9;
 
 /// The handshake on the notify barriers, per CTA-local tile index `iter`
 /// (0 .. tiles - 1, the CTA's tiles in schedule order; tiles >= 1).

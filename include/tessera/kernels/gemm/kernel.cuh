@@ -8,8 +8,8 @@
 //     the consumers take alternate tiles, one's epilogue under the other's
 //     main loop (64x256, 128x128, 64x64);
 //   stream-K (kernel_stream_k.cuh, gemm_kernel_stream_k; a StreamKScheduler):
-//     every CTA an equal share of all tiles' K blocks, split tiles summed by
-//     stream_k_fixup (plain gemm() only).
+//     every CTA an equal share of the last waves' K blocks, each split tile
+//     reduced by its last CTA (plain gemm() only).
 // What they share (parameters, set-up, warp roles, the producer warpgroup):
 // kernel_common.cuh.
 #pragma once

@@ -2,13 +2,15 @@
 // GEMM kernel (plain gemm() only): whole waves of tiles data-parallel, then
 // every CTA an equal share of the last one to two waves' K blocks
 // (StreamKScheduler, scheduler.cuh), so no SM idles in a last partial wave
-// and a problem with fewer tiles than SMs still fills the GPU. Whole
-// tiles are stored into D by the CTA that ran them; a tile split between
-// CTAs is stored as f32 partial tiles into a workspace, and stream_k_fixup
-// (launched after the kernel, as its programmatic dependent) sums each
-// split tile's partials in CTA order into D: deterministic, no atomics, no
-// flags between CTAs. Cooperative consumers (both warpgroups on every
-// segment); no clusters, no prologue, no notify.
+// and a problem with fewer tiles than SMs still fills the GPU. Whole tiles
+// are stored into D by the CTA that ran them. A tile split between CTAs is
+// reduced in the kernel by its last CTA: the others store their segment as
+// an f32 partial tile into their own workspace slot and raise their flag;
+// the last waits for those flags, adds the slots in CTA order to its
+// accumulators and stores the tile: deterministic, one launch, no atomics.
+// A CTA waits only for CTAs of lower index, which the GPU dispatches first,
+// so every wait ends while each CTA can find an SM. Cooperative consumers
+// (both warpgroups on every segment); no clusters, no prologue, no notify.
 #pragma once
 
 #include <cuda.h>
@@ -16,13 +18,16 @@
 #include <cstdint>
 
 #include "tessera/kernels/gemm/kernel_common.cuh"
+#include "tessera/link/device_primitives.cuh"
 
 namespace tessera::kernels::engine {
 
 /// Where a stream-K kernel's segments go: whole tiles into D (OutT, row
-/// stride ldd), partial ones into ws, BM x BN f32 slots (row stride BN) at
-/// ws + (2 * cta + slot) * BM * BN (slot: StreamKScheduler::slot_of). Only
-/// the in-problem part of a slot is written, and read back by the fixup.
+/// stride ldd); a contributing segment into its CTA's BM x BN f32 slot at
+/// ws + cta * BM * BN (row stride BN; only the in-problem part is written
+/// and read), then flags[cta] = 1; a reduced tile into D, its accumulators
+/// plus the slots of CTAs lo .. hi - 1. `flags` (one per CTA) are zero at
+/// launch (the host clears them on the stream).
 template <class OutT>
 struct StreamKEpilogue {
   static constexpr bool kNotify = false;
@@ -30,6 +35,9 @@ struct StreamKEpilogue {
   OutT* d = nullptr;
   int64_t ldd = 0;
   float* ws = nullptr;
+  uint64_t* flags = nullptr;
+  uint64_t timeout_ns = 10'000'000'000ull;  // 10 s
+  runtime::WaitRecord* diag = nullptr;      // where a timed-out wait is recorded (may be null)
 
   struct Whole {
     OutT* d;
@@ -38,16 +46,44 @@ struct StreamKEpilogue {
       store_first8(d + static_cast<int64_t>(row) * ldd + col, v, valid);
     }
   };
-  struct Partial {
-    float* slot;  ///< the slot's element (0, 0) is D's (row0, col0)
-    int row0, col0, bn;
+  /// A split tile's segment. A contributor (contributors < 0) stores into
+  /// its slot; the reducer adds the slots of CTAs lo .. lo + contributors - 1
+  /// and stores into D. One bound type for both keeps the kernel at two
+  /// store loops.
+  struct Split {
+    OutT* d;
+    int64_t ldd;
+    float* slot;  ///< own slot, or CTA lo's (CTA c's: slot + (c - lo) * slot_size); (0, 0) is D's (row0, col0)
+    int64_t slot_size;
+    int contributors, row0, col0, bn;
     __device__ __forceinline__ void store8(int row, int col, const float (&v)[8], int valid) const {
-      store_first8(slot + static_cast<int64_t>(row - row0) * bn + (col - col0), v, valid);
+      float* at = slot + static_cast<int64_t>(row - row0) * bn + (col - col0);
+      if (contributors < 0) {
+        store_first8(at, v, valid);
+        return;
+      }
+      // Slot columns past N hold no data; their sums are never stored.
+      float sum[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sum[e] = v[e];
+#pragma unroll 1
+      for (int c = 0; c < contributors; ++c, at += slot_size) {
+        float w[8];
+        OutConv<float>::load8(at, w);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) sum[e] += w[e];
+      }
+      store_first8(d + static_cast<int64_t>(row) * ldd + col, sum, valid);
     }
   };
   __device__ __forceinline__ Whole bind(const TileInfo&) const { return Whole{d, ldd}; }
-  __device__ __forceinline__ Partial bind_partial(const TileInfo& t, int cta, int slot) const {
-    return Partial{ws + (2 * static_cast<int64_t>(cta) + slot) * t.bm * t.bn, t.row0, t.col0, t.bn};
+  __device__ __forceinline__ Split bind_partial(const TileInfo& t, int cta) const {
+    const int64_t slot_size = static_cast<int64_t>(t.bm) * t.bn;
+    return Split{d, ldd, ws + cta * slot_size, slot_size, -1, t.row0, t.col0, t.bn};
+  }
+  __device__ __forceinline__ Split bind_reduced(const TileInfo& t, int lo, int hi) const {
+    const int64_t slot_size = static_cast<int64_t>(t.bm) * t.bn;
+    return Split{d, ldd, ws + lo * slot_size, slot_size, hi - lo, t.row0, t.col0, t.bn};
   }
 };
 
@@ -70,11 +106,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       StreamKWalk walk(s, b);
       StreamKSegment g;
       while (walk.next(g)) {
-        const TileCoord t = s.inner.tile(g.tile, p.tiles_m, p.tiles_n);
+        const TileCoord t = s.tile_at(g.tile, p.tiles_m, p.tiles_n);
         produce_tile<Cfg, InT, kTransB>(cta.sm, &tma_a, &tma_b, t.m * Cfg::BM, t.n * Cfg::BN, g.k0, g.k1 - g.k0, pipe,
                                         0);
       }
-      ptx::grid_dependents_launch();  // the fixup's set-up may start (it waits for this grid)
+      ptx::grid_dependents_launch();  // every CTA is resident: the next kernel's set-up may start
     }
     return;
   }
@@ -87,60 +123,31 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   StreamKWalk walk(s, b);
   StreamKSegment g;
   while (walk.next(g)) {
-    const TileCoord t = s.inner.tile(g.tile, p.tiles_m, p.tiles_n);
+    const TileCoord t = s.tile_at(g.tile, p.tiles_m, p.tiles_n);
     consume_tile<Cfg, InT, kTransB>(cta.sm, consumer, g.k1 - g.k0, acc, pipe, 0);
     const TileInfo info = tile_info<Cfg>(p, t, g.tile);
-    if (g.k0 == 0 && g.k1 == s.k_blocks)
+    if (g.k0 == 0 && g.k1 == s.k_blocks) {
       store_tile_with<Cfg>(p, info, acc, consumer, warp, lane, p.epilogue.bind(info));
-    else
-      store_tile_with<Cfg>(p, info, acc, consumer, warp, lane,
-                           p.epilogue.bind_partial(info, b, s.slot_of(b, g.tile - s.dp_tiles)));
+    } else if (g.k1 < s.k_blocks) {
+      // A contribution: the slot, then (every store thread past the
+      // barrier, whose release st.release extends) the flag.
+      store_tile_with<Cfg>(p, info, acc, consumer, warp, lane, p.epilogue.bind_partial(info, b));
+      ptx::named_barrier_sync(kStreamKBarrier, Cfg::kStoreThreads);
+      if (threadIdx.x == 128) link::flag_notify<link::Scope::gpu>(p.epilogue.flags + b, 1);
+    } else {
+      // The tile's end: wait for the contributors (lower CTAs; one thread
+      // acquires, the barrier orders the others' loads after it), add.
+      const int lo = s.first_unit(g.tile - s.dp_tiles);
+      if (threadIdx.x == 128)
+        for (int c = lo; c < b; ++c)
+          link::flag_wait<link::Scope::gpu>(p.epilogue.flags + c, uint64_t{1},
+                                            link::WaitLimit{p.epilogue.timeout_ns, p.epilogue.diag},
+                                            link::WaitSite{runtime::WaitKind::tile_flag, -1, g.tile, t.m, t.n, c, -1});
+      ptx::named_barrier_sync(kStreamKBarrier, Cfg::kStoreThreads);
+      store_tile_with<Cfg>(p, info, acc, consumer, warp, lane, p.epilogue.bind_reduced(info, lo, b));
+    }
   }
 #endif
-}
-
-/// D for the split tiles of a stream-K run: block (x, y) handles the split
-/// tile whose first CTA boundary is CTA y + 1 (other blocks exit), one
-/// 8-column group per thread (group x * 256 + threadIdx.x, and on by
-/// gridDim.x * 256): the sum over the tile's CTAs, in CTA order, of their
-/// partial slots, converted to OutT. The slots are loaded kLoads at a time,
-/// so a tile split over many CTAs pays a few L2 round trips, not one per
-/// CTA. Waits for the stream-K kernel (programmatic dependent launch).
-template <class OutT, int BM, int BN>
-__global__ void __launch_bounds__(256) stream_k_fixup(StreamKScheduler s, const float* __restrict__ ws, int tiles_m,
-                                                      int tiles_n, int M, int N, OutT* __restrict__ d, int64_t ldd) {
-  constexpr int kLoads = 4;
-  ptx::grid_dependents_launch();
-  const int boundary = blockIdx.y + 1;
-  const int64_t at = s.begin(boundary);
-  const int local = static_cast<int>(at / s.k_blocks);
-  const int64_t first = static_cast<int64_t>(local) * s.k_blocks;
-  if (at == first || s.unit_of(first) + 1 != boundary) return;  // not a split tile's first boundary
-  const int lo = boundary - 1, hi = s.unit_of(first + s.k_blocks - 1);
-  const TileCoord t = s.inner.tile(s.dp_tiles + local, tiles_m, tiles_n);
-  const int row0 = t.m * BM, col0 = t.n * BN;
-  const int rows = min(BM, M - row0), cols = min(BN, N - col0);
-  const int groups = (cols + 7) / 8;
-  ptx::grid_dependency_wait();
-  for (int i = blockIdx.x * 256 + threadIdx.x; i < rows * groups; i += gridDim.x * 256) {
-    const int r = i / groups, c = (i - r * groups) * 8;
-    const int64_t off = static_cast<int64_t>(r) * BN + c;
-    float v[8] = {};
-    for (int u0 = lo; u0 <= hi; u0 += kLoads) {
-      float w[kLoads][8];
-#pragma unroll
-      for (int j = 0; j < kLoads; ++j)
-        if (u0 + j <= hi)
-          OutConv<float>::load8(ws + (2 * static_cast<int64_t>(u0 + j) + s.slot_of(u0 + j, local)) * BM * BN + off,
-                                w[j]);
-#pragma unroll
-      for (int j = 0; j < kLoads; ++j)
-        if (u0 + j <= hi)
-#pragma unroll
-          for (int e = 0; e < 8; ++e) v[e] += w[j][e];
-    }
-    store_first8(d + static_cast<int64_t>(row0 + r) * ldd + col0 + c, v, min(8, cols - c));
-  }
 }
 
 }  // namespace tessera::kernels::engine

@@ -134,14 +134,16 @@ struct SplitKScheduler {
 /// k_blocks (tile-major: iteration it is K block it % k_blocks of position
 /// dp_tiles + it / k_blocks), is cut into `units` contiguous ranges of equal
 /// length (+-1), one per CTA: CTA b runs iterations [begin(b), begin(b + 1)),
-/// a sequence of segments, each one tile's K blocks [k0, k1): whole tiles in
-/// the middle, a partial tile at either end. Every CTA has at least one
-/// iteration (units <= sk iterations), so begin() is strictly increasing.
-/// The stream-K kernel (kernel_stream_k.cuh) stores whole tiles into D and
-/// each partial segment into a slot of an f32 workspace; stream_k_fixup sums
-/// the split tiles' slots. Pure arithmetic: producer, consumers and the
-/// fixup evaluate it independently. Tile indices below (slot_of, split) are
-/// stream-K-local: position dp_tiles + t.
+/// a sequence of segments, each one tile's K blocks [k0, k1). Every CTA has
+/// at least one iteration (units <= sk iterations), so begin() is strictly
+/// increasing. A tile split over CTAs first_unit(t) .. last_unit(t) is
+/// reduced by its last CTA (the one holding K block k_blocks - 1): each
+/// earlier CTA stores its segment, its only partial one, into its own f32
+/// slot and raises its flag; the last adds those slots in CTA order to its
+/// accumulators and stores the tile (kernel_stream_k.cuh). Pure arithmetic:
+/// the producer and the consumers evaluate it independently. Tile indices
+/// below (first_unit, last_unit, split) are stream-K-local: position
+/// dp_tiles + t.
 struct StreamKScheduler {
   static constexpr bool kStreamK = true;
   RasterScheduler inner;
@@ -150,6 +152,7 @@ struct StreamKScheduler {
   int units = 1;
   int dp_tiles = 0;
   int64_t iters = 1;  ///< stream-K iterations: (tiles - dp_tiles) * k_blocks
+  int j_min = 0;      ///< the fewest tile starts (K block 0) in one CTA's range
 
   /// units is clamped to [1, tiles * k_blocks]; at least `min_blocks` K blocks
   /// per CTA where there are fewer tiles than CTAs (shorter ranges cost more
@@ -171,7 +174,34 @@ struct StreamKScheduler {
     const int waves = s.tiles / s.units;
     s.dp_tiles = waves >= 2 ? (waves - 1) * s.units : 0;
     s.iters = static_cast<int64_t>(s.tiles - s.dp_tiles) * s.k_blocks;
+    s.j_min = s.tiles;
+    for (int b = 0; b < s.units; ++b) {
+      const int starts = static_cast<int>(s.starts_before(b + 1) - s.starts_before(b));
+      s.j_min = starts < s.j_min ? starts : s.j_min;
+    }
     return s;
+  }
+  /// Stream-K tiles that start (K block 0) in the ranges of CTAs 0 .. b - 1.
+  __host__ __device__ __forceinline__ int64_t starts_before(int b) const {
+    return (begin(b) + k_blocks - 1) / k_blocks;
+  }
+  /// The schedule position (of `inner`, after the data-parallel head) of
+  /// stream-K tile t. CTA b starts its tiles in range order at about the
+  /// same times as the others (the walk below): its j-th goes to position
+  /// j * units + b while every CTA has a j-th, the rest after those. So
+  /// the tiles the CTAs start together are neighbours in `inner`'s order
+  /// and share its panels, as a data-parallel wave does; in range order
+  /// they would spread over every panel and re-read them from DRAM.
+  __host__ __device__ __forceinline__ int position(int t) const {
+    const int b = first_unit(t);
+    const int64_t before = starts_before(b);
+    const int j = t - static_cast<int>(before);
+    if (j < j_min) return j * units + b;
+    return j_min * units + static_cast<int>(before - static_cast<int64_t>(j_min) * b) + (j - j_min);
+  }
+  /// The coordinates of the tile at walk index `tile` (StreamKSegment::tile).
+  __host__ __device__ __forceinline__ TileCoord tile_at(int tile, int tiles_m, int tiles_n) const {
+    return inner.tile(tile < dp_tiles ? tile : dp_tiles + position(tile - dp_tiles), tiles_m, tiles_n);
   }
   /// First stream-K iteration of CTA b (b in [0, units]; begin(units) = iters).
   __host__ __device__ __forceinline__ int64_t begin(int b) const { return iters * b / units; }
@@ -179,44 +209,77 @@ struct StreamKScheduler {
   __host__ __device__ __forceinline__ int unit_of(int64_t it) const {
     return static_cast<int>(((it + 1) * units - 1) / iters);
   }
-  /// Workspace slot of CTA b's segment of stream-K tile t: 0 for its first
-  /// segment, 1 for its last (only partial segments are stored there).
-  __host__ __device__ __forceinline__ int slot_of(int b, int t) const { return begin(b) / k_blocks == t ? 0 : 1; }
-  /// Whether stream-K tile t is split over several CTAs.
-  __host__ __device__ __forceinline__ bool split(int t) const {
-    const int64_t first = static_cast<int64_t>(t) * k_blocks;
-    return unit_of(first) != unit_of(first + k_blocks - 1);
+  /// The first and the last CTA working on stream-K tile t; the last one
+  /// reduces a split tile, the others contribute to it.
+  __host__ __device__ __forceinline__ int first_unit(int t) const {
+    return unit_of(static_cast<int64_t>(t) * k_blocks);
   }
+  __host__ __device__ __forceinline__ int last_unit(int t) const {
+    return unit_of(static_cast<int64_t>(t) * k_blocks + k_blocks - 1);
+  }
+  /// Whether stream-K tile t is split over several CTAs.
+  __host__ __device__ __forceinline__ bool split(int t) const { return first_unit(t) != last_unit(t); }
 };
 
-/// One segment of a CTA's work: K blocks [k0, k1) of the tile at schedule
-/// position `tile` (whole tiles in the data-parallel head).
+/// One segment of a CTA's work: K blocks [k0, k1) of the tile at walk index
+/// `tile` (StreamKScheduler::tile_at gives its coordinates; whole tiles in
+/// the data-parallel head).
 struct StreamKSegment {
   int tile, k0, k1;
 };
 
-/// Walks CTA b's segments in order, its data-parallel tiles first: next()
-/// returns false past the last.
+/// Walks CTA b's segments, its data-parallel tiles first: next() returns
+/// false past the last. A stream-K range that starts inside a tile and runs
+/// into the next walks that leading segment (the tile's end, which this CTA
+/// reduces) last. Then CTAs stream K in step, as the data-parallel kernel
+/// does: a range's other segments start at K block 0 and the deferred one
+/// ends with the range, so where every range holds a tile start the CTAs
+/// read K blocks at one of two offsets at any time (t and t + k_blocks -
+/// range length) and CTAs sharing an A or B panel read it together (a range
+/// inside one tile keeps its own offset). CTAs whose K offsets differ
+/// re-read each panel from DRAM once it outgrows the L2: rotating each
+/// CTA's K start in the data-parallel kernel made it 1.3-2.1x slower
+/// (docs/design/gemm.md). And a range of at least one tile reduces last:
+/// the contribution it adds was stored before its deferred segment began.
 struct StreamKWalk {
   const StreamKScheduler& s;
   int dp_pos;
   int64_t it, end;
+  int64_t lead_begin = 0, lead_end = 0;  ///< the leading partial segment, walked last
   __host__ __device__ __forceinline__ StreamKWalk(const StreamKScheduler& sched, int b)
-      : s(sched), dp_pos(b), it(sched.begin(b)), end(sched.begin(b + 1)) {}
+      : s(sched), dp_pos(b), it(sched.begin(b)), end(sched.begin(b + 1)) {
+    const int64_t boundary = (it + s.k_blocks - 1) / s.k_blocks * s.k_blocks;
+    if (boundary > it && boundary < end) {
+      lead_begin = it;
+      lead_end = boundary;
+      it = boundary;
+    }
+  }
   __host__ __device__ __forceinline__ bool next(StreamKSegment& g) {
     if (dp_pos < s.dp_tiles) {
       g = StreamKSegment{dp_pos, 0, s.k_blocks};
       dp_pos += s.units;
       return true;
     }
-    if (it >= end) return false;
-    const int local = static_cast<int>(it / s.k_blocks);
-    g.tile = s.dp_tiles + local;
-    g.k0 = static_cast<int>(it - static_cast<int64_t>(local) * s.k_blocks);
-    const int64_t left = end - it;
-    g.k1 = left < s.k_blocks - g.k0 ? g.k0 + static_cast<int>(left) : s.k_blocks;
-    it += g.k1 - g.k0;
+    if (it >= end) {
+      if (lead_begin >= lead_end) return false;
+      segment_at(g, lead_begin, lead_end);
+      lead_begin = lead_end;
+      return true;
+    }
+    it = segment_at(g, it, end);
     return true;
+  }
+
+ private:
+  /// The segment of [from, to) inside from's tile; returns where it ends.
+  __host__ __device__ __forceinline__ int64_t segment_at(StreamKSegment& g, int64_t from, int64_t to) const {
+    const int local = static_cast<int>(from / s.k_blocks);
+    g.tile = s.dp_tiles + local;
+    g.k0 = static_cast<int>(from - static_cast<int64_t>(local) * s.k_blocks);
+    const int64_t left = to - from;
+    g.k1 = left < s.k_blocks - g.k0 ? g.k0 + static_cast<int>(left) : s.k_blocks;
+    return from + (g.k1 - g.k0);
   }
 };
 
