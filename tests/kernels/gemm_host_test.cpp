@@ -728,22 +728,25 @@ TEST(GemmScheduler, StreamKWalksCoverEveryBlockOnce) {
               for (int64_t it = s.begin(b); it < s.begin(b + 1); ++it) ASSERT_EQ(s.unit_of(it), b);
               int contributions = 0;
               bool reduced = false;  // this CTA walked a tile's reduced end
-              tk::engine::StreamKWalk walk(s, b);
-              tk::engine::StreamKSegment g;
-              while (walk.next(g)) {
+              const tk::engine::StreamKWalk walk(s, b);
+              for (int i = 0; i < walk.count; ++i) {
+                const tk::engine::StreamKSegment g = walk.at(s, i);
                 ASSERT_TRUE(g.tile >= 0 && g.tile < tiles && 0 <= g.k0 && g.k0 < g.k1 && g.k1 <= kb);
                 EXPECT_FALSE(reduced) << "CTA " << b << ": the reduced segment is not its last";
                 for (int k = g.k0; k < g.k1; ++k) ++covered[static_cast<size_t>(int64_t{g.tile} * kb + k)];
                 if (g.tile < s.dp_tiles) {
                   EXPECT_TRUE(g.k0 == 0 && g.k1 == kb);
+                  EXPECT_EQ(g.position, g.tile);
                   continue;
                 }
                 const int local = g.tile - s.dp_tiles;
+                EXPECT_EQ(g.position, s.dp_tiles + s.position(local)) << "CTA " << b << " tile " << local;
                 ctas_of_tile[static_cast<size_t>(local)].insert(b);
                 if (g.k0 == 0 && g.k1 == kb) continue;
                 if (g.k1 == kb) {
                   EXPECT_EQ(b, s.last_unit(local));
                   EXPECT_LT(s.first_unit(local), b);
+                  EXPECT_EQ(g.lo, s.first_unit(local));
                   reduced = true;
                 } else {
                   ++contributions;

@@ -103,10 +103,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       ptx::tma_prefetch_desc(&tma_a);
       ptx::tma_prefetch_desc(&tma_b);
       PipelineState<Cfg::kStages> pipe;
-      StreamKWalk walk(s, b);
-      StreamKSegment g;
-      while (walk.next(g)) {
-        const TileCoord t = s.tile_at(g.tile, p.tiles_m, p.tiles_n);
+      const StreamKWalk walk(s, b);
+      for (int i = 0; i < walk.count; ++i) {
+        const StreamKSegment g = walk.at(s, i);
+        const TileCoord t = s.inner.tile(g.position, p.tiles_m, p.tiles_n);
         produce_tile<Cfg, InT, kTransB>(cta.sm, &tma_a, &tma_b, t.m * Cfg::BM, t.n * Cfg::BN, g.k0, g.k1 - g.k0, pipe,
                                         0);
       }
@@ -120,10 +120,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int lane = threadIdx.x % 32;
   float acc[Cfg::kMAtoms][Cfg::BN / 2];
   PipelineState<Cfg::kStages> pipe;
-  StreamKWalk walk(s, b);
-  StreamKSegment g;
-  while (walk.next(g)) {
-    const TileCoord t = s.tile_at(g.tile, p.tiles_m, p.tiles_n);
+  const StreamKWalk walk(s, b);
+  for (int i = 0; i < walk.count; ++i) {
+    const StreamKSegment g = walk.at(s, i);
+    const TileCoord t = s.inner.tile(g.position, p.tiles_m, p.tiles_n);
     consume_tile<Cfg, InT, kTransB>(cta.sm, consumer, g.k1 - g.k0, acc, pipe, 0);
     const TileInfo info = tile_info<Cfg>(p, t, g.tile);
     if (g.k0 == 0 && g.k1 == s.k_blocks) {
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     } else {
       // The tile's end: wait for the contributors (lower CTAs; one thread
       // acquires, the barrier orders the others' loads after it), add.
-      const int lo = s.first_unit(g.tile - s.dp_tiles);
+      const int lo = g.lo;
       if (threadIdx.x == 128)
         for (int c = lo; c < b; ++c)
           link::flag_wait<link::Scope::gpu>(p.epilogue.flags + c, uint64_t{1},

@@ -151,12 +151,19 @@ struct StreamKScheduler {
   int k_blocks = 1;
   int units = 1;
   int dp_tiles = 0;
-  int64_t iters = 1;  ///< stream-K iterations: (tiles - dp_tiles) * k_blocks
-  int j_min = 0;      ///< the fewest tile starts (K block 0) in one CTA's range
+  int iters = 1;  ///< stream-K iterations: (tiles - dp_tiles) * k_blocks
+  int j_min = 0;  ///< the fewest tile starts (K block 0) in one CTA's range
+  /// iters = q * units + r; divisions by k_blocks, units and q. Every
+  /// division of the schedule is one of these, so no division routine is
+  /// called in a kernel (a call would push the kernel's uniform values into
+  /// vector registers).
+  int q = 1, r = 0;
+  FastDivmod k_div, units_div, q_div;
 
   /// units is clamped to [1, tiles * k_blocks]; at least `min_blocks` K blocks
   /// per CTA where there are fewer tiles than CTAs (shorter ranges cost more
-  /// partial traffic than they balance).
+  /// partial traffic than they balance). Needs (tiles + 1) * k_blocks < 2^31
+  /// (the host checks it before a launch).
   static StreamKScheduler make(RasterScheduler r, int tiles_m, int tiles_n, int k_blocks, int units,
                                int min_blocks = 1) {
     StreamKScheduler s;
@@ -173,17 +180,35 @@ struct StreamKScheduler {
     s.units = static_cast<int>(u < 1 ? 1 : (u > all ? all : u));
     const int waves = s.tiles / s.units;
     s.dp_tiles = waves >= 2 ? (waves - 1) * s.units : 0;
-    s.iters = static_cast<int64_t>(s.tiles - s.dp_tiles) * s.k_blocks;
+    s.iters = (s.tiles - s.dp_tiles) * s.k_blocks;
+    s.q = s.iters / s.units;
+    s.r = s.iters % s.units;
+    s.k_div = FastDivmod::make(static_cast<uint32_t>(s.k_blocks));
+    s.units_div = FastDivmod::make(static_cast<uint32_t>(s.units));
+    s.q_div = FastDivmod::make(static_cast<uint32_t>(s.q));
     s.j_min = s.tiles;
     for (int b = 0; b < s.units; ++b) {
-      const int starts = static_cast<int>(s.starts_before(b + 1) - s.starts_before(b));
+      const int starts = s.starts_before(b + 1) - s.starts_before(b);
       s.j_min = starts < s.j_min ? starts : s.j_min;
     }
     return s;
   }
+  /// First stream-K iteration of CTA b (b in [0, units]; begin(units) = iters):
+  /// floor(b * iters / units).
+  __host__ __device__ __forceinline__ int begin(int b) const {
+    return q * b + static_cast<int>(units_div.div(static_cast<uint32_t>(r * b)));
+  }
   /// Stream-K tiles that start (K block 0) in the ranges of CTAs 0 .. b - 1.
-  __host__ __device__ __forceinline__ int64_t starts_before(int b) const {
-    return (begin(b) + k_blocks - 1) / k_blocks;
+  __host__ __device__ __forceinline__ int starts_before(int b) const {
+    return static_cast<int>(k_div.div(static_cast<uint32_t>(begin(b) + k_blocks - 1)));
+  }
+  /// The CTA whose range holds iteration it: the largest b with begin(b) <=
+  /// it. begin(b) >= q * b bounds it by it / q; a few steps down find it.
+  __host__ __device__ __forceinline__ int unit_of(int it) const {
+    int b = static_cast<int>(q_div.div(static_cast<uint32_t>(it)));
+    b = b < units - 1 ? b : units - 1;
+    while (begin(b) > it) --b;
+    return b;
   }
   /// The schedule position (of `inner`, after the data-parallel head) of
   /// stream-K tile t. CTA b starts its tiles in range order at about the
@@ -194,42 +219,32 @@ struct StreamKScheduler {
   /// they would spread over every panel and re-read them from DRAM.
   __host__ __device__ __forceinline__ int position(int t) const {
     const int b = first_unit(t);
-    const int64_t before = starts_before(b);
-    const int j = t - static_cast<int>(before);
+    const int before = starts_before(b);
+    const int j = t - before;
     if (j < j_min) return j * units + b;
-    return j_min * units + static_cast<int>(before - static_cast<int64_t>(j_min) * b) + (j - j_min);
-  }
-  /// The coordinates of the tile at walk index `tile` (StreamKSegment::tile).
-  __host__ __device__ __forceinline__ TileCoord tile_at(int tile, int tiles_m, int tiles_n) const {
-    return inner.tile(tile < dp_tiles ? tile : dp_tiles + position(tile - dp_tiles), tiles_m, tiles_n);
-  }
-  /// First stream-K iteration of CTA b (b in [0, units]; begin(units) = iters).
-  __host__ __device__ __forceinline__ int64_t begin(int b) const { return iters * b / units; }
-  /// The CTA whose range holds iteration it: the largest b with begin(b) <= it.
-  __host__ __device__ __forceinline__ int unit_of(int64_t it) const {
-    return static_cast<int>(((it + 1) * units - 1) / iters);
+    return j_min * units + (before - j_min * b) + (j - j_min);
   }
   /// The first and the last CTA working on stream-K tile t; the last one
   /// reduces a split tile, the others contribute to it.
-  __host__ __device__ __forceinline__ int first_unit(int t) const {
-    return unit_of(static_cast<int64_t>(t) * k_blocks);
-  }
-  __host__ __device__ __forceinline__ int last_unit(int t) const {
-    return unit_of(static_cast<int64_t>(t) * k_blocks + k_blocks - 1);
-  }
+  __host__ __device__ __forceinline__ int first_unit(int t) const { return unit_of(t * k_blocks); }
+  __host__ __device__ __forceinline__ int last_unit(int t) const { return unit_of(t * k_blocks + k_blocks - 1); }
   /// Whether stream-K tile t is split over several CTAs.
   __host__ __device__ __forceinline__ bool split(int t) const { return first_unit(t) != last_unit(t); }
 };
 
 /// One segment of a CTA's work: K blocks [k0, k1) of the tile at walk index
-/// `tile` (StreamKScheduler::tile_at gives its coordinates; whole tiles in
-/// the data-parallel head).
+/// `tile` (the data-parallel head's positions, then dp_tiles + the
+/// stream-K-local tile), which sits at `position` of `inner`'s schedule.
+/// A segment that ends a split tile (k0 > 0, k1 == k_blocks) also names
+/// the tile's first CTA, `lo`.
 struct StreamKSegment {
   int tile, k0, k1;
+  int position;
+  int lo;
 };
 
-/// Walks CTA b's segments, its data-parallel tiles first: next() returns
-/// false past the last. A stream-K range that starts inside a tile and runs
+/// CTA b's segments, its data-parallel tiles first: at(s, i) for i in
+/// [0, count). A stream-K range that starts inside a tile and runs
 /// into the next walks that leading segment (the tile's end, which this CTA
 /// reduces) last. Then CTAs stream K in step, as the data-parallel kernel
 /// does: a range's other segments start at K block 0 and the deferred one
@@ -241,45 +256,40 @@ struct StreamKSegment {
 /// CTA's K start in the data-parallel kernel made it 1.3-2.1x slower
 /// (docs/design/gemm.md). And a range of at least one tile reduces last:
 /// the contribution it adds was stored before its deferred segment began.
+///
+/// Iteration indices fit in int (the host rejects (tiles + 1) x K blocks
+/// of 2^31 or more).
 struct StreamKWalk {
-  const StreamKScheduler& s;
-  int dp_pos;
-  int64_t it, end;
-  int64_t lead_begin = 0, lead_end = 0;  ///< the leading partial segment, walked last
-  __host__ __device__ __forceinline__ StreamKWalk(const StreamKScheduler& sched, int b)
-      : s(sched), dp_pos(b), it(sched.begin(b)), end(sched.begin(b + 1)) {
-    const int64_t boundary = (it + s.k_blocks - 1) / s.k_blocks * s.k_blocks;
-    if (boundary > it && boundary < end) {
-      lead_begin = it;
-      lead_end = boundary;
-      it = boundary;
-    }
+  int b;
+  int dp_count;  ///< data-parallel tiles (whole waves)
+  int first;     ///< the first stream-K tile starting (K block 0) in the range
+  int starts;    ///< how many start there
+  int count;     ///< segments: dp_count + starts (+ 1 with a leading segment)
+  __host__ __device__ __forceinline__ StreamKWalk(const StreamKScheduler& s, int cta)
+      : b(cta), dp_count(s.dp_tiles / s.units), first(s.starts_before(cta)) {
+    starts = s.starts_before(b + 1) - first;
+    count = dp_count + starts + (first * s.k_blocks > s.begin(b) ? 1 : 0);
   }
-  __host__ __device__ __forceinline__ bool next(StreamKSegment& g) {
-    if (dp_pos < s.dp_tiles) {
-      g = StreamKSegment{dp_pos, 0, s.k_blocks};
-      dp_pos += s.units;
-      return true;
+  /// Segment i (0 <= i < count) of the walk, from the counters alone: a
+  /// kernel's loop over i is then as uniform as the data-parallel tile walk,
+  /// and its ring state stays in uniform registers (a walk carrying its
+  /// position between calls left an R2UR move before every wgmma).
+  __host__ __device__ __forceinline__ StreamKSegment at(const StreamKScheduler& s, int i) const {
+    if (i < dp_count) {
+      const int pos = b + i * s.units;
+      return StreamKSegment{pos, 0, s.k_blocks, pos, b};
     }
-    if (it >= end) {
-      if (lead_begin >= lead_end) return false;
-      segment_at(g, lead_begin, lead_end);
-      lead_begin = lead_end;
-      return true;
+    const int j = i - dp_count, end = s.begin(b + 1);
+    if (j < starts) {
+      const int t = first + j;
+      const int rest = end - t * s.k_blocks;
+      // StreamKScheduler::position of a tile starting in this range.
+      const int pos = j < s.j_min ? j * s.units + b : s.j_min * s.units + (first - s.j_min * b) + (j - s.j_min);
+      return StreamKSegment{s.dp_tiles + t, 0, rest < s.k_blocks ? rest : s.k_blocks, s.dp_tiles + pos, b};
     }
-    it = segment_at(g, it, end);
-    return true;
-  }
-
- private:
-  /// The segment of [from, to) inside from's tile; returns where it ends.
-  __host__ __device__ __forceinline__ int64_t segment_at(StreamKSegment& g, int64_t from, int64_t to) const {
-    const int local = static_cast<int>(from / s.k_blocks);
-    g.tile = s.dp_tiles + local;
-    g.k0 = static_cast<int>(from - static_cast<int64_t>(local) * s.k_blocks);
-    const int64_t left = to - from;
-    g.k1 = left < s.k_blocks - g.k0 ? g.k0 + static_cast<int>(left) : s.k_blocks;
-    return from + (g.k1 - g.k0);
+    const int t = first - 1, t0 = t * s.k_blocks;  // the range began inside tile first - 1
+    return StreamKSegment{s.dp_tiles + t, s.begin(b) - t0, end - t0 < s.k_blocks ? end - t0 : s.k_blocks,
+                          s.dp_tiles + s.position(t), s.first_unit(t)};
   }
 };
 
