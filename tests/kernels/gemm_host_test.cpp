@@ -768,6 +768,46 @@ TEST(GemmScheduler, StreamKWalksCoverEveryBlockOnce) {
           }
 }
 
+// Stream-K keeps its CTAs in K step (docs/design/gemm.md: CTAs sharing a
+// panel at different K offsets re-read it from DRAM). Each CTA's segments
+// run back to back, one K block per step; where every CTA's range holds a
+// tile start, the offset (K block - step) mod k_blocks takes at most three
+// values over all CTAs and steps: 0, and k_blocks - range length for the
+// deferred segment, the length varying by one between ranges. The tiles
+// the CTAs start at the same step are at positions j * units + b.
+TEST(GemmScheduler, StreamKCtasStreamKInStep) {
+  int checked = 0;
+  for (int tiles_m : {3, 9, 40})
+    for (int tiles_n : {5, 22})
+      for (int kb : {7, 64, 73})
+        for (int units : {7, 131, 132}) {
+          const auto s = tk::engine::StreamKScheduler::make({}, tiles_m, tiles_n, kb, units, 8);
+          SCOPED_TRACE(std::to_string(tiles_m) + "x" + std::to_string(tiles_n) + " kb " + std::to_string(kb) +
+                       " units " + std::to_string(units));
+          bool every_range_starts_a_tile = true;
+          for (int b = 0; b < s.units; ++b)
+            every_range_starts_a_tile = every_range_starts_a_tile && tk::engine::StreamKWalk(s, b).starts > 0;
+          if (!every_range_starts_a_tile) continue;
+          ++checked;
+          std::set<int> offsets;
+          for (int b = 0; b < s.units; ++b) {
+            const tk::engine::StreamKWalk walk(s, b);
+            int step = 0;
+            for (int i = 0; i < walk.count; ++i) {
+              const tk::engine::StreamKSegment g = walk.at(s, i);
+              if (g.tile >= s.dp_tiles) {
+                offsets.insert(((g.k0 - step) % kb + kb) % kb);  // K block k0 + d at step step + d
+                if (g.k0 == 0 && i - walk.dp_count < s.j_min)
+                  EXPECT_EQ(g.position - s.dp_tiles, (i - walk.dp_count) * s.units + b);
+              }
+              step += g.k1 - g.k0;
+            }
+          }
+          EXPECT_LE(offsets.size(), 3u);
+        }
+  EXPECT_GE(checked, 20);  // the sweep holds enough schedules with a tile start per range
+}
+
 TEST(GemmScheduler, FastDivmodMatchesDivision) {
   std::vector<uint32_t> divisors;
   for (uint32_t d = 1; d <= 4096; ++d) divisors.push_back(d);
