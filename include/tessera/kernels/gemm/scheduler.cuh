@@ -153,10 +153,10 @@ struct StreamKScheduler {
   int dp_tiles = 0;
   int iters = 1;  ///< stream-K iterations: (tiles - dp_tiles) * k_blocks
   int j_min = 0;  ///< the fewest tile starts (K block 0) in one CTA's range
-  /// iters = q * units + r; divisions by k_blocks, units and q. Every
-  /// division of the schedule is one of these, so no division routine is
-  /// called in a kernel (a call would push the kernel's uniform values into
-  /// vector registers).
+  /// iters = q * units + r, and FastDivmods by k_blocks, units and q: the
+  /// walk's per-segment arithmetic divides only through these, so no
+  /// division routine is called in a kernel's loop (a call pushes the
+  /// loop's uniform values into vector registers).
   int q = 1, r = 0;
   FastDivmod k_div, units_div, q_div;
 
