@@ -77,13 +77,15 @@ struct StreamKEpilogue {
     }
   };
   __device__ __forceinline__ Whole bind(const TileInfo&) const { return Whole{d, ldd}; }
-  __device__ __forceinline__ Split bind_partial(const TileInfo& t, int cta) const {
+  /// CTA cta's slot bound to tile t: a contribution (contributors < 0), or
+  /// the reduction of the slots of CTAs cta .. cta + contributors - 1.
+  __device__ __forceinline__ Split bind_split(const TileInfo& t, int cta, int contributors) const {
     const int64_t slot_size = static_cast<int64_t>(t.bm) * t.bn;
-    return Split{d, ldd, ws + cta * slot_size, slot_size, -1, t.row0, t.col0, t.bn};
+    return Split{d, ldd, ws + cta * slot_size, slot_size, contributors, t.row0, t.col0, t.bn};
   }
+  __device__ __forceinline__ Split bind_partial(const TileInfo& t, int cta) const { return bind_split(t, cta, -1); }
   __device__ __forceinline__ Split bind_reduced(const TileInfo& t, int lo, int hi) const {
-    const int64_t slot_size = static_cast<int64_t>(t.bm) * t.bn;
-    return Split{d, ldd, ws + lo * slot_size, slot_size, hi - lo, t.row0, t.col0, t.bn};
+    return bind_split(t, lo, hi - lo);
   }
 };
 

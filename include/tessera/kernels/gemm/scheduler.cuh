@@ -218,9 +218,12 @@ struct StreamKScheduler {
   /// and share its panels, as a data-parallel wave does; in range order
   /// they would spread over every panel and re-read them from DRAM.
   __host__ __device__ __forceinline__ int position(int t) const {
-    const int b = first_unit(t);
-    const int before = starts_before(b);
-    const int j = t - before;
+    const int b = first_unit(t), before = starts_before(b);
+    return position_of_start(b, before, t - before);
+  }
+  /// position() of the j-th tile starting in CTA b's range, where `before`
+  /// (starts_before(b)) tiles start in earlier ranges.
+  __host__ __device__ __forceinline__ int position_of_start(int b, int before, int j) const {
     if (j < j_min) return j * units + b;
     return j_min * units + (before - j_min * b) + (j - j_min);
   }
@@ -283,9 +286,8 @@ struct StreamKWalk {
     if (j < starts) {
       const int t = first + j;
       const int rest = end - t * s.k_blocks;
-      // StreamKScheduler::position of a tile starting in this range.
-      const int pos = j < s.j_min ? j * s.units + b : s.j_min * s.units + (first - s.j_min * b) + (j - s.j_min);
-      return StreamKSegment{s.dp_tiles + t, 0, rest < s.k_blocks ? rest : s.k_blocks, s.dp_tiles + pos, b};
+      return StreamKSegment{s.dp_tiles + t, 0, rest < s.k_blocks ? rest : s.k_blocks,
+                            s.dp_tiles + s.position_of_start(b, first, j), b};
     }
     const int t = first - 1, t0 = t * s.k_blocks;  // the range began inside tile first - 1
     return StreamKSegment{s.dp_tiles + t, s.begin(b) - t0, end - t0 < s.k_blocks ? end - t0 : s.k_blocks,
