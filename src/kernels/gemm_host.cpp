@@ -244,6 +244,37 @@ void* acquire_workspace(size_t bytes, cudaStream_t stream) {
 
 void release_workspace(void* p, cudaStream_t stream) { TESSERA_CUDA_CHECK(cudaFreeAsync(p, stream)); }
 
+StreamKWorkspace stream_k_workspace(cudaStream_t stream, size_t slot_bytes) {
+  // Every stream-K kernel's tile is at most 128 x 256 f32 per CTA slot.
+  constexpr size_t kMaxSlotBytes = size_t{128} * 256 * sizeof(float);
+  TESSERA_CHECK(slot_bytes <= kMaxSlotBytes, "gemm: stream-K slot of {} bytes exceeds the workspace's {}", slot_bytes,
+                kMaxSlotBytes);
+  static std::mutex mu;
+  static std::map<std::pair<int, cudaStream_t>, StreamKWorkspace> buffers;
+  int dev = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  StreamKWorkspace& w = buffers[{dev, stream}];
+  if (w.slots == nullptr) {
+    // Made once per stream, possibly inside a capture: cudaMalloc and a
+    // memset on a private stream are not stream operations of the captured
+    // stream, allowed in this thread's relaxed mode.
+    RelaxedCaptureMode relaxed;
+    const size_t sms = static_cast<size_t>(sm_count());
+    void* p = nullptr;
+    TESSERA_CUDA_CHECK(cudaMalloc(&p, sms * (kMaxSlotBytes + sizeof(uint64_t))));
+    auto* flags = reinterpret_cast<uint64_t*>(static_cast<char*>(p) + sms * kMaxSlotBytes);
+    cudaStream_t init = nullptr;
+    TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&init, cudaStreamNonBlocking));
+    TESSERA_CUDA_CHECK(cudaMemsetAsync(flags, 0, sms * sizeof(uint64_t), init));
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(init));
+    TESSERA_CUDA_CHECK(cudaStreamDestroy(init));
+    w.slots = static_cast<float*>(p);
+    w.flags = flags;
+  }
+  return w;
+}
+
 void check_launch(const char* what) {
   const cudaError_t e = cudaGetLastError();
   TESSERA_CHECK(e == cudaSuccess, "{}: {} ({})", what, cudaGetErrorString(e), static_cast<int>(e));

@@ -132,10 +132,11 @@ void gemm_plain_splitk_cfg(const GemmArgs& a, const GemmOptions& o, int splits, 
 
 /// Stream-K with configuration Cfg (cooperative, no cluster, output type ==
 /// input type): one CTA per SM (with fewer tiles than SMs, fewer CTAs, so
-/// each runs at least kStreamKMinBlocks K blocks). When any tile is split:
-/// an f32 workspace of one tile slot per CTA and one flag per CTA, the
-/// flags cleared on the stream before the launch (the kernel reduces split
-/// tiles itself, kernel_stream_k.cuh).
+/// each runs at least kStreamKMinBlocks K blocks). When any tile is split,
+/// the CTAs' f32 slots and flags come from the stream's persistent
+/// workspace (stream_k_workspace: no allocation, no memset per call; the
+/// kernel reduces split tiles itself and leaves the flags zero,
+/// kernel_stream_k.cuh).
 template <class Cfg, class InT, BLayout L>
 void gemm_plain_stream_k_cfg(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
   if (a.out != a.in) fail("gemm: stream-K is compiled for output type == input type");
@@ -148,24 +149,20 @@ void gemm_plain_stream_k_cfg(const GemmArgs& a, const GemmOptions& o, cudaStream
       engine::StreamKScheduler::make(raster_from(o), tm, tn, kb, plan_sm_count(o), kStreamKMinBlocks);
   bool any_split = false;
   for (int t = 0; t < sched.tiles - sched.dp_tiles && !any_split; ++t) any_split = sched.split(t);
-  const size_t slots_bytes = static_cast<size_t>(sched.units) * Cfg::BM * Cfg::BN * sizeof(float);
-  const size_t flags_bytes = static_cast<size_t>(sched.units) * sizeof(uint64_t);
-  void* ws = any_split ? acquire_workspace(slots_bytes + flags_bytes, stream) : nullptr;
   engine::StreamKEpilogue<InT> epi;
   epi.d = static_cast<InT*>(a.d);
   epi.ldd = a.ldd_or_packed();
   if (any_split) {
-    epi.ws = static_cast<float*>(ws);
-    epi.flags = reinterpret_cast<uint64_t*>(static_cast<char*>(ws) + slots_bytes);
+    const StreamKWorkspace ws = stream_k_workspace(stream, static_cast<size_t>(Cfg::BM) * Cfg::BN * sizeof(float));
+    epi.ws = ws.slots;
+    epi.flags = ws.flags;
     epi.timeout_ns = runtime::wait_timeout_ns();
     epi.diag = runtime::process_wait_diagnostics().device_record();
-    TESSERA_CUDA_CHECK(cudaMemsetAsync(epi.flags, 0, flags_bytes, stream));
   }
   GemmOptions so = o;
   so.cluster_m = 1;
   so.ping_pong = false;
   launch_config<Cfg, InT, L>(a, so, engine::NoWait{}, epi, sched, stream);
-  if (any_split) release_workspace(ws, stream);
 }
 
 /// A kernel set that `gemm_with` runs only as planned here (the 64x64

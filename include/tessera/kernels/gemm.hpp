@@ -197,11 +197,13 @@ struct GemmOptions {
   /// or 64x64 ping-pong when tile is T64x64).
   int k_splits = 0;
   /// Stream-K (plain gemm() only, output type == input type): every CTA
-  /// runs an equal share of all tiles' K blocks; tiles split between CTAs
-  /// are summed by a second kernel. Runs tile 128x256 (Auto) or 128x128,
-  /// cooperative, no cluster, whole K (k_splits 0 or 1). Only when asked
-  /// for: measured slower than the plans plan_gemm() picks on every random
-  /// shape tried (docs/design/gemm.md, "Stream-K").
+  /// runs an equal share of the last waves' K blocks; a tile split between
+  /// CTAs is summed by its last CTA in the same kernel, through the
+  /// stream's persistent workspace (kept per stream like cuBLAS's: graphs
+  /// captured from one stream must not run concurrently with each other or
+  /// with that stream). Runs tile 128x256 (Auto) or 128x128, cooperative,
+  /// no cluster, whole K (k_splits 0 or 1). Only when asked for
+  /// (docs/design/gemm.md, "Stream-K").
   bool stream_k = false;
   /// Swapped operands (plain gemm() only, B layout NK): the kernel computes
   /// D^T = B A^T on tile 128x32, 128x64 or 128x96 (Auto: the narrowest

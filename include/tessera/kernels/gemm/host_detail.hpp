@@ -5,6 +5,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <string>
 
 #include "tessera/kernels/gemm.hpp"
@@ -38,5 +39,20 @@ void check_launch(const char* what);
 /// state, safe across streams). Release with release_workspace on the same stream.
 void* acquire_workspace(size_t bytes, cudaStream_t stream);
 void release_workspace(void* p, cudaStream_t stream);
+
+/// Stream-K's workspace of `stream` on the current device: `slot_bytes`
+/// per SM (f32 partial tiles) followed by one uint64_t flag per SM, all
+/// flags zero. Allocated on the stream's first stream-K call and kept for
+/// the process, so a call pays no allocation and no memset: the kernel
+/// leaves every flag zero again (each reducer clears the flags it waited
+/// for). Like cuBLAS's workspace, it belongs to the stream: work captured
+/// into a graph from `stream` uses it too, so such graphs must not run
+/// concurrently with each other or with `stream`. Throws if `slot_bytes`
+/// exceeds what the stream's buffer was made for (the largest tile's).
+struct StreamKWorkspace {
+  float* slots = nullptr;
+  uint64_t* flags = nullptr;
+};
+StreamKWorkspace stream_k_workspace(cudaStream_t stream, size_t slot_bytes);
 
 }  // namespace tessera::kernels::detail

@@ -27,7 +27,9 @@ namespace tessera::kernels::engine {
 /// ws + cta * BM * BN (row stride BN; only the in-problem part is written
 /// and read), then flags[cta] = 1; a reduced tile into D, its accumulators
 /// plus the slots of CTAs lo .. hi - 1. `flags` (one per CTA) are zero at
-/// launch (the host clears them on the stream).
+/// launch and zero again when the kernel ends: each CTA raises its flag at
+/// most once (one contribution per range) and the one reducer that waits
+/// for it clears it, so a persistent workspace needs no memset per call.
 template <class OutT>
 struct StreamKEpilogue {
   static constexpr bool kNotify = false;
@@ -138,13 +140,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (threadIdx.x == 128) link::flag_notify<link::Scope::gpu>(p.epilogue.flags + b, 1);
     } else {
       // The tile's end: wait for the contributors (lower CTAs; one thread
-      // acquires, the barrier orders the others' loads after it), add.
+      // acquires, the barrier orders the others' loads after it), clear
+      // their flags for the next launch (no other CTA touches them in this
+      // one), add.
       const int lo = g.lo;
       if (threadIdx.x == 128)
-        for (int c = lo; c < b; ++c)
+        for (int c = lo; c < b; ++c) {
           link::flag_wait<link::Scope::gpu>(p.epilogue.flags + c, uint64_t{1},
                                             link::WaitLimit{p.epilogue.timeout_ns, p.epilogue.diag},
                                             link::WaitSite{runtime::WaitKind::tile_flag, -1, g.tile, t.m, t.n, c, -1});
+          p.epilogue.flags[c] = 0;
+        }
       ptx::named_barrier_sync(kStreamKBarrier, Cfg::kStoreThreads);
       store_tile_with<Cfg>(p, info, acc, consumer, warp, lane, p.epilogue.bind_reduced(info, lo, b));
     }
