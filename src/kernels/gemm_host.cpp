@@ -16,6 +16,7 @@
 #include "tessera/kernels/gemm.hpp"
 #include "tessera/kernels/gemm_plan.hpp"
 #include "tessera/kernels/gemm/host_detail.hpp"
+#include "tessera/runtime/capture_mode.hpp"
 #include "tessera/runtime/env.hpp"
 #include "tessera/runtime/error.hpp"
 
@@ -195,21 +196,7 @@ bool dependent_launch_enabled() {
   return on;
 }
 
-namespace {
-
-/// This thread's stream-capture mode set to relaxed for the scope's life.
-class RelaxedCaptureMode {
- public:
-  RelaxedCaptureMode() { TESSERA_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode_)); }
-  ~RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&mode_); }  // restores; cannot fail for a valid mode
-  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
-  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
-
- private:
-  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
-};
-
-}  // namespace
+using runtime::RelaxedCaptureMode;
 
 void* acquire_workspace(size_t bytes, cudaStream_t stream) {
   static std::mutex mu;

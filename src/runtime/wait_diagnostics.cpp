@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "tessera/runtime/capture_mode.hpp"
 #include "tessera/runtime/env.hpp"
 #include "tessera/runtime/error.hpp"
 #include "tessera/runtime/process_group.hpp"
@@ -34,6 +35,9 @@ const char* wait_kind_name(WaitKind k) {
 }
 
 WaitDiagnostics::WaitDiagnostics() {
+  // The process's record is made by the first operator call that waits,
+  // which may come inside a graph capture.
+  RelaxedCaptureMode relaxed;
   TESSERA_CUDA_CHECK(
       cudaHostAlloc(reinterpret_cast<void**>(&host_), sizeof(WaitRecord), cudaHostAllocMapped | cudaHostAllocPortable));
   *host_ = WaitRecord{};
