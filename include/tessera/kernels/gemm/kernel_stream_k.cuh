@@ -4,13 +4,18 @@
 // (StreamKScheduler, scheduler.cuh), so no SM idles in a last partial wave
 // and a problem with fewer tiles than SMs still fills the GPU. Whole tiles
 // are stored into D by the CTA that ran them. A tile split between CTAs is
-// reduced in the kernel by its last CTA: the others store their segment as
-// an f32 partial tile into their own workspace slot and raise their flag;
-// the last waits for those flags, adds the slots in CTA order to its
-// accumulators and stores the tile: deterministic, one launch, no atomics.
-// A CTA waits only for CTAs of lower index, which the GPU dispatches first,
-// so every wait ends while each CTA can find an SM. Cooperative consumers
-// (both warpgroups on every segment); no clusters, no prologue, no notify.
+// reduced in the kernel by its last CTA: the others store their segment's
+// accumulators into their own f32 workspace slot in register (fragment)
+// order and raise their flag; the last waits for those flags, adds the
+// slots in CTA order to its accumulators and stores the tile:
+// deterministic, one launch, no atomics. Fragment order makes each warp's
+// slot traffic whole 512-byte runs with no shuffles (the same kernel reads
+// the slot, so thread t finds its own elements at the same places); in
+// D's row-major order a 128x256 partial cost 4 us to store and 7 us to
+// read back and add. A CTA waits only for CTAs of lower index, which the
+// GPU dispatches first, so every wait ends while each CTA can find an SM.
+// Cooperative consumers (both warpgroups on every segment); no clusters,
+// no prologue, no notify.
 #pragma once
 
 #include <cuda.h>
@@ -22,11 +27,10 @@
 
 namespace tessera::kernels::engine {
 
-/// Where a stream-K kernel's segments go: whole tiles into D (OutT, row
-/// stride ldd); a contributing segment into its CTA's BM x BN f32 slot at
-/// ws + cta * BM * BN (row stride BN; only the in-problem part is written
-/// and read), then flags[cta] = 1; a reduced tile into D, its accumulators
-/// plus the slots of CTAs lo .. hi - 1. `flags` (one per CTA) are zero at
+/// Where a stream-K kernel's segments go: whole tiles and reduced tiles
+/// into D (OutT, row stride ldd); a contributing segment's accumulators into
+/// its CTA's slot of BM x BN floats at ws + cta * BM * BN (fragment order,
+/// store_partial), then flags[cta] = 1. `flags` (one per CTA) are zero at
 /// launch and zero again when the kernel ends: each CTA raises its flag at
 /// most once (one contribution per range) and the one reducer that waits
 /// for it clears it, so a persistent workspace needs no memset per call.
@@ -48,64 +52,60 @@ struct StreamKEpilogue {
       store_first8(d + static_cast<int64_t>(row) * ldd + col, v, valid);
     }
   };
-  /// A split tile's segment. A contributor (contributors < 0) stores into
-  /// its slot; the reducer adds the slots of CTAs lo .. lo + contributors - 1
-  /// and stores into D. One bound type for both keeps the kernel at two
-  /// store loops. Load-ahead (epilogue.cuh): the reducer's slot loads for
-  /// kLoadAhead column blocks are issued before their stores, so the
-  /// reduction costs about one L2 round trip per batch instead of one per
-  /// 8 values (a store may alias the next load, so the compiler cannot
-  /// hoist it).
-  struct Split {
-    static constexpr int kLoadAhead = 4;  // divides BN / 32 of 128x128 and 128x256
-    struct Loaded {
-      float v[8];
-    };
-    OutT* d;
-    int64_t ldd;
-    float* slot;  ///< own slot, or CTA lo's (CTA c's: slot + (c - lo) * slot_size); (0, 0) is D's (row0, col0)
-    int64_t slot_size;
-    int contributors, row0, col0, bn;
-    /// The contributors' sum at (row, col .. col + 7); zeros for a
-    /// contributor. Slot columns past N hold no data; their sums are never
-    /// stored.
-    __device__ __forceinline__ Loaded load(int row, int col) const {
-      Loaded l;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) l.v[e] = 0.f;
-      const float* at = slot + static_cast<int64_t>(row - row0) * bn + (col - col0);
-#pragma unroll 2
-      for (int c = 0; c < contributors; ++c, at += slot_size) {
-        float w[8];
-        OutConv<float>::load8(at, w);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) l.v[e] += w[e];
-      }
-      return l;
-    }
-    __device__ __forceinline__ void store8(int row, int col, const float (&v)[8], int valid, const Loaded& l) const {
-      if (contributors < 0) {
-        store_first8(slot + static_cast<int64_t>(row - row0) * bn + (col - col0), v, valid);
-        return;
-      }
-      float sum[8];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) sum[e] = v[e] + l.v[e];
-      store_first8(d + static_cast<int64_t>(row) * ldd + col, sum, valid);
-    }
-  };
   __device__ __forceinline__ Whole bind(const TileInfo&) const { return Whole{d, ldd}; }
-  /// CTA cta's slot bound to tile t: a contribution (contributors < 0), or
-  /// the reduction of the slots of CTAs cta .. cta + contributors - 1.
-  __device__ __forceinline__ Split bind_split(const TileInfo& t, int cta, int contributors) const {
-    const int64_t slot_size = static_cast<int64_t>(t.bm) * t.bn;
-    return Split{d, ldd, ws + cta * slot_size, slot_size, contributors, t.row0, t.col0, t.bn};
-  }
-  __device__ __forceinline__ Split bind_partial(const TileInfo& t, int cta) const { return bind_split(t, cta, -1); }
-  __device__ __forceinline__ Split bind_reduced(const TileInfo& t, int lo, int hi) const {
-    return bind_split(t, lo, hi - lo);
-  }
 };
+
+/// Floats of one CTA's slot: the accumulators of all its store threads.
+template <class Cfg>
+inline constexpr int kStreamKSlotFloats = Cfg::kStoreThreads * Cfg::kMAtoms * (Cfg::BN / 2);
+
+/// Stores store thread st's accumulators into `slot` in fragment order:
+/// float4 chunk j of the thread at slot[(j * kStoreThreads + st) * 4], so
+/// one warp's chunk j is 512 contiguous bytes. L2 only (st.global.cg): the
+/// reducer runs on another SM.
+template <class Cfg>
+__device__ __forceinline__ void store_partial(float* slot, const float (&acc)[Cfg::kMAtoms][Cfg::BN / 2], int st) {
+  constexpr int kChunks = Cfg::BN / 8;  // float4 chunks per atom
+#pragma unroll
+  for (int a = 0; a < Cfg::kMAtoms; ++a)
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const float4 v = make_float4(acc[a][4 * j], acc[a][4 * j + 1], acc[a][4 * j + 2], acc[a][4 * j + 3]);
+      __stcg(reinterpret_cast<float4*>(slot) + (a * kChunks + j) * Cfg::kStoreThreads + st, v);
+    }
+}
+
+/// Adds `contributors` slots (slot, slot + kStreamKSlotFloats, ...; CTA
+/// order) to store thread st's accumulators, as store_partial laid them
+/// out. Loads go in batches of 8 chunks, all issued before their adds
+/// (no store between them, so nothing aliases).
+template <class Cfg>
+__device__ __forceinline__ void add_partials(const float* slot, int contributors,
+                                             float (&acc)[Cfg::kMAtoms][Cfg::BN / 2], int st) {
+  constexpr int kChunks = Cfg::BN / 8;
+  constexpr int kBatch = 8;
+  static_assert(kChunks % kBatch == 0, "whole batches of float4 chunks");
+#pragma unroll 1
+  for (int c = 0; c < contributors; ++c, slot += kStreamKSlotFloats<Cfg>) {
+    const float4* from = reinterpret_cast<const float4*>(slot);
+#pragma unroll
+    for (int a = 0; a < Cfg::kMAtoms; ++a)
+#pragma unroll
+      for (int j0 = 0; j0 < kChunks; j0 += kBatch) {
+        float4 v[kBatch];
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) v[j] = __ldcg(from + (a * kChunks + j0 + j) * Cfg::kStoreThreads + st);
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          float* x = &acc[a][4 * (j0 + j)];
+          x[0] += v[j].x;
+          x[1] += v[j].y;
+          x[2] += v[j].z;
+          x[3] += v[j].w;
+        }
+      }
+  }
+}
 
 template <class Cfg, class InT, bool kTransB, class Prologue, class Epilogue, class Scheduler>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
@@ -113,6 +113,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                          const __grid_constant__ KernelParams<Prologue, Epilogue, Scheduler> p) {
   static_assert(!Cfg::kPingPong && Cfg::kClusterM == 1, "stream-K: cooperative consumers, no clusters");
   static_assert(!Prologue::kActive && !Epilogue::kNotify, "stream-K: plain GEMM only (no hooks)");
+  static_assert(kStreamKSlotFloats<Cfg> == Cfg::BM * Cfg::BN, "a slot holds one tile (the host sizes it so)");
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   const auto cta = gemm_cta_setup<Cfg, InT, Prologue>(p);
   const StreamKScheduler& s = p.scheduler;
@@ -138,6 +139,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int consumer = consumer_of(cta.warpgroup);
   const int warp = (threadIdx.x % 128) / 32;
   const int lane = threadIdx.x % 32;
+  const int st = threadIdx.x - 128;  // store thread: both consumer warpgroups
   float acc[Cfg::kMAtoms][Cfg::BN / 2];
   PipelineState<Cfg::kStages> pipe;
   const StreamKWalk walk(s, b);
@@ -151,14 +153,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     } else if (g.k1 < s.k_blocks) {
       // A contribution: the slot, then (every store thread past the
       // barrier, whose release st.release extends) the flag.
-      store_tile_with<Cfg>(p, info, acc, consumer, warp, lane, p.epilogue.bind_partial(info, b));
+      store_partial<Cfg>(p.epilogue.ws + static_cast<int64_t>(b) * kStreamKSlotFloats<Cfg>, acc, st);
       ptx::named_barrier_sync(kStreamKBarrier, Cfg::kStoreThreads);
       if (threadIdx.x == 128) link::flag_notify<link::Scope::gpu>(p.epilogue.flags + b, 1);
     } else {
       // The tile's end: wait for the contributors (lower CTAs; one thread
       // acquires, the barrier orders the others' loads after it), clear
       // their flags for the next launch (no other CTA touches them in this
-      // one), add.
+      // one), add their slots, store.
       const int lo = g.lo;
       if (threadIdx.x == 128)
         for (int c = lo; c < b; ++c) {
@@ -168,7 +170,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           p.epilogue.flags[c] = 0;
         }
       ptx::named_barrier_sync(kStreamKBarrier, Cfg::kStoreThreads);
-      store_tile_with<Cfg>(p, info, acc, consumer, warp, lane, p.epilogue.bind_reduced(info, lo, b));
+      add_partials<Cfg>(p.epilogue.ws + static_cast<int64_t>(lo) * kStreamKSlotFloats<Cfg>, b - lo, acc, st);
+      store_tile_with<Cfg>(p, info, acc, consumer, warp, lane, p.epilogue.bind(info));
     }
   }
 #endif
