@@ -383,6 +383,58 @@ bool plain_dependent_launch(const GemmArgs& a, const GemmOptions& o, const GemmP
   return o.dependent_launch && model_gemm_us(a, num_sms, p) < kDependentLaunchMaxUs;
 }
 
+namespace {
+
+// The model's DRAM floor and launch cost, shared by the data-parallel and
+// stream-K estimates: the compute estimate t, raised to the DRAM time of
+// the problem's bytes (at most kDramBytesPerUs, and no more than the
+// active CTAs' pipelines hold in flight per kDramLatencyUs), plus the launch.
+constexpr double kDramBytesPerUs = 3.98e6;
+constexpr double kDramLatencyUs = 1.62;
+constexpr double kSmBw = 91.2e3;
+constexpr double kLaunchUs = 6.04;
+
+double with_dram_and_launch(const GemmArgs& a, double t, double active, double in_flight_rows, int stages,
+                            double fix) {
+  const double out_bytes = static_cast<double>(a.m) * a.n * dtype_size(a.out);
+  const double dram = (static_cast<double>(a.m) * a.k + static_cast<double>(a.n) * a.k) * dtype_size(a.in) + out_bytes;
+  const double in_flight = active * stages * in_flight_rows * 128;
+  return std::max(t, dram / std::min(kDramBytesPerUs, in_flight / kDramLatencyUs) + fix) + kLaunchUs;
+}
+
+// Stream-K (kernel_stream_k.cuh, StreamKScheduler): whole waves but the
+// last data-parallel, then every CTA an equal share of the remaining
+// tiles' K blocks at the tile's per-block rate, a fixed cost per segment,
+// and kStreamKUs for the partial tiles' exchange (stored in fragment order,
+// waited for, added) whenever a tile is split. kStreamKUs is fitted to the
+// stream-K kernels' timings beside every other compiled kernel (seed 16
+// and eight mid-size shapes, docs/design/gemm.md): the smallest value at
+// which the model picks stream-K only where it measured faster.
+double model_stream_k_us(const GemmArgs& a, int num_sms, const GemmPlan& p, int64_t tiles, int64_t kb, double eff,
+                         double fix, double total_bw) {
+  constexpr double kFlopPerUs = 5.63e6;
+  constexpr double kStreamKUs = 8.0;
+  const TileShape ts = tile_shape(p.tile);
+  kb = std::max<int64_t>(kb, 1);
+  int64_t units = num_sms;
+  if (tiles < units) units = std::min<int64_t>(units, tiles * kb / kStreamKMinBlocks);
+  units = std::clamp<int64_t>(units, 1, tiles * kb);
+  const int64_t waves = tiles / units;
+  const int64_t dp_tiles = waves >= 2 ? (waves - 1) * units : 0;
+  const int64_t iters = (tiles - dp_tiles) * kb;
+  const int64_t per_cta = (iters + units - 1) / units;
+  const bool split = iters % units != 0 || (iters / units) % kb != 0;
+  const double active = static_cast<double>(std::min<int64_t>(units, num_sms));
+  const double t_comp = 2.0 * ts.bm * ts.bn * 64 / (kFlopPerUs * eff);
+  const double rows = static_cast<double>(std::min<int64_t>(ts.bm, a.m)) + std::min<int64_t>(ts.bn, a.n);
+  const double t_block = std::max(t_comp, rows * 128 / std::min(kSmBw, total_bw / active));
+  const double t = static_cast<double>(dp_tiles / units) * (kb * t_block + fix) + per_cta * t_block +
+                   (static_cast<double>(per_cta) / kb + 1) * fix + (split ? kStreamKUs : 0.0);
+  return with_dram_and_launch(a, t, active, rows, tile_stages(p.tile, false), fix);
+}
+
+}  // namespace
+
 double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p) {
   // Constants fitted to 90 random shapes on nvidia-h200 (seeds 1, 2 and 5,
   // every compiled kernel timed per shape with `bench gemm --random --diag`,
@@ -401,10 +453,6 @@ double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p) {
   // faster than a shallow one); both fitted to seeds 8 and 11 under
   // GPU-only timing with the other constants held.
   constexpr double kFlopPerUs = 5.63e6;
-  constexpr double kDramBytesPerUs = 3.98e6;
-  constexpr double kDramLatencyUs = 1.62;
-  constexpr double kSmBw = 91.2e3;
-  constexpr double kLaunchUs = 6.04;
   constexpr double kSplitUs = 2.0;
   const int al = row_alignment(a);
   const double total_bw = al >= 128 ? 17.2e6 : al >= 32 ? 11.1e6 : 7.58e6;
@@ -444,6 +492,7 @@ double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p) {
   }
   const int64_t tm = (pm + ts.bm - 1) / ts.bm, tn = (pn + ts.bn - 1) / ts.bn;
   const int64_t kb_total = (a.k + 63) / 64;
+  if (p.stream_k) return model_stream_k_us(a, num_sms, p, tm * tn, kb_total, eff, fix, total_bw);
   const int64_t kb = (kb_total + p.k_splits - 1) / p.k_splits;
   const int64_t splits = (kb_total + kb - 1) / kb;
   const int64_t units = tm * tn * splits;
@@ -454,10 +503,8 @@ double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p) {
                       static_cast<double>(std::min<int64_t>(ts.bn, pn)) / p.cluster_m;
   const double t_load = rows * 128 / std::min(kSmBw, total_bw / active);
   double t = waves * (kb * std::max(t_comp, t_load) + fix);
+  t = with_dram_and_launch(a, t, active, rows, tile_stages(p.tile, p.ping_pong), fix);
   const double out_bytes = static_cast<double>(a.m) * a.n * dtype_size(a.out);
-  const double dram = (static_cast<double>(a.m) * a.k + static_cast<double>(a.n) * a.k) * dtype_size(a.in) + out_bytes;
-  const double in_flight = active * tile_stages(p.tile, p.ping_pong) * rows * 128;
-  t = std::max(t, dram / std::min(kDramBytesPerUs, in_flight / kDramLatencyUs) + fix) + kLaunchUs;
   if (splits > 1) t += kSplitUs + (static_cast<double>(a.m) * a.n * 4 * splits * 2 + out_bytes) / kDramBytesPerUs;
   return t;
 }
@@ -502,6 +549,16 @@ std::vector<GemmPlan> plan_candidates(const GemmArgs& a, bool allow_split) {
       q.k_splits = canonical_k_splits(a, s);
       if (s > 1 && q.k_splits == 1) continue;
       if (std::find(out.begin(), out.end(), q) == out.end()) out.push_back(q);
+    }
+  }
+  if (allow_split && same_type) {
+    // Stream-K (whole K per tile summed over CTAs; cooperative, no
+    // cluster; stores the input type only).
+    for (GemmTile t : {GemmTile::T128x256, GemmTile::T128x128}) {
+      GemmPlan q;
+      q.tile = t;
+      q.stream_k = true;
+      out.push_back(q);
     }
   }
   if (a.b_layout == BLayout::NK && a.m <= kSwapMaxM) {

@@ -482,6 +482,35 @@ TEST(GemmHeuristic, Tile128x192Options) {
   EXPECT_THROW(tk::plan_gemm(a, o), tessera::Error);
 }
 
+// Stream-K: a candidate of the model search for output type == input type
+// only, and never when splits are off (k_splits = 1 means K in one order
+// per tile); the model picks it where few, long tiles leave SMs idle in
+// every data-parallel plan (448 x 2816 x 10752: 88 tiles of 128x256 on 132
+// SMs, measured 0.73x the best data-parallel plan) and not where whole
+// waves fit (4096 x 4096 x 4096 aligned).
+TEST(GemmHeuristic, StreamKCandidatesAndChoice) {
+  auto has_sk = [](const std::vector<tk::GemmPlan>& c) {
+    for (const tk::GemmPlan& p : c)
+      if (p.stream_k) {
+        EXPECT_TRUE(p.tile == tk::GemmTile::T128x256 || p.tile == tk::GemmTile::T128x128);
+        EXPECT_TRUE(!p.ping_pong && p.cluster_m == 1 && p.k_splits == 1 && !p.swap_ab);
+        return true;
+      }
+    return false;
+  };
+  tk::GemmArgs a = good();
+  a.m = 448, a.n = 2816, a.k = 10752, a.lda = a.ldb = a.ldd = 0;
+  EXPECT_TRUE(has_sk(tk::gemm_plan_candidates(a)));
+  EXPECT_TRUE(tk::model_plan(a, 132, true).stream_k);
+  EXPECT_FALSE(tk::model_plan(a, 132, false).stream_k);
+  tk::GemmArgs f32 = a;
+  f32.out = DType::f32;
+  EXPECT_FALSE(has_sk(tk::gemm_plan_candidates(f32)));
+  tk::GemmArgs big = a;
+  big.m = big.n = big.k = 4096;
+  EXPECT_FALSE(tk::model_plan(big, 132, true).stream_k);
+}
+
 // Swapped operands: the model search lists the swapped tiles for B [N,K]
 // and M <= kSwapMaxM only; explicit swap_ab resolves Auto to the narrowest
 // tile holding M and rejects what the swapped kernels do not compile.

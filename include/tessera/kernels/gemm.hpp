@@ -202,8 +202,9 @@ struct GemmOptions {
   /// stream's persistent workspace (kept per stream like cuBLAS's: graphs
   /// captured from one stream must not run concurrently with each other or
   /// with that stream). Runs tile 128x256 (Auto) or 128x128, cooperative,
-  /// no cluster, whole K (k_splits 0 or 1). Only when asked for
-  /// (docs/design/gemm.md, "Stream-K").
+  /// no cluster, whole K (k_splits 0 or 1). plan_gemm() also picks it by
+  /// itself where the model finds it cheapest (docs/design/gemm.md,
+  /// "Stream-K").
   bool stream_k = false;
   /// Swapped operands (plain gemm() only, B layout NK): the kernel computes
   /// D^T = B A^T on tile 128x32, 128x64 or 128x96 (Auto: the narrowest

@@ -35,10 +35,10 @@ inline bool operator==(const GemmPlan& x, const GemmPlan& y) {
 /// 64x256 and 64x64 ping-pong), each split count in [2, min(32, K blocks /
 /// 4)] written as the count that runs (canonical_k_splits); with B [N,K]
 /// and M <= kSwapMaxM, the swapped tiles 128x32, 128x64 and 128x96 (whole
-/// K for output type == input type, and split likewise). Stream-K is
-/// not among them: it runs only when asked for (GemmOptions::stream_k;
-/// docs/design/gemm.md, "Stream-K"). Host only (no
-/// device query). A measured plan must be one of these to run.
+/// K for output type == input type, and split likewise); for output type ==
+/// input type, stream-K on 128x256 and 128x128 (docs/design/gemm.md,
+/// "Stream-K"). Host only (no device query). A measured plan must be one
+/// of these to run.
 std::vector<GemmPlan> gemm_plan_candidates(const GemmArgs& a);
 
 /// plan_gemm()'s model search on `num_sms` SMs (no device query): the
