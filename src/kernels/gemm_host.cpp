@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstring>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -16,6 +17,7 @@
 #include "tessera/kernels/gemm.hpp"
 #include "tessera/kernels/gemm_plan.hpp"
 #include "tessera/kernels/gemm/host_detail.hpp"
+#include "tessera/kernels/gemm/scheduler.cuh"
 #include "tessera/runtime/capture_mode.hpp"
 #include "tessera/runtime/env.hpp"
 #include "tessera/runtime/error.hpp"
@@ -394,42 +396,38 @@ constexpr double kDramLatencyUs = 1.62;
 constexpr double kSmBw = 91.2e3;
 constexpr double kLaunchUs = 6.04;
 
-double with_dram_and_launch(const GemmArgs& a, double t, double active, double in_flight_rows, int stages,
-                            double fix) {
+double with_dram_and_launch(const GemmArgs& a, double t, double active, double in_flight_rows, int stages, double fix) {
   const double out_bytes = static_cast<double>(a.m) * a.n * dtype_size(a.out);
   const double dram = (static_cast<double>(a.m) * a.k + static_cast<double>(a.n) * a.k) * dtype_size(a.in) + out_bytes;
   const double in_flight = active * stages * in_flight_rows * 128;
   return std::max(t, dram / std::min(kDramBytesPerUs, in_flight / kDramLatencyUs) + fix) + kLaunchUs;
 }
 
-// Stream-K (kernel_stream_k.cuh, StreamKScheduler): whole waves but the
-// last data-parallel, then every CTA an equal share of the remaining
-// tiles' K blocks at the tile's per-block rate, a fixed cost per segment,
-// and kStreamKUs for the partial tiles' exchange (stored in fragment order,
-// waited for, added) whenever a tile is split. kStreamKUs is fitted to the
-// stream-K kernels' timings beside every other compiled kernel (seed 16
-// and eight mid-size shapes, docs/design/gemm.md): the smallest value at
-// which the model picks stream-K only where it measured faster.
-double model_stream_k_us(const GemmArgs& a, int num_sms, const GemmPlan& p, int64_t tiles, int64_t kb, double eff,
-                         double fix, double total_bw) {
+// Stream-K (kernel_stream_k.cuh) as StreamKScheduler lays it out: whole
+// waves but the last data-parallel, then every CTA an equal share of the
+// remaining tiles' K blocks at the tile's per-block rate, a fixed cost per
+// segment, and kStreamKUs for the partial tiles' exchange (stored in
+// fragment order, waited for, added) whenever a tile is split. kStreamKUs
+// is fitted to the stream-K kernels' timings beside every other compiled
+// kernel (seed 16 and eight mid-size shapes, docs/design/gemm.md): the
+// smallest value at which the model picks stream-K only where it measured
+// faster.
+double model_stream_k_us(const GemmArgs& a, int num_sms, const GemmPlan& p, int64_t tiles_m, int64_t tiles_n,
+                         int64_t kb, double eff, double fix, double total_bw) {
   constexpr double kFlopPerUs = 5.63e6;
   constexpr double kStreamKUs = 8.0;
+  if (!stream_k_fits(tiles_m * tiles_n, kb)) return std::numeric_limits<double>::infinity();
   const TileShape ts = tile_shape(p.tile);
-  kb = std::max<int64_t>(kb, 1);
-  int64_t units = num_sms;
-  if (tiles < units) units = std::min<int64_t>(units, tiles * kb / kStreamKMinBlocks);
-  units = std::clamp<int64_t>(units, 1, tiles * kb);
-  const int64_t waves = tiles / units;
-  const int64_t dp_tiles = waves >= 2 ? (waves - 1) * units : 0;
-  const int64_t iters = (tiles - dp_tiles) * kb;
-  const int64_t per_cta = (iters + units - 1) / units;
-  const bool split = iters % units != 0 || (iters / units) % kb != 0;
-  const double active = static_cast<double>(std::min<int64_t>(units, num_sms));
+  const engine::StreamKScheduler s = engine::StreamKScheduler::make(
+      {}, static_cast<int>(tiles_m), static_cast<int>(tiles_n), static_cast<int>(kb), num_sms, kStreamKMinBlocks);
+  const int64_t per_cta = (static_cast<int64_t>(s.iters) + s.units - 1) / s.units;
+  const bool split = s.iters % s.units != 0 || (s.iters / s.units) % s.k_blocks != 0;
+  const double active = static_cast<double>(std::min(s.units, num_sms));
   const double t_comp = 2.0 * ts.bm * ts.bn * 64 / (kFlopPerUs * eff);
   const double rows = static_cast<double>(std::min<int64_t>(ts.bm, a.m)) + std::min<int64_t>(ts.bn, a.n);
   const double t_block = std::max(t_comp, rows * 128 / std::min(kSmBw, total_bw / active));
-  const double t = static_cast<double>(dp_tiles / units) * (kb * t_block + fix) + per_cta * t_block +
-                   (static_cast<double>(per_cta) / kb + 1) * fix + (split ? kStreamKUs : 0.0);
+  const double t = static_cast<double>(s.dp_tiles / s.units) * (s.k_blocks * t_block + fix) + per_cta * t_block +
+                   (static_cast<double>(per_cta) / s.k_blocks + 1) * fix + (split ? kStreamKUs : 0.0);
   return with_dram_and_launch(a, t, active, rows, tile_stages(p.tile, false), fix);
 }
 
@@ -492,7 +490,7 @@ double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p) {
   }
   const int64_t tm = (pm + ts.bm - 1) / ts.bm, tn = (pn + ts.bn - 1) / ts.bn;
   const int64_t kb_total = (a.k + 63) / 64;
-  if (p.stream_k) return model_stream_k_us(a, num_sms, p, tm * tn, kb_total, eff, fix, total_bw);
+  if (p.stream_k) return model_stream_k_us(a, num_sms, p, tm, tn, kb_total, eff, fix, total_bw);
   const int64_t kb = (kb_total + p.k_splits - 1) / p.k_splits;
   const int64_t splits = (kb_total + kb - 1) / kb;
   const int64_t units = tm * tn * splits;
@@ -555,6 +553,8 @@ std::vector<GemmPlan> plan_candidates(const GemmArgs& a, bool allow_split) {
     // Stream-K (whole K per tile summed over CTAs; cooperative, no
     // cluster; stores the input type only).
     for (GemmTile t : {GemmTile::T128x256, GemmTile::T128x128}) {
+      const TileShape ts = tile_shape(t);
+      if (!stream_k_fits(((a.m + ts.bm - 1) / ts.bm) * ((a.n + ts.bn - 1) / ts.bn), kb_total)) continue;
       GemmPlan q;
       q.tile = t;
       q.stream_k = true;

@@ -142,7 +142,7 @@ void gemm_plain_stream_k_cfg(const GemmArgs& a, const GemmOptions& o, cudaStream
   if (a.out != a.in) fail("gemm: stream-K is compiled for output type == input type");
   const int tm = static_cast<int>((a.m + Cfg::BM - 1) / Cfg::BM), tn = static_cast<int>((a.n + Cfg::BN - 1) / Cfg::BN);
   const int kb = static_cast<int>((a.k + Cfg::BK - 1) / Cfg::BK);
-  if ((static_cast<int64_t>(tm) * tn + 1) * kb >= (int64_t{1} << 31))
+  if (!stream_k_fits(static_cast<int64_t>(tm) * tn, kb))
     fail("gemm: stream-K: " + std::to_string(static_cast<int64_t>(tm) * tn * kb) +
          " tile K blocks reach 2^31 (run split-K or whole tiles)");
   const engine::StreamKScheduler sched =

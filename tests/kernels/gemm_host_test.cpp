@@ -487,7 +487,8 @@ TEST(GemmHeuristic, Tile128x192Options) {
 // per tile); the model picks it where few, long tiles leave SMs idle in
 // every data-parallel plan (448 x 2816 x 10752: 88 tiles of 128x256 on 132
 // SMs, measured 0.73x the best data-parallel plan) and not where whole
-// waves fit (4096 x 4096 x 4096 aligned).
+// waves fit (4096 x 4096 x 4096 aligned), nor where its schedule's indices
+// would overflow.
 TEST(GemmHeuristic, StreamKCandidatesAndChoice) {
   auto has_sk = [](const std::vector<tk::GemmPlan>& c) {
     for (const tk::GemmPlan& p : c)
@@ -509,6 +510,13 @@ TEST(GemmHeuristic, StreamKCandidatesAndChoice) {
   tk::GemmArgs big = a;
   big.m = big.n = big.k = 4096;
   EXPECT_FALSE(tk::model_plan(big, 132, true).stream_k);
+  // Past the schedule's int indices ((tiles + 1) x K blocks >= 2^31) it is
+  // no candidate (the launch would reject it).
+  tk::GemmArgs huge = a;
+  huge.m = huge.n = int64_t{1} << 20;
+  huge.k = int64_t{1} << 16;
+  EXPECT_FALSE(has_sk(tk::gemm_plan_candidates(huge)));
+  EXPECT_FALSE(tk::model_plan(huge, 132, true).stream_k);
 }
 
 // Swapped operands: the model search lists the swapped tiles for B [N,K]

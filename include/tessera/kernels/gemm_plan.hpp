@@ -70,6 +70,10 @@ inline constexpr int64_t kSwapMaxM = 288;
 /// balances less than its partial tile costs to write and sum.
 inline constexpr int kStreamKMinBlocks = 8;
 
+/// Whether stream-K can run `tiles` tiles of `k_blocks` K blocks: its
+/// schedule indexes K blocks in int ((tiles + 1) x k_blocks < 2^31).
+constexpr bool stream_k_fits(int64_t tiles, int64_t k_blocks) { return (tiles + 1) * k_blocks < (int64_t{1} << 31); }
+
 /// Problems the model puts under this many microseconds run as programmatic
 /// dependents; longer ones measured slower so (docs/design/gemm.md,
 /// "Programmatic dependent launch").

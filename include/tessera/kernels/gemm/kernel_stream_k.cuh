@@ -57,7 +57,9 @@ struct StreamKEpilogue {
 
 /// Floats of one CTA's slot: the accumulators of all its store threads.
 template <class Cfg>
-inline constexpr int kStreamKSlotFloats = Cfg::kStoreThreads * Cfg::kMAtoms * (Cfg::BN / 2);
+__host__ __device__ constexpr int stream_k_slot_floats() {
+  return Cfg::kStoreThreads * Cfg::kMAtoms * (Cfg::BN / 2);
+}
 
 /// Stores store thread st's accumulators into `slot` in fragment order:
 /// float4 chunk j of the thread at slot[(j * kStoreThreads + st) * 4], so
@@ -75,7 +77,7 @@ __device__ __forceinline__ void store_partial(float* slot, const float (&acc)[Cf
     }
 }
 
-/// Adds `contributors` slots (slot, slot + kStreamKSlotFloats, ...; CTA
+/// Adds `contributors` slots (slot, slot + stream_k_slot_floats(), ...; CTA
 /// order) to store thread st's accumulators, as store_partial laid them
 /// out. Loads go in batches of 8 chunks, all issued before their adds
 /// (no store between them, so nothing aliases).
@@ -86,7 +88,7 @@ __device__ __forceinline__ void add_partials(const float* slot, int contributors
   constexpr int kBatch = 8;
   static_assert(kChunks % kBatch == 0, "whole batches of float4 chunks");
 #pragma unroll 1
-  for (int c = 0; c < contributors; ++c, slot += kStreamKSlotFloats<Cfg>) {
+  for (int c = 0; c < contributors; ++c, slot += stream_k_slot_floats<Cfg>()) {
     const float4* from = reinterpret_cast<const float4*>(slot);
 #pragma unroll
     for (int a = 0; a < Cfg::kMAtoms; ++a)
@@ -113,7 +115,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                          const __grid_constant__ KernelParams<Prologue, Epilogue, Scheduler> p) {
   static_assert(!Cfg::kPingPong && Cfg::kClusterM == 1, "stream-K: cooperative consumers, no clusters");
   static_assert(!Prologue::kActive && !Epilogue::kNotify, "stream-K: plain GEMM only (no hooks)");
-  static_assert(kStreamKSlotFloats<Cfg> == Cfg::BM * Cfg::BN, "a slot holds one tile (the host sizes it so)");
+  static_assert(stream_k_slot_floats<Cfg>() == Cfg::BM * Cfg::BN, "a slot holds one tile (the host sizes it so)");
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   const auto cta = gemm_cta_setup<Cfg, InT, Prologue>(p);
   const StreamKScheduler& s = p.scheduler;
@@ -153,7 +155,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     } else if (g.k1 < s.k_blocks) {
       // A contribution: the slot, then (every store thread past the
       // barrier, whose release st.release extends) the flag.
-      store_partial<Cfg>(p.epilogue.ws + static_cast<int64_t>(b) * kStreamKSlotFloats<Cfg>, acc, st);
+      store_partial<Cfg>(p.epilogue.ws + static_cast<int64_t>(b) * stream_k_slot_floats<Cfg>(), acc, st);
       ptx::named_barrier_sync(kStreamKBarrier, Cfg::kStoreThreads);
       if (threadIdx.x == 128) link::flag_notify<link::Scope::gpu>(p.epilogue.flags + b, 1);
     } else {
@@ -170,7 +172,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           p.epilogue.flags[c] = 0;
         }
       ptx::named_barrier_sync(kStreamKBarrier, Cfg::kStoreThreads);
-      add_partials<Cfg>(p.epilogue.ws + static_cast<int64_t>(lo) * kStreamKSlotFloats<Cfg>, b - lo, acc, st);
+      add_partials<Cfg>(p.epilogue.ws + static_cast<int64_t>(lo) * stream_k_slot_floats<Cfg>(), b - lo, acc, st);
       store_tile_with<Cfg>(p, info, acc, consumer, warp, lane, p.epilogue.bind(info));
     }
   }
