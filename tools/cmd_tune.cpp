@@ -19,6 +19,12 @@
 // TESSERA_GEMM_TUNED=1) then runs:
 //
 //   tessera tune --op gemm --shape 24x992x536 --shape 3812x1104x2184 --layout nk --out bf16
+//
+// `--model-only` measures nothing: it prints the plan gemm() runs by default
+// and the model's --top-k cheapest plans with their estimates, for the SM
+// count --sms (then no GPU is needed):
+//
+//   tessera tune --op gemm --model-only --sms 132 --shape 448x2816x10752 --top-k 8
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
@@ -33,6 +39,7 @@
 
 #include "command.hpp"
 #include "tessera/kernels/gemm.hpp"
+#include "tessera/kernels/gemm_plan.hpp"
 #include "tessera/ops/tp_mlp.hpp"
 #include "tessera/tune/gemm_tuner.hpp"
 #include "tessera/runtime/error.hpp"
@@ -52,6 +59,8 @@ struct TuneOptions {
   std::string out;  ///< output dtype; "" = the input's
   int top_k = 5;
   bool refresh = false;
+  bool model_only = false;  ///< print the model's ranking, measure nothing
+  int sms = 0;              ///< SM count planned for with --model-only; 0 = this GPU's
 };
 
 struct Shape {
@@ -109,6 +118,39 @@ std::string times_text(const ops::TuneReport& r) {
   return t;
 }
 
+// Row strides of a packed problem as a caller pads them: rows must be
+// 16-byte multiples (kernels::validate).
+std::int64_t padded_ld(std::int64_t elems) { return (elems + 7) / 8 * 8; }
+
+// --op gemm --model-only: what gemm() runs by default and the model's
+// ranking, on --sms SMs or this GPU's; no memory, no launch.
+void print_gemm_model(const TuneOptions& opt, DType in, DType out, kernels::BLayout layout) {
+  namespace k = tessera::kernels;
+  int sms = opt.sms;
+  if (sms == 0) {
+    int dev = 0;
+    const cudaError_t e = cudaGetDevice(&dev);
+    TESSERA_CHECK(e == cudaSuccess, "tune: --model-only without --sms needs a GPU ({}); give --sms N",
+                  cudaGetErrorString(e));
+    TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  }
+  // The model reads only shapes, strides and the bases' alignment: any
+  // 256-byte aligned address stands for the caller's buffers.
+  const auto* base = reinterpret_cast<const void*>(std::uintptr_t{1} << 20);
+  for (const std::string& text : opt.shapes) {
+    const Shape s = parse_shape(text);
+    const std::int64_t lda = padded_ld(s.k), ldb = layout == k::BLayout::NK ? lda : padded_ld(s.n);
+    const k::GemmArgs g{base, base, const_cast<void*>(base), s.m, s.n, s.k, lda, ldb, 0, in, out, layout};
+    const bool rule = k::legacy_rule_applies(g, sms);
+    fmt::print("gemm {}x{}x{} {} -> {} {}, {} SMs, rows {}-byte aligned: runs {} ({})\n", s.m, s.n, s.k, dtype_name(in),
+               dtype_name(out), opt.layout, sms, k::row_alignment(g), k::plan_name(k::default_plan(g, sms, true)),
+               rule ? "the benchmark shapes' rule" : "the model's cheapest");
+    const std::vector<k::GemmPlanEstimate> ranked = k::gemm_plan_estimates(g, sms);
+    for (size_t i = 0; i < ranked.size() && static_cast<int>(i) < opt.top_k; ++i)
+      fmt::print("  {:>9.2f} us  {}\n", ranked[i].us, k::plan_name(ranked[i].plan));
+  }
+}
+
 // --op gemm: the plain GEMM's plans, measured on this process's GPU.
 void run_tune_gemm(const TuneOptions& opt) {
   namespace k = tessera::kernels;
@@ -118,6 +160,7 @@ void run_tune_gemm(const TuneOptions& opt) {
   const DType in = opt.dtype == "f16" ? DType::f16 : DType::bf16;
   const DType out = opt.out.empty() ? in : opt.out == "f32" ? DType::f32 : opt.out == "f16" ? DType::f16 : DType::bf16;
   const k::BLayout layout = opt.layout == "kn" ? k::BLayout::KN : k::BLayout::NK;
+  if (opt.model_only) return print_gemm_model(opt, in, out, layout);
   tune::GemmTuneOptions to;
   to.top_k = opt.top_k;
   to.refresh = opt.refresh;
@@ -126,7 +169,7 @@ void run_tune_gemm(const TuneOptions& opt) {
     const Shape s = parse_shape(text);
     // Packed rows must be 16-byte multiples (kernels::validate): round the
     // leading dimensions up as a caller would pad them.
-    const std::int64_t lda = (s.k + 7) / 8 * 8, ldb = layout == k::BLayout::NK ? lda : (s.n + 7) / 8 * 8;
+    const std::int64_t lda = padded_ld(s.k), ldb = layout == k::BLayout::NK ? lda : padded_ld(s.n);
     RandomBuffer a(s.m * lda, 1), b((layout == k::BLayout::NK ? s.n : s.k) * ldb, 2);
     RandomBuffer d(s.m * s.n * static_cast<std::int64_t>(dtype_size(out)) / 2, 3);
     k::GemmArgs g{a.p, b.p, d.p, s.m, s.n, s.k, lda, ldb, 0, in, out, layout};
@@ -145,6 +188,9 @@ void run_tune(const TuneOptions& opt) {
   TESSERA_CHECK(opt.op == "ag_gemm" || opt.op == "gemm_rs" || opt.op == "gemm_ar" || opt.op == "gemm",
                 "tune: --op '{}' (ag_gemm, gemm_rs, gemm_ar or gemm)", opt.op);
   TESSERA_CHECK(opt.dtype == "bf16" || opt.dtype == "f16", "tune: --dtype '{}' (bf16 or f16)", opt.dtype);
+  TESSERA_CHECK(opt.op == "gemm" || (!opt.model_only && opt.sms == 0),
+                "tune: --model-only and --sms are --op gemm options");
+  TESSERA_CHECK(opt.model_only || opt.sms == 0, "tune: --sms applies with --model-only");
   if (opt.op == "gemm") return run_tune_gemm(opt);
   TESSERA_CHECK(!opt.swiglu || opt.op == "ag_gemm", "tune: --swiglu is an ag_gemm option");
   const bool b_kn = opt.layout == "kn";
@@ -211,6 +257,10 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
   cmd->add_option("--top-k", opt->top_k, "--op gemm: the model's k cheapest plans measured per shape")
       ->check(CLI::Range(1, 64));
   cmd->add_flag("--refresh", opt->refresh, "--op gemm: measure even when the shape's bucket holds a plan");
+  cmd->add_flag("--model-only", opt->model_only,
+                "--op gemm: measure nothing; print the plan gemm() runs and the model's --top-k cheapest plans");
+  cmd->add_option("--sms", opt->sms, "--op gemm --model-only: plan for this many SMs (default: this GPU's)")
+      ->check(CLI::Range(1, 1024));
   cmd->callback([opt] { run_tune(*opt); });
 });
 

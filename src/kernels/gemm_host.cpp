@@ -702,22 +702,36 @@ GemmPlan plan_gemm(const GemmArgs& a, const GemmOptions& o) {
     p.cluster_m = resolve_cluster(a, o, p.tile);
     return p;
   }
-  const int sms = o.max_ctas > 0 ? std::min(o.max_ctas, detail::sm_count()) : detail::sm_count();
-  const int al = row_alignment(a);
+  return default_plan(a, plan_sm_count(o), o.k_splits == 0);
+}
+
+bool legacy_rule_applies(const GemmArgs& a, int num_sms) {
   const int64_t big_tiles = ((a.m + 127) / 128) * ((a.n + 255) / 256);
-  if (al >= 128 && a.m >= 2048 && a.n >= 2048 && big_tiles >= 2 * sms) {
-    // Large, aligned problems: the rule measured on the 13 benchmark shapes.
-    if (plain_uses_ping_pong(a, o)) {
-      p.tile = GemmTile::T64x256;
-      p.ping_pong = true;
-      return p;
-    }
-    p.tile = choose_tile(a, sms);
-    p.cluster_m = 1;
+  return row_alignment(a) >= 128 && a.m >= 2048 && a.n >= 2048 && big_tiles >= 2 * num_sms;
+}
+
+GemmPlan default_plan(const GemmArgs& a, int num_sms, bool allow_split) {
+  TESSERA_CHECK(num_sms > 0, "gemm: num_sms = {} must be positive", num_sms);
+  if (!legacy_rule_applies(a, num_sms)) return model_plan(a, num_sms, allow_split);
+  // Large, aligned problems: the rule measured on the 13 benchmark shapes.
+  GemmPlan p;
+  if (plain_uses_ping_pong(a, GemmOptions{})) {
+    p.tile = GemmTile::T64x256;
+    p.ping_pong = true;
     return p;
   }
-  // Everything else: the cheapest plan under the model.
-  return model_plan(a, sms, o.k_splits == 0);
+  p.tile = choose_tile(a, num_sms);
+  p.cluster_m = 1;
+  return p;
+}
+
+std::vector<GemmPlanEstimate> gemm_plan_estimates(const GemmArgs& a, int num_sms) {
+  TESSERA_CHECK(num_sms > 0, "gemm: num_sms = {} must be positive", num_sms);
+  std::vector<GemmPlanEstimate> out;
+  for (const GemmPlan& p : gemm_plan_candidates(a)) out.push_back({p, model_gemm_us(a, num_sms, p)});
+  std::stable_sort(out.begin(), out.end(),
+                   [](const GemmPlanEstimate& x, const GemmPlanEstimate& y) { return x.us < y.us; });
+  return out;
 }
 
 GemmPlan model_plan(const GemmArgs& a, int num_sms, bool allow_split) {

@@ -268,16 +268,13 @@ GemmTuneResult gemm_tune(const k::GemmArgs& a, cudaStream_t caller, const GemmTu
 
   // The model's top_k, then its own pick (the legacy rule's, on large
   // aligned problems) if not among them.
-  std::vector<k::GemmPlan> cands = k::gemm_plan_candidates(a);
-  std::vector<std::pair<double, size_t>> order;
-  for (size_t i = 0; i < cands.size(); ++i) order.push_back({k::model_gemm_us(a, sms, cands[i]), i});
-  std::stable_sort(order.begin(), order.end());
+  const std::vector<k::GemmPlanEstimate> ranked = k::gemm_plan_estimates(a, sms);
+  const size_t top = std::min<size_t>(o.top_k, ranked.size());
   std::vector<k::GemmPlan> plans;
-  if (std::find(cands.begin(), cands.end(), res.model_plan) == cands.end() ||
-      std::none_of(order.begin(), order.begin() + std::min<size_t>(o.top_k, order.size()),
-                   [&](const auto& x) { return cands[x.second] == res.model_plan; }))
+  if (std::none_of(ranked.begin(), ranked.begin() + top,
+                   [&](const k::GemmPlanEstimate& x) { return x.plan == res.model_plan; }))
     plans.push_back(res.model_plan);
-  for (size_t i = 0; i < order.size() && static_cast<int>(i) < o.top_k; ++i) plans.push_back(cands[order[i].second]);
+  for (size_t i = 0; i < top; ++i) plans.push_back(ranked[i].plan);
   // The model's pick first: it is the baseline of the margin.
   std::stable_partition(plans.begin(), plans.end(), [&](const k::GemmPlan& p) { return p == res.model_plan; });
 

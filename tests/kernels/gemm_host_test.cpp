@@ -519,6 +519,39 @@ TEST(GemmHeuristic, StreamKCandidatesAndChoice) {
   EXPECT_FALSE(tk::model_plan(huge, 132, true).stream_k);
 }
 
+// The host-only planning entry points agree with each other: the ranking
+// lists every candidate once, cheapest first, and its first plan is the
+// model's choice; default_plan() takes the benchmark shapes' rule exactly
+// where legacy_rule_applies() says so.
+TEST(GemmPlanCandidates, EstimatesRankTheModelsChoiceFirst) {
+  for (auto [m, n, k] : {std::array<int64_t, 3>{448, 2816, 10752},
+                         {20, 5336, 3192},
+                         {8192, 8192, 8192},
+                         {1, 64, 8},
+                         {3000, 900, 4104}}) {
+    tk::GemmArgs a = good();
+    a.m = m, a.n = n, a.k = k, a.lda = a.ldb = a.ldd = 0;
+    SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k));
+    const std::vector<tk::GemmPlanEstimate> r = tk::gemm_plan_estimates(a, 132);
+    EXPECT_EQ(r.size(), tk::gemm_plan_candidates(a).size());
+    for (size_t i = 1; i < r.size(); ++i) EXPECT_LE(r[i - 1].us, r[i].us);
+    ASSERT_FALSE(r.empty());
+    EXPECT_TRUE(r.front().plan == tk::model_plan(a, 132, true));
+    const tk::GemmPlan d = tk::default_plan(a, 132, true);
+    if (tk::legacy_rule_applies(a, 132))
+      EXPECT_FALSE(d.stream_k || d.k_splits > 1 || d.swap_ab);
+    else
+      EXPECT_TRUE(d == tk::model_plan(a, 132, true));
+  }
+  tk::GemmArgs a = good();
+  a.m = a.n = a.k = 8192;
+  EXPECT_TRUE(tk::legacy_rule_applies(a, 132));
+  a.k = 8200;  // rows 16-byte aligned: the model
+  EXPECT_FALSE(tk::legacy_rule_applies(a, 132));
+  EXPECT_THROW(tk::gemm_plan_estimates(a, 0), tessera::Error);
+  EXPECT_THROW(tk::default_plan(a, 0, true), tessera::Error);
+}
+
 // Swapped operands: the model search lists the swapped tiles for B [N,K]
 // and M <= kSwapMaxM only; explicit swap_ab resolves Auto to the narrowest
 // tile holding M and rejects what the swapped kernels do not compile.

@@ -47,6 +47,28 @@ std::vector<GemmPlan> gemm_plan_candidates(const GemmArgs& a);
 /// included.
 GemmPlan model_plan(const GemmArgs& a, int num_sms, bool allow_split);
 
+/// The plan plan_gemm() runs when the options name none, on `num_sms` SMs
+/// (no device query): the rule measured on the 13 benchmark shapes where
+/// legacy_rule_applies(), else model_plan(a, num_sms, allow_split).
+/// allow_split is false for GemmOptions::k_splits = 1.
+GemmPlan default_plan(const GemmArgs& a, int num_sms, bool allow_split);
+
+/// Whether default_plan() takes the benchmark shapes' rule: rows 128-byte
+/// aligned (row_alignment), M and N >= 2048 and at least two waves of
+/// 128x256 tiles on num_sms SMs.
+bool legacy_rule_applies(const GemmArgs& a, int num_sms);
+
+/// A candidate plan and its model estimate.
+struct GemmPlanEstimate {
+  GemmPlan plan;
+  double us = 0;  ///< model_gemm_us on the SM count asked for
+};
+
+/// Every plan of gemm_plan_candidates(a) with its model_gemm_us() on
+/// `num_sms` SMs, cheapest first (equal estimates in the candidates'
+/// order, as the search breaks ties). Host only.
+std::vector<GemmPlanEstimate> gemm_plan_estimates(const GemmArgs& a, int num_sms);
+
 /// True when `p` is one of gemm_plan_candidates(a).
 bool gemm_plan_valid(const GemmArgs& a, const GemmPlan& p);
 
