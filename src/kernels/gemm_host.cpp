@@ -387,15 +387,17 @@ bool plain_dependent_launch(const GemmArgs& a, const GemmOptions& o, const GemmP
 
 namespace {
 
-// The model's DRAM floor and launch cost, shared by the data-parallel and
-// stream-K estimates: the compute estimate t, raised to the DRAM time of
-// the problem's bytes (at most kDramBytesPerUs, and no more than the
-// active CTAs' pipelines hold in flight per kDramLatencyUs), plus the launch.
+// The model's constants shared by the data-parallel and stream-K estimates
+// (model_gemm_us says what each is and where it was fitted).
+constexpr double kFlopPerUs = 5.63e6;
 constexpr double kDramBytesPerUs = 3.98e6;
 constexpr double kDramLatencyUs = 1.62;
 constexpr double kSmBw = 91.2e3;
 constexpr double kLaunchUs = 6.04;
 
+// The compute estimate t raised to the DRAM time of the problem's bytes (at
+// most kDramBytesPerUs, and no more than the active CTAs' pipelines hold in
+// flight per kDramLatencyUs), plus the launch.
 double with_dram_and_launch(const GemmArgs& a, double t, double active, double in_flight_rows, int stages, double fix) {
   const double out_bytes = static_cast<double>(a.m) * a.n * dtype_size(a.out);
   const double dram = (static_cast<double>(a.m) * a.k + static_cast<double>(a.n) * a.k) * dtype_size(a.in) + out_bytes;
@@ -414,7 +416,6 @@ double with_dram_and_launch(const GemmArgs& a, double t, double active, double i
 // faster.
 double model_stream_k_us(const GemmArgs& a, int num_sms, const GemmPlan& p, int64_t tiles_m, int64_t tiles_n,
                          int64_t kb, double eff, double fix, double total_bw) {
-  constexpr double kFlopPerUs = 5.63e6;
   constexpr double kStreamKUs = 8.0;
   if (!stream_k_fits(tiles_m * tiles_n, kb)) return std::numeric_limits<double>::infinity();
   const TileShape ts = tile_shape(p.tile);
@@ -449,8 +450,8 @@ double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p) {
   // the bytes the active CTAs' pipelines hold in flight per kDramLatencyUs
   // (Little's law: where M is small, a deep ring of weight rows streams
   // faster than a shallow one); both fitted to seeds 8 and 11 under
-  // GPU-only timing with the other constants held.
-  constexpr double kFlopPerUs = 5.63e6;
+  // GPU-only timing with the other constants held. (kFlopPerUs, the DRAM
+  // and launch constants: above, shared with the stream-K estimate.)
   constexpr double kSplitUs = 2.0;
   const int al = row_alignment(a);
   const double total_bw = al >= 128 ? 17.2e6 : al >= 32 ? 11.1e6 : 7.58e6;
