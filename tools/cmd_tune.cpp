@@ -136,11 +136,11 @@ void print_gemm_model(const TuneOptions& opt, DType in, DType out, kernels::BLay
   }
   // The model reads only shapes, strides and the bases' alignment: any
   // 256-byte aligned address stands for the caller's buffers.
-  const auto* base = reinterpret_cast<const void*>(std::uintptr_t{1} << 20);
+  void* base = reinterpret_cast<void*>(std::uintptr_t{1} << 20);
   for (const std::string& text : opt.shapes) {
     const Shape s = parse_shape(text);
     const std::int64_t lda = padded_ld(s.k), ldb = layout == k::BLayout::NK ? lda : padded_ld(s.n);
-    const k::GemmArgs g{base, base, const_cast<void*>(base), s.m, s.n, s.k, lda, ldb, 0, in, out, layout};
+    const k::GemmArgs g{base, base, base, s.m, s.n, s.k, lda, ldb, 0, in, out, layout};
     const bool rule = k::legacy_rule_applies(g, sms);
     fmt::print("gemm {}x{}x{} {} -> {} {}, {} SMs, rows {}-byte aligned: runs {} ({})\n", s.m, s.n, s.k, dtype_name(in),
                dtype_name(out), opt.layout, sms, k::row_alignment(g), k::plan_name(k::default_plan(g, sms, true)),

@@ -234,8 +234,9 @@ void* acquire_workspace(size_t bytes, cudaStream_t stream) {
 void release_workspace(void* p, cudaStream_t stream) { TESSERA_CUDA_CHECK(cudaFreeAsync(p, stream)); }
 
 StreamKWorkspace stream_k_workspace(cudaStream_t stream, size_t slot_bytes) {
-  // Every stream-K kernel's tile is at most 128 x 256 f32 per CTA slot.
-  constexpr size_t kMaxSlotBytes = size_t{128} * 256 * sizeof(float);
+  // One f32 tile per CTA slot, of the largest stream-K tile (128x256).
+  constexpr TileShape kLargest = tile_shape(GemmTile::T128x256);
+  constexpr size_t kMaxSlotBytes = size_t{kLargest.bm} * kLargest.bn * sizeof(float);
   TESSERA_CHECK(slot_bytes <= kMaxSlotBytes, "gemm: stream-K slot of {} bytes exceeds the workspace's {}", slot_bytes,
                 kMaxSlotBytes);
   static std::mutex mu;
@@ -422,13 +423,12 @@ double model_stream_k_us(const GemmArgs& a, int num_sms, const GemmPlan& p, int6
   const engine::StreamKScheduler s = engine::StreamKScheduler::make(
       {}, static_cast<int>(tiles_m), static_cast<int>(tiles_n), static_cast<int>(kb), num_sms, kStreamKMinBlocks);
   const int64_t per_cta = (static_cast<int64_t>(s.iters) + s.units - 1) / s.units;
-  const bool split = s.iters % s.units != 0 || (s.iters / s.units) % s.k_blocks != 0;
   const double active = static_cast<double>(std::min(s.units, num_sms));
   const double t_comp = 2.0 * ts.bm * ts.bn * 64 / (kFlopPerUs * eff);
   const double rows = static_cast<double>(std::min<int64_t>(ts.bm, a.m)) + std::min<int64_t>(ts.bn, a.n);
   const double t_block = std::max(t_comp, rows * 128 / std::min(kSmBw, total_bw / active));
   const double t = static_cast<double>(s.dp_tiles / s.units) * (s.k_blocks * t_block + fix) + per_cta * t_block +
-                   (static_cast<double>(per_cta) / s.k_blocks + 1) * fix + (split ? kStreamKUs : 0.0);
+                   (static_cast<double>(per_cta) / s.k_blocks + 1) * fix + (s.any_split() ? kStreamKUs : 0.0);
   return with_dram_and_launch(a, t, active, rows, tile_stages(p.tile, false), fix);
 }
 

@@ -147,12 +147,10 @@ void gemm_plain_stream_k_cfg(const GemmArgs& a, const GemmOptions& o, cudaStream
          " tile K blocks reach 2^31 (run split-K or whole tiles)");
   const engine::StreamKScheduler sched =
       engine::StreamKScheduler::make(raster_from(o), tm, tn, kb, plan_sm_count(o), kStreamKMinBlocks);
-  bool any_split = false;
-  for (int t = 0; t < sched.tiles - sched.dp_tiles && !any_split; ++t) any_split = sched.split(t);
   engine::StreamKEpilogue<InT> epi;
   epi.d = static_cast<InT*>(a.d);
   epi.ldd = a.ldd_or_packed();
-  if (any_split) {
+  if (sched.any_split()) {
     const StreamKWorkspace ws = stream_k_workspace(stream, static_cast<size_t>(Cfg::BM) * Cfg::BN * sizeof(float));
     epi.ws = ws.slots;
     epi.flags = ws.flags;

@@ -233,6 +233,11 @@ struct StreamKScheduler {
   __host__ __device__ __forceinline__ int last_unit(int t) const { return unit_of(t * k_blocks + k_blocks - 1); }
   /// Whether stream-K tile t is split over several CTAs.
   __host__ __device__ __forceinline__ bool split(int t) const { return first_unit(t) != last_unit(t); }
+  /// Whether any stream-K tile is split: unless every range boundary
+  /// begin(b) = q b + floor(r b / units) is a whole tile, i.e. r = 0 and q
+  /// a multiple of k_blocks (floor(r b / units) takes every value 0 .. r - 1,
+  /// so r >= 1 puts a boundary inside a tile once k_blocks > 1).
+  __host__ __device__ __forceinline__ bool any_split() const { return k_blocks > 1 && (r != 0 || q % k_blocks != 0); }
 };
 
 /// One segment of a CTA's work: K blocks [k0, k1) of the tile at walk index
