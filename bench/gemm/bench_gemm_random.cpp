@@ -199,6 +199,17 @@ std::vector<std::pair<std::string, kernels::GemmOptions>> diag_kernels(const Ran
       g.tile = GemmTile::T128x192;
       kernels_diag.push_back({"128x192/c1", g});
     }
+    // The plain-only cluster kernels (cluster_kernel_compiled).
+    for (GemmTile t : {GemmTile::T128x128, GemmTile::T128x256, GemmTile::T128x192})
+      for (int cm : {1, 2})
+        for (int cn : {1, 2})
+          if (kernels::cluster_kernel_compiled(t, cm, cn)) {
+            GemmOptions g;
+            g.tile = t;
+            g.cluster_m = cm;
+            g.cluster_n = cn;
+            kernels_diag.push_back({tile_name(t) + "/c" + std::to_string(cm) + (cn > 1 ? "x2" : ""), g});
+          }
     for (int k : {2, 4, 8}) {
       GemmOptions g;
       g.k_splits = k;

@@ -33,7 +33,8 @@ bool tuned_by_env() {
 }
 
 bool names_plan(const GemmOptions& o) {
-  return o.tile != GemmTile::Auto || o.ping_pong || o.cluster_m != 0 || o.k_splits != 0 || o.stream_k || o.swap_ab;
+  return o.tile != GemmTile::Auto || o.ping_pong || o.cluster_m != 0 || o.cluster_n != 0 || o.k_splits != 0 ||
+         o.stream_k || o.swap_ab;
 }
 
 void gemm_impl(const GemmArgs& args, const GemmOptions& o, cudaStream_t stream);

@@ -330,6 +330,13 @@ int resolve_cluster(const GemmArgs& a, const GemmOptions& o, GemmTile t) {
 
 bool is_swap_tile(GemmTile t) { return t == GemmTile::T128x32 || t == GemmTile::T128x64 || t == GemmTile::T128x96; }
 
+bool cluster_kernel_compiled(GemmTile t, int cluster_m, int cluster_n) {
+  if (t == GemmTile::T128x128) return (cluster_m == 2 || cluster_n == 2) && cluster_m <= 2 && cluster_n <= 2;
+  if (t == GemmTile::T128x256) return cluster_m == 2 && cluster_n == 2;
+  if (t == GemmTile::T128x192) return cluster_m == 1 && cluster_n == 2;
+  return false;
+}
+
 bool plain_uses_ping_pong(const GemmArgs& a, const GemmOptions& o) {
   // Above ~4e11 multiply-adds the cooperative 128x256 kernel is the safer
   // choice: measured in one binary on nvidia-h200-x2 (docs/design/gemm-engine.md),
@@ -406,6 +413,24 @@ double with_dram_and_launch(const GemmArgs& a, double t, double active, double i
   return std::max(t, dram / std::min(kDramBytesPerUs, in_flight / kDramLatencyUs) + fix) + kLaunchUs;
 }
 
+// L2->SM bytes per microsecond one of `active` CTAs receives when each
+// loads `rows` 128-byte rows per K block: the GPU's rate for the row
+// alignment (total_bw) shared by the active CTAs, at most kSmBw per SM.
+// With rows not 128-byte aligned and more than one 128-row box per K
+// block, also at most the per-SM share of total_bw at full occupancy
+// (kFullSms) however few CTAs run: the limit is then the TMA unit's
+// requests (a misaligned box row is two), not L2. Measured: 3199 x 856 x
+// 15480 (16-byte rows, 100 tiles of 128x256 on 132 SMs) runs 1.34x slower
+// with one CTA per tile than with B multicast, as the per-SM cap predicts
+// and a shared one does not; choosing by it on seeds 18, 19 and 21 comes
+// within 1.029 / 1.053 / 1.057 of the best kernel (1.046 / 1.067 / 1.052
+// without it; docs/design/gemm.md, "Clusters for misaligned rows").
+double sm_load_bw(int al, double total_bw, double active, double rows) {
+  constexpr double kFullSms = 132.0;
+  const double cap = al < 128 && rows > 128 ? std::min(kSmBw, total_bw / kFullSms) : kSmBw;
+  return std::min(cap, total_bw / active);
+}
+
 // Stream-K (kernel_stream_k.cuh) as StreamKScheduler lays it out: whole
 // waves but the last data-parallel, then every CTA an equal share of the
 // remaining tiles' K blocks at the tile's per-block rate, a fixed cost per
@@ -426,7 +451,7 @@ double model_stream_k_us(const GemmArgs& a, int num_sms, const GemmPlan& p, int6
   const double active = static_cast<double>(std::min(s.units, num_sms));
   const double t_comp = 2.0 * ts.bm * ts.bn * 64 / (kFlopPerUs * eff);
   const double rows = static_cast<double>(std::min<int64_t>(ts.bm, a.m)) + std::min<int64_t>(ts.bn, a.n);
-  const double t_block = std::max(t_comp, rows * 128 / std::min(kSmBw, total_bw / active));
+  const double t_block = std::max(t_comp, rows * 128 / sm_load_bw(row_alignment(a), total_bw, active, rows));
   const double t = static_cast<double>(s.dp_tiles / s.units) * (s.k_blocks * t_block + fix) + per_cta * t_block +
                    (static_cast<double>(per_cta) / s.k_blocks + 1) * fix + (s.any_split() ? kStreamKUs : 0.0);
   return with_dram_and_launch(a, t, active, rows, tile_stages(p.tile, false), fix);
@@ -459,12 +484,19 @@ double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p) {
   // A swapped plan tiles D^T: its rows run over N, its columns over M.
   const int64_t pm = p.swap_ab ? a.n : a.m, pn = p.swap_ab ? a.m : a.n;
   double eff = 1.12, fix = p.cluster_m == 2 ? 2.83 : 2.41;  // 128x256 cooperative
+  // The plain-only cluster kernels (cluster_kernel_compiled) cost each
+  // cluster tile kClusterFixUs more and run their wgmma at kClusterEff of
+  // the tile's rate (its CTAs refill a slot only when all its readers
+  // released it): fitted to their --diag timings beside every other kernel
+  // (seeds 18 and 19; docs/design/gemm.md, "Clusters for misaligned rows").
+  constexpr double kClusterFixUs = 1.0;
+  constexpr double kClusterEff = 0.9;
   if (p.tile == GemmTile::T256x128) {
     eff = p.cluster_m == 2 ? 1.06 : 1.10;
     fix = p.cluster_m == 2 ? 3.3 : 2.35;
   } else if (p.tile == GemmTile::T128x128) {
     eff = p.ping_pong ? 1.23 : 1.22;
-    fix = p.ping_pong ? 1.89 : 0.97;
+    fix = p.ping_pong ? 1.89 : p.cluster_m == 2 ? 0.97 + kClusterFixUs : 0.97;
   } else if (p.tile == GemmTile::T64x256) {
     eff = 0.965;
     fix = 0.556;
@@ -489,18 +521,34 @@ double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p) {
     eff = 0.95;
     fix = 0.5;
   }
-  const int64_t tm = (pm + ts.bm - 1) / ts.bm, tn = (pn + ts.bn - 1) / ts.bn;
+  if (cluster_kernel_compiled(p.tile, p.cluster_m, p.cluster_n)) eff *= kClusterEff;
+  if (p.cluster_n > 1) fix += kClusterFixUs;
+  int64_t tm = (pm + ts.bm - 1) / ts.bm, tn = (pn + ts.bn - 1) / ts.bn;
   const int64_t kb_total = (a.k + 63) / 64;
   if (p.stream_k) return model_stream_k_us(a, num_sms, p, tm, tn, kb_total, eff, fix, total_bw);
+  // A cluster's CTAs run whole cluster tiles (the tiles past the problem
+  // too, on zeros), and 4-CTA clusters leave some SMs of a GPC idle (30
+  // such clusters of ~200 KiB CTAs are resident on the H200's 132 SMs,
+  // cudaOccupancyMaxActiveClusters).
+  int64_t sms = num_sms;
+  if (p.cluster_m * p.cluster_n > 1) {
+    tm = (tm + p.cluster_m - 1) / p.cluster_m * p.cluster_m;
+    tn = (tn + p.cluster_n - 1) / p.cluster_n * p.cluster_n;
+    constexpr double kQuadClusterSms = 120.0 / 132.0;
+    const int64_t csize = p.cluster_m * p.cluster_n;
+    sms = csize == 4 ? static_cast<int64_t>(num_sms * kQuadClusterSms) / 4 * 4 : num_sms / csize * csize;
+    sms = std::max<int64_t>(sms, csize);
+  }
   const int64_t kb = (kb_total + p.k_splits - 1) / p.k_splits;
   const int64_t splits = (kb_total + kb - 1) / kb;
   const int64_t units = tm * tn * splits;
-  const int64_t waves = (units + num_sms - 1) / num_sms;
-  const double active = static_cast<double>(std::min<int64_t>(units, num_sms));
+  const int64_t waves = (units + sms - 1) / sms;
+  const double active = static_cast<double>(std::min<int64_t>(units, sms));
   const double t_comp = 2.0 * ts.bm * ts.bn * 64 / (kFlopPerUs * eff);
-  const double rows = static_cast<double>(std::min<int64_t>(ts.bm, pm)) +
+  // L2->SM rows per K block and CTA: a cluster shares A along N, B along M.
+  const double rows = static_cast<double>(std::min<int64_t>(ts.bm, pm)) / p.cluster_n +
                       static_cast<double>(std::min<int64_t>(ts.bn, pn)) / p.cluster_m;
-  const double t_load = rows * 128 / std::min(kSmBw, total_bw / active);
+  const double t_load = rows * 128 / sm_load_bw(al, total_bw, active, rows);
   double t = waves * (kb * std::max(t_comp, t_load) + fix);
   t = with_dram_and_launch(a, t, active, rows, tile_stages(p.tile, p.ping_pong), fix);
   const double out_bytes = static_cast<double>(a.m) * a.n * dtype_size(a.out);
@@ -523,13 +571,16 @@ std::vector<GemmPlan> plan_candidates(const GemmArgs& a, bool allow_split) {
     int cluster;
     bool splittable;
     bool mixed_ok;  // compiled for an output type other than the input's
+    int cluster_n = 1;
   };
   const Cand cands[] = {
-      {GemmTile::T128x256, false, 1, false, true},  {GemmTile::T128x256, false, 2, false, false},
-      {GemmTile::T256x128, false, 1, false, false}, {GemmTile::T256x128, false, 2, false, false},
-      {GemmTile::T128x128, false, 1, true, false},  {GemmTile::T128x128, true, 1, false, false},
-      {GemmTile::T64x256, true, 1, true, false},    {GemmTile::T64x64, true, 1, true, false},
-      {GemmTile::T128x192, false, 1, false, false},
+      {GemmTile::T128x256, false, 1, false, true},     {GemmTile::T128x256, false, 2, false, false},
+      {GemmTile::T256x128, false, 1, false, false},    {GemmTile::T256x128, false, 2, false, false},
+      {GemmTile::T128x128, false, 1, true, false},     {GemmTile::T128x128, true, 1, false, false},
+      {GemmTile::T64x256, true, 1, true, false},       {GemmTile::T64x64, true, 1, true, false},
+      {GemmTile::T128x192, false, 1, false, false},    {GemmTile::T128x128, false, 2, false, false},
+      {GemmTile::T128x128, false, 1, false, false, 2}, {GemmTile::T128x128, false, 2, false, false, 2},
+      {GemmTile::T128x256, false, 2, false, false, 2}, {GemmTile::T128x192, false, 1, false, false, 2},
   };
   const bool same_type = a.in == a.out;
   const int64_t kb_total = std::max<int64_t>(1, (a.k + 63) / 64);
@@ -537,6 +588,10 @@ std::vector<GemmPlan> plan_candidates(const GemmArgs& a, bool allow_split) {
   for (const Cand& c : cands) {
     const TileShape ts = tile_shape(c.t);
     if (c.cluster == 2 && (a.m + ts.bm - 1) / ts.bm < 2) continue;
+    // A cluster along N also needs two tile rows: with one, the A tile it
+    // shares is mostly empty, and on M <= 43 (seed 18) 128x128 1x2 measured
+    // no faster than 128x128 alone, far behind the swapped and 64x64 tiles.
+    if (c.cluster_n == 2 && ((a.n + ts.bn - 1) / ts.bn < 2 || (a.m + ts.bm - 1) / ts.bm < 2)) continue;
     const int max_splits = c.splittable && allow_split ? static_cast<int>(std::min<int64_t>(32, kb_total / 4)) : 1;
     for (int s = 1; s <= std::max(1, max_splits); ++s) {
       // Split kernels write f32 partials whatever the output type.
@@ -545,6 +600,7 @@ std::vector<GemmPlan> plan_candidates(const GemmArgs& a, bool allow_split) {
       q.tile = c.t;
       q.ping_pong = c.pp;
       q.cluster_m = c.cluster;
+      q.cluster_n = c.cluster_n;
       q.k_splits = canonical_k_splits(a, s);
       if (s > 1 && q.k_splits == 1) continue;
       if (std::find(out.begin(), out.end(), q) == out.end()) out.push_back(q);
@@ -603,6 +659,7 @@ GemmOptions plan_options(const GemmPlan& p, GemmOptions base) {
   // would name the 64x256 split kernel.
   base.ping_pong = p.ping_pong && p.tile != GemmTile::T64x64;
   base.cluster_m = p.cluster_m;
+  base.cluster_n = p.cluster_n;
   base.k_splits = p.k_splits;
   base.stream_k = p.stream_k;
   base.swap_ab = p.swap_ab;
@@ -622,14 +679,17 @@ GemmPlanLookup gemm_plan_lookup() { return g_plan_lookup.load(); }
 
 GemmPlan plan_gemm(const GemmArgs& a, const GemmOptions& o) {
   TESSERA_CHECK(o.k_splits >= 0, "gemm: k_splits = {} must be >= 0 (0 = heuristic)", o.k_splits);
+  TESSERA_CHECK(o.cluster_n >= 0 && o.cluster_n <= 2, "gemm: cluster_n = {} (0 or 1: none, 2)", o.cluster_n);
   GemmPlan p;
   const bool same_type = a.in == a.out;
+  const bool along_n = o.cluster_n == 2;
   if (o.stream_k) {
     // Explicit stream-K: 128x256 (Auto) or 128x128, cooperative, whole K.
     TESSERA_CHECK(o.tile == GemmTile::Auto || o.tile == GemmTile::T128x256 || o.tile == GemmTile::T128x128,
                   "gemm: stream_k runs tile 128x256 or 128x128, not {}", tile_name(o.tile));
     TESSERA_CHECK(!o.ping_pong, "gemm: stream_k runs the cooperative kernel (ping_pong is set)");
-    TESSERA_CHECK(o.cluster_m <= 1, "gemm: stream_k runs without clusters (cluster_m = {})", o.cluster_m);
+    TESSERA_CHECK(o.cluster_m <= 1 && !along_n, "gemm: stream_k runs without clusters (cluster_m = {}, cluster_n = {})",
+                  o.cluster_m, o.cluster_n);
     TESSERA_CHECK(o.k_splits <= 1, "gemm: stream_k splits K by itself (k_splits = {})", o.k_splits);
     TESSERA_CHECK(same_type, "gemm: stream_k is compiled for output type == input type ({} -> {})", dtype_name(a.in),
                   dtype_name(a.out));
@@ -646,7 +706,8 @@ GemmPlan plan_gemm(const GemmArgs& a, const GemmOptions& o) {
     TESSERA_CHECK(o.tile == GemmTile::Auto || is_swap_tile(o.tile),
                   "gemm: swap_ab runs tile 128x32, 128x64 or 128x96, not {}", tile_name(o.tile));
     TESSERA_CHECK(!o.ping_pong, "gemm: swap_ab runs the cooperative kernel (ping_pong is set)");
-    TESSERA_CHECK(o.cluster_m <= 1, "gemm: swap_ab runs without clusters (cluster_m = {})", o.cluster_m);
+    TESSERA_CHECK(o.cluster_m <= 1 && !along_n, "gemm: swap_ab runs without clusters (cluster_m = {}, cluster_n = {})",
+                  o.cluster_m, o.cluster_n);
     TESSERA_CHECK(same_type || o.k_splits > 1,
                   "gemm: swap_ab over whole K is compiled for output type == input type ({} -> {}); set k_splits > 1",
                   dtype_name(a.in), dtype_name(a.out));
@@ -665,11 +726,28 @@ GemmPlan plan_gemm(const GemmArgs& a, const GemmOptions& o) {
                       (o.ping_pong ? o.tile == GemmTile::T64x256 : o.tile == GemmTile::T128x128),
                   "gemm: k_splits = {} runs tile 128x128 (cooperative), 64x256 (ping_pong) or 64x64, not {}",
                   o.k_splits, tile_name(o.tile));
-    TESSERA_CHECK(o.cluster_m <= 1, "gemm: k_splits = {} runs without clusters (cluster_m = {})", o.k_splits,
-                  o.cluster_m);
+    TESSERA_CHECK(o.cluster_m <= 1 && !along_n,
+                  "gemm: k_splits = {} runs without clusters (cluster_m = {}, cluster_n = {})", o.k_splits, o.cluster_m,
+                  o.cluster_n);
     p.tile = o.tile == GemmTile::T64x64 ? GemmTile::T64x64 : (o.ping_pong ? GemmTile::T64x256 : GemmTile::T128x128);
     p.ping_pong = o.ping_pong || o.tile == GemmTile::T64x64;
     p.k_splits = o.k_splits;
+    return p;
+  }
+  if (along_n || (o.tile == GemmTile::T128x128 && o.cluster_m == 2 && !o.ping_pong)) {
+    // The plain gemm()'s own cluster kernels (A shared along N; 128x128
+    // along M): cooperative, whole K, output type == input type.
+    const int cm = std::max(1, o.cluster_m), cn = std::max(1, o.cluster_n);
+    TESSERA_CHECK(!o.ping_pong, "gemm: cluster_n = 2 runs the cooperative kernel (ping_pong is set)");
+    TESSERA_CHECK(same_type, "gemm: cluster {}x{} is compiled for output type == input type ({} -> {})", cm, cn,
+                  dtype_name(a.in), dtype_name(a.out));
+    TESSERA_CHECK(cluster_kernel_compiled(o.tile, cm, cn),
+                  "gemm: no {}x{} cluster kernel for tile {} (compiled: 128x128 with 2x1, 1x2 or 2x2; 128x256 with "
+                  "2x2; 128x192 with 1x2)",
+                  cm, cn, tile_name(o.tile));
+    p.tile = o.tile;
+    p.cluster_m = cm;
+    p.cluster_n = cn;
     return p;
   }
   if (o.tile == GemmTile::T128x192) {
@@ -773,6 +851,7 @@ GemmPlan model_plan(const GemmArgs& a, int num_sms, bool allow_split) {
 
 std::string plan_name(const GemmPlan& p) {
   std::string s = tile_name(p.tile) + (p.ping_pong ? "/pp" : "/c" + std::to_string(p.cluster_m));
+  if (p.cluster_n > 1) s += "x" + std::to_string(p.cluster_n);
   if (p.k_splits > 1) s += "/k" + std::to_string(p.k_splits);
   if (p.stream_k) s += "/sk";
   if (p.swap_ab) s += "/swap";

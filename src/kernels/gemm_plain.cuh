@@ -2,7 +2,9 @@
 // RasterScheduler) for one input type and B layout; instantiated once per
 // (input type, layout) in gemm_plain_*.cu so the kernels compile in parallel.
 // plan_gemm() picks the kernel: cooperative (128x256, 256x128, 128x128;
-// 2-CTA clusters for the first two; 128x192 for output type == input type),
+// 2-CTA clusters along M for the first two; 128x192 for output type ==
+// input type; and for that type only, clusters sharing A along N or
+// 128x128 along M: cluster_kernel_compiled),
 // ping-pong (128x128, 64x256, 64x64; output type == input type only),
 // split-K on 128x128 / 64x256 / 64x64 (splitk.cuh), stream-K on 128x256 /
 // 128x128 (kernel_stream_k.cuh; output type == input type), or swapped
@@ -164,8 +166,8 @@ void gemm_plain_stream_k_cfg(const GemmArgs& a, const GemmOptions& o, cudaStream
 }
 
 /// A kernel set that `gemm_with` runs only as planned here (the 64x64
-/// ping-pong and 128x192 cooperative tiles): whole K, no cluster, output
-/// type == input type.
+/// ping-pong and 128x192 cooperative tiles, the plain-only cluster
+/// kernels): whole K, output type == input type.
 template <class KernelSet, class InT, BLayout L>
 void gemm_plain_whole_k(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
   engine::StdEpilogue<InT> epi;
@@ -176,6 +178,34 @@ void gemm_plain_whole_k(const GemmArgs& a, const GemmOptions& o, cudaStream_t st
   po.ping_pong = KernelSet::kPingPong;
   po.k_splits = 1;
   gemm_with<KernelSet, InT, L>(a, po, engine::NoWait{}, epi, raster_from(o), stream);
+}
+
+/// The plain gemm()'s own cluster kernels (cluster_kernel_compiled): whole
+/// K, output type == input type. The RasterScheduler orders cluster tiles,
+/// so rotate_m counts those (rounded down: the rotation only orders tiles).
+template <class InT, BLayout L>
+void gemm_plain_cluster(const GemmArgs& a, const GemmOptions& o, const GemmPlan& plan, cudaStream_t stream) {
+  if (a.out != a.in) fail("gemm: the cluster kernels along N are compiled for output type == input type");
+  GemmOptions co = o;
+  co.rotate_m = o.rotate_m / plan.cluster_m;
+  const int c = plan.cluster_m * 10 + plan.cluster_n;
+  switch (plan.tile) {
+    case GemmTile::T128x128:
+      if (c == 21) return gemm_plain_whole_k<Cooperative<GemmTile::T128x128, 2, 1>, InT, L>(a, co, stream);
+      if (c == 12) return gemm_plain_whole_k<Cooperative<GemmTile::T128x128, 1, 2>, InT, L>(a, co, stream);
+      if (c == 22) return gemm_plain_whole_k<Cooperative<GemmTile::T128x128, 2, 2>, InT, L>(a, co, stream);
+      break;
+    case GemmTile::T128x256:
+      if (c == 22) return gemm_plain_whole_k<Cooperative<GemmTile::T128x256, 2, 2>, InT, L>(a, co, stream);
+      break;
+    case GemmTile::T128x192:
+      if (c == 12) return gemm_plain_whole_k<Cooperative<GemmTile::T128x192, 1, 2>, InT, L>(a, co, stream);
+      break;
+    default:
+      break;
+  }
+  fail("gemm: no " + std::to_string(plan.cluster_m) + "x" + std::to_string(plan.cluster_n) +
+       " cluster kernel for tile " + tile_name(plan.tile));
 }
 
 /// Swapped operands on swap tile Cfg (B [N,K]): the cooperative kernel runs
@@ -223,6 +253,8 @@ void gemm_plain(const GemmArgs& a, const GemmOptions& opts, cudaStream_t stream)
         fail("gemm: swap_ab runs tile 128x32, 128x64 or 128x96, not " + tile_name(plan.tile));
     }
   }
+  if (plan.cluster_n > 1 || (plan.tile == GemmTile::T128x128 && plan.cluster_m == 2))
+    return gemm_plain_cluster<InT, L>(a, o, plan, stream);
   if (plan.tile == GemmTile::T128x192) {
     // plan_gemm() gives it whole K and output type == input type only.
     if (plan.k_splits > 1 || a.out != a.in) fail("gemm: tile 128x192 runs whole K with output type == input type");

@@ -94,8 +94,8 @@ std::string gemm_bucket_key(const MachineId& m, const k::GemmArgs& a) {
 
 nlohmann::json gemm_plan_to_json(const k::GemmPlan& p) {
   return {{"tile", k::tile_name(p.tile)}, {"ping_pong", p.ping_pong}, {"cluster_m", p.cluster_m},
-          {"k_splits", p.k_splits},       {"stream_k", p.stream_k},   {"swap_ab", p.swap_ab},
-          {"name", k::plan_name(p)}};
+          {"cluster_n", p.cluster_n},     {"k_splits", p.k_splits},   {"stream_k", p.stream_k},
+          {"swap_ab", p.swap_ab},         {"name", k::plan_name(p)}};
 }
 
 std::optional<k::GemmPlan> gemm_plan_from_json(const nlohmann::json& j) {
@@ -124,6 +124,11 @@ std::optional<k::GemmPlan> gemm_plan_from_json(const nlohmann::json& j) {
   if (sk != j.end()) {
     if (!sk->is_boolean()) return std::nullopt;
     p.stream_k = sk->get<bool>();
+  }
+  const auto cn = j.find("cluster_n");  // optional likewise (entries before clusters along N)
+  if (cn != j.end()) {
+    if (!cn->is_number_integer() || cn->get<int64_t>() < 1 || cn->get<int64_t>() > 2) return std::nullopt;
+    p.cluster_n = static_cast<int>(cn->get<int64_t>());
   }
   const auto sw = j.find("swap_ab");  // optional likewise (entries before swapped tiles)
   if (sw != j.end()) {

@@ -736,6 +736,75 @@ TEST(GemmGpu, Tile128x192MatchesCublas) {
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
+// The plain-only cluster kernels (cluster_kernel_compiled: A shared along
+// N, 128x128 along M): each must give bitwise the D of the same tile
+// without a cluster (same per-element K order), and match cuBLASLt, on
+// tile counts that are not multiples of the cluster's extent (tiles past
+// the problem: loaded, never stored), M, N and K tails, rows aligned to 16
+// bytes only, both layouts and input types, and an SM cap under which
+// each cluster walks several cluster tiles. Options they do not compile
+// are rejected before launch.
+TEST(GemmGpu, ClusterKernelsMatchUnclusteredBitwiseAndCublas) {
+  TESSERA_REQUIRE_GPUS(1);
+  const std::vector<std::array<int64_t, 3>> shapes = {
+      {1, 520, 1032}, {130, 200, 1000}, {300, 4095, 100}, {458, 1832, 2264}, {1307, 696, 3528}};
+  for (const auto& sh : shapes)
+    for (DType in : {DType::bf16, DType::f16})
+      for (auto layout : {tk::BLayout::NK, tk::BLayout::KN}) {
+        const Problem p{sh[0], sh[1], sh[2], in, in, layout};
+        Buffers s = make(p);
+        for (tk::GemmTile t : {tk::GemmTile::T128x128, tk::GemmTile::T128x256, tk::GemmTile::T128x192}) {
+          tk::GemmOptions base;
+          base.tile = t;
+          base.cluster_m = 1;
+          tt::poison(s.d);
+          tk::gemm(s.args, base);
+          TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+          const auto want = tt::bytes_of(s.d);
+          for (int cm : {1, 2})
+            for (int cn : {1, 2})
+              for (int cap : {0, 8}) {
+                if (!tk::cluster_kernel_compiled(t, cm, cn)) continue;
+                tk::GemmOptions o = base;
+                o.cluster_m = cm;
+                o.cluster_n = cn;
+                o.max_ctas = cap;
+                const std::string what = name(p, t) + " cluster " + std::to_string(cm) + "x" + std::to_string(cn) +
+                                         " sm cap " + std::to_string(cap);
+                const tk::GemmPlan plan = tk::plan_gemm(s.args, o);
+                EXPECT_EQ(plan.cluster_m, cm) << what;
+                EXPECT_EQ(plan.cluster_n, cn) << what;
+                tt::poison(s.d);
+                tk::gemm(s.args, o);
+                TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+                EXPECT_TRUE(tt::bytes_of(s.d) == want) << what << ": not bitwise the unclustered tile's D";
+                tt::poison(s.ref);
+                EXPECT_LT(error_vs_cublas(s), tolerance(p.out)) << what;
+              }
+        }
+      }
+  Buffers s = make(Problem{256, 384, 512});
+  tk::GemmOptions o;
+  o.tile = tk::GemmTile::T256x128;
+  o.cluster_n = 2;
+  EXPECT_THROW(tk::gemm(s.args, o), tessera::Error);  // not compiled
+  o.tile = tk::GemmTile::Auto;
+  EXPECT_THROW(tk::gemm(s.args, o), tessera::Error);  // a cluster along N names its tile
+  o.tile = tk::GemmTile::T128x128;
+  o.cluster_n = 3;
+  EXPECT_THROW(tk::gemm(s.args, o), tessera::Error);
+  o.cluster_n = 2;
+  o.k_splits = 2;
+  EXPECT_THROW(tk::gemm(s.args, o), tessera::Error);
+  o.k_splits = 0;
+  o.stream_k = true;
+  EXPECT_THROW(tk::gemm(s.args, o), tessera::Error);
+  o.stream_k = false;
+  s.args.out = DType::f32;
+  EXPECT_THROW(tk::gemm(s.args, o), tessera::Error);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 // Stream-K (plain gemm() only, output type == input type): 128x256 and
 // 128x128, M, N and K tails, M = 1, one tile and many, whole tiles and
 // tiles split over several CTAs (the SM cap changes the ranges: 1 CTA runs

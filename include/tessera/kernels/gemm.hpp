@@ -152,6 +152,10 @@ constexpr int tile_stages(GemmTile t, bool ping_pong) {
 /// True for the swapped-operand tiles (128x32, 128x64, 128x96), which run
 /// only with GemmOptions::swap_ab.
 bool is_swap_tile(GemmTile t);
+/// True for the cluster kernels that only the plain gemm() runs (whole K,
+/// output type == input type): 128x128 with cluster_m x cluster_n 2x1, 1x2
+/// or 2x2, 128x256 with 2x2, 128x192 with 1x2.
+bool cluster_kernel_compiled(GemmTile t, int cluster_m, int cluster_n);
 
 /// Where the plain gemm() takes its plan when the options name none (tile
 /// Auto, ping_pong off, cluster_m 0, k_splits 0). Options that name a plan
@@ -181,7 +185,13 @@ struct GemmOptions {
   /// CTAs per thread-block cluster along M: 1, 2 (B tiles multicast to both
   /// CTAs), or 0 = resolve_cluster(). Clusters apply to the 128x256
   /// and 256x128 tiles with the RasterScheduler; rotate_m must then be even.
+  /// The plain gemm() also runs 128x128 with cluster_m 2.
   int cluster_m = 0;
+  /// CTAs per cluster along N (plain gemm() only): 2 shares each A tile
+  /// between two CTAs (multicast), on 128x128 (cluster_m 1 or 2), 128x256
+  /// (cluster_m 2) and 128x192 (cluster_m 1); 0 or 1 = none. Whole K,
+  /// cooperative, output type == input type.
+  int cluster_n = 0;
   /// Ping-pong schedule: the two consumer warpgroups take alternate tiles, so
   /// one stores its finished tile (epilogue) while the other runs its wgmma
   /// main loop. Tiles 128x128 (Auto) or 64x256; cluster_m must be 0 or 1.
@@ -265,6 +275,7 @@ struct GemmPlan {
   int k_splits = 1;
   bool stream_k = false;
   bool swap_ab = false;  ///< D^T = B A^T on a swapped tile (GemmOptions::swap_ab)
+  int cluster_n = 1;     ///< CTAs per cluster along N (GemmOptions::cluster_n)
 };
 
 /// The plan gemm() runs under options `o` on the current device when the
@@ -292,7 +303,8 @@ int row_alignment(const GemmArgs& a);
 /// to measured timings of every compiled kernel (docs/design/gemm.md).
 double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p);
 
-/// "128x256/c1", "64x256/pp", "128x128/c1/k3", ...
+/// "128x256/c1", "64x256/pp", "128x128/c1/k3", "128x128/c2x2" (clusters
+/// along N: cluster_m x cluster_n), ...
 std::string plan_name(const GemmPlan& p);
 
 /// D = A · op(B) on `stream`: the plan plan_gemm(a, resolve_options(a, o))

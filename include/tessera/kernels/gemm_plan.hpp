@@ -24,14 +24,15 @@
 namespace tessera::kernels {
 
 inline bool operator==(const GemmPlan& x, const GemmPlan& y) {
-  return x.tile == y.tile && x.ping_pong == y.ping_pong && x.cluster_m == y.cluster_m && x.k_splits == y.k_splits &&
-         x.stream_k == y.stream_k && x.swap_ab == y.swap_ab;
+  return x.tile == y.tile && x.ping_pong == y.ping_pong && x.cluster_m == y.cluster_m && x.cluster_n == y.cluster_n &&
+         x.k_splits == y.k_splits && x.stream_k == y.stream_k && x.swap_ab == y.swap_ab;
 }
 
 /// Every plan plan_gemm()'s model search considers for this problem with
-/// default options: each compiled kernel the problem may run (cluster 2 only
-/// with at least two tile rows; output type != input type only 128x256 and
-/// the split kernels) and, on the splittable kernels (128x128 cooperative,
+/// default options: each compiled kernel the problem may run (a cluster of
+/// 2 along M only with at least two tile rows, along N with two tile
+/// rows and two tile columns; the plain-only cluster kernels of cluster_kernel_compiled; output
+/// type != input type only 128x256 and the split kernels) and, on the splittable kernels (128x128 cooperative,
 /// 64x256 and 64x64 ping-pong), each split count in [2, min(32, K blocks /
 /// 4)] written as the count that runs (canonical_k_splits); with B [N,K]
 /// and M <= kSwapMaxM, the swapped tiles 128x32, 128x64 and 128x96 (whole

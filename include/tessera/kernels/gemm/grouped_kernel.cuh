@@ -96,7 +96,7 @@ template <class Cfg, class InT, bool kTransB>
 __device__ __forceinline__ void produce_grouped_tile(const SmemLayout<Cfg, InT>& sm, const CUtensorMap* tma_a,
                                                      const CUtensorMap* tma_b, int row0, int col0, int g, int k_blocks,
                                                      PipelineState<Cfg::kStages>& pipe) {
-  static_assert(Cfg::kClusterM == 1, "grouped GEMM: no clusters");
+  static_assert(Cfg::kClusterSize == 1, "grouped GEMM: no clusters");
   using L = SmemLayout<Cfg, InT>;
   for (int kb = 0; kb < k_blocks; ++kb) {
     const int stage = pipe.stage;
@@ -132,7 +132,7 @@ __device__ __forceinline__ void produce_gathered_tile(const SmemLayout<Cfg, InT>
                                                       unsigned long long* row_addr, const CUtensorMap* tma_b, int row0,
                                                       int rows_total, int col0, int g, int K, int k_blocks,
                                                       PipelineState<Cfg::kStages>& pipe) {
-  static_assert(Cfg::kClusterM == 1, "grouped GEMM: no clusters");
+  static_assert(Cfg::kClusterSize == 1, "grouped GEMM: no clusters");
   static_assert(Cfg::BM % 16 == 0 && Cfg::BM <= 128, "16 rows per pass; one source per thread");
   using L = SmemLayout<Cfg, InT>;
   const int t = threadIdx.x % 128, chunk = t % 8, r0 = t / 8;
@@ -284,7 +284,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     grouped_gemm_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                         const __grid_constant__ GroupedParams<Prologue, Epilogue> p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  static_assert(Cfg::kClusterM == 1, "grouped GEMM: no clusters");
+  static_assert(Cfg::kClusterSize == 1, "grouped GEMM: no clusters");
   using L = SmemLayout<Cfg, InT>;
   extern __shared__ uint8_t smem_raw[];
   const L sm{reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023))};

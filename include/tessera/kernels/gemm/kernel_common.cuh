@@ -148,12 +148,15 @@ __device__ __forceinline__ void store_tile_with(const Params& p, const TileInfo&
 
 /// Walks this CTA's share of the schedule. Without clusters, CTA b takes
 /// positions b, b + gridDim.x, ... of a schedule over all tiles. With a
-/// 2-CTA cluster the Scheduler orders tile PAIRS (tile rows 2i and 2i+1 of one
-/// tile column): cluster c takes pair positions c, c + clusters, ..., and CTA
-/// rank r of the cluster computes tile row 2i + r. When tiles_m is odd the
-/// last pair's second tile does not exist: that CTA still loads (its A rows
-/// are out of bounds, TMA fills zeros) so its peer gets its half of B, but it
-/// waits for nothing, stores nothing and notifies nothing (valid == false).
+/// cluster of kClusterM x kClusterN CTAs the Scheduler orders cluster tiles
+/// (tile rows kClusterM i .. kClusterM i + kClusterM - 1 of tile columns
+/// kClusterN j ..): cluster c takes positions c, c + clusters, ..., and CTA
+/// (rm, rn) of the cluster (TileConfig) computes tile (kClusterM i + rm,
+/// kClusterN j + rn). Where tiles_m or tiles_n is not a multiple of the
+/// cluster's extent, the last cluster tiles hold tiles that do not exist
+/// (tile_exists): their CTA still loads (out-of-bounds rows or columns, TMA
+/// fills zeros) so its peers get their shares of A and B, but it waits for
+/// nothing, stores nothing and notifies nothing.
 template <class Cfg, class Scheduler>
 struct TileWalk {
   int first, stride, count, tiles_m, tiles_n;
@@ -162,28 +165,48 @@ struct TileWalk {
   /// units: positions of the schedule without clusters (tm * tn, or more for
   /// a split-K schedule: sched_units).
   __device__ TileWalk(int tm, int tn, int units) : tiles_m(tm), tiles_n(tn) {
-    if constexpr (Cfg::kClusterM == 1) {
+    if constexpr (Cfg::kClusterSize == 1) {
       first = blockIdx.x;
       stride = gridDim.x;
       count = units;
       rank = 0;
-    } else {
+    } else if constexpr (Cfg::kClusterN == 1) {
       first = blockIdx.x / 2;
       stride = gridDim.x / 2;
       count = ((tm + 1) / 2) * tn;
       rank = ptx::cluster_ctarank();
+    } else {
+      first = blockIdx.x / Cfg::kClusterSize;
+      stride = gridDim.x / Cfg::kClusterSize;
+      count = ((tm + Cfg::kClusterM - 1) / Cfg::kClusterM) * ((tn + 1) / 2);
+      rank = ptx::cluster_ctarank();
     }
   }
   __device__ __forceinline__ TileCoord at(const Scheduler& s, int pos) const {
-    if constexpr (Cfg::kClusterM == 1) {
+    if constexpr (Cfg::kClusterSize == 1) {
       return s.tile(pos, tiles_m, tiles_n);
-    } else {
+    } else if constexpr (Cfg::kClusterN == 1) {
       TileCoord t = s.tile(pos, (tiles_m + 1) / 2, tiles_n);
       t.m = 2 * t.m + static_cast<int>(rank);
+      return t;
+    } else {
+      TileCoord t = s.tile(pos, (tiles_m + Cfg::kClusterM - 1) / Cfg::kClusterM, (tiles_n + 1) / 2);
+      t.m = Cfg::kClusterM * t.m + static_cast<int>(Cfg::cluster_m_rank(rank));
+      t.n = 2 * t.n + static_cast<int>(Cfg::cluster_n_rank(rank));
       return t;
     }
   }
 };
+
+/// Whether tile t of a cluster tile exists (TileWalk): without a cluster
+/// along N only its row can lie past the problem.
+template <class Cfg, class Params>
+__device__ __forceinline__ bool tile_exists(const Params& p, const TileCoord& t) {
+  if constexpr (Cfg::kClusterN == 1)
+    return t.m < p.tiles_m;
+  else
+    return t.m < p.tiles_m && t.n < p.tiles_n;
+}
 
 /// What the policies are told about tile `t` at schedule position `pos`.
 template <class Cfg, class Params>
@@ -245,7 +268,7 @@ __device__ __forceinline__ auto gemm_cta_setup(const Params& p) {
     }
     ptx::fence_barrier_init();
   }
-  if constexpr (Cfg::kClusterM == 1)
+  if constexpr (Cfg::kClusterSize == 1)
     __syncthreads();
   else
     ptx::cluster_sync();
@@ -258,7 +281,7 @@ __device__ __forceinline__ auto gemm_cta_setup(const Params& p) {
 
   // Split-K (a scheduler with kSplitK): more units than tiles, each over one
   // split's share of K; clusters are not combined with it.
-  static_assert(!IsSplitK<Scheduler>::value || Cfg::kClusterM == 1, "split-K runs without clusters");
+  static_assert(!IsSplitK<Scheduler>::value || Cfg::kClusterSize == 1, "split-K runs without clusters");
   const TileWalk<Cfg, Scheduler> walk(p.tiles_m, p.tiles_n, sched_units(p.scheduler, p.tiles_m, p.tiles_n));
   const int k_blocks = sched_k_blocks(p.scheduler, (p.K + Cfg::BK - 1) / Cfg::BK);
   return GemmCta<Cfg, InT, Scheduler>{sm, warp_idx, lane0, warpgroup, walk, k_blocks};
@@ -280,7 +303,7 @@ __device__ __forceinline__ void run_notifier(const Params& p, const Cta& cta) {
     ptx::named_barrier_sync(kNotifyBarrier + (iter & 1), Cfg::kStoreThreads + 32);
     if (NotifyHandshake::notifier_frees(iter, tiles))
       ptx::named_barrier_arrive(kNotifyFreeBarrier + (iter & 1), Cfg::kStoreThreads + 32);
-    if (cta.lane0 && t.m < p.tiles_m) {
+    if (cta.lane0 && tile_exists<Cfg>(p, t)) {
       if constexpr (Epilogue::kSysScope)
         link::mo::fence_acq_rel_sys();
       else
@@ -313,8 +336,8 @@ __device__ __forceinline__ void run_notifier(const Params& p, const Cta& cta) {
 /// When a stateful prologue (FlagWait's memo) acquired nothing new for
 /// tile j, the fence is skipped: the acquire and fence that covered
 /// its flags preceded an earlier ready arrive, which the TMA thread
-/// acquired before tile j's loads (program order). Tiles with
-/// t.m >= tiles_m (the missing second tile of a 2-CTA cluster pair)
+/// acquired before tile j's loads (program order). Tiles that do not
+/// exist (tile_exists: past the problem in a cluster tile)
 /// wait for nothing but still take a ring slot, so both threads count
 /// the same tiles. The waiter exits after its last tile: no barrier counts
 /// it any more.
@@ -328,7 +351,7 @@ __device__ __forceinline__ void run_waiter(const Params& p, const Cta& cta) {
     const TileCoord t = walk.at(p.scheduler, pos);
     const int s = WaiterRing::slot(iter);
     ptx::mbar_wait(cta.sm.prologue_free(s), WaiterRing::free_parity(iter));
-    if (t.m < p.tiles_m && prologue_wait(p.prologue, tile_info<Cfg>(p, t, pos), prologue_state))
+    if (tile_exists<Cfg>(p, t) && prologue_wait(p.prologue, tile_info<Cfg>(p, t, pos), prologue_state))
       ptx::fence_proxy_async_global();
     ptx::mbar_arrive(cta.sm.prologue_ready(s));
   }
@@ -373,8 +396,8 @@ __device__ __forceinline__ void run_tma_thread(const CUtensorMap& tma_a, const C
   // leaves idle or frees, and run their set-up during this CTA's last tiles
   // rather than wait on those SMs through the whole kernel.
   if constexpr (kDependentLaunch<Prologue, decltype(p.epilogue)>) ptx::grid_dependents_launch();
-  if constexpr (Cfg::kClusterM > 1) {
-    // Tail: wait until every slot was released by both CTAs' consumers, so
+  if constexpr (Cfg::kClusterSize > 1) {
+    // Tail: wait until every slot was released by its readers' consumers, so
     // no remote arrive can target this CTA's smem after it exits.
     for (int i = 0; i < Cfg::kStages; ++i) {
       ptx::mbar_wait(sm.empty(pipe.stage), pipe.phase ^ 1);

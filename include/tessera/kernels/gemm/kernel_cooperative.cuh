@@ -43,8 +43,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const TileCoord t = walk.at(p.scheduler, pos);
     consume_tile<Cfg, InT, kTransB>(cta.sm, consumer, cta.k_blocks, acc, pipe, walk.rank);
     const TileInfo info = tile_info<Cfg>(p, t, pos);
-    // Per-tile work once (epilogue.cuh), then the store loop.
-    store_tile_with<Cfg, false>(p, info, acc, consumer, warp, lane, bind_tile(p.epilogue, info));
+    // Per-tile work once (epilogue.cuh), then the store loop. A tile of a
+    // cluster tile past the problem's columns is not bound (its index would
+    // be out of an epilogue's tables); one past its rows is masked, as before.
+    if constexpr (Cfg::kClusterN > 1) {
+      if (tile_exists<Cfg>(p, t))
+        store_tile_with<Cfg, false>(p, info, acc, consumer, warp, lane, bind_tile(p.epilogue, info));
+    } else {
+      store_tile_with<Cfg, false>(p, info, acc, consumer, warp, lane, bind_tile(p.epilogue, info));
+    }
     if constexpr (Epilogue::kNotify) {
       // Wait until the notifier consumed tile iter - 2's arrival on this
       // barrier (barriers.cuh: an early arrival would complete its phase).

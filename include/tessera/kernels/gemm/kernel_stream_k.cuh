@@ -113,7 +113,7 @@ template <class Cfg, class InT, bool kTransB, class Prologue, class Epilogue, cl
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     gemm_kernel_stream_k(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                          const __grid_constant__ KernelParams<Prologue, Epilogue, Scheduler> p) {
-  static_assert(!Cfg::kPingPong && Cfg::kClusterM == 1, "stream-K: cooperative consumers, no clusters");
+  static_assert(!Cfg::kPingPong && Cfg::kClusterSize == 1, "stream-K: cooperative consumers, no clusters");
   static_assert(!Prologue::kActive && !Epilogue::kNotify, "stream-K: plain GEMM only (no hooks)");
   static_assert(stream_k_slot_floats<Cfg>() == Cfg::BM * Cfg::BN, "a slot holds one tile (the host sizes it so)");
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)

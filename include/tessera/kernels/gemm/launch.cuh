@@ -43,27 +43,27 @@ namespace tessera::kernels {
 /// The kernel configuration of cooperative tile T: its shape is
 /// tile_shape(T), its smem stages tile_stages(T); the specializations name
 /// the tiles and clusters that are compiled.
-template <GemmTile T, int kStages, int kClusterM>
-using CoopCfg = engine::TileConfig<tile_shape(T).bm, tile_shape(T).bn, kStages, kClusterM>;
-template <GemmTile T, int kClusterM>
+template <GemmTile T, int kStages, int kClusterM, int kClusterN = 1>
+using CoopCfg = engine::TileConfig<tile_shape(T).bm, tile_shape(T).bn, kStages, kClusterM, 2, false, kClusterN>;
+template <GemmTile T, int kClusterM, int kClusterN = 1>
 struct TileCfgOf;
-template <int C>
-struct TileCfgOf<GemmTile::T128x256, C> {
-  using type = CoopCfg<GemmTile::T128x256, tile_stages(GemmTile::T128x256, false), C>;
+template <int C, int CN>
+struct TileCfgOf<GemmTile::T128x256, C, CN> {
+  using type = CoopCfg<GemmTile::T128x256, tile_stages(GemmTile::T128x256, false), C, CN>;
 };
 template <int C>
 struct TileCfgOf<GemmTile::T256x128, C> {
   using type = CoopCfg<GemmTile::T256x128, tile_stages(GemmTile::T256x128, false), C>;
 };
-template <int C>
-struct TileCfgOf<GemmTile::T128x128, C> {
-  using type = CoopCfg<GemmTile::T128x128, tile_stages(GemmTile::T128x128, false), C>;
+template <int C, int CN>
+struct TileCfgOf<GemmTile::T128x128, C, CN> {
+  using type = CoopCfg<GemmTile::T128x128, tile_stages(GemmTile::T128x128, false), C, CN>;
 };
 /// 128x192 (plain gemm() only): 5 x 40 KiB stages; no clusters (a 96-column
 /// half of B is not a whole number of 64-column chunks).
-template <>
-struct TileCfgOf<GemmTile::T128x192, 1> {
-  using type = CoopCfg<GemmTile::T128x192, tile_stages(GemmTile::T128x192, false), 1>;
+template <int CN>
+struct TileCfgOf<GemmTile::T128x192, 1, CN> {
+  using type = CoopCfg<GemmTile::T128x192, tile_stages(GemmTile::T128x192, false), 1, CN>;
 };
 
 /// Swapped tiles (plain gemm() with swap_ab only: D^T = B A^T, 128 rows of
@@ -119,7 +119,8 @@ engine::KernelParams<Pro, Epi, Sched> make_kernel_params(const GemmArgs& a, cons
   p.epilogue = epi;
   p.scheduler = sched;
   if constexpr (std::is_same_v<Sched, engine::RasterScheduler>)
-    p.scheduler.prepare(Cfg::kClusterM == 1 ? p.tiles_m : (p.tiles_m + 1) / 2, p.tiles_n);
+    p.scheduler.prepare((p.tiles_m + Cfg::kClusterM - 1) / Cfg::kClusterM,
+                        (p.tiles_n + Cfg::kClusterN - 1) / Cfg::kClusterN);
   return p;
 }
 
@@ -128,13 +129,14 @@ template <class Cfg, class InT, BLayout Layout, class Pro, class Epi, class Sche
 void launch_config(const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi, const Sched& sched,
                    cudaStream_t stream) {
   static_assert(std::is_same_v<InT, __nv_bfloat16> || std::is_same_v<InT, __half>, "InT: bf16 or f16");
-  constexpr int kClusterM = Cfg::kClusterM;
+  constexpr int kClusterM = Cfg::kClusterM, kClusterSize = Cfg::kClusterSize;
   constexpr bool kTransB = Layout == BLayout::KN;
   detail::check_instantiation(a, Layout, std::is_same_v<InT, __half> ? DType::f16 : DType::bf16, o.max_ctas);
 
   CUtensorMap tma_a, tma_b;
-  detail::make_tma_a(a, Cfg::BM, &tma_a);
-  detail::make_tma_b(a, Cfg::BN / kClusterM, &tma_b);  // each CTA of a cluster loads its share of B
+  // Each CTA of a cluster loads its share of the A and B tiles it shares.
+  detail::make_tma_a(a, Cfg::BM / Cfg::kClusterN, &tma_a);
+  detail::make_tma_b(a, Cfg::BN / kClusterM, &tma_b);
 
   const engine::KernelParams<Pro, Epi, Sched> p = make_kernel_params<Cfg>(a, pro, epi, sched);
 
@@ -159,9 +161,9 @@ void launch_config(const GemmArgs& a, const GemmOptions& o, const Pro& pro, cons
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = 0;
-  if constexpr (kClusterM > 1) {
+  if constexpr (kClusterSize > 1) {
     attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
-    attr[cfg.numAttrs].val.clusterDim.x = kClusterM;
+    attr[cfg.numAttrs].val.clusterDim.x = kClusterSize;
     attr[cfg.numAttrs].val.clusterDim.y = 1;
     attr[cfg.numAttrs].val.clusterDim.z = 1;
     ++cfg.numAttrs;
@@ -176,25 +178,29 @@ void launch_config(const GemmArgs& a, const GemmOptions& o, const Pro& pro, cons
       ++cfg.numAttrs;
     }
   }
-  if constexpr (kClusterM == 1) {
+  if constexpr (kClusterSize == 1) {
     cfg.gridDim = dim3(std::min(cap, engine::sched_units(p.scheduler, p.tiles_m, p.tiles_n)));
     detail::cuda_check(cudaLaunchKernelEx(&cfg, kernel, tma_a, tma_b, p), "cudaLaunchKernelEx(gemm kernel)");
   } else {
-    // Persistent grid: no more clusters than can be resident at once (not
-    // every GPC has an even number of free SMs), nor than there are pairs.
+    // Persistent grid: no more clusters than can be resident at once (a
+    // cluster's CTAs share a GPC, whose free SMs need not be a multiple of
+    // its size), nor than there are cluster tiles.
     static int resident_clusters[64] = {};
     int dev = 0;
     detail::cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
     if (dev < 64 && resident_clusters[dev] == 0) {
-      cfg.gridDim = dim3(sms / kClusterM * kClusterM);
+      cfg.gridDim = dim3(sms / kClusterSize * kClusterSize);
       int n = 0;
       detail::cuda_check(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg), "cudaOccupancyMaxActiveClusters");
-      if (n <= 0) detail::fail("gemm: no 2-CTA cluster of this kernel fits on the device");
+      if (n <= 0)
+        detail::fail("gemm: no " + std::to_string(kClusterSize) + "-CTA cluster of this kernel fits on the device");
       resident_clusters[dev] = n;
     }
-    const int pairs = ((p.tiles_m + 1) / 2) * p.tiles_n;
-    const int clusters = std::max(1, std::min({cap / kClusterM, resident_clusters[dev < 64 ? dev : 0], pairs}));
-    cfg.gridDim = dim3(clusters * kClusterM);
+    const int cluster_tiles =
+        ((p.tiles_m + kClusterM - 1) / kClusterM) * ((p.tiles_n + Cfg::kClusterN - 1) / Cfg::kClusterN);
+    const int clusters =
+        std::max(1, std::min({cap / kClusterSize, resident_clusters[dev < 64 ? dev : 0], cluster_tiles}));
+    cfg.gridDim = dim3(clusters * kClusterSize);
     detail::cuda_check(cudaLaunchKernelEx(&cfg, kernel, tma_a, tma_b, p), "cudaLaunchKernelEx(gemm kernel, cluster)");
   }
   detail::check_launch("gemm kernel launch");
@@ -205,9 +211,10 @@ void launch_config(const GemmArgs& a, const GemmOptions& o, const Pro& pro, cons
 /// layout, so a caller names only those it runs; fused ops name ONE tile).
 ///
 /// One cooperative kernel (o.ping_pong must be off). kClusterM = 2 runs
-/// 2-CTA clusters along M with B multicast; the Scheduler then orders tile
-/// pairs (see TileWalk in kernel_common.cuh).
-template <GemmTile Tile, int kClusterM = 1>
+/// clusters of 2 CTAs along M sharing B (multicast), kClusterN = 2 along N
+/// sharing A; the Scheduler then orders cluster tiles (see TileWalk in
+/// kernel_common.cuh).
+template <GemmTile Tile, int kClusterM = 1, int kClusterN = 1>
 struct Cooperative {
   static constexpr bool kPingPong = false;
   template <class InT, BLayout L, class Pro, class Epi, class Sched>
@@ -216,7 +223,7 @@ struct Cooperative {
     if (o.ping_pong)
       detail::fail("gemm: ping_pong needs a ping-pong kernel set (PingPong, PingPongTiles); tile " + tile_name(Tile) +
                    " is the cooperative kernel");
-    launch_config<typename TileCfgOf<Tile, kClusterM>::type, InT, L>(a, o, pro, epi, sched, stream);
+    launch_config<typename TileCfgOf<Tile, kClusterM, kClusterN>::type, InT, L>(a, o, pro, epi, sched, stream);
   }
 };
 

@@ -37,22 +37,35 @@ namespace tessera::kernels::engine {
 ///    a whole BM x BN tile (kMAtoms = BM/64 atoms). While one stores its tile
 ///    the other runs its main loop, so the epilogue overlaps wgmma. Main loops
 ///    are ordered by named barriers (kernel_ping_pong.cuh); no clusters.
-template <int BM_, int BN_, int kStages_, int kClusterM_ = 1, int kConsumers_ = 2, bool kPingPong_ = false>
+template <int BM_, int BN_, int kStages_, int kClusterM_ = 1, int kConsumers_ = 2, bool kPingPong_ = false,
+          int kClusterN_ = 1>
 struct TileConfig {
   static constexpr int BM = BM_, BN = BN_, BK = 64;
-  /// CTAs per cluster along M (1 or 2). With 2, the two CTAs compute tiles
-  /// (2i, n) and (2i+1, n), each loads half of the shared B tile and
-  /// multicasts it to both (halving B's L2->SM traffic).
+  /// CTAs per cluster along M and along N (1 or 2 each). CTA (rm, rn) of a
+  /// cluster has rank rm + kClusterM * rn (cluster_m_rank / cluster_n_rank)
+  /// and computes tile (kClusterM * i + rm, kClusterN * j + rn). The CTAs
+  /// that share a tile column (same rn) share its B tile: each loads
+  /// BN / kClusterM columns of it and multicasts them to the others; those
+  /// that share a tile row (same rm) share A likewise, BM / kClusterN rows
+  /// each. A 2x2 cluster thus loads half the L2->SM bytes per tile, which
+  /// is what rows aligned to only 16 or 32 bytes are short of
+  /// (docs/design/gemm.md, "Clusters for misaligned rows").
   static constexpr int kClusterM = kClusterM_;
+  static constexpr int kClusterN = kClusterN_;
+  static constexpr int kClusterSize = kClusterM * kClusterN;
   static_assert(kClusterM == 1 || kClusterM == 2, "cluster along M: 1 or 2 CTAs");
+  static_assert(kClusterN == 1 || kClusterN == 2, "cluster along N: 1 or 2 CTAs");
   static_assert(kClusterM == 1 || BN % (64 * kClusterM) == 0, "B halves must be whole 64-column chunks");
+  static_assert(kClusterN == 1 || (BM / kClusterN) % 64 == 0, "A halves must be whole 64-row wgmma atoms");
   static constexpr int kStages = kStages_;
   static constexpr int kConsumers = kConsumers_;
   static constexpr bool kPingPong = kPingPong_;
-  static_assert(!kPingPong || (kClusterM == 1 && kConsumers == 2), "ping-pong: 2 consumers, no clusters");
+  static_assert(!kPingPong || (kClusterSize == 1 && kConsumers == 2), "ping-pong: 2 consumers, no clusters");
   static constexpr int kRowsPerConsumer = kPingPong ? BM : BM / kConsumers;
-  /// Consumer warps that read (and release) one ring slot, over the cluster.
-  static constexpr int kEmptyArrivals = (kPingPong ? 1 : kConsumers) * 4 * kClusterM;
+  /// Consumer warps that read (and release) one ring slot, over the cluster:
+  /// this CTA's and those of every CTA this CTA's loads are multicast to
+  /// (same tile row or same tile column).
+  static constexpr int kEmptyArrivals = (kPingPong ? 1 : kConsumers) * 4 * (kClusterM + kClusterN - 1);
   /// Consumer threads that store one tile (and arrive on the notify barrier).
   static constexpr int kStoreThreads = (kPingPong ? 1 : kConsumers) * 128;
   static constexpr int kMAtoms = kRowsPerConsumer / 64;
@@ -65,6 +78,10 @@ struct TileConfig {
   // Register budget after setmaxnreg: producer 40, consumers the rest.
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = kConsumers == 2 ? 232 : 240;
+
+  /// The CTA's position in its cluster from its rank (%cluster_ctarank).
+  __host__ __device__ static constexpr uint32_t cluster_m_rank(uint32_t rank) { return rank % kClusterM; }
+  __host__ __device__ static constexpr uint32_t cluster_n_rank(uint32_t rank) { return rank / kClusterM; }
 };
 
 template <class Cfg, class InT>
@@ -112,11 +129,12 @@ __device__ __forceinline__ uint64_t make_desc(const void* smem, uint32_t lbo, ui
 }
 
 /// Producer side of one tile: for each 64-wide K block, wait for a free slot
-/// and issue the TMA loads of A (rows row0..row0+BM) and B (cols col0..col0+BN;
-/// with a 2-CTA cluster, this CTA's half, multicast). With clusters a slot is
-/// free only once the consumers of BOTH CTAs released it (the peer's half is
-/// written into this CTA's slot and vice versa), so empty[s] counts the
-/// consumer warps of the whole cluster.
+/// and issue the TMA loads of A (rows row0..row0+BM) and B (cols col0..col0+BN);
+/// with a cluster, this CTA's share of each operand its tile shares
+/// (TileConfig), multicast. With clusters a slot is free only once the
+/// consumers of every CTA this CTA writes into released it (and those CTAs
+/// write into this one), so empty[s] counts the consumer warps of all of
+/// them.
 /// The K range is blocks [kb_begin, kb_begin + k_blocks) (split-K: one
 /// split's share; blocks past K are zero-filled by TMA).
 template <class Cfg, class InT, bool kTransB>
@@ -129,7 +147,16 @@ __device__ __forceinline__ void produce_tile(const SmemLayout<Cfg, InT>& sm, con
     ptx::mbar_wait(sm.empty(stage), pipe.phase ^ 1);
     ptx::mbar_arrive_expect_tx(sm.full(stage), L::kStageBytes);
     const int k0 = kb * Cfg::BK;
-    ptx::tma_load_2d(sm.a(stage), tma_a, sm.full(stage), k0, row0);
+    if constexpr (Cfg::kClusterN == 1) {
+      ptx::tma_load_2d(sm.a(stage), tma_a, sm.full(stage), k0, row0);
+    } else {
+      // This CTA's half of A, multicast to the CTAs of its tile row.
+      constexpr int kHalfA = Cfg::BM / 2;
+      const uint32_t rm = Cfg::cluster_m_rank(cta_rank), rn = Cfg::cluster_n_rank(cta_rank);
+      const uint16_t row_mask = static_cast<uint16_t>((1u << rm) | (1u << (rm + Cfg::kClusterM)));
+      ptx::tma_load_2d_multicast(sm.a(stage) + rn * kHalfA * 128, tma_a, sm.full(stage), k0,
+                                 row0 + static_cast<int>(rn) * kHalfA, row_mask);
+    }
     if constexpr (Cfg::kClusterM == 1) {
       if constexpr (!kTransB) {
         ptx::tma_load_2d(sm.b(stage), tma_b, sm.full(stage), k0, col0);
@@ -140,17 +167,21 @@ __device__ __forceinline__ void produce_tile(const SmemLayout<Cfg, InT>& sm, con
           ptx::tma_load_2d(sm.b(stage) + c * 64 * 64 * 2, tma_b, sm.full(stage), col0 + c * 64, k0);
       }
     } else {
-      // This CTA's half of B, multicast to both CTAs of the cluster.
+      // This CTA's half of B, multicast to the CTAs of its tile column
+      // (without a cluster along N: both CTAs of the cluster).
       constexpr int kHalf = Cfg::BN / 2;
-      const int r = static_cast<int>(cta_rank);
+      const int r = static_cast<int>(Cfg::kClusterN == 1 ? cta_rank : Cfg::cluster_m_rank(cta_rank));
+      const uint16_t col_mask =
+          Cfg::kClusterN == 1 ? uint16_t{0x3} : static_cast<uint16_t>(0x3u << (2 * Cfg::cluster_n_rank(cta_rank)));
       if constexpr (!kTransB) {
-        ptx::tma_load_2d_multicast(sm.b(stage) + r * kHalf * 128, tma_b, sm.full(stage), k0, col0 + r * kHalf, 0x3);
+        ptx::tma_load_2d_multicast(sm.b(stage) + r * kHalf * 128, tma_b, sm.full(stage), k0, col0 + r * kHalf,
+                                   col_mask);
       } else {
 #pragma unroll
         for (int c = 0; c < kHalf / 64; ++c) {
           const int chunk = r * (kHalf / 64) + c;
           ptx::tma_load_2d_multicast(sm.b(stage) + chunk * 64 * 64 * 2, tma_b, sm.full(stage), col0 + chunk * 64, k0,
-                                     0x3);
+                                     col_mask);
         }
       }
     }
@@ -166,16 +197,14 @@ __device__ __forceinline__ void produce_tile(const SmemLayout<Cfg, InT>& sm, con
   produce_tile<Cfg, InT, kTransB>(sm, tma_a, tma_b, row0, col0, 0, k_blocks, pipe, cta_rank);
 }
 
-/// Frees slot s for the producers: this CTA's, and with a cluster the peer's
-/// too (its producer multicasts into our slot).
+/// Frees slot s for the producers: this CTA's, and with a cluster those of
+/// the CTAs that multicast into our slot (the other CTA of our tile column,
+/// rank ^ 1, and of our tile row, rank ^ kClusterM).
 template <class Cfg>
 __device__ __forceinline__ void release_slot(uint64_t* empty, uint32_t cta_rank) {
-  if constexpr (Cfg::kClusterM == 1) {
-    ptx::mbar_arrive(empty);
-  } else {
-    ptx::mbar_arrive(empty);
-    ptx::mbar_arrive_cluster(empty, cta_rank ^ 1u);
-  }
+  ptx::mbar_arrive(empty);
+  if constexpr (Cfg::kClusterM == 2) ptx::mbar_arrive_cluster(empty, cta_rank ^ 1u);
+  if constexpr (Cfg::kClusterN == 2) ptx::mbar_arrive_cluster(empty, cta_rank ^ static_cast<uint32_t>(Cfg::kClusterM));
 }
 
 /// consume_tile's default hook: nothing.
