@@ -416,18 +416,22 @@ double with_dram_and_launch(const GemmArgs& a, double t, double active, double i
 // L2->SM bytes per microsecond one of `active` CTAs receives when each
 // loads `rows` 128-byte rows per K block: the GPU's rate for the row
 // alignment (total_bw) shared by the active CTAs, at most kSmBw per SM.
-// With rows not 128-byte aligned and more than one 128-row box per K
-// block, also at most the per-SM share of total_bw at full occupancy
+// For whole tiles of an unswapped data-parallel plan (whole_tiles) whose
+// rows are not 128-byte aligned and that load more than one 128-row box
+// per K block, also at most the per-SM share of total_bw at full occupancy
 // (kFullSms) however few CTAs run: the limit is then the TMA unit's
 // requests (a misaligned box row is two), not L2. Measured: 3199 x 856 x
 // 15480 (16-byte rows, 100 tiles of 128x256 on 132 SMs) runs 1.34x slower
 // with one CTA per tile than with B multicast, as the per-SM cap predicts
-// and a shared one does not; choosing by it on seeds 18, 19 and 21 comes
-// within 1.029 / 1.053 / 1.057 of the best kernel (1.046 / 1.067 / 1.052
-// without it; docs/design/gemm.md, "Clusters for misaligned rows").
-double sm_load_bw(int al, double total_bw, double active, double rows) {
+// and a shared one does not. Split, stream-K and swapped plans keep the
+// shared rate they were fitted with: capped too, they moved small problems
+// to worse split counts (up to 1.27x on seeds 23 and 24). Choosing by it
+// on seeds 18, 19 and 21 comes within 1.029 / 1.053 / 1.057 of the best
+// timed kernel, 1.046 / 1.067 / 1.052 without it (docs/design/gemm.md,
+// "Clusters for misaligned rows").
+double sm_load_bw(int al, double total_bw, double active, double rows, bool whole_tiles) {
   constexpr double kFullSms = 132.0;
-  const double cap = al < 128 && rows > 128 ? std::min(kSmBw, total_bw / kFullSms) : kSmBw;
+  const double cap = al < 128 && rows > 128 && whole_tiles ? std::min(kSmBw, total_bw / kFullSms) : kSmBw;
   return std::min(cap, total_bw / active);
 }
 
@@ -451,7 +455,7 @@ double model_stream_k_us(const GemmArgs& a, int num_sms, const GemmPlan& p, int6
   const double active = static_cast<double>(std::min(s.units, num_sms));
   const double t_comp = 2.0 * ts.bm * ts.bn * 64 / (kFlopPerUs * eff);
   const double rows = static_cast<double>(std::min<int64_t>(ts.bm, a.m)) + std::min<int64_t>(ts.bn, a.n);
-  const double t_block = std::max(t_comp, rows * 128 / sm_load_bw(row_alignment(a), total_bw, active, rows));
+  const double t_block = std::max(t_comp, rows * 128 / sm_load_bw(row_alignment(a), total_bw, active, rows, false));
   const double t = static_cast<double>(s.dp_tiles / s.units) * (s.k_blocks * t_block + fix) + per_cta * t_block +
                    (static_cast<double>(per_cta) / s.k_blocks + 1) * fix + (s.any_split() ? kStreamKUs : 0.0);
   return with_dram_and_launch(a, t, active, rows, tile_stages(p.tile, false), fix);
@@ -548,7 +552,7 @@ double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p) {
   // L2->SM rows per K block and CTA: a cluster shares A along N, B along M.
   const double rows = static_cast<double>(std::min<int64_t>(ts.bm, pm)) / p.cluster_n +
                       static_cast<double>(std::min<int64_t>(ts.bn, pn)) / p.cluster_m;
-  const double t_load = rows * 128 / sm_load_bw(al, total_bw, active, rows);
+  const double t_load = rows * 128 / sm_load_bw(al, total_bw, active, rows, p.k_splits == 1 && !p.swap_ab);
   double t = waves * (kb * std::max(t_comp, t_load) + fix);
   t = with_dram_and_launch(a, t, active, rows, tile_stages(p.tile, p.ping_pong), fix);
   const double out_bytes = static_cast<double>(a.m) * a.n * dtype_size(a.out);
