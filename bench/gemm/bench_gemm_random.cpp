@@ -155,10 +155,6 @@ std::vector<std::array<int64_t, 3>> draw_shapes(int count, uint64_t seed) {
 
 namespace {
 
-// --diag times the wide swapped tiles (128x128 ... 128x256 over whole K)
-// up to this M: about eight 128-row tiles.
-constexpr int64_t kWideSwapDiagMaxM = 1024;
-
 // The shapes: --mnk's list, or --random draws.
 std::vector<std::array<int64_t, 3>> shapes_of(const RandomOptions& o) {
   std::vector<std::array<int64_t, 3>> shapes;
@@ -251,15 +247,6 @@ std::vector<std::pair<std::string, kernels::GemmOptions>> diag_kernels(const Ran
         g.k_splits = k;
         kernels_diag.push_back({tile_name(t) + "/swap" + (k > 1 ? "/k" + std::to_string(k) : std::string()), g});
       }
-    // Wide swapped tiles over whole K (M up to kWideSwapDiagMaxM; not yet
-    // among the model's candidates: timed here to fit them).
-    for (GemmTile t :
-         {GemmTile::T128x128, GemmTile::T128x160, GemmTile::T128x192, GemmTile::T128x224, GemmTile::T128x256}) {
-      GemmOptions g;
-      g.tile = t;
-      g.swap_ab = true;
-      kernels_diag.push_back({tile_name(t) + "/swap", g});
-    }
   }
 
   return kernels_diag;
@@ -359,8 +346,7 @@ Record measure_shape(const RandomOptions& o, DType in, kernels::BLayout layout,
   for (size_t v = 0; v < kernels_diag.size(); ++v) {
     const GemmOptions& dopt = kernels_diag[v].second;
     if (dopt.swap_ab) {
-      const bool wide = tile_shape(dopt.tile).bn > 96;
-      if (!nk || m > (wide ? kWideSwapDiagMaxM : kernels::kSwapMaxM)) continue;
+      if (!nk || m > kernels::kSwapMaxM) continue;
       const double e = err_of(dopt);
       diag_err = std::isfinite(e) ? std::max(diag_err, e) : INFINITY;
     }

@@ -50,10 +50,6 @@ std::string tile_name(GemmTile t) {
       return "128x64";
     case GemmTile::T128x96:
       return "128x96";
-    case GemmTile::T128x160:
-      return "128x160";
-    case GemmTile::T128x224:
-      return "128x224";
     case GemmTile::Auto:
       return "auto";
   }
@@ -332,14 +328,7 @@ int resolve_cluster(const GemmArgs& a, const GemmOptions& o, GemmTile t) {
   return 1;
 }
 
-bool is_swap_tile(GemmTile t) {
-  return t == GemmTile::T128x32 || t == GemmTile::T128x64 || t == GemmTile::T128x96 || t == GemmTile::T128x160 ||
-         t == GemmTile::T128x224;
-}
-
-bool swap_whole_k_tile(GemmTile t) {
-  return is_swap_tile(t) || t == GemmTile::T128x128 || t == GemmTile::T128x192 || t == GemmTile::T128x256;
-}
+bool is_swap_tile(GemmTile t) { return t == GemmTile::T128x32 || t == GemmTile::T128x64 || t == GemmTile::T128x96; }
 
 bool cluster_kernel_compiled(GemmTile t, int cluster_m, int cluster_n) {
   if (t == GemmTile::T128x128) return (cluster_m == 2 || cluster_n == 2) && cluster_m <= 2 && cluster_n <= 2;
@@ -718,15 +707,8 @@ GemmPlan plan_gemm(const GemmArgs& a, const GemmOptions& o) {
   if (o.swap_ab) {
     // Explicit swapped operands: D^T = B A^T on a 128-row tile of N.
     TESSERA_CHECK(a.b_layout == BLayout::NK, "gemm: swap_ab needs B as [N, K] (b_layout NK)");
-    TESSERA_CHECK(o.tile == GemmTile::Auto || swap_whole_k_tile(o.tile),
-                  "gemm: swap_ab runs tile 128x32, 128x64, 128x96, 128x128, 128x160, 128x192, 128x224 or 128x256, "
-                  "not {}",
-                  tile_name(o.tile));
-    const bool narrow = o.tile == GemmTile::Auto || o.tile == GemmTile::T128x32 || o.tile == GemmTile::T128x64 ||
-                        o.tile == GemmTile::T128x96;
-    TESSERA_CHECK(narrow || o.k_splits <= 1,
-                  "gemm: swap_ab with k_splits = {} runs tile 128x32, 128x64 or 128x96, not {} (whole K only)",
-                  o.k_splits, tile_name(o.tile));
+    TESSERA_CHECK(o.tile == GemmTile::Auto || is_swap_tile(o.tile),
+                  "gemm: swap_ab runs tile 128x32, 128x64 or 128x96, not {}", tile_name(o.tile));
     TESSERA_CHECK(!o.ping_pong, "gemm: swap_ab runs the cooperative kernel (ping_pong is set)");
     TESSERA_CHECK(o.cluster_m <= 1 && !along_n, "gemm: swap_ab runs without clusters (cluster_m = {}, cluster_n = {})",
                   o.cluster_m, o.cluster_n);

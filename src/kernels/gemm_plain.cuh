@@ -8,8 +8,7 @@
 // ping-pong (128x128, 64x256, 64x64; output type == input type only),
 // split-K on 128x128 / 64x256 / 64x64 (splitk.cuh), stream-K on 128x256 /
 // 128x128 (kernel_stream_k.cuh; output type == input type), or swapped
-// operands on 128x32 / 128x64 / 128x96 (swap_ab.cuh; B [N,K] only; whole
-// K also on 128x128 ... 128x256).
+// operands on 128x32 / 128x64 / 128x96 (swap_ab.cuh; B [N,K] only).
 #pragma once
 
 #include <string>
@@ -209,13 +208,14 @@ void gemm_plain_cluster(const GemmArgs& a, const GemmOptions& o, const GemmPlan&
        " cluster kernel for tile " + tile_name(plan.tile));
 }
 
-/// Swapped operands over whole K on tile Cfg (B [N,K]): the cooperative
-/// kernel runs swapped_args(a) and stores D transposed.
+/// Swapped operands on swap tile Cfg (B [N,K]): the cooperative kernel runs
+/// swapped_args(a) and stores D transposed; split over `splits` when > 1.
 template <class Cfg, class InT, BLayout L>
-void gemm_plain_swapped_whole_k_cfg(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
+void gemm_plain_swapped_cfg(const GemmArgs& a, const GemmOptions& o, int splits, cudaStream_t stream) {
   if constexpr (L != BLayout::NK) {
     fail("gemm: swap_ab needs B as [N, K] (b_layout NK)");
   } else {
+    if (splits > 1) return gemm_plain_splitk_cfg<Cfg, InT, L, true>(a, o, splits, stream);
     if (a.out != a.in) fail("gemm: swap_ab over whole K is compiled for output type == input type");
     engine::TransposedEpilogue<InT> epi;
     epi.d = static_cast<InT*>(a.d);
@@ -225,18 +225,6 @@ void gemm_plain_swapped_whole_k_cfg(const GemmArgs& a, const GemmOptions& o, cud
     so.ping_pong = false;
     so.k_splits = 1;
     launch_config<Cfg, InT, L>(swapped_args(a), so, engine::NoWait{}, epi, raster_from(o), stream);
-  }
-}
-
-/// Swapped operands on swap tile Cfg (B [N,K]): over whole K, or split over
-/// `splits` when > 1.
-template <class Cfg, class InT, BLayout L>
-void gemm_plain_swapped_cfg(const GemmArgs& a, const GemmOptions& o, int splits, cudaStream_t stream) {
-  if constexpr (L != BLayout::NK) {
-    fail("gemm: swap_ab needs B as [N, K] (b_layout NK)");
-  } else {
-    if (splits > 1) return gemm_plain_splitk_cfg<Cfg, InT, L, true>(a, o, splits, stream);
-    gemm_plain_swapped_whole_k_cfg<Cfg, InT, L>(a, o, stream);
   }
 }
 
@@ -261,19 +249,8 @@ void gemm_plain(const GemmArgs& a, const GemmOptions& opts, cudaStream_t stream)
       case GemmTile::T128x96:
         return gemm_plain_swapped_cfg<typename TileCfgOf<GemmTile::T128x96, 1>::type, InT, L>(a, o, plan.k_splits,
                                                                                               stream);
-      // Wide swapped tiles: whole K only (plan_gemm).
-      case GemmTile::T128x128:
-        return gemm_plain_swapped_whole_k_cfg<typename TileCfgOf<GemmTile::T128x128, 1>::type, InT, L>(a, o, stream);
-      case GemmTile::T128x160:
-        return gemm_plain_swapped_whole_k_cfg<typename TileCfgOf<GemmTile::T128x160, 1>::type, InT, L>(a, o, stream);
-      case GemmTile::T128x192:
-        return gemm_plain_swapped_whole_k_cfg<typename TileCfgOf<GemmTile::T128x192, 1>::type, InT, L>(a, o, stream);
-      case GemmTile::T128x224:
-        return gemm_plain_swapped_whole_k_cfg<typename TileCfgOf<GemmTile::T128x224, 1>::type, InT, L>(a, o, stream);
-      case GemmTile::T128x256:
-        return gemm_plain_swapped_whole_k_cfg<typename TileCfgOf<GemmTile::T128x256, 1>::type, InT, L>(a, o, stream);
       default:
-        fail("gemm: swap_ab runs tile 128x32 ... 128x256, not " + tile_name(plan.tile));
+        fail("gemm: swap_ab runs tile 128x32, 128x64 or 128x96, not " + tile_name(plan.tile));
     }
   }
   if (plan.cluster_n > 1 || (plan.tile == GemmTile::T128x128 && plan.cluster_m == 2))

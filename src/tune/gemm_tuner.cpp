@@ -22,8 +22,7 @@ namespace {
 
 constexpr k::GemmTile kTiles[] = {k::GemmTile::T128x256, k::GemmTile::T256x128, k::GemmTile::T128x128,
                                   k::GemmTile::T64x256,  k::GemmTile::T64x64,   k::GemmTile::T128x192,
-                                  k::GemmTile::T128x32,  k::GemmTile::T128x64,  k::GemmTile::T128x96,
-                                  k::GemmTile::T128x160, k::GemmTile::T128x224};
+                                  k::GemmTile::T128x32,  k::GemmTile::T128x64,  k::GemmTile::T128x96};
 
 int bucket_of(int64_t x) {
   return static_cast<int>(std::lround(4 * std::log2(static_cast<double>(std::max<int64_t>(x, 1)))));

@@ -85,20 +85,7 @@ struct GemmArgs {
 /// 128 rows are D's columns and their 32 / 64 / 96 columns D's rows, so a
 /// small M costs a narrow wgmma N instead of a 64-row atom mostly of
 /// padding.
-enum class GemmTile {
-  Auto,
-  T128x256,
-  T256x128,
-  T128x128,
-  T64x256,
-  T64x64,
-  T128x192,
-  T128x32,
-  T128x64,
-  T128x96,
-  T128x160,
-  T128x224
-};
+enum class GemmTile { Auto, T128x256, T256x128, T128x128, T64x256, T64x64, T128x192, T128x32, T128x64, T128x96 };
 
 struct TileShape {
   int bm, bn;
@@ -129,10 +116,6 @@ constexpr TileShape tile_shape(GemmTile t) {
       return {128, 64};
     case GemmTile::T128x96:
       return {128, 96};
-    case GemmTile::T128x160:
-      return {128, 160};
-    case GemmTile::T128x224:
-      return {128, 224};
     case GemmTile::Auto:
       break;
   }
@@ -161,23 +144,14 @@ constexpr int tile_stages(GemmTile t, bool ping_pong) {
       return 9;
     case GemmTile::T128x96:
       return 8;
-    case GemmTile::T128x160:
-      return 6;
-    case GemmTile::T128x224:
-      return 5;
     case GemmTile::Auto:
       break;
   }
   detail::fail_unresolved_tile_shape();
 }
-/// True for the swapped-operand tiles (128x32, 128x64, 128x96, 128x160,
-/// 128x224), which run only with GemmOptions::swap_ab.
+/// True for the swapped-operand tiles (128x32, 128x64, 128x96), which run
+/// only with GemmOptions::swap_ab.
 bool is_swap_tile(GemmTile t);
-/// True for the tiles swap_ab runs over whole K: the swap tiles and the
-/// cooperative 128x128, 128x192 and 128x256 (their columns then run over
-/// M, so M is covered in steps of 32 rather than 128). Split swapped runs
-/// 128x32, 128x64 and 128x96 only.
-bool swap_whole_k_tile(GemmTile t);
 /// True for the cluster kernels that only the plain gemm() runs (whole K,
 /// output type == input type): 128x128 with cluster_m x cluster_n 2x1, 1x2
 /// or 2x2, 128x256 with 2x2, 128x192 with 1x2.

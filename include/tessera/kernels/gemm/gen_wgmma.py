@@ -4,7 +4,7 @@
 Run: python3 gen_wgmma.py > wgmma.cuh. Kept in the tree so the operand lists
 (up to 128 accumulator registers) are never edited by hand.
 """
-NS = [32, 64, 96, 128, 160, 192, 224, 256]
+NS = [32, 64, 96, 128, 192, 256]
 TYPES = [("__nv_bfloat16", "bf16"), ("__half", "f16")]
 
 

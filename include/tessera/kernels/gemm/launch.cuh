@@ -80,16 +80,6 @@ template <>
 struct TileCfgOf<GemmTile::T128x96, 1> {
   using type = CoopCfg<GemmTile::T128x96, tile_stages(GemmTile::T128x96, false), 1>;
 };
-/// Wide swapped tiles (swap_ab over whole K, M from ~130 to ~1,000 rows):
-/// 6 x 36 KiB and 5 x 44 KiB stages.
-template <>
-struct TileCfgOf<GemmTile::T128x160, 1> {
-  using type = CoopCfg<GemmTile::T128x160, tile_stages(GemmTile::T128x160, false), 1>;
-};
-template <>
-struct TileCfgOf<GemmTile::T128x224, 1> {
-  using type = CoopCfg<GemmTile::T128x224, tile_stages(GemmTile::T128x224, false), 1>;
-};
 
 /// Ping-pong configs: each consumer warpgroup owns a whole tile (kMAtoms =
 /// BM/64 atoms, 128 accumulator registers per thread in both). Stages fill the
