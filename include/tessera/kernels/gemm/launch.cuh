@@ -235,8 +235,9 @@ struct PingPong {
   template <class InT, BLayout L, class Pro, class Epi, class Sched>
   static void launch(const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi, const Sched& sched,
                      cudaStream_t stream) {
-    if (o.cluster_m > 1)
-      detail::fail("gemm: cluster_m = " + std::to_string(o.cluster_m) + " with the ping-pong kernel (no clusters)");
+    if (o.cluster_m > 1 || o.cluster_n > 1)
+      detail::fail("gemm: cluster_m = " + std::to_string(o.cluster_m) + ", cluster_n = " + std::to_string(o.cluster_n) +
+                   " with the ping-pong kernel (no clusters)");
     launch_config<typename PingPongCfgOf<Tile>::type, InT, L>(a, o, pro, epi, sched, stream);
   }
 };
@@ -271,6 +272,9 @@ struct CooperativeTiles {
   static void launch(const GemmArgs& a, const GemmOptions& o, const Pro& pro, const Epi& epi, const Sched& sched,
                      cudaStream_t stream) {
     if (o.ping_pong) detail::fail("gemm: ping_pong needs a ping-pong kernel set (PingPong, PingPongTiles)");
+    if (o.cluster_n > 1)
+      detail::fail("gemm: cluster_n = " + std::to_string(o.cluster_n) +
+                   " is for the plain gemm() only (the policy entry point's clusters run along M)");
     if (o.k_splits > 1)
       detail::fail("gemm: k_splits = " + std::to_string(o.k_splits) +
                    " is for the plain gemm() only (policies see whole tiles)");
