@@ -40,6 +40,16 @@ tk::GemmArgs good() {
   return a;
 }
 
+// The message of plan_gemm's tessera::Error for (a, o); empty when it plans.
+std::string plan_error(const tk::GemmArgs& a, const tk::GemmOptions& o) {
+  try {
+    tk::plan_gemm(a, o);
+  } catch (const tessera::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 std::string error_of(const tk::GemmArgs& a) {
   try {
     tk::validate(a);
@@ -268,6 +278,54 @@ std::optional<tk::GemmPlan> counting_lookup(const tk::GemmArgs&, int) {
 // options name no plan, so every option combination that names one keeps
 // the plan plan_gemm() names for it, whatever the source. Host only: these
 // combinations plan without a device query.
+// The plain-only cluster kernels (cluster_kernel_compiled) as explicit
+// options: each compiled one plans as named, and whatever none compiles is
+// rejected by plan_gemm (before launch) with a message naming the options.
+TEST(GemmPlanCandidates, ClusterOptionsPlanOrFailBeforeLaunch) {
+  tk::GemmArgs a = good();
+  a.m = 600, a.n = 2000, a.k = 1000;
+  for (tk::GemmTile t : {tk::GemmTile::T128x128, tk::GemmTile::T128x256, tk::GemmTile::T128x192, tk::GemmTile::T256x128,
+                         tk::GemmTile::T64x256, tk::GemmTile::T64x64})
+    for (int cm : {0, 1, 2})
+      for (int cn : {0, 1, 2}) {
+        if (cn < 2 && !(t == tk::GemmTile::T128x128 && cm == 2)) continue;  // the existing paths
+        tk::GemmOptions o;
+        o.tile = t;
+        o.cluster_m = cm;
+        o.cluster_n = cn;
+        SCOPED_TRACE(tk::tile_name(t) + " " + std::to_string(cm) + "x" + std::to_string(cn));
+        if (tk::cluster_kernel_compiled(t, std::max(1, cm), std::max(1, cn))) {
+          const tk::GemmPlan p = tk::plan_gemm(a, o);
+          EXPECT_EQ(p.tile, t);
+          EXPECT_EQ(p.cluster_m, std::max(1, cm));
+          EXPECT_EQ(p.cluster_n, std::max(1, cn));
+          EXPECT_TRUE(tk::gemm_plan_valid(a, p)) << tk::plan_name(p);
+          EXPECT_TRUE(tk::plan_gemm(a, tk::plan_options(p)) == p);
+        } else {
+          EXPECT_NE(plan_error(a, o).find("cluster kernel for tile"), std::string::npos) << plan_error(a, o);
+        }
+      }
+  tk::GemmOptions o;
+  o.tile = tk::GemmTile::T128x128;
+  o.cluster_n = 2;
+  auto fails = [&](const char* what, auto change) {
+    tk::GemmOptions b = o;
+    tk::GemmArgs x = a;
+    change(b, x);
+    EXPECT_NE(plan_error(x, b).find(what), std::string::npos) << what << ": " << plan_error(x, b);
+  };
+  fails("cluster_n = 3", [](tk::GemmOptions& b, tk::GemmArgs&) { b.cluster_n = 3; });
+  fails("cluster_n = 2", [](tk::GemmOptions& b, tk::GemmArgs&) { b.k_splits = 2; });
+  fails("cluster_n = 2", [](tk::GemmOptions& b, tk::GemmArgs&) { b.stream_k = true; });
+  fails("cluster_n = 2", [](tk::GemmOptions& b, tk::GemmArgs&) {
+    b.swap_ab = true;
+    b.tile = tk::GemmTile::T128x32;
+  });
+  fails("ping_pong", [](tk::GemmOptions& b, tk::GemmArgs&) { b.ping_pong = true; });
+  fails("output type == input type", [](tk::GemmOptions&, tk::GemmArgs& x) { x.out = DType::f32; });
+  fails("no 1x2 cluster kernel for tile auto", [](tk::GemmOptions& b, tk::GemmArgs&) { b.tile = tk::GemmTile::Auto; });
+}
+
 TEST(GemmEntry, PlanSourceKeepsThePlansOptionsName) {
   tk::set_gemm_plan_lookup(nullptr);
   tk::GemmArgs a = good();
