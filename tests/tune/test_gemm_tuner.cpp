@@ -72,11 +72,18 @@ TEST(GemmTuneKey, BucketsAreQuarterOctavesAndTheKeyNamesWhatChangesAPlan) {
 
 TEST(GemmTuneCache, PlanJsonAndCacheRoundTrip) {
   const tk::GemmArgs a = problem(19, 1728, 12048);
-  for (const tk::GemmPlan& p : tk::gemm_plan_candidates(a)) {
-    const auto back = gemm_plan_from_json(gemm_plan_to_json(p));
-    ASSERT_TRUE(back.has_value()) << tk::plan_name(p);
-    EXPECT_TRUE(*back == p) << tk::plan_name(p);
-  }
+  // The second problem's candidates hold the cluster kernels along N.
+  int along_n = 0;
+  for (const tk::GemmArgs& x : {a, problem(600, 2000, 1000)})
+    for (const tk::GemmPlan& p : tk::gemm_plan_candidates(x)) {
+      const auto back = gemm_plan_from_json(gemm_plan_to_json(p));
+      ASSERT_TRUE(back.has_value()) << tk::plan_name(p);
+      EXPECT_TRUE(*back == p) << tk::plan_name(p);
+      along_n += p.cluster_n > 1;
+    }
+  EXPECT_EQ(along_n, 4);  // 128x128 1x2 and 2x2, 128x256 2x2, 128x192 1x2
+  EXPECT_FALSE(gemm_plan_from_json(nlohmann::json::parse(R"({"tile": "128x128", "ping_pong": false, "cluster_m": 1,
+    "cluster_n": 3, "k_splits": 1})")));
   EXPECT_FALSE(gemm_plan_from_json(nlohmann::json::parse(R"({"tile": "96x96", "ping_pong": false, "cluster_m": 1,
     "k_splits": 1})")));
   EXPECT_FALSE(gemm_plan_from_json(nlohmann::json::parse(R"({"tile": "128x256", "ping_pong": 1, "cluster_m": 1,
