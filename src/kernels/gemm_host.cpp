@@ -426,7 +426,7 @@ double with_dram_and_launch(const GemmArgs& a, double t, double active, double i
 // and a shared one does not. Split, stream-K and swapped plans keep the
 // shared rate they were fitted with: capped too, they moved small problems
 // to worse split counts (up to 1.27x on seeds 23 and 24). Choosing by it
-// on seeds 18, 19 and 21 comes within 1.029 / 1.053 / 1.057 of the best
+// on seeds 18, 19 and 21 comes within 1.029 / 1.046 / 1.057 of the best
 // timed kernel, 1.046 / 1.067 / 1.052 without it (docs/design/gemm.md,
 // "Clusters for misaligned rows").
 double sm_load_bw(int al, double total_bw, double active, double rows, bool whole_tiles) {
@@ -500,7 +500,7 @@ double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p) {
     fix = p.cluster_m == 2 ? 3.3 : 2.35;
   } else if (p.tile == GemmTile::T128x128) {
     eff = p.ping_pong ? 1.23 : 1.22;
-    fix = p.ping_pong ? 1.89 : p.cluster_m == 2 ? 0.97 + kClusterFixUs : 0.97;
+    fix = p.ping_pong ? 1.89 : 0.97;
   } else if (p.tile == GemmTile::T64x256) {
     eff = 0.965;
     fix = 0.556;
@@ -525,8 +525,10 @@ double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p) {
     eff = 0.95;
     fix = 0.5;
   }
-  if (cluster_kernel_compiled(p.tile, p.cluster_m, p.cluster_n)) eff *= kClusterEff;
-  if (p.cluster_n > 1) fix += kClusterFixUs;
+  if (cluster_kernel_compiled(p.tile, p.cluster_m, p.cluster_n)) {
+    eff *= kClusterEff;
+    fix += kClusterFixUs;
+  }
   int64_t tm = (pm + ts.bm - 1) / ts.bm, tn = (pn + ts.bn - 1) / ts.bn;
   const int64_t kb_total = (a.k + 63) / 64;
   if (p.stream_k) return model_stream_k_us(a, num_sms, p, tm, tn, kb_total, eff, fix, total_bw);
