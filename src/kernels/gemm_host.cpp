@@ -445,7 +445,7 @@ double sm_load_bw(int al, double total_bw, double active, double rows, bool whol
 // smallest value at which the model picks stream-K only where it measured
 // faster.
 double model_stream_k_us(const GemmArgs& a, int num_sms, const GemmPlan& p, int64_t tiles_m, int64_t tiles_n,
-                         int64_t kb, double eff, double fix, double total_bw) {
+                         int64_t kb, double eff, double fix, int al, double total_bw) {
   constexpr double kStreamKUs = 8.0;
   if (!stream_k_fits(tiles_m * tiles_n, kb)) return std::numeric_limits<double>::infinity();
   const TileShape ts = tile_shape(p.tile);
@@ -455,7 +455,7 @@ double model_stream_k_us(const GemmArgs& a, int num_sms, const GemmPlan& p, int6
   const double active = static_cast<double>(std::min(s.units, num_sms));
   const double t_comp = 2.0 * ts.bm * ts.bn * 64 / (kFlopPerUs * eff);
   const double rows = static_cast<double>(std::min<int64_t>(ts.bm, a.m)) + std::min<int64_t>(ts.bn, a.n);
-  const double t_block = std::max(t_comp, rows * 128 / sm_load_bw(row_alignment(a), total_bw, active, rows, false));
+  const double t_block = std::max(t_comp, rows * 128 / sm_load_bw(al, total_bw, active, rows, false));
   const double t = static_cast<double>(s.dp_tiles / s.units) * (s.k_blocks * t_block + fix) + per_cta * t_block +
                    (static_cast<double>(per_cta) / s.k_blocks + 1) * fix + (s.any_split() ? kStreamKUs : 0.0);
   return with_dram_and_launch(a, t, active, rows, tile_stages(p.tile, false), fix);
@@ -531,7 +531,7 @@ double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p) {
   }
   int64_t tm = (pm + ts.bm - 1) / ts.bm, tn = (pn + ts.bn - 1) / ts.bn;
   const int64_t kb_total = (a.k + 63) / 64;
-  if (p.stream_k) return model_stream_k_us(a, num_sms, p, tm, tn, kb_total, eff, fix, total_bw);
+  if (p.stream_k) return model_stream_k_us(a, num_sms, p, tm, tn, kb_total, eff, fix, al, total_bw);
   // A cluster's CTAs run whole cluster tiles (the tiles past the problem
   // too, on zeros), and 4-CTA clusters leave some SMs of a GPC idle (30
   // such clusters of ~200 KiB CTAs are resident on the H200's 132 SMs,
