@@ -10,7 +10,9 @@
 // by the GPU when the graph reaches them, so the interval holds the calls'
 // GPU time and none of the host's. The graphs of all bodies are launched
 // interleaved, one round after another (warm-up rounds first), so drift in
-// clocks and temperature hits every body alike.
+// clocks and temperature hits every body alike; each round starts with an
+// untimed graph (the GPU has idled while the host waited for the previous
+// round) and the order rotates round by round, so no body is always first.
 //
 // Bodies must be capturable (no synchronization, no host reads of device
 // data); call `i` of the graph may choose its inputs by i (rotating buffer
