@@ -459,6 +459,36 @@ TEST(GemmHeuristic, ModelSplitsSmallMLongKAndPrefersClustersForMisalignedRows) {
   EXPECT_EQ(tk::plan_name(split), "64x256/pp/k16");
 }
 
+// M <= 32 with B as [N, K]: the search takes only the 64x64 and swapped
+// plans; where the unsplit 64x64 tile would stream large weights (many
+// tiles, large B) the swapped 128x32 tile is chosen, where B is small the
+// 64x64 tile stays. Shapes from the --diag timings in docs/design/gemm.md.
+TEST(GemmHeuristic, TinyMChoosesBetween64x64AndSwappedTiles) {
+  tk::GemmArgs a = good();
+  a.lda = a.ldb = 0;
+  const struct {
+    int64_t m, n, k;
+    bool swap;
+  } cases[] = {{22, 14928, 5040, true}, {19, 8328, 2384, true}, {23, 6536, 4640, true},
+               {25, 1400, 1200, false}, {29, 2160, 568, false}, {20, 2800, 2928, false}};
+  for (const auto& c : cases) {
+    a.m = c.m;
+    a.n = c.n;
+    a.k = c.k;
+    ASSERT_TRUE(tk::tiny_m_problem(a));
+    const tk::GemmPlan p = tk::model_plan(a, 132, true);
+    const std::string what =
+        std::to_string(c.m) + "x" + std::to_string(c.n) + "x" + std::to_string(c.k) + ": " + tk::plan_name(p);
+    EXPECT_EQ(p.swap_ab, c.swap) << what;
+    EXPECT_TRUE(p.swap_ab || p.tile == tk::GemmTile::T64x64) << what;
+  }
+  a.m = 33;  // past kTinyM: every candidate again
+  EXPECT_FALSE(tk::tiny_m_problem(a));
+  a.m = 16;
+  a.b_layout = tk::BLayout::KN;  // no swapped tiles for B as [K, N]
+  EXPECT_FALSE(tk::tiny_m_problem(a));
+}
+
 TEST(GemmHeuristic, PlainPingPongOnlyBelowTheSizeSplit) {
   tk::GemmArgs a = good();
   a.m = 8192;

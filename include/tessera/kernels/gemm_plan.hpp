@@ -87,6 +87,15 @@ int plan_sm_count(const GemmOptions& o);
 /// The largest M for which the model search considers the swapped tiles
 /// (D^T = B A^T, GemmOptions::swap_ab): up to three 96-row tiles of M.
 inline constexpr int64_t kSwapMaxM = 288;
+/// At M <= kTinyM with B as [N, K], model_plan() chooses among the 64x64
+/// ping-pong and the swapped plans only (a 128-row tile computes >= 4x its
+/// rows in padding; on 33 such shapes timed with every kernel it was never
+/// the fastest), and model_gemm_us() lets the unsplit 64x64 tile stream B
+/// at 0.8 of the DRAM rate (docs/design/gemm.md, "Small M: swapped
+/// operands").
+inline constexpr int64_t kTinyM = 32;
+/// Whether `a` is such a problem.
+bool tiny_m_problem(const GemmArgs& a);
 
 /// Stream-K runs with at least this many K blocks per CTA where the problem
 /// has fewer tiles than SMs (then fewer CTAs than SMs): a shorter range
