@@ -51,12 +51,19 @@ case "$cmd" in
     ;;
   run)
     mkdir -p "$out"
-    # This call's build status, else (a later call on the warm machine) the one kept in the build folder.
-    rcf="$out/ab-base-build.rc"
-    [ -f "$rcf" ] || [ ! -f "$base_build/ab-base-build.rc" ] || rcf="$base_build/ab-base-build.rc"
+    # This call's build status, else the one kept in the build folder (a
+    # later call on the warm machine, or a `run` given another $OUT than
+    # `build`): wait for whichever appears first.
+    rcf=""
     w=0
-    while [ ! -f "$rcf" ] && [ $w -lt "${AB_BUILD_WAIT_S:-600}" ]; do sleep 2; w=$((w + 2)); done
-    [ -f "$rcf" ] || { echo "ab-bench: the base build did not finish"; exit 1; }
+    while [ $w -lt "${AB_BUILD_WAIT_S:-600}" ]; do
+      for f in "$out/ab-base-build.rc" "$base_build/ab-base-build.rc"; do
+        [ -f "$f" ] && { rcf="$f"; break 2; }
+      done
+      sleep 2
+      w=$((w + 2))
+    done
+    [ -n "$rcf" ] || { echo "ab-bench: the base build did not finish"; exit 1; }
     cat "$rcf"
     # A failed build may leave an older base binary in place: never time it.
     grep -q "rc=0$" "$rcf" || { echo "ab-bench: the base build failed (ab-base-build.log)"; exit 1; }
