@@ -101,6 +101,7 @@ GraphTimes time_graphs_interleaved(cudaStream_t stream, const std::vector<std::f
                                    const GraphTimingOptions& opt, const std::string& what) {
   TESSERA_CHECK(stream != nullptr,
                 "{}: graph timing needs a created stream (the legacy default stream cannot be captured)", what);
+  TESSERA_CHECK(!bodies.empty(), "{}: graph timing needs at least one body", what);
   TESSERA_CHECK(opt.reps > 0 && opt.warmup >= 0 && opt.calls > 0,
                 "{}: graph timing: reps = {}, warmup = {}, calls = {} (reps, calls > 0, warmup >= 0)", what, opt.reps,
                 opt.warmup, opt.calls);
@@ -121,9 +122,10 @@ GraphTimes time_graphs_interleaved(cudaStream_t stream, const std::vector<std::f
   for (int r = 0; r < opt.warmup + opt.reps; ++r) {
     // Every body once per round; the events inside each graph time it, so
     // the round is waited for once. The GPU idles while the host waits, and
-    // the first graph after that runs slower (clocks ramping up), so the
-    // round starts with an untimed launch of its last graph, and the order
-    // rotates by one each round: no body always follows the idle gap.
+    // the first graph after that ran ~4 % slower (GEMMs of 30-600 us; clock
+    // ramp or cold state, not told apart), so the round starts with an
+    // untimed launch of its last graph, and the order rotates by one each
+    // round: no body always follows the idle gap.
     const size_t first = static_cast<size_t>(r) % n;
     TESSERA_CUDA_CHECK(cudaGraphLaunch(graphs[(first + n - 1) % n].exec, stream));
     for (size_t i = 0; i < n; ++i) TESSERA_CUDA_CHECK(cudaGraphLaunch(graphs[(first + i) % n].exec, stream));
