@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Offline check of the GEMM plan choice against measured per-kernel times.
+
+    scripts/gemm_model_check.py LOG [LOG ...] [--tessera build/bin/tessera] [--sms 132] [--max-m M] [-v]
+
+LOG: the output of `tessera bench gemm --random N --seed S --diag` or
+`--mnk ... --diag` (one line per shape: the plan, ours/cuBLASLt, then every
+--diag kernel's time / cuBLASLt), e.g. bench/results/raw/. For each shape
+it asks this build's planner (`tessera tune --op gemm --model-only`, no
+GPU) which plan it runs, looks that plan up among the shape's timed
+kernels, and reports its time over the fastest timed kernel's. Where the
+timed kernels lack the chosen plan (a split count --diag does not time),
+the cheapest timed kernel by the model's estimate stands in, marked '~'.
+
+So a change to model_gemm_us() / model_plan() can be judged against
+timings already taken before a device A/B confirms it (docs/design/gemm.md).
+The timings are relative to the build that took them; the planner is this
+checkout's.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import subprocess
+import sys
+
+LINE = re.compile(r"\s*(\d+)\s+(\d+)\s+(\d+)\s+(\S+)\s+ours\s+([\d.]+) ms.*?cuBLASLt\s+([\d.]+) ms.*?ratio ([\d.]+)")
+KERNEL = re.compile(r"  (\S+) ([\d.]+)(?=  |$)")
+
+
+def diag_name(plan: str) -> str:
+    """The --diag label of a plan_name(): 128x32/c1/k2/swap -> 128x32/swap/k2."""
+    if plan.endswith("/swap"):
+        parts = plan.split("/")
+        split = [p for p in parts[2:-1] if p.startswith("k")]
+        return parts[0] + "/swap" + ("/" + split[0] if split else "")
+    return plan
+
+
+def parse_log(path: str):
+    shapes = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            m = LINE.match(line)
+            if not m:
+                continue
+            tail = line.split(" err ", 1)[1] if " err " in line else ""
+            # Our compiled kernels only: not the host times, the padded-layout
+            # views ("ld64") or the PDL A/B variant.
+            kernels = {k: float(v) for k, v in KERNEL.findall(tail)
+                       if not k.startswith("host") and "ld64" not in k and "PDL" not in k and k != "ours"}
+            if not kernels:
+                continue
+            shapes.append({"m": int(m.group(1)), "n": int(m.group(2)), "k": int(m.group(3)), "plan": m.group(4),
+                           "ours": float(m.group(7)), "kernels": kernels})
+    return shapes
+
+
+def planner(tessera: str, sms: int, m: int, n: int, k: int):
+    out = subprocess.run([tessera, "tune", "--op", "gemm", "--model-only", "--sms", str(sms), "--shape",
+                          f"{m}x{n}x{k}", "--top-k", "64"], capture_output=True, text=True, check=True).stdout
+    runs = re.search(r"runs (\S+)", out)
+    est = {diag_name(p): float(us) for us, p in re.findall(r"^\s+([\d.]+) us\s+(\S+)", out, re.M)}
+    return (runs.group(1) if runs else None), est
+
+
+def geomean(xs):
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("logs", nargs="+")
+    ap.add_argument("--tessera", default="build/bin/tessera")
+    ap.add_argument("--sms", type=int, default=132)
+    ap.add_argument("--max-m", type=int, default=0, help="only shapes with M <= this (0: all)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="one line per shape")
+    a = ap.parse_args()
+    for path in a.logs:
+        shapes = [s for s in parse_log(path) if not a.max_m or s["m"] <= a.max_m]
+        if not shapes:
+            print(f"{path}: no --diag lines")
+            continue
+        chosen, as_run = [], []
+        for s in shapes:
+            runs, est = planner(a.tessera, a.sms, s["m"], s["n"], s["k"])
+            t = s["kernels"]
+            best = min(t.values())
+            pick, exact = diag_name(runs or ""), True
+            if pick not in t:
+                timed = [k for k in t if k in est]
+                pick, exact = (min(timed, key=est.get), False) if timed else (None, False)
+            if pick is None:
+                continue
+            chosen.append(t[pick] / best)
+            as_run.append(s["ours"] / best)
+            if a.verbose:
+                print(f"  {s['m']:6d} x {s['n']:6d} x {s['k']:6d}  as run {s['plan']:18s} {s['ours'] / best:6.3f}"
+                      f"  now {runs or '-':18s} {'' if exact else '~'}{t[pick] / best:6.3f}"
+                      f"  best {min(t, key=t.get):18s} {best:6.3f} of cuBLASLt")
+        print(f"{path}: {len(chosen)} shapes; plan / best timed kernel: this build {geomean(chosen):.3f} "
+              f"(max {max(chosen):.3f}), as run {geomean(as_run):.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
