@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Offline check of the GEMM plan choice against measured per-kernel times.
 
-    scripts/gemm_model_check.py LOG [LOG ...] [--tessera build/bin/tessera] [--sms 132] [--max-m M] [-v]
+    scripts/gemm_model_check.py LOG [LOG ...] [--tessera build/bin/tessera] [--sms 132] [--max-m M]
+                                [--max-geomean X] [-v]
 
 LOG: the output of `tessera bench gemm --random N --seed S --diag` or
 `--mnk ... --diag` (one line per shape: the plan, ours/cuBLASLt, then every
@@ -15,7 +16,9 @@ the cheapest timed kernel by the model's estimate stands in, marked '~'.
 So a change to model_gemm_us() / model_plan() can be judged against
 timings already taken before a device A/B confirms it (docs/design/gemm.md).
 The timings are relative to the build that took them; the planner is this
-checkout's.
+checkout's. --max-geomean X exits 1 when a log's geometric mean exceeds X
+(the ctest test gemm_model_check guards the planner with the logs in
+bench/results/raw/).
 """
 from __future__ import annotations
 
@@ -75,12 +78,15 @@ def main() -> int:
     ap.add_argument("--tessera", default="build/bin/tessera")
     ap.add_argument("--sms", type=int, default=132)
     ap.add_argument("--max-m", type=int, default=0, help="only shapes with M <= this (0: all)")
+    ap.add_argument("--max-geomean", type=float, default=0.0, help="exit 1 if a log's geomean exceeds this")
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per shape")
     a = ap.parse_args()
+    failed = False
     for path in a.logs:
         shapes = [s for s in parse_log(path) if not a.max_m or s["m"] <= a.max_m]
         if not shapes:
             print(f"{path}: no --diag lines")
+            failed = True
             continue
         chosen, as_run = [], []
         for s in shapes:
@@ -99,9 +105,13 @@ def main() -> int:
                 print(f"  {s['m']:6d} x {s['n']:6d} x {s['k']:6d}  as run {s['plan']:18s} {s['ours'] / best:6.3f}"
                       f"  now {runs or '-':18s} {'' if exact else '~'}{t[pick] / best:6.3f}"
                       f"  best {min(t, key=t.get):18s} {best:6.3f} of cuBLASLt")
-        print(f"{path}: {len(chosen)} shapes; plan / best timed kernel: this build {geomean(chosen):.3f} "
+        g = geomean(chosen)
+        print(f"{path}: {len(chosen)} shapes; plan / best timed kernel: this build {g:.3f} "
               f"(max {max(chosen):.3f}), as run {geomean(as_run):.3f}")
-    return 0
+        if a.max_geomean and not g <= a.max_geomean:
+            print(f"{path}: geomean {g:.3f} above --max-geomean {a.max_geomean}")
+            failed = True
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
