@@ -851,11 +851,15 @@ GemmPlan model_plan(const GemmArgs& a, int num_sms, bool allow_split) {
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
   }
+  // At tiny M only the 64x64 and swapped plans, unless none is a candidate
+  // (e.g. another output type without splits): then every plan.
+  const std::vector<GemmPlan> cands = detail::plan_candidates(a, allow_split);
+  const auto tiny_m_plan = [](const GemmPlan& q) { return q.swap_ab || q.tile == GemmTile::T64x64; };
+  const bool tiny_m = tiny_m_problem(a) && std::any_of(cands.begin(), cands.end(), tiny_m_plan);
   GemmPlan p;
   double best = 1e300;
-  const bool tiny_m = tiny_m_problem(a);
-  for (const GemmPlan& q : detail::plan_candidates(a, allow_split)) {
-    if (tiny_m && !q.swap_ab && q.tile != GemmTile::T64x64) continue;
+  for (const GemmPlan& q : cands) {
+    if (tiny_m && !tiny_m_plan(q)) continue;
     const double t = model_gemm_us(a, num_sms, q);
     if (t < best * 0.999) {
       best = t;

@@ -482,6 +482,14 @@ TEST(GemmHeuristic, TinyMChoosesBetween64x64AndSwappedTiles) {
     EXPECT_EQ(p.swap_ab, c.swap) << what;
     EXPECT_TRUE(p.swap_ab || p.tile == tk::GemmTile::T64x64) << what;
   }
+  // No 64x64 or swapped candidate (f32 output without splits, whose
+  // kernels store the input type only): the search takes every plan.
+  a.m = 16;
+  a.out = tessera::DType::f32;
+  const tk::GemmPlan f32_whole_k = tk::model_plan(a, 132, false);
+  EXPECT_TRUE(tk::gemm_plan_valid(a, f32_whole_k)) << tk::plan_name(f32_whole_k);
+  EXPECT_EQ(f32_whole_k.k_splits, 1) << tk::plan_name(f32_whole_k);
+  a.out = tessera::DType::bf16;
   a.m = 33;  // past kTinyM: every candidate again
   EXPECT_FALSE(tk::tiny_m_problem(a));
   a.m = 16;
