@@ -253,7 +253,7 @@ void gemm_plain(const GemmArgs& a, const GemmOptions& opts, cudaStream_t stream)
         fail("gemm: swap_ab runs tile 128x32, 128x64 or 128x96, not " + tile_name(plan.tile));
     }
   }
-  if (plan.cluster_n > 1 || (plan.tile == GemmTile::T128x128 && plan.cluster_m == 2))
+  if (cluster_kernel_compiled(plan.tile, plan.cluster_m, plan.cluster_n))
     return gemm_plain_cluster<InT, L>(a, o, plan, stream);
   if (plan.tile == GemmTile::T128x192) {
     // plan_gemm() gives it whole K and output type == input type only.
