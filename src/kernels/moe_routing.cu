@@ -116,21 +116,45 @@ __global__ void permute_count_kernel(PermuteArgs a, std::int64_t entries, std::i
 }
 
 /// One CTA: counts become per-expert exclusive prefixes over blocks, and
-/// expert_offsets the exclusive prefix over experts of their totals.
+/// expert_offsets the exclusive prefix over experts of their totals. A warp
+/// scans one expert's row of block counts, 32 blocks per step, the loads of
+/// kScanUnroll steps issued together: a thread walking a row alone waits
+/// for one L2 round trip per block (20 us for 160 blocks).
+constexpr int kScanUnroll = 4;
 __global__ void permute_scan_kernel(PermuteArgs a, std::int32_t* counts, int blocks) {
   __shared__ std::int32_t totals[kMaxExperts];
   __shared__ std::int32_t warp_sums[32];
-  for (int e = threadIdx.x; e < a.experts; e += blockDim.x) {
-    std::int32_t run = 0;
-    std::int32_t* row = counts + static_cast<std::int64_t>(e) * blocks;
-    for (int b = 0; b < blocks; ++b) {
-      const std::int32_t c = row[b];
-      row[b] = run;
-      run += c;
+  {
+    const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    for (int e = threadIdx.x / 32; e < a.experts; e += warps) {
+      std::int32_t* row = counts + static_cast<std::int64_t>(e) * blocks;
+      std::int32_t run = 0;
+      for (int b0 = 0; b0 < blocks; b0 += 32 * kScanUnroll) {
+        std::int32_t c[kScanUnroll];
+#pragma unroll
+        for (int j = 0; j < kScanUnroll; ++j) {
+          const int b = b0 + 32 * j + lane;
+          c[j] = b < blocks ? row[b] : 0;
+        }
+#pragma unroll
+        for (int j = 0; j < kScanUnroll; ++j) {
+          std::int32_t incl = c[j];
+#pragma unroll
+          for (int o = 1; o < 32; o <<= 1) {
+            const std::int32_t n = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += n;
+          }
+          const int b = b0 + 32 * j + lane;
+          if (b < blocks) row[b] = run + incl - c[j];
+          run += __shfl_sync(0xffffffffu, incl, 31);
+        }
+      }
+      if (lane == 0) {
+        totals[e] = run;
+        if (a.expert_counts != nullptr) a.expert_counts[e] = run;
+        if (a.capacity > 0 && run > a.capacity && a.overflow != nullptr) atomicMax(a.overflow, run);
+      }
     }
-    totals[e] = run;
-    if (a.expert_counts != nullptr) a.expert_counts[e] = run;
-    if (a.capacity > 0 && run > a.capacity && a.overflow != nullptr) atomicMax(a.overflow, run);
   }
   __syncthreads();
   // Exclusive scan of totals[0..E) by one CTA of kMaxExperts threads at most.
