@@ -37,6 +37,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
@@ -148,9 +149,9 @@ void run(const Options& o) {
   const int R = pg->world();
   const cudaStream_t s = pg->stream();
   const auto torch = read_torch(o.torch_json);
-  Table table({"shape", "routing", "seq ms", "pipe ms", "seq gk ms", "pipe gk ms", "transport", "chunks", "pipe 1ch ms",
-               "pipe nccl ms", "auto", "experts ms", "comm ms", "seq %ideal", "pipe %ideal", "seq/pipe", "torch ms",
-               "torch/best"});
+  Table table({"shape",       "routing",     "seq ms",       "pipe ms",    "seq gk ms",   "pipe gk ms",  "transport",
+               "chunks",      "pipe 1ch ms", "pipe nccl ms", "auto",       "experts ms",  "comm ms",     "seq %ideal",
+               "pipe %ideal", "seq/pipe",    "torch ms",     "torch/best", "seq host us", "pipe host us"});
   std::ostringstream js;
   js << "[";
   bool first = true;
@@ -248,8 +249,16 @@ void run(const Options& o) {
         pg->align_streams(s);
         if (o.queued_us > 0) gpu_sleep(o.queued_us, s);
       });
-      timer.add(&t_seq, [&] { ops::moe_tp(ctx, a, seq); });
-      timer.add(&t_pipe, [&] { ops::moe_tp(ctx, a, pipe); });
+      // The host's enqueue time of a call (median): how long a GPU that
+      // starts the call idle waits for the host at most.
+      std::vector<double> host_seq_us, host_pipe_us;
+      auto host_timed = [](std::vector<double>& us, const auto& call) {
+        const auto t0 = std::chrono::steady_clock::now();
+        call();
+        us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+      };
+      timer.add(&t_seq, [&] { host_timed(host_seq_us, [&] { ops::moe_tp(ctx, a, seq); }); });
+      timer.add(&t_pipe, [&] { host_timed(host_pipe_us, [&] { ops::moe_tp(ctx, a, pipe); }); });
       timer.add(&t_seq_gk, [&] { ops::moe_tp(ctx, a, seq_gk); });
       timer.add(&t_pipe_gk, [&] { ops::moe_tp(ctx, a, pipe_gk); });
       if (chunks > 1) timer.add(&t_pipe1, [&] { ops::moe_tp(ctx, a, pipe1); });
@@ -267,6 +276,8 @@ void run(const Options& o) {
       ctx.check_status();
       kernels::check_grouped_gemm_status(up.status, s, "bench moe: gate/up");
       const double ideal = std::max(experts, comm), best = std::min(t_seq, t_pipe);
+      const double host_seq = pg->allreduce_max(summarize(host_seq_us).median_ms);
+      const double host_pipe = pg->allreduce_max(summarize(host_pipe_us).median_ms);
       const auto t = torch.find(std::string(sh.name) + "/" + routing + "/tp");
       const double torch_ms = t == torch.end() ? 0 : t->second;
       const std::string chosen_name(ops::strategy_name(chosen));
@@ -274,14 +285,26 @@ void run(const Options& o) {
         const auto it = report.times_ms.find(st);
         return it == report.times_ms.end() ? 0.0 : it->second;
       };
-      table.add({sh.name, routing, fmt::format("{:.3f}", t_seq), fmt::format("{:.3f}", t_pipe),
-                 fmt::format("{:.3f}", t_seq_gk), fmt::format("{:.3f}", t_pipe_gk), ce ? "copy_engine" : "nccl",
-                 std::to_string(chunks), chunks > 1 ? fmt::format("{:.3f}", t_pipe1) : "-",
-                 ce ? fmt::format("{:.3f}", t_nccl) : "-", chosen_name, fmt::format("{:.3f}", experts),
-                 fmt::format("{:.3f}", comm), fmt::format("{:.1f}", 100.0 * ideal / t_seq),
-                 fmt::format("{:.1f}", 100.0 * ideal / t_pipe), fmt::format("{:.3f}", t_seq / t_pipe),
+      table.add({sh.name,
+                 routing,
+                 fmt::format("{:.3f}", t_seq),
+                 fmt::format("{:.3f}", t_pipe),
+                 fmt::format("{:.3f}", t_seq_gk),
+                 fmt::format("{:.3f}", t_pipe_gk),
+                 ce ? "copy_engine" : "nccl",
+                 std::to_string(chunks),
+                 chunks > 1 ? fmt::format("{:.3f}", t_pipe1) : "-",
+                 ce ? fmt::format("{:.3f}", t_nccl) : "-",
+                 chosen_name,
+                 fmt::format("{:.3f}", experts),
+                 fmt::format("{:.3f}", comm),
+                 fmt::format("{:.1f}", 100.0 * ideal / t_seq),
+                 fmt::format("{:.1f}", 100.0 * ideal / t_pipe),
+                 fmt::format("{:.3f}", t_seq / t_pipe),
                  torch_ms > 0 ? fmt::format("{:.3f}", torch_ms) : "-",
-                 torch_ms > 0 ? fmt::format("{:.3f}", torch_ms / best) : "-"});
+                 torch_ms > 0 ? fmt::format("{:.3f}", torch_ms / best) : "-",
+                 fmt::format("{:.0f}", host_seq),
+                 fmt::format("{:.0f}", host_pipe)});
       js << (first ? "" : ",")
          << fmt::format(
                 "\n{{\"shape\": \"{}\", \"routing\": \"{}\", \"world\": {}, \"layer_ms\": {:.5f}, "
@@ -290,10 +313,11 @@ void run(const Options& o) {
                 "\"pipelined_one_chunk_ms\": {:.5f}, \"transport\": \"{}\", \"pipelined_nccl_ms\": {:.5f}, "
                 "\"auto\": \"{}\", "
                 "\"tuner_sequential_ms\": {:.5f}, \"tuner_pipelined_ms\": {:.5f}, "
-                "\"experts_ms\": {:.5f}, \"comm_ms\": {:.5f}, \"torch_ms\": {:.5f}, \"queued_us\": {}}}",
+                "\"experts_ms\": {:.5f}, \"comm_ms\": {:.5f}, \"torch_ms\": {:.5f}, \"queued_us\": {}, "
+                "\"sequential_host_us\": {:.1f}, \"pipelined_host_us\": {:.1f}}}",
                 sh.name, routing, R, t_seq, t_seq, t_pipe, t_seq_gk, t_pipe_gk, chunks, chunks > 1 ? t_pipe1 : t_pipe,
                 ce ? "copy_engine" : "nccl", ce ? t_nccl : t_pipe, chosen_name, tuned(ops::Strategy::sequential),
-                tuned(ops::Strategy::pipelined), experts, comm, torch_ms, o.queued_us);
+                tuned(ops::Strategy::pipelined), experts, comm, torch_ms, o.queued_us, host_seq, host_pipe);
       first = false;
     }
   }
