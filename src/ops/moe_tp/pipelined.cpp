@@ -47,12 +47,13 @@ void run_pipelined(Call& c, int comm_ctas, int chunks, const SymLayout* sym) {
   auto recv_chunk = [&](unsigned char* base, int slab, int ch) { return base + slab * shard_bytes + ch * chunk_bytes; };
 
   // Communication stream, part 1: step d's tokens and their routing. It
-  // starts after the caller's inputs. Over the copy engine, the host
-  // enqueues the own shard's sort and gate/up before any push: the start of
-  // a call is host-bound, and the token push (shorter than the own gate/up
+  // starts after the caller's inputs (ev_start). Over the copy engine, the
+  // host enqueues the own shard's sort and gate/up before anything on the
+  // communication stream, its wait for ev_start included: the start of a
+  // call is host-bound, and the token push (shorter than the own gate/up
   // where pipelining pays) still lands before the gate/up ends.
   TESSERA_CUDA_CHECK(cudaEventRecord(m.ev_start, s));
-  TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, m.ev_start, 0));
+  if (!ce) TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, m.ev_start, 0));
   // `to` said it no longer reads what I pushed in the last call; then my
   // shard into its slot `rank`.
   auto push_tokens = [&](int to) {
@@ -82,6 +83,7 @@ void run_pipelined(Call& c, int comm_ctas, int chunks, const SymLayout* sym) {
   // then each remote shard as it arrives.
   c.permute(a.expert_ids, c.Tl, rank);
   c.gate_up(a.x_shard, c.Tl, rank, c.per, plan.gate_up[0].beside_comm ? beside_ctas : 0);
+  if (ce) TESSERA_CUDA_CHECK(cudaStreamWaitEvent(cs, m.ev_start, 0));
   for (int d = 1; d < R && ce; ++d) {  // copy engine: every step's tokens and routing
     push_tokens(plan.send_to[d - 1]);
     push_routing(plan.send_to[d - 1]);
