@@ -140,6 +140,7 @@ struct Bench {
 /// One part's columns of the main table.
 struct PartResult {
   double gemm = 0, engine = 0, comm = 0, seq = 0, dec = 0, best = 0, tes = 0;
+  double seq_last = 0;  ///< sequential again, timed right after automatic (--random)
   std::string which, choice;
   double flop = 0;
 };
@@ -148,6 +149,7 @@ struct PartResult {
 struct PartOutcome {
   std::string part;
   double seq = 0, tes = 0;
+  double seq_last = 0;  ///< sequential timed right after automatic (0: not timed)
   std::string choice;
 };
 
@@ -207,11 +209,11 @@ class ShapeBench {
 
   /// Sequential and automatic per part (after report()).
   std::vector<PartOutcome> outcomes() const {
-    return {{"AG+GEMM", ag_res_[0].seq, ag_res_[0].tes, ag_res_[0].choice},
-            {"AG+GEMM gated", ag_res_[1].seq, ag_res_[1].tes, ag_res_[1].choice},
-            {"GEMM+RS", rs_.seq, rs_.tes, rs_.choice},
-            {"GEMM+AR", ar_.seq, ar_.tes, ar_.choice},
-            {"MLP", layer_.seq, layer_.tes, layer_.choice}};
+    return {{"AG+GEMM", ag_res_[0].seq, ag_res_[0].tes, ag_res_[0].seq_last, ag_res_[0].choice},
+            {"AG+GEMM gated", ag_res_[1].seq, ag_res_[1].tes, ag_res_[1].seq_last, ag_res_[1].choice},
+            {"GEMM+RS", rs_.seq, rs_.tes, rs_.seq_last, rs_.choice},
+            {"GEMM+AR", ar_.seq, ar_.tes, ar_.seq_last, ar_.choice},
+            {"MLP", layer_.seq, layer_.tes, layer_.seq_last, layer_.choice}};
   }
 
  private:
@@ -327,6 +329,11 @@ class ShapeBench {
     }
     // Strategy::automatic: the tuner decides on the first (warm-up) call.
     timer_.add(&r.tes, ag_call(ag_base_, gated));
+    if (b_.o.random > 0) {
+      ops::OpOptions op = ag_base_;
+      op.strategy = Strategy::sequential;
+      timer_.add(&r.seq_last, ag_call(op, gated));
+    }
     const char* part_name = gated ? "AG+GEMM gated" : "AG+GEMM";
     if (b_.o.kernel_only) {
       // After the fused_ce body above in every round of the interleaved
@@ -384,6 +391,11 @@ class ShapeBench {
         variant("GEMM+RS", "fused_sm reduce=kernel ctas=" + std::to_string(cc), rs_call(op));
       }
     timer_.add(&rs_.tes, rs_call(rs_base_));
+    if (b_.o.random > 0) {
+      ops::OpOptions last = rs_base_;
+      last.strategy = Strategy::sequential;
+      timer_.add(&rs_.seq_last, rs_call(last));
+    }
   }
 
   /// fused_ce, then its kernel-only rows (after it in every round, so the
@@ -424,6 +436,10 @@ class ShapeBench {
       timer_.add(&ar_ce_, ar_call(op));
     }
     timer_.add(&ar_.tes, ar_call(ar_base_));
+    if (b_.o.random > 0) {
+      op.strategy = Strategy::sequential;
+      timer_.add(&ar_.seq_last, ar_call(op));
+    }
   }
 
   // ---- whole layer (gated AG+GEMM, then GEMM+RS) -----------------------------
@@ -455,6 +471,11 @@ class ShapeBench {
       });
     }
     timer_.add(&layer_.tes, mlp_call(ag_base_, rs_base_));
+    if (b_.o.random > 0) {
+      ops::OpOptions sa = ag_base_, sr = rs_base_;
+      sa.strategy = sr.strategy = Strategy::sequential;
+      timer_.add(&layer_.seq_last, mlp_call(sa, sr));
+    }
   }
 
   /// Tunes here, as the first automatic call would (same collective
@@ -620,16 +641,21 @@ void summarize_random(const Options& o, const Bench& b,
                       const std::vector<std::pair<MlpShape, std::vector<PartOutcome>>>& outcomes, bool print) {
   const std::string series = fmt::format("random {} seed {}", o.random, o.seed);
   nlohmann::json records = nlohmann::json::array();
-  Table sum{{"part", "shapes", "geomean tessera/seq", "worst", "worst shape", "> 1.00", "> 1.02"}};
+  // "seq last/first": the same sequential call timed right after automatic
+  // over the one timed first in the part: what the position in the loop
+  // alone makes of a ratio.
+  Table sum{{"part", "shapes", "geomean tessera/seq", "worst", "worst shape", "> 1.00", "> 1.02",
+             "geomean seq last/first"}};
   for (const char* part : {"AG+GEMM", "AG+GEMM gated", "GEMM+RS", "GEMM+AR", "MLP"}) {
-    double log_sum = 0, worst = 0;
-    int n = 0, over = 0, over2 = 0;
+    double log_sum = 0, worst = 0, log_last = 0;
+    int n = 0, over = 0, over2 = 0, n_last = 0;
     std::string worst_shape;
     for (const auto& [sh, parts] : outcomes)
       for (const PartOutcome& p : parts) {
         if (p.part != part || p.seq <= 0 || p.tes <= 0) continue;
         const double r = p.tes / p.seq;
         log_sum += std::log(r);
+        if (p.seq_last > 0) log_last += std::log(p.seq_last / p.seq), ++n_last;
         ++n;
         over += r > 1.0;
         over2 += r > 1.02;
@@ -642,12 +668,14 @@ void summarize_random(const Options& o, const Bench& b,
                            {"series", series},
                            {"tessera_ms", p.tes},
                            {"sequential_ms", p.seq},
+                           {"sequential_last_ms", p.seq_last},
                            {"choice", p.choice}});
       }
     if (n == 0) continue;
     const double gm = std::exp(log_sum / n);
+    const double gm_last = n_last > 0 ? std::exp(log_last / n_last) : 0;
     sum.add({part, std::to_string(n), fmt::format("{:.3f}", gm), fmt::format("{:.3f}", worst), worst_shape,
-             std::to_string(over), std::to_string(over2)});
+             std::to_string(over), std::to_string(over2), n_last > 0 ? fmt::format("{:.3f}", gm_last) : "-"});
     const std::string c = fmt::format("{}: {}", series, part);
     records.push_back({{"metric", "geomean tessera / sequential"},
                        {"case", c},
@@ -665,6 +693,12 @@ void summarize_random(const Options& o, const Bench& b,
          {"target",
           {{"op", "<="}, {"value", 1.0}, {"text", "automatic never slower than sequential on any random shape"}}}});
     records.push_back({{"metric", "count tessera / sequential > 1.02"}, {"case", c}, {"value", over2}});
+    if (n_last > 0)
+      records.push_back({{"metric", "geomean sequential timed last / first"},
+                         {"case", c},
+                         {"value", gm_last},
+                         {"unit", "ratio"},
+                         {"count", n_last}});
   }
   if (print)
     fmt::print("\nbench mlp --random {} --seed {}: Tessera (automatic) / sequential per part, {} of {} shapes\n{}",
