@@ -265,14 +265,6 @@ StreamKWorkspace stream_k_workspace(cudaStream_t stream, size_t slot_bytes) {
   return w;
 }
 
-void set_max_dynamic_smem_once(std::atomic<std::uint64_t>& done, const void* kernel, int smem, const char* what) {
-  int dev = 0;
-  cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
-  if (dev < 64 && ((done.load(std::memory_order_relaxed) >> dev) & 1u)) return;
-  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), what);
-  if (dev < 64) done.fetch_or(std::uint64_t{1} << dev, std::memory_order_relaxed);
-}
-
 void check_launch(const char* what) {
   const cudaError_t e = cudaGetLastError();
   TESSERA_CHECK(e == cudaSuccess, "{}: {} ({})", what, cudaGetErrorString(e), static_cast<int>(e));

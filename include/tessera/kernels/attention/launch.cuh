@@ -15,9 +15,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
-#include <atomic>
 #include <cmath>
-#include <cstdint>
 #include <type_traits>
 
 #include "tessera/kernels/attention.hpp"
@@ -69,9 +67,8 @@ void attention_launch(const AttentionArgs& a, const Hook& hook, cudaStream_t str
   p.hook = hook;
   auto kernel = attn::attention_fwd_kernel<Cfg, T, Hook>;
   constexpr int smem = Cfg::kLaunchBytes;
-  static std::atomic<std::uint64_t> smem_set{0};  // this instantiation's kernel, per device
-  detail::set_max_dynamic_smem_once(smem_set, reinterpret_cast<const void*>(kernel), smem,
-                                    "cudaFuncSetAttribute(attention kernel, max dynamic smem)");
+  detail::cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                     "cudaFuncSetAttribute(attention kernel, max dynamic smem)");
   const long long grid = static_cast<long long>(p.m_blocks) * a.heads_q * a.batch;
   kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, smem, stream>>>(tq, tk, tv, p);
   detail::check_launch("attention kernel");

@@ -18,7 +18,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <atomic>
 #include <type_traits>
 
 #include "tessera/kernels/gemm/grouped_kernel.cuh"
@@ -101,9 +100,8 @@ void grouped_launch_config(const GroupedGemmArgs& a, const GroupedGemmOptions& o
   constexpr int smem = engine::SmemLayout<Cfg, InT>::kLaunchBytes + engine::GroupedTable::kBytes +
                        (kGatherA ? engine::kGroupedGatherBytes<Cfg> : 0);
   static_assert(smem <= 227 * 1024, "grouped GEMM: stages + group table exceed shared memory");
-  static std::atomic<uint64_t> smem_set{0};  // this instantiation's kernel, per device
-  detail::set_max_dynamic_smem_once(smem_set, reinterpret_cast<const void*>(kernel), smem,
-                                    "cudaFuncSetAttribute(grouped gemm kernel, max dynamic smem)");
+  detail::cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                     "cudaFuncSetAttribute(grouped gemm kernel, max dynamic smem)");
   kernel<<<grid, Cfg::kThreads, smem, stream>>>(tma_a, tma_b, p);
   detail::check_launch("grouped gemm kernel launch");
 }

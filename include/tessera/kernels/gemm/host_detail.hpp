@@ -5,7 +5,6 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
-#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -29,11 +28,6 @@ void make_tma_a(const GemmArgs& a, int bm, CUtensorMap* out);
 void make_tma_b(const GemmArgs& a, int bn, CUtensorMap* out);
 /// Multiprocessor count of the current device (cached per device).
 int sm_count();
-/// Raises `kernel`'s dynamic shared memory limit to `smem` bytes on the
-/// current device once: `done` is the caller's per-kernel record, one bit
-/// per device (a driver call per launch is host time a GPU that starts a
-/// small problem idle waits for).
-void set_max_dynamic_smem_once(std::atomic<std::uint64_t>& done, const void* kernel, int smem, const char* what);
 
 /// Whether the plain kernels are launched as programmatic dependents
 /// (launch.cuh): on unless TESSERA_GEMM_PDL=0 (read once per process).
