@@ -11,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <set>
 #include <tuple>
 #include <vector>
 
@@ -263,6 +264,21 @@ StreamKWorkspace stream_k_workspace(cudaStream_t stream, size_t slot_bytes) {
     w.flags = flags;
   }
   return w;
+}
+
+void set_max_dynamic_smem_once(const void* kernel, int smem, const char* what) {
+  int dev = 0;
+  cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
+  static std::mutex mu;
+  static std::set<std::tuple<const void*, int, int>> done;  // (stub, device, bytes)
+  const auto key = std::make_tuple(kernel, dev, smem);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (done.count(key)) return;
+  }
+  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), what);
+  std::lock_guard<std::mutex> lock(mu);
+  done.insert(key);
 }
 
 void check_launch(const char* what) {

@@ -67,8 +67,8 @@ void attention_launch(const AttentionArgs& a, const Hook& hook, cudaStream_t str
   p.hook = hook;
   auto kernel = attn::attention_fwd_kernel<Cfg, T, Hook>;
   constexpr int smem = Cfg::kLaunchBytes;
-  detail::cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                     "cudaFuncSetAttribute(attention kernel, max dynamic smem)");
+  detail::set_max_dynamic_smem_once(reinterpret_cast<const void*>(kernel), smem,
+                                    "cudaFuncSetAttribute(attention kernel, max dynamic smem)");
   const long long grid = static_cast<long long>(p.m_blocks) * a.heads_q * a.batch;
   kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, smem, stream>>>(tq, tk, tv, p);
   detail::check_launch("attention kernel");

@@ -100,8 +100,8 @@ void grouped_launch_config(const GroupedGemmArgs& a, const GroupedGemmOptions& o
   constexpr int smem = engine::SmemLayout<Cfg, InT>::kLaunchBytes + engine::GroupedTable::kBytes +
                        (kGatherA ? engine::kGroupedGatherBytes<Cfg> : 0);
   static_assert(smem <= 227 * 1024, "grouped GEMM: stages + group table exceed shared memory");
-  detail::cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                     "cudaFuncSetAttribute(grouped gemm kernel, max dynamic smem)");
+  detail::set_max_dynamic_smem_once(reinterpret_cast<const void*>(kernel), smem,
+                                    "cudaFuncSetAttribute(grouped gemm kernel, max dynamic smem)");
   kernel<<<grid, Cfg::kThreads, smem, stream>>>(tma_a, tma_b, p);
   detail::check_launch("grouped gemm kernel launch");
 }

@@ -28,6 +28,14 @@ void make_tma_a(const GemmArgs& a, int bm, CUtensorMap* out);
 void make_tma_b(const GemmArgs& a, int bn, CUtensorMap* out);
 /// Multiprocessor count of the current device (cached per device).
 int sm_count();
+/// Raises the dynamic shared memory limit of the kernel whose host stub is
+/// `kernel` to `smem` bytes on the current device, once per (stub, device):
+/// a driver call per launch costs ~10 us of host time, which a GPU starting
+/// a small problem idle waits for. Keyed by the stub's address, not by a
+/// static of the launching template: a kernel instantiated in two modules
+/// (the library and a test, say) has a stub, and a limit, in each, while a
+/// template's static may be shared between them.
+void set_max_dynamic_smem_once(const void* kernel, int smem, const char* what);
 
 /// Whether the plain kernels are launched as programmatic dependents
 /// (launch.cuh): on unless TESSERA_GEMM_PDL=0 (read once per process).

@@ -144,16 +144,8 @@ void launch_config(const GemmArgs& a, const GemmOptions& o, const Pro& pro, cons
   const int cap = o.max_ctas > 0 ? std::min(o.max_ctas, sms) : sms;
   const auto kernel = engine::gemm_kernel<Cfg, InT, kTransB, Pro, Epi, Sched>();
   constexpr int smem = engine::SmemLayout<Cfg, InT>::kLaunchBytes;
-  // Per kernel and device, once (a driver call per launch is host time the
-  // GPU waits for on small problems); one bit per device.
-  static std::atomic<uint64_t> smem_set{0};
-  int smem_dev = 0;
-  detail::cuda_check(cudaGetDevice(&smem_dev), "cudaGetDevice");
-  if (smem_dev >= 64 || !((smem_set.load(std::memory_order_relaxed) >> smem_dev) & 1u)) {
-    detail::cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                       "cudaFuncSetAttribute(gemm kernel, max dynamic smem)");
-    if (smem_dev < 64) smem_set.fetch_or(uint64_t{1} << smem_dev, std::memory_order_relaxed);
-  }
+  detail::set_max_dynamic_smem_once(reinterpret_cast<const void*>(kernel), smem,
+                                    "cudaFuncSetAttribute(gemm kernel, max dynamic smem)");
   cudaLaunchConfig_t cfg{};
   cudaLaunchAttribute attr[2];
   cfg.blockDim = dim3(Cfg::kThreads);
