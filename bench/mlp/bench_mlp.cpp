@@ -644,8 +644,8 @@ void summarize_random(const Options& o, const Bench& b,
   // "seq last/first": the same sequential call timed right after automatic
   // over the one timed first in the part: what the position in the loop
   // alone makes of a ratio.
-  Table sum{{"part", "shapes", "geomean tessera/seq", "worst", "worst shape", "> 1.00", "> 1.02",
-             "geomean seq last/first"}};
+  Table sum{
+      {"part", "shapes", "geomean tessera/seq", "worst", "worst shape", "> 1.00", "> 1.02", "geomean seq last/first"}};
   for (const char* part : {"AG+GEMM", "AG+GEMM gated", "GEMM+RS", "GEMM+AR", "MLP"}) {
     double log_sum = 0, worst = 0, log_last = 0;
     int n = 0, over = 0, over2 = 0, n_last = 0;
