@@ -46,6 +46,8 @@
 // multiple of R, H = K, I/R = N. After the tables it prints, per part,
 // Tessera (automatic) / sequential: geometric mean, worst, and how many
 // shapes were slower than sequential (issue 19: never); --json writes them.
+// With --random each part's sequential call is also timed right after
+// automatic ("seq last/first"), which tells the loop position's share.
 // Run with: tessera run -n R -- tessera bench mlp [--shapes 1,2,3] [--markdown FILE]
 //           tessera run -n R -- tessera bench mlp --random 20 --seed 1 --no-variants --json FILE
 #include <cuda_runtime_api.h>

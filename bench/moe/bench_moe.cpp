@@ -8,7 +8,8 @@
 //   experts  the two grouped GEMMs alone on the same routing (one launch
 //            each over all R·T_l·k rows);
 //   comm     the all-gather and reduce-scatter alone;
-//   ideal    max(experts, comm); "% ideal" = ideal / time of each strategy.
+//   ideal    max(experts, comm); "% ideal" = ideal / time of each strategy;
+//   host us  the host's enqueue time of one call (median, slowest rank).
 // Each rank times the same bodies interleaved run by run (events, warm-up,
 // median, max over ranks). Each run starts after a host barrier and a
 // one-element all-reduce, so by default the GPU starts the call idle while
