@@ -115,12 +115,13 @@ __global__ void permute_count_kernel(PermuteArgs a, std::int64_t entries, std::i
     counts[static_cast<std::int64_t>(e) * blocks + blockIdx.x] = block_count[e];
 }
 
+constexpr int kScanUnroll = 4;  // 32-block steps whose loads permute_scan_kernel issues together
+
 /// One CTA: counts become per-expert exclusive prefixes over blocks, and
 /// expert_offsets the exclusive prefix over experts of their totals. A warp
 /// scans one expert's row of block counts, 32 blocks per step, the loads of
 /// kScanUnroll steps issued together: a thread walking a row alone waits
 /// for one L2 round trip per block (20 us for 160 blocks).
-constexpr int kScanUnroll = 4;
 __global__ void permute_scan_kernel(PermuteArgs a, std::int32_t* counts, int blocks) {
   __shared__ std::int32_t totals[kMaxExperts];
   __shared__ std::int32_t warp_sums[32];
