@@ -21,7 +21,8 @@
 # summarised per step at the end of summary.txt (scripts/clock-summary.py).
 # MLP_SHAPES (default 1,2,3,4,5,6) picks the MLP shapes for mlp / asynctp;
 # ASYNCTP_SHAPES overrides it for asynctp. MLP_ARGS, ASYNCTP_ARGS, SIGNAL_ARGS, KERNELS_ARGS, COMMIR_ARGS, GEMM_ARGS
-# add options to those benchmarks (e.g. MLP_ARGS=--no-variants); MOE_ARGS to bench moe in moe / moeep
+# add options to those benchmarks (e.g. MLP_ARGS=--no-variants; MLP_RANDOM_ARGS to mlprandom's, e.g.
+# --automatic-early); MOE_ARGS to bench moe in moe / moeep
 # (e.g. MOE_ARGS="--queued-us 300"). attention: ATTN_SEQS (16384,32768,65536),
 # ATTN_CASES (all six), ATTN_ARGS / ATTN_TORCH_ARGS (options of the bench / the PyTorch script), ATTN_TIMEOUT
 # (300 s for each half). ringattn: bench ring-attention (ring, Ulysses, two-level and AG-KV); RING_ARGS,
@@ -238,7 +239,7 @@ step_mlp() {
 step_mlprandom() {
   TESSERA_COMMIT="${commit:-unknown}" timeout "${MLP_RANDOM_TIMEOUT:-420}" "$bin" run -n "$ngpu" -- "$bin" bench mlp \
       --random "${MLP_RANDOM:-20}" --seed "${MLP_SEED:-1}" --budget-s "${MLP_RANDOM_BUDGET_S:-300}" \
-      --no-variants --no-kernel-only --reps 10 --warmup 3 \
+      --no-variants --no-kernel-only --reps 10 --warmup 3 ${MLP_RANDOM_ARGS:-} \
       --json "$out/mlp-random.json" >"$out/bench-mlp-random.log" 2>&1
   note "bench mlp --random rc=$?"; grep -v "^\[rank [1-9]" "$out/bench-mlp-random.log" | tail -12 | tee -a "$summary"
 }

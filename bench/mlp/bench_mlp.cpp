@@ -100,6 +100,9 @@ struct Options {
   double budget_s = 0;     ///< with --random: no new shape after this many seconds (0: none)
   std::uint64_t seed = 1;  ///< --seed S
   std::string json;        ///< with --random: per-shape records and the summary
+  /// Time automatic (and the second sequential) right after each part's
+  /// first sequential body instead of after every other strategy.
+  bool automatic_early = false;
   std::string device_kind = "unknown";
   std::string commit;
   std::string command_line;
@@ -244,6 +247,13 @@ class ShapeBench {
 
   InputSet& next() { return in_[static_cast<std::size_t>(turn_++ % b_.o.sets)]; }
 
+  /// Automatic (the tuner decides on its first, warm-up call) and, with
+  /// --random, the part's sequential call again right after it.
+  void add_automatic(PartResult& r, std::function<void()> automatic, std::function<void()> sequential) {
+    timer_.add(&r.tes, std::move(automatic));
+    if (b_.o.random > 0) timer_.add(&r.seq_last, std::move(sequential));
+  }
+
   void variant(const std::string& part_name, const std::string& name, std::function<void()> body) {
     variants_.push_back({part_name, name});
     timer_.add(&variants_.back().ms, std::move(body));
@@ -324,18 +334,16 @@ class ShapeBench {
     timer_.add(&r.gemm, [this, gemm_args] { kernels::cublaslt_gemm(gemm_args(next()), b_.st); });
     // The plain GEMM on the fused AG+GEMM's tile (ping-pong 64x256).
     timer_.add(&r.engine, [this, gemm_args] { kernels::gemm(gemm_args(next()), b_.fused_tile, b_.st); });
+    ops::OpOptions ag_seq = ag_base_;
+    ag_seq.strategy = Strategy::sequential;
     for (Strategy sg : {Strategy::sequential, Strategy::decomposition, Strategy::fused_ce, Strategy::fused_sm}) {
       ops::OpOptions op = ag_base_;
       op.strategy = sg;
       timer_.add(&ag_tm_[gated ? 1 : 0][sg], ag_call(op, gated));
+      if (sg == Strategy::sequential && b_.o.automatic_early)
+        add_automatic(r, ag_call(ag_base_, gated), ag_call(ag_seq, gated));
     }
-    // Strategy::automatic: the tuner decides on the first (warm-up) call.
-    timer_.add(&r.tes, ag_call(ag_base_, gated));
-    if (b_.o.random > 0) {
-      ops::OpOptions op = ag_base_;
-      op.strategy = Strategy::sequential;
-      timer_.add(&r.seq_last, ag_call(op, gated));
-    }
+    if (!b_.o.automatic_early) add_automatic(r, ag_call(ag_base_, gated), ag_call(ag_seq, gated));
     const char* part_name = gated ? "AG+GEMM gated" : "AG+GEMM";
     if (b_.o.kernel_only) {
       // After the fused_ce body above in every round of the interleaved
@@ -378,6 +386,8 @@ class ShapeBench {
     ops::OpOptions op = rs_base_;
     op.strategy = Strategy::sequential;
     timer_.add(&rs_.seq, rs_call(op));
+    const ops::OpOptions rs_seq = op;
+    if (b_.o.automatic_early) add_automatic(rs_, rs_call(rs_base_), rs_call(rs_seq));
     op.strategy = Strategy::decomposition;
     timer_.add(&rs_.dec, rs_call(op));
     op.strategy = Strategy::fused_sm;
@@ -392,12 +402,7 @@ class ShapeBench {
         op.comm_ctas = cc;
         variant("GEMM+RS", "fused_sm reduce=kernel ctas=" + std::to_string(cc), rs_call(op));
       }
-    timer_.add(&rs_.tes, rs_call(rs_base_));
-    if (b_.o.random > 0) {
-      ops::OpOptions last = rs_base_;
-      last.strategy = Strategy::sequential;
-      timer_.add(&rs_.seq_last, rs_call(last));
-    }
+    if (!b_.o.automatic_early) add_automatic(rs_, rs_call(rs_base_), rs_call(rs_seq));
   }
 
   /// fused_ce, then its kernel-only rows (after it in every round, so the
@@ -433,15 +438,13 @@ class ShapeBench {
     ops::OpOptions op = ar_base_;
     op.strategy = Strategy::sequential;
     timer_.add(&ar_.seq, ar_call(op));
+    if (b_.o.automatic_early) add_automatic(ar_, ar_call(ar_base_), ar_call(op));
     if (rs_ce_ok_) {
-      op.strategy = Strategy::fused_ce;
-      timer_.add(&ar_ce_, ar_call(op));
+      ops::OpOptions ce = op;
+      ce.strategy = Strategy::fused_ce;
+      timer_.add(&ar_ce_, ar_call(ce));
     }
-    timer_.add(&ar_.tes, ar_call(ar_base_));
-    if (b_.o.random > 0) {
-      op.strategy = Strategy::sequential;
-      timer_.add(&ar_.seq_last, ar_call(op));
-    }
+    if (!b_.o.automatic_early) add_automatic(ar_, ar_call(ar_base_), ar_call(op));
   }
 
   // ---- whole layer (gated AG+GEMM, then GEMM+RS) -----------------------------
@@ -449,6 +452,8 @@ class ShapeBench {
     ops::OpOptions oa = ag_base_, orr = rs_base_;
     oa.strategy = orr.strategy = Strategy::sequential;
     timer_.add(&layer_.seq, mlp_call(oa, orr));
+    const auto layer_seq = mlp_call(oa, orr);
+    if (b_.o.automatic_early) add_automatic(layer_, mlp_call(ag_base_, rs_base_), layer_seq);
     oa.strategy = orr.strategy = Strategy::decomposition;
     timer_.add(&layer_.dec, mlp_call(oa, orr));
     orr.strategy = Strategy::fused_sm;
@@ -472,12 +477,7 @@ class ShapeBench {
         ops::gemm_rs(b_.ctx, rs_args(s), osm);
       });
     }
-    timer_.add(&layer_.tes, mlp_call(ag_base_, rs_base_));
-    if (b_.o.random > 0) {
-      ops::OpOptions sa = ag_base_, sr = rs_base_;
-      sa.strategy = sr.strategy = Strategy::sequential;
-      timer_.add(&layer_.seq_last, mlp_call(sa, sr));
-    }
+    if (!b_.o.automatic_early) add_automatic(layer_, mlp_call(ag_base_, rs_base_), layer_seq);
   }
 
   /// Tunes here, as the first automatic call would (same collective
@@ -806,6 +806,8 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
                   "with --random: start no new shape after this many seconds (0: measure all)")
       ->check(CLI::Range(0.0, 1e6));
   cmd->add_option("--json", opts->json, "with --random: write per-shape records and the summary here");
+  cmd->add_flag("--automatic-early", opts->automatic_early,
+                "time automatic right after each part's sequential body, not after the other strategies");
   cmd->add_option("--device-kind", opts->device_kind,
                   "device kind recorded in --json (default: from the GPU's name and the world size)");
   cmd->add_option("--commit", opts->commit, "commit recorded in --json (default $TESSERA_COMMIT)");
