@@ -11,7 +11,10 @@ Each log's table (bench/common/timing.hpp Table::str(): right-aligned
 columns two spaces apart, "[rank 0] " prefixes allowed) is read by the
 header's column edges, so empty cells and values with single spaces stay in
 their column. Per row the medians over rounds give head / base of:
-  gemm    "ours ms"   keyed by M, N, K
+  gemm    "ours ms"   keyed by M, N, K (the benchmark shapes' table, or the
+          per-shape lines of bench gemm --random / --mnk, GEMM_AB_ARGS; those
+          also give each build's geomean ours/cuBLASLt per round and the
+          plans that differ between the builds)
   mlp     "tessera"   keyed by shape, part
   signal  "tessera"   keyed by op, shape, M, N, K
   sp-attention  "fused ms"  keyed by case, S
@@ -53,6 +56,20 @@ def strip_rank(line):
 
 
 OP_LINE = re.compile(r"\] (\w+): (shape \d+/\d+|offline stage|budget spent)")
+# A shape line of bench gemm --random / --mnk: M N K plan, ours and cuBLASLt times, their ratio.
+RANDOM_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+(\S+)\s+ours\s+([\d.]+) ms\b.*?cuBLASLt\s+([\d.]+) ms\b"
+                        r".*?ratio ([\d.]+)")
+
+
+def random_rows(text):
+    """{(M, N, K): (plan, ours ms, cuBLASLt ms, ratio)} of bench gemm --random / --mnk lines."""
+    out = {}
+    for line in text.splitlines():
+        m = RANDOM_ROW.match(strip_rank(line))
+        if m:
+            out[(m.group(1), m.group(2), m.group(3))] = (m.group(4), float(m.group(5)), float(m.group(6)),
+                                                         float(m.group(7)))
+    return out
 
 
 def read_tables(text):
@@ -110,7 +127,22 @@ def rows_of(path, bench, column=None):
                     out[tuple(r[k] for k in keys)] = float(r[column])
                 except ValueError:
                     pass
+    if bench == "gemm" and not out and column in ("ours ms", "cuBLASLt ms"):
+        at = 1 if column == "ours ms" else 2
+        out = {key: row[at] for key, row in random_rows(text).items()}
     return out
+
+
+def random_runs(ab_dir):
+    """{"base"|"head": [(round, {(M, N, K): row})]} of gemm logs in the --random / --mnk format."""
+    runs = {"base": [], "head": []}
+    for build in runs:
+        for path in sorted(glob.glob(os.path.join(ab_dir, f"gemm-{build}-*.log"))):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                rows = random_rows(f.read())
+            if rows:
+                runs[build].append((path.rsplit("-", 1)[1][:-4], rows))
+    return runs
 
 
 def column_runs(ab_dir, bench, column=None):
@@ -137,6 +169,12 @@ def summarize(ab_dir, issue=18):
         refs = column_runs(ab_dir, bench, ref) if ref else {"base": {}, "head": {}}
         normalised, drift = [], []
         ratios = []
+        plans = random_runs(ab_dir) if bench == "gemm" else {"base": [], "head": []}
+        for build in ("base", "head"):
+            for rnd, rows in plans[build]:
+                recs.append({"metric": "geomean ours/cuBLASLt", "case": f"bench gemm, {build}, round {rnd}",
+                             "value": round(geomean([r[3] for r in rows.values()]), 4), "unit": "ratio",
+                             "series": build, "baseline": "cuBLASLt, same loop", "count": len(rows)})
         for key in sorted(set(runs["base"]) | set(runs["head"])):
             if key not in runs["base"] or key not in runs["head"]:
                 print(f"ab_summary: {bench} {' '.join(key)} ran only on the "
@@ -147,6 +185,10 @@ def summarize(ab_dir, issue=18):
             recs.append({"metric": f"head / base ({value})", "case": f"bench {bench} {' '.join(key)}",
                          "value": round(r, 4), "unit": "ratio", "series": bench,
                          "baseline": f"medians of {len(runs['base'][key])} base and {len(runs['head'][key])} head runs"})
+            if plans["base"] and plans["head"]:
+                pb, ph = plans["base"][0][1].get(key), plans["head"][0][1].get(key)
+                if pb and ph and pb[0] != ph[0]:
+                    recs[-1].update({"base_plan": pb[0], "head_plan": ph[0]})
             if key in refs["base"] and key in refs["head"]:
                 rb, rh = statistics.median(refs["base"][key]), statistics.median(refs["head"][key])
                 normalised.append(r * rb / rh)
@@ -251,6 +293,26 @@ def self_test():
     assert drift["bench moe MoE-1 uniform"] == 1.02, drift
     assert by_case["bench grouped MoE-1 TP2 gateup uniform"] == 1.02, by_case
     assert by_case["bench grouped MoE-1 TP2 down uniform"] == 0.99, by_case
+    # bench gemm --random / --mnk lines: head / base per shape, per-build geomeans, plan changes.
+    line = ("   {m} {n} {k} {plan:<16} ours   {ours} ms   21 TF/s  cuBLASLt   {cub} ms   21 TF/s  ratio {ratio}  "
+            "err 0.0e+00\n")
+    with tempfile.TemporaryDirectory() as d:
+        for build, (plan, ours) in {"base": ("64x64/pp", "0.0100"), "head": ("128x32/c1/swap", "0.0080")}.items():
+            text = ("bench gemm --mnk on NVIDIA H200 (132 SMs), bf16 in/out, B [N,K]\n" +
+                    line.format(m=19, n=4400, k=2160, plan=plan, ours=ours, cub="0.0080",
+                                ratio=f"{float(ours) / 0.008:.3f}") +
+                    line.format(m=29, n=808, k=728, plan="64x64/pp", ours="0.0040", cub="0.0040", ratio="1.000") +
+                    "\nours          all                                      n=  2  geomean 1.1  worst 1.2\n")
+            for r in (1, 2):
+                with open(os.path.join(d, f"gemm-{build}-{r}.log"), "w") as f:
+                    f.write(text)
+        recs = summarize(d)
+    by_case = {r["case"]: r for r in recs}
+    assert by_case["bench gemm 19 4400 2160"]["value"] == 0.8, by_case
+    assert by_case["bench gemm 19 4400 2160"]["head_plan"] == "128x32/c1/swap", by_case
+    assert "head_plan" not in by_case["bench gemm 29 808 728"], by_case
+    assert by_case["bench gemm, head, round 1"]["value"] == 1.0, by_case
+    assert abs(by_case["bench gemm, base, round 2"]["value"] - math.sqrt(1.25)) < 1e-4, by_case
     print("ab_summary self-test: ok")
 
 
