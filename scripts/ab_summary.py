@@ -38,6 +38,8 @@ import re
 import statistics
 import sys
 
+import gemm_model_check  # its LINE: a shape line of bench gemm --random / --mnk
+
 BENCHES = {
     "gemm": (("M", "N", "K"), "ours ms"),
     "mlp": (("shape", "part"), "tessera"),
@@ -56,16 +58,13 @@ def strip_rank(line):
 
 
 OP_LINE = re.compile(r"\] (\w+): (shape \d+/\d+|offline stage|budget spent)")
-# A shape line of bench gemm --random / --mnk: M N K plan, ours and cuBLASLt times, their ratio.
-RANDOM_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+(\S+)\s+ours\s+([\d.]+) ms\b.*?cuBLASLt\s+([\d.]+) ms\b"
-                        r".*?ratio ([\d.]+)")
 
 
 def random_rows(text):
     """{(M, N, K): (plan, ours ms, cuBLASLt ms, ratio)} of bench gemm --random / --mnk lines."""
     out = {}
     for line in text.splitlines():
-        m = RANDOM_ROW.match(strip_rank(line))
+        m = gemm_model_check.LINE.match(strip_rank(line))  # M N K plan, ours ms, cuBLASLt ms, ratio
         if m:
             out[(m.group(1), m.group(2), m.group(3))] = (m.group(4), float(m.group(5)), float(m.group(6)),
                                                          float(m.group(7)))

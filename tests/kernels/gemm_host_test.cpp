@@ -273,11 +273,6 @@ std::optional<tk::GemmPlan> counting_lookup(const tk::GemmArgs&, int) {
 }
 }  // namespace
 
-// gemm(args, options, stream) is the one entry point: the plan source
-// (Default, Model, Tuned: the measured override) applies only where the
-// options name no plan, so every option combination that names one keeps
-// the plan plan_gemm() names for it, whatever the source. Host only: these
-// combinations plan without a device query.
 // The plain-only cluster kernels (cluster_kernel_compiled) as explicit
 // options: each compiled one plans as named, and whatever none compiles is
 // rejected by plan_gemm (before launch) with a message naming the options.
@@ -326,6 +321,11 @@ TEST(GemmPlanCandidates, ClusterOptionsPlanOrFailBeforeLaunch) {
   fails("no 1x2 cluster kernel for tile auto", [](tk::GemmOptions& b, tk::GemmArgs&) { b.tile = tk::GemmTile::Auto; });
 }
 
+// gemm(args, options, stream) is the one entry point: the plan source
+// (Default, Model, Tuned: the measured override) applies only where the
+// options name no plan, so every option combination that names one keeps
+// the plan plan_gemm() names for it, whatever the source. Host only: these
+// combinations plan without a device query.
 TEST(GemmEntry, PlanSourceKeepsThePlansOptionsName) {
   tk::set_gemm_plan_lookup(nullptr);
   tk::GemmArgs a = good();
