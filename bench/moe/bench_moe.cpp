@@ -277,6 +277,7 @@ void run(const Options& o) {
       ctx.check_status();
       kernels::check_grouped_gemm_status(up.status, s, "bench moe: gate/up");
       const double ideal = std::max(experts, comm), best = std::min(t_seq, t_pipe);
+      // summarize() is unit-free: these medians are microseconds.
       const double host_seq = pg->allreduce_max(summarize(host_seq_us).median_ms);
       const double host_pipe = pg->allreduce_max(summarize(host_pipe_us).median_ms);
       const auto t = torch.find(std::string(sh.name) + "/" + routing + "/tp");
