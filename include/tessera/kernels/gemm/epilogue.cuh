@@ -185,6 +185,22 @@ struct HasLoadAhead : std::false_type {};
 template <class Bound>
 struct HasLoadAhead<Bound, std::void_t<decltype(Bound::kLoadAhead), typename Bound::Loaded>> : std::true_type {};
 
+/// Optional column form of a bound epilogue (the swapped-operand kernels,
+/// whose tile rows are D's columns). A Bound with
+///   static constexpr bool kStoresColumns = true;
+///   using OutType = ...;               // __nv_bfloat16 or __half
+///   __device__ void store_column8(int row, int col, const uint4& packed, int valid) const;
+/// receives the tile's rows row .. row + 7 of column col as 16-bit values in
+/// the output type, packed in pairs (the low half first), of which the first
+/// `valid` (1..8) are in the problem; row is a multiple of 8. The store loop
+/// (store_tile_columns, kernel_common.cuh) transposes in registers, so the
+/// epilogue writes 16 contiguous bytes where store8 would write 8 elements
+/// one column of D apart.
+template <class Bound, class = void>
+struct HasColumnStore : std::false_type {};
+template <class Bound>
+struct HasColumnStore<Bound, std::enable_if_t<Bound::kStoresColumns>> : std::true_type {};
+
 /// Optional two-way binding: bind() may return EitherBound<A, B>, meaning the
 /// whole tile is stored through `a`, or through `b` when use_b. The ping-pong
 /// kernel then emits one store loop per bound type and picks one per tile, so

@@ -166,6 +166,16 @@ __device__ __forceinline__ void fence_regs(float (&d)[R]) {
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+/// Transposes an 8x8 matrix of 16-bit values held by the warp in the mma
+/// fragment layout (lane l: row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1,
+/// the low half first); returns the transposed matrix in the same layout.
+/// Warp-wide: every lane of the warp must execute it.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t a) {
+  uint32_t d;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(a));
+  return d;
+}
+
 // ---- register reallocation ----------------------------------------------------------
 template <int R>
 __device__ __forceinline__ void setmaxnreg_inc() {
