@@ -155,10 +155,6 @@ std::vector<std::array<int64_t, 3>> draw_shapes(int count, uint64_t seed) {
 
 namespace {
 
-// --diag times the swapped tiles up to three 96-row tiles of M, beyond the
-// model's kSwapMaxM, so that its bound can be refitted from the timings.
-constexpr int64_t kSwapDiagMaxM = 288;
-
 // The shapes: --mnk's list, or --random draws.
 std::vector<std::array<int64_t, 3>> shapes_of(const RandomOptions& o) {
   std::vector<std::array<int64_t, 3>> shapes;
@@ -241,8 +237,8 @@ std::vector<std::pair<std::string, kernels::GemmOptions>> diag_kernels(const Ran
       g.k_splits = k;
       kernels_diag.push_back({"64x64/pp" + (k > 1 ? "/k" + std::to_string(k) : std::string()), g});
     }
-    // Swapped operands (B [N,K], M <= kSwapDiagMaxM; measure_shape skips
-    // them elsewhere), whole K and split.
+    // Swapped operands (B [N,K], M <= kSwapMaxM; measure_shape skips them
+    // elsewhere), whole K and split.
     for (GemmTile t : {GemmTile::T128x32, GemmTile::T128x64, GemmTile::T128x96})
       for (int k : {1, 2, 4}) {
         GemmOptions g;
@@ -350,7 +346,7 @@ Record measure_shape(const RandomOptions& o, DType in, kernels::BLayout layout,
   for (size_t v = 0; v < kernels_diag.size(); ++v) {
     const GemmOptions& dopt = kernels_diag[v].second;
     if (dopt.swap_ab) {
-      if (!nk || m > kSwapDiagMaxM) continue;
+      if (!nk || m > kernels::kSwapMaxM) continue;
       const double e = err_of(dopt);
       diag_err = std::isfinite(e) ? std::max(diag_err, e) : INFINITY;
     }

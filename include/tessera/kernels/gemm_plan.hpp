@@ -85,11 +85,8 @@ GemmOptions plan_options(const GemmPlan& p, GemmOptions base = {});
 int plan_sm_count(const GemmOptions& o);
 
 /// The largest M for which the model search considers the swapped tiles
-/// (D^T = B A^T, GemmOptions::swap_ab): one 96-row tile of M. With two or
-/// three tiles of M they measured 1.25-1.6x slower than the model rated
-/// them against the unswapped tiles (docs/design/gemm.md, "The model refit
-/// for small and mid M"); explicit swap_ab still runs any M.
-inline constexpr int64_t kSwapMaxM = 96;
+/// (D^T = B A^T, GemmOptions::swap_ab): up to three 96-row tiles of M.
+inline constexpr int64_t kSwapMaxM = 288;
 /// At M <= kTinyM with B as [N, K], model_plan() chooses among the 64x64
 /// ping-pong and the swapped plans only (a 128-row tile computes >= 4x its
 /// rows in padding; on 33 such shapes timed with every kernel it was never
