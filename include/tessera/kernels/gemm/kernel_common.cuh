@@ -94,13 +94,16 @@ __device__ __forceinline__ void quad_transpose8(const float (&acc)[kAccRegs], in
 }
 
 /// The column form of the store loop (HasColumnStore, epilogue.cuh), for a
-/// 16-bit output. Per row half h and group g of 4 column blocks of 8: each
-/// 8x8 block (rows 8h.., columns of block b) is packed to 16 bits and
-/// transposed by movmatrix, after which lane (r = lane / 4, q = lane % 4)
-/// holds rows 2q, 2q + 1 of the block's column r; a 4x4 transpose of those
-/// words inside the lane quad (as quad_transpose8, one 32-bit shuffle per
-/// round) gives lane q rows 0..7 of column r of block 4g + q. Every lane runs
-/// the movmatrix and the shuffles; only the store is masked.
+/// 16-bit output. Per pair of column blocks of 8 (b0 = 2p, b1 = 2p + 1): the
+/// four 8x8 blocks (row halves h = 0, 1 of b0, then of b1) are packed to 16
+/// bits and transposed by movmatrix, after which lane (r = lane / 4, q =
+/// lane % 4) holds rows 2q, 2q + 1 of each block's column r; a 4x4
+/// transpose of those words inside the lane quad (as quad_transpose8, one
+/// 32-bit shuffle per round) gives lane q rows 8h .. 8h + 7 of column r of
+/// block b0 + q / 2, h = q % 2. Lanes 2i and 2i + 1 so store 32 contiguous
+/// bytes of one row of D: a warp instruction writes whole 32-byte sectors
+/// of 16 rows. Every lane runs the movmatrix and the shuffles; only the
+/// store is masked.
 template <class Cfg, class OutT, class Params, class Bound>
 __device__ __forceinline__ void store_tile_columns(const Params& p, const TileInfo& info,
                                                    const float (&acc)[Cfg::kMAtoms][Cfg::BN / 2], int consumer,
@@ -110,33 +113,30 @@ __device__ __forceinline__ void store_tile_columns(const Params& p, const TileIn
 #pragma unroll
   for (int a = 0; a < Cfg::kMAtoms; ++a) {
     const int row_base = info.row0 + (Cfg::kPingPong ? 0 : consumer * Cfg::kRowsPerConsumer) + a * 64 + warp * 16;
+    const int row = row_base + 8 * (q & 1);  // the 8 rows this lane stores
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = row_base + 8 * h;
+    for (int pair = 0; pair < Cfg::BN / 16; ++pair) {
+      uint32_t t[4];
 #pragma unroll
-      for (int g = 0; g < Cfg::BN / 32; ++g) {
-        uint32_t t[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int i = 4 * (4 * g + j) + 2 * h;
-          t[j] = ptx::movmatrix_trans(OutConv<OutT>::bits(OutConv<OutT>::pack(acc[a][i], acc[a][i + 1])));
-        }
-        uint32_t w[4];
-#pragma unroll
-        for (int c = 0; c < 4; ++c) w[c] = t[c];  // w[q] = t[q] is the diagonal
-#pragma unroll
-        for (int k = 1; k < 4; ++k) {
-          const int send_idx = (q - k) & 3, from = (q + k) & 3;
-          uint32_t send = t[0];
-#pragma unroll
-          for (int j = 1; j < 4; ++j) send = send_idx == j ? t[j] : send;
-          const uint32_t recv = __shfl_sync(0xffffffffu, send, (lane & ~3) | from);
-#pragma unroll
-          for (int c = 0; c < 4; ++c) w[c] = c == from ? recv : w[c];
-        }
-        const int col = info.col0 + 8 * (4 * g + q) + r;
-        if (row < p.M && col < p.N) epi.store_column8(row, col, make_uint4(w[0], w[1], w[2], w[3]), min(8, p.M - row));
+      for (int j = 0; j < 4; ++j) {
+        const int i = 4 * (2 * pair + (j >> 1)) + 2 * (j & 1);  // block 2 pair + j / 2, row half j % 2
+        t[j] = ptx::movmatrix_trans(OutConv<OutT>::bits(OutConv<OutT>::pack(acc[a][i], acc[a][i + 1])));
       }
+      uint32_t w[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) w[c] = t[c];  // w[q] = t[q] is the diagonal
+#pragma unroll
+      for (int k = 1; k < 4; ++k) {
+        const int send_idx = (q - k) & 3, from = (q + k) & 3;
+        uint32_t send = t[0];
+#pragma unroll
+        for (int j = 1; j < 4; ++j) send = send_idx == j ? t[j] : send;
+        const uint32_t recv = __shfl_sync(0xffffffffu, send, (lane & ~3) | from);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) w[c] = c == from ? recv : w[c];
+      }
+      const int col = info.col0 + 8 * (2 * pair + (q >> 1)) + r;
+      if (row < p.M && col < p.N) epi.store_column8(row, col, make_uint4(w[0], w[1], w[2], w[3]), min(8, p.M - row));
     }
   }
 }
