@@ -60,32 +60,42 @@ inline constexpr bool kDependentLaunch = !Prologue::kActive && !Epilogue::kNotif
 // notify handshake, the prologue-waiter ring (WaiterRing) and the warp roles:
 // see barriers.cuh.
 
-/// wgmma accumulator layout (m64nN, f32): register i of thread (warp w,
-/// lane l) holds row 16w + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + i%2.
-/// A lane quad shares a row; for each group g of 4 column blocks of 8 it
-/// holds one float2 per (lane, block). A 4x4 transpose of float2 inside the
-/// quad (3 shuffle rounds) gives lane q = lane % 4 the 8 consecutive columns
-/// of block 4g+q of row half h in v, so each store is 8 contiguous elements.
-template <int kAccRegs>
-__device__ __forceinline__ void quad_transpose8(const float (&acc)[kAccRegs], int g, int h, int lane, float (&v)[8]) {
+/// A 4x4 transpose inside the lane quad: f[c] of lane q is e[q] of lane c
+/// (3 shuffle rounds; the diagonal stays). T is float2 (two shuffles per
+/// round) or uint32_t (one).
+__device__ __forceinline__ float2 shfl_quad(float2 v, int src) {
+  return make_float2(__shfl_sync(0xffffffffu, v.x, src), __shfl_sync(0xffffffffu, v.y, src));
+}
+__device__ __forceinline__ uint32_t shfl_quad(uint32_t v, int src) { return __shfl_sync(0xffffffffu, v, src); }
+template <class T>
+__device__ __forceinline__ void quad_transpose4(const T (&e)[4], int lane, T (&f)[4]) {
   const int q = lane & 3;
-  float2 e[4], f[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) e[j] = make_float2(acc[4 * (4 * g + j) + 2 * h], acc[4 * (4 * g + j) + 2 * h + 1]);
 #pragma unroll
   for (int c = 0; c < 4; ++c) f[c] = e[c];  // f[q] = e[q] is the diagonal
 #pragma unroll
   for (int r = 1; r < 4; ++r) {
     const int send_idx = (q - r) & 3, from = (q + r) & 3;
-    float2 send = e[0];
+    T send = e[0];
 #pragma unroll
     for (int j = 1; j < 4; ++j) send = send_idx == j ? e[j] : send;
-    float2 recv;
-    recv.x = __shfl_sync(0xffffffffu, send.x, (lane & ~3) | from);
-    recv.y = __shfl_sync(0xffffffffu, send.y, (lane & ~3) | from);
+    const T recv = shfl_quad(send, (lane & ~3) | from);
 #pragma unroll
     for (int c = 0; c < 4; ++c) f[c] = c == from ? recv : f[c];
   }
+}
+
+/// wgmma accumulator layout (m64nN, f32): register i of thread (warp w,
+/// lane l) holds row 16w + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + i%2.
+/// A lane quad shares a row; for each group g of 4 column blocks of 8 it
+/// holds one float2 per (lane, block). A 4x4 transpose of float2 inside the
+/// quad (quad_transpose4) gives lane q = lane % 4 the 8 consecutive columns
+/// of block 4g+q of row half h in v, so each store is 8 contiguous elements.
+template <int kAccRegs>
+__device__ __forceinline__ void quad_transpose8(const float (&acc)[kAccRegs], int g, int h, int lane, float (&v)[8]) {
+  float2 e[4], f[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) e[j] = make_float2(acc[4 * (4 * g + j) + 2 * h], acc[4 * (4 * g + j) + 2 * h + 1]);
+  quad_transpose4(e, lane, f);
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
     v[2 * c] = f[c].x;
@@ -98,7 +108,7 @@ __device__ __forceinline__ void quad_transpose8(const float (&acc)[kAccRegs], in
 /// four 8x8 blocks (row halves h = 0, 1 of b0, then of b1) are packed to 16
 /// bits and transposed by movmatrix, after which lane (r = lane / 4, q =
 /// lane % 4) holds rows 2q, 2q + 1 of each block's column r; a 4x4
-/// transpose of those words inside the lane quad (as quad_transpose8, one
+/// transpose of those words inside the lane quad (quad_transpose4, one
 /// 32-bit shuffle per round) gives lane q rows 8h .. 8h + 7 of column r of
 /// block b0 + q / 2, h = q % 2. Lanes 2i and 2i + 1 so store 32 contiguous
 /// bytes of one row of D: a warp instruction writes whole 32-byte sectors
@@ -123,18 +133,7 @@ __device__ __forceinline__ void store_tile_columns(const Params& p, const TileIn
         t[j] = ptx::movmatrix_trans(OutConv<OutT>::bits(OutConv<OutT>::pack(acc[a][i], acc[a][i + 1])));
       }
       uint32_t w[4];
-#pragma unroll
-      for (int c = 0; c < 4; ++c) w[c] = t[c];  // w[q] = t[q] is the diagonal
-#pragma unroll
-      for (int k = 1; k < 4; ++k) {
-        const int send_idx = (q - k) & 3, from = (q + k) & 3;
-        uint32_t send = t[0];
-#pragma unroll
-        for (int j = 1; j < 4; ++j) send = send_idx == j ? t[j] : send;
-        const uint32_t recv = __shfl_sync(0xffffffffu, send, (lane & ~3) | from);
-#pragma unroll
-        for (int c = 0; c < 4; ++c) w[c] = c == from ? recv : w[c];
-      }
+      quad_transpose4(t, lane, w);
       const int col = info.col0 + 8 * (2 * pair + (q >> 1)) + r;
       if (row < p.M && col < p.N) epi.store_column8(row, col, make_uint4(w[0], w[1], w[2], w[3]), min(8, p.M - row));
     }
