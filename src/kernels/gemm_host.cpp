@@ -457,10 +457,10 @@ double sm_load_bw(int al, double total_bw, double active, double rows, bool whol
 // remaining tiles' K blocks at the tile's per-block rate, a fixed cost per
 // segment, and kStreamKUs for the partial tiles' exchange (stored in
 // fragment order, waited for, added) whenever a tile is split. kStreamKUs
-// is fitted to every compiled kernel's --diag timings of 251 shapes (seeds
-// 28, 29, 34, 35 and 114 shapes with M <= 700; docs/design/gemm.md,
-// "Stream-K"): at the earlier 8 us the model chose stream-K on long-K,
-// mid-M shapes where a split or clustered tile measured 1.1-1.2x faster.
+// is fitted to every compiled kernel's --diag timings of 251 shapes
+// (bench/results/raw; docs/design/gemm.md, "Stream-K"): at the earlier
+// 8 us the model chose stream-K on long-K, mid-M shapes where a split or
+// clustered tile measured 1.1-1.2x faster.
 double model_stream_k_us(const GemmArgs& a, int num_sms, const GemmPlan& p, int64_t tiles_m, int64_t tiles_n,
                          int64_t kb, double eff, double fix, int al, double total_bw) {
   constexpr double kStreamKUs = 20.0;
@@ -534,9 +534,9 @@ double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p) {
     fix = 0.0;
   } else if (p.tile == GemmTile::T128x32) {
     // Swapped tiles: narrow wgmma N; their use is small M, where the K-block
-    // time is the 128 weight rows each SM loads. 128x32's tile has no fixed
-    // cost since its store writes 16-byte pieces of D's rows (refitted with
-    // kStreamKUs).
+    // time is the 128 weight rows each SM loads. 128x32's fixed cost per
+    // tile is fitted (0, with kStreamKUs) to timings taken after the swapped
+    // store began writing whole pieces of D's rows.
     eff = 0.55;
     fix = 0.0;
   } else if (p.tile == GemmTile::T128x64) {

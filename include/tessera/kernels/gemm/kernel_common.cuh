@@ -110,10 +110,10 @@ __device__ __forceinline__ void quad_transpose8(const float (&acc)[kAccRegs], in
 /// lane % 4) holds rows 2q, 2q + 1 of each block's column r; a 4x4
 /// transpose of those words inside the lane quad (quad_transpose4, one
 /// 32-bit shuffle per round) gives lane q rows 8h .. 8h + 7 of column r of
-/// block b0 + q / 2, h = q % 2. Lanes 2i and 2i + 1 so store 32 contiguous
-/// bytes of one row of D: a warp instruction writes whole 32-byte sectors
-/// of 16 rows. Every lane runs the movmatrix and the shuffles; only the
-/// store is masked.
+/// block b0 + q / 2, h = q % 2. Lanes 2i and 2i + 1 thus store 32
+/// contiguous bytes of one row of D, and a warp instruction writes 16 rows
+/// (whole 32-byte sectors where D's rows are 32-byte aligned). Every lane
+/// runs the movmatrix and the shuffles; only the store is masked.
 template <class Cfg, class OutT, class Params, class Bound>
 __device__ __forceinline__ void store_tile_columns(const Params& p, const TileInfo& info,
                                                    const float (&acc)[Cfg::kMAtoms][Cfg::BN / 2], int consumer,
