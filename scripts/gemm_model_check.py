@@ -3,6 +3,7 @@
 
     scripts/gemm_model_check.py LOG [LOG ...] [--tessera build/bin/tessera] [--sms 132] [--max-m M]
                                 [--max-geomean X] [-v]
+    scripts/gemm_model_check.py LOG [LOG ...] --alignment
 
 LOG: the output of `tessera bench gemm --random N --seed S --diag` or
 `--mnk ... --diag` (one line per shape: the plan, ours/cuBLASLt, then every
@@ -18,7 +19,9 @@ timings already taken before a device A/B confirms it (docs/design/gemm.md).
 The timings are relative to the build that took them; the planner is this
 checkout's. --max-geomean X exits 1 when a log's geometric mean exceeds X
 (the ctest test gemm_model_check guards the planner with the logs in
-bench/results/raw/).
+bench/results/raw/). --alignment instead reports, over all the logs'
+shapes, ours/cuBLASLt by K row alignment beside the same plans on rows
+padded to 128 bytes (the `ours ld64` timing): what misaligned rows cost.
 """
 from __future__ import annotations
 
@@ -55,8 +58,10 @@ def parse_log(path: str):
                        if not k.startswith("host") and "ld64" not in k and "PDL" not in k and k != "ours"}
             if not kernels:
                 continue
+            ld64 = re.search(r"  ours ld64 ([\d.]+)", tail)
             shapes.append({"m": int(m.group(1)), "n": int(m.group(2)), "k": int(m.group(3)), "plan": m.group(4),
-                           "ours": float(m.group(7)), "kernels": kernels})
+                           "ours": float(m.group(7)), "kernels": kernels,
+                           "ours_ld64": float(ld64.group(1)) if ld64 else None})
     return shapes
 
 
@@ -72,6 +77,30 @@ def geomean(xs):
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
+def row_alignment(k: int) -> int:
+    """The bytes (16 .. 128) K's 16-bit rows are aligned to in a packed --diag buffer."""
+    a = 1
+    while a < 128 and (2 * k) % (2 * a) == 0:
+        a *= 2
+    return a
+
+
+def alignment_report(shapes) -> None:
+    """ours/cuBLASLt by K row alignment, and the same plans on rows padded to
+    128 bytes (`ours ld64`, still over unpadded cuBLASLt): what misaligned
+    rows cost."""
+    print(f"{len(shapes)} shapes: ours/cuBLASLt {geomean([s['ours'] for s in shapes]):.3f}")
+    for al in (16, 32, 64, 128):
+        group = [s for s in shapes if row_alignment(s["k"]) == al]
+        if not group:
+            continue
+        padded = [s["ours_ld64"] for s in group if s["ours_ld64"]]
+        print(f"  rows {al:3d}-byte aligned: {len(group):3d} shapes, ours/cuBLASLt {geomean([s['ours'] for s in group]):.3f}"
+              + (f", rows padded to 128 bytes {geomean(padded):.3f}" if padded else ""))
+    what_if = [s["ours_ld64"] if s["ours_ld64"] and row_alignment(s["k"]) < 128 else s["ours"] for s in shapes]
+    print(f"  every misaligned shape at its padded time: {geomean(what_if):.3f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("logs", nargs="+")
@@ -80,7 +109,12 @@ def main() -> int:
     ap.add_argument("--max-m", type=int, default=0, help="only shapes with M <= this (0: all)")
     ap.add_argument("--max-geomean", type=float, default=0.0, help="exit 1 if a log's geomean exceeds this")
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per shape")
+    ap.add_argument("--alignment", action="store_true",
+                    help="instead: ours/cuBLASLt of all logs' shapes by K row alignment, and with rows padded")
     a = ap.parse_args()
+    if a.alignment:
+        alignment_report([s for path in a.logs for s in parse_log(path) if not a.max_m or s["m"] <= a.max_m])
+        return 0
     failed = False
     for path in a.logs:
         shapes = [s for s in parse_log(path) if not a.max_m or s["m"] <= a.max_m]
