@@ -152,45 +152,45 @@ __device__ __forceinline__ void store_tile_with(const Params& p, const TileInfo&
                                                 int lane, const Bound& epi) {
   if constexpr (HasColumnStore<Bound>::value) {
     store_tile_columns<Cfg, typename Bound::OutType>(p, info, acc, consumer, warp, lane, epi);
-    return;
-  }
-  const int q = lane & 3;  // position in the lane quad that shares a row (see quad_transpose8)
+  } else {
+    const int q = lane & 3;  // position in the lane quad that shares a row (see quad_transpose8)
 #pragma unroll
-  for (int a = 0; a < Cfg::kMAtoms; ++a) {
-    const int row_base =
-        info.row0 + (Cfg::kPingPong ? 0 : consumer * Cfg::kRowsPerConsumer) + a * 64 + warp * 16 + lane / 4;
+    for (int a = 0; a < Cfg::kMAtoms; ++a) {
+      const int row_base =
+          info.row0 + (Cfg::kPingPong ? 0 : consumer * Cfg::kRowsPerConsumer) + a * 64 + warp * 16 + lane / 4;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = row_base + 8 * h;
-      if constexpr (kLoadAhead && HasLoadAhead<Bound>::value) {
-        // Load-ahead (epilogue.cuh): the loads of kLoadAhead column blocks
-        // are issued before their stores, so they overlap instead of each
-        // waiting behind the previous store (possible aliasing).
-        constexpr int kAhead = Bound::kLoadAhead;
-        static_assert((Cfg::BN / 32) % kAhead == 0, "load-ahead batches must divide the column blocks");
+      for (int h = 0; h < 2; ++h) {
+        const int row = row_base + 8 * h;
+        if constexpr (kLoadAhead && HasLoadAhead<Bound>::value) {
+          // Load-ahead (epilogue.cuh): the loads of kLoadAhead column blocks
+          // are issued before their stores, so they overlap instead of each
+          // waiting behind the previous store (possible aliasing).
+          constexpr int kAhead = Bound::kLoadAhead;
+          static_assert((Cfg::BN / 32) % kAhead == 0, "load-ahead batches must divide the column blocks");
 #pragma unroll
-        for (int g0 = 0; g0 < Cfg::BN / 32; g0 += kAhead) {
-          typename Bound::Loaded ld[kAhead];
+          for (int g0 = 0; g0 < Cfg::BN / 32; g0 += kAhead) {
+            typename Bound::Loaded ld[kAhead];
 #pragma unroll
-          for (int j = 0; j < kAhead; ++j) {
-            const int col = info.col0 + 8 * (4 * (g0 + j) + q);
-            if (row < p.M && col < p.N) ld[j] = epi.load(row, col);
+            for (int j = 0; j < kAhead; ++j) {
+              const int col = info.col0 + 8 * (4 * (g0 + j) + q);
+              if (row < p.M && col < p.N) ld[j] = epi.load(row, col);
+            }
+#pragma unroll
+            for (int j = 0; j < kAhead; ++j) {
+              float v[8];
+              quad_transpose8(acc[a], g0 + j, h, lane, v);
+              const int col = info.col0 + 8 * (4 * (g0 + j) + q);
+              if (row < p.M && col < p.N) epi.store8(row, col, v, min(8, p.N - col), ld[j]);
+            }
           }
+        } else {
 #pragma unroll
-          for (int j = 0; j < kAhead; ++j) {
+          for (int g = 0; g < Cfg::BN / 32; ++g) {
             float v[8];
-            quad_transpose8(acc[a], g0 + j, h, lane, v);
-            const int col = info.col0 + 8 * (4 * (g0 + j) + q);
-            if (row < p.M && col < p.N) epi.store8(row, col, v, min(8, p.N - col), ld[j]);
+            quad_transpose8(acc[a], g, h, lane, v);
+            const int col = info.col0 + 8 * (4 * g + q);
+            if (row < p.M && col < p.N) epi_store8(p.epilogue, epi, info, row, col, v, min(8, p.N - col));
           }
-        }
-      } else {
-#pragma unroll
-        for (int g = 0; g < Cfg::BN / 32; ++g) {
-          float v[8];
-          quad_transpose8(acc[a], g, h, lane, v);
-          const int col = info.col0 + 8 * (4 * g + q);
-          if (row < p.M && col < p.N) epi_store8(p.epilogue, epi, info, row, col, v, min(8, p.N - col));
         }
       }
     }
