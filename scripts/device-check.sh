@@ -22,7 +22,7 @@
 # MLP_SHAPES (default 1,2,3,4,5,6) picks the MLP shapes for mlp / asynctp;
 # ASYNCTP_SHAPES overrides it for asynctp. MLP_ARGS, ASYNCTP_ARGS, SIGNAL_ARGS, KERNELS_ARGS, COMMIR_ARGS, GEMM_ARGS
 # add options to those benchmarks (e.g. MLP_ARGS=--no-variants; MLP_RANDOM_ARGS to mlprandom's, e.g.
-# --automatic-early); MOE_ARGS to bench moe in moe / moeep
+# --automatic-late); MOE_ARGS to bench moe in moe / moeep
 # (e.g. MOE_ARGS="--queued-us 300"). attention: ATTN_SEQS (16384,32768,65536),
 # ATTN_CASES (all six), ATTN_ARGS / ATTN_TORCH_ARGS (options of the bench / the PyTorch script), ATTN_TIMEOUT
 # (300 s for each half). ringattn: bench ring-attention (ring, Ulysses, two-level and AG-KV); RING_ARGS,

@@ -48,6 +48,9 @@
 // shapes were slower than sequential (issue 19: never); --json writes them.
 // With --random each part's sequential call is also timed right after
 // automatic ("seq last/first"), which tells the loop position's share.
+// Automatic runs right after the part's first sequential body, so a ratio
+// compares two calls with the same predecessor (--automatic-late moves it
+// after the fused bodies, where it alone inherits their ranks' skew).
 // Run with: tessera run -n R -- tessera bench mlp [--shapes 1,2,3] [--markdown FILE]
 //           tessera run -n R -- tessera bench mlp --random 20 --seed 1 --no-variants --json FILE
 #include <cuda_runtime_api.h>
@@ -101,8 +104,10 @@ struct Options {
   std::uint64_t seed = 1;  ///< --seed S
   std::string json;        ///< with --random: per-shape records and the summary
   /// Time automatic (and the second sequential) right after each part's
-  /// first sequential body instead of after every other strategy.
-  bool automatic_early = false;
+  /// first sequential body (default), not after every other strategy
+  /// (--automatic-late): there it alone follows a fused body, whose ranks
+  /// finish apart, and its first collective waits out that skew.
+  bool automatic_early = true;
   std::string device_kind = "unknown";
   std::string commit;
   std::string command_line;
@@ -491,7 +496,11 @@ class ShapeBench {
     const char* parts[4] = {"AG+GEMM", "AG+GEMM gated", "GEMM+RS", "GEMM+AR"};
     for (int i = 0; i < 4; ++i) {
       std::string times;
-      for (const auto& [k, v] : tuned[i].times_ms) times += fmt::format(" {} {:.3f}", ops::strategy_name(k), v);
+      for (const auto& [k, v] : tuned[i].times_ms) {
+        times += fmt::format(" {} {:.3f}", ops::strategy_name(k), v);
+        if (const auto e = tuned[i].evidence.find(k); e != tuned[i].evidence.end())
+          times += fmt::format(" (x{:.3f}, wins {:.0f}%)", e->second.median_ratio, 100 * e->second.win_fraction);
+      }
       fmt::print("{} {}: tuner chose {} ({}; ms:{}; load GEMMs {:.3f} ms)\n", sh_.name, parts[i],
                  ops::strategy_name(tuned[i].chosen), tuned[i].from_cache ? "cached" : "measured", times,
                  tuned[i].load_ms);
@@ -719,6 +728,7 @@ void summarize_random(const Options& o, const Bench& b,
       {"dtype", o.dtype},
       {"reps", o.reps},
       {"lead", o.lead},
+      {"automatic_timed", o.automatic_early ? "after the part's first sequential body" : "after the fused bodies"},
       {"shapes_measured", outcomes.size()}};
   write_results(o.json, prov, records, "bench mlp");
   if (print) fmt::print("wrote {}\n", o.json);
@@ -806,8 +816,8 @@ TESSERA_REGISTER_COMMAND([](CLI::App& root) {
                   "with --random: start no new shape after this many seconds (0: measure all)")
       ->check(CLI::Range(0.0, 1e6));
   cmd->add_option("--json", opts->json, "with --random: write per-shape records and the summary here");
-  cmd->add_flag("--automatic-early", opts->automatic_early,
-                "time automatic right after each part's sequential body, not after the other strategies");
+  cmd->add_flag("--automatic-early,!--automatic-late", opts->automatic_early,
+                "time automatic right after each part's sequential body (default), or after the other strategies");
   cmd->add_option("--device-kind", opts->device_kind,
                   "device kind recorded in --json (default: from the GPU's name and the world size)");
   cmd->add_option("--commit", opts->commit, "commit recorded in --json (default $TESSERA_COMMIT)");

@@ -31,6 +31,57 @@ Strategy choose_strategy(const std::map<Strategy, double>& times_ms, double marg
   return best;
 }
 
+std::map<Strategy, PairedEvidence> paired_evidence(const std::map<Strategy, std::vector<double>>& samples_ms,
+                                                   Strategy baseline) {
+  const auto base = samples_ms.find(baseline);
+  TESSERA_CHECK(base != samples_ms.end(), "paired_evidence: no {} samples among {} candidates", strategy_name(baseline),
+                samples_ms.size());
+  const std::size_t reps = base->second.size();
+  TESSERA_CHECK(reps > 0, "paired_evidence: no repetitions");
+  for (const auto& [s, v] : samples_ms) {
+    TESSERA_CHECK(v.size() == reps, "paired_evidence: {} has {} repetitions, {} has {}", strategy_name(s), v.size(),
+                  strategy_name(baseline), reps);
+    for (double t : v)
+      TESSERA_CHECK(std::isfinite(t) && t > 0, "paired_evidence: a time of {} is {} ms (must be finite and > 0)",
+                    strategy_name(s), t);
+  }
+  std::map<Strategy, PairedEvidence> out;
+  for (const auto& [s, v] : samples_ms) {
+    if (s == baseline) continue;
+    std::vector<double> ratio(reps);
+    std::size_t wins = 0;
+    for (std::size_t i = 0; i < reps; ++i) {
+      ratio[i] = v[i] / base->second[i];
+      wins += v[i] < base->second[i] ? 1 : 0;
+    }
+    std::sort(ratio.begin(), ratio.end());
+    const double median = reps % 2 ? ratio[reps / 2] : 0.5 * (ratio[reps / 2 - 1] + ratio[reps / 2]);
+    out[s] = PairedEvidence{median, static_cast<double>(wins) / static_cast<double>(reps)};
+  }
+  return out;
+}
+
+Strategy choose_strategy(const std::map<Strategy, double>& times_ms, const std::map<Strategy, PairedEvidence>& evidence,
+                         double margin, double min_win_fraction, Strategy baseline) {
+  TESSERA_CHECK(min_win_fraction >= 0 && min_win_fraction <= 1, "choose_strategy: min_win_fraction {} outside [0, 1]",
+                min_win_fraction);
+  // The medians' rule first: it validates the times and names its pick.
+  std::map<Strategy, double> qualified;
+  for (const auto& [s, t] : times_ms) {
+    if (s == baseline) {
+      qualified[s] = t;
+      continue;
+    }
+    const auto e = evidence.find(s);
+    if (e != evidence.end() && e->second.win_fraction >= min_win_fraction && e->second.median_ratio < 1.0 - margin)
+      qualified[s] = t;
+  }
+  for (const auto& [s, t] : times_ms)
+    TESSERA_CHECK(std::isfinite(t) && t > 0, "choose_strategy: time of {} is {} ms (must be finite and > 0)",
+                  strategy_name(s), t);
+  return choose_strategy(qualified, margin, baseline);
+}
+
 nlohmann::json choice_to_json(Strategy s, const std::map<Strategy, double>& times_ms,
                               const std::vector<std::int64_t>& shape) {
   nlohmann::json t = nlohmann::json::object();

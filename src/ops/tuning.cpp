@@ -89,7 +89,7 @@ tune::MachineId machine_id(runtime::ProcessGroup& pg) {
 // alike; the median of each, max over ranks.
 std::map<Strategy, double> time_candidates(runtime::ProcessGroup& pg, const TuneHooks& hooks,
                                            const std::vector<Strategy>& candidates, int warmup, int reps,
-                                           double* load_ms) {
+                                           double* load_ms, std::map<Strategy, PairedEvidence>* evidence) {
   cudaStream_t s = pg.stream();
   const TunerLoad load(s);
   std::vector<double> load_t;
@@ -125,6 +125,15 @@ std::map<Strategy, double> time_candidates(runtime::ProcessGroup& pg, const Tune
     std::sort(load_t.begin(), load_t.end());
     *load_ms = pg.allreduce_max(load_t.empty() ? 0.0 : load_t[load_t.size() / 2]);
   }
+  if (evidence) {
+    // The same reduction on every rank in the same order (std::map), so the
+    // host collectives pair up: the worst ratio and the fewest wins.
+    *evidence = paired_evidence(t, candidates.front());
+    for (auto& [k, e] : *evidence) {
+      e.median_ratio = pg.allreduce_max(e.median_ratio);
+      e.win_fraction = -pg.allreduce_max(-e.win_fraction);
+    }
+  }
   std::map<Strategy, double> out;
   for (auto& [k, v] : t) {
     std::sort(v.begin(), v.end());
@@ -150,9 +159,9 @@ Strategy tune_choice(runtime::ProcessGroup& pg, TuneState& st, const TuneQuery& 
     if (report) report->chosen = candidates.front(), report->from_cache = false;
     return candidates.front();
   }
-  // Version 2: GEMM+RS on the ping-pong tile and fused_ce (choices timed on
-  // the older kernels are not reused).
-  if (q.use_cache && !st.cache) st.cache = std::make_unique<tune::Cache>("ops", 2);
+  // Version 3: choices need paired evidence (tuner.hpp); those made by the
+  // medians alone are not reused.
+  if (q.use_cache && !st.cache) st.cache = std::make_unique<tune::Cache>("ops", 3);
   int cached = -1;
   if (q.use_cache) {
     if (auto j = st.cache->get(key))
@@ -181,12 +190,19 @@ Strategy tune_choice(runtime::ProcessGroup& pg, TuneState& st, const TuneQuery& 
     return s;
   }
   double load_ms = 0;
-  const std::map<Strategy, double> times = time_candidates(pg, hooks, candidates, 2, 11, &load_ms);
-  const Strategy best = choose_strategy(times, 0.01, candidates.front());
+  std::map<Strategy, PairedEvidence> evidence;
+  const std::map<Strategy, double> times = time_candidates(pg, hooks, candidates, 2, 11, &load_ms, &evidence);
+  const Strategy best = choose_strategy(times, evidence, 0.01, kMinWinFraction, candidates.front());
   st.memo[key] = best;
   st.measured[key] = choice_to_json(best, times, q.shape);
   if (q.use_cache) st.cache->put(key, st.measured[key]);
-  if (report) report->times_ms = times, report->chosen = best, report->from_cache = false, report->load_ms = load_ms;
+  if (report) {
+    report->times_ms = times;
+    report->evidence = evidence;
+    report->chosen = best;
+    report->from_cache = false;
+    report->load_ms = load_ms;
+  }
   return best;
 }
 

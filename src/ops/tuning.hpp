@@ -56,10 +56,13 @@ struct TuneHooks {
 
 /// Median over `reps` of one call of each candidate (after `warmup`), max
 /// over ranks, timed run by run behind the TunerLoad GEMMs (tuning.cpp).
-/// `load_ms` (optional) receives the load GEMMs' median time.
+/// `load_ms` (optional) receives the load GEMMs' median time; `evidence`
+/// (optional) each candidate's paired evidence against the first candidate
+/// (the largest median ratio and the smallest win share over ranks).
 std::map<Strategy, double> time_candidates(runtime::ProcessGroup& pg, const TuneHooks& hooks,
                                            const std::vector<Strategy>& candidates, int warmup, int reps,
-                                           double* load_ms = nullptr);
+                                           double* load_ms = nullptr,
+                                           std::map<Strategy, PairedEvidence>* evidence = nullptr);
 
 /// The strategy for q's key (prefix + shape): this process's memo, else the
 /// on-disk cache when every rank holds the same valid choice (`use_cache`),

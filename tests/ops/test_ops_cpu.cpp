@@ -321,6 +321,45 @@ TEST(OpsTuner, NeverKeepsAChoiceSlowerThanSequential) {
   EXPECT_THROW(choose_strategy({{S::sequential, 0.0}}), tessera::Error);
 }
 
+TEST(OpsTuner, PairedEvidenceCountsRepetitionWins) {
+  using S = Strategy;
+  // Drift shared by both calls of a repetition cancels in the ratio.
+  const std::map<S, std::vector<double>> t{{S::sequential, {1.0, 2.0, 4.0, 1.0}},
+                                           {S::decomposition, {0.9, 1.8, 3.6, 1.1}},
+                                           {S::fused_ce, {1.0, 2.0, 4.0, 1.0}}};
+  const auto e = paired_evidence(t);
+  ASSERT_EQ(e.size(), 2u);                                       // the baseline has none
+  EXPECT_NEAR(e.at(S::decomposition).median_ratio, 0.9, 1e-12);  // even count: mean of the middle two
+  EXPECT_DOUBLE_EQ(e.at(S::decomposition).win_fraction, 0.75);
+  EXPECT_DOUBLE_EQ(e.at(S::fused_ce).median_ratio, 1.0);
+  EXPECT_DOUBLE_EQ(e.at(S::fused_ce).win_fraction, 0.0);                  // a tie is not a win
+  EXPECT_THROW(paired_evidence({{S::fused_ce, {1.0}}}), tessera::Error);  // no baseline
+  EXPECT_THROW(paired_evidence({{S::sequential, {}}}), tessera::Error);
+  EXPECT_THROW(paired_evidence({{S::sequential, {1.0, 1.0}}, {S::fused_ce, {1.0}}}), tessera::Error);
+  EXPECT_THROW(paired_evidence({{S::sequential, {1.0}}, {S::fused_ce, {-1.0}}}), tessera::Error);
+}
+
+TEST(OpsTuner, NeedsConsistentWinsToLeaveSequential) {
+  using S = Strategy;
+  // Medians favour fused_ce by 5 %, but it won only 5 of 11 repetitions: one
+  // slow baseline sample decided the medians.
+  const std::map<S, double> medians{{S::sequential, 1.0}, {S::fused_ce, 0.95}, {S::decomposition, 0.97}};
+  std::map<S, PairedEvidence> e{{S::fused_ce, {0.98, 5.0 / 11}}, {S::decomposition, {0.97, 9.0 / 11}}};
+  EXPECT_EQ(choose_strategy(medians, e), S::decomposition);
+  e[S::decomposition].median_ratio = 0.995;  // consistent, but inside the margin
+  EXPECT_EQ(choose_strategy(medians, e), S::sequential);
+  e[S::fused_ce] = {0.9, 8.0 / 11};  // 8 of 11 is enough
+  EXPECT_EQ(choose_strategy(medians, e), S::fused_ce);
+  e.erase(S::fused_ce);  // no evidence: not a candidate
+  EXPECT_EQ(choose_strategy(medians, e), S::sequential);
+  EXPECT_EQ(choose_strategy(medians, e, 0.01, 0.0), S::sequential);  // decomposition's ratio still misses
+  EXPECT_THROW(choose_strategy(medians, e, 0.01, 1.5), tessera::Error);
+  EXPECT_THROW(choose_strategy({{S::fused_ce, 1.0}}, e), tessera::Error);  // no baseline time
+  // A candidate with perfect evidence and a NaN median is still an error, not skipped.
+  EXPECT_THROW(choose_strategy({{S::sequential, 1.0}, {S::fused_ce, std::nan("")}}, {{S::fused_ce, {0.5, 1.0}}}),
+               tessera::Error);
+}
+
 TEST(OpsTuner, ChoiceRoundTripsThroughTheCache) {
   const auto dir = std::filesystem::temp_directory_path() / ("tessera_ops_test_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);

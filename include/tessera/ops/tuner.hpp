@@ -3,7 +3,8 @@
 // On first use of a shape the operator measures every candidate strategy
 // (the max over ranks of each median time, so all ranks decide alike) and
 // keeps the fastest — but never one slower than sequential: a candidate must
-// beat sequential by `margin` (default 1%) to replace it. The choice is
+// beat sequential by `margin` (default 1%) to replace it, and where the
+// repetitions are at hand, consistently (paired_evidence below). The choice is
 // stored in tune::Cache "ops" under key_prefix(machine, dtype, "ops.<op>")
 // + "|MxNxK" with the measured times, and reused by later processes. Ranks
 // that disagree about a cached choice (different cache files) re-measure.
@@ -27,9 +28,22 @@
 
 namespace tessera::ops {
 
+/// One candidate against the baseline when every repetition times each
+/// candidate back to back: the ratio t_candidate[i] / t_baseline[i] of one
+/// repetition cancels the clock and load drift both calls share, which the
+/// ratio of two medians does not. A candidate a few percent ahead in the
+/// medians by one lucky sample wins few repetitions.
+struct PairedEvidence {
+  double median_ratio = 1.0;  ///< median over repetitions of t_candidate / t_baseline
+  double win_fraction = 0.0;  ///< share of repetitions in which the candidate was faster
+};
+
 /// Per-call timing of the tuner's candidates (filled when it measured).
 struct TuneReport {
   std::map<Strategy, double> times_ms;
+  /// Each candidate but the baseline against it, repetition by repetition
+  /// (the largest median ratio and the smallest win share over ranks).
+  std::map<Strategy, PairedEvidence> evidence;
   Strategy chosen = Strategy::sequential;
   bool from_cache = false;
   /// Median time of the tuner's load GEMMs before each sample (sixteen 4096³
@@ -42,6 +56,28 @@ struct TuneReport {
 /// a time is not finite and positive. Fastest wins; another winner must be
 /// faster than baseline·(1 − margin), else the baseline.
 Strategy choose_strategy(const std::map<Strategy, double>& times_ms, double margin = 0.01,
+                         Strategy baseline = Strategy::sequential);
+
+/// The evidence for every candidate but `baseline` from per-repetition times
+/// (ms; entry i of every vector is repetition i). Throws tessera::Error if the
+/// baseline is missing, the vectors are empty or differ in length, or a time
+/// is not finite and positive.
+std::map<Strategy, PairedEvidence> paired_evidence(const std::map<Strategy, std::vector<double>>& samples_ms,
+                                                   Strategy baseline = Strategy::sequential);
+
+/// Fewest repetitions, as a share, a candidate must win to replace the
+/// baseline: 8 of the tuner's 11 (equal strategies do so on one rank with
+/// probability 0.11, on every rank of a pair ~0.01).
+inline constexpr double kMinWinFraction = 0.7;
+
+/// choose_strategy with paired evidence: a candidate other than the baseline
+/// qualifies only if it also wins at least `min_win_fraction` of the
+/// repetitions and its median paired ratio is below 1 − margin; the fastest
+/// qualifying candidate (by median time) wins, else the baseline. A candidate
+/// without evidence does not qualify. Throws as choose_strategy does, and if
+/// min_win_fraction is outside [0, 1].
+Strategy choose_strategy(const std::map<Strategy, double>& times_ms, const std::map<Strategy, PairedEvidence>& evidence,
+                         double margin = 0.01, double min_win_fraction = kMinWinFraction,
                          Strategy baseline = Strategy::sequential);
 
 /// The cache entry for a choice: {"strategy": name, "times_ms": {...}, "shape": [...]}.
