@@ -65,21 +65,21 @@ Strategy choose_strategy(const std::map<Strategy, double>& times_ms, const std::
                          double margin, double min_win_fraction, Strategy baseline) {
   TESSERA_CHECK(min_win_fraction >= 0 && min_win_fraction <= 1, "choose_strategy: min_win_fraction {} outside [0, 1]",
                 min_win_fraction);
-  // The medians' rule first: it validates the times and names its pick.
-  std::map<Strategy, double> qualified;
+  choose_strategy(times_ms, margin, baseline);  // the same checks of the times
+  Strategy best = baseline;
+  double best_ratio = 1.0 - margin;
   for (const auto& [s, t] : times_ms) {
-    if (s == baseline) {
-      qualified[s] = t;
-      continue;
-    }
+    if (s == baseline) continue;
     const auto e = evidence.find(s);
-    if (e != evidence.end() && e->second.win_fraction >= min_win_fraction && e->second.median_ratio < 1.0 - margin)
-      qualified[s] = t;
+    if (e == evidence.end() || e->second.win_fraction < min_win_fraction) continue;
+    TESSERA_CHECK(std::isfinite(e->second.median_ratio) && e->second.median_ratio > 0,
+                  "choose_strategy: median ratio of {} is {}", strategy_name(s), e->second.median_ratio);
+    if (e->second.median_ratio < best_ratio) {
+      best = s;
+      best_ratio = e->second.median_ratio;
+    }
   }
-  for (const auto& [s, t] : times_ms)
-    TESSERA_CHECK(std::isfinite(t) && t > 0, "choose_strategy: time of {} is {} ms (must be finite and > 0)",
-                  strategy_name(s), t);
-  return choose_strategy(qualified, margin, baseline);
+  return best;
 }
 
 nlohmann::json choice_to_json(Strategy s, const std::map<Strategy, double>& times_ms,

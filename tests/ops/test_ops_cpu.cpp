@@ -350,6 +350,14 @@ TEST(OpsTuner, NeedsConsistentWinsToLeaveSequential) {
   EXPECT_EQ(choose_strategy(medians, e), S::sequential);
   e[S::fused_ce] = {0.9, 8.0 / 11};  // 8 of 11 is enough
   EXPECT_EQ(choose_strategy(medians, e), S::fused_ce);
+  // Equal medians, yet 10 of 11 repetitions 3 % faster: the pairs decide.
+  EXPECT_EQ(
+      choose_strategy({{S::sequential, 2.296}, {S::decomposition, 2.297}}, {{S::decomposition, {0.972, 10.0 / 11}}}),
+      S::decomposition);
+  // Among qualifying candidates the smaller ratio wins, whatever the medians say.
+  EXPECT_EQ(choose_strategy({{S::sequential, 1.0}, {S::decomposition, 0.90}, {S::fused_ce, 0.92}},
+                            {{S::decomposition, {0.93, 1.0}}, {S::fused_ce, {0.91, 1.0}}}),
+            S::fused_ce);
   e.erase(S::fused_ce);  // no evidence: not a candidate
   EXPECT_EQ(choose_strategy(medians, e), S::sequential);
   EXPECT_EQ(choose_strategy(medians, e, 0.01, 0.0), S::sequential);  // decomposition's ratio still misses
@@ -357,6 +365,8 @@ TEST(OpsTuner, NeedsConsistentWinsToLeaveSequential) {
   EXPECT_THROW(choose_strategy({{S::fused_ce, 1.0}}, e), tessera::Error);  // no baseline time
   // A candidate with perfect evidence and a NaN median is still an error, not skipped.
   EXPECT_THROW(choose_strategy({{S::sequential, 1.0}, {S::fused_ce, std::nan("")}}, {{S::fused_ce, {0.5, 1.0}}}),
+               tessera::Error);
+  EXPECT_THROW(choose_strategy({{S::sequential, 1.0}, {S::fused_ce, 1.0}}, {{S::fused_ce, {std::nan(""), 1.0}}}),
                tessera::Error);
 }
 

@@ -70,12 +70,14 @@ std::map<Strategy, PairedEvidence> paired_evidence(const std::map<Strategy, std:
 /// probability 0.11, on every rank of a pair ~0.01).
 inline constexpr double kMinWinFraction = 0.7;
 
-/// choose_strategy with paired evidence: a candidate other than the baseline
-/// qualifies only if it also wins at least `min_win_fraction` of the
-/// repetitions and its median paired ratio is below 1 − margin; the fastest
-/// qualifying candidate (by median time) wins, else the baseline. A candidate
-/// without evidence does not qualify. Throws as choose_strategy does, and if
-/// min_win_fraction is outside [0, 1].
+/// choose_strategy by paired evidence: a candidate other than the baseline
+/// qualifies if it won at least `min_win_fraction` of the repetitions and its
+/// median paired ratio is below 1 − margin; the qualifying candidate with the
+/// smallest ratio wins, else the baseline. The medians only report (two
+/// medians can tie where every repetition favours one candidate). A
+/// candidate without evidence does not qualify. Throws as choose_strategy
+/// does, and if min_win_fraction is outside [0, 1] or a ratio is not finite
+/// and positive.
 Strategy choose_strategy(const std::map<Strategy, double>& times_ms, const std::map<Strategy, PairedEvidence>& evidence,
                          double margin = 0.01, double min_win_fraction = kMinWinFraction,
                          Strategy baseline = Strategy::sequential);
