@@ -66,16 +66,21 @@ Strategy choose_strategy(const std::map<Strategy, double>& times_ms, const std::
   TESSERA_CHECK(min_win_fraction >= 0 && min_win_fraction <= 1, "choose_strategy: min_win_fraction {} outside [0, 1]",
                 min_win_fraction);
   choose_strategy(times_ms, margin, baseline);  // the same checks of the times
+  // The pairs decide whether to leave the baseline; the medians rank the
+  // candidates that may replace it (a ratio against the baseline carries the
+  // baseline's noise too, so it ranks two near-equal candidates worse).
   Strategy best = baseline;
-  double best_ratio = 1.0 - margin;
+  double best_t = 0, best_ratio = 0;
   for (const auto& [s, t] : times_ms) {
     if (s == baseline) continue;
     const auto e = evidence.find(s);
-    if (e == evidence.end() || e->second.win_fraction < min_win_fraction) continue;
+    if (e == evidence.end()) continue;
     TESSERA_CHECK(std::isfinite(e->second.median_ratio) && e->second.median_ratio > 0,
                   "choose_strategy: median ratio of {} is {}", strategy_name(s), e->second.median_ratio);
-    if (e->second.median_ratio < best_ratio) {
+    if (e->second.win_fraction < min_win_fraction || e->second.median_ratio >= 1.0 - margin) continue;
+    if (best == baseline || t < best_t || (t == best_t && e->second.median_ratio < best_ratio)) {
       best = s;
+      best_t = t;
       best_ratio = e->second.median_ratio;
     }
   }

@@ -73,9 +73,10 @@ inline constexpr double kMinWinFraction = 0.7;
 /// choose_strategy by paired evidence: a candidate other than the baseline
 /// qualifies if it won at least `min_win_fraction` of the repetitions and its
 /// median paired ratio is below 1 − margin; the qualifying candidate with the
-/// smallest ratio wins, else the baseline. The medians only report (two
-/// medians can tie where every repetition favours one candidate). A
-/// candidate without evidence does not qualify. Throws as choose_strategy
+/// smallest median time wins (ties: the smaller ratio), else the baseline.
+/// The pairs alone decide whether to leave the baseline (two medians can tie
+/// where every repetition favours one candidate); the medians rank what may
+/// replace it. A candidate without evidence does not qualify. Throws as choose_strategy
 /// does, and if min_win_fraction is outside [0, 1] or a ratio is not finite
 /// and positive.
 Strategy choose_strategy(const std::map<Strategy, double>& times_ms, const std::map<Strategy, PairedEvidence>& evidence,
