@@ -113,8 +113,12 @@ std::int64_t shard_rows(std::int64_t m, int world, int rank) {
 std::string times_text(const ops::TuneReport& r) {
   if (r.times_ms.empty()) return r.from_cache ? "(cached)" : "(one candidate)";
   std::string t;
-  for (const auto& [s, ms] : r.times_ms)
+  for (const auto& [s, ms] : r.times_ms) {
     t += fmt::format("{}{} {:.3f} ms", t.empty() ? "" : ", ", strategy_name(s), ms);
+    // Against the baseline, repetition by repetition (what the choice rests on).
+    if (const auto e = r.evidence.find(s); e != r.evidence.end())
+      t += fmt::format(" (x{:.3f}, wins {:.0f} %)", e->second.median_ratio, 100 * e->second.win_fraction);
+  }
   return t;
 }
 
