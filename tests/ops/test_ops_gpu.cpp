@@ -674,6 +674,34 @@ TEST_P(OpsTp, MlpBackToBackMatchesSequential) {
       TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
       const auto ref = download(out.p, m_local, h, h, t);
       for (const auto& v : ref) ASSERT_TRUE(std::isfinite(v));
+      // Automatic on both halves: each half tuned alone, then the layer
+      // check (the whole layer against both halves sequential).
+      {
+        OpOptions autom;
+        autom.rs_reduce = red;
+        for (int it = 0; it < 3; ++it) {
+          out.poison();
+          ops::mlp(ctx(), a, OpOptions{}, autom);
+        }
+        TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
+        EXPECT_LT(tessera::testing::relative_error(download(out.p, m_local, h, h, t), ref),
+                  t == DType::bf16 ? 3e-2 : 1e-2)
+            << "automatic, M " << m << " reduce " << rs_reduce_name(red);
+        // The layer's resolve names what it runs: those strategies, forced,
+        // give the same result.
+        const auto [s_ag, s_rs] = ctx().resolve(a, OpOptions{}, autom);
+        ASSERT_NE(s_ag, Strategy::automatic);
+        ASSERT_NE(s_rs, Strategy::automatic);
+        OpOptions fa, fr = autom;
+        fa.strategy = s_ag;
+        fr.strategy = s_rs;
+        out.poison();
+        ops::mlp(ctx(), a, fa, fr);
+        TESSERA_CUDA_CHECK(cudaStreamSynchronize(pg.stream()));
+        EXPECT_LT(tessera::testing::relative_error(download(out.p, m_local, h, h, t), ref),
+                  t == DType::bf16 ? 3e-2 : 1e-2)
+            << "the layer's resolved " << strategy_name(s_ag) << " + " << strategy_name(s_rs);
+      }
       OpOptions ag, rs;
       ag.strategy = Strategy::fused_ce;
       rs.strategy = Strategy::fused_sm;

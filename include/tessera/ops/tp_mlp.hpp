@@ -39,6 +39,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 
 #include "tessera/ops/args.hpp"
 #include "tessera/ops/diag.hpp"
@@ -105,6 +106,10 @@ class TpContext {
   Strategy resolve(const AgGemmArgs& a, const OpOptions& o, TuneReport* report = nullptr);
   Strategy resolve(const GemmRsArgs& a, const OpOptions& o, TuneReport* report = nullptr);
   Strategy resolve(const GemmArArgs& a, const OpOptions& o, TuneReport* report = nullptr);
+  /// The halves' strategies mlp() runs for this call: each half's own
+  /// choice, or both sequential where the layer check keeps them (see
+  /// mlp()). Collective; may launch the layer (tuning).
+  std::pair<Strategy, Strategy> resolve(const MlpArgs& a, const OpOptions& ag, const OpOptions& rs);
 
   // ---- internals used by the operator implementations ----------------------
   struct Impl;
@@ -124,7 +129,11 @@ void gemm_rs(TpContext& ctx, const GemmRsArgs& a, const OpOptions& o = {});
 /// measures both; ragged shards get sequential).
 void gemm_ar(TpContext& ctx, const GemmArArgs& a, const OpOptions& o = {});
 /// Whole MLP: ag_gemm (fused gate/up, SiLU·up epilogue) then gemm_rs.
-/// `ag` / `rs` choose the halves' strategies.
+/// `ag` / `rs` choose the halves' strategies. With both automatic, the
+/// halves' choices (each measured alone) are kept only where the whole
+/// layer measured faster than both halves sequential (once per shape, by
+/// the tuner's rule, cached under "ops.mlp_layer"); otherwise both run
+/// sequential.
 void mlp(TpContext& ctx, const MlpArgs& a, const OpOptions& ag = {}, const OpOptions& rs = {});
 
 }  // namespace tessera::ops
