@@ -1,10 +1,12 @@
 // tessera/ops/tuner.hpp — per-shape strategy choice, cached on disk.
 //
 // On first use of a shape the operator measures every candidate strategy
-// (the max over ranks of each median time, so all ranks decide alike) and
-// keeps the fastest — but never one slower than sequential: a candidate must
-// beat sequential by `margin` (default 1%) to replace it, and where the
-// repetitions are at hand, consistently (paired_evidence below). The choice is
+// (repetition by repetition, all candidates back to back; reduced over ranks
+// so all ranks decide alike) and never keeps one slower than sequential: a
+// candidate replaces sequential only if it won at least 8 of the 11
+// repetitions and its median ratio to sequential is below 1 − `margin`
+// (default 1 %; paired_evidence below), and of those candidates the one with
+// the smallest median time is kept. The choice is
 // stored in tune::Cache "ops" under key_prefix(machine, dtype, "ops.<op>")
 // + "|MxNxK" with the measured times, and reused by later processes. Ranks
 // that disagree about a cached choice (different cache files) re-measure.
