@@ -446,12 +446,15 @@ std::optional<Strategy> known_choice(TpContext& ctx, const GemmRsArgs& r, const 
 /// overlapped half can cost its neighbour: its ranks finish apart and the
 /// other half's first collective waits that out (bench mlp --random, seed 4:
 /// S4422-H576-I15344's layer took 1.039x both halves sequential with a
-/// fused_ce AG+GEMM that measured 0.87x alone). So the layer keeps the
-/// halves' choices only if the whole layer beats both halves sequential by
-/// the tuner's paired rule, measured once per shape and pair. The key holds
-/// the pair; its non-sequential candidate (the first overlapped half's
-/// strategy) stands for "the halves' own choices", and that is what the
-/// cache entry names. True: run both halves sequential.
+/// fused_ce AG+GEMM that measured 0.87x alone). So the layer is timed once
+/// per shape and pair with the halves' choices (the baseline) against both
+/// halves sequential, by the tuner's paired rule: sequential replaces the
+/// pair only where it won consistently. The pair is the baseline so that a
+/// call that may not tune (OpOptions::tune_on_miss off, a CUDA-graph
+/// capture) keeps the halves' choices, or a measured neighbour's verdict.
+/// The key's flags hold the pair; its candidate named by the pair's first
+/// overlapped half stands for "the halves' own choices", and that is what
+/// the cache entry names. True: run both halves sequential.
 bool keep_sequential_layer(TpContext& ctx, const MlpArgs& a, const AgGemmArgs& g, const GemmRsArgs& r, Strategy s_ag,
                            Strategy s_rs, const OpOptions& ag, const OpOptions& rs) {
   auto& c = ctx.impl();
@@ -460,7 +463,7 @@ bool keep_sequential_layer(TpContext& ctx, const MlpArgs& a, const AgGemmArgs& g
                                         static_cast<std::int64_t>(s_ag) * 16 + static_cast<std::int64_t>(s_rs)};
   const OpOptions q = capture_options(c, ag, "mlp");
   const Strategy keep = tune_choice(
-      ctx, g, q, "mlp_layer", shape, {Strategy::sequential, pair},
+      ctx, g, q, "mlp_layer", shape, {pair, Strategy::sequential},
       [&](Strategy s) {
         const bool seq = s == Strategy::sequential;
         run_ag_gemm(c, g, seq ? Strategy::sequential : s_ag, ag);

@@ -107,8 +107,8 @@ class TpContext {
   Strategy resolve(const GemmRsArgs& a, const OpOptions& o, TuneReport* report = nullptr);
   Strategy resolve(const GemmArArgs& a, const OpOptions& o, TuneReport* report = nullptr);
   /// The halves' strategies mlp() runs for this call: each half's own
-  /// choice, or both sequential where the layer check keeps them (see
-  /// mlp()). Collective; may launch the layer (tuning).
+  /// choice, or both sequential where the layer check says so (see mlp()).
+  /// Collective; may launch the layer (tuning).
   std::pair<Strategy, Strategy> resolve(const MlpArgs& a, const OpOptions& ag, const OpOptions& rs);
 
   // ---- internals used by the operator implementations ----------------------
@@ -130,10 +130,11 @@ void gemm_rs(TpContext& ctx, const GemmRsArgs& a, const OpOptions& o = {});
 void gemm_ar(TpContext& ctx, const GemmArArgs& a, const OpOptions& o = {});
 /// Whole MLP: ag_gemm (fused gate/up, SiLU·up epilogue) then gemm_rs.
 /// `ag` / `rs` choose the halves' strategies. With both automatic, the
-/// halves' choices (each measured alone) are kept only where the whole
-/// layer measured faster than both halves sequential (once per shape, by
-/// the tuner's rule, cached under "ops.mlp_layer"); otherwise both run
-/// sequential.
+/// halves' choices (each measured alone) give way to both halves
+/// sequential where the whole layer measured faster that way (once per
+/// shape and pair, by the tuner's paired rule, cached under
+/// "ops.mlp_layer"; without tuning, a measured neighbour's verdict or the
+/// halves' choices).
 void mlp(TpContext& ctx, const MlpArgs& a, const OpOptions& ag = {}, const OpOptions& rs = {});
 
 }  // namespace tessera::ops
