@@ -458,12 +458,10 @@ std::optional<Strategy> known_choice(TpContext& ctx, const GemmRsArgs& r, const 
 bool keep_sequential_layer(TpContext& ctx, const MlpArgs& a, const AgGemmArgs& g, const GemmRsArgs& r, Strategy s_ag,
                            Strategy s_rs, const OpOptions& ag, const OpOptions& rs) {
   auto& c = ctx.impl();
-  const Strategy pair = s_ag != Strategy::sequential ? s_ag : s_rs;
-  const std::vector<std::int64_t> shape{a.m, a.h, a.i_local,
-                                        static_cast<std::int64_t>(s_ag) * 16 + static_cast<std::int64_t>(s_rs)};
+  const std::vector<std::int64_t> shape{a.m, a.h, a.i_local, mlp_layer_key_flags(s_ag, s_rs)};
   const OpOptions q = capture_options(c, ag, "mlp");
   const Strategy keep = tune_choice(
-      ctx, g, q, "mlp_layer", shape, {pair, Strategy::sequential},
+      ctx, g, q, "mlp_layer", shape, mlp_layer_candidates(s_ag, s_rs),
       [&](Strategy s) {
         const bool seq = s == Strategy::sequential;
         run_ag_gemm(c, g, seq ? Strategy::sequential : s_ag, ag);

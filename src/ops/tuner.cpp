@@ -167,6 +167,20 @@ std::vector<Strategy> gemm_ar_candidates(int world, bool tile_row_shards, bool l
   return gemm_ar_registry().candidates({.world = world, .lsa = lsa, .tile_row_shards = tile_row_shards});
 }
 
+std::vector<Strategy> mlp_layer_candidates(Strategy ag, Strategy rs) {
+  TESSERA_CHECK(ag != Strategy::automatic && rs != Strategy::automatic,
+                "mlp_layer_candidates: the halves' resolved strategies (got {} + {})", strategy_name(ag),
+                strategy_name(rs));
+  TESSERA_CHECK(ag != Strategy::sequential || rs != Strategy::sequential,
+                "mlp_layer_candidates: both halves sequential, nothing to check");
+  return {ag != Strategy::sequential ? ag : rs, Strategy::sequential};
+}
+
+std::int64_t mlp_layer_key_flags(Strategy ag, Strategy rs) {
+  static_assert(kStrategyCount <= 16, "mlp_layer_key_flags packs two strategy codes in 4 bits each");
+  return static_cast<std::int64_t>(ag) * 16 + static_cast<std::int64_t>(rs);
+}
+
 bool needs_lsa(Strategy s) { return s != Strategy::sequential && s != Strategy::automatic; }
 
 std::string topology_key(const std::optional<std::string>& given, bool lsa) {

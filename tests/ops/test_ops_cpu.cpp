@@ -376,6 +376,29 @@ TEST(OpsTuner, NeedsConsistentWinsToLeaveSequential) {
                tessera::Error);
 }
 
+TEST(OpsTuner, MlpLayerCheckKeepsThePairWithoutTuning) {
+  using S = Strategy;
+  using V = std::vector<Strategy>;
+  // The pair is the baseline (what tune_choice takes without a measurement);
+  // it is named by its first overlapped half.
+  EXPECT_EQ(mlp_layer_candidates(S::fused_ce, S::sequential), (V{S::fused_ce, S::sequential}));
+  EXPECT_EQ(mlp_layer_candidates(S::sequential, S::fused_sm), (V{S::fused_sm, S::sequential}));
+  EXPECT_EQ(mlp_layer_candidates(S::decomposition, S::fused_ce), (V{S::decomposition, S::sequential}));
+  EXPECT_THROW(mlp_layer_candidates(S::sequential, S::sequential), tessera::Error);
+  EXPECT_THROW(mlp_layer_candidates(S::automatic, S::fused_ce), tessera::Error);
+  // Sequential replaces the pair only on consistent paired wins.
+  const auto base = mlp_layer_candidates(S::fused_ce, S::sequential).front();
+  EXPECT_EQ(choose_strategy({{base, 0.412}, {S::sequential, 0.428}}, {{S::sequential, {1.04, 0.0}}}, 0.01,
+                            kMinWinFraction, base),
+            S::fused_ce);
+  EXPECT_EQ(choose_strategy({{base, 0.428}, {S::sequential, 0.412}}, {{S::sequential, {0.962, 10.0 / 11}}}, 0.01,
+                            kMinWinFraction, base),
+            S::sequential);
+  // Different pairs never share a key.
+  EXPECT_NE(mlp_layer_key_flags(S::fused_ce, S::sequential), mlp_layer_key_flags(S::sequential, S::fused_ce));
+  EXPECT_NE(mlp_layer_key_flags(S::fused_ce, S::fused_sm), mlp_layer_key_flags(S::fused_ce, S::fused_ce));
+}
+
 TEST(OpsTuner, ChoiceRoundTripsThroughTheCache) {
   const auto dir = std::filesystem::temp_directory_path() / ("tessera_ops_test_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);

@@ -137,6 +137,15 @@ std::vector<Strategy> gemm_ar_candidates(int world, bool tile_row_shards = true,
 std::vector<Strategy> sp_attention_candidates(int world, bool lsa = true, bool heads_divide = true,
                                               bool two_level = false);
 
+/// The MLP layer check's candidates (mlp()): the halves' pair first — the
+/// baseline, what a call that may not tune keeps — named by its first
+/// overlapped half, then sequential (both halves sequential). Throws
+/// tessera::Error unless a half is overlapped and neither is automatic.
+std::vector<Strategy> mlp_layer_candidates(Strategy ag, Strategy rs);
+/// The flags entry of the layer check's key: the pair (ag · 16 + rs), so
+/// choices made for different pairs never share a key.
+std::int64_t mlp_layer_key_flags(Strategy ag, Strategy rs);
+
 /// True for the strategies that need every rank load/store reachable
 /// (symmetric memory, peer stores): all but sequential (and automatic, which
 /// resolves to a candidate).
