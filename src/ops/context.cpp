@@ -259,16 +259,20 @@ ShapeSignature signature(const GemmArArgs& a, Strategy s) {
   return ShapeSignature{4, static_cast<std::int32_t>(a.dtype), static_cast<std::int32_t>(s), 0, a.m, a.n, a.k};
 }
 
+/// The tuner's question for operator `op` ("ops.<op>" keys). M, N, K are
+/// compared by ratio for a neighbour's choice; the rest are flags.
+detail::TuneQuery tune_query(TpContext& ctx, DType dtype, const std::string& op, const std::vector<std::int64_t>& shape,
+                             const OpOptions& o) {
+  return detail::TuneQuery{tune::key_prefix(ctx.machine(), dtype, "ops." + op), shape, 3, o.use_cache, o.tune_on_miss};
+}
+
 template <class Args, class Run>
 Strategy tune_choice(TpContext& ctx, const Args& a, const OpOptions& o, const std::string& op,
                      const std::vector<std::int64_t>& shape, const std::vector<Strategy>& candidates, Run&& run,
                      TuneReport* report) {
   auto& c = ctx.impl();
   const detail::TuneHooks hooks{[&](const char* what) { c.drain(what); }, std::forward<Run>(run)};
-  // M, N, K are compared by ratio for a neighbour's choice; the rest are flags.
-  const detail::TuneQuery q{tune::key_prefix(ctx.machine(), a.dtype, "ops." + op), shape, 3, o.use_cache,
-                            o.tune_on_miss};
-  return detail::tune_choice(c.pg, c.tune, q, candidates, hooks, report);
+  return detail::tune_choice(c.pg, c.tune, tune_query(ctx, a.dtype, op, shape, o), candidates, hooks, report);
 }
 
 }  // namespace
@@ -437,9 +441,7 @@ namespace {
 /// The GEMM+RS choice an earlier call of this process made for `r`'s key
 /// (measured, cached or guessed), without measuring.
 std::optional<Strategy> known_choice(TpContext& ctx, const GemmRsArgs& r, const OpOptions& o) {
-  const detail::TuneQuery q{tune::key_prefix(ctx.machine(), r.dtype, "ops.gemm_rs"), rs_key_shape(r, o), 3, o.use_cache,
-                            o.tune_on_miss};
-  return detail::agreed_choice(ctx.impl().tune, q);
+  return detail::agreed_choice(ctx.impl().tune, tune_query(ctx, r.dtype, "gemm_rs", rs_key_shape(r, o), o));
 }
 
 /// Each half's automatic choice is measured alone. Run back to back, an

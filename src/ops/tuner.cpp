@@ -9,16 +9,28 @@
 
 namespace tessera::ops {
 
-Strategy choose_strategy(const std::map<Strategy, double>& times_ms, double margin, Strategy baseline) {
+namespace {
+
+/// The checks both choose_strategy forms make of their times; returns the
+/// baseline's entry.
+std::map<Strategy, double>::const_iterator check_times(const std::map<Strategy, double>& times_ms, double margin,
+                                                       Strategy baseline) {
   const auto seq = times_ms.find(baseline);
   TESSERA_CHECK(seq != times_ms.end(), "choose_strategy: no {} time among {} candidates", strategy_name(baseline),
                 times_ms.size());
   TESSERA_CHECK(margin >= 0 && margin < 1, "choose_strategy: margin {} outside [0, 1)", margin);
-  for (const auto& [s, t] : times_ms)
+  for (const auto& [s, t] : times_ms) {
     TESSERA_CHECK(s != Strategy::automatic, "choose_strategy: 'auto' is not a candidate");
-  for (const auto& [s, t] : times_ms)
     TESSERA_CHECK(std::isfinite(t) && t > 0, "choose_strategy: time of {} is {} ms (must be finite and > 0)",
                   strategy_name(s), t);
+  }
+  return seq;
+}
+
+}  // namespace
+
+Strategy choose_strategy(const std::map<Strategy, double>& times_ms, double margin, Strategy baseline) {
+  const auto seq = check_times(times_ms, margin, baseline);
   Strategy best = baseline;
   double best_t = seq->second;
   for (const auto& [s, t] : times_ms) {
@@ -65,7 +77,7 @@ Strategy choose_strategy(const std::map<Strategy, double>& times_ms, const std::
                          double margin, double min_win_fraction, Strategy baseline) {
   TESSERA_CHECK(min_win_fraction >= 0 && min_win_fraction <= 1, "choose_strategy: min_win_fraction {} outside [0, 1]",
                 min_win_fraction);
-  choose_strategy(times_ms, margin, baseline);  // the same checks of the times
+  check_times(times_ms, margin, baseline);
   // The pairs decide whether to leave the baseline; the medians rank the
   // candidates that may replace it (a ratio against the baseline carries the
   // baseline's noise too, so it ranks two near-equal candidates worse).
