@@ -205,30 +205,15 @@ template <class Cfg, class Epi, class Bound>
 __device__ __forceinline__ void grouped_store_tile(const Epi& epi, const Bound& bound, const GroupedTileInfo& t,
                                                    const float (&acc)[Cfg::kMAtoms][Cfg::BN / 2], int consumer,
                                                    int warp, int lane) {
-  const int q = lane & 3;
-#pragma unroll
-  for (int a = 0; a < Cfg::kMAtoms; ++a) {
-    const int row_base =
-        t.row0 + (Cfg::kPingPong ? 0 : consumer * Cfg::kRowsPerConsumer) + a * 64 + warp * 16 + lane / 4;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = row_base + 8 * h;
-      // The quad transpose shuffles over the full warp: every lane runs it,
-      // only the store is masked (rows of one warp straddle the group's end).
-#pragma unroll
-      for (int g = 0; g < Cfg::BN / 32; ++g) {
-        float v[8];
-        quad_transpose8(acc[a], g, h, lane, v);
-        const int col = t.col0 + 8 * (4 * g + q);
-        if (row < t.M && col < t.N) {
-          if constexpr (detail::HasGroupedBind<Epi>::value)
-            bound.store8(row, col, v, min(8, t.N - col));
-          else
-            epi.store8(t, row, col, v, min(8, t.N - col));
-        }
-      }
+  // Rows of one warp straddle the group's end: only the store is masked.
+  for_each_row_octet<Cfg>(t.row0, t.col0, acc, consumer, warp, lane, [&](int row, int col, const float(&v)[8]) {
+    if (row < t.M && col < t.N) {
+      if constexpr (detail::HasGroupedBind<Epi>::value)
+        bound.store8(row, col, v, min(8, t.N - col));
+      else
+        epi.store8(t, row, col, v, min(8, t.N - col));
     }
-  }
+  });
 }
 
 template <class Epi>

@@ -140,6 +140,31 @@ __device__ __forceinline__ void store_tile_columns(const Params& p, const TileIn
   }
 }
 
+/// The row-quad walk of one consumer warpgroup's share of a tile, in the
+/// order the store loops write it: for each row this lane holds and each
+/// block of 32 columns, the 8 consecutive columns quad_transpose8 gives it,
+/// handed to f(row, col, v) with row and col the output's coordinates
+/// (row0, col0: the tile's first). Every lane calls the transpose (it
+/// shuffles over the full warp); f masks the store to the problem.
+template <class Cfg, class F>
+__device__ __forceinline__ void for_each_row_octet(int row0, int col0, const float (&acc)[Cfg::kMAtoms][Cfg::BN / 2],
+                                                   int consumer, int warp, int lane, F&& f) {
+  const int q = lane & 3;  // position in the lane quad that shares a row (see quad_transpose8)
+#pragma unroll
+  for (int a = 0; a < Cfg::kMAtoms; ++a) {
+    const int row_base = row0 + (Cfg::kPingPong ? 0 : consumer * Cfg::kRowsPerConsumer) + a * 64 + warp * 16 + lane / 4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int g = 0; g < Cfg::BN / 32; ++g) {
+        float v[8];
+        quad_transpose8(acc[a], g, h, lane, v);
+        f(row_base + 8 * h, col0 + 8 * (4 * g + q), v);
+      }
+    }
+  }
+}
+
 /// The store loop of one consumer warpgroup's share of a tile through one bound
 /// epilogue `epi` (NotBound when the Epilogue has no bind()): hands the
 /// accumulators to store8, 8 consecutive columns per call, masked to the
@@ -152,7 +177,12 @@ __device__ __forceinline__ void store_tile_with(const Params& p, const TileInfo&
                                                 int lane, const Bound& epi) {
   if constexpr (HasColumnStore<Bound>::value) {
     store_tile_columns<Cfg, typename Bound::OutType>(p, info, acc, consumer, warp, lane, epi);
-  } else {
+  } else if constexpr (kLoadAhead && HasLoadAhead<Bound>::value) {
+    // Load-ahead (epilogue.cuh): the loads of kLoadAhead column blocks are
+    // issued before their stores, so they overlap instead of each waiting
+    // behind the previous store (possible aliasing).
+    constexpr int kAhead = Bound::kLoadAhead;
+    static_assert((Cfg::BN / 32) % kAhead == 0, "load-ahead batches must divide the column blocks");
     const int q = lane & 3;  // position in the lane quad that shares a row (see quad_transpose8)
 #pragma unroll
     for (int a = 0; a < Cfg::kMAtoms; ++a) {
@@ -161,39 +191,28 @@ __device__ __forceinline__ void store_tile_with(const Params& p, const TileInfo&
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = row_base + 8 * h;
-        if constexpr (kLoadAhead && HasLoadAhead<Bound>::value) {
-          // Load-ahead (epilogue.cuh): the loads of kLoadAhead column blocks
-          // are issued before their stores, so they overlap instead of each
-          // waiting behind the previous store (possible aliasing).
-          constexpr int kAhead = Bound::kLoadAhead;
-          static_assert((Cfg::BN / 32) % kAhead == 0, "load-ahead batches must divide the column blocks");
 #pragma unroll
-          for (int g0 = 0; g0 < Cfg::BN / 32; g0 += kAhead) {
-            typename Bound::Loaded ld[kAhead];
+        for (int g0 = 0; g0 < Cfg::BN / 32; g0 += kAhead) {
+          typename Bound::Loaded ld[kAhead];
 #pragma unroll
-            for (int j = 0; j < kAhead; ++j) {
-              const int col = info.col0 + 8 * (4 * (g0 + j) + q);
-              if (row < p.M && col < p.N) ld[j] = epi.load(row, col);
-            }
-#pragma unroll
-            for (int j = 0; j < kAhead; ++j) {
-              float v[8];
-              quad_transpose8(acc[a], g0 + j, h, lane, v);
-              const int col = info.col0 + 8 * (4 * (g0 + j) + q);
-              if (row < p.M && col < p.N) epi.store8(row, col, v, min(8, p.N - col), ld[j]);
-            }
+          for (int j = 0; j < kAhead; ++j) {
+            const int col = info.col0 + 8 * (4 * (g0 + j) + q);
+            if (row < p.M && col < p.N) ld[j] = epi.load(row, col);
           }
-        } else {
 #pragma unroll
-          for (int g = 0; g < Cfg::BN / 32; ++g) {
+          for (int j = 0; j < kAhead; ++j) {
             float v[8];
-            quad_transpose8(acc[a], g, h, lane, v);
-            const int col = info.col0 + 8 * (4 * g + q);
-            if (row < p.M && col < p.N) epi_store8(p.epilogue, epi, info, row, col, v, min(8, p.N - col));
+            quad_transpose8(acc[a], g0 + j, h, lane, v);
+            const int col = info.col0 + 8 * (4 * (g0 + j) + q);
+            if (row < p.M && col < p.N) epi.store8(row, col, v, min(8, p.N - col), ld[j]);
           }
         }
       }
     }
+  } else {
+    for_each_row_octet<Cfg>(info.row0, info.col0, acc, consumer, warp, lane, [&](int row, int col, const float(&v)[8]) {
+      if (row < p.M && col < p.N) epi_store8(p.epilogue, epi, info, row, col, v, min(8, p.N - col));
+    });
   }
 }
 
