@@ -4,8 +4,8 @@ every strategy forced to sequential) against
 the same layer in plain PyTorch (nn.Linear weights, torch.distributed all-gather / reduce-scatter + matmul) and in
 PyTorch async-TP (the symmetric-memory ops torch.ops.symm_mem.fused_all_gather_matmul / fused_matmul_reduce_scatter
 that Inductor's micro-pipeline TP emits, wired by hand into forward and backward). Checks first that loss and
-gradients agree, then times each variant's step and its forward alone in the same process (CUDA events, warm-up,
-median).
+gradients agree, then times each variant's step and its forward alone in the same process, the variants taking
+turns call by call (CUDA events, warm-up, median).
 
     torchrun --nproc-per-node <GPUs> python/examples/bench_decoder_layer.py [--shapes 8b,70b] [--tokens 8192]
         [--iters 10] [--json out.json]
@@ -146,33 +146,38 @@ def step(model, x):
     return loss, xs.grad
 
 
-def time_median(body, device, warmup, iters):
-    """Median of `iters` timed calls of body() after `warmup` untimed ones (CUDA events, ranks started together by
-    a barrier), max over ranks."""
-    for _ in range(warmup):
-        body()
-    times = []
+def time_interleaved(bodies, device, warmup, iters):
+    """{name: median ms} of `iters` timed calls of each body, the bodies taking turns call by call (so clock and
+    power state drift reaches every variant alike), after `warmup` untimed calls of each; CUDA events, every call
+    started on an idle GPU with the ranks together (a barrier), max over ranks."""
+    for body in bodies.values():
+        for _ in range(warmup):
+            body()
+    times = {name: [] for name in bodies}
     for _ in range(iters):
-        dist.barrier()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        body()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    t = torch.tensor([statistics.median(times)], device=device)
+        for name, body in bodies.items():
+            dist.barrier()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            body()
+            b.record()
+            b.synchronize()
+            times[name].append(a.elapsed_time(b))
+    t = torch.tensor([statistics.median(times[name]) for name in bodies], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
+    return dict(zip(bodies, t.tolist()))
 
 
-def time_steps(model, x, warmup, iters):
-    return time_median(lambda: step(model, x), x.device, warmup, iters)
+def time_steps(models, x, warmup, iters):
+    """{name: median training-step ms} of the models, interleaved (time_interleaved)."""
+    return time_interleaved({n: (lambda m=m: step(m, x)) for n, m in models.items()}, x.device, warmup, iters)
 
 
-def time_forwards(model, x, warmup, iters):
-    """The forward alone, as a training step runs it (autograd recording, graph then dropped)."""
+def time_forwards(models, x, warmup, iters):
+    """{name: median forward ms}: the forward alone, as a training step runs it (autograd recording, graph then
+    dropped), interleaved."""
     xs = x.detach().requires_grad_(True)
-    return time_median(lambda: model(xs), x.device, warmup, iters)
+    return time_interleaved({n: (lambda m=m: m(xs)) for n, m in models.items()}, x.device, warmup, iters)
 
 
 def profile_step(model, x, path, rank, steps=2):
@@ -246,27 +251,34 @@ def main():
                     check["async_tp_dx"] = rel_err(ga, gp)
                 except Exception as e:  # noqa: BLE001
                     async_tp, async_error = None, f"{type(e).__name__}: {e}"
-            for label, model in (("plain_pytorch", plain), ("tessera", tes), ("tessera_sequential", seq),
-                                 ("async_tp", async_tp)):
-                row[label + "_ms"] = time_steps(model, x, a.warmup, a.iters) if model is not None else None
-                row[label + "_fwd_ms"] = time_forwards(model, x, a.warmup, a.iters) if model is not None else None
+            models = {"plain_pytorch": plain, "tessera": tes, "tessera_sequential": seq, "async_tp": async_tp}
+            models = {label: model for label, model in models.items() if model is not None}
+            steps_ms = time_steps(models, x, a.warmup, a.iters)
+            fwd_ms = time_forwards(models, x, a.warmup, a.iters)
+            for label in ("plain_pytorch", "tessera", "tessera_sequential", "async_tp"):
+                row[label + "_ms"] = steps_ms.get(label)
+                row[label + "_fwd_ms"] = fwd_ms.get(label)
             # The step-level choice: automatic calls that lose inside the step run sequential (Context.calibrate).
             cal = ctx.calibrate(lambda: step(tes, x), warmup=a.warmup, reps=max(3, a.iters // 2))
             row["calibrated_overrides"] = [" ".join(map(str, k)) for k in cal["overrides"]]
             row["calibration_ms"] = {k if isinstance(k, str) else " ".join(map(str, k)): v
                                      for k, v in cal["times_ms"].items()}
-            row["tessera_calibrated_ms"] = time_steps(tes, x, a.warmup, a.iters)
+            # Timed beside plain PyTorch again: its ratio to plain is taken within this one interleaved run.
+            cal_ms = time_steps({"calibrated": tes, "plain_pytorch": plain}, x, a.warmup, a.iters)
+            row["tessera_calibrated_ms"] = cal_ms["calibrated"]
+            row["plain_pytorch_beside_calibrated_ms"] = cal_ms["plain_pytorch"]
             ctx.set_overrides({})
             row["speedup_vs_plain"] = row["plain_pytorch_ms"] / row["tessera_ms"]
             row["fwd_speedup_vs_plain"] = row["plain_pytorch_fwd_ms"] / row["tessera_fwd_ms"]
-            row["speedup_calibrated_vs_plain"] = row["plain_pytorch_ms"] / row["tessera_calibrated_ms"]
+            row["speedup_calibrated_vs_plain"] = (row["plain_pytorch_beside_calibrated_ms"] /
+                                                  row["tessera_calibrated_ms"])
             if row["async_tp_ms"]:
                 row["speedup_vs_async_tp"] = row["async_tp_ms"] / row["tessera_ms"]
                 row["speedup_calibrated_vs_async_tp"] = row["async_tp_ms"] / row["tessera_calibrated_ms"]
             else:
                 row["async_tp_error"] = async_error
             if a.profile:
-                for label, model in (("plain_pytorch", plain), ("tessera", tes)):
+                for label, model in (("plain_pytorch", plain), ("tessera", tes), ("tessera_sequential", seq)):
                     profile_step(model, x, os.path.join(a.profile, f"profile-{name}-{label}.txt"), rank)
             results.append(row)
             if rank == 0:
