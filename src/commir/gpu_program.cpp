@@ -750,8 +750,9 @@ struct Builder {
     return static_cast<int>(prog.blocks.size()) - 1;
   }
   // An output block (O, head_dim per point) and its companion LSE block:
-  // a float32 accumulator (acc) or a bf16 partial.
-  int new_out(const Box& b, bool acc) {
+  // a float32 accumulator (acc) or a bf16 partial. `b` is a copy: callers
+  // pass a held block's box, and the first push may move prog.blocks.
+  int new_out(Box b, bool acc) {
     const int lse = new_nd(out_name + ".lse", b, true, 1);
     const int o = new_nd(out_name, b, acc, head_dim);
     prog.blocks[o].lse = lse;

@@ -98,11 +98,24 @@ TEST(CommirIr, ExecutorRejectsBrokenPlans) {
     st.erase(std::find_if(st.begin(), st.end(), [](const Step& s) { return s.kind == StepKind::recv; }));
     expect_error([&] { run_cpu(bad, in, ref, std::chrono::milliseconds(2000)); }, {"cpu executor", "rank 1"});
   }
-  // Delivering the wrong block (the sender's own shard twice): wrong numbers.
+  // Computing the wrong block (rank 2's own kv shard twice, at time 1 as at
+  // time 0): wrong numbers. Compute boxes run over the grid axes b, h, q, kv.
   {
     Plan bad = good;
-    for (auto& s : bad.ranks[2].steps)
-      if (s.kind == StepKind::compute && s.time == 1) s.box.r[3] = bad.ranks[2].steps.front().box.r[3];
+    auto& st = bad.ranks[2].steps;
+    const auto own =
+        std::find_if(st.begin(), st.end(), [](const Step& s) { return s.kind == StepKind::compute && s.time == 0; });
+    ASSERT_NE(own, st.end());
+    ASSERT_EQ(own->box.r.size(), 4u);
+    const Range own_kv = own->box.r[3];
+    int changed = 0;
+    for (auto& s : st)
+      if (s.kind == StepKind::compute && s.time == 1) {
+        ASSERT_NE(s.box.r[3], own_kv);
+        s.box.r[3] = own_kv;
+        ++changed;
+      }
+    ASSERT_GT(changed, 0);
     bool caught = false;
     try {
       caught = run_cpu(bad, in, ref).max_rel_error > 1e-3;
