@@ -752,7 +752,7 @@ struct Builder {
   // An output block (O, head_dim per point) and its companion LSE block:
   // a float32 accumulator (acc) or a bf16 partial. `b` is a copy: callers
   // pass a held block's box, and the first push may move prog.blocks.
-  int new_out(Box b, bool acc) {
+  int new_out(Box b, bool acc) {  // NOLINT(performance-unnecessary-value-param): the copy is the point
     const int lse = new_nd(out_name + ".lse", b, true, 1);
     const int o = new_nd(out_name, b, acc, head_dim);
     prog.blocks[o].lse = lse;
