@@ -117,7 +117,7 @@ std::string times_text(const ops::TuneReport& r) {
     t += fmt::format("{}{} {:.3f} ms", t.empty() ? "" : ", ", strategy_name(s), ms);
     // Against the baseline, repetition by repetition (what the choice rests on).
     if (const auto e = r.evidence.find(s); e != r.evidence.end())
-      t += fmt::format(" (x{:.3f}, wins {:.0f} %)", e->second.median_ratio, 100 * e->second.win_fraction);
+      t += fmt::format(" ({})", ops::evidence_text(e->second));
   }
   return t;
 }

@@ -499,7 +499,7 @@ class ShapeBench {
       for (const auto& [k, v] : tuned[i].times_ms) {
         times += fmt::format(" {} {:.3f}", ops::strategy_name(k), v);
         if (const auto e = tuned[i].evidence.find(k); e != tuned[i].evidence.end())
-          times += fmt::format(" (x{:.3f}, wins {:.0f}%)", e->second.median_ratio, 100 * e->second.win_fraction);
+          times += fmt::format(" ({})", ops::evidence_text(e->second));
       }
       fmt::print("{} {}: tuner chose {} ({}; ms:{}; load GEMMs {:.3f} ms)\n", sh_.name, parts[i],
                  ops::strategy_name(tuned[i].chosen), tuned[i].from_cache ? "cached" : "measured", times,

@@ -397,14 +397,23 @@ Strategy TpContext::resolve(const AgGemmArgs& a, const OpOptions& o, TuneReport*
       [&](Strategy s) { run_ag_gemm(*impl_, a, s, o); }, report);
 }
 
-Strategy TpContext::resolve(const GemmRsArgs& a, const OpOptions& o, TuneReport* report) {
-  check_gemm_rs(*impl_, a, o);
-  const OpOptions q = capture_options(*impl_, o, "gemm_rs");
+namespace {
+/// resolve(GemmRsArgs) after check_gemm_rs (mlp() checks its GEMM+RS half
+/// before the all-gather half launches, and resolves it later).
+Strategy resolve_checked(TpContext& ctx, const GemmRsArgs& a, const OpOptions& o, TuneReport* report) {
+  auto& c = ctx.impl();
+  const OpOptions q = capture_options(c, o, "gemm_rs");
   if (q.strategy != Strategy::automatic) return q.strategy;
   return tune_choice(
-      *this, a, q, "gemm_rs", rs_key_shape(a, o),
-      gemm_rs_candidates(impl_->pg.world(), rs_tile_row_shards(a.m, impl_->pg.world()), impl_->lsa),
-      [&](Strategy s) { run_gemm_rs(*impl_, a, s, o); }, report);
+      ctx, a, q, "gemm_rs", rs_key_shape(a, o),
+      gemm_rs_candidates(c.pg.world(), rs_tile_row_shards(a.m, c.pg.world()), c.lsa),
+      [&](Strategy s) { run_gemm_rs(c, a, s, o); }, report);
+}
+}  // namespace
+
+Strategy TpContext::resolve(const GemmRsArgs& a, const OpOptions& o, TuneReport* report) {
+  check_gemm_rs(*impl_, a, o);
+  return resolve_checked(*this, a, o, report);
 }
 
 Strategy TpContext::resolve(const GemmArArgs& a, const OpOptions& o, TuneReport* report) {
@@ -490,7 +499,6 @@ MlpPlan plan_mlp(TpContext& ctx, const MlpArgs& a, const OpOptions& ag, const Op
   // Both halves refused before the first is enqueued.
   capture_options(c, ag, "mlp (all-gather half)");
   capture_options(c, rs, "mlp (reduce-scatter half)");
-  check_rs_tile_rows(a.m, c.pg.world(), rs);  // before the AG half launches
   const std::size_t hidden_bytes = static_cast<std::size_t>(a.m) * a.i_local * dtype_size(a.dtype);
   void* hidden = c.hidden.ensure(hidden_bytes, c.pg.stream());
   MlpPlan p;
@@ -514,13 +522,13 @@ MlpPlan plan_mlp(TpContext& ctx, const MlpArgs& a, const OpOptions& ag, const Op
   r.n = a.h;
   r.k = a.i_local;
   r.dtype = a.dtype;
-  check_gemm_rs(c, r, rs);
+  check_gemm_rs(c, r, rs);  // before the AG half launches (its tuning runs it)
   p.s_ag = ctx.resolve(g, ag);
   if (rs.strategy == Strategy::automatic && !known_choice(ctx, r, rs)) {
     run_ag_gemm(c, g, p.s_ag, ag);
     p.ag_ran = true;
   }
-  p.s_rs = ctx.resolve(r, rs);
+  p.s_rs = resolve_checked(ctx, r, rs, nullptr);
   const bool overlapped = p.s_ag != Strategy::sequential || p.s_rs != Strategy::sequential;
   if (ag.strategy == Strategy::automatic && rs.strategy == Strategy::automatic && overlapped &&
       keep_sequential_layer(ctx, a, g, r, p.s_ag, p.s_rs, ag, rs))

@@ -1,6 +1,8 @@
 // Strategy choice from measurements, and its cache entries.
 #include "tessera/ops/tuner.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -71,6 +73,10 @@ std::map<Strategy, PairedEvidence> paired_evidence(const std::map<Strategy, std:
     out[s] = PairedEvidence{median, static_cast<double>(wins) / static_cast<double>(reps)};
   }
   return out;
+}
+
+std::string evidence_text(const PairedEvidence& e) {
+  return fmt::format("x{:.3f}, wins {:.0f} %", e.median_ratio, 100 * e.win_fraction);
 }
 
 Strategy choose_strategy(const std::map<Strategy, double>& times_ms, const std::map<Strategy, PairedEvidence>& evidence,

@@ -333,6 +333,7 @@ TEST(OpsTuner, PairedEvidenceCountsRepetitionWins) {
   EXPECT_DOUBLE_EQ(e.at(S::decomposition).win_fraction, 0.75);
   EXPECT_DOUBLE_EQ(e.at(S::fused_ce).median_ratio, 1.0);
   EXPECT_DOUBLE_EQ(e.at(S::fused_ce).win_fraction, 0.0);                  // a tie is not a win
+  EXPECT_EQ(evidence_text(e.at(S::decomposition)), "x0.900, wins 75 %");  // as tune and bench mlp print it
   EXPECT_THROW(paired_evidence({{S::fused_ce, {1.0}}}), tessera::Error);  // no baseline
   EXPECT_THROW(paired_evidence({{S::sequential, {}}}), tessera::Error);
   EXPECT_THROW(paired_evidence({{S::sequential, {1.0, 1.0}}, {S::fused_ce, {1.0}}}), tessera::Error);

@@ -67,6 +67,9 @@ Strategy choose_strategy(const std::map<Strategy, double>& times_ms, double marg
 std::map<Strategy, PairedEvidence> paired_evidence(const std::map<Strategy, std::vector<double>>& samples_ms,
                                                    Strategy baseline = Strategy::sequential);
 
+/// "x0.874, wins 91 %": the evidence as the tuner's reports print it.
+std::string evidence_text(const PairedEvidence& e);
+
 /// Fewest repetitions, as a share, a candidate must win to replace the
 /// baseline: 8 of the tuner's 11 (equal strategies do so on one rank with
 /// probability 0.11, on every rank of a pair ~0.01).
