@@ -142,7 +142,8 @@ void validate_inputs(const GemmArgs& a, const char* op) {
 }
 
 void make_tma_2d(const char* what, const void* base, DType t, uint64_t inner, uint64_t outer, uint64_t ld,
-                 uint32_t box_inner, uint32_t box_outer, CUtensorMap* out) {
+                 uint32_t box_inner, uint32_t box_outer, CUtensorMap* out,
+                 CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q{};
@@ -162,9 +163,8 @@ void make_tma_2d(const char* what, const void* base, DType t, uint64_t inner, ui
   // promotion on 8192 x 8192 x 8200 (nvidia-h200, docs/design/gemm.md).
   const CUtensorMapL2promotion promo =
       (ld * 2) % 32 != 0 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
-  const CUresult rc =
-      encode(out, dt, 2, const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             CU_TENSOR_MAP_SWIZZLE_128B, promo, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult rc = encode(out, dt, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
+                             CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, promo, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   TESSERA_CHECK(rc == CUDA_SUCCESS,
                 "gemm: cuTensorMapEncodeTiled for {} failed (CUresult {}): dims {}x{}, ld {}, box {}x{}", what,
                 static_cast<int>(rc), inner, outer, ld, box_inner, box_outer);
@@ -179,6 +179,12 @@ void make_tma_b(const GemmArgs& a, int bn, CUtensorMap* out) {
     make_tma_2d("B[N,K]", a.b, a.in, a.k, a.n, a.ldb_or_packed(), 64, bn, out);
   else
     make_tma_2d("B[K,N]", a.b, a.in, a.n, a.k, a.ldb_or_packed(), 64, 64, out);
+}
+
+void make_tma_d(const GemmArgs& a, CUtensorMap* out) {
+  TESSERA_CHECK(a.out == DType::bf16 || a.out == DType::f16, "gemm: the TMA-store epilogue stores bf16 or f16, not {}",
+                dtype_name(a.out));
+  make_tma_2d("D", a.d, a.out, a.n, a.m, a.ldd_or_packed(), 32, 64, out, CU_TENSOR_MAP_SWIZZLE_64B);
 }
 
 int sm_count() {

@@ -24,20 +24,36 @@
 
 namespace tessera::kernels::detail {
 
+/// The plain epilogue of a whole-K kernel whose output type is its input
+/// type: D (16-byte-aligned rows: gemm() stages any other D) stored through
+/// shared memory by every kernel with room for the staging buffers where N
+/// is a multiple of 8, by the register store loop otherwise
+/// (TmaStoreEpilogue, epilogue.cuh).
+template <class T>
+engine::TmaStoreEpilogue<T> plain_store_epilogue(const GemmArgs& a) {
+  engine::TmaStoreEpilogue<T> epi;
+  epi.d = static_cast<T*>(a.d);
+  epi.ldd = a.ldd_or_packed();
+  epi.through_smem = a.n % 8 == 0;
+  if (epi.through_smem) make_tma_d(a, &epi.d_map);
+  return epi;
+}
+
 /// The kernel of o.tile and o.ping_pong (resolved by plan_gemm) with output type OutT.
 template <class InT, BLayout L, class OutT>
 void gemm_plain_out(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
   const engine::RasterScheduler sched = raster_from(o);
   const engine::NoWait pro{};
-  engine::StdEpilogue<OutT> epi;
-  epi.d = static_cast<OutT*>(a.d);
-  epi.ldd = a.ldd_or_packed();
   if constexpr (std::is_same_v<OutT, InT>) {
+    const engine::TmaStoreEpilogue<OutT> epi = plain_store_epilogue<OutT>(a);
     if (o.ping_pong)
       gemm_with<PingPongTiles, InT, L>(a, o, pro, epi, sched, stream);
     else
       gemm_with<CooperativeTiles, InT, L>(a, o, pro, epi, sched, stream);
   } else {
+    engine::StdEpilogue<OutT> epi;
+    epi.d = static_cast<OutT*>(a.d);
+    epi.ldd = a.ldd_or_packed();
     // Ping-pong kernels are compiled for output type == input type only.
     if (o.ping_pong)
       fail("gemm: ping_pong is not compiled for " + std::string(dtype_name(a.in)) + " inputs with " +
@@ -170,9 +186,7 @@ void gemm_plain_stream_k_cfg(const GemmArgs& a, const GemmOptions& o, cudaStream
 /// kernels): whole K, output type == input type.
 template <class KernelSet, class InT, BLayout L>
 void gemm_plain_whole_k(const GemmArgs& a, const GemmOptions& o, cudaStream_t stream) {
-  engine::StdEpilogue<InT> epi;
-  epi.d = static_cast<InT*>(a.d);
-  epi.ldd = a.ldd_or_packed();
+  const engine::TmaStoreEpilogue<InT> epi = plain_store_epilogue<InT>(a);
   GemmOptions po = o;
   po.cluster_m = 1;
   po.ping_pong = KernelSet::kPingPong;

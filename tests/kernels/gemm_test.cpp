@@ -624,6 +624,60 @@ TEST(GemmGpu, CoverageShapesMatchCublasOnEveryPlan) {
         }
 }
 
+// The TMA-store epilogue (plain whole-K kernels, 16-bit D, N % 8 == 0):
+// every kernel that stores through shared memory, on M and N tails inside a
+// 64 x 32 box and with padded rows, against cuBLASLt, BITWISE against the
+// 128x128 ping-pong kernel (whose 7-stage ring leaves no room for the
+// staging buffers: the register store loop), and with the rows' padding
+// left as poisoned (a bulk store must clip at N and M).
+TEST(GemmGpu, TmaStoreMatchesRegisterStoreAndKeepsPadding) {
+  TESSERA_REQUIRE_GPUS(1);
+  struct Kernel {
+    const char* what;
+    tk::GemmTile tile;
+    bool ping_pong;
+    int cluster_n;
+  };
+  const Kernel kernels[] = {
+      {"plan", tk::GemmTile::Auto, false, 0},           {"128x256", tk::GemmTile::T128x256, false, 0},
+      {"256x128", tk::GemmTile::T256x128, false, 0},    {"128x192", tk::GemmTile::T128x192, false, 0},
+      {"64x256 pp", tk::GemmTile::T64x256, true, 0},    {"64x64 pp", tk::GemmTile::T64x64, true, 0},
+      {"128x128 1x2", tk::GemmTile::T128x128, false, 2}};
+  const std::vector<std::array<int64_t, 3>> shapes = {{1, 264, 136}, {65, 520, 200}, {129, 776, 72}, {300, 1000, 520}};
+  for (const auto& sh : shapes)
+    for (DType in : {DType::bf16, DType::f16}) {
+      const Problem p{sh[0], sh[1], sh[2], in, in, tk::BLayout::NK, 8};
+      Buffers s = make(p);
+      tk::GemmOptions reg;
+      reg.tile = tk::GemmTile::T128x128;
+      reg.ping_pong = true;
+      tk::gemm(s.args, reg);
+      TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto want = tt::bytes_of(s.d);
+      const int64_t es = 2, row_bytes = s.args.ldd * es;
+      for (const auto& k : kernels) {
+        tt::poison(s.d);
+        tk::GemmOptions o;
+        o.tile = k.tile;
+        o.ping_pong = k.ping_pong;
+        o.cluster_n = k.cluster_n;
+        if (k.cluster_n > 1) o.cluster_m = 1;
+        o.k_splits = 1;
+        tk::gemm(s.args, o);
+        TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+        const std::string what = name(p, k.tile) + " " + k.what + " plan " + tk::plan_name(tk::plan_gemm(s.args, o));
+        const auto got = tt::bytes_of(s.d);
+        EXPECT_TRUE(got == want) << "differs from the register store loop: " << what;
+        bool padding_kept = true;
+        for (int64_t r = 0; r < p.m; ++r)
+          for (int64_t b = p.n * es; b < row_bytes; ++b) padding_kept = padding_kept && got[r * row_bytes + b] == 0xFF;
+        EXPECT_TRUE(padding_kept) << "wrote into the rows' padding: " << what;
+        tt::poison(s.ref);
+        EXPECT_LT(error_vs_cublas(s), tolerance(p.out)) << what;
+      }
+    }
+}
+
 // Any N and K with 16-byte row strides: K and N not multiples of
 // 8 with padded lda / ldb, and a packed D whose rows are not 16-byte
 // multiples (staged through an aligned buffer and a 2-D copy).

@@ -18,6 +18,8 @@
 //   8     gather: the grouped GEMM's row-gathering producer warpgroup.
 //   9     stream-K: the store threads of a split tile, between its partial
 //         stores and its flag, or between the flag waits and the reduction.
+//   10, 11  TMA store: kTmaStoreBarrier + c, consumer c's 128 threads around
+//         each staging buffer's rewrite and its bulk store (store_tile_tma).
 //
 // Why notify-free exists (without it the ping-pong GEMM+RS times out): a named
 // barrier counts arriving warps and completes, and resets, as soon as the count
@@ -78,6 +80,9 @@ constexpr int kNotifyFreeBarrier = 6;
 constexpr int kGatherBarrier = 8;
 /// The stream-K kernel's store threads (kernel_stream_k.cuh).
 constexpr int kStreamKBarrier = 9;
+/// The TMA-store epilogue: kTmaStoreBarrier + c orders consumer c's writes
+/// of its staging buffers against its issuing thread (store_tile_tma).
+constexpr int kTmaStoreBarrier = 10;
 
 /// The handshake on the notify barriers, per CTA-local tile index `iter`
 /// (0 .. tiles - 1, the CTA's tiles in schedule order; tiles >= 1).

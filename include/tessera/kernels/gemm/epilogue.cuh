@@ -40,6 +40,7 @@
 // a call anywhere in the kernel serializes its wgmma (ptxas warning C7510).
 #pragma once
 
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -366,5 +367,27 @@ struct StdEpilogue {
     }
   }
 };
+
+/// The plain epilogue of a 16-bit D that the kernels store through shared
+/// memory with bulk tensor stores where their shared memory has room for the
+/// staging buffers (kernel_common.cuh, store_tile_tma) and `through_smem`
+/// is set; otherwise they call its StdEpilogue store8 as for any plain
+/// epilogue. d_map: D as a [M rows, N columns] tensor (ldd), box 32 columns
+/// x 64 rows, 64-byte swizzle (detail::make_tma_d). through_smem needs rows
+/// of whole 16-byte units (N % 8 == 0): where N is not, bulk stores wrote
+/// into the rows' padding past N (GPU test, 257 columns of 272), and the
+/// register loop stores the last unit element by element. No notify: the
+/// stores complete asynchronously, so nothing may be published per tile.
+template <class OutT>
+struct TmaStoreEpilogue : StdEpilogue<OutT> {
+  static_assert(sizeof(OutT) == 2, "the TMA-store epilogue stores a 16-bit D");
+  static constexpr int kBoxRows = 64, kBoxCols = 32;
+  bool through_smem = false;
+  CUtensorMap d_map;
+};
+template <class Epi>
+struct IsTmaStoreEpilogue : std::false_type {};
+template <class OutT>
+struct IsTmaStoreEpilogue<TmaStoreEpilogue<OutT>> : std::true_type {};
 
 }  // namespace tessera::kernels::engine

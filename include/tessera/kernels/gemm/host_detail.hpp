@@ -26,6 +26,9 @@ void validate_inputs(const GemmArgs& a, const char* op);
 /// 64 x 64 chunks for KN), 128-byte swizzle, zero fill out of bounds.
 void make_tma_a(const GemmArgs& a, int bm, CUtensorMap* out);
 void make_tma_b(const GemmArgs& a, int bn, CUtensorMap* out);
+/// TMA descriptor for D ([M, N], ldd; 16-bit output) as the TMA-store
+/// epilogue stores it: box 32 columns x 64 rows, 64-byte swizzle.
+void make_tma_d(const GemmArgs& a, CUtensorMap* out);
 /// Multiprocessor count of the current device (cached per device).
 int sm_count();
 /// Raises the dynamic shared memory limit of the kernel whose host stub is

@@ -140,6 +140,79 @@ __device__ __forceinline__ void store_tile_columns(const Params& p, const TileIn
   }
 }
 
+/// Whether the kernel of configuration Cfg stores through shared memory with
+/// epilogue Epi: a TmaStoreEpilogue, and room beside the ring for the
+/// staging buffers (SmemLayout::kLaunchBytesWithStaging; not the 7-stage
+/// 128x128 ping-pong ring, which then keeps the register store loop).
+template <class Cfg, class InT, class Epi>
+inline constexpr bool kStoresThroughSmem =
+    IsTmaStoreEpilogue<Epi>::value&& SmemLayout<Cfg, InT>::kLaunchBytesWithStaging <= 227 * 1024;
+
+/// The shared-memory form of the store loop (kStoresThroughSmem): the
+/// consumer's share of the tile goes out 64 rows x 32 columns at a time.
+/// Each box is packed to 16 bits and written by stmatrix (each warp its 16
+/// rows, two stmatrix.x4 of 16 x 16) into one of the consumer's two staging
+/// buffers, in the 64-byte-swizzled layout of the epilogue's d_map (chunk
+/// c of row r at r * 64 + 16 (c ^ (r / 2 % 4)): conflict-free for stmatrix);
+/// then the consumer's thread 0 issues one bulk tensor store of it, which
+/// clips rows >= M and columns >= N. A buffer is rewritten only once the
+/// store issued from it two boxes earlier has read it
+/// (bulk_wait_group_read<1>), so each box's writes to memory overlap the
+/// next box's packing; the issuing thread waits for all of them before the
+/// kernel exits (tma_store_drain). Why: the register loop's quad transposes
+/// cost ~40 instructions per 16-byte store, which on short K outlast the
+/// other consumer's main loop (docs/design/gemm.md, "The TMA-store
+/// epilogue").
+template <class Cfg, class Params>
+__device__ __forceinline__ void store_tile_tma(const Params& p, const TileInfo& info,
+                                               const float (&acc)[Cfg::kMAtoms][Cfg::BN / 2], int consumer, int warp,
+                                               int lane, uint8_t* staging) {
+  using Conv = typename decltype(p.epilogue)::Conv;
+  constexpr int kBoxes = Cfg::BN / 32;  // per 64-row atom
+  constexpr int kBufferBytes = 4096;
+  static_assert(kBoxes % 2 == 0, "each tile must use both buffers equally often (the waits count boxes)");
+  const bool issuer = threadIdx.x % 128 == 0;
+  const int bar = kTmaStoreBarrier + consumer;
+  const int m = lane >> 3;  // the stmatrix matrix this lane addresses: row half m % 2, column block m / 2
+  const int row = warp * 16 + 8 * (m & 1) + (lane & 7);
+  const uint32_t row_addr = ptx::smem_addr(staging) + row * 64;
+  const int swizzle = (row >> 1) & 3;
+#pragma unroll
+  for (int a = 0; a < Cfg::kMAtoms; ++a) {
+    const int row0 = info.row0 + (Cfg::kPingPong ? 0 : consumer * Cfg::kRowsPerConsumer) + a * 64;
+#pragma unroll
+    for (int box = 0; box < kBoxes; ++box) {
+      if (issuer) ptx::bulk_wait_group_read<1>();
+      ptx::named_barrier_sync(bar, 128);
+#pragma unroll
+      for (int pair = 0; pair < 2; ++pair) {
+        const int j = 4 * box + 2 * pair;  // column blocks j and j + 1 of 8
+        uint32_t r[4];
+#pragma unroll
+        for (int mm = 0; mm < 4; ++mm) {  // matrix mm: row half mm % 2 of block j + mm / 2
+          const int i = 4 * (j + (mm >> 1)) + 2 * (mm & 1);
+          r[mm] = Conv::bits(Conv::pack(acc[a][i], acc[a][i + 1]));
+        }
+        const int chunk = 2 * pair + (m >> 1);
+        ptx::stmatrix_x4(row_addr + (box & 1) * kBufferBytes + ((chunk ^ swizzle) << 4), r[0], r[1], r[2], r[3]);
+      }
+      ptx::fence_proxy_async_shared();
+      ptx::named_barrier_sync(bar, 128);
+      if (issuer) {
+        ptx::tma_store_2d(&p.epilogue.d_map, staging + (box & 1) * kBufferBytes, info.col0 + 32 * box, row0);
+        ptx::bulk_commit_group();
+      }
+    }
+  }
+}
+
+/// After a consumer's last store_tile_tma: its issuing thread waits until
+/// every bulk store it issued has completed (their shared-memory source must
+/// outlive them, and the kernel's writes must be done when it exits).
+__device__ __forceinline__ void tma_store_drain() {
+  if (threadIdx.x % 128 == 0) ptx::bulk_wait_group<0>();
+}
+
 /// The row-quad walk of one consumer warpgroup's share of a tile, in the
 /// order the store loops write it: for each row this lane holds and each
 /// block of 32 columns, the 8 consecutive columns quad_transpose8 gives it,

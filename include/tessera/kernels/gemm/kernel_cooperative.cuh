@@ -46,11 +46,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // Per-tile work once (epilogue.cuh), then the store loop. A tile of a
     // cluster tile past the problem's columns is not bound (its index would
     // be out of an epilogue's tables); one past its rows is masked, as before.
-    if constexpr (Cfg::kClusterN > 1) {
-      if (tile_exists<Cfg>(p, t))
+    const auto store_registers = [&] {
+      if constexpr (Cfg::kClusterN > 1) {
+        if (tile_exists<Cfg>(p, t))
+          store_tile_with<Cfg, false>(p, info, acc, consumer, warp, lane, bind_tile(p.epilogue, info));
+      } else {
         store_tile_with<Cfg, false>(p, info, acc, consumer, warp, lane, bind_tile(p.epilogue, info));
+      }
+    };
+    if constexpr (kStoresThroughSmem<Cfg, InT, Epilogue>) {
+      if (!p.epilogue.through_smem)
+        store_registers();
+      else if (tile_exists<Cfg>(p, t))
+        store_tile_tma<Cfg>(p, info, acc, consumer, warp, lane, cta.sm.staging(consumer));
     } else {
-      store_tile_with<Cfg, false>(p, info, acc, consumer, warp, lane, bind_tile(p.epilogue, info));
+      store_registers();
     }
     if constexpr (Epilogue::kNotify) {
       // Wait until the notifier consumed tile iter - 2's arrival on this
@@ -60,6 +70,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       ptx::named_barrier_arrive(kNotifyBarrier + (iter & 1), Cfg::kConsumers * 128 + 32);
     }
   }
+  if constexpr (kStoresThroughSmem<Cfg, InT, Epilogue>) tma_store_drain();
 #endif
 }
 

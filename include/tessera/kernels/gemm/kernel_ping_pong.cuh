@@ -67,7 +67,15 @@ __device__ __forceinline__ void run_ping_pong_consumer(const Params& p, const Ct
     consume_tile<Cfg, InT, kTransB>(cta.sm, consumer, cta.k_blocks, acc, pipe, walk.rank, [&] {
       if (next_exists) ptx::named_barrier_arrive(kOrderBarrier + (consumer ^ 1), 256);
     });
-    store_tile<Cfg>(p, tile_info<Cfg>(p, t, pos), acc, consumer, warp, lane);
+    const TileInfo info = tile_info<Cfg>(p, t, pos);
+    if constexpr (kStoresThroughSmem<Cfg, InT, Epilogue>) {
+      if (p.epilogue.through_smem)
+        store_tile_tma<Cfg>(p, info, acc, consumer, warp, lane, cta.sm.staging(consumer));
+      else
+        store_tile<Cfg>(p, info, acc, consumer, warp, lane);
+    } else {
+      store_tile<Cfg>(p, info, acc, consumer, warp, lane);
+    }
     // iter & 1 == consumer: each consumer has its own notify barrier, and
     // its own notify-free barrier (its previous tile iter - 2 used both).
     if constexpr (Epilogue::kNotify) {
@@ -76,6 +84,7 @@ __device__ __forceinline__ void run_ping_pong_consumer(const Params& p, const Ct
       ptx::named_barrier_arrive(kNotifyBarrier + (iter & 1), Cfg::kStoreThreads + 32);
     }
   }
+  if constexpr (kStoresThroughSmem<Cfg, InT, Epilogue>) tma_store_drain();
 }
 
 /// The ping-pong kernel.

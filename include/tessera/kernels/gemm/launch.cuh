@@ -143,7 +143,8 @@ void launch_config(const GemmArgs& a, const GemmOptions& o, const Pro& pro, cons
   const int sms = detail::sm_count();
   const int cap = o.max_ctas > 0 ? std::min(o.max_ctas, sms) : sms;
   const auto kernel = engine::gemm_kernel<Cfg, InT, kTransB, Pro, Epi, Sched>();
-  constexpr int smem = engine::SmemLayout<Cfg, InT>::kLaunchBytes;
+  using Smem = engine::SmemLayout<Cfg, InT>;
+  constexpr int smem = engine::kStoresThroughSmem<Cfg, InT, Epi> ? Smem::kLaunchBytesWithStaging : Smem::kLaunchBytes;
   detail::set_max_dynamic_smem_once(reinterpret_cast<const void*>(kernel), smem,
                                     "cudaFuncSetAttribute(gemm kernel, max dynamic smem)");
   cudaLaunchConfig_t cfg{};

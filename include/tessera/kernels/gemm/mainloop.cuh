@@ -100,6 +100,13 @@ struct SmemLayout {
   static constexpr int kBytes = kBarrierOffset + kBarrierCount * 8;
   /// Dynamic shared memory requested at launch (+1 KiB to align the base).
   static constexpr int kLaunchBytes = kBytes + 1024;
+  /// The TMA-store epilogue's staging buffers (kernel_common.cuh,
+  /// store_tile_tma), when the kernel has them: after the barriers, 1 KiB
+  /// aligned (the 64-byte swizzle's pattern repeats every 512 bytes), one
+  /// kStagingBytesPerConsumer region per consumer warpgroup.
+  static constexpr int kStagingOffset = (kBytes + 1023) / 1024 * 1024;
+  static constexpr int kStagingBytesPerConsumer = 2 * 4096;
+  static constexpr int kLaunchBytesWithStaging = kStagingOffset + Cfg::kConsumers * kStagingBytesPerConsumer + 1024;
 
   uint8_t* base;
   __device__ uint8_t* a(int s) const { return base + s * kStageBytes; }
@@ -113,6 +120,9 @@ struct SmemLayout {
   }
   __device__ uint64_t* prologue_free(int s) const {
     return reinterpret_cast<uint64_t*>(base + kBarrierOffset) + 2 * Cfg::kStages + WaiterRing::kSlots + s;
+  }
+  __device__ uint8_t* staging(int consumer) const {
+    return base + kStagingOffset + consumer * kStagingBytesPerConsumer;
   }
 };
 

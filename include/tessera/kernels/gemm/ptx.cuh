@@ -102,6 +102,45 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorM
       : "memory");
 }
 
+// ---- bulk tensor stores (the TMA-store epilogue) -----------------------------------
+/// 2-D tiled bulk tensor store shared -> global of the box at `src` to
+/// coordinates (c0 innermost, c1); elements outside the tensor's dims are
+/// not written. Part of this thread's current bulk group (bulk_commit_group).
+/// The smem it reads must have been written before a
+/// fence_proxy_async_shared by each writer and a barrier with this thread.
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_addr(src)), "r"(c0), "r"(c1)
+               : "memory");
+}
+/// Closes this thread's current bulk group (the stores issued since the last one).
+__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+/// Waits until at most N of this thread's bulk groups still read their
+/// shared memory source (the smem may then be rewritten; their global
+/// writes may still be in flight).
+template <int N>
+__device__ __forceinline__ void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+/// Waits until at most N of this thread's bulk groups are incomplete
+/// (N = 0: every store issued is complete, its writes performed).
+template <int N>
+__device__ __forceinline__ void bulk_wait_group() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/// Stores four 8x8 matrices of 16-bit values, held by the warp in the mma
+/// fragment layout (register r_i: matrix i; lane l holds row l / 4, columns
+/// 2 (l % 4) and 2 (l % 4) + 1, the low half first), to shared memory: lane
+/// l gives the address of row l % 8 of matrix l / 8 (16 contiguous bytes).
+/// Warp-wide: every lane must execute it.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+
 // ---- clusters -----------------------------------------------------------------
 __device__ __forceinline__ uint32_t cluster_ctarank() {
   uint32_t r;
