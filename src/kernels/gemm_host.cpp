@@ -181,11 +181,14 @@ void make_tma_b(const GemmArgs& a, int bn, CUtensorMap* out) {
     make_tma_2d("B[K,N]", a.b, a.in, a.n, a.k, a.ldb_or_packed(), 64, 64, out);
 }
 
-void make_tma_d(const GemmArgs& a, CUtensorMap* out) {
-  TESSERA_CHECK(a.out == DType::bf16 || a.out == DType::f16, "gemm: the TMA-store epilogue stores bf16 or f16, not {}",
-                dtype_name(a.out));
-  make_tma_2d("D", a.d, a.out, a.n, a.m, a.ldd_or_packed(), 32, 64, out, CU_TENSOR_MAP_SWIZZLE_64B);
+void make_tma_store_map(void* d, DType t, int64_t rows, int64_t cols, int64_t ldd, CUtensorMap* out) {
+  TESSERA_CHECK(t == DType::bf16 || t == DType::f16, "gemm: the TMA-store epilogue stores bf16 or f16, not {}",
+                dtype_name(t));
+  make_tma_2d("D", d, t, static_cast<uint64_t>(cols), static_cast<uint64_t>(rows), static_cast<uint64_t>(ldd), 32, 64,
+              out, CU_TENSOR_MAP_SWIZZLE_64B);
 }
+
+void make_tma_d(const GemmArgs& a, CUtensorMap* out) { make_tma_store_map(a.d, a.out, a.m, a.n, a.ldd_or_packed(), out); }
 
 int sm_count() {
   static std::mutex mu;
@@ -198,6 +201,11 @@ int sm_count() {
   TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
   if (dev < 64) cache[dev] = n;
   return n;
+}
+
+bool tma_store_enabled() {
+  static const bool on = env::find_int("TESSERA_GEMM_TMA_STORE", 0, 1).value_or(1) != 0;
+  return on;
 }
 
 bool dependent_launch_enabled() {

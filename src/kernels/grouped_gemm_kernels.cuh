@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <type_traits>
 
 #include "tessera/kernels/gemm/grouped_launch.cuh"
 
@@ -15,9 +16,16 @@ template <BLayout L, unsigned kFeatures, bool kGatherA = false>
 void grouped_gemm_plain(GroupedTile t, const GroupedGemmArgs& a, const GroupedGemmOptions& o, cudaStream_t stream) {
   using InT = __nv_bfloat16;
   const engine::NoWait pro{};
-  engine::GroupedEpilogue<InT, kFeatures> epi;
+  // Plain stores of whole tiles go through shared memory (GroupedTmaStoreEpilogue).
+  using Epi = std::conditional_t<kFeatures == engine::kEpiPlain && !kGatherA, engine::GroupedTmaStoreEpilogue<InT>,
+                                 engine::GroupedEpilogue<InT, kFeatures>>;
+  Epi epi;
   epi.store.d = static_cast<InT*>(a.d);
   epi.store.ldd = a.ldd ? a.ldd : ((kFeatures & engine::kEpiSwiGLU) ? a.n / 2 : a.n);
+  if constexpr (engine::IsTmaStoreEpilogue<Epi>::value) {
+    epi.through_smem = a.n % 8 == 0 && a.max_rows > 0 && tma_store_enabled();
+    if (epi.through_smem) make_tma_store_map(a.d, DType::bf16, a.max_rows, a.n, epi.store.ldd, &epi.d_map);
+  }
   switch (t) {
     case GroupedTile::Coop128x256:
       return grouped_gemm_with_tile<GroupedTile::Coop128x256, InT, L, kGatherA>(a, o, pro, epi, stream);

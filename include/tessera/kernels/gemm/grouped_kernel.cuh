@@ -261,6 +261,52 @@ struct GroupedEpilogue {
   }
 };
 
+/// The plain grouped epilogue (no notify) of a 16-bit D that the kernels
+/// store through shared memory with bulk stores (store_tile_tma, as the
+/// plain gemm()'s TmaStoreEpilogue) for the tiles whose rows all lie in
+/// their group, where through_smem is set (N % 8 == 0) and the kernel has
+/// room for the staging buffers (kGroupedStoresThroughSmem); a tile that
+/// crosses its group's end takes the register loop, which masks each row
+/// (a bulk store clips only at the tensor's bounds, max_rows, and would
+/// write the next group's rows). d_map: D as [max_rows, N] (ldd), box 32
+/// columns x 64 rows, 64-byte swizzle (detail::make_tma_store_map).
+template <class OutT>
+struct GroupedTmaStoreEpilogue : GroupedEpilogue<OutT, kEpiPlain> {
+  using Conv = OutConv<OutT>;
+  bool through_smem = false;
+  CUtensorMap d_map;
+};
+template <class OutT>
+struct IsTmaStoreEpilogue<GroupedTmaStoreEpilogue<OutT>> : std::true_type {};
+
+/// The grouped kernel's shared memory: the ring and its barriers
+/// (SmemLayout), the group table, the row gather's table (kGatherA), then
+/// the TMA-store staging buffers where the epilogue stores through shared
+/// memory and they fit (1 KiB aligned, one region per consumer).
+template <class Cfg, class InT, class Epi, bool kGatherA>
+struct GroupedSmem {
+  static constexpr int kBeforeStaging = SmemLayout<Cfg, InT>::kBytes + GroupedTable::kBytes;
+  static constexpr int kStagingOffset = (kBeforeStaging + 1023) / 1024 * 1024;
+  static constexpr int kStagingBytes = Cfg::kConsumers * SmemLayout<Cfg, InT>::kStagingBytesPerConsumer;
+  static constexpr bool kStoresThroughSmem =
+      IsTmaStoreEpilogue<Epi>::value && !kGatherA && kStagingOffset + kStagingBytes + 1024 <= 227 * 1024;
+};
+
+/// One consumer's store of grouped tile t: through shared memory where the
+/// tile lies in its group (GroupedTmaStoreEpilogue), else the register loop.
+template <class Cfg, bool kThroughSmem, class Params, class Bound>
+__device__ __forceinline__ void grouped_store(const Params& p, const Bound& bound, const GroupedTileInfo& t,
+                                              const float (&acc)[Cfg::kMAtoms][Cfg::BN / 2], int consumer, int warp,
+                                              int lane, uint8_t* staging) {
+  if constexpr (kThroughSmem) {
+    if (p.epilogue.through_smem && t.row0 + Cfg::BM <= t.M) {
+      store_tile_tma<Cfg>(p, t, acc, consumer, warp, lane, staging);
+      return;
+    }
+  }
+  grouped_store_tile<Cfg>(p.epilogue, bound, t, acc, consumer, warp, lane);
+}
+
 /// The grouped kernel. Grid: persistent, at most one CTA per SM (any size
 /// >= 1 works: CTA b takes positions b, b + gridDim.x, ...). kGatherA: A's
 /// rows come through p.gather (produce_gathered_tile), not the TMA map.
@@ -378,13 +424,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int lane = threadIdx.x % 32;
     float acc[Cfg::kMAtoms][Cfg::BN / 2];
     GroupCursor<Cfg::BM, Cfg::BN> cur;
+    using Smem = GroupedSmem<Cfg, InT, Epilogue, kGatherA>;
+    uint8_t* const staging = sm.base + Smem::kStagingOffset + consumer * L::kStagingBytesPerConsumer;
     if constexpr (!Cfg::kPingPong) {
       int iter = 0;
       for (int pos = first; pos < total; pos += stride, ++iter) {
         const GroupedTileInfo t = cursor_at(cur, pos);
         consume_tile<Cfg, InT, kTransB, kGatherA>(sm, consumer, k_blocks, acc, pipe, 0u);
         const auto bound = grouped_bind(p.epilogue, t);
-        grouped_store_tile<Cfg>(p.epilogue, bound, t, acc, consumer, warp, lane);
+        grouped_store<Cfg, Smem::kStoresThroughSmem>(p, bound, t, acc, consumer, warp, lane, staging);
         if constexpr (Epilogue::kNotify) {
           if (NotifyHandshake::store_waits_free(iter))
             ptx::named_barrier_sync(kNotifyFreeBarrier + (iter & 1), Cfg::kStoreThreads + 32);
@@ -403,7 +451,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if (next_exists) ptx::named_barrier_arrive(kOrderBarrier + (consumer ^ 1), 256);
         });
         const auto bound = grouped_bind(p.epilogue, t);
-        grouped_store_tile<Cfg>(p.epilogue, bound, t, acc, consumer, warp, lane);
+        grouped_store<Cfg, Smem::kStoresThroughSmem>(p, bound, t, acc, consumer, warp, lane, staging);
         if constexpr (Epilogue::kNotify) {
           if (NotifyHandshake::store_waits_free(iter))
             ptx::named_barrier_sync(kNotifyFreeBarrier + (iter & 1), Cfg::kStoreThreads + 32);
@@ -411,6 +459,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
       }
     }
+    if constexpr (Smem::kStoresThroughSmem) tma_store_drain();
   }
 #endif
 }
