@@ -188,7 +188,9 @@ void make_tma_store_map(void* d, DType t, int64_t rows, int64_t cols, int64_t ld
               out, CU_TENSOR_MAP_SWIZZLE_64B);
 }
 
-void make_tma_d(const GemmArgs& a, CUtensorMap* out) { make_tma_store_map(a.d, a.out, a.m, a.n, a.ldd_or_packed(), out); }
+void make_tma_d(const GemmArgs& a, CUtensorMap* out) {
+  make_tma_store_map(a.d, a.out, a.m, a.n, a.ldd_or_packed(), out);
+}
 
 int sm_count() {
   static std::mutex mu;
