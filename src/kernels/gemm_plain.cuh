@@ -24,6 +24,19 @@
 
 namespace tessera::kernels::detail {
 
+// The tiles the plan picks most keep room beside their rings for the
+// TMA-store staging buffers: a stage added to one of them would silently
+// send its short-K problems back to the register store loop.
+static_assert(engine::kStoresThroughSmem<typename PingPongCfgOf<GemmTile::T64x256>::type, __nv_bfloat16,
+                                         engine::TmaStoreEpilogue<__nv_bfloat16>> &&
+                  engine::kStoresThroughSmem<typename PingPongCfgOf<GemmTile::T64x64>::type, __nv_bfloat16,
+                                             engine::TmaStoreEpilogue<__nv_bfloat16>> &&
+                  engine::kStoresThroughSmem<typename TileCfgOf<GemmTile::T128x256, 1>::type, __nv_bfloat16,
+                                             engine::TmaStoreEpilogue<__nv_bfloat16>> &&
+                  engine::kStoresThroughSmem<typename TileCfgOf<GemmTile::T128x192, 1>::type, __nv_bfloat16,
+                                             engine::TmaStoreEpilogue<__nv_bfloat16>>,
+              "a plain tile lost the shared memory of its TMA-store staging buffers");
+
 /// The plain epilogue of a whole-K kernel whose output type is its input
 /// type: D (16-byte-aligned rows: gemm() stages any other D) stored through
 /// shared memory by every kernel with room for the staging buffers where N
