@@ -145,8 +145,8 @@ __device__ __forceinline__ void store_tile_columns(const Params& p, const TileIn
 /// staging buffers (SmemLayout::kLaunchBytesWithStaging; not the 7-stage
 /// 128x128 ping-pong ring, which then keeps the register store loop).
 template <class Cfg, class InT, class Epi>
-inline constexpr bool kStoresThroughSmem =
-    IsTmaStoreEpilogue<Epi>::value&& SmemLayout<Cfg, InT>::kLaunchBytesWithStaging <= 227 * 1024;
+inline constexpr bool kStoresThroughSmem = (IsTmaStoreEpilogue<Epi>::value) &&
+                                           (SmemLayout<Cfg, InT>::kLaunchBytesWithStaging <= 227 * 1024);
 
 /// The shared-memory form of the store loop (kStoresThroughSmem): the
 /// consumer's share of the tile goes out 64 rows x 32 columns at a time.
@@ -169,7 +169,7 @@ __device__ __forceinline__ void store_tile_tma(const Params& p, const TileInfo& 
                                                int lane, uint8_t* staging) {
   using Conv = typename decltype(p.epilogue)::Conv;
   constexpr int kBoxes = Cfg::BN / 32;  // per 64-row atom
-  constexpr int kBufferBytes = 4096;
+  constexpr int kBufferBytes = kTmaStoreBoxBytes;
   static_assert(kBoxes % 2 == 0, "each tile must use both buffers equally often (the waits count boxes)");
   const bool issuer = threadIdx.x % 128 == 0;
   const int bar = kTmaStoreBarrier + consumer;

@@ -84,6 +84,10 @@ struct TileConfig {
   __host__ __device__ static constexpr uint32_t cluster_n_rank(uint32_t rank) { return rank / kClusterM; }
 };
 
+/// One box of the TMA-store epilogue's staging (kernel_common.cuh,
+/// store_tile_tma): 64 rows x 32 columns of a 16-bit D.
+constexpr int kTmaStoreBoxBytes = 64 * 32 * 2;
+
 template <class Cfg, class InT>
 struct SmemLayout {
   static constexpr int kABytes = Cfg::BM * Cfg::BK * 2;
@@ -105,7 +109,7 @@ struct SmemLayout {
   /// aligned (the 64-byte swizzle's pattern repeats every 512 bytes), one
   /// kStagingBytesPerConsumer region per consumer warpgroup.
   static constexpr int kStagingOffset = (kBytes + 1023) / 1024 * 1024;
-  static constexpr int kStagingBytesPerConsumer = 2 * 4096;
+  static constexpr int kStagingBytesPerConsumer = 2 * kTmaStoreBoxBytes;
   static constexpr int kLaunchBytesWithStaging = kStagingOffset + Cfg::kConsumers * kStagingBytesPerConsumer + 1024;
 
   uint8_t* base;
