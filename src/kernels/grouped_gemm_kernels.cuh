@@ -13,7 +13,7 @@
 namespace tessera::kernels::detail {
 
 // The Auto rule's tile (64x256 ping-pong) keeps room beside its ring and
-// the group table for the TMA-store staging buffers (~0.5 KiB to spare).
+// the group table for the TMA-store staging buffers (1 KiB to spare).
 static_assert(engine::GroupedSmem<typename GroupedCfgOf<GroupedTile::PingPong64x256>::type, __nv_bfloat16,
                                   engine::GroupedTmaStoreEpilogue<__nv_bfloat16>, false>::kStoresThroughSmem,
               "the grouped 64x256 ping-pong tile lost the shared memory of its TMA-store staging buffers");
