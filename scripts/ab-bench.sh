@@ -7,8 +7,11 @@
 #   scripts/ab-bench.sh build                 (device) build-ab-base/bin/tessera, in the background
 #   scripts/ab-bench.sh run [bench...]        (device) benches: gemm mlp signal sp-attention moe
 #                                             grouped (default gemm mlp signal)
+#   AB_ENV=VAR scripts/ab-bench.sh run [bench...]
+#                                             (device) one build, VAR=0 as "base" and VAR=1 as
+#                                             "head" (e.g. TESSERA_GEMM_TMA_STORE): no base build
 #
-# `run` needs build-dev/bin/tessera (scripts/device-check.sh build) and the
+# `run` needs build-dev/bin/tessera (scripts/device-check.sh build) and, without AB_ENV, the
 # base build (this call's, or on a warm machine an earlier call's). Carry
 # .ab-base beside .deps. Each bench runs AB_ROUNDS times
 # per build (default 2), base and head alternating, logs under
@@ -51,24 +54,33 @@ case "$cmd" in
     ;;
   run)
     mkdir -p "$out"
-    # This call's build status, else the one kept in the build folder (a
-    # later call on the warm machine, or a `run` given another $OUT than
-    # `build`): wait for whichever appears first.
-    rcf=""
-    w=0
-    while [ $w -lt "${AB_BUILD_WAIT_S:-600}" ]; do
-      for f in "$out/ab-base-build.rc" "$base_build/ab-base-build.rc"; do
-        [ -f "$f" ] && { rcf="$f"; break 2; }
-      done
-      sleep 2
-      w=$((w + 2))
-    done
-    [ -n "$rcf" ] || { echo "ab-bench: the base build did not finish"; exit 1; }
-    cat "$rcf"
-    # A failed build may leave an older base binary in place: never time it.
-    grep -q "rc=0$" "$rcf" || { echo "ab-bench: the base build failed (ab-base-build.log)"; exit 1; }
-    echo "ab-bench: base $(cat "$base_src/.ab-commit" 2>/dev/null || echo unknown) against the working tree"
     declare -A bins=([base]="$base_build/bin/tessera" [head]="$root/build-dev/bin/tessera")
+    declare -A envs=([base]="" [head]="")
+    if [ -n "${AB_ENV:-}" ]; then
+      # One build, a switch: the process environment tells base from head.
+      bins[base]="$root/build-dev/bin/tessera"
+      envs[base]="$AB_ENV=0"
+      envs[head]="$AB_ENV=1"
+      echo "ab-bench: $AB_ENV=0 (base) against $AB_ENV=1 (head), one build"
+    else
+      # This call's build status, else the one kept in the build folder (a
+      # later call on the warm machine, or a `run` given another $OUT than
+      # `build`): wait for whichever appears first.
+      rcf=""
+      w=0
+      while [ $w -lt "${AB_BUILD_WAIT_S:-600}" ]; do
+        for f in "$out/ab-base-build.rc" "$base_build/ab-base-build.rc"; do
+          [ -f "$f" ] && { rcf="$f"; break 2; }
+        done
+        sleep 2
+        w=$((w + 2))
+      done
+      [ -n "$rcf" ] || { echo "ab-bench: the base build did not finish"; exit 1; }
+      cat "$rcf"
+      # A failed build may leave an older base binary in place: never time it.
+      grep -q "rc=0$" "$rcf" || { echo "ab-bench: the base build failed (ab-base-build.log)"; exit 1; }
+      echo "ab-bench: base $(cat "$base_src/.ab-commit" 2>/dev/null || echo unknown) against the working tree"
+    fi
     for b in base head; do
       [ -x "${bins[$b]}" ] || { echo "ab-bench: no ${bins[$b]}"; exit 1; }
     done
@@ -84,16 +96,18 @@ case "$cmd" in
         [ $((r % 2)) -eq 0 ] && order=(head base)
         for b in "${order[@]}"; do
           t="${bins[$b]}"
+          # `env` with no assignment runs the command as it is.
+          e=(env ${envs[$b]})
           log="$out/$bench-$b-$r.log"
           case "$bench" in
-            gemm) timeout 120 "$t" bench gemm ${GEMM_AB_ARGS-} >"$log" 2>&1 ;;
-            mlp) timeout 150 "$t" run -n "$ngpu" -- "$t" bench mlp ${MLP_AB_ARGS---no-variants} >"$log" 2>&1 ;;
-            signal) timeout 150 "$t" run -n "$ngpu" -- "$t" bench signal ${SIGNAL_AB_ARGS---no-sweep --budget-s 30} \
+            gemm) "${e[@]}" timeout 120 "$t" bench gemm ${GEMM_AB_ARGS-} >"$log" 2>&1 ;;
+            mlp) "${e[@]}" timeout 150 "$t" run -n "$ngpu" -- "$t" bench mlp ${MLP_AB_ARGS---no-variants} >"$log" 2>&1 ;;
+            signal) "${e[@]}" timeout 150 "$t" run -n "$ngpu" -- "$t" bench signal ${SIGNAL_AB_ARGS---no-sweep --budget-s 30} \
                 >"$log" 2>&1 ;;
-            sp-attention) timeout 150 "$t" run -n "$ngpu" -- "$t" bench sp-attention \
+            sp-attention) "${e[@]}" timeout 150 "$t" run -n "$ngpu" -- "$t" bench sp-attention \
                 ${SP_AB_ARGS---seqs 16384,32768 --cases 32h-causal,32h,64h-causal,gqa-causal} >"$log" 2>&1 ;;
-            moe) timeout 200 "$t" run -n "$ngpu" -- "$t" bench moe ${MOE_AB_ARGS---routing uniform} >"$log" 2>&1 ;;
-            grouped) timeout 200 "$t" bench grouped ${GROUPED_AB_ARGS---tp 2 --routing uniform} >"$log" 2>&1 ;;
+            moe) "${e[@]}" timeout 200 "$t" run -n "$ngpu" -- "$t" bench moe ${MOE_AB_ARGS---routing uniform} >"$log" 2>&1 ;;
+            grouped) "${e[@]}" timeout 200 "$t" bench grouped ${GROUPED_AB_ARGS---tp 2 --routing uniform} >"$log" 2>&1 ;;
             *) echo "ab-bench: unknown bench $bench (gemm mlp signal sp-attention moe grouped)"; continue 2 ;;
           esac
           echo "ab-bench: $bench $b round $r rc=$?"
@@ -102,7 +116,7 @@ case "$cmd" in
     done
     ;;
   *)
-    sed -n '2,15p' "$0"
+    sed -n '2,18p' "$0"
     exit 2
     ;;
 esac
