@@ -181,15 +181,13 @@ void make_tma_b(const GemmArgs& a, int bn, CUtensorMap* out) {
     make_tma_2d("B[K,N]", a.b, a.in, a.n, a.k, a.ldb_or_packed(), 64, 64, out);
 }
 
-void make_tma_store_map(void* d, DType t, int64_t rows, int64_t cols, int64_t ldd, CUtensorMap* out) {
+bool make_tma_store_map(void* d, DType t, int64_t rows, int64_t cols, int64_t ldd, CUtensorMap* out) {
   TESSERA_CHECK(t == DType::bf16 || t == DType::f16, "gemm: the TMA-store epilogue stores bf16 or f16, not {}",
                 dtype_name(t));
+  if (cols % 8 != 0 || rows <= 0 || !tma_store_enabled()) return false;
   make_tma_2d("D", d, t, static_cast<uint64_t>(cols), static_cast<uint64_t>(rows), static_cast<uint64_t>(ldd), 32, 64,
               out, CU_TENSOR_MAP_SWIZZLE_64B);
-}
-
-void make_tma_d(const GemmArgs& a, CUtensorMap* out) {
-  make_tma_store_map(a.d, a.out, a.m, a.n, a.ldd_or_packed(), out);
+  return true;
 }
 
 int sm_count() {

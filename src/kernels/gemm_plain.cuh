@@ -47,8 +47,7 @@ engine::TmaStoreEpilogue<T> plain_store_epilogue(const GemmArgs& a) {
   engine::TmaStoreEpilogue<T> epi;
   epi.d = static_cast<T*>(a.d);
   epi.ldd = a.ldd_or_packed();
-  epi.through_smem = a.n % 8 == 0 && tma_store_enabled();
-  if (epi.through_smem) make_tma_d(a, &epi.d_map);
+  epi.through_smem = make_tma_store_map(a.d, a.out, a.m, a.n, epi.ldd, &epi.d_map);
   return epi;
 }
 

@@ -14,8 +14,8 @@ namespace tessera::kernels::detail {
 
 // The Auto rule's tile (64x256 ping-pong) keeps room beside its ring and
 // the group table for the TMA-store staging buffers (1 KiB to spare).
-static_assert(engine::GroupedSmem<typename GroupedCfgOf<GroupedTile::PingPong64x256>::type, __nv_bfloat16,
-                                  engine::GroupedTmaStoreEpilogue<__nv_bfloat16>, false>::kStoresThroughSmem,
+static_assert(engine::kGroupedStoresThroughSmem<typename GroupedCfgOf<GroupedTile::PingPong64x256>::type, __nv_bfloat16,
+                                                engine::GroupedTmaStoreEpilogue<__nv_bfloat16>, false>,
               "the grouped 64x256 ping-pong tile lost the shared memory of its TMA-store staging buffers");
 
 template <BLayout L, unsigned kFeatures, bool kGatherA = false>
@@ -29,8 +29,7 @@ void grouped_gemm_plain(GroupedTile t, const GroupedGemmArgs& a, const GroupedGe
   epi.store.d = static_cast<InT*>(a.d);
   epi.store.ldd = a.ldd ? a.ldd : ((kFeatures & engine::kEpiSwiGLU) ? a.n / 2 : a.n);
   if constexpr (engine::IsTmaStoreEpilogue<Epi>::value) {
-    epi.through_smem = a.n % 8 == 0 && a.max_rows > 0 && tma_store_enabled();
-    if (epi.through_smem) make_tma_store_map(a.d, DType::bf16, a.max_rows, a.n, epi.store.ldd, &epi.d_map);
+    epi.through_smem = make_tma_store_map(a.d, DType::bf16, a.max_rows, a.n, epi.store.ldd, &epi.d_map);
   }
   switch (t) {
     case GroupedTile::Coop128x256:

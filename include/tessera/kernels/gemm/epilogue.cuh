@@ -373,8 +373,8 @@ struct StdEpilogue {
 /// staging buffers (kernel_common.cuh, store_tile_tma) and `through_smem`
 /// is set; otherwise they call its StdEpilogue store8 as for any plain
 /// epilogue. d_map: D as a [M rows, N columns] tensor (ldd), box 32 columns
-/// x 64 rows, 64-byte swizzle (detail::make_tma_d). through_smem needs rows
-/// of whole 16-byte units (N % 8 == 0): where N is not, bulk stores wrote
+/// x 64 rows, 64-byte swizzle; both set by detail::make_tma_store_map,
+/// which keeps through_smem off where N % 8 != 0: there bulk stores wrote
 /// into the rows' padding past N (GPU test, 257 columns of 272), and the
 /// register loop stores the last unit element by element. No notify: the
 /// stores complete asynchronously, so nothing may be published per tile.

@@ -269,7 +269,7 @@ struct GroupedEpilogue {
 /// crosses its group's end takes the register loop, which masks each row
 /// (a bulk store clips only at the tensor's bounds, max_rows, and would
 /// write the next group's rows). d_map: D as [max_rows, N] (ldd), box 32
-/// columns x 64 rows, 64-byte swizzle (detail::make_tma_store_map).
+/// columns x 64 rows, 64-byte swizzle; both set by detail::make_tma_store_map.
 template <class OutT>
 struct GroupedTmaStoreEpilogue : GroupedEpilogue<OutT, kEpiPlain> {
   using Conv = OutConv<OutT>;
@@ -279,18 +279,12 @@ struct GroupedTmaStoreEpilogue : GroupedEpilogue<OutT, kEpiPlain> {
 template <class OutT>
 struct IsTmaStoreEpilogue<GroupedTmaStoreEpilogue<OutT>> : std::true_type {};
 
-/// The grouped kernel's shared memory: the ring and its barriers
-/// (SmemLayout), the group table, the row gather's table (kGatherA), then
-/// the TMA-store staging buffers where the epilogue stores through shared
-/// memory and they fit (1 KiB aligned, one region per consumer).
+/// Whether the grouped kernel stores through shared memory: the ring and
+/// its barriers (SmemLayout), the group table, then the TMA-store staging
+/// buffers (SmemLayout::staging with the table as `extra`); the row
+/// gather's table (kGatherA) leaves no room for them.
 template <class Cfg, class InT, class Epi, bool kGatherA>
-struct GroupedSmem {
-  static constexpr int kBeforeStaging = SmemLayout<Cfg, InT>::kBytes + GroupedTable::kBytes;
-  static constexpr int kStagingOffset = (kBeforeStaging + 1023) / 1024 * 1024;
-  static constexpr int kStagingBytes = Cfg::kConsumers * SmemLayout<Cfg, InT>::kStagingBytesPerConsumer;
-  static constexpr bool kStoresThroughSmem =
-      IsTmaStoreEpilogue<Epi>::value && !kGatherA && kStagingOffset + kStagingBytes + 1024 <= 227 * 1024;
-};
+inline constexpr bool kGroupedStoresThroughSmem = !kGatherA && kStoresThroughSmem<Cfg, InT, Epi, GroupedTable::kBytes>;
 
 /// One consumer's store of grouped tile t: through shared memory where the
 /// tile lies in its group (GroupedTmaStoreEpilogue), else the register loop.
@@ -424,15 +418,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int lane = threadIdx.x % 32;
     float acc[Cfg::kMAtoms][Cfg::BN / 2];
     GroupCursor<Cfg::BM, Cfg::BN> cur;
-    using Smem = GroupedSmem<Cfg, InT, Epilogue, kGatherA>;
-    uint8_t* const staging = sm.base + Smem::kStagingOffset + consumer * L::kStagingBytesPerConsumer;
+    constexpr bool kThroughSmem = kGroupedStoresThroughSmem<Cfg, InT, Epilogue, kGatherA>;
+    uint8_t* const staging = sm.staging(consumer, GroupedTable::kBytes);
     if constexpr (!Cfg::kPingPong) {
       int iter = 0;
       for (int pos = first; pos < total; pos += stride, ++iter) {
         const GroupedTileInfo t = cursor_at(cur, pos);
         consume_tile<Cfg, InT, kTransB, kGatherA>(sm, consumer, k_blocks, acc, pipe, 0u);
         const auto bound = grouped_bind(p.epilogue, t);
-        grouped_store<Cfg, Smem::kStoresThroughSmem>(p, bound, t, acc, consumer, warp, lane, staging);
+        grouped_store<Cfg, kThroughSmem>(p, bound, t, acc, consumer, warp, lane, staging);
         if constexpr (Epilogue::kNotify) {
           if (NotifyHandshake::store_waits_free(iter))
             ptx::named_barrier_sync(kNotifyFreeBarrier + (iter & 1), Cfg::kStoreThreads + 32);
@@ -451,7 +445,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if (next_exists) ptx::named_barrier_arrive(kOrderBarrier + (consumer ^ 1), 256);
         });
         const auto bound = grouped_bind(p.epilogue, t);
-        grouped_store<Cfg, Smem::kStoresThroughSmem>(p, bound, t, acc, consumer, warp, lane, staging);
+        grouped_store<Cfg, kThroughSmem>(p, bound, t, acc, consumer, warp, lane, staging);
         if constexpr (Epilogue::kNotify) {
           if (NotifyHandshake::store_waits_free(iter))
             ptx::named_barrier_sync(kNotifyFreeBarrier + (iter & 1), Cfg::kStoreThreads + 32);
@@ -459,7 +453,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
       }
     }
-    if constexpr (Smem::kStoresThroughSmem) tma_store_drain();
+    if constexpr (kThroughSmem) tma_store_drain();
   }
 #endif
 }

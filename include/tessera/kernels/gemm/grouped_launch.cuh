@@ -97,11 +97,11 @@ void grouped_launch_config(const GroupedGemmArgs& a, const GroupedGemmOptions& o
   // At least one CTA: it writes the status words even when nothing fits.
   const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(cap, bound)));
   auto kernel = engine::grouped_gemm_kernel<Cfg, InT, kTransB, Pro, Epi, kGatherA>;
-  using Smem = engine::GroupedSmem<Cfg, InT, Epi, kGatherA>;
-  constexpr int smem = Smem::kStoresThroughSmem
-                           ? Smem::kStagingOffset + Smem::kStagingBytes + 1024
-                           : engine::SmemLayout<Cfg, InT>::kLaunchBytes + engine::GroupedTable::kBytes +
-                                 (kGatherA ? engine::kGroupedGatherBytes<Cfg> : 0);
+  using Smem = engine::SmemLayout<Cfg, InT>;
+  constexpr int smem =
+      engine::kGroupedStoresThroughSmem<Cfg, InT, Epi, kGatherA>
+          ? Smem::launch_bytes_with_staging(engine::GroupedTable::kBytes)
+          : Smem::kLaunchBytes + engine::GroupedTable::kBytes + (kGatherA ? engine::kGroupedGatherBytes<Cfg> : 0);
   static_assert(smem <= 227 * 1024, "grouped GEMM: stages + group table exceed shared memory");
   detail::set_max_dynamic_smem_once(reinterpret_cast<const void*>(kernel), smem,
                                     "cudaFuncSetAttribute(grouped gemm kernel, max dynamic smem)");

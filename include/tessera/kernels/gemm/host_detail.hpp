@@ -26,11 +26,12 @@ void validate_inputs(const GemmArgs& a, const char* op);
 /// 64 x 64 chunks for KN), 128-byte swizzle, zero fill out of bounds.
 void make_tma_a(const GemmArgs& a, int bm, CUtensorMap* out);
 void make_tma_b(const GemmArgs& a, int bn, CUtensorMap* out);
-/// TMA descriptor of a 16-bit [rows, cols] output (row stride ldd) as the
-/// TMA-store epilogues store it: box 32 columns x 64 rows, 64-byte swizzle.
-void make_tma_store_map(void* d, DType t, int64_t rows, int64_t cols, int64_t ldd, CUtensorMap* out);
-/// The same for the plain GEMM's D ([M, N], ldd).
-void make_tma_d(const GemmArgs& a, CUtensorMap* out);
+/// Whether the TMA-store epilogues may store a 16-bit [rows, cols] output
+/// (row stride ldd, 16-byte aligned) through shared memory, and if so its
+/// TMA descriptor in `out`: box 32 columns x 64 rows, 64-byte swizzle. Not
+/// where cols % 8 != 0 (bulk stores wrote into the rows' padding past the
+/// last column: TmaStoreEpilogue), rows == 0, or TESSERA_GEMM_TMA_STORE=0.
+bool make_tma_store_map(void* d, DType t, int64_t rows, int64_t cols, int64_t ldd, CUtensorMap* out);
 /// Whether the TMA-store epilogues store through shared memory: on unless
 /// TESSERA_GEMM_TMA_STORE=0 (read once per process; A/B in one build).
 bool tma_store_enabled();

@@ -142,11 +142,12 @@ __device__ __forceinline__ void store_tile_columns(const Params& p, const TileIn
 
 /// Whether the kernel of configuration Cfg stores through shared memory with
 /// epilogue Epi: a TmaStoreEpilogue, and room beside the ring for the
-/// staging buffers (SmemLayout::kLaunchBytesWithStaging; not the 7-stage
-/// 128x128 ping-pong ring, which then keeps the register store loop).
-template <class Cfg, class InT, class Epi>
+/// staging buffers after `extra` bytes past the barriers
+/// (SmemLayout::launch_bytes_with_staging; not the 7-stage 128x128
+/// ping-pong ring, which then keeps the register store loop).
+template <class Cfg, class InT, class Epi, int kExtra = 0>
 inline constexpr bool kStoresThroughSmem = (IsTmaStoreEpilogue<Epi>::value) &&
-                                           (SmemLayout<Cfg, InT>::kLaunchBytesWithStaging <= 227 * 1024);
+                                           (SmemLayout<Cfg, InT>::launch_bytes_with_staging(kExtra) <= 227 * 1024);
 
 /// The shared-memory form of the store loop (kStoresThroughSmem): the
 /// consumer's share of the tile goes out 64 rows x 32 columns at a time.

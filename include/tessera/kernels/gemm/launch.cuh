@@ -144,7 +144,8 @@ void launch_config(const GemmArgs& a, const GemmOptions& o, const Pro& pro, cons
   const int cap = o.max_ctas > 0 ? std::min(o.max_ctas, sms) : sms;
   const auto kernel = engine::gemm_kernel<Cfg, InT, kTransB, Pro, Epi, Sched>();
   using Smem = engine::SmemLayout<Cfg, InT>;
-  constexpr int smem = engine::kStoresThroughSmem<Cfg, InT, Epi> ? Smem::kLaunchBytesWithStaging : Smem::kLaunchBytes;
+  constexpr int smem =
+      engine::kStoresThroughSmem<Cfg, InT, Epi> ? Smem::launch_bytes_with_staging() : Smem::kLaunchBytes;
   detail::set_max_dynamic_smem_once(reinterpret_cast<const void*>(kernel), smem,
                                     "cudaFuncSetAttribute(gemm kernel, max dynamic smem)");
   cudaLaunchConfig_t cfg{};

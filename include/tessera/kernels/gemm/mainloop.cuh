@@ -105,12 +105,18 @@ struct SmemLayout {
   /// Dynamic shared memory requested at launch (+1 KiB to align the base).
   static constexpr int kLaunchBytes = kBytes + 1024;
   /// The TMA-store epilogue's staging buffers (kernel_common.cuh,
-  /// store_tile_tma), when the kernel has them: after the barriers, 1 KiB
+  /// store_tile_tma), when the kernel has them: after the barriers and
+  /// `extra` bytes a kernel keeps there (the grouped kernel's table), 1 KiB
   /// aligned (the 64-byte swizzle's pattern repeats every 512 bytes), one
   /// kStagingBytesPerConsumer region per consumer warpgroup.
-  static constexpr int kStagingOffset = (kBytes + 1023) / 1024 * 1024;
   static constexpr int kStagingBytesPerConsumer = 2 * kTmaStoreBoxBytes;
-  static constexpr int kLaunchBytesWithStaging = kStagingOffset + Cfg::kConsumers * kStagingBytesPerConsumer + 1024;
+  __host__ __device__ static constexpr int staging_offset(int extra = 0) {
+    return (kBytes + extra + 1023) / 1024 * 1024;
+  }
+  /// Dynamic shared memory requested at launch with the staging buffers.
+  __host__ __device__ static constexpr int launch_bytes_with_staging(int extra = 0) {
+    return staging_offset(extra) + Cfg::kConsumers * kStagingBytesPerConsumer + 1024;
+  }
 
   uint8_t* base;
   __device__ uint8_t* a(int s) const { return base + s * kStageBytes; }
@@ -125,8 +131,8 @@ struct SmemLayout {
   __device__ uint64_t* prologue_free(int s) const {
     return reinterpret_cast<uint64_t*>(base + kBarrierOffset) + 2 * Cfg::kStages + WaiterRing::kSlots + s;
   }
-  __device__ uint8_t* staging(int consumer) const {
-    return base + kStagingOffset + consumer * kStagingBytesPerConsumer;
+  __device__ uint8_t* staging(int consumer, int extra = 0) const {
+    return base + staging_offset(extra) + consumer * kStagingBytesPerConsumer;
   }
 };
 
