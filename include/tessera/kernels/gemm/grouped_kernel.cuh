@@ -262,14 +262,14 @@ struct GroupedEpilogue {
 };
 
 /// The plain grouped epilogue (no notify) of a 16-bit D that the kernels
-/// store through shared memory with bulk stores (store_tile_tma, as the
-/// plain gemm()'s TmaStoreEpilogue) for the tiles whose rows all lie in
-/// their group, where through_smem is set (N % 8 == 0) and the kernel has
-/// room for the staging buffers (kGroupedStoresThroughSmem); a tile that
-/// crosses its group's end takes the register loop, which masks each row
-/// (a bulk store clips only at the tensor's bounds, max_rows, and would
-/// write the next group's rows). d_map: D as [max_rows, N] (ldd), box 32
-/// columns x 64 rows, 64-byte swizzle; both set by detail::make_tma_store_map.
+/// store through shared memory (store_tile_tma, as the plain gemm()'s
+/// TmaStoreEpilogue) where through_smem is set (N % 8 == 0) and the kernel
+/// has room for the staging buffers (kGroupedStoresThroughSmem): 64-row
+/// atoms inside their group by bulk stores, an atom that crosses its
+/// group's end by masked 16-byte stores from the staging buffer (a bulk
+/// store clips only at the tensor's bounds, max_rows, and would write the
+/// next group's rows). d_map: D as [max_rows, N] (ldd), box 32 columns x
+/// 64 rows, 64-byte swizzle; both set by detail::make_tma_store_map.
 template <class OutT>
 struct GroupedTmaStoreEpilogue : GroupedEpilogue<OutT, kEpiPlain> {
   using Conv = OutConv<OutT>;
@@ -286,15 +286,18 @@ struct IsTmaStoreEpilogue<GroupedTmaStoreEpilogue<OutT>> : std::true_type {};
 template <class Cfg, class InT, class Epi, bool kGatherA>
 inline constexpr bool kGroupedStoresThroughSmem = !kGatherA && kStoresThroughSmem<Cfg, InT, Epi, GroupedTable::kBytes>;
 
-/// One consumer's store of grouped tile t: through shared memory where the
-/// tile lies in its group (GroupedTmaStoreEpilogue), else the register loop.
+/// One consumer's store of grouped tile t: through shared memory with a
+/// GroupedTmaStoreEpilogue whose through_smem is set (the rows of an atom
+/// that crosses the group's end copied out of the staging buffer and
+/// masked: store_tile_tma's kBoundRows), else the register loop.
 template <class Cfg, bool kThroughSmem, class Params, class Bound>
 __device__ __forceinline__ void grouped_store(const Params& p, const Bound& bound, const GroupedTileInfo& t,
                                               const float (&acc)[Cfg::kMAtoms][Cfg::BN / 2], int consumer, int warp,
                                               int lane, uint8_t* staging) {
   if constexpr (kThroughSmem) {
-    if (p.epilogue.through_smem && t.row0 + Cfg::BM <= t.M) {
-      store_tile_tma<Cfg>(p, t, acc, consumer, warp, lane, staging);
+    if (p.epilogue.through_smem) {
+      const StagedRowBound rows{t.M, reinterpret_cast<uint8_t*>(p.epilogue.store.d), p.epilogue.store.ldd};
+      store_tile_tma<Cfg, true>(p, t, acc, consumer, warp, lane, staging, rows);
       return;
     }
   }

@@ -149,6 +149,15 @@ template <class Cfg, class InT, class Epi, int kExtra = 0>
 inline constexpr bool kStoresThroughSmem = (IsTmaStoreEpilogue<Epi>::value) &&
                                            (SmemLayout<Cfg, InT>::launch_bytes_with_staging(kExtra) <= 227 * 1024);
 
+/// Where store_tile_tma may write rows only up to row_end (a grouped tile
+/// that crosses its group's end: the rows past it are the next group's),
+/// and D to write them with ordinary stores: d (16-bit elements), ldd.
+struct StagedRowBound {
+  int row_end;
+  uint8_t* d;
+  int64_t ldd;
+};
+
 /// The shared-memory form of the store loop (kStoresThroughSmem): the
 /// consumer's share of the tile goes out 64 rows x 32 columns at a time.
 /// Each box is packed to 16 bits and written by stmatrix (each warp its 16
@@ -164,10 +173,21 @@ inline constexpr bool kStoresThroughSmem = (IsTmaStoreEpilogue<Epi>::value) &&
 /// cost ~40 instructions per 16-byte store, which on short K outlast the
 /// other consumer's main loop (docs/design/gemm.md, "The TMA-store
 /// epilogue").
-template <class Cfg, class Params>
+///
+/// kBoundRows (grouped tiles, `bound`): a bulk store clips only at the
+/// tensor's bounds, so a 64-row atom that crosses bound.row_end is copied
+/// out of the staging buffer by the warpgroup instead (each thread two
+/// 16-byte chunks, masked per row; N % 8 == 0, so a chunk lies wholly
+/// inside or outside N), and an atom wholly past it is skipped. Those
+/// buffers are read by the threads themselves: the barrier that opens the
+/// next box orders the reads before the buffer's next stmatrix, and the
+/// issuing thread first drains every bulk store still reading either
+/// buffer (bulk_wait_group_read<0>). The copy is a loop of its own, so
+/// the bulk-store loop's code is the one without the bound.
+template <class Cfg, bool kBoundRows = false, class Params>
 __device__ __forceinline__ void store_tile_tma(const Params& p, const TileInfo& info,
                                                const float (&acc)[Cfg::kMAtoms][Cfg::BN / 2], int consumer, int warp,
-                                               int lane, uint8_t* staging) {
+                                               int lane, uint8_t* staging, const StagedRowBound& bound = {}) {
   using Conv = typename decltype(p.epilogue)::Conv;
   constexpr int kBoxes = Cfg::BN / 32;  // per 64-row atom
   constexpr int kBufferBytes = kTmaStoreBoxBytes;
@@ -178,25 +198,53 @@ __device__ __forceinline__ void store_tile_tma(const Params& p, const TileInfo& 
   const int row = warp * 16 + 8 * (m & 1) + (lane & 7);
   const uint32_t row_addr = ptx::smem_addr(staging) + row * 64;
   const int swizzle = (row >> 1) & 3;
+  // Box `box` of atom `a` packed into its staging buffer.
+  const auto stage_box = [&](int a, int box) {
+#pragma unroll
+    for (int pair = 0; pair < 2; ++pair) {
+      const int j = 4 * box + 2 * pair;  // column blocks j and j + 1 of 8
+      uint32_t r[4];
+#pragma unroll
+      for (int mm = 0; mm < 4; ++mm) {  // matrix mm: row half mm % 2 of block j + mm / 2
+        const int i = 4 * (j + (mm >> 1)) + 2 * (mm & 1);
+        r[mm] = Conv::bits(Conv::pack(acc[a][i], acc[a][i + 1]));
+      }
+      const int chunk = 2 * pair + (m >> 1);
+      ptx::stmatrix_x4(row_addr + (box & 1) * kBufferBytes + ((chunk ^ swizzle) << 4), r[0], r[1], r[2], r[3]);
+    }
+  };
 #pragma unroll
   for (int a = 0; a < Cfg::kMAtoms; ++a) {
     const int row0 = info.row0 + (Cfg::kPingPong ? 0 : consumer * Cfg::kRowsPerConsumer) + a * 64;
+    if constexpr (kBoundRows) {
+      if (row0 >= bound.row_end) continue;  // warpgroup-uniform; an even number of boxes
+      if (row0 + 64 > bound.row_end) {
+        if (issuer) ptx::bulk_wait_group_read<0>();
+#pragma unroll
+        for (int box = 0; box < kBoxes; ++box) {
+          ptx::named_barrier_sync(bar, 128);
+          stage_box(a, box);
+          ptx::named_barrier_sync(bar, 128);
+          const uint8_t* buffer = staging + (box & 1) * kBufferBytes;
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int c = static_cast<int>(threadIdx.x % 128) + 128 * i;  // chunk c % 4 of box row c / 4
+            const int r = c >> 2, ch = c & 3;
+            const int out_row = row0 + r, out_col = info.col0 + 32 * box + 8 * ch;
+            if (out_row < bound.row_end && out_col < info.N) {
+              const uint4 v = *reinterpret_cast<const uint4*>(buffer + r * 64 + ((ch ^ ((r >> 1) & 3)) << 4));
+              *reinterpret_cast<uint4*>(bound.d + (static_cast<int64_t>(out_row) * bound.ldd + out_col) * 2) = v;
+            }
+          }
+        }
+        continue;
+      }
+    }
 #pragma unroll
     for (int box = 0; box < kBoxes; ++box) {
       if (issuer) ptx::bulk_wait_group_read<1>();
       ptx::named_barrier_sync(bar, 128);
-#pragma unroll
-      for (int pair = 0; pair < 2; ++pair) {
-        const int j = 4 * box + 2 * pair;  // column blocks j and j + 1 of 8
-        uint32_t r[4];
-#pragma unroll
-        for (int mm = 0; mm < 4; ++mm) {  // matrix mm: row half mm % 2 of block j + mm / 2
-          const int i = 4 * (j + (mm >> 1)) + 2 * (mm & 1);
-          r[mm] = Conv::bits(Conv::pack(acc[a][i], acc[a][i + 1]));
-        }
-        const int chunk = 2 * pair + (m >> 1);
-        ptx::stmatrix_x4(row_addr + (box & 1) * kBufferBytes + ((chunk ^ swizzle) << 4), r[0], r[1], r[2], r[3]);
-      }
+      stage_box(a, box);
       ptx::fence_proxy_async_shared();
       ptx::named_barrier_sync(bar, 128);
       if (issuer) {
