@@ -243,10 +243,19 @@ TEST(GemmPlanCandidates, EachRunsThroughItsOptionsAndOnlyValidOnesAreListed) {
   p.cluster_n = 2;
   EXPECT_FALSE(tk::gemm_plan_valid(a, p));  // along N with one tile row
   a.m = 200;
-  EXPECT_TRUE(tk::gemm_plan_valid(a, p));  // 128x128 1x2: two tile rows, five tile columns
+  EXPECT_FALSE(tk::gemm_plan_valid(a, p));  // the plain-only cluster kernels: not on 128-byte rows
+  a.k = 264;                                // 16-byte rows
+  EXPECT_TRUE(tk::gemm_plan_valid(a, p));   // 128x128 1x2: two tile rows, five tile columns
   p.cluster_m = 2;
   EXPECT_TRUE(tk::gemm_plan_valid(a, p));
+  a.m = 300;  // three tile rows: a cluster along M only on 16-byte rows
+  EXPECT_TRUE(tk::gemm_plan_valid(a, {tk::GemmTile::T128x256, false, 2, 1}));
+  a.k = 272;  // 32-byte rows
+  EXPECT_FALSE(tk::gemm_plan_valid(a, {tk::GemmTile::T128x256, false, 2, 1}));
+  a.m = 400;  // four
+  EXPECT_TRUE(tk::gemm_plan_valid(a, {tk::GemmTile::T128x256, false, 2, 1}));
   a.m = 100;
+  a.k = 256;
   p = {tk::GemmTile::T256x128, false, 1, 1};
   p.cluster_n = 2;
   EXPECT_FALSE(tk::gemm_plan_valid(a, p));  // no 256x128 cluster along N
