@@ -591,15 +591,21 @@ double model_gemm_us(const GemmArgs& a, int num_sms, const GemmPlan& p) {
                       static_cast<double>(std::min<int64_t>(ts.bn, pn)) / p.cluster_m;
   const double t_load = rows * 128 / sm_load_bw(al, total_bw, active, rows, p.k_splits == 1 && !p.swap_ab);
   double t = waves * (kb * std::max(t_comp, t_load) + fix);
-  // Tiny M (tiny_m_problem): the unsplit 64x64 tile streams the weights at
-  // most at kTinyM64x64DramEff of the rate the swapped 128x32 tile reaches
-  // (2.6 against 3.2-3.3 TB/s with 50-115 MB of B, as cuBLASLt). Its split
-  // plans keep the full rate: more CTAs stream more (measured faster than
-  // the unsplit tile where B is small).
-  constexpr double kTinyM64x64DramEff = 0.8;
-  t = with_dram_and_launch(
-      a, t, active, rows, tile_stages(p.tile, p.ping_pong), fix,
-      p.tile == GemmTile::T64x64 && p.k_splits == 1 && tiny_m_problem(a) ? kTinyM64x64DramEff : 1.0);
+  // Tiny M (tiny_m_problem): the 64x64 tile streams the weights at most at
+  // kTinyM64x64DramEff of the rate the swapped 128x32 tile reaches (2.6
+  // against 3.2-3.3 TB/s with 50-115 MB of B, as cuBLASLt), unsplit, and
+  // split where N >= kTinyMSplitDramMinN. Below that the swapped tile has
+  // fewer than 12 tiles and needs 6 or more splits to fill the SMs, where
+  // the split 64x64 plans measured up to 1.26x faster (N ~ 1200, long K).
+  // 0.7 and the split plans above the bound: on the 19 of 1,500 random
+  // shapes it moves to swapped plans, 0.65-0.98x the time (A/B,
+  // docs/design/gemm.md, "Small M: swapped operands").
+  constexpr double kTinyM64x64DramEff = 0.7;
+  constexpr int64_t kTinyMSplitDramMinN = 1536;
+  const bool slow_stream =
+      p.tile == GemmTile::T64x64 && tiny_m_problem(a) && (p.k_splits == 1 || a.n >= kTinyMSplitDramMinN);
+  t = with_dram_and_launch(a, t, active, rows, tile_stages(p.tile, p.ping_pong), fix,
+                           slow_stream ? kTinyM64x64DramEff : 1.0);
   const double out_bytes = static_cast<double>(a.m) * a.n * dtype_size(a.out);
   if (splits > 1) t += kSplitUs + (static_cast<double>(a.m) * a.n * 4 * splits * 2 + out_bytes) / kDramBytesPerUs;
   return t;

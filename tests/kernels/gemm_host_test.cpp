@@ -469,17 +469,20 @@ TEST(GemmHeuristic, ModelSplitsSmallMLongKAndPrefersClustersForMisalignedRows) {
 }
 
 // M <= 32 with B as [N, K]: the search takes only the 64x64 and swapped
-// plans; where the unsplit 64x64 tile would stream large weights (many
-// tiles, large B) the swapped 128x32 tile is chosen, where B is small the
-// 64x64 tile stays. Shapes from the --diag timings in docs/design/gemm.md.
+// plans; where the 64x64 tile would stream large weights (many tiles,
+// large B) the swapped 128x32 tile is chosen, split or not, where B is
+// small, or N so small that the swapped tile needs many splits, the 64x64
+// tile stays. Shapes from the --diag timings and the A/B in
+// docs/design/gemm.md ("Small M: swapped operands"): 20 x 2800 x 2928
+// moves from 64x64 k2 to 128x32 k3 as 23 x 2384 x 2984 did (0.84x the time).
 TEST(GemmHeuristic, TinyMChoosesBetween64x64AndSwappedTiles) {
   tk::GemmArgs a = good();
   a.lda = a.ldb = 0;
   const struct {
     int64_t m, n, k;
     bool swap;
-  } cases[] = {{22, 14928, 5040, true}, {19, 8328, 2384, true}, {23, 6536, 4640, true},
-               {25, 1400, 1200, false}, {29, 2160, 568, false}, {20, 2800, 2928, false}};
+  } cases[] = {{22, 14928, 5040, true}, {19, 8328, 2384, true}, {23, 6536, 4640, true},  {20, 2800, 2928, true},
+               {25, 1400, 1200, false}, {29, 2160, 568, false}, {18, 1168, 5568, false}, {28, 1232, 8680, false}};
   for (const auto& c : cases) {
     a.m = c.m;
     a.n = c.n;
