@@ -90,9 +90,9 @@ inline constexpr int64_t kSwapMaxM = 288;
 /// At M <= kTinyM with B as [N, K], model_plan() chooses among the 64x64
 /// ping-pong and the swapped plans only (a 128-row tile computes >= 4x its
 /// rows in padding; on 33 such shapes timed with every kernel it was never
-/// the fastest), and model_gemm_us() lets the unsplit 64x64 tile stream B
-/// at 0.8 of the DRAM rate (docs/design/gemm.md, "Small M: swapped
-/// operands").
+/// the fastest), and model_gemm_us() lets the 64x64 tile stream B at 0.7
+/// of the DRAM rate, unsplit, and split where N >= 1536
+/// (docs/design/gemm.md, "Small M: swapped operands").
 inline constexpr int64_t kTinyM = 32;
 /// Whether `a` is such a problem.
 bool tiny_m_problem(const GemmArgs& a);
