@@ -181,12 +181,13 @@ void make_tma_b(const GemmArgs& a, int bn, CUtensorMap* out) {
     make_tma_2d("B[K,N]", a.b, a.in, a.n, a.k, a.ldb_or_packed(), 64, 64, out);
 }
 
-bool make_tma_store_map(void* d, DType t, int64_t rows, int64_t cols, int64_t ldd, CUtensorMap* out) {
+bool make_tma_store_map(void* d, DType t, int64_t rows, int64_t cols, int64_t ldd, int box_rows, int box_cols,
+                        CUtensorMap* out) {
   TESSERA_CHECK(t == DType::bf16 || t == DType::f16, "gemm: the TMA-store epilogue stores bf16 or f16, not {}",
                 dtype_name(t));
   if (cols % 8 != 0 || rows <= 0 || !tma_store_enabled()) return false;
-  make_tma_2d("D", d, t, static_cast<uint64_t>(cols), static_cast<uint64_t>(rows), static_cast<uint64_t>(ldd), 32, 64,
-              out, CU_TENSOR_MAP_SWIZZLE_64B);
+  make_tma_2d("D", d, t, static_cast<uint64_t>(cols), static_cast<uint64_t>(rows), static_cast<uint64_t>(ldd),
+              static_cast<uint32_t>(box_cols), static_cast<uint32_t>(box_rows), out, CU_TENSOR_MAP_SWIZZLE_64B);
   return true;
 }
 
@@ -640,9 +641,11 @@ std::vector<GemmPlan> plan_candidates(const GemmArgs& a, bool allow_split) {
   const bool same_type = a.in == a.out;
   const int64_t kb_total = std::max<int64_t>(1, (a.k + 63) / 64);
   std::vector<GemmPlan> out;
+  const int al = row_alignment(a);
   for (const Cand& c : cands) {
     const TileShape ts = tile_shape(c.t);
-    if (c.cluster == 2 && (a.m + ts.bm - 1) / ts.bm < 2) continue;
+    const int64_t tile_rows = (a.m + ts.bm - 1) / ts.bm;
+    if (c.cluster == 2 && tile_rows < 2) continue;
     // Rows aligned to 32 bytes or more: a cluster along M with an odd number
     // of tile rows measured 1.20x its unclustered tile in geomean (128x128,
     // 22 --diag shapes of bench/results/raw with 3-7 tile rows: 1.01-1.73x;
@@ -650,13 +653,12 @@ std::vector<GemmPlan> plan_candidates(const GemmArgs& a, bool allow_split) {
     // 16-byte rows, beat the best other kernel on 3 of 120 shapes with 64-
     // or 128-byte rows, by 3 % at most (docs/design/gemm.md, "Clusters for
     // misaligned rows").
-    const int al = row_alignment(a);
-    if (c.cluster == 2 && (a.m + ts.bm - 1) / ts.bm % 2 == 1 && al >= 32) continue;
+    if (c.cluster == 2 && tile_rows % 2 == 1 && al >= 32) continue;
     if (cluster_kernel_compiled(c.t, c.cluster, c.cluster_n) && al >= 64) continue;
     // A cluster along N also needs two tile rows: with one, the A tile it
     // shares is mostly empty, and on M <= 43 (seed 18) 128x128 1x2 measured
     // no faster than 128x128 alone, far behind the swapped and 64x64 tiles.
-    if (c.cluster_n == 2 && ((a.n + ts.bn - 1) / ts.bn < 2 || (a.m + ts.bm - 1) / ts.bm < 2)) continue;
+    if (c.cluster_n == 2 && ((a.n + ts.bn - 1) / ts.bn < 2 || tile_rows < 2)) continue;
     const int max_splits = c.splittable && allow_split ? static_cast<int>(std::min<int64_t>(32, kb_total / 4)) : 1;
     for (int s = 1; s <= std::max(1, max_splits); ++s) {
       // Split kernels write f32 partials whatever the output type.

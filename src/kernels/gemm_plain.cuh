@@ -47,7 +47,8 @@ engine::TmaStoreEpilogue<T> plain_store_epilogue(const GemmArgs& a) {
   engine::TmaStoreEpilogue<T> epi;
   epi.d = static_cast<T*>(a.d);
   epi.ldd = a.ldd_or_packed();
-  epi.through_smem = make_tma_store_map(a.d, a.out, a.m, a.n, epi.ldd, &epi.d_map);
+  epi.through_smem =
+      make_tma_store_map(a.d, a.out, a.m, a.n, epi.ldd, engine::kTmaStoreBoxRows, engine::kTmaStoreBoxCols, &epi.d_map);
   return epi;
 }
 

@@ -22,14 +22,15 @@ template <BLayout L, unsigned kFeatures, bool kGatherA = false>
 void grouped_gemm_plain(GroupedTile t, const GroupedGemmArgs& a, const GroupedGemmOptions& o, cudaStream_t stream) {
   using InT = __nv_bfloat16;
   const engine::NoWait pro{};
-  // Plain stores of whole tiles go through shared memory (GroupedTmaStoreEpilogue).
+  // Plain stores go through shared memory (GroupedTmaStoreEpilogue).
   using Epi = std::conditional_t<kFeatures == engine::kEpiPlain && !kGatherA, engine::GroupedTmaStoreEpilogue<InT>,
                                  engine::GroupedEpilogue<InT, kFeatures>>;
   Epi epi;
   epi.store.d = static_cast<InT*>(a.d);
   epi.store.ldd = a.ldd ? a.ldd : ((kFeatures & engine::kEpiSwiGLU) ? a.n / 2 : a.n);
   if constexpr (engine::IsTmaStoreEpilogue<Epi>::value) {
-    epi.through_smem = make_tma_store_map(a.d, DType::bf16, a.max_rows, a.n, epi.store.ldd, &epi.d_map);
+    epi.through_smem = make_tma_store_map(a.d, DType::bf16, a.max_rows, a.n, epi.store.ldd, engine::kTmaStoreBoxRows,
+                                          engine::kTmaStoreBoxCols, &epi.d_map);
   }
   switch (t) {
     case GroupedTile::Coop128x256:

@@ -381,7 +381,6 @@ struct StdEpilogue {
 template <class OutT>
 struct TmaStoreEpilogue : StdEpilogue<OutT> {
   static_assert(sizeof(OutT) == 2, "the TMA-store epilogue stores a 16-bit D");
-  static constexpr int kBoxRows = 64, kBoxCols = 32;
   bool through_smem = false;
   CUtensorMap d_map;
 };

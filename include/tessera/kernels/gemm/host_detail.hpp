@@ -28,10 +28,12 @@ void make_tma_a(const GemmArgs& a, int bm, CUtensorMap* out);
 void make_tma_b(const GemmArgs& a, int bn, CUtensorMap* out);
 /// Whether the TMA-store epilogues may store a 16-bit [rows, cols] output
 /// (row stride ldd, 16-byte aligned) through shared memory, and if so its
-/// TMA descriptor in `out`: box 32 columns x 64 rows, 64-byte swizzle. Not
-/// where cols % 8 != 0 (bulk stores wrote into the rows' padding past the
-/// last column: TmaStoreEpilogue), rows == 0, or TESSERA_GEMM_TMA_STORE=0.
-bool make_tma_store_map(void* d, DType t, int64_t rows, int64_t cols, int64_t ldd, CUtensorMap* out);
+/// TMA descriptor in `out`: box box_cols x box_rows (the kernels'
+/// kTmaStoreBoxCols x kTmaStoreBoxRows), 64-byte swizzle. Not where
+/// cols % 8 != 0 (bulk stores wrote into the rows' padding past the last
+/// column: TmaStoreEpilogue), rows == 0, or TESSERA_GEMM_TMA_STORE=0.
+bool make_tma_store_map(void* d, DType t, int64_t rows, int64_t cols, int64_t ldd, int box_rows, int box_cols,
+                        CUtensorMap* out);
 /// Whether the TMA-store epilogues store through shared memory: on unless
 /// TESSERA_GEMM_TMA_STORE=0 (read once per process; A/B in one build).
 bool tma_store_enabled();

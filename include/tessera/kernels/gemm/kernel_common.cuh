@@ -189,7 +189,9 @@ __device__ __forceinline__ void store_tile_tma(const Params& p, const TileInfo& 
                                                const float (&acc)[Cfg::kMAtoms][Cfg::BN / 2], int consumer, int warp,
                                                int lane, uint8_t* staging, const StagedRowBound& bound = {}) {
   using Conv = typename decltype(p.epilogue)::Conv;
-  constexpr int kBoxes = Cfg::BN / 32;  // per 64-row atom
+  static_assert(kTmaStoreBoxRows == 64 && kTmaStoreBoxCols == 32,
+                "the packing below writes one wgmma atom's rows, 32 columns (two stmatrix.x4 per warp) a box");
+  constexpr int kBoxes = Cfg::BN / kTmaStoreBoxCols;  // per 64-row atom
   constexpr int kBufferBytes = kTmaStoreBoxBytes;
   static_assert(kBoxes % 2 == 0, "each tile must use both buffers equally often (the waits count boxes)");
   const bool issuer = threadIdx.x % 128 == 0;
@@ -218,7 +220,7 @@ __device__ __forceinline__ void store_tile_tma(const Params& p, const TileInfo& 
     const int row0 = info.row0 + (Cfg::kPingPong ? 0 : consumer * Cfg::kRowsPerConsumer) + a * 64;
     if constexpr (kBoundRows) {
       if (row0 >= bound.row_end) continue;  // warpgroup-uniform; an even number of boxes
-      if (row0 + 64 > bound.row_end) {
+      if (row0 + kTmaStoreBoxRows > bound.row_end) {
         if (issuer) ptx::bulk_wait_group_read<0>();
 #pragma unroll
         for (int box = 0; box < kBoxes; ++box) {
@@ -230,7 +232,7 @@ __device__ __forceinline__ void store_tile_tma(const Params& p, const TileInfo& 
           for (int i = 0; i < 2; ++i) {
             const int c = static_cast<int>(threadIdx.x % 128) + 128 * i;  // chunk c % 4 of box row c / 4
             const int r = c >> 2, ch = c & 3;
-            const int out_row = row0 + r, out_col = info.col0 + 32 * box + 8 * ch;
+            const int out_row = row0 + r, out_col = info.col0 + kTmaStoreBoxCols * box + 8 * ch;
             if (out_row < bound.row_end && out_col < info.N) {
               const uint4 v = *reinterpret_cast<const uint4*>(buffer + r * 64 + ((ch ^ ((r >> 1) & 3)) << 4));
               *reinterpret_cast<uint4*>(bound.d + (static_cast<int64_t>(out_row) * bound.ldd + out_col) * 2) = v;
@@ -248,7 +250,8 @@ __device__ __forceinline__ void store_tile_tma(const Params& p, const TileInfo& 
       ptx::fence_proxy_async_shared();
       ptx::named_barrier_sync(bar, 128);
       if (issuer) {
-        ptx::tma_store_2d(&p.epilogue.d_map, staging + (box & 1) * kBufferBytes, info.col0 + 32 * box, row0);
+        ptx::tma_store_2d(&p.epilogue.d_map, staging + (box & 1) * kBufferBytes, info.col0 + kTmaStoreBoxCols * box,
+                          row0);
         ptx::bulk_commit_group();
       }
     }

@@ -85,8 +85,10 @@ struct TileConfig {
 };
 
 /// One box of the TMA-store epilogue's staging (kernel_common.cuh,
-/// store_tile_tma): 64 rows x 32 columns of a 16-bit D.
-constexpr int kTmaStoreBoxBytes = 64 * 32 * 2;
+/// store_tile_tma): one wgmma atom's 64 rows x 32 columns of a 16-bit D,
+/// the box D's tensor map is encoded with (detail::make_tma_store_map).
+constexpr int kTmaStoreBoxRows = 64, kTmaStoreBoxCols = 32;
+constexpr int kTmaStoreBoxBytes = kTmaStoreBoxRows * kTmaStoreBoxCols * 2;
 
 template <class Cfg, class InT>
 struct SmemLayout {
