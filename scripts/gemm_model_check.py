@@ -65,9 +65,12 @@ def parse_log(path: str):
     return shapes
 
 
-def planner(tessera: str, sms: int, m: int, n: int, k: int):
+def planner(tessera: str, sms: int, m: int, n: int, k: int, env=None):
+    """The plan this planner runs for MxNxK (None if it names none) and its
+    estimate of every candidate by --diag label; env: the planner's environment."""
     out = subprocess.run([tessera, "tune", "--op", "gemm", "--model-only", "--sms", str(sms), "--shape",
-                          f"{m}x{n}x{k}", "--top-k", "64"], capture_output=True, text=True, check=True).stdout
+                          f"{m}x{n}x{k}", "--top-k", "64"], capture_output=True, text=True, check=True,
+                         env=env).stdout
     runs = re.search(r"runs (\S+)", out)
     est = {diag_name(p): float(us) for us, p in re.findall(r"^\s+([\d.]+) us\s+(\S+)", out, re.M)}
     return (runs.group(1) if runs else None), est

@@ -26,10 +26,10 @@ import collections
 import math
 import os
 import random
-import re
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+
+from gemm_model_check import planner
 
 
 def draw(count: int, seed: int):
@@ -48,13 +48,10 @@ def draw(count: int, seed: int):
 
 
 def plan(tessera: str, sms: int, env: dict, shape) -> str:
-    out = subprocess.run([tessera, "tune", "--op", "gemm", "--model-only", "--sms", str(sms), "--shape",
-                          "%dx%dx%d" % shape, "--top-k", "1"], capture_output=True, text=True, check=True,
-                         env=env).stdout
-    m = re.search(r"runs (\S+)", out)
-    if not m:
-        raise RuntimeError(f"no plan in the planner's output for {shape}: {out!r}")
-    return m.group(1)
+    runs, _ = planner(tessera, sms, *shape, env=env)
+    if runs is None:
+        raise RuntimeError(f"no plan in the planner's output for {shape}")
+    return runs
 
 
 def family(p: str) -> str:
